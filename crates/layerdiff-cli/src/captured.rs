@@ -1,0 +1,151 @@
+//! The flow for a reference captured outside Rust (PyTorch forward hooks): map each captured
+//! layer call to an ONNX value, expose those values, run ONNX Runtime on the same input bytes,
+//! compare every pair, analyse, and build the report.
+
+use std::path::PathBuf;
+
+use layerdiff_core::{
+    InputInfo, Layer, LayerStatus, OnnxRef, Report, SCHEMA, SideInfo, Tensor, TensorView,
+    Tolerance, analyse, compare_pair,
+};
+use layerdiff_onnx::{GraphIndex, LayerCall, LayerMapping, Model, expose_values, map_layers};
+use layerdiff_runtime::{OptLevel, OrtRuntime, Runtime};
+
+use crate::{Error, Result, inputs::check_inputs};
+
+/// One captured layer call and its reference value.
+#[derive(Debug, Clone)]
+pub struct CapturedLayer<'a> {
+    /// Which module call it is, and how it relates to the calls before it.
+    pub call: LayerCall,
+    /// The module's class name (`Conv2d`).
+    pub module_type: String,
+    /// The captured output.
+    pub value: TensorView<'a>,
+}
+
+/// Everything the captured-reference flow needs.
+#[derive(Debug, Clone)]
+pub struct CapturedComparison<'a> {
+    /// The command named in the report (`torch`).
+    pub command: String,
+    /// The model's display name.
+    pub model: String,
+    /// The ONNX file of the same model instance.
+    pub onnx_path: PathBuf,
+    /// The inputs both sides were given.
+    pub inputs: Vec<(String, Tensor)>,
+    /// Seed of generated inputs.
+    pub seed: Option<u64>,
+    /// Captured layers in execution order.
+    pub layers: Vec<CapturedLayer<'a>>,
+    /// The tolerance.
+    pub tolerance: Tolerance,
+    /// Describes the reference side.
+    pub reference: SideInfo,
+    /// ONNX Runtime library to load (`None`: search).
+    pub ort_library: Option<PathBuf>,
+    /// ONNX Runtime graph optimization level.
+    pub opt_level: OptLevel,
+}
+
+/// Runs the flow and returns the report. Drift is a finding in the report, never an error.
+pub fn compare_captured(c: &CapturedComparison<'_>) -> Result<Report> {
+    let mut model = Model::load(&c.onnx_path)?;
+    let index = GraphIndex::new(model.graph());
+    check_inputs(&index, &c.inputs)?;
+    for (i, layer) in c.layers.iter().enumerate() {
+        if layer.call.input_from.is_some_and(|p| p >= i) {
+            return Err(Error::Layers(format!(
+                "layer `{}` reads from a later layer",
+                layer.call.name
+            )));
+        }
+    }
+
+    let calls: Vec<LayerCall> = c.layers.iter().map(|l| l.call.clone()).collect();
+    let mappings = map_layers(model.graph(), &calls);
+    let mut wanted: Vec<String> = Vec::new();
+    for m in &mappings {
+        if let LayerMapping::Mapped { value, .. } = m {
+            if !wanted.contains(value) {
+                wanted.push(value.clone());
+            }
+        }
+    }
+    expose_values(&mut model, &wanted)?;
+    let runtime = OrtRuntime::new(c.ort_library.as_deref(), c.opt_level)?;
+    let values = runtime.run(&model, &c.inputs, &wanted)?;
+    let value_of = |name: &str| values.iter().find(|(n, _)| n == name).map(|(_, t)| t);
+
+    let mut layers: Vec<Layer> = c
+        .layers
+        .iter()
+        .zip(&mappings)
+        .enumerate()
+        .map(|(index, (captured, mapping))| {
+            let mut layer = Layer {
+                index,
+                name: captured.call.name.clone(),
+                module_type: Some(captured.module_type.clone()),
+                status: LayerStatus::Unmapped,
+                reason: None,
+                onnx: None,
+                shape: captured.value.shape.to_vec(),
+                dtype: captured.value.dtype.name().to_string(),
+                target_shape: None,
+                target_dtype: None,
+                stats: None,
+                exceeds_tol: false,
+            };
+            match mapping {
+                LayerMapping::Unmapped { reason } => layer.reason = Some(reason.clone()),
+                LayerMapping::Mapped {
+                    value,
+                    node,
+                    op_type,
+                    note,
+                } => {
+                    layer.onnx = Some(OnnxRef {
+                        value: value.clone(),
+                        node: node.clone(),
+                        op_type: op_type.clone(),
+                    });
+                    layer.reason = note.clone();
+                    let target = value_of(value).expect("every mapped value was requested");
+                    let outcome = compare_pair(captured.value, target.view());
+                    layer.status = outcome.status;
+                    layer.stats = outcome.stats;
+                    layer.target_shape = outcome.target_shape;
+                    layer.target_dtype = outcome.target_dtype;
+                }
+            }
+            layer
+        })
+        .collect();
+    let summary = analyse(&mut layers, c.tolerance);
+    Ok(Report {
+        schema: SCHEMA,
+        command: c.command.clone(),
+        model: c.model.clone(),
+        reference: c.reference.clone(),
+        target: SideInfo {
+            runtime: runtime.name().to_string(),
+            detail: runtime.detail(),
+        },
+        mode: "accumulated".to_string(),
+        tolerance: c.tolerance.abs,
+        seed: c.seed,
+        inputs: c
+            .inputs
+            .iter()
+            .map(|(name, t)| InputInfo {
+                name: name.clone(),
+                shape: t.shape.clone(),
+                dtype: t.dtype.name().to_string(),
+            })
+            .collect(),
+        summary,
+        layers,
+    })
+}

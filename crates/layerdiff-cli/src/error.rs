@@ -1,0 +1,22 @@
+/// Why a flow could not do its job (as opposed to finding drift, which is a result).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The model file.
+    #[error(transparent)]
+    Onnx(#[from] layerdiff_onnx::Error),
+    /// A runtime.
+    #[error(transparent)]
+    Runtime(#[from] layerdiff_runtime::Error),
+    /// Tensors.
+    #[error(transparent)]
+    Core(#[from] layerdiff_core::Error),
+    /// Inputs that do not fit the model.
+    #[error("{0}")]
+    Inputs(String),
+    /// A layer list that does not fit together.
+    #[error("{0}")]
+    Layers(String),
+}
+
+/// Result type of the flows.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,98 @@
+//! Writing reports and printing the summary. Files are written whole or not at all.
+
+use std::path::{Path, PathBuf};
+
+use layerdiff_core::{Report, render};
+
+/// Writes `contents` to `path` through a temporary file in the same folder, so a failure never
+/// leaves half a report behind.
+pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".partial");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, contents)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Writes the JSON and/or Markdown renderings; returns the paths written.
+pub fn write_reports(
+    report: &Report,
+    json: Option<&Path>,
+    markdown: Option<&Path>,
+) -> std::io::Result<Vec<PathBuf>> {
+    let mut written = Vec::new();
+    if let Some(path) = json {
+        write_atomic(path, render::to_json(report).as_bytes())?;
+        written.push(path.to_path_buf());
+    }
+    if let Some(path) = markdown {
+        write_atomic(path, render::to_markdown(report).as_bytes())?;
+        written.push(path.to_path_buf());
+    }
+    Ok(written)
+}
+
+/// The short summary printed to stdout: verdict, counts, origin, worst layers.
+pub fn summary_text(report: &Report) -> String {
+    let s = &report.summary;
+    let mut out = String::new();
+    let verdict = match &s.drift_origin {
+        Some(origin) => format!(
+            "drift found: {} of {} compared layers exceed {}; origin `{origin}`",
+            s.layers_exceeding, s.layers_compared, report.tolerance
+        ),
+        None => format!(
+            "no drift: all {} compared layers within {}",
+            s.layers_compared, report.tolerance
+        ),
+    };
+    out.push_str(&format!("{}: {verdict}\n", report.model));
+    out.push_str(&format!(
+        "  reference: {} ({})\n  target:    {} ({})\n",
+        report.reference.runtime,
+        report.reference.detail,
+        report.target.runtime,
+        report.target.detail
+    ));
+    out.push_str(&format!(
+        "  layers: {} total, {} compared, {} without an ONNX counterpart\n",
+        s.layers_total, s.layers_compared, s.layers_unmapped
+    ));
+    if let Some(w) = &s.worst.max_abs_diff {
+        out.push_str(&format!(
+            "  largest max abs diff:  {:.3e} at `{}`\n",
+            w.value, w.layer
+        ));
+    }
+    if let Some(w) = &s.worst.mean_abs_diff {
+        out.push_str(&format!(
+            "  largest mean abs diff: {:.3e} at `{}`\n",
+            w.value, w.layer
+        ));
+    }
+    let exceeding: Vec<&str> = report
+        .layers
+        .iter()
+        .filter(|l| l.exceeds_tol)
+        .map(|l| l.name.as_str())
+        .take(5)
+        .collect();
+    if !exceeding.is_empty() {
+        let more = s.layers_exceeding.saturating_sub(exceeding.len());
+        let tail = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        out.push_str(&format!("  exceeding: {}{tail}\n", exceeding.join(", ")));
+    }
+    out
+}
+
+/// The process exit code for a finished comparison: 0 clean, 1 drift.
+pub fn exit_code(report: &Report) -> u8 {
+    u8::from(report.summary.drift_origin.is_some())
+}

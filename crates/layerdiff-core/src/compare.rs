@@ -1,0 +1,390 @@
+//! The comparison kernel: one pass over a pair of tensors yields every statistic of the report.
+//!
+//! Definitions (also in docs/metrics.md). Both sides are widened to f64. A position is *compared*
+//! unless either side is NaN; positions where exactly one side is NaN are counted in
+//! `nan_mismatch`, positions where both are NaN agree. For compared positions
+//! `d = |target - reference|`, with `d = 0` when both are the same infinity.
+//!
+//! - `max_abs_diff`, `mean_abs_diff`, `rms_diff`: max, mean and root mean square of `d`.
+//! - `max_rel_diff`: max of `d / max(|reference|, |target|)` over positions where both sides are
+//!   finite and not both zero (0 when both are zero). Symmetric, and at most 2.
+//! - `cosine`: `Σ r·t / (‖r‖ ‖t‖)` over positions where both sides are finite; 1 when both norms
+//!   are zero, 0 when exactly one is.
+//! - `abs_diff_above[x]`: number of compared positions with `d > x`, for x in [`THRESHOLDS`].
+//! - `worst`: the compared position with the largest `d` (the lowest flat index on ties).
+//!
+//! Determinism: sums are accumulated per fixed block of [`BLOCK`] elements, in [`LANES`]
+//! interleaved f64 lanes (element `k` of a block goes to lane `k % LANES`), lanes combined by a
+//! fixed pairwise tree, blocks added in order. Work is split across threads by block, so the
+//! result is bit-identical for any thread count.
+
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::{Error, Result, TensorView};
+
+/// Elements per block: the unit of parallel work and of deterministic summation.
+pub const BLOCK: usize = 4096;
+/// Interleaved accumulators per block.
+pub const LANES: usize = 8;
+/// The thresholds of `abs_diff_above`, with the labels used in JSON.
+pub const THRESHOLDS: [(f64, &str); 10] = [
+    (0.0, "0"),
+    (1e-6, "1e-6"),
+    (1e-5, "1e-5"),
+    (1e-4, "1e-4"),
+    (1e-3, "1e-3"),
+    (1e-2, "1e-2"),
+    (1e-1, "1e-1"),
+    (1.0, "1"),
+    (10.0, "10"),
+    (100.0, "100"),
+];
+
+/// The statistics of one tensor pair. Field order is the JSON key order.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Stats {
+    /// Number of elements of each side.
+    pub elements: u64,
+    /// Positions where neither side is NaN.
+    pub compared: u64,
+    /// Max of `|target - reference|`.
+    pub max_abs_diff: f64,
+    /// Mean of `|target - reference|` over compared positions.
+    pub mean_abs_diff: f64,
+    /// Max relative difference (denominator `max(|reference|, |target|)`).
+    pub max_rel_diff: f64,
+    /// Root mean square of the difference.
+    pub rms_diff: f64,
+    /// Cosine similarity of the two sides as vectors.
+    pub cosine: f64,
+    /// Counts of compared positions whose abs diff exceeds each threshold.
+    #[serde(serialize_with = "serialize_thresholds")]
+    pub abs_diff_above: [u64; THRESHOLDS.len()],
+    /// NaN count, reference side.
+    pub nan_reference: u64,
+    /// NaN count, target side.
+    pub nan_target: u64,
+    /// ±Inf count, reference side.
+    pub inf_reference: u64,
+    /// ±Inf count, target side.
+    pub inf_target: u64,
+    /// Positions where exactly one side is NaN.
+    pub nan_mismatch: u64,
+    /// The position of the largest difference.
+    pub worst: Option<Worst>,
+}
+
+/// The worst element of a comparison.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Worst {
+    /// Flat (C-order) index.
+    pub index: u64,
+    /// Multi-dimensional index.
+    pub position: Vec<usize>,
+    /// Reference value.
+    pub reference: f64,
+    /// Target value.
+    pub target: f64,
+}
+
+fn serialize_thresholds<S: serde::Serializer>(
+    counts: &[u64; THRESHOLDS.len()],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut map = s.serialize_map(Some(counts.len()))?;
+    for ((_, label), count) in THRESHOLDS.iter().zip(counts) {
+        map.serialize_entry(label, count)?;
+    }
+    map.end()
+}
+
+/// Partial results of one block.
+#[derive(Clone)]
+struct Partial {
+    compared: u64,
+    sum_abs: f64,
+    sum_sq: f64,
+    dot: f64,
+    norm_r: f64,
+    norm_t: f64,
+    max_abs: f64,
+    max_rel: f64,
+    above: [u64; THRESHOLDS.len()],
+    nan_r: u64,
+    nan_t: u64,
+    inf_r: u64,
+    inf_t: u64,
+    nan_mismatch: u64,
+    /// (d, flat index, reference, target) of the block's worst compared element.
+    worst: Option<(f64, u64, f64, f64)>,
+}
+
+/// Compares `target` against `reference` element by element (shapes must hold the same count;
+/// dtypes may differ). See the module docs for every definition.
+pub fn compare(reference: TensorView<'_>, target: TensorView<'_>) -> Result<Stats> {
+    let n = reference.numel();
+    if n != target.numel() {
+        return Err(Error::ShapeMismatch {
+            reference: reference.shape.to_vec(),
+            target: target.shape.to_vec(),
+        });
+    }
+    let blocks = n.div_ceil(BLOCK);
+    let partials: Vec<Partial> = (0..blocks)
+        .into_par_iter()
+        .with_min_len(8)
+        .map(|b| block_stats(reference, target, b))
+        .collect();
+
+    let mut total = Partial::empty();
+    for p in &partials {
+        total.merge(p);
+    }
+    let compared = total.compared;
+    let mean = |s: f64| {
+        if compared == 0 {
+            0.0
+        } else {
+            s / compared as f64
+        }
+    };
+    let worst = total.worst.map(|(_, index, r, t)| Worst {
+        index,
+        position: unravel(index as usize, reference.shape),
+        reference: r,
+        target: t,
+    });
+    Ok(Stats {
+        elements: n as u64,
+        compared,
+        max_abs_diff: total.max_abs,
+        mean_abs_diff: mean(total.sum_abs),
+        max_rel_diff: total.max_rel,
+        rms_diff: mean(total.sum_sq).sqrt(),
+        cosine: cosine(total.dot, total.norm_r, total.norm_t),
+        abs_diff_above: total.above,
+        nan_reference: total.nan_r,
+        nan_target: total.nan_t,
+        inf_reference: total.inf_r,
+        inf_target: total.inf_t,
+        nan_mismatch: total.nan_mismatch,
+        worst,
+    })
+}
+
+fn cosine(dot: f64, norm_r: f64, norm_t: f64) -> f64 {
+    match (norm_r == 0.0, norm_t == 0.0) {
+        (true, true) => 1.0,
+        (true, false) | (false, true) => 0.0,
+        _ => (dot / (norm_r.sqrt() * norm_t.sqrt())).clamp(-1.0, 1.0),
+    }
+}
+
+fn unravel(mut index: usize, shape: &[usize]) -> Vec<usize> {
+    let mut position = vec![0; shape.len()];
+    for (p, &dim) in position.iter_mut().zip(shape).rev() {
+        if dim > 0 {
+            *p = index % dim;
+            index /= dim;
+        }
+    }
+    position
+}
+
+fn block_stats(reference: TensorView<'_>, target: TensorView<'_>, block: usize) -> Partial {
+    let start = block * BLOCK;
+    let len = BLOCK.min(reference.numel() - start);
+    let mut r = [0.0f64; BLOCK];
+    let mut t = [0.0f64; BLOCK];
+    let (rs, ts) = (reference.dtype.size(), target.dtype.size());
+    reference.dtype.decode_f64(
+        &reference.bytes[start * rs..(start + len) * rs],
+        &mut r[..len],
+    );
+    target
+        .dtype
+        .decode_f64(&target.bytes[start * ts..(start + len) * ts], &mut t[..len]);
+
+    let mut p = Partial::empty();
+    let mut lanes = [[0.0f64; LANES]; 5]; // sum_abs, sum_sq, dot, norm_r, norm_t
+    for k in 0..len {
+        let (rv, tv) = (r[k], t[k]);
+        let (r_nan, t_nan) = (rv.is_nan(), tv.is_nan());
+        p.nan_r += u64::from(r_nan);
+        p.nan_t += u64::from(t_nan);
+        p.inf_r += u64::from(rv.is_infinite());
+        p.inf_t += u64::from(tv.is_infinite());
+        if r_nan || t_nan {
+            p.nan_mismatch += u64::from(r_nan != t_nan);
+            continue;
+        }
+        p.compared += 1;
+        let d = if rv == tv { 0.0 } else { (tv - rv).abs() };
+        let lane = k % LANES;
+        lanes[0][lane] += d;
+        lanes[1][lane] += d * d;
+        if rv.is_finite() && tv.is_finite() {
+            lanes[2][lane] += rv * tv;
+            lanes[3][lane] += rv * rv;
+            lanes[4][lane] += tv * tv;
+            if d > 0.0 {
+                let rel = d / rv.abs().max(tv.abs());
+                if rel > p.max_rel {
+                    p.max_rel = rel;
+                }
+            }
+        }
+        for (count, (threshold, _)) in p.above.iter_mut().zip(THRESHOLDS) {
+            *count += u64::from(d > threshold);
+        }
+        if p.worst.is_none_or(|(w, ..)| d > w) {
+            p.worst = Some((d, (start + k) as u64, rv, tv));
+        }
+    }
+    let tree = |l: &[f64; LANES]| ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    p.sum_abs = tree(&lanes[0]);
+    p.sum_sq = tree(&lanes[1]);
+    p.dot = tree(&lanes[2]);
+    p.norm_r = tree(&lanes[3]);
+    p.norm_t = tree(&lanes[4]);
+    p.max_abs = p.worst.map_or(0.0, |(d, ..)| d);
+    p
+}
+
+impl Partial {
+    fn empty() -> Self {
+        Self {
+            compared: 0,
+            sum_abs: 0.0,
+            sum_sq: 0.0,
+            dot: 0.0,
+            norm_r: 0.0,
+            norm_t: 0.0,
+            max_abs: 0.0,
+            max_rel: 0.0,
+            above: [0; THRESHOLDS.len()],
+            nan_r: 0,
+            nan_t: 0,
+            inf_r: 0,
+            inf_t: 0,
+            nan_mismatch: 0,
+            worst: None,
+        }
+    }
+
+    /// Folds a later block into this one (order matters for the sums, so callers go in block order).
+    fn merge(&mut self, o: &Partial) {
+        self.compared += o.compared;
+        self.sum_abs += o.sum_abs;
+        self.sum_sq += o.sum_sq;
+        self.dot += o.dot;
+        self.norm_r += o.norm_r;
+        self.norm_t += o.norm_t;
+        self.max_abs = self.max_abs.max(o.max_abs);
+        self.max_rel = self.max_rel.max(o.max_rel);
+        for (a, b) in self.above.iter_mut().zip(&o.above) {
+            *a += b;
+        }
+        self.nan_r += o.nan_r;
+        self.nan_t += o.nan_t;
+        self.inf_r += o.inf_r;
+        self.inf_t += o.inf_t;
+        self.nan_mismatch += o.nan_mismatch;
+        if let Some(w) = o.worst {
+            if self.worst.is_none_or(|(d, ..)| w.0 > d) {
+                self.worst = Some(w);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DType;
+
+    fn f32s(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn identical_tensors_have_zero_difference_and_unit_cosine() {
+        let a = f32s(&[1.0, -2.0, 3.5]);
+        let shape = [3];
+        let v = TensorView::new("a", DType::F32, &shape, &a).unwrap();
+        let s = compare(v, v).unwrap();
+        assert_eq!((s.max_abs_diff, s.mean_abs_diff, s.cosine), (0.0, 0.0, 1.0));
+        assert_eq!(s.abs_diff_above, [0; 10]);
+    }
+
+    #[test]
+    fn nan_and_inf_rules() {
+        let r = f32s(&[f32::NAN, f32::NAN, f32::INFINITY, 1.0, 0.0]);
+        let t = f32s(&[f32::NAN, 1.0, f32::INFINITY, 1.5, 0.0]);
+        let shape = [5];
+        let s = compare(
+            TensorView::new("r", DType::F32, &shape, &r).unwrap(),
+            TensorView::new("t", DType::F32, &shape, &t).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            (s.compared, s.nan_mismatch, s.nan_reference, s.nan_target),
+            (3, 1, 2, 1)
+        );
+        assert_eq!(s.max_abs_diff, 0.5);
+        assert_eq!(s.worst.unwrap().index, 3);
+        assert_eq!(s.max_rel_diff, 0.5 / 1.5);
+    }
+
+    #[test]
+    fn worst_position_is_unravelled_in_c_order() {
+        let mut v = vec![0.0f32; 24];
+        let r = f32s(&v);
+        v[17] = 1.0;
+        let t = f32s(&v);
+        let shape = [2, 3, 4];
+        let s = compare(
+            TensorView::new("r", DType::F32, &shape, &r).unwrap(),
+            TensorView::new("t", DType::F32, &shape, &t).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(s.worst.unwrap().position, vec![1, 1, 1]);
+        assert_eq!(s.abs_diff_above[7], 0, "1.0 is not strictly above 1");
+        assert_eq!(s.abs_diff_above[6], 1);
+    }
+
+    #[test]
+    fn result_does_not_depend_on_thread_count() {
+        let n = BLOCK * 37 + 11;
+        let r: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 * 0.001).collect();
+        let t: Vec<f32> = r
+            .iter()
+            .enumerate()
+            .map(|(i, x)| x + (i % 13) as f32 * 1e-7)
+            .collect();
+        let (r, t) = (f32s(&r), f32s(&t));
+        let shape = [n];
+        let run = |threads| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                compare(
+                    TensorView::new("r", DType::F32, &shape, &r).unwrap(),
+                    TensorView::new("t", DType::F32, &shape, &t).unwrap(),
+                )
+                .unwrap()
+            })
+        };
+        let one = run(1);
+        for threads in [2, 3, 8] {
+            let other = run(threads);
+            assert_eq!(one.mean_abs_diff.to_bits(), other.mean_abs_diff.to_bits());
+            assert_eq!(one.cosine.to_bits(), other.cosine.to_bits());
+            assert_eq!(one, other);
+        }
+    }
+}

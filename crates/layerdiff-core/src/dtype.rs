@@ -1,0 +1,153 @@
+use crate::{Error, Result};
+
+/// Element types layerdiff reads. Names follow numpy (`float32`, `bfloat16`, `bool`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// 64-bit float.
+    F64,
+    /// 32-bit float.
+    F32,
+    /// IEEE half precision.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// Signed integers.
+    I64,
+    /// 32-bit signed.
+    I32,
+    /// 16-bit signed.
+    I16,
+    /// 8-bit signed.
+    I8,
+    /// Unsigned integers.
+    U64,
+    /// 32-bit unsigned.
+    U32,
+    /// 16-bit unsigned.
+    U16,
+    /// 8-bit unsigned.
+    U8,
+    /// One byte, 0 or 1.
+    Bool,
+}
+
+impl DType {
+    /// All dtypes, for lookups.
+    pub const ALL: [DType; 13] = [
+        DType::F64,
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::I64,
+        DType::I32,
+        DType::I16,
+        DType::I8,
+        DType::U64,
+        DType::U32,
+        DType::U16,
+        DType::U8,
+        DType::Bool,
+    ];
+
+    /// The numpy-style name.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F64 => "float64",
+            DType::F32 => "float32",
+            DType::F16 => "float16",
+            DType::BF16 => "bfloat16",
+            DType::I64 => "int64",
+            DType::I32 => "int32",
+            DType::I16 => "int16",
+            DType::I8 => "int8",
+            DType::U64 => "uint64",
+            DType::U32 => "uint32",
+            DType::U16 => "uint16",
+            DType::U8 => "uint8",
+            DType::Bool => "bool",
+        }
+    }
+
+    /// Parses a numpy-style name.
+    pub fn from_name(name: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|d| d.name() == name)
+            .ok_or_else(|| Error::UnsupportedDType(name.to_string()))
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F64 | DType::I64 | DType::U64 => 8,
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
+            DType::I8 | DType::U8 | DType::Bool => 1,
+        }
+    }
+
+    /// Whether this is a floating-point type.
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F64 | DType::F32 | DType::F16 | DType::BF16)
+    }
+
+    /// The ONNX `TensorProto.DataType` code.
+    pub fn onnx_code(self) -> i32 {
+        match self {
+            DType::F32 => 1,
+            DType::U8 => 2,
+            DType::I8 => 3,
+            DType::U16 => 4,
+            DType::I16 => 5,
+            DType::I32 => 6,
+            DType::I64 => 7,
+            DType::Bool => 9,
+            DType::F16 => 10,
+            DType::F64 => 11,
+            DType::U32 => 12,
+            DType::U64 => 13,
+            DType::BF16 => 16,
+        }
+    }
+
+    /// The dtype of an ONNX `TensorProto.DataType` code.
+    pub fn from_onnx_code(code: i32) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|d| d.onnx_code() == code)
+            .ok_or_else(|| Error::UnsupportedDType(format!("onnx element type {code}")))
+    }
+
+    /// Decodes little-endian elements of this dtype into `out` as f64 (`out.len()` elements).
+    pub(crate) fn decode_f64(self, bytes: &[u8], out: &mut [f64]) {
+        macro_rules! decode {
+            ($n:literal, $conv:expr) => {
+                for (o, c) in out.iter_mut().zip(bytes.chunks_exact($n)) {
+                    let c: [u8; $n] = c.try_into().expect("chunks_exact");
+                    *o = $conv(c);
+                }
+            };
+        }
+        match self {
+            DType::F64 => decode!(8, f64::from_le_bytes),
+            DType::F32 => decode!(4, |c| f64::from(f32::from_le_bytes(c))),
+            DType::F16 => decode!(2, |c| half::f16::from_le_bytes(c).to_f64()),
+            DType::BF16 => decode!(2, |c| half::bf16::from_le_bytes(c).to_f64()),
+            DType::I64 => decode!(8, |c| i64::from_le_bytes(c) as f64),
+            DType::I32 => decode!(4, |c| f64::from(i32::from_le_bytes(c))),
+            DType::I16 => decode!(2, |c| f64::from(i16::from_le_bytes(c))),
+            DType::I8 => decode!(1, |c| f64::from(i8::from_le_bytes(c))),
+            DType::U64 => decode!(8, |c| u64::from_le_bytes(c) as f64),
+            DType::U32 => decode!(4, |c| f64::from(u32::from_le_bytes(c))),
+            DType::U16 => decode!(2, |c| f64::from(u16::from_le_bytes(c))),
+            DType::U8 => decode!(1, |c: [u8; 1]| f64::from(c[0])),
+            DType::Bool => decode!(1, |c: [u8; 1]| f64::from(u8::from(c[0] != 0))),
+        }
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}

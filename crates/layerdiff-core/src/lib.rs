@@ -1,0 +1,25 @@
+//! The numeric heart of layerdiff: tensors and dtypes, the comparison kernel (one pass, parallel,
+//! deterministic), drift analysis (tolerance, drift origin, worst layers), and the report model with
+//! its renderers. Nothing here knows about Python, ONNX files or runtimes.
+
+mod analysis;
+mod compare;
+mod dtype;
+mod error;
+mod io;
+mod pair;
+pub mod render;
+mod report;
+mod tensor;
+
+pub use analysis::{Tolerance, analyse};
+pub use compare::{Stats, THRESHOLDS, Worst, compare};
+pub use dtype::DType;
+pub use error::{Error, Result};
+pub use io::{read_safetensors, write_safetensors};
+pub use pair::{PairOutcome, compare_pair};
+pub use report::{
+    InputInfo, Layer, LayerStatus, OnnxRef, Report, SCHEMA, SideInfo, Summary, WorstLayer,
+    WorstLayers,
+};
+pub use tensor::{Tensor, TensorView};

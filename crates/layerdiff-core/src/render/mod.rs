@@ -1,0 +1,7 @@
+//! Renderers: pure functions of a [`crate::Report`], one file per format.
+
+mod json;
+mod markdown;
+
+pub use json::{format_float, to_json, to_json_value};
+pub use markdown::to_markdown;

@@ -1,0 +1,144 @@
+//! The report: one serialisable model that every renderer reads. Field order is JSON key order.
+
+use serde::Serialize;
+
+use crate::Stats;
+
+/// Schema identifier written into every JSON report.
+pub const SCHEMA: &str = "layerdiff.report/1";
+
+/// A whole comparison: what ran, on what, and what was found.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    /// Always [`SCHEMA`].
+    pub schema: &'static str,
+    /// The command that produced it (`torch`, `onnx`, …).
+    pub command: String,
+    /// The model compared (built-in name, file or builder spec).
+    pub model: String,
+    /// The side taken as correct.
+    pub reference: SideInfo,
+    /// The side under test.
+    pub target: SideInfo,
+    /// `accumulated`: each side ran from the original input, so errors propagate.
+    pub mode: String,
+    /// The absolute tolerance on `max_abs_diff`.
+    pub tolerance: f64,
+    /// Seed of the generated inputs, when they were generated.
+    pub seed: Option<u64>,
+    /// The inputs both sides were given.
+    pub inputs: Vec<InputInfo>,
+    /// Counts, drift origin and worst layers.
+    pub summary: Summary,
+    /// Every layer in execution order.
+    pub layers: Vec<Layer>,
+}
+
+/// One side of the comparison.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SideInfo {
+    /// `pytorch`, `onnxruntime`, `tract`, `expected`.
+    pub runtime: String,
+    /// Version, device, provider and options, in words.
+    pub detail: String,
+}
+
+/// An input tensor given to both sides.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InputInfo {
+    /// Input name (the ONNX graph input).
+    pub name: String,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// dtype name.
+    pub dtype: String,
+}
+
+/// What the analysis found, at a glance.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary {
+    /// Layers in the report (every leaf-module call, compared or not).
+    pub layers_total: usize,
+    /// Layers with values on both sides that were compared.
+    pub layers_compared: usize,
+    /// Layers whose difference exceeds the tolerance.
+    pub layers_exceeding: usize,
+    /// Layers with no counterpart on the target side.
+    pub layers_unmapped: usize,
+    /// The first layer, in execution order, that exceeds the tolerance.
+    pub drift_origin: Option<String>,
+    /// The extremes across compared layers.
+    pub worst: WorstLayers,
+}
+
+/// The extremes across compared layers.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorstLayers {
+    /// Largest `max_abs_diff`.
+    pub max_abs_diff: Option<WorstLayer>,
+    /// Largest `mean_abs_diff`.
+    pub mean_abs_diff: Option<WorstLayer>,
+    /// Smallest `max_abs_diff`.
+    pub min_max_abs_diff: Option<WorstLayer>,
+}
+
+/// A layer and one of its figures.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorstLayer {
+    /// Layer name.
+    pub layer: String,
+    /// The figure.
+    pub value: f64,
+}
+
+/// Whether a layer could be compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerStatus {
+    /// Both sides have the value; `stats` holds the comparison.
+    Compared,
+    /// The sides' values have different element counts.
+    ShapeMismatch,
+    /// The target side has no value for this layer; `reason` says why.
+    Unmapped,
+}
+
+/// One layer: a leaf-module call, or an ONNX value.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Layer {
+    /// Position in execution order, from 0.
+    pub index: usize,
+    /// Layer name (`layer1.0.relu#2`).
+    pub name: String,
+    /// The PyTorch module class, when the reference is PyTorch.
+    pub module_type: Option<String>,
+    /// Comparison status.
+    pub status: LayerStatus,
+    /// Why the layer was not compared, or a note on how it was mapped.
+    pub reason: Option<String>,
+    /// Where the layer lives in the ONNX graph.
+    pub onnx: Option<OnnxRef>,
+    /// Reference shape.
+    pub shape: Vec<usize>,
+    /// Reference dtype.
+    pub dtype: String,
+    /// Target shape, when it differs from the reference.
+    pub target_shape: Option<Vec<usize>>,
+    /// Target dtype, when it differs from the reference.
+    pub target_dtype: Option<String>,
+    /// The comparison, when compared.
+    pub stats: Option<Stats>,
+    /// Whether this layer exceeds the tolerance (strictly greater, or any NaN mismatch, or shapes differ).
+    pub exceeds_tol: bool,
+}
+
+/// The ONNX value a layer maps to.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OnnxRef {
+    /// Value name.
+    pub value: String,
+    /// Producing node.
+    pub node: String,
+    /// Its op type.
+    pub op_type: String,
+}

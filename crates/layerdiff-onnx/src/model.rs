@@ -1,0 +1,114 @@
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use prost::Message;
+
+use crate::tensor_proto::DataLocation;
+use crate::{Error, GraphProto, ModelProto, Result};
+
+/// An ONNX model and the folder its external data (if any) is read from.
+#[derive(Debug, Clone)]
+pub struct Model {
+    /// The decoded protobuf.
+    pub proto: ModelProto,
+    /// The folder that external-data `location`s are relative to: the model file's folder.
+    base_dir: Option<PathBuf>,
+}
+
+impl Model {
+    /// Reads and decodes a model file, checking that it holds a graph with at least one node.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let base_dir = path.parent().map(Path::to_path_buf);
+        Self::from_bytes(&bytes, path, base_dir)
+    }
+
+    /// Decodes a model from memory; `origin` names it in error messages.
+    pub fn from_bytes(bytes: &[u8], origin: &Path, base_dir: Option<PathBuf>) -> Result<Self> {
+        let proto = ModelProto::decode(bytes).map_err(|source| Error::Decode {
+            path: origin.to_path_buf(),
+            source,
+        })?;
+        let not_a_model = |reason: &str| Error::NotAModel {
+            path: origin.to_path_buf(),
+            reason: reason.to_string(),
+        };
+        let graph = proto
+            .graph
+            .as_ref()
+            .ok_or_else(|| not_a_model("it has no graph"))?;
+        if graph.node.is_empty() {
+            return Err(not_a_model("its graph has no nodes"));
+        }
+        if proto.opset_import.is_empty() {
+            return Err(not_a_model(
+                "it declares no opset (`opset_import` is empty)",
+            ));
+        }
+        Ok(Self { proto, base_dir })
+    }
+
+    /// The main graph.
+    pub fn graph(&self) -> &GraphProto {
+        self.proto.graph.as_ref().expect("checked at load")
+    }
+
+    /// The main graph, mutably.
+    pub fn graph_mut(&mut self) -> &mut GraphProto {
+        self.proto.graph.as_mut().expect("checked at load")
+    }
+
+    /// The model serialized to protobuf bytes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        self.proto.encode_to_vec()
+    }
+
+    /// The distinct external-data files the model's initializers point to, relative to its folder.
+    pub fn external_data_files(&self) -> BTreeSet<String> {
+        self.graph()
+            .initializer
+            .iter()
+            .filter(|t| t.data_location() == DataLocation::External)
+            .filter_map(|t| {
+                crate::node_ext::lookup(&t.external_data, "location").map(str::to_string)
+            })
+            .collect()
+    }
+
+    /// Writes the model as `dir/file_name`, making its external data reachable from there
+    /// (each external file is linked, or copied where links are not possible), and returns the path.
+    pub fn write_to_dir(&self, dir: &Path, file_name: &str) -> Result<PathBuf> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| Error::Io { path, source }
+        };
+        for location in self.external_data_files() {
+            let base = self.base_dir.clone().unwrap_or_default();
+            let source = base.join(&location);
+            let dest = dir.join(&location);
+            if dest.exists() {
+                continue;
+            }
+            if let Some(parent) = dest.parent() {
+                std::fs::create_dir_all(parent).map_err(io(parent))?;
+            }
+            let source = std::fs::canonicalize(&source).map_err(io(&source))?;
+            link_or_copy(&source, &dest).map_err(io(&dest))?;
+        }
+        let path = dir.join(file_name);
+        std::fs::write(&path, self.to_bytes()).map_err(io(&path))?;
+        Ok(path)
+    }
+}
+
+fn link_or_copy(source: &Path, dest: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    if std::os::unix::fs::symlink(source, dest).is_ok() {
+        return Ok(());
+    }
+    std::fs::copy(source, dest).map(|_| ())
+}

@@ -1,0 +1,75 @@
+//! The Python exception hierarchy, created in one place.
+//!
+//! `LayerdiffError` is the base. `UsageError`, `ModelError` and `InputError` mean the user gave
+//! something layerdiff cannot use (the CLI exits 2 with the message, no traceback);
+//! `RuntimeError_` (exported as `RuntimeFailure`) means a runtime could not be loaded or failed.
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+
+create_exception!(
+    layerdiff,
+    LayerdiffError,
+    PyException,
+    "Base of every layerdiff error."
+);
+create_exception!(layerdiff, UsageError, LayerdiffError, "Bad arguments.");
+create_exception!(
+    layerdiff,
+    ModelError,
+    LayerdiffError,
+    "A model file that cannot be read or used."
+);
+create_exception!(
+    layerdiff,
+    InputError,
+    LayerdiffError,
+    "Inputs that do not fit the model."
+);
+create_exception!(
+    layerdiff,
+    RuntimeFailure,
+    LayerdiffError,
+    "A runtime that cannot be loaded or fails."
+);
+create_exception!(
+    layerdiff,
+    OutputError,
+    LayerdiffError,
+    "A report that cannot be written."
+);
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("LayerdiffError", py.get_type::<LayerdiffError>())?;
+    m.add("UsageError", py.get_type::<UsageError>())?;
+    m.add("ModelError", py.get_type::<ModelError>())?;
+    m.add("InputError", py.get_type::<InputError>())?;
+    m.add("RuntimeFailure", py.get_type::<RuntimeFailure>())?;
+    m.add("OutputError", py.get_type::<OutputError>())?;
+    Ok(())
+}
+
+/// Maps a flow error onto the hierarchy, keeping the whole cause chain in the message.
+pub(crate) fn to_py_err(err: impl Into<layerdiff_cli::Error>) -> PyErr {
+    use layerdiff_cli::Error as E;
+    let err = err.into();
+    let mut message = err.to_string();
+    let mut source = std::error::Error::source(&err);
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = s.source();
+    }
+    match err {
+        E::Onnx(_) => ModelError::new_err(message),
+        E::Inputs(_) | E::Layers(_) | E::Core(_) => InputError::new_err(message),
+        E::Runtime(layerdiff_runtime::Error::Inputs(_)) => InputError::new_err(message),
+        E::Runtime(layerdiff_runtime::Error::Session(_)) => ModelError::new_err(message),
+        E::Runtime(_) => RuntimeFailure::new_err(message),
+    }
+}

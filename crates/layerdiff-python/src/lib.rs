@@ -1,0 +1,258 @@
+//! Python binding: extract arguments, run the core with the GIL released, convert the result.
+//! No metric, surgery or report logic lives here.
+
+mod exceptions;
+mod tensors;
+
+use std::path::PathBuf;
+
+use layerdiff_cli::captured::{
+    CapturedComparison, CapturedLayer, compare_captured as run_captured,
+};
+use layerdiff_cli::cli::{self, Parsed};
+use layerdiff_cli::output;
+use layerdiff_core::{SideInfo, Tolerance, render};
+use layerdiff_onnx::LayerCall;
+use layerdiff_runtime::OptLevel;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use crate::exceptions::to_py_err;
+use crate::tensors::FlatTensor;
+
+/// A finished comparison. Drift is data: read `drift_origin`, render, or write it.
+#[pyclass(module = "layerdiff._layerdiff", frozen)]
+struct Report(layerdiff_core::Report);
+
+#[pymethods]
+impl Report {
+    /// The deterministic JSON report.
+    fn to_json(&self) -> String {
+        render::to_json(&self.0)
+    }
+    /// The Markdown report.
+    fn to_markdown(&self) -> String {
+        render::to_markdown(&self.0)
+    }
+    /// The short text summary the CLI prints.
+    fn summary_text(&self) -> String {
+        output::summary_text(&self.0)
+    }
+    /// 0 when no layer exceeds the tolerance, 1 when drift was found.
+    #[getter]
+    fn exit_code(&self) -> u8 {
+        output::exit_code(&self.0)
+    }
+    /// The first layer that exceeds the tolerance, or None.
+    #[getter]
+    fn drift_origin(&self) -> Option<String> {
+        self.0.summary.drift_origin.clone()
+    }
+    /// Writes the JSON and/or Markdown report (each file whole or not at all).
+    #[pyo3(signature = (json=None, markdown=None))]
+    fn write(&self, json: Option<PathBuf>, markdown: Option<PathBuf>) -> PyResult<Vec<PathBuf>> {
+        output::write_reports(&self.0, json.as_deref(), markdown.as_deref())
+            .map_err(|e| exceptions::OutputError::new_err(format!("cannot write the report: {e}")))
+    }
+}
+
+/// Parses a command line with the same parser as the Rust binary.
+/// Returns `("torch", options)` or `("exit", code)` when parsing already did the work.
+#[pyfunction]
+fn parse_cli(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> PyResult<(String, Py<PyAny>)> {
+    match cli::parse(argv) {
+        Parsed::Exit(code) => Ok((
+            "exit".to_string(),
+            code.into_pyobject(py)?.into_any().unbind(),
+        )),
+        Parsed::Torch(a) => {
+            let d = PyDict::new(py);
+            d.set_item("model", a.model)?;
+            d.set_item("tolerance", a.tolerance)?;
+            d.set_item("seed", a.seed)?;
+            d.set_item("exporter", format!("{:?}", a.exporter).to_lowercase())?;
+            d.set_item("onnx", a.onnx)?;
+            d.set_item("ort_opt", OptLevel::from(a.ort_opt).name())?;
+            d.set_item("out", a.out)?;
+            d.set_item("json", a.json)?;
+            d.set_item("markdown", a.markdown)?;
+            d.set_item("quiet", a.quiet)?;
+            Ok(("torch".to_string(), d.into_any().unbind()))
+        }
+    }
+}
+
+fn opt_level(name: &str) -> PyResult<OptLevel> {
+    Ok(match name {
+        "disable" => OptLevel::Disable,
+        "basic" => OptLevel::Basic,
+        "extended" => OptLevel::Extended,
+        "all" => OptLevel::All,
+        other => {
+            return Err(exceptions::UsageError::new_err(format!(
+                "unknown ONNX Runtime optimization level `{other}` (expected disable, basic, extended or all)"
+            )));
+        }
+    })
+}
+
+/// Compares captured reference layers against an ONNX model run by ONNX Runtime.
+///
+/// `inputs`: list of `(name, dtype, shape, uint8 buffer)`. `layers`: list of dicts with `name`,
+/// `module`, `module_type`, `call_index`, `identity`, `input_from`, and `tensor` (a flat tensor tuple).
+#[pyfunction]
+#[pyo3(signature = (*, command, model, onnx_path, inputs, layers, tolerance, seed, reference_runtime, reference_detail, ort_library=None, opt_level="disable"))]
+#[allow(clippy::too_many_arguments)]
+fn compare_captured(
+    py: Python<'_>,
+    command: String,
+    model: String,
+    onnx_path: PathBuf,
+    inputs: Vec<FlatTensor<'_>>,
+    layers: &Bound<'_, PyList>,
+    tolerance: f64,
+    seed: Option<u64>,
+    reference_runtime: String,
+    reference_detail: String,
+    ort_library: Option<PathBuf>,
+    opt_level: &str,
+) -> PyResult<Report> {
+    let opt_level = self::opt_level(opt_level)?;
+    let inputs = inputs
+        .iter()
+        .map(|t| Ok((t.name().to_string(), t.to_tensor()?)))
+        .collect::<PyResult<Vec<_>>>()?;
+    let mut flat: Vec<(LayerCall, String, FlatTensor<'_>)> = Vec::with_capacity(layers.len());
+    for item in layers.iter() {
+        let d = item.cast::<PyDict>()?;
+        let get = |k: &str| {
+            d.get_item(k)?.ok_or_else(|| {
+                exceptions::UsageError::new_err(format!("layer entry without `{k}`"))
+            })
+        };
+        let call = LayerCall {
+            name: get("name")?.extract()?,
+            module: get("module")?.extract()?,
+            call_index: get("call_index")?.extract()?,
+            identity: get("identity")?.extract()?,
+            input_from: get("input_from")?.extract()?,
+        };
+        flat.push((
+            call,
+            get("module_type")?.extract()?,
+            get("tensor")?.extract()?,
+        ));
+    }
+    let captured: Vec<CapturedLayer<'_>> = flat
+        .iter()
+        .map(|(call, module_type, t)| {
+            Ok(CapturedLayer {
+                call: call.clone(),
+                module_type: module_type.clone(),
+                value: t.view()?,
+            })
+        })
+        .collect::<PyResult<_>>()?;
+    let request = CapturedComparison {
+        command,
+        model,
+        onnx_path,
+        inputs,
+        seed,
+        layers: captured,
+        tolerance: Tolerance { abs: tolerance },
+        reference: SideInfo {
+            runtime: reference_runtime,
+            detail: reference_detail,
+        },
+        ort_library,
+        opt_level,
+    };
+    let report = py.detach(|| run_captured(&request)).map_err(to_py_err)?;
+    Ok(Report(report))
+}
+
+/// Compares two flat tensors and returns the statistics as deterministic JSON.
+#[pyfunction]
+fn compare_tensors_json(
+    py: Python<'_>,
+    reference: FlatTensor<'_>,
+    target: FlatTensor<'_>,
+) -> PyResult<String> {
+    let (r, t) = (reference.view()?, target.view()?);
+    let stats = py
+        .detach(|| layerdiff_core::compare(r, t))
+        .map_err(to_py_err)?;
+    Ok(render::to_json_value(&stats))
+}
+
+/// Saves flat tensors as safetensors with string metadata (written whole or not at all).
+#[pyfunction]
+fn save_tensors(
+    path: PathBuf,
+    tensors: Vec<FlatTensor<'_>>,
+    metadata: std::collections::BTreeMap<String, String>,
+) -> PyResult<()> {
+    let owned = tensors
+        .iter()
+        .map(|t| Ok((t.name().to_string(), t.to_tensor()?)))
+        .collect::<PyResult<Vec<_>>>()?;
+    layerdiff_core::write_safetensors(&path, &owned, metadata).map_err(to_py_err)
+}
+
+/// The runtime inputs a model declares: `(name, dtype name or None, dims)`, dims as ints or
+/// symbolic names (None when anonymous).
+#[pyfunction]
+fn model_inputs(
+    py: Python<'_>,
+    path: PathBuf,
+) -> PyResult<Vec<(String, Option<String>, Option<Vec<Py<PyAny>>>)>> {
+    let model = layerdiff_onnx::Model::load(&path).map_err(to_py_err)?;
+    let index = layerdiff_onnx::GraphIndex::new(model.graph());
+    index
+        .graph_inputs()
+        .iter()
+        .map(|name| {
+            let declared = index.value_type(name);
+            let dtype = declared
+                .and_then(|t| layerdiff_core::DType::from_onnx_code(t.elem_type).ok())
+                .map(|d| d.name().to_string());
+            let dims = match declared.and_then(|t| t.dims.as_ref()) {
+                None => None,
+                Some(dims) => Some(
+                    dims.iter()
+                        .map(|d| match d {
+                            layerdiff_onnx::Dimension::Fixed(v) => {
+                                Ok(v.into_pyobject(py)?.into_any().unbind())
+                            }
+                            layerdiff_onnx::Dimension::Symbolic(p) => {
+                                Ok(p.clone().into_pyobject(py)?.into_any().unbind())
+                            }
+                        })
+                        .collect::<PyResult<Vec<_>>>()?,
+                ),
+            };
+            Ok((name.clone(), dtype, dims))
+        })
+        .collect()
+}
+
+/// The ONNX Runtime library that would be loaded (for diagnostics).
+#[pyfunction]
+fn find_ort_library() -> PyResult<PathBuf> {
+    layerdiff_runtime::find_ort_library().map_err(|e| to_py_err(layerdiff_cli::Error::Runtime(e)))
+}
+
+#[pymodule]
+fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<Report>()?;
+    m.add_function(wrap_pyfunction!(parse_cli, m)?)?;
+    m.add_function(wrap_pyfunction!(compare_captured, m)?)?;
+    m.add_function(wrap_pyfunction!(compare_tensors_json, m)?)?;
+    m.add_function(wrap_pyfunction!(save_tensors, m)?)?;
+    m.add_function(wrap_pyfunction!(find_ort_library, m)?)?;
+    m.add_function(wrap_pyfunction!(model_inputs, m)?)?;
+    exceptions::register(m)?;
+    Ok(())
+}

@@ -1,0 +1,50 @@
+use std::path::PathBuf;
+
+/// Errors of the runtimes.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The ONNX Runtime shared library could not be found.
+    #[error(
+        "cannot find the ONNX Runtime library (looked in: {searched}); install it with `pip install onnxruntime` \
+         or point `{}` at `libonnxruntime.so`",
+        crate::LIBRARY_ENV
+    )]
+    LibraryNotFound {
+        /// Where we looked.
+        searched: String,
+    },
+    /// The library exists but could not be loaded.
+    #[error("cannot load ONNX Runtime from `{path}`: {message}")]
+    LibraryLoad {
+        /// The library file.
+        path: PathBuf,
+        /// The loader's message.
+        message: String,
+    },
+    /// ONNX Runtime refused the model.
+    #[error("ONNX Runtime cannot load the model: {0}")]
+    Session(String),
+    /// ONNX Runtime failed while running.
+    #[error("ONNX Runtime failed to run the model: {0}")]
+    Run(String),
+    /// The model asks for an input that was not given, or a given input has the wrong type.
+    #[error("{0}")]
+    Inputs(String),
+    /// A tensor of an element type layerdiff cannot read.
+    #[error("value `{name}` has element type {element}, which layerdiff cannot compare")]
+    UnsupportedOutput {
+        /// The value.
+        name: String,
+        /// Its element type.
+        element: String,
+    },
+    /// Writing the model for the runtime failed.
+    #[error(transparent)]
+    Onnx(#[from] layerdiff_onnx::Error),
+    /// A temporary folder could not be made.
+    #[error("cannot create a temporary folder: {0}")]
+    Temp(#[source] std::io::Error),
+}
+
+/// Result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

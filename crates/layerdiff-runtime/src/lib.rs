@@ -1,0 +1,31 @@
+//! Runtimes: ways of computing an ONNX model's values from given inputs.
+//!
+//! Every runtime takes a [`Model`] (already edited to expose the values wanted), named input
+//! tensors, and the names of the values to return; it hands back owned tensors in our own
+//! [`Tensor`] type, so the comparator never sees a runtime's types.
+
+mod error;
+mod library;
+mod ort_runtime;
+
+use layerdiff_core::Tensor;
+use layerdiff_onnx::Model;
+
+pub use error::{Error, Result};
+pub use library::{LIBRARY_ENV, find_ort_library};
+pub use ort_runtime::{OptLevel, OrtRuntime};
+
+/// One way of computing an ONNX model's values.
+pub trait Runtime {
+    /// Short name used in reports (`onnxruntime`).
+    fn name(&self) -> &str;
+    /// Version, provider and options, in words.
+    fn detail(&self) -> String;
+    /// Runs `model` on `inputs` and returns the requested values in the order asked.
+    fn run(
+        &self,
+        model: &Model,
+        inputs: &[(String, Tensor)],
+        outputs: &[String],
+    ) -> Result<Vec<(String, Tensor)>>;
+}

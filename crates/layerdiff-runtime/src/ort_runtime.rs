@@ -1,0 +1,269 @@
+//! ONNX Runtime through the `ort` crate, with the shared library loaded at run time.
+
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use layerdiff_core::{DType, Tensor};
+use layerdiff_onnx::Model;
+use ort::environment::Environment;
+use ort::session::builder::GraphOptimizationLevel;
+use ort::session::{Session, SessionInputValue};
+use ort::value::{DynValue, TensorElementType, ValueRef};
+
+use crate::{Error, Result, Runtime};
+
+/// ONNX Runtime's graph optimization level. layerdiff defaults to [`OptLevel::Disable`] so every
+/// node's value exists as written in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OptLevel {
+    /// No graph rewrites: every value exists as written.
+    #[default]
+    Disable,
+    /// Constant folding and redundant-node removal.
+    Basic,
+    /// Basic plus complex node fusions.
+    Extended,
+    /// Everything, layout changes included.
+    All,
+}
+
+impl OptLevel {
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            OptLevel::Disable => "disable",
+            OptLevel::Basic => "basic",
+            OptLevel::Extended => "extended",
+            OptLevel::All => "all",
+        }
+    }
+
+    fn to_ort(self) -> GraphOptimizationLevel {
+        match self {
+            OptLevel::Disable => GraphOptimizationLevel::Disable,
+            OptLevel::Basic => GraphOptimizationLevel::Level1,
+            OptLevel::Extended => GraphOptimizationLevel::Level2,
+            OptLevel::All => GraphOptimizationLevel::All,
+        }
+    }
+}
+
+struct LoadedOrt {
+    env: Environment,
+    path: PathBuf,
+}
+
+static ORT: OnceLock<Mutex<Option<std::result::Result<LoadedOrt, String>>>> = OnceLock::new();
+
+/// ONNX Runtime on the CPU execution provider.
+#[derive(Debug, Clone)]
+pub struct OrtRuntime {
+    /// Graph optimization level.
+    pub opt_level: OptLevel,
+    /// Intra-op threads (`None`: ONNX Runtime's default).
+    pub intra_threads: Option<usize>,
+    library: PathBuf,
+    version: String,
+}
+
+impl OrtRuntime {
+    /// Loads ONNX Runtime (once per process) from `library`, or from [`crate::find_ort_library`].
+    pub fn new(library: Option<&Path>, opt_level: OptLevel) -> Result<Self> {
+        let cell = ORT.get_or_init(|| Mutex::new(None));
+        let mut guard = cell.lock().unwrap_or_else(|e| e.into_inner());
+        if guard.is_none() {
+            let path = match library {
+                Some(p) => p.to_path_buf(),
+                None => crate::find_ort_library()?,
+            };
+            *guard = Some(load(&path));
+        }
+        match guard.as_ref().expect("set above") {
+            Ok(loaded) => Ok(Self {
+                opt_level,
+                intra_threads: None,
+                library: loaded.path.clone(),
+                version: version_from_path(&loaded.path),
+            }),
+            Err(message) => Err(Error::LibraryLoad {
+                path: library.map(Path::to_path_buf).unwrap_or_default(),
+                message: message.clone(),
+            }),
+        }
+    }
+
+    /// The library file in use.
+    pub fn library(&self) -> &Path {
+        &self.library
+    }
+
+    fn session(&self, model: &Model) -> Result<Session> {
+        let cell = ORT.get().expect("initialised in new");
+        let guard = cell.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(Ok(loaded)) = guard.as_ref() else {
+            unreachable!("OrtRuntime exists only once loaded")
+        };
+        let session_error = |e: ort::Error<_>| Error::Session(e.to_string());
+        let mut builder = Session::builder(&loaded.env)
+            .map_err(|e| Error::Session(e.to_string()))?
+            .with_optimization_level(self.opt_level.to_ort())
+            .map_err(session_error)?;
+        if let Some(n) = self.intra_threads {
+            builder = builder.with_intra_threads(n).map_err(session_error)?;
+        }
+        if model.external_data_files().is_empty() {
+            builder
+                .commit_from_memory(&model.to_bytes())
+                .map_err(|e| Error::Session(e.to_string()))
+        } else {
+            let dir = tempfile::tempdir().map_err(Error::Temp)?;
+            let path = model.write_to_dir(dir.path(), "model.onnx")?;
+            builder
+                .commit_from_file(&path)
+                .map_err(|e| Error::Session(e.to_string()))
+        }
+    }
+}
+
+fn load(path: &Path) -> std::result::Result<LoadedOrt, String> {
+    let env = ort::init_from(path)
+        .map_err(|e| e.to_string())?
+        .with_name("layerdiff")
+        .build()
+        .map_err(|e| e.to_string())?;
+    Ok(LoadedOrt {
+        env,
+        path: path.to_path_buf(),
+    })
+}
+
+/// `libonnxruntime.so.1.31.1` → `1.31.1`.
+fn version_from_path(path: &Path) -> String {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    name.strip_prefix("libonnxruntime.so.")
+        .unwrap_or("unknown version")
+        .to_string()
+}
+
+impl Runtime for OrtRuntime {
+    fn name(&self) -> &str {
+        "onnxruntime"
+    }
+
+    fn detail(&self) -> String {
+        format!(
+            "onnxruntime {}, CPUExecutionProvider, graph optimizations: {}",
+            self.version,
+            self.opt_level.name()
+        )
+    }
+
+    fn run(
+        &self,
+        model: &Model,
+        inputs: &[(String, Tensor)],
+        outputs: &[String],
+    ) -> Result<Vec<(String, Tensor)>> {
+        let mut session = self.session(model)?;
+        let wanted: Vec<String> = session
+            .inputs()
+            .iter()
+            .map(|i| i.name().to_string())
+            .collect();
+        let mut feed: Vec<(Cow<'_, str>, SessionInputValue<'_>)> = Vec::with_capacity(wanted.len());
+        for name in &wanted {
+            let Some((_, tensor)) = inputs.iter().find(|(n, _)| n == name) else {
+                let given: Vec<&str> = inputs.iter().map(|(n, _)| n.as_str()).collect();
+                return Err(Error::Inputs(format!(
+                    "the model needs input `{name}`, but only {given:?} were given"
+                )));
+            };
+            feed.push((Cow::Owned(name.clone()), to_ort_value(name, tensor)?.into()));
+        }
+        let results = session.run(feed).map_err(|e| Error::Run(e.to_string()))?;
+        outputs
+            .iter()
+            .map(|name| {
+                let value = results.get(name).ok_or_else(|| {
+                    Error::Run(format!("ONNX Runtime returned no value named `{name}`"))
+                })?;
+                Ok((name.clone(), from_ort_value(name, &value.view())?))
+            })
+            .collect()
+    }
+}
+
+fn to_ort_value(name: &str, t: &Tensor) -> Result<DynValue> {
+    let shape: Vec<i64> = t.shape.iter().map(|&d| d as i64).collect();
+    let err = |e: ort::Error| Error::Inputs(format!("input `{name}`: {e}"));
+    macro_rules! make {
+        ($ty:ty) => {{
+            let data: Vec<$ty> = bytemuck::pod_collect_to_vec(&t.bytes);
+            ort::value::Tensor::from_array((shape, data))
+                .map_err(err)?
+                .into_dyn()
+        }};
+    }
+    Ok(match t.dtype {
+        DType::F32 => make!(f32),
+        DType::F64 => make!(f64),
+        DType::F16 => make!(half::f16),
+        DType::BF16 => make!(half::bf16),
+        DType::I64 => make!(i64),
+        DType::I32 => make!(i32),
+        DType::I16 => make!(i16),
+        DType::I8 => make!(i8),
+        DType::U64 => make!(u64),
+        DType::U32 => make!(u32),
+        DType::U16 => make!(u16),
+        DType::U8 => make!(u8),
+        DType::Bool => {
+            let data: Vec<bool> = t.bytes.iter().map(|&b| b != 0).collect();
+            ort::value::Tensor::from_array((shape, data))
+                .map_err(err)?
+                .into_dyn()
+        }
+    })
+}
+
+fn from_ort_value(name: &str, value: &ValueRef<'_>) -> Result<Tensor> {
+    let unsupported = |element: String| Error::UnsupportedOutput {
+        name: name.to_string(),
+        element,
+    };
+    let element = value
+        .dtype()
+        .tensor_type()
+        .ok_or_else(|| unsupported(format!("{}", value.dtype())))?;
+    let run_err = |e: ort::Error| Error::Run(format!("reading `{name}`: {e}"));
+    macro_rules! take {
+        ($ty:ty, $dtype:expr) => {{
+            let (shape, data) = value.try_extract_tensor::<$ty>().map_err(run_err)?;
+            let shape: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+            Tensor::new(name, $dtype, shape, bytemuck::cast_slice(data).to_vec())
+                .map_err(|e| Error::Run(e.to_string()))?
+        }};
+    }
+    Ok(match element {
+        TensorElementType::Float32 => take!(f32, DType::F32),
+        TensorElementType::Float64 => take!(f64, DType::F64),
+        TensorElementType::Float16 => take!(half::f16, DType::F16),
+        TensorElementType::Bfloat16 => take!(half::bf16, DType::BF16),
+        TensorElementType::Int64 => take!(i64, DType::I64),
+        TensorElementType::Int32 => take!(i32, DType::I32),
+        TensorElementType::Int16 => take!(i16, DType::I16),
+        TensorElementType::Int8 => take!(i8, DType::I8),
+        TensorElementType::Uint64 => take!(u64, DType::U64),
+        TensorElementType::Uint32 => take!(u32, DType::U32),
+        TensorElementType::Uint16 => take!(u16, DType::U16),
+        TensorElementType::Uint8 => take!(u8, DType::U8),
+        TensorElementType::Bool => {
+            let (shape, data) = value.try_extract_tensor::<bool>().map_err(run_err)?;
+            let shape: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+            let bytes = data.iter().map(|&b| u8::from(b)).collect();
+            Tensor::new(name, DType::Bool, shape, bytes).map_err(|e| Error::Run(e.to_string()))?
+        }
+        other => return Err(unsupported(format!("{other:?}"))),
+    })
+}

@@ -1,0 +1,37 @@
+"""layerdiff: find where numerical drift between two runtimes is born, layer by layer, and why.
+
+The numeric core (comparison, analysis, ONNX handling, ONNX Runtime, reports) is Rust; this
+package is the front door. PyTorch is imported only by :mod:`layerdiff.torch`, on first use.
+"""
+
+from layerdiff._layerdiff import (
+    InputError,
+    LayerdiffError,
+    ModelError,
+    OutputError,
+    RuntimeFailure,
+    UsageError,
+    __version__,
+)
+from layerdiff.report import Report
+from layerdiff.tensors import compare_tensors
+
+__all__ = [
+    "InputError",
+    "LayerdiffError",
+    "ModelError",
+    "OutputError",
+    "Report",
+    "RuntimeFailure",
+    "UsageError",
+    "__version__",
+    "compare_tensors",
+    "compare_torch_onnx",
+]
+
+
+def compare_torch_onnx(model, inputs, **options):
+    """Compare a PyTorch model with its ONNX export, layer by layer (see :func:`layerdiff.torch.compare_torch_onnx`)."""
+    from layerdiff.torch import compare_torch_onnx as run
+
+    return run(model, inputs, **options)

@@ -1,0 +1,91 @@
+"""The `layerdiff` console command. Parsing is the Rust parser's (same help, errors and exit
+codes as the Rust binary); this module runs the verbs that need PyTorch."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from layerdiff import _layerdiff
+
+
+class _Progress:
+    """Step lines with elapsed time on stderr; silent with --quiet."""
+
+    def __init__(self, quiet: bool):
+        self.quiet = quiet
+        self.start = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        if not self.quiet:
+            print(f"[{time.monotonic() - self.start:6.1f}s] {message}…", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = ["layerdiff", *(sys.argv[1:] if argv is None else argv)]
+    kind, value = _layerdiff.parse_cli(args)
+    if kind == "exit":
+        return int(value)
+    try:
+        return _run_torch(value)
+    except _layerdiff.LayerdiffError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug in layerdiff, not a user mistake: short message, no traceback
+        if os.environ.get("LAYERDIFF_DEBUG"):
+            raise
+        print(f"error: internal error: {type(e).__name__}: {e}", file=sys.stderr)
+        print("hint: rerun with LAYERDIFF_DEBUG=1 for the traceback, and please report it", file=sys.stderr)
+        return 2
+
+
+def _run_torch(opts: dict) -> int:
+    try:
+        from layerdiff import torch as lt
+    except ImportError as e:
+        raise _layerdiff.UsageError(
+            f"`layerdiff torch` needs PyTorch ({e.name or e} is missing)\n"
+            "hint: pip install 'layerdiff[torch]'"
+        ) from e
+
+    progress = _Progress(opts["quiet"])
+    out = Path(opts["out"]) if opts["out"] else None
+    json_path = Path(opts["json"]) if opts["json"] else (out / "report.json" if out else None)
+    md_path = Path(opts["markdown"]) if opts["markdown"] else (out / "report.md" if out else None)
+    if opts["onnx"] is not None and not Path(opts["onnx"]).is_file():
+        raise _layerdiff.UsageError(f"ONNX file `{opts['onnx']}` does not exist")
+
+    builder = lt.load_builder(opts["model"])
+    progress(f"building {opts['model']} (seed {opts['seed']})")
+    model, inputs = builder(opts["seed"])
+    report = lt.compare_torch_onnx(
+        model,
+        inputs,
+        onnx=opts["onnx"],
+        tolerance=opts["tolerance"],
+        exporter=opts["exporter"],
+        opt_level=opts["ort_opt"],
+        name=opts["model"],
+        seed=opts["seed"],
+        workdir=out,
+        progress=progress,
+    )
+    written = report.write(json=json_path, markdown=md_path)
+    if json_path is not None:
+        inputs_path = json_path.with_name(json_path.stem + ".inputs.safetensors")
+        lt.save_inputs(inputs_path, report.inputs, opts["seed"])
+        written.append(inputs_path)
+    if not opts["quiet"]:
+        sys.stdout.write(report.summary_text())
+        for path in written:
+            print(f"wrote {path}", file=sys.stderr)
+    return report.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""The report object returned by every comparison: a thin view over the Rust report."""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from pathlib import Path
+
+
+class Report:
+    """A finished comparison. Drift is data here; only the CLI turns it into an exit code."""
+
+    def __init__(self, native):
+        self._native = native
+
+    @cached_property
+    def data(self) -> dict:
+        """The whole report as plain Python data (the parsed JSON)."""
+        return json.loads(self._native.to_json())
+
+    @property
+    def drift_origin(self) -> str | None:
+        """The first layer, in execution order, whose difference exceeds the tolerance."""
+        return self._native.drift_origin
+
+    @property
+    def layers(self) -> list[dict]:
+        """Every layer in execution order, with its ONNX value, statistics and verdict."""
+        return self.data["layers"]
+
+    @property
+    def summary(self) -> dict:
+        """Counts, drift origin and worst layers."""
+        return self.data["summary"]
+
+    @property
+    def tolerance(self) -> float:
+        return self.data["tolerance"]
+
+    @property
+    def exit_code(self) -> int:
+        """0 when no layer exceeds the tolerance, 1 when drift was found."""
+        return self._native.exit_code
+
+    def layer(self, name: str) -> dict:
+        """One layer by name (`layer1.0.relu#2`)."""
+        for layer in self.layers:
+            if layer["name"] == name:
+                return layer
+        raise KeyError(name)
+
+    def to_json(self) -> str:
+        """Deterministic JSON (same input, same bytes)."""
+        return self._native.to_json()
+
+    def to_markdown(self) -> str:
+        return self._native.to_markdown()
+
+    def summary_text(self) -> str:
+        return self._native.summary_text()
+
+    def write(self, json: str | Path | None = None, markdown: str | Path | None = None) -> list[Path]:
+        """Write the JSON and/or Markdown report; each file is written whole or not at all."""
+        return [Path(p) for p in self._native.write(json, markdown)]
+
+    def __repr__(self) -> str:
+        s = self.summary
+        return (
+            f"<layerdiff.Report {self.data['model']!r}: {s['layers_compared']} layers compared, "
+            f"{s['layers_exceeding']} exceeding, drift_origin={self.drift_origin!r}>"
+        )

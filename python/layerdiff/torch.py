@@ -1,0 +1,330 @@
+"""The PyTorch side: capture every leaf-module call with forward hooks, export to ONNX, and hand
+both to the Rust core, which maps layers to ONNX values, runs ONNX Runtime and compares.
+
+This is the only module of layerdiff that imports torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import io
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from layerdiff import _layerdiff
+from layerdiff.report import Report
+from layerdiff.tensors import flat
+
+IDENTITY_AT_INFERENCE = (
+    nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+    nn.FeatureAlphaDropout,
+)  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# Capture
+
+
+@dataclass
+class CapturedLayer:
+    """One call of a leaf module: its output, and where its input came from."""
+
+    name: str  # module path, `#2`, `#3`… for repeated calls
+    module: str
+    module_type: str
+    call_index: int
+    identity: bool
+    input_from: int | None
+    output: torch.Tensor
+
+
+@dataclass
+class Capture:
+    """Every leaf-module call of one forward pass, in execution order."""
+
+    layers: list[CapturedLayer] = field(default_factory=list)
+    output: object = None
+
+
+def leaf_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Modules without children, with their qualified names (the model itself if it has none)."""
+    leaves = [(n, m) for n, m in model.named_modules() if n and not any(True for _ in m.children())]
+    return leaves or [(type(model).__name__, model)]
+
+
+def _first_tensor(value):
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (tuple, list)):
+        for v in value:
+            t = _first_tensor(v)
+            if t is not None:
+                return t
+    if isinstance(value, dict):
+        for v in value.values():
+            t = _first_tensor(v)
+            if t is not None:
+                return t
+    return None
+
+
+def capture(model: nn.Module, inputs: tuple, *, clone: bool = True) -> Capture:
+    """Runs `model(*inputs)` once under `torch.no_grad()`, recording each leaf call's output.
+
+    Outputs are cloned at capture (``clone=True``): an in-place op later in the forward pass
+    (``ReLU(inplace=True)`` after BatchNorm) would otherwise rewrite what was recorded. The clone
+    switch exists only so a test can show that false positive.
+    """
+    result = Capture()
+    names = {m: n for n, m in leaf_modules(model)}
+    calls: dict[str, int] = {}
+    producer: dict[int, int] = {}  # data_ptr of a tensor → index of the layer that produced it
+
+    def hook(module, args, output):
+        name = names[module]
+        k = calls.get(name, 0)
+        calls[name] = k + 1
+        out = _first_tensor(output)
+        if out is None:
+            return
+        first_in = _first_tensor(args)
+        input_from = producer.get(first_in.data_ptr()) if first_in is not None else None
+        identity = isinstance(module, IDENTITY_AT_INFERENCE) and not module.training
+        kept = out.detach().clone() if clone else out.detach()
+        result.layers.append(
+            CapturedLayer(
+                name=name if k == 0 else f"{name}#{k + 1}",
+                module=name,
+                module_type=type(module).__name__,
+                call_index=k,
+                identity=identity,
+                input_from=input_from,
+                output=kept,
+            )
+        )
+        producer[out.data_ptr()] = len(result.layers) - 1
+
+    handles = [m.register_forward_hook(hook) for m in names]
+    try:
+        with torch.no_grad():
+            result.output = model(*inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Export
+
+
+def export_onnx(model: nn.Module, inputs: tuple, path: Path, *, exporter: str = "dynamo") -> Path:
+    """Exports with ``torch.onnx.export``; the exporter's chatter goes to stderr, never stdout."""
+    if exporter not in ("dynamo", "legacy"):
+        raise _layerdiff.UsageError(f"unknown exporter `{exporter}` (expected dynamo or legacy)")
+    chatter = io.StringIO()
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(chatter):
+            warnings.simplefilter("ignore")
+            if exporter == "dynamo":
+                program = torch.onnx.export(model, inputs, dynamo=True, verbose=False)
+                program.save(str(path))
+            else:
+                torch.onnx.export(model, inputs, str(path), dynamo=False)
+    except Exception as e:  # the exporter's own failure: report it, with what it printed
+        detail = chatter.getvalue().strip().splitlines()[-5:]
+        raise _layerdiff.ModelError(
+            f"torch.onnx.export ({exporter}) failed: {type(e).__name__}: {e}"
+            + ("\n" + "\n".join(detail) if detail else "")
+        ) from e
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# Models
+
+
+def _torchvision(name: str):
+    def build(seed: int):
+        import torchvision
+
+        torch.manual_seed(seed)
+        model = getattr(torchvision.models, name)(weights=None)
+        generator = torch.Generator().manual_seed(seed)
+        return model, (torch.randn(1, 3, 224, 224, generator=generator),)
+
+    return build
+
+
+BUILTIN_MODELS = {
+    name: _torchvision(name) for name in ("resnet18", "resnet50", "mobilenet_v3_small", "vit_b_16")
+}
+
+
+def load_builder(spec: str):
+    """`resnet18`, `path/to/file.py:build` or `package.module:build` → a function of the seed."""
+    if spec in BUILTIN_MODELS:
+        return BUILTIN_MODELS[spec]
+    if ":" not in spec:
+        known = ", ".join(sorted(BUILTIN_MODELS))
+        raise _layerdiff.UsageError(
+            f"unknown model `{spec}`: expected a built-in name ({known}), "
+            "`path/to/file.py:function` or `package.module:function`"
+        )
+    target, func_name = spec.rsplit(":", 1)
+    if target.endswith(".py") or "/" in target:
+        path = Path(target)
+        if not path.is_file():
+            raise _layerdiff.UsageError(f"builder file `{target}` does not exist")
+        module_spec = importlib.util.spec_from_file_location(f"_layerdiff_builder_{path.stem}", path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_spec.name] = module
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as e:
+            raise _layerdiff.UsageError(f"importing `{target}` failed: {type(e).__name__}: {e}") from e
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as e:
+            raise _layerdiff.UsageError(f"cannot import module `{target}`: {e}") from e
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise _layerdiff.UsageError(f"`{target}` has no function `{func_name}`")
+
+    def build(seed: int):
+        torch.manual_seed(seed)
+        try:
+            built = func()
+        except Exception as e:
+            raise _layerdiff.UsageError(f"`{spec}` raised {type(e).__name__}: {e}") from e
+        if not (isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], nn.Module)):
+            raise _layerdiff.UsageError(
+                f"`{spec}` must return (model, example_inputs), got {type(built).__name__}"
+            )
+        return built
+
+    return build
+
+
+def _as_input_tuple(inputs) -> tuple:
+    if isinstance(inputs, torch.Tensor):
+        return (inputs,)
+    if isinstance(inputs, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in inputs):
+        return tuple(inputs)
+    raise _layerdiff.InputError(
+        "example inputs must be a tensor or a tuple of tensors, "
+        f"got {type(inputs).__name__}"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Comparison
+
+
+def compare_torch_onnx(
+    model: nn.Module,
+    inputs,
+    *,
+    onnx: str | Path | None = None,
+    tolerance: float = 1e-4,
+    exporter: str = "dynamo",
+    opt_level: str = "disable",
+    name: str | None = None,
+    seed: int | None = None,
+    workdir: str | Path | None = None,
+    clone: bool = True,
+    progress=None,
+) -> Report:
+    """Compare a PyTorch model with its ONNX export under ONNX Runtime, layer by layer.
+
+    The one model instance given is both captured and exported (or, with ``onnx=``, compared
+    against that file), and both sides receive the same input bytes. Returns a :class:`Report`;
+    ``report.drift_origin`` names the first layer whose max abs diff exceeds ``tolerance``.
+    """
+    step = progress or (lambda message: None)
+    inputs = _as_input_tuple(inputs)
+    model.eval()
+
+    step("capturing PyTorch layers")
+    try:
+        captured = capture(model, inputs, clone=clone)
+    except Exception as e:
+        shapes = ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in inputs)
+        raise _layerdiff.InputError(
+            f"the model failed on its inputs ({shapes}): {type(e).__name__}: {e}"
+        ) from e
+
+    with contextlib.ExitStack() as stack:
+        if onnx is not None:
+            onnx_path = Path(onnx)
+            if not onnx_path.is_file():
+                raise _layerdiff.UsageError(f"ONNX file `{onnx}` does not exist")
+        else:
+            folder = Path(workdir) if workdir else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            folder.mkdir(parents=True, exist_ok=True)
+            step(f"exporting to ONNX ({exporter})")
+            onnx_path = export_onnx(model, inputs, folder / "model.onnx", exporter=exporter)
+
+        declared = _layerdiff.model_inputs(str(onnx_path))
+        if len(declared) != len(inputs):
+            raise _layerdiff.InputError(
+                f"the ONNX model takes {len(declared)} input(s) ({', '.join(d[0] for d in declared)}), "
+                f"but {len(inputs)} example input(s) were given"
+            )
+        onnx_inputs = [flat(decl[0], t) for decl, t in zip(declared, inputs)]
+        layers = [
+            {
+                "name": layer.name,
+                "module": layer.module,
+                "module_type": layer.module_type,
+                "call_index": layer.call_index,
+                "identity": layer.identity,
+                "input_from": layer.input_from,
+                "tensor": flat(layer.name, layer.output),
+            }
+            for layer in captured.layers
+        ]
+        step("running ONNX Runtime and comparing")
+        native = _layerdiff.compare_captured(
+            command="torch",
+            model=name or type(model).__name__,
+            onnx_path=str(onnx_path),
+            inputs=onnx_inputs,
+            layers=layers,
+            tolerance=float(tolerance),
+            seed=seed,
+            reference_runtime="pytorch",
+            reference_detail=f"torch {torch.__version__}, eager, cpu",
+            ort_library=_ort_library(),
+            opt_level=opt_level,
+        )
+    report = Report(native)
+    report.inputs = onnx_inputs
+    return report
+
+
+def _ort_library() -> str | None:
+    """The libonnxruntime inside the installed onnxruntime wheel, found without importing it."""
+    spec = importlib.util.find_spec("onnxruntime")
+    if spec is None or spec.origin is None:
+        return None
+    capi = Path(spec.origin).parent / "capi"
+    candidates = sorted(capi.glob("libonnxruntime.so*")) + sorted(capi.glob("libonnxruntime*.dylib"))
+    return str(candidates[-1]) if candidates else None
+
+
+def save_inputs(path: Path, inputs, seed: int | None) -> None:
+    """Saves the exact input bytes both sides were given, with the seed, as safetensors."""
+    metadata = {"producer": "layerdiff"}
+    if seed is not None:
+        metadata["seed"] = str(seed)
+    _layerdiff.save_tensors(str(path), list(inputs), metadata)
