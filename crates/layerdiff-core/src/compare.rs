@@ -49,14 +49,19 @@ pub struct Stats {
     /// Positions where neither side is NaN.
     pub compared: u64,
     /// Max of `|target - reference|`.
+    #[serde(serialize_with = "crate::render::float")]
     pub max_abs_diff: f64,
     /// Mean of `|target - reference|` over compared positions.
+    #[serde(serialize_with = "crate::render::float")]
     pub mean_abs_diff: f64,
     /// Max relative difference (denominator `max(|reference|, |target|)`).
+    #[serde(serialize_with = "crate::render::float")]
     pub max_rel_diff: f64,
     /// Root mean square of the difference.
+    #[serde(serialize_with = "crate::render::float")]
     pub rms_diff: f64,
     /// Cosine similarity of the two sides as vectors.
+    #[serde(serialize_with = "crate::render::float")]
     pub cosine: f64,
     /// Counts of compared positions whose abs diff exceeds each threshold.
     #[serde(serialize_with = "serialize_thresholds")]
@@ -83,8 +88,10 @@ pub struct Worst {
     /// Multi-dimensional index.
     pub position: Vec<usize>,
     /// Reference value.
+    #[serde(serialize_with = "crate::render::float")]
     pub reference: f64,
     /// Target value.
+    #[serde(serialize_with = "crate::render::float")]
     pub target: f64,
 }
 

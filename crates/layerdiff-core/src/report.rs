@@ -23,6 +23,7 @@ pub struct Report {
     /// `accumulated`: each side ran from the original input, so errors propagate.
     pub mode: String,
     /// The absolute tolerance on `max_abs_diff`.
+    #[serde(serialize_with = "crate::render::float")]
     pub tolerance: f64,
     /// Seed of the generated inputs, when they were generated.
     pub seed: Option<u64>,
@@ -88,6 +89,7 @@ pub struct WorstLayer {
     /// Layer name.
     pub layer: String,
     /// The figure.
+    #[serde(serialize_with = "crate::render::float")]
     pub value: f64,
 }
 

@@ -22,6 +22,18 @@ pub fn format_float(value: f64) -> String {
     }
 }
 
+/// `serialize_with` for every float field of the report model: serde_json writes non-finite
+/// floats as `null` before a formatter sees them, so they become the documented strings here.
+pub fn float<S: serde::Serializer>(value: &f64, s: S) -> Result<S::Ok, S::Error> {
+    if value.is_nan() {
+        s.serialize_str("nan")
+    } else if value.is_infinite() {
+        s.serialize_str(if *value > 0.0 { "inf" } else { "-inf" })
+    } else {
+        s.serialize_f64(*value)
+    }
+}
+
 /// Renders any serialisable value (a report, or one `Stats`) as deterministic JSON, newline-terminated.
 pub fn to_json_value<T: Serialize>(value: &T) -> String {
     let mut out = Vec::new();

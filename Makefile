@@ -1,0 +1,53 @@
+# layerdiff: two commands set up a fresh machine.
+#   make pipeline   environment, release build, the ResNet-18 flow, examples/reports/
+#   make test       environment, build, Rust tests, Python tests
+# Both are idempotent: the virtualenv is created once, requirements reinstalled only when
+# requirements.txt changes, and cargo rebuilds only what changed.
+
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+DEPS := $(VENV)/.requirements.stamp
+export VIRTUAL_ENV := $(abspath $(VENV))
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: pipeline test build env proto lint clean
+
+env: $(DEPS)
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(DEPS): requirements.txt | $(PY)
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $@
+
+# The extension and the package, built in release mode and installed (editable) into .venv.
+build: $(DEPS)
+	maturin develop --release --quiet
+
+pipeline: build
+	layerdiff torch resnet18 --seed 0 \
+		--json examples/reports/resnet18_fp32.json \
+		--markdown examples/reports/resnet18_fp32.md \
+		|| test $$? -eq 1  # exit 1 means drift was found and reported
+
+test: build
+	cargo test --workspace --quiet
+	$(PY) -m pytest -q
+
+# Regenerate the checked-in prost code from the vendored onnx-ml.proto.
+proto:
+	cargo run --quiet --manifest-path tools/onnx-codegen/Cargo.toml
+	cargo fmt --all
+
+lint: $(DEPS)
+	cargo fmt --all -- --check
+	cargo clippy --workspace --quiet -- -D warnings
+	$(VENV)/bin/ruff check python tests
+	$(VENV)/bin/ruff format --check python tests
+
+clean:
+	cargo clean
+	rm -rf $(VENV)

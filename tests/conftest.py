@@ -1,0 +1,42 @@
+"""Shared fixtures: one ResNet-18 instance with random weights (fixed seed) and its exports,
+built once per test session because export takes seconds."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(scope="session")
+def resnet18():
+    torch = pytest.importorskip("torch")
+    from layerdiff.torch import BUILTIN_MODELS
+
+    model, inputs = BUILTIN_MODELS["resnet18"](0)
+    model.eval()
+    return model, inputs, torch
+
+
+@pytest.fixture(scope="session")
+def resnet18_onnx(resnet18, tmp_path_factory):
+    """Exports of the very instance in `resnet18`, by exporter."""
+    from layerdiff.torch import export_onnx
+
+    model, inputs, _ = resnet18
+    folder = tmp_path_factory.mktemp("resnet18")
+    return {
+        exporter: export_onnx(model, inputs, folder / f"{exporter}.onnx", exporter=exporter)
+        for exporter in ("dynamo", "legacy")
+    }
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Runs the installed `layerdiff` command as a user would."""
+    exe = Path(sys.executable).parent / "layerdiff"
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, cwd=cwd or ROOT, timeout=600)

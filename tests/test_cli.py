@@ -1,0 +1,136 @@
+"""The `layerdiff` command as a user runs it: reports written, exit codes, and clear messages
+(exit 2, no traceback) for bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from conftest import ROOT, run_cli
+from safetensors.numpy import load_file
+
+TWICE = str(ROOT / "tests/builders/twice.py")
+
+
+def assert_usage_error(result, *fragments):
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "panicked" not in result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+
+
+def test_builder_file_writes_reports_and_inputs(tmp_path):
+    result = run_cli("torch", f"{TWICE}:build", "--out", str(tmp_path), "--seed", "3")
+    assert result.returncode == 0, result.stderr
+    assert "no drift" in result.stdout
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["schema"] == "layerdiff.report/1"
+    assert report["seed"] == 3 and report["summary"]["layers_total"] == 5
+    assert (tmp_path / "report.md").read_text().startswith("# layerdiff")
+    inputs = load_file(tmp_path / "report.inputs.safetensors")
+    assert list(inputs) == [report["inputs"][0]["name"]]
+    assert (tmp_path / "model.onnx").is_file()
+
+
+def test_same_seed_gives_the_same_report_bytes(tmp_path):
+    for run in ("a", "b"):
+        result = run_cli("torch", f"{TWICE}:build", "--json", str(tmp_path / f"{run}.json"), "-q")
+        assert result.returncode == 0 and result.stdout == ""
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+
+
+def test_drift_found_exits_1(tmp_path):
+    # A tolerance of zero makes any rounding difference count as drift.
+    result = run_cli("torch", f"{TWICE}:build", "--tolerance", "0", "--out", str(tmp_path))
+    assert result.returncode in (0, 1)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert result.returncode == (1 if report["summary"]["drift_origin"] else 0)
+
+
+def test_not_an_onnx_file(tmp_path):
+    bogus = tmp_path / "model.onnx"
+    bogus.write_text("this is not a protobuf\n" * 10)
+    result = run_cli("torch", f"{TWICE}:build", "--onnx", str(bogus))
+    assert_usage_error(result, "is not a valid ONNX model")
+    assert not any(tmp_path.glob("*.json"))
+
+
+def test_truncated_onnx_file(tmp_path, resnet18_onnx):
+    full = resnet18_onnx["dynamo"].read_bytes()
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(full[: len(full) // 3])
+    result = run_cli("torch", "resnet18", "--onnx", str(cut), "--json", str(tmp_path / "r.json"))
+    assert_usage_error(result, "cut.onnx", "not a valid ONNX model")
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_inputs_of_the_wrong_shape_for_the_onnx_file(tmp_path):
+    exported = tmp_path / "exported"
+    assert run_cli("torch", f"{TWICE}:build", "--out", str(exported), "-q").returncode == 0
+    # A model taking 16 features, given 5: torch itself refuses, and says what it got.
+    result = run_cli("torch", f"{TWICE}:build_wrong_input", "--onnx", str(exported / "model.onnx"))
+    assert_usage_error(result, "the model failed on its inputs", "(4, 5)")
+
+
+def test_onnx_file_expecting_another_shape(tmp_path, resnet18_onnx):
+    builder = tmp_path / "small.py"
+    builder.write_text(
+        "import torch, torchvision\n"
+        "def build():\n"
+        "    return torchvision.models.resnet18(weights=None), (torch.randn(1, 3, 64, 64),)\n"
+    )
+    result = run_cli("torch", f"{builder}:build", "--onnx", str(resnet18_onnx["dynamo"]))
+    assert_usage_error(result, "input `x`", "expects shape [1, 3, 224, 224]", "[1, 3, 64, 64]")
+
+
+def test_onnx_file_expecting_another_dtype(tmp_path, resnet18_onnx):
+    builder = tmp_path / "half.py"
+    builder.write_text(
+        "import torch, torchvision\n"
+        "def build():\n"
+        "    m = torchvision.models.resnet18(weights=None).double()\n"
+        "    return m, (torch.randn(1, 3, 224, 224, dtype=torch.float64),)\n"
+    )
+    result = run_cli("torch", f"{builder}:build", "--onnx", str(resnet18_onnx["dynamo"]))
+    assert_usage_error(result, "input `x`", "expects float32", "float64")
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (f"{TWICE}:missing", "has no function `missing`"),
+        ("tests/builders/nope.py:build", "does not exist"),
+        ("no_such_package.models:build", "cannot import module `no_such_package.models`"),
+        ("resnet1000", "unknown model `resnet1000`"),
+        (f"{TWICE}:build_not_a_tuple", "must return (model, example_inputs)"),
+    ],
+)
+def test_bad_model_specs(spec, message):
+    assert_usage_error(run_cli("torch", spec), message)
+
+
+def test_bad_usage_is_exit_2():
+    assert_usage_error(run_cli("torch", "resnet18", "--tolerance=-1"), "not a non-negative number")
+    assert_usage_error(run_cli("torch", "resnet18", "--tolerance", "abc"), "not a non-negative number")
+    assert_usage_error(run_cli("frobnicate"), "unrecognized subcommand")
+
+
+def test_missing_onnx_file():
+    assert_usage_error(run_cli("torch", "resnet18", "--onnx", "/nonexistent.onnx"), "does not exist")
+
+
+def test_help_exits_0():
+    result = run_cli("--help")
+    assert result.returncode == 0 and "torch" in result.stdout
+
+
+@pytest.mark.skipif(shutil.which("cargo") is None, reason="needs cargo")
+def test_rust_binary_refers_torch_to_the_python_package():
+    import subprocess
+
+    result = subprocess.run(
+        ["cargo", "run", "-q", "-p", "layerdiff-cli", "--", "torch", "resnet18"],
+        capture_output=True, text=True, cwd=ROOT, timeout=600,
+    )  # fmt: skip
+    assert_usage_error(result, "needs PyTorch")

@@ -1,0 +1,93 @@
+"""The PyTorch ⇄ ONNX Runtime flow on real models: the drift origin is found at the right layer,
+clean exports raise no alarm, and the capture rules (clone, repeated calls) hold."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from layerdiff import compare_torch_onnx
+from layerdiff.torch import capture
+
+RESNET18_LEAF_CALLS = 60  # 52 leaf modules; each BasicBlock calls its ReLU twice (+8)
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "legacy"])
+def test_clean_resnet18_export_has_no_drift(resnet18, resnet18_onnx, exporter):
+    model, inputs, _ = resnet18
+    report = compare_torch_onnx(model, inputs, onnx=resnet18_onnx[exporter], tolerance=1e-4)
+    s = report.summary
+    assert report.drift_origin is None
+    assert s["layers_total"] == RESNET18_LEAF_CALLS
+    # Both exporters fold each of the 20 Conv+BatchNorm pairs into one Conv.
+    assert (s["layers_compared"], s["layers_unmapped"]) == (40, 20)
+    assert s["worst"]["max_abs_diff"]["value"] < 1e-4
+    assert all(layer["stats"]["cosine"] > 0.999999 for layer in report.layers if layer["stats"])
+
+
+def test_bn_maps_to_the_fused_conv_and_the_conv_is_explained(resnet18, resnet18_onnx):
+    model, inputs, _ = resnet18
+    for exporter in ("dynamo", "legacy"):
+        report = compare_torch_onnx(model, inputs, onnx=resnet18_onnx[exporter])
+        bn, conv = report.layer("layer2.0.bn1"), report.layer("layer2.0.conv1")
+        assert bn["status"] == "compared" and bn["onnx"]["op_type"] == "Conv"
+        assert conv["status"] == "unmapped" and "fused" in conv["reason"]
+
+
+def perturb_weight(src, dst, node_name: str, delta: float):
+    """Adds `delta` to the first output filter of node `node_name`'s weight (a whole filter, so
+    the fault shows even where single input channels are dead after a ReLU)."""
+    model = onnx.load(str(src))
+    node = next(n for n in model.graph.node if n.name == node_name)
+    init = next(i for i in model.graph.initializer if i.name == node.input[1])
+    weight = numpy_helper.to_array(init).copy()
+    weight[0] += delta
+    init.CopyFrom(numpy_helper.from_array(weight, init.name))
+    onnx.save(model, str(dst))
+
+
+@pytest.mark.parametrize("target", ["layer2.0.bn1", "layer3.1.bn2", "fc"])
+def test_injected_weight_fault_is_the_drift_origin(resnet18, resnet18_onnx, tmp_path, target):
+    model, inputs, _ = resnet18
+    clean = compare_torch_onnx(model, inputs, onnx=resnet18_onnx["dynamo"])
+    node = clean.layer(target)["onnx"]["node"]
+    edited = tmp_path / "edited.onnx"
+    perturb_weight(resnet18_onnx["dynamo"], edited, node, delta=0.05)
+    report = compare_torch_onnx(model, inputs, onnx=edited)
+    assert report.drift_origin == target
+    names = [layer["name"] for layer in report.layers]
+    before = names[: names.index(target)]
+    assert not any(report.layer(n)["exceeds_tol"] for n in before)
+
+
+def test_without_cloning_inplace_relu_corrupts_batchnorm_captures(resnet18, resnet18_onnx):
+    """Guards the reason for the clone: ReLU(inplace=True) rewrites the BatchNorm output."""
+    model, inputs, _ = resnet18
+    path = resnet18_onnx["dynamo"]
+    bns = lambda r: [l for l in r.layers if l["module_type"] == "BatchNorm2d" and l["stats"]]  # noqa: E731
+    cloned = compare_torch_onnx(model, inputs, onnx=path, clone=True)
+    assert not any(layer["exceeds_tol"] for layer in bns(cloned))
+    aliased = compare_torch_onnx(model, inputs, onnx=path, clone=False)
+    # Every BatchNorm output is later rewritten in place (by ReLU(inplace=True), or by the block's
+    # `out += identity`) except the downsample branch's, which nothing modifies.
+    exceeding = {layer["name"] for layer in bns(aliased) if layer["exceeds_tol"]}
+    expected = {layer["name"] for layer in bns(aliased) if "downsample" not in layer["name"]}
+    assert len(expected) == 17 and exceeding == expected
+
+
+def test_module_called_twice_gives_numbered_layers_in_execution_order():
+    torch = pytest.importorskip("torch")
+    from builders.twice import build
+
+    torch.manual_seed(0)
+    model, inputs = build()
+    model.eval()
+    names = [layer.name for layer in capture(model, inputs).layers]
+    assert names == ["fc1", "act", "drop", "fc2", "act#2"]
+    report = compare_torch_onnx(model, inputs)
+    assert report.drift_origin is None
+    act, act2 = report.layer("act"), report.layer("act#2")
+    assert act["onnx"]["value"] != act2["onnx"]["value"]
+    assert report.layer("drop")["status"] == "compared"  # identity: compared against `act`
+    assert report.layer("drop")["onnx"]["value"] == act["onnx"]["value"]
