@@ -11,7 +11,7 @@ DEPS := $(VENV)/.requirements.stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: pipeline test build env proto lint clean
+.PHONY: pipeline test build env proto lint clean docs
 
 env: $(DEPS)
 
@@ -51,3 +51,7 @@ lint: $(DEPS)
 clean:
 	cargo clean
 	rm -rf $(VENV)
+
+# Regenerate docs/cli.md from the command's --help (tests check it is current).
+docs: build
+	$(PY) scripts/cli_reference.py

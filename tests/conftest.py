@@ -39,4 +39,6 @@ def resnet18_onnx(resnet18, tmp_path_factory):
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Runs the installed `layerdiff` command as a user would."""
     exe = Path(sys.executable).parent / "layerdiff"
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, cwd=cwd or ROOT, timeout=600)
+    return subprocess.run(
+        [str(exe), *args], capture_output=True, text=True, cwd=cwd or ROOT, timeout=600
+    )

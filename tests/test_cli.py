@@ -112,12 +112,16 @@ def test_bad_model_specs(spec, message):
 
 def test_bad_usage_is_exit_2():
     assert_usage_error(run_cli("torch", "resnet18", "--tolerance=-1"), "not a non-negative number")
-    assert_usage_error(run_cli("torch", "resnet18", "--tolerance", "abc"), "not a non-negative number")
+    assert_usage_error(
+        run_cli("torch", "resnet18", "--tolerance", "abc"), "not a non-negative number"
+    )
     assert_usage_error(run_cli("frobnicate"), "unrecognized subcommand")
 
 
 def test_missing_onnx_file():
-    assert_usage_error(run_cli("torch", "resnet18", "--onnx", "/nonexistent.onnx"), "does not exist")
+    assert_usage_error(
+        run_cli("torch", "resnet18", "--onnx", "/nonexistent.onnx"), "does not exist"
+    )
 
 
 def test_help_exits_0():

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from comparator_reference import stats, to_json, widen
-
 from layerdiff import _layerdiff, compare_tensors
 from layerdiff.tensors import flat
 
@@ -52,8 +51,12 @@ def test_random_tensors_match_reference_bytes(dtype, shape):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_adversarial_values_match_reference_bytes(dtype):
     tiny = np.finfo(np.float32).smallest_subnormal if dtype != "float16" else 6e-8
-    r = np.array([np.nan, np.nan, np.inf, -np.inf, np.inf, 0.0, -0.0, tiny, 1.0, -2.5, 0.0, 5.0] * 700)
-    t = np.array([np.nan, 1.0, np.inf, np.inf, 3.0, 0.0, 0.0, 0.0, np.nan, -2.5, 1e-30, 5.0001] * 700)
+    r = np.array(
+        [np.nan, np.nan, np.inf, -np.inf, np.inf, 0.0, -0.0, tiny, 1.0, -2.5, 0.0, 5.0] * 700
+    )
+    t = np.array(
+        [np.nan, 1.0, np.inf, np.inf, 3.0, 0.0, 0.0, 0.0, np.nan, -2.5, 1e-30, 5.0001] * 700
+    )
     check(dtype, r, t)
 
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import onnx
 import pytest
-from onnx import numpy_helper
-
 from layerdiff import compare_torch_onnx
 from layerdiff.torch import capture
+from onnx import numpy_helper
 
 RESNET18_LEAF_CALLS = 60  # 52 leaf modules; each BasicBlock calls its ReLU twice (+8)
 
@@ -65,7 +64,10 @@ def test_without_cloning_inplace_relu_corrupts_batchnorm_captures(resnet18, resn
     """Guards the reason for the clone: ReLU(inplace=True) rewrites the BatchNorm output."""
     model, inputs, _ = resnet18
     path = resnet18_onnx["dynamo"]
-    bns = lambda r: [l for l in r.layers if l["module_type"] == "BatchNorm2d" and l["stats"]]  # noqa: E731
+
+    def bns(report):
+        return [x for x in report.layers if x["module_type"] == "BatchNorm2d" and x["stats"]]
+
     cloned = compare_torch_onnx(model, inputs, onnx=path, clone=True)
     assert not any(layer["exceeds_tol"] for layer in bns(cloned))
     aliased = compare_torch_onnx(model, inputs, onnx=path, clone=False)

@@ -31,7 +31,10 @@ __all__ = [
 
 
 def compare_torch_onnx(model, inputs, **options):
-    """Compare a PyTorch model with its ONNX export, layer by layer (see :func:`layerdiff.torch.compare_torch_onnx`)."""
+    """Compare a PyTorch model with its ONNX export, layer by layer.
+
+    See :func:`layerdiff.torch.compare_torch_onnx` for the options.
+    """
     from layerdiff.torch import compare_torch_onnx as run
 
     return run(model, inputs, **options)

@@ -20,7 +20,9 @@ class _Progress:
 
     def __call__(self, message: str) -> None:
         if not self.quiet:
-            print(f"[{time.monotonic() - self.start:6.1f}s] {message}…", file=sys.stderr, flush=True)
+            print(
+                f"[{time.monotonic() - self.start:6.1f}s] {message}…", file=sys.stderr, flush=True
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("LAYERDIFF_DEBUG"):
             raise
         print(f"error: internal error: {type(e).__name__}: {e}", file=sys.stderr)
-        print("hint: rerun with LAYERDIFF_DEBUG=1 for the traceback, and please report it", file=sys.stderr)
+        print(
+            "hint: rerun with LAYERDIFF_DEBUG=1 for the traceback, and please report it",
+            file=sys.stderr,
+        )
         return 2
 
 

@@ -59,7 +59,9 @@ class Report:
     def summary_text(self) -> str:
         return self._native.summary_text()
 
-    def write(self, json: str | Path | None = None, markdown: str | Path | None = None) -> list[Path]:
+    def write(
+        self, json: str | Path | None = None, markdown: str | Path | None = None
+    ) -> list[Path]:
         """Write the JSON and/or Markdown report; each file is written whole or not at all."""
         return [Path(p) for p in self._native.write(json, markdown)]
 

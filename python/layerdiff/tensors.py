@@ -25,7 +25,9 @@ def flat(name: str, array) -> tuple[str, str, list[int], np.ndarray]:
     if dtype not in _NUMPY_DTYPES:
         if dtype == "bfloat16":  # ml_dtypes
             return name, "bfloat16", list(array.shape), _bytes(array)
-        raise _layerdiff.InputError(f"tensor `{name}` has dtype {dtype}, which layerdiff cannot compare")
+        raise _layerdiff.InputError(
+            f"tensor `{name}` has dtype {dtype}, which layerdiff cannot compare"
+        )
     if sys.byteorder != "little" and array.dtype.byteorder not in "<|":
         array = array.astype(array.dtype.newbyteorder("<"))
     return name, dtype, list(array.shape), _bytes(array)
@@ -44,7 +46,9 @@ def _flat_torch(name: str, tensor):
         torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool",
     }  # fmt: skip
     if tensor.dtype not in names:
-        raise _layerdiff.InputError(f"tensor `{name}` has dtype {tensor.dtype}, which layerdiff cannot compare")
+        raise _layerdiff.InputError(
+            f"tensor `{name}` has dtype {tensor.dtype}, which layerdiff cannot compare"
+        )
     t = tensor.detach()
     if t.device.type != "cpu":
         t = t.cpu()

@@ -184,13 +184,17 @@ def load_builder(spec: str):
         path = Path(target)
         if not path.is_file():
             raise _layerdiff.UsageError(f"builder file `{target}` does not exist")
-        module_spec = importlib.util.spec_from_file_location(f"_layerdiff_builder_{path.stem}", path)
+        module_spec = importlib.util.spec_from_file_location(
+            f"_layerdiff_builder_{path.stem}", path
+        )
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[module_spec.name] = module
         try:
             module_spec.loader.exec_module(module)
         except Exception as e:
-            raise _layerdiff.UsageError(f"importing `{target}` failed: {type(e).__name__}: {e}") from e
+            raise _layerdiff.UsageError(
+                f"importing `{target}` failed: {type(e).__name__}: {e}"
+            ) from e
     else:
         try:
             module = importlib.import_module(target)
@@ -221,8 +225,7 @@ def _as_input_tuple(inputs) -> tuple:
     if isinstance(inputs, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in inputs):
         return tuple(inputs)
     raise _layerdiff.InputError(
-        "example inputs must be a tensor or a tuple of tensors, "
-        f"got {type(inputs).__name__}"
+        f"example inputs must be a tensor or a tuple of tensors, got {type(inputs).__name__}"
     )
 
 
@@ -269,18 +272,23 @@ def compare_torch_onnx(
             if not onnx_path.is_file():
                 raise _layerdiff.UsageError(f"ONNX file `{onnx}` does not exist")
         else:
-            folder = Path(workdir) if workdir else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            folder = (
+                Path(workdir)
+                if workdir
+                else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            )
             folder.mkdir(parents=True, exist_ok=True)
             step(f"exporting to ONNX ({exporter})")
             onnx_path = export_onnx(model, inputs, folder / "model.onnx", exporter=exporter)
 
         declared = _layerdiff.model_inputs(str(onnx_path))
         if len(declared) != len(inputs):
+            names = ", ".join(d[0] for d in declared)
             raise _layerdiff.InputError(
-                f"the ONNX model takes {len(declared)} input(s) ({', '.join(d[0] for d in declared)}), "
+                f"the ONNX model takes {len(declared)} input(s) ({names}), "
                 f"but {len(inputs)} example input(s) were given"
             )
-        onnx_inputs = [flat(decl[0], t) for decl, t in zip(declared, inputs)]
+        onnx_inputs = [flat(decl[0], t) for decl, t in zip(declared, inputs, strict=True)]
         layers = [
             {
                 "name": layer.name,
@@ -318,7 +326,9 @@ def _ort_library() -> str | None:
     if spec is None or spec.origin is None:
         return None
     capi = Path(spec.origin).parent / "capi"
-    candidates = sorted(capi.glob("libonnxruntime.so*")) + sorted(capi.glob("libonnxruntime*.dylib"))
+    candidates = sorted(capi.glob("libonnxruntime.so*")) + sorted(
+        capi.glob("libonnxruntime*.dylib")
+    )
     return str(candidates[-1]) if candidates else None
 
 

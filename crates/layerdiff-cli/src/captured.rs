@@ -67,10 +67,10 @@ pub fn compare_captured(c: &CapturedComparison<'_>) -> Result<Report> {
     let mappings = map_layers(model.graph(), &calls);
     let mut wanted: Vec<String> = Vec::new();
     for m in &mappings {
-        if let LayerMapping::Mapped { value, .. } = m {
-            if !wanted.contains(value) {
-                wanted.push(value.clone());
-            }
+        if let LayerMapping::Mapped { value, .. } = m
+            && !wanted.contains(value)
+        {
+            wanted.push(value.clone());
         }
     }
     expose_values(&mut model, &wanted)?;

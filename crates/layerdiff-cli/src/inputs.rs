@@ -17,13 +17,13 @@ pub fn check_inputs(index: &GraphIndex, inputs: &[(String, Tensor)]) -> Result<(
         let Some(declared) = index.value_type(name) else {
             continue;
         };
-        if let Ok(dtype) = DType::from_onnx_code(declared.elem_type) {
-            if dtype != tensor.dtype {
-                return Err(Error::Inputs(format!(
-                    "input `{name}`: the model expects {dtype}, got {} {:?}",
-                    tensor.dtype, tensor.shape
-                )));
-            }
+        if let Ok(dtype) = DType::from_onnx_code(declared.elem_type)
+            && dtype != tensor.dtype
+        {
+            return Err(Error::Inputs(format!(
+                "input `{name}`: the model expects {dtype}, got {} {:?}",
+                tensor.dtype, tensor.shape
+            )));
         }
         if let Some(dims) = &declared.dims {
             let fits = dims.len() == tensor.shape.len()

@@ -299,10 +299,10 @@ impl Partial {
         self.inf_r += o.inf_r;
         self.inf_t += o.inf_t;
         self.nan_mismatch += o.nan_mismatch;
-        if let Some(w) = o.worst {
-            if self.worst.is_none_or(|(d, ..)| w.0 > d) {
-                self.worst = Some(w);
-            }
+        if let Some(w) = o.worst
+            && self.worst.is_none_or(|(d, ..)| w.0 > d)
+        {
+            self.worst = Some(w);
         }
     }
 }

@@ -200,13 +200,13 @@ fn save_tensors(
     layerdiff_core::write_safetensors(&path, &owned, metadata).map_err(to_py_err)
 }
 
+/// `(name, dtype name, dims)` of a declared model input.
+type DeclaredInput = (String, Option<String>, Option<Vec<Py<PyAny>>>);
+
 /// The runtime inputs a model declares: `(name, dtype name or None, dims)`, dims as ints or
 /// symbolic names (None when anonymous).
 #[pyfunction]
-fn model_inputs(
-    py: Python<'_>,
-    path: PathBuf,
-) -> PyResult<Vec<(String, Option<String>, Option<Vec<Py<PyAny>>>)>> {
+fn model_inputs(py: Python<'_>, path: PathBuf) -> PyResult<Vec<DeclaredInput>> {
     let model = layerdiff_onnx::Model::load(&path).map_err(to_py_err)?;
     let index = layerdiff_onnx::GraphIndex::new(model.graph());
     index

@@ -1,0 +1,168 @@
+//! Module calls → ONNX values, on small graphs shaped like each exporter's output.
+
+use layerdiff_onnx::{
+    GraphProto, LayerCall, LayerMapping, NodeProto, StringStringEntryProto, ValueInfoProto,
+    map_layers,
+};
+
+fn node(name: &str, op: &str, inputs: &[&str], output: &str, meta: &[(&str, &str)]) -> NodeProto {
+    NodeProto {
+        name: Some(name.into()),
+        op_type: Some(op.into()),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        metadata_props: meta
+            .iter()
+            .map(|(k, v)| StringStringEntryProto {
+                key: Some(k.to_string()),
+                value: Some(v.to_string()),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn graph(nodes: Vec<NodeProto>, output: &str) -> GraphProto {
+    GraphProto {
+        node: nodes,
+        input: vec![ValueInfoProto {
+            name: Some("x".into()),
+            ..Default::default()
+        }],
+        output: vec![ValueInfoProto {
+            name: Some(output.into()),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+fn call(name: &str, module: &str, k: usize, input_from: Option<usize>) -> LayerCall {
+    LayerCall {
+        name: name.into(),
+        module: module.into(),
+        call_index: k,
+        identity: false,
+        input_from,
+    }
+}
+
+fn value(m: &LayerMapping) -> Option<&str> {
+    match m {
+        LayerMapping::Mapped { value, .. } => Some(value),
+        LayerMapping::Unmapped { .. } => None,
+    }
+}
+
+fn reason(m: &LayerMapping) -> &str {
+    match m {
+        LayerMapping::Unmapped { reason } => reason,
+        LayerMapping::Mapped { note, .. } => note.as_deref().unwrap_or(""),
+    }
+}
+
+#[test]
+fn legacy_conv_bn_fold_maps_bn_to_the_conv_value_and_repeated_calls_in_order() {
+    // conv1 (BN folded in) → relu → fc → relu (second call)
+    let g = graph(
+        vec![
+            node(
+                "/conv1/Conv",
+                "Conv",
+                &["x", "w"],
+                "/conv1/Conv_output_0",
+                &[],
+            ),
+            node(
+                "/relu/Relu",
+                "Relu",
+                &["/conv1/Conv_output_0"],
+                "/relu/Relu_output_0",
+                &[],
+            ),
+            node(
+                "/fc/Gemm",
+                "Gemm",
+                &["/relu/Relu_output_0", "w2"],
+                "/fc/Gemm_output_0",
+                &[],
+            ),
+            node("/relu_1/Relu", "Relu", &["/fc/Gemm_output_0"], "out", &[]),
+        ],
+        "out",
+    );
+    let layers = [
+        call("conv1", "conv1", 0, None),
+        call("bn1", "bn1", 0, Some(0)),
+        call("relu", "relu", 0, Some(1)),
+        call("fc", "fc", 0, Some(2)),
+        call("relu#2", "relu", 1, Some(3)),
+    ];
+    let m = map_layers(&g, &layers);
+    assert_eq!(value(&m[0]), None);
+    assert!(
+        reason(&m[0]).contains("fused with `bn1`"),
+        "{}",
+        reason(&m[0])
+    );
+    assert_eq!(value(&m[1]), Some("/conv1/Conv_output_0"));
+    assert_eq!(value(&m[2]), Some("/relu/Relu_output_0"));
+    assert_eq!(value(&m[4]), Some("out"));
+}
+
+#[test]
+fn dynamo_fused_conv_carries_the_bn_scope() {
+    let bn_meta = [
+        (
+            "pkg.torch.onnx.name_scopes",
+            "['', 'bn1', '_native_batch_norm']",
+        ),
+        (
+            "pkg.onnxscript.rewriter.rule_name",
+            "RemoveOptionalBiasFromConv, FuseBatchNormIntoConv",
+        ),
+    ];
+    let g = graph(
+        vec![
+            node("node_Conv_1", "Conv", &["x", "w"], "getitem", &bn_meta),
+            node(
+                "node_relu",
+                "Relu",
+                &["getitem"],
+                "relu",
+                &[("pkg.torch.onnx.name_scopes", "['', 'relu', 'relu']")],
+            ),
+        ],
+        "relu",
+    );
+    let layers = [
+        call("conv1", "conv1", 0, None),
+        call("bn1", "bn1", 0, Some(0)),
+        call("relu", "relu", 0, Some(1)),
+    ];
+    let m = map_layers(&g, &layers);
+    assert_eq!(value(&m[0]), None);
+    assert!(
+        reason(&m[0]).contains("fused into `bn1` at export (FuseBatchNormIntoConv)"),
+        "{}",
+        reason(&m[0])
+    );
+    assert_eq!(value(&m[1]), Some("getitem"));
+    assert_eq!(value(&m[2]), Some("relu"));
+}
+
+#[test]
+fn identity_layers_compare_against_their_feeder_and_strangers_are_explained() {
+    let g = graph(vec![node("/fc/Gemm", "Gemm", &["x", "w"], "y", &[])], "y");
+    let mut drop = call("drop", "drop", 0, Some(0));
+    drop.identity = true;
+    let layers = [
+        call("fc", "fc", 0, None),
+        drop,
+        call("ghost", "ghost", 0, None),
+    ];
+    let m = map_layers(&g, &layers);
+    assert_eq!(value(&m[1]), Some("y"));
+    assert!(reason(&m[1]).contains("identity at inference"));
+    assert_eq!(reason(&m[2]), "no ONNX node carries this module's scope");
+}
