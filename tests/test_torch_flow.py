@@ -93,3 +93,23 @@ def test_module_called_twice_gives_numbered_layers_in_execution_order():
     assert act["onnx"]["value"] != act2["onnx"]["value"]
     assert report.layer("drop")["status"] == "compared"  # identity: compared against `act`
     assert report.layer("drop")["onnx"]["value"] == act["onnx"]["value"]
+
+
+def test_model_with_external_data(resnet18, resnet18_onnx, tmp_path):
+    """Weights stored beside the model (as for models over 2 GB) are found from the model's folder."""
+    model, inputs, _ = resnet18
+    proto = onnx.load(str(resnet18_onnx["dynamo"]))
+    folder = tmp_path / "external"
+    folder.mkdir()
+    onnx.save_model(
+        proto,
+        str(folder / "model.onnx"),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="weights.bin",
+        size_threshold=1024,  # as exporters do: small constants stay inline
+    )
+    assert (folder / "weights.bin").stat().st_size > 40_000_000
+    assert (folder / "model.onnx").stat().st_size < 1_000_000
+    report = compare_torch_onnx(model, inputs, onnx=folder / "model.onnx")
+    assert report.drift_origin is None and report.summary["layers_compared"] == 40

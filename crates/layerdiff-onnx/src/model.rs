@@ -62,6 +62,11 @@ impl Model {
         self.proto.graph.as_mut().expect("checked at load")
     }
 
+    /// The folder external-data locations are relative to (the model file's folder).
+    pub fn base_dir(&self) -> Option<&Path> {
+        self.base_dir.as_deref()
+    }
+
     /// The model serialized to protobuf bytes.
     pub fn to_bytes(&self) -> Vec<u8> {
         self.proto.encode_to_vec()
@@ -78,37 +83,4 @@ impl Model {
             })
             .collect()
     }
-
-    /// Writes the model as `dir/file_name`, making its external data reachable from there
-    /// (each external file is linked, or copied where links are not possible), and returns the path.
-    pub fn write_to_dir(&self, dir: &Path, file_name: &str) -> Result<PathBuf> {
-        let io = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| Error::Io { path, source }
-        };
-        for location in self.external_data_files() {
-            let base = self.base_dir.clone().unwrap_or_default();
-            let source = base.join(&location);
-            let dest = dir.join(&location);
-            if dest.exists() {
-                continue;
-            }
-            if let Some(parent) = dest.parent() {
-                std::fs::create_dir_all(parent).map_err(io(parent))?;
-            }
-            let source = std::fs::canonicalize(&source).map_err(io(&source))?;
-            link_or_copy(&source, &dest).map_err(io(&dest))?;
-        }
-        let path = dir.join(file_name);
-        std::fs::write(&path, self.to_bytes()).map_err(io(&path))?;
-        Ok(path)
-    }
-}
-
-fn link_or_copy(source: &Path, dest: &Path) -> std::io::Result<()> {
-    #[cfg(unix)]
-    if std::os::unix::fs::symlink(source, dest).is_ok() {
-        return Ok(());
-    }
-    std::fs::copy(source, dest).map(|_| ())
 }

@@ -41,9 +41,6 @@ pub enum Error {
     /// Writing the model for the runtime failed.
     #[error(transparent)]
     Onnx(#[from] layerdiff_onnx::Error),
-    /// A temporary folder could not be made.
-    #[error("cannot create a temporary folder: {0}")]
-    Temp(#[source] std::io::Error),
 }
 
 /// Result type of this crate.

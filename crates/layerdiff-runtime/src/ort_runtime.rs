@@ -112,17 +112,20 @@ impl OrtRuntime {
         if let Some(n) = self.intra_threads {
             builder = builder.with_intra_threads(n).map_err(session_error)?;
         }
-        if model.external_data_files().is_empty() {
-            builder
-                .commit_from_memory(&model.to_bytes())
-                .map_err(|e| Error::Session(e.to_string()))
-        } else {
-            let dir = tempfile::tempdir().map_err(Error::Temp)?;
-            let path = model.write_to_dir(dir.path(), "model.onnx")?;
-            builder
-                .commit_from_file(&path)
-                .map_err(|e| Error::Session(e.to_string()))
+        if !model.external_data_files().is_empty() {
+            // Loaded from memory, ONNX Runtime resolves external data against this folder (the
+            // original model's), so nothing is copied and nothing is written beside the model.
+            let folder = model.base_dir().unwrap_or(Path::new("."));
+            builder = builder
+                .with_config_entry(
+                    "session.model_external_initializers_file_folder_path",
+                    folder.to_string_lossy(),
+                )
+                .map_err(session_error)?;
         }
+        builder
+            .commit_from_memory(&model.to_bytes())
+            .map_err(|e| Error::Session(e.to_string()))
     }
 }
 
