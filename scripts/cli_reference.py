@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-VERBS = [[], ["torch"]]
+VERBS = [[], ["torch"], ["onnx"]]
 
 
 def render() -> str:

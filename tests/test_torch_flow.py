@@ -96,7 +96,7 @@ def test_module_called_twice_gives_numbered_layers_in_execution_order():
 
 
 def test_model_with_external_data(resnet18, resnet18_onnx, tmp_path):
-    """Weights stored beside the model (as for models over 2 GB) are found from the model's folder."""
+    """Weights stored beside the model (as for models over 2 GB) are found from its folder."""
     model, inputs, _ = resnet18
     proto = onnx.load(str(resnet18_onnx["dynamo"]))
     folder = tmp_path / "external"

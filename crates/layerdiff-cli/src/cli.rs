@@ -25,6 +25,93 @@ pub enum Command {
     ///
     /// Exit code 0: no layer exceeds the tolerance; 1: drift found; 2: layerdiff could not run.
     Torch(TorchArgs),
+    /// Compare every intermediate value of an ONNX model between two runtimes, or two model files.
+    ///
+    /// Exit code 0: no value exceeds the tolerance; 1: drift found; 2: layerdiff could not run.
+    Onnx(OnnxArgs),
+}
+
+/// Options of `layerdiff onnx`.
+#[derive(Debug, Clone, Args)]
+pub struct OnnxArgs {
+    /// The reference ONNX model.
+    pub model: PathBuf,
+    /// Compare against this second model file (same inputs), e.g. before and after an optimizer.
+    #[arg(long, value_name = "OTHER.onnx")]
+    pub vs: Option<PathBuf>,
+    /// Runtime of the reference side: `ort` (CPU, optimizations off) or `ort:opt=basic|extended|all`.
+    #[arg(long, default_value = "ort", value_parser = runtime_spec)]
+    pub reference: OptArg,
+    /// Runtime of the target side (same spellings). Defaults to `ort` when --vs is given.
+    #[arg(long, value_parser = runtime_spec)]
+    pub target: Option<OptArg>,
+    /// Seed of the generated inputs.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Shape of one input, for dynamic dimensions: `--shape input_ids=1,128` (repeatable).
+    #[arg(long, value_name = "NAME=D,D,…", value_parser = shape_spec)]
+    pub shape: Vec<(String, Vec<usize>)>,
+    /// Size of dynamic leading (batch) dimensions.
+    #[arg(long, value_name = "N")]
+    pub batch: Option<usize>,
+    /// Inclusive range of generated integer inputs (token ids, indices).
+    #[arg(long, value_name = "LO,HI", default_value = "0,9", value_parser = int_range)]
+    pub int_range: (i64, i64),
+    /// Read the inputs from a safetensors file instead of generating them.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["shape", "batch"])]
+    pub inputs: Option<PathBuf>,
+    /// Absolute tolerance on each value's max abs diff (exceeded when strictly greater).
+    #[arg(long, default_value_t = 1e-4, value_parser = positive_float)]
+    pub tolerance: f64,
+    /// Write report.json, report.md and report.inputs.safetensors into this folder.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Write the JSON report here (inputs are saved beside it).
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+    /// Write the Markdown report here.
+    #[arg(long, value_name = "PATH")]
+    pub markdown: Option<PathBuf>,
+    /// Print nothing but errors; the exit code still tells the verdict.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+fn runtime_spec(s: &str) -> Result<OptArg, String> {
+    match s {
+        "ort" | "ort:opt=disable" => Ok(OptArg::Disable),
+        "ort:opt=basic" => Ok(OptArg::Basic),
+        "ort:opt=extended" => Ok(OptArg::Extended),
+        "ort:opt=all" => Ok(OptArg::All),
+        other => Err(format!(
+            "unknown runtime `{other}` (this version runs `ort` and `ort:opt=disable|basic|extended|all`)"
+        )),
+    }
+}
+
+fn shape_spec(s: &str) -> Result<(String, Vec<usize>), String> {
+    let (name, dims) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}` is not NAME=D,D,… (e.g. x=1,3,224,224)"))?;
+    let dims = dims
+        .split(',')
+        .map(|d| {
+            d.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("`{d}` in `{s}` is not a dimension size"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((name.to_string(), dims))
+}
+
+fn int_range(s: &str) -> Result<(i64, i64), String> {
+    let parsed = s
+        .split_once(',')
+        .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)));
+    match parsed {
+        Some((lo, hi)) if lo <= hi => Ok((lo, hi)),
+        _ => Err(format!("`{s}` is not LO,HI with LO <= HI")),
+    }
 }
 
 /// Options of `layerdiff torch`.
@@ -85,6 +172,18 @@ pub enum OptArg {
     All,
 }
 
+/// Runs `layerdiff onnx`: prints the summary (stdout) and any error (stderr), writes the
+/// reports, and returns the exit code (0 clean, 1 drift, 2 could not run).
+pub fn run_onnx(args: &OnnxArgs) -> u8 {
+    match crate::onnx_command::run(args) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {}", crate::onnx_command::chain(&err));
+            2
+        }
+    }
+}
+
 impl From<OptArg> for layerdiff_runtime::OptLevel {
     fn from(o: OptArg) -> Self {
         match o {
@@ -108,6 +207,8 @@ fn positive_float(s: &str) -> Result<f64, String> {
 pub enum Parsed {
     /// Run `torch` with these options (the caller owns PyTorch).
     Torch(TorchArgs),
+    /// Run `onnx` with these options ([`run_onnx`]).
+    Onnx(OnnxArgs),
     /// Parsing already did everything (help, version, a usage error): exit with this code.
     Exit(u8),
 }
@@ -118,6 +219,9 @@ pub fn parse(argv: Vec<OsString>) -> Parsed {
         Ok(Cli {
             command: Command::Torch(args),
         }) => Parsed::Torch(args),
+        Ok(Cli {
+            command: Command::Onnx(args),
+        }) => Parsed::Onnx(args),
         Err(err) => {
             let _ = err.print();
             Parsed::Exit(if err.use_stderr() { 2 } else { 0 })
@@ -129,6 +233,7 @@ pub fn parse(argv: Vec<OsString>) -> Parsed {
 pub fn main(argv: Vec<OsString>) -> ExitCode {
     match parse(argv) {
         Parsed::Exit(code) => ExitCode::from(code),
+        Parsed::Onnx(args) => ExitCode::from(run_onnx(&args)),
         Parsed::Torch(_) => {
             eprintln!(
                 "error: `layerdiff torch` needs PyTorch, which lives in the Python package\n\

@@ -58,3 +58,75 @@ pub fn check_inputs(index: &GraphIndex, inputs: &[(String, Tensor)]) -> Result<(
     }
     Ok(())
 }
+
+/// How to make inputs for a model that declares them.
+#[derive(Debug, Clone, Default)]
+pub struct InputPlan {
+    /// Seed of the generated values.
+    pub seed: u64,
+    /// Explicit shapes by input name (`--shape name=1,3,224,224`).
+    pub shapes: Vec<(String, Vec<usize>)>,
+    /// Size of a dynamic leading dimension (`--batch N`).
+    pub batch: Option<usize>,
+    /// Inclusive range of generated integers (`--int-range lo,hi`).
+    pub int_range: (i64, i64),
+}
+
+/// Seeded inputs with the dtypes and shapes the graph declares. Dynamic dimensions come from
+/// `plan.shapes`, or `plan.batch` for the first dimension; any other is an error that says how
+/// to set it.
+pub fn generate_inputs(index: &GraphIndex, plan: &InputPlan) -> Result<Vec<(String, Tensor)>> {
+    for (name, _) in &plan.shapes {
+        if !index.graph_inputs().contains(name) {
+            return Err(Error::Inputs(format!(
+                "--shape names `{name}`, which is not an input of the model (its inputs are {:?})",
+                index.graph_inputs()
+            )));
+        }
+    }
+    let mut rng = layerdiff_core::SplitMix64::new(plan.seed);
+    index
+        .graph_inputs()
+        .iter()
+        .map(|name| {
+            let declared = index.value_type(name).ok_or_else(|| {
+                Error::Inputs(format!(
+                    "input `{name}` declares no type; give the inputs with --inputs"
+                ))
+            })?;
+            let dtype = DType::from_onnx_code(declared.elem_type).map_err(|_| {
+                Error::Inputs(format!(
+                    "input `{name}` has element type {} (unsupported)",
+                    declared.elem_type
+                ))
+            })?;
+            let shape = match plan.shapes.iter().find(|(n, _)| n == name) {
+                Some((_, shape)) => shape.clone(),
+                None => resolve_dims(name, declared.dims.as_deref().unwrap_or(&[]), plan.batch)?,
+            };
+            Ok((
+                name.clone(),
+                layerdiff_core::random_tensor(dtype, &shape, &mut rng, plan.int_range),
+            ))
+        })
+        .collect()
+}
+
+fn resolve_dims(name: &str, dims: &[Dimension], batch: Option<usize>) -> Result<Vec<usize>> {
+    dims.iter()
+        .enumerate()
+        .map(|(i, d)| match (d, batch) {
+            (Dimension::Fixed(v), _) if *v >= 0 => Ok(*v as usize),
+            (_, Some(b)) if i == 0 => Ok(b),
+            (d, _) => {
+                let what = match d {
+                    Dimension::Symbolic(Some(p)) => format!("`{p}`"),
+                    _ => "an unnamed size".to_string(),
+                };
+                Err(Error::Inputs(format!(
+                    "input `{name}` has a dynamic dimension {i} ({what}): set it with --shape {name}=… or --batch N"
+                )))
+            }
+        })
+        .collect()
+}

@@ -8,6 +8,8 @@ pub mod captured;
 pub mod cli;
 mod error;
 pub mod inputs;
+pub mod model_pair;
+mod onnx_command;
 pub mod output;
 
 pub use error::{Error, Result};

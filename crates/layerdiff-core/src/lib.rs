@@ -8,6 +8,7 @@ mod dtype;
 mod error;
 mod io;
 mod pair;
+mod random;
 pub mod render;
 mod report;
 mod tensor;
@@ -18,6 +19,7 @@ pub use dtype::DType;
 pub use error::{Error, Result};
 pub use io::{read_safetensors, write_safetensors};
 pub use pair::{PairOutcome, compare_pair};
+pub use random::{SplitMix64, random_tensor};
 pub use report::{
     InputInfo, Layer, LayerStatus, OnnxRef, Report, SCHEMA, SideInfo, Summary, WorstLayer,
     WorstLayers,

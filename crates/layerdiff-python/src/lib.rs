@@ -57,14 +57,20 @@ impl Report {
 }
 
 /// Parses a command line with the same parser as the Rust binary.
-/// Returns `("torch", options)` or `("exit", code)` when parsing already did the work.
+/// Returns `("torch", options)`, or `("exit", code)` when parsing (or an ONNX verb, run here)
+/// already did the work.
 #[pyfunction]
 fn parse_cli(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> PyResult<(String, Py<PyAny>)> {
-    match cli::parse(argv) {
-        Parsed::Exit(code) => Ok((
+    let exit = |code: u8| -> PyResult<(String, Py<PyAny>)> {
+        Ok((
             "exit".to_string(),
             code.into_pyobject(py)?.into_any().unbind(),
-        )),
+        ))
+    };
+    match cli::parse(argv) {
+        Parsed::Exit(code) => exit(code),
+        // The ONNX verbs run wholly in Rust, with the GIL released.
+        Parsed::Onnx(args) => exit(py.detach(|| cli::run_onnx(&args))),
         Parsed::Torch(a) => {
             let d = PyDict::new(py);
             d.set_item("model", a.model)?;

@@ -1,0 +1,195 @@
+//! The flow of `layerdiff onnx`: one ONNX model on two runtimes, or two versions of a model.
+//! Every intermediate value of the reference model is matched to a target value (by name, then
+//! by producing node), both are exposed as outputs, each side runs once on the same input bytes,
+//! and every pair is compared in the reference's execution order.
+
+use std::path::PathBuf;
+
+use layerdiff_core::{
+    InputInfo, Layer, LayerStatus, OnnxRef, Report, SCHEMA, SideInfo, Tensor, Tolerance, analyse,
+    compare_pair,
+};
+use layerdiff_onnx::{GraphIndex, Model, expose_values};
+use layerdiff_runtime::{OptLevel, OrtRuntime, Runtime};
+
+use crate::Result;
+use crate::inputs::check_inputs;
+
+/// What `layerdiff onnx` compares.
+#[derive(Debug, Clone)]
+pub struct ModelPair {
+    /// The reference model file.
+    pub reference: PathBuf,
+    /// The target model file (`--vs`), or `None` to run the reference file on both sides.
+    pub target: Option<PathBuf>,
+    /// ONNX Runtime graph optimizations on the reference side.
+    pub reference_opt: OptLevel,
+    /// ONNX Runtime graph optimizations on the target side.
+    pub target_opt: OptLevel,
+    /// The inputs, already generated or read.
+    pub inputs: Vec<(String, Tensor)>,
+    /// Seed of generated inputs (`None` when read from a file).
+    pub seed: Option<u64>,
+    /// The tolerance.
+    pub tolerance: Tolerance,
+    /// ONNX Runtime library (`None`: search).
+    pub ort_library: Option<PathBuf>,
+}
+
+/// A reference value and where its counterpart is, or why it has none.
+struct Pairing {
+    value: String,
+    node: String,
+    op_type: String,
+    target: Result<String, String>,
+}
+
+/// Matches each value produced by a reference node to a target value: the same name, else the
+/// same output of a node with the same name.
+fn pair_values(reference: &Model, target: &Model) -> Vec<Pairing> {
+    let (r, t) = (
+        GraphIndex::new(reference.graph()),
+        GraphIndex::new(target.graph()),
+    );
+    let mut pairings = Vec::new();
+    for node in r.nodes() {
+        for (position, value) in node
+            .outputs
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| !v.is_empty())
+        {
+            let target_value = if t.producer(value).is_some() {
+                Ok(value.clone())
+            } else if let Some(same_node) = t.nodes().iter().find(|n| n.name == node.name) {
+                same_node.outputs.get(position).cloned().ok_or_else(|| {
+                    format!("the target's node `{}` has no output {position}", node.name)
+                })
+            } else {
+                Err(
+                    "no value or node of that name in the target (removed, renamed or fused)"
+                        .to_string(),
+                )
+            };
+            pairings.push(Pairing {
+                value: value.clone(),
+                node: node.name.clone(),
+                op_type: node.op_type.clone(),
+                target: target_value,
+            });
+        }
+    }
+    pairings
+}
+
+/// Runs the comparison and returns the report. Drift is a finding, not an error.
+pub fn compare_models(pair: &ModelPair) -> Result<Report> {
+    let mut reference = Model::load(&pair.reference)?;
+    let mut target = match &pair.target {
+        Some(path) => Model::load(path)?,
+        None => reference.clone(),
+    };
+    check_inputs(&GraphIndex::new(reference.graph()), &pair.inputs)?;
+    check_inputs(&GraphIndex::new(target.graph()), &pair.inputs)?;
+    let pairings = pair_values(&reference, &target);
+    let reference_values: Vec<String> = pairings
+        .iter()
+        .filter(|p| p.target.is_ok())
+        .map(|p| p.value.clone())
+        .collect();
+    let target_values: Vec<String> = pairings
+        .iter()
+        .filter_map(|p| p.target.clone().ok())
+        .collect();
+    expose_values(&mut reference, &reference_values)?;
+    expose_values(&mut target, &target_values)?;
+
+    let reference_rt = OrtRuntime::new(pair.ort_library.as_deref(), pair.reference_opt)?;
+    let target_rt = OrtRuntime::new(pair.ort_library.as_deref(), pair.target_opt)?;
+    let reference_out = reference_rt.run(&reference, &pair.inputs, &reference_values)?;
+    let target_out = target_rt.run(&target, &pair.inputs, &target_values)?;
+
+    let mut layers: Vec<Layer> = pairings
+        .iter()
+        .enumerate()
+        .map(|(index, p)| {
+            let r = reference_out
+                .iter()
+                .find(|(n, _)| *n == p.value)
+                .map(|(_, t)| t);
+            let mut layer = Layer {
+                index,
+                name: p.value.clone(),
+                module_type: None,
+                status: LayerStatus::Unmapped,
+                reason: None,
+                onnx: Some(OnnxRef {
+                    value: p.value.clone(),
+                    node: p.node.clone(),
+                    op_type: p.op_type.clone(),
+                }),
+                shape: r.map(|t| t.shape.clone()).unwrap_or_default(),
+                dtype: r.map(|t| t.dtype.name().to_string()).unwrap_or_default(),
+                target_shape: None,
+                target_dtype: None,
+                stats: None,
+                exceeds_tol: false,
+            };
+            match (&p.target, r) {
+                (Err(reason), _) => layer.reason = Some(reason.clone()),
+                (Ok(target_name), Some(r)) => {
+                    let t = target_out
+                        .iter()
+                        .find(|(n, _)| n == target_name)
+                        .map(|(_, t)| t);
+                    let t = t.expect("every paired target value was requested");
+                    if target_name != &p.value {
+                        layer.reason = Some(format!(
+                            "matched by node: the target calls it `{target_name}`"
+                        ));
+                    }
+                    let outcome = compare_pair(r.view(), t.view());
+                    layer.status = outcome.status;
+                    layer.stats = outcome.stats;
+                    layer.target_shape = outcome.target_shape;
+                    layer.target_dtype = outcome.target_dtype;
+                }
+                (Ok(_), None) => unreachable!("every paired reference value was requested"),
+            }
+            layer
+        })
+        .collect();
+    let summary = analyse(&mut layers, pair.tolerance);
+    let side = |path: &PathBuf, rt: &OrtRuntime| SideInfo {
+        runtime: rt.name().to_string(),
+        detail: format!("{} on {}", file_name(path), rt.detail()),
+    };
+    Ok(Report {
+        schema: SCHEMA,
+        command: "onnx".to_string(),
+        model: file_name(&pair.reference),
+        reference: side(&pair.reference, &reference_rt),
+        target: side(pair.target.as_ref().unwrap_or(&pair.reference), &target_rt),
+        mode: "accumulated".to_string(),
+        tolerance: pair.tolerance.abs,
+        seed: pair.seed,
+        inputs: pair
+            .inputs
+            .iter()
+            .map(|(name, t)| InputInfo {
+                name: name.clone(),
+                shape: t.shape.clone(),
+                dtype: t.dtype.name().to_string(),
+            })
+            .collect(),
+        summary,
+        layers,
+    })
+}
+
+fn file_name(path: &std::path::Path) -> String {
+    path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
+}

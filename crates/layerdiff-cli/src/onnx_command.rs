@@ -1,0 +1,124 @@
+//! `layerdiff onnx`: arguments → inputs → [`crate::model_pair`] → reports and exit code.
+
+use std::path::{Path, PathBuf};
+
+use layerdiff_core::{Tolerance, read_safetensors, write_safetensors};
+use layerdiff_onnx::{GraphIndex, Model};
+
+use crate::cli::OnnxArgs;
+use crate::inputs::{InputPlan, generate_inputs};
+use crate::model_pair::{ModelPair, compare_models};
+use crate::output::{exit_code, summary_text, write_reports};
+
+/// Why `layerdiff onnx` could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    /// The flow failed.
+    #[error(transparent)]
+    Flow(#[from] crate::Error),
+    /// Usage that parses but cannot work.
+    #[error("{0}")]
+    Usage(String),
+    /// A report could not be written.
+    #[error("cannot write `{path}`: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+/// The error and its causes on one line.
+pub fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    text
+}
+
+pub(crate) fn run(args: &OnnxArgs) -> Result<u8, CommandError> {
+    if args.vs.is_none() && args.target.is_none() {
+        return Err(CommandError::Usage(
+            "nothing to compare: give a second model with --vs OTHER.onnx, or a target runtime with \
+             --target (e.g. --target ort:opt=all)"
+                .to_string(),
+        ));
+    }
+    let reference = Model::load(&args.model).map_err(crate::Error::from)?;
+    let (inputs, seed) = match &args.inputs {
+        Some(path) => (read_safetensors(path).map_err(crate::Error::from)?, None),
+        None => {
+            let plan = InputPlan {
+                seed: args.seed,
+                shapes: args.shape.clone(),
+                batch: args.batch,
+                int_range: args.int_range,
+            };
+            (
+                generate_inputs(&GraphIndex::new(reference.graph()), &plan)?,
+                Some(args.seed),
+            )
+        }
+    };
+    let pair = ModelPair {
+        reference: args.model.clone(),
+        target: args.vs.clone(),
+        reference_opt: args.reference.into(),
+        target_opt: args.target.unwrap_or(crate::cli::OptArg::Disable).into(),
+        inputs,
+        seed,
+        tolerance: Tolerance {
+            abs: args.tolerance,
+        },
+        ort_library: None,
+    };
+    let report = compare_models(&pair)?;
+
+    let json = args
+        .json
+        .clone()
+        .or_else(|| args.out.as_ref().map(|d| d.join("report.json")));
+    let markdown = args
+        .markdown
+        .clone()
+        .or_else(|| args.out.as_ref().map(|d| d.join("report.md")));
+    let write_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| CommandError::Write { path, source }
+    };
+    let mut written =
+        write_reports(&report, json.as_deref(), markdown.as_deref()).map_err(write_err(
+            json.as_deref()
+                .or(markdown.as_deref())
+                .unwrap_or(Path::new(".")),
+        ))?;
+    if let Some(json) = &json {
+        let stem = json
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let path = json.with_file_name(format!("{stem}.inputs.safetensors"));
+        let mut metadata =
+            std::collections::BTreeMap::from([("producer".to_string(), "layerdiff".to_string())]);
+        if let Some(seed) = seed {
+            metadata.insert("seed".to_string(), seed.to_string());
+        }
+        write_safetensors(&path, &pair.inputs, metadata).map_err(crate::Error::from)?;
+        written.push(path);
+    }
+    if !args.quiet {
+        print!("{}", summary_text(&report));
+        for path in written {
+            eprintln!("wrote {}", path.display());
+        }
+    }
+    Ok(exit_code(&report))
+}

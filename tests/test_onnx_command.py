@@ -1,0 +1,144 @@
+"""`layerdiff onnx`: two model files, or one file under two ONNX Runtime configurations."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+from conftest import run_cli
+from onnx import helper, numpy_helper
+
+
+def load(path):
+    return onnx.load(str(path))
+
+
+def report_of(tmp_path, *args):
+    out = tmp_path / "report.json"
+    result = run_cli("onnx", *args, "--json", str(out))
+    assert result.returncode in (0, 1), result.stderr
+    return result, json.loads(out.read_text())
+
+
+def conv_node(model, index):
+    return [n for n in model.graph.node if n.op_type == "Conv"][index]
+
+
+def test_identical_files_report_no_drift(resnet18_onnx, tmp_path):
+    result, report = report_of(
+        tmp_path, str(resnet18_onnx["dynamo"]), "--vs", str(resnet18_onnx["dynamo"])
+    )
+    assert result.returncode == 0
+    s = report["summary"]
+    assert s["drift_origin"] is None and s["layers_compared"] == s["layers_total"] == 49
+    assert s["worst"]["max_abs_diff"]["value"] == 0.0
+    assert (tmp_path / "report.inputs.safetensors").is_file()
+
+
+def test_a_changed_weight_names_that_node_as_origin(resnet18_onnx, tmp_path):
+    model = load(resnet18_onnx["dynamo"])
+    node = conv_node(model, 9)
+    init = next(i for i in model.graph.initializer if i.name == node.input[1])
+    weight = numpy_helper.to_array(init).copy()
+    weight[0] += 0.05
+    init.CopyFrom(numpy_helper.from_array(weight, init.name))
+    edited = tmp_path / "edited.onnx"
+    onnx.save(model, str(edited))
+    result, report = report_of(tmp_path, str(resnet18_onnx["dynamo"]), "--vs", str(edited))
+    assert result.returncode == 1
+    assert report["summary"]["drift_origin"] == node.output[0]
+    assert f"origin `{node.output[0]}`" in result.stdout
+
+
+def test_a_changed_attribute_names_that_node_as_origin(resnet18_onnx, tmp_path):
+    model = load(resnet18_onnx["dynamo"])
+    pool = next(n for n in model.graph.node if n.op_type == "MaxPool")
+    for attr in pool.attribute:
+        if attr.name == "kernel_shape":
+            attr.CopyFrom(helper.make_attribute("kernel_shape", [3, 3]))
+        if attr.name == "pads":
+            attr.CopyFrom(helper.make_attribute("pads", [0, 0, 2, 2]))  # shifted window, same shape
+    edited = tmp_path / "edited.onnx"
+    onnx.save(model, str(edited))
+    _, report = report_of(tmp_path, str(resnet18_onnx["dynamo"]), "--vs", str(edited))
+    assert report["summary"]["drift_origin"] == pool.output[0]
+
+
+def test_renamed_values_match_by_node_and_removed_values_are_listed(resnet18_onnx, tmp_path):
+    model = load(resnet18_onnx["dynamo"])
+    relu = next(n for n in model.graph.node if n.op_type == "Relu")
+    old, new = relu.output[0], "renamed_relu"
+    for n in model.graph.node:
+        n.input[:] = [new if i == old else i for i in n.input]
+    relu.output[0] = new
+    relu.name = relu.name or "first_relu"
+    edited = tmp_path / "renamed.onnx"
+    onnx.save(model, str(edited))
+    _, report = report_of(tmp_path, str(resnet18_onnx["dynamo"]), "--vs", str(edited))
+    layer = next(x for x in report["layers"] if x["name"] == old)
+    assert layer["status"] == "compared" and "`renamed_relu`" in layer["reason"]
+    assert report["summary"]["drift_origin"] is None
+
+
+def test_one_file_under_two_optimization_levels(resnet18_onnx, tmp_path):
+    result, report = report_of(tmp_path, str(resnet18_onnx["dynamo"]), "--target", "ort:opt=all")
+    assert "graph optimizations: all" in report["target"]["detail"]
+    assert report["summary"]["layers_compared"] == 49
+
+
+def test_dynamic_dimensions_need_a_shape(tmp_path):
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "g", [x], [y])
+    path = tmp_path / "dyn.onnx"
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    onnx.save(model, str(path))
+    result = run_cli("onnx", str(path), "--vs", str(path))
+    assert result.returncode == 2
+    assert "dynamic dimension 0 (`batch`)" in result.stderr and "--shape x=" in result.stderr
+    ok = run_cli(
+        "onnx", str(path), "--vs", str(path), "--batch", "3", "--json", str(tmp_path / "r.json")
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["inputs"][0]["shape"] == [3, 4]
+    ok = run_cli("onnx", str(path), "--vs", str(path), "--shape", "x=2,4", "-q")
+    assert ok.returncode == 0 and ok.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["nothing_here.onnx", "--vs", "nothing_here.onnx"], "cannot access `nothing_here.onnx`"),
+        (["{model}"], "nothing to compare"),
+        (["{model}", "--target", "tract9"], "unknown runtime `tract9`"),
+        (["{model}", "--vs", "{model}", "--shape", "nope=1,2"], "`nope`, which is not an input"),
+        (["{model}", "--vs", "{model}", "--int-range", "5,1"], "LO <= HI"),
+        (["{text}", "--vs", "{model}"], "is not a valid ONNX model"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message(resnet18_onnx, tmp_path, args, message):
+    text = tmp_path / "notes.onnx"
+    text.write_text("not a model")
+    args = [a.format(model=resnet18_onnx["dynamo"], text=text) for a in args]
+    result = run_cli("onnx", *args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "panicked" not in result.stderr
+
+
+def test_rust_binary_alone_runs_onnx(resnet18_onnx, tmp_path):
+    """The ONNX verbs need no Python: the plain Rust binary runs them."""
+    import shutil
+    import subprocess
+
+    from conftest import ROOT
+
+    if shutil.which("cargo") is None:
+        pytest.skip("needs cargo")
+    model = str(resnet18_onnx["dynamo"])
+    result = subprocess.run(
+        ["cargo", "run", "-q", "-p", "layerdiff-cli", "--", "onnx", model, "--vs", model],
+        capture_output=True, text=True, cwd=ROOT, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "no drift: all 49 compared layers" in result.stdout
