@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use layerdiff_runtime::RuntimeSpec;
 
 /// layerdiff: find where numerical drift between two runtimes is born, and why.
 #[derive(Debug, Parser)]
@@ -39,12 +40,13 @@ pub struct OnnxArgs {
     /// Compare against this second model file (same inputs), e.g. before and after an optimizer.
     #[arg(long, value_name = "OTHER.onnx")]
     pub vs: Option<PathBuf>,
-    /// Runtime of the reference side: `ort` (CPU, optimizations off) or `ort:opt=basic|extended|all`.
-    #[arg(long, default_value = "ort", value_parser = runtime_spec)]
-    pub reference: OptArg,
-    /// Runtime of the target side (same spellings). Defaults to `ort` when --vs is given.
-    #[arg(long, value_parser = runtime_spec)]
-    pub target: Option<OptArg>,
+    /// Runtime of the reference side: `ort` (CPU, optimizations off), `ort:opt=basic|extended|all`,
+    /// or `tract`.
+    #[arg(long, default_value = "ort", value_parser = RuntimeSpec::parse)]
+    pub reference: RuntimeSpec,
+    /// Runtime of the target side (same spellings). Default: `tract`, or `ort` with --vs.
+    #[arg(long, value_parser = RuntimeSpec::parse)]
+    pub target: Option<RuntimeSpec>,
     /// Seed of the generated inputs.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -75,18 +77,6 @@ pub struct OnnxArgs {
     /// Print nothing but errors; the exit code still tells the verdict.
     #[arg(long, short)]
     pub quiet: bool,
-}
-
-fn runtime_spec(s: &str) -> Result<OptArg, String> {
-    match s {
-        "ort" | "ort:opt=disable" => Ok(OptArg::Disable),
-        "ort:opt=basic" => Ok(OptArg::Basic),
-        "ort:opt=extended" => Ok(OptArg::Extended),
-        "ort:opt=all" => Ok(OptArg::All),
-        other => Err(format!(
-            "unknown runtime `{other}` (this version runs `ort` and `ort:opt=disable|basic|extended|all`)"
-        )),
-    }
 }
 
 fn shape_spec(s: &str) -> Result<(String, Vec<usize>), String> {

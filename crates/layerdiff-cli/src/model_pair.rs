@@ -10,7 +10,7 @@ use layerdiff_core::{
     compare_pair,
 };
 use layerdiff_onnx::{GraphIndex, Model, expose_values};
-use layerdiff_runtime::{OptLevel, OrtRuntime, Runtime};
+use layerdiff_runtime::{Runtime, RuntimeSpec};
 
 use crate::Result;
 use crate::inputs::check_inputs;
@@ -22,10 +22,10 @@ pub struct ModelPair {
     pub reference: PathBuf,
     /// The target model file (`--vs`), or `None` to run the reference file on both sides.
     pub target: Option<PathBuf>,
-    /// ONNX Runtime graph optimizations on the reference side.
-    pub reference_opt: OptLevel,
-    /// ONNX Runtime graph optimizations on the target side.
-    pub target_opt: OptLevel,
+    /// The runtime of the reference side.
+    pub reference_runtime: RuntimeSpec,
+    /// The runtime of the target side.
+    pub target_runtime: RuntimeSpec,
     /// The inputs, already generated or read.
     pub inputs: Vec<(String, Tensor)>,
     /// Seed of generated inputs (`None` when read from a file).
@@ -104,8 +104,8 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
     expose_values(&mut reference, &reference_values)?;
     expose_values(&mut target, &target_values)?;
 
-    let reference_rt = OrtRuntime::new(pair.ort_library.as_deref(), pair.reference_opt)?;
-    let target_rt = OrtRuntime::new(pair.ort_library.as_deref(), pair.target_opt)?;
+    let reference_rt = pair.reference_runtime.build(pair.ort_library.as_deref())?;
+    let target_rt = pair.target_runtime.build(pair.ort_library.as_deref())?;
     let reference_out = reference_rt.run(&reference, &pair.inputs, &reference_values)?;
     let target_out = target_rt.run(&target, &pair.inputs, &target_values)?;
 
@@ -160,7 +160,7 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
         })
         .collect();
     let summary = analyse(&mut layers, pair.tolerance);
-    let side = |path: &PathBuf, rt: &OrtRuntime| SideInfo {
+    let side = |path: &PathBuf, rt: &Box<dyn Runtime + Send + Sync>| SideInfo {
         runtime: rt.name().to_string(),
         detail: format!("{} on {}", file_name(path), rt.detail()),
     };

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use layerdiff_core::{Tolerance, read_safetensors, write_safetensors};
 use layerdiff_onnx::{GraphIndex, Model};
+use layerdiff_runtime::{OptLevel, RuntimeSpec};
 
 use crate::cli::OnnxArgs;
 use crate::inputs::{InputPlan, generate_inputs};
@@ -16,9 +17,6 @@ pub enum CommandError {
     /// The flow failed.
     #[error(transparent)]
     Flow(#[from] crate::Error),
-    /// Usage that parses but cannot work.
-    #[error("{0}")]
-    Usage(String),
     /// A report could not be written.
     #[error("cannot write `{path}`: {source}")]
     Write {
@@ -45,13 +43,6 @@ pub fn chain(err: &dyn std::error::Error) -> String {
 }
 
 pub(crate) fn run(args: &OnnxArgs) -> Result<u8, CommandError> {
-    if args.vs.is_none() && args.target.is_none() {
-        return Err(CommandError::Usage(
-            "nothing to compare: give a second model with --vs OTHER.onnx, or a target runtime with \
-             --target (e.g. --target ort:opt=all)"
-                .to_string(),
-        ));
-    }
     let reference = Model::load(&args.model).map_err(crate::Error::from)?;
     let (inputs, seed) = match &args.inputs {
         Some(path) => (read_safetensors(path).map_err(crate::Error::from)?, None),
@@ -71,8 +62,12 @@ pub(crate) fn run(args: &OnnxArgs) -> Result<u8, CommandError> {
     let pair = ModelPair {
         reference: args.model.clone(),
         target: args.vs.clone(),
-        reference_opt: args.reference.into(),
-        target_opt: args.target.unwrap_or(crate::cli::OptArg::Disable).into(),
+        reference_runtime: args.reference,
+        target_runtime: args.target.unwrap_or(if args.vs.is_some() {
+            RuntimeSpec::Ort(OptLevel::Disable)
+        } else {
+            RuntimeSpec::Tract
+        }),
         inputs,
         seed,
         tolerance: Tolerance {

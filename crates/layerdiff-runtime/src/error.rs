@@ -38,6 +38,17 @@ pub enum Error {
         /// Its element type.
         element: String,
     },
+    /// tract refused or failed.
+    #[error("{0}")]
+    Tract(String),
+    /// Something a runtime does not support.
+    #[error("{runtime} does not support {what}")]
+    Unsupported {
+        /// The runtime.
+        runtime: &'static str,
+        /// What.
+        what: String,
+    },
     /// Writing the model for the runtime failed.
     #[error(transparent)]
     Onnx(#[from] layerdiff_onnx::Error),

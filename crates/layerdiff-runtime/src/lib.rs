@@ -1,4 +1,5 @@
-//! Runtimes: ways of computing an ONNX model's values from given inputs.
+//! Runtimes: ways of computing an ONNX model's values from given inputs: ONNX Runtime (loaded
+//! from the onnxruntime wheel) and tract (pure Rust).
 //!
 //! Every runtime takes a [`Model`] (already edited to expose the values wanted), named input
 //! tensors, and the names of the values to return; it hands back owned tensors in our own
@@ -7,6 +8,8 @@
 mod error;
 mod library;
 mod ort_runtime;
+mod spec;
+mod tract_runtime;
 
 use layerdiff_core::Tensor;
 use layerdiff_onnx::Model;
@@ -14,6 +17,8 @@ use layerdiff_onnx::Model;
 pub use error::{Error, Result};
 pub use library::{LIBRARY_ENV, find_ort_library};
 pub use ort_runtime::{OptLevel, OrtRuntime};
+pub use spec::RuntimeSpec;
+pub use tract_runtime::TractRuntime;
 
 /// One way of computing an ONNX model's values.
 pub trait Runtime {

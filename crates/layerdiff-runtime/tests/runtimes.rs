@@ -1,5 +1,6 @@
-//! ONNX Runtime on a hand-built graph: intermediate values exposed and returned in our tensors.
-//! Needs the onnxruntime wheel in the repository's .venv (as `make test` sets up); skipped without.
+//! Both runtimes on a hand-built graph: intermediate values exposed and returned in our tensors.
+//! The ONNX Runtime tests need the onnxruntime wheel in the repository's .venv (as `make test`
+//! sets up) and are skipped without it; tract needs nothing.
 
 use std::path::PathBuf;
 
@@ -8,7 +9,7 @@ use layerdiff_onnx::{
     GraphProto, Model, ModelProto, NodeProto, OperatorSetIdProto, TypeProto, ValueInfoProto,
     expose_values, type_proto,
 };
-use layerdiff_runtime::{OptLevel, OrtRuntime, Runtime};
+use layerdiff_runtime::{OptLevel, OrtRuntime, Runtime, TractRuntime};
 use prost::Message;
 
 fn library() -> Option<PathBuf> {
@@ -116,6 +117,39 @@ fn a_missing_input_is_named() {
     let Some(lib) = library() else { return };
     let ort = OrtRuntime::new(Some(&lib), OptLevel::Disable).unwrap();
     let err = ort
+        .run(
+            &add_relu_model(),
+            &[("a".into(), f32_tensor(&[1.0; 4]))],
+            &["out".into()],
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("needs input `b`"), "{err}");
+}
+
+#[test]
+fn tract_returns_exposed_values_too() {
+    let mut model = add_relu_model();
+    expose_values(&mut model, &["sum"]).unwrap();
+    let inputs = vec![
+        ("a".to_string(), f32_tensor(&[1.0, -2.0, 3.0, -4.0])),
+        ("b".to_string(), f32_tensor(&[0.5; 4])),
+    ];
+    let out = TractRuntime
+        .run(&model, &inputs, &["sum".into(), "out".into()])
+        .unwrap();
+    assert_eq!(
+        out[0],
+        ("sum".to_string(), f32_tensor(&[1.5, -1.5, 3.5, -3.5]))
+    );
+    assert_eq!(
+        out[1],
+        ("out".to_string(), f32_tensor(&[1.5, 0.0, 3.5, 0.0]))
+    );
+}
+
+#[test]
+fn tract_names_a_missing_input() {
+    let err = TractRuntime
         .run(
             &add_relu_model(),
             &[("a".into(), f32_tensor(&[1.0; 4]))],

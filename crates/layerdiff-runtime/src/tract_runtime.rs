@@ -1,0 +1,116 @@
+//! tract: an independent, pure-Rust ONNX runtime, so a model can be checked against a second
+//! implementation of every kernel without any other install.
+
+use layerdiff_core::{DType, Tensor};
+use layerdiff_onnx::Model;
+use tract_onnx::prelude::{
+    DatumType, Framework, InferenceFact, InferenceModelExt, IntoRunnable, TValue, TVec,
+    Tensor as TractTensor,
+};
+
+use crate::{Error, Result, Runtime};
+
+/// tract, with its optimizer on (as deployed); values asked for stay outputs, so they exist.
+#[derive(Debug, Clone, Default)]
+pub struct TractRuntime;
+
+fn datum(dtype: DType) -> Option<DatumType> {
+    Some(match dtype {
+        DType::F64 => DatumType::F64,
+        DType::F32 => DatumType::F32,
+        DType::F16 => DatumType::F16,
+        DType::I64 => DatumType::I64,
+        DType::I32 => DatumType::I32,
+        DType::I16 => DatumType::I16,
+        DType::I8 => DatumType::I8,
+        DType::U64 => DatumType::U64,
+        DType::U32 => DatumType::U32,
+        DType::U16 => DatumType::U16,
+        DType::U8 => DatumType::U8,
+        DType::Bool => DatumType::Bool,
+        DType::BF16 => return None,
+    })
+}
+
+fn dtype_of(datum: DatumType) -> Option<DType> {
+    DType::ALL
+        .into_iter()
+        .find(|d| self::datum(*d) == Some(datum))
+}
+
+fn tract_err(context: &str) -> impl Fn(tract_onnx::prelude::TractError) -> Error + '_ {
+    move |e| Error::Tract(format!("{context}: {e:#}"))
+}
+
+impl Runtime for TractRuntime {
+    fn name(&self) -> &str {
+        "tract"
+    }
+
+    fn detail(&self) -> String {
+        "tract 0.23.9 (pure Rust), optimized".to_string()
+    }
+
+    fn run(
+        &self,
+        model: &Model,
+        inputs: &[(String, Tensor)],
+        outputs: &[String],
+    ) -> Result<Vec<(String, Tensor)>> {
+        let onnx = tract_onnx::onnx();
+        let bytes = model.to_bytes();
+        let proto = onnx
+            .proto_model_for_read(&mut &bytes[..])
+            .map_err(tract_err("tract cannot read the model"))?;
+        let dir = model.base_dir().and_then(|d| d.to_str());
+        let parsed = onnx
+            .parse(&proto, dir)
+            .map_err(tract_err("tract cannot load the model"))?;
+        let mut graph = parsed.model;
+        let mut feed: TVec<TValue> = TVec::new();
+        let input_outlets = graph.input_outlets().map_err(tract_err("tract"))?.to_vec();
+        for (ix, outlet) in input_outlets.iter().enumerate() {
+            let name = graph.node(outlet.node).name.clone();
+            let (_, tensor) = inputs.iter().find(|(n, _)| *n == name).ok_or_else(|| {
+                Error::Inputs(format!(
+                    "the model needs input `{name}`, which was not given"
+                ))
+            })?;
+            let dt = datum(tensor.dtype).ok_or_else(|| Error::Unsupported {
+                runtime: "tract",
+                what: format!("input `{name}` of dtype {}", tensor.dtype),
+            })?;
+            graph
+                .set_input_fact(ix, InferenceFact::dt_shape(dt, tensor.shape.clone()))
+                .map_err(tract_err("tract"))?;
+            // SAFETY: the bytes hold `shape` elements of `dt` (checked when the Tensor was built).
+            let t = unsafe { TractTensor::from_raw_dt(dt, &tensor.shape, &tensor.bytes) }
+                .map_err(tract_err("tract"))?;
+            feed.push(t.into());
+        }
+        graph
+            .select_outputs_by_name(outputs)
+            .map_err(tract_err("tract cannot expose the values"))?;
+        let plan = graph
+            .into_optimized()
+            .and_then(|m| m.into_runnable())
+            .map_err(tract_err("tract cannot prepare the model"))?;
+        let results = plan
+            .run(feed)
+            .map_err(|e| Error::Run(format!("tract: {e:#}")))?;
+        outputs
+            .iter()
+            .zip(results)
+            .map(|(name, value)| {
+                let t: &TractTensor = &value;
+                let dtype = dtype_of(t.datum_type()).ok_or_else(|| Error::UnsupportedOutput {
+                    name: name.clone(),
+                    element: format!("{:?}", t.datum_type()),
+                })?;
+                let tensor = Tensor::new(name, dtype, t.shape().to_vec(), t.as_bytes().to_vec())
+                    .map_err(|e| Error::Run(e.to_string()))?;
+                Ok((name.clone(), tensor))
+            })
+            .collect()
+    }
+}
