@@ -160,7 +160,7 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
         })
         .collect();
     let summary = analyse(&mut layers, pair.tolerance);
-    let side = |path: &PathBuf, rt: &Box<dyn Runtime + Send + Sync>| SideInfo {
+    let side = |path: &PathBuf, rt: &(dyn Runtime + Send + Sync)| SideInfo {
         runtime: rt.name().to_string(),
         detail: format!("{} on {}", file_name(path), rt.detail()),
     };
@@ -168,8 +168,11 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
         schema: SCHEMA,
         command: "onnx".to_string(),
         model: file_name(&pair.reference),
-        reference: side(&pair.reference, &reference_rt),
-        target: side(pair.target.as_ref().unwrap_or(&pair.reference), &target_rt),
+        reference: side(&pair.reference, reference_rt.as_ref()),
+        target: side(
+            pair.target.as_ref().unwrap_or(&pair.reference),
+            target_rt.as_ref(),
+        ),
         mode: "accumulated".to_string(),
         tolerance: pair.tolerance.abs,
         seed: pair.seed,
