@@ -17,14 +17,15 @@ impl Default for Tolerance {
 
 /// Marks each layer's `exceeds_tol` and summarises: counts, drift origin, worst layers.
 ///
-/// A compared layer exceeds the tolerance when its `max_abs_diff` is strictly greater, or when
-/// one side has NaN where the other has a number. A shape mismatch always exceeds. The drift
-/// origin is the first exceeding layer in execution order.
+/// A compared layer exceeds the tolerance when its `max_abs_diff` is strictly greater, when one
+/// side has NaN where the other has a number, or when the sides' dtypes differ (a bool mask
+/// against float zeros is a finding even where the values agree). A shape mismatch always
+/// exceeds. The drift origin is the first exceeding layer in execution order.
 pub fn analyse(layers: &mut [Layer], tolerance: Tolerance) -> Summary {
     for layer in layers.iter_mut() {
         layer.exceeds_tol = match (&layer.status, &layer.stats) {
             (LayerStatus::Compared, Some(s)) => {
-                s.max_abs_diff > tolerance.abs || s.nan_mismatch > 0
+                s.max_abs_diff > tolerance.abs || s.nan_mismatch > 0 || layer.target_dtype.is_some()
             }
             (LayerStatus::ShapeMismatch, _) => true,
             _ => false,
@@ -62,5 +63,73 @@ pub fn analyse(layers: &mut [Layer], tolerance: Tolerance) -> Summary {
             mean_abs_diff: pick(|a, b| a > b, mean_abs),
             min_max_abs_diff: pick(|a, b| a < b, max_abs),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{DType, TensorView, compare_pair};
+
+    fn layer(name: &str, reference: TensorView<'_>, target: TensorView<'_>) -> Layer {
+        let outcome = compare_pair(reference, target);
+        Layer {
+            index: 0,
+            name: name.to_string(),
+            module_type: None,
+            status: outcome.status,
+            reason: None,
+            onnx: None,
+            shape: reference.shape.to_vec(),
+            dtype: reference.dtype.name().to_string(),
+            target_shape: outcome.target_shape,
+            target_dtype: outcome.target_dtype,
+            stats: outcome.stats,
+            exceeds_tol: false,
+        }
+    }
+
+    #[test]
+    fn origin_is_the_first_exceeding_layer_and_a_dtype_change_is_a_finding() {
+        let zeros_f32 = [0u8; 16];
+        let zeros_bool = [0u8; 4];
+        let small = [1.0f32, 2.0, 3.0, 4.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>();
+        let shifted = [1.0f32, 2.0, 3.0, 4.001]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>();
+        let shape = [4];
+        fn v<'a>(dtype: DType, shape: &'a [usize], bytes: &'a [u8]) -> TensorView<'a> {
+            TensorView::new("t", dtype, shape, bytes).unwrap()
+        }
+        let mut layers = vec![
+            layer(
+                "same",
+                v(DType::F32, &shape, &small),
+                v(DType::F32, &shape, &small),
+            ),
+            layer(
+                "mask",
+                v(DType::F32, &shape, &zeros_f32),
+                v(DType::Bool, &shape, &zeros_bool),
+            ),
+            layer(
+                "drift",
+                v(DType::F32, &shape, &small),
+                v(DType::F32, &shape, &shifted),
+            ),
+        ];
+        let summary = analyse(&mut layers, Tolerance { abs: 1e-4 });
+        assert_eq!(layers[1].stats.as_ref().unwrap().max_abs_diff, 0.0);
+        assert!(
+            layers[1].exceeds_tol,
+            "bool vs float32 is a finding although the values agree"
+        );
+        assert_eq!(summary.drift_origin.as_deref(), Some("mask"));
+        assert_eq!(summary.layers_exceeding, 2);
+        assert_eq!(summary.worst.max_abs_diff.unwrap().layer, "drift");
     }
 }

@@ -103,6 +103,7 @@ pub fn to_markdown(report: &Report) -> String {
             None => Default::default(),
         };
         let flag = match l.status {
+            LayerStatus::Compared if l.target_dtype.is_some() => "**dtype**",
             LayerStatus::Compared if l.exceeds_tol => "**yes**",
             LayerStatus::Compared => "",
             LayerStatus::ShapeMismatch => "**shape**",
