@@ -11,7 +11,7 @@ DEPS := $(VENV)/.requirements.stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: pipeline test build env proto lint clean docs
+.PHONY: pipeline test build env proto lint clean docs conformance
 
 env: $(DEPS)
 
@@ -55,3 +55,7 @@ clean:
 # Regenerate docs/cli.md from the command's --help (tests check it is current).
 docs: build
 	$(PY) scripts/cli_reference.py
+
+# Run the ONNX backend node tests through layerdiff and rewrite docs/conformance.md.
+conformance: build
+	$(PY) scripts/conformance.py

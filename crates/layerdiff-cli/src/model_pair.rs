@@ -10,30 +10,31 @@ use layerdiff_core::{
     compare_pair,
 };
 use layerdiff_onnx::{GraphIndex, Model, expose_values};
-use layerdiff_runtime::{Runtime, RuntimeSpec};
+use layerdiff_runtime::Runtime;
 
 use crate::Result;
 use crate::inputs::check_inputs;
 
 /// What `layerdiff onnx` compares.
-#[derive(Debug, Clone)]
 pub struct ModelPair {
     /// The reference model file.
     pub reference: PathBuf,
+    /// The reference model, as loaded.
+    pub reference_model: Model,
     /// The target model file (`--vs`), or `None` to run the reference file on both sides.
     pub target: Option<PathBuf>,
-    /// The runtime of the reference side.
-    pub reference_runtime: RuntimeSpec,
-    /// The runtime of the target side.
-    pub target_runtime: RuntimeSpec,
+    /// The target model, as loaded (the reference model again without `--vs`).
+    pub target_model: Model,
+    /// The reference side.
+    pub reference_runtime: Box<dyn Runtime + Send + Sync>,
+    /// The target side.
+    pub target_runtime: Box<dyn Runtime + Send + Sync>,
     /// The inputs, already generated or read.
     pub inputs: Vec<(String, Tensor)>,
     /// Seed of generated inputs (`None` when read from a file).
     pub seed: Option<u64>,
     /// The tolerance.
     pub tolerance: Tolerance,
-    /// ONNX Runtime library (`None`: search).
-    pub ort_library: Option<PathBuf>,
 }
 
 /// A reference value and where its counterpart is, or why it has none.
@@ -84,14 +85,15 @@ fn pair_values(reference: &Model, target: &Model) -> Vec<Pairing> {
 
 /// Runs the comparison and returns the report. Drift is a finding, not an error.
 pub fn compare_models(pair: &ModelPair) -> Result<Report> {
-    let mut reference = Model::load(&pair.reference)?;
-    let mut target = match &pair.target {
-        Some(path) => Model::load(path)?,
-        None => reference.clone(),
-    };
+    let mut reference = pair.reference_model.clone();
+    let mut target = pair.target_model.clone();
     check_inputs(&GraphIndex::new(reference.graph()), &pair.inputs)?;
     check_inputs(&GraphIndex::new(target.graph()), &pair.inputs)?;
-    let pairings = pair_values(&reference, &target);
+    // A file of expected values holds only some values: compare those.
+    let pairings: Vec<Pairing> = pair_values(&reference, &target)
+        .into_iter()
+        .filter(|p| pair.reference_runtime.provides(&p.value))
+        .collect();
     let reference_values: Vec<String> = pairings
         .iter()
         .filter(|p| p.target.is_ok())
@@ -104,8 +106,7 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
     expose_values(&mut reference, &reference_values)?;
     expose_values(&mut target, &target_values)?;
 
-    let reference_rt = pair.reference_runtime.build(pair.ort_library.as_deref())?;
-    let target_rt = pair.target_runtime.build(pair.ort_library.as_deref())?;
+    let (reference_rt, target_rt) = (&pair.reference_runtime, &pair.target_runtime);
     let reference_out = reference_rt.run(&reference, &pair.inputs, &reference_values)?;
     let target_out = target_rt.run(&target, &pair.inputs, &target_values)?;
 
@@ -162,7 +163,7 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
     let summary = analyse(&mut layers, pair.tolerance);
     let side = |path: &PathBuf, rt: &(dyn Runtime + Send + Sync)| SideInfo {
         runtime: rt.name().to_string(),
-        detail: format!("{} on {}", file_name(path), rt.detail()),
+        detail: format!("{} · {}", file_name(path), rt.detail()),
     };
     Ok(Report {
         schema: SCHEMA,

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use layerdiff_core::{Tolerance, read_safetensors, write_safetensors};
 use layerdiff_onnx::{GraphIndex, Model};
-use layerdiff_runtime::{OptLevel, RuntimeSpec};
+use layerdiff_runtime::{ExpectedValues, OptLevel, Runtime, RuntimeSpec};
 
 use crate::cli::OnnxArgs;
 use crate::inputs::{InputPlan, generate_inputs};
@@ -44,9 +44,29 @@ pub fn chain(err: &dyn std::error::Error) -> String {
 
 pub(crate) fn run(args: &OnnxArgs) -> Result<u8, CommandError> {
     let reference = Model::load(&args.model).map_err(crate::Error::from)?;
-    let (inputs, seed) = match &args.inputs {
-        Some(path) => (read_safetensors(path).map_err(crate::Error::from)?, None),
-        None => {
+    let target = match &args.vs {
+        Some(path) => Model::load(path).map_err(crate::Error::from)?,
+        None => reference.clone(),
+    };
+    let target_spec = args.target.clone().unwrap_or(if args.vs.is_some() {
+        RuntimeSpec::Ort(OptLevel::Disable)
+    } else {
+        RuntimeSpec::Tract
+    });
+    let runtime_err = |e| crate::Error::from(e);
+    let (reference_runtime, stored_inputs) = match &args.reference {
+        RuntimeSpec::Expected(path) => {
+            let expected = ExpectedValues::load(path, &reference).map_err(runtime_err)?;
+            let inputs = expected.inputs().map(<[_]>::to_vec);
+            (Box::new(expected) as Box<dyn Runtime + Send + Sync>, inputs)
+        }
+        spec => (spec.build(None, &reference).map_err(runtime_err)?, None),
+    };
+    let target_runtime = target_spec.build(None, &target).map_err(runtime_err)?;
+    let (inputs, seed) = match (&args.inputs, stored_inputs) {
+        (Some(path), _) => (read_safetensors(path).map_err(crate::Error::from)?, None),
+        (None, Some(stored)) => (stored, None),
+        (None, None) => {
             let plan = InputPlan {
                 seed: args.seed,
                 shapes: args.shape.clone(),
@@ -61,19 +81,16 @@ pub(crate) fn run(args: &OnnxArgs) -> Result<u8, CommandError> {
     };
     let pair = ModelPair {
         reference: args.model.clone(),
+        reference_model: reference,
         target: args.vs.clone(),
-        reference_runtime: args.reference,
-        target_runtime: args.target.unwrap_or(if args.vs.is_some() {
-            RuntimeSpec::Ort(OptLevel::Disable)
-        } else {
-            RuntimeSpec::Tract
-        }),
+        target_model: target,
+        reference_runtime,
+        target_runtime,
         inputs,
         seed,
         tolerance: Tolerance {
             abs: args.tolerance,
         },
-        ort_library: None,
     };
     let report = compare_models(&pair)?;
 

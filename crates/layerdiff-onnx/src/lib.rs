@@ -15,6 +15,7 @@ mod model;
 mod node_ext;
 mod scope;
 mod surgery;
+mod tensor_io;
 
 pub use error::{Error, Result};
 pub use generated::*;
@@ -24,3 +25,4 @@ pub use model::Model;
 pub use node_ext::NodeExt;
 pub use scope::{ScopeResolver, ScopeSource, node_scope};
 pub use surgery::expose_values;
+pub use tensor_io::{read_tensor_pb, tensor_from_proto};

@@ -38,6 +38,9 @@ pub enum Error {
         /// Its element type.
         element: String,
     },
+    /// Expected values that cannot be read.
+    #[error("expected values: {0}")]
+    Expected(String),
     /// tract refused or failed.
     #[error("{0}")]
     Tract(String),

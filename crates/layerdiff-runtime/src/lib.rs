@@ -6,6 +6,7 @@
 //! [`Tensor`] type, so the comparator never sees a runtime's types.
 
 mod error;
+mod expected;
 mod library;
 mod ort_runtime;
 mod spec;
@@ -15,6 +16,7 @@ use layerdiff_core::Tensor;
 use layerdiff_onnx::Model;
 
 pub use error::{Error, Result};
+pub use expected::ExpectedValues;
 pub use library::{LIBRARY_ENV, find_ort_library};
 pub use ort_runtime::{OptLevel, OrtRuntime};
 pub use spec::RuntimeSpec;
@@ -26,6 +28,10 @@ pub trait Runtime {
     fn name(&self) -> &str;
     /// Version, provider and options, in words.
     fn detail(&self) -> String;
+    /// Whether this side can give `value` (a file of expected values holds only some).
+    fn provides(&self, _value: &str) -> bool {
+        true
+    }
     /// Runs `model` on `inputs` and returns the requested values in the order asked.
     fn run(
         &self,

@@ -104,9 +104,9 @@ impl OrtRuntime {
         let Some(Ok(loaded)) = guard.as_ref() else {
             unreachable!("OrtRuntime exists only once loaded")
         };
-        let session_error = |e: ort::Error<_>| Error::Session(e.to_string());
+        let session_error = |e: ort::Error<_>| Error::Session(clean_message(e.to_string()));
         let mut builder = Session::builder(&loaded.env)
-            .map_err(|e| Error::Session(e.to_string()))?
+            .map_err(|e| Error::Session(clean_message(e.to_string())))?
             .with_optimization_level(self.opt_level.to_ort())
             .map_err(session_error)?;
         if let Some(n) = self.intra_threads {
@@ -125,7 +125,38 @@ impl OrtRuntime {
         }
         builder
             .commit_from_memory(&model.to_bytes())
-            .map_err(|e| Error::Session(e.to_string()))
+            .map_err(|e| Error::Session(clean_message(e.to_string())))
+    }
+}
+
+/// ONNX Runtime prefixes many messages with a source location and a C++ signature
+/// (`/onnxruntime_src/…/model.cc:256 onnxruntime::Model::Model(…) Unsupported model IR version…`);
+/// users need only the sentence after them.
+fn clean_message(message: String) -> String {
+    let Some(rest) = message
+        .strip_prefix("/onnxruntime_src/")
+        .and_then(|m| m.split_once(' '))
+        .map(|(_, r)| r)
+    else {
+        return message;
+    };
+    let signature_end = rest
+        .find('(')
+        .filter(|&open| rest[..open].contains("::"))
+        .and_then(|open| {
+            let mut depth = 0usize;
+            rest[open..].char_indices().find_map(|(i, c)| {
+                match c {
+                    '(' => depth += 1,
+                    ')' => depth -= 1,
+                    _ => {}
+                }
+                (depth == 0).then_some(open + i + 1)
+            })
+        });
+    match signature_end {
+        Some(end) => rest[end..].trim_start().to_string(),
+        None => rest.to_string(),
     }
 }
 
@@ -184,7 +215,9 @@ impl Runtime for OrtRuntime {
             };
             feed.push((Cow::Owned(name.clone()), to_ort_value(name, tensor)?.into()));
         }
-        let results = session.run(feed).map_err(|e| Error::Run(e.to_string()))?;
+        let results = session
+            .run(feed)
+            .map_err(|e| Error::Run(clean_message(e.to_string())))?;
         outputs
             .iter()
             .map(|name| {
@@ -269,4 +302,20 @@ fn from_ort_value(name: &str, value: &ValueRef<'_>) -> Result<Tensor> {
         }
         other => return Err(unsupported(format!("{other:?}"))),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clean_message;
+
+    #[test]
+    fn source_locations_and_signatures_are_dropped() {
+        let raw = "/onnxruntime_src/onnxruntime/core/graph/model.cc:256 onnxruntime::Model::Model(onnx::ModelProto&&, \
+                   const onnxruntime::PathString&) Unsupported model IR version: 14, max supported IR version: 13";
+        assert_eq!(
+            clean_message(raw.to_string()),
+            "Unsupported model IR version: 14, max supported IR version: 13"
+        );
+        assert_eq!(clean_message("plain message".to_string()), "plain message");
+    }
 }

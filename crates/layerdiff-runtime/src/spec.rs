@@ -1,17 +1,21 @@
 //! Runtimes are spelled the same way everywhere: `ort` (CPU execution provider, optimizations
-//! off), `ort:opt=basic|extended|all`, `tract`.
+//! off), `ort:opt=basic|extended|all`, `tract`, `expected:PATH`.
 
 use std::path::Path;
 
-use crate::{OptLevel, OrtRuntime, Result, Runtime, TractRuntime};
+use layerdiff_onnx::Model;
+
+use crate::{ExpectedValues, OptLevel, OrtRuntime, Result, Runtime, TractRuntime};
 
 /// A runtime named on the command line or in the API.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RuntimeSpec {
     /// ONNX Runtime, CPU execution provider, with this graph optimization level.
     Ort(OptLevel),
     /// tract.
     Tract,
+    /// Values read from a file: `expected:PATH` (safetensors, or an ONNX test data folder).
+    Expected(std::path::PathBuf),
 }
 
 impl RuntimeSpec {
@@ -27,11 +31,14 @@ impl RuntimeSpec {
         match text {
             "ort" => Ok(Self::Ort(OptLevel::Disable)),
             "tract" => Ok(Self::Tract),
+            other if other.starts_with("expected:") && other.len() > "expected:".len() => {
+                Ok(Self::Expected(other["expected:".len()..].into()))
+            }
             other => other
                 .strip_prefix("ort:opt=")
                 .and_then(level)
                 .map(Self::Ort)
-                .ok_or_else(|| format!("unknown runtime `{other}` (expected `ort`, `ort:opt=disable|basic|extended|all` or `tract`)")),
+                .ok_or_else(|| format!("unknown runtime `{other}` (expected `ort`, `ort:opt=disable|basic|extended|all`, `tract` or `expected:PATH`)")),
         }
     }
 
@@ -41,14 +48,21 @@ impl RuntimeSpec {
             Self::Ort(OptLevel::Disable) => "ort".to_string(),
             Self::Ort(level) => format!("ort:opt={}", level.name()),
             Self::Tract => "tract".to_string(),
+            Self::Expected(path) => format!("expected:{}", path.display()),
         }
     }
 
-    /// Builds the runtime (loading ONNX Runtime from `ort_library`, or found, when needed).
-    pub fn build(&self, ort_library: Option<&Path>) -> Result<Box<dyn Runtime + Send + Sync>> {
+    /// Builds the runtime for `model` (loading ONNX Runtime from `ort_library`, or found, when
+    /// needed; reading expected values for this model's inputs and outputs).
+    pub fn build(
+        &self,
+        ort_library: Option<&Path>,
+        model: &Model,
+    ) -> Result<Box<dyn Runtime + Send + Sync>> {
         Ok(match self {
             Self::Ort(level) => Box::new(OrtRuntime::new(ort_library, *level)?),
             Self::Tract => Box::new(TractRuntime),
+            Self::Expected(path) => Box::new(ExpectedValues::load(path, model)?),
         })
     }
 }

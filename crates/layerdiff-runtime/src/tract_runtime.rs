@@ -102,7 +102,15 @@ impl Runtime for TractRuntime {
             .iter()
             .zip(results)
             .map(|(name, value)| {
-                let t: &TractTensor = &value;
+                // Shape-like outputs come back as symbolic integers; concrete ones are int64.
+                let t: std::borrow::Cow<'_, TractTensor> = if value.datum_type() == DatumType::TDim
+                {
+                    value
+                        .cast_to_dt(DatumType::I64)
+                        .map_err(|e| Error::Run(format!("tract: `{name}`: {e:#}")))?
+                } else {
+                    std::borrow::Cow::Borrowed(&*value)
+                };
                 let dtype = dtype_of(t.datum_type()).ok_or_else(|| Error::UnsupportedOutput {
                     name: name.clone(),
                     element: format!("{:?}", t.datum_type()),

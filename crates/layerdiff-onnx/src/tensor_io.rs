@@ -1,0 +1,121 @@
+//! `TensorProto` → [`Tensor`]: initializers, and the `input_N.pb` / `output_N.pb` files of ONNX
+//! test data sets.
+
+use std::path::Path;
+
+use layerdiff_core::{DType, Tensor};
+use prost::Message;
+
+use crate::{Error, Result, TensorProto};
+
+/// Reads one serialized `TensorProto` file (as in `test_data_set_0/input_0.pb`).
+pub fn read_tensor_pb(path: &Path) -> Result<(String, Tensor)> {
+    let bytes = std::fs::read(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let proto = TensorProto::decode(&bytes[..]).map_err(|source| Error::Decode {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let tensor = tensor_from_proto(&proto).map_err(|message| Error::NotAModel {
+        path: path.to_path_buf(),
+        reason: message,
+    })?;
+    Ok((proto.name().to_string(), tensor))
+}
+
+/// Converts a `TensorProto` held in the file (raw or typed fields) to a tensor.
+pub fn tensor_from_proto(proto: &TensorProto) -> std::result::Result<Tensor, String> {
+    let name = proto.name();
+    let dtype = DType::from_onnx_code(proto.data_type()).map_err(|_| {
+        format!(
+            "tensor `{name}` has element type {}, which layerdiff cannot read",
+            proto.data_type()
+        )
+    })?;
+    if proto.data_location() == crate::tensor_proto::DataLocation::External {
+        return Err(format!(
+            "tensor `{name}` keeps its data in an external file"
+        ));
+    }
+    let shape: Vec<usize> = proto.dims.iter().map(|&d| d.max(0) as usize).collect();
+    let n: usize = shape.iter().product();
+    let bytes: Vec<u8> =
+        if let Some(raw) = proto.raw_data.as_ref().filter(|r| !r.is_empty() || n == 0) {
+            raw.clone()
+        } else {
+            match dtype {
+                DType::F32 => proto
+                    .float_data
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect(),
+                DType::F64 => proto
+                    .double_data
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect(),
+                DType::I64 => proto
+                    .int64_data
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect(),
+                DType::U64 | DType::U32 => {
+                    let size = dtype.size();
+                    proto
+                        .uint64_data
+                        .iter()
+                        .flat_map(|v| v.to_le_bytes()[..size].to_vec())
+                        .collect()
+                }
+                // int32_data carries every type of 32 bits or fewer, float16/bfloat16 as their bits.
+                _ => {
+                    let size = dtype.size();
+                    proto
+                        .int32_data
+                        .iter()
+                        .flat_map(|v| v.to_le_bytes()[..size].to_vec())
+                        .collect()
+                }
+            }
+        };
+    Tensor::new(name, dtype, shape, bytes).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn typed_and_raw_fields_give_the_same_tensor() {
+        let typed = TensorProto {
+            dims: vec![2],
+            data_type: Some(1),
+            float_data: vec![1.5, -2.0],
+            ..Default::default()
+        };
+        let raw = TensorProto {
+            dims: vec![2],
+            data_type: Some(1),
+            raw_data: Some(
+                [1.5f32, -2.0]
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect(),
+            ),
+            ..Default::default()
+        };
+        assert_eq!(
+            tensor_from_proto(&typed).unwrap(),
+            tensor_from_proto(&raw).unwrap()
+        );
+        let halfs = TensorProto {
+            dims: vec![1],
+            data_type: Some(10),
+            int32_data: vec![0x3C00],
+            ..Default::default()
+        };
+        assert_eq!(tensor_from_proto(&halfs).unwrap().bytes, vec![0x00, 0x3C]);
+    }
+}

@@ -1,0 +1,127 @@
+//! `expected:PATH`: a side that computes nothing and serves values read from a file. PATH is a
+//! safetensors file (keys are value names) or an ONNX test data folder (`test_data_set_0/` with
+//! `input_N.pb` and `output_N.pb`; unnamed tensors take the graph's N-th input or output name).
+
+use std::path::{Path, PathBuf};
+
+use layerdiff_core::{Tensor, read_safetensors};
+use layerdiff_onnx::{GraphIndex, Model, read_tensor_pb};
+
+use crate::{Error, Result, Runtime};
+
+/// Reference values read from a file.
+#[derive(Debug, Clone)]
+pub struct ExpectedValues {
+    path: PathBuf,
+    values: Vec<(String, Tensor)>,
+    inputs: Option<Vec<(String, Tensor)>>,
+}
+
+impl ExpectedValues {
+    /// Reads the values (and, from a test data folder, the inputs) for `model`.
+    pub fn load(path: &Path, model: &Model) -> Result<Self> {
+        let index = GraphIndex::new(model.graph());
+        if path.is_dir() {
+            let values = read_numbered(path, "output", index.graph_outputs())?;
+            let inputs = read_numbered(path, "input", index.graph_inputs())?;
+            if values.is_empty() {
+                return Err(Error::Expected(format!(
+                    "`{}` holds no output_N.pb files",
+                    path.display()
+                )));
+            }
+            Ok(Self {
+                path: path.to_path_buf(),
+                values,
+                inputs: Some(inputs).filter(|i| !i.is_empty()),
+            })
+        } else if path.is_file() {
+            let values = read_safetensors(path).map_err(|e| Error::Expected(e.to_string()))?;
+            Ok(Self {
+                path: path.to_path_buf(),
+                values,
+                inputs: None,
+            })
+        } else {
+            Err(Error::Expected(format!(
+                "`{}` does not exist",
+                path.display()
+            )))
+        }
+    }
+
+    /// The inputs stored beside the values (test data folders), if any.
+    pub fn inputs(&self) -> Option<&[(String, Tensor)]> {
+        self.inputs.as_deref()
+    }
+}
+
+/// `prefix_0.pb`, `prefix_1.pb`, … in index order; unnamed tensors take `names[i]`.
+fn read_numbered(dir: &Path, prefix: &str, names: &[String]) -> Result<Vec<(String, Tensor)>> {
+    let mut numbered: Vec<(usize, PathBuf)> = std::fs::read_dir(dir)
+        .map_err(|e| Error::Expected(format!("cannot read `{}`: {e}", dir.display())))?
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let n = name
+                .strip_prefix(prefix)?
+                .strip_prefix('_')?
+                .strip_suffix(".pb")?
+                .parse()
+                .ok()?;
+            Some((n, entry.path()))
+        })
+        .collect();
+    numbered.sort();
+    numbered
+        .into_iter()
+        .map(|(i, path)| {
+            let (name, tensor) = read_tensor_pb(&path)?;
+            let name = if name.is_empty() {
+                names.get(i).cloned().ok_or_else(|| {
+                    Error::Expected(format!(
+                        "`{}` is unnamed and the model has no {prefix} {i}",
+                        path.display()
+                    ))
+                })?
+            } else {
+                name
+            };
+            Ok((name, tensor))
+        })
+        .collect()
+}
+
+impl Runtime for ExpectedValues {
+    fn name(&self) -> &str {
+        "expected"
+    }
+
+    fn detail(&self) -> String {
+        format!("values read from {}", self.path.display())
+    }
+
+    fn provides(&self, value: &str) -> bool {
+        self.values.iter().any(|(n, _)| n == value)
+    }
+
+    fn run(
+        &self,
+        _model: &Model,
+        _inputs: &[(String, Tensor)],
+        outputs: &[String],
+    ) -> Result<Vec<(String, Tensor)>> {
+        outputs
+            .iter()
+            .map(|name| {
+                self.values
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .cloned()
+                    .ok_or_else(|| {
+                        Error::Expected(format!("`{}` has no value `{name}`", self.path.display()))
+                    })
+            })
+            .collect()
+    }
+}
