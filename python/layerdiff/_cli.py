@@ -60,8 +60,6 @@ def _run_torch(opts: dict) -> int:
 
     progress = _Progress(opts["quiet"])
     out = Path(opts["out"]) if opts["out"] else None
-    json_path = Path(opts["json"]) if opts["json"] else (out / "report.json" if out else None)
-    md_path = Path(opts["markdown"]) if opts["markdown"] else (out / "report.md" if out else None)
     if opts["onnx"] is not None and not Path(opts["onnx"]).is_file():
         raise _layerdiff.UsageError(f"ONNX file `{opts['onnx']}` does not exist")
 
@@ -80,11 +78,10 @@ def _run_torch(opts: dict) -> int:
         workdir=out,
         progress=progress,
     )
-    written = report.write(json=json_path, markdown=md_path)
-    if json_path is not None:
-        inputs_path = json_path.with_name(json_path.stem + ".inputs.safetensors")
-        lt.save_inputs(inputs_path, report.inputs, opts["seed"])
-        written.append(inputs_path)
+    written = report.write(json=opts["json"], markdown=opts["markdown"])
+    if opts["inputs_path"] is not None:
+        lt.save_inputs(Path(opts["inputs_path"]), report.inputs, opts["seed"])
+        written.append(Path(opts["inputs_path"]))
     if not opts["quiet"]:
         sys.stdout.write(report.summary_text())
         for path in written:

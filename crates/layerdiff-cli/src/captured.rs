@@ -136,15 +136,7 @@ pub fn compare_captured(c: &CapturedComparison<'_>) -> Result<Report> {
         mode: "accumulated".to_string(),
         tolerance: c.tolerance.abs,
         seed: c.seed,
-        inputs: c
-            .inputs
-            .iter()
-            .map(|(name, t)| InputInfo {
-                name: name.clone(),
-                shape: t.shape.clone(),
-                dtype: t.dtype.name().to_string(),
-            })
-            .collect(),
+        inputs: InputInfo::describe(&c.inputs),
         summary,
         layers,
     })

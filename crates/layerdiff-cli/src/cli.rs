@@ -65,18 +65,9 @@ pub struct OnnxArgs {
     /// Absolute tolerance on each value's max abs diff (exceeded when strictly greater).
     #[arg(long, default_value_t = 1e-4, value_parser = positive_float)]
     pub tolerance: f64,
-    /// Write report.json, report.md and report.inputs.safetensors into this folder.
-    #[arg(long, value_name = "DIR")]
-    pub out: Option<PathBuf>,
-    /// Write the JSON report here (inputs are saved beside it).
-    #[arg(long, value_name = "PATH")]
-    pub json: Option<PathBuf>,
-    /// Write the Markdown report here.
-    #[arg(long, value_name = "PATH")]
-    pub markdown: Option<PathBuf>,
-    /// Print nothing but errors; the exit code still tells the verdict.
-    #[arg(long, short)]
-    pub quiet: bool,
+    /// Where reports go.
+    #[command(flatten)]
+    pub report: ReportArgs,
 }
 
 fn shape_spec(s: &str) -> Result<(String, Vec<usize>), String> {
@@ -126,10 +117,19 @@ pub struct TorchArgs {
     /// ONNX Runtime graph optimizations (default off, so every value exists as written).
     #[arg(long, value_enum, default_value_t = OptArg::Disable)]
     pub ort_opt: OptArg,
-    /// Write report.json, report.md, inputs.safetensors and model.onnx into this folder.
+    /// Where reports go.
+    #[command(flatten)]
+    pub report: ReportArgs,
+}
+
+/// Report options shared by every verb.
+#[derive(Debug, Clone, Args)]
+pub struct ReportArgs {
+    /// Write report.json, report.md and report.inputs.safetensors into this folder (and, for
+    /// `torch`, the exported model.onnx).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Write the JSON report here (inputs are saved beside it).
+    /// Write the JSON report here (the inputs are saved beside it as NAME.inputs.safetensors).
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
     /// Write the Markdown report here.
@@ -138,6 +138,32 @@ pub struct TorchArgs {
     /// Print nothing but errors; the exit code still tells the verdict.
     #[arg(long, short)]
     pub quiet: bool,
+}
+
+impl ReportArgs {
+    /// The JSON report's path: `--json`, else `--out`/report.json.
+    pub fn json_path(&self) -> Option<PathBuf> {
+        self.json
+            .clone()
+            .or_else(|| self.out.as_ref().map(|d| d.join("report.json")))
+    }
+
+    /// The Markdown report's path: `--markdown`, else `--out`/report.md.
+    pub fn markdown_path(&self) -> Option<PathBuf> {
+        self.markdown
+            .clone()
+            .or_else(|| self.out.as_ref().map(|d| d.join("report.md")))
+    }
+
+    /// Where the inputs are saved: beside the JSON report, as `NAME.inputs.safetensors`.
+    pub fn inputs_path(&self) -> Option<PathBuf> {
+        let json = self.json_path()?;
+        let stem = json
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Some(json.with_file_name(format!("{stem}.inputs.safetensors")))
+    }
 }
 
 /// Export paths of `torch.onnx.export`.
@@ -168,7 +194,7 @@ pub fn run_onnx(args: &OnnxArgs) -> u8 {
     match crate::onnx_command::run(args) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {}", crate::onnx_command::chain(&err));
+            eprintln!("error: {}", crate::error_chain(&err));
             2
         }
     }

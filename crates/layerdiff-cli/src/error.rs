@@ -20,3 +20,18 @@ pub enum Error {
 
 /// Result type of the flows.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An error and its causes on one line, each cause once (`a: b: c`), as the CLI prints them.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    text
+}

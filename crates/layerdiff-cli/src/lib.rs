@@ -12,4 +12,4 @@ pub mod model_pair;
 mod onnx_command;
 pub mod output;
 
-pub use error::{Error, Result};
+pub use error::{Error, Result, error_chain};

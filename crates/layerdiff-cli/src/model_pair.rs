@@ -177,15 +177,7 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
         mode: "accumulated".to_string(),
         tolerance: pair.tolerance.abs,
         seed: pair.seed,
-        inputs: pair
-            .inputs
-            .iter()
-            .map(|(name, t)| InputInfo {
-                name: name.clone(),
-                shape: t.shape.clone(),
-                dtype: t.dtype.name().to_string(),
-            })
-            .collect(),
+        inputs: InputInfo::describe(&pair.inputs),
         summary,
         layers,
     })

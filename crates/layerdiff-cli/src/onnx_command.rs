@@ -27,21 +27,6 @@ pub enum CommandError {
     },
 }
 
-/// The error and its causes on one line.
-pub fn chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        let part = s.to_string();
-        if !text.contains(&part) {
-            text.push_str(": ");
-            text.push_str(&part);
-        }
-        source = s.source();
-    }
-    text
-}
-
 pub(crate) fn run(args: &OnnxArgs) -> Result<u8, CommandError> {
     let reference = Model::load(&args.model).map_err(crate::Error::from)?;
     let target = match &args.vs {
@@ -94,14 +79,7 @@ pub(crate) fn run(args: &OnnxArgs) -> Result<u8, CommandError> {
     };
     let report = compare_models(&pair)?;
 
-    let json = args
-        .json
-        .clone()
-        .or_else(|| args.out.as_ref().map(|d| d.join("report.json")));
-    let markdown = args
-        .markdown
-        .clone()
-        .or_else(|| args.out.as_ref().map(|d| d.join("report.md")));
+    let (json, markdown) = (args.report.json_path(), args.report.markdown_path());
     let write_err = |path: &Path| {
         let path = path.to_path_buf();
         move |source| CommandError::Write { path, source }
@@ -112,12 +90,7 @@ pub(crate) fn run(args: &OnnxArgs) -> Result<u8, CommandError> {
                 .or(markdown.as_deref())
                 .unwrap_or(Path::new(".")),
         ))?;
-    if let Some(json) = &json {
-        let stem = json
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let path = json.with_file_name(format!("{stem}.inputs.safetensors"));
+    if let Some(path) = args.report.inputs_path() {
         let mut metadata =
             std::collections::BTreeMap::from([("producer".to_string(), "layerdiff".to_string())]);
         if let Some(seed) = seed {
@@ -126,7 +99,7 @@ pub(crate) fn run(args: &OnnxArgs) -> Result<u8, CommandError> {
         write_safetensors(&path, &pair.inputs, metadata).map_err(crate::Error::from)?;
         written.push(path);
     }
-    if !args.quiet {
+    if !args.report.quiet {
         print!("{}", summary_text(&report));
         for path in written {
             eprintln!("wrote {}", path.display());

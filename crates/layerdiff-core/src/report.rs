@@ -55,6 +55,20 @@ pub struct InputInfo {
     pub dtype: String,
 }
 
+impl InputInfo {
+    /// The description of each named tensor.
+    pub fn describe(inputs: &[(String, crate::Tensor)]) -> Vec<Self> {
+        inputs
+            .iter()
+            .map(|(name, t)| Self {
+                name: name.clone(),
+                shape: t.shape.clone(),
+                dtype: t.dtype.name().to_string(),
+            })
+            .collect()
+    }
+}
+
 /// What the analysis found, at a glance.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Summary {

@@ -55,16 +55,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 pub(crate) fn to_py_err(err: impl Into<layerdiff_cli::Error>) -> PyErr {
     use layerdiff_cli::Error as E;
     let err = err.into();
-    let mut message = err.to_string();
-    let mut source = std::error::Error::source(&err);
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !message.contains(&text) {
-            message.push_str(": ");
-            message.push_str(&text);
-        }
-        source = s.source();
-    }
+    let message = layerdiff_cli::error_chain(&err);
     match err {
         E::Onnx(_) => ModelError::new_err(message),
         E::Inputs(_) | E::Layers(_) | E::Core(_) => InputError::new_err(message),

@@ -79,10 +79,11 @@ fn parse_cli(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> PyResult<(String,
             d.set_item("exporter", format!("{:?}", a.exporter).to_lowercase())?;
             d.set_item("onnx", a.onnx)?;
             d.set_item("ort_opt", OptLevel::from(a.ort_opt).name())?;
-            d.set_item("out", a.out)?;
-            d.set_item("json", a.json)?;
-            d.set_item("markdown", a.markdown)?;
-            d.set_item("quiet", a.quiet)?;
+            d.set_item("out", a.report.out.clone())?;
+            d.set_item("json", a.report.json_path())?;
+            d.set_item("markdown", a.report.markdown_path())?;
+            d.set_item("inputs_path", a.report.inputs_path())?;
+            d.set_item("quiet", a.report.quiet)?;
             Ok(("torch".to_string(), d.into_any().unbind()))
         }
     }
