@@ -10,8 +10,10 @@ from pathlib import Path
 class Report:
     """A finished comparison. Drift is data here; only the CLI turns it into an exit code."""
 
-    def __init__(self, native):
+    def __init__(self, native, inputs: list | None = None):
         self._native = native
+        #: The exact inputs both sides were given, as flat `(name, dtype, shape, bytes)` tuples.
+        self.inputs = inputs or []
 
     @cached_property
     def data(self) -> dict:

@@ -315,9 +315,7 @@ def compare_torch_onnx(
             ort_library=_ort_library(),
             opt_level=opt_level,
         )
-    report = Report(native)
-    report.inputs = onnx_inputs
-    return report
+    return Report(native, inputs=onnx_inputs)
 
 
 def _ort_library() -> str | None:
