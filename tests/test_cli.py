@@ -138,3 +138,17 @@ def test_rust_binary_refers_torch_to_the_python_package():
         capture_output=True, text=True, cwd=ROOT, timeout=600,
     )  # fmt: skip
     assert_usage_error(result, "needs PyTorch")
+
+
+def test_torch_against_tract(tmp_path):
+    result = run_cli(
+        "torch", f"{TWICE}:build", "--target", "tract", "--json", str(tmp_path / "r.json")
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["target"]["runtime"] == "tract"
+    assert report["summary"]["layers_compared"] == 5
+
+
+def test_unknown_target_runtime_is_a_usage_error():
+    assert_usage_error(run_cli("torch", "resnet18", "--target", "tvm"), "unknown runtime `tvm`")

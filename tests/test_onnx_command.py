@@ -151,3 +151,14 @@ def test_rust_binary_alone_runs_onnx(resnet18_onnx, tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "no drift: all 49 compared layers" in result.stdout
+
+
+def test_an_execution_provider_the_build_lacks_is_reported_unavailable(resnet18_onnx):
+    import onnxruntime
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("this ONNX Runtime has CUDA")
+    result = run_cli("onnx", str(resnet18_onnx["dynamo"]), "--target", "ort:cuda:opt=all")
+    assert result.returncode == 2
+    assert "execution provider `cuda` is unavailable" in result.stderr
+    assert "CPUExecutionProvider" in result.stderr and "panicked" not in result.stderr

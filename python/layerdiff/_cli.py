@@ -72,7 +72,7 @@ def _run_torch(opts: dict) -> int:
         onnx=opts["onnx"],
         tolerance=opts["tolerance"],
         exporter=opts["exporter"],
-        opt_level=opts["ort_opt"],
+        target=opts["target"],
         name=opts["model"],
         seed=opts["seed"],
         workdir=out,

@@ -240,7 +240,7 @@ def compare_torch_onnx(
     onnx: str | Path | None = None,
     tolerance: float = 1e-4,
     exporter: str = "dynamo",
-    opt_level: str = "disable",
+    target: str = "ort",
     name: str | None = None,
     seed: int | None = None,
     workdir: str | Path | None = None,
@@ -250,7 +250,9 @@ def compare_torch_onnx(
     """Compare a PyTorch model with its ONNX export under ONNX Runtime, layer by layer.
 
     The one model instance given is both captured and exported (or, with ``onnx=``, compared
-    against that file), and both sides receive the same input bytes. Returns a :class:`Report`;
+    against that file), and both sides receive the same input bytes. ``target`` names the runtime
+    that runs the ONNX file: ``"ort"`` (CPU, optimizations off), ``"ort:opt=all"``,
+    ``"ort:cuda"``…, or ``"tract"``. Returns a :class:`Report`;
     ``report.drift_origin`` names the first layer whose max abs diff exceeds ``tolerance``.
     """
     step = progress or (lambda message: None)
@@ -312,8 +314,8 @@ def compare_torch_onnx(
             seed=seed,
             reference_runtime="pytorch",
             reference_detail=f"torch {torch.__version__}, eager, cpu",
+            target=target,
             ort_library=_ort_library(),
-            opt_level=opt_level,
         )
     return Report(native, inputs=onnx_inputs)
 

@@ -9,7 +9,7 @@ use layerdiff_core::{
     Tolerance, analyse, compare_pair,
 };
 use layerdiff_onnx::{GraphIndex, LayerCall, LayerMapping, Model, expose_values, map_layers};
-use layerdiff_runtime::{OptLevel, OrtRuntime, Runtime};
+use layerdiff_runtime::RuntimeSpec;
 
 use crate::{Error, Result, inputs::check_inputs};
 
@@ -43,10 +43,10 @@ pub struct CapturedComparison<'a> {
     pub tolerance: Tolerance,
     /// Describes the reference side.
     pub reference: SideInfo,
+    /// The runtime that runs the ONNX file.
+    pub target: RuntimeSpec,
     /// ONNX Runtime library to load (`None`: search).
     pub ort_library: Option<PathBuf>,
-    /// ONNX Runtime graph optimization level.
-    pub opt_level: OptLevel,
 }
 
 /// Runs the flow and returns the report. Drift is a finding in the report, never an error.
@@ -74,7 +74,7 @@ pub fn compare_captured(c: &CapturedComparison<'_>) -> Result<Report> {
         }
     }
     expose_values(&mut model, &wanted)?;
-    let runtime = OrtRuntime::new(c.ort_library.as_deref(), c.opt_level)?;
+    let runtime = c.target.build(c.ort_library.as_deref(), &model)?;
     let values = runtime.run(&model, &c.inputs, &wanted)?;
     let value_of = |name: &str| values.iter().find(|(n, _)| n == name).map(|(_, t)| t);
 

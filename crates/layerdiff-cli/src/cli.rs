@@ -40,8 +40,9 @@ pub struct OnnxArgs {
     /// Compare against this second model file (same inputs), e.g. before and after an optimizer.
     #[arg(long, value_name = "OTHER.onnx")]
     pub vs: Option<PathBuf>,
-    /// Runtime of the reference side: `ort` (CPU, optimizations off), `ort:opt=basic|extended|all`,
-    /// or `tract`.
+    /// Runtime of the reference side: `ort` (CPU, optimizations off), `ort:cuda`,
+    /// `ort:opt=basic|extended|all`, combinations (`ort:cuda:opt=all`), `tract`, or
+    /// `expected:PATH` (values from a safetensors file or an ONNX test_data_set folder).
     #[arg(long, default_value = "ort", value_parser = RuntimeSpec::parse)]
     pub reference: RuntimeSpec,
     /// Runtime of the target side (same spellings). Default: `tract`, or `ort` with --vs.
@@ -114,9 +115,10 @@ pub struct TorchArgs {
     /// Compare against this ONNX file of the same model instead of exporting one.
     #[arg(long, value_name = "PATH")]
     pub onnx: Option<PathBuf>,
-    /// ONNX Runtime graph optimizations (default off, so every value exists as written).
-    #[arg(long, value_enum, default_value_t = OptArg::Disable)]
-    pub ort_opt: OptArg,
+    /// The runtime that runs the ONNX file: `ort` (CPU, graph optimizations off, so every value
+    /// exists as written), `ort:opt=basic|extended|all`, `ort:cuda`…, or `tract`.
+    #[arg(long, default_value = "ort", value_parser = RuntimeSpec::parse)]
+    pub target: RuntimeSpec,
     /// Where reports go.
     #[command(flatten)]
     pub report: ReportArgs,
@@ -175,19 +177,6 @@ pub enum Exporter {
     Legacy,
 }
 
-/// ONNX Runtime graph optimization levels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OptArg {
-    /// No rewrites.
-    Disable,
-    /// Constant folding, redundant nodes.
-    Basic,
-    /// Plus fusions.
-    Extended,
-    /// Everything.
-    All,
-}
-
 /// Runs `layerdiff onnx`: prints the summary (stdout) and any error (stderr), writes the
 /// reports, and returns the exit code (0 clean, 1 drift, 2 could not run).
 pub fn run_onnx(args: &OnnxArgs) -> u8 {
@@ -196,17 +185,6 @@ pub fn run_onnx(args: &OnnxArgs) -> u8 {
         Err(err) => {
             eprintln!("error: {}", crate::error_chain(&err));
             2
-        }
-    }
-}
-
-impl From<OptArg> for layerdiff_runtime::OptLevel {
-    fn from(o: OptArg) -> Self {
-        match o {
-            OptArg::Disable => Self::Disable,
-            OptArg::Basic => Self::Basic,
-            OptArg::Extended => Self::Extended,
-            OptArg::All => Self::All,
         }
     }
 }

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use layerdiff_core::{Tolerance, read_safetensors, write_safetensors};
 use layerdiff_onnx::{GraphIndex, Model};
-use layerdiff_runtime::{ExpectedValues, OptLevel, Runtime, RuntimeSpec};
+use layerdiff_runtime::{ExpectedValues, OptLevel, Provider, Runtime, RuntimeSpec};
 
 use crate::cli::OnnxArgs;
 use crate::inputs::{InputPlan, generate_inputs};
@@ -34,7 +34,7 @@ pub(crate) fn run(args: &OnnxArgs) -> Result<u8, CommandError> {
         None => reference.clone(),
     };
     let target_spec = args.target.clone().unwrap_or(if args.vs.is_some() {
-        RuntimeSpec::Ort(OptLevel::Disable)
+        RuntimeSpec::Ort(Provider::Cpu, OptLevel::Disable)
     } else {
         RuntimeSpec::Tract
     });

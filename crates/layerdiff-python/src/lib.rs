@@ -13,7 +13,7 @@ use layerdiff_cli::cli::{self, Parsed};
 use layerdiff_cli::output;
 use layerdiff_core::{SideInfo, Tolerance, render};
 use layerdiff_onnx::LayerCall;
-use layerdiff_runtime::OptLevel;
+use layerdiff_runtime::RuntimeSpec;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
@@ -78,7 +78,7 @@ fn parse_cli(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> PyResult<(String,
             d.set_item("seed", a.seed)?;
             d.set_item("exporter", format!("{:?}", a.exporter).to_lowercase())?;
             d.set_item("onnx", a.onnx)?;
-            d.set_item("ort_opt", OptLevel::from(a.ort_opt).name())?;
+            d.set_item("target", a.target.spelling())?;
             d.set_item("out", a.report.out.clone())?;
             d.set_item("json", a.report.json_path())?;
             d.set_item("markdown", a.report.markdown_path())?;
@@ -89,26 +89,12 @@ fn parse_cli(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> PyResult<(String,
     }
 }
 
-fn opt_level(name: &str) -> PyResult<OptLevel> {
-    Ok(match name {
-        "disable" => OptLevel::Disable,
-        "basic" => OptLevel::Basic,
-        "extended" => OptLevel::Extended,
-        "all" => OptLevel::All,
-        other => {
-            return Err(exceptions::UsageError::new_err(format!(
-                "unknown ONNX Runtime optimization level `{other}` (expected disable, basic, extended or all)"
-            )));
-        }
-    })
-}
-
 /// Compares captured reference layers against an ONNX model run by ONNX Runtime.
 ///
 /// `inputs`: list of `(name, dtype, shape, uint8 buffer)`. `layers`: list of dicts with `name`,
 /// `module`, `module_type`, `call_index`, `identity`, `input_from`, and `tensor` (a flat tensor tuple).
 #[pyfunction]
-#[pyo3(signature = (*, command, model, onnx_path, inputs, layers, tolerance, seed, reference_runtime, reference_detail, ort_library=None, opt_level="disable"))]
+#[pyo3(signature = (*, command, model, onnx_path, inputs, layers, tolerance, seed, reference_runtime, reference_detail, target="ort", ort_library=None))]
 #[allow(clippy::too_many_arguments)]
 fn compare_captured(
     py: Python<'_>,
@@ -121,10 +107,10 @@ fn compare_captured(
     seed: Option<u64>,
     reference_runtime: String,
     reference_detail: String,
+    target: &str,
     ort_library: Option<PathBuf>,
-    opt_level: &str,
 ) -> PyResult<Report> {
-    let opt_level = self::opt_level(opt_level)?;
+    let target = RuntimeSpec::parse(target).map_err(exceptions::UsageError::new_err)?;
     let inputs = inputs
         .iter()
         .map(|t| Ok((t.name().to_string(), t.to_tensor()?)))
@@ -172,8 +158,8 @@ fn compare_captured(
             runtime: reference_runtime,
             detail: reference_detail,
         },
+        target,
         ort_library,
-        opt_level,
     };
     let report = py.detach(|| run_captured(&request)).map_err(to_py_err)?;
     Ok(Report(report))

@@ -21,6 +21,14 @@ pub enum Error {
         /// The loader's message.
         message: String,
     },
+    /// An execution provider that this ONNX Runtime build or machine cannot use.
+    #[error("execution provider `{provider}` is unavailable: {reason}")]
+    ProviderUnavailable {
+        /// The provider's spelling.
+        provider: &'static str,
+        /// Why.
+        reason: String,
+    },
     /// ONNX Runtime refused the model.
     #[error("ONNX Runtime cannot load the model: {0}")]
     Session(String),

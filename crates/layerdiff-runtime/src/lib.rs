@@ -18,7 +18,7 @@ use layerdiff_onnx::Model;
 pub use error::{Error, Result};
 pub use expected::ExpectedValues;
 pub use library::{LIBRARY_ENV, find_ort_library};
-pub use ort_runtime::{OptLevel, OrtRuntime};
+pub use ort_runtime::{OptLevel, OrtRuntime, Provider};
 pub use spec::RuntimeSpec;
 pub use tract_runtime::TractRuntime;
 

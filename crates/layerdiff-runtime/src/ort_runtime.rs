@@ -7,6 +7,7 @@ use std::sync::{Mutex, OnceLock};
 use layerdiff_core::{DType, Tensor};
 use layerdiff_onnx::Model;
 use ort::environment::Environment;
+use ort::ep::ExecutionProviderDispatch;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::{Session, SessionInputValue};
 use ort::value::{DynValue, TensorElementType, ValueRef};
@@ -49,6 +50,93 @@ impl OptLevel {
     }
 }
 
+/// An ONNX Runtime execution provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Provider {
+    /// The CPU execution provider (always present).
+    #[default]
+    Cpu,
+    /// NVIDIA CUDA.
+    Cuda,
+    /// NVIDIA TensorRT.
+    TensorRt,
+    /// AMD ROCm.
+    Rocm,
+    /// Intel OpenVINO.
+    OpenVino,
+    /// Apple CoreML.
+    CoreMl,
+    /// DirectML (Windows).
+    DirectMl,
+}
+
+impl Provider {
+    /// Every provider, for parsing.
+    pub const ALL: [Provider; 7] = [
+        Provider::Cpu,
+        Provider::Cuda,
+        Provider::TensorRt,
+        Provider::Rocm,
+        Provider::OpenVino,
+        Provider::CoreMl,
+        Provider::DirectMl,
+    ];
+
+    /// The spelling in runtime names (`ort:cuda`).
+    pub fn spelling(self) -> &'static str {
+        match self {
+            Provider::Cpu => "cpu",
+            Provider::Cuda => "cuda",
+            Provider::TensorRt => "tensorrt",
+            Provider::Rocm => "rocm",
+            Provider::OpenVino => "openvino",
+            Provider::CoreMl => "coreml",
+            Provider::DirectMl => "directml",
+        }
+    }
+
+    /// ONNX Runtime's name for it.
+    pub fn ort_name(self) -> &'static str {
+        match self {
+            Provider::Cpu => "CPUExecutionProvider",
+            Provider::Cuda => "CUDAExecutionProvider",
+            Provider::TensorRt => "TensorrtExecutionProvider",
+            Provider::Rocm => "ROCMExecutionProvider",
+            Provider::OpenVino => "OpenVINOExecutionProvider",
+            Provider::CoreMl => "CoreMLExecutionProvider",
+            Provider::DirectMl => "DmlExecutionProvider",
+        }
+    }
+
+    /// Whether the loaded ONNX Runtime was built with this provider.
+    fn is_built_in(self) -> bool {
+        use ort::ep::{self, ExecutionProvider};
+        match self {
+            Provider::Cpu => Ok(true),
+            Provider::Cuda => ep::CUDA::is_available(),
+            Provider::TensorRt => ep::TensorRT::is_available(),
+            Provider::Rocm => ep::ROCm::is_available(),
+            Provider::OpenVino => ep::OpenVINO::is_available(),
+            Provider::CoreMl => ep::CoreML::is_available(),
+            Provider::DirectMl => ep::DirectML::is_available(),
+        }
+        .unwrap_or(false)
+    }
+
+    fn dispatch(self) -> Option<ExecutionProviderDispatch> {
+        use ort::ep;
+        Some(match self {
+            Provider::Cpu => return None,
+            Provider::Cuda => ep::CUDA::default().build(),
+            Provider::TensorRt => ep::TensorRT::default().build(),
+            Provider::Rocm => ep::ROCm::default().build(),
+            Provider::OpenVino => ep::OpenVINO::default().build(),
+            Provider::CoreMl => ep::CoreML::default().build(),
+            Provider::DirectMl => ep::DirectML::default().build(),
+        })
+    }
+}
+
 struct LoadedOrt {
     env: Environment,
     path: PathBuf,
@@ -56,11 +144,13 @@ struct LoadedOrt {
 
 static ORT: OnceLock<Mutex<Option<std::result::Result<LoadedOrt, String>>>> = OnceLock::new();
 
-/// ONNX Runtime on the CPU execution provider.
+/// ONNX Runtime on one execution provider.
 #[derive(Debug, Clone)]
 pub struct OrtRuntime {
     /// Graph optimization level.
     pub opt_level: OptLevel,
+    /// Execution provider.
+    pub provider: Provider,
     /// Intra-op threads (`None`: ONNX Runtime's default).
     pub intra_threads: Option<usize>,
     library: PathBuf,
@@ -82,6 +172,7 @@ impl OrtRuntime {
         match guard.as_ref().expect("set above") {
             Ok(loaded) => Ok(Self {
                 opt_level,
+                provider: Provider::Cpu,
                 intra_threads: None,
                 library: loaded.path.clone(),
                 version: version_from_path(&loaded.path),
@@ -91,6 +182,33 @@ impl OrtRuntime {
                 message: message.clone(),
             }),
         }
+    }
+
+    /// The same runtime on another execution provider. Fails, naming the reason, when this
+    /// ONNX Runtime build does not have that provider.
+    pub fn with_provider(mut self, provider: Provider) -> Result<Self> {
+        if !provider.is_built_in() {
+            let available: Vec<&str> = Provider::ALL
+                .into_iter()
+                .filter(|p| p.is_built_in())
+                .map(Provider::ort_name)
+                .collect();
+            {
+                return Err(Error::ProviderUnavailable {
+                    provider: provider.spelling(),
+                    reason: format!(
+                        "the ONNX Runtime at `{}` was built without {} (it has: {}); a build with it \
+                         (e.g. the onnxruntime-gpu wheel for CUDA and TensorRT) is needed, pointed to by `{}`",
+                        self.library.display(),
+                        provider.ort_name(),
+                        available.join(", "),
+                        crate::LIBRARY_ENV
+                    ),
+                });
+            }
+        }
+        self.provider = provider;
+        Ok(self)
     }
 
     /// The library file in use.
@@ -109,6 +227,14 @@ impl OrtRuntime {
             .map_err(|e| Error::Session(clean_message(e.to_string())))?
             .with_optimization_level(self.opt_level.to_ort())
             .map_err(session_error)?;
+        if let Some(dispatch) = self.provider.dispatch() {
+            builder = builder
+                .with_execution_providers([dispatch.error_on_failure()])
+                .map_err(|e| Error::ProviderUnavailable {
+                    provider: self.provider.spelling(),
+                    reason: clean_message(e.to_string()),
+                })?;
+        }
         if let Some(n) = self.intra_threads {
             builder = builder.with_intra_threads(n).map_err(session_error)?;
         }

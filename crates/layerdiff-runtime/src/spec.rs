@@ -1,17 +1,18 @@
 //! Runtimes are spelled the same way everywhere: `ort` (CPU execution provider, optimizations
-//! off), `ort:opt=basic|extended|all`, `tract`, `expected:PATH`.
+//! off), `ort:cuda`, `ort:opt=basic|extended|all` and combinations (`ort:cuda:opt=all`), `tract`,
+//! `expected:PATH`.
 
 use std::path::Path;
 
 use layerdiff_onnx::Model;
 
-use crate::{ExpectedValues, OptLevel, OrtRuntime, Result, Runtime, TractRuntime};
+use crate::{ExpectedValues, OptLevel, OrtRuntime, Provider, Result, Runtime, TractRuntime};
 
 /// A runtime named on the command line or in the API.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RuntimeSpec {
-    /// ONNX Runtime, CPU execution provider, with this graph optimization level.
-    Ort(OptLevel),
+    /// ONNX Runtime on an execution provider, with a graph optimization level.
+    Ort(Provider, OptLevel),
     /// tract.
     Tract,
     /// Values read from a file: `expected:PATH` (safetensors, or an ONNX test data folder).
@@ -19,34 +20,63 @@ pub enum RuntimeSpec {
 }
 
 impl RuntimeSpec {
-    /// Parses `ort`, `ort:opt=LEVEL` or `tract`.
+    /// Parses `ort[:PROVIDER][:opt=LEVEL]`, `tract` or `expected:PATH`.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let level = |l: &str| match l {
-            "disable" => Some(OptLevel::Disable),
-            "basic" => Some(OptLevel::Basic),
-            "extended" => Some(OptLevel::Extended),
-            "all" => Some(OptLevel::All),
-            _ => None,
+        let unknown = || {
+            format!(
+                "unknown runtime `{text}` (expected `ort[:PROVIDER][:opt=LEVEL]` with PROVIDER one of \
+                 cpu, cuda, tensorrt, rocm, openvino, coreml, directml and LEVEL one of disable, basic, \
+                 extended, all; or `tract`; or `expected:PATH`)"
+            )
         };
-        match text {
-            "ort" => Ok(Self::Ort(OptLevel::Disable)),
-            "tract" => Ok(Self::Tract),
-            other if other.starts_with("expected:") && other.len() > "expected:".len() => {
-                Ok(Self::Expected(other["expected:".len()..].into()))
-            }
-            other => other
-                .strip_prefix("ort:opt=")
-                .and_then(level)
-                .map(Self::Ort)
-                .ok_or_else(|| format!("unknown runtime `{other}` (expected `ort`, `ort:opt=disable|basic|extended|all`, `tract` or `expected:PATH`)")),
+        if text == "tract" {
+            return Ok(Self::Tract);
         }
+        if let Some(path) = text.strip_prefix("expected:").filter(|p| !p.is_empty()) {
+            return Ok(Self::Expected(path.into()));
+        }
+        let mut parts = text.split(':');
+        if parts.next() != Some("ort") {
+            return Err(unknown());
+        }
+        let (mut provider, mut level) = (None, None);
+        for part in parts {
+            if let Some(l) = part.strip_prefix("opt=") {
+                let parsed = [
+                    OptLevel::Disable,
+                    OptLevel::Basic,
+                    OptLevel::Extended,
+                    OptLevel::All,
+                ]
+                .into_iter()
+                .find(|o| o.name() == l);
+                level = Some(parsed.filter(|_| level.is_none()).ok_or_else(unknown)?);
+            } else {
+                let parsed = Provider::ALL.into_iter().find(|p| p.spelling() == part);
+                provider = Some(parsed.filter(|_| provider.is_none()).ok_or_else(unknown)?);
+            }
+        }
+        Ok(Self::Ort(
+            provider.unwrap_or_default(),
+            level.unwrap_or_default(),
+        ))
     }
 
-    /// The spelling that parses back to this spec.
+    /// The spelling that parses back to this spec (defaults left out: `ort`, `ort:cuda:opt=all`).
     pub fn spelling(&self) -> String {
         match self {
-            Self::Ort(OptLevel::Disable) => "ort".to_string(),
-            Self::Ort(level) => format!("ort:opt={}", level.name()),
+            Self::Ort(provider, level) => {
+                let mut s = "ort".to_string();
+                if *provider != Provider::Cpu {
+                    s.push(':');
+                    s.push_str(provider.spelling());
+                }
+                if *level != OptLevel::Disable {
+                    s.push_str(":opt=");
+                    s.push_str(level.name());
+                }
+                s
+            }
             Self::Tract => "tract".to_string(),
             Self::Expected(path) => format!("expected:{}", path.display()),
         }
@@ -60,7 +90,9 @@ impl RuntimeSpec {
         model: &Model,
     ) -> Result<Box<dyn Runtime + Send + Sync>> {
         Ok(match self {
-            Self::Ort(level) => Box::new(OrtRuntime::new(ort_library, *level)?),
+            Self::Ort(provider, level) => {
+                Box::new(OrtRuntime::new(ort_library, *level)?.with_provider(*provider)?)
+            }
             Self::Tract => Box::new(TractRuntime),
             Self::Expected(path) => Box::new(ExpectedValues::load(path, model)?),
         })
@@ -76,16 +108,31 @@ mod tests {
         for s in [
             "ort",
             "ort:opt=basic",
-            "ort:opt=extended",
             "ort:opt=all",
+            "ort:cuda",
+            "ort:tensorrt:opt=extended",
             "tract",
+            "expected:run/out.safetensors",
         ] {
             assert_eq!(RuntimeSpec::parse(s).unwrap().spelling(), s);
         }
-        assert!(
-            RuntimeSpec::parse("ort:cuda")
-                .unwrap_err()
-                .contains("unknown runtime `ort:cuda`")
+        assert_eq!(
+            RuntimeSpec::parse("ort:opt=all:cuda"),
+            RuntimeSpec::parse("ort:cuda:opt=all")
         );
+        assert_eq!(RuntimeSpec::parse("ort:cpu").unwrap().spelling(), "ort");
+        for bad in [
+            "ort:gpu",
+            "ort:opt=max",
+            "ort:cuda:rocm",
+            "onnxruntime",
+            "expected:",
+        ] {
+            let err = RuntimeSpec::parse(bad).unwrap_err();
+            assert!(
+                err.contains(&format!("unknown runtime `{bad}`")),
+                "{bad}: {err}"
+            );
+        }
     }
 }
