@@ -162,3 +162,53 @@ def test_an_execution_provider_the_build_lacks_is_reported_unavailable(resnet18_
     assert result.returncode == 2
     assert "execution provider `cuda` is unavailable" in result.stderr
     assert "CPUExecutionProvider" in result.stderr and "panicked" not in result.stderr
+
+
+def _relu_model(path):
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "g", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    onnx.save(model, str(path))
+
+
+@pytest.mark.parametrize("form", ["npz", "npz_compressed", "pb_folder", "safetensors"])
+def test_inputs_from_a_file_are_given_byte_for_byte(tmp_path, form):
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    model = tmp_path / "relu.onnx"
+    _relu_model(model)
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    if form == "npz":
+        path = tmp_path / "in.npz"
+        np.savez(path, x=x)
+    elif form == "npz_compressed":
+        path = tmp_path / "in.npz"
+        np.savez_compressed(path, x=x)
+    elif form == "pb_folder":
+        path = tmp_path / "test_data_set_0"
+        path.mkdir()
+        (path / "input_0.pb").write_bytes(numpy_helper.from_array(x).SerializeToString())
+    else:
+        path = tmp_path / "in.safetensors"
+        save_file({"x": x}, str(path))
+    out = tmp_path / "r.json"
+    result = run_cli(
+        "onnx", str(model), "--vs", str(model), "--inputs", str(path), "--json", str(out)
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert report["inputs"] == [{"name": "x", "shape": [3, 4], "dtype": "float32"}]
+    assert report["seed"] is None
+    saved = load_file(str(tmp_path / "r.inputs.safetensors"))
+    assert saved["x"].tobytes() == x.tobytes()
+
+
+def test_a_file_that_is_not_npz_is_named(tmp_path):
+    model = tmp_path / "relu.onnx"
+    _relu_model(model)
+    bogus = tmp_path / "in.npz"
+    bogus.write_text("no zip here")
+    result = run_cli("onnx", str(model), "--vs", str(model), "--inputs", str(bogus))
+    assert result.returncode == 2 and "is not a readable .npz file" in result.stderr

@@ -60,7 +60,8 @@ pub struct OnnxArgs {
     /// Inclusive range of generated integer inputs (token ids, indices).
     #[arg(long, value_name = "LO,HI", default_value = "0,9", value_parser = int_range)]
     pub int_range: (i64, i64),
-    /// Read the inputs from a safetensors file instead of generating them.
+    /// Read the inputs from a file instead of generating them: safetensors, .npz, or an ONNX test
+    /// data folder (input_0.pb, …).
     #[arg(long, value_name = "FILE", conflicts_with_all = ["shape", "batch"])]
     pub inputs: Option<PathBuf>,
     /// Absolute tolerance on each value's max abs diff (exceeded when strictly greater).

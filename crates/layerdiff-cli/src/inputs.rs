@@ -130,3 +130,25 @@ fn resolve_dims(name: &str, dims: &[Dimension], batch: Option<usize>) -> Result<
         })
         .collect()
 }
+
+/// Reads inputs from a file: an ONNX test data folder (`input_N.pb`), an `.npz` archive, or a
+/// safetensors file. Unnamed `.pb` tensors take the graph's input names in order.
+pub fn read_inputs(path: &std::path::Path, index: &GraphIndex) -> Result<Vec<(String, Tensor)>> {
+    if path.is_dir() {
+        let inputs = layerdiff_onnx::read_test_data(path, "input", index.graph_inputs())?;
+        if inputs.is_empty() {
+            return Err(Error::Inputs(format!(
+                "`{}` holds no input_N.pb files",
+                path.display()
+            )));
+        }
+        return Ok(inputs);
+    }
+    if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("npz"))
+    {
+        return Ok(layerdiff_core::read_npz(path)?);
+    }
+    Ok(layerdiff_core::read_safetensors(path)?)
+}

@@ -2,12 +2,12 @@
 
 use std::path::{Path, PathBuf};
 
-use layerdiff_core::{Tolerance, read_safetensors, write_safetensors};
+use layerdiff_core::{Tolerance, write_safetensors};
 use layerdiff_onnx::{GraphIndex, Model};
 use layerdiff_runtime::{ExpectedValues, OptLevel, Provider, Runtime, RuntimeSpec};
 
 use crate::cli::OnnxArgs;
-use crate::inputs::{InputPlan, generate_inputs};
+use crate::inputs::{InputPlan, generate_inputs, read_inputs};
 use crate::model_pair::{ModelPair, compare_models};
 use crate::output::{exit_code, summary_text, write_reports};
 
@@ -49,7 +49,10 @@ pub(crate) fn run(args: &OnnxArgs) -> Result<u8, CommandError> {
     };
     let target_runtime = target_spec.build(None, &target).map_err(runtime_err)?;
     let (inputs, seed) = match (&args.inputs, stored_inputs) {
-        (Some(path), _) => (read_safetensors(path).map_err(crate::Error::from)?, None),
+        (Some(path), _) => (
+            read_inputs(path, &GraphIndex::new(reference.graph()))?,
+            None,
+        ),
         (None, Some(stored)) => (stored, None),
         (None, None) => {
             let plan = InputPlan {

@@ -39,6 +39,14 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// An `.npz` file that cannot be read.
+    #[error("`{path}` is not a readable .npz file: {message}")]
+    Npz {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
     /// A safetensors file is malformed.
     #[error("`{path}` is not a valid safetensors file: {message}")]
     Safetensors {

@@ -7,6 +7,7 @@ mod compare;
 mod dtype;
 mod error;
 mod io;
+mod npz;
 mod pair;
 mod random;
 pub mod render;
@@ -18,6 +19,7 @@ pub use compare::{Stats, THRESHOLDS, Worst, compare};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use io::{read_safetensors, write_safetensors};
+pub use npz::read_npz;
 pub use pair::{PairOutcome, compare_pair};
 pub use random::{SplitMix64, random_tensor};
 pub use report::{

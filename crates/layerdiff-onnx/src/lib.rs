@@ -25,4 +25,4 @@ pub use model::Model;
 pub use node_ext::NodeExt;
 pub use scope::{ScopeResolver, ScopeSource, node_scope};
 pub use surgery::expose_values;
-pub use tensor_io::{read_tensor_pb, tensor_from_proto};
+pub use tensor_io::{read_tensor_pb, read_test_data, tensor_from_proto};

@@ -25,6 +25,43 @@ pub fn read_tensor_pb(path: &Path) -> Result<(String, Tensor)> {
     Ok((proto.name().to_string(), tensor))
 }
 
+/// The `prefix_0.pb`, `prefix_1.pb`, … tensors of an ONNX test data folder, in index order;
+/// unnamed tensors take `names[i]` (the graph's i-th input or output).
+pub fn read_test_data(dir: &Path, prefix: &str, names: &[String]) -> Result<Vec<(String, Tensor)>> {
+    let entries = std::fs::read_dir(dir).map_err(|source| Error::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let mut numbered: Vec<(usize, std::path::PathBuf)> = entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let n = name
+                .strip_prefix(prefix)?
+                .strip_prefix('_')?
+                .strip_suffix(".pb")?
+                .parse()
+                .ok()?;
+            Some((n, entry.path()))
+        })
+        .collect();
+    numbered.sort();
+    numbered
+        .into_iter()
+        .map(|(i, path)| {
+            let (name, tensor) = read_tensor_pb(&path)?;
+            if !name.is_empty() {
+                return Ok((name, tensor));
+            }
+            let name = names.get(i).cloned().ok_or_else(|| Error::NotAModel {
+                path: path.clone(),
+                reason: format!("the tensor is unnamed and the model has no {prefix} {i}"),
+            })?;
+            Ok((name, tensor))
+        })
+        .collect()
+}
+
 /// Converts a `TensorProto` held in the file (raw or typed fields) to a tensor.
 pub fn tensor_from_proto(proto: &TensorProto) -> std::result::Result<Tensor, String> {
     let name = proto.name();

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use layerdiff_core::{Tensor, read_safetensors};
-use layerdiff_onnx::{GraphIndex, Model, read_tensor_pb};
+use layerdiff_onnx::{GraphIndex, Model, read_test_data};
 
 use crate::{Error, Result, Runtime};
 
@@ -22,8 +22,8 @@ impl ExpectedValues {
     pub fn load(path: &Path, model: &Model) -> Result<Self> {
         let index = GraphIndex::new(model.graph());
         if path.is_dir() {
-            let values = read_numbered(path, "output", index.graph_outputs())?;
-            let inputs = read_numbered(path, "input", index.graph_inputs())?;
+            let values = read_test_data(path, "output", index.graph_outputs())?;
+            let inputs = read_test_data(path, "input", index.graph_inputs())?;
             if values.is_empty() {
                 return Err(Error::Expected(format!(
                     "`{}` holds no output_N.pb files",
@@ -54,42 +54,6 @@ impl ExpectedValues {
     pub fn inputs(&self) -> Option<&[(String, Tensor)]> {
         self.inputs.as_deref()
     }
-}
-
-/// `prefix_0.pb`, `prefix_1.pb`, … in index order; unnamed tensors take `names[i]`.
-fn read_numbered(dir: &Path, prefix: &str, names: &[String]) -> Result<Vec<(String, Tensor)>> {
-    let mut numbered: Vec<(usize, PathBuf)> = std::fs::read_dir(dir)
-        .map_err(|e| Error::Expected(format!("cannot read `{}`: {e}", dir.display())))?
-        .flatten()
-        .filter_map(|entry| {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let n = name
-                .strip_prefix(prefix)?
-                .strip_prefix('_')?
-                .strip_suffix(".pb")?
-                .parse()
-                .ok()?;
-            Some((n, entry.path()))
-        })
-        .collect();
-    numbered.sort();
-    numbered
-        .into_iter()
-        .map(|(i, path)| {
-            let (name, tensor) = read_tensor_pb(&path)?;
-            let name = if name.is_empty() {
-                names.get(i).cloned().ok_or_else(|| {
-                    Error::Expected(format!(
-                        "`{}` is unnamed and the model has no {prefix} {i}",
-                        path.display()
-                    ))
-                })?
-            } else {
-                name
-            };
-            Ok((name, tensor))
-        })
-        .collect()
 }
 
 impl Runtime for ExpectedValues {
