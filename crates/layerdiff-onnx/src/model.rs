@@ -52,6 +52,12 @@ impl Model {
         Ok(Self { proto, base_dir })
     }
 
+    /// Wraps an edited or built `ModelProto` (already known to hold a graph), with the folder its
+    /// external data is read from.
+    pub fn from_proto(proto: ModelProto, base_dir: Option<PathBuf>) -> Self {
+        Self { proto, base_dir }
+    }
+
     /// The main graph.
     pub fn graph(&self) -> &GraphProto {
         self.proto.graph.as_ref().expect("checked at load")

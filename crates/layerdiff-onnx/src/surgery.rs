@@ -1,6 +1,11 @@
 use std::collections::HashSet;
 
-use crate::{Error, GraphIndex, Model, Result, ValueInfoProto};
+use layerdiff_core::Tensor;
+
+use crate::type_proto::{Tensor as TensorType, Value as TypeValue};
+use crate::{
+    Error, GraphIndex, GraphProto, Model, Result, TensorShapeProto, TypeProto, ValueInfoProto,
+};
 
 /// Makes each named value a graph output so a runtime returns it, keeping the declared type
 /// where the file has one. Values that are already outputs are left alone; graph order and
@@ -33,4 +38,129 @@ pub fn expose_values<S: AsRef<str>>(model: &mut Model, values: &[S]) -> Result<(
     }
     model.graph_mut().output.extend(added);
     Ok(())
+}
+
+/// A standalone model of some nodes of `model` (given by index, kept in graph order): their
+/// initializers come along, every other value they read becomes a graph input, and `outputs`
+/// (or, when empty, every value they produce) become graph outputs. Inputs take their types from
+/// `feeds` (the tensors that will be given), else from the graph's declarations. Opsets, IR
+/// version, local functions and the external-data folder are kept, so the extract runs as the
+/// original did. This is what re-running one layer on given values is built on.
+pub fn extract_nodes(
+    model: &Model,
+    nodes: &[usize],
+    outputs: &[String],
+    feeds: &[(String, Tensor)],
+) -> Result<Model> {
+    let graph = model.graph();
+    let mut picked: Vec<usize> = nodes.to_vec();
+    picked.sort_unstable();
+    picked.dedup();
+    if let Some(&bad) = picked.iter().find(|&&i| i >= graph.node.len()) {
+        return Err(Error::UnknownValue(format!(
+            "node #{bad} (the graph has {} nodes)",
+            graph.node.len()
+        )));
+    }
+    let produced: HashSet<&str> = picked
+        .iter()
+        .flat_map(|&i| graph.node[i].output.iter().map(String::as_str))
+        .collect();
+    let mut inputs: Vec<ValueInfoProto> = Vec::new();
+    let mut initializers = Vec::new();
+    let mut seen = HashSet::new();
+    for &i in &picked {
+        for name in graph.node[i].input.iter().filter(|n| !n.is_empty()) {
+            if produced.contains(name.as_str()) || !seen.insert(name.clone()) {
+                continue;
+            }
+            if let Some(init) = graph.initializer.iter().find(|t| t.name() == name) {
+                initializers.push(init.clone());
+            } else {
+                inputs.push(typed_input(graph, name, feeds));
+            }
+        }
+    }
+    let wanted: Vec<String> = if outputs.is_empty() {
+        picked
+            .iter()
+            .flat_map(|&i| {
+                graph.node[i]
+                    .output
+                    .iter()
+                    .filter(|o| !o.is_empty())
+                    .cloned()
+            })
+            .collect()
+    } else {
+        outputs.to_vec()
+    };
+    if let Some(missing) = wanted.iter().find(|o| !produced.contains(o.as_str())) {
+        return Err(Error::UnknownValue(format!(
+            "{missing} (not produced by the extracted nodes)"
+        )));
+    }
+    let declared = |name: &str| {
+        graph
+            .value_info
+            .iter()
+            .chain(&graph.output)
+            .find(|v| v.name() == name)
+            .cloned()
+            .unwrap_or_else(|| ValueInfoProto {
+                name: Some(name.to_string()),
+                ..Default::default()
+            })
+    };
+    let mut proto = model.proto.clone();
+    proto.graph = Some(GraphProto {
+        name: Some(format!("{}_extract", graph.name())),
+        node: picked.iter().map(|&i| graph.node[i].clone()).collect(),
+        initializer: initializers,
+        input: inputs,
+        output: wanted.iter().map(|o| declared(o)).collect(),
+        value_info: graph
+            .value_info
+            .iter()
+            .filter(|v| produced.contains(v.name()))
+            .cloned()
+            .collect(),
+        ..Default::default()
+    });
+    Ok(Model::from_proto(
+        proto,
+        model.base_dir().map(std::path::Path::to_path_buf),
+    ))
+}
+
+fn typed_input(graph: &GraphProto, name: &str, feeds: &[(String, Tensor)]) -> ValueInfoProto {
+    if let Some((_, t)) = feeds.iter().find(|(n, _)| n == name) {
+        use crate::tensor_shape_proto::{Dimension, dimension::Value};
+        let dim = t.shape.iter().map(|&d| Dimension {
+            value: Some(Value::DimValue(d as i64)),
+            ..Default::default()
+        });
+        return ValueInfoProto {
+            name: Some(name.to_string()),
+            r#type: Some(TypeProto {
+                value: Some(TypeValue::TensorType(TensorType {
+                    elem_type: Some(t.dtype.onnx_code()),
+                    shape: Some(TensorShapeProto { dim: dim.collect() }),
+                })),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+    }
+    graph
+        .input
+        .iter()
+        .chain(&graph.value_info)
+        .chain(&graph.output)
+        .find(|v| v.name() == name)
+        .cloned()
+        .unwrap_or_else(|| ValueInfoProto {
+            name: Some(name.to_string()),
+            ..Default::default()
+        })
 }

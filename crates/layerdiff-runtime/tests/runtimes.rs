@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use layerdiff_core::{DType, Tensor};
 use layerdiff_onnx::{
     GraphProto, Model, ModelProto, NodeProto, OperatorSetIdProto, TypeProto, ValueInfoProto,
-    expose_values, type_proto,
+    expose_values, extract_nodes, type_proto,
 };
 use layerdiff_runtime::{OptLevel, OrtRuntime, Runtime, TractRuntime};
 use prost::Message;
@@ -157,4 +157,29 @@ fn tract_names_a_missing_input() {
         )
         .unwrap_err();
     assert!(err.to_string().contains("needs input `b`"), "{err}");
+}
+
+#[test]
+fn an_extracted_node_reruns_on_given_values_on_both_runtimes() {
+    // The Relu alone, fed a `sum` we choose: what local error is built on.
+    let model = add_relu_model();
+    let feeds = vec![("sum".to_string(), f32_tensor(&[-1.0, 2.0, -3.0, 4.0]))];
+    let relu = extract_nodes(&model, &[1], &[], &feeds).unwrap();
+    assert_eq!(relu.graph().input.len(), 1);
+    let expected = f32_tensor(&[0.0, 2.0, 0.0, 4.0]);
+    let out = TractRuntime.run(&relu, &feeds, &["out".into()]).unwrap();
+    assert_eq!(out[0].1, expected);
+    if let Some(lib) = library() {
+        let ort = OrtRuntime::new(Some(&lib), OptLevel::Disable).unwrap();
+        assert_eq!(
+            ort.run(&relu, &feeds, &["out".into()]).unwrap()[0].1,
+            expected
+        );
+    }
+    let err = extract_nodes(&model, &[0], &["out".into()], &[]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("not produced by the extracted nodes"),
+        "{err}"
+    );
 }
