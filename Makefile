@@ -11,7 +11,7 @@ DEPS := $(VENV)/.requirements.stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: pipeline test build env proto lint clean docs conformance
+.PHONY: pipeline test build env proto lint clean docs conformance kernel-swap
 
 env: $(DEPS)
 
@@ -59,3 +59,8 @@ docs: build
 # Run the ONNX backend node tests through layerdiff and rewrite docs/conformance.md.
 conformance: build
 	$(PY) scripts/conformance.py
+
+# Which kernel carries a LayerNormalization → MatMul discrepancy (examples/kernel_swap/).
+kernel-swap: $(DEPS)
+	cargo run --release --quiet -p layerdiff-cli --example kernel_swap > examples/kernel_swap/results.md
+	@echo "wrote examples/kernel_swap/results.md"
