@@ -212,3 +212,28 @@ def test_a_file_that_is_not_npz_is_named(tmp_path):
     bogus.write_text("no zip here")
     result = run_cli("onnx", str(model), "--vs", str(model), "--inputs", str(bogus))
     assert result.returncode == 2 and "is not a readable .npz file" in result.stderr
+
+
+def test_expected_values_from_npz_and_the_onnx_verb_without_torch(tmp_path):
+    """`layerdiff onnx` from the pip-installed entry point never imports torch."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    model = tmp_path / "relu.onnx"
+    _relu_model(model)
+    x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
+    np.savez(tmp_path / "in.npz", x=x)
+    y = np.maximum(x, 0)
+    y[1, 3] += 0.5  # one wrong expected value
+    np.savez(tmp_path / "expected.npz", y=y)
+    script = (
+        "import sys; sys.modules['torch'] = None\n"  # any `import torch` now fails
+        "from layerdiff._cli import main\n"
+        f"sys.exit(main(['onnx', {str(model)!r}, '--reference', 'expected:{tmp_path}/expected.npz',"
+        f" '--target', 'tract', '--inputs', {str(tmp_path / 'in.npz')!r}]))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 1, result.stderr
+    assert "origin `y`" in result.stdout and "expected" in result.stdout

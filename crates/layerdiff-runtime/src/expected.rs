@@ -1,10 +1,10 @@
 //! `expected:PATH`: a side that computes nothing and serves values read from a file. PATH is a
-//! safetensors file (keys are value names) or an ONNX test data folder (`test_data_set_0/` with
+//! safetensors or `.npz` file (keys are value names) or an ONNX test data folder (`test_data_set_0/` with
 //! `input_N.pb` and `output_N.pb`; unnamed tensors take the graph's N-th input or output name).
 
 use std::path::{Path, PathBuf};
 
-use layerdiff_core::{Tensor, read_safetensors};
+use layerdiff_core::{Tensor, read_npz, read_safetensors};
 use layerdiff_onnx::{GraphIndex, Model, read_test_data};
 
 use crate::{Error, Result, Runtime};
@@ -36,7 +36,15 @@ impl ExpectedValues {
                 inputs: Some(inputs).filter(|i| !i.is_empty()),
             })
         } else if path.is_file() {
-            let values = read_safetensors(path).map_err(|e| Error::Expected(e.to_string()))?;
+            let is_npz = path
+                .extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("npz"));
+            let values = if is_npz {
+                read_npz(path)
+            } else {
+                read_safetensors(path)
+            }
+            .map_err(|e| Error::Expected(e.to_string()))?;
             Ok(Self {
                 path: path.to_path_buf(),
                 values,
