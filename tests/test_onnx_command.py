@@ -237,3 +237,44 @@ def test_expected_values_from_npz_and_the_onnx_verb_without_torch(tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 1, result.stderr
     assert "origin `y`" in result.stdout and "expected" in result.stdout
+
+
+def test_values_fused_by_an_optimizer_are_explained_not_mismatched(resnet18_onnx, tmp_path):
+    """ONNX Runtime names a fused Conv+Relu after the Conv; matching by node must not pair the
+    Conv's value with the fused node's (post-ReLU) output."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    onnxruntime.InferenceSession(
+        str(resnet18_onnx["dynamo"]), options, providers=["CPUExecutionProvider"]
+    )
+    result, report = report_of(
+        tmp_path, str(resnet18_onnx["dynamo"]), "--vs", str(tmp_path / "optimized.onnx")
+    )
+    assert result.returncode == 0, result.stdout
+    fused = [x for x in report["layers"] if x["status"] == "unmapped"]
+    assert len(fused) == 9 and all("is now a FusedConv" in x["reason"] for x in fused)
+
+
+def test_a_node_an_optimizer_bypassed_is_explained(tmp_path):
+    def save(nodes, path):
+        x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])
+        y = helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [2, 4])
+        graph = helper.make_graph(nodes, "g", [x], [y])
+        onnx.save(
+            helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9),
+            str(path),
+        )
+
+    save([helper.make_node("Relu", ["x"], ["r"], name="relu"),
+          helper.make_node("Identity", ["r"], ["i"], name="identity"),
+          helper.make_node("Neg", ["i"], ["out"], name="neg")], tmp_path / "a.onnx")  # fmt: skip
+    save([helper.make_node("Relu", ["x"], ["r"], name="relu"),
+          helper.make_node("Neg", ["r"], ["out"], name="neg")], tmp_path / "b.onnx")  # fmt: skip
+    _, report = report_of(tmp_path, str(tmp_path / "a.onnx"), "--vs", str(tmp_path / "b.onnx"))
+    identity = next(x for x in report["layers"] if x["name"] == "i")
+    assert identity["status"] == "unmapped"
+    assert "the target's Neg node `neg` now reads this node's inputs" in identity["reason"]
+    assert report["summary"]["drift_origin"] is None

@@ -63,14 +63,19 @@ fn pair_values(reference: &Model, target: &Model) -> Vec<Pairing> {
             let target_value = if t.producer(value).is_some() {
                 Ok(value.clone())
             } else if let Some(same_node) = t.nodes().iter().find(|n| n.name == node.name) {
-                same_node.outputs.get(position).cloned().ok_or_else(|| {
-                    format!("the target's node `{}` has no output {position}", node.name)
-                })
+                if same_node.op_type != node.op_type || same_node.domain != node.domain {
+                    // ONNX Runtime names a fused node after the first node it absorbed.
+                    Err(format!(
+                        "fused: the target's node `{}` is now a {}, whose output is a later value",
+                        same_node.name, same_node.op_type
+                    ))
+                } else {
+                    same_node.outputs.get(position).cloned().ok_or_else(|| {
+                        format!("the target's node `{}` has no output {position}", node.name)
+                    })
+                }
             } else {
-                Err(
-                    "no value or node of that name in the target (removed, renamed or fused)"
-                        .to_string(),
-                )
+                Err(why_missing(&r, &t, node))
             };
             pairings.push(Pairing {
                 value: value.clone(),
@@ -81,6 +86,52 @@ fn pair_values(reference: &Model, target: &Model) -> Vec<Pairing> {
         }
     }
     pairings
+}
+
+/// Why a reference node's value has no counterpart, read from the target's structure: the target
+/// node that now reads the same data inputs fused or replaced it; with no reader, it was removed.
+fn why_missing(r: &GraphIndex, t: &GraphIndex, node: &layerdiff_onnx::NodeInfo) -> String {
+    let data_inputs: Vec<&String> = node
+        .inputs
+        .iter()
+        .filter(|i| !i.is_empty() && !r.is_initializer(i))
+        .collect();
+    let known_readers: Vec<&str> = data_inputs
+        .iter()
+        .flat_map(|i| r.consumers(i))
+        .map(|n| n.name.as_str())
+        .collect();
+    let newcomer = data_inputs
+        .iter()
+        .flat_map(|i| t.consumers(i))
+        .find(|m| !known_readers.contains(&m.name.as_str()));
+    match newcomer {
+        Some(m) => {
+            let downstream = m
+                .outputs
+                .iter()
+                .find(|o| r.producer(o).is_some_and(|p| p.index > node.index));
+            match downstream {
+                Some(out) => format!(
+                    "fused or removed: the target's {} node `{}` now reads this node's inputs and produces `{out}` directly",
+                    m.op_type, m.name
+                ),
+                None => format!(
+                    "replaced: the target's {} node `{}` reads this node's inputs instead",
+                    m.op_type, m.name
+                ),
+            }
+        }
+        None if data_inputs
+            .iter()
+            .any(|i| t.consumers(i).next().is_some() || t.has_value(i)) =>
+        {
+            "removed from the target (no node of that name or value)".to_string()
+        }
+        None => {
+            "not in the target: neither the value, its node, nor its inputs are there".to_string()
+        }
+    }
 }
 
 /// Runs the comparison and returns the report. Drift is a finding, not an error.
