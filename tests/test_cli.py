@@ -38,6 +38,9 @@ def test_same_seed_gives_the_same_report_bytes(tmp_path):
         result = run_cli("torch", f"{TWICE}:build", "--json", str(tmp_path / f"{run}.json"), "-q")
         assert result.returncode == 0 and result.stdout == ""
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    # The saved inputs too: separate processes, same bytes (metadata order included).
+    a, b = tmp_path / "a.inputs.safetensors", tmp_path / "b.inputs.safetensors"
+    assert a.read_bytes() == b.read_bytes()
 
 
 def test_drift_found_exits_1(tmp_path):

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use safetensors::tensor::{Dtype as StDtype, SafeTensors, TensorView as StView};
+use safetensors::tensor::{Dtype as StDtype, SafeTensors};
 
 use crate::{DType, Error, Result, Tensor};
 
@@ -32,34 +32,48 @@ fn from_st(d: StDtype) -> Result<DType> {
         .ok_or_else(|| Error::UnsupportedDType(format!("{d:?}")))
 }
 
-/// Writes named tensors (sorted by name) with string metadata, atomically: a temporary file
-/// renamed into place, so a failed write never leaves half a file.
+/// Writes named tensors with string metadata as safetensors, deterministically: tensors sorted
+/// by name, metadata keys sorted, so the same tensors give the same bytes in every process (the
+/// safetensors crate's writer takes metadata as a `HashMap`, whose order changes per process).
+/// Written through a temporary file renamed into place, so a failure never leaves half a file.
 pub fn write_safetensors(
     path: &Path,
     tensors: &[(String, Tensor)],
     metadata: BTreeMap<String, String>,
 ) -> Result<()> {
-    let views: Vec<(String, StView<'_>)> = tensors
-        .iter()
-        .map(|(name, t)| {
-            let view = StView::new(to_st(t.dtype), t.shape.clone(), &t.bytes).map_err(|e| {
-                Error::Safetensors {
-                    path: path.to_path_buf(),
-                    message: e.to_string(),
-                }
-            })?;
-            Ok((name.clone(), view))
-        })
-        .collect::<Result<_>>()?;
-    let metadata = if metadata.is_empty() {
-        None
-    } else {
-        Some(metadata.into_iter().collect())
-    };
-    let bytes = safetensors::serialize(views, metadata).map_err(|e| Error::Safetensors {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    })?;
+    let mut sorted: Vec<&(String, Tensor)> = tensors.iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut header = serde_json::Map::new();
+    if !metadata.is_empty() {
+        let meta: serde_json::Map<String, serde_json::Value> = metadata
+            .into_iter()
+            .map(|(k, v)| (k, serde_json::Value::String(v)))
+            .collect();
+        header.insert("__metadata__".to_string(), serde_json::Value::Object(meta));
+    }
+    let mut offset = 0usize;
+    for (name, t) in &sorted {
+        let dtype = serde_json::to_value(to_st(t.dtype)).map_err(|e| Error::Safetensors {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": dtype, "shape": t.shape, "data_offsets": [offset, offset + t.bytes.len()]}),
+        );
+        offset += t.bytes.len();
+    }
+    // serde_json's Map is ordered by key (no preserve_order feature): deterministic text.
+    let mut text = serde_json::to_string(&header)
+        .expect("a JSON map always serialises")
+        .into_bytes();
+    text.resize(text.len().div_ceil(8) * 8, b' ');
+    let mut bytes = Vec::with_capacity(8 + text.len() + offset);
+    bytes.extend((text.len() as u64).to_le_bytes());
+    bytes.extend(text);
+    for (_, t) in &sorted {
+        bytes.extend_from_slice(&t.bytes);
+    }
     let tmp = path.with_extension("safetensors.partial");
     std::fs::write(&tmp, bytes).map_err(|source| Error::Io {
         path: tmp.clone(),
@@ -99,4 +113,49 @@ pub fn read_safetensors(path: &Path) -> Result<Vec<(String, Tensor)>> {
             Ok((name.to_string(), tensor))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn written_files_read_back_and_are_byte_stable() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = |v: &[f32]| {
+            Tensor::new(
+                "t",
+                DType::F32,
+                vec![v.len()],
+                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            )
+        };
+        let tensors = vec![
+            ("b".to_string(), t(&[1.0, 2.0]).unwrap()),
+            ("a".to_string(), t(&[3.0]).unwrap()),
+        ];
+        let meta = BTreeMap::from([
+            ("seed".to_string(), "0".to_string()),
+            ("producer".to_string(), "x".to_string()),
+        ]);
+        let (p1, p2) = (
+            dir.path().join("1.safetensors"),
+            dir.path().join("2.safetensors"),
+        );
+        write_safetensors(&p1, &tensors, meta.clone()).unwrap();
+        write_safetensors(&p2, &tensors, meta).unwrap();
+        let bytes = std::fs::read(&p1).unwrap();
+        assert_eq!(bytes, std::fs::read(&p2).unwrap());
+        let header = String::from_utf8_lossy(&bytes[8..120]);
+        assert!(
+            header.starts_with(r#"{"__metadata__":{"producer":"x","seed":"0"},"a":"#),
+            "{header}"
+        );
+        let back = read_safetensors(&p1).unwrap();
+        assert_eq!(
+            back.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        assert_eq!(back[1].1, tensors[0].1);
+    }
 }
