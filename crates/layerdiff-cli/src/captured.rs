@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use layerdiff_core::{
     InputInfo, Layer, LayerStatus, OnnxRef, Report, SCHEMA, SideInfo, Tensor, TensorView,
-    Tolerance, analyse, compare_pair,
+    Tolerance, analyse, attribute_layout, compare_pair,
 };
 use layerdiff_onnx::{GraphIndex, LayerCall, LayerMapping, Model, expose_values, map_layers};
 use layerdiff_runtime::RuntimeSpec;
@@ -97,6 +97,9 @@ pub fn compare_captured(c: &CapturedComparison<'_>) -> Result<Report> {
                 target_dtype: None,
                 stats: None,
                 exceeds_tol: false,
+                cause: None,
+                detail: None,
+                permutation: None,
             };
             match mapping {
                 LayerMapping::Unmapped { reason } => layer.reason = Some(reason.clone()),
@@ -124,6 +127,11 @@ pub fn compare_captured(c: &CapturedComparison<'_>) -> Result<Report> {
         })
         .collect();
     let summary = analyse(&mut layers, c.tolerance);
+    for (layer, captured) in layers.iter_mut().zip(&c.layers) {
+        if let Some(target) = layer.onnx.as_ref().and_then(|o| value_of(&o.value)) {
+            attribute_layout(layer, captured.value, target.view(), c.tolerance.abs);
+        }
+    }
     Ok(Report {
         schema: SCHEMA,
         command: c.command.clone(),

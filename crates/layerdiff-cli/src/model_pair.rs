@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use layerdiff_core::{
     InputInfo, Layer, LayerStatus, OnnxRef, Report, SCHEMA, SideInfo, Tensor, Tolerance, analyse,
-    compare_pair,
+    attribute_layout, compare_pair,
 };
 use layerdiff_onnx::{GraphIndex, Model, expose_values};
 use layerdiff_runtime::Runtime;
@@ -186,6 +186,9 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
                 target_dtype: None,
                 stats: None,
                 exceeds_tol: false,
+                cause: None,
+                detail: None,
+                permutation: None,
             };
             match (&p.target, r) {
                 (Err(reason), _) => layer.reason = Some(reason.clone()),
@@ -212,6 +215,21 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
         })
         .collect();
     let summary = analyse(&mut layers, pair.tolerance);
+    for (layer, p) in layers.iter_mut().zip(&pairings) {
+        let r = reference_out
+            .iter()
+            .find(|(n, _)| *n == p.value)
+            .map(|(_, t)| t);
+        let t = p
+            .target
+            .as_ref()
+            .ok()
+            .and_then(|name| target_out.iter().find(|(n, _)| n == name))
+            .map(|(_, t)| t);
+        if let (Some(r), Some(t)) = (r, t) {
+            attribute_layout(layer, r.view(), t.view(), pair.tolerance.abs);
+        }
+    }
     let side = |path: &PathBuf, rt: &(dyn Runtime + Send + Sync)| SideInfo {
         runtime: rt.name().to_string(),
         detail: format!("{} · {}", file_name(path), rt.detail()),

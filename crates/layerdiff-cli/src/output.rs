@@ -73,6 +73,15 @@ pub fn summary_text(report: &Report) -> String {
             w.value, w.layer
         ));
     }
+    let origin = report
+        .layers
+        .iter()
+        .find(|l| Some(&l.name) == s.drift_origin.as_ref());
+    if let Some((cause, detail)) =
+        origin.and_then(|l| Some((l.cause.as_ref()?, l.detail.as_deref().unwrap_or(""))))
+    {
+        out.push_str(&format!("  cause at the origin: {cause}: {detail}\n"));
+    }
     let exceeding: Vec<&str> = report
         .layers
         .iter()

@@ -86,6 +86,9 @@ mod tests {
             target_dtype: outcome.target_dtype,
             stats: outcome.stats,
             exceeds_tol: false,
+            cause: None,
+            detail: None,
+            permutation: None,
         }
     }
 

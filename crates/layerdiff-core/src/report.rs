@@ -146,6 +146,12 @@ pub struct Layer {
     pub stats: Option<Stats>,
     /// Whether this layer exceeds the tolerance (strictly greater, or any NaN mismatch, or shapes differ).
     pub exceeds_tol: bool,
+    /// Why the layer differs, when layerdiff can tell (`layout_permutation`).
+    pub cause: Option<String>,
+    /// The cause in words.
+    pub detail: Option<String>,
+    /// The axis permutation that turns the reference into the target, for `layout_permutation`.
+    pub permutation: Option<Vec<usize>>,
 }
 
 /// The ONNX value a layer maps to.

@@ -103,6 +103,7 @@ pub fn to_markdown(report: &Report) -> String {
             None => Default::default(),
         };
         let flag = match l.status {
+            _ if l.cause.as_deref() == Some("layout_permutation") => "**layout**",
             LayerStatus::Compared if l.target_dtype.is_some() => "**dtype**",
             LayerStatus::Compared if l.exceeds_tol => "**yes**",
             LayerStatus::Compared => "",
@@ -114,6 +115,20 @@ pub fn to_markdown(report: &Report) -> String {
             "| {} | `{}` | {kind} | {onnx} | {shape} | {max} | {mean} | {rel} | {cos} | {flag} |",
             l.index, l.name
         );
+    }
+    let causes: Vec<_> = report.layers.iter().filter(|l| l.cause.is_some()).collect();
+    if !causes.is_empty() {
+        let _ = writeln!(out, "\n## Causes\n");
+        for l in causes {
+            let cause = l.cause.as_deref().unwrap_or_default();
+            let permutation = l
+                .permutation
+                .as_ref()
+                .map(|p| format!(" {p:?}"))
+                .unwrap_or_default();
+            let detail = l.detail.as_deref().unwrap_or_default();
+            let _ = writeln!(out, "- `{}`: **{cause}**{permutation}: {detail}", l.name);
+        }
     }
     let notes: Vec<_> = report
         .layers
