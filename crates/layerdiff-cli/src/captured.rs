@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 
 use layerdiff_core::{
-    InputInfo, Layer, LayerStatus, OnnxRef, Report, SCHEMA, SideInfo, Tensor, TensorView,
-    Tolerance, analyse, attribute_layout, compare_pair,
+    InputInfo, Layer, OnnxRef, Report, SCHEMA, SideInfo, Tensor, TensorView, Tolerance, analyse,
+    attribute_layout, compare_pair,
 };
 use layerdiff_onnx::{GraphIndex, LayerCall, LayerMapping, Model, expose_values, map_layers};
 use layerdiff_runtime::RuntimeSpec;
@@ -84,23 +84,13 @@ pub fn compare_captured(c: &CapturedComparison<'_>) -> Result<Report> {
         .zip(&mappings)
         .enumerate()
         .map(|(index, (captured, mapping))| {
-            let mut layer = Layer {
+            let mut layer = Layer::new(
                 index,
-                name: captured.call.name.clone(),
-                module_type: Some(captured.module_type.clone()),
-                status: LayerStatus::Unmapped,
-                reason: None,
-                onnx: None,
-                shape: captured.value.shape.to_vec(),
-                dtype: captured.value.dtype.name().to_string(),
-                target_shape: None,
-                target_dtype: None,
-                stats: None,
-                exceeds_tol: false,
-                cause: None,
-                detail: None,
-                permutation: None,
-            };
+                captured.call.name.clone(),
+                captured.value.shape.to_vec(),
+                captured.value.dtype.name(),
+            );
+            layer.module_type = Some(captured.module_type.clone());
             match mapping {
                 LayerMapping::Unmapped { reason } => layer.reason = Some(reason.clone()),
                 LayerMapping::Mapped {

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use layerdiff_core::{
-    InputInfo, Layer, LayerStatus, OnnxRef, Report, SCHEMA, SideInfo, Tensor, Tolerance, analyse,
+    InputInfo, Layer, OnnxRef, Report, SCHEMA, SideInfo, Tensor, Tolerance, analyse,
     attribute_layout, compare_pair,
 };
 use layerdiff_onnx::{GraphIndex, Model, expose_values};
@@ -169,27 +169,17 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
                 .iter()
                 .find(|(n, _)| *n == p.value)
                 .map(|(_, t)| t);
-            let mut layer = Layer {
+            let mut layer = Layer::new(
                 index,
-                name: p.value.clone(),
-                module_type: None,
-                status: LayerStatus::Unmapped,
-                reason: None,
-                onnx: Some(OnnxRef {
-                    value: p.value.clone(),
-                    node: p.node.clone(),
-                    op_type: p.op_type.clone(),
-                }),
-                shape: r.map(|t| t.shape.clone()).unwrap_or_default(),
-                dtype: r.map(|t| t.dtype.name().to_string()).unwrap_or_default(),
-                target_shape: None,
-                target_dtype: None,
-                stats: None,
-                exceeds_tol: false,
-                cause: None,
-                detail: None,
-                permutation: None,
-            };
+                p.value.clone(),
+                r.map(|t| t.shape.clone()).unwrap_or_default(),
+                r.map(|t| t.dtype.name()).unwrap_or_default(),
+            );
+            layer.onnx = Some(OnnxRef {
+                value: p.value.clone(),
+                node: p.node.clone(),
+                op_type: p.op_type.clone(),
+            });
             match (&p.target, r) {
                 (Err(reason), _) => layer.reason = Some(reason.clone()),
                 (Ok(target_name), Some(r)) => {

@@ -73,23 +73,12 @@ mod tests {
 
     fn layer(name: &str, reference: TensorView<'_>, target: TensorView<'_>) -> Layer {
         let outcome = compare_pair(reference, target);
-        Layer {
-            index: 0,
-            name: name.to_string(),
-            module_type: None,
-            status: outcome.status,
-            reason: None,
-            onnx: None,
-            shape: reference.shape.to_vec(),
-            dtype: reference.dtype.name().to_string(),
-            target_shape: outcome.target_shape,
-            target_dtype: outcome.target_dtype,
-            stats: outcome.stats,
-            exceeds_tol: false,
-            cause: None,
-            detail: None,
-            permutation: None,
-        }
+        let mut layer = Layer::new(0, name, reference.shape.to_vec(), reference.dtype.name());
+        layer.status = outcome.status;
+        layer.target_shape = outcome.target_shape;
+        layer.target_dtype = outcome.target_dtype;
+        layer.stats = outcome.stats;
+        layer
     }
 
     #[test]

@@ -154,6 +154,34 @@ pub struct Layer {
     pub permutation: Option<Vec<usize>>,
 }
 
+impl Layer {
+    /// A layer not yet compared: status `unmapped`, no statistics, no cause.
+    pub fn new(
+        index: usize,
+        name: impl Into<String>,
+        shape: Vec<usize>,
+        dtype: impl Into<String>,
+    ) -> Self {
+        Self {
+            index,
+            name: name.into(),
+            module_type: None,
+            status: LayerStatus::Unmapped,
+            reason: None,
+            onnx: None,
+            shape,
+            dtype: dtype.into(),
+            target_shape: None,
+            target_dtype: None,
+            stats: None,
+            exceeds_tol: false,
+            cause: None,
+            detail: None,
+            permutation: None,
+        }
+    }
+}
+
 /// The ONNX value a layer maps to.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct OnnxRef {
