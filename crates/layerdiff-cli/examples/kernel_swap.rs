@@ -7,35 +7,14 @@
 
 use layerdiff_core::{DType, SplitMix64, Stats, Tensor, compare};
 use layerdiff_onnx::{
-    GraphProto, Model, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto,
-    ValueInfoProto, expose_values, extract_nodes, tensor_shape_proto, type_proto,
+    GraphProto, Model, ModelProto, NodeProto, OperatorSetIdProto, expose_values, extract_nodes,
+    tensor_value_info,
 };
 use layerdiff_runtime::{OptLevel, OrtRuntime, Runtime, TractRuntime};
 use prost::Message;
 
 const SHAPE: [usize; 3] = [2, 1024, 1152];
 const C: usize = SHAPE[2];
-
-fn value_info(name: &str, elem_type: i32, dims: &[usize]) -> ValueInfoProto {
-    let dim = dims
-        .iter()
-        .map(|&d| tensor_shape_proto::Dimension {
-            value: Some(tensor_shape_proto::dimension::Value::DimValue(d as i64)),
-            ..Default::default()
-        })
-        .collect();
-    ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: Some(elem_type),
-                shape: Some(TensorShapeProto { dim }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
 
 fn node(op: &str, inputs: &[&str], output: &str) -> NodeProto {
     let mut n = NodeProto {
@@ -72,13 +51,13 @@ fn model(dtype: DType) -> Model {
                 node("Add", &["mm", "bias2"], "Z"),
             ],
             input: vec![
-                value_info("X", e, &SHAPE),
-                value_info("scale", e, &[C]),
-                value_info("bias", e, &[C]),
-                value_info("weights", e, &[C, C]),
-                value_info("bias2", e, &[C]),
+                tensor_value_info("X", e, &SHAPE),
+                tensor_value_info("scale", e, &[C]),
+                tensor_value_info("bias", e, &[C]),
+                tensor_value_info("weights", e, &[C, C]),
+                tensor_value_info("bias2", e, &[C]),
             ],
-            output: vec![value_info("Z", e, &SHAPE)],
+            output: vec![tensor_value_info("Z", e, &SHAPE)],
             ..Default::default()
         }),
         ..Default::default()

@@ -2,6 +2,7 @@
 //! layer call to an ONNX value, expose those values, run ONNX Runtime on the same input bytes,
 //! compare every pair, analyse, and build the report.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use layerdiff_core::{
@@ -76,7 +77,8 @@ pub fn compare_captured(c: &CapturedComparison<'_>) -> Result<Report> {
     expose_values(&mut model, &wanted)?;
     let runtime = c.target.build(c.ort_library.as_deref(), &model)?;
     let values = runtime.run(&model, &c.inputs, &wanted)?;
-    let value_of = |name: &str| values.iter().find(|(n, _)| n == name).map(|(_, t)| t);
+    let by_name: HashMap<&str, &Tensor> = values.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let value_of = |name: &str| by_name.get(name).copied();
 
     let mut layers: Vec<Layer> = c
         .layers

@@ -3,6 +3,7 @@
 //! by producing node), both are exposed as outputs, each side runs once on the same input bytes,
 //! and every pair is compared in the reference's execution order.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use layerdiff_core::{
@@ -161,14 +162,33 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
     let reference_out = reference_rt.run(&reference, &pair.inputs, &reference_values)?;
     let target_out = target_rt.run(&target, &pair.inputs, &target_values)?;
 
+    // Each pairing's two tensors, looked up once by name.
+    let by_name = |out: &'_ [(String, Tensor)]| -> HashMap<String, usize> {
+        out.iter()
+            .enumerate()
+            .map(|(i, (n, _))| (n.clone(), i))
+            .collect()
+    };
+    let (r_index, t_index) = (by_name(&reference_out), by_name(&target_out));
+    let tensors: Vec<(Option<&Tensor>, Option<&Tensor>)> = pairings
+        .iter()
+        .map(|p| {
+            let r = r_index.get(&p.value).map(|&i| &reference_out[i].1);
+            let t = p
+                .target
+                .as_ref()
+                .ok()
+                .and_then(|n| t_index.get(n))
+                .map(|&i| &target_out[i].1);
+            (r, t)
+        })
+        .collect();
+
     let mut layers: Vec<Layer> = pairings
         .iter()
+        .zip(&tensors)
         .enumerate()
-        .map(|(index, p)| {
-            let r = reference_out
-                .iter()
-                .find(|(n, _)| *n == p.value)
-                .map(|(_, t)| t);
+        .map(|(index, (p, &(r, t)))| {
             let mut layer = Layer::new(
                 index,
                 p.value.clone(),
@@ -180,14 +200,9 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
                 node: p.node.clone(),
                 op_type: p.op_type.clone(),
             });
-            match (&p.target, r) {
-                (Err(reason), _) => layer.reason = Some(reason.clone()),
-                (Ok(target_name), Some(r)) => {
-                    let t = target_out
-                        .iter()
-                        .find(|(n, _)| n == target_name)
-                        .map(|(_, t)| t);
-                    let t = t.expect("every paired target value was requested");
+            match (&p.target, r, t) {
+                (Err(reason), _, _) => layer.reason = Some(reason.clone()),
+                (Ok(target_name), Some(r), Some(t)) => {
                     if target_name != &p.value {
                         layer.reason = Some(format!(
                             "matched by node: the target calls it `{target_name}`"
@@ -199,23 +214,13 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
                     layer.target_shape = outcome.target_shape;
                     layer.target_dtype = outcome.target_dtype;
                 }
-                (Ok(_), None) => unreachable!("every paired reference value was requested"),
+                (Ok(_), _, _) => unreachable!("every paired value was requested from both sides"),
             }
             layer
         })
         .collect();
     let summary = analyse(&mut layers, pair.tolerance);
-    for (layer, p) in layers.iter_mut().zip(&pairings) {
-        let r = reference_out
-            .iter()
-            .find(|(n, _)| *n == p.value)
-            .map(|(_, t)| t);
-        let t = p
-            .target
-            .as_ref()
-            .ok()
-            .and_then(|name| target_out.iter().find(|(n, _)| n == name))
-            .map(|(_, t)| t);
+    for (layer, &(r, t)) in layers.iter_mut().zip(&tensors) {
         if let (Some(r), Some(t)) = (r, t) {
             attribute_layout(layer, r.view(), t.view(), pair.tolerance.abs);
         }

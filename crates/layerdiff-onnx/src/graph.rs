@@ -200,3 +200,26 @@ fn value_type(info: &ValueInfoProto) -> Option<ValueType> {
         dims,
     })
 }
+
+/// A `ValueInfoProto` for a tensor of ONNX element type `elem_type` and fixed `dims`.
+pub fn tensor_value_info(name: &str, elem_type: i32, dims: &[usize]) -> ValueInfoProto {
+    use crate::tensor_shape_proto::{Dimension as Dim, dimension::Value as DimValue};
+    let dim = dims
+        .iter()
+        .map(|&d| Dim {
+            value: Some(DimValue::DimValue(d as i64)),
+            ..Default::default()
+        })
+        .collect();
+    ValueInfoProto {
+        name: Some(name.to_string()),
+        r#type: Some(TypeProto {
+            value: Some(TypeValue::TensorType(crate::type_proto::Tensor {
+                elem_type: Some(elem_type),
+                shape: Some(crate::TensorShapeProto { dim }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}

@@ -19,10 +19,10 @@ mod tensor_io;
 
 pub use error::{Error, Result};
 pub use generated::*;
-pub use graph::{Dimension, GraphIndex, NodeInfo, ValueType};
+pub use graph::{Dimension, GraphIndex, NodeInfo, ValueType, tensor_value_info};
 pub use mapping::{LayerCall, LayerMapping, map_layers};
 pub use model::Model;
 pub use node_ext::NodeExt;
-pub use scope::{ScopeResolver, ScopeSource, node_scope};
+pub use scope::{ScopeResolver, ScopeSource};
 pub use surgery::{expose_values, extract_nodes};
 pub use tensor_io::{read_tensor_pb, read_test_data, tensor_from_proto};

@@ -76,14 +76,6 @@ impl ScopeResolver {
     }
 }
 
-/// The module scope of a node, resolved against the given module paths (see [`ScopeResolver`]).
-pub fn node_scope<S: AsRef<str>>(
-    node: &NodeProto,
-    module_paths: &[S],
-) -> Option<(String, ScopeSource)> {
-    ScopeResolver::new(module_paths).module_of(node)
-}
-
 /// `layer2.0.downsample.0` → `layer2/layer2.0/downsample/downsample.0`.
 fn legacy_scope(module_path: &str) -> String {
     let atoms: Vec<&str> = module_path.split('.').collect();

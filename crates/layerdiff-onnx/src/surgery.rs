@@ -1,11 +1,8 @@
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use layerdiff_core::Tensor;
 
-use crate::type_proto::{Tensor as TensorType, Value as TypeValue};
-use crate::{
-    Error, GraphIndex, GraphProto, Model, Result, TensorShapeProto, TypeProto, ValueInfoProto,
-};
+use crate::{Error, GraphIndex, GraphProto, Model, Result, ValueInfoProto, tensor_value_info};
 
 /// Makes each named value a graph output so a runtime returns it, keeping the declared type
 /// where the file has one. Values that are already outputs are left alone; graph order and
@@ -13,10 +10,7 @@ use crate::{
 pub fn expose_values<S: AsRef<str>>(model: &mut Model, values: &[S]) -> Result<()> {
     let index = GraphIndex::new(model.graph());
     let mut present: HashSet<String> = index.graph_outputs().iter().cloned().collect();
-    let declared: Vec<ValueInfoProto> = {
-        let g = model.graph();
-        g.value_info.iter().chain(&g.input).cloned().collect()
-    };
+    let declared = declarations(model.graph());
     let mut added = Vec::new();
     for value in values {
         let value = value.as_ref();
@@ -26,15 +20,7 @@ pub fn expose_values<S: AsRef<str>>(model: &mut Model, values: &[S]) -> Result<(
         if !present.insert(value.to_string()) {
             continue;
         }
-        let info = declared
-            .iter()
-            .find(|v| v.name() == value)
-            .cloned()
-            .unwrap_or_else(|| ValueInfoProto {
-                name: Some(value.to_string()),
-                ..Default::default()
-            });
-        added.push(info);
+        added.push(declared_or_untyped(&declared, value));
     }
     model.graph_mut().output.extend(added);
     Ok(())
@@ -66,6 +52,7 @@ pub fn extract_nodes(
         .iter()
         .flat_map(|&i| graph.node[i].output.iter().map(String::as_str))
         .collect();
+    let declared = declarations(graph);
     let mut inputs: Vec<ValueInfoProto> = Vec::new();
     let mut initializers = Vec::new();
     let mut seen = HashSet::new();
@@ -77,7 +64,10 @@ pub fn extract_nodes(
             if let Some(init) = graph.initializer.iter().find(|t| t.name() == name) {
                 initializers.push(init.clone());
             } else {
-                inputs.push(typed_input(graph, name, feeds));
+                inputs.push(match feeds.iter().find(|(n, _)| n == name) {
+                    Some((_, t)) => tensor_value_info(name, t.dtype.onnx_code(), &t.shape),
+                    None => declared_or_untyped(&declared, name),
+                });
             }
         }
     }
@@ -100,25 +90,16 @@ pub fn extract_nodes(
             "{missing} (not produced by the extracted nodes)"
         )));
     }
-    let declared = |name: &str| {
-        graph
-            .value_info
-            .iter()
-            .chain(&graph.output)
-            .find(|v| v.name() == name)
-            .cloned()
-            .unwrap_or_else(|| ValueInfoProto {
-                name: Some(name.to_string()),
-                ..Default::default()
-            })
-    };
     let mut proto = model.proto.clone();
     proto.graph = Some(GraphProto {
         name: Some(format!("{}_extract", graph.name())),
         node: picked.iter().map(|&i| graph.node[i].clone()).collect(),
         initializer: initializers,
         input: inputs,
-        output: wanted.iter().map(|o| declared(o)).collect(),
+        output: wanted
+            .iter()
+            .map(|o| declared_or_untyped(&declared, o))
+            .collect(),
         value_info: graph
             .value_info
             .iter()
@@ -133,34 +114,27 @@ pub fn extract_nodes(
     ))
 }
 
-fn typed_input(graph: &GraphProto, name: &str, feeds: &[(String, Tensor)]) -> ValueInfoProto {
-    if let Some((_, t)) = feeds.iter().find(|(n, _)| n == name) {
-        use crate::tensor_shape_proto::{Dimension, dimension::Value};
-        let dim = t.shape.iter().map(|&d| Dimension {
-            value: Some(Value::DimValue(d as i64)),
-            ..Default::default()
-        });
-        return ValueInfoProto {
-            name: Some(name.to_string()),
-            r#type: Some(TypeProto {
-                value: Some(TypeValue::TensorType(TensorType {
-                    elem_type: Some(t.dtype.onnx_code()),
-                    shape: Some(TensorShapeProto { dim: dim.collect() }),
-                })),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-    }
-    graph
+/// Every value the graph declares (inputs, value_info, outputs), by name; the first wins.
+fn declarations(graph: &GraphProto) -> HashMap<&str, &ValueInfoProto> {
+    let mut map = HashMap::new();
+    for info in graph
         .input
         .iter()
         .chain(&graph.value_info)
         .chain(&graph.output)
-        .find(|v| v.name() == name)
-        .cloned()
-        .unwrap_or_else(|| ValueInfoProto {
+    {
+        map.entry(info.name()).or_insert(info);
+    }
+    map
+}
+
+/// The graph's declaration of `name`, or an untyped one (runtimes infer the type).
+fn declared_or_untyped(declared: &HashMap<&str, &ValueInfoProto>, name: &str) -> ValueInfoProto {
+    declared.get(name).map_or_else(
+        || ValueInfoProto {
             name: Some(name.to_string()),
             ..Default::default()
-        })
+        },
+        |info| (*info).clone(),
+    )
 }

@@ -230,12 +230,6 @@ fn model_inputs(py: Python<'_>, path: PathBuf) -> PyResult<Vec<DeclaredInput>> {
         .collect()
 }
 
-/// The ONNX Runtime library that would be loaded (for diagnostics).
-#[pyfunction]
-fn find_ort_library() -> PyResult<PathBuf> {
-    layerdiff_runtime::find_ort_library().map_err(|e| to_py_err(layerdiff_cli::Error::Runtime(e)))
-}
-
 #[pymodule]
 fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -244,7 +238,6 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(compare_captured, m)?)?;
     m.add_function(wrap_pyfunction!(compare_tensors_json, m)?)?;
     m.add_function(wrap_pyfunction!(save_tensors, m)?)?;
-    m.add_function(wrap_pyfunction!(find_ort_library, m)?)?;
     m.add_function(wrap_pyfunction!(model_inputs, m)?)?;
     exceptions::register(m)?;
     Ok(())

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use layerdiff_core::{DType, Tensor};
 use layerdiff_onnx::{
-    GraphProto, Model, ModelProto, NodeProto, OperatorSetIdProto, TypeProto, ValueInfoProto,
-    expose_values, extract_nodes, type_proto,
+    GraphProto, Model, ModelProto, NodeProto, OperatorSetIdProto, expose_values, extract_nodes,
+    tensor_value_info,
 };
 use layerdiff_runtime::{OptLevel, OrtRuntime, Runtime, TractRuntime};
 use prost::Message;
@@ -26,30 +26,6 @@ fn library() -> Option<PathBuf> {
                     .is_some_and(|n| n.starts_with("libonnxruntime.so."))
             })
     })
-}
-
-fn float_input(name: &str, dims: &[i64]) -> ValueInfoProto {
-    use layerdiff_onnx::tensor_shape_proto::{Dimension, dimension::Value};
-    let shape = layerdiff_onnx::TensorShapeProto {
-        dim: dims
-            .iter()
-            .map(|&d| Dimension {
-                value: Some(Value::DimValue(d)),
-                ..Default::default()
-            })
-            .collect(),
-    };
-    ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: Some(1),
-                shape: Some(shape),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
 }
 
 fn add_relu_model() -> Model {
@@ -72,8 +48,11 @@ fn add_relu_model() -> Model {
                 node("Add", &["a", "b"], "sum"),
                 node("Relu", &["sum"], "out"),
             ],
-            input: vec![float_input("a", &[4]), float_input("b", &[4])],
-            output: vec![float_input("out", &[4])],
+            input: vec![
+                tensor_value_info("a", 1, &[4]),
+                tensor_value_info("b", 1, &[4]),
+            ],
+            output: vec![tensor_value_info("out", 1, &[4])],
             ..Default::default()
         }),
         ..Default::default()
