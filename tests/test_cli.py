@@ -25,7 +25,7 @@ def test_builder_file_writes_reports_and_inputs(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "no drift" in result.stdout
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["schema"] == "layerdiff.report/1"
+    assert report["schema"] == "layerdiff.report/2"
     assert report["seed"] == 3 and report["summary"]["layers_total"] == 5
     assert (tmp_path / "report.md").read_text().startswith("# layerdiff")
     inputs = load_file(tmp_path / "report.inputs.safetensors")
@@ -114,9 +114,13 @@ def test_bad_model_specs(spec, message):
 
 
 def test_bad_usage_is_exit_2():
-    assert_usage_error(run_cli("torch", "resnet18", "--tolerance=-1"), "not a non-negative number")
     assert_usage_error(
-        run_cli("torch", "resnet18", "--tolerance", "abc"), "not a non-negative number"
+        run_cli("torch", "resnet18", "--tolerance=-1"),
+        "tolerance must be a number ≥ 0, `auto` or `dtype`",
+    )
+    assert_usage_error(
+        run_cli("torch", "resnet18", "--tolerance", "abc"),
+        "tolerance must be a number ≥ 0, `auto` or `dtype`",
     )
     assert_usage_error(run_cli("frobnicate"), "unrecognized subcommand")
 

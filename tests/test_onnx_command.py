@@ -48,7 +48,10 @@ def test_a_changed_weight_names_that_node_as_origin(resnet18_onnx, tmp_path):
     result, report = report_of(tmp_path, str(resnet18_onnx["dynamo"]), "--vs", str(edited))
     assert result.returncode == 1
     assert report["summary"]["drift_origin"] == node.output[0]
-    assert f"origin `{node.output[0]}`" in result.stdout
+    assert f"born at `{node.output[0]}`" in result.stdout
+    origin = next(x for x in report["layers"] if x["name"] == node.output[0])
+    assert origin["cause"] == "weight_mismatch"
+    assert f"`{init.name}` differs: max abs diff 5.000e-2" in origin["detail"]
 
 
 def test_a_changed_attribute_names_that_node_as_origin(resnet18_onnx, tmp_path):
@@ -236,7 +239,7 @@ def test_expected_values_from_npz_and_the_onnx_verb_without_torch(tmp_path):
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 1, result.stderr
-    assert "origin `y`" in result.stdout and "expected" in result.stdout
+    assert "born at `y`" in result.stdout and "expected" in result.stdout
 
 
 def test_values_fused_by_an_optimizer_are_explained_not_mismatched(resnet18_onnx, tmp_path):

@@ -22,7 +22,9 @@ def test_clean_resnet18_export_has_no_drift(resnet18, resnet18_onnx, exporter):
     # Both exporters fold each of the 20 Conv+BatchNorm pairs into one Conv.
     assert (s["layers_compared"], s["layers_unmapped"]) == (40, 20)
     assert s["worst"]["max_abs_diff"]["value"] < 1e-4
-    assert all(layer["stats"]["cosine"] > 0.999999 for layer in report.layers if layer["stats"])
+    assert all(
+        layer["accumulated"]["cosine"] > 0.999999 for layer in report.layers if layer["accumulated"]
+    )
 
 
 def test_bn_maps_to_the_fused_conv_and_the_conv_is_explained(resnet18, resnet18_onnx):
@@ -66,7 +68,7 @@ def test_without_cloning_inplace_relu_corrupts_batchnorm_captures(resnet18, resn
     path = resnet18_onnx["dynamo"]
 
     def bns(report):
-        return [x for x in report.layers if x["module_type"] == "BatchNorm2d" and x["stats"]]
+        return [x for x in report.layers if x["module_type"] == "BatchNorm2d" and x["accumulated"]]
 
     cloned = compare_torch_onnx(model, inputs, onnx=path, clone=True)
     assert not any(layer["exceeds_tol"] for layer in bns(cloned))

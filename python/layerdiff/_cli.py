@@ -71,6 +71,8 @@ def _run_torch(opts: dict) -> int:
         inputs,
         onnx=opts["onnx"],
         tolerance=opts["tolerance"],
+        local=opts["local"],
+        float64=opts["float64"],
         exporter=opts["exporter"],
         target=opts["target"],
         name=opts["model"],

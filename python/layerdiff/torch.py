@@ -238,13 +238,15 @@ def compare_torch_onnx(
     inputs,
     *,
     onnx: str | Path | None = None,
-    tolerance: float = 1e-4,
+    tolerance: float | str = "dtype",
     exporter: str = "dynamo",
     target: str = "ort",
     name: str | None = None,
     seed: int | None = None,
     workdir: str | Path | None = None,
     clone: bool = True,
+    local: bool = True,
+    float64: bool = True,
     progress=None,
 ) -> Report:
     """Compare a PyTorch model with its ONNX export under ONNX Runtime, layer by layer.
@@ -252,11 +254,20 @@ def compare_torch_onnx(
     The one model instance given is both captured and exported (or, with ``onnx=``, compared
     against that file), and both sides receive the same input bytes. ``target`` names the runtime
     that runs the ONNX file: ``"ort"`` (CPU, optimizations off), ``"ort:opt=all"``,
-    ``"ort:cuda"``…, or ``"tract"``. Returns a :class:`Report`;
-    ``report.drift_origin`` names the first layer whose max abs diff exceeds ``tolerance``.
+    ``"ort:cuda"``…, or ``"tract"``.
+
+    ``tolerance`` is a number for every layer, ``"dtype"`` (float32 1e-4, float16 1e-2, bfloat16
+    5e-2) or ``"auto"`` (4× PyTorch's own distance from the float64 run, per layer). With
+    ``local`` each layer's ONNX nodes are also re-run on PyTorch's values of their inputs, so the
+    report tells a layer's own error from inherited error; with ``float64`` a float64 copy of the
+    model is run as the numerical truth. ``report.drift_origin`` names the layer where the drift
+    is born; each exceeding layer carries a ``cause``.
     """
     step = progress or (lambda message: None)
     inputs = _as_input_tuple(inputs)
+    tolerance = str(tolerance) if not isinstance(tolerance, str) else tolerance
+    if tolerance == "auto" and not float64:
+        raise _layerdiff.UsageError("tolerance `auto` needs the float64 run; drop --no-float64")
     model.eval()
 
     step("capturing PyTorch layers")
@@ -267,6 +278,10 @@ def compare_torch_onnx(
         raise _layerdiff.InputError(
             f"the model failed on its inputs ({shapes}): {type(e).__name__}: {e}"
         ) from e
+    truth = {}
+    if float64:
+        step("running the model in float64 (the numerical truth)")
+        truth = _float64_outputs(model, inputs, captured)
 
     with contextlib.ExitStack() as stack:
         if onnx is not None:
@@ -291,6 +306,7 @@ def compare_torch_onnx(
                 f"but {len(inputs)} example input(s) were given"
             )
         onnx_inputs = [flat(decl[0], t) for decl, t in zip(declared, inputs, strict=True)]
+        parameters = _layer_parameters(model, captured)
         layers = [
             {
                 "name": layer.name,
@@ -300,24 +316,90 @@ def compare_torch_onnx(
                 "identity": layer.identity,
                 "input_from": layer.input_from,
                 "tensor": flat(layer.name, layer.output),
+                "float64": flat(layer.name, truth[layer.name]) if layer.name in truth else None,
+                "parameters": [flat(n, t) for n, t in parameters.get(layer.name, [])],
             }
             for layer in captured.layers
         ]
-        step("running ONNX Runtime and comparing")
+        step("running ONNX Runtime, re-running each layer, comparing")
         native = _layerdiff.compare_captured(
             command="torch",
             model=name or type(model).__name__,
             onnx_path=str(onnx_path),
             inputs=onnx_inputs,
             layers=layers,
-            tolerance=float(tolerance),
+            tolerance=tolerance,
             seed=seed,
             reference_runtime="pytorch",
             reference_detail=f"torch {torch.__version__}, eager, cpu",
             target=target,
             ort_library=_ort_library(),
+            local=local,
         )
     return Report(native, inputs=onnx_inputs)
+
+
+def _float64_outputs(model: nn.Module, inputs: tuple, captured: Capture) -> dict:
+    """Each layer's output in a float64 copy of the model on the same inputs (floats widened
+    exactly), by layer name; empty when the model cannot run in float64."""
+    import copy
+
+    try:
+        double = copy.deepcopy(model).double()
+        wide = tuple(t.double() if t.is_floating_point() else t for t in inputs)
+        run = capture(double, wide, clone=True)
+    except Exception:  # a model that cannot run in float64 still gets its comparison
+        return {}
+    if [layer.name for layer in run.layers] != [layer.name for layer in captured.layers]:
+        return {}
+    return {layer.name: layer.output for layer in run.layers}
+
+
+_CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d)
+_BATCH_NORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+def _layer_parameters(model: nn.Module, captured: Capture) -> dict:
+    """Each layer's parameters and buffers by qualified name, for the weight check. A BatchNorm
+    fed by a Conv also lists the Conv's weight and bias folded with it, under the Conv's names:
+    that is the form exporters write when they fuse the two."""
+    modules = dict(model.named_modules())
+    out: dict[str, list] = {}
+    for layer in captured.layers:
+        module = modules.get(layer.module)
+        if module is None:
+            continue
+        own = [
+            (f"{layer.module}.{n}", t.detach())
+            for n, t in [
+                *module.named_parameters(recurse=False),
+                *module.named_buffers(recurse=False),
+            ]
+            if t is not None and t.is_floating_point()
+        ]
+        feeder = captured.layers[layer.input_from] if layer.input_from is not None else None
+        conv = modules.get(feeder.module) if feeder is not None else None
+        if (
+            isinstance(module, _BATCH_NORM)
+            and isinstance(conv, _CONV)
+            and module.track_running_stats
+        ):
+            scale = module.running_var.add(module.eps).rsqrt()
+            if module.weight is not None:
+                scale = scale * module.weight.detach()
+            shift = -module.running_mean * scale
+            if module.bias is not None:
+                shift = shift + module.bias.detach()
+            shape = (-1,) + (1,) * (conv.weight.dim() - 1)
+            own.append((f"{feeder.module}.weight", conv.weight.detach() * scale.reshape(shape)))
+            bias = shift if conv.bias is None else conv.bias.detach() * scale + shift
+            own.append((f"{feeder.module}.bias", bias))
+            own += [
+                (f"{feeder.module}.{n}", t.detach())
+                for n, t in conv.named_parameters(recurse=False)
+            ]
+        out[layer.name] = own
+    return out
 
 
 def _ort_library() -> str | None:

@@ -6,12 +6,15 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use layerdiff_core::{
-    InputInfo, Layer, OnnxRef, Report, SCHEMA, SideInfo, Tensor, TensorView, Tolerance, analyse,
-    attribute_layout, compare_pair,
+    Evidence, Float64Distance, InputInfo, Layer, LayerStatus, OnnxRef, Report, SCHEMA, SideInfo,
+    Tensor, TensorView, Tolerance, analyse, compare_pair, explain,
 };
-use layerdiff_onnx::{GraphIndex, LayerCall, LayerMapping, Model, expose_values, map_layers};
+use layerdiff_onnx::{
+    GraphIndex, LayerCall, LayerMapping, LocalGroup, Model, expose_values, map_layers,
+};
 use layerdiff_runtime::RuntimeSpec;
 
+use crate::local::{Rerun, WeightCheck, check_weight, fit};
 use crate::{Error, Result, inputs::check_inputs};
 
 /// One captured layer call and its reference value.
@@ -23,6 +26,12 @@ pub struct CapturedLayer<'a> {
     pub module_type: String,
     /// The captured output.
     pub value: TensorView<'a>,
+    /// The same layer's output in a float64 run of the model, when one was made.
+    pub float64: Option<TensorView<'a>>,
+    /// The module's parameters and buffers by qualified name (`layer1.0.conv1.weight`), with
+    /// the forms an exporter may fold them into under the same name (a Conv's weight scaled by
+    /// the BatchNorm after it). A weight matching any form of its name is the same weight.
+    pub parameters: Vec<(String, TensorView<'a>)>,
 }
 
 /// Everything the captured-reference flow needs.
@@ -40,8 +49,11 @@ pub struct CapturedComparison<'a> {
     pub seed: Option<u64>,
     /// Captured layers in execution order.
     pub layers: Vec<CapturedLayer<'a>>,
-    /// The tolerance.
+    /// How each layer's tolerance is chosen.
     pub tolerance: Tolerance,
+    /// Whether to measure each layer's local error (re-running its ONNX nodes on PyTorch's
+    /// values of their inputs).
+    pub local: bool,
     /// Describes the reference side.
     pub reference: SideInfo,
     /// The runtime that runs the ONNX file.
@@ -52,7 +64,8 @@ pub struct CapturedComparison<'a> {
 
 /// Runs the flow and returns the report. Drift is a finding in the report, never an error.
 pub fn compare_captured(c: &CapturedComparison<'_>) -> Result<Report> {
-    let mut model = Model::load(&c.onnx_path)?;
+    let original = Model::load(&c.onnx_path)?;
+    let mut model = original.clone();
     let index = GraphIndex::new(model.graph());
     check_inputs(&index, &c.inputs)?;
     for (i, layer) in c.layers.iter().enumerate() {
@@ -110,20 +123,137 @@ pub fn compare_captured(c: &CapturedComparison<'_>) -> Result<Report> {
                     let target = value_of(value).expect("every mapped value was requested");
                     let outcome = compare_pair(captured.value, target.view());
                     layer.status = outcome.status;
-                    layer.stats = outcome.stats;
+                    layer.accumulated = outcome.stats;
                     layer.target_shape = outcome.target_shape;
                     layer.target_dtype = outcome.target_dtype;
+                    if let Some(truth) = captured.float64 {
+                        let distance = |v: TensorView<'_>| {
+                            compare_pair(truth, v).stats.map(|s| s.max_abs_diff)
+                        };
+                        if let (Some(reference), Some(target)) =
+                            (distance(captured.value), distance(target.view()))
+                        {
+                            layer.float64 = Some(Float64Distance { reference, target });
+                        }
+                    }
                 }
             }
             layer
         })
         .collect();
-    let summary = analyse(&mut layers, c.tolerance);
-    for (layer, captured) in layers.iter_mut().zip(&c.layers) {
-        if let Some(target) = layer.onnx.as_ref().and_then(|o| value_of(&o.value)) {
-            attribute_layout(layer, captured.value, target.view(), c.tolerance.abs);
+
+    // Local error: each layer's ONNX nodes re-run on PyTorch's values of their inputs.
+    let rerun = Rerun::new(&original, runtime.as_ref());
+    let mut groups: Vec<Option<LocalGroup>> = vec![None; layers.len()];
+    if c.local {
+        let mut layer_of_value: HashMap<String, usize> = HashMap::new();
+        for (i, layer) in layers.iter().enumerate() {
+            if let Some(o) = &layer.onnx {
+                layer_of_value.entry(o.value.clone()).or_insert(i);
+            }
+        }
+        let names: Vec<String> = layers.iter().map(|l| l.name.clone()).collect();
+        let input = |n: &str| c.inputs.iter().find(|(name, _)| name == n).map(|(_, t)| t);
+        for i in 0..layers.len() {
+            let Some(value) = layers[i].onnx.as_ref().map(|o| o.value.clone()) else {
+                continue;
+            };
+            if layers[i].status != LayerStatus::Compared {
+                continue;
+            }
+            let first = layer_of_value[value.as_str()];
+            if first != i {
+                layers[i].local_reason = Some(format!(
+                    "it holds the same ONNX value as `{}`, so it has no nodes of its own",
+                    names[first]
+                ));
+                continue;
+            }
+            let known =
+                |n: &str| n != value && (input(n).is_some() || layer_of_value.contains_key(n));
+            let feed = |n: &str| -> std::result::Result<Tensor, String> {
+                if let Some(t) = input(n) {
+                    return Ok(t.clone());
+                }
+                let from = &c.layers[layer_of_value[n]];
+                let reference = Tensor::new(
+                    &from.call.name,
+                    from.value.dtype,
+                    from.value.shape.to_vec(),
+                    from.value.bytes.to_vec(),
+                )
+                .map_err(|e| e.to_string())?;
+                let target = value_of(n).ok_or_else(|| format!("`{n}` was not computed"))?;
+                fit(&from.call.name, &reference, target.dtype, &target.shape)
+            };
+            match rerun.run(&value, &known, &feed) {
+                Ok((group, out)) => {
+                    let outcome = compare_pair(c.layers[i].value, out.view());
+                    layers[i].local = outcome.stats;
+                    layers[i].local_inputs = group
+                        .inputs
+                        .iter()
+                        .map(|n| {
+                            layer_of_value
+                                .get(n.as_str())
+                                .map_or(n.clone(), |&j| names[j].clone())
+                        })
+                        .collect();
+                    groups[i] = Some(group);
+                }
+                Err(reason) => layers[i].local_reason = Some(reason),
+            }
         }
     }
+    let summary = analyse(&mut layers, c.tolerance);
+
+    // Evidence for the layers that need a cause.
+    let needs_cause = |l: &Layer| {
+        l.exceeds_tol || l.local_exceeds || summary.drift_origin.as_ref() == Some(&l.name)
+    };
+    let again = if layers.iter().any(needs_cause) {
+        runtime.run(&model, &c.inputs, &wanted).ok()
+    } else {
+        None
+    };
+    let mut evidence = vec![Evidence::default(); layers.len()];
+    for (i, (layer, captured)) in layers.iter().zip(&c.layers).enumerate() {
+        let Some(value) = layer.onnx.as_ref().map(|o| o.value.as_str()) else {
+            continue;
+        };
+        let Some(target) = value_of(value).filter(|_| needs_cause(layer)) else {
+            continue;
+        };
+        let e = &mut evidence[i];
+        *e = Evidence::from_values(layer, captured.value, target.view());
+        if let Some((_, second)) = again
+            .as_ref()
+            .and_then(|out| out.iter().find(|(n, _)| n == value))
+            && let Ok(stats) = layerdiff_core::compare(target.view(), second.view())
+            && stats.max_abs_diff > 0.0
+        {
+            e.self_disagreement = Some(("target".to_string(), stats.max_abs_diff));
+        }
+        if let Some(group) = &groups[i] {
+            e.ops = rerun.ops(group);
+            if e.precision.is_none() {
+                e.precision = rerun.lowered_precision(group);
+            }
+            for (_, _, name) in rerun.initializers(group) {
+                let Some(Ok(weight)) = original.initializer(&name) else {
+                    continue;
+                };
+                match parameter_check(&name, &captured.parameters, &weight) {
+                    Some(WeightCheck::Differs(text)) => e.weights.push(text),
+                    Some(WeightCheck::LowerPrecision(text)) => {
+                        e.precision.get_or_insert(text);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    explain(&mut layers, &evidence, &summary);
     Ok(Report {
         schema: SCHEMA,
         command: c.command.clone(),
@@ -133,11 +263,104 @@ pub fn compare_captured(c: &CapturedComparison<'_>) -> Result<Report> {
             runtime: runtime.name().to_string(),
             detail: runtime.detail(),
         },
-        mode: "accumulated".to_string(),
-        tolerance: c.tolerance.abs,
+        mode: if c.local { "local" } else { "accumulated" }.to_string(),
+        tolerance: c.tolerance.info(),
         seed: c.seed,
         inputs: InputInfo::describe(&c.inputs),
         summary,
         layers,
     })
+}
+
+/// Checks an ONNX initializer against the layer's PyTorch parameters: the forms of the same
+/// name, else the one parameter of the same shape (or, for a matrix, the transposed shape).
+/// `None` when no parameter corresponds.
+fn parameter_check(
+    name: &str,
+    parameters: &[(String, TensorView<'_>)],
+    weight: &Tensor,
+) -> Option<WeightCheck> {
+    let named: Vec<&TensorView<'_>> = parameters
+        .iter()
+        .filter(|(n, _)| n == name)
+        .map(|(_, t)| t)
+        .collect();
+    let candidates: Vec<(String, Tensor)> = if named.is_empty() {
+        let shaped: Vec<(String, Tensor)> = parameters
+            .iter()
+            .filter_map(|(n, t)| {
+                let owned = Tensor {
+                    dtype: t.dtype,
+                    shape: t.shape.to_vec(),
+                    bytes: t.bytes.to_vec(),
+                };
+                if t.shape == weight.shape.as_slice() {
+                    Some((n.clone(), owned))
+                } else if t.shape.len() == 2
+                    && weight.shape.len() == 2
+                    && t.shape[0] == weight.shape[1]
+                    && t.shape[1] == weight.shape[0]
+                {
+                    Some((n.clone(), transpose_2d(&owned)))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let mut names: Vec<&String> = shaped.iter().map(|(n, _)| n).collect();
+        names.dedup();
+        if names.len() != 1 {
+            return None;
+        }
+        shaped
+    } else {
+        named
+            .into_iter()
+            .map(|t| {
+                (
+                    name.to_string(),
+                    Tensor {
+                        dtype: t.dtype,
+                        shape: t.shape.to_vec(),
+                        bytes: t.bytes.to_vec(),
+                    },
+                )
+            })
+            .collect()
+    };
+    let mut outcome = None;
+    for (n, parameter) in &candidates {
+        let by_shape = if n == name {
+            String::new()
+        } else {
+            format!(" (PyTorch `{n}`, matched by shape)")
+        };
+        match check_weight(name, parameter.view(), weight.view()) {
+            WeightCheck::Same => return Some(WeightCheck::Same),
+            WeightCheck::Differs(text) => {
+                outcome.get_or_insert(WeightCheck::Differs(text + &by_shape));
+            }
+            WeightCheck::LowerPrecision(text) => {
+                outcome.get_or_insert(WeightCheck::LowerPrecision(text + &by_shape));
+            }
+        }
+    }
+    outcome
+}
+
+/// A matrix transposed.
+fn transpose_2d(t: &Tensor) -> Tensor {
+    let (rows, cols, size) = (t.shape[0], t.shape[1], t.dtype.size());
+    let mut bytes = vec![0u8; t.bytes.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            let (from, to) = ((r * cols + c) * size, (c * rows + r) * size);
+            bytes[to..to + size].copy_from_slice(&t.bytes[from..from + size]);
+        }
+    }
+    Tensor {
+        dtype: t.dtype,
+        shape: vec![cols, rows],
+        bytes,
+    }
 }

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use layerdiff_core::Tolerance;
 use layerdiff_runtime::RuntimeSpec;
 
 /// layerdiff: find where numerical drift between two runtimes is born, and why.
@@ -64,9 +65,15 @@ pub struct OnnxArgs {
     /// data folder (input_0.pb, …).
     #[arg(long, value_name = "FILE", conflicts_with_all = ["shape", "batch"])]
     pub inputs: Option<PathBuf>,
-    /// Absolute tolerance on each value's max abs diff (exceeded when strictly greater).
-    #[arg(long, default_value_t = 1e-4, value_parser = positive_float)]
-    pub tolerance: f64,
+    /// Tolerance on each value's max abs diff (exceeded when strictly greater): a number for
+    /// every value, or `dtype` (the default: float32 1e-4, float16 1e-2, bfloat16 5e-2, by the
+    /// lower-precision side).
+    #[arg(long, default_value = "dtype", value_parser = Tolerance::parse)]
+    pub tolerance: Tolerance,
+    /// Skip the local error (re-running each node on the reference's inputs): faster on large
+    /// models, but the drift origin is then the first value whose accumulated error exceeds.
+    #[arg(long)]
+    pub no_local: bool,
     /// Where reports go.
     #[command(flatten)]
     pub report: ReportArgs,
@@ -104,9 +111,17 @@ pub struct TorchArgs {
     /// `path/to/file.py:build` or `package.module:build`, where `build()` returns
     /// `(model, example_inputs)`.
     pub model: String,
-    /// Absolute tolerance on each layer's max abs diff (a layer exceeds it when strictly greater).
-    #[arg(long, default_value_t = 1e-4, value_parser = positive_float)]
-    pub tolerance: f64,
+    /// Tolerance on each layer's max abs diff (exceeded when strictly greater): a number for
+    /// every layer, `dtype` (the default: float32 1e-4, float16 1e-2, bfloat16 5e-2), or `auto`
+    /// (4× PyTorch's own distance from a float64 run of the model, per layer).
+    #[arg(long, default_value = "dtype", value_parser = Tolerance::parse)]
+    pub tolerance: Tolerance,
+    /// Skip the local error (re-running each layer's ONNX nodes on PyTorch's inputs).
+    #[arg(long)]
+    pub no_local: bool,
+    /// Skip the float64 run of the model (the numerical truth both sides are measured against).
+    #[arg(long)]
+    pub no_float64: bool,
     /// Seed for the model's random weights and for generated inputs.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -187,13 +202,6 @@ pub fn run_onnx(args: &OnnxArgs) -> u8 {
             eprintln!("error: {}", crate::error_chain(&err));
             2
         }
-    }
-}
-
-fn positive_float(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        _ => Err(format!("`{s}` is not a non-negative number")),
     }
 }
 

@@ -16,6 +16,9 @@ pub enum Error {
     /// A layer list that does not fit together.
     #[error("{0}")]
     Layers(String),
+    /// Options that do not fit together.
+    #[error("{0}")]
+    Usage(String),
 }
 
 /// Result type of the flows.

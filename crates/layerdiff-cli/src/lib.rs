@@ -8,6 +8,7 @@ pub mod captured;
 pub mod cli;
 mod error;
 pub mod inputs;
+mod local;
 pub mod model_pair;
 mod onnx_command;
 pub mod output;

@@ -7,14 +7,15 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use layerdiff_core::{
-    InputInfo, Layer, OnnxRef, Report, SCHEMA, SideInfo, Tensor, Tolerance, analyse,
-    attribute_layout, compare_pair,
+    Evidence, InputInfo, Layer, LayerStatus, OnnxRef, Report, SCHEMA, SideInfo, Tensor, Tolerance,
+    analyse, compare_pair, explain,
 };
-use layerdiff_onnx::{GraphIndex, Model, expose_values};
+use layerdiff_onnx::{GraphIndex, LocalGroup, Model, expose_values};
 use layerdiff_runtime::Runtime;
 
 use crate::Result;
 use crate::inputs::check_inputs;
+use crate::local::{Rerun, WeightCheck, check_weight, fit};
 
 /// What `layerdiff onnx` compares.
 pub struct ModelPair {
@@ -34,8 +35,10 @@ pub struct ModelPair {
     pub inputs: Vec<(String, Tensor)>,
     /// Seed of generated inputs (`None` when read from a file).
     pub seed: Option<u64>,
-    /// The tolerance.
+    /// How each layer's tolerance is chosen.
     pub tolerance: Tolerance,
+    /// Whether to measure each layer's local error (re-running its target nodes).
+    pub local: bool,
 }
 
 /// A reference value and where its counterpart is, or why it has none.
@@ -161,24 +164,16 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
     let (reference_rt, target_rt) = (&pair.reference_runtime, &pair.target_runtime);
     let reference_out = reference_rt.run(&reference, &pair.inputs, &reference_values)?;
     let target_out = target_rt.run(&target, &pair.inputs, &target_values)?;
-
-    // Each pairing's two tensors, looked up once by name.
-    let by_name = |out: &'_ [(String, Tensor)]| -> HashMap<String, usize> {
-        out.iter()
-            .enumerate()
-            .map(|(i, (n, _))| (n.clone(), i))
-            .collect()
-    };
     let (r_index, t_index) = (by_name(&reference_out), by_name(&target_out));
     let tensors: Vec<(Option<&Tensor>, Option<&Tensor>)> = pairings
         .iter()
         .map(|p| {
-            let r = r_index.get(&p.value).map(|&i| &reference_out[i].1);
+            let r = r_index.get(p.value.as_str()).map(|&i| &reference_out[i].1);
             let t = p
                 .target
                 .as_ref()
                 .ok()
-                .and_then(|n| t_index.get(n))
+                .and_then(|n| t_index.get(n.as_str()))
                 .map(|&i| &target_out[i].1);
             (r, t)
         })
@@ -210,7 +205,7 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
                     }
                     let outcome = compare_pair(r.view(), t.view());
                     layer.status = outcome.status;
-                    layer.stats = outcome.stats;
+                    layer.accumulated = outcome.stats;
                     layer.target_shape = outcome.target_shape;
                     layer.target_dtype = outcome.target_dtype;
                 }
@@ -219,12 +214,127 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
             layer
         })
         .collect();
-    let summary = analyse(&mut layers, pair.tolerance);
-    for (layer, &(r, t)) in layers.iter_mut().zip(&tensors) {
-        if let (Some(r), Some(t)) = (r, t) {
-            attribute_layout(layer, r.view(), t.view(), pair.tolerance.abs);
+
+    // Local error: each target value recomputed from the reference's values of its inputs.
+    let rerun = Rerun::new(&pair.target_model, target_rt.as_ref());
+    let mut groups: Vec<Option<LocalGroup>> = vec![None; layers.len()];
+    if pair.local {
+        let reference_of: HashMap<&str, &str> = pairings
+            .iter()
+            .filter_map(|p| Some((p.target.as_ref().ok()?.as_str(), p.value.as_str())))
+            .filter(|(_, r)| r_index.contains_key(r))
+            .collect();
+        let input = |n: &str| {
+            pair.inputs
+                .iter()
+                .find(|(name, _)| name == n)
+                .map(|(_, t)| t)
+        };
+        let known = |n: &str| reference_of.contains_key(n) || input(n).is_some();
+        let feed = |n: &str| -> std::result::Result<Tensor, String> {
+            if let Some(t) = input(n) {
+                return Ok(t.clone());
+            }
+            let r = &reference_out[r_index[reference_of[n]]].1;
+            let t = &target_out[t_index[n]].1;
+            fit(reference_of[n], r, t.dtype, &t.shape)
+        };
+        for ((layer, p), &(r, _)) in layers.iter_mut().zip(&pairings).zip(&tensors) {
+            let (Ok(target_name), Some(r)) = (&p.target, r) else {
+                continue;
+            };
+            if layer.status != LayerStatus::Compared {
+                continue;
+            }
+            match rerun.run(target_name, &known, &feed) {
+                Ok((group, value)) => {
+                    let outcome = compare_pair(r.view(), value.view());
+                    layer.local = outcome.stats;
+                    layer.local_inputs = group
+                        .inputs
+                        .iter()
+                        .map(|n| {
+                            reference_of
+                                .get(n.as_str())
+                                .map_or(n.clone(), |r| r.to_string())
+                        })
+                        .collect();
+                    groups[layer.index] = Some(group);
+                }
+                Err(reason) => layer.local_reason = Some(reason),
+            }
         }
     }
+    let summary = analyse(&mut layers, pair.tolerance);
+
+    // Evidence for the layers that need a cause.
+    let needs_cause = |l: &Layer| {
+        l.exceeds_tol || l.local_exceeds || summary.drift_origin.as_ref() == Some(&l.name)
+    };
+    let rerun_side = |rt: &(dyn Runtime + Send + Sync), model: &Model, values: &[String]| {
+        if layers.iter().any(needs_cause) {
+            rt.run(model, &pair.inputs, values).ok()
+        } else {
+            None
+        }
+    };
+    let reference_again = rerun_side(reference_rt.as_ref(), &reference, &reference_values);
+    let target_again = rerun_side(target_rt.as_ref(), &target, &target_values);
+    let mut evidence = vec![Evidence::default(); layers.len()];
+    for (i, layer) in layers.iter().enumerate() {
+        let ((Some(r), Some(t)), true) = (tensors[i], needs_cause(layer)) else {
+            continue;
+        };
+        let e = &mut evidence[i];
+        *e = Evidence::from_values(layer, r.view(), t.view());
+        for (side, again, first, name) in [
+            ("reference", &reference_again, r, &pairings[i].value),
+            (
+                "target",
+                &target_again,
+                t,
+                pairings[i].target.as_ref().unwrap_or(&pairings[i].value),
+            ),
+        ] {
+            let second = again
+                .as_ref()
+                .and_then(|out| out.iter().find(|(n, _)| n == name));
+            if let Some((_, second)) = second
+                && let Ok(stats) = layerdiff_core::compare(first.view(), second.view())
+                && stats.max_abs_diff > 0.0
+                && e.self_disagreement
+                    .as_ref()
+                    .is_none_or(|(_, d)| stats.max_abs_diff > *d)
+            {
+                e.self_disagreement = Some((side.to_string(), stats.max_abs_diff));
+            }
+        }
+        if let Some(group) = &groups[i] {
+            e.ops = rerun.ops(group);
+            e.attributes = rerun.attribute_changes(&pair.reference_model, group);
+            if e.precision.is_none() {
+                e.precision = rerun.lowered_precision(group);
+            }
+            for (node, position, name) in rerun.initializers(group) {
+                let Some(reference_weight) = reference_weight(pair, &rerun, node, position, &name)
+                else {
+                    continue;
+                };
+                let Some(Ok(target_weight)) = pair.target_model.initializer(&name) else {
+                    continue;
+                };
+                match check_weight(&name, reference_weight.view(), target_weight.view()) {
+                    WeightCheck::Same => {}
+                    WeightCheck::Differs(text) => e.weights.push(text),
+                    WeightCheck::LowerPrecision(text) => {
+                        e.precision.get_or_insert(text);
+                    }
+                }
+            }
+        }
+    }
+    explain(&mut layers, &evidence, &summary);
+
     let side = |path: &PathBuf, rt: &(dyn Runtime + Send + Sync)| SideInfo {
         runtime: rt.name().to_string(),
         detail: format!("{} · {}", file_name(path), rt.detail()),
@@ -238,13 +348,39 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
             pair.target.as_ref().unwrap_or(&pair.reference),
             target_rt.as_ref(),
         ),
-        mode: "accumulated".to_string(),
-        tolerance: pair.tolerance.abs,
+        mode: if pair.local { "local" } else { "accumulated" }.to_string(),
+        tolerance: pair.tolerance.info(),
         seed: pair.seed,
         inputs: InputInfo::describe(&pair.inputs),
         summary,
         layers,
     })
+}
+
+/// Each output's position by name.
+fn by_name(out: &[(String, Tensor)]) -> HashMap<&str, usize> {
+    out.iter()
+        .enumerate()
+        .map(|(i, (n, _))| (n.as_str(), i))
+        .collect()
+}
+
+/// The reference's counterpart of a target initializer: the one of the same name, else the
+/// initializer at the same input position of the reference node with the same name.
+fn reference_weight(
+    pair: &ModelPair,
+    rerun: &Rerun<'_>,
+    node: usize,
+    position: usize,
+    name: &str,
+) -> Option<Tensor> {
+    let model = &pair.reference_model;
+    if let Some(found) = model.initializer(name) {
+        return found.ok();
+    }
+    let node_name = &rerun.index.nodes()[node].name;
+    let same = model.graph().node.iter().find(|n| n.name() == node_name)?;
+    model.initializer(same.input.get(position)?)?.ok()
 }
 
 fn file_name(path: &std::path::Path) -> String {

@@ -28,6 +28,12 @@ pub enum CommandError {
 }
 
 pub(crate) fn run(args: &OnnxArgs) -> Result<u8, CommandError> {
+    if args.tolerance == Tolerance::Auto {
+        return Err(crate::Error::Usage(
+            "`--tolerance auto` needs a float64 run of the model, which only `layerdiff torch` makes; give a number or `dtype`".to_string(),
+        )
+        .into());
+    }
     let reference = Model::load(&args.model).map_err(crate::Error::from)?;
     let target = match &args.vs {
         Some(path) => Model::load(path).map_err(crate::Error::from)?,
@@ -76,9 +82,8 @@ pub(crate) fn run(args: &OnnxArgs) -> Result<u8, CommandError> {
         target_runtime,
         inputs,
         seed,
-        tolerance: Tolerance {
-            abs: args.tolerance,
-        },
+        tolerance: args.tolerance,
+        local: !args.no_local,
     };
     let report = compare_models(&pair)?;
 

@@ -40,13 +40,19 @@ pub fn summary_text(report: &Report) -> String {
     let s = &report.summary;
     let mut out = String::new();
     let verdict = match &s.drift_origin {
-        Some(origin) => format!(
-            "drift found: {} of {} compared layers exceed {}; origin `{origin}`",
-            s.layers_exceeding, s.layers_compared, report.tolerance
-        ),
+        Some(origin) => {
+            let first = match &s.first_exceeding {
+                Some(f) if f != origin => format!(" (first exceeding: `{f}`)"),
+                _ => String::new(),
+            };
+            format!(
+                "drift found: {} of {} compared layers exceed their tolerance; born at `{origin}`{first}",
+                s.layers_exceeding, s.layers_compared
+            )
+        }
         None => format!(
-            "no drift: all {} compared layers within {}",
-            s.layers_compared, report.tolerance
+            "no drift: all {} compared layers within tolerance",
+            s.layers_compared
         ),
     };
     out.push_str(&format!("{}: {verdict}\n", report.model));
@@ -60,6 +66,15 @@ pub fn summary_text(report: &Report) -> String {
     out.push_str(&format!(
         "  layers: {} total, {} compared, {} without an ONNX counterpart\n",
         s.layers_total, s.layers_compared, s.layers_unmapped
+    ));
+    out.push_str(&format!(
+        "  tolerance: {}; error measured {}\n",
+        report.tolerance.describe(),
+        if report.mode == "local" {
+            "accumulated and local (each layer re-run on the reference's inputs)"
+        } else {
+            "accumulated only"
+        }
     ));
     if let Some(w) = &s.worst.max_abs_diff {
         out.push_str(&format!(
@@ -81,6 +96,16 @@ pub fn summary_text(report: &Report) -> String {
         origin.and_then(|l| Some((l.cause.as_ref()?, l.detail.as_deref().unwrap_or(""))))
     {
         out.push_str(&format!("  cause at the origin: {cause}: {detail}\n"));
+    }
+    let inherited = report
+        .layers
+        .iter()
+        .filter(|l| l.cause.as_deref() == Some("inherited"))
+        .count();
+    if inherited > 0 {
+        out.push_str(&format!(
+            "  {inherited} exceeding layer(s) only inherited their error from upstream\n"
+        ));
     }
     let exceeding: Vec<&str> = report
         .layers

@@ -1,37 +1,58 @@
-//! Drift analysis: which layers exceed the tolerance, where drift is born, and the extremes.
+//! Drift analysis: which layers exceed their tolerance, accumulated and locally, where drift is
+//! born, and the extremes.
 
-use crate::{Layer, LayerStatus, Summary, WorstLayer, WorstLayers};
+use std::collections::HashMap;
 
-/// A named tolerance on a layer's `max_abs_diff`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Tolerance {
-    /// Absolute tolerance: a layer exceeds it when `max_abs_diff > abs` (strictly).
-    pub abs: f64,
+use crate::{DType, Layer, LayerStatus, Stats, Summary, Tolerance, WorstLayer, WorstLayers};
+
+/// A local error at least this fraction of a layer's accumulated error means the layer added
+/// that error itself; below it, the error came in through its inputs.
+pub const BORN_HERE: f64 = 0.5;
+
+/// Whether a pair of statistics exceeds a tolerance: a larger max abs diff (strictly), or NaN
+/// on one side only.
+fn beyond(stats: &Stats, tolerance: f64) -> bool {
+    stats.max_abs_diff > tolerance || stats.nan_mismatch > 0
 }
 
-impl Default for Tolerance {
-    fn default() -> Self {
-        Self { abs: 1e-4 }
-    }
-}
-
-/// Marks each layer's `exceeds_tol` and summarises: counts, drift origin, worst layers.
+/// Sets each layer's tolerance and exceedance flags, and summarises: counts, the first
+/// exceeding layer, the drift origin, the worst layers.
 ///
-/// A compared layer exceeds the tolerance when its `max_abs_diff` is strictly greater, when one
-/// side has NaN where the other has a number, or when the sides' dtypes differ (a bool mask
-/// against float zeros is a finding even where the values agree). A shape mismatch always
-/// exceeds. The drift origin is the first exceeding layer in execution order.
+/// A compared layer exceeds its tolerance when its accumulated `max_abs_diff` is strictly
+/// greater, when one side has NaN where the other has a number, or when a float is compared
+/// with a non-float (a bool mask against float zeros is a finding even where the values agree).
+/// A shape mismatch always exceeds. The same rule on the local statistics gives `local_exceeds`.
+///
+/// The drift origin is the first layer whose *own* error exceeds: its local error where it was
+/// measured, else its accumulated one. When the first exceeding layer comes earlier and only
+/// inherited its error (an upstream difference below tolerance, amplified), the origin is traced
+/// back through `local_inputs`, along the input carrying the most error, to the layer whose local
+/// error makes up at least [`BORN_HERE`] of its accumulated error.
 pub fn analyse(layers: &mut [Layer], tolerance: Tolerance) -> Summary {
     for layer in layers.iter_mut() {
-        layer.exceeds_tol = match (&layer.status, &layer.stats) {
-            (LayerStatus::Compared, Some(s)) => {
-                s.max_abs_diff > tolerance.abs || s.nan_mismatch > 0 || layer.target_dtype.is_some()
-            }
+        layer.tolerance = tolerance.for_layer(
+            &layer.dtype,
+            layer.target_dtype.as_deref(),
+            layer.float64.as_ref().map(|f| f.reference),
+        );
+        let kind_differs = layer.target_dtype.as_deref().is_some_and(|t| {
+            let float = |n: &str| DType::from_name(n).is_ok_and(DType::is_float);
+            float(t) != float(&layer.dtype)
+        });
+        layer.exceeds_tol = match (&layer.status, &layer.accumulated) {
+            (LayerStatus::Compared, Some(s)) => beyond(s, layer.tolerance) || kind_differs,
             (LayerStatus::ShapeMismatch, _) => true,
             _ => false,
         };
+        layer.local_exceeds = layer
+            .local
+            .as_ref()
+            .is_some_and(|s| beyond(s, layer.tolerance));
     }
-    let compared: Vec<&Layer> = layers.iter().filter(|l| l.stats.is_some()).collect();
+    let first_exceeding = layers.iter().position(|l| l.exceeds_tol);
+    let origin = drift_origin(layers, first_exceeding);
+
+    let compared: Vec<&Layer> = layers.iter().filter(|l| l.accumulated.is_some()).collect();
     let pick = |better: fn(f64, f64) -> bool, value: fn(&Layer) -> f64| {
         compared.iter().fold(None::<WorstLayer>, |best, l| {
             let v = value(l);
@@ -44,25 +65,76 @@ pub fn analyse(layers: &mut [Layer], tolerance: Tolerance) -> Summary {
             }
         })
     };
-    let max_abs = |l: &Layer| l.stats.as_ref().map_or(0.0, |s| s.max_abs_diff);
-    let mean_abs = |l: &Layer| l.stats.as_ref().map_or(0.0, |s| s.mean_abs_diff);
+    let max_abs = |l: &Layer| l.accumulated.as_ref().map_or(0.0, |s| s.max_abs_diff);
+    let mean_abs = |l: &Layer| l.accumulated.as_ref().map_or(0.0, |s| s.mean_abs_diff);
     Summary {
         layers_total: layers.len(),
         layers_compared: compared.len(),
         layers_exceeding: layers.iter().filter(|l| l.exceeds_tol).count(),
+        layers_exceeding_locally: layers.iter().filter(|l| l.local_exceeds).count(),
         layers_unmapped: layers
             .iter()
             .filter(|l| l.status == LayerStatus::Unmapped)
             .count(),
-        drift_origin: layers
-            .iter()
-            .find(|l| l.exceeds_tol)
-            .map(|l| l.name.clone()),
+        drift_origin: origin.map(|i| layers[i].name.clone()),
+        first_exceeding: first_exceeding.map(|i| layers[i].name.clone()),
         worst: WorstLayers {
             max_abs_diff: pick(|a, b| a > b, max_abs),
             mean_abs_diff: pick(|a, b| a > b, mean_abs),
             min_max_abs_diff: pick(|a, b| a < b, max_abs),
         },
+    }
+}
+
+/// The drift origin, as [`analyse`] defines it.
+fn drift_origin(layers: &[Layer], first_exceeding: Option<usize>) -> Option<usize> {
+    let own_exceeds = |l: &Layer| {
+        if l.local.is_some() {
+            l.local_exceeds || l.status == LayerStatus::ShapeMismatch
+        } else {
+            l.exceeds_tol
+        }
+    };
+    let first_own = layers.iter().position(own_exceeds);
+    let Some(first) = first_exceeding else {
+        return first_own;
+    };
+    if first_own.is_some_and(|o| o <= first) {
+        return first_own;
+    }
+    // The first exceeding layer inherited its error: follow the error upstream.
+    let by_name: HashMap<&str, usize> = layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (l.name.as_str(), i))
+        .collect();
+    let error = |l: &Layer, s: &Option<Stats>| {
+        s.as_ref().map_or(0.0, |s| s.max_abs_diff)
+            * f64::from(u8::from(l.status == LayerStatus::Compared))
+    };
+    let mut at = first;
+    loop {
+        let l = &layers[at];
+        let (accumulated, local) = (error(l, &l.accumulated), error(l, &l.local));
+        if l.local.is_none() || local >= BORN_HERE * accumulated {
+            return Some(at);
+        }
+        let upstream = l
+            .local_inputs
+            .iter()
+            .filter_map(|n| by_name.get(n.as_str()).copied())
+            .filter(|&i| i < at)
+            .max_by(|&a, &b| {
+                let (ea, eb) = (
+                    error(&layers[a], &layers[a].accumulated),
+                    error(&layers[b], &layers[b].accumulated),
+                );
+                ea.total_cmp(&eb).then(b.cmp(&a))
+            });
+        match upstream {
+            Some(i) if error(&layers[i], &layers[i].accumulated) > 0.0 => at = i,
+            _ => return Some(at),
+        }
     }
 }
 
@@ -77,7 +149,7 @@ mod tests {
         layer.status = outcome.status;
         layer.target_shape = outcome.target_shape;
         layer.target_dtype = outcome.target_dtype;
-        layer.stats = outcome.stats;
+        layer.accumulated = outcome.stats;
         layer
     }
 
@@ -114,8 +186,8 @@ mod tests {
                 v(DType::F32, &shape, &shifted),
             ),
         ];
-        let summary = analyse(&mut layers, Tolerance { abs: 1e-4 });
-        assert_eq!(layers[1].stats.as_ref().unwrap().max_abs_diff, 0.0);
+        let summary = analyse(&mut layers, Tolerance::Fixed(1e-4));
+        assert_eq!(layers[1].accumulated.as_ref().unwrap().max_abs_diff, 0.0);
         assert!(
             layers[1].exceeds_tol,
             "bool vs float32 is a finding although the values agree"

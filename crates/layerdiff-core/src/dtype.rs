@@ -118,6 +118,41 @@ impl DType {
             .ok_or_else(|| Error::UnsupportedDType(format!("onnx element type {code}")))
     }
 
+    /// Encodes f64 values as little-endian elements of this dtype (rounded to nearest for
+    /// floats, truncated and saturated for integers), appending to `out`.
+    pub(crate) fn encode_f64(self, values: &[f64], out: &mut Vec<u8>) {
+        out.reserve(values.len() * self.size());
+        for &v in values {
+            match self {
+                DType::F64 => out.extend_from_slice(&v.to_le_bytes()),
+                DType::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
+                DType::F16 => out.extend_from_slice(&half::f16::from_f64(v).to_le_bytes()),
+                DType::BF16 => out.extend_from_slice(&half::bf16::from_f64(v).to_le_bytes()),
+                DType::I64 => out.extend_from_slice(&(v as i64).to_le_bytes()),
+                DType::I32 => out.extend_from_slice(&(v as i32).to_le_bytes()),
+                DType::I16 => out.extend_from_slice(&(v as i16).to_le_bytes()),
+                DType::I8 => out.extend_from_slice(&(v as i8).to_le_bytes()),
+                DType::U64 => out.extend_from_slice(&(v as u64).to_le_bytes()),
+                DType::U32 => out.extend_from_slice(&(v as u32).to_le_bytes()),
+                DType::U16 => out.extend_from_slice(&(v as u16).to_le_bytes()),
+                DType::U8 => out.push(v as u8),
+                DType::Bool => out.push(u8::from(v != 0.0)),
+            }
+        }
+    }
+
+    /// Significand bits of a float type (53, 24, 11, 8); `None` for integers and bool. The
+    /// smaller of two sides' precisions decides the tolerance and names a precision loss.
+    pub fn mantissa_bits(self) -> Option<u32> {
+        match self {
+            DType::F64 => Some(53),
+            DType::F32 => Some(24),
+            DType::F16 => Some(11),
+            DType::BF16 => Some(8),
+            _ => None,
+        }
+    }
+
     /// Decodes little-endian elements of this dtype into `out` as f64 (`out.len()` elements).
     pub(crate) fn decode_f64(self, bytes: &[u8], out: &mut [f64]) {
         macro_rules! decode {

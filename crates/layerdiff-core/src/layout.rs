@@ -147,23 +147,6 @@ fn transpose(values: &[f64], shape: &[usize], p: &[usize]) -> Vec<f64> {
     out
 }
 
-/// Looks for a layout permutation behind an exceeding layer and records it as the layer's cause.
-pub fn attribute_layout(
-    layer: &mut crate::Layer,
-    reference: TensorView<'_>,
-    target: TensorView<'_>,
-    tolerance: f64,
-) {
-    if !layer.exceeds_tol || layer.target_dtype.is_some() {
-        return;
-    }
-    if let Some(found) = detect_layout(reference, target, tolerance) {
-        layer.cause = Some("layout_permutation".to_string());
-        layer.detail = Some(found.detail());
-        layer.permutation = Some(found.permutation);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,6 +3,7 @@
 //! its renderers. Nothing here knows about Python, ONNX files or runtimes.
 
 mod analysis;
+mod cause;
 mod compare;
 mod dtype;
 mod error;
@@ -14,18 +15,23 @@ mod random;
 pub mod render;
 mod report;
 mod tensor;
+mod tolerance;
 
-pub use analysis::{Tolerance, analyse};
+pub use analysis::{BORN_HERE, analyse};
+pub use cause::{Evidence, explain, precision_grid};
 pub use compare::{Stats, THRESHOLDS, Worst, compare};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use io::{read_safetensors, write_safetensors};
-pub use layout::{LayoutFinding, attribute_layout, detect_layout};
+pub use layout::{LayoutFinding, detect_layout};
 pub use npz::read_npz;
 pub use pair::{PairOutcome, compare_pair};
 pub use random::{SplitMix64, random_tensor};
 pub use report::{
-    InputInfo, Layer, LayerStatus, OnnxRef, Report, SCHEMA, SideInfo, Summary, WorstLayer,
-    WorstLayers,
+    Float64Distance, InputInfo, Layer, LayerStatus, OnnxRef, Report, SCHEMA, SideInfo, Summary,
+    WorstLayer, WorstLayers,
 };
 pub use tensor::{Tensor, TensorView};
+pub use tolerance::{
+    AUTO_FACTOR, AUTO_FLOOR, Tolerance, ToleranceInfo, default_for, lower_precision,
+};

@@ -5,7 +5,7 @@ use serde::Serialize;
 use crate::Stats;
 
 /// Schema identifier written into every JSON report.
-pub const SCHEMA: &str = "layerdiff.report/1";
+pub const SCHEMA: &str = "layerdiff.report/2";
 
 /// A whole comparison: what ran, on what, and what was found.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -20,11 +20,11 @@ pub struct Report {
     pub reference: SideInfo,
     /// The side under test.
     pub target: SideInfo,
-    /// `accumulated`: each side ran from the original input, so errors propagate.
+    /// `local`: besides the accumulated error (each side run from the original input), each
+    /// layer was re-run on the target with the reference's inputs; `accumulated`: not re-run.
     pub mode: String,
-    /// The absolute tolerance on `max_abs_diff`.
-    #[serde(serialize_with = "crate::render::float")]
-    pub tolerance: f64,
+    /// How each layer's tolerance was chosen; the number itself is on each layer.
+    pub tolerance: crate::ToleranceInfo,
     /// Seed of the generated inputs, when they were generated.
     pub seed: Option<u64>,
     /// The inputs both sides were given.
@@ -76,12 +76,18 @@ pub struct Summary {
     pub layers_total: usize,
     /// Layers with values on both sides that were compared.
     pub layers_compared: usize,
-    /// Layers whose difference exceeds the tolerance.
+    /// Layers whose accumulated difference exceeds their tolerance.
     pub layers_exceeding: usize,
+    /// Layers whose own (local) difference exceeds their tolerance.
+    pub layers_exceeding_locally: usize,
     /// Layers with no counterpart on the target side.
     pub layers_unmapped: usize,
-    /// The first layer, in execution order, that exceeds the tolerance.
+    /// Where the drift is born: the first layer whose own (local) error exceeds its tolerance,
+    /// or, when the first exceeding layer only inherited its error, the upstream layer that
+    /// added it (see docs/concepts.md).
     pub drift_origin: Option<String>,
+    /// The first layer, in execution order, whose accumulated error exceeds its tolerance.
+    pub first_exceeding: Option<String>,
     /// The extremes across compared layers.
     pub worst: WorstLayers,
 }
@@ -142,11 +148,26 @@ pub struct Layer {
     pub target_shape: Option<Vec<usize>>,
     /// Target dtype, when it differs from the reference.
     pub target_dtype: Option<String>,
-    /// The comparison, when compared.
-    pub stats: Option<Stats>,
-    /// Whether this layer exceeds the tolerance (strictly greater, or any NaN mismatch, or shapes differ).
+    /// The absolute tolerance that applied to this layer.
+    #[serde(serialize_with = "crate::render::float")]
+    pub tolerance: f64,
+    /// Accumulated error: both sides ran from the original inputs.
+    pub accumulated: Option<Stats>,
+    /// Local error: the layer's target nodes re-run on the reference's values of their inputs.
+    pub local: Option<Stats>,
+    /// The layers (or graph inputs) whose reference values fed the local re-run.
+    pub local_inputs: Vec<String>,
+    /// Why the local error was not measured, for a compared layer.
+    pub local_reason: Option<String>,
+    /// Whether the accumulated error exceeds the tolerance (strictly greater, any NaN mismatch,
+    /// a shape mismatch, or a float compared with a non-float).
     pub exceeds_tol: bool,
-    /// Why the layer differs, when layerdiff can tell (`layout_permutation`).
+    /// Whether the local error exceeds the tolerance.
+    pub local_exceeds: bool,
+    /// Each side's distance from the float64 truth, where it was computed (torch flow).
+    pub float64: Option<Float64Distance>,
+    /// Why the layer differs, from a fixed vocabulary: `weight_mismatch`, `precision_loss`,
+    /// `layout_permutation`, `op_implementation`, `inherited`, `nondeterminism`, `unknown`.
     pub cause: Option<String>,
     /// The cause in words.
     pub detail: Option<String>,
@@ -173,8 +194,14 @@ impl Layer {
             dtype: dtype.into(),
             target_shape: None,
             target_dtype: None,
-            stats: None,
+            tolerance: 0.0,
+            accumulated: None,
+            local: None,
+            local_inputs: Vec::new(),
+            local_reason: None,
             exceeds_tol: false,
+            local_exceeds: false,
+            float64: None,
             cause: None,
             detail: None,
             permutation: None,
@@ -191,4 +218,37 @@ pub struct OnnxRef {
     pub node: String,
     /// Its op type.
     pub op_type: String,
+}
+
+/// Each side's max abs distance from the same model run in float64.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Float64Distance {
+    /// The reference's distance.
+    #[serde(serialize_with = "crate::render::float")]
+    pub reference: f64,
+    /// The target's distance.
+    #[serde(serialize_with = "crate::render::float")]
+    pub target: f64,
+}
+
+impl Float64Distance {
+    /// Which side is right, in words: both about equally far (rounding), or one side further.
+    pub fn verdict(&self) -> String {
+        let (r, t) = (self.reference, self.target);
+        if r == 0.0 && t == 0.0 {
+            "both sides match float64 exactly".to_string()
+        } else if t <= 2.0 * r && r <= 2.0 * t {
+            format!(
+                "both sides are about equally far from float64 (reference {r:.2e}, target {t:.2e}): rounding, not a bug"
+            )
+        } else if t > r {
+            format!(
+                "the target is further from float64 (target {t:.2e}, reference {r:.2e}): the target is off"
+            )
+        } else {
+            format!(
+                "the reference is further from float64 (reference {r:.2e}, target {t:.2e}): the target is closer to the truth"
+            )
+        }
+    }
 }

@@ -79,4 +79,30 @@ impl Tensor {
             bytes: &self.bytes,
         }
     }
+
+    /// This tensor's values in another dtype (floats rounded to nearest). Used to feed one
+    /// side's values to the other side's nodes, e.g. float32 activations to a float16 layer.
+    pub fn cast(&self, dtype: DType) -> Tensor {
+        if dtype == self.dtype {
+            return self.clone();
+        }
+        let n = self.shape.iter().product::<usize>();
+        let mut values = vec![0.0; n];
+        self.dtype.decode_f64(&self.bytes, &mut values);
+        let mut bytes = Vec::new();
+        dtype.encode_f64(&values, &mut bytes);
+        Tensor {
+            dtype,
+            shape: self.shape.clone(),
+            bytes,
+        }
+    }
+
+    /// The same elements under another shape, when the element counts agree.
+    pub fn reshaped(mut self, shape: &[usize]) -> Option<Tensor> {
+        (shape.iter().product::<usize>() == self.shape.iter().product::<usize>()).then(|| {
+            self.shape = shape.to_vec();
+            self
+        })
+    }
 }

@@ -10,6 +10,7 @@ mod generated;
 
 mod error;
 mod graph;
+mod local;
 mod mapping;
 mod model;
 mod node_ext;
@@ -20,6 +21,7 @@ mod tensor_io;
 pub use error::{Error, Result};
 pub use generated::*;
 pub use graph::{Dimension, GraphIndex, NodeInfo, ValueType, tensor_value_info};
+pub use local::{LocalGroup, MAX_GROUP_NODES, attribute_changes, attribute_text, local_group};
 pub use mapping::{LayerCall, LayerMapping, map_layers};
 pub use model::Model;
 pub use node_ext::NodeExt;

@@ -89,4 +89,36 @@ impl Model {
             })
             .collect()
     }
+
+    /// The initializer called `name` as a tensor, reading external data from the model's
+    /// folder; `None` when there is no such initializer, `Err` when it cannot be read.
+    pub fn initializer(
+        &self,
+        name: &str,
+    ) -> Option<std::result::Result<layerdiff_core::Tensor, String>> {
+        let proto = self.graph().initializer.iter().find(|t| t.name() == name)?;
+        if proto.data_location() != DataLocation::External {
+            return Some(crate::tensor_from_proto(proto));
+        }
+        let entry = |key: &str| crate::node_ext::lookup(&proto.external_data, key);
+        let read = || -> std::result::Result<layerdiff_core::Tensor, String> {
+            let location = entry("location").ok_or("external data without a location")?;
+            let dir = self.base_dir().ok_or("the model's folder is unknown")?;
+            let path = dir.join(location);
+            let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let offset: usize = entry("offset").and_then(|v| v.parse().ok()).unwrap_or(0);
+            let length: usize = entry("length")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(bytes.len().saturating_sub(offset));
+            let raw = bytes
+                .get(offset..offset + length)
+                .ok_or_else(|| format!("{} is shorter than its entry says", path.display()))?;
+            let mut inline = proto.clone();
+            inline.data_location = Some(DataLocation::Default as i32);
+            inline.external_data.clear();
+            inline.raw_data = Some(raw.to_vec());
+            crate::tensor_from_proto(&inline)
+        };
+        Some(read())
+    }
 }

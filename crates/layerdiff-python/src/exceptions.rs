@@ -58,6 +58,7 @@ pub(crate) fn to_py_err(err: impl Into<layerdiff_cli::Error>) -> PyErr {
     let message = layerdiff_cli::error_chain(&err);
     match err {
         E::Onnx(_) => ModelError::new_err(message),
+        E::Usage(_) => UsageError::new_err(message),
         E::Inputs(_) | E::Layers(_) | E::Core(_) => InputError::new_err(message),
         E::Runtime(layerdiff_runtime::Error::Inputs(_)) => InputError::new_err(message),
         E::Runtime(layerdiff_runtime::Error::Session(_)) => ModelError::new_err(message),

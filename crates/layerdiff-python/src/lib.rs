@@ -74,7 +74,9 @@ fn parse_cli(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> PyResult<(String,
         Parsed::Torch(a) => {
             let d = PyDict::new(py);
             d.set_item("model", a.model)?;
-            d.set_item("tolerance", a.tolerance)?;
+            d.set_item("tolerance", a.tolerance.to_string())?;
+            d.set_item("local", !a.no_local)?;
+            d.set_item("float64", !a.no_float64)?;
             d.set_item("seed", a.seed)?;
             d.set_item("exporter", format!("{:?}", a.exporter).to_lowercase())?;
             d.set_item("onnx", a.onnx)?;
@@ -94,7 +96,7 @@ fn parse_cli(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> PyResult<(String,
 /// `inputs`: list of `(name, dtype, shape, uint8 buffer)`. `layers`: list of dicts with `name`,
 /// `module`, `module_type`, `call_index`, `identity`, `input_from`, and `tensor` (a flat tensor tuple).
 #[pyfunction]
-#[pyo3(signature = (*, command, model, onnx_path, inputs, layers, tolerance, seed, reference_runtime, reference_detail, target="ort", ort_library=None))]
+#[pyo3(signature = (*, command, model, onnx_path, inputs, layers, tolerance, seed, reference_runtime, reference_detail, target="ort", ort_library=None, local=true))]
 #[allow(clippy::too_many_arguments)]
 fn compare_captured(
     py: Python<'_>,
@@ -103,19 +105,28 @@ fn compare_captured(
     onnx_path: PathBuf,
     inputs: Vec<FlatTensor<'_>>,
     layers: &Bound<'_, PyList>,
-    tolerance: f64,
+    tolerance: &str,
     seed: Option<u64>,
     reference_runtime: String,
     reference_detail: String,
     target: &str,
     ort_library: Option<PathBuf>,
+    local: bool,
 ) -> PyResult<Report> {
     let target = RuntimeSpec::parse(target).map_err(exceptions::UsageError::new_err)?;
+    let tolerance = Tolerance::parse(tolerance).map_err(exceptions::UsageError::new_err)?;
     let inputs = inputs
         .iter()
         .map(|t| Ok((t.name().to_string(), t.to_tensor()?)))
         .collect::<PyResult<Vec<_>>>()?;
-    let mut flat: Vec<(LayerCall, String, FlatTensor<'_>)> = Vec::with_capacity(layers.len());
+    type Entry<'py> = (
+        LayerCall,
+        String,
+        FlatTensor<'py>,
+        Option<FlatTensor<'py>>,
+        Vec<FlatTensor<'py>>,
+    );
+    let mut flat: Vec<Entry<'_>> = Vec::with_capacity(layers.len());
     for item in layers.iter() {
         let d = item.cast::<PyDict>()?;
         let get = |k: &str| {
@@ -134,15 +145,28 @@ fn compare_captured(
             call,
             get("module_type")?.extract()?,
             get("tensor")?.extract()?,
+            d.get_item("float64")?
+                .map(|v| v.extract())
+                .transpose()?
+                .flatten(),
+            d.get_item("parameters")?
+                .map(|v| v.extract())
+                .transpose()?
+                .unwrap_or_default(),
         ));
     }
     let captured: Vec<CapturedLayer<'_>> = flat
         .iter()
-        .map(|(call, module_type, t)| {
+        .map(|(call, module_type, t, float64, parameters)| {
             Ok(CapturedLayer {
                 call: call.clone(),
                 module_type: module_type.clone(),
                 value: t.view()?,
+                float64: float64.as_ref().map(FlatTensor::view).transpose()?,
+                parameters: parameters
+                    .iter()
+                    .map(|p| Ok((p.name().to_string(), p.view()?)))
+                    .collect::<PyResult<_>>()?,
             })
         })
         .collect::<PyResult<_>>()?;
@@ -153,7 +177,8 @@ fn compare_captured(
         inputs,
         seed,
         layers: captured,
-        tolerance: Tolerance { abs: tolerance },
+        tolerance,
+        local,
         reference: SideInfo {
             runtime: reference_runtime,
             detail: reference_detail,

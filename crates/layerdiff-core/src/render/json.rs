@@ -34,6 +34,14 @@ pub fn float<S: serde::Serializer>(value: &f64, s: S) -> Result<S::Ok, S::Error>
     }
 }
 
+/// `serialize_with` for optional floats: `null` when absent, else as [`float`].
+pub fn float_opt<S: serde::Serializer>(value: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    match value {
+        Some(v) => float(v, s),
+        None => s.serialize_none(),
+    }
+}
+
 /// Renders any serialisable value (a report, or one `Stats`) as deterministic JSON, newline-terminated.
 pub fn to_json_value<T: Serialize>(value: &T) -> String {
     let mut out = Vec::new();

@@ -31,14 +31,19 @@ pub fn to_markdown(report: &Report) -> String {
         .drift_origin
         .as_deref()
         .map_or("none".to_string(), |o| format!("`{o}`"));
+    let first = s
+        .first_exceeding
+        .as_deref()
+        .map_or("none".to_string(), |o| format!("`{o}`"));
     let _ = writeln!(
         out,
-        "Tolerance: {} · layers: {} ({} compared, {} without a counterpart) · layers exceeding: {} · drift origin: {}\n",
-        report.tolerance,
+        "Tolerance: {} · layers: {} ({} compared, {} without a counterpart) · exceeding: {} accumulated, {} locally · first exceeding: {first} · drift origin: {}\n",
+        report.tolerance.describe(),
         s.layers_total,
         s.layers_compared,
         s.layers_unmapped,
         s.layers_exceeding,
+        s.layers_exceeding_locally,
         origin
     );
     if !report.inputs.is_empty() {
@@ -66,22 +71,34 @@ pub fn to_markdown(report: &Report) -> String {
     row(&mut out, "smallest max abs diff", &s.worst.min_max_abs_diff);
     let verdict = match &s.drift_origin {
         None => format!(
-            "\nNo drift: no layer exceeds {} across {} compared layers.\n",
-            report.tolerance, s.layers_compared
+            "\nNo drift: no layer exceeds its tolerance across {} compared layers.\n",
+            s.layers_compared
         ),
-        Some(o) => format!(
-            "\n**Drift found**: {} layer(s) exceed {}; the first, in execution order, is `{o}`.\n",
-            s.layers_exceeding, report.tolerance
-        ),
+        Some(o) => {
+            let cause = report
+                .layers
+                .iter()
+                .find(|l| &l.name == o)
+                .and_then(|l| l.cause.as_deref())
+                .map(|c| format!(" (**{c}**)"))
+                .unwrap_or_default();
+            format!(
+                "\n**Drift found**: {} layer(s) exceed their tolerance; the drift is born at `{o}`{cause}.\n",
+                s.layers_exceeding
+            )
+        }
     };
     out.push_str(&verdict);
 
     let _ = writeln!(out, "\n## Layers\n");
     let _ = writeln!(
         out,
-        "| # | layer | type | ONNX value (op) | shape | max abs diff | mean abs diff | max rel diff | cosine | > tol |"
+        "| # | layer | type | ONNX value (op) | shape | tolerance | max abs diff | local max abs diff | mean abs diff | cosine | float64 distance (ref / target) | verdict |"
     );
-    let _ = writeln!(out, "|---:|---|---|---|---|---:|---:|---:|---:|:---:|");
+    let _ = writeln!(
+        out,
+        "|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|:---|"
+    );
     for l in &report.layers {
         let onnx = l.onnx.as_ref().map_or("—".to_string(), |o| {
             format!("`{}` ({})", o.value, o.op_type)
@@ -93,26 +110,35 @@ pub fn to_markdown(report: &Report) -> String {
             .collect::<Vec<_>>()
             .join("×");
         let kind = l.module_type.as_deref().unwrap_or("");
-        let (max, mean, rel, cos) = match &l.stats {
+        let (max, mean, cos) = match &l.accumulated {
             Some(st) => (
                 sci(st.max_abs_diff),
                 sci(st.mean_abs_diff),
-                sci(st.max_rel_diff),
                 format!("{:.6}", st.cosine),
             ),
             None => Default::default(),
         };
-        let flag = match l.status {
-            _ if l.cause.as_deref() == Some("layout_permutation") => "**layout**",
-            LayerStatus::Compared if l.target_dtype.is_some() => "**dtype**",
-            LayerStatus::Compared if l.exceeds_tol => "**yes**",
-            LayerStatus::Compared => "",
-            LayerStatus::ShapeMismatch => "**shape**",
-            LayerStatus::Unmapped => "n/a",
+        let local = l.local.as_ref().map_or(String::new(), |st| {
+            let mark = if l.local_exceeds { " **>**" } else { "" };
+            format!("{}{mark}", sci(st.max_abs_diff))
+        });
+        let truth = l.float64.as_ref().map_or(String::new(), |f| {
+            format!("{} / {}", sci(f.reference), sci(f.target))
+        });
+        let tolerance = match l.status {
+            LayerStatus::Unmapped => String::new(),
+            _ => sci(l.tolerance),
+        };
+        let flag = match (&l.cause, l.status) {
+            (Some(cause), _) => format!("**{cause}**"),
+            (None, LayerStatus::Compared) if l.exceeds_tol => "**exceeds**".to_string(),
+            (None, LayerStatus::Compared) => String::new(),
+            (None, LayerStatus::ShapeMismatch) => "**shape**".to_string(),
+            (None, LayerStatus::Unmapped) => "n/a".to_string(),
         };
         let _ = writeln!(
             out,
-            "| {} | `{}` | {kind} | {onnx} | {shape} | {max} | {mean} | {rel} | {cos} | {flag} |",
+            "| {} | `{}` | {kind} | {onnx} | {shape} | {tolerance} | {max} | {local} | {mean} | {cos} | {truth} | {flag} |",
             l.index, l.name
         );
     }
@@ -133,7 +159,14 @@ pub fn to_markdown(report: &Report) -> String {
     let notes: Vec<_> = report
         .layers
         .iter()
-        .filter_map(|l| l.reason.as_ref().map(|r| (l, r)))
+        .filter_map(|l| {
+            let local = l
+                .local_reason
+                .as_ref()
+                .map(|r| format!("local error not measured: {r}"));
+            let text: Vec<String> = l.reason.iter().cloned().chain(local).collect();
+            (!text.is_empty()).then(|| (l, text.join("; ")))
+        })
         .collect();
     if !notes.is_empty() {
         let _ = writeln!(out, "\n## Notes on layers\n");

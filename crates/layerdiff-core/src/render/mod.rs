@@ -3,5 +3,5 @@
 mod json;
 mod markdown;
 
-pub use json::{float, format_float, to_json, to_json_value};
+pub use json::{float, float_opt, format_float, to_json, to_json_value};
 pub use markdown::to_markdown;

@@ -1,0 +1,200 @@
+//! Local error and the evidence behind causes, shared by both flows.
+//!
+//! A layer's *local* error isolates what the layer adds itself: its target nodes (the group that
+//! computes its value from values known on both sides) are extracted into a standalone model and
+//! run by the target runtime on the *reference's* values of the group's inputs; the output is
+//! compared with the reference's value of the layer.
+
+use layerdiff_core::{DType, Tensor, TensorView, compare};
+use layerdiff_onnx::{
+    GraphIndex, LocalGroup, Model, NodeExt, attribute_changes, extract_nodes, local_group,
+};
+use layerdiff_runtime::Runtime;
+
+/// A weight differs when its max abs diff exceeds this fraction of its largest magnitude:
+/// above float32 rounding of a folded constant, far below any real edit.
+pub const WEIGHT_RTOL: f64 = 1e-5;
+
+/// Re-runs groups of the target model on given values.
+pub(crate) struct Rerun<'a> {
+    pub model: &'a Model,
+    pub index: GraphIndex,
+    pub runtime: &'a (dyn Runtime + Send + Sync),
+}
+
+impl<'a> Rerun<'a> {
+    pub fn new(model: &'a Model, runtime: &'a (dyn Runtime + Send + Sync)) -> Self {
+        Self {
+            model,
+            index: GraphIndex::new(model.graph()),
+            runtime,
+        }
+    }
+
+    /// The group computing `value` from values where `known` holds, and its output when run on
+    /// `feed`'s tensors. `Err` says why the layer could not be re-run.
+    pub fn run(
+        &self,
+        value: &str,
+        known: &dyn Fn(&str) -> bool,
+        feed: &dyn Fn(&str) -> Result<Tensor, String>,
+    ) -> Result<(LocalGroup, Tensor), String> {
+        let group = local_group(&self.index, value, known)?;
+        let feeds = group
+            .inputs
+            .iter()
+            .map(|n| Ok((n.clone(), feed(n)?)))
+            .collect::<Result<Vec<_>, String>>()?;
+        let wanted = [value.to_string()];
+        let extract = extract_nodes(self.model, &group.nodes, &wanted, &feeds)
+            .map_err(|e| format!("cannot extract its nodes: {e}"))?;
+        let out = self
+            .runtime
+            .run(&extract, &feeds, &wanted)
+            .map_err(|e| format!("the target could not run its nodes alone: {e}"))?;
+        let tensor = out
+            .into_iter()
+            .next()
+            .map(|(_, t)| t)
+            .ok_or("the re-run returned nothing")?;
+        Ok((group, tensor))
+    }
+
+    /// The op types of a group, in graph order (`Conv → Relu`).
+    pub fn ops(&self, group: &LocalGroup) -> Vec<String> {
+        group
+            .nodes
+            .iter()
+            .map(|&i| self.index.nodes()[i].op_type.clone())
+            .collect()
+    }
+
+    /// How the group lowers precision: a Cast to float16/bfloat16, or such an initializer.
+    pub fn lowered_precision(&self, group: &LocalGroup) -> Option<String> {
+        let graph = self.model.graph();
+        for &i in &group.nodes {
+            let node = &graph.node[i];
+            if node.op_type() == "Cast"
+                && let Ok(to) = node.attr_i64("to")
+                && let Ok(dtype) = DType::from_onnx_code(to as i32)
+                && matches!(dtype, DType::F16 | DType::BF16)
+            {
+                return Some(format!(
+                    "the target casts to {dtype} inside this layer (node `{}`)",
+                    node.display_name()
+                ));
+            }
+            for input in &node.input {
+                if let Some(init) = graph.initializer.iter().find(|t| t.name() == input)
+                    && let Ok(dtype) = DType::from_onnx_code(init.data_type())
+                    && matches!(dtype, DType::F16 | DType::BF16)
+                {
+                    return Some(format!(
+                        "the target stores `{input}` in {dtype} and computes this layer in it"
+                    ));
+                }
+            }
+        }
+        None
+    }
+
+    /// The initializers a group reads: (node index, input position, name).
+    pub fn initializers(&self, group: &LocalGroup) -> Vec<(usize, usize, String)> {
+        let mut out = Vec::new();
+        for &i in &group.nodes {
+            for (position, input) in self.index.nodes()[i].inputs.iter().enumerate() {
+                if self.index.is_initializer(input) {
+                    out.push((i, position, input.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    /// Attribute changes between the reference's nodes and the group's nodes of the same name.
+    pub fn attribute_changes(&self, reference: &Model, group: &LocalGroup) -> Vec<String> {
+        let graph = self.model.graph();
+        let mut changes = Vec::new();
+        for &i in &group.nodes {
+            let node = &graph.node[i];
+            let Some(same) = reference
+                .graph()
+                .node
+                .iter()
+                .find(|n| n.name() == node.name() && n.op_type() == node.op_type())
+            else {
+                continue;
+            };
+            for change in attribute_changes(same, node) {
+                changes.push(format!("{change} on `{}`", node.display_name()));
+            }
+        }
+        changes
+    }
+}
+
+/// How a target weight relates to the reference's: the same, different (with a sentence), or
+/// stored in lower precision (with a sentence).
+pub(crate) enum WeightCheck {
+    Same,
+    Differs(String),
+    LowerPrecision(String),
+}
+
+/// Compares one weight of the two sides.
+pub(crate) fn check_weight(
+    name: &str,
+    reference: TensorView<'_>,
+    target: TensorView<'_>,
+) -> WeightCheck {
+    let squeeze = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
+    if squeeze(reference.shape) != squeeze(target.shape) {
+        return WeightCheck::Differs(format!(
+            "`{name}` has shape {:?} on the target, {:?} on the reference",
+            target.shape, reference.shape
+        ));
+    }
+    let (rb, tb) = (
+        reference.dtype.mantissa_bits(),
+        target.dtype.mantissa_bits(),
+    );
+    if let (Some(r), Some(t)) = (rb, tb)
+        && t < r
+    {
+        return WeightCheck::LowerPrecision(format!(
+            "the target stores `{name}` in {}, the reference in {}",
+            target.dtype, reference.dtype
+        ));
+    }
+    let Ok(stats) = compare(reference, target) else {
+        return WeightCheck::Same;
+    };
+    let scale = (0..reference.numel())
+        .map(|i| reference.get_f64(i).abs())
+        .filter(|v| v.is_finite())
+        .fold(0.0, f64::max);
+    if stats.max_abs_diff > WEIGHT_RTOL * scale || stats.nan_mismatch > 0 {
+        WeightCheck::Differs(format!(
+            "`{name}` differs: max abs diff {:.3e} ({} of {} elements differ)",
+            stats.max_abs_diff, stats.abs_diff_above[0], stats.elements
+        ))
+    } else {
+        WeightCheck::Same
+    }
+}
+
+/// A reference tensor made fit to feed the target in place of `name`: cast to the target's
+/// dtype, reshaped to its shape (element counts must agree).
+pub(crate) fn fit(
+    name: &str,
+    reference: &Tensor,
+    dtype: DType,
+    shape: &[usize],
+) -> Result<Tensor, String> {
+    reference.cast(dtype).reshaped(shape).ok_or_else(|| {
+        format!(
+            "the reference's `{name}` has shape {:?}, the target's {shape:?}",
+            reference.shape
+        )
+    })
+}

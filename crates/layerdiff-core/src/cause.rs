@@ -1,0 +1,238 @@
+//! Causes: why a layer differs, from a fixed vocabulary, each with a sentence of detail.
+//!
+//! The flows gather [`Evidence`] per layer (they know the graphs, weights and runtimes); this
+//! module only decides, in a fixed order, for every layer that exceeds its tolerance (accumulated
+//! or local) and for the drift origin:
+//!
+//! 1. `inherited`: its own (local) error is within tolerance; the difference came from upstream;
+//! 2. `layout_permutation`: permuting the target onto the reference restores agreement;
+//! 3. `nondeterminism`: a side run twice disagrees with itself here by more than the tolerance;
+//! 4. `weight_mismatch`: a parameter or initializer the layer uses differs between the sides;
+//! 5. `precision_loss`: the layer ran in lower precision on the target;
+//! 6. `op_implementation`: an attribute differs, or, with the same inputs, weights and
+//!    attributes, the target's nodes still compute something else (its local error exceeds);
+//! 7. `unknown`: nothing fits; the detail says what was ruled out.
+
+use crate::{DType, Layer, LayoutFinding, Summary, TensorView};
+
+/// What a flow found out about one layer.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Evidence {
+    /// A permutation under which the sides agree.
+    pub layout: Option<LayoutFinding>,
+    /// A side that disagrees with itself when run twice, and by how much (max abs diff).
+    pub self_disagreement: Option<(String, f64)>,
+    /// Parameters or initializers used by the layer that differ, with their difference.
+    pub weights: Vec<String>,
+    /// How the target lowers precision here (`the target's values lie on the float16 grid`).
+    pub precision: Option<String>,
+    /// Attributes that differ between the sides' nodes (`` `epsilon` 1e-05 → 0.1 ``).
+    pub attributes: Vec<String>,
+    /// The target's op types in the re-run group, for the kernel sentence (`Conv`).
+    pub ops: Vec<String>,
+}
+
+impl Evidence {
+    /// What the two values of an exceeding layer show by themselves: a layout permutation, or
+    /// target values on a lower-precision grid.
+    pub fn from_values(layer: &Layer, reference: TensorView<'_>, target: TensorView<'_>) -> Self {
+        let mut evidence = Self::default();
+        if !(layer.exceeds_tol || layer.local_exceeds) {
+            return evidence;
+        }
+        if layer.target_dtype.is_none() {
+            evidence.layout = crate::detect_layout(reference, target, layer.tolerance);
+        }
+        evidence.precision = precision_grid(reference, target).map(|grid| {
+            format!(
+                "the target's values lie on the {grid} grid: it computed or stored them in {grid}"
+            )
+        });
+        evidence
+    }
+}
+
+/// Sets `cause` and `detail` on every layer that exceeds its tolerance and on the drift origin.
+/// `evidence` is indexed like `layers` (missing entries mean no evidence).
+pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &Summary) {
+    let none = Evidence::default();
+    let origin = summary.drift_origin.as_deref();
+    for (i, layer) in layers.iter_mut().enumerate() {
+        let is_origin = origin == Some(layer.name.as_str());
+        if !(layer.exceeds_tol || layer.local_exceeds || is_origin) {
+            continue;
+        }
+        let e = evidence.get(i).unwrap_or(&none);
+        let (cause, mut detail) = decide(layer, e, origin, is_origin);
+        if is_origin && !layer.exceeds_tol && !layer.local_exceeds {
+            let first = summary
+                .first_exceeding
+                .as_deref()
+                .unwrap_or("a later layer");
+            detail = format!(
+                "{detail}; on its own this stays within the tolerance {:e} and is amplified downstream until `{first}` exceeds it",
+                layer.tolerance
+            );
+        }
+        if cause != "inherited"
+            && let Some(f) = &layer.float64
+        {
+            detail = format!("{detail}; {}", f.verdict());
+        }
+        layer.permutation = match cause {
+            "layout_permutation" => e.layout.as_ref().map(|l| l.permutation.clone()),
+            _ => None,
+        };
+        layer.cause = Some(cause.to_string());
+        layer.detail = Some(detail);
+    }
+}
+
+fn decide(
+    layer: &Layer,
+    e: &Evidence,
+    origin: Option<&str>,
+    is_origin: bool,
+) -> (&'static str, String) {
+    let max = |s: &Option<crate::Stats>| s.as_ref().map_or(0.0, |s| s.max_abs_diff);
+    let tol = layer.tolerance;
+    if layer.local.is_some() && !layer.local_exceeds && !is_origin {
+        let from = origin.map_or(String::new(), |o| format!(", born at `{o}`"));
+        return (
+            "inherited",
+            format!(
+                "its own error (local max abs diff {:.3e}) is within the tolerance {tol:e}; the difference ({:.3e}) comes from upstream{from}",
+                max(&layer.local),
+                max(&layer.accumulated)
+            ),
+        );
+    }
+    if let Some(found) = &e.layout {
+        return ("layout_permutation", found.detail());
+    }
+    if let Some((side, d)) = &e.self_disagreement
+        && *d > tol
+    {
+        return (
+            "nondeterminism",
+            format!("the {side} run twice disagrees with itself here by up to {d:.3e}"),
+        );
+    }
+    if !e.weights.is_empty() {
+        return ("weight_mismatch", e.weights.join("; "));
+    }
+    let lower = layer
+        .target_dtype
+        .as_deref()
+        .and_then(|t| DType::from_name(t).ok())
+        .filter(|t| {
+            let r = DType::from_name(&layer.dtype)
+                .ok()
+                .and_then(DType::mantissa_bits);
+            t.mantissa_bits().zip(r).is_some_and(|(t, r)| t < r)
+        });
+    if let Some(t) = lower {
+        return (
+            "precision_loss",
+            format!(
+                "the target computes this layer in {t}, the reference in {}",
+                layer.dtype
+            ),
+        );
+    }
+    if let Some(how) = &e.precision {
+        return ("precision_loss", how.clone());
+    }
+    if !e.attributes.is_empty() {
+        return (
+            "op_implementation",
+            format!("an attribute differs: {}", e.attributes.join(", ")),
+        );
+    }
+    if let Some(local) = &layer.local {
+        let ops = if e.ops.is_empty() {
+            "nodes".to_string()
+        } else {
+            e.ops.join(" → ")
+        };
+        return (
+            "op_implementation",
+            format!(
+                "same inputs, weights and attributes, yet the target's {ops} computes differently (local max abs diff {:.3e})",
+                local.max_abs_diff
+            ),
+        );
+    }
+    let not_measured = layer.local_reason.as_deref().unwrap_or("it was not re-run");
+    let upstream = match origin {
+        Some(o) if o != layer.name => format!("; drift is already present upstream at `{o}`"),
+        _ => String::new(),
+    };
+    (
+        "unknown",
+        format!(
+            "ruled out: layout permutation, nondeterminism, differing weights, lower precision, differing attributes; its own error was not measured ({not_measured}){upstream}"
+        ),
+    )
+}
+
+/// Whether the target's values lie on a lower-precision grid the reference's do not: every
+/// finite target value survives a round trip through float16 (or bfloat16), while fewer than
+/// half of the reference's do. Names the grid.
+pub fn precision_grid(reference: TensorView<'_>, target: TensorView<'_>) -> Option<&'static str> {
+    let bits = target.dtype.mantissa_bits()?;
+    // The coarser grid first: bfloat16 values within float16's range are float16 values too.
+    type Grid = (&'static str, u32, fn(f64) -> f64);
+    let grids: [Grid; 2] = [
+        ("bfloat16", 8, |v| half::bf16::from_f64(v).to_f64()),
+        ("float16", 11, |v| half::f16::from_f64(v).to_f64()),
+    ];
+    let n = target.numel().min(reference.numel());
+    if n == 0 {
+        return None;
+    }
+    grids.into_iter().find_map(|(name, grid_bits, round)| {
+        if grid_bits >= bits {
+            return None;
+        }
+        let on = |view: &TensorView<'_>| {
+            (0..n)
+                .map(|i| view.get_f64(i))
+                .filter(|v| v.is_finite() && *v != 0.0)
+                .map(|v| round(v) == v)
+                .fold((0usize, 0usize), |(on, all), hit| {
+                    (on + usize::from(hit), all + 1)
+                })
+        };
+        let (t_on, t_all) = on(&target);
+        let (r_on, r_all) = on(&reference);
+        (t_all > 0 && t_on == t_all && 2 * r_on < r_all).then_some(name)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_rounded_to_float16_are_on_its_grid() {
+        let r: Vec<f32> = (0..64).map(|i| 0.1 + i as f32 * 0.01337).collect();
+        let t: Vec<f32> = r.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect();
+        let b: Vec<f32> = r
+            .iter()
+            .map(|&v| half::bf16::from_f32(v).to_f32())
+            .collect();
+        let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let (rb, tb, bb) = (bytes(&r), bytes(&t), bytes(&b));
+        let shape = [64];
+        let view = |b: &'static [u8]| TensorView::new("x", DType::F32, &shape, b).unwrap();
+        let (rb, tb, bb): (&'static [u8], &'static [u8], &'static [u8]) = (
+            Box::leak(rb.into_boxed_slice()),
+            Box::leak(tb.into_boxed_slice()),
+            Box::leak(bb.into_boxed_slice()),
+        );
+        assert_eq!(precision_grid(view(rb), view(tb)), Some("float16"));
+        assert_eq!(precision_grid(view(rb), view(bb)), Some("bfloat16"));
+        assert_eq!(precision_grid(view(rb), view(rb)), None);
+    }
+}

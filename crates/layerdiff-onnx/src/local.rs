@@ -1,0 +1,154 @@
+//! What re-running one layer needs from a graph: the group of nodes that computes a value from
+//! values both sides know, and how two versions of a node differ in their attributes.
+
+use std::collections::HashSet;
+
+use crate::{AttributeProto, GraphIndex, NodeProto};
+
+/// The most nodes a local group may hold; beyond it the layer is not local any more.
+pub const MAX_GROUP_NODES: usize = 256;
+
+/// The nodes between some known values and one value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalGroup {
+    /// Node indices, in graph order.
+    pub nodes: Vec<usize>,
+    /// The known values the group reads (not initializers), in first-read order.
+    pub inputs: Vec<String>,
+}
+
+/// The nodes that compute `value` from values for which `known` holds, walking back from its
+/// producer until every path reaches a known value or an initializer. `known` should hold for
+/// graph inputs. `Err` says why there is no such group.
+pub fn local_group(
+    index: &GraphIndex,
+    value: &str,
+    known: &dyn Fn(&str) -> bool,
+) -> Result<LocalGroup, String> {
+    let Some(producer) = index.producer(value) else {
+        return Err(format!("`{value}` is not produced by a node"));
+    };
+    let mut nodes: Vec<usize> = Vec::new();
+    let mut inputs: Vec<String> = Vec::new();
+    let mut seen: HashSet<usize> = HashSet::new();
+    let mut stack = vec![producer.index];
+    while let Some(n) = stack.pop() {
+        if !seen.insert(n) {
+            continue;
+        }
+        if seen.len() > MAX_GROUP_NODES {
+            return Err(format!(
+                "more than {MAX_GROUP_NODES} nodes lie between it and the nearest values known on both sides"
+            ));
+        }
+        nodes.push(n);
+        for input in &index.nodes()[n].inputs {
+            if input.is_empty() || index.is_initializer(input) {
+                continue;
+            }
+            if known(input) {
+                if !inputs.contains(input) {
+                    inputs.push(input.clone());
+                }
+            } else if let Some(p) = index.producer(input) {
+                stack.push(p.index);
+            } else {
+                return Err(format!(
+                    "its input `{input}` is neither computed in the graph nor known on both sides"
+                ));
+            }
+        }
+    }
+    nodes.sort_unstable();
+    Ok(LocalGroup { nodes, inputs })
+}
+
+/// The attributes that differ between two versions of a node, as `` `epsilon` 1e-5 → 0.1 ``.
+pub fn attribute_changes(reference: &NodeProto, target: &NodeProto) -> Vec<String> {
+    let mut names: Vec<&str> = reference
+        .attribute
+        .iter()
+        .chain(&target.attribute)
+        .map(AttributeProto::name)
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    let text = |node: &NodeProto, name: &str| {
+        node.attribute
+            .iter()
+            .find(|a| a.name() == name)
+            .map_or_else(|| "(unset)".to_string(), attribute_text)
+    };
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let (r, t) = (text(reference, name), text(target, name));
+            (r != t).then(|| format!("`{name}` {r} → {t}"))
+        })
+        .collect()
+}
+
+/// An attribute's value in words: numbers as written, lists in brackets.
+pub fn attribute_text(a: &AttributeProto) -> String {
+    let float = |v: f32| {
+        let a = v.abs();
+        if a != 0.0 && !(1e-3..1e4).contains(&a) {
+            format!("{v:e}")
+        } else {
+            format!("{v}")
+        }
+    };
+    let list = |items: Vec<String>| format!("[{}]", items.join(", "));
+    if let Some(f) = a.f {
+        float(f)
+    } else if let Some(i) = a.i {
+        i.to_string()
+    } else if let Some(s) = &a.s {
+        format!("{:?}", String::from_utf8_lossy(s))
+    } else if !a.floats.is_empty() {
+        list(a.floats.iter().map(|&v| float(v)).collect())
+    } else if !a.ints.is_empty() {
+        list(a.ints.iter().map(i64::to_string).collect())
+    } else if !a.strings.is_empty() {
+        list(
+            a.strings
+                .iter()
+                .map(|s| format!("{:?}", String::from_utf8_lossy(s)))
+                .collect(),
+        )
+    } else if let Some(t) = &a.t {
+        format!(
+            "tensor {:?} ({} bytes)",
+            t.dims,
+            t.raw_data.as_ref().map_or(0, Vec::len)
+        )
+    } else if a.g.is_some() {
+        "a subgraph".to_string()
+    } else {
+        "(empty)".to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_changed_epsilon_is_named_with_both_values() {
+        let node = |eps: f32| NodeProto {
+            op_type: Some("BatchNormalization".into()),
+            attribute: vec![AttributeProto {
+                name: Some("epsilon".into()),
+                f: Some(eps),
+                r#type: Some(1),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert_eq!(
+            attribute_changes(&node(1e-5), &node(0.1)),
+            vec!["`epsilon` 1e-5 → 0.1".to_string()]
+        );
+        assert!(attribute_changes(&node(1e-5), &node(1e-5)).is_empty());
+    }
+}
