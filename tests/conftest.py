@@ -42,3 +42,17 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [str(exe), *args], capture_output=True, text=True, cwd=cwd or ROOT, timeout=600
     )
+
+
+@pytest.fixture(scope="session")
+def encoder_onnx(tmp_path_factory):
+    """The small transformer encoder of builders/encoder.py (seed 0), exported by dynamo."""
+    torch = pytest.importorskip("torch")
+    from builders.encoder import build
+    from layerdiff.torch import export_onnx
+
+    torch.manual_seed(0)
+    model, inputs = build()
+    model.eval()
+    path = tmp_path_factory.mktemp("encoder") / "encoder.onnx"
+    return export_onnx(model, inputs, path, exporter="dynamo")

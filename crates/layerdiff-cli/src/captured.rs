@@ -14,7 +14,7 @@ use layerdiff_onnx::{
 };
 use layerdiff_runtime::RuntimeSpec;
 
-use crate::local::{Rerun, WeightCheck, check_weight, fit};
+use crate::local::{Rerun, WeightCheck, check_weight, disagreement, fit};
 use crate::{Error, Result, inputs::check_inputs};
 
 /// One captured layer call and its reference value.
@@ -145,13 +145,13 @@ pub fn compare_captured(c: &CapturedComparison<'_>) -> Result<Report> {
     // Local error: each layer's ONNX nodes re-run on PyTorch's values of their inputs.
     let rerun = Rerun::new(&original, runtime.as_ref());
     let mut groups: Vec<Option<LocalGroup>> = vec![None; layers.len()];
-    if c.local {
-        let mut layer_of_value: HashMap<String, usize> = HashMap::new();
-        for (i, layer) in layers.iter().enumerate() {
-            if let Some(o) = &layer.onnx {
-                layer_of_value.entry(o.value.clone()).or_insert(i);
-            }
+    let mut layer_of_value: HashMap<String, usize> = HashMap::new();
+    for (i, layer) in layers.iter().enumerate() {
+        if let Some(o) = &layer.onnx {
+            layer_of_value.entry(o.value.clone()).or_insert(i);
         }
+    }
+    if c.local {
         let names: Vec<String> = layers.iter().map(|l| l.name.clone()).collect();
         let input = |n: &str| c.inputs.iter().find(|(name, _)| name == n).map(|(_, t)| t);
         for i in 0..layers.len() {
@@ -212,7 +212,7 @@ pub fn compare_captured(c: &CapturedComparison<'_>) -> Result<Report> {
         l.exceeds_tol || l.local_exceeds || summary.drift_origin.as_ref() == Some(&l.name)
     };
     let again = if layers.iter().any(needs_cause) {
-        runtime.run(&model, &c.inputs, &wanted).ok()
+        runtime.run_twice(&model, &c.inputs, &wanted).ok()
     } else {
         None
     };
@@ -226,18 +226,17 @@ pub fn compare_captured(c: &CapturedComparison<'_>) -> Result<Report> {
         };
         let e = &mut evidence[i];
         *e = Evidence::from_values(layer, captured.value, target.view());
-        if let Some((_, second)) = again
-            .as_ref()
-            .and_then(|out| out.iter().find(|(n, _)| n == value))
-            && let Ok(stats) = layerdiff_core::compare(target.view(), second.view())
-            && stats.max_abs_diff > 0.0
-        {
-            e.self_disagreement = Some(("target".to_string(), stats.max_abs_diff));
+        if let Some(d) = disagreement(target, again.as_ref(), value) {
+            e.self_disagreement = Some(("target".to_string(), d));
         }
         if let Some(group) = &groups[i] {
             e.ops = rerun.ops(group);
             if e.precision.is_none() {
-                e.precision = rerun.lowered_precision(group);
+                let fed = |n: &str| {
+                    let captured = &c.layers[*layer_of_value.get(n)?];
+                    Some((captured.value.dtype, value_of(n)?.dtype))
+                };
+                e.precision = rerun.lowered_precision(group, &fed);
             }
             for (_, _, name) in rerun.initializers(group) {
                 let Some(Ok(weight)) = original.initializer(&name) else {

@@ -69,9 +69,25 @@ impl<'a> Rerun<'a> {
             .collect()
     }
 
-    /// How the group lowers precision: a Cast to float16/bfloat16, or such an initializer.
-    pub fn lowered_precision(&self, group: &LocalGroup) -> Option<String> {
+    /// How the group lowers precision: a Cast to float16/bfloat16, such an initializer, or an
+    /// input the target holds in float16/bfloat16 (`fed` gives each input's dtype on both
+    /// sides: the reference's, the target's).
+    pub fn lowered_precision(
+        &self,
+        group: &LocalGroup,
+        fed: &dyn Fn(&str) -> Option<(DType, DType)>,
+    ) -> Option<String> {
         let graph = self.model.graph();
+        for input in &group.inputs {
+            if let Some((r, t)) = fed(input)
+                && let (Some(rb), Some(tb)) = (r.mantissa_bits(), t.mantissa_bits())
+                && tb < rb
+            {
+                return Some(format!(
+                    "the target hands this layer `{input}` in {t} (the reference holds it in {r})"
+                ));
+            }
+        }
         for &i in &group.nodes {
             let node = &graph.node[i];
             if node.op_type() == "Cast"
@@ -181,6 +197,22 @@ pub(crate) fn check_weight(
     } else {
         WeightCheck::Same
     }
+}
+
+/// How far a side disagrees with itself at `value`: its first output against two more runs
+/// (max abs diff); `None` when it agrees or was not re-run.
+pub(crate) fn disagreement(
+    first: &Tensor,
+    again: Option<&[Vec<(String, Tensor)>; 2]>,
+    value: &str,
+) -> Option<f64> {
+    let runs = again?;
+    fn find<'t>(run: &'t [(String, Tensor)], value: &str) -> Option<&'t Tensor> {
+        run.iter().find(|(n, _)| n == value).map(|(_, t)| t)
+    }
+    let (a, b) = (find(&runs[0], value)?, find(&runs[1], value)?);
+    let d = |x: &Tensor, y: &Tensor| compare(x.view(), y.view()).map_or(0.0, |s| s.max_abs_diff);
+    Some(d(first, a).max(d(a, b))).filter(|&d| d > 0.0)
 }
 
 /// A reference tensor made fit to feed the target in place of `name`: cast to the target's

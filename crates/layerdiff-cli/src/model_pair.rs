@@ -15,7 +15,7 @@ use layerdiff_runtime::Runtime;
 
 use crate::Result;
 use crate::inputs::check_inputs;
-use crate::local::{Rerun, WeightCheck, check_weight, fit};
+use crate::local::{Rerun, WeightCheck, check_weight, disagreement, fit};
 
 /// What `layerdiff onnx` compares.
 pub struct ModelPair {
@@ -218,12 +218,12 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
     // Local error: each target value recomputed from the reference's values of its inputs.
     let rerun = Rerun::new(&pair.target_model, target_rt.as_ref());
     let mut groups: Vec<Option<LocalGroup>> = vec![None; layers.len()];
+    let reference_of: HashMap<&str, &str> = pairings
+        .iter()
+        .filter_map(|p| Some((p.target.as_ref().ok()?.as_str(), p.value.as_str())))
+        .filter(|(_, r)| r_index.contains_key(r))
+        .collect();
     if pair.local {
-        let reference_of: HashMap<&str, &str> = pairings
-            .iter()
-            .filter_map(|p| Some((p.target.as_ref().ok()?.as_str(), p.value.as_str())))
-            .filter(|(_, r)| r_index.contains_key(r))
-            .collect();
         let input = |n: &str| {
             pair.inputs
                 .iter()
@@ -273,7 +273,7 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
     };
     let rerun_side = |rt: &(dyn Runtime + Send + Sync), model: &Model, values: &[String]| {
         if layers.iter().any(needs_cause) {
-            rt.run(model, &pair.inputs, values).ok()
+            rt.run_twice(model, &pair.inputs, values).ok()
         } else {
             None
         }
@@ -296,24 +296,23 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
                 pairings[i].target.as_ref().unwrap_or(&pairings[i].value),
             ),
         ] {
-            let second = again
-                .as_ref()
-                .and_then(|out| out.iter().find(|(n, _)| n == name));
-            if let Some((_, second)) = second
-                && let Ok(stats) = layerdiff_core::compare(first.view(), second.view())
-                && stats.max_abs_diff > 0.0
+            if let Some(d) = disagreement(first, again.as_ref(), name)
                 && e.self_disagreement
                     .as_ref()
-                    .is_none_or(|(_, d)| stats.max_abs_diff > *d)
+                    .is_none_or(|(_, seen)| d > *seen)
             {
-                e.self_disagreement = Some((side.to_string(), stats.max_abs_diff));
+                e.self_disagreement = Some((side.to_string(), d));
             }
         }
         if let Some(group) = &groups[i] {
             e.ops = rerun.ops(group);
             e.attributes = rerun.attribute_changes(&pair.reference_model, group);
             if e.precision.is_none() {
-                e.precision = rerun.lowered_precision(group);
+                let fed = |n: &str| {
+                    let r = &reference_out[*r_index.get(reference_of.get(n)?)?].1;
+                    Some((r.dtype, target_out[*t_index.get(n)?].1.dtype))
+                };
+                e.precision = rerun.lowered_precision(group, &fed);
             }
             for (node, position, name) in rerun.initializers(group) {
                 let Some(reference_weight) = reference_weight(pair, &rerun, node, position, &name)

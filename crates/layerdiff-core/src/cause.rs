@@ -213,6 +213,77 @@ pub fn precision_grid(reference: TensorView<'_>, target: TensorView<'_>) -> Opti
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{LayerStatus, Stats, Tolerance, analyse, compare};
+
+    /// Statistics whose max abs diff is `d`.
+    fn stats(d: f64) -> Stats {
+        let (r, t) = (0f32.to_le_bytes(), (d as f32).to_le_bytes());
+        let shape = [1];
+        compare(
+            TensorView::new("r", DType::F32, &shape, &r).unwrap(),
+            TensorView::new("t", DType::F32, &shape, &t).unwrap(),
+        )
+        .unwrap()
+    }
+
+    fn layer(index: usize, accumulated: f64, local: Option<f64>, inputs: &[&str]) -> Layer {
+        let mut l = Layer::new(index, format!("l{index}"), vec![1], "float32");
+        l.status = LayerStatus::Compared;
+        l.accumulated = Some(stats(accumulated));
+        l.local = local.map(stats);
+        l.local_inputs = inputs.iter().map(|s| s.to_string()).collect();
+        l
+    }
+
+    #[test]
+    fn an_amplified_difference_is_born_upstream_and_inherited_downstream() {
+        // l1 adds 6e-5 itself (below 1e-4); l2 passes it on; l3 amplifies it past 1e-4.
+        let mut layers = vec![
+            layer(0, 1e-7, Some(1e-7), &["x"]),
+            layer(1, 6e-5, Some(6e-5), &["l0"]),
+            layer(2, 6e-5, Some(0.0), &["l1"]),
+            layer(3, 5e-4, Some(2e-6), &["l2", "l0"]),
+        ];
+        let summary = analyse(&mut layers, Tolerance::PerDtype);
+        assert_eq!(summary.first_exceeding.as_deref(), Some("l3"));
+        assert_eq!(summary.drift_origin.as_deref(), Some("l1"));
+        let mut evidence = vec![Evidence::default(); 4];
+        evidence[1].weights.push("`w` differs".into());
+        explain(&mut layers, &evidence, &summary);
+        assert_eq!(layers[3].cause.as_deref(), Some("inherited"));
+        assert_eq!(layers[1].cause.as_deref(), Some("weight_mismatch"));
+        assert!(
+            layers[1]
+                .detail
+                .as_ref()
+                .unwrap()
+                .contains("amplified downstream until `l3`")
+        );
+        assert_eq!(layers[2].cause, None, "within tolerance and not the origin");
+    }
+
+    #[test]
+    fn causes_follow_the_fixed_order_and_unknown_says_what_was_ruled_out() {
+        let mut layers = vec![
+            layer(0, 1e-3, None, &[]),
+            layer(1, 1e-3, Some(1e-3), &["l0"]),
+        ];
+        layers[0].local_reason = Some("its nodes use a custom op".into());
+        let summary = analyse(&mut layers, Tolerance::PerDtype);
+        let mut evidence = vec![Evidence::default(); 2];
+        evidence[1].precision = Some("float16 grid".into());
+        evidence[1].self_disagreement = Some(("target".into(), 5e-3));
+        explain(&mut layers, &evidence, &summary);
+        assert_eq!(layers[0].cause.as_deref(), Some("unknown"));
+        let detail = layers[0].detail.as_deref().unwrap();
+        assert!(detail.contains("ruled out: layout permutation, nondeterminism"));
+        assert!(detail.contains("its nodes use a custom op"));
+        assert_eq!(
+            layers[1].cause.as_deref(),
+            Some("nondeterminism"),
+            "before precision"
+        );
+    }
 
     #[test]
     fn values_rounded_to_float16_are_on_its_grid() {

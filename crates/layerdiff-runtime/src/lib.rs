@@ -39,4 +39,16 @@ pub trait Runtime {
         inputs: &[(String, Tensor)],
         outputs: &[String],
     ) -> Result<Vec<(String, Tensor)>>;
+    /// Runs `model` twice on the same inputs, to see whether it agrees with itself.
+    fn run_twice(
+        &self,
+        model: &Model,
+        inputs: &[(String, Tensor)],
+        outputs: &[String],
+    ) -> Result<[Vec<(String, Tensor)>; 2]> {
+        Ok([
+            self.run(model, inputs, outputs)?,
+            self.run(model, inputs, outputs)?,
+        ])
+    }
 }

@@ -326,34 +326,57 @@ impl Runtime for OrtRuntime {
         outputs: &[String],
     ) -> Result<Vec<(String, Tensor)>> {
         let mut session = self.session(model)?;
-        let wanted: Vec<String> = session
-            .inputs()
-            .iter()
-            .map(|i| i.name().to_string())
-            .collect();
-        let mut feed: Vec<(Cow<'_, str>, SessionInputValue<'_>)> = Vec::with_capacity(wanted.len());
-        for name in &wanted {
-            let Some((_, tensor)) = inputs.iter().find(|(n, _)| n == name) else {
-                let given: Vec<&str> = inputs.iter().map(|(n, _)| n.as_str()).collect();
-                return Err(Error::Inputs(format!(
-                    "the model needs input `{name}`, but only {given:?} were given"
-                )));
-            };
-            feed.push((Cow::Owned(name.clone()), to_ort_value(name, tensor)?.into()));
-        }
-        let results = session
-            .run(feed)
-            .map_err(|e| Error::Run(clean_message(e.to_string())))?;
-        outputs
-            .iter()
-            .map(|name| {
-                let value = results.get(name).ok_or_else(|| {
-                    Error::Run(format!("ONNX Runtime returned no value named `{name}`"))
-                })?;
-                Ok((name.clone(), from_ort_value(name, &value.view())?))
-            })
-            .collect()
+        run_session(&mut session, inputs, outputs)
     }
+
+    /// Both runs in one session: a kernel with state (an unseeded random op) or racy
+    /// reductions show up, which two fresh sessions could hide.
+    fn run_twice(
+        &self,
+        model: &Model,
+        inputs: &[(String, Tensor)],
+        outputs: &[String],
+    ) -> Result<[Vec<(String, Tensor)>; 2]> {
+        let mut session = self.session(model)?;
+        Ok([
+            run_session(&mut session, inputs, outputs)?,
+            run_session(&mut session, inputs, outputs)?,
+        ])
+    }
+}
+
+fn run_session(
+    session: &mut Session,
+    inputs: &[(String, Tensor)],
+    outputs: &[String],
+) -> Result<Vec<(String, Tensor)>> {
+    let wanted: Vec<String> = session
+        .inputs()
+        .iter()
+        .map(|i| i.name().to_string())
+        .collect();
+    let mut feed: Vec<(Cow<'_, str>, SessionInputValue<'_>)> = Vec::with_capacity(wanted.len());
+    for name in &wanted {
+        let Some((_, tensor)) = inputs.iter().find(|(n, _)| n == name) else {
+            let given: Vec<&str> = inputs.iter().map(|(n, _)| n.as_str()).collect();
+            return Err(Error::Inputs(format!(
+                "the model needs input `{name}`, but only {given:?} were given"
+            )));
+        };
+        feed.push((Cow::Owned(name.clone()), to_ort_value(name, tensor)?.into()));
+    }
+    let results = session
+        .run(feed)
+        .map_err(|e| Error::Run(clean_message(e.to_string())))?;
+    outputs
+        .iter()
+        .map(|name| {
+            let value = results.get(name).ok_or_else(|| {
+                Error::Run(format!("ONNX Runtime returned no value named `{name}`"))
+            })?;
+            Ok((name.clone(), from_ort_value(name, &value.view())?))
+        })
+        .collect()
 }
 
 fn to_ort_value(name: &str, t: &Tensor) -> Result<DynValue> {

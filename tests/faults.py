@@ -1,0 +1,123 @@
+"""Faults injected into an ONNX file at one node, one per cause layerdiff names. Each helper
+reads `src`, edits one node (found by its output value) and writes `dst`."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def _edit(src, dst, edit):
+    model = onnx.load(str(src))
+    edit(model.graph)
+    onnx.save(model, str(dst))
+    return dst
+
+
+def producer(graph, value):
+    return next(n for n in graph.node if value in n.output)
+
+
+def initializer(graph, name):
+    return next(i for i in graph.initializer if i.name == name)
+
+
+def _set_initializer(graph, name, array):
+    init = initializer(graph, name)
+    init.CopyFrom(numpy_helper.from_array(array.astype(numpy_helper.to_array(init).dtype), name))
+
+
+def perturb_weight(src, dst, value, delta, filters=slice(0, 1)):
+    """Adds `delta` to some output filters of the weight of the node producing `value`."""
+
+    def edit(graph):
+        name = producer(graph, value).input[1]
+        weight = numpy_helper.to_array(initializer(graph, name)).copy()
+        weight[filters] += delta
+        _set_initializer(graph, name, weight)
+
+    return _edit(src, dst, edit)
+
+
+def scale_weight(src, dst, value, factor):
+    """Multiplies the whole weight of the node producing `value` by `factor`."""
+
+    def edit(graph):
+        name = producer(graph, value).input[1]
+        _set_initializer(graph, name, numpy_helper.to_array(initializer(graph, name)) * factor)
+
+    return _edit(src, dst, edit)
+
+
+def set_attribute(src, dst, value, name, new):
+    """Sets attribute `name` of the node producing `value`."""
+
+    def edit(graph):
+        node = producer(graph, value)
+        kept = [a for a in node.attribute if a.name != name]
+        del node.attribute[:]
+        node.attribute.extend([*kept, helper.make_attribute(name, new)])
+
+    return _edit(src, dst, edit)
+
+
+def in_float16(src, dst, value):
+    """Runs the node producing `value` in float16: its inputs cast down, its weights stored in
+    float16, its output cast back to float32 under the same name. The casts carry the node's
+    metadata (its PyTorch scope), as a converter that keeps metadata writes them."""
+
+    def edit(graph):
+        node = producer(graph, value)
+        position = list(graph.node).index(node)
+        casts = []
+        for k, name in enumerate(node.input):
+            if not name:
+                continue
+            inits = [i for i in graph.initializer if i.name == name]
+            if inits:
+                half = numpy_helper.from_array(
+                    numpy_helper.to_array(inits[0]).astype(np.float16), f"{name}_fp16"
+                )
+                graph.initializer.append(half)
+                node.input[k] = half.name
+            else:
+                casts.append(
+                    helper.make_node(
+                        "Cast", [name], [f"{name}_fp16"], to=TensorProto.FLOAT16,
+                        name=f"{node.name}_cast_in{k}",
+                    )
+                )  # fmt: skip
+                node.input[k] = f"{name}_fp16"
+        node.output[0] = f"{value}_fp16"
+        back = helper.make_node(
+            "Cast", [node.output[0]], [value], to=TensorProto.FLOAT, name=f"{node.name}_cast_out"
+        )
+        for cast in [*casts, back]:
+            cast.metadata_props.extend(node.metadata_props)
+        for k, new in enumerate([*casts, node, back]):
+            if k == len(casts):
+                graph.node.remove(node)
+            graph.node.insert(position + k, new)
+
+    return _edit(src, dst, edit)
+
+
+def add_noise(src, dst, value, scale):
+    """Adds fresh uniform noise in [-scale, scale] to `value` on every run (an unseeded
+    RandomUniformLike: the node disagrees with itself from run to run)."""
+
+    def edit(graph):
+        node = producer(graph, value)
+        raw = f"{value}_raw"
+        node.output[0] = raw
+        position = list(graph.node).index(node)
+        noise = helper.make_node(
+            "RandomUniformLike", [raw], [f"{value}_noise"], low=-scale, high=scale,
+            name=f"{node.name}_noise",
+        )  # fmt: skip
+        add = helper.make_node("Add", [raw, f"{value}_noise"], [value], name=f"{node.name}_add")
+        graph.node.insert(position + 1, noise)
+        graph.node.insert(position + 2, add)
+
+    return _edit(src, dst, edit)
