@@ -22,8 +22,14 @@ class Report:
 
     @property
     def drift_origin(self) -> str | None:
-        """The first layer, in execution order, whose difference exceeds the tolerance."""
+        """The layer where drift is born: the first whose own (local) error exceeds its
+        tolerance, or the upstream layer an amplified error came from."""
         return self._native.drift_origin
+
+    @property
+    def first_exceeding(self) -> str | None:
+        """The first layer, in execution order, whose accumulated error exceeds its tolerance."""
+        return self.summary["first_exceeding"]
 
     @property
     def layers(self) -> list[dict]:
@@ -36,7 +42,9 @@ class Report:
         return self.data["summary"]
 
     @property
-    def tolerance(self) -> float:
+    def tolerance(self) -> dict:
+        """The tolerance policy: `{"policy": "per_dtype"|"fixed"|"auto", "abs", "factor"}`; each
+        layer's own tolerance is in its `tolerance` field."""
         return self.data["tolerance"]
 
     @property

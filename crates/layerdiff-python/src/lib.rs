@@ -43,7 +43,7 @@ impl Report {
     fn exit_code(&self) -> u8 {
         output::exit_code(&self.0)
     }
-    /// The first layer that exceeds the tolerance, or None.
+    /// The layer where drift is born, or None.
     #[getter]
     fn drift_origin(&self) -> Option<String> {
         self.0.summary.drift_origin.clone()
