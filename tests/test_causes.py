@@ -206,3 +206,19 @@ def test_clean_builtin_exports_raise_no_false_alarm(model, tolerance, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(out.read_text())
     assert not any(x["cause"] or x["local_exceeds"] for x in report["layers"])
+
+
+def test_a_whole_model_converted_to_float16_is_held_to_float16_tolerance(resnet18_onnx, tmp_path):
+    """ONNX Runtime's own float16 converter (inputs and outputs kept float32): float16 values
+    are held to 1e-2, and what still exceeds is precision loss or inherited from it."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    src = resnet18_onnx["dynamo"]
+    half = tmp_path / "fp16.onnx"
+    onnx.save(convert_float_to_float16(onnx.load(str(src)), keep_io_types=True), str(half))
+    _, report = onnx_report(tmp_path, src, half)
+    compared = [x for x in report["layers"] if x["status"] == "compared"]
+    assert all(x["tolerance"] == 1e-2 for x in compared if x["target_dtype"] == "float16")
+    assert layer(report, report["summary"]["drift_origin"])["cause"] == "precision_loss"
+    assert {x["cause"] for x in compared if x["exceeds_tol"]} <= {"precision_loss", "inherited"}

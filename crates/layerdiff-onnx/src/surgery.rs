@@ -2,7 +2,9 @@ use std::collections::{HashMap, HashSet};
 
 use layerdiff_core::Tensor;
 
-use crate::{Error, GraphIndex, GraphProto, Model, Result, ValueInfoProto, tensor_value_info};
+use crate::{
+    Error, GraphIndex, GraphProto, Model, ModelProto, Result, ValueInfoProto, tensor_value_info,
+};
 
 /// Makes each named value a graph output so a runtime returns it, keeping the declared type
 /// where the file has one. Values that are already outputs are left alone; graph order and
@@ -90,7 +92,22 @@ pub fn extract_nodes(
             "{missing} (not produced by the extracted nodes)"
         )));
     }
-    let mut proto = model.proto.clone();
+    // Everything but the graph, without copying the whole model's initializers.
+    let p = &model.proto;
+    let mut proto = ModelProto {
+        ir_version: p.ir_version,
+        opset_import: p.opset_import.clone(),
+        producer_name: p.producer_name.clone(),
+        producer_version: p.producer_version.clone(),
+        domain: p.domain.clone(),
+        model_version: p.model_version,
+        doc_string: p.doc_string.clone(),
+        graph: None,
+        metadata_props: p.metadata_props.clone(),
+        training_info: Vec::new(),
+        functions: p.functions.clone(),
+        configuration: p.configuration.clone(),
+    };
     proto.graph = Some(GraphProto {
         name: Some(format!("{}_extract", graph.name())),
         node: picked.iter().map(|&i| graph.node[i].clone()).collect(),
