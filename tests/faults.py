@@ -105,7 +105,8 @@ def in_float16(src, dst, value):
 
 def add_noise(src, dst, value, scale):
     """Adds fresh uniform noise in [-scale, scale] to `value` on every run (an unseeded
-    RandomUniformLike: the node disagrees with itself from run to run)."""
+    RandomUniformLike: the node disagrees with itself from run to run). The new nodes carry the
+    node's metadata, so the noise belongs to the same PyTorch layer."""
 
     def edit(graph):
         node = producer(graph, value)
@@ -117,6 +118,8 @@ def add_noise(src, dst, value, scale):
             name=f"{node.name}_noise",
         )  # fmt: skip
         add = helper.make_node("Add", [raw, f"{value}_noise"], [value], name=f"{node.name}_add")
+        for new in (noise, add):
+            new.metadata_props.extend(node.metadata_props)  # the node's PyTorch scope
         graph.node.insert(position + 1, noise)
         graph.node.insert(position + 2, add)
 

@@ -133,7 +133,7 @@ def torch_report(resnet18, onnx_path, **options):
     return compare_torch_onnx(model, inputs, onnx=onnx_path, **options)
 
 
-def test_torch_flow_names_weight_precision_and_kernel_causes(resnet18, resnet18_onnx, tmp_path):
+def test_torch_flow_names_each_cause_at_its_layer(resnet18, resnet18_onnx, tmp_path):
     src = resnet18_onnx["dynamo"]
     clean = torch_report(resnet18, src)
     assert clean.drift_origin is None and not any(x["cause"] for x in clean.layers)
@@ -145,6 +145,14 @@ def test_torch_flow_names_weight_precision_and_kernel_causes(resnet18, resnet18_
     origin = report.layer("layer2.0.bn1")
     assert (report.drift_origin, origin["cause"]) == ("layer2.0.bn1", "weight_mismatch")
     assert "`layer2.0.conv1.weight` differs" in origin["detail"]
+    later = [x for x in report.layers if x["exceeds_tol"] and x["name"] != "layer2.0.bn1"]
+    assert later and all(x["cause"] == "inherited" for x in later)
+
+    # Fresh noise on every run after one ReLU.
+    edited = faults.add_noise(src, tmp_path / "n.onnx", value_of["layer3.1.relu"], 1e-2)
+    report = torch_report(resnet18, edited)
+    origin = report.layer("layer3.1.relu")
+    assert (report.drift_origin, origin["cause"]) == ("layer3.1.relu", "nondeterminism")
 
     # One fused Conv computed in float16.
     edited = faults.in_float16(src, tmp_path / "h.onnx", value_of["layer3.0.bn2"])
