@@ -281,3 +281,14 @@ def test_a_node_an_optimizer_bypassed_is_explained(tmp_path):
     assert identity["status"] == "unmapped"
     assert "the target's Neg node `neg` now reads this node's inputs" in identity["reason"]
     assert report["summary"]["drift_origin"] is None
+
+
+def test_timings_are_printed_and_kept_out_of_the_json_unless_asked(resnet18_onnx, tmp_path):
+    src = str(resnet18_onnx["dynamo"])
+    plain, report = report_of(tmp_path, src)
+    assert "timings" not in report and "timings (" not in plain.stderr
+    timed, report = report_of(tmp_path, src, "--timings")
+    phases = {t["phase"]: t for t in report["timings"]}
+    assert phases["reference run"]["by"] == "runtime" and phases["comparison"]["by"] == "layerdiff"
+    assert all(t["seconds"] >= 0 for t in report["timings"])
+    assert "layerdiff's own work:" in timed.stderr and "rendering and writing reports" in timed.stderr

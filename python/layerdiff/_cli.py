@@ -63,9 +63,11 @@ def _run_torch(opts: dict) -> int:
     if opts["onnx"] is not None and not Path(opts["onnx"]).is_file():
         raise _layerdiff.UsageError(f"ONNX file `{opts['onnx']}` does not exist")
 
+    started = time.perf_counter()
     builder = lt.load_builder(opts["model"])
     progress(f"building {opts['model']} (seed {opts['seed']})")
     model, inputs = builder(opts["seed"])
+    built = [("building the model", "pytorch", time.perf_counter() - started)]
     report = lt.compare_torch_onnx(
         model,
         inputs,
@@ -78,8 +80,10 @@ def _run_torch(opts: dict) -> int:
         name=opts["model"],
         seed=opts["seed"],
         workdir=out,
+        timings=built if opts["timings"] else False,
         progress=progress,
     )
+    started = time.perf_counter()
     written = report.write(json=opts["json"], markdown=opts["markdown"])
     if opts["inputs_path"] is not None:
         lt.save_inputs(Path(opts["inputs_path"]), report.inputs, opts["seed"])
@@ -88,6 +92,9 @@ def _run_torch(opts: dict) -> int:
         sys.stdout.write(report.summary_text())
         for path in written:
             print(f"wrote {path}", file=sys.stderr)
+    if opts["timings"]:
+        rendering = ("rendering and writing reports", "layerdiff", time.perf_counter() - started)
+        sys.stderr.write(report.timings_text([rendering]))
     return report.exit_code
 
 

@@ -12,6 +12,7 @@ import importlib.util
 import io
 import sys
 import tempfile
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -247,6 +248,7 @@ def compare_torch_onnx(
     clone: bool = True,
     local: bool = True,
     float64: bool = True,
+    timings: bool | list = False,
     progress=None,
 ) -> Report:
     """Compare a PyTorch model with its ONNX export under ONNX Runtime, layer by layer.
@@ -261,8 +263,17 @@ def compare_torch_onnx(
     ``local`` each layer's ONNX nodes are also re-run on PyTorch's values of their inputs, so the
     report tells a layer's own error from inherited error; with ``float64`` a float64 copy of the
     model is run as the numerical truth. ``report.drift_origin`` names the layer where the drift
-    is born; each exceeding layer carries a ``cause``.
+    is born; each exceeding layer carries a ``cause``. With ``timings`` (True, or a list of
+    ``(phase, by, seconds)`` measured before the call) the report holds the time of each phase.
     """
+    phases = list(timings) if isinstance(timings, list) else []
+    clock = [time.perf_counter()]
+
+    def lap(phase: str, by: str = "pytorch") -> None:
+        now = time.perf_counter()
+        phases.append((phase, by, now - clock[0]))
+        clock[0] = now
+
     step = progress or (lambda message: None)
     inputs = _as_input_tuple(inputs)
     tolerance = str(tolerance) if not isinstance(tolerance, str) else tolerance
@@ -278,10 +289,12 @@ def compare_torch_onnx(
         raise _layerdiff.InputError(
             f"the model failed on its inputs ({shapes}): {type(e).__name__}: {e}"
         ) from e
+    lap("capturing PyTorch layers")
     truth = {}
     if float64:
         step("running the model in float64 (the numerical truth)")
         truth = _float64_outputs(model, inputs, captured)
+        lap("float64 run")
 
     with contextlib.ExitStack() as stack:
         if onnx is not None:
@@ -297,6 +310,7 @@ def compare_torch_onnx(
             folder.mkdir(parents=True, exist_ok=True)
             step(f"exporting to ONNX ({exporter})")
             onnx_path = export_onnx(model, inputs, folder / "model.onnx", exporter=exporter)
+            lap("ONNX export")
 
         declared = _layerdiff.model_inputs(str(onnx_path))
         if len(declared) != len(inputs):
@@ -321,6 +335,7 @@ def compare_torch_onnx(
             }
             for layer in captured.layers
         ]
+        lap("handing layers to the core", "layerdiff")
         step("running ONNX Runtime, re-running each layer, comparing")
         native = _layerdiff.compare_captured(
             command="torch",
@@ -335,6 +350,7 @@ def compare_torch_onnx(
             target=target,
             ort_library=_ort_library(),
             local=local,
+            timings=phases if timings is not False else None,
         )
     return Report(native, inputs=onnx_inputs)
 

@@ -15,6 +15,7 @@ use layerdiff_onnx::{
 use layerdiff_runtime::RuntimeSpec;
 
 use crate::local::{Rerun, WeightCheck, check_weight, disagreement, fit};
+use crate::timings::{OWN, RUNTIME, Stopwatch};
 use crate::{Error, Result, inputs::check_inputs};
 
 /// One captured layer call and its reference value.
@@ -63,9 +64,8 @@ pub struct CapturedComparison<'a> {
 }
 
 /// Runs the flow and returns the report. Drift is a finding in the report, never an error.
-pub fn compare_captured(c: &CapturedComparison<'_>) -> Result<Report> {
-    let original = Model::load(&c.onnx_path)?;
-    let mut model = original.clone();
+pub fn compare_captured(c: &CapturedComparison<'_>, clock: &mut Stopwatch) -> Result<Report> {
+    let mut model = Model::load(&c.onnx_path)?;
     let index = GraphIndex::new(model.graph());
     check_inputs(&index, &c.inputs)?;
     for (i, layer) in c.layers.iter().enumerate() {
@@ -88,8 +88,11 @@ pub fn compare_captured(c: &CapturedComparison<'_>) -> Result<Report> {
         }
     }
     expose_values(&mut model, &wanted)?;
+    clock.lap("mapping layers and exposing values", OWN);
     let runtime = c.target.build(c.ort_library.as_deref(), &model)?;
+    clock.lap("runtime start-up", RUNTIME);
     let values = runtime.run(&model, &c.inputs, &wanted)?;
+    clock.lap("target run", RUNTIME);
     let by_name: HashMap<&str, &Tensor> = values.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let value_of = |name: &str| by_name.get(name).copied();
 
@@ -142,8 +145,10 @@ pub fn compare_captured(c: &CapturedComparison<'_>) -> Result<Report> {
         })
         .collect();
 
+    clock.lap("comparison", OWN);
+
     // Local error: each layer's ONNX nodes re-run on PyTorch's values of their inputs.
-    let rerun = Rerun::new(&original, runtime.as_ref());
+    let rerun = Rerun::new(&model, runtime.as_ref());
     let mut groups: Vec<Option<LocalGroup>> = vec![None; layers.len()];
     let mut layer_of_value: HashMap<String, usize> = HashMap::new();
     for (i, layer) in layers.iter().enumerate() {
@@ -205,6 +210,11 @@ pub fn compare_captured(c: &CapturedComparison<'_>) -> Result<Report> {
             }
         }
     }
+    clock.split_lap(
+        "local error: extraction and comparison",
+        "local error: inference",
+        rerun.inference.get(),
+    );
     let summary = analyse(&mut layers, c.tolerance);
 
     // Evidence for the layers that need a cause.
@@ -216,6 +226,7 @@ pub fn compare_captured(c: &CapturedComparison<'_>) -> Result<Report> {
     } else {
         None
     };
+    clock.lap("second runs (nondeterminism)", RUNTIME);
     let mut evidence = vec![Evidence::default(); layers.len()];
     for (i, (layer, captured)) in layers.iter().zip(&c.layers).enumerate() {
         let Some(value) = layer.onnx.as_ref().map(|o| o.value.as_str()) else {
@@ -239,7 +250,7 @@ pub fn compare_captured(c: &CapturedComparison<'_>) -> Result<Report> {
                 e.precision = rerun.lowered_precision(group, &fed);
             }
             for (_, _, name) in rerun.initializers(group) {
-                let Some(Ok(weight)) = original.initializer(&name) else {
+                let Some(Ok(weight)) = model.initializer(&name) else {
                     continue;
                 };
                 match parameter_check(&name, &captured.parameters, &weight) {
@@ -253,6 +264,7 @@ pub fn compare_captured(c: &CapturedComparison<'_>) -> Result<Report> {
         }
     }
     explain(&mut layers, &evidence, &summary);
+    clock.lap("analysis and causes", OWN);
     Ok(Report {
         schema: SCHEMA,
         command: c.command.clone(),
@@ -268,6 +280,7 @@ pub fn compare_captured(c: &CapturedComparison<'_>) -> Result<Report> {
         inputs: InputInfo::describe(&c.inputs),
         summary,
         layers,
+        timings: Some(clock.phases()),
     })
 }
 

@@ -156,6 +156,10 @@ pub struct ReportArgs {
     /// Print nothing but errors; the exit code still tells the verdict.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Print where the time went, phase by phase (stderr), and add it to the JSON report (times
+    /// vary from run to run, so they are left out of the JSON otherwise).
+    #[arg(long)]
+    pub timings: bool,
 }
 
 impl ReportArgs {

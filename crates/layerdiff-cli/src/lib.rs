@@ -12,5 +12,6 @@ mod local;
 pub mod model_pair;
 mod onnx_command;
 pub mod output;
+pub mod timings;
 
 pub use error::{Error, Result, error_chain};

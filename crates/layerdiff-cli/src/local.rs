@@ -20,6 +20,8 @@ pub(crate) struct Rerun<'a> {
     pub model: &'a Model,
     pub index: GraphIndex,
     pub runtime: &'a (dyn Runtime + Send + Sync),
+    /// Time spent inside the runtime, over all re-runs.
+    pub inference: std::cell::Cell<std::time::Duration>,
 }
 
 impl<'a> Rerun<'a> {
@@ -28,6 +30,7 @@ impl<'a> Rerun<'a> {
             model,
             index: GraphIndex::new(model.graph()),
             runtime,
+            inference: Default::default(),
         }
     }
 
@@ -48,10 +51,10 @@ impl<'a> Rerun<'a> {
         let wanted = [value.to_string()];
         let extract = extract_nodes(self.model, &group.nodes, &wanted, &feeds)
             .map_err(|e| format!("cannot extract its nodes: {e}"))?;
-        let out = self
-            .runtime
-            .run(&extract, &feeds, &wanted)
-            .map_err(|e| format!("the target could not run its nodes alone: {e}"))?;
+        let started = std::time::Instant::now();
+        let out = self.runtime.run(&extract, &feeds, &wanted);
+        self.inference.set(self.inference.get() + started.elapsed());
+        let out = out.map_err(|e| format!("the target could not run its nodes alone: {e}"))?;
         let tensor = out
             .into_iter()
             .next()

@@ -16,6 +16,7 @@ use layerdiff_runtime::Runtime;
 use crate::Result;
 use crate::inputs::check_inputs;
 use crate::local::{Rerun, WeightCheck, check_weight, disagreement, fit};
+use crate::timings::{OWN, RUNTIME, Stopwatch};
 
 /// What `layerdiff onnx` compares.
 pub struct ModelPair {
@@ -25,8 +26,8 @@ pub struct ModelPair {
     pub reference_model: Model,
     /// The target model file (`--vs`), or `None` to run the reference file on both sides.
     pub target: Option<PathBuf>,
-    /// The target model, as loaded (the reference model again without `--vs`).
-    pub target_model: Model,
+    /// The target model, as loaded; `None` without `--vs` (the reference model is both).
+    pub target_model: Option<Model>,
     /// The reference side.
     pub reference_runtime: Box<dyn Runtime + Send + Sync>,
     /// The target side.
@@ -139,16 +140,21 @@ fn why_missing(r: &GraphIndex, t: &GraphIndex, node: &layerdiff_onnx::NodeInfo) 
 }
 
 /// Runs the comparison and returns the report. Drift is a finding, not an error.
-pub fn compare_models(pair: &ModelPair) -> Result<Report> {
-    let mut reference = pair.reference_model.clone();
-    let mut target = pair.target_model.clone();
-    check_inputs(&GraphIndex::new(reference.graph()), &pair.inputs)?;
-    check_inputs(&GraphIndex::new(target.graph()), &pair.inputs)?;
-    // A file of expected values holds only some values: compare those.
-    let pairings: Vec<Pairing> = pair_values(&reference, &target)
-        .into_iter()
-        .filter(|p| pair.reference_runtime.provides(&p.value))
-        .collect();
+///
+/// The values compared are made outputs of the models in place (a model is never copied: a
+/// large one is gigabytes); without `--vs` the one model serves both sides.
+pub fn compare_models(pair: &mut ModelPair, clock: &mut Stopwatch) -> Result<Report> {
+    let pairings: Vec<Pairing> = {
+        let reference = &pair.reference_model;
+        let target = pair.target_model.as_ref().unwrap_or(reference);
+        check_inputs(&GraphIndex::new(reference.graph()), &pair.inputs)?;
+        check_inputs(&GraphIndex::new(target.graph()), &pair.inputs)?;
+        // A file of expected values holds only some values: compare those.
+        pair_values(reference, target)
+            .into_iter()
+            .filter(|p| pair.reference_runtime.provides(&p.value))
+            .collect()
+    };
     let reference_values: Vec<String> = pairings
         .iter()
         .filter(|p| p.target.is_ok())
@@ -158,12 +164,20 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
         .iter()
         .filter_map(|p| p.target.clone().ok())
         .collect();
-    expose_values(&mut reference, &reference_values)?;
-    expose_values(&mut target, &target_values)?;
+    expose_values(&mut pair.reference_model, &reference_values)?;
+    if let Some(target) = pair.target_model.as_mut() {
+        expose_values(target, &target_values)?;
+    }
+    clock.lap("pairing values and exposing them", OWN);
+    let pair = &*pair;
+    let reference = &pair.reference_model;
+    let target = pair.target_model.as_ref().unwrap_or(reference);
 
     let (reference_rt, target_rt) = (&pair.reference_runtime, &pair.target_runtime);
-    let reference_out = reference_rt.run(&reference, &pair.inputs, &reference_values)?;
-    let target_out = target_rt.run(&target, &pair.inputs, &target_values)?;
+    let reference_out = reference_rt.run(reference, &pair.inputs, &reference_values)?;
+    clock.lap("reference run", RUNTIME);
+    let target_out = target_rt.run(target, &pair.inputs, &target_values)?;
+    clock.lap("target run", RUNTIME);
     let (r_index, t_index) = (by_name(&reference_out), by_name(&target_out));
     let tensors: Vec<(Option<&Tensor>, Option<&Tensor>)> = pairings
         .iter()
@@ -215,8 +229,10 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
         })
         .collect();
 
+    clock.lap("comparison", OWN);
+
     // Local error: each target value recomputed from the reference's values of its inputs.
-    let rerun = Rerun::new(&pair.target_model, target_rt.as_ref());
+    let rerun = Rerun::new(target, target_rt.as_ref());
     let mut groups: Vec<Option<LocalGroup>> = vec![None; layers.len()];
     let reference_of: HashMap<&str, &str> = pairings
         .iter()
@@ -265,6 +281,11 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
             }
         }
     }
+    clock.split_lap(
+        "local error: extraction and comparison",
+        "local error: inference",
+        rerun.inference.get(),
+    );
     let summary = analyse(&mut layers, pair.tolerance);
 
     // Evidence for the layers that need a cause.
@@ -278,8 +299,9 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
             None
         }
     };
-    let reference_again = rerun_side(reference_rt.as_ref(), &reference, &reference_values);
-    let target_again = rerun_side(target_rt.as_ref(), &target, &target_values);
+    let reference_again = rerun_side(reference_rt.as_ref(), reference, &reference_values);
+    let target_again = rerun_side(target_rt.as_ref(), target, &target_values);
+    clock.lap("second runs (nondeterminism)", RUNTIME);
     let mut evidence = vec![Evidence::default(); layers.len()];
     for (i, layer) in layers.iter().enumerate() {
         let ((Some(r), Some(t)), true) = (tensors[i], needs_cause(layer)) else {
@@ -306,7 +328,7 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
         }
         if let Some(group) = &groups[i] {
             e.ops = rerun.ops(group);
-            e.attributes = rerun.attribute_changes(&pair.reference_model, group);
+            e.attributes = rerun.attribute_changes(reference, group);
             if e.precision.is_none() {
                 let fed = |n: &str| {
                     let r = &reference_out[*r_index.get(reference_of.get(n)?)?].1;
@@ -319,7 +341,7 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
                 else {
                     continue;
                 };
-                let Some(Ok(target_weight)) = pair.target_model.initializer(&name) else {
+                let Some(Ok(target_weight)) = target.initializer(&name) else {
                     continue;
                 };
                 match check_weight(&name, reference_weight.view(), target_weight.view()) {
@@ -333,6 +355,7 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
         }
     }
     explain(&mut layers, &evidence, &summary);
+    clock.lap("analysis and causes", OWN);
 
     let side = |path: &PathBuf, rt: &(dyn Runtime + Send + Sync)| SideInfo {
         runtime: rt.name().to_string(),
@@ -353,6 +376,7 @@ pub fn compare_models(pair: &ModelPair) -> Result<Report> {
         inputs: InputInfo::describe(&pair.inputs),
         summary,
         layers,
+        timings: Some(clock.phases()),
     })
 }
 

@@ -10,6 +10,7 @@ use crate::cli::OnnxArgs;
 use crate::inputs::{InputPlan, generate_inputs, read_inputs};
 use crate::model_pair::{ModelPair, compare_models};
 use crate::output::{exit_code, summary_text, write_reports};
+use crate::timings::{OWN, RUNTIME, Stopwatch, timings_text};
 
 /// Why `layerdiff onnx` could not run.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +29,7 @@ pub enum CommandError {
 }
 
 pub(crate) fn run(args: &OnnxArgs) -> Result<u8, CommandError> {
+    let mut clock = Stopwatch::default();
     if args.tolerance == Tolerance::Auto {
         return Err(crate::Error::Usage(
             "`--tolerance auto` needs a float64 run of the model, which only `layerdiff torch` makes; give a number or `dtype`".to_string(),
@@ -36,14 +38,15 @@ pub(crate) fn run(args: &OnnxArgs) -> Result<u8, CommandError> {
     }
     let reference = Model::load(&args.model).map_err(crate::Error::from)?;
     let target = match &args.vs {
-        Some(path) => Model::load(path).map_err(crate::Error::from)?,
-        None => reference.clone(),
+        Some(path) => Some(Model::load(path).map_err(crate::Error::from)?),
+        None => None,
     };
     let target_spec = args.target.clone().unwrap_or(if args.vs.is_some() {
         RuntimeSpec::Ort(Provider::Cpu, OptLevel::Disable)
     } else {
         RuntimeSpec::Tract
     });
+    clock.lap("loading models", OWN);
     let runtime_err = |e| crate::Error::from(e);
     let (reference_runtime, stored_inputs) = match &args.reference {
         RuntimeSpec::Expected(path) => {
@@ -53,7 +56,10 @@ pub(crate) fn run(args: &OnnxArgs) -> Result<u8, CommandError> {
         }
         spec => (spec.build(None, &reference).map_err(runtime_err)?, None),
     };
-    let target_runtime = target_spec.build(None, &target).map_err(runtime_err)?;
+    let target_runtime = target_spec
+        .build(None, target.as_ref().unwrap_or(&reference))
+        .map_err(runtime_err)?;
+    clock.lap("runtime start-up", RUNTIME);
     let (inputs, seed) = match (&args.inputs, stored_inputs) {
         (Some(path), _) => (
             read_inputs(path, &GraphIndex::new(reference.graph()))?,
@@ -73,7 +79,7 @@ pub(crate) fn run(args: &OnnxArgs) -> Result<u8, CommandError> {
             )
         }
     };
-    let pair = ModelPair {
+    let mut pair = ModelPair {
         reference: args.model.clone(),
         reference_model: reference,
         target: args.vs.clone(),
@@ -85,7 +91,11 @@ pub(crate) fn run(args: &OnnxArgs) -> Result<u8, CommandError> {
         tolerance: args.tolerance,
         local: !args.no_local,
     };
-    let report = compare_models(&pair)?;
+    clock.lap("making inputs", OWN);
+    let mut report = compare_models(&mut pair, &mut clock)?;
+    if !args.report.timings {
+        report.timings = None;
+    }
 
     let (json, markdown) = (args.report.json_path(), args.report.markdown_path());
     let write_err = |path: &Path| {
@@ -107,11 +117,15 @@ pub(crate) fn run(args: &OnnxArgs) -> Result<u8, CommandError> {
         write_safetensors(&path, &pair.inputs, metadata).map_err(crate::Error::from)?;
         written.push(path);
     }
+    clock.lap("rendering and writing reports", OWN);
     if !args.report.quiet {
         print!("{}", summary_text(&report));
         for path in written {
             eprintln!("wrote {}", path.display());
         }
+    }
+    if args.report.timings {
+        eprint!("{}", timings_text(&clock.phases()));
     }
     Ok(exit_code(&report))
 }

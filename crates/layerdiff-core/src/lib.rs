@@ -29,7 +29,7 @@ pub use pair::{PairOutcome, compare_pair};
 pub use random::{SplitMix64, random_tensor};
 pub use report::{
     Float64Distance, InputInfo, Layer, LayerStatus, OnnxRef, Report, SCHEMA, SideInfo, Summary,
-    WorstLayer, WorstLayers,
+    Timing, WorstLayer, WorstLayers,
 };
 pub use tensor::{Tensor, TensorView};
 pub use tolerance::{

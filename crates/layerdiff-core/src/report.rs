@@ -33,6 +33,33 @@ pub struct Report {
     pub summary: Summary,
     /// Every layer in execution order.
     pub layers: Vec<Layer>,
+    /// Where the time went, phase by phase; only with `--timings` (times are not deterministic).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Vec<Timing>>,
+}
+
+/// One phase of a run and its wall time.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Timing {
+    /// What was done (`reference run`, `comparison`…).
+    pub phase: String,
+    /// Who did it: `layerdiff` (its own work), `runtime` (a runtime's inference), `pytorch`
+    /// (capture and export).
+    pub by: String,
+    /// Wall time.
+    #[serde(serialize_with = "crate::render::float")]
+    pub seconds: f64,
+}
+
+impl Timing {
+    /// A phase.
+    pub fn new(phase: &str, by: &str, seconds: f64) -> Self {
+        Self {
+            phase: phase.to_string(),
+            by: by.to_string(),
+            seconds,
+        }
+    }
 }
 
 /// One side of the comparison.

@@ -11,7 +11,7 @@ use layerdiff_cli::captured::{
 };
 use layerdiff_cli::cli::{self, Parsed};
 use layerdiff_cli::output;
-use layerdiff_core::{SideInfo, Tolerance, render};
+use layerdiff_core::{SideInfo, Timing, Tolerance, render};
 use layerdiff_onnx::LayerCall;
 use layerdiff_runtime::RuntimeSpec;
 use pyo3::prelude::*;
@@ -37,6 +37,12 @@ impl Report {
     /// The short text summary the CLI prints.
     fn summary_text(&self) -> String {
         output::summary_text(&self.0)
+    }
+    /// The `--timings` breakdown: the report's phases, then `after` (phase, by, seconds).
+    fn timings_text(&self, after: Vec<(String, String, f64)>) -> String {
+        let mut phases = self.0.timings.clone().unwrap_or_default();
+        phases.extend(after.iter().map(|(p, b, s)| Timing::new(p, b, *s)));
+        layerdiff_cli::timings::timings_text(&phases)
     }
     /// 0 when no layer exceeds the tolerance, 1 when drift was found.
     #[getter]
@@ -86,6 +92,7 @@ fn parse_cli(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> PyResult<(String,
             d.set_item("markdown", a.report.markdown_path())?;
             d.set_item("inputs_path", a.report.inputs_path())?;
             d.set_item("quiet", a.report.quiet)?;
+            d.set_item("timings", a.report.timings)?;
             Ok(("torch".to_string(), d.into_any().unbind()))
         }
     }
@@ -96,7 +103,7 @@ fn parse_cli(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> PyResult<(String,
 /// `inputs`: list of `(name, dtype, shape, uint8 buffer)`. `layers`: list of dicts with `name`,
 /// `module`, `module_type`, `call_index`, `identity`, `input_from`, and `tensor` (a flat tensor tuple).
 #[pyfunction]
-#[pyo3(signature = (*, command, model, onnx_path, inputs, layers, tolerance, seed, reference_runtime, reference_detail, target="ort", ort_library=None, local=true))]
+#[pyo3(signature = (*, command, model, onnx_path, inputs, layers, tolerance, seed, reference_runtime, reference_detail, target="ort", ort_library=None, local=true, timings=None))]
 #[allow(clippy::too_many_arguments)]
 fn compare_captured(
     py: Python<'_>,
@@ -112,6 +119,7 @@ fn compare_captured(
     target: &str,
     ort_library: Option<PathBuf>,
     local: bool,
+    timings: Option<Vec<(String, String, f64)>>,
 ) -> PyResult<Report> {
     let target = RuntimeSpec::parse(target).map_err(exceptions::UsageError::new_err)?;
     let tolerance = Tolerance::parse(tolerance).map_err(exceptions::UsageError::new_err)?;
@@ -186,7 +194,19 @@ fn compare_captured(
         target,
         ort_library,
     };
-    let report = py.detach(|| run_captured(&request)).map_err(to_py_err)?;
+    let keep = timings.is_some();
+    let before = timings
+        .unwrap_or_default()
+        .iter()
+        .map(|(p, b, s)| Timing::new(p, b, *s))
+        .collect();
+    let mut clock = layerdiff_cli::timings::Stopwatch::start(before);
+    let mut report = py
+        .detach(|| run_captured(&request, &mut clock))
+        .map_err(to_py_err)?;
+    if !keep {
+        report.timings = None;
+    }
     Ok(Report(report))
 }
 
