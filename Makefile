@@ -11,7 +11,7 @@ DEPS := $(VENV)/.requirements.stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: pipeline test build env proto lint clean docs conformance kernel-swap
+.PHONY: pipeline test build env proto lint clean docs conformance kernel-swap bench
 
 env: $(DEPS)
 
@@ -45,8 +45,8 @@ proto:
 lint: $(DEPS)
 	cargo fmt --all -- --check
 	cargo clippy --workspace --quiet -- -D warnings
-	$(VENV)/bin/ruff check python tests
-	$(VENV)/bin/ruff format --check python tests
+	$(VENV)/bin/ruff check python tests benches
+	$(VENV)/bin/ruff format --check python tests benches
 
 clean:
 	cargo clean
@@ -64,3 +64,8 @@ conformance: build
 kernel-swap: $(DEPS)
 	cargo run --release --quiet -p layerdiff-cli --example kernel_swap > examples/kernel_swap/results.md
 	@echo "wrote examples/kernel_swap/results.md"
+
+# Measure the comparator (GB/s per dtype against numpy and the machine's read bandwidth) and
+# the per-phase overhead on ResNet-18 and ViT-B/16; rewrites docs/performance.md.
+bench: build
+	$(PY) benches/run.py
