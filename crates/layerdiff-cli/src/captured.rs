@@ -181,15 +181,13 @@ pub fn compare_captured(c: &CapturedComparison<'_>, clock: &mut Stopwatch) -> Re
                     return Ok(t.clone());
                 }
                 let from = &c.layers[layer_of_value[n]];
-                let reference = Tensor::new(
-                    &from.call.name,
-                    from.value.dtype,
-                    from.value.shape.to_vec(),
-                    from.value.bytes.to_vec(),
-                )
-                .map_err(|e| e.to_string())?;
                 let target = value_of(n).ok_or_else(|| format!("`{n}` was not computed"))?;
-                fit(&from.call.name, &reference, target.dtype, &target.shape)
+                fit(
+                    &from.call.name,
+                    from.value.to_tensor(),
+                    target.dtype,
+                    &target.shape,
+                )
             };
             match rerun.run(&value, &known, &feed) {
                 Ok((group, out)) => {
@@ -218,9 +216,7 @@ pub fn compare_captured(c: &CapturedComparison<'_>, clock: &mut Stopwatch) -> Re
     let summary = analyse(&mut layers, c.tolerance);
 
     // Evidence for the layers that need a cause.
-    let needs_cause = |l: &Layer| {
-        l.exceeds_tol || l.local_exceeds || summary.drift_origin.as_ref() == Some(&l.name)
-    };
+    let needs_cause = |l: &Layer| summary.needs_cause(l);
     let again = if layers.iter().any(needs_cause) {
         runtime.run_twice(&model, &c.inputs, &wanted).ok()
     } else {
@@ -241,26 +237,14 @@ pub fn compare_captured(c: &CapturedComparison<'_>, clock: &mut Stopwatch) -> Re
             e.self_disagreement = Some(("target".to_string(), d));
         }
         if let Some(group) = &groups[i] {
-            e.ops = rerun.ops(group);
-            if e.precision.is_none() {
-                let fed = |n: &str| {
-                    let captured = &c.layers[*layer_of_value.get(n)?];
-                    Some((captured.value.dtype, value_of(n)?.dtype))
-                };
-                e.precision = rerun.lowered_precision(group, &fed);
-            }
-            for (_, _, name) in rerun.initializers(group) {
-                let Some(Ok(weight)) = model.initializer(&name) else {
-                    continue;
-                };
-                match parameter_check(&name, &captured.parameters, &weight) {
-                    Some(WeightCheck::Differs(text)) => e.weights.push(text),
-                    Some(WeightCheck::LowerPrecision(text)) => {
-                        e.precision.get_or_insert(text);
-                    }
-                    _ => {}
-                }
-            }
+            let fed = |n: &str| {
+                let captured = &c.layers[*layer_of_value.get(n)?];
+                Some((captured.value.dtype, value_of(n)?.dtype))
+            };
+            let check = |_, _, name: &str, weight: &Tensor| {
+                parameter_check(name, &captured.parameters, weight)
+            };
+            rerun.group_evidence(group, e, &fed, &check);
         }
     }
     explain(&mut layers, &evidence, &summary);
@@ -301,19 +285,14 @@ fn parameter_check(
         let shaped: Vec<(String, Tensor)> = parameters
             .iter()
             .filter_map(|(n, t)| {
-                let owned = Tensor {
-                    dtype: t.dtype,
-                    shape: t.shape.to_vec(),
-                    bytes: t.bytes.to_vec(),
-                };
                 if t.shape == weight.shape.as_slice() {
-                    Some((n.clone(), owned))
+                    Some((n.clone(), t.to_tensor()))
                 } else if t.shape.len() == 2
                     && weight.shape.len() == 2
                     && t.shape[0] == weight.shape[1]
                     && t.shape[1] == weight.shape[0]
                 {
-                    Some((n.clone(), transpose_2d(&owned)))
+                    Some((n.clone(), transpose_2d(t)))
                 } else {
                     None
                 }
@@ -328,16 +307,7 @@ fn parameter_check(
     } else {
         named
             .into_iter()
-            .map(|t| {
-                (
-                    name.to_string(),
-                    Tensor {
-                        dtype: t.dtype,
-                        shape: t.shape.to_vec(),
-                        bytes: t.bytes.to_vec(),
-                    },
-                )
-            })
+            .map(|t| (name.to_string(), t.to_tensor()))
             .collect()
     };
     let mut outcome = None;
@@ -361,7 +331,7 @@ fn parameter_check(
 }
 
 /// A matrix transposed.
-fn transpose_2d(t: &Tensor) -> Tensor {
+fn transpose_2d(t: &TensorView<'_>) -> Tensor {
     let (rows, cols, size) = (t.shape[0], t.shape[1], t.dtype.size());
     let mut bytes = vec![0u8; t.bytes.len()];
     for r in 0..rows {

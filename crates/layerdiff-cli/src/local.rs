@@ -5,7 +5,7 @@
 //! run by the target runtime on the *reference's* values of the group's inputs; the output is
 //! compared with the reference's value of the layer.
 
-use layerdiff_core::{DType, Tensor, TensorView, compare};
+use layerdiff_core::{DType, Evidence, Tensor, TensorView, compare};
 use layerdiff_onnx::{
     GraphIndex, LocalGroup, Model, NodeExt, attribute_changes, extract_nodes, local_group,
 };
@@ -63,8 +63,36 @@ impl<'a> Rerun<'a> {
         Ok((group, tensor))
     }
 
+    /// What a re-run group shows about a layer's cause: its ops, how it lowers precision (`fed`
+    /// gives each input's dtype on both sides), and the weights it reads, each checked by
+    /// `check(node, input position, name, the target's weight)` against the reference's.
+    pub fn group_evidence(
+        &self,
+        group: &LocalGroup,
+        evidence: &mut Evidence,
+        fed: &dyn Fn(&str) -> Option<(DType, DType)>,
+        check: &dyn Fn(usize, usize, &str, &Tensor) -> Option<WeightCheck>,
+    ) {
+        evidence.ops = self.ops(group);
+        if evidence.precision.is_none() {
+            evidence.precision = self.lowered_precision(group, fed);
+        }
+        for (node, position, name) in self.initializers(group) {
+            let Some(Ok(weight)) = self.model.initializer(&name) else {
+                continue;
+            };
+            match check(node, position, &name, &weight) {
+                Some(WeightCheck::Differs(text)) => evidence.weights.push(text),
+                Some(WeightCheck::LowerPrecision(text)) => {
+                    evidence.precision.get_or_insert(text);
+                }
+                Some(WeightCheck::Same) | None => {}
+            }
+        }
+    }
+
     /// The op types of a group, in graph order (`Conv → Relu`).
-    pub fn ops(&self, group: &LocalGroup) -> Vec<String> {
+    fn ops(&self, group: &LocalGroup) -> Vec<String> {
         group
             .nodes
             .iter()
@@ -75,7 +103,7 @@ impl<'a> Rerun<'a> {
     /// How the group lowers precision: a Cast to float16/bfloat16, such an initializer, or an
     /// input the target holds in float16/bfloat16 (`fed` gives each input's dtype on both
     /// sides: the reference's, the target's).
-    pub fn lowered_precision(
+    fn lowered_precision(
         &self,
         group: &LocalGroup,
         fed: &dyn Fn(&str) -> Option<(DType, DType)>,
@@ -83,8 +111,7 @@ impl<'a> Rerun<'a> {
         let graph = self.model.graph();
         for input in &group.inputs {
             if let Some((r, t)) = fed(input)
-                && let (Some(rb), Some(tb)) = (r.mantissa_bits(), t.mantissa_bits())
-                && tb < rb
+                && t.narrower_than(r)
             {
                 return Some(format!(
                     "the target hands this layer `{input}` in {t} (the reference holds it in {r})"
@@ -118,7 +145,7 @@ impl<'a> Rerun<'a> {
     }
 
     /// The initializers a group reads: (node index, input position, name).
-    pub fn initializers(&self, group: &LocalGroup) -> Vec<(usize, usize, String)> {
+    fn initializers(&self, group: &LocalGroup) -> Vec<(usize, usize, String)> {
         let mut out = Vec::new();
         for &i in &group.nodes {
             for (position, input) in self.index.nodes()[i].inputs.iter().enumerate() {
@@ -173,13 +200,7 @@ pub(crate) fn check_weight(
             target.shape, reference.shape
         ));
     }
-    let (rb, tb) = (
-        reference.dtype.mantissa_bits(),
-        target.dtype.mantissa_bits(),
-    );
-    if let (Some(r), Some(t)) = (rb, tb)
-        && t < r
-    {
+    if target.dtype.narrower_than(reference.dtype) {
         return WeightCheck::LowerPrecision(format!(
             "the target stores `{name}` in {}, the reference in {}",
             target.dtype, reference.dtype
@@ -222,14 +243,12 @@ pub(crate) fn disagreement(
 /// dtype, reshaped to its shape (element counts must agree).
 pub(crate) fn fit(
     name: &str,
-    reference: &Tensor,
+    reference: Tensor,
     dtype: DType,
     shape: &[usize],
 ) -> Result<Tensor, String> {
+    let given = reference.shape.clone();
     reference.cast(dtype).reshaped(shape).ok_or_else(|| {
-        format!(
-            "the reference's `{name}` has shape {:?}, the target's {shape:?}",
-            reference.shape
-        )
+        format!("the reference's `{name}` has shape {given:?}, the target's {shape:?}")
     })
 }

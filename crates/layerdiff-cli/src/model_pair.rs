@@ -15,7 +15,7 @@ use layerdiff_runtime::Runtime;
 
 use crate::Result;
 use crate::inputs::check_inputs;
-use crate::local::{Rerun, WeightCheck, check_weight, disagreement, fit};
+use crate::local::{Rerun, check_weight, disagreement, fit};
 use crate::timings::{OWN, RUNTIME, Stopwatch};
 
 /// What `layerdiff onnx` compares.
@@ -253,7 +253,7 @@ pub fn compare_models(pair: &mut ModelPair, clock: &mut Stopwatch) -> Result<Rep
             }
             let r = &reference_out[r_index[reference_of[n]]].1;
             let t = &target_out[t_index[n]].1;
-            fit(reference_of[n], r, t.dtype, &t.shape)
+            fit(reference_of[n], r.clone(), t.dtype, &t.shape)
         };
         for ((layer, p), &(r, _)) in layers.iter_mut().zip(&pairings).zip(&tensors) {
             let (Ok(target_name), Some(r)) = (&p.target, r) else {
@@ -289,9 +289,7 @@ pub fn compare_models(pair: &mut ModelPair, clock: &mut Stopwatch) -> Result<Rep
     let summary = analyse(&mut layers, pair.tolerance);
 
     // Evidence for the layers that need a cause.
-    let needs_cause = |l: &Layer| {
-        l.exceeds_tol || l.local_exceeds || summary.drift_origin.as_ref() == Some(&l.name)
-    };
+    let needs_cause = |l: &Layer| summary.needs_cause(l);
     let rerun_side = |rt: &(dyn Runtime + Send + Sync), model: &Model, values: &[String]| {
         if layers.iter().any(needs_cause) {
             rt.run_twice(model, &pair.inputs, values).ok()
@@ -327,31 +325,16 @@ pub fn compare_models(pair: &mut ModelPair, clock: &mut Stopwatch) -> Result<Rep
             }
         }
         if let Some(group) = &groups[i] {
-            e.ops = rerun.ops(group);
             e.attributes = rerun.attribute_changes(reference, group);
-            if e.precision.is_none() {
-                let fed = |n: &str| {
-                    let r = &reference_out[*r_index.get(reference_of.get(n)?)?].1;
-                    Some((r.dtype, target_out[*t_index.get(n)?].1.dtype))
-                };
-                e.precision = rerun.lowered_precision(group, &fed);
-            }
-            for (node, position, name) in rerun.initializers(group) {
-                let Some(reference_weight) = reference_weight(pair, &rerun, node, position, &name)
-                else {
-                    continue;
-                };
-                let Some(Ok(target_weight)) = target.initializer(&name) else {
-                    continue;
-                };
-                match check_weight(&name, reference_weight.view(), target_weight.view()) {
-                    WeightCheck::Same => {}
-                    WeightCheck::Differs(text) => e.weights.push(text),
-                    WeightCheck::LowerPrecision(text) => {
-                        e.precision.get_or_insert(text);
-                    }
-                }
-            }
+            let fed = |n: &str| {
+                let r = &reference_out[*r_index.get(reference_of.get(n)?)?].1;
+                Some((r.dtype, target_out[*t_index.get(n)?].1.dtype))
+            };
+            let check = |node, position, name: &str, weight: &Tensor| {
+                let theirs = reference_weight(pair, &rerun, node, position, name)?;
+                Some(check_weight(name, theirs.view(), weight.view()))
+            };
+            rerun.group_evidence(group, e, &fed, &check);
         }
     }
     explain(&mut layers, &evidence, &summary);

@@ -58,10 +58,10 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &Summary) {
     let none = Evidence::default();
     let origin = summary.drift_origin.as_deref();
     for (i, layer) in layers.iter_mut().enumerate() {
-        let is_origin = origin == Some(layer.name.as_str());
-        if !(layer.exceeds_tol || layer.local_exceeds || is_origin) {
+        if !summary.needs_cause(layer) {
             continue;
         }
+        let is_origin = origin == Some(layer.name.as_str());
         let e = evidence.get(i).unwrap_or(&none);
         let (cause, mut detail) = decide(layer, e, origin, is_origin);
         if is_origin && !layer.exceeds_tol && !layer.local_exceeds {
@@ -125,12 +125,7 @@ fn decide(
         .target_dtype
         .as_deref()
         .and_then(|t| DType::from_name(t).ok())
-        .filter(|t| {
-            let r = DType::from_name(&layer.dtype)
-                .ok()
-                .and_then(DType::mantissa_bits);
-            t.mantissa_bits().zip(r).is_some_and(|(t, r)| t < r)
-        });
+        .filter(|t| DType::from_name(&layer.dtype).is_ok_and(|r| t.narrower_than(r)));
     if let Some(t) = lower {
         return (
             "precision_loss",

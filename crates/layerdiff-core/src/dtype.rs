@@ -141,6 +141,12 @@ impl DType {
         }
     }
 
+    /// Whether both are floats and this one holds fewer significand bits (float16 is narrower
+    /// than float32): the test behind precision loss and the dtype-aware tolerance.
+    pub fn narrower_than(self, other: DType) -> bool {
+        matches!((self.mantissa_bits(), other.mantissa_bits()), (Some(a), Some(b)) if a < b)
+    }
+
     /// Significand bits of a float type (53, 24, 11, 8); `None` for integers and bool. The
     /// smaller of two sides' precisions decides the tolerance and names a precision loss.
     pub fn mantissa_bits(self) -> Option<u32> {

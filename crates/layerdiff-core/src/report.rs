@@ -119,6 +119,16 @@ pub struct Summary {
     pub worst: WorstLayers,
 }
 
+impl Summary {
+    /// Whether a layer gets a cause: it exceeds its tolerance, accumulated or locally, or it is
+    /// the drift origin.
+    pub fn needs_cause(&self, layer: &Layer) -> bool {
+        layer.exceeds_tol
+            || layer.local_exceeds
+            || self.drift_origin.as_deref() == Some(layer.name.as_str())
+    }
+}
+
 /// The extremes across compared layers.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct WorstLayers {

@@ -39,6 +39,15 @@ impl<'a> TensorView<'a> {
         self.shape.iter().product()
     }
 
+    /// An owned copy.
+    pub fn to_tensor(&self) -> Tensor {
+        Tensor {
+            dtype: self.dtype,
+            shape: self.shape.to_vec(),
+            bytes: self.bytes.to_vec(),
+        }
+    }
+
     /// The element at flat index `i`, widened to f64.
     pub fn get_f64(&self, i: usize) -> f64 {
         let size = self.dtype.size();
@@ -82,9 +91,9 @@ impl Tensor {
 
     /// This tensor's values in another dtype (floats rounded to nearest). Used to feed one
     /// side's values to the other side's nodes, e.g. float32 activations to a float16 layer.
-    pub fn cast(&self, dtype: DType) -> Tensor {
+    pub fn cast(self, dtype: DType) -> Tensor {
         if dtype == self.dtype {
-            return self.clone();
+            return self;
         }
         let n = self.shape.iter().product::<usize>();
         let mut values = vec![0.0; n];

@@ -135,11 +135,11 @@ pub fn lower_precision(dtype: &str, target_dtype: Option<&str>) -> Option<DType>
     let Some(t) = target_dtype.and_then(|t| DType::from_name(t).ok()) else {
         return Some(r);
     };
-    match (r.mantissa_bits(), t.mantissa_bits()) {
-        (Some(a), Some(b)) => Some(if b < a { t } else { r }),
-        (None, _) => Some(r),
-        (_, None) => Some(t),
-    }
+    Some(if t.narrower_than(r) || (r.is_float() && !t.is_float()) {
+        t
+    } else {
+        r
+    })
 }
 
 #[cfg(test)]

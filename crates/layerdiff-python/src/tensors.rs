@@ -30,11 +30,6 @@ impl FlatTensor<'_> {
     }
 
     pub fn to_tensor(&self) -> PyResult<Tensor> {
-        let v = self.view()?;
-        Ok(Tensor {
-            dtype: v.dtype,
-            shape: v.shape.to_vec(),
-            bytes: v.bytes.to_vec(),
-        })
+        Ok(self.view()?.to_tensor())
     }
 }
