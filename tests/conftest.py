@@ -56,3 +56,17 @@ def encoder_onnx(tmp_path_factory):
     model.eval()
     path = tmp_path_factory.mktemp("encoder") / "encoder.onnx"
     return export_onnx(model, inputs, path, exporter="dynamo")
+
+
+@pytest.fixture(scope="session")
+def decoder_onnx(tmp_path_factory):
+    """The small GPT-2-style decoder of builders/decoder.py (seed 0), exported by dynamo."""
+    torch = pytest.importorskip("torch")
+    from builders.decoder import build
+    from layerdiff.torch import export_onnx
+
+    torch.manual_seed(0)
+    model, inputs = build()
+    model.eval()
+    path = tmp_path_factory.mktemp("decoder") / "decoder.onnx"
+    return export_onnx(model, inputs, path, exporter="dynamo")

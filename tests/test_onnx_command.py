@@ -127,6 +127,7 @@ def test_dynamic_dimensions_need_a_shape(tmp_path):
         (["{model}", "--vs", "{model}", "--shape", "nope=1,2"], "`nope`, which is not an input"),
         (["{model}", "--vs", "{model}", "--int-range", "5,1"], "LO <= HI"),
         (["{text}", "--vs", "{model}"], "is not a valid ONNX model"),
+        (["{model}", "--max-memory", "4X"], "`4X` is not a memory size"),
     ],
 )
 def test_bad_input_exits_2_with_a_message(resnet18_onnx, tmp_path, args, message):

@@ -74,6 +74,11 @@ pub struct OnnxArgs {
     /// models, but the drift origin is then the first value whose accumulated error exceeds.
     #[arg(long)]
     pub no_local: bool,
+    /// The most memory the intermediate values may take at once (`4G`, `512M`): the graph then
+    /// runs in segments, each value compared as soon as both sides have it and dropped after its
+    /// last use. Default: half the memory available at start. The numbers do not depend on it.
+    #[arg(long, value_name = "SIZE", value_parser = crate::segments::parse_memory)]
+    pub max_memory: Option<u64>,
     /// Where reports go.
     #[command(flatten)]
     pub report: ReportArgs,

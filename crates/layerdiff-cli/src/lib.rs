@@ -12,6 +12,7 @@ mod local;
 pub mod model_pair;
 mod onnx_command;
 pub mod output;
+pub mod segments;
 pub mod timings;
 
 pub use error::{Error, Result, error_chain};

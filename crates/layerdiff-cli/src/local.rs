@@ -43,6 +43,17 @@ impl<'a> Rerun<'a> {
         feed: &dyn Fn(&str) -> Result<Tensor, String>,
     ) -> Result<(LocalGroup, Tensor), String> {
         let group = local_group(&self.index, value, known)?;
+        let tensor = self.run_group(&group, value, feed)?;
+        Ok((group, tensor))
+    }
+
+    /// The output of a group (computing `value`) run on `feed`'s tensors.
+    pub fn run_group(
+        &self,
+        group: &LocalGroup,
+        value: &str,
+        feed: &dyn Fn(&str) -> Result<Tensor, String>,
+    ) -> Result<Tensor, String> {
         let feeds = group
             .inputs
             .iter()
@@ -55,12 +66,10 @@ impl<'a> Rerun<'a> {
         let out = self.runtime.run(&extract, &feeds, &wanted);
         self.inference.set(self.inference.get() + started.elapsed());
         let out = out.map_err(|e| format!("the target could not run its nodes alone: {e}"))?;
-        let tensor = out
-            .into_iter()
+        out.into_iter()
             .next()
             .map(|(_, t)| t)
-            .ok_or("the re-run returned nothing")?;
-        Ok((group, tensor))
+            .ok_or_else(|| "the re-run returned nothing".to_string())
     }
 
     /// What a re-run group shows about a layer's cause: its ops, how it lowers precision (`fed`

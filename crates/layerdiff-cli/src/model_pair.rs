@@ -1,21 +1,24 @@
 //! The flow of `layerdiff onnx`: one ONNX model on two runtimes, or two versions of a model.
 //! Every intermediate value of the reference model is matched to a target value (by name, then
-//! by producing node), both are exposed as outputs, each side runs once on the same input bytes,
-//! and every pair is compared in the reference's execution order.
+//! by producing node); each side runs once on the same input bytes, in segments when the values
+//! would not fit in memory together, and every pair is compared in the reference's execution
+//! order as soon as both sides have it.
 
-use std::collections::HashMap;
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
 use layerdiff_core::{
-    Evidence, InputInfo, Layer, LayerStatus, OnnxRef, Report, SCHEMA, SideInfo, Tensor, Tolerance,
-    analyse, compare_pair, explain,
+    DType, Evidence, InputInfo, Layer, LayerStatus, OnnxRef, Report, SCHEMA, SideInfo, Tensor,
+    Tolerance, analyse, compare_pair, explain, judge,
 };
-use layerdiff_onnx::{GraphIndex, LocalGroup, Model, expose_values};
+use layerdiff_onnx::{GraphIndex, LocalGroup, Model, expose_values, extract_nodes, local_group};
 use layerdiff_runtime::Runtime;
 
 use crate::Result;
 use crate::inputs::check_inputs;
 use crate::local::{Rerun, check_weight, disagreement, fit};
+use crate::segments::{Part, PlanSide, PlannedLayer, plan};
 use crate::timings::{OWN, RUNTIME, Stopwatch};
 
 /// What `layerdiff onnx` compares.
@@ -40,6 +43,9 @@ pub struct ModelPair {
     pub tolerance: Tolerance,
     /// Whether to measure each layer's local error (re-running its target nodes).
     pub local: bool,
+    /// The most bytes of intermediate values to hold at once (`None`: no limit): it decides
+    /// how the run is split into segments, never its numbers.
+    pub max_memory: Option<u64>,
 }
 
 /// A reference value and where its counterpart is, or why it has none.
@@ -141,201 +147,275 @@ fn why_missing(r: &GraphIndex, t: &GraphIndex, node: &layerdiff_onnx::NodeInfo) 
 
 /// Runs the comparison and returns the report. Drift is a finding, not an error.
 ///
-/// The values compared are made outputs of the models in place (a model is never copied: a
-/// large one is gigabytes); without `--vs` the one model serves both sides.
-pub fn compare_models(pair: &mut ModelPair, clock: &mut Stopwatch) -> Result<Report> {
-    let pairings: Vec<Pairing> = {
+/// The run is planned in segments (see [`crate::segments`]) so that the values held at once fit
+/// `max_memory`; when everything fits, there is one segment and the values compared are made
+/// outputs of the models in place (a model is never copied: a large one is gigabytes). Without
+/// `--vs` the one model serves both sides.
+pub fn compare_models(
+    pair: &mut ModelPair,
+    clock: &mut Stopwatch,
+) -> Result<(Report, Segmentation)> {
+    let (r_index, t_index, pairings) = {
         let reference = &pair.reference_model;
         let target = pair.target_model.as_ref().unwrap_or(reference);
-        check_inputs(&GraphIndex::new(reference.graph()), &pair.inputs)?;
-        check_inputs(&GraphIndex::new(target.graph()), &pair.inputs)?;
+        let (r_index, t_index) = (
+            GraphIndex::new(reference.graph()),
+            GraphIndex::new(target.graph()),
+        );
+        check_inputs(&r_index, &pair.inputs)?;
+        check_inputs(&t_index, &pair.inputs)?;
         // A file of expected values holds only some values: compare those.
-        pair_values(reference, target)
+        let pairings: Vec<Pairing> = pair_values(reference, target)
             .into_iter()
             .filter(|p| pair.reference_runtime.provides(&p.value))
-            .collect()
+            .collect();
+        (r_index, t_index, pairings)
     };
-    let reference_values: Vec<String> = pairings
+    // The reference's value behind each compared target value.
+    let reference_of: HashMap<&str, &str> = pairings
         .iter()
-        .filter(|p| p.target.is_ok())
-        .map(|p| p.value.clone())
+        .filter_map(|p| Some((p.target.as_ref().ok()?.as_str(), p.value.as_str())))
         .collect();
-    let target_values: Vec<String> = pairings
+    let is_input = |n: &str| pair.inputs.iter().any(|(name, _)| name == n);
+    // Each compared layer's local group: the target nodes re-run on the reference's values.
+    let mut groups: Vec<Option<std::result::Result<LocalGroup, String>>> = pairings
         .iter()
-        .filter_map(|p| p.target.clone().ok())
+        .map(|p| {
+            let target = p.target.as_ref().ok().filter(|_| pair.local)?;
+            let known = |n: &str| reference_of.contains_key(n) || is_input(n);
+            Some(local_group(&t_index, target, &known))
+        })
         .collect();
-    expose_values(&mut pair.reference_model, &reference_values)?;
-    if let Some(target) = pair.target_model.as_mut() {
-        expose_values(target, &target_values)?;
+    let planned: Vec<PlannedLayer<'_>> = pairings
+        .iter()
+        .zip(&groups)
+        .map(|(p, g)| PlannedLayer {
+            reference: &p.value,
+            target: p.target.as_ref().ok().map(String::as_str),
+            local_inputs: match g {
+                Some(Ok(group)) => &group.inputs,
+                _ => &[],
+            },
+        })
+        .collect();
+    let side = |index, rt: &(dyn Runtime + Send + Sync)| PlanSide {
+        index,
+        computes: rt.computes(),
+        inputs: &pair.inputs,
+    };
+    let plan = plan(
+        &side(&r_index, pair.reference_runtime.as_ref()),
+        &side(&t_index, pair.target_runtime.as_ref()),
+        &planned,
+        pair.max_memory,
+    );
+    let whole = plan.segments.len() == 1;
+    let segmentation = Segmentation {
+        segments: plan.segments.len(),
+        total_bytes: plan.total_bytes,
+        peak_bytes: plan.peak_bytes,
+    };
+    let reference_of: HashMap<String, String> = reference_of
+        .into_iter()
+        .map(|(t, r)| (t.to_string(), r.to_string()))
+        .collect();
+    if whole {
+        let outputs = |part: &Part| part.outputs.clone();
+        let (r_out, t_out) = (
+            outputs(&plan.segments[0].reference),
+            outputs(&plan.segments[0].target),
+        );
+        expose_values(&mut pair.reference_model, &r_out)?;
+        match pair.target_model.as_mut() {
+            Some(target) => expose_values(target, &t_out)?,
+            None => expose_values(&mut pair.reference_model, &t_out)?,
+        }
     }
-    clock.lap("pairing values and exposing them", OWN);
+    clock.lap("pairing values and planning the run", OWN);
     let pair = &*pair;
     let reference = &pair.reference_model;
     let target = pair.target_model.as_ref().unwrap_or(reference);
-
     let (reference_rt, target_rt) = (&pair.reference_runtime, &pair.target_runtime);
-    let reference_out = reference_rt.run(reference, &pair.inputs, &reference_values)?;
-    clock.lap("reference run", RUNTIME);
-    let target_out = target_rt.run(target, &pair.inputs, &target_values)?;
-    clock.lap("target run", RUNTIME);
-    let (r_index, t_index) = (by_name(&reference_out), by_name(&target_out));
-    let tensors: Vec<(Option<&Tensor>, Option<&Tensor>)> = pairings
-        .iter()
-        .map(|p| {
-            let r = r_index.get(p.value.as_str()).map(|&i| &reference_out[i].1);
-            let t = p
-                .target
-                .as_ref()
-                .ok()
-                .and_then(|n| t_index.get(n.as_str()))
-                .map(|&i| &target_out[i].1);
-            (r, t)
-        })
-        .collect();
 
     let mut layers: Vec<Layer> = pairings
         .iter()
-        .zip(&tensors)
         .enumerate()
-        .map(|(index, (p, &(r, t)))| {
-            let mut layer = Layer::new(
-                index,
-                p.value.clone(),
-                r.map(|t| t.shape.clone()).unwrap_or_default(),
-                r.map(|t| t.dtype.name()).unwrap_or_default(),
-            );
+        .map(|(index, p)| {
+            let mut layer = Layer::new(index, p.value.clone(), Vec::new(), String::new());
             layer.onnx = Some(OnnxRef {
                 value: p.value.clone(),
                 node: p.node.clone(),
                 op_type: p.op_type.clone(),
             });
-            match (&p.target, r, t) {
-                (Err(reason), _, _) => layer.reason = Some(reason.clone()),
-                (Ok(target_name), Some(r), Some(t)) => {
-                    if target_name != &p.value {
-                        layer.reason = Some(format!(
-                            "matched by node: the target calls it `{target_name}`"
-                        ));
-                    }
-                    let outcome = compare_pair(r.view(), t.view());
-                    layer.status = outcome.status;
-                    layer.accumulated = outcome.stats;
-                    layer.target_shape = outcome.target_shape;
-                    layer.target_dtype = outcome.target_dtype;
+            match &p.target {
+                Err(reason) => layer.reason = Some(reason.clone()),
+                Ok(name) if name != &p.value => {
+                    layer.reason = Some(format!("matched by node: the target calls it `{name}`"));
                 }
-                (Ok(_), _, _) => unreachable!("every paired value was requested from both sides"),
+                Ok(_) => {}
             }
             layer
         })
         .collect();
-
-    clock.lap("comparison", OWN);
-
-    // Local error: each target value recomputed from the reference's values of its inputs.
+    let mut evidence = vec![Evidence::default(); layers.len()];
+    // Each value's dtype on both sides, kept after the tensors are dropped.
+    let (mut r_dtypes, mut t_dtypes): (HashMap<String, DType>, HashMap<String, DType>) =
+        Default::default();
+    let mut r_live = Values::new(pair.inputs.clone());
+    let mut t_live = Values::new(pair.inputs.clone());
     let rerun = Rerun::new(target, target_rt.as_ref());
-    let mut groups: Vec<Option<LocalGroup>> = vec![None; layers.len()];
-    let reference_of: HashMap<&str, &str> = pairings
-        .iter()
-        .filter_map(|p| Some((p.target.as_ref().ok()?.as_str(), p.value.as_str())))
-        .filter(|(_, r)| r_index.contains_key(r))
-        .collect();
-    if pair.local {
-        let input = |n: &str| {
-            pair.inputs
-                .iter()
-                .find(|(name, _)| name == n)
-                .map(|(_, t)| t)
-        };
-        let known = |n: &str| reference_of.contains_key(n) || input(n).is_some();
+
+    for segment in &plan.segments {
+        let r_model = part_model(
+            reference,
+            &segment.reference,
+            whole,
+            reference_rt.as_ref(),
+            &r_live,
+        )?;
+        let t_model = part_model(target, &segment.target, whole, target_rt.as_ref(), &t_live)?;
+        clock.lap("pairing values and planning the run", OWN);
+        r_live.run(
+            reference_rt.as_ref(),
+            &r_model,
+            &segment.reference,
+            &mut r_dtypes,
+        )?;
+        clock.lap("reference run", RUNTIME);
+        t_live.run(target_rt.as_ref(), &t_model, &segment.target, &mut t_dtypes)?;
+        clock.lap("target run", RUNTIME);
+
+        for i in segment.layers.clone() {
+            let p = &pairings[i];
+            let (Ok(target_name), Some(r)) = (&p.target, r_live.get(&p.value)) else {
+                continue;
+            };
+            let t = t_live
+                .get(target_name)
+                .expect("every compared value is requested from both sides");
+            let layer = &mut layers[i];
+            layer.shape = r.shape.clone();
+            layer.dtype = r.dtype.name().to_string();
+            let outcome = compare_pair(r.view(), t.view());
+            layer.status = outcome.status;
+            layer.accumulated = outcome.stats;
+            layer.target_shape = outcome.target_shape;
+            layer.target_dtype = outcome.target_dtype;
+        }
+        clock.lap("comparison", OWN);
+
+        // Local error: each target value recomputed from the reference's values of its inputs.
         let feed = |n: &str| -> std::result::Result<Tensor, String> {
-            if let Some(t) = input(n) {
-                return Ok(t.clone());
-            }
-            let r = &reference_out[r_index[reference_of[n]]].1;
-            let t = &target_out[t_index[n]].1;
-            fit(reference_of[n], r.clone(), t.dtype, &t.shape)
+            let Some(r) = reference_of.get(n) else {
+                return r_live
+                    .get(n)
+                    .cloned()
+                    .ok_or_else(|| format!("`{n}` is not known"));
+            };
+            let (Some(reference), Some(t)) = (r_live.get(r), t_live.get(n)) else {
+                return Err(format!("`{n}` is no longer held"));
+            };
+            fit(r, reference.clone(), t.dtype, &t.shape)
         };
-        for ((layer, p), &(r, _)) in layers.iter_mut().zip(&pairings).zip(&tensors) {
-            let (Ok(target_name), Some(r)) = (&p.target, r) else {
+        for i in segment.layers.clone() {
+            let (layer, p) = (&mut layers[i], &pairings[i]);
+            let (Ok(target_name), Some(r)) = (&p.target, r_live.get(&p.value)) else {
                 continue;
             };
             if layer.status != LayerStatus::Compared {
                 continue;
             }
-            match rerun.run(target_name, &known, &feed) {
-                Ok((group, value)) => {
-                    let outcome = compare_pair(r.view(), value.view());
-                    layer.local = outcome.stats;
-                    layer.local_inputs = group
-                        .inputs
+            let outcome = match &groups[i] {
+                Some(Ok(group)) => rerun.run_group(group, target_name, &feed),
+                Some(Err(reason)) => Err(reason.clone()),
+                None => continue,
+            };
+            match outcome {
+                Ok(value) => {
+                    layer.local = compare_pair(r.view(), value.view()).stats;
+                    layer.local_inputs = groups[i]
                         .iter()
-                        .map(|n| {
-                            reference_of
-                                .get(n.as_str())
-                                .map_or(n.clone(), |r| r.to_string())
-                        })
+                        .flatten()
+                        .flat_map(|g| &g.inputs)
+                        .map(|n| reference_of.get(n).unwrap_or(n).clone())
                         .collect();
-                    groups[layer.index] = Some(group);
                 }
-                Err(reason) => layer.local_reason = Some(reason),
+                Err(reason) => {
+                    layer.local_reason = Some(reason.clone());
+                    groups[i] = Some(Err(reason));
+                }
             }
         }
+        clock.split_lap(
+            "local error: extraction and comparison",
+            "local error: inference",
+            rerun.inference.take(),
+        );
+
+        // What the values of an exceeding layer show, while they are held.
+        let mut exceeding = Vec::new();
+        for i in segment.layers.clone() {
+            let layer = &mut layers[i];
+            judge(layer, pair.tolerance);
+            if !(layer.exceeds_tol || layer.local_exceeds) {
+                continue;
+            }
+            let p = &pairings[i];
+            if let (Ok(target_name), Some(r)) = (&p.target, r_live.get(&p.value))
+                && let Some(t) = t_live.get(target_name)
+            {
+                evidence[i] = Evidence::from_values(layer, r.view(), t.view());
+            }
+            exceeding.push(i);
+        }
+        clock.lap("analysis and causes", OWN);
+        if !exceeding.is_empty() {
+            // Does either side disagree with itself? Two more runs of the segment, one session.
+            let again =
+                |rt: &(dyn Runtime + Send + Sync), model: &Model, live: &Values, part: &Part| {
+                    rt.run_twice(model, live.all(), &part.outputs).ok()
+                };
+            let r_again = again(reference_rt.as_ref(), &r_model, &r_live, &segment.reference);
+            let t_again = again(target_rt.as_ref(), &t_model, &t_live, &segment.target);
+            for i in segment.layers.clone() {
+                let p = &pairings[i];
+                let Ok(target_name) = &p.target else { continue };
+                for (side, again, live, name) in [
+                    ("reference", &r_again, &r_live, &p.value),
+                    ("target", &t_again, &t_live, target_name),
+                ] {
+                    let e = &mut evidence[i];
+                    if let Some(first) = live.get(name)
+                        && let Some(d) = disagreement(first, again.as_ref(), name)
+                        && e.self_disagreement
+                            .as_ref()
+                            .is_none_or(|(_, seen)| d > *seen)
+                    {
+                        e.self_disagreement = Some((side.to_string(), d));
+                    }
+                }
+            }
+            clock.lap("second runs (nondeterminism)", RUNTIME);
+        }
+        r_live.free(&segment.reference.free);
+        t_live.free(&segment.target.free);
     }
-    clock.split_lap(
-        "local error: extraction and comparison",
-        "local error: inference",
-        rerun.inference.get(),
-    );
+    drop((r_live, t_live));
     let summary = analyse(&mut layers, pair.tolerance);
 
-    // Evidence for the layers that need a cause.
-    let needs_cause = |l: &Layer| summary.needs_cause(l);
-    let rerun_side = |rt: &(dyn Runtime + Send + Sync), model: &Model, values: &[String]| {
-        if layers.iter().any(needs_cause) {
-            rt.run_twice(model, &pair.inputs, values).ok()
-        } else {
-            None
-        }
-    };
-    let reference_again = rerun_side(reference_rt.as_ref(), reference, &reference_values);
-    let target_again = rerun_side(target_rt.as_ref(), target, &target_values);
-    clock.lap("second runs (nondeterminism)", RUNTIME);
-    let mut evidence = vec![Evidence::default(); layers.len()];
+    // Evidence from the graphs, for the layers that need a cause.
     for (i, layer) in layers.iter().enumerate() {
-        let ((Some(r), Some(t)), true) = (tensors[i], needs_cause(layer)) else {
+        let (true, Some(Ok(group))) = (summary.needs_cause(layer), &groups[i]) else {
             continue;
         };
         let e = &mut evidence[i];
-        *e = Evidence::from_values(layer, r.view(), t.view());
-        for (side, again, first, name) in [
-            ("reference", &reference_again, r, &pairings[i].value),
-            (
-                "target",
-                &target_again,
-                t,
-                pairings[i].target.as_ref().unwrap_or(&pairings[i].value),
-            ),
-        ] {
-            if let Some(d) = disagreement(first, again.as_ref(), name)
-                && e.self_disagreement
-                    .as_ref()
-                    .is_none_or(|(_, seen)| d > *seen)
-            {
-                e.self_disagreement = Some((side.to_string(), d));
-            }
-        }
-        if let Some(group) = &groups[i] {
-            e.attributes = rerun.attribute_changes(reference, group);
-            let fed = |n: &str| {
-                let r = &reference_out[*r_index.get(reference_of.get(n)?)?].1;
-                Some((r.dtype, target_out[*t_index.get(n)?].1.dtype))
-            };
-            let check = |node, position, name: &str, weight: &Tensor| {
-                let theirs = reference_weight(pair, &rerun, node, position, name)?;
-                Some(check_weight(name, theirs.view(), weight.view()))
-            };
-            rerun.group_evidence(group, e, &fed, &check);
-        }
+        e.attributes = rerun.attribute_changes(reference, group);
+        let fed = |n: &str| Some((*r_dtypes.get(reference_of.get(n)?)?, *t_dtypes.get(n)?));
+        let check = |node, position, name: &str, weight: &Tensor| {
+            let theirs = reference_weight(pair, &rerun, node, position, name)?;
+            Some(check_weight(name, theirs.view(), weight.view()))
+        };
+        rerun.group_evidence(group, e, &fed, &check);
     }
     explain(&mut layers, &evidence, &summary);
     clock.lap("analysis and causes", OWN);
@@ -344,7 +424,7 @@ pub fn compare_models(pair: &mut ModelPair, clock: &mut Stopwatch) -> Result<Rep
         runtime: rt.name().to_string(),
         detail: format!("{} · {}", file_name(path), rt.detail()),
     };
-    Ok(Report {
+    let report = Report {
         schema: SCHEMA,
         command: "onnx".to_string(),
         model: file_name(&pair.reference),
@@ -360,15 +440,80 @@ pub fn compare_models(pair: &mut ModelPair, clock: &mut Stopwatch) -> Result<Rep
         summary,
         layers,
         timings: Some(clock.phases()),
-    })
+    };
+    Ok((report, segmentation))
 }
 
-/// Each output's position by name.
-fn by_name(out: &[(String, Tensor)]) -> HashMap<&str, usize> {
-    out.iter()
-        .enumerate()
-        .map(|(i, (n, _))| (n.as_str(), i))
-        .collect()
+/// How a run was split to bound its memory.
+#[derive(Debug, Clone, Copy)]
+pub struct Segmentation {
+    /// Segments run (1: the whole graph at once).
+    pub segments: usize,
+    /// Estimated bytes of all values both sides produce.
+    pub total_bytes: u64,
+    /// Estimated most bytes of values held at once.
+    pub peak_bytes: u64,
+}
+
+/// The model a side runs for one segment: the whole model (its compared values already exposed)
+/// when there is one segment or the side does not compute, else the segment's nodes extracted.
+fn part_model<'m>(
+    model: &'m Model,
+    part: &Part,
+    whole: bool,
+    runtime: &(dyn Runtime + Send + Sync),
+    live: &Values,
+) -> Result<Cow<'m, Model>> {
+    if whole || !runtime.computes() || part.outputs.is_empty() {
+        return Ok(Cow::Borrowed(model));
+    }
+    Ok(Cow::Owned(extract_nodes(
+        model,
+        &part.nodes,
+        &part.outputs,
+        live.all(),
+    )?))
+}
+
+/// The values one side holds: its inputs, and what its segments produced and still need.
+struct Values(Vec<(String, Tensor)>);
+
+impl Values {
+    fn new(inputs: Vec<(String, Tensor)>) -> Self {
+        Self(inputs)
+    }
+
+    fn all(&self) -> &[(String, Tensor)] {
+        &self.0
+    }
+
+    fn get(&self, name: &str) -> Option<&Tensor> {
+        self.0.iter().rev().find(|(n, _)| n == name).map(|(_, t)| t)
+    }
+
+    /// Runs one side's part of a segment and keeps what it hands back.
+    fn run(
+        &mut self,
+        runtime: &(dyn Runtime + Send + Sync),
+        model: &Model,
+        part: &Part,
+        dtypes: &mut HashMap<String, DType>,
+    ) -> Result<()> {
+        if part.outputs.is_empty() {
+            return Ok(());
+        }
+        let out = runtime.run(model, &self.0, &part.outputs)?;
+        for (name, tensor) in out {
+            dtypes.insert(name.clone(), tensor.dtype);
+            self.0.push((name, tensor));
+        }
+        Ok(())
+    }
+
+    fn free(&mut self, names: &[String]) {
+        let names: HashSet<&str> = names.iter().map(String::as_str).collect();
+        self.0.retain(|(n, _)| !names.contains(n.as_str()));
+    }
 }
 
 /// The reference's counterpart of a target initializer: the one of the same name, else the

@@ -10,6 +10,7 @@ use crate::cli::OnnxArgs;
 use crate::inputs::{InputPlan, generate_inputs, read_inputs};
 use crate::model_pair::{ModelPair, compare_models};
 use crate::output::{exit_code, summary_text, write_reports};
+use crate::segments::{bytes_text, default_budget};
 use crate::timings::{OWN, RUNTIME, Stopwatch, timings_text};
 
 /// Why `layerdiff onnx` could not run.
@@ -90,9 +91,10 @@ pub(crate) fn run(args: &OnnxArgs) -> Result<u8, CommandError> {
         seed,
         tolerance: args.tolerance,
         local: !args.no_local,
+        max_memory: args.max_memory.or_else(default_budget),
     };
     clock.lap("making inputs", OWN);
-    let mut report = compare_models(&mut pair, &mut clock)?;
+    let (mut report, segmentation) = compare_models(&mut pair, &mut clock)?;
     if !args.report.timings {
         report.timings = None;
     }
@@ -119,6 +121,14 @@ pub(crate) fn run(args: &OnnxArgs) -> Result<u8, CommandError> {
     }
     clock.lap("rendering and writing reports", OWN);
     if !args.report.quiet {
+        if segmentation.segments > 1 {
+            eprintln!(
+                "ran in {} segments to hold at most about {} of values at once ({} in all); see --max-memory",
+                segmentation.segments,
+                bytes_text(segmentation.peak_bytes),
+                bytes_text(segmentation.total_bytes)
+            );
+        }
         print!("{}", summary_text(&report));
         for path in written {
             eprintln!("wrote {}", path.display());

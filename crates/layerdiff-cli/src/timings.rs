@@ -49,8 +49,17 @@ impl Stopwatch {
         self.last = now;
     }
 
+    /// Adds to the phase of that name (a segmented run passes through each phase many times),
+    /// or starts it.
     fn push(&mut self, phase: &str, by: &str, time: Duration) {
-        self.phases.push(Timing::new(phase, by, time.as_secs_f64()));
+        match self
+            .phases
+            .iter_mut()
+            .find(|t| t.phase == phase && t.by == by)
+        {
+            Some(t) => t.seconds += time.as_secs_f64(),
+            None => self.phases.push(Timing::new(phase, by, time.as_secs_f64())),
+        }
     }
 
     /// The phases so far.

@@ -30,24 +30,7 @@ fn beyond(stats: &Stats, tolerance: f64) -> bool {
 /// error makes up at least [`BORN_HERE`] of its accumulated error.
 pub fn analyse(layers: &mut [Layer], tolerance: Tolerance) -> Summary {
     for layer in layers.iter_mut() {
-        layer.tolerance = tolerance.for_layer(
-            &layer.dtype,
-            layer.target_dtype.as_deref(),
-            layer.float64.as_ref().map(|f| f.reference),
-        );
-        let kind_differs = layer.target_dtype.as_deref().is_some_and(|t| {
-            let float = |n: &str| DType::from_name(n).is_ok_and(DType::is_float);
-            float(t) != float(&layer.dtype)
-        });
-        layer.exceeds_tol = match (&layer.status, &layer.accumulated) {
-            (LayerStatus::Compared, Some(s)) => beyond(s, layer.tolerance) || kind_differs,
-            (LayerStatus::ShapeMismatch, _) => true,
-            _ => false,
-        };
-        layer.local_exceeds = layer
-            .local
-            .as_ref()
-            .is_some_and(|s| beyond(s, layer.tolerance));
+        judge(layer, tolerance);
     }
     let first_exceeding = layers.iter().position(|l| l.exceeds_tol);
     let origin = drift_origin(layers, first_exceeding);
@@ -84,6 +67,29 @@ pub fn analyse(layers: &mut [Layer], tolerance: Tolerance) -> Summary {
             min_max_abs_diff: pick(|a, b| a < b, max_abs),
         },
     }
+}
+
+/// Sets one layer's tolerance and its exceedance flags (`exceeds_tol`, `local_exceeds`), from
+/// its own statistics: a streaming run judges each layer as soon as it is compared.
+pub fn judge(layer: &mut Layer, tolerance: Tolerance) {
+    layer.tolerance = tolerance.for_layer(
+        &layer.dtype,
+        layer.target_dtype.as_deref(),
+        layer.float64.as_ref().map(|f| f.reference),
+    );
+    let kind_differs = layer.target_dtype.as_deref().is_some_and(|t| {
+        let float = |n: &str| DType::from_name(n).is_ok_and(DType::is_float);
+        float(t) != float(&layer.dtype)
+    });
+    layer.exceeds_tol = match (&layer.status, &layer.accumulated) {
+        (LayerStatus::Compared, Some(s)) => beyond(s, layer.tolerance) || kind_differs,
+        (LayerStatus::ShapeMismatch, _) => true,
+        _ => false,
+    };
+    layer.local_exceeds = layer
+        .local
+        .as_ref()
+        .is_some_and(|s| beyond(s, layer.tolerance));
 }
 
 /// The drift origin, as [`analyse`] defines it.

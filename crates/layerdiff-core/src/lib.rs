@@ -17,7 +17,7 @@ mod report;
 mod tensor;
 mod tolerance;
 
-pub use analysis::{BORN_HERE, analyse};
+pub use analysis::{BORN_HERE, analyse, judge};
 pub use cause::{Evidence, explain, precision_grid};
 pub use compare::{Stats, THRESHOLDS, Worst, compare};
 pub use dtype::DType;

@@ -73,6 +73,10 @@ impl Runtime for ExpectedValues {
         format!("values read from {}", self.path.display())
     }
 
+    fn computes(&self) -> bool {
+        false
+    }
+
     fn provides(&self, value: &str) -> bool {
         self.values.iter().any(|(n, _)| n == value)
     }

@@ -32,6 +32,11 @@ pub trait Runtime {
     fn provides(&self, _value: &str) -> bool {
         true
     }
+    /// Whether this side computes values from the model's nodes (so it can run a part of the
+    /// graph on given values); a file of expected values does not.
+    fn computes(&self) -> bool {
+        true
+    }
     /// Runs `model` on `inputs` and returns the requested values in the order asked.
     fn run(
         &self,

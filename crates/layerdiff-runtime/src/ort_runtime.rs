@@ -10,7 +10,7 @@ use ort::environment::Environment;
 use ort::ep::ExecutionProviderDispatch;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::{Session, SessionInputValue};
-use ort::value::{DynValue, TensorElementType, ValueRef};
+use ort::value::{DynValue, TensorElementType, TensorRef, ValueRef};
 
 use crate::{Error, Result, Runtime};
 
@@ -363,20 +363,49 @@ fn run_session(
                 "the model needs input `{name}`, but only {given:?} were given"
             )));
         };
-        feed.push((Cow::Owned(name.clone()), to_ort_value(name, tensor)?.into()));
+        feed.push((Cow::Owned(name.clone()), to_ort_input(name, tensor)?));
     }
-    let results = session
+    let mut results = session
         .run(feed)
         .map_err(|e| Error::Run(clean_message(e.to_string())))?;
+    // Each value is copied out and its runtime buffer freed before the next: the outputs are
+    // held once, plus one value in transit, never twice.
     outputs
         .iter()
         .map(|name| {
-            let value = results.get(name).ok_or_else(|| {
+            let value = results.remove(name).ok_or_else(|| {
                 Error::Run(format!("ONNX Runtime returned no value named `{name}`"))
             })?;
             Ok((name.clone(), from_ort_value(name, &value.view())?))
         })
         .collect()
+}
+
+/// An input for ONNX Runtime: a view of the tensor's own bytes where they are aligned for their
+/// element type (no copy: inputs of a segment can be large), else a copy.
+fn to_ort_input<'t>(name: &str, t: &'t Tensor) -> Result<SessionInputValue<'t>> {
+    let shape: Vec<i64> = t.shape.iter().map(|&d| d as i64).collect();
+    let err = |e: ort::Error| Error::Inputs(format!("input `{name}`: {e}"));
+    macro_rules! view {
+        ($ty:ty) => {
+            if let Ok(data) = bytemuck::try_cast_slice::<u8, $ty>(&t.bytes) {
+                return Ok(TensorRef::from_array_view((shape, data))
+                    .map_err(err)?
+                    .into_dyn()
+                    .into());
+            }
+        };
+    }
+    match t.dtype {
+        DType::F32 => view!(f32),
+        DType::F64 => view!(f64),
+        DType::F16 => view!(half::f16),
+        DType::BF16 => view!(half::bf16),
+        DType::I64 => view!(i64),
+        DType::I32 => view!(i32),
+        _ => {}
+    }
+    Ok(to_ort_value(name, t)?.into())
 }
 
 fn to_ort_value(name: &str, t: &Tensor) -> Result<DynValue> {

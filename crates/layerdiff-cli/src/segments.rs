@@ -1,0 +1,424 @@
+//! Bounded memory for `layerdiff onnx`: the graph runs in segments, so only the values still
+//! needed are held at any time. Each value is compared as soon as both sides have it and dropped
+//! after its last use: the last node that reads it, or the last local re-run fed from it.
+//!
+//! Segments follow the reference's node order. With each segment the target runs the nodes its
+//! compared values need that have not run yet (for one model on two runtimes: the same nodes).
+//! A segment ends where the values held on entry, plus the values both sides produce in it,
+//! would pass the memory budget. Each side feeds a segment from its *own* earlier values, so the
+//! numbers are those of one run of the whole graph.
+
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
+
+use layerdiff_core::DType;
+use layerdiff_onnx::{Dimension, GraphIndex};
+
+/// What one side runs in one segment.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Part {
+    /// Node indices, in graph order.
+    pub nodes: Vec<usize>,
+    /// The values the side hands back: compared in this segment, or read by a later one.
+    pub outputs: Vec<String>,
+    /// The values dropped once the segment is done.
+    pub free: Vec<String>,
+}
+
+/// One stretch of the run.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Segment {
+    /// The layers (positions in the reference's value order) compared in it.
+    pub layers: Range<usize>,
+    /// What the reference runs.
+    pub reference: Part,
+    /// What the target runs.
+    pub target: Part,
+}
+
+/// One reference value in order, as the plan needs it.
+pub(crate) struct PlannedLayer<'a> {
+    /// The reference's value.
+    pub reference: &'a str,
+    /// The target's value it is compared with (`None`: not compared).
+    pub target: Option<&'a str>,
+    /// The target values its local re-run is fed from.
+    pub local_inputs: &'a [String],
+}
+
+/// One side of the plan.
+pub(crate) struct PlanSide<'a> {
+    /// The side's graph.
+    pub index: &'a GraphIndex,
+    /// Whether it computes from nodes (a file of expected values hands its values over whole).
+    pub computes: bool,
+    /// Its graph inputs as given.
+    pub inputs: &'a [(String, layerdiff_core::Tensor)],
+}
+
+/// The segments, and what they hold.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    /// In run order; one segment when everything fits.
+    pub segments: Vec<Segment>,
+    /// Estimated bytes of all values the two sides produce.
+    pub total_bytes: u64,
+    /// Estimated most bytes of values held at once.
+    pub peak_bytes: u64,
+}
+
+/// Splits the run into segments whose values fit `budget` bytes (`None`: one segment).
+pub(crate) fn plan(
+    reference: &PlanSide<'_>,
+    target: &PlanSide<'_>,
+    layers: &[PlannedLayer<'_>],
+    budget: Option<u64>,
+) -> Plan {
+    let r = reference.index;
+    let t = target.index;
+    let positions = r.nodes().len();
+    // Where each layer is compared: its reference producer.
+    let position: Vec<usize> = layers
+        .iter()
+        .map(|l| r.producer(l.reference).map_or(0, |n| n.index))
+        .collect();
+    // When each target node is first needed: the position of the first compared value that
+    // depends on it. Nodes no compared value needs never run.
+    let mut needed: Vec<Option<usize>> = vec![None; t.nodes().len()];
+    if target.computes {
+        for (layer, &at) in layers.iter().zip(&position) {
+            let Some(value) = layer.target else { continue };
+            let mut stack: Vec<usize> = t.producer(value).map(|n| n.index).into_iter().collect();
+            while let Some(n) = stack.pop() {
+                if needed[n].is_some() {
+                    continue;
+                }
+                needed[n] = Some(at);
+                stack.extend(
+                    t.nodes()[n]
+                        .inputs
+                        .iter()
+                        .filter_map(|i| t.producer(i))
+                        .map(|p| p.index),
+                );
+            }
+        }
+    }
+    let reference_of: HashMap<&str, &str> = layers
+        .iter()
+        .filter_map(|l| Some((l.target?, l.reference)))
+        .collect();
+
+    // Each side's values: (name, produced at, last used at, bytes).
+    let mut held: Vec<Held> = Vec::new();
+    let reference_bytes = value_sizes(r, reference.inputs);
+    let target_bytes = value_sizes(t, target.inputs);
+    // A reference value lives until its last reader, and until the last local re-run fed from
+    // it (in place of its target counterpart).
+    let mut last: HashMap<&str, usize> = HashMap::new();
+    for (layer, &at) in layers.iter().zip(&position) {
+        for input in layer.local_inputs {
+            if let Some(&v) = reference_of.get(input.as_str()) {
+                bump(&mut last, v, at);
+            }
+        }
+    }
+    if reference.computes {
+        for node in r.nodes() {
+            for input in &node.inputs {
+                bump(&mut last, input, node.index);
+            }
+        }
+        for node in r.nodes() {
+            for out in node.outputs.iter().filter(|o| !o.is_empty()) {
+                held.push(Held {
+                    side: Side::Reference,
+                    name: out.clone(),
+                    produced: node.index,
+                    last: last.get(out.as_str()).copied().unwrap_or(0).max(node.index),
+                    bytes: reference_bytes.get(out).copied().unwrap_or(0),
+                });
+            }
+        }
+    } else {
+        for (layer, &at) in layers.iter().zip(&position) {
+            if layer.target.is_some() {
+                held.push(Held {
+                    side: Side::Reference,
+                    name: layer.reference.to_string(),
+                    produced: at,
+                    last: last.get(layer.reference).copied().unwrap_or(0).max(at),
+                    bytes: reference_bytes.get(layer.reference).copied().unwrap_or(0),
+                });
+            }
+        }
+    }
+    if target.computes {
+        let mut last: HashMap<&str, usize> = HashMap::new();
+        for node in t.nodes() {
+            let Some(at) = needed[node.index] else {
+                continue;
+            };
+            for input in &node.inputs {
+                bump(&mut last, input, at);
+            }
+        }
+        for (layer, &at) in layers.iter().zip(&position) {
+            for value in layer
+                .target
+                .iter()
+                .copied()
+                .chain(layer.local_inputs.iter().map(String::as_str))
+            {
+                bump(&mut last, value, at);
+            }
+        }
+        for node in t.nodes() {
+            let Some(at) = needed[node.index] else {
+                continue;
+            };
+            for out in node.outputs.iter().filter(|o| !o.is_empty()) {
+                held.push(Held {
+                    side: Side::Target,
+                    name: out.clone(),
+                    produced: at,
+                    last: last.get(out.as_str()).copied().unwrap_or(0).max(at),
+                    bytes: target_bytes.get(out).copied().unwrap_or(0),
+                });
+            }
+        }
+    } else {
+        for (layer, &at) in layers.iter().zip(&position) {
+            if let Some(value) = layer.target {
+                held.push(Held {
+                    side: Side::Target,
+                    name: value.to_string(),
+                    produced: at,
+                    last: at,
+                    bytes: target_bytes.get(value).copied().unwrap_or(0),
+                });
+            }
+        }
+    }
+
+    // Bytes produced at each position, and bytes held on entering it.
+    let mut produced = vec![0u64; positions + 1];
+    let mut delta = vec![0i128; positions + 2];
+    for h in &held {
+        produced[h.produced] += h.bytes;
+        delta[h.produced + 1] += i128::from(h.bytes);
+        delta[h.last + 1] -= i128::from(h.bytes);
+    }
+    let mut entering = vec![0u64; positions + 1];
+    let mut running = 0i128;
+    for (p, slot) in entering.iter_mut().enumerate() {
+        running += delta[p];
+        *slot = running.max(0) as u64;
+    }
+    // A runtime's buffers and our copies of a segment's values overlap by one value at most, but
+    // a segment's internal values live in the runtime too: count what it produces twice.
+    let cost = |start: usize, made: u64| entering[start] + 2 * made;
+    let mut bounds: Vec<Range<usize>> = Vec::new();
+    let (mut start, mut made) = (0usize, 0u64);
+    for (p, &add) in produced.iter().enumerate().take(positions) {
+        if let Some(budget) = budget
+            && p > start
+            && cost(start, made + add) > budget
+        {
+            bounds.push(start..p);
+            (start, made) = (p, 0);
+        }
+        made += add;
+    }
+    bounds.push(start..positions.max(start));
+    let peak_bytes = bounds
+        .iter()
+        .map(|b| cost(b.start, produced[b.clone()].iter().sum()))
+        .max()
+        .unwrap_or(0);
+    let total_bytes = held.iter().map(|h| h.bytes).sum();
+
+    let compared: HashSet<(Side, &str)> = layers
+        .iter()
+        .filter_map(|l| Some([(Side::Reference, l.reference), (Side::Target, l.target?)]))
+        .flatten()
+        .collect();
+    let segments = bounds
+        .into_iter()
+        .map(|b| {
+            let part = |side: Side| {
+                let mut part = Part::default();
+                for h in held.iter().filter(|h| h.side == side) {
+                    if b.contains(&h.produced)
+                        && (compared.contains(&(side, h.name.as_str())) || h.last >= b.end)
+                    {
+                        part.outputs.push(h.name.clone());
+                    }
+                    if b.contains(&h.last) {
+                        part.free.push(h.name.clone());
+                    }
+                }
+                part.nodes = match side {
+                    Side::Reference if reference.computes => b.clone().collect(),
+                    Side::Target if target.computes => (0..t.nodes().len())
+                        .filter(|&n| needed[n].is_some_and(|at| b.contains(&at)))
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                part
+            };
+            let first = position
+                .iter()
+                .position(|&p| p >= b.start)
+                .unwrap_or(layers.len());
+            let end = position
+                .iter()
+                .position(|&p| p >= b.end)
+                .unwrap_or(layers.len());
+            Segment {
+                layers: first..end,
+                reference: part(Side::Reference),
+                target: part(Side::Target),
+            }
+        })
+        .collect();
+    Plan {
+        segments,
+        total_bytes,
+        peak_bytes,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Side {
+    Reference,
+    Target,
+}
+
+/// A value a side holds for a while.
+struct Held {
+    side: Side,
+    name: String,
+    produced: usize,
+    last: usize,
+    bytes: u64,
+}
+
+fn bump<'a>(last: &mut HashMap<&'a str, usize>, value: &'a str, at: usize) {
+    let slot = last.entry(value).or_insert(at);
+    *slot = (*slot).max(at);
+}
+
+/// Estimated bytes of every value a graph computes: from its declared type and shape, with
+/// symbolic dimensions taken from the inputs as given; where the file declares none, the
+/// largest of the producing node's inputs (right for elementwise ops, a guess elsewhere).
+fn value_sizes(
+    index: &GraphIndex,
+    inputs: &[(String, layerdiff_core::Tensor)],
+) -> HashMap<String, u64> {
+    let mut symbols: HashMap<&str, u64> = HashMap::new();
+    for (name, tensor) in inputs {
+        if let Some(dims) = index.value_type(name).and_then(|t| t.dims.as_ref()) {
+            for (d, &size) in dims.iter().zip(&tensor.shape) {
+                if let Dimension::Symbolic(Some(symbol)) = d {
+                    symbols.insert(symbol, size as u64);
+                }
+            }
+        }
+    }
+    let mut sizes: HashMap<String, u64> = inputs
+        .iter()
+        .map(|(n, t)| (n.clone(), t.bytes.len() as u64))
+        .collect();
+    let declared = |name: &str| -> Option<u64> {
+        let t = index.value_type(name)?;
+        let element = DType::from_onnx_code(t.elem_type).ok()?.size() as u64;
+        t.dims.as_ref()?.iter().try_fold(element, |acc, d| {
+            let d = match d {
+                Dimension::Fixed(v) => u64::try_from(*v).ok()?,
+                Dimension::Symbolic(Some(s)) => *symbols.get(s.as_str())?,
+                Dimension::Symbolic(None) => return None,
+            };
+            Some(acc * d)
+        })
+    };
+    for node in index.nodes() {
+        let guess = node
+            .inputs
+            .iter()
+            .filter_map(|i| sizes.get(i).copied().or_else(|| declared(i)))
+            .max()
+            .unwrap_or(0);
+        for out in node.outputs.iter().filter(|o| !o.is_empty()) {
+            let bytes = declared(out).unwrap_or(guess);
+            sizes.insert(out.clone(), bytes);
+        }
+    }
+    sizes
+}
+
+/// A memory size as given on the command line: `4G`, `512M`, `1.5GB`, `2GiB`, `800000000`
+/// (powers of 1024 for the letters).
+pub fn parse_memory(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let scale: u64 = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 1,
+        "K" | "KB" | "KIB" => 1 << 10,
+        "M" | "MB" | "MIB" => 1 << 20,
+        "G" | "GB" | "GIB" => 1 << 30,
+        "T" | "TB" | "TIB" => 1 << 40,
+        _ => return Err(format!("`{text}` is not a memory size (e.g. 4G, 512M)")),
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a memory size (e.g. 4G, 512M)"))?;
+    if value <= 0.0 || !value.is_finite() {
+        return Err(format!("`{text}`: the memory budget must be above zero"));
+    }
+    Ok((value * scale as f64) as u64)
+}
+
+/// A size in words: `1.5 GB`, `300 MB`, `12 KB` (powers of 1024).
+pub fn bytes_text(bytes: u64) -> String {
+    let b = bytes as f64;
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.1} GB", b / (1u64 << 30) as f64)
+    } else if b >= (1u64 << 20) as f64 {
+        format!("{:.0} MB", b / (1u64 << 20) as f64)
+    } else {
+        format!("{:.0} KB", b / 1024.0)
+    }
+}
+
+/// Half of the memory available now (Linux `MemAvailable`), the budget when none is given;
+/// `None` where it cannot be read.
+pub fn default_budget() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024 / 2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_sizes_parse_and_bad_ones_are_named() {
+        assert_eq!(parse_memory("4G"), Ok(4 << 30));
+        assert_eq!(parse_memory("512M"), Ok(512 << 20));
+        assert_eq!(parse_memory("1.5GB"), Ok(3 << 29));
+        assert_eq!(parse_memory("2 GiB"), Ok(2 << 30));
+        assert_eq!(parse_memory("1000"), Ok(1000));
+        assert!(
+            parse_memory("4X")
+                .unwrap_err()
+                .contains("`4X` is not a memory size")
+        );
+        assert!(parse_memory("0").unwrap_err().contains("above zero"));
+    }
+}

@@ -1,0 +1,110 @@
+"""Bounded memory: with `--max-memory`, `layerdiff onnx` runs the graph in segments, holding only
+the values still needed, and reports exactly what a run of the whole graph at once reports: the
+same bytes of JSON, the same origin, the same cause."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import faults
+import numpy as np
+from conftest import run_cli
+
+# A few nodes per segment on the small decoder (whose values take about 2 MB in all).
+SMALL = "48K"
+
+
+def both_ways(tmp_path, model, *args, random=False):
+    """The report of a whole run and of a segmented one, which must be byte-identical (for a
+    model with unseeded random ops: the same exceeding layers with the same causes)."""
+    runs = []
+    for extra in ([], ["--max-memory", SMALL]):
+        out = tmp_path / f"report{len(runs)}.json"
+        result = run_cli("onnx", str(model), *args, *extra, "--json", str(out))
+        assert result.returncode in (0, 1), result.stderr
+        runs.append((result, out.read_bytes()))
+    (whole, whole_json), (parts, parts_json) = runs
+    assert "segments" not in whole.stderr
+    found = re.search(r"ran in (\d+) segments to hold at most about", parts.stderr)
+    assert found and int(found.group(1)) >= 5, parts.stderr
+    if random:
+        verdicts = lambda r: [(x["name"], x["exceeds_tol"], x["cause"]) for x in r["layers"]]  # noqa: E731
+        assert verdicts(json.loads(parts_json)) == verdicts(json.loads(whole_json))
+    else:
+        assert parts_json == whole_json
+        assert parts.stdout == whole.stdout
+    return whole, json.loads(whole_json)
+
+
+def test_a_segmented_run_reports_the_same_numbers_as_a_whole_run(decoder_onnx, tmp_path):
+    """ONNX Runtime against tract: small, real differences at every layer, value for value."""
+    _, report = both_ways(tmp_path, decoder_onnx)
+    s = report["summary"]
+    assert s["layers_compared"] == s["layers_total"] > 50
+    assert s["worst"]["max_abs_diff"]["value"] > 0
+    assert all(x["local"] for x in report["layers"]), "every layer re-run, across segments too"
+
+
+def test_a_weight_fault_is_found_at_its_layer_in_segments(decoder_onnx, tmp_path):
+    edited = faults.perturb_weight(decoder_onnx, tmp_path / "w.onnx", "val_80", 0.05)
+    result, report = both_ways(tmp_path, decoder_onnx, "--vs", str(edited))
+    origin = next(x for x in report["layers"] if x["name"] == "val_80")
+    assert report["summary"]["drift_origin"] == "val_80"
+    assert origin["cause"] == "weight_mismatch" and "`val_79` differs" in origin["detail"]
+    later = [x for x in report["layers"][origin["index"] + 1 :] if x["exceeds_tol"]]
+    assert later and all(x["cause"] == "inherited" for x in later if not x["local_exceeds"])
+    assert result.returncode == 1
+
+
+def test_nondeterminism_is_checked_within_a_segment(encoder_onnx, tmp_path):
+    edited = faults.add_noise(encoder_onnx, tmp_path / "noise.onnx", "layer_norm_1", 1e-2)
+    _, report = both_ways(tmp_path, encoder_onnx, "--vs", str(edited), random=True)
+    assert report["summary"]["drift_origin"] == "layer_norm_1"
+    origin = next(x for x in report["layers"] if x["name"] == "layer_norm_1")
+    assert origin["cause"] == "nondeterminism"
+
+
+def test_an_origin_traced_back_across_segments(resnet18_onnx, tmp_path):
+    """The amplification case of test_causes: the origin lies segments before the first
+    exceeding layer, whose values are long gone when the origin is decided."""
+    src = resnet18_onnx["dynamo"]
+    convs = [n.output[0] for n in __import__("onnx").load(str(src)).graph.node if n.op_type == "Conv"]
+    first, gain = convs[0], convs[1]
+    reference = faults.scale_weight(src, tmp_path / "r.onnx", gain, 30.0)
+    target = faults.perturb_weight(reference, tmp_path / "t.onnx", first, 2e-6)
+    runs = []
+    for extra in ([], ["--max-memory", "2M"]):
+        out = tmp_path / f"amp{len(runs)}.json"
+        result = run_cli("onnx", str(reference), "--vs", str(target), *extra, "--json", str(out))
+        assert result.returncode == 1, result.stderr
+        runs.append(out.read_bytes())
+    assert "segments" in result.stderr
+    assert runs[0] == runs[1]
+    report = json.loads(runs[0])
+    assert report["summary"]["drift_origin"] == first
+    assert report["summary"]["first_exceeding"] == gain
+
+
+def test_expected_values_as_the_reference_in_segments(decoder_onnx, tmp_path):
+    """A file of expected values hands over only what it holds; the target still runs in
+    segments and is compared value by value."""
+    import onnx
+    import onnxruntime
+
+    model = onnx.load(str(decoder_onnx))
+    wanted = ["layer_norm", "softmax", "add_2", "gelu_1", "linear_8"]
+    declared = {v.name: v for v in model.graph.value_info}
+    model.graph.output.extend(declared[n] for n in wanted if n in declared)
+    session = onnxruntime.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    ids = np.random.default_rng(0).integers(0, 256, (1, 32), dtype=np.int64)
+    values = dict(zip(wanted, session.run(wanted, {"ids": ids})))
+    values["softmax"] = values["softmax"] + np.float32(0.5)  # one wrong expected value
+    np.savez(tmp_path / "expected.npz", **values)
+    np.savez(tmp_path / "in.npz", ids=ids)
+    common = ["--reference", f"expected:{tmp_path / 'expected.npz'}", "--target", "ort"]
+    _, report = both_ways(tmp_path, decoder_onnx, *common, "--inputs", str(tmp_path / "in.npz"))
+    assert [x["name"] for x in report["layers"]] == wanted
+    assert report["summary"]["drift_origin"] == "softmax"
