@@ -19,6 +19,9 @@ pub enum Error {
     /// Options that do not fit together.
     #[error("{0}")]
     Usage(String),
+    /// A runtime ran out of memory.
+    #[error("{0}")]
+    Memory(String),
 }
 
 /// Result type of the flows.

@@ -502,7 +502,17 @@ impl Values {
         if part.outputs.is_empty() {
             return Ok(());
         }
-        let out = runtime.run(model, &self.0, &part.outputs)?;
+        let out = runtime.run(model, &self.0, &part.outputs).map_err(|e| {
+            let text = e.to_string().trim_end().to_string();
+            if text.contains("Failed to allocate memory") {
+                crate::Error::Memory(format!(
+                    "{} ran out of memory: {text}; a smaller --max-memory runs the graph in smaller segments",
+                    runtime.name()
+                ))
+            } else {
+                e.into()
+            }
+        })?;
         for (name, tensor) in out {
             dtypes.insert(name.clone(), tensor.dtype);
             self.0.push((name, tensor));

@@ -62,6 +62,6 @@ pub(crate) fn to_py_err(err: impl Into<layerdiff_cli::Error>) -> PyErr {
         E::Inputs(_) | E::Layers(_) | E::Core(_) => InputError::new_err(message),
         E::Runtime(layerdiff_runtime::Error::Inputs(_)) => InputError::new_err(message),
         E::Runtime(layerdiff_runtime::Error::Session(_)) => ModelError::new_err(message),
-        E::Runtime(_) => RuntimeFailure::new_err(message),
+        E::Runtime(_) | E::Memory(_) => RuntimeFailure::new_err(message),
     }
 }
