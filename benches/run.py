@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -111,7 +112,144 @@ def phases(model: str) -> dict:
     return {t["phase"]: (t["by"], t["seconds"]) for t in report["timings"]}
 
 
-def render(machine: str, comp: list[dict], runs: dict[str, dict]) -> str:
+# -- memory: a decoder whose values do not fit, with and without segments --------------------
+
+
+def decoder_onnx(batch: int, tokens: int, folder: Path) -> Path:
+    """The GPT-2-style decoder of tests/builders/decoder.py (GPT-2 small's shape, an 8192-token
+    vocabulary, seed 0), exported once and kept under target/bench."""
+    path = folder / f"decoder_b{batch}_t{tokens}.onnx"
+    if path.exists():
+        return path
+    import torch
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from builders.decoder import Config, build
+    from layerdiff.torch import export_onnx
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    model, inputs = build(Config(batch=batch, tokens=tokens))
+    model.eval()
+    export_onnx(model, inputs, path, exporter="dynamo")
+    return path
+
+
+def peak_run(args: list[str], limit: int | None = None) -> dict:
+    """Runs the `layerdiff` binary; its own peak RSS (from wait4), wall time, exit code and
+    stderr. `limit` caps its address space, so a run that cannot fit fails instead of pushing
+    the machine into swap."""
+    import resource
+
+    def cap():
+        if limit:
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    exe = Path(sys.executable).parent / "layerdiff"
+    start = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen(
+            [str(exe), *args], stdout=subprocess.DEVNULL, stderr=err, preexec_fn=cap
+        )
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        stderr = err.read()
+    seconds = time.perf_counter() - start
+    found = re.search(r"ran in (\d+) segments .*? \((.+?) in all\)", stderr)
+    return {
+        "rc": child.returncode,
+        "peak": usage.ru_maxrss * 1024,
+        "seconds": seconds,
+        "segments": int(found.group(1)) if found else 1,
+        "values": found.group(2) if found else None,
+        "error": stderr.strip().splitlines()[-1] if child.returncode == 2 else None,
+    }
+
+
+def memory(quick: bool) -> dict:
+    """`layerdiff onnx DECODER --target ort` on a decoder that fits (whole and in segments, whose
+    reports must be the same bytes) and on one whose values are over 20 GB (in segments; whole,
+    under an address-space limit below this machine's memory)."""
+    folder = ROOT / "target" / "bench"
+    small, big = ((1, 256), (2, 512)) if quick else ((1, 1024), (6, 1024))
+    limit = 20 << 30
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        fits = decoder_onnx(*small, folder)
+        runs = {}
+        for budget in ("1T", "1G"):
+            out = Path(tmp) / f"{budget}.json"
+            runs[budget] = peak_run(
+                ["onnx", str(fits), "--target", "ort", "--max-memory", budget, "--json", str(out)]
+            )
+            runs[budget]["report"] = out.read_bytes() if out.exists() else None
+        same = bool(runs["1T"]["report"]) and runs["1T"]["report"] == runs["1G"]["report"]
+        values = runs["1G"]["values"]
+        rows.append({**runs["1T"], "model": small, "budget": None, "values": values})
+        rows.append({**runs["1G"], "model": small, "budget": "1G", "same": same})
+        large = decoder_onnx(*big, folder)
+        out = Path(tmp) / "big.json"
+        segmented = peak_run(
+            ["onnx", str(large), "--target", "ort", "--max-memory", "4G", "--json", str(out)]
+        )
+        rows.append({"model": big, "budget": "4G", **segmented})
+        whole = peak_run(
+            ["onnx", str(large), "--target", "ort", "--max-memory", "1T", "-q"], limit=limit
+        )
+        rows.append({**whole, "model": big, "budget": None, "values": segmented["values"]})
+    return {"rows": rows, "limit": limit}
+
+
+def memory_lines(mem: dict) -> list[str]:
+    gib = 1 << 30
+    total = int(Path("/proc/meminfo").read_text().split()[1]) * 1024
+    lines = [
+        "## Memory",
+        "",
+        "`layerdiff onnx DECODER --target ort --max-memory SIZE` on the GPT-2-style decoder of",
+        "`tests/builders/decoder.py` (12 layers, 12 heads, width 768, 1024 tokens, random",
+        "weights): every value of the graph is compared, attention scores included. *Values* is",
+        "what both sides produce in all, from the graph's declared shapes. Peak RSS is the",
+        f"process's own (`wait4`), on this machine's {total / gib:.0f} GB. Without `--max-memory`",
+        "the budget is half the memory available.",
+        "",
+        "| decoder | values (both sides) | --max-memory | segments | peak RSS | wall time "
+        "| result |",
+        "|---|---:|---|---:|---:|---:|---|",
+    ]
+    for row in mem["rows"]:
+        batch, tokens = row["model"]
+        if row["rc"] in (0, 1):
+            result = "finished"
+            if "same" in row:
+                result += (
+                    ", report byte-identical to the whole run"
+                    if row["same"]
+                    else (", **report differs from the whole run**")
+                )
+            peak = f"{row['peak'] / gib:.1f} GB"
+        else:
+            result = f"failed under a {mem['limit'] / gib:.0f} GB address-space limit: "
+            result += (row["error"] or f"exit {row['rc']}").split(":")[0]
+            peak = f"over {mem['limit'] / gib:.0f} GB"
+        lines.append(
+            f"| batch {batch} × {tokens} tokens | {row['values'] or '?'} "
+            f"| {row['budget'] or 'none (whole graph)'} "
+            f"| {row['segments'] if row['budget'] else 1} "
+            f"| {peak} | {row['seconds']:.0f} s | {result} |"
+        )
+    lines += [
+        "",
+        "A whole run holds every value of both sides at once, plus the runtime's buffers; a",
+        "segmented run holds the values entering a segment and those it produces, and drops each",
+        "value after its last reader (or the last local re-run fed from it).",
+        "",
+    ]
+    return lines
+
+
+def render(machine: str, comp: list[dict], runs: dict[str, dict], mem: dict) -> str:
     lines = [
         "# Performance",
         "",
@@ -160,14 +298,7 @@ def render(machine: str, comp: list[dict], runs: dict[str, dict]) -> str:
         for phase, (by, seconds) in run.items():
             lines.append(f"| {phase} | {by} | {seconds:.3f} | {100 * seconds / total:.1f}% |")
         lines.append("")
-    lines += [
-        "## Memory",
-        "",
-        "Segmented runs under a memory budget (`--max-memory`) are not built yet: today both",
-        "sides hold every compared value at once. The peak-RSS table for a large decoder comes",
-        "with them.",
-        "",
-    ]
+    lines += memory_lines(mem)
     return "\n".join(lines)
 
 
@@ -187,8 +318,10 @@ def main() -> int:
          if line.startswith("model name")), platform.processor(),
     ) if Path("/proc/cpuinfo").exists() else platform.processor()  # fmt: skip
     machine = f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}"
-    Path(args.out).write_text(render(machine, comp, runs) + "\n")
-    print(render(machine, comp, runs))
+    mem = memory(args.quick)
+    text = render(machine, comp, runs, mem)
+    Path(args.out).write_text(text + "\n")
+    print(text)
     return 0
 
 

@@ -69,7 +69,8 @@ def test_an_origin_traced_back_across_segments(resnet18_onnx, tmp_path):
     """The amplification case of test_causes: the origin lies segments before the first
     exceeding layer, whose values are long gone when the origin is decided."""
     src = resnet18_onnx["dynamo"]
-    convs = [n.output[0] for n in __import__("onnx").load(str(src)).graph.node if n.op_type == "Conv"]
+    graph = __import__("onnx").load(str(src)).graph
+    convs = [n.output[0] for n in graph.node if n.op_type == "Conv"]
     first, gain = convs[0], convs[1]
     reference = faults.scale_weight(src, tmp_path / "r.onnx", gain, 30.0)
     target = faults.perturb_weight(reference, tmp_path / "t.onnx", first, 2e-6)
@@ -100,7 +101,7 @@ def test_expected_values_as_the_reference_in_segments(decoder_onnx, tmp_path):
         model.SerializeToString(), providers=["CPUExecutionProvider"]
     )
     ids = np.random.default_rng(0).integers(0, 256, (1, 32), dtype=np.int64)
-    values = dict(zip(wanted, session.run(wanted, {"ids": ids})))
+    values = dict(zip(wanted, session.run(wanted, {"ids": ids}), strict=True))
     values["softmax"] = values["softmax"] + np.float32(0.5)  # one wrong expected value
     np.savez(tmp_path / "expected.npz", **values)
     np.savez(tmp_path / "in.npz", ids=ids)
