@@ -500,10 +500,16 @@ mod tests {
             let has_add = segment.layers.contains(&5);
             if has_v0 && !has_add {
                 assert!(segment.reference.outputs.contains(&"v0".to_string()));
-                assert!(!segment.reference.free.contains(&"v0".to_string()), "read later");
+                assert!(
+                    !segment.reference.free.contains(&"v0".to_string()),
+                    "read later"
+                );
             }
             if segment.reference.free.contains(&"v0".to_string()) {
-                assert!(has_add, "`v0` is held until the skip connection reads it (segment {k})");
+                assert!(
+                    has_add,
+                    "`v0` is held until the skip connection reads it (segment {k})"
+                );
             }
             freed.extend(segment.reference.free.iter().cloned());
         }

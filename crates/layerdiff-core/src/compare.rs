@@ -18,6 +18,9 @@
 //! fixed pairwise tree, blocks added in order. Work is split across threads by block, so the
 //! result is bit-identical for any thread count.
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -205,6 +208,25 @@ fn unravel(mut index: usize, shape: &[usize]) -> Vec<usize> {
 fn block_stats(reference: TensorView<'_>, target: TensorView<'_>, block: usize) -> Partial {
     #[cfg(target_arch = "x86_64")]
     {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx512f") && has!("avx512dq") && has!("avx512vl") && has!("f16c") {
+            let start = block * BLOCK;
+            let len = BLOCK.min(reference.numel() - start);
+            // SAFETY: the CPU has the features, checked just above; views hold `numel` elements.
+            let outcome = unsafe {
+                avx512::finite_block(
+                    (reference.dtype, reference.bytes),
+                    (target.dtype, target.bytes),
+                    start,
+                    len,
+                )
+            };
+            match outcome {
+                avx512::Outcome::Done(p) => return p,
+                avx512::Outcome::NotFinite => return exact_block(reference, target, block),
+                avx512::Outcome::Unsupported => {}
+            }
+        }
         if std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: the CPU has AVX-512F, checked just above.
             return unsafe { block_stats_avx512(reference, target, block) };
@@ -242,16 +264,22 @@ fn block_stats_generic(reference: TensorView<'_>, target: TensorView<'_>, block:
         decode(reference.dtype, span(&reference, rs, from, to), r);
         decode(target.dtype, span(&target, ts, from, to), t);
     })
-    .unwrap_or_else(|| {
-        let (mut r, mut t) = (vec![0.0f64; len], vec![0.0f64; len]);
-        decode(
-            reference.dtype,
-            span(&reference, rs, start, start + len),
-            &mut r,
-        );
-        decode(target.dtype, span(&target, ts, start, start + len), &mut t);
-        any_block(&r, &t, start)
-    })
+    .unwrap_or_else(|| exact_block(reference, target, block))
+}
+
+/// A block through the exact path (NaN and infinities included).
+fn exact_block(reference: TensorView<'_>, target: TensorView<'_>, block: usize) -> Partial {
+    let start = block * BLOCK;
+    let len = BLOCK.min(reference.numel() - start);
+    let (mut r, mut t) = (vec![0.0f64; len], vec![0.0f64; len]);
+    let size = (reference.dtype.size(), target.dtype.size());
+    let bytes = (
+        &reference.bytes[start * size.0..(start + len) * size.0],
+        &target.bytes[start * size.1..(start + len) * size.1],
+    );
+    decode(reference.dtype, bytes.0, &mut r);
+    decode(target.dtype, bytes.1, &mut t);
+    any_block(&r, &t, start)
 }
 
 /// Widens little-endian elements to f64, with loops the compiler vectorizes for the float types.
@@ -538,6 +566,59 @@ mod tests {
             })
             .is_none()
         );
+    }
+
+    /// Every dispatched path (explicit AVX-512, auto-vectorised, generic) gives the exact path's
+    /// bits, for every pair of float dtypes, with NaN and infinities in some blocks.
+    #[test]
+    fn every_path_gives_the_exact_path_s_bits_for_every_float_pair() {
+        let mut rng = crate::SplitMix64::new(11);
+        let n = 3 * BLOCK + 264; // three full blocks and a tail that is a multiple of 8
+        let values: Vec<f64> = (0..n).map(|_| rng.normal()).collect();
+        let moved: Vec<f64> = values.iter().map(|v| v + rng.normal() * 1e-3).collect();
+        let dtypes = [DType::F32, DType::F16, DType::BF16, DType::F64];
+        for special in [None, Some(f64::NAN), Some(f64::INFINITY)] {
+            let mut t = moved.clone();
+            if let Some(x) = special {
+                t[BLOCK + 5] = x;
+            }
+            for &rd in &dtypes {
+                for &td in &dtypes {
+                    let (mut rb, mut tb) = (Vec::new(), Vec::new());
+                    rd.encode_f64(&values, &mut rb);
+                    td.encode_f64(&t, &mut tb);
+                    let shape = [n];
+                    let r = TensorView::new("r", rd, &shape, &rb).unwrap();
+                    let t = TensorView::new("t", td, &shape, &tb).unwrap();
+                    for block in 0..n.div_ceil(BLOCK) {
+                        let fast = block_stats(r, t, block);
+                        let exact = exact_block(r, t, block);
+                        assert_eq!(bits(&fast), bits(&exact), "{rd} vs {td}, block {block}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn bits(p: &Partial) -> ([u64; 7], [u64; 10], [u64; 6], Option<(u64, u64, u64, u64)>) {
+        (
+            [
+                p.sum_abs, p.sum_sq, p.dot, p.norm_r, p.norm_t, p.max_abs, p.max_rel,
+            ]
+            .map(f64::to_bits),
+            p.above,
+            [
+                p.compared,
+                p.nan_r,
+                p.nan_t,
+                p.inf_r,
+                p.inf_t,
+                p.nan_mismatch,
+            ],
+            p.worst
+                .map(|(d, i, a, b)| (d.to_bits(), i, a.to_bits(), b.to_bits())),
+        )
     }
 
     #[test]

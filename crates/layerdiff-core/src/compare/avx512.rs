@@ -1,0 +1,251 @@
+//! The finite fast path in explicit AVX-512. One `__m512d` holds exactly the [`LANES`] f64
+//! accumulators of a block, so vector lane `j` sums elements `k ≡ j (mod LANES)` in the order the
+//! scalar path does: the same operations (no fused multiply-add), the same bits. Elements are
+//! read straight from the tensors' bytes and widened in registers (float16 by F16C, bfloat16 by
+//! a shift), never staged through a buffer.
+
+use std::arch::x86_64::*;
+
+use super::{LANES, Partial, SUB, THRESHOLDS, tree};
+use crate::DType;
+
+/// A dtype the kernel reads: eight elements at a time into f64 lanes, or one.
+trait Load {
+    const SIZE: usize;
+    /// Whether its values are narrower than f64: their squares never overflow f64, so a
+    /// non-finite value shows as a non-finite sum of squares.
+    const NARROW: bool = true;
+    /// Elements `k..k + 8` of `base`, widened.
+    unsafe fn eight(base: *const u8, k: usize) -> __m512d;
+    /// Element `k`, widened.
+    unsafe fn one(base: *const u8, k: usize) -> f64;
+}
+
+struct F32;
+struct F16;
+struct BF16;
+struct F64;
+
+impl Load for F32 {
+    const SIZE: usize = 4;
+    #[inline(always)]
+    unsafe fn eight(base: *const u8, k: usize) -> __m512d {
+        unsafe { _mm512_cvtps_pd(_mm256_loadu_ps(base.add(4 * k).cast())) }
+    }
+    #[inline(always)]
+    unsafe fn one(base: *const u8, k: usize) -> f64 {
+        f64::from(unsafe { base.add(4 * k).cast::<f32>().read_unaligned() })
+    }
+}
+
+impl Load for F16 {
+    const SIZE: usize = 2;
+    #[inline(always)]
+    unsafe fn eight(base: *const u8, k: usize) -> __m512d {
+        unsafe { _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_loadu_si128(base.add(2 * k).cast()))) }
+    }
+    #[inline(always)]
+    unsafe fn one(base: *const u8, k: usize) -> f64 {
+        half::f16::from_bits(unsafe { base.add(2 * k).cast::<u16>().read_unaligned() }).to_f64()
+    }
+}
+
+impl Load for BF16 {
+    const SIZE: usize = 2;
+    #[inline(always)]
+    unsafe fn eight(base: *const u8, k: usize) -> __m512d {
+        unsafe {
+            let words = _mm256_cvtepu16_epi32(_mm_loadu_si128(base.add(2 * k).cast()));
+            _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32::<16>(words)))
+        }
+    }
+    #[inline(always)]
+    unsafe fn one(base: *const u8, k: usize) -> f64 {
+        let bits = unsafe { base.add(2 * k).cast::<u16>().read_unaligned() };
+        f64::from(f32::from_bits(u32::from(bits) << 16))
+    }
+}
+
+impl Load for F64 {
+    const SIZE: usize = 8;
+    const NARROW: bool = false;
+    #[inline(always)]
+    unsafe fn eight(base: *const u8, k: usize) -> __m512d {
+        unsafe { _mm512_loadu_pd(base.add(8 * k).cast()) }
+    }
+    #[inline(always)]
+    unsafe fn one(base: *const u8, k: usize) -> f64 {
+        unsafe { base.add(8 * k).cast::<f64>().read_unaligned() }
+    }
+}
+
+/// What the kernel made of a block.
+pub(super) enum Outcome {
+    /// Every value finite: the block's statistics.
+    Done(Partial),
+    /// A NaN or an infinity somewhere: the exact path must take the block.
+    NotFinite,
+    /// A dtype or a length this kernel does not take.
+    Unsupported,
+}
+
+/// Elements `start..start + len` of two tensors' bytes. `len` must be a multiple of [`LANES`].
+///
+/// # Safety
+/// The CPU must have AVX-512F/DQ and F16C, and both byte slices must hold `start + len`
+/// elements of their dtype.
+#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,f16c")]
+pub(super) unsafe fn finite_block(
+    r: (DType, &[u8]),
+    t: (DType, &[u8]),
+    start: usize,
+    len: usize,
+) -> Outcome {
+    if len % LANES != 0 {
+        return Outcome::Unsupported;
+    }
+    macro_rules! with_t {
+        ($R:ty) => {
+            match t.0 {
+                DType::F32 => block::<$R, F32>(r.1, t.1, start, len),
+                DType::F16 => block::<$R, F16>(r.1, t.1, start, len),
+                DType::BF16 => block::<$R, BF16>(r.1, t.1, start, len),
+                DType::F64 => block::<$R, F64>(r.1, t.1, start, len),
+                _ => Outcome::Unsupported,
+            }
+        };
+    }
+    // SAFETY: the caller guarantees the features and the lengths.
+    unsafe {
+        match r.0 {
+            DType::F32 => with_t!(F32),
+            DType::F16 => with_t!(F16),
+            DType::BF16 => with_t!(BF16),
+            DType::F64 => with_t!(F64),
+            _ => Outcome::Unsupported,
+        }
+    }
+}
+
+#[inline(always)]
+fn lanes(v: __m512d) -> [f64; LANES] {
+    let mut out = [0.0f64; LANES];
+    // SAFETY: `out` holds eight f64.
+    unsafe { _mm512_storeu_pd(out.as_mut_ptr(), v) };
+    out
+}
+
+#[inline(always)]
+fn largest(l: &[f64; LANES]) -> f64 {
+    l.iter().fold(0.0f64, |m, &v| if v > m { v } else { m })
+}
+
+#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,f16c")]
+unsafe fn block<R: Load, T: Load>(r: &[u8], t: &[u8], start: usize, len: usize) -> Outcome {
+    debug_assert!(r.len() >= (start + len) * R::SIZE && t.len() >= (start + len) * T::SIZE);
+    let (rp, tp) = (r.as_ptr(), t.as_ptr());
+    let mut d = [0.0f64; SUB];
+    let zero = _mm512_setzero_pd();
+    let infinity = _mm512_set1_pd(f64::INFINITY);
+    let (mut sum_abs, mut sum_sq, mut dot, mut norm_r, mut norm_t, mut max_rel) =
+        (zero, zero, zero, zero, zero, zero);
+    let mut above = [0u64; THRESHOLDS.len()];
+    let mut worst: Option<(f64, u64, f64, f64)> = None;
+    let mut from = 0;
+    while from < len {
+        let n = SUB.min(len - from);
+        let mut max_abs = zero;
+        let mut finite: __mmask8 = 0xff;
+        for v in (0..n).step_by(LANES) {
+            let k = start + from + v;
+            // SAFETY: `k + 8 <= start + len`, within both slices (the caller's promise).
+            let (a, b) = unsafe { (R::eight(rp, k), T::eight(tp, k)) };
+            let diff = _mm512_abs_pd(_mm512_sub_pd(b, a));
+            // SAFETY: `v + 8 <= n <= SUB`.
+            unsafe { _mm512_storeu_pd(d.as_mut_ptr().add(v), diff) };
+            sum_abs = _mm512_add_pd(sum_abs, diff);
+            sum_sq = _mm512_add_pd(sum_sq, _mm512_mul_pd(diff, diff));
+            dot = _mm512_add_pd(dot, _mm512_mul_pd(a, b));
+            norm_r = _mm512_add_pd(norm_r, _mm512_mul_pd(a, a));
+            norm_t = _mm512_add_pd(norm_t, _mm512_mul_pd(b, b));
+            max_abs = _mm512_max_pd(diff, max_abs);
+            let (abs_a, abs_b) = (_mm512_abs_pd(a), _mm512_abs_pd(b));
+            if !(R::NARROW && T::NARROW) {
+                finite &= _mm512_cmp_pd_mask::<_CMP_LT_OQ>(abs_a, infinity)
+                    & _mm512_cmp_pd_mask::<_CMP_LT_OQ>(abs_b, infinity);
+            }
+            let moved = _mm512_cmp_pd_mask::<_CMP_GT_OQ>(diff, zero);
+            let rel = _mm512_maskz_div_pd(moved, diff, _mm512_max_pd(abs_a, abs_b));
+            max_rel = _mm512_max_pd(rel, max_rel);
+        }
+        if R::NARROW && T::NARROW {
+            // A NaN or an infinity on either side makes its sum of squares NaN or infinite.
+            finite = _mm512_cmp_pd_mask::<_CMP_LT_OQ>(_mm512_add_pd(norm_r, norm_t), infinity);
+        }
+        if finite != 0xff {
+            return Outcome::NotFinite;
+        }
+        let max = largest(&lanes(max_abs));
+        let d = &d[..n];
+        // Thresholds ascend: only those below the chunk's largest difference count anything.
+        let below = THRESHOLDS.iter().take_while(|(x, _)| *x < max).count();
+        macro_rules! count {
+            ($($m:literal)*) => {
+                match below {
+                    $($m => count_above::<$m>(d, &mut above),)*
+                    _ => {}
+                }
+            };
+        }
+        count!(1 2 3 4 5 6 7 8 9 10);
+        if worst.is_none_or(|(w, ..)| max > w) {
+            let k = d.iter().position(|&v| v == max).unwrap_or(0);
+            let at = start + from + k;
+            // SAFETY: `at < start + len`.
+            worst = Some((max, at as u64, unsafe { R::one(rp, at) }, unsafe {
+                T::one(tp, at)
+            }));
+        }
+        from += n;
+    }
+    Outcome::Done(Partial {
+        compared: len as u64,
+        sum_abs: tree(&lanes(sum_abs)),
+        sum_sq: tree(&lanes(sum_sq)),
+        dot: tree(&lanes(dot)),
+        norm_r: tree(&lanes(norm_r)),
+        norm_t: tree(&lanes(norm_t)),
+        max_abs: worst.map_or(0.0, |(d, ..)| d),
+        max_rel: largest(&lanes(max_rel)),
+        above,
+        nan_r: 0,
+        nan_t: 0,
+        inf_r: 0,
+        inf_t: 0,
+        nan_mismatch: 0,
+        worst,
+    })
+}
+
+/// Adds to `above[j]`, for the first `M` thresholds, how many of `d` exceed them: one pass over
+/// `d`, one vector counter per threshold.
+#[inline(always)]
+fn count_above<const M: usize>(d: &[f64], above: &mut [u64; THRESHOLDS.len()]) {
+    // SAFETY (whole function): the caller runs with AVX-512F enabled; `d.len()` is a multiple
+    // of eight, so every load stays inside `d`.
+    unsafe {
+        let x: [__m512d; M] = std::array::from_fn(|j| _mm512_set1_pd(THRESHOLDS[j].0));
+        let mut counts = [_mm512_setzero_si512(); M];
+        let one = _mm512_set1_epi64(1);
+        for v in (0..d.len()).step_by(LANES) {
+            let dv = _mm512_loadu_pd(d.as_ptr().add(v));
+            for j in 0..M {
+                let over = _mm512_cmp_pd_mask::<_CMP_GT_OQ>(dv, x[j]);
+                counts[j] = _mm512_mask_add_epi64(counts[j], over, counts[j], one);
+            }
+        }
+        for j in 0..M {
+            above[j] += _mm512_reduce_add_epi64(counts[j]) as u64;
+        }
+    }
+}
