@@ -79,7 +79,8 @@ impl Load for F64 {
     }
 }
 
-/// What the kernel made of a block.
+/// What the kernel made of a block (returned once per block: its size does not matter).
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Outcome {
     /// Every value finite: the block's statistics.
     Done(Partial),
@@ -101,7 +102,7 @@ pub(super) unsafe fn finite_block(
     start: usize,
     len: usize,
 ) -> Outcome {
-    if len % LANES != 0 {
+    if !len.is_multiple_of(LANES) {
         return Outcome::Unsupported;
     }
     macro_rules! with_t {
