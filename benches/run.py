@@ -231,7 +231,8 @@ def memory_lines(mem: dict) -> list[str]:
             peak = f"{row['peak'] / gib:.1f} GB"
         else:
             result = f"failed under a {mem['limit'] / gib:.0f} GB address-space limit: "
-            result += (row["error"] or f"exit {row['rc']}").split(":")[0]
+            message = (row["error"] or f"exit {row['rc']}").removeprefix("error: ")
+            result += message.split(":")[0]
             peak = f"over {mem['limit'] / gib:.0f} GB"
         lines.append(
             f"| batch {batch} × {tokens} tokens | {row['values'] or '?'} "
