@@ -44,29 +44,27 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.fixture(scope="session")
-def encoder_onnx(tmp_path_factory):
-    """The small transformer encoder of builders/encoder.py (seed 0), exported by dynamo."""
+def _exported(tmp_path_factory, name: str):
+    """`builders/NAME.py`'s model (seed 0), exported by dynamo into a session folder."""
     torch = pytest.importorskip("torch")
-    from builders.encoder import build
+    import importlib
+
     from layerdiff.torch import export_onnx
 
     torch.manual_seed(0)
-    model, inputs = build()
+    model, inputs = importlib.import_module(f"builders.{name}").build()
     model.eval()
-    path = tmp_path_factory.mktemp("encoder") / "encoder.onnx"
+    path = tmp_path_factory.mktemp(name) / f"{name}.onnx"
     return export_onnx(model, inputs, path, exporter="dynamo")
+
+
+@pytest.fixture(scope="session")
+def encoder_onnx(tmp_path_factory):
+    """The small transformer encoder of builders/encoder.py."""
+    return _exported(tmp_path_factory, "encoder")
 
 
 @pytest.fixture(scope="session")
 def decoder_onnx(tmp_path_factory):
-    """The small GPT-2-style decoder of builders/decoder.py (seed 0), exported by dynamo."""
-    torch = pytest.importorskip("torch")
-    from builders.decoder import build
-    from layerdiff.torch import export_onnx
-
-    torch.manual_seed(0)
-    model, inputs = build()
-    model.eval()
-    path = tmp_path_factory.mktemp("decoder") / "decoder.onnx"
-    return export_onnx(model, inputs, path, exporter="dynamo")
+    """The small GPT-2-style decoder of builders/decoder.py."""
+    return _exported(tmp_path_factory, "decoder")

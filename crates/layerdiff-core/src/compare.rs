@@ -391,25 +391,13 @@ fn finite_block(
             worst = Some((max, (start + from + k) as u64, r[k], t[k]));
         }
     }
-    Some(Partial {
-        compared: len as u64,
-        sum_abs: tree(&sum_abs),
-        sum_sq: tree(&sum_sq),
-        dot: tree(&dot),
-        norm_r: tree(&norm_r),
-        norm_t: tree(&norm_t),
-        max_abs: worst.map_or(0.0, |(d, ..)| d),
-        max_rel: max_rel
-            .iter()
-            .fold(0.0f64, |m, &v| if v > m { v } else { m }),
+    Some(Partial::finite(
+        len,
+        [&sum_abs, &sum_sq, &dot, &norm_r, &norm_t],
+        &max_rel,
         above,
-        nan_r: 0,
-        nan_t: 0,
-        inf_r: 0,
-        inf_t: 0,
-        nan_mismatch: 0,
         worst,
-    })
+    ))
 }
 
 /// Lanes combined by the fixed pairwise tree.
@@ -467,6 +455,38 @@ fn any_block(r: &[f64], t: &[f64], start: usize) -> Partial {
 }
 
 impl Partial {
+    /// A block of `len` values, all finite, from its lane sums (`sum_abs`, `sum_sq`, `dot`,
+    /// `norm_r`, `norm_t`), its lanes' largest relative differences, its threshold counts and
+    /// its worst element.
+    fn finite(
+        len: usize,
+        sums: [&[f64; LANES]; 5],
+        max_rel: &[f64; LANES],
+        above: [u64; THRESHOLDS.len()],
+        worst: Option<(f64, u64, f64, f64)>,
+    ) -> Self {
+        let [sum_abs, sum_sq, dot, norm_r, norm_t] = sums.map(tree);
+        Self {
+            compared: len as u64,
+            sum_abs,
+            sum_sq,
+            dot,
+            norm_r,
+            norm_t,
+            max_abs: worst.map_or(0.0, |(d, ..)| d),
+            max_rel: max_rel
+                .iter()
+                .fold(0.0f64, |m, &v| if v > m { v } else { m }),
+            above,
+            nan_r: 0,
+            nan_t: 0,
+            inf_r: 0,
+            inf_t: 0,
+            nan_mismatch: 0,
+            worst,
+        }
+    }
+
     fn empty() -> Self {
         Self {
             compared: 0,

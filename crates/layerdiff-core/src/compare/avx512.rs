@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{LANES, Partial, SUB, THRESHOLDS, tree};
+use super::{LANES, Partial, SUB, THRESHOLDS};
 use crate::DType;
 
 /// A dtype the kernel reads: eight elements at a time into f64 lanes, or one.
@@ -209,23 +209,14 @@ unsafe fn block<R: Load, T: Load>(r: &[u8], t: &[u8], start: usize, len: usize) 
         }
         from += n;
     }
-    Outcome::Done(Partial {
-        compared: len as u64,
-        sum_abs: tree(&lanes(sum_abs)),
-        sum_sq: tree(&lanes(sum_sq)),
-        dot: tree(&lanes(dot)),
-        norm_r: tree(&lanes(norm_r)),
-        norm_t: tree(&lanes(norm_t)),
-        max_abs: worst.map_or(0.0, |(d, ..)| d),
-        max_rel: largest(&lanes(max_rel)),
+    let sums = [sum_abs, sum_sq, dot, norm_r, norm_t].map(lanes);
+    Outcome::Done(Partial::finite(
+        len,
+        [&sums[0], &sums[1], &sums[2], &sums[3], &sums[4]],
+        &lanes(max_rel),
         above,
-        nan_r: 0,
-        nan_t: 0,
-        inf_r: 0,
-        inf_t: 0,
-        nan_mismatch: 0,
         worst,
-    })
+    ))
 }
 
 /// Adds to `above[j]`, for the first `M` thresholds, how many of `d` exceed them: one pass over
