@@ -215,10 +215,6 @@ pub fn compare_models(
         total_bytes: plan.total_bytes,
         peak_bytes: plan.peak_bytes,
     };
-    let reference_of: HashMap<String, String> = reference_of
-        .into_iter()
-        .map(|(t, r)| (t.to_string(), r.to_string()))
-        .collect();
     if whole {
         let outputs = |part: &Part| part.outputs.clone();
         let (r_out, t_out) = (
@@ -274,7 +270,7 @@ pub fn compare_models(
             &r_live,
         )?;
         let t_model = part_model(target, &segment.target, whole, target_rt.as_ref(), &t_live)?;
-        clock.lap("pairing values and planning the run", OWN);
+        clock.lap("extracting segments", OWN);
         r_live.run(
             reference_rt.as_ref(),
             &r_model,
@@ -306,7 +302,7 @@ pub fn compare_models(
 
         // Local error: each target value recomputed from the reference's values of its inputs.
         let feed = |n: &str| -> std::result::Result<Tensor, String> {
-            let Some(r) = reference_of.get(n) else {
+            let Some(&r) = reference_of.get(n) else {
                 return r_live
                     .get(n)
                     .cloned()
@@ -337,7 +333,12 @@ pub fn compare_models(
                         .iter()
                         .flatten()
                         .flat_map(|g| &g.inputs)
-                        .map(|n| reference_of.get(n).unwrap_or(n).clone())
+                        .map(|n| {
+                            reference_of
+                                .get(n.as_str())
+                                .map_or(n.as_str(), |r| r)
+                                .to_string()
+                        })
                         .collect();
                 }
                 Err(reason) => {
@@ -410,7 +411,7 @@ pub fn compare_models(
         };
         let e = &mut evidence[i];
         e.attributes = rerun.attribute_changes(reference, group);
-        let fed = |n: &str| Some((*r_dtypes.get(reference_of.get(n)?)?, *t_dtypes.get(n)?));
+        let fed = |n: &str| Some((*r_dtypes.get(*reference_of.get(n)?)?, *t_dtypes.get(n)?));
         let check = |node, position, name: &str, weight: &Tensor| {
             let theirs = reference_weight(pair, &rerun, node, position, name)?;
             Some(check_weight(name, theirs.view(), weight.view()))

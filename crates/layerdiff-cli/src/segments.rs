@@ -230,7 +230,7 @@ pub(crate) fn plan(
         }
         made += add;
     }
-    bounds.push(start..positions.max(start));
+    bounds.push(start..positions);
     let peak_bytes = bounds
         .iter()
         .map(|b| cost(b.start, produced[b.clone()].iter().sum()))
