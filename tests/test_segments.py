@@ -109,3 +109,55 @@ def test_expected_values_as_the_reference_in_segments(decoder_onnx, tmp_path):
     _, report = both_ways(tmp_path, decoder_onnx, *common, "--inputs", str(tmp_path / "in.npz"))
     assert [x["name"] for x in report["layers"]] == wanted
     assert report["summary"]["drift_origin"] == "softmax"
+
+
+# --------------------------------------------------------------------------------------------
+# The PyTorch side: layers stream from the forward hooks into a segmented ONNX run.
+
+DECODER = "tests/builders/decoder.py:build"
+
+
+def torch_both_ways(tmp_path, decoder_onnx, *args):
+    """`layerdiff torch` on the small decoder, whole and in segments: the same bytes."""
+    runs = []
+    for extra in ([], ["--max-memory", SMALL]):
+        out = tmp_path / f"torch{len(runs)}.json"
+        result = run_cli(
+            "torch", DECODER, "--onnx", str(decoder_onnx), *args, *extra, "--json", str(out)
+        )
+        assert result.returncode in (0, 1), result.stderr
+        runs.append((result, out.read_bytes()))
+    (whole, whole_json), (parts, parts_json) = runs
+    assert "segments" not in whole.stderr
+    found = re.search(r"ran in (\d+) segments to hold at most about", parts.stderr)
+    assert found and int(found.group(1)) >= 5, parts.stderr
+    assert parts_json == whole_json
+    assert parts.stdout == whole.stdout
+    return whole, json.loads(whole_json)
+
+
+def test_the_torch_side_streams_into_segments_with_the_same_numbers(decoder_onnx, tmp_path):
+    """Every layer compared, re-run on PyTorch's inputs and measured against the float64 run,
+    segment by segment as the hooks fire, exactly as in one piece."""
+    _, report = torch_both_ways(tmp_path, decoder_onnx)
+    compared = [x for x in report["layers"] if x["status"] == "compared"]
+    assert len(compared) == len(report["layers"]) - 1 == 17  # `wpe` has no node of its own
+    assert all(x["float64"] for x in compared), "the float64 run streams in lockstep"
+    assert all(x["local"] for x in compared), "every layer re-run, across segments too"
+
+
+def test_a_weight_fault_is_found_from_pytorch_in_segments(decoder_onnx, tmp_path):
+    """The origin, its cause from PyTorch's own parameter, and the inherited layers after it."""
+    fc = "blocks.1.fc"
+    clean = tmp_path / "clean.json"
+    run_cli("torch", DECODER, "--onnx", str(decoder_onnx), "--json", str(clean), "-q")
+    value = next(x for x in json.loads(clean.read_text())["layers"] if x["name"] == fc)
+    value = value["onnx"]["value"]
+    edited = faults.perturb_weight(decoder_onnx, tmp_path / "fc.onnx", value, 0.05)
+    result, report = torch_both_ways(tmp_path, edited)
+    origin = next(x for x in report["layers"] if x["name"] == fc)
+    assert report["summary"]["drift_origin"] == fc
+    assert origin["cause"] == "weight_mismatch" and "differs" in origin["detail"]
+    later = [x for x in report["layers"][origin["index"] + 1 :] if x["exceeds_tol"]]
+    assert later and all(x["cause"] == "inherited" for x in later if not x["local_exceeds"])
+    assert result.returncode == 1

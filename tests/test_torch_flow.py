@@ -115,3 +115,28 @@ def test_model_with_external_data(resnet18, resnet18_onnx, tmp_path):
     assert (folder / "model.onnx").stat().st_size < 1_000_000
     report = compare_torch_onnx(model, inputs, onnx=folder / "model.onnx")
     assert report.drift_origin is None and report.summary["layers_compared"] == 40
+
+
+def test_a_model_that_runs_differently_each_time_is_named(tmp_path):
+    """Layers are listed in one forward pass and streamed in a second: a model whose leaf calls
+    change between passes gets a clear error, not a wrong comparison."""
+    torch = pytest.importorskip("torch")
+    from layerdiff import InputError
+    from layerdiff.torch import export_onnx
+
+    class Flaky(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.act, self.calls = torch.nn.Linear(4, 4), torch.nn.ReLU(), 0
+
+        def forward(self, x):
+            self.calls += 1
+            x = self.fc(x)
+            return self.act(x) if self.calls % 2 else x
+
+    torch.manual_seed(0)
+    model, inputs = Flaky().eval(), (torch.randn(2, 4),)
+    path = export_onnx(model, inputs, tmp_path / "flaky.onnx")
+    model.calls = 0
+    with pytest.raises(InputError, match="does not run the same way twice"):
+        compare_torch_onnx(model, inputs, onnx=path)

@@ -77,6 +77,7 @@ def _run_torch(opts: dict) -> int:
         float64=opts["float64"],
         exporter=opts["exporter"],
         target=opts["target"],
+        max_memory=opts["max_memory"],
         name=opts["model"],
         seed=opts["seed"],
         workdir=out,
@@ -89,6 +90,8 @@ def _run_torch(opts: dict) -> int:
         lt.save_inputs(Path(opts["inputs_path"]), report.inputs, opts["seed"])
         written.append(Path(opts["inputs_path"]))
     if not opts["quiet"]:
+        for note in report.notes:
+            print(note, file=sys.stderr)
         sys.stdout.write(report.summary_text())
         for path in written:
             print(f"wrote {path}", file=sys.stderr)

@@ -14,6 +14,8 @@ class Report:
         self._native = native
         #: The exact inputs both sides were given, as flat `(name, dtype, shape, bytes)` tuples.
         self.inputs = inputs or []
+        #: Lines about how the run went that are not findings (how it was split to bound memory).
+        self.notes: list[str] = []
 
     @cached_property
     def data(self) -> dict:

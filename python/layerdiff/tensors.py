@@ -37,7 +37,8 @@ def _bytes(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
 
 
-def _flat_torch(name: str, tensor):
+def dtype_name(name: str, tensor) -> str:
+    """layerdiff's name of a torch tensor's dtype (`float32`); names the tensor if it has none."""
     import torch  # only reached when handed a torch tensor
 
     names = {
@@ -49,12 +50,19 @@ def _flat_torch(name: str, tensor):
         raise _layerdiff.InputError(
             f"tensor `{name}` has dtype {tensor.dtype}, which layerdiff cannot compare"
         )
+    return names[tensor.dtype]
+
+
+def _flat_torch(name: str, tensor):
+    import torch  # only reached when handed a torch tensor
+
+    dtype = dtype_name(name, tensor)
     t = tensor.detach()
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.contiguous()
     buffer = t.reshape(-1).view(torch.uint8).numpy()
-    return name, names[t.dtype], list(t.shape), buffer
+    return name, dtype, list(t.shape), buffer
 
 
 def compare_tensors(reference, target) -> dict:

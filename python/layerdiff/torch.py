@@ -7,13 +7,17 @@ This is the only module of layerdiff that imports torch.
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import importlib.util
 import io
+import queue
 import sys
 import tempfile
+import threading
 import time
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +26,7 @@ from torch import nn
 
 from layerdiff import _layerdiff
 from layerdiff.report import Report
-from layerdiff.tensors import flat
+from layerdiff.tensors import dtype_name, flat
 
 IDENTITY_AT_INFERENCE = (
     nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
@@ -36,7 +40,7 @@ IDENTITY_AT_INFERENCE = (
 
 @dataclass
 class CapturedLayer:
-    """One call of a leaf module: its output, and where its input came from."""
+    """One call of a leaf module: what it produced, and where its input came from."""
 
     name: str  # module path, `#2`, `#3`… for repeated calls
     module: str
@@ -44,7 +48,8 @@ class CapturedLayer:
     call_index: int
     identity: bool
     input_from: int | None
-    output: torch.Tensor
+    shape: list[int]
+    dtype: str  # layerdiff's dtype name (`float32`)
 
 
 @dataclass
@@ -77,17 +82,23 @@ def _first_tensor(value):
     return None
 
 
-def capture(model: nn.Module, inputs: tuple, *, clone: bool = True) -> Capture:
-    """Runs `model(*inputs)` once under `torch.no_grad()`, recording each leaf call's output.
+def capture(model: nn.Module, inputs: tuple, on_layer=None) -> Capture:
+    """Runs `model(*inputs)` once under `torch.no_grad()`, listing each leaf call.
 
-    Outputs are cloned at capture (``clone=True``): an in-place op later in the forward pass
-    (``ReLU(inplace=True)`` after BatchNorm) would otherwise rewrite what was recorded. The clone
-    switch exists only so a test can show that false positive.
+    ``on_layer(index, layer, output)`` sees each call's output the moment the module returns
+    it, before any later op can rewrite it in place; nothing is kept here, so PyTorch frees each
+    activation as usual.
     """
     result = Capture()
     names = {m: n for n, m in leaf_modules(model)}
     calls: dict[str, int] = {}
-    producer: dict[int, int] = {}  # data_ptr of a tensor → index of the layer that produced it
+    # data_ptr of an output → (index of the layer that produced it, the output, weakly): an
+    # address is only that layer's while its output lives, since freed memory is reused.
+    producer: dict[int, tuple[int, weakref.ref]] = {}
+
+    def source(tensor) -> int | None:
+        index, output = producer.get(tensor.data_ptr(), (None, lambda: None))
+        return index if output() is not None else None
 
     def hook(module, args, output):
         name = names[module]
@@ -97,21 +108,22 @@ def capture(model: nn.Module, inputs: tuple, *, clone: bool = True) -> Capture:
         if out is None:
             return
         first_in = _first_tensor(args)
-        input_from = producer.get(first_in.data_ptr()) if first_in is not None else None
-        identity = isinstance(module, IDENTITY_AT_INFERENCE) and not module.training
-        kept = out.detach().clone() if clone else out.detach()
-        result.layers.append(
-            CapturedLayer(
-                name=name if k == 0 else f"{name}#{k + 1}",
-                module=name,
-                module_type=type(module).__name__,
-                call_index=k,
-                identity=identity,
-                input_from=input_from,
-                output=kept,
-            )
+        called = name if k == 0 else f"{name}#{k + 1}"
+        layer = CapturedLayer(
+            name=called,
+            module=name,
+            module_type=type(module).__name__,
+            call_index=k,
+            identity=isinstance(module, IDENTITY_AT_INFERENCE) and not module.training,
+            input_from=source(first_in) if first_in is not None else None,
+            shape=list(out.shape),
+            dtype=dtype_name(called, out),
         )
-        producer[out.data_ptr()] = len(result.layers) - 1
+        index = len(result.layers)
+        result.layers.append(layer)
+        producer[out.data_ptr()] = (index, weakref.ref(out))
+        if on_layer is not None:
+            on_layer(index, layer, out.detach())
 
     handles = [m.register_forward_hook(hook) for m in names]
     try:
@@ -121,6 +133,65 @@ def capture(model: nn.Module, inputs: tuple, *, clone: bool = True) -> Capture:
         for h in handles:
             h.remove()
     return result
+
+
+class _Float64Run:
+    """A float64 copy of the model run in lockstep beside the main forward pass: a thread runs
+    it, and its hooks hand each layer's value over one at a time, so only a layer or two of
+    float64 values exist at once. Gives up (``None`` from then on) where the copy cannot run
+    in float64 or calls its layers differently."""
+
+    _END = object()
+
+    def __init__(self, model: nn.Module, inputs: tuple):
+        self.queue: queue.Queue = queue.Queue(maxsize=1)
+        self.stop = threading.Event()
+        self.done = False
+        try:  # the copy is made before any hook is registered on the model
+            double = copy.deepcopy(model).double()
+        except Exception:
+            self.done, self.thread = True, None
+            return
+        wide = tuple(t.double() if t.is_floating_point() else t for t in inputs)
+        self.thread = threading.Thread(target=self._run, args=(double, wide), daemon=True)
+        self.thread.start()
+
+    def _put(self, item) -> None:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.05)
+                return
+            except queue.Full:
+                continue
+        raise _Stopped
+
+    def _run(self, double: nn.Module, wide: tuple) -> None:
+        try:
+            capture(double, wide, lambda i, layer, out: self._put((layer.name, out.clone())))
+        except Exception:  # a model that cannot run in float64 still gets its comparison
+            pass
+        with contextlib.suppress(_Stopped):
+            self._put(self._END)
+
+    def next(self, name: str):
+        """The float64 value of the layer `name`, or None."""
+        if self.done:
+            return None
+        item = self.queue.get()
+        if item is self._END or item[0] != name:
+            self.close()
+            return None
+        return item[1]
+
+    def close(self) -> None:
+        self.done = True
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()
+
+
+class _Stopped(Exception):
+    pass
 
 
 # --------------------------------------------------------------------------------------------
@@ -248,6 +319,7 @@ def compare_torch_onnx(
     clone: bool = True,
     local: bool = True,
     float64: bool = True,
+    max_memory: int | str | None = None,
     timings: bool | list = False,
     progress=None,
 ) -> Report:
@@ -265,6 +337,11 @@ def compare_torch_onnx(
     model is run as the numerical truth. ``report.drift_origin`` names the layer where the drift
     is born; each exceeding layer carries a ``cause``. With ``timings`` (True, or a list of
     ``(phase, by, seconds)`` measured before the call) the report holds the time of each phase.
+
+    Layers stream from the forward hooks: the ONNX run goes in segments, each run as soon as
+    PyTorch has produced its layers, so that the values held at once stay within
+    ``max_memory`` (bytes, or a size such as ``"4G"``; default: half the memory available).
+    The numbers do not depend on it.
     """
     phases = list(timings) if isinstance(timings, list) else []
     clock = [time.perf_counter()]
@@ -281,20 +358,9 @@ def compare_torch_onnx(
         raise _layerdiff.UsageError("tolerance `auto` needs the float64 run; drop --no-float64")
     model.eval()
 
-    step("capturing PyTorch layers")
-    try:
-        captured = capture(model, inputs, clone=clone)
-    except Exception as e:
-        shapes = ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in inputs)
-        raise _layerdiff.InputError(
-            f"the model failed on its inputs ({shapes}): {type(e).__name__}: {e}"
-        ) from e
-    lap("capturing PyTorch layers")
-    truth = {}
-    if float64:
-        step("running the model in float64 (the numerical truth)")
-        truth = _float64_outputs(model, inputs, captured)
-        lap("float64 run")
+    step("listing PyTorch layers")
+    listed = _run_model(inputs, lambda: capture(model, inputs)).layers
+    lap("listing PyTorch layers")
 
     with contextlib.ExitStack() as stack:
         if onnx is not None:
@@ -320,29 +386,12 @@ def compare_torch_onnx(
                 f"but {len(inputs)} example input(s) were given"
             )
         onnx_inputs = [flat(decl[0], t) for decl, t in zip(declared, inputs, strict=True)]
-        parameters = _layer_parameters(model, captured)
-        layers = [
-            {
-                "name": layer.name,
-                "module": layer.module,
-                "module_type": layer.module_type,
-                "call_index": layer.call_index,
-                "identity": layer.identity,
-                "input_from": layer.input_from,
-                "tensor": flat(layer.name, layer.output),
-                "float64": flat(layer.name, truth[layer.name]) if layer.name in truth else None,
-                "parameters": [flat(n, t) for n, t in parameters.get(layer.name, [])],
-            }
-            for layer in captured.layers
-        ]
-        lap("handing layers to the core", "layerdiff")
-        step("running ONNX Runtime, re-running each layer, comparing")
-        native = _layerdiff.compare_captured(
+        run = _layerdiff.CapturedRun(
             command="torch",
             model=name or type(model).__name__,
             onnx_path=str(onnx_path),
             inputs=onnx_inputs,
-            layers=layers,
+            layers=[vars(layer) for layer in listed],
             tolerance=tolerance,
             seed=seed,
             reference_runtime="pytorch",
@@ -350,38 +399,84 @@ def compare_torch_onnx(
             target=target,
             ort_library=_ort_library(),
             local=local,
+            float64=float64,
+            max_memory=None if max_memory is None else str(max_memory),
             timings=phases if timings is not False else None,
         )
-    return Report(native, inputs=onnx_inputs)
+        split = run.segments_text
+        pieces = f" in {run.segments} segments" if split else ""
+        step(f"running PyTorch and the ONNX model side by side{pieces}, comparing each layer")
+        _stream(model, inputs, run, listed, float64=float64, clone=clone)
+        needed = run.conclude()
+        native = run.finish(_layer_parameters(model, listed, needed))
+    report = Report(native, inputs=onnx_inputs)
+    if split:
+        report.notes.append(split)
+    return report
 
 
-def _float64_outputs(model: nn.Module, inputs: tuple, captured: Capture) -> dict:
-    """Each layer's output in a float64 copy of the model on the same inputs (floats widened
-    exactly), by layer name; empty when the model cannot run in float64."""
-    import copy
+def _run_model(inputs: tuple, call):
+    """`call()`, with a failure of the model itself reported as bad input (our own errors, e.g.
+    from the ONNX side while layers stream in, pass through)."""
+    try:
+        return call()
+    except _layerdiff.LayerdiffError:
+        raise
+    except Exception as e:
+        shapes = ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in inputs)
+        raise _layerdiff.InputError(
+            f"the model failed on its inputs ({shapes}): {type(e).__name__}: {e}"
+        ) from e
+
+
+def _stream(model, inputs, run, listed, *, float64: bool, clone: bool) -> None:
+    """The second forward pass: each layer's value goes to the run as its hook fires, with the
+    float64 run's value of the same layer. ``clone=False`` instead hands the outputs over after
+    the pass, by reference: it exists only so a test can show what in-place ops
+    (``ReLU(inplace=True)``) then do to them."""
+    truth = _Float64Run(model, inputs) if float64 else None
+    late: list = []
+
+    def on_layer(index, layer, out):
+        expected = listed[index].name if index < len(listed) else None
+        if layer.name != expected:
+            raise _layerdiff.InputError(
+                f"leaf call {index} was `{layer.name}` this time and "
+                f"{f'`{expected}`' if expected else 'nothing'} when the layers were listed: "
+                "the model does not run the same way twice"
+            )
+        wide = truth.next(layer.name) if truth is not None else None
+        if clone:
+            run.add(index, flat(layer.name, out), _flat_or_none(layer.name, wide))
+        else:
+            late.append((index, layer.name, out, wide))
 
     try:
-        double = copy.deepcopy(model).double()
-        wide = tuple(t.double() if t.is_floating_point() else t for t in inputs)
-        run = capture(double, wide, clone=True)
-    except Exception:  # a model that cannot run in float64 still gets its comparison
-        return {}
-    if [layer.name for layer in run.layers] != [layer.name for layer in captured.layers]:
-        return {}
-    return {layer.name: layer.output for layer in run.layers}
+        _run_model(inputs, lambda: capture(model, inputs, on_layer))
+    finally:
+        if truth is not None:
+            truth.close()
+    for index, layer_name, out, wide in late:
+        run.add(index, flat(layer_name, out), _flat_or_none(layer_name, wide))
+
+
+def _flat_or_none(name: str, tensor):
+    return None if tensor is None else flat(name, tensor)
 
 
 _CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d)
 _BATCH_NORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
 
-def _layer_parameters(model: nn.Module, captured: Capture) -> dict:
-    """Each layer's parameters and buffers by qualified name, for the weight check. A BatchNorm
-    fed by a Conv also lists the Conv's weight and bias folded with it, under the Conv's names:
-    that is the form exporters write when they fuse the two."""
+def _layer_parameters(model: nn.Module, listed: list[CapturedLayer], needed: list[int]) -> dict:
+    """The parameters and buffers of the layers in `needed` (by index), as flat tensors by
+    qualified name, for the weight check. A BatchNorm fed by a Conv also lists the Conv's
+    weight and bias folded with it, under the Conv's names: that is the form exporters write
+    when they fuse the two."""
     modules = dict(model.named_modules())
-    out: dict[str, list] = {}
-    for layer in captured.layers:
+    out: dict[int, list] = {}
+    for index in needed:
+        layer = listed[index]
         module = modules.get(layer.module)
         if module is None:
             continue
@@ -393,7 +488,7 @@ def _layer_parameters(model: nn.Module, captured: Capture) -> dict:
             ]
             if t is not None and t.is_floating_point()
         ]
-        feeder = captured.layers[layer.input_from] if layer.input_from is not None else None
+        feeder = listed[layer.input_from] if layer.input_from is not None else None
         conv = modules.get(feeder.module) if feeder is not None else None
         if (
             isinstance(module, _BATCH_NORM)
@@ -414,7 +509,7 @@ def _layer_parameters(model: nn.Module, captured: Capture) -> dict:
                 (f"{feeder.module}.{n}", t.detach())
                 for n, t in conv.named_parameters(recurse=False)
             ]
-        out[layer.name] = own
+        out[index] = [flat(n, t) for n, t in own]
     return out
 
 

@@ -1,43 +1,59 @@
-//! The flow for a reference captured outside Rust (PyTorch forward hooks): map each captured
-//! layer call to an ONNX value, expose those values, run ONNX Runtime on the same input bytes,
-//! compare every pair, analyse, and build the report.
+//! The flow for a reference captured outside Rust (PyTorch forward hooks), streamed.
+//!
+//! The caller first lists the layers (one forward pass that keeps nothing but names and
+//! shapes), then starts a [`CapturedRun`]: each captured layer is mapped to an ONNX value and
+//! the ONNX run is planned in segments that fit the memory budget (see [`crate::segments`]).
+//! During a second forward pass each hook hands its layer's value over with [`CapturedRun::add`];
+//! as soon as a segment's layers are all in, the target runs that segment, and its values are
+//! compared, re-run locally, judged and dropped after their last use. So neither side ever
+//! holds more than the budget: PyTorch's own activations are freed by PyTorch as it goes, and
+//! ours are freed segment by segment. With one segment the ONNX model runs whole, its compared
+//! values exposed in place.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 
 use layerdiff_core::{
-    Evidence, Float64Distance, InputInfo, Layer, LayerStatus, OnnxRef, Report, SCHEMA, SideInfo,
-    Tensor, TensorView, Tolerance, analyse, compare_pair, explain,
+    DType, Evidence, Float64Distance, InputInfo, Layer, LayerStatus, OnnxRef, Report, SCHEMA,
+    SideInfo, Summary, Tensor, TensorView, Tolerance, analyse, compare_pair, explain, judge,
 };
 use layerdiff_onnx::{
-    GraphIndex, LayerCall, LayerMapping, LocalGroup, Model, expose_values, map_layers,
+    GraphIndex, LayerCall, LayerMapping, LocalGroup, Model, expose_values, local_group, map_layers,
 };
-use layerdiff_runtime::RuntimeSpec;
+use layerdiff_runtime::{Runtime, RuntimeSpec};
 
 use crate::local::{Rerun, WeightCheck, check_weight, disagreement, fit};
+use crate::segments::{
+    Plan, PlanSide, PlannedLayer, Segmentation, Values, part_model, plan, value_sizes,
+};
 use crate::timings::{OWN, RUNTIME, Stopwatch};
 use crate::{Error, Result, inputs::check_inputs};
 
-/// One captured layer call and its reference value.
+/// The phase PyTorch's forward pass is timed under while layers stream in.
+pub const CAPTURE_PHASE: &str = "capturing PyTorch layers";
+
+/// One captured layer call, as listed before its value is captured.
 #[derive(Debug, Clone)]
-pub struct CapturedLayer<'a> {
+pub struct ListedLayer {
     /// Which module call it is, and how it relates to the calls before it.
     pub call: LayerCall,
     /// The module's class name (`Conv2d`).
     pub module_type: String,
-    /// The captured output.
-    pub value: TensorView<'a>,
-    /// The same layer's output in a float64 run of the model, when one was made.
-    pub float64: Option<TensorView<'a>>,
-    /// The module's parameters and buffers by qualified name (`layer1.0.conv1.weight`), with
-    /// the forms an exporter may fold them into under the same name (a Conv's weight scaled by
-    /// the BatchNorm after it). A weight matching any form of its name is the same weight.
-    pub parameters: Vec<(String, TensorView<'a>)>,
+    /// The shape of its output.
+    pub shape: Vec<usize>,
+    /// The dtype of its output.
+    pub dtype: DType,
 }
 
-/// Everything the captured-reference flow needs.
+impl ListedLayer {
+    fn bytes(&self) -> u64 {
+        (self.shape.iter().product::<usize>() * self.dtype.size()) as u64
+    }
+}
+
+/// Everything the captured-reference flow needs before the first value arrives.
 #[derive(Debug, Clone)]
-pub struct CapturedComparison<'a> {
+pub struct CapturedComparison {
     /// The command named in the report (`torch`).
     pub command: String,
     /// The model's display name.
@@ -48,224 +64,460 @@ pub struct CapturedComparison<'a> {
     pub inputs: Vec<(String, Tensor)>,
     /// Seed of generated inputs.
     pub seed: Option<u64>,
-    /// Captured layers in execution order.
-    pub layers: Vec<CapturedLayer<'a>>,
+    /// The layers in execution order.
+    pub layers: Vec<ListedLayer>,
     /// How each layer's tolerance is chosen.
     pub tolerance: Tolerance,
     /// Whether to measure each layer's local error (re-running its ONNX nodes on PyTorch's
     /// values of their inputs).
     pub local: bool,
+    /// Whether each layer's value in a float64 run comes with it (held until compared).
+    pub float64: bool,
     /// Describes the reference side.
     pub reference: SideInfo,
     /// The runtime that runs the ONNX file.
     pub target: RuntimeSpec,
     /// ONNX Runtime library to load (`None`: search).
     pub ort_library: Option<PathBuf>,
+    /// The most bytes of values to hold at once (`None`: no limit).
+    pub max_memory: Option<u64>,
 }
 
-/// Runs the flow and returns the report. Drift is a finding in the report, never an error.
-pub fn compare_captured(c: &CapturedComparison<'_>, clock: &mut Stopwatch) -> Result<Report> {
-    let mut model = Model::load(&c.onnx_path)?;
-    let index = GraphIndex::new(model.graph());
-    check_inputs(&index, &c.inputs)?;
-    for (i, layer) in c.layers.iter().enumerate() {
-        if layer.call.input_from.is_some_and(|p| p >= i) {
-            return Err(Error::Layers(format!(
-                "layer `{}` reads from a later layer",
-                layer.call.name
-            )));
-        }
-    }
+/// A captured-reference comparison under way: layers go in as PyTorch produces them, segments
+/// run as soon as their layers are in, and [`CapturedRun::finish`] builds the report.
+pub struct CapturedRun {
+    c: CapturedComparison,
+    model: Model,
+    runtime: Box<dyn Runtime + Send + Sync>,
+    /// Each layer's ONNX value, where it has one.
+    values: Vec<Option<String>>,
+    /// The first layer holding each ONNX value.
+    layer_of_value: HashMap<String, usize>,
+    /// Each layer's local group (for the first layer of each value, with `local`).
+    groups: Vec<Option<std::result::Result<LocalGroup, String>>>,
+    plan: Plan,
+    /// Segments run so far.
+    done: usize,
+    /// Layers handed over so far.
+    received: usize,
+    layers: Vec<Layer>,
+    evidence: Vec<Evidence>,
+    /// PyTorch's values (and float64 values) still needed, by layer.
+    held: Vec<Option<Tensor>>,
+    truth: Vec<Option<Tensor>>,
+    /// The target's values still needed.
+    live: Values,
+    t_dtypes: HashMap<String, DType>,
+    summary: Option<Summary>,
+    clock: Stopwatch,
+}
 
-    let calls: Vec<LayerCall> = c.layers.iter().map(|l| l.call.clone()).collect();
-    let mappings = map_layers(model.graph(), &calls);
-    let mut wanted: Vec<String> = Vec::new();
-    for m in &mappings {
-        if let LayerMapping::Mapped { value, .. } = m
-            && !wanted.contains(value)
-        {
-            wanted.push(value.clone());
+impl CapturedRun {
+    /// Maps the layers to ONNX values, plans the segments and starts the target runtime.
+    pub fn start(c: CapturedComparison, mut clock: Stopwatch) -> Result<Self> {
+        let mut model = Model::load(&c.onnx_path)?;
+        let index = GraphIndex::new(model.graph());
+        check_inputs(&index, &c.inputs)?;
+        for (i, layer) in c.layers.iter().enumerate() {
+            if layer.call.input_from.is_some_and(|p| p >= i) {
+                return Err(Error::Layers(format!(
+                    "layer `{}` reads from a later layer",
+                    layer.call.name
+                )));
+            }
         }
-    }
-    expose_values(&mut model, &wanted)?;
-    clock.lap("mapping layers and exposing values", OWN);
-    let runtime = c.target.build(c.ort_library.as_deref(), &model)?;
-    clock.lap("runtime start-up", RUNTIME);
-    let values = runtime.run(&model, &c.inputs, &wanted)?;
-    clock.lap("target run", RUNTIME);
-    let by_name: HashMap<&str, &Tensor> = values.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    let value_of = |name: &str| by_name.get(name).copied();
-
-    let mut layers: Vec<Layer> = c
-        .layers
-        .iter()
-        .zip(&mappings)
-        .enumerate()
-        .map(|(index, (captured, mapping))| {
-            let mut layer = Layer::new(
-                index,
-                captured.call.name.clone(),
-                captured.value.shape.to_vec(),
-                captured.value.dtype.name(),
-            );
-            layer.module_type = Some(captured.module_type.clone());
-            match mapping {
-                LayerMapping::Unmapped { reason } => layer.reason = Some(reason.clone()),
-                LayerMapping::Mapped {
-                    value,
-                    node,
-                    op_type,
-                    note,
-                } => {
-                    layer.onnx = Some(OnnxRef {
-                        value: value.clone(),
-                        node: node.clone(),
-                        op_type: op_type.clone(),
-                    });
-                    layer.reason = note.clone();
-                    let target = value_of(value).expect("every mapped value was requested");
-                    let outcome = compare_pair(captured.value, target.view());
-                    layer.status = outcome.status;
-                    layer.accumulated = outcome.stats;
-                    layer.target_shape = outcome.target_shape;
-                    layer.target_dtype = outcome.target_dtype;
-                    if let Some(truth) = captured.float64 {
-                        let distance = |v: TensorView<'_>| {
-                            compare_pair(truth, v).stats.map(|s| s.max_abs_diff)
-                        };
-                        if let (Some(reference), Some(target)) =
-                            (distance(captured.value), distance(target.view()))
-                        {
-                            layer.float64 = Some(Float64Distance { reference, target });
-                        }
+        let calls: Vec<LayerCall> = c.layers.iter().map(|l| l.call.clone()).collect();
+        let mappings = map_layers(model.graph(), &calls);
+        let values: Vec<Option<String>> = mappings
+            .iter()
+            .map(|m| match m {
+                LayerMapping::Mapped { value, .. } => Some(value.clone()),
+                LayerMapping::Unmapped { .. } => None,
+            })
+            .collect();
+        let mut layer_of_value: HashMap<String, usize> = HashMap::new();
+        for (i, value) in values.iter().enumerate() {
+            if let Some(v) = value {
+                layer_of_value.entry(v.clone()).or_insert(i);
+            }
+        }
+        let is_input = |n: &str| c.inputs.iter().any(|(name, _)| name == n);
+        let groups: Vec<_> = values
+            .iter()
+            .enumerate()
+            .map(|(i, value)| {
+                let value = value
+                    .as_deref()
+                    .filter(|v| c.local && layer_of_value[*v] == i)?;
+                let known = |n: &str| n != value && (is_input(n) || layer_of_value.contains_key(n));
+                Some(local_group(&index, value, &known))
+            })
+            .collect();
+        let planned: Vec<PlannedLayer<'_>> = c
+            .layers
+            .iter()
+            .zip(&values)
+            .zip(&groups)
+            .map(|((layer, value), group)| PlannedLayer {
+                reference: &layer.call.name,
+                target: value.as_deref(),
+                local_inputs: match group {
+                    Some(Ok(g)) => &g.inputs,
+                    _ => &[],
+                },
+            })
+            .collect();
+        // PyTorch's value of a layer, and its float64 value until compared.
+        let copies = if c.float64 { 3 } else { 1 };
+        let reference = PlanSide {
+            graph: None,
+            sizes: c
+                .layers
+                .iter()
+                .map(|l| (l.call.name.clone(), copies * l.bytes()))
+                .collect(),
+        };
+        let target = PlanSide {
+            graph: Some(&index),
+            sizes: value_sizes(&index, &c.inputs),
+        };
+        let plan = plan(&reference, &target, &planned, c.max_memory);
+        drop(planned);
+        if plan.segments.len() == 1 {
+            expose_values(&mut model, &plan.segments[0].target.outputs)?;
+        }
+        let layers: Vec<Layer> = c
+            .layers
+            .iter()
+            .zip(&mappings)
+            .enumerate()
+            .map(|(index, (listed, mapping))| {
+                let mut layer = Layer::new(
+                    index,
+                    listed.call.name.clone(),
+                    listed.shape.clone(),
+                    listed.dtype.name(),
+                );
+                layer.module_type = Some(listed.module_type.clone());
+                match mapping {
+                    LayerMapping::Unmapped { reason } => layer.reason = Some(reason.clone()),
+                    LayerMapping::Mapped {
+                        value,
+                        node,
+                        op_type,
+                        note,
+                    } => {
+                        layer.onnx = Some(OnnxRef {
+                            value: value.clone(),
+                            node: node.clone(),
+                            op_type: op_type.clone(),
+                        });
+                        layer.reason = note.clone();
                     }
                 }
-            }
-            layer
+                layer
+            })
+            .collect();
+        clock.lap("mapping layers and planning the run", OWN);
+        let runtime = c.target.build(c.ort_library.as_deref(), &model)?;
+        clock.lap("runtime start-up", RUNTIME);
+        let n = layers.len();
+        Ok(Self {
+            live: Values::new(c.inputs.clone()),
+            c,
+            model,
+            runtime,
+            values,
+            layer_of_value,
+            groups,
+            plan,
+            done: 0,
+            received: 0,
+            evidence: vec![Evidence::default(); n],
+            layers,
+            held: vec![None; n],
+            truth: vec![None; n],
+            t_dtypes: HashMap::new(),
+            summary: None,
+            clock,
         })
-        .collect();
-
-    clock.lap("comparison", OWN);
-
-    // Local error: each layer's ONNX nodes re-run on PyTorch's values of their inputs.
-    let rerun = Rerun::new(&model, runtime.as_ref());
-    let mut groups: Vec<Option<LocalGroup>> = vec![None; layers.len()];
-    let mut layer_of_value: HashMap<String, usize> = HashMap::new();
-    for (i, layer) in layers.iter().enumerate() {
-        if let Some(o) = &layer.onnx {
-            layer_of_value.entry(o.value.clone()).or_insert(i);
-        }
     }
-    if c.local {
-        let names: Vec<String> = layers.iter().map(|l| l.name.clone()).collect();
-        let input = |n: &str| c.inputs.iter().find(|(name, _)| name == n).map(|(_, t)| t);
-        for i in 0..layers.len() {
-            let Some(value) = layers[i].onnx.as_ref().map(|o| o.value.clone()) else {
+
+    /// How the run is split.
+    pub fn segmentation(&self) -> Segmentation {
+        self.plan.segmentation()
+    }
+
+    /// Takes layer `index`'s value (and its value in the float64 run), copying what is needed
+    /// later, then runs every segment whose layers are now all in. Layers come in order.
+    pub fn add(
+        &mut self,
+        index: usize,
+        value: TensorView<'_>,
+        float64: Option<TensorView<'_>>,
+    ) -> Result<()> {
+        self.clock.lap(CAPTURE_PHASE, "pytorch");
+        let listed = self.c.layers.get(index).ok_or_else(|| {
+            Error::Layers(format!(
+                "the model made more leaf-module calls this time than the {} listed: \
+                 it does not run the same way twice",
+                self.c.layers.len()
+            ))
+        })?;
+        if index != self.received {
+            return Err(Error::Layers(format!(
+                "layer {index} (`{}`) handed over out of order: expected layer {}",
+                listed.call.name, self.received
+            )));
+        }
+        if value.shape != listed.shape.as_slice() || value.dtype != listed.dtype {
+            return Err(Error::Layers(format!(
+                "layer `{}` gave a {:?} {} output this time and {:?} {} when the layers were \
+                 listed: the model does not run the same way twice",
+                listed.call.name,
+                value.shape,
+                value.dtype.name(),
+                listed.shape,
+                listed.dtype.name()
+            )));
+        }
+        if self.values[index].is_some() {
+            self.held[index] = Some(value.to_tensor());
+            self.truth[index] = float64.map(|t| t.to_tensor());
+        }
+        self.received += 1;
+        self.clock.lap("handing layers to the core", OWN);
+        while self
+            .plan
+            .segments
+            .get(self.done)
+            .is_some_and(|s| s.layers.end <= self.received)
+        {
+            self.run_segment()?;
+        }
+        Ok(())
+    }
+
+    /// Runs the next segment: the target's part, then every comparison in it.
+    fn run_segment(&mut self) -> Result<()> {
+        let segment = self.plan.segments[self.done].clone();
+        let whole = self.plan.segments.len() == 1;
+        let runtime = self.runtime.as_ref();
+        let t_model = part_model(&self.model, &segment.target, whole, runtime, &self.live)?;
+        self.clock.lap("extracting segments", OWN);
+        self.live
+            .run(runtime, &t_model, &segment.target, &mut self.t_dtypes)?;
+        self.clock.lap("target run", RUNTIME);
+
+        for i in segment.layers.clone() {
+            let (Some(value), Some(reference)) = (&self.values[i], &self.held[i]) else {
                 continue;
             };
-            if layers[i].status != LayerStatus::Compared {
+            let target = self
+                .live
+                .get(value)
+                .expect("every compared value is requested");
+            let layer = &mut self.layers[i];
+            let outcome = compare_pair(reference.view(), target.view());
+            layer.status = outcome.status;
+            layer.accumulated = outcome.stats;
+            layer.target_shape = outcome.target_shape;
+            layer.target_dtype = outcome.target_dtype;
+            if let Some(truth) = &self.truth[i] {
+                let distance =
+                    |v: TensorView<'_>| compare_pair(truth.view(), v).stats.map(|s| s.max_abs_diff);
+                if let (Some(reference), Some(target)) =
+                    (distance(reference.view()), distance(target.view()))
+                {
+                    layer.float64 = Some(Float64Distance { reference, target });
+                }
+            }
+        }
+        self.clock.lap("comparison", OWN);
+
+        // Local error: each layer's ONNX nodes re-run on PyTorch's values of their inputs.
+        let rerun = Rerun::new(&self.model, runtime);
+        let (c, held, live, layer_of_value) =
+            (&self.c, &self.held, &self.live, &self.layer_of_value);
+        let feed = |n: &str| -> std::result::Result<Tensor, String> {
+            if let Some((_, t)) = c.inputs.iter().find(|(name, _)| name == n) {
+                return Ok(t.clone());
+            }
+            let j = *layer_of_value
+                .get(n)
+                .ok_or_else(|| format!("`{n}` is not known"))?;
+            let (Some(reference), Some(target)) = (&held[j], live.get(n)) else {
+                return Err(format!("`{n}` is no longer held"));
+            };
+            fit(
+                &c.layers[j].call.name,
+                reference.clone(),
+                target.dtype,
+                &target.shape,
+            )
+        };
+        for i in segment.layers.clone() {
+            let (Some(value), Some(reference)) = (&self.values[i], &held[i]) else {
+                continue;
+            };
+            let layer = &mut self.layers[i];
+            if layer.status != LayerStatus::Compared {
                 continue;
             }
             let first = layer_of_value[value.as_str()];
             if first != i {
-                layers[i].local_reason = Some(format!(
+                layer.local_reason = Some(format!(
                     "it holds the same ONNX value as `{}`, so it has no nodes of its own",
-                    names[first]
+                    c.layers[first].call.name
                 ));
                 continue;
             }
-            let known =
-                |n: &str| n != value && (input(n).is_some() || layer_of_value.contains_key(n));
-            let feed = |n: &str| -> std::result::Result<Tensor, String> {
-                if let Some(t) = input(n) {
-                    return Ok(t.clone());
-                }
-                let from = &c.layers[layer_of_value[n]];
-                let target = value_of(n).ok_or_else(|| format!("`{n}` was not computed"))?;
-                fit(
-                    &from.call.name,
-                    from.value.to_tensor(),
-                    target.dtype,
-                    &target.shape,
-                )
+            let outcome = match &self.groups[i] {
+                Some(Ok(group)) => rerun.run_group(group, value, &feed),
+                Some(Err(reason)) => Err(reason.clone()),
+                None => continue,
             };
-            match rerun.run(&value, &known, &feed) {
-                Ok((group, out)) => {
-                    let outcome = compare_pair(c.layers[i].value, out.view());
-                    layers[i].local = outcome.stats;
-                    layers[i].local_inputs = group
-                        .inputs
+            match outcome {
+                Ok(out) => {
+                    layer.local = compare_pair(reference.view(), out.view()).stats;
+                    layer.local_inputs = self.groups[i]
                         .iter()
+                        .flatten()
+                        .flat_map(|g| &g.inputs)
                         .map(|n| {
                             layer_of_value
                                 .get(n.as_str())
-                                .map_or(n.clone(), |&j| names[j].clone())
+                                .map_or(n.clone(), |&j| c.layers[j].call.name.clone())
                         })
                         .collect();
-                    groups[i] = Some(group);
                 }
-                Err(reason) => layers[i].local_reason = Some(reason),
+                Err(reason) => {
+                    layer.local_reason = Some(reason.clone());
+                    self.groups[i] = Some(Err(reason));
+                }
             }
         }
-    }
-    clock.split_lap(
-        "local error: extraction and comparison",
-        "local error: inference",
-        rerun.inference.get(),
-    );
-    let summary = analyse(&mut layers, c.tolerance);
+        self.clock.split_lap(
+            "local error: extraction and comparison",
+            "local error: inference",
+            rerun.inference.take(),
+        );
 
-    // Evidence for the layers that need a cause.
-    let needs_cause = |l: &Layer| summary.needs_cause(l);
-    let again = if layers.iter().any(needs_cause) {
-        runtime.run_twice(&model, &c.inputs, &wanted).ok()
-    } else {
-        None
-    };
-    clock.lap("second runs (nondeterminism)", RUNTIME);
-    let mut evidence = vec![Evidence::default(); layers.len()];
-    for (i, (layer, captured)) in layers.iter().zip(&c.layers).enumerate() {
-        let Some(value) = layer.onnx.as_ref().map(|o| o.value.as_str()) else {
-            continue;
-        };
-        let Some(target) = value_of(value).filter(|_| needs_cause(layer)) else {
-            continue;
-        };
-        let e = &mut evidence[i];
-        *e = Evidence::from_values(layer, captured.value, target.view());
-        if let Some(d) = disagreement(target, again.as_ref(), value) {
-            e.self_disagreement = Some(("target".to_string(), d));
+        // What the values of an exceeding layer show, while they are held.
+        let mut exceeding = false;
+        for i in segment.layers.clone() {
+            let layer = &mut self.layers[i];
+            judge(layer, c.tolerance);
+            if !(layer.exceeds_tol || layer.local_exceeds) {
+                continue;
+            }
+            exceeding = true;
+            if let (Some(value), Some(reference)) = (&self.values[i], &held[i])
+                && let Some(target) = live.get(value)
+            {
+                self.evidence[i] = Evidence::from_values(layer, reference.view(), target.view());
+            }
         }
-        if let Some(group) = &groups[i] {
-            let fed = |n: &str| {
-                let captured = &c.layers[*layer_of_value.get(n)?];
-                Some((captured.value.dtype, value_of(n)?.dtype))
-            };
-            let check = |_, _, name: &str, weight: &Tensor| {
-                parameter_check(name, &captured.parameters, weight)
-            };
-            rerun.group_evidence(group, e, &fed, &check);
+        self.clock.lap("analysis and causes", OWN);
+        if exceeding {
+            // Does the target disagree with itself? Two more runs of the segment, one session.
+            let again = runtime
+                .run_twice(&t_model, live.all(), &segment.target.outputs)
+                .ok();
+            for i in segment.layers.clone() {
+                if let Some(value) = &self.values[i]
+                    && let Some(first) = live.get(value)
+                    && let Some(d) = disagreement(first, again.as_ref(), value)
+                {
+                    self.evidence[i].self_disagreement = Some(("target".to_string(), d));
+                }
+            }
+            self.clock.lap("second runs (nondeterminism)", RUNTIME);
         }
+        for name in &segment.reference.free {
+            if let Some(i) = c.layers.iter().position(|l| &l.call.name == name) {
+                self.held[i] = None;
+            }
+        }
+        for i in segment.layers.clone() {
+            self.truth[i] = None;
+        }
+        self.live.free(&segment.target.free);
+        self.done += 1;
+        Ok(())
     }
-    explain(&mut layers, &evidence, &summary);
-    clock.lap("analysis and causes", OWN);
-    Ok(Report {
-        schema: SCHEMA,
-        command: c.command.clone(),
-        model: c.model.clone(),
-        reference: c.reference.clone(),
-        target: SideInfo {
-            runtime: runtime.name().to_string(),
-            detail: runtime.detail(),
-        },
-        mode: if c.local { "local" } else { "accumulated" }.to_string(),
-        tolerance: c.tolerance.info(),
-        seed: c.seed,
-        inputs: InputInfo::describe(&c.inputs),
-        summary,
-        layers,
-        timings: Some(clock.phases()),
-    })
+
+    /// After the forward pass: runs what is left, decides the drift origin, and returns the
+    /// layers whose cause needs a look at PyTorch's parameters (ask [`CapturedRun::finish`]
+    /// with theirs).
+    pub fn conclude(&mut self) -> Result<Vec<usize>> {
+        self.clock.lap(CAPTURE_PHASE, "pytorch");
+        if self.received != self.layers.len() {
+            return Err(Error::Layers(format!(
+                "the model made {} leaf-module calls this time and {} when the layers were \
+                 listed: it does not run the same way twice",
+                self.received,
+                self.layers.len()
+            )));
+        }
+        while self.done < self.plan.segments.len() {
+            self.run_segment()?;
+        }
+        let summary = analyse(&mut self.layers, self.c.tolerance);
+        let wanted = (0..self.layers.len())
+            .filter(|&i| {
+                summary.needs_cause(&self.layers[i]) && matches!(self.groups[i], Some(Ok(_)))
+            })
+            .collect();
+        self.summary = Some(summary);
+        Ok(wanted)
+    }
+
+    /// The report, with the weight evidence of `parameters` (by layer: PyTorch's parameters
+    /// and buffers by qualified name, with the forms an exporter may fold them into, e.g. a
+    /// Conv's weight scaled by the BatchNorm after it, under the same name).
+    pub fn finish(
+        mut self,
+        parameters: &HashMap<usize, Vec<(String, TensorView<'_>)>>,
+    ) -> Result<Report> {
+        if self.summary.is_none() {
+            self.conclude()?;
+        }
+        let summary = self.summary.take().expect("concluded");
+        let rerun = Rerun::new(&self.model, self.runtime.as_ref());
+        for (i, layer) in self.layers.iter().enumerate() {
+            let (true, Some(Ok(group))) = (summary.needs_cause(layer), &self.groups[i]) else {
+                continue;
+            };
+            let fed = |n: &str| {
+                let listed = &self.c.layers[*self.layer_of_value.get(n)?];
+                Some((listed.dtype, *self.t_dtypes.get(n)?))
+            };
+            let own = parameters.get(&i).map_or(&[][..], Vec::as_slice);
+            let check = |_, _, name: &str, weight: &Tensor| parameter_check(name, own, weight);
+            rerun.group_evidence(group, &mut self.evidence[i], &fed, &check);
+        }
+        explain(&mut self.layers, &self.evidence, &summary);
+        self.clock.lap("analysis and causes", OWN);
+        let c = &self.c;
+        Ok(Report {
+            schema: SCHEMA,
+            command: c.command.clone(),
+            model: c.model.clone(),
+            reference: c.reference.clone(),
+            target: SideInfo {
+                runtime: self.runtime.name().to_string(),
+                detail: self.runtime.detail(),
+            },
+            mode: if c.local { "local" } else { "accumulated" }.to_string(),
+            tolerance: c.tolerance.info(),
+            seed: c.seed,
+            inputs: InputInfo::describe(&c.inputs),
+            summary,
+            layers: self.layers,
+            timings: Some(self.clock.phases()),
+        })
+    }
 }
 
 /// Checks an ONNX initializer against the layer's PyTorch parameters: the forms of the same

@@ -140,6 +140,12 @@ pub struct TorchArgs {
     /// exists as written), `ort:opt=basic|extended|all`, `ort:cuda`…, or `tract`.
     #[arg(long, default_value = "ort", value_parser = RuntimeSpec::parse)]
     pub target: RuntimeSpec,
+    /// The most memory our copies of the layers' values may take at once (`4G`, `512M`): the
+    /// ONNX run then goes in segments, each fed from PyTorch's hooks as the forward pass
+    /// reaches it, and each value is dropped after its last use. Default: half the memory
+    /// available at start. The numbers do not depend on it.
+    #[arg(long, value_name = "SIZE", value_parser = crate::segments::parse_memory)]
+    pub max_memory: Option<u64>,
     /// Where reports go.
     #[command(flatten)]
     pub report: ReportArgs,

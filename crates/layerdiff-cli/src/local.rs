@@ -6,9 +6,7 @@
 //! compared with the reference's value of the layer.
 
 use layerdiff_core::{DType, Evidence, Tensor, TensorView, compare};
-use layerdiff_onnx::{
-    GraphIndex, LocalGroup, Model, NodeExt, attribute_changes, extract_nodes, local_group,
-};
+use layerdiff_onnx::{GraphIndex, LocalGroup, Model, NodeExt, attribute_changes, extract_nodes};
 use layerdiff_runtime::Runtime;
 
 /// A weight differs when its max abs diff exceeds this fraction of its largest magnitude:
@@ -32,19 +30,6 @@ impl<'a> Rerun<'a> {
             runtime,
             inference: Default::default(),
         }
-    }
-
-    /// The group computing `value` from values where `known` holds, and its output when run on
-    /// `feed`'s tensors. `Err` says why the layer could not be re-run.
-    pub fn run(
-        &self,
-        value: &str,
-        known: &dyn Fn(&str) -> bool,
-        feed: &dyn Fn(&str) -> Result<Tensor, String>,
-    ) -> Result<(LocalGroup, Tensor), String> {
-        let group = local_group(&self.index, value, known)?;
-        let tensor = self.run_group(&group, value, feed)?;
-        Ok((group, tensor))
     }
 
     /// The output of a group (computing `value`) run on `feed`'s tensors.

@@ -4,21 +4,22 @@
 //! would not fit in memory together, and every pair is compared in the reference's execution
 //! order as soon as both sides have it.
 
-use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use layerdiff_core::{
     DType, Evidence, InputInfo, Layer, LayerStatus, OnnxRef, Report, SCHEMA, SideInfo, Tensor,
     Tolerance, analyse, compare_pair, explain, judge,
 };
-use layerdiff_onnx::{GraphIndex, LocalGroup, Model, expose_values, extract_nodes, local_group};
+use layerdiff_onnx::{GraphIndex, LocalGroup, Model, expose_values, local_group};
 use layerdiff_runtime::Runtime;
 
 use crate::Result;
 use crate::inputs::check_inputs;
 use crate::local::{Rerun, check_weight, disagreement, fit};
-use crate::segments::{Part, PlanSide, PlannedLayer, plan};
+use crate::segments::{
+    Part, PlanSide, PlannedLayer, Segmentation, Values, part_model, plan, value_sizes,
+};
 use crate::timings::{OWN, RUNTIME, Stopwatch};
 
 /// What `layerdiff onnx` compares.
@@ -199,9 +200,8 @@ pub fn compare_models(
         })
         .collect();
     let side = |index, rt: &(dyn Runtime + Send + Sync)| PlanSide {
-        index,
-        computes: rt.computes(),
-        inputs: &pair.inputs,
+        graph: rt.computes().then_some(index),
+        sizes: value_sizes(index, &pair.inputs),
     };
     let plan = plan(
         &side(&r_index, pair.reference_runtime.as_ref()),
@@ -210,11 +210,7 @@ pub fn compare_models(
         pair.max_memory,
     );
     let whole = plan.segments.len() == 1;
-    let segmentation = Segmentation {
-        segments: plan.segments.len(),
-        total_bytes: plan.total_bytes,
-        peak_bytes: plan.peak_bytes,
-    };
+    let segmentation = plan.segmentation();
     if whole {
         let outputs = |part: &Part| part.outputs.clone();
         let (r_out, t_out) = (
@@ -443,88 +439,6 @@ pub fn compare_models(
         timings: Some(clock.phases()),
     };
     Ok((report, segmentation))
-}
-
-/// How a run was split to bound its memory.
-#[derive(Debug, Clone, Copy)]
-pub struct Segmentation {
-    /// Segments run (1: the whole graph at once).
-    pub segments: usize,
-    /// Estimated bytes of all values both sides produce.
-    pub total_bytes: u64,
-    /// Estimated most bytes of values held at once.
-    pub peak_bytes: u64,
-}
-
-/// The model a side runs for one segment: the whole model (its compared values already exposed)
-/// when there is one segment or the side does not compute, else the segment's nodes extracted.
-fn part_model<'m>(
-    model: &'m Model,
-    part: &Part,
-    whole: bool,
-    runtime: &(dyn Runtime + Send + Sync),
-    live: &Values,
-) -> Result<Cow<'m, Model>> {
-    if whole || !runtime.computes() || part.outputs.is_empty() {
-        return Ok(Cow::Borrowed(model));
-    }
-    Ok(Cow::Owned(extract_nodes(
-        model,
-        &part.nodes,
-        &part.outputs,
-        live.all(),
-    )?))
-}
-
-/// The values one side holds: its inputs, and what its segments produced and still need.
-struct Values(Vec<(String, Tensor)>);
-
-impl Values {
-    fn new(inputs: Vec<(String, Tensor)>) -> Self {
-        Self(inputs)
-    }
-
-    fn all(&self) -> &[(String, Tensor)] {
-        &self.0
-    }
-
-    fn get(&self, name: &str) -> Option<&Tensor> {
-        self.0.iter().rev().find(|(n, _)| n == name).map(|(_, t)| t)
-    }
-
-    /// Runs one side's part of a segment and keeps what it hands back.
-    fn run(
-        &mut self,
-        runtime: &(dyn Runtime + Send + Sync),
-        model: &Model,
-        part: &Part,
-        dtypes: &mut HashMap<String, DType>,
-    ) -> Result<()> {
-        if part.outputs.is_empty() {
-            return Ok(());
-        }
-        let out = runtime.run(model, &self.0, &part.outputs).map_err(|e| {
-            let text = e.to_string().trim_end().to_string();
-            if text.contains("Failed to allocate memory") {
-                crate::Error::Memory(format!(
-                    "{} ran out of memory: {text}; a smaller --max-memory runs the graph in smaller segments",
-                    runtime.name()
-                ))
-            } else {
-                e.into()
-            }
-        })?;
-        for (name, tensor) in out {
-            dtypes.insert(name.clone(), tensor.dtype);
-            self.0.push((name, tensor));
-        }
-        Ok(())
-    }
-
-    fn free(&mut self, names: &[String]) {
-        let names: HashSet<&str> = names.iter().map(String::as_str).collect();
-        self.0.retain(|(n, _)| !names.contains(n.as_str()));
-    }
 }
 
 /// The reference's counterpart of a target initializer: the one of the same name, else the

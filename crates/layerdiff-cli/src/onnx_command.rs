@@ -10,7 +10,7 @@ use crate::cli::OnnxArgs;
 use crate::inputs::{InputPlan, generate_inputs, read_inputs};
 use crate::model_pair::{ModelPair, compare_models};
 use crate::output::{exit_code, summary_text, write_reports};
-use crate::segments::{bytes_text, default_budget};
+use crate::segments::default_budget;
 use crate::timings::{OWN, RUNTIME, Stopwatch, timings_text};
 
 /// Why `layerdiff onnx` could not run.
@@ -121,13 +121,8 @@ pub(crate) fn run(args: &OnnxArgs) -> Result<u8, CommandError> {
     }
     clock.lap("rendering and writing reports", OWN);
     if !args.report.quiet {
-        if segmentation.segments > 1 {
-            eprintln!(
-                "ran in {} segments to hold at most about {} of values at once ({} in all); see --max-memory",
-                segmentation.segments,
-                bytes_text(segmentation.peak_bytes),
-                bytes_text(segmentation.total_bytes)
-            );
+        if let Some(text) = segmentation.text() {
+            eprintln!("{text}");
         }
         print!("{}", summary_text(&report));
         for path in written {

@@ -8,11 +8,15 @@
 //! would pass the memory budget. Each side feeds a segment from its *own* earlier values, so the
 //! numbers are those of one run of the whole graph.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
-use layerdiff_core::DType;
-use layerdiff_onnx::{Dimension, GraphIndex};
+use layerdiff_core::{DType, Tensor};
+use layerdiff_onnx::{Dimension, GraphIndex, Model, extract_nodes};
+use layerdiff_runtime::Runtime;
+
+use crate::Result;
 
 /// What one side runs in one segment.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -48,12 +52,22 @@ pub(crate) struct PlannedLayer<'a> {
 
 /// One side of the plan.
 pub(crate) struct PlanSide<'a> {
-    /// The side's graph.
-    pub index: &'a GraphIndex,
-    /// Whether it computes from nodes (a file of expected values hands its values over whole).
-    pub computes: bool,
-    /// Its graph inputs as given.
-    pub inputs: &'a [(String, layerdiff_core::Tensor)],
+    /// The graph the side computes its values from; `None` for a side that hands its values
+    /// over (a file of expected values, PyTorch's hooks).
+    pub graph: Option<&'a GraphIndex>,
+    /// Estimated bytes of each value the side holds, by name (see [`value_sizes`]).
+    pub sizes: HashMap<String, u64>,
+}
+
+impl Plan {
+    /// How the run is split, in figures.
+    pub fn segmentation(&self) -> Segmentation {
+        Segmentation {
+            segments: self.segments.len(),
+            total_bytes: self.total_bytes,
+            peak_bytes: self.peak_bytes,
+        }
+    }
 }
 
 /// The segments, and what they hold.
@@ -68,24 +82,31 @@ pub(crate) struct Plan {
 }
 
 /// Splits the run into segments whose values fit `budget` bytes (`None`: one segment).
+///
+/// A reference that computes orders the run by its nodes; one that hands its values over orders
+/// it by the layers, as given.
 pub(crate) fn plan(
     reference: &PlanSide<'_>,
     target: &PlanSide<'_>,
     layers: &[PlannedLayer<'_>],
     budget: Option<u64>,
 ) -> Plan {
-    let r = reference.index;
-    let t = target.index;
-    let positions = r.nodes().len();
-    // Where each layer is compared: its reference producer.
-    let position: Vec<usize> = layers
-        .iter()
-        .map(|l| r.producer(l.reference).map_or(0, |n| n.index))
-        .collect();
+    // Where each layer is compared: its reference producer, or its own place in the order.
+    let (positions, position): (usize, Vec<usize>) = match reference.graph {
+        Some(r) => (
+            r.nodes().len(),
+            layers
+                .iter()
+                .map(|l| r.producer(l.reference).map_or(0, |n| n.index))
+                .collect(),
+        ),
+        None => (layers.len(), (0..layers.len()).collect()),
+    };
     // When each target node is first needed: the position of the first compared value that
     // depends on it. Nodes no compared value needs never run.
-    let mut needed: Vec<Option<usize>> = vec![None; t.nodes().len()];
-    if target.computes {
+    let t_nodes = target.graph.map_or(0, |t| t.nodes().len());
+    let mut needed: Vec<Option<usize>> = vec![None; t_nodes];
+    if let Some(t) = target.graph {
         for (layer, &at) in layers.iter().zip(&position) {
             let Some(value) = layer.target else { continue };
             let mut stack: Vec<usize> = t.producer(value).map(|n| n.index).into_iter().collect();
@@ -104,15 +125,17 @@ pub(crate) fn plan(
             }
         }
     }
-    let reference_of: HashMap<&str, &str> = layers
-        .iter()
-        .filter_map(|l| Some((l.target?, l.reference)))
-        .collect();
+    // The first reference value behind each compared target value.
+    let mut reference_of: HashMap<&str, &str> = HashMap::new();
+    for l in layers {
+        if let Some(t) = l.target {
+            reference_of.entry(t).or_insert(l.reference);
+        }
+    }
 
     // Each side's values: (name, produced at, last used at, bytes).
     let mut held: Vec<Held> = Vec::new();
-    let reference_bytes = value_sizes(r, reference.inputs);
-    let target_bytes = value_sizes(t, target.inputs);
+    let size = |side: &PlanSide<'_>, name: &str| side.sizes.get(name).copied().unwrap_or(0);
     // A reference value lives until its last reader, and until the last local re-run fed from
     // it (in place of its target counterpart).
     let mut last: HashMap<&str, usize> = HashMap::new();
@@ -123,7 +146,7 @@ pub(crate) fn plan(
             }
         }
     }
-    if reference.computes {
+    if let Some(r) = reference.graph {
         for node in r.nodes() {
             for input in &node.inputs {
                 bump(&mut last, input, node.index);
@@ -136,7 +159,7 @@ pub(crate) fn plan(
                     name: out.clone(),
                     produced: node.index,
                     last: last.get(out.as_str()).copied().unwrap_or(0).max(node.index),
-                    bytes: reference_bytes.get(out).copied().unwrap_or(0),
+                    bytes: size(reference, out),
                 });
             }
         }
@@ -148,12 +171,12 @@ pub(crate) fn plan(
                     name: layer.reference.to_string(),
                     produced: at,
                     last: last.get(layer.reference).copied().unwrap_or(0).max(at),
-                    bytes: reference_bytes.get(layer.reference).copied().unwrap_or(0),
+                    bytes: size(reference, layer.reference),
                 });
             }
         }
     }
-    if target.computes {
+    if let Some(t) = target.graph {
         let mut last: HashMap<&str, usize> = HashMap::new();
         for node in t.nodes() {
             let Some(at) = needed[node.index] else {
@@ -183,7 +206,7 @@ pub(crate) fn plan(
                     name: out.clone(),
                     produced: at,
                     last: last.get(out.as_str()).copied().unwrap_or(0).max(at),
-                    bytes: target_bytes.get(out).copied().unwrap_or(0),
+                    bytes: size(target, out),
                 });
             }
         }
@@ -195,7 +218,7 @@ pub(crate) fn plan(
                     name: value.to_string(),
                     produced: at,
                     last: at,
-                    bytes: target_bytes.get(value).copied().unwrap_or(0),
+                    bytes: size(target, value),
                 });
             }
         }
@@ -259,11 +282,11 @@ pub(crate) fn plan(
                     }
                 }
                 part.nodes = match side {
-                    Side::Reference if reference.computes => b.clone().collect(),
-                    Side::Target if target.computes => (0..t.nodes().len())
+                    Side::Reference if reference.graph.is_some() => b.clone().collect(),
+                    Side::Target => (0..t_nodes)
                         .filter(|&n| needed[n].is_some_and(|at| b.contains(&at)))
                         .collect(),
-                    _ => Vec::new(),
+                    Side::Reference => Vec::new(),
                 };
                 part
             };
@@ -312,7 +335,7 @@ fn bump<'a>(last: &mut HashMap<&'a str, usize>, value: &'a str, at: usize) {
 /// Estimated bytes of every value a graph computes: from its declared type and shape, with
 /// symbolic dimensions taken from the inputs as given; where the file declares none, the
 /// largest of the producing node's inputs (right for elementwise ops, a guess elsewhere).
-fn value_sizes(
+pub(crate) fn value_sizes(
     index: &GraphIndex,
     inputs: &[(String, layerdiff_core::Tensor)],
 ) -> HashMap<String, u64> {
@@ -355,6 +378,102 @@ fn value_sizes(
         }
     }
     sizes
+}
+
+/// How a run was split to bound its memory.
+#[derive(Debug, Clone, Copy)]
+pub struct Segmentation {
+    /// Segments run (1: the whole graph at once).
+    pub segments: usize,
+    /// Estimated bytes of all values both sides produce.
+    pub total_bytes: u64,
+    /// Estimated most bytes of values held at once.
+    pub peak_bytes: u64,
+}
+
+impl Segmentation {
+    /// The line that tells a user the run was split (`None` for a run of the whole graph).
+    pub fn text(&self) -> Option<String> {
+        (self.segments > 1).then(|| {
+            format!(
+                "ran in {} segments to hold at most about {} of values at once ({} in all); see --max-memory",
+                self.segments,
+                bytes_text(self.peak_bytes),
+                bytes_text(self.total_bytes)
+            )
+        })
+    }
+}
+
+/// The model a side runs for one segment: the whole model (its compared values already exposed)
+/// when there is one segment or the side does not compute, else the segment's nodes extracted.
+pub(crate) fn part_model<'m>(
+    model: &'m Model,
+    part: &Part,
+    whole: bool,
+    runtime: &(dyn Runtime + Send + Sync),
+    live: &Values,
+) -> Result<Cow<'m, Model>> {
+    if whole || !runtime.computes() || part.outputs.is_empty() {
+        return Ok(Cow::Borrowed(model));
+    }
+    Ok(Cow::Owned(extract_nodes(
+        model,
+        &part.nodes,
+        &part.outputs,
+        live.all(),
+    )?))
+}
+
+/// The values one side holds: its inputs, and what its segments produced and still need.
+pub(crate) struct Values(Vec<(String, Tensor)>);
+
+impl Values {
+    pub fn new(inputs: Vec<(String, Tensor)>) -> Self {
+        Self(inputs)
+    }
+
+    pub fn all(&self) -> &[(String, Tensor)] {
+        &self.0
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Tensor> {
+        self.0.iter().rev().find(|(n, _)| n == name).map(|(_, t)| t)
+    }
+
+    /// Runs one side's part of a segment and keeps what it hands back.
+    pub fn run(
+        &mut self,
+        runtime: &(dyn Runtime + Send + Sync),
+        model: &Model,
+        part: &Part,
+        dtypes: &mut HashMap<String, DType>,
+    ) -> Result<()> {
+        if part.outputs.is_empty() {
+            return Ok(());
+        }
+        let out = runtime.run(model, &self.0, &part.outputs).map_err(|e| {
+            let text = e.to_string().trim_end().to_string();
+            if text.contains("Failed to allocate memory") {
+                crate::Error::Memory(format!(
+                    "{} ran out of memory: {text}; a smaller --max-memory runs the graph in smaller segments",
+                    runtime.name()
+                ))
+            } else {
+                e.into()
+            }
+        })?;
+        for (name, tensor) in out {
+            dtypes.insert(name.clone(), tensor.dtype);
+            self.0.push((name, tensor));
+        }
+        Ok(())
+    }
+
+    pub fn free(&mut self, names: &[String]) {
+        let names: HashSet<&str> = names.iter().map(String::as_str).collect();
+        self.0.retain(|(n, _)| !names.contains(n.as_str()));
+    }
 }
 
 /// A memory size as given on the command line: `4G`, `512M`, `1.5GB`, `2GiB`, `800000000`
@@ -406,7 +525,6 @@ pub fn default_budget() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use layerdiff_core::Tensor;
     use layerdiff_onnx::{GraphProto, NodeProto, tensor_value_info};
 
     /// `x → v0 → … → v4` (Relu), then `v5 = v4 + v0`: a skip connection that keeps `v0` alive.
@@ -462,12 +580,11 @@ mod tests {
                 local_inputs: l,
             })
             .collect();
-        let side = PlanSide {
-            index: &index,
-            computes: true,
-            inputs: &inputs,
+        let side = || PlanSide {
+            graph: Some(&index),
+            sizes: value_sizes(&index, &inputs),
         };
-        plan(&side, &side, &layers, budget)
+        plan(&side(), &side(), &layers, budget)
     }
 
     #[test]

@@ -6,12 +6,12 @@ mod tensors;
 
 use std::path::PathBuf;
 
-use layerdiff_cli::captured::{
-    CapturedComparison, CapturedLayer, compare_captured as run_captured,
-};
+use std::collections::HashMap;
+
+use layerdiff_cli::captured::{self, CapturedComparison, ListedLayer};
 use layerdiff_cli::cli::{self, Parsed};
-use layerdiff_cli::output;
-use layerdiff_core::{SideInfo, Timing, Tolerance, render};
+use layerdiff_cli::{output, segments};
+use layerdiff_core::{DType, SideInfo, Timing, Tolerance, render};
 use layerdiff_onnx::LayerCall;
 use layerdiff_runtime::RuntimeSpec;
 use pyo3::prelude::*;
@@ -87,6 +87,7 @@ fn parse_cli(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> PyResult<(String,
             d.set_item("exporter", format!("{:?}", a.exporter).to_lowercase())?;
             d.set_item("onnx", a.onnx)?;
             d.set_item("target", a.target.spelling())?;
+            d.set_item("max_memory", a.max_memory)?;
             d.set_item("out", a.report.out.clone())?;
             d.set_item("json", a.report.json_path())?;
             d.set_item("markdown", a.report.markdown_path())?;
@@ -98,116 +99,180 @@ fn parse_cli(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> PyResult<(String,
     }
 }
 
-/// Compares captured reference layers against an ONNX model run by ONNX Runtime.
-///
-/// `inputs`: list of `(name, dtype, shape, uint8 buffer)`. `layers`: list of dicts with `name`,
-/// `module`, `module_type`, `call_index`, `identity`, `input_from`, and `tensor` (a flat tensor tuple).
-#[pyfunction]
-#[pyo3(signature = (*, command, model, onnx_path, inputs, layers, tolerance, seed, reference_runtime, reference_detail, target="ort", ort_library=None, local=true, timings=None))]
-#[allow(clippy::too_many_arguments)]
-fn compare_captured(
-    py: Python<'_>,
-    command: String,
-    model: String,
-    onnx_path: PathBuf,
-    inputs: Vec<FlatTensor<'_>>,
-    layers: &Bound<'_, PyList>,
-    tolerance: &str,
-    seed: Option<u64>,
-    reference_runtime: String,
-    reference_detail: String,
-    target: &str,
-    ort_library: Option<PathBuf>,
-    local: bool,
-    timings: Option<Vec<(String, String, f64)>>,
-) -> PyResult<Report> {
-    let target = RuntimeSpec::parse(target).map_err(exceptions::UsageError::new_err)?;
-    let tolerance = Tolerance::parse(tolerance).map_err(exceptions::UsageError::new_err)?;
-    let inputs = inputs
-        .iter()
-        .map(|t| Ok((t.name().to_string(), t.to_tensor()?)))
-        .collect::<PyResult<Vec<_>>>()?;
-    type Entry<'py> = (
-        LayerCall,
-        String,
-        FlatTensor<'py>,
-        Option<FlatTensor<'py>>,
-        Vec<FlatTensor<'py>>,
-    );
-    let mut flat: Vec<Entry<'_>> = Vec::with_capacity(layers.len());
-    for item in layers.iter() {
-        let d = item.cast::<PyDict>()?;
-        let get = |k: &str| {
-            d.get_item(k)?.ok_or_else(|| {
-                exceptions::UsageError::new_err(format!("layer entry without `{k}`"))
-            })
+/// A comparison of PyTorch's layers against an ONNX model, fed layer by layer from forward
+/// hooks: `add` each layer's value as it is produced (segments of the ONNX run follow as soon
+/// as their layers are in), then `conclude`, then `finish` with the parameters it asks for.
+#[pyclass(module = "layerdiff._layerdiff")]
+struct CapturedRun {
+    run: Option<captured::CapturedRun>,
+    keep_timings: bool,
+}
+
+#[pymethods]
+impl CapturedRun {
+    /// `inputs`: flat tensors. `layers`: dicts with `name`, `module`, `module_type`,
+    /// `call_index`, `identity`, `input_from`, `shape` and `dtype`, in execution order.
+    #[new]
+    #[pyo3(signature = (*, command, model, onnx_path, inputs, layers, tolerance, seed, reference_runtime, reference_detail, target="ort", ort_library=None, local=true, float64=true, max_memory=None, timings=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        command: String,
+        model: String,
+        onnx_path: PathBuf,
+        inputs: Vec<FlatTensor<'_>>,
+        layers: &Bound<'_, PyList>,
+        tolerance: &str,
+        seed: Option<u64>,
+        reference_runtime: String,
+        reference_detail: String,
+        target: &str,
+        ort_library: Option<PathBuf>,
+        local: bool,
+        float64: bool,
+        max_memory: Option<&str>,
+        timings: Option<Vec<(String, String, f64)>>,
+    ) -> PyResult<Self> {
+        let usage = |e: String| exceptions::UsageError::new_err(e);
+        let target = RuntimeSpec::parse(target).map_err(usage)?;
+        let tolerance = Tolerance::parse(tolerance).map_err(usage)?;
+        let max_memory = match max_memory {
+            Some(text) => Some(segments::parse_memory(text).map_err(usage)?),
+            None => segments::default_budget(),
         };
-        let call = LayerCall {
-            name: get("name")?.extract()?,
-            module: get("module")?.extract()?,
-            call_index: get("call_index")?.extract()?,
-            identity: get("identity")?.extract()?,
-            input_from: get("input_from")?.extract()?,
+        let inputs = inputs
+            .iter()
+            .map(|t| Ok((t.name().to_string(), t.to_tensor()?)))
+            .collect::<PyResult<Vec<_>>>()?;
+        let mut listed = Vec::with_capacity(layers.len());
+        for item in layers.iter() {
+            let d = item.cast::<PyDict>()?;
+            let get = |k: &str| {
+                d.get_item(k)?.ok_or_else(|| {
+                    exceptions::UsageError::new_err(format!("layer entry without `{k}`"))
+                })
+            };
+            let dtype: String = get("dtype")?.extract()?;
+            listed.push(ListedLayer {
+                call: LayerCall {
+                    name: get("name")?.extract()?,
+                    module: get("module")?.extract()?,
+                    call_index: get("call_index")?.extract()?,
+                    identity: get("identity")?.extract()?,
+                    input_from: get("input_from")?.extract()?,
+                },
+                module_type: get("module_type")?.extract()?,
+                shape: get("shape")?.extract()?,
+                dtype: DType::from_name(&dtype).map_err(to_py_err)?,
+            });
+        }
+        let request = CapturedComparison {
+            command,
+            model,
+            onnx_path,
+            inputs,
+            seed,
+            layers: listed,
+            tolerance,
+            local,
+            float64,
+            reference: SideInfo {
+                runtime: reference_runtime,
+                detail: reference_detail,
+            },
+            target,
+            ort_library,
+            max_memory,
         };
-        flat.push((
-            call,
-            get("module_type")?.extract()?,
-            get("tensor")?.extract()?,
-            d.get_item("float64")?
-                .map(|v| v.extract())
-                .transpose()?
-                .flatten(),
-            d.get_item("parameters")?
-                .map(|v| v.extract())
-                .transpose()?
-                .unwrap_or_default(),
-        ));
+        let keep_timings = timings.is_some();
+        let before = timings
+            .unwrap_or_default()
+            .iter()
+            .map(|(p, b, s)| Timing::new(p, b, *s))
+            .collect();
+        let clock = layerdiff_cli::timings::Stopwatch::start(before);
+        let run = py
+            .detach(|| captured::CapturedRun::start(request, clock))
+            .map_err(to_py_err)?;
+        Ok(Self {
+            run: Some(run),
+            keep_timings,
+        })
     }
-    let captured: Vec<CapturedLayer<'_>> = flat
-        .iter()
-        .map(|(call, module_type, t, float64, parameters)| {
-            Ok(CapturedLayer {
-                call: call.clone(),
-                module_type: module_type.clone(),
-                value: t.view()?,
-                float64: float64.as_ref().map(FlatTensor::view).transpose()?,
-                parameters: parameters
+
+    /// The line that says how the run was split to bound its memory, or None for one piece.
+    #[getter]
+    fn segments_text(&self) -> PyResult<Option<String>> {
+        Ok(self.active()?.segmentation().text())
+    }
+
+    /// How many segments the ONNX run is split into.
+    #[getter]
+    fn segments(&self) -> PyResult<usize> {
+        Ok(self.active()?.segmentation().segments)
+    }
+
+    /// Hands over layer `index`'s value (and its float64 value); runs the segments it completes.
+    #[pyo3(signature = (index, value, float64=None))]
+    fn add(
+        &mut self,
+        py: Python<'_>,
+        index: usize,
+        value: FlatTensor<'_>,
+        float64: Option<FlatTensor<'_>>,
+    ) -> PyResult<()> {
+        let (value, float64) = (
+            value.view()?,
+            float64.as_ref().map(FlatTensor::view).transpose()?,
+        );
+        let run = self.active_mut()?;
+        py.detach(|| run.add(index, value, float64))
+            .map_err(to_py_err)
+    }
+
+    /// Runs what is left and decides the origin; returns the layers whose parameters `finish`
+    /// needs.
+    fn conclude(&mut self, py: Python<'_>) -> PyResult<Vec<usize>> {
+        let run = self.active_mut()?;
+        py.detach(|| run.conclude()).map_err(to_py_err)
+    }
+
+    /// The report; `parameters` maps a layer index to its flat parameter tensors.
+    fn finish(
+        &mut self,
+        py: Python<'_>,
+        parameters: HashMap<usize, Vec<FlatTensor<'_>>>,
+    ) -> PyResult<Report> {
+        let views = parameters
+            .iter()
+            .map(|(&i, list)| {
+                let list = list
                     .iter()
                     .map(|p| Ok((p.name().to_string(), p.view()?)))
-                    .collect::<PyResult<_>>()?,
+                    .collect::<PyResult<Vec<_>>>()?;
+                Ok((i, list))
             })
-        })
-        .collect::<PyResult<_>>()?;
-    let request = CapturedComparison {
-        command,
-        model,
-        onnx_path,
-        inputs,
-        seed,
-        layers: captured,
-        tolerance,
-        local,
-        reference: SideInfo {
-            runtime: reference_runtime,
-            detail: reference_detail,
-        },
-        target,
-        ort_library,
-    };
-    let keep = timings.is_some();
-    let before = timings
-        .unwrap_or_default()
-        .iter()
-        .map(|(p, b, s)| Timing::new(p, b, *s))
-        .collect();
-    let mut clock = layerdiff_cli::timings::Stopwatch::start(before);
-    let mut report = py
-        .detach(|| run_captured(&request, &mut clock))
-        .map_err(to_py_err)?;
-    if !keep {
-        report.timings = None;
+            .collect::<PyResult<HashMap<_, _>>>()?;
+        let run = self.run.take().ok_or_else(finished)?;
+        let mut report = py.detach(|| run.finish(&views)).map_err(to_py_err)?;
+        if !self.keep_timings {
+            report.timings = None;
+        }
+        Ok(Report(report))
     }
-    Ok(Report(report))
+}
+
+impl CapturedRun {
+    fn active(&self) -> PyResult<&captured::CapturedRun> {
+        self.run.as_ref().ok_or_else(finished)
+    }
+    fn active_mut(&mut self) -> PyResult<&mut captured::CapturedRun> {
+        self.run.as_mut().ok_or_else(finished)
+    }
+}
+
+fn finished() -> PyErr {
+    exceptions::UsageError::new_err("this comparison has already finished")
 }
 
 /// Compares two flat tensors and returns the statistics as deterministic JSON.
@@ -280,7 +345,7 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<Report>()?;
     m.add_function(wrap_pyfunction!(parse_cli, m)?)?;
-    m.add_function(wrap_pyfunction!(compare_captured, m)?)?;
+    m.add_class::<CapturedRun>()?;
     m.add_function(wrap_pyfunction!(compare_tensors_json, m)?)?;
     m.add_function(wrap_pyfunction!(save_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(model_inputs, m)?)?;
