@@ -135,6 +135,19 @@ def decoder_onnx(batch: int, tokens: int, folder: Path) -> Path:
     return path
 
 
+def decoder_builder(batch: int, tokens: int, folder: Path) -> str:
+    """A builder file for `layerdiff torch` that makes the same decoder (the CLI seeds it)."""
+    path = folder / f"decoder_b{batch}_t{tokens}.py"
+    path.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+        "from builders.decoder import Config, build as decoder\n\n\n"
+        "def build():\n"
+        f"    return decoder(Config(batch={batch}, tokens={tokens}))\n"
+    )
+    return f"{path}:build"
+
+
 def peak_run(args: list[str], limit: int | None = None) -> dict:
     """Runs the `layerdiff` binary; its own peak RSS (from wait4), wall time, exit code and
     stderr. `limit` caps its address space, so a run that cannot fit fails instead of pushing
@@ -198,7 +211,25 @@ def memory(quick: bool) -> dict:
             ["onnx", str(large), "--target", "ort", "--max-memory", "1T", "-q"], limit=limit
         )
         rows.append({**whole, "model": big, "budget": None, "values": segmented["values"]})
-    return {"rows": rows, "limit": limit}
+        # The PyTorch side: layers streamed from the hooks into the segmented ONNX run.
+        case = (1, 256) if quick else (4, 1024)
+        exported, builder = decoder_onnx(*case, folder), decoder_builder(*case, folder)
+        torch_runs = {}
+        for budget in ("1T", "1G"):
+            out = Path(tmp) / f"torch{budget}.json"
+            torch_runs[budget] = peak_run(
+                ["torch", builder, "--onnx", str(exported), "--max-memory", budget,
+                 "--json", str(out)]
+            )  # fmt: skip
+            torch_runs[budget]["report"] = out.read_bytes() if out.exists() else None
+        same = bool(torch_runs["1T"]["report"]) and (
+            torch_runs["1T"]["report"] == torch_runs["1G"]["report"]
+        )
+        torch_rows = [
+            {**torch_runs["1T"], "model": case, "budget": None},
+            {**torch_runs["1G"], "model": case, "budget": "1G", "same": same},
+        ]
+    return {"rows": rows, "torch": torch_rows, "limit": limit}
 
 
 def memory_lines(mem: dict) -> list[str]:
@@ -218,36 +249,53 @@ def memory_lines(mem: dict) -> list[str]:
         "| result |",
         "|---|---:|---|---:|---:|---:|---|",
     ]
-    for row in mem["rows"]:
-        batch, tokens = row["model"]
-        if row["rc"] in (0, 1):
-            result = "finished"
-            if "same" in row:
-                result += (
-                    ", report byte-identical to the whole run"
-                    if row["same"]
-                    else (", **report differs from the whole run**")
-                )
-            peak = f"{row['peak'] / gib:.1f} GB"
-        else:
-            result = f"failed under a {mem['limit'] / gib:.0f} GB address-space limit: "
-            message = (row["error"] or f"exit {row['rc']}").removeprefix("error: ")
-            result += message.split(":")[0]
-            peak = f"over {mem['limit'] / gib:.0f} GB"
-        lines.append(
-            f"| batch {batch} × {tokens} tokens | {row['values'] or '?'} "
-            f"| {row['budget'] or 'none (whole graph)'} "
-            f"| {row['segments'] if row['budget'] else 1} "
-            f"| {peak} | {row['seconds']:.0f} s | {result} |"
-        )
+    lines += [memory_row(row, mem["limit"]) for row in mem["rows"]]
     lines += [
         "",
         "A whole run holds every value of both sides at once, plus the runtime's buffers; a",
         "segmented run holds the values entering a segment and those it produces, and drops each",
         "value after its last reader (or the last local re-run fed from it).",
         "",
+        "`layerdiff torch DECODER --onnx EXPORTED --max-memory SIZE` on the same decoder: the",
+        "layers are listed in one forward pass, then streamed from the forward hooks (with the",
+        "float64 copy of the model in lockstep) into a segmented ONNX Runtime run. *Values* is",
+        "what our copies of PyTorch's layers (with their float64 values) and ONNX Runtime's",
+        "values take in all. The peak includes the model's weights, their float64 copy and",
+        "PyTorch's own activations, which the budget does not cover.",
+        "",
+        "| decoder | values | --max-memory | segments | peak RSS | wall time | result |",
+        "|---|---:|---|---:|---:|---:|---|",
     ]
+    values = next((row["values"] for row in mem["torch"] if row["values"]), None)
+    lines += [memory_row({**row, "values": values}, mem["limit"]) for row in mem["torch"]]
+    lines.append("")
     return lines
+
+
+def memory_row(row: dict, limit: int) -> str:
+    """One run of a memory table."""
+    gib = 1 << 30
+    batch, tokens = row["model"]
+    if row["rc"] in (0, 1):
+        result = "finished"
+        if "same" in row:
+            result += (
+                ", report byte-identical to the whole run"
+                if row["same"]
+                else ", **report differs from the whole run**"
+            )
+        peak = f"{row['peak'] / gib:.1f} GB"
+    else:
+        result = f"failed under a {limit / gib:.0f} GB address-space limit: "
+        message = (row["error"] or f"exit {row['rc']}").removeprefix("error: ")
+        result += message.split(":")[0]
+        peak = f"over {limit / gib:.0f} GB"
+    return (
+        f"| batch {batch} × {tokens} tokens | {row['values'] or '?'} "
+        f"| {row['budget'] or 'none (whole graph)'} "
+        f"| {row['segments'] if row['budget'] else 1} "
+        f"| {peak} | {row['seconds']:.0f} s | {result} |"
+    )
 
 
 def render(machine: str, comp: list[dict], runs: dict[str, dict], mem: dict) -> str:
