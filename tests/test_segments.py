@@ -15,13 +15,13 @@ from conftest import run_cli
 SMALL = "48K"
 
 
-def both_ways(tmp_path, model, *args, random=False):
+def both_ways(tmp_path, model, *args, random=False, verb="onnx"):
     """The report of a whole run and of a segmented one, which must be byte-identical (for a
     model with unseeded random ops: the same exceeding layers with the same causes)."""
     runs = []
     for extra in ([], ["--max-memory", SMALL]):
-        out = tmp_path / f"report{len(runs)}.json"
-        result = run_cli("onnx", str(model), *args, *extra, "--json", str(out))
+        out = tmp_path / f"{verb}{len(runs)}.json"
+        result = run_cli(verb, str(model), *args, *extra, "--json", str(out))
         assert result.returncode in (0, 1), result.stderr
         runs.append((result, out.read_bytes()))
     (whole, whole_json), (parts, parts_json) = runs
@@ -117,23 +117,9 @@ def test_expected_values_as_the_reference_in_segments(decoder_onnx, tmp_path):
 DECODER = "tests/builders/decoder.py:build"
 
 
-def torch_both_ways(tmp_path, decoder_onnx, *args):
-    """`layerdiff torch` on the small decoder, whole and in segments: the same bytes."""
-    runs = []
-    for extra in ([], ["--max-memory", SMALL]):
-        out = tmp_path / f"torch{len(runs)}.json"
-        result = run_cli(
-            "torch", DECODER, "--onnx", str(decoder_onnx), *args, *extra, "--json", str(out)
-        )
-        assert result.returncode in (0, 1), result.stderr
-        runs.append((result, out.read_bytes()))
-    (whole, whole_json), (parts, parts_json) = runs
-    assert "segments" not in whole.stderr
-    found = re.search(r"ran in (\d+) segments to hold at most about", parts.stderr)
-    assert found and int(found.group(1)) >= 5, parts.stderr
-    assert parts_json == whole_json
-    assert parts.stdout == whole.stdout
-    return whole, json.loads(whole_json)
+def torch_both_ways(tmp_path, onnx_file):
+    """`layerdiff torch` on the small decoder against `onnx_file`, whole and in segments."""
+    return both_ways(tmp_path, DECODER, "--onnx", str(onnx_file), verb="torch")
 
 
 def test_the_torch_side_streams_into_segments_with_the_same_numbers(decoder_onnx, tmp_path):

@@ -620,6 +620,30 @@ mod tests {
         }
     }
 
+    /// The largest relative difference is the exact one even when the quotients crowd within
+    /// the error of an approximate reciprocal (a fast path must divide, not estimate).
+    #[test]
+    fn the_largest_relative_difference_is_exact_when_quotients_crowd() {
+        let mut rng = crate::SplitMix64::new(5);
+        let n = 2 * BLOCK;
+        let reference: Vec<f64> = (0..n)
+            .map(|_| 1.0 + (rng.normal().abs() * 1e-4).min(1e-3))
+            .collect();
+        let target: Vec<f64> = reference.iter().map(|v| v + 1.0 / 256.0).collect();
+        let (mut rb, mut tb) = (Vec::new(), Vec::new());
+        DType::F32.encode_f64(&reference, &mut rb);
+        DType::F32.encode_f64(&target, &mut tb);
+        let shape = [n];
+        let r = TensorView::new("r", DType::F32, &shape, &rb).unwrap();
+        let t = TensorView::new("t", DType::F32, &shape, &tb).unwrap();
+        for block in 0..2 {
+            assert_eq!(
+                bits(&block_stats(r, t, block)),
+                bits(&exact_block(r, t, block))
+            );
+        }
+    }
+
     #[allow(clippy::type_complexity)]
     fn bits(p: &Partial) -> ([u64; 7], [u64; 10], [u64; 6], Option<(u64, u64, u64, u64)>) {
         (

@@ -79,6 +79,9 @@ impl Load for F64 {
     }
 }
 
+// The kernel counts the first threshold from the mask of moved values.
+const _: () = assert!(THRESHOLDS[0].0 == 0.0);
+
 /// What the kernel made of a block (returned once per block: its size does not matter).
 #[allow(clippy::large_enum_variant)]
 pub(super) enum Outcome {
@@ -176,8 +179,9 @@ unsafe fn block<R: Load, T: Load>(r: &[u8], t: &[u8], start: usize, len: usize) 
                     & _mm512_cmp_pd_mask::<_CMP_LT_OQ>(abs_b, infinity);
             }
             let moved = _mm512_cmp_pd_mask::<_CMP_GT_OQ>(diff, zero);
-            let rel = _mm512_maskz_div_pd(moved, diff, _mm512_max_pd(abs_a, abs_b));
-            max_rel = _mm512_max_pd(rel, max_rel);
+            above[0] += u64::from(moved.count_ones()); // the first threshold is 0
+            let den = _mm512_max_pd(abs_a, abs_b);
+            max_rel = _mm512_max_pd(_mm512_maskz_div_pd(moved, diff, den), max_rel);
         }
         if R::NARROW && T::NARROW {
             // A NaN or an infinity on either side makes its sum of squares NaN or infinite.
@@ -188,17 +192,18 @@ unsafe fn block<R: Load, T: Load>(r: &[u8], t: &[u8], start: usize, len: usize) 
         }
         let max = largest(&lanes(max_abs));
         let d = &d[..n];
-        // Thresholds ascend: only those below the chunk's largest difference count anything.
+        // Thresholds ascend: only those below the chunk's largest difference count anything
+        // (the first, 0, is counted above).
         let below = THRESHOLDS.iter().take_while(|(x, _)| *x < max).count();
         macro_rules! count {
             ($($m:literal)*) => {
-                match below {
+                match below.saturating_sub(1) {
                     $($m => count_above::<$m>(d, &mut above),)*
                     _ => {}
                 }
             };
         }
-        count!(1 2 3 4 5 6 7 8 9 10);
+        count!(1 2 3 4 5 6 7 8 9);
         if worst.is_none_or(|(w, ..)| max > w) {
             let k = d.iter().position(|&v| v == max).unwrap_or(0);
             let at = start + from + k;
@@ -219,14 +224,14 @@ unsafe fn block<R: Load, T: Load>(r: &[u8], t: &[u8], start: usize, len: usize) 
     ))
 }
 
-/// Adds to `above[j]`, for the first `M` thresholds, how many of `d` exceed them: one pass over
-/// `d`, one vector counter per threshold.
+/// Adds to `above[j]`, for the `M` thresholds after the first, how many of `d` exceed them: one
+/// pass over `d`, one vector counter per threshold.
 #[inline(always)]
 fn count_above<const M: usize>(d: &[f64], above: &mut [u64; THRESHOLDS.len()]) {
     // SAFETY (whole function): the caller runs with AVX-512F enabled; `d.len()` is a multiple
     // of eight, so every load stays inside `d`.
     unsafe {
-        let x: [__m512d; M] = std::array::from_fn(|j| _mm512_set1_pd(THRESHOLDS[j].0));
+        let x: [__m512d; M] = std::array::from_fn(|j| _mm512_set1_pd(THRESHOLDS[j + 1].0));
         let mut counts = [_mm512_setzero_si512(); M];
         let one = _mm512_set1_epi64(1);
         for v in (0..d.len()).step_by(LANES) {
@@ -237,7 +242,7 @@ fn count_above<const M: usize>(d: &[f64], above: &mut [u64; THRESHOLDS.len()]) {
             }
         }
         for j in 0..M {
-            above[j] += _mm512_reduce_add_epi64(counts[j]) as u64;
+            above[j + 1] += _mm512_reduce_add_epi64(counts[j]) as u64;
         }
     }
 }
