@@ -372,30 +372,13 @@ impl CapturedRun {
                 ));
                 continue;
             }
-            let outcome = match &self.groups[i] {
-                Some(Ok(group)) => rerun.run_group(group, value, &feed),
-                Some(Err(reason)) => Err(reason.clone()),
-                None => continue,
+            let name_of = |n: &str| {
+                layer_of_value
+                    .get(n)
+                    .map_or(n.to_string(), |&j| c.layers[j].call.name.clone())
             };
-            match outcome {
-                Ok(out) => {
-                    layer.local = compare_pair(reference.view(), out.view()).stats;
-                    layer.local_inputs = self.groups[i]
-                        .iter()
-                        .flatten()
-                        .flat_map(|g| &g.inputs)
-                        .map(|n| {
-                            layer_of_value
-                                .get(n.as_str())
-                                .map_or(n.clone(), |&j| c.layers[j].call.name.clone())
-                        })
-                        .collect();
-                }
-                Err(reason) => {
-                    layer.local_reason = Some(reason.clone());
-                    self.groups[i] = Some(Err(reason));
-                }
-            }
+            let slot = &mut self.groups[i];
+            rerun.measure_local(layer, slot, value, reference.view(), &feed, &name_of);
         }
         self.clock.split_lap(
             "local error: extraction and comparison",

@@ -5,7 +5,7 @@
 //! run by the target runtime on the *reference's* values of the group's inputs; the output is
 //! compared with the reference's value of the layer.
 
-use layerdiff_core::{DType, Evidence, Tensor, TensorView, compare};
+use layerdiff_core::{DType, Evidence, Layer, Tensor, TensorView, compare, compare_pair};
 use layerdiff_onnx::{GraphIndex, LocalGroup, Model, NodeExt, attribute_changes, extract_nodes};
 use layerdiff_runtime::Runtime;
 
@@ -29,6 +29,36 @@ impl<'a> Rerun<'a> {
             index: GraphIndex::new(model.graph()),
             runtime,
             inference: Default::default(),
+        }
+    }
+
+    /// A layer's local error: its group (`slot`) re-run on `feed`'s tensors and compared with
+    /// the reference's value; the inputs are named by `name_of`. A group that cannot run leaves
+    /// its reason on the layer and in `slot`, so later steps skip it.
+    pub fn measure_local(
+        &self,
+        layer: &mut Layer,
+        slot: &mut Option<Result<LocalGroup, String>>,
+        value: &str,
+        reference: TensorView<'_>,
+        feed: &dyn Fn(&str) -> Result<Tensor, String>,
+        name_of: &dyn Fn(&str) -> String,
+    ) {
+        let outcome = match slot {
+            Some(Ok(group)) => self.run_group(group, value, feed),
+            Some(Err(reason)) => Err(reason.clone()),
+            None => return,
+        };
+        match outcome {
+            Ok(out) => {
+                layer.local = compare_pair(reference, out.view()).stats;
+                let inputs = slot.iter().flatten().flat_map(|g| &g.inputs);
+                layer.local_inputs = inputs.map(|n| name_of(n)).collect();
+            }
+            Err(reason) => {
+                layer.local_reason = Some(reason.clone());
+                *slot = Some(Err(reason));
+            }
         }
     }
 

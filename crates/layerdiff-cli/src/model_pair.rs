@@ -317,31 +317,15 @@ pub fn compare_models(
             if layer.status != LayerStatus::Compared {
                 continue;
             }
-            let outcome = match &groups[i] {
-                Some(Ok(group)) => rerun.run_group(group, target_name, &feed),
-                Some(Err(reason)) => Err(reason.clone()),
-                None => continue,
-            };
-            match outcome {
-                Ok(value) => {
-                    layer.local = compare_pair(r.view(), value.view()).stats;
-                    layer.local_inputs = groups[i]
-                        .iter()
-                        .flatten()
-                        .flat_map(|g| &g.inputs)
-                        .map(|n| {
-                            reference_of
-                                .get(n.as_str())
-                                .map_or(n.as_str(), |r| r)
-                                .to_string()
-                        })
-                        .collect();
-                }
-                Err(reason) => {
-                    layer.local_reason = Some(reason.clone());
-                    groups[i] = Some(Err(reason));
-                }
-            }
+            let name_of = |n: &str| reference_of.get(n).map_or(n, |r| r).to_string();
+            rerun.measure_local(
+                layer,
+                &mut groups[i],
+                target_name,
+                r.view(),
+                &feed,
+                &name_of,
+            );
         }
         clock.split_lap(
             "local error: extraction and comparison",
