@@ -7,6 +7,7 @@ package is the front door. PyTorch is imported only by :mod:`layerdiff.torch`, o
 from layerdiff._layerdiff import (
     InputError,
     LayerdiffError,
+    MappingError,
     ModelError,
     OutputError,
     RuntimeFailure,
@@ -19,6 +20,7 @@ from layerdiff.tensors import compare_tensors
 __all__ = [
     "InputError",
     "LayerdiffError",
+    "MappingError",
     "ModelError",
     "OutputError",
     "Report",

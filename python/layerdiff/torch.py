@@ -50,6 +50,8 @@ class CapturedLayer:
     input_from: int | None
     shape: list[int]
     dtype: str  # layerdiff's dtype name (`float32`)
+    # (element count, samples): pairs the layer by value where the ONNX file names no scope
+    fingerprint: tuple[int, list[float]] | None = None
 
 
 @dataclass
@@ -82,8 +84,9 @@ def _first_tensor(value):
     return None
 
 
-def capture(model: nn.Module, inputs: tuple, on_layer=None) -> Capture:
-    """Runs `model(*inputs)` once under `torch.no_grad()`, listing each leaf call.
+def capture(model: nn.Module, inputs: tuple, on_layer=None, *, fingerprints=False) -> Capture:
+    """Runs `model(*inputs)` once under `torch.no_grad()`, listing each leaf call (with a
+    fingerprint of each output when ``fingerprints``).
 
     ``on_layer(index, layer, output)`` sees each call's output the moment the module returns
     it, before any later op can rewrite it in place; nothing is kept here, so PyTorch frees each
@@ -118,6 +121,7 @@ def capture(model: nn.Module, inputs: tuple, on_layer=None) -> Capture:
             input_from=source(first_in) if first_in is not None else None,
             shape=list(out.shape),
             dtype=dtype_name(called, out),
+            fingerprint=_layerdiff.fingerprint(flat(called, out)) if fingerprints else None,
         )
         index = len(result.layers)
         result.layers.append(layer)
@@ -359,7 +363,7 @@ def compare_torch_onnx(
     model.eval()
 
     step("listing PyTorch layers")
-    listed = _run_model(inputs, lambda: capture(model, inputs)).layers
+    listed = _run_model(inputs, lambda: capture(model, inputs, fingerprints=True)).layers
     lap("listing PyTorch layers")
 
     with contextlib.ExitStack() as stack:

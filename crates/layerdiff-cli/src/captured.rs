@@ -16,9 +16,11 @@ use std::path::PathBuf;
 use layerdiff_core::{
     DType, Evidence, Float64Distance, InputInfo, Layer, LayerStatus, OnnxRef, Report, SCHEMA,
     SideInfo, Summary, Tensor, TensorView, Tolerance, analyse, compare_pair, explain, judge,
+    nothing_compared,
 };
 use layerdiff_onnx::{
-    GraphIndex, LayerCall, LayerMapping, LocalGroup, Model, expose_values, local_group, map_layers,
+    GraphIndex, LayerCall, LayerMapping, LocalGroup, Model, ScopeMapping, expose_values,
+    local_group,
 };
 use layerdiff_runtime::{Runtime, RuntimeSpec};
 
@@ -27,6 +29,7 @@ use crate::segments::{
     Plan, PlanSide, PlannedLayer, Segmentation, Values, part_model, plan, value_sizes,
 };
 use crate::timings::{OWN, RUNTIME, Stopwatch};
+use crate::value_pairing::{pair_by_values, unrecognised_from};
 use crate::{Error, Result, inputs::check_inputs};
 
 /// The phase PyTorch's forward pass is timed under while layers stream in.
@@ -39,16 +42,6 @@ pub struct ListedLayer {
     pub call: LayerCall,
     /// The module's class name (`Conv2d`).
     pub module_type: String,
-    /// The shape of its output.
-    pub shape: Vec<usize>,
-    /// The dtype of its output.
-    pub dtype: DType,
-}
-
-impl ListedLayer {
-    fn bytes(&self) -> u64 {
-        (self.shape.iter().product::<usize>() * self.dtype.size()) as u64
-    }
 }
 
 /// Everything the captured-reference flow needs before the first value arrives.
@@ -93,6 +86,10 @@ pub struct CapturedRun {
     values: Vec<Option<String>>,
     /// The first layer holding each ONNX value.
     layer_of_value: HashMap<String, usize>,
+    /// The ONNX model's outputs.
+    graph_outputs: Vec<String>,
+    /// Why mapping leaves the verdict open, for the summary.
+    inconclusive: Option<String>,
     /// Each layer's local group (for the first layer of each value, with `local`).
     groups: Vec<Option<std::result::Result<LocalGroup, String>>>,
     plan: Plan,
@@ -126,8 +123,34 @@ impl CapturedRun {
                 )));
             }
         }
+        let runtime = c.target.build(c.ort_library.as_deref(), &model)?;
+        clock.lap("runtime start-up", RUNTIME);
         let calls: Vec<LayerCall> = c.layers.iter().map(|l| l.call.clone()).collect();
-        let mappings = map_layers(model.graph(), &calls);
+        let scoped = ScopeMapping::new(model.graph(), &calls);
+        let mut inconclusive = None;
+        let by_values = match scoped.request() {
+            Some(request) => {
+                let request = request.clone();
+                let found = pair_by_values(
+                    &mut model,
+                    runtime.as_ref(),
+                    &c.inputs,
+                    &calls,
+                    &request,
+                    c.max_memory,
+                )?;
+                let names: Vec<&str> = request
+                    .layers
+                    .iter()
+                    .map(|&i| calls[i].name.as_str())
+                    .collect();
+                let recognised: Vec<bool> = found.iter().map(Result::is_ok).collect();
+                inconclusive = unrecognised_from(&names, &recognised);
+                found
+            }
+            None => Vec::new(),
+        };
+        let mappings = scoped.finish(model.graph(), &calls, by_values);
         let values: Vec<Option<String>> = mappings
             .iter()
             .map(|m| match m {
@@ -174,7 +197,7 @@ impl CapturedRun {
             sizes: c
                 .layers
                 .iter()
-                .map(|l| (l.call.name.clone(), copies * l.bytes()))
+                .map(|l| (l.call.name.clone(), copies * l.call.bytes()))
                 .collect(),
         };
         let target = PlanSide {
@@ -195,8 +218,8 @@ impl CapturedRun {
                 let mut layer = Layer::new(
                     index,
                     listed.call.name.clone(),
-                    listed.shape.clone(),
-                    listed.dtype.name(),
+                    listed.call.shape.clone(),
+                    listed.call.dtype.name(),
                 );
                 layer.module_type = Some(listed.module_type.clone());
                 match mapping {
@@ -219,8 +242,6 @@ impl CapturedRun {
             })
             .collect();
         clock.lap("mapping layers and planning the run", OWN);
-        let runtime = c.target.build(c.ort_library.as_deref(), &model)?;
-        clock.lap("runtime start-up", RUNTIME);
         let n = layers.len();
         Ok(Self {
             live: Values::new(c.inputs.clone()),
@@ -229,6 +250,8 @@ impl CapturedRun {
             runtime,
             values,
             layer_of_value,
+            graph_outputs: index.graph_outputs().to_vec(),
+            inconclusive,
             groups,
             plan,
             done: 0,
@@ -270,15 +293,15 @@ impl CapturedRun {
                 listed.call.name, self.received
             )));
         }
-        if value.shape != listed.shape.as_slice() || value.dtype != listed.dtype {
+        if value.shape != listed.call.shape.as_slice() || value.dtype != listed.call.dtype {
             return Err(Error::Layers(format!(
                 "layer `{}` gave a {:?} {} output this time and {:?} {} when the layers were \
                  listed: the model does not run the same way twice",
                 listed.call.name,
                 value.shape,
                 value.dtype.name(),
-                listed.shape,
-                listed.dtype.name()
+                listed.call.shape,
+                listed.call.dtype.name()
             )));
         }
         if self.values[index].is_some() {
@@ -318,6 +341,15 @@ impl CapturedRun {
                 .get(value)
                 .expect("every compared value is requested");
             let layer = &mut self.layers[i];
+            if let Some(why) = unfit(reference, target, value, &self.graph_outputs) {
+                // The export of this very model cannot produce another shape or kind of value
+                // at this layer: the pairing is wrong, and that is no finding about the target.
+                layer.status = LayerStatus::Unmapped;
+                layer.target_shape = Some(target.shape.clone());
+                layer.target_dtype = Some(target.dtype.name().to_string());
+                layer.reason = Some(why);
+                continue;
+            }
             let outcome = compare_pair(reference.view(), target.view());
             layer.status = outcome.status;
             layer.accumulated = outcome.stats;
@@ -446,7 +478,15 @@ impl CapturedRun {
         while self.done < self.plan.segments.len() {
             self.run_segment()?;
         }
-        let summary = analyse(&mut self.layers, self.c.tolerance);
+        let mut summary = analyse(&mut self.layers, self.c.tolerance);
+        if summary.drift_origin.is_none() {
+            summary.inconclusive = self.inconclusive.take();
+        }
+        if let Some(why) = nothing_compared(&self.layers, &summary) {
+            return Err(Error::NothingCompared(format!(
+                "{why}\nhint: is the ONNX file an export of this very model? Layers are paired by the module scopes the exporter records (both torch.onnx exporters do); a file without them, or from another model, pairs nothing"
+            )));
+        }
         let wanted = (0..self.layers.len())
             .filter(|&i| {
                 summary.needs_cause(&self.layers[i]) && matches!(self.groups[i], Some(Ok(_)))
@@ -474,7 +514,7 @@ impl CapturedRun {
             };
             let fed = |n: &str| {
                 let listed = &self.c.layers[*self.layer_of_value.get(n)?];
-                Some((listed.dtype, *self.t_dtypes.get(n)?))
+                Some((listed.call.dtype, *self.t_dtypes.get(n)?))
             };
             let own = parameters.get(&i).map_or(&[][..], Vec::as_slice);
             let check = |_, _, name: &str, weight: &Tensor| parameter_check(name, own, weight);
@@ -501,6 +541,24 @@ impl CapturedRun {
             timings: Some(self.clock.phases()),
         })
     }
+}
+
+/// Why the ONNX value `value` cannot be this layer's output, when it cannot: a different
+/// element count, or a non-float value for a float layer. A model output is exempt: there a
+/// different shape is what the user's file really computes, and a finding.
+fn unfit(reference: &Tensor, target: &Tensor, value: &str, outputs: &[String]) -> Option<String> {
+    let count = |t: &Tensor| t.shape.iter().product::<usize>();
+    let wrong =
+        count(reference) != count(target) || reference.dtype.is_float() && !target.dtype.is_float();
+    (wrong && !outputs.iter().any(|o| o == value)).then(|| {
+        format!(
+            "mapping problem: paired with the ONNX value `{value}` ({} {:?}), which cannot hold this layer's output ({} {:?}); not compared",
+            target.dtype.name(),
+            target.shape,
+            reference.dtype.name(),
+            reference.shape
+        )
+    })
 }
 
 /// Checks an ONNX initializer against the layer's PyTorch parameters: the forms of the same

@@ -19,6 +19,9 @@ pub enum Error {
     /// Options that do not fit together.
     #[error("{0}")]
     Usage(String),
+    /// The run compared no layer, so it has no verdict.
+    #[error("{0}")]
+    NothingCompared(String),
     /// A runtime ran out of memory.
     #[error("{0}")]
     Memory(String),

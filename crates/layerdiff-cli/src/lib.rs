@@ -14,5 +14,6 @@ mod onnx_command;
 pub mod output;
 pub mod segments;
 pub mod timings;
+mod value_pairing;
 
 pub use error::{Error, Result, error_chain};

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use layerdiff_core::{
     DType, Evidence, InputInfo, Layer, LayerStatus, OnnxRef, Report, SCHEMA, SideInfo, Tensor,
-    Tolerance, analyse, compare_pair, explain, judge,
+    Tolerance, analyse, compare_pair, explain, judge, nothing_compared,
 };
 use layerdiff_onnx::{GraphIndex, LocalGroup, Model, expose_values, local_group};
 use layerdiff_runtime::Runtime;
@@ -383,6 +383,11 @@ pub fn compare_models(
     }
     drop((r_live, t_live));
     let summary = analyse(&mut layers, pair.tolerance);
+    if let Some(why) = nothing_compared(&layers, &summary) {
+        return Err(crate::Error::NothingCompared(format!(
+            "{why}\nhint: values are paired by name, then by producing node; `--vs` must be a version of the same model, and `expected:` files must hold values named as in the model"
+        )));
+    }
 
     // Evidence from the graphs, for the layers that need a cause.
     for (i, layer) in layers.iter().enumerate() {

@@ -50,10 +50,16 @@ pub fn summary_text(report: &Report) -> String {
                 s.layers_exceeding, s.layers_compared
             )
         }
-        None => format!(
-            "no drift: all {} compared layers within tolerance",
-            s.layers_compared
-        ),
+        None => match &s.inconclusive {
+            Some(why) => format!(
+                "inconclusive: the {} compared layers are within tolerance, but {why}",
+                s.layers_compared
+            ),
+            None => format!(
+                "no drift: all {} compared layers within tolerance",
+                s.layers_compared
+            ),
+        },
     };
     out.push_str(&format!("{}: {verdict}\n", report.model));
     out.push_str(&format!(
@@ -67,6 +73,9 @@ pub fn summary_text(report: &Report) -> String {
         "  layers: {} total, {} compared, {} without an ONNX counterpart\n",
         s.layers_total, s.layers_compared, s.layers_unmapped
     ));
+    for warning in &s.warnings {
+        out.push_str(&format!("  warning: {warning}\n"));
+    }
     out.push_str(&format!(
         "  tolerance: {}; error measured {}\n",
         report.tolerance.describe(),
@@ -126,7 +135,9 @@ pub fn summary_text(report: &Report) -> String {
     out
 }
 
-/// The process exit code for a finished comparison: 0 clean, 1 drift.
+/// The process exit code for a finished comparison: 0 clean, 1 drift (or a run that cannot
+/// rule it out).
 pub fn exit_code(report: &Report) -> u8 {
-    u8::from(report.summary.drift_origin.is_some())
+    let s = &report.summary;
+    u8::from(s.drift_origin.is_some() || s.inconclusive.is_some())
 }

@@ -50,6 +50,9 @@ pub fn analyse(layers: &mut [Layer], tolerance: Tolerance) -> Summary {
     };
     let max_abs = |l: &Layer| l.accumulated.as_ref().map_or(0.0, |s| s.max_abs_diff);
     let mean_abs = |l: &Layer| l.accumulated.as_ref().map_or(0.0, |s| s.mean_abs_diff);
+    let warnings = coverage_warning(layers, compared.len())
+        .into_iter()
+        .collect();
     Summary {
         layers_total: layers.len(),
         layers_compared: compared.len(),
@@ -66,7 +69,64 @@ pub fn analyse(layers: &mut [Layer], tolerance: Tolerance) -> Summary {
             mean_abs_diff: pick(|a, b| a > b, mean_abs),
             min_max_abs_diff: pick(|a, b| a < b, max_abs),
         },
+        warnings,
+        inconclusive: None,
     }
+}
+
+/// Below this share of compared layers a verdict says little about the model as a whole.
+pub const LOW_COVERAGE: f64 = 0.5;
+
+/// A warning when fewer than [`LOW_COVERAGE`] of the layers were compared, with the most
+/// common reasons for the others.
+fn coverage_warning(layers: &[Layer], compared: usize) -> Option<String> {
+    let total = layers.len();
+    if total == 0 || compared == 0 || compared as f64 >= LOW_COVERAGE * total as f64 {
+        return None;
+    }
+    Some(format!(
+        "low coverage: only {compared} of {total} layers were compared ({:.0}%), so the verdict covers part of the model; {}",
+        100.0 * compared as f64 / total as f64,
+        not_compared_reasons(layers)
+    ))
+}
+
+/// Why the layers that were not compared were not, most common reasons first
+/// (`15 × no ONNX node carries this module's scope; 2 × …`).
+pub fn not_compared_reasons(layers: &[Layer]) -> String {
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for layer in layers.iter().filter(|l| l.accumulated.is_none()) {
+        let reason = layer.reason.as_deref().unwrap_or("no reason recorded");
+        // Reasons that name the layer itself count as one kind.
+        let kind = reason
+            .split(" `")
+            .next()
+            .unwrap_or(reason)
+            .trim_end_matches(':');
+        match counts.iter_mut().find(|(k, _)| k == kind) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((kind.to_string(), 1)),
+        }
+    }
+    counts.sort_by_key(|c| std::cmp::Reverse(c.1));
+    let shown: Vec<String> = counts
+        .iter()
+        .take(3)
+        .map(|(kind, n)| format!("{n} × {kind}"))
+        .collect();
+    format!("not compared: {}", shown.join("; "))
+}
+
+/// Why a run that compared nothing cannot give a verdict, or `None` when it compared something.
+/// Such a run is not a clean result: the flows turn this into an error (exit 2).
+pub fn nothing_compared(layers: &[Layer], summary: &Summary) -> Option<String> {
+    (summary.layers_compared == 0).then(|| {
+        format!(
+            "compared no layer: none of the {} layers could be paired with a value on the target side, so there is no verdict ({})",
+            layers.len(),
+            not_compared_reasons(layers)
+        )
+    })
 }
 
 /// Sets one layer's tolerance and its exceedance flags (`exceeds_tol`, `local_exceeds`), from

@@ -7,6 +7,7 @@ mod cause;
 mod compare;
 mod dtype;
 mod error;
+mod fingerprint;
 mod io;
 mod layout;
 mod npz;
@@ -17,11 +18,14 @@ mod report;
 mod tensor;
 mod tolerance;
 
-pub use analysis::{BORN_HERE, analyse, judge};
+pub use analysis::{
+    BORN_HERE, LOW_COVERAGE, analyse, judge, not_compared_reasons, nothing_compared,
+};
 pub use cause::{Evidence, explain, precision_grid};
 pub use compare::{Stats, THRESHOLDS, Worst, compare};
 pub use dtype::DType;
 pub use error::{Error, Result};
+pub use fingerprint::{Fingerprint, SAME_VALUE};
 pub use io::{read_safetensors, write_safetensors};
 pub use layout::{LayoutFinding, detect_layout};
 pub use npz::read_npz;

@@ -117,6 +117,12 @@ pub struct Summary {
     pub first_exceeding: Option<String>,
     /// The extremes across compared layers.
     pub worst: WorstLayers,
+    /// What a reader must know before trusting the verdict, e.g. that few layers were compared.
+    pub warnings: Vec<String>,
+    /// Why the run cannot say "no drift" although no compared layer exceeds (layers from some
+    /// point on could not be paired, which is what drift beyond recognition looks like); `None`
+    /// when the verdict stands. An inconclusive run exits 1, like drift.
+    pub inconclusive: Option<String>,
 }
 
 impl Summary {

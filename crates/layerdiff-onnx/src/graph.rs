@@ -50,6 +50,8 @@ pub struct GraphIndex {
     graph_inputs: Vec<String>,
     graph_outputs: Vec<String>,
     types: HashMap<String, ValueType>,
+    /// Element types, declared or inferred (see [`crate::elem_types`]).
+    elem_types: HashMap<String, i32>,
 }
 
 impl GraphIndex {
@@ -107,6 +109,12 @@ impl GraphIndex {
             .filter(|n| !initializers.contains(n))
             .collect();
         let graph_outputs = graph.output.iter().map(|o| o.name().to_string()).collect();
+        let mut elem_types: HashMap<String, i32> = types
+            .iter()
+            .filter(|(_, t)| t.elem_type != 0)
+            .map(|(n, t)| (n.clone(), t.elem_type))
+            .collect();
+        crate::elem_types::infer_elem_types(&graph.node, &mut elem_types);
         Self {
             nodes,
             producer,
@@ -115,6 +123,7 @@ impl GraphIndex {
             graph_inputs,
             graph_outputs,
             types,
+            elem_types,
         }
     }
 
@@ -155,6 +164,12 @@ impl GraphIndex {
     /// The declared type of `value`, when the file declares one.
     pub fn value_type(&self, value: &str) -> Option<&ValueType> {
         self.types.get(value)
+    }
+
+    /// The element type of `value` (an ONNX `TensorProto.DataType` code), declared in the file
+    /// or inferred from the ops that produce it; `None` when neither says.
+    pub fn elem_type(&self, value: &str) -> Option<i32> {
+        self.elem_types.get(value).copied()
     }
 
     /// Whether some node produces `value`, or it is a graph input or initializer.

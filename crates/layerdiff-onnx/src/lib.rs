@@ -8,6 +8,7 @@
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 mod generated;
 
+mod elem_types;
 mod error;
 mod graph;
 mod local;
@@ -18,11 +19,12 @@ mod scope;
 mod surgery;
 mod tensor_io;
 
+pub use elem_types::is_float_elem_type;
 pub use error::{Error, Result};
 pub use generated::*;
 pub use graph::{Dimension, GraphIndex, NodeInfo, ValueType, tensor_value_info};
 pub use local::{LocalGroup, MAX_GROUP_NODES, attribute_changes, attribute_text, local_group};
-pub use mapping::{LayerCall, LayerMapping, map_layers};
+pub use mapping::{LayerCall, LayerMapping, ScopeMapping, ValueMatch, ValueRequest, map_layers};
 pub use model::Model;
 pub use node_ext::NodeExt;
 pub use scope::{ScopeResolver, ScopeSource};

@@ -2,7 +2,10 @@
 //!
 //! A layer is one call of a leaf module. Its ONNX counterpart is a *boundary output* of the
 //! module's scope: a value produced by one of the module's nodes and read outside it (or a graph
-//! output). The k-th call of a module maps to its k-th boundary output in graph order.
+//! output). The module's calls take its boundary outputs in graph order, each call the next one
+//! that can hold its output: of its kind (a float layer never pairs with an int64 constant or a
+//! shape computation the exporter placed in the module's scope) and, where the file declares a
+//! shape, of its element count.
 //!
 //! Layers with no node of their own are explained: identity modules at inference (Dropout in
 //! eval) are compared against the value of the layer that fed them; a layer folded into its
@@ -11,8 +14,10 @@
 
 use std::collections::{HashMap, HashSet};
 
+use layerdiff_core::{DType, Fingerprint};
+
 use crate::scope::ScopeResolver;
-use crate::{GraphIndex, GraphProto, NodeExt};
+use crate::{Dimension, GraphIndex, GraphProto, NodeExt, is_float_elem_type};
 
 /// One call of a leaf module, as captured on the PyTorch side.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,6 +32,41 @@ pub struct LayerCall {
     pub identity: bool,
     /// The earlier layer whose output this call read as its first input, if any.
     pub input_from: Option<usize>,
+    /// The shape of its output.
+    pub shape: Vec<usize>,
+    /// The dtype of its output.
+    pub dtype: DType,
+    /// A sample of its output, to pair it by value where the file names no module scope.
+    pub fingerprint: Option<Fingerprint>,
+}
+
+impl LayerCall {
+    /// Bytes of its output.
+    pub fn bytes(&self) -> u64 {
+        (self.shape.iter().product::<usize>() * self.dtype.size()) as u64
+    }
+
+    /// Whether the ONNX value `value` can hold this call's output: the same kind of element
+    /// (float or not) where its type is known, and the same element count where the file
+    /// declares every dimension.
+    pub fn fits(&self, index: &GraphIndex, value: &str) -> bool {
+        let kind = index
+            .elem_type(value)
+            .is_none_or(|t| is_float_elem_type(t) == self.dtype.is_float());
+        let count = index
+            .value_type(value)
+            .and_then(|t| t.dims.as_ref())
+            .and_then(|dims| {
+                dims.iter()
+                    .map(|d| match d {
+                        Dimension::Fixed(n) => usize::try_from(*n).ok(),
+                        Dimension::Symbolic(_) => None,
+                    })
+                    .product::<Option<usize>>()
+            })
+            .is_none_or(|n| n == self.shape.iter().product::<usize>());
+        kind && count
+    }
 }
 
 /// Where a layer's value lives in the ONNX graph, or why it has none.
@@ -50,56 +90,175 @@ pub enum LayerMapping {
     },
 }
 
-/// Maps each layer call to an ONNX value of `graph` (see the module docs for the rules).
-pub fn map_layers(graph: &GraphProto, layers: &[LayerCall]) -> Vec<LayerMapping> {
-    let index = GraphIndex::new(graph);
-    let modules: Vec<&str> = layers.iter().map(|l| l.module.as_str()).collect();
-    let resolver = ScopeResolver::new(&modules);
-    let node_module: Vec<Option<String>> = graph
-        .node
-        .iter()
-        .map(|n| resolver.module_of(n).map(|(m, _)| m))
-        .collect();
+/// Layers that no node's scope names, and the values that may hold them: what
+/// [`map_layers_with`] asks its caller to pair by value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValueRequest {
+    /// The layers (by index) whose module no node carries.
+    pub layers: Vec<usize>,
+    /// Values produced by nodes that record no module scope at all, with their producing
+    /// node's index, in graph order.
+    pub candidates: Vec<(String, usize)>,
+}
 
-    let mut boundary: HashMap<&str, Vec<(String, usize)>> = HashMap::new();
-    let graph_outputs: HashSet<&str> = index.graph_outputs().iter().map(String::as_str).collect();
-    for (i, node) in index.nodes().iter().enumerate() {
-        let Some(module) = node_module[i].as_deref() else {
-            continue;
-        };
-        for out in node.outputs.iter().filter(|o| !o.is_empty()) {
-            let read_outside = index
-                .consumers(out)
-                .any(|c| node_module[c.index].as_deref() != Some(module));
-            if read_outside || graph_outputs.contains(out.as_str()) {
-                boundary.entry(module).or_default().push((out.clone(), i));
+/// A value found for a requested layer and how (`matched by values: …`), or why none was.
+pub type ValueMatch = Result<(String, String), String>;
+
+const NO_SCOPE: &str = "no ONNX node carries this module's scope";
+
+/// Maps each layer call to an ONNX value of `graph` by module scope (see the module docs for
+/// the rules), without pairing any by value.
+pub fn map_layers(graph: &GraphProto, layers: &[LayerCall]) -> Vec<LayerMapping> {
+    ScopeMapping::new(graph, layers).finish(graph, layers, Vec::new())
+}
+
+/// The first step of mapping: layers paired by module scope, and what is left for pairing by
+/// value ([`ScopeMapping::request`]); [`ScopeMapping::finish`] takes the answers and applies
+/// the rules for layers without nodes of their own (identity, fused).
+#[derive(Debug)]
+pub struct ScopeMapping {
+    index: GraphIndex,
+    boundary: HashMap<String, Vec<(String, usize)>>,
+    mappings: Vec<LayerMapping>,
+    request: ValueRequest,
+}
+
+impl ScopeMapping {
+    /// Pairs each layer with a boundary output of its module's scope.
+    pub fn new(graph: &GraphProto, layers: &[LayerCall]) -> Self {
+        let index = GraphIndex::new(graph);
+        let modules: Vec<&str> = layers.iter().map(|l| l.module.as_str()).collect();
+        let resolver = ScopeResolver::new(&modules);
+        let node_module: Vec<Option<String>> = graph
+            .node
+            .iter()
+            .map(|n| resolver.module_of(n).map(|(m, _)| m))
+            .collect();
+
+        let mut boundary: HashMap<String, Vec<(String, usize)>> = HashMap::new();
+        let graph_outputs: HashSet<&str> =
+            index.graph_outputs().iter().map(String::as_str).collect();
+        for (i, node) in index.nodes().iter().enumerate() {
+            let Some(module) = node_module[i].as_deref() else {
+                continue;
+            };
+            for out in node.outputs.iter().filter(|o| !o.is_empty()) {
+                let read_outside = index
+                    .consumers(out)
+                    .any(|c| node_module[c.index].as_deref() != Some(module));
+                if read_outside || graph_outputs.contains(out.as_str()) {
+                    boundary
+                        .entry(module.to_string())
+                        .or_default()
+                        .push((out.clone(), i));
+                }
             }
+        }
+
+        // Each module's calls take its boundary outputs in order, skipping those that cannot
+        // hold the call's output.
+        let mut taken: HashMap<&str, usize> = HashMap::new();
+        let mappings: Vec<LayerMapping> = layers
+            .iter()
+            .map(|layer| {
+                let module = layer.module.as_str();
+                let outputs = boundary.get(module).map_or(&[][..], Vec::as_slice);
+                let from = taken.get(module).copied().unwrap_or(0);
+                let found = outputs[from.min(outputs.len())..]
+                    .iter()
+                    .position(|(value, _)| layer.fits(&index, value))
+                    .map(|p| from + p);
+                let Some(at) = found else {
+                    return unmapped("");
+                };
+                taken.insert(module, at + 1);
+                let (value, node) = &outputs[at];
+                let n = &index.nodes()[*node];
+                LayerMapping::Mapped {
+                    value: value.clone(),
+                    node: n.name.clone(),
+                    op_type: n.op_type.clone(),
+                    note: None,
+                }
+            })
+            .collect();
+
+        // Layers that no scope names, to pair by value with nodes that carry no scope at all.
+        let request = ValueRequest {
+            layers: (0..layers.len())
+                .filter(|&i| {
+                    !layers[i].identity
+                        && layers[i].fingerprint.is_some()
+                        && !boundary.contains_key(&layers[i].module)
+                })
+                .collect(),
+            candidates: index
+                .nodes()
+                .iter()
+                .filter(|n| node_module[n.index].is_none() && !has_scope(&graph.node[n.index]))
+                .flat_map(|n| {
+                    n.outputs
+                        .iter()
+                        .filter(|o| !o.is_empty() && !index.is_initializer(o))
+                        .map(move |o| (o.clone(), n.index))
+                })
+                .collect(),
+        };
+        Self {
+            index,
+            boundary,
+            mappings,
+            request,
         }
     }
 
-    let mut mappings: Vec<LayerMapping> = layers
-        .iter()
-        .map(|layer| {
-            match boundary
-                .get(layer.module.as_str())
-                .and_then(|b| b.get(layer.call_index))
-            {
-                Some((value, node)) => {
-                    let n = &index.nodes()[*node];
-                    LayerMapping::Mapped {
-                        value: value.clone(),
+    /// What is left to pair by value; empty when nothing is (no layer lacks a scope, or no
+    /// node lacks one).
+    pub fn request(&self) -> Option<&ValueRequest> {
+        (!self.request.layers.is_empty() && !self.request.candidates.is_empty())
+            .then_some(&self.request)
+    }
+
+    /// The mapping of every layer, given one answer per requested layer (none at all when
+    /// nothing was paired by value).
+    pub fn finish(
+        self,
+        graph: &GraphProto,
+        layers: &[LayerCall],
+        by_values: Vec<ValueMatch>,
+    ) -> Vec<LayerMapping> {
+        let Self {
+            index,
+            boundary,
+            mut mappings,
+            request,
+        } = self;
+        for (&i, found) in request.layers.iter().zip(by_values) {
+            mappings[i] = match found {
+                Ok((value, how)) => match index.producer(&value) {
+                    Some(n) => LayerMapping::Mapped {
+                        value,
                         node: n.name.clone(),
                         op_type: n.op_type.clone(),
-                        note: None,
-                    }
-                }
-                None => LayerMapping::Unmapped {
-                    reason: String::new(),
+                        note: Some(how),
+                    },
+                    None => unmapped(&format!("`{value}` is not a node's output")),
                 },
-            }
-        })
-        .collect();
+                Err(why) => unmapped(&why),
+            };
+        }
+        resolve_nodeless(graph, &index, &boundary, layers, mappings)
+    }
+}
 
+/// The rules for layers without nodes of their own (see the module docs).
+fn resolve_nodeless(
+    graph: &GraphProto,
+    index: &GraphIndex,
+    boundary: &HashMap<String, Vec<(String, usize)>>,
+    layers: &[LayerCall],
+    mut mappings: Vec<LayerMapping>,
+) -> Vec<LayerMapping> {
     // Layers without nodes of their own, in execution order so chains resolve front to back.
     for (i, layer) in layers.iter().enumerate() {
         if matches!(mappings[i], LayerMapping::Mapped { .. }) {
@@ -133,12 +292,19 @@ pub fn map_layers(graph: &GraphProto, layers: &[LayerCall]) -> Vec<LayerMapping>
                 },
                 _ => unmapped("identity at inference and removed from the graph"),
             }
-        } else if let Some(outputs) = boundary.get(layer.module.as_str()) {
+        } else if let Some(outputs) = boundary.get(&layer.module) {
+            let fitting = outputs.iter().filter(|(v, _)| layer.fits(index, v)).count();
             unmapped(&format!(
-                "call {} of `{}`, but the graph holds only {} output(s) for that module",
+                "call {} of `{}`, but the graph holds {} output(s) for that module, {fitting} of them a {} value of {} elements",
                 layer.call_index + 1,
                 layer.module,
-                outputs.len()
+                outputs.len(),
+                if layer.dtype.is_float() {
+                    "float"
+                } else {
+                    "non-float"
+                },
+                layer.shape.iter().product::<usize>(),
             ))
         } else if let Some((j, rule)) =
             consumer.and_then(|j| fusion_rule(graph, &mappings[j]).map(|r| (j, r)))
@@ -174,10 +340,22 @@ pub fn map_layers(graph: &GraphProto, layers: &[LayerCall]) -> Vec<LayerMapping>
                 note: Some(format!("`{}` is fused into this node", layers[p].name)),
             }
         } else {
-            unmapped("no ONNX node carries this module's scope")
+            match &mappings[i] {
+                LayerMapping::Unmapped { reason } if !reason.is_empty() => mappings[i].clone(),
+                _ => unmapped(NO_SCOPE),
+            }
         };
     }
     mappings
+}
+
+/// Whether a node records any module scope (dynamo metadata, or a legacy `/scope/Op` name).
+fn has_scope(node: &crate::NodeProto) -> bool {
+    node.metadata("pkg.torch.onnx.name_scopes").is_some()
+        || node
+            .name()
+            .strip_prefix('/')
+            .is_some_and(|p| p.contains('/'))
 }
 
 /// The `Fuse…` rewrite rule recorded on a mapped layer's node, if the exporter fused into it.

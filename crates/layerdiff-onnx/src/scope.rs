@@ -2,11 +2,15 @@
 //!
 //! The dynamo exporter writes the module path into node metadata
 //! (`pkg.torch.onnx.name_scopes`: `['', 'layer1', 'layer1.0', 'layer1.0.conv1', 'conv2d_1']`, the
-//! innermost module second to last). The legacy TorchScript exporter encodes it in the node name
-//! (`/layer1/layer1.0/conv1/Conv`, repeated calls suffixed `relu_1`), one path component per module:
-//! the module's attribute name, prefixed by its parent's name when it is a numbered child.
+//! innermost module second to last). The legacy TorchScript exporter encodes it in the node name,
+//! one path component per *called* module: `/layer1/layer1.0/conv1/Conv`. A component is the
+//! module's attribute name, or its qualified name from some ancestor on (`layer1.0` under
+//! `layer1`, `blocks.0` at the root when the `ModuleList` holding it is never called itself,
+//! `encoder.layers.0` under a wrapper), and a repeated call carries a `_N` suffix (`relu_1`).
+//! So a legacy scope is resolved by walking it against the model's module tree rather than by
+//! spelling out one expected form.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::{NodeExt, NodeProto};
 
@@ -22,23 +26,37 @@ pub enum ScopeSource {
 /// Resolves nodes to module paths, given the module paths that exist in the PyTorch model.
 #[derive(Debug, Clone)]
 pub struct ScopeResolver {
-    /// legacy scope string (`layer1/layer1.0/conv1`) → module path (`layer1.0.conv1`)
-    legacy: HashMap<String, String>,
-    modules: std::collections::HashSet<String>,
+    /// The modules layers were captured from (the paths a node may resolve to).
+    modules: HashSet<String>,
+    /// Every module path of the model: those, and all their ancestors.
+    known: HashSet<String>,
+    /// Legacy scope strings already resolved (many nodes share one scope).
+    resolved: std::cell::RefCell<HashMap<String, Option<String>>>,
 }
 
 impl ScopeResolver {
     /// Prepares resolution for a model with these (qualified) module paths.
     pub fn new<S: AsRef<str>>(module_paths: &[S]) -> Self {
-        let modules: std::collections::HashSet<String> = module_paths
+        let modules: HashSet<String> = module_paths
             .iter()
             .map(|m| m.as_ref().to_string())
             .collect();
-        let legacy = modules
-            .iter()
-            .map(|m| (legacy_scope(m), m.clone()))
-            .collect();
-        Self { legacy, modules }
+        let mut known = HashSet::new();
+        for m in &modules {
+            let mut end = m.len();
+            loop {
+                known.insert(m[..end].to_string());
+                match m[..end].rfind('.') {
+                    Some(dot) => end = dot,
+                    None => break,
+                }
+            }
+        }
+        Self {
+            modules,
+            known,
+            resolved: Default::default(),
+        }
     }
 
     /// The module a node belongs to (innermost known module), and where that was read from.
@@ -53,42 +71,53 @@ impl ScopeResolver {
                 .find(|s| self.modules.contains(s.as_str()))
                 .map(|s| (s.clone(), ScopeSource::Dynamo));
         }
-        let name = node.name();
-        let path = name.strip_prefix('/')?;
+        let path = node.name().strip_prefix('/')?;
         let (scope, _op) = path.rsplit_once('/')?;
-        if let Some(module) = self.legacy.get(scope) {
-            return Some((module.clone(), ScopeSource::Legacy));
+        let mut cache = self.resolved.borrow_mut();
+        let module = cache
+            .entry(scope.to_string())
+            .or_insert_with(|| self.walk_legacy(scope))
+            .clone()?;
+        Some((module, ScopeSource::Legacy))
+    }
+
+    /// Follows a legacy scope (`layer2/layer2.0/downsample/downsample.0`) down the module tree;
+    /// `None` when a component names no module, or the scope ends at a module that is not a
+    /// captured one (a block's own `Add`, say).
+    fn walk_legacy(&self, scope: &str) -> Option<String> {
+        let mut here = String::new();
+        for component in scope.split('/') {
+            here = self
+                .step(&here, component)
+                .or_else(|| self.step(&here, repeated_call(component)?))?;
         }
-        // A repeated call: the last component carries a `_N` suffix.
-        let (head, last) = scope.rsplit_once('/').map_or(("", scope), |(h, l)| (h, l));
-        let (base, n) = last.rsplit_once('_')?;
-        if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
+        self.modules.contains(&here).then_some(here)
+    }
+
+    /// The module that `component` names below the module `here` (`""` is the root): the
+    /// shallowest module under `here` whose path ends with the component, so that containers
+    /// that are never called themselves (`ModuleList`, `ModuleDict`) may sit in between.
+    /// `None` when no module fits, or two equally shallow ones do.
+    fn step(&self, here: &str, component: &str) -> Option<String> {
+        let under =
+            |p: &str| here.is_empty() || p.strip_prefix(here).is_some_and(|r| r.starts_with('.'));
+        let named =
+            |p: &str| p == component || p.strip_suffix(component).is_some_and(|r| r.ends_with('.'));
+        let mut fits: Vec<&String> = self.known.iter().filter(|p| under(p) && named(p)).collect();
+        fits.sort_by_key(|p| p.matches('.').count());
+        match fits.as_slice() {
+            [] => None,
+            [one] => Some((*one).clone()),
+            [a, b, ..] if a.matches('.').count() < b.matches('.').count() => Some((*a).clone()),
+            _ => None,
         }
-        let unsuffixed = if head.is_empty() {
-            base.to_string()
-        } else {
-            format!("{head}/{base}")
-        };
-        self.legacy
-            .get(&unsuffixed)
-            .map(|m| (m.clone(), ScopeSource::Legacy))
     }
 }
 
-/// `layer2.0.downsample.0` → `layer2/layer2.0/downsample/downsample.0`.
-fn legacy_scope(module_path: &str) -> String {
-    let atoms: Vec<&str> = module_path.split('.').collect();
-    let mut components = Vec::with_capacity(atoms.len());
-    for (i, atom) in atoms.iter().enumerate() {
-        let numbered = atom.bytes().all(|b| b.is_ascii_digit());
-        if numbered && i > 0 {
-            components.push(format!("{}.{atom}", atoms[i - 1]));
-        } else {
-            components.push((*atom).to_string());
-        }
-    }
-    components.join("/")
+/// `relu_1` → `relu`: the legacy exporter's suffix for a module's second, third… call.
+fn repeated_call(component: &str) -> Option<&str> {
+    let (base, n) = component.rsplit_once('_')?;
+    (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).then_some(base)
 }
 
 /// Parses a Python `repr` of a list of strings: `['', 'layer1', "it's"]`.
@@ -142,12 +171,41 @@ mod tests {
     }
 
     #[test]
-    fn legacy_components_prefix_numbered_children_with_their_parent() {
+    fn legacy_scopes_resolve_through_lists_dicts_and_wrappers() {
+        let r = ScopeResolver::new(&[
+            "blocks.0.attn.qkv",
+            "blocks.1.attn.qkv",
+            "heads.cls.fc",
+            "model.layers.0.self_attn.q_proj",
+            "encoder.layer.1.output.dense",
+            "conv1",
+            "stage.conv1",
+        ]);
+        let m = |n: &str| r.module_of(&node(n, None)).map(|(m, _)| m);
+        // A ModuleList that is never called leaves no scope of its own.
         assert_eq!(
-            legacy_scope("layer2.0.downsample.0"),
-            "layer2/layer2.0/downsample/downsample.0"
+            m("/blocks.0/attn/qkv/MatMul").as_deref(),
+            Some("blocks.0.attn.qkv")
         );
-        assert_eq!(legacy_scope("conv1"), "conv1");
+        assert_eq!(
+            m("/blocks.1/attn/qkv_2/MatMul").as_deref(),
+            Some("blocks.1.attn.qkv")
+        );
+        // A ModuleDict: the key alone, its container skipped.
+        assert_eq!(m("/cls/fc/Gemm").as_deref(), Some("heads.cls.fc"));
+        assert_eq!(
+            m("/model/layers.0/self_attn/q_proj/MatMul").as_deref(),
+            Some("model.layers.0.self_attn.q_proj")
+        );
+        assert_eq!(
+            m("/encoder/layer.1/output/dense/MatMul").as_deref(),
+            Some("encoder.layer.1.output.dense")
+        );
+        // The shallowest module of that name wins; a block's own op belongs to no leaf.
+        assert_eq!(m("/conv1/Conv").as_deref(), Some("conv1"));
+        assert_eq!(m("/stage/conv1/Conv").as_deref(), Some("stage.conv1"));
+        assert_eq!(m("/blocks.0/attn/Softmax"), None);
+        assert_eq!(m("/nothing/here/Relu"), None);
     }
 
     #[test]

@@ -44,6 +44,9 @@ fn call(name: &str, module: &str, k: usize, input_from: Option<usize>) -> LayerC
         call_index: k,
         identity: false,
         input_from,
+        shape: vec![1, 4],
+        dtype: layerdiff_core::DType::F32,
+        fingerprint: None,
     }
 }
 
@@ -165,4 +168,35 @@ fn identity_layers_compare_against_their_feeder_and_strangers_are_explained() {
     assert_eq!(value(&m[1]), Some("y"));
     assert!(reason(&m[1]).contains("identity at inference"));
     assert_eq!(reason(&m[2]), "no ONNX node carries this module's scope");
+}
+
+#[test]
+fn a_constant_filed_under_a_module_is_not_its_output() {
+    // The legacy exporter puts a Constant read by later Gathers into `conv_proj`'s scope, before
+    // the Conv: the layer is the Conv's float value, not the int64 constant.
+    let mut constant = node("/conv_proj/Constant", "Constant", &[], "/conv_proj/c", &[]);
+    constant.attribute.push(layerdiff_onnx::AttributeProto {
+        name: Some("value".into()),
+        t: Some(layerdiff_onnx::TensorProto {
+            data_type: Some(7),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let g = graph(
+        vec![
+            constant,
+            node("/conv_proj/Conv", "Conv", &["x", "w"], "/conv_proj/y", &[]),
+            node(
+                "/Gather",
+                "Gather",
+                &["/conv_proj/y", "/conv_proj/c"],
+                "out",
+                &[],
+            ),
+        ],
+        "out",
+    );
+    let m = map_layers(&g, &[call("conv_proj", "conv_proj", 0, None)]);
+    assert_eq!(value(&m[0]), Some("/conv_proj/y"));
 }

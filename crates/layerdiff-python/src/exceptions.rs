@@ -2,6 +2,7 @@
 //!
 //! `LayerdiffError` is the base. `UsageError`, `ModelError` and `InputError` mean the user gave
 //! something layerdiff cannot use (the CLI exits 2 with the message, no traceback);
+//! `MappingError` means no layer could be paired, so there is no verdict (exit 2 too);
 //! `RuntimeError_` (exported as `RuntimeFailure`) means a runtime could not be loaded or failed.
 
 use pyo3::create_exception;
@@ -35,6 +36,12 @@ create_exception!(
 );
 create_exception!(
     layerdiff,
+    MappingError,
+    LayerdiffError,
+    "A comparison that could pair no layer, so it has no verdict."
+);
+create_exception!(
+    layerdiff,
     OutputError,
     LayerdiffError,
     "A report that cannot be written."
@@ -47,6 +54,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ModelError", py.get_type::<ModelError>())?;
     m.add("InputError", py.get_type::<InputError>())?;
     m.add("RuntimeFailure", py.get_type::<RuntimeFailure>())?;
+    m.add("MappingError", py.get_type::<MappingError>())?;
     m.add("OutputError", py.get_type::<OutputError>())?;
     Ok(())
 }
@@ -62,6 +70,7 @@ pub(crate) fn to_py_err(err: impl Into<layerdiff_cli::Error>) -> PyErr {
         E::Inputs(_) | E::Layers(_) | E::Core(_) => InputError::new_err(message),
         E::Runtime(layerdiff_runtime::Error::Inputs(_)) => InputError::new_err(message),
         E::Runtime(layerdiff_runtime::Error::Session(_)) => ModelError::new_err(message),
+        E::NothingCompared(_) => MappingError::new_err(message),
         E::Runtime(_) | E::Memory(_) => RuntimeFailure::new_err(message),
     }
 }

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use layerdiff_cli::captured::{self, CapturedComparison, ListedLayer};
 use layerdiff_cli::cli::{self, Parsed};
 use layerdiff_cli::{output, segments};
-use layerdiff_core::{DType, SideInfo, Timing, Tolerance, render};
+use layerdiff_core::{DType, Fingerprint, SideInfo, Timing, Tolerance, render};
 use layerdiff_onnx::LayerCall;
 use layerdiff_runtime::RuntimeSpec;
 use pyo3::prelude::*;
@@ -160,10 +160,13 @@ impl CapturedRun {
                     call_index: get("call_index")?.extract()?,
                     identity: get("identity")?.extract()?,
                     input_from: get("input_from")?.extract()?,
+                    shape: get("shape")?.extract()?,
+                    dtype: DType::from_name(&dtype).map_err(to_py_err)?,
+                    fingerprint: get("fingerprint")?
+                        .extract::<Option<(usize, Vec<f64>)>>()?
+                        .map(|(count, samples)| Fingerprint { count, samples }),
                 },
                 module_type: get("module_type")?.extract()?,
-                shape: get("shape")?.extract()?,
-                dtype: DType::from_name(&dtype).map_err(to_py_err)?,
             });
         }
         let request = CapturedComparison {
@@ -289,6 +292,14 @@ fn compare_tensors_json(
     Ok(render::to_json_value(&stats))
 }
 
+/// A flat tensor's fingerprint, `(element count, samples)`: what pairs a layer with an ONNX
+/// value by value where the file names no module scope.
+#[pyfunction]
+fn fingerprint(tensor: FlatTensor<'_>) -> PyResult<(usize, Vec<f64>)> {
+    let print = Fingerprint::of(tensor.view()?);
+    Ok((print.count, print.samples))
+}
+
 /// Saves flat tensors as safetensors with string metadata (written whole or not at all).
 #[pyfunction]
 fn save_tensors(
@@ -348,6 +359,7 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CapturedRun>()?;
     m.add_function(wrap_pyfunction!(compare_tensors_json, m)?)?;
     m.add_function(wrap_pyfunction!(save_tensors, m)?)?;
+    m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(model_inputs, m)?)?;
     exceptions::register(m)?;
     Ok(())

@@ -46,6 +46,9 @@ pub fn to_markdown(report: &Report) -> String {
         s.layers_exceeding_locally,
         origin
     );
+    for warning in &s.warnings {
+        let _ = writeln!(out, "> **Warning:** {warning}\n");
+    }
     if !report.inputs.is_empty() {
         let inputs: Vec<String> = report
             .inputs
@@ -70,6 +73,11 @@ pub fn to_markdown(report: &Report) -> String {
     row(&mut out, "largest mean abs diff", &s.worst.mean_abs_diff);
     row(&mut out, "smallest max abs diff", &s.worst.min_max_abs_diff);
     let verdict = match &s.drift_origin {
+        None if s.inconclusive.is_some() => format!(
+            "\n**Inconclusive**: no layer exceeds its tolerance across {} compared layers, but {}.\n",
+            s.layers_compared,
+            s.inconclusive.as_deref().unwrap_or_default()
+        ),
         None => format!(
             "\nNo drift: no layer exceeds its tolerance across {} compared layers.\n",
             s.layers_compared

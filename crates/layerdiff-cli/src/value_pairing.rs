@@ -1,0 +1,176 @@
+//! Pairing layers with ONNX values by their values, where the file's names say nothing.
+//!
+//! A file from an exporter that records no module scopes (or one rewritten by a tool that drops
+//! them) still computes every layer's output somewhere. The target runs once more with the
+//! candidate values exposed, a few at a time, and each keeps only its [`Fingerprint`]. Layers
+//! are then paired in execution order: each takes the first unused candidate after the value
+//! the previous layer took whose samples look like the layer's own ([`SAME_VALUE`]), so values
+//! that look alike (a Flatten of a pooled value) go to the layers in the order they ran. Every
+//! such pairing says how it was made in the layer's note. A layer whose value drifted too far
+//! to be recognised is left unpaired rather than guessed (a guess would report drift that is
+//! not there): the coverage warning and [`unrecognised_from`] say where that happened.
+
+use layerdiff_core::{Fingerprint, SAME_VALUE, Tensor};
+use layerdiff_onnx::{LayerCall, Model, ValueMatch, ValueRequest, expose_values};
+use layerdiff_runtime::Runtime;
+
+use crate::Result;
+
+/// Likeness from which a layer not recognised strictly may still be paired with the most alike
+/// value in its place in the order (see [`layerdiff_core::Fingerprint::likeness`]).
+const LOOSELY_ALIKE: f64 = 0.5;
+
+/// The most values exposed in one extra run when their sizes are not declared.
+const VALUES_PER_RUN: usize = 256;
+
+/// Answers a [`ValueRequest`]: one match (or none) per requested layer.
+pub fn pair_by_values(
+    model: &mut Model,
+    runtime: &(dyn Runtime + Send + Sync),
+    inputs: &[(String, Tensor)],
+    layers: &[LayerCall],
+    request: &ValueRequest,
+    budget: Option<u64>,
+) -> Result<Vec<ValueMatch>> {
+    let wanted: Vec<&LayerCall> = request.layers.iter().map(|&i| &layers[i]).collect();
+    let largest = wanted.iter().map(|l| l.bytes()).max().unwrap_or(0).max(1);
+    // Only values that could be some requested layer's output are worth a look.
+    let index = layerdiff_onnx::GraphIndex::new(model.graph());
+    let candidates: Vec<&(String, usize)> = request
+        .candidates
+        .iter()
+        .filter(|(v, _)| wanted.iter().any(|l| l.fits(&index, v)))
+        .collect();
+    let per_run = budget.map_or(VALUES_PER_RUN, |b| {
+        usize::try_from(b / largest)
+            .unwrap_or(usize::MAX)
+            .clamp(1, VALUES_PER_RUN)
+    });
+    let mut seen: Vec<(usize, Fingerprint)> = Vec::with_capacity(candidates.len());
+    let outputs = model.graph().output.len();
+    for (batch, chunk) in candidates.chunks(per_run).enumerate() {
+        let names: Vec<String> = chunk.iter().map(|(v, _)| v.clone()).collect();
+        expose_values(model, &names)?;
+        let values = runtime.run(model, inputs, &names);
+        model.graph_mut().output.truncate(outputs);
+        for (k, (_, tensor)) in values?.into_iter().enumerate() {
+            seen.push((batch * per_run + k, Fingerprint::of(tensor.view())));
+        }
+    }
+
+    // From the last layer back, each takes the last unused look-alike before the value the
+    // layer after it took: order is kept, and a value that two consecutive layers both look
+    // like (a Conv whose BatchNorm the exporter folded into it, an identity BatchNorm) goes
+    // to the later layer, whose output it is.
+    let mut used = vec![false; candidates.len()];
+    let mut found: Vec<Option<(usize, String)>> = vec![None; wanted.len()];
+    let mut before = candidates.len();
+    for (w, layer) in wanted.iter().enumerate().rev() {
+        let Some(print) = &layer.fingerprint else {
+            continue;
+        };
+        let alike = |&(c, ref f): &(usize, Fingerprint)| {
+            let likeness = print.likeness(f);
+            (!used[c] && likeness >= SAME_VALUE).then_some((c, likeness))
+        };
+        let earlier = seen
+            .iter()
+            .rev()
+            .filter(|(c, _)| *c < before)
+            .find_map(alike);
+        let anywhere = || {
+            seen.iter()
+                .filter_map(alike)
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+        };
+        if let Some((c, likeness)) = earlier.or_else(anywhere) {
+            used[c] = true;
+            before = c;
+            found[w] = Some((c, strictly(likeness)));
+        }
+    }
+    // Then each recognised layer moves to the first look-alike after the value of the layer
+    // before it: a value reshaped outside any module (a flatten after the pooling) looks like
+    // the layer's value, and the layer's own value comes first.
+    let mut start = 0;
+    for w in 0..wanted.len() {
+        let (Some(print), Some((c, _))) = (&wanted[w].fingerprint, &found[w]) else {
+            continue;
+        };
+        let current = *c;
+        let first = seen
+            .iter()
+            .filter(|(k, _)| (start..current).contains(k) && !used[*k])
+            .find(|(_, f)| print.likeness(f) >= SAME_VALUE);
+        if let Some((k, f)) = first {
+            used[current] = false;
+            used[*k] = true;
+            found[w] = Some((*k, strictly(print.likeness(f))));
+        }
+        start = found[w].as_ref().map_or(start, |(c, _)| c + 1);
+    }
+
+    // Layers not recognised, in order: each takes the most alike value between the values of
+    // the layers around it, if it is at least loosely alike. A drifting target changes values
+    // beyond the strict bound, and from the drift on every layer does: those layers are still
+    // compared, their notes saying how loosely they were paired.
+    for w in 0..wanted.len() {
+        let Some(print) = wanted[w]
+            .fingerprint
+            .as_ref()
+            .filter(|_| found[w].is_none())
+        else {
+            continue;
+        };
+        let start = found[..w]
+            .iter()
+            .rev()
+            .find_map(|f| f.as_ref().map(|(c, _)| c + 1));
+        let end = found[w + 1..]
+            .iter()
+            .find_map(|f| f.as_ref().map(|(c, _)| *c));
+        let window = start.unwrap_or(0)..end.unwrap_or(candidates.len());
+        let best = seen
+            .iter()
+            .filter(|(c, _)| window.contains(c) && !used[*c])
+            .map(|(c, f)| (*c, print.likeness(f)))
+            .filter(|&(_, likeness)| likeness >= LOOSELY_ALIKE)
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        if let Some((c, likeness)) = best {
+            used[c] = true;
+            found[w] = Some((
+                c,
+                format!(
+                    "matched by values, loosely: the file names no module scope, and this is the most alike value in order (likeness {likeness:.3}); its values differ from the layer's, which drift does"
+                ),
+            ));
+        }
+    }
+    Ok(found
+        .into_iter()
+        .map(|f| match f {
+            Some((c, how)) => Ok((candidates[c].0.clone(), how)),
+            None => Err(
+                "the file names no module scope, and none of its values looks like this layer's output: it was folded into a neighbour at export, or its value drifted too far to be recognised".to_string(),
+            ),
+        })
+        .collect())
+}
+
+fn strictly(likeness: f64) -> String {
+    format!(
+        "matched by values: the file names no module scope; this value's samples agree with the layer's (likeness {likeness:.4})"
+    )
+}
+
+/// When pairing by values recognised some layers but none from some point on, what that means
+/// for the verdict: from there on the target may drift beyond recognition (a compared run that
+/// stops before it cannot say "no drift").
+pub fn unrecognised_from(names: &[&str], recognised: &[bool]) -> Option<String> {
+    let first_seen = recognised.iter().position(|&r| r)?;
+    let lost = (first_seen..recognised.len()).find(|&i| !recognised[i..].iter().any(|&r| r))?;
+    Some(format!(
+        "from `{}` on no layer could be paired by values (the ONNX file names no module scope): the target may drift beyond recognition there, or compute something else",
+        names[lost]
+    ))
+}

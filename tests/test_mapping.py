@@ -1,0 +1,121 @@
+"""Which ONNX value each PyTorch layer is compared with, on files users really have: the legacy
+exporter's scopes through ModuleList, constants an exporter files under a module, files that
+name no module scope at all, and runs that pair nothing. A wrong pairing must never read as a
+clean result."""
+
+from __future__ import annotations
+
+import importlib
+
+import onnx
+import pytest
+from builders.strip_scopes import strip_scopes
+from conftest import run_cli
+from layerdiff import MappingError, compare_torch_onnx
+from layerdiff.torch import BUILTIN_MODELS, export_onnx
+from onnx import numpy_helper
+
+
+def built(name: str):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model, inputs = importlib.import_module(f"builders.{name}").build()
+    return model.eval(), inputs
+
+
+@pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
+def test_blocks_in_a_module_list_are_mapped_from_both_exporters(tmp_path, exporter):
+    model, inputs = built("decoder")
+    path = export_onnx(model, inputs, tmp_path / "m.onnx", exporter=exporter)
+    report = compare_torch_onnx(model, inputs, onnx=path)
+    s = report.summary
+    # `wpe` reads a constant position index, so both exporters fold it into a constant.
+    assert (s["layers_total"], s["layers_compared"]) == (18, 17), report.summary_text()
+    assert report.layer("wpe")["status"] == "unmapped"
+    assert report.layer("blocks.1.fc")["onnx"]["op_type"] in ("Add", "Gemm", "MatMul")
+    assert report.drift_origin is None and s["warnings"] == []
+
+
+def test_a_constant_in_a_modules_scope_is_not_its_output():
+    """The legacy exporter files a shared int64 Constant under `conv_proj`; pairing the layer
+    with it reported a shape mismatch as the drift origin."""
+    model, inputs = BUILTIN_MODELS["vit_b_16"](0)
+    report = compare_torch_onnx(model.eval(), inputs, exporter="legacy", local=False)
+    layer = report.layer("conv_proj")
+    assert layer["status"] == "compared" and layer["onnx"]["op_type"] == "Conv"
+    assert report.drift_origin is None
+    assert report.summary["layers_compared"] == 87  # 100 calls; 13 Dropouts are removed
+
+
+@pytest.fixture(scope="module")
+def stripped_resnet18(resnet18, resnet18_onnx, tmp_path_factory):
+    path = tmp_path_factory.mktemp("stripped") / "resnet18.onnx"
+    strip_scopes(resnet18_onnx["dynamo"], path)
+    return path
+
+
+def test_a_file_without_scopes_is_paired_by_values(resnet18, stripped_resnet18):
+    model, inputs, _ = resnet18
+    report = compare_torch_onnx(model, inputs, onnx=stripped_resnet18)
+    assert report.drift_origin is None and report.summary["inconclusive"] is None
+    # The same 40 layers as with the exporter's scopes: each BatchNorm's value is its folded
+    # Conv, which the Conv (an identity BatchNorm after it) also looks like.
+    assert report.summary["layers_compared"] == 40
+    bn = report.layer("layer2.0.bn1")
+    assert bn["onnx"]["op_type"] == "Conv" and bn["reason"].startswith("matched by values")
+    assert report.layer("avgpool")["onnx"]["op_type"] == "ReduceMean"  # not the Reshape after it
+    assert report.layer("fc")["onnx"]["op_type"] == "Gemm"
+
+
+def perturbed(src, dst, weight: str, delta: float):
+    model = onnx.load(str(src))
+    init = next(i for i in model.graph.initializer if i.name == weight)
+    array = numpy_helper.to_array(init).copy()
+    array[0] += delta
+    init.CopyFrom(numpy_helper.from_array(array, init.name))
+    onnx.save(model, str(dst))
+    return dst
+
+
+def test_drift_in_a_file_without_scopes_is_found_at_its_layer(
+    resnet18, stripped_resnet18, tmp_path
+):
+    model, inputs, _ = resnet18
+    edited = perturbed(stripped_resnet18, tmp_path / "e.onnx", "layer3.1.conv2.weight", 0.002)
+    report = compare_torch_onnx(model, inputs, onnx=edited)
+    assert report.drift_origin == "layer3.1.conv2"
+    assert report.layer("layer3.1.conv2")["cause"] == "weight_mismatch"
+
+
+def test_drift_beyond_recognition_is_inconclusive_never_clean(stripped_resnet18, tmp_path):
+    edited = perturbed(stripped_resnet18, tmp_path / "e.onnx", "layer3.1.conv2.weight", 0.05)
+    result = run_cli("torch", "resnet18", "--onnx", str(edited), "--json", str(tmp_path / "r.json"))
+    assert result.returncode == 1, result.stderr
+    assert "inconclusive" in result.stdout and "no drift" not in result.stdout
+    assert "from `layer3.1.conv2` on no layer could be paired" in result.stdout
+    assert "warning: low coverage" in result.stdout
+
+
+def test_a_run_that_pairs_nothing_exits_2(tmp_path):
+    """An ONNX file of another model (same architecture, other weights, no scopes): nothing
+    can be paired, and that is an error, not a clean result."""
+    torch = pytest.importorskip("torch")
+    model, inputs = built("deep_mlp")
+    torch.manual_seed(1)
+    other, _ = importlib.import_module("builders.deep_mlp").build()
+    export_onnx(other.eval(), inputs, tmp_path / "other.onnx", exporter="dynamo")
+    strip_scopes(tmp_path / "other.onnx", tmp_path / "other_stripped.onnx")
+    with pytest.raises(MappingError, match="compared no layer"):
+        compare_torch_onnx(model, inputs, onnx=tmp_path / "other_stripped.onnx")
+    report = tmp_path / "r.json"
+    result = run_cli(
+        "torch",
+        "tests/builders/deep_mlp.py:build",
+        "--onnx",
+        str(tmp_path / "other_stripped.onnx"),
+        "--json",
+        str(report),
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "error: compared no layer" in result.stderr and "hint:" in result.stderr
+    assert "Traceback" not in result.stderr and not report.exists()
