@@ -11,7 +11,7 @@ DEPS := $(VENV)/.requirements.stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: pipeline test build env proto lint clean docs conformance kernel-swap bench
+.PHONY: pipeline test build env proto lint clean docs conformance kernel-swap bench mapping
 
 env: $(DEPS)
 
@@ -69,3 +69,8 @@ kernel-swap: $(DEPS)
 # the per-phase overhead on ResNet-18 and ViT-B/16; rewrites docs/performance.md.
 bench: build
 	$(PY) benches/run.py
+
+# Map real architectures (transformers, torchvision, timm) through both exporters; rewrites
+# docs/mapping.md.
+mapping: build
+	$(PY) scripts/mapping_matrix.py

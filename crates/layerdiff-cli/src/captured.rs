@@ -145,7 +145,9 @@ impl CapturedRun {
                     .map(|&i| calls[i].name.as_str())
                     .collect();
                 let recognised: Vec<bool> = found.iter().map(Result::is_ok).collect();
-                inconclusive = unrecognised_from(&names, &recognised);
+                if request.unscoped_file {
+                    inconclusive = unrecognised_from(&names, &recognised);
+                }
                 found
             }
             None => Vec::new(),
@@ -341,7 +343,9 @@ impl CapturedRun {
                 .get(value)
                 .expect("every compared value is requested");
             let layer = &mut self.layers[i];
-            if let Some(why) = unfit(reference, target, value, &self.graph_outputs) {
+            // A model output paired by its own scope may really differ in shape: a finding.
+            let output = layer.reason.is_none() && self.graph_outputs.contains(value);
+            if let Some(why) = unfit(reference, target, value, output) {
                 // The export of this very model cannot produce another shape or kind of value
                 // at this layer: the pairing is wrong, and that is no finding about the target.
                 layer.status = LayerStatus::Unmapped;
@@ -544,13 +548,13 @@ impl CapturedRun {
 }
 
 /// Why the ONNX value `value` cannot be this layer's output, when it cannot: a different
-/// element count, or a non-float value for a float layer. A model output is exempt: there a
-/// different shape is what the user's file really computes, and a finding.
-fn unfit(reference: &Tensor, target: &Tensor, value: &str, outputs: &[String]) -> Option<String> {
+/// element count, or a non-float value for a float layer. A model output paired by scope is
+/// exempt (`output`): there a different shape is what the user's file really computes.
+fn unfit(reference: &Tensor, target: &Tensor, value: &str, output: bool) -> Option<String> {
     let count = |t: &Tensor| t.shape.iter().product::<usize>();
     let wrong =
         count(reference) != count(target) || reference.dtype.is_float() && !target.dtype.is_float();
-    (wrong && !outputs.iter().any(|o| o == value)).then(|| {
+    (wrong && !output).then(|| {
         format!(
             "mapping problem: paired with the ONNX value `{value}` ({} {:?}), which cannot hold this layer's output ({} {:?}); not compared",
             target.dtype.name(),

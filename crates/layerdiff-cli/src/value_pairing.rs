@@ -151,7 +151,7 @@ pub fn pair_by_values(
         .map(|f| match f {
             Some((c, how)) => Ok((candidates[c].0.clone(), how)),
             None => Err(
-                "the file names no module scope, and none of its values looks like this layer's output: it was folded into a neighbour at export, or its value drifted too far to be recognised".to_string(),
+                "no ONNX node carries this module's scope, and no value of the file looks like this layer's output: it was folded into a neighbour or removed at export, or its value drifted too far to be recognised".to_string(),
             ),
         })
         .collect())

@@ -99,6 +99,9 @@ pub struct ValueRequest {
     /// Values produced by nodes that record no module scope at all, with their producing
     /// node's index, in graph order.
     pub candidates: Vec<(String, usize)>,
+    /// Whether no node of the file names a module of the model: every layer is to be paired
+    /// by value.
+    pub unscoped_file: bool,
 }
 
 /// A value found for a requested layer and how (`matched by values: …`), or why none was.
@@ -203,6 +206,7 @@ impl ScopeMapping {
                         .map(move |o| (o.clone(), n.index))
                 })
                 .collect(),
+            unscoped_file: boundary.is_empty(),
         };
         Self {
             index,
@@ -317,7 +321,9 @@ fn resolve_nodeless(
                 "fused into `{}` at export ({rule}): the {op_type} node `{node}` computes both, so no ONNX value holds this layer's own output",
                 layers[j].name
             ))
-        } else if let Some(p) = feeder.filter(|&p| folds_forward(graph, &mappings[p])) {
+        } else if let Some(p) = feeder
+            .filter(|&p| layers[p].shape == layer.shape && folds_forward(graph, &mappings[p]))
+        {
             // Folded into the node of the layer that fed it (the legacy exporter folds BatchNorm
             // into the preceding Conv): that node's value now holds this layer's output.
             let LayerMapping::Mapped {

@@ -1,0 +1,96 @@
+"""Real architectures with seeded random weights, for the mapping matrix: transformers models
+built from small configs (BERT, GPT-2, a Llama-style decoder), torchvision models and a timm
+model. Each builder returns (model, example inputs) and its output is one tensor."""
+
+import torch
+from torch import nn
+
+
+class LastHidden(nn.Module):
+    """A transformers model called on token ids, returning its last hidden state (or logits)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        out = self.model(input_ids=ids, use_cache=False) if self.uses_cache else self.model(ids)
+        return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+    @property
+    def uses_cache(self) -> bool:
+        return hasattr(self.model.config, "use_cache")
+
+
+def _ids(vocab: int, tokens: int = 16):
+    return (torch.randint(0, vocab, (1, tokens)),)
+
+
+def bert():
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(
+        vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, max_position_embeddings=64, attn_implementation="eager",
+    )  # fmt: skip
+    return LastHidden(BertModel(config)), _ids(512)
+
+
+def gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        vocab_size=512, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+        attn_implementation="eager",
+    )  # fmt: skip
+    return LastHidden(GPT2LMHeadModel(config)), _ids(512)
+
+
+def llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        attn_implementation="eager",
+    )  # fmt: skip
+    return LastHidden(LlamaForCausalLM(config)), _ids(512)
+
+
+def _image(size: int = 224):
+    return (torch.randn(1, 3, size, size),)
+
+
+def resnet18():
+    import torchvision
+
+    return torchvision.models.resnet18(weights=None), _image()
+
+
+def mobilenet_v3_small():
+    import torchvision
+
+    return torchvision.models.mobilenet_v3_small(weights=None), _image()
+
+
+def vit_b_16():
+    import torchvision
+
+    return torchvision.models.vit_b_16(weights=None), _image()
+
+
+def timm_convnext():
+    import timm
+
+    return timm.create_model("convnext_atto", pretrained=False), _image()
+
+
+BUILDERS = {
+    "bert": bert,
+    "gpt2": gpt2,
+    "llama": llama,
+    "resnet18": resnet18,
+    "mobilenet_v3_small": mobilenet_v3_small,
+    "vit_b_16": vit_b_16,
+    "convnext_atto (timm)": timm_convnext,
+}
