@@ -139,6 +139,7 @@ impl CapturedRun {
                     &request,
                     c.max_memory,
                 )?;
+                clock.lap("pairing layers by values", RUNTIME);
                 let names: Vec<&str> = request
                     .layers
                     .iter()

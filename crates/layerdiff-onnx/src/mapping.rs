@@ -321,8 +321,8 @@ fn resolve_nodeless(
                 "fused into `{}` at export ({rule}): the {op_type} node `{node}` computes both, so no ONNX value holds this layer's own output",
                 layers[j].name
             ))
-        } else if let Some(p) = feeder
-            .filter(|&p| layers[p].shape == layer.shape && folds_forward(graph, &mappings[p]))
+        } else if let Some(p) =
+            feeder.filter(|&p| layers[p].shape == layer.shape && folds_forward(graph, &mappings[p]))
         {
             // Folded into the node of the layer that fed it (the legacy exporter folds BatchNorm
             // into the preceding Conv): that node's value now holds this layer's output.
