@@ -67,6 +67,19 @@ def test_a_file_without_scopes_is_paired_by_values(resnet18, stripped_resnet18):
     assert report.layer("fc")["onnx"]["op_type"] == "Gemm"
 
 
+def test_a_linear_is_not_paired_with_the_matmul_before_its_bias(tmp_path):
+    """Pairing by values on the decoder's legacy export with its scopes stripped: each Linear's
+    MatMul (before the bias) is close to the Linear's output, and taking it reported drift."""
+    model, inputs = built("decoder")
+    export_onnx(model, inputs, tmp_path / "m.onnx", exporter="legacy")
+    strip_scopes(tmp_path / "m.onnx", tmp_path / "stripped.onnx")
+    report = compare_torch_onnx(model, inputs, onnx=tmp_path / "stripped.onnx")
+    assert report.drift_origin is None, report.summary_text()
+    assert report.summary["layers_compared"] == 17  # `wpe` is folded into a constant
+    for name in ("blocks.0.qkv", "blocks.1.qkv", "blocks.1.fc"):
+        assert report.layer(name)["onnx"]["op_type"] == "Add", name
+
+
 def perturbed(src, dst, weight: str, delta: float):
     model = onnx.load(str(src))
     init = next(i for i in model.graph.initializer if i.name == weight)

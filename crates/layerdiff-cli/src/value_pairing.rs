@@ -3,12 +3,21 @@
 //! A file from an exporter that records no module scopes (or one rewritten by a tool that drops
 //! them) still computes every layer's output somewhere. The target runs once more with the
 //! candidate values exposed, a few at a time, and each keeps only its [`Fingerprint`]. Layers
-//! are then paired in execution order: each takes the first unused candidate after the value
-//! the previous layer took whose samples look like the layer's own ([`SAME_VALUE`]), so values
-//! that look alike (a Flatten of a pooled value) go to the layers in the order they ran. Every
-//! such pairing says how it was made in the layer's note. A layer whose value drifted too far
-//! to be recognised is left unpaired rather than guessed (a guess would report drift that is
-//! not there): the coverage warning and [`unrecognised_from`] say where that happened.
+//! are then paired in three passes, order kept throughout:
+//!
+//! 1. from the last layer back, each takes the last unused value before its successor's whose
+//!    samples look like its own ([`SAME_VALUE`]), so a value that two consecutive layers both
+//!    look like (a Conv and the identity BatchNorm folded into it) goes to the later layer;
+//! 2. each paired layer moves to the first value after its predecessor's that holds the same
+//!    numbers as the one it took, so a pooled value is not confused with the flatten after it
+//!    (but a Linear is not moved to the MatMul before its bias);
+//! 3. in a file with no scope at all, a layer still unpaired takes the most alike value between
+//!    its neighbours' values if it is at least loosely alike ([`LOOSELY_ALIKE`]): what a
+//!    drifting layer looks like.
+//!
+//! Every pairing says how it was made in the layer's note. A layer that none of this pairs is
+//! left unpaired rather than guessed (a guess would report drift that is not there), and
+//! [`unrecognised_from`] says where a file without scopes stopped being recognised.
 
 use layerdiff_core::{Fingerprint, SAME_VALUE, Tensor};
 use layerdiff_onnx::{LayerCall, Model, ValueMatch, ValueRequest, expose_values};
@@ -19,6 +28,10 @@ use crate::Result;
 /// Likeness from which a layer not recognised strictly may still be paired with the most alike
 /// value in its place in the order (see [`layerdiff_core::Fingerprint::likeness`]).
 const LOOSELY_ALIKE: f64 = 0.5;
+
+/// How much less alike than the value a layer took another value may be and still count as
+/// holding the same numbers (a reshape of it).
+const SAME_EXACTLY: f64 = 1e-6;
 
 /// The most values exposed in one extra run when their sizes are not declared.
 const VALUES_PER_RUN: usize = 256;
@@ -89,19 +102,21 @@ pub fn pair_by_values(
             found[w] = Some((c, strictly(likeness)));
         }
     }
-    // Then each recognised layer moves to the first look-alike after the value of the layer
-    // before it: a value reshaped outside any module (a flatten after the pooling) looks like
-    // the layer's value, and the layer's own value comes first.
+    // Then each recognised layer moves to the first value after the value of the layer before
+    // it that is as alike as the one it took: a value reshaped outside any module (a flatten
+    // after the pooling) holds the layer's very values, and the layer's own value comes first.
+    // A value merely close to it (a Linear's MatMul before its bias) is not the layer's.
     let mut start = 0;
     for w in 0..wanted.len() {
         let (Some(print), Some((c, _))) = (&wanted[w].fingerprint, &found[w]) else {
             continue;
         };
         let current = *c;
+        let taken = print.likeness(&seen[current].1);
         let first = seen
             .iter()
             .filter(|(k, _)| (start..current).contains(k) && !used[*k])
-            .find(|(_, f)| print.likeness(f) >= SAME_VALUE);
+            .find(|(_, f)| print.likeness(f) >= taken - SAME_EXACTLY);
         if let Some((k, f)) = first {
             used[current] = false;
             used[*k] = true;
@@ -113,8 +128,15 @@ pub fn pair_by_values(
     // Layers not recognised, in order: each takes the most alike value between the values of
     // the layers around it, if it is at least loosely alike. A drifting target changes values
     // beyond the strict bound, and from the drift on every layer does: those layers are still
-    // compared, their notes saying how loosely they were paired.
-    for w in 0..wanted.len() {
+    // compared, their notes saying how loosely they were paired. Only where no node names a
+    // scope: in a file with scopes, a layer without one is a module the export folded away
+    // (an embedding of constant positions), and the nearest value would be someone else's.
+    let loose = if request.unscoped_file {
+        0..wanted.len()
+    } else {
+        0..0
+    };
+    for w in loose {
         let Some(print) = wanted[w]
             .fingerprint
             .as_ref()
@@ -141,7 +163,7 @@ pub fn pair_by_values(
             found[w] = Some((
                 c,
                 format!(
-                    "matched by values, loosely: the file names no module scope, and this is the most alike value in order (likeness {likeness:.3}); its values differ from the layer's, which drift does"
+                    "matched by values, loosely: no node names this module's scope, and this is the most alike value in order (likeness {likeness:.3}); its values differ from the layer's, which drift does"
                 ),
             ));
         }
@@ -159,7 +181,7 @@ pub fn pair_by_values(
 
 fn strictly(likeness: f64) -> String {
     format!(
-        "matched by values: the file names no module scope; this value's samples agree with the layer's (likeness {likeness:.4})"
+        "matched by values: no node names this module's scope; this value's samples agree with the layer's (likeness {likeness:.4})"
     )
 }
 

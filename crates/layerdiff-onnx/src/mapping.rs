@@ -91,7 +91,7 @@ pub enum LayerMapping {
 }
 
 /// Layers that no node's scope names, and the values that may hold them: what
-/// [`map_layers_with`] asks its caller to pair by value.
+/// [`ScopeMapping::request`] leaves to its caller to pair by value.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ValueRequest {
     /// The layers (by index) whose module no node carries.
