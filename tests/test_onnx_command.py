@@ -84,12 +84,6 @@ def test_renamed_values_match_by_node_and_removed_values_are_listed(resnet18_onn
     assert report["summary"]["drift_origin"] is None
 
 
-def test_one_file_under_two_optimization_levels(resnet18_onnx, tmp_path):
-    result, report = report_of(tmp_path, str(resnet18_onnx["dynamo"]), "--target", "ort:opt=all")
-    assert "graph optimizations: all" in report["target"]["detail"]
-    assert report["summary"]["layers_compared"] == 49
-
-
 def test_one_file_on_onnx_runtime_and_tract(resnet18_onnx, tmp_path):
     """The default: ONNX Runtime as reference, tract as target."""
     result, report = report_of(tmp_path, str(resnet18_onnx["dynamo"]))

@@ -10,13 +10,13 @@
 //! ours are freed segment by segment. With one segment the ONNX model runs whole, its compared
 //! values exposed in place.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
 use layerdiff_core::{
-    DType, Evidence, Float64Distance, InputInfo, Layer, LayerStatus, OnnxRef, Report, SCHEMA,
-    SideInfo, Summary, Tensor, TensorView, Tolerance, analyse, compare_pair, explain, judge,
-    nothing_compared,
+    DType, Evidence, Float64Distance, InputInfo, LOW_COVERAGE_WARNING, Layer, LayerStatus, OnnxRef,
+    Report, SCHEMA, SideInfo, Summary, Tensor, TensorView, Tolerance, analyse, compare_pair,
+    explain, judge, nothing_compared,
 };
 use layerdiff_onnx::{
     GraphIndex, LayerCall, LayerMapping, LocalGroup, Model, ScopeMapping, expose_values,
@@ -28,6 +28,7 @@ use crate::local::{Rerun, WeightCheck, check_weight, disagreement, fit};
 use crate::segments::{
     Plan, PlanSide, PlannedLayer, Segmentation, Values, part_model, plan, value_sizes,
 };
+use crate::shipped::{Renames, Shipped, prepare_target};
 use crate::timings::{OWN, RUNTIME, Stopwatch};
 use crate::value_pairing::{pair_by_values, unrecognised_from};
 use crate::{Error, Result, inputs::check_inputs};
@@ -90,6 +91,10 @@ pub struct CapturedRun {
     graph_outputs: Vec<String>,
     /// Why mapping leaves the verdict open, for the summary.
     inconclusive: Option<String>,
+    /// Values an optimizer renamed in the target graph.
+    renames: Renames,
+    /// Set when the target runtime optimized the graph first.
+    shipped: Option<Shipped>,
     /// Each layer's local group (for the first layer of each value, with `local`).
     groups: Vec<Option<std::result::Result<LocalGroup, String>>>,
     plan: Plan,
@@ -153,7 +158,26 @@ impl CapturedRun {
             }
             None => Vec::new(),
         };
-        let mappings = scoped.finish(model.graph(), &calls, by_values);
+        let mut mappings = scoped.finish(model.graph(), &calls, by_values);
+        // An optimizing runtime is measured on the graph it optimized (see crate::shipped):
+        // layers are mapped on the file, then found in that graph or explained.
+        let target = prepare_target(&model, None, runtime, &c.inputs)?;
+        clock.lap("optimizing the target graph", RUNTIME);
+        let (runtime, renames, shipped) = (target.runtime, target.renames, target.shipped);
+        if let Some(optimized) = target.model {
+            let after = GraphIndex::new(optimized.graph());
+            for mapping in &mut mappings {
+                if let LayerMapping::Mapped { value, note, .. } = mapping {
+                    if let Some(why) = survives(&after, &renames, value) {
+                        *mapping = LayerMapping::Unmapped { reason: why };
+                    } else if let Some(how) = renames.restored.get(value.as_str()) {
+                        *note = Some(how.clone());
+                    }
+                }
+            }
+            model = optimized;
+        }
+        let index = GraphIndex::new(model.graph());
         let values: Vec<Option<String>> = mappings
             .iter()
             .map(|m| match m {
@@ -255,6 +279,8 @@ impl CapturedRun {
             layer_of_value,
             graph_outputs: index.graph_outputs().to_vec(),
             inconclusive,
+            renames,
+            shipped,
             groups,
             plan,
             done: 0,
@@ -334,6 +360,9 @@ impl CapturedRun {
         self.live
             .run(runtime, &t_model, &segment.target, &mut self.t_dtypes)?;
         self.clock.lap("target run", RUNTIME);
+        if let Some(shipped) = self.shipped.as_mut() {
+            shipped.check_outputs(&self.live);
+        }
 
         for i in segment.layers.clone() {
             let (Some(value), Some(reference)) = (&self.values[i], &self.held[i]) else {
@@ -511,7 +540,20 @@ impl CapturedRun {
         if self.summary.is_none() {
             self.conclude()?;
         }
-        let summary = self.summary.take().expect("concluded");
+        let mut summary = self.summary.take().expect("concluded");
+        let target_graph = self.shipped.take().map(|shipped| {
+            let surviving = self.values.iter().flatten().collect::<HashSet<_>>();
+            let restored = surviving
+                .iter()
+                .filter(|v| self.renames.restored.contains_key(v.as_str()))
+                .count();
+            let (graph, warnings) = shipped.finish(surviving.len(), restored);
+            summary
+                .warnings
+                .retain(|w| !w.starts_with(LOW_COVERAGE_WARNING));
+            summary.warnings.extend(warnings);
+            graph
+        });
         let rerun = Rerun::new(&self.model, self.runtime.as_ref());
         for (i, layer) in self.layers.iter().enumerate() {
             let (true, Some(Ok(group))) = (summary.needs_cause(layer), &self.groups[i]) else {
@@ -537,6 +579,7 @@ impl CapturedRun {
                 runtime: self.runtime.name().to_string(),
                 detail: self.runtime.detail(),
             },
+            target_graph,
             mode: if c.local { "local" } else { "accumulated" }.to_string(),
             tolerance: c.tolerance.info(),
             seed: c.seed,
@@ -546,6 +589,19 @@ impl CapturedRun {
             timings: Some(self.clock.phases()),
         })
     }
+}
+
+/// Why a value of the file has no counterpart in the optimized graph `after`, or `None` when
+/// it has one there (under its name, or given back from a blocked layout).
+fn survives(after: &GraphIndex, renames: &Renames, value: &str) -> Option<String> {
+    if let Some(why) = renames.blocked.get(value) {
+        return Some(format!(
+            "the optimized graph holds `{value}` in a blocked (NCHWc) layout, not given back: {why}"
+        ));
+    }
+    (!after.has_value(value)).then(|| {
+        format!("fused or removed by the optimizer: `{value}` is not in the graph that runs")
+    })
 }
 
 /// Why the ONNX value `value` cannot be this layer's output, when it cannot: a different

@@ -13,6 +13,7 @@ pub mod model_pair;
 mod onnx_command;
 pub mod output;
 pub mod segments;
+pub mod shipped;
 pub mod timings;
 mod value_pairing;
 

@@ -8,10 +8,13 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use layerdiff_core::{
-    DType, Evidence, InputInfo, Layer, LayerStatus, OnnxRef, Report, SCHEMA, SideInfo, Tensor,
-    Tolerance, analyse, compare_pair, explain, judge, nothing_compared,
+    DType, Evidence, InputInfo, LOW_COVERAGE_WARNING, Layer, LayerStatus, OnnxRef, Report, SCHEMA,
+    SideInfo, Tensor, Tolerance, analyse, compare_pair, explain, judge, nothing_compared,
 };
-use layerdiff_onnx::{GraphIndex, LocalGroup, Model, expose_values, local_group};
+use layerdiff_onnx::{
+    GraphIndex, LocalGroup, MAX_GROUP_NODES, Model, NCHWC_DOMAIN, NodeInfo, expose_values,
+    local_group,
+};
 use layerdiff_runtime::Runtime;
 
 use crate::Result;
@@ -20,6 +23,7 @@ use crate::local::{Rerun, check_weight, disagreement, fit};
 use crate::segments::{
     Part, PlanSide, PlannedLayer, Segmentation, Values, part_model, plan, value_sizes,
 };
+use crate::shipped::{Renames, Shipped};
 use crate::timings::{OWN, RUNTIME, Stopwatch};
 
 /// What `layerdiff onnx` compares.
@@ -36,6 +40,10 @@ pub struct ModelPair {
     pub reference_runtime: Box<dyn Runtime + Send + Sync>,
     /// The target side.
     pub target_runtime: Box<dyn Runtime + Send + Sync>,
+    /// Values an optimizer renamed (given back in the target) or left in a blocked layout.
+    pub renames: Renames,
+    /// Set when the target runtime optimized the graph first (see [`crate::shipped`]).
+    pub shipped: Option<Shipped>,
     /// The inputs, already generated or read.
     pub inputs: Vec<(String, Tensor)>,
     /// Seed of generated inputs (`None` when read from a file).
@@ -59,7 +67,11 @@ struct Pairing {
 
 /// Matches each value produced by a reference node to a target value: the same name, else the
 /// same output of a node with the same name.
-fn pair_values(reference: &Model, target: &Model) -> Vec<Pairing> {
+fn pair_values(
+    reference: &Model,
+    target: &Model,
+    blocked: &HashMap<String, String>,
+) -> Vec<Pairing> {
     let (r, t) = (
         GraphIndex::new(reference.graph()),
         GraphIndex::new(target.graph()),
@@ -89,6 +101,13 @@ fn pair_values(reference: &Model, target: &Model) -> Vec<Pairing> {
             } else {
                 Err(why_missing(&r, &t, node))
             };
+            // A value in a blocked layout holds the same numbers in another order.
+            let target_value = target_value.and_then(|v| match blocked.get(&v) {
+                Some(why) => Err(format!(
+                    "held by the target in a blocked (NCHWc) layout as `{v}`, not given back: {why}"
+                )),
+                None => Ok(v),
+            });
             pairings.push(Pairing {
                 value: value.clone(),
                 node: node.name.clone(),
@@ -102,7 +121,7 @@ fn pair_values(reference: &Model, target: &Model) -> Vec<Pairing> {
 
 /// Why a reference node's value has no counterpart, read from the target's structure: the target
 /// node that now reads the same data inputs fused or replaced it; with no reader, it was removed.
-fn why_missing(r: &GraphIndex, t: &GraphIndex, node: &layerdiff_onnx::NodeInfo) -> String {
+fn why_missing(r: &GraphIndex, t: &GraphIndex, node: &NodeInfo) -> String {
     let data_inputs: Vec<&String> = node
         .inputs
         .iter()
@@ -116,7 +135,7 @@ fn why_missing(r: &GraphIndex, t: &GraphIndex, node: &layerdiff_onnx::NodeInfo) 
     let newcomer = data_inputs
         .iter()
         .flat_map(|i| t.consumers(i))
-        .find(|m| !known_readers.contains(&m.name.as_str()));
+        .find(|m| !known_readers.contains(&m.name.as_str()) && !is_conversion(m));
     match newcomer {
         Some(m) => {
             let downstream = m
@@ -128,12 +147,22 @@ fn why_missing(r: &GraphIndex, t: &GraphIndex, node: &layerdiff_onnx::NodeInfo) 
                     "fused or removed: the target's {} node `{}` now reads this node's inputs and produces `{out}` directly",
                     m.op_type, m.name
                 ),
-                None => format!(
-                    "replaced: the target's {} node `{}` reads this node's inputs instead",
-                    m.op_type, m.name
-                ),
+                None => match computed_downstream(r, t, node) {
+                    Some((value, fused)) if fused.index == m.index => format!(
+                        "fused or removed: the target's {} node `{}` produces `{value}` without it",
+                        m.op_type, m.name
+                    ),
+                    _ => format!(
+                        "replaced: the target's {} node `{}` reads this node's inputs instead",
+                        m.op_type, m.name
+                    ),
+                },
             }
         }
+        None if let Some((value, m)) = computed_downstream(r, t, node) => format!(
+            "fused or removed: the target's {} node `{}` produces `{value}` without it",
+            m.op_type, m.name
+        ),
         None if data_inputs
             .iter()
             .any(|i| t.consumers(i).next().is_some() || t.has_value(i)) =>
@@ -144,6 +173,43 @@ fn why_missing(r: &GraphIndex, t: &GraphIndex, node: &layerdiff_onnx::NodeInfo) 
             "not in the target: neither the value, its node, nor its inputs are there".to_string()
         }
     }
+}
+
+/// Whether `node` only converts a value between layouts (ONNX Runtime's NCHWc reorders, and
+/// those layerdiff adds to give back a renamed value): it computes nothing a value came from.
+fn is_conversion(node: &NodeInfo) -> bool {
+    node.domain == NCHWC_DOMAIN && matches!(node.op_type.as_str(), "ReorderInput" | "ReorderOutput")
+}
+
+/// The first value downstream of `node` (in the reference's order) that the target computes,
+/// and the target node that computes it: where an optimizer fused the node's work. Behind a
+/// layout conversion, the node is the one whose output it converts.
+fn computed_downstream<'t>(
+    r: &GraphIndex,
+    t: &'t GraphIndex,
+    node: &NodeInfo,
+) -> Option<(String, &'t NodeInfo)> {
+    let mut frontier: Vec<&NodeInfo> = vec![node];
+    let mut seen = std::collections::HashSet::new();
+    while !frontier.is_empty() && seen.len() < MAX_GROUP_NODES {
+        let mut next: Vec<&NodeInfo> = Vec::new();
+        for n in frontier {
+            for out in n.outputs.iter().filter(|o| !o.is_empty()) {
+                if n.index != node.index
+                    && let Some(mut producer) = t.producer(out)
+                {
+                    while is_conversion(producer) {
+                        producer = t.producer(producer.inputs.first()?)?;
+                    }
+                    return Some((out.clone(), producer));
+                }
+                next.extend(r.consumers(out).filter(|c| seen.insert(c.index)));
+            }
+        }
+        next.sort_by_key(|n| n.index);
+        frontier = next;
+    }
+    None
 }
 
 /// Runs the comparison and returns the report. Drift is a finding, not an error.
@@ -166,7 +232,7 @@ pub fn compare_models(
         check_inputs(&r_index, &pair.inputs)?;
         check_inputs(&t_index, &pair.inputs)?;
         // A file of expected values holds only some values: compare those.
-        let pairings: Vec<Pairing> = pair_values(reference, target)
+        let pairings: Vec<Pairing> = pair_values(reference, target, &pair.renames.blocked)
             .into_iter()
             .filter(|p| pair.reference_runtime.provides(&p.value))
             .collect();
@@ -224,6 +290,7 @@ pub fn compare_models(
         }
     }
     clock.lap("pairing values and planning the run", OWN);
+    let mut shipped = pair.shipped.take();
     let pair = &*pair;
     let reference = &pair.reference_model;
     let target = pair.target_model.as_ref().unwrap_or(reference);
@@ -241,6 +308,9 @@ pub fn compare_models(
             });
             match &p.target {
                 Err(reason) => layer.reason = Some(reason.clone()),
+                Ok(_) if pair.renames.restored.contains_key(&p.value) => {
+                    layer.reason = pair.renames.restored.get(&p.value).cloned();
+                }
                 Ok(name) if name != &p.value => {
                     layer.reason = Some(format!("matched by node: the target calls it `{name}`"));
                 }
@@ -276,6 +346,9 @@ pub fn compare_models(
         clock.lap("reference run", RUNTIME);
         t_live.run(target_rt.as_ref(), &t_model, &segment.target, &mut t_dtypes)?;
         clock.lap("target run", RUNTIME);
+        if let Some(shipped) = shipped.as_mut() {
+            shipped.check_outputs(&t_live);
+        }
 
         for i in segment.layers.clone() {
             let p = &pairings[i];
@@ -382,7 +455,22 @@ pub fn compare_models(
         t_live.free(&segment.target.free);
     }
     drop((r_live, t_live));
-    let summary = analyse(&mut layers, pair.tolerance);
+    let mut summary = analyse(&mut layers, pair.tolerance);
+    let target_graph = shipped.map(|shipped| {
+        let surviving = pairings.iter().filter(|p| p.target.is_ok());
+        let restored = surviving
+            .clone()
+            .filter(|p| pair.renames.restored.contains_key(&p.value))
+            .count();
+        let (graph, warnings) = shipped.finish(surviving.count(), restored);
+        // Values fused away are the point of an optimized graph, not a gap in the verdict:
+        // their error reaches the next value that survives, and the graph's line counts them.
+        summary
+            .warnings
+            .retain(|w| !w.starts_with(LOW_COVERAGE_WARNING));
+        summary.warnings.extend(warnings);
+        graph
+    });
     if let Some(why) = nothing_compared(&layers, &summary) {
         return Err(crate::Error::NothingCompared(format!(
             "{why}\nhint: values are paired by name, then by producing node; `--vs` must be a version of the same model, and `expected:` files must hold values named as in the model"
@@ -419,6 +507,7 @@ pub fn compare_models(
             pair.target.as_ref().unwrap_or(&pair.reference),
             target_rt.as_ref(),
         ),
+        target_graph,
         mode: if pair.local { "local" } else { "accumulated" }.to_string(),
         tolerance: pair.tolerance.info(),
         seed: pair.seed,

@@ -11,6 +11,7 @@ use crate::inputs::{InputPlan, generate_inputs, read_inputs};
 use crate::model_pair::{ModelPair, compare_models};
 use crate::output::{exit_code, summary_text, write_reports};
 use crate::segments::default_budget;
+use crate::shipped::prepare_target;
 use crate::timings::{OWN, RUNTIME, Stopwatch, timings_text};
 
 /// Why `layerdiff onnx` could not run.
@@ -80,20 +81,24 @@ pub(crate) fn run(args: &OnnxArgs) -> Result<u8, CommandError> {
             )
         }
     };
+    clock.lap("making inputs", OWN);
+    let target = prepare_target(&reference, target, target_runtime, &inputs)?;
+    clock.lap("optimizing the target graph", RUNTIME);
     let mut pair = ModelPair {
         reference: args.model.clone(),
         reference_model: reference,
         target: args.vs.clone(),
-        target_model: target,
+        target_model: target.model,
         reference_runtime,
-        target_runtime,
+        target_runtime: target.runtime,
+        renames: target.renames,
+        shipped: target.shipped,
         inputs,
         seed,
         tolerance: args.tolerance,
         local: !args.no_local,
         max_memory: args.max_memory.or_else(default_budget),
     };
-    clock.lap("making inputs", OWN);
     let (mut report, segmentation) = compare_models(&mut pair, &mut clock)?;
     if !args.report.timings {
         report.timings = None;

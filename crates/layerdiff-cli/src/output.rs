@@ -69,6 +69,9 @@ pub fn summary_text(report: &Report) -> String {
         report.target.runtime,
         report.target.detail
     ));
+    if let Some(graph) = &report.target_graph {
+        out.push_str(&format!("  target graph: {}\n", graph.describe()));
+    }
     out.push_str(&format!(
         "  layers: {} total, {} compared, {} without an ONNX counterpart\n",
         s.layers_total, s.layers_compared, s.layers_unmapped

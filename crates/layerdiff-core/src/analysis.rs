@@ -79,13 +79,16 @@ pub const LOW_COVERAGE: f64 = 0.5;
 
 /// A warning when fewer than [`LOW_COVERAGE`] of the layers were compared, with the most
 /// common reasons for the others.
+/// How the warning about few compared layers begins.
+pub const LOW_COVERAGE_WARNING: &str = "low coverage";
+
 fn coverage_warning(layers: &[Layer], compared: usize) -> Option<String> {
     let total = layers.len();
     if total == 0 || compared == 0 || compared as f64 >= LOW_COVERAGE * total as f64 {
         return None;
     }
     Some(format!(
-        "low coverage: only {compared} of {total} layers were compared ({:.0}%), so the verdict covers part of the model; {}",
+        "{LOW_COVERAGE_WARNING}: only {compared} of {total} layers were compared ({:.0}%), so the verdict covers part of the model; {}",
         100.0 * compared as f64 / total as f64,
         not_compared_reasons(layers)
     ))

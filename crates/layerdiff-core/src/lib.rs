@@ -19,7 +19,8 @@ mod tensor;
 mod tolerance;
 
 pub use analysis::{
-    BORN_HERE, LOW_COVERAGE, analyse, judge, not_compared_reasons, nothing_compared,
+    BORN_HERE, LOW_COVERAGE, LOW_COVERAGE_WARNING, analyse, judge, not_compared_reasons,
+    nothing_compared,
 };
 pub use cause::{Evidence, explain, precision_grid};
 pub use compare::{Stats, THRESHOLDS, Worst, compare};
@@ -33,7 +34,7 @@ pub use pair::{PairOutcome, compare_pair};
 pub use random::{SplitMix64, random_tensor};
 pub use report::{
     Float64Distance, InputInfo, Layer, LayerStatus, OnnxRef, Report, SCHEMA, SideInfo, Summary,
-    Timing, WorstLayer, WorstLayers,
+    TargetGraph, Timing, WorstLayer, WorstLayers,
 };
 pub use tensor::{Tensor, TensorView};
 pub use tolerance::{

@@ -20,6 +20,9 @@ pub struct Report {
     pub reference: SideInfo,
     /// The side under test.
     pub target: SideInfo,
+    /// The graph the target really ran, when its runtime optimized the model first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_graph: Option<TargetGraph>,
     /// `local`: besides the accumulated error (each side run from the original input), each
     /// layer was re-run on the target with the reference's inputs; `accumulated`: not re-run.
     pub mode: String,
@@ -69,6 +72,63 @@ pub struct SideInfo {
     pub runtime: String,
     /// Version, device, provider and options, in words.
     pub detail: String,
+}
+
+/// The graph a target's runtime optimized and ran, and what comparing inside it cost.
+///
+/// Exposing a value as an output keeps an optimizer from fusing it away, so values are exposed
+/// in the graph the runtime already optimized, never in the file; and the model outputs of
+/// that exposed run are checked against a run of the file as it ships.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TargetGraph {
+    /// Who optimized the graph, at which level.
+    pub optimized_by: String,
+    /// Nodes in the file.
+    pub nodes_in_file: usize,
+    /// Nodes in the optimized graph (before any value is exposed or converted back).
+    pub nodes_optimized: usize,
+    /// Reference values that exist in the optimized graph, by name or traced back from a
+    /// renamed one; only these can be compared.
+    pub values_surviving: usize,
+    /// Of those, values the optimizer renamed into another layout, given back through layout
+    /// conversions (pure data movement) to be compared.
+    pub values_restored: usize,
+    /// Model outputs of the exposed run that are bit-identical to those of an unmodified run
+    /// of the file at the same level, out of `outputs_checked`.
+    pub outputs_identical: usize,
+    /// Model outputs checked.
+    pub outputs_checked: usize,
+    /// The largest absolute difference between the two runs' model outputs (0 when identical).
+    #[serde(serialize_with = "crate::render::float")]
+    pub outputs_max_abs_diff: f64,
+}
+
+impl TargetGraph {
+    /// The graph in one sentence, for the text and Markdown summaries.
+    pub fn describe(&self) -> String {
+        let restored = match self.values_restored {
+            0 => String::new(),
+            n => format!(" ({n} given back from a blocked layout)"),
+        };
+        let outputs = if self.outputs_checked == 0 {
+            "the model outputs of the exposed run could not be checked against an unmodified run"
+                .to_string()
+        } else if self.outputs_identical == self.outputs_checked {
+            format!(
+                "exposing them left the model outputs bit-identical to an unmodified run ({} of {})",
+                self.outputs_identical, self.outputs_checked
+            )
+        } else {
+            format!(
+                "exposing them CHANGED the model outputs (largest difference {:.3e}; {} of {} identical)",
+                self.outputs_max_abs_diff, self.outputs_identical, self.outputs_checked
+            )
+        };
+        format!(
+            "{} ({} nodes in the file, {} after); compared where the optimized graph has values: {} reference values survive it{restored}; {outputs}",
+            self.optimized_by, self.nodes_in_file, self.nodes_optimized, self.values_surviving
+        )
+    }
 }
 
 /// An input tensor given to both sides.

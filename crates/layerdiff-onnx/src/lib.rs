@@ -15,6 +15,7 @@ mod local;
 mod mapping;
 mod model;
 mod node_ext;
+mod optimized;
 mod scope;
 mod surgery;
 mod tensor_io;
@@ -27,6 +28,7 @@ pub use local::{LocalGroup, MAX_GROUP_NODES, attribute_changes, attribute_text, 
 pub use mapping::{LayerCall, LayerMapping, ScopeMapping, ValueMatch, ValueRequest, map_layers};
 pub use model::Model;
 pub use node_ext::NodeExt;
+pub use optimized::{NCHWC_DOMAIN, Restoration, Restored, restore_renamed};
 pub use scope::{ScopeResolver, ScopeSource};
 pub use surgery::{expose_values, extract_nodes};
 pub use tensor_io::{read_tensor_pb, read_test_data, tensor_from_proto};

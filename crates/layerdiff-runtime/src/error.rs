@@ -32,6 +32,9 @@ pub enum Error {
     /// ONNX Runtime refused the model.
     #[error("ONNX Runtime cannot load the model: {0}")]
     Session(String),
+    /// ONNX Runtime could not save, or layerdiff could not read back, the optimized graph.
+    #[error("ONNX Runtime could not save its optimized graph: {0}")]
+    SaveOptimized(String),
     /// ONNX Runtime failed while running.
     #[error("ONNX Runtime failed to run the model: {0}")]
     Run(String),

@@ -37,6 +37,12 @@ pub trait Runtime {
     fn computes(&self) -> bool {
         true
     }
+    /// The graph this runtime really runs, when it rewrites a model before running it (ONNX
+    /// Runtime above `opt=disable`): the rewritten model as the runtime saves it, and a runtime
+    /// that runs it as saved. `None` when the model runs as written.
+    fn optimize(&self, _model: &Model) -> Result<Option<Optimized>> {
+        Ok(None)
+    }
     /// Runs `model` on `inputs` and returns the requested values in the order asked.
     fn run(
         &self,
@@ -56,4 +62,15 @@ pub trait Runtime {
             self.run(model, inputs, outputs)?,
         ])
     }
+}
+
+/// A model as a runtime rewrote it (see [`Runtime::optimize`]).
+pub struct Optimized {
+    /// The rewritten graph, read back from the runtime's saved file.
+    pub model: Model,
+    /// Runs it as saved, rewriting nothing more.
+    pub runtime: Box<dyn Runtime + Send + Sync>,
+    /// The folder of the saved file: keep it while the model is in use (its external data is
+    /// read from there).
+    pub folder: tempfile::TempDir,
 }

@@ -12,7 +12,7 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::session::{Session, SessionInputValue};
 use ort::value::{DynValue, TensorElementType, TensorRef, ValueRef};
 
-use crate::{Error, Result, Runtime};
+use crate::{Error, Optimized, Result, Runtime};
 
 /// ONNX Runtime's graph optimization level. layerdiff defaults to [`OptLevel::Disable`] so every
 /// node's value exists as written in the file.
@@ -153,6 +153,9 @@ pub struct OrtRuntime {
     pub provider: Provider,
     /// Intra-op threads (`None`: ONNX Runtime's default).
     pub intra_threads: Option<usize>,
+    /// The level at which ONNX Runtime already optimized the graph this runtime runs (see
+    /// [`Runtime::optimize`]); `None` for a file run as given.
+    optimized_at: Option<OptLevel>,
     library: PathBuf,
     version: String,
 }
@@ -174,6 +177,7 @@ impl OrtRuntime {
                 opt_level,
                 provider: Provider::Cpu,
                 intra_threads: None,
+                optimized_at: None,
                 library: loaded.path.clone(),
                 version: version_from_path(&loaded.path),
             }),
@@ -217,6 +221,12 @@ impl OrtRuntime {
     }
 
     fn session(&self, model: &Model) -> Result<Session> {
+        self.session_saving(model, None)
+    }
+
+    /// A session on `model`; with `optimized`, ONNX Runtime also saves the graph it optimized
+    /// there (its external data beside it).
+    fn session_saving(&self, model: &Model, optimized: Option<&Path>) -> Result<Session> {
         let cell = ORT.get().expect("initialised in new");
         let guard = cell.lock().unwrap_or_else(|e| e.into_inner());
         let Some(Ok(loaded)) = guard.as_ref() else {
@@ -248,6 +258,19 @@ impl OrtRuntime {
                     folder.to_string_lossy(),
                 )
                 .map_err(session_error)?;
+        }
+        if let Some(path) = optimized {
+            builder = builder
+                .with_optimized_model_path(path)
+                .map_err(session_error)?;
+            if !model.external_data_files().is_empty() {
+                builder = builder
+                    .with_config_entry(
+                        "session.optimized_model_external_initializers_file_name",
+                        "optimized.onnx.data",
+                    )
+                    .map_err(session_error)?;
+            }
         }
         builder
             .commit_from_memory(&model.to_bytes())
@@ -312,11 +335,42 @@ impl Runtime for OrtRuntime {
     }
 
     fn detail(&self) -> String {
+        let optimizations = match self.optimized_at {
+            Some(level) => format!(
+                "graph optimizations: {} (applied once; the saved optimized graph runs as saved)",
+                level.name()
+            ),
+            None => format!("graph optimizations: {}", self.opt_level.name()),
+        };
         format!(
-            "onnxruntime {}, CPUExecutionProvider, graph optimizations: {}",
+            "onnxruntime {}, {}, {optimizations}",
             self.version,
-            self.opt_level.name()
+            self.provider.ort_name()
         )
+    }
+
+    /// Lets ONNX Runtime optimize `model` at this runtime's level and save the graph, which is
+    /// read back and run with optimizations off (it is already optimized: running it again
+    /// would let values exposed for comparison undo fusions).
+    fn optimize(&self, model: &Model) -> Result<Option<Optimized>> {
+        if self.opt_level == OptLevel::Disable {
+            return Ok(None);
+        }
+        let failed = |e: &dyn std::fmt::Display| Error::SaveOptimized(e.to_string());
+        let folder = tempfile::tempdir().map_err(|e| failed(&e))?;
+        let path = folder.path().join("optimized.onnx");
+        drop(self.session_saving(model, Some(&path))?);
+        let saved = Model::load(&path).map_err(|e| failed(&e))?;
+        let runtime = Self {
+            opt_level: OptLevel::Disable,
+            optimized_at: Some(self.opt_level),
+            ..self.clone()
+        };
+        Ok(Some(Optimized {
+            model: saved,
+            runtime: Box::new(runtime),
+            folder,
+        }))
     }
 
     fn run(

@@ -27,6 +27,9 @@ pub fn to_markdown(report: &Report) -> String {
         report.target.detail,
         report.mode
     );
+    if let Some(graph) = &report.target_graph {
+        let _ = writeln!(out, "Target graph: {}\n", graph.describe());
+    }
     let origin = s
         .drift_origin
         .as_deref()

@@ -1,0 +1,245 @@
+//! The graph that ships. A runtime that optimizes a model (ONNX Runtime above `opt=disable`)
+//! fuses nodes and changes layouts; exposing every value of the file as an output would stop
+//! those fusions and measure a graph that never ships. So the runtime optimizes the file first
+//! and saves what it made; values an optimizer renamed into a blocked layout are given back
+//! under their original names ([`restore_renamed`]); only values that exist in that graph are
+//! compared, in that graph, run as saved; and the model outputs of the exposed run are checked
+//! against an unmodified run of the file, so a report says whether exposing changed anything.
+//!
+//! A target *file* that an optimizer already wrote (`--vs model.opt.onnx`) gets the same
+//! renamed values given back, without the check (there is no unmodified file to run).
+
+use std::collections::HashMap;
+
+use layerdiff_core::{TargetGraph, Tensor, compare_pair};
+use layerdiff_onnx::{Model, restore_renamed};
+use layerdiff_runtime::{Optimized, Runtime};
+
+use crate::Result;
+use crate::segments::Values;
+
+/// The target a run measures, and what it took to get there.
+pub struct Target {
+    /// The target model: the optimized graph, the `--vs` file, or `None` for the reference file.
+    pub model: Option<Model>,
+    /// Runs it.
+    pub runtime: Box<dyn Runtime + Send + Sync>,
+    /// Values an optimizer renamed or left in a blocked layout.
+    pub renames: Renames,
+    /// Set when the runtime optimized the model first.
+    pub shipped: Option<Shipped>,
+}
+
+/// What an optimizer did to value names, as pairing needs it.
+#[derive(Debug, Default)]
+pub struct Renames {
+    /// How the target computes each value given back, by its original name.
+    pub restored: HashMap<String, String>,
+    /// Target values still in a blocked layout, and why each could not be given back.
+    pub blocked: HashMap<String, String>,
+}
+
+impl Renames {
+    fn of(original: &Model, target: &mut Model) -> Self {
+        let done = restore_renamed(original, target);
+        Self {
+            restored: done
+                .restored
+                .into_iter()
+                .map(|r| (r.origin, r.how))
+                .collect(),
+            blocked: done.blocked.into_iter().collect(),
+        }
+    }
+}
+
+/// An optimized target graph, and the outputs of the file as it ships.
+pub struct Shipped {
+    /// What the report says about the graph (surviving values are counted once paired).
+    pub graph: TargetGraph,
+    /// The model outputs of an unmodified run of the file at the runtime's level.
+    pub unmodified: Vec<(String, Tensor)>,
+    /// The outputs checked so far against the exposed run, and whether each was identical.
+    checked: HashMap<String, bool>,
+    /// Holds the optimized file while the model reads from it.
+    _folder: tempfile::TempDir,
+}
+
+/// The target of a run: when `runtime` optimizes, the graph it optimized from `file` (the
+/// target file, or the reference's), run as saved; else `file` and `runtime` as given. Values
+/// an optimizer renamed are given back against `reference`, whose names pairing looks for.
+pub fn prepare_target(
+    reference: &Model,
+    file: Option<Model>,
+    runtime: Box<dyn Runtime + Send + Sync>,
+    inputs: &[(String, Tensor)],
+) -> Result<Target> {
+    let original = file.as_ref().unwrap_or(reference);
+    let Some(Optimized {
+        model: mut optimized,
+        runtime: as_saved,
+        folder,
+    }) = runtime.optimize(original)?
+    else {
+        let mut model = file;
+        let renames = match model.as_mut() {
+            Some(target) => Renames::of(reference, target),
+            None => Renames::default(),
+        };
+        return Ok(Target {
+            model,
+            runtime,
+            renames,
+            shipped: None,
+        });
+    };
+    let nodes_optimized = optimized.graph().node.len();
+    let outputs: Vec<String> = original
+        .graph()
+        .output
+        .iter()
+        .map(|o| o.name().to_string())
+        .collect();
+    let unmodified = runtime.run(original, inputs, &outputs)?;
+    let renames = Renames::of(original, &mut optimized);
+    let graph = TargetGraph {
+        optimized_by: format!(
+            "optimized by {}, before any value was exposed",
+            runtime.detail()
+        ),
+        nodes_in_file: original.graph().node.len(),
+        nodes_optimized,
+        values_surviving: 0,
+        values_restored: 0,
+        outputs_identical: 0,
+        outputs_checked: 0,
+        outputs_max_abs_diff: 0.0,
+    };
+    Ok(Target {
+        model: Some(optimized),
+        runtime: as_saved,
+        renames,
+        shipped: Some(Shipped {
+            graph,
+            unmodified,
+            checked: HashMap::new(),
+            _folder: folder,
+        }),
+    })
+}
+
+impl Shipped {
+    /// Checks each model output that `held` has (the exposed run's values) and that was not
+    /// checked yet against the unmodified run.
+    pub(crate) fn check_outputs(&mut self, held: &Values) {
+        for (name, unmodified) in &self.unmodified {
+            if self.checked.contains_key(name) {
+                continue;
+            }
+            let Some(exposed) = held.get(name) else {
+                continue;
+            };
+            let identical = exposed.shape == unmodified.shape
+                && exposed.dtype == unmodified.dtype
+                && exposed.bytes == unmodified.bytes;
+            if !identical {
+                let stats = compare_pair(unmodified.view(), exposed.view()).stats;
+                let diff = stats.map_or(f64::INFINITY, |s| s.max_abs_diff);
+                let g = &mut self.graph;
+                g.outputs_max_abs_diff = g.outputs_max_abs_diff.max(diff);
+            }
+            self.checked.insert(name.clone(), identical);
+        }
+    }
+
+    /// The report's account of the graph, with the values that survived it counted.
+    pub fn finish(mut self, surviving: usize, restored: usize) -> (TargetGraph, Vec<String>) {
+        let g = &mut self.graph;
+        g.values_surviving = surviving;
+        g.values_restored = restored;
+        g.outputs_checked = self.checked.len();
+        g.outputs_identical = self.checked.values().filter(|&&same| same).count();
+        let mut warnings = Vec::new();
+        if g.outputs_identical < g.outputs_checked {
+            warnings.push(format!(
+                "exposing values changed the optimized graph's model outputs (largest difference {:.3e}): the per-layer numbers come from a graph that computes differently from the one that ships",
+                g.outputs_max_abs_diff
+            ));
+        }
+        let unchecked: Vec<&str> = self
+            .unmodified
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .filter(|n| !self.checked.contains_key(*n))
+            .collect();
+        if !unchecked.is_empty() {
+            warnings.push(format!(
+                "model outputs not checked against an unmodified run of the file: `{}`",
+                unchecked.join("`, `")
+            ));
+        }
+        (self.graph, warnings)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use layerdiff_core::DType;
+
+    use super::*;
+
+    fn tensor(name: &str, values: &[f32]) -> (String, Tensor) {
+        let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let t = Tensor::new(name, DType::F32, vec![values.len()], bytes).unwrap();
+        (name.to_string(), t)
+    }
+
+    fn shipped(unmodified: Vec<(String, Tensor)>) -> Shipped {
+        Shipped {
+            graph: TargetGraph {
+                optimized_by: "optimized by a test".into(),
+                nodes_in_file: 4,
+                nodes_optimized: 2,
+                values_surviving: 0,
+                values_restored: 0,
+                outputs_identical: 0,
+                outputs_checked: 0,
+                outputs_max_abs_diff: 0.0,
+            },
+            unmodified,
+            checked: HashMap::new(),
+            _folder: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    #[test]
+    fn outputs_changed_by_exposing_are_a_warning_with_the_difference() {
+        let mut s = shipped(vec![tensor("logits", &[1.0, 2.0]), tensor("aux", &[0.0])]);
+        s.check_outputs(&Values::new(vec![tensor("logits", &[1.0, 2.5])]));
+        // A later segment holding the same output again does not count it twice.
+        s.check_outputs(&Values::new(vec![tensor("logits", &[1.0, 2.0])]));
+        let (graph, warnings) = s.finish(3, 1);
+        assert_eq!((graph.outputs_checked, graph.outputs_identical), (1, 0));
+        assert_eq!(graph.outputs_max_abs_diff, 0.5);
+        assert_eq!((graph.values_surviving, graph.values_restored), (3, 1));
+        assert!(warnings[0].starts_with("exposing values changed the optimized graph's model outputs (largest difference 5.000e-1)"));
+        assert_eq!(
+            warnings[1],
+            "model outputs not checked against an unmodified run of the file: `aux`"
+        );
+        assert!(graph.describe().contains("CHANGED the model outputs"));
+    }
+
+    #[test]
+    fn identical_outputs_say_so_and_warn_of_nothing() {
+        let mut s = shipped(vec![tensor("y", &[1.0, -0.0])]);
+        s.check_outputs(&Values::new(vec![tensor("y", &[1.0, -0.0])]));
+        let (graph, warnings) = s.finish(2, 0);
+        assert!(warnings.is_empty());
+        assert!(
+            graph
+                .describe()
+                .contains("bit-identical to an unmodified run (1 of 1)")
+        );
+    }
+}
