@@ -46,7 +46,9 @@ pub struct OnnxArgs {
     /// `expected:PATH` (values from a safetensors file or an ONNX test_data_set folder).
     #[arg(long, default_value = "ort", value_parser = RuntimeSpec::parse)]
     pub reference: RuntimeSpec,
-    /// Runtime of the target side (same spellings). Default: `tract`, or `ort` with --vs.
+    /// Runtime of the target side (same spellings). Default: `tract`, or `ort` with --vs. With
+    /// `opt=…`, ONNX Runtime optimizes the file first and the values of the graph it saved are
+    /// compared, so the graph measured is the one that ships.
     #[arg(long, value_parser = RuntimeSpec::parse)]
     pub target: Option<RuntimeSpec>,
     /// Seed of the generated inputs.
@@ -137,7 +139,8 @@ pub struct TorchArgs {
     #[arg(long, value_name = "PATH")]
     pub onnx: Option<PathBuf>,
     /// The runtime that runs the ONNX file: `ort` (CPU, graph optimizations off, so every value
-    /// exists as written), `ort:opt=basic|extended|all`, `ort:cuda`…, or `tract`.
+    /// exists as written), `ort:opt=basic|extended|all` (optimized first: the values of the
+    /// graph ONNX Runtime saved are compared), `ort:cuda`…, or `tract`.
     #[arg(long, default_value = "ort", value_parser = RuntimeSpec::parse)]
     pub target: RuntimeSpec,
     /// The most memory our copies of the layers' values may take at once (`4G`, `512M`): the
