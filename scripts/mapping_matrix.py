@@ -1,6 +1,7 @@
 """Maps real architectures through both exporters and rewrites docs/mapping.md: per model and
 exporter, how many layers were compared, how many have no ONNX counterpart by construction
-(fused at export, identity at inference), and the verdict (`make mapping`).
+(fused at export, identity at inference), and the verdict; and the short table in README.md
+between its `mapping-table` markers (`make mapping`).
 
 Models are built from configs and constructors with random weights (seed 0), see
 tests/builders/zoo.py."""
@@ -22,14 +23,30 @@ from builders.zoo import BUILDERS  # noqa: E402
 NO_COUNTERPART = ("fused", "identity at inference")
 
 
-def row(name: str, exporter: str) -> str:
+README_NAMES = {
+    "bert": "BERT (transformers config, 2 layers)",
+    "gpt2": "GPT-2 (transformers config)",
+    "llama": "Llama-style (RMSNorm, RoPE, GQA, SwiGLU)",
+    "resnet18": "ResNet-18",
+    "mobilenet_v3_small": "MobileNetV3-Small",
+    "vit_b_16": "ViT-B/16",
+    "convnext_atto (timm)": "ConvNeXt-atto (timm)",
+}
+
+
+def row(name: str, exporter: str) -> tuple[str, str]:
+    """The docs/mapping.md row, and the README cell."""
     torch.manual_seed(0)
     model, inputs = BUILDERS[name]()
     try:
         report = layerdiff.compare_torch_onnx(model.eval(), inputs, exporter=exporter)
     except layerdiff.LayerdiffError as e:
         first = str(e).splitlines()[0]
-        return f"| {name} | {exporter} | – | – | – | – | export failed: {first[:110]} |"
+        cause = first.split("`")[1] if first.count("`") >= 2 else "see docs/mapping.md"
+        return (
+            f"| {name} | {exporter} | – | – | – | – | export failed: {first[:110]} |",
+            f"export fails (`{cause}`)",
+        )
     s = report.summary
     unmapped = [layer for layer in report.layers if layer["status"] != "compared"]
     by_design = [u for u in unmapped if u["reason"].startswith(NO_COUNTERPART)]
@@ -44,7 +61,8 @@ def row(name: str, exporter: str) -> str:
     rest = "; ".join(f"{n} × {r}" for r, n in others.most_common(2)) or "–"
     return (
         f"| {name} | {exporter} | {s['layers_total']} | {s['layers_compared']} | "
-        f"{len(by_design)} | **{rate:.0f}%** | {verdict}; other unmapped: {rest} |"
+        f"{len(by_design)} | **{rate:.0f}%** | {verdict}; other unmapped: {rest} |",
+        f"{s['layers_compared']} / {s['layers_total']}, {rate:.0f}%",
     )
 
 
@@ -61,12 +79,26 @@ def main() -> None:
         "| model | exporter | layers | compared | no counterpart | mapped | verdict |",
         "|---|---|---|---|---|---|---|",
     ]
+    short = [
+        "| model | dynamo: compared / layers, mapped | legacy: compared / layers, mapped |",
+        "|---|---|---|",
+    ]
     for name in BUILDERS:
+        cells = []
         for exporter in ("dynamo", "legacy"):
-            lines.append(row(name, exporter))
-            print(lines[-1], flush=True)
+            line, cell = row(name, exporter)
+            lines.append(line)
+            cells.append(cell)
+            print(line, flush=True)
+        short.append(f"| {README_NAMES.get(name, name)} | {cells[0]} | {cells[1]} |")
     (ROOT / "docs" / "mapping.md").write_text("\n".join(lines) + "\n")
-    print("wrote docs/mapping.md")
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    start, end = "<!-- mapping-table -->\n", "<!-- /mapping-table -->"
+    head, rest = text.split(start)
+    tail = rest.split(end, 1)[1]
+    readme.write_text(head + start + "\n".join(short) + "\n" + end + tail)
+    print("wrote docs/mapping.md and the table in README.md")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 
+import numpy as np
 import onnx
 import pytest
 from builders.strip_scopes import strip_scopes
@@ -29,8 +30,11 @@ def test_blocks_in_a_module_list_are_mapped_from_both_exporters(tmp_path, export
     path = export_onnx(model, inputs, tmp_path / "m.onnx", exporter=exporter)
     report = compare_torch_onnx(model, inputs, onnx=path)
     s = report.summary
-    # `wpe` reads a constant position index, so both exporters fold it into a constant.
-    assert (s["layers_total"], s["layers_compared"]) == (18, 17), report.summary_text()
+    # 18 module calls and 13 functional calls between them (the attention's matmuls, scaling
+    # and softmax, the residual adds); `wpe` reads a constant position index, so both
+    # exporters fold it into a constant.
+    assert (s["layers_total"], s["layers_compared"]) == (31, 30), report.summary_text()
+    assert report.layer("blocks.1:softmax")["status"] == "compared"
     assert report.layer("wpe")["status"] == "unmapped"
     assert report.layer("blocks.1.fc")["onnx"]["op_type"] in ("Add", "Gemm", "MatMul")
     assert report.drift_origin is None and s["warnings"] == []
@@ -44,7 +48,11 @@ def test_a_constant_in_a_modules_scope_is_not_its_output():
     layer = report.layer("conv_proj")
     assert layer["status"] == "compared" and layer["onnx"]["op_type"] == "Conv"
     assert report.drift_origin is None
-    assert report.summary["layers_compared"] == 87  # 100 calls; 13 Dropouts are removed
+    # 100 module calls and 26 functional calls: the class token `cat`, the position embedding
+    # `add`, two residual adds per encoder block. 12 Dropouts are removed; the encoder's own,
+    # after the position `add`, is compared against that add's value.
+    assert report.summary["layers_compared"] == 126 - 12
+    assert report.layer("encoder.dropout")["status"] == "compared"
 
 
 @pytest.fixture(scope="module")
@@ -171,3 +179,36 @@ def test_real_architectures_map_with_no_false_drift(name, exporter):
     assert not_compared == NO_COUNTERPART[(name, exporter)], report.summary_text()
     s = report.summary
     assert report.drift_origin is None and s["inconclusive"] is None, report.summary_text()
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "legacy"])
+def test_residual_adds_between_modules_have_rows_of_their_own(resnet18, resnet18_onnx, exporter):
+    """ResNet's `out += identity` is no module call: the worst value of the run (`add_7`,
+    3.5e-5) was absent from the report."""
+    model, inputs, _ = resnet18
+    report = compare_torch_onnx(model, inputs, onnx=resnet18_onnx[exporter])
+    adds = [x for x in report.layers if x["module_type"] == "add()"]
+    assert [x["name"] for x in adds] == [f"layer{i}.{j}:add" for i in range(1, 5) for j in (0, 1)]
+    assert all(x["status"] == "compared" and x["onnx"]["op_type"] == "Add" for x in adds)
+    assert report.summary["worst"]["max_abs_diff"]["layer"] == "layer4.1:add"
+    assert report.drift_origin is None
+
+
+def test_drift_born_in_a_functional_call_is_placed_there(resnet18, resnet18_onnx, tmp_path):
+    """The export's residual add of `layer2.0` scales its shortcut by 1.05: the origin is that
+    add, not the ReLU module after it."""
+    from onnx import helper
+
+    model, inputs, _ = resnet18
+    edited = onnx.load(str(resnet18_onnx["dynamo"]))
+    graph = edited.graph
+    at, add = next((i, n) for i, n in enumerate(graph.node) if n.output[0] == "add_2")
+    graph.initializer.append(numpy_helper.from_array(np.array(1.05, np.float32), "scale"))
+    scale = helper.make_node("Mul", [add.input[1], "scale"], ["scaled"], name="node_add_2_scale")
+    scale.metadata_props.extend(add.metadata_props)  # part of the same call, as a lowering is
+    graph.node.insert(at, scale)
+    add.input[1] = "scaled"
+    onnx.save(edited, str(tmp_path / "edited.onnx"))
+    report = compare_torch_onnx(model, inputs, onnx=tmp_path / "edited.onnx")
+    assert report.drift_origin == "layer2.0:add"
+    assert report.layer("layer2.0:add")["local_exceeds"]

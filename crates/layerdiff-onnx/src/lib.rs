@@ -10,6 +10,7 @@ mod generated;
 
 mod elem_types;
 mod error;
+mod functional;
 mod graph;
 mod local;
 mod mapping;

@@ -16,6 +16,7 @@ use std::collections::{HashMap, HashSet};
 
 use layerdiff_core::{DType, Fingerprint};
 
+use crate::functional::map_functional;
 use crate::scope::ScopeResolver;
 use crate::{Dimension, GraphIndex, GraphProto, NodeExt, is_float_elem_type};
 
@@ -38,6 +39,9 @@ pub struct LayerCall {
     pub dtype: DType,
     /// A sample of its output, to pair it by value where the file names no module scope.
     pub fingerprint: Option<Fingerprint>,
+    /// For a functional call between modules (a residual `add`, an attention's `matmul`), the
+    /// op; `module` is then the module whose `forward` made the call (`""`: the model's own).
+    pub op: Option<String>,
 }
 
 impl LayerCall {
@@ -130,7 +134,11 @@ impl ScopeMapping {
     /// Pairs each layer with a boundary output of its module's scope.
     pub fn new(graph: &GraphProto, layers: &[LayerCall]) -> Self {
         let index = GraphIndex::new(graph);
-        let modules: Vec<&str> = layers.iter().map(|l| l.module.as_str()).collect();
+        let modules: Vec<&str> = layers
+            .iter()
+            .filter(|l| l.op.is_none())
+            .map(|l| l.module.as_str())
+            .collect();
         let resolver = ScopeResolver::new(&modules);
         let node_module: Vec<Option<String>> = graph
             .node
@@ -161,9 +169,14 @@ impl ScopeMapping {
         // Each module's calls take its boundary outputs in order, skipping those that cannot
         // hold the call's output.
         let mut taken: HashMap<&str, usize> = HashMap::new();
+        let mut functional = map_functional(graph, &index, layers);
         let mappings: Vec<LayerMapping> = layers
             .iter()
-            .map(|layer| {
+            .enumerate()
+            .map(|(i, layer)| {
+                if let Some(mapping) = functional.remove(&i) {
+                    return mapping;
+                }
                 let module = layer.module.as_str();
                 let outputs = boundary.get(module).map_or(&[][..], Vec::as_slice);
                 let from = taken.get(module).copied().unwrap_or(0);
@@ -190,7 +203,8 @@ impl ScopeMapping {
         let request = ValueRequest {
             layers: (0..layers.len())
                 .filter(|&i| {
-                    !layers[i].identity
+                    layers[i].op.is_none()
+                        && !layers[i].identity
                         && layers[i].fingerprint.is_some()
                         && !boundary.contains_key(&layers[i].module)
                 })
@@ -265,7 +279,8 @@ fn resolve_nodeless(
 ) -> Vec<LayerMapping> {
     // Layers without nodes of their own, in execution order so chains resolve front to back.
     for (i, layer) in layers.iter().enumerate() {
-        if matches!(mappings[i], LayerMapping::Mapped { .. }) {
+        // A functional call's mapping says all there is (see crate::functional).
+        if layer.op.is_some() || matches!(mappings[i], LayerMapping::Mapped { .. }) {
             continue;
         }
         let feeder = layer.input_from.filter(|&p| p < i);

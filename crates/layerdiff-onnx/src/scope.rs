@@ -121,7 +121,7 @@ fn repeated_call(component: &str) -> Option<&str> {
 }
 
 /// Parses a Python `repr` of a list of strings: `['', 'layer1', "it's"]`.
-fn parse_python_str_list(text: &str) -> Vec<String> {
+pub(crate) fn parse_python_str_list(text: &str) -> Vec<String> {
     let mut items = Vec::new();
     let mut chars = text
         .trim()

@@ -47,6 +47,7 @@ fn call(name: &str, module: &str, k: usize, input_from: Option<usize>) -> LayerC
         shape: vec![1, 4],
         dtype: layerdiff_core::DType::F32,
         fingerprint: None,
+        op: None,
     }
 }
 
@@ -199,4 +200,180 @@ fn a_constant_filed_under_a_module_is_not_its_output() {
     );
     let m = map_layers(&g, &[call("conv_proj", "conv_proj", 0, None)]);
     assert_eq!(value(&m[0]), Some("/conv_proj/y"));
+}
+
+fn function(name: &str, owner: &str, op: &str, k: usize) -> LayerCall {
+    LayerCall {
+        module: owner.into(),
+        op: Some(op.into()),
+        ..call(name, owner, k, None)
+    }
+}
+
+fn dynamo(scopes: &str, aten: &str) -> [(&'static str, String); 2] {
+    [
+        ("pkg.torch.onnx.name_scopes", scopes.to_string()),
+        (
+            "pkg.torch.onnx.class_hierarchy",
+            format!("['Model', 'Block', '{aten}']"),
+        ),
+    ]
+}
+
+fn dynamo_node(
+    name: &str,
+    op: &str,
+    inputs: &[&str],
+    output: &str,
+    meta: &[(&str, String)],
+) -> NodeProto {
+    let meta: Vec<(&str, &str)> = meta.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    node(name, op, inputs, output, &meta)
+}
+
+#[test]
+fn a_residual_add_between_modules_gets_its_row_with_either_exporter() {
+    // block.conv → (block's own) add with x → block.relu
+    let dynamo_graph = graph(
+        vec![
+            dynamo_node(
+                "node_conv",
+                "Conv",
+                &["x", "w"],
+                "conv2d",
+                &dynamo(
+                    "['', 'block', 'block.conv', 'conv2d']",
+                    "aten.conv2d.default",
+                ),
+            ),
+            dynamo_node(
+                "node_add_3",
+                "Add",
+                &["conv2d", "x"],
+                "add_3",
+                &dynamo("['', 'block', 'add_3']", "aten.add.Tensor"),
+            ),
+            dynamo_node(
+                "node_relu",
+                "Relu",
+                &["add_3"],
+                "relu",
+                &dynamo("['', 'block', 'block.relu', 'relu']", "aten.relu.default"),
+            ),
+        ],
+        "relu",
+    );
+    let legacy_graph = graph(
+        vec![
+            node(
+                "/block/conv/Conv",
+                "Conv",
+                &["x", "w"],
+                "/block/conv/Conv_output_0",
+                &[],
+            ),
+            node(
+                "/block/Add",
+                "Add",
+                &["/block/conv/Conv_output_0", "x"],
+                "/block/Add_output_0",
+                &[],
+            ),
+            node(
+                "/block/relu/Relu",
+                "Relu",
+                &["/block/Add_output_0"],
+                "out",
+                &[],
+            ),
+        ],
+        "out",
+    );
+    let layers = [
+        call("block.conv", "block.conv", 0, None),
+        function("block:add", "block", "add", 0),
+        call("block.relu", "block.relu", 0, Some(1)),
+    ];
+    let m = map_layers(&dynamo_graph, &layers);
+    assert_eq!(value(&m[1]), Some("add_3"));
+    assert_eq!(value(&m[2]), Some("relu"));
+    let m = map_layers(&legacy_graph, &layers);
+    assert_eq!(value(&m[1]), Some("/block/Add_output_0"));
+    assert_eq!(value(&m[0]), Some("/block/conv/Conv_output_0"));
+}
+
+#[test]
+fn functional_calls_whose_counts_differ_are_not_paired_by_position() {
+    // PyTorch made two adds in `block`; the export kept one (it folded the other).
+    let g = graph(
+        vec![
+            node("/block/Add", "Add", &["x", "x"], "/block/Add_output_0", &[]),
+            node(
+                "/block/relu/Relu",
+                "Relu",
+                &["/block/Add_output_0"],
+                "out",
+                &[],
+            ),
+        ],
+        "out",
+    );
+    let layers = [
+        function("block:add", "block", "add", 0),
+        function("block:add#2", "block", "add", 1),
+        call("block.relu", "block.relu", 0, Some(1)),
+    ];
+    let m = map_layers(&g, &layers);
+    assert_eq!((value(&m[0]), value(&m[1])), (None, None));
+    assert!(
+        reason(&m[0]).contains("PyTorch made 2 `add` call(s) in `block` and the export has 1"),
+        "{}",
+        reason(&m[0])
+    );
+    assert_eq!(value(&m[2]), Some("out"));
+}
+
+#[test]
+fn an_aten_op_lowered_to_several_nodes_is_the_value_named_after_the_call() {
+    // aten.gelu lowered to Mul/Erf/…: every node carries the call's scope; its value is `gelu`.
+    let scopes = "['', 'block', 'gelu']";
+    let g = graph(
+        vec![
+            dynamo_node(
+                "n1",
+                "Div",
+                &["x", "c"],
+                "val_1",
+                &dynamo(scopes, "aten.gelu.default"),
+            ),
+            dynamo_node(
+                "n2",
+                "Erf",
+                &["val_1"],
+                "val_2",
+                &dynamo(scopes, "aten.gelu.default"),
+            ),
+            dynamo_node(
+                "n3",
+                "Mul",
+                &["x", "val_2"],
+                "gelu",
+                &dynamo(scopes, "aten.gelu.default"),
+            ),
+            dynamo_node(
+                "n4",
+                "Relu",
+                &["gelu"],
+                "out",
+                &dynamo("['', 'block', 'block.act', 'relu']", "aten.relu.default"),
+            ),
+        ],
+        "out",
+    );
+    let layers = [
+        function("block:gelu", "block", "gelu", 0),
+        call("block.act", "block.act", 0, None),
+    ];
+    let m = map_layers(&g, &layers);
+    assert_eq!(value(&m[0]), Some("gelu"));
 }

@@ -111,7 +111,8 @@ struct CapturedRun {
 #[pymethods]
 impl CapturedRun {
     /// `inputs`: flat tensors. `layers`: dicts with `name`, `module`, `module_type`,
-    /// `call_index`, `identity`, `input_from`, `shape` and `dtype`, in execution order.
+    /// `call_index`, `identity`, `input_from`, `shape` and `dtype` (and `op` for a functional
+    /// call), in execution order.
     #[new]
     #[pyo3(signature = (*, command, model, onnx_path, inputs, layers, tolerance, seed, reference_runtime, reference_detail, target="ort", ort_library=None, local=true, float64=true, max_memory=None, timings=None))]
     #[allow(clippy::too_many_arguments)]
@@ -165,6 +166,10 @@ impl CapturedRun {
                     fingerprint: get("fingerprint")?
                         .extract::<Option<(usize, Vec<f64>)>>()?
                         .map(|(count, samples)| Fingerprint { count, samples }),
+                    op: match d.get_item("op")? {
+                        Some(op) => op.extract()?,
+                        None => None,
+                    },
                 },
                 module_type: get("module_type")?.extract()?,
             });
