@@ -8,6 +8,7 @@ tests/builders/zoo.py."""
 
 from __future__ import annotations
 
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -42,10 +43,10 @@ def row(name: str, exporter: str) -> tuple[str, str]:
         report = layerdiff.compare_torch_onnx(model.eval(), inputs, exporter=exporter)
     except layerdiff.LayerdiffError as e:
         first = str(e).splitlines()[0]
-        cause = first.split("`")[1] if first.count("`") >= 2 else "see docs/mapping.md"
+        op = re.search(r"operator '([^']+)'", first)
         return (
             f"| {name} | {exporter} | – | – | – | – | export failed: {first[:110]} |",
-            f"export fails (`{cause}`)",
+            f"export fails (`{op.group(1)}`)" if op else "export fails (see docs/mapping.md)",
         )
     s = report.summary
     unmapped = [layer for layer in report.layers if layer["status"] != "compared"]

@@ -145,3 +145,24 @@ def test_layerdiff_torch_against_opt_all_compares_module_outputs_that_survive(tm
     assert block["status"] == "compared" and "renamed by the optimizer" in block["reason"]
     bn = layer(report, "layer1.0.bn2")
     assert bn["status"] == "unmapped" and "fused or removed by the optimizer" in bn["reason"]
+
+
+def test_a_layer_the_optimizer_folds_into_a_constant_is_explained():
+    """ONNX Runtime folds BERT's token-type embedding (a Gather of constant all-zero type ids)
+    into an initializer: the layer has no computed value in the graph that runs, which must be said,
+    not requested from the run (that was a crash)."""
+    pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from builders import zoo
+    from layerdiff import compare_torch_onnx
+
+    torch.manual_seed(0)
+    model, inputs = zoo.bert()
+    report = compare_torch_onnx(model.eval(), inputs, target="ort:opt=all")
+    folded = [
+        x for x in report.layers if "folded into a constant by the optimizer" in (x["reason"] or "")
+    ]
+    assert [x["name"] for x in folded] == ["model.embeddings.token_type_embeddings"]
+    graph = report.target_graph
+    assert graph["outputs_identical"] == graph["outputs_checked"] == 1
+    assert report.drift_origin is None and report.summary["inconclusive"] is None

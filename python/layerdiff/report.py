@@ -44,6 +44,12 @@ class Report:
         return self.data["summary"]
 
     @property
+    def target_graph(self) -> dict | None:
+        """When the target runtime optimized the model first: the graph that ran, how many
+        values survived it and whether exposing them left the model outputs bit-identical."""
+        return self.data.get("target_graph")
+
+    @property
     def tolerance(self) -> dict:
         """The tolerance policy: `{"policy": "per_dtype"|"fixed"|"auto", "abs", "factor"}`; each
         layer's own tolerance is in its `tolerance` field."""

@@ -10,13 +10,13 @@
 //! ours are freed segment by segment. With one segment the ONNX model runs whole, its compared
 //! values exposed in place.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use layerdiff_core::{
-    DType, Evidence, Float64Distance, InputInfo, LOW_COVERAGE_WARNING, Layer, LayerStatus, OnnxRef,
-    Report, SCHEMA, SideInfo, Summary, Tensor, TensorView, Tolerance, analyse, compare_pair,
-    explain, judge, nothing_compared,
+    DType, Evidence, Float64Distance, InputInfo, Layer, LayerStatus, OnnxRef, Report, SCHEMA,
+    SideInfo, Summary, Tensor, TensorView, Tolerance, analyse, compare_pair, explain, judge,
+    nothing_compared,
 };
 use layerdiff_onnx::{
     GraphIndex, LayerCall, LayerMapping, LocalGroup, Model, ScopeMapping, expose_values,
@@ -542,17 +542,8 @@ impl CapturedRun {
         }
         let mut summary = self.summary.take().expect("concluded");
         let target_graph = self.shipped.take().map(|shipped| {
-            let surviving = self.values.iter().flatten().collect::<HashSet<_>>();
-            let restored = surviving
-                .iter()
-                .filter(|v| self.renames.restored.contains_key(v.as_str()))
-                .count();
-            let (graph, warnings) = shipped.finish(surviving.len(), restored);
-            summary
-                .warnings
-                .retain(|w| !w.starts_with(LOW_COVERAGE_WARNING));
-            summary.warnings.extend(warnings);
-            graph
+            let surviving = self.values.iter().flatten().map(String::as_str);
+            shipped.finish(surviving, &self.renames, &mut summary)
         });
         let rerun = Rerun::new(&self.model, self.runtime.as_ref());
         for (i, layer) in self.layers.iter().enumerate() {
@@ -599,7 +590,14 @@ fn survives(after: &GraphIndex, renames: &Renames, value: &str) -> Option<String
             "the optimized graph holds `{value}` in a blocked (NCHWc) layout, not given back: {why}"
         ));
     }
-    (!after.has_value(value)).then(|| {
+    if after.is_initializer(value) {
+        return Some(format!(
+            "folded into a constant by the optimizer: `{value}` is not computed in the graph that runs"
+        ));
+    }
+    let computed =
+        after.producer(value).is_some() || after.graph_inputs().iter().any(|i| i == value);
+    (!computed).then(|| {
         format!("fused or removed by the optimizer: `{value}` is not in the graph that runs")
     })
 }

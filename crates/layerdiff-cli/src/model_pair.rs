@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use layerdiff_core::{
-    DType, Evidence, InputInfo, LOW_COVERAGE_WARNING, Layer, LayerStatus, OnnxRef, Report, SCHEMA,
-    SideInfo, Tensor, Tolerance, analyse, compare_pair, explain, judge, nothing_compared,
+    DType, Evidence, InputInfo, Layer, LayerStatus, OnnxRef, Report, SCHEMA, SideInfo, Tensor,
+    Tolerance, analyse, compare_pair, explain, judge, nothing_compared,
 };
 use layerdiff_onnx::{
     GraphIndex, LocalGroup, MAX_GROUP_NODES, Model, NCHWC_DOMAIN, NodeInfo, expose_values,
@@ -458,18 +458,11 @@ pub fn compare_models(
     let mut summary = analyse(&mut layers, pair.tolerance);
     let target_graph = shipped.map(|shipped| {
         let surviving = pairings.iter().filter(|p| p.target.is_ok());
-        let restored = surviving
-            .clone()
-            .filter(|p| pair.renames.restored.contains_key(&p.value))
-            .count();
-        let (graph, warnings) = shipped.finish(surviving.count(), restored);
-        // Values fused away are the point of an optimized graph, not a gap in the verdict:
-        // their error reaches the next value that survives, and the graph's line counts them.
-        summary
-            .warnings
-            .retain(|w| !w.starts_with(LOW_COVERAGE_WARNING));
-        summary.warnings.extend(warnings);
-        graph
+        shipped.finish(
+            surviving.map(|p| p.value.as_str()),
+            &pair.renames,
+            &mut summary,
+        )
     });
     if let Some(why) = nothing_compared(&layers, &summary) {
         return Err(crate::Error::NothingCompared(format!(

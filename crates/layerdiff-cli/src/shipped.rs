@@ -9,9 +9,9 @@
 //! A target *file* that an optimizer already wrote (`--vs model.opt.onnx`) gets the same
 //! renamed values given back, without the check (there is no unmodified file to run).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use layerdiff_core::{TargetGraph, Tensor, compare_pair};
+use layerdiff_core::{LOW_COVERAGE_WARNING, Summary, TargetGraph, Tensor, compare_pair};
 use layerdiff_onnx::{Model, restore_renamed};
 use layerdiff_runtime::{Optimized, Runtime};
 
@@ -152,11 +152,24 @@ impl Shipped {
         }
     }
 
-    /// The report's account of the graph, with the values that survived it counted.
-    pub fn finish(mut self, surviving: usize, restored: usize) -> (TargetGraph, Vec<String>) {
+    /// The report's account of the graph: `surviving` are the distinct values of the original
+    /// graph compared in it (those in `renames.restored` given back from a blocked layout). Its
+    /// warnings go to `summary`, whose low-coverage warning goes: values fused away are the
+    /// point of an optimized graph, their error reaches the next value that survives, and the
+    /// graph's line counts them.
+    pub fn finish<'v>(
+        mut self,
+        surviving: impl Iterator<Item = &'v str>,
+        renames: &Renames,
+        summary: &mut Summary,
+    ) -> TargetGraph {
+        let surviving: HashSet<&str> = surviving.collect();
         let g = &mut self.graph;
-        g.values_surviving = surviving;
-        g.values_restored = restored;
+        g.values_surviving = surviving.len();
+        g.values_restored = surviving
+            .iter()
+            .filter(|v| renames.restored.contains_key(**v))
+            .count();
         g.outputs_checked = self.checked.len();
         g.outputs_identical = self.checked.values().filter(|&&same| same).count();
         let mut warnings = Vec::new();
@@ -178,7 +191,11 @@ impl Shipped {
                 unchecked.join("`, `")
             ));
         }
-        (self.graph, warnings)
+        summary
+            .warnings
+            .retain(|w| !w.starts_with(LOW_COVERAGE_WARNING));
+        summary.warnings.extend(warnings);
+        self.graph
     }
 }
 
@@ -212,19 +229,36 @@ mod tests {
         }
     }
 
+    fn summary() -> Summary {
+        let mut s = layerdiff_core::analyse(&mut [], layerdiff_core::Tolerance::PerDtype);
+        s.warnings = vec![
+            "low coverage: only 3 of 9 layers were compared".into(),
+            "something else".into(),
+        ];
+        s
+    }
+
     #[test]
     fn outputs_changed_by_exposing_are_a_warning_with_the_difference() {
         let mut s = shipped(vec![tensor("logits", &[1.0, 2.0]), tensor("aux", &[0.0])]);
         s.check_outputs(&Values::new(vec![tensor("logits", &[1.0, 2.5])]));
         // A later segment holding the same output again does not count it twice.
         s.check_outputs(&Values::new(vec![tensor("logits", &[1.0, 2.0])]));
-        let (graph, warnings) = s.finish(3, 1);
+        let mut summary = summary();
+        let restored = HashMap::from([("b".to_string(), String::new())]);
+        let renames = Renames {
+            restored,
+            ..Default::default()
+        };
+        let graph = s.finish(["a", "b", "c", "a"].into_iter(), &renames, &mut summary);
+        let warnings = &summary.warnings;
         assert_eq!((graph.outputs_checked, graph.outputs_identical), (1, 0));
         assert_eq!(graph.outputs_max_abs_diff, 0.5);
         assert_eq!((graph.values_surviving, graph.values_restored), (3, 1));
-        assert!(warnings[0].starts_with("exposing values changed the optimized graph's model outputs (largest difference 5.000e-1)"));
+        assert_eq!(warnings[0], "something else");
+        assert!(warnings[1].starts_with("exposing values changed the optimized graph's model outputs (largest difference 5.000e-1)"));
         assert_eq!(
-            warnings[1],
+            warnings[2],
             "model outputs not checked against an unmodified run of the file: `aux`"
         );
         assert!(graph.describe().contains("CHANGED the model outputs"));
@@ -234,8 +268,9 @@ mod tests {
     fn identical_outputs_say_so_and_warn_of_nothing() {
         let mut s = shipped(vec![tensor("y", &[1.0, -0.0])]);
         s.check_outputs(&Values::new(vec![tensor("y", &[1.0, -0.0])]));
-        let (graph, warnings) = s.finish(2, 0);
-        assert!(warnings.is_empty());
+        let mut summary = summary();
+        let graph = s.finish(["a", "b"].into_iter(), &Renames::default(), &mut summary);
+        assert_eq!(summary.warnings, ["something else"]);
         assert!(
             graph
                 .describe()
