@@ -32,6 +32,7 @@ README_NAMES = {
     "mobilenet_v3_small": "MobileNetV3-Small",
     "vit_b_16": "ViT-B/16",
     "convnext_atto (timm)": "ConvNeXt-atto (timm)",
+    "efficientnet_b0 (timm)": "EfficientNet-B0 (timm, BatchNormAct2d)",
 }
 
 

@@ -156,13 +156,16 @@ NO_COUNTERPART = {
     ("llama", "dynamo"): {"model.model.rotary_emb"},
     ("timm_convnext", "dynamo"): set(),
     ("timm_convnext", "legacy"): set(),
+    ("timm_efficientnet", "dynamo"): set(),
+    ("timm_efficientnet", "legacy"): set(),
 }
 
 
 @pytest.mark.parametrize(("name", "exporter"), list(NO_COUNTERPART))
 def test_real_architectures_map_with_no_false_drift(name, exporter):
-    """transformers models from configs and a timm model: every layer that an export computes
-    is compared (timm's identities at inference aside), and a clean export shows no drift."""
+    """transformers models from configs and timm models: every layer that an export computes
+    is compared (identities at inference and Convs fused into their batch norm aside), and a
+    clean export shows no drift."""
     pytest.importorskip("transformers")
     pytest.importorskip("timm")
     torch = pytest.importorskip("torch")
@@ -174,7 +177,8 @@ def test_real_architectures_map_with_no_false_drift(name, exporter):
     not_compared = {
         layer["name"]
         for layer in report.layers
-        if layer["status"] != "compared" and not layer["reason"].startswith("identity at inference")
+        if layer["status"] != "compared"
+        and not layer["reason"].startswith(("identity at inference", "fused"))
     }
     assert not_compared == NO_COUNTERPART[(name, exporter)], report.summary_text()
     s = report.summary
@@ -212,3 +216,35 @@ def test_drift_born_in_a_functional_call_is_placed_there(resnet18, resnet18_onnx
     report = compare_torch_onnx(model, inputs, onnx=tmp_path / "edited.onnx")
     assert report.drift_origin == "layer2.0:add"
     assert report.layer("layer2.0:add")["local_exceeds"]
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "legacy"])
+def test_a_batch_norm_its_own_module_computes_is_not_taken_for_the_conv(exporter):
+    """timm's BatchNormAct2d is a BatchNorm that holds its activation, so its batch norm is no
+    leaf call. The legacy exporter folds it into the Conv before it, and the Conv was compared
+    with that folded value, which holds the batch norm's output: false drift at the Conv
+    wherever the running statistics are not trivial (here they are random)."""
+    timm_layers = pytest.importorskip("timm.layers")
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3), timm_layers.BatchNormAct2d(8), nn.Conv2d(8, 8, 3),
+        timm_layers.BatchNormAct2d(8),
+    )  # fmt: skip
+    with torch.no_grad():
+        for bn in (model[1], model[3]):
+            bn.running_mean.uniform_(-1, 1)
+            bn.running_var.uniform_(0.5, 2)
+            bn.bias.uniform_(-0.5, 0.5)
+    report = compare_torch_onnx(model.eval(), (torch.randn(1, 3, 16, 16),), exporter=exporter)
+    assert report.drift_origin is None, report.summary_text()
+    conv = report.layer("0")
+    assert (
+        conv["status"] == "unmapped"
+        and "fused" in conv["reason"]
+        and "`1:batch_norm`" in conv["reason"]
+    )
+    assert report.layer("1:batch_norm")["status"] == "compared"
+    assert report.layer("1.act")["status"] == "compared"

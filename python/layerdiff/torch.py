@@ -40,11 +40,12 @@ IDENTITY_AT_INFERENCE = (
 
 
 # Ops a module's own `forward` computes between its submodules that get rows of their own
-# (a residual `out += identity`, an attention's `matmul` and `softmax`), by the name captured
-# calls give them: `__iadd__`, `add_` and `torch.add` are all `add`.
+# (a residual `out += identity`, an attention's `matmul` and `softmax`, the batch norm of a
+# module that is a BatchNorm and holds its activation, like timm's BatchNormAct2d), by the name
+# captured calls give them: `__iadd__`, `add_` and `torch.add` are all `add`.
 FUNCTIONAL_OPS = frozenset(
     {"add", "sub", "mul", "div", "matmul", "bmm", "softmax", "relu", "gelu", "silu", "sigmoid",
-     "tanh", "cat", "layer_norm", "scaled_dot_product_attention"}
+     "tanh", "cat", "layer_norm", "batch_norm", "group_norm", "scaled_dot_product_attention"}
 )  # fmt: skip
 
 

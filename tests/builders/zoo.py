@@ -85,6 +85,13 @@ def timm_convnext():
     return timm.create_model("convnext_atto", pretrained=False), _image()
 
 
+def timm_efficientnet():
+    """BatchNormAct2d throughout: batch norms computed by the module that holds the activation."""
+    import timm
+
+    return timm.create_model("efficientnet_b0", pretrained=False), _image()
+
+
 BUILDERS = {
     "bert": bert,
     "gpt2": gpt2,
@@ -93,4 +100,5 @@ BUILDERS = {
     "mobilenet_v3_small": mobilenet_v3_small,
     "vit_b_16": vit_b_16,
     "convnext_atto (timm)": timm_convnext,
+    "efficientnet_b0 (timm)": timm_efficientnet,
 }

@@ -2,8 +2,9 @@
 //!
 //! A module's `forward` computes between its submodules: ResNet's residual `out += identity`,
 //! an attention's `matmul`, `softmax` and scaling, a transformer block's residual adds. These are
-//! captured on the PyTorch side as calls of an op (`add`, `matmul`…) owned by the module whose
-//! `forward` made them. Both exporters record them in that module's own scope: dynamo with the
+//! captured on the PyTorch side as calls of an op (`add`, `matmul`…, and the normalizations a
+//! module computes itself, like timm's `BatchNormAct2d`) owned by the module whose `forward`
+//! made them. Both exporters record them in that module's own scope: dynamo with the
 //! aten op in `pkg.torch.onnx.class_hierarchy` (`aten.add.Tensor`), the legacy exporter as an op
 //! node directly under the module's path (`/layer1/layer1.0/Add`).
 //!
@@ -124,7 +125,14 @@ fn torch_op(node: &NodeProto) -> Option<(String, Option<String>)> {
         let call = node
             .metadata("pkg.torch.onnx.name_scopes")
             .and_then(|s| parse_python_str_list(s).pop());
-        return Some((op.trim_matches('_').to_string(), call));
+        let op = op.trim_matches('_');
+        // The normalizations reach ONNX as their native forms
+        // (`aten._native_batch_norm_legit_no_training`, `aten.native_layer_norm`).
+        let op = ["batch_norm", "group_norm", "layer_norm"]
+            .into_iter()
+            .find(|norm| op.contains(norm))
+            .unwrap_or(op);
+        return Some((op.to_string(), call));
     }
     let op = match node.op_type() {
         "Add" => "add",
@@ -139,6 +147,7 @@ fn torch_op(node: &NodeProto) -> Option<(String, Option<String>)> {
         "Tanh" => "tanh",
         "Concat" => "cat",
         "LayerNormalization" => "layer_norm",
+        "BatchNormalization" => "batch_norm",
         _ => return None,
     };
     Some((op.to_string(), None))

@@ -279,8 +279,10 @@ fn resolve_nodeless(
 ) -> Vec<LayerMapping> {
     // Layers without nodes of their own, in execution order so chains resolve front to back.
     for (i, layer) in layers.iter().enumerate() {
-        // A functional call's mapping says all there is (see crate::functional).
-        if layer.op.is_some() || matches!(mappings[i], LayerMapping::Mapped { .. }) {
+        // A functional call's mapping says all there is (see crate::functional), but for a
+        // batch norm the legacy exporter folded into the Conv before it.
+        let functional = layer.op.as_deref().filter(|&op| op != "batch_norm");
+        if functional.is_some() || matches!(mappings[i], LayerMapping::Mapped { .. }) {
             continue;
         }
         let feeder = layer.input_from.filter(|&p| p < i);

@@ -148,14 +148,19 @@ pub fn restore_renamed(original: &Model, optimized: &mut Model) -> Restoration {
             }
         };
         let computed = format!("{value}/blocked");
-        let reblocked = if *value == origin {
-            let again = format!("{value}/reblocked");
-            rewired.insert(value.clone(), again.clone());
-            again
-        } else {
-            value.clone()
-        };
         node.output[0].clone_from(&computed);
+        // Readers read the value converted back from NCHW, so that a local re-run starts from
+        // it; ONNX Runtime converts only channel counts that are a multiple of 4, so other
+        // readers read the computed value itself.
+        let reread = channels % 4 == 0;
+        let reblocked = match (reread, *value == origin) {
+            (true, false) => value.clone(),
+            (true, true) => format!("{value}/reblocked"),
+            (false, _) => computed.clone(),
+        };
+        if reblocked != *value {
+            rewired.insert(value.clone(), reblocked.clone());
+        }
         let how = format!(
             "renamed by the optimizer: `{}` ({}{}) computes it in NCHWc layout as `{value}`; read back in NCHW",
             info.name,
@@ -169,7 +174,9 @@ pub fn restore_renamed(original: &Model, optimized: &mut Model) -> Restoration {
             &origin,
             vec![int_attribute("channels", channels)],
         ));
-        nodes.push(conversion("ReorderInput", &origin, &reblocked, Vec::new()));
+        if reread {
+            nodes.push(conversion("ReorderInput", &origin, &reblocked, Vec::new()));
+        }
         added_info.extend(declared(&origin));
         done.restored.push(Restored { origin, how });
     }
