@@ -166,3 +166,44 @@ def test_a_layer_the_optimizer_folds_into_a_constant_is_explained():
     graph = report.target_graph
     assert graph["outputs_identical"] == graph["outputs_checked"] == 1
     assert report.drift_origin is None and report.summary["inconclusive"] is None
+
+
+def test_a_blocked_value_onnx_runtime_cannot_convert_back_still_runs(tmp_path):
+    """A squeeze-excitation's 6 reduced channels: ONNX Runtime computes them blocked (its Conv,
+    then the SiLU on blocked data), but its ReorderInput converts only multiples of 4
+    channels, and the run failed (EfficientNet at `opt=all`). Such a value is given back for
+    comparison while its readers keep reading the blocked one."""
+    rng = np.random.default_rng(0)
+
+    def weight(name, *shape):
+        return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.3, name)
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
+        helper.make_node("ReduceMean", ["c0", "axes"], ["pooled"], name="mean"),
+        helper.make_node("Conv", ["pooled", "w1"], ["reduced"], name="reduce"),
+        helper.make_node("Sigmoid", ["reduced"], ["s"], name="sigmoid_1"),
+        helper.make_node("Mul", ["reduced", "s"], ["silu"], name="silu"),
+        helper.make_node("Conv", ["silu", "w2"], ["expanded"], name="expand"),
+        helper.make_node("Sigmoid", ["expanded"], ["gate"], name="sigmoid_2"),
+        helper.make_node("Mul", ["c0", "gate"], ["y"], name="scale"),
+    ]
+    axes = numpy_helper.from_array(np.array([2, 3], np.int64), "axes")
+    graph = helper.make_graph(
+        nodes,
+        "se",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])],
+        [weight("w0", 16, 16, 3, 3), weight("w1", 6, 16, 1, 1), weight("w2", 16, 6, 1, 1), axes],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
+    onnx.save(model, str(tmp_path / "se.onnx"))
+    optimized = onnx.load(str(ort_optimized(tmp_path / "se.onnx", tmp_path / "se.opt.onnx")))
+    assert any(n.name == "reduced_nchwc" for n in optimized.graph.node)  # blocked, 6 channels
+    result, report = report_of(tmp_path, str(tmp_path / "se.onnx"), "--target", "ort:opt=all")
+    assert result.returncode == 0, result.stdout
+    graph = report["target_graph"]
+    assert graph["outputs_identical"] == graph["outputs_checked"] == 1
+    reduced = layer(report, "reduced")
+    assert reduced["status"] == "compared" and "renamed by the optimizer" in reduced["reason"]
+    assert reduced["shape"] == [1, 6, 1, 1]
