@@ -159,3 +159,59 @@ def test_torch_against_tract(tmp_path):
 
 def test_unknown_target_runtime_is_a_usage_error():
     assert_usage_error(run_cli("torch", "resnet18", "--target", "tvm"), "unknown runtime `tvm`")
+
+
+def _bare_env(tmp_path) -> dict:
+    """What a shell that never activated the virtualenv gives the command."""
+    return {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
+def test_the_command_by_its_full_path_finds_onnx_runtime_without_a_virtualenv(tmp_path):
+    """Run as `/path/to/venv/bin/layerdiff` from a shell that never activated the venv, it
+    looked beside the base interpreter and at the `python3` on PATH, never at the interpreter
+    running it, and could not find ONNX Runtime."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from test_onnx_command import _relu_model
+
+    model = tmp_path / "relu.onnx"
+    _relu_model(model)
+    exe = Path(sys.executable).parent / "layerdiff"
+    result = subprocess.run(
+        [str(exe), "onnx", str(model), "--vs", str(model), "--batch", "2", "-q"],
+        capture_output=True, text=True, cwd=tmp_path, env=_bare_env(tmp_path), timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+
+
+def test_python_dash_m_layerdiff_is_the_command(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "layerdiff", "onnx", "--help"],
+        capture_output=True, text=True, cwd=tmp_path, env=_bare_env(tmp_path), timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "Usage: layerdiff onnx" in result.stdout
+
+
+def test_torch_timings_add_up_to_the_wall_clock(tmp_path):
+    """`--timings` left out the interpreter's start-up and the PyTorch import (2-4 s), so its
+    total did not match the wall clock."""
+    import time
+
+    out = tmp_path / "r.json"
+    started = time.monotonic()
+    result = run_cli(
+        "torch", "tests/builders/deep_mlp.py:build", "--timings", "--json", str(out), "-q"
+    )
+    wall = time.monotonic() - started
+    assert result.returncode in (0, 1), result.stderr
+    phases = json.loads(out.read_text())["timings"]
+    start_up = next(p for p in phases if p["phase"].startswith("start-up"))
+    assert start_up["seconds"] > 0.1  # importing PyTorch alone takes longer
+    # What is left is the process's exit and the report written after the JSON.
+    assert sum(p["seconds"] for p in phases) > 0.8 * wall

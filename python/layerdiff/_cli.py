@@ -8,7 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-from layerdiff import _layerdiff
+from layerdiff import _layerdiff, _ort
+
+_IMPORTED = time.perf_counter()
 
 
 class _Progress:
@@ -27,7 +29,7 @@ class _Progress:
 
 def main(argv: list[str] | None = None) -> int:
     args = ["layerdiff", *(sys.argv[1:] if argv is None else argv)]
-    kind, value = _layerdiff.parse_cli(args)
+    kind, value = _layerdiff.parse_cli(args, _ort.library())
     if kind == "exit":
         return int(value)
     try:
@@ -49,6 +51,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _process_age() -> float:
+    """Seconds since this process started (from /proc on Linux; elsewhere, since this module
+    was imported, which leaves out the interpreter's own start)."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # the name may hold spaces
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - _IMPORTED
+
+
 def _run_torch(opts: dict) -> int:
     try:
         from layerdiff import torch as lt
@@ -64,10 +79,12 @@ def _run_torch(opts: dict) -> int:
         raise _layerdiff.UsageError(f"ONNX file `{opts['onnx']}` does not exist")
 
     started = time.perf_counter()
+    # Before this point: the interpreter's start-up and the imports (PyTorch's above all).
+    start_up = [("start-up: interpreter and imports", "pytorch", _process_age())]
     builder = lt.load_builder(opts["model"])
     progress(f"building {opts['model']} (seed {opts['seed']})")
     model, inputs = builder(opts["seed"])
-    built = [("building the model", "pytorch", time.perf_counter() - started)]
+    built = [*start_up, ("building the model", "pytorch", time.perf_counter() - started)]
     report = lt.compare_torch_onnx(
         model,
         inputs,

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from layerdiff import _layerdiff
+from layerdiff import _layerdiff, _ort
 from layerdiff.report import Report
 from layerdiff.tensors import dtype_name, flat
 
@@ -469,7 +469,7 @@ def compare_torch_onnx(
             reference_runtime="pytorch",
             reference_detail=f"torch {torch.__version__}, eager, cpu",
             target=target,
-            ort_library=_ort_library(),
+            ort_library=_ort.library(),
             local=local,
             float64=float64,
             max_memory=None if max_memory is None else str(max_memory),
@@ -583,18 +583,6 @@ def _layer_parameters(model: nn.Module, listed: list[CapturedLayer], needed: lis
             ]
         out[index] = [flat(n, t) for n, t in own]
     return out
-
-
-def _ort_library() -> str | None:
-    """The libonnxruntime inside the installed onnxruntime wheel, found without importing it."""
-    spec = importlib.util.find_spec("onnxruntime")
-    if spec is None or spec.origin is None:
-        return None
-    capi = Path(spec.origin).parent / "capi"
-    candidates = sorted(capi.glob("libonnxruntime.so*")) + sorted(
-        capi.glob("libonnxruntime*.dylib")
-    )
-    return str(candidates[-1]) if candidates else None
 
 
 def save_inputs(path: Path, inputs, seed: int | None) -> None:

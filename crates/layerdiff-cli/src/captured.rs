@@ -162,7 +162,9 @@ impl CapturedRun {
         // An optimizing runtime is measured on the graph it optimized (see crate::shipped):
         // layers are mapped on the file, then found in that graph or explained.
         let target = prepare_target(&model, None, runtime, &c.inputs)?;
-        clock.lap("optimizing the target graph", RUNTIME);
+        if target.shipped.is_some() {
+            clock.lap("optimizing the target graph", RUNTIME);
+        }
         let (runtime, renames, shipped) = (target.runtime, target.renames, target.shipped);
         if let Some(optimized) = target.model {
             let after = GraphIndex::new(optimized.graph());

@@ -213,8 +213,8 @@ pub enum Exporter {
 
 /// Runs `layerdiff onnx`: prints the summary (stdout) and any error (stderr), writes the
 /// reports, and returns the exit code (0 clean, 1 drift, 2 could not run).
-pub fn run_onnx(args: &OnnxArgs) -> u8 {
-    match crate::onnx_command::run(args) {
+pub fn run_onnx(args: &OnnxArgs, ort_library: Option<&std::path::Path>) -> u8 {
+    match crate::onnx_command::run(args, ort_library) {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {}", crate::error_chain(&err));
@@ -254,7 +254,7 @@ pub fn parse(argv: Vec<OsString>) -> Parsed {
 pub fn main(argv: Vec<OsString>) -> ExitCode {
     match parse(argv) {
         Parsed::Exit(code) => ExitCode::from(code),
-        Parsed::Onnx(args) => ExitCode::from(run_onnx(&args)),
+        Parsed::Onnx(args) => ExitCode::from(run_onnx(&args, None)),
         Parsed::Torch(_) => {
             eprintln!(
                 "error: `layerdiff torch` needs PyTorch, which lives in the Python package\n\

@@ -30,7 +30,7 @@ pub enum CommandError {
     },
 }
 
-pub(crate) fn run(args: &OnnxArgs) -> Result<u8, CommandError> {
+pub(crate) fn run(args: &OnnxArgs, ort_library: Option<&Path>) -> Result<u8, CommandError> {
     let mut clock = Stopwatch::default();
     if args.tolerance == Tolerance::Auto {
         return Err(crate::Error::Usage(
@@ -56,10 +56,13 @@ pub(crate) fn run(args: &OnnxArgs) -> Result<u8, CommandError> {
             let inputs = expected.inputs().map(<[_]>::to_vec);
             (Box::new(expected) as Box<dyn Runtime + Send + Sync>, inputs)
         }
-        spec => (spec.build(None, &reference).map_err(runtime_err)?, None),
+        spec => (
+            spec.build(ort_library, &reference).map_err(runtime_err)?,
+            None,
+        ),
     };
     let target_runtime = target_spec
-        .build(None, target.as_ref().unwrap_or(&reference))
+        .build(ort_library, target.as_ref().unwrap_or(&reference))
         .map_err(runtime_err)?;
     clock.lap("runtime start-up", RUNTIME);
     let (inputs, seed) = match (&args.inputs, stored_inputs) {
@@ -83,7 +86,9 @@ pub(crate) fn run(args: &OnnxArgs) -> Result<u8, CommandError> {
     };
     clock.lap("making inputs", OWN);
     let target = prepare_target(&reference, target, target_runtime, &inputs)?;
-    clock.lap("optimizing the target graph", RUNTIME);
+    if target.shipped.is_some() {
+        clock.lap("optimizing the target graph", RUNTIME);
+    }
     let mut pair = ModelPair {
         reference: args.model.clone(),
         reference_model: reference,

@@ -63,10 +63,16 @@ impl Report {
 }
 
 /// Parses a command line with the same parser as the Rust binary.
-/// Returns `("torch", options)`, or `("exit", code)` when parsing (or an ONNX verb, run here)
-/// already did the work.
+/// Returns `("torch", options)`, or `("exit", code)` when parsing (or an ONNX verb, run here
+/// with ONNX Runtime from `ort_library`, the one the running interpreter has) already did the
+/// work.
 #[pyfunction]
-fn parse_cli(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> PyResult<(String, Py<PyAny>)> {
+#[pyo3(signature = (argv, ort_library=None))]
+fn parse_cli(
+    py: Python<'_>,
+    argv: Vec<std::ffi::OsString>,
+    ort_library: Option<PathBuf>,
+) -> PyResult<(String, Py<PyAny>)> {
     let exit = |code: u8| -> PyResult<(String, Py<PyAny>)> {
         Ok((
             "exit".to_string(),
@@ -76,7 +82,7 @@ fn parse_cli(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> PyResult<(String,
     match cli::parse(argv) {
         Parsed::Exit(code) => exit(code),
         // The ONNX verbs run wholly in Rust, with the GIL released.
-        Parsed::Onnx(args) => exit(py.detach(|| cli::run_onnx(&args))),
+        Parsed::Onnx(args) => exit(py.detach(|| cli::run_onnx(&args, ort_library.as_deref()))),
         Parsed::Torch(a) => {
             let d = PyDict::new(py);
             d.set_item("model", a.model)?;
