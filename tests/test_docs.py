@@ -11,3 +11,32 @@ def test_cli_reference_is_current():
 
     committed = (ROOT / "docs" / "cli.md").read_text()
     assert committed == render(), "docs/cli.md is stale: run `make docs`"
+
+
+def test_the_example_report_reproduces_here(tmp_path):
+    """`make pipeline` on another CPU rewrote the committed report while the README called the
+    JSON deterministic. What holds everywhere: the same layers, pairings, statuses and verdict,
+    and every difference within the layer's tolerance of the committed one; on the machine it
+    was made on (the same `machine` record and side versions), the same bytes."""
+    import json
+
+    from conftest import run_cli
+
+    committed_path = ROOT / "examples" / "reports" / "resnet18_fp32.json"
+    committed = json.loads(committed_path.read_text())
+    fresh_path = tmp_path / "r.json"
+    result = run_cli("torch", "resnet18", "--seed", "0", "--json", str(fresh_path), "-q")
+    assert result.returncode in (0, 1), result.stderr
+    fresh = json.loads(fresh_path.read_text())
+    same = lambda key: [(x["name"], x["status"], x["onnx"]) for x in key["layers"]]  # noqa: E731
+    assert same(fresh) == same(committed)
+    for key in ("layers_total", "layers_compared", "drift_origin", "inconclusive"):
+        assert fresh["summary"][key] == committed["summary"][key], key
+    for now, then in zip(fresh["layers"], committed["layers"], strict=True):
+        if then["accumulated"] is not None:
+            diff = abs(now["accumulated"]["max_abs_diff"] - then["accumulated"]["max_abs_diff"])
+            assert diff <= then["tolerance"], now["name"]
+    if fresh["machine"] == committed["machine"] and all(
+        fresh[side] == committed[side] for side in ("reference", "target")
+    ):
+        assert fresh_path.read_bytes() == committed_path.read_bytes(), "run `make pipeline`"

@@ -579,6 +579,7 @@ impl CapturedRun {
             inputs: InputInfo::describe(&c.inputs),
             summary,
             layers: self.layers,
+            machine: layerdiff_core::Machine::this(),
             timings: Some(self.clock.phases()),
         })
     }

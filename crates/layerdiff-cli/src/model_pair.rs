@@ -507,6 +507,7 @@ pub fn compare_models(
         inputs: InputInfo::describe(&pair.inputs),
         summary,
         layers,
+        machine: layerdiff_core::Machine::this(),
         timings: Some(clock.phases()),
     };
     Ok((report, segmentation))

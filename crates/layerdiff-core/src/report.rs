@@ -36,6 +36,9 @@ pub struct Report {
     pub summary: Summary,
     /// Every layer in execution order.
     pub layers: Vec<Layer>,
+    /// The machine it was made on: with the sides' versions, what decides whether another run
+    /// gives the same bytes (see [`crate::Machine`]).
+    pub machine: crate::Machine,
     /// Where the time went, phase by phase; only with `--timings` (times are not deterministic).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timings: Option<Vec<Timing>>,

@@ -30,6 +30,7 @@ pub fn to_markdown(report: &Report) -> String {
     if let Some(graph) = &report.target_graph {
         let _ = writeln!(out, "Target graph: {}\n", graph.describe());
     }
+    let _ = writeln!(out, "Machine: {}\n", report.machine.describe());
     let origin = s
         .drift_origin
         .as_deref()
