@@ -28,7 +28,7 @@ use crate::local::{Rerun, WeightCheck, check_weight, disagreement, fit};
 use crate::segments::{
     Plan, PlanSide, PlannedLayer, Segmentation, Values, part_model, plan, value_sizes,
 };
-use crate::shipped::{Renames, Shipped, prepare_target};
+use crate::shipped::{Placement, Renames, Shipped, prepare_target};
 use crate::timings::{OWN, RUNTIME, Stopwatch};
 use crate::value_pairing::{pair_by_values, unrecognised_from};
 use crate::{Error, Result, inputs::check_inputs};
@@ -95,6 +95,8 @@ pub struct CapturedRun {
     renames: Renames,
     /// Set when the target runtime optimized the graph first.
     shipped: Option<Shipped>,
+    /// Where the target runtime really ran the nodes, when it can place them elsewhere.
+    placement: Option<Placement>,
     /// Each layer's local group (for the first layer of each value, with `local`).
     groups: Vec<Option<std::result::Result<LocalGroup, String>>>,
     plan: Plan,
@@ -165,7 +167,12 @@ impl CapturedRun {
         if target.shipped.is_some() {
             clock.lap("optimizing the target graph", RUNTIME);
         }
-        let (runtime, renames, shipped) = (target.runtime, target.renames, target.shipped);
+        let (runtime, renames, shipped, placement) = (
+            target.runtime,
+            target.renames,
+            target.shipped,
+            target.placement,
+        );
         if let Some(optimized) = target.model {
             let after = GraphIndex::new(optimized.graph());
             for mapping in &mut mappings {
@@ -283,6 +290,7 @@ impl CapturedRun {
             inconclusive,
             renames,
             shipped,
+            placement,
             groups,
             plan,
             done: 0,
@@ -547,6 +555,10 @@ impl CapturedRun {
             let surviving = self.values.iter().flatten().map(String::as_str);
             shipped.finish(surviving, &self.renames, &mut summary)
         });
+        let mut target = SideInfo::new(self.runtime.name(), self.runtime.detail());
+        if let Some(placement) = self.placement.take() {
+            placement.report(&mut target, &mut summary);
+        }
         let rerun = Rerun::new(&self.model, self.runtime.as_ref());
         for (i, layer) in self.layers.iter().enumerate() {
             let (true, Some(Ok(group))) = (summary.needs_cause(layer), &self.groups[i]) else {
@@ -568,10 +580,7 @@ impl CapturedRun {
             command: c.command.clone(),
             model: c.model.clone(),
             reference: c.reference.clone(),
-            target: SideInfo {
-                runtime: self.runtime.name().to_string(),
-                detail: self.runtime.detail(),
-            },
+            target,
             target_graph,
             mode: if c.local { "local" } else { "accumulated" }.to_string(),
             tolerance: c.tolerance.info(),

@@ -23,7 +23,7 @@ use crate::local::{Rerun, check_weight, disagreement, fit};
 use crate::segments::{
     Part, PlanSide, PlannedLayer, Segmentation, Values, part_model, plan, value_sizes,
 };
-use crate::shipped::{Renames, Shipped};
+use crate::shipped::{Placement, Renames, Shipped};
 use crate::timings::{OWN, RUNTIME, Stopwatch};
 
 /// What `layerdiff onnx` compares.
@@ -44,6 +44,8 @@ pub struct ModelPair {
     pub renames: Renames,
     /// Set when the target runtime optimized the graph first (see [`crate::shipped`]).
     pub shipped: Option<Shipped>,
+    /// Where the target runtime really ran the nodes, when it can place them elsewhere.
+    pub placement: Option<Placement>,
     /// The inputs, already generated or read.
     pub inputs: Vec<(String, Tensor)>,
     /// Seed of generated inputs (`None` when read from a file).
@@ -291,6 +293,7 @@ pub fn compare_models(
     }
     clock.lap("pairing values and planning the run", OWN);
     let mut shipped = pair.shipped.take();
+    let placement = pair.placement.take();
     let pair = &*pair;
     let reference = &pair.reference_model;
     let target = pair.target_model.as_ref().unwrap_or(reference);
@@ -487,19 +490,22 @@ pub fn compare_models(
     explain(&mut layers, &evidence, &summary);
     clock.lap("analysis and causes", OWN);
 
-    let side = |path: &PathBuf, rt: &(dyn Runtime + Send + Sync)| SideInfo {
-        runtime: rt.name().to_string(),
-        detail: format!("{} · {}", file_name(path), rt.detail()),
+    let side = |path: &PathBuf, rt: &(dyn Runtime + Send + Sync)| {
+        SideInfo::new(rt.name(), format!("{} · {}", file_name(path), rt.detail()))
     };
+    let mut target_side = side(
+        pair.target.as_ref().unwrap_or(&pair.reference),
+        target_rt.as_ref(),
+    );
+    if let Some(placement) = placement {
+        placement.report(&mut target_side, &mut summary);
+    }
     let report = Report {
         schema: SCHEMA,
         command: "onnx".to_string(),
         model: file_name(&pair.reference),
         reference: side(&pair.reference, reference_rt.as_ref()),
-        target: side(
-            pair.target.as_ref().unwrap_or(&pair.reference),
-            target_rt.as_ref(),
-        ),
+        target: target_side,
         target_graph,
         mode: if pair.local { "local" } else { "accumulated" }.to_string(),
         tolerance: pair.tolerance.info(),

@@ -98,6 +98,7 @@ pub(crate) fn run(args: &OnnxArgs, ort_library: Option<&Path>) -> Result<u8, Com
         target_runtime: target.runtime,
         renames: target.renames,
         shipped: target.shipped,
+        placement: target.placement,
         inputs,
         seed,
         tolerance: args.tolerance,

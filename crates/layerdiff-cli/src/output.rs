@@ -69,6 +69,9 @@ pub fn summary_text(report: &Report) -> String {
         report.target.runtime,
         report.target.detail
     ));
+    if let Some(placement) = report.target.placement_text() {
+        out.push_str(&format!("  target placement: {placement}\n"));
+    }
     if let Some(graph) = &report.target_graph {
         out.push_str(&format!("  target graph: {}\n", graph.describe()));
     }

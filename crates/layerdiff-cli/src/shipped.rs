@@ -11,7 +11,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use layerdiff_core::{LOW_COVERAGE_WARNING, Summary, TargetGraph, Tensor, compare_pair};
+use layerdiff_core::{
+    LOW_COVERAGE_WARNING, ProviderNodes, SideInfo, Summary, TargetGraph, Tensor, compare_pair,
+};
 use layerdiff_onnx::{Model, restore_renamed};
 use layerdiff_runtime::{Optimized, Runtime};
 
@@ -28,6 +30,58 @@ pub struct Target {
     pub renames: Renames,
     /// Set when the runtime optimized the model first.
     pub shipped: Option<Shipped>,
+    /// Where the runtime really ran the file's nodes, when it can place them elsewhere than
+    /// asked.
+    pub placement: Option<Placement>,
+}
+
+/// Which execution provider ran how many nodes of the file as it ships, and the fallback a
+/// reader must know of.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    nodes: Option<Vec<ProviderNodes>>,
+    warning: Option<String>,
+}
+
+impl Placement {
+    fn new(requested: &str, found: layerdiff_runtime::Result<Vec<(String, usize)>>) -> Self {
+        let nodes = match found {
+            Ok(nodes) => nodes,
+            Err(e) => {
+                return Self {
+                    nodes: None,
+                    warning: Some(format!("the node placement could not be read: {e}")),
+                };
+            }
+        };
+        let total: usize = nodes.iter().map(|(_, n)| n).sum();
+        let elsewhere: Vec<String> = nodes
+            .iter()
+            .filter(|(p, _)| p != requested)
+            .map(|(p, n)| format!("{n} on {p}"))
+            .collect();
+        let warning = (!elsewhere.is_empty()).then(|| {
+            format!(
+                "not every node ran on {requested}: {} of the {total} nodes ONNX Runtime placed elsewhere (no kernel there, or cheaper elsewhere); their numbers are that provider's",
+                elsewhere.join(", ")
+            )
+        });
+        Self {
+            nodes: Some(
+                nodes
+                    .into_iter()
+                    .map(|(provider, nodes)| ProviderNodes { provider, nodes })
+                    .collect(),
+            ),
+            warning,
+        }
+    }
+
+    /// Puts the placement on the target's side of a report, and its warning in the summary.
+    pub fn report(self, side: &mut SideInfo, summary: &mut Summary) {
+        side.placement = self.nodes;
+        summary.warnings.extend(self.warning);
+    }
 }
 
 /// What an optimizer did to value names, as pairing needs it.
@@ -75,6 +129,9 @@ pub fn prepare_target(
     inputs: &[(String, Tensor)],
 ) -> Result<Target> {
     let original = file.as_ref().unwrap_or(reference);
+    let placement = runtime
+        .placement(original, inputs)
+        .map(|(requested, found)| Placement::new(requested, found));
     let Some(Optimized {
         model: mut optimized,
         runtime: as_saved,
@@ -91,6 +148,7 @@ pub fn prepare_target(
             runtime,
             renames,
             shipped: None,
+            placement,
         });
     };
     let nodes_optimized = optimized.graph().node.len();
@@ -125,6 +183,7 @@ pub fn prepare_target(
             checked: HashMap::new(),
             _folder: folder,
         }),
+        placement,
     })
 }
 
@@ -229,7 +288,7 @@ mod tests {
         }
     }
 
-    fn summary() -> Summary {
+    fn two_warnings() -> Summary {
         let mut s = layerdiff_core::analyse(&mut [], layerdiff_core::Tolerance::PerDtype);
         s.warnings = vec![
             "low coverage: only 3 of 9 layers were compared".into(),
@@ -244,7 +303,7 @@ mod tests {
         s.check_outputs(&Values::new(vec![tensor("logits", &[1.0, 2.5])]));
         // A later segment holding the same output again does not count it twice.
         s.check_outputs(&Values::new(vec![tensor("logits", &[1.0, 2.0])]));
-        let mut summary = summary();
+        let mut summary = two_warnings();
         let restored = HashMap::from([("b".to_string(), String::new())]);
         let renames = Renames {
             restored,
@@ -264,11 +323,77 @@ mod tests {
         assert!(graph.describe().contains("CHANGED the model outputs"));
     }
 
+    /// A GPU provider's stand-in: it says it ran 3 nodes on CUDA and 1 on the CPU.
+    struct FallingBack;
+
+    impl Runtime for FallingBack {
+        fn name(&self) -> &str {
+            "onnxruntime"
+        }
+        fn detail(&self) -> String {
+            "a stand-in for CUDAExecutionProvider".into()
+        }
+        fn placement(
+            &self,
+            _: &Model,
+            _: &[(String, Tensor)],
+        ) -> Option<(
+            &'static str,
+            layerdiff_runtime::Result<Vec<(String, usize)>>,
+        )> {
+            let nodes = vec![
+                ("CUDAExecutionProvider".to_string(), 3),
+                ("CPUExecutionProvider".to_string(), 1),
+            ];
+            Some(("CUDAExecutionProvider", Ok(nodes)))
+        }
+        fn run(
+            &self,
+            _: &Model,
+            _: &[(String, Tensor)],
+            _: &[String],
+        ) -> layerdiff_runtime::Result<Vec<(String, Tensor)>> {
+            unreachable!("placement is all the target's preparation asks")
+        }
+    }
+
+    #[test]
+    fn a_silent_fallback_reaches_the_report() {
+        let model = Model::from_proto(layerdiff_onnx::ModelProto::default(), None);
+        let target = prepare_target(&model, None, Box::new(FallingBack), &[]).unwrap();
+        let (mut side, mut summary) = (SideInfo::new("onnxruntime", "…"), two_warnings());
+        target.placement.unwrap().report(&mut side, &mut summary);
+        assert_eq!(
+            side.placement_text().unwrap(),
+            "3 nodes on CUDAExecutionProvider, 1 on CPUExecutionProvider"
+        );
+        assert!(summary.warnings[2].contains("1 on CPUExecutionProvider of the 4 nodes"));
+    }
+
+    #[test]
+    fn nodes_placed_off_the_requested_provider_are_a_warning() {
+        let found = vec![
+            ("CUDAExecutionProvider".to_string(), 290),
+            ("CPUExecutionProvider".to_string(), 12),
+        ];
+        let (mut side, mut summary) = (SideInfo::new("onnxruntime", "…"), two_warnings());
+        Placement::new("CUDAExecutionProvider", Ok(found)).report(&mut side, &mut summary);
+        let placement = side.placement.unwrap();
+        assert_eq!((placement[0].nodes, placement[1].nodes), (290, 12));
+        assert!(summary.warnings[2].starts_with(
+            "not every node ran on CUDAExecutionProvider: 12 on CPUExecutionProvider of the 302 nodes"
+        ));
+        let all = vec![("CUDAExecutionProvider".to_string(), 302)];
+        let (mut side, mut clean) = (SideInfo::new("onnxruntime", "…"), two_warnings());
+        Placement::new("CUDAExecutionProvider", Ok(all)).report(&mut side, &mut clean);
+        assert_eq!(clean.warnings.len(), 2);
+    }
+
     #[test]
     fn identical_outputs_say_so_and_warn_of_nothing() {
         let mut s = shipped(vec![tensor("y", &[1.0, -0.0])]);
         s.check_outputs(&Values::new(vec![tensor("y", &[1.0, -0.0])]));
-        let mut summary = summary();
+        let mut summary = two_warnings();
         let graph = s.finish(["a", "b"].into_iter(), &Renames::default(), &mut summary);
         assert_eq!(summary.warnings, ["something else"]);
         assert!(

@@ -35,8 +35,8 @@ pub use npz::read_npz;
 pub use pair::{PairOutcome, compare_pair};
 pub use random::{SplitMix64, random_tensor};
 pub use report::{
-    Float64Distance, InputInfo, Layer, LayerStatus, OnnxRef, Report, SCHEMA, SideInfo, Summary,
-    TargetGraph, Timing, WorstLayer, WorstLayers,
+    Float64Distance, InputInfo, Layer, LayerStatus, OnnxRef, ProviderNodes, Report, SCHEMA,
+    SideInfo, Summary, TargetGraph, Timing, WorstLayer, WorstLayers,
 };
 pub use tensor::{Tensor, TensorView};
 pub use tolerance::{

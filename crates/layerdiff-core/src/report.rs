@@ -75,6 +75,45 @@ pub struct SideInfo {
     pub runtime: String,
     /// Version, device, provider and options, in words.
     pub detail: String,
+    /// Which execution provider really ran how many nodes (ONNX Runtime on a provider other
+    /// than the CPU, read from its profiler), most first; absent where it says nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Vec<ProviderNodes>>,
+}
+
+/// Nodes one execution provider ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProviderNodes {
+    /// ONNX Runtime's name for it (`CUDAExecutionProvider`).
+    pub provider: String,
+    /// Nodes it ran.
+    pub nodes: usize,
+}
+
+impl SideInfo {
+    /// Where its nodes ran, in words (`290 nodes on CUDAExecutionProvider, 12 on
+    /// CPUExecutionProvider`), when that is known.
+    pub fn placement_text(&self) -> Option<String> {
+        let placement = self.placement.as_ref()?;
+        let parts: Vec<String> = placement
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let unit = if i == 0 { " nodes" } else { "" };
+                format!("{}{unit} on {}", p.nodes, p.provider)
+            })
+            .collect();
+        Some(parts.join(", "))
+    }
+
+    /// A side described in words, with nothing known of its node placement.
+    pub fn new(runtime: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self {
+            runtime: runtime.into(),
+            detail: detail.into(),
+            placement: None,
+        }
+    }
 }
 
 /// The graph a target's runtime optimized and ran, and what comparing inside it cost.

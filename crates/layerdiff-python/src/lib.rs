@@ -190,10 +190,7 @@ impl CapturedRun {
             tolerance,
             local,
             float64,
-            reference: SideInfo {
-                runtime: reference_runtime,
-                detail: reference_detail,
-            },
+            reference: SideInfo::new(reference_runtime, reference_detail),
             target,
             ort_library,
             max_memory,

@@ -22,6 +22,10 @@ pub use ort_runtime::{OptLevel, OrtRuntime, Provider};
 pub use spec::RuntimeSpec;
 pub use tract_runtime::TractRuntime;
 
+/// Where a runtime placed a model's nodes: the provider asked for, and the nodes each
+/// provider ran, most first (or why that could not be read).
+pub type Placement = (&'static str, Result<Vec<(String, usize)>>);
+
 /// One way of computing an ONNX model's values.
 pub trait Runtime {
     /// Short name used in reports (`onnxruntime`).
@@ -42,6 +46,12 @@ pub trait Runtime {
     /// that runs it as saved. `None` when the model runs as written.
     fn optimize(&self, _model: &Model) -> Result<Option<Optimized>> {
         Ok(None)
+    }
+    /// Which execution provider runs how many of `model`'s nodes, most first, and the one
+    /// asked for, where a runtime can place nodes elsewhere than asked (ONNX Runtime on a
+    /// provider other than the CPU); `None` where every node runs where asked.
+    fn placement(&self, _model: &Model, _inputs: &[(String, Tensor)]) -> Option<Placement> {
+        None
     }
     /// Runs `model` on `inputs` and returns the requested values in the order asked.
     fn run(

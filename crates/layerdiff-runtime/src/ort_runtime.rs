@@ -215,18 +215,49 @@ impl OrtRuntime {
         Ok(self)
     }
 
+    /// Which execution provider ran how many of `model`'s nodes, most first: one run on
+    /// `inputs` with ONNX Runtime's profiler, read from its kernel events. This is what shows a
+    /// silent fallback (nodes a provider has no kernel for run on the CPU).
+    pub fn node_placement(
+        &self,
+        model: &Model,
+        inputs: &[(String, Tensor)],
+    ) -> Result<Vec<(String, usize)>> {
+        let failed = |what: &str, e: &dyn std::fmt::Display| {
+            Error::Run(format!("profiling the node placement: {what}: {e}"))
+        };
+        let folder = tempfile::tempdir().map_err(|e| failed("a folder for the profile", &e))?;
+        let mut session = self.session_with(model, None, Some(&folder.path().join("placement")))?;
+        let outputs: Vec<String> = session
+            .outputs()
+            .iter()
+            .map(|o| o.name().to_string())
+            .collect();
+        run_session(&mut session, inputs, &outputs)?;
+        let file = session
+            .end_profiling()
+            .map_err(|e| failed("ending the profile", &e))?;
+        let text = std::fs::read_to_string(&file).map_err(|e| failed(&file, &e))?;
+        node_providers(&text).map_err(|e| failed(&file, &e))
+    }
+
     /// The library file in use.
     pub fn library(&self) -> &Path {
         &self.library
     }
 
     fn session(&self, model: &Model) -> Result<Session> {
-        self.session_saving(model, None)
+        self.session_with(model, None, None)
     }
 
     /// A session on `model`; with `optimized`, ONNX Runtime also saves the graph it optimized
-    /// there (its external data beside it).
-    fn session_saving(&self, model: &Model, optimized: Option<&Path>) -> Result<Session> {
+    /// there (its external data beside it); with `profile`, it profiles to files of that prefix.
+    fn session_with(
+        &self,
+        model: &Model,
+        optimized: Option<&Path>,
+        profile: Option<&Path>,
+    ) -> Result<Session> {
         let cell = ORT.get().expect("initialised in new");
         let guard = cell.lock().unwrap_or_else(|e| e.into_inner());
         let Some(Ok(loaded)) = guard.as_ref() else {
@@ -258,6 +289,9 @@ impl OrtRuntime {
                     folder.to_string_lossy(),
                 )
                 .map_err(session_error)?;
+        }
+        if let Some(prefix) = profile {
+            builder = builder.with_profiling(prefix).map_err(session_error)?;
         }
         if let Some(path) = optimized {
             builder = builder
@@ -349,6 +383,11 @@ impl Runtime for OrtRuntime {
         )
     }
 
+    fn placement(&self, model: &Model, inputs: &[(String, Tensor)]) -> Option<crate::Placement> {
+        (self.provider != Provider::Cpu)
+            .then(|| (self.provider.ort_name(), self.node_placement(model, inputs)))
+    }
+
     /// Lets ONNX Runtime optimize `model` at this runtime's level and save the graph, which is
     /// read back and run with optimizations off (it is already optimized: running it again
     /// would let values exposed for comparison undo fusions).
@@ -359,7 +398,7 @@ impl Runtime for OrtRuntime {
         let failed = |e: &dyn std::fmt::Display| Error::SaveOptimized(e.to_string());
         let folder = tempfile::tempdir().map_err(|e| failed(&e))?;
         let path = folder.path().join("optimized.onnx");
-        drop(self.session_saving(model, Some(&path))?);
+        drop(self.session_with(model, Some(&path), None)?);
         let saved = Model::load(&path).map_err(|e| failed(&e))?;
         let runtime = Self {
             opt_level: OptLevel::Disable,
@@ -536,9 +575,63 @@ fn from_ort_value(name: &str, value: &ValueRef<'_>) -> Result<Tensor> {
     })
 }
 
+/// Nodes per execution provider, most first, from an ONNX Runtime profile (a JSON array of
+/// trace events; each node's kernel event is `<node>_kernel_time` with `args.provider`).
+fn node_providers(profile: &str) -> std::result::Result<Vec<(String, usize)>, String> {
+    let events: Vec<serde_json::Value> =
+        serde_json::from_str(profile).map_err(|e| format!("not a profile: {e}"))?;
+    let mut seen = std::collections::HashSet::new();
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for event in &events {
+        let (Some("Node"), Some(name), Some(provider)) = (
+            event["cat"].as_str(),
+            event["name"].as_str(),
+            event["args"]["provider"].as_str(),
+        ) else {
+            continue;
+        };
+        let Some(node) = name.strip_suffix("_kernel_time") else {
+            continue;
+        };
+        if !seen.insert(node.to_string()) {
+            continue;
+        }
+        match counts.iter_mut().find(|(p, _)| p == provider) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((provider.to_string(), 1)),
+        }
+    }
+    counts.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    Ok(counts)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::clean_message;
+    use super::{clean_message, node_providers};
+
+    #[test]
+    fn a_profile_counts_each_node_once_by_its_provider() {
+        let profile = r#"[
+            {"cat": "Session", "name": "model_run", "args": {}},
+            {"cat": "Node", "name": "conv_fence_before", "args": {"op_name": "Conv"}},
+            {"cat": "Node", "name": "conv_kernel_time", "args": {"provider": "CUDAExecutionProvider"}},
+            {"cat": "Node", "name": "conv_kernel_time", "args": {"provider": "CUDAExecutionProvider"}},
+            {"cat": "Node", "name": "shape_kernel_time", "args": {"provider": "CPUExecutionProvider"}},
+            {"cat": "Node", "name": "relu_kernel_time", "args": {"provider": "CUDAExecutionProvider"}}
+        ]"#;
+        assert_eq!(
+            node_providers(profile).unwrap(),
+            vec![
+                ("CUDAExecutionProvider".to_string(), 2),
+                ("CPUExecutionProvider".to_string(), 1)
+            ]
+        );
+        assert!(
+            node_providers("not json")
+                .unwrap_err()
+                .starts_with("not a profile")
+        );
+    }
 
     #[test]
     fn source_locations_and_signatures_are_dropped() {

@@ -162,3 +162,18 @@ fn an_extracted_node_reruns_on_given_values_on_both_runtimes() {
         "{err}"
     );
 }
+
+#[test]
+fn the_profiler_says_which_provider_ran_each_node() {
+    let Some(lib) = library() else {
+        eprintln!("skipped: no onnxruntime wheel in .venv");
+        return;
+    };
+    let ort = OrtRuntime::new(Some(&lib), OptLevel::Disable).unwrap();
+    let inputs = vec![
+        ("a".to_string(), f32_tensor(&[1.0, -2.0, 3.0, -4.0])),
+        ("b".to_string(), f32_tensor(&[0.5; 4])),
+    ];
+    let placement = ort.node_placement(&add_relu_model(), &inputs).unwrap();
+    assert_eq!(placement, vec![("CPUExecutionProvider".to_string(), 2)]);
+}

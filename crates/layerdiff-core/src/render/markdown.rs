@@ -27,6 +27,9 @@ pub fn to_markdown(report: &Report) -> String {
         report.target.detail,
         report.mode
     );
+    if let Some(placement) = report.target.placement_text() {
+        let _ = writeln!(out, "Target placement: {placement}\n");
+    }
     if let Some(graph) = &report.target_graph {
         let _ = writeln!(out, "Target graph: {}\n", graph.describe());
     }
