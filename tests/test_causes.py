@@ -230,3 +230,55 @@ def test_a_whole_model_converted_to_float16_is_held_to_float16_tolerance(resnet1
     assert all(x["tolerance"] == 1e-2 for x in compared if x["target_dtype"] == "float16")
     assert layer(report, report["summary"]["drift_origin"])["cause"] == "precision_loss"
     assert {x["cause"] for x in compared if x["exceeds_tol"]} <= {"precision_loss", "inherited"}
+
+
+def test_quantization_is_precision_loss_not_a_kernel_bug(tmp_path):
+    """A model quantized by ONNX Runtime's static QDQ quantizer (uint8 activations, int8
+    weights) against its float file: every exceeding layer was `op_implementation` ("Quantize…
+    computes differently"). It is int8 precision, with the scale that sets it."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+    from test_onnx_command import report_of
+
+    rng = np.random.default_rng(0)
+
+    def weight(name, *shape):
+        return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.3, name)
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["y"], name="relu2"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [weight("w1", 8, 3, 3, 3), weight("w2", 8, 8, 3, 3)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.save(model, str(tmp_path / "float.onnx"))
+
+    class Samples(CalibrationDataReader):
+        def __init__(self):
+            self.left = [{"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)}] * 4
+
+        def get_next(self):
+            return self.left.pop() if self.left else None
+
+    quantize_static(
+        str(tmp_path / "float.onnx"), str(tmp_path / "qdq.onnx"), Samples(),
+        quant_format=QuantFormat.QDQ,
+    )  # fmt: skip
+    result, report = report_of(
+        tmp_path, str(tmp_path / "float.onnx"), "--vs", str(tmp_path / "qdq.onnx")
+    )
+    explained = [x for x in report["layers"] if x["cause"] not in (None, "inherited")]
+    assert explained, result.stdout
+    for layer in explained:
+        assert layer["cause"] == "precision_loss", (layer["name"], layer["detail"])
+        assert "quantize" in layer["detail"] and "scale" in layer["detail"], layer["detail"]
