@@ -279,6 +279,13 @@ def test_quantization_is_precision_loss_not_a_kernel_bug(tmp_path):
     )
     explained = [x for x in report["layers"] if x["cause"] not in (None, "inherited")]
     assert explained, result.stdout
+    # Which layers lose the most to their own quantization, most first.
+    ranked = report["summary"]["most_own_error"]
+    own = sorted((x["local"]["mean_abs_diff"], x["name"]) for x in report["layers"] if x["local"])[
+        ::-1
+    ]
+    assert [r["layer"] for r in ranked] == [name for _, name in own][: len(ranked)]
+    assert "most error of their own" in result.stdout
     for layer in explained:
         assert layer["cause"] == "precision_loss", (layer["name"], layer["detail"])
         assert "quantize" in layer["detail"] and "scale" in layer["detail"], layer["detail"]

@@ -137,6 +137,11 @@ pub fn summary_text(report: &Report) -> String {
             String::new()
         };
         out.push_str(&format!("  exceeding: {}{tail}\n", exceeding.join(", ")));
+        if let Some(ranked) = s.own_error_text() {
+            out.push_str(&format!(
+                "  most error of their own (local mean abs diff): {ranked}\n"
+            ));
+        }
     }
     out
 }

@@ -50,6 +50,18 @@ pub fn analyse(layers: &mut [Layer], tolerance: Tolerance) -> Summary {
     };
     let max_abs = |l: &Layer| l.accumulated.as_ref().map_or(0.0, |s| s.max_abs_diff);
     let mean_abs = |l: &Layer| l.accumulated.as_ref().map_or(0.0, |s| s.mean_abs_diff);
+    let mut most_own_error: Vec<WorstLayer> = layers
+        .iter()
+        .filter_map(|l| {
+            let own = l.local.as_ref()?.mean_abs_diff;
+            (own > 0.0).then(|| WorstLayer {
+                layer: l.name.clone(),
+                value: own,
+            })
+        })
+        .collect();
+    most_own_error.sort_by(|a, b| b.value.total_cmp(&a.value));
+    most_own_error.truncate(OWN_ERROR_RANKED);
     let warnings = coverage_warning(layers, compared.len())
         .into_iter()
         .collect();
@@ -69,10 +81,14 @@ pub fn analyse(layers: &mut [Layer], tolerance: Tolerance) -> Summary {
             mean_abs_diff: pick(|a, b| a > b, mean_abs),
             min_max_abs_diff: pick(|a, b| a < b, max_abs),
         },
+        most_own_error,
         warnings,
         inconclusive: None,
     }
 }
+
+/// How many layers [`Summary::most_own_error`] ranks.
+pub const OWN_ERROR_RANKED: usize = 5;
 
 /// Below this share of compared layers a verdict says little about the model as a whole.
 pub const LOW_COVERAGE: f64 = 0.5;

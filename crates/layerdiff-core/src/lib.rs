@@ -20,8 +20,8 @@ mod tensor;
 mod tolerance;
 
 pub use analysis::{
-    BORN_HERE, LOW_COVERAGE, LOW_COVERAGE_WARNING, analyse, judge, not_compared_reasons,
-    nothing_compared,
+    BORN_HERE, LOW_COVERAGE, LOW_COVERAGE_WARNING, OWN_ERROR_RANKED, analyse, judge,
+    not_compared_reasons, nothing_compared,
 };
 pub use cause::{Evidence, explain, precision_grid};
 pub use compare::{Stats, THRESHOLDS, Worst, compare};

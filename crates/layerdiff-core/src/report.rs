@@ -219,6 +219,10 @@ pub struct Summary {
     pub first_exceeding: Option<String>,
     /// The extremes across compared layers.
     pub worst: WorstLayers,
+    /// The layers that add the most error of their own (local mean abs diff, where measured and
+    /// above zero), most first, at most [`crate::OWN_ERROR_RANKED`]: where quantization or a
+    /// lower precision costs the most.
+    pub most_own_error: Vec<WorstLayer>,
     /// What a reader must know before trusting the verdict, e.g. that few layers were compared.
     pub warnings: Vec<String>,
     /// Why the run cannot say "no drift" although no compared layer exceeds (layers from some
@@ -228,6 +232,16 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// [`Summary::most_own_error`] in words (`` `c1` 1.2e-2, `c2` 3.4e-3 ``), or `None`.
+    pub fn own_error_text(&self) -> Option<String> {
+        let ranked: Vec<String> = self
+            .most_own_error
+            .iter()
+            .map(|w| format!("`{}` {:.3e}", w.layer, w.value))
+            .collect();
+        (!ranked.is_empty()).then(|| ranked.join(", "))
+    }
+
     /// Whether a layer gets a cause: it exceeds its tolerance, accumulated or locally, or it is
     /// the drift origin.
     pub fn needs_cause(&self, layer: &Layer) -> bool {

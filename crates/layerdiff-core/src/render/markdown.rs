@@ -79,6 +79,12 @@ pub fn to_markdown(report: &Report) -> String {
     row(&mut out, "largest max abs diff", &s.worst.max_abs_diff);
     row(&mut out, "largest mean abs diff", &s.worst.mean_abs_diff);
     row(&mut out, "smallest max abs diff", &s.worst.min_max_abs_diff);
+    if let Some(ranked) = s.own_error_text() {
+        let _ = writeln!(
+            out,
+            "\nMost error of their own (local mean abs diff): {ranked}."
+        );
+    }
     let verdict = match &s.drift_origin {
         None if s.inconclusive.is_some() => format!(
             "\n**Inconclusive**: no layer exceeds its tolerance across {} compared layers, but {}.\n",
