@@ -237,31 +237,20 @@ def test_quantization_is_precision_loss_not_a_kernel_bug(tmp_path):
     weights) against its float file: every exceeding layer was `op_implementation` ("Quantize…
     computes differently"). It is int8 precision, with the scale that sets it."""
     import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from builders.graphs import save_graph
+    from onnx import helper
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
     from test_onnx_command import report_of
 
-    rng = np.random.default_rng(0)
-
-    def weight(name, *shape):
-        return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.3, name)
-
+    rng = np.random.default_rng(1)
     nodes = [
         helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
         helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c2"], ["y"], name="relu2"),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])],
-        [weight("w1", 8, 3, 3, 3), weight("w2", 8, 8, 3, 3)],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-    onnx.save(model, str(tmp_path / "float.onnx"))
+    weights = {"w1": (8, 3, 3, 3), "w2": (8, 8, 3, 3)}
+    save_graph(tmp_path / "float.onnx", nodes, (1, 3, 16, 16), (1, 8, 16, 16), weights, opset=17)
 
     class Samples(CalibrationDataReader):
         def __init__(self):

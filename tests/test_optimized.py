@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from builders.graphs import save_graph
+from onnx import helper, numpy_helper
 from test_onnx_command import report_of
 
 onnxruntime = pytest.importorskip("onnxruntime")
@@ -89,25 +90,14 @@ def test_drift_inside_an_optimized_file_is_born_at_the_fused_node(resnet18_onnx,
 
 
 def _conv_gelu_conv(path):
-    rng = np.random.default_rng(0)
-    w1 = numpy_helper.from_array(rng.standard_normal((16, 8, 3, 3)).astype(np.float32) * 0.2, "w1")
-    w2 = numpy_helper.from_array(rng.standard_normal((16, 16, 3, 3)).astype(np.float32) * 0.2, "w2")
     nodes = [
         helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
         helper.make_node("Gelu", ["c1"], ["g"], name="gelu"),
         helper.make_node("Conv", ["g", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c2"], ["y"], name="relu"),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 16, 16])],
-        [w1, w2],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
-    onnx.save(model, str(path))
-    return path
+    weights = {"w1": (16, 8, 3, 3), "w2": (16, 16, 3, 3)}
+    return save_graph(path, nodes, (1, 8, 16, 16), (1, 16, 16, 16), weights)
 
 
 def test_an_elementwise_op_on_blocked_data_is_not_false_drift(tmp_path):
@@ -173,11 +163,6 @@ def test_a_blocked_value_onnx_runtime_cannot_convert_back_still_runs(tmp_path):
     then the SiLU on blocked data), but its ReorderInput converts only multiples of 4
     channels, and the run failed (EfficientNet at `opt=all`). Such a value is given back for
     comparison while its readers keep reading the blocked one."""
-    rng = np.random.default_rng(0)
-
-    def weight(name, *shape):
-        return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.3, name)
-
     nodes = [
         helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
         helper.make_node("ReduceMean", ["c0", "axes"], ["pooled"], name="mean"),
@@ -188,16 +173,10 @@ def test_a_blocked_value_onnx_runtime_cannot_convert_back_still_runs(tmp_path):
         helper.make_node("Sigmoid", ["expanded"], ["gate"], name="sigmoid_2"),
         helper.make_node("Mul", ["c0", "gate"], ["y"], name="scale"),
     ]
+    weights = {"w0": (16, 16, 3, 3), "w1": (6, 16, 1, 1), "w2": (16, 6, 1, 1)}
     axes = numpy_helper.from_array(np.array([2, 3], np.int64), "axes")
-    graph = helper.make_graph(
-        nodes,
-        "se",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])],
-        [weight("w0", 16, 16, 3, 3), weight("w1", 6, 16, 1, 1), weight("w2", 16, 6, 1, 1), axes],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
-    onnx.save(model, str(tmp_path / "se.onnx"))
+    shape = (1, 16, 8, 8)
+    save_graph(tmp_path / "se.onnx", nodes, shape, shape, weights, extra=[axes])
     optimized = onnx.load(str(ort_optimized(tmp_path / "se.onnx", tmp_path / "se.opt.onnx")))
     assert any(n.name == "reduced_nchwc" for n in optimized.graph.node)  # blocked, 6 channels
     result, report = report_of(tmp_path, str(tmp_path / "se.onnx"), "--target", "ort:opt=all")

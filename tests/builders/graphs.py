@@ -1,0 +1,29 @@
+"""Small float32 ONNX graphs written by hand for tests: random weights from a seed, one input
+and one output, saved at an IR version ONNX Runtime 1.31 loads."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def save_graph(path, nodes, x_shape, y_shape, weights: dict, *, opset=20, extra=()):
+    """Saves `nodes` reading input `x` and writing output `y`; `weights` maps initializer names
+    to shapes, filled from seed 0 (scaled to keep activations near 1); `extra` adds other
+    initializers as they are."""
+    rng = np.random.default_rng(0)
+    initializers = [
+        numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.3, name)
+        for name, shape in weights.items()
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(y_shape))],
+        [*initializers, *extra],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+    onnx.save(model, str(path))
+    return path
