@@ -23,8 +23,11 @@ $(DEPS): requirements.txt | $(PY)
 	$(PY) -m pip install --quiet -r requirements.txt
 	touch $@
 
-# The extension and the package, built in release mode and installed (editable) into .venv.
+# The extension and the package, built in release mode and installed (editable) into .venv: one
+# abi3 extension for every Python from 3.10 on (a per-version one left by an older build would
+# be imported before it, so it goes).
 build: $(DEPS)
+	rm -f python/layerdiff/_layerdiff.cpython-*.so
 	maturin develop --release --quiet
 
 pipeline: build

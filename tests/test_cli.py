@@ -215,3 +215,15 @@ def test_torch_timings_add_up_to_the_wall_clock(tmp_path):
     assert start_up["seconds"] > 0.1  # importing PyTorch alone takes longer
     # What is left is the process's exit and the report written after the JSON.
     assert sum(p["seconds"] for p in phases) > 0.8 * wall
+
+
+def test_the_extension_is_one_abi3_build_for_every_python():
+    """One wheel serves Python 3.10 and later (a GPU machine's 3.12 included), instead of one
+    build per interpreter."""
+    import sys
+    from pathlib import Path
+
+    from layerdiff import _layerdiff
+
+    if sys.platform.startswith("linux"):
+        assert Path(_layerdiff.__file__).name == "_layerdiff.abi3.so"
