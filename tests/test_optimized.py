@@ -186,3 +186,16 @@ def test_a_blocked_value_onnx_runtime_cannot_convert_back_still_runs(tmp_path):
     reduced = layer(report, "reduced")
     assert reduced["status"] == "compared" and "renamed by the optimizer" in reduced["reason"]
     assert reduced["shape"] == [1, 6, 1, 1]
+
+
+def test_an_optimizing_reference_says_it_is_not_the_graph_that_ships(resnet18_onnx, tmp_path):
+    """Only the target is optimized first: values exposed on an optimizing reference keep it from
+    fusing, which the summary must say rather than name `opt=all` as if it had run."""
+    result, report = report_of(
+        tmp_path, str(resnet18_onnx["dynamo"]), "--reference", "ort:opt=all", "--target", "ort"
+    )
+    assert any(
+        w.startswith("the reference (onnxruntime") and "--target" in w
+        for w in report["summary"]["warnings"]
+    ), report["summary"]["warnings"]
+    assert "not the graph that ships" in result.stdout

@@ -459,6 +459,12 @@ pub fn compare_models(
     }
     drop((r_live, t_live));
     let mut summary = analyse(&mut layers, pair.tolerance);
+    if reference_rt.rewrites() {
+        summary.warnings.push(format!(
+            "the reference ({}) optimizes the graph, but the values exposed for comparison keep it from fusing them: the reference measured is not the graph that ships; give the optimized side as --target, which is compared in the graph it optimized",
+            reference_rt.detail()
+        ));
+    }
     let target_graph = shipped.map(|shipped| {
         let surviving = pairings.iter().filter(|p| p.target.is_ok());
         shipped.finish(

@@ -41,6 +41,11 @@ pub trait Runtime {
     fn computes(&self) -> bool {
         true
     }
+    /// Whether this runtime rewrites a model before running it (ONNX Runtime above
+    /// `opt=disable`), so that exposing values for comparison changes what it runs.
+    fn rewrites(&self) -> bool {
+        false
+    }
     /// The graph this runtime really runs, when it rewrites a model before running it (ONNX
     /// Runtime above `opt=disable`): the rewritten model as the runtime saves it, and a runtime
     /// that runs it as saved. `None` when the model runs as written.

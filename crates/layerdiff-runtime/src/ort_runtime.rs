@@ -391,8 +391,12 @@ impl Runtime for OrtRuntime {
     /// Lets ONNX Runtime optimize `model` at this runtime's level and save the graph, which is
     /// read back and run with optimizations off (it is already optimized: running it again
     /// would let values exposed for comparison undo fusions).
+    fn rewrites(&self) -> bool {
+        self.opt_level != OptLevel::Disable
+    }
+
     fn optimize(&self, model: &Model) -> Result<Option<Optimized>> {
-        if self.opt_level == OptLevel::Disable {
+        if !self.rewrites() {
             return Ok(None);
         }
         let failed = |e: &dyn std::fmt::Display| Error::SaveOptimized(e.to_string());
