@@ -26,7 +26,8 @@ use layerdiff_runtime::{Runtime, RuntimeSpec};
 
 use crate::local::{Rerun, WeightCheck, check_weight, disagreement, fit};
 use crate::segments::{
-    Plan, PlanSide, PlannedLayer, Segmentation, Values, part_model, plan, value_sizes,
+    Plan, PlanSide, PlannedLayer, Segmentation, Values, part_model, plan, segments_warning,
+    value_sizes,
 };
 use crate::shipped::{Placement, Renames, Shipped, prepare_target};
 use crate::timings::{OWN, RUNTIME, Stopwatch};
@@ -555,6 +556,10 @@ impl CapturedRun {
             let surviving = self.values.iter().flatten().map(String::as_str);
             shipped.finish(surviving, &self.renames, &mut summary)
         });
+        let providers = [self.runtime.kernels_per_graph()];
+        summary
+            .warnings
+            .extend(segments_warning(self.plan.segments.len(), &providers));
         let mut target = SideInfo::new(self.runtime.name(), self.runtime.detail());
         if let Some(placement) = self.placement.take() {
             placement.report(&mut target, &mut summary);

@@ -21,7 +21,8 @@ use crate::Result;
 use crate::inputs::check_inputs;
 use crate::local::{Rerun, check_weight, disagreement, fit};
 use crate::segments::{
-    Part, PlanSide, PlannedLayer, Segmentation, Values, part_model, plan, value_sizes,
+    Part, PlanSide, PlannedLayer, Segmentation, Values, part_model, plan, segments_warning,
+    value_sizes,
 };
 use crate::shipped::{Placement, Renames, Shipped};
 use crate::timings::{OWN, RUNTIME, Stopwatch};
@@ -459,6 +460,13 @@ pub fn compare_models(
     }
     drop((r_live, t_live));
     let mut summary = analyse(&mut layers, pair.tolerance);
+    let providers = [
+        reference_rt.kernels_per_graph(),
+        target_rt.kernels_per_graph(),
+    ];
+    summary
+        .warnings
+        .extend(segments_warning(plan.segments.len(), &providers));
     if reference_rt.rewrites() {
         summary.warnings.push(format!(
             "the reference ({}) optimizes the graph, but the values exposed for comparison keep it from fusing them: the reference measured is not the graph that ships; give the optimized side as --target, which is compared in the graph it optimized",

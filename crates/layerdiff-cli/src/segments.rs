@@ -522,6 +522,16 @@ pub fn default_budget() -> Option<u64> {
     Some(kib * 1024 / 2)
 }
 
+/// The warning a run in `segments` segments owes when a side runs on a provider that picks its
+/// kernels per graph: there, a segment may compute a value with other bits than the whole run
+/// (on the CPU the bits are the same, which the tests check).
+pub fn segments_warning(segments: usize, providers: &[Option<&'static str>]) -> Option<String> {
+    let provider = providers.iter().flatten().next().filter(|_| segments > 1)?;
+    Some(format!(
+        "ran in {segments} segments on {provider}, which picks its kernels for each graph it is given: values may differ in their last bits from a run of the whole graph (use a --max-memory that fits the whole run to compare with one)"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -654,5 +664,18 @@ mod tests {
                 .contains("`4X` is not a memory size")
         );
         assert!(parse_memory("0").unwrap_err().contains("above zero"));
+    }
+
+    #[test]
+    fn segments_on_a_gpu_provider_are_said_to_differ_possibly() {
+        let gpu = [None, Some("CUDAExecutionProvider")];
+        let warning = segments_warning(3, &gpu).unwrap();
+        assert!(warning.starts_with("ran in 3 segments on CUDAExecutionProvider"));
+        assert_eq!(segments_warning(1, &gpu), None, "a whole run owes nothing");
+        assert_eq!(
+            segments_warning(3, &[None, None]),
+            None,
+            "CPU bits do not change"
+        );
     }
 }

@@ -41,6 +41,12 @@ pub trait Runtime {
     fn computes(&self) -> bool {
         true
     }
+    /// The device provider, when it may choose kernels per graph (a GPU provider picks
+    /// convolution and matmul algorithms, TF32 and the like for the graph it is given), so a
+    /// value computed in a segment of the graph need not have the bits of the whole run's.
+    fn kernels_per_graph(&self) -> Option<&'static str> {
+        None
+    }
     /// Whether this runtime rewrites a model before running it (ONNX Runtime above
     /// `opt=disable`), so that exposing values for comparison changes what it runs.
     fn rewrites(&self) -> bool {

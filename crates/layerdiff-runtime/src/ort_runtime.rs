@@ -391,6 +391,10 @@ impl Runtime for OrtRuntime {
     /// Lets ONNX Runtime optimize `model` at this runtime's level and save the graph, which is
     /// read back and run with optimizations off (it is already optimized: running it again
     /// would let values exposed for comparison undo fusions).
+    fn kernels_per_graph(&self) -> Option<&'static str> {
+        (self.provider != Provider::Cpu).then(|| self.provider.ort_name())
+    }
+
     fn rewrites(&self) -> bool {
         self.opt_level != OptLevel::Disable
     }
