@@ -152,9 +152,14 @@ def capture(model: nn.Module, inputs: tuple, on_layer=None, *, fingerprints=Fals
         index, output = producer.get(tensor.data_ptr(), (None, lambda: None))
         return index if output() is not None else None
 
-    def add_layer(key: str, module: str, module_type: str, out, args, **kind) -> None:
+    def next_call(key: str) -> int:
+        """The index of this call among the calls of `key` (every call counts, as the legacy
+        exporter's `_N` scopes do, tensor output or not)."""
         k = calls.get(key, 0)
         calls[key] = k + 1
+        return k
+
+    def add_layer(k: int, key: str, module: str, module_type: str, out, args, **kind) -> None:
         first_in = _first_tensor(args)
         called = key if k == 0 else f"{key}#{k + 1}"
         layer = CapturedLayer(
@@ -175,14 +180,16 @@ def capture(model: nn.Module, inputs: tuple, on_layer=None, *, fingerprints=Fals
             on_layer(index, layer, out.detach())
 
     def hook(module, args, output):
+        name = names[module]
+        k = next_call(name)
         out = _first_tensor(output)
         if out is not None:
             identity = isinstance(module, IDENTITY_AT_INFERENCE) and not module.training
-            name = names[module]
-            add_layer(name, name, type(module).__name__, out, args, identity=identity)
+            add_layer(k, name, name, type(module).__name__, out, args, identity=identity)
 
     def function(op, owner, args, out):
-        add_layer(f"{owner}:{op}", owner, f"{op}()", out, args, identity=False, op=op)
+        key = f"{owner}:{op}"
+        add_layer(next_call(key), key, owner, f"{op}()", out, args, identity=False, op=op)
 
     # Which module's forward is running, for the functional calls it makes.
     paths = {m: n for n, m in model.named_modules()}

@@ -184,9 +184,10 @@ fn is_conversion(node: &NodeInfo) -> bool {
     node.domain == NCHWC_DOMAIN && matches!(node.op_type.as_str(), "ReorderInput" | "ReorderOutput")
 }
 
-/// The first value downstream of `node` (in the reference's order) that the target computes,
-/// and the target node that computes it: where an optimizer fused the node's work. Behind a
-/// layout conversion, the node is the one whose output it converts.
+/// The nearest value downstream of `node` that the target computes (breadth first over the
+/// reference's readers, each step in graph order), and the target node that computes it: where
+/// an optimizer fused the node's work. Behind a layout conversion, the node is the one whose
+/// output it converts.
 fn computed_downstream<'t>(
     r: &GraphIndex,
     t: &'t GraphIndex,

@@ -24,7 +24,7 @@ pub use tract_runtime::TractRuntime;
 
 /// Where a runtime placed a model's nodes: the provider asked for, and the nodes each
 /// provider ran, most first (or why that could not be read).
-pub type Placement = (&'static str, Result<Vec<(String, usize)>>);
+pub type NodePlacement = (&'static str, Result<Vec<(String, usize)>>);
 
 /// One way of computing an ONNX model's values.
 pub trait Runtime {
@@ -61,7 +61,7 @@ pub trait Runtime {
     /// Which execution provider runs how many of `model`'s nodes, most first, and the one
     /// asked for, where a runtime can place nodes elsewhere than asked (ONNX Runtime on a
     /// provider other than the CPU); `None` where every node runs where asked.
-    fn placement(&self, _model: &Model, _inputs: &[(String, Tensor)]) -> Option<Placement> {
+    fn placement(&self, _model: &Model, _inputs: &[(String, Tensor)]) -> Option<NodePlacement> {
         None
     }
     /// Runs `model` on `inputs` and returns the requested values in the order asked.

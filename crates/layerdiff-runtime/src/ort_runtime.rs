@@ -383,7 +383,11 @@ impl Runtime for OrtRuntime {
         )
     }
 
-    fn placement(&self, model: &Model, inputs: &[(String, Tensor)]) -> Option<crate::Placement> {
+    fn placement(
+        &self,
+        model: &Model,
+        inputs: &[(String, Tensor)],
+    ) -> Option<crate::NodePlacement> {
         (self.provider != Provider::Cpu)
             .then(|| (self.provider.ort_name(), self.node_placement(model, inputs)))
     }
