@@ -120,7 +120,7 @@ pub fn attribute_text(a: &AttributeProto) -> String {
         format!(
             "tensor {:?} ({} bytes)",
             t.dims,
-            t.raw_data.as_ref().map_or(0, Vec::len)
+            t.raw_data.as_ref().map_or(0, |r| r.len())
         )
     } else if a.g.is_some() {
         "a subgraph".to_string()

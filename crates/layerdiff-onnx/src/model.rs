@@ -6,7 +6,8 @@ use prost::Message;
 use crate::tensor_proto::DataLocation;
 use crate::{Error, GraphProto, ModelProto, Result};
 
-/// An ONNX model and the folder its external data (if any) is read from.
+/// An ONNX model and the folder its external data (if any) is read from. Cloning it is cheap
+/// in memory: tensor bytes are reference-counted and shared.
 #[derive(Debug, Clone)]
 pub struct Model {
     /// The decoded protobuf.
@@ -24,11 +25,21 @@ impl Model {
             source,
         })?;
         let base_dir = path.parent().map(Path::to_path_buf);
-        Self::from_bytes(&bytes, path, base_dir)
+        // Decoded from shared bytes, the weights stay slices of the file's buffer: no second
+        // copy, and a clone of the model shares them.
+        Self::decode(prost::bytes::Bytes::from(bytes), path, base_dir)
     }
 
     /// Decodes a model from memory; `origin` names it in error messages.
     pub fn from_bytes(bytes: &[u8], origin: &Path, base_dir: Option<PathBuf>) -> Result<Self> {
+        Self::decode(bytes, origin, base_dir)
+    }
+
+    fn decode(
+        bytes: impl prost::bytes::Buf,
+        origin: &Path,
+        base_dir: Option<PathBuf>,
+    ) -> Result<Self> {
         let proto = ModelProto::decode(bytes).map_err(|source| Error::Decode {
             path: origin.to_path_buf(),
             source,
@@ -116,7 +127,7 @@ impl Model {
             let mut inline = proto.clone();
             inline.data_location = Some(DataLocation::Default as i32);
             inline.external_data.clear();
-            inline.raw_data = Some(raw.to_vec());
+            inline.raw_data = Some(raw.to_vec().into());
             crate::tensor_from_proto(&inline)
         };
         Some(read())

@@ -80,7 +80,7 @@ pub fn tensor_from_proto(proto: &TensorProto) -> std::result::Result<Tensor, Str
     let n: usize = shape.iter().product();
     let bytes: Vec<u8> =
         if let Some(raw) = proto.raw_data.as_ref().filter(|r| !r.is_empty() || n == 0) {
-            raw.clone()
+            raw.to_vec()
         } else {
             match dtype {
                 DType::F32 => proto
