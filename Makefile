@@ -11,7 +11,7 @@ DEPS := $(VENV)/.requirements.stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: pipeline test build env proto lint clean docs conformance kernel-swap bench mapping
+.PHONY: pipeline test build env proto lint clean docs golden conformance kernel-swap bench mapping
 
 env: $(DEPS)
 
@@ -47,7 +47,7 @@ proto:
 
 lint: $(DEPS)
 	cargo fmt --all -- --check
-	cargo clippy --workspace --quiet -- -D warnings
+	cargo clippy --workspace --all-targets --quiet -- -D warnings
 	$(VENV)/bin/ruff check python tests benches
 	$(VENV)/bin/ruff format --check python tests benches
 
@@ -59,13 +59,18 @@ clean:
 docs: build
 	$(PY) scripts/cli_reference.py
 
+# Rewrite the engine's golden report (crates/layerdiff-flow/tests/golden/), after a change to
+# what reports say that is meant.
+golden:
+	LAYERDIFF_BLESS=1 cargo test --quiet -p layerdiff-flow --test engine golden
+
 # Run the ONNX backend node tests through layerdiff and rewrite docs/conformance.md.
 conformance: build
 	$(PY) scripts/conformance.py
 
 # Which kernel carries a LayerNormalization → MatMul discrepancy (examples/kernel_swap/).
 kernel-swap: $(DEPS)
-	cargo run --release --quiet -p layerdiff-cli --example kernel_swap > examples/kernel_swap/results.md
+	cargo run --release --quiet -p layerdiff-runtime --example kernel_swap > examples/kernel_swap/results.md
 	@echo "wrote examples/kernel_swap/results.md"
 
 # Measure the comparator (GB/s per dtype against numpy and the machine's read bandwidth) and

@@ -64,7 +64,9 @@ def _process_age() -> float:
         return time.perf_counter() - _IMPORTED
 
 
-def _run_torch(opts: dict) -> int:
+def _run_torch(command) -> int:
+    """Runs `layerdiff torch` as parsed (a `TorchCommand`); the outputs are written and printed
+    by the same Rust function as the `onnx` verb's."""
     try:
         from layerdiff import torch as lt
     except ImportError as e:
@@ -73,49 +75,30 @@ def _run_torch(opts: dict) -> int:
             "hint: pip install 'layerdiff[torch]'"
         ) from e
 
-    progress = _Progress(opts["quiet"])
-    out = Path(opts["out"]) if opts["out"] else None
-    if opts["onnx"] is not None and not Path(opts["onnx"]).is_file():
-        raise _layerdiff.UsageError(f"ONNX file `{opts['onnx']}` does not exist")
+    progress = _Progress(command.quiet)
+    if command.onnx is not None and not Path(command.onnx).is_file():
+        raise _layerdiff.UsageError(f"ONNX file `{command.onnx}` does not exist")
 
     started = time.perf_counter()
     # Before this point: the interpreter's start-up and the imports (PyTorch's above all).
     start_up = [("start-up: interpreter and imports", "pytorch", _process_age())]
-    builder = lt.load_builder(opts["model"])
-    progress(f"building {opts['model']} (seed {opts['seed']})")
-    model, inputs = builder(opts["seed"])
+    builder = lt.load_builder(command.model)
+    progress(f"building {command.model} (seed {command.seed})")
+    model, inputs = builder(command.seed)
     built = [*start_up, ("building the model", "pytorch", time.perf_counter() - started)]
     report = lt.compare_torch_onnx(
         model,
         inputs,
-        onnx=opts["onnx"],
-        tolerance=opts["tolerance"],
-        local=opts["local"],
-        float64=opts["float64"],
-        exporter=opts["exporter"],
-        target=opts["target"],
-        max_memory=opts["max_memory"],
-        name=opts["model"],
-        seed=opts["seed"],
-        workdir=out,
-        timings=built if opts["timings"] else False,
+        onnx=command.onnx,
+        exporter=command.exporter,
+        name=command.model,
+        seed=command.seed,
+        workdir=command.out,
+        timings=built if command.timings else False,
         progress=progress,
+        options=command.options,
     )
-    started = time.perf_counter()
-    written = report.write(json=opts["json"], markdown=opts["markdown"])
-    if opts["inputs_path"] is not None:
-        lt.save_inputs(Path(opts["inputs_path"]), report.inputs, opts["seed"])
-        written.append(Path(opts["inputs_path"]))
-    if not opts["quiet"]:
-        for note in report.notes:
-            print(note, file=sys.stderr)
-        sys.stdout.write(report.summary_text())
-        for path in written:
-            print(f"wrote {path}", file=sys.stderr)
-    if opts["timings"]:
-        rendering = ("rendering and writing reports", "layerdiff", time.perf_counter() - started)
-        sys.stderr.write(report.timings_text([rendering]))
-    return report.exit_code
+    return report._native.deliver(command, report.inputs, command.seed, report.notes)
 
 
 if __name__ == "__main__":

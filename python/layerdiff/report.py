@@ -77,9 +77,9 @@ class Report:
     def summary_text(self) -> str:
         return self._native.summary_text()
 
-    def timings_text(self, after: list | None = None) -> str:
-        """The phase-by-phase breakdown (needs ``timings=True``), with phases measured after."""
-        return self._native.timings_text(after or [])
+    def timings_text(self) -> str:
+        """The phase-by-phase breakdown (needs ``timings=True``)."""
+        return self._native.timings_text()
 
     def write(
         self, json: str | Path | None = None, markdown: str | Path | None = None

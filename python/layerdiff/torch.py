@@ -401,6 +401,7 @@ def compare_torch_onnx(
     max_memory: int | str | None = None,
     timings: bool | list = False,
     progress=None,
+    options: _layerdiff.Options | None = None,
 ) -> Report:
     """Compare a PyTorch model with its ONNX export under ONNX Runtime, layer by layer.
 
@@ -421,6 +422,9 @@ def compare_torch_onnx(
     PyTorch has produced its layers, so that the values held at once stay within
     ``max_memory`` (bytes, or a size such as ``"4G"``; default: half the memory available).
     The numbers do not depend on it.
+
+    ``options`` (an ``Options`` already parsed, as the command line makes) replaces
+    ``tolerance``, ``local``, ``float64``, ``max_memory`` and ``target``.
     """
     phases = list(timings) if isinstance(timings, list) else []
     clock = [time.perf_counter()]
@@ -432,9 +436,14 @@ def compare_torch_onnx(
 
     step = progress or (lambda message: None)
     inputs = _as_input_tuple(inputs)
-    tolerance = str(tolerance) if not isinstance(tolerance, str) else tolerance
-    if tolerance == "auto" and not float64:
-        raise _layerdiff.UsageError("tolerance `auto` needs the float64 run; drop --no-float64")
+    if options is None:
+        options = _layerdiff.Options(
+            tolerance=str(tolerance),
+            local=local,
+            max_memory=None if max_memory is None else str(max_memory),
+            target=target,
+            float64=float64,
+        )
     model.eval()
 
     step("listing PyTorch layers")
@@ -471,21 +480,17 @@ def compare_torch_onnx(
             onnx_path=str(onnx_path),
             inputs=onnx_inputs,
             layers=[vars(layer) for layer in listed],
-            tolerance=tolerance,
+            options=options,
             seed=seed,
             reference_runtime="pytorch",
             reference_detail=f"torch {torch.__version__}, eager, cpu",
-            target=target,
             ort_library=_ort.library(),
-            local=local,
-            float64=float64,
-            max_memory=None if max_memory is None else str(max_memory),
             timings=phases if timings is not False else None,
         )
         split = run.segments_text
         pieces = f" in {run.segments} segments" if split else ""
         step(f"running PyTorch and the ONNX model side by side{pieces}, comparing each layer")
-        _stream(model, inputs, run, listed, float64=float64, clone=clone)
+        _stream(model, inputs, run, listed, float64=options.float64, clone=clone)
         needed = run.conclude()
         native = run.finish(_layer_parameters(model, listed, needed))
     report = Report(native, inputs=onnx_inputs)
@@ -590,11 +595,3 @@ def _layer_parameters(model: nn.Module, listed: list[CapturedLayer], needed: lis
             ]
         out[index] = [flat(n, t) for n, t in own]
     return out
-
-
-def save_inputs(path: Path, inputs, seed: int | None) -> None:
-    """Saves the exact input bytes both sides were given, with the seed, as safetensors."""
-    metadata = {"producer": "layerdiff"}
-    if seed is not None:
-        metadata["seed"] = str(seed)
-    _layerdiff.save_tensors(str(path), list(inputs), metadata)

@@ -1,5 +1,5 @@
 //! The `layerdiff` command (Rust entry point).
 
 fn main() -> std::process::ExitCode {
-    layerdiff_cli::cli::main(std::env::args_os().collect())
+    layerdiff_cli::main(std::env::args_os().collect())
 }

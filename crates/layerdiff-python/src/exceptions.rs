@@ -60,10 +60,10 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 }
 
 /// Maps a flow error onto the hierarchy, keeping the whole cause chain in the message.
-pub(crate) fn to_py_err(err: impl Into<layerdiff_cli::Error>) -> PyErr {
-    use layerdiff_cli::Error as E;
+pub(crate) fn to_py_err(err: impl Into<layerdiff_flow::Error>) -> PyErr {
+    use layerdiff_flow::Error as E;
     let err = err.into();
-    let message = layerdiff_cli::error_chain(&err);
+    let message = layerdiff_flow::error_chain(&err);
     match err {
         E::Onnx(_) => ModelError::new_err(message),
         E::Usage(_) => UsageError::new_err(message),
@@ -72,5 +72,7 @@ pub(crate) fn to_py_err(err: impl Into<layerdiff_cli::Error>) -> PyErr {
         E::Runtime(layerdiff_runtime::Error::Session(_)) => ModelError::new_err(message),
         E::NothingCompared(_) => MappingError::new_err(message),
         E::Runtime(_) | E::Memory(_) => RuntimeFailure::new_err(message),
+        E::Expected(_) => InputError::new_err(message),
+        E::Write { .. } => OutputError::new_err(message),
     }
 }

@@ -8,10 +8,12 @@ use std::path::PathBuf;
 
 use std::collections::HashMap;
 
-use layerdiff_cli::captured::{self, CapturedComparison, ListedLayer};
-use layerdiff_cli::cli::{self, Parsed};
-use layerdiff_cli::{output, segments};
+use layerdiff_cli::args::{self, Parsed, TorchArgs};
 use layerdiff_core::{DType, Fingerprint, SideInfo, Timing, Tolerance, render};
+use layerdiff_flow::captured::{self, CapturedComparison, ListedLayer, check_settings};
+use layerdiff_flow::output;
+use layerdiff_flow::timings::Stopwatch;
+use layerdiff_flow::{Settings, memory};
 use layerdiff_onnx::LayerCall;
 use layerdiff_runtime::RuntimeSpec;
 use pyo3::prelude::*;
@@ -36,13 +38,33 @@ impl Report {
     }
     /// The short text summary the CLI prints.
     fn summary_text(&self) -> String {
-        output::summary_text(&self.0)
+        render::to_text(&self.0)
     }
-    /// The `--timings` breakdown: the report's phases, then `after` (phase, by, seconds).
-    fn timings_text(&self, after: Vec<(String, String, f64)>) -> String {
-        let mut phases = self.0.timings.clone().unwrap_or_default();
-        phases.extend(after.iter().map(|(p, b, s)| Timing::new(p, b, *s)));
-        layerdiff_cli::timings::timings_text(&phases)
+    /// The `--timings` breakdown of the report's phases.
+    fn timings_text(&self) -> String {
+        let phases = self.0.timings.clone().unwrap_or_default();
+        layerdiff_flow::timings::timings_text(&phases)
+    }
+    /// Writes a command's outputs (reports, `inputs` with their `seed`) and prints `notes`,
+    /// the summary and the files written, as the Rust command does; returns the exit code.
+    fn deliver(
+        &self,
+        py: Python<'_>,
+        command: &TorchCommand,
+        inputs: Vec<FlatTensor<'_>>,
+        seed: Option<u64>,
+        notes: Vec<String>,
+    ) -> PyResult<u8> {
+        let inputs = inputs
+            .iter()
+            .map(|t| Ok((t.name().to_string(), t.to_tensor()?)))
+            .collect::<PyResult<Vec<_>>>()?;
+        let report = self.0.clone();
+        let to = command.args.report.destinations();
+        let done = py
+            .detach(|| output::deliver(report, &to, &inputs, seed, &notes, Stopwatch::default()))
+            .map_err(to_py_err)?;
+        Ok(output::exit_code(&done))
     }
     /// 0 when no layer exceeds the tolerance, 1 when drift was found.
     #[getter]
@@ -57,8 +79,107 @@ impl Report {
     /// Writes the JSON and/or Markdown report (each file whole or not at all).
     #[pyo3(signature = (json=None, markdown=None))]
     fn write(&self, json: Option<PathBuf>, markdown: Option<PathBuf>) -> PyResult<Vec<PathBuf>> {
-        output::write_reports(&self.0, json.as_deref(), markdown.as_deref())
-            .map_err(|e| exceptions::OutputError::new_err(format!("cannot write the report: {e}")))
+        output::write_reports(&self.0, json.as_deref(), markdown.as_deref()).map_err(to_py_err)
+    }
+}
+
+/// How a comparison is run, parsed once: tolerance, local error, memory budget, the runtime
+/// that runs the ONNX file, and whether PyTorch's float64 run is the truth.
+#[pyclass(module = "layerdiff._layerdiff", frozen)]
+#[derive(Clone)]
+struct Options {
+    settings: Settings,
+    target: RuntimeSpec,
+    float64: bool,
+}
+
+#[pymethods]
+impl Options {
+    /// Parses the options as the Python API takes them (`tolerance`: a number, `dtype` or
+    /// `auto`; `max_memory`: bytes or a size such as `4G`; `target`: `ort`, `ort:opt=all`,
+    /// `tract`…).
+    #[new]
+    #[pyo3(signature = (*, tolerance="dtype".to_string(), local=true, max_memory=None, target="ort", float64=true))]
+    fn new(
+        tolerance: String,
+        local: bool,
+        max_memory: Option<String>,
+        target: &str,
+        float64: bool,
+    ) -> PyResult<Self> {
+        let usage = |e: String| exceptions::UsageError::new_err(e);
+        let settings = Settings {
+            tolerance: Tolerance::parse(&tolerance).map_err(usage)?,
+            local,
+            max_memory: max_memory
+                .as_deref()
+                .map(memory::parse_memory)
+                .transpose()
+                .map_err(usage)?,
+        };
+        check_settings(&settings, float64).map_err(to_py_err)?;
+        Ok(Self {
+            settings,
+            target: RuntimeSpec::parse(target).map_err(usage)?,
+            float64,
+        })
+    }
+
+    /// Whether PyTorch's float64 run is the truth both sides are measured against.
+    #[getter]
+    fn float64(&self) -> bool {
+        self.float64
+    }
+}
+
+/// `layerdiff torch` as parsed from a command line.
+#[pyclass(module = "layerdiff._layerdiff", frozen)]
+struct TorchCommand {
+    args: TorchArgs,
+    options: Options,
+}
+
+#[pymethods]
+impl TorchCommand {
+    /// The model: a built-in name or a builder spec.
+    #[getter]
+    fn model(&self) -> String {
+        self.args.model.clone()
+    }
+    /// Seed of the model's weights and of generated inputs.
+    #[getter]
+    fn seed(&self) -> u64 {
+        self.args.seed
+    }
+    /// `dynamo` or `legacy`.
+    #[getter]
+    fn exporter(&self) -> String {
+        format!("{:?}", self.args.exporter).to_lowercase()
+    }
+    /// An ONNX file to compare against instead of exporting one.
+    #[getter]
+    fn onnx(&self) -> Option<PathBuf> {
+        self.args.onnx.clone()
+    }
+    /// The folder the reports (and the exported model) go to.
+    #[getter]
+    fn out(&self) -> Option<PathBuf> {
+        self.args.report.out.clone()
+    }
+    /// Print nothing but errors.
+    #[getter]
+    fn quiet(&self) -> bool {
+        self.args.report.quiet
+    }
+    /// Measure and print where the time went.
+    #[getter]
+    fn timings(&self) -> bool {
+        self.args.report.timings
+    }
+    /// How the comparison runs.
+    #[getter]
+    fn options(&self) -> Options {
+        self.options.clone()
     }
 }
 
@@ -79,28 +200,23 @@ fn parse_cli(
             code.into_pyobject(py)?.into_any().unbind(),
         ))
     };
-    match cli::parse(argv) {
+    match args::parse(argv) {
         Parsed::Exit(code) => exit(code),
         // The ONNX verbs run wholly in Rust, with the GIL released.
-        Parsed::Onnx(args) => exit(py.detach(|| cli::run_onnx(&args, ort_library.as_deref()))),
+        Parsed::Onnx(a) => exit(py.detach(|| layerdiff_cli::run_onnx(&a, ort_library.as_deref()))),
         Parsed::Torch(a) => {
-            let d = PyDict::new(py);
-            d.set_item("model", a.model)?;
-            d.set_item("tolerance", a.tolerance.to_string())?;
-            d.set_item("local", !a.no_local)?;
-            d.set_item("float64", !a.no_float64)?;
-            d.set_item("seed", a.seed)?;
-            d.set_item("exporter", format!("{:?}", a.exporter).to_lowercase())?;
-            d.set_item("onnx", a.onnx)?;
-            d.set_item("target", a.target.spelling())?;
-            d.set_item("max_memory", a.max_memory)?;
-            d.set_item("out", a.report.out.clone())?;
-            d.set_item("json", a.report.json_path())?;
-            d.set_item("markdown", a.report.markdown_path())?;
-            d.set_item("inputs_path", a.report.inputs_path())?;
-            d.set_item("quiet", a.report.quiet)?;
-            d.set_item("timings", a.report.timings)?;
-            Ok(("torch".to_string(), d.into_any().unbind()))
+            let settings = a.settings();
+            if let Err(e) = check_settings(&settings, !a.no_float64) {
+                eprintln!("error: {}", layerdiff_flow::error_chain(&e));
+                return exit(2);
+            }
+            let options = Options {
+                settings,
+                target: a.target.clone(),
+                float64: !a.no_float64,
+            };
+            let command = TorchCommand { args: a, options };
+            Ok(("torch".to_string(), Py::new(py, command)?.into_any()))
         }
     }
 }
@@ -120,7 +236,7 @@ impl CapturedRun {
     /// `call_index`, `identity`, `input_from`, `shape` and `dtype` (and `op` for a functional
     /// call), in execution order.
     #[new]
-    #[pyo3(signature = (*, command, model, onnx_path, inputs, layers, tolerance, seed, reference_runtime, reference_detail, target="ort", ort_library=None, local=true, float64=true, max_memory=None, timings=None))]
+    #[pyo3(signature = (*, command, model, onnx_path, inputs, layers, options, seed, reference_runtime, reference_detail, ort_library=None, timings=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -129,24 +245,13 @@ impl CapturedRun {
         onnx_path: PathBuf,
         inputs: Vec<FlatTensor<'_>>,
         layers: &Bound<'_, PyList>,
-        tolerance: &str,
+        options: &Options,
         seed: Option<u64>,
         reference_runtime: String,
         reference_detail: String,
-        target: &str,
         ort_library: Option<PathBuf>,
-        local: bool,
-        float64: bool,
-        max_memory: Option<&str>,
         timings: Option<Vec<(String, String, f64)>>,
     ) -> PyResult<Self> {
-        let usage = |e: String| exceptions::UsageError::new_err(e);
-        let target = RuntimeSpec::parse(target).map_err(usage)?;
-        let tolerance = Tolerance::parse(tolerance).map_err(usage)?;
-        let max_memory = match max_memory {
-            Some(text) => Some(segments::parse_memory(text).map_err(usage)?),
-            None => segments::default_budget(),
-        };
         let inputs = inputs
             .iter()
             .map(|t| Ok((t.name().to_string(), t.to_tensor()?)))
@@ -187,13 +292,11 @@ impl CapturedRun {
             inputs,
             seed,
             layers: listed,
-            tolerance,
-            local,
-            float64,
+            settings: options.settings.clone(),
+            float64: options.float64,
             reference: SideInfo::new(reference_runtime, reference_detail),
-            target,
+            target: options.target.clone(),
             ort_library,
-            max_memory,
         };
         let keep_timings = timings.is_some();
         let before = timings
@@ -201,7 +304,7 @@ impl CapturedRun {
             .iter()
             .map(|(p, b, s)| Timing::new(p, b, *s))
             .collect();
-        let clock = layerdiff_cli::timings::Stopwatch::start(before);
+        let clock = Stopwatch::start(before);
         let run = py
             .detach(|| captured::CapturedRun::start(request, clock))
             .map_err(to_py_err)?;
@@ -365,6 +468,8 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Report>()?;
     m.add_function(wrap_pyfunction!(parse_cli, m)?)?;
     m.add_class::<CapturedRun>()?;
+    m.add_class::<Options>()?;
+    m.add_class::<TorchCommand>()?;
     m.add_function(wrap_pyfunction!(compare_tensors_json, m)?)?;
     m.add_function(wrap_pyfunction!(save_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;

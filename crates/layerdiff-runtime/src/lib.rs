@@ -6,7 +6,6 @@
 //! [`Tensor`] type, so the comparator never sees a runtime's types.
 
 mod error;
-mod expected;
 mod library;
 mod ort_runtime;
 mod spec;
@@ -16,7 +15,6 @@ use layerdiff_core::Tensor;
 use layerdiff_onnx::Model;
 
 pub use error::{Error, Result};
-pub use expected::ExpectedValues;
 pub use library::{LIBRARY_ENV, find_ort_library};
 pub use ort_runtime::{OptLevel, OrtRuntime, Provider};
 pub use spec::RuntimeSpec;
@@ -32,15 +30,6 @@ pub trait Runtime {
     fn name(&self) -> &str;
     /// Version, provider and options, in words.
     fn detail(&self) -> String;
-    /// Whether this side can give `value` (a file of expected values holds only some).
-    fn provides(&self, _value: &str) -> bool {
-        true
-    }
-    /// Whether this side computes values from the model's nodes (so it can run a part of the
-    /// graph on given values); a file of expected values does not.
-    fn computes(&self) -> bool {
-        true
-    }
     /// The device provider, when it may choose kernels per graph (a GPU provider picks
     /// convolution and matmul algorithms, TF32 and the like for the graph it is given), so a
     /// value computed in a segment of the graph need not have the bits of the whole run's.

@@ -4,9 +4,7 @@
 
 use std::path::Path;
 
-use layerdiff_onnx::Model;
-
-use crate::{ExpectedValues, OptLevel, OrtRuntime, Provider, Result, Runtime, TractRuntime};
+use crate::{Error, OptLevel, OrtRuntime, Provider, Result, Runtime, TractRuntime};
 
 /// A runtime named on the command line or in the API.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,19 +80,20 @@ impl RuntimeSpec {
         }
     }
 
-    /// Builds the runtime for `model` (loading ONNX Runtime from `ort_library`, or found, when
-    /// needed; reading expected values for this model's inputs and outputs).
-    pub fn build(
-        &self,
-        ort_library: Option<&Path>,
-        model: &Model,
-    ) -> Result<Box<dyn Runtime + Send + Sync>> {
+    /// Builds the runtime (loading ONNX Runtime from `ort_library`, or found, when needed).
+    /// `expected:` values are a side that computes nothing, not a runtime: an error here.
+    pub fn build(&self, ort_library: Option<&Path>) -> Result<Box<dyn Runtime + Send + Sync>> {
         Ok(match self {
             Self::Ort(provider, level) => {
                 Box::new(OrtRuntime::new(ort_library, *level)?.with_provider(*provider)?)
             }
             Self::Tract => Box::new(TractRuntime),
-            Self::Expected(path) => Box::new(ExpectedValues::load(path, model)?),
+            Self::Expected(path) => {
+                return Err(Error::Expected(format!(
+                    "`expected:{}` is a file of values, not a runtime: it computes nothing",
+                    path.display()
+                )));
+            }
         })
     }
 }

@@ -8,19 +8,17 @@
 //! would pass the memory budget. Each side feeds a segment from its *own* earlier values, so the
 //! numbers are those of one run of the whole graph.
 
-use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
-use layerdiff_core::{DType, Tensor};
-use layerdiff_onnx::{Dimension, GraphIndex, Model, extract_nodes};
-use layerdiff_runtime::Runtime;
+use layerdiff_core::DType;
+use layerdiff_onnx::{Dimension, GraphIndex};
 
-use crate::Result;
+use crate::memory::bytes_text;
 
 /// What one side runs in one segment.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct Part {
+pub struct Part {
     /// Node indices, in graph order.
     pub nodes: Vec<usize>,
     /// The values the side hands back: compared in this segment, or read by a later one.
@@ -31,7 +29,7 @@ pub(crate) struct Part {
 
 /// One stretch of the run.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Segment {
+pub struct Segment {
     /// The layers (positions in the reference's value order) compared in it.
     pub layers: Range<usize>,
     /// What the reference runs.
@@ -41,7 +39,7 @@ pub(crate) struct Segment {
 }
 
 /// One reference value in order, as the plan needs it.
-pub(crate) struct PlannedLayer<'a> {
+pub struct PlannedLayer<'a> {
     /// The reference's value.
     pub reference: &'a str,
     /// The target's value it is compared with (`None`: not compared).
@@ -51,7 +49,7 @@ pub(crate) struct PlannedLayer<'a> {
 }
 
 /// One side of the plan.
-pub(crate) struct PlanSide<'a> {
+pub struct PlanSide<'a> {
     /// The graph the side computes its values from; `None` for a side that hands its values
     /// over (a file of expected values, PyTorch's hooks).
     pub graph: Option<&'a GraphIndex>,
@@ -72,7 +70,7 @@ impl Plan {
 
 /// The segments, and what they hold.
 #[derive(Debug, Clone)]
-pub(crate) struct Plan {
+pub struct Plan {
     /// In run order; one segment when everything fits.
     pub segments: Vec<Segment>,
     /// Estimated bytes of all values the two sides produce.
@@ -85,7 +83,7 @@ pub(crate) struct Plan {
 ///
 /// A reference that computes orders the run by its nodes; one that hands its values over orders
 /// it by the layers, as given.
-pub(crate) fn plan(
+pub fn plan(
     reference: &PlanSide<'_>,
     target: &PlanSide<'_>,
     layers: &[PlannedLayer<'_>],
@@ -211,13 +209,21 @@ pub(crate) fn plan(
             }
         }
     } else {
+        // A value handed over lives until it is compared, and until the last local re-run
+        // that is fed in its place (the re-run takes its dtype and shape).
+        let mut last: HashMap<&str, usize> = HashMap::new();
+        for (layer, &at) in layers.iter().zip(&position) {
+            for value in layer.local_inputs {
+                bump(&mut last, value, at);
+            }
+        }
         for (layer, &at) in layers.iter().zip(&position) {
             if let Some(value) = layer.target {
                 held.push(Held {
                     side: Side::Target,
                     name: value.to_string(),
                     produced: at,
-                    last: at,
+                    last: last.get(value).copied().unwrap_or(0).max(at),
                     bytes: size(target, value),
                 });
             }
@@ -335,7 +341,7 @@ fn bump<'a>(last: &mut HashMap<&'a str, usize>, value: &'a str, at: usize) {
 /// Estimated bytes of every value a graph computes: from its declared type and shape, with
 /// symbolic dimensions taken from the inputs as given; where the file declares none, the
 /// largest of the producing node's inputs (right for elementwise ops, a guess elsewhere).
-pub(crate) fn value_sizes(
+pub fn value_sizes(
     index: &GraphIndex,
     inputs: &[(String, layerdiff_core::Tensor)],
 ) -> HashMap<String, u64> {
@@ -405,136 +411,10 @@ impl Segmentation {
     }
 }
 
-/// The model a side runs for one segment: the whole model (its compared values already exposed)
-/// when there is one segment or the side does not compute, else the segment's nodes extracted.
-pub(crate) fn part_model<'m>(
-    model: &'m Model,
-    part: &Part,
-    whole: bool,
-    runtime: &(dyn Runtime + Send + Sync),
-    live: &Values,
-) -> Result<Cow<'m, Model>> {
-    if whole || !runtime.computes() || part.outputs.is_empty() {
-        return Ok(Cow::Borrowed(model));
-    }
-    Ok(Cow::Owned(extract_nodes(
-        model,
-        &part.nodes,
-        &part.outputs,
-        live.all(),
-    )?))
-}
-
-/// The values one side holds: its inputs, and what its segments produced and still need.
-pub(crate) struct Values(Vec<(String, Tensor)>);
-
-impl Values {
-    pub fn new(inputs: Vec<(String, Tensor)>) -> Self {
-        Self(inputs)
-    }
-
-    pub fn all(&self) -> &[(String, Tensor)] {
-        &self.0
-    }
-
-    pub fn get(&self, name: &str) -> Option<&Tensor> {
-        self.0.iter().rev().find(|(n, _)| n == name).map(|(_, t)| t)
-    }
-
-    /// Runs one side's part of a segment and keeps what it hands back.
-    pub fn run(
-        &mut self,
-        runtime: &(dyn Runtime + Send + Sync),
-        model: &Model,
-        part: &Part,
-        dtypes: &mut HashMap<String, DType>,
-    ) -> Result<()> {
-        if part.outputs.is_empty() {
-            return Ok(());
-        }
-        let out = runtime.run(model, &self.0, &part.outputs).map_err(|e| {
-            let text = e.to_string().trim_end().to_string();
-            if text.contains("Failed to allocate memory") {
-                crate::Error::Memory(format!(
-                    "{} ran out of memory: {text}; a smaller --max-memory runs the graph in smaller segments",
-                    runtime.name()
-                ))
-            } else {
-                e.into()
-            }
-        })?;
-        for (name, tensor) in out {
-            dtypes.insert(name.clone(), tensor.dtype);
-            self.0.push((name, tensor));
-        }
-        Ok(())
-    }
-
-    pub fn free(&mut self, names: &[String]) {
-        let names: HashSet<&str> = names.iter().map(String::as_str).collect();
-        self.0.retain(|(n, _)| !names.contains(n.as_str()));
-    }
-}
-
-/// A memory size as given on the command line: `4G`, `512M`, `1.5GB`, `2GiB`, `800000000`
-/// (powers of 1024 for the letters).
-pub fn parse_memory(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
-    let scale: u64 = match unit.trim().to_ascii_uppercase().as_str() {
-        "" | "B" => 1,
-        "K" | "KB" | "KIB" => 1 << 10,
-        "M" | "MB" | "MIB" => 1 << 20,
-        "G" | "GB" | "GIB" => 1 << 30,
-        "T" | "TB" | "TIB" => 1 << 40,
-        _ => return Err(format!("`{text}` is not a memory size (e.g. 4G, 512M)")),
-    };
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a memory size (e.g. 4G, 512M)"))?;
-    if value <= 0.0 || !value.is_finite() {
-        return Err(format!("`{text}`: the memory budget must be above zero"));
-    }
-    Ok((value * scale as f64) as u64)
-}
-
-/// A size in words: `1.5 GB`, `300 MB`, `12 KB` (powers of 1024).
-pub fn bytes_text(bytes: u64) -> String {
-    let b = bytes as f64;
-    if b >= (1u64 << 30) as f64 {
-        format!("{:.1} GB", b / (1u64 << 30) as f64)
-    } else if b >= (1u64 << 20) as f64 {
-        format!("{:.0} MB", b / (1u64 << 20) as f64)
-    } else {
-        format!("{:.0} KB", b / 1024.0)
-    }
-}
-
-/// Half of the memory available now (Linux `MemAvailable`), the budget when none is given;
-/// `None` where it cannot be read.
-pub fn default_budget() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024 / 2)
-}
-
-/// The warning a run in `segments` segments owes when a side runs on a provider that picks its
-/// kernels per graph: there, a segment may compute a value with other bits than the whole run
-/// (on the CPU the bits are the same, which the tests check).
-pub fn segments_warning(segments: usize, providers: &[Option<&'static str>]) -> Option<String> {
-    let provider = providers.iter().flatten().next().filter(|_| segments > 1)?;
-    Some(format!(
-        "ran in {segments} segments on {provider}, which picks its kernels for each graph it is given: values may differ in their last bits from a run of the whole graph (use a --max-memory that fits the whole run to compare with one)"
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use layerdiff_core::Tensor;
     use layerdiff_onnx::{GraphProto, NodeProto, tensor_value_info};
 
     /// `x → v0 → … → v4` (Relu), then `v5 = v4 + v0`: a skip connection that keeps `v0` alive.
@@ -649,33 +529,5 @@ mod tests {
     fn a_node_larger_than_the_budget_still_runs_alone() {
         let plan = planned(Some(1));
         assert_eq!(plan.segments.len(), 6);
-    }
-
-    #[test]
-    fn memory_sizes_parse_and_bad_ones_are_named() {
-        assert_eq!(parse_memory("4G"), Ok(4 << 30));
-        assert_eq!(parse_memory("512M"), Ok(512 << 20));
-        assert_eq!(parse_memory("1.5GB"), Ok(3 << 29));
-        assert_eq!(parse_memory("2 GiB"), Ok(2 << 30));
-        assert_eq!(parse_memory("1000"), Ok(1000));
-        assert!(
-            parse_memory("4X")
-                .unwrap_err()
-                .contains("`4X` is not a memory size")
-        );
-        assert!(parse_memory("0").unwrap_err().contains("above zero"));
-    }
-
-    #[test]
-    fn segments_on_a_gpu_provider_are_said_to_differ_possibly() {
-        let gpu = [None, Some("CUDAExecutionProvider")];
-        let warning = segments_warning(3, &gpu).unwrap();
-        assert!(warning.starts_with("ran in 3 segments on CUDAExecutionProvider"));
-        assert_eq!(segments_warning(1, &gpu), None, "a whole run owes nothing");
-        assert_eq!(
-            segments_warning(3, &[None, None]),
-            None,
-            "CPU bits do not change"
-        );
     }
 }

@@ -1,14 +1,17 @@
-//! Command-line parsing, shared by the Rust binary and the Python entry point.
+//! The command line: verbs and options, parsed into the engine's own types.
 //!
 //! The Python package owns the `torch` verb (PyTorch lives there) but not its parsing: it asks
 //! [`parse`] for the options, so `--help`, errors and exit codes are the same from either door.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use layerdiff_core::Tolerance;
+use layerdiff_flow::Settings;
+use layerdiff_flow::inputs::InputPlan;
+use layerdiff_flow::onnx_flow::OnnxOptions;
+use layerdiff_flow::output::Destinations;
 use layerdiff_runtime::RuntimeSpec;
 
 /// layerdiff: find where numerical drift between two runtimes is born, and why.
@@ -79,7 +82,7 @@ pub struct OnnxArgs {
     /// The most memory the intermediate values may take at once (`4G`, `512M`): the graph then
     /// runs in segments, each value compared as soon as both sides have it and dropped after its
     /// last use. Default: half the memory available at start. The numbers do not depend on it.
-    #[arg(long, value_name = "SIZE", value_parser = crate::segments::parse_memory)]
+    #[arg(long, value_name = "SIZE", value_parser = layerdiff_flow::memory::parse_memory)]
     pub max_memory: Option<u64>,
     /// Where reports go.
     #[command(flatten)]
@@ -147,7 +150,7 @@ pub struct TorchArgs {
     /// ONNX run then goes in segments, each fed from PyTorch's hooks as the forward pass
     /// reaches it, and each value is dropped after its last use. Default: half the memory
     /// available at start. The numbers do not depend on it.
-    #[arg(long, value_name = "SIZE", value_parser = crate::segments::parse_memory)]
+    #[arg(long, value_name = "SIZE", value_parser = layerdiff_flow::memory::parse_memory)]
     pub max_memory: Option<u64>,
     /// Where reports go.
     #[command(flatten)]
@@ -211,18 +214,6 @@ pub enum Exporter {
     Legacy,
 }
 
-/// Runs `layerdiff onnx`: prints the summary (stdout) and any error (stderr), writes the
-/// reports, and returns the exit code (0 clean, 1 drift, 2 could not run).
-pub fn run_onnx(args: &OnnxArgs, ort_library: Option<&std::path::Path>) -> u8 {
-    match crate::onnx_command::run(args, ort_library) {
-        Ok(code) => code,
-        Err(err) => {
-            eprintln!("error: {}", crate::error_chain(&err));
-            2
-        }
-    }
-}
-
 /// The result of parsing a command line.
 #[derive(Debug)]
 pub enum Parsed {
@@ -250,17 +241,50 @@ pub fn parse(argv: Vec<OsString>) -> Parsed {
     }
 }
 
-/// Entry point of the Rust binary.
-pub fn main(argv: Vec<OsString>) -> ExitCode {
-    match parse(argv) {
-        Parsed::Exit(code) => ExitCode::from(code),
-        Parsed::Onnx(args) => ExitCode::from(run_onnx(&args, None)),
-        Parsed::Torch(_) => {
-            eprintln!(
-                "error: `layerdiff torch` needs PyTorch, which lives in the Python package\n\
-                 hint: `pip install layerdiff` and run the `layerdiff` it installs"
-            );
-            ExitCode::from(2)
+impl ReportArgs {
+    /// Where the run's outputs go, and what is printed.
+    pub fn destinations(&self) -> Destinations {
+        Destinations {
+            json: self.json_path(),
+            markdown: self.markdown_path(),
+            inputs: self.inputs_path(),
+            quiet: self.quiet,
+            timings: self.timings,
+        }
+    }
+}
+
+impl OnnxArgs {
+    /// The options, as the engine takes them.
+    pub fn options(&self) -> OnnxOptions {
+        OnnxOptions {
+            model: self.model.clone(),
+            vs: self.vs.clone(),
+            reference: self.reference.clone(),
+            target: self.target.clone(),
+            inputs: self.inputs.clone(),
+            generate: InputPlan {
+                seed: self.seed,
+                shapes: self.shape.clone(),
+                batch: self.batch,
+                int_range: self.int_range,
+            },
+            settings: Settings {
+                tolerance: self.tolerance,
+                local: !self.no_local,
+                max_memory: self.max_memory,
+            },
+        }
+    }
+}
+
+impl TorchArgs {
+    /// Tolerance, local error and memory budget, as the engine takes them.
+    pub fn settings(&self) -> Settings {
+        Settings {
+            tolerance: self.tolerance,
+            local: !self.no_local,
+            max_memory: self.max_memory,
         }
     }
 }

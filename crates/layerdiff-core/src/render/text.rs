@@ -1,42 +1,9 @@
-//! Writing reports and printing the summary. Files are written whole or not at all.
+//! The short text summary the command prints: verdict, counts, origin, worst layers.
 
-use std::path::{Path, PathBuf};
-
-use layerdiff_core::{Report, render};
-
-/// Writes `contents` to `path` through a temporary file in the same folder, so a failure never
-/// leaves half a report behind.
-pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)?;
-    }
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".partial");
-    let tmp = PathBuf::from(tmp);
-    std::fs::write(&tmp, contents)?;
-    std::fs::rename(&tmp, path)
-}
-
-/// Writes the JSON and/or Markdown renderings; returns the paths written.
-pub fn write_reports(
-    report: &Report,
-    json: Option<&Path>,
-    markdown: Option<&Path>,
-) -> std::io::Result<Vec<PathBuf>> {
-    let mut written = Vec::new();
-    if let Some(path) = json {
-        write_atomic(path, render::to_json(report).as_bytes())?;
-        written.push(path.to_path_buf());
-    }
-    if let Some(path) = markdown {
-        write_atomic(path, render::to_markdown(report).as_bytes())?;
-        written.push(path.to_path_buf());
-    }
-    Ok(written)
-}
+use crate::Report;
 
 /// The short summary printed to stdout: verdict, counts, origin, worst layers.
-pub fn summary_text(report: &Report) -> String {
+pub fn to_text(report: &Report) -> String {
     let s = &report.summary;
     let mut out = String::new();
     let verdict = match &s.drift_origin {
@@ -144,11 +111,4 @@ pub fn summary_text(report: &Report) -> String {
         }
     }
     out
-}
-
-/// The process exit code for a finished comparison: 0 clean, 1 drift (or a run that cannot
-/// rule it out).
-pub fn exit_code(report: &Report) -> u8 {
-    let s = &report.summary;
-    u8::from(s.drift_origin.is_some() || s.inconclusive.is_some())
 }

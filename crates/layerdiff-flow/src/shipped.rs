@@ -18,7 +18,7 @@ use layerdiff_onnx::{Model, restore_renamed};
 use layerdiff_runtime::{Optimized, Runtime};
 
 use crate::Result;
-use crate::segments::Values;
+use crate::side::Values;
 
 /// The target a run measures, and what it took to get there.
 pub struct Target {
@@ -85,7 +85,7 @@ impl Placement {
 }
 
 /// What an optimizer did to value names, as pairing needs it.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Renames {
     /// How the target computes each value given back, by its original name.
     pub restored: HashMap<String, String>,

@@ -25,6 +25,17 @@ pub enum Error {
     /// A runtime ran out of memory.
     #[error("{0}")]
     Memory(String),
+    /// A report or file could not be written.
+    #[error("cannot write `{}`: {source}", path.display())]
+    Write {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// Expected values that cannot be read or do not fit the model.
+    #[error("expected values: {0}")]
+    Expected(String),
 }
 
 /// Result type of the flows.

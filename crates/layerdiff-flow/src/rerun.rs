@@ -1,69 +1,35 @@
-//! Local error and the evidence behind causes, shared by both flows.
-//!
-//! A layer's *local* error isolates what the layer adds itself: its target nodes (the group that
-//! computes its value from values known on both sides) are extracted into a standalone model and
-//! run by the target runtime on the *reference's* values of the group's inputs; the output is
-//! compared with the reference's value of the layer.
+//! A graph side re-running groups of its own nodes on given values: the *local* error of a
+//! layer (its nodes run on the reference's values of their inputs, so only what the layer adds
+//! itself is measured), and the evidence behind a cause (its ops, how it lowers precision, the
+//! weights it reads).
 
-use layerdiff_core::{DType, Evidence, Layer, Tensor, TensorView, compare, compare_pair};
-use layerdiff_onnx::{GraphIndex, LocalGroup, Model, NodeExt, attribute_changes, extract_nodes};
-use layerdiff_runtime::Runtime;
+use std::time::Duration;
 
-/// A weight differs when its max abs diff exceeds this fraction of its largest magnitude:
-/// above float32 rounding of a folded constant, far below any real edit.
-pub const WEIGHT_RTOL: f64 = 1e-5;
+use layerdiff_core::{DType, Evidence, Tensor};
+use layerdiff_onnx::{LocalGroup, NodeExt, NodeProto, extract_nodes, local_group};
 
-/// Re-runs groups of the target model on given values.
-pub(crate) struct Rerun<'a> {
-    pub model: &'a Model,
-    pub index: GraphIndex,
-    pub runtime: &'a (dyn Runtime + Send + Sync),
-    /// Time spent inside the runtime, over all re-runs.
-    pub inference: std::cell::Cell<std::time::Duration>,
-}
+use crate::evidence::WeightCheck;
+use crate::graph_side::GraphSide;
+use crate::side::Recompute;
 
-impl<'a> Rerun<'a> {
-    pub fn new(model: &'a Model, runtime: &'a (dyn Runtime + Send + Sync)) -> Self {
-        Self {
-            model,
-            index: GraphIndex::new(model.graph()),
-            runtime,
-            inference: Default::default(),
-        }
+impl Recompute for GraphSide {
+    fn local_group(&self, value: &str, known: &dyn Fn(&str) -> bool) -> Result<LocalGroup, String> {
+        local_group(&self.index, value, known)
     }
 
-    /// A layer's local error: its group (`slot`) re-run on `feed`'s tensors and compared with
-    /// the reference's value; the inputs are named by `name_of`. A group that cannot run leaves
-    /// its reason on the layer and in `slot`, so later steps skip it.
-    pub fn measure_local(
-        &self,
-        layer: &mut Layer,
-        slot: &mut Option<Result<LocalGroup, String>>,
-        value: &str,
-        reference: TensorView<'_>,
-        feed: &dyn Fn(&str) -> Result<Tensor, String>,
-        name_of: &dyn Fn(&str) -> String,
-    ) {
-        let outcome = match slot {
-            Some(Ok(group)) => self.run_group(group, value, feed),
-            Some(Err(reason)) => Err(reason.clone()),
-            None => return,
-        };
-        match outcome {
-            Ok(out) => {
-                layer.local = compare_pair(reference, out.view()).stats;
-                let inputs = slot.iter().flatten().flat_map(|g| &g.inputs);
-                layer.local_inputs = inputs.map(|n| name_of(n)).collect();
-            }
-            Err(reason) => {
-                layer.local_reason = Some(reason.clone());
-                *slot = Some(Err(reason));
-            }
-        }
+    fn take_time(&self) -> Duration {
+        GraphSide::take_time(self)
     }
 
-    /// The output of a group (computing `value`) run on `feed`'s tensors.
-    pub fn run_group(
+    fn group_nodes(&self, group: &LocalGroup) -> Vec<&NodeProto> {
+        group
+            .nodes
+            .iter()
+            .map(|&i| &self.model.graph().node[i])
+            .collect()
+    }
+
+    fn run_group(
         &self,
         group: &LocalGroup,
         value: &str,
@@ -75,11 +41,11 @@ impl<'a> Rerun<'a> {
             .map(|n| Ok((n.clone(), feed(n)?)))
             .collect::<Result<Vec<_>, String>>()?;
         let wanted = [value.to_string()];
-        let extract = extract_nodes(self.model, &group.nodes, &wanted, &feeds)
+        let extract = extract_nodes(&self.model, &group.nodes, &wanted, &feeds)
             .map_err(|e| format!("cannot extract its nodes: {e}"))?;
         let started = std::time::Instant::now();
         let out = self.runtime.run(&extract, &feeds, &wanted);
-        self.inference.set(self.inference.get() + started.elapsed());
+        self.add_time(started.elapsed());
         let out = out.map_err(|e| format!("the target could not run its nodes alone: {e}"))?;
         out.into_iter()
             .next()
@@ -87,15 +53,12 @@ impl<'a> Rerun<'a> {
             .ok_or_else(|| "the re-run returned nothing".to_string())
     }
 
-    /// What a re-run group shows about a layer's cause: its ops, how it lowers precision (`fed`
-    /// gives each input's dtype on both sides), and the weights it reads, each checked by
-    /// `check(node, input position, name, the target's weight)` against the reference's.
-    pub fn group_evidence(
+    fn group_evidence(
         &self,
         group: &LocalGroup,
         evidence: &mut Evidence,
         fed: &dyn Fn(&str) -> Option<(DType, DType)>,
-        check: &dyn Fn(usize, usize, &str, &Tensor) -> Option<WeightCheck>,
+        check: &dyn Fn(&str, usize, &str, &Tensor) -> Option<WeightCheck>,
     ) {
         evidence.ops = self.ops(group);
         if evidence.precision.is_none() {
@@ -105,6 +68,7 @@ impl<'a> Rerun<'a> {
             let Some(Ok(weight)) = self.model.initializer(&name) else {
                 continue;
             };
+            let node = &self.index.nodes()[node].name;
             match check(node, position, &name, &weight) {
                 Some(WeightCheck::Differs(text)) => evidence.weights.push(text),
                 Some(WeightCheck::LowerPrecision(text)) => {
@@ -114,7 +78,9 @@ impl<'a> Rerun<'a> {
             }
         }
     }
+}
 
+impl GraphSide {
     /// The op types of a group, in graph order (`Conv → Relu`).
     fn ops(&self, group: &LocalGroup) -> Vec<String> {
         group
@@ -253,99 +219,4 @@ impl<'a> Rerun<'a> {
         }
         out
     }
-
-    /// Attribute changes between the reference's nodes and the group's nodes of the same name.
-    pub fn attribute_changes(&self, reference: &Model, group: &LocalGroup) -> Vec<String> {
-        let graph = self.model.graph();
-        let mut changes = Vec::new();
-        for &i in &group.nodes {
-            let node = &graph.node[i];
-            let Some(same) = reference
-                .graph()
-                .node
-                .iter()
-                .find(|n| n.name() == node.name() && n.op_type() == node.op_type())
-            else {
-                continue;
-            };
-            for change in attribute_changes(same, node) {
-                changes.push(format!("{change} on `{}`", node.display_name()));
-            }
-        }
-        changes
-    }
-}
-
-/// How a target weight relates to the reference's: the same, different (with a sentence), or
-/// stored in lower precision (with a sentence).
-pub(crate) enum WeightCheck {
-    Same,
-    Differs(String),
-    LowerPrecision(String),
-}
-
-/// Compares one weight of the two sides.
-pub(crate) fn check_weight(
-    name: &str,
-    reference: TensorView<'_>,
-    target: TensorView<'_>,
-) -> WeightCheck {
-    let squeeze = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
-    if squeeze(reference.shape) != squeeze(target.shape) {
-        return WeightCheck::Differs(format!(
-            "`{name}` has shape {:?} on the target, {:?} on the reference",
-            target.shape, reference.shape
-        ));
-    }
-    if target.dtype.narrower_than(reference.dtype) {
-        return WeightCheck::LowerPrecision(format!(
-            "the target stores `{name}` in {}, the reference in {}",
-            target.dtype, reference.dtype
-        ));
-    }
-    let Ok(stats) = compare(reference, target) else {
-        return WeightCheck::Same;
-    };
-    let scale = (0..reference.numel())
-        .map(|i| reference.get_f64(i).abs())
-        .filter(|v| v.is_finite())
-        .fold(0.0, f64::max);
-    if stats.max_abs_diff > WEIGHT_RTOL * scale || stats.nan_mismatch > 0 {
-        WeightCheck::Differs(format!(
-            "`{name}` differs: max abs diff {:.3e} ({} of {} elements differ)",
-            stats.max_abs_diff, stats.abs_diff_above[0], stats.elements
-        ))
-    } else {
-        WeightCheck::Same
-    }
-}
-
-/// How far a side disagrees with itself at `value`: its first output against two more runs
-/// (max abs diff); `None` when it agrees or was not re-run.
-pub(crate) fn disagreement(
-    first: &Tensor,
-    again: Option<&[Vec<(String, Tensor)>; 2]>,
-    value: &str,
-) -> Option<f64> {
-    let runs = again?;
-    fn find<'t>(run: &'t [(String, Tensor)], value: &str) -> Option<&'t Tensor> {
-        run.iter().find(|(n, _)| n == value).map(|(_, t)| t)
-    }
-    let (a, b) = (find(&runs[0], value)?, find(&runs[1], value)?);
-    let d = |x: &Tensor, y: &Tensor| compare(x.view(), y.view()).map_or(0.0, |s| s.max_abs_diff);
-    Some(d(first, a).max(d(a, b))).filter(|&d| d > 0.0)
-}
-
-/// A reference tensor made fit to feed the target in place of `name`: cast to the target's
-/// dtype, reshaped to its shape (element counts must agree).
-pub(crate) fn fit(
-    name: &str,
-    reference: Tensor,
-    dtype: DType,
-    shape: &[usize],
-) -> Result<Tensor, String> {
-    let given = reference.shape.clone();
-    reference.cast(dtype).reshaped(shape).ok_or_else(|| {
-        format!("the reference's `{name}` has shape {given:?}, the target's {shape:?}")
-    })
 }

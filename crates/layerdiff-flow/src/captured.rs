@@ -1,0 +1,350 @@
+//! `layerdiff torch`: a reference captured outside Rust (PyTorch's forward hooks), streamed,
+//! against the model's ONNX export.
+//!
+//! The caller first lists the layers (one forward pass that keeps nothing but names and
+//! shapes), then starts a [`CapturedRun`]: each captured layer is mapped to an ONNX value (by
+//! the module scopes the exporter records, else by value) and the run is planned in segments
+//! that fit the memory budget. During a second forward pass each hook hands its layer's value
+//! over with [`CapturedRun::add`] (a [`PushedSide`], with the float64 run's as the truth); the
+//! [`Engine`] runs each segment of the ONNX graph as soon as its layers are in. So neither side
+//! holds more than the budget: PyTorch frees its own activations as it goes, and ours are
+//! freed segment by segment.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use layerdiff_core::{DType, Layer, OnnxRef, Report, SideInfo, Tensor, TensorView};
+use layerdiff_onnx::{GraphIndex, LayerCall, LayerMapping, Model, ScopeMapping};
+use layerdiff_runtime::RuntimeSpec;
+
+use crate::inputs::check_inputs;
+use crate::memory::budget;
+use crate::plan::Segmentation;
+use crate::shipped::{Renames, prepare_target};
+use crate::timings::{OWN, RUNTIME, Stopwatch};
+use crate::value_pairing::{pair_by_values, unrecognised_from};
+use crate::{Alignment, Engine, Error, GraphSide, Header, PushedSide, Result, Settings, Shared};
+
+/// The phase PyTorch's forward pass is timed under while layers stream in.
+pub const CAPTURE_PHASE: &str = "capturing PyTorch layers";
+
+/// One captured layer call, as listed before its value is captured.
+#[derive(Debug, Clone)]
+pub struct ListedLayer {
+    /// Which module call it is, and how it relates to the calls before it.
+    pub call: LayerCall,
+    /// The module's class name (`Conv2d`).
+    pub module_type: String,
+}
+
+/// Everything the captured-reference flow needs before the first value arrives.
+#[derive(Debug, Clone)]
+pub struct CapturedComparison {
+    /// The command named in the report (`torch`).
+    pub command: String,
+    /// The model's display name.
+    pub model: String,
+    /// The ONNX file of the same model instance.
+    pub onnx_path: PathBuf,
+    /// The inputs both sides were given.
+    pub inputs: Vec<(String, Tensor)>,
+    /// Seed of generated inputs.
+    pub seed: Option<u64>,
+    /// The layers in execution order.
+    pub layers: Vec<ListedLayer>,
+    /// Tolerance, local error (re-running each layer's ONNX nodes on PyTorch's values of their
+    /// inputs) and memory budget.
+    pub settings: Settings,
+    /// Whether each layer's value in a float64 run comes with it (held until compared).
+    pub float64: bool,
+    /// Describes the reference side.
+    pub reference: SideInfo,
+    /// The runtime that runs the ONNX file.
+    pub target: RuntimeSpec,
+    /// ONNX Runtime library to load (`None`: search).
+    pub ort_library: Option<PathBuf>,
+}
+
+/// A captured-reference comparison under way: layers go in as PyTorch produces them, segments
+/// run as soon as their layers are in, and [`CapturedRun::finish`] builds the report.
+pub struct CapturedRun {
+    listed: Vec<ListedLayer>,
+    /// Whether each layer is compared (so its value is kept when handed over).
+    compared: Vec<bool>,
+    engine: Engine<PushedSide, GraphSide, PushedSide>,
+}
+
+impl CapturedRun {
+    /// Maps the layers to ONNX values, plans the segments and starts the target runtime.
+    pub fn start(c: CapturedComparison, mut clock: Stopwatch) -> Result<Self> {
+        check_settings(&c.settings, c.float64)?;
+        let mut model = Model::load(&c.onnx_path)?;
+        check_inputs(&GraphIndex::new(model.graph()), &c.inputs)?;
+        for (i, layer) in c.layers.iter().enumerate() {
+            if layer.call.input_from.is_some_and(|p| p >= i) {
+                return Err(Error::Layers(format!(
+                    "layer `{}` reads from a later layer",
+                    layer.call.name
+                )));
+            }
+        }
+        let runtime = c.target.build(c.ort_library.as_deref())?;
+        clock.lap("runtime start-up", RUNTIME);
+        let calls: Vec<LayerCall> = c.layers.iter().map(|l| l.call.clone()).collect();
+        let scoped = ScopeMapping::new(model.graph(), &calls);
+        let mut inconclusive = None;
+        let by_values = match scoped.request() {
+            Some(request) => {
+                let request = request.clone();
+                let found = pair_by_values(
+                    &mut model,
+                    runtime.as_ref(),
+                    &c.inputs,
+                    &calls,
+                    &request,
+                    budget(c.settings.max_memory),
+                )?;
+                clock.lap("pairing layers by values", RUNTIME);
+                let names: Vec<&str> = request
+                    .layers
+                    .iter()
+                    .map(|&i| calls[i].name.as_str())
+                    .collect();
+                let recognised: Vec<bool> = found.iter().map(Result::is_ok).collect();
+                if request.unscoped_file {
+                    inconclusive = unrecognised_from(&names, &recognised);
+                }
+                found
+            }
+            None => Vec::new(),
+        };
+        let mut mappings = scoped.finish(model.graph(), &calls, by_values);
+        // An optimizing runtime is measured on the graph it optimized (see crate::shipped):
+        // layers are mapped on the file, then found in that graph or explained.
+        let target = prepare_target(&model, None, runtime, &c.inputs)?;
+        if target.shipped.is_some() {
+            clock.lap("optimizing the target graph", RUNTIME);
+        }
+        if let Some(optimized) = target.model {
+            let after = GraphIndex::new(optimized.graph());
+            for mapping in &mut mappings {
+                if let LayerMapping::Mapped { value, note, .. } = mapping {
+                    if let Some(why) = survives(&after, &target.renames, value) {
+                        *mapping = LayerMapping::Unmapped { reason: why };
+                    } else if let Some(how) = target.renames.restored.get(value.as_str()) {
+                        *note = Some(how.clone());
+                    }
+                }
+            }
+            model = optimized;
+        }
+        let graph_outputs = GraphIndex::new(model.graph()).graph_outputs().to_vec();
+        let alignment = align(&c.layers, &mappings, &graph_outputs, inconclusive);
+        let compared = alignment.target.iter().map(Option::is_some).collect();
+        let reference = PushedSide::new(
+            c.reference.clone(),
+            c.layers
+                .iter()
+                .map(|l| (l.call.name.clone(), l.call.dtype, l.call.bytes())),
+        );
+        // PyTorch's float64 run, held beside each layer's value until compared.
+        let truth = c.float64.then(|| {
+            let float64 = |l: &ListedLayer| l.call.shape.iter().product::<usize>() as u64 * 8;
+            PushedSide::new(
+                SideInfo::new("pytorch", "float64"),
+                c.layers
+                    .iter()
+                    .map(|l| (l.call.name.clone(), DType::F64, float64(l))),
+            )
+        });
+        let target = GraphSide::new(None, model, target.runtime, &c.inputs).shipping(
+            target.renames,
+            target.shipped,
+            target.placement,
+        );
+        let header = Header {
+            command: c.command,
+            model: c.model,
+            seed: c.seed,
+        };
+        let engine = Engine::new(
+            header, alignment, reference, target, truth, c.inputs, c.settings, clock,
+        )?;
+        let mut run = Self {
+            listed: c.layers,
+            compared,
+            engine,
+        };
+        run.engine
+            .clock
+            .lap("mapping layers and planning the run", OWN);
+        Ok(run)
+    }
+
+    /// How the run is split.
+    pub fn segmentation(&self) -> Segmentation {
+        self.engine.segmentation()
+    }
+
+    /// Takes layer `index`'s value (and its value in the float64 run), copying what is needed
+    /// later, then runs every segment whose layers are now all in. Layers come in order.
+    pub fn add(
+        &mut self,
+        index: usize,
+        value: TensorView<'_>,
+        float64: Option<TensorView<'_>>,
+    ) -> Result<()> {
+        self.engine.clock.lap(CAPTURE_PHASE, "pytorch");
+        let listed = self.listed.get(index).ok_or_else(|| {
+            Error::Layers(format!(
+                "the model made more leaf-module calls this time than the {} listed: \
+                 it does not run the same way twice",
+                self.listed.len()
+            ))
+        })?;
+        let received = self.engine.reference.received();
+        if index != received {
+            return Err(Error::Layers(format!(
+                "layer {index} (`{}`) handed over out of order: expected layer {received}",
+                listed.call.name
+            )));
+        }
+        if value.shape != listed.call.shape.as_slice() || value.dtype != listed.call.dtype {
+            return Err(Error::Layers(format!(
+                "layer `{}` gave a {:?} {} output this time and {:?} {} when the layers were \
+                 listed: the model does not run the same way twice",
+                listed.call.name,
+                value.shape,
+                value.dtype.name(),
+                listed.call.shape,
+                listed.call.dtype.name()
+            )));
+        }
+        let keep = self.compared[index];
+        let engine = &mut self.engine;
+        engine
+            .reference
+            .push(index, keep.then(|| value.to_tensor()));
+        if let Some(truth) = engine.truth.as_mut() {
+            truth.push(index, float64.filter(|_| keep).map(|t| t.to_tensor()));
+        }
+        engine.clock.lap("handing layers to the core", OWN);
+        engine.advance()
+    }
+
+    /// After the forward pass: runs what is left, decides the drift origin, and returns the
+    /// layers whose cause needs a look at PyTorch's parameters (ask [`CapturedRun::finish`]
+    /// with theirs).
+    pub fn conclude(&mut self) -> Result<Vec<usize>> {
+        self.engine.clock.lap(CAPTURE_PHASE, "pytorch");
+        let received = self.engine.reference.received();
+        if received != self.listed.len() {
+            return Err(Error::Layers(format!(
+                "the model made {received} leaf-module calls this time and {} when the layers \
+                 were listed: it does not run the same way twice",
+                self.listed.len()
+            )));
+        }
+        self.engine.conclude()
+    }
+
+    /// The report, with the weight evidence of `parameters` (by layer: PyTorch's parameters
+    /// and buffers by qualified name, with the forms an exporter may fold them into, e.g. a
+    /// Conv's weight scaled by the BatchNorm after it, under the same name).
+    pub fn finish(
+        mut self,
+        parameters: &HashMap<usize, Vec<(String, TensorView<'_>)>>,
+    ) -> Result<Report> {
+        for (&i, list) in parameters {
+            let owned = list.iter().map(|(n, t)| (n.clone(), t.to_tensor()));
+            self.engine.reference.set_parameters(i, owned.collect());
+        }
+        self.engine.finish()
+    }
+}
+
+/// Whether `settings` fit a run with (or without) PyTorch's float64 run.
+pub fn check_settings(settings: &Settings, float64: bool) -> Result<()> {
+    if settings.tolerance == layerdiff_core::Tolerance::Auto && !float64 {
+        return Err(Error::Usage(
+            "tolerance `auto` needs the float64 run; drop --no-float64".to_string(),
+        ));
+    }
+    Ok(())
+}
+
+/// Each listed layer with the ONNX value it was mapped to, or why none.
+fn align(
+    listed: &[ListedLayer],
+    mappings: &[LayerMapping],
+    graph_outputs: &[String],
+    inconclusive: Option<String>,
+) -> Alignment {
+    let mut alignment = Alignment {
+        layers: Vec::new(),
+        reference: Vec::new(),
+        target: Vec::new(),
+        refutable: Vec::new(),
+        inconclusive,
+        nothing_compared_hint: "is the ONNX file an export of this very model? Layers are paired by the module scopes the exporter records (both torch.onnx exporters do); a file without them, or from another model, pairs nothing".to_string(),
+        shared: Shared::FirstLayerOwns,
+    };
+    for (index, (l, mapping)) in listed.iter().zip(mappings).enumerate() {
+        let mut layer = Layer::new(
+            index,
+            l.call.name.clone(),
+            l.call.shape.clone(),
+            l.call.dtype.name(),
+        );
+        layer.module_type = Some(l.module_type.clone());
+        let value = match mapping {
+            LayerMapping::Unmapped { reason } => {
+                layer.reason = Some(reason.clone());
+                None
+            }
+            LayerMapping::Mapped {
+                value,
+                node,
+                op_type,
+                note,
+            } => {
+                layer.onnx = Some(OnnxRef {
+                    value: value.clone(),
+                    node: node.clone(),
+                    op_type: op_type.clone(),
+                });
+                layer.reason = note.clone();
+                Some(value.clone())
+            }
+        };
+        // A model output paired by its own scope may really differ in shape: a finding. Any
+        // other pairing that cannot hold the layer's value is a mapping problem.
+        let own_output =
+            layer.reason.is_none() && value.as_ref().is_some_and(|v| graph_outputs.contains(v));
+        alignment.refutable.push(!own_output);
+        alignment.layers.push(layer);
+        alignment.reference.push(l.call.name.clone());
+        alignment.target.push(value);
+    }
+    alignment
+}
+
+/// Why a value of the file has no counterpart in the optimized graph `after`, or `None` when
+/// it has one there (under its name, or given back from a blocked layout).
+fn survives(after: &GraphIndex, renames: &Renames, value: &str) -> Option<String> {
+    if let Some(why) = renames.blocked.get(value) {
+        return Some(format!(
+            "the optimized graph holds `{value}` in a blocked (NCHWc) layout, not given back: {why}"
+        ));
+    }
+    if after.is_initializer(value) {
+        return Some(format!(
+            "folded into a constant by the optimizer: `{value}` is not computed in the graph that runs"
+        ));
+    }
+    let computed =
+        after.producer(value).is_some() || after.graph_inputs().iter().any(|i| i == value);
+    (!computed).then(|| {
+        format!("fused or removed by the optimizer: `{value}` is not in the graph that runs")
+    })
+}

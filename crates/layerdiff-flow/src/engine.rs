@@ -1,0 +1,562 @@
+//! The one flow every command runs: two sides (and optionally a float64 truth) produce their
+//! values segment by segment; each aligned pair is compared as soon as both sides have it,
+//! re-run locally on the reference's values, judged, and dropped after its last use; then the
+//! drift origin is decided, causes are explained from the evidence gathered, and the report is
+//! built. Commands differ only in the sides they build and how they align them
+//! ([`crate::onnx_flow`], [`crate::captured`]).
+
+use std::collections::HashMap;
+
+use layerdiff_core::{
+    Evidence, Float64Distance, InputInfo, Layer, LayerStatus, Machine, Report, SCHEMA, Summary,
+    Tensor, TensorView, Tolerance, analyse, compare_pair, explain, judge, nothing_compared,
+};
+use layerdiff_onnx::LocalGroup;
+
+use crate::evidence::{disagreement, fit};
+use crate::memory::budget;
+use crate::plan::{Plan, PlannedLayer, Segmentation, plan};
+use crate::side::{Recompute, Side};
+use crate::timings::{OWN, RUNTIME, Stopwatch};
+use crate::{Error, Result};
+
+/// Which value of each side every layer is, as alignment found it.
+pub struct Alignment {
+    /// The layers in the reference's order, with what alignment knows of each (its ONNX node,
+    /// module type, and the reason it has no counterpart or how it was matched).
+    pub layers: Vec<Layer>,
+    /// Each layer's value on the reference side.
+    pub reference: Vec<String>,
+    /// Each layer's value on the target side (`None`: not compared).
+    pub target: Vec<Option<String>>,
+    /// Layers paired by a guess that the values' sizes can refute (module scopes): a pair that
+    /// cannot hold the same value is reported as a mapping problem, not compared.
+    pub refutable: Vec<bool>,
+    /// Why the verdict stays open when nothing exceeds: part of the model was not recognised.
+    pub inconclusive: Option<String>,
+    /// What to tell a user when no layer could be compared.
+    pub nothing_compared_hint: String,
+    /// What it means when several layers are paired with one target value.
+    pub shared: Shared,
+}
+
+/// What it means when several layers are paired with one target value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shared {
+    /// The value is the first layer's; the later ones compute nothing of their own (module
+    /// calls: an identity module, or one the export folded into the module before it).
+    FirstLayerOwns,
+    /// Each layer is the value, computed by the same target nodes (values of two graphs: an
+    /// optimizer fused several nodes into one); a re-run fed from it takes the last layer's
+    /// value, which is what the fused nodes compute.
+    EachLayer,
+}
+
+/// What a run is asked to measure, and how.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How each layer's tolerance is chosen.
+    pub tolerance: Tolerance,
+    /// Whether to measure each layer's local error (re-running the target's own computation of
+    /// it on the reference's values).
+    pub local: bool,
+    /// The most bytes of values to hold at once (`None`: half the memory available at start,
+    /// see [`crate::memory::budget`]): it decides how the run is split into segments, never
+    /// its numbers.
+    pub max_memory: Option<u64>,
+}
+
+/// What the report says the run was.
+#[derive(Debug, Clone)]
+pub struct Header {
+    /// The command (`onnx`, `torch`).
+    pub command: String,
+    /// The model's display name.
+    pub model: String,
+    /// Seed of generated inputs (`None`: read from a file).
+    pub seed: Option<u64>,
+}
+
+/// A comparison under way (see the module docs).
+pub struct Engine<R: Side, T: Side, F: Side = Box<dyn Side>> {
+    /// The reference side.
+    pub reference: R,
+    /// The target side.
+    pub target: T,
+    /// The float64 truth, by the reference's value names.
+    pub truth: Option<F>,
+    layers: Vec<Layer>,
+    /// Each layer's value on either side, and whether its pairing can be refuted.
+    reference_values: Vec<String>,
+    target_values: Vec<Option<String>>,
+    refutable: Vec<bool>,
+    inconclusive: Option<String>,
+    nothing_compared_hint: String,
+    shared: Shared,
+    header: Header,
+    settings: Settings,
+    inputs: Vec<(String, Tensor)>,
+    /// The first reference value behind each compared target value, and its layer.
+    reference_of: HashMap<String, (String, usize)>,
+    /// Each layer's local group (for the first layer of each target value).
+    groups: Vec<Option<std::result::Result<LocalGroup, String>>>,
+    plan: Plan,
+    done: usize,
+    evidence: Vec<Evidence>,
+    summary: Option<Summary>,
+    /// Attributes each stretch of the run to a phase.
+    pub clock: Stopwatch,
+}
+
+impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
+    /// Plans the run in segments that fit the memory budget, with each layer's local group.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        header: Header,
+        alignment: Alignment,
+        mut reference: R,
+        mut target: T,
+        truth: Option<F>,
+        inputs: Vec<(String, Tensor)>,
+        settings: Settings,
+        clock: Stopwatch,
+    ) -> Result<Self> {
+        let mut reference_of: HashMap<String, (String, usize)> = HashMap::new();
+        for (i, value) in alignment.target.iter().enumerate() {
+            if let Some(v) = value {
+                let this = (alignment.reference[i].clone(), i);
+                match alignment.shared {
+                    Shared::FirstLayerOwns => {
+                        reference_of.entry(v.clone()).or_insert(this);
+                    }
+                    Shared::EachLayer => {
+                        reference_of.insert(v.clone(), this);
+                    }
+                }
+            }
+        }
+        let is_input = |n: &str| inputs.iter().any(|(name, _)| name == n);
+        let groups: Vec<_> = alignment
+            .target
+            .iter()
+            .enumerate()
+            .map(|(i, value)| {
+                let owns = |v: &str| match alignment.shared {
+                    Shared::FirstLayerOwns => reference_of[v].1 == i,
+                    Shared::EachLayer => true,
+                };
+                let value = value.as_deref().filter(|v| settings.local && owns(v))?;
+                let known = |n: &str| n != value && (is_input(n) || reference_of.contains_key(n));
+                Some(target.recompute()?.local_group(value, &known))
+            })
+            .collect();
+        let planned: Vec<PlannedLayer<'_>> = (0..alignment.layers.len())
+            .map(|i| PlannedLayer {
+                reference: &alignment.reference[i],
+                target: alignment.target[i].as_deref(),
+                local_inputs: match &groups[i] {
+                    Some(Ok(group)) => &group.inputs,
+                    _ => &[],
+                },
+            })
+            .collect();
+        let mut reference_view = reference.plan_view();
+        if let Some(truth) = &truth {
+            // The truth's values are held beside the reference's until compared.
+            for (name, bytes) in truth.plan_view().sizes {
+                *reference_view.sizes.entry(name).or_default() += bytes;
+            }
+        }
+        let plan = plan(
+            &reference_view,
+            &target.plan_view(),
+            &planned,
+            budget(settings.max_memory),
+        );
+        drop((planned, reference_view));
+        if let [whole] = plan.segments.as_slice() {
+            reference.expose(&whole.reference.outputs)?;
+            target.expose(&whole.target.outputs)?;
+        }
+        let n = alignment.layers.len();
+        Ok(Self {
+            reference,
+            target,
+            truth,
+            layers: alignment.layers,
+            reference_values: alignment.reference,
+            target_values: alignment.target,
+            refutable: alignment.refutable,
+            inconclusive: alignment.inconclusive,
+            nothing_compared_hint: alignment.nothing_compared_hint,
+            shared: alignment.shared,
+            header,
+            settings,
+            inputs,
+            reference_of,
+            groups,
+            plan,
+            done: 0,
+            evidence: vec![Evidence::default(); n],
+            summary: None,
+            clock,
+        })
+    }
+
+    /// How the run is split.
+    pub fn segmentation(&self) -> Segmentation {
+        self.plan.segmentation()
+    }
+
+    /// Runs every segment whose values all sides have (all of them, when every side computes).
+    pub fn advance(&mut self) -> Result<()> {
+        while let Some(segment) = self.plan.segments.get(self.done) {
+            let end = segment.layers.end;
+            let ready = self.reference.has_layers(end)
+                && self.target.has_layers(end)
+                && self.truth.as_ref().is_none_or(|t| t.has_layers(end));
+            if !ready {
+                break;
+            }
+            self.run_segment()?;
+        }
+        Ok(())
+    }
+
+    /// Runs the next segment: both sides' parts, then every comparison in it.
+    fn run_segment(&mut self) -> Result<()> {
+        let segment = self.plan.segments[self.done].clone();
+        let whole = self.plan.segments.len() == 1;
+        let clock = &mut self.clock;
+        self.reference
+            .produce(&segment.reference, whole, clock, "reference run")?;
+        self.target
+            .produce(&segment.target, whole, clock, "target run")?;
+        let held = Held {
+            reference: &self.reference,
+            target: &self.target,
+            truth: self.truth.as_ref().map(|t| t as &dyn Side),
+            reference_values: &self.reference_values,
+            target_values: &self.target_values,
+            reference_of: &self.reference_of,
+            inputs: &self.inputs,
+            shared: self.shared,
+        };
+        for i in segment.layers.clone() {
+            held.compare(&mut self.layers[i], i, self.refutable[i]);
+        }
+        self.clock.lap("comparison", OWN);
+
+        if let Some(recompute) = self.target.recompute() {
+            for i in segment.layers.clone() {
+                held.measure_local(&mut self.layers[i], &mut self.groups[i], recompute, i);
+            }
+            self.clock.split_lap(
+                "local error: extraction and comparison",
+                "local error: inference",
+                recompute.take_time(),
+            );
+        }
+
+        // What the values of an exceeding layer show, while they are held.
+        let mut exceeding = false;
+        for i in segment.layers.clone() {
+            let layer = &mut self.layers[i];
+            judge(layer, self.settings.tolerance);
+            if !(layer.exceeds_tol || layer.local_exceeds) {
+                continue;
+            }
+            exceeding = true;
+            if let Some((r, t)) = held.pair(i) {
+                self.evidence[i] = Evidence::from_values(layer, r.view(), t.view());
+            }
+        }
+        self.clock.lap("analysis and causes", OWN);
+        if exceeding {
+            // Does either side disagree with itself? Two more runs of the segment, one session.
+            let r_again = self.reference.again(&segment.reference);
+            let t_again = self.target.again(&segment.target);
+            for i in segment.layers.clone() {
+                let Some(target_value) = &self.target_values[i] else {
+                    continue;
+                };
+                let sides: [(&str, _, &dyn Side, &String); 2] = [
+                    (
+                        "reference",
+                        &r_again,
+                        &self.reference,
+                        &self.reference_values[i],
+                    ),
+                    ("target", &t_again, &self.target, target_value),
+                ];
+                for (side, again, values, name) in sides {
+                    let e = &mut self.evidence[i];
+                    if let Some(first) = values.get(name)
+                        && let Some(d) = disagreement(first, again.as_ref(), name)
+                        && e.self_disagreement
+                            .as_ref()
+                            .is_none_or(|(_, seen)| d > *seen)
+                    {
+                        e.self_disagreement = Some((side.to_string(), d));
+                    }
+                }
+            }
+            self.clock.lap("second runs (nondeterminism)", RUNTIME);
+        }
+        self.reference.free(&segment.reference.free);
+        self.target.free(&segment.target.free);
+        if let Some(truth) = self.truth.as_mut() {
+            truth.free(&self.reference_values[segment.layers.clone()]);
+        }
+        self.done += 1;
+        Ok(())
+    }
+
+    /// Runs what is left and decides the drift origin; returns the layers whose cause needs
+    /// the reference's weights (a side that hands them over on request gets them before
+    /// [`Engine::finish`]).
+    pub fn conclude(&mut self) -> Result<Vec<usize>> {
+        while self.done < self.plan.segments.len() {
+            self.run_segment()?;
+        }
+        let mut summary = analyse(&mut self.layers, self.settings.tolerance);
+        if summary.drift_origin.is_none() {
+            summary.inconclusive = self.inconclusive.take();
+        }
+        let providers = [
+            self.reference.kernels_per_graph(),
+            self.target.kernels_per_graph(),
+        ];
+        summary
+            .warnings
+            .extend(segments_warning(self.plan.segments.len(), &providers));
+        if let Some(runtime) = self.reference.rewrites() {
+            summary.warnings.push(format!(
+                "the reference ({runtime}) optimizes the graph, but the values exposed for comparison keep it from fusing them: the reference measured is not the graph that ships; give the optimized side as --target, which is compared in the graph it optimized"
+            ));
+        }
+        let layers = &self.layers;
+        if let Some(why) = nothing_compared(layers, &summary) {
+            return Err(Error::NothingCompared(format!(
+                "{why}\nhint: {}",
+                self.nothing_compared_hint
+            )));
+        }
+        let wanted = (0..layers.len())
+            .filter(|&i| summary.needs_cause(&layers[i]) && matches!(self.groups[i], Some(Ok(_))))
+            .collect();
+        self.summary = Some(summary);
+        Ok(wanted)
+    }
+
+    /// The report: causes explained from the evidence of the values and of the target's
+    /// groups (their ops, precision, attributes and weights against the reference's).
+    pub fn finish(mut self) -> Result<Report> {
+        if self.summary.is_none() {
+            self.conclude()?;
+        }
+        let mut summary = self.summary.take().expect("concluded");
+        let mut compared: Vec<&str> = Vec::new();
+        for value in self.target_values.iter().flatten() {
+            if !compared.contains(&value.as_str()) {
+                compared.push(value);
+            }
+        }
+        let target_graph = self.target.graph_report(&compared, &mut summary);
+        let reference_info = self.reference.describe(&mut summary);
+        let target_info = self.target.describe(&mut summary);
+        if let Some(recompute) = self.target.recompute() {
+            for (i, layer) in self.layers.iter().enumerate() {
+                let (true, Some(Ok(group))) = (summary.needs_cause(layer), &self.groups[i]) else {
+                    continue;
+                };
+                let e = &mut self.evidence[i];
+                e.attributes = self
+                    .reference
+                    .attribute_changes(&recompute.group_nodes(group));
+                let fed = |n: &str| {
+                    let (r, _) = self.reference_of.get(n)?;
+                    Some((self.reference.dtype(r)?, self.target.dtype(n)?))
+                };
+                let check = |node: &str, position, name: &str, weight: &Tensor| {
+                    self.reference.weight_check(i, node, position, name, weight)
+                };
+                recompute.group_evidence(group, e, &fed, &check);
+            }
+        }
+        let mut layers = self.layers;
+        explain(&mut layers, &self.evidence, &summary);
+        self.clock.lap("analysis and causes", OWN);
+        Ok(Report {
+            schema: SCHEMA,
+            command: self.header.command,
+            model: self.header.model,
+            reference: reference_info,
+            target: target_info,
+            target_graph,
+            mode: if self.settings.local {
+                "local"
+            } else {
+                "accumulated"
+            }
+            .to_string(),
+            tolerance: self.settings.tolerance.info(),
+            seed: self.header.seed,
+            inputs: InputInfo::describe(&self.inputs),
+            summary,
+            layers,
+            machine: Machine::this(),
+            timings: Some(self.clock.phases()),
+        })
+    }
+}
+
+/// What a segment's comparisons read: both sides' values (and the truth's), and how the
+/// layers' values correspond.
+struct Held<'a> {
+    reference: &'a dyn Side,
+    target: &'a dyn Side,
+    truth: Option<&'a dyn Side>,
+    reference_values: &'a [String],
+    target_values: &'a [Option<String>],
+    reference_of: &'a HashMap<String, (String, usize)>,
+    inputs: &'a [(String, Tensor)],
+    shared: Shared,
+}
+
+impl Held<'_> {
+    /// Both sides' values of layer `i`, while held.
+    fn pair(&self, i: usize) -> Option<(&Tensor, &Tensor)> {
+        let target = self.target_values[i].as_deref()?;
+        Some((
+            self.reference.get(&self.reference_values[i])?,
+            self.target.get(target)?,
+        ))
+    }
+
+    /// Compares layer `i`'s two values, and each with the float64 truth. A pairing that can
+    /// be refuted (`refutable`) and is, is a mapping problem, not a finding.
+    fn compare(&self, layer: &mut Layer, i: usize, refutable: bool) {
+        let Some((reference, target)) = self.pair(i) else {
+            return;
+        };
+        let value = self.target_values[i].as_deref().unwrap_or_default();
+        if refutable && let Some(why) = unfit(reference, target, value) {
+            layer.status = LayerStatus::Unmapped;
+            layer.target_shape = Some(target.shape.clone());
+            layer.target_dtype = Some(target.dtype.name().to_string());
+            layer.reason = Some(why);
+            return;
+        }
+        if layer.dtype.is_empty() {
+            // Aligned without a declared shape (an ONNX value): the reference's value tells.
+            layer.shape = reference.shape.clone();
+            layer.dtype = reference.dtype.name().to_string();
+        }
+        let outcome = compare_pair(reference.view(), target.view());
+        layer.status = outcome.status;
+        layer.accumulated = outcome.stats;
+        layer.target_shape = outcome.target_shape;
+        layer.target_dtype = outcome.target_dtype;
+        let truth = self.truth.and_then(|t| t.get(&self.reference_values[i]));
+        if let Some(truth) = truth {
+            let distance =
+                |v: TensorView<'_>| compare_pair(truth.view(), v).stats.map(|s| s.max_abs_diff);
+            if let (Some(reference), Some(target)) =
+                (distance(reference.view()), distance(target.view()))
+            {
+                layer.float64 = Some(Float64Distance { reference, target });
+            }
+        }
+    }
+
+    /// Layer `i`'s local error: the target's group computing its value (`slot`) re-run on the
+    /// reference's values of the group's inputs, compared with the reference's value. A group
+    /// that cannot run leaves its reason on the layer and in `slot`, so later steps skip it.
+    fn measure_local(
+        &self,
+        layer: &mut Layer,
+        slot: &mut Option<std::result::Result<LocalGroup, String>>,
+        recompute: &dyn Recompute,
+        i: usize,
+    ) {
+        let (Some(value), Some(reference)) = (
+            self.target_values[i].as_deref(),
+            self.reference.get(&self.reference_values[i]),
+        ) else {
+            return;
+        };
+        if layer.status != LayerStatus::Compared {
+            return;
+        }
+        let first = self.reference_of[value].1;
+        if self.shared == Shared::FirstLayerOwns && first != i {
+            layer.local_reason = Some(format!(
+                "it holds the same ONNX value as `{}`, so it has no nodes of its own",
+                self.reference_values[first]
+            ));
+            return;
+        }
+        let outcome = match slot {
+            Some(Ok(group)) => recompute.run_group(group, value, &|n| self.feed(n)),
+            Some(Err(reason)) => Err(reason.clone()),
+            None => return,
+        };
+        match outcome {
+            Ok(out) => {
+                layer.local = compare_pair(reference.view(), out.view()).stats;
+                let inputs = slot.iter().flatten().flat_map(|g| &g.inputs);
+                layer.local_inputs = inputs
+                    .map(|n| self.reference_of.get(n).map_or(n, |(r, _)| r).clone())
+                    .collect();
+            }
+            Err(reason) => {
+                layer.local_reason = Some(reason.clone());
+                *slot = Some(Err(reason));
+            }
+        }
+    }
+
+    /// What the target is fed with in place of its value `n` in a local re-run: an input as
+    /// given, else the reference's value of it, made fit to the target's dtype and shape.
+    fn feed(&self, n: &str) -> std::result::Result<Tensor, String> {
+        if let Some((_, t)) = self.inputs.iter().find(|(name, _)| name == n) {
+            return Ok(t.clone());
+        }
+        let (r, _) = self
+            .reference_of
+            .get(n)
+            .ok_or_else(|| format!("`{n}` is not known"))?;
+        let (Some(reference), Some(target)) = (self.reference.get(r), self.target.get(n)) else {
+            return Err(format!("`{n}` is no longer held"));
+        };
+        fit(r, reference.clone(), target.dtype, &target.shape)
+    }
+}
+
+/// Why the target value `value` cannot be this layer's output, when it cannot: a different
+/// element count, or a non-float value for a float layer.
+fn unfit(reference: &Tensor, target: &Tensor, value: &str) -> Option<String> {
+    let count = |t: &Tensor| t.shape.iter().product::<usize>();
+    let wrong =
+        count(reference) != count(target) || reference.dtype.is_float() && !target.dtype.is_float();
+    wrong.then(|| {
+        format!(
+            "mapping problem: paired with the ONNX value `{value}` ({} {:?}), which cannot hold this layer's output ({} {:?}); not compared",
+            target.dtype.name(),
+            target.shape,
+            reference.dtype.name(),
+            reference.shape
+        )
+    })
+}
+
+/// The warning a run in `segments` segments owes when a side runs on a provider that picks its
+/// kernels per graph: there, a segment may compute a value with other bits than the whole run
+/// (on the CPU the bits are the same, which the tests check).
+pub fn segments_warning(segments: usize, providers: &[Option<&'static str>]) -> Option<String> {
+    let provider = providers.iter().flatten().next().filter(|_| segments > 1)?;
+    Some(format!(
+        "ran in {segments} segments on {provider}, which picks its kernels for each graph it is given: values may differ in their last bits from a run of the whole graph (use a --max-memory that fits the whole run to compare with one)"
+    ))
+}

@@ -1,0 +1,76 @@
+//! What the values of two sides show beyond their difference: whether a weight is the same,
+//! whether a side disagrees with itself, and a reference value made fit to feed the target.
+
+use layerdiff_core::{DType, Tensor, TensorView, compare};
+
+/// A weight differs when its max abs diff exceeds this fraction of its largest magnitude:
+/// above float32 rounding of a folded constant, far below any real edit.
+pub const WEIGHT_RTOL: f64 = 1e-5;
+
+/// How a target weight relates to the reference's: the same, different (with a sentence), or
+/// stored in lower precision (with a sentence).
+pub enum WeightCheck {
+    /// The same weight.
+    Same,
+    /// A different weight, in words.
+    Differs(String),
+    /// The same weight stored in lower precision, in words.
+    LowerPrecision(String),
+}
+
+/// Compares one weight of the two sides.
+pub fn check_weight(name: &str, reference: TensorView<'_>, target: TensorView<'_>) -> WeightCheck {
+    let squeeze = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
+    if squeeze(reference.shape) != squeeze(target.shape) {
+        return WeightCheck::Differs(format!(
+            "`{name}` has shape {:?} on the target, {:?} on the reference",
+            target.shape, reference.shape
+        ));
+    }
+    if target.dtype.narrower_than(reference.dtype) {
+        return WeightCheck::LowerPrecision(format!(
+            "the target stores `{name}` in {}, the reference in {}",
+            target.dtype, reference.dtype
+        ));
+    }
+    let Ok(stats) = compare(reference, target) else {
+        return WeightCheck::Same;
+    };
+    let scale = (0..reference.numel())
+        .map(|i| reference.get_f64(i).abs())
+        .filter(|v| v.is_finite())
+        .fold(0.0, f64::max);
+    if stats.max_abs_diff > WEIGHT_RTOL * scale || stats.nan_mismatch > 0 {
+        WeightCheck::Differs(format!(
+            "`{name}` differs: max abs diff {:.3e} ({} of {} elements differ)",
+            stats.max_abs_diff, stats.abs_diff_above[0], stats.elements
+        ))
+    } else {
+        WeightCheck::Same
+    }
+}
+
+/// How far a side disagrees with itself at `value`: its first output against two more runs
+/// (max abs diff); `None` when it agrees or was not re-run.
+pub fn disagreement(
+    first: &Tensor,
+    again: Option<&[Vec<(String, Tensor)>; 2]>,
+    value: &str,
+) -> Option<f64> {
+    let runs = again?;
+    fn find<'t>(run: &'t [(String, Tensor)], value: &str) -> Option<&'t Tensor> {
+        run.iter().find(|(n, _)| n == value).map(|(_, t)| t)
+    }
+    let (a, b) = (find(&runs[0], value)?, find(&runs[1], value)?);
+    let d = |x: &Tensor, y: &Tensor| compare(x.view(), y.view()).map_or(0.0, |s| s.max_abs_diff);
+    Some(d(first, a).max(d(a, b))).filter(|&d| d > 0.0)
+}
+
+/// A reference tensor made fit to feed the target in place of `name`: cast to the target's
+/// dtype, reshaped to its shape (element counts must agree).
+pub fn fit(name: &str, reference: Tensor, dtype: DType, shape: &[usize]) -> Result<Tensor, String> {
+    let given = reference.shape.clone();
+    reference.cast(dtype).reshaped(shape).ok_or_else(|| {
+        format!("the reference's `{name}` has shape {given:?}, the target's {shape:?}")
+    })
+}

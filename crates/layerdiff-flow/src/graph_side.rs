@@ -1,0 +1,259 @@
+//! A side that computes an ONNX graph's values with a runtime (ONNX Runtime, tract): in
+//! segments of nodes fed from its own earlier values, or whole with the values compared made
+//! outputs in place. It can re-run a group of its nodes on given values ([`crate::rerun`]).
+//! When its runtime optimized the file first, it runs the graph that ships and accounts for it
+//! ([`crate::shipped`]).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use layerdiff_core::{SideInfo, Summary, TargetGraph, Tensor};
+use layerdiff_onnx::{
+    GraphIndex, Model, NodeProto, attribute_changes, expose_values, extract_nodes,
+};
+use layerdiff_runtime::Runtime;
+
+use crate::evidence::{WeightCheck, check_weight};
+use crate::plan::{Part, PlanSide, value_sizes};
+use crate::shipped::{Placement, Renames, Shipped};
+use crate::side::{Recompute, Side, Values};
+use crate::timings::{OWN, RUNTIME, Stopwatch};
+use crate::{Error, Result};
+
+/// An ONNX model and the runtime that computes it.
+pub struct GraphSide {
+    /// The file's name, shown before the runtime's own words (`None`: the runtime's only).
+    label: Option<String>,
+    pub(crate) model: Model,
+    pub(crate) index: GraphIndex,
+    pub(crate) runtime: Box<dyn Runtime + Send + Sync>,
+    sizes: HashMap<String, u64>,
+    values: Values,
+    /// The extract the last segment ran (`None`: the whole model).
+    segment: Option<Model>,
+    /// Time spent inside the runtime by re-runs of groups.
+    inference: AtomicU64,
+    shipped: Option<Shipped>,
+    placement: Option<Placement>,
+    renames: Renames,
+}
+
+impl GraphSide {
+    /// `model` run by `runtime` on `inputs`; `label` names the file in the report.
+    pub fn new(
+        label: Option<String>,
+        model: Model,
+        runtime: Box<dyn Runtime + Send + Sync>,
+        inputs: &[(String, Tensor)],
+    ) -> Self {
+        let index = GraphIndex::new(model.graph());
+        Self {
+            label,
+            sizes: value_sizes(&index, inputs),
+            index,
+            model,
+            runtime,
+            values: Values::new(inputs.to_vec()),
+            segment: None,
+            inference: AtomicU64::new(0),
+            shipped: None,
+            placement: None,
+            renames: Renames::default(),
+        }
+    }
+
+    /// What it took to get the graph that ships: values an optimizer renamed, the check of the
+    /// optimized graph's outputs, where the runtime placed the nodes.
+    pub fn shipping(
+        mut self,
+        renames: Renames,
+        shipped: Option<Shipped>,
+        placement: Option<Placement>,
+    ) -> Self {
+        self.renames = renames;
+        self.shipped = shipped;
+        self.placement = placement;
+        self
+    }
+
+    /// The graph.
+    pub fn index(&self) -> &GraphIndex {
+        &self.index
+    }
+
+    /// Counts time spent inside the runtime by a re-run.
+    pub(crate) fn add_time(&self, spent: Duration) {
+        let nanos = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
+        self.inference.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    /// Time spent inside the runtime by re-runs since the last call.
+    pub(crate) fn take_time(&self) -> Duration {
+        Duration::from_nanos(self.inference.swap(0, Ordering::Relaxed))
+    }
+}
+
+impl Side for GraphSide {
+    fn describe(&mut self, summary: &mut Summary) -> SideInfo {
+        let detail = match &self.label {
+            Some(label) => format!("{label} · {}", self.runtime.detail()),
+            None => self.runtime.detail(),
+        };
+        let mut info = SideInfo::new(self.runtime.name(), detail);
+        if let Some(placement) = self.placement.take() {
+            placement.report(&mut info, summary);
+        }
+        info
+    }
+
+    fn plan_view(&self) -> PlanSide<'_> {
+        PlanSide {
+            graph: Some(&self.index),
+            sizes: self.sizes.clone(),
+        }
+    }
+
+    fn expose(&mut self, values: &[String]) -> Result<()> {
+        expose_values(&mut self.model, values)?;
+        self.index = GraphIndex::new(self.model.graph());
+        Ok(())
+    }
+
+    fn produce(
+        &mut self,
+        part: &Part,
+        whole: bool,
+        clock: &mut Stopwatch,
+        phase: &str,
+    ) -> Result<()> {
+        self.segment = None;
+        if part.outputs.is_empty() {
+            return Ok(());
+        }
+        if !whole {
+            self.segment = Some(extract_nodes(
+                &self.model,
+                &part.nodes,
+                &part.outputs,
+                self.values.all(),
+            )?);
+        }
+        clock.lap("extracting segments", OWN);
+        let model = self.segment.as_ref().unwrap_or(&self.model);
+        let out = self
+            .runtime
+            .run(model, self.values.all(), &part.outputs)
+            .map_err(|e| {
+                let text = e.to_string().trim_end().to_string();
+                if text.contains("Failed to allocate memory") {
+                    Error::Memory(format!(
+                        "{} ran out of memory: {text}; a smaller --max-memory runs the graph in smaller segments",
+                        self.runtime.name()
+                    ))
+                } else {
+                    e.into()
+                }
+            })?;
+        for (name, tensor) in out {
+            self.values.insert(name, tensor);
+        }
+        clock.lap(phase, RUNTIME);
+        if let Some(shipped) = self.shipped.as_mut() {
+            shipped.check_outputs(&self.values);
+        }
+        Ok(())
+    }
+
+    fn get(&self, value: &str) -> Option<&Tensor> {
+        self.values.get(value)
+    }
+
+    fn dtype(&self, value: &str) -> Option<layerdiff_core::DType> {
+        self.values.dtype(value)
+    }
+
+    fn free(&mut self, values: &[String]) {
+        self.values.free(values);
+    }
+
+    fn again(&self, part: &Part) -> Option<[Vec<(String, Tensor)>; 2]> {
+        let model = self.segment.as_ref().unwrap_or(&self.model);
+        self.runtime
+            .run_twice(model, self.values.all(), &part.outputs)
+            .ok()
+    }
+
+    fn kernels_per_graph(&self) -> Option<&'static str> {
+        self.runtime.kernels_per_graph()
+    }
+
+    fn rewrites(&self) -> Option<String> {
+        self.runtime.rewrites().then(|| self.runtime.detail())
+    }
+
+    fn recompute(&self) -> Option<&dyn Recompute> {
+        Some(self)
+    }
+
+    fn attribute_changes(&self, nodes: &[&NodeProto]) -> Vec<String> {
+        model_attribute_changes(&self.model, nodes)
+    }
+
+    fn weight_check(
+        &self,
+        _layer: usize,
+        node: &str,
+        position: usize,
+        name: &str,
+        weight: &Tensor,
+    ) -> Option<WeightCheck> {
+        model_weight_check(&self.model, node, position, name, weight)
+    }
+
+    fn graph_report(&mut self, compared: &[&str], summary: &mut Summary) -> Option<TargetGraph> {
+        let shipped = self.shipped.take()?;
+        Some(shipped.finish(compared.iter().copied(), &self.renames, summary))
+    }
+}
+
+/// How `nodes` differ in their attributes from `model`'s nodes of the same name and op.
+pub(crate) fn model_attribute_changes(model: &Model, nodes: &[&NodeProto]) -> Vec<String> {
+    let mut changes = Vec::new();
+    for node in nodes {
+        let Some(same) = model
+            .graph()
+            .node
+            .iter()
+            .find(|n| n.name() == node.name() && n.op_type() == node.op_type())
+        else {
+            continue;
+        };
+        for change in attribute_changes(same, node) {
+            changes.push(format!(
+                "{change} on `{}`",
+                layerdiff_onnx::NodeExt::display_name(*node)
+            ));
+        }
+    }
+    changes
+}
+
+/// Checks another side's weight against `model`'s counterpart: the initializer of the same
+/// name, else the one at the same input position of the node with the same name.
+pub(crate) fn model_weight_check(
+    model: &Model,
+    node: &str,
+    position: usize,
+    name: &str,
+    weight: &Tensor,
+) -> Option<WeightCheck> {
+    let theirs = match model.initializer(name) {
+        Some(found) => found.ok()?,
+        None => {
+            let same = model.graph().node.iter().find(|n| n.name() == node)?;
+            model.initializer(same.input.get(position)?)?.ok()?
+        }
+    };
+    Some(check_weight(name, theirs.view(), weight.view()))
+}

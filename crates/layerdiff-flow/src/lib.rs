@@ -1,0 +1,36 @@
+//! The comparison engine of layerdiff.
+//!
+//! Every command is the same flow (docs/design.md): inputs → two sides → align → compare →
+//! analyse → report. A [`Side`] produces a model's values: [`GraphSide`] (an ONNX graph run
+//! by ONNX Runtime or tract), [`ExpectedSide`] (values read from a file) and [`PushedSide`]
+//! (values handed over as a framework computes them: PyTorch's forward hooks). The [`Engine`]
+//! runs the one loop over any two of them. Commands only build their sides and align them:
+//! [`onnx_flow`] (one ONNX model on two runtimes, or two versions of a model) and
+//! [`captured`] (PyTorch's layers against the model's ONNX export).
+
+pub mod captured;
+mod engine;
+mod error;
+mod evidence;
+mod expected_side;
+mod graph_side;
+pub mod inputs;
+pub mod memory;
+pub mod onnx_flow;
+pub mod output;
+mod plan;
+mod pushed_side;
+mod rerun;
+pub mod shipped;
+mod side;
+pub mod timings;
+mod value_pairing;
+
+pub use engine::{Alignment, Engine, Header, Settings, Shared, segments_warning};
+pub use error::{Error, Result, error_chain};
+pub use evidence::WeightCheck;
+pub use expected_side::ExpectedSide;
+pub use graph_side::GraphSide;
+pub use plan::{Part, PlanSide, Segmentation};
+pub use pushed_side::PushedSide;
+pub use side::{Recompute, Side, Values};

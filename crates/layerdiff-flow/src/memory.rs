@@ -1,0 +1,73 @@
+//! Memory budgets: how a size is written on the command line and in reports, and the budget
+//! a run gets when none is given.
+
+/// A memory size as given on the command line: `4G`, `512M`, `1.5GB`, `2GiB`, `800000000`
+/// (powers of 1024 for the letters).
+pub fn parse_memory(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let scale: u64 = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 1,
+        "K" | "KB" | "KIB" => 1 << 10,
+        "M" | "MB" | "MIB" => 1 << 20,
+        "G" | "GB" | "GIB" => 1 << 30,
+        "T" | "TB" | "TIB" => 1 << 40,
+        _ => return Err(format!("`{text}` is not a memory size (e.g. 4G, 512M)")),
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a memory size (e.g. 4G, 512M)"))?;
+    if value <= 0.0 || !value.is_finite() {
+        return Err(format!("`{text}`: the memory budget must be above zero"));
+    }
+    Ok((value * scale as f64) as u64)
+}
+
+/// A size in words: `1.5 GB`, `300 MB`, `12 KB` (powers of 1024).
+pub fn bytes_text(bytes: u64) -> String {
+    let b = bytes as f64;
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.1} GB", b / (1u64 << 30) as f64)
+    } else if b >= (1u64 << 20) as f64 {
+        format!("{:.0} MB", b / (1u64 << 20) as f64)
+    } else {
+        format!("{:.0} KB", b / 1024.0)
+    }
+}
+
+/// The budget a run holds its values to: the one given, else [`default_budget`].
+pub fn budget(given: Option<u64>) -> Option<u64> {
+    given.or_else(default_budget)
+}
+
+/// Half of the memory available now (Linux `MemAvailable`), the budget when none is given;
+/// `None` where it cannot be read.
+pub fn default_budget() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024 / 2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_sizes_parse_and_bad_ones_are_named() {
+        assert_eq!(parse_memory("4G"), Ok(4 << 30));
+        assert_eq!(parse_memory("512M"), Ok(512 << 20));
+        assert_eq!(parse_memory("1.5GB"), Ok(3 << 29));
+        assert_eq!(parse_memory("2 GiB"), Ok(2 << 30));
+        assert_eq!(parse_memory("1000"), Ok(1000));
+        assert!(
+            parse_memory("4X")
+                .unwrap_err()
+                .contains("`4X` is not a memory size")
+        );
+        assert!(parse_memory("0").unwrap_err().contains("above zero"));
+    }
+}

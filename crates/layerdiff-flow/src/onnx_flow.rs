@@ -1,0 +1,377 @@
+//! `layerdiff onnx`: one ONNX model on two runtimes, or two versions of a model. Every value
+//! a reference node produces is matched to a target value (by name, then by producing node);
+//! values an optimizer fused or removed are explained from the target's structure. The two
+//! sides then go through the [`Engine`].
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use layerdiff_core::{Layer, OnnxRef, Report, Tensor, Tolerance};
+use layerdiff_onnx::{GraphIndex, MAX_GROUP_NODES, Model, NCHWC_DOMAIN, NodeInfo};
+use layerdiff_runtime::{OptLevel, Provider, RuntimeSpec};
+
+use crate::inputs::{InputPlan, check_inputs, generate_inputs, read_inputs};
+use crate::shipped::prepare_target;
+use crate::timings::{OWN, RUNTIME, Stopwatch};
+use crate::{
+    Alignment, Engine, Error, ExpectedSide, GraphSide, Header, Result, Segmentation, Settings,
+    Shared, Side,
+};
+
+/// What `layerdiff onnx` is asked to compare, parsed.
+#[derive(Debug, Clone)]
+pub struct OnnxOptions {
+    /// The reference model file.
+    pub model: PathBuf,
+    /// A second model file to compare against (`None`: the reference file on both sides).
+    pub vs: Option<PathBuf>,
+    /// The reference side.
+    pub reference: RuntimeSpec,
+    /// The target side (`None`: tract, or ONNX Runtime on the CPU with `vs`).
+    pub target: Option<RuntimeSpec>,
+    /// Inputs read from this file (`None`: generated, or stored with expected values).
+    pub inputs: Option<PathBuf>,
+    /// How inputs are generated.
+    pub generate: InputPlan,
+    /// Tolerance, local error, memory budget.
+    pub settings: Settings,
+}
+
+/// A finished run: its report, how it was split, and the inputs both sides were given.
+pub struct Outcome {
+    /// The report.
+    pub report: Report,
+    /// How the run was split to bound its memory.
+    pub segmentation: Segmentation,
+    /// The inputs.
+    pub inputs: Vec<(String, Tensor)>,
+    /// Their seed, when generated.
+    pub seed: Option<u64>,
+}
+
+/// Runs `layerdiff onnx` (ONNX Runtime loaded from `ort_library`, else found). Drift is a
+/// finding, not an error.
+pub fn compare(options: &OnnxOptions, ort_library: Option<&Path>) -> Result<Outcome> {
+    let mut clock = Stopwatch::default();
+    if options.settings.tolerance == Tolerance::Auto {
+        return Err(Error::Usage(
+            "`--tolerance auto` needs a float64 run of the model, which only `layerdiff torch` makes; give a number or `dtype`".to_string(),
+        ));
+    }
+    let reference_model = Model::load(&options.model)?;
+    let target_model = options.vs.as_ref().map(Model::load).transpose()?;
+    let target_spec = options.target.clone().unwrap_or(if options.vs.is_some() {
+        RuntimeSpec::Ort(Provider::Cpu, OptLevel::Disable)
+    } else {
+        RuntimeSpec::Tract
+    });
+    clock.lap("loading models", OWN);
+    let (reference_label, target_label) = (
+        file_name(&options.model),
+        file_name(options.vs.as_ref().unwrap_or(&options.model)),
+    );
+    let expected = |spec: &RuntimeSpec, label: &str, model: &Model| match spec {
+        RuntimeSpec::Expected(path) => {
+            ExpectedSide::load(path, label.to_string(), model.clone()).map(Some)
+        }
+        _ => Ok(None),
+    };
+    let target_file = target_model.as_ref().unwrap_or(&reference_model);
+    let reference_expected = expected(&options.reference, &reference_label, &reference_model)?;
+    let target_expected = expected(&target_spec, &target_label, target_file)?;
+    let build = |spec: &RuntimeSpec| match spec {
+        RuntimeSpec::Expected(_) => Ok(None),
+        spec => spec.build(ort_library).map(Some),
+    };
+    let reference_runtime = build(&options.reference)?;
+    let target_runtime = build(&target_spec)?;
+    clock.lap("runtime start-up", RUNTIME);
+    let stored = [&reference_expected, &target_expected]
+        .into_iter()
+        .flatten()
+        .find_map(|e| e.inputs().map(<[_]>::to_vec));
+    let (inputs, seed) = match (&options.inputs, stored) {
+        (Some(path), _) => (
+            read_inputs(path, &GraphIndex::new(reference_model.graph()))?,
+            None,
+        ),
+        (None, Some(stored)) => (stored, None),
+        (None, None) => (
+            generate_inputs(&GraphIndex::new(reference_model.graph()), &options.generate)?,
+            Some(options.generate.seed),
+        ),
+    };
+    clock.lap("making inputs", OWN);
+    let target_file_index = GraphIndex::new(target_file.graph());
+    check_inputs(&GraphIndex::new(reference_model.graph()), &inputs)?;
+    check_inputs(&target_file_index, &inputs)?;
+
+    let mut renames = crate::shipped::Renames::default();
+    let target: Box<dyn Side> = match (target_expected, target_runtime) {
+        (Some(expected), _) => Box::new(expected.given(&inputs)),
+        (None, Some(runtime)) => {
+            let prepared = prepare_target(&reference_model, target_model, runtime, &inputs)?;
+            if prepared.shipped.is_some() {
+                clock.lap("optimizing the target graph", RUNTIME);
+            }
+            let model = prepared.model.unwrap_or_else(|| reference_model.clone());
+            renames = prepared.renames.clone();
+            Box::new(
+                GraphSide::new(Some(target_label), model, prepared.runtime, &inputs).shipping(
+                    prepared.renames,
+                    prepared.shipped,
+                    prepared.placement,
+                ),
+            )
+        }
+        (None, None) => unreachable!("a side is a runtime or expected values"),
+    };
+    // A file of expected values holds only some values: compare those.
+    let provides = |v: &str| reference_expected.as_ref().is_none_or(|e| e.provides(v));
+    let target_graph = match target.plan_view().graph {
+        Some(index) => index.clone(),
+        None => target_file_index,
+    };
+    let alignment = align(&reference_model, &target_graph, &renames, &provides);
+    let reference: Box<dyn Side> = match (reference_expected, reference_runtime) {
+        (Some(expected), _) => Box::new(expected.given(&inputs)),
+        (None, Some(runtime)) => Box::new(GraphSide::new(
+            Some(reference_label),
+            reference_model,
+            runtime,
+            &inputs,
+        )),
+        (None, None) => unreachable!("a side is a runtime or expected values"),
+    };
+    let header = Header {
+        command: "onnx".to_string(),
+        model: file_name(&options.model),
+        seed,
+    };
+    let mut engine: Engine<_, _> = Engine::new(
+        header,
+        alignment,
+        reference,
+        target,
+        None,
+        inputs.clone(),
+        options.settings.clone(),
+        clock,
+    )?;
+    engine.clock.lap("pairing values and planning the run", OWN);
+    let segmentation = engine.segmentation();
+    engine.advance()?;
+    let report = engine.finish()?;
+    Ok(Outcome {
+        report,
+        segmentation,
+        inputs,
+        seed,
+    })
+}
+
+/// Pairs each value a reference node produces (that the reference `provides`) with a target
+/// value, in the reference's order.
+fn align(
+    reference: &Model,
+    target: &GraphIndex,
+    renames: &crate::shipped::Renames,
+    provides: &dyn Fn(&str) -> bool,
+) -> Alignment {
+    let pairings: Vec<Pairing> = pair_values(reference, target, &renames.blocked)
+        .into_iter()
+        .filter(|p| provides(&p.value))
+        .collect();
+    let layers = pairings
+        .iter()
+        .enumerate()
+        .map(|(index, p)| {
+            let mut layer = Layer::new(index, p.value.clone(), Vec::new(), String::new());
+            layer.onnx = Some(OnnxRef {
+                value: p.value.clone(),
+                node: p.node.clone(),
+                op_type: p.op_type.clone(),
+            });
+            layer.reason = match &p.target {
+                Err(reason) => Some(reason.clone()),
+                Ok(_) if renames.restored.contains_key(&p.value) => {
+                    renames.restored.get(&p.value).cloned()
+                }
+                Ok(name) if name != &p.value => {
+                    Some(format!("matched by node: the target calls it `{name}`"))
+                }
+                Ok(_) => None,
+            };
+            layer
+        })
+        .collect();
+    Alignment {
+        layers,
+        reference: pairings.iter().map(|p| p.value.clone()).collect(),
+        refutable: vec![false; pairings.len()],
+        target: pairings.into_iter().map(|p| p.target.ok()).collect(),
+        inconclusive: None,
+        nothing_compared_hint: "values are paired by name, then by producing node; `--vs` must be a version of the same model, and `expected:` files must hold values named as in the model".to_string(),
+        shared: Shared::EachLayer,
+    }
+}
+
+/// A reference value and where its counterpart is, or why it has none.
+struct Pairing {
+    value: String,
+    node: String,
+    op_type: String,
+    target: Result<String, String>,
+}
+
+/// Matches each value produced by a reference node to a target value: the same name, else the
+/// same output of a node with the same name.
+fn pair_values(
+    reference: &Model,
+    t: &GraphIndex,
+    blocked: &HashMap<String, String>,
+) -> Vec<Pairing> {
+    let r = GraphIndex::new(reference.graph());
+    let mut pairings = Vec::new();
+    for node in r.nodes() {
+        for (position, value) in node
+            .outputs
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| !v.is_empty())
+        {
+            let target_value = if t.producer(value).is_some() {
+                Ok(value.clone())
+            } else if let Some(same_node) = t.nodes().iter().find(|n| n.name == node.name) {
+                if same_node.op_type != node.op_type || same_node.domain != node.domain {
+                    // ONNX Runtime names a fused node after the first node it absorbed.
+                    Err(format!(
+                        "fused: the target's node `{}` is now a {}, whose output is a later value",
+                        same_node.name, same_node.op_type
+                    ))
+                } else {
+                    same_node.outputs.get(position).cloned().ok_or_else(|| {
+                        format!("the target's node `{}` has no output {position}", node.name)
+                    })
+                }
+            } else {
+                Err(why_missing(&r, t, node))
+            };
+            // A value in a blocked layout holds the same numbers in another order.
+            let target_value = target_value.and_then(|v| match blocked.get(&v) {
+                Some(why) => Err(format!(
+                    "held by the target in a blocked (NCHWc) layout as `{v}`, not given back: {why}"
+                )),
+                None => Ok(v),
+            });
+            pairings.push(Pairing {
+                value: value.clone(),
+                node: node.name.clone(),
+                op_type: node.op_type.clone(),
+                target: target_value,
+            });
+        }
+    }
+    pairings
+}
+
+/// Why a reference node's value has no counterpart, read from the target's structure: the target
+/// node that now reads the same data inputs fused or replaced it; with no reader, it was removed.
+fn why_missing(r: &GraphIndex, t: &GraphIndex, node: &NodeInfo) -> String {
+    let data_inputs: Vec<&String> = node
+        .inputs
+        .iter()
+        .filter(|i| !i.is_empty() && !r.is_initializer(i))
+        .collect();
+    let known_readers: Vec<&str> = data_inputs
+        .iter()
+        .flat_map(|i| r.consumers(i))
+        .map(|n| n.name.as_str())
+        .collect();
+    let newcomer = data_inputs
+        .iter()
+        .flat_map(|i| t.consumers(i))
+        .find(|m| !known_readers.contains(&m.name.as_str()) && !is_conversion(m));
+    match newcomer {
+        Some(m) => {
+            let downstream = m
+                .outputs
+                .iter()
+                .find(|o| r.producer(o).is_some_and(|p| p.index > node.index));
+            match downstream {
+                Some(out) => format!(
+                    "fused or removed: the target's {} node `{}` now reads this node's inputs and produces `{out}` directly",
+                    m.op_type, m.name
+                ),
+                None => match computed_downstream(r, t, node) {
+                    Some((value, fused)) if fused.index == m.index => format!(
+                        "fused or removed: the target's {} node `{}` produces `{value}` without it",
+                        m.op_type, m.name
+                    ),
+                    _ => format!(
+                        "replaced: the target's {} node `{}` reads this node's inputs instead",
+                        m.op_type, m.name
+                    ),
+                },
+            }
+        }
+        None if let Some((value, m)) = computed_downstream(r, t, node) => format!(
+            "fused or removed: the target's {} node `{}` produces `{value}` without it",
+            m.op_type, m.name
+        ),
+        None if data_inputs
+            .iter()
+            .any(|i| t.consumers(i).next().is_some() || t.has_value(i)) =>
+        {
+            "removed from the target (no node of that name or value)".to_string()
+        }
+        None => {
+            "not in the target: neither the value, its node, nor its inputs are there".to_string()
+        }
+    }
+}
+
+/// Whether `node` only converts a value between layouts (ONNX Runtime's NCHWc reorders, and
+/// those layerdiff adds to give back a renamed value): it computes nothing a value came from.
+fn is_conversion(node: &NodeInfo) -> bool {
+    node.domain == NCHWC_DOMAIN && matches!(node.op_type.as_str(), "ReorderInput" | "ReorderOutput")
+}
+
+/// The nearest value downstream of `node` that the target computes (breadth first over the
+/// reference's readers, each step in graph order), and the target node that computes it: where
+/// an optimizer fused the node's work. Behind a layout conversion, the node is the one whose
+/// output it converts.
+fn computed_downstream<'t>(
+    r: &GraphIndex,
+    t: &'t GraphIndex,
+    node: &NodeInfo,
+) -> Option<(String, &'t NodeInfo)> {
+    let mut frontier: Vec<&NodeInfo> = vec![node];
+    let mut seen = std::collections::HashSet::new();
+    while !frontier.is_empty() && seen.len() < MAX_GROUP_NODES {
+        let mut next: Vec<&NodeInfo> = Vec::new();
+        for n in frontier {
+            for out in n.outputs.iter().filter(|o| !o.is_empty()) {
+                if n.index != node.index
+                    && let Some(mut producer) = t.producer(out)
+                {
+                    while is_conversion(producer) {
+                        producer = t.producer(producer.inputs.first()?)?;
+                    }
+                    return Some((out.clone(), producer));
+                }
+                next.extend(r.consumers(out).filter(|c| seen.insert(c.index)));
+            }
+        }
+        next.sort_by_key(|n| n.index);
+        frontier = next;
+    }
+    None
+}
+
+fn file_name(path: &std::path::Path) -> String {
+    path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
+}

@@ -1,0 +1,107 @@
+//! A finished run's outputs, the same from every entry point: the reports (each file written
+//! whole or not at all), the inputs beside them, the summary and the timings printed.
+
+use std::path::{Path, PathBuf};
+
+use layerdiff_core::{Report, Tensor, Timing, render, write_safetensors};
+
+use crate::timings::{OWN, Stopwatch, timings_text};
+use crate::{Error, Result};
+
+/// Where a run's outputs go, and what is printed.
+#[derive(Debug, Clone, Default)]
+pub struct Destinations {
+    /// The JSON report.
+    pub json: Option<PathBuf>,
+    /// The Markdown report.
+    pub markdown: Option<PathBuf>,
+    /// The inputs, as safetensors (with their seed).
+    pub inputs: Option<PathBuf>,
+    /// Print nothing but errors.
+    pub quiet: bool,
+    /// Keep the phases in the JSON report and print them (stderr).
+    pub timings: bool,
+}
+
+/// Writes the reports and the inputs, prints `notes` (stderr), the summary (stdout) and the
+/// files written, then, with `timings`, where the time went (`clock` times the writing).
+pub fn deliver(
+    mut report: Report,
+    to: &Destinations,
+    inputs: &[(String, Tensor)],
+    seed: Option<u64>,
+    notes: &[String],
+    mut clock: Stopwatch,
+) -> Result<Report> {
+    if !to.timings {
+        report.timings = None;
+    }
+    let mut written = write_reports(&report, to.json.as_deref(), to.markdown.as_deref())?;
+    if let Some(path) = &to.inputs {
+        let mut metadata =
+            std::collections::BTreeMap::from([("producer".to_string(), "layerdiff".to_string())]);
+        if let Some(seed) = seed {
+            metadata.insert("seed".to_string(), seed.to_string());
+        }
+        write_safetensors(path, inputs, metadata)?;
+        written.push(path.clone());
+    }
+    clock.lap("rendering and writing reports", OWN);
+    if !to.quiet {
+        for note in notes {
+            eprintln!("{note}");
+        }
+        print!("{}", render::to_text(&report));
+        for path in written {
+            eprintln!("wrote {}", path.display());
+        }
+    }
+    if to.timings {
+        let mut phases: Vec<Timing> = report.timings.clone().unwrap_or_default();
+        phases.extend(clock.phases());
+        eprint!("{}", timings_text(&phases));
+    }
+    Ok(report)
+}
+
+/// Writes `contents` to `path` through a temporary file in the same folder, so a failure never
+/// leaves half a report behind.
+pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".partial");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, contents)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Writes the JSON and/or Markdown renderings; returns the paths written.
+pub fn write_reports(
+    report: &Report,
+    json: Option<&Path>,
+    markdown: Option<&Path>,
+) -> Result<Vec<PathBuf>> {
+    let mut written = Vec::new();
+    for (path, text) in [
+        (json, render::to_json as fn(&Report) -> String),
+        (markdown, render::to_markdown),
+    ] {
+        if let Some(path) = path {
+            write_atomic(path, text(report).as_bytes()).map_err(|source| Error::Write {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            written.push(path.to_path_buf());
+        }
+    }
+    Ok(written)
+}
+
+/// The process exit code for a finished comparison: 0 clean, 1 drift (or a run that cannot
+/// rule it out).
+pub fn exit_code(report: &Report) -> u8 {
+    let s = &report.summary;
+    u8::from(s.drift_origin.is_some() || s.inconclusive.is_some())
+}

@@ -1,0 +1,231 @@
+//! A side of a comparison: whatever produces a model's values. ONNX Runtime or tract running a
+//! graph ([`crate::GraphSide`]), a file of expected values ([`crate::ExpectedSide`]), values
+//! handed over as a framework computes them ([`crate::PushedSide`]: PyTorch's forward hooks).
+//! The engine ([`crate::Engine`]) asks every side the same questions, so a new kind of side is
+//! one new module implementing [`Side`].
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use layerdiff_core::{DType, Evidence, SideInfo, Summary, TargetGraph, Tensor};
+use layerdiff_onnx::{LocalGroup, NodeProto};
+
+use crate::Result;
+use crate::evidence::WeightCheck;
+use crate::plan::{Part, PlanSide};
+use crate::timings::Stopwatch;
+
+/// One side of a comparison.
+pub trait Side: Send + Sync {
+    /// What the side is, for the report: its runtime, and in words what ran (version, device,
+    /// options, file). A warning about where it really ran goes to `summary`.
+    fn describe(&mut self, summary: &mut Summary) -> SideInfo;
+    /// How the segment planner sees the side: the graph whose nodes it computes (none for a side
+    /// whose values are handed over) and the estimated bytes of each value.
+    fn plan_view(&self) -> PlanSide<'_>;
+    /// Makes the values a run of the whole graph hands back available in one run (called once,
+    /// before the first segment, when the run is one segment).
+    fn expose(&mut self, _values: &[String]) -> Result<()> {
+        Ok(())
+    }
+    /// Whether the values of the first `layers` layers are in: a side that computes has them
+    /// whenever asked; a side whose values are handed over, once they were.
+    fn has_layers(&self, _layers: usize) -> bool {
+        true
+    }
+    /// Makes `part`'s values available (a side that computes runs them: the whole graph when
+    /// `whole`). Time spent in a runtime goes to the phase `phase`.
+    fn produce(
+        &mut self,
+        part: &Part,
+        whole: bool,
+        clock: &mut Stopwatch,
+        phase: &str,
+    ) -> Result<()>;
+    /// A value the side holds now.
+    fn get(&self, value: &str) -> Option<&Tensor>;
+    /// The dtype a value had, still known after the value was dropped.
+    fn dtype(&self, value: &str) -> Option<DType>;
+    /// Drops values no longer needed.
+    fn free(&mut self, values: &[String]);
+    /// The part just produced, computed twice more on the same values, to see whether the side
+    /// agrees with itself; `None` where it cannot compute it again.
+    fn again(&self, _part: &Part) -> Option<[Vec<(String, Tensor)>; 2]> {
+        None
+    }
+    /// The device provider, when it picks its kernels for each graph it is given (a segment may
+    /// then compute other bits than the whole run).
+    fn kernels_per_graph(&self) -> Option<&'static str> {
+        None
+    }
+    /// The runtime in words, when it rewrites the graph it is given before running it (so the
+    /// graph measured with values exposed is not the one that ships).
+    fn rewrites(&self) -> Option<String> {
+        None
+    }
+    /// Re-running parts of the side's own computation on given values, where it can.
+    fn recompute(&self) -> Option<&dyn Recompute> {
+        None
+    }
+    /// As the reference: how the other side's `nodes` differ in their attributes from this
+    /// side's nodes of the same name (`epsilon 1e-5 → 0.1 on `ln``).
+    fn attribute_changes(&self, _nodes: &[&NodeProto]) -> Vec<String> {
+        Vec::new()
+    }
+    /// As the reference: how the other side's weight `name` (read by its node `node` at input
+    /// `position`, in the group of layer `layer`) relates to this side's; `None` when this side
+    /// has no counterpart.
+    fn weight_check(
+        &self,
+        _layer: usize,
+        _node: &str,
+        _position: usize,
+        _name: &str,
+        _weight: &Tensor,
+    ) -> Option<WeightCheck> {
+        None
+    }
+    /// After the run: what the report says about the graph measured, when the side optimized it
+    /// first (`compared`: the distinct values compared in it). Its warnings go to `summary`.
+    fn graph_report(&mut self, _compared: &[&str], _summary: &mut Summary) -> Option<TargetGraph> {
+        None
+    }
+}
+
+/// Re-runs a group of a side's own computation on given values: what local error, and the
+/// evidence behind a cause, are built on.
+pub trait Recompute {
+    /// The group that computes `value` from values `known` on both sides, or why there is none.
+    fn local_group(&self, value: &str, known: &dyn Fn(&str) -> bool) -> Result<LocalGroup, String>;
+    /// `value` computed by `group` from `feed`'s tensors.
+    fn run_group(
+        &self,
+        group: &LocalGroup,
+        value: &str,
+        feed: &dyn Fn(&str) -> Result<Tensor, String>,
+    ) -> Result<Tensor, String>;
+    /// Time spent inside the runtime by re-runs since the last call.
+    fn take_time(&self) -> Duration;
+    /// The group's nodes, in order.
+    fn group_nodes(&self, group: &LocalGroup) -> Vec<&NodeProto>;
+    /// What the group shows about a cause: its ops, how it lowers precision (`fed` gives each
+    /// input's dtype on the reference and on this side), and the weights it reads, each checked
+    /// by `check(node name, input position, name, weight)` against the reference's.
+    fn group_evidence(
+        &self,
+        group: &LocalGroup,
+        evidence: &mut Evidence,
+        fed: &dyn Fn(&str) -> Option<(DType, DType)>,
+        check: &dyn Fn(&str, usize, &str, &Tensor) -> Option<WeightCheck>,
+    );
+}
+
+impl<S: Side + ?Sized> Side for Box<S> {
+    fn describe(&mut self, summary: &mut Summary) -> SideInfo {
+        (**self).describe(summary)
+    }
+    fn plan_view(&self) -> PlanSide<'_> {
+        (**self).plan_view()
+    }
+    fn expose(&mut self, values: &[String]) -> Result<()> {
+        (**self).expose(values)
+    }
+    fn has_layers(&self, layers: usize) -> bool {
+        (**self).has_layers(layers)
+    }
+    fn produce(
+        &mut self,
+        part: &Part,
+        whole: bool,
+        clock: &mut Stopwatch,
+        phase: &str,
+    ) -> Result<()> {
+        (**self).produce(part, whole, clock, phase)
+    }
+    fn get(&self, value: &str) -> Option<&Tensor> {
+        (**self).get(value)
+    }
+    fn dtype(&self, value: &str) -> Option<DType> {
+        (**self).dtype(value)
+    }
+    fn free(&mut self, values: &[String]) {
+        (**self).free(values)
+    }
+    fn again(&self, part: &Part) -> Option<[Vec<(String, Tensor)>; 2]> {
+        (**self).again(part)
+    }
+    fn kernels_per_graph(&self) -> Option<&'static str> {
+        (**self).kernels_per_graph()
+    }
+    fn rewrites(&self) -> Option<String> {
+        (**self).rewrites()
+    }
+    fn recompute(&self) -> Option<&dyn Recompute> {
+        (**self).recompute()
+    }
+    fn attribute_changes(&self, nodes: &[&NodeProto]) -> Vec<String> {
+        (**self).attribute_changes(nodes)
+    }
+    fn weight_check(
+        &self,
+        layer: usize,
+        node: &str,
+        position: usize,
+        name: &str,
+        weight: &Tensor,
+    ) -> Option<WeightCheck> {
+        (**self).weight_check(layer, node, position, name, weight)
+    }
+    fn graph_report(&mut self, compared: &[&str], summary: &mut Summary) -> Option<TargetGraph> {
+        (**self).graph_report(compared, summary)
+    }
+}
+
+/// The values a side holds: its inputs, and what its segments produced and still need; and
+/// the dtype of every value it produced, kept after the value is dropped.
+#[derive(Default)]
+pub struct Values {
+    held: Vec<(String, Tensor)>,
+    dtypes: HashMap<String, DType>,
+}
+
+impl Values {
+    /// Starts with the inputs.
+    pub fn new(inputs: Vec<(String, Tensor)>) -> Self {
+        Self {
+            held: inputs,
+            dtypes: HashMap::new(),
+        }
+    }
+
+    /// Everything held, inputs first.
+    pub fn all(&self) -> &[(String, Tensor)] {
+        &self.held
+    }
+
+    /// A value held now.
+    pub fn get(&self, name: &str) -> Option<&Tensor> {
+        self.held
+            .iter()
+            .rev()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t)
+    }
+
+    /// The dtype a produced value had.
+    pub fn dtype(&self, name: &str) -> Option<DType> {
+        self.dtypes.get(name).copied()
+    }
+
+    /// Keeps a produced value.
+    pub fn insert(&mut self, name: String, tensor: Tensor) {
+        self.dtypes.insert(name.clone(), tensor.dtype);
+        self.held.push((name, tensor));
+    }
+
+    /// Drops values.
+    pub fn free(&mut self, names: &[String]) {
+        let names: HashSet<&str> = names.iter().map(String::as_str).collect();
+        self.held.retain(|(n, _)| !names.contains(n.as_str()));
+    }
+}
