@@ -1,7 +1,8 @@
 """layerdiff: find where numerical drift between two runtimes is born, layer by layer, and why.
 
 The numeric core (comparison, analysis, ONNX handling, ONNX Runtime, reports) is Rust; this
-package is the front door. PyTorch is imported only by :mod:`layerdiff.torch`, on first use.
+package is the front door. PyTorch is imported only by :mod:`layerdiff.torch` (and the modules
+it uses), on first use.
 """
 
 from layerdiff._layerdiff import (

@@ -1,373 +1,38 @@
-"""The PyTorch side: capture every leaf-module call with forward hooks, export to ONNX, and hand
-both to the Rust core, which maps layers to ONNX values, runs ONNX Runtime and compares.
+"""`layerdiff torch`: a PyTorch model against its ONNX export, layer by layer. Lists the layers
+(`layerdiff._capture`), exports (`layerdiff._export`), then streams each layer's value from the
+forward hooks to the Rust engine, with the float64 copy's run in lockstep
+(`layerdiff._lockstep`), and hands over the parameters a cause needs.
 
-This is the only module of layerdiff that imports torch.
+PyTorch is imported only by this module and the ones it names.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
-import importlib
-import importlib.util
-import io
-import queue
-import sys
 import tempfile
-import threading
 import time
-import warnings
-import weakref
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from layerdiff import _layerdiff, _ort
+from layerdiff._capture import FUNCTIONAL_OPS, CapturedLayer, capture, functional_op
+from layerdiff._export import export_onnx
+from layerdiff._lockstep import Lockstep
+from layerdiff.models import BUILTIN_MODELS, load_builder
 from layerdiff.report import Report
-from layerdiff.tensors import dtype_name, flat
+from layerdiff.tensors import flat
 
-IDENTITY_AT_INFERENCE = (
-    nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
-    nn.FeatureAlphaDropout,
-)  # fmt: skip
-
-
-# --------------------------------------------------------------------------------------------
-# Capture
-
-
-# Ops a module's own `forward` computes between its submodules that get rows of their own
-# (a residual `out += identity`, an attention's `matmul` and `softmax`, the batch norm of a
-# module that is a BatchNorm and holds its activation, like timm's BatchNormAct2d), by the name
-# captured calls give them: `__iadd__`, `add_` and `torch.add` are all `add`.
-FUNCTIONAL_OPS = frozenset(
-    {"add", "sub", "mul", "div", "matmul", "bmm", "softmax", "relu", "gelu", "silu", "sigmoid",
-     "tanh", "cat", "layer_norm", "batch_norm", "group_norm", "scaled_dot_product_attention"}
-)  # fmt: skip
-
-
-def functional_op(func) -> str | None:
-    """The op a torch function call computes, when it is one that gets a row."""
-    name = getattr(func, "__name__", "")
-    if name.startswith("__") and name.endswith("__"):
-        name = name[2:-2]
-        if name[:1] in ("i", "r") and name[1:] in FUNCTIONAL_OPS:  # __iadd__, __radd__
-            name = name[1:]
-    name = name.strip("_")
-    return name if name in FUNCTIONAL_OPS else None
-
-
-@dataclass
-class CapturedLayer:
-    """One call of a leaf module, or one functional call between modules (``op`` set): what it
-    produced, and where its input came from."""
-
-    name: str  # module path, `#2`, `#3`… for repeated calls; `owner:op` for a functional call
-    module: str  # for a functional call, the module whose forward made it ("" for the model)
-    module_type: str
-    call_index: int
-    identity: bool
-    input_from: int | None
-    shape: list[int]
-    dtype: str  # layerdiff's dtype name (`float32`)
-    # (element count, samples): pairs the layer by value where the ONNX file names no scope
-    fingerprint: tuple[int, list[float]] | None = None
-    op: str | None = None
-
-
-@dataclass
-class Capture:
-    """Every leaf-module call of one forward pass, in execution order."""
-
-    layers: list[CapturedLayer] = field(default_factory=list)
-    output: object = None
-
-
-def leaf_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Modules without children, with their qualified names (the model itself if it has none)."""
-    leaves = [(n, m) for n, m in model.named_modules() if n and not any(True for _ in m.children())]
-    return leaves or [(type(model).__name__, model)]
-
-
-def _first_tensor(value):
-    if isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, (tuple, list)):
-        for v in value:
-            t = _first_tensor(v)
-            if t is not None:
-                return t
-    if isinstance(value, dict):
-        for v in value.values():
-            t = _first_tensor(v)
-            if t is not None:
-                return t
-    return None
-
-
-class _FunctionalCalls(TorchFunctionMode):
-    """Sees every torch function call of a forward pass and hands those of `FUNCTIONAL_OPS`
-    made by a module's own `forward` (not inside a leaf module) to `record(op, owner, output)`."""
-
-    def __init__(self, stack: list, leaves: set, record):
-        super().__init__()
-        self.stack, self.leaves, self.record = stack, leaves, record
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        owner = self.stack[-1] if self.stack else None
-        op = functional_op(func)
-        if (
-            op is not None
-            and owner is not None
-            and owner[1] not in self.leaves
-            and isinstance(out, torch.Tensor)
-            and out.is_floating_point()
-            and out.dim() > 0
-        ):
-            self.record(op, owner[0], args, out)
-        return out
-
-
-def capture(model: nn.Module, inputs: tuple, on_layer=None, *, fingerprints=False) -> Capture:
-    """Runs `model(*inputs)` once under `torch.no_grad()`, listing each leaf call and each
-    functional call a module's own `forward` makes between its submodules (with a fingerprint
-    of each output when ``fingerprints``).
-
-    ``on_layer(index, layer, output)`` sees each call's output the moment the module returns
-    it, before any later op can rewrite it in place; nothing is kept here, so PyTorch frees each
-    activation as usual.
-    """
-    result = Capture()
-    names = {m: n for n, m in leaf_modules(model)}
-    calls: dict[str, int] = {}
-    # data_ptr of an output → (index of the layer that produced it, the output, weakly): an
-    # address is only that layer's while its output lives, since freed memory is reused.
-    producer: dict[int, tuple[int, weakref.ref]] = {}
-
-    def source(tensor) -> int | None:
-        index, output = producer.get(tensor.data_ptr(), (None, lambda: None))
-        return index if output() is not None else None
-
-    def next_call(key: str) -> int:
-        """The index of this call among the calls of `key` (every call counts, as the legacy
-        exporter's `_N` scopes do, tensor output or not)."""
-        k = calls.get(key, 0)
-        calls[key] = k + 1
-        return k
-
-    def add_layer(k: int, key: str, module: str, module_type: str, out, args, **kind) -> None:
-        first_in = _first_tensor(args)
-        called = key if k == 0 else f"{key}#{k + 1}"
-        layer = CapturedLayer(
-            name=called,
-            module=module,
-            module_type=module_type,
-            call_index=k,
-            input_from=source(first_in) if first_in is not None else None,
-            shape=list(out.shape),
-            dtype=dtype_name(called, out),
-            fingerprint=_layerdiff.fingerprint(flat(called, out)) if fingerprints else None,
-            **kind,
-        )
-        index = len(result.layers)
-        result.layers.append(layer)
-        producer[out.data_ptr()] = (index, weakref.ref(out))
-        if on_layer is not None:
-            on_layer(index, layer, out.detach())
-
-    def hook(module, args, output):
-        name = names[module]
-        k = next_call(name)
-        out = _first_tensor(output)
-        if out is not None:
-            identity = isinstance(module, IDENTITY_AT_INFERENCE) and not module.training
-            add_layer(k, name, name, type(module).__name__, out, args, identity=identity)
-
-    def function(op, owner, args, out):
-        key = f"{owner}:{op}"
-        add_layer(next_call(key), key, owner, f"{op}()", out, args, identity=False, op=op)
-
-    # Which module's forward is running, for the functional calls it makes.
-    paths = {m: n for n, m in model.named_modules()}
-    running: list = []
-    leaves = set(names)
-
-    def enter(module, args):
-        running.append((paths[module], module))
-
-    def leave(module, args, output):
-        running.pop()
-
-    handles = [m.register_forward_pre_hook(enter) for m in paths]
-    handles += [m.register_forward_hook(hook) for m in names]
-    handles += [m.register_forward_hook(leave) for m in paths]
-    try:
-        with torch.no_grad(), _FunctionalCalls(running, leaves, function):
-            result.output = model(*inputs)
-    finally:
-        for h in handles:
-            h.remove()
-    return result
-
-
-class _Float64Run:
-    """A float64 copy of the model run in lockstep beside the main forward pass: a thread runs
-    it, and its hooks hand each layer's value over one at a time, so only a layer or two of
-    float64 values exist at once. Gives up (``None`` from then on) where the copy cannot run
-    in float64 or calls its layers differently."""
-
-    _END = object()
-
-    def __init__(self, model: nn.Module, inputs: tuple):
-        self.queue: queue.Queue = queue.Queue(maxsize=1)
-        self.stop = threading.Event()
-        self.done = False
-        try:  # the copy is made before any hook is registered on the model
-            double = copy.deepcopy(model).double()
-        except Exception:
-            self.done, self.thread = True, None
-            return
-        wide = tuple(t.double() if t.is_floating_point() else t for t in inputs)
-        self.thread = threading.Thread(target=self._run, args=(double, wide), daemon=True)
-        self.thread.start()
-
-    def _put(self, item) -> None:
-        while not self.stop.is_set():
-            try:
-                self.queue.put(item, timeout=0.05)
-                return
-            except queue.Full:
-                continue
-        raise _Stopped
-
-    def _run(self, double: nn.Module, wide: tuple) -> None:
-        try:
-            capture(double, wide, lambda i, layer, out: self._put((layer.name, out.clone())))
-        except Exception:  # a model that cannot run in float64 still gets its comparison
-            pass
-        with contextlib.suppress(_Stopped):
-            self._put(self._END)
-
-    def next(self, name: str):
-        """The float64 value of the layer `name`, or None."""
-        if self.done:
-            return None
-        item = self.queue.get()
-        if item is self._END or item[0] != name:
-            self.close()
-            return None
-        return item[1]
-
-    def close(self) -> None:
-        self.done = True
-        self.stop.set()
-        if self.thread is not None:
-            self.thread.join()
-
-
-class _Stopped(Exception):
-    pass
-
-
-# --------------------------------------------------------------------------------------------
-# Export
-
-
-def export_onnx(model: nn.Module, inputs: tuple, path: Path, *, exporter: str = "dynamo") -> Path:
-    """Exports with ``torch.onnx.export``; the exporter's chatter goes to stderr, never stdout."""
-    if exporter not in ("dynamo", "legacy"):
-        raise _layerdiff.UsageError(f"unknown exporter `{exporter}` (expected dynamo or legacy)")
-    chatter = io.StringIO()
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(chatter):
-            warnings.simplefilter("ignore")
-            if exporter == "dynamo":
-                program = torch.onnx.export(model, inputs, dynamo=True, verbose=False)
-                program.save(str(path))
-            else:
-                torch.onnx.export(model, inputs, str(path), dynamo=False)
-    except Exception as e:  # the exporter's own failure: report it, with what it printed
-        detail = chatter.getvalue().strip().splitlines()[-5:]
-        raise _layerdiff.ModelError(
-            f"torch.onnx.export ({exporter}) failed: {type(e).__name__}: {e}"
-            + ("\n" + "\n".join(detail) if detail else "")
-        ) from e
-    return path
-
-
-# --------------------------------------------------------------------------------------------
-# Models
-
-
-def _torchvision(name: str):
-    def build(seed: int):
-        import torchvision
-
-        torch.manual_seed(seed)
-        model = getattr(torchvision.models, name)(weights=None)
-        generator = torch.Generator().manual_seed(seed)
-        return model, (torch.randn(1, 3, 224, 224, generator=generator),)
-
-    return build
-
-
-BUILTIN_MODELS = {
-    name: _torchvision(name) for name in ("resnet18", "resnet50", "mobilenet_v3_small", "vit_b_16")
-}
-
-
-def load_builder(spec: str):
-    """`resnet18`, `path/to/file.py:build` or `package.module:build` → a function of the seed."""
-    if spec in BUILTIN_MODELS:
-        return BUILTIN_MODELS[spec]
-    if ":" not in spec:
-        known = ", ".join(sorted(BUILTIN_MODELS))
-        raise _layerdiff.UsageError(
-            f"unknown model `{spec}`: expected a built-in name ({known}), "
-            "`path/to/file.py:function` or `package.module:function`"
-        )
-    target, func_name = spec.rsplit(":", 1)
-    if target.endswith(".py") or "/" in target:
-        path = Path(target)
-        if not path.is_file():
-            raise _layerdiff.UsageError(f"builder file `{target}` does not exist")
-        module_spec = importlib.util.spec_from_file_location(
-            f"_layerdiff_builder_{path.stem}", path
-        )
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[module_spec.name] = module
-        try:
-            module_spec.loader.exec_module(module)
-        except Exception as e:
-            raise _layerdiff.UsageError(
-                f"importing `{target}` failed: {type(e).__name__}: {e}"
-            ) from e
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as e:
-            raise _layerdiff.UsageError(f"cannot import module `{target}`: {e}") from e
-    func = getattr(module, func_name, None)
-    if not callable(func):
-        raise _layerdiff.UsageError(f"`{target}` has no function `{func_name}`")
-
-    def build(seed: int):
-        torch.manual_seed(seed)
-        try:
-            built = func()
-        except Exception as e:
-            raise _layerdiff.UsageError(f"`{spec}` raised {type(e).__name__}: {e}") from e
-        if not (isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], nn.Module)):
-            raise _layerdiff.UsageError(
-                f"`{spec}` must return (model, example_inputs), got {type(built).__name__}"
-            )
-        return built
-
-    return build
+__all__ = [
+    "BUILTIN_MODELS",
+    "FUNCTIONAL_OPS",
+    "capture",
+    "compare_torch_onnx",
+    "export_onnx",
+    "functional_op",
+    "load_builder",
+]
 
 
 def _as_input_tuple(inputs) -> tuple:
@@ -378,10 +43,6 @@ def _as_input_tuple(inputs) -> tuple:
     raise _layerdiff.InputError(
         f"example inputs must be a tensor or a tuple of tensors, got {type(inputs).__name__}"
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Comparison
 
 
 def compare_torch_onnx(
@@ -518,7 +179,7 @@ def _stream(model, inputs, run, listed, *, float64: bool, clone: bool) -> None:
     float64 run's value of the same layer. ``clone=False`` instead hands the outputs over after
     the pass, by reference: it exists only so a test can show what in-place ops
     (``ReLU(inplace=True)``) then do to them."""
-    truth = _Float64Run(model, inputs) if float64 else None
+    truth = Lockstep(model, inputs) if float64 else None
     late: list = []
 
     def on_layer(index, layer, out):

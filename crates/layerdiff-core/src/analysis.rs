@@ -32,6 +32,12 @@ pub fn analyse(layers: &mut [Layer], tolerance: Tolerance) -> Summary {
     for layer in layers.iter_mut() {
         judge(layer, tolerance);
     }
+    summarise(layers)
+}
+
+/// [`analyse`] of layers already judged (a streaming run judges each layer as soon as it is
+/// compared, while its values are held).
+pub fn summarise(layers: &[Layer]) -> Summary {
     let first_exceeding = layers.iter().position(|l| l.exceeds_tol);
     let origin = drift_origin(layers, first_exceeding);
 

@@ -21,7 +21,7 @@ mod tolerance;
 
 pub use analysis::{
     BORN_HERE, LOW_COVERAGE, LOW_COVERAGE_WARNING, OWN_ERROR_RANKED, analyse, judge,
-    not_compared_reasons, nothing_compared,
+    not_compared_reasons, nothing_compared, summarise,
 };
 pub use cause::{Evidence, explain, precision_grid};
 pub use compare::{Stats, THRESHOLDS, Worst, compare};

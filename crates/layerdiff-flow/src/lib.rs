@@ -18,6 +18,7 @@ pub mod inputs;
 pub mod memory;
 pub mod onnx_flow;
 pub mod output;
+mod pairs;
 mod plan;
 mod pushed_side;
 mod rerun;

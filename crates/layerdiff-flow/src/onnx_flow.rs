@@ -11,6 +11,7 @@ use layerdiff_onnx::{GraphIndex, MAX_GROUP_NODES, Model, NCHWC_DOMAIN, NodeInfo}
 use layerdiff_runtime::{OptLevel, Provider, RuntimeSpec};
 
 use crate::inputs::{InputPlan, check_inputs, generate_inputs, read_inputs};
+use crate::output::{Destinations, deliver, exit_code};
 use crate::shipped::prepare_target;
 use crate::timings::{OWN, RUNTIME, Stopwatch};
 use crate::{
@@ -49,8 +50,31 @@ pub struct Outcome {
     pub seed: Option<u64>,
 }
 
-/// Runs `layerdiff onnx` (ONNX Runtime loaded from `ort_library`, else found). Drift is a
-/// finding, not an error.
+/// Runs the `onnx` verb: compares, writes and prints its outputs (`to`), and returns the exit
+/// code (0 clean, 1 drift, 2 could not run, with the error printed to stderr).
+pub fn run(options: &OnnxOptions, to: &Destinations, ort_library: Option<&Path>) -> u8 {
+    let outcome = compare(options, ort_library).and_then(|outcome| {
+        let notes: Vec<String> = outcome.segmentation.text().into_iter().collect();
+        deliver(
+            outcome.report,
+            to,
+            &outcome.inputs,
+            outcome.seed,
+            &notes,
+            Stopwatch::default(),
+        )
+    });
+    match outcome {
+        Ok(report) => exit_code(&report),
+        Err(err) => {
+            eprintln!("error: {}", crate::error_chain(&err));
+            2
+        }
+    }
+}
+
+/// Compares as `layerdiff onnx` does (ONNX Runtime loaded from `ort_library`, else found).
+/// Drift is a finding, not an error.
 pub fn compare(options: &OnnxOptions, ort_library: Option<&Path>) -> Result<Outcome> {
     let mut clock = Stopwatch::default();
     if options.settings.tolerance == Tolerance::Auto {

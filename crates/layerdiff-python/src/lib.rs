@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use std::collections::HashMap;
 
-use layerdiff_cli::args::{self, Parsed, TorchArgs};
+use layerdiff_args::{Parsed, TorchArgs};
 use layerdiff_core::{DType, Fingerprint, SideInfo, Timing, Tolerance, render};
 use layerdiff_flow::captured::{self, CapturedComparison, ListedLayer, check_settings};
 use layerdiff_flow::output;
@@ -200,10 +200,15 @@ fn parse_cli(
             code.into_pyobject(py)?.into_any().unbind(),
         ))
     };
-    match args::parse(argv) {
+    match layerdiff_args::parse(argv) {
         Parsed::Exit(code) => exit(code),
         // The ONNX verbs run wholly in Rust, with the GIL released.
-        Parsed::Onnx(a) => exit(py.detach(|| layerdiff_cli::run_onnx(&a, ort_library.as_deref()))),
+        Parsed::Onnx(a) => {
+            let (options, to) = (a.options(), a.report.destinations());
+            exit(
+                py.detach(|| layerdiff_flow::onnx_flow::run(&options, &to, ort_library.as_deref())),
+            )
+        }
         Parsed::Torch(a) => {
             let settings = a.settings();
             if let Err(e) = check_settings(&settings, !a.no_float64) {

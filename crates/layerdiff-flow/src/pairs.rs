@@ -1,0 +1,151 @@
+//! A segment's pairs of values while both sides hold them: compared (and each with the float64
+//! truth), and re-run locally on the reference's values.
+
+use std::collections::HashMap;
+
+use layerdiff_core::{Float64Distance, Layer, LayerStatus, Tensor, TensorView, compare_pair};
+use layerdiff_onnx::LocalGroup;
+
+use crate::Shared;
+use crate::evidence::fit;
+use crate::side::{Recompute, Side};
+
+/// What a segment's comparisons read: both sides' values (and the truth's), and how the
+/// layers' values correspond.
+pub(crate) struct Pairs<'a> {
+    pub reference: &'a dyn Side,
+    pub target: &'a dyn Side,
+    pub truth: Option<&'a dyn Side>,
+    pub reference_values: &'a [String],
+    pub target_values: &'a [Option<String>],
+    pub reference_of: &'a HashMap<String, (String, usize)>,
+    pub inputs: &'a [(String, Tensor)],
+    pub shared: Shared,
+}
+
+impl Pairs<'_> {
+    /// Both sides' values of layer `i`, while held.
+    pub fn pair(&self, i: usize) -> Option<(&Tensor, &Tensor)> {
+        let target = self.target_values[i].as_deref()?;
+        Some((
+            self.reference.get(&self.reference_values[i])?,
+            self.target.get(target)?,
+        ))
+    }
+
+    /// Compares layer `i`'s two values, and each with the float64 truth. A pairing that can
+    /// be refuted (`refutable`) and is, is a mapping problem, not a finding.
+    pub fn compare(&self, layer: &mut Layer, i: usize, refutable: bool) {
+        let Some((reference, target)) = self.pair(i) else {
+            return;
+        };
+        let value = self.target_values[i].as_deref().unwrap_or_default();
+        if refutable && let Some(why) = unfit(reference, target, value) {
+            layer.status = LayerStatus::Unmapped;
+            layer.target_shape = Some(target.shape.clone());
+            layer.target_dtype = Some(target.dtype.name().to_string());
+            layer.reason = Some(why);
+            return;
+        }
+        if layer.dtype.is_empty() {
+            // Aligned without a declared shape (an ONNX value): the reference's value tells.
+            layer.shape = reference.shape.clone();
+            layer.dtype = reference.dtype.name().to_string();
+        }
+        let outcome = compare_pair(reference.view(), target.view());
+        layer.status = outcome.status;
+        layer.accumulated = outcome.stats;
+        layer.target_shape = outcome.target_shape;
+        layer.target_dtype = outcome.target_dtype;
+        let truth = self.truth.and_then(|t| t.get(&self.reference_values[i]));
+        if let Some(truth) = truth {
+            let distance =
+                |v: TensorView<'_>| compare_pair(truth.view(), v).stats.map(|s| s.max_abs_diff);
+            if let (Some(reference), Some(target)) =
+                (distance(reference.view()), distance(target.view()))
+            {
+                layer.float64 = Some(Float64Distance { reference, target });
+            }
+        }
+    }
+
+    /// Layer `i`'s local error: the target's group computing its value (`slot`) re-run on the
+    /// reference's values of the group's inputs, compared with the reference's value. A group
+    /// that cannot run leaves its reason on the layer and in `slot`, so later steps skip it.
+    pub fn measure_local(
+        &self,
+        layer: &mut Layer,
+        slot: &mut Option<std::result::Result<LocalGroup, String>>,
+        recompute: &dyn Recompute,
+        i: usize,
+    ) {
+        let (Some(value), Some(reference)) = (
+            self.target_values[i].as_deref(),
+            self.reference.get(&self.reference_values[i]),
+        ) else {
+            return;
+        };
+        if layer.status != LayerStatus::Compared {
+            return;
+        }
+        let first = self.reference_of[value].1;
+        if self.shared == Shared::FirstLayerOwns && first != i {
+            layer.local_reason = Some(format!(
+                "it holds the same ONNX value as `{}`, so it has no nodes of its own",
+                self.reference_values[first]
+            ));
+            return;
+        }
+        let outcome = match slot {
+            Some(Ok(group)) => recompute.run_group(group, value, &|n| self.feed(n)),
+            Some(Err(reason)) => Err(reason.clone()),
+            None => return,
+        };
+        match outcome {
+            Ok(out) => {
+                layer.local = compare_pair(reference.view(), out.view()).stats;
+                let inputs = slot.iter().flatten().flat_map(|g| &g.inputs);
+                layer.local_inputs = inputs
+                    .map(|n| self.reference_of.get(n).map_or(n, |(r, _)| r).clone())
+                    .collect();
+            }
+            Err(reason) => {
+                layer.local_reason = Some(reason.clone());
+                *slot = Some(Err(reason));
+            }
+        }
+    }
+
+    /// What the target is fed with in place of its value `n` in a local re-run: an input as
+    /// given, else the reference's value of it, made fit to the target's dtype and shape.
+    fn feed(&self, n: &str) -> std::result::Result<Tensor, String> {
+        if let Some((_, t)) = self.inputs.iter().find(|(name, _)| name == n) {
+            return Ok(t.clone());
+        }
+        let (r, _) = self
+            .reference_of
+            .get(n)
+            .ok_or_else(|| format!("`{n}` is not known"))?;
+        let (Some(reference), Some(target)) = (self.reference.get(r), self.target.get(n)) else {
+            return Err(format!("`{n}` is no longer held"));
+        };
+        fit(r, reference.clone(), target.dtype, &target.shape)
+    }
+}
+
+/// Why the target value `value` cannot be this layer's output, when it cannot: a different
+/// element count, or a non-float value for a float layer.
+fn unfit(reference: &Tensor, target: &Tensor, value: &str) -> Option<String> {
+    let count = |t: &Tensor| t.shape.iter().product::<usize>();
+    let wrong =
+        count(reference) != count(target) || reference.dtype.is_float() && !target.dtype.is_float();
+    wrong.then(|| {
+        format!(
+            "mapping problem: paired with the ONNX value `{value}` ({} {:?}), which cannot hold this layer's output ({} {:?}); not compared",
+            target.dtype.name(),
+            target.shape,
+            reference.dtype.name(),
+            reference.shape
+        )
+    })
+}

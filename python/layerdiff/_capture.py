@@ -1,0 +1,195 @@
+"""Capturing a forward pass: every leaf-module call (forward hooks) and every functional call a
+module's own `forward` makes between its submodules (a `TorchFunctionMode`), in execution order,
+each with where its input came from."""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from layerdiff import _layerdiff
+from layerdiff.tensors import dtype_name, flat
+
+IDENTITY_AT_INFERENCE = (
+    nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+    nn.FeatureAlphaDropout,
+)  # fmt: skip
+
+
+# Ops a module's own `forward` computes between its submodules that get rows of their own
+# (a residual `out += identity`, an attention's `matmul` and `softmax`, the batch norm of a
+# module that is a BatchNorm and holds its activation, like timm's BatchNormAct2d), by the name
+# captured calls give them: `__iadd__`, `add_` and `torch.add` are all `add`.
+FUNCTIONAL_OPS = frozenset(
+    {"add", "sub", "mul", "div", "matmul", "bmm", "softmax", "relu", "gelu", "silu", "sigmoid",
+     "tanh", "cat", "layer_norm", "batch_norm", "group_norm", "scaled_dot_product_attention"}
+)  # fmt: skip
+
+
+def functional_op(func) -> str | None:
+    """The op a torch function call computes, when it is one that gets a row."""
+    name = getattr(func, "__name__", "")
+    if name.startswith("__") and name.endswith("__"):
+        name = name[2:-2]
+        if name[:1] in ("i", "r") and name[1:] in FUNCTIONAL_OPS:  # __iadd__, __radd__
+            name = name[1:]
+    name = name.strip("_")
+    return name if name in FUNCTIONAL_OPS else None
+
+
+@dataclass
+class CapturedLayer:
+    """One call of a leaf module, or one functional call between modules (``op`` set): what it
+    produced, and where its input came from."""
+
+    name: str  # module path, `#2`, `#3`… for repeated calls; `owner:op` for a functional call
+    module: str  # for a functional call, the module whose forward made it ("" for the model)
+    module_type: str
+    call_index: int
+    identity: bool
+    input_from: int | None
+    shape: list[int]
+    dtype: str  # layerdiff's dtype name (`float32`)
+    # (element count, samples): pairs the layer by value where the ONNX file names no scope
+    fingerprint: tuple[int, list[float]] | None = None
+    op: str | None = None
+
+
+@dataclass
+class Capture:
+    """Every leaf-module call of one forward pass, in execution order."""
+
+    layers: list[CapturedLayer] = field(default_factory=list)
+    output: object = None
+
+
+def leaf_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Modules without children, with their qualified names (the model itself if it has none)."""
+    leaves = [(n, m) for n, m in model.named_modules() if n and not any(True for _ in m.children())]
+    return leaves or [(type(model).__name__, model)]
+
+
+def _first_tensor(value):
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (tuple, list)):
+        for v in value:
+            t = _first_tensor(v)
+            if t is not None:
+                return t
+    if isinstance(value, dict):
+        for v in value.values():
+            t = _first_tensor(v)
+            if t is not None:
+                return t
+    return None
+
+
+class _FunctionalCalls(TorchFunctionMode):
+    """Sees every torch function call of a forward pass and hands those of `FUNCTIONAL_OPS`
+    made by a module's own `forward` (not inside a leaf module) to `record(op, owner, output)`."""
+
+    def __init__(self, stack: list, leaves: set, record):
+        super().__init__()
+        self.stack, self.leaves, self.record = stack, leaves, record
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        owner = self.stack[-1] if self.stack else None
+        op = functional_op(func)
+        if (
+            op is not None
+            and owner is not None
+            and owner[1] not in self.leaves
+            and isinstance(out, torch.Tensor)
+            and out.is_floating_point()
+            and out.dim() > 0
+        ):
+            self.record(op, owner[0], args, out)
+        return out
+
+
+def capture(model: nn.Module, inputs: tuple, on_layer=None, *, fingerprints=False) -> Capture:
+    """Runs `model(*inputs)` once under `torch.no_grad()`, listing each leaf call and each
+    functional call a module's own `forward` makes between its submodules (with a fingerprint
+    of each output when ``fingerprints``).
+
+    ``on_layer(index, layer, output)`` sees each call's output the moment the module returns
+    it, before any later op can rewrite it in place; nothing is kept here, so PyTorch frees each
+    activation as usual.
+    """
+    result = Capture()
+    names = {m: n for n, m in leaf_modules(model)}
+    calls: dict[str, int] = {}
+    # data_ptr of an output → (index of the layer that produced it, the output, weakly): an
+    # address is only that layer's while its output lives, since freed memory is reused.
+    producer: dict[int, tuple[int, weakref.ref]] = {}
+
+    def source(tensor) -> int | None:
+        index, output = producer.get(tensor.data_ptr(), (None, lambda: None))
+        return index if output() is not None else None
+
+    def next_call(key: str) -> int:
+        """The index of this call among the calls of `key` (every call counts, as the legacy
+        exporter's `_N` scopes do, tensor output or not)."""
+        k = calls.get(key, 0)
+        calls[key] = k + 1
+        return k
+
+    def add_layer(k: int, key: str, module: str, module_type: str, out, args, **kind) -> None:
+        first_in = _first_tensor(args)
+        called = key if k == 0 else f"{key}#{k + 1}"
+        layer = CapturedLayer(
+            name=called,
+            module=module,
+            module_type=module_type,
+            call_index=k,
+            input_from=source(first_in) if first_in is not None else None,
+            shape=list(out.shape),
+            dtype=dtype_name(called, out),
+            fingerprint=_layerdiff.fingerprint(flat(called, out)) if fingerprints else None,
+            **kind,
+        )
+        index = len(result.layers)
+        result.layers.append(layer)
+        producer[out.data_ptr()] = (index, weakref.ref(out))
+        if on_layer is not None:
+            on_layer(index, layer, out.detach())
+
+    def hook(module, args, output):
+        name = names[module]
+        k = next_call(name)
+        out = _first_tensor(output)
+        if out is not None:
+            identity = isinstance(module, IDENTITY_AT_INFERENCE) and not module.training
+            add_layer(k, name, name, type(module).__name__, out, args, identity=identity)
+
+    def function(op, owner, args, out):
+        key = f"{owner}:{op}"
+        add_layer(next_call(key), key, owner, f"{op}()", out, args, identity=False, op=op)
+
+    # Which module's forward is running, for the functional calls it makes.
+    paths = {m: n for n, m in model.named_modules()}
+    running: list = []
+    leaves = set(names)
+
+    def enter(module, args):
+        running.append((paths[module], module))
+
+    def leave(module, args, output):
+        running.pop()
+
+    handles = [m.register_forward_pre_hook(enter) for m in paths]
+    handles += [m.register_forward_hook(hook) for m in names]
+    handles += [m.register_forward_hook(leave) for m in paths]
+    try:
+        with torch.no_grad(), _FunctionalCalls(running, leaves, function):
+            result.output = model(*inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return result

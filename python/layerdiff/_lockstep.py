@@ -1,0 +1,85 @@
+"""A transformed copy of a model run in lockstep beside the main forward pass.
+
+A thread runs the copy under the same capture as the main pass, and hands each layer's value
+over one at a time, so only a layer or two of its values exist at once. The transform makes
+the copy: float64 today (the numerical truth), another dtype, device or compiler tomorrow.
+Gives up (``None`` from then on) where the copy cannot run or calls its layers differently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import queue
+import threading
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from layerdiff._capture import capture
+
+#: Makes the copy and its inputs from the model and the inputs.
+Transform = Callable[[nn.Module, tuple], tuple[nn.Module, tuple]]
+
+
+def float64(model: nn.Module, inputs: tuple) -> tuple[nn.Module, tuple]:
+    """The model and its floating-point inputs in float64: the numerical truth."""
+    wide = tuple(t.double() if t.is_floating_point() else t for t in inputs)
+    return copy.deepcopy(model).double(), wide
+
+
+class Lockstep:
+    """Runs ``transform(model, inputs)`` in a thread; ``next(name)`` is its value of the layer
+    ``name``, the layers asked for in the main pass's order."""
+
+    _END = object()
+
+    def __init__(self, model: nn.Module, inputs: tuple, transform: Transform = float64):
+        self.queue: queue.Queue = queue.Queue(maxsize=1)
+        self.stop = threading.Event()
+        self.done = False
+        try:  # the copy is made before any hook is registered on the model
+            copied, given = transform(model, inputs)
+        except Exception:
+            self.done, self.thread = True, None
+            return
+        self.thread = threading.Thread(target=self._run, args=(copied, given), daemon=True)
+        self.thread.start()
+
+    def _put(self, item) -> None:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.05)
+                return
+            except queue.Full:
+                continue
+        raise _Stopped
+
+    def _run(self, copied: nn.Module, given: tuple) -> None:
+        try:
+            capture(copied, given, lambda i, layer, out: self._put((layer.name, out.clone())))
+        except Exception:  # a model whose copy cannot run still gets its comparison
+            pass
+        with contextlib.suppress(_Stopped):
+            self._put(self._END)
+
+    def next(self, name: str) -> torch.Tensor | None:
+        """The copy's value of the layer `name`, or None."""
+        if self.done:
+            return None
+        item = self.queue.get()
+        if item is self._END or item[0] != name:
+            self.close()
+            return None
+        return item[1]
+
+    def close(self) -> None:
+        self.done = True
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()
+
+
+class _Stopped(Exception):
+    pass
