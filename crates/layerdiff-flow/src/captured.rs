@@ -18,8 +18,8 @@ use layerdiff_onnx::{GraphIndex, LayerCall, LayerMapping, Model, ScopeMapping};
 use layerdiff_runtime::RuntimeSpec;
 
 use crate::inputs::check_inputs;
+use crate::memory::Segmentation;
 use crate::memory::budget;
-use crate::plan::Segmentation;
 use crate::shipped::{Renames, prepare_target};
 use crate::timings::{OWN, RUNTIME, Stopwatch};
 use crate::value_pairing::{pair_by_values, unrecognised_from};

@@ -14,9 +14,10 @@ use layerdiff_core::{
 use layerdiff_onnx::LocalGroup;
 
 use crate::evidence::disagreement;
+use crate::memory::Segmentation;
 use crate::memory::budget;
 use crate::pairs::Pairs;
-use crate::plan::{Plan, PlannedLayer, Segmentation, plan};
+use crate::plan::{Plan, PlannedLayer, plan};
 use crate::side::Side;
 use crate::timings::{OWN, RUNTIME, Stopwatch};
 use crate::{Error, Result};
@@ -421,4 +422,22 @@ pub fn segments_warning(segments: usize, providers: &[Option<&'static str>]) -> 
     Some(format!(
         "ran in {segments} segments on {provider}, which picks its kernels for each graph it is given: values may differ in their last bits from a run of the whole graph (use a --max-memory that fits the whole run to compare with one)"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_on_a_gpu_provider_are_said_to_differ_possibly() {
+        let gpu = [None, Some("CUDAExecutionProvider")];
+        let warning = segments_warning(3, &gpu).unwrap();
+        assert!(warning.starts_with("ran in 3 segments on CUDAExecutionProvider"));
+        assert_eq!(segments_warning(1, &gpu), None, "a whole run owes nothing");
+        assert_eq!(
+            segments_warning(3, &[None, None]),
+            None,
+            "CPU bits do not change"
+        );
+    }
 }

@@ -2,6 +2,7 @@
 //! whether a side disagrees with itself, and a reference value made fit to feed the target.
 
 use layerdiff_core::{DType, Tensor, TensorView, compare};
+use layerdiff_onnx::{Model, NodeProto, attribute_changes};
 
 /// A weight differs when its max abs diff exceeds this fraction of its largest magnitude:
 /// above float32 rounding of a folded constant, far below any real edit.
@@ -73,4 +74,45 @@ pub fn fit(name: &str, reference: Tensor, dtype: DType, shape: &[usize]) -> Resu
     reference.cast(dtype).reshaped(shape).ok_or_else(|| {
         format!("the reference's `{name}` has shape {given:?}, the target's {shape:?}")
     })
+}
+
+/// How `nodes` differ in their attributes from `model`'s nodes of the same name and op.
+pub fn model_attribute_changes(model: &Model, nodes: &[&NodeProto]) -> Vec<String> {
+    let mut changes = Vec::new();
+    for node in nodes {
+        let Some(same) = model
+            .graph()
+            .node
+            .iter()
+            .find(|n| n.name() == node.name() && n.op_type() == node.op_type())
+        else {
+            continue;
+        };
+        for change in attribute_changes(same, node) {
+            changes.push(format!(
+                "{change} on `{}`",
+                layerdiff_onnx::NodeExt::display_name(*node)
+            ));
+        }
+    }
+    changes
+}
+
+/// Checks another side's weight against `model`'s counterpart: the initializer of the same
+/// name, else the one at the same input position of the node with the same name.
+pub fn model_weight_check(
+    model: &Model,
+    node: &str,
+    position: usize,
+    name: &str,
+    weight: &Tensor,
+) -> Option<WeightCheck> {
+    let theirs = match model.initializer(name) {
+        Some(found) => found.ok()?,
+        None => {
+            let same = model.graph().node.iter().find(|n| n.name() == node)?;
+            model.initializer(same.input.get(position)?)?.ok()?
+        }
+    };
+    Some(check_weight(name, theirs.view(), weight.view()))
 }

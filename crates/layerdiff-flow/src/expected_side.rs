@@ -6,11 +6,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use layerdiff_core::{DType, SideInfo, Summary, Tensor, read_npz, read_safetensors};
-use layerdiff_onnx::{GraphIndex, Model, NodeProto, read_test_data};
+use layerdiff_onnx::{GraphIndex, Model, read_test_data};
 
-use crate::evidence::WeightCheck;
-use crate::graph_side::{model_attribute_changes, model_weight_check};
-use crate::plan::{Part, PlanSide, value_sizes};
+use crate::memory::value_sizes;
+use crate::plan::{Part, PlanSide};
 use crate::side::{Side, Values};
 use crate::timings::Stopwatch;
 use crate::{Error, Result};
@@ -141,18 +140,7 @@ impl Side for ExpectedSide {
         self.values.free(values);
     }
 
-    fn attribute_changes(&self, nodes: &[&NodeProto]) -> Vec<String> {
-        model_attribute_changes(&self.model, nodes)
-    }
-
-    fn weight_check(
-        &self,
-        _layer: usize,
-        node: &str,
-        position: usize,
-        name: &str,
-        weight: &Tensor,
-    ) -> Option<WeightCheck> {
-        model_weight_check(&self.model, node, position, name, weight)
+    fn model(&self) -> Option<&Model> {
+        Some(&self.model)
     }
 }

@@ -9,13 +9,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use layerdiff_core::{SideInfo, Summary, TargetGraph, Tensor};
-use layerdiff_onnx::{
-    GraphIndex, Model, NodeProto, attribute_changes, expose_values, extract_nodes,
-};
+use layerdiff_onnx::{GraphIndex, Model, expose_values, extract_nodes};
 use layerdiff_runtime::Runtime;
 
-use crate::evidence::{WeightCheck, check_weight};
-use crate::plan::{Part, PlanSide, value_sizes};
+use crate::memory::value_sizes;
+use crate::plan::{Part, PlanSide};
 use crate::shipped::{Placement, Renames, Shipped};
 use crate::side::{Recompute, Side, Values};
 use crate::timings::{OWN, RUNTIME, Stopwatch};
@@ -196,64 +194,12 @@ impl Side for GraphSide {
         Some(self)
     }
 
-    fn attribute_changes(&self, nodes: &[&NodeProto]) -> Vec<String> {
-        model_attribute_changes(&self.model, nodes)
-    }
-
-    fn weight_check(
-        &self,
-        _layer: usize,
-        node: &str,
-        position: usize,
-        name: &str,
-        weight: &Tensor,
-    ) -> Option<WeightCheck> {
-        model_weight_check(&self.model, node, position, name, weight)
+    fn model(&self) -> Option<&Model> {
+        Some(&self.model)
     }
 
     fn graph_report(&mut self, compared: &[&str], summary: &mut Summary) -> Option<TargetGraph> {
         let shipped = self.shipped.take()?;
         Some(shipped.finish(compared.iter().copied(), &self.renames, summary))
     }
-}
-
-/// How `nodes` differ in their attributes from `model`'s nodes of the same name and op.
-pub(crate) fn model_attribute_changes(model: &Model, nodes: &[&NodeProto]) -> Vec<String> {
-    let mut changes = Vec::new();
-    for node in nodes {
-        let Some(same) = model
-            .graph()
-            .node
-            .iter()
-            .find(|n| n.name() == node.name() && n.op_type() == node.op_type())
-        else {
-            continue;
-        };
-        for change in attribute_changes(same, node) {
-            changes.push(format!(
-                "{change} on `{}`",
-                layerdiff_onnx::NodeExt::display_name(*node)
-            ));
-        }
-    }
-    changes
-}
-
-/// Checks another side's weight against `model`'s counterpart: the initializer of the same
-/// name, else the one at the same input position of the node with the same name.
-pub(crate) fn model_weight_check(
-    model: &Model,
-    node: &str,
-    position: usize,
-    name: &str,
-    weight: &Tensor,
-) -> Option<WeightCheck> {
-    let theirs = match model.initializer(name) {
-        Some(found) => found.ok()?,
-        None => {
-            let same = model.graph().node.iter().find(|n| n.name() == node)?;
-            model.initializer(same.input.get(position)?)?.ok()?
-        }
-    };
-    Some(check_weight(name, theirs.view(), weight.view()))
 }

@@ -32,6 +32,7 @@ pub use error::{Error, Result, error_chain};
 pub use evidence::WeightCheck;
 pub use expected_side::ExpectedSide;
 pub use graph_side::GraphSide;
-pub use plan::{Part, PlanSide, Segmentation};
+pub use memory::Segmentation;
+pub use plan::{Part, PlanSide};
 pub use pushed_side::PushedSide;
 pub use side::{Recompute, Side, Values};

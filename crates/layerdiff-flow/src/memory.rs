@@ -1,5 +1,10 @@
-//! Memory budgets: how a size is written on the command line and in reports, and the budget
-//! a run gets when none is given.
+//! Memory: how big each value will be, the budget a run holds its values to (as written on the
+//! command line, and when none is given), and how a run was split to keep to it.
+
+use std::collections::HashMap;
+
+use layerdiff_core::DType;
+use layerdiff_onnx::{Dimension, GraphIndex};
 
 /// A memory size as given on the command line: `4G`, `512M`, `1.5GB`, `2GiB`, `800000000`
 /// (powers of 1024 for the letters).
@@ -50,6 +55,79 @@ pub fn default_budget() -> Option<u64> {
     let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024 / 2)
+}
+
+/// Estimated bytes of every value a graph computes: from its declared type and shape, with
+/// symbolic dimensions taken from the inputs as given; where the file declares none, the
+/// largest of the producing node's inputs (right for elementwise ops, a guess elsewhere).
+pub fn value_sizes(
+    index: &GraphIndex,
+    inputs: &[(String, layerdiff_core::Tensor)],
+) -> HashMap<String, u64> {
+    let mut symbols: HashMap<&str, u64> = HashMap::new();
+    for (name, tensor) in inputs {
+        if let Some(dims) = index.value_type(name).and_then(|t| t.dims.as_ref()) {
+            for (d, &size) in dims.iter().zip(&tensor.shape) {
+                if let Dimension::Symbolic(Some(symbol)) = d {
+                    symbols.insert(symbol, size as u64);
+                }
+            }
+        }
+    }
+    let mut sizes: HashMap<String, u64> = inputs
+        .iter()
+        .map(|(n, t)| (n.clone(), t.bytes.len() as u64))
+        .collect();
+    let declared = |name: &str| -> Option<u64> {
+        let t = index.value_type(name)?;
+        let element = DType::from_onnx_code(t.elem_type).ok()?.size() as u64;
+        t.dims.as_ref()?.iter().try_fold(element, |acc, d| {
+            let d = match d {
+                Dimension::Fixed(v) => u64::try_from(*v).ok()?,
+                Dimension::Symbolic(Some(s)) => *symbols.get(s.as_str())?,
+                Dimension::Symbolic(None) => return None,
+            };
+            Some(acc * d)
+        })
+    };
+    for node in index.nodes() {
+        let guess = node
+            .inputs
+            .iter()
+            .filter_map(|i| sizes.get(i).copied().or_else(|| declared(i)))
+            .max()
+            .unwrap_or(0);
+        for out in node.outputs.iter().filter(|o| !o.is_empty()) {
+            let bytes = declared(out).unwrap_or(guess);
+            sizes.insert(out.clone(), bytes);
+        }
+    }
+    sizes
+}
+
+/// How a run was split to bound its memory.
+#[derive(Debug, Clone, Copy)]
+pub struct Segmentation {
+    /// Segments run (1: the whole graph at once).
+    pub segments: usize,
+    /// Estimated bytes of all values both sides produce.
+    pub total_bytes: u64,
+    /// Estimated most bytes of values held at once.
+    pub peak_bytes: u64,
+}
+
+impl Segmentation {
+    /// The line that tells a user the run was split (`None` for a run of the whole graph).
+    pub fn text(&self) -> Option<String> {
+        (self.segments > 1).then(|| {
+            format!(
+                "ran in {} segments to hold at most about {} of values at once ({} in all); see --max-memory",
+                self.segments,
+                bytes_text(self.peak_bytes),
+                bytes_text(self.total_bytes)
+            )
+        })
+    }
 }
 
 #[cfg(test)]

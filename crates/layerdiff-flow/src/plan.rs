@@ -11,10 +11,9 @@
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
-use layerdiff_core::DType;
-use layerdiff_onnx::{Dimension, GraphIndex};
+use layerdiff_onnx::GraphIndex;
 
-use crate::memory::bytes_text;
+use crate::memory::Segmentation;
 
 /// What one side runs in one segment.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -338,83 +337,11 @@ fn bump<'a>(last: &mut HashMap<&'a str, usize>, value: &'a str, at: usize) {
     *slot = (*slot).max(at);
 }
 
-/// Estimated bytes of every value a graph computes: from its declared type and shape, with
-/// symbolic dimensions taken from the inputs as given; where the file declares none, the
-/// largest of the producing node's inputs (right for elementwise ops, a guess elsewhere).
-pub fn value_sizes(
-    index: &GraphIndex,
-    inputs: &[(String, layerdiff_core::Tensor)],
-) -> HashMap<String, u64> {
-    let mut symbols: HashMap<&str, u64> = HashMap::new();
-    for (name, tensor) in inputs {
-        if let Some(dims) = index.value_type(name).and_then(|t| t.dims.as_ref()) {
-            for (d, &size) in dims.iter().zip(&tensor.shape) {
-                if let Dimension::Symbolic(Some(symbol)) = d {
-                    symbols.insert(symbol, size as u64);
-                }
-            }
-        }
-    }
-    let mut sizes: HashMap<String, u64> = inputs
-        .iter()
-        .map(|(n, t)| (n.clone(), t.bytes.len() as u64))
-        .collect();
-    let declared = |name: &str| -> Option<u64> {
-        let t = index.value_type(name)?;
-        let element = DType::from_onnx_code(t.elem_type).ok()?.size() as u64;
-        t.dims.as_ref()?.iter().try_fold(element, |acc, d| {
-            let d = match d {
-                Dimension::Fixed(v) => u64::try_from(*v).ok()?,
-                Dimension::Symbolic(Some(s)) => *symbols.get(s.as_str())?,
-                Dimension::Symbolic(None) => return None,
-            };
-            Some(acc * d)
-        })
-    };
-    for node in index.nodes() {
-        let guess = node
-            .inputs
-            .iter()
-            .filter_map(|i| sizes.get(i).copied().or_else(|| declared(i)))
-            .max()
-            .unwrap_or(0);
-        for out in node.outputs.iter().filter(|o| !o.is_empty()) {
-            let bytes = declared(out).unwrap_or(guess);
-            sizes.insert(out.clone(), bytes);
-        }
-    }
-    sizes
-}
-
-/// How a run was split to bound its memory.
-#[derive(Debug, Clone, Copy)]
-pub struct Segmentation {
-    /// Segments run (1: the whole graph at once).
-    pub segments: usize,
-    /// Estimated bytes of all values both sides produce.
-    pub total_bytes: u64,
-    /// Estimated most bytes of values held at once.
-    pub peak_bytes: u64,
-}
-
-impl Segmentation {
-    /// The line that tells a user the run was split (`None` for a run of the whole graph).
-    pub fn text(&self) -> Option<String> {
-        (self.segments > 1).then(|| {
-            format!(
-                "ran in {} segments to hold at most about {} of values at once ({} in all); see --max-memory",
-                self.segments,
-                bytes_text(self.peak_bytes),
-                bytes_text(self.total_bytes)
-            )
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use layerdiff_core::Tensor;
+    use crate::memory::value_sizes;
+    use layerdiff_core::{DType, Tensor};
     use layerdiff_onnx::{GraphProto, NodeProto, tensor_value_info};
 
     /// `x → v0 → … → v4` (Relu), then `v5 = v4 + v0`: a skip connection that keeps `v0` alive.

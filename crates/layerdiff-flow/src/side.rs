@@ -8,10 +8,10 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use layerdiff_core::{DType, Evidence, SideInfo, Summary, TargetGraph, Tensor};
-use layerdiff_onnx::{LocalGroup, NodeProto};
+use layerdiff_onnx::{LocalGroup, Model, NodeProto};
 
 use crate::Result;
-use crate::evidence::WeightCheck;
+use crate::evidence::{WeightCheck, model_attribute_changes, model_weight_check};
 use crate::plan::{Part, PlanSide};
 use crate::timings::Stopwatch;
 
@@ -67,10 +67,16 @@ pub trait Side: Send + Sync {
     fn recompute(&self) -> Option<&dyn Recompute> {
         None
     }
+    /// The ONNX model the side's values belong to, whose nodes and weights are the reference's
+    /// when a cause is looked for.
+    fn model(&self) -> Option<&Model> {
+        None
+    }
     /// As the reference: how the other side's `nodes` differ in their attributes from this
     /// side's nodes of the same name (`epsilon 1e-5 → 0.1 on `ln``).
-    fn attribute_changes(&self, _nodes: &[&NodeProto]) -> Vec<String> {
-        Vec::new()
+    fn attribute_changes(&self, nodes: &[&NodeProto]) -> Vec<String> {
+        self.model()
+            .map_or_else(Vec::new, |model| model_attribute_changes(model, nodes))
     }
     /// As the reference: how the other side's weight `name` (read by its node `node` at input
     /// `position`, in the group of layer `layer`) relates to this side's; `None` when this side
@@ -78,12 +84,12 @@ pub trait Side: Send + Sync {
     fn weight_check(
         &self,
         _layer: usize,
-        _node: &str,
-        _position: usize,
-        _name: &str,
-        _weight: &Tensor,
+        node: &str,
+        position: usize,
+        name: &str,
+        weight: &Tensor,
     ) -> Option<WeightCheck> {
-        None
+        model_weight_check(self.model()?, node, position, name, weight)
     }
     /// After the run: what the report says about the graph measured, when the side optimized it
     /// first (`compared`: the distinct values compared in it). Its warnings go to `summary`.
@@ -162,6 +168,9 @@ impl<S: Side + ?Sized> Side for Box<S> {
     }
     fn recompute(&self) -> Option<&dyn Recompute> {
         (**self).recompute()
+    }
+    fn model(&self) -> Option<&Model> {
+        (**self).model()
     }
     fn attribute_changes(&self, nodes: &[&NodeProto]) -> Vec<String> {
         (**self).attribute_changes(nodes)

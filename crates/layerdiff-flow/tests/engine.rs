@@ -85,13 +85,7 @@ impl Side for Chain {
         _: &str,
     ) -> layerdiff_flow::Result<()> {
         for name in &part.outputs {
-            let layer = Self::layer(name);
-            let from = self
-                .values
-                .get(&Self::before(layer))
-                .cloned()
-                .unwrap_or_else(|| self.recompute_from_input(layer));
-            let value = self.apply(layer, &from);
+            let value = self.compute(name);
             self.values.insert(name.clone(), value);
         }
         Ok(())
@@ -113,15 +107,7 @@ impl Side for Chain {
         let run = || {
             part.outputs
                 .iter()
-                .map(|name| {
-                    let layer = Self::layer(name);
-                    let from = self
-                        .values
-                        .get(&Self::before(layer))
-                        .cloned()
-                        .unwrap_or_else(|| self.recompute_from_input(layer));
-                    (name.clone(), self.apply(layer, &from))
-                })
+                .map(|name| (name.clone(), self.compute(name)))
                 .collect()
         };
         Some([run(), run()])
@@ -133,14 +119,23 @@ impl Side for Chain {
 }
 
 impl Chain {
-    /// `v[layer-1]` computed from the input, for a segment whose input was already dropped
-    /// (the chain's planner view has no graph, so segments do not hand values over).
-    fn recompute_from_input(&self, layer: usize) -> Tensor {
-        let mut value = input();
-        for l in 0..layer {
-            value = self.apply(l, &value);
-        }
-        value
+    /// The value `name` from the one before it, held or (for a segment whose input was already
+    /// dropped: the chain's planner view has no graph, so segments hand no values over)
+    /// computed again from the input.
+    fn compute(&self, name: &str) -> Tensor {
+        let layer = Self::layer(name);
+        let from = self
+            .values
+            .get(&Self::before(layer))
+            .cloned()
+            .unwrap_or_else(|| {
+                let mut value = input();
+                for l in 0..layer {
+                    value = self.apply(l, &value);
+                }
+                value
+            });
+        self.apply(layer, &from)
     }
 }
 
