@@ -161,6 +161,17 @@ def test_unknown_target_runtime_is_a_usage_error():
     assert_usage_error(run_cli("torch", "resnet18", "--target", "tvm"), "unknown runtime `tvm`")
 
 
+def test_options_that_do_not_fit_together_are_refused_before_the_model_is_built():
+    """Parsed once, checked once, in Rust: the command and the Python API say the same."""
+    assert_usage_error(
+        run_cli("torch", "resnet18", "--target", "expected:values.npz"),
+        "`expected:values.npz` is a file of values: `layerdiff torch` needs a runtime",
+    )
+    result = run_cli("torch", "resnet18", "--tolerance", "auto", "--no-float64")
+    assert_usage_error(result, "tolerance `auto` needs the float64 run")
+    assert "building" not in result.stderr, "refused before any work"
+
+
 def _bare_env(tmp_path) -> dict:
     """What a shell that never activated the virtualenv gives the command."""
     return {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}

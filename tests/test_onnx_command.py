@@ -237,6 +237,40 @@ def test_expected_values_from_npz_and_the_onnx_verb_without_torch(tmp_path):
     assert "born at `y`" in result.stdout and "expected" in result.stdout
 
 
+def test_expected_values_can_be_the_target_and_only_the_values_they_hold_are_compared(tmp_path):
+    """A file of expected values is a side like any other: as the target, the values it holds
+    are compared with the reference's, and the values it lacks are not asked of it."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    y_info = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["h"], name="relu"),
+         helper.make_node("Neg", ["h"], ["y"], name="neg")],
+        "two", [x_info], [y_info],
+    )  # fmt: skip
+    model = tmp_path / "two.onnx"
+    onnx.save(helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 17)]), model)
+    x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
+    np.savez(tmp_path / "in.npz", x=x)
+    y = -np.maximum(x, 0)
+    y[0, 2] -= 0.25
+    np.savez(tmp_path / "expected.npz", y=y)
+    out = tmp_path / "r.json"
+    result = run_cli(
+        "onnx", str(model), "--reference", "ort", "--target", f"expected:{tmp_path}/expected.npz",
+        "--inputs", str(tmp_path / "in.npz"), "--json", str(out),
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    report = json.loads(out.read_text())
+    assert [x["name"] for x in report["layers"]] == ["y"], "`h` is not in the file: not asked"
+    assert report["summary"]["drift_origin"] == "y"
+    assert report["target"]["runtime"] == "expected"
+    assert report["layers"][0]["accumulated"]["max_abs_diff"] == 0.25
+
+
 def test_values_fused_by_an_optimizer_are_explained_not_mismatched(resnet18_onnx, tmp_path):
     """ONNX Runtime names a fused Conv+Relu after the Conv; matching by node must not pair the
     Conv's value with the fused node's (post-ReLU) output."""

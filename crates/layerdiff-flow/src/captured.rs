@@ -77,7 +77,7 @@ pub struct CapturedRun {
 impl CapturedRun {
     /// Maps the layers to ONNX values, plans the segments and starts the target runtime.
     pub fn start(c: CapturedComparison, mut clock: Stopwatch) -> Result<Self> {
-        check_settings(&c.settings, c.float64)?;
+        check_options(&c.settings, &c.target, c.float64)?;
         let mut model = Model::load(&c.onnx_path)?;
         check_inputs(&GraphIndex::new(model.graph()), &c.inputs)?;
         for (i, layer) in c.layers.iter().enumerate() {
@@ -263,12 +263,19 @@ impl CapturedRun {
     }
 }
 
-/// Whether `settings` fit a run with (or without) PyTorch's float64 run.
-pub fn check_settings(settings: &Settings, float64: bool) -> Result<()> {
+/// Whether the options fit together: `settings`, the runtime that runs the ONNX file
+/// (`target`), and whether PyTorch's float64 run is made.
+pub fn check_options(settings: &Settings, target: &RuntimeSpec, float64: bool) -> Result<()> {
     if settings.tolerance == layerdiff_core::Tolerance::Auto && !float64 {
         return Err(Error::Usage(
             "tolerance `auto` needs the float64 run; drop --no-float64".to_string(),
         ));
+    }
+    if let RuntimeSpec::Expected(_) = target {
+        return Err(Error::Usage(format!(
+            "`{}` is a file of values: `layerdiff torch` needs a runtime to run the ONNX file (`ort`, `ort:opt=all`, `ort:cuda`, `tract`)",
+            target.spelling()
+        )));
     }
     Ok(())
 }

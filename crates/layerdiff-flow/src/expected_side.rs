@@ -95,6 +95,11 @@ impl ExpectedSide {
         self.stored.iter().any(|(n, _)| n == value)
     }
 
+    /// The names of the values the file holds.
+    pub fn names(&self) -> Vec<String> {
+        self.stored.iter().map(|(n, _)| n.clone()).collect()
+    }
+
     /// Sets the inputs the run is given (the sizes of the values follow from them).
     pub fn given(mut self, inputs: &[(String, Tensor)]) -> Self {
         self.sizes = value_sizes(&GraphIndex::new(self.model.graph()), inputs);

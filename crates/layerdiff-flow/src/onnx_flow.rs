@@ -131,6 +131,7 @@ pub fn compare(options: &OnnxOptions, ort_library: Option<&Path>) -> Result<Outc
     check_inputs(&target_file_index, &inputs)?;
 
     let mut renames = crate::shipped::Renames::default();
+    let target_holds = target_expected.as_ref().map(ExpectedSide::names);
     let target: Box<dyn Side> = match (target_expected, target_runtime) {
         (Some(expected), _) => Box::new(expected.given(&inputs)),
         (None, Some(runtime)) => {
@@ -150,8 +151,15 @@ pub fn compare(options: &OnnxOptions, ort_library: Option<&Path>) -> Result<Outc
         }
         (None, None) => unreachable!("a side is a runtime or expected values"),
     };
-    // A file of expected values holds only some values: compare those.
-    let provides = |v: &str| reference_expected.as_ref().is_none_or(|e| e.provides(v));
+    // A file of expected values holds only some values: compare those (on either side).
+    let provides = |reference: &str, target: Option<&str>| {
+        reference_expected
+            .as_ref()
+            .is_none_or(|e| e.provides(reference))
+            && target_holds
+                .as_ref()
+                .is_none_or(|held| target.is_some_and(|t| held.iter().any(|h| h == t)))
+    };
     let target_graph = match target.plan_view().graph {
         Some(index) => index.clone(),
         None => target_file_index,
@@ -194,17 +202,17 @@ pub fn compare(options: &OnnxOptions, ort_library: Option<&Path>) -> Result<Outc
     })
 }
 
-/// Pairs each value a reference node produces (that the reference `provides`) with a target
-/// value, in the reference's order.
+/// Pairs each value a reference node produces with a target value, in the reference's order,
+/// keeping the pairs whose values both sides `provide` (reference value, target value).
 fn align(
     reference: &Model,
     target: &GraphIndex,
     renames: &crate::shipped::Renames,
-    provides: &dyn Fn(&str) -> bool,
+    provides: &dyn Fn(&str, Option<&str>) -> bool,
 ) -> Alignment {
     let pairings: Vec<Pairing> = pair_values(reference, target, &renames.blocked)
         .into_iter()
-        .filter(|p| provides(&p.value))
+        .filter(|p| provides(&p.value, p.target.as_deref().ok()))
         .collect();
     let layers = pairings
         .iter()

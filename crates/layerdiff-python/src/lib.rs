@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use layerdiff_args::{Parsed, TorchArgs};
 use layerdiff_core::{DType, Fingerprint, SideInfo, Timing, Tolerance, render};
-use layerdiff_flow::captured::{self, CapturedComparison, ListedLayer, check_settings};
+use layerdiff_flow::captured::{self, CapturedComparison, ListedLayer, check_options};
 use layerdiff_flow::output;
 use layerdiff_flow::timings::Stopwatch;
 use layerdiff_flow::{Settings, memory};
@@ -117,10 +117,11 @@ impl Options {
                 .transpose()
                 .map_err(usage)?,
         };
-        check_settings(&settings, float64).map_err(to_py_err)?;
+        let target = RuntimeSpec::parse(target).map_err(usage)?;
+        check_options(&settings, &target, float64).map_err(to_py_err)?;
         Ok(Self {
             settings,
-            target: RuntimeSpec::parse(target).map_err(usage)?,
+            target,
             float64,
         })
     }
@@ -211,7 +212,7 @@ fn parse_cli(
         }
         Parsed::Torch(a) => {
             let settings = a.settings();
-            if let Err(e) = check_settings(&settings, !a.no_float64) {
+            if let Err(e) = check_options(&settings, &a.target, !a.no_float64) {
                 eprintln!("error: {}", layerdiff_flow::error_chain(&e));
                 return exit(2);
             }
