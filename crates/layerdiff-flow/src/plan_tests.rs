@@ -1,0 +1,120 @@
+//! The segment planner's tests.
+
+use super::*;
+use crate::memory::value_sizes;
+use layerdiff_core::{DType, Tensor};
+use layerdiff_onnx::{GraphProto, NodeProto, tensor_value_info};
+
+/// `x → v0 → … → v4` (Relu), then `v5 = v4 + v0`: a skip connection that keeps `v0` alive.
+/// Every value is 1024 float32 (4 KiB).
+fn chain() -> (GraphIndex, Vec<(String, Tensor)>) {
+    let value = |n: &str| tensor_value_info(n, 1, &[1, 1024]);
+    let mut node = Vec::new();
+    let mut last = "x".to_string();
+    for i in 0..5 {
+        node.push(NodeProto {
+            op_type: Some("Relu".into()),
+            name: Some(format!("n{i}")),
+            input: vec![last.clone()],
+            output: vec![format!("v{i}")],
+            ..Default::default()
+        });
+        last = format!("v{i}");
+    }
+    node.push(NodeProto {
+        op_type: Some("Add".into()),
+        name: Some("n5".into()),
+        input: vec!["v4".into(), "v0".into()],
+        output: vec!["v5".into()],
+        ..Default::default()
+    });
+    let graph = GraphProto {
+        node,
+        input: vec![value("x")],
+        output: vec![value("v5")],
+        value_info: (0..5).map(|i| value(&format!("v{i}"))).collect(),
+        ..Default::default()
+    };
+    let x = Tensor::new("x", DType::F32, vec![1, 1024], vec![0; 4096]).unwrap();
+    (GraphIndex::new(&graph), vec![("x".to_string(), x)])
+}
+
+fn planned(budget: Option<u64>) -> Plan {
+    let (index, inputs) = chain();
+    let names: Vec<String> = (0..6).map(|i| format!("v{i}")).collect();
+    let local: Vec<Vec<String>> = (0..6)
+        .map(|i| match i {
+            0 => vec!["x".to_string()],
+            5 => vec!["v4".to_string(), "v0".to_string()],
+            _ => vec![format!("v{}", i - 1)],
+        })
+        .collect();
+    let layers: Vec<PlannedLayer<'_>> = names
+        .iter()
+        .zip(&local)
+        .map(|(n, l)| PlannedLayer {
+            reference: n,
+            target: Some(n),
+            local_inputs: l,
+        })
+        .collect();
+    let side = || PlanSide {
+        graph: Some(&index),
+        sizes: value_sizes(&index, &inputs),
+    };
+    plan(&side(), &side(), &layers, budget)
+}
+
+#[test]
+fn without_a_budget_the_whole_graph_is_one_segment() {
+    let plan = planned(None);
+    assert_eq!(plan.segments.len(), 1);
+    let only = &plan.segments[0];
+    assert_eq!(only.layers, 0..6);
+    assert_eq!(only.reference.nodes, (0..6).collect::<Vec<_>>());
+    assert_eq!(only.reference.outputs.len(), 6);
+    assert_eq!(plan.total_bytes, 2 * 6 * 4096);
+}
+
+#[test]
+fn a_budget_splits_the_run_and_frees_each_value_after_its_last_use() {
+    let budget = 40 * 1024;
+    let plan = planned(Some(budget));
+    assert!(plan.segments.len() >= 3, "{:?}", plan.segments);
+    assert!(plan.peak_bytes <= budget, "{} > {budget}", plan.peak_bytes);
+    let mut freed = Vec::new();
+    for (k, segment) in plan.segments.iter().enumerate() {
+        for part in [&segment.reference, &segment.target] {
+            // Every node runs once, in the segment of its layer.
+            assert_eq!(part.nodes, segment.layers.clone().collect::<Vec<_>>());
+            for layer in segment.layers.clone() {
+                assert!(part.outputs.contains(&format!("v{layer}")), "compared here");
+            }
+        }
+        let has_v0 = segment.layers.contains(&0);
+        let has_add = segment.layers.contains(&5);
+        if has_v0 && !has_add {
+            assert!(segment.reference.outputs.contains(&"v0".to_string()));
+            assert!(
+                !segment.reference.free.contains(&"v0".to_string()),
+                "read later"
+            );
+        }
+        if segment.reference.free.contains(&"v0".to_string()) {
+            assert!(
+                has_add,
+                "`v0` is held until the skip connection reads it (segment {k})"
+            );
+        }
+        freed.extend(segment.reference.free.iter().cloned());
+    }
+    freed.sort();
+    let all: Vec<String> = (0..6).map(|i| format!("v{i}")).collect();
+    assert_eq!(freed, all, "each value freed exactly once");
+}
+
+#[test]
+fn a_node_larger_than_the_budget_still_runs_alone() {
+    let plan = planned(Some(1));
+    assert_eq!(plan.segments.len(), 6);
+}

@@ -1,0 +1,157 @@
+//! Options parsed once: by the command line's parser (`parse_cli`) or from the Python API's
+//! keyword arguments (`Options`), then handed to the engine as they are.
+
+use std::path::PathBuf;
+
+use layerdiff_args::{Parsed, TorchArgs};
+use layerdiff_core::Tolerance;
+use layerdiff_flow::captured::check_options;
+use layerdiff_flow::{Settings, memory};
+use layerdiff_runtime::RuntimeSpec;
+use pyo3::prelude::*;
+
+use crate::exceptions::{self, to_py_err};
+
+/// How a comparison is run, parsed once: tolerance, local error, memory budget, the runtime
+/// that runs the ONNX file, and whether PyTorch's float64 run is the truth.
+#[pyclass(module = "layerdiff._layerdiff", frozen)]
+#[derive(Clone)]
+pub(crate) struct Options {
+    pub(crate) settings: Settings,
+    pub(crate) target: RuntimeSpec,
+    pub(crate) float64: bool,
+}
+
+#[pymethods]
+impl Options {
+    /// Parses the options as the Python API takes them (`tolerance`: a number, `dtype` or
+    /// `auto`; `max_memory`: bytes or a size such as `4G`; `target`: `ort`, `ort:opt=all`,
+    /// `tract`…).
+    #[new]
+    #[pyo3(signature = (*, tolerance="dtype".to_string(), local=true, max_memory=None, target="ort", float64=true))]
+    fn new(
+        tolerance: String,
+        local: bool,
+        max_memory: Option<String>,
+        target: &str,
+        float64: bool,
+    ) -> PyResult<Self> {
+        let usage = |e: String| exceptions::UsageError::new_err(e);
+        let settings = Settings {
+            tolerance: Tolerance::parse(&tolerance).map_err(usage)?,
+            local,
+            max_memory: max_memory
+                .as_deref()
+                .map(memory::parse_memory)
+                .transpose()
+                .map_err(usage)?,
+        };
+        let target = RuntimeSpec::parse(target).map_err(usage)?;
+        check_options(&settings, &target, float64).map_err(to_py_err)?;
+        Ok(Self {
+            settings,
+            target,
+            float64,
+        })
+    }
+
+    /// Whether PyTorch's float64 run is the truth both sides are measured against.
+    #[getter]
+    fn float64(&self) -> bool {
+        self.float64
+    }
+}
+
+/// `layerdiff torch` as parsed from a command line.
+#[pyclass(module = "layerdiff._layerdiff", frozen)]
+pub(crate) struct TorchCommand {
+    pub(crate) args: TorchArgs,
+    options: Options,
+}
+
+#[pymethods]
+impl TorchCommand {
+    /// The model: a built-in name or a builder spec.
+    #[getter]
+    fn model(&self) -> String {
+        self.args.model.clone()
+    }
+    /// Seed of the model's weights and of generated inputs.
+    #[getter]
+    fn seed(&self) -> u64 {
+        self.args.seed
+    }
+    /// `dynamo` or `legacy`.
+    #[getter]
+    fn exporter(&self) -> String {
+        format!("{:?}", self.args.exporter).to_lowercase()
+    }
+    /// An ONNX file to compare against instead of exporting one.
+    #[getter]
+    fn onnx(&self) -> Option<PathBuf> {
+        self.args.onnx.clone()
+    }
+    /// The folder the reports (and the exported model) go to.
+    #[getter]
+    fn out(&self) -> Option<PathBuf> {
+        self.args.report.out.clone()
+    }
+    /// Print nothing but errors.
+    #[getter]
+    fn quiet(&self) -> bool {
+        self.args.report.quiet
+    }
+    /// Measure and print where the time went.
+    #[getter]
+    fn timings(&self) -> bool {
+        self.args.report.timings
+    }
+    /// How the comparison runs.
+    #[getter]
+    fn options(&self) -> Options {
+        self.options.clone()
+    }
+}
+
+/// Parses a command line with the same parser as the Rust binary.
+/// Returns `("torch", options)`, or `("exit", code)` when parsing (or an ONNX verb, run here
+/// with ONNX Runtime from `ort_library`, the one the running interpreter has) already did the
+/// work.
+#[pyfunction]
+#[pyo3(signature = (argv, ort_library=None))]
+pub(crate) fn parse_cli(
+    py: Python<'_>,
+    argv: Vec<std::ffi::OsString>,
+    ort_library: Option<PathBuf>,
+) -> PyResult<(String, Py<PyAny>)> {
+    let exit = |code: u8| -> PyResult<(String, Py<PyAny>)> {
+        Ok((
+            "exit".to_string(),
+            code.into_pyobject(py)?.into_any().unbind(),
+        ))
+    };
+    match layerdiff_args::parse(argv) {
+        Parsed::Exit(code) => exit(code),
+        // The ONNX verbs run wholly in Rust, with the GIL released.
+        Parsed::Onnx(a) => {
+            let (options, to) = (a.options(), a.report.destinations());
+            exit(
+                py.detach(|| layerdiff_flow::onnx_flow::run(&options, &to, ort_library.as_deref())),
+            )
+        }
+        Parsed::Torch(a) => {
+            let settings = a.settings();
+            if let Err(e) = check_options(&settings, &a.target, !a.no_float64) {
+                eprintln!("error: {}", layerdiff_flow::error_chain(&e));
+                return exit(2);
+            }
+            let options = Options {
+                settings,
+                target: a.target.clone(),
+                float64: !a.no_float64,
+            };
+            let command = TorchCommand { args: a, options };
+            Ok(("torch".to_string(), Py::new(py, command)?.into_any()))
+        }
+    }
+}
