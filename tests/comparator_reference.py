@@ -86,6 +86,7 @@ def stats(r: np.ndarray, t: np.ndarray, shape: list[int]) -> dict:
         "inf_target": int(np.isinf(t).sum()),
         "nan_mismatch": int((r_nan != t_nan).sum()),
         "worst": worst,
+        "rounding": None,  # measured against a layer's bound when it is judged, not here
     }
 
 

@@ -25,7 +25,7 @@ def test_builder_file_writes_reports_and_inputs(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "no drift" in result.stdout
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["schema"] == "layerdiff.report/2"
+    assert report["schema"] == "layerdiff.report/3"
     assert report["seed"] == 3 and report["summary"]["layers_total"] == 5
     assert (tmp_path / "report.md").read_text().startswith("# layerdiff")
     inputs = load_file(tmp_path / "report.inputs.safetensors")

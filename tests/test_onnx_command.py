@@ -252,7 +252,8 @@ def test_expected_values_can_be_the_target_and_only_the_values_they_hold_are_com
         "two", [x_info], [y_info],
     )  # fmt: skip
     model = tmp_path / "two.onnx"
-    onnx.save(helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 17)]), model)
+    opsets = [helper.make_opsetid("", 17)]
+    onnx.save(helper.make_model(graph, ir_version=10, opset_imports=opsets), model)
     x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
     np.savez(tmp_path / "in.npz", x=x)
     y = -np.maximum(x, 0)

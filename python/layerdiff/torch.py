@@ -71,8 +71,9 @@ def compare_torch_onnx(
     that runs the ONNX file: ``"ort"`` (CPU, optimizations off), ``"ort:opt=all"``,
     ``"ort:cuda"``…, or ``"tract"``.
 
-    ``tolerance`` is a number for every layer, ``"dtype"`` (float32 1e-4, float16 1e-2, bfloat16
-    5e-2) or ``"auto"`` (4× PyTorch's own distance from the float64 run, per layer). With
+    ``tolerance`` is judged per element: a number for every element, ``"dtype"`` (atol + rtol·|x|
+    by the lower-precision dtype: float32 1e-4 + 1e-5, float16 5e-4 + 1e-3, bfloat16 4e-3 + 8e-3)
+    or ``"auto"`` (4× PyTorch's own distance from the float64 run, per layer). With
     ``local`` each layer's ONNX nodes are also re-run on PyTorch's values of their inputs, so the
     report tells a layer's own error from inherited error; with ``float64`` a float64 copy of the
     model is run as the numerical truth. ``report.drift_origin`` names the layer where the drift

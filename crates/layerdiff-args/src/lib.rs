@@ -70,9 +70,10 @@ pub struct OnnxArgs {
     /// data folder (input_0.pb, …).
     #[arg(long, value_name = "FILE", conflicts_with_all = ["shape", "batch"])]
     pub inputs: Option<PathBuf>,
-    /// Tolerance on each value's max abs diff (exceeded when strictly greater): a number for
-    /// every value, or `dtype` (the default: float32 1e-4, float16 1e-2, bfloat16 5e-2, by the
-    /// lower-precision side).
+    /// Tolerance, judged per element (exceeded when an element's difference is strictly
+    /// greater): a number for every element, or `dtype` (the default, by the lower-precision
+    /// side: atol + rtol·|x| with float32 1e-4 + 1e-5, float16 5e-4 + 1e-3, bfloat16 4e-3 +
+    /// 8e-3, so rounding is judged at each value's magnitude).
     #[arg(long, default_value = "dtype", value_parser = Tolerance::parse)]
     pub tolerance: Tolerance,
     /// Skip the local error (re-running each node on the reference's inputs): faster on large
@@ -121,9 +122,10 @@ pub struct TorchArgs {
     /// `path/to/file.py:build` or `package.module:build`, where `build()` returns
     /// `(model, example_inputs)`.
     pub model: String,
-    /// Tolerance on each layer's max abs diff (exceeded when strictly greater): a number for
-    /// every layer, `dtype` (the default: float32 1e-4, float16 1e-2, bfloat16 5e-2), or `auto`
-    /// (4× PyTorch's own distance from a float64 run of the model, per layer).
+    /// Tolerance, judged per element (exceeded when an element's difference is strictly
+    /// greater): a number for every element, `dtype` (the default, by the lower-precision side:
+    /// atol + rtol·|x| with float32 1e-4 + 1e-5, float16 5e-4 + 1e-3, bfloat16 4e-3 + 8e-3), or
+    /// `auto` (4× PyTorch's own distance from a float64 run of the model, per layer).
     #[arg(long, default_value = "dtype", value_parser = Tolerance::parse)]
     pub tolerance: Tolerance,
     /// Skip the local error (re-running each layer's ONNX nodes on PyTorch's inputs).

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use crate::{DType, Layer, LayerStatus, Stats, Summary, Tolerance, WorstLayer, WorstLayers};
+use crate::{Bound, DType, Layer, LayerStatus, Stats, Summary, Tolerance, WorstLayer, WorstLayers};
 
 /// A local error at least this fraction of a layer's accumulated error means the layer added
 /// that error itself; below it, the error came in through its inputs.
@@ -11,15 +11,23 @@ pub const BORN_HERE: f64 = 0.5;
 
 /// Whether a pair of statistics exceeds a tolerance: a larger max abs diff (strictly), or NaN
 /// on one side only.
-fn beyond(stats: &Stats, tolerance: f64) -> bool {
-    stats.max_abs_diff > tolerance || stats.nan_mismatch > 0
+/// Whether a comparison exceeds `bound`: an element beyond it (judged per element when the
+/// comparison was measured against it, else by the largest difference against the absolute
+/// term), or NaN on one side only.
+fn beyond(stats: &Stats, bound: Bound) -> bool {
+    let over = match &stats.rounding {
+        Some(r) => r.beyond_tolerance > 0,
+        None => stats.max_abs_diff > bound.atol,
+    };
+    over || stats.nan_mismatch > 0
 }
 
 /// Sets each layer's tolerance and exceedance flags, and summarises: counts, the first
 /// exceeding layer, the drift origin, the worst layers.
 ///
-/// A compared layer exceeds its tolerance when its accumulated `max_abs_diff` is strictly
-/// greater, when one side has NaN where the other has a number, or when a float is compared
+/// A compared layer exceeds its tolerance when an element's difference is strictly greater than
+/// its bound (`atol + rtol·|reference|`), when one side has NaN where the other has a number,
+/// or when a float is compared
 /// with a non-float (a bool mask against float zeros is a finding even where the values agree).
 /// A shape mismatch always exceeds. The same rule on the local statistics gives `local_exceeds`.
 ///

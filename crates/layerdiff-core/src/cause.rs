@@ -41,7 +41,7 @@ impl Evidence {
             return evidence;
         }
         if layer.target_dtype.is_none() {
-            evidence.layout = crate::detect_layout(reference, target, layer.tolerance);
+            evidence.layout = crate::detect_layout(reference, target, layer.tolerance.atol);
         }
         evidence.precision = precision_grid(reference, target).map(|grid| {
             format!(
@@ -70,7 +70,7 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &Summary) {
                 .as_deref()
                 .unwrap_or("a later layer");
             detail = format!(
-                "{detail}; on its own this stays within the tolerance {:e} and is amplified downstream until `{first}` exceeds it",
+                "{detail}; on its own this stays within the tolerance {} and is amplified downstream until `{first}` exceeds it",
                 layer.tolerance
             );
         }
@@ -101,7 +101,7 @@ fn decide(
         return (
             "inherited",
             format!(
-                "its own error (local max abs diff {:.3e}) is within the tolerance {tol:e}; the difference ({:.3e}) comes from upstream{from}",
+                "its own error (local max abs diff {:.3e}) is within the tolerance {tol}; the difference ({:.3e}) comes from upstream{from}",
                 max(&layer.local),
                 max(&layer.accumulated)
             ),
@@ -111,7 +111,7 @@ fn decide(
         return ("layout_permutation", found.detail());
     }
     if let Some((side, d)) = &e.self_disagreement
-        && *d > tol
+        && *d > tol.atol
     {
         return (
             "nondeterminism",

@@ -20,6 +20,9 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod rounding;
+
+pub use rounding::{PERCENTILE_RESOLUTION, Rounding, rounding};
 
 use rayon::prelude::*;
 use serde::Serialize;
@@ -81,6 +84,9 @@ pub struct Stats {
     pub nan_mismatch: u64,
     /// The position of the largest difference.
     pub worst: Option<Worst>,
+    /// The differences against rounding and the layer's bound, element by element (set when
+    /// the layer is judged, see [`rounding`]).
+    pub rounding: Option<Rounding>,
 }
 
 /// The worst element of a comparison.
@@ -181,6 +187,7 @@ pub fn compare(reference: TensorView<'_>, target: TensorView<'_>) -> Result<Stat
         inf_target: total.inf_t,
         nan_mismatch: total.nan_mismatch,
         worst,
+        rounding: None,
     })
 }
 

@@ -24,7 +24,7 @@ pub use analysis::{
     not_compared_reasons, nothing_compared, summarise,
 };
 pub use cause::{Evidence, explain, precision_grid};
-pub use compare::{Stats, THRESHOLDS, Worst, compare};
+pub use compare::{PERCENTILE_RESOLUTION, Rounding, Stats, THRESHOLDS, Worst, compare, rounding};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use fingerprint::{Fingerprint, SAME_VALUE};
@@ -40,5 +40,6 @@ pub use report::{
 };
 pub use tensor::{Tensor, TensorView};
 pub use tolerance::{
-    AUTO_FACTOR, AUTO_FLOOR, Tolerance, ToleranceInfo, default_for, lower_precision,
+    AUTO_FACTOR, AUTO_FLOOR, Bound, DEFAULTS_TEXT, Tolerance, ToleranceInfo, default_for,
+    lower_precision,
 };

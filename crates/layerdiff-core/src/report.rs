@@ -5,7 +5,7 @@ use serde::Serialize;
 use crate::Stats;
 
 /// Schema identifier written into every JSON report.
-pub const SCHEMA: &str = "layerdiff.report/2";
+pub const SCHEMA: &str = "layerdiff.report/3";
 
 /// A whole comparison: what ran, on what, and what was found.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -307,9 +307,8 @@ pub struct Layer {
     pub target_shape: Option<Vec<usize>>,
     /// Target dtype, when it differs from the reference.
     pub target_dtype: Option<String>,
-    /// The absolute tolerance that applied to this layer.
-    #[serde(serialize_with = "crate::render::float")]
-    pub tolerance: f64,
+    /// The tolerance that applied to this layer, per element.
+    pub tolerance: crate::Bound,
     /// Accumulated error: both sides ran from the original inputs.
     pub accumulated: Option<Stats>,
     /// Local error: the layer's target nodes re-run on the reference's values of their inputs.
@@ -353,7 +352,7 @@ impl Layer {
             dtype: dtype.into(),
             target_shape: None,
             target_dtype: None,
-            tolerance: 0.0,
+            tolerance: crate::Bound::default(),
             accumulated: None,
             local: None,
             local_inputs: Vec::new(),

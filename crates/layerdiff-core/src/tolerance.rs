@@ -1,10 +1,13 @@
-//! Tolerances: which difference counts as drift, decided per layer.
+//! Tolerances: which difference counts as drift, decided per layer and judged per element.
 //!
-//! Three policies. `per_dtype` (the default) takes the tolerance of the lower-precision side's
-//! dtype from [`default_for`]: a float16 layer is held to float16 rounding, not float32's.
-//! `fixed` holds every layer to one number. `auto` derives each layer's tolerance from the
-//! float64 truth: [`AUTO_FACTOR`] times the reference's own distance from float64 at that
-//! layer, so the target may be a few times as far from the truth as the reference is.
+//! A layer's tolerance is a [`Bound`]: an element passes when `|target - reference| <= atol +
+//! rtol·|reference|` (as `torch.testing.assert_close` judges), so the rounding of a dtype is
+//! measured at each value's own magnitude. Three policies. `per_dtype` (the default) takes the
+//! bound of the lower-precision side's dtype from [`default_for`]: a float16 layer is held to
+//! float16 rounding, not float32's. `fixed` holds every element to one absolute number. `auto`
+//! derives each layer's bound from the float64 truth: [`AUTO_FACTOR`] times the reference's own
+//! distance from float64 at that layer, so the target may be a few times as far from the truth
+//! as the reference is.
 
 use serde::Serialize;
 
@@ -16,25 +19,68 @@ pub const AUTO_FACTOR: f64 = 4.0;
 /// by the reference, like a max-pool, would otherwise tolerate nothing).
 pub const AUTO_FLOOR: f64 = 0.01;
 
-/// The default absolute tolerance for values of a dtype: float64 1e-9, float32 1e-4,
-/// float16 1e-2, bfloat16 5e-2; integers and bool must agree exactly.
-pub fn default_for(dtype: DType) -> f64 {
-    match dtype {
-        DType::F64 => 1e-9,
-        DType::F32 => 1e-4,
-        DType::F16 => 1e-2,
-        DType::BF16 => 5e-2,
-        _ => 0.0,
+/// A layer's tolerance: an element passes when `|target - reference| <= atol +
+/// rtol·|reference|`.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct Bound {
+    /// The absolute term.
+    #[serde(serialize_with = "crate::render::float")]
+    pub atol: f64,
+    /// The term relative to the reference value's magnitude.
+    #[serde(serialize_with = "crate::render::float")]
+    pub rtol: f64,
+}
+
+impl Bound {
+    /// An absolute bound only.
+    pub const fn absolute(atol: f64) -> Self {
+        Self { atol, rtol: 0.0 }
+    }
+
+    /// The largest difference allowed at a reference value of magnitude `magnitude`.
+    pub fn at(&self, magnitude: f64) -> f64 {
+        self.atol + self.rtol * magnitude
     }
 }
+
+/// `1e-4` for an absolute bound; `1e-4 + 1e-5·|x|` with a relative term.
+impl std::fmt::Display for Bound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.rtol == 0.0 {
+            write!(f, "{:e}", self.atol)
+        } else {
+            write!(f, "{:e} + {:e}·|x|", self.atol, self.rtol)
+        }
+    }
+}
+
+/// The default bound for values of a dtype. The relative term is about one step of the dtype
+/// at the value's own magnitude for float16 and bfloat16, and room for float32 kernels that sum
+/// in another order; the absolute term is the rounding of a value near 1 (float16, bfloat16)
+/// or a float32 kernel's error over a long reduction. So one float16 step at |x| ≈ 300 passes
+/// while a 1e-3 error on a float16 value near 1e-2 does not. Integers and bool agree exactly.
+pub fn default_for(dtype: DType) -> Bound {
+    let (atol, rtol) = match dtype {
+        DType::F64 => (1e-9, 1e-9),
+        DType::F32 => (1e-4, 1e-5),
+        DType::F16 => (5e-4, 1e-3),
+        DType::BF16 => (4e-3, 8e-3),
+        _ => (0.0, 0.0),
+    };
+    Bound { atol, rtol }
+}
+
+/// The default bounds in words, for reports and help.
+pub const DEFAULTS_TEXT: &str =
+    "float32 1e-4 + 1e-5·|x|, float16 5e-4 + 1e-3·|x|, bfloat16 4e-3 + 8e-3·|x|";
 
 /// How each layer's tolerance is chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum Tolerance {
-    /// The default of the lower-precision side's dtype ([`default_for`]).
+    /// The bound of the lower-precision side's dtype ([`default_for`]).
     #[default]
     PerDtype,
-    /// One absolute tolerance for every layer.
+    /// One absolute tolerance for every element.
     Fixed(f64),
     /// Derived from the float64 truth ([`AUTO_FACTOR`]); per dtype where there is none.
     Auto,
@@ -79,16 +125,21 @@ impl Tolerance {
         }
     }
 
-    /// The tolerance of one layer: its sides' dtype names, and the reference's max abs
-    /// distance from float64 when known.
-    pub fn for_layer(&self, dtype: &str, target_dtype: Option<&str>, float64: Option<f64>) -> f64 {
+    /// The bound of one layer: its sides' dtype names, and the reference's max abs distance
+    /// from float64 when known.
+    pub fn for_layer(
+        &self,
+        dtype: &str,
+        target_dtype: Option<&str>,
+        float64: Option<f64>,
+    ) -> Bound {
         let lower = lower_precision(dtype, target_dtype);
-        let by_dtype = lower.map_or(0.0, default_for);
+        let by_dtype = lower.map_or(Bound::default(), default_for);
         match *self {
-            Self::Fixed(v) => v,
+            Self::Fixed(v) => Bound::absolute(v),
             Self::PerDtype => by_dtype,
             Self::Auto => match float64 {
-                Some(d) => (AUTO_FACTOR * d).max(AUTO_FLOOR * by_dtype),
+                Some(d) => Bound::absolute((AUTO_FACTOR * d).max(AUTO_FLOOR * by_dtype.atol)),
                 None => by_dtype,
             },
         }
@@ -124,7 +175,7 @@ impl ToleranceInfo {
             ("auto", _, Some(f)) => {
                 format!("auto ({f}× the reference's own distance from float64, per layer)")
             }
-            _ => "per dtype (float32 1e-4, float16 1e-2, bfloat16 5e-2)".to_string(),
+            _ => format!("per dtype, per element ({DEFAULTS_TEXT})"),
         }
     }
 }
@@ -149,19 +200,38 @@ mod tests {
     #[test]
     fn the_lower_precision_side_decides_and_auto_scales_the_float64_error() {
         let t = Tolerance::PerDtype;
-        assert_eq!(t.for_layer("float32", None, None), 1e-4);
-        assert_eq!(t.for_layer("float32", Some("float16"), None), 1e-2);
-        assert_eq!(t.for_layer("bfloat16", Some("float32"), None), 5e-2);
-        assert_eq!(t.for_layer("int64", None, None), 0.0);
+        assert_eq!(t.for_layer("float32", None, None), default_for(DType::F32));
+        assert_eq!(
+            t.for_layer("float32", Some("float16"), None),
+            default_for(DType::F16)
+        );
+        assert_eq!(
+            t.for_layer("bfloat16", Some("float32"), None),
+            default_for(DType::BF16)
+        );
+        assert_eq!(t.for_layer("int64", None, None), Bound::absolute(0.0));
         assert_eq!(
             Tolerance::Fixed(3e-3).for_layer("float16", None, None),
-            3e-3
+            Bound::absolute(3e-3)
         );
-        assert!((Tolerance::Auto.for_layer("float32", None, Some(1e-5)) - 4e-5).abs() < 1e-18);
-        assert!((Tolerance::Auto.for_layer("float32", None, Some(0.0)) - 1e-6).abs() < 1e-18);
-        assert_eq!(Tolerance::Auto.for_layer("float32", None, None), 1e-4);
+        let auto = |d| Tolerance::Auto.for_layer("float32", None, d);
+        assert!((auto(Some(1e-5)).atol - 4e-5).abs() < 1e-18 && auto(Some(1e-5)).rtol == 0.0);
+        assert!((auto(Some(0.0)).atol - 1e-6).abs() < 1e-18);
+        assert_eq!(auto(None), default_for(DType::F32));
         assert_eq!(Tolerance::parse("auto"), Ok(Tolerance::Auto));
         assert_eq!(Tolerance::parse("1e-3"), Ok(Tolerance::Fixed(1e-3)));
         assert!(Tolerance::parse("-1").unwrap_err().contains("≥ 0"));
+    }
+
+    #[test]
+    fn one_float16_step_at_300_passes_and_1e_3_near_1e_2_does_not() {
+        let f16 = default_for(DType::F16);
+        assert!(0.25 <= f16.at(300.0), "one float16 step at 300 is rounding");
+        assert!(
+            1e-3 > f16.at(1e-2),
+            "a 1e-3 error on a value near 1e-2 is a finding"
+        );
+        assert_eq!(f16.to_string(), "5e-4 + 1e-3·|x|");
+        assert_eq!(Bound::absolute(1e-4).to_string(), "1e-4");
     }
 }

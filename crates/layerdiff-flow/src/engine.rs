@@ -243,6 +243,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             reference_of: &self.reference_of,
             inputs: &self.inputs,
             shared: self.shared,
+            tolerance: self.settings.tolerance,
         };
         for i in segment.layers.clone() {
             held.compare(&mut self.layers[i], i, self.refutable[i]);

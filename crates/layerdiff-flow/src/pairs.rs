@@ -3,7 +3,10 @@
 
 use std::collections::HashMap;
 
-use layerdiff_core::{Float64Distance, Layer, LayerStatus, Tensor, TensorView, compare_pair};
+use layerdiff_core::{
+    Float64Distance, Layer, LayerStatus, Tensor, TensorView, Tolerance, compare_pair,
+    lower_precision, rounding,
+};
 use layerdiff_onnx::LocalGroup;
 
 use crate::Shared;
@@ -21,6 +24,7 @@ pub(crate) struct Pairs<'a> {
     pub reference_of: &'a HashMap<String, (String, usize)>,
     pub inputs: &'a [(String, Tensor)],
     pub shared: Shared,
+    pub tolerance: Tolerance,
 }
 
 impl Pairs<'_> {
@@ -67,6 +71,12 @@ impl Pairs<'_> {
                 layer.float64 = Some(Float64Distance { reference, target });
             }
         }
+        layer.tolerance = self.tolerance.for_layer(
+            &layer.dtype,
+            layer.target_dtype.as_deref(),
+            layer.float64.as_ref().map(|f| f.reference),
+        );
+        measure_rounding(layer, Which::Accumulated, reference, target);
     }
 
     /// Layer `i`'s local error: the target's group computing its value (`slot`) re-run on the
@@ -104,6 +114,7 @@ impl Pairs<'_> {
         match outcome {
             Ok(out) => {
                 layer.local = compare_pair(reference.view(), out.view()).stats;
+                measure_rounding(layer, Which::Local, reference, &out);
                 let inputs = slot.iter().flatten().flat_map(|g| &g.inputs);
                 layer.local_inputs = inputs
                     .map(|n| self.reference_of.get(n).map_or(n, |(r, _)| r).clone())
@@ -130,6 +141,32 @@ impl Pairs<'_> {
             return Err(format!("`{n}` is no longer held"));
         };
         fit(r, reference.clone(), target.dtype, &target.shape)
+    }
+}
+
+/// Which of a layer's comparisons.
+enum Which {
+    Accumulated,
+    Local,
+}
+
+/// Measures one of a layer's comparisons element by element against its tolerance and in ULPs
+/// of the lower-precision side's dtype (float layers; integers must agree exactly, which the
+/// largest difference tells).
+fn measure_rounding(layer: &mut Layer, which: Which, reference: &Tensor, target: &Tensor) {
+    let Some(grid) = lower_precision(&layer.dtype, layer.target_dtype.as_deref())
+        .filter(|d| d.is_float())
+        .filter(|_| reference.dtype.is_float() && target.dtype.is_float())
+    else {
+        return;
+    };
+    let bound = layer.tolerance;
+    let stats = match which {
+        Which::Accumulated => layer.accumulated.as_mut(),
+        Which::Local => layer.local.as_mut(),
+    };
+    if let Some(stats) = stats {
+        stats.rounding = Some(rounding(reference.view(), target.view(), grid, bound));
     }
 }
 

@@ -114,11 +114,11 @@ pub fn to_markdown(report: &Report) -> String {
     let _ = writeln!(out, "\n## Layers\n");
     let _ = writeln!(
         out,
-        "| # | layer | type | ONNX value (op) | shape | tolerance | max abs diff | local max abs diff | mean abs diff | cosine | float64 distance (ref / target) | verdict |"
+        "| # | layer | type | ONNX value (op) | shape | tolerance | max abs diff | mean ULPs / × tolerance needed | local max abs diff | mean abs diff | cosine | float64 distance (ref / target) | verdict |"
     );
     let _ = writeln!(
         out,
-        "|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|:---|"
+        "|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|:---|"
     );
     for l in &report.layers {
         let onnx = l.onnx.as_ref().map_or("—".to_string(), |o| {
@@ -148,8 +148,18 @@ pub fn to_markdown(report: &Report) -> String {
         });
         let tolerance = match l.status {
             LayerStatus::Unmapped => String::new(),
-            _ => sci(l.tolerance),
+            _ if l.tolerance.rtol == 0.0 => format!("{:e}", l.tolerance.atol),
+            _ => format!("{:e} + {:e}·\\|x\\|", l.tolerance.atol, l.tolerance.rtol),
         };
+        // How far the elements are in steps of the dtype on average, and how many times its
+        // tolerance the layer would have needed (above 1: exceeding).
+        let rounding = l
+            .accumulated
+            .as_ref()
+            .and_then(|st| st.rounding.as_ref())
+            .map_or(String::new(), |r| {
+                format!("{:.2} / {:.2}", r.mean_ulp_diff, r.tolerance_needed)
+            });
         let flag = match (&l.cause, l.status) {
             (Some(cause), _) => format!("**{cause}**"),
             (None, LayerStatus::Compared) if l.exceeds_tol => "**exceeds**".to_string(),
@@ -159,7 +169,7 @@ pub fn to_markdown(report: &Report) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | `{}` | {kind} | {onnx} | {shape} | {tolerance} | {max} | {local} | {mean} | {cos} | {truth} | {flag} |",
+            "| {} | `{}` | {kind} | {onnx} | {shape} | {tolerance} | {max} | {rounding} | {local} | {mean} | {cos} | {truth} | {flag} |",
             l.index, l.name
         );
     }
