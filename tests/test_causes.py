@@ -171,8 +171,9 @@ def test_torch_flow_names_each_cause_at_its_layer(resnet18, resnet18_onnx, tmp_p
 
 
 def test_rounding_is_told_from_a_bug_by_the_float64_truth(tmp_path):
-    """A deep MLP with growing activations: float32 rounding alone crosses 1e-4. The float64
-    run shows both sides equally far from the truth; `--tolerance auto` then finds no drift."""
+    """A deep MLP with growing activations: float32 rounding alone crosses its tolerance. The
+    float64 run shows both sides equally far from the truth, so the cause is `rounding`, not a
+    kernel bug; `--tolerance auto` then finds no drift."""
     from conftest import ROOT
 
     builder = f"{ROOT / 'tests/builders/deep_mlp.py'}:build"
@@ -180,6 +181,7 @@ def test_rounding_is_told_from_a_bug_by_the_float64_truth(tmp_path):
     assert result.returncode == 1, result.stderr
     report = json.loads((tmp_path / "fixed.json").read_text())
     origin = layer(report, report["summary"]["drift_origin"])
+    assert origin["cause"] == "rounding", "not a kernel bug: the truth says both sides round"
     assert "both sides are about equally far from float64" in origin["detail"]
     assert "rounding, not a bug" in result.stdout
     assert all(x["float64"] for x in report["layers"])
@@ -209,8 +211,8 @@ def test_tolerance_options_and_the_accumulated_only_mode(resnet18_onnx, tmp_path
     [("mobilenet_v3_small", "dtype"), ("vit_b_16", "dtype"), ("resnet50", "auto")],
 )
 def test_clean_builtin_exports_raise_no_false_alarm(model, tolerance, tmp_path):
-    """ResNet-50 with random weights crosses 1e-4 by float32 rounding alone (see the rounding
-    test); held to `auto`, it is clean like the others."""
+    """ResNet-50 with random weights crosses its float32 tolerance by rounding alone (see the
+    rounding test); held to `auto`, it is clean like the others."""
     out = tmp_path / "r.json"
     result = run_cli("torch", model, "--tolerance", tolerance, "--json", str(out))
     assert result.returncode == 0, result.stdout + result.stderr

@@ -9,11 +9,18 @@
 //! 3. `nondeterminism`: a side run twice disagrees with itself here by more than the tolerance;
 //! 4. `weight_mismatch`: a parameter or initializer the layer uses differs between the sides;
 //! 5. `precision_loss`: the layer ran in lower precision on the target;
-//! 6. `op_implementation`: an attribute differs, or, with the same inputs, weights and
-//!    attributes, the target's nodes still compute something else (its local error exceeds);
-//! 7. `unknown`: nothing fits; the detail says what was ruled out.
+//! 6. `op_implementation` (an attribute): an attribute of the target's nodes differs;
+//! 7. `rounding`: the float64 truth shows the target no further from it than twice the
+//!    reference's own distance: both sides round, and the target is not the worse of the two;
+//! 8. `op_implementation` (a kernel): with the same inputs, weights and attributes, the target's
+//!    nodes still compute something else (its local error exceeds);
+//! 9. `unknown`: nothing fits; the detail says what was ruled out.
 
 use crate::{DType, Layer, LayoutFinding, Summary, TensorView};
+
+/// A target at most this many times as far from the float64 truth as the reference is only
+/// rounding, as the reference does (the same factor that makes the two "about equally far").
+pub const ROUNDING_FACTOR: f64 = 2.0;
 
 /// What a flow found out about one layer.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -74,7 +81,7 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &Summary) {
                 layer.tolerance
             );
         }
-        if cause != "inherited"
+        if !matches!(cause, "inherited" | "rounding")
             && let Some(f) = &layer.float64
         {
             detail = format!("{detail}; {}", f.verdict());
@@ -143,6 +150,12 @@ fn decide(
             "op_implementation",
             format!("an attribute differs: {}", e.attributes.join(", ")),
         );
+    }
+    if let Some(f) = &layer.float64
+        && f.target <= ROUNDING_FACTOR * f.reference
+        && f.reference > 0.0
+    {
+        return ("rounding", f.verdict());
     }
     if let Some(local) = &layer.local {
         let ops = if e.ops.is_empty() {
@@ -228,6 +241,24 @@ mod tests {
         l.local = local.map(stats);
         l.local_inputs = inputs.iter().map(|s| s.to_string()).collect();
         l
+    }
+
+    #[test]
+    fn a_kernel_no_further_from_float64_than_the_reference_is_rounding() {
+        let judged = |reference: f64, target: f64| {
+            let mut layers = vec![layer(0, 5e-4, Some(5e-4), &["x"])];
+            layers[0].float64 = Some(crate::Float64Distance { reference, target });
+            let summary = analyse(&mut layers, Tolerance::PerDtype);
+            explain(&mut layers, &[Evidence::default()], &summary);
+            (layers[0].cause.clone().unwrap(), layers[0].detail.clone().unwrap())
+        };
+        let (cause, detail) = judged(1.8e-4, 5.7e-5);
+        assert_eq!(cause, "rounding", "the target is the closer of the two: {detail}");
+        assert!(detail.contains("the target is closer to the truth"));
+        assert_eq!(judged(2.5e-4, 3e-4).0, "rounding", "about equally far");
+        let (cause, detail) = judged(1e-4, 6e-4);
+        assert_eq!(cause, "op_implementation");
+        assert!(detail.ends_with("the target is off"), "{detail}");
     }
 
     #[test]

@@ -23,7 +23,7 @@ pub use analysis::{
     BORN_HERE, LOW_COVERAGE, LOW_COVERAGE_WARNING, OWN_ERROR_RANKED, analyse, judge,
     not_compared_reasons, nothing_compared, summarise,
 };
-pub use cause::{Evidence, explain, precision_grid};
+pub use cause::{Evidence, ROUNDING_FACTOR, explain, precision_grid};
 pub use compare::{PERCENTILE_RESOLUTION, Rounding, Stats, THRESHOLDS, Worst, compare, rounding};
 pub use dtype::DType;
 pub use error::{Error, Result};

@@ -395,7 +395,7 @@ impl Float64Distance {
         let (r, t) = (self.reference, self.target);
         if r == 0.0 && t == 0.0 {
             "both sides match float64 exactly".to_string()
-        } else if t <= 2.0 * r && r <= 2.0 * t {
+        } else if t <= crate::ROUNDING_FACTOR * r && r <= crate::ROUNDING_FACTOR * t {
             format!(
                 "both sides are about equally far from float64 (reference {r:.2e}, target {t:.2e}): rounding, not a bug"
             )
