@@ -250,10 +250,16 @@ mod tests {
             layers[0].float64 = Some(crate::Float64Distance { reference, target });
             let summary = analyse(&mut layers, Tolerance::PerDtype);
             explain(&mut layers, &[Evidence::default()], &summary);
-            (layers[0].cause.clone().unwrap(), layers[0].detail.clone().unwrap())
+            (
+                layers[0].cause.clone().unwrap(),
+                layers[0].detail.clone().unwrap(),
+            )
         };
         let (cause, detail) = judged(1.8e-4, 5.7e-5);
-        assert_eq!(cause, "rounding", "the target is the closer of the two: {detail}");
+        assert_eq!(
+            cause, "rounding",
+            "the target is the closer of the two: {detail}"
+        );
         assert!(detail.contains("the target is closer to the truth"));
         assert_eq!(judged(2.5e-4, 3e-4).0, "rounding", "about equally far");
         let (cause, detail) = judged(1e-4, 6e-4);
