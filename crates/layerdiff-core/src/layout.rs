@@ -10,6 +10,10 @@ use crate::{TensorView, compare};
 
 /// Largest tensor the detector will transpose (elements); larger ones are skipped.
 pub const MAX_ELEMENTS: usize = 1 << 26;
+/// Positions each permutation is first tried on: one that fails there is rejected without
+/// transposing the whole tensor, so a layer that simply drifts costs a few thousand reads per
+/// permutation, not a transpose and a comparison each.
+pub const SAMPLES: usize = 1024;
 
 /// A permutation that makes the sides agree.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,7 +58,7 @@ pub fn detect_layout(
     {
         return None;
     }
-    let reference_values: Vec<f64> = (0..n).map(|i| reference.get_f64(i)).collect();
+    let mut reference_values: Option<Vec<f64>> = None;
     let mut best: Option<LayoutFinding> = None;
     for p in permutations(rank).into_iter().skip(1) {
         let permuted_shape: Vec<usize> = p.iter().map(|&a| reference.shape[a]).collect();
@@ -65,7 +69,12 @@ pub fn detect_layout(
         if reinterpreted && permuted_shape == reference.shape && is_trivial(&p, reference.shape) {
             continue; // only moves size-1 axes: the bytes are the same
         }
-        let transposed = transpose(&reference_values, reference.shape, &p);
+        if !agrees_on_samples(reference, target, &permuted_shape, &p, tolerance) {
+            continue;
+        }
+        let values =
+            reference_values.get_or_insert_with(|| (0..n).map(|i| reference.get_f64(i)).collect());
+        let transposed = transpose(values, reference.shape, &p);
         let bytes: Vec<u8> = transposed.iter().flat_map(|v| v.to_le_bytes()).collect();
         let view = TensorView {
             dtype: crate::DType::F64,
@@ -89,6 +98,39 @@ pub fn detect_layout(
         }
     }
     best
+}
+
+/// Whether the target agrees within `tolerance` with the reference transposed by `p` (of shape
+/// `permuted`) at [`SAMPLES`] evenly spaced positions (NaN agreeing only with NaN).
+fn agrees_on_samples(
+    reference: TensorView<'_>,
+    target: TensorView<'_>,
+    permuted: &[usize],
+    p: &[usize],
+    tolerance: f64,
+) -> bool {
+    let n = target.numel();
+    let count = n.min(SAMPLES);
+    let mut index = vec![0usize; p.len()];
+    (0..count).all(|s| {
+        let j = s * n / count;
+        // `j`'s position in the transposed tensor, then the reference element it came from.
+        let mut rest = j;
+        for k in (0..permuted.len()).rev() {
+            index[p[k]] = rest % permuted[k];
+            rest /= permuted[k];
+        }
+        let i = index
+            .iter()
+            .zip(reference.shape)
+            .fold(0, |flat, (&at, &dim)| flat * dim + at);
+        let (r, t) = (reference.get_f64(i), target.get_f64(j));
+        if r.is_nan() || t.is_nan() {
+            r.is_nan() && t.is_nan()
+        } else {
+            r == t || (t - r).abs() <= tolerance
+        }
+    })
 }
 
 /// Whether permutation `p` only reorders size-1 axes relative to each other.

@@ -19,9 +19,41 @@ use crate::{Bound, DType, TensorView};
 const KEPT_BITS: u32 = 5;
 /// How close a reported percentile is to the true one, relative to its value.
 pub const PERCENTILE_RESOLUTION: f64 = 1.0 / (1u64 << KEPT_BITS) as f64;
-/// The histogram's key: the difference's bits above the kept mantissa bits.
-const SHIFT: u32 = 52 - KEPT_BITS;
-const BUCKETS: usize = 1 << (63 - SHIFT);
+/// The binary exponents the histogram tells apart: differences below 2^MIN_EXPONENT share its
+/// first bucket after zero, those from 2^MAX_EXPONENT on its last.
+const MIN_EXPONENT: i64 = -80;
+const MAX_EXPONENT: i64 = 40;
+const PER_OCTAVE: usize = 1 << KEPT_BITS;
+/// Zero, then each octave's sub-buckets.
+const BUCKETS: usize = 1 + (MAX_EXPONENT - MIN_EXPONENT + 1) as usize * PER_OCTAVE;
+
+/// The histogram bucket of a difference `d ≥ 0`.
+fn bucket(d: f64) -> usize {
+    if d == 0.0 {
+        return 0;
+    }
+    let bits = d.to_bits();
+    let exponent = ((bits >> 52) & 0x7ff) as i64 - 1023;
+    if exponent < MIN_EXPONENT {
+        return 1;
+    }
+    if exponent > MAX_EXPONENT {
+        return BUCKETS - 1;
+    }
+    let sub = ((bits >> (52 - KEPT_BITS)) as usize) & (PER_OCTAVE - 1);
+    1 + (exponent - MIN_EXPONENT) as usize * PER_OCTAVE + sub
+}
+
+/// The upper edge of a bucket (0 for the zero bucket).
+fn upper_edge(bucket: usize) -> f64 {
+    if bucket == 0 {
+        return 0.0;
+    }
+    let k = bucket - 1;
+    let exponent = MIN_EXPONENT + (k / PER_OCTAVE) as i64;
+    let sub = (k % PER_OCTAVE) as f64;
+    2f64.powi(exponent as i32) * (1.0 + (sub + 1.0) / PER_OCTAVE as f64)
+}
 
 /// How a pair's differences measure against rounding and the layer's bound.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -175,7 +207,7 @@ fn block(
         }
         let needed = if d == 0.0 { 0.0 } else { d / allowed };
         part.needed = part.needed.max(needed);
-        histogram[(d.to_bits() >> SHIFT) as usize] += 1;
+        histogram[bucket(d)] += 1;
     }
     part
 }
@@ -191,11 +223,7 @@ fn percentile(histogram: &[u64], compared: u64, q: f64) -> f64 {
     for (key, &count) in histogram.iter().enumerate() {
         seen += count;
         if seen >= rank {
-            return if key == 0 {
-                0.0
-            } else {
-                f64::from_bits(((key as u64 + 1) << SHIFT) - 1)
-            };
+            return upper_edge(key);
         }
     }
     f64::INFINITY
@@ -231,7 +259,9 @@ impl Spacing {
         } else {
             self.min_exponent
         };
-        2f64.powi(exponent.max(self.min_exponent) - self.mantissa)
+        // 2^e as bits: every dtype's smallest step (float64's 2^-1074 aside) is a normal f64.
+        let e = (exponent.max(self.min_exponent) - self.mantissa).max(-1022);
+        f64::from_bits(((e + 1023) as u64) << 52)
     }
 }
 
@@ -252,6 +282,10 @@ mod tests {
         assert_eq!(Spacing::of(DType::F16).at(0.0), 2f64.powi(-24));
         assert_eq!(Spacing::of(DType::F32).at(1.5), 2f64.powi(-23));
         assert_eq!(Spacing::of(DType::BF16).at(3.0), 2f64.powi(-6));
+        for d in [3e-7, 0.25, 0.26, 7.0, 1e11] {
+            let (edge, b) = (upper_edge(bucket(d)), bucket(d));
+            assert!(edge >= d && (b == BUCKETS - 1 || edge <= d * (1.0 + PERCENTILE_RESOLUTION)));
+        }
         let r = f32s(&[300.0, 1.0, -2.0, 0.5]);
         let t = f32s(&[300.25, 1.0, -2.0, 0.5]);
         let bound = crate::default_for(DType::F16);
