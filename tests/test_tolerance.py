@@ -98,3 +98,38 @@ def test_a_1e_3_error_on_float16_values_near_1e_2_is_drift(tmp_path):
     y_layer = next(x for x in report["layers"] if x["name"] == "y")
     assert y_layer["accumulated"]["rounding"]["beyond_tolerance"] == 64
     assert y_layer["cause"] == "weight_mismatch"
+
+
+def test_the_onnx_flow_measures_both_sides_against_a_float64_truth(tmp_path):
+    """`layerdiff onnx --float64` runs the reference graph in float64: a layer whose kernels
+    differ only by rounding is `rounding`, not `op_implementation`, and `--tolerance auto`
+    (which implies it) turns the truth into tolerances, as `layerdiff torch` does."""
+    import importlib
+
+    import torch
+    from layerdiff.torch import export_onnx
+
+    torch.manual_seed(0)  # as `layerdiff torch tests/builders/deep_mlp.py:build` seeds it
+    model, inputs = importlib.import_module("builders.deep_mlp").build()
+    onnx_file = export_onnx(model.eval(), inputs, tmp_path / "mlp.onnx")
+    args = [str(onnx_file), "--target", "tract"]
+    result, report = _report(tmp_path, *args, "--float64", "--tolerance", "1e-6")
+    assert result.returncode == 1
+    assert all(x["float64"] for x in report["layers"]), "every value has its truth"
+    origin = next(x for x in report["layers"] if x["name"] == report["summary"]["drift_origin"])
+    assert origin["cause"] == "rounding", origin["detail"]
+    assert report["summary"]["warnings"] == []
+
+    result, report = _report(tmp_path, *args, "--tolerance", "auto")
+    assert result.returncode == 0, result.stdout
+    for x in report["layers"]:
+        assert x["tolerance"]["atol"] >= 4 * x["float64"]["reference"]
+
+
+def test_a_model_without_float64_kernels_is_judged_without_a_truth_and_says_so(resnet18_onnx):
+    """Neither ONNX Runtime (no float64 Conv) nor tract runs ResNet-18 in float64: the run goes
+    on without a truth, and the summary names why."""
+    result = run_cli("onnx", str(resnet18_onnx["dynamo"]), "--float64")
+    assert result.returncode == 0, result.stderr
+    assert "warning: no float64 truth: it could not run" in result.stdout
+    assert "Conv" in result.stdout

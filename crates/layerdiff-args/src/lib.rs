@@ -71,11 +71,18 @@ pub struct OnnxArgs {
     #[arg(long, value_name = "FILE", conflicts_with_all = ["shape", "batch"])]
     pub inputs: Option<PathBuf>,
     /// Tolerance, judged per element (exceeded when an element's difference is strictly
-    /// greater): a number for every element, or `dtype` (the default, by the lower-precision
-    /// side: atol + rtol·|x| with float32 1e-4 + 1e-5, float16 5e-4 + 1e-3, bfloat16 4e-3 +
-    /// 8e-3, so rounding is judged at each value's magnitude).
+    /// greater): a number for every element, `dtype` (the default, by the lower-precision side:
+    /// atol + rtol·|x| with float32 1e-4 + 1e-5, float16 5e-4 + 1e-3, bfloat16 4e-3 + 8e-3, so
+    /// rounding is judged at each value's magnitude), or `auto` (4× the reference's own
+    /// distance from the float64 run, per value; runs it, see --float64).
     #[arg(long, default_value = "dtype", value_parser = Tolerance::parse)]
     pub tolerance: Tolerance,
+    /// Also run the reference graph in float64 (ONNX Runtime on the CPU, or tract where ONNX
+    /// Runtime has no float64 kernel) as the numerical truth: each value gets both sides'
+    /// distance from it, and a kernel no further from it than twice the reference is
+    /// `rounding`. Implied by `--tolerance auto`.
+    #[arg(long)]
+    pub float64: bool,
     /// Skip the local error (re-running each node on the reference's inputs): faster on large
     /// models, but the drift origin is then the first value whose accumulated error exceeds.
     #[arg(long)]
@@ -276,6 +283,7 @@ impl OnnxArgs {
                 local: !self.no_local,
                 max_memory: self.max_memory,
             },
+            float64: self.float64,
         }
     }
 }

@@ -11,7 +11,8 @@
 //! 5. `precision_loss`: the layer ran in lower precision on the target;
 //! 6. `op_implementation` (an attribute): an attribute of the target's nodes differs;
 //! 7. `rounding`: the float64 truth shows the target no further from it than twice the
-//!    reference's own distance: both sides round, and the target is not the worse of the two;
+//!    reference's own distance, or within its dtype's absolute tolerance of it: the target
+//!    rounds, and computes nothing wrong;
 //! 8. `op_implementation` (a kernel): with the same inputs, weights and attributes, the target's
 //!    nodes still compute something else (its local error exceeds);
 //! 9. `unknown`: nothing fits; the detail says what was ruled out.
@@ -151,11 +152,21 @@ fn decide(
             format!("an attribute differs: {}", e.attributes.join(", ")),
         );
     }
-    if let Some(f) = &layer.float64
-        && f.target <= ROUNDING_FACTOR * f.reference
-        && f.reference > 0.0
-    {
-        return ("rounding", f.verdict());
+    if let Some(f) = &layer.float64 {
+        let within = crate::lower_precision(&layer.dtype, layer.target_dtype.as_deref())
+            .map_or(0.0, |d| crate::default_for(d).atol);
+        if f.target <= ROUNDING_FACTOR * f.reference && f.reference > 0.0 {
+            return ("rounding", f.verdict());
+        }
+        if f.target <= within {
+            return (
+                "rounding",
+                format!(
+                    "the target is further from float64 than the reference (target {:.2e}, reference {:.2e}) but within its dtype's rounding of it ({within:e}): rounding, not a bug",
+                    f.target, f.reference
+                ),
+            );
+        }
     }
     if let Some(local) = &layer.local {
         let ops = if e.ops.is_empty() {
@@ -262,6 +273,12 @@ mod tests {
         );
         assert!(detail.contains("the target is closer to the truth"));
         assert_eq!(judged(2.5e-4, 3e-4).0, "rounding", "about equally far");
+        let (cause, detail) = judged(5e-6, 6e-5);
+        assert_eq!(
+            cause, "rounding",
+            "further, but within float32 rounding of the truth"
+        );
+        assert!(detail.contains("within its dtype's rounding"), "{detail}");
         let (cause, detail) = judged(1e-4, 6e-4);
         assert_eq!(cause, "op_implementation");
         assert!(detail.ends_with("the target is off"), "{detail}");

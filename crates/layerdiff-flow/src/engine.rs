@@ -106,6 +106,8 @@ pub struct Engine<R: Side, T: Side, F: Side = Box<dyn Side>> {
     done: usize,
     evidence: Vec<Evidence>,
     summary: Option<Summary>,
+    /// Why the float64 truth stopped, when it could not run.
+    truth_lost: Option<String>,
     /// Attributes each stretch of the run to a phase.
     pub clock: Stopwatch,
 }
@@ -176,9 +178,13 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             budget(settings.max_memory),
         );
         drop((planned, reference_view));
+        let mut truth = truth;
         if let [whole] = plan.segments.as_slice() {
             reference.expose(&whole.reference.outputs)?;
             target.expose(&whole.target.outputs)?;
+            if let Some(truth) = truth.as_mut() {
+                truth.expose(&whole.reference.outputs)?;
+            }
         }
         let n = alignment.layers.len();
         Ok(Self {
@@ -201,6 +207,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             done: 0,
             evidence: vec![Evidence::default(); n],
             summary: None,
+            truth_lost: None,
             clock,
         })
     }
@@ -234,6 +241,14 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             .produce(&segment.reference, whole, clock, "reference run")?;
         self.target
             .produce(&segment.target, whole, clock, "target run")?;
+        // The truth computes the reference's part, in float64 (or was handed it over); a truth
+        // that cannot run leaves the comparison without it, and says so.
+        if let Some(truth) = self.truth.as_mut()
+            && let Err(e) = truth.produce(&segment.reference, whole, clock, "float64 run")
+        {
+            self.truth = None;
+            self.truth_lost = Some(crate::error_chain(&e));
+        }
         let held = Pairs {
             reference: &self.reference,
             target: &self.target,
@@ -309,7 +324,13 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         self.reference.free(&segment.reference.free);
         self.target.free(&segment.target.free);
         if let Some(truth) = self.truth.as_mut() {
-            truth.free(&self.reference_values[segment.layers.clone()]);
+            // A truth that computes keeps what its later segments read, as the reference does;
+            // one handed over holds each value only until it is compared.
+            if truth.plan_view().graph.is_some() {
+                truth.free(&segment.reference.free);
+            } else {
+                truth.free(&self.reference_values[segment.layers.clone()]);
+            }
         }
         self.done += 1;
         Ok(())
@@ -334,6 +355,11 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         summary
             .warnings
             .extend(segments_warning(self.plan.segments.len(), &providers));
+        if let Some(why) = self.truth_lost.take() {
+            summary.warnings.push(format!(
+                "no float64 truth: it could not run ({why}); the layers are judged without it"
+            ));
+        }
         if let Some(runtime) = self.reference.rewrites() {
             summary.warnings.push(format!(
                 "the reference ({runtime}) optimizes the graph, but the values exposed for comparison keep it from fusing them: the reference measured is not the graph that ships; give the optimized side as --target, which is compared in the graph it optimized"

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use layerdiff_core::{Layer, OnnxRef, Report, Tensor, Tolerance};
-use layerdiff_onnx::{GraphIndex, MAX_GROUP_NODES, Model, NCHWC_DOMAIN, NodeInfo};
+use layerdiff_onnx::{GraphIndex, MAX_GROUP_NODES, Model, NCHWC_DOMAIN, NodeInfo, to_float64};
 use layerdiff_runtime::{OptLevel, Provider, RuntimeSpec};
 
 use crate::inputs::{InputPlan, check_inputs, generate_inputs, read_inputs};
@@ -15,8 +15,8 @@ use crate::output::{Destinations, deliver, exit_code};
 use crate::shipped::prepare_target;
 use crate::timings::{OWN, RUNTIME, Stopwatch};
 use crate::{
-    Alignment, Engine, Error, ExpectedSide, GraphSide, Header, Result, Segmentation, Settings,
-    Shared, Side,
+    Alignment, Engine, Error, ExpectedSide, FallbackSide, GraphSide, Header, Result, Segmentation,
+    Settings, Shared, Side,
 };
 
 /// What `layerdiff onnx` is asked to compare, parsed.
@@ -36,6 +36,9 @@ pub struct OnnxOptions {
     pub generate: InputPlan,
     /// Tolerance, local error, memory budget.
     pub settings: Settings,
+    /// Whether to run the reference graph in float64 as the numerical truth (`--tolerance
+    /// auto` needs it, and implies it).
+    pub float64: bool,
 }
 
 /// A finished run: its report, how it was split, and the inputs both sides were given.
@@ -77,11 +80,6 @@ pub fn run(options: &OnnxOptions, to: &Destinations, ort_library: Option<&Path>)
 /// Drift is a finding, not an error.
 pub fn compare(options: &OnnxOptions, ort_library: Option<&Path>) -> Result<Outcome> {
     let mut clock = Stopwatch::default();
-    if options.settings.tolerance == Tolerance::Auto {
-        return Err(Error::Usage(
-            "`--tolerance auto` needs a float64 run of the model, which only `layerdiff torch` makes; give a number or `dtype`".to_string(),
-        ));
-    }
     let reference_model = Model::load(&options.model)?;
     let target_model = options.vs.as_ref().map(Model::load).transpose()?;
     let target_spec = options.target.clone().unwrap_or(if options.vs.is_some() {
@@ -165,6 +163,12 @@ pub fn compare(options: &OnnxOptions, ort_library: Option<&Path>) -> Result<Outc
         None => target_file_index,
     };
     let alignment = align(&reference_model, &target_graph, &renames, &provides);
+    let wants_truth = options.float64 || options.settings.tolerance == Tolerance::Auto;
+    let truth = if wants_truth {
+        Some(float64_truth(&reference_model, &inputs, ort_library)?)
+    } else {
+        None
+    };
     let reference: Box<dyn Side> = match (reference_expected, reference_runtime) {
         (Some(expected), _) => Box::new(expected.given(&inputs)),
         (None, Some(runtime)) => Box::new(GraphSide::new(
@@ -180,12 +184,12 @@ pub fn compare(options: &OnnxOptions, ort_library: Option<&Path>) -> Result<Outc
         model: file_name(&options.model),
         seed,
     };
-    let mut engine: Engine<_, _> = Engine::new(
+    let mut engine: Engine<_, _, FallbackSide> = Engine::new(
         header,
         alignment,
         reference,
         target,
-        None,
+        truth,
         inputs.clone(),
         options.settings.clone(),
         clock,
@@ -200,6 +204,34 @@ pub fn compare(options: &OnnxOptions, ort_library: Option<&Path>) -> Result<Outc
         inputs,
         seed,
     })
+}
+
+/// The reference graph in float64, computed by ONNX Runtime on the CPU or, where it lacks a
+/// float64 kernel (Conv, Erf), by tract: the truth both sides are measured against.
+fn float64_truth(
+    reference: &Model,
+    inputs: &[(String, Tensor)],
+    ort_library: Option<&Path>,
+) -> Result<FallbackSide> {
+    let wide = to_float64(reference)
+        .map_err(|e| Error::Usage(format!("cannot make the float64 copy of the model: {e}")))?;
+    let inputs: Vec<(String, Tensor)> = inputs
+        .iter()
+        .map(|(n, t)| {
+            let t = if t.dtype.is_float() {
+                t.clone().cast(layerdiff_core::DType::F64)
+            } else {
+                t.clone()
+            };
+            (n.clone(), t)
+        })
+        .collect();
+    let ort = RuntimeSpec::Ort(Provider::Cpu, OptLevel::Disable).build(ort_library)?;
+    let tract = RuntimeSpec::Tract.build(ort_library)?;
+    Ok(FallbackSide::new(vec![
+        GraphSide::new(None, wide.clone(), ort, &inputs),
+        GraphSide::new(None, wide, tract, &inputs),
+    ]))
 }
 
 /// Pairs each value a reference node produces with a target value, in the reference's order,

@@ -1,0 +1,101 @@
+//! A model's float64 copy: the numerical truth both sides are measured against.
+//!
+//! Every floating-point tensor the graph holds or declares (initializers, constants, graph
+//! inputs and outputs, declared values) becomes float64, and every cast to a float type casts to
+//! float64 instead. Node names, order and value names stay, so the copy computes the same values
+//! under the same names and runs in the same segments. Integer and bool tensors are untouched.
+
+use layerdiff_core::DType;
+use prost::bytes::Bytes;
+
+use crate::{AttributeProto, Model, TensorProto, ValueInfoProto};
+
+const FLOAT16: i32 = 10;
+const BFLOAT16: i32 = 16;
+const FLOAT: i32 = 1;
+const DOUBLE: i32 = 11;
+
+/// Whether an ONNX element type is a float that the copy widens.
+fn widened(elem_type: i32) -> bool {
+    matches!(elem_type, FLOAT | FLOAT16 | BFLOAT16)
+}
+
+/// The float64 copy of `model` (see the module docs), or why it cannot be made (an external or
+/// unreadable initializer).
+pub fn to_float64(model: &Model) -> Result<Model, String> {
+    let mut copy = model.clone();
+    let graph = copy.graph_mut();
+    for tensor in &mut graph.initializer {
+        if widened(tensor.data_type()) {
+            let read = model
+                .initializer(tensor.name())
+                .ok_or_else(|| format!("initializer `{}` vanished", tensor.name()))??;
+            *tensor = double_proto(tensor.name(), read)?;
+        }
+    }
+    for value in graph
+        .input
+        .iter_mut()
+        .chain(&mut graph.output)
+        .chain(&mut graph.value_info)
+    {
+        widen_declaration(value);
+    }
+    for node in &mut graph.node {
+        for attribute in &mut node.attribute {
+            widen_attribute(attribute)?;
+        }
+
+        if matches!(
+            node.op_type(),
+            "Cast" | "RandomNormal" | "RandomUniform" | "EyeLike"
+        ) {
+            let key = if node.op_type() == "Cast" {
+                "to"
+            } else {
+                "dtype"
+            };
+            if let Some(a) = node.attribute.iter_mut().find(|a| a.name() == key)
+                && a.i.is_some_and(|t| widened(t as i32))
+            {
+                a.i = Some(i64::from(DOUBLE));
+            }
+        }
+    }
+    Ok(copy)
+}
+
+/// A float tensor attribute (a Constant's `value`, ConstantOfShape's) in float64.
+fn widen_attribute(attribute: &mut AttributeProto) -> Result<(), String> {
+    if let Some(t) = attribute.t.as_mut()
+        && widened(t.data_type())
+    {
+        let tensor = crate::tensor_from_proto(t)?;
+        *t = double_proto(t.name(), tensor)?;
+    }
+    Ok(())
+}
+
+fn widen_declaration(value: &mut ValueInfoProto) {
+    let Some(crate::type_proto::Value::TensorType(t)) =
+        value.r#type.as_mut().and_then(|t| t.value.as_mut())
+    else {
+        return;
+    };
+    if t.elem_type.is_some_and(widened) {
+        t.elem_type = Some(DOUBLE);
+    }
+}
+
+/// A tensor as a float64 initializer named `name`.
+fn double_proto(name: &str, tensor: layerdiff_core::Tensor) -> Result<TensorProto, String> {
+    let shape: Vec<i64> = tensor.shape.iter().map(|&d| d as i64).collect();
+    let wide = tensor.cast(DType::F64);
+    Ok(TensorProto {
+        name: Some(name.to_string()),
+        dims: shape,
+        data_type: Some(DOUBLE),
+        raw_data: Some(Bytes::from(wide.bytes)),
+        ..Default::default()
+    })
+}
