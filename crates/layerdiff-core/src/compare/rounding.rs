@@ -1,5 +1,6 @@
 //! A pair's differences measured against rounding and a layer's bound, element by element: the
-//! distance in units in the last place (ULPs) of the dtype the layer is judged in, the median
+//! distance in units in the last place (ULPs) of the dtype the layer is judged in (at the larger
+//! magnitude of the two values), the median
 //! and 99th percentile of the difference, how many elements pass `atol + rtol·|reference|`, and
 //! the smallest multiple of that bound every element would have passed (Polygraphy's "minimum
 //! required tolerance", as a factor).
@@ -60,7 +61,7 @@ fn upper_edge(bucket: usize) -> f64 {
 pub struct Rounding {
     /// The dtype whose ULPs measure the differences (the lower-precision side's).
     pub grid: String,
-    /// Largest difference in ULPs of `grid` at the reference value's magnitude.
+    /// Largest difference in ULPs of `grid` at the larger magnitude of the two values.
     #[serde(serialize_with = "crate::render::float")]
     pub max_ulp_diff: f64,
     /// Mean difference in ULPs.
@@ -198,7 +199,9 @@ fn block(
         let d = if r == t { 0.0 } else { (t - r).abs() };
         part.compared += 1;
         part.max_abs = part.max_abs.max(d);
-        let ulps = d / spacing.at(r.abs());
+        // Steps at the larger magnitude of the two: near zero a reference's own steps are
+        // vanishingly small, and a value that moved away from 0 would count astronomically.
+        let ulps = d / spacing.at(r.abs().max(t.abs()));
         part.sum_ulp += ulps;
         part.max_ulp = part.max_ulp.max(ulps);
         let allowed = bound.at(r.abs());
