@@ -50,6 +50,12 @@ class Report:
         return self.data.get("target_graph")
 
     @property
+    def truth(self) -> dict | None:
+        """What computed the float64 truth both sides are measured against (`runtime`,
+        `detail`), when one ran."""
+        return self.data.get("truth")
+
+    @property
     def tolerance(self) -> dict:
         """The tolerance policy: `{"policy": "per_dtype"|"fixed"|"auto", "abs", "factor"}`; each
         layer's own tolerance is in its `tolerance` field."""

@@ -23,6 +23,9 @@ pub struct Report {
     /// The graph the target really ran, when its runtime optimized the model first.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub target_graph: Option<TargetGraph>,
+    /// What computed the float64 truth both sides are measured against, when one ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub truth: Option<SideInfo>,
     /// `local`: besides the accumulated error (each side run from the original input), each
     /// layer was re-run on the target with the reference's inputs; `accumulated`: not re-run.
     pub mode: String,

@@ -151,7 +151,10 @@ impl CapturedRun {
         let truth = c.float64.then(|| {
             let float64 = |l: &ListedLayer| l.call.shape.iter().product::<usize>() as u64 * 8;
             PushedSide::new(
-                SideInfo::new("pytorch", "float64"),
+                SideInfo::new(
+                    c.reference.runtime.clone(),
+                    format!("float64 copy of the model; {}", c.reference.detail),
+                ),
                 c.layers
                     .iter()
                     .map(|l| (l.call.name.clone(), DType::F64, float64(l))),

@@ -395,6 +395,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         let target_graph = self.target.graph_report(&compared, &mut summary);
         let reference_info = self.reference.describe(&mut summary);
         let target_info = self.target.describe(&mut summary);
+        let truth_info = self.truth.as_mut().map(|t| t.describe(&mut summary));
         if let Some(recompute) = self.target.recompute() {
             for (i, layer) in self.layers.iter().enumerate() {
                 let (true, Some(Ok(group))) = (summary.needs_cause(layer), &self.groups[i]) else {
@@ -424,6 +425,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             reference: reference_info,
             target: target_info,
             target_graph,
+            truth: truth_info,
             mode: if self.settings.local {
                 "local"
             } else {
@@ -444,7 +446,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
 /// The warning a run in `segments` segments owes when a side runs on a provider that picks its
 /// kernels per graph: there, a segment may compute a value with other bits than the whole run
 /// (on the CPU the bits are the same, which the tests check).
-pub fn segments_warning(segments: usize, providers: &[Option<&'static str>]) -> Option<String> {
+fn segments_warning(segments: usize, providers: &[Option<&'static str>]) -> Option<String> {
     let provider = providers.iter().flatten().next().filter(|_| segments > 1)?;
     Some(format!(
         "ran in {segments} segments on {provider}, which picks its kernels for each graph it is given: values may differ in their last bits from a run of the whole graph (use a --max-memory that fits the whole run to compare with one)"

@@ -75,11 +75,6 @@ impl GraphSide {
         self
     }
 
-    /// The graph.
-    pub fn index(&self) -> &GraphIndex {
-        &self.index
-    }
-
     /// Counts time spent inside the runtime by a re-run.
     pub(crate) fn add_time(&self, spent: Duration) {
         let nanos = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);

@@ -28,7 +28,7 @@ mod side;
 pub mod timings;
 mod value_pairing;
 
-pub use engine::{Alignment, Engine, Header, Settings, Shared, segments_warning};
+pub use engine::{Alignment, Engine, Header, Settings, Shared};
 pub use error::{Error, Result, error_chain};
 pub use evidence::WeightCheck;
 pub use expected_side::ExpectedSide;

@@ -165,7 +165,12 @@ pub fn compare(options: &OnnxOptions, ort_library: Option<&Path>) -> Result<Outc
     let alignment = align(&reference_model, &target_graph, &renames, &provides);
     let wants_truth = options.float64 || options.settings.tolerance == Tolerance::Auto;
     let truth = if wants_truth {
-        Some(float64_truth(&reference_model, &inputs, ort_library)?)
+        Some(float64_truth(
+            &options.model,
+            &reference_model,
+            &inputs,
+            ort_library,
+        )?)
     } else {
         None
     };
@@ -209,6 +214,7 @@ pub fn compare(options: &OnnxOptions, ort_library: Option<&Path>) -> Result<Outc
 /// The reference graph in float64, computed by ONNX Runtime on the CPU or, where it lacks a
 /// float64 kernel (Conv, Erf), by tract: the truth both sides are measured against.
 fn float64_truth(
+    model_path: &Path,
     reference: &Model,
     inputs: &[(String, Tensor)],
     ort_library: Option<&Path>,
@@ -228,9 +234,10 @@ fn float64_truth(
         .collect();
     let ort = RuntimeSpec::Ort(Provider::Cpu, OptLevel::Disable).build(ort_library)?;
     let tract = RuntimeSpec::Tract.build(ort_library)?;
+    let label = format!("float64 copy of {}", file_name(model_path));
     Ok(FallbackSide::new(vec![
-        GraphSide::new(None, wide.clone(), ort, &inputs),
-        GraphSide::new(None, wide, tract, &inputs),
+        GraphSide::new(Some(label.clone()), wide.clone(), ort, &inputs),
+        GraphSide::new(Some(label), wide, tract, &inputs),
     ]))
 }
 

@@ -33,6 +33,13 @@ pub fn to_markdown(report: &Report) -> String {
     if let Some(graph) = &report.target_graph {
         let _ = writeln!(out, "Target graph: {}\n", graph.describe());
     }
+    if let Some(truth) = &report.truth {
+        let _ = writeln!(
+            out,
+            "Float64 truth: **{}** ({})\n",
+            truth.runtime, truth.detail
+        );
+    }
     let _ = writeln!(out, "Machine: {}\n", report.machine.describe());
     let origin = s
         .drift_origin

@@ -42,6 +42,12 @@ pub fn to_text(report: &Report) -> String {
     if let Some(graph) = &report.target_graph {
         out.push_str(&format!("  target graph: {}\n", graph.describe()));
     }
+    if let Some(truth) = &report.truth {
+        out.push_str(&format!(
+            "  truth:     {} ({})\n",
+            truth.runtime, truth.detail
+        ));
+    }
     out.push_str(&format!(
         "  layers: {} total, {} compared, {} without an ONNX counterpart\n",
         s.layers_total, s.layers_compared, s.layers_unmapped
