@@ -120,10 +120,16 @@ def test_the_onnx_flow_measures_both_sides_against_a_float64_truth(tmp_path):
     assert origin["cause"] == "rounding", origin["detail"]
     assert report["summary"]["warnings"] == []
 
+    assert report["truth"]["detail"].startswith("float64 copy of mlp.onnx · onnxruntime")
+
     result, report = _report(tmp_path, *args, "--tolerance", "auto")
     assert result.returncode == 0, result.stdout
     for x in report["layers"]:
         assert x["tolerance"]["atol"] >= 4 * x["float64"]["reference"]
+    # The truth runs in the reference's segments, fed from its own values: same numbers.
+    result, split = _report(tmp_path, *args, "--tolerance", "auto", "--max-memory", "64K")
+    assert "segments" in result.stderr
+    assert [x["float64"] for x in split["layers"]] == [x["float64"] for x in report["layers"]]
 
 
 def test_a_model_without_float64_kernels_is_judged_without_a_truth_and_says_so(resnet18_onnx):
