@@ -221,7 +221,9 @@ def memory(quick: bool) -> dict:
         whole = peak_run(
             ["onnx", str(large), "--target", "ort", "--max-memory", "1T", "-q"], limit=limit
         )
-        rows.append({**whole, "model": big, "budget": None, "values": segmented["values"]})
+        rows.append(
+            {**whole, "model": big, "budget": None, "values": segmented["values"], "limited": True}
+        )
         # The PyTorch side: layers streamed from the hooks into the segmented ONNX run.
         case = (1, 256) if quick else (4, 1024)
         exported, builder = decoder_onnx(*case, folder), decoder_builder(*case, folder)
@@ -233,8 +235,11 @@ def memory(quick: bool) -> dict:
                  "--json", str(out)]
             )  # fmt: skip
             torch_runs[budget]["report"] = out.read_bytes() if out.exists() else None
-        same = bool(torch_runs["1T"]["report"]) and (
+        # Byte-identity is only a question when the whole run wrote a report.
+        same = (
             torch_runs["1T"]["report"] == torch_runs["1G"]["report"]
+            if torch_runs["1T"]["report"]
+            else None
         )
         torch_rows = [
             {**torch_runs["1T"], "model": case, "budget": None},
@@ -289,18 +294,24 @@ def memory_row(row: dict, limit: int) -> str:
     batch, tokens = row["model"]
     if row["rc"] in (0, 1):
         result = "finished"
-        if "same" in row:
+        if row.get("same") is None and "same" in row:
+            result += " (the whole run did not finish: no report to compare with)"
+        elif "same" in row:
             result += (
                 ", report byte-identical to the whole run"
                 if row["same"]
                 else ", **report differs from the whole run**"
             )
         peak = f"{row['peak'] / gib:.1f} GB"
-    else:
+    elif row.get("limited"):
         result = f"failed under a {limit / gib:.0f} GB address-space limit: "
         message = (row["error"] or f"exit {row['rc']}").removeprefix("error: ")
         result += message.split(":")[0]
         peak = f"over {limit / gib:.0f} GB"
+    else:
+        killed = "killed by the system, out of memory" if row["rc"] == -9 else "failed"
+        result = f"{killed} (exit {row['rc']}); see the segmented run"
+        peak = f"{row['peak'] / gib:.1f} GB when killed"
     return (
         f"| batch {batch} × {tokens} tokens | {row['values'] or '?'} "
         f"| {row['budget'] or 'none (whole graph)'} "
