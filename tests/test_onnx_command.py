@@ -162,6 +162,20 @@ def test_an_execution_provider_the_build_lacks_is_reported_unavailable(resnet18_
     assert "CPUExecutionProvider" in result.stderr and "panicked" not in result.stderr
 
 
+def test_provider_options_go_to_a_provider_in_onnx_runtimes_names(resnet18_onnx):
+    """`ort:cuda:use_tf32=0` passes the option to the CUDA provider; an option for the CPU,
+    which takes none, is a usage error that says where options go."""
+    result = run_cli("onnx", str(resnet18_onnx["dynamo"]), "--target", "ort:use_tf32=0")
+    assert result.returncode == 2
+    assert (
+        "options (use_tf32=0) are for an execution provider that takes them, such as "
+        "`ort:cuda:use_tf32=0`; CPUExecutionProvider takes none"
+    ) in result.stderr
+    result = run_cli("onnx", str(resnet18_onnx["dynamo"]), "--target", "ort:cuda:use_tf32")
+    assert result.returncode == 2
+    assert "unknown runtime `ort:cuda:use_tf32`" in result.stderr
+
+
 def _relu_model(path):
     x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 4])
     y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 4])

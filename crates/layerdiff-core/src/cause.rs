@@ -13,9 +13,12 @@
 //! 7. `rounding`: the float64 truth shows the target no further from it than twice the
 //!    reference's own distance, or within its dtype's absolute tolerance of it: the target
 //!    rounds, and computes nothing wrong;
-//! 8. `op_implementation` (a kernel): with the same inputs, weights and attributes, the target's
+//! 8. `precision_loss` (reduced math): the target's runtime does this float32 layer's products
+//!    in lower precision (TF32 on a GPU), and the float64 truth, where there is one, shows the
+//!    target further from it than rounding;
+//! 9. `op_implementation` (a kernel): with the same inputs, weights and attributes, the target's
 //!    nodes still compute something else (its local error exceeds);
-//! 9. `unknown`: nothing fits; the detail says what was ruled out.
+//! 10. `unknown`: nothing fits; the detail says what was ruled out.
 
 use crate::{DType, Layer, LayoutFinding, Summary, TensorView};
 
@@ -38,6 +41,9 @@ pub struct Evidence {
     pub attributes: Vec<String>,
     /// The target's op types in the re-run group, for the kernel sentence (`Conv`).
     pub ops: Vec<String>,
+    /// How the target's runtime does this group's float32 math in lower precision (TF32 on a
+    /// GPU), in words.
+    pub reduced_math: Option<String>,
 }
 
 impl Evidence {
@@ -168,6 +174,11 @@ fn decide(
             );
         }
     }
+    if let Some(how) = &e.reduced_math
+        && layer.dtype == "float32"
+    {
+        return ("precision_loss", how.clone());
+    }
     if let Some(local) = &layer.local {
         let ops = if e.ops.is_empty() {
             "nodes".to_string()
@@ -195,9 +206,13 @@ fn decide(
     )
 }
 
+/// Elements [`precision_grid`] looks at, evenly spaced: a float32 value off a 10-bit grid lands
+/// on it by chance about once in 8192, so this many on it is no chance.
+pub const GRID_SAMPLE: usize = 4096;
+
 /// Whether the target's values lie on a lower-precision grid the reference's do not: every
-/// finite target value survives a round trip through float16 (or bfloat16), while fewer than
-/// half of the reference's do. Names the grid.
+/// finite target value of an even sample ([`GRID_SAMPLE`]) survives a round trip through
+/// float16 (or bfloat16), while fewer than half of the reference's do. Names the grid.
 pub fn precision_grid(reference: TensorView<'_>, target: TensorView<'_>) -> Option<&'static str> {
     let bits = target.dtype.mantissa_bits()?;
     // The coarser grid first: bfloat16 values within float16's range are float16 values too.
@@ -210,12 +225,14 @@ pub fn precision_grid(reference: TensorView<'_>, target: TensorView<'_>) -> Opti
     if n == 0 {
         return None;
     }
+    let step = n.div_ceil(GRID_SAMPLE);
     grids.into_iter().find_map(|(name, grid_bits, round)| {
         if grid_bits >= bits {
             return None;
         }
         let on = |view: &TensorView<'_>| {
             (0..n)
+                .step_by(step)
                 .map(|i| view.get_f64(i))
                 .filter(|v| v.is_finite() && *v != 0.0)
                 .map(|v| round(v) == v)
@@ -282,6 +299,41 @@ mod tests {
         let (cause, detail) = judged(1e-4, 6e-4);
         assert_eq!(cause, "op_implementation");
         assert!(detail.ends_with("the target is off"), "{detail}");
+    }
+
+    #[test]
+    fn tf32_products_are_precision_loss_unless_the_truth_calls_them_rounding() {
+        let tf32 = Evidence {
+            reduced_math: Some("MatMul: the provider multiplies float32 in TF32".into()),
+            ..Evidence::default()
+        };
+        let judged = |truth: Option<(f64, f64)>, dtype: &str| {
+            let mut layers = vec![layer(0, 5e-3, Some(5e-3), &["x"])];
+            layers[0].dtype = dtype.to_string();
+            layers[0].float64 =
+                truth.map(|(reference, target)| crate::Float64Distance { reference, target });
+            let summary = analyse(&mut layers, Tolerance::PerDtype);
+            explain(&mut layers, std::slice::from_ref(&tf32), &summary);
+            (
+                layers[0].cause.clone().unwrap(),
+                layers[0].detail.clone().unwrap(),
+            )
+        };
+        let (cause, detail) = judged(None, "float32");
+        assert_eq!(cause, "precision_loss");
+        assert!(
+            detail.starts_with("MatMul: the provider multiplies"),
+            "{detail}"
+        );
+        let (cause, detail) = judged(Some((2e-5, 5e-3)), "float32");
+        assert_eq!(cause, "precision_loss", "the truth says the target is off");
+        assert!(detail.ends_with("the target is off"), "{detail}");
+        assert_eq!(judged(Some((4e-3, 5e-3)), "float32").0, "rounding");
+        assert_eq!(
+            judged(None, "float16").0,
+            "op_implementation",
+            "TF32 is float32 math"
+        );
     }
 
     #[test]

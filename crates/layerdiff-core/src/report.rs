@@ -1,5 +1,7 @@
 //! The report: one serialisable model that every renderer reads. Field order is JSON key order.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use crate::Stats;
@@ -82,6 +84,10 @@ pub struct SideInfo {
     /// than the CPU, read from its profiler), most first; absent where it says nothing.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub placement: Option<Vec<ProviderNodes>>,
+    /// The options of its execution provider that change its numbers, as ONNX Runtime resolved
+    /// them (`use_tf32`: `1`); absent where it has none.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub options: BTreeMap<String, String>,
 }
 
 /// Nodes one execution provider ran.
@@ -115,6 +121,7 @@ impl SideInfo {
             runtime: runtime.into(),
             detail: detail.into(),
             placement: None,
+            options: BTreeMap::new(),
         }
     }
 }

@@ -412,7 +412,8 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                 let check = |node: &str, position, name: &str, weight: &Tensor| {
                     self.reference.weight_check(i, node, position, name, weight)
                 };
-                recompute.group_evidence(group, e, &fed, &check);
+                let computed_in = layerdiff_core::DType::from_name(&layer.dtype).ok();
+                recompute.group_evidence(group, computed_in, e, &fed, &check);
             }
         }
         let mut layers = self.layers;

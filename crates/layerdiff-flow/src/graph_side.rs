@@ -35,6 +35,8 @@ pub struct GraphSide {
     shipped: Option<Shipped>,
     placement: Option<Placement>,
     renames: Renames,
+    /// What the report should say about how this side was fed.
+    notes: Vec<String>,
 }
 
 impl GraphSide {
@@ -58,6 +60,7 @@ impl GraphSide {
             shipped: None,
             placement: None,
             renames: Renames::default(),
+            notes: Vec::new(),
         }
     }
 
@@ -72,6 +75,12 @@ impl GraphSide {
         self.renames = renames;
         self.shipped = shipped;
         self.placement = placement;
+        self
+    }
+
+    /// Adds sentences for the report's warnings (how this side was fed).
+    pub fn noting(mut self, notes: Vec<String>) -> Self {
+        self.notes.extend(notes);
         self
     }
 
@@ -94,6 +103,8 @@ impl Side for GraphSide {
             None => self.runtime.detail(),
         };
         let mut info = SideInfo::new(self.runtime.name(), detail);
+        info.options = self.runtime.options().into_iter().collect();
+        summary.warnings.append(&mut self.notes);
         if let Some(placement) = self.placement.take() {
             placement.report(&mut info, summary);
         }

@@ -5,6 +5,33 @@ use layerdiff_onnx::{Dimension, GraphIndex};
 
 use crate::{Error, Result};
 
+/// `inputs` made fit for a graph that declares another float type for some of them (a float16
+/// export of a float32 model): those cast to the declared type, each with a sentence saying so.
+pub fn fit_inputs(
+    index: &GraphIndex,
+    inputs: &[(String, Tensor)],
+) -> (Vec<(String, Tensor)>, Vec<String>) {
+    let mut notes = Vec::new();
+    let fitted = inputs
+        .iter()
+        .map(|(name, tensor)| {
+            let declared = index
+                .value_type(name)
+                .and_then(|v| DType::from_onnx_code(v.elem_type).ok())
+                .filter(|d| d.is_float() && tensor.dtype.is_float() && *d != tensor.dtype);
+            let Some(dtype) = declared else {
+                return (name.clone(), tensor.clone());
+            };
+            notes.push(format!(
+                "input `{name}` is cast from {} to {dtype} for the target, whose file declares it so",
+                tensor.dtype
+            ));
+            (name.clone(), tensor.clone().cast(dtype))
+        })
+        .collect();
+    (fitted, notes)
+}
+
 /// Checks names, dtypes and fixed dimensions of `inputs` against the graph's declared inputs.
 pub fn check_inputs(index: &GraphIndex, inputs: &[(String, Tensor)]) -> Result<()> {
     let given: Vec<&str> = inputs.iter().map(|(n, _)| n.as_str()).collect();

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 
 use layerdiff_core::{Layer, OnnxRef, Report, Tensor, Tolerance};
 use layerdiff_onnx::{GraphIndex, MAX_GROUP_NODES, Model, NCHWC_DOMAIN, NodeInfo, to_float64};
-use layerdiff_runtime::{OptLevel, Provider, RuntimeSpec};
+use layerdiff_runtime::{PerNode, Runtime, RuntimeSpec};
 
-use crate::inputs::{InputPlan, check_inputs, generate_inputs, read_inputs};
+use crate::inputs::{InputPlan, check_inputs, fit_inputs, generate_inputs, read_inputs};
 use crate::output::{Destinations, deliver, exit_code};
 use crate::shipped::prepare_target;
 use crate::timings::{OWN, RUNTIME, Stopwatch};
@@ -79,11 +79,29 @@ pub fn run(options: &OnnxOptions, to: &Destinations, ort_library: Option<&Path>)
 /// Compares as `layerdiff onnx` does (ONNX Runtime loaded from `ort_library`, else found).
 /// Drift is a finding, not an error.
 pub fn compare(options: &OnnxOptions, ort_library: Option<&Path>) -> Result<Outcome> {
+    compare_on(options, None, ort_library)
+}
+
+/// [`compare`] with the target computed by `target` instead of `options.target`: a runtime of
+/// one's own (a vendor's backend behind the [`Runtime`] trait) against the reference.
+pub fn compare_with(
+    options: &OnnxOptions,
+    target: Box<dyn Runtime + Send + Sync>,
+    ort_library: Option<&Path>,
+) -> Result<Outcome> {
+    compare_on(options, Some(target), ort_library)
+}
+
+fn compare_on(
+    options: &OnnxOptions,
+    target_runtime: Option<Box<dyn Runtime + Send + Sync>>,
+    ort_library: Option<&Path>,
+) -> Result<Outcome> {
     let mut clock = Stopwatch::default();
     let reference_model = Model::load(&options.model)?;
     let target_model = options.vs.as_ref().map(Model::load).transpose()?;
     let target_spec = options.target.clone().unwrap_or(if options.vs.is_some() {
-        RuntimeSpec::Ort(Provider::Cpu, OptLevel::Disable)
+        RuntimeSpec::ort_cpu()
     } else {
         RuntimeSpec::Tract
     });
@@ -100,13 +118,19 @@ pub fn compare(options: &OnnxOptions, ort_library: Option<&Path>) -> Result<Outc
     };
     let target_file = target_model.as_ref().unwrap_or(&reference_model);
     let reference_expected = expected(&options.reference, &reference_label, &reference_model)?;
-    let target_expected = expected(&target_spec, &target_label, target_file)?;
+    let target_expected = match target_runtime {
+        Some(_) => None,
+        None => expected(&target_spec, &target_label, target_file)?,
+    };
     let build = |spec: &RuntimeSpec| match spec {
         RuntimeSpec::Expected(_) => Ok(None),
         spec => spec.build(ort_library).map(Some),
     };
     let reference_runtime = build(&options.reference)?;
-    let target_runtime = build(&target_spec)?;
+    let target_runtime = match target_runtime {
+        Some(runtime) => Some(runtime),
+        None => build(&target_spec)?,
+    };
     clock.lap("runtime start-up", RUNTIME);
     let stored = [&reference_expected, &target_expected]
         .into_iter()
@@ -126,25 +150,27 @@ pub fn compare(options: &OnnxOptions, ort_library: Option<&Path>) -> Result<Outc
     clock.lap("making inputs", OWN);
     let target_file_index = GraphIndex::new(target_file.graph());
     check_inputs(&GraphIndex::new(reference_model.graph()), &inputs)?;
-    check_inputs(&target_file_index, &inputs)?;
+    let (target_inputs, input_notes) = match &target_expected {
+        Some(_) => (inputs.clone(), Vec::new()),
+        None => fit_inputs(&target_file_index, &inputs),
+    };
+    check_inputs(&target_file_index, &target_inputs)?;
 
     let mut renames = crate::shipped::Renames::default();
     let target_holds = target_expected.as_ref().map(ExpectedSide::names);
     let target: Box<dyn Side> = match (target_expected, target_runtime) {
         (Some(expected), _) => Box::new(expected.given(&inputs)),
         (None, Some(runtime)) => {
-            let prepared = prepare_target(&reference_model, target_model, runtime, &inputs)?;
+            let prepared = prepare_target(&reference_model, target_model, runtime, &target_inputs)?;
             if prepared.shipped.is_some() {
                 clock.lap("optimizing the target graph", RUNTIME);
             }
             let model = prepared.model.unwrap_or_else(|| reference_model.clone());
             renames = prepared.renames.clone();
             Box::new(
-                GraphSide::new(Some(target_label), model, prepared.runtime, &inputs).shipping(
-                    prepared.renames,
-                    prepared.shipped,
-                    prepared.placement,
-                ),
+                GraphSide::new(Some(target_label), model, prepared.runtime, &target_inputs)
+                    .shipping(prepared.renames, prepared.shipped, prepared.placement)
+                    .noting(input_notes),
             )
         }
         (None, None) => unreachable!("a side is a runtime or expected values"),
@@ -212,7 +238,8 @@ pub fn compare(options: &OnnxOptions, ort_library: Option<&Path>) -> Result<Outc
 }
 
 /// The reference graph in float64, computed by ONNX Runtime on the CPU or, where it lacks a
-/// float64 kernel (Conv, Erf), by tract: the truth both sides are measured against.
+/// float64 kernel (Conv, Erf), by tract, or, where each lacks one (a CNN: Conv and Gemm), node by
+/// node on whichever has it: the truth both sides are measured against.
 fn float64_truth(
     model_path: &Path,
     reference: &Model,
@@ -232,12 +259,23 @@ fn float64_truth(
             (n.clone(), t)
         })
         .collect();
-    let ort = RuntimeSpec::Ort(Provider::Cpu, OptLevel::Disable).build(ort_library)?;
-    let tract = RuntimeSpec::Tract.build(ort_library)?;
+    let runtimes = || -> Result<[Box<dyn Runtime + Send + Sync>; 2]> {
+        Ok([
+            RuntimeSpec::ort_cpu().build(ort_library)?,
+            RuntimeSpec::Tract.build(ort_library)?,
+        ])
+    };
+    let [ort, tract] = runtimes()?;
     let label = format!("float64 copy of {}", file_name(model_path));
     Ok(FallbackSide::new(vec![
         GraphSide::new(Some(label.clone()), wide.clone(), ort, &inputs),
-        GraphSide::new(Some(label), wide, tract, &inputs),
+        GraphSide::new(Some(label.clone()), wide.clone(), tract, &inputs),
+        GraphSide::new(
+            Some(label),
+            wide,
+            Box::new(PerNode::new(runtimes()?.into())),
+            &inputs,
+        ),
     ]))
 }
 

@@ -56,13 +56,26 @@ impl Recompute for GraphSide {
     fn group_evidence(
         &self,
         group: &LocalGroup,
+        reference: Option<DType>,
         evidence: &mut Evidence,
         fed: &dyn Fn(&str) -> Option<(DType, DType)>,
         check: &dyn Fn(&str, usize, &str, &Tensor) -> Option<WeightCheck>,
     ) {
         evidence.ops = self.ops(group);
+        if let Some(reduced) = self.runtime.reduced_math() {
+            let mut hit: Vec<&str> = evidence
+                .ops
+                .iter()
+                .map(String::as_str)
+                .filter(|op| reduced.ops.contains(op))
+                .collect();
+            hit.dedup();
+            if !hit.is_empty() {
+                evidence.reduced_math = Some(format!("{}: {}", hit.join(", "), reduced.how));
+            }
+        }
         if evidence.precision.is_none() {
-            evidence.precision = self.lowered_precision(group, fed);
+            evidence.precision = self.lowered_precision(group, reference, fed);
         }
         for (node, position, name) in self.initializers(group) {
             let Some(Ok(weight)) = self.model.initializer(&name) else {
@@ -90,14 +103,20 @@ impl GraphSide {
             .collect()
     }
 
-    /// How the group lowers precision: a Cast to float16/bfloat16, such an initializer, or an
-    /// input the target holds in float16/bfloat16 (`fed` gives each input's dtype on both
-    /// sides: the reference's, the target's).
+    /// How the group lowers precision: quantization, or, below the dtype the reference computes
+    /// the layer in (`reference`; unknown: float32), a Cast to float16/bfloat16, such an
+    /// initializer, or an input the target holds in float16/bfloat16 (`fed` gives each input's
+    /// dtype on both sides: the reference's, the target's).
     fn lowered_precision(
         &self,
         group: &LocalGroup,
+        reference: Option<DType>,
         fed: &dyn Fn(&str) -> Option<(DType, DType)>,
     ) -> Option<String> {
+        let reference = reference.unwrap_or(DType::F32);
+        let lower = |dtype: DType| {
+            matches!(dtype, DType::F16 | DType::BF16) && dtype.narrower_than(reference)
+        };
         let graph = self.model.graph();
         for input in &group.inputs {
             if let Some((r, t)) = fed(input)
@@ -136,7 +155,7 @@ impl GraphSide {
             if node.op_type() == "Cast"
                 && let Ok(to) = node.attr_i64("to")
                 && let Ok(dtype) = DType::from_onnx_code(to as i32)
-                && matches!(dtype, DType::F16 | DType::BF16)
+                && lower(dtype)
             {
                 return Some(format!(
                     "the target casts to {dtype} inside this layer (node `{}`)",
@@ -146,7 +165,7 @@ impl GraphSide {
             for input in &node.input {
                 if let Some(init) = graph.initializer.iter().find(|t| t.name() == input)
                     && let Ok(dtype) = DType::from_onnx_code(init.data_type())
-                    && matches!(dtype, DType::F16 | DType::BF16)
+                    && lower(dtype)
                 {
                     return Some(format!(
                         "the target stores `{input}` in {dtype} and computes this layer in it"

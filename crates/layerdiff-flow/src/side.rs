@@ -114,12 +114,14 @@ pub trait Recompute {
     fn take_time(&self) -> Duration;
     /// The group's nodes, in order.
     fn group_nodes(&self, group: &LocalGroup) -> Vec<&NodeProto>;
-    /// What the group shows about a cause: its ops, how it lowers precision (`fed` gives each
-    /// input's dtype on the reference and on this side), and the weights it reads, each checked
-    /// by `check(node name, input position, name, weight)` against the reference's.
+    /// What the group shows about a cause: its ops, how it lowers precision below `reference`
+    /// (the dtype the reference computes the layer in; `fed` gives each input's dtype on the
+    /// reference and on this side), and the weights it reads, each checked by `check(node name,
+    /// input position, name, weight)` against the reference's.
     fn group_evidence(
         &self,
         group: &LocalGroup,
+        reference: Option<DType>,
         evidence: &mut Evidence,
         fed: &dyn Fn(&str) -> Option<(DType, DType)>,
         check: &dyn Fn(&str, usize, &str, &Tensor) -> Option<WeightCheck>,

@@ -172,6 +172,7 @@ impl Recompute for Chain {
     fn group_evidence(
         &self,
         group: &LocalGroup,
+        _reference: Option<DType>,
         evidence: &mut Evidence,
         _fed: &dyn Fn(&str) -> Option<(DType, DType)>,
         _check: &dyn Fn(&str, usize, &str, &Tensor) -> Option<WeightCheck>,

@@ -7,7 +7,9 @@
 
 mod error;
 mod library;
+mod ort_provider;
 mod ort_runtime;
+mod per_node;
 mod spec;
 mod tract_runtime;
 
@@ -16,7 +18,9 @@ use layerdiff_onnx::Model;
 
 pub use error::{Error, Result};
 pub use library::{LIBRARY_ENV, find_ort_library};
-pub use ort_runtime::{OptLevel, OrtRuntime, Provider};
+pub use ort_provider::{Provider, ProviderOptions, TF32_OPS};
+pub use ort_runtime::{OptLevel, OrtRuntime};
+pub use per_node::PerNode;
 pub use spec::RuntimeSpec;
 pub use tract_runtime::TractRuntime;
 
@@ -30,6 +34,15 @@ pub trait Runtime {
     fn name(&self) -> &str;
     /// Version, provider and options, in words.
     fn detail(&self) -> String;
+    /// The options of its provider that change its numbers (`use_tf32` = `1`), as the runtime
+    /// resolved them; empty where it has none.
+    fn options(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+    /// Ops whose float32 math this runtime does in lower precision (TF32 on a GPU), and how.
+    fn reduced_math(&self) -> Option<ReducedMath> {
+        None
+    }
     /// The device provider, when it may choose kernels per graph (a GPU provider picks
     /// convolution and matmul algorithms, TF32 and the like for the graph it is given), so a
     /// value computed in a segment of the graph need not have the bits of the whole run's.
@@ -72,6 +85,15 @@ pub trait Runtime {
             self.run(model, inputs, outputs)?,
         ])
     }
+}
+
+/// Float32 math a runtime does in lower precision: for which ops, and how, in words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReducedMath {
+    /// The op types it applies to (`MatMul`, `Conv`).
+    pub ops: &'static [&'static str],
+    /// A sentence: who, how, and how to turn it off.
+    pub how: String,
 }
 
 /// A model as a runtime rewrote it (see [`Runtime::optimize`]).

@@ -7,12 +7,12 @@ use std::sync::{Mutex, OnceLock};
 use layerdiff_core::{DType, Tensor};
 use layerdiff_onnx::Model;
 use ort::environment::Environment;
-use ort::ep::ExecutionProviderDispatch;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::{Session, SessionInputValue};
 use ort::value::{DynValue, TensorElementType, TensorRef, ValueRef};
 
-use crate::{Error, Optimized, Result, Runtime};
+use crate::ort_provider::{ProviderOptions, TF32_OPS};
+use crate::{Error, Optimized, Provider, ReducedMath, Result, Runtime};
 
 /// ONNX Runtime's graph optimization level. layerdiff defaults to [`OptLevel::Disable`] so every
 /// node's value exists as written in the file.
@@ -50,93 +50,6 @@ impl OptLevel {
     }
 }
 
-/// An ONNX Runtime execution provider.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Provider {
-    /// The CPU execution provider (always present).
-    #[default]
-    Cpu,
-    /// NVIDIA CUDA.
-    Cuda,
-    /// NVIDIA TensorRT.
-    TensorRt,
-    /// AMD ROCm.
-    Rocm,
-    /// Intel OpenVINO.
-    OpenVino,
-    /// Apple CoreML.
-    CoreMl,
-    /// DirectML (Windows).
-    DirectMl,
-}
-
-impl Provider {
-    /// Every provider, for parsing.
-    pub const ALL: [Provider; 7] = [
-        Provider::Cpu,
-        Provider::Cuda,
-        Provider::TensorRt,
-        Provider::Rocm,
-        Provider::OpenVino,
-        Provider::CoreMl,
-        Provider::DirectMl,
-    ];
-
-    /// The spelling in runtime names (`ort:cuda`).
-    pub fn spelling(self) -> &'static str {
-        match self {
-            Provider::Cpu => "cpu",
-            Provider::Cuda => "cuda",
-            Provider::TensorRt => "tensorrt",
-            Provider::Rocm => "rocm",
-            Provider::OpenVino => "openvino",
-            Provider::CoreMl => "coreml",
-            Provider::DirectMl => "directml",
-        }
-    }
-
-    /// ONNX Runtime's name for it.
-    pub fn ort_name(self) -> &'static str {
-        match self {
-            Provider::Cpu => "CPUExecutionProvider",
-            Provider::Cuda => "CUDAExecutionProvider",
-            Provider::TensorRt => "TensorrtExecutionProvider",
-            Provider::Rocm => "ROCMExecutionProvider",
-            Provider::OpenVino => "OpenVINOExecutionProvider",
-            Provider::CoreMl => "CoreMLExecutionProvider",
-            Provider::DirectMl => "DmlExecutionProvider",
-        }
-    }
-
-    /// Whether the loaded ONNX Runtime was built with this provider.
-    fn is_built_in(self) -> bool {
-        use ort::ep::{self, ExecutionProvider};
-        match self {
-            Provider::Cpu => Ok(true),
-            Provider::Cuda => ep::CUDA::is_available(),
-            Provider::TensorRt => ep::TensorRT::is_available(),
-            Provider::Rocm => ep::ROCm::is_available(),
-            Provider::OpenVino => ep::OpenVINO::is_available(),
-            Provider::CoreMl => ep::CoreML::is_available(),
-            Provider::DirectMl => ep::DirectML::is_available(),
-        }
-        .unwrap_or(false)
-    }
-
-    fn dispatch(self) -> Option<ExecutionProviderDispatch> {
-        use ort::ep;
-        Some(match self {
-            Provider::Cpu => return None,
-            Provider::Cuda => ep::CUDA::default().build(),
-            Provider::TensorRt => ep::TensorRT::default().build(),
-            Provider::Rocm => ep::ROCm::default().build(),
-            Provider::OpenVino => ep::OpenVINO::default().build(),
-            Provider::CoreMl => ep::CoreML::default().build(),
-            Provider::DirectMl => ep::DirectML::default().build(),
-        })
-    }
-}
-
 struct LoadedOrt {
     env: Environment,
     path: PathBuf,
@@ -151,6 +64,10 @@ pub struct OrtRuntime {
     pub opt_level: OptLevel,
     /// Execution provider.
     pub provider: Provider,
+    /// The options the user gave the provider (`use_tf32` = `0`).
+    options: ProviderOptions,
+    /// The options that change its numbers, as ONNX Runtime resolved them.
+    resolved: ProviderOptions,
     /// Intra-op threads (`None`: ONNX Runtime's default).
     pub intra_threads: Option<usize>,
     /// The level at which ONNX Runtime already optimized the graph this runtime runs (see
@@ -176,6 +93,8 @@ impl OrtRuntime {
             Ok(loaded) => Ok(Self {
                 opt_level,
                 provider: Provider::Cpu,
+                options: Vec::new(),
+                resolved: Vec::new(),
                 intra_threads: None,
                 optimized_at: None,
                 library: loaded.path.clone(),
@@ -188,9 +107,14 @@ impl OrtRuntime {
         }
     }
 
-    /// The same runtime on another execution provider. Fails, naming the reason, when this
-    /// ONNX Runtime build does not have that provider.
-    pub fn with_provider(mut self, provider: Provider) -> Result<Self> {
+    /// The same runtime on another execution provider, with `options` in ONNX Runtime's names
+    /// (`use_tf32` = `0`). Fails, naming the reason, when this ONNX Runtime build does not have
+    /// that provider, or it refuses an option.
+    pub fn with_provider(
+        mut self,
+        provider: Provider,
+        options: &[(String, String)],
+    ) -> Result<Self> {
         if !provider.is_built_in() {
             let available: Vec<&str> = Provider::ALL
                 .into_iter()
@@ -211,7 +135,20 @@ impl OrtRuntime {
                 });
             }
         }
+        if !options.is_empty() && !provider.takes_options() {
+            return Err(Error::ProviderUnavailable {
+                provider: provider.spelling(),
+                reason: format!("{} takes no options here", provider.ort_name()),
+            });
+        }
+        self.resolved = provider
+            .resolve(options)
+            .map_err(|reason| Error::ProviderUnavailable {
+                provider: provider.spelling(),
+                reason: clean_message(reason),
+            })?;
         self.provider = provider;
+        self.options = options.to_vec();
         Ok(self)
     }
 
@@ -268,7 +205,7 @@ impl OrtRuntime {
             .map_err(|e| Error::Session(clean_message(e.to_string())))?
             .with_optimization_level(self.opt_level.to_ort())
             .map_err(session_error)?;
-        if let Some(dispatch) = self.provider.dispatch() {
+        if let Some(dispatch) = self.provider.dispatch(&self.options) {
             builder = builder
                 .with_execution_providers([dispatch.error_on_failure()])
                 .map_err(|e| Error::ProviderUnavailable {
@@ -376,11 +313,41 @@ impl Runtime for OrtRuntime {
             ),
             None => format!("graph optimizations: {}", self.opt_level.name()),
         };
+        let options = if self.resolved.is_empty() {
+            String::new()
+        } else {
+            let pairs: Vec<String> = self
+                .resolved
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            format!(" ({})", pairs.join(", "))
+        };
         format!(
-            "onnxruntime {}, {}, {optimizations}",
+            "onnxruntime {}, {}{options}, {optimizations}",
             self.version,
             self.provider.ort_name()
         )
+    }
+
+    fn options(&self) -> ProviderOptions {
+        self.resolved.clone()
+    }
+
+    fn reduced_math(&self) -> Option<ReducedMath> {
+        let tf32 = self.provider == Provider::Cuda
+            && self
+                .resolved
+                .iter()
+                .any(|(k, v)| k == "use_tf32" && v != "0");
+        tf32.then(|| ReducedMath {
+            ops: &TF32_OPS,
+            how: format!(
+                "{} multiplies float32 in TF32 here (use_tf32=1: products of 10-bit mantissas); \
+                 `ort:cuda:use_tf32=0` runs it in full float32",
+                self.provider.ort_name()
+            ),
+        })
     }
 
     fn placement(

@@ -1,16 +1,20 @@
 //! Runtimes are spelled the same way everywhere: `ort` (CPU execution provider, optimizations
-//! off), `ort:cuda`, `ort:opt=basic|extended|all` and combinations (`ort:cuda:opt=all`), `tract`,
+//! off), `ort:cuda`, `ort:opt=basic|extended|all` and combinations (`ort:cuda:opt=all`), a
+//! provider's own options in ONNX Runtime's names (`ort:cuda:use_tf32=0`), `tract`,
 //! `expected:PATH`.
 
 use std::path::Path;
 
-use crate::{Error, OptLevel, OrtRuntime, Provider, Result, Runtime, TractRuntime};
+use crate::{
+    Error, OptLevel, OrtRuntime, Provider, ProviderOptions, Result, Runtime, TractRuntime,
+};
 
 /// A runtime named on the command line or in the API.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RuntimeSpec {
-    /// ONNX Runtime on an execution provider, with a graph optimization level.
-    Ort(Provider, OptLevel),
+    /// ONNX Runtime on an execution provider with its options (ONNX Runtime's names), with a
+    /// graph optimization level.
+    Ort(Provider, OptLevel, ProviderOptions),
     /// tract.
     Tract,
     /// Values read from a file: `expected:PATH` (safetensors, or an ONNX test data folder).
@@ -18,13 +22,19 @@ pub enum RuntimeSpec {
 }
 
 impl RuntimeSpec {
-    /// Parses `ort[:PROVIDER][:opt=LEVEL]`, `tract` or `expected:PATH`.
+    /// ONNX Runtime on the CPU with graph optimizations off: every value exists as written.
+    pub fn ort_cpu() -> Self {
+        Self::Ort(Provider::Cpu, OptLevel::Disable, Vec::new())
+    }
+
+    /// Parses `ort[:PROVIDER][:opt=LEVEL][:KEY=VALUE]…`, `tract` or `expected:PATH`.
     pub fn parse(text: &str) -> Result<Self, String> {
         let unknown = || {
             format!(
-                "unknown runtime `{text}` (expected `ort[:PROVIDER][:opt=LEVEL]` with PROVIDER one of \
-                 cpu, cuda, tensorrt, rocm, openvino, coreml, directml and LEVEL one of disable, basic, \
-                 extended, all; or `tract`; or `expected:PATH`)"
+                "unknown runtime `{text}` (expected `ort[:PROVIDER][:opt=LEVEL][:KEY=VALUE]…` with \
+                 PROVIDER one of cpu, cuda, tensorrt, rocm, openvino, coreml, directml, LEVEL one of \
+                 disable, basic, extended, all, and KEY=VALUE the provider's options in ONNX Runtime's \
+                 names (`use_tf32=0`); or `tract`; or `expected:PATH`)"
             )
         };
         if text == "tract" {
@@ -37,7 +47,7 @@ impl RuntimeSpec {
         if parts.next() != Some("ort") {
             return Err(unknown());
         }
-        let (mut provider, mut level) = (None, None);
+        let (mut provider, mut level, mut options) = (None, None, Vec::new());
         for part in parts {
             if let Some(l) = part.strip_prefix("opt=") {
                 let parsed = [
@@ -49,21 +59,34 @@ impl RuntimeSpec {
                 .into_iter()
                 .find(|o| o.name() == l);
                 level = Some(parsed.filter(|_| level.is_none()).ok_or_else(unknown)?);
+            } else if let Some((key, value)) = part.split_once('=') {
+                if key.is_empty() || value.is_empty() {
+                    return Err(unknown());
+                }
+                options.push((key.to_string(), value.to_string()));
             } else {
                 let parsed = Provider::ALL.into_iter().find(|p| p.spelling() == part);
                 provider = Some(parsed.filter(|_| provider.is_none()).ok_or_else(unknown)?);
             }
         }
-        Ok(Self::Ort(
-            provider.unwrap_or_default(),
-            level.unwrap_or_default(),
-        ))
+        let provider: Provider = provider.unwrap_or_default();
+        if !options.is_empty() && !provider.takes_options() {
+            let given: Vec<String> = options.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            return Err(format!(
+                "`{text}`: options ({}) are for an execution provider that takes them, such as \
+                 `ort:cuda:{}`; {} takes none",
+                given.join(", "),
+                given.join(":"),
+                provider.ort_name()
+            ));
+        }
+        Ok(Self::Ort(provider, level.unwrap_or_default(), options))
     }
 
     /// The spelling that parses back to this spec (defaults left out: `ort`, `ort:cuda:opt=all`).
     pub fn spelling(&self) -> String {
         match self {
-            Self::Ort(provider, level) => {
+            Self::Ort(provider, level, options) => {
                 let mut s = "ort".to_string();
                 if *provider != Provider::Cpu {
                     s.push(':');
@@ -72,6 +95,9 @@ impl RuntimeSpec {
                 if *level != OptLevel::Disable {
                     s.push_str(":opt=");
                     s.push_str(level.name());
+                }
+                for (k, v) in options {
+                    s.push_str(&format!(":{k}={v}"));
                 }
                 s
             }
@@ -84,8 +110,8 @@ impl RuntimeSpec {
     /// `expected:` values are a side that computes nothing, not a runtime: an error here.
     pub fn build(&self, ort_library: Option<&Path>) -> Result<Box<dyn Runtime + Send + Sync>> {
         Ok(match self {
-            Self::Ort(provider, level) => {
-                Box::new(OrtRuntime::new(ort_library, *level)?.with_provider(*provider)?)
+            Self::Ort(provider, level, options) => {
+                Box::new(OrtRuntime::new(ort_library, *level)?.with_provider(*provider, options)?)
             }
             Self::Tract => Box::new(TractRuntime),
             Self::Expected(path) => {
@@ -110,6 +136,7 @@ mod tests {
             "ort:opt=all",
             "ort:cuda",
             "ort:tensorrt:opt=extended",
+            "ort:cuda:opt=all:use_tf32=0:cudnn_conv_algo_search=HEURISTIC",
             "tract",
             "expected:run/out.safetensors",
         ] {
@@ -126,6 +153,8 @@ mod tests {
             "ort:cuda:rocm",
             "onnxruntime",
             "expected:",
+            "ort:cuda:use_tf32",
+            "ort:cuda:=0",
         ] {
             let err = RuntimeSpec::parse(bad).unwrap_err();
             assert!(
@@ -133,5 +162,23 @@ mod tests {
                 "{bad}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn options_need_a_provider_that_takes_them() {
+        let err = RuntimeSpec::parse("ort:use_tf32=0").unwrap_err();
+        assert_eq!(
+            err,
+            "`ort:use_tf32=0`: options (use_tf32=0) are for an execution provider that takes them, \
+             such as `ort:cuda:use_tf32=0`; CPUExecutionProvider takes none"
+        );
+        assert_eq!(
+            RuntimeSpec::parse("ort:use_tf32=0:cuda").unwrap(),
+            RuntimeSpec::Ort(
+                Provider::Cuda,
+                OptLevel::Disable,
+                vec![("use_tf32".into(), "0".into())]
+            )
+        );
     }
 }

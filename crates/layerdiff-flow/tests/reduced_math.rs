@@ -1,0 +1,202 @@
+//! A CPU stand-in for a GPU provider with TF32 on: a target runtime that rounds each MatMul's
+//! operands to a 10-bit mantissa (TF32's; float16 has the same) before ONNX Runtime's CPU
+//! multiplies them. Against the float64 truth the MatMul layers are `precision_loss` when the
+//! runtime says it does reduced math, and a kernel that "computes differently" when it hides
+//! it: the evidence, not the numbers, makes the verdict. Needs the onnxruntime wheel in the
+//! repository's .venv (as `make test` sets up); skipped without it.
+
+use std::path::{Path, PathBuf};
+
+use layerdiff_core::{Report, Tensor, Tolerance};
+use layerdiff_flow::Settings;
+use layerdiff_flow::inputs::InputPlan;
+use layerdiff_flow::onnx_flow::{OnnxOptions, compare_with};
+use layerdiff_onnx::{
+    AttributeProto, GraphProto, Model, ModelProto, NodeProto, OperatorSetIdProto, tensor_value_info,
+};
+use layerdiff_runtime::{ReducedMath, Runtime, RuntimeSpec};
+
+fn library() -> Option<PathBuf> {
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/lib");
+    std::fs::read_dir(venv).ok()?.flatten().find_map(|e| {
+        let capi = e.path().join("site-packages/onnxruntime/capi");
+        std::fs::read_dir(capi)
+            .ok()?
+            .flatten()
+            .map(|f| f.path())
+            .find(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("libonnxruntime.so."))
+            })
+    })
+}
+
+fn node(op: &str, inputs: &[&str], out: &str) -> NodeProto {
+    NodeProto {
+        op_type: Some(op.into()),
+        name: Some(format!("{out}_node")),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![out.into()],
+        ..Default::default()
+    }
+}
+
+/// `out = MatMul(Relu(MatMul(x, w1)), w2)`, float32, long enough products for TF32 to show.
+fn two_matmuls(folder: &Path) -> PathBuf {
+    let proto = ModelProto {
+        ir_version: Some(9),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(18),
+        }],
+        graph: Some(GraphProto {
+            name: Some("g".into()),
+            node: vec![
+                node("MatMul", &["x", "w1"], "hidden"),
+                node("Relu", &["hidden"], "active"),
+                node("MatMul", &["active", "w2"], "out"),
+            ],
+            input: vec![
+                tensor_value_info("x", 1, &[16, 512]),
+                tensor_value_info("w1", 1, &[512, 256]),
+                tensor_value_info("w2", 1, &[256, 64]),
+            ],
+            output: vec![tensor_value_info("out", 1, &[16, 64])],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let path = folder.join("two_matmuls.onnx");
+    std::fs::write(&path, Model::from_proto(proto, None).to_bytes()).unwrap();
+    path
+}
+
+/// ONNX Runtime on the CPU with each MatMul's operands rounded through float16 first.
+struct Tf32Like {
+    cpu: Box<dyn Runtime + Send + Sync>,
+    says_so: bool,
+}
+
+impl Tf32Like {
+    fn rounded(model: &Model) -> Model {
+        let mut model = model.clone();
+        let graph = model.graph_mut();
+        let cast = |input: &str, to: i64, out: String| NodeProto {
+            attribute: vec![AttributeProto {
+                name: Some("to".into()),
+                r#type: Some(2),
+                i: Some(to),
+                ..Default::default()
+            }],
+            ..node("Cast", &[input], &out)
+        };
+        let mut nodes = Vec::new();
+        for mut n in std::mem::take(&mut graph.node) {
+            if n.op_type() == "MatMul" {
+                for input in n.input.iter_mut() {
+                    let (half, back) = (format!("{input}_as_f16"), format!("{input}_tf32"));
+                    nodes.push(cast(input, 10, half.clone()));
+                    nodes.push(cast(&half, 1, back.clone()));
+                    *input = back;
+                }
+            }
+            nodes.push(n);
+        }
+        graph.node = nodes;
+        model
+    }
+}
+
+impl Runtime for Tf32Like {
+    fn name(&self) -> &str {
+        "tf32-like"
+    }
+    fn detail(&self) -> String {
+        "onnxruntime CPU, MatMul operands rounded to 10-bit mantissas".into()
+    }
+    fn reduced_math(&self) -> Option<ReducedMath> {
+        self.says_so.then(|| ReducedMath {
+            ops: &["MatMul"],
+            how: "this side multiplies float32 in TF32".into(),
+        })
+    }
+    fn run(
+        &self,
+        model: &Model,
+        inputs: &[(String, Tensor)],
+        outputs: &[String],
+    ) -> layerdiff_runtime::Result<Vec<(String, Tensor)>> {
+        self.cpu.run(&Self::rounded(model), inputs, outputs)
+    }
+}
+
+fn report(says_so: bool) -> Option<Report> {
+    let library = library()?;
+    let folder = tempfile::tempdir().unwrap();
+    let options = OnnxOptions {
+        model: two_matmuls(folder.path()),
+        vs: None,
+        reference: RuntimeSpec::ort_cpu(),
+        target: None,
+        inputs: None,
+        generate: InputPlan {
+            seed: 0,
+            shapes: Vec::new(),
+            batch: None,
+            int_range: (0, 9),
+        },
+        settings: Settings {
+            tolerance: Tolerance::PerDtype,
+            local: true,
+            max_memory: None,
+        },
+        float64: true,
+    };
+    let cpu = RuntimeSpec::ort_cpu().build(Some(&library)).unwrap();
+    let target = Box::new(Tf32Like { cpu, says_so });
+    Some(
+        compare_with(&options, target, Some(&library))
+            .unwrap()
+            .report,
+    )
+}
+
+fn verdict(report: &Report, value: &str) -> (String, String) {
+    let layer = report.layers.iter().find(|l| l.name == value).unwrap();
+    (
+        layer.cause.clone().unwrap_or_default(),
+        layer.detail.clone().unwrap_or_default(),
+    )
+}
+
+#[test]
+fn tf32_products_are_precision_loss_and_the_truth_says_the_target_is_off() {
+    let Some(report) = report(true) else {
+        eprintln!("skipped: no onnxruntime wheel in .venv");
+        return;
+    };
+    assert_eq!(report.summary.drift_origin.as_deref(), Some("hidden"));
+    let (cause, detail) = verdict(&report, "hidden");
+    assert_eq!(cause, "precision_loss", "{detail}");
+    assert!(
+        detail.starts_with("MatMul: this side multiplies float32 in TF32"),
+        "{detail}"
+    );
+    assert!(detail.contains("the target is off"), "{detail}");
+    let (cause, detail) = verdict(&report, "out");
+    assert_eq!(
+        cause, "precision_loss",
+        "it rounds its own operands too: {detail}"
+    );
+}
+
+#[test]
+fn the_same_rounding_unexplained_is_a_kernel_that_computes_differently() {
+    let Some(report) = report(false) else {
+        eprintln!("skipped: no onnxruntime wheel in .venv");
+        return;
+    };
+    let (cause, detail) = verdict(&report, "hidden");
+    assert_eq!(cause, "op_implementation", "{detail}");
+}
