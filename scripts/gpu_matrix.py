@@ -163,6 +163,16 @@ def plan(models: dict[str, Path]) -> list[tuple[str, list[str]]]:
                 [m, "--reference", heuristic, "--target", heuristic],
             ),
             (f"{name}.cpu_vs_cuda_64M", [m, *cpu, "--target", cuda, "--max-memory", "64M"]),
+            (
+                f"{name}.cpu_vs_cuda_tf32_off_default_conv_float64",
+                [
+                    m,
+                    *cpu,
+                    "--target",
+                    f"{cuda}:use_tf32=0:cudnn_conv_algo_search=DEFAULT",
+                    "--float64",
+                ],
+            ),
         ]
     return runs
 
@@ -217,6 +227,7 @@ def main() -> int:
     parser.add_argument("--ort-lib", required=True)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--models", default="resnet50,ln_linear,vit_b_16")
+    parser.add_argument("--runs", default="", help="only runs whose name contains one of these")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     work = args.out.parent / f"{args.out.name}_models"
@@ -225,7 +236,9 @@ def main() -> int:
     started = time.perf_counter()
     models = build_models(work, args.models.split(","))
     print(f"models exported in {time.perf_counter() - started:.0f} s", flush=True)
-    results = [run(args.layerdiff, name, runs, args.out, env) for name, runs in plan(models)]
+    wanted = [w for w in args.runs.split(",") if w]
+    chosen = [(n, r) for n, r in plan(models) if not wanted or any(w in n for w in wanted)]
+    results = [run(args.layerdiff, name, runs, args.out, env) for name, runs in chosen]
     text = summary(results, models)
     (args.out / "summary.md").write_text(text)
     print(text)

@@ -180,3 +180,28 @@ def test_a_float16_file_on_both_sides_loses_no_precision_to_itself(tmp_path):
     result, report = _report(tmp_path, str(path), "--target", "tract", "--float64")
     origin = next(x for x in report["layers"] if x["name"] == report["summary"]["drift_origin"])
     assert origin["cause"] == "rounding", origin["detail"]
+
+
+def test_gelu_and_erf_get_their_float64_truth_from_layerdiffs_own_kernels(tmp_path):
+    """ONNX Runtime has no float64 Conv, Erf or Gelu, tract no float64 Erf or Gelu: those nodes
+    run on layerdiff's own float64 kernels, and every layer still has its truth."""
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+         helper.make_node("Gelu", ["c"], ["g"], name="gelu"),
+         helper.make_node("Gelu", ["g"], ["t"], name="gelu_tanh", approximate="tanh"),
+         helper.make_node("Erf", ["t"], ["y"], name="erf")],
+        "gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])],
+        [numpy_helper.from_array(rng.normal(size=(4, 3, 3, 3)).astype(np.float32), "w")],
+    )  # fmt: skip
+    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 20)])
+    path = tmp_path / "gelu.onnx"
+    onnx.save(model, str(path))
+    result, report = _report(tmp_path, str(path), "--vs", str(path), "--float64")
+    assert result.returncode == 0, result.stdout
+    assert report["truth"]["detail"].endswith(
+        "on the first of onnxruntime, tract, layerdiff that computes it"
+    )
+    assert [x["name"] for x in report["layers"]] == ["c", "g", "t", "y"]
+    assert all(x["float64"] is not None for x in report["layers"]), report["summary"]["warnings"]

@@ -121,7 +121,7 @@ impl CapturedRun {
         let mut mappings = scoped.finish(model.graph(), &calls, by_values);
         // An optimizing runtime is measured on the graph it optimized (see crate::shipped):
         // layers are mapped on the file, then found in that graph or explained.
-        let target = prepare_target(&model, None, runtime, &c.inputs)?;
+        let target = prepare_target(&model, None, runtime, &c.inputs, &mut clock)?;
         if target.shipped.is_some() {
             clock.lap("optimizing the target graph", RUNTIME);
         }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use layerdiff_core::{Layer, OnnxRef, Report, Tensor, Tolerance};
 use layerdiff_onnx::{GraphIndex, MAX_GROUP_NODES, Model, NCHWC_DOMAIN, NodeInfo, to_float64};
-use layerdiff_runtime::{PerNode, Runtime, RuntimeSpec};
+use layerdiff_runtime::{ExactElementwise, PerNode, Runtime, RuntimeSpec};
 
 use crate::inputs::{InputPlan, check_inputs, fit_inputs, generate_inputs, read_inputs};
 use crate::output::{Destinations, deliver, exit_code};
@@ -161,7 +161,13 @@ fn compare_on(
     let target: Box<dyn Side> = match (target_expected, target_runtime) {
         (Some(expected), _) => Box::new(expected.given(&inputs)),
         (None, Some(runtime)) => {
-            let prepared = prepare_target(&reference_model, target_model, runtime, &target_inputs)?;
+            let prepared = prepare_target(
+                &reference_model,
+                target_model,
+                runtime,
+                &target_inputs,
+                &mut clock,
+            )?;
             if prepared.shipped.is_some() {
                 clock.lap("optimizing the target graph", RUNTIME);
             }
@@ -273,7 +279,10 @@ fn float64_truth(
         GraphSide::new(
             Some(label),
             wide,
-            Box::new(PerNode::new(runtimes()?.into())),
+            Box::new(PerNode::new({
+                let [ort, tract] = runtimes()?;
+                vec![ort, tract, Box::new(ExactElementwise)]
+            })),
             &inputs,
         ),
     ]))

@@ -19,6 +19,7 @@ use layerdiff_runtime::{Optimized, Runtime};
 
 use crate::Result;
 use crate::side::Values;
+use crate::timings::{RUNTIME, Stopwatch};
 
 /// The target a run measures, and what it took to get there.
 pub struct Target {
@@ -127,11 +128,15 @@ pub fn prepare_target(
     file: Option<Model>,
     runtime: Box<dyn Runtime + Send + Sync>,
     inputs: &[(String, Tensor)],
+    clock: &mut Stopwatch,
 ) -> Result<Target> {
     let original = file.as_ref().unwrap_or(reference);
     let placement = runtime
         .placement(original, inputs)
         .map(|(requested, found)| Placement::new(requested, found));
+    if placement.is_some() {
+        clock.lap("placing nodes (a profiled run)", RUNTIME);
+    }
     let Some(Optimized {
         model: mut optimized,
         runtime: as_saved,
@@ -360,7 +365,14 @@ mod tests {
     #[test]
     fn a_silent_fallback_reaches_the_report() {
         let model = Model::from_proto(layerdiff_onnx::ModelProto::default(), None);
-        let target = prepare_target(&model, None, Box::new(FallingBack), &[]).unwrap();
+        let target = prepare_target(
+            &model,
+            None,
+            Box::new(FallingBack),
+            &[],
+            &mut Stopwatch::default(),
+        )
+        .unwrap();
         let (mut side, mut summary) = (SideInfo::new("onnxruntime", "…"), two_warnings());
         target.placement.unwrap().report(&mut side, &mut summary);
         assert_eq!(

@@ -55,6 +55,9 @@ pub enum Error {
     /// tract refused or failed.
     #[error("{0}")]
     Tract(String),
+    /// No runtime has a kernel for a node.
+    #[error("{0}")]
+    NoKernel(String),
     /// Something a runtime does not support.
     #[error("{runtime} does not support {what}")]
     Unsupported {

@@ -6,6 +6,7 @@
 //! [`Tensor`] type, so the comparator never sees a runtime's types.
 
 mod error;
+mod exact;
 mod library;
 mod ort_provider;
 mod ort_runtime;
@@ -17,6 +18,7 @@ use layerdiff_core::Tensor;
 use layerdiff_onnx::Model;
 
 pub use error::{Error, Result};
+pub use exact::ExactElementwise;
 pub use library::{LIBRARY_ENV, find_ort_library};
 pub use ort_provider::{Provider, ProviderOptions, TF32_OPS};
 pub use ort_runtime::{OptLevel, OrtRuntime};

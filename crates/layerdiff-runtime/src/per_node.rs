@@ -78,7 +78,7 @@ impl Runtime for PerNode {
                 }
             }
             let Some(out) = out else {
-                return Err(Error::Run(format!(
+                return Err(Error::NoKernel(format!(
                     "no runtime computes {} node `{}` ({})",
                     node.op_type(),
                     node.name(),
