@@ -45,8 +45,9 @@ pub struct OnnxArgs {
     #[arg(long, value_name = "OTHER.onnx")]
     pub vs: Option<PathBuf>,
     /// Runtime of the reference side: `ort` (CPU, optimizations off), `ort:cuda`,
-    /// `ort:opt=basic|extended|all`, combinations (`ort:cuda:opt=all`), `tract`, or
-    /// `expected:PATH` (values from a safetensors file or an ONNX test_data_set folder).
+    /// `ort:opt=basic|extended|all`, combinations (`ort:cuda:opt=all`), a provider's options in
+    /// ONNX Runtime's names (`ort:cuda:use_tf32=0`), `tract`, or `expected:PATH` (values from a
+    /// safetensors file or an ONNX test_data_set folder).
     #[arg(long, default_value = "ort", value_parser = RuntimeSpec::parse)]
     pub reference: RuntimeSpec,
     /// Runtime of the target side (same spellings). Default: `tract`, or `ort` with --vs. With
@@ -152,7 +153,8 @@ pub struct TorchArgs {
     pub onnx: Option<PathBuf>,
     /// The runtime that runs the ONNX file: `ort` (CPU, graph optimizations off, so every value
     /// exists as written), `ort:opt=basic|extended|all` (optimized first: the values of the
-    /// graph ONNX Runtime saved are compared), `ort:cuda`…, or `tract`.
+    /// graph ONNX Runtime saved are compared), `ort:cuda`… (`ort:cuda:use_tf32=0`: a provider's
+    /// options in ONNX Runtime's names), or `tract`.
     #[arg(long, default_value = "ort", value_parser = RuntimeSpec::parse)]
     pub target: RuntimeSpec,
     /// The most memory our copies of the layers' values may take at once (`4G`, `512M`): the

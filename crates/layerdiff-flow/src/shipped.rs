@@ -63,7 +63,7 @@ impl Placement {
             .collect();
         let warning = (!elsewhere.is_empty()).then(|| {
             format!(
-                "not every node ran on {requested}: {} of the {total} nodes ONNX Runtime placed elsewhere (no kernel there, or cheaper elsewhere); their numbers are that provider's",
+                "not every node ran on {requested}: of the {total} nodes, ONNX Runtime placed {} (no kernel on {requested}, or cheaper elsewhere); their numbers are that provider's",
                 elsewhere.join(", ")
             )
         });
@@ -393,7 +393,7 @@ mod tests {
         let placement = side.placement.unwrap();
         assert_eq!((placement[0].nodes, placement[1].nodes), (290, 12));
         assert!(summary.warnings[2].starts_with(
-            "not every node ran on CUDAExecutionProvider: 12 on CPUExecutionProvider of the 302 nodes"
+            "not every node ran on CUDAExecutionProvider: of the 302 nodes, ONNX Runtime placed 12 on CPUExecutionProvider (no kernel on CUDAExecutionProvider"
         ));
         let all = vec![("CUDAExecutionProvider".to_string(), 302)];
         let (mut side, mut clean) = (SideInfo::new("onnxruntime", "…"), two_warnings());

@@ -172,17 +172,19 @@ fn block(
 ) -> Part {
     let start = b * BLOCK;
     let len = BLOCK.min(n - start);
-    let (mut r, mut t) = (vec![0.0f64; len], vec![0.0f64; len]);
+    // On the stack: a block is small, and this runs once per block of every pair.
+    let (mut r, mut t) = ([0.0f64; BLOCK], [0.0f64; BLOCK]);
+    let (r, t) = (&mut r[..len], &mut t[..len]);
     let (rs, ts) = (reference.dtype.size(), target.dtype.size());
     decode(
         reference.dtype,
         &reference.bytes[start * rs..(start + len) * rs],
-        &mut r,
+        r,
     );
     decode(
         target.dtype,
         &target.bytes[start * ts..(start + len) * ts],
-        &mut t,
+        t,
     );
     let mut part = Part {
         compared: 0,
@@ -192,7 +194,7 @@ fn block(
         needed: 0.0,
         beyond: 0,
     };
-    for (&r, &t) in r.iter().zip(&t) {
+    for (&r, &t) in r.iter().zip(t.iter()) {
         if r.is_nan() || t.is_nan() {
             continue;
         }
@@ -201,7 +203,7 @@ fn block(
         part.max_abs = part.max_abs.max(d);
         // Steps at the larger magnitude of the two: near zero a reference's own steps are
         // vanishingly small, and a value that moved away from 0 would count astronomically.
-        let ulps = d / spacing.at(r.abs().max(t.abs()));
+        let ulps = d * spacing.inverse_at(r.abs().max(t.abs()));
         part.sum_ulp += ulps;
         part.max_ulp = part.max_ulp.max(ulps);
         let allowed = bound.at(r.abs());
@@ -256,15 +258,29 @@ impl Spacing {
     }
 
     /// One ULP of the dtype at `magnitude` (the subnormal spacing below the normal range).
+    #[cfg(test)]
     fn at(self, magnitude: f64) -> f64 {
+        f64::from_bits(((self.exponent_at(magnitude) + 1023) as u64) << 52)
+    }
+
+    /// The reciprocal of [`Spacing::at`], exact (a power of two): dividing by a step is
+    /// multiplying by this.
+    #[inline]
+    fn inverse_at(self, magnitude: f64) -> f64 {
+        f64::from_bits(((1023 - self.exponent_at(magnitude)) as u64) << 52)
+    }
+
+    /// The binary exponent of one ULP at `magnitude`.
+    #[inline]
+    fn exponent_at(self, magnitude: f64) -> i32 {
         let exponent = if magnitude > 0.0 && magnitude.is_finite() {
             ((magnitude.to_bits() >> 52) & 0x7ff) as i32 - 1023
         } else {
             self.min_exponent
         };
-        // 2^e as bits: every dtype's smallest step (float64's 2^-1074 aside) is a normal f64.
-        let e = (exponent.max(self.min_exponent) - self.mantissa).max(-1022);
-        f64::from_bits(((e + 1023) as u64) << 52)
+        // Every dtype's smallest step (float64's 2^-1074 aside) is a normal f64, and so is its
+        // reciprocal.
+        (exponent.max(self.min_exponent) - self.mantissa).max(-1022)
     }
 }
 
@@ -285,6 +301,14 @@ mod tests {
         assert_eq!(Spacing::of(DType::F16).at(0.0), 2f64.powi(-24));
         assert_eq!(Spacing::of(DType::F32).at(1.5), 2f64.powi(-23));
         assert_eq!(Spacing::of(DType::BF16).at(3.0), 2f64.powi(-6));
+        for (dtype, m) in [
+            (DType::F16, 300.0),
+            (DType::F32, 1e-30),
+            (DType::F64, 1e300),
+        ] {
+            let s = Spacing::of(dtype);
+            assert_eq!(s.at(m) * s.inverse_at(m), 1.0, "{dtype} at {m}");
+        }
         for d in [3e-7, 0.25, 0.26, 7.0, 1e11] {
             let (edge, b) = (upper_edge(bucket(d)), bucket(d));
             assert!(edge >= d && (b == BUCKETS - 1 || edge <= d * (1.0 + PERCENTILE_RESOLUTION)));
