@@ -379,7 +379,10 @@ mod tests {
             side.placement_text().unwrap(),
             "3 nodes on CUDAExecutionProvider, 1 on CPUExecutionProvider"
         );
-        assert!(summary.warnings[2].contains("1 on CPUExecutionProvider of the 4 nodes"));
+        assert!(
+            summary.warnings[2]
+                .contains("of the 4 nodes, ONNX Runtime placed 1 on CPUExecutionProvider")
+        );
     }
 
     #[test]

@@ -281,6 +281,7 @@ fn run(
         instruction_set: "test".to_string(),
         logical_cores: 1,
         os: "test".to_string(),
+        gpus: Vec::new(),
         layerdiff: "test".to_string(),
     };
     Ok((report, segments))
