@@ -16,9 +16,11 @@
 //! 8. `precision_loss` (reduced math): the target's runtime does this float32 layer's products
 //!    in lower precision (TF32 on a GPU), and the float64 truth, where there is one, shows the
 //!    target further from it than rounding;
-//! 9. `op_implementation` (a kernel): with the same inputs, weights and attributes, the target's
+//! 9. `rounding` (no truth): an origin whose own error stays within its tolerance, with nothing
+//!    else different, only rounds; a later layer amplifies it past the tolerance;
+//! 10. `op_implementation` (a kernel): with the same inputs, weights and attributes, the target's
 //!    nodes still compute something else (its local error exceeds);
-//! 10. `unknown`: nothing fits; the detail says what was ruled out.
+//! 11. `unknown`: nothing fits; the detail says what was ruled out.
 
 use crate::{DType, Layer, LayoutFinding, Summary, TensorView};
 
@@ -179,6 +181,19 @@ fn decide(
     {
         return ("precision_loss", how.clone());
     }
+    if let Some(local) = &layer.local
+        && layer.float64.is_none()
+        && !layer.local_exceeds
+        && !layer.exceeds_tol
+    {
+        return (
+            "rounding",
+            format!(
+                "the target rounds here as its dtype allows, and nothing else differs (local max abs diff {:.3e})",
+                local.max_abs_diff
+            ),
+        );
+    }
     if let Some(local) = &layer.local {
         let ops = if e.ops.is_empty() {
             "nodes".to_string()
@@ -334,6 +349,23 @@ mod tests {
             "op_implementation",
             "TF32 is float32 math"
         );
+    }
+
+    #[test]
+    fn an_origin_within_its_tolerance_with_nothing_else_different_only_rounds() {
+        // l0 rounds (1e-5 of its own, within 1e-4); l1 amplifies it past the tolerance.
+        let mut layers = vec![
+            layer(0, 1e-5, Some(1e-5), &["x"]),
+            layer(1, 5e-4, Some(0.0), &["l0"]),
+        ];
+        let summary = analyse(&mut layers, Tolerance::PerDtype);
+        assert_eq!(summary.drift_origin.as_deref(), Some("l0"));
+        explain(&mut layers, &[Evidence::default(), Evidence::default()], &summary);
+        assert_eq!(layers[0].cause.as_deref(), Some("rounding"));
+        let detail = layers[0].detail.as_deref().unwrap();
+        assert!(detail.starts_with("the target rounds here as its dtype allows"), "{detail}");
+        assert!(detail.ends_with("amplified downstream until `l1` exceeds it"), "{detail}");
+        assert_eq!(layers[1].cause.as_deref(), Some("inherited"));
     }
 
     #[test]
