@@ -360,11 +360,21 @@ mod tests {
         ];
         let summary = analyse(&mut layers, Tolerance::PerDtype);
         assert_eq!(summary.drift_origin.as_deref(), Some("l0"));
-        explain(&mut layers, &[Evidence::default(), Evidence::default()], &summary);
+        explain(
+            &mut layers,
+            &[Evidence::default(), Evidence::default()],
+            &summary,
+        );
         assert_eq!(layers[0].cause.as_deref(), Some("rounding"));
         let detail = layers[0].detail.as_deref().unwrap();
-        assert!(detail.starts_with("the target rounds here as its dtype allows"), "{detail}");
-        assert!(detail.ends_with("amplified downstream until `l1` exceeds it"), "{detail}");
+        assert!(
+            detail.starts_with("the target rounds here as its dtype allows"),
+            "{detail}"
+        );
+        assert!(
+            detail.ends_with("amplified downstream until `l1` exceeds it"),
+            "{detail}"
+        );
         assert_eq!(layers[1].cause.as_deref(), Some("inherited"));
     }
 
