@@ -19,7 +19,7 @@
 //! 9. `rounding` (no truth): an origin whose own error stays within its tolerance, with nothing
 //!    else different, only rounds; a later layer amplifies it past the tolerance;
 //! 10. `op_implementation` (a kernel): with the same inputs, weights and attributes, the target's
-//!    nodes still compute something else (its local error exceeds);
+//!     nodes still compute something else (its local error exceeds);
 //! 11. `unknown`: nothing fits; the detail says what was ruled out.
 
 use crate::{DType, Layer, LayoutFinding, Summary, TensorView};

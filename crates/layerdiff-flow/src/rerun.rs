@@ -63,13 +63,12 @@ impl Recompute for GraphSide {
     ) {
         evidence.ops = self.ops(group);
         if let Some(reduced) = self.runtime.reduced_math() {
-            let mut hit: Vec<&str> = evidence
-                .ops
-                .iter()
-                .map(String::as_str)
-                .filter(|op| reduced.ops.contains(op))
-                .collect();
-            hit.dedup();
+            let mut hit: Vec<&str> = Vec::new();
+            for op in evidence.ops.iter().map(String::as_str) {
+                if reduced.ops.contains(&op) && !hit.contains(&op) {
+                    hit.push(op);
+                }
+            }
             if !hit.is_empty() {
                 evidence.reduced_math = Some(format!("{}: {}", hit.join(", "), reduced.how));
             }
