@@ -243,7 +243,7 @@ mod tests {
     use crate::{DType, TensorView, compare_pair};
 
     fn layer(name: &str, reference: TensorView<'_>, target: TensorView<'_>) -> Layer {
-        let outcome = compare_pair(reference, target);
+        let outcome = compare_pair(reference, target, None);
         let mut layer = Layer::new(0, name, reference.shape.to_vec(), reference.dtype.name());
         layer.status = outcome.status;
         layer.target_shape = outcome.target_shape;

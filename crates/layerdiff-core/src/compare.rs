@@ -22,7 +22,8 @@
 mod avx512;
 mod rounding;
 
-pub use rounding::{PERCENTILE_RESOLUTION, Rounding, rounding};
+use rounding::{HISTOGRAM, Lanes, Prepared, Tally};
+pub use rounding::{Judge, PERCENTILE_RESOLUTION, Rounding};
 
 use rayon::prelude::*;
 use serde::Serialize;
@@ -85,7 +86,7 @@ pub struct Stats {
     /// The position of the largest difference.
     pub worst: Option<Worst>,
     /// The differences against rounding and the layer's bound, element by element (set when
-    /// the layer is judged, see [`rounding`]).
+    /// the comparison is judged, see [`compare_judged`]).
     pub rounding: Option<Rounding>,
 }
 
@@ -135,11 +136,29 @@ struct Partial {
     nan_mismatch: u64,
     /// (d, flat index, reference, target) of the block's worst compared element.
     worst: Option<(f64, u64, f64, f64)>,
+    /// The judged elements (zero when the comparison is not judged).
+    judged: Tally,
 }
+
+/// What a block is judged with: the judge, and the histogram its differences are counted in.
+type Judging<'a> = Option<(&'a Prepared, &'a mut [u32])>;
+
+/// Blocks one histogram of u32 counts may take (fewer than 2^32 elements).
+const FOLD_BLOCKS: usize = (u32::MAX as usize) / BLOCK;
 
 /// Compares `target` against `reference` element by element (shapes must hold the same count;
 /// dtypes may differ). See the module docs for every definition.
 pub fn compare(reference: TensorView<'_>, target: TensorView<'_>) -> Result<Stats> {
+    compare_judged(reference, target, None)
+}
+
+/// [`compare`], and with a judge each element measured in the same pass against the judge's
+/// rounding grid and bound ([`Stats::rounding`]).
+pub fn compare_judged(
+    reference: TensorView<'_>,
+    target: TensorView<'_>,
+    judge: Option<Judge>,
+) -> Result<Stats> {
     let n = reference.numel();
     if n != target.numel() {
         return Err(Error::ShapeMismatch {
@@ -148,14 +167,43 @@ pub fn compare(reference: TensorView<'_>, target: TensorView<'_>) -> Result<Stat
         });
     }
     let blocks = n.div_ceil(BLOCK);
-    let partials: Vec<Partial> = (0..blocks)
+    let prepared = judge.map(Judge::prepare);
+    let prepared = prepared.as_ref();
+    let (mut partials, histogram) = (0..blocks)
         .into_par_iter()
         .with_min_len(8)
-        .map(|b| block_stats(reference, target, b))
-        .collect();
+        .with_max_len(FOLD_BLOCKS)
+        .fold(
+            || (Vec::new(), prepared.map(|_| vec![0u32; HISTOGRAM])),
+            |(mut partials, mut histogram), b| {
+                let judging = prepared.zip(histogram.as_deref_mut());
+                partials.push((b, block_stats(reference, target, b, judging)));
+                (partials, histogram)
+            },
+        )
+        .map(|(partials, histogram)| {
+            let widened = histogram.map(|h| h.into_iter().map(u64::from).collect::<Vec<_>>());
+            (partials, widened)
+        })
+        .reduce(
+            || (Vec::new(), None),
+            |(mut a, ha), (b, hb)| {
+                a.extend(b);
+                let histogram = match (ha, hb) {
+                    (Some(mut ha), Some(hb)) => {
+                        ha.iter_mut().zip(hb).for_each(|(x, y)| *x += y);
+                        Some(ha)
+                    }
+                    (h, None) | (None, h) => h,
+                };
+                (a, histogram)
+            },
+        );
+    // Sums added in block order, whichever thread computed each block.
+    partials.sort_unstable_by_key(|(b, _)| *b);
 
     let mut total = Partial::empty();
-    for p in &partials {
+    for (_, p) in &partials {
         total.merge(p);
     }
     let compared = total.compared;
@@ -187,7 +235,11 @@ pub fn compare(reference: TensorView<'_>, target: TensorView<'_>) -> Result<Stat
         inf_target: total.inf_t,
         nan_mismatch: total.nan_mismatch,
         worst,
-        rounding: None,
+        rounding: judge.zip(histogram).map(|(judge, histogram)| {
+            total
+                .judged
+                .rounding(judge.grid, compared, total.max_abs, &histogram)
+        }),
     })
 }
 
@@ -212,11 +264,21 @@ fn unravel(mut index: usize, shape: &[usize]) -> Vec<usize> {
 
 /// One block's statistics, in the best instruction set the CPU has (the arithmetic is the same
 /// in each: no fused multiply-add, no reassociation, so every path gives the same bits).
-fn block_stats(reference: TensorView<'_>, target: TensorView<'_>, block: usize) -> Partial {
+fn block_stats(
+    reference: TensorView<'_>,
+    target: TensorView<'_>,
+    block: usize,
+    judging: Judging<'_>,
+) -> Partial {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;
-        if has!("avx512f") && has!("avx512dq") && has!("avx512vl") && has!("f16c") {
+        if judging.is_none()
+            && has!("avx512f")
+            && has!("avx512dq")
+            && has!("avx512vl")
+            && has!("f16c")
+        {
             let start = block * BLOCK;
             let len = BLOCK.min(reference.numel() - start);
             // SAFETY: the CPU has the features, checked just above; views hold `numel` elements.
@@ -230,52 +292,73 @@ fn block_stats(reference: TensorView<'_>, target: TensorView<'_>, block: usize) 
             };
             match outcome {
                 avx512::Outcome::Done(p) => return p,
-                avx512::Outcome::NotFinite => return exact_block(reference, target, block),
+                avx512::Outcome::NotFinite => return exact_block(reference, target, block, None),
                 avx512::Outcome::Unsupported => {}
             }
         }
         if std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: the CPU has AVX-512F, checked just above.
-            return unsafe { block_stats_avx512(reference, target, block) };
+            return unsafe { block_stats_avx512(reference, target, block, judging) };
         }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2, checked just above.
-            return unsafe { block_stats_avx2(reference, target, block) };
+            return unsafe { block_stats_avx2(reference, target, block, judging) };
         }
     }
-    block_stats_generic(reference, target, block)
+    block_stats_generic(reference, target, block, judging)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx512bw")]
-fn block_stats_avx512(reference: TensorView<'_>, target: TensorView<'_>, block: usize) -> Partial {
-    block_stats_generic(reference, target, block)
+fn block_stats_avx512(
+    reference: TensorView<'_>,
+    target: TensorView<'_>,
+    block: usize,
+    judging: Judging<'_>,
+) -> Partial {
+    block_stats_generic(reference, target, block, judging)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn block_stats_avx2(reference: TensorView<'_>, target: TensorView<'_>, block: usize) -> Partial {
-    block_stats_generic(reference, target, block)
+fn block_stats_avx2(
+    reference: TensorView<'_>,
+    target: TensorView<'_>,
+    block: usize,
+    judging: Judging<'_>,
+) -> Partial {
+    block_stats_generic(reference, target, block, judging)
 }
 
 #[inline(always)]
-fn block_stats_generic(reference: TensorView<'_>, target: TensorView<'_>, block: usize) -> Partial {
+fn block_stats_generic(
+    reference: TensorView<'_>,
+    target: TensorView<'_>,
+    block: usize,
+    mut judging: Judging<'_>,
+) -> Partial {
     let start = block * BLOCK;
     let len = BLOCK.min(reference.numel() - start);
     let (rs, ts) = (reference.dtype.size(), target.dtype.size());
     fn span<'a>(v: &TensorView<'a>, size: usize, from: usize, to: usize) -> &'a [u8] {
         &v.bytes[from * size..to * size]
     }
-    finite_block(len, start, |from, to, r, t| {
+    let judge = judging.as_mut().map(|(j, h)| (*j, &mut **h));
+    finite_block(len, start, judge, |from, to, r, t| {
         let (from, to) = (start + from, start + to);
         decode(reference.dtype, span(&reference, rs, from, to), r);
         decode(target.dtype, span(&target, ts, from, to), t);
     })
-    .unwrap_or_else(|| exact_block(reference, target, block))
+    .unwrap_or_else(|| exact_block(reference, target, block, judging))
 }
 
 /// A block through the exact path (NaN and infinities included).
-fn exact_block(reference: TensorView<'_>, target: TensorView<'_>, block: usize) -> Partial {
+fn exact_block(
+    reference: TensorView<'_>,
+    target: TensorView<'_>,
+    block: usize,
+    judging: Judging<'_>,
+) -> Partial {
     let start = block * BLOCK;
     let len = BLOCK.min(reference.numel() - start);
     let (mut r, mut t) = (vec![0.0f64; len], vec![0.0f64; len]);
@@ -286,12 +369,12 @@ fn exact_block(reference: TensorView<'_>, target: TensorView<'_>, block: usize) 
     );
     decode(reference.dtype, bytes.0, &mut r);
     decode(target.dtype, bytes.1, &mut t);
-    any_block(&r, &t, start)
+    any_block(&r, &t, start, judging)
 }
 
 /// Widens little-endian elements to f64, with loops the compiler vectorizes for the float types.
 #[inline(always)]
-fn decode(dtype: DType, bytes: &[u8], out: &mut [f64]) {
+pub(crate) fn decode(dtype: DType, bytes: &[u8], out: &mut [f64]) {
     #[cfg(target_endian = "little")]
     match dtype {
         DType::F32 => {
@@ -334,6 +417,7 @@ const SUB: usize = 256;
 fn finite_block(
     len: usize,
     start: usize,
+    mut judging: Judging<'_>,
     mut fill: impl FnMut(usize, usize, &mut [f64], &mut [f64]),
 ) -> Option<Partial> {
     let (mut r, mut t, mut d) = ([0.0f64; SUB], [0.0f64; SUB], [0.0f64; SUB]);
@@ -345,6 +429,7 @@ fn finite_block(
     let mut max_rel = [0.0f64; LANES];
     let mut above = [0u64; THRESHOLDS.len()];
     let mut worst: Option<(f64, u64, f64, f64)> = None;
+    let mut judged = Lanes::default();
     for from in (0..len).step_by(SUB) {
         let n = SUB.min(len - from);
         let (r, t, d) = (&mut r[..n], &mut t[..n], &mut d[..n]);
@@ -385,6 +470,9 @@ fn finite_block(
         if finite.contains(&false) {
             return None;
         }
+        if let Some((judge, histogram)) = judging.as_mut() {
+            judge.run(r, t, d, &mut judged, histogram);
+        }
         let max = max_abs
             .iter()
             .fold(0.0f64, |m, &v| if v > m { v } else { m });
@@ -404,6 +492,7 @@ fn finite_block(
         &max_rel,
         above,
         worst,
+        judged.tally(),
     ))
 }
 
@@ -414,9 +503,10 @@ fn tree(l: &[f64; LANES]) -> f64 {
 }
 
 /// Any block, NaN and infinities included, one element at a time.
-fn any_block(r: &[f64], t: &[f64], start: usize) -> Partial {
+fn any_block(r: &[f64], t: &[f64], start: usize, mut judging: Judging<'_>) -> Partial {
     let len = r.len();
     let mut p = Partial::empty();
+    let mut judged = Lanes::default();
     let mut lanes = [[0.0f64; LANES]; 5]; // sum_abs, sum_sq, dot, norm_r, norm_t
     for k in 0..len {
         let (rv, tv) = (r[k], t[k]);
@@ -432,6 +522,9 @@ fn any_block(r: &[f64], t: &[f64], start: usize) -> Partial {
         p.compared += 1;
         let d = if rv == tv { 0.0 } else { (tv - rv).abs() };
         let lane = k % LANES;
+        if let Some((judge, histogram)) = judging.as_mut() {
+            histogram[judge.element(rv, tv, d, lane, &mut judged) as usize] += 1;
+        }
         lanes[0][lane] += d;
         lanes[1][lane] += d * d;
         if rv.is_finite() && tv.is_finite() {
@@ -458,6 +551,7 @@ fn any_block(r: &[f64], t: &[f64], start: usize) -> Partial {
     p.norm_r = tree(&lanes[3]);
     p.norm_t = tree(&lanes[4]);
     p.max_abs = p.worst.map_or(0.0, |(d, ..)| d);
+    p.judged = judged.tally();
     p
 }
 
@@ -471,6 +565,7 @@ impl Partial {
         max_rel: &[f64; LANES],
         above: [u64; THRESHOLDS.len()],
         worst: Option<(f64, u64, f64, f64)>,
+        judged: Tally,
     ) -> Self {
         let [sum_abs, sum_sq, dot, norm_r, norm_t] = sums.map(tree);
         Self {
@@ -491,6 +586,7 @@ impl Partial {
             inf_t: 0,
             nan_mismatch: 0,
             worst,
+            judged,
         }
     }
 
@@ -511,6 +607,7 @@ impl Partial {
             inf_t: 0,
             nan_mismatch: 0,
             worst: None,
+            judged: Tally::default(),
         }
     }
 
@@ -532,6 +629,7 @@ impl Partial {
         self.inf_r += o.inf_r;
         self.inf_t += o.inf_t;
         self.nan_mismatch += o.nan_mismatch;
+        self.judged.merge(&o.judged);
         if let Some(w) = o.worst
             && self.worst.is_none_or(|(d, ..)| w.0 > d)
         {
@@ -565,29 +663,28 @@ mod tests {
         for len in [1, 7, 8, 9, 255, 256, 257, 1000, BLOCK] {
             let r: Vec<f64> = (0..len).map(|_| rng.normal()).collect();
             let t: Vec<f64> = r.iter().map(|v| v + rng.normal() * 1e-5).collect();
-            let fast = finite_block(len, 0, |from, to, rb, tb| {
-                rb.copy_from_slice(&r[from..to]);
-                tb.copy_from_slice(&t[from..to]);
-            })
-            .expect("finite data takes the fast path");
-            let exact = any_block(&r, &t, 0);
-            let bits = |p: &Partial| {
-                (
-                    [
-                        p.sum_abs, p.sum_sq, p.dot, p.norm_r, p.norm_t, p.max_abs, p.max_rel,
-                    ]
-                    .map(f64::to_bits),
-                    p.above,
-                    p.compared,
-                    p.worst
-                        .map(|(d, i, a, b)| (d.to_bits(), i, a.to_bits(), b.to_bits())),
+            for judge in [None, Some(judge())] {
+                let prepared = judge.map(Judge::prepare);
+                let mut histograms = [vec![0u32; HISTOGRAM], vec![0u32; HISTOGRAM]];
+                let [h_fast, h_exact] = &mut histograms;
+                let fast = finite_block(
+                    len,
+                    0,
+                    prepared.as_ref().map(|j| (j, &mut h_fast[..])),
+                    |from, to, rb: &mut [f64], tb: &mut [f64]| {
+                        rb.copy_from_slice(&r[from..to]);
+                        tb.copy_from_slice(&t[from..to]);
+                    },
                 )
-            };
-            assert_eq!(bits(&fast), bits(&exact), "{len} elements");
+                .expect("finite data takes the fast path");
+                let exact = any_block(&r, &t, 0, prepared.as_ref().map(|j| (j, &mut h_exact[..])));
+                assert_eq!(bits(&fast), bits(&exact), "{len} elements");
+                assert_eq!(histograms[0], histograms[1], "{len} elements");
+            }
         }
         let with_nan = [1.0, f64::NAN, 2.0];
         assert!(
-            finite_block(3, 0, |_, _, rb, tb| {
+            finite_block(3, 0, None, |_, _, rb: &mut [f64], tb: &mut [f64]| {
                 rb.copy_from_slice(&with_nan);
                 tb.copy_from_slice(&with_nan);
             })
@@ -618,9 +715,26 @@ mod tests {
                     let r = TensorView::new("r", rd, &shape, &rb).unwrap();
                     let t = TensorView::new("t", td, &shape, &tb).unwrap();
                     for block in 0..n.div_ceil(BLOCK) {
-                        let fast = block_stats(r, t, block);
-                        let exact = exact_block(r, t, block);
-                        assert_eq!(bits(&fast), bits(&exact), "{rd} vs {td}, block {block}");
+                        for judge in [None, Some(judge())] {
+                            let prepared = judge.map(Judge::prepare);
+                            let mut h = [vec![0u32; HISTOGRAM], vec![0u32; HISTOGRAM]];
+                            let [h_fast, h_exact] = &mut h;
+                            let fast = block_stats(
+                                r,
+                                t,
+                                block,
+                                prepared.as_ref().map(|j| (j, &mut h_fast[..])),
+                            );
+                            let exact = exact_block(
+                                r,
+                                t,
+                                block,
+                                prepared.as_ref().map(|j| (j, &mut h_exact[..])),
+                            );
+                            let at = format!("{rd} vs {td}, block {block}, {judge:?}");
+                            assert_eq!(bits(&fast), bits(&exact), "{at}");
+                            assert_eq!(h[0], h[1], "{at}");
+                        }
                     }
                 }
             }
@@ -645,17 +759,30 @@ mod tests {
         let t = TensorView::new("t", DType::F32, &shape, &tb).unwrap();
         for block in 0..2 {
             assert_eq!(
-                bits(&block_stats(r, t, block)),
-                bits(&exact_block(r, t, block))
+                bits(&block_stats(r, t, block, None)),
+                bits(&exact_block(r, t, block, None))
             );
         }
     }
 
+    /// A judge whose bound some elements of the tests' data pass and some do not.
+    fn judge() -> Judge {
+        Judge {
+            grid: DType::F16,
+            bound: crate::Bound {
+                atol: 1e-4,
+                rtol: 1e-4,
+            },
+        }
+    }
+
     #[allow(clippy::type_complexity)]
-    fn bits(p: &Partial) -> ([u64; 7], [u64; 10], [u64; 6], Option<(u64, u64, u64, u64)>) {
+    fn bits(p: &Partial) -> ([u64; 10], [u64; 10], [u64; 7], Option<(u64, u64, u64, u64)>) {
+        let j = &p.judged;
         (
             [
-                p.sum_abs, p.sum_sq, p.dot, p.norm_r, p.norm_t, p.max_abs, p.max_rel,
+                p.sum_abs, p.sum_sq, p.dot, p.norm_r, p.norm_t, p.max_abs, p.max_rel, j.sum_ulp,
+                j.max_ulp, j.needed,
             ]
             .map(f64::to_bits),
             p.above,
@@ -666,6 +793,7 @@ mod tests {
                 p.inf_r,
                 p.inf_t,
                 p.nan_mismatch,
+                j.beyond,
             ],
             p.worst
                 .map(|(d, i, a, b)| (d.to_bits(), i, a.to_bits(), b.to_bits())),

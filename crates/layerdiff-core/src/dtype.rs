@@ -120,24 +120,36 @@ impl DType {
 
     /// Encodes f64 values as little-endian elements of this dtype (rounded to nearest for
     /// floats, truncated and saturated for integers), appending to `out`.
+    #[cfg(test)]
     pub(crate) fn encode_f64(self, values: &[f64], out: &mut Vec<u8>) {
-        out.reserve(values.len() * self.size());
-        for &v in values {
-            match self {
-                DType::F64 => out.extend_from_slice(&v.to_le_bytes()),
-                DType::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
-                DType::F16 => out.extend_from_slice(&half::f16::from_f64(v).to_le_bytes()),
-                DType::BF16 => out.extend_from_slice(&half::bf16::from_f64(v).to_le_bytes()),
-                DType::I64 => out.extend_from_slice(&(v as i64).to_le_bytes()),
-                DType::I32 => out.extend_from_slice(&(v as i32).to_le_bytes()),
-                DType::I16 => out.extend_from_slice(&(v as i16).to_le_bytes()),
-                DType::I8 => out.extend_from_slice(&(v as i8).to_le_bytes()),
-                DType::U64 => out.extend_from_slice(&(v as u64).to_le_bytes()),
-                DType::U32 => out.extend_from_slice(&(v as u32).to_le_bytes()),
-                DType::U16 => out.extend_from_slice(&(v as u16).to_le_bytes()),
-                DType::U8 => out.push(v as u8),
-                DType::Bool => out.push(u8::from(v != 0.0)),
-            }
+        let start = out.len();
+        out.resize(start + values.len() * self.size(), 0);
+        self.encode_f64_into(values, &mut out[start..]);
+    }
+
+    /// [`DType::encode_f64`] into `out`, which holds exactly `values.len()` elements.
+    pub(crate) fn encode_f64_into(self, values: &[f64], out: &mut [u8]) {
+        macro_rules! encode {
+            ($n:literal, $conv:expr) => {
+                for (c, &v) in out.chunks_exact_mut($n).zip(values) {
+                    c.copy_from_slice(&$conv(v));
+                }
+            };
+        }
+        match self {
+            DType::F64 => encode!(8, |v: f64| v.to_le_bytes()),
+            DType::F32 => encode!(4, |v: f64| (v as f32).to_le_bytes()),
+            DType::F16 => encode!(2, |v: f64| half::f16::from_f64(v).to_le_bytes()),
+            DType::BF16 => encode!(2, |v: f64| half::bf16::from_f64(v).to_le_bytes()),
+            DType::I64 => encode!(8, |v: f64| (v as i64).to_le_bytes()),
+            DType::I32 => encode!(4, |v: f64| (v as i32).to_le_bytes()),
+            DType::I16 => encode!(2, |v: f64| (v as i16).to_le_bytes()),
+            DType::I8 => encode!(1, |v: f64| (v as i8).to_le_bytes()),
+            DType::U64 => encode!(8, |v: f64| (v as u64).to_le_bytes()),
+            DType::U32 => encode!(4, |v: f64| (v as u32).to_le_bytes()),
+            DType::U16 => encode!(2, |v: f64| (v as u16).to_le_bytes()),
+            DType::U8 => encode!(1, |v: f64| [v as u8]),
+            DType::Bool => encode!(1, |v: f64| [u8::from(v != 0.0)]),
         }
     }
 

@@ -24,7 +24,9 @@ pub use analysis::{
     not_compared_reasons, nothing_compared, summarise,
 };
 pub use cause::{Evidence, ROUNDING_FACTOR, explain, precision_grid};
-pub use compare::{PERCENTILE_RESOLUTION, Rounding, Stats, THRESHOLDS, Worst, compare, rounding};
+pub use compare::{
+    Judge, PERCENTILE_RESOLUTION, Rounding, Stats, THRESHOLDS, Worst, compare, compare_judged,
+};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use fingerprint::{Fingerprint, SAME_VALUE};

@@ -1,3 +1,5 @@
+use rayon::prelude::*;
+
 use crate::{DType, Error, Result};
 
 /// A borrowed tensor: dtype, shape and little-endian element bytes (C order).
@@ -48,6 +50,23 @@ impl<'a> TensorView<'a> {
         }
     }
 
+    /// These values in `dtype` (floats rounded to nearest even, integers truncated and
+    /// saturated), as a new tensor: converted in parallel runs, never widened whole.
+    pub fn to_dtype(&self, dtype: DType) -> Tensor {
+        /// Elements per parallel run.
+        const RUN: usize = 1 << 14;
+        let mut bytes = vec![0u8; self.numel() * dtype.size()];
+        bytes
+            .par_chunks_mut(RUN * dtype.size())
+            .zip(self.bytes.par_chunks(RUN * self.dtype.size()))
+            .for_each(|(out, run)| convert(self.dtype, run, dtype, out));
+        Tensor {
+            dtype,
+            shape: self.shape.to_vec(),
+            bytes,
+        }
+    }
+
     /// The element at flat index `i`, widened to f64.
     pub fn get_f64(&self, i: usize) -> f64 {
         let size = self.dtype.size();
@@ -55,6 +74,30 @@ impl<'a> TensorView<'a> {
         self.dtype
             .decode_f64(&self.bytes[i * size..(i + 1) * size], &mut out);
         out[0]
+    }
+}
+
+/// Elements of `from` (`input`) converted to `to` (`out`, the same count): float32 to float16
+/// in one rounding by the CPU's conversion instructions where it has them, every other pair
+/// widened to f64 a few at a time (exact) and rounded once.
+fn convert(from: DType, input: &[u8], to: DType, out: &mut [u8]) {
+    if let (DType::F32, DType::F16) = (from, to)
+        && let Ok(values) = bytemuck::try_cast_slice::<u8, f32>(input)
+        && let Ok(halves) = bytemuck::try_cast_slice_mut::<u8, half::f16>(out)
+    {
+        use half::slice::HalfFloatSliceExt;
+        halves.convert_from_f32_slice(values);
+        return;
+    }
+    const AT_ONCE: usize = 256;
+    let mut wide = [0.0f64; AT_ONCE];
+    for (i, o) in input
+        .chunks(AT_ONCE * from.size())
+        .zip(out.chunks_mut(AT_ONCE * to.size()))
+    {
+        let wide = &mut wide[..i.len() / from.size()];
+        crate::compare::decode(from, i, wide);
+        to.encode_f64_into(wide, o);
     }
 }
 
@@ -95,16 +138,7 @@ impl Tensor {
         if dtype == self.dtype {
             return self;
         }
-        let n = self.shape.iter().product::<usize>();
-        let mut values = vec![0.0; n];
-        self.dtype.decode_f64(&self.bytes, &mut values);
-        let mut bytes = Vec::new();
-        dtype.encode_f64(&values, &mut bytes);
-        Tensor {
-            dtype,
-            shape: self.shape.clone(),
-            bytes,
-        }
+        self.view().to_dtype(dtype)
     }
 
     /// The same elements under another shape, when the element counts agree.
@@ -113,5 +147,55 @@ impl Tensor {
             self.shape = shape.to_vec();
             self
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Float32 values that round differently by each path if any path rounds twice or
+    /// flushes: ties, subnormals of float16, overflow, infinities and NaN, across runs.
+    fn awkward() -> Vec<f32> {
+        let mut rng = crate::SplitMix64::new(3);
+        let mut v: Vec<f32> = (0..40_000).map(|_| rng.normal() as f32 * 10.0).collect();
+        v.extend([
+            1.0 + 2f32.powi(-11), // a tie between two float16 values: to even
+            1.0 + 3.0 * 2f32.powi(-11),
+            3e-6,
+            -6e-8,
+            1e-9,
+            65519.0,
+            65520.0,
+            1e6,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -0.0,
+        ]);
+        v
+    }
+
+    #[test]
+    fn conversion_rounds_once_to_nearest_even_in_every_dtype() {
+        let values = awkward();
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let t = Tensor::new("x", DType::F32, vec![values.len()], bytes).unwrap();
+        let wide: Vec<f64> = values.iter().map(|&v| f64::from(v)).collect();
+        for dtype in [DType::F16, DType::BF16, DType::F64, DType::I32] {
+            let mut expected = Vec::new();
+            dtype.encode_f64(&wide, &mut expected);
+            let got = t.view().to_dtype(dtype);
+            assert_eq!((got.dtype, &got.shape), (dtype, &t.shape));
+            assert!(got.bytes == expected, "float32 to {dtype}");
+            let back = got.view().to_dtype(DType::F32);
+            let twice = t.clone().cast(dtype).cast(DType::F32);
+            assert_eq!(back.bytes, twice.bytes, "{dtype} back to float32");
+        }
+        assert_eq!(
+            t.clone().cast(DType::F32),
+            t,
+            "the same dtype is the tensor itself"
+        );
     }
 }

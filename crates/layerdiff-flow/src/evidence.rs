@@ -69,11 +69,20 @@ pub fn disagreement(
 
 /// A reference tensor made fit to feed the target in place of `name`: cast to the target's
 /// dtype, reshaped to its shape (element counts must agree).
-pub fn fit(name: &str, reference: Tensor, dtype: DType, shape: &[usize]) -> Result<Tensor, String> {
-    let given = reference.shape.clone();
-    reference.cast(dtype).reshaped(shape).ok_or_else(|| {
-        format!("the reference's `{name}` has shape {given:?}, the target's {shape:?}")
-    })
+pub fn fit(
+    name: &str,
+    reference: &Tensor,
+    dtype: DType,
+    shape: &[usize],
+) -> Result<Tensor, String> {
+    let given = &reference.shape;
+    reference
+        .view()
+        .to_dtype(dtype)
+        .reshaped(shape)
+        .ok_or_else(|| {
+            format!("the reference's `{name}` has shape {given:?}, the target's {shape:?}")
+        })
 }
 
 /// How `nodes` differ in their attributes from `model`'s nodes of the same name and op.

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 
 use layerdiff_core::{
-    Float64Distance, Layer, LayerStatus, Tensor, TensorView, Tolerance, compare_pair,
-    lower_precision, rounding,
+    Float64Distance, Judge, Layer, LayerStatus, Tensor, TensorView, Tolerance, compare_pair,
+    lower_precision,
 };
 use layerdiff_onnx::LocalGroup;
 
@@ -56,27 +56,35 @@ impl Pairs<'_> {
             layer.shape = reference.shape.clone();
             layer.dtype = reference.dtype.name().to_string();
         }
-        let outcome = compare_pair(reference.view(), target.view());
-        layer.status = outcome.status;
-        layer.accumulated = outcome.stats;
-        layer.target_shape = outcome.target_shape;
-        layer.target_dtype = outcome.target_dtype;
+        // The truth first: it decides an auto tolerance, which the comparison judges with.
         let truth = self.truth.and_then(|t| t.get(&self.reference_values[i]));
         if let Some(truth) = truth {
-            let distance =
-                |v: TensorView<'_>| compare_pair(truth.view(), v).stats.map(|s| s.max_abs_diff);
+            let distance = |v: TensorView<'_>| {
+                compare_pair(truth.view(), v, None)
+                    .stats
+                    .map(|s| s.max_abs_diff)
+            };
             if let (Some(reference), Some(target)) =
                 (distance(reference.view()), distance(target.view()))
             {
                 layer.float64 = Some(Float64Distance { reference, target });
             }
         }
+        let target_dtype = (reference.dtype != target.dtype).then(|| target.dtype.name());
         layer.tolerance = self.tolerance.for_layer(
             &layer.dtype,
-            layer.target_dtype.as_deref(),
+            target_dtype,
             layer.float64.as_ref().map(|f| f.reference),
         );
-        measure_rounding(layer, Which::Accumulated, reference, target);
+        let outcome = compare_pair(
+            reference.view(),
+            target.view(),
+            judge(layer, target_dtype, reference, target),
+        );
+        layer.status = outcome.status;
+        layer.accumulated = outcome.stats;
+        layer.target_shape = outcome.target_shape;
+        layer.target_dtype = outcome.target_dtype;
     }
 
     /// Layer `i`'s local error: the target's group computing its value (`slot`) re-run on the
@@ -113,8 +121,8 @@ impl Pairs<'_> {
         };
         match outcome {
             Ok(out) => {
-                layer.local = compare_pair(reference.view(), out.view()).stats;
-                measure_rounding(layer, Which::Local, reference, &out);
+                let judge = judge(layer, layer.target_dtype.as_deref(), reference, &out);
+                layer.local = compare_pair(reference.view(), out.view(), judge).stats;
                 let inputs = slot.iter().flatten().flat_map(|g| &g.inputs);
                 layer.local_inputs = inputs
                     .map(|n| self.reference_of.get(n).map_or(n, |(r, _)| r).clone())
@@ -140,34 +148,26 @@ impl Pairs<'_> {
         let (Some(reference), Some(target)) = (self.reference.get(r), self.target.get(n)) else {
             return Err(format!("`{n}` is no longer held"));
         };
-        fit(r, reference.clone(), target.dtype, &target.shape)
+        fit(r, reference, target.dtype, &target.shape)
     }
 }
 
-/// Which of a layer's comparisons.
-enum Which {
-    Accumulated,
-    Local,
-}
-
-/// Measures one of a layer's comparisons element by element against its tolerance and in ULPs
-/// of the lower-precision side's dtype (float layers; integers must agree exactly, which the
-/// largest difference tells).
-fn measure_rounding(layer: &mut Layer, which: Which, reference: &Tensor, target: &Tensor) {
-    let Some(grid) = lower_precision(&layer.dtype, layer.target_dtype.as_deref())
+/// What a layer's comparison judges each element against: the layer's bound, and the steps of
+/// the lower-precision side's dtype (`target_dtype`: the target's, where it differs). Float
+/// layers only; integers must agree exactly, which the largest difference tells.
+fn judge(
+    layer: &Layer,
+    target_dtype: Option<&str>,
+    reference: &Tensor,
+    target: &Tensor,
+) -> Option<Judge> {
+    let grid = lower_precision(&layer.dtype, target_dtype)
         .filter(|d| d.is_float())
-        .filter(|_| reference.dtype.is_float() && target.dtype.is_float())
-    else {
-        return;
-    };
-    let bound = layer.tolerance;
-    let stats = match which {
-        Which::Accumulated => layer.accumulated.as_mut(),
-        Which::Local => layer.local.as_mut(),
-    };
-    if let Some(stats) = stats {
-        stats.rounding = Some(rounding(reference.view(), target.view(), grid, bound));
-    }
+        .filter(|_| reference.dtype.is_float() && target.dtype.is_float())?;
+    Some(Judge {
+        grid,
+        bound: layer.tolerance,
+    })
 }
 
 /// Why the target value `value` cannot be this layer's output, when it cannot: a different

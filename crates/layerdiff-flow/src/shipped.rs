@@ -207,7 +207,7 @@ impl Shipped {
                 && exposed.dtype == unmodified.dtype
                 && exposed.bytes == unmodified.bytes;
             if !identical {
-                let stats = compare_pair(unmodified.view(), exposed.view()).stats;
+                let stats = compare_pair(unmodified.view(), exposed.view(), None).stats;
                 let diff = stats.map_or(f64::INFINITY, |s| s.max_abs_diff);
                 let g = &mut self.graph;
                 g.outputs_max_abs_diff = g.outputs_max_abs_diff.max(diff);

@@ -221,6 +221,7 @@ unsafe fn block<R: Load, T: Load>(r: &[u8], t: &[u8], start: usize, len: usize) 
         &lanes(max_rel),
         above,
         worst,
+        Default::default(),
     ))
 }
 

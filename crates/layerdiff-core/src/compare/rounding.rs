@@ -5,16 +5,16 @@
 //! the smallest multiple of that bound every element would have passed (Polygraphy's "minimum
 //! required tolerance", as a factor).
 //!
-//! A second pass over the values, run while they are held. Deterministic like the comparator:
-//! sums per fixed block, blocks added in order; the percentiles come from a histogram of the
+//! Measured in the comparator's own pass ([`super::compare_judged`]), on the values it has just
+//! widened. Deterministic like the comparator: sums in the same interleaved lanes, combined by
+//! the same tree, blocks added in order; the percentiles come from a histogram of the
 //! differences' binary exponents and leading mantissa bits, so they are exact to within
 //! [`PERCENTILE_RESOLUTION`] of their value.
 
-use rayon::prelude::*;
 use serde::Serialize;
 
-use super::{BLOCK, decode};
-use crate::{Bound, DType, TensorView};
+use super::LANES;
+use crate::{Bound, DType};
 
 /// Mantissa bits the percentile histogram keeps.
 const KEPT_BITS: u32 = 5;
@@ -27,22 +27,25 @@ const MAX_EXPONENT: i64 = 40;
 const PER_OCTAVE: usize = 1 << KEPT_BITS;
 /// Zero, then each octave's sub-buckets.
 const BUCKETS: usize = 1 + (MAX_EXPONENT - MIN_EXPONENT + 1) as usize * PER_OCTAVE;
+/// Extra slots that count zero differences, one per lane, so that a run of equal elements
+/// does not wait on one counter; folded into bucket 0 at the end.
+const ZERO_SLOTS: usize = LANES;
+/// The length of a histogram.
+pub(super) const HISTOGRAM: usize = BUCKETS + ZERO_SLOTS;
+/// The smallest difference with a bucket of its own octave, and the largest.
+const LOWEST: f64 = f64::from_bits(((MIN_EXPONENT + 1023) as u64) << 52);
+const HIGHEST: f64 = f64::from_bits((((MAX_EXPONENT + 1024) as u64) << 52) - 1);
+/// What a bucket's key (a difference's bits shifted to its exponent and kept mantissa bits)
+/// loses to become its index.
+const KEY_OFFSET: u64 = (((MIN_EXPONENT + 1023) as u64) << KEPT_BITS) - 1;
 
-/// The histogram bucket of a difference `d ≥ 0`.
-fn bucket(d: f64) -> usize {
-    if d == 0.0 {
-        return 0;
-    }
-    let bits = d.to_bits();
-    let exponent = ((bits >> 52) & 0x7ff) as i64 - 1023;
-    if exponent < MIN_EXPONENT {
-        return 1;
-    }
-    if exponent > MAX_EXPONENT {
-        return BUCKETS - 1;
-    }
-    let sub = ((bits >> (52 - KEPT_BITS)) as usize) & (PER_OCTAVE - 1);
-    1 + (exponent - MIN_EXPONENT) as usize * PER_OCTAVE + sub
+/// The histogram bucket of a difference `d > 0` (all of a run's arithmetic: no branches, so the
+/// compiler vectorizes it).
+#[inline(always)]
+fn bucket(d: f64) -> u64 {
+    let clamped = if d > LOWEST { d } else { LOWEST };
+    let clamped = if clamped < HIGHEST { clamped } else { HIGHEST };
+    (clamped.to_bits() >> (52 - KEPT_BITS)) - KEY_OFFSET
 }
 
 /// The upper edge of a bucket (0 for the zero bucket).
@@ -81,151 +84,208 @@ pub struct Rounding {
     pub beyond_tolerance: u64,
 }
 
-/// One block's share.
-struct Part {
-    compared: u64,
-    max_abs: f64,
-    sum_ulp: f64,
-    max_ulp: f64,
-    needed: f64,
-    beyond: u64,
+/// What a comparison judges each element against: the steps of a dtype (the layer's
+/// lower-precision side) and the layer's bound.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Judge {
+    /// The dtype whose ULPs measure the differences.
+    pub grid: DType,
+    /// The largest difference the layer allows at each reference value.
+    pub bound: Bound,
 }
 
-/// Measures `target` against `reference` (the same element count) in ULPs of `grid` and against
-/// `bound`.
-pub fn rounding(
-    reference: TensorView<'_>,
-    target: TensorView<'_>,
-    grid: DType,
-    bound: Bound,
-) -> Rounding {
-    let n = reference.numel().min(target.numel());
-    let spacing = Spacing::of(grid);
-    let blocks = n.div_ceil(BLOCK);
-    let (mut parts, histograms): (Vec<(usize, Part)>, Vec<Vec<u32>>) = (0..blocks)
-        .into_par_iter()
-        .with_min_len(16)
-        .fold(
-            || (Vec::new(), vec![0u32; BUCKETS]),
-            |(mut parts, mut histogram), b| {
-                parts.push((
-                    b,
-                    block(reference, target, b, n, spacing, bound, &mut histogram),
-                ));
-                (parts, histogram)
-            },
-        )
-        .map(|(parts, histogram)| (parts, vec![histogram]))
-        .reduce(
-            || (Vec::new(), Vec::new()),
-            |(mut a, mut ha), (b, hb)| {
-                a.extend(b);
-                ha.extend(hb);
-                (a, ha)
-            },
-        );
-    // Sums added in block order, whichever thread computed each block.
-    parts.sort_by_key(|(b, _)| *b);
-    let (mut compared, mut sum_ulp, mut max_ulp, mut needed, mut beyond) = (0, 0.0, 0.0, 0.0, 0);
-    let mut max_abs = 0.0;
-    for (_, p) in &parts {
-        compared += p.compared;
-        max_abs = f64::max(max_abs, p.max_abs);
-        sum_ulp += p.sum_ulp;
-        max_ulp = f64::max(max_ulp, p.max_ulp);
-        needed = f64::max(needed, p.needed);
-        beyond += p.beyond;
-    }
-    let mut histogram = vec![0u64; BUCKETS];
-    for h in &histograms {
-        for (total, &count) in histogram.iter_mut().zip(h) {
-            *total += u64::from(count);
+/// A [`Judge`] in the form the kernel uses.
+#[derive(Clone, Copy)]
+pub(super) struct Prepared {
+    /// The smallest magnitude whose step is not the dtype's smallest (its smallest normal),
+    /// raised where needed so that every step's reciprocal is a normal f64.
+    floor: f64,
+    /// The bits of one step's reciprocal are this minus the magnitude's exponent bits.
+    inverse_base: u64,
+    atol: f64,
+    rtol: f64,
+}
+
+const EXPONENT_BITS: u64 = 0x7ff << 52;
+
+impl Judge {
+    pub(super) fn prepare(self) -> Prepared {
+        // Explicit mantissa bits, smallest normal exponent.
+        let (mantissa, min_exponent): (i64, i64) = match self.grid {
+            DType::F64 => (52, -1022),
+            DType::F16 => (10, -14),
+            DType::BF16 => (7, -126),
+            _ => (23, -126),
+        };
+        let floor = min_exponent.max(mantissa - 1022);
+        Prepared {
+            floor: f64::from_bits(((floor + 1023) as u64) << 52),
+            // A step at biased exponent E is 2^(E - 1023 - mantissa); its reciprocal's biased
+            // exponent is 2046 + mantissa - E.
+            inverse_base: ((2046 + mantissa) as u64) << 52,
+            atol: self.bound.atol,
+            rtol: self.bound.rtol,
         }
     }
-    // A bucket's upper edge, but never above the largest difference.
-    let percentile = |q: f64| percentile(&histogram, compared, q).min(max_abs);
-    Rounding {
-        grid: grid.name().to_string(),
-        max_ulp_diff: max_ulp,
-        mean_ulp_diff: if compared == 0 {
-            0.0
+}
+
+impl Prepared {
+    /// The reciprocal of one step of the grid at `magnitude` (exact: a power of two), the
+    /// smallest step's below the normal range and for an infinite magnitude.
+    #[inline(always)]
+    fn inverse_step(&self, magnitude: f64) -> f64 {
+        let m = if magnitude > self.floor && magnitude < f64::INFINITY {
+            magnitude
         } else {
-            sum_ulp / compared as f64
-        },
-        p50_abs_diff: percentile(0.5),
-        p99_abs_diff: percentile(0.99),
-        tolerance_needed: needed,
-        beyond_tolerance: beyond,
+            self.floor
+        };
+        f64::from_bits(self.inverse_base - (m.to_bits() & EXPONENT_BITS))
     }
-}
 
-/// One block: its share of the sums, and its differences counted into `histogram`.
-#[allow(clippy::too_many_arguments)]
-fn block(
-    reference: TensorView<'_>,
-    target: TensorView<'_>,
-    b: usize,
-    n: usize,
-    spacing: Spacing,
-    bound: Bound,
-    histogram: &mut [u32],
-) -> Part {
-    let start = b * BLOCK;
-    let len = BLOCK.min(n - start);
-    // On the stack: a block is small, and this runs once per block of every pair.
-    let (mut r, mut t) = ([0.0f64; BLOCK], [0.0f64; BLOCK]);
-    let (r, t) = (&mut r[..len], &mut t[..len]);
-    let (rs, ts) = (reference.dtype.size(), target.dtype.size());
-    decode(
-        reference.dtype,
-        &reference.bytes[start * rs..(start + len) * rs],
-        r,
-    );
-    decode(
-        target.dtype,
-        &target.bytes[start * ts..(start + len) * ts],
-        t,
-    );
-    let mut part = Part {
-        compared: 0,
-        max_abs: 0.0,
-        sum_ulp: 0.0,
-        max_ulp: 0.0,
-        needed: 0.0,
-        beyond: 0,
-    };
-    for (&r, &t) in r.iter().zip(t.iter()) {
-        if r.is_nan() || t.is_nan() {
-            continue;
-        }
-        let d = if r == t { 0.0 } else { (t - r).abs() };
-        part.compared += 1;
-        part.max_abs = part.max_abs.max(d);
+    /// One compared element, `diff = |b - a|`, into lane `lane` of `lanes`; its histogram slot.
+    #[inline(always)]
+    pub(super) fn element(&self, a: f64, b: f64, diff: f64, lane: usize, lanes: &mut Lanes) -> u64 {
+        let (aa, bb) = (a.abs(), b.abs());
         // Steps at the larger magnitude of the two: near zero a reference's own steps are
         // vanishingly small, and a value that moved away from 0 would count astronomically.
-        let ulps = d * spacing.inverse_at(r.abs().max(t.abs()));
-        part.sum_ulp += ulps;
-        part.max_ulp = part.max_ulp.max(ulps);
-        let allowed = bound.at(r.abs());
-        if d > allowed {
-            part.beyond += 1;
+        let ulps = diff * self.inverse_step(if aa > bb { aa } else { bb });
+        lanes.sum_ulp[lane] += ulps;
+        lanes.max_ulp[lane] = if ulps > lanes.max_ulp[lane] {
+            ulps
+        } else {
+            lanes.max_ulp[lane]
+        };
+        // An infinite reference allows a finite amount: a difference of ∞ is always beyond.
+        let allowed = self.atol + self.rtol * if aa < f64::MAX { aa } else { f64::MAX };
+        lanes.beyond[lane] += u64::from(diff > allowed);
+        // 0/0 (no difference, no bound) is NaN, which the comparison below passes over.
+        let needed = diff / allowed;
+        lanes.needed[lane] = if needed > lanes.needed[lane] {
+            needed
+        } else {
+            lanes.needed[lane]
+        };
+        if diff == 0.0 {
+            (BUCKETS + lane) as u64
+        } else {
+            bucket(diff)
         }
-        let needed = if d == 0.0 { 0.0 } else { d / allowed };
-        part.needed = part.needed.max(needed);
-        histogram[bucket(d)] += 1;
     }
-    part
+
+    /// A run of finite elements (`r`, `t`, their differences `d`) that starts at a multiple of
+    /// [`LANES`] in its block: element `k` goes to lane `k % LANES`, and its difference is
+    /// counted in `histogram`.
+    #[inline(always)]
+    pub(super) fn run(
+        &self,
+        r: &[f64],
+        t: &[f64],
+        d: &[f64],
+        lanes_out: &mut Lanes,
+        histogram: &mut [u32],
+    ) {
+        let mut slots = [0u64; super::SUB];
+        // A local copy the compiler keeps in registers.
+        let mut local = *lanes_out;
+        let lanes = &mut local;
+        let n = r.len().min(super::SUB);
+        let full = n - n % LANES;
+        for (((sc, rc), tc), dc) in slots[..full]
+            .chunks_exact_mut(LANES)
+            .zip(r.chunks_exact(LANES))
+            .zip(t.chunks_exact(LANES))
+            .zip(d.chunks_exact(LANES))
+        {
+            for j in 0..LANES {
+                sc[j] = self.element(rc[j], tc[j], dc[j], j, lanes);
+            }
+        }
+        for k in full..n {
+            slots[k] = self.element(r[k], t[k], d[k], k - full, lanes);
+        }
+        for &slot in &slots[..n] {
+            histogram[slot as usize] += 1;
+        }
+        *lanes_out = local;
+    }
 }
 
-/// The `q` quantile of the differences counted in `histogram` (`compared` in all): the upper
-/// edge of the bucket that holds it.
-fn percentile(histogram: &[u64], compared: u64, q: f64) -> f64 {
+/// A block's judged elements, lane by lane.
+#[derive(Clone, Copy, Default)]
+pub(super) struct Lanes {
+    sum_ulp: [f64; LANES],
+    max_ulp: [f64; LANES],
+    needed: [f64; LANES],
+    beyond: [u64; LANES],
+}
+
+/// A block's judged elements, lanes combined.
+#[derive(Clone, Copy, Default, Debug, PartialEq)]
+pub(super) struct Tally {
+    pub sum_ulp: f64,
+    pub max_ulp: f64,
+    pub needed: f64,
+    pub beyond: u64,
+}
+
+impl Lanes {
+    pub(super) fn tally(&self) -> Tally {
+        let max = |l: &[f64; LANES]| l.iter().fold(0.0f64, |m, &v| if v > m { v } else { m });
+        Tally {
+            sum_ulp: super::tree(&self.sum_ulp),
+            max_ulp: max(&self.max_ulp),
+            needed: max(&self.needed),
+            beyond: self.beyond.iter().sum(),
+        }
+    }
+}
+
+impl Tally {
+    /// Folds a later block into this one (callers go in block order).
+    pub(super) fn merge(&mut self, o: &Tally) {
+        self.sum_ulp += o.sum_ulp;
+        self.max_ulp = self.max_ulp.max(o.max_ulp);
+        self.needed = self.needed.max(o.needed);
+        self.beyond += o.beyond;
+    }
+
+    /// The rounding of `compared` elements judged on `grid`, whose largest difference is
+    /// `max_abs`, with their differences counted in `histogram`.
+    pub(super) fn rounding(
+        &self,
+        grid: DType,
+        compared: u64,
+        max_abs: f64,
+        histogram: &[u64],
+    ) -> Rounding {
+        let zeros: u64 = histogram[BUCKETS..].iter().sum();
+        // A bucket's upper edge, but never above the largest difference.
+        let percentile = |q: f64| percentile(histogram, zeros, compared, q).min(max_abs);
+        Rounding {
+            grid: grid.name().to_string(),
+            max_ulp_diff: self.max_ulp,
+            mean_ulp_diff: if compared == 0 {
+                0.0
+            } else {
+                self.sum_ulp / compared as f64
+            },
+            p50_abs_diff: percentile(0.5),
+            p99_abs_diff: percentile(0.99),
+            tolerance_needed: self.needed,
+            beyond_tolerance: self.beyond,
+        }
+    }
+}
+
+/// The `q` quantile of the differences counted in `histogram` (`compared` in all, `zeros` of
+/// them in its zero slots): the upper edge of the bucket that holds it.
+fn percentile(histogram: &[u64], zeros: u64, compared: u64, q: f64) -> f64 {
     if compared == 0 {
         return 0.0;
     }
     let rank = ((q * compared as f64).ceil() as u64).clamp(1, compared);
-    let mut seen = 0;
-    for (key, &count) in histogram.iter().enumerate() {
+    let mut seen = zeros;
+    for (key, &count) in histogram[..BUCKETS].iter().enumerate() {
         seen += count;
         if seen >= rank {
             return upper_edge(key);
@@ -234,93 +294,66 @@ fn percentile(histogram: &[u64], compared: u64, q: f64) -> f64 {
     f64::INFINITY
 }
 
-/// The spacing of a floating-point dtype's values: one ULP at a magnitude.
-#[derive(Clone, Copy)]
-struct Spacing {
-    /// Explicit mantissa bits.
-    mantissa: i32,
-    /// The smallest normal exponent.
-    min_exponent: i32,
-}
-
-impl Spacing {
-    fn of(dtype: DType) -> Self {
-        let (mantissa, min_exponent) = match dtype {
-            DType::F64 => (52, -1022),
-            DType::F16 => (10, -14),
-            DType::BF16 => (7, -126),
-            _ => (23, -126),
-        };
-        Self {
-            mantissa,
-            min_exponent,
-        }
-    }
-
-    /// One ULP of the dtype at `magnitude` (the subnormal spacing below the normal range).
-    #[cfg(test)]
-    fn at(self, magnitude: f64) -> f64 {
-        f64::from_bits(((self.exponent_at(magnitude) + 1023) as u64) << 52)
-    }
-
-    /// The reciprocal of [`Spacing::at`], exact (a power of two): dividing by a step is
-    /// multiplying by this.
-    #[inline]
-    fn inverse_at(self, magnitude: f64) -> f64 {
-        f64::from_bits(((1023 - self.exponent_at(magnitude)) as u64) << 52)
-    }
-
-    /// The binary exponent of one ULP at `magnitude`.
-    #[inline]
-    fn exponent_at(self, magnitude: f64) -> i32 {
-        let exponent = if magnitude > 0.0 && magnitude.is_finite() {
-            ((magnitude.to_bits() >> 52) & 0x7ff) as i32 - 1023
-        } else {
-            self.min_exponent
-        };
-        // Every dtype's smallest step (float64's 2^-1074 aside) is a normal f64, and so is its
-        // reciprocal.
-        (exponent.max(self.min_exponent) - self.mantissa).max(-1022)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Tensor;
+    use crate::{Tensor, compare_judged};
 
     fn f32s(values: &[f32]) -> Tensor {
         let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         Tensor::new("x", DType::F32, vec![values.len()], bytes).unwrap()
     }
 
+    fn rounding(r: &Tensor, t: &Tensor, grid: DType, bound: Bound) -> Rounding {
+        compare_judged(r.view(), t.view(), Some(Judge { grid, bound }))
+            .unwrap()
+            .rounding
+            .expect("judged")
+    }
+
+    /// One step of `grid` at `magnitude`.
+    fn step(grid: DType, magnitude: f64) -> f64 {
+        let judge = Judge {
+            grid,
+            bound: Bound::absolute(0.0),
+        };
+        1.0 / judge.prepare().inverse_step(magnitude)
+    }
+
     #[test]
     fn ulps_are_counted_at_each_value_s_own_magnitude() {
-        assert_eq!(Spacing::of(DType::F16).at(300.0), 0.25);
-        assert_eq!(Spacing::of(DType::F16).at(1.0), 2f64.powi(-10));
-        assert_eq!(Spacing::of(DType::F16).at(0.0), 2f64.powi(-24));
-        assert_eq!(Spacing::of(DType::F32).at(1.5), 2f64.powi(-23));
-        assert_eq!(Spacing::of(DType::BF16).at(3.0), 2f64.powi(-6));
-        for (dtype, m) in [
-            (DType::F16, 300.0),
-            (DType::F32, 1e-30),
-            (DType::F64, 1e300),
-        ] {
-            let s = Spacing::of(dtype);
-            assert_eq!(s.at(m) * s.inverse_at(m), 1.0, "{dtype} at {m}");
+        assert_eq!(step(DType::F16, 300.0), 0.25);
+        assert_eq!(step(DType::F16, 1.0), 2f64.powi(-10));
+        assert_eq!(step(DType::F16, 0.0), 2f64.powi(-24));
+        assert_eq!(step(DType::F16, f64::INFINITY), 2f64.powi(-24));
+        assert_eq!(step(DType::F32, 1.5), 2f64.powi(-23));
+        assert_eq!(step(DType::F32, 1e-45), 2f64.powi(-149));
+        assert_eq!(step(DType::BF16, 3.0), 2f64.powi(-6));
+        assert_eq!(step(DType::F64, 1e300), 2f64.powi(996 - 52));
+        assert_eq!(step(DType::F64, 0.0), 2f64.powi(-1022));
+        for d in [1e-30, 3e-7, 0.25, 0.26, 7.0, 1e11, 1e30] {
+            let b = bucket(d) as usize;
+            let edge = upper_edge(b);
+            assert!((1..BUCKETS).contains(&b), "{d}");
+            if (2f64.powi(MIN_EXPONENT as i32)..2f64.powi(MAX_EXPONENT as i32 + 1)).contains(&d) {
+                assert!(
+                    edge >= d && edge <= d * (1.0 + PERCENTILE_RESOLUTION),
+                    "{d}"
+                );
+            }
         }
-        for d in [3e-7, 0.25, 0.26, 7.0, 1e11] {
-            let (edge, b) = (upper_edge(bucket(d)), bucket(d));
-            assert!(edge >= d && (b == BUCKETS - 1 || edge <= d * (1.0 + PERCENTILE_RESOLUTION)));
-        }
+        assert_eq!(bucket(1e-30), 1, "below the range: the first bucket");
+        assert_eq!(bucket(1e30) as usize, BUCKETS - 1, "above it: the last");
         let r = f32s(&[300.0, 1.0, -2.0, 0.5]);
         let t = f32s(&[300.25, 1.0, -2.0, 0.5]);
         let bound = crate::default_for(DType::F16);
-        let out = rounding(r.view(), t.view(), DType::F16, bound);
+        let out = rounding(&r, &t, DType::F16, bound);
         assert_eq!(out.max_ulp_diff, 1.0);
         assert_eq!(out.mean_ulp_diff, 0.25);
         assert_eq!(out.beyond_tolerance, 0, "one step at 300 passes");
         assert!(out.tolerance_needed > 0.8 && out.tolerance_needed < 1.0);
+        assert_eq!(out.p50_abs_diff, 0.0, "three of four agree");
+        assert_eq!(out.p99_abs_diff, 0.25);
     }
 
     #[test]
@@ -328,7 +361,7 @@ mod tests {
         let r = f32s(&[1e-2, 300.0]);
         let t = f32s(&[1e-2 + 1e-3, 300.0]);
         let bound = crate::default_for(DType::F16);
-        let out = rounding(r.view(), t.view(), DType::F16, bound);
+        let out = rounding(&r, &t, DType::F16, bound);
         assert_eq!(
             out.beyond_tolerance, 1,
             "1e-3 on a value near 1e-2 is a finding"
@@ -338,12 +371,25 @@ mod tests {
     }
 
     #[test]
+    fn non_finite_values_are_judged_as_the_comparator_counts_them() {
+        let r = f32s(&[f32::NAN, f32::INFINITY, f32::INFINITY, 1.0]);
+        let t = f32s(&[1.0, f32::INFINITY, 1.0, 1.0]);
+        let out = rounding(&r, &t, DType::F32, Bound::absolute(1e-3));
+        assert_eq!(
+            out.beyond_tolerance, 1,
+            "NaN is not compared; ∞ vs 1 is beyond"
+        );
+        assert_eq!(out.max_ulp_diff, f64::INFINITY);
+        assert_eq!(out.p50_abs_diff, 0.0, "two of the three compared agree");
+    }
+
+    #[test]
     fn percentiles_are_within_their_resolution_and_do_not_depend_on_threads() {
-        let n = 3 * BLOCK + 17;
+        let n = 3 * super::super::BLOCK + 17;
         let r: Vec<f32> = (0..n).map(|i| i as f32).collect();
         let t: Vec<f32> = (0..n).map(|i| i as f32 + (i % 100) as f32 * 1e-3).collect();
         let (r, t) = (f32s(&r), f32s(&t));
-        let out = rounding(r.view(), t.view(), DType::F32, Bound::absolute(1.0));
+        let out = rounding(&r, &t, DType::F32, Bound::absolute(1.0));
         let close = |got: f64, want: f64| (got - want).abs() <= want * PERCENTILE_RESOLUTION * 1.01;
         assert!(close(out.p50_abs_diff, 0.049), "{}", out.p50_abs_diff);
         assert!(close(out.p99_abs_diff, 0.098), "{}", out.p99_abs_diff);
@@ -351,7 +397,7 @@ mod tests {
             .num_threads(1)
             .build()
             .unwrap();
-        let again = one.install(|| rounding(r.view(), t.view(), DType::F32, Bound::absolute(1.0)));
+        let again = one.install(|| rounding(&r, &t, DType::F32, Bound::absolute(1.0)));
         assert_eq!(out, again);
     }
 }
