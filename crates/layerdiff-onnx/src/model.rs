@@ -20,14 +20,14 @@ impl Model {
     /// Reads and decodes a model file, checking that it holds a graph with at least one node.
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|source| Error::Io {
+        let bytes = read_shared(path).map_err(|source| Error::Io {
             path: path.to_path_buf(),
             source,
         })?;
         let base_dir = path.parent().map(Path::to_path_buf);
         // Decoded from shared bytes, the weights stay slices of the file's buffer: no second
         // copy, and a clone of the model shares them.
-        Self::decode(prost::bytes::Bytes::from(bytes), path, base_dir)
+        Self::decode(bytes, path, base_dir)
     }
 
     /// Decodes a model from memory; `origin` names it in error messages.
@@ -131,5 +131,19 @@ impl Model {
             crate::tensor_from_proto(&inline)
         };
         Some(read())
+    }
+}
+
+/// A file's bytes, shared: mapped from the page cache where the system can map it (a model's
+/// weights are then never copied into memory of our own, which costs more than the rest of
+/// loading), else read whole.
+fn read_shared(path: &Path) -> std::io::Result<prost::bytes::Bytes> {
+    let file = std::fs::File::open(path)?;
+    // SAFETY: a private, read-only map of a file we only read. Like every reader that maps
+    // files (ONNX Runtime maps external data), a process that rewrites the model file while
+    // layerdiff runs changes what it reads.
+    match unsafe { memmap2::MmapOptions::new().populate().map(&file) } {
+        Ok(map) => Ok(prost::bytes::Bytes::from_owner(map)),
+        Err(_) => std::fs::read(path).map(prost::bytes::Bytes::from),
     }
 }
