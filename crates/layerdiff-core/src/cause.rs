@@ -221,9 +221,12 @@ fn decide(
     )
 }
 
-/// Elements [`precision_grid`] looks at, evenly spaced: a float32 value off a 10-bit grid lands
-/// on it by chance about once in 8192, so this many on it is no chance.
+/// Elements [`precision_grid`] looks at: a float32 value off a 10-bit grid lands on it by
+/// chance about once in 8192, so this many on it is no chance.
 pub const GRID_SAMPLE: usize = 4096;
+/// The sample is taken in evenly spaced runs of this many neighbours (a few cache lines each,
+/// where single elements far apart would each cost a trip to memory).
+const GRID_RUN: usize = 64;
 
 /// Whether the target's values lie on a lower-precision grid the reference's do not: every
 /// finite target value of an even sample ([`GRID_SAMPLE`]) survives a round trip through
@@ -240,23 +243,41 @@ pub fn precision_grid(reference: TensorView<'_>, target: TensorView<'_>) -> Opti
     if n == 0 {
         return None;
     }
-    let step = n.div_ceil(GRID_SAMPLE);
+    // Where each run starts: spread over the whole tensor, or the whole of a small one.
+    let runs = GRID_SAMPLE / GRID_RUN;
+    let starts: Vec<usize> = if n <= GRID_SAMPLE {
+        (0..n).step_by(GRID_RUN).collect()
+    } else {
+        (0..runs).map(|k| k * (n - GRID_RUN) / (runs - 1)).collect()
+    };
+    let sample = |view: &TensorView<'_>| {
+        let size = view.dtype.size();
+        let mut values = Vec::with_capacity(GRID_SAMPLE);
+        let mut run = [0.0f64; GRID_RUN];
+        for &start in &starts {
+            let len = GRID_RUN.min(n - start);
+            let bytes = &view.bytes[start * size..(start + len) * size];
+            crate::compare::decode(view.dtype, bytes, &mut run[..len]);
+            values.extend_from_slice(&run[..len]);
+        }
+        values
+    };
+    let (t_values, r_values) = (sample(&target), sample(&reference));
     grids.into_iter().find_map(|(name, grid_bits, round)| {
         if grid_bits >= bits {
             return None;
         }
-        let on = |view: &TensorView<'_>| {
-            (0..n)
-                .step_by(step)
-                .map(|i| view.get_f64(i))
-                .filter(|v| v.is_finite() && *v != 0.0)
-                .map(|v| round(v) == v)
+        let on = |values: &[f64]| {
+            values
+                .iter()
+                .filter(|v| v.is_finite() && **v != 0.0)
+                .map(|&v| round(v) == v)
                 .fold((0usize, 0usize), |(on, all), hit| {
                     (on + usize::from(hit), all + 1)
                 })
         };
-        let (t_on, t_all) = on(&target);
-        let (r_on, r_all) = on(&reference);
+        let (t_on, t_all) = on(&t_values);
+        let (r_on, r_all) = on(&r_values);
         (t_all > 0 && t_on == t_all && 2 * r_on < r_all).then_some(name)
     })
 }

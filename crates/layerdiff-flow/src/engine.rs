@@ -319,6 +319,8 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                     }
                 }
             }
+            // Their values go back before the lap: releasing them is part of the second runs.
+            drop((r_again, t_again));
             self.clock.lap("second runs (nondeterminism)", RUNTIME);
         }
         self.reference.free(&segment.reference.free);
