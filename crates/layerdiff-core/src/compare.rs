@@ -19,6 +19,8 @@
 //! result is bit-identical for any thread count.
 
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 mod rounding;
 
@@ -301,8 +303,28 @@ fn block_stats(
             return unsafe { block_stats_avx512(reference, target, block, judging) };
         }
         if has!("avx2") && has!("f16c") {
-            // SAFETY: the CPU has AVX2 and F16C, checked just above.
-            return unsafe { block_stats_avx2(reference, target, block, judging) };
+            let start = block * BLOCK;
+            let len = BLOCK.min(reference.numel() - start);
+            let mut judging = judging;
+            let judge = judging.as_mut().map(|(j, h)| (*j, &mut **h));
+            // SAFETY: the CPU has the features, checked just above; views hold `numel` elements.
+            let outcome = unsafe {
+                avx2::finite_block(
+                    (reference.dtype, reference.bytes),
+                    (target.dtype, target.bytes),
+                    start,
+                    len,
+                    judge,
+                )
+            };
+            return match outcome {
+                avx2::Outcome::Done(p) => p,
+                avx2::Outcome::NotFinite => exact_block(reference, target, block, judging),
+                // SAFETY: the CPU has AVX2 and F16C, checked just above.
+                avx2::Outcome::Unsupported => unsafe {
+                    block_stats_avx2(reference, target, block, judging)
+                },
+            };
         }
     }
     block_stats_generic(reference, target, block, judging, decode)

@@ -17,7 +17,7 @@ use super::LANES;
 use crate::{Bound, DType};
 
 /// Mantissa bits the percentile histogram keeps.
-const KEPT_BITS: u32 = 5;
+pub(super) const KEPT_BITS: u32 = 5;
 /// How close a reported percentile is to the true one, relative to its value.
 pub const PERCENTILE_RESOLUTION: f64 = 1.0 / (1u64 << KEPT_BITS) as f64;
 /// The binary exponents the histogram tells apart: differences below 2^MIN_EXPONENT share its
@@ -26,18 +26,18 @@ const MIN_EXPONENT: i64 = -80;
 const MAX_EXPONENT: i64 = 40;
 const PER_OCTAVE: usize = 1 << KEPT_BITS;
 /// Zero, then each octave's sub-buckets.
-const BUCKETS: usize = 1 + (MAX_EXPONENT - MIN_EXPONENT + 1) as usize * PER_OCTAVE;
+pub(super) const BUCKETS: usize = 1 + (MAX_EXPONENT - MIN_EXPONENT + 1) as usize * PER_OCTAVE;
 /// Extra slots that count zero differences, one per lane, so that a run of equal elements
 /// does not wait on one counter; folded into bucket 0 at the end.
 const ZERO_SLOTS: usize = LANES;
 /// The length of a histogram.
 pub(super) const HISTOGRAM: usize = BUCKETS + ZERO_SLOTS;
 /// The smallest difference with a bucket of its own octave, and the largest.
-const LOWEST: f64 = f64::from_bits(((MIN_EXPONENT + 1023) as u64) << 52);
-const HIGHEST: f64 = f64::from_bits((((MAX_EXPONENT + 1024) as u64) << 52) - 1);
+pub(super) const LOWEST: f64 = f64::from_bits(((MIN_EXPONENT + 1023) as u64) << 52);
+pub(super) const HIGHEST: f64 = f64::from_bits((((MAX_EXPONENT + 1024) as u64) << 52) - 1);
 /// What a bucket's key (a difference's bits shifted to its exponent and kept mantissa bits)
 /// loses to become its index.
-const KEY_OFFSET: u64 = (((MIN_EXPONENT + 1023) as u64) << KEPT_BITS) - 1;
+pub(super) const KEY_OFFSET: u64 = (((MIN_EXPONENT + 1023) as u64) << KEPT_BITS) - 1;
 
 /// The histogram bucket of a difference `d > 0` (all of a run's arithmetic: no branches, so the
 /// compiler vectorizes it).
@@ -99,14 +99,15 @@ pub struct Judge {
 pub(super) struct Prepared {
     /// The smallest magnitude whose step is not the dtype's smallest (its smallest normal),
     /// raised where needed so that every step's reciprocal is a normal f64.
-    floor: f64,
+    pub floor: f64,
     /// The bits of one step's reciprocal are this minus the magnitude's exponent bits.
-    inverse_base: u64,
-    atol: f64,
-    rtol: f64,
+    pub inverse_base: u64,
+    /// The bound's terms.
+    pub atol: f64,
+    pub rtol: f64,
 }
 
-const EXPONENT_BITS: u64 = 0x7ff << 52;
+pub(super) const EXPONENT_BITS: u64 = 0x7ff << 52;
 
 impl Judge {
     pub(super) fn prepare(self) -> Prepared {

@@ -1,0 +1,392 @@
+//! The finite fast path in explicit AVX2, judged or not. Two `__m256d` hold the [`LANES`] f64
+//! accumulators of a block (lanes 0–3, then 4–7), so vector lane `j` sums elements
+//! `k ≡ j (mod LANES)` in the order the scalar path does: the same operations (no fused
+//! multiply-add), the same bits. Elements are read straight from the tensors' bytes and widened
+//! in registers (float16 by F16C, bfloat16 by a shift). The compiler's own vectorization of the
+//! scalar path changes with every edit to it; this one does not.
+
+use std::arch::x86_64::*;
+
+use super::rounding::{BUCKETS, EXPONENT_BITS, HIGHEST, KEPT_BITS, KEY_OFFSET, LOWEST, Tally};
+use super::{Judging, LANES, Partial, SUB, THRESHOLDS, tree};
+use crate::DType;
+
+/// Eight f64 lanes: lanes 0–3, then 4–7.
+type Pair = [__m256d; 2];
+
+/// A dtype the kernel reads: eight elements at a time into f64 lanes, or one.
+trait Load {
+    const SIZE: usize;
+    /// Whether its values are narrower than f64: their squares never overflow f64, so a
+    /// non-finite value shows as a non-finite sum of squares.
+    const NARROW: bool = true;
+    /// Elements `k..k + 8` of `base`, widened.
+    unsafe fn eight(base: *const u8, k: usize) -> Pair;
+    /// Element `k`, widened.
+    unsafe fn one(base: *const u8, k: usize) -> f64;
+}
+
+struct F32;
+struct F16;
+struct BF16;
+struct F64;
+
+/// Eight float32 values widened.
+#[inline(always)]
+unsafe fn widen(singles: __m256) -> Pair {
+    unsafe {
+        [
+            _mm256_cvtps_pd(_mm256_castps256_ps128(singles)),
+            _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(singles)),
+        ]
+    }
+}
+
+impl Load for F32 {
+    const SIZE: usize = 4;
+    #[inline(always)]
+    unsafe fn eight(base: *const u8, k: usize) -> Pair {
+        unsafe { widen(_mm256_loadu_ps(base.add(4 * k).cast())) }
+    }
+    #[inline(always)]
+    unsafe fn one(base: *const u8, k: usize) -> f64 {
+        f64::from(unsafe { base.add(4 * k).cast::<f32>().read_unaligned() })
+    }
+}
+
+impl Load for F16 {
+    const SIZE: usize = 2;
+    #[inline(always)]
+    unsafe fn eight(base: *const u8, k: usize) -> Pair {
+        unsafe { widen(_mm256_cvtph_ps(_mm_loadu_si128(base.add(2 * k).cast()))) }
+    }
+    #[inline(always)]
+    unsafe fn one(base: *const u8, k: usize) -> f64 {
+        half::f16::from_bits(unsafe { base.add(2 * k).cast::<u16>().read_unaligned() }).to_f64()
+    }
+}
+
+impl Load for BF16 {
+    const SIZE: usize = 2;
+    #[inline(always)]
+    unsafe fn eight(base: *const u8, k: usize) -> Pair {
+        unsafe {
+            let words = _mm256_cvtepu16_epi32(_mm_loadu_si128(base.add(2 * k).cast()));
+            widen(_mm256_castsi256_ps(_mm256_slli_epi32::<16>(words)))
+        }
+    }
+    #[inline(always)]
+    unsafe fn one(base: *const u8, k: usize) -> f64 {
+        let bits = unsafe { base.add(2 * k).cast::<u16>().read_unaligned() };
+        f64::from(f32::from_bits(u32::from(bits) << 16))
+    }
+}
+
+impl Load for F64 {
+    const SIZE: usize = 8;
+    const NARROW: bool = false;
+    #[inline(always)]
+    unsafe fn eight(base: *const u8, k: usize) -> Pair {
+        unsafe {
+            let p = base.add(8 * k).cast::<f64>();
+            [_mm256_loadu_pd(p), _mm256_loadu_pd(p.add(4))]
+        }
+    }
+    #[inline(always)]
+    unsafe fn one(base: *const u8, k: usize) -> f64 {
+        unsafe { base.add(8 * k).cast::<f64>().read_unaligned() }
+    }
+}
+
+// The kernel counts the first threshold from the mask of moved values.
+const _: () = assert!(THRESHOLDS[0].0 == 0.0);
+
+/// What the kernel made of a block (returned once per block: its size does not matter).
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Outcome {
+    /// Every value finite: the block's statistics (and its differences counted in the judge's
+    /// histogram).
+    Done(Partial),
+    /// A NaN or an infinity somewhere: the exact path must take the block (the histogram is
+    /// untouched).
+    NotFinite,
+    /// A dtype or a length this kernel does not take.
+    Unsupported,
+}
+
+/// Elements `start..start + len` of two tensors' bytes, judged when `judging` says so. `len`
+/// must be a multiple of [`LANES`].
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C, and both byte slices must hold `start + len` elements of
+/// their dtype.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn finite_block(
+    r: (DType, &[u8]),
+    t: (DType, &[u8]),
+    start: usize,
+    len: usize,
+    judging: Judging<'_>,
+) -> Outcome {
+    if !len.is_multiple_of(LANES) {
+        return Outcome::Unsupported;
+    }
+    macro_rules! with_t {
+        ($R:ty) => {
+            match t.0 {
+                DType::F32 => block::<$R, F32>(r.1, t.1, start, len, judging),
+                DType::F16 => block::<$R, F16>(r.1, t.1, start, len, judging),
+                DType::BF16 => block::<$R, BF16>(r.1, t.1, start, len, judging),
+                DType::F64 => block::<$R, F64>(r.1, t.1, start, len, judging),
+                _ => Outcome::Unsupported,
+            }
+        };
+    }
+    // SAFETY: the caller guarantees the features and the lengths.
+    unsafe {
+        match r.0 {
+            DType::F32 => with_t!(F32),
+            DType::F16 => with_t!(F16),
+            DType::BF16 => with_t!(BF16),
+            DType::F64 => with_t!(F64),
+            _ => Outcome::Unsupported,
+        }
+    }
+}
+
+#[inline(always)]
+fn lanes(v: Pair) -> [f64; LANES] {
+    let mut out = [0.0f64; LANES];
+    // SAFETY: `out` holds eight f64.
+    unsafe {
+        _mm256_storeu_pd(out.as_mut_ptr(), v[0]);
+        _mm256_storeu_pd(out.as_mut_ptr().add(4), v[1]);
+    }
+    out
+}
+
+#[inline(always)]
+fn largest(l: &[f64; LANES]) -> f64 {
+    l.iter().fold(0.0f64, |m, &v| if v > m { v } else { m })
+}
+
+/// Applies `f` to both halves.
+#[inline(always)]
+fn each(mut f: impl FnMut(usize) -> __m256d) -> Pair {
+    [f(0), f(1)]
+}
+
+/// How many of a compare mask's four lanes are set.
+#[inline(always)]
+fn set(mask: __m256d) -> u64 {
+    // SAFETY: the caller runs with AVX enabled.
+    u64::from(unsafe { _mm256_movemask_pd(mask) }.count_ones())
+}
+
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn block<R: Load, T: Load>(
+    r: &[u8],
+    t: &[u8],
+    start: usize,
+    len: usize,
+    mut judging: Judging<'_>,
+) -> Outcome {
+    debug_assert!(r.len() >= (start + len) * R::SIZE && t.len() >= (start + len) * T::SIZE);
+    let (rp, tp) = (r.as_ptr(), t.as_ptr());
+    let mut d = [0.0f64; SUB];
+    let mut slots = [0u64; SUB];
+    let zero = _mm256_setzero_pd();
+    let infinity = _mm256_set1_pd(f64::INFINITY);
+    let sign = _mm256_set1_pd(-0.0);
+    let abs = |v: __m256d| _mm256_andnot_pd(sign, v);
+    let z = [zero; 2];
+    let (mut sum_abs, mut sum_sq, mut dot, mut norm_r, mut norm_t, mut max_rel) =
+        (z, z, z, z, z, z);
+    let mut above = [0u64; THRESHOLDS.len()];
+    let mut worst: Option<(f64, u64, f64, f64)> = None;
+    // The judge's constants and accumulators.
+    let judge = judging.as_ref().map(|(j, _)| **j);
+    let (floor, inverse_base, atol, rtol) = judge.map_or((zero, zero, zero, zero), |j| {
+        (
+            _mm256_set1_pd(j.floor),
+            _mm256_castsi256_pd(_mm256_set1_epi64x(j.inverse_base as i64)),
+            _mm256_set1_pd(j.atol),
+            _mm256_set1_pd(j.rtol),
+        )
+    });
+    let exponent_bits = _mm256_set1_epi64x(EXPONENT_BITS as i64);
+    let (lowest, highest, largest_f64) = (
+        _mm256_set1_pd(LOWEST),
+        _mm256_set1_pd(HIGHEST),
+        _mm256_set1_pd(f64::MAX),
+    );
+    let key_offset = _mm256_set1_epi64x(KEY_OFFSET as i64);
+    let zero_slots = [
+        _mm256_setr_epi64x(
+            BUCKETS as i64,
+            BUCKETS as i64 + 1,
+            BUCKETS as i64 + 2,
+            BUCKETS as i64 + 3,
+        ),
+        _mm256_setr_epi64x(
+            BUCKETS as i64 + 4,
+            BUCKETS as i64 + 5,
+            BUCKETS as i64 + 6,
+            BUCKETS as i64 + 7,
+        ),
+    ];
+    let (mut sum_ulp, mut max_ulp, mut needed) = (z, z, z);
+    let mut beyond = 0u64;
+    let mut from = 0;
+    while from < len {
+        let n = SUB.min(len - from);
+        let mut max_abs = z;
+        let mut finite = true;
+        for v in (0..n).step_by(LANES) {
+            let k = start + from + v;
+            // SAFETY: `k + 8 <= start + len`, within both slices (the caller's promise).
+            let (a, b) = unsafe { (R::eight(rp, k), T::eight(tp, k)) };
+            let diff = each(|h| abs(_mm256_sub_pd(b[h], a[h])));
+            // SAFETY: `v + 8 <= n <= SUB`.
+            unsafe {
+                _mm256_storeu_pd(d.as_mut_ptr().add(v), diff[0]);
+                _mm256_storeu_pd(d.as_mut_ptr().add(v + 4), diff[1]);
+            }
+            sum_abs = each(|h| _mm256_add_pd(sum_abs[h], diff[h]));
+            sum_sq = each(|h| _mm256_add_pd(sum_sq[h], _mm256_mul_pd(diff[h], diff[h])));
+            dot = each(|h| _mm256_add_pd(dot[h], _mm256_mul_pd(a[h], b[h])));
+            norm_r = each(|h| _mm256_add_pd(norm_r[h], _mm256_mul_pd(a[h], a[h])));
+            norm_t = each(|h| _mm256_add_pd(norm_t[h], _mm256_mul_pd(b[h], b[h])));
+            max_abs = each(|h| _mm256_max_pd(diff[h], max_abs[h]));
+            let (abs_a, abs_b) = (each(|h| abs(a[h])), each(|h| abs(b[h])));
+            if !(R::NARROW && T::NARROW) {
+                for h in 0..2 {
+                    let ok = _mm256_and_pd(
+                        _mm256_cmp_pd::<_CMP_LT_OQ>(abs_a[h], infinity),
+                        _mm256_cmp_pd::<_CMP_LT_OQ>(abs_b[h], infinity),
+                    );
+                    finite &= _mm256_movemask_pd(ok) == 0b1111;
+                }
+            }
+            let moved = each(|h| _mm256_cmp_pd::<_CMP_GT_OQ>(diff[h], zero));
+            above[0] += set(moved[0]) + set(moved[1]); // the first threshold is 0
+            let den = each(|h| _mm256_max_pd(abs_a[h], abs_b[h]));
+            let rel = each(|h| _mm256_and_pd(_mm256_div_pd(diff[h], den[h]), moved[h]));
+            max_rel = each(|h| _mm256_max_pd(rel[h], max_rel[h]));
+            if judge.is_some() {
+                // The operations of `Prepared::element`, lane for lane.
+                for h in 0..2 {
+                    let magnitude = _mm256_max_pd(den[h], floor);
+                    let exponent = _mm256_and_si256(_mm256_castpd_si256(magnitude), exponent_bits);
+                    let inverse = _mm256_castsi256_pd(_mm256_sub_epi64(
+                        _mm256_castpd_si256(inverse_base),
+                        exponent,
+                    ));
+                    let ulps = _mm256_mul_pd(diff[h], inverse);
+                    sum_ulp[h] = _mm256_add_pd(sum_ulp[h], ulps);
+                    max_ulp[h] = _mm256_max_pd(ulps, max_ulp[h]);
+                    let allowed = _mm256_add_pd(
+                        atol,
+                        _mm256_mul_pd(rtol, _mm256_min_pd(abs_a[h], largest_f64)),
+                    );
+                    beyond += set(_mm256_cmp_pd::<_CMP_GT_OQ>(diff[h], allowed));
+                    needed[h] = _mm256_max_pd(_mm256_div_pd(diff[h], allowed), needed[h]);
+                    let clamped = _mm256_min_pd(_mm256_max_pd(diff[h], lowest), highest);
+                    let key = _mm256_sub_epi64(
+                        _mm256_srli_epi64::<{ 52 - KEPT_BITS as i32 }>(_mm256_castpd_si256(
+                            clamped,
+                        )),
+                        key_offset,
+                    );
+                    // `moved` is set where the difference is not zero: there the key stays.
+                    let key = _mm256_blendv_epi8(zero_slots[h], key, _mm256_castpd_si256(moved[h]));
+                    // SAFETY: `v + 4h + 4 <= n <= SUB`.
+                    unsafe {
+                        _mm256_storeu_si256(slots.as_mut_ptr().add(v + 4 * h).cast(), key);
+                    }
+                }
+            }
+        }
+        if R::NARROW && T::NARROW {
+            // A NaN or an infinity on either side makes its sum of squares NaN or infinite.
+            for h in 0..2 {
+                let sums = _mm256_add_pd(norm_r[h], norm_t[h]);
+                finite &= _mm256_movemask_pd(_mm256_cmp_pd::<_CMP_LT_OQ>(sums, infinity)) == 0b1111;
+            }
+        }
+        if !finite {
+            return Outcome::NotFinite;
+        }
+        if let Some((_, histogram)) = judging.as_mut() {
+            for &slot in &slots[..n] {
+                histogram[slot as usize] += 1;
+            }
+        }
+        let max = largest(&lanes(max_abs));
+        let d = &d[..n];
+        // Thresholds ascend: only those below the chunk's largest difference count anything
+        // (the first, 0, is counted above).
+        let below = THRESHOLDS.iter().take_while(|(x, _)| *x < max).count();
+        macro_rules! count {
+            ($($m:literal)*) => {
+                match below.saturating_sub(1) {
+                    $($m => count_above::<$m>(d, &mut above),)*
+                    _ => {}
+                }
+            };
+        }
+        count!(1 2 3 4 5 6 7 8 9);
+        if worst.is_none_or(|(w, ..)| max > w) {
+            let k = d.iter().position(|&v| v == max).unwrap_or(0);
+            let at = start + from + k;
+            // SAFETY: `at < start + len`.
+            worst = Some((max, at as u64, unsafe { R::one(rp, at) }, unsafe {
+                T::one(tp, at)
+            }));
+        }
+        from += n;
+    }
+    let sums = [sum_abs, sum_sq, dot, norm_r, norm_t].map(lanes);
+    let judged = match judge {
+        Some(_) => Tally {
+            sum_ulp: tree(&lanes(sum_ulp)),
+            max_ulp: largest(&lanes(max_ulp)),
+            needed: largest(&lanes(needed)),
+            beyond,
+        },
+        None => Tally::default(),
+    };
+    Outcome::Done(Partial::finite(
+        len,
+        [&sums[0], &sums[1], &sums[2], &sums[3], &sums[4]],
+        &lanes(max_rel),
+        above,
+        worst,
+        judged,
+    ))
+}
+
+/// Adds to `above[j]`, for the `M` thresholds after the first, how many of `d` exceed them: one
+/// pass over `d`, one vector counter per threshold.
+#[inline(always)]
+fn count_above<const M: usize>(d: &[f64], above: &mut [u64; THRESHOLDS.len()]) {
+    // SAFETY (whole function): the caller runs with AVX2 enabled; `d.len()` is a multiple of
+    // eight, so every load stays inside `d`.
+    unsafe {
+        let x: [__m256d; M] = std::array::from_fn(|j| _mm256_set1_pd(THRESHOLDS[j + 1].0));
+        let mut counts = [_mm256_setzero_si256(); M];
+        for v in (0..d.len()).step_by(4) {
+            let dv = _mm256_loadu_pd(d.as_ptr().add(v));
+            for j in 0..M {
+                // A set lane is all ones, -1 as an integer: subtracting it counts one.
+                let over = _mm256_castpd_si256(_mm256_cmp_pd::<_CMP_GT_OQ>(dv, x[j]));
+                counts[j] = _mm256_sub_epi64(counts[j], over);
+            }
+        }
+        for j in 0..M {
+            let mut c = [0u64; 4];
+            _mm256_storeu_si256(c.as_mut_ptr().cast(), counts[j]);
+            above[j + 1] += c.iter().sum::<u64>();
+        }
+    }
+}
