@@ -8,8 +8,8 @@
 use std::collections::HashMap;
 
 use layerdiff_core::{
-    Evidence, InputInfo, Layer, Machine, Report, SCHEMA, Summary, Tensor, Tolerance, explain,
-    judge, nothing_compared, summarise,
+    Evidence, InputInfo, Layer, Machine, Report, SCHEMA, Summary, Tensor, TensorView, Tolerance,
+    explain, judge, nothing_compared, summarise,
 };
 use layerdiff_onnx::LocalGroup;
 
@@ -411,7 +411,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                     let (r, _) = self.reference_of.get(n)?;
                     Some((self.reference.dtype(r)?, self.target.dtype(n)?))
                 };
-                let check = |node: &str, position, name: &str, weight: &Tensor| {
+                let check = |node: &str, position, name: &str, weight: TensorView<'_>| {
                     self.reference.weight_check(i, node, position, name, weight)
                 };
                 let computed_in = layerdiff_core::DType::from_name(&layer.dtype).ok();

@@ -114,14 +114,14 @@ pub fn model_weight_check(
     node: &str,
     position: usize,
     name: &str,
-    weight: &Tensor,
+    weight: TensorView<'_>,
 ) -> Option<WeightCheck> {
-    let theirs = match model.initializer(name) {
+    let theirs = match model.stored(name) {
         Some(found) => found.ok()?,
         None => {
             let same = model.graph().node.iter().find(|n| n.name() == node)?;
-            model.initializer(same.input.get(position)?)?.ok()?
+            model.stored(same.input.get(position)?)?.ok()?
         }
     };
-    Some(check_weight(name, theirs.view(), weight.view()))
+    Some(check_weight(name, theirs.view(), weight))
 }

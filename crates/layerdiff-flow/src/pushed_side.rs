@@ -112,7 +112,7 @@ impl Side for PushedSide {
         _node: &str,
         _position: usize,
         name: &str,
-        weight: &Tensor,
+        weight: TensorView<'_>,
     ) -> Option<WeightCheck> {
         let own = self.parameters.get(&layer).map_or(&[][..], Vec::as_slice);
         parameter_check(name, own, weight)
@@ -125,7 +125,7 @@ impl Side for PushedSide {
 fn parameter_check(
     name: &str,
     parameters: &[(String, Tensor)],
-    weight: &Tensor,
+    weight: TensorView<'_>,
 ) -> Option<WeightCheck> {
     let named: Vec<&Tensor> = parameters
         .iter()
@@ -136,7 +136,7 @@ fn parameter_check(
         let shaped: Vec<(String, Tensor)> = parameters
             .iter()
             .filter_map(|(n, t)| {
-                if t.shape == weight.shape.as_slice() {
+                if t.shape == weight.shape {
                     Some((n.clone(), t.clone()))
                 } else if t.shape.len() == 2
                     && weight.shape.len() == 2
@@ -168,7 +168,7 @@ fn parameter_check(
         } else {
             format!(" (PyTorch `{n}`, matched by shape)")
         };
-        match check_weight(name, parameter.view(), weight.view()) {
+        match check_weight(name, parameter.view(), weight) {
             WeightCheck::Same => return Some(WeightCheck::Same),
             WeightCheck::Differs(text) => {
                 outcome.get_or_insert(WeightCheck::Differs(text + &by_shape));

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use layerdiff_core::{DType, Evidence, Tensor};
+use layerdiff_core::{DType, Evidence, Tensor, TensorView};
 use layerdiff_onnx::{LocalGroup, NodeExt, NodeProto, extract_nodes, local_group};
 
 use crate::evidence::WeightCheck;
@@ -59,7 +59,7 @@ impl Recompute for GraphSide {
         reference: Option<DType>,
         evidence: &mut Evidence,
         fed: &dyn Fn(&str) -> Option<(DType, DType)>,
-        check: &dyn Fn(&str, usize, &str, &Tensor) -> Option<WeightCheck>,
+        check: &dyn Fn(&str, usize, &str, TensorView<'_>) -> Option<WeightCheck>,
     ) {
         evidence.ops = self.ops(group);
         if let Some(reduced) = self.runtime.reduced_math() {
@@ -77,11 +77,11 @@ impl Recompute for GraphSide {
             evidence.precision = self.lowered_precision(group, reference, fed);
         }
         for (node, position, name) in self.initializers(group) {
-            let Some(Ok(weight)) = self.model.initializer(&name) else {
+            let Some(Ok(weight)) = self.model.stored(&name) else {
                 continue;
             };
             let node = &self.index.nodes()[node].name;
-            match check(node, position, &name, &weight) {
+            match check(node, position, &name, weight.view()) {
                 Some(WeightCheck::Differs(text)) => evidence.weights.push(text),
                 Some(WeightCheck::LowerPrecision(text)) => {
                     evidence.precision.get_or_insert(text);

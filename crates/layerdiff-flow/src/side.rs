@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use layerdiff_core::{DType, Evidence, SideInfo, Summary, TargetGraph, Tensor};
+use layerdiff_core::{DType, Evidence, SideInfo, Summary, TargetGraph, Tensor, TensorView};
 use layerdiff_onnx::{LocalGroup, Model, NodeProto};
 
 use crate::Result;
@@ -87,7 +87,7 @@ pub trait Side: Send + Sync {
         node: &str,
         position: usize,
         name: &str,
-        weight: &Tensor,
+        weight: TensorView<'_>,
     ) -> Option<WeightCheck> {
         model_weight_check(self.model()?, node, position, name, weight)
     }
@@ -124,7 +124,7 @@ pub trait Recompute {
         reference: Option<DType>,
         evidence: &mut Evidence,
         fed: &dyn Fn(&str) -> Option<(DType, DType)>,
-        check: &dyn Fn(&str, usize, &str, &Tensor) -> Option<WeightCheck>,
+        check: &dyn Fn(&str, usize, &str, TensorView<'_>) -> Option<WeightCheck>,
     );
 }
 
@@ -183,7 +183,7 @@ impl<S: Side + ?Sized> Side for Box<S> {
         node: &str,
         position: usize,
         name: &str,
-        weight: &Tensor,
+        weight: TensorView<'_>,
     ) -> Option<WeightCheck> {
         (**self).weight_check(layer, node, position, name, weight)
     }

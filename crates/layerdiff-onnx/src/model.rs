@@ -3,6 +3,7 @@ use std::path::{Path, PathBuf};
 
 use prost::Message;
 
+use crate::tensor_io::Stored;
 use crate::tensor_proto::DataLocation;
 use crate::{Error, GraphProto, ModelProto, Result};
 
@@ -107,28 +108,43 @@ impl Model {
         &self,
         name: &str,
     ) -> Option<std::result::Result<layerdiff_core::Tensor, String>> {
+        Some(self.stored(name)?.map(Stored::into_tensor))
+    }
+
+    /// The initializer called `name` where the file holds it (its raw bytes borrowed, not
+    /// copied), external data read from the model's folder; `None` when there is no such
+    /// initializer, `Err` when it cannot be read.
+    pub fn stored(&self, name: &str) -> Option<std::result::Result<Stored<'_>, String>> {
         let proto = self.graph().initializer.iter().find(|t| t.name() == name)?;
         if proto.data_location() != DataLocation::External {
-            return Some(crate::tensor_from_proto(proto));
+            return Some(Stored::of(proto));
         }
         let entry = |key: &str| crate::node_ext::lookup(&proto.external_data, key);
-        let read = || -> std::result::Result<layerdiff_core::Tensor, String> {
+        let read = || -> std::result::Result<Stored<'_>, String> {
             let location = entry("location").ok_or("external data without a location")?;
             let dir = self.base_dir().ok_or("the model's folder is unknown")?;
             let path = dir.join(location);
-            let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let bytes = read_shared(&path).map_err(|e| format!("{}: {e}", path.display()))?;
             let offset: usize = entry("offset").and_then(|v| v.parse().ok()).unwrap_or(0);
             let length: usize = entry("length")
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(bytes.len().saturating_sub(offset));
-            let raw = bytes
-                .get(offset..offset + length)
-                .ok_or_else(|| format!("{} is shorter than its entry says", path.display()))?;
+            if offset
+                .checked_add(length)
+                .is_none_or(|end| end > bytes.len())
+            {
+                return Err(format!("{} is shorter than its entry says", path.display()));
+            }
             let mut inline = proto.clone();
             inline.data_location = Some(DataLocation::Default as i32);
             inline.external_data.clear();
-            inline.raw_data = Some(raw.to_vec().into());
-            crate::tensor_from_proto(&inline)
+            inline.raw_data = Some(bytes.slice(offset..offset + length));
+            let tensor = Stored::of(&inline)?.into_tensor();
+            Ok(Stored {
+                dtype: tensor.dtype,
+                shape: tensor.shape,
+                bytes: std::borrow::Cow::Owned(tensor.bytes),
+            })
         };
         Some(read())
     }

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use layerdiff_core::{DType, Tensor};
+use layerdiff_core::{DType, Tensor, TensorView};
 use prost::Message;
 
 use crate::{Error, Result, TensorProto};
@@ -64,60 +64,105 @@ pub fn read_test_data(dir: &Path, prefix: &str, names: &[String]) -> Result<Vec<
 
 /// Converts a `TensorProto` held in the file (raw or typed fields) to a tensor.
 pub fn tensor_from_proto(proto: &TensorProto) -> std::result::Result<Tensor, String> {
-    let name = proto.name();
-    let dtype = DType::from_onnx_code(proto.data_type()).map_err(|_| {
-        format!(
-            "tensor `{name}` has element type {}, which layerdiff cannot read",
-            proto.data_type()
-        )
-    })?;
-    if proto.data_location() == crate::tensor_proto::DataLocation::External {
-        return Err(format!(
-            "tensor `{name}` keeps its data in an external file"
-        ));
-    }
-    let shape: Vec<usize> = proto.dims.iter().map(|&d| d.max(0) as usize).collect();
-    let n: usize = shape.iter().product();
-    let bytes: Vec<u8> =
-        if let Some(raw) = proto.raw_data.as_ref().filter(|r| !r.is_empty() || n == 0) {
-            raw.to_vec()
+    Stored::of(proto).map(Stored::into_tensor)
+}
+
+/// A tensor's values where the file holds them: its raw bytes borrowed, typed fields decoded.
+pub struct Stored<'a> {
+    /// Element type.
+    pub dtype: DType,
+    /// Dimensions, outermost first.
+    pub shape: Vec<usize>,
+    /// Little-endian element bytes, C order.
+    pub bytes: std::borrow::Cow<'a, [u8]>,
+}
+
+impl<'a> Stored<'a> {
+    /// The values of a `TensorProto` held in the file (raw or typed fields).
+    pub fn of(proto: &'a TensorProto) -> std::result::Result<Self, String> {
+        let name = proto.name();
+        let dtype = DType::from_onnx_code(proto.data_type()).map_err(|_| {
+            format!(
+                "tensor `{name}` has element type {}, which layerdiff cannot read",
+                proto.data_type()
+            )
+        })?;
+        if proto.data_location() == crate::tensor_proto::DataLocation::External {
+            return Err(format!(
+                "tensor `{name}` keeps its data in an external file"
+            ));
+        }
+        let shape: Vec<usize> = proto.dims.iter().map(|&d| d.max(0) as usize).collect();
+        let n: usize = shape.iter().product();
+        let bytes = if let Some(raw) = proto.raw_data.as_ref().filter(|r| !r.is_empty() || n == 0) {
+            std::borrow::Cow::Borrowed(&raw[..])
         } else {
-            match dtype {
-                DType::F32 => proto
-                    .float_data
-                    .iter()
-                    .flat_map(|v| v.to_le_bytes())
-                    .collect(),
-                DType::F64 => proto
-                    .double_data
-                    .iter()
-                    .flat_map(|v| v.to_le_bytes())
-                    .collect(),
-                DType::I64 => proto
-                    .int64_data
-                    .iter()
-                    .flat_map(|v| v.to_le_bytes())
-                    .collect(),
-                DType::U64 | DType::U32 => {
-                    let size = dtype.size();
-                    proto
-                        .uint64_data
-                        .iter()
-                        .flat_map(|v| v.to_le_bytes()[..size].to_vec())
-                        .collect()
-                }
-                // int32_data carries every type of 32 bits or fewer, float16/bfloat16 as their bits.
-                _ => {
-                    let size = dtype.size();
-                    proto
-                        .int32_data
-                        .iter()
-                        .flat_map(|v| v.to_le_bytes()[..size].to_vec())
-                        .collect()
-                }
-            }
+            std::borrow::Cow::Owned(typed_bytes(proto, dtype))
         };
-    Tensor::new(name, dtype, shape, bytes).map_err(|e| e.to_string())
+        // Checked as a tensor is: the bytes must hold the shape.
+        TensorView::new(name, dtype, &shape, &bytes).map_err(|e| e.to_string())?;
+        Ok(Self {
+            dtype,
+            shape,
+            bytes,
+        })
+    }
+
+    /// A view of the values.
+    pub fn view(&self) -> TensorView<'_> {
+        TensorView {
+            dtype: self.dtype,
+            shape: &self.shape,
+            bytes: &self.bytes,
+        }
+    }
+
+    /// An owned tensor (the bytes copied when borrowed).
+    pub fn into_tensor(self) -> Tensor {
+        Tensor {
+            dtype: self.dtype,
+            shape: self.shape,
+            bytes: self.bytes.into_owned(),
+        }
+    }
+}
+
+/// The little-endian bytes of a tensor kept in its typed fields.
+fn typed_bytes(proto: &TensorProto, dtype: DType) -> Vec<u8> {
+    match dtype {
+        DType::F32 => proto
+            .float_data
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        DType::F64 => proto
+            .double_data
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        DType::I64 => proto
+            .int64_data
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        DType::U64 | DType::U32 => {
+            let size = dtype.size();
+            proto
+                .uint64_data
+                .iter()
+                .flat_map(|v| v.to_le_bytes()[..size].to_vec())
+                .collect()
+        }
+        // int32_data carries every type of 32 bits or fewer, float16/bfloat16 as their bits.
+        _ => {
+            let size = dtype.size();
+            proto
+                .int32_data
+                .iter()
+                .flat_map(|v| v.to_le_bytes()[..size].to_vec())
+                .collect()
+        }
+    }
 }
 
 #[cfg(test)]
