@@ -260,15 +260,31 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             shared: self.shared,
             tolerance: self.settings.tolerance,
         };
-        for i in segment.layers.clone() {
-            held.compare(&mut self.layers[i], i, self.refutable[i]);
-        }
+        let range = segment.layers.clone();
+        held.compare(
+            &mut self.layers[range.clone()],
+            range.start,
+            &self.refutable[range],
+        );
         self.clock.lap("comparison", OWN);
 
         if let Some(recompute) = self.target.recompute() {
+            // Outputs are compared in batches (see [`local_batch`]).
+            let limit = local_batch(self.settings.max_memory);
+            let (mut runs, mut held_bytes) = (Vec::new(), 0);
             for i in segment.layers.clone() {
-                held.measure_local(&mut self.layers[i], &mut self.groups[i], recompute, i);
+                let out =
+                    held.measure_local(&mut self.layers[i], &mut self.groups[i], recompute, i);
+                if let Some(out) = out {
+                    held_bytes += out.bytes.len() as u64;
+                    runs.push((i, out));
+                }
+                if held_bytes >= limit {
+                    held.compare_local(&mut self.layers, std::mem::take(&mut runs));
+                    held_bytes = 0;
+                }
             }
+            held.compare_local(&mut self.layers, runs);
             self.clock.split_lap(
                 "local error: extraction and comparison",
                 "local error: inference",
@@ -444,6 +460,14 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             timings: Some(self.clock.phases()),
         })
     }
+}
+
+/// Bytes of local re-run outputs held before they are compared, all at once across the threads
+/// (one by one, most are too small to keep the threads busy): a sixteenth of the memory budget,
+/// at most 64 MiB; one output is held whatever its size.
+fn local_batch(max_memory: Option<u64>) -> u64 {
+    const MOST: u64 = 64 << 20;
+    budget(max_memory).map_or(MOST, |b| (b / 16).min(MOST))
 }
 
 /// The warning a run in `segments` segments owes when a side runs on a provider that picks its

@@ -3,6 +3,8 @@
 
 use std::collections::HashMap;
 
+use rayon::prelude::*;
+
 use layerdiff_core::{
     Float64Distance, Judge, Layer, LayerStatus, Tensor, TensorView, Tolerance, compare_pair,
     lower_precision,
@@ -37,74 +39,58 @@ impl Pairs<'_> {
         ))
     }
 
-    /// Compares layer `i`'s two values, and each with the float64 truth. A pairing that can
-    /// be refuted (`refutable`) and is, is a mapping problem, not a finding.
-    pub fn compare(&self, layer: &mut Layer, i: usize, refutable: bool) {
-        let Some((reference, target)) = self.pair(i) else {
-            return;
-        };
-        let value = self.target_values[i].as_deref().unwrap_or_default();
-        if refutable && let Some(why) = unfit(reference, target, value) {
-            layer.status = LayerStatus::Unmapped;
-            layer.target_shape = Some(target.shape.clone());
-            layer.target_dtype = Some(target.dtype.name().to_string());
-            layer.reason = Some(why);
-            return;
-        }
-        if layer.dtype.is_empty() {
-            // Aligned without a declared shape (an ONNX value): the reference's value tells.
-            layer.shape = reference.shape.clone();
-            layer.dtype = reference.dtype.name().to_string();
-        }
-        // The truth first: it decides an auto tolerance, which the comparison judges with.
-        let truth = self.truth.and_then(|t| t.get(&self.reference_values[i]));
-        if let Some(truth) = truth {
-            let distance = |v: TensorView<'_>| {
-                compare_pair(truth.view(), v, None)
-                    .stats
-                    .map(|s| s.max_abs_diff)
+    /// Compares the layers from `first` on (`layers[k]` is layer `first + k`, `refutable[k]`
+    /// says whether its pairing can be refuted): each pair of values, and each with the float64
+    /// truth. A pairing that can be refuted and is, is a mapping problem, not a finding. The
+    /// pairs are compared all at once across the threads: one at a time, most would be too
+    /// small to keep them busy.
+    pub fn compare(&self, layers: &mut [Layer], first: usize, refutable: &[bool]) {
+        let mut jobs = Vec::new();
+        for (k, layer) in layers.iter_mut().enumerate() {
+            let i = first + k;
+            let Some((reference, target)) = self.pair(i) else {
+                continue;
             };
-            if let (Some(reference), Some(target)) =
-                (distance(reference.view()), distance(target.view()))
+            let value = self.target_values[i].as_deref().unwrap_or_default();
+            if refutable[k]
+                && let Some(why) = unfit(reference, target, value)
             {
-                layer.float64 = Some(Float64Distance { reference, target });
+                layer.status = LayerStatus::Unmapped;
+                layer.target_shape = Some(target.shape.clone());
+                layer.target_dtype = Some(target.dtype.name().to_string());
+                layer.reason = Some(why);
+                continue;
             }
+            if layer.dtype.is_empty() {
+                // Aligned without a declared shape (an ONNX value): the reference's value tells.
+                layer.shape = reference.shape.clone();
+                layer.dtype = reference.dtype.name().to_string();
+            }
+            let truth = self.truth.and_then(|t| t.get(&self.reference_values[i]));
+            jobs.push((layer, reference, target, truth));
         }
-        let target_dtype = (reference.dtype != target.dtype).then(|| target.dtype.name());
-        layer.tolerance = self.tolerance.for_layer(
-            &layer.dtype,
-            target_dtype,
-            layer.float64.as_ref().map(|f| f.reference),
-        );
-        let outcome = compare_pair(
-            reference.view(),
-            target.view(),
-            judge(layer, target_dtype, reference, target),
-        );
-        layer.status = outcome.status;
-        layer.accumulated = outcome.stats;
-        layer.target_shape = outcome.target_shape;
-        layer.target_dtype = outcome.target_dtype;
+        let tolerance = self.tolerance;
+        jobs.into_par_iter()
+            .for_each(|(layer, reference, target, truth)| {
+                compare_values(layer, reference, target, truth, tolerance);
+            });
     }
 
-    /// Layer `i`'s local error: the target's group computing its value (`slot`) re-run on the
-    /// reference's values of the group's inputs, compared with the reference's value. A group
-    /// that cannot run leaves its reason on the layer and in `slot`, so later steps skip it.
+    /// Layer `i`'s local error, run: the target's group computing its value (`slot`) re-run
+    /// on the reference's values of the group's inputs. Returns the output, which
+    /// [`Pairs::compare_local`] compares with the reference's value. A group that cannot run
+    /// leaves its reason on the layer and in `slot`, so later steps skip it.
     pub fn measure_local(
         &self,
         layer: &mut Layer,
         slot: &mut Option<std::result::Result<LocalGroup, String>>,
         recompute: &dyn Recompute,
         i: usize,
-    ) {
-        let (Some(value), Some(reference)) = (
-            self.target_values[i].as_deref(),
-            self.reference.get(&self.reference_values[i]),
-        ) else {
-            return;
-        };
+    ) -> Option<Tensor> {
+        let value = self.target_values[i].as_deref()?;
+        self.reference.get(&self.reference_values[i])?;
         if layer.status != LayerStatus::Compared {
-            return;
+            return None;
         }
         let first = self.reference_of[value].1;
         if self.shared == Shared::FirstLayerOwns && first != i {
@@ -112,27 +98,47 @@ impl Pairs<'_> {
                 "it holds the same ONNX value as `{}`, so it has no nodes of its own",
                 self.reference_values[first]
             ));
-            return;
+            return None;
         }
         let outcome = match slot {
             Some(Ok(group)) => recompute.run_group(group, value, &|n| self.feed(n)),
             Some(Err(reason)) => Err(reason.clone()),
-            None => return,
+            None => return None,
         };
         match outcome {
             Ok(out) => {
-                let judge = judge(layer, layer.target_dtype.as_deref(), reference, &out);
-                layer.local = compare_pair(reference.view(), out.view(), judge).stats;
                 let inputs = slot.iter().flatten().flat_map(|g| &g.inputs);
                 layer.local_inputs = inputs
                     .map(|n| self.reference_of.get(n).map_or(n, |(r, _)| r).clone())
                     .collect();
+                Some(out)
             }
             Err(reason) => {
                 layer.local_reason = Some(reason.clone());
                 *slot = Some(Err(reason));
+                None
             }
         }
+    }
+
+    /// Compares the outputs of local re-runs (`runs`: layer index and output, in layer order)
+    /// with the reference's values, all at once across the threads. `layers` are all the run's
+    /// layers.
+    pub fn compare_local(&self, layers: &mut [Layer], runs: Vec<(usize, Tensor)>) {
+        let mut runs = runs.into_iter().peekable();
+        let mut jobs = Vec::new();
+        for (i, layer) in layers.iter_mut().enumerate() {
+            let Some((_, out)) = runs.next_if(|(at, _)| *at == i) else {
+                continue;
+            };
+            if let Some(reference) = self.reference.get(&self.reference_values[i]) {
+                jobs.push((layer, reference, out));
+            }
+        }
+        jobs.into_par_iter().for_each(|(layer, reference, out)| {
+            let judge = judge(layer, layer.target_dtype.as_deref(), reference, &out);
+            layer.local = compare_pair(reference.view(), out.view(), judge).stats;
+        });
     }
 
     /// What the target is fed with in place of its value `n` in a local re-run: an input as
@@ -150,6 +156,45 @@ impl Pairs<'_> {
         };
         fit(r, reference, target.dtype, &target.shape)
     }
+}
+
+/// A layer's two values compared, and each with the float64 truth (`truth`), judged by the
+/// tolerance the policy gives the layer.
+fn compare_values(
+    layer: &mut Layer,
+    reference: &Tensor,
+    target: &Tensor,
+    truth: Option<&Tensor>,
+    tolerance: Tolerance,
+) {
+    // The truth first: it decides an auto tolerance, which the comparison judges with.
+    if let Some(truth) = truth {
+        let distance = |v: TensorView<'_>| {
+            compare_pair(truth.view(), v, None)
+                .stats
+                .map(|s| s.max_abs_diff)
+        };
+        if let (Some(reference), Some(target)) =
+            (distance(reference.view()), distance(target.view()))
+        {
+            layer.float64 = Some(Float64Distance { reference, target });
+        }
+    }
+    let target_dtype = (reference.dtype != target.dtype).then(|| target.dtype.name());
+    layer.tolerance = tolerance.for_layer(
+        &layer.dtype,
+        target_dtype,
+        layer.float64.as_ref().map(|f| f.reference),
+    );
+    let outcome = compare_pair(
+        reference.view(),
+        target.view(),
+        judge(layer, target_dtype, reference, target),
+    );
+    layer.status = outcome.status;
+    layer.accumulated = outcome.stats;
+    layer.target_shape = outcome.target_shape;
+    layer.target_dtype = outcome.target_dtype;
 }
 
 /// What a layer's comparison judges each element against: the layer's bound, and the steps of
