@@ -298,10 +298,7 @@ fn block_stats(
                 avx512::Outcome::Unsupported => {}
             }
         }
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F, checked just above.
-            return unsafe { block_stats_avx512(reference, target, block, judging) };
-        }
+        // Judged comparisons, and what the AVX-512 kernel does not take, on any AVX2 CPU.
         if has!("avx2") && has!("f16c") {
             let start = block * BLOCK;
             let len = BLOCK.min(reference.numel() - start);
@@ -327,17 +324,6 @@ fn block_stats(
             };
         }
     }
-    block_stats_generic(reference, target, block, judging, decode)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vl,avx512dq,avx512bw")]
-fn block_stats_avx512(
-    reference: TensorView<'_>,
-    target: TensorView<'_>,
-    block: usize,
-    judging: Judging<'_>,
-) -> Partial {
     block_stats_generic(reference, target, block, judging, decode)
 }
 
