@@ -7,7 +7,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use layerdiff_core::{
-    DType, Evidence, Layer, Machine, Report, SideInfo, Summary, Tensor, Tolerance, render,
+    DType, Evidence, Layer, Machine, Report, SideInfo, Summary, Tensor, TensorView, Tolerance,
+    render,
 };
 use layerdiff_flow::timings::Stopwatch;
 use layerdiff_flow::{
@@ -175,7 +176,7 @@ impl Recompute for Chain {
         _reference: Option<DType>,
         evidence: &mut Evidence,
         _fed: &dyn Fn(&str) -> Option<(DType, DType)>,
-        _check: &dyn Fn(&str, usize, &str, &Tensor) -> Option<WeightCheck>,
+        _check: &dyn Fn(&str, usize, &str, TensorView<'_>) -> Option<WeightCheck>,
     ) {
         evidence.ops = vec![format!("op{}", group.nodes[0])];
     }
