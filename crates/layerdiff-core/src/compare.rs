@@ -264,6 +264,29 @@ fn unravel(mut index: usize, shape: &[usize]) -> Vec<usize> {
     position
 }
 
+/// What an explicit kernel made of a block (returned once per block: its size does not matter).
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::large_enum_variant)]
+enum Outcome {
+    /// Every value finite: the block's statistics (and, judged, its differences counted in the
+    /// histogram).
+    Done(Partial),
+    /// A NaN or an infinity somewhere: the exact path must take the block (the histogram is
+    /// untouched).
+    NotFinite,
+    /// A dtype or a length the kernel does not take.
+    Unsupported,
+}
+
+/// Element `k` of little-endian `bytes` of `dtype`, widened.
+#[cfg(target_arch = "x86_64")]
+fn element(dtype: DType, bytes: &[u8], k: usize) -> f64 {
+    let size = dtype.size();
+    let mut out = [0.0];
+    dtype.decode_f64(&bytes[k * size..(k + 1) * size], &mut out);
+    out[0]
+}
+
 /// One block's statistics, in the best instruction set the CPU has (the arithmetic is the same
 /// in each: no fused multiply-add, no reassociation, so every path gives the same bits).
 fn block_stats(
@@ -293,9 +316,9 @@ fn block_stats(
                 )
             };
             match outcome {
-                avx512::Outcome::Done(p) => return p,
-                avx512::Outcome::NotFinite => return exact_block(reference, target, block, None),
-                avx512::Outcome::Unsupported => {}
+                Outcome::Done(p) => return p,
+                Outcome::NotFinite => return exact_block(reference, target, block, None),
+                Outcome::Unsupported => {}
             }
         }
         // Judged comparisons, and what the AVX-512 kernel does not take, on any AVX2 CPU.
@@ -315,10 +338,10 @@ fn block_stats(
                 )
             };
             return match outcome {
-                avx2::Outcome::Done(p) => p,
-                avx2::Outcome::NotFinite => exact_block(reference, target, block, judging),
+                Outcome::Done(p) => p,
+                Outcome::NotFinite => exact_block(reference, target, block, judging),
                 // SAFETY: the CPU has AVX2 and F16C, checked just above.
-                avx2::Outcome::Unsupported => unsafe {
+                Outcome::Unsupported => unsafe {
                     block_stats_avx2(reference, target, block, judging)
                 },
             };

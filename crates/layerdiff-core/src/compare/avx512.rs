@@ -6,10 +6,10 @@
 
 use std::arch::x86_64::*;
 
-use super::{LANES, Partial, SUB, THRESHOLDS};
+use super::{LANES, Outcome, Partial, SUB, THRESHOLDS, element};
 use crate::DType;
 
-/// A dtype the kernel reads: eight elements at a time into f64 lanes, or one.
+/// A dtype the kernel reads, eight elements at a time into f64 lanes.
 trait Load {
     const SIZE: usize;
     /// Whether its values are narrower than f64: their squares never overflow f64, so a
@@ -17,8 +17,8 @@ trait Load {
     const NARROW: bool = true;
     /// Elements `k..k + 8` of `base`, widened.
     unsafe fn eight(base: *const u8, k: usize) -> __m512d;
-    /// Element `k`, widened.
-    unsafe fn one(base: *const u8, k: usize) -> f64;
+    /// The dtype, for reading single elements.
+    const DTYPE: DType;
 }
 
 struct F32;
@@ -27,30 +27,25 @@ struct BF16;
 struct F64;
 
 impl Load for F32 {
+    const DTYPE: DType = DType::F32;
     const SIZE: usize = 4;
     #[inline(always)]
     unsafe fn eight(base: *const u8, k: usize) -> __m512d {
         unsafe { _mm512_cvtps_pd(_mm256_loadu_ps(base.add(4 * k).cast())) }
     }
-    #[inline(always)]
-    unsafe fn one(base: *const u8, k: usize) -> f64 {
-        f64::from(unsafe { base.add(4 * k).cast::<f32>().read_unaligned() })
-    }
 }
 
 impl Load for F16 {
+    const DTYPE: DType = DType::F16;
     const SIZE: usize = 2;
     #[inline(always)]
     unsafe fn eight(base: *const u8, k: usize) -> __m512d {
         unsafe { _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_loadu_si128(base.add(2 * k).cast()))) }
     }
-    #[inline(always)]
-    unsafe fn one(base: *const u8, k: usize) -> f64 {
-        half::f16::from_bits(unsafe { base.add(2 * k).cast::<u16>().read_unaligned() }).to_f64()
-    }
 }
 
 impl Load for BF16 {
+    const DTYPE: DType = DType::BF16;
     const SIZE: usize = 2;
     #[inline(always)]
     unsafe fn eight(base: *const u8, k: usize) -> __m512d {
@@ -59,39 +54,20 @@ impl Load for BF16 {
             _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32::<16>(words)))
         }
     }
-    #[inline(always)]
-    unsafe fn one(base: *const u8, k: usize) -> f64 {
-        let bits = unsafe { base.add(2 * k).cast::<u16>().read_unaligned() };
-        f64::from(f32::from_bits(u32::from(bits) << 16))
-    }
 }
 
 impl Load for F64 {
+    const DTYPE: DType = DType::F64;
     const SIZE: usize = 8;
     const NARROW: bool = false;
     #[inline(always)]
     unsafe fn eight(base: *const u8, k: usize) -> __m512d {
         unsafe { _mm512_loadu_pd(base.add(8 * k).cast()) }
     }
-    #[inline(always)]
-    unsafe fn one(base: *const u8, k: usize) -> f64 {
-        unsafe { base.add(8 * k).cast::<f64>().read_unaligned() }
-    }
 }
 
 // The kernel counts the first threshold from the mask of moved values.
 const _: () = assert!(THRESHOLDS[0].0 == 0.0);
-
-/// What the kernel made of a block (returned once per block: its size does not matter).
-#[allow(clippy::large_enum_variant)]
-pub(super) enum Outcome {
-    /// Every value finite: the block's statistics.
-    Done(Partial),
-    /// A NaN or an infinity somewhere: the exact path must take the block.
-    NotFinite,
-    /// A dtype or a length this kernel does not take.
-    Unsupported,
-}
 
 /// Elements `start..start + len` of two tensors' bytes. `len` must be a multiple of [`LANES`].
 ///
@@ -208,9 +184,12 @@ unsafe fn block<R: Load, T: Load>(r: &[u8], t: &[u8], start: usize, len: usize) 
             let k = d.iter().position(|&v| v == max).unwrap_or(0);
             let at = start + from + k;
             // SAFETY: `at < start + len`.
-            worst = Some((max, at as u64, unsafe { R::one(rp, at) }, unsafe {
-                T::one(tp, at)
-            }));
+            worst = Some((
+                max,
+                at as u64,
+                element(R::DTYPE, r, at),
+                element(T::DTYPE, t, at),
+            ));
         }
         from += n;
     }
