@@ -29,6 +29,7 @@ __all__ = [
     "UsageError",
     "__version__",
     "compare_tensors",
+    "compare_torch",
     "compare_torch_onnx",
 ]
 
@@ -39,5 +40,16 @@ def compare_torch_onnx(model, inputs, **options):
     See :func:`layerdiff.torch.compare_torch_onnx` for the options.
     """
     from layerdiff.torch import compare_torch_onnx as run
+
+    return run(model, inputs, **options)
+
+
+def compare_torch(model, inputs, **options):
+    """Compare a PyTorch model with itself on another device, precision or compiler, layer by
+    layer (``target="torch:cuda:bf16"``).
+
+    See :func:`layerdiff.torch.compare_torch` for the options.
+    """
+    from layerdiff.torch import compare_torch as run
 
     return run(model, inputs, **options)

@@ -4,6 +4,7 @@ each with where its input came from."""
 
 from __future__ import annotations
 
+import threading
 import weakref
 from dataclasses import dataclass, field
 
@@ -57,6 +58,8 @@ class CapturedLayer:
     # (element count, samples): pairs the layer by value where the ONNX file names no scope
     fingerprint: tuple[int, list[float]] | None = None
     op: str | None = None
+    # every layer whose output this call read (its tensor arguments, one level into lists)
+    inputs_from: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -65,11 +68,21 @@ class Capture:
 
     layers: list[CapturedLayer] = field(default_factory=list)
     output: object = None
+    # Modules with submodules that were called while none of their submodules was: they
+    # compute everything themselves (nn.MultiheadAttention reads its out_proj's weight).
+    self_computing: list[str] = field(default_factory=list)
 
 
-def leaf_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Modules without children, with their qualified names (the model itself if it has none)."""
-    leaves = [(n, m) for n, m in model.named_modules() if n and not any(True for _ in m.children())]
+def leaf_modules(model: nn.Module, whole=frozenset()) -> list[tuple[str, nn.Module]]:
+    """Modules without children, and the modules named in ``whole`` (taken whole, their
+    submodules left out), with their qualified names (the model itself if there are none)."""
+    leaves = [
+        (n, m)
+        for n, m in model.named_modules()
+        if n
+        and not any(n.startswith(f"{w}.") for w in whole)
+        and (n in whole or not any(True for _ in m.children()))
+    ]
     return leaves or [(type(model).__name__, model)]
 
 
@@ -89,41 +102,75 @@ def _first_tensor(value):
     return None
 
 
+def _sources(args, source) -> list[int]:
+    """The layers whose outputs are among `args` (tensors, one level into lists and dicts)."""
+    found: list[int] = []
+    items = args.values() if isinstance(args, dict) else args
+    for item in items:
+        inner = item if isinstance(item, (tuple, list)) else [item]
+        for t in inner:
+            index = source(t) if isinstance(t, torch.Tensor) else None
+            if index is not None and index not in found:
+                found.append(index)
+    return found
+
+
 class _FunctionalCalls(TorchFunctionMode):
     """Sees every torch function call of a forward pass and hands those of `FUNCTIONAL_OPS`
-    made by a module's own `forward` (not inside a leaf module) to `record(op, owner, output)`."""
+    made by a module's own `forward` (not inside a leaf module) to `record(op, owner, args,
+    output, local)`, ``local`` being ``rerun(func, args, kwargs)``'s outcome, made before the
+    call (an in-place op rewrites its inputs)."""
 
-    def __init__(self, stack: list, leaves: set, record):
+    def __init__(self, stack: list, leaves: set, record, rerun=None):
         super().__init__()
-        self.stack, self.leaves, self.record = stack, leaves, record
+        self.stack, self.leaves, self.record, self.rerun = stack, leaves, record, rerun
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
         owner = self.stack[-1] if self.stack else None
         op = functional_op(func)
-        if (
-            op is not None
-            and owner is not None
-            and owner[1] not in self.leaves
-            and isinstance(out, torch.Tensor)
-            and out.is_floating_point()
-            and out.dim() > 0
-        ):
-            self.record(op, owner[0], args, out)
+        wanted = op is not None and owner is not None and owner[1] not in self.leaves
+        local = None
+        if wanted and self.rerun is not None:
+            local = attempt(lambda: self.rerun(func, args, kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if wanted and isinstance(out, torch.Tensor) and out.is_floating_point() and out.dim() > 0:
+            self.record(op, owner[0], args, out, local)
         return out
 
 
-def capture(model: nn.Module, inputs: tuple, on_layer=None, *, fingerprints=False) -> Capture:
+def attempt(call) -> torch.Tensor | str:
+    """`call()`'s first tensor, or why there is none (its error, in words)."""
+    try:
+        out = _first_tensor(call())
+    except Exception as e:  # the target's own failure is a finding of that layer
+        return f"{type(e).__name__}: {e}".strip()
+    return out if out is not None else "it returned no tensor"
+
+
+def capture(
+    model: nn.Module,
+    inputs: tuple,
+    on_layer=None,
+    *,
+    fingerprints=False,
+    rerun=None,
+    whole=frozenset(),
+) -> Capture:
     """Runs `model(*inputs)` once under `torch.no_grad()`, listing each leaf call and each
     functional call a module's own `forward` makes between its submodules (with a fingerprint
     of each output when ``fingerprints``).
 
-    ``on_layer(index, layer, output)`` sees each call's output the moment the module returns
-    it, before any later op can rewrite it in place; nothing is kept here, so PyTorch frees each
-    activation as usual.
+    ``on_layer(index, layer, output, local)`` sees each call's output the moment the module
+    returns it, before any later op can rewrite it in place; nothing is kept here, so PyTorch
+    frees each activation as usual. With ``rerun``, each call is first made again elsewhere on
+    its very inputs, before it runs (an in-place module rewrites them): ``rerun(leaf name, None,
+    args, kwargs)`` for a leaf, ``rerun(None, func, args, kwargs)`` for a functional call;
+    ``local`` is its tensor or why there is none (else None). Modules named in ``whole`` are
+    leaves (see `leaf_modules`); the modules found to compute everything themselves are listed
+    in the result, to be given as ``whole`` next time.
     """
     result = Capture()
-    names = {m: n for n, m in leaf_modules(model)}
+    names = {m: n for n, m in leaf_modules(model, whole)}
     calls: dict[str, int] = {}
     # data_ptr of an output → (index of the layer that produced it, the output, weakly): an
     # address is only that layer's while its output lives, since freed memory is reused.
@@ -140,7 +187,9 @@ def capture(model: nn.Module, inputs: tuple, on_layer=None, *, fingerprints=Fals
         calls[key] = k + 1
         return k
 
-    def add_layer(k: int, key: str, module: str, module_type: str, out, args, **kind) -> None:
+    def add_layer(
+        k: int, key: str, module: str, module_type: str, out, args, local, **kind
+    ) -> None:
         first_in = _first_tensor(args)
         called = key if k == 0 else f"{key}#{k + 1}"
         layer = CapturedLayer(
@@ -149,6 +198,7 @@ def capture(model: nn.Module, inputs: tuple, on_layer=None, *, fingerprints=Fals
             module_type=module_type,
             call_index=k,
             input_from=source(first_in) if first_in is not None else None,
+            inputs_from=_sources(args, source),
             shape=list(out.shape),
             dtype=dtype_name(called, out),
             fingerprint=_layerdiff.fingerprint(flat(called, out)) if fingerprints else None,
@@ -158,38 +208,73 @@ def capture(model: nn.Module, inputs: tuple, on_layer=None, *, fingerprints=Fals
         result.layers.append(layer)
         producer[out.data_ptr()] = (index, weakref.ref(out))
         if on_layer is not None:
-            on_layer(index, layer, out.detach())
+            on_layer(index, layer, out.detach(), local)
+
+    pending: dict = {}  # a leaf's re-run, made before it ran, until its output is seen
+
+    # Hooks fire in whatever thread calls a module; only this pass's thread is this capture's
+    # (another thread may re-run one of these modules' code meanwhile).
+    ours = threading.get_ident()
+
+    def before(module, args, kwargs):
+        if threading.get_ident() != ours:
+            return
+        pending[module] = attempt(lambda: rerun(names[module], None, args, kwargs))
 
     def hook(module, args, output):
+        if threading.get_ident() != ours:
+            return
         name = names[module]
         k = next_call(name)
         out = _first_tensor(output)
+        local = pending.pop(module, None)
         if out is not None:
             identity = isinstance(module, IDENTITY_AT_INFERENCE) and not module.training
-            add_layer(k, name, name, type(module).__name__, out, args, identity=identity)
+            add_layer(k, name, name, type(module).__name__, out, args, local, identity=identity)
 
-    def function(op, owner, args, out):
+    def function(op, owner, args, out, local):
         key = f"{owner}:{op}"
-        add_layer(next_call(key), key, owner, f"{op}()", out, args, identity=False, op=op)
+        add_layer(next_call(key), key, owner, f"{op}()", out, args, local, identity=False, op=op)
 
     # Which module's forward is running, for the functional calls it makes.
     paths = {m: n for n, m in model.named_modules()}
     running: list = []
     leaves = set(names)
 
+    called: set[str] = set()
+
     def enter(module, args):
+        if threading.get_ident() != ours:
+            return
         running.append((paths[module], module))
+        called.add(paths[module])
 
     def leave(module, args, output):
+        if threading.get_ident() != ours:
+            return
         running.pop()
 
     handles = [m.register_forward_pre_hook(enter) for m in paths]
+    if rerun is not None:
+        handles += [m.register_forward_pre_hook(before, with_kwargs=True) for m in names]
+        rerun_call = lambda func, args, kwargs: rerun(None, func, args, kwargs)  # noqa: E731
+    else:
+        rerun_call = None
     handles += [m.register_forward_hook(hook) for m in names]
     handles += [m.register_forward_hook(leave) for m in paths]
     try:
-        with torch.no_grad(), _FunctionalCalls(running, leaves, function):
+        with torch.no_grad(), _FunctionalCalls(running, leaves, function, rerun_call):
             result.output = model(*inputs)
     finally:
         for h in handles:
             h.remove()
+    result.self_computing = [
+        n
+        for n, m in model.named_modules()
+        if n
+        and n in called
+        and m not in names
+        and any(True for _ in m.children())
+        and not any(p.startswith(f"{n}.") for p in called)
+    ]
     return result

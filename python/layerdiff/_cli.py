@@ -76,6 +76,11 @@ def _run_torch(command) -> int:
         ) from e
 
     progress = _Progress(command.quiet)
+    if command.onnx is not None and command.options.torch_target is not None:
+        raise _layerdiff.UsageError(
+            f"--onnx names a file for an ONNX runtime target; the target "
+            f"`{command.options.torch_target['spelling']}` is PyTorch itself"
+        )
     if command.onnx is not None and not Path(command.onnx).is_file():
         raise _layerdiff.UsageError(f"ONNX file `{command.onnx}` does not exist")
 
@@ -86,6 +91,17 @@ def _run_torch(command) -> int:
     progress(f"building {command.model} (seed {command.seed})")
     model, inputs = builder(command.seed)
     built = [*start_up, ("building the model", "pytorch", time.perf_counter() - started)]
+    if command.options.torch_target is not None:
+        report = lt.compare_torch(
+            model,
+            inputs,
+            name=command.model,
+            seed=command.seed,
+            timings=built if command.timings else False,
+            progress=progress,
+            options=command.options,
+        )
+        return report._native.deliver(command, report.inputs, command.seed, report.notes)
     report = lt.compare_torch_onnx(
         model,
         inputs,

@@ -3,7 +3,8 @@
 A thread runs the copy under the same capture as the main pass, and hands each layer's value
 over one at a time, so only a layer or two of its values exist at once. The transform makes
 the copy: float64 today (the numerical truth), another dtype, device or compiler tomorrow.
-Gives up (``None`` from then on) where the copy cannot run or calls its layers differently.
+Gives up (``None`` from then on) where the copy cannot run or calls its layers differently,
+and says why (``error``).
 """
 
 from __future__ import annotations
@@ -30,20 +31,32 @@ def float64(model: nn.Module, inputs: tuple) -> tuple[nn.Module, tuple]:
 
 
 class Lockstep:
-    """Runs ``transform(model, inputs)`` in a thread; ``next(name)`` is its value of the layer
-    ``name``, the layers asked for in the main pass's order."""
+    """Runs ``transform(model, inputs)`` in a thread (inside ``running()``: autocast and the like
+    hold per thread; ``whole``: as `capture` takes it); ``next(name)`` is its value of the layer
+    ``name``, the layers asked for in the main pass's order. ``model`` is the copy."""
 
     _END = object()
 
-    def __init__(self, model: nn.Module, inputs: tuple, transform: Transform = float64):
+    def __init__(
+        self,
+        model: nn.Module,
+        inputs: tuple,
+        transform: Transform = float64,
+        running=contextlib.nullcontext,
+        whole=frozenset(),
+    ):
         self.queue: queue.Queue = queue.Queue(maxsize=1)
         self.stop = threading.Event()
         self.done = False
+        self.error: str | None = None
+        self.model: nn.Module | None = None
         try:  # the copy is made before any hook is registered on the model
             copied, given = transform(model, inputs)
-        except Exception:
+        except Exception as e:
             self.done, self.thread = True, None
+            self.error = f"it could not be made: {type(e).__name__}: {e}"
             return
+        self.model, self.running, self.whole = copied, running, whole
         self.thread = threading.Thread(target=self._run, args=(copied, given), daemon=True)
         self.thread.start()
 
@@ -58,9 +71,17 @@ class Lockstep:
 
     def _run(self, copied: nn.Module, given: tuple) -> None:
         try:
-            capture(copied, given, lambda i, layer, out: self._put((layer.name, out.clone())))
-        except Exception:  # a model whose copy cannot run still gets its comparison
+            with self.running():
+                capture(
+                    copied,
+                    given,
+                    lambda i, layer, out, _: self._put((layer.name, out.clone())),
+                    whole=self.whole,
+                )
+        except _Stopped:
             pass
+        except Exception as e:  # a model whose copy cannot run still gets its comparison
+            self.error = f"it failed: {type(e).__name__}: {e}"
         with contextlib.suppress(_Stopped):
             self._put(self._END)
 
@@ -70,6 +91,11 @@ class Lockstep:
             return None
         item = self.queue.get()
         if item is self._END or item[0] != name:
+            self.error = self.error or (
+                f"it called `{item[0]}` where the model called `{name}`"
+                if item is not self._END
+                else f"it ended before `{name}`"
+            )
             self.close()
             return None
         return item[1]

@@ -20,6 +20,7 @@ from layerdiff import _layerdiff, _ort
 from layerdiff._capture import FUNCTIONAL_OPS, CapturedLayer, capture, functional_op
 from layerdiff._export import export_onnx
 from layerdiff._lockstep import Lockstep
+from layerdiff._torch_target import compare_torch
 from layerdiff.models import BUILTIN_MODELS, load_builder
 from layerdiff.report import Report
 from layerdiff.tensors import flat
@@ -28,6 +29,7 @@ __all__ = [
     "BUILTIN_MODELS",
     "FUNCTIONAL_OPS",
     "capture",
+    "compare_torch",
     "compare_torch_onnx",
     "export_onnx",
     "functional_op",
@@ -106,6 +108,11 @@ def compare_torch_onnx(
             target=target,
             float64=float64,
         )
+    if options.torch_target is not None:
+        raise _layerdiff.UsageError(
+            f"the target `{options.torch_target['spelling']}` is PyTorch itself: "
+            "use compare_torch for PyTorch sides"
+        )
     model.eval()
 
     step("listing PyTorch layers")
@@ -183,7 +190,7 @@ def _stream(model, inputs, run, listed, *, float64: bool, clone: bool) -> None:
     truth = Lockstep(model, inputs) if float64 else None
     late: list = []
 
-    def on_layer(index, layer, out):
+    def on_layer(index, layer, out, _local):
         expected = listed[index].name if index < len(listed) else None
         if layer.name != expected:
             raise _layerdiff.InputError(
@@ -214,11 +221,13 @@ _CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d
 _BATCH_NORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
 
-def _layer_parameters(model: nn.Module, listed: list[CapturedLayer], needed: list[int]) -> dict:
+def _layer_parameters(
+    model: nn.Module, listed: list[CapturedLayer], needed: list[int], *, folded: bool = True
+) -> dict:
     """The parameters and buffers of the layers in `needed` (by index), as flat tensors by
-    qualified name, for the weight check. A BatchNorm fed by a Conv also lists the Conv's
-    weight and bias folded with it, under the Conv's names: that is the form exporters write
-    when they fuse the two."""
+    qualified name, for the weight check. With ``folded``, a BatchNorm fed by a Conv also lists
+    the Conv's weight and bias folded with it, under the Conv's names: that is the form
+    exporters write when they fuse the two."""
     modules = dict(model.named_modules())
     out: dict[int, list] = {}
     for index in needed:
@@ -237,7 +246,8 @@ def _layer_parameters(model: nn.Module, listed: list[CapturedLayer], needed: lis
         feeder = listed[layer.input_from] if layer.input_from is not None else None
         conv = modules.get(feeder.module) if feeder is not None else None
         if (
-            isinstance(module, _BATCH_NORM)
+            folded
+            and isinstance(module, _BATCH_NORM)
             and isinstance(conv, _CONV)
             and module.track_running_stats
         ):

@@ -12,6 +12,7 @@ use layerdiff_flow::Settings;
 use layerdiff_flow::inputs::InputPlan;
 use layerdiff_flow::onnx_flow::OnnxOptions;
 use layerdiff_flow::output::Destinations;
+use layerdiff_flow::torch_side::{TorchSpec, TorchTarget};
 use layerdiff_runtime::RuntimeSpec;
 
 /// layerdiff: find where numerical drift between two runtimes is born, and why.
@@ -151,12 +152,21 @@ pub struct TorchArgs {
     /// Compare against this ONNX file of the same model instead of exporting one.
     #[arg(long, value_name = "PATH")]
     pub onnx: Option<PathBuf>,
-    /// The runtime that runs the ONNX file: `ort` (CPU, graph optimizations off, so every value
-    /// exists as written), `ort:opt=basic|extended|all` (optimized first: the values of the
-    /// graph ONNX Runtime saved are compared), `ort:cuda`… (`ort:cuda:use_tf32=0`: a provider's
-    /// options in ONNX Runtime's names), or `tract`.
-    #[arg(long, default_value = "ort", value_parser = RuntimeSpec::parse)]
-    pub target: RuntimeSpec,
+    /// What the model is compared with. The runtime that runs its ONNX file: `ort` (CPU, graph
+    /// optimizations off, so every value exists as written), `ort:opt=basic|extended|all`
+    /// (optimized first: the values of the graph ONNX Runtime saved are compared), `ort:cuda`…
+    /// (`ort:cuda:use_tf32=0`: a provider's options in ONNX Runtime's names), or `tract`. Or
+    /// PyTorch itself computing differently, layer by layer:
+    /// `torch[:DEVICE][:PRECISION][:compile[=BACKEND]]`, DEVICE as torch.device takes it (`cpu`,
+    /// `cuda`, `cuda:1`, `mps`), PRECISION one of `fp32`, `tf32`, `fp16`, `bf16`, `amp-fp16`,
+    /// `amp-bf16` (e.g. `torch:cuda:bf16`, `torch:compile`).
+    #[arg(long, default_value = "ort", value_parser = TorchTarget::parse)]
+    pub target: TorchTarget,
+    /// The PyTorch side the target is measured against, spelled as a PyTorch --target
+    /// (`torch:cuda`); default `torch`, the model as given: CPU, float32, eager. Other than
+    /// `torch` only with a PyTorch target.
+    #[arg(long, default_value = "torch", value_parser = TorchSpec::parse)]
+    pub reference: TorchSpec,
     /// The most memory our copies of the layers' values may take at once (`4G`, `512M`): the
     /// ONNX run then goes in segments, each fed from PyTorch's hooks as the forward pass
     /// reaches it, and each value is dropped after its last use. Default: half the memory

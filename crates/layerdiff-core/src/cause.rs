@@ -20,7 +20,8 @@
 //!    else different, only rounds; a later layer amplifies it past the tolerance;
 //! 10. `op_implementation` (a kernel): with the same inputs, weights and attributes, the target's
 //!     nodes still compute something else (its local error exceeds);
-//! 11. `unknown`: nothing fits; the detail says what was ruled out.
+//! 11. `unknown`: nothing fits; the detail says what was ruled out (an origin whose own
+//!     computation agrees, its inputs differing from computation no compared layer covers).
 
 use crate::{DType, Layer, LayoutFinding, Summary, TensorView};
 
@@ -73,6 +74,12 @@ impl Evidence {
 pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &Summary) {
     let none = Evidence::default();
     let origin = summary.drift_origin.as_deref();
+    let max = |l: &Layer| l.accumulated.as_ref().map_or(0.0, |s| s.max_abs_diff);
+    // The first exceeding layer's difference and tolerance, to say how it came to exceed.
+    let first = summary.first_exceeding.as_deref().and_then(|name| {
+        let l = layers.iter().find(|l| l.name == name)?;
+        Some((max(l), l.tolerance))
+    });
     for (i, layer) in layers.iter_mut().enumerate() {
         if !summary.needs_cause(layer) {
             continue;
@@ -81,12 +88,20 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &Summary) {
         let e = evidence.get(i).unwrap_or(&none);
         let (cause, mut detail) = decide(layer, e, origin, is_origin);
         if is_origin && !layer.exceeds_tol && !layer.local_exceeds {
-            let first = summary
+            let name = summary
                 .first_exceeding
                 .as_deref()
                 .unwrap_or("a later layer");
+            // Not amplified when the difference arrives about as large: the later layer is
+            // held to a tighter tolerance (it computes in a wider dtype again).
+            let how = match first {
+                Some((d, tol)) if d <= 1.5 * max(layer) && tol != layer.tolerance => format!(
+                    "is carried downstream to `{name}`, which computes in a wider dtype again and exceeds its tighter tolerance {tol} with it"
+                ),
+                _ => format!("is amplified downstream until `{name}` exceeds it"),
+            };
             detail = format!(
-                "{detail}; on its own this stays within the tolerance {} and is amplified downstream until `{first}` exceeds it",
+                "{detail}; on its own this stays within the tolerance {} and {how}",
                 layer.tolerance
             );
         }
@@ -190,6 +205,18 @@ fn decide(
             "rounding",
             format!(
                 "the target rounds here as its dtype allows, and nothing else differs (local max abs diff {:.3e})",
+                local.max_abs_diff
+            ),
+        );
+    }
+    if let Some(local) = &layer.local
+        && !layer.local_exceeds
+        && is_origin
+    {
+        return (
+            "unknown",
+            format!(
+                "its own computation agrees (local max abs diff {:.3e}, within the tolerance {tol}), yet its inputs already differ by more than any compared layer before it shows: the difference is born in computation no compared layer covers (code a module runs outside its submodules)",
                 local.max_abs_diff
             ),
         );

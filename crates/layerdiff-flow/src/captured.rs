@@ -1,5 +1,6 @@
 //! `layerdiff torch`: a reference captured outside Rust (PyTorch's forward hooks), streamed,
-//! against the model's ONNX export.
+//! against the model's ONNX export, or against PyTorch itself computing differently (another
+//! device, precision or compiler), whose values are handed over beside the reference's.
 //!
 //! The caller first lists the layers (one forward pass that keeps nothing but names and
 //! shapes), then starts a [`CapturedRun`]: each captured layer is mapped to an ONNX value (by
@@ -22,8 +23,12 @@ use crate::memory::Segmentation;
 use crate::memory::budget;
 use crate::shipped::{Renames, prepare_target};
 use crate::timings::{OWN, RUNTIME, Stopwatch};
+use crate::torch_side::{TorchSpec, TorchTarget};
 use crate::value_pairing::{pair_by_values, unrecognised_from};
-use crate::{Alignment, Engine, Error, GraphSide, Header, PushedSide, Result, Settings, Shared};
+use crate::{
+    Alignment, Computing, Engine, Error, GraphSide, Header, PushedSide, Result, Settings, Shared,
+    Side,
+};
 
 /// The phase PyTorch's forward pass is timed under while layers stream in.
 pub const CAPTURE_PHASE: &str = "capturing PyTorch layers";
@@ -44,8 +49,6 @@ pub struct CapturedComparison {
     pub command: String,
     /// The model's display name.
     pub model: String,
-    /// The ONNX file of the same model instance.
-    pub onnx_path: PathBuf,
     /// The inputs both sides were given.
     pub inputs: Vec<(String, Tensor)>,
     /// Seed of generated inputs.
@@ -59,10 +62,30 @@ pub struct CapturedComparison {
     pub float64: bool,
     /// Describes the reference side.
     pub reference: SideInfo,
-    /// The runtime that runs the ONNX file.
-    pub target: RuntimeSpec,
-    /// ONNX Runtime library to load (`None`: search).
-    pub ort_library: Option<PathBuf>,
+    /// What the reference is compared with.
+    pub target: CapturedTarget,
+}
+
+/// What a captured reference is compared with.
+#[derive(Debug, Clone)]
+pub enum CapturedTarget {
+    /// The ONNX file of the same model instance, run by a runtime.
+    Onnx {
+        /// The file.
+        path: PathBuf,
+        /// The runtime that runs it.
+        runtime: RuntimeSpec,
+        /// ONNX Runtime library to load (`None`: search).
+        ort_library: Option<PathBuf>,
+    },
+    /// The framework again, computing differently: each layer's value, and its local re-run,
+    /// handed over beside the reference's ([`CapturedRun::add`]).
+    Pushed {
+        /// What it is, for the report.
+        info: SideInfo,
+        /// How it computes each layer.
+        computing: Computing,
+    },
 }
 
 /// A captured-reference comparison under way: layers go in as PyTorch produces them, segments
@@ -71,15 +94,17 @@ pub struct CapturedRun {
     listed: Vec<ListedLayer>,
     /// Whether each layer is compared (so its value is kept when handed over).
     compared: Vec<bool>,
-    engine: Engine<PushedSide, GraphSide, PushedSide>,
+    engine: Engine<PushedSide, Box<dyn Side>, PushedSide>,
 }
 
 impl CapturedRun {
-    /// Maps the layers to ONNX values, plans the segments and starts the target runtime.
+    /// Maps the layers to the target's values (ONNX values, or the same layers of a pushed
+    /// target), plans the segments and starts the target.
     pub fn start(c: CapturedComparison, mut clock: Stopwatch) -> Result<Self> {
-        check_options(&c.settings, &c.target, c.float64)?;
-        let mut model = Model::load(&c.onnx_path)?;
-        check_inputs(&GraphIndex::new(model.graph()), &c.inputs)?;
+        if let CapturedTarget::Onnx { runtime, .. } = &c.target {
+            let target = TorchTarget::Onnx(runtime.clone());
+            check_options(&c.settings, &TorchSpec::default(), &target, c.float64)?;
+        }
         for (i, layer) in c.layers.iter().enumerate() {
             if layer.call.input_from.is_some_and(|p| p >= i) {
                 return Err(Error::Layers(format!(
@@ -88,58 +113,25 @@ impl CapturedRun {
                 )));
             }
         }
-        let runtime = c.target.build(c.ort_library.as_deref())?;
-        clock.lap("runtime start-up", RUNTIME);
-        let calls: Vec<LayerCall> = c.layers.iter().map(|l| l.call.clone()).collect();
-        let scoped = ScopeMapping::new(model.graph(), &calls);
-        let mut inconclusive = None;
-        let by_values = match scoped.request() {
-            Some(request) => {
-                let request = request.clone();
-                let found = pair_by_values(
-                    &mut model,
-                    runtime.as_ref(),
-                    &c.inputs,
-                    &calls,
-                    &request,
-                    budget(c.settings.max_memory),
-                )?;
-                clock.lap("pairing layers by values", RUNTIME);
-                let names: Vec<&str> = request
-                    .layers
-                    .iter()
-                    .map(|&i| calls[i].name.as_str())
-                    .collect();
-                let recognised: Vec<bool> = found.iter().map(Result::is_ok).collect();
-                if request.unscoped_file {
-                    inconclusive = unrecognised_from(&names, &recognised);
-                }
-                found
-            }
-            None => Vec::new(),
+        let (alignment, target): (Alignment, Box<dyn Side>) = match &c.target {
+            CapturedTarget::Onnx {
+                path,
+                runtime,
+                ort_library,
+            } => onnx_target(&c, path, runtime, ort_library.as_deref(), &mut clock)?,
+            CapturedTarget::Pushed { info, computing } => (
+                same_layers(&c.layers),
+                Box::new(
+                    PushedSide::new(
+                        info.clone(),
+                        c.layers
+                            .iter()
+                            .map(|l| (l.call.name.clone(), l.call.dtype, l.call.bytes())),
+                    )
+                    .computing(computing.clone()),
+                ),
+            ),
         };
-        let mut mappings = scoped.finish(model.graph(), &calls, by_values);
-        // An optimizing runtime is measured on the graph it optimized (see crate::shipped):
-        // layers are mapped on the file, then found in that graph or explained.
-        let target = prepare_target(&model, None, runtime, &c.inputs, &mut clock)?;
-        if target.shipped.is_some() {
-            clock.lap("optimizing the target graph", RUNTIME);
-        }
-        if let Some(optimized) = target.model {
-            let after = GraphIndex::new(optimized.graph());
-            for mapping in &mut mappings {
-                if let LayerMapping::Mapped { value, note, .. } = mapping {
-                    if let Some(why) = survives(&after, &target.renames, value) {
-                        *mapping = LayerMapping::Unmapped { reason: why };
-                    } else if let Some(how) = target.renames.restored.get(value.as_str()) {
-                        *note = Some(how.clone());
-                    }
-                }
-            }
-            model = optimized;
-        }
-        let graph_outputs = GraphIndex::new(model.graph()).graph_outputs().to_vec();
-        let alignment = align(&c.layers, &mappings, &graph_outputs, inconclusive);
         let compared = alignment.target.iter().map(Option::is_some).collect();
         let reference = PushedSide::new(
             c.reference.clone(),
@@ -160,11 +152,6 @@ impl CapturedRun {
                     .map(|l| (l.call.name.clone(), DType::F64, float64(l))),
             )
         });
-        let target = GraphSide::new(None, model, target.runtime, &c.inputs).shipping(
-            target.renames,
-            target.shipped,
-            target.placement,
-        );
         let header = Header {
             command: c.command,
             model: c.model,
@@ -189,14 +176,10 @@ impl CapturedRun {
         self.engine.segmentation()
     }
 
-    /// Takes layer `index`'s value (and its value in the float64 run), copying what is needed
-    /// later, then runs every segment whose layers are now all in. Layers come in order.
-    pub fn add(
-        &mut self,
-        index: usize,
-        value: TensorView<'_>,
-        float64: Option<TensorView<'_>>,
-    ) -> Result<()> {
+    /// Takes layer `index`'s value (and its value in the float64 run; for a pushed target, its
+    /// value and local re-run there), copying what is needed later, then runs every segment
+    /// whose layers are now all in. Layers come in order.
+    pub fn add(&mut self, index: usize, layer: Handed<'_>) -> Result<()> {
         self.engine.clock.lap(CAPTURE_PHASE, "pytorch");
         let listed = self.listed.get(index).ok_or_else(|| {
             Error::Layers(format!(
@@ -212,6 +195,7 @@ impl CapturedRun {
                 listed.call.name
             )));
         }
+        let value = layer.value;
         if value.shape != listed.call.shape.as_slice() || value.dtype != listed.call.dtype {
             return Err(Error::Layers(format!(
                 "layer `{}` gave a {:?} {} output this time and {:?} {} when the layers were \
@@ -229,7 +213,19 @@ impl CapturedRun {
             .reference
             .push(index, keep.then(|| value.to_tensor()));
         if let Some(truth) = engine.truth.as_mut() {
-            truth.push(index, float64.filter(|_| keep).map(|t| t.to_tensor()));
+            truth.push(index, layer.float64.filter(|_| keep).map(|t| t.to_tensor()));
+        }
+        if let Some(target) = engine.target.handed() {
+            let Some(value) = layer.target else {
+                return Err(Error::Layers(format!(
+                    "layer `{}` came without the target's value",
+                    listed.call.name
+                )));
+            };
+            target.push(index, keep.then(|| value.to_tensor()));
+            if let Some(local) = layer.local {
+                target.push_local(index, local.map(|t| t.to_tensor()), layer.disagreement);
+            }
         }
         engine.clock.lap("handing layers to the core", OWN);
         engine.advance()
@@ -257,30 +253,161 @@ impl CapturedRun {
     pub fn finish(
         mut self,
         parameters: &HashMap<usize, Vec<(String, TensorView<'_>)>>,
+        target_parameters: &HashMap<usize, Vec<(String, TensorView<'_>)>>,
     ) -> Result<Report> {
+        let owned = |list: &Vec<(String, TensorView<'_>)>| {
+            list.iter()
+                .map(|(n, t)| (n.clone(), t.to_tensor()))
+                .collect::<Vec<_>>()
+        };
         for (&i, list) in parameters {
-            let owned = list.iter().map(|(n, t)| (n.clone(), t.to_tensor()));
-            self.engine.reference.set_parameters(i, owned.collect());
+            self.engine.reference.set_parameters(i, owned(list));
+        }
+        if let Some(target) = self.engine.target.handed() {
+            for (&i, list) in target_parameters {
+                target.set_parameters(i, owned(list));
+            }
         }
         self.engine.finish()
     }
 }
 
-/// Whether the options fit together: `settings`, the runtime that runs the ONNX file
-/// (`target`), and whether PyTorch's float64 run is made.
-pub fn check_options(settings: &Settings, target: &RuntimeSpec, float64: bool) -> Result<()> {
+/// The ONNX file run by `runtime` as the target: each layer mapped to an ONNX value (by the
+/// module scopes the exporter records, else by value), in the graph that runs.
+fn onnx_target(
+    c: &CapturedComparison,
+    path: &std::path::Path,
+    runtime: &RuntimeSpec,
+    ort_library: Option<&std::path::Path>,
+    clock: &mut Stopwatch,
+) -> Result<(Alignment, Box<dyn Side>)> {
+    let mut model = Model::load(path)?;
+    check_inputs(&GraphIndex::new(model.graph()), &c.inputs)?;
+    let runtime = runtime.build(ort_library)?;
+    clock.lap("runtime start-up", RUNTIME);
+    let calls: Vec<LayerCall> = c.layers.iter().map(|l| l.call.clone()).collect();
+    let scoped = ScopeMapping::new(model.graph(), &calls);
+    let mut inconclusive = None;
+    let by_values = match scoped.request() {
+        Some(request) => {
+            let request = request.clone();
+            let found = pair_by_values(
+                &mut model,
+                runtime.as_ref(),
+                &c.inputs,
+                &calls,
+                &request,
+                budget(c.settings.max_memory),
+            )?;
+            clock.lap("pairing layers by values", RUNTIME);
+            let names: Vec<&str> = request
+                .layers
+                .iter()
+                .map(|&i| calls[i].name.as_str())
+                .collect();
+            let recognised: Vec<bool> = found.iter().map(Result::is_ok).collect();
+            if request.unscoped_file {
+                inconclusive = unrecognised_from(&names, &recognised);
+            }
+            found
+        }
+        None => Vec::new(),
+    };
+    let mut mappings = scoped.finish(model.graph(), &calls, by_values);
+    // An optimizing runtime is measured on the graph it optimized (see crate::shipped):
+    // layers are mapped on the file, then found in that graph or explained.
+    let target = prepare_target(&model, None, runtime, &c.inputs, clock)?;
+    if target.shipped.is_some() {
+        clock.lap("optimizing the target graph", RUNTIME);
+    }
+    if let Some(optimized) = target.model {
+        let after = GraphIndex::new(optimized.graph());
+        for mapping in &mut mappings {
+            if let LayerMapping::Mapped { value, note, .. } = mapping {
+                if let Some(why) = survives(&after, &target.renames, value) {
+                    *mapping = LayerMapping::Unmapped { reason: why };
+                } else if let Some(how) = target.renames.restored.get(value.as_str()) {
+                    *note = Some(how.clone());
+                }
+            }
+        }
+        model = optimized;
+    }
+    let graph_outputs = GraphIndex::new(model.graph()).graph_outputs().to_vec();
+    let alignment = align(&c.layers, &mappings, &graph_outputs, inconclusive);
+    let target = GraphSide::new(None, model, target.runtime, &c.inputs).shipping(
+        target.renames,
+        target.shipped,
+        target.placement,
+    );
+    Ok((alignment, Box::new(target)))
+}
+
+/// Every layer against the same layer of a target that computes the same module calls.
+fn same_layers(listed: &[ListedLayer]) -> Alignment {
+    let mut alignment = Alignment {
+        layers: Vec::new(),
+        reference: Vec::new(),
+        target: Vec::new(),
+        refutable: Vec::new(),
+        inconclusive: None,
+        nothing_compared_hint: "the model made no module calls with a floating-point output"
+            .to_string(),
+        shared: Shared::FirstLayerOwns,
+    };
+    for (index, l) in listed.iter().enumerate() {
+        let mut layer = Layer::new(
+            index,
+            l.call.name.clone(),
+            l.call.shape.clone(),
+            l.call.dtype.name(),
+        );
+        layer.module_type = Some(l.module_type.clone());
+        alignment.layers.push(layer);
+        alignment.reference.push(l.call.name.clone());
+        alignment.target.push(Some(l.call.name.clone()));
+        alignment.refutable.push(false);
+    }
+    alignment
+}
+
+/// One layer's values as a framework hands them over.
+pub struct Handed<'a> {
+    /// The reference's value.
+    pub value: TensorView<'a>,
+    /// Its value in the float64 run.
+    pub float64: Option<TensorView<'a>>,
+    /// The target's value, when the target is handed over too.
+    pub target: Option<TensorView<'a>>,
+    /// The target's module run on the reference's inputs, or why it could not be.
+    pub local: Option<std::result::Result<TensorView<'a>, String>>,
+    /// How far a second such run disagreed with the first (max abs diff), when made.
+    pub disagreement: Option<f64>,
+}
+
+/// Whether the options fit together: `settings`, the PyTorch reference, the target, and
+/// whether PyTorch's float64 run is made.
+pub fn check_options(
+    settings: &Settings,
+    reference: &TorchSpec,
+    target: &TorchTarget,
+    float64: bool,
+) -> Result<()> {
     if settings.tolerance == layerdiff_core::Tolerance::Auto && !float64 {
         return Err(Error::Usage(
             "tolerance `auto` needs the float64 run; drop --no-float64".to_string(),
         ));
     }
-    if let RuntimeSpec::Expected(_) = target {
-        return Err(Error::Usage(format!(
-            "`{}` is a file of values: `layerdiff torch` needs a runtime to run the ONNX file (`ort`, `ort:opt=all`, `ort:cuda`, `tract`)",
+    match target {
+        TorchTarget::Onnx(RuntimeSpec::Expected(_)) => Err(Error::Usage(format!(
+            "`{}` is a file of values: `layerdiff torch` needs a runtime to run the ONNX file (`ort`, `ort:opt=all`, `ort:cuda`, `tract`) or a PyTorch side (`torch:bf16`, `torch:cuda`)",
             target.spelling()
-        )));
+        ))),
+        TorchTarget::Onnx(_) if !reference.is_plain() => Err(Error::Usage(format!(
+            "the reference `{reference}` is for a PyTorch target: the ONNX file is compared with the model as given (`torch`: CPU, float32, eager); give `{reference}` as --target to compare it with the CPU"
+        ))),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// Each listed layer with the ONNX value it was mapped to, or why none.

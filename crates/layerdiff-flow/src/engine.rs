@@ -325,8 +325,11 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                 ];
                 for (side, again, values, name) in sides {
                     let e = &mut self.evidence[i];
-                    if let Some(first) = values.get(name)
-                        && let Some(d) = disagreement(first, again.as_ref(), name)
+                    let d = values.get(name).and_then(|first| {
+                        disagreement(first, again.as_ref(), name)
+                            .or_else(|| values.disagreement(name))
+                    });
+                    if let Some(d) = d
                         && e.self_disagreement
                             .as_ref()
                             .is_none_or(|(_, seen)| d > *seen)

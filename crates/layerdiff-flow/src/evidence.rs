@@ -28,7 +28,27 @@ pub fn check_weight(name: &str, reference: TensorView<'_>, target: TensorView<'_
             target.shape, reference.shape
         ));
     }
+    let scale = (0..reference.numel())
+        .map(|i| reference.get_f64(i).abs())
+        .filter(|v| v.is_finite())
+        .fold(0.0, f64::max);
     if target.dtype.narrower_than(reference.dtype) {
+        // The reference rounded to the target's dtype: the same weight stored narrower, unless
+        // it moved by more than a step of that dtype at the weight's largest magnitude.
+        let rounded = reference.to_dtype(target.dtype);
+        let step = target
+            .dtype
+            .mantissa_bits()
+            .map_or(0.0, |bits| 2f64.powi(1 - bits as i32))
+            * scale;
+        if let Ok(stats) = compare(rounded.view(), target)
+            && (stats.max_abs_diff > step || stats.nan_mismatch > 0)
+        {
+            return WeightCheck::Differs(format!(
+                "`{name}` differs beyond its rounding to {}: max abs diff {:.3e} from the reference rounded ({} of {} elements differ)",
+                target.dtype, stats.max_abs_diff, stats.abs_diff_above[0], stats.elements
+            ));
+        }
         return WeightCheck::LowerPrecision(format!(
             "the target stores `{name}` in {}, the reference in {}",
             target.dtype, reference.dtype
@@ -37,10 +57,6 @@ pub fn check_weight(name: &str, reference: TensorView<'_>, target: TensorView<'_
     let Ok(stats) = compare(reference, target) else {
         return WeightCheck::Same;
     };
-    let scale = (0..reference.numel())
-        .map(|i| reference.get_f64(i).abs())
-        .filter(|v| v.is_finite())
-        .fold(0.0, f64::max);
     if stats.max_abs_diff > WEIGHT_RTOL * scale || stats.nan_mismatch > 0 {
         WeightCheck::Differs(format!(
             "`{name}` differs: max abs diff {:.3e} ({} of {} elements differ)",
@@ -124,4 +140,31 @@ pub fn model_weight_check(
         }
     };
     Some(check_weight(name, theirs.view(), weight))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensor(values: &[f32]) -> Tensor {
+        let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Tensor::new("w", DType::F32, vec![values.len()], bytes).unwrap()
+    }
+
+    #[test]
+    fn a_weight_stored_narrower_is_lower_precision_unless_it_moved() {
+        let reference = tensor(&[0.1, -0.2, 0.3, 1.7]);
+        let same = reference.view().to_dtype(DType::BF16);
+        assert!(matches!(
+            check_weight("w", reference.view(), same.view()),
+            WeightCheck::LowerPrecision(_)
+        ));
+        let moved = tensor(&[0.1, -0.2, 0.35, 1.7]).view().to_dtype(DType::BF16);
+        match check_weight("w", reference.view(), moved.view()) {
+            WeightCheck::Differs(text) => {
+                assert!(text.contains("beyond its rounding to bfloat16"), "{text}")
+            }
+            _ => panic!("a weight moved by far more than a bfloat16 step is a different weight"),
+        }
+    }
 }

@@ -26,6 +26,7 @@ mod rerun;
 pub mod shipped;
 mod side;
 pub mod timings;
+pub mod torch_side;
 mod value_pairing;
 
 pub use engine::{Alignment, Engine, Header, Settings, Shared};
@@ -36,5 +37,5 @@ pub use fallback_side::FallbackSide;
 pub use graph_side::GraphSide;
 pub use memory::Segmentation;
 pub use plan::{Part, PlanSide};
-pub use pushed_side::PushedSide;
+pub use pushed_side::{Computing, PushedSide};
 pub use side::{Recompute, Side, Values};

@@ -107,9 +107,12 @@ impl Pairs<'_> {
         };
         match outcome {
             Ok(out) => {
-                let inputs = slot.iter().flatten().flat_map(|g| &g.inputs);
+                let inputs = slot
+                    .iter()
+                    .flatten()
+                    .flat_map(|g| recompute.traced_inputs(g));
                 layer.local_inputs = inputs
-                    .map(|n| self.reference_of.get(n).map_or(n, |(r, _)| r).clone())
+                    .map(|n| self.reference_of.get(&n).map_or(n, |(r, _)| r.clone()))
                     .collect();
                 Some(out)
             }

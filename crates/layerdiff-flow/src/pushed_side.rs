@@ -1,21 +1,41 @@
 //! A side whose values are handed over as a framework computes them (PyTorch's forward hooks,
 //! layer by layer, in order); it computes nothing itself. Its weights, where a cause needs them,
-//! are handed over too.
+//! are handed over too. As a target it may also be handed each layer's local re-run (the
+//! framework ran the layer's module on the reference's inputs) and how it computes: that is
+//! its [`Recompute`].
 
 use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
 
-use layerdiff_core::{DType, SideInfo, Summary, Tensor, TensorView};
+use layerdiff_core::{DType, Evidence, SideInfo, Summary, Tensor, TensorView};
+use layerdiff_onnx::{LocalGroup, NodeProto};
 
 use crate::Result;
 use crate::evidence::{WeightCheck, check_weight};
 use crate::plan::{Part, PlanSide};
-use crate::side::Side;
+use crate::side::{Recompute, Side};
 use crate::timings::Stopwatch;
+
+/// What a side whose values are handed over knows of how it computes each layer, for local
+/// error and causes (a PyTorch target: its module types, and the math it does in lower
+/// precision).
+#[derive(Debug, Clone, Default)]
+pub struct Computing {
+    /// Each layer's module type (`Conv2d`, `matmul()`), by layer.
+    pub module_types: Vec<String>,
+    /// The module types whose float32 products the side computes in lower precision (TF32),
+    /// and the sentence that says so.
+    pub reduced_math: Option<(Vec<String>, String)>,
+    /// The layers whose values each layer read, by layer: where its error is traced upstream.
+    pub fed_by: Vec<Vec<usize>>,
+}
 
 /// Values handed over layer by layer.
 pub struct PushedSide {
     info: SideInfo,
-    /// Each layer's dtype, and the first layer of each value name.
+    /// Each layer's value name and dtype, and the first layer of each value name.
+    names: Vec<String>,
     dtypes: Vec<DType>,
     position: HashMap<String, usize>,
     sizes: HashMap<String, u64>,
@@ -23,6 +43,12 @@ pub struct PushedSide {
     received: usize,
     /// Each layer's parameters, by layer, once handed over.
     parameters: HashMap<usize, Vec<(String, Tensor)>>,
+    /// As a target that re-runs layers: how it computes, and each layer's local re-run (or
+    /// why there is none) until the engine takes it.
+    computing: Option<Computing>,
+    local: Mutex<HashMap<usize, std::result::Result<Tensor, String>>>,
+    /// By layer: how far two re-runs of it on the same inputs disagreed, where they did.
+    disagreements: HashMap<usize, f64>,
 }
 
 impl PushedSide {
@@ -44,16 +70,47 @@ impl PushedSide {
         Self {
             info,
             held: vec![None; names.len()],
+            names,
             dtypes,
             position,
             sizes,
             received: 0,
             parameters: HashMap::new(),
+            computing: None,
+            local: Mutex::new(HashMap::new()),
+            disagreements: HashMap::new(),
+        }
+    }
+
+    /// The same side, as a target whose local re-runs are handed over with its values
+    /// ([`PushedSide::push_local`]); its dtypes are those of the values handed over.
+    pub fn computing(mut self, computing: Computing) -> Self {
+        self.computing = Some(computing);
+        self
+    }
+
+    /// Layer `index`'s local re-run: its module run on the reference's inputs, or why it could
+    /// not be; and how far a second re-run disagreed with it (max abs diff), where it did.
+    pub fn push_local(
+        &mut self,
+        index: usize,
+        local: std::result::Result<Tensor, String>,
+        disagreement: Option<f64>,
+    ) {
+        self.local
+            .get_mut()
+            .expect("not poisoned")
+            .insert(index, local);
+        if let Some(d) = disagreement.filter(|&d| d > 0.0) {
+            self.disagreements.insert(index, d);
         }
     }
 
     /// Layer `index`'s value (`None`: not needed, only counted as handed over).
     pub fn push(&mut self, index: usize, value: Option<Tensor>) {
+        if let Some(v) = &value {
+            self.dtypes[index] = v.dtype;
+        }
         self.held[index] = value;
         self.received = self.received.max(index + 1);
     }
@@ -98,6 +155,10 @@ impl Side for PushedSide {
         Some(self.dtypes[*self.position.get(value)?])
     }
 
+    fn disagreement(&self, value: &str) -> Option<f64> {
+        self.disagreements.get(self.position.get(value)?).copied()
+    }
+
     fn free(&mut self, values: &[String]) {
         for value in values {
             if let Some(&i) = self.position.get(value) {
@@ -116,6 +177,91 @@ impl Side for PushedSide {
     ) -> Option<WeightCheck> {
         let own = self.parameters.get(&layer).map_or(&[][..], Vec::as_slice);
         parameter_check(name, own, weight)
+    }
+
+    fn recompute(&self) -> Option<&dyn Recompute> {
+        self.computing.as_ref().map(|_| self as &dyn Recompute)
+    }
+
+    fn handed(&mut self) -> Option<&mut PushedSide> {
+        Some(self)
+    }
+}
+
+/// A group of a side that computes by layers is one layer: `nodes` holds its index, and it
+/// reads nothing the engine must keep (the framework re-ran it as the layer came).
+impl Recompute for PushedSide {
+    fn local_group(&self, value: &str, _: &dyn Fn(&str) -> bool) -> Result<LocalGroup, String> {
+        let index = *self
+            .position
+            .get(value)
+            .ok_or_else(|| format!("`{value}` is not one of the side's layers"))?;
+        Ok(LocalGroup {
+            nodes: vec![index],
+            inputs: Vec::new(),
+        })
+    }
+
+    fn run_group(
+        &self,
+        group: &LocalGroup,
+        _: &str,
+        _: &dyn Fn(&str) -> Result<Tensor, String>,
+    ) -> Result<Tensor, String> {
+        let index = group.nodes[0];
+        let mut local = self.local.lock().expect("not poisoned");
+        local
+            .remove(&index)
+            .unwrap_or_else(|| Err("no re-run of it was handed over".to_string()))
+    }
+
+    fn take_time(&self) -> Duration {
+        Duration::ZERO // the framework's re-runs are timed as its own run
+    }
+
+    fn traced_inputs(&self, group: &LocalGroup) -> Vec<String> {
+        let fed_by = self.computing.as_ref().map(|c| &c.fed_by);
+        let layers = fed_by.and_then(|f| f.get(group.nodes[0]));
+        layers
+            .into_iter()
+            .flatten()
+            .filter_map(|&i| self.names.get(i).cloned())
+            .collect()
+    }
+
+    fn group_nodes(&self, _: &LocalGroup) -> Vec<&NodeProto> {
+        Vec::new()
+    }
+
+    fn group_evidence(
+        &self,
+        group: &LocalGroup,
+        _reference: Option<DType>,
+        evidence: &mut Evidence,
+        _fed: &dyn Fn(&str) -> Option<(DType, DType)>,
+        check: &dyn Fn(&str, usize, &str, TensorView<'_>) -> Option<WeightCheck>,
+    ) {
+        let index = group.nodes[0];
+        let Some(computing) = &self.computing else {
+            return;
+        };
+        if let Some(module_type) = computing.module_types.get(index) {
+            evidence.ops = vec![module_type.clone()];
+            if let Some((types, how)) = &computing.reduced_math
+                && types.contains(module_type)
+            {
+                evidence.reduced_math = Some(format!("{module_type}: {how}"));
+            }
+        }
+        for (name, parameter) in self.parameters.get(&index).into_iter().flatten() {
+            match check("", 0, name, parameter.view()) {
+                Some(WeightCheck::Differs(text)) => evidence.weights.push(text),
+                Some(WeightCheck::LowerPrecision(text)) => {
+                    evidence.precision.get_or_insert(text);
+                }
+                Some(WeightCheck::Same) | None => {}
+            }
+        }
     }
 }
 

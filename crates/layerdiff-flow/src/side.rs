@@ -53,6 +53,11 @@ pub trait Side: Send + Sync {
     fn again(&self, _part: &Part) -> Option<[Vec<(String, Tensor)>; 2]> {
         None
     }
+    /// How far the side disagreed with itself at `value` when it computed it twice on its own
+    /// (a side that re-runs as it goes reports it here rather than through [`Side::again`]).
+    fn disagreement(&self, _value: &str) -> Option<f64> {
+        None
+    }
     /// The device provider, when it picks its kernels for each graph it is given (a segment may
     /// then compute other bits than the whole run).
     fn kernels_per_graph(&self) -> Option<&'static str> {
@@ -96,6 +101,10 @@ pub trait Side: Send + Sync {
     fn graph_report(&mut self, _compared: &[&str], _summary: &mut Summary) -> Option<TargetGraph> {
         None
     }
+    /// The side as one whose values are handed over, so they can be.
+    fn handed(&mut self) -> Option<&mut crate::PushedSide> {
+        None
+    }
 }
 
 /// Re-runs a group of a side's own computation on given values: what local error, and the
@@ -112,6 +121,11 @@ pub trait Recompute {
     ) -> Result<Tensor, String>;
     /// Time spent inside the runtime by re-runs since the last call.
     fn take_time(&self) -> Duration;
+    /// The values the group's computation read, where its error is traced upstream: its
+    /// inputs, unless the side knows better (a side that re-ran the group itself).
+    fn traced_inputs(&self, group: &LocalGroup) -> Vec<String> {
+        group.inputs.clone()
+    }
     /// The group's nodes, in order.
     fn group_nodes(&self, group: &LocalGroup) -> Vec<&NodeProto>;
     /// What the group shows about a cause: its ops, how it lowers precision below `reference`
@@ -162,6 +176,9 @@ impl<S: Side + ?Sized> Side for Box<S> {
     fn again(&self, part: &Part) -> Option<[Vec<(String, Tensor)>; 2]> {
         (**self).again(part)
     }
+    fn disagreement(&self, value: &str) -> Option<f64> {
+        (**self).disagreement(value)
+    }
     fn kernels_per_graph(&self) -> Option<&'static str> {
         (**self).kernels_per_graph()
     }
@@ -189,6 +206,9 @@ impl<S: Side + ?Sized> Side for Box<S> {
     }
     fn graph_report(&mut self, compared: &[&str], summary: &mut Summary) -> Option<TargetGraph> {
         (**self).graph_report(compared, summary)
+    }
+    fn handed(&mut self) -> Option<&mut crate::PushedSide> {
+        (**self).handed()
     }
 }
 

@@ -3,9 +3,11 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use layerdiff_core::{DType, Fingerprint, SideInfo, Timing};
-use layerdiff_flow::captured::{self, CapturedComparison, ListedLayer};
+use layerdiff_core::{DType, Fingerprint, SideInfo, TensorView, Timing};
+use layerdiff_flow::Computing;
+use layerdiff_flow::captured::{self, CapturedComparison, CapturedTarget, Handed, ListedLayer};
 use layerdiff_flow::timings::Stopwatch;
+use layerdiff_flow::torch_side::TorchTarget;
 use layerdiff_onnx::LayerCall;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -28,22 +30,27 @@ pub(crate) struct CapturedRun {
 impl CapturedRun {
     /// `inputs`: flat tensors. `layers`: dicts with `name`, `module`, `module_type`,
     /// `call_index`, `identity`, `input_from`, `shape` and `dtype` (and `op` for a functional
-    /// call), in execution order.
+    /// call), in execution order. The target is the options': a runtime runs `onnx_path`; a
+    /// PyTorch target is described by `target_detail` and hands its values over with the
+    /// reference's (`reduced_math`: the module types whose float32 products it computes in
+    /// lower precision, and how).
     #[new]
-    #[pyo3(signature = (*, command, model, onnx_path, inputs, layers, options, seed, reference_runtime, reference_detail, ort_library=None, timings=None))]
+    #[pyo3(signature = (*, command, model, inputs, layers, options, seed, reference_runtime, reference_detail, onnx_path=None, ort_library=None, target_detail=None, reduced_math=None, timings=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         command: String,
         model: String,
-        onnx_path: PathBuf,
         inputs: Vec<FlatTensor<'_>>,
         layers: &Bound<'_, PyList>,
         options: &Options,
         seed: Option<u64>,
         reference_runtime: String,
         reference_detail: String,
+        onnx_path: Option<PathBuf>,
         ort_library: Option<PathBuf>,
+        target_detail: Option<String>,
+        reduced_math: Option<(Vec<String>, String)>,
         timings: Option<Vec<(String, String, f64)>>,
     ) -> PyResult<Self> {
         let inputs = inputs
@@ -51,6 +58,7 @@ impl CapturedRun {
             .map(|t| Ok((t.name().to_string(), t.to_tensor()?)))
             .collect::<PyResult<Vec<_>>>()?;
         let mut listed = Vec::with_capacity(layers.len());
+        let mut fed_by = Vec::with_capacity(layers.len());
         for item in layers.iter() {
             let d = item.cast::<PyDict>()?;
             let get = |k: &str| {
@@ -59,6 +67,10 @@ impl CapturedRun {
                 })
             };
             let dtype: String = get("dtype")?.extract()?;
+            fed_by.push(match d.get_item("inputs_from")? {
+                Some(from) => from.extract()?,
+                None => Vec::new(),
+            });
             listed.push(ListedLayer {
                 call: LayerCall {
                     name: get("name")?.extract()?,
@@ -79,18 +91,36 @@ impl CapturedRun {
                 module_type: get("module_type")?.extract()?,
             });
         }
+        let target = match &options.target {
+            TorchTarget::Onnx(runtime) => CapturedTarget::Onnx {
+                path: onnx_path.ok_or_else(|| {
+                    exceptions::UsageError::new_err("a runtime target needs the ONNX file")
+                })?,
+                runtime: runtime.clone(),
+                ort_library,
+            },
+            TorchTarget::Torch(spec) => CapturedTarget::Pushed {
+                info: SideInfo::new(
+                    reference_runtime.clone(),
+                    target_detail.unwrap_or_else(|| spec.spelling()),
+                ),
+                computing: Computing {
+                    module_types: listed.iter().map(|l| l.module_type.clone()).collect(),
+                    reduced_math,
+                    fed_by,
+                },
+            },
+        };
         let request = CapturedComparison {
             command,
             model,
-            onnx_path,
             inputs,
             seed,
             layers: listed,
             settings: options.settings.clone(),
             float64: options.float64,
             reference: SideInfo::new(reference_runtime, reference_detail),
-            target: options.target.clone(),
-            ort_library,
+            target,
         };
         let keep_timings = timings.is_some();
         let before = timings
@@ -120,22 +150,37 @@ impl CapturedRun {
         Ok(self.active()?.segmentation().segments)
     }
 
-    /// Hands over layer `index`'s value (and its float64 value); runs the segments it completes.
-    #[pyo3(signature = (index, value, float64=None))]
+    /// Hands over layer `index`'s value (and its float64 value; for a PyTorch target, its
+    /// value there and its module re-run on the reference's inputs, or why that failed:
+    /// `local_error`, and how far a second re-run disagreed: `disagreement`); runs the segments
+    /// it completes.
+    #[pyo3(signature = (index, value, float64=None, target=None, local=None, local_error=None, disagreement=None))]
+    #[allow(clippy::too_many_arguments)]
     fn add(
         &mut self,
         py: Python<'_>,
         index: usize,
         value: FlatTensor<'_>,
         float64: Option<FlatTensor<'_>>,
+        target: Option<FlatTensor<'_>>,
+        local: Option<FlatTensor<'_>>,
+        local_error: Option<String>,
+        disagreement: Option<f64>,
     ) -> PyResult<()> {
-        let (value, float64) = (
-            value.view()?,
-            float64.as_ref().map(FlatTensor::view).transpose()?,
-        );
+        let local = match (view(&local)?, local_error) {
+            (Some(t), _) => Some(Ok(t)),
+            (None, Some(why)) => Some(Err(why)),
+            (None, None) => None,
+        };
+        let layer = Handed {
+            value: value.view()?,
+            float64: view(&float64)?,
+            target: view(&target)?,
+            local,
+            disagreement,
+        };
         let run = self.active_mut()?;
-        py.detach(|| run.add(index, value, float64))
-            .map_err(to_py_err)
+        py.detach(|| run.add(index, layer)).map_err(to_py_err)
     }
 
     /// Runs what is left and decides the origin; returns the layers whose parameters `finish`
@@ -145,29 +190,47 @@ impl CapturedRun {
         py.detach(|| run.conclude()).map_err(to_py_err)
     }
 
-    /// The report; `parameters` maps a layer index to its flat parameter tensors.
+    /// The report; `parameters` maps a layer index to its flat parameter tensors (and
+    /// `target_parameters` to a PyTorch target's).
+    #[pyo3(signature = (parameters, target_parameters=None))]
     fn finish(
         &mut self,
         py: Python<'_>,
         parameters: HashMap<usize, Vec<FlatTensor<'_>>>,
+        target_parameters: Option<HashMap<usize, Vec<FlatTensor<'_>>>>,
     ) -> PyResult<Report> {
-        let views = parameters
-            .iter()
-            .map(|(&i, list)| {
-                let list = list
-                    .iter()
-                    .map(|p| Ok((p.name().to_string(), p.view()?)))
-                    .collect::<PyResult<Vec<_>>>()?;
-                Ok((i, list))
-            })
-            .collect::<PyResult<HashMap<_, _>>>()?;
+        let target_parameters = target_parameters.unwrap_or_default();
+        let (reference, target) = (views(&parameters)?, views(&target_parameters)?);
         let run = self.run.take().ok_or_else(finished)?;
-        let mut report = py.detach(|| run.finish(&views)).map_err(to_py_err)?;
+        let mut report = py
+            .detach(|| run.finish(&reference, &target))
+            .map_err(to_py_err)?;
         if !self.keep_timings {
             report.timings = None;
         }
         Ok(Report(report))
     }
+}
+
+/// An optional flat tensor as a view of its bytes.
+fn view<'a>(tensor: &'a Option<FlatTensor<'_>>) -> PyResult<Option<TensorView<'a>>> {
+    tensor.as_ref().map(FlatTensor::view).transpose()
+}
+
+/// Flat parameter tensors by layer, as views of their bytes.
+fn views<'a>(
+    given: &'a HashMap<usize, Vec<FlatTensor<'_>>>,
+) -> PyResult<HashMap<usize, Vec<(String, TensorView<'a>)>>> {
+    given
+        .iter()
+        .map(|(&i, list)| {
+            let list = list
+                .iter()
+                .map(|p| Ok((p.name().to_string(), p.view()?)))
+                .collect::<PyResult<Vec<_>>>()?;
+            Ok((i, list))
+        })
+        .collect()
 }
 
 impl CapturedRun {

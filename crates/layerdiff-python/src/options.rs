@@ -6,19 +6,22 @@ use std::path::PathBuf;
 use layerdiff_args::{Parsed, TorchArgs};
 use layerdiff_core::Tolerance;
 use layerdiff_flow::captured::check_options;
+use layerdiff_flow::torch_side::{TorchSpec, TorchTarget};
 use layerdiff_flow::{Settings, memory};
-use layerdiff_runtime::RuntimeSpec;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use crate::exceptions::{self, to_py_err};
 
-/// How a comparison is run, parsed once: tolerance, local error, memory budget, the runtime
-/// that runs the ONNX file, and whether PyTorch's float64 run is the truth.
+/// How a comparison is run, parsed once: tolerance, local error, memory budget, the PyTorch
+/// reference, the target (a runtime that runs the ONNX file, or PyTorch computing
+/// differently), and whether PyTorch's float64 run is the truth.
 #[pyclass(module = "layerdiff._layerdiff", frozen)]
 #[derive(Clone)]
 pub(crate) struct Options {
     pub(crate) settings: Settings,
-    pub(crate) target: RuntimeSpec,
+    pub(crate) reference: TorchSpec,
+    pub(crate) target: TorchTarget,
     pub(crate) float64: bool,
 }
 
@@ -26,15 +29,16 @@ pub(crate) struct Options {
 impl Options {
     /// Parses the options as the Python API takes them (`tolerance`: a number, `dtype` or
     /// `auto`; `max_memory`: bytes or a size such as `4G`; `target`: `ort`, `ort:opt=all`,
-    /// `tract`…).
+    /// `tract`, `torch:bf16`…; `reference`: `torch`, `torch:cuda`…).
     #[new]
-    #[pyo3(signature = (*, tolerance="dtype".to_string(), local=true, max_memory=None, target="ort", float64=true))]
+    #[pyo3(signature = (*, tolerance="dtype".to_string(), local=true, max_memory=None, target="ort", float64=true, reference="torch"))]
     fn new(
         tolerance: String,
         local: bool,
         max_memory: Option<String>,
         target: &str,
         float64: bool,
+        reference: &str,
     ) -> PyResult<Self> {
         let usage = |e: String| exceptions::UsageError::new_err(e);
         let settings = Settings {
@@ -46,10 +50,12 @@ impl Options {
                 .transpose()
                 .map_err(usage)?,
         };
-        let target = RuntimeSpec::parse(target).map_err(usage)?;
-        check_options(&settings, &target, float64).map_err(to_py_err)?;
+        let target = TorchTarget::parse(target).map_err(usage)?;
+        let reference = TorchSpec::parse(reference).map_err(usage)?;
+        check_options(&settings, &reference, &target, float64).map_err(to_py_err)?;
         Ok(Self {
             settings,
+            reference,
             target,
             float64,
         })
@@ -60,6 +66,36 @@ impl Options {
     fn float64(&self) -> bool {
         self.float64
     }
+
+    /// Whether each layer's local error is measured.
+    #[getter]
+    fn local(&self) -> bool {
+        self.settings.local
+    }
+
+    /// The PyTorch reference: a dict of `spelling`, `device`, `precision` and `compile`.
+    #[getter]
+    fn reference<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        torch_dict(py, &self.reference)
+    }
+
+    /// A PyTorch target as `reference` gives it, or None for a runtime that runs the ONNX file.
+    #[getter]
+    fn torch_target<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        match &self.target {
+            TorchTarget::Torch(spec) => torch_dict(py, spec).map(Some),
+            TorchTarget::Onnx(_) => Ok(None),
+        }
+    }
+}
+
+fn torch_dict<'py>(py: Python<'py>, spec: &TorchSpec) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("spelling", spec.spelling())?;
+    d.set_item("device", &spec.device)?;
+    d.set_item("precision", spec.precision.spelling())?;
+    d.set_item("compile", spec.compile.as_deref())?;
+    Ok(d)
 }
 
 /// `layerdiff torch` as parsed from a command line.
@@ -141,12 +177,13 @@ pub(crate) fn parse_cli(
         }
         Parsed::Torch(a) => {
             let settings = a.settings();
-            if let Err(e) = check_options(&settings, &a.target, !a.no_float64) {
+            if let Err(e) = check_options(&settings, &a.reference, &a.target, !a.no_float64) {
                 eprintln!("error: {}", layerdiff_flow::error_chain(&e));
                 return exit(2);
             }
             let options = Options {
                 settings,
+                reference: a.reference.clone(),
                 target: a.target.clone(),
                 float64: !a.no_float64,
             };

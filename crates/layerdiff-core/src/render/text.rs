@@ -48,8 +48,13 @@ pub fn to_text(report: &Report) -> String {
             truth.runtime, truth.detail
         ));
     }
+    let counterpart = if report.target.runtime == "pytorch" {
+        "a counterpart"
+    } else {
+        "an ONNX counterpart"
+    };
     out.push_str(&format!(
-        "  layers: {} total, {} compared, {} without an ONNX counterpart\n",
+        "  layers: {} total, {} compared, {} without {counterpart}\n",
         s.layers_total, s.layers_compared, s.layers_unmapped
     ));
     for warning in &s.warnings {

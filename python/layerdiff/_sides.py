@@ -1,0 +1,192 @@
+"""A PyTorch side: the model on a device, in a precision, eager or compiled, as parsed from its
+spelling (`torch:cuda:bf16`, `torch:compile`; parsing is Rust's, `layerdiff._layerdiff.Options`).
+
+The side makes its copy of the model and converts inputs the way it computes (`prepare`,
+`convert`), holds what must hold while it runs (`running`: autocast), and says what it is in
+words for the report (`describe`, `reduced_math`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from layerdiff import _layerdiff
+from layerdiff._capture import leaf_modules
+
+_CAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
+_AUTOCAST = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
+_WORDS = {
+    "fp32": "float32",
+    "tf32": "float32 with TF32 products",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "amp-fp16": "autocast to float16",
+    "amp-bf16": "autocast to bfloat16",
+}
+# Compiled graphs a compiled side may make: one per leaf module and input shape.
+_ROOM = 1 << 16
+# Module types (and functional rows) whose float32 products TF32 computes with a 10-bit mantissa.
+_TF32_TYPES = [
+    "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+    "Linear", "Bilinear", "MultiheadAttention", "matmul()", "bmm()",
+    "scaled_dot_product_attention()",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TorchSide:
+    """How one side runs the model (see the module docs)."""
+
+    spelling: str
+    device: str
+    precision: str
+    compile: str | None
+
+    @classmethod
+    def of(cls, parsed: dict) -> TorchSide:
+        """The side from the options' parsed dict; checks that this machine can run it."""
+        side = cls(**parsed)
+        side._check()
+        return side
+
+    @property
+    def plain(self) -> bool:
+        """The model as given: CPU, float32, eager."""
+        return self.spelling == "torch"
+
+    @property
+    def on_cuda(self) -> bool:
+        return torch.device(self.device).type == "cuda"
+
+    @property
+    def may_disagree(self) -> bool:
+        """Whether the same call may give other bits twice (atomics and algorithm choice on
+        accelerators; PyTorch's CPU kernels give the same bits for the same inputs)."""
+        return torch.device(self.device).type != "cpu"
+
+    def _check(self) -> None:
+        usage = _layerdiff.UsageError
+        try:
+            device = torch.device(self.device)
+        except (RuntimeError, ValueError) as e:
+            raise usage(
+                f"`{self.spelling}`: `{self.device}` is not a device PyTorch knows: {e}"
+            ) from e
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise usage(
+                f"`{self.spelling}`: PyTorch sees no CUDA device here (torch "
+                f"{torch.__version__}, CUDA {torch.version.cuda or 'not built in'})"
+            )
+        if device.type == "mps" and not torch.backends.mps.is_available():
+            raise usage(f"`{self.spelling}`: PyTorch sees no MPS device here")
+        try:
+            torch.empty(1, device=device)
+        except Exception as e:
+            raise usage(f"`{self.spelling}`: PyTorch cannot use `{self.device}` here: {e}") from e
+        if self.precision == "tf32" and device.type != "cuda":
+            raise usage(
+                f"`{self.spelling}`: TF32 is a CUDA math mode; on {device.type} it computes what "
+                "fp32 does (give a CUDA device: `torch:cuda:tf32`)"
+            )
+        if self.compile is not None:
+            from torch import _dynamo
+
+            backends = set(_dynamo.list_backends(exclude_tags=())) | {"inductor"}
+            if self.compile not in backends:
+                raise usage(
+                    f"`{self.spelling}`: `{self.compile}` is not a torch.compile backend here "
+                    f"(known: {', '.join(sorted(backends))})"
+                )
+
+    def convert(self, tensor):
+        """A tensor as this side holds its inputs: on its device, floating point in its dtype;
+        always a copy (a re-run may compute in place)."""
+        if not isinstance(tensor, torch.Tensor):
+            return tensor
+        dtype = _CAST.get(self.precision) if tensor.is_floating_point() else None
+        return tensor.to(device=self.device, dtype=dtype or tensor.dtype, copy=True)
+
+    def prepare(
+        self, model: nn.Module, inputs: tuple, whole=frozenset()
+    ) -> tuple[nn.Module, tuple]:
+        """This side's copy of the model and its inputs. Compiled, each leaf module (``whole``:
+        as `leaf_modules` takes it) is compiled on its own: hooks fire between leaves, so every
+        layer is compared (fusion across modules is not exercised at this granularity)."""
+        copied = copy.deepcopy(model).to(self.device)
+        if self.precision in _CAST:
+            copied = copied.to(_CAST[self.precision])
+        if self.compile is not None:
+            for _, leaf in leaf_modules(copied, whole):
+                leaf.forward = torch.compile(leaf.forward, backend=self.compile, dynamic=False)
+        return copied, tuple(self.convert(t) for t in inputs)
+
+    @contextlib.contextmanager
+    def running(self):
+        """What holds while the side runs, in the thread it runs in (each setting here holds
+        per thread): autocast; compiled, room for a compiled graph per leaf module (they share
+        their class's code, so each instance is a recompilation) and an error rather than a
+        silent fall back to eager should that room run out."""
+        with contextlib.ExitStack() as stack:
+            if self.precision in _AUTOCAST:
+                device = torch.device(self.device).type
+                stack.enter_context(torch.autocast(device, dtype=_AUTOCAST[self.precision]))
+            if self.compile is not None:
+                from torch import _dynamo
+
+                stack.enter_context(
+                    _dynamo.config.patch(
+                        recompile_limit=_ROOM,
+                        accumulated_recompile_limit=_ROOM,
+                        fail_on_recompile_limit_hit=True,
+                    )
+                )
+            yield
+
+    def describe(self) -> str:
+        """The side in words, with what changes its numbers."""
+        device = torch.device(self.device)
+        where = device.type
+        if device.type == "cuda":
+            where = f"cuda ({torch.cuda.get_device_name(device)})"
+        how = f"compiled ({self.compile}, each leaf module)" if self.compile else "eager"
+        return f"torch {torch.__version__}, {where}, {_WORDS[self.precision]}, {how}"
+
+    def reduced_math(self) -> tuple[list[str], str] | None:
+        """The module types whose float32 products this side computes in lower precision, and
+        how, in words (TF32 on CUDA)."""
+        if self.precision != "tf32":
+            return None
+        return (
+            _TF32_TYPES,
+            "PyTorch computes its float32 products in TF32 on CUDA (10-bit mantissa; "
+            "torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32); "
+            "a plain `torch:cuda` side turns it off",
+        )
+
+
+@contextlib.contextmanager
+def cuda_math(*sides: TorchSide):
+    """Sets PyTorch's global TF32 switches as the CUDA sides ask (fp32 turns them off; cuDNN
+    allows TF32 by default) for the run, and puts them back after. Sides on CUDA that ask
+    differently cannot run side by side: the switches are global."""
+    wanted = {side.precision == "tf32" for side in sides if side.on_cuda}
+    if len(wanted) > 1:
+        raise _layerdiff.UsageError(
+            "both sides run on CUDA, one with TF32 and one without: PyTorch's TF32 switches are "
+            "global, so the two cannot run side by side; compare each with the CPU instead"
+        )
+    if not wanted:
+        yield
+        return
+    (tf32,) = wanted
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before

@@ -1,0 +1,221 @@
+"""PyTorch against PyTorch computing differently (another device, precision or compiler), layer
+by layer: `layerdiff torch MODEL --target torch:cuda:bf16`.
+
+Both sides run from the one model instance and the same input bytes. The reference runs in the
+main thread under the capture's hooks; the target, its own copy (`layerdiff._sides`), runs in
+lockstep in a thread (`layerdiff._lockstep`), as does the float64 truth. Before each reference
+call runs, the target's module (or functional op) is run on the reference's very inputs,
+converted as the target holds them: that is the layer's local error. Every value streams to the
+Rust engine, which compares, judges and explains as for any two sides.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from layerdiff import _layerdiff
+from layerdiff._capture import _first_tensor, capture, leaf_modules
+from layerdiff._lockstep import Lockstep
+from layerdiff._sides import TorchSide, cuda_math
+from layerdiff.report import Report
+from layerdiff.tensors import flat
+
+
+def compare_torch(
+    model,
+    inputs,
+    *,
+    target: str = "torch:bf16",
+    reference: str = "torch",
+    tolerance: float | str = "dtype",
+    local: bool = True,
+    float64: bool = True,
+    max_memory: int | str | None = None,
+    name: str | None = None,
+    seed: int | None = None,
+    timings: bool | list = False,
+    progress=None,
+    options: _layerdiff.Options | None = None,
+) -> Report:
+    """Compare a PyTorch model with itself on another device, precision or compiler, layer by
+    layer.
+
+    ``target`` and ``reference`` are PyTorch sides, ``torch[:DEVICE][:PRECISION][:compile]``:
+    ``"torch:cuda"``, ``"torch:bf16"``, ``"torch:cuda:tf32"``, ``"torch:amp-fp16"``,
+    ``"torch:compile"`` (each leaf module compiled on its own); ``"torch"`` is the model as
+    given (CPU, float32, eager). Tolerances, ``local`` (each layer's target module re-run on the
+    reference's inputs, so its own error is told from inherited error), ``float64`` (a float64
+    copy of the model as the numerical truth), ``max_memory`` and ``timings`` work as in
+    :func:`layerdiff.torch.compare_torch_onnx`; ``options`` (already parsed) replaces them.
+    """
+    from layerdiff.torch import _as_input_tuple, _layer_parameters, _run_model
+
+    phases = list(timings) if isinstance(timings, list) else []
+    clock = [time.perf_counter()]
+
+    def lap(phase: str) -> None:
+        now = time.perf_counter()
+        phases.append((phase, "pytorch", now - clock[0]))
+        clock[0] = now
+
+    step = progress or (lambda message: None)
+    inputs = _as_input_tuple(inputs)
+    if options is None:
+        options = _layerdiff.Options(
+            tolerance=str(tolerance),
+            local=local,
+            max_memory=None if max_memory is None else str(max_memory),
+            target=target,
+            reference=reference,
+            float64=float64,
+        )
+    if options.torch_target is None:
+        raise _layerdiff.UsageError(
+            "compare_torch compares PyTorch sides (`torch:bf16`, `torch:cuda`…); "
+            "for an ONNX runtime use compare_torch_onnx"
+        )
+    ref_side, tgt_side = TorchSide.of(options.reference), TorchSide.of(options.torch_target)
+    model.eval()
+
+    with cuda_math(ref_side, tgt_side):
+        ref_model, ref_inputs = (
+            (model, inputs) if ref_side.plain else ref_side.prepare(model, inputs, whole=())
+        )
+        step(f"listing PyTorch layers ({ref_side.spelling})")
+        with ref_side.running():
+            listing = _run_model(inputs, lambda: capture(ref_model, ref_inputs))
+            # A module that computes everything itself (attention reading its projections'
+            # weights) is one layer: its own re-run then covers what it computes.
+            whole = frozenset(listing.self_computing)
+            if whole:
+                listing = capture(ref_model, ref_inputs, whole=whole)
+        listed = listing.layers
+        lap("listing PyTorch layers")
+
+        given = [flat(f"input_{i}", t) for i, t in enumerate(inputs)]
+        run = _layerdiff.CapturedRun(
+            command="torch",
+            model=name or type(model).__name__,
+            inputs=given,
+            layers=[vars(layer) for layer in listed],
+            options=options,
+            seed=seed,
+            reference_runtime="pytorch",
+            reference_detail=ref_side.describe(),
+            target_detail=tgt_side.describe(),
+            reduced_math=tgt_side.reduced_math(),
+            timings=phases if timings is not False else None,
+        )
+        split = run.segments_text
+        pieces = f" in {run.segments} segments" if split else ""
+        step(f"running {ref_side.spelling} and {tgt_side.spelling} side by side{pieces}")
+        target_model = _stream(
+            model, inputs, ref_model, ref_inputs, run, listed, ref_side, tgt_side, options, whole
+        )
+        needed = run.conclude()
+        native = run.finish(
+            _layer_parameters(ref_model, listed, needed),
+            _layer_parameters(target_model, listed, needed, folded=False),
+        )
+    report = Report(native, inputs=given)
+    if split:
+        report.notes.append(split)
+    return report
+
+
+def _stream(model, inputs, ref_model, ref_inputs, run, listed, ref_side, tgt_side, options, whole):
+    """The forward pass that compares: each reference layer goes to the run with the target's
+    value of it, its local re-run and the float64 value. Returns the target's model."""
+    target = Lockstep(
+        model,
+        inputs,
+        lambda m, i: tgt_side.prepare(m, i, whole),
+        running=tgt_side.running,
+        whole=whole,
+    )
+    truth = Lockstep(model, inputs, whole=whole) if options.float64 else None
+    if target.model is None:
+        raise _layerdiff.InputError(f"the target `{tgt_side.spelling}` {target.error}")
+    modules = dict(leaf_modules(target.model, whole))
+    # Each re-run is made twice where the side may disagree with itself: how far the two
+    # disagree is its own nondeterminism at that layer, handed over with the layer.
+    twice = tgt_side.may_disagree
+    disagreed: list[float | None] = [None]
+
+    def rerun(leaf, func, args, kwargs):
+        """The target's module (or op) on the reference's inputs, as the target holds them."""
+        convert = tgt_side.convert
+        call = func or modules[leaf].forward
+
+        def once():
+            given = torch.utils._pytree.tree_map(convert, args)
+            named = torch.utils._pytree.tree_map(convert, kwargs)
+            with tgt_side.running():
+                return call(*given, **named)
+
+        out = once()
+        disagreed[0] = _disagreement(out, once()) if twice else None
+        return out
+
+    def on_layer(index, layer, out, local):
+        expected = listed[index].name if index < len(listed) else None
+        if layer.name != expected:
+            raise _layerdiff.InputError(
+                f"leaf call {index} was `{layer.name}` this time and "
+                f"{f'`{expected}`' if expected else 'nothing'} when the layers were listed: "
+                "the model does not run the same way twice"
+            )
+        theirs = target.next(layer.name)
+        if theirs is None:
+            raise _layerdiff.InputError(
+                f"the target `{tgt_side.spelling}` could not follow the model to `{layer.name}`: "
+                f"{target.error}"
+            )
+        wide = truth.next(layer.name) if truth is not None else None
+        run.add(
+            index,
+            flat(layer.name, out),
+            float64=None if wide is None else flat(layer.name, wide),
+            target=flat(layer.name, theirs),
+            local=flat(layer.name, local) if isinstance(local, torch.Tensor) else None,
+            local_error=_local_error(local),
+            disagreement=disagreed[0],
+        )
+        disagreed[0] = None
+
+    from layerdiff.torch import _run_model
+
+    try:
+        with ref_side.running():
+            _run_model(
+                inputs,
+                lambda: capture(
+                    ref_model,
+                    ref_inputs,
+                    on_layer,
+                    rerun=rerun if options.local else None,
+                    whole=whole,
+                ),
+            )
+    finally:
+        target.close()
+        if truth is not None:
+            truth.close()
+    return target.model
+
+
+def _disagreement(first, second) -> float | None:
+    """The max abs diff between two runs' first tensors, where they differ."""
+    a, b = _first_tensor(first), _first_tensor(second)
+    if a is None or b is None or a.shape != b.shape or torch.equal(a, b):
+        return None
+    return float((a.double() - b.double()).abs().max())
+
+
+def _local_error(local) -> str | None:
+    """Why a layer has no local re-run, in the report's words."""
+    if local is None or isinstance(local, torch.Tensor):
+        return None
+    return f"the target's module could not run on the reference's inputs: {local}"

@@ -1,0 +1,225 @@
+"""PyTorch against PyTorch computing differently (`--target torch:bf16`, `torch:compile`…):
+where a precision or a compiler changes the numbers, layer by layer, with causes; faults
+injected into one module of the target are found at that module."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from conftest import ROOT, run_cli
+from test_causes import assert_born_at, layer
+
+torch = pytest.importorskip("torch")
+
+import layerdiff  # noqa: E402
+from layerdiff._sides import TorchSide  # noqa: E402
+
+ENCODER = str(ROOT / "tests/builders/encoder.py")
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    sys.path.insert(0, str(ROOT / "tests"))
+    from builders.encoder import build
+
+    torch.manual_seed(0)
+    model, inputs = build()
+    return model.eval(), inputs
+
+
+def compare(model, inputs, target, **options):
+    return layerdiff.compare_torch(model, inputs, target=target, **options).data
+
+
+def inject(monkeypatch, fault):
+    """Every target copy made from here on gets `fault(copied_model)` applied."""
+    prepare = TorchSide.prepare
+
+    def faulty(self, model, inputs, whole=frozenset()):
+        copied, given = prepare(self, model, inputs, whole)
+        fault(copied)
+        return copied, given
+
+    monkeypatch.setattr(TorchSide, "prepare", faulty)
+
+
+def test_bfloat16_resnet18_is_precision_loss_against_the_float64_truth(resnet18):
+    model, inputs, _ = resnet18
+    report = compare(model, inputs, "torch:bf16")
+    assert "bfloat16" in report["target"]["detail"]
+    assert report["truth"]["runtime"] == "pytorch"
+    s = report["summary"]
+    assert s["drift_origin"] is not None and s["layers_compared"] == s["layers_total"] == 68
+    origin = layer(report, s["drift_origin"])
+    assert origin["cause"] == "precision_loss", origin["detail"]
+    assert origin["target_dtype"] == "bfloat16"
+    causes = {x["cause"] for x in report["layers"] if x["cause"]}
+    assert causes <= {"precision_loss", "inherited"}, causes
+    # local error was measured for every layer: the target's own module on our inputs
+    assert all(x["local"] is not None for x in report["layers"])
+
+
+def test_modules_that_compute_everything_themselves_are_found(resnet18, encoder):
+    """A module is taken whole only when none of its submodules runs: attention reading its
+    out_proj's weight, not a container whose items run (BERT's encoder), nor the model."""
+    from layerdiff._capture import capture
+
+    model, inputs = encoder
+    assert capture(model, inputs).self_computing == ["layers.0.self_attn", "layers.1.self_attn"]
+    assert capture(resnet18[0], resnet18[1]).self_computing == []
+
+
+def test_attention_under_autocast_is_one_layer_and_the_origin(encoder):
+    """nn.MultiheadAttention computes its projections itself (its out_proj is never called):
+    it is compared whole, so the bfloat16 attention is where drift is born, not the float32
+    residual add after it, whose own computation agrees."""
+    model, inputs = encoder
+    report = compare(model, inputs, "torch:amp-bf16")
+    origin = assert_born_at(report, "layers.0.self_attn", "precision_loss")
+    assert origin["module_type"] == "MultiheadAttention"
+    assert "computes in a wider dtype again" in origin["detail"], origin["detail"]
+    add = layer(report, "layers.0:add")
+    assert add["exceeds_tol"] and add["cause"] == "inherited"
+    assert add["local"]["max_abs_diff"] == 0.0
+
+
+@pytest.mark.parametrize("which", ["resnet18", "encoder"])
+def test_float32_against_itself_raises_nothing(which, resnet18, encoder):
+    model, inputs = (resnet18[0], resnet18[1]) if which == "resnet18" else encoder
+    for tolerance in ("dtype", "auto"):
+        report = compare(model, inputs, "torch", tolerance=tolerance)
+        s = report["summary"]
+        assert s["drift_origin"] is None and s["layers_exceeding"] == 0
+        assert s["worst"]["max_abs_diff"]["value"] == 0.0
+        assert not any(x["cause"] for x in report["layers"])
+
+
+@pytest.mark.parametrize("which", ["resnet18", "encoder"])
+def test_compiled_leaves_are_compared_one_by_one(which, resnet18, encoder):
+    """torch.compile per leaf module: every layer is compared and really compiled (one graph
+    per leaf, none silently left eager), and inductor's float32 kernels stay within float32
+    tolerance."""
+    from torch._dynamo.utils import counters
+
+    model, inputs = (resnet18[0], resnet18[1]) if which == "resnet18" else encoder
+    before = counters["stats"]["unique_graphs"]
+    report = compare(model, inputs, "torch:compile", float64=False)
+    compiled = counters["stats"]["unique_graphs"] - before
+    leaves = {x["name"].split("#")[0] for x in report["layers"] if ":" not in x["name"]}
+    assert compiled >= len(leaves), (compiled, len(leaves))
+    assert "compiled (inductor, each leaf module)" in report["target"]["detail"]
+    s = report["summary"]
+    assert s["layers_compared"] == s["layers_total"] and s["drift_origin"] is None
+
+
+def test_a_changed_weight_in_one_target_module_is_weight_mismatch(resnet18, monkeypatch):
+    model, inputs, _ = resnet18
+
+    def fault(copied):
+        with torch.no_grad():
+            copied.layer2[0].conv1.weight[0] += 0.05
+
+    inject(monkeypatch, fault)
+    for target in ("torch", "torch:bf16"):
+        report = compare(model, inputs, target)
+        if target == "torch":
+            origin = assert_born_at(report, "layer2.0.conv1", "weight_mismatch")
+        else:  # bfloat16 drifts from the start; the weight still stands out as changed
+            origin = layer(report, "layer2.0.conv1")
+            assert origin["cause"] == "weight_mismatch", origin["detail"]
+            assert "beyond its rounding to bfloat16" in origin["detail"]
+        assert "`layer2.0.conv1.weight`" in origin["detail"]
+
+
+def test_one_module_run_in_float16_is_precision_loss_at_that_module(resnet18, monkeypatch):
+    model, inputs, _ = resnet18
+
+    def fault(copied):
+        conv = copied.layer3[0].conv2.half()
+        forward = conv.forward
+        conv.forward = lambda x: forward(x.half()).float()
+
+    inject(monkeypatch, fault)
+    report = compare(model, inputs, "torch")
+    origin = assert_born_at(report, "layer3.0.conv2", "precision_loss")
+    assert "float16" in origin["detail"], origin["detail"]
+
+
+def test_a_different_kernel_in_one_module_is_op_implementation(encoder, monkeypatch):
+    model, inputs = encoder
+
+    def fault(copied):
+        norm = copied.layers[1].norm1
+        norm.forward = lambda x: torch.nn.functional.layer_norm(
+            x, norm.normalized_shape, norm.weight, norm.bias, 1e-1
+        )
+
+    inject(monkeypatch, fault)
+    report = compare(model, inputs, "torch")
+    origin = assert_born_at(report, "layers.1.norm1", "op_implementation")
+    assert "LayerNorm computes differently" in origin["detail"], origin["detail"]
+
+
+class _Noisy(torch.nn.Module):
+    """A layer that gives other bits each call (as atomics can on a GPU)."""
+
+    def forward(self, x):
+        return x + 1e-2 * torch.randn_like(x)
+
+
+def test_a_target_that_disagrees_with_itself_is_nondeterminism(monkeypatch):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), _Noisy(), torch.nn.Linear(8, 4)).eval()
+    monkeypatch.setattr(TorchSide, "may_disagree", property(lambda self: True))
+    report = compare(model, torch.randn(2, 8), "torch", float64=False)
+    origin = layer(report, "1")
+    assert origin["cause"] == "nondeterminism", origin["detail"]
+    assert "the target run twice disagrees" in origin["detail"]
+
+
+def test_segments_give_the_same_numbers(resnet18):
+    model, inputs, _ = resnet18
+    whole = compare(model, inputs, "torch:bf16")
+    pieces = layerdiff.compare_torch(model, inputs, target="torch:bf16", max_memory="2M")
+    assert any("segments" in note for note in pieces.notes)
+    assert pieces.data["layers"] == whole["layers"]
+
+
+def test_the_command_compares_a_pytorch_target(tmp_path):
+    result = run_cli(
+        "torch", f"{ENCODER}:build", "--target", "torch:amp-bf16", "--out", str(tmp_path)
+    )
+    assert result.returncode == 1, result.stderr
+    assert "born at `layers.0.self_attn`" in result.stdout
+    assert "without a counterpart" in result.stdout
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["target"]["runtime"] == "pytorch"
+    assert "autocast to bfloat16" in report["target"]["detail"]
+    assert not (tmp_path / "model.onnx").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--target", "torch:bf16:fp16"], "two precisions"),
+        (["--target", "torch:cpu:tf32"], "TF32 is a CUDA math mode"),
+        (["--target", "torch:nosuchdevice"], "is not a device PyTorch knows"),
+        (["--reference", "torch:bf16"], "is for a PyTorch target"),
+        (["--target", "torch:bf16", "--onnx", "model.onnx"], "is PyTorch itself"),
+        (["--target", "torch:compile=nosuchbackend"], "not a torch.compile backend"),
+    ],
+)
+def test_bad_pytorch_sides_are_usage_errors(args, message):
+    from test_cli import assert_usage_error
+
+    assert_usage_error(run_cli("torch", f"{ENCODER}:build", *args), message)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_a_cuda_side_without_cuda_says_so():
+    from test_cli import assert_usage_error
+
+    result = run_cli("torch", f"{ENCODER}:build", "--target", "torch:cuda:bf16")
+    assert_usage_error(result, "PyTorch sees no CUDA device here")
