@@ -28,6 +28,7 @@ __all__ = [
     "RuntimeFailure",
     "UsageError",
     "__version__",
+    "compare_gradients",
     "compare_tensors",
     "compare_torch",
     "compare_torch_onnx",
@@ -51,5 +52,16 @@ def compare_torch(model, inputs, **options):
     See :func:`layerdiff.torch.compare_torch` for the options.
     """
     from layerdiff.torch import compare_torch as run
+
+    return run(model, inputs, **options)
+
+
+def compare_gradients(model, inputs, **options):
+    """Compare a PyTorch model's gradients on another device, precision or compiler, in
+    backward order (``target="torch:cuda:amp-fp16"``).
+
+    See :func:`layerdiff._grad.compare_gradients` for the options.
+    """
+    from layerdiff._grad import compare_gradients as run
 
     return run(model, inputs, **options)

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     if kind == "exit":
         return int(value)
     try:
-        return _run_torch(value)
+        return _run_grad(value) if kind == "grad" else _run_torch(value)
     except _layerdiff.LayerdiffError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -112,6 +112,37 @@ def _run_torch(command) -> int:
         workdir=command.out,
         timings=built if command.timings else False,
         progress=progress,
+        options=command.options,
+    )
+    return report._native.deliver(command, report.inputs, command.seed, report.notes)
+
+
+def _run_grad(command) -> int:
+    """Runs `layerdiff grad` as parsed (a `GradCommand`)."""
+    try:
+        from layerdiff import torch as lt
+        from layerdiff._grad import compare_gradients
+    except ImportError as e:
+        raise _layerdiff.UsageError(
+            f"`layerdiff grad` needs PyTorch ({e.name or e} is missing)\n"
+            "hint: pip install 'layerdiff[torch]'"
+        ) from e
+
+    progress = _Progress(command.quiet)
+    started = time.perf_counter()
+    start_up = [("start-up: interpreter and imports", "pytorch", _process_age())]
+    builder = lt.load_builder(command.model)
+    progress(f"building {command.model} (seed {command.seed})")
+    model, inputs = builder(command.seed)
+    built = [*start_up, ("building the model", "pytorch", time.perf_counter() - started)]
+    progress("forward and backward on both sides")
+    report = compare_gradients(
+        model,
+        inputs,
+        loss=command.loss,
+        name=command.model,
+        seed=command.seed,
+        timings=built if command.timings else False,
         options=command.options,
     )
     return report._native.deliver(command, report.inputs, command.seed, report.notes)

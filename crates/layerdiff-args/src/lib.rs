@@ -35,6 +35,53 @@ pub enum Command {
     ///
     /// Exit code 0: no value exceeds the tolerance; 1: drift found; 2: layerdiff could not run.
     Onnx(OnnxArgs),
+    /// Compare a PyTorch model's gradients (of every parameter and of the inputs, in backward
+    /// order) on another device, precision or compiler against the model as given.
+    ///
+    /// Exit code 0: no gradient exceeds the tolerance; 1: drift found; 2: layerdiff could not run.
+    Grad(GradArgs),
+}
+
+/// Options of `layerdiff grad`.
+#[derive(Debug, Clone, Args)]
+pub struct GradArgs {
+    /// A built-in model or a builder, as for `layerdiff torch`.
+    pub model: String,
+    /// The PyTorch side whose gradients are measured: `torch[:DEVICE][:PRECISION][:compile]`
+    /// (`torch:cuda`, `torch:bf16`, `torch:amp-fp16`, `torch:compile`). In float16 (`fp16`,
+    /// `amp-fp16`) the loss is scaled as `torch.amp.GradScaler` does and the gradients unscaled
+    /// before they are compared: what the optimizer would see.
+    #[arg(long, value_parser = TorchSpec::parse)]
+    pub target: TorchSpec,
+    /// The PyTorch side it is measured against (default `torch`: CPU, float32, eager).
+    #[arg(long, default_value = "torch", value_parser = TorchSpec::parse)]
+    pub reference: TorchSpec,
+    /// The loss both sides differentiate: `dot` (the output's dot product with a fixed random
+    /// tensor from the seed, so every output element gets its own gradient) or `sum`.
+    #[arg(long, value_enum, default_value_t = Loss::Dot)]
+    pub loss: Loss,
+    /// Tolerance, judged per element, as for `layerdiff torch` (`auto`: 4× the reference's own
+    /// distance from a float64 run's gradients).
+    #[arg(long, default_value = "dtype", value_parser = Tolerance::parse)]
+    pub tolerance: Tolerance,
+    /// Skip the float64 run (the numerical truth both sides are measured against).
+    #[arg(long)]
+    pub no_float64: bool,
+    /// Seed for the model's random weights, generated inputs and the `dot` loss's tensor.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Where reports go.
+    #[command(flatten)]
+    pub report: ReportArgs,
+}
+
+/// The loss `layerdiff grad` differentiates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Loss {
+    /// The output's dot product with a fixed random tensor.
+    Dot,
+    /// The sum of the output.
+    Sum,
 }
 
 /// Options of `layerdiff onnx`.
@@ -242,6 +289,8 @@ pub enum Parsed {
     Torch(TorchArgs),
     /// Run `onnx` with these options ([`run_onnx`]).
     Onnx(OnnxArgs),
+    /// Run `grad` with these options (the caller owns PyTorch).
+    Grad(GradArgs),
     /// Parsing already did everything (help, version, a usage error): exit with this code.
     Exit(u8),
 }
@@ -255,6 +304,9 @@ pub fn parse(argv: Vec<OsString>) -> Parsed {
         Ok(Cli {
             command: Command::Onnx(args),
         }) => Parsed::Onnx(args),
+        Ok(Cli {
+            command: Command::Grad(args),
+        }) => Parsed::Grad(args),
         Err(err) => {
             let _ = err.print();
             Parsed::Exit(if err.use_stderr() { 2 } else { 0 })
@@ -296,6 +348,18 @@ impl OnnxArgs {
                 max_memory: self.max_memory,
             },
             float64: self.float64,
+        }
+    }
+}
+
+impl GradArgs {
+    /// Tolerance and memory budget, as the engine takes them (a gradient has no re-run of its
+    /// own: no local error).
+    pub fn settings(&self) -> Settings {
+        Settings {
+            tolerance: self.tolerance,
+            local: false,
+            max_memory: None,
         }
     }
 }

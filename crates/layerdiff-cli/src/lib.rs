@@ -1,6 +1,6 @@
 //! The Rust `layerdiff` binary: parses the command line ([`layerdiff_args`]) and runs the verb
-//! on the engine ([`layerdiff_flow`]). The `torch` verb needs PyTorch, so it lives in the
-//! Python package's command.
+//! on the engine ([`layerdiff_flow`]). The `torch` and `grad` verbs need PyTorch, so they live
+//! in the Python package's command.
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -16,9 +16,9 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
             &args.report.destinations(),
             None,
         )),
-        Parsed::Torch(_) => {
+        Parsed::Torch(_) | Parsed::Grad(_) => {
             eprintln!(
-                "error: `layerdiff torch` needs PyTorch, which lives in the Python package\n\
+                "error: this verb needs PyTorch, which lives in the Python package\n\
                  hint: `pip install layerdiff` and run the `layerdiff` it installs"
             );
             ExitCode::from(2)

@@ -149,7 +149,8 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                     Shared::FirstLayerOwns => reference_of[v].1 == i,
                     Shared::EachLayer => true,
                 };
-                let value = value.as_deref().filter(|v| settings.local && owns(v))?;
+                // Groups are found without local error too: their evidence explains causes.
+                let value = value.as_deref().filter(|v| owns(v))?;
                 let known = |n: &str| n != value && (is_input(n) || reference_of.contains_key(n));
                 Some(target.recompute()?.local_group(value, &known))
             })
@@ -159,7 +160,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                 reference: &alignment.reference[i],
                 target: alignment.target[i].as_deref(),
                 local_inputs: match &groups[i] {
-                    Some(Ok(group)) => &group.inputs,
+                    Some(Ok(group)) if settings.local => &group.inputs,
                     _ => &[],
                 },
             })
@@ -268,7 +269,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         );
         self.clock.lap("comparison", OWN);
 
-        if let Some(recompute) = self.target.recompute() {
+        if let Some(recompute) = self.target.recompute().filter(|_| self.settings.local) {
             // Outputs are compared in batches (see [`local_batch`]).
             let limit = local_batch(self.settings.max_memory);
             let (mut runs, mut held_bytes) = (Vec::new(), 0);

@@ -29,6 +29,9 @@ pub struct Computing {
     pub reduced_math: Option<(Vec<String>, String)>,
     /// The layers whose values each layer read, by layer: where its error is traced upstream.
     pub fed_by: Vec<Vec<usize>>,
+    /// How the side computes every layer below the reference's precision, in words, where no
+    /// layer's own dtype shows it (gradients, carrying their forward pass's precision).
+    pub lower_precision: Option<String>,
 }
 
 /// Values handed over layer by layer.
@@ -245,6 +248,9 @@ impl Recompute for PushedSide {
         let Some(computing) = &self.computing else {
             return;
         };
+        if let Some(how) = &computing.lower_precision {
+            evidence.precision.get_or_insert_with(|| how.clone());
+        }
         if let Some(module_type) = computing.module_types.get(index) {
             evidence.ops = vec![module_type.clone()];
             if let Some((types, how)) = &computing.reduced_math

@@ -33,9 +33,10 @@ impl CapturedRun {
     /// call), in execution order. The target is the options': a runtime runs `onnx_path`; a
     /// PyTorch target is described by `target_detail` and hands its values over with the
     /// reference's (`reduced_math`: the module types whose float32 products it computes in
-    /// lower precision, and how).
+    /// lower precision, and how; `lower_precision`: how it computes every layer below the
+    /// reference's precision where no dtype shows it).
     #[new]
-    #[pyo3(signature = (*, command, model, inputs, layers, options, seed, reference_runtime, reference_detail, onnx_path=None, ort_library=None, target_detail=None, reduced_math=None, timings=None))]
+    #[pyo3(signature = (*, command, model, inputs, layers, options, seed, reference_runtime, reference_detail, onnx_path=None, ort_library=None, target_detail=None, reduced_math=None, lower_precision=None, timings=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -51,6 +52,7 @@ impl CapturedRun {
         ort_library: Option<PathBuf>,
         target_detail: Option<String>,
         reduced_math: Option<(Vec<String>, String)>,
+        lower_precision: Option<String>,
         timings: Option<Vec<(String, String, f64)>>,
     ) -> PyResult<Self> {
         let inputs = inputs
@@ -108,6 +110,7 @@ impl CapturedRun {
                     module_types: listed.iter().map(|l| l.module_type.clone()).collect(),
                     reduced_math,
                     fed_by,
+                    lower_precision,
                 },
             },
         };

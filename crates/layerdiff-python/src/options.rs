@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use layerdiff_args::{Parsed, TorchArgs};
+use layerdiff_args::{GradArgs, Parsed, TorchArgs};
 use layerdiff_core::Tolerance;
 use layerdiff_flow::captured::check_options;
 use layerdiff_flow::torch_side::{TorchSpec, TorchTarget};
@@ -149,8 +149,55 @@ impl TorchCommand {
     }
 }
 
+/// `layerdiff grad` as parsed from a command line.
+#[pyclass(module = "layerdiff._layerdiff", frozen)]
+pub(crate) struct GradCommand {
+    pub(crate) args: GradArgs,
+    options: Options,
+}
+
+#[pymethods]
+impl GradCommand {
+    /// The model: a built-in name or a builder spec.
+    #[getter]
+    fn model(&self) -> String {
+        self.args.model.clone()
+    }
+    /// Seed of the model's weights, generated inputs and the loss's tensor.
+    #[getter]
+    fn seed(&self) -> u64 {
+        self.args.seed
+    }
+    /// `dot` or `sum`.
+    #[getter]
+    fn loss(&self) -> String {
+        format!("{:?}", self.args.loss).to_lowercase()
+    }
+    /// The folder the reports go to.
+    #[getter]
+    fn out(&self) -> Option<PathBuf> {
+        self.args.report.out.clone()
+    }
+    /// Print nothing but errors.
+    #[getter]
+    fn quiet(&self) -> bool {
+        self.args.report.quiet
+    }
+    /// Measure and print where the time went.
+    #[getter]
+    fn timings(&self) -> bool {
+        self.args.report.timings
+    }
+    /// How the comparison runs.
+    #[getter]
+    fn options(&self) -> Options {
+        self.options.clone()
+    }
+}
+
 /// Parses a command line with the same parser as the Rust binary.
-/// Returns `("torch", options)`, or `("exit", code)` when parsing (or an ONNX verb, run here
+/// Returns `("torch", options)` or `("grad", options)`, or `("exit", code)` when parsing (or an
+/// ONNX verb, run here
 /// with ONNX Runtime from `ort_library`, the one the running interpreter has) already did the
 /// work.
 #[pyfunction]
@@ -189,6 +236,21 @@ pub(crate) fn parse_cli(
             };
             let command = TorchCommand { args: a, options };
             Ok(("torch".to_string(), Py::new(py, command)?.into_any()))
+        }
+        Parsed::Grad(a) => {
+            let (settings, target) = (a.settings(), TorchTarget::Torch(a.target.clone()));
+            if let Err(e) = check_options(&settings, &a.reference, &target, !a.no_float64) {
+                eprintln!("error: {}", layerdiff_flow::error_chain(&e));
+                return exit(2);
+            }
+            let options = Options {
+                settings,
+                reference: a.reference.clone(),
+                target,
+                float64: !a.no_float64,
+            };
+            let command = GradCommand { args: a, options };
+            Ok(("grad".to_string(), Py::new(py, command)?.into_any()))
         }
     }
 }
