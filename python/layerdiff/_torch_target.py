@@ -119,10 +119,50 @@ def compare_torch(
             _layer_parameters(ref_model, listed, needed),
             _layer_parameters(target_model, listed, needed, folded=False),
         )
+        whole_model = _compiled_whole(model, inputs, tgt_side) if tgt_side.compile else None
     report = Report(native, inputs=given)
     if split:
         report.notes.append(split)
+    if whole_model:
+        report.notes.append(whole_model)
     return report
+
+
+def _compiled_whole(model, inputs, side: TorchSide, runs: int = 5) -> str:
+    """The whole model compiled at once, where fusion across modules happens, against the same
+    side eager: its output's largest difference, and the speed of each (median of `runs` calls
+    after a first compiled call that includes compilation). In words, for the report's notes."""
+    import copy
+    import dataclasses
+    import statistics
+
+    from layerdiff.tensors import compare_tensors
+
+    eager, given = dataclasses.replace(side, compile=None).prepare(model, inputs)
+    compiled = torch.compile(copy.deepcopy(eager), backend=side.compile)
+    on_cuda = side.on_cuda
+
+    def timed(call) -> float:
+        if on_cuda:
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        call()
+        if on_cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - started
+
+    with torch.no_grad(), side.running():
+        first = timed(lambda: compiled(*given))
+        out_compiled, out_eager = _first_tensor(compiled(*given)), _first_tensor(eager(*given))
+        t_eager = statistics.median(timed(lambda: eager(*given)) for _ in range(runs))
+        t_compiled = statistics.median(timed(lambda: compiled(*given)) for _ in range(runs))
+    diff = compare_tensors(out_eager, out_compiled)["max_abs_diff"]
+    return (
+        f"the whole model compiled at once ({side.compile}, fusing across modules): output max "
+        f"abs diff {diff:.3e} from the same side eager; {t_eager * 1e3:.1f} ms eager, "
+        f"{t_compiled * 1e3:.1f} ms compiled (median of {runs}, after a first call of "
+        f"{first:.1f} s that compiles): {t_eager / t_compiled:.2f}× eager's speed"
+    )
 
 
 def _stream(model, inputs, ref_model, ref_inputs, run, listed, ref_side, tgt_side, options, whole):
