@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     if kind == "exit":
         return int(value)
     try:
-        return _run_grad(value) if kind == "grad" else _run_torch(value)
+        return _run(kind, value)
     except _layerdiff.LayerdiffError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -64,19 +64,20 @@ def _process_age() -> float:
         return time.perf_counter() - _IMPORTED
 
 
-def _run_torch(command) -> int:
-    """Runs `layerdiff torch` as parsed (a `TorchCommand`); the outputs are written and printed
-    by the same Rust function as the `onnx` verb's."""
+def _run(verb: str, command) -> int:
+    """Runs `layerdiff torch` or `layerdiff grad` as parsed (a `Command`); the outputs are
+    written and printed by the same Rust function as the `onnx` verb's."""
     try:
         from layerdiff import torch as lt
     except ImportError as e:
         raise _layerdiff.UsageError(
-            f"`layerdiff torch` needs PyTorch ({e.name or e} is missing)\n"
+            f"`layerdiff {verb}` needs PyTorch ({e.name or e} is missing)\n"
             "hint: pip install 'layerdiff[torch]'"
         ) from e
 
     progress = _Progress(command.quiet)
-    if command.onnx is not None and command.options.torch_target is not None:
+    pytorch_target = command.options.torch_target is not None
+    if command.onnx is not None and pytorch_target:
         raise _layerdiff.UsageError(
             f"--onnx names a file for an ONNX runtime target; the target "
             f"`{command.options.torch_target['spelling']}` is PyTorch itself"
@@ -91,60 +92,29 @@ def _run_torch(command) -> int:
     progress(f"building {command.model} (seed {command.seed})")
     model, inputs = builder(command.seed)
     built = [*start_up, ("building the model", "pytorch", time.perf_counter() - started)]
-    if command.options.torch_target is not None:
-        report = lt.compare_torch(
+    common = {
+        "name": command.model,
+        "seed": command.seed,
+        "timings": built if command.timings else False,
+        "options": command.options,
+    }
+    if verb == "grad":
+        from layerdiff._grad import compare_gradients
+
+        progress("forward and backward on both sides")
+        report = compare_gradients(model, inputs, loss=command.loss, **common)
+    elif pytorch_target:
+        report = lt.compare_torch(model, inputs, progress=progress, **common)
+    else:
+        report = lt.compare_torch_onnx(
             model,
             inputs,
-            name=command.model,
-            seed=command.seed,
-            timings=built if command.timings else False,
+            onnx=command.onnx,
+            exporter=command.exporter,
+            workdir=command.out,
             progress=progress,
-            options=command.options,
+            **common,
         )
-        return report._native.deliver(command, report.inputs, command.seed, report.notes)
-    report = lt.compare_torch_onnx(
-        model,
-        inputs,
-        onnx=command.onnx,
-        exporter=command.exporter,
-        name=command.model,
-        seed=command.seed,
-        workdir=command.out,
-        timings=built if command.timings else False,
-        progress=progress,
-        options=command.options,
-    )
-    return report._native.deliver(command, report.inputs, command.seed, report.notes)
-
-
-def _run_grad(command) -> int:
-    """Runs `layerdiff grad` as parsed (a `GradCommand`)."""
-    try:
-        from layerdiff import torch as lt
-        from layerdiff._grad import compare_gradients
-    except ImportError as e:
-        raise _layerdiff.UsageError(
-            f"`layerdiff grad` needs PyTorch ({e.name or e} is missing)\n"
-            "hint: pip install 'layerdiff[torch]'"
-        ) from e
-
-    progress = _Progress(command.quiet)
-    started = time.perf_counter()
-    start_up = [("start-up: interpreter and imports", "pytorch", _process_age())]
-    builder = lt.load_builder(command.model)
-    progress(f"building {command.model} (seed {command.seed})")
-    model, inputs = builder(command.seed)
-    built = [*start_up, ("building the model", "pytorch", time.perf_counter() - started)]
-    progress("forward and backward on both sides")
-    report = compare_gradients(
-        model,
-        inputs,
-        loss=command.loss,
-        name=command.model,
-        seed=command.seed,
-        timings=built if command.timings else False,
-        options=command.options,
-    )
     return report._native.deliver(command, report.inputs, command.seed, report.notes)
 
 

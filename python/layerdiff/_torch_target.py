@@ -50,16 +50,9 @@ def compare_torch(
     copy of the model as the numerical truth), ``max_memory`` and ``timings`` work as in
     :func:`layerdiff.torch.compare_torch_onnx`; ``options`` (already parsed) replaces them.
     """
-    from layerdiff.torch import _as_input_tuple, _layer_parameters, _run_model
+    from layerdiff.torch import _as_input_tuple, _layer_parameters, _phases, _run_model
 
-    phases = list(timings) if isinstance(timings, list) else []
-    clock = [time.perf_counter()]
-
-    def lap(phase: str) -> None:
-        now = time.perf_counter()
-        phases.append((phase, "pytorch", now - clock[0]))
-        clock[0] = now
-
+    phases, lap = _phases(timings)
     step = progress or (lambda message: None)
     inputs = _as_input_tuple(inputs)
     if options is None:

@@ -90,14 +90,7 @@ def compare_torch_onnx(
     ``options`` (an ``Options`` already parsed, as the command line makes) replaces
     ``tolerance``, ``local``, ``float64``, ``max_memory`` and ``target``.
     """
-    phases = list(timings) if isinstance(timings, list) else []
-    clock = [time.perf_counter()]
-
-    def lap(phase: str, by: str = "pytorch") -> None:
-        now = time.perf_counter()
-        phases.append((phase, by, now - clock[0]))
-        clock[0] = now
-
+    phases, lap = _phases(timings)
     step = progress or (lambda message: None)
     inputs = _as_input_tuple(inputs)
     if options is None:
@@ -166,6 +159,20 @@ def compare_torch_onnx(
     if split:
         report.notes.append(split)
     return report
+
+
+def _phases(timings) -> tuple[list, object]:
+    """The phases measured so far (``timings`` as the API takes it) and ``lap(phase, by)``,
+    which adds the time since the last lap under `phase`."""
+    phases = list(timings) if isinstance(timings, list) else []
+    clock = [time.perf_counter()]
+
+    def lap(phase: str, by: str = "pytorch") -> None:
+        now = time.perf_counter()
+        phases.append((phase, by, now - clock[0]))
+        clock[0] = now
+
+    return phases, lap
 
 
 def _run_model(inputs: tuple, call):

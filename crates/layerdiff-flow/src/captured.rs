@@ -42,6 +42,20 @@ pub struct ListedLayer {
     pub module_type: String,
 }
 
+impl ListedLayer {
+    /// The report's layer for it, at `index`, before anything is compared.
+    fn layer(&self, index: usize) -> Layer {
+        let mut layer = Layer::new(
+            index,
+            self.call.name.clone(),
+            self.call.shape.clone(),
+            self.call.dtype.name(),
+        );
+        layer.module_type = Some(self.module_type.clone());
+        layer
+    }
+}
+
 /// Everything the captured-reference flow needs before the first value arrives.
 #[derive(Debug, Clone)]
 pub struct CapturedComparison {
@@ -356,14 +370,7 @@ fn same_layers(listed: &[ListedLayer]) -> Alignment {
         shared: Shared::FirstLayerOwns,
     };
     for (index, l) in listed.iter().enumerate() {
-        let mut layer = Layer::new(
-            index,
-            l.call.name.clone(),
-            l.call.shape.clone(),
-            l.call.dtype.name(),
-        );
-        layer.module_type = Some(l.module_type.clone());
-        alignment.layers.push(layer);
+        alignment.layers.push(l.layer(index));
         alignment.reference.push(l.call.name.clone());
         alignment.target.push(Some(l.call.name.clone()));
         alignment.refutable.push(false);
@@ -427,13 +434,7 @@ fn align(
         shared: Shared::FirstLayerOwns,
     };
     for (index, (l, mapping)) in listed.iter().zip(mappings).enumerate() {
-        let mut layer = Layer::new(
-            index,
-            l.call.name.clone(),
-            l.call.shape.clone(),
-            l.call.dtype.name(),
-        );
-        layer.module_type = Some(l.module_type.clone());
+        let mut layer = l.layer(index);
         let value = match mapping {
             LayerMapping::Unmapped { reason } => {
                 layer.reason = Some(reason.clone());

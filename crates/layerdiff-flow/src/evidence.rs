@@ -19,6 +19,20 @@ pub enum WeightCheck {
     LowerPrecision(String),
 }
 
+impl WeightCheck {
+    /// Adds what the check found to a layer's evidence: a different weight, or a lower
+    /// precision (the first one found stands).
+    pub fn record(self, evidence: &mut layerdiff_core::Evidence) {
+        match self {
+            Self::Differs(text) => evidence.weights.push(text),
+            Self::LowerPrecision(text) => {
+                evidence.precision.get_or_insert(text);
+            }
+            Self::Same => {}
+        }
+    }
+}
+
 /// Compares one weight of the two sides.
 pub fn check_weight(name: &str, reference: TensorView<'_>, target: TensorView<'_>) -> WeightCheck {
     let squeeze = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();

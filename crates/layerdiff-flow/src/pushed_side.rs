@@ -260,12 +260,8 @@ impl Recompute for PushedSide {
             }
         }
         for (name, parameter) in self.parameters.get(&index).into_iter().flatten() {
-            match check("", 0, name, parameter.view()) {
-                Some(WeightCheck::Differs(text)) => evidence.weights.push(text),
-                Some(WeightCheck::LowerPrecision(text)) => {
-                    evidence.precision.get_or_insert(text);
-                }
-                Some(WeightCheck::Same) | None => {}
+            if let Some(found) = check("", 0, name, parameter.view()) {
+                found.record(evidence);
             }
         }
     }

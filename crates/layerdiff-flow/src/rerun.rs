@@ -81,12 +81,8 @@ impl Recompute for GraphSide {
                 continue;
             };
             let node = &self.index.nodes()[node].name;
-            match check(node, position, &name, weight.view()) {
-                Some(WeightCheck::Differs(text)) => evidence.weights.push(text),
-                Some(WeightCheck::LowerPrecision(text)) => {
-                    evidence.precision.get_or_insert(text);
-                }
-                Some(WeightCheck::Same) | None => {}
+            if let Some(found) = check(node, position, &name, weight.view()) {
+                found.record(evidence);
             }
         }
     }

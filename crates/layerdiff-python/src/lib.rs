@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 
 use crate::captured::CapturedRun;
 use crate::exceptions::to_py_err;
-use crate::options::{GradCommand, Options, TorchCommand, parse_cli};
+use crate::options::{Command, Options, parse_cli};
 use crate::tensors::FlatTensor;
 
 /// A finished comparison. Drift is data: read `drift_origin`, render, or write it.
@@ -46,7 +46,7 @@ impl Report {
     fn deliver(
         &self,
         py: Python<'_>,
-        command: &Bound<'_, PyAny>,
+        command: &Command,
         inputs: Vec<FlatTensor<'_>>,
         seed: Option<u64>,
         notes: Vec<String>,
@@ -56,16 +56,7 @@ impl Report {
             .map(|t| Ok((t.name().to_string(), t.to_tensor()?)))
             .collect::<PyResult<Vec<_>>>()?;
         let report = self.0.clone();
-        let to = if let Ok(torch) = command.cast::<TorchCommand>() {
-            torch.get().args.report.destinations()
-        } else {
-            command
-                .cast::<GradCommand>()?
-                .get()
-                .args
-                .report
-                .destinations()
-        };
+        let to = command.report.destinations();
         let done = py
             .detach(|| output::deliver(report, &to, &inputs, seed, &notes, Stopwatch::default()))
             .map_err(to_py_err)?;
@@ -154,8 +145,7 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_cli, m)?)?;
     m.add_class::<CapturedRun>()?;
     m.add_class::<Options>()?;
-    m.add_class::<TorchCommand>()?;
-    m.add_class::<GradCommand>()?;
+    m.add_class::<Command>()?;
     m.add_function(wrap_pyfunction!(compare_tensors_json, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(model_inputs, m)?)?;

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use layerdiff_args::{GradArgs, Parsed, TorchArgs};
+use layerdiff_args::{Parsed, ReportArgs};
 use layerdiff_core::Tolerance;
 use layerdiff_flow::captured::check_options;
 use layerdiff_flow::torch_side::{TorchSpec, TorchTarget};
@@ -98,95 +98,61 @@ fn torch_dict<'py>(py: Python<'py>, spec: &TorchSpec) -> PyResult<Bound<'py, PyD
     Ok(d)
 }
 
-/// `layerdiff torch` as parsed from a command line.
+/// A verb that needs PyTorch (`torch`, `grad`) as parsed from a command line.
 #[pyclass(module = "layerdiff._layerdiff", frozen)]
-pub(crate) struct TorchCommand {
-    pub(crate) args: TorchArgs,
+pub(crate) struct Command {
+    model: String,
+    seed: u64,
+    pub(crate) report: ReportArgs,
     options: Options,
+    /// `torch`: the export path and a file to use instead.
+    exporter: Option<String>,
+    onnx: Option<PathBuf>,
+    /// `grad`: the loss.
+    loss: Option<String>,
 }
 
 #[pymethods]
-impl TorchCommand {
+impl Command {
     /// The model: a built-in name or a builder spec.
     #[getter]
     fn model(&self) -> String {
-        self.args.model.clone()
+        self.model.clone()
     }
     /// Seed of the model's weights and of generated inputs.
     #[getter]
     fn seed(&self) -> u64 {
-        self.args.seed
+        self.seed
     }
-    /// `dynamo` or `legacy`.
+    /// `torch`: `dynamo` or `legacy`.
     #[getter]
-    fn exporter(&self) -> String {
-        format!("{:?}", self.args.exporter).to_lowercase()
+    fn exporter(&self) -> Option<String> {
+        self.exporter.clone()
     }
-    /// An ONNX file to compare against instead of exporting one.
+    /// `torch`: an ONNX file to compare against instead of exporting one.
     #[getter]
     fn onnx(&self) -> Option<PathBuf> {
-        self.args.onnx.clone()
+        self.onnx.clone()
     }
-    /// The folder the reports (and the exported model) go to.
+    /// `grad`: `dot` or `sum`.
+    #[getter]
+    fn loss(&self) -> Option<String> {
+        self.loss.clone()
+    }
+    /// The folder the reports (and an exported model) go to.
     #[getter]
     fn out(&self) -> Option<PathBuf> {
-        self.args.report.out.clone()
+        self.report.out.clone()
     }
     /// Print nothing but errors.
     #[getter]
     fn quiet(&self) -> bool {
-        self.args.report.quiet
+        self.report.quiet
     }
     /// Measure and print where the time went.
     #[getter]
     fn timings(&self) -> bool {
-        self.args.report.timings
-    }
-    /// How the comparison runs.
-    #[getter]
-    fn options(&self) -> Options {
-        self.options.clone()
-    }
-}
-
-/// `layerdiff grad` as parsed from a command line.
-#[pyclass(module = "layerdiff._layerdiff", frozen)]
-pub(crate) struct GradCommand {
-    pub(crate) args: GradArgs,
-    options: Options,
-}
-
-#[pymethods]
-impl GradCommand {
-    /// The model: a built-in name or a builder spec.
-    #[getter]
-    fn model(&self) -> String {
-        self.args.model.clone()
-    }
-    /// Seed of the model's weights, generated inputs and the loss's tensor.
-    #[getter]
-    fn seed(&self) -> u64 {
-        self.args.seed
-    }
-    /// `dot` or `sum`.
-    #[getter]
-    fn loss(&self) -> String {
-        format!("{:?}", self.args.loss).to_lowercase()
-    }
-    /// The folder the reports go to.
-    #[getter]
-    fn out(&self) -> Option<PathBuf> {
-        self.args.report.out.clone()
-    }
-    /// Print nothing but errors.
-    #[getter]
-    fn quiet(&self) -> bool {
-        self.args.report.quiet
-    }
-    /// Measure and print where the time went.
-    #[getter]
-    fn timings(&self) -> bool {
-        self.args.report.timings
+        self.report.timings
     }
     /// How the comparison runs.
     #[getter]
@@ -223,34 +189,53 @@ pub(crate) fn parse_cli(
             )
         }
         Parsed::Torch(a) => {
-            let settings = a.settings();
-            if let Err(e) = check_options(&settings, &a.reference, &a.target, !a.no_float64) {
-                eprintln!("error: {}", layerdiff_flow::error_chain(&e));
-                return exit(2);
-            }
-            let options = Options {
-                settings,
-                reference: a.reference.clone(),
-                target: a.target.clone(),
-                float64: !a.no_float64,
+            let (target, settings) = (a.target.clone(), a.settings());
+            let command = Command {
+                model: a.model,
+                seed: a.seed,
+                options: Options {
+                    settings,
+                    reference: a.reference,
+                    target,
+                    float64: !a.no_float64,
+                },
+                report: a.report,
+                exporter: Some(format!("{:?}", a.exporter).to_lowercase()),
+                onnx: a.onnx,
+                loss: None,
             };
-            let command = TorchCommand { args: a, options };
-            Ok(("torch".to_string(), Py::new(py, command)?.into_any()))
+            checked(py, "torch", command)
         }
         Parsed::Grad(a) => {
-            let (settings, target) = (a.settings(), TorchTarget::Torch(a.target.clone()));
-            if let Err(e) = check_options(&settings, &a.reference, &target, !a.no_float64) {
-                eprintln!("error: {}", layerdiff_flow::error_chain(&e));
-                return exit(2);
-            }
-            let options = Options {
-                settings,
-                reference: a.reference.clone(),
-                target,
-                float64: !a.no_float64,
+            let settings = a.settings();
+            let command = Command {
+                model: a.model,
+                seed: a.seed,
+                options: Options {
+                    settings,
+                    reference: a.reference,
+                    target: TorchTarget::Torch(a.target),
+                    float64: !a.no_float64,
+                },
+                report: a.report,
+                exporter: None,
+                onnx: None,
+                loss: Some(format!("{:?}", a.loss).to_lowercase()),
             };
-            let command = GradCommand { args: a, options };
-            Ok(("grad".to_string(), Py::new(py, command)?.into_any()))
+            checked(py, "grad", command)
         }
     }
+}
+
+/// `(verb, command)`, or `("exit", 2)` with the message when its options do not fit together.
+fn checked(py: Python<'_>, verb: &str, command: Command) -> PyResult<(String, Py<PyAny>)> {
+    let o = &command.options;
+    if let Err(e) = check_options(&o.settings, &o.reference, &o.target, o.float64) {
+        eprintln!("error: {}", layerdiff_flow::error_chain(&e));
+        return Ok((
+            "exit".to_string(),
+            2u8.into_pyobject(py)?.into_any().unbind(),
+        ));
+    }
+    Ok((verb.to_string(), Py::new(py, command)?.into_any()))
 }
