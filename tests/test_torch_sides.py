@@ -171,6 +171,24 @@ def test_a_different_kernel_in_one_module_is_op_implementation(encoder, monkeypa
     assert "LayerNorm computes differently" in origin["detail"], origin["detail"]
 
 
+def test_a_bfloat16_kernel_bug_is_told_from_bfloat16_rounding(encoder, monkeypatch):
+    """In bfloat16 a layer may differ by its rounding (precision_loss); a Linear that drops its
+    bias differs by far more than bfloat16 explains: the kernel computes something else."""
+    model, inputs = encoder
+
+    def fault(copied):
+        linear = copied.layers[1].linear2
+        linear.forward = lambda x: torch.nn.functional.linear(x, linear.weight)
+
+    inject(monkeypatch, fault)
+    report = compare(model, inputs, "torch:bf16")
+    broken = layer(report, "layers.1.linear2")
+    assert broken["cause"] == "op_implementation", broken["detail"]
+    assert "ULPs of bfloat16" in broken["detail"] and "more than" in broken["detail"]
+    honest = [x for x in report["layers"] if x["cause"] and x["name"] != "layers.1.linear2"]
+    assert {x["cause"] for x in honest} <= {"precision_loss", "inherited"}
+
+
 class _Noisy(torch.nn.Module):
     """A layer that gives other bits each call (as atomics can on a GPU)."""
 
