@@ -9,11 +9,13 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use layerdiff_core::Tolerance;
 use layerdiff_flow::Settings;
+use layerdiff_flow::audit::{AuditDestinations, AuditOptions};
 use layerdiff_flow::inputs::InputPlan;
 use layerdiff_flow::onnx_flow::OnnxOptions;
 use layerdiff_flow::output::Destinations;
+use layerdiff_flow::providers::{ProvidersDestinations, ProvidersOptions};
 use layerdiff_flow::torch_side::{TorchSpec, TorchTarget};
-use layerdiff_runtime::RuntimeSpec;
+use layerdiff_runtime::{OptLevel, Provider, RuntimeSpec};
 
 /// layerdiff: find where numerical drift between two runtimes is born, and why.
 #[derive(Debug, Parser)]
@@ -35,6 +37,16 @@ pub enum Command {
     ///
     /// Exit code 0: no value exceeds the tolerance; 1: drift found; 2: layerdiff could not run.
     Onnx(OnnxArgs),
+    /// Run one ONNX model on every execution provider and optimization level, each against the
+    /// CPU provider with optimizations off, per layer: one table, one verdict per cell.
+    ///
+    /// Exit code 0: every cell that ran is clean; 1: a cell drifts; 2: none could run.
+    Providers(ProvidersArgs),
+    /// List the ops an ONNX model uses and, for each runtime, whether it can run each one
+    /// (tried as a single-node model with the model's own shapes and dtypes).
+    ///
+    /// Exit code 0: every runtime runs every op; 1: one does not; 2: layerdiff could not audit.
+    Audit(AuditArgs),
     /// Compare a PyTorch model's gradients (of every parameter and of the inputs, in backward
     /// order) on another device, precision or compiler against the model as given.
     ///
@@ -84,6 +96,192 @@ pub enum Loss {
     Sum,
 }
 
+/// How the inputs of an ONNX model are made: generated from a seed, or read from a file.
+#[derive(Debug, Clone, Args)]
+pub struct InputArgs {
+    /// Seed of the generated inputs.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Shape of one input, for dynamic dimensions: `--shape input_ids=1,128` (repeatable).
+    #[arg(long, value_name = "NAME=D,D,…", value_parser = shape_spec)]
+    pub shape: Vec<(String, Vec<usize>)>,
+    /// Size of dynamic leading (batch) dimensions.
+    #[arg(long, value_name = "N")]
+    pub batch: Option<usize>,
+    /// Inclusive range of generated integer inputs (token ids, indices).
+    #[arg(long, value_name = "LO,HI", default_value = "0,9", value_parser = int_range)]
+    pub int_range: (i64, i64),
+    /// Read the inputs from a file instead of generating them: safetensors, .npz, or an ONNX test
+    /// data folder (input_0.pb, …).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["shape", "batch"])]
+    pub inputs: Option<PathBuf>,
+}
+
+impl InputArgs {
+    /// How inputs are generated.
+    pub fn plan(&self) -> InputPlan {
+        InputPlan {
+            seed: self.seed,
+            shapes: self.shape.clone(),
+            batch: self.batch,
+            int_range: self.int_range,
+        }
+    }
+}
+
+/// Options of `layerdiff providers`.
+#[derive(Debug, Clone, Args)]
+pub struct ProvidersArgs {
+    /// The ONNX model.
+    pub model: PathBuf,
+    /// Execution providers to try (comma-separated: cpu, cuda, tensorrt, rocm, openvino,
+    /// coreml, directml). Default: all of them; those this ONNX Runtime or machine cannot use
+    /// are listed with the reason.
+    #[arg(long, value_delimiter = ',', value_parser = provider)]
+    pub providers: Vec<Provider>,
+    /// Graph optimization levels to try each provider at (comma-separated: disable, basic,
+    /// extended, all). Default: all four.
+    #[arg(long, value_delimiter = ',', value_parser = level)]
+    pub levels: Vec<OptLevel>,
+    /// The inputs, the same for every cell.
+    #[command(flatten)]
+    pub input: InputArgs,
+    /// Tolerance, as for `layerdiff onnx`.
+    #[arg(long, default_value = "dtype", value_parser = Tolerance::parse)]
+    pub tolerance: Tolerance,
+    /// Also run the reference graph in float64 in each cell (implied by `--tolerance auto`).
+    #[arg(long)]
+    pub float64: bool,
+    /// Skip the local error in each cell.
+    #[arg(long)]
+    pub no_local: bool,
+    /// Write providers.json, providers.md and each cell's whole report (cells/) into this folder.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Write the table as JSON here.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+    /// Write the table as Markdown here.
+    #[arg(long, value_name = "PATH")]
+    pub markdown: Option<PathBuf>,
+    /// Print nothing but errors; the exit code still tells the verdict.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+fn provider(s: &str) -> Result<Provider, String> {
+    Provider::ALL
+        .into_iter()
+        .find(|p| p.spelling() == s)
+        .ok_or_else(|| format!("unknown execution provider `{s}`"))
+}
+
+fn level(s: &str) -> Result<OptLevel, String> {
+    [
+        OptLevel::Disable,
+        OptLevel::Basic,
+        OptLevel::Extended,
+        OptLevel::All,
+    ]
+    .into_iter()
+    .find(|l| l.name() == s)
+    .ok_or_else(|| format!("unknown optimization level `{s}`"))
+}
+
+impl ProvidersArgs {
+    /// The options, as the engine takes them.
+    pub fn options(&self) -> ProvidersOptions {
+        let or_all = |given: &Vec<OptLevel>| {
+            if given.is_empty() {
+                vec![
+                    OptLevel::Disable,
+                    OptLevel::Basic,
+                    OptLevel::Extended,
+                    OptLevel::All,
+                ]
+            } else {
+                given.clone()
+            }
+        };
+        ProvidersOptions {
+            model: self.model.clone(),
+            providers: if self.providers.is_empty() {
+                Provider::ALL.to_vec()
+            } else {
+                self.providers.clone()
+            },
+            levels: or_all(&self.levels),
+            inputs: self.input.inputs.clone(),
+            generate: self.input.plan(),
+            settings: Settings {
+                tolerance: self.tolerance,
+                local: !self.no_local,
+                max_memory: None,
+            },
+            float64: self.float64 || self.tolerance == Tolerance::Auto,
+        }
+    }
+
+    /// Where the table goes.
+    pub fn destinations(&self) -> ProvidersDestinations {
+        let under = |name: &str| self.out.as_ref().map(|d| d.join(name));
+        ProvidersDestinations {
+            json: self.json.clone().or_else(|| under("providers.json")),
+            markdown: self.markdown.clone().or_else(|| under("providers.md")),
+            cells: under("cells"),
+            quiet: self.quiet,
+        }
+    }
+}
+
+/// Options of `layerdiff audit`.
+#[derive(Debug, Clone, Args)]
+pub struct AuditArgs {
+    /// The ONNX model.
+    pub model: PathBuf,
+    /// The runtimes to try each op on (comma-separated, spelled as for `layerdiff onnx`:
+    /// `ort`, `ort:cuda`, `tract`…).
+    #[arg(long, value_delimiter = ',', default_value = "ort,tract", value_parser = RuntimeSpec::parse)]
+    pub runtimes: Vec<RuntimeSpec>,
+    /// The inputs of the run that gives each op the values it reads.
+    #[command(flatten)]
+    pub input: InputArgs,
+    /// Write audit.json and audit.md into this folder.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Write the audit as JSON here.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+    /// Write the audit as Markdown here.
+    #[arg(long, value_name = "PATH")]
+    pub markdown: Option<PathBuf>,
+    /// Print nothing but errors; the exit code still tells the verdict.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+impl AuditArgs {
+    /// The options, as the engine takes them.
+    pub fn options(&self) -> AuditOptions {
+        AuditOptions {
+            model: self.model.clone(),
+            runtimes: self.runtimes.clone(),
+            inputs: self.input.inputs.clone(),
+            generate: self.input.plan(),
+        }
+    }
+
+    /// Where the audit goes.
+    pub fn destinations(&self) -> AuditDestinations {
+        let under = |name: &str| self.out.as_ref().map(|d| d.join(name));
+        AuditDestinations {
+            json: self.json.clone().or_else(|| under("audit.json")),
+            markdown: self.markdown.clone().or_else(|| under("audit.md")),
+            quiet: self.quiet,
+        }
+    }
+}
+
 /// Options of `layerdiff onnx`.
 #[derive(Debug, Clone, Args)]
 pub struct OnnxArgs {
@@ -103,22 +301,9 @@ pub struct OnnxArgs {
     /// compared, so the graph measured is the one that ships.
     #[arg(long, value_parser = RuntimeSpec::parse)]
     pub target: Option<RuntimeSpec>,
-    /// Seed of the generated inputs.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Shape of one input, for dynamic dimensions: `--shape input_ids=1,128` (repeatable).
-    #[arg(long, value_name = "NAME=D,D,…", value_parser = shape_spec)]
-    pub shape: Vec<(String, Vec<usize>)>,
-    /// Size of dynamic leading (batch) dimensions.
-    #[arg(long, value_name = "N")]
-    pub batch: Option<usize>,
-    /// Inclusive range of generated integer inputs (token ids, indices).
-    #[arg(long, value_name = "LO,HI", default_value = "0,9", value_parser = int_range)]
-    pub int_range: (i64, i64),
-    /// Read the inputs from a file instead of generating them: safetensors, .npz, or an ONNX test
-    /// data folder (input_0.pb, …).
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["shape", "batch"])]
-    pub inputs: Option<PathBuf>,
+    /// The inputs.
+    #[command(flatten)]
+    pub input: InputArgs,
     /// Tolerance, judged per element (exceeded when an element's difference is strictly
     /// greater): a number for every element, `dtype` (the default, by the lower-precision side:
     /// atol + rtol·|x| with float32 1e-4 + 1e-5, float16 5e-4 + 1e-3, bfloat16 4e-3 + 8e-3, so
@@ -291,6 +476,10 @@ pub enum Parsed {
     Onnx(OnnxArgs),
     /// Run `grad` with these options (the caller owns PyTorch).
     Grad(GradArgs),
+    /// Run `providers` with these options.
+    Providers(ProvidersArgs),
+    /// Run `audit` with these options.
+    Audit(AuditArgs),
     /// Parsing already did everything (help, version, a usage error): exit with this code.
     Exit(u8),
 }
@@ -307,6 +496,12 @@ pub fn parse(argv: Vec<OsString>) -> Parsed {
         Ok(Cli {
             command: Command::Grad(args),
         }) => Parsed::Grad(args),
+        Ok(Cli {
+            command: Command::Providers(args),
+        }) => Parsed::Providers(args),
+        Ok(Cli {
+            command: Command::Audit(args),
+        }) => Parsed::Audit(args),
         Err(err) => {
             let _ = err.print();
             Parsed::Exit(if err.use_stderr() { 2 } else { 0 })
@@ -335,13 +530,8 @@ impl OnnxArgs {
             vs: self.vs.clone(),
             reference: self.reference.clone(),
             target: self.target.clone(),
-            inputs: self.inputs.clone(),
-            generate: InputPlan {
-                seed: self.seed,
-                shapes: self.shape.clone(),
-                batch: self.batch,
-                int_range: self.int_range,
-            },
+            inputs: self.input.inputs.clone(),
+            generate: self.input.plan(),
             settings: Settings {
                 tolerance: self.tolerance,
                 local: !self.no_local,

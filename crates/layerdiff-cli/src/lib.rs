@@ -16,6 +16,16 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
             &args.report.destinations(),
             None,
         )),
+        Parsed::Providers(args) => ExitCode::from(layerdiff_flow::providers::run(
+            &args.options(),
+            &args.destinations(),
+            None,
+        )),
+        Parsed::Audit(args) => ExitCode::from(layerdiff_flow::audit::run(
+            &args.options(),
+            &args.destinations(),
+            None,
+        )),
         Parsed::Torch(_) | Parsed::Grad(_) => {
             eprintln!(
                 "error: this verb needs PyTorch, which lives in the Python package\n\

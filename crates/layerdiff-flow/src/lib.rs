@@ -8,6 +8,7 @@
 //! [`onnx_flow`] (one ONNX model on two runtimes, or two versions of a model) and
 //! [`captured`] (PyTorch's layers against the model's ONNX export).
 
+pub mod audit;
 pub mod captured;
 mod engine;
 mod error;
@@ -21,6 +22,7 @@ pub mod onnx_flow;
 pub mod output;
 mod pairs;
 mod plan;
+pub mod providers;
 mod pushed_side;
 mod rerun;
 pub mod shipped;

@@ -188,6 +188,16 @@ pub(crate) fn parse_cli(
                 py.detach(|| layerdiff_flow::onnx_flow::run(&options, &to, ort_library.as_deref())),
             )
         }
+        Parsed::Providers(a) => {
+            let (options, to) = (a.options(), a.destinations());
+            exit(
+                py.detach(|| layerdiff_flow::providers::run(&options, &to, ort_library.as_deref())),
+            )
+        }
+        Parsed::Audit(a) => {
+            let (options, to) = (a.options(), a.destinations());
+            exit(py.detach(|| layerdiff_flow::audit::run(&options, &to, ort_library.as_deref())))
+        }
         Parsed::Torch(a) => {
             let (target, settings) = (a.target.clone(), a.settings());
             let command = Command {

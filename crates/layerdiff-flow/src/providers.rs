@@ -1,0 +1,357 @@
+//! `layerdiff providers`: one ONNX model on every execution provider ONNX Runtime offers, at
+//! every graph optimization level, each against the CPU provider with optimizations off, per
+//! layer (an optimized graph is measured as it ships: values that survive optimization, and the
+//! outputs). One cell per provider and level, one verdict per cell, the origin of each failing
+//! cell; a provider this ONNX Runtime or machine cannot use is listed with the reason.
+//!
+//! Each cell is one `layerdiff onnx` comparison ([`crate::onnx_flow::compare`]) with the same
+//! inputs; its whole report can be kept beside the table.
+
+use std::path::{Path, PathBuf};
+
+use layerdiff_core::{InputInfo, Machine, Report, SideInfo, ToleranceInfo, render};
+use layerdiff_runtime::{OptLevel, Provider, RuntimeSpec};
+use serde::Serialize;
+
+use crate::inputs::InputPlan;
+use crate::onnx_flow::{OnnxOptions, compare};
+use crate::output::{exit_code, write_atomic};
+use crate::{Error, Result, Settings, error_chain};
+
+/// Schema of the providers table.
+pub const PROVIDERS_SCHEMA: &str = "layerdiff.providers/1";
+
+/// What `layerdiff providers` is asked to run.
+#[derive(Debug, Clone)]
+pub struct ProvidersOptions {
+    /// The model file.
+    pub model: PathBuf,
+    /// The providers to try, in order.
+    pub providers: Vec<Provider>,
+    /// The optimization levels to try each at.
+    pub levels: Vec<OptLevel>,
+    /// Inputs read from this file (`None`: generated).
+    pub inputs: Option<PathBuf>,
+    /// How inputs are generated.
+    pub generate: InputPlan,
+    /// Tolerance, local error, memory budget.
+    pub settings: Settings,
+    /// Whether each cell runs the reference graph in float64 as the truth.
+    pub float64: bool,
+}
+
+/// Where the table goes.
+#[derive(Debug, Clone, Default)]
+pub struct ProvidersDestinations {
+    /// The table as JSON.
+    pub json: Option<PathBuf>,
+    /// The table as Markdown.
+    pub markdown: Option<PathBuf>,
+    /// A folder for each cell's whole report (`ort-cuda-opt-all.json`…).
+    pub cells: Option<PathBuf>,
+    /// Print nothing but errors.
+    pub quiet: bool,
+}
+
+/// One provider at one optimization level.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cell {
+    /// ONNX Runtime's name for the provider (`CUDAExecutionProvider`).
+    pub provider: String,
+    /// The optimization level.
+    pub level: String,
+    /// The target as layerdiff spells it (`ort:cuda:opt=all`).
+    pub target: String,
+    /// `no_drift`, `drift`, `inconclusive`, `unavailable` or `error`.
+    pub verdict: String,
+    /// Why a cell is unavailable or failed, or what a clean or drifting cell's run was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Layers compared, of all.
+    pub layers_compared: usize,
+    /// Layers in the run.
+    pub layers_total: usize,
+    /// Layers whose difference exceeds their tolerance.
+    pub layers_exceeding: usize,
+    /// Where drift is born, and its cause.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drift_origin: Option<String>,
+    /// The origin's cause.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
+    /// The largest difference of any layer.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "render::float_opt"
+    )]
+    pub max_abs_diff: Option<f64>,
+    /// Which provider ran how many nodes, where ONNX Runtime's profile says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement: Option<String>,
+}
+
+/// The whole table.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProvidersReport {
+    /// [`PROVIDERS_SCHEMA`].
+    pub schema: &'static str,
+    /// The model file's name.
+    pub model: String,
+    /// What every cell is measured against.
+    pub reference: String,
+    /// The tolerance policy every cell uses.
+    pub tolerance: ToleranceInfo,
+    /// The inputs every cell is given.
+    pub inputs: Vec<InputInfo>,
+    /// Provider by provider, level by level.
+    pub cells: Vec<Cell>,
+    /// The machine.
+    pub machine: Machine,
+}
+
+impl ProvidersReport {
+    /// The exit code: 0 when every cell that ran is clean, 1 when one drifts (or is
+    /// inconclusive), 2 when none could run.
+    pub fn exit_code(&self) -> u8 {
+        let ran = |c: &&Cell| !matches!(c.verdict.as_str(), "unavailable" | "error");
+        if !self.cells.iter().any(|c| ran(&c)) {
+            return 2;
+        }
+        u8::from(
+            self.cells
+                .iter()
+                .any(|c| matches!(c.verdict.as_str(), "drift" | "inconclusive")),
+        )
+    }
+}
+
+/// Runs every cell (ONNX Runtime from `ort_library`, else found).
+pub fn providers(
+    options: &ProvidersOptions,
+    to: &ProvidersDestinations,
+    ort_library: Option<&Path>,
+) -> Result<ProvidersReport> {
+    let mut table = ProvidersReport {
+        schema: PROVIDERS_SCHEMA,
+        model: options
+            .model
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+        reference: RuntimeSpec::ort_cpu().spelling(),
+        tolerance: options.settings.tolerance.info(),
+        inputs: Vec::new(),
+        cells: Vec::new(),
+        machine: Machine::this(),
+    };
+    for &provider in &options.providers {
+        'levels: for &level in &options.levels {
+            let target = RuntimeSpec::Ort(provider, level, Vec::new());
+            let run = OnnxOptions {
+                model: options.model.clone(),
+                vs: None,
+                reference: RuntimeSpec::ort_cpu(),
+                target: Some(target.clone()),
+                inputs: options.inputs.clone(),
+                generate: options.generate.clone(),
+                settings: options.settings.clone(),
+                float64: options.float64,
+            };
+            let mut cell = Cell {
+                provider: provider.ort_name().to_string(),
+                level: level.name().to_string(),
+                target: target.spelling(),
+                verdict: String::new(),
+                reason: None,
+                layers_compared: 0,
+                layers_total: 0,
+                layers_exceeding: 0,
+                drift_origin: None,
+                cause: None,
+                max_abs_diff: None,
+                placement: None,
+            };
+            match compare(&run, ort_library) {
+                Ok(outcome) => {
+                    if table.inputs.is_empty() {
+                        table.inputs = outcome.report.inputs.clone();
+                    }
+                    fill(&mut cell, &outcome.report);
+                    if let Some(folder) = &to.cells {
+                        let name = cell.target.replace([':', '='], "-");
+                        let path = folder.join(format!("{name}.json"));
+                        write_atomic(&path, render::to_json(&outcome.report).as_bytes())
+                            .map_err(|source| Error::Write { path, source })?;
+                    }
+                }
+                // The provider itself is missing: one cell says so for all its levels.
+                Err(Error::Runtime(e @ layerdiff_runtime::Error::ProviderUnavailable { .. })) => {
+                    cell.verdict = "unavailable".to_string();
+                    cell.reason = Some(e.to_string());
+                    cell.level = "any".to_string();
+                    cell.target =
+                        RuntimeSpec::Ort(provider, OptLevel::Disable, Vec::new()).spelling();
+                    table.cells.push(cell);
+                    break 'levels;
+                }
+                // Inputs or the model itself: no cell can run; say so once.
+                Err(e @ (Error::Inputs(_) | Error::Onnx(_) | Error::Expected(_))) => {
+                    return Err(e);
+                }
+                Err(e) => {
+                    cell.verdict = "error".to_string();
+                    cell.reason = Some(error_chain(&e));
+                }
+            }
+            table.cells.push(cell);
+        }
+    }
+    Ok(table)
+}
+
+/// A cell's entries from its report.
+fn fill(cell: &mut Cell, report: &Report) {
+    let s = &report.summary;
+    cell.verdict = match (exit_code(report), &s.inconclusive) {
+        (0, _) => "no_drift",
+        (_, Some(_)) if s.drift_origin.is_none() => "inconclusive",
+        _ => "drift",
+    }
+    .to_string();
+    cell.reason = s.inconclusive.clone().or_else(|| {
+        report.target_graph.as_ref().map(|g| {
+            format!(
+                "measured in the graph ONNX Runtime optimized: {}",
+                g.describe()
+            )
+        })
+    });
+    cell.layers_compared = s.layers_compared;
+    cell.layers_total = s.layers_total;
+    cell.layers_exceeding = s.layers_exceeding;
+    cell.drift_origin = s.drift_origin.clone();
+    cell.cause = s.drift_origin.as_ref().and_then(|origin| {
+        let layer = report.layers.iter().find(|l| &l.name == origin)?;
+        layer.cause.clone()
+    });
+    cell.max_abs_diff = s.worst.max_abs_diff.as_ref().map(|w| w.value);
+    cell.placement = target_placement(&report.target);
+}
+
+fn target_placement(target: &SideInfo) -> Option<String> {
+    target.placement_text()
+}
+
+/// The table as text: one line per cell.
+pub fn to_text(table: &ProvidersReport) -> String {
+    let n = table.cells.len();
+    let mut out = format!(
+        "{}: {n} cell{} against {} ({})\n",
+        table.model,
+        if n == 1 { "" } else { "s" },
+        table.reference,
+        table.tolerance.describe()
+    );
+    for c in &table.cells {
+        out.push_str(&format!("  {:<24} {}\n", c.target, cell_words(c)));
+    }
+    out
+}
+
+/// A cell in words: its verdict with what backs it.
+fn cell_words(c: &Cell) -> String {
+    match c.verdict.as_str() {
+        "no_drift" => format!(
+            "no drift: {} of {} layers compared, largest max abs diff {:.3e}",
+            c.layers_compared,
+            c.layers_total,
+            c.max_abs_diff.unwrap_or(0.0)
+        ),
+        "drift" => format!(
+            "drift: {} of {} compared layers exceed; born at `{}` ({})",
+            c.layers_exceeding,
+            c.layers_compared,
+            c.drift_origin.as_deref().unwrap_or("?"),
+            c.cause.as_deref().unwrap_or("no cause")
+        ),
+        other => format!("{other}: {}", c.reason.as_deref().unwrap_or("")),
+    }
+}
+
+/// The table as Markdown.
+pub fn to_markdown(table: &ProvidersReport) -> String {
+    let mut out = format!(
+        "# layerdiff providers: {}\n\nEvery cell against `{}`, tolerance {}.\n\n| target | verdict | compared | exceeding | origin | cause | max abs diff | where nodes ran |\n|---|---|---|---|---|---|---|---|\n",
+        table.model,
+        table.reference,
+        table.tolerance.describe()
+    );
+    for c in &table.cells {
+        let ran = !matches!(c.verdict.as_str(), "unavailable" | "error");
+        let or_dash = |s: Option<String>| s.unwrap_or_else(|| "–".to_string());
+        out.push_str(&format!(
+            "| `{}` | {} | {} | {} | {} | {} | {} | {} |\n",
+            c.target,
+            if ran {
+                c.verdict.replace('_', " ")
+            } else {
+                format!(
+                    "{}: {}",
+                    c.verdict,
+                    c.reason.as_deref().unwrap_or("").replace('|', "\\|")
+                )
+            },
+            if ran {
+                format!("{} / {}", c.layers_compared, c.layers_total)
+            } else {
+                "–".to_string()
+            },
+            if ran {
+                c.layers_exceeding.to_string()
+            } else {
+                "–".to_string()
+            },
+            or_dash(c.drift_origin.as_ref().map(|o| format!("`{o}`"))),
+            or_dash(c.cause.clone()),
+            or_dash(c.max_abs_diff.map(|d| format!("{d:.3e}"))),
+            or_dash(c.placement.clone()),
+        ));
+    }
+    out
+}
+
+/// Runs the `providers` verb: the table to stdout and to the destinations; returns the exit
+/// code (0 every cell clean, 1 a cell drifts, 2 none could run or layerdiff could not).
+pub fn run(
+    options: &ProvidersOptions,
+    to: &ProvidersDestinations,
+    ort_library: Option<&Path>,
+) -> u8 {
+    let done = providers(options, to, ort_library).and_then(|table| {
+        let json = render::to_json_value(&table);
+        for (path, text) in [(&to.json, json), (&to.markdown, to_markdown(&table))] {
+            if let Some(path) = path {
+                write_atomic(path, text.as_bytes()).map_err(|source| Error::Write {
+                    path: path.clone(),
+                    source,
+                })?;
+            }
+        }
+        if !to.quiet {
+            print!("{}", to_text(&table));
+        }
+        Ok(table)
+    });
+    match done {
+        Ok(table) => {
+            let code = table.exit_code();
+            if code == 2 {
+                eprintln!("error: no provider could run the model (see each cell's reason)");
+            }
+            code
+        }
+        Err(err) => {
+            eprintln!("error: {}", error_chain(&err));
+            2
+        }
+    }
+}
