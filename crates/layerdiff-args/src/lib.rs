@@ -155,18 +155,10 @@ pub struct ProvidersArgs {
     /// Skip the local error in each cell.
     #[arg(long)]
     pub no_local: bool,
-    /// Write providers.json, providers.md and each cell's whole report (cells/) into this folder.
-    #[arg(long, value_name = "DIR")]
-    pub out: Option<PathBuf>,
-    /// Write the table as JSON here.
-    #[arg(long, value_name = "PATH")]
-    pub json: Option<PathBuf>,
-    /// Write the table as Markdown here.
-    #[arg(long, value_name = "PATH")]
-    pub markdown: Option<PathBuf>,
-    /// Print nothing but errors; the exit code still tells the verdict.
-    #[arg(long, short)]
-    pub quiet: bool,
+    /// Where the table goes (`--out DIR`: providers.json, providers.md and each cell's whole
+    /// report under cells/).
+    #[command(flatten)]
+    pub table: TableArgs,
 }
 
 fn provider(s: &str) -> Result<Provider, String> {
@@ -224,13 +216,41 @@ impl ProvidersArgs {
 
     /// Where the table goes.
     pub fn destinations(&self) -> ProvidersDestinations {
-        let under = |name: &str| self.out.as_ref().map(|d| d.join(name));
+        let (json, markdown) = self.table.paths("providers");
         ProvidersDestinations {
-            json: self.json.clone().or_else(|| under("providers.json")),
-            markdown: self.markdown.clone().or_else(|| under("providers.md")),
-            cells: under("cells"),
-            quiet: self.quiet,
+            json,
+            markdown,
+            cells: self.table.out.as_ref().map(|d| d.join("cells")),
+            quiet: self.table.quiet,
         }
+    }
+}
+
+/// Where a table (`providers`, `audit`) goes.
+#[derive(Debug, Clone, Args)]
+pub struct TableArgs {
+    /// Write NAME.json and NAME.md into this folder.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Write the JSON here.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+    /// Write the Markdown here.
+    #[arg(long, value_name = "PATH")]
+    pub markdown: Option<PathBuf>,
+    /// Print nothing but errors; the exit code still tells the verdict.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+impl TableArgs {
+    /// The JSON and Markdown paths: given, else `--out`/NAME.json and NAME.md.
+    fn paths(&self, name: &str) -> (Option<PathBuf>, Option<PathBuf>) {
+        let under = |ext: &str| self.out.as_ref().map(|d| d.join(format!("{name}.{ext}")));
+        (
+            self.json.clone().or_else(|| under("json")),
+            self.markdown.clone().or_else(|| under("md")),
+        )
     }
 }
 
@@ -246,18 +266,9 @@ pub struct AuditArgs {
     /// The inputs of the run that gives each op the values it reads.
     #[command(flatten)]
     pub input: InputArgs,
-    /// Write audit.json and audit.md into this folder.
-    #[arg(long, value_name = "DIR")]
-    pub out: Option<PathBuf>,
-    /// Write the audit as JSON here.
-    #[arg(long, value_name = "PATH")]
-    pub json: Option<PathBuf>,
-    /// Write the audit as Markdown here.
-    #[arg(long, value_name = "PATH")]
-    pub markdown: Option<PathBuf>,
-    /// Print nothing but errors; the exit code still tells the verdict.
-    #[arg(long, short)]
-    pub quiet: bool,
+    /// Where the audit goes (`--out DIR`: audit.json and audit.md).
+    #[command(flatten)]
+    pub table: TableArgs,
 }
 
 impl AuditArgs {
@@ -273,11 +284,11 @@ impl AuditArgs {
 
     /// Where the audit goes.
     pub fn destinations(&self) -> AuditDestinations {
-        let under = |name: &str| self.out.as_ref().map(|d| d.join(name));
+        let (json, markdown) = self.table.paths("audit");
         AuditDestinations {
-            json: self.json.clone().or_else(|| under("audit.json")),
-            markdown: self.markdown.clone().or_else(|| under("audit.md")),
-            quiet: self.quiet,
+            json,
+            markdown,
+            quiet: self.table.quiet,
         }
     }
 }

@@ -69,6 +69,15 @@ pub struct Evidence {
 }
 
 impl Evidence {
+    /// The target's ops in the group, for a sentence (`Conv → Relu`; `nodes` when unknown).
+    fn ops_words(&self) -> String {
+        if self.ops.is_empty() {
+            "nodes".to_string()
+        } else {
+            self.ops.join(" → ")
+        }
+    }
+
     /// What the two values of an exceeding layer show by themselves: a layout permutation, or
     /// target values on a lower-precision grid.
     pub fn from_values(layer: &Layer, reference: TensorView<'_>, target: TensorView<'_>) -> Self {
@@ -178,11 +187,7 @@ fn decide(
         .filter(|t| DType::from_name(&layer.dtype).is_ok_and(|r| t.narrower_than(r)));
     if let Some(t) = lower {
         if let Some(ulps) = beyond_precision(layer, t) {
-            let ops = if e.ops.is_empty() {
-                "nodes".to_string()
-            } else {
-                e.ops.join(" → ")
-            };
+            let ops = e.ops_words();
             return (
                 "op_implementation",
                 format!(
@@ -254,11 +259,7 @@ fn decide(
         );
     }
     if let Some(local) = &layer.local {
-        let ops = if e.ops.is_empty() {
-            "nodes".to_string()
-        } else {
-            e.ops.join(" → ")
-        };
+        let ops = e.ops_words();
         return (
             "op_implementation",
             format!(

@@ -12,7 +12,7 @@ use layerdiff_runtime::RuntimeSpec;
 use serde::Serialize;
 
 use crate::inputs::{InputPlan, check_inputs, generate_inputs, read_inputs};
-use crate::output::write_atomic;
+use crate::output::write_texts;
 use crate::{Error, Result, error_chain};
 
 /// Schema of the audit.
@@ -417,17 +417,10 @@ pub struct AuditDestinations {
 /// 2 layerdiff could not audit the model).
 pub fn run(options: &AuditOptions, to: &AuditDestinations, ort_library: Option<&Path>) -> u8 {
     let done = audit(options, ort_library).and_then(|report| {
-        for (path, text) in [
+        write_texts(&[
             (&to.json, render::to_json_value(&report)),
             (&to.markdown, to_markdown(&report)),
-        ] {
-            if let Some(path) = path {
-                write_atomic(path, text.as_bytes()).map_err(|source| Error::Write {
-                    path: path.clone(),
-                    source,
-                })?;
-            }
-        }
+        ])?;
         if !to.quiet {
             print!("{}", to_text(&report));
         }

@@ -77,6 +77,19 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
+/// Writes each `(path, text)` whose path is given, atomically.
+pub fn write_texts(texts: &[(&Option<PathBuf>, String)]) -> Result<()> {
+    for (path, text) in texts {
+        if let Some(path) = path {
+            write_atomic(path, text.as_bytes()).map_err(|source| Error::Write {
+                path: path.clone(),
+                source,
+            })?;
+        }
+    }
+    Ok(())
+}
+
 /// Writes the JSON and/or Markdown renderings; returns the paths written.
 pub fn write_reports(
     report: &Report,

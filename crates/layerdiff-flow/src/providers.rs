@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use crate::inputs::InputPlan;
 use crate::onnx_flow::{OnnxOptions, compare};
-use crate::output::{exit_code, write_atomic};
+use crate::output::{exit_code, write_atomic, write_texts};
 use crate::{Error, Result, Settings, error_chain};
 
 /// Schema of the providers table.
@@ -327,15 +327,10 @@ pub fn run(
     ort_library: Option<&Path>,
 ) -> u8 {
     let done = providers(options, to, ort_library).and_then(|table| {
-        let json = render::to_json_value(&table);
-        for (path, text) in [(&to.json, json), (&to.markdown, to_markdown(&table))] {
-            if let Some(path) = path {
-                write_atomic(path, text.as_bytes()).map_err(|source| Error::Write {
-                    path: path.clone(),
-                    source,
-                })?;
-            }
-        }
+        write_texts(&[
+            (&to.json, render::to_json_value(&table)),
+            (&to.markdown, to_markdown(&table)),
+        ])?;
         if !to.quiet {
             print!("{}", to_text(&table));
         }
