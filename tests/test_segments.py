@@ -148,3 +148,37 @@ def test_a_weight_fault_is_found_from_pytorch_in_segments(decoder_onnx, tmp_path
     later = [x for x in report["layers"][origin["index"] + 1 :] if x["exceeds_tol"]]
     assert later and all(x["cause"] == "inherited" for x in later if not x["local_exceeds"])
     assert result.returncode == 1
+
+
+def test_float16_on_the_cpu_provider_in_segments_says_it_may_round_otherwise(tmp_path):
+    """ONNX Runtime's CPU provider computes float16 nodes it has no float16 kernel for in
+    float32, with casts it places for each graph it is given: a segment may round a value
+    differently from the whole run (ViT-B/16 in float16 did), so such a run says so."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, weights, last = [], [], "x"
+    for i in range(6):
+        w = f"w{i}"
+        weights.append(numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float16), w))
+        nodes.append(helper.make_node("MatMul", [last, w], [f"m{i}"]))
+        nodes.append(helper.make_node("Erf", [f"m{i}"], [f"y{i}" if i < 5 else "y"]))
+        last = f"y{i}"
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [4, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [4, 16])],
+        weights,
+    )
+    path = tmp_path / "half.onnx"
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
+    onnx.save(model, str(path))
+    out = tmp_path / "r.json"
+    result = run_cli("onnx", str(path), "--target", "ort", "--max-memory", "1K", "--json", str(out))
+    assert result.returncode in (0, 1), result.stderr
+    warnings = json.loads(out.read_text())["summary"]["warnings"]
+    assert any("CPUExecutionProvider on float16 values" in w for w in warnings), warnings
+    whole = run_cli("onnx", str(path), "--target", "ort", "--json", str(out))
+    assert "on float16 values" not in whole.stdout, "a whole run owes nothing"

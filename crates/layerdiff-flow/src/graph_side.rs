@@ -189,7 +189,20 @@ impl Side for GraphSide {
     }
 
     fn kernels_per_graph(&self) -> Option<&'static str> {
-        self.runtime.kernels_per_graph()
+        const FLOAT16: i32 = 10;
+        const BFLOAT16: i32 = 16;
+        let half = || {
+            self.index.nodes().iter().any(|n| {
+                n.outputs
+                    .iter()
+                    .any(|o| matches!(self.index.elem_type(o), Some(FLOAT16 | BFLOAT16)))
+            })
+        };
+        self.runtime.kernels_per_graph().or_else(|| {
+            (self.runtime.casts_half_per_graph() && half()).then_some(
+                "CPUExecutionProvider on float16 values (it computes nodes without a float16 kernel in float32, with casts it places for each graph)",
+            )
+        })
     }
 
     fn rewrites(&self) -> Option<String> {

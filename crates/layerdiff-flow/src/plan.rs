@@ -243,20 +243,41 @@ pub fn plan(
         running += delta[p];
         *slot = running.max(0) as u64;
     }
+    // A local re-run is fed from the reference's values of its group's inputs, which the
+    // reference's node order may put after the layer (two files order their nodes
+    // differently): no segment may end between a layer and the last of those.
+    let made_at: HashMap<&str, usize> = held
+        .iter()
+        .filter(|h| h.side == Side::Reference)
+        .map(|h| (h.name.as_str(), h.produced))
+        .collect();
+    let mut feeds_until = vec![0usize; positions + 1];
+    for (layer, &at) in layers.iter().zip(&position) {
+        for input in layer.local_inputs {
+            let made = reference_of
+                .get(input.as_str())
+                .and_then(|v| made_at.get(v))
+                .copied()
+                .unwrap_or(0);
+            feeds_until[at] = feeds_until[at].max(made);
+        }
+    }
     // A runtime's buffers and our copies of a segment's values overlap by one value at most, but
     // a segment's internal values live in the runtime too: count what it produces twice.
     let cost = |start: usize, made: u64| entering[start] + 2 * made;
     let mut bounds: Vec<Range<usize>> = Vec::new();
-    let (mut start, mut made) = (0usize, 0u64);
+    let (mut start, mut made, mut reach) = (0usize, 0u64, 0usize);
     for (p, &add) in produced.iter().enumerate().take(positions) {
         if let Some(budget) = budget
             && p > start
+            && reach < p
             && cost(start, made + add) > budget
         {
             bounds.push(start..p);
             (start, made) = (p, 0);
         }
         made += add;
+        reach = reach.max(feeds_until[p]);
     }
     bounds.push(start..positions);
     let peak_bytes = bounds

@@ -40,12 +40,18 @@ fn chain() -> (GraphIndex, Vec<(String, Tensor)>) {
 }
 
 fn planned(budget: Option<u64>) -> Plan {
+    planned_with(budget, &[])
+}
+
+/// The chain's plan, with some layers' local inputs replaced (`(layer, inputs)`).
+fn planned_with(budget: Option<u64>, replaced: &[(usize, &[&str])]) -> Plan {
     let (index, inputs) = chain();
     let names: Vec<String> = (0..6).map(|i| format!("v{i}")).collect();
     let local: Vec<Vec<String>> = (0..6)
-        .map(|i| match i {
-            0 => vec!["x".to_string()],
-            5 => vec!["v4".to_string(), "v0".to_string()],
+        .map(|i| match (i, replaced.iter().find(|(at, _)| *at == i)) {
+            (_, Some((_, given))) => given.iter().map(|s| s.to_string()).collect(),
+            (0, None) => vec!["x".to_string()],
+            (5, None) => vec!["v4".to_string(), "v0".to_string()],
             _ => vec![format!("v{}", i - 1)],
         })
         .collect();
@@ -117,4 +123,21 @@ fn a_budget_splits_the_run_and_frees_each_value_after_its_last_use() {
 fn a_node_larger_than_the_budget_still_runs_alone() {
     let plan = planned(Some(1));
     assert_eq!(plan.segments.len(), 6);
+}
+
+#[test]
+fn a_local_re_run_fed_from_a_value_the_reference_makes_later_shares_its_segment() {
+    // Two files may order their nodes differently: the target's group for layer 2 reads the
+    // value the reference produces at position 4 (ViT's scale Cast after its Div, in a
+    // float16 file against its float32 one). A boundary between them would leave the re-run
+    // without it, so a segmented run would differ from the whole one.
+    let plan = planned_with(Some(1), &[(2, &["v4"])]);
+    let holding = plan
+        .segments
+        .iter()
+        .find(|s| s.layers.contains(&2))
+        .expect("layer 2 is compared");
+    assert!(holding.layers.contains(&4), "{:?}", plan.segments);
+    assert!(holding.reference.outputs.contains(&"v4".to_string()));
+    assert_eq!(plan.segments.len(), 4, "still split wherever it can be");
 }

@@ -51,6 +51,12 @@ pub trait Runtime {
     fn kernels_per_graph(&self) -> Option<&'static str> {
         None
     }
+    /// Whether it computes float16 and bfloat16 nodes it has no kernel for in float32, through
+    /// casts it places for each graph it is given (ONNX Runtime's CPU provider), so a segment of
+    /// a float16 graph may round a value differently from the whole graph.
+    fn casts_half_per_graph(&self) -> bool {
+        false
+    }
     /// Whether this runtime rewrites a model before running it (ONNX Runtime above
     /// `opt=disable`), so that exposing values for comparison changes what it runs.
     fn rewrites(&self) -> bool {

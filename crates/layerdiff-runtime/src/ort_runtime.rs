@@ -366,6 +366,10 @@ impl Runtime for OrtRuntime {
         (self.provider != Provider::Cpu).then(|| self.provider.ort_name())
     }
 
+    fn casts_half_per_graph(&self) -> bool {
+        self.provider == Provider::Cpu
+    }
+
     fn rewrites(&self) -> bool {
         self.opt_level != OptLevel::Disable
     }
