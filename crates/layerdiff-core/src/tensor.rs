@@ -67,6 +67,25 @@ impl<'a> TensorView<'a> {
         }
     }
 
+    /// The largest finite magnitude (0 for none), decoded in parallel runs.
+    pub fn max_abs(&self) -> f64 {
+        /// Elements decoded at once.
+        const RUN: usize = 1 << 12;
+        let size = self.dtype.size();
+        self.bytes
+            .par_chunks(RUN * size)
+            .map(|run| {
+                let mut decoded = vec![0.0; run.len() / size];
+                self.dtype.decode_f64(run, &mut decoded);
+                decoded
+                    .iter()
+                    .map(|v| v.abs())
+                    .filter(|v| v.is_finite())
+                    .fold(0.0, f64::max)
+            })
+            .reduce(|| 0.0, f64::max)
+    }
+
     /// The element at flat index `i`, widened to f64.
     pub fn get_f64(&self, i: usize) -> f64 {
         let size = self.dtype.size();

@@ -423,6 +423,12 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                 let (true, Some(Ok(group))) = (summary.needs_cause(layer), &self.groups[i]) else {
                     continue;
                 };
+                // Its own error within tolerance, and not the origin: it inherited its error,
+                // whatever its group shows (explain's first rule), so its weights are not read.
+                let origin = summary.drift_origin.as_deref() == Some(layer.name.as_str());
+                if layer.local.is_some() && !layer.local_exceeds && !origin {
+                    continue;
+                }
                 let e = &mut self.evidence[i];
                 e.attributes = self
                     .reference

@@ -316,7 +316,7 @@ fn parameter_check(
         } else {
             format!(" (PyTorch `{n}`, matched by shape)")
         };
-        match check_weight(name, parameter.view(), weight) {
+        match check_weight(name, parameter.view(), weight, true) {
             WeightCheck::Same => return Some(WeightCheck::Same),
             WeightCheck::Differs(text) => {
                 outcome.get_or_insert(WeightCheck::Differs(text + &by_shape));
