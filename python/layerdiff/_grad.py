@@ -88,11 +88,16 @@ def compare_gradients(
     )
 
     with cuda_math(ref_side, tgt_side):
-        ref = _gradients(model, inputs, ref_side, cotangent)
-        tgt = _gradients(model, inputs, tgt_side, cotangent)
+        ref = _side_gradients(model, inputs, ref_side, cotangent, "the reference")
+        tgt = _side_gradients(model, inputs, tgt_side, cotangent, "the target")
     if not ref.order:
         raise _layerdiff.InputError("the model has no parameter or input that takes a gradient")
-    truth = _float64_gradients(model, inputs, cotangent) if options.float64 else None
+    truth, lost = None, None
+    if options.float64:
+        try:
+            truth = _float64_gradients(model, inputs, cotangent)
+        except Exception as e:  # compared without it, and said so
+            lost = f"no float64 truth: the float64 copy failed ({type(e).__name__}: {e})"
     missing = [n for n in ref.order if n not in tgt.grads]
     if missing:
         raise _layerdiff.InputError(
@@ -153,6 +158,8 @@ def compare_gradients(
         {i: [flat(k, tgt.parameters[k])] for i in needed if (k := ref.order[i]) in tgt.parameters},
     )
     report = Report(native, inputs=given)
+    if lost:
+        report.notes.append(lost)
     between = _born_between(model, report, owners)
     if between:
         report.notes.append(between)
@@ -195,6 +202,18 @@ def _born_between(model, report: Report, owners: dict) -> str | None:
         f"backward order, which agrees: the difference is born in the backward of "
         f"{', '.join(leaves[:5])}"
     )
+
+
+def _side_gradients(model, inputs, side: TorchSide, cotangent, which: str) -> _Gradients:
+    """`_gradients`, with the side's own failure said as bad input, naming the side."""
+    try:
+        return _gradients(model, inputs, side, cotangent)
+    except _layerdiff.LayerdiffError:
+        raise
+    except Exception as e:
+        raise _layerdiff.InputError(
+            f"{which} `{side.spelling}` could not compute the gradients: {type(e).__name__}: {e}"
+        ) from e
 
 
 def _gradients(model, inputs, side: TorchSide, cotangent) -> _Gradients:

@@ -259,6 +259,14 @@ impl Summary {
             || layer.local_exceeds
             || self.drift_origin.as_deref() == Some(layer.name.as_str())
     }
+
+    /// Whether the cause of `layer` reads the evidence of its group (ops, precision, weights):
+    /// it needs a cause and did not merely inherit its error (its own error measured and within
+    /// tolerance, and not the origin: `inherited`, whatever the group shows).
+    pub fn needs_evidence(&self, layer: &Layer) -> bool {
+        let origin = self.drift_origin.as_deref() == Some(layer.name.as_str());
+        self.needs_cause(layer) && (origin || layer.local.is_none() || layer.local_exceeds)
+    }
 }
 
 /// The extremes across compared layers.

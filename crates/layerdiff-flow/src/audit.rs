@@ -267,13 +267,17 @@ pub fn audit(options: &AuditOptions, ort_library: Option<&Path>) -> Result<Audit
 }
 
 /// The values `wanted` from a run of the whole model, on ONNX Runtime's CPU provider or else
-/// tract, and which of them ran it.
+/// tract, and which of them ran it (none when nothing is wanted).
 fn whole_run(
     model: &Model,
     inputs: &[(String, Tensor)],
     wanted: &[String],
     ort_library: Option<&Path>,
 ) -> Result<(Vec<(String, Tensor)>, String)> {
+    if wanted.is_empty() {
+        // Every op reads only the model's inputs and weights: nothing to run.
+        return Ok((Vec::new(), "the model's own inputs".to_string()));
+    }
     let mut exposed = model.clone();
     expose_values(&mut exposed, wanted)?;
     let mut failures = Vec::new();
@@ -300,19 +304,33 @@ pub fn to_text(report: &AuditReport) -> String {
         .map(|o| format!("{} {}", o.domain, o.version))
         .collect();
     let failing = report.ops.iter().filter(|o| uncovered(o)).count();
+    let untried = report
+        .ops
+        .iter()
+        .filter(|o| o.support.iter().any(|s| s.status == "untested"))
+        .count();
+    let verdict = match (failing, untried) {
+        (0, 0) => "every runtime runs every op".to_string(),
+        (0, n) => format!(
+            "every runtime runs every op it was tried on; {n} op(s) could not be tried alone"
+        ),
+        (f, 0) => format!("{f} op(s) that some runtime cannot run"),
+        (f, n) => {
+            format!("{f} op(s) that some runtime cannot run; {n} op(s) could not be tried alone")
+        }
+    };
     let mut out = format!(
-        "{}: {} ops (opsets: {}; IR version {}), tried on {} with the values they read in a run on {}: {}\n",
+        "{}: {} ops (opsets: {}; IR version {}), tried on {} with the values they read in {}: {verdict}\n",
         report.model,
         report.ops.len(),
         opsets.join(", "),
         report.ir_version,
         report.runtimes.join(", "),
-        report.inputs_from,
-        if failing == 0 {
-            "every runtime runs every op".to_string()
+        if report.inputs_from.starts_with("the model") {
+            report.inputs_from.clone()
         } else {
-            format!("{failing} op(s) that some runtime cannot run")
-        }
+            format!("a run on {}", report.inputs_from)
+        },
     );
     let width = report
         .ops
@@ -363,7 +381,7 @@ pub fn to_text(report: &AuditReport) -> String {
 /// The audit as Markdown.
 pub fn to_markdown(report: &AuditReport) -> String {
     let mut out = format!(
-        "# layerdiff audit: {}\n\nIR version {}; opsets: {}. Each op's first node tried alone on each runtime, fed the values it reads in a run on `{}`.\n\n| op | nodes | reads |",
+        "# layerdiff audit: {}\n\nIR version {}; opsets: {}. Each op's first node tried alone on each runtime, fed the values it reads (from: {}).\n\n| op | nodes | reads |",
         report.model,
         report.ir_version,
         report

@@ -395,7 +395,9 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             )));
         }
         let wanted = (0..layers.len())
-            .filter(|&i| summary.needs_cause(&layers[i]) && matches!(self.groups[i], Some(Ok(_))))
+            .filter(|&i| {
+                summary.needs_evidence(&layers[i]) && matches!(self.groups[i], Some(Ok(_)))
+            })
             .collect();
         self.summary = Some(summary);
         Ok(wanted)
@@ -420,15 +422,10 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         let truth_info = self.truth.as_mut().map(|t| t.describe(&mut summary));
         if let Some(recompute) = self.target.recompute() {
             for (i, layer) in self.layers.iter().enumerate() {
-                let (true, Some(Ok(group))) = (summary.needs_cause(layer), &self.groups[i]) else {
+                let (true, Some(Ok(group))) = (summary.needs_evidence(layer), &self.groups[i])
+                else {
                     continue;
                 };
-                // Its own error within tolerance, and not the origin: it inherited its error,
-                // whatever its group shows (explain's first rule), so its weights are not read.
-                let origin = summary.drift_origin.as_deref() == Some(layer.name.as_str());
-                if layer.local.is_some() && !layer.local_exceeds && !origin {
-                    continue;
-                }
                 let e = &mut self.evidence[i];
                 e.attributes = self
                     .reference
