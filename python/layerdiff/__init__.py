@@ -28,6 +28,7 @@ __all__ = [
     "RuntimeFailure",
     "UsageError",
     "__version__",
+    "check_ops",
     "compare_gradients",
     "compare_tensors",
     "compare_torch",
@@ -65,3 +66,26 @@ def compare_gradients(model, inputs, **options):
     from layerdiff._grad import compare_gradients as run
 
     return run(model, inputs, **options)
+
+
+def check_ops(ops=None, backends=None, dtypes=None, *, out=None, **options) -> dict:
+    """The op matrix: each case matching ``ops`` (names or ``*`` patterns; all by default) on
+    each backend (``"torch"``, ``"torch:compile"``, ``"ort:opt=all"``, ``"tract"``…) and dtype
+    (``"float32"``, ``"float16"``, ``"bfloat16"``), each cell judged against a float64
+    computation of the op on the same rounded inputs. Returns the report as a dict (schema
+    ``layerdiff.ops/1``); ``out`` writes ops.json, ops.md and ops.html into that folder.
+
+    Options: ``opset``, ``exporter`` (``"dynamo"``/``"legacy"``), ``seed``, ``jobs`` (processes
+    at once; 1 runs in this process), ``executor`` (``"local"`` or ``"ray"``), and
+    ``custom_backends``: a name → ``(case, args) -> tensor`` map computing cases some other way.
+    """
+    import json
+    from pathlib import Path
+
+    from layerdiff import _layerdiff, _ops
+
+    run = _ops.check_ops(ops, backends, dtypes, **options)
+    paths = [None, None, None]
+    if out is not None:
+        paths = [Path(out) / f"ops.{ext}" for ext in ("json", "md", "html")]
+    return json.loads(_layerdiff.ops_report(json.dumps(run), *paths))

@@ -65,8 +65,8 @@ def _process_age() -> float:
 
 
 def _run(verb: str, command) -> int:
-    """Runs `layerdiff torch` or `layerdiff grad` as parsed (a `Command`); the outputs are
-    written and printed by the same Rust function as the `onnx` verb's."""
+    """Runs `layerdiff torch`, `grad` or `ops` as parsed (a `Command`, an `OpsCommand`); the
+    outputs are written and printed by the same Rust functions as the ONNX verbs'."""
     try:
         from layerdiff import torch as lt
     except ImportError as e:
@@ -76,6 +76,10 @@ def _run(verb: str, command) -> int:
         ) from e
 
     progress = _Progress(command.quiet)
+    if verb == "ops":
+        from layerdiff import _ops
+
+        return _ops.run_command(command, progress)
     pytorch_target = command.options.torch_target is not None
     if command.onnx is not None and pytorch_target:
         raise _layerdiff.UsageError(

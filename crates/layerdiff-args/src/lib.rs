@@ -52,6 +52,104 @@ pub enum Command {
     ///
     /// Exit code 0: no gradient exceeds the tolerance; 1: drift found; 2: layerdiff could not run.
     Grad(GradArgs),
+    /// Run single ops (matmul, softmax, conv2d, attention…) on each backend and dtype, each
+    /// judged against a float64 computation of the op on the same rounded inputs with the error
+    /// the dtype and the op's reduction length predict: one matrix, one verdict per cell.
+    ///
+    /// Exit code 0: every cell that ran passes; 1: a cell fails or broke; 2: layerdiff could not
+    /// run.
+    Ops(OpsArgs),
+}
+
+/// Options of `layerdiff ops`.
+#[derive(Debug, Clone, Args)]
+pub struct OpsArgs {
+    /// The ops to run (comma-separated case names, `*` wildcards: `matmul,conv*`). Default: all;
+    /// `--list` names them.
+    #[arg(long, value_delimiter = ',', value_name = "NAME,…")]
+    pub ops: Vec<String>,
+    /// The backends (comma-separated): `torch[:DEVICE][:compile]` (PyTorch eager or compiled on
+    /// a device: `torch`, `torch:compile`, `torch:cuda`), ONNX Runtime spelled as for `layerdiff
+    /// onnx` (`ort`, `ort:opt=all`, `ort:cuda`), `tract`. Default: torch, torch:compile, ort,
+    /// ort:opt=all and tract, with the GPU PyTorch and ONNX Runtime providers this machine has.
+    #[arg(long, value_delimiter = ',', value_name = "BACKEND,…")]
+    pub backends: Vec<String>,
+    /// The dtypes each op is computed in (comma-separated: float32, float16, bfloat16; or fp32,
+    /// fp16, bf16).
+    #[arg(long, value_delimiter = ',', value_name = "DTYPE,…", value_parser = op_dtype, default_value = "float32,float16,bfloat16")]
+    pub dtypes: Vec<String>,
+    /// ONNX opset of the single-op models the ONNX backends run.
+    #[arg(long, default_value_t = 18)]
+    pub opset: i64,
+    /// Which `torch.onnx.export` path makes the single-op models.
+    #[arg(long, value_enum, default_value_t = Exporter::Dynamo)]
+    pub exporter: Exporter,
+    /// Seed of every case's inputs.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Cells run at once, each in its own process (default: the logical cores; 1: in this
+    /// process, one after another).
+    #[arg(long, value_name = "N")]
+    pub jobs: Option<usize>,
+    /// Where the cells run: `local` (processes on this machine) or `ray` (one Ray task per
+    /// cell, on the cluster `RAY_ADDRESS` names, else a local Ray instance; needs
+    /// `pip install 'layerdiff[ray]'`).
+    #[arg(long, value_enum, default_value_t = Executor::Local)]
+    pub executor: Executor,
+    /// Name the cases and the backends this machine has, and exit.
+    #[arg(long)]
+    pub list: bool,
+    /// Write ops.json, ops.md and ops.html into this folder.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Write the JSON here.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+    /// Write the Markdown here.
+    #[arg(long, value_name = "PATH")]
+    pub markdown: Option<PathBuf>,
+    /// Write the HTML matrix here.
+    #[arg(long, value_name = "PATH")]
+    pub html: Option<PathBuf>,
+    /// Print nothing but errors; the exit code still tells the verdict.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// Where `layerdiff ops` runs its cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Executor {
+    /// Processes on this machine.
+    Local,
+    /// Ray tasks.
+    Ray,
+}
+
+fn op_dtype(s: &str) -> Result<String, String> {
+    Ok(match s {
+        "float32" | "fp32" => "float32",
+        "float16" | "fp16" | "half" => "float16",
+        "bfloat16" | "bf16" => "bfloat16",
+        _ => {
+            return Err(format!(
+                "unknown dtype `{s}` (expected float32, float16 or bfloat16)"
+            ));
+        }
+    }
+    .to_string())
+}
+
+impl OpsArgs {
+    /// Where the matrix goes.
+    pub fn destinations(&self) -> layerdiff_flow::ops::OpsDestinations {
+        let under = |ext: &str| self.out.as_ref().map(|d| d.join(format!("ops.{ext}")));
+        layerdiff_flow::ops::OpsDestinations {
+            json: self.json.clone().or_else(|| under("json")),
+            markdown: self.markdown.clone().or_else(|| under("md")),
+            html: self.html.clone().or_else(|| under("html")),
+            quiet: self.quiet,
+        }
+    }
 }
 
 /// Options of `layerdiff grad`.
@@ -491,6 +589,8 @@ pub enum Parsed {
     Providers(ProvidersArgs),
     /// Run `audit` with these options.
     Audit(AuditArgs),
+    /// Run `ops` with these options (the caller owns PyTorch).
+    Ops(OpsArgs),
     /// Parsing already did everything (help, version, a usage error): exit with this code.
     Exit(u8),
 }
@@ -513,6 +613,9 @@ pub fn parse(argv: Vec<OsString>) -> Parsed {
         Ok(Cli {
             command: Command::Audit(args),
         }) => Parsed::Audit(args),
+        Ok(Cli {
+            command: Command::Ops(args),
+        }) => Parsed::Ops(args),
         Err(err) => {
             let _ = err.print();
             Parsed::Exit(if err.use_stderr() { 2 } else { 0 })

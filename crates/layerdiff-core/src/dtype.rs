@@ -171,6 +171,35 @@ impl DType {
         }
     }
 
+    /// `value` rounded to the nearest value of this float type (to nearest even; beyond the
+    /// largest finite, an infinity), widened back; integers and bool: unchanged.
+    pub fn round(self, value: f64) -> f64 {
+        match self {
+            DType::F32 => f64::from(value as f32),
+            DType::F16 => half::f16::from_f64(value).to_f64(),
+            DType::BF16 => half::bf16::from_f64(value).to_f64(),
+            _ => value,
+        }
+    }
+
+    /// One step of this float type's grid at `magnitude` (its unit in the last place there):
+    /// the smallest subnormal step below the normal range. 1 for integers and bool.
+    pub fn step(self, magnitude: f64) -> f64 {
+        let (mantissa, min_exponent) = match self {
+            DType::F64 => (52, -1022),
+            DType::F32 => (23, -126),
+            DType::F16 => (10, -14),
+            DType::BF16 => (7, -126),
+            _ => return 1.0,
+        };
+        let exponent = if magnitude > 0.0 && magnitude.is_finite() {
+            ((magnitude.to_bits() >> 52) & 0x7ff) as i32 - 1023
+        } else {
+            min_exponent
+        };
+        pow2(exponent.max(min_exponent) - mantissa)
+    }
+
     /// Decodes little-endian elements of this dtype into `out` as f64 (`out.len()` elements).
     pub(crate) fn decode_f64(self, bytes: &[u8], out: &mut [f64]) {
         macro_rules! decode {
@@ -202,5 +231,14 @@ impl DType {
 impl std::fmt::Display for DType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+/// 2^`e`, exactly, for every `e` an f64 holds (-1074 to 1023).
+pub fn pow2(e: i32) -> f64 {
+    if e >= -1022 {
+        f64::from_bits(((1023 + e) as u64) << 52)
+    } else {
+        f64::from_bits(1u64 << (e + 1074))
     }
 }

@@ -12,6 +12,7 @@ mod io;
 mod layout;
 mod machine;
 mod npz;
+mod op_check;
 mod pair;
 mod random;
 pub mod render;
@@ -34,6 +35,7 @@ pub use io::{read_safetensors, write_safetensors};
 pub use layout::{LayoutFinding, detect_layout};
 pub use machine::Machine;
 pub use npz::read_npz;
+pub use op_check::{OpBound, OpCheck, OpWorst, accumulation_unit, check_op, output_steps};
 pub use pair::{PairOutcome, compare_pair};
 pub use random::{SplitMix64, random_tensor};
 pub use report::{

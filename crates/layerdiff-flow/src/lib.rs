@@ -19,6 +19,7 @@ mod graph_side;
 pub mod inputs;
 pub mod memory;
 pub mod onnx_flow;
+pub mod ops;
 pub mod output;
 mod pairs;
 mod plan;

@@ -3,6 +3,7 @@
 
 mod captured;
 mod exceptions;
+mod ops;
 mod options;
 mod tensors;
 
@@ -149,6 +150,12 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(compare_tensors_json, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(model_inputs, m)?)?;
+    m.add_class::<ops::OpsCommand>()?;
+    m.add_function(wrap_pyfunction!(ops::check_op, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::run_single_op, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::deliver_ops, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::describe_runtime, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::ops_report, m)?)?;
     exceptions::register(m)?;
     Ok(())
 }

@@ -216,6 +216,10 @@ pub(crate) fn parse_cli(
             };
             checked(py, "torch", command)
         }
+        Parsed::Ops(a) => Ok((
+            "ops".to_string(),
+            Py::new(py, crate::ops::OpsCommand::new(a))?.into_any(),
+        )),
         Parsed::Grad(a) => {
             let settings = a.settings();
             let command = Command {

@@ -4,7 +4,7 @@
 
 use std::io;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::ser::{Formatter, PrettyFormatter};
 
 /// Formats a float the way reports write it: shortest round-trip digits, scientific notation.
@@ -31,6 +31,25 @@ pub fn float<S: serde::Serializer>(value: &f64, s: S) -> Result<S::Ok, S::Error>
         s.serialize_str(if *value > 0.0 { "inf" } else { "-inf" })
     } else {
         s.serialize_f64(*value)
+    }
+}
+
+/// `deserialize_with` for floats written by [`float`]: a number, or `"inf"`, `"-inf"`, `"nan"`.
+pub fn float_from<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Written {
+        Number(f64),
+        Text(String),
+    }
+    match Written::deserialize(d)? {
+        Written::Number(v) => Ok(v),
+        Written::Text(t) => match t.as_str() {
+            "inf" => Ok(f64::INFINITY),
+            "-inf" => Ok(f64::NEG_INFINITY),
+            "nan" => Ok(f64::NAN),
+            other => Err(serde::de::Error::custom(format!("not a float: `{other}`"))),
+        },
     }
 }
 

@@ -4,6 +4,6 @@ mod json;
 mod markdown;
 mod text;
 
-pub use json::{float, float_opt, format_float, to_json, to_json_value};
+pub use json::{float, float_from, float_opt, format_float, to_json, to_json_value};
 pub use markdown::to_markdown;
 pub use text::to_text;

@@ -1,0 +1,168 @@
+//! `layerdiff ops` across the boundary: its parsed options, a cell's verdict, a single-op ONNX
+//! run, and the matrix delivered (written and printed) by the engine's renderers.
+
+use std::path::PathBuf;
+
+use layerdiff_args::{Executor, OpsArgs};
+use layerdiff_core::render;
+use numpy::PyReadonlyArray1;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::exceptions::to_py_err;
+use crate::tensors::FlatTensor;
+
+/// `layerdiff ops` as parsed from a command line.
+#[pyclass(module = "layerdiff._layerdiff", frozen, get_all)]
+pub(crate) struct OpsCommand {
+    /// Case names or patterns (empty: all).
+    ops: Vec<String>,
+    /// Backends (empty: this machine's defaults).
+    backends: Vec<String>,
+    /// `float32`, `float16`, `bfloat16`.
+    dtypes: Vec<String>,
+    /// Opset of the single-op models.
+    opset: i64,
+    /// `dynamo` or `legacy`.
+    exporter: String,
+    /// Seed of the inputs.
+    seed: u64,
+    /// Cells at once (`None`: the logical cores).
+    jobs: Option<usize>,
+    /// `local` or `ray`.
+    executor: String,
+    /// Only name the cases and backends.
+    list: bool,
+    /// Print nothing but errors.
+    quiet: bool,
+    /// Where the JSON, Markdown and HTML go.
+    json: Option<PathBuf>,
+    markdown: Option<PathBuf>,
+    html: Option<PathBuf>,
+}
+
+impl OpsCommand {
+    pub(crate) fn new(a: OpsArgs) -> Self {
+        let to = a.destinations();
+        Self {
+            ops: a.ops,
+            backends: a.backends,
+            dtypes: a.dtypes,
+            opset: a.opset,
+            exporter: format!("{:?}", a.exporter).to_lowercase(),
+            seed: a.seed,
+            jobs: a.jobs,
+            executor: match a.executor {
+                Executor::Local => "local",
+                Executor::Ray => "ray",
+            }
+            .to_string(),
+            list: a.list,
+            quiet: to.quiet,
+            json: to.json,
+            markdown: to.markdown,
+            html: to.html,
+        }
+    }
+}
+
+/// One cell's verdict as JSON (`layerdiff_core::OpCheck`): `got` judged against the float64
+/// `truth` with per-element `magnitude` (or empty), `reduction` terms and `stages` roundings.
+#[pyfunction]
+pub(crate) fn check_op(
+    py: Python<'_>,
+    got: FlatTensor<'_>,
+    truth: PyReadonlyArray1<'_, f64>,
+    magnitude: PyReadonlyArray1<'_, f64>,
+    reduction: usize,
+    stages: u32,
+) -> PyResult<String> {
+    let got = got.view()?;
+    let (truth, magnitude) = (truth.as_slice()?, magnitude.as_slice()?);
+    let check = py
+        .detach(|| layerdiff_core::check_op(&got, truth, magnitude, reduction, stages))
+        .map_err(to_py_err)?;
+    Ok(render::to_json_value(&check))
+}
+
+/// A tensor handed back to Python: `(name, dtype, shape, bytes)`.
+type Returned<'py> = (String, String, Vec<usize>, Bound<'py, PyBytes>);
+
+/// Runs a single-op ONNX model (its bytes) on `runtime` and returns its outputs as
+/// `(name, dtype, shape, bytes)`.
+#[pyfunction]
+#[pyo3(signature = (model, runtime, inputs, ort_library=None))]
+pub(crate) fn run_single_op<'py>(
+    py: Python<'py>,
+    model: &[u8],
+    runtime: &str,
+    inputs: Vec<FlatTensor<'py>>,
+    ort_library: Option<PathBuf>,
+) -> PyResult<Vec<Returned<'py>>> {
+    let inputs = inputs
+        .iter()
+        .map(|t| Ok((t.name().to_string(), t.to_tensor()?)))
+        .collect::<PyResult<Vec<_>>>()?;
+    let outputs = py
+        .detach(|| {
+            layerdiff_flow::ops::run_single_op(model, runtime, &inputs, ort_library.as_deref())
+        })
+        .map_err(to_py_err)?;
+    Ok(outputs
+        .into_iter()
+        .map(|(name, t)| {
+            let bytes = PyBytes::new(py, &t.bytes);
+            (name, t.dtype.name().to_string(), t.shape, bytes)
+        })
+        .collect())
+}
+
+/// Writes and prints the matrix of a run (JSON of `layerdiff_flow::ops::OpsRun`); returns the
+/// exit code.
+#[pyfunction]
+pub(crate) fn deliver_ops(py: Python<'_>, command: &OpsCommand, run: &str) -> PyResult<u8> {
+    let to = layerdiff_flow::ops::OpsDestinations {
+        json: command.json.clone(),
+        markdown: command.markdown.clone(),
+        html: command.html.clone(),
+        quiet: command.quiet,
+    };
+    py.detach(|| layerdiff_flow::ops::deliver(run, &to))
+        .map_err(to_py_err)
+}
+
+/// What an ONNX backend (`ort:opt=all`, `tract`) is here, in words; an error saying why it
+/// cannot run here.
+#[pyfunction]
+#[pyo3(signature = (runtime, ort_library=None))]
+pub(crate) fn describe_runtime(
+    py: Python<'_>,
+    runtime: &str,
+    ort_library: Option<PathBuf>,
+) -> PyResult<String> {
+    py.detach(|| layerdiff_flow::ops::describe_runtime(runtime, ort_library.as_deref()))
+        .map_err(to_py_err)
+}
+
+/// The report of a run (JSON of `layerdiff_flow::ops::OpsRun`) as JSON, written to the paths
+/// given.
+#[pyfunction]
+#[pyo3(signature = (run, json=None, markdown=None, html=None))]
+pub(crate) fn ops_report(
+    py: Python<'_>,
+    run: &str,
+    json: Option<PathBuf>,
+    markdown: Option<PathBuf>,
+    html: Option<PathBuf>,
+) -> PyResult<String> {
+    let to = layerdiff_flow::ops::OpsDestinations {
+        json,
+        markdown,
+        html,
+        quiet: true,
+    };
+    let report = py
+        .detach(|| layerdiff_flow::ops::report(run, &to))
+        .map_err(to_py_err)?;
+    Ok(render::to_json_value(&report))
+}
