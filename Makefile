@@ -11,7 +11,7 @@ DEPS := $(VENV)/.requirements.stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: pipeline test build env proto lint clean docs golden conformance kernel-swap bench mapping
+.PHONY: pipeline test build env proto lint clean docs golden conformance kernel-swap bench mapping validation
 
 env: $(DEPS)
 
@@ -72,6 +72,11 @@ conformance: build
 kernel-swap: $(DEPS)
 	cargo run --release --quiet -p layerdiff-runtime --example kernel_swap > examples/kernel_swap/results.md
 	@echo "wrote examples/kernel_swap/results.md"
+
+# The validation suite's examples (examples/validation/): the op matrix on this machine's
+# backends, and the execution-provider table and op audit of ResNet-50 and a GPT-2 decoder.
+validation: build
+	$(PY) scripts/validation_examples.py
 
 # Measure the comparator (GB/s per dtype against numpy and the machine's read bandwidth) and
 # the per-phase overhead on ResNet-18 and ViT-B/16; rewrites docs/performance.md.

@@ -99,21 +99,12 @@ pub struct OpsArgs {
     /// Name the cases and the backends this machine has, and exit.
     #[arg(long)]
     pub list: bool,
-    /// Write ops.json, ops.md and ops.html into this folder.
-    #[arg(long, value_name = "DIR")]
-    pub out: Option<PathBuf>,
-    /// Write the JSON here.
-    #[arg(long, value_name = "PATH")]
-    pub json: Option<PathBuf>,
-    /// Write the Markdown here.
-    #[arg(long, value_name = "PATH")]
-    pub markdown: Option<PathBuf>,
-    /// Write the HTML matrix here.
+    /// Write the HTML matrix here (`--out DIR`: also ops.html).
     #[arg(long, value_name = "PATH")]
     pub html: Option<PathBuf>,
-    /// Print nothing but errors; the exit code still tells the verdict.
-    #[arg(long, short)]
-    pub quiet: bool,
+    /// Where the matrix goes (`--out DIR`: ops.json, ops.md and ops.html).
+    #[command(flatten)]
+    pub table: TableArgs,
 }
 
 /// Where `layerdiff ops` runs its cells.
@@ -142,12 +133,13 @@ fn op_dtype(s: &str) -> Result<String, String> {
 impl OpsArgs {
     /// Where the matrix goes.
     pub fn destinations(&self) -> layerdiff_flow::ops::OpsDestinations {
-        let under = |ext: &str| self.out.as_ref().map(|d| d.join(format!("ops.{ext}")));
+        let (json, markdown) = self.table.paths("ops");
+        let html = self.table.out.as_ref().map(|d| d.join("ops.html"));
         layerdiff_flow::ops::OpsDestinations {
-            json: self.json.clone().or_else(|| under("json")),
-            markdown: self.markdown.clone().or_else(|| under("md")),
-            html: self.html.clone().or_else(|| under("html")),
-            quiet: self.quiet,
+            json,
+            markdown,
+            html: self.html.clone().or(html),
+            quiet: self.table.quiet,
         }
     }
 }
@@ -327,7 +319,7 @@ impl ProvidersArgs {
 /// Where a table (`providers`, `audit`) goes.
 #[derive(Debug, Clone, Args)]
 pub struct TableArgs {
-    /// Write NAME.json and NAME.md into this folder.
+    /// Write the verb's files into this folder (NAME.json, NAME.md).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Write the JSON here.

@@ -91,8 +91,8 @@ pub struct OpCell {
     pub onnx_ops: Vec<String>,
 }
 
-/// What the Python side ran: everything in the report but the machine.
-#[derive(Debug, Clone, Deserialize)]
+/// What the Python side ran: everything in the report but the rule and the machine.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct OpsRun {
     /// The ONNX opset the single-op models were exported at.
     pub opset: i64,
@@ -108,7 +108,7 @@ pub struct OpsRun {
     pub dtypes: Vec<String>,
     /// The cases, in row order.
     pub cases: Vec<OpCase>,
-    /// Every cell.
+    /// Every cell, case by case, dtype by dtype, backend by backend.
     pub cells: Vec<OpCell>,
 }
 
@@ -119,22 +119,9 @@ pub struct OpsReport {
     pub schema: &'static str,
     /// The verdict rule, in one line (docs/ops.md says why).
     pub rule: &'static str,
-    /// The ONNX opset of the single-op models.
-    pub opset: i64,
-    /// The `torch.onnx.export` path.
-    pub exporter: String,
-    /// Seed of the inputs.
-    pub seed: u64,
-    /// Library versions.
-    pub versions: Vec<(String, String)>,
-    /// The backends.
-    pub backends: Vec<OpsBackend>,
-    /// The dtypes.
-    pub dtypes: Vec<String>,
-    /// The cases.
-    pub cases: Vec<OpCase>,
-    /// Every cell, case by case, dtype by dtype, backend by backend.
-    pub cells: Vec<OpCell>,
+    /// What ran.
+    #[serde(flatten)]
+    pub run: OpsRun,
     /// The machine.
     pub machine: Machine,
 }
@@ -146,8 +133,8 @@ pub const RULE: &str = "|got - float64 truth on the same rounded inputs| <= n·s
 
 impl OpsReport {
     /// The report of a run (cells put in row, dtype and column order).
-    pub fn new(run: OpsRun) -> Self {
-        let mut cells = run.cells;
+    pub fn new(mut run: OpsRun) -> Self {
+        let mut cells = std::mem::take(&mut run.cells);
         let position = |c: &OpCell| {
             (
                 run.cases.iter().position(|k| k.name == c.case),
@@ -156,17 +143,11 @@ impl OpsReport {
             )
         };
         cells.sort_by_key(|c| position(c));
+        run.cells = cells;
         Self {
             schema: OPS_SCHEMA,
             rule: RULE,
-            opset: run.opset,
-            exporter: run.exporter,
-            seed: run.seed,
-            versions: run.versions,
-            backends: run.backends,
-            dtypes: run.dtypes,
-            cases: run.cases,
-            cells,
+            run,
             machine: Machine::this(),
         }
     }
@@ -174,7 +155,7 @@ impl OpsReport {
     /// Cells with each status, in [`Status`] order.
     pub fn counts(&self) -> [usize; 4] {
         let mut counts = [0; 4];
-        for c in &self.cells {
+        for c in &self.run.cells {
             counts[c.status as usize] += 1;
         }
         counts
@@ -187,16 +168,18 @@ impl OpsReport {
     }
 
     fn cell(&self, case: &str, dtype: &str, backend: &str) -> Option<&OpCell> {
-        self.cells
+        self.run
+            .cells
             .iter()
             .find(|c| c.case == case && c.dtype == dtype && c.backend == backend)
     }
 
     /// The dtypes that have cells, in order.
     fn dtypes_run(&self) -> impl Iterator<Item = &String> {
-        self.dtypes
+        self.run
+            .dtypes
             .iter()
-            .filter(|d| self.cells.iter().any(|c| &c.dtype == *d))
+            .filter(|d| self.run.cells.iter().any(|c| &c.dtype == *d))
     }
 }
 
@@ -236,11 +219,11 @@ fn finding(cell: &OpCell) -> String {
     let mut line = format!("{} {} on {}", cell.case, cell.dtype, cell.backend);
     if let Some(c) = &cell.check {
         line.push_str(&format!(
-            ": {} of {} elements outside the bound, max |diff| {:.3e} ({:.1} steps), {}x the bound",
+            ": {} of {} elements outside the bound, max |diff| {:.3e} ({} steps), {}x the bound",
             c.outside,
             c.elements,
             c.max_abs_diff,
-            c.max_ulps,
+            steps(c.max_ulps),
             ratio(c.ratio).trim_end_matches('x')
         ));
         if let Some(w) = &c.worst {
@@ -256,6 +239,17 @@ fn finding(cell: &OpCell) -> String {
     line
 }
 
+/// Steps of a dtype: `1.9`, `3168`, `4.1e37` (near zero a step is tiny, so counts run high).
+fn steps(ulps: f64) -> String {
+    if ulps < 100.0 {
+        format!("{ulps:.1}")
+    } else if ulps < 1e6 {
+        format!("{ulps:.0}")
+    } else {
+        format!("{ulps:.1e}")
+    }
+}
+
 fn one_line(text: &str) -> String {
     let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
     if line.chars().count() > 300 {
@@ -269,10 +263,10 @@ fn verdict_line(report: &OpsReport) -> String {
     let [pass, fail, unsupported, error] = report.counts();
     format!(
         "{} ops × {} backends × {} dtypes: {} cells, {pass} pass, {fail} fail, {unsupported} unsupported, {error} error",
-        report.cases.len(),
-        report.backends.len(),
+        report.run.cases.len(),
+        report.run.backends.len(),
         report.dtypes_run().count(),
-        report.cells.len()
+        report.run.cells.len()
     )
 }
 
@@ -280,26 +274,28 @@ fn verdict_line(report: &OpsReport) -> String {
 pub fn to_text(report: &OpsReport) -> String {
     let mut out = format!("op matrix: {}\n", verdict_line(report));
     let width = report
+        .run
         .cases
         .iter()
         .map(|c| c.name.len())
-        .chain(report.dtypes.iter().map(String::len))
+        .chain(report.run.dtypes.iter().map(String::len))
         .max()
         .unwrap_or(4);
     for dtype in report.dtypes_run() {
         let columns: Vec<usize> = report
+            .run
             .backends
             .iter()
             .map(|b| b.name.len().max(9))
             .collect();
         out.push_str(&format!("\n  {dtype:<width$}"));
-        for (b, w) in report.backends.iter().zip(&columns) {
+        for (b, w) in report.run.backends.iter().zip(&columns) {
             out.push_str(&format!("  {:<w$}", b.name));
         }
         out.push('\n');
-        for case in &report.cases {
+        for case in &report.run.cases {
             out.push_str(&format!("  {:<width$}", case.name));
-            for (b, w) in report.backends.iter().zip(&columns) {
+            for (b, w) in report.run.backends.iter().zip(&columns) {
                 out.push_str(&format!(
                     "  {:<w$}",
                     short(report.cell(&case.name, dtype, &b.name))
@@ -309,6 +305,7 @@ pub fn to_text(report: &OpsReport) -> String {
         }
     }
     let findings: Vec<&OpCell> = report
+        .run
         .cells
         .iter()
         .filter(|c| matches!(c.status, Status::Fail | Status::Error))
@@ -347,28 +344,28 @@ pub fn to_markdown(report: &OpsReport) -> String {
          exported alone (`torch.onnx.export`, {}, opset {}).\n\n",
         verdict_line(report),
         report.rule,
-        report.exporter,
-        report.opset
+        report.run.exporter,
+        report.run.opset
     );
     out.push_str(&format!("Machine: {}.", report.machine.describe()));
-    for (library, version) in &report.versions {
+    for (library, version) in &report.run.versions {
         out.push_str(&format!(" {library} {version}."));
     }
     out.push_str("\n\n| backend | what ran |\n|---|---|\n");
-    for b in &report.backends {
+    for b in &report.run.backends {
         out.push_str(&format!("| `{}` | {} |\n", b.name, md_escape(&b.detail)));
     }
     for dtype in report.dtypes_run() {
         out.push_str(&format!("\n## {dtype}\n\n| op | K |"));
-        for b in &report.backends {
+        for b in &report.run.backends {
             out.push_str(&format!(" `{}` |", b.name));
         }
         out.push_str("\n|---|---|");
-        out.push_str(&"---|".repeat(report.backends.len()));
+        out.push_str(&"---|".repeat(report.run.backends.len()));
         out.push('\n');
-        for case in &report.cases {
+        for case in &report.run.cases {
             out.push_str(&format!("| {} | {} |", case.name, case.reduction));
-            for b in &report.backends {
+            for b in &report.run.backends {
                 let cell = report.cell(&case.name, dtype, &b.name);
                 let text = short(cell);
                 let text = if text.starts_with("FAIL") || text == "ERROR" {
@@ -382,7 +379,12 @@ pub fn to_markdown(report: &OpsReport) -> String {
         }
     }
     let listed = |status: Status| -> Vec<&OpCell> {
-        report.cells.iter().filter(|c| c.status == status).collect()
+        report
+            .run
+            .cells
+            .iter()
+            .filter(|c| c.status == status)
+            .collect()
     };
     for (status, title) in [
         (Status::Fail, "Failures"),
@@ -399,7 +401,7 @@ pub fn to_markdown(report: &OpsReport) -> String {
         }
     }
     out.push_str("\n## Cases\n\n| op | call | inputs | K | stages | magnitude |\n|---|---|---|---|---|---|\n");
-    for c in &report.cases {
+    for c in &report.run.cases {
         out.push_str(&format!(
             "| {} | `{}` | {} | {} | {} | {} |\n",
             c.name,
@@ -442,7 +444,7 @@ pub fn to_html(report: &OpsReport) -> String {
         html_escape(report.rule),
         html_escape(&report.machine.describe())
     ));
-    for (library, version) in &report.versions {
+    for (library, version) in &report.run.versions {
         out.push_str(&format!(
             " {} {}.",
             html_escape(library),
@@ -450,7 +452,7 @@ pub fn to_html(report: &OpsReport) -> String {
         ));
     }
     out.push_str("</p>\n<ul>\n");
-    for b in &report.backends {
+    for b in &report.run.backends {
         out.push_str(&format!(
             "<li><code>{}</code>: {}</li>\n",
             html_escape(&b.name),
@@ -463,18 +465,18 @@ pub fn to_html(report: &OpsReport) -> String {
             "<h2>{}</h2>\n<table>\n<tr><th class=\"op\">op</th><th>K</th>",
             html_escape(dtype)
         ));
-        for b in &report.backends {
+        for b in &report.run.backends {
             out.push_str(&format!("<th>{}</th>", html_escape(&b.name)));
         }
         out.push_str("</tr>\n");
-        for case in &report.cases {
+        for case in &report.run.cases {
             out.push_str(&format!(
                 "<tr><td class=\"op\" title=\"{}\">{}</td><td>{}</td>",
                 html_escape(&format!("{}: {}", case.op, case.inputs.join("; "))),
                 html_escape(&case.name),
                 case.reduction
             ));
-            for b in &report.backends {
+            for b in &report.run.backends {
                 match report.cell(&case.name, dtype, &b.name) {
                     None => out.push_str("<td></td>"),
                     Some(cell) => out.push_str(&format!(
@@ -490,6 +492,7 @@ pub fn to_html(report: &OpsReport) -> String {
         out.push_str("</table>\n");
     }
     let findings: Vec<&OpCell> = report
+        .run
         .cells
         .iter()
         .filter(|c| matches!(c.status, Status::Fail | Status::Error))
