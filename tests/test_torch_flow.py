@@ -3,8 +3,11 @@ clean exports raise no alarm, and the capture rules (clone, repeated calls) hold
 
 from __future__ import annotations
 
+import json
+
 import onnx
 import pytest
+from conftest import run_cli
 from layerdiff import compare_torch_onnx
 from layerdiff.torch import capture
 from onnx import numpy_helper
@@ -140,3 +143,23 @@ def test_a_model_that_runs_differently_each_time_is_named(tmp_path):
     model.calls = 0
     with pytest.raises(InputError, match="does not run the same way twice"):
         compare_torch_onnx(model, inputs, onnx=path)
+
+
+def test_the_zoo_lists_real_architectures_with_their_size():
+    result = run_cli("zoo")
+    assert result.returncode == 0, result.stderr
+    for name in ("resnet50", "efficientnet_b0", "convnext_tiny", "vit_b_16", "bert", "gpt2"):
+        assert name in result.stdout
+    assert "grouped-query attention" in result.stdout  # llama
+    assert "encoder-decoder" in result.stdout  # t5
+    assert "86.6M" in result.stdout  # vit_b_16, counted without allocating it
+
+
+def test_a_zoo_encoder_decoder_runs_through_both_exporters_without_false_drift(tmp_path):
+    for exporter in ("dynamo", "legacy"):
+        out = tmp_path / exporter
+        result = run_cli("torch", "t5", "--exporter", exporter, "--out", str(out), "--quiet")
+        assert result.returncode == 0, result.stderr
+        summary = json.loads((out / "report.json").read_text())["summary"]
+        assert summary["drift_origin"] is None
+        assert summary["layers_compared"] >= 100

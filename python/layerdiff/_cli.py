@@ -75,6 +75,11 @@ def _run(verb: str, command) -> int:
             "hint: pip install 'layerdiff[torch]'"
         ) from e
 
+    if verb == "zoo":
+        from layerdiff.models import zoo_text
+
+        sys.stdout.write(zoo_text())
+        return 0
     progress = _Progress(command.quiet)
     if verb == "ops":
         from layerdiff import _ops

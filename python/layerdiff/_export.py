@@ -14,12 +14,17 @@ from layerdiff import _layerdiff
 
 
 def export_onnx(model: nn.Module, inputs: tuple, path: Path, *, exporter: str = "dynamo") -> Path:
-    """Exports with ``torch.onnx.export``; the exporter's chatter goes to stderr, never stdout."""
+    """Exports with ``torch.onnx.export``; the exporter's chatter (the legacy one prints whole
+    graphs when it fails) is kept back, and its last lines go in the error when it fails."""
     if exporter not in ("dynamo", "legacy"):
         raise _layerdiff.UsageError(f"unknown exporter `{exporter}` (expected dynamo or legacy)")
     chatter = io.StringIO()
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(chatter):
+        with (
+            warnings.catch_warnings(),
+            contextlib.redirect_stdout(chatter),
+            contextlib.redirect_stderr(chatter),
+        ):
             warnings.simplefilter("ignore")
             if exporter == "dynamo":
                 program = torch.onnx.export(model, inputs, dynamo=True, verbose=False)

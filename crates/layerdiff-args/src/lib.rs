@@ -59,6 +59,9 @@ pub enum Command {
     /// Exit code 0: every cell that ran passes; 1: a cell fails or broke; 2: layerdiff could not
     /// run.
     Ops(OpsArgs),
+    /// List the built-in models (`layerdiff torch NAME`), their parameter counts and what each
+    /// exercises, and the models installed packages register.
+    Zoo,
 }
 
 /// Options of `layerdiff ops`.
@@ -460,8 +463,9 @@ fn int_range(s: &str) -> Result<(i64, i64), String> {
 /// Options of `layerdiff torch`.
 #[derive(Debug, Clone, Args)]
 pub struct TorchArgs {
-    /// A built-in model (`resnet18`, `resnet50`, `mobilenet_v3_small`, `vit_b_16`) or a builder:
-    /// `path/to/file.py:build` or `package.module:build`, where `build()` returns
+    /// A built-in model (`layerdiff zoo` lists them: `resnet18`, `vit_b_16`, `llama`, `t5`…),
+    /// one an installed package registers, or a builder: `path/to/file.py:build` or
+    /// `package.module:build`, where `build()` returns
     /// `(model, example_inputs)`.
     pub model: String,
     /// Tolerance, judged per element (exceeded when an element's difference is strictly
@@ -583,6 +587,8 @@ pub enum Parsed {
     Audit(AuditArgs),
     /// Run `ops` with these options (the caller owns PyTorch).
     Ops(OpsArgs),
+    /// List the model zoo (the caller owns PyTorch).
+    Zoo,
     /// Parsing already did everything (help, version, a usage error): exit with this code.
     Exit(u8),
 }
@@ -608,6 +614,9 @@ pub fn parse(argv: Vec<OsString>) -> Parsed {
         Ok(Cli {
             command: Command::Ops(args),
         }) => Parsed::Ops(args),
+        Ok(Cli {
+            command: Command::Zoo,
+        }) => Parsed::Zoo,
         Err(err) => {
             let _ = err.print();
             Parsed::Exit(if err.use_stderr() { 2 } else { 0 })

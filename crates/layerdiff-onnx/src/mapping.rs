@@ -7,6 +7,9 @@
 //! shape computation the exporter placed in the module's scope) and, where the file declares a
 //! shape, of its element count.
 //!
+//! A Cast or Identity that only passes a value from outside the scope through is the module's
+//! input, not an output, while the module has another boundary output.
+//!
 //! Layers with no node of their own are explained: identity modules at inference (Dropout in
 //! eval) are compared against the value of the layer that fed them; a layer folded into its
 //! neighbour at export (Conv + BatchNorm) leaves one value that holds the *later* layer's output,
@@ -163,6 +166,25 @@ impl ScopeMapping {
                         .or_default()
                         .push((out.clone(), i));
                 }
+            }
+        }
+
+        // A Cast or Identity of a value from outside the module is its input seen through an
+        // alias (the legacy exporter records `x.to(torch.float32)` on a float32 `x` in the
+        // module's scope and feeds later readers of `x` from it): never the module's output
+        // while the module has another.
+        for outputs in boundary.values_mut() {
+            let passes_input = |(_, node): &(String, usize)| {
+                let n = &index.nodes()[*node];
+                matches!(n.op_type.as_str(), "Cast" | "Identity")
+                    && n.inputs.first().is_some_and(|input| {
+                        index
+                            .producer(input)
+                            .is_none_or(|p| node_module[p.index] != node_module[*node])
+                    })
+            };
+            if outputs.iter().any(|o| !passes_input(o)) {
+                outputs.retain(|o| !passes_input(o));
             }
         }
 

@@ -216,6 +216,7 @@ pub(crate) fn parse_cli(
             };
             checked(py, "torch", command)
         }
+        Parsed::Zoo => Ok(("zoo".to_string(), py.None())),
         Parsed::Ops(a) => Ok((
             "ops".to_string(),
             Py::new(py, crate::ops::OpsCommand::new(a))?.into_any(),
