@@ -77,7 +77,9 @@ def compare_gradients(
     if options.torch_target is None:
         raise _layerdiff.UsageError("compare_gradients compares PyTorch sides (`torch:bf16`…)")
     ref_side, tgt_side = TorchSide.of(options.reference), TorchSide.of(options.torch_target)
-    model.eval()
+    from layerdiff.torch import to_eval
+
+    eval_note = to_eval(model)
     with torch.no_grad():
         out = _first_tensor(model(*inputs))
     if out is None or not out.is_floating_point():
@@ -158,8 +160,7 @@ def compare_gradients(
         {i: [flat(k, tgt.parameters[k])] for i in needed if (k := ref.order[i]) in tgt.parameters},
     )
     report = Report(native, inputs=given)
-    if lost:
-        report.notes.append(lost)
+    report.notes += [n for n in (eval_note, lost) if n]
     between = _born_between(model, report, owners)
     if between:
         report.notes.append(between)

@@ -70,7 +70,9 @@ def compare_torch(
             "for an ONNX runtime use compare_torch_onnx"
         )
     ref_side, tgt_side = TorchSide.of(options.reference), TorchSide.of(options.torch_target)
-    model.eval()
+    from layerdiff.torch import to_eval
+
+    eval_note = to_eval(model)
 
     with cuda_math(ref_side, tgt_side):
         ref_model, ref_inputs = (
@@ -114,10 +116,7 @@ def compare_torch(
         )
         whole_model = _compiled_whole(model, inputs, tgt_side) if tgt_side.compile else None
     report = Report(native, inputs=given)
-    if split:
-        report.notes.append(split)
-    if whole_model:
-        report.notes.append(whole_model)
+    report.notes += [n for n in (eval_note, split, whole_model) if n]
     return report
 
 

@@ -106,7 +106,7 @@ def compare_torch_onnx(
             f"the target `{options.torch_target['spelling']}` is PyTorch itself: "
             "use compare_torch for PyTorch sides"
         )
-    model.eval()
+    eval_note = to_eval(model)
 
     step("listing PyTorch layers")
     listed = _run_model(inputs, lambda: capture(model, inputs, fingerprints=True)).layers
@@ -156,9 +156,22 @@ def compare_torch_onnx(
         needed = run.conclude()
         native = run.finish(_layer_parameters(model, listed, needed))
     report = Report(native, inputs=onnx_inputs)
-    if split:
-        report.notes.append(split)
+    report.notes += [n for n in (eval_note, split) if n]
     return report
+
+
+def to_eval(model) -> str | None:
+    """Puts the model in eval mode, as it is exported and deployed; says so when it was not
+    (dropout would make each run differ, batch norm would use the batch's statistics)."""
+    training = [name or "the model" for name, m in model.named_modules() if m.training]
+    model.eval()
+    if not training:
+        return None
+    return (
+        f"the model was in training mode ({', '.join(training[:3])}"
+        f"{'…' if len(training) > 3 else ''}): compared in eval mode (dropout off, batch norm "
+        "on its running statistics), as it is exported; call model.eval() to silence this"
+    )
 
 
 def _phases(timings) -> tuple[list, object]:

@@ -29,3 +29,8 @@ def build_wrong_input():
 
 def build_not_a_tuple():
     return Twice()
+
+
+def build_training():
+    """The model as constructed: in training mode, Dropout active."""
+    return Twice().train(), (torch.randn(4, 16),)
