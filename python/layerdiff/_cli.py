@@ -81,6 +81,10 @@ def _run(verb: str, command) -> int:
         sys.stdout.write(zoo_text())
         return 0
     progress = _Progress(command.quiet)
+    if verb == "check":
+        from layerdiff import _check
+
+        return _check.run_command(command, progress)
     if verb == "ops":
         from layerdiff import _ops
 

@@ -274,7 +274,7 @@ def _run_onnx(task: Task, args: list[torch.Tensor]) -> torch.Tensor:
             f"{len(args)}"
         )
     inputs = [flat(name, x) for name, x in zip(task.input_names, args, strict=True)]
-    outputs = _layerdiff.run_single_op(task.model, task.backend, inputs, _ort.library())
+    outputs = _layerdiff.run_model(task.model, task.backend, inputs, _ort.library())
     _, dtype, shape, data = outputs[0]
     out = torch.frombuffer(bytearray(data), dtype=getattr(torch, dtype)) if data else None
     if out is None:

@@ -59,9 +59,46 @@ pub enum Command {
     /// Exit code 0: every cell that ran passes; 1: a cell fails or broke; 2: layerdiff could not
     /// run.
     Ops(OpsArgs),
+    /// Check a PyTorch model's final outputs against its ONNX export on a runtime: allclose with
+    /// `--atol`/`--rtol`, the largest errors and the worst element, in seconds. The first thing
+    /// to run; `layerdiff torch` then shows where a difference is born.
+    ///
+    /// Exit code 0: every output within the bound; 1: one is not; 2: layerdiff could not run.
+    Check(CheckArgs),
     /// List the built-in models (`layerdiff torch NAME`), their parameter counts and what each
     /// exercises, and the models installed packages register.
     Zoo,
+}
+
+/// Options of `layerdiff check`.
+#[derive(Debug, Clone, Args)]
+pub struct CheckArgs {
+    /// A built-in model or a builder, as for `layerdiff torch`.
+    pub model: String,
+    /// The runtime that runs the ONNX file: `ort` (CPU), `ort:opt=all`, `ort:cuda`…, `tract`.
+    #[arg(long, default_value = "ort", value_parser = RuntimeSpec::parse)]
+    pub target: RuntimeSpec,
+    /// Check this ONNX file of the same model instead of exporting one.
+    #[arg(long, value_name = "PATH")]
+    pub onnx: Option<PathBuf>,
+    /// Which `torch.onnx.export` path produces the ONNX file.
+    #[arg(long, value_enum, default_value_t = Exporter::Dynamo)]
+    pub exporter: Exporter,
+    /// Absolute term of the bound `atol + rtol·|reference|`.
+    #[arg(long, default_value_t = 1e-4)]
+    pub atol: f64,
+    /// Relative term of the bound.
+    #[arg(long, default_value_t = 1e-5)]
+    pub rtol: f64,
+    /// Seed for the model's random weights and the generated inputs.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Write the check as JSON here (schema `layerdiff.check/1`).
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+    /// Print nothing but errors; the exit code still tells the verdict.
+    #[arg(long, short)]
+    pub quiet: bool,
 }
 
 /// Options of `layerdiff ops`.
@@ -589,6 +626,8 @@ pub enum Parsed {
     Ops(OpsArgs),
     /// List the model zoo (the caller owns PyTorch).
     Zoo,
+    /// Run `check` with these options (the caller owns PyTorch).
+    Check(CheckArgs),
     /// Parsing already did everything (help, version, a usage error): exit with this code.
     Exit(u8),
 }
@@ -617,6 +656,9 @@ pub fn parse(argv: Vec<OsString>) -> Parsed {
         Ok(Cli {
             command: Command::Zoo,
         }) => Parsed::Zoo,
+        Ok(Cli {
+            command: Command::Check(args),
+        }) => Parsed::Check(args),
         Err(err) => {
             let _ = err.print();
             Parsed::Exit(if err.use_stderr() { 2 } else { 0 })

@@ -26,7 +26,7 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
             &args.destinations(),
             None,
         )),
-        Parsed::Torch(_) | Parsed::Grad(_) | Parsed::Ops(_) | Parsed::Zoo => {
+        Parsed::Torch(_) | Parsed::Grad(_) | Parsed::Ops(_) | Parsed::Zoo | Parsed::Check(_) => {
             eprintln!(
                 "error: this verb needs PyTorch, which lives in the Python package\n\
                  hint: `pip install layerdiff` and run the `layerdiff` it installs"

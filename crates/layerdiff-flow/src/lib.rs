@@ -10,6 +10,7 @@
 
 pub mod audit;
 pub mod captured;
+pub mod check;
 mod engine;
 mod error;
 mod evidence;

@@ -1,7 +1,7 @@
 //! `layerdiff ops`: the op matrix. The cases and the backends that compute them live in the
 //! Python package (PyTorch makes the inputs, the float64 truth and the single-op ONNX files);
 //! each cell is judged by [`layerdiff_core::check_op`], and its ONNX runs go through
-//! [`run_single_op`]. This module holds the matrix as a report and its renderings: JSON,
+//! [`run_model`]. This module holds the matrix as a report and its renderings: JSON,
 //! Markdown, HTML and the text printed.
 
 use std::path::{Path, PathBuf};
@@ -548,9 +548,9 @@ pub fn deliver(run_json: &str, to: &OpsDestinations) -> Result<u8> {
     Ok(report.exit_code())
 }
 
-/// Runs a single-op ONNX model (its bytes) on `runtime` (`ort`, `ort:opt=all`, `tract`…) and
-/// returns its outputs, in the graph's order.
-pub fn run_single_op(
+/// Runs an ONNX model (its bytes: a single-op model, or a whole one for `layerdiff check`) on
+/// `runtime` (`ort`, `ort:opt=all`, `tract`…) and returns its outputs, in the graph's order.
+pub fn run_model(
     model: &[u8],
     runtime: &str,
     inputs: &[(String, Tensor)],

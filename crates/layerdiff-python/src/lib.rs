@@ -2,6 +2,7 @@
 //! No metric, surgery or report logic lives here.
 
 mod captured;
+mod check;
 mod exceptions;
 mod ops;
 mod options;
@@ -151,8 +152,10 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(model_inputs, m)?)?;
     m.add_class::<ops::OpsCommand>()?;
+    m.add_class::<check::CheckCommand>()?;
+    m.add_function(wrap_pyfunction!(check::deliver_check, m)?)?;
     m.add_function(wrap_pyfunction!(ops::check_op, m)?)?;
-    m.add_function(wrap_pyfunction!(ops::run_single_op, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::run_model, m)?)?;
     m.add_function(wrap_pyfunction!(ops::deliver_ops, m)?)?;
     m.add_function(wrap_pyfunction!(ops::describe_runtime, m)?)?;
     m.add_function(wrap_pyfunction!(ops::ops_report, m)?)?;

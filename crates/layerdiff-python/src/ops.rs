@@ -92,7 +92,7 @@ type Returned<'py> = (String, String, Vec<usize>, Bound<'py, PyBytes>);
 /// `(name, dtype, shape, bytes)`.
 #[pyfunction]
 #[pyo3(signature = (model, runtime, inputs, ort_library=None))]
-pub(crate) fn run_single_op<'py>(
+pub(crate) fn run_model<'py>(
     py: Python<'py>,
     model: &[u8],
     runtime: &str,
@@ -104,9 +104,7 @@ pub(crate) fn run_single_op<'py>(
         .map(|t| Ok((t.name().to_string(), t.to_tensor()?)))
         .collect::<PyResult<Vec<_>>>()?;
     let outputs = py
-        .detach(|| {
-            layerdiff_flow::ops::run_single_op(model, runtime, &inputs, ort_library.as_deref())
-        })
+        .detach(|| layerdiff_flow::ops::run_model(model, runtime, &inputs, ort_library.as_deref()))
         .map_err(to_py_err)?;
     Ok(outputs
         .into_iter()

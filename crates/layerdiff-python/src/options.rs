@@ -217,6 +217,10 @@ pub(crate) fn parse_cli(
             checked(py, "torch", command)
         }
         Parsed::Zoo => Ok(("zoo".to_string(), py.None())),
+        Parsed::Check(a) => Ok((
+            "check".to_string(),
+            Py::new(py, crate::check::CheckCommand::new(a))?.into_any(),
+        )),
         Parsed::Ops(a) => Ok((
             "ops".to_string(),
             Py::new(py, crate::ops::OpsCommand::new(a))?.into_any(),

@@ -1,0 +1,87 @@
+//! `layerdiff check` across the boundary: its parsed options, and the outputs of both sides
+//! judged and delivered by the engine.
+
+use std::path::PathBuf;
+
+use layerdiff_args::CheckArgs;
+use layerdiff_core::Bound;
+use layerdiff_flow::check::{CheckDestinations, CheckReport, deliver};
+use pyo3::prelude::*;
+
+use crate::exceptions::to_py_err;
+use crate::tensors::FlatTensor;
+
+/// `layerdiff check` as parsed from a command line.
+#[pyclass(module = "layerdiff._layerdiff", frozen, get_all)]
+pub(crate) struct CheckCommand {
+    /// A built-in model or a builder.
+    model: String,
+    /// The runtime, as spelled (`ort`, `tract`).
+    target: String,
+    /// An ONNX file to check instead of exporting one.
+    onnx: Option<PathBuf>,
+    /// `dynamo` or `legacy`.
+    exporter: String,
+    /// The bound's terms.
+    atol: f64,
+    rtol: f64,
+    /// Seed of the weights and inputs.
+    seed: u64,
+    /// Where the JSON goes.
+    json: Option<PathBuf>,
+    /// Print nothing but errors.
+    quiet: bool,
+}
+
+impl CheckCommand {
+    pub(crate) fn new(a: CheckArgs) -> Self {
+        Self {
+            model: a.model,
+            target: a.target.spelling(),
+            onnx: a.onnx,
+            exporter: format!("{:?}", a.exporter).to_lowercase(),
+            atol: a.atol,
+            rtol: a.rtol,
+            seed: a.seed,
+            json: a.json,
+            quiet: a.quiet,
+        }
+    }
+}
+
+/// Judges the target's outputs against the reference's (same order), writes and prints the
+/// check; returns the exit code.
+#[pyfunction]
+pub(crate) fn deliver_check(
+    py: Python<'_>,
+    command: &CheckCommand,
+    sides: (String, String),
+    reference: Vec<FlatTensor<'_>>,
+    target: Vec<FlatTensor<'_>>,
+) -> PyResult<u8> {
+    let owned = |ts: &[FlatTensor<'_>]| {
+        ts.iter()
+            .map(|t| Ok((t.name().to_string(), t.to_tensor()?)))
+            .collect::<PyResult<Vec<_>>>()
+    };
+    let (reference, target) = (owned(&reference)?, owned(&target)?);
+    let bound = Bound {
+        atol: command.atol,
+        rtol: command.rtol,
+    };
+    let to = CheckDestinations {
+        json: command.json.clone(),
+        quiet: command.quiet,
+    };
+    py.detach(|| {
+        let report = CheckReport::new(
+            &command.model,
+            (&sides.0, &sides.1),
+            bound,
+            &reference,
+            &target,
+        )?;
+        deliver(&report, &to)
+    })
+    .map_err(to_py_err)
+}

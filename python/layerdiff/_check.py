@@ -1,0 +1,63 @@
+"""`layerdiff check`: a PyTorch model's final outputs against its ONNX export on a runtime,
+judged by the core (`layerdiff_flow::check`): allclose, the largest errors, the worst element."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils._pytree import tree_leaves
+
+from layerdiff import _layerdiff, _ort
+from layerdiff._export import export_onnx
+from layerdiff.models import load_builder
+from layerdiff.tensors import flat
+from layerdiff.torch import to_eval
+
+
+def run_command(command, progress) -> int:
+    builder = load_builder(command.model)
+    progress(f"building {command.model} (seed {command.seed})")
+    model, inputs = builder(command.seed)
+    inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    note = to_eval(model)
+    if note and not command.quiet:
+        print(f"note: {note}", file=sys.stderr)
+    with torch.no_grad():
+        reference = [t for t in tree_leaves(model(*inputs)) if isinstance(t, torch.Tensor)]
+    with tempfile.TemporaryDirectory() as work:
+        if command.onnx is not None:
+            path = Path(command.onnx)
+            if not path.is_file():
+                raise _layerdiff.UsageError(f"ONNX file `{command.onnx}` does not exist")
+        else:
+            progress(f"exporting to ONNX ({command.exporter})")
+            path = export_onnx(model, inputs, Path(work) / "model.onnx", exporter=command.exporter)
+        import onnx
+
+        proto = onnx.load(str(path), load_external_data=False)
+        initializers = {i.name for i in proto.graph.initializer}
+        names = [i.name for i in proto.graph.input if i.name not in initializers]
+        given = [x for x in tree_leaves(inputs) if isinstance(x, torch.Tensor)]
+        if len(names) != len(given):
+            raise _layerdiff.InputError(
+                f"the ONNX file reads {len(names)} inputs ({', '.join(names)}) where the model "
+                f"takes {len(given)} tensors"
+            )
+        progress(f"running the ONNX file on {command.target}")
+        outputs = _layerdiff.run_model(
+            path.read_bytes(),
+            command.target,
+            [flat(n, x) for n, x in zip(names, given, strict=True)],
+            _ort.library(),
+        )
+    target = [(n, d, s, np.frombuffer(b, dtype=np.uint8)) for n, d, s, b in outputs]
+    names_out = [name for name, *_ in outputs] + [
+        f"output_{i}" for i in range(len(outputs), len(reference))
+    ]
+    reference_flat = [flat(names_out[i], t) for i, t in enumerate(reference)]
+    sides = (f"PyTorch {torch.__version__} (eager, cpu)", command.target)
+    return _layerdiff.deliver_check(command, sides, reference_flat, target)
