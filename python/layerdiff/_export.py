@@ -13,7 +13,14 @@ from torch import nn
 from layerdiff import _layerdiff
 
 
-def export_onnx(model: nn.Module, inputs: tuple, path: Path, *, exporter: str = "dynamo") -> Path:
+def export_onnx(
+    model: nn.Module,
+    inputs: tuple,
+    path: Path,
+    *,
+    exporter: str = "dynamo",
+    opset: int | None = None,
+) -> Path:
     """Exports with ``torch.onnx.export``; the exporter's chatter (the legacy one prints whole
     graphs when it fails) is kept back, and its last lines go in the error when it fails."""
     if exporter not in ("dynamo", "legacy"):
@@ -27,10 +34,12 @@ def export_onnx(model: nn.Module, inputs: tuple, path: Path, *, exporter: str = 
         ):
             warnings.simplefilter("ignore")
             if exporter == "dynamo":
-                program = torch.onnx.export(model, inputs, dynamo=True, verbose=False)
+                program = torch.onnx.export(
+                    model, inputs, dynamo=True, verbose=False, opset_version=opset
+                )
                 program.save(str(path))
             else:
-                torch.onnx.export(model, inputs, str(path), dynamo=False)
+                torch.onnx.export(model, inputs, str(path), dynamo=False, opset_version=opset)
     except Exception as e:  # the exporter's own failure: report it, with what it printed
         detail = chatter.getvalue().strip().splitlines()[-5:]
         raise _layerdiff.ModelError(

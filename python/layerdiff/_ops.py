@@ -12,20 +12,22 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-import io
 import json
 import math
 import os
 import sys
+import tempfile
 import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from layerdiff import _layerdiff, _ort
+from layerdiff._export import export_onnx
 from layerdiff._op_cases import CASES, Case
 from layerdiff.tensors import flat
 
@@ -226,25 +228,13 @@ def export_case(case_name: str, dtype: str, seed: int, opset: int, exporter: str
 
     case = CASES[case_name]
     args = rounded(make_inputs(case, seed), DTYPES[dtype])
-    chatter = io.StringIO()
-    try:
-        with (
-            warnings.catch_warnings(),
-            contextlib.redirect_stdout(chatter),
-            contextlib.redirect_stderr(chatter),
-        ):
-            warnings.simplefilter("ignore")
-            if exporter == "dynamo":
-                program = torch.onnx.export(
-                    _Op(case), tuple(args), dynamo=True, verbose=False, opset_version=opset
-                )
-                model = program.model_proto
-            else:
-                buffer = io.BytesIO()
-                torch.onnx.export(_Op(case), tuple(args), buffer, dynamo=False, opset_version=opset)
-                model = onnx.load_from_string(buffer.getvalue())
-    except Exception as e:  # the exporter's own failure is the cell's finding
-        return {"error": f"torch.onnx.export ({exporter}) failed: {type(e).__name__}: {e}"}
+    with tempfile.TemporaryDirectory() as work:
+        path = Path(work) / "op.onnx"
+        try:
+            export_onnx(_Op(case), tuple(args), path, exporter=exporter, opset=opset)
+        except _layerdiff.ModelError as e:  # the exporter's own failure is the cell's finding
+            return {"error": str(e).splitlines()[0]}
+        model = onnx.load(str(path))
     model.ir_version = min(model.ir_version, 10)  # what ONNX Runtime 1.31 accepts
     initializers = {i.name for i in model.graph.initializer}
     return {

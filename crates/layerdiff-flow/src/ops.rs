@@ -259,6 +259,16 @@ fn one_line(text: &str) -> String {
     }
 }
 
+/// The cells that fail or broke, in order.
+fn findings(report: &OpsReport) -> Vec<&OpCell> {
+    report
+        .run
+        .cells
+        .iter()
+        .filter(|c| matches!(c.status, Status::Fail | Status::Error))
+        .collect()
+}
+
 fn verdict_line(report: &OpsReport) -> String {
     let [pass, fail, unsupported, error] = report.counts();
     format!(
@@ -304,12 +314,7 @@ pub fn to_text(report: &OpsReport) -> String {
             out.push('\n');
         }
     }
-    let findings: Vec<&OpCell> = report
-        .run
-        .cells
-        .iter()
-        .filter(|c| matches!(c.status, Status::Fail | Status::Error))
-        .collect();
+    let findings = findings(report);
     if !findings.is_empty() {
         out.push('\n');
     }
@@ -491,12 +496,7 @@ pub fn to_html(report: &OpsReport) -> String {
         }
         out.push_str("</table>\n");
     }
-    let findings: Vec<&OpCell> = report
-        .run
-        .cells
-        .iter()
-        .filter(|c| matches!(c.status, Status::Fail | Status::Error))
-        .collect();
+    let findings = findings(report);
     if !findings.is_empty() {
         out.push_str("<h2>Findings</h2>\n<ul>\n");
         for cell in findings {
