@@ -161,9 +161,19 @@ def compare_torch_onnx(
 
 
 def to_eval(model) -> str | None:
-    """Puts the model in eval mode, as it is exported and deployed; says so when it was not
-    (dropout would make each run differ, batch norm would use the batch's statistics)."""
-    training = [name or "the model" for name, m in model.named_modules() if m.training]
+    """Puts the model in eval mode, as it is exported and deployed; says so when a module that
+    computes differently in training was in training mode (dropout would make each run differ,
+    batch norm would use the batch's statistics)."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+    from torch.nn.modules.dropout import _DropoutNd
+
+    training = [
+        name
+        for name, m in model.named_modules()
+        if m.training
+        and isinstance(m, (_DropoutNd, _BatchNorm))
+        and (not isinstance(m, _DropoutNd) or m.p > 0)
+    ]
     model.eval()
     if not training:
         return None
