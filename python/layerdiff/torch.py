@@ -9,6 +9,7 @@ PyTorch is imported only by this module and the ones it names.
 from __future__ import annotations
 
 import contextlib
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -152,7 +153,10 @@ def compare_torch_onnx(
         split = run.segments_text
         pieces = f" in {run.segments} segments" if split else ""
         step(f"running PyTorch and the ONNX model side by side{pieces}, comparing each layer")
-        _stream(model, inputs, run, listed, float64=options.float64, clone=clone)
+        _stream(
+            model, inputs, run, listed, float64=options.float64, clone=clone,
+            ticker=Ticker.for_terminal(progress, len(listed)),
+        )  # fmt: skip
         needed = run.conclude()
         native = run.finish(_layer_parameters(model, listed, needed))
     report = Report(native, inputs=onnx_inputs)
@@ -212,7 +216,35 @@ def _run_model(inputs: tuple, call):
         ) from e
 
 
-def _stream(model, inputs, run, listed, *, float64: bool, clone: bool) -> None:
+class Ticker:
+    """One progress line on a terminal, rewritten in place: layers done of the total, the time
+    so far and the time left at this pace."""
+
+    def __init__(self, total: int):
+        self.total, self.start, self.shown = total, time.monotonic(), 0.0
+
+    @classmethod
+    def for_terminal(cls, progress, total: int) -> Ticker | None:
+        """A ticker when the command prints its progress and stderr is a terminal."""
+        printing = progress is not None and not getattr(progress, "quiet", True)
+        return cls(total) if printing and sys.stderr.isatty() else None
+
+    def __call__(self, done: int) -> None:
+        now = time.monotonic()
+        if now - self.shown < 0.5 and done < self.total:
+            return
+        self.shown, elapsed = now, now - self.start
+        left = elapsed / done * (self.total - done) if done else 0.0
+        end = "\n" if done >= self.total else ""
+        print(
+            f"\r  layers {done}/{self.total}, {elapsed:.1f}s, about {left:.0f}s left\033[K",
+            end=end, file=sys.stderr, flush=True,
+        )  # fmt: skip
+
+
+def _stream(
+    model, inputs, run, listed, *, float64: bool, clone: bool, ticker: Ticker | None = None
+) -> None:
     """The second forward pass: each layer's value goes to the run as its hook fires, with the
     float64 run's value of the same layer. ``clone=False`` instead hands the outputs over after
     the pass, by reference: it exists only so a test can show what in-place ops
@@ -233,6 +265,8 @@ def _stream(model, inputs, run, listed, *, float64: bool, clone: bool) -> None:
             run.add(index, flat(layer.name, out), _flat_or_none(layer.name, wide))
         else:
             late.append((index, layer.name, out, wide))
+        if ticker is not None:
+            ticker(index + 1)
 
     try:
         _run_model(inputs, lambda: capture(model, inputs, on_layer))
