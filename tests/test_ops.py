@@ -180,6 +180,8 @@ def test_filters_choose_ops_backends_and_dtypes():
         (["--ops", "matmull"], "no op case matches `matmull`"),
         (["--ops", "relu", "--backends", "onnxruntime"], "unknown backend `onnxruntime`"),
         (["--ops", "relu", "--dtypes", "int8"], "unknown dtype `int8`"),
+        (["--ops", "relu", "--backends", "ort:cdua"], "unknown runtime `ort:cdua`"),
+        (["--ops", "relu", "--backends", "torch:gpu"], "backend `torch:gpu`"),
     ],
 )
 def test_bad_filters_are_named_with_exit_2(args, message):

@@ -33,15 +33,6 @@ from layerdiff.tensors import flat
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DEFAULT_BACKENDS = ["torch", "torch:compile", "ort", "ort:opt=all", "tract"]
-# ONNX Runtime's provider names, as layerdiff spells them.
-_ORT_PROVIDERS = {
-    "CUDAExecutionProvider": "cuda",
-    "TensorrtExecutionProvider": "tensorrt",
-    "ROCMExecutionProvider": "rocm",
-    "OpenVINOExecutionProvider": "openvino",
-    "CoreMLExecutionProvider": "coreml",
-    "DmlExecutionProvider": "directml",
-}
 # What a backend says when it has no kernel for an op or dtype (PyTorch, ONNX Runtime, tract,
 # the exporter): such a cell is UNSUPPORTED, not an ERROR.
 _UNSUPPORTED = (
@@ -266,10 +257,10 @@ def _run_onnx(task: Task, args: list[torch.Tensor]) -> torch.Tensor:
     inputs = [flat(name, x) for name, x in zip(task.input_names, args, strict=True)]
     outputs = _layerdiff.run_model(task.model, task.backend, inputs, _ort.library())
     _, dtype, shape, data = outputs[0]
-    out = torch.frombuffer(bytearray(data), dtype=getattr(torch, dtype)) if data else None
-    if out is None:
-        return torch.empty(shape, dtype=getattr(torch, dtype))
-    return out.reshape(shape)
+    dtype = getattr(torch, dtype)
+    if not data:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
 
 
 class _ExportFailed(Exception):
@@ -346,14 +337,11 @@ def available_backends() -> list[str]:
         backends += ["torch:cuda", "torch:cuda:compile"]
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
         backends.append("torch:mps")
-    try:
-        import onnxruntime
-
-        for provider in onnxruntime.get_available_providers():
-            if provider in _ORT_PROVIDERS:
-                backends.append(f"ort:{_ORT_PROVIDERS[provider]}")
-    except ImportError:
-        pass
+    # The providers of the ONNX Runtime layerdiff loads, which need not be the onnxruntime
+    # package's (LAYERDIFF_ORT_LIB).
+    for provider in _layerdiff.device_providers():
+        if describe(f"ort:{provider}")[1] is None:
+            backends.append(f"ort:{provider}")
     return backends
 
 
@@ -367,6 +355,9 @@ def describe(backend: str) -> tuple[str, str | None]:
             what = f"PyTorch {torch.__version__} torch.compile (inductor) on {device}"
         try:
             dev = torch.device(device)
+        except RuntimeError as e:
+            raise _layerdiff.UsageError(f"backend `{backend}`: {e}") from e
+        try:
             if dev.type == "cuda":
                 if not torch.cuda.is_available():
                     return what, "CUDA is not available to this PyTorch"
@@ -379,6 +370,8 @@ def describe(backend: str) -> tuple[str, str | None]:
     if is_onnx(backend):
         try:
             return _layerdiff.describe_runtime(backend, _ort.library()), None
+        except _layerdiff.UsageError:
+            raise  # a misspelling, not a runtime this machine lacks
         except _layerdiff.LayerdiffError as e:
             return backend, str(e)
     raise _layerdiff.UsageError(
@@ -490,14 +483,40 @@ def check_ops(
         if why is not None:
             unavailable[name] = why
 
+    with _executor(executor, jobs) as run:
+        cells = _run_matrix(run, cases, dtypes, names, unavailable, custom, seed, opset,
+                            exporter, say)  # fmt: skip
+    return {
+        "opset": opset,
+        "exporter": exporter,
+        "seed": seed,
+        "versions": [["torch", torch.__version__]],
+        "backends": described,
+        "dtypes": dtypes,
+        "cases": [
+            {
+                "name": c.name,
+                "op": c.describe_call(),
+                "inputs": [_describe_input(s) for s in c.inputs],
+                "reduction": c.reduction,
+                "stages": c.stages,
+                "magnitude": c.magnitude,
+            }
+            for c in cases
+        ],
+        "cells": cells,
+    }
+
+
+def _run_matrix(run, cases, dtypes, names, unavailable, custom, seed, opset, exporter, say):
+    """Every cell, on the executor's `run` (one pool for the exports and the cells)."""
     exports = {}
     onnx_backends = [b for b in names if is_onnx(b) and b not in unavailable and b not in custom]
     if onnx_backends:
         wanted = [(c.name, d, seed, opset, exporter) for c in cases for d in dtypes]
         say(f"exporting {len(wanted)} single-op models ({exporter}, opset {opset})")
-        with _executor(executor, jobs) as run:
-            for key, result in zip(wanted, run(_export_task, wanted), strict=True):
-                exports[key[:2]] = result
+        for key, result in zip(wanted, run(_export_task, wanted), strict=True):
+            exports[key[:2]] = result
 
     tasks, cells = [], []
     for case in cases:
@@ -524,37 +543,11 @@ def check_ops(
                     )
                 )
     started = time.monotonic()
-    at_once = jobs if executor == "local" else "ray"
-    say(f"running {len(tasks)} cells ({executor}, {at_once} at once)")
-    inline = [t for t in tasks if t.backend in custom]
-    shared = [t for t in tasks if t.backend not in custom]
-    with _executor(executor, jobs) as run:
-        cells += run(run_cell, shared)
-    cells += [run_cell(t, custom) for t in inline]
+    say(f"running {len(tasks)} cells")
+    cells += run(run_cell, [t for t in tasks if t.backend not in custom])
+    cells += [run_cell(t, custom) for t in tasks if t.backend in custom]
     say(f"{len(tasks)} cells in {time.monotonic() - started:.1f}s")
-
-    import onnxruntime
-
-    return {
-        "opset": opset,
-        "exporter": exporter,
-        "seed": seed,
-        "versions": [["torch", torch.__version__], ["onnxruntime", onnxruntime.__version__]],
-        "backends": described,
-        "dtypes": dtypes,
-        "cases": [
-            {
-                "name": c.name,
-                "op": c.describe_call(),
-                "inputs": [_describe_input(s) for s in c.inputs],
-                "reduction": c.reduction,
-                "stages": c.stages,
-                "magnitude": c.magnitude,
-            }
-            for c in cases
-        ],
-        "cells": cells,
-    }
+    return cells
 
 
 def _describe_input(spec: tuple) -> str:

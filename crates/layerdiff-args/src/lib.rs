@@ -356,7 +356,7 @@ impl ProvidersArgs {
     }
 }
 
-/// Where a table (`providers`, `audit`) goes.
+/// Where a table (`providers`, `audit`, `ops`) goes.
 #[derive(Debug, Clone, Args)]
 pub struct TableArgs {
     /// Write the verb's files into this folder (NAME.json, NAME.md).

@@ -159,6 +159,7 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ops::deliver_ops, m)?)?;
     m.add_function(wrap_pyfunction!(ops::describe_runtime, m)?)?;
     m.add_function(wrap_pyfunction!(ops::ops_report, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::device_providers, m)?)?;
     exceptions::register(m)?;
     Ok(())
 }

@@ -164,3 +164,14 @@ pub(crate) fn ops_report(
         .map_err(to_py_err)?;
     Ok(render::to_json_value(&report))
 }
+
+/// The execution providers layerdiff can ask ONNX Runtime for, as spelled after `ort:`
+/// (`cuda`, `tensorrt`…), the CPU's left out.
+#[pyfunction]
+pub(crate) fn device_providers() -> Vec<&'static str> {
+    layerdiff_runtime::Provider::ALL
+        .into_iter()
+        .filter(|p| *p != layerdiff_runtime::Provider::Cpu)
+        .map(|p| p.spelling())
+        .collect()
+}
