@@ -15,19 +15,20 @@ from layerdiff import _layerdiff, _ort
 from layerdiff._export import export_onnx
 from layerdiff.models import load_builder
 from layerdiff.tensors import flat
-from layerdiff.torch import to_eval
+from layerdiff.torch import _as_input_tuple, _run_model, to_eval
 
 
 def run_command(command, progress) -> int:
     builder = load_builder(command.model)
     progress(f"building {command.model} (seed {command.seed})")
     model, inputs = builder(command.seed)
-    inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    inputs = _as_input_tuple(inputs)
     note = to_eval(model)
     if note and not command.quiet:
         print(f"note: {note}", file=sys.stderr)
     with torch.no_grad():
-        reference = [t for t in tree_leaves(model(*inputs)) if isinstance(t, torch.Tensor)]
+        out = _run_model(inputs, lambda: model(*inputs))
+    reference = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
     with tempfile.TemporaryDirectory() as work:
         if command.onnx is not None:
             path = Path(command.onnx)
@@ -36,22 +37,17 @@ def run_command(command, progress) -> int:
         else:
             progress(f"exporting to ONNX ({command.exporter})")
             path = export_onnx(model, inputs, Path(work) / "model.onnx", exporter=command.exporter)
-        import onnx
-
-        proto = onnx.load(str(path), load_external_data=False)
-        initializers = {i.name for i in proto.graph.initializer}
-        names = [i.name for i in proto.graph.input if i.name not in initializers]
-        given = [x for x in tree_leaves(inputs) if isinstance(x, torch.Tensor)]
-        if len(names) != len(given):
+        names = [name for name, _, _ in _layerdiff.model_inputs(path)]
+        if len(names) != len(inputs):
             raise _layerdiff.InputError(
                 f"the ONNX file reads {len(names)} inputs ({', '.join(names)}) where the model "
-                f"takes {len(given)} tensors"
+                f"takes {len(inputs)} tensors"
             )
         progress(f"running the ONNX file on {command.target}")
         outputs = _layerdiff.run_model(
             path.read_bytes(),
             command.target,
-            [flat(n, x) for n, x in zip(names, given, strict=True)],
+            [flat(n, x) for n, x in zip(names, inputs, strict=True)],
             _ort.library(),
         )
     target = [(n, d, s, np.frombuffer(b, dtype=np.uint8)) for n, d, s, b in outputs]
