@@ -11,7 +11,7 @@ DEPS := $(VENV)/.requirements.stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: pipeline test build env proto lint clean docs golden conformance kernel-swap bench mapping validation
+.PHONY: pipeline test build env browser proto lint clean docs golden conformance kernel-swap bench mapping validation
 
 env: $(DEPS)
 
@@ -36,7 +36,18 @@ pipeline: build
 		--markdown examples/reports/resnet18_fp32.md \
 		|| test $$? -eq 1  # exit 1 means drift was found and reported
 
-test: build
+# Debian's chromium, which the HTML report's browser test (tests/test_html.py) opens headless.
+browser:
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 || \
+	      { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null; }; \
+	  else \
+	    echo "note: chromium is missing and installing it needs root and apt-get: the browser test will be skipped"; \
+	  fi; }
+
+test: build browser
 	cargo test --workspace --quiet
 	$(PY) -m pytest -q
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 from functools import cached_property
 from pathlib import Path
@@ -80,6 +81,18 @@ class Report:
     def to_markdown(self) -> str:
         return self._native.to_markdown()
 
+    def to_html(self) -> str:
+        """One self-contained HTML page: summary, error chart, sortable per-layer table, causes."""
+        return self._native.to_html()
+
+    def to_svg(self) -> str:
+        """The error chart (each layer's error against its tolerance, log scale) as SVG."""
+        return self._native.to_svg()
+
+    def _repr_html_(self) -> str:
+        # Jupyter shows the summary and the chart inline.
+        return f"<pre>{html.escape(self.summary_text())}</pre>{self._native.to_svg()}"
+
     def summary_text(self) -> str:
         return self._native.summary_text()
 
@@ -88,10 +101,15 @@ class Report:
         return self._native.timings_text()
 
     def write(
-        self, json: str | Path | None = None, markdown: str | Path | None = None
+        self,
+        json: str | Path | None = None,
+        markdown: str | Path | None = None,
+        html: str | Path | None = None,
+        svg: str | Path | None = None,
     ) -> list[Path]:
-        """Write the JSON and/or Markdown report; each file is written whole or not at all."""
-        return [Path(p) for p in self._native.write(json, markdown)]
+        """Write the reports given a path (JSON, Markdown, HTML, the chart as SVG); each file is
+        written whole or not at all."""
+        return [Path(p) for p in self._native.write(json, markdown, html, svg)]
 
     def __repr__(self) -> str:
         s = self.summary

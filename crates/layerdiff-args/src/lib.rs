@@ -555,8 +555,8 @@ pub struct TorchArgs {
 /// Report options shared by every verb.
 #[derive(Debug, Clone, Args)]
 pub struct ReportArgs {
-    /// Write report.json, report.md and report.inputs.safetensors into this folder (and, for
-    /// `torch`, the exported model.onnx).
+    /// Write report.json, report.md, report.html, report.svg (the error chart) and
+    /// report.inputs.safetensors into this folder (and, for `torch`, the exported model.onnx).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Write the JSON report here (the inputs are saved beside it as NAME.inputs.safetensors).
@@ -565,6 +565,14 @@ pub struct ReportArgs {
     /// Write the Markdown report here.
     #[arg(long, value_name = "PATH")]
     pub markdown: Option<PathBuf>,
+    /// Write the HTML report here: one self-contained page (summary, error chart, sortable
+    /// per-layer table, causes) that opens offline.
+    #[arg(long, value_name = "PATH")]
+    pub html: Option<PathBuf>,
+    /// Write the error chart here, as SVG (each layer's error against its tolerance, log scale,
+    /// the drift origin marked): for READMEs and issue trackers.
+    #[arg(long, value_name = "PATH")]
+    pub svg: Option<PathBuf>,
     /// Print nothing but errors; the exit code still tells the verdict.
     #[arg(long, short)]
     pub quiet: bool,
@@ -587,6 +595,20 @@ impl ReportArgs {
         self.markdown
             .clone()
             .or_else(|| self.out.as_ref().map(|d| d.join("report.md")))
+    }
+
+    /// The HTML report's path: `--html`, else `--out`/report.html.
+    pub fn html_path(&self) -> Option<PathBuf> {
+        self.html
+            .clone()
+            .or_else(|| self.out.as_ref().map(|d| d.join("report.html")))
+    }
+
+    /// The chart's path: `--svg`, else `--out`/report.svg.
+    pub fn svg_path(&self) -> Option<PathBuf> {
+        self.svg
+            .clone()
+            .or_else(|| self.out.as_ref().map(|d| d.join("report.svg")))
     }
 
     /// Where the inputs are saved: beside the JSON report, as `NAME.inputs.safetensors`.
@@ -672,6 +694,8 @@ impl ReportArgs {
         Destinations {
             json: self.json_path(),
             markdown: self.markdown_path(),
+            html: self.html_path(),
+            svg: self.svg_path(),
             inputs: self.inputs_path(),
             quiet: self.quiet,
             timings: self.timings,

@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
+use layerdiff_core::render::html_escape;
 use layerdiff_core::{Machine, OpCheck, Tensor, render};
 use layerdiff_onnx::Model;
 use layerdiff_runtime::RuntimeSpec;
@@ -418,13 +419,6 @@ pub fn to_markdown(report: &OpsReport) -> String {
         ));
     }
     out
-}
-
-fn html_escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
 }
 
 /// The matrix as one self-contained HTML page: a colored grid per dtype, each cell's numbers in

@@ -15,6 +15,10 @@ pub struct Destinations {
     pub json: Option<PathBuf>,
     /// The Markdown report.
     pub markdown: Option<PathBuf>,
+    /// The HTML report (one self-contained page).
+    pub html: Option<PathBuf>,
+    /// The error chart, as SVG.
+    pub svg: Option<PathBuf>,
     /// The inputs, as safetensors (with their seed).
     pub inputs: Option<PathBuf>,
     /// Print nothing but errors.
@@ -36,7 +40,7 @@ pub fn deliver(
     if !to.timings {
         report.timings = None;
     }
-    let mut written = write_reports(&report, to.json.as_deref(), to.markdown.as_deref())?;
+    let mut written = write_reports(&report, to)?;
     if let Some(path) = &to.inputs {
         let mut metadata =
             std::collections::BTreeMap::from([("producer".to_string(), "layerdiff".to_string())]);
@@ -90,23 +94,24 @@ pub fn write_texts(texts: &[(&Option<PathBuf>, String)]) -> Result<()> {
     Ok(())
 }
 
-/// Writes the JSON and/or Markdown renderings; returns the paths written.
-pub fn write_reports(
-    report: &Report,
-    json: Option<&Path>,
-    markdown: Option<&Path>,
-) -> Result<Vec<PathBuf>> {
+/// Writes the renderings `to` names (JSON, Markdown, HTML, the chart as SVG), each whole or not
+/// at all; returns the paths written.
+pub fn write_reports(report: &Report, to: &Destinations) -> Result<Vec<PathBuf>> {
+    type Render = fn(&Report) -> String;
+    let renderings: [(&Option<PathBuf>, Render); 4] = [
+        (&to.json, render::to_json),
+        (&to.markdown, render::to_markdown),
+        (&to.html, render::to_html),
+        (&to.svg, |r| render::to_svg(r, false)),
+    ];
     let mut written = Vec::new();
-    for (path, text) in [
-        (json, render::to_json as fn(&Report) -> String),
-        (markdown, render::to_markdown),
-    ] {
+    for (path, render) in renderings {
         if let Some(path) = path {
-            write_atomic(path, text(report).as_bytes()).map_err(|source| Error::Write {
-                path: path.to_path_buf(),
+            write_atomic(path, render(report).as_bytes()).map_err(|source| Error::Write {
+                path: path.clone(),
                 source,
             })?;
-            written.push(path.to_path_buf());
+            written.push(path.clone());
         }
     }
     Ok(written)

@@ -2,7 +2,8 @@
 //! (`v[i] = op[i](v[i-1])`, from the input `x`). It is also the smallest example of a new
 //! side: one module implementing `Side` (and `Recompute`, to re-run a layer on given values).
 //!
-//! The golden report (`tests/golden/chain.json`) is rewritten by `make golden`.
+//! The golden report (`tests/golden/chain.*`: JSON, Markdown, HTML and the chart) is rewritten
+//! by `make golden`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -404,14 +405,21 @@ fn a_pushed_reference_runs_each_segment_once_its_layers_are_in() {
 #[test]
 fn the_golden_report_of_the_drifting_chain() {
     let (report, _) = run(drifting(), &[], WHOLE).unwrap();
-    let json = render::to_json(&report);
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/chain.json");
-    if std::env::var_os("LAYERDIFF_BLESS").is_some() {
-        std::fs::write(&path, &json).unwrap();
+    let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    for (file, text) in [
+        ("chain.json", render::to_json(&report)),
+        ("chain.md", render::to_markdown(&report)),
+        ("chain.html", render::to_html(&report)),
+        ("chain.svg", render::to_svg(&report, false)),
+    ] {
+        let path = golden.join(file);
+        if std::env::var_os("LAYERDIFF_BLESS").is_some() {
+            std::fs::write(&path, &text).unwrap();
+        }
+        let expected = std::fs::read_to_string(&path).expect("make golden writes it");
+        assert_eq!(
+            text, expected,
+            "{file} changed: if on purpose, run `make golden`"
+        );
     }
-    let golden = std::fs::read_to_string(&path).expect("make golden writes it");
-    assert_eq!(
-        json, golden,
-        "the report changed: if on purpose, run `make golden`"
-    );
 }

@@ -34,6 +34,14 @@ impl Report {
     fn to_markdown(&self) -> String {
         render::to_markdown(&self.0)
     }
+    /// The HTML report: one self-contained page.
+    fn to_html(&self) -> String {
+        render::to_html(&self.0)
+    }
+    /// The error chart as a standalone SVG.
+    fn to_svg(&self) -> String {
+        render::to_svg(&self.0, false)
+    }
     /// The short text summary the CLI prints.
     fn summary_text(&self) -> String {
         render::to_text(&self.0)
@@ -74,10 +82,24 @@ impl Report {
     fn drift_origin(&self) -> Option<String> {
         self.0.summary.drift_origin.clone()
     }
-    /// Writes the JSON and/or Markdown report (each file whole or not at all).
-    #[pyo3(signature = (json=None, markdown=None))]
-    fn write(&self, json: Option<PathBuf>, markdown: Option<PathBuf>) -> PyResult<Vec<PathBuf>> {
-        output::write_reports(&self.0, json.as_deref(), markdown.as_deref()).map_err(to_py_err)
+    /// Writes the JSON, Markdown, HTML report and the chart as SVG, those given (each file whole
+    /// or not at all).
+    #[pyo3(signature = (json=None, markdown=None, html=None, svg=None))]
+    fn write(
+        &self,
+        json: Option<PathBuf>,
+        markdown: Option<PathBuf>,
+        html: Option<PathBuf>,
+        svg: Option<PathBuf>,
+    ) -> PyResult<Vec<PathBuf>> {
+        let to = output::Destinations {
+            json,
+            markdown,
+            html,
+            svg,
+            ..Default::default()
+        };
+        output::write_reports(&self.0, &to).map_err(to_py_err)
     }
 }
 

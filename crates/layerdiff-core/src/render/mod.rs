@@ -1,9 +1,13 @@
 //! Renderers: pure functions of a [`crate::Report`], one file per format.
 
+mod chart;
+mod html;
 mod json;
 mod markdown;
 mod text;
 
+pub use chart::to_svg;
+pub use html::{escape as html_escape, to_html};
 pub use json::{float, float_from, float_opt, format_float, to_json, to_json_value};
 pub use markdown::to_markdown;
 pub use text::to_text;

@@ -6,29 +6,7 @@ use crate::Report;
 pub fn to_text(report: &Report) -> String {
     let s = &report.summary;
     let mut out = String::new();
-    let verdict = match &s.drift_origin {
-        Some(origin) => {
-            let first = match &s.first_exceeding {
-                Some(f) if f != origin => format!(" (first exceeding: `{f}`)"),
-                _ => String::new(),
-            };
-            format!(
-                "drift found: {} of {} compared layers exceed their tolerance; born at `{origin}`{first}",
-                s.layers_exceeding, s.layers_compared
-            )
-        }
-        None => match &s.inconclusive {
-            Some(why) => format!(
-                "inconclusive: the {} compared layers are within tolerance, but {why}",
-                s.layers_compared
-            ),
-            None => format!(
-                "no drift: all {} compared layers within tolerance",
-                s.layers_compared
-            ),
-        },
-    };
-    out.push_str(&format!("{}: {verdict}\n", report.model));
+    out.push_str(&format!("{}: {}\n", report.model, verdict(report)));
     out.push_str(&format!(
         "  reference: {} ({})\n  target:    {} ({})\n",
         report.reference.runtime,
@@ -122,4 +100,31 @@ pub fn to_text(report: &Report) -> String {
         }
     }
     out
+}
+
+/// The verdict in one line: drift and where it is born, inconclusive and why, or no drift.
+pub(crate) fn verdict(report: &Report) -> String {
+    let s = &report.summary;
+    match &s.drift_origin {
+        Some(origin) => {
+            let first = match &s.first_exceeding {
+                Some(f) if f != origin => format!(" (first exceeding: `{f}`)"),
+                _ => String::new(),
+            };
+            format!(
+                "drift found: {} of {} compared layers exceed their tolerance; born at `{origin}`{first}",
+                s.layers_exceeding, s.layers_compared
+            )
+        }
+        None => match &s.inconclusive {
+            Some(why) => format!(
+                "inconclusive: the {} compared layers are within tolerance, but {why}",
+                s.layers_compared
+            ),
+            None => format!(
+                "no drift: all {} compared layers within tolerance",
+                s.layers_compared
+            ),
+        },
+    }
 }

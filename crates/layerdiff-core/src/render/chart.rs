@@ -1,0 +1,289 @@
+//! The error chart: each layer's accumulated and local error as a multiple of its own tolerance,
+//! on a log scale, in execution order, with the tolerance line and the drift origin marked. One
+//! standalone SVG, the same inside the HTML report and on its own for READMEs and issues.
+
+use std::fmt::Write;
+
+use crate::{Layer, Report, Stats};
+
+use super::html::escape;
+
+const WIDTH: f64 = 960.0;
+const HEIGHT: f64 = 340.0;
+const LEFT: f64 = 64.0;
+const RIGHT: f64 = 16.0;
+const TOP: f64 = 34.0;
+const BOTTOM: f64 = 46.0;
+/// The lowest decade drawn: errors below it (and exact zeros) sit on the floor.
+const FLOOR_DECADE: i32 = -6;
+
+/// The error of a comparison as a multiple of the layer's tolerance (above 1: exceeding);
+/// `None` where the comparison was not judged against a bound.
+fn ratio(stats: Option<&Stats>) -> Option<f64> {
+    let r = stats?.rounding.as_ref()?.tolerance_needed;
+    (!r.is_nan()).then_some(r)
+}
+
+/// The decades the y axis spans: from the smallest error drawn (at least [`FLOOR_DECADE`]) to
+/// the largest (at least 10× the tolerance).
+fn decades(layers: &[Layer]) -> (i32, i32) {
+    let ratios: Vec<f64> = layers
+        .iter()
+        .flat_map(|l| [ratio(l.accumulated.as_ref()), ratio(l.local.as_ref())])
+        .flatten()
+        .filter(|r| r.is_finite() && *r > 0.0)
+        .collect();
+    let lo = ratios.iter().copied().fold(0.01, f64::min);
+    let hi = ratios.iter().copied().fold(10.0, f64::max);
+    (
+        (lo.log10().floor() as i32).max(FLOOR_DECADE),
+        (hi.log10().ceil() as i32).min(300),
+    )
+}
+
+/// Renders the chart as a standalone SVG. With `links`, each point links to its row of the
+/// HTML report's table (`#layer-N`).
+pub fn to_svg(report: &Report, links: bool) -> String {
+    let layers = &report.layers;
+    let (lo, hi) = decades(layers);
+    let plot_w = WIDTH - LEFT - RIGHT;
+    let plot_h = HEIGHT - TOP - BOTTOM;
+    let x = |i: usize| LEFT + plot_w * (i as f64 + 0.5) / layers.len().max(1) as f64;
+    let y = |r: f64| {
+        let v = if r.is_infinite() {
+            hi as f64
+        } else if r <= 0.0 {
+            lo as f64
+        } else {
+            r.log10().clamp(lo as f64, hi as f64)
+        };
+        TOP + plot_h * (hi as f64 - v) / (hi - lo) as f64
+    };
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {WIDTH} {HEIGHT}\" width=\"{WIDTH}\" height=\"{HEIGHT}\" font-family=\"system-ui,sans-serif\" font-size=\"11\" role=\"img\" aria-label=\"error per layer against tolerance\">"
+    );
+    let _ = writeln!(
+        out,
+        "<title>{}: each layer's error as a multiple of its tolerance</title>",
+        escape(&report.model)
+    );
+    let _ = writeln!(
+        out,
+        "<rect x=\"0\" y=\"0\" width=\"{WIDTH}\" height=\"{HEIGHT}\" fill=\"#fff\"/>"
+    );
+    // Decades: grid lines and labels; the tolerance (1×) drawn strong.
+    for d in lo..=hi {
+        let yy = y(10f64.powi(d));
+        let (stroke, width) = if d == 0 {
+            ("#c62828", 1.5)
+        } else {
+            ("#e4e4e4", 1.0)
+        };
+        let _ = writeln!(
+            out,
+            "<line x1=\"{LEFT}\" x2=\"{:.1}\" y1=\"{yy:.1}\" y2=\"{yy:.1}\" stroke=\"{stroke}\" stroke-width=\"{width}\"/>\
+             <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#555\">{}</text>",
+            WIDTH - RIGHT,
+            LEFT - 6.0,
+            yy + 4.0,
+            decade_label(d, lo)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#c62828\">tolerance</text>",
+        WIDTH - RIGHT - 4.0,
+        y(1.0) - 4.0
+    );
+    let _ = writeln!(
+        out,
+        "<text transform=\"translate(14 {:.1}) rotate(-90)\" text-anchor=\"middle\" fill=\"#333\">max error ÷ tolerance</text>",
+        TOP + plot_h / 2.0
+    );
+    let _ = writeln!(
+        out,
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#333\">layers in execution order ({} in all)</text>",
+        LEFT + plot_w / 2.0,
+        HEIGHT - 8.0,
+        layers.len()
+    );
+    for i in axis_ticks(layers.len()) {
+        let _ = writeln!(
+            out,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#555\">{i}</text>",
+            x(i),
+            TOP + plot_h + 16.0
+        );
+    }
+    // The drift origin, where it is known.
+    if let Some(origin) = report
+        .summary
+        .drift_origin
+        .as_ref()
+        .and_then(|o| layers.iter().find(|l| &l.name == o))
+    {
+        let xx = x(origin.index);
+        let anchor = if xx > LEFT + plot_w * 0.7 {
+            "end"
+        } else {
+            "start"
+        };
+        let _ = writeln!(
+            out,
+            "<line class=\"origin\" x1=\"{xx:.1}\" x2=\"{xx:.1}\" y1=\"{TOP}\" y2=\"{:.1}\" stroke=\"#c62828\" stroke-dasharray=\"4 3\"/>\
+             <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"{anchor}\" fill=\"#c62828\" font-weight=\"bold\">drift born at {}</text>",
+            TOP + plot_h,
+            if anchor == "end" { xx - 4.0 } else { xx + 4.0 },
+            TOP - 8.0,
+            escape(&origin.name)
+        );
+    }
+    // Accumulated error: a line through the compared layers, broken where a layer has none.
+    let mut path = String::new();
+    let mut pen_down = false;
+    for l in layers {
+        match ratio(l.accumulated.as_ref()) {
+            Some(r) => {
+                let _ = write!(
+                    path,
+                    "{}{:.1} {:.1} ",
+                    if pen_down { "L" } else { "M" },
+                    x(l.index),
+                    y(r)
+                );
+                pen_down = true;
+            }
+            None => pen_down = false,
+        }
+    }
+    let _ = writeln!(
+        out,
+        "<path d=\"{}\" fill=\"none\" stroke=\"#1565c0\" stroke-width=\"1.2\"/>",
+        path.trim_end()
+    );
+    for l in layers {
+        let acc = ratio(l.accumulated.as_ref());
+        let local = ratio(l.local.as_ref());
+        if acc.is_none() && local.is_none() {
+            continue;
+        }
+        let tip = escape(&tooltip(l, acc, local));
+        if links {
+            let _ = write!(out, "<a href=\"#layer-{}\">", l.index);
+        }
+        let _ = write!(out, "<g class=\"point\"><title>{tip}</title>");
+        if let Some(r) = acc {
+            let fill = if l.exceeds_tol { "#c62828" } else { "#1565c0" };
+            let _ = write!(
+                out,
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{fill}\"/>",
+                x(l.index),
+                y(r)
+            );
+        }
+        if let Some(r) = local {
+            let (cx, cy) = (x(l.index), y(r));
+            let fill = if l.local_exceeds {
+                "#c62828"
+            } else {
+                "#ef6c00"
+            };
+            let _ = write!(
+                out,
+                "<path d=\"M{:.1} {:.1}l3.5 3.5l-3.5 3.5l-3.5 -3.5z\" fill=\"{fill}\" fill-opacity=\"0.8\"/>",
+                cx,
+                cy - 3.5
+            );
+        }
+        out.push_str("</g>");
+        if links {
+            out.push_str("</a>");
+        }
+        out.push('\n');
+    }
+    // Legend.
+    let lx = LEFT + 8.0;
+    let _ = writeln!(
+        out,
+        "<g><circle cx=\"{lx}\" cy=\"12\" r=\"3\" fill=\"#1565c0\"/><text x=\"{:.1}\" y=\"16\">accumulated (both sides from the inputs)</text>\
+         <path d=\"M{:.1} 8.5l3.5 3.5l-3.5 3.5l-3.5 -3.5z\" fill=\"#ef6c00\"/><text x=\"{:.1}\" y=\"16\">local (the layer alone, on the reference's inputs)</text>\
+         <circle cx=\"{:.1}\" cy=\"12\" r=\"3\" fill=\"#c62828\"/><text x=\"{:.1}\" y=\"16\">exceeding</text></g>",
+        lx + 8.0,
+        lx + 248.0,
+        lx + 256.0,
+        lx + 548.0,
+        lx + 556.0
+    );
+    out.push_str("</svg>\n");
+    out
+}
+
+/// A decade's label; the floor reads `≤` (zeros and smaller errors sit there).
+fn decade_label(d: i32, lo: i32) -> String {
+    let value = match d {
+        0 => "1×".to_string(),
+        1 => "10×".to_string(),
+        _ => format!("1e{d}"),
+    };
+    if d == lo {
+        format!("≤{value}")
+    } else {
+        value
+    }
+}
+
+/// At most about ten evenly spaced layer indices for the x axis.
+fn axis_ticks(n: usize) -> Vec<usize> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let raw = (n as f64 / 10.0).max(1.0);
+    let magnitude = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * magnitude)
+        .find(|s| *s >= raw)
+        .unwrap_or(raw) as usize;
+    (0..n).step_by(step.max(1)).collect()
+}
+
+/// A point's tooltip: the layer and its figures.
+fn tooltip(l: &Layer, acc: Option<f64>, local: Option<f64>) -> String {
+    let mut text = format!("#{} {}", l.index, l.name);
+    if let Some(kind) = &l.module_type {
+        let _ = write!(text, " ({kind})");
+    }
+    if let (Some(r), Some(st)) = (acc, &l.accumulated) {
+        let _ = write!(
+            text,
+            "\naccumulated: max abs diff {:.3e}, {r:.3}× tolerance",
+            st.max_abs_diff
+        );
+    }
+    if let (Some(r), Some(st)) = (local, &l.local) {
+        let _ = write!(
+            text,
+            "\nlocal: max abs diff {:.3e}, {r:.3}× tolerance",
+            st.max_abs_diff
+        );
+    }
+    if let Some(cause) = &l.cause {
+        let _ = write!(text, "\ncause: {cause}");
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_are_round_and_bounded() {
+        assert_eq!(axis_ticks(0), Vec::<usize>::new());
+        assert_eq!(axis_ticks(5), vec![0, 1, 2, 3, 4]);
+        assert_eq!(axis_ticks(68), (0..68).step_by(10).collect::<Vec<_>>());
+        assert_eq!(axis_ticks(250), vec![0, 50, 100, 150, 200]);
+    }
+}

@@ -1,0 +1,400 @@
+//! HTML: one self-contained page (no network, no external file) opened by a double click: the
+//! summary, the error chart, a sortable and filterable per-layer table with each layer's ONNX
+//! node, and the causes with their details.
+
+use std::fmt::Write;
+
+use crate::{Layer, LayerStatus, Report, Stats};
+
+use super::chart::to_svg;
+use super::text::verdict;
+
+/// Escapes text for HTML element content and double-quoted attributes.
+pub fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Escapes text and sets its `backquoted` spans as code.
+fn prose(text: &str) -> String {
+    escape(text)
+        .split('`')
+        .enumerate()
+        .map(|(i, part)| {
+            if i % 2 == 1 {
+                format!("<code>{part}</code>")
+            } else {
+                part.to_string()
+            }
+        })
+        .collect()
+}
+
+const STYLE: &str = "body{font:14px/1.45 system-ui,sans-serif;margin:1.5em 2em;color:#222}\
+h1{font-size:1.5em;margin:0 0 .3em}h2{font-size:1.15em;margin:1.6em 0 .4em}\
+.verdict{font-size:1.1em;padding:.5em .8em;border-radius:4px;display:inline-block}\
+.verdict.drift{background:#fde0dc}.verdict.clean{background:#e3f4e3}.verdict.inconclusive{background:#fff3cd}\
+.warning{background:#fff3cd;padding:.3em .6em;margin:.3em 0}\
+dl{display:grid;grid-template-columns:max-content auto;gap:.15em 1em;margin:.6em 0}dt{color:#555}dd{margin:0}\
+code{font-size:92%}svg{max-width:100%;height:auto}\
+.controls{margin:.5em 0}.controls input{width:22em;padding:2px 4px}\
+table{border-collapse:collapse;font-size:12.5px}\
+th,td{border-bottom:1px solid #e2e2e2;padding:2px 7px;text-align:right;white-space:nowrap}\
+th{position:sticky;top:0;background:#f4f4f4;cursor:pointer;user-select:none;text-align:center}\
+th.asc:after{content:' \\25B2'}th.desc:after{content:' \\25BC'}\
+td.t{text-align:left;font-family:ui-monospace,monospace}\
+tr.exceeds td{background:#fdecea}tr.origin td{background:#f8c9c4;font-weight:bold}\
+tr.unmapped td{color:#999}tr:target td{outline:2px solid #1565c0}\
+.cause{font-weight:bold}";
+
+/// Sorting (click a column head; again to reverse) and filtering (text over the name, type, ONNX
+/// node and cause; a choice of rows). Numbers sort by their `data-v`; empty cells go last.
+const SCRIPT: &str = r#"(function () {
+  var table = document.getElementById('layers');
+  var body = table.tBodies[0];
+  var heads = table.tHead.rows[0].cells;
+  function key(row, i) {
+    var cell = row.cells[i];
+    var v = cell.getAttribute('data-v');
+    if (v === null) return cell.textContent.trim().toLowerCase();
+    return v === '' ? null : Number(v);
+  }
+  Array.prototype.forEach.call(heads, function (th, i) {
+    th.addEventListener('click', function () {
+      var desc = th.classList.contains('asc');
+      Array.prototype.forEach.call(heads, function (h) { h.classList.remove('asc', 'desc'); });
+      th.classList.add(desc ? 'desc' : 'asc');
+      var rows = Array.prototype.slice.call(body.rows);
+      rows.sort(function (a, b) {
+        var x = key(a, i), y = key(b, i);
+        if (x === null || y === null) return (x === null) - (y === null);
+        var c = x < y ? -1 : x > y ? 1 : 0;
+        return desc ? -c : c;
+      });
+      rows.forEach(function (r) { body.appendChild(r); });
+    });
+  });
+  var text = document.getElementById('filter');
+  var which = document.getElementById('which');
+  function filter() {
+    var q = text.value.trim().toLowerCase();
+    var w = which.value;
+    var shown = 0;
+    Array.prototype.forEach.call(body.rows, function (r) {
+      var ok = (!q || r.getAttribute('data-search').indexOf(q) >= 0) &&
+        (w === 'all' || r.classList.contains(w));
+      r.hidden = !ok;
+      if (ok) shown += 1;
+    });
+    document.getElementById('shown').textContent = shown + ' of ' + body.rows.length + ' layers';
+  }
+  text.addEventListener('input', filter);
+  which.addEventListener('change', filter);
+  filter();
+})();"#;
+
+/// Renders a report as one self-contained HTML page.
+pub fn to_html(report: &Report) -> String {
+    let s = &report.summary;
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">\n<title>layerdiff: {}</title>\n<style>{STYLE}</style></head><body>\n",
+        escape(&report.model)
+    );
+    let _ = writeln!(
+        out,
+        "<h1>layerdiff: <code>{}</code></h1>",
+        escape(&report.model)
+    );
+    let class = match (&s.drift_origin, &s.inconclusive) {
+        (Some(_), _) => "drift",
+        (None, Some(_)) => "inconclusive",
+        (None, None) => "clean",
+    };
+    let _ = writeln!(
+        out,
+        "<p class=\"verdict {class}\" id=\"verdict\">{}</p>",
+        prose(&verdict(report))
+    );
+    for warning in &s.warnings {
+        let _ = writeln!(out, "<p class=\"warning\">Warning: {}</p>", prose(warning));
+    }
+    out.push_str(&facts(report));
+    let _ = writeln!(out, "<h2>Error per layer</h2>\n<figure id=\"chart\">");
+    out.push_str(&to_svg(report, true));
+    let _ = writeln!(
+        out,
+        "<figcaption>Each layer's largest error divided by its tolerance (above the red line: exceeding), in execution order; click a point for its row.</figcaption></figure>"
+    );
+    out.push_str(&causes(report));
+    out.push_str(&table(report));
+    let _ = writeln!(out, "<script>{SCRIPT}</script>\n</body></html>");
+    out
+}
+
+/// The sides, truth, machine, tolerance, inputs and counts.
+fn facts(report: &Report) -> String {
+    let s = &report.summary;
+    let mut rows: Vec<(&str, String)> = Vec::new();
+    let side = |info: &crate::SideInfo| format!("{} ({})", info.runtime, info.detail);
+    rows.push(("reference", side(&report.reference)));
+    rows.push(("target", side(&report.target)));
+    if let Some(placement) = report.target.placement_text() {
+        rows.push(("target placement", placement));
+    }
+    if let Some(graph) = &report.target_graph {
+        rows.push(("target graph", graph.describe()));
+    }
+    if let Some(truth) = &report.truth {
+        rows.push(("float64 truth", side(truth)));
+    }
+    rows.push(("tolerance", report.tolerance.describe()));
+    rows.push((
+        "error measured",
+        if report.mode == "local" {
+            "accumulated and local (each layer re-run on the reference's inputs)".to_string()
+        } else {
+            "accumulated only".to_string()
+        },
+    ));
+    rows.push((
+        "layers",
+        format!(
+            "{} in all, {} compared, {} without a counterpart; {} exceeding accumulated, {} locally",
+            s.layers_total,
+            s.layers_compared,
+            s.layers_unmapped,
+            s.layers_exceeding,
+            s.layers_exceeding_locally
+        ),
+    ));
+    if let Some(ranked) = s.own_error_text() {
+        rows.push(("most error of their own", ranked));
+    }
+    if !report.inputs.is_empty() {
+        let inputs: Vec<String> = report
+            .inputs
+            .iter()
+            .map(|i| format!("{} {} {:?}", i.name, i.dtype, i.shape))
+            .collect();
+        let seed = report
+            .seed
+            .map(|s| format!(" (seed {s})"))
+            .unwrap_or_default();
+        rows.push(("inputs", format!("{}{seed}", inputs.join(", "))));
+    }
+    rows.push(("machine", report.machine.describe()));
+    let mut out = String::from("<dl>\n");
+    for (name, value) in rows {
+        let _ = writeln!(out, "<dt>{name}</dt><dd>{}</dd>", prose(&value));
+    }
+    out.push_str("</dl>\n");
+    out
+}
+
+/// The layers with a cause, each with its details; those that only inherited their error
+/// folded away under one line.
+fn causes(report: &Report) -> String {
+    let (inherited, own): (Vec<&Layer>, Vec<&Layer>) = report
+        .layers
+        .iter()
+        .filter(|l| l.cause.is_some())
+        .partition(|l| l.cause.as_deref() == Some("inherited"));
+    if inherited.is_empty() && own.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("<h2>Causes</h2>\n<ul id=\"causes\">\n");
+    for l in own {
+        out.push_str(&cause_item(l));
+    }
+    out.push_str("</ul>\n");
+    if !inherited.is_empty() {
+        let _ = writeln!(
+            out,
+            "<details><summary>{} exceeding layer(s) only inherited their error from upstream</summary><ul>",
+            inherited.len()
+        );
+        for l in inherited {
+            out.push_str(&cause_item(l));
+        }
+        out.push_str("</ul></details>\n");
+    }
+    out
+}
+
+fn cause_item(l: &Layer) -> String {
+    let permutation = l
+        .permutation
+        .as_ref()
+        .map(|p| format!(" {p:?}"))
+        .unwrap_or_default();
+    format!(
+        "<li><a href=\"#layer-{}\"><code>{}</code></a>: <span class=\"cause\">{}</span>{}: {}</li>\n",
+        l.index,
+        escape(&l.name),
+        escape(l.cause.as_deref().unwrap_or_default()),
+        escape(&permutation),
+        prose(l.detail.as_deref().unwrap_or_default())
+    )
+}
+
+/// A number cell: shown in short scientific notation, sorted by its full value.
+fn number(v: Option<f64>) -> String {
+    match v {
+        Some(v) if v.is_finite() => format!("<td data-v=\"{v:e}\">{v:.3e}</td>"),
+        Some(v) => {
+            let key = if v.is_nan() { "" } else { "1e400" };
+            format!("<td data-v=\"{key}\">{v}</td>")
+        }
+        None => "<td data-v=\"\"></td>".to_string(),
+    }
+}
+
+fn ratio(stats: Option<&Stats>) -> Option<f64> {
+    stats?.rounding.as_ref().map(|r| r.tolerance_needed)
+}
+
+/// The per-layer table, with the filter controls above it.
+fn table(report: &Report) -> String {
+    let origin = report.summary.drift_origin.as_deref();
+    let mut out = String::from(
+        "<h2>Layers</h2>\n<div class=\"controls\"><input id=\"filter\" type=\"search\" placeholder=\"filter: layer, type, ONNX node, op, cause\"> \
+         <select id=\"which\"><option value=\"all\">all layers</option><option value=\"exceeds\">exceeding</option>\
+         <option value=\"caused\">with a cause</option><option value=\"compared\">compared</option>\
+         <option value=\"unmapped\">not compared</option></select> <span id=\"shown\"></span></div>\n\
+         <table id=\"layers\"><thead><tr>",
+    );
+    for head in [
+        "#",
+        "layer",
+        "type",
+        "ONNX value",
+        "ONNX node",
+        "op",
+        "shape",
+        "dtype",
+        "tolerance",
+        "max abs diff",
+        "× tolerance",
+        "local max abs diff",
+        "local × tolerance",
+        "mean abs diff",
+        "cosine",
+        "float64 dist. ref",
+        "float64 dist. target",
+        "cause",
+    ] {
+        let _ = write!(out, "<th>{head}</th>");
+    }
+    out.push_str("</tr></thead>\n<tbody>\n");
+    for l in &report.layers {
+        out.push_str(&row(l, origin == Some(l.name.as_str())));
+    }
+    out.push_str("</tbody></table>\n");
+    out
+}
+
+fn row(l: &Layer, origin: bool) -> String {
+    let mut classes = vec![match l.status {
+        LayerStatus::Unmapped => "unmapped",
+        _ => "compared",
+    }];
+    if l.exceeds_tol || l.local_exceeds || l.status == LayerStatus::ShapeMismatch {
+        classes.push("exceeds");
+    }
+    if l.cause.is_some() {
+        classes.push("caused");
+    }
+    if origin {
+        classes.push("origin");
+    }
+    let onnx = l.onnx.as_ref();
+    let search = [
+        Some(l.name.as_str()),
+        l.module_type.as_deref(),
+        onnx.map(|o| o.value.as_str()),
+        onnx.map(|o| o.node.as_str()),
+        onnx.map(|o| o.op_type.as_str()),
+        l.cause.as_deref(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect::<Vec<_>>()
+    .join(" ")
+    .to_lowercase();
+    let text = |v: Option<&str>| format!("<td class=\"t\">{}</td>", escape(v.unwrap_or("")));
+    let shape = l
+        .shape
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join("×");
+    let dtype = match &l.target_dtype {
+        Some(t) => format!("{} → {t}", l.dtype),
+        None => l.dtype.clone(),
+    };
+    let tolerance = match l.status {
+        LayerStatus::Unmapped => String::new(),
+        _ if l.tolerance.rtol == 0.0 => format!("{:e}", l.tolerance.atol),
+        _ => format!("{:e} + {:e}·|x|", l.tolerance.atol, l.tolerance.rtol),
+    };
+    let acc = l.accumulated.as_ref();
+    let local = l.local.as_ref();
+    let why = match (&l.cause, l.status) {
+        (Some(cause), _) => cause.clone(),
+        (None, LayerStatus::ShapeMismatch) => "shape mismatch".to_string(),
+        (None, LayerStatus::Unmapped) => l.reason.clone().unwrap_or_default(),
+        (None, LayerStatus::Compared) if l.exceeds_tol => "exceeds".to_string(),
+        (None, LayerStatus::Compared) => String::new(),
+    };
+    let mut out = format!(
+        "<tr id=\"layer-{}\" class=\"{}\" data-search=\"{}\"><td data-v=\"{}\">{}</td>",
+        l.index,
+        classes.join(" "),
+        escape(&search),
+        l.index,
+        l.index
+    );
+    out.push_str(&text(Some(&l.name)));
+    out.push_str(&text(l.module_type.as_deref()));
+    out.push_str(&text(onnx.map(|o| o.value.as_str())));
+    out.push_str(&text(onnx.map(|o| o.node.as_str())));
+    out.push_str(&text(onnx.map(|o| o.op_type.as_str())));
+    out.push_str(&text(Some(&shape)));
+    out.push_str(&text(Some(&dtype)));
+    out.push_str(&text(Some(&tolerance)));
+    out.push_str(&number(acc.map(|s| s.max_abs_diff)));
+    out.push_str(&number(ratio(acc)));
+    out.push_str(&number(local.map(|s| s.max_abs_diff)));
+    out.push_str(&number(ratio(local)));
+    out.push_str(&number(acc.map(|s| s.mean_abs_diff)));
+    out.push_str(&match acc.map(|s| s.cosine) {
+        Some(c) if c.is_finite() => format!("<td data-v=\"{c:e}\">{c:.6}</td>"),
+        c => number(c),
+    });
+    out.push_str(&number(l.float64.as_ref().map(|f| f.reference)));
+    out.push_str(&number(l.float64.as_ref().map(|f| f.target)));
+    out.push_str(&text(Some(&why)));
+    out.push_str("</tr>\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_from_models_cannot_inject_markup() {
+        assert_eq!(
+            escape("<script>\"a\" & b</script>"),
+            "&lt;script&gt;&quot;a&quot; &amp; b&lt;/script&gt;"
+        );
+        assert_eq!(
+            prose("born at `conv<1>` here"),
+            "born at <code>conv&lt;1&gt;</code> here"
+        );
+    }
+}
