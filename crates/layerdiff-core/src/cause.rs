@@ -8,8 +8,8 @@
 //! 2. `layout_permutation`: permuting the target onto the reference restores agreement;
 //! 3. `nondeterminism`: a side run twice disagrees with itself here by more than the tolerance;
 //! 4. `weight_mismatch`: a parameter or initializer the layer uses differs between the sides;
-//! 5. `precision_loss`: the layer ran in lower precision on the target (unless its own error
-//!    averages more ULPs of that precision than rounding explains, [`PRECISION_ULPS`]: then
+//! 5. `precision_loss`: the layer ran in lower precision on the target, values overflowing its
+//!    range to Inf included (unless its own error, finite, averages more ULPs of that precision than rounding explains, [`PRECISION_ULPS`]: then
 //!    `op_implementation`);
 //! 6. `op_implementation` (an attribute): an attribute of the target's nodes differs;
 //! 7. `rounding`: the float64 truth shows the target no further from it than twice the
@@ -186,6 +186,17 @@ fn decide(
         .and_then(|t| DType::from_name(t).ok())
         .filter(|t| DType::from_name(&layer.dtype).is_ok_and(|r| t.narrower_than(r)));
     if let Some(t) = lower {
+        let own = layer.local.as_ref().or(layer.accumulated.as_ref());
+        let overflowed = own.map_or(0, |s| s.inf_target.saturating_sub(s.inf_reference));
+        if overflowed > 0 {
+            return (
+                "precision_loss",
+                format!(
+                    "the target computes this layer in {t}, the reference in {}, and {overflowed} of its values overflow {t}'s range to ±Inf where the reference's are finite: keep it in {}",
+                    layer.dtype, layer.dtype
+                ),
+            );
+        }
         if let Some(ulps) = beyond_precision(layer, t) {
             let ops = e.ops_words();
             return (

@@ -10,6 +10,7 @@ pub const WEIGHT_RTOL: f64 = 1e-5;
 
 /// How a target weight relates to the reference's: the same, different (with a sentence), or
 /// stored in lower precision (with a sentence).
+#[derive(Debug)]
 pub enum WeightCheck {
     /// The same weight.
     Same,

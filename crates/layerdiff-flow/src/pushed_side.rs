@@ -281,20 +281,18 @@ fn parameter_check(
         .map(|(_, t)| t)
         .collect();
     let candidates: Vec<(String, Tensor)> = if named.is_empty() {
+        // A square matrix may be stored either way (an exporter writes a Linear's weight
+        // transposed for MatMul): both forms are candidates.
         let shaped: Vec<(String, Tensor)> = parameters
             .iter()
-            .filter_map(|(n, t)| {
-                if t.shape == weight.shape {
-                    Some((n.clone(), t.clone()))
-                } else if t.shape.len() == 2
+            .flat_map(|(n, t)| {
+                let transposed = t.shape.len() == 2
                     && weight.shape.len() == 2
                     && t.shape[0] == weight.shape[1]
-                    && t.shape[1] == weight.shape[0]
-                {
-                    Some((n.clone(), transpose_2d(t.view())))
-                } else {
-                    None
-                }
+                    && t.shape[1] == weight.shape[0];
+                let as_is = (t.shape == weight.shape).then(|| (n.clone(), t.clone()));
+                let flipped = transposed.then(|| (n.clone(), transpose_2d(t.view())));
+                as_is.into_iter().chain(flipped)
             })
             .collect();
         let mut names: Vec<&String> = shaped.iter().map(|(n, _)| n).collect();
@@ -309,7 +307,9 @@ fn parameter_check(
             .map(|t| (name.to_string(), t.clone()))
             .collect()
     };
-    let mut outcome = None;
+    // The closest form decides: the same weight, else the same in lower precision, else a
+    // different one.
+    let (mut lower, mut differs) = (None, None);
     for (n, parameter) in &candidates {
         let by_shape = if n == name {
             String::new()
@@ -318,15 +318,15 @@ fn parameter_check(
         };
         match check_weight(name, parameter.view(), weight, true) {
             WeightCheck::Same => return Some(WeightCheck::Same),
-            WeightCheck::Differs(text) => {
-                outcome.get_or_insert(WeightCheck::Differs(text + &by_shape));
-            }
             WeightCheck::LowerPrecision(text) => {
-                outcome.get_or_insert(WeightCheck::LowerPrecision(text + &by_shape));
+                lower.get_or_insert(WeightCheck::LowerPrecision(text + &by_shape));
+            }
+            WeightCheck::Differs(text) => {
+                differs.get_or_insert(WeightCheck::Differs(text + &by_shape));
             }
         }
     }
-    outcome
+    lower.or(differs)
 }
 
 /// A matrix transposed.
@@ -343,5 +343,51 @@ fn transpose_2d(t: TensorView<'_>) -> Tensor {
         dtype: t.dtype,
         shape: vec![cols, rows],
         bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use layerdiff_core::DType;
+
+    fn matrix(values: &[f32], rows: usize, cols: usize) -> Tensor {
+        Tensor {
+            dtype: DType::F32,
+            shape: vec![rows, cols],
+            bytes: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_square_weight_stored_transposed_is_the_same_weight() {
+        let weight = matrix(&[1.0, 2.0, 3.0, 4.0], 2, 2);
+        let stored = matrix(&[1.0, 3.0, 2.0, 4.0], 2, 2);
+        let parameters = vec![("k.weight".to_string(), weight)];
+        let found = parameter_check("val_31", &parameters, stored.view());
+        assert!(matches!(found, Some(WeightCheck::Same)), "{found:?}");
+        let other = matrix(&[1.0, 3.0, 2.0, 5.0], 2, 2);
+        let found = parameter_check("val_31", &parameters, other.view());
+        assert!(matches!(found, Some(WeightCheck::Differs(_))), "{found:?}");
+        // stored transposed in float16: the same weight in lower precision, not another one
+        let parameters = vec![(
+            "k.weight".to_string(),
+            matrix(&[1.0, 2.0, 3.0, 4.0001], 2, 2),
+        )];
+        // 1, 3, 2, 4 in float16
+        let half: Vec<u8> = [0x3C00u16, 0x4200, 0x4000, 0x4400]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let stored = Tensor {
+            dtype: DType::F16,
+            shape: vec![2, 2],
+            bytes: half,
+        };
+        let found = parameter_check("val_31", &parameters, stored.view());
+        assert!(
+            matches!(found, Some(WeightCheck::LowerPrecision(_))),
+            "{found:?}"
+        );
     }
 }

@@ -77,9 +77,14 @@ impl Recompute for GraphSide {
             evidence.precision = self.lowered_precision(group, reference, fed);
         }
         for (node, position, name) in self.initializers(group) {
+            // A quantized weight (integers a DequantizeLinear scales back) is not the model's
+            // weight in another form: its rounding is the quantization the evidence names.
             let Some(Ok(weight)) = self.model.stored(&name) else {
                 continue;
             };
+            if !weight.dtype.is_float() {
+                continue;
+            }
             let node = &self.index.nodes()[node].name;
             if let Some(found) = check(node, position, &name, weight.view()) {
                 found.record(evidence);
