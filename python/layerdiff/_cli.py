@@ -111,13 +111,17 @@ def _run(verb: str, command) -> int:
         "timings": built if command.timings else False,
         "options": command.options,
     }
+    if verb == "torch" and (command.batch_sizes or command.shapes):
+        return _along_axis(lt, command, model, inputs, progress)
     if verb == "grad":
         from layerdiff._grad import compare_gradients
 
         progress("forward and backward on both sides")
         report = compare_gradients(model, inputs, loss=command.loss, **common)
     elif pytorch_target:
-        report = lt.compare_torch(model, inputs, progress=progress, **common)
+        report = lt.compare_torch(
+            model, inputs, progress=progress, keep_fp32=command.keep_fp32, **common
+        )
     else:
         report = lt.compare_torch_onnx(
             model,
@@ -126,9 +130,45 @@ def _run(verb: str, command) -> int:
             exporter=command.exporter,
             workdir=command.out,
             progress=progress,
+            dtype=command.dtype,
+            keep_fp32=command.keep_fp32,
             **common,
         )
     return report._native.deliver(command, report.inputs, command.seed, report.notes)
+
+
+def _along_axis(lt, command, model, inputs, progress) -> int:
+    """`layerdiff torch --batch-sizes`/`--shapes`: the axis report, and under `--out` each
+    point's reports in its own folder."""
+    from layerdiff import _axis
+
+    axis, reports, notes = _axis.compare_along(
+        model,
+        lt._as_input_tuple(inputs),
+        batch_sizes=command.batch_sizes,
+        shapes=command.shapes,
+        onnx=command.onnx,
+        exporter=command.exporter,
+        workdir=command.out,
+        seed=command.seed,
+        name=command.model,
+        options=command.options,
+        dtype=command.dtype,
+        keep_fp32=command.keep_fp32,
+        progress=progress,
+    )
+    if command.out is not None:
+        for label, report in reports:
+            folder = Path(command.out) / _axis.slug(axis.axis, label)
+            report.write(
+                json=folder / "report.json",
+                markdown=folder / "report.md",
+                html=folder / "report.html",
+                svg=folder / "report.svg",
+            )
+    for label, report in reports:
+        notes += [f"{label}: {note}" for note in report.notes]
+    return axis.deliver(command, notes)
 
 
 if __name__ == "__main__":

@@ -20,9 +20,20 @@ def export_onnx(
     *,
     exporter: str = "dynamo",
     opset: int | None = None,
+    dynamic: list[list[int]] | None = None,
 ) -> Path:
     """Exports with ``torch.onnx.export``; the exporter's chatter (the legacy one prints whole
-    graphs when it fails) is kept back, and its last lines go in the error when it fails."""
+    graphs when it fails) is kept back, and its last lines go in the error when it fails.
+    ``dynamic``: for each input, the dimensions exported dynamic (a batch or shape axis)."""
+    dynamic_shapes = dynamic_axes = input_names = None
+    if dynamic is not None and any(dynamic):
+        dynamic_shapes = tuple({d: torch.export.Dim.DYNAMIC for d in dims} for dims in dynamic)
+        input_names = [f"input_{i}" for i in range(len(dynamic))]
+        dynamic_axes = {
+            name: {d: f"{name}_dim{d}" for d in dims}
+            for name, dims in zip(input_names, dynamic, strict=True)
+            if dims
+        }
     if exporter not in ("dynamo", "legacy"):
         raise _layerdiff.UsageError(f"unknown exporter `{exporter}` (expected dynamo or legacy)")
     chatter = io.StringIO()
@@ -35,11 +46,15 @@ def export_onnx(
             warnings.simplefilter("ignore")
             if exporter == "dynamo":
                 program = torch.onnx.export(
-                    model, inputs, dynamo=True, verbose=False, opset_version=opset
-                )
+                    model, inputs, dynamo=True, verbose=False, opset_version=opset,
+                    dynamic_shapes=dynamic_shapes,
+                )  # fmt: skip
                 program.save(str(path))
             else:
-                torch.onnx.export(model, inputs, str(path), dynamo=False, opset_version=opset)
+                torch.onnx.export(
+                    model, inputs, str(path), dynamo=False, opset_version=opset,
+                    input_names=input_names, dynamic_axes=dynamic_axes,
+                )  # fmt: skip
     except Exception as e:  # the exporter's own failure: report it, with what it printed
         detail = chatter.getvalue().strip().splitlines()[-5:]
         raise _layerdiff.ModelError(

@@ -18,6 +18,7 @@ import torch
 from layerdiff import _layerdiff
 from layerdiff._capture import _first_tensor, capture, leaf_modules
 from layerdiff._lockstep import Lockstep
+from layerdiff._sides import _CAST as _CASTS
 from layerdiff._sides import TorchSide, cuda_math
 from layerdiff.report import Report
 from layerdiff.tensors import flat
@@ -38,6 +39,7 @@ def compare_torch(
     timings: bool | list = False,
     progress=None,
     options: _layerdiff.Options | None = None,
+    keep_fp32: list[str] | tuple = (),
 ) -> Report:
     """Compare a PyTorch model with itself on another device, precision or compiler, layer by
     layer.
@@ -49,10 +51,15 @@ def compare_torch(
     reference's inputs, so its own error is told from inherited error), ``float64`` (a float64
     copy of the model as the numerical truth), ``max_memory`` and ``timings`` work as in
     :func:`layerdiff.torch.compare_torch_onnx`; ``options`` (already parsed) replaces them.
-    """
-    from layerdiff.torch import _as_input_tuple, _layer_parameters, _phases, _run_model
 
-    phases, lap = _phases(timings)
+    A target in float16 or bfloat16 that drifts gets keep-in-float32 advice
+    (``report.data["keep_float32"]``), checked by running the comparison again with those
+    layers' modules left in float32; ``keep_fp32`` (layer names) keeps the given layers instead,
+    and the report is then that of the model with them kept, checked against the one without.
+    """
+    from layerdiff.torch import _as_input_tuple, _phases
+
+    phases, _ = _phases(timings)
     step = progress or (lambda message: None)
     inputs = _as_input_tuple(inputs)
     if options is None:
@@ -70,54 +77,98 @@ def compare_torch(
             "for an ONNX runtime use compare_torch_onnx"
         )
     ref_side, tgt_side = TorchSide.of(options.reference), TorchSide.of(options.torch_target)
+    if keep_fp32 and tgt_side.precision not in ("fp16", "bf16"):
+        raise _layerdiff.UsageError(
+            f"keep_fp32 keeps layers of a float16 or bfloat16 target in float32; "
+            f"`{tgt_side.spelling}` computes in {tgt_side.precision}"
+        )
+    from layerdiff import _precision
     from layerdiff.torch import to_eval
 
     eval_note = to_eval(model)
+    once = _Comparison(
+        model, inputs, options, ref_side, tgt_side, name, seed, phases, timings, step
+    )
+    plain = once(keep=())
+    if eval_note:
+        plain.notes.insert(0, eval_note)
+    advice = plain.data.get("keep_float32") or {}
+    kept = list(keep_fp32) or [k["layer"] for k in advice.get("layers", [])]
+    if not kept or tgt_side.precision not in ("fp16", "bf16"):
+        return plain  # autocast decides per op: there is no module to keep in float32
+    modules = _precision.kept_modules(once.listed, kept)
+    step(f"checking: {tgt_side.spelling} again with {len(kept)} layer(s) in float32")
+    with_kept = once(keep=modules)
+    main = with_kept if keep_fp32 else plain
+    precision = _precision.DTYPE_NAMES[tgt_side.precision]
+    return main.checked(plain, with_kept, kept, precision)
 
-    with cuda_math(ref_side, tgt_side):
-        ref_model, ref_inputs = (
-            (model, inputs) if ref_side.plain else ref_side.prepare(model, inputs, whole=())
-        )
-        step(f"listing PyTorch layers ({ref_side.spelling})")
-        with ref_side.running():
-            listing = _run_model(inputs, lambda: capture(ref_model, ref_inputs))
-            # A module that computes everything itself (attention reading its projections'
-            # weights) is one layer: its own re-run then covers what it computes.
-            whole = frozenset(listing.self_computing)
-            if whole:
-                listing = capture(ref_model, ref_inputs, whole=whole)
-        listed = listing.layers
-        lap("listing PyTorch layers")
 
-        given = [flat(f"input_{i}", t) for i, t in enumerate(inputs)]
-        run = _layerdiff.CapturedRun(
-            command="torch",
-            model=name or type(model).__name__,
-            inputs=given,
-            layers=[vars(layer) for layer in listed],
-            options=options,
-            seed=seed,
-            reference_runtime="pytorch",
-            reference_detail=ref_side.describe(),
-            target_detail=tgt_side.describe(),
-            reduced_math=tgt_side.reduced_math(),
-            timings=phases if timings is not False else None,
-        )
-        split = run.segments_text
-        pieces = f" in {run.segments} segments" if split else ""
-        step(f"running {ref_side.spelling} and {tgt_side.spelling} side by side{pieces}")
-        target_model = _stream(
-            model, inputs, ref_model, ref_inputs, run, listed, ref_side, tgt_side, options, whole
-        )
-        needed = run.conclude()
-        native = run.finish(
-            _layer_parameters(ref_model, listed, needed),
-            _layer_parameters(target_model, listed, needed, folded=False),
-        )
-        whole_model = _compiled_whole(model, inputs, tgt_side) if tgt_side.compile else None
-    report = Report(native, inputs=given)
-    report.notes += [n for n in (eval_note, split, whole_model) if n]
-    return report
+class _Comparison:
+    """One run of the two PyTorch sides, layer by layer (``keep``: modules of the target left in
+    float32). Called once, or twice when keep-in-float32 advice is checked."""
+
+    def __init__(
+        self, model, inputs, options, ref_side, tgt_side, name, seed, phases, timings, step
+    ):  # fmt: skip
+        self.model, self.inputs, self.options = model, inputs, options
+        self.ref_side, self.tgt_side, self.name, self.seed = ref_side, tgt_side, name, seed
+        self.phases, self.timings, self.step = phases, timings, step
+        self.listed = None
+
+    def __call__(self, keep) -> Report:
+        from layerdiff.torch import _layer_parameters, _phases, _run_model
+
+        model, inputs, options = self.model, self.inputs, self.options
+        ref_side, tgt_side, step, timings = self.ref_side, self.tgt_side, self.step, self.timings
+        phases, lap = _phases(list(self.phases) if timings is not False else False)
+        name, seed = self.name, self.seed
+
+        with cuda_math(ref_side, tgt_side):
+            ref_model, ref_inputs = (
+                (model, inputs) if ref_side.plain else ref_side.prepare(model, inputs, whole=())
+            )
+            step(f"listing PyTorch layers ({ref_side.spelling})")
+            with ref_side.running():
+                listing = _run_model(inputs, lambda: capture(ref_model, ref_inputs))
+                # A module that computes everything itself (attention reading its projections'
+                # weights) is one layer: its own re-run then covers what it computes.
+                whole = frozenset(listing.self_computing)
+                if whole:
+                    listing = capture(ref_model, ref_inputs, whole=whole)
+            listed = self.listed = listing.layers
+            lap("listing PyTorch layers")
+
+            given = [flat(f"input_{i}", t) for i, t in enumerate(inputs)]
+            run = _layerdiff.CapturedRun(
+                command="torch",
+                model=name or type(model).__name__,
+                inputs=given,
+                layers=[vars(layer) for layer in listed],
+                options=options,
+                seed=seed,
+                reference_runtime="pytorch",
+                reference_detail=ref_side.describe(),
+                target_detail=tgt_side.describe(),
+                reduced_math=tgt_side.reduced_math(),
+                timings=phases if timings is not False else None,
+            )
+            split = run.segments_text
+            pieces = f" in {run.segments} segments" if split else ""
+            step(f"running {ref_side.spelling} and {tgt_side.spelling} side by side{pieces}")
+            target_model = _stream(
+                model, inputs, ref_model, ref_inputs, run, listed, ref_side, tgt_side, options,
+                whole, keep,
+            )  # fmt: skip
+            needed = run.conclude()
+            native = run.finish(
+                _layer_parameters(ref_model, listed, needed),
+                _layer_parameters(target_model, listed, needed, folded=False),
+            )
+            whole_model = _compiled_whole(model, inputs, tgt_side) if tgt_side.compile else None
+        report = Report(native, inputs=given)
+        report.notes += [n for n in (split, whole_model) if n]
+        return report
 
 
 def _compiled_whole(model, inputs, side: TorchSide, runs: int = 5) -> str:
@@ -157,16 +208,20 @@ def _compiled_whole(model, inputs, side: TorchSide, runs: int = 5) -> str:
     )
 
 
-def _stream(model, inputs, ref_model, ref_inputs, run, listed, ref_side, tgt_side, options, whole):
+def _stream(
+    model, inputs, ref_model, ref_inputs, run, listed, ref_side, tgt_side, options, whole, keep
+):
     """The forward pass that compares: each reference layer goes to the run with the target's
-    value of it, its local re-run and the float64 value. Returns the target's model."""
-    target = Lockstep(
-        model,
-        inputs,
-        lambda m, i: tgt_side.prepare(m, i, whole),
-        running=tgt_side.running,
-        whole=whole,
-    )
+    value of it, its local re-run and the float64 value (``keep``: modules of the target left in
+    float32). Returns the target's model."""
+    from layerdiff._precision import _cast, computes_in, keep_in_float32
+
+    def prepare(m, i):
+        copied, given = tgt_side.prepare(m, i, whole)
+        keep_in_float32(copied, keep)
+        return copied, given
+
+    target = Lockstep(model, inputs, prepare, running=tgt_side.running, whole=whole)
     truth = Lockstep(model, inputs, whole=whole) if options.float64 else None
     if target.model is None:
         raise _layerdiff.InputError(f"the target `{tgt_side.spelling}` {target.error}")
@@ -177,9 +232,15 @@ def _stream(model, inputs, ref_model, ref_inputs, run, listed, ref_side, tgt_sid
     disagreed: list[float | None] = [None]
 
     def rerun(leaf, func, args, kwargs):
-        """The target's module (or op) on the reference's inputs, as the target holds them."""
+        """The target's module (or op) on the reference's inputs, as the target holds them (a
+        module kept in float32 takes them cast up)."""
         convert = tgt_side.convert
         call = func or modules[leaf].forward
+        low = _CASTS.get(tgt_side.precision)
+        if keep and leaf is not None and low is not None:
+            wanted = computes_in(modules[leaf], low)
+            if wanted != low:
+                convert = lambda t: _cast(tgt_side.convert(t), wanted)  # noqa: E731
 
         def once():
             given = torch.utils._pytree.tree_map(convert, args)

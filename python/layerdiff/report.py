@@ -74,6 +74,20 @@ class Report:
                 return layer
         raise KeyError(name)
 
+    def advised(self, precision: str) -> Report:
+        """This report with keep-in-float32 advice for a target computing in `precision`."""
+        return self._with(self._native.advised(precision))
+
+    def checked(self, before: Report, after: Report, kept: list[str], precision: str) -> Report:
+        """This report with the check of keeping `kept` in float32: `before` without them kept,
+        `after` the same comparison with them kept."""
+        return self._with(self._native.checked(before._native, after._native, kept, precision))
+
+    def _with(self, native) -> Report:
+        report = Report(native, inputs=self.inputs)
+        report.notes = list(self.notes)
+        return report
+
     def to_json(self) -> str:
         """Deterministic JSON (same input, same bytes)."""
         return self._native.to_json()

@@ -66,6 +66,8 @@ def compare_torch_onnx(
     timings: bool | list = False,
     progress=None,
     options: _layerdiff.Options | None = None,
+    dtype: str | None = None,
+    keep_fp32: list[str] | tuple = (),
 ) -> Report:
     """Compare a PyTorch model with its ONNX export under ONNX Runtime, layer by layer.
 
@@ -88,9 +90,25 @@ def compare_torch_onnx(
     ``max_memory`` (bytes, or a size such as ``"4G"``; default: half the memory available).
     The numbers do not depend on it.
 
+    ``dtype`` (``"fp16"``, ``"int8"``) converts the ONNX file before the target runs it, with
+    ONNX Runtime's float16 converter or its static QDQ quantizer, as a deployment would. When it
+    drifts, ``report.data["keep_float32"]`` lists the layers to keep in float32, and the advice is
+    checked by converting again with those layers' nodes kept and comparing once more;
+    ``keep_fp32`` (layer names) keeps the given layers instead, and the report is then that of the
+    model with them kept, checked against the one without.
+
     ``options`` (an ``Options`` already parsed, as the command line makes) replaces
     ``tolerance``, ``local``, ``float64``, ``max_memory`` and ``target``.
     """
+    if dtype is not None and dtype not in ("fp16", "int8"):
+        raise _layerdiff.UsageError(
+            f"dtype `{dtype}`: an ONNX file is converted to fp16 or int8 (bfloat16: compare_torch "
+            "with target='torch:bf16')"
+        )
+    if keep_fp32 and dtype is None:
+        raise _layerdiff.UsageError(
+            "keep_fp32 keeps layers of a lower-precision target: give dtype"
+        )
     phases, lap = _phases(timings)
     step = progress or (lambda message: None)
     inputs = _as_input_tuple(inputs)
@@ -114,21 +132,67 @@ def compare_torch_onnx(
     lap("listing PyTorch layers")
 
     with contextlib.ExitStack() as stack:
+        folder = (
+            Path(workdir) if workdir else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        )
         if onnx is not None:
             onnx_path = Path(onnx)
             if not onnx_path.is_file():
                 raise _layerdiff.UsageError(f"ONNX file `{onnx}` does not exist")
         else:
-            folder = (
-                Path(workdir)
-                if workdir
-                else Path(stack.enter_context(tempfile.TemporaryDirectory()))
-            )
             folder.mkdir(parents=True, exist_ok=True)
             step(f"exporting to ONNX ({exporter})")
             onnx_path = export_onnx(model, inputs, folder / "model.onnx", exporter=exporter)
             lap("ONNX export")
 
+        compare = _FileComparison(
+            model, inputs, listed, options, name or type(model).__name__, seed,
+            phases if timings is not False else None, clone, progress, step,
+        )  # fmt: skip
+        if dtype is None:
+            return compare(onnx_path, notes=[eval_note])
+        from layerdiff import _precision
+
+        step(f"converting the ONNX file to {_precision.DTYPE_NAMES[dtype]}")
+        folder.mkdir(parents=True, exist_ok=True)
+        converted, note = _precision.convert(
+            onnx_path, dtype, folder / f"model.{dtype}.onnx", inputs, seed=seed or 0
+        )
+        lap(f"conversion to {dtype}", "runtime")
+        plain = compare(converted, note=note, notes=[eval_note])
+        if dtype == "int8":
+            plain = plain.advised("int8")
+        advice = plain.data.get("keep_float32") or {}
+        kept = list(keep_fp32) or [k["layer"] for k in advice.get("layers", [])]
+        if not kept:
+            return plain
+        nodes = _precision.kept_nodes(plain, kept)
+        step(
+            f"checking: {_precision.DTYPE_NAMES[dtype]} again with {len(kept)} layer(s) in float32"
+        )
+        again, note = _precision.convert(
+            onnx_path, dtype, folder / f"model.{dtype}-kept.onnx", inputs,
+            keep_nodes=nodes, seed=seed or 0,
+        )  # fmt: skip
+        with_kept = compare(again, note=note, notes=[eval_note])
+        main = with_kept if keep_fp32 else plain
+        return main.checked(plain, with_kept, kept, _precision.DTYPE_NAMES[dtype])
+
+
+class _FileComparison:
+    """One ONNX file compared with the PyTorch model, layer by layer: the run, the stream of the
+    layers from the forward hooks, the report. Called once per file (a lower precision compares
+    a second, converted again with layers kept in float32)."""
+
+    def __init__(
+        self, model, inputs, listed, options, name, seed, phases, clone, progress, step
+    ):  # fmt: skip
+        self.model, self.inputs, self.listed, self.options = model, inputs, listed, options
+        self.name, self.seed, self.phases, self.clone = name, seed, phases, clone
+        self.progress, self.step = progress, step
+
+    def __call__(self, onnx_path: Path, *, note: str | None = None, notes=()) -> Report:
+        model, inputs, listed, options = self.model, self.inputs, self.listed, self.options
         declared = _layerdiff.model_inputs(str(onnx_path))
         if len(declared) != len(inputs):
             names = ", ".join(d[0] for d in declared)
@@ -139,29 +203,30 @@ def compare_torch_onnx(
         onnx_inputs = [flat(decl[0], t) for decl, t in zip(declared, inputs, strict=True)]
         run = _layerdiff.CapturedRun(
             command="torch",
-            model=name or type(model).__name__,
+            model=self.name,
             onnx_path=str(onnx_path),
             inputs=onnx_inputs,
             layers=[vars(layer) for layer in listed],
             options=options,
-            seed=seed,
+            seed=self.seed,
             reference_runtime="pytorch",
             reference_detail=f"torch {torch.__version__}, eager, cpu",
             ort_library=_ort.library(),
-            timings=phases if timings is not False else None,
+            target_note=note,
+            timings=self.phases,
         )
         split = run.segments_text
         pieces = f" in {run.segments} segments" if split else ""
-        step(f"running PyTorch and the ONNX model side by side{pieces}, comparing each layer")
+        self.step(f"running PyTorch and the ONNX model side by side{pieces}, comparing each layer")
         _stream(
-            model, inputs, run, listed, float64=options.float64, clone=clone,
-            ticker=Ticker.for_terminal(progress, len(listed)),
+            model, inputs, run, listed, float64=options.float64, clone=self.clone,
+            ticker=Ticker.for_terminal(self.progress, len(listed)),
         )  # fmt: skip
         needed = run.conclude()
         native = run.finish(_layer_parameters(model, listed, needed))
-    report = Report(native, inputs=onnx_inputs)
-    report.notes += [n for n in (eval_note, split) if n]
-    return report
+        report = Report(native, inputs=onnx_inputs)
+        report.notes += [n for n in (*notes, split) if n]
+        return report
 
 
 def to_eval(model) -> str | None:

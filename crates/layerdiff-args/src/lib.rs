@@ -547,9 +547,83 @@ pub struct TorchArgs {
     /// available at start. The numbers do not depend on it.
     #[arg(long, value_name = "SIZE", value_parser = layerdiff_flow::memory::parse_memory)]
     pub max_memory: Option<u64>,
+    /// The precision the target computes in, against the float32 model. With an ONNX runtime
+    /// target, `fp16` converts the export with ONNX Runtime's float16 converter (inputs and
+    /// outputs kept float32) and `int8` quantizes it with ONNX Runtime's static QDQ quantizer,
+    /// calibrated on the inputs and variations of them; with a PyTorch target, `fp16` and `bf16`
+    /// are its PRECISION (`--target torch --dtype bf16` is `torch:bf16`). When the target
+    /// drifts, the report names the layers to keep in float32 and checks that advice by
+    /// re-running with them kept.
+    #[arg(long, value_enum)]
+    pub dtype: Option<TargetDtype>,
+    /// Layers to keep in float32 in a lower-precision target (`--dtype`), comma-separated, named
+    /// as in the report; the run is checked against the same target without them kept.
+    #[arg(long, value_delimiter = ',', value_name = "LAYERS")]
+    pub keep_fp32: Vec<String>,
+    /// Compare at each of these batch sizes (`1,8,32`): the model is exported once with a
+    /// dynamic batch dimension and checked at each, with inputs generated like the example's;
+    /// the axis report says which sizes drift and which layers pass at one size and fail at
+    /// another (`--out`: axis.json, axis.md, and each size's reports in batch-N/).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "SIZES",
+        value_parser = positive,
+        conflicts_with = "shapes"
+    )]
+    pub batch_sizes: Vec<usize>,
+    /// Compare at these input shapes, one `--shapes` per point: each input's shape, the inputs
+    /// separated by commas (`--shapes 1x3x224x224 --shapes 4x3x160x160`; two inputs:
+    /// `2x128,2x128`). The dimensions that differ are exported dynamic.
+    #[arg(long, value_name = "SHAPES", value_parser = parse_shapes)]
+    pub shapes: Vec<Vec<Vec<usize>>>,
     /// Where reports go.
     #[command(flatten)]
     pub report: ReportArgs,
+}
+
+/// A count above zero.
+fn positive(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("`{text}` is not a size above zero")),
+    }
+}
+
+/// The shapes of one point: each input's dimensions joined by `x`, inputs by commas.
+fn parse_shapes(text: &str) -> Result<Vec<Vec<usize>>, String> {
+    text.split(',')
+        .map(|shape| {
+            shape
+                .trim()
+                .split('x')
+                .map(positive)
+                .collect::<Result<Vec<usize>, String>>()
+                .map_err(|_| format!("`{shape}` is not a shape such as 1x3x224x224"))
+        })
+        .collect()
+}
+
+/// The precision a lower-precision target computes in (`--dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TargetDtype {
+    /// float16.
+    Fp16,
+    /// bfloat16 (a PyTorch target).
+    Bf16,
+    /// int8, quantized with ONNX Runtime's static QDQ quantizer (an ONNX runtime target).
+    Int8,
+}
+
+impl TargetDtype {
+    /// Its name as a dtype (`float16`, `bfloat16`, `int8`).
+    pub fn dtype_name(self) -> &'static str {
+        match self {
+            Self::Fp16 => "float16",
+            Self::Bf16 => "bfloat16",
+            Self::Int8 => "int8",
+        }
+    }
 }
 
 /// Report options shared by every verb.
@@ -736,6 +810,48 @@ impl GradArgs {
 }
 
 impl TorchArgs {
+    /// The target with `--dtype` applied: a PyTorch target computes in it; an ONNX runtime
+    /// target keeps its spelling and its file is converted (the dtype is returned for that).
+    /// Errors where the two do not fit together.
+    pub fn dtype_target(&self) -> Result<(TorchTarget, Option<TargetDtype>), String> {
+        use layerdiff_flow::torch_side::Precision;
+        let Some(dtype) = self.dtype else {
+            if !self.keep_fp32.is_empty() {
+                return Err("--keep-fp32 keeps layers of a lower-precision target in float32: give --dtype fp16, bf16 or int8".to_string());
+            }
+            return Ok((self.target.clone(), None));
+        };
+        match &self.target {
+            TorchTarget::Torch(spec) => {
+                let wanted = match dtype {
+                    TargetDtype::Fp16 => Precision::Fp16,
+                    TargetDtype::Bf16 => Precision::Bf16,
+                    TargetDtype::Int8 => {
+                        return Err(format!(
+                            "--dtype int8 quantizes the ONNX export with ONNX Runtime; the target `{}` is PyTorch itself (give --target ort)",
+                            spec.spelling()
+                        ));
+                    }
+                };
+                if spec.precision != Precision::Fp32 && spec.precision != wanted {
+                    return Err(format!(
+                        "--dtype {} and the target `{}` name two precisions: give one",
+                        dtype.dtype_name(),
+                        spec.spelling()
+                    ));
+                }
+                let mut spec = spec.clone();
+                spec.precision = wanted;
+                Ok((TorchTarget::Torch(spec), Some(dtype)))
+            }
+            TorchTarget::Onnx(runtime) if dtype == TargetDtype::Bf16 => Err(format!(
+                "--dtype bf16: ONNX Runtime has no bfloat16 conversion of a model (and few bfloat16 kernels); compare PyTorch in bfloat16 with `--target torch --dtype bf16`, or give --dtype fp16 for `{}`",
+                runtime.spelling()
+            )),
+            TorchTarget::Onnx(_) => Ok((self.target.clone(), Some(dtype))),
+        }
+    }
+
     /// Tolerance, local error and memory budget, as the engine takes them.
     pub fn settings(&self) -> Settings {
         Settings {

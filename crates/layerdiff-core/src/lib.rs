@@ -2,7 +2,9 @@
 //! deterministic), drift analysis (tolerance, drift origin, worst layers), and the report model with
 //! its renderers. Nothing here knows about Python, ONNX files or runtimes.
 
+mod advice;
 mod analysis;
+mod axis;
 mod cause;
 mod compare;
 mod dtype;
@@ -20,9 +22,15 @@ mod report;
 mod tensor;
 mod tolerance;
 
+pub use advice::{
+    AdviceCheck, KeepFloat32, KeptLayer, MOST_KEPT, check_advice, keep_float32, lower_precision_of,
+};
 pub use analysis::{
     BORN_HERE, LOW_COVERAGE, LOW_COVERAGE_WARNING, OWN_ERROR_RANKED, analyse, judge,
     not_compared_reasons, nothing_compared, summarise,
+};
+pub use axis::{
+    AXIS_SCHEMA, AxisLayer, AxisPoint, AxisReport, along_axis, axis_markdown, axis_text,
 };
 pub use cause::{Evidence, ROUNDING_FACTOR, explain, precision_grid};
 pub use compare::{

@@ -41,6 +41,10 @@ pub struct Report {
     pub summary: Summary,
     /// Every layer in execution order.
     pub layers: Vec<Layer>,
+    /// For a target in a lower precision that drifts: the layers to keep in float32, and what
+    /// keeping them did when it was checked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keep_float32: Option<crate::KeepFloat32>,
     /// The machine it was made on: with the sides' versions, what decides whether another run
     /// gives the same bytes (see [`crate::Machine`]).
     pub machine: crate::Machine,
@@ -394,6 +398,21 @@ pub struct OnnxRef {
     pub node: String,
     /// Its op type.
     pub op_type: String,
+    /// Every node that computes the layer from the values of the layers before it (the group
+    /// its local error re-ran), in graph order; empty where that group is not known.
+    pub nodes: Vec<String>,
+}
+
+impl OnnxRef {
+    /// A value and its producer, the layer's other nodes not yet known.
+    pub fn new(value: &str, node: &str, op_type: &str) -> Self {
+        Self {
+            value: value.to_string(),
+            node: node.to_string(),
+            op_type: op_type.to_string(),
+            nodes: Vec::new(),
+        }
+    }
 }
 
 /// Each side's max abs distance from the same model run in float64.

@@ -91,6 +91,9 @@ pub enum CapturedTarget {
         runtime: RuntimeSpec,
         /// ONNX Runtime library to load (`None`: search).
         ort_library: Option<PathBuf>,
+        /// What was done to the file before the runtime ran it (`converted to float16 by …`),
+        /// added to the target's description.
+        note: Option<String>,
     },
     /// The framework again, computing differently: each layer's value, and its local re-run,
     /// handed over beside the reference's ([`CapturedRun::add`]).
@@ -132,7 +135,15 @@ impl CapturedRun {
                 path,
                 runtime,
                 ort_library,
-            } => onnx_target(&c, path, runtime, ort_library.as_deref(), &mut clock)?,
+                note,
+            } => onnx_target(
+                &c,
+                path,
+                runtime,
+                ort_library.as_deref(),
+                note.as_deref(),
+                &mut clock,
+            )?,
             CapturedTarget::Pushed { info, computing } => (
                 same_layers(&c.layers),
                 Box::new(
@@ -293,6 +304,7 @@ fn onnx_target(
     path: &std::path::Path,
     runtime: &RuntimeSpec,
     ort_library: Option<&std::path::Path>,
+    note: Option<&str>,
     clock: &mut Stopwatch,
 ) -> Result<(Alignment, Box<dyn Side>)> {
     let mut model = Model::load(path)?;
@@ -349,7 +361,7 @@ fn onnx_target(
     }
     let graph_outputs = GraphIndex::new(model.graph()).graph_outputs().to_vec();
     let alignment = align(&c.layers, &mappings, &graph_outputs, inconclusive);
-    let target = GraphSide::new(None, model, target.runtime, &c.inputs).shipping(
+    let target = GraphSide::new(note.map(String::from), model, target.runtime, &c.inputs).shipping(
         target.renames,
         target.shipped,
         target.placement,
@@ -446,11 +458,7 @@ fn align(
                 op_type,
                 note,
             } => {
-                layer.onnx = Some(OnnxRef {
-                    value: value.clone(),
-                    node: node.clone(),
-                    op_type: op_type.clone(),
-                });
+                layer.onnx = Some(OnnxRef::new(value, node, op_type));
                 layer.reason = note.clone();
                 Some(value.clone())
             }

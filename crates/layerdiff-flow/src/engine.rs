@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use layerdiff_core::{
     Evidence, InputInfo, Layer, Machine, Report, SCHEMA, Summary, Tensor, TensorView, Tolerance,
-    explain, judge, nothing_compared, summarise,
+    explain, judge, keep_float32, lower_precision_of, nothing_compared, summarise,
 };
 use layerdiff_onnx::LocalGroup;
 
@@ -421,6 +421,15 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         let target_info = self.target.describe(&mut summary);
         let truth_info = self.truth.as_mut().map(|t| t.describe(&mut summary));
         if let Some(recompute) = self.target.recompute() {
+            for (layer, group) in self.layers.iter_mut().zip(&self.groups) {
+                if let (Some(onnx), Some(Ok(group))) = (layer.onnx.as_mut(), group) {
+                    onnx.nodes = recompute
+                        .group_nodes(group)
+                        .iter()
+                        .filter_map(|n| n.name.clone())
+                        .collect();
+                }
+            }
             for (i, layer) in self.layers.iter().enumerate() {
                 let (true, Some(Ok(group))) = (summary.needs_evidence(layer), &self.groups[i])
                 else {
@@ -444,7 +453,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         let mut layers = self.layers;
         explain(&mut layers, &self.evidence, &summary);
         self.clock.lap("analysis and causes", OWN);
-        Ok(Report {
+        let mut report = Report {
             schema: SCHEMA,
             command: self.header.command,
             model: self.header.model,
@@ -463,9 +472,12 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             inputs: InputInfo::describe(&self.inputs),
             summary,
             layers,
+            keep_float32: None,
             machine: Machine::this(),
             timings: Some(self.clock.phases()),
-        })
+        };
+        report.keep_float32 = lower_precision_of(&report).and_then(|p| keep_float32(&report, &p));
+        Ok(report)
     }
 }
 

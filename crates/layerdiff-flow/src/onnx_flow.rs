@@ -305,11 +305,7 @@ fn align(
         .enumerate()
         .map(|(index, p)| {
             let mut layer = Layer::new(index, p.value.clone(), Vec::new(), String::new());
-            layer.onnx = Some(OnnxRef {
-                value: p.value.clone(),
-                node: p.node.clone(),
-                op_type: p.op_type.clone(),
-            });
+            layer.onnx = Some(OnnxRef::new(&p.value, &p.node, &p.op_type));
             layer.reason = match &p.target {
                 Err(reason) => Some(reason.clone()),
                 Ok(_) if renames.restored.contains_key(&p.value) => {

@@ -32,11 +32,12 @@ impl CapturedRun {
     /// `call_index`, `identity`, `input_from`, `shape` and `dtype` (and `op` for a functional
     /// call), in execution order. The target is the options': a runtime runs `onnx_path`; a
     /// PyTorch target is described by `target_detail` and hands its values over with the
-    /// reference's (`reduced_math`: the module types whose float32 products it computes in
+    /// reference's (`target_note`: what was done to the ONNX file before the runtime ran it,
+    /// added to the target's description; `reduced_math`: the module types whose float32 products it computes in
     /// lower precision, and how; `lower_precision`: how it computes every layer below the
     /// reference's precision where no dtype shows it).
     #[new]
-    #[pyo3(signature = (*, command, model, inputs, layers, options, seed, reference_runtime, reference_detail, onnx_path=None, ort_library=None, target_detail=None, reduced_math=None, lower_precision=None, timings=None))]
+    #[pyo3(signature = (*, command, model, inputs, layers, options, seed, reference_runtime, reference_detail, onnx_path=None, ort_library=None, target_detail=None, target_note=None, reduced_math=None, lower_precision=None, timings=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -51,6 +52,7 @@ impl CapturedRun {
         onnx_path: Option<PathBuf>,
         ort_library: Option<PathBuf>,
         target_detail: Option<String>,
+        target_note: Option<String>,
         reduced_math: Option<(Vec<String>, String)>,
         lower_precision: Option<String>,
         timings: Option<Vec<(String, String, f64)>>,
@@ -100,6 +102,7 @@ impl CapturedRun {
                 })?,
                 runtime: runtime.clone(),
                 ort_library,
+                note: target_note,
             },
             TorchTarget::Torch(spec) => CapturedTarget::Pushed {
                 info: SideInfo::new(

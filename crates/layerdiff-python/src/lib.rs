@@ -1,6 +1,7 @@
 //! Python binding: extract arguments, run the core with the GIL released, convert the result.
 //! No metric, surgery or report logic lives here.
 
+mod axis;
 mod captured;
 mod check;
 mod exceptions;
@@ -71,6 +72,34 @@ impl Report {
             .detach(|| output::deliver(report, &to, &inputs, seed, &notes, Stopwatch::default()))
             .map_err(to_py_err)?;
         Ok(output::exit_code(&done))
+    }
+    /// This report with its keep-in-float32 advice for a target computing in `precision`
+    /// (`float16`, `bfloat16`, `int8`), replacing any advice it had.
+    fn advised(&self, precision: &str) -> Report {
+        let mut report = self.0.clone();
+        report.keep_float32 = layerdiff_core::keep_float32(&report, precision);
+        Report(report)
+    }
+    /// This report with the check of keeping `kept` in float32: `before` the comparison
+    /// without them kept, `after` with them (with no advice, `precision` names the target's).
+    fn checked(
+        &self,
+        before: &Report,
+        after: &Report,
+        kept: Vec<String>,
+        precision: &str,
+    ) -> Report {
+        let mut report = self.0.clone();
+        let check = layerdiff_core::check_advice(&before.0, &after.0, kept);
+        let keep = report
+            .keep_float32
+            .get_or_insert_with(|| layerdiff_core::KeepFloat32 {
+                precision: precision.to_string(),
+                layers: Vec::new(),
+                check: None,
+            });
+        keep.check = Some(check);
+        Report(report)
     }
     /// 0 when no layer exceeds the tolerance, 1 when drift was found.
     #[getter]
@@ -166,6 +195,7 @@ fn model_inputs(py: Python<'_>, path: PathBuf) -> PyResult<Vec<DeclaredInput>> {
 fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<Report>()?;
+    m.add_class::<axis::PyAxisReport>()?;
     m.add_function(wrap_pyfunction!(parse_cli, m)?)?;
     m.add_class::<CapturedRun>()?;
     m.add_class::<Options>()?;

@@ -110,6 +110,13 @@ pub(crate) struct Command {
     onnx: Option<PathBuf>,
     /// `grad`: the loss.
     loss: Option<String>,
+    /// `torch`: the precision of the target (`fp16`, `bf16`, `int8`) and the layers kept in
+    /// float32 in it.
+    dtype: Option<String>,
+    keep_fp32: Vec<String>,
+    /// `torch`: the points of an axis: batch sizes, or each point's input shapes.
+    batch_sizes: Vec<usize>,
+    shapes: Vec<Vec<Vec<usize>>>,
 }
 
 #[pymethods]
@@ -133,6 +140,26 @@ impl Command {
     #[getter]
     fn onnx(&self) -> Option<PathBuf> {
         self.onnx.clone()
+    }
+    /// `torch`: the precision the target computes in (`fp16`, `bf16`, `int8`), or None.
+    #[getter]
+    fn dtype(&self) -> Option<String> {
+        self.dtype.clone()
+    }
+    /// `torch`: the layers to keep in float32 in a lower-precision target.
+    #[getter]
+    fn keep_fp32(&self) -> Vec<String> {
+        self.keep_fp32.clone()
+    }
+    /// `torch`: the batch sizes to compare at (empty: the example's only).
+    #[getter]
+    fn batch_sizes(&self) -> Vec<usize> {
+        self.batch_sizes.clone()
+    }
+    /// `torch`: each point's input shapes (empty: the example's only).
+    #[getter]
+    fn shapes(&self) -> Vec<Vec<Vec<usize>>> {
+        self.shapes.clone()
     }
     /// `grad`: `dot` or `sum`.
     #[getter]
@@ -199,8 +226,19 @@ pub(crate) fn parse_cli(
             exit(py.detach(|| layerdiff_flow::audit::run(&options, &to, ort_library.as_deref())))
         }
         Parsed::Torch(a) => {
-            let (target, settings) = (a.target.clone(), a.settings());
+            let (target, dtype) = match a.dtype_target() {
+                Ok(resolved) => resolved,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return exit(2);
+                }
+            };
+            let settings = a.settings();
             let command = Command {
+                dtype: dtype.map(|d| format!("{d:?}").to_lowercase()),
+                keep_fp32: a.keep_fp32,
+                batch_sizes: a.batch_sizes,
+                shapes: a.shapes,
                 model: a.model,
                 seed: a.seed,
                 options: Options {
@@ -239,6 +277,10 @@ pub(crate) fn parse_cli(
                 report: a.report,
                 exporter: None,
                 onnx: None,
+                dtype: None,
+                keep_fp32: Vec::new(),
+                batch_sizes: Vec::new(),
+                shapes: Vec::new(),
                 loss: Some(format!("{:?}", a.loss).to_lowercase()),
             };
             checked(py, "grad", command)

@@ -130,6 +130,7 @@ pub fn to_html(report: &Report) -> String {
         "<figcaption>Each layer's largest error divided by its tolerance (above the red line: exceeding), in execution order; click a point for its row.</figcaption></figure>"
     );
     out.push_str(&causes(report));
+    out.push_str(&keep(report));
     out.push_str(&table(report));
     let _ = writeln!(out, "<script>{SCRIPT}</script>\n</body></html>");
     out
@@ -239,6 +240,42 @@ fn cause_item(l: &Layer) -> String {
         escape(&permutation),
         prose(l.detail.as_deref().unwrap_or_default())
     )
+}
+
+/// The keep-in-float32 advice and its check.
+fn keep(report: &Report) -> String {
+    let Some(keep) = &report.keep_float32 else {
+        return String::new();
+    };
+    let mut out = format!(
+        "<h2>Keep in float32</h2>\n<p>The target computes in {}; these layers should stay in float32, most needed first:</p>\n<ol id=\"keep\">\n",
+        escape(&keep.precision)
+    );
+    for k in &keep.layers {
+        let index = report.layers.iter().position(|l| l.name == k.layer);
+        let name = match index {
+            Some(i) => format!(
+                "<a href=\"#layer-{i}\"><code>{}</code></a>",
+                escape(&k.layer)
+            ),
+            None => format!("<code>{}</code>", escape(&k.layer)),
+        };
+        let nodes = if k.nodes.is_empty() {
+            String::new()
+        } else {
+            format!(" (ONNX nodes: {})", escape(&k.nodes.join(", ")))
+        };
+        let _ = writeln!(out, "<li>{name}: {}{nodes}</li>", prose(&k.why));
+    }
+    out.push_str("</ol>\n");
+    if let Some(check) = &keep.check {
+        let _ = writeln!(
+            out,
+            "<p id=\"advice-check\"><b>Checked</b> by re-running with them kept: {}.</p>",
+            prose(&check.verdict)
+        );
+    }
+    out
 }
 
 /// A number cell: shown in short scientific notation, sorted by its full value.

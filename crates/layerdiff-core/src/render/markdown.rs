@@ -194,6 +194,25 @@ pub fn to_markdown(report: &Report) -> String {
             let _ = writeln!(out, "- `{}`: **{cause}**{permutation}: {detail}", l.name);
         }
     }
+    if let Some(keep) = &report.keep_float32 {
+        let _ = writeln!(
+            out,
+            "\n## Keep in float32\n\nThe target computes in {}; these layers should stay in float32, most needed first:\n",
+            keep.precision
+        );
+        let _ = writeln!(out, "| layer | why | ONNX nodes |\n|---|---|---|");
+        for k in &keep.layers {
+            let nodes: Vec<String> = k.nodes.iter().map(|n| format!("`{n}`")).collect();
+            let _ = writeln!(out, "| `{}` | {} | {} |", k.layer, k.why, nodes.join(" "));
+        }
+        if let Some(check) = &keep.check {
+            let _ = writeln!(
+                out,
+                "\n**Checked** by re-running with them kept: {}.",
+                check.verdict
+            );
+        }
+    }
     let notes: Vec<_> = report
         .layers
         .iter()

@@ -99,6 +99,23 @@ pub fn to_text(report: &Report) -> String {
             ));
         }
     }
+    if let Some(keep) = &report.keep_float32 {
+        let names: Vec<String> = keep
+            .layers
+            .iter()
+            .map(|k| format!("`{}`", k.layer))
+            .collect();
+        if !names.is_empty() {
+            out.push_str(&format!(
+                "  keep in float32 (the target computes in {}): {}\n",
+                keep.precision,
+                names.join(", ")
+            ));
+        }
+        if let Some(check) = &keep.check {
+            out.push_str(&format!("  checked: {}\n", check.verdict));
+        }
+    }
     out
 }
 

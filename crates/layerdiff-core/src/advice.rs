@@ -1,0 +1,347 @@
+//! Keep-in-float32 advice: when a target computes in a lower precision (float16, bfloat16,
+//! int8) and drifts, the layers that should stay in float32, each with why, and what keeping
+//! them did when the comparison was re-run that way.
+
+use serde::Serialize;
+
+use crate::{Layer, LayerStatus, Report, Stats};
+
+/// At most this many layers are advised: the advice is meant to be acted on, and keeping most
+/// of a model in float32 is not a lower-precision deployment any more.
+pub const MOST_KEPT: usize = 8;
+
+/// The layers a lower-precision target should keep in float32, and the check of that advice.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KeepFloat32 {
+    /// The lower precision the target computes in (`float16`, `bfloat16`, `int8`).
+    pub precision: String,
+    /// The layers, most needed first.
+    pub layers: Vec<KeptLayer>,
+    /// The same comparison re-run with those layers kept in float32, when it was.
+    pub check: Option<AdviceCheck>,
+}
+
+/// One layer to keep in float32.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KeptLayer {
+    /// The layer.
+    pub layer: String,
+    /// Its ONNX nodes, to keep out of a conversion (`node_block_list` of ONNX Runtime's float16
+    /// converter, `nodes_to_exclude` of its quantizer); empty with a PyTorch target.
+    pub nodes: Vec<String>,
+    /// Why, in words.
+    pub why: String,
+}
+
+/// What keeping the advised layers in float32 did, measured by re-running the comparison.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AdviceCheck {
+    /// The layers kept (the advice, or the user's own list).
+    pub kept: Vec<String>,
+    /// Layers exceeding their tolerance before, of those compared.
+    pub exceeding_before: usize,
+    /// Layers exceeding their tolerance with the layers kept.
+    pub exceeding_after: usize,
+    /// The last compared layer (the model's output), where the error is read.
+    pub output: String,
+    /// Its largest difference before.
+    #[serde(serialize_with = "crate::render::float")]
+    pub output_max_abs_diff_before: f64,
+    /// Its largest difference with the layers kept.
+    #[serde(serialize_with = "crate::render::float")]
+    pub output_max_abs_diff_after: f64,
+    /// Its elements NaN or ±Inf on the target where the reference is finite, before.
+    pub output_nonfinite_before: u64,
+    /// The same with the layers kept.
+    pub output_nonfinite_after: u64,
+    /// Where drift is born with the layers kept, if anywhere.
+    pub drift_origin_after: Option<String>,
+    /// The check in one sentence.
+    pub verdict: String,
+}
+
+/// Lower-precision dtypes, lowest first in nothing but name.
+fn lower(dtype: &str) -> bool {
+    matches!(dtype, "float16" | "bfloat16" | "int8" | "uint8")
+}
+
+/// The precision a target computes in below the reference's, read off its layers (the most
+/// common lower target dtype), or `int8` where the caller knows the target is quantized.
+pub fn lower_precision_of(report: &Report) -> Option<String> {
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for l in &report.layers {
+        if let Some(t) = l.target_dtype.as_deref().filter(|t| lower(t)) {
+            match counts.iter_mut().find(|(d, _)| d == t) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((t.to_string(), 1)),
+            }
+        }
+    }
+    counts
+        .into_iter()
+        .max_by_key(|(_, n)| *n)
+        .map(|(dtype, _)| dtype)
+}
+
+/// Elements that overflowed to ±Inf on the target where the reference is finite (a NaN that
+/// follows is counted by the caller).
+fn overflowed(stats: Option<&Stats>) -> u64 {
+    stats.map_or(0, |s| s.inf_target.saturating_sub(s.inf_reference))
+}
+
+fn ratio(stats: Option<&Stats>) -> f64 {
+    stats
+        .and_then(|s| s.rounding.as_ref())
+        .map_or(0.0, |r| r.tolerance_needed)
+}
+
+/// The layers a target computing in `precision` should keep in float32: those that overflow to
+/// Inf themselves, those whose own error (local, where measured) exceeds the tolerance, and the
+/// drift origin, where error that then grows downstream is born; overflow first, then by own
+/// error against the tolerance, at most [`MOST_KEPT`]. `None` when nothing drifts.
+pub fn keep_float32(report: &Report, precision: &str) -> Option<KeepFloat32> {
+    let origin = report.summary.drift_origin.as_deref();
+    if origin.is_none() && report.summary.layers_exceeding == 0 {
+        return None;
+    }
+    let mut ranked: Vec<(u64, f64, &Layer, String)> = Vec::new();
+    for l in report
+        .layers
+        .iter()
+        .filter(|l| l.status == LayerStatus::Compared)
+    {
+        // Its own error: the local one; without a local run (a run that measures none), the
+        // accumulated one of a layer that did not merely inherit it. A layer with no nodes of
+        // its own (it holds another layer's value) has none to keep.
+        let own = match (&l.local, report.mode.as_str()) {
+            (Some(local), _) => Some(local),
+            (None, "local") => None,
+            (None, _) if l.cause.as_deref() == Some("inherited") => None,
+            (None, _) => l.accumulated.as_ref(),
+        };
+        let inf = overflowed(own) + own.map_or(0, |s| s.nan_mismatch);
+        let own_ratio = ratio(own);
+        let is_origin = origin == Some(l.name.as_str());
+        let own_exceeds = l.local_exceeds || (l.local.is_none() && own.is_some() && l.exceeds_tol);
+        if own.is_none() || (inf == 0 && !own_exceeds && !is_origin) {
+            continue;
+        }
+        let mut why = Vec::new();
+        if inf > 0 {
+            why.push(format!(
+                "overflows {precision}'s range: {inf} element(s) Inf or NaN where float32 is finite"
+            ));
+        }
+        if own_exceeds && inf == 0 {
+            why.push(format!(
+                "its own error is {own_ratio:.1}× the tolerance (max abs diff {:.3e})",
+                own.map_or(0.0, |s| s.max_abs_diff)
+            ));
+        }
+        if is_origin {
+            why.push("the drift is born here and grows downstream".to_string());
+        }
+        ranked.push((inf, own_ratio, l, why.join("; ")));
+    }
+    // Overflowing layers first, in execution order (the first is where it starts), then by
+    // own error against the tolerance.
+    ranked.sort_by(|a, b| {
+        (b.0 > 0)
+            .cmp(&(a.0 > 0))
+            .then(if a.0 > 0 {
+                a.2.index.cmp(&b.2.index)
+            } else {
+                b.1.total_cmp(&a.1)
+            })
+            .then(a.2.index.cmp(&b.2.index))
+    });
+    let layers = ranked
+        .into_iter()
+        .take(MOST_KEPT)
+        .map(|(_, _, l, why)| KeptLayer {
+            layer: l.name.clone(),
+            nodes: l.onnx.as_ref().map(|o| o.nodes.clone()).unwrap_or_default(),
+            why,
+        })
+        .collect();
+    Some(KeepFloat32 {
+        precision: precision.to_string(),
+        layers,
+        check: None,
+    })
+}
+
+/// The last compared layer's statistics.
+fn output(report: &Report) -> Option<(&str, &Stats)> {
+    report
+        .layers
+        .iter()
+        .rev()
+        .find_map(|l| Some((l.name.as_str(), l.accumulated.as_ref()?)))
+}
+
+/// Elements NaN or ±Inf on the target only.
+fn nonfinite(s: &Stats) -> u64 {
+    s.nan_mismatch + s.inf_target.saturating_sub(s.inf_reference)
+}
+
+/// The output's error in words: NaN/Inf where there is, else its largest difference.
+fn output_words(s: Option<&Stats>) -> String {
+    match s {
+        None => "not compared".to_string(),
+        Some(s) if nonfinite(s) > 0 => {
+            format!("NaN or Inf in {} of {} elements", nonfinite(s), s.elements)
+        }
+        Some(s) => format!("max abs diff {:.3e}", s.max_abs_diff),
+    }
+}
+
+/// What keeping `kept` in float32 did: `before` the run at the lower precision, `after` the same
+/// comparison with those layers kept.
+pub fn check_advice(before: &Report, after: &Report, kept: Vec<String>) -> AdviceCheck {
+    let (name, was) = output(before).map_or(("", None), |(n, s)| (n, Some(s)));
+    let now = after
+        .layers
+        .iter()
+        .find(|l| l.name == name)
+        .and_then(|l| l.accumulated.as_ref());
+    let (b, a) = (
+        before.summary.layers_exceeding,
+        after.summary.layers_exceeding,
+    );
+    let bad = |s: Option<&Stats>| s.map_or(0, nonfinite);
+    let max = |s: Option<&Stats>| s.map_or(f64::NAN, |s| s.max_abs_diff);
+    let change = format!("`{name}` {} → {}", output_words(was), output_words(now));
+    let n = kept.len();
+    let verdict = if after.summary.drift_origin.is_none() && a == 0 {
+        format!(
+            "keeping {n} layer(s) in float32 removes the drift: no layer exceeds its tolerance (was {b}); {change}"
+        )
+    } else if bad(now) < bad(was) || a < b || max(now) < max(was) * 0.5 {
+        format!(
+            "keeping {n} layer(s) in float32 reduces the drift: {a} layers exceed (was {b}); {change}"
+        )
+    } else if max(now) < max(was) {
+        format!(
+            "keeping {n} layer(s) in float32 helps little: {a} layers exceed (was {b}); {change}: the drift is spread over the model, not born in a few layers"
+        )
+    } else {
+        format!(
+            "keeping {n} layer(s) in float32 does not help: {a} layers exceed (was {b}); {change}: the drift is spread over the model, not born in a few layers"
+        )
+    };
+    AdviceCheck {
+        kept,
+        exceeding_before: b,
+        exceeding_after: a,
+        output: name.to_string(),
+        output_max_abs_diff_before: max(was),
+        output_max_abs_diff_after: max(now),
+        output_nonfinite_before: bad(was),
+        output_nonfinite_after: bad(now),
+        drift_origin_after: after.summary.drift_origin.clone(),
+        verdict,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{DType, Machine, SCHEMA, SideInfo, TensorView, Tolerance, analyse, compare};
+
+    /// Statistics of a float32 reference against `target` (element by element).
+    fn stats(reference: &[f32], target: &[f32]) -> Stats {
+        let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let (r, t) = (bytes(reference), bytes(target));
+        let shape = [reference.len()];
+        compare(
+            TensorView::new("r", DType::F32, &shape, &r).unwrap(),
+            TensorView::new("t", DType::F32, &shape, &t).unwrap(),
+        )
+        .unwrap()
+    }
+
+    /// A float16 run of three layers: `a` rounds; overflowing, `b` overflows and `c` inherits
+    /// the Inf; else both agree.
+    fn report(overflowing: bool) -> Report {
+        let (b_target, c_target) = if overflowing {
+            (f32::INFINITY, f32::INFINITY)
+        } else {
+            (1e5, 3.0)
+        };
+        let mut layers: Vec<Layer> = ["a", "b", "c"]
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let mut l = Layer::new(i, *name, vec![2], "float32");
+                l.status = LayerStatus::Compared;
+                l.target_dtype = Some("float16".to_string());
+                l
+            })
+            .collect();
+        layers[0].accumulated = Some(stats(&[1.0, 2.0], &[1.0, 2.0]));
+        layers[0].local = layers[0].accumulated.clone();
+        layers[1].accumulated = Some(stats(&[1e5, 2.0], &[b_target, 2.0]));
+        layers[1].local = layers[1].accumulated.clone();
+        layers[2].accumulated = Some(stats(&[3.0, 2.0], &[c_target, 2.0]));
+        layers[2].local = Some(stats(&[3.0, 2.0], &[3.0, 2.0]));
+        layers[2].local_inputs = vec!["b".to_string()];
+        let summary = analyse(&mut layers, Tolerance::Fixed(1e-3));
+        Report {
+            schema: SCHEMA,
+            command: "test".to_string(),
+            model: "m".to_string(),
+            reference: SideInfo::new("r", "r"),
+            target: SideInfo::new("t", "t"),
+            target_graph: None,
+            truth: None,
+            mode: "local".to_string(),
+            tolerance: Tolerance::Fixed(1e-3).info(),
+            seed: None,
+            inputs: Vec::new(),
+            summary,
+            layers,
+            keep_float32: None,
+            machine: Machine::this(),
+            timings: None,
+        }
+    }
+
+    #[test]
+    fn the_layer_that_overflows_is_kept_not_the_one_that_inherits() {
+        let before = report(true);
+        assert_eq!(lower_precision_of(&before).as_deref(), Some("float16"));
+        let advice = keep_float32(&before, "float16").unwrap();
+        let kept: Vec<&str> = advice.layers.iter().map(|k| k.layer.as_str()).collect();
+        assert_eq!(kept, ["b"]);
+        assert!(
+            advice.layers[0]
+                .why
+                .starts_with("overflows float16's range: 1 element(s)")
+        );
+        let after = report(false);
+        assert!(keep_float32(&after, "float16").is_none(), "nothing drifts");
+        let check = check_advice(&before, &after, vec!["b".to_string()]);
+        assert_eq!(
+            (check.output_nonfinite_before, check.output_nonfinite_after),
+            (1, 0)
+        );
+        assert!(
+            check
+                .verdict
+                .starts_with("keeping 1 layer(s) in float32 removes the drift")
+        );
+        assert!(
+            check
+                .verdict
+                .contains("`c` NaN or Inf in 1 of 2 elements → max abs diff")
+        );
+    }
+
+    #[test]
+    fn a_check_that_changes_nothing_says_so() {
+        let before = report(true);
+        let check = check_advice(&before, &before.clone(), vec!["b".to_string()]);
+        assert!(check.verdict.contains("does not help"), "{}", check.verdict);
+    }
+}

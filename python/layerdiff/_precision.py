@@ -1,0 +1,252 @@
+"""Lower-precision targets (`layerdiff torch --dtype`): the ONNX file converted to float16 or
+quantized to int8 with ONNX Runtime's own tools, as a deployment would; and the keep-in-float32
+advice the report gives, checked by running the same comparison again with those layers kept
+(`node_block_list` of the float16 converter, `nodes_to_exclude` of the quantizer; for a PyTorch
+target, the modules left in float32).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+
+from layerdiff import _layerdiff
+
+DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16", "int8": "int8"}
+# Calibration runs of the int8 quantizer: the example inputs and this many variations of them.
+VARIATIONS = 7
+
+
+def _quiet():
+    """ONNX Runtime's tools log and warn freely; a run prints only its own lines."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(warnings.catch_warnings())
+    warnings.simplefilter("ignore")
+    stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    stack.callback(logging.disable, previous)
+    return stack
+
+
+def convert(
+    onnx_path: Path, dtype: str, out: Path, inputs: tuple, *, keep_nodes=(), seed: int = 0
+) -> tuple[Path, str]:
+    """The ONNX file in `dtype` (`fp16`, `int8`), written to `out`, with `keep_nodes` left in
+    float32; and what was done, in words, for the target's description."""
+    import onnx
+
+    kept = f", {len(keep_nodes)} node(s) kept in float32" if keep_nodes else ""
+    try:
+        with _quiet():
+            if dtype == "fp16":
+                from onnxruntime.transformers.float16 import convert_float_to_float16
+
+                model = convert_float_to_float16(
+                    onnx.load(str(onnx_path)),
+                    keep_io_types=True,
+                    node_block_list=list(keep_nodes) or None,
+                )
+                _drop_repeated(model.graph)
+                _join_kept(model.graph)
+                onnx.save(model, str(out))
+                return out, (
+                    "converted to float16 by onnxruntime.transformers.float16 "
+                    f"(inputs and outputs kept float32{kept})"
+                )
+            if dtype == "int8":
+                from onnxruntime.quantization import QuantFormat, quantize_static
+
+                names = [
+                    i.name for i in onnx.load(str(onnx_path), load_external_data=False).graph.input
+                ]
+                quantize_static(
+                    str(onnx_path),
+                    str(out),
+                    _Calibration(names, inputs, seed),
+                    quant_format=QuantFormat.QDQ,
+                    nodes_to_exclude=list(keep_nodes),
+                )
+                return out, (
+                    "quantized to int8 by onnxruntime.quantization.quantize_static (QDQ, MinMax "
+                    f"calibration on the inputs and {VARIATIONS} variations{kept})"
+                )
+    except _layerdiff.LayerdiffError:
+        raise
+    except Exception as e:
+        tool = "float16 converter" if dtype == "fp16" else "static quantizer"
+        raise _layerdiff.ModelError(
+            f"ONNX Runtime's {tool} could not convert `{onnx_path}`: {type(e).__name__}: {e}"
+        ) from e
+    raise _layerdiff.UsageError(f"no ONNX conversion to `{dtype}` (fp16 or int8)")
+
+
+def _drop_repeated(graph) -> None:
+    """The converter inserts the same Cast twice where a value feeds two kept nodes (same name,
+    same output: a model ONNX Runtime refuses); the copies go."""
+    seen: set[bytes] = set()
+    unique = []
+    for node in graph.node:
+        key = node.SerializeToString(deterministic=True)
+        if key not in seen:
+            seen.add(key)
+            unique.append(node)
+    if len(unique) != len(graph.node):
+        del graph.node[:]
+        graph.node.extend(unique)
+
+
+def _join_kept(graph) -> None:
+    """Where one node kept in float32 feeds only others kept, the converter still rounds the
+    value between them to float16 (a Cast down and a Cast back up around each kept node): a
+    value past float16's range overflows all the same. Each such pair goes, and the value keeps
+    its name, now float32, so the kept layers compute in float32 from end to end."""
+    from onnx import TensorProto
+
+    def cast_to(node) -> int | None:
+        if node.op_type != "Cast":
+            return None
+        return next((a.i for a in node.attribute if a.name == "to"), None)
+
+    outputs = {o.name for o in graph.output}
+    consumers: dict[str, list] = {}
+    producers = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+        for name in node.output:
+            producers[name] = node
+    gone = set()
+    for down in list(graph.node):
+        if cast_to(down) != TensorProto.FLOAT16:
+            continue
+        wide, low = down.input[0], down.output[0]
+        ups = consumers.get(low, [])
+        producer = producers.get(wide)
+        if (
+            producer is None
+            or low in outputs
+            or wide in outputs
+            or len(consumers.get(wide, [])) != 1
+            or not ups
+            or any(cast_to(u) != TensorProto.FLOAT for u in ups)
+        ):
+            continue
+        producer.output[list(producer.output).index(wide)] = low
+        for up in ups:
+            for node in graph.node:
+                for i, name in enumerate(node.input):
+                    if name == up.output[0]:
+                        node.input[i] = low
+            gone.add(id(up))
+        gone.add(id(down))
+        for info in graph.value_info:
+            if info.name == low:
+                info.type.tensor_type.elem_type = TensorProto.FLOAT
+    kept = [n for n in graph.node if id(n) not in gone]
+    del graph.node[:]
+    graph.node.extend(kept)
+
+
+class _Calibration:
+    """The quantizer's calibration data: the example inputs, then variations of them."""
+
+    def __init__(self, names: list[str], inputs: tuple, seed: int):
+        from layerdiff._inputs import variations
+
+        runs = [inputs, *variations(inputs, VARIATIONS, seed)]
+        self._feeds = iter(
+            [{n: t.detach().cpu().numpy() for n, t in zip(names, r, strict=False)} for r in runs]
+        )
+
+    def get_next(self) -> dict | None:
+        return next(self._feeds, None)
+
+
+def kept_nodes(report, layers: list[str]) -> list[str]:
+    """The ONNX nodes of `layers` as `report` mapped them: each layer's whole group where its
+    local error was measured, else the node producing its value. A layer the report does not
+    name, or names without an ONNX node, is a usage error."""
+    nodes: list[str] = []
+    for name in layers:
+        try:
+            layer = report.layer(name)
+        except KeyError:
+            raise _layerdiff.UsageError(
+                f"--keep-fp32: `{name}` is not a layer of this model (the report names each layer)"
+            ) from None
+        onnx = layer.get("onnx")
+        if not onnx:
+            raise _layerdiff.UsageError(
+                f"--keep-fp32: `{name}` has no ONNX node to keep "
+                f"({layer.get('reason') or 'unmapped'})"
+            )
+        for node in onnx["nodes"] or [onnx["node"]]:
+            if node not in nodes:
+                nodes.append(node)
+    return nodes
+
+
+def kept_modules(listed, layers: list[str]) -> list[str]:
+    """The modules a PyTorch target keeps in float32 for `layers` (a functional call's module
+    is the one that makes it)."""
+    by_name = {layer.name: layer.module for layer in listed}
+    modules = []
+    for name in layers:
+        if name not in by_name:
+            raise _layerdiff.UsageError(
+                f"--keep-fp32: `{name}` is not a layer of this model (the report names each layer)"
+            )
+        if by_name[name] not in modules:
+            modules.append(by_name[name])
+    return modules
+
+
+def keep_in_float32(model: torch.nn.Module, modules: list[str]) -> None:
+    """Leaves `modules` of a model cast to a lower precision in float32: their parameters
+    float32 and their floating inputs cast up on the way in. Their outputs stay float32, so kept
+    modules feed each other in float32 (a value past float16's range between them survives);
+    every other module holding parameters of the lower precision casts its inputs back down."""
+    if not modules:
+        return
+    named = dict(model.named_modules())
+    low = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    inside: set[int] = set()
+    for name in modules:
+        module = named[name]
+        module.float()
+        inside.update(id(m) for m in module.modules())
+        module.register_forward_pre_hook(
+            lambda _m, args, kwargs: (_cast(args, torch.float32), _cast(kwargs, torch.float32)),
+            with_kwargs=True,
+        )
+    for module in model.modules():
+        own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+        if id(module) in inside or not any(t.dtype == low for t in own):
+            continue
+        module.register_forward_pre_hook(
+            lambda _m, args, kwargs: (_cast(args, low), _cast(kwargs, low)), with_kwargs=True
+        )
+
+
+def computes_in(module: torch.nn.Module, default: torch.dtype) -> torch.dtype:
+    """The dtype a module computes in: its own floating parameters', else `default`."""
+    own = [p for p in module.parameters(recurse=False) if p.is_floating_point()]
+    return own[0].dtype if own else default
+
+
+def _cast(value, dtype):
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, tuple):
+        return tuple(_cast(v, dtype) for v in value)
+    if isinstance(value, list):
+        return [_cast(v, dtype) for v in value]
+    if isinstance(value, dict):
+        return {k: _cast(v, dtype) for k, v in value.items()}
+    return value

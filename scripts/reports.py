@@ -1,0 +1,121 @@
+"""Regenerates examples/reports/ (`make reports`): every built-in model (`layerdiff zoo`) against
+its ONNX export at float32, against the export converted to float16, and against PyTorch in
+bfloat16 (ONNX Runtime has no bfloat16 conversion), each with seeded random weights and inputs;
+the batch axis (1, 8, 32) of ResNet-50 and of the GPT-2-style decoder; and the summary table in
+the README, between its `reports` markers. Each run is the `layerdiff` command as a user runs it;
+exit code 1 (drift found) is an answer, not a failure of this script.
+
+`python scripts/reports.py --table` only rewrites the README's table from the committed JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "examples" / "reports"
+README = ROOT / "README.md"
+START, END = "<!-- reports:start -->", "<!-- reports:end -->"
+PRECISIONS = {
+    "fp32": [],
+    "fp16": ["--dtype", "fp16"],
+    "bf16": ["--target", "torch", "--dtype", "bf16"],
+}
+AXES = {"resnet50": "1,8,32", "gpt2": "1,8,32"}
+
+
+def models() -> list[str]:
+    from layerdiff.models import ZOO
+
+    return list(ZOO)
+
+
+def layerdiff(*args: str) -> None:
+    print("$ layerdiff", " ".join(args), flush=True)
+    done = subprocess.run([sys.executable, "-m", "layerdiff", *args])
+    if done.returncode not in (0, 1):
+        sys.exit(f"layerdiff {args[0]} failed with exit code {done.returncode}")
+
+
+def run_all() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name in models():
+        for precision, flags in PRECISIONS.items():
+            stem = OUT / f"{name}_{precision}"
+            layerdiff(
+                "torch", name, "--seed", "0", *flags, "-q",
+                "--json", f"{stem}.json", "--markdown", f"{stem}.md",
+                "--html", f"{stem}.html", "--svg", f"{stem}.svg",
+            )  # fmt: skip
+            # The inputs follow from the seed; one set is kept (`make pipeline`'s).
+            if stem.name != "resnet18_fp32":
+                Path(f"{stem}.inputs.safetensors").unlink(missing_ok=True)
+    for name, sizes in AXES.items():
+        stem = OUT / f"{name}_batch"
+        layerdiff(
+            "torch", name, "--seed", "0", "--batch-sizes", sizes, "-q",
+            "--json", f"{stem}.json", "--markdown", f"{stem}.md",
+        )  # fmt: skip
+
+
+def _sci(v) -> str:
+    return "—" if v is None else f"{v:.2e}"
+
+
+def table(folder: Path = OUT) -> str:
+    """The README's summary table, from the committed reports."""
+    rows = [
+        "| model | precision | layers | compared | exceeding | worst (max abs diff) "
+        "| drift origin | cause | keep in float32: checked |",
+        "|---|---|---:|---:|---:|---|---|---|---|",
+    ]
+    for name in models():
+        for precision in PRECISIONS:
+            path = folder / f"{name}_{precision}.json"
+            if not path.exists():
+                continue
+            r = json.loads(path.read_text())
+            s = r["summary"]
+            worst = s["worst"]["max_abs_diff"]
+            worst = f"{_sci(worst['value'])} `{worst['layer']}`" if worst else "—"
+            origin = s["drift_origin"]
+            cause = next((x["cause"] for x in r["layers"] if x["name"] == origin), None)
+            check = (r.get("keep_float32") or {}).get("check")
+            kept = "—"
+            if check:
+                kept = check["verdict"].split(":")[0].replace("keeping ", "")
+            rows.append(
+                f"| [{name}]({path.relative_to(ROOT).with_suffix('.md')}) | {precision} "
+                f"| {s['layers_total']} | {s['layers_compared']} | {s['layers_exceeding']} "
+                f"| {worst} | {f'`{origin}`' if origin else 'none'} | {cause or '—'} | {kept} |"
+            )
+    for name in AXES:
+        path = folder / f"{name}_batch.json"
+        if not path.exists():
+            continue
+        axis = json.loads(path.read_text())
+        points = ", ".join(
+            f"{p['point']}: {p['verdict'].replace('_', ' ')} ({_sci(p['output_max_abs_diff'])})"
+            for p in axis["points"]
+        )
+        rows.append(
+            f"\nBatch axis of [{name}]({path.relative_to(ROOT).with_suffix('.md')}), "
+            f"output max abs diff per batch size: {points}."
+        )
+    return "\n".join(rows) + "\n"
+
+
+def write_table() -> None:
+    text = README.read_text()
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    README.write_text(f"{head}{START}\n{table()}{END}{tail}")
+    print(f"wrote the table in {README.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    if "--table" not in sys.argv:
+        run_all()
+    write_table()

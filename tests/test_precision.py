@@ -1,0 +1,125 @@
+"""Lower-precision targets (`--dtype`): the export converted to float16 or quantized to int8
+with ONNX Runtime's own tools, or PyTorch in float16/bfloat16; the keep-in-float32 advice names
+the layer that overflows, and re-running with it kept shows whether that fixes the drift."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import ROOT, run_cli
+
+torch = pytest.importorskip("torch")
+
+import layerdiff  # noqa: E402
+from layerdiff.torch import compare_torch, compare_torch_onnx  # noqa: E402
+
+OVERFLOW = f"{ROOT}/tests/builders/overflow.py:build"
+
+
+@pytest.fixture(scope="module")
+def overflow():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from builders.overflow import build
+
+    return build()
+
+
+def keep(report) -> dict:
+    return report.data["keep_float32"]
+
+
+def test_float16_export_overflow_is_found_kept_in_float32_and_the_fix_checked(overflow, tmp_path):
+    model, inputs = overflow
+    report = compare_torch_onnx(model, inputs, dtype="fp16", workdir=tmp_path)
+    assert "converted to float16" in report.data["target"]["detail"]
+    assert report.drift_origin == "up"
+    origin = report.layer("up")
+    assert origin["cause"] == "precision_loss" and "overflow float16's range" in origin["detail"]
+    advice = keep(report)
+    assert advice["precision"] == "float16"
+    assert [k["layer"] for k in advice["layers"]] == ["up", "norm"]
+    assert advice["layers"][0]["nodes"] == [report.layer("up")["onnx"]["node"]]
+    check = advice["check"]
+    assert check["kept"] == ["up", "norm"] and check["output"] == "head"
+    # the model's output was NaN in float16; with the two layers kept it is finite and close
+    assert check["output_nonfinite_before"] == 40 and check["output_nonfinite_after"] == 0
+    assert check["output_max_abs_diff_after"] < 1e-3
+    assert check["exceeding_after"] < check["exceeding_before"]
+    assert check["verdict"].startswith("keeping 2 layer(s) in float32 reduces the drift")
+    # the kept file really computes the two layers in float32 from end to end
+    import onnx
+
+    kept = onnx.load(str(tmp_path / "model.fp16-kept.onnx"))
+    types = {v.name: v.type.tensor_type.elem_type for v in kept.graph.value_info}
+    assert types[report.layer("up")["onnx"]["value"]] == onnx.TensorProto.FLOAT
+
+
+def test_given_layers_are_kept_and_the_report_is_of_the_kept_model(overflow):
+    model, inputs = overflow
+    report = compare_torch_onnx(model, inputs, dtype="fp16", keep_fp32=["up", "norm"])
+    assert report.layer("head")["accumulated"]["nan_mismatch"] == 0
+    assert "2 node(s) kept in float32" in report.data["target"]["detail"]
+    assert keep(report)["check"]["output_nonfinite_before"] == 40
+
+
+def test_a_pytorch_target_keeps_modules_in_float32(overflow):
+    model, inputs = overflow
+    report = compare_torch(model, inputs, target="torch:fp16")
+    assert report.layer("up")["target_dtype"] == "float16"
+    check = keep(report)["check"]
+    assert check["output_nonfinite_before"] == 40 and check["output_nonfinite_after"] == 0
+
+
+def test_int8_quantization_names_the_layers_that_lose_most(resnet18):
+    model, inputs, _ = resnet18
+    report = compare_torch_onnx(model, inputs, dtype="int8")
+    assert "quantized to int8" in report.data["target"]["detail"]
+    s = report.summary
+    # the Conv is fused with its BatchNorm at export: the first value is `bn1`'s
+    assert s["layers_compared"] >= 48 and s["drift_origin"] == "bn1"
+    origin = report.layer("bn1")
+    # the quantized weight is the quantization, not a different weight
+    assert origin["cause"] == "precision_loss" and "int8" in origin["detail"], origin["detail"]
+    advice = keep(report)
+    assert advice["precision"] == "int8" and advice["layers"]
+    assert all(k["nodes"] for k in advice["layers"])
+    ranked = [w["layer"] for w in s["most_own_error"]]
+    assert ranked and ranked[0] == advice["layers"][0]["layer"]
+    assert advice["check"]["exceeding_after"] <= advice["check"]["exceeding_before"]
+
+
+def test_the_reports_carry_the_advice(overflow, tmp_path):
+    model, inputs = overflow
+    report = compare_torch_onnx(model, inputs, dtype="fp16")
+    report.write(markdown=tmp_path / "r.md", html=tmp_path / "r.html")
+    markdown = (tmp_path / "r.md").read_text()
+    assert "## Keep in float32" in markdown and "| `up` | overflows float16's range" in markdown
+    assert "**Checked** by re-running with them kept: keeping 2 layer(s)" in markdown
+    html = (tmp_path / "r.html").read_text()
+    assert '<ol id="keep">' in html and 'id="advice-check"' in html
+    assert "keep in float32 (the target computes in float16): `up`, `norm`" in (
+        report.summary_text()
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--dtype", "bf16"], "ONNX Runtime has no bfloat16 conversion"),
+        (["--keep-fp32", "up"], "--keep-fp32 keeps layers of a lower-precision target"),
+        (["--target", "torch:bf16", "--dtype", "fp16"], "name two precisions"),
+        (["--target", "torch", "--dtype", "int8"], "--dtype int8 quantizes the ONNX export"),
+        (["--dtype", "fp16", "--keep-fp32", "nope"], "`nope` is not a layer of this model"),
+    ],
+)
+def test_precisions_that_do_not_fit_are_usage_errors(args, message):
+    result = run_cli("torch", OVERFLOW, *args, "-q")
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_api_refuses_bfloat16_for_an_onnx_file(overflow):
+    model, inputs = overflow
+    with pytest.raises(layerdiff.UsageError, match="compare_torch with target='torch:bf16'"):
+        compare_torch_onnx(model, inputs, dtype="bf16")
