@@ -11,7 +11,7 @@ DEPS := $(VENV)/.requirements.stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: pipeline test build env browser proto lint clean docs golden conformance kernel-swap bench mapping validation
+.PHONY: pipeline test build env browser proto lint clean docs golden conformance kernel-swap bench mapping validation reports
 
 env: $(DEPS)
 
@@ -98,3 +98,9 @@ bench: build
 # docs/mapping.md.
 mapping: build
 	$(PY) scripts/mapping_matrix.py
+
+# Every built-in model against its export at float32, converted to float16, and PyTorch in
+# bfloat16; the batch axis of ResNet-50 and the GPT-2 decoder; the README's summary table
+# (examples/reports/).
+reports: build
+	$(PY) scripts/reports.py

@@ -18,7 +18,7 @@ def find_chromium() -> str | None:
 
 
 class Browser:
-    def __init__(self, chromium: str, profile: Path):
+    def __init__(self, chromium: str, profile: Path, flags: tuple[str, ...] = ("--disable-gpu",)):
         to_browser_r, self._to_browser = os.pipe()
         self._from_browser, from_browser_w = os.pipe()
 
@@ -32,7 +32,7 @@ class Browser:
                 chromium,
                 "--headless",
                 "--no-sandbox",
-                "--disable-gpu",
+                *flags,
                 "--no-first-run",
                 "--remote-debugging-pipe",
                 f"--user-data-dir={profile}",

@@ -40,3 +40,12 @@ def test_the_example_report_reproduces_here(tmp_path):
         fresh[side] == committed[side] for side in ("reference", "target")
     ):
         assert fresh_path.read_bytes() == committed_path.read_bytes(), "run `make pipeline`"
+
+
+def test_the_readme_table_matches_the_committed_reports():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from reports import END, START, table
+
+    readme = (ROOT / "README.md").read_text()
+    committed = readme.split(START, 1)[1].split(END, 1)[0]
+    assert committed == "\n" + table(), "the README's table is stale: run `make reports`"

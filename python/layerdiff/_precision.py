@@ -134,7 +134,7 @@ def _join_kept(graph) -> None:
             or wide in outputs
             or len(consumers.get(wide, [])) != 1
             or not ups
-            or any(cast_to(u) != TensorProto.FLOAT for u in ups)
+            or any(cast_to(u) != TensorProto.FLOAT or u.output[0] in outputs for u in ups)
         ):
             continue
         producer.output[list(producer.output).index(wide)] = low

@@ -87,8 +87,8 @@ def compare_torch(
 
     eval_note = to_eval(model)
     once = _Comparison(
-        model, inputs, options, ref_side, tgt_side, name, seed, phases, timings, step
-    )
+        model, inputs, options, ref_side, tgt_side, name, seed, phases, timings, step, progress
+    )  # fmt: skip
     plain = once(keep=())
     if eval_note:
         plain.notes.insert(0, eval_note)
@@ -109,15 +109,16 @@ class _Comparison:
     float32). Called once, or twice when keep-in-float32 advice is checked."""
 
     def __init__(
-        self, model, inputs, options, ref_side, tgt_side, name, seed, phases, timings, step
+        self, model, inputs, options, ref_side, tgt_side, name, seed, phases, timings, step,
+        progress,
     ):  # fmt: skip
         self.model, self.inputs, self.options = model, inputs, options
         self.ref_side, self.tgt_side, self.name, self.seed = ref_side, tgt_side, name, seed
-        self.phases, self.timings, self.step = phases, timings, step
+        self.phases, self.timings, self.step, self.progress = phases, timings, step, progress
         self.listed = None
 
     def __call__(self, keep) -> Report:
-        from layerdiff.torch import _layer_parameters, _phases, _run_model
+        from layerdiff.torch import Ticker, _layer_parameters, _phases, _run_model
 
         model, inputs, options = self.model, self.inputs, self.options
         ref_side, tgt_side, step, timings = self.ref_side, self.tgt_side, self.step, self.timings
@@ -158,7 +159,7 @@ class _Comparison:
             step(f"running {ref_side.spelling} and {tgt_side.spelling} side by side{pieces}")
             target_model = _stream(
                 model, inputs, ref_model, ref_inputs, run, listed, ref_side, tgt_side, options,
-                whole, keep,
+                whole, keep, ticker=Ticker.for_terminal(self.progress, len(listed)),
             )  # fmt: skip
             needed = run.conclude()
             native = run.finish(
@@ -209,8 +210,9 @@ def _compiled_whole(model, inputs, side: TorchSide, runs: int = 5) -> str:
 
 
 def _stream(
-    model, inputs, ref_model, ref_inputs, run, listed, ref_side, tgt_side, options, whole, keep
-):
+    model, inputs, ref_model, ref_inputs, run, listed, ref_side, tgt_side, options, whole, keep,
+    ticker=None,
+):  # fmt: skip
     """The forward pass that compares: each reference layer goes to the run with the target's
     value of it, its local re-run and the float64 value (``keep``: modules of the target left in
     float32). Returns the target's model."""
@@ -277,6 +279,8 @@ def _stream(
             disagreement=disagreed[0],
         )
         disagreed[0] = None
+        if ticker is not None:
+            ticker(index + 1)
 
     from layerdiff.torch import _run_model
 

@@ -74,6 +74,14 @@ class Report:
                 return layer
         raise KeyError(name)
 
+    def to_node_data(self) -> str:
+        """Each ONNX node's own error against its tolerance, as Model Explorer node data."""
+        return self._native.to_node_data()
+
+    def warned(self, warnings: list[str]) -> Report:
+        """This report with `warnings` added to its summary."""
+        return self._with(self._native.warned(warnings)) if warnings else self
+
     def advised(self, precision: str) -> Report:
         """This report with keep-in-float32 advice for a target computing in `precision`."""
         return self._with(self._native.advised(precision))
@@ -120,10 +128,11 @@ class Report:
         markdown: str | Path | None = None,
         html: str | Path | None = None,
         svg: str | Path | None = None,
+        node_data: str | Path | None = None,
     ) -> list[Path]:
-        """Write the reports given a path (JSON, Markdown, HTML, the chart as SVG); each file is
-        written whole or not at all."""
-        return [Path(p) for p in self._native.write(json, markdown, html, svg)]
+        """Write the reports given a path (JSON, Markdown, HTML, the chart as SVG, Model Explorer
+        node data); each file is written whole or not at all."""
+        return [Path(p) for p in self._native.write(json, markdown, html, svg, node_data)]
 
     def __repr__(self) -> str:
         s = self.summary

@@ -148,6 +148,7 @@ def compare_torch_onnx(
         compare = _FileComparison(
             model, inputs, listed, options, name or type(model).__name__, seed,
             phases if timings is not False else None, clone, progress, step,
+            exported=onnx is None,
         )  # fmt: skip
         if dtype is None:
             return compare(onnx_path, notes=[eval_note])
@@ -185,21 +186,37 @@ class _FileComparison:
     a second, converted again with layers kept in float32)."""
 
     def __init__(
-        self, model, inputs, listed, options, name, seed, phases, clone, progress, step
+        self, model, inputs, listed, options, name, seed, phases, clone, progress, step,
+        exported: bool,
     ):  # fmt: skip
         self.model, self.inputs, self.listed, self.options = model, inputs, listed, options
         self.name, self.seed, self.phases, self.clone = name, seed, phases, clone
-        self.progress, self.step = progress, step
+        self.progress, self.step, self.exported = progress, step, exported
 
     def __call__(self, onnx_path: Path, *, note: str | None = None, notes=()) -> Report:
         model, inputs, listed, options = self.model, self.inputs, self.listed, self.options
         declared = _layerdiff.model_inputs(str(onnx_path))
         if len(declared) != len(inputs):
             names = ", ".join(d[0] for d in declared)
+            if self.exported and len(declared) < len(inputs):
+                raise _layerdiff.ModelError(
+                    f"the export takes {len(declared)} input(s) ({names}) for the model's "
+                    f"{len(inputs)}: the exporter made the others constants (a tensor read with "
+                    ".item(), float() or int() is traced as the example's value) or dropped them "
+                    "as unused, so the file computes as if they always had the example's values; "
+                    "keep every input a tensor the model computes with"
+                )
             raise _layerdiff.InputError(
                 f"the ONNX model takes {len(declared)} input(s) ({names}), "
                 f"but {len(inputs)} example input(s) were given"
             )
+        warnings = [
+            f"the ONNX input `{n}` is read by no node, so the file's outputs do not depend on it: "
+            "if the model's do, the export made it a constant (a value read with .item() or "
+            "turned into a Python number is traced as the example's)"
+            for n in _layerdiff.unused_inputs(str(onnx_path))
+        ]
+        warnings += _float64_inputs(model, inputs)
         onnx_inputs = [flat(decl[0], t) for decl, t in zip(declared, inputs, strict=True)]
         run = _layerdiff.CapturedRun(
             command="torch",
@@ -224,9 +241,24 @@ class _FileComparison:
         )  # fmt: skip
         needed = run.conclude()
         native = run.finish(_layer_parameters(model, listed, needed))
-        report = Report(native, inputs=onnx_inputs)
+        report = Report(native, inputs=onnx_inputs).warned(warnings)
         report.notes += [n for n in (*notes, split) if n]
         return report
+
+
+def _float64_inputs(model, inputs) -> list[str]:
+    """A warning for each float64 input of a model whose parameters are float32 (numpy arrays
+    are float64 by default): the export then takes float64 where a deployment feeds float32."""
+    wide = [i for i, t in enumerate(inputs) if t.dtype == torch.float64]
+    params = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if not wide or params != {torch.float32}:
+        return []
+    return [
+        f"input {i} is float64 while the model's parameters are float32: the export takes it "
+        "as float64, where a deployment feeds float32 (numpy arrays are float64 by default; "
+        "give .float() inputs)"
+        for i in wide
+    ]
 
 
 def to_eval(model) -> str | None:
@@ -326,8 +358,10 @@ def _stream(
                 "the model does not run the same way twice"
             )
         wide = truth.next(layer.name) if truth is not None else None
+        value = flat(layer.name, out)
+        _same_as_listed(listed[index], value)
         if clone:
-            run.add(index, flat(layer.name, out), _flat_or_none(layer.name, wide))
+            run.add(index, value, _flat_or_none(layer.name, wide))
         else:
             late.append((index, layer.name, out, wide))
         if ticker is not None:
@@ -340,6 +374,28 @@ def _stream(
             truth.close()
     for index, layer_name, out, wide in late:
         run.add(index, flat(layer_name, out), _flat_or_none(layer_name, wide))
+
+
+def _same_as_listed(layer, value) -> None:
+    """Refuses a model that computes other values on the same inputs than when its layers were
+    listed: a random op (dropout called with training=True, torch.rand in forward) makes every
+    run differ, and no export can be compared with it."""
+    if layer.fingerprint is None:
+        return
+    _, before = layer.fingerprint
+    _, now = _layerdiff.fingerprint(value)
+    same = (
+        a == b or (a != a and b != b) or abs(a - b) <= 1e-4 * (abs(a) + abs(b))
+        for a, b in zip(before, now, strict=False)
+    )
+    if all(same):
+        return
+    raise _layerdiff.InputError(
+        f"layer `{layer.name}` computed other values on the same inputs in a second run: the "
+        "model is random (dropout called with training=True, torch.rand/randn/bernoulli in "
+        "forward), so no export can be compared with it; make it deterministic in eval mode "
+        "(F.dropout(x, p, training=self.training))"
+    )
 
 
 def _flat_or_none(name: str, tensor):

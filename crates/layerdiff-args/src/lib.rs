@@ -629,8 +629,9 @@ impl TargetDtype {
 /// Report options shared by every verb.
 #[derive(Debug, Clone, Args)]
 pub struct ReportArgs {
-    /// Write report.json, report.md, report.html, report.svg (the error chart) and
-    /// report.inputs.safetensors into this folder (and, for `torch`, the exported model.onnx).
+    /// Write report.json, report.md, report.html, report.svg (the error chart),
+    /// report.node-data.json (Model Explorer) and report.inputs.safetensors into this folder
+    /// (and, for `torch`, the exported model.onnx).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Write the JSON report here (the inputs are saved beside it as NAME.inputs.safetensors).
@@ -647,6 +648,11 @@ pub struct ReportArgs {
     /// the drift origin marked): for READMEs and issue trackers.
     #[arg(long, value_name = "PATH")]
     pub svg: Option<PathBuf>,
+    /// Write each ONNX node's own error (its layer's error as a multiple of the tolerance) as
+    /// Model Explorer node data, to colour the graph by where error is born
+    /// (`onnxvis model.onnx --node_data_paths=PATH`).
+    #[arg(long, value_name = "PATH")]
+    pub node_data: Option<PathBuf>,
     /// Print nothing but errors; the exit code still tells the verdict.
     #[arg(long, short)]
     pub quiet: bool,
@@ -676,6 +682,13 @@ impl ReportArgs {
         self.html
             .clone()
             .or_else(|| self.out.as_ref().map(|d| d.join("report.html")))
+    }
+
+    /// The node data's path: `--node-data`, else `--out`/report.node-data.json.
+    pub fn node_data_path(&self) -> Option<PathBuf> {
+        self.node_data
+            .clone()
+            .or_else(|| self.out.as_ref().map(|d| d.join("report.node-data.json")))
     }
 
     /// The chart's path: `--svg`, else `--out`/report.svg.
@@ -770,6 +783,7 @@ impl ReportArgs {
             markdown: self.markdown_path(),
             html: self.html_path(),
             svg: self.svg_path(),
+            node_data: self.node_data_path(),
             inputs: self.inputs_path(),
             quiet: self.quiet,
             timings: self.timings,

@@ -90,9 +90,7 @@ fn overflowed(stats: Option<&Stats>) -> u64 {
 }
 
 fn ratio(stats: Option<&Stats>) -> f64 {
-    stats
-        .and_then(|s| s.rounding.as_ref())
-        .map_or(0.0, |r| r.tolerance_needed)
+    stats.and_then(Stats::tolerance_multiple).unwrap_or(0.0)
 }
 
 /// The layers a target computing in `precision` should keep in float32: those that overflow to

@@ -76,12 +76,14 @@ pub struct AxisLayer {
 }
 
 fn ratios<S: serde::Serializer>(values: &[Option<f64>], s: S) -> Result<S::Ok, S::Error> {
-    use serde::ser::SerializeSeq;
-    let mut seq = s.serialize_seq(Some(values.len()))?;
-    for v in values {
-        seq.serialize_element(&v.map(crate::render::format_float))?;
+    /// One ratio, written as every report float is.
+    struct Ratio(Option<f64>);
+    impl Serialize for Ratio {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            crate::render::float_opt(&self.0, s)
+        }
     }
-    seq.end()
+    s.collect_seq(values.iter().map(|v| Ratio(*v)))
 }
 
 fn verdict(report: &Report) -> &'static str {
@@ -162,10 +164,7 @@ pub fn along_axis(axis: &str, points: &[String], reports: &[Report]) -> AxisRepo
             layer: layer.name.clone(),
             tolerance_needed: at
                 .iter()
-                .map(|l| {
-                    l.and_then(|l| l.accumulated.as_ref()?.rounding.as_ref())
-                        .map(|r| r.tolerance_needed)
-                })
+                .map(|l| l.and_then(|l| l.accumulated.as_ref()?.tolerance_multiple()))
                 .collect(),
             exceeds,
         });

@@ -92,6 +92,19 @@ pub struct Stats {
     pub rounding: Option<Rounding>,
 }
 
+impl Stats {
+    /// The difference as a multiple of the layer's bound (above 1: exceeding): infinite where a
+    /// side has NaN or ±Inf the other has not (what no multiple of a bound allows, though the
+    /// finite elements may agree); `None` where the comparison was not judged against a bound.
+    pub fn tolerance_multiple(&self) -> Option<f64> {
+        let r = self.rounding.as_ref()?.tolerance_needed;
+        if self.nan_mismatch > 0 || self.inf_target != self.inf_reference {
+            return Some(f64::INFINITY);
+        }
+        (!r.is_nan()).then_some(r)
+    }
+}
+
 /// The worst element of a comparison.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Worst {
@@ -713,6 +726,23 @@ mod tests {
 
     fn f32s(v: &[f32]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn nan_or_inf_on_one_side_is_off_any_multiple_of_the_tolerance() {
+        let shape = [3];
+        let (r, t) = (f32s(&[1.0, 2.0, 3.0]), f32s(&[1.0, f32::NAN, 3.0]));
+        let view = |b| TensorView::new("x", DType::F32, &shape, b).unwrap();
+        let s = compare_judged(view(&r), view(&t), Some(judge())).unwrap();
+        // the finite elements agree, so the bound's multiple alone reads zero
+        assert_eq!(s.rounding.as_ref().unwrap().tolerance_needed, 0.0);
+        assert_eq!(s.tolerance_multiple(), Some(f64::INFINITY));
+        let inf = f32s(&[1.0, f32::INFINITY, 3.0]);
+        let s = compare_judged(view(&r), view(&inf), Some(judge())).unwrap();
+        assert_eq!(s.tolerance_multiple(), Some(f64::INFINITY));
+        let s = compare_judged(view(&r), view(&r), Some(judge())).unwrap();
+        assert_eq!(s.tolerance_multiple(), Some(0.0));
+        assert_eq!(compare(view(&r), view(&r)).unwrap().tolerance_multiple(), None);
     }
 
     #[test]

@@ -110,6 +110,8 @@ pub struct Engine<R: Side, T: Side, F: Side = Box<dyn Side>> {
     truth_lost: Option<String>,
     /// Attributes each stretch of the run to a phase.
     pub clock: Stopwatch,
+    /// The progress line on a terminal, ticked as layers are done.
+    pub progress: Option<crate::progress::Ticker>,
 }
 
 impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
@@ -210,7 +212,13 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             summary: None,
             truth_lost: None,
             clock,
+            progress: None,
         })
+    }
+
+    /// Layers in the run.
+    pub fn layer_count(&self) -> usize {
+        self.layers.len()
     }
 
     /// How the run is split.
@@ -268,6 +276,9 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             &self.refutable[range],
         );
         self.clock.lap("comparison", OWN);
+        if let Some(ticker) = self.progress.as_mut().filter(|_| !self.settings.local) {
+            ticker.tick(segment.layers.end);
+        }
 
         if let Some(recompute) = self.target.recompute().filter(|_| self.settings.local) {
             // Outputs are compared in batches (see [`local_batch`]).
@@ -276,6 +287,9 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             for i in segment.layers.clone() {
                 let out =
                     held.measure_local(&mut self.layers[i], &mut self.groups[i], recompute, i);
+                if let Some(ticker) = self.progress.as_mut() {
+                    ticker.tick(i + 1);
+                }
                 if let Some(out) = out {
                     held_bytes += out.bytes.len() as u64;
                     runs.push((i, out));

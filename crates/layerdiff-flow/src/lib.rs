@@ -24,6 +24,7 @@ pub mod ops;
 pub mod output;
 mod pairs;
 mod plan;
+pub mod progress;
 pub mod providers;
 mod pushed_side;
 mod rerun;

@@ -56,7 +56,7 @@ pub struct Outcome {
 /// Runs the `onnx` verb: compares, writes and prints its outputs (`to`), and returns the exit
 /// code (0 clean, 1 drift, 2 could not run, with the error printed to stderr).
 pub fn run(options: &OnnxOptions, to: &Destinations, ort_library: Option<&Path>) -> u8 {
-    let outcome = compare(options, ort_library).and_then(|outcome| {
+    let outcome = compare_on(options, None, ort_library, !to.quiet).and_then(|outcome| {
         let notes: Vec<String> = outcome.segmentation.text().into_iter().collect();
         deliver(
             outcome.report,
@@ -79,7 +79,7 @@ pub fn run(options: &OnnxOptions, to: &Destinations, ort_library: Option<&Path>)
 /// Compares as `layerdiff onnx` does (ONNX Runtime loaded from `ort_library`, else found).
 /// Drift is a finding, not an error.
 pub fn compare(options: &OnnxOptions, ort_library: Option<&Path>) -> Result<Outcome> {
-    compare_on(options, None, ort_library)
+    compare_on(options, None, ort_library, false)
 }
 
 /// [`compare`] with the target computed by `target` instead of `options.target`: a runtime of
@@ -89,13 +89,15 @@ pub fn compare_with(
     target: Box<dyn Runtime + Send + Sync>,
     ort_library: Option<&Path>,
 ) -> Result<Outcome> {
-    compare_on(options, Some(target), ort_library)
+    compare_on(options, Some(target), ort_library, false)
 }
 
+/// `progress`: a progress line on stderr while the layers run, when it is a terminal.
 fn compare_on(
     options: &OnnxOptions,
     target_runtime: Option<Box<dyn Runtime + Send + Sync>>,
     ort_library: Option<&Path>,
+    progress: bool,
 ) -> Result<Outcome> {
     let mut clock = Stopwatch::default();
     let reference_model = Model::load(&options.model)?;
@@ -232,6 +234,7 @@ fn compare_on(
         clock,
     )?;
     engine.clock.lap("pairing values and planning the run", OWN);
+    engine.progress = crate::progress::Ticker::for_terminal(engine.layer_count(), !progress);
     let segmentation = engine.segmentation();
     engine.advance()?;
     let report = engine.finish()?;

@@ -19,6 +19,8 @@ pub struct Destinations {
     pub html: Option<PathBuf>,
     /// The error chart, as SVG.
     pub svg: Option<PathBuf>,
+    /// Each ONNX node's own error, as Model Explorer node data.
+    pub node_data: Option<PathBuf>,
     /// The inputs, as safetensors (with their seed).
     pub inputs: Option<PathBuf>,
     /// Print nothing but errors.
@@ -94,15 +96,16 @@ pub fn write_texts(texts: &[(&Option<PathBuf>, String)]) -> Result<()> {
     Ok(())
 }
 
-/// Writes the renderings `to` names (JSON, Markdown, HTML, the chart as SVG), each whole or not
-/// at all; returns the paths written.
+/// Writes the renderings `to` names (JSON, Markdown, HTML, the chart as SVG, Model Explorer node
+/// data), each whole or not at all; returns the paths written.
 pub fn write_reports(report: &Report, to: &Destinations) -> Result<Vec<PathBuf>> {
     type Render = fn(&Report) -> String;
-    let renderings: [(&Option<PathBuf>, Render); 4] = [
+    let renderings: [(&Option<PathBuf>, Render); 5] = [
         (&to.json, render::to_json),
         (&to.markdown, render::to_markdown),
         (&to.html, render::to_html),
         (&to.svg, |r| render::to_svg(r, false)),
+        (&to.node_data, render::to_node_data),
     ];
     let mut written = Vec::new();
     for (path, render) in renderings {

@@ -43,6 +43,10 @@ impl Report {
     fn to_svg(&self) -> String {
         render::to_svg(&self.0, false)
     }
+    /// Each ONNX node's own error as Model Explorer node data (JSON).
+    fn to_node_data(&self) -> String {
+        render::to_node_data(&self.0)
+    }
     /// The short text summary the CLI prints.
     fn summary_text(&self) -> String {
         render::to_text(&self.0)
@@ -72,6 +76,13 @@ impl Report {
             .detach(|| output::deliver(report, &to, &inputs, seed, &notes, Stopwatch::default()))
             .map_err(to_py_err)?;
         Ok(output::exit_code(&done))
+    }
+    /// This report with `warnings` added to its summary's (what a reader must know before
+    /// trusting the verdict).
+    fn warned(&self, warnings: Vec<String>) -> Report {
+        let mut report = self.0.clone();
+        report.summary.warnings.extend(warnings);
+        Report(report)
     }
     /// This report with its keep-in-float32 advice for a target computing in `precision`
     /// (`float16`, `bfloat16`, `int8`), replacing any advice it had.
@@ -111,21 +122,23 @@ impl Report {
     fn drift_origin(&self) -> Option<String> {
         self.0.summary.drift_origin.clone()
     }
-    /// Writes the JSON, Markdown, HTML report and the chart as SVG, those given (each file whole
-    /// or not at all).
-    #[pyo3(signature = (json=None, markdown=None, html=None, svg=None))]
+    /// Writes the JSON, Markdown, HTML report, the chart as SVG and the Model Explorer node
+    /// data, those given (each file whole or not at all).
+    #[pyo3(signature = (json=None, markdown=None, html=None, svg=None, node_data=None))]
     fn write(
         &self,
         json: Option<PathBuf>,
         markdown: Option<PathBuf>,
         html: Option<PathBuf>,
         svg: Option<PathBuf>,
+        node_data: Option<PathBuf>,
     ) -> PyResult<Vec<PathBuf>> {
         let to = output::Destinations {
             json,
             markdown,
             html,
             svg,
+            node_data,
             ..Default::default()
         };
         output::write_reports(&self.0, &to).map_err(to_py_err)
@@ -152,6 +165,22 @@ fn compare_tensors_json(
 fn fingerprint(tensor: FlatTensor<'_>) -> PyResult<(usize, Vec<f64>)> {
     let print = Fingerprint::of(tensor.view()?);
     Ok((print.count, print.samples))
+}
+
+/// The runtime inputs of a model that no node reads and that are not outputs: what an export
+/// made a constant (a value read with `.item()` is traced as the example's) or left unused.
+#[pyfunction]
+fn unused_inputs(path: PathBuf) -> PyResult<Vec<String>> {
+    let model = layerdiff_onnx::Model::load(&path).map_err(to_py_err)?;
+    let index = layerdiff_onnx::GraphIndex::new(model.graph());
+    Ok(index
+        .graph_inputs()
+        .iter()
+        .filter(|name| {
+            index.consumers(name).next().is_none() && !index.graph_outputs().contains(name)
+        })
+        .cloned()
+        .collect())
 }
 
 /// `(name, dtype name, dims)` of a declared model input.
@@ -203,6 +232,7 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(compare_tensors_json, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(model_inputs, m)?)?;
+    m.add_function(wrap_pyfunction!(unused_inputs, m)?)?;
     m.add_class::<ops::OpsCommand>()?;
     m.add_class::<check::CheckCommand>()?;
     m.add_function(wrap_pyfunction!(check::deliver_check, m)?)?;

@@ -20,8 +20,7 @@ const FLOOR_DECADE: i32 = -6;
 /// The error of a comparison as a multiple of the layer's tolerance (above 1: exceeding);
 /// `None` where the comparison was not judged against a bound.
 fn ratio(stats: Option<&Stats>) -> Option<f64> {
-    let r = stats?.rounding.as_ref()?.tolerance_needed;
-    (!r.is_nan()).then_some(r)
+    stats?.tolerance_multiple()
 }
 
 /// The decades the y axis spans: from the smallest error drawn (at least [`FLOOR_DECADE`]) to

@@ -291,7 +291,7 @@ fn number(v: Option<f64>) -> String {
 }
 
 fn ratio(stats: Option<&Stats>) -> Option<f64> {
-    stats?.rounding.as_ref().map(|r| r.tolerance_needed)
+    stats?.tolerance_multiple()
 }
 
 /// The per-layer table, with the filter controls above it.

@@ -4,10 +4,12 @@ mod chart;
 mod html;
 mod json;
 mod markdown;
+mod node_data;
 mod text;
 
 pub use chart::to_svg;
 pub use html::{escape as html_escape, to_html};
 pub use json::{float, float_from, float_opt, format_float, to_json, to_json_value};
 pub use markdown::to_markdown;
+pub use node_data::to_node_data;
 pub use text::to_text;
