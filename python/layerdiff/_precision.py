@@ -211,7 +211,8 @@ def keep_in_float32(model: torch.nn.Module, modules: list[str]) -> None:
     """Leaves `modules` of a model cast to a lower precision in float32: their parameters
     float32 and their floating inputs cast up on the way in. Their outputs stay float32, so kept
     modules feed each other in float32 (a value past float16's range between them survives);
-    every other module holding parameters of the lower precision casts its inputs back down."""
+    every other module casts its floating inputs back down on the way in (a float32 value a kept
+    module hands on, T5's position bias, would otherwise meet the lower precision in a matmul)."""
     if not modules:
         return
     named = dict(model.named_modules())
@@ -226,8 +227,7 @@ def keep_in_float32(model: torch.nn.Module, modules: list[str]) -> None:
             with_kwargs=True,
         )
     for module in model.modules():
-        own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
-        if id(module) in inside or not any(t.dtype == low for t in own):
+        if id(module) in inside:
             continue
         module.register_forward_pre_hook(
             lambda _m, args, kwargs: (_cast(args, low), _cast(kwargs, low)), with_kwargs=True

@@ -50,6 +50,13 @@ pub struct AdviceCheck {
     /// Its largest difference with the layers kept.
     #[serde(serialize_with = "crate::render::float")]
     pub output_max_abs_diff_after: f64,
+    /// Its mean absolute difference before: the verdict's measure (a largest difference can be
+    /// one rounding step of the output's own precision, the same with any layer kept).
+    #[serde(serialize_with = "crate::render::float")]
+    pub output_mean_abs_diff_before: f64,
+    /// Its mean absolute difference with the layers kept.
+    #[serde(serialize_with = "crate::render::float")]
+    pub output_mean_abs_diff_after: f64,
     /// Its elements NaN or ±Inf on the target where the reference is finite, before.
     pub output_nonfinite_before: u64,
     /// The same with the layers kept.
@@ -190,7 +197,10 @@ fn output_words(s: Option<&Stats>) -> String {
         Some(s) if nonfinite(s) > 0 => {
             format!("NaN or Inf in {} of {} elements", nonfinite(s), s.elements)
         }
-        Some(s) => format!("max abs diff {:.3e}", s.max_abs_diff),
+        Some(s) => format!(
+            "mean abs diff {:.3e} (max {:.3e})",
+            s.mean_abs_diff, s.max_abs_diff
+        ),
     }
 }
 
@@ -209,17 +219,20 @@ pub fn check_advice(before: &Report, after: &Report, kept: Vec<String>) -> Advic
     );
     let bad = |s: Option<&Stats>| s.map_or(0, nonfinite);
     let max = |s: Option<&Stats>| s.map_or(f64::NAN, |s| s.max_abs_diff);
+    let mean = |s: Option<&Stats>| s.map_or(f64::NAN, |s| s.mean_abs_diff);
     let change = format!("`{name}` {} → {}", output_words(was), output_words(now));
     let n = kept.len();
     let verdict = if after.summary.drift_origin.is_none() && a == 0 {
         format!(
             "keeping {n} layer(s) in float32 removes the drift: no layer exceeds its tolerance (was {b}); {change}"
         )
-    } else if bad(now) < bad(was) || a < b || max(now) < max(was) * 0.5 {
+    } else if bad(now) < bad(was)
+        || (bad(now) == 0 && mean(was) > 0.0 && mean(now) <= mean(was) * 0.5)
+    {
         format!(
             "keeping {n} layer(s) in float32 reduces the drift: {a} layers exceed (was {b}); {change}"
         )
-    } else if max(now) < max(was) {
+    } else if bad(now) == bad(was) && mean(now) < mean(was) {
         format!(
             "keeping {n} layer(s) in float32 helps little: {a} layers exceed (was {b}); {change}: the drift is spread over the model, not born in a few layers"
         )
@@ -235,6 +248,8 @@ pub fn check_advice(before: &Report, after: &Report, kept: Vec<String>) -> Advic
         output: name.to_string(),
         output_max_abs_diff_before: max(was),
         output_max_abs_diff_after: max(now),
+        output_mean_abs_diff_before: mean(was),
+        output_mean_abs_diff_after: mean(now),
         output_nonfinite_before: bad(was),
         output_nonfinite_after: bad(now),
         drift_origin_after: after.summary.drift_origin.clone(),
@@ -332,7 +347,7 @@ mod tests {
         assert!(
             check
                 .verdict
-                .contains("`c` NaN or Inf in 1 of 2 elements → max abs diff")
+                .contains("`c` NaN or Inf in 1 of 2 elements → mean abs diff")
         );
     }
 

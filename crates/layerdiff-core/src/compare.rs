@@ -742,7 +742,10 @@ mod tests {
         assert_eq!(s.tolerance_multiple(), Some(f64::INFINITY));
         let s = compare_judged(view(&r), view(&r), Some(judge())).unwrap();
         assert_eq!(s.tolerance_multiple(), Some(0.0));
-        assert_eq!(compare(view(&r), view(&r)).unwrap().tolerance_multiple(), None);
+        assert_eq!(
+            compare(view(&r), view(&r)).unwrap().tolerance_multiple(),
+            None
+        );
     }
 
     #[test]
