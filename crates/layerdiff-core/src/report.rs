@@ -77,6 +77,26 @@ impl Timing {
     }
 }
 
+impl Report {
+    /// The inputs both sides were given, in words (`` `x` float32 [1, 3, 224, 224] (seed 0) ``),
+    /// or `None` when there were none.
+    pub fn inputs_words(&self) -> Option<String> {
+        if self.inputs.is_empty() {
+            return None;
+        }
+        let inputs: Vec<String> = self
+            .inputs
+            .iter()
+            .map(|i| format!("`{}` {} {:?}", i.name, i.dtype, i.shape))
+            .collect();
+        let seed = self
+            .seed
+            .map(|s| format!(" (seed {s})"))
+            .unwrap_or_default();
+        Some(format!("{}{seed}", inputs.join(", ")))
+    }
+}
+
 /// One side of the comparison.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SideInfo {

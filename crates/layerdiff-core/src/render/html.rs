@@ -175,17 +175,8 @@ fn facts(report: &Report) -> String {
     if let Some(ranked) = s.own_error_text() {
         rows.push(("most error of their own", ranked));
     }
-    if !report.inputs.is_empty() {
-        let inputs: Vec<String> = report
-            .inputs
-            .iter()
-            .map(|i| format!("{} {} {:?}", i.name, i.dtype, i.shape))
-            .collect();
-        let seed = report
-            .seed
-            .map(|s| format!(" (seed {s})"))
-            .unwrap_or_default();
-        rows.push(("inputs", format!("{}{seed}", inputs.join(", "))));
+    if let Some(inputs) = report.inputs_words() {
+        rows.push(("inputs", inputs));
     }
     rows.push(("machine", report.machine.describe()));
     let mut out = String::from("<dl>\n");

@@ -63,17 +63,8 @@ pub fn to_markdown(report: &Report) -> String {
     for warning in &s.warnings {
         let _ = writeln!(out, "> **Warning:** {warning}\n");
     }
-    if !report.inputs.is_empty() {
-        let inputs: Vec<String> = report
-            .inputs
-            .iter()
-            .map(|i| format!("`{}` {} {:?}", i.name, i.dtype, i.shape))
-            .collect();
-        let seed = report
-            .seed
-            .map(|s| format!(" (seed {s})"))
-            .unwrap_or_default();
-        let _ = writeln!(out, "Inputs{seed}: {}\n", inputs.join(", "));
+    if let Some(inputs) = report.inputs_words() {
+        let _ = writeln!(out, "Inputs: {inputs}\n");
     }
 
     let _ = writeln!(out, "## Worst layers\n");
