@@ -3,8 +3,8 @@ exporter, how many layers were compared, how many have no ONNX counterpart by co
 (fused at export, identity at inference), and the verdict; and the short table in README.md
 between its `mapping-table` markers (`make mapping`).
 
-Models are built from configs and constructors with random weights (seed 0), see
-tests/builders/zoo.py."""
+Models: every built-in one (`layerdiff zoo`, python/layerdiff/models.py) and two timm models
+(tests/builders/zoo.py), all with random weights from seed 0."""
 
 from __future__ import annotations
 
@@ -19,17 +19,28 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import layerdiff  # noqa: E402
-from builders.zoo import BUILDERS  # noqa: E402
+from builders import zoo  # noqa: E402
+from layerdiff.models import ZOO  # noqa: E402
+
+BUILDERS = {
+    **{name: (lambda entry=entry: entry(0)) for name, entry in ZOO.items()},
+    "convnext_atto (timm)": zoo.timm_convnext,
+    "efficientnet_b0 (timm)": zoo.timm_efficientnet,
+}
 
 NO_COUNTERPART = ("fused", "identity at inference")
 
 
 README_NAMES = {
-    "bert": "BERT (transformers config, 2 layers)",
+    "bert": "BERT (transformers config)",
     "gpt2": "GPT-2 (transformers config)",
     "llama": "Llama-style (RMSNorm, RoPE, GQA, SwiGLU)",
+    "t5": "T5 (encoder-decoder, relative position bias)",
     "resnet18": "ResNet-18",
+    "resnet50": "ResNet-50",
     "mobilenet_v3_small": "MobileNetV3-Small",
+    "efficientnet_b0": "EfficientNet-B0",
+    "convnext_tiny": "ConvNeXt-Tiny",
     "vit_b_16": "ViT-B/16",
     "convnext_atto (timm)": "ConvNeXt-atto (timm)",
     "efficientnet_b0 (timm)": "EfficientNet-B0 (timm, BatchNormAct2d)",

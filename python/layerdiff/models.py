@@ -61,7 +61,10 @@ class Logits(nn.Module):
         if decoder_ids is not None:
             out = self.model(input_ids=ids, decoder_input_ids=decoder_ids, use_cache=False)
         elif hasattr(self.model.config, "use_cache"):
-            out = self.model(input_ids=ids, use_cache=False)
+            # With an explicit mask, transformers does not look for packed sequences in the
+            # positions (`torch.diff`, which the legacy exporter cannot write).
+            mask = torch.ones_like(ids)
+            out = self.model(input_ids=ids, attention_mask=mask, use_cache=False)
         else:
             out = self.model(ids)
         return out.logits if hasattr(out, "logits") else out.last_hidden_state
@@ -74,6 +77,16 @@ def _torchvision(name: str) -> Callable[[], nn.Module]:
         return getattr(torchvision.models, name)(weights=None)
 
     return construct
+
+
+def _vit() -> nn.Module:
+    """ViT-B/16 with a random head: torchvision starts the head at zero, which makes every
+    output zero and any comparison of it trivially clean."""
+    import torchvision
+
+    model = torchvision.models.vit_b_16(weights=None)
+    nn.init.normal_(model.heads.head.weight, std=0.02)
+    return model
 
 
 def _transformers(model_class: str, config_class: str, **config) -> Callable[[], nn.Module]:
@@ -111,7 +124,7 @@ ZOO: dict[str, ZooModel] = {
         ZooModel("convnext_tiny", "torchvision", "7x7 depthwise convolutions, layer norm, GELU",
                  _torchvision("convnext_tiny"), _image),
         ZooModel("vit_b_16", "torchvision", "patch embedding, attention, layer norm, GELU MLP",
-                 _torchvision("vit_b_16"), _image),
+                 _vit, _image),
         ZooModel("bert", "transformers", "encoder: embeddings, attention, layer norm, GELU",
                  _transformers("BertModel", "BertConfig", vocab_size=VOCAB, hidden_size=128,
                                num_hidden_layers=2, num_attention_heads=4,
