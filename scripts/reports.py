@@ -5,14 +5,16 @@ the batch axis (1, 8, 32) of ResNet-50 and of the GPT-2-style decoder; and the s
 the README, between its `reports` markers. Each run is the `layerdiff` command as a user runs it;
 exit code 1 (drift found) is an answer, not a failure of this script.
 
-`python scripts/reports.py --table` only rewrites the README's table from the committed JSON."""
+`python scripts/reports.py t5 gpt2` regenerates those models' reports only; `--table` only
+rewrites the README's table from the committed JSON."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
+
+from validation_examples import layerdiff
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "examples" / "reports"
@@ -32,16 +34,9 @@ def models() -> list[str]:
     return list(ZOO)
 
 
-def layerdiff(*args: str) -> None:
-    print("$ layerdiff", " ".join(args), flush=True)
-    done = subprocess.run([sys.executable, "-m", "layerdiff", *args])
-    if done.returncode not in (0, 1):
-        sys.exit(f"layerdiff {args[0]} failed with exit code {done.returncode}")
-
-
-def run_all() -> None:
+def run_all(only: list[str]) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    for name in models():
+    for name in only or models():
         for precision, flags in PRECISIONS.items():
             stem = OUT / f"{name}_{precision}"
             layerdiff(
@@ -53,6 +48,8 @@ def run_all() -> None:
             if stem.name != "resnet18_fp32":
                 Path(f"{stem}.inputs.safetensors").unlink(missing_ok=True)
     for name, sizes in AXES.items():
+        if only and name not in only:
+            continue
         stem = OUT / f"{name}_batch"
         layerdiff(
             "torch", name, "--seed", "0", "--batch-sizes", sizes, "-q",
@@ -117,5 +114,5 @@ def write_table() -> None:
 
 if __name__ == "__main__":
     if "--table" not in sys.argv:
-        run_all()
+        run_all([a for a in sys.argv[1:] if not a.startswith("-")])
     write_table()
