@@ -116,8 +116,7 @@ def _run(verb: str, command) -> int:
     if verb == "grad":
         from layerdiff._grad import compare_gradients
 
-        progress("forward and backward on both sides")
-        report = compare_gradients(model, inputs, loss=command.loss, **common)
+        report = compare_gradients(model, inputs, loss=command.loss, progress=progress, **common)
     elif pytorch_target:
         report = lt.compare_torch(
             model, inputs, progress=progress, keep_fp32=command.keep_fp32, **common

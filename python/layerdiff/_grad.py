@@ -51,6 +51,7 @@ def compare_gradients(
     seed: int | None = None,
     timings: bool | list = False,
     options: _layerdiff.Options | None = None,
+    progress=None,
 ) -> Report:
     """Compare a model's gradients on the PyTorch side ``target`` (``"torch:bf16"``,
     ``"torch:cuda:amp-fp16"``, ``"torch:compile"``…) with those on ``reference`` (default: the
@@ -63,6 +64,7 @@ def compare_gradients(
     """
     from layerdiff.torch import _as_input_tuple
 
+    step = progress or (lambda message: None)
     inputs = _as_input_tuple(inputs)
     if loss not in ("dot", "sum"):
         raise _layerdiff.UsageError(f"unknown loss `{loss}` (expected `dot` or `sum`)")
@@ -90,12 +92,15 @@ def compare_gradients(
     )
 
     with cuda_math(ref_side, tgt_side):
+        step(f"forward and backward on the reference ({ref_side.spelling})")
         ref = _side_gradients(model, inputs, ref_side, cotangent, "the reference")
+        step(f"forward and backward on the target ({tgt_side.spelling})")
         tgt = _side_gradients(model, inputs, tgt_side, cotangent, "the target")
     if not ref.order:
         raise _layerdiff.InputError("the model has no parameter or input that takes a gradient")
     truth, lost = None, None
     if options.float64:
+        step("forward and backward in float64 (the truth)")
         try:
             truth = _float64_gradients(model, inputs, cotangent)
         except Exception as e:  # compared without it, and said so
@@ -146,6 +151,7 @@ def compare_gradients(
         lower_precision=_lower_precision(tgt_side),
         timings=list(timings) if isinstance(timings, list) else ([] if timings else None),
     )
+    step(f"comparing {len(ref.order)} gradients")
     for index, key in enumerate(ref.order):
         wide = truth.grads.get(key) if truth is not None else None
         run.add(

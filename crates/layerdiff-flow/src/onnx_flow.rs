@@ -93,7 +93,7 @@ pub fn compare_with(
 }
 
 /// `progress`: a progress line on stderr while the layers run, when it is a terminal.
-fn compare_on(
+pub(crate) fn compare_on(
     options: &OnnxOptions,
     target_runtime: Option<Box<dyn Runtime + Send + Sync>>,
     ort_library: Option<&Path>,

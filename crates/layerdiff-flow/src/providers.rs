@@ -14,7 +14,7 @@ use layerdiff_runtime::{OptLevel, Provider, RuntimeSpec};
 use serde::Serialize;
 
 use crate::inputs::InputPlan;
-use crate::onnx_flow::{OnnxOptions, compare};
+use crate::onnx_flow::{OnnxOptions, compare_on};
 use crate::output::{exit_code, write_atomic, write_texts};
 use crate::{Error, Result, Settings, error_chain};
 
@@ -143,9 +143,14 @@ pub fn providers(
         cells: Vec::new(),
         machine: Machine::this(),
     };
-    for &provider in &options.providers {
-        'levels: for &level in &options.levels {
+    let cells = options.providers.len() * options.levels.len();
+    for (p, &provider) in options.providers.iter().enumerate() {
+        'levels: for (l, &level) in options.levels.iter().enumerate() {
             let target = RuntimeSpec::Ort(provider, level, Vec::new());
+            if !to.quiet {
+                let at = p * options.levels.len() + l + 1;
+                eprintln!("[{at}/{cells}] {}…", target.spelling());
+            }
             let run = OnnxOptions {
                 model: options.model.clone(),
                 vs: None,
@@ -170,7 +175,7 @@ pub fn providers(
                 max_abs_diff: None,
                 placement: None,
             };
-            match compare(&run, ort_library) {
+            match compare_on(&run, None, ort_library, !to.quiet) {
                 Ok(outcome) => {
                     if table.inputs.is_empty() {
                         table.inputs = outcome.report.inputs.clone();
