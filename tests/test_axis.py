@@ -70,3 +70,23 @@ def test_shapes_name_each_point_and_must_fit_the_inputs(tmp_path):
     assert worse.returncode == 2 and "is not a shape such as 1x3x224x224" in worse.stderr
     both = run_cli("torch", "resnet18", "--shapes", "1x3x8x8", "--batch-sizes", "2")
     assert both.returncode == 2 and "cannot be used with" in both.stderr
+
+
+def test_the_python_api_gives_the_axis_and_each_points_report():
+    import sys
+
+    import layerdiff
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from builders.seed_mlp import build
+
+    torch.manual_seed(0)
+    model, inputs = build()
+    axis, reports = layerdiff.compare_along(model, inputs, batch_sizes=(2, 4), seed=1)
+    assert axis.axis == "batch size" and axis.exit_code == 0
+    assert [p["point"] for p in axis.data["points"]] == ["2", "4"]
+    assert set(reports) == {"2", "4"}
+    assert reports["4"].data["inputs"][0]["shape"] == [4, 64]
+    assert "no drift at any batch size (2, 4)" in axis.summary_text()
+    with pytest.raises(layerdiff.UsageError, match="needs batch_sizes or shapes"):
+        layerdiff.compare_along(model, inputs)

@@ -29,6 +29,7 @@ __all__ = [
     "UsageError",
     "__version__",
     "check_ops",
+    "compare_along",
     "compare_gradients",
     "compare_tensors",
     "compare_torch",
@@ -55,6 +56,24 @@ def compare_torch(model, inputs, **options):
     from layerdiff.torch import compare_torch as run
 
     return run(model, inputs, **options)
+
+
+def compare_along(model, inputs, *, batch_sizes=(), shapes=(), **options):
+    """Compare a PyTorch model with its export (or a PyTorch target) at several batch sizes
+    (``batch_sizes=(1, 8, 32)``) or input shapes (``shapes=[[(1, 3, 224, 224)], ...]``, one list
+    of input shapes per point), from one export with the varying dimensions dynamic. Returns
+    ``(axis, reports)``: the axis report (``axis.data``, ``to_markdown()``, ``write()``; which
+    points drift, which layers change verdict) and each point's :class:`Report` by its label.
+    Other options as for :func:`layerdiff.torch.compare_torch_onnx` (``target``, ``tolerance``,
+    ``exporter``, ``dtype``, ``seed``, ``name``).
+    """
+    from layerdiff._axis import compare_along as run
+    from layerdiff.torch import _as_input_tuple
+
+    axis, reports, _ = run(
+        model, _as_input_tuple(inputs), batch_sizes=batch_sizes, shapes=shapes, **options
+    )
+    return axis, dict(reports)
 
 
 def compare_gradients(model, inputs, **options):

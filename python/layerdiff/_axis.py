@@ -56,15 +56,22 @@ def varying(points_shapes: list[list]) -> list[list[int]]:
 def compare_along(
     model, inputs: tuple, *, batch_sizes=(), shapes=(), onnx=None, exporter="dynamo",
     workdir=None, seed: int = 0, name=None, options=None, dtype=None, keep_fp32=(), progress=None,
+    target: str = "ort", tolerance: float | str = "dtype",
 ):  # fmt: skip
-    """The axis report and each point's `(label, Report)`."""
+    """The axis report, each point's `(label, Report)`, and notes on the run. ``target`` and
+    ``tolerance`` as for :func:`layerdiff.torch.compare_torch_onnx` (``options``, already parsed,
+    replaces them)."""
     from layerdiff.torch import compare_torch, compare_torch_onnx, export_onnx, to_eval
 
+    if not batch_sizes and not shapes:
+        raise _layerdiff.UsageError("an axis needs batch_sizes or shapes")
+    if options is None:
+        options = _layerdiff.Options(tolerance=str(tolerance), target=target)
     step = progress or (lambda message: None)
     axis, at = points(inputs, batch_sizes, shapes)
     given = [inputs_at(inputs, point_shapes, seed) for _, point_shapes in at]
     notes = [n for n in [to_eval(model)] if n]
-    pytorch_target = options is not None and options.torch_target is not None
+    pytorch_target = options.torch_target is not None
     with contextlib.ExitStack() as stack:
         folder = (
             Path(workdir) if workdir else Path(stack.enter_context(tempfile.TemporaryDirectory()))
