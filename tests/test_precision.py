@@ -71,6 +71,18 @@ def test_a_pytorch_target_keeps_modules_in_float32(overflow):
     assert check["output_nonfinite_before"] == 40 and check["output_nonfinite_after"] == 0
 
 
+def test_a_pytorch_target_in_float16_takes_its_own_list_from_the_command_line(tmp_path):
+    result = run_cli(
+        "torch", OVERFLOW, "--target", "torch:fp16", "--keep-fp32", "up,norm",
+        "--json", str(tmp_path / "r.json"), "-q",
+    )  # fmt: skip
+    assert result.returncode in (0, 1), result.stderr
+    import json
+
+    check = json.loads((tmp_path / "r.json").read_text())["keep_float32"]["check"]
+    assert check["kept"] == ["up", "norm"] and check["output_nonfinite_after"] == 0
+
+
 def test_int8_quantization_names_the_layers_that_lose_most(resnet18):
     model, inputs, _ = resnet18
     report = compare_torch_onnx(model, inputs, dtype="int8")

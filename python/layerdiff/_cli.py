@@ -164,6 +164,7 @@ def _along_axis(lt, command, model, inputs, progress) -> int:
                 markdown=folder / "report.md",
                 html=folder / "report.html",
                 svg=folder / "report.svg",
+                node_data=folder / "report.node-data.json",
             )
     for label, report in reports:
         notes += [f"{label}: {note}" for note in report.notes]

@@ -89,19 +89,20 @@ def compare_torch(
     once = _Comparison(
         model, inputs, options, ref_side, tgt_side, name, seed, phases, timings, step, progress
     )  # fmt: skip
-    plain = once(keep=())
-    if eval_note:
-        plain.notes.insert(0, eval_note)
-    advice = plain.data.get("keep_float32") or {}
+    report = once(keep=())
+    advice = report.data.get("keep_float32") or {}
     kept = list(keep_fp32) or [k["layer"] for k in advice.get("layers", [])]
-    if not kept or tgt_side.precision not in ("fp16", "bf16"):
-        return plain  # autocast decides per op: there is no module to keep in float32
-    modules = _precision.kept_modules(once.listed, kept)
-    step(f"checking: {tgt_side.spelling} again with {len(kept)} layer(s) in float32")
-    with_kept = once(keep=modules)
-    main = with_kept if keep_fp32 else plain
-    precision = _precision.DTYPE_NAMES[tgt_side.precision]
-    return main.checked(plain, with_kept, kept, precision)
+    # Under autocast PyTorch decides per op: there is no module to keep in float32.
+    if kept and tgt_side.precision in ("fp16", "bf16"):
+        modules = _precision.kept_modules(once.listed, kept)
+        step(f"checking: {tgt_side.spelling} again with {len(kept)} layer(s) in float32")
+        with_kept = once(keep=modules)
+        main = with_kept if keep_fp32 else report
+        precision = _precision.DTYPE_NAMES[tgt_side.precision]
+        report = main.checked(report, with_kept, kept, precision)
+    if eval_note:
+        report.notes.insert(0, eval_note)
+    return report
 
 
 class _Comparison:
@@ -118,7 +119,7 @@ class _Comparison:
         self.listed = None
 
     def __call__(self, keep) -> Report:
-        from layerdiff.torch import Ticker, _layer_parameters, _phases, _run_model
+        from layerdiff.torch import _layer_parameters, _phases, _run_model, progress_line
 
         model, inputs, options = self.model, self.inputs, self.options
         ref_side, tgt_side, step, timings = self.ref_side, self.tgt_side, self.step, self.timings
@@ -159,7 +160,7 @@ class _Comparison:
             step(f"running {ref_side.spelling} and {tgt_side.spelling} side by side{pieces}")
             target_model = _stream(
                 model, inputs, ref_model, ref_inputs, run, listed, ref_side, tgt_side, options,
-                whole, keep, ticker=Ticker.for_terminal(self.progress, len(listed)),
+                whole, keep, ticker=progress_line(self.progress, len(listed)),
             )  # fmt: skip
             needed = run.conclude()
             native = run.finish(

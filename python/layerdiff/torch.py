@@ -9,7 +9,6 @@ PyTorch is imported only by this module and the ones it names.
 from __future__ import annotations
 
 import contextlib
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -210,13 +209,7 @@ class _FileComparison:
                 f"the ONNX model takes {len(declared)} input(s) ({names}), "
                 f"but {len(inputs)} example input(s) were given"
             )
-        warnings = [
-            f"the ONNX input `{n}` is read by no node, so the file's outputs do not depend on it: "
-            "if the model's do, the export made it a constant (a value read with .item() or "
-            "turned into a Python number is traced as the example's)"
-            for n in _layerdiff.unused_inputs(str(onnx_path))
-        ]
-        warnings += _float64_inputs(model, inputs)
+        warnings = _float64_inputs(model, inputs)
         onnx_inputs = [flat(decl[0], t) for decl, t in zip(declared, inputs, strict=True)]
         run = _layerdiff.CapturedRun(
             command="torch",
@@ -237,7 +230,7 @@ class _FileComparison:
         self.step(f"running PyTorch and the ONNX model side by side{pieces}, comparing each layer")
         _stream(
             model, inputs, run, listed, float64=options.float64, clone=self.clone,
-            ticker=Ticker.for_terminal(self.progress, len(listed)),
+            ticker=progress_line(self.progress, len(listed)),
         )  # fmt: skip
         needed = run.conclude()
         native = run.finish(_layer_parameters(model, listed, needed))
@@ -313,35 +306,14 @@ def _run_model(inputs: tuple, call):
         ) from e
 
 
-class Ticker:
-    """One progress line on a terminal, rewritten in place: layers done of the total, the time
-    so far and the time left at this pace."""
-
-    def __init__(self, total: int):
-        self.total, self.start, self.shown = total, time.monotonic(), 0.0
-
-    @classmethod
-    def for_terminal(cls, progress, total: int) -> Ticker | None:
-        """A ticker when the command prints its progress and stderr is a terminal."""
-        printing = progress is not None and not getattr(progress, "quiet", True)
-        return cls(total) if printing and sys.stderr.isatty() else None
-
-    def __call__(self, done: int) -> None:
-        now = time.monotonic()
-        if now - self.shown < 0.5 and done < self.total:
-            return
-        self.shown, elapsed = now, now - self.start
-        left = elapsed / done * (self.total - done) if done else 0.0
-        end = "\n" if done >= self.total else ""
-        print(
-            f"\r  layers {done}/{self.total}, {elapsed:.1f}s, about {left:.0f}s left\033[K",
-            end=end, file=sys.stderr, flush=True,
-        )  # fmt: skip
+def progress_line(progress, total: int):
+    """The progress line over `total` layers (the engine's), when the command prints its
+    progress and stderr is a terminal; else None."""
+    quiet = progress is None or getattr(progress, "quiet", True)
+    return _layerdiff.Ticker.for_terminal(total, quiet)
 
 
-def _stream(
-    model, inputs, run, listed, *, float64: bool, clone: bool, ticker: Ticker | None = None
-) -> None:
+def _stream(model, inputs, run, listed, *, float64: bool, clone: bool, ticker=None) -> None:
     """The second forward pass: each layer's value goes to the run as its hook fires, with the
     float64 run's value of the same layer. ``clone=False`` instead hands the outputs over after
     the pass, by reference: it exists only so a test can show what in-place ops

@@ -556,8 +556,9 @@ pub struct TorchArgs {
     /// re-running with them kept.
     #[arg(long, value_enum)]
     pub dtype: Option<TargetDtype>,
-    /// Layers to keep in float32 in a lower-precision target (`--dtype`), comma-separated, named
-    /// as in the report; the run is checked against the same target without them kept.
+    /// Layers to keep in float32 in a lower-precision target (`--dtype`, or a PyTorch target in
+    /// fp16 or bf16), comma-separated, named as in the report; the run is checked against the
+    /// same target without them kept.
     #[arg(long, value_delimiter = ',', value_name = "LAYERS")]
     pub keep_fp32: Vec<String>,
     /// Compare at each of these batch sizes (`1,8,32`): the model is exported once with a
@@ -830,8 +831,12 @@ impl TorchArgs {
     pub fn dtype_target(&self) -> Result<(TorchTarget, Option<TargetDtype>), String> {
         use layerdiff_flow::torch_side::Precision;
         let Some(dtype) = self.dtype else {
-            if !self.keep_fp32.is_empty() {
-                return Err("--keep-fp32 keeps layers of a lower-precision target in float32: give --dtype fp16, bf16 or int8".to_string());
+            let lower_torch = matches!(
+                &self.target,
+                TorchTarget::Torch(spec) if matches!(spec.precision, Precision::Fp16 | Precision::Bf16)
+            );
+            if !self.keep_fp32.is_empty() && !lower_torch {
+                return Err("--keep-fp32 keeps layers of a lower-precision target in float32: give --dtype fp16, bf16 or int8, or a PyTorch target in fp16 or bf16".to_string());
             }
             return Ok((self.target.clone(), None));
         };

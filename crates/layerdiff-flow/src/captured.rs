@@ -18,7 +18,7 @@ use layerdiff_core::{DType, Layer, OnnxRef, Report, SideInfo, Tensor, TensorView
 use layerdiff_onnx::{GraphIndex, LayerCall, LayerMapping, Model, ScopeMapping};
 use layerdiff_runtime::RuntimeSpec;
 
-use crate::inputs::check_inputs;
+use crate::inputs::{check_inputs, unread_inputs};
 use crate::memory::Segmentation;
 use crate::memory::budget;
 use crate::shipped::{Renames, prepare_target};
@@ -308,7 +308,9 @@ fn onnx_target(
     clock: &mut Stopwatch,
 ) -> Result<(Alignment, Box<dyn Side>)> {
     let mut model = Model::load(path)?;
-    check_inputs(&GraphIndex::new(model.graph()), &c.inputs)?;
+    let file = GraphIndex::new(model.graph());
+    check_inputs(&file, &c.inputs)?;
+    let unread = unread_inputs(&file);
     let runtime = runtime.build(ort_library)?;
     clock.lap("runtime start-up", RUNTIME);
     let calls: Vec<LayerCall> = c.layers.iter().map(|l| l.call.clone()).collect();
@@ -361,11 +363,9 @@ fn onnx_target(
     }
     let graph_outputs = GraphIndex::new(model.graph()).graph_outputs().to_vec();
     let alignment = align(&c.layers, &mappings, &graph_outputs, inconclusive);
-    let target = GraphSide::new(note.map(String::from), model, target.runtime, &c.inputs).shipping(
-        target.renames,
-        target.shipped,
-        target.placement,
-    );
+    let target = GraphSide::new(note.map(String::from), model, target.runtime, &c.inputs)
+        .shipping(target.renames, target.shipped, target.placement)
+        .noting(unread);
     Ok((alignment, Box::new(target)))
 }
 

@@ -32,6 +32,25 @@ pub fn fit_inputs(
     (fitted, notes)
 }
 
+/// A warning for each runtime input of the file that no node reads (and that is not an
+/// output): the file's outputs do not depend on it, which for an export means the exporter made
+/// it a constant (a value read with `.item()` or turned into a Python number is traced as the
+/// example's) or the model ignores it too.
+pub fn unread_inputs(index: &GraphIndex) -> Vec<String> {
+    index
+        .graph_inputs()
+        .iter()
+        .filter(|name| {
+            index.consumers(name).next().is_none() && !index.graph_outputs().contains(name)
+        })
+        .map(|name| {
+            format!(
+                "the ONNX input `{name}` is read by no node, so the file's outputs do not depend on it: if the model's do, the export made it a constant (a value read with .item() or turned into a Python number is traced as the example's)"
+            )
+        })
+        .collect()
+}
+
 /// Checks names, dtypes and fixed dimensions of `inputs` against the graph's declared inputs.
 pub fn check_inputs(index: &GraphIndex, inputs: &[(String, Tensor)]) -> Result<()> {
     let given: Vec<&str> = inputs.iter().map(|(n, _)| n.as_str()).collect();

@@ -24,20 +24,30 @@ impl Ticker {
     /// `done` layers of the total are done: the line, at most twice a second, and the last one
     /// ended with a newline.
     pub fn tick(&mut self, done: usize) {
-        let now = Instant::now();
+        if let Some(text) = self.due(done, Instant::now()) {
+            let mut err = std::io::stderr().lock();
+            let _ = err.write_all(text.as_bytes());
+            let _ = err.flush();
+        }
+    }
+
+    /// What to write when `done` layers are done at `now`: the line rewritten in place, unless
+    /// one was written less than half a second ago and the run is not finished.
+    fn due(&mut self, done: usize, now: Instant) -> Option<String> {
         let finished = done >= self.total;
         if !finished
             && self
                 .shown
                 .is_some_and(|t| now - t < Duration::from_millis(500))
         {
-            return;
+            return None;
         }
         self.shown = Some(now);
         let line = line(done, self.total, now - self.start);
-        let mut err = std::io::stderr().lock();
-        let _ = write!(err, "\r{line}\x1b[K{}", if finished { "\n" } else { "" });
-        let _ = err.flush();
+        Some(format!(
+            "\r{line}\x1b[K{}",
+            if finished { "\n" } else { "" }
+        ))
     }
 }
 
@@ -55,6 +65,23 @@ fn line(done: usize, total: usize, elapsed: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn at_most_two_lines_a_second_and_the_last_ends_the_line() {
+        let start = Instant::now();
+        let mut ticker = Ticker {
+            total: 3,
+            start,
+            shown: None,
+        };
+        let written: String = (1..=3).filter_map(|done| ticker.due(done, start)).collect();
+        assert!(written.starts_with("\r  layers 1/3, "), "{written:?}");
+        assert!(
+            written.ends_with("\r  layers 3/3, 0.0s, about 0s left\x1b[K\n"),
+            "{written:?}"
+        );
+        assert!(!written.contains("layers 2/3"), "{written:?}");
+    }
 
     #[test]
     fn the_line_says_layers_done_and_time_left_at_this_pace() {

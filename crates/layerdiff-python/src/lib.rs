@@ -145,6 +145,25 @@ impl Report {
     }
 }
 
+/// The progress line on a terminal (the engine's, `layerdiff_flow::progress`), ticked from
+/// Python as a PyTorch forward pass streams its layers.
+#[pyclass(module = "layerdiff._layerdiff")]
+pub(crate) struct Ticker(layerdiff_flow::progress::Ticker);
+
+#[pymethods]
+impl Ticker {
+    /// A ticker over `total` layers when stderr is a terminal and the run is not `quiet`, else
+    /// None.
+    #[staticmethod]
+    fn for_terminal(total: usize, quiet: bool) -> Option<Self> {
+        layerdiff_flow::progress::Ticker::for_terminal(total, quiet).map(Self)
+    }
+    /// `done` layers are done.
+    fn __call__(&mut self, done: usize) {
+        self.0.tick(done);
+    }
+}
+
 /// Compares two flat tensors and returns the statistics as deterministic JSON.
 #[pyfunction]
 fn compare_tensors_json(
@@ -165,22 +184,6 @@ fn compare_tensors_json(
 fn fingerprint(tensor: FlatTensor<'_>) -> PyResult<(usize, Vec<f64>)> {
     let print = Fingerprint::of(tensor.view()?);
     Ok((print.count, print.samples))
-}
-
-/// The runtime inputs of a model that no node reads and that are not outputs: what an export
-/// made a constant (a value read with `.item()` is traced as the example's) or left unused.
-#[pyfunction]
-fn unused_inputs(path: PathBuf) -> PyResult<Vec<String>> {
-    let model = layerdiff_onnx::Model::load(&path).map_err(to_py_err)?;
-    let index = layerdiff_onnx::GraphIndex::new(model.graph());
-    Ok(index
-        .graph_inputs()
-        .iter()
-        .filter(|name| {
-            index.consumers(name).next().is_none() && !index.graph_outputs().contains(name)
-        })
-        .cloned()
-        .collect())
 }
 
 /// `(name, dtype name, dims)` of a declared model input.
@@ -224,6 +227,7 @@ fn model_inputs(py: Python<'_>, path: PathBuf) -> PyResult<Vec<DeclaredInput>> {
 fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<Report>()?;
+    m.add_class::<Ticker>()?;
     m.add_class::<axis::PyAxisReport>()?;
     m.add_function(wrap_pyfunction!(parse_cli, m)?)?;
     m.add_class::<CapturedRun>()?;
@@ -232,7 +236,6 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(compare_tensors_json, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(model_inputs, m)?)?;
-    m.add_function(wrap_pyfunction!(unused_inputs, m)?)?;
     m.add_class::<ops::OpsCommand>()?;
     m.add_class::<check::CheckCommand>()?;
     m.add_function(wrap_pyfunction!(check::deliver_check, m)?)?;
