@@ -142,45 +142,65 @@ def test_a_run_that_pairs_nothing_exits_2(tmp_path):
     assert "Traceback" not in result.stderr and not report.exists()
 
 
-# Layers no export computes: embeddings of constant positions (folded into constants), BERT's
-# pooler (dead code when only hidden states are returned; it was once "folded" into the
-# LayerNorm before it and reported as drift).
+# Layers no export computes, and why: values computed from constants only (embeddings of
+# constant positions, rotary tables, T5's relative-position arithmetic), which exporters fold
+# into constants; BERT's pooler (dead code when only hidden states are returned; it was once
+# "folded" into the LayerNorm before it and reported as drift).
+FOLDED = "computed from constants only"
+POOLER = {
+    "model.pooler.dense": "no ONNX node carries",
+    "model.pooler.activation": "no ONNX node carries",
+}
+T5_FOLDED = {
+    f"model.{stack}.block.0.layer.0.SelfAttention{call}": FOLDED
+    for stack in ("encoder", "decoder")
+    for call in (":div", ":div#2", ":mul", ".relative_attention_bias")
+}
 NO_COUNTERPART = {
-    ("bert", "dynamo"): {
-        "model.embeddings.position_embeddings",
-        "model.pooler.dense",
-        "model.pooler.activation",
-    },
-    ("bert", "legacy"): {"model.pooler.dense", "model.pooler.activation"},
-    ("gpt2", "dynamo"): {"model.transformer.wpe"},
-    ("llama", "dynamo"): {"model.model.rotary_emb"},
-    ("timm_convnext", "dynamo"): set(),
-    ("timm_convnext", "legacy"): set(),
-    ("timm_efficientnet", "dynamo"): set(),
-    ("timm_efficientnet", "legacy"): set(),
+    ("bert", "dynamo"): {"model.embeddings.position_embeddings": FOLDED, **POOLER},
+    ("bert", "legacy"): POOLER,
+    ("gpt2", "dynamo"): {"model.transformer.wpe": FOLDED},
+    ("llama", "dynamo"): {"model.model.rotary_emb": FOLDED},
+    ("timm_convnext", "dynamo"): {},
+    ("timm_convnext", "legacy"): {},
+    ("timm_efficientnet", "dynamo"): {},
+    ("timm_efficientnet", "legacy"): {},
+    # The built-in ones: Llama with an attention mask (the legacy exporter writes a shape
+    # computation's `Mul` among the rotary `mul`s), T5 (dynamo folds the relative positions,
+    # drops the scores' `* 1.0` and adds the attention mask PyTorch skipped).
+    ("zoo:llama", "legacy"): {},
+    ("zoo:t5", "dynamo"): T5_FOLDED,
+    ("zoo:t5", "legacy"): {},
 }
 
 
 @pytest.mark.parametrize(("name", "exporter"), list(NO_COUNTERPART))
 def test_real_architectures_map_with_no_false_drift(name, exporter):
     """transformers models from configs and timm models: every layer that an export computes
-    is compared (identities at inference and Convs fused into their batch norm aside), and a
-    clean export shows no drift."""
+    is compared (identities at inference and Convs fused into their batch norm aside), those
+    it does not are explained, and a clean export shows no drift."""
     pytest.importorskip("transformers")
     pytest.importorskip("timm")
     torch = pytest.importorskip("torch")
     from builders import zoo
+    from layerdiff.models import ZOO
 
     torch.manual_seed(0)
-    model, inputs = getattr(zoo, name)()
+    if name.startswith("zoo:"):
+        model, inputs = ZOO[name.removeprefix("zoo:")](0)
+    else:
+        model, inputs = getattr(zoo, name)()
     report = compare_torch_onnx(model.eval(), inputs, exporter=exporter)
     not_compared = {
-        layer["name"]
+        layer["name"]: layer["reason"]
         for layer in report.layers
         if layer["status"] != "compared"
         and not layer["reason"].startswith(("identity at inference", "fused"))
     }
-    assert not_compared == NO_COUNTERPART[(name, exporter)], report.summary_text()
+    expected = NO_COUNTERPART[(name, exporter)]
+    assert set(not_compared) == set(expected), report.summary_text()
+    for layer, why in expected.items():
+        assert not_compared[layer].startswith(why), (layer, not_compared[layer])
     s = report.summary
     assert report.drift_origin is None and s["inconclusive"] is None, report.summary_text()
 

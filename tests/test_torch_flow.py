@@ -100,6 +100,44 @@ def test_module_called_twice_gives_numbered_layers_in_execution_order():
     assert report.layer("drop")["onnx"]["value"] == act["onnx"]["value"]
 
 
+def test_the_capture_tells_calls_that_change_nothing_and_values_no_input_reaches():
+    """What the mapping leans on where an export drops or folds a call: a module that hands
+    its input back (StochasticDepth at inference) or a call like `x * 1.0` changed nothing, a
+    ReLU(inplace=True) did; a position table computed from `arange` and a buffer is reached
+    by no input, and an in-place add of the input makes a constant reached."""
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    class PassThrough(nn.Module):
+        def forward(self, x):
+            return x
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.skip = PassThrough()
+            self.act = nn.ReLU(inplace=True)
+            self.register_buffer("freq", torch.tensor([0.5, 1.0, 2.0, 4.0]))
+
+        def forward(self, x):
+            y = self.skip(self.fc(x))
+            table = torch.arange(3.0)[:, None] * self.freq  # (3, 4), from constants only
+            scores = y * 1.0
+            mixed = torch.zeros(3, 4) + table
+            mixed += x  # an input reaches it now
+            return self.act(scores + table), mixed
+
+    torch.manual_seed(0)
+    layers = {layer.name: layer for layer in capture(Block().eval(), (torch.randn(3, 4),)).layers}
+    assert layers["skip"].identity and not layers["act"].identity
+    assert layers[":mul#2"].identity and not layers[":mul"].identity
+    assert layers[":mul"].constant and layers[":add"].constant
+    assert not layers[":mul#2"].constant and not layers["fc"].constant
+    assert not layers[":add#2"].constant  # the in-place `+= x`
+    assert not layers[":add#3"].constant and not layers["act"].constant
+
+
 def test_model_with_external_data(resnet18, resnet18_onnx, tmp_path):
     """Weights stored beside the model (as for models over 2 GB) are found from its folder."""
     model, inputs, _ = resnet18

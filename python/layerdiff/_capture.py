@@ -51,6 +51,8 @@ class CapturedLayer:
     module: str  # for a functional call, the module whose forward made it ("" for the model)
     module_type: str
     call_index: int
+    # it returned its input's values unchanged: Dropout at inference, a module that hands its
+    # input back untouched (torchvision's StochasticDepth), a call like `x * 1.0`
     identity: bool
     input_from: int | None
     shape: list[int]
@@ -60,6 +62,9 @@ class CapturedLayer:
     op: str | None = None
     # every layer whose output this call read (its tensor arguments, one level into lists)
     inputs_from: list[int] = field(default_factory=list)
+    # no model input's values reach its output: it is computed from parameters, buffers,
+    # constants and shapes alone (relative positions, rotary tables), which exporters fold
+    constant: bool = False
 
 
 @dataclass
@@ -115,15 +120,61 @@ def _sources(args, source) -> list[int]:
     return found
 
 
-class _FunctionalCalls(TorchFunctionMode):
-    """Sees every torch function call of a forward pass and hands those of `FUNCTIONAL_OPS`
-    made by a module's own `forward` (not inside a leaf module) to `record(op, owner, args,
-    output, local)`, ``local`` being ``rerun(func, args, kwargs)``'s outcome, made before the
-    call (an in-place op rewrites its inputs)."""
+def _tensors(value, depth: int = 2):
+    """The tensors in a call's arguments or result, two levels into lists, tuples and dicts."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth and isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _tensors(v, depth - 1)
+    elif depth and isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v, depth - 1)
 
-    def __init__(self, stack: list, leaves: set, record, rerun=None):
+
+class _Constants:
+    """The tensors of a forward pass that no model input's values reach: the model's
+    parameters, buffers and tensor attributes, and what torch calls compute from those alone
+    (``torch.arange`` of a length, a rotary table of it). Anything else (the inputs, a tensor
+    made elsewhere) counts as reached. Writes through a view of a constant are not followed."""
+
+    def __init__(self, model: nn.Module):
+        self.known: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        for module in model.modules():
+            for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+                self.known[id(t)] = t
+            for t in vars(module).values():
+                if isinstance(t, torch.Tensor):
+                    self.known[id(t)] = t
+
+    def __contains__(self, t: torch.Tensor) -> bool:
+        return self.known.get(id(t)) is t
+
+    def note(self, func, args, kwargs, out) -> None:
+        """Files `out` by what `func` read; a call that writes into an argument
+        (``x[i] = y``, ``out=``) files that argument too."""
+        constant = all(t in self for t in _tensors((args, kwargs), 3))
+        written = list(_tensors(out))
+        if getattr(func, "__name__", "") == "__setitem__" and args:
+            written.append(args[0])
+        written += list(_tensors(kwargs.get("out")))
+        for t in written:
+            if constant:
+                self.known[id(t)] = t
+            elif t in self:
+                del self.known[id(t)]
+
+
+class _FunctionalCalls(TorchFunctionMode):
+    """Sees every torch function call of a forward pass: files each result with `constants`,
+    and hands those of `FUNCTIONAL_OPS` made by a module's own `forward` (not inside a leaf
+    module) to `record(op, owner, args, output, local)`, ``local`` being ``rerun(func, args,
+    kwargs)``'s outcome, made before the call (an in-place op rewrites its inputs)."""
+
+    def __init__(self, stack: list, leaves: set, record, constants: _Constants, rerun=None):
         super().__init__()
         self.stack, self.leaves, self.record, self.rerun = stack, leaves, record, rerun
+        self.constants = constants
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         owner = self.stack[-1] if self.stack else None
@@ -133,6 +184,7 @@ class _FunctionalCalls(TorchFunctionMode):
         if wanted and self.rerun is not None:
             local = attempt(lambda: self.rerun(func, args, kwargs or {}))
         out = func(*args, **(kwargs or {}))
+        self.constants.note(func, args, kwargs or {}, out)
         if wanted and isinstance(out, torch.Tensor) and out.is_floating_point() and out.dim() > 0:
             self.record(op, owner[0], args, out, local)
         return out
@@ -202,6 +254,7 @@ def capture(
             shape=list(out.shape),
             dtype=dtype_name(called, out),
             fingerprint=_layerdiff.fingerprint(flat(called, out)) if fingerprints else None,
+            constant=out in constants,
             **kind,
         )
         index = len(result.layers)
@@ -211,6 +264,10 @@ def capture(
             on_layer(index, layer, out.detach(), local)
 
     pending: dict = {}  # a leaf's re-run, made before it ran, until its output is seen
+    constants = _Constants(model)
+    # each running leaf's first input and its version counter, to tell a module that hands its
+    # input back untouched from one that rewrote it in place (ReLU(inplace=True))
+    given: dict = {}
 
     # Hooks fire in whatever thread calls a module; only this pass's thread is this capture's
     # (another thread may re-run one of these modules' code meanwhile).
@@ -221,6 +278,12 @@ def capture(
             return
         pending[module] = attempt(lambda: rerun(names[module], None, args, kwargs))
 
+    def arrive(module, args):
+        if threading.get_ident() != ours:
+            return
+        first = _first_tensor(args)
+        given[module] = (first, first._version) if first is not None else None
+
     def hook(module, args, output):
         if threading.get_ident() != ours:
             return
@@ -228,13 +291,24 @@ def capture(
         k = next_call(name)
         out = _first_tensor(output)
         local = pending.pop(module, None)
+        first, version = given.pop(module, None) or (None, None)
         if out is not None:
-            identity = isinstance(module, IDENTITY_AT_INFERENCE) and not module.training
+            identity = (isinstance(module, IDENTITY_AT_INFERENCE) and not module.training) or (
+                out is first and out._version == version
+            )
             add_layer(k, name, name, type(module).__name__, out, args, local, identity=identity)
 
     def function(op, owner, args, out, local):
         key = f"{owner}:{op}"
-        add_layer(next_call(key), key, owner, f"{op}()", out, args, local, identity=False, op=op)
+        first = _first_tensor(args)
+        identity = (
+            first is not None
+            and out.data_ptr() != first.data_ptr()  # an in-place op rewrote its input
+            and out.shape == first.shape
+            and out.dtype == first.dtype
+            and torch.equal(out, first)
+        )
+        add_layer(next_call(key), key, owner, f"{op}()", out, args, local, identity=identity, op=op)
 
     # Which module's forward is running, for the functional calls it makes.
     paths = {m: n for n, m in model.named_modules()}
@@ -260,10 +334,11 @@ def capture(
         rerun_call = lambda func, args, kwargs: rerun(None, func, args, kwargs)  # noqa: E731
     else:
         rerun_call = None
+    handles += [m.register_forward_pre_hook(arrive) for m in names]
     handles += [m.register_forward_hook(hook) for m in names]
     handles += [m.register_forward_hook(leave) for m in paths]
     try:
-        with torch.no_grad(), _FunctionalCalls(running, leaves, function, rerun_call):
+        with torch.no_grad(), _FunctionalCalls(running, leaves, function, constants, rerun_call):
             result.output = model(*inputs)
     finally:
         for h in handles:

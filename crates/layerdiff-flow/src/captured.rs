@@ -333,7 +333,7 @@ fn onnx_target(
                 .iter()
                 .map(|&i| calls[i].name.as_str())
                 .collect();
-            let recognised: Vec<bool> = found.iter().map(Result::is_ok).collect();
+            let recognised: Vec<bool> = found[..names.len()].iter().map(Result::is_ok).collect();
             if request.unscoped_file {
                 inconclusive = unrecognised_from(&names, &recognised);
             }

@@ -18,9 +18,15 @@
 //! Every pairing says how it was made in the layer's note. A layer that none of this pairs is
 //! left unpaired rather than guessed (a guess would report drift that is not there), and
 //! [`unrecognised_from`] says where a file without scopes stopped being recognised.
+//!
+//! Functional calls that their module's nodes do not pair by position (a [`CallGroup`]) are
+//! matched within their group only: each call, in order, takes the first of the group's values
+//! after the previous call's whose samples look like its own, strictly.
 
 use layerdiff_core::{Fingerprint, SAME_VALUE, Tensor};
-use layerdiff_onnx::{LayerCall, Model, ValueMatch, ValueRequest, expose_values};
+use layerdiff_onnx::{
+    CallGroup, GraphIndex, LayerCall, Model, ValueMatch, ValueRequest, expose_values,
+};
 use layerdiff_runtime::Runtime;
 
 use crate::Result;
@@ -36,7 +42,7 @@ const SAME_EXACTLY: f64 = 1e-6;
 /// The most values exposed in one extra run when their sizes are not declared.
 const VALUES_PER_RUN: usize = 256;
 
-/// Answers a [`ValueRequest`]: one match (or none) per requested layer.
+/// Answers a [`ValueRequest`]: one match (or none) per layer of [`ValueRequest::wanted`].
 pub fn pair_by_values(
     model: &mut Model,
     runtime: &(dyn Runtime + Send + Sync),
@@ -46,30 +52,43 @@ pub fn pair_by_values(
     budget: Option<u64>,
 ) -> Result<Vec<ValueMatch>> {
     let wanted: Vec<&LayerCall> = request.layers.iter().map(|&i| &layers[i]).collect();
-    let largest = wanted.iter().map(|l| l.bytes()).max().unwrap_or(0).max(1);
+    let index = GraphIndex::new(model.graph());
     // Only values that could be some requested layer's output are worth a look.
-    let index = layerdiff_onnx::GraphIndex::new(model.graph());
     let candidates: Vec<&(String, usize)> = request
         .candidates
         .iter()
         .filter(|(v, _)| wanted.iter().any(|l| l.fits(&index, v)))
         .collect();
-    let per_run = budget.map_or(VALUES_PER_RUN, |b| {
-        usize::try_from(b / largest)
-            .unwrap_or(usize::MAX)
-            .clamp(1, VALUES_PER_RUN)
-    });
-    let mut seen: Vec<(usize, Fingerprint)> = Vec::with_capacity(candidates.len());
-    let outputs = model.graph().output.len();
-    for (batch, chunk) in candidates.chunks(per_run).enumerate() {
-        let names: Vec<String> = chunk.iter().map(|(v, _)| v.clone()).collect();
-        expose_values(model, &names)?;
-        let values = runtime.run(model, inputs, &names);
-        model.graph_mut().output.truncate(outputs);
-        for (k, (_, tensor)) in values?.into_iter().enumerate() {
-            seen.push((batch * per_run + k, Fingerprint::of(tensor.view())));
-        }
-    }
+    let in_groups: Vec<&String> = request
+        .calls
+        .iter()
+        .flat_map(|g| {
+            g.values
+                .iter()
+                .filter(|v| g.layers.iter().any(|&i| layers[i].fits(&index, v)))
+        })
+        .collect();
+    let names: Vec<String> = candidates
+        .iter()
+        .map(|(v, _)| v)
+        .chain(in_groups)
+        .cloned()
+        .collect();
+    let largest = request
+        .wanted()
+        .iter()
+        .map(|&i| layers[i].bytes())
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let mut prints = fingerprints(model, runtime, inputs, &names, budget, largest)?;
+    let in_groups = prints.split_off(candidates.len());
+    let seen: Vec<(usize, Fingerprint)> = prints.into_iter().enumerate().collect();
+    let in_groups: std::collections::HashMap<&str, Fingerprint> = names[candidates.len()..]
+        .iter()
+        .map(String::as_str)
+        .zip(in_groups)
+        .collect();
 
     // From the last layer back, each takes the last unused look-alike before the value the
     // layer after it took: order is kept, and a value that two consecutive layers both look
@@ -168,7 +187,7 @@ pub fn pair_by_values(
             ));
         }
     }
-    Ok(found
+    let mut answers: Vec<ValueMatch> = found
         .into_iter()
         .map(|f| match f {
             Some((c, how)) => Ok((candidates[c].0.clone(), how)),
@@ -176,7 +195,78 @@ pub fn pair_by_values(
                 "no ONNX node carries this module's scope, and no value of the file looks like this layer's output: it was folded into a neighbour or removed at export, or its value drifted too far to be recognised".to_string(),
             ),
         })
-        .collect())
+        .collect();
+    for group in &request.calls {
+        answers.extend(pair_calls(group, layers, &index, &in_groups));
+    }
+    Ok(answers)
+}
+
+/// The fingerprint of each value of `names`, from extra runs of the target with them exposed
+/// (as many at a time as `budget` allows for values of up to `largest` bytes).
+fn fingerprints(
+    model: &mut Model,
+    runtime: &(dyn Runtime + Send + Sync),
+    inputs: &[(String, Tensor)],
+    names: &[String],
+    budget: Option<u64>,
+    largest: u64,
+) -> Result<Vec<Fingerprint>> {
+    let per_run = budget.map_or(VALUES_PER_RUN, |b| {
+        usize::try_from(b / largest)
+            .unwrap_or(usize::MAX)
+            .clamp(1, VALUES_PER_RUN)
+    });
+    let mut prints = Vec::with_capacity(names.len());
+    let outputs = model.graph().output.len();
+    for chunk in names.chunks(per_run) {
+        expose_values(model, chunk)?;
+        let values = runtime.run(model, inputs, chunk);
+        model.graph_mut().output.truncate(outputs);
+        prints.extend(values?.iter().map(|(_, t)| Fingerprint::of(t.view())));
+    }
+    Ok(prints)
+}
+
+/// One group's calls, in order, each with the first of its values after the previous call's
+/// that holds the call's numbers (see the module docs).
+fn pair_calls(
+    group: &CallGroup,
+    layers: &[LayerCall],
+    index: &GraphIndex,
+    prints: &std::collections::HashMap<&str, Fingerprint>,
+) -> Vec<ValueMatch> {
+    let mut from = 0;
+    group
+        .layers
+        .iter()
+        .map(|&i| {
+            let layer = &layers[i];
+            let op = layer.op.as_deref().unwrap_or("op");
+            let hit = layer.fingerprint.as_ref().and_then(|print| {
+                group.values.iter().enumerate().skip(from).find_map(|(k, v)| {
+                    let likeness = print.likeness(prints.get(v.as_str())?);
+                    (layer.fits(index, v) && likeness >= SAME_VALUE).then_some((k, likeness))
+                })
+            });
+            match hit {
+                Some((k, likeness)) => {
+                    from = k + 1;
+                    Ok((
+                        group.values[k].clone(),
+                        format!(
+                            "matched by values: PyTorch's {} `{op}` call(s) here and the export's {} `{op}` node(s) the model's inputs reach do not pair by position; this node's value holds this call's numbers (likeness {likeness:.4})",
+                            group.layers.len(),
+                            group.values.len()
+                        ),
+                    ))
+                }
+                None => Err(format!(
+                    "none of the export's `{op}` nodes there that the model's inputs reach holds this call's numbers"
+                )),
+            }
+        })
+        .collect()
 }
 
 fn strictly(likeness: f64) -> String {

@@ -9,30 +9,133 @@
 //! node directly under the module's path (`/layer1/layer1.0/Add`).
 //!
 //! The calls of one op in one module pair with that module's own nodes of that op *by position*,
-//! and only when both sides count the same number: an exporter that folded, fused or decomposed
-//! one of them leaves positions that no longer line up, and pairing then would compare the wrong
-//! values. Those calls are reported unmapped, with the two counts.
+//! when both sides count the same number. When they do not, an exporter folded, fused or
+//! decomposed some, and positions no longer line up; the calls are then split the way
+//! exporters treat them:
+//!
+//! - calls that no model input's values reach (relative positions, rotary tables: computed from
+//!   parameters, constants and shapes alone) pair by position with the nodes the graph inputs
+//!   do not reach, or, where the export has none, are reported folded into constants;
+//! - the other calls pair by position with the nodes the graph inputs reach (the legacy
+//!   exporter writes a shape computation's `Mul` in an attention's scope), leaving out, where
+//!   that makes the counts agree, calls that returned their input's values unchanged (`x *
+//!   1.0`, which dynamo drops: compared against the value they read);
+//! - calls still not paired are matched by their values with those nodes in the flow (see
+//!   [`crate::CallGroup`]), each the first in order holding its numbers, or left unmapped
+//!   with the two counts: pairing the wrong values would report drift that is not there.
 
 use std::collections::HashMap;
 
+use crate::mapping::{CallGroup, FOLDED};
 use crate::scope::{ScopeResolver, parse_python_str_list};
 use crate::{GraphIndex, GraphProto, LayerCall, LayerMapping, NodeExt, NodeProto};
+
+/// What [`map_functional`] found: a mapping for each functional call it could settle, and the
+/// calls left to pair by value.
+pub(crate) struct Functional {
+    pub(crate) mappings: HashMap<usize, LayerMapping>,
+    pub(crate) by_values: Vec<CallGroup>,
+}
 
 /// Maps each functional call among `layers` (those with an `op`); the others are absent.
 pub(crate) fn map_functional(
     graph: &GraphProto,
     index: &GraphIndex,
     layers: &[LayerCall],
-) -> HashMap<usize, LayerMapping> {
+) -> Functional {
     let mut calls: HashMap<(&str, &str), Vec<usize>> = HashMap::new();
     for (i, layer) in layers.iter().enumerate() {
         if let Some(op) = &layer.op {
             calls.entry((&layer.module, op)).or_default().push(i);
         }
     }
+    let mut mapped = Functional {
+        mappings: HashMap::new(),
+        by_values: Vec::new(),
+    };
     if calls.is_empty() {
-        return HashMap::new();
+        return mapped;
     }
+    let found = own_values(graph, layers, &calls);
+    for ((module, op), rows) in calls {
+        let values = found
+            .get(&(module.to_string(), op.to_string()))
+            .map_or(&[][..], Vec::as_slice);
+        let owner = if module.is_empty() {
+            "the model's top level".to_string()
+        } else {
+            format!("`{module}`")
+        };
+        let group = Group {
+            index,
+            layers,
+            op,
+            owner: &owner,
+        };
+        let mappings = &mut mapped.mappings;
+        if values.len() == rows.len() {
+            group.by_position(&rows, values, mappings);
+            continue;
+        }
+        let counts = format!(
+            "PyTorch made {} `{op}` call(s) in {owner} and the export has {} `{op}` node(s) of its own there (an exporter folds, fuses or decomposes some), so they are not paired by position",
+            rows.len(),
+            values.len()
+        );
+        let (constant, data): (Vec<usize>, Vec<usize>) =
+            rows.iter().partition(|&&i| layers[i].constant);
+        let (reached, unreached): (Vec<String>, Vec<String>) =
+            values.iter().cloned().partition(|v| index.reached(v));
+
+        if constant.len() == unreached.len() {
+            group.by_position(&constant, &unreached, mappings);
+        } else {
+            let why = if unreached.is_empty() {
+                format!(
+                    "{FOLDED}, and the export has no `{op}` node in {owner} that the graph inputs do not reach (exporters fold such values into constants)"
+                )
+            } else {
+                counts.clone()
+            };
+            for &i in &constant {
+                mappings.insert(i, unmapped(why.clone()));
+            }
+        }
+
+        if data.len() == reached.len() {
+            group.by_position(&data, &reached, mappings);
+            continue;
+        }
+        let (unchanged, kept): (Vec<usize>, Vec<usize>) =
+            data.iter().partition(|&&i| layers[i].identity);
+        for &i in &unchanged {
+            // Resolved as an identity: compared against the value it read.
+            mappings.insert(i, unmapped(String::new()));
+        }
+        if kept.len() == reached.len() {
+            group.by_position(&kept, &reached, mappings);
+            continue;
+        }
+        for &i in &kept {
+            mappings.insert(i, unmapped(counts.clone()));
+        }
+        if !kept.is_empty() && !reached.is_empty() {
+            mapped.by_values.push(CallGroup {
+                layers: kept,
+                values: reached,
+            });
+        }
+    }
+    mapped
+}
+
+/// The values of each module's own nodes of each op that some call in `calls` names, in graph
+/// order.
+fn own_values(
+    graph: &GraphProto,
+    layers: &[LayerCall],
+    calls: &HashMap<(&str, &str), Vec<usize>>,
+) -> HashMap<(String, String), Vec<String>> {
     // Every module a node may belong to: leaves (so their nodes are not the owner's own) and
     // the owners of functional calls.
     let modules: Vec<&str> = layers.iter().map(|l| l.module.as_str()).collect();
@@ -72,38 +175,41 @@ pub(crate) fn map_functional(
             }
         }
     }
-    let mut mappings = HashMap::new();
-    for ((module, op), rows) in calls {
-        let values = found
-            .get(&(module.to_string(), op.to_string()))
-            .map_or(&[][..], Vec::as_slice);
-        let owner = if module.is_empty() {
-            "the model's top level".to_string()
-        } else {
-            format!("`{module}`")
-        };
-        for (k, &i) in rows.iter().enumerate() {
-            let layer = &layers[i];
-            mappings.insert(
+    found
+}
+
+/// The calls of one op in one module.
+struct Group<'a> {
+    index: &'a GraphIndex,
+    layers: &'a [LayerCall],
+    op: &'a str,
+    owner: &'a str,
+}
+
+impl Group<'_> {
+    /// Pairs `rows` with `values` (as many) in order.
+    fn by_position(
+        &self,
+        rows: &[usize],
+        values: &[String],
+        into: &mut HashMap<usize, LayerMapping>,
+    ) {
+        let (op, owner) = (self.op, self.owner);
+        for (k, (&i, value)) in rows.iter().zip(values).enumerate() {
+            let layer = &self.layers[i];
+            into.insert(
                 i,
-                if values.len() != rows.len() {
+                if !layer.fits(self.index, value) {
                     unmapped(format!(
-                        "PyTorch made {} `{op}` call(s) in {owner} and the export has {} `{op}` node(s) of its own there (an exporter folds, fuses or decomposes some), so they are not paired by position",
-                        rows.len(),
-                        values.len()
-                    ))
-                } else if !layer.fits(index, &values[k]) {
-                    unmapped(format!(
-                        "mapping problem: `{}`, the export's `{op}` #{} in {owner}, cannot hold this call's {} {:?} output",
-                        values[k],
+                        "mapping problem: `{value}`, the export's `{op}` #{} in {owner}, cannot hold this call's {} {:?} output",
                         k + 1,
                         layer.dtype.name(),
                         layer.shape
                     ))
                 } else {
-                    let node = index.producer(&values[k]).expect("a node's output");
+                    let node = self.index.producer(value).expect("a node's output");
                     LayerMapping::Mapped {
-                        value: values[k].clone(),
+                        value: value.clone(),
                         node: node.name.clone(),
                         op_type: node.op_type.clone(),
                         note: None,
@@ -112,7 +218,6 @@ pub(crate) fn map_functional(
             );
         }
     }
-    mappings
 }
 
 /// The PyTorch op a node computes, as captured calls name it (`add`, `matmul`), and for dynamo

@@ -28,7 +28,9 @@ pub use float64::to_float64;
 pub use generated::*;
 pub use graph::{Dimension, GraphIndex, NodeInfo, ValueType, tensor_value_info};
 pub use local::{LocalGroup, MAX_GROUP_NODES, attribute_changes, attribute_text, local_group};
-pub use mapping::{LayerCall, LayerMapping, ScopeMapping, ValueMatch, ValueRequest, map_layers};
+pub use mapping::{
+    CallGroup, LayerCall, LayerMapping, ScopeMapping, ValueMatch, ValueRequest, map_layers,
+};
 pub use model::Model;
 pub use node_ext::NodeExt;
 pub use optimized::{NCHWC_DOMAIN, Restoration, Restored, restore_renamed};

@@ -32,8 +32,12 @@ pub struct LayerCall {
     pub module: String,
     /// 0 for the first call of this module, 1 for the second…
     pub call_index: usize,
-    /// Whether the call returned its input unchanged (e.g. Dropout in eval mode).
+    /// Whether the call returned its input's values unchanged (Dropout in eval mode, a module
+    /// that hands its input back, `x * 1.0`).
     pub identity: bool,
+    /// Whether no model input's values reach its output (computed from parameters, constants
+    /// and shapes alone: what exporters fold into constants).
+    pub constant: bool,
     /// The earlier layer whose output this call read as its first input, if any.
     pub input_from: Option<usize>,
     /// The shape of its output.
@@ -109,12 +113,37 @@ pub struct ValueRequest {
     /// Whether no node of the file names a module of the model: every layer is to be paired
     /// by value.
     pub unscoped_file: bool,
+    /// Functional calls that the export's nodes in their module do not pair by position.
+    pub calls: Vec<CallGroup>,
+}
+
+impl ValueRequest {
+    /// Every layer asked about, in the order of the answers: `layers`, then each group's.
+    pub fn wanted(&self) -> Vec<usize> {
+        let calls = self.calls.iter().flat_map(|g| g.layers.iter().copied());
+        self.layers.iter().copied().chain(calls).collect()
+    }
+}
+
+/// Functional calls of one op in one module, among them those the model's inputs reach, that
+/// do not pair with the export's nodes of that op there by position (see
+/// [`crate::functional`]), and the values of those nodes the graph inputs reach, in order: each
+/// call takes the first value after the previous call's that holds its numbers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallGroup {
+    /// The calls (layer indices), in order.
+    pub layers: Vec<usize>,
+    /// The candidate values, in graph order.
+    pub values: Vec<String>,
 }
 
 /// A value found for a requested layer and how (`matched by values: …`), or why none was.
 pub type ValueMatch = Result<(String, String), String>;
 
 const NO_SCOPE: &str = "no ONNX node carries this module's scope";
+
+/// Why a layer that no model input reaches has no value in the export.
+pub(crate) const FOLDED: &str = "computed from constants only: no model input's values reach this output (parameters, constants and shapes alone)";
 
 /// Maps each layer call to an ONNX value of `graph` by module scope (see the module docs for
 /// the rules), without pairing any by value.
@@ -191,7 +220,8 @@ impl ScopeMapping {
         // Each module's calls take its boundary outputs in order, skipping those that cannot
         // hold the call's output.
         let mut taken: HashMap<&str, usize> = HashMap::new();
-        let mut functional = map_functional(graph, &index, layers);
+        let functional = map_functional(graph, &index, layers);
+        let (mut functional, calls) = (functional.mappings, functional.by_values);
         let mappings: Vec<LayerMapping> = layers
             .iter()
             .enumerate()
@@ -222,7 +252,7 @@ impl ScopeMapping {
             .collect();
 
         // Layers that no scope names, to pair by value with nodes that carry no scope at all.
-        let request = ValueRequest {
+        let mut request = ValueRequest {
             layers: (0..layers.len())
                 .filter(|&i| {
                     layers[i].op.is_none()
@@ -243,7 +273,11 @@ impl ScopeMapping {
                 })
                 .collect(),
             unscoped_file: boundary.is_empty(),
+            calls,
         };
+        if request.candidates.is_empty() {
+            request.layers.clear();
+        }
         Self {
             index,
             boundary,
@@ -252,15 +286,14 @@ impl ScopeMapping {
         }
     }
 
-    /// What is left to pair by value; empty when nothing is (no layer lacks a scope, or no
-    /// node lacks one).
+    /// What is left to pair by value; empty when nothing is (no layer lacks a scope or no node
+    /// lacks one, and every functional call was settled).
     pub fn request(&self) -> Option<&ValueRequest> {
-        (!self.request.layers.is_empty() && !self.request.candidates.is_empty())
-            .then_some(&self.request)
+        (!self.request.layers.is_empty() || !self.request.calls.is_empty()).then_some(&self.request)
     }
 
-    /// The mapping of every layer, given one answer per requested layer (none at all when
-    /// nothing was paired by value).
+    /// The mapping of every layer, given one answer per layer of [`ValueRequest::wanted`]
+    /// (none at all when nothing was paired by value).
     pub fn finish(
         self,
         graph: &GraphProto,
@@ -273,7 +306,15 @@ impl ScopeMapping {
             mut mappings,
             request,
         } = self;
-        for (&i, found) in request.layers.iter().zip(by_values) {
+        let scoped = request.layers.len();
+        for (k, (i, found)) in request.wanted().into_iter().zip(by_values).enumerate() {
+            if k >= scoped {
+                // A functional call: its reason says why it was not paired by position.
+                if let (Err(why), LayerMapping::Unmapped { reason }) = (&found, &mut mappings[i]) {
+                    *reason = format!("{reason}; {why}");
+                    continue;
+                }
+            }
             mappings[i] = match found {
                 Ok((value, how)) => match index.producer(&value) {
                     Some(n) => LayerMapping::Mapped {
@@ -302,9 +343,14 @@ fn resolve_nodeless(
     // Layers without nodes of their own, in execution order so chains resolve front to back.
     for (i, layer) in layers.iter().enumerate() {
         // A functional call's mapping says all there is (see crate::functional), but for a
-        // batch norm the legacy exporter folded into the Conv before it.
-        let functional = layer.op.as_deref().filter(|&op| op != "batch_norm");
-        if functional.is_some() || matches!(mappings[i], LayerMapping::Mapped { .. }) {
+        // batch norm the legacy exporter folded into the Conv before it, and a call that
+        // returned its input unchanged with no node of its own.
+        let settled = layer.op.as_deref().is_some_and(|op| {
+            op != "batch_norm"
+                && !(layer.identity
+                    && matches!(&mappings[i], LayerMapping::Unmapped { reason } if reason.is_empty()))
+        });
+        if settled || matches!(mappings[i], LayerMapping::Mapped { .. }) {
             continue;
         }
         let feeder = layer.input_from.filter(|&p| p < i);
@@ -328,11 +374,21 @@ fn resolve_nodeless(
                     value,
                     node,
                     op_type,
-                    note: Some(format!(
-                        "identity at inference: compared against the value of `{}`",
-                        layers[p].name
-                    )),
+                    note: Some(if layer.op.is_some() {
+                        format!(
+                            "returned its input's values unchanged and has no node of its own in the export: compared against the value of `{}`",
+                            layers[p].name
+                        )
+                    } else {
+                        format!(
+                            "identity at inference: compared against the value of `{}`",
+                            layers[p].name
+                        )
+                    }),
                 },
+                _ if layer.op.is_some() => unmapped(
+                    "returned its input's values unchanged and has no node of its own in the export, and the value it read has none either",
+                ),
                 _ => unmapped("identity at inference and removed from the graph"),
             }
         } else if let Some(outputs) = boundary.get(&layer.module) {
@@ -384,6 +440,10 @@ fn resolve_nodeless(
                 op_type,
                 note: Some(format!("`{}` is fused into this node", layers[p].name)),
             }
+        } else if layer.constant {
+            unmapped(&format!(
+                "{FOLDED}, and no node of the export computes it (exporters fold such values into constants)"
+            ))
         } else {
             match &mappings[i] {
                 LayerMapping::Unmapped { reason } if !reason.is_empty() => mappings[i].clone(),

@@ -1,8 +1,8 @@
 //! Module calls → ONNX values, on small graphs shaped like each exporter's output.
 
 use layerdiff_onnx::{
-    GraphProto, LayerCall, LayerMapping, NodeProto, StringStringEntryProto, ValueInfoProto,
-    map_layers,
+    CallGroup, GraphProto, LayerCall, LayerMapping, NodeProto, ScopeMapping,
+    StringStringEntryProto, ValueInfoProto, map_layers,
 };
 
 fn node(name: &str, op: &str, inputs: &[&str], output: &str, meta: &[(&str, &str)]) -> NodeProto {
@@ -43,6 +43,7 @@ fn call(name: &str, module: &str, k: usize, input_from: Option<usize>) -> LayerC
         module: module.into(),
         call_index: k,
         identity: false,
+        constant: false,
         input_from,
         shape: vec![1, 4],
         dtype: layerdiff_core::DType::F32,
@@ -376,4 +377,152 @@ fn an_aten_op_lowered_to_several_nodes_is_the_value_named_after_the_call() {
     ];
     let m = map_layers(&g, &layers);
     assert_eq!(value(&m[0]), Some("gelu"));
+}
+
+#[test]
+fn a_shape_computation_in_a_modules_scope_does_not_shift_its_calls() {
+    // Legacy Llama: the attention's scope holds PyTorch's two rotary `mul`s and a `Mul` of a
+    // shape computation (ConstantOfShape × constant) between them.
+    let g = graph(
+        vec![
+            node("/attn/Mul", "Mul", &["x", "cos"], "/attn/Mul_output_0", &[]),
+            node("/attn/Shape", "Shape", &["x"], "/attn/Shape_output_0", &[]),
+            node(
+                "/attn/ConstantOfShape",
+                "ConstantOfShape",
+                &["/attn/Shape_output_0"],
+                "/attn/ConstantOfShape_output_0",
+                &[],
+            ),
+            node(
+                "/attn/Mul_1",
+                "Mul",
+                &["/attn/ConstantOfShape_output_0", "c"],
+                "/attn/Mul_1_output_0",
+                &[],
+            ),
+            node(
+                "/attn/Mul_2",
+                "Mul",
+                &["/attn/Mul_output_0", "sin"],
+                "out",
+                &[],
+            ),
+        ],
+        "out",
+    );
+    let layers = [
+        function("attn:mul", "attn", "mul", 0),
+        function("attn:mul#2", "attn", "mul", 1),
+    ];
+    let m = map_layers(&g, &layers);
+    assert_eq!(
+        value(&m[0]),
+        Some("/attn/Mul_output_0"),
+        "{}",
+        reason(&m[0])
+    );
+    assert_eq!(value(&m[1]), Some("out"), "{}", reason(&m[1]));
+}
+
+#[test]
+fn calls_from_constants_only_are_folded_and_a_call_that_changed_nothing_reads_its_input() {
+    // T5 through dynamo: the relative positions' `mul` is computed from constants (folded),
+    // the scores' `* 1.0` after the matmul returned its input (dropped); neither has a node.
+    let g = graph(
+        vec![
+            node("/attn/MatMul", "MatMul", &["x", "x"], "scores", &[]),
+            node("/attn/Add", "Add", &["scores", "bias"], "out", &[]),
+        ],
+        "out",
+    );
+    let layers = [
+        LayerCall {
+            constant: true,
+            ..function("attn:mul", "attn", "mul", 0)
+        },
+        function("attn:matmul", "attn", "matmul", 0),
+        LayerCall {
+            identity: true,
+            input_from: Some(1),
+            ..function("attn:mul#2", "attn", "mul", 1)
+        },
+        LayerCall {
+            constant: true,
+            ..call(
+                "attn.relative_attention_bias",
+                "attn.relative_attention_bias",
+                0,
+                None,
+            )
+        },
+        function("attn:add", "attn", "add", 0),
+    ];
+    let m = map_layers(&g, &layers);
+    assert!(
+        reason(&m[0]).starts_with("computed from constants only"),
+        "{}",
+        reason(&m[0])
+    );
+    assert_eq!(value(&m[1]), Some("scores"));
+    assert_eq!(value(&m[2]), Some("scores"), "{}", reason(&m[2]));
+    assert!(reason(&m[2]).contains("compared against the value of `attn:matmul`"));
+    assert_eq!(value(&m[3]), None);
+    assert!(
+        reason(&m[3]).starts_with("computed from constants only"),
+        "{}",
+        reason(&m[3])
+    );
+    assert_eq!(value(&m[4]), Some("out"));
+}
+
+#[test]
+fn calls_the_export_outnumbers_are_left_to_pairing_by_value_within_their_module() {
+    // The export adds the attention mask as a second `Add` that PyTorch skipped.
+    let g = graph(
+        vec![
+            node(
+                "/attn/Add",
+                "Add",
+                &["x", "bias"],
+                "/attn/Add_output_0",
+                &[],
+            ),
+            node(
+                "/attn/Add_1",
+                "Add",
+                &["/attn/Add_output_0", "mask"],
+                "out",
+                &[],
+            ),
+        ],
+        "out",
+    );
+    let layers = [function("attn:add", "attn", "add", 0)];
+    let scoped = ScopeMapping::new(&g, &layers);
+    let request = scoped.request().expect("a request").clone();
+    assert_eq!(
+        request.calls,
+        vec![CallGroup {
+            layers: vec![0],
+            values: vec!["/attn/Add_output_0".into(), "out".into()],
+        }]
+    );
+    assert_eq!(request.wanted(), vec![0]);
+    let found = ScopeMapping::new(&g, &layers).finish(
+        &g,
+        &layers,
+        vec![Ok((
+            "/attn/Add_output_0".into(),
+            "matched by values".into(),
+        ))],
+    );
+    assert_eq!(value(&found[0]), Some("/attn/Add_output_0"));
+    let missed = scoped.finish(&g, &layers, vec![Err("none holds its numbers".into())]);
+    assert!(
+        reason(&missed[0]).starts_with("PyTorch made 1 `add` call(s) in `attn`")
+            && reason(&missed[0]).ends_with("; none holds its numbers"),
+        "{}",
+        reason(&missed[0])
+    );
 }

@@ -81,6 +81,10 @@ impl CapturedRun {
                     module: get("module")?.extract()?,
                     call_index: get("call_index")?.extract()?,
                     identity: get("identity")?.extract()?,
+                    constant: match d.get_item("constant")? {
+                        Some(constant) => constant.extract()?,
+                        None => false,
+                    },
                     input_from: get("input_from")?.extract()?,
                     shape: get("shape")?.extract()?,
                     dtype: DType::from_name(&dtype).map_err(to_py_err)?,
