@@ -100,6 +100,27 @@ def test_module_called_twice_gives_numbered_layers_in_execution_order():
     assert report.layer("drop")["onnx"]["value"] == act["onnx"]["value"]
 
 
+def test_an_identity_after_the_drift_only_inherits_it(tmp_path):
+    """A Dropout at inference holds the value of the layer before it on both sides: past a
+    fault, its own error is none and it only inherits the drift (it once read `unknown`)."""
+    torch = pytest.importorskip("torch")
+    from builders.twice import build
+    from faults import perturb_weight as perturb
+    from layerdiff._export import export_onnx
+
+    torch.manual_seed(0)
+    model, inputs = build()
+    model.eval()
+    clean = export_onnx(model, inputs, tmp_path / "twice.onnx", exporter="legacy")
+    fc1 = compare_torch_onnx(model, inputs, onnx=clean).layer("fc1")["onnx"]["value"]
+    faulty = perturb(clean, tmp_path / "faulty.onnx", fc1, 0.5)
+    report = compare_torch_onnx(model, inputs, onnx=faulty)
+    assert report.drift_origin == "fc1"
+    drop = report.layer("drop")
+    assert drop["exceeds_tol"] and drop["cause"] == "inherited", drop["detail"]
+    assert drop["local"]["max_abs_diff"] == 0.0
+
+
 def test_the_capture_tells_calls_that_change_nothing_and_values_no_input_reaches():
     """What the mapping leans on where an export drops or folds a call: a module that hands
     its input back (StochasticDepth at inference) or a call like `x * 1.0` changed nothing, a

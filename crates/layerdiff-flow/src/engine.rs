@@ -46,7 +46,9 @@ pub struct Alignment {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shared {
     /// The value is the first layer's; the later ones compute nothing of their own (module
-    /// calls: an identity module, or one the export folded into the module before it).
+    /// calls: an identity module, or one the export folded into the module before it). One
+    /// whose reference value is the first layer's too hands it on unchanged on both sides: its
+    /// own error is none.
     FirstLayerOwns,
     /// Each layer is the value, computed by the same target nodes (values of two graphs: an
     /// optimizer fused several nodes into one); a re-run fed from it takes the last layer's

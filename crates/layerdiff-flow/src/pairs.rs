@@ -94,6 +94,17 @@ impl Pairs<'_> {
         }
         let first = self.reference_of[value].1;
         if self.shared == Shared::FirstLayerOwns && first != i {
+            let earlier = self.reference.get(&self.reference_values[first]);
+            let own = self.reference.get(&self.reference_values[i]);
+            if let (Some(earlier), Some(own)) = (earlier, own)
+                && earlier == own
+            {
+                // Both sides hand the earlier layer's value on unchanged (a Dropout at
+                // inference, `x * 1.0`): on the reference's value, its own computation in the
+                // target gives that value back, so its own error is none.
+                layer.local_inputs = vec![self.reference_values[first].clone()];
+                return Some(earlier.clone());
+            }
             layer.local_reason = Some(format!(
                 "it holds the same ONNX value as `{}`, so it has no nodes of its own",
                 self.reference_values[first]
