@@ -55,6 +55,31 @@ def test_float16_export_overflow_is_found_kept_in_float32_and_the_fix_checked(ov
     assert types[report.layer("up")["onnx"]["value"]] == onnx.TensorProto.FLOAT
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_a_masks_sentinel_the_narrower_target_holds_as_its_extreme_is_no_drift(dtype):
+    """float32's extreme added as a causal mask: float16 holds -65504 there, bfloat16 its own
+    largest; both mean "masked". Read as differences they were 3.4e38, the mask's `add` the
+    worst layer, blamed on the target's Add and advised to stay in float32."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from builders.masked import build
+
+    model, inputs = build()
+    if dtype == "fp16":
+        report = compare_torch_onnx(model, inputs, dtype="fp16")
+    else:
+        report = compare_torch(model, inputs, target="torch:bf16")
+    add = report.layer(":add")
+    assert add["accumulated"]["sentinels"] == 2 * 16 * 15 // 2
+    assert add["accumulated"]["max_abs_diff"] < 1.0 and not add["local_exceeds"], add
+    assert add["cause"] in (None, "inherited"), add["detail"]
+    assert report.summary["worst"]["max_abs_diff"]["value"] < 1.0
+    advice = report.data.get("keep_float32") or {"layers": []}
+    assert ":add" not in [k["layer"] for k in advice["layers"]]
+    assert any("mask's sentinel" in w for w in report.summary["warnings"])
+
+
 def test_given_layers_are_kept_and_the_report_is_of_the_kept_model(overflow):
     model, inputs = overflow
     report = compare_torch_onnx(model, inputs, dtype="fp16", keep_fp32=["up", "norm"])

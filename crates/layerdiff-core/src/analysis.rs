@@ -78,6 +78,7 @@ pub fn summarise(layers: &[Layer]) -> Summary {
     most_own_error.truncate(OWN_ERROR_RANKED);
     let warnings = coverage_warning(layers, compared.len())
         .into_iter()
+        .chain(sentinel_note(layers))
         .collect();
     Summary {
         layers_total: layers.len(),
@@ -121,6 +122,21 @@ fn coverage_warning(layers: &[Layer], compared: usize) -> Option<String> {
         "{LOW_COVERAGE_WARNING}: only {compared} of {total} layers were compared ({:.0}%), so the verdict covers part of the model; {}",
         100.0 * compared as f64 / total as f64,
         not_compared_reasons(layers)
+    ))
+}
+
+/// Where the reference held a mask's sentinel that the narrower target held as its own
+/// extreme (see [`crate::compare_pair`]): compared as equal, which the reader should know.
+fn sentinel_note(layers: &[Layer]) -> Option<String> {
+    let holding: Vec<&Layer> = layers
+        .iter()
+        .filter(|l| l.accumulated.as_ref().is_some_and(|s| s.sentinels > 0))
+        .collect();
+    let first = holding.first()?;
+    Some(format!(
+        "{} layer(s), first `{}`, hold a mask's sentinel (float32's extreme, as `torch.finfo(torch.float32).min`) that the target, in a narrower dtype, holds as its own extreme: those positions are compared as equal (each layer's `sentinels` count), as the softmax after treats them",
+        holding.len(),
+        first.name
     ))
 }
 

@@ -85,6 +85,11 @@ pub struct Stats {
     pub inf_target: u64,
     /// Positions where exactly one side is NaN.
     pub nan_mismatch: u64,
+    /// Positions where the reference holds a mask's sentinel (float32's extreme) and a target
+    /// in a narrower dtype its own extreme, of the same sign: compared as equal (see
+    /// [`crate::compare_pair`]). Written only when there are some.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub sentinels: u64,
     /// The position of the largest difference.
     pub worst: Option<Worst>,
     /// The differences against rounding and the layer's bound, element by element (set when
@@ -118,6 +123,10 @@ pub struct Worst {
     /// Target value.
     #[serde(serialize_with = "crate::render::float")]
     pub target: f64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 fn serialize_thresholds<S: serde::Serializer>(
@@ -249,6 +258,7 @@ pub fn compare_judged(
         inf_reference: total.inf_r,
         inf_target: total.inf_t,
         nan_mismatch: total.nan_mismatch,
+        sentinels: 0,
         worst,
         rounding: judge.zip(histogram).map(|(judge, histogram)| {
             total

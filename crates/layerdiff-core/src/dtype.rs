@@ -171,6 +171,18 @@ impl DType {
         }
     }
 
+    /// The largest finite value of a float type (65504 for float16); `None` for integers and
+    /// bool.
+    pub fn max_finite(self) -> Option<f64> {
+        match self {
+            DType::F64 => Some(f64::MAX),
+            DType::F32 => Some(f64::from(f32::MAX)),
+            DType::F16 => Some(half::f16::MAX.to_f64()),
+            DType::BF16 => Some(half::bf16::MAX.to_f64()),
+            _ => None,
+        }
+    }
+
     /// `value` rounded to the nearest value of this float type (to nearest even; beyond the
     /// largest finite, an infinity), widened back; integers and bool: unchanged.
     pub fn round(self, value: f64) -> f64 {

@@ -1,6 +1,19 @@
 //! Comparing one aligned pair of values, including the cases where their shapes or dtypes differ.
+//!
+//! A mask's sentinel is no value a narrower dtype can hold: models mask attention scores with
+//! `torch.finfo(torch.float32).min` (about -3.4e38), which float16 holds as its own extreme
+//! (-65504, where ONNX Runtime's converter clamps constants, or -Inf) and bfloat16 as its
+//! largest (-3.39e38). Both mean "masked", and the softmax after gives 0 on either side. Such
+//! positions are compared as equal and counted (`sentinels`): read as differences, they were
+//! "errors" of 3.4e38 that dominated every figure and blamed the target's Add. A value that
+//! merely overflows the narrower dtype (a float32 activation of 7e4 against float16's Inf) is
+//! no sentinel: it stays a difference, and an overflow.
 
-use crate::{Judge, LayerStatus, Stats, TensorView, compare_judged};
+use crate::{Judge, LayerStatus, Stats, Tensor, TensorView, compare_judged};
+
+/// Magnitudes from which a reference value is a sentinel (a mask's), not a computed value: half
+/// of float32's largest.
+pub const SENTINEL: f64 = f32::MAX as f64 / 2.0;
 
 /// The outcome of comparing one aligned pair of values.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,10 +42,17 @@ pub fn compare_pair(
     let target_shape = (reference.shape != target.shape).then(|| target.shape.to_vec());
     let target_dtype = (reference.dtype != target.dtype).then(|| target.dtype.name().to_string());
     let same_shape = squeeze(reference.shape) == squeeze(target.shape);
+    let held = same_shape
+        .then(|| sentinels_held(reference, target))
+        .flatten();
+    let (reference, sentinels) = match &held {
+        Some((tensor, count)) => (tensor.view(), *count),
+        None => (reference, 0),
+    };
     match compare_judged(reference, target, judge) {
         Ok(stats) if same_shape => PairOutcome {
             status: LayerStatus::Compared,
-            stats: Some(stats),
+            stats: Some(Stats { sentinels, ..stats }),
             target_shape,
             target_dtype,
         },
@@ -42,5 +62,95 @@ pub fn compare_pair(
             target_shape,
             target_dtype,
         },
+    }
+}
+
+/// The reference with each sentinel that the narrower target holds as its own extreme (same
+/// sign, at least half its largest finite value, or infinite) replaced by the target's value,
+/// and how many were; `None` when the target is not narrower or no position is such a pair.
+fn sentinels_held(reference: TensorView<'_>, target: TensorView<'_>) -> Option<(Tensor, u64)> {
+    let limit = target.dtype.max_finite()? / 2.0;
+    if !target.dtype.narrower_than(reference.dtype)
+        || reference.numel() != target.numel()
+        || reference.max_abs() < SENTINEL
+    {
+        return None;
+    }
+    let mut values = vec![0.0; reference.numel()];
+    reference.dtype.decode_f64(reference.bytes, &mut values);
+    let mut count = 0;
+    for (i, r) in values.iter_mut().enumerate() {
+        if r.abs() < SENTINEL || !r.is_finite() {
+            continue;
+        }
+        let t = target.get_f64(i);
+        if t.signum() == r.signum() && t.abs() >= limit {
+            *r = t;
+            count += 1;
+        }
+    }
+    if count == 0 {
+        return None;
+    }
+    let mut bytes = vec![0; reference.bytes.len()];
+    reference.dtype.encode_f64_into(&values, &mut bytes);
+    let tensor = Tensor::new(
+        "reference",
+        reference.dtype,
+        reference.shape.to_vec(),
+        bytes,
+    )
+    .ok()?;
+    Some((tensor, count))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DType;
+
+    fn tensor(dtype: DType, values: &[f64]) -> Tensor {
+        let mut bytes = Vec::new();
+        dtype.encode_f64(values, &mut bytes);
+        Tensor::new("t", dtype, vec![values.len()], bytes).unwrap()
+    }
+
+    #[test]
+    fn a_masks_sentinel_held_as_the_narrower_dtypes_extreme_is_no_difference() {
+        let min = f64::from(f32::MIN);
+        let reference = tensor(DType::F32, &[1.0, min, min + 1e31, 2.0]);
+        for held in [-65504.0, f64::NEG_INFINITY] {
+            let target = tensor(DType::F16, &[1.0, held, -65472.0, 2.0]);
+            let stats = compare_pair(reference.view(), target.view(), None)
+                .stats
+                .unwrap();
+            assert_eq!((stats.sentinels, stats.max_abs_diff), (2, 0.0), "{held}");
+            assert_eq!(stats.inf_reference, stats.inf_target, "no overflow: {held}");
+        }
+        let bf16 = tensor(DType::BF16, &[1.0, -3.3895e38, -3.3895e38, 2.0]);
+        let stats = compare_pair(reference.view(), bf16.view(), None)
+            .stats
+            .unwrap();
+        assert_eq!(stats.sentinels, 2);
+    }
+
+    #[test]
+    fn an_overflow_or_a_sentinel_the_target_lost_is_still_a_difference() {
+        let min = f64::from(f32::MIN);
+        // A float32 activation beyond float16's range is an overflow, not a sentinel.
+        let reference = tensor(DType::F32, &[7e4, min, min]);
+        let target = tensor(DType::F16, &[f64::INFINITY, 3.0, 65504.0]);
+        let stats = compare_pair(reference.view(), target.view(), None)
+            .stats
+            .unwrap();
+        assert_eq!(stats.sentinels, 0);
+        assert_eq!(stats.inf_target, 1);
+        assert!(stats.max_abs_diff.is_infinite());
+        // The same dtype on both sides: a sentinel the target lost is the largest difference.
+        let same = tensor(DType::F32, &[7e4, min, 0.0]);
+        let stats = compare_pair(reference.view(), same.view(), None)
+            .stats
+            .unwrap();
+        assert_eq!((stats.sentinels, stats.max_abs_diff), (0, -min));
     }
 }
