@@ -110,9 +110,7 @@ mod tests {
     use crate::DType;
 
     fn tensor(dtype: DType, values: &[f64]) -> Tensor {
-        let mut bytes = Vec::new();
-        dtype.encode_f64(values, &mut bytes);
-        Tensor::new("t", dtype, vec![values.len()], bytes).unwrap()
+        Tensor::from_f64(dtype, values)
     }
 
     #[test]

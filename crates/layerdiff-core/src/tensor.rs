@@ -132,6 +132,14 @@ pub struct Tensor {
 }
 
 impl Tensor {
+    /// A one-dimensional tensor of `values` in `dtype` (rounded to it), for tests.
+    #[cfg(test)]
+    pub(crate) fn from_f64(dtype: DType, values: &[f64]) -> Tensor {
+        let mut bytes = Vec::new();
+        dtype.encode_f64(values, &mut bytes);
+        Tensor::new("t", dtype, vec![values.len()], bytes).expect("sized to the values")
+    }
+
     /// Checks the byte length against shape and dtype; `name` is for the message.
     pub fn new(name: &str, dtype: DType, shape: Vec<usize>, bytes: Vec<u8>) -> Result<Self> {
         TensorView::new(name, dtype, &shape, &bytes)?;
