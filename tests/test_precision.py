@@ -96,9 +96,10 @@ def test_a_pytorch_target_keeps_modules_in_float32(overflow):
     assert check["output_nonfinite_before"] == 40 and check["output_nonfinite_after"] == 0
 
 
-def test_a_pytorch_target_in_float16_takes_its_own_list_from_the_command_line(tmp_path):
+@pytest.mark.parametrize("target", ["torch:fp16", "torch:amp-fp16"])
+def test_a_pytorch_target_in_float16_takes_its_own_list_from_the_command_line(tmp_path, target):
     result = run_cli(
-        "torch", OVERFLOW, "--target", "torch:fp16", "--keep-fp32", "up,norm",
+        "torch", OVERFLOW, "--target", target, "--keep-fp32", "up,norm",
         "--json", str(tmp_path / "r.json"), "-q",
     )  # fmt: skip
     assert result.returncode in (0, 1), result.stderr
@@ -106,6 +107,19 @@ def test_a_pytorch_target_in_float16_takes_its_own_list_from_the_command_line(tm
 
     check = json.loads((tmp_path / "r.json").read_text())["keep_float32"]["check"]
     assert check["kept"] == ["up", "norm"] and check["output_nonfinite_after"] == 0
+
+
+def test_under_autocast_the_advice_is_checked_with_the_modules_run_outside_it(overflow):
+    """Autocast lowers op by op, yet a module can run with it off (what AMP code does for a
+    sensitive block): the advice is checked that way (it was listed and left unchecked)."""
+    model, inputs = overflow
+    report = compare_torch(model, inputs, target="torch:amp-fp16")
+    assert report.drift_origin == "up" and report.layer("up")["target_dtype"] == "float16"
+    advice = keep(report)
+    assert advice["precision"] == "float16" and advice["layers"][0]["layer"] == "up"
+    check = advice["check"]
+    assert check["output_nonfinite_before"] == 40 and check["output_nonfinite_after"] == 0
+    assert check["verdict"].startswith("keeping 1 layer(s) in float32 reduces the drift")
 
 
 def test_int8_quantization_names_the_layers_that_lose_most(resnet18):

@@ -207,15 +207,25 @@ def kept_modules(listed, layers: list[str]) -> list[str]:
     return modules
 
 
-def keep_in_float32(model: torch.nn.Module, modules: list[str]) -> None:
+def keep_in_float32(
+    model: torch.nn.Module, modules: list[str], autocast: str | None = None
+) -> None:
     """Leaves `modules` of a model cast to a lower precision in float32: their parameters
     float32 and their floating inputs cast up on the way in. Their outputs stay float32, so kept
     modules feed each other in float32 (a value past float16's range between them survives);
     every other module casts its floating inputs back down on the way in (a float32 value a kept
-    module hands on, T5's position bias, would otherwise meet the lower precision in a matmul)."""
+    module hands on, T5's position bias, would otherwise meet the lower precision in a matmul).
+
+    Under autocast on device type `autocast` (the model stays float32, PyTorch lowers op by op),
+    each kept module runs with autocast off instead, its floating inputs cast up, as AMP code
+    keeps a sensitive block in float32; autocast lowers what the others read by itself."""
     if not modules:
         return
     named = dict(model.named_modules())
+    if autocast is not None:
+        for name in modules:
+            _outside_autocast(named[name], autocast)
+        return
     low = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     inside: set[int] = set()
     for name in modules:
@@ -232,6 +242,16 @@ def keep_in_float32(model: torch.nn.Module, modules: list[str]) -> None:
         module.register_forward_pre_hook(
             lambda _m, args, kwargs: (_cast(args, low), _cast(kwargs, low)), with_kwargs=True
         )
+
+
+def _outside_autocast(module: torch.nn.Module, device: str) -> None:
+    forward = module.forward
+
+    def kept(*args, **kwargs):
+        with torch.autocast(device, enabled=False):
+            return forward(*_cast(args, torch.float32), **_cast(kwargs, torch.float32))
+
+    module.forward = kept
 
 
 def computes_in(module: torch.nn.Module, default: torch.dtype) -> torch.dtype:

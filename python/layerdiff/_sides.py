@@ -125,6 +125,11 @@ class TorchSide:
                 leaf.forward = torch.compile(leaf.forward, backend=self.compile, dynamic=False)
         return copied, tuple(self.convert(t) for t in inputs)
 
+    @property
+    def autocast_device(self) -> str | None:
+        """The device type autocast runs on for this side (`cpu`, `cuda`), or None without."""
+        return torch.device(self.device).type if self.precision in _AUTOCAST else None
+
     @contextlib.contextmanager
     def running(self):
         """What holds while the side runs, in the thread it runs in (each setting here holds
@@ -132,9 +137,10 @@ class TorchSide:
         their class's code, so each instance is a recompilation) and an error rather than a
         silent fall back to eager should that room run out."""
         with contextlib.ExitStack() as stack:
-            if self.precision in _AUTOCAST:
-                device = torch.device(self.device).type
-                stack.enter_context(torch.autocast(device, dtype=_AUTOCAST[self.precision]))
+            if self.autocast_device is not None:
+                stack.enter_context(
+                    torch.autocast(self.autocast_device, dtype=_AUTOCAST[self.precision])
+                )
             if self.compile is not None:
                 from torch import _dynamo
 

@@ -52,10 +52,11 @@ def compare_torch(
     copy of the model as the numerical truth), ``max_memory`` and ``timings`` work as in
     :func:`layerdiff.torch.compare_torch_onnx`; ``options`` (already parsed) replaces them.
 
-    A target in float16 or bfloat16 that drifts gets keep-in-float32 advice
-    (``report.data["keep_float32"]``), checked by running the comparison again with those
-    layers' modules left in float32; ``keep_fp32`` (layer names) keeps the given layers instead,
-    and the report is then that of the model with them kept, checked against the one without.
+    A target in float16 or bfloat16 (cast, or under autocast) that drifts gets keep-in-float32
+    advice (``report.data["keep_float32"]``), checked by running the comparison again with
+    those layers' modules left in float32 (under autocast: run with it off); ``keep_fp32``
+    (layer names) keeps the given layers instead, and the report is then that of the model with
+    them kept, checked against the one without.
     """
     from layerdiff.torch import _as_input_tuple, _phases
 
@@ -77,7 +78,8 @@ def compare_torch(
             "for an ONNX runtime use compare_torch_onnx"
         )
     ref_side, tgt_side = TorchSide.of(options.reference), TorchSide.of(options.torch_target)
-    if keep_fp32 and tgt_side.precision not in ("fp16", "bf16"):
+    lower = tgt_side.precision.removeprefix("amp-")
+    if keep_fp32 and lower not in ("fp16", "bf16"):
         raise _layerdiff.UsageError(
             f"keep_fp32 keeps layers of a float16 or bfloat16 target in float32; "
             f"`{tgt_side.spelling}` computes in {tgt_side.precision}"
@@ -92,13 +94,12 @@ def compare_torch(
     report = once(keep=())
     advice = report.data.get("keep_float32") or {}
     kept = list(keep_fp32) or [k["layer"] for k in advice.get("layers", [])]
-    # Under autocast PyTorch decides per op: there is no module to keep in float32.
-    if kept and tgt_side.precision in ("fp16", "bf16"):
+    if kept and lower in ("fp16", "bf16"):
         modules = _precision.kept_modules(once.listed, kept)
         step(f"checking: {tgt_side.spelling} again with {len(kept)} layer(s) in float32")
         with_kept = once(keep=modules)
         main = with_kept if keep_fp32 else report
-        precision = _precision.DTYPE_NAMES[tgt_side.precision]
+        precision = _precision.DTYPE_NAMES[lower]
         report = main.checked(report, with_kept, kept, precision)
     if eval_note:
         report.notes.insert(0, eval_note)
@@ -221,7 +222,7 @@ def _stream(
 
     def prepare(m, i):
         copied, given = tgt_side.prepare(m, i, whole)
-        keep_in_float32(copied, keep)
+        keep_in_float32(copied, keep, tgt_side.autocast_device)
         return copied, given
 
     target = Lockstep(model, inputs, prepare, running=tgt_side.running, whole=whole)

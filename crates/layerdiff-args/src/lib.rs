@@ -557,8 +557,8 @@ pub struct TorchArgs {
     #[arg(long, value_enum)]
     pub dtype: Option<TargetDtype>,
     /// Layers to keep in float32 in a lower-precision target (`--dtype`, or a PyTorch target in
-    /// fp16 or bf16), comma-separated, named as in the report; the run is checked against the
-    /// same target without them kept.
+    /// fp16 or bf16, cast or under autocast), comma-separated, named as in the report; the run
+    /// is checked against the same target without them kept.
     #[arg(long, value_delimiter = ',', value_name = "LAYERS")]
     pub keep_fp32: Vec<String>,
     /// Compare at each of these batch sizes (`1,8,32`): the model is exported once with a
@@ -833,10 +833,13 @@ impl TorchArgs {
         let Some(dtype) = self.dtype else {
             let lower_torch = matches!(
                 &self.target,
-                TorchTarget::Torch(spec) if matches!(spec.precision, Precision::Fp16 | Precision::Bf16)
+                TorchTarget::Torch(spec) if matches!(
+                    spec.precision,
+                    Precision::Fp16 | Precision::Bf16 | Precision::AmpFp16 | Precision::AmpBf16
+                )
             );
             if !self.keep_fp32.is_empty() && !lower_torch {
-                return Err("--keep-fp32 keeps layers of a lower-precision target in float32: give --dtype fp16, bf16 or int8, or a PyTorch target in fp16 or bf16".to_string());
+                return Err("--keep-fp32 keeps layers of a lower-precision target in float32: give --dtype fp16, bf16 or int8, or a PyTorch target in fp16 or bf16 (cast or autocast)".to_string());
             }
             return Ok((self.target.clone(), None));
         };
