@@ -29,8 +29,14 @@ BUILDERS = {
 }
 
 # Reasons that say no file of that export holds the layer's value: fused into a neighbour,
-# an identity at inference, or computed from constants only (folded into a constant).
-NO_COUNTERPART = ("fused", "identity at inference", "computed from constants only")
+# an identity at inference, computed from constants only (folded into a constant), or needed by
+# no output of the model (dropped).
+NO_COUNTERPART = (
+    "fused",
+    "identity at inference",
+    "computed from constants only",
+    "its output reaches none of the model's outputs",
+)
 
 
 README_NAMES = {
@@ -89,8 +95,9 @@ def main() -> None:
         f"torch {torch.__version__}. *Compared* counts the layer calls paired with an ONNX",
         "value and compared; *no counterpart* counts those that no file of that export can hold",
         "(a Conv fused into its BatchNorm, Dropout and other identities at inference, values",
-        "computed from constants only, which the export folds into constants); the rate is",
-        "compared out of the rest. Float32 on CPU against ONNX Runtime, tolerance per dtype.",
+        "computed from constants only, which the export folds into constants, work whose output",
+        "the model does not return, which it drops); the rate is compared out of the rest.",
+        "Float32 on CPU against ONNX Runtime, tolerance per dtype.",
         "",
         "| model | exporter | layers | compared | no counterpart | mapped | verdict |",
         "|---|---|---|---|---|---|---|",

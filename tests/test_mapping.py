@@ -144,12 +144,12 @@ def test_a_run_that_pairs_nothing_exits_2(tmp_path):
 
 # Layers no export computes, and why: values computed from constants only (embeddings of
 # constant positions, rotary tables, T5's relative-position arithmetic), which exporters fold
-# into constants; BERT's pooler (dead code when only hidden states are returned; it was once
-# "folded" into the LayerNorm before it and reported as drift).
+# into constants; BERT's pooler (dead code when only hidden states are returned, which the
+# capture tells; it was once "folded" into the LayerNorm before it and reported as drift).
 FOLDED = "computed from constants only"
 POOLER = {
-    "model.pooler.dense": "no ONNX node carries",
-    "model.pooler.activation": "no ONNX node carries",
+    "model.pooler.dense": "its output reaches none of the model's outputs",
+    "model.pooler.activation": "its output reaches none of the model's outputs",
 }
 T5_FOLDED = {
     f"model.{stack}.block.0.layer.0.SelfAttention{call}": FOLDED

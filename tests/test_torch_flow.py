@@ -125,7 +125,8 @@ def test_the_capture_tells_calls_that_change_nothing_and_values_no_input_reaches
     """What the mapping leans on where an export drops or folds a call: a module that hands
     its input back (StochasticDepth at inference) or a call like `x * 1.0` changed nothing, a
     ReLU(inplace=True) did; a position table computed from `arange` and a buffer is reached
-    by no input, and an in-place add of the input makes a constant reached."""
+    by no input, and an in-place add of the input makes a constant reached; a module whose
+    output nothing returns feeds no output."""
     torch = pytest.importorskip("torch")
     from torch import nn
 
@@ -139,9 +140,11 @@ def test_the_capture_tells_calls_that_change_nothing_and_values_no_input_reaches
             self.fc = nn.Linear(4, 4)
             self.skip = PassThrough()
             self.act = nn.ReLU(inplace=True)
+            self.unused = nn.Linear(4, 4)  # called, its output returned by nothing
             self.register_buffer("freq", torch.tensor([0.5, 1.0, 2.0, 4.0]))
 
         def forward(self, x):
+            self.unused(x)
             y = self.skip(self.fc(x))
             table = torch.arange(3.0)[:, None] * self.freq  # (3, 4), from constants only
             scores = y * 1.0
@@ -157,6 +160,8 @@ def test_the_capture_tells_calls_that_change_nothing_and_values_no_input_reaches
     assert not layers[":mul#2"].constant and not layers["fc"].constant
     assert not layers[":add#2"].constant  # the in-place `+= x`
     assert not layers[":add#3"].constant and not layers["act"].constant
+    # what the outputs need: all but the unused Linear (the in-place ReLU's input included)
+    assert [n for n, layer in layers.items() if not layer.feeds_output] == ["unused"]
 
 
 def test_model_with_external_data(resnet18, resnet18_onnx, tmp_path):

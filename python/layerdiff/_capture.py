@@ -65,6 +65,9 @@ class CapturedLayer:
     # no model input's values reach its output: it is computed from parameters, buffers,
     # constants and shapes alone (relative positions, rotary tables), which exporters fold
     constant: bool = False
+    # its output reaches some output of the model (BERT's pooler does not when only the hidden
+    # states are returned: exporters drop such work)
+    feeds_output: bool = True
 
 
 @dataclass
@@ -165,16 +168,59 @@ class _Constants:
                 del self.known[id(t)]
 
 
+class _Dataflow:
+    """Which torch call's results each call of a forward pass read, to tell afterwards which
+    values reach the model's outputs. A tensor no call made (an input, a parameter) has no
+    node; a call that writes into an argument (in place, ``x[i] = y``, ``out=``, through a view
+    into its base) gives that argument, and the base, a new node that also reads the old one."""
+
+    def __init__(self):
+        self.reads: list[list[int]] = []
+        self.node: dict[int, int] = {}  # id of a live tensor → the call that last made it
+        self.alive: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+    def of(self, t: torch.Tensor) -> int | None:
+        return self.node.get(id(t)) if self.alive.get(id(t)) is t else None
+
+    def note(self, func, args, kwargs, out) -> None:
+        reads = {n for t in _tensors((args, kwargs), 3) if (n := self.of(t)) is not None}
+        written = list(_tensors(out))
+        if getattr(func, "__name__", "") == "__setitem__" and args:
+            written.append(args[0])
+        written += list(_tensors(kwargs.get("out")))
+        written += [t._base for t in written if t._base is not None]
+        reads |= {n for t in written if (n := self.of(t)) is not None}
+        k = len(self.reads)
+        self.reads.append(sorted(reads))
+        for t in written:
+            self.node[id(t)] = k
+            self.alive[id(t)] = t
+
+    def upstream(self, value) -> set[int]:
+        """Every call whose result reaches the tensors in `value` (a model's output)."""
+        todo = [n for t in _tensors(value, 3) if (n := self.of(t)) is not None]
+        seen: set[int] = set()
+        while todo:
+            n = todo.pop()
+            if n not in seen:
+                seen.add(n)
+                todo.extend(self.reads[n])
+        return seen
+
+
 class _FunctionalCalls(TorchFunctionMode):
     """Sees every torch function call of a forward pass: files each result with `constants`,
     and hands those of `FUNCTIONAL_OPS` made by a module's own `forward` (not inside a leaf
     module) to `record(op, owner, args, output, local)`, ``local`` being ``rerun(func, args,
     kwargs)``'s outcome, made before the call (an in-place op rewrites its inputs)."""
 
-    def __init__(self, stack: list, leaves: set, record, constants: _Constants, rerun=None):
+    def __init__(
+        self, stack: list, leaves: set, record, constants: _Constants, flow: _Dataflow,
+        rerun=None,
+    ):  # fmt: skip
         super().__init__()
         self.stack, self.leaves, self.record, self.rerun = stack, leaves, record, rerun
-        self.constants = constants
+        self.constants, self.flow = constants, flow
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         owner = self.stack[-1] if self.stack else None
@@ -185,6 +231,7 @@ class _FunctionalCalls(TorchFunctionMode):
             local = attempt(lambda: self.rerun(func, args, kwargs or {}))
         out = func(*args, **(kwargs or {}))
         self.constants.note(func, args, kwargs or {}, out)
+        self.flow.note(func, args, kwargs or {}, out)
         if wanted and isinstance(out, torch.Tensor) and out.is_floating_point() and out.dim() > 0:
             self.record(op, owner[0], args, out, local)
         return out
@@ -259,12 +306,15 @@ def capture(
         )
         index = len(result.layers)
         result.layers.append(layer)
+        made_by.append(flow.of(out))
         producer[out.data_ptr()] = (index, weakref.ref(out))
         if on_layer is not None:
             on_layer(index, layer, out.detach(), local)
 
     pending: dict = {}  # a leaf's re-run, made before it ran, until its output is seen
     constants = _Constants(model)
+    flow = _Dataflow()
+    made_by: list[int | None] = []  # each layer's output's node in `flow`
     # each running leaf's first input and its version counter, to tell a module that hands its
     # input back untouched from one that rewrote it in place (ReLU(inplace=True))
     given: dict = {}
@@ -338,8 +388,12 @@ def capture(
     handles += [m.register_forward_hook(hook) for m in names]
     handles += [m.register_forward_hook(leave) for m in paths]
     try:
-        with torch.no_grad(), _FunctionalCalls(running, leaves, function, constants, rerun_call):
+        mode = _FunctionalCalls(running, leaves, function, constants, flow, rerun_call)
+        with torch.no_grad(), mode:
             result.output = model(*inputs)
+        needed = flow.upstream(result.output)
+        for layer, node in zip(result.layers, made_by, strict=True):
+            layer.feeds_output = node is None or node in needed
     finally:
         for h in handles:
             h.remove()

@@ -38,6 +38,9 @@ pub struct LayerCall {
     /// Whether no model input's values reach its output (computed from parameters, constants
     /// and shapes alone: what exporters fold into constants).
     pub constant: bool,
+    /// Whether its output reaches some output of the model (work whose result nothing returns
+    /// is dropped at export).
+    pub feeds_output: bool,
     /// The earlier layer whose output this call read as its first input, if any.
     pub input_from: Option<usize>,
     /// The shape of its output.
@@ -141,6 +144,9 @@ pub struct CallGroup {
 pub type ValueMatch = Result<(String, String), String>;
 
 const NO_SCOPE: &str = "no ONNX node carries this module's scope";
+
+/// Why a layer whose output no model output needs has no value in the export.
+const UNUSED: &str = "its output reaches none of the model's outputs (the model computes it and returns something else), and exporters drop such work";
 
 /// Why a layer that no model input reaches has no value in the export.
 pub(crate) const FOLDED: &str = "computed from constants only: no model input's values reach this output (parameters, constants and shapes alone)";
@@ -391,6 +397,9 @@ fn resolve_nodeless(
                 ),
                 _ => unmapped("identity at inference and removed from the graph"),
             }
+        } else if !layer.feeds_output {
+            // Before the fusion rules: what no output needs is in no output's node.
+            unmapped(UNUSED)
         } else if let Some(outputs) = boundary.get(&layer.module) {
             let fitting = outputs.iter().filter(|(v, _)| layer.fits(index, v)).count();
             unmapped(&format!(

@@ -44,6 +44,7 @@ fn call(name: &str, module: &str, k: usize, input_from: Option<usize>) -> LayerC
         call_index: k,
         identity: false,
         constant: false,
+        feeds_output: true,
         input_from,
         shape: vec![1, 4],
         dtype: layerdiff_core::DType::F32,
@@ -113,6 +114,30 @@ fn legacy_conv_bn_fold_maps_bn_to_the_conv_value_and_repeated_calls_in_order() {
     assert_eq!(value(&m[1]), Some("/conv1/Conv_output_0"));
     assert_eq!(value(&m[2]), Some("/relu/Relu_output_0"));
     assert_eq!(value(&m[4]), Some("out"));
+}
+
+#[test]
+fn a_layer_whose_output_no_model_output_needs_is_explained() {
+    // BERT's pooler when only the hidden states are returned: the export drops it.
+    let g = graph(
+        vec![node("/encoder/Add", "Add", &["x", "x"], "out", &[])],
+        "out",
+    );
+    let layers = [
+        call("encoder", "encoder", 0, None),
+        LayerCall {
+            feeds_output: false,
+            ..call("pooler.dense", "pooler.dense", 0, Some(0))
+        },
+    ];
+    let m = map_layers(&g, &layers);
+    assert_eq!(value(&m[0]), Some("out"), "{}", reason(&m[0]));
+    assert_eq!(value(&m[1]), None);
+    assert!(
+        reason(&m[1]).starts_with("its output reaches none of the model's outputs"),
+        "{}",
+        reason(&m[1])
+    );
 }
 
 #[test]

@@ -85,6 +85,10 @@ impl CapturedRun {
                         Some(constant) => constant.extract()?,
                         None => false,
                     },
+                    feeds_output: match d.get_item("feeds_output")? {
+                        Some(feeds) => feeds.extract()?,
+                        None => true,
+                    },
                     input_from: get("input_from")?.extract()?,
                     shape: get("shape")?.extract()?,
                     dtype: DType::from_name(&dtype).map_err(to_py_err)?,
