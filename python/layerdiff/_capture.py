@@ -215,8 +215,8 @@ class _FunctionalCalls(TorchFunctionMode):
     kwargs)``'s outcome, made before the call (an in-place op rewrites its inputs)."""
 
     def __init__(
-        self, stack: list, leaves: set, record, constants: _Constants, flow: _Dataflow,
-        rerun=None,
+        self, stack: list, leaves: set, record, constants: _Constants | None,
+        flow: _Dataflow | None, rerun=None,
     ):  # fmt: skip
         super().__init__()
         self.stack, self.leaves, self.record, self.rerun = stack, leaves, record, rerun
@@ -230,8 +230,9 @@ class _FunctionalCalls(TorchFunctionMode):
         if wanted and self.rerun is not None:
             local = attempt(lambda: self.rerun(func, args, kwargs or {}))
         out = func(*args, **(kwargs or {}))
-        self.constants.note(func, args, kwargs or {}, out)
-        self.flow.note(func, args, kwargs or {}, out)
+        if self.flow is not None:
+            self.constants.note(func, args, kwargs or {}, out)
+            self.flow.note(func, args, kwargs or {}, out)
         if wanted and isinstance(out, torch.Tensor) and out.is_floating_point() and out.dim() > 0:
             self.record(op, owner[0], args, out, local)
         return out
@@ -254,6 +255,7 @@ def capture(
     fingerprints=False,
     rerun=None,
     whole=frozenset(),
+    dataflow=True,
 ) -> Capture:
     """Runs `model(*inputs)` once under `torch.no_grad()`, listing each leaf call and each
     functional call a module's own `forward` makes between its submodules (with a fingerprint
@@ -266,7 +268,9 @@ def capture(
     args, kwargs)`` for a leaf, ``rerun(None, func, args, kwargs)`` for a functional call;
     ``local`` is its tensor or why there is none (else None). Modules named in ``whole`` are
     leaves (see `leaf_modules`); the modules found to compute everything themselves are listed
-    in the result, to be given as ``whole`` next time.
+    in the result, to be given as ``whole`` next time. With ``dataflow`` (the listing pass),
+    every tensor is filed to tell each layer's ``constant`` and ``feeds_output``; a copy run
+    beside it needs neither (and a compiled copy traces the mode: the less it does, the better).
     """
     result = Capture()
     names = {m: n for n, m in leaf_modules(model, whole)}
@@ -301,19 +305,19 @@ def capture(
             shape=list(out.shape),
             dtype=dtype_name(called, out),
             fingerprint=_layerdiff.fingerprint(flat(called, out)) if fingerprints else None,
-            constant=out in constants,
+            constant=constants is not None and out in constants,
             **kind,
         )
         index = len(result.layers)
         result.layers.append(layer)
-        made_by.append(flow.of(out))
+        made_by.append(flow.of(out) if flow is not None else None)
         producer[out.data_ptr()] = (index, weakref.ref(out))
         if on_layer is not None:
             on_layer(index, layer, out.detach(), local)
 
     pending: dict = {}  # a leaf's re-run, made before it ran, until its output is seen
-    constants = _Constants(model)
-    flow = _Dataflow()
+    constants = _Constants(model) if dataflow else None
+    flow = _Dataflow() if dataflow else None
     made_by: list[int | None] = []  # each layer's output's node in `flow`
     # each running leaf's first input and its version counter, to tell a module that hands its
     # input back untouched from one that rewrote it in place (ReLU(inplace=True))
@@ -391,7 +395,7 @@ def capture(
         mode = _FunctionalCalls(running, leaves, function, constants, flow, rerun_call)
         with torch.no_grad(), mode:
             result.output = model(*inputs)
-        needed = flow.upstream(result.output)
+        needed = flow.upstream(result.output) if flow is not None else set()
         for layer, node in zip(result.layers, made_by, strict=True):
             layer.feeds_output = node is None or node in needed
     finally:

@@ -77,6 +77,7 @@ class Lockstep:
                     given,
                     lambda i, layer, out, _: self._put((layer.name, out.clone())),
                     whole=self.whole,
+                    dataflow=False,
                 )
         except _Stopped:
             pass

@@ -296,6 +296,7 @@ def _stream(
                     on_layer,
                     rerun=rerun if options.local else None,
                     whole=whole,
+                    dataflow=False,  # the listing pass told each layer's
                 ),
             )
     finally:

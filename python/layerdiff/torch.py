@@ -340,7 +340,7 @@ def _stream(model, inputs, run, listed, *, float64: bool, clone: bool, ticker=No
             ticker(index + 1)
 
     try:
-        _run_model(inputs, lambda: capture(model, inputs, on_layer))
+        _run_model(inputs, lambda: capture(model, inputs, on_layer, dataflow=False))
     finally:
         if truth is not None:
             truth.close()
