@@ -135,70 +135,55 @@ def _tensors(value, depth: int = 2):
             yield from _tensors(v, depth - 1)
 
 
-class _Constants:
-    """The tensors of a forward pass that no model input's values reach: the model's
-    parameters, buffers and tensor attributes, and what torch calls compute from those alone
-    (``torch.arange`` of a length, a rotary table of it). Anything else (the inputs, a tensor
-    made elsewhere) counts as reached. Writes through a view of a constant are not followed."""
+class _Filing:
+    """What the listing pass knows of each tensor a torch call makes: whether a model input's
+    values reach it (else it is *constant*: the model's parameters, buffers and tensor
+    attributes, and what calls compute from those alone, ``torch.arange`` of a length, a rotary
+    table of it), and which call made it and which calls' results that one read, to tell
+    afterwards which values reach the model's outputs. A tensor no call made (an input, a
+    parameter) has no call; one the pass never saw counts as reached. A call that writes into an
+    argument (in place, ``x[i] = y``, ``out=``) files that argument anew, and through a view its
+    base too, as reading what they held."""
 
     def __init__(self, model: nn.Module):
-        self.known: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-        for module in model.modules():
-            for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
-                self.known[id(t)] = t
-            for t in vars(module).values():
-                if isinstance(t, torch.Tensor):
-                    self.known[id(t)] = t
-
-    def __contains__(self, t: torch.Tensor) -> bool:
-        return self.known.get(id(t)) is t
-
-    def note(self, func, args, kwargs, out) -> None:
-        """Files `out` by what `func` read; a call that writes into an argument
-        (``x[i] = y``, ``out=``) files that argument too."""
-        constant = all(t in self for t in _tensors((args, kwargs), 3))
-        written = list(_tensors(out))
-        if getattr(func, "__name__", "") == "__setitem__" and args:
-            written.append(args[0])
-        written += list(_tensors(kwargs.get("out")))
-        for t in written:
-            if constant:
-                self.known[id(t)] = t
-            elif t in self:
-                del self.known[id(t)]
-
-
-class _Dataflow:
-    """Which torch call's results each call of a forward pass read, to tell afterwards which
-    values reach the model's outputs. A tensor no call made (an input, a parameter) has no
-    node; a call that writes into an argument (in place, ``x[i] = y``, ``out=``, through a view
-    into its base) gives that argument, and the base, a new node that also reads the old one."""
-
-    def __init__(self):
-        self.reads: list[list[int]] = []
-        self.node: dict[int, int] = {}  # id of a live tensor → the call that last made it
         self.alive: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self.constant: dict[int, bool] = {}  # by the id of a live tensor
+        self.call: dict[int, int] = {}  # by the id of a live tensor: the call that made it
+        self.reads: list[list[int]] = []  # per call, the calls whose results it read
+        for module in model.modules():
+            own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+            own += [t for t in vars(module).values() if isinstance(t, torch.Tensor)]
+            for t in own:
+                self.alive[id(t)] = t
+                self.constant[id(t)] = True
 
-    def of(self, t: torch.Tensor) -> int | None:
-        return self.node.get(id(t)) if self.alive.get(id(t)) is t else None
+    def _seen(self, t: torch.Tensor) -> bool:
+        return self.alive.get(id(t)) is t
+
+    def is_constant(self, t: torch.Tensor) -> bool:
+        return self._seen(t) and self.constant.get(id(t), False)
+
+    def made_by(self, t: torch.Tensor) -> int | None:
+        return self.call.get(id(t)) if self._seen(t) else None
 
     def note(self, func, args, kwargs, out) -> None:
-        reads = {n for t in _tensors((args, kwargs), 3) if (n := self.of(t)) is not None}
+        read = list(_tensors((args, kwargs), 3))
         written = list(_tensors(out))
         if getattr(func, "__name__", "") == "__setitem__" and args:
             written.append(args[0])
         written += list(_tensors(kwargs.get("out")))
         written += [t._base for t in written if t._base is not None]
-        reads |= {n for t in written if (n := self.of(t)) is not None}
+        constant = all(self.is_constant(t) for t in read)
         k = len(self.reads)
-        self.reads.append(sorted(reads))
+        self.reads.append(sorted({n for t in read + written if (n := self.made_by(t)) is not None}))
         for t in written:
-            self.node[id(t)] = k
             self.alive[id(t)] = t
+            self.constant[id(t)] = constant
+            self.call[id(t)] = k
 
     def upstream(self, value) -> set[int]:
         """Every call whose result reaches the tensors in `value` (a model's output)."""
-        todo = [n for t in _tensors(value, 3) if (n := self.of(t)) is not None]
+        todo = [n for t in _tensors(value, 3) if (n := self.made_by(t)) is not None]
         seen: set[int] = set()
         while todo:
             n = todo.pop()
@@ -209,18 +194,16 @@ class _Dataflow:
 
 
 class _FunctionalCalls(TorchFunctionMode):
-    """Sees every torch function call of a forward pass: files each result with `constants`,
-    and hands those of `FUNCTIONAL_OPS` made by a module's own `forward` (not inside a leaf
-    module) to `record(op, owner, args, output, local)`, ``local`` being ``rerun(func, args,
-    kwargs)``'s outcome, made before the call (an in-place op rewrites its inputs)."""
+    """Sees every torch function call of a forward pass: files each result with `filing`
+    (when given), and hands those of `FUNCTIONAL_OPS` made by a module's own `forward` (not
+    inside a leaf module) to `record(op, owner, args, output, local)`, ``local`` being
+    ``rerun(func, args, kwargs)``'s outcome, made before the call (an in-place op rewrites its
+    inputs)."""
 
-    def __init__(
-        self, stack: list, leaves: set, record, constants: _Constants | None,
-        flow: _Dataflow | None, rerun=None,
-    ):  # fmt: skip
+    def __init__(self, stack: list, leaves: set, record, filing: _Filing | None, rerun=None):
         super().__init__()
         self.stack, self.leaves, self.record, self.rerun = stack, leaves, record, rerun
-        self.constants, self.flow = constants, flow
+        self.filing = filing
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         owner = self.stack[-1] if self.stack else None
@@ -230,9 +213,8 @@ class _FunctionalCalls(TorchFunctionMode):
         if wanted and self.rerun is not None:
             local = attempt(lambda: self.rerun(func, args, kwargs or {}))
         out = func(*args, **(kwargs or {}))
-        if self.flow is not None:
-            self.constants.note(func, args, kwargs or {}, out)
-            self.flow.note(func, args, kwargs or {}, out)
+        if self.filing is not None:
+            self.filing.note(func, args, kwargs or {}, out)
         if wanted and isinstance(out, torch.Tensor) and out.is_floating_point() and out.dim() > 0:
             self.record(op, owner[0], args, out, local)
         return out
@@ -269,8 +251,9 @@ def capture(
     ``local`` is its tensor or why there is none (else None). Modules named in ``whole`` are
     leaves (see `leaf_modules`); the modules found to compute everything themselves are listed
     in the result, to be given as ``whole`` next time. With ``dataflow`` (the listing pass),
-    every tensor is filed to tell each layer's ``constant`` and ``feeds_output``; a copy run
-    beside it needs neither (and a compiled copy traces the mode: the less it does, the better).
+    every tensor is filed to tell each layer's ``constant`` and ``feeds_output``, and a
+    functional call's ``identity`` is measured; a pass that only streams values needs none of
+    it (and a compiled copy traces the mode: the less it does, the better).
     """
     result = Capture()
     names = {m: n for n, m in leaf_modules(model, whole)}
@@ -305,20 +288,19 @@ def capture(
             shape=list(out.shape),
             dtype=dtype_name(called, out),
             fingerprint=_layerdiff.fingerprint(flat(called, out)) if fingerprints else None,
-            constant=constants is not None and out in constants,
+            constant=filing is not None and filing.is_constant(out),
             **kind,
         )
         index = len(result.layers)
         result.layers.append(layer)
-        made_by.append(flow.of(out) if flow is not None else None)
+        made_by.append(filing.made_by(out) if filing is not None else None)
         producer[out.data_ptr()] = (index, weakref.ref(out))
         if on_layer is not None:
             on_layer(index, layer, out.detach(), local)
 
     pending: dict = {}  # a leaf's re-run, made before it ran, until its output is seen
-    constants = _Constants(model) if dataflow else None
-    flow = _Dataflow() if dataflow else None
-    made_by: list[int | None] = []  # each layer's output's node in `flow`
+    filing = _Filing(model) if dataflow else None
+    made_by: list[int | None] = []  # the call that made each layer's output, in `filing`
     # each running leaf's first input and its version counter, to tell a module that hands its
     # input back untouched from one that rewrote it in place (ReLU(inplace=True))
     given: dict = {}
@@ -356,7 +338,8 @@ def capture(
         key = f"{owner}:{op}"
         first = _first_tensor(args)
         identity = (
-            first is not None
+            filing is not None  # a full comparison: only where the layers are listed
+            and first is not None
             and out.data_ptr() != first.data_ptr()  # an in-place op rewrote its input
             and out.shape == first.shape
             and out.dtype == first.dtype
@@ -392,10 +375,10 @@ def capture(
     handles += [m.register_forward_hook(hook) for m in names]
     handles += [m.register_forward_hook(leave) for m in paths]
     try:
-        mode = _FunctionalCalls(running, leaves, function, constants, flow, rerun_call)
+        mode = _FunctionalCalls(running, leaves, function, filing, rerun_call)
         with torch.no_grad(), mode:
             result.output = model(*inputs)
-        needed = flow.upstream(result.output) if flow is not None else set()
+        needed = filing.upstream(result.output) if filing is not None else set()
         for layer, node in zip(result.layers, made_by, strict=True):
             layer.feeds_output = node is None or node in needed
     finally:

@@ -42,17 +42,27 @@ pub fn compare_pair(
     let target_shape = (reference.shape != target.shape).then(|| target.shape.to_vec());
     let target_dtype = (reference.dtype != target.dtype).then(|| target.dtype.name().to_string());
     let same_shape = squeeze(reference.shape) == squeeze(target.shape);
-    let held = same_shape
-        .then(|| sentinels_held(reference, target))
-        .flatten();
-    let (reference, sentinels) = match &held {
-        Some((tensor, count)) => (tensor.view(), *count),
-        None => (reference, 0),
+    let mut compared = compare_judged(reference, target, judge);
+    // A sentinel the target holds as its own extreme is the largest difference there is: only
+    // then is the pair compared again, with those positions equal.
+    let at_sentinel = |s: &Stats| {
+        s.worst
+            .as_ref()
+            .is_some_and(|w| w.reference.abs() >= SENTINEL)
     };
-    match compare_judged(reference, target, judge) {
+    if same_shape
+        && compared.as_ref().is_ok_and(at_sentinel)
+        && let Some((held, count)) = sentinels_held(reference, target)
+    {
+        compared = compare_judged(held.view(), target, judge).map(|s| Stats {
+            sentinels: count,
+            ..s
+        });
+    }
+    match compared {
         Ok(stats) if same_shape => PairOutcome {
             status: LayerStatus::Compared,
-            stats: Some(Stats { sentinels, ..stats }),
+            stats: Some(stats),
             target_shape,
             target_dtype,
         },
@@ -68,12 +78,11 @@ pub fn compare_pair(
 /// The reference with each sentinel that the narrower target holds as its own extreme (same
 /// sign, at least half its largest finite value, or infinite) replaced by the target's value,
 /// and how many were; `None` when the target is not narrower or no position is such a pair.
+/// The float64 truth against a float32 side is such a pair too: the float64 copy of a model
+/// masks with float64's extreme.
 fn sentinels_held(reference: TensorView<'_>, target: TensorView<'_>) -> Option<(Tensor, u64)> {
     let limit = target.dtype.max_finite()? / 2.0;
-    if !target.dtype.narrower_than(reference.dtype)
-        || reference.numel() != target.numel()
-        || reference.max_abs() < SENTINEL
-    {
+    if !target.dtype.narrower_than(reference.dtype) || reference.numel() != target.numel() {
         return None;
     }
     let mut values = vec![0.0; reference.numel()];
@@ -130,6 +139,12 @@ mod tests {
             .stats
             .unwrap();
         assert_eq!(stats.sentinels, 2);
+        // The float64 truth masks with float64's extreme, a float32 side with its own.
+        let truth = tensor(DType::F64, &[1.0, f64::MIN, f64::MIN, 2.0]);
+        let stats = compare_pair(truth.view(), reference.view(), None)
+            .stats
+            .unwrap();
+        assert_eq!((stats.sentinels, stats.max_abs_diff), (2, 0.0));
     }
 
     #[test]

@@ -24,7 +24,8 @@
 //!   [`crate::CallGroup`]), each the first in order holding its numbers, or left unmapped
 //!   with the two counts: pairing the wrong values would report drift that is not there.
 
-use std::collections::HashMap;
+use std::cell::OnceCell;
+use std::collections::{HashMap, HashSet};
 
 use crate::mapping::{CallGroup, FOLDED};
 use crate::scope::{ScopeResolver, parse_python_str_list};
@@ -57,6 +58,8 @@ pub(crate) fn map_functional(
         return mapped;
     }
     let found = own_values(graph, layers, &calls);
+    // Needed only where counts differ: one pass over the graph then.
+    let inputs_reach = OnceCell::new();
     for ((module, op), rows) in calls {
         let values = found
             .get(&(module.to_string(), op.to_string()))
@@ -84,8 +87,11 @@ pub(crate) fn map_functional(
         );
         let (constant, data): (Vec<usize>, Vec<usize>) =
             rows.iter().partition(|&&i| layers[i].constant);
-        let (reached, unreached): (Vec<String>, Vec<String>) =
-            values.iter().cloned().partition(|v| index.reached(v));
+        let inputs_reach = inputs_reach.get_or_init(|| reached_by(graph, index.graph_inputs()));
+        let (reached, unreached): (Vec<String>, Vec<String>) = values
+            .iter()
+            .cloned()
+            .partition(|v| inputs_reach.contains(v));
 
         if constant.len() == unreached.len() {
             group.by_position(&constant, &unreached, mappings);
@@ -127,6 +133,29 @@ pub(crate) fn map_functional(
         }
     }
     mapped
+}
+
+/// Ops whose output depends on their input's shape only, never its numbers.
+const SHAPE_ONLY: [&str; 4] = ["Shape", "Size", "ConstantOfShape", "EyeLike"];
+
+/// The values the graph inputs' numbers reach (through any chain of nodes but those that read
+/// only a shape), in one pass in graph order: not what is computed from initializers,
+/// constants and shapes alone, the values an exporter may fold into constants. A node with a
+/// subgraph (`If`, `Loop`) may read any outer value, so its outputs count as reached.
+fn reached_by(graph: &GraphProto, inputs: &[String]) -> HashSet<String> {
+    let mut reached: HashSet<String> = inputs.iter().cloned().collect();
+    for node in &graph.node {
+        let subgraph = node
+            .attribute
+            .iter()
+            .any(|a| a.g.is_some() || !a.graphs.is_empty());
+        let reads =
+            !SHAPE_ONLY.contains(&node.op_type()) && node.input.iter().any(|i| reached.contains(i));
+        if subgraph || reads {
+            reached.extend(node.output.iter().filter(|o| !o.is_empty()).cloned());
+        }
+    }
+    reached
 }
 
 /// The values of each module's own nodes of each op that some call in `calls` names, in graph

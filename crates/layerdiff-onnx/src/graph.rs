@@ -52,12 +52,7 @@ pub struct GraphIndex {
     types: HashMap<String, ValueType>,
     /// Element types, declared or inferred (see [`crate::elem_types`]).
     elem_types: HashMap<String, i32>,
-    /// Values whose numbers the graph inputs' numbers reach (see [`GraphIndex::reached`]).
-    reached: HashSet<String>,
 }
-
-/// Ops whose output depends on their input's shape only, never its numbers.
-const SHAPE_ONLY: [&str; 4] = ["Shape", "Size", "ConstantOfShape", "EyeLike"];
 
 impl GraphIndex {
     /// Indexes a graph.
@@ -107,7 +102,7 @@ impl GraphIndex {
                 },
             );
         }
-        let graph_inputs: Vec<String> = graph
+        let graph_inputs = graph
             .input
             .iter()
             .map(|i| i.name().to_string())
@@ -120,7 +115,6 @@ impl GraphIndex {
             .map(|(n, t)| (n.clone(), t.elem_type))
             .collect();
         crate::elem_types::infer_elem_types(&graph.node, &mut elem_types);
-        let reached = reached_by(graph, &graph_inputs);
         Self {
             nodes,
             producer,
@@ -130,15 +124,7 @@ impl GraphIndex {
             graph_outputs,
             types,
             elem_types,
-            reached,
         }
-    }
-
-    /// Whether the numbers of the graph inputs reach `value` (through any chain of nodes but
-    /// those that read only a shape): `false` for what is computed from initializers,
-    /// constants and shapes alone, the values an exporter may fold into constants.
-    pub fn reached(&self, value: &str) -> bool {
-        self.reached.contains(value)
     }
 
     /// All nodes in graph (execution) order.
@@ -192,24 +178,6 @@ impl GraphIndex {
             || self.initializers.contains(value)
             || self.graph_inputs.iter().any(|i| i == value)
     }
-}
-
-/// The values the graph inputs' numbers reach, in one pass in graph order; a node with a
-/// subgraph (`If`, `Loop`) may read any outer value, so its outputs count as reached.
-fn reached_by(graph: &GraphProto, inputs: &[String]) -> HashSet<String> {
-    let mut reached: HashSet<String> = inputs.iter().cloned().collect();
-    for node in &graph.node {
-        let subgraph = node
-            .attribute
-            .iter()
-            .any(|a| a.g.is_some() || !a.graphs.is_empty());
-        let reads =
-            !SHAPE_ONLY.contains(&node.op_type()) && node.input.iter().any(|i| reached.contains(i));
-        if subgraph || reads {
-            reached.extend(node.output.iter().filter(|o| !o.is_empty()).cloned());
-        }
-    }
-    reached
 }
 
 fn node_info(index: usize, node: &NodeProto) -> NodeInfo {
