@@ -8,32 +8,8 @@ import json
 import numpy as np
 import onnx
 from conftest import run_cli
+from builders.graphs import layernorm_matmul_fp16
 from onnx import TensorProto, helper, numpy_helper
-
-
-def _ln_matmul_add(path, rng) -> None:
-    """LayerNormalization → MatMul → Add in float16, with outputs around 100 to 500."""
-    d, h = 64, 96
-    weights = {
-        "scale": rng.uniform(0, 1, d),
-        "bias": rng.uniform(0, 1, d),
-        "W": rng.uniform(0, 16, (d, h)),
-        "B": rng.uniform(0, 1, h),
-    }
-    nodes = [
-        helper.make_node("LayerNormalization", ["X", "scale", "bias"], ["ln"], name="ln", axis=-1),
-        helper.make_node("MatMul", ["ln", "W"], ["mm"], name="mm"),
-        helper.make_node("Add", ["mm", "B"], ["Z"], name="add"),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "ln_matmul_add",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT16, [2, 128, d])],
-        [helper.make_tensor_value_info("Z", TensorProto.FLOAT16, [2, 128, h])],
-        [numpy_helper.from_array(v.astype(np.float16), k) for k, v in weights.items()],
-    )
-    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 17)])
-    onnx.save(model, str(path))
 
 
 def _report(tmp_path, *args) -> tuple:
@@ -49,7 +25,7 @@ def test_one_float16_step_at_large_magnitude_is_rounding_not_a_kernel_bug(tmp_pa
     that was drift born at the Add; judged per element at its magnitude it is rounding."""
     rng = np.random.default_rng(0)
     model = tmp_path / "ln_matmul_add.onnx"
-    _ln_matmul_add(model, rng)
+    layernorm_matmul_fp16(model, rng)
     np.savez(tmp_path / "in.npz", X=rng.uniform(-60, 60, (2, 128, 64)).astype(np.float16))
     inputs = ["--inputs", str(tmp_path / "in.npz"), "--target", "tract"]
 

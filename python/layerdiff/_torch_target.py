@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from layerdiff import _layerdiff
+from layerdiff import _baseline, _layerdiff
 from layerdiff._capture import _first_tensor, capture, leaf_modules
 from layerdiff._lockstep import Lockstep
 from layerdiff._sides import _CAST as _CASTS
@@ -230,10 +230,14 @@ def _stream(
     if target.model is None:
         raise _layerdiff.InputError(f"the target `{tgt_side.spelling}` {target.error}")
     modules = dict(leaf_modules(target.model, whole))
+    references = dict(leaf_modules(ref_model, whole))
     # Each re-run is made twice where the side may disagree with itself: how far the two
     # disagree is its own nondeterminism at that layer, handed over with the layer.
     twice = tgt_side.may_disagree
     disagreed: list[float | None] = [None]
+    # The same call made exactly on the same inputs rounded (its same-precision baseline).
+    exact: list = [None]
+    weights = _CASTS.get(tgt_side.precision)
 
     def rerun(leaf, func, args, kwargs):
         """The target's module (or op) on the reference's inputs, as the target holds them (a
@@ -254,6 +258,13 @@ def _stream(
 
         out = once()
         disagreed[0] = _disagreement(out, once()) if twice else None
+        first = _first_tensor(out)
+        if options.float64 and first is not None and first.is_floating_point():
+            exact[0] = _baseline.exact_call(
+                references[leaf] if func is None else None, func, args, kwargs,
+                held=lambda t: convert(t).dtype,
+                dtype=_baseline.narrower(weights or torch.float32, first.dtype),
+            )  # fmt: skip
         return out
 
     def on_layer(index, layer, out, local):
@@ -279,8 +290,9 @@ def _stream(
             local=flat(layer.name, local) if isinstance(local, torch.Tensor) else None,
             local_error=_local_error(local),
             disagreement=disagreed[0],
+            baseline=None if exact[0] is None else flat(layer.name, exact[0]),
         )
-        disagreed[0] = None
+        disagreed[0] = exact[0] = None
         if ticker is not None:
             ticker(index + 1)
 

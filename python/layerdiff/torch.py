@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from layerdiff import _layerdiff, _ort
+from layerdiff._baseline import Replay, model_precision
 from layerdiff._capture import FUNCTIONAL_OPS, CapturedLayer, capture, functional_op
 from layerdiff._export import export_onnx
 from layerdiff._lockstep import Lockstep
@@ -230,6 +231,7 @@ class _FileComparison:
         self.step(f"running PyTorch and the ONNX model side by side{pieces}, comparing each layer")
         _stream(
             model, inputs, run, listed, float64=options.float64, clone=self.clone,
+            baseline=options.float64 and options.local,
             ticker=progress_line(self.progress, len(listed)),
         )  # fmt: skip
         needed = run.conclude()
@@ -313,12 +315,20 @@ def progress_line(progress, total: int):
     return _layerdiff.Ticker.for_terminal(total, quiet)
 
 
-def _stream(model, inputs, run, listed, *, float64: bool, clone: bool, ticker=None) -> None:
+def _stream(
+    model, inputs, run, listed, *, float64: bool, clone: bool, baseline: bool = False,
+    ticker=None,
+) -> None:  # fmt: skip
     """The second forward pass: each layer's value goes to the run as its hook fires, with the
-    float64 run's value of the same layer. ``clone=False`` instead hands the outputs over after
-    the pass, by reference: it exists only so a test can show what in-place ops
-    (``ReLU(inplace=True)``) then do to them."""
+    float64 run's value of the same layer and, with ``baseline``, the layer in float64 on the
+    reference's values rounded as the target holds them (`layerdiff._baseline.Replay`).
+    ``clone=False`` instead hands the outputs over after the pass, by reference: it exists only
+    so a test can show what in-place ops (``ReLU(inplace=True)``) then do to them."""
     truth = Lockstep(model, inputs) if float64 else None
+    replay = None
+    if baseline:
+        compared = run.compared_dtypes
+        replay = Replay(model, inputs, compared, model_precision(compared))
     late: list = []
 
     def on_layer(index, layer, out, _local):
@@ -330,10 +340,14 @@ def _stream(model, inputs, run, listed, *, float64: bool, clone: bool, ticker=No
                 "the model does not run the same way twice"
             )
         wide = truth.next(layer.name) if truth is not None else None
+        exact = replay.next(index, layer.name, out) if replay is not None else None
         value = flat(layer.name, out)
         _same_as_listed(listed[index], value)
         if clone:
-            run.add(index, value, _flat_or_none(layer.name, wide))
+            run.add(
+                index, value, _flat_or_none(layer.name, wide),
+                baseline=_flat_or_none(layer.name, exact),
+            )  # fmt: skip
         else:
             late.append((index, layer.name, out, wide))
         if ticker is not None:
@@ -344,6 +358,8 @@ def _stream(model, inputs, run, listed, *, float64: bool, clone: bool, ticker=No
     finally:
         if truth is not None:
             truth.close()
+        if replay is not None:
+            replay.close()
     for index, layer_name, out, wide in late:
         run.add(index, flat(layer_name, out), _flat_or_none(layer_name, wide))
 

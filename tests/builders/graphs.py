@@ -27,3 +27,29 @@ def save_graph(path, nodes, x_shape, y_shape, weights: dict, *, opset=20, extra=
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
     onnx.save(model, str(path))
     return path
+
+
+def layernorm_matmul_fp16(path, rng) -> None:
+    """LayerNormalization → MatMul → Add in float16, with outputs around 100 to 500 (weights
+    from `rng`)."""
+    d, h = 64, 96
+    weights = {
+        "scale": rng.uniform(0, 1, d),
+        "bias": rng.uniform(0, 1, d),
+        "W": rng.uniform(0, 16, (d, h)),
+        "B": rng.uniform(0, 1, h),
+    }
+    nodes = [
+        helper.make_node("LayerNormalization", ["X", "scale", "bias"], ["ln"], name="ln", axis=-1),
+        helper.make_node("MatMul", ["ln", "W"], ["mm"], name="mm"),
+        helper.make_node("Add", ["mm", "B"], ["Z"], name="add"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "ln_matmul_add",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT16, [2, 128, d])],
+        [helper.make_tensor_value_info("Z", TensorProto.FLOAT16, [2, 128, h])],
+        [numpy_helper.from_array(v.astype(np.float16), k) for k, v in weights.items()],
+    )
+    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(path))

@@ -102,3 +102,11 @@ BUILDERS = {
     "convnext_atto (timm)": timm_convnext,
     "efficientnet_b0 (timm)": timm_efficientnet,
 }
+
+
+def resnet18_160():
+    """torchvision's ResNet-18 with random weights (seed 0) on one 160×160 image."""
+    import torchvision
+
+    torch.manual_seed(0)
+    return torchvision.models.resnet18(weights=None).eval(), _image(160)

@@ -7,7 +7,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use layerdiff_core::Tolerance;
+use layerdiff_core::{FailOn, Tolerance};
 use layerdiff_flow::Settings;
 use layerdiff_flow::audit::{AuditDestinations, AuditOptions};
 use layerdiff_flow::inputs::InputPlan;
@@ -279,9 +279,14 @@ pub struct ProvidersArgs {
     /// Tolerance, as for `layerdiff onnx`.
     #[arg(long, default_value = "dtype", value_parser = Tolerance::parse)]
     pub tolerance: Tolerance,
-    /// Also run the reference graph in float64 in each cell (implied by `--tolerance auto`).
-    #[arg(long)]
+    /// Also run the whole reference graph in float64 in each cell (implied by `--tolerance
+    /// auto`).
+    #[arg(long, conflicts_with = "no_float64")]
     pub float64: bool,
+    /// Skip every float64 computation in each cell: the same-precision baseline (each node's
+    /// own error is then `undecided` between rounding and a defect) and the truth.
+    #[arg(long)]
+    pub no_float64: bool,
     /// Skip the local error in each cell.
     #[arg(long)]
     pub no_local: bool,
@@ -341,6 +346,7 @@ impl ProvidersArgs {
                 max_memory: None,
             },
             float64: self.float64 || self.tolerance == Tolerance::Auto,
+            baseline: !self.no_float64,
         }
     }
 
@@ -452,12 +458,17 @@ pub struct OnnxArgs {
     /// distance from the float64 run, per value; runs it, see --float64).
     #[arg(long, default_value = "dtype", value_parser = Tolerance::parse)]
     pub tolerance: Tolerance,
-    /// Also run the reference graph in float64 (ONNX Runtime on the CPU, or tract where ONNX
-    /// Runtime has no float64 kernel) as the numerical truth: each value gets both sides'
-    /// distance from it, and a kernel no further from it than twice the reference is
-    /// `rounding`. Implied by `--tolerance auto`.
-    #[arg(long)]
+    /// Also run the whole reference graph in float64 (ONNX Runtime on the CPU, or tract where
+    /// ONNX Runtime has no float64 kernel) as the numerical truth: each value gets both sides'
+    /// distance from it. Implied by `--tolerance auto`.
+    #[arg(long, conflicts_with = "no_float64")]
     pub float64: bool,
+    /// Skip every float64 computation: the same-precision baseline each node's own error is
+    /// judged against (the reference's node in float64 on its inputs rounded to the target's
+    /// dtype), and the truth. Without it, an exceeding node is `undecided` between rounding and
+    /// a defect.
+    #[arg(long)]
+    pub no_float64: bool,
     /// Skip the local error (re-running each node on the reference's inputs): faster on large
     /// models, but the drift origin is then the first value whose accumulated error exceeds.
     #[arg(long)]
@@ -657,6 +668,12 @@ pub struct ReportArgs {
     /// Print nothing but errors; the exit code still tells the verdict.
     #[arg(long, short)]
     pub quiet: bool,
+    /// When the run exits 1: `defect` (the default: a layer computes something its precision
+    /// does not explain, a layer exceeds and nothing tells rounding from a defect, part of the
+    /// model could not be paired, or values overflow the target's dtype; rounding alone exits
+    /// 0) or `drift` (any layer beyond its tolerance, rounding included).
+    #[arg(long, value_name = "WHEN", default_value = "defect", value_parser = FailOn::parse)]
+    pub fail_on: FailOn,
     /// Print where the time went, phase by phase (stderr), and add it to the JSON report (times
     /// vary from run to run, so they are left out of the JSON otherwise).
     #[arg(long)]
@@ -788,6 +805,7 @@ impl ReportArgs {
             inputs: self.inputs_path(),
             quiet: self.quiet,
             timings: self.timings,
+            fail_on: self.fail_on,
         }
     }
 }
@@ -808,6 +826,7 @@ impl OnnxArgs {
                 max_memory: self.max_memory,
             },
             float64: self.float64,
+            baseline: !self.no_float64,
         }
     }
 }

@@ -100,21 +100,19 @@ fn ratio(stats: Option<&Stats>) -> f64 {
     stats.and_then(Stats::tolerance_multiple).unwrap_or(0.0)
 }
 
-/// The layers a target computing in `precision` should keep in float32: those that overflow to
-/// Inf themselves, those whose own error (local, where measured) exceeds the tolerance, and the
-/// drift origin, where error that then grows downstream is born; overflow first, then by own
-/// error against the tolerance, at most [`MOST_KEPT`]. `None` when nothing drifts.
+/// The layers a target computing in `precision` should keep in float32, among those whose
+/// difference is precision (a defect is fixed by what its cause says, not by a wider dtype):
+/// those that overflow to Inf themselves, those whose own error (local, where measured) exceeds
+/// the tolerance, and the precision drift's origin, where rounding that then grows downstream is
+/// born; overflow first, then by own error against the tolerance, at most [`MOST_KEPT`]. `None`
+/// when no precision drift was found.
 pub fn keep_float32(report: &Report, precision: &str) -> Option<KeepFloat32> {
-    let origin = report.summary.drift_origin.as_deref();
-    if origin.is_none() && report.summary.layers_exceeding == 0 {
-        return None;
-    }
+    let drift = report.summary.precision.as_ref()?;
+    let origin = drift.origin.as_deref();
     let mut ranked: Vec<(u64, f64, &Layer, String)> = Vec::new();
-    for l in report
-        .layers
-        .iter()
-        .filter(|l| l.status == LayerStatus::Compared)
-    {
+    for l in report.layers.iter().filter(|l| {
+        l.status == LayerStatus::Compared && l.finding == Some(crate::Finding::Precision)
+    }) {
         // Its own error: the local one; without a local run (a run that measures none), the
         // accumulated one of a layer that did not merely inherit it. A layer with no nodes of
         // its own (it holds another layer's value) has none to keep.
@@ -299,7 +297,8 @@ mod tests {
         layers[2].accumulated = Some(stats(&[3.0, 2.0], &[c_target, 2.0]));
         layers[2].local = Some(stats(&[3.0, 2.0], &[3.0, 2.0]));
         layers[2].local_inputs = vec!["b".to_string()];
-        let summary = analyse(&mut layers, Tolerance::Fixed(1e-3));
+        let mut summary = analyse(&mut layers, Tolerance::Fixed(1e-3));
+        crate::explain(&mut layers, &[], &mut summary);
         Report {
             schema: SCHEMA,
             command: "test".to_string(),

@@ -1,7 +1,7 @@
 //! Drift analysis: which layers exceed their tolerance, accumulated and locally, where drift is
 //! born, and the extremes.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use crate::{Bound, DType, Layer, LayerStatus, Stats, Summary, Tolerance, WorstLayer, WorstLayers};
 
@@ -44,10 +44,14 @@ pub fn analyse(layers: &mut [Layer], tolerance: Tolerance) -> Summary {
 }
 
 /// [`analyse`] of layers already judged (a streaming run judges each layer as soon as it is
-/// compared, while its values are held).
-pub fn summarise(layers: &[Layer]) -> Summary {
+/// compared, while its values are held). Each exceeding layer whose own error is within its
+/// tolerance is attributed to the upstream layer its difference mostly comes from
+/// ([`Layer::error_from`]); those layers are the summary's `sources`, which get a cause too.
+pub fn summarise(layers: &mut [Layer]) -> Summary {
     let first_exceeding = layers.iter().position(|l| l.exceeds_tol);
     let origin = drift_origin(layers, first_exceeding);
+    let sources = attribute(layers, origin);
+    let layers = &*layers;
 
     let compared: Vec<&Layer> = layers.iter().filter(|l| l.accumulated.is_some()).collect();
     let pick = |better: fn(f64, f64) -> bool, value: fn(&Layer) -> f64| {
@@ -99,6 +103,80 @@ pub fn summarise(layers: &[Layer]) -> Summary {
         most_own_error,
         warnings,
         inconclusive: None,
+        verdict: crate::Verdict::NoDrift,
+        defects: Vec::new(),
+        precision: None,
+        sources,
+    }
+}
+
+/// Sets `error_from` on every exceeding layer whose difference mostly comes from upstream (its
+/// own error below [`BORN_HERE`] of it, whether or not that own error exceeds its tolerance):
+/// the upstream layer it is traced back to ([`trace_back`]). Returns the layers traced
+/// to, with the drift origin.
+fn attribute(layers: &mut [Layer], origin: Option<usize>) -> BTreeSet<String> {
+    let by_name: HashMap<String, usize> = layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (l.name.clone(), i))
+        .collect();
+    let mut sources: BTreeSet<String> =
+        origin.map(|o| layers[o].name.clone()).into_iter().collect();
+    for i in 0..layers.len() {
+        let l = &layers[i];
+        if !(l.exceeds_tol && l.local.is_some()) {
+            continue;
+        }
+        // A layer whose own error is within its tolerance got its difference from upstream,
+        // whatever share its own rounding is.
+        let from = trace_back(layers, &by_name, i, !l.local_exceeds);
+        if from != i {
+            let name = layers[from].name.clone();
+            sources.insert(name.clone());
+            layers[i].error_from = Some(name);
+        }
+    }
+    sources
+}
+
+/// The layer the accumulated error of layer `at` was added by: walking upstream through
+/// `local_inputs` along the input carrying the most error, the first layer whose own (local)
+/// error makes up at least [`BORN_HERE`] of its accumulated error (or whose own error was not
+/// measured, or that has no upstream carrying error). With `upstream`, layer `at` itself is not
+/// taken.
+fn trace_back(
+    layers: &[Layer],
+    by_name: &HashMap<String, usize>,
+    mut at: usize,
+    upstream: bool,
+) -> usize {
+    let start = at;
+    let error = |l: &Layer, s: &Option<Stats>| {
+        s.as_ref().map_or(0.0, |s| s.max_abs_diff)
+            * f64::from(u8::from(l.status == LayerStatus::Compared))
+    };
+    loop {
+        let l = &layers[at];
+        let (accumulated, local) = (error(l, &l.accumulated), error(l, &l.local));
+        if l.local.is_none() || (local >= BORN_HERE * accumulated && !(upstream && at == start)) {
+            return at;
+        }
+        let upstream = l
+            .local_inputs
+            .iter()
+            .filter_map(|n| by_name.get(n.as_str()).copied())
+            .filter(|&i| i < at)
+            .max_by(|&a, &b| {
+                let (ea, eb) = (
+                    error(&layers[a], &layers[a].accumulated),
+                    error(&layers[b], &layers[b].accumulated),
+                );
+                ea.total_cmp(&eb).then(b.cmp(&a))
+            });
+        match upstream {
+            Some(i) if error(&layers[i], &layers[i].accumulated) > 0.0 => at = i,
+            _ => return at,
+        }
     }
 }
 
@@ -218,39 +296,12 @@ fn drift_origin(layers: &[Layer], first_exceeding: Option<usize>) -> Option<usiz
         return first_own;
     }
     // The first exceeding layer inherited its error: follow the error upstream.
-    let by_name: HashMap<&str, usize> = layers
+    let by_name: HashMap<String, usize> = layers
         .iter()
         .enumerate()
-        .map(|(i, l)| (l.name.as_str(), i))
+        .map(|(i, l)| (l.name.clone(), i))
         .collect();
-    let error = |l: &Layer, s: &Option<Stats>| {
-        s.as_ref().map_or(0.0, |s| s.max_abs_diff)
-            * f64::from(u8::from(l.status == LayerStatus::Compared))
-    };
-    let mut at = first;
-    loop {
-        let l = &layers[at];
-        let (accumulated, local) = (error(l, &l.accumulated), error(l, &l.local));
-        if l.local.is_none() || local >= BORN_HERE * accumulated {
-            return Some(at);
-        }
-        let upstream = l
-            .local_inputs
-            .iter()
-            .filter_map(|n| by_name.get(n.as_str()).copied())
-            .filter(|&i| i < at)
-            .max_by(|&a, &b| {
-                let (ea, eb) = (
-                    error(&layers[a], &layers[a].accumulated),
-                    error(&layers[b], &layers[b].accumulated),
-                );
-                ea.total_cmp(&eb).then(b.cmp(&a))
-            });
-        match upstream {
-            Some(i) if error(&layers[i], &layers[i].accumulated) > 0.0 => at = i,
-            _ => return Some(at),
-        }
-    }
+    Some(trace_back(layers, &by_name, first, false))
 }
 
 #[cfg(test)]

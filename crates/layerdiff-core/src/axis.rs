@@ -41,8 +41,11 @@ pub struct AxisPoint {
     pub point: String,
     /// The inputs given at it.
     pub inputs: Vec<InputInfo>,
-    /// `no_drift`, `drift` or `inconclusive`.
+    /// The point's verdict: `no_drift`, `precision`, `defect`, `undecided` or `inconclusive`.
     pub verdict: String,
+    /// Whether the point fails (a defect, an undecided layer, an inconclusive run, or values
+    /// that overflow the target's dtype; rounding alone passes).
+    pub fails: bool,
     /// Layers compared.
     pub layers_compared: usize,
     /// Layers exceeding their tolerance.
@@ -86,14 +89,6 @@ fn ratios<S: serde::Serializer>(values: &[Option<f64>], s: S) -> Result<S::Ok, S
     s.collect_seq(values.iter().map(|v| Ratio(*v)))
 }
 
-fn verdict(report: &Report) -> &'static str {
-    match (&report.summary.drift_origin, &report.summary.inconclusive) {
-        (Some(_), _) => "drift",
-        (None, Some(_)) => "inconclusive",
-        (None, None) => "no_drift",
-    }
-}
-
 /// The last layer the target has (the model's output), with its statistics where it could
 /// be compared element by element.
 fn output(report: &Report) -> Option<(&str, Option<&Stats>, Option<String>)> {
@@ -128,7 +123,8 @@ pub fn along_axis(axis: &str, points: &[String], reports: &[Report]) -> AxisRepo
         out_points.push(AxisPoint {
             point: point.clone(),
             inputs: r.inputs.clone(),
-            verdict: verdict(r).to_string(),
+            verdict: r.summary.verdict.name().to_string(),
+            fails: r.summary.fails(crate::FailOn::Defect),
             layers_compared: r.summary.layers_compared,
             layers_exceeding: r.summary.layers_exceeding,
             drift_origin: origin,
@@ -350,8 +346,11 @@ pub fn axis_text(report: &AxisReport) -> String {
 }
 
 impl AxisReport {
-    /// 0 when every point is clean, 1 otherwise.
-    pub fn exit_code(&self) -> u8 {
-        u8::from(self.points.iter().any(|p| p.verdict != "no_drift"))
+    /// 1 when a point fails under `fail_on` (see [`crate::FailOn`]), else 0.
+    pub fn exit_code(&self, fail_on: crate::FailOn) -> u8 {
+        u8::from(self.points.iter().any(|p| match fail_on {
+            crate::FailOn::Defect => p.fails,
+            crate::FailOn::Drift => p.verdict != "no_drift",
+        }))
     }
 }

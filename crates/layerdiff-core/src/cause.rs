@@ -1,52 +1,43 @@
-//! Causes: why a layer differs, from a fixed vocabulary, each with a sentence of detail.
+//! Causes: why a layer differs, from a fixed vocabulary, each with a sentence of detail, and
+//! what kind of finding that is: a **defect** (the layer computes something its precision does
+//! not explain), **precision** (what it adds of its own is what its dtype explains),
+//! **inherited**, or **undecided** (nothing measured tells the two apart).
 //!
-//! The flows gather [`Evidence`] per layer (they know the graphs, weights and runtimes); this
-//! module only decides, in a fixed order, for every layer that exceeds its tolerance (accumulated
-//! or local) and for the drift origin:
+//! The flows gather [`Evidence`] per layer (they know the graphs, weights and runtimes) and
+//! measure each layer's own error against the same-precision baseline ([`crate::Baseline`]);
+//! this module only decides, in a fixed order, for every layer that exceeds its tolerance
+//! (accumulated or locally) and every layer an exceeding layer's error is traced back to:
 //!
-//! 1. `inherited`: its own (local) error is within tolerance; the difference came from upstream;
-//! 2. `layout_permutation`: permuting the target onto the reference restores agreement;
-//! 3. `nondeterminism`: a side run twice disagrees with itself here by more than the tolerance;
-//! 4. `weight_mismatch`: a parameter or initializer the layer uses differs between the sides;
-//! 5. `precision_loss`: the layer ran in lower precision on the target, values overflowing its
-//!    range to Inf included (unless its own error, finite, averages more ULPs of that precision than rounding explains, [`PRECISION_ULPS`]: then
-//!    `op_implementation`);
-//! 6. `op_implementation` (an attribute): an attribute of the target's nodes differs;
-//! 7. `rounding`: the float64 truth shows the target no further from it than twice the
-//!    reference's own distance, or within its dtype's absolute tolerance of it: the target
-//!    rounds, and computes nothing wrong;
-//! 8. `precision_loss` (reduced math): the target's runtime does this float32 layer's products
-//!    in lower precision (TF32 on a GPU), and the float64 truth, where there is one, shows the
-//!    target further from it than rounding;
-//! 9. `rounding` (no truth): an origin whose own error stays within its tolerance, with nothing
-//!    else different, only rounds; a later layer amplifies it past the tolerance;
-//! 10. `op_implementation` (a kernel): with the same inputs, weights and attributes, the target's
-//!     nodes still compute something else (its local error exceeds);
-//! 11. `unknown`: nothing fits; the detail says what was ruled out (an origin whose own
-//!     computation agrees, its inputs differing from computation no compared layer covers).
+//! 1. `inherited`: its own (local) error is within tolerance; the difference came from
+//!    upstream, mostly from the layer it is traced back to (`error_from`);
+//! 2. `layout_permutation` (defect): permuting the target onto the reference restores
+//!    agreement;
+//! 3. `nondeterminism` (defect): a side run twice disagrees with itself here by more than the
+//!    tolerance;
+//! 4. `weight_mismatch` (defect): a parameter or initializer the layer uses differs between the
+//!    sides beyond its rounding to the target's dtype;
+//! 5. `precision_loss` (precision): the target's values overflow its narrower dtype's range to
+//!    ±Inf where the reference's are finite;
+//! 6. `op_implementation` (defect): an attribute of the target's nodes differs;
+//! 7. `precision_loss` (precision): the target's runtime does this float32 layer's products in
+//!    lower precision (TF32 on a GPU), a mode it was asked for;
+//! 8. against the baseline, where it was measured: own error beyond what the precision explains
+//!    is `op_implementation` (defect: the kernel computes differently); within it,
+//!    `precision_loss` (a narrower dtype) or `rounding` (the same dtype) (precision);
+//! 9. without a baseline: `rounding` (precision) where the float64 truth shows the target no
+//!    further from it than twice the reference's own distance, or within its dtype's absolute
+//!    tolerance of it, or where a traced origin's own error stays within its tolerance with
+//!    nothing else different; otherwise `undecided`, whose detail says how to decide;
+//! 10. `unknown` (undecided): the local error could not be measured and nothing else fits; the
+//!     detail says what was ruled out.
 
-use crate::{DType, Layer, LayoutFinding, Summary, TensorView};
+use crate::{
+    DType, Defect, Finding, Layer, LayoutFinding, PrecisionDrift, Summary, TensorView, Verdict,
+};
 
 /// A target at most this many times as far from the float64 truth as the reference is only
 /// rounding, as the reference does (the same factor that makes the two "about equally far").
 pub const ROUNDING_FACTOR: f64 = 2.0;
-
-/// A layer the target computes in a narrower dtype whose own (local) error averages more than
-/// this many ULPs of that dtype computes something its precision does not explain. Honest
-/// float16 and bfloat16 kernels in real models (ResNet-18, BERT, ViT-B/16, ConvNeXt, a
-/// transformer encoder; attention blocks rounding several times included) average at most about
-/// 6; a Linear that drops its bias averages over 60.
-pub const PRECISION_ULPS: f64 = 16.0;
-
-/// The mean ULPs of `dtype` by which the layer's own error exceeds its precision's rounding,
-/// when it does (and exceeds its tolerance).
-fn beyond_precision(layer: &Layer, dtype: DType) -> Option<f64> {
-    let rounding = layer.local.as_ref()?.rounding.as_ref()?;
-    (layer.local_exceeds
-        && rounding.grid == dtype.name()
-        && rounding.mean_ulp_diff > PRECISION_ULPS)
-        .then_some(rounding.mean_ulp_diff)
-}
 
 /// What a flow found out about one layer.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -97,36 +88,52 @@ impl Evidence {
     }
 }
 
-/// Sets `cause` and `detail` on every layer that exceeds its tolerance and on the drift origin.
+/// Sets `cause`, `detail` and `finding` on every layer that exceeds its tolerance and on every
+/// layer an exceeding layer's error is traced back to; then the summary's verdict, its defects
+/// (most severe first, each with what fixes it), the precision drift and the drift origin.
 /// `evidence` is indexed like `layers` (missing entries mean no evidence).
-pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &Summary) {
+pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summary) {
     let none = Evidence::default();
-    let origin = summary.drift_origin.as_deref();
     let max = |l: &Layer| l.accumulated.as_ref().map_or(0.0, |s| s.max_abs_diff);
-    // The first exceeding layer's difference and tolerance, to say how it came to exceed.
-    let first = summary.first_exceeding.as_deref().and_then(|name| {
-        let l = layers.iter().find(|l| l.name == name)?;
-        Some((max(l), l.tolerance))
-    });
+    // For each layer errors are traced back to: the first exceeding layer traced to it, its
+    // difference and tolerance, to say how it came to exceed.
+    let mut reached: std::collections::HashMap<String, (String, f64, crate::Bound)> =
+        std::collections::HashMap::new();
+    for l in layers.iter().filter(|l| l.exceeds_tol) {
+        let from = l.error_from.clone().unwrap_or_else(|| l.name.clone());
+        reached
+            .entry(from)
+            .or_insert((l.name.clone(), max(l), l.tolerance));
+    }
+    if let (Some(origin), Some(first)) = (&summary.drift_origin, &summary.first_exceeding)
+        && let Some(l) = layers.iter().find(|l| &l.name == first)
+    {
+        reached
+            .entry(origin.clone())
+            .or_insert((first.clone(), max(l), l.tolerance));
+    }
+    let mut defects = Vec::new();
     for (i, layer) in layers.iter_mut().enumerate() {
         if !summary.needs_cause(layer) {
             continue;
         }
-        let is_origin = origin == Some(layer.name.as_str());
+        let is_source = summary.is_source(layer);
         let e = evidence.get(i).unwrap_or(&none);
-        let (cause, mut detail) = decide(layer, e, origin, is_origin);
-        if is_origin && !layer.exceeds_tol && !layer.local_exceeds {
-            let name = summary
-                .first_exceeding
-                .as_deref()
-                .unwrap_or("a later layer");
+        let (cause, mut detail, finding) = decide(layer, e, is_source);
+        if is_source && !layer.exceeds_tol && !layer.local_exceeds {
+            let (name, d, tol) = reached.get(&layer.name).cloned().unwrap_or((
+                "a later layer".to_string(),
+                0.0,
+                layer.tolerance,
+            ));
             // Not amplified when the difference arrives about as large: the later layer is
             // held to a tighter tolerance (it computes in a wider dtype again).
-            let how = match first {
-                Some((d, tol)) if d <= 1.5 * max(layer) && tol != layer.tolerance => format!(
+            let how = if d <= 1.5 * max(layer) && tol != layer.tolerance {
+                format!(
                     "is carried downstream to `{name}`, which computes in a wider dtype again and exceeds its tighter tolerance {tol} with it"
-                ),
-                _ => format!("is amplified downstream until `{name}` exceeds it"),
+                )
+            } else {
+                format!("is amplified downstream until `{name}` exceeds it")
             };
             detail = format!(
                 "{detail}; on its own this stays within the tolerance {} and {how}",
@@ -142,21 +149,112 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &Summary) {
             "layout_permutation" => e.layout.as_ref().map(|l| l.permutation.clone()),
             _ => None,
         };
+        if finding == Finding::Defect {
+            let own = layer.local.as_ref().or(layer.accumulated.as_ref());
+            defects.push((
+                layer.index,
+                Defect {
+                    layer: layer.name.clone(),
+                    cause: cause.to_string(),
+                    multiple: layer.baseline.as_ref().map(|b| b.multiple),
+                    tolerance_multiple: own.and_then(crate::Stats::tolerance_multiple),
+                    detail: detail.clone(),
+                    fix: fix(cause, layer, e),
+                },
+            ));
+        }
         layer.cause = Some(cause.to_string());
         layer.detail = Some(detail);
+        layer.finding = Some(finding);
     }
+    defects.sort_by(|(ia, a), (ib, b)| b.severity().total_cmp(&a.severity()).then(ia.cmp(ib)));
+    summary.defects = defects.into_iter().map(|(_, d)| d).collect();
+    conclude(layers, summary);
 }
 
-fn decide(
-    layer: &Layer,
-    e: &Evidence,
-    origin: Option<&str>,
-    is_origin: bool,
-) -> (&'static str, String) {
+/// The summary's verdict, precision drift and drift origin, from the layers' findings.
+fn conclude(layers: &[Layer], summary: &mut Summary) {
+    let own = |l: &Layer| l.local_exceeds || (l.local.is_none() && l.exceeds_tol);
+    let failing = layers.iter().find(|l| {
+        matches!(l.finding, Some(Finding::Defect | Finding::Undecided))
+            && (own(l) || summary.is_source(l))
+    });
+    let precision: Vec<&Layer> = layers
+        .iter()
+        .filter(|l| l.finding == Some(Finding::Precision))
+        .collect();
+    let precision_origin = precision
+        .iter()
+        .find(|l| own(l) || summary.is_source(l))
+        .map(|l| l.name.clone());
+    summary.precision = precision_origin.as_ref().map(|origin| {
+        let mut grids: Vec<(String, usize)> = Vec::new();
+        for l in &precision {
+            let grid = l.baseline.as_ref().map(|b| b.grid.clone()).or_else(|| {
+                crate::lower_precision(&l.dtype, l.target_dtype.as_deref())
+                    .map(|d| d.name().to_string())
+            });
+            if let Some(g) = grid {
+                match grids.iter_mut().find(|(d, _)| *d == g) {
+                    Some((_, n)) => *n += 1,
+                    None => grids.push((g, 1)),
+                }
+            }
+        }
+        let output = layers.iter().rev().find(|l| l.accumulated.is_some());
+        let stats = output.and_then(|l| l.accumulated.as_ref());
+        PrecisionDrift {
+            dtype: grids
+                .into_iter()
+                .max_by_key(|(_, n)| *n)
+                .map_or_else(|| "float32".to_string(), |(g, _)| g),
+            origin: Some(origin.clone()),
+            layers: precision.iter().filter(|l| own(l)).count(),
+            overflow: precision.iter().filter(|l| overflows(l)).count(),
+            output: output.map(|l| l.name.clone()),
+            output_max_abs_diff: stats.map_or(0.0, |s| s.max_abs_diff),
+            output_tolerance_multiple: stats
+                .and_then(crate::Stats::tolerance_multiple)
+                .unwrap_or(0.0),
+        }
+    });
+    if let Some(first) = failing {
+        summary.drift_origin = Some(first.name.clone());
+    } else if precision_origin.is_some() {
+        summary.drift_origin = precision_origin;
+    }
+    let undecided = layers
+        .iter()
+        .any(|l| l.finding == Some(Finding::Undecided) && (own(l) || summary.is_source(l)));
+    summary.verdict = if !summary.defects.is_empty() {
+        Verdict::Defect
+    } else if undecided {
+        Verdict::Undecided
+    } else if summary.precision.is_some() {
+        Verdict::Precision
+    } else if summary.inconclusive.is_some() {
+        Verdict::Inconclusive
+    } else {
+        Verdict::NoDrift
+    };
+}
+
+/// Whether the target's own values of a layer overflow to ±Inf where the reference's are
+/// finite.
+fn overflows(layer: &Layer) -> bool {
+    let own = layer.local.as_ref().or(layer.accumulated.as_ref());
+    own.is_some_and(|s| s.inf_target > s.inf_reference)
+}
+
+/// A cause, its detail and the finding it makes, for one layer (see the module docs).
+fn decide(layer: &Layer, e: &Evidence, is_source: bool) -> (&'static str, String, Finding) {
     let max = |s: &Option<crate::Stats>| s.as_ref().map_or(0.0, |s| s.max_abs_diff);
     let tol = layer.tolerance;
-    if layer.local.is_some() && !layer.local_exceeds && !is_origin {
-        let from = origin.map_or(String::new(), |o| format!(", born at `{o}`"));
+    if layer.local.is_some() && !layer.local_exceeds && !is_source {
+        let from = layer
+            .error_from
+            .as_deref()
+            .map_or(String::new(), |o| format!(", mostly from `{o}`"));
         return (
             "inherited",
             format!(
@@ -164,10 +262,11 @@ fn decide(
                 max(&layer.local),
                 max(&layer.accumulated)
             ),
+            Finding::Inherited,
         );
     }
     if let Some(found) = &e.layout {
-        return ("layout_permutation", found.detail());
+        return ("layout_permutation", found.detail(), Finding::Defect);
     }
     if let Some((side, d)) = &e.self_disagreement
         && *d > tol.atol
@@ -175,74 +274,127 @@ fn decide(
         return (
             "nondeterminism",
             format!("the {side} run twice disagrees with itself here by up to {d:.3e}"),
+            Finding::Defect,
         );
     }
     if !e.weights.is_empty() {
-        return ("weight_mismatch", e.weights.join("; "));
+        return ("weight_mismatch", e.weights.join("; "), Finding::Defect);
     }
     let lower = layer
         .target_dtype
         .as_deref()
         .and_then(|t| DType::from_name(t).ok())
         .filter(|t| DType::from_name(&layer.dtype).is_ok_and(|r| t.narrower_than(r)));
-    if let Some(t) = lower {
+    if let Some(t) = lower
+        && overflows(layer)
+    {
         let own = layer.local.as_ref().or(layer.accumulated.as_ref());
-        let overflowed = own.map_or(0, |s| s.inf_target.saturating_sub(s.inf_reference));
-        if overflowed > 0 {
-            return (
-                "precision_loss",
-                format!(
-                    "the target computes this layer in {t}, the reference in {}, and {overflowed} of its values overflow {t}'s range to ±Inf where the reference's are finite: keep it in {}",
-                    layer.dtype, layer.dtype
-                ),
-            );
-        }
-        if let Some(ulps) = beyond_precision(layer, t) {
-            let ops = e.ops_words();
-            return (
-                "op_implementation",
-                format!(
-                    "the target computes this layer in {t}, yet its own error averages {ulps:.1} ULPs of {t} (local), more than its rounding explains (at most {PRECISION_ULPS}): the target's {ops} computes differently"
-                ),
-            );
-        }
+        let n = own.map_or(0, |s| s.inf_target.saturating_sub(s.inf_reference));
         return (
             "precision_loss",
             format!(
-                "the target computes this layer in {t}, the reference in {}",
-                layer.dtype
+                "the target computes this layer in {t}, the reference in {}, and {n} of its values overflow {t}'s range to ±Inf where the reference's are finite: keep it in {}",
+                layer.dtype, layer.dtype
             ),
+            Finding::Precision,
         );
-    }
-    if let Some(how) = &e.precision {
-        return ("precision_loss", how.clone());
     }
     if !e.attributes.is_empty() {
         return (
             "op_implementation",
             format!("an attribute differs: {}", e.attributes.join(", ")),
+            Finding::Defect,
         );
-    }
-    if let Some(f) = &layer.float64 {
-        let within = crate::lower_precision(&layer.dtype, layer.target_dtype.as_deref())
-            .map_or(0.0, |d| crate::default_for(d).atol);
-        if f.target <= ROUNDING_FACTOR * f.reference && f.reference > 0.0 {
-            return ("rounding", f.verdict());
-        }
-        if f.target <= within {
-            return (
-                "rounding",
-                format!(
-                    "the target is further from float64 than the reference (target {:.2e}, reference {:.2e}) but within its dtype's rounding of it ({within:e}): rounding, not a bug",
-                    f.target, f.reference
-                ),
-            );
-        }
     }
     if let Some(how) = &e.reduced_math
         && layer.dtype == "float32"
     {
-        return ("precision_loss", how.clone());
+        // A mode the runtime was asked for: precision, unless the baseline or the truth
+        // shows plain float32 rounding.
+        if let Some(b) = layer.baseline.as_ref().filter(|b| !b.beyond()) {
+            return against_baseline(layer, b, e, lower);
+        }
+        if let Some(detail) = truth_rounding(layer) {
+            return ("rounding", detail, Finding::Precision);
+        }
+        return ("precision_loss", how.clone(), Finding::Precision);
+    }
+    if let Some(b) = &layer.baseline {
+        return against_baseline(layer, b, e, lower);
+    }
+    without_baseline(layer, e, lower, is_source)
+}
+
+/// The verdict of a layer whose own error was measured against the same-precision baseline.
+fn against_baseline(
+    layer: &Layer,
+    b: &crate::Baseline,
+    e: &Evidence,
+    lower: Option<DType>,
+) -> (&'static str, String, Finding) {
+    let own = layer
+        .local
+        .as_ref()
+        .map_or((0.0, 0.0), |s| (s.max_abs_diff, s.mean_abs_diff));
+    let numbers = format!(
+        "an ideal {g} implementation on the same inputs errs by up to {:.3e} (mean {:.3e}), the target by {:.3e} (mean {:.3e})",
+        b.max_abs_diff,
+        b.mean_abs_diff,
+        own.0,
+        own.1,
+        g = b.grid
+    );
+    if b.beyond() {
+        let ops = e.ops_words();
+        let multiple = if b.multiple.is_finite() {
+            format!("{:.1}×", b.multiple)
+        } else {
+            "infinitely many times".to_string()
+        };
+        return (
+            "op_implementation",
+            format!(
+                "its own error is {multiple} what {} explains ({numbers}): the target's {ops} computes differently",
+                b.grid
+            ),
+            Finding::Defect,
+        );
+    }
+    let explained = format!(
+        "its own error is {:.2}× what {} explains ({numbers})",
+        b.multiple, b.grid
+    );
+    match lower {
+        Some(t) => (
+            "precision_loss",
+            format!(
+                "the target computes this layer in {t}, the reference in {}; {explained}",
+                layer.dtype
+            ),
+            Finding::Precision,
+        ),
+        None => (
+            "rounding",
+            format!(
+                "the target rounds as an honest {} kernel does: {explained}",
+                b.grid
+            ),
+            Finding::Precision,
+        ),
+    }
+}
+
+/// The verdict of a layer whose own error could not be held to a baseline: the float64 truth
+/// where it decides, else undecided, with how to decide.
+fn without_baseline(
+    layer: &Layer,
+    e: &Evidence,
+    lower: Option<DType>,
+    is_source: bool,
+) -> (&'static str, String, Finding) {
+    let tol = layer.tolerance;
+    if let Some(detail) = truth_rounding(layer) {
+        return ("rounding", detail, Finding::Precision);
     }
     if let Some(local) = &layer.local
         && layer.float64.is_none()
@@ -255,11 +407,16 @@ fn decide(
                 "the target rounds here as its dtype allows, and nothing else differs (local max abs diff {:.3e})",
                 local.max_abs_diff
             ),
+            Finding::Precision,
         );
     }
+    let why = layer
+        .baseline_reason
+        .as_deref()
+        .unwrap_or("it was not measured");
     if let Some(local) = &layer.local
         && !layer.local_exceeds
-        && is_origin
+        && is_source
     {
         return (
             "unknown",
@@ -267,29 +424,107 @@ fn decide(
                 "its own computation agrees (local max abs diff {:.3e}, within the tolerance {tol}), yet its inputs already differ by more than any compared layer before it shows: the difference is born in computation no compared layer covers (code a module runs outside its submodules)",
                 local.max_abs_diff
             ),
+            Finding::Undecided,
         );
     }
     if let Some(local) = &layer.local {
         let ops = e.ops_words();
+        let precision = match (lower, local.rounding.as_ref()) {
+            (Some(t), Some(r)) => format!(
+                "the target computes it in {t} (its own error averages {:.1} ULPs of {t}), which may or may not explain it; ",
+                r.mean_ulp_diff
+            ),
+            _ => String::new(),
+        };
         return (
-            "op_implementation",
+            "undecided",
             format!(
-                "same inputs, weights and attributes, yet the target's {ops} computes differently (local max abs diff {:.3e})",
+                "same inputs, weights and attributes, yet the target's {ops} differs by up to {:.3e} (local), beyond the tolerance {tol}; {precision}no same-precision baseline was measured ({why}), so rounding cannot be told from a defect: rerun with the float64 baseline (without --no-float64)",
                 local.max_abs_diff
             ),
+            Finding::Undecided,
         );
     }
     let not_measured = layer.local_reason.as_deref().unwrap_or("it was not re-run");
-    let upstream = match origin {
-        Some(o) if o != layer.name => format!("; drift is already present upstream at `{o}`"),
-        _ => String::new(),
-    };
     (
         "unknown",
         format!(
-            "ruled out: layout permutation, nondeterminism, differing weights, lower precision, differing attributes; its own error was not measured ({not_measured}){upstream}"
+            "ruled out: layout permutation, nondeterminism, differing weights, overflow, differing attributes; its own error was not measured ({not_measured})"
         ),
+        Finding::Undecided,
     )
+}
+
+/// The float64 truth's word that the target only rounds, where it says so: the target at most
+/// [`ROUNDING_FACTOR`] times as far from it as the reference, or within its dtype's absolute
+/// tolerance of it.
+fn truth_rounding(layer: &Layer) -> Option<String> {
+    let f = layer.float64.as_ref()?;
+    let within = crate::lower_precision(&layer.dtype, layer.target_dtype.as_deref())
+        .map_or(0.0, |d| crate::default_for(d).atol);
+    if f.target <= ROUNDING_FACTOR * f.reference && f.reference > 0.0 {
+        return Some(f.verdict());
+    }
+    (f.target <= within).then(|| {
+        format!(
+            "the target is further from float64 than the reference (target {:.2e}, reference {:.2e}) but within its dtype's rounding of it ({within:e}): rounding, not a bug",
+            f.target, f.reference
+        )
+    })
+}
+
+/// What fixes a defect, by its cause.
+fn fix(cause: &str, layer: &Layer, e: &Evidence) -> String {
+    let nodes = layer
+        .onnx
+        .as_ref()
+        .map(|o| {
+            if o.nodes.is_empty() {
+                vec![o.node.clone()]
+            } else {
+                o.nodes.clone()
+            }
+        })
+        .unwrap_or_default();
+    let where_ = if nodes.is_empty() {
+        match &layer.module_type {
+            Some(t) => format!("the target's `{}` ({t})", layer.name),
+            None => format!("the target's `{}`", layer.name),
+        }
+    } else {
+        let shown: Vec<String> = nodes.iter().take(6).map(|n| format!("`{n}`")).collect();
+        let more = nodes.len().saturating_sub(shown.len());
+        let tail = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        format!("the target's node(s) {}{tail}", shown.join(", "))
+    };
+    match cause {
+        "weight_mismatch" => format!(
+            "use the reference's weights: {where_} read weights that are not the model's ({}); export or convert the file again from the model, or find what edited it",
+            e.weights.join("; ")
+        ),
+        "layout_permutation" => format!(
+            "{where_} hold(s) the values in another axis order ({:?}): a layout conversion (NHWC/NCHW) is missing or applied twice before or inside it",
+            layer.permutation.as_deref().unwrap_or_default()
+        ),
+        "nondeterminism" => format!(
+            "{where_} give(s) other values on every run: make the kernels deterministic (e.g. `torch.use_deterministic_algorithms(True)`, cuDNN's deterministic mode), or compare at a tolerance above that spread"
+        ),
+        _ if !e.attributes.is_empty() => format!(
+            "set the attribute back to the reference's: {} on {where_}",
+            e.attributes.join(", ")
+        ),
+        _ => format!(
+            "{where_} compute(s) differently from an honest {} kernel on the same inputs: reproduce it on that layer alone (its inputs are the reference's values), and report it to the runtime, or run this layer on another kernel or provider; keeping it in float32 hides a fault rather than fixing it",
+            layer
+                .baseline
+                .as_ref()
+                .map_or("same-precision", |b| b.grid.as_str())
+        ),
+    }
 }
 
 /// Elements [`precision_grid`] looks at: a float32 value off a 10-bit grid lands on it by
@@ -383,8 +618,8 @@ mod tests {
         let judged = |reference: f64, target: f64| {
             let mut layers = vec![layer(0, 5e-4, Some(5e-4), &["x"])];
             layers[0].float64 = Some(crate::Float64Distance { reference, target });
-            let summary = analyse(&mut layers, Tolerance::PerDtype);
-            explain(&mut layers, &[Evidence::default()], &summary);
+            let mut summary = analyse(&mut layers, Tolerance::PerDtype);
+            explain(&mut layers, &[Evidence::default()], &mut summary);
             (
                 layers[0].cause.clone().unwrap(),
                 layers[0].detail.clone().unwrap(),
@@ -404,7 +639,11 @@ mod tests {
         );
         assert!(detail.contains("within its dtype's rounding"), "{detail}");
         let (cause, detail) = judged(1e-4, 6e-4);
-        assert_eq!(cause, "op_implementation");
+        assert_eq!(
+            cause, "undecided",
+            "no baseline: the truth alone does not blame the kernel"
+        );
+        assert!(detail.contains("no same-precision baseline"), "{detail}");
         assert!(detail.ends_with("the target is off"), "{detail}");
     }
 
@@ -419,8 +658,8 @@ mod tests {
             layers[0].dtype = dtype.to_string();
             layers[0].float64 =
                 truth.map(|(reference, target)| crate::Float64Distance { reference, target });
-            let summary = analyse(&mut layers, Tolerance::PerDtype);
-            explain(&mut layers, std::slice::from_ref(&tf32), &summary);
+            let mut summary = analyse(&mut layers, Tolerance::PerDtype);
+            explain(&mut layers, std::slice::from_ref(&tf32), &mut summary);
             (
                 layers[0].cause.clone().unwrap(),
                 layers[0].detail.clone().unwrap(),
@@ -438,8 +677,8 @@ mod tests {
         assert_eq!(judged(Some((4e-3, 5e-3)), "float32").0, "rounding");
         assert_eq!(
             judged(None, "float16").0,
-            "op_implementation",
-            "TF32 is float32 math"
+            "undecided",
+            "TF32 is float32 math: a float16 layer without a baseline is undecided"
         );
     }
 
@@ -450,12 +689,12 @@ mod tests {
             layer(0, 1e-5, Some(1e-5), &["x"]),
             layer(1, 5e-4, Some(0.0), &["l0"]),
         ];
-        let summary = analyse(&mut layers, Tolerance::PerDtype);
+        let mut summary = analyse(&mut layers, Tolerance::PerDtype);
         assert_eq!(summary.drift_origin.as_deref(), Some("l0"));
         explain(
             &mut layers,
             &[Evidence::default(), Evidence::default()],
-            &summary,
+            &mut summary,
         );
         assert_eq!(layers[0].cause.as_deref(), Some("rounding"));
         let detail = layers[0].detail.as_deref().unwrap();
@@ -479,12 +718,12 @@ mod tests {
             layer(2, 6e-5, Some(0.0), &["l1"]),
             layer(3, 5e-4, Some(2e-6), &["l2", "l0"]),
         ];
-        let summary = analyse(&mut layers, Tolerance::PerDtype);
+        let mut summary = analyse(&mut layers, Tolerance::PerDtype);
         assert_eq!(summary.first_exceeding.as_deref(), Some("l3"));
         assert_eq!(summary.drift_origin.as_deref(), Some("l1"));
         let mut evidence = vec![Evidence::default(); 4];
         evidence[1].weights.push("`w` differs".into());
-        explain(&mut layers, &evidence, &summary);
+        explain(&mut layers, &evidence, &mut summary);
         assert_eq!(layers[3].cause.as_deref(), Some("inherited"));
         assert_eq!(layers[1].cause.as_deref(), Some("weight_mismatch"));
         assert!(
@@ -504,11 +743,11 @@ mod tests {
             layer(1, 1e-3, Some(1e-3), &["l0"]),
         ];
         layers[0].local_reason = Some("its nodes use a custom op".into());
-        let summary = analyse(&mut layers, Tolerance::PerDtype);
+        let mut summary = analyse(&mut layers, Tolerance::PerDtype);
         let mut evidence = vec![Evidence::default(); 2];
         evidence[1].precision = Some("float16 grid".into());
         evidence[1].self_disagreement = Some(("target".into(), 5e-3));
-        explain(&mut layers, &evidence, &summary);
+        explain(&mut layers, &evidence, &mut summary);
         assert_eq!(layers[0].cause.as_deref(), Some("unknown"));
         let detail = layers[0].detail.as_deref().unwrap();
         assert!(detail.contains("ruled out: layout permutation, nondeterminism"));

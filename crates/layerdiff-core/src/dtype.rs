@@ -120,7 +120,6 @@ impl DType {
 
     /// Encodes f64 values as little-endian elements of this dtype (rounded to nearest for
     /// floats, truncated and saturated for integers), appending to `out`.
-    #[cfg(test)]
     pub(crate) fn encode_f64(self, values: &[f64], out: &mut Vec<u8>) {
         let start = out.len();
         out.resize(start + values.len() * self.size(), 0);

@@ -5,6 +5,7 @@
 mod advice;
 mod analysis;
 mod axis;
+mod baseline;
 mod cause;
 mod compare;
 mod dtype;
@@ -32,6 +33,9 @@ pub use analysis::{
 pub use axis::{
     AXIS_SCHEMA, AxisLayer, AxisPoint, AxisReport, along_axis, axis_markdown, axis_text,
 };
+pub use baseline::{
+    Baseline, HONEST_FACTOR, accumulation_unit, assess_baseline, kernel_allowance, output_steps,
+};
 pub use cause::{Evidence, ROUNDING_FACTOR, explain, precision_grid};
 pub use compare::{
     Judge, PERCENTILE_RESOLUTION, Rounding, Stats, THRESHOLDS, Worst, compare, compare_judged,
@@ -43,12 +47,13 @@ pub use io::{read_safetensors, write_safetensors};
 pub use layout::{LayoutFinding, detect_layout};
 pub use machine::Machine;
 pub use npz::read_npz;
-pub use op_check::{OpBound, OpCheck, OpWorst, accumulation_unit, check_op, output_steps};
+pub use op_check::{OpBound, OpCheck, OpWorst, check_op};
 pub use pair::{PairOutcome, compare_pair};
 pub use random::{SplitMix64, random_tensor};
 pub use report::{
-    Float64Distance, InputInfo, Layer, LayerStatus, OnnxRef, ProviderNodes, Report, SCHEMA,
-    SideInfo, Summary, TargetGraph, Timing, WorstLayer, WorstLayers,
+    Defect, FailOn, Finding, Float64Distance, InputInfo, Layer, LayerStatus, OnnxRef,
+    PrecisionDrift, ProviderNodes, Report, SCHEMA, SideInfo, Summary, TargetGraph, Timing, Verdict,
+    WorstLayer, WorstLayers,
 };
 pub use tensor::{Tensor, TensorView};
 pub use tolerance::{

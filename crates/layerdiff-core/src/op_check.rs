@@ -2,7 +2,8 @@
 //! against a float64 computation of the same op on the same rounded inputs, with the error the
 //! dtype and the op's reduction length predict.
 //!
-//! The rule, element by element, for an output `y` (the float64 truth) and a cell's value `ŷ`:
+//! The rule, element by element, for an output `y` (the float64 truth) and a cell's value `ŷ`
+//! ([`crate::kernel_allowance`], the same rule every layer's baseline uses):
 //!
 //! ```text
 //! |ŷ − y| ≤ n·step_d(y) + (stages·u_d + (⌈log2 K⌉ + n)·u_acc)·M  [+ the smallest normal of d
@@ -34,27 +35,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::dtype::pow2;
-use crate::{DType, Error, Result, TensorView};
-
-/// Steps of the output dtype every element may be off by, beyond the terms of its magnitude:
-/// one in float16 and bfloat16 (a float32 result rounded once is within half a step), four in
-/// float32 and float64 (vectorized exp, tanh and erf are accurate to a few steps, not to half one).
-pub fn output_steps(dtype: DType) -> f64 {
-    match dtype {
-        DType::F16 | DType::BF16 => 1.0,
-        _ => 4.0,
-    }
-}
-
-/// The unit roundoff a reduction is allowed to accumulate with: float32's, or float64's for a
-/// float64 result.
-pub fn accumulation_unit(dtype: DType) -> f64 {
-    if dtype == DType::F64 {
-        pow2(-53)
-    } else {
-        pow2(-24)
-    }
-}
+use crate::{Error, Result, TensorView, accumulation_unit, kernel_allowance, output_steps};
 
 /// How the bound of a cell was made: the terms of [the rule](self).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -187,13 +168,6 @@ pub fn check_op(
         reduction,
         accumulation_unit: accumulation_unit(dtype),
     });
-    let per_magnitude = terms.as_ref().map_or(0.0, |t| {
-        f64::from(t.stages) * t.unit_roundoff
-            + (f64::from(reduction.max(1).next_power_of_two().trailing_zeros()) + t.output_steps)
-                * t.accumulation_unit
-    });
-    let smallest_normal =
-        dtype.step(0.0) * dtype.mantissa_bits().map_or(0.0, |b| pow2(b as i32 - 1));
     let (mut sum_abs, mut sum_ulps, mut finite) = (0.0, 0.0, 0usize);
     let (mut max_abs, mut max_ulps, mut outside) = (0.0f64, 0.0f64, 0usize);
     let mut worst: Option<(f64, OpWorst)> = None;
@@ -209,16 +183,9 @@ pub fn check_op(
                     (f64::INFINITY, 0.0)
                 } else {
                     let m = magnitude.get(i).map_or(y.abs(), |m| m.abs());
-                    let step = dtype.step(y.abs());
-                    // Below the normal range a kernel may flush to zero.
-                    let flush = if y.abs() < smallest_normal {
-                        smallest_normal
-                    } else {
-                        0.0
-                    };
                     (
                         (v - y).abs(),
-                        t.output_steps * step + per_magnitude * m + flush,
+                        kernel_allowance(dtype, y, m, reduction, t.stages),
                     )
                 }
             }
@@ -285,7 +252,7 @@ pub fn check_op(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Tensor;
+    use crate::{DType, Tensor};
 
     fn tensor(dtype: DType, values: &[f64]) -> Tensor {
         Tensor::from_f64(dtype, values)

@@ -245,9 +245,19 @@ pub struct Summary {
     pub layers_exceeding_locally: usize,
     /// Layers with no counterpart on the target side.
     pub layers_unmapped: usize,
-    /// Where the drift is born: the first layer whose own (local) error exceeds its tolerance,
-    /// or, when the first exceeding layer only inherited its error, the upstream layer that
-    /// added it (see docs/concepts.md).
+    /// What the run found, in one word: `no_drift` (every compared layer within its
+    /// tolerance), `precision` (layers exceed it, and what each adds of its own is what its
+    /// precision explains), `defect` (a layer computes differently: see `defects`),
+    /// `undecided` (a layer exceeds and nothing tells rounding from a defect there) or
+    /// `inconclusive` (part of the model could not be paired).
+    pub verdict: Verdict,
+    /// Layers that compute something their precision does not explain, most severe first.
+    pub defects: Vec<Defect>,
+    /// The drift the target's precision explains, when layers exceed their tolerance by it.
+    pub precision: Option<PrecisionDrift>,
+    /// Where the drift is born: the first defect (or undecided layer) in execution order, else
+    /// where the precision drift is born: the first layer whose own (local) error exceeds its
+    /// tolerance, or the upstream layer an amplified error came from (see docs/concepts.md).
     pub drift_origin: Option<String>,
     /// The first layer, in execution order, whose accumulated error exceeds its tolerance.
     pub first_exceeding: Option<String>,
@@ -263,6 +273,131 @@ pub struct Summary {
     /// point on could not be paired, which is what drift beyond recognition looks like); `None`
     /// when the verdict stands. An inconclusive run exits 1, like drift.
     pub inconclusive: Option<String>,
+    /// Layers whose own error another exceeding layer's error is traced back to (not written:
+    /// each inherited layer names its own in `error_from`).
+    #[serde(skip)]
+    pub sources: std::collections::BTreeSet<String>,
+}
+
+/// What a run found, in one word (see [`Summary::verdict`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Every compared layer within its tolerance.
+    #[default]
+    NoDrift,
+    /// Layers exceed their tolerance, by what their precision explains only.
+    Precision,
+    /// A layer computes something its precision does not explain.
+    Defect,
+    /// A layer exceeds its tolerance and nothing measured tells rounding from a defect.
+    Undecided,
+    /// Nothing exceeds, but part of the model could not be paired.
+    Inconclusive,
+}
+
+/// When a finished comparison fails (exit code 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailOn {
+    /// On a defect, an undecided layer, an inconclusive run, or values that overflow the
+    /// target's dtype: what a precision the target was meant to run in does not explain or
+    /// does not survive. Rounding alone passes.
+    #[default]
+    Defect,
+    /// On any layer beyond its tolerance, rounding included.
+    Drift,
+}
+
+impl FailOn {
+    /// Parses `--fail-on`: `defect` or `drift`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "defect" | "defects" => Ok(Self::Defect),
+            "drift" => Ok(Self::Drift),
+            _ => Err(format!(
+                "`--fail-on` takes `defect` or `drift`, got `{text}`"
+            )),
+        }
+    }
+}
+
+impl Summary {
+    /// Whether the run fails under `fail_on` (see [`FailOn`]).
+    pub fn fails(&self, fail_on: FailOn) -> bool {
+        match self.verdict {
+            Verdict::NoDrift => false,
+            Verdict::Defect | Verdict::Undecided | Verdict::Inconclusive => true,
+            Verdict::Precision => {
+                fail_on == FailOn::Drift || self.precision.as_ref().is_some_and(|p| p.overflow > 0)
+            }
+        }
+    }
+}
+
+impl Verdict {
+    /// The word written into reports (`no_drift`, `precision`…).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::NoDrift => "no_drift",
+            Self::Precision => "precision",
+            Self::Defect => "defect",
+            Self::Undecided => "undecided",
+            Self::Inconclusive => "inconclusive",
+        }
+    }
+}
+
+/// A layer that computes something its precision does not explain, and what fixes it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Defect {
+    /// The layer.
+    pub layer: String,
+    /// Its cause (`weight_mismatch`, `op_implementation`, `layout_permutation`,
+    /// `nondeterminism`).
+    pub cause: String,
+    /// Its own error as a multiple of what its precision explains (the layer's
+    /// `baseline.multiple`), where that was measured.
+    #[serde(serialize_with = "crate::render::float_opt")]
+    pub multiple: Option<f64>,
+    /// Its own error as a multiple of its tolerance.
+    #[serde(serialize_with = "crate::render::float_opt")]
+    pub tolerance_multiple: Option<f64>,
+    /// The cause in words.
+    pub detail: String,
+    /// What to do about it.
+    pub fix: String,
+}
+
+impl Defect {
+    /// How severe it is, for ranking: its multiple of what precision explains, else of its
+    /// tolerance.
+    pub fn severity(&self) -> f64 {
+        self.multiple.or(self.tolerance_multiple).unwrap_or(0.0)
+    }
+}
+
+/// The drift a target's lower (or different) rounding explains: where it is born, how far it
+/// grows, and how many layers it takes past their tolerance.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PrecisionDrift {
+    /// The dtype the target rounds to (`float16`, `bfloat16`, `float32`).
+    pub dtype: String,
+    /// Where it is born: the first layer whose own rounding exceeds its tolerance, or the
+    /// layer an amplified rounding error is traced back to.
+    pub origin: Option<String>,
+    /// Layers whose own error exceeds their tolerance by rounding alone.
+    pub layers: usize,
+    /// Layers whose values overflow the target dtype's range (±Inf where the reference is
+    /// finite): the model does not work in that precision there.
+    pub overflow: usize,
+    /// The last compared layer (the model's output), where the drift ends up.
+    pub output: Option<String>,
+    /// Its largest difference.
+    #[serde(serialize_with = "crate::render::float")]
+    pub output_max_abs_diff: f64,
+    /// Its largest difference as a multiple of its tolerance.
+    #[serde(serialize_with = "crate::render::float")]
+    pub output_tolerance_multiple: f64,
 }
 
 impl Summary {
@@ -277,19 +412,23 @@ impl Summary {
     }
 
     /// Whether a layer gets a cause: it exceeds its tolerance, accumulated or locally, or it is
-    /// the drift origin.
+    /// where an exceeding layer's error is traced back to (the drift origin among them).
     pub fn needs_cause(&self, layer: &Layer) -> bool {
-        layer.exceeds_tol
-            || layer.local_exceeds
+        layer.exceeds_tol || layer.local_exceeds || self.is_source(layer)
+    }
+
+    /// Whether an exceeding layer's error is traced back to `layer`.
+    pub fn is_source(&self, layer: &Layer) -> bool {
+        self.sources.contains(&layer.name)
             || self.drift_origin.as_deref() == Some(layer.name.as_str())
     }
 
     /// Whether the cause of `layer` reads the evidence of its group (ops, precision, weights):
     /// it needs a cause and did not merely inherit its error (its own error measured and within
-    /// tolerance, and not the origin: `inherited`, whatever the group shows).
+    /// tolerance, and no error traced back to it: `inherited`, whatever the group shows).
     pub fn needs_evidence(&self, layer: &Layer) -> bool {
-        let origin = self.drift_origin.as_deref() == Some(layer.name.as_str());
-        self.needs_cause(layer) && (origin || layer.local.is_none() || layer.local_exceeds)
+        self.needs_cause(layer)
+            && (self.is_source(layer) || layer.local.is_none() || layer.local_exceeds)
     }
 }
 
@@ -366,8 +505,21 @@ pub struct Layer {
     pub local_exceeds: bool,
     /// Each side's distance from the float64 truth, where it was computed (torch flow).
     pub float64: Option<Float64Distance>,
+    /// What an ideal implementation in the target's dtype gets wrong on the inputs of the
+    /// local re-run, and the own error against it (see [`crate::assess_baseline`]); where it
+    /// was measured.
+    pub baseline: Option<crate::Baseline>,
+    /// Why no baseline was measured for a layer re-run locally, where none was.
+    pub baseline_reason: Option<String>,
+    /// What the layer's difference is, for a layer that exceeds its tolerance or where drift
+    /// is born: `defect`, `precision`, `inherited` or `undecided`.
+    pub finding: Option<Finding>,
+    /// For an inherited difference: the upstream layer it mostly comes from (its error traced
+    /// back along the input that carries the most of it, to the layer that added it).
+    pub error_from: Option<String>,
     /// Why the layer differs, from a fixed vocabulary: `weight_mismatch`, `precision_loss`,
-    /// `layout_permutation`, `op_implementation`, `inherited`, `nondeterminism`, `unknown`.
+    /// `layout_permutation`, `op_implementation`, `inherited`, `nondeterminism`, `rounding`,
+    /// `undecided`, `unknown`.
     pub cause: Option<String>,
     /// The cause in words.
     pub detail: Option<String>,
@@ -402,11 +554,30 @@ impl Layer {
             exceeds_tol: false,
             local_exceeds: false,
             float64: None,
+            baseline: None,
+            baseline_reason: None,
+            finding: None,
+            error_from: None,
             cause: None,
             detail: None,
             permutation: None,
         }
     }
+}
+
+/// What a layer's difference is (see [`Layer::finding`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Finding {
+    /// It computes something its precision does not explain: a weight, an op, a layout or
+    /// nondeterminism.
+    Defect,
+    /// Its own error is what its precision explains.
+    Precision,
+    /// Its own error is within its tolerance: the difference comes from upstream.
+    Inherited,
+    /// Its own error exceeds its tolerance and nothing measured tells rounding from a defect.
+    Undecided,
 }
 
 /// The ONNX value a layer maps to.

@@ -132,9 +132,8 @@ pub struct Tensor {
 }
 
 impl Tensor {
-    /// A one-dimensional tensor of `values` in `dtype` (rounded to it), for tests.
-    #[cfg(test)]
-    pub(crate) fn from_f64(dtype: DType, values: &[f64]) -> Tensor {
+    /// A one-dimensional tensor of `values` in `dtype` (rounded to it).
+    pub fn from_f64(dtype: DType, values: &[f64]) -> Tensor {
         let mut bytes = Vec::new();
         dtype.encode_f64(values, &mut bytes);
         Tensor::new("t", dtype, vec![values.len()], bytes).expect("sized to the values")

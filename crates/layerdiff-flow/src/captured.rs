@@ -26,8 +26,8 @@ use crate::timings::{OWN, RUNTIME, Stopwatch};
 use crate::torch_side::{TorchSpec, TorchTarget};
 use crate::value_pairing::{pair_by_values, unrecognised_from};
 use crate::{
-    Alignment, Computing, Engine, Error, GraphSide, Header, PushedSide, Result, Settings, Shared,
-    Side,
+    Alignment, Baseline, Computing, Engine, Error, GraphSide, Header, PushedSide, Result, Settings,
+    Shared, Side,
 };
 
 /// The phase PyTorch's forward pass is timed under while layers stream in.
@@ -74,6 +74,10 @@ pub struct CapturedComparison {
     pub settings: Settings,
     /// Whether each layer's value in a float64 run comes with it (held until compared).
     pub float64: bool,
+    /// Whether each compared layer's same-precision baseline comes with it: the layer computed
+    /// in float64 on the reference's inputs rounded to the target's dtype (held until its local
+    /// error is measured).
+    pub baseline: bool,
     /// Describes the reference side.
     pub reference: SideInfo,
     /// What the reference is compared with.
@@ -111,6 +115,8 @@ pub struct CapturedRun {
     listed: Vec<ListedLayer>,
     /// Whether each layer is compared (so its value is kept when handed over).
     compared: Vec<bool>,
+    /// The dtype the target holds each compared layer's value in, where it says.
+    held: Vec<Option<DType>>,
     engine: Engine<PushedSide, Box<dyn Side>, PushedSide>,
 }
 
@@ -158,6 +164,15 @@ impl CapturedRun {
             ),
         };
         let compared = alignment.target.iter().map(Option::is_some).collect();
+        let held = alignment
+            .target
+            .iter()
+            .map(|v| {
+                let index = target.plan_view().graph?;
+                let code = index.elem_type(v.as_deref()?)?;
+                DType::from_onnx_code(code).ok()
+            })
+            .collect();
         let reference = PushedSide::new(
             c.reference.clone(),
             c.layers
@@ -177,17 +192,28 @@ impl CapturedRun {
                     .map(|l| (l.call.name.clone(), DType::F64, float64(l))),
             )
         });
+        // The baseline of each layer, computed by the framework and handed over.
+        let baseline = c.baseline.then(|| {
+            Baseline::Handed(Box::new(PushedSide::new(
+                SideInfo::new(c.reference.runtime.clone(), "float64 baseline".to_string()),
+                c.layers.iter().map(|l| {
+                    let bytes = l.call.shape.iter().product::<usize>() as u64 * 8;
+                    (l.call.name.clone(), DType::F64, bytes)
+                }),
+            )))
+        });
         let header = Header {
             command: c.command,
             model: c.model,
             seed: c.seed,
         };
         let engine = Engine::new(
-            header, alignment, reference, target, truth, c.inputs, c.settings, clock,
+            header, alignment, reference, target, truth, baseline, c.inputs, c.settings, clock,
         )?;
         let mut run = Self {
             listed: c.layers,
             compared,
+            held,
             engine,
         };
         run.engine
@@ -199,6 +225,17 @@ impl CapturedRun {
     /// How the run is split.
     pub fn segmentation(&self) -> Segmentation {
         self.engine.segmentation()
+    }
+
+    /// For each layer: whether it is compared, and the dtype the target holds its value in
+    /// where the target says (an ONNX file's declared or inferred element type): what a
+    /// framework computing the baseline rounds each compared layer's value to.
+    pub fn compared_dtypes(&self) -> Vec<(bool, Option<DType>)> {
+        self.compared
+            .iter()
+            .copied()
+            .zip(self.held.iter().copied())
+            .collect()
     }
 
     /// Takes layer `index`'s value (and its value in the float64 run; for a pushed target, its
@@ -239,6 +276,12 @@ impl CapturedRun {
             .push(index, keep.then(|| value.to_tensor()));
         if let Some(truth) = engine.truth.as_mut() {
             truth.push(index, layer.float64.filter(|_| keep).map(|t| t.to_tensor()));
+        }
+        if let Some(baseline) = engine.baseline.as_mut().and_then(Baseline::handed) {
+            baseline.push(
+                index,
+                layer.baseline.filter(|_| keep).map(|t| t.to_tensor()),
+            );
         }
         if let Some(target) = engine.target.handed() {
             let Some(value) = layer.target else {
@@ -402,6 +445,9 @@ pub struct Handed<'a> {
     pub local: Option<std::result::Result<TensorView<'a>, String>>,
     /// How far a second such run disagreed with the first (max abs diff), when made.
     pub disagreement: Option<f64>,
+    /// The layer computed in float64 by the reference's own module on its inputs rounded to
+    /// the target's dtype (its same-precision baseline), when measured.
+    pub baseline: Option<TensorView<'a>>,
 }
 
 /// Whether the options fit together: `settings`, the PyTorch reference, the target, and

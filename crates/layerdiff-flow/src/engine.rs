@@ -13,6 +13,7 @@ use layerdiff_core::{
 };
 use layerdiff_onnx::LocalGroup;
 
+use crate::baseline::Baseline;
 use crate::evidence::disagreement;
 use crate::memory::Segmentation;
 use crate::memory::budget;
@@ -89,6 +90,8 @@ pub struct Engine<R: Side, T: Side, F: Side = Box<dyn Side>> {
     pub target: T,
     /// The float64 truth, by the reference's value names.
     pub truth: Option<F>,
+    /// Where each layer's same-precision baseline comes from.
+    pub baseline: Option<Baseline>,
     layers: Vec<Layer>,
     /// Each layer's value on either side, and whether its pairing can be refuted.
     reference_values: Vec<String>,
@@ -102,6 +105,8 @@ pub struct Engine<R: Side, T: Side, F: Side = Box<dyn Side>> {
     inputs: Vec<(String, Tensor)>,
     /// The first reference value behind each compared target value, and its layer.
     reference_of: HashMap<String, (String, usize)>,
+    /// The target value paired with each reference value.
+    target_of: HashMap<String, String>,
     /// Each layer's local group (for the first layer of each target value).
     groups: Vec<Option<std::result::Result<LocalGroup, String>>>,
     plan: Plan,
@@ -125,6 +130,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         mut reference: R,
         mut target: T,
         truth: Option<F>,
+        mut baseline: Option<Baseline>,
         inputs: Vec<(String, Tensor)>,
         settings: Settings,
         clock: Stopwatch,
@@ -143,6 +149,12 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                 }
             }
         }
+        let target_of: HashMap<String, String> = alignment
+            .reference
+            .iter()
+            .zip(&alignment.target)
+            .filter_map(|(r, t)| Some((r.clone(), t.clone()?)))
+            .collect();
         let is_input = |n: &str| inputs.iter().any(|(name, _)| name == n);
         let groups: Vec<_> = alignment
             .target
@@ -170,11 +182,25 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             })
             .collect();
         let mut reference_view = reference.plan_view();
-        if let Some(truth) = &truth {
-            // The truth's values are held beside the reference's until compared.
-            for (name, bytes) in truth.plan_view().sizes {
+        // The truth's values (and handed baseline values) are held beside the reference's
+        // until compared.
+        let held = truth.iter().map(|t| t.plan_view().sizes);
+        for sizes in held.chain(baseline.iter().map(Baseline::held_sizes)) {
+            for (name, bytes) in sizes {
                 *reference_view.sizes.entry(name).or_default() += bytes;
             }
+        }
+        if let Some(Baseline::Graph(graph)) = baseline.as_mut() {
+            // Groups in the reference graph, from the reference values both sides know.
+            let compared: std::collections::HashSet<&str> = alignment
+                .target
+                .iter()
+                .zip(&alignment.reference)
+                .filter(|(t, _)| t.is_some())
+                .map(|(_, r)| r.as_str())
+                .collect();
+            let values: Vec<&str> = compared.iter().copied().collect();
+            graph.find_groups(&values, &|n| is_input(n) || compared.contains(n));
         }
         let plan = plan(
             &reference_view,
@@ -196,6 +222,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             reference,
             target,
             truth,
+            baseline,
             layers: alignment.layers,
             reference_values: alignment.reference,
             target_values: alignment.target,
@@ -207,6 +234,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             settings,
             inputs,
             reference_of,
+            target_of,
             groups,
             plan,
             done: 0,
@@ -267,6 +295,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             reference_values: &self.reference_values,
             target_values: &self.target_values,
             reference_of: &self.reference_of,
+            target_of: &self.target_of,
             inputs: &self.inputs,
             shared: self.shared,
             tolerance: self.settings.tolerance,
@@ -293,8 +322,29 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                     ticker.tick(i + 1);
                 }
                 if let Some(out) = out {
+                    let exact = self.baseline.as_ref().map(|b| {
+                        let grid = layerdiff_core::lower_precision(
+                            &self.layers[i].dtype,
+                            Some(out.dtype.name()),
+                        );
+                        let stages = match (&self.groups[i], grid) {
+                            (Some(Ok(group)), Some(grid)) => recompute.rounding_stages(group, grid),
+                            _ => 0,
+                        };
+                        let exact = grid
+                            .filter(|g| g.is_float())
+                            .ok_or_else(|| "the layer is not a float".to_string())
+                            .and_then(|grid| {
+                                b.exact(&self.reference_values[i], grid, &|n| held.baseline_feed(n))
+                            });
+                        (exact, stages)
+                    });
                     held_bytes += out.bytes.len() as u64;
-                    runs.push((i, out));
+                    held_bytes += exact
+                        .as_ref()
+                        .and_then(|(e, _)| e.as_ref().ok())
+                        .map_or(0, |e| e.bytes.len() as u64);
+                    runs.push((i, out, exact));
                 }
                 if held_bytes >= limit {
                     held.compare_local(&mut self.layers, std::mem::take(&mut runs));
@@ -361,6 +411,9 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         }
         self.reference.free(&segment.reference.free);
         self.target.free(&segment.target.free);
+        if let Some(baseline) = self.baseline.as_mut() {
+            baseline.free(&self.reference_values[segment.layers.clone()]);
+        }
         if let Some(truth) = self.truth.as_mut() {
             // A truth that computes keeps what its later segments read, as the reference does;
             // one handed over holds each value only until it is compared.
@@ -382,7 +435,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             self.run_segment()?;
         }
         // Every layer was judged in its segment (the segments cover every layer).
-        let mut summary = summarise(&self.layers);
+        let mut summary = summarise(&mut self.layers);
         if summary.drift_origin.is_none() {
             summary.inconclusive = self.inconclusive.take();
         }
@@ -467,7 +520,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             }
         }
         let mut layers = self.layers;
-        explain(&mut layers, &self.evidence, &summary);
+        explain(&mut layers, &self.evidence, &mut summary);
         self.clock.lap("analysis and causes", OWN);
         let mut report = Report {
             schema: SCHEMA,

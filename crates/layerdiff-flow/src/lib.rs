@@ -9,6 +9,7 @@
 //! [`captured`] (PyTorch's layers against the model's ONNX export).
 
 pub mod audit;
+mod baseline;
 pub mod captured;
 pub mod check;
 mod engine;
@@ -34,6 +35,7 @@ pub mod timings;
 pub mod torch_side;
 mod value_pairing;
 
+pub use baseline::{Baseline, GraphBaseline};
 pub use engine::{Alignment, Engine, Header, Settings, Shared};
 pub use error::{Error, Result, error_chain};
 pub use evidence::WeightCheck;

@@ -15,8 +15,8 @@ use crate::output::{Destinations, deliver, exit_code};
 use crate::shipped::prepare_target;
 use crate::timings::{OWN, RUNTIME, Stopwatch};
 use crate::{
-    Alignment, Engine, Error, ExpectedSide, FallbackSide, GraphSide, Header, Result, Segmentation,
-    Settings, Shared, Side,
+    Alignment, Baseline, Engine, Error, ExpectedSide, FallbackSide, GraphBaseline, GraphSide,
+    Header, Result, Segmentation, Settings, Shared, Side,
 };
 
 /// What `layerdiff onnx` is asked to compare, parsed.
@@ -39,6 +39,10 @@ pub struct OnnxOptions {
     /// Whether to run the reference graph in float64 as the numerical truth (`--tolerance
     /// auto` needs it, and implies it).
     pub float64: bool,
+    /// Whether to judge each value's own error against its same-precision baseline: the
+    /// reference's node in float64 on its inputs rounded to the target's dtype (with local
+    /// error only).
+    pub baseline: bool,
 }
 
 /// A finished run: its report, how it was split, and the inputs both sides were given.
@@ -68,7 +72,7 @@ pub fn run(options: &OnnxOptions, to: &Destinations, ort_library: Option<&Path>)
         )
     });
     match outcome {
-        Ok(report) => exit_code(&report),
+        Ok(report) => exit_code(&report, to.fail_on),
         Err(err) => {
             eprintln!("error: {}", crate::error_chain(&err));
             2
@@ -208,6 +212,10 @@ pub(crate) fn compare_on(
     } else {
         None
     };
+    let baseline = (options.baseline && options.settings.local)
+        .then(|| GraphBaseline::new(&reference_model, ort_library))
+        .transpose()?
+        .map(|b| Baseline::Graph(Box::new(b)));
     let reference: Box<dyn Side> = match (reference_expected, reference_runtime) {
         (Some(expected), _) => Box::new(expected.given(&inputs)),
         (None, Some(runtime)) => Box::new(GraphSide::new(
@@ -229,6 +237,7 @@ pub(crate) fn compare_on(
         reference,
         target,
         truth,
+        baseline,
         inputs.clone(),
         options.settings.clone(),
         clock,

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use layerdiff_core::{Report, Tensor, Timing, render, write_safetensors};
+use layerdiff_core::{FailOn, Report, Tensor, Timing, render, write_safetensors};
 
 use crate::timings::{OWN, Stopwatch, timings_text};
 use crate::{Error, Result};
@@ -27,6 +27,8 @@ pub struct Destinations {
     pub quiet: bool,
     /// Keep the phases in the JSON report and print them (stderr).
     pub timings: bool,
+    /// When the run fails (exit code 1).
+    pub fail_on: FailOn,
 }
 
 /// Writes the reports and the inputs, prints `notes` (stderr), the summary (stdout) and the
@@ -120,9 +122,9 @@ pub fn write_reports(report: &Report, to: &Destinations) -> Result<Vec<PathBuf>>
     Ok(written)
 }
 
-/// The process exit code for a finished comparison: 0 clean, 1 drift (or a run that cannot
-/// rule it out).
-pub fn exit_code(report: &Report) -> u8 {
-    let s = &report.summary;
-    u8::from(s.drift_origin.is_some() || s.inconclusive.is_some())
+/// The process exit code for a finished comparison: 1 when it fails under `fail_on` (a
+/// defect, an undecided layer, an inconclusive run or an overflow; with [`FailOn::Drift`] any
+/// layer beyond its tolerance), else 0.
+pub fn exit_code(report: &Report, fail_on: FailOn) -> u8 {
+    u8::from(report.summary.fails(fail_on))
 }

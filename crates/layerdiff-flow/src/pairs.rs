@@ -6,14 +6,23 @@ use std::collections::HashMap;
 use rayon::prelude::*;
 
 use layerdiff_core::{
-    Float64Distance, Judge, Layer, LayerStatus, Tensor, TensorView, Tolerance, compare_pair,
-    lower_precision,
+    Float64Distance, Judge, Layer, LayerStatus, Tensor, TensorView, Tolerance, assess_baseline,
+    compare_pair, lower_precision,
 };
 use layerdiff_onnx::LocalGroup;
 
 use crate::Shared;
 use crate::evidence::fit;
 use crate::side::{Recompute, Side};
+
+/// One layer's local re-run: its index, the target's output, and (where a baseline is
+/// measured) the layer's exact value on the rounded inputs, or why there is none, with the
+/// rounding stages of its group.
+pub(crate) type LocalRun = (
+    usize,
+    Tensor,
+    Option<(std::result::Result<Tensor, String>, u32)>,
+);
 
 /// What a segment's comparisons read: both sides' values (and the truth's), and how the
 /// layers' values correspond.
@@ -24,6 +33,8 @@ pub(crate) struct Pairs<'a> {
     pub reference_values: &'a [String],
     pub target_values: &'a [Option<String>],
     pub reference_of: &'a HashMap<String, (String, usize)>,
+    /// The target value paired with each reference value.
+    pub target_of: &'a HashMap<String, String>,
     pub inputs: &'a [(String, Tensor)],
     pub shared: Shared,
     pub tolerance: Tolerance,
@@ -135,24 +146,58 @@ impl Pairs<'_> {
         }
     }
 
-    /// Compares the outputs of local re-runs (`runs`: layer index and output, in layer order)
-    /// with the reference's values, all at once across the threads. `layers` are all the run's
-    /// layers.
-    pub fn compare_local(&self, layers: &mut [Layer], runs: Vec<(usize, Tensor)>) {
+    /// Compares the outputs of local re-runs (`runs`: layer index, output, and the layer's
+    /// exact value on the rounded inputs with the rounding stages of its group, or why there is
+    /// none; in layer order) with the reference's values, all at once across the threads, and
+    /// measures each against its same-precision baseline. `layers` are all the run's layers.
+    pub fn compare_local(&self, layers: &mut [Layer], runs: Vec<LocalRun>) {
         let mut runs = runs.into_iter().peekable();
         let mut jobs = Vec::new();
         for (i, layer) in layers.iter_mut().enumerate() {
-            let Some((_, out)) = runs.next_if(|(at, _)| *at == i) else {
+            let Some((_, out, exact)) = runs.next_if(|(at, _, _)| *at == i) else {
                 continue;
             };
             if let Some(reference) = self.reference.get(&self.reference_values[i]) {
-                jobs.push((layer, reference, out));
+                jobs.push((layer, reference, out, exact));
             }
         }
-        jobs.into_par_iter().for_each(|(layer, reference, out)| {
-            let judge = judge(layer, layer.target_dtype.as_deref(), reference, &out);
-            layer.local = compare_pair(reference.view(), out.view(), judge).stats;
-        });
+        jobs.into_par_iter()
+            .for_each(|(layer, reference, out, exact)| {
+                let judge = judge(layer, layer.target_dtype.as_deref(), reference, &out);
+                layer.local = compare_pair(reference.view(), out.view(), judge).stats;
+                let Some((exact, stages)) = exact else {
+                    return;
+                };
+                let grid = lower_precision(&layer.dtype, Some(out.dtype.name()));
+                let assessed = exact.and_then(|exact| {
+                    let grid = grid.ok_or_else(|| "the layer is not a float".to_string())?;
+                    assess_baseline(reference.view(), out.view(), exact.view(), grid, stages)
+                        .map_err(|e| format!("its exact value does not fit: {e}"))
+                });
+                match assessed {
+                    Ok(b) => layer.baseline = Some(b),
+                    Err(why) => layer.baseline_reason = Some(why),
+                }
+            });
+    }
+
+    /// What the baseline's exact computation of a layer is fed with in place of the reference
+    /// value `n`: that value, and the dtype the target holds it in.
+    pub fn baseline_feed(&self, n: &str) -> crate::baseline::Fed {
+        if let Some((_, t)) = self.inputs.iter().find(|(name, _)| name == n) {
+            let held = self.target.dtype(n).unwrap_or(t.dtype);
+            return Ok((t.clone(), held));
+        }
+        let reference = self
+            .reference
+            .get(n)
+            .ok_or_else(|| format!("`{n}` is no longer held"))?;
+        let held = self
+            .target_of
+            .get(n)
+            .and_then(|t| self.target.dtype(t))
+            .unwrap_or(reference.dtype);
+        Ok((reference.clone(), held))
     }
 
     /// What the target is fed with in place of its value `n` in a local re-run: an input as

@@ -9,13 +9,13 @@
 
 use std::path::{Path, PathBuf};
 
-use layerdiff_core::{InputInfo, Machine, Report, SideInfo, ToleranceInfo, render};
+use layerdiff_core::{FailOn, InputInfo, Machine, Report, SideInfo, ToleranceInfo, render};
 use layerdiff_runtime::{OptLevel, Provider, RuntimeSpec};
 use serde::Serialize;
 
 use crate::inputs::InputPlan;
 use crate::onnx_flow::{OnnxOptions, compare_on};
-use crate::output::{exit_code, write_atomic, write_texts};
+use crate::output::{write_atomic, write_texts};
 use crate::{Error, Result, Settings, error_chain};
 
 /// Schema of the providers table.
@@ -38,6 +38,8 @@ pub struct ProvidersOptions {
     pub settings: Settings,
     /// Whether each cell runs the reference graph in float64 as the truth.
     pub float64: bool,
+    /// Whether each cell measures each node's own error against its same-precision baseline.
+    pub baseline: bool,
 }
 
 /// Where the table goes.
@@ -62,8 +64,12 @@ pub struct Cell {
     pub level: String,
     /// The target as layerdiff spells it (`ort:cuda:opt=all`).
     pub target: String,
-    /// `no_drift`, `drift`, `inconclusive`, `unavailable` or `error`.
+    /// The run's verdict (`no_drift`, `precision`, `defect`, `undecided`, `inconclusive`), or
+    /// `unavailable` or `error`.
     pub verdict: String,
+    /// Whether the cell fails (a defect, an undecided layer, an inconclusive run, or values
+    /// that overflow the dtype; rounding alone passes).
+    pub fails: bool,
     /// Why a cell is unavailable or failed, or what a clean or drifting cell's run was.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -117,11 +123,7 @@ impl ProvidersReport {
         if !self.cells.iter().any(|c| ran(&c)) {
             return 2;
         }
-        u8::from(
-            self.cells
-                .iter()
-                .any(|c| matches!(c.verdict.as_str(), "drift" | "inconclusive")),
-        )
+        u8::from(self.cells.iter().any(|c| c.fails))
     }
 }
 
@@ -160,12 +162,14 @@ pub fn providers(
                 generate: options.generate.clone(),
                 settings: options.settings.clone(),
                 float64: options.float64,
+                baseline: options.baseline,
             };
             let mut cell = Cell {
                 provider: provider.ort_name().to_string(),
                 level: level.name().to_string(),
                 target: target.spelling(),
                 verdict: String::new(),
+                fails: false,
                 reason: None,
                 layers_compared: 0,
                 layers_total: 0,
@@ -216,12 +220,8 @@ pub fn providers(
 /// A cell's entries from its report.
 fn fill(cell: &mut Cell, report: &Report) {
     let s = &report.summary;
-    cell.verdict = match (exit_code(report), &s.inconclusive) {
-        (0, _) => "no_drift",
-        (_, Some(_)) if s.drift_origin.is_none() => "inconclusive",
-        _ => "drift",
-    }
-    .to_string();
+    cell.verdict = s.verdict.name().to_string();
+    cell.fails = s.fails(FailOn::Defect);
     cell.reason = s.inconclusive.clone().or_else(|| {
         report.target_graph.as_ref().map(|g| {
             format!(
@@ -271,8 +271,9 @@ fn cell_words(c: &Cell) -> String {
             c.layers_total,
             c.max_abs_diff.unwrap_or(0.0)
         ),
-        "drift" => format!(
-            "drift: {} of {} compared layers exceed; born at `{}` ({})",
+        "precision" | "defect" | "undecided" => format!(
+            "{}: {} of {} compared layers exceed; born at `{}` ({})",
+            c.verdict,
             c.layers_exceeding,
             c.layers_compared,
             c.drift_origin.as_deref().unwrap_or("?"),

@@ -35,22 +35,26 @@ impl Recompute for GraphSide {
         value: &str,
         feed: &dyn Fn(&str) -> Result<Tensor, String>,
     ) -> Result<Tensor, String> {
-        let feeds = group
-            .inputs
+        self.run_group_with(group, value, feed, &|_| Ok(()))
+    }
+
+    fn rounding_stages(&self, group: &LocalGroup, grid: DType) -> u32 {
+        let graph = self.model.graph();
+        let computing = group
+            .nodes
             .iter()
-            .map(|n| Ok((n.clone(), feed(n)?)))
-            .collect::<Result<Vec<_>, String>>()?;
-        let wanted = [value.to_string()];
-        let extract = extract_nodes(&self.model, &group.nodes, &wanted, &feeds)
-            .map_err(|e| format!("cannot extract its nodes: {e}"))?;
-        let started = std::time::Instant::now();
-        let out = self.runtime.run(&extract, &feeds, &wanted);
-        self.add_time(started.elapsed());
-        let out = out.map_err(|e| format!("the target could not run its nodes alone: {e}"))?;
-        out.into_iter()
-            .next()
-            .map(|(_, t)| t)
-            .ok_or_else(|| "the re-run returned nothing".to_string())
+            .map(|&i| &graph.node[i])
+            .filter(|node| !moves_data(node.op_type()))
+            .filter(|node| {
+                node.output.first().is_some_and(|o| {
+                    self.index
+                        .elem_type(o)
+                        .and_then(|t| DType::from_onnx_code(t).ok())
+                        == Some(grid)
+                })
+            })
+            .count();
+        u32::try_from(computing.saturating_sub(1)).unwrap_or(u32::MAX)
     }
 
     fn group_evidence(
@@ -93,7 +97,69 @@ impl Recompute for GraphSide {
     }
 }
 
+/// Ops that move or select values without computing new ones: they round nothing.
+fn moves_data(op: &str) -> bool {
+    matches!(
+        op,
+        "Reshape"
+            | "Transpose"
+            | "Squeeze"
+            | "Unsqueeze"
+            | "Flatten"
+            | "Identity"
+            | "Concat"
+            | "Slice"
+            | "Gather"
+            | "GatherElements"
+            | "GatherND"
+            | "Split"
+            | "Expand"
+            | "Shape"
+            | "Size"
+            | "Constant"
+            | "ConstantOfShape"
+            | "Tile"
+            | "Pad"
+            | "MaxPool"
+            | "Relu"
+            | "Where"
+            | "Cast"
+            | "Dropout"
+            | "Range"
+            | "DepthToSpace"
+            | "SpaceToDepth"
+    )
+}
+
 impl GraphSide {
+    /// `value` computed by `group` from `feed`'s tensors, the extracted model first changed by
+    /// `prepare` (a baseline rounds its weights).
+    pub(crate) fn run_group_with(
+        &self,
+        group: &LocalGroup,
+        value: &str,
+        feed: &dyn Fn(&str) -> Result<Tensor, String>,
+        prepare: &dyn Fn(&mut layerdiff_onnx::Model) -> Result<(), String>,
+    ) -> Result<Tensor, String> {
+        let feeds = group
+            .inputs
+            .iter()
+            .map(|n| Ok((n.clone(), feed(n)?)))
+            .collect::<Result<Vec<_>, String>>()?;
+        let wanted = [value.to_string()];
+        let mut extract = extract_nodes(&self.model, &group.nodes, &wanted, &feeds)
+            .map_err(|e| format!("cannot extract its nodes: {e}"))?;
+        prepare(&mut extract)?;
+        let started = std::time::Instant::now();
+        let out = self.runtime.run(&extract, &feeds, &wanted);
+        self.add_time(started.elapsed());
+        let out = out.map_err(|e| format!("the target could not run its nodes alone: {e}"))?;
+        out.into_iter()
+            .next()
+            .map(|(_, t)| t)
+            .ok_or_else(|| "the re-run returned nothing".to_string())
+    }
+
     /// The op types of a group, in graph order (`Conv → Relu`).
     fn ops(&self, group: &LocalGroup) -> Vec<String> {
         group

@@ -121,6 +121,11 @@ pub trait Recompute {
     ) -> Result<Tensor, String>;
     /// Time spent inside the runtime by re-runs since the last call.
     fn take_time(&self) -> Duration;
+    /// Intermediate results the group rounds to `grid` besides its output: what an honest
+    /// kernel chain may add of rounding (see `layerdiff_core::kernel_allowance`).
+    fn rounding_stages(&self, _group: &LocalGroup, _grid: DType) -> u32 {
+        0
+    }
     /// The values the group's computation read, where its error is traced upstream: its
     /// inputs, unless the side knows better (a side that re-ran the group itself).
     fn traced_inputs(&self, group: &LocalGroup) -> Vec<String> {

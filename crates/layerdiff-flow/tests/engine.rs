@@ -13,8 +13,8 @@ use layerdiff_core::{
 };
 use layerdiff_flow::timings::Stopwatch;
 use layerdiff_flow::{
-    Alignment, Engine, Error, Header, Part, PlanSide, PushedSide, Recompute, Settings, Shared,
-    Side, Values, WeightCheck,
+    Alignment, Baseline, Engine, Error, Header, Part, PlanSide, PushedSide, Recompute, Settings,
+    Shared, Side, Values, WeightCheck,
 };
 use layerdiff_onnx::{LocalGroup, NodeProto};
 
@@ -213,6 +213,36 @@ fn honest() -> Vec<Op> {
     ]
 }
 
+/// The honest ops in float64: the exact values an ideal float32 implementation rounds.
+fn exact(layer: usize, v: f64) -> f64 {
+    match layer {
+        0 => v * 1.5 + 0.25,
+        1 => v / (1.0 + v.abs()),
+        2 => v * v,
+        3 => v - 0.5,
+        4 => v.max(0.0),
+        _ => v * 2.0,
+    }
+}
+
+/// Each layer's same-precision baseline, as a framework would hand it over: the honest op in
+/// float64 on the reference's (the honest chain's) value of its input.
+fn baseline(layers: usize) -> Baseline {
+    let listed = (0..layers).map(|i| (format!("v{i}"), DType::F64, (N * 8) as u64));
+    let mut side = PushedSide::new(SideInfo::new("chain", "float64"), listed);
+    let honest_chain = Chain::new(honest());
+    let mut value = input();
+    for i in 0..layers {
+        let wide: Vec<f64> = floats(&value)
+            .iter()
+            .map(|&v| exact(i, f64::from(v)))
+            .collect();
+        side.push(i, Some(Tensor::from_f64(DType::F64, &wide)));
+        value = honest_chain.apply(i, &value);
+    }
+    Baseline::Handed(Box::new(side))
+}
+
 /// Every layer paired by name; `unpaired` layers are not compared.
 fn alignment(layers: usize, unpaired: &[usize]) -> Alignment {
     let names: Vec<String> = (0..layers).map(|i| format!("v{i}")).collect();
@@ -270,6 +300,7 @@ fn run(
         Chain::new(honest()),
         Chain::new(target),
         None,
+        Some(baseline(layers)),
         vec![("x".to_string(), input())],
         settings(max_memory),
         Stopwatch::default(),
@@ -304,6 +335,21 @@ fn the_origin_is_the_layer_that_adds_error_and_the_layers_after_it_inherit() {
     let s = &report.summary;
     assert_eq!(s.drift_origin.as_deref(), Some("v2"));
     assert_eq!(s.first_exceeding.as_deref(), Some("v2"));
+    assert_eq!(s.verdict, layerdiff_core::Verdict::Defect);
+    assert_eq!(s.defects.len(), 1);
+    assert_eq!(
+        (s.defects[0].layer.as_str(), s.defects[0].cause.as_str()),
+        ("v2", "op_implementation")
+    );
+    let multiple = layer_multiple(&report, "v2");
+    assert!(
+        multiple > 100.0,
+        "1% of v² is far beyond float32 rounding: {multiple}"
+    );
+    assert!(
+        layer_multiple(&report, "v1") <= 1.0,
+        "the honest layers are precision"
+    );
     let layer = |n: &str| report.layers.iter().find(|l| l.name == n).unwrap();
     assert!(!layer("v1").exceeds_tol && !layer("v1").local_exceeds);
     assert!(layer("v2").local_exceeds, "its own error");
@@ -320,6 +366,12 @@ fn the_origin_is_the_layer_that_adds_error_and_the_layers_after_it_inherit() {
         }
     }
     assert!(layer("v5").exceeds_tol, "the error reaches the end");
+}
+
+/// A layer's own error as a multiple of what float32 explains.
+fn layer_multiple(report: &Report, name: &str) -> f64 {
+    let layer = report.layers.iter().find(|l| l.name == name).unwrap();
+    layer.baseline.as_ref().expect("measured").multiple
 }
 
 #[test]
@@ -381,6 +433,7 @@ fn a_pushed_reference_runs_each_segment_once_its_layers_are_in() {
         alignment(layers, &[]),
         reference,
         Chain::new(drifting()),
+        None,
         None,
         vec![("x".to_string(), input())],
         settings(3 * N as u64 * 4),

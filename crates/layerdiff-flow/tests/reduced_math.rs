@@ -152,6 +152,7 @@ fn report(says_so: bool) -> Option<Report> {
             max_memory: None,
         },
         float64: true,
+        baseline: true,
     };
     let cpu = RuntimeSpec::ort_cpu().build(Some(&library)).unwrap();
     let target = Box::new(Tf32Like { cpu, says_so });

@@ -65,6 +65,36 @@ pub fn to_float64(model: &Model) -> Result<Model, String> {
     Ok(copy)
 }
 
+/// A float64 model (from [`to_float64`]) whose float64 tensors (initializers, constants) hold
+/// only values of `dtype`: each rounded to it and widened back. The ideal implementation of a
+/// layer in a narrower dtype computes with its weights in that dtype (see
+/// `layerdiff_core::Baseline`). Nothing changes for `dtype` float64.
+pub fn round_float64(model: &mut Model, dtype: DType) -> Result<(), String> {
+    if dtype == DType::F64 || !dtype.is_float() {
+        return Ok(());
+    }
+    let round = |t: &mut TensorProto| -> Result<(), String> {
+        if t.data_type() != DOUBLE {
+            return Ok(());
+        }
+        let tensor = crate::tensor_from_proto(t)?;
+        *t = double_proto(t.name(), tensor.cast(dtype))?;
+        Ok(())
+    };
+    let graph = model.graph_mut();
+    for tensor in &mut graph.initializer {
+        round(tensor)?;
+    }
+    for node in &mut graph.node {
+        for attribute in &mut node.attribute {
+            if let Some(t) = attribute.t.as_mut() {
+                round(t)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A float tensor attribute (a Constant's `value`, ConstantOfShape's) in float64.
 fn widen_attribute(attribute: &mut AttributeProto) -> Result<(), String> {
     if let Some(t) = attribute.t.as_mut()

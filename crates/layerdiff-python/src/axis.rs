@@ -52,10 +52,11 @@ impl PyAxisReport {
         py.import("json")?
             .call_method1("loads", (to_json_value(&self.0),))
     }
-    /// 0 when every point is clean, 1 otherwise.
+    /// 1 when a point fails (a defect, an undecided layer, an inconclusive run or an
+    /// overflow; rounding alone passes), else 0.
     #[getter]
     fn exit_code(&self) -> u8 {
-        self.0.exit_code()
+        self.0.exit_code(layerdiff_core::FailOn::Defect)
     }
     /// Writes the axis report where the command says (`--json`, `--markdown`, else `axis.json`
     /// and `axis.md` under `--out`), prints `notes` and the summary as the command does, and
@@ -75,7 +76,7 @@ impl PyAxisReport {
                 eprintln!("wrote {}", path.display());
             }
         }
-        Ok(self.0.exit_code())
+        Ok(self.0.exit_code(r.fail_on))
     }
     /// Writes the JSON and/or Markdown (each whole or not at all).
     #[pyo3(signature = (json=None, markdown=None))]

@@ -133,6 +133,7 @@ impl CapturedRun {
             layers: listed,
             settings: options.settings.clone(),
             float64: options.float64,
+            baseline: options.float64 && options.settings.local,
             reference: SideInfo::new(reference_runtime, reference_detail),
             target,
         };
@@ -158,6 +159,18 @@ impl CapturedRun {
         Ok(self.active()?.segmentation().text())
     }
 
+    /// For each layer: whether it is compared, and the dtype name the target holds its value
+    /// in (None where the target does not say): what the baseline rounds each value to.
+    #[getter]
+    fn compared_dtypes(&self) -> PyResult<Vec<(bool, Option<&'static str>)>> {
+        Ok(self
+            .active()?
+            .compared_dtypes()
+            .into_iter()
+            .map(|(c, d)| (c, d.map(DType::name)))
+            .collect())
+    }
+
     /// How many segments the ONNX run is split into.
     #[getter]
     fn segments(&self) -> PyResult<usize> {
@@ -168,7 +181,7 @@ impl CapturedRun {
     /// value there and its module re-run on the reference's inputs, or why that failed:
     /// `local_error`, and how far a second re-run disagreed: `disagreement`); runs the segments
     /// it completes.
-    #[pyo3(signature = (index, value, float64=None, target=None, local=None, local_error=None, disagreement=None))]
+    #[pyo3(signature = (index, value, float64=None, target=None, local=None, local_error=None, disagreement=None, baseline=None))]
     #[allow(clippy::too_many_arguments)]
     fn add(
         &mut self,
@@ -180,6 +193,7 @@ impl CapturedRun {
         local: Option<FlatTensor<'_>>,
         local_error: Option<String>,
         disagreement: Option<f64>,
+        baseline: Option<FlatTensor<'_>>,
     ) -> PyResult<()> {
         let local = match (view(&local)?, local_error) {
             (Some(t), _) => Some(Ok(t)),
@@ -192,6 +206,7 @@ impl CapturedRun {
             target: view(&target)?,
             local,
             disagreement,
+            baseline: view(&baseline)?,
         };
         let run = self.active_mut()?;
         py.detach(|| run.add(index, layer)).map_err(to_py_err)

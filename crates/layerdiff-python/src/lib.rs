@@ -75,7 +75,7 @@ impl Report {
         let done = py
             .detach(|| output::deliver(report, &to, &inputs, seed, &notes, Stopwatch::default()))
             .map_err(to_py_err)?;
-        Ok(output::exit_code(&done))
+        Ok(output::exit_code(&done, to.fail_on))
     }
     /// This report with `warnings` added to its summary's (what a reader must know before
     /// trusting the verdict).
@@ -112,10 +112,11 @@ impl Report {
         keep.check = Some(check);
         Report(report)
     }
-    /// 0 when no layer exceeds the tolerance, 1 when drift was found.
+    /// 1 when the run fails: a defect, an undecided layer, an inconclusive run or values that
+    /// overflow the target's dtype (rounding alone is 0), as the command exits by default.
     #[getter]
     fn exit_code(&self) -> u8 {
-        output::exit_code(&self.0)
+        output::exit_code(&self.0, layerdiff_core::FailOn::Defect)
     }
     /// The layer where drift is born, or None.
     #[getter]

@@ -36,6 +36,7 @@ const STYLE: &str = "body{font:14px/1.45 system-ui,sans-serif;margin:1.5em 2em;c
 h1{font-size:1.5em;margin:0 0 .3em}h2{font-size:1.15em;margin:1.6em 0 .4em}\
 .verdict{font-size:1.1em;padding:.5em .8em;border-radius:4px;display:inline-block}\
 .verdict.drift{background:#fde0dc}.verdict.clean{background:#e3f4e3}.verdict.inconclusive{background:#fff3cd}\
+.verdict.precision{background:#e8eefb}\
 .warning{background:#fff3cd;padding:.3em .6em;margin:.3em 0}\
 dl{display:grid;grid-template-columns:max-content auto;gap:.15em 1em;margin:.6em 0}dt{color:#555}dd{margin:0}\
 code{font-size:92%}svg{max-width:100%;height:auto}\
@@ -109,10 +110,11 @@ pub fn to_html(report: &Report) -> String {
         "<h1>layerdiff: <code>{}</code></h1>",
         escape(&report.model)
     );
-    let class = match (&s.drift_origin, &s.inconclusive) {
-        (Some(_), _) => "drift",
-        (None, Some(_)) => "inconclusive",
-        (None, None) => "clean",
+    let class = match s.verdict {
+        crate::Verdict::Defect | crate::Verdict::Undecided => "drift",
+        crate::Verdict::Precision => "precision",
+        crate::Verdict::Inconclusive => "inconclusive",
+        crate::Verdict::NoDrift => "clean",
     };
     let _ = writeln!(
         out,
@@ -129,6 +131,7 @@ pub fn to_html(report: &Report) -> String {
         out,
         "<figcaption>Each layer's largest error divided by its tolerance (above the red line: exceeding), in execution order; click a point for its row.</figcaption></figure>"
     );
+    out.push_str(&defects(report));
     out.push_str(&causes(report));
     out.push_str(&keep(report));
     out.push_str(&table(report));
@@ -184,6 +187,36 @@ fn facts(report: &Report) -> String {
         let _ = writeln!(out, "<dt>{name}</dt><dd>{}</dd>", prose(&value));
     }
     out.push_str("</dl>\n");
+    out
+}
+
+/// The defects, most severe first, each with what fixes it; then the precision drift in one line.
+fn defects(report: &Report) -> String {
+    let s = &report.summary;
+    let mut out = String::new();
+    if !s.defects.is_empty() {
+        out.push_str("<h2>Defects</h2>\n<ol id=\"defects\">\n");
+        for d in &s.defects {
+            let index = report.layers.iter().position(|l| l.name == d.layer);
+            let _ = writeln!(
+                out,
+                "<li><a href=\"#layer-{}\"><code>{}</code></a>: <span class=\"cause\">{}</span>: {}<br><b>Fix:</b> {}</li>",
+                index.unwrap_or_default(),
+                escape(&d.layer),
+                escape(&d.cause),
+                prose(&d.detail),
+                prose(&d.fix)
+            );
+        }
+        out.push_str("</ol>\n");
+    }
+    if let Some(p) = &s.precision {
+        let _ = writeln!(
+            out,
+            "<p id=\"precision\"><b>Precision:</b> {}.</p>",
+            prose(&super::text::precision_words(p, s.layers_compared))
+        );
+    }
     out
 }
 
@@ -309,11 +342,13 @@ fn table(report: &Report) -> String {
         "× tolerance",
         "local max abs diff",
         "local × tolerance",
+        "× what precision explains",
         "mean abs diff",
         "cosine",
         "float64 dist. ref",
         "float64 dist. target",
         "cause",
+        "finding",
     ] {
         let _ = write!(out, "<th>{head}</th>");
     }
@@ -347,6 +382,7 @@ fn row(l: &Layer, origin: bool) -> String {
         onnx.map(|o| o.node.as_str()),
         onnx.map(|o| o.op_type.as_str()),
         l.cause.as_deref(),
+        l.finding.map(super::markdown::finding_word),
     ]
     .into_iter()
     .flatten()
@@ -398,6 +434,7 @@ fn row(l: &Layer, origin: bool) -> String {
     out.push_str(&number(ratio(acc)));
     out.push_str(&number(local.map(|s| s.max_abs_diff)));
     out.push_str(&number(ratio(local)));
+    out.push_str(&number(l.baseline.as_ref().map(|b| b.multiple)));
     out.push_str(&number(acc.map(|s| s.mean_abs_diff)));
     out.push_str(&match acc.map(|s| s.cosine) {
         Some(c) if c.is_finite() => format!("<td data-v=\"{c:e}\">{c:.6}</td>"),
@@ -406,6 +443,7 @@ fn row(l: &Layer, origin: bool) -> String {
     out.push_str(&number(l.float64.as_ref().map(|f| f.reference)));
     out.push_str(&number(l.float64.as_ref().map(|f| f.target)));
     out.push_str(&text(Some(&why)));
+    out.push_str(&text(l.finding.map(super::markdown::finding_word)));
     out.push_str("</tr>\n");
     out
 }

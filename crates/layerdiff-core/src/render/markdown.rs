@@ -13,6 +13,16 @@ fn sci(v: f64) -> String {
     }
 }
 
+/// A finding in a word for tables.
+pub(crate) fn finding_word(f: crate::Finding) -> &'static str {
+    match f {
+        crate::Finding::Defect => "defect",
+        crate::Finding::Precision => "precision",
+        crate::Finding::Inherited => "inherited",
+        crate::Finding::Undecided => "undecided",
+    }
+}
+
 /// Renders a report as Markdown.
 pub fn to_markdown(report: &Report) -> String {
     let s = &report.summary;
@@ -83,40 +93,46 @@ pub fn to_markdown(report: &Report) -> String {
             "\nMost error of their own (local mean abs diff): {ranked}."
         );
     }
-    let verdict = match &s.drift_origin {
-        None if s.inconclusive.is_some() => format!(
-            "\n**Inconclusive**: no layer exceeds its tolerance across {} compared layers, but {}.\n",
-            s.layers_compared,
-            s.inconclusive.as_deref().unwrap_or_default()
-        ),
-        None => format!(
-            "\nNo drift: no layer exceeds its tolerance across {} compared layers.\n",
-            s.layers_compared
-        ),
-        Some(o) => {
-            let cause = report
-                .layers
-                .iter()
-                .find(|l| &l.name == o)
-                .and_then(|l| l.cause.as_deref())
-                .map(|c| format!(" (**{c}**)"))
-                .unwrap_or_default();
-            format!(
-                "\n**Drift found**: {} layer(s) exceed their tolerance; the drift is born at `{o}`{cause}.\n",
-                s.layers_exceeding
-            )
+    let _ = writeln!(out, "\n**Verdict**: {}.", super::text::verdict(report));
+    if !s.defects.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n## Defects\n\nMost severe first: each computes something its precision does not explain.\n"
+        );
+        let _ = writeln!(
+            out,
+            "| layer | cause | × what precision explains | × tolerance | detail | fix |\n|---|---|---:|---:|---|---|"
+        );
+        let times = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{v:.1}"));
+        for d in &s.defects {
+            let _ = writeln!(
+                out,
+                "| `{}` | **{}** | {} | {} | {} | {} |",
+                d.layer,
+                d.cause,
+                times(d.multiple),
+                times(d.tolerance_multiple),
+                d.detail.replace('|', "\\|"),
+                d.fix.replace('|', "\\|")
+            );
         }
-    };
-    out.push_str(&verdict);
+    }
+    if let Some(p) = &s.precision {
+        let _ = writeln!(
+            out,
+            "\n**Precision**: {}.",
+            super::text::precision_words(p, s.layers_compared)
+        );
+    }
 
     let _ = writeln!(out, "\n## Layers\n");
     let _ = writeln!(
         out,
-        "| # | layer | type | ONNX value (op) | shape | tolerance | max abs diff | mean ULPs / × tolerance needed | local max abs diff | mean abs diff | cosine | float64 distance (ref / target) | verdict |"
+        "| # | layer | type | ONNX value (op) | shape | tolerance | max abs diff | mean ULPs / × tolerance needed | local max abs diff | × what precision explains | mean abs diff | cosine | float64 distance (ref / target) | verdict |"
     );
     let _ = writeln!(
         out,
-        "|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|:---|"
+        "|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|:---|"
     );
     for l in &report.layers {
         let onnx = l.onnx.as_ref().map_or("—".to_string(), |o| {
@@ -141,6 +157,11 @@ pub fn to_markdown(report: &Report) -> String {
             let mark = if l.local_exceeds { " **>**" } else { "" };
             format!("{}{mark}", sci(st.max_abs_diff))
         });
+        // The own error against the same-precision baseline (above 1: a defect).
+        let baseline = l.baseline.as_ref().map_or(String::new(), |b| {
+            let mark = if b.beyond() { " **>**" } else { "" };
+            format!("{:.2}{mark}", b.multiple)
+        });
         let truth = l.float64.as_ref().map_or(String::new(), |f| {
             format!("{} / {}", sci(f.reference), sci(f.target))
         });
@@ -159,7 +180,12 @@ pub fn to_markdown(report: &Report) -> String {
                 format!("{:.2} / {:.2}", r.mean_ulp_diff, r.tolerance_needed)
             });
         let flag = match (&l.cause, l.status) {
-            (Some(cause), _) => format!("**{cause}**"),
+            (Some(cause), _) => match l.finding {
+                Some(f) if f != crate::Finding::Inherited => {
+                    format!("**{cause}** ({})", finding_word(f))
+                }
+                _ => format!("**{cause}**"),
+            },
             (None, LayerStatus::Compared) if l.exceeds_tol => "**exceeds**".to_string(),
             (None, LayerStatus::Compared) => String::new(),
             (None, LayerStatus::ShapeMismatch) => "**shape**".to_string(),
@@ -167,7 +193,7 @@ pub fn to_markdown(report: &Report) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | `{}` | {kind} | {onnx} | {shape} | {tolerance} | {max} | {rounding} | {local} | {mean} | {cos} | {truth} | {flag} |",
+            "| {} | `{}` | {kind} | {onnx} | {shape} | {tolerance} | {max} | {rounding} | {local} | {baseline} | {mean} | {cos} | {truth} | {flag} |",
             l.index, l.name
         );
     }
@@ -212,7 +238,17 @@ pub fn to_markdown(report: &Report) -> String {
                 .local_reason
                 .as_ref()
                 .map(|r| format!("local error not measured: {r}"));
-            let text: Vec<String> = l.reason.iter().cloned().chain(local).collect();
+            let baseline = l
+                .baseline_reason
+                .as_ref()
+                .map(|r| format!("no same-precision baseline: {r}"));
+            let text: Vec<String> = l
+                .reason
+                .iter()
+                .cloned()
+                .chain(local)
+                .chain(baseline)
+                .collect();
             (!text.is_empty()).then(|| (l, text.join("; ")))
         })
         .collect();

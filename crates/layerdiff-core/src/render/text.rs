@@ -1,6 +1,6 @@
 //! The short text summary the command prints: verdict, counts, origin, worst layers.
 
-use crate::Report;
+use crate::{Defect, PrecisionDrift, Report, Verdict};
 
 /// The short summary printed to stdout: verdict, counts, origin, worst layers.
 pub fn to_text(report: &Report) -> String {
@@ -59,10 +59,29 @@ pub fn to_text(report: &Report) -> String {
             w.value, w.layer
         ));
     }
+    for d in s.defects.iter().take(SHOWN_DEFECTS) {
+        out.push_str(&format!(
+            "  defect at `{}`: {}: {}\n    fix: {}\n",
+            d.layer, d.cause, d.detail, d.fix
+        ));
+    }
+    if s.defects.len() > SHOWN_DEFECTS {
+        out.push_str(&format!(
+            "  … and {} more defect(s), in the report\n",
+            s.defects.len() - SHOWN_DEFECTS
+        ));
+    }
+    if let Some(p) = &s.precision {
+        out.push_str(&format!(
+            "  precision: {}\n",
+            precision_words(p, s.layers_compared)
+        ));
+    }
     let origin = report
         .layers
         .iter()
-        .find(|l| Some(&l.name) == s.drift_origin.as_ref());
+        .find(|l| Some(&l.name) == s.drift_origin.as_ref())
+        .filter(|_| s.defects.is_empty());
     if let Some((cause, detail)) =
         origin.and_then(|l| Some((l.cause.as_ref()?, l.detail.as_deref().unwrap_or(""))))
     {
@@ -119,29 +138,116 @@ pub fn to_text(report: &Report) -> String {
     out
 }
 
-/// The verdict in one line: drift and where it is born, inconclusive and why, or no drift.
+/// Defects the summary spells out (all are in the report).
+const SHOWN_DEFECTS: usize = 5;
+
+/// The precision drift in one line: where it is born, how many layers it takes past their
+/// tolerance, how far it grows, and any overflow.
+pub(crate) fn precision_words(p: &PrecisionDrift, compared: usize) -> String {
+    let born = p
+        .origin
+        .as_deref()
+        .map_or(String::new(), |o| format!(", born at `{o}`"));
+    let output = p.output.as_deref().map_or(String::new(), |o| {
+        format!(
+            "; the output `{o}` is off by {:.3e} ({:.1}× its tolerance)",
+            p.output_max_abs_diff, p.output_tolerance_multiple
+        )
+    });
+    let overflow = match p.overflow {
+        0 => String::new(),
+        n => format!(
+            "; {n} layer(s) overflow {}'s range to ±Inf (keep them in float32)",
+            p.dtype
+        ),
+    };
+    format!(
+        "{} rounding: {} of {compared} compared layers exceed their tolerance by it{born}{output}{overflow}",
+        p.dtype, p.layers
+    )
+}
+
+/// A defect's size in words: its multiple of what precision explains, else of its tolerance.
+fn defect_size(d: &Defect) -> String {
+    match (d.multiple, d.tolerance_multiple) {
+        (Some(m), _) if m.is_finite() => format!(" ({m:.1}× what precision explains)"),
+        (_, Some(t)) if t.is_finite() => format!(" ({t:.1}× its tolerance)"),
+        _ => String::new(),
+    }
+}
+
+/// The verdict in one line: the defects first, most severe first, then the rounding; rounding
+/// only; undecided layers; inconclusive and why; or no drift.
 pub(crate) fn verdict(report: &Report) -> String {
     let s = &report.summary;
-    match &s.drift_origin {
-        Some(origin) => {
-            let first = match &s.first_exceeding {
-                Some(f) if f != origin => format!(" (first exceeding: `{f}`)"),
-                _ => String::new(),
+    match s.verdict {
+        Verdict::Defect => {
+            let n = s.defects.len();
+            let named: Vec<String> = s
+                .defects
+                .iter()
+                .take(3)
+                .map(|d| format!("`{}` {}{}", d.layer, d.cause, defect_size(d)))
+                .collect();
+            let more = if n > 3 {
+                format!(" and {} more", n - 3)
+            } else {
+                String::new()
             };
+            let besides = s
+                .precision
+                .as_ref()
+                .map_or(String::new(), |p| match p.layers {
+                    0 => format!("; besides, {} rounding", p.dtype),
+                    n => format!(
+                        "; besides, {} rounding takes {n} layer(s) past their tolerance",
+                        p.dtype
+                    ),
+                });
             format!(
-                "drift found: {} of {} compared layers exceed their tolerance; born at `{origin}`{first}",
-                s.layers_exceeding, s.layers_compared
+                "{n} defect{}: {}{more}{besides}",
+                if n == 1 { "" } else { "s" },
+                named.join(", ")
             )
         }
-        None => match &s.inconclusive {
-            Some(why) => format!(
-                "inconclusive: the {} compared layers are within tolerance, but {why}",
-                s.layers_compared
-            ),
-            None => format!(
-                "no drift: all {} compared layers within tolerance",
-                s.layers_compared
-            ),
-        },
+        Verdict::Precision => {
+            let p = s.precision.as_ref();
+            let dtype = p.map_or("float32", |p| p.dtype.as_str());
+            let overflow = p.map_or(0, |p| p.overflow);
+            let but = if overflow > 0 {
+                format!(", but {overflow} layer(s) overflow {dtype}'s range to ±Inf")
+            } else {
+                String::new()
+            };
+            format!(
+                "{dtype} rounding only: no layer computes differently{but}; {} of {} compared layers exceed their tolerance{}",
+                s.layers_exceeding,
+                s.layers_compared,
+                p.and_then(|p| p.origin.as_deref())
+                    .map_or(String::new(), |o| format!(", born at `{o}`"))
+            )
+        }
+        Verdict::Undecided => {
+            let undecided = report
+                .layers
+                .iter()
+                .filter(|l| l.finding == Some(crate::Finding::Undecided))
+                .count();
+            format!(
+                "undecided: {undecided} layer(s) exceed their tolerance and nothing measured tells rounding from a defect there, first `{}`",
+                s.drift_origin.as_deref().unwrap_or("?")
+            )
+        }
+        Verdict::Inconclusive => format!(
+            "inconclusive: the {} compared layers are within tolerance, but {}",
+            s.layers_compared,
+            s.inconclusive
+                .as_deref()
+                .unwrap_or("part of the model was not compared")
+        ),
+        Verdict::NoDrift => format!(
+            "no drift: all {} compared layers within tolerance",
+            s.layers_compared
+        ),
     }
 }

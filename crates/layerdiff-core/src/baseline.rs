@@ -1,0 +1,345 @@
+//! The same-precision baseline: what an honest implementation of a layer in the target's dtype
+//! gets wrong, so that a layer's own error is judged against it rather than against a fixed
+//! tolerance. The rule that tells a defect from precision, in one place; the op matrix
+//! ([`crate::check_op`]) judges each kernel with the same [`kernel_allowance`].
+//!
+//! For one layer re-run on the reference's inputs (its *own* error, [`crate::Layer::local`]):
+//!
+//! - `y`: the reference's value; `t`: the target's own value (the layer re-run on the
+//!   reference's inputs); `x`: the layer computed exactly (float64) on the reference's inputs
+//!   and weights rounded to the target's dtype `d` (the *grid*), by the reference's own
+//!   computation of it (never the side under test);
+//! - the **ideal** implementation in `d` is `round_d(x)`: it errs by `base = |round_d(x) − y|`,
+//!   the rounding of the inputs carried through the layer plus one rounding of its result;
+//! - an **honest kernel** in `d` may add its own error on top. At most `kernel_allowance(d, x)`
+//!   (the rounding of its result, [`output_steps`] of them, the roundings of `stages`
+//!   intermediate results in `d`, and the float32 work inside): that bounds the largest
+//!   element. On average, what the ideal's own rounding `|round_d(x) − x|` is, plus the same
+//!   stages and float32 work: that is what a typical element of an honest kernel is off by.
+//!   Where the reference itself computes in `d` (a float32 target against float32), at least
+//!   the reference's own error from the exact value `|x − y|`, since two honest kernels sum in
+//!   different orders;
+//! - an element's own error is explained by precision up to `base + HONEST_FACTOR · honest`.
+//!
+//! The layer's **multiple** is the larger of `max |t − y| / max allowed` (with the bound) and
+//! `mean |t − y| / mean allowed` (with the typical error), maxima and means taken over the
+//! elements. Above 1, the layer computes something its precision does not explain: a defect. FlashAttention's tests hold a kernel to
+//! twice the error of a reference implementation in the same precision; [`HONEST_FACTOR`] is that
+//! 2, applied to the kernel's own share (the inputs' rounding is the same for every
+//! implementation, so it is counted once).
+//!
+//! Where the ideal implementation overflows `d`'s range (its rounded result is ±Inf), a target
+//! that overflows there too is precision ([`Baseline::overflow`] counts them).
+
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::dtype::pow2;
+use crate::{DType, Error, Result, TensorView};
+
+/// How many times an honest kernel's own error a target's kernel may make before it is a
+/// defect (FlashAttention's tests hold a kernel to 2× the error of a reference implementation in
+/// the same precision).
+pub const HONEST_FACTOR: f64 = 2.0;
+
+/// Steps of the output dtype every element may be off by, beyond the terms of its magnitude:
+/// one in float16 and bfloat16 (a float32 result rounded once is within half a step), four in
+/// float32 and float64 (vectorized exp, tanh and erf are accurate to a few steps, not to half one).
+pub fn output_steps(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 | DType::BF16 => 1.0,
+        _ => 4.0,
+    }
+}
+
+/// The unit roundoff a reduction is allowed to accumulate with: float32's, or float64's for a
+/// float64 result.
+pub fn accumulation_unit(dtype: DType) -> f64 {
+    if dtype == DType::F64 {
+        pow2(-53)
+    } else {
+        pow2(-24)
+    }
+}
+
+/// What one honest kernel computing in `dtype` may get wrong at an element whose exact value is
+/// `exact`, when its error scales with `magnitude` (`Σ|terms|` of a reduction, else `|exact|`),
+/// after reducing `reduction` terms and rounding `stages` intermediate results to `dtype`:
+///
+/// ```text
+/// n·step_d(exact) + (stages·u_d + (⌈log2 K⌉ + n)·u_acc)·M   [+ the smallest normal of d
+///                                                              where |exact| is below it]
+/// ```
+///
+/// `step_d`: one step (ULP) of `dtype` at `|exact|`, `n` [`output_steps`] of them; `u_d` the
+/// dtype's unit roundoff; `u_acc` float32's ([`accumulation_unit`]): mainstream kernels
+/// accumulate float16 and bfloat16 in float32, and a pairwise or blocked float32 sum of `K`
+/// terms is off by at most `⌈log2 K⌉·u_acc·Σ|terms|`. Below the normal range a kernel may flush
+/// to zero. `0` for integer dtypes, which must be exact.
+pub fn kernel_allowance(
+    dtype: DType,
+    exact: f64,
+    magnitude: f64,
+    reduction: usize,
+    stages: u32,
+) -> f64 {
+    let Some(bits) = dtype.mantissa_bits() else {
+        return 0.0;
+    };
+    let n = output_steps(dtype);
+    let per_magnitude = f64::from(stages) * pow2(-(bits as i32))
+        + (f64::from(reduction.max(1).next_power_of_two().trailing_zeros()) + n)
+            * accumulation_unit(dtype);
+    let smallest_normal = dtype.step(0.0) * pow2(bits as i32 - 1);
+    let flush = if exact.abs() < smallest_normal {
+        smallest_normal
+    } else {
+        0.0
+    };
+    n * dtype.step(exact.abs()) + per_magnitude * magnitude.abs() + flush
+}
+
+/// One layer's own error against the ideal implementation in its target's dtype (see the
+/// module docs).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Baseline {
+    /// The dtype the ideal implementation computes in (the target's, for this layer).
+    pub grid: String,
+    /// Intermediate results an honest kernel rounds to `grid` here (the target's computing
+    /// nodes in the layer's group, less one).
+    pub stages: u32,
+    /// The ideal implementation's largest difference from the reference.
+    #[serde(serialize_with = "crate::render::float")]
+    pub max_abs_diff: f64,
+    /// Its mean difference from the reference.
+    #[serde(serialize_with = "crate::render::float")]
+    pub mean_abs_diff: f64,
+    /// The largest own error precision explains at an element (`base + 2·honest`).
+    #[serde(serialize_with = "crate::render::float")]
+    pub allowed_max_abs_diff: f64,
+    /// The mean own error precision explains.
+    #[serde(serialize_with = "crate::render::float")]
+    pub allowed_mean_abs_diff: f64,
+    /// The target's own error as a multiple of what precision explains: the larger of the
+    /// ratios of maxima and of means. Above 1, a defect.
+    #[serde(serialize_with = "crate::render::float")]
+    pub multiple: f64,
+    /// Elements where the ideal implementation overflows `grid`'s range while the reference is
+    /// finite (the target overflowing there is precision).
+    pub overflow: u64,
+}
+
+impl Baseline {
+    /// Whether the own error is beyond what the precision explains.
+    pub fn beyond(&self) -> bool {
+        self.multiple > 1.0
+    }
+}
+
+/// Sums of one block of elements, combined in block order (deterministic whatever the threads).
+#[derive(Default, Clone, Copy)]
+struct Sums {
+    count: u64,
+    overflow: u64,
+    base_max: f64,
+    base_sum: f64,
+    own_max: f64,
+    own_sum: f64,
+    allowed_max: f64,
+    allowed_sum: f64,
+}
+
+impl Sums {
+    fn merge(mut self, other: Sums) -> Sums {
+        self.count += other.count;
+        self.overflow += other.overflow;
+        self.base_max = self.base_max.max(other.base_max);
+        self.base_sum += other.base_sum;
+        self.own_max = self.own_max.max(other.own_max);
+        self.own_sum += other.own_sum;
+        self.allowed_max = self.allowed_max.max(other.allowed_max);
+        self.allowed_sum += other.allowed_sum;
+        self
+    }
+}
+
+/// Elements per block of the baseline's pass.
+const BLOCK: usize = 4096;
+
+/// The baseline of one layer: `reference` (`y`), the target's own value `own` (`t`, the layer
+/// re-run on the reference's inputs), and `exact` (`x`, the layer in float64 on the
+/// reference's inputs rounded to `grid`), judged by [the rule](self). `stages`: intermediate
+/// results an honest kernel rounds to `grid`.
+pub fn assess_baseline(
+    reference: TensorView<'_>,
+    own: TensorView<'_>,
+    exact: TensorView<'_>,
+    grid: DType,
+    stages: u32,
+) -> Result<Baseline> {
+    let n = reference.numel();
+    for other in [&own, &exact] {
+        if other.numel() != n {
+            return Err(Error::ShapeMismatch {
+                reference: reference.shape.to_vec(),
+                target: other.shape.to_vec(),
+            });
+        }
+    }
+    // The reference computes in the grid itself: an honest kernel may be as far from the exact
+    // value as the reference is.
+    let same_precision = !grid.narrower_than(reference.dtype);
+    let blocks: Vec<Sums> = (0..n.div_ceil(BLOCK))
+        .into_par_iter()
+        .map(|b| {
+            let (start, end) = (b * BLOCK, ((b + 1) * BLOCK).min(n));
+            let len = end - start;
+            let mut v = [vec![0.0; len], vec![0.0; len], vec![0.0; len]];
+            for (view, out) in [&reference, &own, &exact].into_iter().zip(v.iter_mut()) {
+                let size = view.dtype.size();
+                crate::compare::decode(view.dtype, &view.bytes[start * size..end * size], out);
+            }
+            let mut s = Sums::default();
+            let [reference, own, exact] = &v;
+            for ((&y, &t), &x) in reference.iter().zip(own).zip(exact) {
+                if y.is_nan() || !y.is_finite() {
+                    continue; // NaN and Inf in the reference say nothing of precision
+                }
+                let ideal = grid.round(x);
+                if x.is_finite() && ideal.is_infinite() {
+                    s.overflow += 1;
+                    if t == ideal {
+                        continue; // the target overflows where the ideal does: its precision
+                    }
+                }
+                let own_d = if t.is_finite() {
+                    (t - y).abs()
+                } else {
+                    f64::INFINITY
+                };
+                let base = if ideal.is_finite() {
+                    (ideal - y).abs()
+                } else {
+                    0.0
+                };
+                let bound = kernel_allowance(grid, x, x, 1, stages);
+                // The typical error: the ideal's own rounding, and the same magnitude terms.
+                let rounding = if ideal.is_finite() {
+                    (ideal - x).abs()
+                } else {
+                    0.0
+                };
+                let mut typical = rounding + bound - kernel_allowance(grid, x, 0.0, 1, 0);
+                let mut bound = bound;
+                if same_precision && x.is_finite() {
+                    bound = bound.max((x - y).abs());
+                    typical = typical.max((x - y).abs());
+                }
+                s.count += 1;
+                s.base_max = s.base_max.max(base);
+                s.base_sum += base;
+                s.own_max = s.own_max.max(own_d);
+                s.own_sum += own_d;
+                s.allowed_max = s.allowed_max.max(base + HONEST_FACTOR * bound);
+                s.allowed_sum += base + HONEST_FACTOR * typical;
+            }
+            s
+        })
+        .collect();
+    let s = blocks.into_iter().fold(Sums::default(), Sums::merge);
+    let mean = |sum: f64| {
+        if s.count == 0 {
+            0.0
+        } else {
+            sum / s.count as f64
+        }
+    };
+    let ratio = |own: f64, allowed: f64| {
+        if own == 0.0 {
+            0.0
+        } else if allowed > 0.0 {
+            own / allowed
+        } else {
+            f64::INFINITY
+        }
+    };
+    let (own_mean, allowed_mean) = (mean(s.own_sum), mean(s.allowed_sum));
+    Ok(Baseline {
+        grid: grid.name().to_string(),
+        stages,
+        max_abs_diff: s.base_max,
+        mean_abs_diff: mean(s.base_sum),
+        allowed_max_abs_diff: s.allowed_max,
+        allowed_mean_abs_diff: allowed_mean,
+        multiple: ratio(s.own_max, s.allowed_max).max(ratio(own_mean, allowed_mean)),
+        overflow: s.overflow,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Tensor;
+
+    fn tensor(dtype: DType, values: &[f64]) -> Tensor {
+        Tensor::from_f64(dtype, values)
+    }
+
+    /// A layer whose exact values are `x`; the reference computes them in float32 exactly; the
+    /// target returns `t`; the ideal float16 implementation rounds `x` to float16.
+    fn judged(x: &[f64], t: &[f64]) -> Baseline {
+        let reference = tensor(DType::F32, x);
+        let own = tensor(DType::F16, t);
+        let exact = tensor(DType::F64, x);
+        assess_baseline(reference.view(), own.view(), exact.view(), DType::F16, 0).unwrap()
+    }
+
+    #[test]
+    fn a_kernel_that_rounds_once_is_precision_and_one_off_by_a_few_steps_is_not() {
+        let x: Vec<f64> = (0..256).map(|i| 1.0 + f64::from(i) * 0.00731).collect();
+        let rounded: Vec<f64> = x.iter().map(|&v| DType::F16.round(v)).collect();
+        let b = judged(&x, &rounded);
+        assert!(!b.beyond() && b.multiple <= 0.5, "{b:?}");
+        assert!(b.max_abs_diff > 0.0 && b.max_abs_diff <= DType::F16.step(2.0) / 2.0);
+        // three steps off everywhere: beyond one rounding and two honest kernels' worth
+        let off: Vec<f64> = x
+            .iter()
+            .map(|&v| DType::F16.round(v + 3.0 * DType::F16.step(v)))
+            .collect();
+        let b = judged(&x, &off);
+        assert!(b.beyond(), "{b:?}");
+    }
+
+    #[test]
+    fn where_the_ideal_overflows_a_target_that_overflows_too_is_precision() {
+        let x = [1e5, 2.0];
+        let b = judged(&x, &[f64::INFINITY, 2.0]);
+        assert_eq!(b.overflow, 1);
+        assert!(!b.beyond(), "{b:?}");
+        let b = judged(&[3.0, 2.0], &[f64::INFINITY, 2.0]);
+        assert!(
+            b.multiple.is_infinite(),
+            "an overflow the ideal does not make"
+        );
+    }
+
+    #[test]
+    fn a_float32_kernel_as_far_from_the_exact_value_as_the_reference_is_precision() {
+        // The reference float32 value is off by 2e-5 of its own; the target, summing in
+        // another order, by 3e-5 the other way: within two honest kernels.
+        let x = [10.0, -4.0, 7.5];
+        let y = [10.0 + 2e-5, -4.0 - 2e-5, 7.5 + 2e-5];
+        let t = [10.0 - 3e-5, -4.0 + 3e-5, 7.5 - 3e-5];
+        let (r, o, e) = (
+            tensor(DType::F32, &y),
+            tensor(DType::F32, &t),
+            tensor(DType::F64, &x),
+        );
+        let b = assess_baseline(r.view(), o.view(), e.view(), DType::F32, 0).unwrap();
+        assert!(!b.beyond(), "{b:?}");
+        let t = [10.0 - 2e-4, -4.0 + 3e-5, 7.5 - 3e-5];
+        let o = tensor(DType::F32, &t);
+        let b = assess_baseline(r.view(), o.view(), e.view(), DType::F32, 0).unwrap();
+        assert!(b.beyond(), "ten times the reference's own error: {b:?}");
+    }
+}

@@ -1,0 +1,134 @@
+//! Where each layer's same-precision baseline comes from (see `layerdiff_core::Baseline`): the
+//! layer computed exactly, by the *reference's* own computation of it, on the reference's
+//! values of its inputs rounded to the dtype the target holds them in. Never the side under
+//! test: a target measured against itself proves nothing.
+//!
+//! Two sources:
+//! - handed over with each layer by the framework that computed the reference (PyTorch runs the
+//!   layer's module in float64 on the rounded inputs, with its weights rounded: a
+//!   [`PushedSide`] of float64 values, held until compared);
+//! - the reference ONNX graph in float64, re-run group by group: the group that computes the
+//!   layer's value from values both sides know, its weights rounded to the layer's dtype, on
+//!   the reference's values rounded as the target holds them (every node on the first of ONNX
+//!   Runtime, tract and layerdiff's own float64 kernels that computes it).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use layerdiff_core::{DType, Tensor};
+use layerdiff_onnx::{LocalGroup, Model, round_float64, to_float64};
+use layerdiff_runtime::{ExactElementwise, PerNode, RuntimeSpec};
+
+use crate::side::{Recompute, Side};
+use crate::{Error, GraphSide, PushedSide, Result};
+
+/// Where the layers' exact values on rounded inputs come from.
+pub enum Baseline {
+    /// Handed over with each layer (by the reference's value names).
+    Handed(Box<PushedSide>),
+    /// The reference graph in float64, re-run group by group.
+    Graph(Box<GraphBaseline>),
+}
+
+/// The reference's value of a layer's input, and the dtype the target holds it in.
+pub(crate) type Fed = std::result::Result<(Tensor, DType), String>;
+
+/// The reference graph in float64, re-running the group that computes each layer.
+pub struct GraphBaseline {
+    side: GraphSide,
+    /// Each layer's group in the float64 graph (by the reference's value name), once found.
+    groups: HashMap<String, std::result::Result<LocalGroup, String>>,
+}
+
+impl GraphBaseline {
+    /// The float64 copy of the `reference` graph, run node by node (ONNX Runtime, tract, then
+    /// layerdiff's own float64 kernels).
+    pub fn new(reference: &Model, ort_library: Option<&Path>) -> Result<Self> {
+        let wide = to_float64(reference)
+            .map_err(|e| Error::Usage(format!("cannot make the float64 copy of the model: {e}")))?;
+        let runtime = PerNode::new(vec![
+            RuntimeSpec::ort_cpu().build(ort_library)?,
+            RuntimeSpec::Tract.build(ort_library)?,
+            Box::new(ExactElementwise),
+        ]);
+        Ok(Self {
+            side: GraphSide::new(None, wide, Box::new(runtime), &[]),
+            groups: HashMap::new(),
+        })
+    }
+
+    /// Finds the group of every layer's reference value, from the values `known` on both sides.
+    pub(crate) fn find_groups(&mut self, values: &[&str], known: &dyn Fn(&str) -> bool) {
+        for &value in values {
+            let group = self.side.local_group(value, &|n| n != value && known(n));
+            self.groups.insert(value.to_string(), group);
+        }
+    }
+}
+
+impl Baseline {
+    /// Memory the source holds per reference value until it is compared (handed values).
+    pub(crate) fn held_sizes(&self) -> HashMap<String, u64> {
+        match self {
+            Self::Handed(side) => side.plan_view().sizes,
+            Self::Graph(_) => HashMap::new(),
+        }
+    }
+
+    /// The handed-over side, to hand values to.
+    pub fn handed(&mut self) -> Option<&mut PushedSide> {
+        match self {
+            Self::Handed(side) => Some(side),
+            Self::Graph(_) => None,
+        }
+    }
+
+    /// Drops handed values no longer needed.
+    pub(crate) fn free(&mut self, values: &[String]) {
+        if let Self::Handed(side) = self {
+            side.free(values);
+        }
+    }
+
+    /// The exact value (float64) of the layer whose reference value is `value`, computed on
+    /// the reference's values of its inputs rounded to `grid` or to the dtype the target holds
+    /// them in, whichever is narrower (`feed(n)`: the reference's value of `n` and the target's
+    /// dtype of it), with its weights rounded to `grid`.
+    pub(crate) fn exact(
+        &self,
+        value: &str,
+        grid: DType,
+        feed: &dyn Fn(&str) -> Fed,
+    ) -> std::result::Result<Tensor, String> {
+        match self {
+            Self::Handed(side) => side
+                .get(value)
+                .cloned()
+                .ok_or_else(|| "no float64 value of it was handed over".to_string()),
+            Self::Graph(b) => {
+                let group = match b.groups.get(value) {
+                    Some(Ok(group)) => group,
+                    Some(Err(why)) => return Err(why.clone()),
+                    None => return Err("its group was not found".to_string()),
+                };
+                let rounded = |n: &str| {
+                    let (tensor, held) = feed(n)?;
+                    let to = if held.narrower_than(grid) { held } else { grid };
+                    let rounded = if tensor.dtype.is_float() && to.narrower_than(tensor.dtype) {
+                        tensor.cast(to)
+                    } else {
+                        tensor
+                    };
+                    Ok(if rounded.dtype.is_float() {
+                        rounded.cast(DType::F64)
+                    } else {
+                        rounded
+                    })
+                };
+                b.side
+                    .run_group_with(group, value, &rounded, &|model| round_float64(model, grid))
+                    .map_err(|e| format!("the float64 reference could not compute it: {e}"))
+            }
+        }
+    }
+}

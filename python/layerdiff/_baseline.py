@@ -1,0 +1,220 @@
+"""The same-precision baseline of each layer, computed by the reference's own modules: the layer
+in float64 on the reference's values of its inputs rounded to the dtype the target holds them in,
+with its weights rounded to the dtype it computes in. The Rust core rounds the result once more
+to the target's dtype and judges the target's own error against it (`layerdiff_core::Baseline`).
+Never the side under test: a bfloat16 target measured against itself in bfloat16 proves nothing.
+
+Two ways, by target:
+
+- a PyTorch target re-runs each module call on the reference's inputs (its local error); the
+  same call is made in float64 on the same inputs rounded (`exact_call`);
+- an ONNX target re-runs groups of its nodes that may span several modules (a Conv folded into
+  its BatchNorm), so the whole model is run once more in float64 (`Replay`), in lockstep, with
+  every compared layer's output replaced by the reference's value rounded as the target holds
+  it: each layer's float64 value is then computed from the rounded values of the compared
+  layers just before it, glue code (reshapes, views) included, as the target's group is.
+"""
+
+from __future__ import annotations
+
+import copy
+import queue
+import threading
+
+import torch
+from torch import nn
+
+from layerdiff._capture import _first_tensor, capture
+
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+_WIDTH = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24, torch.float64: 53}
+
+
+def narrower(a: torch.dtype | None, b: torch.dtype | None) -> torch.dtype | None:
+    """The float dtype of the two with fewer significand bits (None: the other one)."""
+    if a is None or b is None:
+        return b if a is None else a
+    return a if _WIDTH.get(a, 53) <= _WIDTH.get(b, 53) else b
+
+
+def rounded(value, dtype: torch.dtype | None):
+    """A float tensor rounded to `dtype` (when narrower) and widened to float64, on the CPU;
+    anything else as it is (integers on the CPU)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    value = value.detach().to("cpu")
+    if not value.is_floating_point():
+        return value.clone()
+    if dtype is not None and narrower(dtype, value.dtype) is dtype and dtype != value.dtype:
+        value = value.to(dtype)
+    return value.to(torch.float64)
+
+
+def plain_copy(module: nn.Module) -> nn.Module:
+    """A copy of `module` without any hook (a capture's hooks must not fire for it)."""
+    copied = copy.deepcopy(module)
+    for m in copied.modules():
+        for name, attribute in vars(m).items():
+            if name.startswith(("_forward_", "_backward_")) and hasattr(attribute, "clear"):
+                attribute.clear()
+    return copied
+
+
+def exact_call(module: nn.Module | None, func, args, kwargs, held, dtype: torch.dtype):
+    """One call made exactly: `module` (a plain float64 copy of the reference's, its weights
+    rounded to `dtype`) or `func` on `args`/`kwargs`, each float tensor rounded to the narrower
+    of `held(tensor)` (the dtype the target holds it in) and `dtype`. Its first tensor, float64,
+    on the CPU; autocast off."""
+    tree_map = torch.utils._pytree.tree_map
+
+    def prepare(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        return rounded(t, narrower(held(t), dtype) if t.is_floating_point() else None)
+
+    given, named = tree_map(prepare, args), tree_map(prepare, kwargs)
+    with torch.no_grad(), _no_autocast():
+        if module is None:
+            out = func(*given, **named)
+        else:
+            exact = plain_copy(module).to("cpu", torch.float64)
+            round_weights(exact, dtype)
+            out = exact.forward(*given, **named)
+    out = _first_tensor(out)
+    return None if out is None else out.to(torch.float64)
+
+
+def round_weights(model: nn.Module, dtype: torch.dtype | None) -> None:
+    """Rounds `model`'s floating-point parameters and buffers to `dtype` in place (they keep
+    their own dtype: a float64 copy holds float16 values)."""
+    if dtype is None or dtype in (torch.float32, torch.float64):
+        return
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            if t.is_floating_point():
+                t.copy_(t.to(dtype).to(t.dtype))
+
+
+class _no_autocast:
+    """Autocast off on the CPU and CUDA (a reference side may run under it)."""
+
+    def __enter__(self):
+        self.contexts = [torch.autocast("cpu", enabled=False)]
+        if torch.cuda.is_available():
+            self.contexts.append(torch.autocast("cuda", enabled=False))
+        for c in self.contexts:
+            c.__enter__()
+
+    def __exit__(self, *exc):
+        for c in reversed(self.contexts):
+            c.__exit__(*exc)
+
+
+class Replay:
+    """The model in float64 (its weights rounded to `precision`), run in a thread in lockstep
+    with the main pass; at every layer it hands its value over (`next`) and continues from the
+    reference's value rounded as the target holds it, for the layers the target compares.
+
+    ``compared``: per layer, whether it is compared and the dtype name the target holds it in.
+    Gives up (``None`` from then on) where the copy cannot run or calls its layers differently,
+    and says why (``error``)."""
+
+    _END = object()
+
+    def __init__(self, model, inputs, compared, precision, whole=frozenset()):
+        self.out: queue.Queue = queue.Queue(maxsize=1)
+        self.back: queue.Queue = queue.Queue(maxsize=1)
+        self.stop = threading.Event()
+        self.done = False
+        self.error: str | None = None
+        self.compared = compared
+        self.precision = precision
+        try:  # the copy is made before any hook is registered on the model
+            copied = copy.deepcopy(model).to(torch.float64)
+            round_weights(copied, precision)
+            given = tuple(rounded(t, precision) for t in inputs)
+        except Exception as e:
+            self.done, self.thread = True, None
+            self.error = f"it could not be made: {type(e).__name__}: {e}"
+            return
+        self.whole = whole
+        self.thread = threading.Thread(target=self._run, args=(copied, given), daemon=True)
+        self.thread.start()
+
+    def _exchange(self, item):
+        """Hands `item` over and waits for the answer (None when stopped)."""
+        while not self.stop.is_set():
+            try:
+                self.out.put(item, timeout=0.05)
+                break
+            except queue.Full:
+                continue
+        while not self.stop.is_set():
+            try:
+                return self.back.get(timeout=0.05)
+            except queue.Empty:
+                continue
+        raise _Stopped
+
+    def _run(self, copied, given) -> None:
+        def on_layer(index, layer, out, _):
+            replacement = self._exchange((layer.name, out.clone()))
+            if isinstance(replacement, torch.Tensor):
+                out.copy_(replacement.to(out.dtype).reshape(out.shape))
+
+        try:
+            with _no_autocast():
+                capture(copied, given, on_layer, whole=self.whole, dataflow=False)
+        except _Stopped:
+            pass
+        except Exception as e:  # the comparison goes on without a baseline, and says so
+            self.error = f"it failed: {type(e).__name__}: {e}"
+        while not self.stop.is_set():
+            try:
+                self.out.put(self._END, timeout=0.05)
+                return
+            except queue.Full:
+                continue
+
+    def next(self, index: int, name: str, value: torch.Tensor) -> torch.Tensor | None:
+        """The float64 value of layer `index` (`name`), computed from the rounded values before
+        it; the reference's `value` of it goes back (rounded) when the target compares it."""
+        if self.done:
+            return None
+        item = self.out.get()
+        if item is self._END or item[0] != name:
+            self.error = self.error or (
+                f"it called `{item[0]}` where the model called `{name}`"
+                if item is not self._END
+                else f"it ended before `{name}`"
+            )
+            self.close()
+            return None
+        is_compared, held = self.compared[index] if index < len(self.compared) else (False, None)
+        back = None
+        if is_compared:
+            back = rounded(value, _DTYPES.get(held) or self.precision)
+        self.back.put(back)
+        return item[1]
+
+    def close(self) -> None:
+        self.done = True
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()
+
+
+class _Stopped(Exception):
+    pass
+
+
+def model_precision(compared) -> torch.dtype | None:
+    """The narrow dtype most compared layers' values are held in (the target's precision), or
+    None for float32."""
+    counts: dict[str, int] = {}
+    for is_compared, held in compared:
+        if is_compared and held in ("float16", "bfloat16"):
+            counts[held] = counts.get(held, 0) + 1
+    if not counts:
+        return None
+    return _DTYPES[max(counts, key=counts.get)]

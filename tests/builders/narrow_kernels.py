@@ -1,0 +1,118 @@
+"""Modules whose kernel is wrong in a narrow dtype only, planted in real models for the defect
+tests: in float32 (and float64) each computes what its PyTorch module does; in bfloat16 or
+float16 it adds its products one by one to a running sum held in that dtype, as a kernel that
+does not accumulate in float32 does. Its backward, in the narrow dtype, scales the weight's gradient by 1.02 instead (a
+backward kernel that is off where the forward is right)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+NARROW = (torch.float16, torch.bfloat16)
+
+
+def _narrow_sum(products: torch.Tensor) -> torch.Tensor:
+    """Sums the last dimension into a running sum held in the products' dtype."""
+    total = torch.zeros(products.shape[:-1], dtype=products.dtype, device=products.device)
+    for k in range(products.shape[-1]):
+        total = total + products[..., k]
+    return total
+
+
+class NarrowLinear(nn.Linear):
+    """A Linear that accumulates in the narrow dtype (see the module docs)."""
+
+    def forward(self, x):
+        if x.dtype not in NARROW:
+            return super().forward(x)
+        y = _narrow_sum(x.unsqueeze(-2) * self.weight)
+        return y if self.bias is None else y + self.bias
+
+
+class NarrowConv2d(nn.Conv2d):
+    """A Conv2d (groups 1) that accumulates in the narrow dtype (see the module docs)."""
+
+    def forward(self, x):
+        if x.dtype not in NARROW:
+            return super().forward(x)
+        n, _, h, w = x.shape
+        cols = F.unfold(x, self.kernel_size, self.dilation, self.padding, self.stride)
+        out_h = (h + 2 * self.padding[0] - self.dilation[0] * (self.kernel_size[0] - 1) - 1)
+        out_h = out_h // self.stride[0] + 1
+        out_w = (w + 2 * self.padding[1] - self.dilation[1] * (self.kernel_size[1] - 1) - 1)
+        out_w = out_w // self.stride[1] + 1
+        weight = self.weight.reshape(self.out_channels, -1)
+        # (n, L, 1, K) * (O, K) → (n, L, O, K), summed over K in the narrow dtype
+        y = _narrow_sum(cols.transpose(1, 2).unsqueeze(-2) * weight)
+        y = y.transpose(1, 2).reshape(n, self.out_channels, out_h, out_w)
+        return y if self.bias is None else y + self.bias.reshape(1, -1, 1, 1)
+
+
+class _WrongWeightGrad(torch.autograd.Function):
+    """Identity forward; backward passes the gradient on, and (in a narrow dtype) scales the
+    gradient that reaches the weight through `mark`."""
+
+    @staticmethod
+    def forward(ctx, weight):
+        ctx.narrow = weight.dtype in NARROW
+        return weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 1.02 if ctx.narrow else grad
+
+
+class WrongBackwardLinear(nn.Linear):
+    """A Linear whose forward is right in every dtype and whose backward, in a narrow dtype,
+    makes its weight's gradient 2% too large."""
+
+    def forward(self, x):
+        return F.linear(x, _WrongWeightGrad.apply(self.weight), self.bias)
+
+
+def _swap(parent: nn.Module, name: str, kind) -> None:
+    old = getattr(parent, name)
+    if isinstance(old, nn.Linear):
+        new = kind(old.in_features, old.out_features, bias=old.bias is not None)
+    else:
+        new = kind(
+            old.in_channels, old.out_channels, old.kernel_size, old.stride, old.padding,
+            old.dilation, old.groups, bias=old.bias is not None,
+        )  # fmt: skip
+    new.load_state_dict(old.state_dict())
+    setattr(parent, name, new)
+
+
+def cnn():
+    """torchvision's ResNet-18 (random weights, seed 0) at 96×96 whose `layer3.0.conv2`
+    accumulates in the narrow dtype."""
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None).eval()
+    _swap(model.layer3[0], "conv2", NarrowConv2d)
+    return model, (torch.randn(1, 3, 96, 96),)
+
+
+def transformer():
+    """A two-layer transformer encoder (d_model 64) whose second layer's `linear1` accumulates
+    in the narrow dtype."""
+    import builders.encoder
+
+    torch.manual_seed(0)
+    model, inputs = builders.encoder.build()
+    _swap(model.layers[1], "linear1", NarrowLinear)
+    return model.eval(), inputs
+
+
+def mlp_wrong_backward():
+    """The seed's MLP (Linear → GELU → Linear → LayerNorm) whose first Linear's backward is off
+    in the narrow dtype."""
+    import builders.seed_mlp
+
+    torch.manual_seed(0)
+    model, inputs = builders.seed_mlp.build()
+    _swap(model, "0", WrongBackwardLinear)
+    return model, inputs

@@ -1,0 +1,161 @@
+"""Defects stand out from rounding in reduced precision. A layer's own error is judged against
+what an ideal implementation in the target's dtype gets wrong on the same inputs (the layer in
+float64 on the reference's inputs rounded to that dtype, rounded once): within it, precision;
+beyond it, a defect. The headline names the defects; the rounding is summarised after them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, run_cli
+
+torch = pytest.importorskip("torch")
+onnx = pytest.importorskip("onnx")
+
+from faults import producer, scale_weight  # noqa: E402
+
+from layerdiff import _precision  # noqa: E402
+from layerdiff.torch import compare_torch, compare_torch_onnx, export_onnx  # noqa: E402
+
+RESNET160 = f"{ROOT}/tests/builders/zoo.py:resnet18_160"
+
+
+def resnet18_160():
+    sys.path.insert(0, str(ROOT / "tests"))
+    from builders.zoo import resnet18_160
+
+    return resnet18_160()
+
+
+@pytest.fixture(scope="module")
+def float16_files(tmp_path_factory):
+    """ResNet-18 (160×160) exported by the legacy exporter, converted to float16 by ONNX
+    Runtime's converter (inputs and outputs kept float32), and the same file with the weight of
+    `/layer2/layer2.1/conv1/Conv` multiplied by 1.03."""
+    folder = tmp_path_factory.mktemp("fp16")
+    model, inputs = resnet18_160()
+    exported = export_onnx(model, inputs, folder / "legacy.onnx", exporter="legacy")
+    clean, _ = _precision.convert(exported, "fp16", folder / "clean.onnx", inputs)
+    graph = onnx.load(str(clean)).graph
+    conv = next(n for n in graph.node if n.name == "/layer2/layer2.1/conv1/Conv")
+    bug = scale_weight(clean, folder / "bug.onnx", conv.output[0], 1.03)
+    return {"clean": clean, "bug": bug, "legacy": exported}
+
+
+def test_a_weight_changed_in_a_float16_file_is_the_headline_defect(float16_files):
+    model, inputs = resnet18_160()
+    report = compare_torch_onnx(model, inputs, onnx=float16_files["bug"])
+    s = report.summary
+    assert s["verdict"] == "defect", s
+    assert [d["layer"] for d in s["defects"]] == ["layer2.1.bn1"], s["defects"]
+    defect = s["defects"][0]
+    assert defect["cause"] == "weight_mismatch"
+    assert "/layer2/layer2.1/conv1/Conv" in defect["fix"] or "weight" in defect["fix"]
+    assert report.drift_origin == "layer2.1.bn1"
+    layer = report.layer("layer2.1.bn1")
+    assert layer["finding"] == "defect"
+    assert layer["baseline"]["multiple"] > 5, layer["baseline"]
+    # what comes after it inherits mostly from it, not from the first rounding upstream
+    out = report.layers[-1]
+    assert out["error_from"] == "layer2.1.bn1", out
+    # the rounding besides is summarised, and the advice keeps no defect in float32
+    assert s["precision"]["dtype"] == "float16"
+    advice = report.data.get("keep_float32") or {"layers": []}
+    assert "layer2.1.bn1" not in [k["layer"] for k in advice["layers"]]
+    assert report.exit_code == 1
+
+
+def test_a_clean_float16_file_is_rounding_only(float16_files):
+    model, inputs = resnet18_160()
+    report = compare_torch_onnx(model, inputs, onnx=float16_files["clean"])
+    s = report.summary
+    assert s["verdict"] == "precision" and s["defects"] == [], s["defects"]
+    # every layer whose own error exceeds the tolerance is what float16 explains
+    own = [x for x in report.layers if x["local_exceeds"]]
+    assert own and all(x["finding"] == "precision" for x in own)
+    assert all(x["baseline"]["multiple"] <= 1 for x in report.layers if x.get("baseline"))
+    assert s["precision"]["origin"] == report.drift_origin
+    assert report.exit_code == 0
+    assert "float16 rounding only: no layer computes differently" in report.summary_text()
+
+
+def test_the_command_fails_on_defects_and_on_drift_when_asked(float16_files, tmp_path):
+    bug = run_cli("torch", RESNET160, "--onnx", str(float16_files["bug"]), "--quiet")
+    assert bug.returncode == 1, bug.stderr
+    clean = run_cli("torch", RESNET160, "--onnx", str(float16_files["clean"]))
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert "float16 rounding only" in clean.stdout.splitlines()[0]
+    strict = run_cli(
+        "torch", RESNET160, "--onnx", str(float16_files["clean"]), "--fail-on", "drift",
+        "--json", str(tmp_path / "r.json"), "--quiet",
+    )  # fmt: skip
+    assert strict.returncode == 1, strict.stderr
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["summary"]["verdict"] == "precision"
+    text = run_cli("torch", RESNET160, "--onnx", str(float16_files["bug"])).stdout
+    first = text.splitlines()[0]
+    assert "1 defect" in first and "layer2.1.bn1" in first and "weight_mismatch" in first, text
+
+
+@pytest.mark.parametrize("builder", ["cnn", "transformer"])
+@pytest.mark.parametrize("target", ["torch:bf16", "torch:fp16"])
+def test_a_kernel_wrong_in_one_dtype_only_is_the_headline(builder, target):
+    sys.path.insert(0, str(ROOT / "tests"))
+    from builders import narrow_kernels
+
+    model, inputs = getattr(narrow_kernels, builder)()
+    wrong = {"cnn": "layer3.0.conv2", "transformer": "layers.1.linear1"}[builder]
+    report = compare_torch(model, inputs, target=target)
+    s = report.summary
+    assert s["verdict"] == "defect", s
+    assert [d["layer"] for d in s["defects"]] == [wrong], s["defects"]
+    assert s["defects"][0]["cause"] == "op_implementation"
+    assert report.drift_origin == wrong
+    layer = report.layer(wrong)
+    assert layer["finding"] == "defect" and layer["baseline"]["multiple"] > 1
+    # the layers that read it take its error on and name it as where it comes from
+    readers = [x for x in report.layers if x["local_inputs"] == [wrong]]
+    assert readers and all(x["error_from"] == wrong for x in readers), readers
+    if builder == "cnn":  # nothing else in a ResNet comes close: the output's error is its
+        assert report.layers[-1]["error_from"] == wrong
+    advice = report.data.get("keep_float32") or {"layers": []}
+    assert wrong not in [k["layer"] for k in advice["layers"]]
+
+
+@pytest.mark.parametrize("target", ["torch:bf16", "torch:amp-bf16", "torch:fp16"])
+def test_the_same_models_without_the_planted_kernel_have_no_defect(target):
+    sys.path.insert(0, str(ROOT / "tests"))
+    from builders import encoder
+
+    torch.manual_seed(0)
+    model, inputs = encoder.build()
+    report = compare_torch(model.eval(), inputs, target=target)
+    assert report.summary["defects"] == [], report.summary["defects"]
+    assert report.exit_code == 0
+
+
+def test_float16_onnx_on_two_runtimes_is_rounding_by_default(tmp_path):
+    """A float16 LayerNorm → MatMul → Add, ONNX Runtime against tract, held to 1e-2: the two
+    round `Z` one float16 step apart (0.25 near 300). Without a float64 baseline the kernel was
+    blamed (`op_implementation` at `Z`); the baseline runs by default and calls it rounding."""
+    import numpy as np
+    from builders.graphs import layernorm_matmul_fp16
+
+    rng = np.random.default_rng(0)
+    model = tmp_path / "ln_matmul_add.onnx"
+    layernorm_matmul_fp16(model, rng)
+    np.savez(tmp_path / "in.npz", X=rng.uniform(-60, 60, (2, 128, 64)).astype(np.float16))
+    out = tmp_path / "r.json"
+    done = run_cli(
+        "onnx", str(model), "--inputs", str(tmp_path / "in.npz"), "--target", "tract",
+        "--tolerance", "1e-2", "--json", str(out), "--quiet",
+    )  # fmt: skip
+    data = json.loads(out.read_text())
+    z = next(x for x in data["layers"] if x["name"] == "Z")
+    assert z["exceeds_tol"] and z["finding"] == "precision", z
+    assert z["cause"] == "rounding", z["detail"]
+    assert data["summary"]["defects"] == [] and data["summary"]["verdict"] == "precision"
+    assert done.returncode == 0, done.stderr
