@@ -32,7 +32,8 @@ def conv_output(path, k):
 
 def assert_born_at(report, value, cause):
     """`value` is the origin with `cause`; nothing before it exceeds, locally or accumulated;
-    every later exceeding layer with its own error in tolerance is `inherited`."""
+    every later exceeding layer with its own error in tolerance is `inherited`, mostly from
+    `value`."""
     s = report["summary"]
     assert s["drift_origin"] == value, [
         (x["name"], x["cause"]) for x in report["layers"] if x["cause"]
@@ -44,7 +45,8 @@ def assert_born_at(report, value, cause):
     assert origin["cause"] == cause, origin["detail"]
     for later in report["layers"][names.index(value) + 1 :]:
         if later["exceeds_tol"] and later["local"] and not later["local_exceeds"]:
-            assert later["cause"] == "inherited" and f"born at `{value}`" in later["detail"]
+            assert later["cause"] == "inherited", later["detail"]
+            assert later["error_from"] == value and f"mostly from `{value}`" in later["detail"]
     return origin
 
 
@@ -58,7 +60,8 @@ def test_a_changed_weight_is_weight_mismatch_and_what_follows_is_inherited(resne
     assert f"`{weight}` differs" in origin["detail"]
     inherited = [x for x in report["layers"] if x["cause"] == "inherited"]
     assert len(inherited) >= 10, "the fault propagates through the rest of the network"
-    assert "cause at the origin: weight_mismatch" in result.stdout
+    assert f"1 defect: `{value}` weight_mismatch" in result.stdout.splitlines()[0]
+    assert f"defect at `{value}`: weight_mismatch" in result.stdout
 
 
 def test_a_changed_epsilon_is_op_implementation_naming_the_attribute(encoder_onnx, tmp_path):
@@ -85,14 +88,20 @@ def test_a_node_that_disagrees_with_itself_is_nondeterminism(encoder_onnx, tmp_p
     assert "the target run twice disagrees with itself" in origin["detail"]
 
 
-def test_a_kernel_difference_between_runtimes_is_op_implementation(resnet18_onnx, tmp_path):
+def test_a_kernel_difference_between_runtimes_is_held_to_float32_rounding(resnet18_onnx, tmp_path):
     """One file, ONNX Runtime against tract: their Conv kernels round differently, which a
-    tolerance tighter than float32 accumulation shows at the very first Conv."""
+    tolerance tighter than float32 accumulation shows at the very first Conv. There it is what
+    an honest float32 Conv errs by on the same inputs: rounding. (Deeper Convs, K = 4608, tract
+    adds one term after another and errs up to about 2× that: see docs/metrics.md.)"""
     src = resnet18_onnx["dynamo"]
-    _, report = onnx_report(tmp_path, src, None, "--tolerance", "2e-7")
+    result, report = onnx_report(tmp_path, src, None, "--tolerance", "2e-7")
     first = conv_output(src, 0)
-    origin = assert_born_at(report, first, "op_implementation")
-    assert "same inputs, weights and attributes, yet the target's Conv computes" in origin["detail"]
+    origin = layer(report, first)
+    assert origin["exceeds_tol"] and origin["cause"] == "rounding", origin["detail"]
+    assert origin["baseline"]["multiple"] <= 1
+    assert "honest float32 kernel" in origin["detail"], origin["detail"]
+    for defect in report["summary"]["defects"]:
+        assert defect["cause"] == "op_implementation" and defect["multiple"] < 3, defect
 
 
 def test_an_amplified_upstream_difference_is_born_upstream(resnet18_onnx, tmp_path):
@@ -111,7 +120,7 @@ def test_an_amplified_upstream_difference_is_born_upstream(resnet18_onnx, tmp_pa
     assert layer(report, gain)["cause"] == "inherited"
     assert upstream["cause"] == "weight_mismatch"
     assert f"amplified downstream until `{gain}` exceeds it" in upstream["detail"]
-    assert f"born at `{first}` (first exceeding: `{gain}`)" in result.stdout
+    assert f"1 defect: `{first}` weight_mismatch" in result.stdout.splitlines()[0]
 
 
 def test_clean_exports_raise_no_cause(resnet18_onnx, encoder_onnx, tmp_path):
@@ -165,7 +174,7 @@ def test_torch_flow_names_each_cause_at_its_layer(resnet18, resnet18_onnx, tmp_p
     report = torch_report(resnet18, edited)
     origin = report.layer("fc")
     assert (report.drift_origin, origin["cause"]) == ("fc", "op_implementation")
-    assert "yet the target's Reshape → Gemm computes differently" in origin["detail"]
+    assert "the target's Reshape → Gemm computes differently" in origin["detail"]
     assert "the target is further from float64" in origin["detail"]
     assert origin["local_exceeds"] and not report.layer("avgpool")["exceeds_tol"]
 
@@ -178,13 +187,15 @@ def test_rounding_is_told_from_a_bug_by_the_float64_truth(tmp_path):
 
     builder = f"{ROOT / 'tests/builders/deep_mlp.py'}:build"
     result = run_cli("torch", builder, "--json", str(tmp_path / "fixed.json"))
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 0, result.stderr  # rounding alone does not fail the run
+    assert "float32 rounding only: no layer computes differently" in result.stdout
     report = json.loads((tmp_path / "fixed.json").read_text())
+    assert report["summary"]["verdict"] == "precision" and report["summary"]["defects"] == []
     origin = layer(report, report["summary"]["drift_origin"])
-    assert origin["cause"] == "rounding", "not a kernel bug: the truth says both sides round"
-    assert "both sides are about equally far from float64" in origin["detail"]
-    assert "rounding, not a bug" in result.stdout
+    assert origin["cause"] == "rounding", "not a kernel bug: an ideal float32 layer errs as much"
     assert all(x["float64"] for x in report["layers"])
+    strict = run_cli("torch", builder, "--fail-on", "drift", "--quiet")
+    assert strict.returncode == 1, strict.stderr
 
     result = run_cli("torch", builder, "--tolerance", "auto", "--json", str(tmp_path / "auto.json"))
     assert result.returncode == 0, result.stdout
@@ -231,7 +242,9 @@ def test_a_whole_model_converted_to_float16_is_held_to_float16_tolerance(resnet1
     f16 = {"atol": 5e-4, "rtol": 1e-3}
     assert all(x["tolerance"] == f16 for x in compared if x["target_dtype"] == "float16")
     assert layer(report, report["summary"]["drift_origin"])["cause"] == "precision_loss"
-    assert {x["cause"] for x in compared if x["exceeds_tol"]} <= {"precision_loss", "inherited"}
+    causes = {x["cause"] for x in compared if x["exceeds_tol"]}
+    assert causes <= {"precision_loss", "rounding", "inherited"}, causes
+    assert report["summary"]["defects"] == [] and report["summary"]["verdict"] == "precision"
 
 
 def test_quantization_is_precision_loss_not_a_kernel_bug(tmp_path):

@@ -43,12 +43,19 @@ def test_same_seed_gives_the_same_report_bytes(tmp_path):
     assert a.read_bytes() == b.read_bytes()
 
 
-def test_drift_found_exits_1(tmp_path):
-    # A tolerance of zero makes any rounding difference count as drift.
-    result = run_cli("torch", f"{TWICE}:build", "--tolerance", "0", "--out", str(tmp_path))
-    assert result.returncode in (0, 1)
-    report = json.loads((tmp_path / "report.json").read_text())
-    assert result.returncode == (1 if report["summary"]["drift_origin"] else 0)
+def test_exit_codes_follow_the_verdict_and_fail_on(tmp_path):
+    # A tolerance of zero makes any rounding difference exceed: rounding alone exits 0, and 1
+    # with --fail-on drift.
+    for fail_on in ("defect", "drift"):
+        out = tmp_path / fail_on
+        result = run_cli(
+            "torch", f"{TWICE}:build", "--tolerance", "0", "--out", str(out), "--fail-on", fail_on
+        )
+        assert result.returncode in (0, 1), result.stderr
+        s = json.loads((out / "report.json").read_text())["summary"]
+        assert s["verdict"] in ("no_drift", "precision"), s
+        drifted = s["verdict"] == "precision"
+        assert result.returncode == (1 if fail_on == "drift" and drifted else 0)
 
 
 def test_not_an_onnx_file(tmp_path):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import ROOT, run_cli
@@ -15,8 +14,7 @@ from conftest import ROOT, run_cli
 torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
 
-from faults import producer, scale_weight  # noqa: E402
-
+from faults import scale_weight  # noqa: E402
 from layerdiff import _precision  # noqa: E402
 from layerdiff.torch import compare_torch, compare_torch_onnx, export_onnx  # noqa: E402
 
@@ -43,6 +41,56 @@ def float16_files(tmp_path_factory):
     conv = next(n for n in graph.node if n.name == "/layer2/layer2.1/conv1/Conv")
     bug = scale_weight(clean, folder / "bug.onnx", conv.output[0], 1.03)
     return {"clean": clean, "bug": bug, "legacy": exported}
+
+
+@pytest.fixture(scope="module")
+def int8_files(float16_files, tmp_path_factory):
+    """The legacy export quantized to int8 (QDQ, ONNX Runtime's static quantizer), and the same
+    file with the stored int8 weight of `/layer2/layer2.1/conv1/Conv` multiplied by 1.03."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    folder = tmp_path_factory.mktemp("int8")
+    _, inputs = resnet18_160()
+    clean, _ = _precision.convert(float16_files["legacy"], "int8", folder / "int8.onnx", inputs)
+    model = onnx.load(str(clean))
+    graph = model.graph
+    conv = next(n for n in graph.node if n.name == "/layer2/layer2.1/conv1/Conv")
+    dequantize = next(n for n in graph.node if n.output[0] == conv.input[1])
+    weight = next(t for t in graph.initializer if t.name == dequantize.input[0])
+    values = numpy_helper.to_array(weight)
+    moved = np.clip(np.round(values.astype(np.float64) * 1.03), -127, 127).astype(values.dtype)
+    weight.CopyFrom(numpy_helper.from_array(moved, weight.name))
+    onnx.save(model, str(folder / "bug.onnx"))
+    return {"float": float16_files["legacy"], "clean": clean, "bug": folder / "bug.onnx"}
+
+
+def test_a_clean_int8_file_is_quantization_only(int8_files, tmp_path):
+    out = tmp_path / "r.json"
+    run = run_cli(
+        "onnx", str(int8_files["float"]), "--vs", str(int8_files["clean"]), "--json", str(out)
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    first = run.stdout.splitlines()[0]
+    assert "int8 rounding only: no layer computes differently" in first, first
+    s = json.loads(out.read_text())["summary"]
+    assert s["verdict"] == "precision" and s["defects"] == [] and s["precision"]["dtype"] == "int8"
+
+
+def test_a_weight_changed_in_an_int8_file_is_the_headline_defect(int8_files, tmp_path):
+    """The stored int8 weight is checked dequantized against the float file's, to half its
+    scale step: the quantization is not a different weight, the edit is."""
+    out = tmp_path / "r.json"
+    run = run_cli(
+        "onnx", str(int8_files["float"]), "--vs", str(int8_files["bug"]), "--json", str(out)
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    first = run.stdout.splitlines()[0]
+    assert "1 defect: `/layer2/layer2.1/conv1/Conv_output_0` weight_mismatch" in first, first
+    s = json.loads(out.read_text())["summary"]
+    [defect] = s["defects"]
+    assert "differs beyond its quantization" in defect["detail"], defect
+    assert s["precision"]["dtype"] == "int8"
 
 
 def test_a_weight_changed_in_a_float16_file_is_the_headline_defect(float16_files):

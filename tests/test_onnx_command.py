@@ -248,7 +248,7 @@ def test_expected_values_from_npz_and_the_onnx_verb_without_torch(tmp_path):
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 1, result.stderr
-    assert "born at `y`" in result.stdout and "expected" in result.stdout
+    assert "1 defect: `y`" in result.stdout and "the reference is off here" in result.stdout
 
 
 def test_expected_values_can_be_the_target_and_only_the_values_they_hold_are_compared(tmp_path):

@@ -7,8 +7,8 @@ import json
 
 import numpy as np
 import onnx
-from conftest import run_cli
 from builders.graphs import layernorm_matmul_fp16
+from conftest import run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 

@@ -73,7 +73,7 @@ def exact_call(module: nn.Module | None, func, args, kwargs, held, dtype: torch.
         return rounded(t, narrower(held(t), dtype) if t.is_floating_point() else None)
 
     given, named = tree_map(prepare, args), tree_map(prepare, kwargs)
-    with torch.no_grad(), _no_autocast():
+    with torch.no_grad(), no_autocast():
         if module is None:
             out = func(*given, **named)
         else:
@@ -95,7 +95,7 @@ def round_weights(model: nn.Module, dtype: torch.dtype | None) -> None:
                 t.copy_(t.to(dtype).to(t.dtype))
 
 
-class _no_autocast:
+class no_autocast:
     """Autocast off on the CPU and CUDA (a reference side may run under it)."""
 
     def __enter__(self):
@@ -163,7 +163,7 @@ class Replay:
                 out.copy_(replacement.to(out.dtype).reshape(out.shape))
 
         try:
-            with _no_autocast():
+            with no_autocast():
                 capture(copied, given, on_layer, whole=self.whole, dataflow=False)
         except _Stopped:
             pass

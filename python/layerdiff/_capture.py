@@ -4,6 +4,7 @@ each with where its input came from."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -238,6 +239,7 @@ def capture(
     rerun=None,
     whole=frozenset(),
     dataflow=True,
+    grad=False,
 ) -> Capture:
     """Runs `model(*inputs)` once under `torch.no_grad()`, listing each leaf call and each
     functional call a module's own `forward` makes between its submodules (with a fingerprint
@@ -253,7 +255,9 @@ def capture(
     in the result, to be given as ``whole`` next time. With ``dataflow`` (the listing pass),
     every tensor is filed to tell each layer's ``constant`` and ``feeds_output``, and a
     functional call's ``identity`` is measured; a pass that only streams values needs none of
-    it (and a compiled copy traces the mode: the less it does, the better).
+    it (and a compiled copy traces the mode: the less it does, the better). With ``grad`` the
+    pass records autograd's graph (no ``torch.no_grad()``) and ``on_layer`` sees each output
+    itself, not detached, to hook its gradient.
     """
     result = Capture()
     names = {m: n for n, m in leaf_modules(model, whole)}
@@ -296,7 +300,7 @@ def capture(
         made_by.append(filing.made_by(out) if filing is not None else None)
         producer[out.data_ptr()] = (index, weakref.ref(out))
         if on_layer is not None:
-            on_layer(index, layer, out.detach(), local)
+            on_layer(index, layer, out if grad else out.detach(), local)
 
     pending: dict = {}  # a leaf's re-run, made before it ran, until its output is seen
     filing = _Filing(model) if dataflow else None
@@ -376,7 +380,7 @@ def capture(
     handles += [m.register_forward_hook(leave) for m in paths]
     try:
         mode = _FunctionalCalls(running, leaves, function, filing, rerun_call)
-        with torch.no_grad(), mode:
+        with contextlib.nullcontext() if grad else torch.no_grad(), mode:
             result.output = model(*inputs)
         needed = filing.upstream(result.output) if filing is not None else set()
         for layer, node in zip(result.layers, made_by, strict=True):

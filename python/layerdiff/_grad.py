@@ -1,7 +1,14 @@
 """`layerdiff grad`: a model's gradients on another device, precision or compiler, against the
-model as given: the gradient of every parameter and of every floating-point input, in the order
-backward produces them, compared, judged and explained by the same engine as the layers of
-`layerdiff torch`.
+model as given, in the order backward produces them: the gradient of every parameter, of every
+floating-point input, and the gradient each module call's backward hands on to what fed it
+(`fc:input`), compared, judged and explained by the same engine as the layers of `layerdiff
+torch`.
+
+Each of them also has its own error: every module call's backward is made again on its own
+(`layerdiff._backward`) in the target's precision on the reference's saved inputs and output
+gradient, and exactly in float64 on the same values rounded to the target's dtype (its
+same-precision baseline). So a backward that computes wrongly is told from one that only rounds,
+and from one that merely carries an error from downstream.
 
 Both sides differentiate the same loss of the same model instance on the same input bytes, in
 eval mode (no dropout, batch norms on their running statistics: one function on both sides).
@@ -13,29 +20,18 @@ before they are compared: what the optimizer would see.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import torch
 
-from layerdiff import _layerdiff
-from layerdiff._capture import _first_tensor
+from layerdiff import _backward, _baseline, _layerdiff
+from layerdiff._backward import Pass, input_layer
+from layerdiff._capture import _first_tensor, capture
 from layerdiff._sides import _WORDS, TorchSide, cuda_math
 from layerdiff.report import Report
 from layerdiff.tensors import dtype_name, flat
 
 # GradScaler's first scale and its back-off on a step with non-finite gradients.
 _INIT_SCALE, _BACKOFF = 2.0**16, 0.5
-
-
-@dataclass
-class _Gradients:
-    """One side's gradients, in the order backward produced them, and how the loss was scaled."""
-
-    grads: dict[str, torch.Tensor]
-    order: list[str]
-    parameters: dict[str, torch.Tensor]
-    scale: float = 1.0
-    skipped: int = 0
 
 
 def compare_gradients(
@@ -46,6 +42,7 @@ def compare_gradients(
     reference: str = "torch",
     loss: str = "dot",
     tolerance: float | str = "dtype",
+    local: bool = True,
     float64: bool = True,
     name: str | None = None,
     seed: int | None = None,
@@ -55,14 +52,18 @@ def compare_gradients(
 ) -> Report:
     """Compare a model's gradients on the PyTorch side ``target`` (``"torch:bf16"``,
     ``"torch:cuda:amp-fp16"``, ``"torch:compile"``…) with those on ``reference`` (default: the
-    model as given), for every parameter and floating-point input, in backward order.
+    model as given), for every parameter, floating-point input and module call's input, in
+    backward order.
 
     ``loss`` is ``"dot"`` (the output's dot product with a fixed random tensor from ``seed``,
     so every output element has its own gradient) or ``"sum"``. ``tolerance`` and ``float64``
-    (the float64 gradients as the truth) as for :func:`layerdiff.torch.compare_torch`.
-    ``report.drift_origin`` is the first gradient, in backward order, that exceeds its tolerance.
+    (the float64 gradients as the truth) as for :func:`layerdiff.torch.compare_torch`. With
+    ``local`` each module call's backward is also run alone on the reference's values, so every
+    gradient has its own error, held against its same-precision baseline (with ``float64``).
+    ``report.drift_origin`` is the first module, in backward order, whose backward computes
+    differently (or, with rounding only, where the rounding is born).
     """
-    from layerdiff.torch import _as_input_tuple
+    from layerdiff.torch import _as_input_tuple, to_eval
 
     step = progress or (lambda message: None)
     inputs = _as_input_tuple(inputs)
@@ -71,7 +72,7 @@ def compare_gradients(
     if options is None:
         options = _layerdiff.Options(
             tolerance=str(tolerance),
-            local=False,
+            local=local,
             target=target,
             reference=reference,
             float64=float64,
@@ -79,7 +80,6 @@ def compare_gradients(
     if options.torch_target is None:
         raise _layerdiff.UsageError("compare_gradients compares PyTorch sides (`torch:bf16`…)")
     ref_side, tgt_side = TorchSide.of(options.reference), TorchSide.of(options.torch_target)
-    from layerdiff.torch import to_eval
 
     eval_note = to_eval(model)
     with torch.no_grad():
@@ -90,58 +90,42 @@ def compare_gradients(
     cotangent = (
         torch.randn(out.shape, generator=generator) if loss == "dot" else torch.ones(out.shape)
     )
+    listing = capture(model, inputs)
+    whole = frozenset(listing.self_computing)
+    if whole:
+        listing = capture(model, inputs, whole=whole)
 
     with cuda_math(ref_side, tgt_side):
         step(f"forward and backward on the reference ({ref_side.spelling})")
-        ref = _side_gradients(model, inputs, ref_side, cotangent, "the reference")
+        ref = _side_gradients(model, inputs, ref_side, cotangent, whole, "the reference")
         step(f"forward and backward on the target ({tgt_side.spelling})")
-        tgt = _side_gradients(model, inputs, tgt_side, cotangent, "the target")
-    if not ref.order:
-        raise _layerdiff.InputError("the model has no parameter or input that takes a gradient")
-    truth, lost = None, None
-    if options.float64:
-        step("forward and backward in float64 (the truth)")
-        try:
-            truth = _float64_gradients(model, inputs, cotangent)
-        except Exception as e:  # compared without it, and said so
-            lost = f"no float64 truth: the float64 copy failed ({type(e).__name__}: {e})"
-    missing = [n for n in ref.order if n not in tgt.grads]
-    if missing:
-        raise _layerdiff.InputError(
-            f"the target `{tgt_side.spelling}` computed no gradient for "
-            f"{', '.join(f'`{n}`' for n in missing[:5])}"
-        )
+        tgt = _side_gradients(model, inputs, tgt_side, cotangent, whole, "the target")
+        if not ref.order:
+            raise _layerdiff.InputError("the model has no parameter or input that takes a gradient")
+        truth, lost = None, None
+        if options.float64:
+            step("forward and backward in float64 (the truth)")
+            try:
+                truth = _float64_gradients(model, inputs, cotangent, whole)
+            except Exception as e:  # compared without it, and said so
+                lost = f"no float64 truth: the float64 copy failed ({type(e).__name__}: {e})"
+        missing = [n for n in ref.order if n not in tgt.grads and not n.endswith(":input")]
+        if missing:
+            raise _layerdiff.InputError(
+                f"the target `{tgt_side.spelling}` computed no gradient for "
+                f"{', '.join(f'`{n}`' for n in missing[:5])}"
+            )
+        step("each module's backward alone")
+        gradients = _Gradients(model, ref, tgt, truth, ref_side, tgt_side)
+        gradients.own(local=options.local, exact=options.float64 and options.local)
 
-    owners = {
-        f"{path}.{attribute}" if path else attribute: (path, type(module).__name__, attribute)
-        for path, module in model.named_modules()
-        for attribute, _ in module.named_parameters(recurse=False)
-    }
-    listed = []
-    for key in ref.order:
-        module, module_type, attribute = owners.get(key, ("", "input", key))
-        grad = ref.grads[key]
-        listed.append(
-            {
-                "name": key,
-                "module": module,
-                "module_type": f"{module_type}.{attribute}" if module_type != "input" else "input",
-                "call_index": 0,
-                "identity": False,
-                "input_from": None,
-                "inputs_from": [],
-                "shape": list(grad.shape),
-                "dtype": dtype_name(key, grad),
-                "fingerprint": None,
-                "op": None,
-            }
-        )
+    layers = gradients.layers(listing.layers)
     given = [flat(f"input_{i}", t) for i, t in enumerate(inputs)]
     run = _layerdiff.CapturedRun(
         command="grad",
         model=name or type(model).__name__,
         inputs=given,
-        layers=listed,
+        layers=layers,
         options=options,
         seed=seed,
         reference_runtime="pytorch",
@@ -151,25 +135,19 @@ def compare_gradients(
         lower_precision=_lower_precision(tgt_side),
         timings=list(timings) if isinstance(timings, list) else ([] if timings else None),
     )
-    step(f"comparing {len(ref.order)} gradients")
-    for index, key in enumerate(ref.order):
-        wide = truth.grads.get(key) if truth is not None else None
-        run.add(
-            index,
-            flat(key, ref.grads[key]),
-            float64=None if wide is None else flat(key, wide),
-            target=flat(key, tgt.grads[key]),
-        )
+    step(f"comparing {len(layers)} gradients")
+    for index, layer in enumerate(layers):
+        gradients.hand(run, index, layer["name"])
     needed = run.conclude()
+    names = {i: layers[i]["name"] for i in needed}
     native = run.finish(
-        {i: [flat(k, ref.parameters[k])] for i in needed if (k := ref.order[i]) in ref.parameters},
-        {i: [flat(k, tgt.parameters[k])] for i in needed if (k := ref.order[i]) in tgt.parameters},
+        {i: [flat(k, ref.parameters[k])] for i, k in names.items() if k in ref.parameters},
+        {i: [flat(k, tgt.parameters[k])] for i, k in names.items() if k in tgt.parameters},
     )
     report = Report(native, inputs=given)
+    owners = {x["name"]: x["module"] for x in layers}
+    report = report.advised_by_module(owners)
     report.notes += [n for n in (eval_note, lost) if n]
-    between = _born_between(model, report, owners)
-    if between:
-        report.notes.append(between)
     if tgt.skipped:
         report.notes.append(
             f"the target's gradients were not finite at {tgt.skipped} larger loss scale(s): a "
@@ -178,43 +156,279 @@ def compare_gradients(
     return report
 
 
-def _born_between(model, report: Report, owners: dict) -> str | None:
-    """Where backward first went wrong, in words: the first gradient to exceed its tolerance
-    comes after one that agrees, so what lies between their modules (in the model's order)
-    computed the difference; None when that says nothing."""
-    layers = report.data["layers"]
-    origin = report.drift_origin
-    names = [x["name"] for x in layers]
-    if origin is None or names.index(origin) == 0:
-        return None
-    before = layers[names.index(origin) - 1]
-    if before["exceeds_tol"]:
-        return None
-    order = [path for path, _ in model.named_modules()]
-    first = owners.get(before["name"], (None,))[0]
-    last = owners.get(origin, (None,))[0]
-    if first is None or last is None or first not in order or last not in order:
-        return None
-    lo, hi = sorted((order.index(first), order.index(last)))
-    modules = dict(model.named_modules())
-    leaves = [
-        f"`{path}` ({type(modules[path]).__name__})"
-        for path in order[lo + 1 : hi]
-        if path and not any(True for _ in modules[path].children())
-    ]
-    if not leaves:
-        return None
+class _Gradients:
+    """The gradients of every layer on each side, and each layer's own (local) gradient and its
+    exact one, from the module calls' backwards made alone."""
+
+    def __init__(self, model, ref: Pass, tgt: Pass, truth: Pass | None, ref_side, tgt_side):
+        self.ref, self.tgt, self.truth = ref, tgt, truth
+        self.ref_side, self.tgt_side = ref_side, tgt_side
+        self.reference_modules = dict(ref.model.named_modules())
+        self.target_modules = dict(tgt.model.named_modules())
+        # each parameter's key by (module path, attribute), as the reference names it
+        keys = {id(p): n for n, p in model.named_parameters()}
+        self.key = {
+            (path, attribute): keys[id(p)]
+            for path, module in model.named_modules()
+            for attribute, p in module.named_parameters(recurse=False)
+        }
+        self.owner = {k: path for (path, _), k in self.key.items()}
+        self.types = {path: type(m).__name__ for path, m in model.named_modules()}
+        self.values: dict[str, tuple] = {}  # layer → (reference, target, float64)
+        self.local: dict[str, torch.Tensor | str] = {}
+        self.exact: dict[str, torch.Tensor] = {}
+        self.grid: dict[str, torch.dtype] = {}
+
+    def own(self, *, local: bool, exact: bool) -> None:
+        """Each call's input gradient on both sides (and in float64), and, with `local`, every
+        layer's own gradient (the target's backward of each call on the reference's values)
+        and, with `exact`, its exact one (see `_backward.exact_vjp`)."""
+        ref, tgt, truth = self.ref, self.tgt, self.truth
+        # parameter or input → [local parts, exact parts, grid, reference parts]
+        sums: dict[str, list] = {}
+        for name, call in ref.calls.items():
+            theirs = tgt.calls.get(name)
+            mine = self._vjp(ref, call, self.reference_modules, self.ref_side)
+            layer = input_layer(name)
+            if mine.input is not None and theirs is not None:
+                other = self._vjp(tgt, theirs, self.target_modules, self.tgt_side)
+                wide = None
+                if truth is not None and name in truth.calls:
+                    modules = dict(truth.model.named_modules())
+                    wide = self._vjp(truth, truth.calls[name], modules, None).input
+                self.values[layer] = (mine.input, other.input, wide)
+            if not local or call.grad_output is None:
+                continue
+            try:
+                own = self._vjp(ref, call, self.target_modules, self.tgt_side, scale=tgt.scale)
+            except Exception as e:  # the target's own failure is that layer's finding
+                self.local[layer] = f"the target's backward of `{name}` failed alone: {e}"
+                continue
+            precise = None
+            if exact:
+                precise = _backward.exact_vjp(
+                    self.reference_modules[call.module], call, call.grad_output,
+                    held=lambda t: self.tgt_side.convert(t).dtype, dtype=own.dtype,
+                    scale=tgt.scale,
+                )  # fmt: skip
+            # (layer, its own part, its exact part, the reference's part), aligned by position
+            for (key, g), (_, x), (_, r) in zip(
+                self._parts(call, own),
+                self._parts(call, precise) if precise is not None else self._nones(call),
+                self._parts(call, mine),
+                strict=True,
+            ):
+                if g is None:
+                    continue
+                entry = sums.setdefault(key, [[], [], own.dtype, []])
+                entry[0].append(g)
+                if x is not None:
+                    entry[1].append(x)
+                if r is not None:
+                    entry[3].append(r)
+        for key, (local_parts, exact_parts, grid, reference_parts) in sums.items():
+            held = local_parts[0].dtype
+            # what reaches this gradient through computation outside module calls (a residual
+            # add between them), as the reference computes it: no call's own error
+            rest = 0.0
+            if len(reference_parts) == len(local_parts) and key in self.ref.grads:
+                covered = sum(p.double() for p in reference_parts)
+                rest = self.ref.grads[key].double() - covered.to(self.ref.grads[key].device)
+            self.local[key] = _completed(local_parts, rest, held)
+            if exact_parts and len(exact_parts) == len(local_parts):
+                # gradients from several calls: each one's ideal gradient, rounded as the
+                # target holds it, added up (the accumulation's rounding is the baseline's)
+                if len(exact_parts) > 1:
+                    exact_parts = [_baseline.rounded(x.to(held), None) for x in exact_parts]
+                self.exact[key] = _sum(exact_parts) + (
+                    rest.cpu() if isinstance(rest, torch.Tensor) else rest
+                )
+                self.grid[key] = grid
+
+    def _parts(self, call, found) -> list[tuple]:
+        """The gradients one call's backward gives: (layer, gradient) for its input, its
+        parameters and each model input it reads (a model input read twice, twice)."""
+        parts = [(input_layer(call.name), found.input)]
+        parts += [(key, found.parameters.get(n)) for n, key in self._parameter_names(call)]
+        parts += [(f"inputs[{i}]", found.inputs.get(k)) for k, i in call.reads.items()]
+        return parts
+
+    def _nones(self, call) -> list[tuple]:
+        return [(key, None) for key, _ in self._parts(call, _backward.Vjp(None, {}, {}, None))]
+
+    def _parameter_names(self, call) -> list[tuple[str, str]]:
+        """The parameters a call's backward gives (its module's, its submodules' included, as a
+        MultiheadAttention uses its `out_proj`'s): (name within the module, layer)."""
+        module = self.reference_modules[call.module]
+        prefix = f"{call.module}." if call.module else ""
+        return [
+            (n, prefix + n)
+            for n, p in module.named_parameters()
+            if p.requires_grad and prefix + n in self.owner
+        ]
+
+    def _vjp(self, side: Pass, call, modules, torch_side, scale: float | None = None):
+        """`call` made again alone with `modules[call.module]`, as `torch_side` runs it (None:
+        as given, the float64 truth)."""
+        prepare = torch_side.convert if torch_side is not None else (lambda t: t)
+        running = torch_side.running if torch_side is not None else _backward._nothing
+        return _backward.vjp(
+            modules[call.module], call, call.grad_output, prepare, running,
+            side.scale if scale is None else scale,
+        )  # fmt: skip
+
+    def layers(self, listed) -> list[dict]:
+        """The report's layers in backward order, each with the layers its error comes in
+        through (the input gradients of the calls that read its call's output)."""
+        # a call whose first input is a model input only it reads hands on that input's
+        # gradient (`inputs[0]`): one layer, not two
+        readers_of: dict[int, list[str]] = {}
+        for name, call in self.ref.calls.items():
+            for i in set(call.reads.values()):
+                readers_of.setdefault(i, []).append(name)
+        same = {
+            input_layer(name)
+            for name, call in self.ref.calls.items()
+            if 0 in call.reads and readers_of[call.reads[0]] == [name]
+        }
+        order = [
+            k for k in self.ref.order
+            if (k in self.ref.grads or k in self.values) and k not in same
+        ]  # fmt: skip
+        index = {k: i for i, k in enumerate(order)}
+        readers = _readers(listed)
+        calls_of: dict[str, list[str]] = {}
+        for name, call in self.ref.calls.items():
+            calls_of.setdefault(call.module, []).append(name)
+        out = []
+        for key in order:
+            if key.endswith(":input"):
+                call = key[: -len(":input")]
+                module = self.ref.calls[call].module
+                calls, module_type = [call], f"{self.types.get(module, '')} (input gradient)"
+            elif key in self.owner:
+                module = self.owner[key]
+                calls = calls_of.get(module, [])
+                module_type = f"{self.types.get(module, '')}.{key.rsplit('.', 1)[-1]}"
+            else:
+                module, calls, module_type = "", [], "input"
+                readers_of_input = [
+                    n for n, c in self.ref.calls.items() if int(key[7:-1]) in c.reads.values()
+                ]
+                calls = readers_of_input
+            fed = sorted(
+                {index[input_layer(r)] for c in calls for r in readers.get(c, [])
+                 if input_layer(r) in index and index[input_layer(r)] < index[key]}
+            )  # fmt: skip
+            if key.startswith("inputs["):
+                fed = sorted(
+                    {index[input_layer(c)] for c in calls if input_layer(c) in index}
+                    | {index[input_layer(r)] for c in calls if input_layer(c) not in index
+                       for r in readers.get(c, []) if input_layer(r) in index}
+                )  # fmt: skip
+            value = self._value(key)[0]
+            out.append(
+                {
+                    "name": key,
+                    "module": module,
+                    "module_type": module_type,
+                    "call_index": 0,
+                    "identity": False,
+                    "input_from": None,
+                    "inputs_from": fed,
+                    "shape": list(value.shape),
+                    "dtype": dtype_name(key, value),
+                    "fingerprint": None,
+                    "op": None,
+                }
+            )
+        return out
+
+    def _value(self, key: str) -> tuple:
+        """(reference, target, float64) of a layer."""
+        if key in self.values:
+            return self.values[key]
+        wide = self.truth.grads.get(key) if self.truth is not None else None
+        return self.ref.grads[key], self.tgt.grads[key], wide
+
+    def hand(self, run, index: int, key: str) -> None:
+        """Hands layer `key` over to the run."""
+        reference, target, wide = self._value(key)
+        local = self.local.get(key)
+        exact = self.exact.get(key)
+        grid = self.grid.get(key)
+        run.add(
+            index,
+            flat(key, reference),
+            float64=None if wide is None else flat(key, wide),
+            target=flat(key, target),
+            local=flat(key, local.to(target.dtype)) if isinstance(local, torch.Tensor) else None,
+            local_error=local if isinstance(local, str) else (
+                None if local is not None else _no_own_error(key)
+            ),
+            baseline=None if exact is None else flat(key, exact),
+            baseline_grid=None if grid is None else dtype_name(key, torch.empty(0, dtype=grid)),
+        )  # fmt: skip
+
+
+def _no_own_error(key: str) -> str:
+    """Why a gradient has no backward of its own to re-run."""
+    if key.startswith("inputs["):
+        return "the input is not read directly by a module call, whose backward could be re-run"
     return (
-        f"the first gradient to exceed, `{origin}`, comes right after `{before['name']}` in "
-        f"backward order, which agrees: the difference is born in the backward of "
-        f"{', '.join(leaves[:5])}"
+        "its module computes it outside any module call whose backward could be re-run alone "
+        "(a parameter a parent module uses itself)"
     )
 
 
-def _side_gradients(model, inputs, side: TorchSide, cotangent, which: str) -> _Gradients:
+def _sum(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The gradients of one tensor from several calls, added up as backward accumulates them
+    (in float32 or wider, then in the first part's dtype)."""
+    if len(parts) == 1:
+        return parts[0]
+    wide = torch.promote_types(parts[0].dtype, torch.float32)
+    total = sum(p.to(wide) for p in parts)
+    return total.to(parts[0].dtype)
+
+
+def _completed(parts: list[torch.Tensor], rest, held: torch.dtype) -> torch.Tensor:
+    """A gradient's own value: its calls' parts added up as backward does, plus `rest` (the
+    reference's share from computation outside module calls), in the dtype it is held in."""
+    total = _sum(parts)
+    if not isinstance(rest, torch.Tensor):
+        return total
+    return (total.double() + rest.to(total.device)).to(held)
+
+
+def _readers(listed) -> dict[str, list[str]]:
+    """For each module call of the listing, the module calls that read its output, through the
+    functional calls between modules (they have no backward of their own here)."""
+    direct: dict[int, list[int]] = {}
+    for i, layer in enumerate(listed):
+        for j in layer.inputs_from:
+            direct.setdefault(j, []).append(i)
+
+    def module_readers(i: int, seen: set) -> list[str]:
+        found = []
+        for j in direct.get(i, []):
+            if j in seen:
+                continue
+            seen.add(j)
+            if listed[j].op is None:
+                found.append(listed[j].name)
+            else:
+                found += module_readers(j, seen)
+        return found
+
+    return {
+        layer.name: module_readers(i, set()) for i, layer in enumerate(listed) if layer.op is None
+    }
+
+
+def _side_gradients(model, inputs, side: TorchSide, cotangent, whole, which: str) -> Pass:
     """`_gradients`, with the side's own failure said as bad input, naming the side."""
     try:
-        return _gradients(model, inputs, side, cotangent)
+        return _gradients(model, inputs, side, cotangent, whole)
     except _layerdiff.LayerdiffError:
         raise
     except Exception as e:
@@ -223,60 +437,30 @@ def _side_gradients(model, inputs, side: TorchSide, cotangent, which: str) -> _G
         ) from e
 
 
-def _gradients(model, inputs, side: TorchSide, cotangent) -> _Gradients:
+def _gradients(model, inputs, side: TorchSide, cotangent, whole) -> Pass:
     """The side's gradients of the loss, from its own copy of the model; in float16, the loss
     scaled as GradScaler does and the gradients unscaled in float32."""
-    copied, given = side.prepare(model, inputs)
+    copied, given = side.prepare(model, inputs, whole)
     scale = _INIT_SCALE if side.precision in ("fp16", "amp-fp16") else 1.0
     skipped = 0
     while True:
-        found = _backward(copied, given, side.running, cotangent, scale)
+        found = _backward.backward(copied, given, side.running, cotangent, scale, whole)
         if scale == 1.0 or all(bool(torch.isfinite(g).all()) for g in found.grads.values()):
             break
         scale *= _BACKOFF
         skipped += 1
-    found.scale, found.skipped = scale, skipped
+    found.skipped = skipped
     return found
 
 
-def _float64_gradients(model, inputs, cotangent) -> _Gradients:
+def _float64_gradients(model, inputs, cotangent, whole) -> Pass:
     """The gradients of a float64 copy of the model: the numerical truth."""
     wide = tuple(t.double() if t.is_floating_point() else t for t in inputs)
-    return _backward(copy.deepcopy(model).double(), wide, torch.enable_grad, cotangent.double())
+    copied = copy.deepcopy(model).double()
+    return _backward.backward(copied, wide, torch.enable_grad, cotangent.double(), whole=whole)
 
 
-def _backward(model, given, running, cotangent, scale: float = 1.0) -> _Gradients:
-    """One forward and backward pass of the loss (times `scale`), recording each gradient as
-    backward finishes it."""
-    names = {p: n for n, p in model.named_parameters() if p.requires_grad}
-    leaves = [
-        t.detach().clone().requires_grad_(True) if t.is_floating_point() else t for t in given
-    ]
-    for i, t in enumerate(leaves):
-        if t.is_floating_point():
-            names[t] = f"inputs[{i}]"
-    order: list[str] = []
-    hooks = [t.register_post_accumulate_grad_hook(lambda t: order.append(names[t])) for t in names]
-    for p in model.parameters():
-        p.grad = None
-    try:
-        with torch.enable_grad(), running():
-            out = _first_tensor(model(*leaves))
-            loss = (out.to(cotangent.dtype) * cotangent.to(out.device)).sum()
-        (loss * scale).backward()
-    finally:
-        for h in hooks:
-            h.remove()
-    grads = {}
-    for t, key in names.items():
-        if t.grad is not None:
-            g = t.grad.detach()
-            grads[key] = (g.float() / scale).to(g.dtype if scale == 1.0 else torch.float32)
-    parameters = {n: p.detach() for n, p in model.named_parameters()}
-    return _Gradients(grads=grads, order=[k for k in order if k in grads], parameters=parameters)
-
-
-def _how(found: _Gradients, loss: str) -> str:
+def _how(found: Pass, loss: str) -> str:
     """The gradients' loss and scaling in words."""
     what = "the output's dot product with a fixed random tensor" if loss == "dot" else "sum"
     scaled = f", scaled by {found.scale:g} and unscaled in float32" if found.scale != 1 else ""

@@ -25,8 +25,8 @@ class Report:
 
     @property
     def drift_origin(self) -> str | None:
-        """The layer where drift is born: the first whose own (local) error exceeds its
-        tolerance, or the upstream layer an amplified error came from."""
+        """The layer the headline names: the first defect (or undecided layer), else where the
+        precision drift is born."""
         return self._native.drift_origin
 
     @property
@@ -64,7 +64,9 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        """0 when no layer exceeds the tolerance, 1 when drift was found."""
+        """The CLI's exit code under ``--fail-on defect`` (the default): 0 when no layer
+        exceeds its tolerance or the drift is rounding only, 1 on a defect, an undecided cause,
+        an inconclusive run or values that overflow to ±Inf."""
         return self._native.exit_code
 
     def layer(self, name: str) -> dict:
@@ -85,6 +87,11 @@ class Report:
     def advised(self, precision: str) -> Report:
         """This report with keep-in-float32 advice for a target computing in `precision`."""
         return self._with(self._native.advised(precision))
+
+    def advised_by_module(self, owners: dict[str, str]) -> Report:
+        """This report with its keep-in-float32 advice by module (`owners`: each gradient's
+        module): what can run its backward in float32, where the layers are gradients."""
+        return self._with(self._native.advised_by_module(owners))
 
     def checked(self, before: Report, after: Report, kept: list[str], precision: str) -> Report:
         """This report with the check of keeping `kept` in float32: `before` without them kept,

@@ -1,8 +1,9 @@
 """Modules whose kernel is wrong in a narrow dtype only, planted in real models for the defect
 tests: in float32 (and float64) each computes what its PyTorch module does; in bfloat16 or
 float16 it adds its products one by one to a running sum held in that dtype, as a kernel that
-does not accumulate in float32 does. Its backward, in the narrow dtype, scales the weight's gradient by 1.02 instead (a
-backward kernel that is off where the forward is right)."""
+does not accumulate in float32 does. The wrong-backward modules compute their forward right
+and, in the narrow dtype, scale their weight's gradient by 1.02 (a backward kernel that is off
+where the forward is right)."""
 
 from __future__ import annotations
 
@@ -39,9 +40,9 @@ class NarrowConv2d(nn.Conv2d):
             return super().forward(x)
         n, _, h, w = x.shape
         cols = F.unfold(x, self.kernel_size, self.dilation, self.padding, self.stride)
-        out_h = (h + 2 * self.padding[0] - self.dilation[0] * (self.kernel_size[0] - 1) - 1)
+        out_h = h + 2 * self.padding[0] - self.dilation[0] * (self.kernel_size[0] - 1) - 1
         out_h = out_h // self.stride[0] + 1
-        out_w = (w + 2 * self.padding[1] - self.dilation[1] * (self.kernel_size[1] - 1) - 1)
+        out_w = w + 2 * self.padding[1] - self.dilation[1] * (self.kernel_size[1] - 1) - 1
         out_w = out_w // self.stride[1] + 1
         weight = self.weight.reshape(self.out_channels, -1)
         # (n, L, 1, K) * (O, K) → (n, L, O, K), summed over K in the narrow dtype
@@ -70,6 +71,14 @@ class WrongBackwardLinear(nn.Linear):
 
     def forward(self, x):
         return F.linear(x, _WrongWeightGrad.apply(self.weight), self.bias)
+
+
+class WrongBackwardConv2d(nn.Conv2d):
+    """A Conv2d whose forward is right in every dtype and whose backward, in a narrow dtype,
+    makes its weight's gradient 2% too large."""
+
+    def forward(self, x):
+        return self._conv_forward(x, _WrongWeightGrad.apply(self.weight), self.bias)
 
 
 def _swap(parent: nn.Module, name: str, kind) -> None:
@@ -116,3 +125,25 @@ def mlp_wrong_backward():
     model, inputs = builders.seed_mlp.build()
     _swap(model, "0", WrongBackwardLinear)
     return model, inputs
+
+
+def cnn_wrong_backward():
+    """ResNet-18 (random weights, seed 0) at 64×64 whose `layer3.0.conv2` backward is off in the
+    narrow dtype."""
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None).eval()
+    _swap(model.layer3[0], "conv2", WrongBackwardConv2d)
+    return model, (torch.randn(1, 3, 64, 64),)
+
+
+def transformer_wrong_backward():
+    """The two-layer transformer encoder whose second layer's `linear1` backward is off in the
+    narrow dtype."""
+    import builders.encoder
+
+    torch.manual_seed(0)
+    model, inputs = builders.encoder.build()
+    _swap(model.layers[1], "linear1", WrongBackwardLinear)
+    return model.eval(), inputs

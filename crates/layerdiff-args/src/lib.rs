@@ -31,26 +31,31 @@ pub struct Cli {
 pub enum Command {
     /// Compare a PyTorch model with its ONNX export under ONNX Runtime, layer by layer.
     ///
-    /// Exit code 0: no layer exceeds the tolerance; 1: drift found; 2: layerdiff could not run.
+    /// Exit code 0: no layer exceeds its tolerance, or rounding only; 1: a defect (or drift with
+    /// `--fail-on drift`); 2: layerdiff could not run.
     Torch(TorchArgs),
     /// Compare every intermediate value of an ONNX model between two runtimes, or two model files.
     ///
-    /// Exit code 0: no value exceeds the tolerance; 1: drift found; 2: layerdiff could not run.
+    /// Exit code 0: no value exceeds its tolerance, or rounding only; 1: a defect (or drift with
+    /// `--fail-on drift`); 2: layerdiff could not run.
     Onnx(OnnxArgs),
     /// Run one ONNX model on every execution provider and optimization level, each against the
     /// CPU provider with optimizations off, per layer: one table, one verdict per cell.
     ///
-    /// Exit code 0: every cell that ran is clean; 1: a cell drifts; 2: none could run.
+    /// Exit code 0: every cell that ran is clean or rounding only; 1: a cell has a defect (or
+    /// drifts, with `--fail-on drift`); 2: none could run.
     Providers(ProvidersArgs),
     /// List the ops an ONNX model uses and, for each runtime, whether it can run each one
     /// (tried as a single-node model with the model's own shapes and dtypes).
     ///
     /// Exit code 0: every runtime runs every op; 1: one does not; 2: layerdiff could not audit.
     Audit(AuditArgs),
-    /// Compare a PyTorch model's gradients (of every parameter and of the inputs, in backward
-    /// order) on another device, precision or compiler against the model as given.
+    /// Compare a PyTorch model's gradients (of every parameter, input and module call's input,
+    /// in backward order) on another device, precision or compiler against the model as given;
+    /// each module's backward is also re-run alone, so every gradient has its own error.
     ///
-    /// Exit code 0: no gradient exceeds the tolerance; 1: drift found; 2: layerdiff could not run.
+    /// Exit code 0: no gradient exceeds its tolerance, or rounding only; 1: a defect (or drift
+    /// with `--fail-on drift`); 2: layerdiff could not run.
     Grad(GradArgs),
     /// Run single ops (matmul, softmax, conv2d, attention…) on each backend and dtype, each
     /// judged against a float64 computation of the op on the same rounded inputs with the error
@@ -206,9 +211,15 @@ pub struct GradArgs {
     /// distance from a float64 run's gradients).
     #[arg(long, default_value = "dtype", value_parser = Tolerance::parse)]
     pub tolerance: Tolerance,
-    /// Skip the float64 run (the numerical truth both sides are measured against).
+    /// Skip the float64 runs: the numerical truth both sides are measured against, and each
+    /// module's backward made exactly on the reference's values rounded to the target's dtype
+    /// (the same-precision baseline its own error is judged against).
     #[arg(long)]
     pub no_float64: bool,
+    /// Skip re-running each module call's backward alone on the reference's values (its own
+    /// error): faster, but the origin is then the first gradient that exceeds.
+    #[arg(long)]
+    pub no_local: bool,
     /// Seed for the model's random weights, generated inputs and the `dot` loss's tensor.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -832,12 +843,11 @@ impl OnnxArgs {
 }
 
 impl GradArgs {
-    /// Tolerance and memory budget, as the engine takes them (a gradient has no re-run of its
-    /// own: no local error).
+    /// Tolerance, own error and memory budget, as the engine takes them.
     pub fn settings(&self) -> Settings {
         Settings {
             tolerance: self.tolerance,
-            local: false,
+            local: !self.no_local,
             max_memory: None,
         }
     }

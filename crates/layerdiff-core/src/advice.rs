@@ -174,6 +174,44 @@ pub fn keep_float32(report: &Report, precision: &str) -> Option<KeepFloat32> {
     })
 }
 
+impl KeepFloat32 {
+    /// The same advice by module, for layers that are gradients (`owner` gives each one's
+    /// module; inputs have none): a gradient cannot be kept in float32, the backward of the
+    /// module that computes it can. Modules in the order of their first advised gradient.
+    pub fn by_module(&self, owner: &dyn Fn(&str) -> Option<String>) -> KeepFloat32 {
+        let mut modules: Vec<(String, Vec<&KeptLayer>)> = Vec::new();
+        for kept in &self.layers {
+            let Some(module) = owner(&kept.layer).filter(|m| !m.is_empty()) else {
+                continue;
+            };
+            match modules.iter_mut().find(|(m, _)| *m == module) {
+                Some((_, grads)) => grads.push(kept),
+                None => modules.push((module, vec![kept])),
+            }
+        }
+        let layers = modules
+            .into_iter()
+            .map(|(module, grads)| {
+                let names: Vec<String> = grads.iter().map(|k| format!("`{}`", k.layer)).collect();
+                KeptLayer {
+                    layer: module,
+                    nodes: Vec::new(),
+                    why: format!(
+                        "run its backward in float32, or scale the loss so its small gradients keep their precision: {} ({})",
+                        names.join(", "),
+                        grads[0].why
+                    ),
+                }
+            })
+            .collect();
+        KeepFloat32 {
+            precision: self.precision.clone(),
+            layers,
+            check: self.check.clone(),
+        }
+    }
+}
+
 /// The last compared layer's statistics.
 fn output(report: &Report) -> Option<(&str, &Stats)> {
     report

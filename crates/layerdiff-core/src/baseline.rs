@@ -67,15 +67,18 @@ pub fn accumulation_unit(dtype: DType) -> f64 {
 /// after reducing `reduction` terms and rounding `stages` intermediate results to `dtype`:
 ///
 /// ```text
-/// n·step_d(exact) + (stages·u_d + (⌈log2 K⌉ + n)·u_acc)·M   [+ the smallest normal of d
-///                                                              where |exact| is below it]
+/// n·step_d(exact) + (stages·u_d + (max(⌈log2 K⌉, ⌈√K⌉) + n)·u_acc)·M
+///                                        [+ the smallest normal of d where |exact| is below it]
 /// ```
 ///
 /// `step_d`: one step (ULP) of `dtype` at `|exact|`, `n` [`output_steps`] of them; `u_d` the
 /// dtype's unit roundoff; `u_acc` float32's ([`accumulation_unit`]): mainstream kernels
-/// accumulate float16 and bfloat16 in float32, and a pairwise or blocked float32 sum of `K`
-/// terms is off by at most `⌈log2 K⌉·u_acc·Σ|terms|`. Below the normal range a kernel may flush
-/// to zero. `0` for integer dtypes, which must be exact.
+/// accumulate float16 and bfloat16 in float32. A pairwise float32 sum of `K` terms is off by at
+/// most `⌈log2 K⌉·u_acc·Σ|terms|`; a micro-kernel that adds along `K` one term after another
+/// (tract's, MLAS's register tiles) typically by `√K·u_acc·Σ|terms|` and at worst by `K·…`:
+/// the larger of the first two is what an honest kernel is allowed (tract's float32 Conv
+/// against ONNX Runtime's on ResNet-18, K = 4608, reaches 2× the pairwise term). Below the
+/// normal range a kernel may flush to zero. `0` for integer dtypes, which must be exact.
 pub fn kernel_allowance(
     dtype: DType,
     exact: f64,
@@ -87,9 +90,10 @@ pub fn kernel_allowance(
         return 0.0;
     };
     let n = output_steps(dtype);
-    let per_magnitude = f64::from(stages) * pow2(-(bits as i32))
-        + (f64::from(reduction.max(1).next_power_of_two().trailing_zeros()) + n)
-            * accumulation_unit(dtype);
+    let k = reduction.max(1);
+    let order = f64::from(k.next_power_of_two().trailing_zeros()).max((k as f64).sqrt().ceil());
+    let per_magnitude =
+        f64::from(stages) * pow2(-(bits as i32)) + (order + n) * accumulation_unit(dtype);
     let smallest_normal = dtype.step(0.0) * pow2(bits as i32 - 1);
     let flush = if exact.abs() < smallest_normal {
         smallest_normal
@@ -127,6 +131,14 @@ pub struct Baseline {
     /// Elements where the ideal implementation overflows `grid`'s range while the reference is
     /// finite (the target overflowing there is precision).
     pub overflow: u64,
+    /// Elements where the reference itself is further from the exact value than its dtype's
+    /// tolerance: the reference is off there, and the target cannot be held to it.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub reference_off: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Baseline {
@@ -141,6 +153,7 @@ impl Baseline {
 struct Sums {
     count: u64,
     overflow: u64,
+    reference_off: u64,
     base_max: f64,
     base_sum: f64,
     own_max: f64,
@@ -153,6 +166,7 @@ impl Sums {
     fn merge(mut self, other: Sums) -> Sums {
         self.count += other.count;
         self.overflow += other.overflow;
+        self.reference_off += other.reference_off;
         self.base_max = self.base_max.max(other.base_max);
         self.base_sum += other.base_sum;
         self.own_max = self.own_max.max(other.own_max);
@@ -189,6 +203,8 @@ pub fn assess_baseline(
     // The reference computes in the grid itself: an honest kernel may be as far from the exact
     // value as the reference is.
     let same_precision = !grid.narrower_than(reference.dtype);
+    // How far an honest reference may be from the exact value: its dtype's tolerance.
+    let honest = crate::default_for(reference.dtype);
     let blocks: Vec<Sums> = (0..n.div_ceil(BLOCK))
         .into_par_iter()
         .map(|b| {
@@ -231,6 +247,9 @@ pub fn assess_baseline(
                 };
                 let mut typical = rounding + bound - kernel_allowance(grid, x, 0.0, 1, 0);
                 let mut bound = bound;
+                if x.is_finite() && (x - y).abs() > honest.atol + honest.rtol * x.abs() {
+                    s.reference_off += 1;
+                }
                 if same_precision && x.is_finite() {
                     bound = bound.max((x - y).abs());
                     typical = typical.max((x - y).abs());
@@ -273,6 +292,7 @@ pub fn assess_baseline(
         allowed_mean_abs_diff: allowed_mean,
         multiple: ratio(s.own_max, s.allowed_max).max(ratio(own_mean, allowed_mean)),
         overflow: s.overflow,
+        reference_off: s.reference_off,
     })
 }
 

@@ -112,7 +112,9 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
             .entry(origin.clone())
             .or_insert((first.clone(), max(l), l.tolerance));
     }
-    let mut defects = Vec::new();
+    let mut defects: Vec<(usize, Defect)> = Vec::new();
+    // Layers whose precision is a quantization's (their grid for the summary).
+    let mut quantized: std::collections::HashSet<String> = std::collections::HashSet::new();
     for (i, layer) in layers.iter_mut().enumerate() {
         if !summary.needs_cause(layer) {
             continue;
@@ -140,6 +142,15 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
                 layer.tolerance
             );
         }
+        if is_source
+            && layer.exceeds_tol
+            && !layer.local_exceeds
+            && !matches!(cause, "inherited" | "unknown")
+        {
+            detail = format!(
+                "{detail}; the difference it hands on is in its inputs already, born in computation no compared layer covers (for a gradient: the forward pass)"
+            );
+        }
         if !matches!(cause, "inherited" | "rounding")
             && let Some(f) = &layer.float64
         {
@@ -149,14 +160,26 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
             "layout_permutation" => e.layout.as_ref().map(|l| l.permutation.clone()),
             _ => None,
         };
-        if finding == Finding::Defect {
+        if finding == Finding::Precision && e.ops.iter().any(|op| quantizing_op(op)) {
+            quantized.insert(layer.name.clone());
+        }
+        // A defect already named upstream in the same words (one changed weight two layers
+        // re-run) is that defect once.
+        let named = defects
+            .iter()
+            .any(|(_, d)| d.cause == cause && d.detail == detail);
+        if finding == Finding::Defect && !named {
             let own = layer.local.as_ref().or(layer.accumulated.as_ref());
             defects.push((
                 layer.index,
                 Defect {
                     layer: layer.name.clone(),
                     cause: cause.to_string(),
-                    multiple: layer.baseline.as_ref().map(|b| b.multiple),
+                    multiple: layer
+                        .baseline
+                        .as_ref()
+                        .filter(|b| b.reference_off == 0)
+                        .map(|b| b.multiple),
                     tolerance_multiple: own.and_then(crate::Stats::tolerance_multiple),
                     detail: detail.clone(),
                     fix: fix(cause, layer, e),
@@ -169,11 +192,16 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
     }
     defects.sort_by(|(ia, a), (ib, b)| b.severity().total_cmp(&a.severity()).then(ia.cmp(ib)));
     summary.defects = defects.into_iter().map(|(_, d)| d).collect();
-    conclude(layers, summary);
+    conclude(layers, summary, &quantized);
 }
 
-/// The summary's verdict, precision drift and drift origin, from the layers' findings.
-fn conclude(layers: &[Layer], summary: &mut Summary) {
+/// The summary's verdict, precision drift and drift origin, from the layers' findings
+/// (`quantized`: the layers whose precision is an int8 quantization's).
+fn conclude(
+    layers: &[Layer],
+    summary: &mut Summary,
+    quantized: &std::collections::HashSet<String>,
+) {
     let own = |l: &Layer| l.local_exceeds || (l.local.is_none() && l.exceeds_tol);
     let failing = layers.iter().find(|l| {
         matches!(l.finding, Some(Finding::Defect | Finding::Undecided))
@@ -191,6 +219,9 @@ fn conclude(layers: &[Layer], summary: &mut Summary) {
         let mut grids: Vec<(String, usize)> = Vec::new();
         for l in &precision {
             let grid = l.baseline.as_ref().map(|b| b.grid.clone()).or_else(|| {
+                if quantized.contains(&l.name) {
+                    return Some("int8".to_string());
+                }
                 crate::lower_precision(&l.dtype, l.target_dtype.as_deref())
                     .map(|d| d.name().to_string())
             });
@@ -344,6 +375,16 @@ fn against_baseline(
         own.1,
         g = b.grid
     );
+    if b.reference_off > 0 {
+        return (
+            "op_implementation",
+            format!(
+                "the reference is off here: in {} element(s) its value is further from the exact computation on the same inputs than its dtype's tolerance ({numbers}), so the target cannot be held to it: check the reference",
+                b.reference_off
+            ),
+            Finding::Defect,
+        );
+    }
     if b.beyond() {
         let ops = e.ops_words();
         let multiple = if b.multiple.is_finite() {
@@ -364,13 +405,24 @@ fn against_baseline(
         "its own error is {:.2}× what {} explains ({numbers})",
         b.multiple, b.grid
     );
-    match lower {
+    // A grid narrower than the layer's dtype is a lower precision too (autocast: float32
+    // values computed in float16).
+    let grid = DType::from_name(&b.grid)
+        .ok()
+        .filter(|g| DType::from_name(&layer.dtype).is_ok_and(|d| g.narrower_than(d)));
+    match lower.or(grid) {
         Some(t) => (
             "precision_loss",
-            format!(
-                "the target computes this layer in {t}, the reference in {}; {explained}",
-                layer.dtype
-            ),
+            match e.precision.as_deref().filter(|_| lower.is_none()) {
+                Some(how) => format!(
+                    "the target computes this layer in {t}, the reference in {} ({how}); {explained}",
+                    layer.dtype
+                ),
+                None => format!(
+                    "the target computes this layer in {t}, the reference in {}; {explained}",
+                    layer.dtype
+                ),
+            },
             Finding::Precision,
         ),
         None => (
@@ -395,6 +447,21 @@ fn without_baseline(
     let tol = layer.tolerance;
     if let Some(detail) = truth_rounding(layer) {
         return ("rounding", detail, Finding::Precision);
+    }
+    if e.ops.iter().any(|op| quantizing_op(op)) {
+        let how = e
+            .precision
+            .as_deref()
+            .unwrap_or("the target quantizes inside this layer");
+        let own = layer.local.as_ref().or(layer.accumulated.as_ref());
+        return (
+            "precision_loss",
+            format!(
+                "{how}; its own error (max abs diff {:.3e}) is the quantization's as far as can be told: no float baseline models quantization, and its weights were checked against their scale steps",
+                own.map_or(0.0, |s| s.max_abs_diff)
+            ),
+            Finding::Precision,
+        );
     }
     if let Some(local) = &layer.local
         && layer.float64.is_none()
@@ -453,6 +520,19 @@ fn without_baseline(
         ),
         Finding::Undecided,
     )
+}
+
+/// Whether an ONNX op quantizes or computes on quantized values (`QuantizeLinear`,
+/// `DequantizeLinear`, `QLinearConv`, `MatMulInteger`…): its rounding is the quantization's.
+pub fn quantizing_op(op: &str) -> bool {
+    matches!(
+        op,
+        "QuantizeLinear"
+            | "DequantizeLinear"
+            | "DynamicQuantizeLinear"
+            | "MatMulInteger"
+            | "ConvInteger"
+    ) || op.starts_with("QLinear")
 }
 
 /// The float64 truth's word that the target only rounds, where it says so: the target at most
@@ -517,6 +597,9 @@ fn fix(cause: &str, layer: &Layer, e: &Evidence) -> String {
             "set the attribute back to the reference's: {} on {where_}",
             e.attributes.join(", ")
         ),
+        _ if layer.baseline.as_ref().is_some_and(|b| b.reference_off > 0) => {
+            "the reference's own value is off from the exact computation on its inputs: check the reference (its runtime, or the expected values it reads) before the target".to_string()
+        }
         _ => format!(
             "{where_} compute(s) differently from an honest {} kernel on the same inputs: reproduce it on that layer alone (its inputs are the reference's values), and report it to the runtime, or run this layer on another kernel or provider; keeping it in float32 hides a fault rather than fixing it",
             layer

@@ -36,7 +36,7 @@ pub use axis::{
 pub use baseline::{
     Baseline, HONEST_FACTOR, accumulation_unit, assess_baseline, kernel_allowance, output_steps,
 };
-pub use cause::{Evidence, ROUNDING_FACTOR, explain, precision_grid};
+pub use cause::{Evidence, ROUNDING_FACTOR, explain, precision_grid, quantizing_op};
 pub use compare::{
     Judge, PERCENTILE_RESOLUTION, Rounding, Stats, THRESHOLDS, Worst, compare, compare_judged,
 };

@@ -25,13 +25,40 @@ use crate::{Error, GraphSide, PushedSide, Result};
 /// Where the layers' exact values on rounded inputs come from.
 pub enum Baseline {
     /// Handed over with each layer (by the reference's value names).
-    Handed(Box<PushedSide>),
+    Handed(Box<HandedBaseline>),
     /// The reference graph in float64, re-run group by group.
     Graph(Box<GraphBaseline>),
 }
 
 /// The reference's value of a layer's input, and the dtype the target holds it in.
 pub(crate) type Fed = std::result::Result<(Tensor, DType), String>;
+
+/// Exact values handed over layer by layer, each with the dtype the target computed it in
+/// where its value's dtype does not show it (float16 gradients unscaled to float32).
+pub struct HandedBaseline {
+    side: PushedSide,
+    grids: HashMap<String, DType>,
+}
+
+impl HandedBaseline {
+    /// Ready to take one float64 value per layer, `(name, estimated bytes)`, in order.
+    pub fn new(layers: impl IntoIterator<Item = (String, u64)>) -> Self {
+        let listed = layers.into_iter().map(|(n, b)| (n, DType::F64, b));
+        Self {
+            side: PushedSide::new(layerdiff_core::SideInfo::new("baseline", "float64"), listed),
+            grids: HashMap::new(),
+        }
+    }
+
+    /// Layer `index` (named `name`)'s exact value, and the dtype the target computed it in
+    /// where it differs from its value's.
+    pub fn push(&mut self, index: usize, name: &str, exact: Option<Tensor>, grid: Option<DType>) {
+        self.side.push(index, exact);
+        if let Some(grid) = grid {
+            self.grids.insert(name.to_string(), grid);
+        }
+    }
+}
 
 /// The reference graph in float64, re-running the group that computes each layer.
 pub struct GraphBaseline {
@@ -70,23 +97,32 @@ impl Baseline {
     /// Memory the source holds per reference value until it is compared (handed values).
     pub(crate) fn held_sizes(&self) -> HashMap<String, u64> {
         match self {
-            Self::Handed(side) => side.plan_view().sizes,
+            Self::Handed(h) => h.side.plan_view().sizes,
             Self::Graph(_) => HashMap::new(),
         }
     }
 
-    /// The handed-over side, to hand values to.
-    pub fn handed(&mut self) -> Option<&mut PushedSide> {
+    /// The handed-over values, to hand values to.
+    pub fn handed(&mut self) -> Option<&mut HandedBaseline> {
         match self {
-            Self::Handed(side) => Some(side),
+            Self::Handed(h) => Some(h),
+            Self::Graph(_) => None,
+        }
+    }
+
+    /// The dtype the target computed the layer of reference value `value` in, where the
+    /// framework said so.
+    pub(crate) fn grid_of(&self, value: &str) -> Option<DType> {
+        match self {
+            Self::Handed(h) => h.grids.get(value).copied(),
             Self::Graph(_) => None,
         }
     }
 
     /// Drops handed values no longer needed.
     pub(crate) fn free(&mut self, values: &[String]) {
-        if let Self::Handed(side) = self {
-            side.free(values);
+        if let Self::Handed(h) = self {
+            h.side.free(values);
         }
     }
 
@@ -101,7 +137,8 @@ impl Baseline {
         feed: &dyn Fn(&str) -> Fed,
     ) -> std::result::Result<Tensor, String> {
         match self {
-            Self::Handed(side) => side
+            Self::Handed(h) => h
+                .side
                 .get(value)
                 .cloned()
                 .ok_or_else(|| "no float64 value of it was handed over".to_string()),

@@ -18,6 +18,7 @@ use layerdiff_core::{DType, Layer, OnnxRef, Report, SideInfo, Tensor, TensorView
 use layerdiff_onnx::{GraphIndex, LayerCall, LayerMapping, Model, ScopeMapping};
 use layerdiff_runtime::RuntimeSpec;
 
+use crate::baseline::HandedBaseline;
 use crate::inputs::{check_inputs, unread_inputs};
 use crate::memory::Segmentation;
 use crate::memory::budget;
@@ -194,13 +195,10 @@ impl CapturedRun {
         });
         // The baseline of each layer, computed by the framework and handed over.
         let baseline = c.baseline.then(|| {
-            Baseline::Handed(Box::new(PushedSide::new(
-                SideInfo::new(c.reference.runtime.clone(), "float64 baseline".to_string()),
-                c.layers.iter().map(|l| {
-                    let bytes = l.call.shape.iter().product::<usize>() as u64 * 8;
-                    (l.call.name.clone(), DType::F64, bytes)
-                }),
-            )))
+            Baseline::Handed(Box::new(HandedBaseline::new(c.layers.iter().map(|l| {
+                let bytes = l.call.shape.iter().product::<usize>() as u64 * 8;
+                (l.call.name.clone(), bytes)
+            }))))
         });
         let header = Header {
             command: c.command,
@@ -278,10 +276,8 @@ impl CapturedRun {
             truth.push(index, layer.float64.filter(|_| keep).map(|t| t.to_tensor()));
         }
         if let Some(baseline) = engine.baseline.as_mut().and_then(Baseline::handed) {
-            baseline.push(
-                index,
-                layer.baseline.filter(|_| keep).map(|t| t.to_tensor()),
-            );
+            let exact = layer.baseline.filter(|_| keep).map(|t| t.to_tensor());
+            baseline.push(index, &listed.call.name, exact, layer.baseline_grid);
         }
         if let Some(target) = engine.target.handed() {
             let Some(value) = layer.target else {
@@ -448,6 +444,9 @@ pub struct Handed<'a> {
     /// The layer computed in float64 by the reference's own module on its inputs rounded to
     /// the target's dtype (its same-precision baseline), when measured.
     pub baseline: Option<TensorView<'a>>,
+    /// The dtype the target computed the layer in, where its value's dtype does not say
+    /// (float16 gradients unscaled to float32, a Linear's weight gradient under autocast).
+    pub baseline_grid: Option<DType>,
 }
 
 /// Whether the options fit together: `settings`, the PyTorch reference, the target, and

@@ -323,26 +323,49 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                 }
                 if let Some(out) = out {
                     let exact = self.baseline.as_ref().map(|b| {
-                        let grid = layerdiff_core::lower_precision(
-                            &self.layers[i].dtype,
-                            Some(out.dtype.name()),
-                        );
+                        // the dtype the target computes the layer in: as the framework said,
+                        // else the narrower of its output's and its group's narrowest
+                        let grid = b.grid_of(&self.reference_values[i]).or_else(|| {
+                            let held = layerdiff_core::lower_precision(
+                                &self.layers[i].dtype,
+                                Some(out.dtype.name()),
+                            );
+                            let inside = match &self.groups[i] {
+                                Some(Ok(group)) => recompute.computes_in(group),
+                                _ => None,
+                            };
+                            match (held, inside) {
+                                (Some(h), Some(g)) if g.narrower_than(h) => Some(g),
+                                (Some(h), _) => Some(h),
+                                (None, g) => g,
+                            }
+                        });
                         let stages = match (&self.groups[i], grid) {
                             (Some(Ok(group)), Some(grid)) => recompute.rounding_stages(group, grid),
                             _ => 0,
+                        };
+                        let quantizes = match &self.groups[i] {
+                            Some(Ok(group)) => recompute
+                                .group_nodes(group)
+                                .iter()
+                                .any(|n| layerdiff_core::quantizing_op(n.op_type())),
+                            _ => false,
                         };
                         let exact = grid
                             .filter(|g| g.is_float())
                             .ok_or_else(|| "the layer is not a float".to_string())
                             .and_then(|grid| {
+                                if quantizes {
+                                    return Err("the target quantizes it, which a float baseline does not model".to_string());
+                                }
                                 b.exact(&self.reference_values[i], grid, &|n| held.baseline_feed(n))
                             });
-                        (exact, stages)
+                        (exact, stages, grid)
                     });
                     held_bytes += out.bytes.len() as u64;
                     held_bytes += exact
                         .as_ref()
-                        .and_then(|(e, _)| e.as_ref().ok())
+                        .and_then(|(e, _, _)| e.as_ref().ok())
                         .map_or(0, |e| e.bytes.len() as u64);
                     runs.push((i, out, exact));
                 }
@@ -512,8 +535,13 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                     let (r, _) = self.reference_of.get(n)?;
                     Some((self.reference.dtype(r)?, self.target.dtype(n)?))
                 };
-                let check = |node: &str, position, name: &str, weight: TensorView<'_>| {
-                    self.reference.weight_check(i, node, position, name, weight)
+                let check = |node: &str,
+                             position,
+                             name: &str,
+                             weight: TensorView<'_>,
+                             half_step: Option<TensorView<'_>>| {
+                    self.reference
+                        .weight_check(i, node, position, name, weight, half_step)
                 };
                 let computed_in = layerdiff_core::DType::from_name(&layer.dtype).ok();
                 recompute.group_evidence(group, computed_in, e, &fed, &check);

@@ -8,6 +8,12 @@ use layerdiff_onnx::{Model, NodeProto, attribute_changes};
 /// above float32 rounding of a folded constant, far below any real edit.
 pub const WEIGHT_RTOL: f64 = 1e-5;
 
+/// Checks one of the target's weights against the reference's counterpart: (the node that reads
+/// it, the input position, its name, its values (dequantized where quantized), half its scale
+/// step per element where quantized).
+pub type WeightCheckFn<'a> =
+    dyn Fn(&str, usize, &str, TensorView<'_>, Option<TensorView<'_>>) -> Option<WeightCheck> + 'a;
+
 /// How a target weight relates to the reference's: the same, different (with a sentence), or
 /// stored in lower precision (with a sentence).
 #[derive(Debug)]
@@ -37,12 +43,15 @@ impl WeightCheck {
 /// Compares one weight of the two sides. A target weight in a narrower dtype is lower precision;
 /// with `rounding_checked` it is also compared with the reference (a pass over the weight, which
 /// the per-layer parameters of a framework side afford, and a whole ONNX file's weights checked
-/// for every drifting layer would not), so one that moved beyond its rounding differs.
+/// for every drifting layer would not), so one that moved beyond its rounding differs. A
+/// quantized weight comes dequantized, with `half_step` (half its scale step, per element): it
+/// is the same weight quantized where every element lies within that of the reference's.
 pub fn check_weight(
     name: &str,
     reference: TensorView<'_>,
     target: TensorView<'_>,
     rounding_checked: bool,
+    half_step: Option<TensorView<'_>>,
 ) -> WeightCheck {
     let squeeze = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
     if squeeze(reference.shape) != squeeze(target.shape) {
@@ -50,6 +59,9 @@ pub fn check_weight(
             "`{name}` has shape {:?} on the target, {:?} on the reference",
             target.shape, reference.shape
         ));
+    }
+    if let Some(step) = half_step {
+        return check_quantized(name, reference, target, step);
     }
     // The largest finite magnitude, read only where a difference needs it.
     let scale = || reference.max_abs();
@@ -100,6 +112,36 @@ pub fn check_weight(
     } else {
         WeightCheck::Same
     }
+}
+
+/// A dequantized weight against the reference's: quantization moves each element by half a
+/// scale step at most (a weight is not clipped: its scale covers its range); an edit moves some
+/// by more.
+fn check_quantized(
+    name: &str,
+    reference: TensorView<'_>,
+    target: TensorView<'_>,
+    half_step: TensorView<'_>,
+) -> WeightCheck {
+    let (mut beyond, mut worst) = (0usize, 0.0f64);
+    let n = reference.numel();
+    for i in 0..n {
+        let (r, t) = (reference.get_f64(i), target.get_f64(i));
+        let d = (r - t).abs();
+        worst = worst.max(d);
+        // a hair over half a step for the float32 arithmetic of scale and dequantization
+        if d > half_step.get_f64(i) * (1.0 + 1e-3) + 1e-6 * r.abs() || d.is_nan() {
+            beyond += 1;
+        }
+    }
+    if beyond > 0 {
+        return WeightCheck::Differs(format!(
+            "`{name}` differs beyond its quantization: {beyond} of {n} elements moved by more than half a scale step (max abs diff {worst:.3e})"
+        ));
+    }
+    WeightCheck::LowerPrecision(format!(
+        "the target stores `{name}` quantized: every element within half a scale step of the reference's (max abs diff {worst:.3e})"
+    ))
 }
 
 /// How far a side disagrees with itself at `value`: its first output against two more runs
@@ -166,6 +208,7 @@ pub fn model_weight_check(
     position: usize,
     name: &str,
     weight: TensorView<'_>,
+    half_step: Option<TensorView<'_>>,
 ) -> Option<WeightCheck> {
     let theirs = match model.stored(name) {
         Some(found) => found.ok()?,
@@ -174,7 +217,7 @@ pub fn model_weight_check(
             model.stored(same.input.get(position)?)?.ok()?
         }
     };
-    Some(check_weight(name, theirs.view(), weight, false))
+    Some(check_weight(name, theirs.view(), weight, false, half_step))
 }
 
 #[cfg(test)]
@@ -191,11 +234,11 @@ mod tests {
         let reference = tensor(&[0.1, -0.2, 0.3, 1.7]);
         let same = reference.view().to_dtype(DType::BF16);
         assert!(matches!(
-            check_weight("w", reference.view(), same.view(), true),
+            check_weight("w", reference.view(), same.view(), true, None),
             WeightCheck::LowerPrecision(_)
         ));
         let moved = tensor(&[0.1, -0.2, 0.35, 1.7]).view().to_dtype(DType::BF16);
-        match check_weight("w", reference.view(), moved.view(), true) {
+        match check_weight("w", reference.view(), moved.view(), true, None) {
             WeightCheck::Differs(text) => {
                 assert!(text.contains("beyond its rounding to bfloat16"), "{text}")
             }

@@ -35,10 +35,10 @@ pub mod timings;
 pub mod torch_side;
 mod value_pairing;
 
-pub use baseline::{Baseline, GraphBaseline};
+pub use baseline::{Baseline, GraphBaseline, HandedBaseline};
 pub use engine::{Alignment, Engine, Header, Settings, Shared};
 pub use error::{Error, Result, error_chain};
-pub use evidence::WeightCheck;
+pub use evidence::{WeightCheck, WeightCheckFn};
 pub use expected_side::ExpectedSide;
 pub use fallback_side::FallbackSide;
 pub use graph_side::GraphSide;

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use rayon::prelude::*;
 
 use layerdiff_core::{
-    Float64Distance, Judge, Layer, LayerStatus, Tensor, TensorView, Tolerance, assess_baseline,
-    compare_pair, lower_precision,
+    DType, Float64Distance, Judge, Layer, LayerStatus, Tensor, TensorView, Tolerance,
+    assess_baseline, compare_pair, lower_precision,
 };
 use layerdiff_onnx::LocalGroup;
 
@@ -21,7 +21,7 @@ use crate::side::{Recompute, Side};
 pub(crate) type LocalRun = (
     usize,
     Tensor,
-    Option<(std::result::Result<Tensor, String>, u32)>,
+    Option<(std::result::Result<Tensor, String>, u32, Option<DType>)>,
 );
 
 /// What a segment's comparisons read: both sides' values (and the truth's), and how the
@@ -165,10 +165,9 @@ impl Pairs<'_> {
             .for_each(|(layer, reference, out, exact)| {
                 let judge = judge(layer, layer.target_dtype.as_deref(), reference, &out);
                 layer.local = compare_pair(reference.view(), out.view(), judge).stats;
-                let Some((exact, stages)) = exact else {
+                let Some((exact, stages, grid)) = exact else {
                     return;
                 };
-                let grid = lower_precision(&layer.dtype, Some(out.dtype.name()));
                 let assessed = exact.and_then(|exact| {
                     let grid = grid.ok_or_else(|| "the layer is not a float".to_string())?;
                     assess_baseline(reference.view(), out.view(), exact.view(), grid, stages)

@@ -12,7 +12,7 @@ use layerdiff_core::{DType, Evidence, SideInfo, Summary, Tensor, TensorView};
 use layerdiff_onnx::{LocalGroup, NodeProto};
 
 use crate::Result;
-use crate::evidence::{WeightCheck, check_weight};
+use crate::evidence::{WeightCheck, WeightCheckFn, check_weight};
 use crate::plan::{Part, PlanSide};
 use crate::side::{Recompute, Side};
 use crate::timings::Stopwatch;
@@ -177,9 +177,10 @@ impl Side for PushedSide {
         _position: usize,
         name: &str,
         weight: TensorView<'_>,
+        half_step: Option<TensorView<'_>>,
     ) -> Option<WeightCheck> {
         let own = self.parameters.get(&layer).map_or(&[][..], Vec::as_slice);
-        parameter_check(name, own, weight)
+        parameter_check(name, own, weight, half_step)
     }
 
     fn recompute(&self) -> Option<&dyn Recompute> {
@@ -242,7 +243,7 @@ impl Recompute for PushedSide {
         _reference: Option<DType>,
         evidence: &mut Evidence,
         _fed: &dyn Fn(&str) -> Option<(DType, DType)>,
-        check: &dyn Fn(&str, usize, &str, TensorView<'_>) -> Option<WeightCheck>,
+        check: &WeightCheckFn<'_>,
     ) {
         let index = group.nodes[0];
         let Some(computing) = &self.computing else {
@@ -260,7 +261,7 @@ impl Recompute for PushedSide {
             }
         }
         for (name, parameter) in self.parameters.get(&index).into_iter().flatten() {
-            if let Some(found) = check("", 0, name, parameter.view()) {
+            if let Some(found) = check("", 0, name, parameter.view(), None) {
                 found.record(evidence);
             }
         }
@@ -274,6 +275,7 @@ fn parameter_check(
     name: &str,
     parameters: &[(String, Tensor)],
     weight: TensorView<'_>,
+    half_step: Option<TensorView<'_>>,
 ) -> Option<WeightCheck> {
     let named: Vec<&Tensor> = parameters
         .iter()
@@ -316,7 +318,7 @@ fn parameter_check(
         } else {
             format!(" (PyTorch `{n}`, matched by shape)")
         };
-        match check_weight(name, parameter.view(), weight, true) {
+        match check_weight(name, parameter.view(), weight, true, half_step) {
             WeightCheck::Same => return Some(WeightCheck::Same),
             WeightCheck::LowerPrecision(text) => {
                 lower.get_or_insert(WeightCheck::LowerPrecision(text + &by_shape));
@@ -364,10 +366,10 @@ mod tests {
         let weight = matrix(&[1.0, 2.0, 3.0, 4.0], 2, 2);
         let stored = matrix(&[1.0, 3.0, 2.0, 4.0], 2, 2);
         let parameters = vec![("k.weight".to_string(), weight)];
-        let found = parameter_check("val_31", &parameters, stored.view());
+        let found = parameter_check("val_31", &parameters, stored.view(), None);
         assert!(matches!(found, Some(WeightCheck::Same)), "{found:?}");
         let other = matrix(&[1.0, 3.0, 2.0, 5.0], 2, 2);
-        let found = parameter_check("val_31", &parameters, other.view());
+        let found = parameter_check("val_31", &parameters, other.view(), None);
         assert!(matches!(found, Some(WeightCheck::Differs(_))), "{found:?}");
         // stored transposed in float16: the same weight in lower precision, not another one
         let parameters = vec![(
@@ -384,7 +386,7 @@ mod tests {
             shape: vec![2, 2],
             bytes: half,
         };
-        let found = parameter_check("val_31", &parameters, stored.view());
+        let found = parameter_check("val_31", &parameters, stored.view(), None);
         assert!(
             matches!(found, Some(WeightCheck::LowerPrecision(_))),
             "{found:?}"

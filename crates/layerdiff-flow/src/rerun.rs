@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
-use layerdiff_core::{DType, Evidence, Tensor, TensorView};
+use layerdiff_core::{DType, Evidence, Tensor};
 use layerdiff_onnx::{LocalGroup, NodeExt, NodeProto, extract_nodes, local_group};
 
-use crate::evidence::WeightCheck;
+use crate::evidence::WeightCheckFn;
 use crate::graph_side::GraphSide;
 use crate::side::Recompute;
 
@@ -39,22 +39,14 @@ impl Recompute for GraphSide {
     }
 
     fn rounding_stages(&self, group: &LocalGroup, grid: DType) -> u32 {
-        let graph = self.model.graph();
-        let computing = group
-            .nodes
-            .iter()
-            .map(|&i| &graph.node[i])
-            .filter(|node| !moves_data(node.op_type()))
-            .filter(|node| {
-                node.output.first().is_some_and(|o| {
-                    self.index
-                        .elem_type(o)
-                        .and_then(|t| DType::from_onnx_code(t).ok())
-                        == Some(grid)
-                })
-            })
-            .count();
+        let computing = self.computed_dtypes(group).filter(|&d| d == grid).count();
         u32::try_from(computing.saturating_sub(1)).unwrap_or(u32::MAX)
+    }
+
+    fn computes_in(&self, group: &LocalGroup) -> Option<DType> {
+        self.computed_dtypes(group)
+            .filter(|d| d.is_float())
+            .reduce(|a, b| if b.narrower_than(a) { b } else { a })
     }
 
     fn group_evidence(
@@ -63,7 +55,7 @@ impl Recompute for GraphSide {
         reference: Option<DType>,
         evidence: &mut Evidence,
         fed: &dyn Fn(&str) -> Option<(DType, DType)>,
-        check: &dyn Fn(&str, usize, &str, TensorView<'_>) -> Option<WeightCheck>,
+        check: &WeightCheckFn<'_>,
     ) {
         evidence.ops = self.ops(group);
         if let Some(reduced) = self.runtime.reduced_math() {
@@ -90,10 +82,114 @@ impl Recompute for GraphSide {
                 continue;
             }
             let node = &self.index.nodes()[node].name;
-            if let Some(found) = check(node, position, &name, weight.view()) {
+            if let Some(found) = check(node, position, &name, weight.view(), None) {
                 found.record(evidence);
             }
         }
+        // A quantized weight is checked dequantized, against half its scale step: the same
+        // weight quantized, or one that moved beyond its quantization.
+        let graph = self.model.graph();
+        for &i in &group.nodes {
+            let node = &graph.node[i];
+            if node.op_type() != "DequantizeLinear" {
+                continue;
+            }
+            let Some((weight, half_step)) = self.dequantized(node) else {
+                continue;
+            };
+            let Some(output) = node.output.first() else {
+                continue;
+            };
+            for &j in &group.nodes {
+                let reader = &self.index.nodes()[j];
+                for (position, input) in reader.inputs.iter().enumerate() {
+                    if input == output
+                        && let Some(found) = check(
+                            &reader.name,
+                            position,
+                            &node.input[0],
+                            weight.view(),
+                            Some(half_step.view()),
+                        )
+                    {
+                        found.record(evidence);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl GraphSide {
+    /// The dtype of each computing node's (first) output in the group, where known.
+    fn computed_dtypes<'a>(&'a self, group: &'a LocalGroup) -> impl Iterator<Item = DType> + 'a {
+        let graph = self.model.graph();
+        group
+            .nodes
+            .iter()
+            .map(|&i| &graph.node[i])
+            .filter(|node| !moves_data(node.op_type()))
+            .filter_map(|node| {
+                let o = node.output.first()?;
+                DType::from_onnx_code(self.index.elem_type(o)?).ok()
+            })
+    }
+
+    /// A stored weight a DequantizeLinear scales back, dequantized (float64), and half its
+    /// scale step per element; `None` when it is no stored integer weight, or is quantized in
+    /// blocks.
+    fn dequantized(&self, node: &NodeProto) -> Option<(Tensor, Tensor)> {
+        let read = |position: usize| {
+            let name = node.input.get(position).filter(|n| !n.is_empty())?;
+            self.model.initializer(name)?.ok()
+        };
+        let stored = read(0).filter(|t| !t.dtype.is_float())?;
+        let scale = read(1)?;
+        let zero = read(2);
+        if node.attr_i64("block_size").is_ok_and(|b| b != 0) {
+            return None;
+        }
+        let shape = stored.shape.clone();
+        let rank = shape.len() as i64;
+        let axis = node.attr_i64("axis").unwrap_or(1);
+        let axis = if axis < 0 { axis + rank } else { axis };
+        let channels = scale.view().numel();
+        let per_axis = channels > 1;
+        if per_axis && (axis < 0 || axis >= rank || shape[axis as usize] != channels) {
+            return None;
+        }
+        // the index along `axis` of element `i`
+        let inner: usize = if per_axis {
+            shape[axis as usize + 1..].iter().product()
+        } else {
+            1
+        };
+        let channel = |i: usize| {
+            if per_axis { (i / inner) % channels } else { 0 }
+        };
+        let (stored, scale) = (stored.view(), scale.view());
+        let n = stored.numel();
+        let (mut values, mut halves) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for i in 0..n {
+            let c = channel(i);
+            let s = scale.get_f64(c);
+            let z = zero
+                .as_ref()
+                .map_or(0.0, |z| z.view().get_f64(c.min(z.view().numel() - 1)));
+            values.push((stored.get_f64(i) - z) * s);
+            halves.push(s.abs() / 2.0);
+        }
+        let shaped = |values: &[f64]| {
+            let flat = Tensor::from_f64(DType::F64, values);
+            Tensor::new(
+                node.input[0].as_str(),
+                DType::F64,
+                shape.clone(),
+                flat.bytes,
+            )
+            .ok()
+        };
+        Some((shaped(&values)?, shaped(&halves)?))
     }
 }
 

@@ -11,7 +11,7 @@ use layerdiff_core::{DType, Evidence, SideInfo, Summary, TargetGraph, Tensor, Te
 use layerdiff_onnx::{LocalGroup, Model, NodeProto};
 
 use crate::Result;
-use crate::evidence::{WeightCheck, model_attribute_changes, model_weight_check};
+use crate::evidence::{WeightCheck, WeightCheckFn, model_attribute_changes, model_weight_check};
 use crate::plan::{Part, PlanSide};
 use crate::timings::Stopwatch;
 
@@ -93,8 +93,9 @@ pub trait Side: Send + Sync {
         position: usize,
         name: &str,
         weight: TensorView<'_>,
+        half_step: Option<TensorView<'_>>,
     ) -> Option<WeightCheck> {
-        model_weight_check(self.model()?, node, position, name, weight)
+        model_weight_check(self.model()?, node, position, name, weight, half_step)
     }
     /// After the run: what the report says about the graph measured, when the side optimized it
     /// first (`compared`: the distinct values compared in it). Its warnings go to `summary`.
@@ -126,6 +127,11 @@ pub trait Recompute {
     fn rounding_stages(&self, _group: &LocalGroup, _grid: DType) -> u32 {
         0
     }
+    /// The narrowest float dtype the group's computing nodes produce (a float32 layer whose
+    /// Conv runs in float16 between two Casts: float16); `None` when unknown.
+    fn computes_in(&self, _group: &LocalGroup) -> Option<DType> {
+        None
+    }
     /// The values the group's computation read, where its error is traced upstream: its
     /// inputs, unless the side knows better (a side that re-ran the group itself).
     fn traced_inputs(&self, group: &LocalGroup) -> Vec<String> {
@@ -143,7 +149,7 @@ pub trait Recompute {
         reference: Option<DType>,
         evidence: &mut Evidence,
         fed: &dyn Fn(&str) -> Option<(DType, DType)>,
-        check: &dyn Fn(&str, usize, &str, TensorView<'_>) -> Option<WeightCheck>,
+        check: &WeightCheckFn<'_>,
     );
 }
 
@@ -206,8 +212,9 @@ impl<S: Side + ?Sized> Side for Box<S> {
         position: usize,
         name: &str,
         weight: TensorView<'_>,
+        half_step: Option<TensorView<'_>>,
     ) -> Option<WeightCheck> {
-        (**self).weight_check(layer, node, position, name, weight)
+        (**self).weight_check(layer, node, position, name, weight, half_step)
     }
     fn graph_report(&mut self, compared: &[&str], summary: &mut Summary) -> Option<TargetGraph> {
         (**self).graph_report(compared, summary)

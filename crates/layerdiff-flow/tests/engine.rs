@@ -8,13 +8,12 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use layerdiff_core::{
-    DType, Evidence, Layer, Machine, Report, SideInfo, Summary, Tensor, TensorView, Tolerance,
-    render,
+    DType, Evidence, Layer, Machine, Report, SideInfo, Summary, Tensor, Tolerance, render,
 };
 use layerdiff_flow::timings::Stopwatch;
 use layerdiff_flow::{
-    Alignment, Baseline, Engine, Error, Header, Part, PlanSide, PushedSide, Recompute, Settings,
-    Shared, Side, Values, WeightCheck,
+    Alignment, Baseline, Engine, Error, HandedBaseline, Header, Part, PlanSide, PushedSide,
+    Recompute, Settings, Shared, Side, Values, WeightCheckFn,
 };
 use layerdiff_onnx::{LocalGroup, NodeProto};
 
@@ -177,7 +176,7 @@ impl Recompute for Chain {
         _reference: Option<DType>,
         evidence: &mut Evidence,
         _fed: &dyn Fn(&str) -> Option<(DType, DType)>,
-        _check: &dyn Fn(&str, usize, &str, TensorView<'_>) -> Option<WeightCheck>,
+        _check: &WeightCheckFn<'_>,
     ) {
         evidence.ops = vec![format!("op{}", group.nodes[0])];
     }
@@ -228,8 +227,7 @@ fn exact(layer: usize, v: f64) -> f64 {
 /// Each layer's same-precision baseline, as a framework would hand it over: the honest op in
 /// float64 on the reference's (the honest chain's) value of its input.
 fn baseline(layers: usize) -> Baseline {
-    let listed = (0..layers).map(|i| (format!("v{i}"), DType::F64, (N * 8) as u64));
-    let mut side = PushedSide::new(SideInfo::new("chain", "float64"), listed);
+    let mut handed = HandedBaseline::new((0..layers).map(|i| (format!("v{i}"), (N * 8) as u64)));
     let honest_chain = Chain::new(honest());
     let mut value = input();
     for i in 0..layers {
@@ -237,10 +235,11 @@ fn baseline(layers: usize) -> Baseline {
             .iter()
             .map(|&v| exact(i, f64::from(v)))
             .collect();
-        side.push(i, Some(Tensor::from_f64(DType::F64, &wide)));
+        let name = format!("v{i}");
+        handed.push(i, &name, Some(Tensor::from_f64(DType::F64, &wide)), None);
         value = honest_chain.apply(i, &value);
     }
-    Baseline::Handed(Box::new(side))
+    Baseline::Handed(Box::new(handed))
 }
 
 /// Every layer paired by name; `unpaired` layers are not compared.

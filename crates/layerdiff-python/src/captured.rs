@@ -181,7 +181,7 @@ impl CapturedRun {
     /// value there and its module re-run on the reference's inputs, or why that failed:
     /// `local_error`, and how far a second re-run disagreed: `disagreement`); runs the segments
     /// it completes.
-    #[pyo3(signature = (index, value, float64=None, target=None, local=None, local_error=None, disagreement=None, baseline=None))]
+    #[pyo3(signature = (index, value, float64=None, target=None, local=None, local_error=None, disagreement=None, baseline=None, baseline_grid=None))]
     #[allow(clippy::too_many_arguments)]
     fn add(
         &mut self,
@@ -194,7 +194,12 @@ impl CapturedRun {
         local_error: Option<String>,
         disagreement: Option<f64>,
         baseline: Option<FlatTensor<'_>>,
+        baseline_grid: Option<String>,
     ) -> PyResult<()> {
+        let baseline_grid = baseline_grid
+            .map(|g| DType::from_name(&g))
+            .transpose()
+            .map_err(to_py_err)?;
         let local = match (view(&local)?, local_error) {
             (Some(t), _) => Some(Ok(t)),
             (None, Some(why)) => Some(Err(why)),
@@ -207,6 +212,7 @@ impl CapturedRun {
             local,
             disagreement,
             baseline: view(&baseline)?,
+            baseline_grid,
         };
         let run = self.active_mut()?;
         py.detach(|| run.add(index, layer)).map_err(to_py_err)

@@ -9,6 +9,7 @@ mod ops;
 mod options;
 mod tensors;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use layerdiff_core::{Fingerprint, render};
@@ -89,6 +90,15 @@ impl Report {
     fn advised(&self, precision: &str) -> Report {
         let mut report = self.0.clone();
         report.keep_float32 = layerdiff_core::keep_float32(&report, precision);
+        Report(report)
+    }
+    /// This report with its keep-in-float32 advice by module (`owners`: each layer's module,
+    /// for layers that are gradients: the backward of a module is what can run in float32).
+    fn advised_by_module(&self, owners: HashMap<String, String>) -> Report {
+        let mut report = self.0.clone();
+        if let Some(keep) = &report.keep_float32 {
+            report.keep_float32 = Some(keep.by_module(&|layer| owners.get(layer).cloned()));
+        }
         Report(report)
     }
     /// This report with the check of keeping `kept` in float32: `before` the comparison

@@ -1,0 +1,201 @@
+"""Backward passes for `layerdiff grad`: one side's forward and backward with every module call
+recorded (its inputs, and the gradient that reaches its output), and each module call's
+backward made again on its own (a vector-Jacobian product of that call alone) on given inputs
+and output gradient: what a gradient's own error, and its same-precision baseline, are made of.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from layerdiff import _baseline
+from layerdiff._capture import _first_tensor, capture
+
+
+@dataclass
+class Call:
+    """One module call of a pass: its inputs as it got them (detached copies), the gradient of
+    the loss with respect to its output (unscaled, float32 or wider), and which model inputs it
+    read directly (by position among its floating-point arguments)."""
+
+    name: str
+    module: str
+    args: tuple
+    kwargs: dict
+    grad_output: torch.Tensor | None = None
+    reads: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class Pass:
+    """One side's gradients, in the order backward produced them, its module calls, and how the
+    loss was scaled. `order` names parameters (`fc.weight`), model inputs (`inputs[0]`) and the
+    input gradient of each module call (`fc:input`)."""
+
+    grads: dict[str, torch.Tensor]
+    order: list[str]
+    parameters: dict[str, torch.Tensor]
+    model: torch.nn.Module
+    calls: dict[str, Call] = field(default_factory=dict)
+    scale: float = 1.0
+    skipped: int = 0
+
+
+def input_layer(call: str) -> str:
+    """The name of the layer that is a call's input gradient (what its backward hands on)."""
+    return f"{call}:input"
+
+
+def backward(model, given, running, cotangent, scale: float = 1.0, whole=frozenset()) -> Pass:
+    """One forward and backward pass of the loss (times `scale`), recording each gradient as
+    backward finishes it, and every module call (see `Call`) with the gradient that reaches its
+    output."""
+    names = {p: n for n, p in model.named_parameters() if p.requires_grad}
+    leaves = [
+        t.detach().clone().requires_grad_(True) if t.is_floating_point() else t for t in given
+    ]
+    for i, t in enumerate(leaves):
+        if t.is_floating_point():
+            names[t] = f"inputs[{i}]"
+    order: list[str] = []
+    calls: dict[str, Call] = {}
+    pending: dict[str, list] = {}
+
+    def saved(value):
+        return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+    def before(leaf, func, args, kwargs):
+        if func is not None:
+            return None  # a functional call between modules: its backward is not re-run
+        flat = torch.utils._pytree.tree_leaves((args, kwargs))
+        floats = [t for t in flat if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        reads = {k: i for k, t in enumerate(floats) for i, x in enumerate(leaves) if t is x}
+        copied = torch.utils._pytree.tree_map(saved, (args, kwargs))
+        pending.setdefault(leaf, []).append((copied, reads))
+        return None
+
+    def on_layer(index, layer, out, _local):
+        if layer.op is not None or not pending.get(layer.module):
+            return
+        (args, kwargs), reads = pending[layer.module].pop(0)
+        call = Call(layer.name, layer.module, args, kwargs, reads=reads)
+        calls[layer.name] = call
+        if out.requires_grad:
+
+            def reached(grad, call=call):
+                call.grad_output = (grad.detach().float() / scale).to(
+                    torch.promote_types(grad.dtype, torch.float32)
+                )
+                order.append(input_layer(call.name))
+
+            out.register_hook(reached)
+
+    hooks = [t.register_post_accumulate_grad_hook(lambda t: order.append(names[t])) for t in names]
+    for p in model.parameters():
+        p.grad = None
+    try:
+        with running():
+            out = capture(
+                model, tuple(leaves), on_layer, rerun=before, whole=whole, dataflow=False,
+                grad=True,
+            ).output  # fmt: skip
+            out = _first_tensor(out)
+            loss = (out.to(cotangent.dtype) * cotangent.to(out.device)).sum()
+        (loss * scale).backward()
+    finally:
+        for h in hooks:
+            h.remove()
+    grads = {}
+    for t, key in names.items():
+        if t.grad is not None:
+            g = t.grad.detach()
+            grads[key] = (g.float() / scale).to(g.dtype if scale == 1.0 else torch.float32)
+    parameters = {n: p.detach() for n, p in model.named_parameters()}
+    return Pass(
+        grads=grads,
+        order=[k for k in order if k in grads or k.endswith(":input")],
+        parameters=parameters,
+        model=model,
+        calls=calls,
+        scale=scale,
+    )
+
+
+@dataclass
+class Vjp:
+    """One module call's backward alone: the gradient of its first floating-point input (None
+    without one), of each of its floating-point inputs by position, and of its parameters by
+    name within the module; and the dtype its output was computed in."""
+
+    input: torch.Tensor | None
+    inputs: dict[int, torch.Tensor]
+    parameters: dict[str, torch.Tensor]
+    dtype: torch.dtype
+
+
+def vjp(module, call: Call, grad_output, prepare, running, scale: float, grad_dtype=None) -> Vjp:
+    """`module` run on `call`'s inputs (each tensor through `prepare`), then its backward alone
+    for `grad_output` (times `scale`, in the output's dtype or `grad_dtype`); the gradients
+    unscaled (float32 when scaled), as a side's whole backward gives them."""
+    flat, spec = torch.utils._pytree.tree_flatten((call.args, call.kwargs))
+    given, wrt = [], []
+    for t in flat:
+        if isinstance(t, torch.Tensor):
+            t = prepare(t)
+            if t.is_floating_point():
+                leaf = t.detach().requires_grad_(True)
+                wrt.append(leaf)
+                t = leaf.clone()  # a module may work in place on its input (ReLU(inplace=True))
+        given.append(t)
+    args, kwargs = torch.utils._pytree.tree_unflatten(given, spec)
+    params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    with torch.enable_grad(), running():
+        out = _first_tensor(module(*args, **kwargs))
+    if out is None or not out.requires_grad:
+        return Vjp(None, {}, {}, out.dtype if out is not None else torch.float32)
+    g = (grad_output.to(out.device) * scale).to(grad_dtype or out.dtype)
+    found = torch.autograd.grad(out, [*wrt, *(p for _, p in params)], g, allow_unused=True)
+
+    def unscaled(grad):
+        if grad is None:
+            return None
+        if scale == 1.0:
+            return grad.detach()
+        return (grad.detach().float() / scale).to(torch.promote_types(grad.dtype, torch.float32))
+
+    inputs = {k: unscaled(found[k]) for k in range(len(wrt)) if found[k] is not None}
+    parameters = {
+        n: unscaled(g) for (n, _), g in zip(params, found[len(wrt) :], strict=True) if g is not None
+    }
+    return Vjp(inputs.get(0), inputs, parameters, out.dtype)
+
+
+def exact_vjp(module, call: Call, grad_output, held, dtype: torch.dtype, scale: float) -> Vjp:
+    """The call's backward made exactly: a float64 copy of the reference's `module` with its
+    weights rounded to `dtype`, on the call's inputs each rounded to the narrower of `held(t)`
+    (the dtype the target holds it in) and `dtype`, for the output gradient as the target gets
+    it (scaled by `scale`, rounded to `dtype`, scaled back: exact for a power of two); autocast
+    off, on the CPU. Gradients in float64."""
+    exact = _baseline.plain_copy(module).to("cpu", torch.float64)
+    _baseline.round_weights(exact, dtype)
+    g = (grad_output.detach().cpu().double() * scale).to(dtype).double() / scale
+
+    def prepare(t):
+        if not t.is_floating_point():
+            return t.detach().cpu()
+        return _baseline.rounded(t, _baseline.narrower(held(t), dtype))
+
+    with _baseline.no_autocast():
+        return vjp(exact, call, g, prepare, _nothing, 1.0, grad_dtype=torch.float64)
+
+
+class _nothing:
+    """No context."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
