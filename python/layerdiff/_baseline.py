@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import copy
 import queue
-import threading
 
 import torch
 from torch import nn
 
-from layerdiff._capture import _first_tensor, capture
+from layerdiff._capture import _first_tensor
+from layerdiff._lockstep import Lockstep, _Stopped
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 _WIDTH = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24, torch.float64: 53}
@@ -110,102 +110,48 @@ class no_autocast:
             c.__exit__(*exc)
 
 
-class Replay:
+class Replay(Lockstep):
     """The model in float64 (its weights rounded to `precision`), run in a thread in lockstep
-    with the main pass; at every layer it hands its value over (`next`) and continues from the
-    reference's value rounded as the target holds it, for the layers the target compares.
+    with the main pass (see `Lockstep`); at every layer it hands its value over (`next`) and
+    continues from the reference's value rounded as the target holds it, for the layers the
+    target compares.
 
-    ``compared``: per layer, whether it is compared and the dtype name the target holds it in.
-    Gives up (``None`` from then on) where the copy cannot run or calls its layers differently,
-    and says why (``error``)."""
-
-    _END = object()
+    ``compared``: per layer, whether it is compared and the dtype name the target holds it in."""
 
     def __init__(self, model, inputs, compared, precision, whole=frozenset()):
-        self.out: queue.Queue = queue.Queue(maxsize=1)
         self.back: queue.Queue = queue.Queue(maxsize=1)
-        self.stop = threading.Event()
-        self.done = False
-        self.error: str | None = None
         self.compared = compared
         self.precision = precision
-        try:  # the copy is made before any hook is registered on the model
+
+        def rounded_copy(model, inputs):
             copied = copy.deepcopy(model).to(torch.float64)
             round_weights(copied, precision)
-            given = tuple(rounded(t, precision) for t in inputs)
-        except Exception as e:
-            self.done, self.thread = True, None
-            self.error = f"it could not be made: {type(e).__name__}: {e}"
-            return
-        self.whole = whole
-        self.thread = threading.Thread(target=self._run, args=(copied, given), daemon=True)
-        self.thread.start()
+            return copied, tuple(rounded(t, precision) for t in inputs)
 
-    def _exchange(self, item):
-        """Hands `item` over and waits for the answer (None when stopped)."""
+        super().__init__(model, inputs, rounded_copy, running=no_autocast, whole=whole)
+
+    def _on_layer(self, index, layer, out) -> None:
+        super()._on_layer(index, layer, out)
         while not self.stop.is_set():
             try:
-                self.out.put(item, timeout=0.05)
+                replacement = self.back.get(timeout=0.05)
                 break
-            except queue.Full:
-                continue
-        while not self.stop.is_set():
-            try:
-                return self.back.get(timeout=0.05)
             except queue.Empty:
                 continue
-        raise _Stopped
-
-    def _run(self, copied, given) -> None:
-        def on_layer(index, layer, out, _):
-            replacement = self._exchange((layer.name, out.clone()))
-            if isinstance(replacement, torch.Tensor):
-                out.copy_(replacement.to(out.dtype).reshape(out.shape))
-
-        try:
-            with no_autocast():
-                capture(copied, given, on_layer, whole=self.whole, dataflow=False)
-        except _Stopped:
-            pass
-        except Exception as e:  # the comparison goes on without a baseline, and says so
-            self.error = f"it failed: {type(e).__name__}: {e}"
-        while not self.stop.is_set():
-            try:
-                self.out.put(self._END, timeout=0.05)
-                return
-            except queue.Full:
-                continue
+        else:
+            raise _Stopped
+        if isinstance(replacement, torch.Tensor):
+            out.copy_(replacement.to(out.dtype).reshape(out.shape))
 
     def next(self, index: int, name: str, value: torch.Tensor) -> torch.Tensor | None:
         """The float64 value of layer `index` (`name`), computed from the rounded values before
         it; the reference's `value` of it goes back (rounded) when the target compares it."""
-        if self.done:
-            return None
-        item = self.out.get()
-        if item is self._END or item[0] != name:
-            self.error = self.error or (
-                f"it called `{item[0]}` where the model called `{name}`"
-                if item is not self._END
-                else f"it ended before `{name}`"
-            )
-            self.close()
+        exact = super().next(name)
+        if exact is None:
             return None
         is_compared, held = self.compared[index] if index < len(self.compared) else (False, None)
-        back = None
-        if is_compared:
-            back = rounded(value, _DTYPES.get(held) or self.precision)
-        self.back.put(back)
-        return item[1]
-
-    def close(self) -> None:
-        self.done = True
-        self.stop.set()
-        if self.thread is not None:
-            self.thread.join()
-
-
-class _Stopped(Exception):
-    pass
+        self.back.put(rounded(value, _DTYPES.get(held) or self.precision) if is_compared else None)
+        return exact
 
 
 def model_precision(compared) -> torch.dtype | None:

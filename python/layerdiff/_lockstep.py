@@ -69,13 +69,17 @@ class Lockstep:
                 continue
         raise _Stopped
 
+    def _on_layer(self, index: int, layer, out: torch.Tensor) -> None:
+        """Hands the copy's value of a layer over (a subclass may also take one back)."""
+        self._put((layer.name, out.clone()))
+
     def _run(self, copied: nn.Module, given: tuple) -> None:
         try:
             with self.running():
                 capture(
                     copied,
                     given,
-                    lambda i, layer, out, _: self._put((layer.name, out.clone())),
+                    lambda i, layer, out, _: self._on_layer(i, layer, out),
                     whole=self.whole,
                     dataflow=False,
                 )
