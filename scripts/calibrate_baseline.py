@@ -5,12 +5,17 @@ Each run's verdict, defects and the largest multiple of what precision explains 
 table of docs/metrics.md (between its calibration markers). A defect in any of these runs is a
 wrong headline: the script exits 1.
 
-    python scripts/calibrate_baseline.py [--models resnet18,bert] [--no-write]
+    python scripts/calibrate_baseline.py [--models resnet18,bert] [--no-write] [--from-reports]
+
+With `--from-reports` the float16 and bfloat16 rows are read from examples/reports/ (`make
+reports` makes exactly those runs: `layerdiff torch NAME --seed 0 --dtype fp16`, and
+`--target torch --dtype bf16`) instead of being run again.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 import time
@@ -25,6 +30,15 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs/metrics.md"
 BEGIN, END = "<!-- calibration: begin -->", "<!-- calibration: end -->"
 TARGETS = ("onnx fp16", "torch:bf16", "torch:amp-bf16")
+REPORTS = {"onnx fp16": "fp16", "torch:bf16": "bf16"}  # examples/reports/NAME_SUFFIX.json
+
+
+class _Committed:
+    """A report `make reports` wrote, read back (what `row` needs of it)."""
+
+    def __init__(self, path: Path):
+        data = json.loads(path.read_text())
+        self.summary, self.layers = data["summary"], data["layers"]
 
 
 def run(name: str, target: str):
@@ -60,13 +74,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(ZOO))
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--from-reports", action="store_true")
     args = parser.parse_args()
     lines = [
         "| model | target | verdict | defects | largest multiple | layers with a baseline | time |",
         "|---|---|---|---|---|---|---|",
     ]
     failed = False
-    jobs = [(m, t, lambda m=m, t=t: run(m, t)) for m in args.models.split(",") for t in TARGETS]
+
+    def job(m: str, t: str):
+        if args.from_reports and t in REPORTS:
+            committed = ROOT / "examples" / "reports" / f"{m}_{REPORTS[t]}.json"
+            return lambda: _Committed(committed)
+        return lambda: run(m, t)
+
+    jobs = [(m, t, job(m, t)) for m in args.models.split(",") for t in TARGETS]
     jobs += [("seed MLP gradients", t, lambda t=t: grad(t)) for t in ("torch:bf16", "torch:fp16")]
     for what, target, job in jobs:
         start = time.perf_counter()

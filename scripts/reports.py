@@ -3,7 +3,7 @@ its ONNX export at float32, against the export converted to float16, and against
 bfloat16 (ONNX Runtime has no bfloat16 conversion), each with seeded random weights and inputs;
 the batch axis (1, 8, 32) of ResNet-50 and of the GPT-2-style decoder; and the summary table in
 the README, between its `reports` markers. Each run is the `layerdiff` command as a user runs it;
-exit code 1 (drift found) is an answer, not a failure of this script.
+exit code 1 (a defect found) is an answer, not a failure of this script.
 
 `python scripts/reports.py t5 gpt2` regenerates those models' reports only; `--table` only
 rewrites the README's table from the committed JSON."""
@@ -64,9 +64,9 @@ def _sci(v) -> str:
 def table(folder: Path = OUT) -> str:
     """The README's summary table, from the committed reports."""
     rows = [
-        "| model | precision | layers | compared | exceeding | worst (max abs diff) "
-        "| drift origin | cause | keep in float32: checked |",
-        "|---|---|---:|---:|---:|---|---|---|---|",
+        "| model | precision | layers | compared | exceeding | verdict | defects "
+        "| worst (max abs diff) | drift origin | cause | keep in float32: checked |",
+        "|---|---|---:|---:|---:|---|---:|---|---|---|---|",
     ]
     for name in models():
         for precision in PRECISIONS:
@@ -86,6 +86,7 @@ def table(folder: Path = OUT) -> str:
             rows.append(
                 f"| [{name}]({path.relative_to(ROOT).with_suffix('.md')}) | {precision} "
                 f"| {s['layers_total']} | {s['layers_compared']} | {s['layers_exceeding']} "
+                f"| {s['verdict'].replace('_', ' ')} | {len(s['defects'])} "
                 f"| {worst} | {f'`{origin}`' if origin else 'none'} | {cause or '—'} | {kept} |"
             )
     for name in AXES:

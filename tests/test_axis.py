@@ -25,7 +25,7 @@ def test_an_export_that_baked_its_batch_passes_at_that_batch_only(tmp_path):
     axis = json.loads((out / "axis.json").read_text())
     assert axis["schema"] == "layerdiff.axis/1" and axis["axis"] == "batch size"
     one, eight = axis["points"]
-    assert (one["point"], one["verdict"]) == ("1", "drift")
+    assert (one["point"], one["verdict"]) == ("1", "defect")
     assert (eight["point"], eight["verdict"]) == ("8", "no_drift")
     assert one["inputs"][0]["shape"] == [1, 16] and eight["inputs"][0]["shape"] == [8, 16]
     assert one["output"] == "fc2" and "[8, 4] on the target" in one["output_note"]

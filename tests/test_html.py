@@ -22,7 +22,7 @@ SVG = "{http://www.w3.org/2000/svg}"
 
 @pytest.fixture(scope="module")
 def drifting(resnet18, tmp_path_factory):
-    """ResNet-18 against itself in bfloat16: drift born at the first convolution, with causes."""
+    """ResNet-18 against itself in bfloat16: rounding born at the first convolution, with causes."""
     model, inputs, _ = resnet18
     report = layerdiff.compare_torch(model, inputs, target="torch:bf16")
     folder = tmp_path_factory.mktemp("html")
@@ -49,7 +49,8 @@ def test_the_page_renders_offline_without_console_errors(drifting, browser):
     title = browser.evaluate("document.title")
     assert title == "layerdiff: " + report.data["model"]
     verdict = browser.evaluate("document.getElementById('verdict').textContent")
-    assert verdict.startswith("drift found") and report.drift_origin in verdict
+    assert verdict.startswith("bfloat16 rounding only: no layer computes differently"), verdict
+    assert f"born at {report.drift_origin}" in verdict
     assert browser.problems() == []
     page = (folder / "r.html").resolve().as_uri()
     assert [url for url in browser.requests() if url != page] == []

@@ -48,7 +48,7 @@ def test_a_changed_weight_names_that_node_as_origin(resnet18_onnx, tmp_path):
     result, report = report_of(tmp_path, str(resnet18_onnx["dynamo"]), "--vs", str(edited))
     assert result.returncode == 1
     assert report["summary"]["drift_origin"] == node.output[0]
-    assert f"born at `{node.output[0]}`" in result.stdout
+    assert f"1 defect: `{node.output[0]}` weight_mismatch" in result.stdout, result.stdout
     origin = next(x for x in report["layers"] if x["name"] == node.output[0])
     assert origin["cause"] == "weight_mismatch"
     assert f"`{init.name}` differs: max abs diff 5.000e-2" in origin["detail"]

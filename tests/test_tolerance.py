@@ -38,12 +38,17 @@ def test_one_float16_step_at_large_magnitude_is_rounding_not_a_kernel_bug(tmp_pa
     assert rounding["beyond_tolerance"] == 0 and rounding["tolerance_needed"] <= 1.0
     assert z["tolerance"] == {"atol": 5e-4, "rtol": 1e-3}
 
+    # Held to an absolute 1e-2 the Add exceeds, and the same-precision baseline still calls it
+    # what it is: float16 rounding, which passes unless drift is asked to fail.
     result, report = _report(tmp_path, str(model), *inputs, "--tolerance", "1e-2")
-    assert result.returncode == 1
+    assert result.returncode == 0, result.stdout
     assert report["summary"]["drift_origin"] == "Z"
+    assert report["summary"]["verdict"] == "precision"
     z = next(x for x in report["layers"] if x["name"] == "Z")
-    assert z["cause"] is not None, "what an absolute tolerance concluded"
+    assert z["cause"] == "rounding", z["detail"]
     assert z["accumulated"]["rounding"]["tolerance_needed"] > 1.0
+    strict, _ = _report(tmp_path, str(model), *inputs, "--tolerance", "1e-2", "--fail-on", "drift")
+    assert strict.returncode == 1
 
 
 def test_a_1e_3_error_on_float16_values_near_1e_2_is_drift(tmp_path):
@@ -90,7 +95,8 @@ def test_the_onnx_flow_measures_both_sides_against_a_float64_truth(tmp_path):
     onnx_file = export_onnx(model.eval(), inputs, tmp_path / "mlp.onnx")
     args = [str(onnx_file), "--target", "tract"]
     result, report = _report(tmp_path, *args, "--float64", "--tolerance", "1e-6")
-    assert result.returncode == 1
+    assert result.returncode == 0, result.stdout  # float32 rounding only
+    assert report["summary"]["verdict"] == "precision" and report["summary"]["defects"] == []
     assert all(x["float64"] for x in report["layers"]), "every value has its truth"
     origin = next(x for x in report["layers"] if x["name"] == report["summary"]["drift_origin"])
     assert origin["cause"] == "rounding", origin["detail"]
@@ -125,8 +131,8 @@ def test_a_cnn_gets_its_float64_truth_node_by_node(resnet18_onnx):
 def test_a_float16_file_on_both_sides_loses_no_precision_to_itself(tmp_path):
     """The same float16 file on ONNX Runtime and tract: its float16 bias is on both sides, so
     it is no evidence of lost precision. The Add where the two round differently is the origin:
-    its own error stays within its tolerance, so it is rounding (a ×16 downstream makes the
-    output exceed), and the float64 truth agrees."""
+    its own error stays within what an honest float16 kernel makes, so it is rounding (a ×16
+    downstream makes the output exceed) and the run passes."""
     import torch
     from torch import nn
 
@@ -148,12 +154,13 @@ def test_a_float16_file_on_both_sides_loses_no_precision_to_itself(tmp_path):
     onnx.save(proto, str(path))
 
     result, report = _report(tmp_path, str(path), "--target", "tract")
-    assert result.returncode == 1, result.stdout
+    assert result.returncode == 0, result.stdout
+    assert "float16 rounding only: no layer computes differently" in result.stdout
     origin = next(x for x in report["layers"] if x["name"] == report["summary"]["drift_origin"])
     assert origin["name"] == "/proj/Add_output_0"
     assert origin["cause"] == "rounding", origin["detail"]
-    assert "float16" not in origin["detail"], origin["detail"]
-    assert origin["detail"].startswith("the target rounds here as its dtype allows")
+    # the float16 bias both sides hold is no lost precision: an honest float16 kernel's rounding
+    assert origin["detail"].startswith("the target rounds as an honest float16 kernel does")
     assert "amplified downstream until `10` exceeds it" in origin["detail"]
 
     result, report = _report(tmp_path, str(path), "--target", "tract", "--float64")

@@ -184,7 +184,10 @@ def test_a_bfloat16_kernel_bug_is_told_from_bfloat16_rounding(encoder, monkeypat
     report = compare(model, inputs, "torch:bf16")
     broken = layer(report, "layers.1.linear2")
     assert broken["cause"] == "op_implementation", broken["detail"]
-    assert "ULPs of bfloat16" in broken["detail"] and "more than" in broken["detail"]
+    assert "what bfloat16 explains" in broken["detail"], broken["detail"]
+    assert "the target's Linear computes differently" in broken["detail"]
+    assert report["summary"]["verdict"] == "defect"
+    assert [d["layer"] for d in report["summary"]["defects"]] == ["layers.1.linear2"]
     honest = [x for x in report["layers"] if x["cause"] and x["name"] != "layers.1.linear2"]
     assert {x["cause"] for x in honest} <= {"precision_loss", "inherited"}
 
@@ -218,7 +221,9 @@ def test_the_command_compares_a_pytorch_target(tmp_path):
     result = run_cli(
         "torch", f"{ENCODER}:build", "--target", "torch:amp-bf16", "--out", str(tmp_path)
     )
-    assert result.returncode == 1, result.stderr
+    # Autocast's bfloat16 rounding alone: not a failure unless asked (--fail-on drift).
+    assert result.returncode == 0, result.stderr
+    assert "bfloat16 rounding only: no layer computes differently" in result.stdout
     assert "born at `layers.0.self_attn`" in result.stdout
     assert "without a counterpart" in result.stdout
     report = json.loads((tmp_path / "report.json").read_text())

@@ -243,7 +243,13 @@ class _Gradients:
                 self.exact[key] = _sum(exact_parts) + (
                     rest.cpu() if isinstance(rest, torch.Tensor) else rest
                 )
-                self.grid[key] = grid
+                # the grid is the narrower of what the backward computes in and what the
+                # target holds the gradient in (an autocast region's gradient, held in bfloat16,
+                # of a module that computes nothing itself: a Dropout in eval)
+                known = key in self.values or key in self.tgt.grads
+                theirs = self._value(key)[1] if known else None
+                kept = theirs.dtype if isinstance(theirs, torch.Tensor) else held
+                self.grid[key] = _baseline.narrower(grid, _baseline.narrower(held, kept))
 
     def _parts(self, call, found) -> list[tuple]:
         """The gradients one call's backward gives: (layer, gradient) for its input, its

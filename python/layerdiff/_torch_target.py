@@ -237,6 +237,8 @@ def _stream(
     disagreed: list[float | None] = [None]
     # The same call made exactly on the same inputs rounded (its same-precision baseline).
     exact: list = [None]
+    # The dtype that call computes in where narrower than its result's (its baseline's grid).
+    grid: list = [None]
     weights = _CASTS.get(tgt_side.precision)
 
     def rerun(leaf, func, args, kwargs):
@@ -260,10 +262,18 @@ def _stream(
         disagreed[0] = _disagreement(out, once()) if twice else None
         first = _first_tensor(out)
         if options.float64 and first is not None and first.is_floating_point():
+            # A module whose own parameters are narrower than what it returns (a module
+            # converted with .half() that casts its result back) computes in their dtype.
+            own = None
+            if func is None:
+                params = modules[leaf].parameters()
+                own = next((p.dtype for p in params if p.is_floating_point()), None)
+            dtype = _baseline.narrower(weights or torch.float32, first.dtype)
+            dtype = _baseline.narrower(dtype, own)
+            grid[0] = dtype if dtype != first.dtype else None
             exact[0] = _baseline.exact_call(
                 references[leaf] if func is None else None, func, args, kwargs,
-                held=lambda t: convert(t).dtype,
-                dtype=_baseline.narrower(weights or torch.float32, first.dtype),
+                held=lambda t: convert(t).dtype, dtype=dtype,
             )  # fmt: skip
         return out
 
@@ -291,8 +301,9 @@ def _stream(
             local_error=_local_error(local),
             disagreement=disagreed[0],
             baseline=None if exact[0] is None else flat(layer.name, exact[0]),
+            baseline_grid=None if grid[0] is None else str(grid[0]).removeprefix("torch."),
         )
-        disagreed[0] = exact[0] = None
+        disagreed[0] = exact[0] = grid[0] = None
         if ticker is not None:
             ticker(index + 1)
 

@@ -301,6 +301,11 @@ pub struct ProvidersArgs {
     /// Skip the local error in each cell.
     #[arg(long)]
     pub no_local: bool,
+    /// When the run exits 1: `defect` (the default: a cell has a defect, an undecided layer,
+    /// layers that could not be paired, or values that overflow; rounding alone exits 0) or
+    /// `drift` (a cell with any layer beyond its tolerance, rounding included).
+    #[arg(long, value_name = "WHEN", default_value = "defect", value_parser = FailOn::parse)]
+    pub fail_on: FailOn,
     /// Where the table goes (`--out DIR`: providers.json, providers.md and each cell's whole
     /// report under cells/).
     #[command(flatten)]
@@ -358,6 +363,7 @@ impl ProvidersArgs {
             },
             float64: self.float64 || self.tolerance == Tolerance::Auto,
             baseline: !self.no_float64,
+            fail_on: self.fail_on,
         }
     }
 

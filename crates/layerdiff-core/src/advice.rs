@@ -177,13 +177,22 @@ pub fn keep_float32(report: &Report, precision: &str) -> Option<KeepFloat32> {
 impl KeepFloat32 {
     /// The same advice by module, for layers that are gradients (`owner` gives each one's
     /// module; inputs have none): a gradient cannot be kept in float32, the backward of the
-    /// module that computes it can. Modules in the order of their first advised gradient.
-    pub fn by_module(&self, owner: &dyn Fn(&str) -> Option<String>) -> KeepFloat32 {
+    /// module that computes it can. Modules in the order of their first advised gradient; none
+    /// whose backward has a defect (`defects`: float32 would hide it, not fix it).
+    pub fn by_module(
+        &self,
+        owner: &dyn Fn(&str) -> Option<String>,
+        defects: &[crate::Defect],
+    ) -> KeepFloat32 {
+        let defective: Vec<String> = defects.iter().filter_map(|d| owner(&d.layer)).collect();
         let mut modules: Vec<(String, Vec<&KeptLayer>)> = Vec::new();
         for kept in &self.layers {
             let Some(module) = owner(&kept.layer).filter(|m| !m.is_empty()) else {
                 continue;
             };
+            if defective.contains(&module) {
+                continue;
+            }
             match modules.iter_mut().find(|(m, _)| *m == module) {
                 Some((_, grads)) => grads.push(kept),
                 None => modules.push((module, vec![kept])),

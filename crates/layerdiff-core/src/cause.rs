@@ -14,6 +14,8 @@
 //!    agreement;
 //! 3. `nondeterminism` (defect): a side run twice disagrees with itself here by more than the
 //!    tolerance;
+//!    `shape_mismatch` (defect): the target's value has another shape, and no permutation maps
+//!    one onto the other;
 //! 4. `weight_mismatch` (defect): a parameter or initializer the layer uses differs between the
 //!    sides beyond its rounding to the target's dtype;
 //! 5. `precision_loss` (precision): the target's values overflow its narrower dtype's range to
@@ -147,9 +149,19 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
             && !layer.local_exceeds
             && !matches!(cause, "inherited" | "unknown")
         {
-            detail = format!(
-                "{detail}; the difference it hands on is in its inputs already, born in computation no compared layer covers (for a gradient: the forward pass)"
-            );
+            detail = match &layer.error_from {
+                // Its own error is most of what it hands on, within its tolerance alone.
+                Some(from) if max(layer) > 0.0 && own_share(layer) >= crate::BORN_HERE => format!(
+                    "{detail}; its own error is within its tolerance {} and most of the difference it hands on, which exceeds with what comes from upstream (mostly from `{from}`)",
+                    layer.tolerance
+                ),
+                Some(from) => format!(
+                    "{detail}; the difference it hands on comes mostly from upstream, from `{from}`"
+                ),
+                None => format!(
+                    "{detail}; the difference it hands on is in its inputs already, born in computation no compared layer covers (for a gradient: the forward pass)"
+                ),
+            };
         }
         if !matches!(cause, "inherited" | "rounding")
             && let Some(f) = &layer.float64
@@ -193,6 +205,14 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
     defects.sort_by(|(ia, a), (ib, b)| b.severity().total_cmp(&a.severity()).then(ia.cmp(ib)));
     summary.defects = defects.into_iter().map(|(_, d)| d).collect();
     conclude(layers, summary, &quantized);
+}
+
+/// A layer's own (local) error as a share of its accumulated error (0 when either is missing).
+fn own_share(layer: &Layer) -> f64 {
+    match (&layer.local, &layer.accumulated) {
+        (Some(l), Some(a)) if a.max_abs_diff > 0.0 => l.max_abs_diff / a.max_abs_diff,
+        _ => 0.0,
+    }
 }
 
 /// The summary's verdict, precision drift and drift origin, from the layers' findings
@@ -274,7 +294,13 @@ fn conclude(
 /// finite.
 fn overflows(layer: &Layer) -> bool {
     let own = layer.local.as_ref().or(layer.accumulated.as_ref());
-    own.is_some_and(|s| s.inf_target > s.inf_reference)
+    own.is_some_and(|s| nonfinite_target(s) > 0)
+}
+
+/// How many of a layer's values are ±Inf or NaN on the target where the reference's are not
+/// (an overflow, or what a later op makes of one: a LayerNorm of ±Inf is NaN).
+fn nonfinite_target(s: &crate::Stats) -> u64 {
+    (s.inf_target + s.nan_target).saturating_sub(s.inf_reference + s.nan_reference)
 }
 
 /// A cause, its detail and the finding it makes, for one layer (see the module docs).
@@ -299,6 +325,20 @@ fn decide(layer: &Layer, e: &Evidence, is_source: bool) -> (&'static str, String
     if let Some(found) = &e.layout {
         return ("layout_permutation", found.detail(), Finding::Defect);
     }
+    if let Some(theirs) = layer
+        .target_shape
+        .as_ref()
+        .filter(|_| layer.status == crate::LayerStatus::ShapeMismatch)
+    {
+        return (
+            "shape_mismatch",
+            format!(
+                "the target gives a {theirs:?} value where the reference gives {:?}, and no axis permutation maps one onto the other: it computes another shape here (a dimension fixed at export, a broadcast, a reshape)",
+                layer.shape
+            ),
+            Finding::Defect,
+        );
+    }
     if let Some((side, d)) = &e.self_disagreement
         && *d > tol.atol
     {
@@ -320,11 +360,11 @@ fn decide(layer: &Layer, e: &Evidence, is_source: bool) -> (&'static str, String
         && overflows(layer)
     {
         let own = layer.local.as_ref().or(layer.accumulated.as_ref());
-        let n = own.map_or(0, |s| s.inf_target.saturating_sub(s.inf_reference));
+        let n = own.map_or(0, nonfinite_target);
         return (
             "precision_loss",
             format!(
-                "the target computes this layer in {t}, the reference in {}, and {n} of its values overflow {t}'s range to ±Inf where the reference's are finite: keep it in {}",
+                "the target computes this layer in {t}, the reference in {}, and {n} of its values overflow {t}'s range (±Inf, or NaN made of it) where the reference's are finite: keep it in {}",
                 layer.dtype, layer.dtype
             ),
             Finding::Precision,
@@ -589,6 +629,11 @@ fn fix(cause: &str, layer: &Layer, e: &Evidence) -> String {
         "layout_permutation" => format!(
             "{where_} hold(s) the values in another axis order ({:?}): a layout conversion (NHWC/NCHW) is missing or applied twice before or inside it",
             layer.permutation.as_deref().unwrap_or_default()
+        ),
+        "shape_mismatch" => format!(
+            "{where_} compute(s) a {:?} value where the model computes {:?}: export with that dimension dynamic (`dynamic_axes`/`dynamic_shapes`), or feed the shape the file was exported for",
+            layer.target_shape.as_deref().unwrap_or_default(),
+            layer.shape
         ),
         "nondeterminism" => format!(
             "{where_} give(s) other values on every run: make the kernels deterministic (e.g. `torch.use_deterministic_algorithms(True)`, cuDNN's deterministic mode), or compare at a tolerance above that spread"

@@ -6,7 +6,7 @@
 //! ([`crate::kernel_allowance`], the same rule every layer's baseline uses):
 //!
 //! ```text
-//! |ŷ − y| ≤ n·step_d(y) + (stages·u_d + (⌈log2 K⌉ + n)·u_acc)·M  [+ the smallest normal of d
+//! |ŷ − y| ≤ n·step_d(y) + (stages·u_d + (max(⌈log2 K⌉, 1) + n)·u_acc)·M  [+ the smallest normal of d
 //!                                                                    where |y| is below it]
 //! ```
 //!
@@ -275,9 +275,8 @@ mod tests {
 
     #[test]
     fn a_long_reduction_is_allowed_float32_accumulation_error_in_proportion_to_its_terms() {
-        // A sum of 2^20 terms of total magnitude 1e6: float32 accumulation one term after
-        // another may be off by about √(2^20) · 2^-24 · 1e6 ≈ 61; an error of 300 (a float16
-        // accumulator) is not.
+        // A sum of 2^20 terms of total magnitude 1e6: a pairwise float32 sum may be off by
+        // 20 · 2^-24 · 1e6 ≈ 1.2; an error of 300 (a float16 accumulator) is not.
         let truth = [1000.0];
         let magnitude = [1e6];
         let close = tensor(DType::F32, &[1000.5]);

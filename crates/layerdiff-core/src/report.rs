@@ -353,7 +353,7 @@ pub struct Defect {
     /// The layer.
     pub layer: String,
     /// Its cause (`weight_mismatch`, `op_implementation`, `layout_permutation`,
-    /// `nondeterminism`).
+    /// `shape_mismatch`, `nondeterminism`).
     pub cause: String,
     /// Its own error as a multiple of what its precision explains (the layer's
     /// `baseline.multiple`), where that was measured.
@@ -518,8 +518,8 @@ pub struct Layer {
     /// back along the input that carries the most of it, to the layer that added it).
     pub error_from: Option<String>,
     /// Why the layer differs, from a fixed vocabulary: `weight_mismatch`, `precision_loss`,
-    /// `layout_permutation`, `op_implementation`, `inherited`, `nondeterminism`, `rounding`,
-    /// `undecided`, `unknown`.
+    /// `layout_permutation`, `shape_mismatch`, `op_implementation`, `inherited`,
+    /// `nondeterminism`, `rounding`, `undecided`, `unknown`.
     pub cause: Option<String>,
     /// The cause in words.
     pub detail: Option<String>,

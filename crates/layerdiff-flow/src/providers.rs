@@ -40,6 +40,8 @@ pub struct ProvidersOptions {
     pub float64: bool,
     /// Whether each cell measures each node's own error against its same-precision baseline.
     pub baseline: bool,
+    /// When a cell fails the run.
+    pub fail_on: FailOn,
 }
 
 /// Where the table goes.
@@ -116,8 +118,8 @@ pub struct ProvidersReport {
 }
 
 impl ProvidersReport {
-    /// The exit code: 0 when every cell that ran is clean, 1 when one drifts (or is
-    /// inconclusive), 2 when none could run.
+    /// The exit code: 0 when every cell that ran passes, 1 when one fails (a defect, an
+    /// undecided or inconclusive run; any drift with `--fail-on drift`), 2 when none could run.
     pub fn exit_code(&self) -> u8 {
         let ran = |c: &&Cell| !matches!(c.verdict.as_str(), "unavailable" | "error");
         if !self.cells.iter().any(|c| ran(&c)) {
@@ -184,7 +186,7 @@ pub fn providers(
                     if table.inputs.is_empty() {
                         table.inputs = outcome.report.inputs.clone();
                     }
-                    fill(&mut cell, &outcome.report);
+                    fill(&mut cell, &outcome.report, options.fail_on);
                     if let Some(folder) = &to.cells {
                         let name = cell.target.replace([':', '='], "-");
                         let path = folder.join(format!("{name}.json"));
@@ -218,10 +220,10 @@ pub fn providers(
 }
 
 /// A cell's entries from its report.
-fn fill(cell: &mut Cell, report: &Report) {
+fn fill(cell: &mut Cell, report: &Report, fail_on: FailOn) {
     let s = &report.summary;
     cell.verdict = s.verdict.name().to_string();
-    cell.fails = s.fails(FailOn::Defect);
+    cell.fails = s.fails(fail_on);
     cell.reason = s.inconclusive.clone().or_else(|| {
         report.target_graph.as_ref().map(|g| {
             format!(

@@ -97,7 +97,8 @@ impl Report {
     fn advised_by_module(&self, owners: HashMap<String, String>) -> Report {
         let mut report = self.0.clone();
         if let Some(keep) = &report.keep_float32 {
-            report.keep_float32 = Some(keep.by_module(&|layer| owners.get(layer).cloned()));
+            report.keep_float32 =
+                Some(keep.by_module(&|layer| owners.get(layer).cloned(), &report.summary.defects));
         }
         Report(report)
     }
