@@ -63,9 +63,10 @@ def row(what: str, target: str, report, seconds: float) -> tuple[str, bool]:
     multiples = [float(x["baseline"]["multiple"]) for x in report.layers if x.get("baseline")]
     worst = max(multiples, default=0.0)
     defects = ", ".join(f"`{d['layer']}`" for d in s["defects"]) or "none"
+    took = "`make reports`" if isinstance(report, _Committed) else f"{seconds:.0f} s"
     line = (
         f"| {what} | {target} | {s['verdict']} | {defects} | {worst:.2f} | "
-        f"{len(multiples)} | {seconds:.0f} s |"
+        f"{len(multiples)} | {took} |"
     )
     return line, bool(s["defects"])
 

@@ -65,29 +65,27 @@ def int8_files(float16_files, tmp_path_factory):
     return {"float": float16_files["legacy"], "clean": clean, "bug": folder / "bug.onnx"}
 
 
-def test_a_clean_int8_file_is_quantization_only(int8_files, tmp_path):
+def _against_float(files, which: str, tmp_path) -> tuple:
+    """`layerdiff onnx FLOAT --vs WHICH`: the run, its summary's first line and its summary."""
     out = tmp_path / "r.json"
-    run = run_cli(
-        "onnx", str(int8_files["float"]), "--vs", str(int8_files["clean"]), "--json", str(out)
-    )
+    run = run_cli("onnx", str(files["float"]), "--vs", str(files[which]), "--json", str(out))
+    first = run.stdout.splitlines()[0] if run.stdout else run.stderr
+    return run, first, json.loads(out.read_text())["summary"]
+
+
+def test_a_clean_int8_file_is_quantization_only(int8_files, tmp_path):
+    run, first, s = _against_float(int8_files, "clean", tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
-    first = run.stdout.splitlines()[0]
     assert "int8 rounding only: no layer computes differently" in first, first
-    s = json.loads(out.read_text())["summary"]
     assert s["verdict"] == "precision" and s["defects"] == [] and s["precision"]["dtype"] == "int8"
 
 
 def test_a_weight_changed_in_an_int8_file_is_the_headline_defect(int8_files, tmp_path):
     """The stored int8 weight is checked dequantized against the float file's, to half its
     scale step: the quantization is not a different weight, the edit is."""
-    out = tmp_path / "r.json"
-    run = run_cli(
-        "onnx", str(int8_files["float"]), "--vs", str(int8_files["bug"]), "--json", str(out)
-    )
+    run, first, s = _against_float(int8_files, "bug", tmp_path)
     assert run.returncode == 1, run.stdout + run.stderr
-    first = run.stdout.splitlines()[0]
     assert "1 defect: `/layer2/layer2.1/conv1/Conv_output_0` weight_mismatch" in first, first
-    s = json.loads(out.read_text())["summary"]
     [defect] = s["defects"]
     assert "differs beyond its quantization" in defect["detail"], defect
     assert s["precision"]["dtype"] == "int8"
@@ -207,3 +205,34 @@ def test_float16_onnx_on_two_runtimes_is_rounding_by_default(tmp_path):
     assert z["cause"] == "rounding", z["detail"]
     assert data["summary"]["defects"] == [] and data["summary"]["verdict"] == "precision"
     assert done.returncode == 0, done.stderr
+
+
+class _NoFloat64(torch.nn.Module):
+    """A model with an op that has no float64 kernel (as some custom ops have none)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.head = torch.nn.Linear(16, 16), torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = self.fc(x)
+        if h.dtype == torch.float64:
+            raise RuntimeError("no float64 kernel for this op")
+        return self.head(torch.relu(h))
+
+
+def test_a_model_that_cannot_run_in_float64_says_why_its_layers_have_no_baseline(tmp_path):
+    """Where the float64 copy stops, the layers after it have no truth and no baseline, and the
+    report says why rather than leaving them silently unjudged."""
+    torch.manual_seed(0)
+    report = compare_torch_onnx(_NoFloat64(), (torch.randn(2, 16),), dtype="fp16", workdir=tmp_path)
+    first, *after = report.layers
+    assert first["baseline"] is not None and first["float64"] is not None
+    for x in after:
+        assert x["baseline"] is None and x["float64"] is None, x["name"]
+        assert x["baseline_reason"] == (
+            "the float64 run of the model stopped before it: it failed: RuntimeError: "
+            "no float64 kernel for this op"
+        )
+    [warning] = report.summary["warnings"]
+    assert warning.startswith("no float64 truth for the layers from where it stopped")

@@ -14,6 +14,19 @@ from torch import nn
 NARROW = (torch.float16, torch.bfloat16)
 
 
+def _sibling(name: str):
+    """A builder beside this file, whether it is imported as `builders.narrow_kernels` (the
+    tests) or loaded by path (`layerdiff grad tests/builders/narrow_kernels.py:…`)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_narrow_kernels_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _narrow_sum(products: torch.Tensor) -> torch.Tensor:
     """Sums the last dimension into a running sum held in the products' dtype."""
     total = torch.zeros(products.shape[:-1], dtype=products.dtype, device=products.device)
@@ -108,10 +121,9 @@ def cnn():
 def transformer():
     """A two-layer transformer encoder (d_model 64) whose second layer's `linear1` accumulates
     in the narrow dtype."""
-    import builders.encoder
 
     torch.manual_seed(0)
-    model, inputs = builders.encoder.build()
+    model, inputs = _sibling("encoder").build()
     _swap(model.layers[1], "linear1", NarrowLinear)
     return model.eval(), inputs
 
@@ -119,10 +131,9 @@ def transformer():
 def mlp_wrong_backward():
     """The seed's MLP (Linear → GELU → Linear → LayerNorm) whose first Linear's backward is off
     in the narrow dtype."""
-    import builders.seed_mlp
 
     torch.manual_seed(0)
-    model, inputs = builders.seed_mlp.build()
+    model, inputs = _sibling("seed_mlp").build()
     _swap(model, "0", WrongBackwardLinear)
     return model, inputs
 
@@ -141,9 +152,8 @@ def cnn_wrong_backward():
 def transformer_wrong_backward():
     """The two-layer transformer encoder whose second layer's `linear1` backward is off in the
     narrow dtype."""
-    import builders.encoder
 
     torch.manual_seed(0)
-    model, inputs = builders.encoder.build()
+    model, inputs = _sibling("encoder").build()
     _swap(model.layers[1], "linear1", WrongBackwardLinear)
     return model.eval(), inputs

@@ -38,6 +38,8 @@ pub(crate) type Fed = std::result::Result<(Tensor, DType), String>;
 pub struct HandedBaseline {
     side: PushedSide,
     grids: HashMap<String, DType>,
+    /// Why the run computing the exact values stopped, when it did.
+    lost: Option<String>,
 }
 
 impl HandedBaseline {
@@ -47,7 +49,13 @@ impl HandedBaseline {
         Self {
             side: PushedSide::new(layerdiff_core::SideInfo::new("baseline", "float64"), listed),
             grids: HashMap::new(),
+            lost: None,
         }
+    }
+
+    /// The run computing the exact values stopped (`why`): the layers after it have none.
+    pub fn lose(&mut self, why: String) {
+        self.lost.get_or_insert(why);
     }
 
     /// Layer `index` (named `name`)'s exact value, and the dtype the target computed it in
@@ -141,7 +149,10 @@ impl Baseline {
                 .side
                 .get(value)
                 .cloned()
-                .ok_or_else(|| "no float64 value of it was handed over".to_string()),
+                .ok_or_else(|| match &h.lost {
+                    Some(why) => format!("the float64 run of the model stopped before it: {why}"),
+                    None => "no float64 value of it was handed over".to_string(),
+                }),
             Self::Graph(b) => {
                 let group = match b.groups.get(value) {
                     Some(Ok(group)) => group,

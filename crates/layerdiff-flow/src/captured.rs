@@ -225,6 +225,15 @@ impl CapturedRun {
         self.engine.segmentation()
     }
 
+    /// The float64 copy of the model stopped (`why`): the layers after it have no truth and no
+    /// same-precision baseline, and say why.
+    pub fn float64_lost(&mut self, why: String) {
+        if let Some(baseline) = self.engine.baseline.as_mut().and_then(Baseline::handed) {
+            baseline.lose(why.clone());
+        }
+        self.engine.truth_stopped(why);
+    }
+
     /// For each layer: whether it is compared, and the dtype the target holds its value in
     /// where the target says (an ONNX file's declared or inferred element type): what a
     /// framework computing the baseline rounds each compared layer's value to.

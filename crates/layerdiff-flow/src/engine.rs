@@ -122,6 +122,12 @@ pub struct Engine<R: Side, T: Side, F: Side = Box<dyn Side>> {
 }
 
 impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
+    /// The float64 truth stopped (`why`, a framework's copy of the model that could not run in
+    /// float64): the summary warns that the layers after it are judged without it.
+    pub fn truth_stopped(&mut self, why: String) {
+        self.truth_lost.get_or_insert(why);
+    }
+
     /// Plans the run in segments that fit the memory budget, with each layer's local group.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -471,7 +477,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             .extend(segments_warning(self.plan.segments.len(), &providers));
         if let Some(why) = self.truth_lost.take() {
             summary.warnings.push(format!(
-                "no float64 truth: it could not run ({why}); the layers are judged without it"
+                "no float64 truth for the layers from where it stopped: it could not run ({why}); those layers are judged without it"
             ));
         }
         if let Some(runtime) = self.reference.rewrites() {

@@ -116,6 +116,9 @@ impl Side for ExpectedSide {
         )
     }
 
+    fn is_computed(&self) -> bool {
+        false
+    }
     fn plan_view(&self) -> PlanSide<'_> {
         PlanSide {
             graph: None,

@@ -153,6 +153,7 @@ impl Pairs<'_> {
     pub fn compare_local(&self, layers: &mut [Layer], runs: Vec<LocalRun>) {
         let mut runs = runs.into_iter().peekable();
         let mut jobs = Vec::new();
+        let expected = !self.reference.is_computed();
         for (i, layer) in layers.iter_mut().enumerate() {
             let Some((_, out, exact)) = runs.next_if(|(at, _, _)| *at == i) else {
                 continue;
@@ -170,7 +171,8 @@ impl Pairs<'_> {
                 };
                 let assessed = exact.and_then(|exact| {
                     let grid = grid.ok_or_else(|| "the layer is not a float".to_string())?;
-                    assess_baseline(reference.view(), out.view(), exact.view(), grid, stages)
+                    let (r, t, x) = (reference.view(), out.view(), exact.view());
+                    assess_baseline(r, t, x, grid, stages, expected)
                         .map_err(|e| format!("its exact value does not fit: {e}"))
                 });
                 match assessed {

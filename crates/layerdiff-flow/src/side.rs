@@ -28,6 +28,13 @@ pub trait Side: Send + Sync {
     fn expose(&mut self, _values: &[String]) -> Result<()> {
         Ok(())
     }
+    /// Whether the side's values come from a computation (a runtime, PyTorch) rather than a
+    /// file of expected values. An honest kernel may be further from the exact value than its
+    /// dtype's tolerance (a long reduction that cancels), so only expected values are judged
+    /// against the exact computation on their own (`reference_off`).
+    fn is_computed(&self) -> bool {
+        true
+    }
     /// Whether the values of the first `layers` layers are in: a side that computes has them
     /// whenever asked; a side whose values are handed over, once they were.
     fn has_layers(&self, _layers: usize) -> bool {
@@ -162,6 +169,9 @@ impl<S: Side + ?Sized> Side for Box<S> {
     }
     fn expose(&mut self, values: &[String]) -> Result<()> {
         (**self).expose(values)
+    }
+    fn is_computed(&self) -> bool {
+        (**self).is_computed()
     }
     fn has_layers(&self, layers: usize) -> bool {
         (**self).has_layers(layers)

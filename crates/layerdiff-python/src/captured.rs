@@ -171,6 +171,13 @@ impl CapturedRun {
             .collect())
     }
 
+    /// The float64 copy of the model (the truth, or the run computing the layers'
+    /// same-precision baseline) stopped (`why`).
+    fn float64_lost(&mut self, why: String) -> PyResult<()> {
+        self.active_mut()?.float64_lost(why);
+        Ok(())
+    }
+
     /// How many segments the ONNX run is split into.
     #[getter]
     fn segments(&self) -> PyResult<usize> {

@@ -161,15 +161,23 @@ pub(crate) fn precision_words(p: &PrecisionDrift, compared: usize) -> String {
             p.dtype
         ),
     };
-    format!(
-        "{} rounding: {} of {compared} compared layers exceed their tolerance by it{born}{output}{overflow}",
-        p.dtype, p.layers
-    )
+    let own = match p.layers {
+        0 => {
+            "no layer's own rounding exceeds its tolerance, it grows past it downstream".to_string()
+        }
+        n => format!(
+            "{n} of {compared} compared layers exceed their tolerance by their own rounding"
+        ),
+    };
+    format!("{} rounding{born}: {own}{output}{overflow}", p.dtype)
 }
 
 /// A defect's size in words: its multiple of what precision explains, else of its tolerance.
 fn defect_size(d: &Defect) -> String {
     match (d.multiple, d.tolerance_multiple) {
+        (Some(m), _) if m.is_finite() && m >= 1000.0 => {
+            " (over 1000× what precision explains)".to_string()
+        }
         (Some(m), _) if m.is_finite() => format!(" ({m:.1}× what precision explains)"),
         (_, Some(t)) if t.is_finite() => format!(" ({t:.1}× its tolerance)"),
         _ => String::new(),
