@@ -145,14 +145,10 @@ impl Baseline {
         feed: &dyn Fn(&str) -> Fed,
     ) -> std::result::Result<Tensor, String> {
         match self {
-            Self::Handed(h) => h
-                .side
-                .get(value)
-                .cloned()
-                .ok_or_else(|| match &h.lost {
-                    Some(why) => format!("the float64 run of the model stopped before it: {why}"),
-                    None => "no float64 value of it was handed over".to_string(),
-                }),
+            Self::Handed(h) => h.side.get(value).cloned().ok_or_else(|| match &h.lost {
+                Some(why) => format!("the float64 run of the model stopped before it: {why}"),
+                None => "no float64 value of it was handed over".to_string(),
+            }),
             Self::Graph(b) => {
                 let group = match b.groups.get(value) {
                     Some(Ok(group)) => group,
