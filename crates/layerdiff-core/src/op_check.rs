@@ -344,4 +344,31 @@ mod tests {
         let got = tensor(DType::F32, &[1.0]);
         assert!(check_op(&got.view(), &[1.0, 2.0], &[], 1, 0).is_err());
     }
+
+    #[test]
+    fn the_op_matrix_and_the_per_layer_baseline_hold_a_kernel_to_the_same_allowance() {
+        // One rule, one home: the op matrix's bound at an element is `kernel_allowance`, and a
+        // layer's baseline allows its ideal's own error plus twice that same allowance.
+        let x = 1.0 + 3.0 / 4096.0; // between two float16 steps
+        let got = tensor(DType::F16, &[x]);
+        let check = check_op(&got.view(), &[x], &[x], 1, 0).unwrap();
+        let allowance = kernel_allowance(DType::F16, x, x, 1, 0);
+        assert_eq!(check.worst.as_ref().unwrap().bound, allowance);
+
+        let (reference, exact) = (tensor(DType::F32, &[x]), tensor(DType::F64, &[x]));
+        let b = crate::assess_baseline(
+            reference.view(),
+            got.view(),
+            exact.view(),
+            DType::F16,
+            0,
+            false,
+        )
+        .unwrap();
+        let base = (DType::F16.round(x) - x).abs();
+        assert_eq!(
+            b.allowed_max_abs_diff,
+            base + crate::HONEST_FACTOR * allowance
+        );
+    }
 }
