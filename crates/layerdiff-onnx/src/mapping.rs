@@ -366,7 +366,16 @@ fn resolve_nodeless(
             .skip(i + 1)
             .find(|(_, l)| l.input_from == Some(i))
             .map(|(j, _)| j);
-        mappings[i] = if layer.identity {
+        // What an identity read may be its feeder's value reshaped by code between them
+        // (timm's PatchEmbed flattens and transposes the Conv's output before its Identity
+        // norm): then the feeder's value is not its value.
+        let reshaped = feeder.filter(|&p| layers[p].shape != layer.shape);
+        mappings[i] = if let Some(p) = reshaped.filter(|_| layer.identity) {
+            unmapped(&format!(
+                "identity at inference, but it read the value of `{}` reshaped between them ({:?} → {:?}), which has no node of its own here",
+                layers[p].name, layers[p].shape, layer.shape
+            ))
+        } else if layer.identity {
             match feeder.map(|p| (p, mappings[p].clone())) {
                 Some((
                     p,

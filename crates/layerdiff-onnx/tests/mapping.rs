@@ -182,6 +182,26 @@ fn dynamo_fused_conv_carries_the_bn_scope() {
 }
 
 #[test]
+fn an_identity_that_read_its_feeder_reshaped_is_not_compared_with_the_feeder() {
+    // timm's PatchEmbed: `norm` (an Identity) reads the Conv's output flattened and
+    // transposed by code between them; the Conv's value has another shape than what the
+    // Identity returned, so it is not the Identity's value (it was a shape_mismatch "defect").
+    let g = graph(vec![node("/proj/Conv", "Conv", &["x", "w"], "y", &[])], "y");
+    let mut proj = call("proj", "proj", 0, None);
+    proj.shape = vec![1, 192, 6, 6];
+    let mut norm = call("norm", "norm", 0, Some(0));
+    norm.identity = true;
+    norm.shape = vec![1, 36, 192];
+    let m = map_layers(&g, &[proj, norm]);
+    assert_eq!(value(&m[1]), None);
+    assert!(
+        reason(&m[1]).contains("reshaped between them"),
+        "{}",
+        reason(&m[1])
+    );
+}
+
+#[test]
 fn identity_layers_compare_against_their_feeder_and_strangers_are_explained() {
     let g = graph(vec![node("/fc/Gemm", "Gemm", &["x", "w"], "y", &[])], "y");
     let mut drop = call("drop", "drop", 0, Some(0));
