@@ -236,3 +236,34 @@ def test_a_model_that_cannot_run_in_float64_says_why_its_layers_have_no_baseline
         )
     [warning] = report.summary["warnings"]
     assert warning.startswith("no float64 truth for the layers from where it stopped")
+
+
+class _WrongInBfloat16(torch.nn.Linear):
+    """A Linear whose kernel is 3% low in bfloat16 only."""
+
+    def forward(self, x):
+        out = super().forward(x)
+        return out * 0.97 if out.dtype == torch.bfloat16 else out
+
+
+def test_a_timm_vit_is_rounding_only_and_a_bfloat16_kernel_bug_in_it_is_the_headline(tmp_path):
+    """A model nobody tuned the baseline on (timm's ViT-Tiny, random weights): its float16
+    export is rounding only (its PatchEmbed's Identity norm, which reads the Conv's output
+    reshaped, is not paired with the Conv's value), and one MLP Linear that is 3% low in
+    bfloat16 only is the one defect."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=96).eval()
+    inputs = (torch.randn(1, 3, 96, 96),)
+    report = compare_torch_onnx(model, inputs, dtype="fp16", workdir=tmp_path)
+    assert report.summary["verdict"] == "precision" and report.summary["defects"] == []
+    assert "reshaped between them" in report.layer("patch_embed.norm")["reason"]
+
+    fc2 = model.blocks[5].mlp.fc2
+    wrong = _WrongInBfloat16(fc2.in_features, fc2.out_features)
+    wrong.load_state_dict(fc2.state_dict())
+    model.blocks[5].mlp.fc2 = wrong
+    s = compare_torch(model, inputs, target="torch:bf16").summary
+    assert [(d["layer"], d["cause"]) for d in s["defects"]] == [
+        ("blocks.5.mlp.fc2", "op_implementation")
+    ]
