@@ -165,6 +165,7 @@ class _Gradients:
         self.ref_side, self.tgt_side = ref_side, tgt_side
         self.reference_modules = dict(ref.model.named_modules())
         self.target_modules = dict(tgt.model.named_modules())
+        self.truth_modules = dict(truth.model.named_modules()) if truth is not None else {}
         # each parameter's key by (module path, attribute), as the reference names it
         keys = {id(p): n for n, p in model.named_parameters()}
         self.key = {
@@ -194,8 +195,7 @@ class _Gradients:
                 other = self._vjp(tgt, theirs, self.target_modules, self.tgt_side)
                 wide = None
                 if truth is not None and name in truth.calls:
-                    modules = dict(truth.model.named_modules())
-                    wide = self._vjp(truth, truth.calls[name], modules, None).input
+                    wide = self._vjp(truth, truth.calls[name], self.truth_modules, None).input
                 self.values[layer] = (mine.input, other.input, wide)
             if not local or call.grad_output is None:
                 continue

@@ -21,7 +21,7 @@ from layerdiff._lockstep import Lockstep
 from layerdiff._sides import _CAST as _CASTS
 from layerdiff._sides import TorchSide, cuda_math
 from layerdiff.report import Report
-from layerdiff.tensors import flat
+from layerdiff.tensors import dtype_name, flat
 
 
 def compare_torch(
@@ -292,6 +292,9 @@ def _stream(
                 f"{target.error}"
             )
         wide = truth.next(layer.name) if truth is not None else None
+        grid_name = None
+        if grid[0] is not None:
+            grid_name = dtype_name(layer.name, torch.empty(0, dtype=grid[0]))
         run.add(
             index,
             flat(layer.name, out),
@@ -301,7 +304,7 @@ def _stream(
             local_error=_local_error(local),
             disagreement=disagreed[0],
             baseline=None if exact[0] is None else flat(layer.name, exact[0]),
-            baseline_grid=None if grid[0] is None else str(grid[0]).removeprefix("torch."),
+            baseline_grid=grid_name,
         )
         disagreed[0] = exact[0] = grid[0] = None
         if ticker is not None:

@@ -341,9 +341,11 @@ def _stream(
             )
         wide = truth.next(layer.name) if truth is not None else None
         exact = replay.next(index, layer.name, out) if replay is not None else None
-        for copy in (truth, replay):  # a float64 copy that stopped says why
-            if copy is not None and copy.error and (wide is None or exact is None):
-                run.float64_lost(copy.error)
+        # a float64 copy that stopped says why
+        if wide is None and truth is not None and truth.error:
+            run.truth_lost(truth.error)
+        if exact is None and replay is not None and replay.error:
+            run.baseline_lost(replay.error)
         value = flat(layer.name, out)
         _same_as_listed(listed[index], value)
         if clone:

@@ -11,11 +11,10 @@
 //! 1. `inherited`: its own (local) error is within tolerance; the difference came from
 //!    upstream, mostly from the layer it is traced back to (`error_from`);
 //! 2. `layout_permutation` (defect): permuting the target onto the reference restores
-//!    agreement;
+//!    agreement; `shape_mismatch` (defect): the target's value has another shape, and no
+//!    permutation maps one onto the other;
 //! 3. `nondeterminism` (defect): a side run twice disagrees with itself here by more than the
 //!    tolerance;
-//!    `shape_mismatch` (defect): the target's value has another shape, and no permutation maps
-//!    one onto the other;
 //! 4. `weight_mismatch` (defect): a parameter or initializer the layer uses differs between the
 //!    sides beyond its rounding to the target's dtype;
 //! 5. `precision_loss` (precision): the target's values overflow its narrower dtype's range to
@@ -151,7 +150,7 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
         {
             detail = match &layer.error_from {
                 // Its own error is most of what it hands on, within its tolerance alone.
-                Some(from) if max(layer) > 0.0 && own_share(layer) >= crate::BORN_HERE => format!(
+                Some(from) if own_share(layer) >= crate::BORN_HERE => format!(
                     "{detail}; its own error is within its tolerance {} and most of the difference it hands on, which exceeds with what comes from upstream (mostly from `{from}`)",
                     layer.tolerance
                 ),

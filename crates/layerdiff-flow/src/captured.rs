@@ -225,13 +225,18 @@ impl CapturedRun {
         self.engine.segmentation()
     }
 
-    /// The float64 copy of the model stopped (`why`): the layers after it have no truth and no
-    /// same-precision baseline, and say why.
-    pub fn float64_lost(&mut self, why: String) {
-        if let Some(baseline) = self.engine.baseline.as_mut().and_then(Baseline::handed) {
-            baseline.lose(why.clone());
-        }
+    /// The float64 copy computing the truth stopped (`why`): the summary warns that the
+    /// layers after it are judged without it.
+    pub fn truth_lost(&mut self, why: String) {
         self.engine.truth_stopped(why);
+    }
+
+    /// The float64 copy computing the layers' same-precision baseline stopped (`why`): the
+    /// layers after it have none and say why.
+    pub fn baseline_lost(&mut self, why: String) {
+        if let Some(baseline) = self.engine.baseline.as_mut().and_then(Baseline::handed) {
+            baseline.lose(why);
+        }
     }
 
     /// For each layer: whether it is compared, and the dtype the target holds its value in

@@ -171,10 +171,16 @@ impl CapturedRun {
             .collect())
     }
 
-    /// The float64 copy of the model (the truth, or the run computing the layers'
-    /// same-precision baseline) stopped (`why`).
-    fn float64_lost(&mut self, why: String) -> PyResult<()> {
-        self.active_mut()?.float64_lost(why);
+    /// The float64 copy of the model computing the truth stopped (`why`).
+    fn truth_lost(&mut self, why: String) -> PyResult<()> {
+        self.active_mut()?.truth_lost(why);
+        Ok(())
+    }
+
+    /// The float64 copy of the model computing the layers' same-precision baseline stopped
+    /// (`why`).
+    fn baseline_lost(&mut self, why: String) -> PyResult<()> {
+        self.active_mut()?.baseline_lost(why);
         Ok(())
     }
 
