@@ -3,13 +3,18 @@ use std::path::PathBuf;
 /// Errors of the runtimes.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The ONNX Runtime shared library could not be found.
+    /// A runtime's shared library could not be found.
     #[error(
-        "cannot find the ONNX Runtime library (looked in: {searched}); install it with `pip install onnxruntime` \
-         or point `{}` at `libonnxruntime.so`",
-        crate::LIBRARY_ENV
+        "cannot find the {runtime} library (looked in: {searched}); install it with `{install}` \
+         or point `{env}` at the library file"
     )]
     LibraryNotFound {
+        /// The runtime (`ONNX Runtime`).
+        runtime: &'static str,
+        /// How to install it.
+        install: &'static str,
+        /// The variable that names the file.
+        env: &'static str,
         /// Where we looked.
         searched: String,
     },
@@ -55,6 +60,9 @@ pub enum Error {
     /// tract refused or failed.
     #[error("{0}")]
     Tract(String),
+    /// OpenVINO refused or failed.
+    #[error("OpenVINO {0}")]
+    OpenVino(String),
     /// No runtime has a kernel for a node.
     #[error("{0}")]
     NoKernel(String),

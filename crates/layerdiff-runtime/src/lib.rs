@@ -1,5 +1,6 @@
-//! Runtimes: ways of computing an ONNX model's values from given inputs: ONNX Runtime (loaded
-//! from the onnxruntime wheel) and tract (pure Rust).
+//! Runtimes: ways of computing an ONNX model's values from given inputs: ONNX Runtime and
+//! OpenVINO (loaded from their wheels) and tract (pure Rust). Adding one is a module with a
+//! [`Runtime`] and its spelling in [`RuntimeSpec`].
 //!
 //! Every runtime takes a [`Model`] (already edited to expose the values wanted), named input
 //! tensors, and the names of the values to return; it hands back owned tensors in our own
@@ -8,6 +9,7 @@
 mod error;
 mod exact;
 mod library;
+mod openvino_runtime;
 mod ort_provider;
 mod ort_runtime;
 mod per_node;
@@ -19,7 +21,8 @@ use layerdiff_onnx::Model;
 
 pub use error::{Error, Result};
 pub use exact::ExactElementwise;
-pub use library::{LIBRARY_ENV, find_ort_library};
+pub use library::{LIBRARY_ENV, OPENVINO_LIBRARY_ENV, find_ort_library};
+pub use openvino_runtime::{OPENVINO_PRECISIONS, OpenVinoRuntime};
 pub use ort_provider::{Provider, ProviderOptions, TF32_OPS};
 pub use ort_runtime::{OptLevel, OrtRuntime};
 pub use per_node::PerNode;

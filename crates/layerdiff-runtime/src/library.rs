@@ -1,5 +1,5 @@
-//! Finding `libonnxruntime.so`: the one inside the installed `onnxruntime` Python wheel, so the
-//! runtime layerdiff measures is the runtime users deploy with.
+//! Finding a runtime's shared library inside its installed Python wheel (`onnxruntime`,
+//! `openvino`), so the runtime layerdiff measures is the runtime users deploy with.
 
 use std::path::{Path, PathBuf};
 
@@ -8,22 +8,73 @@ use crate::{Error, Result};
 /// Environment variable that names the ONNX Runtime library file explicitly.
 pub const LIBRARY_ENV: &str = "LAYERDIFF_ORT_LIB";
 
-/// Finds the ONNX Runtime shared library: `$LAYERDIFF_ORT_LIB`, then `$ORT_DYLIB_PATH`, then the
-/// `onnxruntime` package of the active virtualenv, of a `.venv` in the current folder, of the
-/// environment this executable lives in, and of `python3` on PATH.
+/// Environment variable that names the OpenVINO C library file explicitly.
+pub const OPENVINO_LIBRARY_ENV: &str = "LAYERDIFF_OPENVINO_LIB";
+
+/// A runtime library shipped in a Python wheel.
+pub struct Wheel {
+    /// The runtime, in words (`ONNX Runtime`).
+    pub runtime: &'static str,
+    /// The variables that name the file explicitly, first first.
+    pub env: &'static [&'static str],
+    /// The wheel's package and the folder in it that holds the library (`onnxruntime/capi`).
+    pub folder: &'static str,
+    /// How the library file's name starts (`libonnxruntime.so`), and its other spellings.
+    pub names: &'static [&'static str],
+    /// How to install it (`pip install onnxruntime`).
+    pub install: &'static str,
+}
+
+/// ONNX Runtime's library in the `onnxruntime` wheel.
+pub const ORT_WHEEL: Wheel = Wheel {
+    runtime: "ONNX Runtime",
+    env: &[LIBRARY_ENV, "ORT_DYLIB_PATH"],
+    folder: "onnxruntime/capi",
+    names: &[
+        "libonnxruntime.so",
+        "libonnxruntime.dylib",
+        "onnxruntime.dll",
+    ],
+    install: "pip install onnxruntime",
+};
+
+/// OpenVINO's C library in the `openvino` wheel.
+pub const OPENVINO_WHEEL: Wheel = Wheel {
+    runtime: "OpenVINO",
+    env: &[OPENVINO_LIBRARY_ENV],
+    folder: "openvino/libs",
+    names: &["libopenvino_c.so", "libopenvino_c.dylib", "openvino_c.dll"],
+    install: "pip install openvino",
+};
+
+/// Finds the ONNX Runtime shared library (see [`find_library`]).
 pub fn find_ort_library() -> Result<PathBuf> {
-    let mut searched = Vec::new();
-    for var in [LIBRARY_ENV, "ORT_DYLIB_PATH"] {
+    find_library(&ORT_WHEEL)
+}
+
+/// Finds a wheel's library: the variables that name it, then the wheel in the active
+/// virtualenv, in a `.venv` of the current folder, in the environment this executable lives
+/// in, and of `python3` on PATH.
+pub fn find_library(wheel: &Wheel) -> Result<PathBuf> {
+    let not_found = |searched: String| Error::LibraryNotFound {
+        runtime: wheel.runtime,
+        install: wheel.install,
+        env: wheel.env[0],
+        searched,
+    };
+    for var in wheel.env {
         if let Some(path) = std::env::var_os(var) {
             let path = PathBuf::from(path);
             if path.is_file() {
                 return Ok(path);
             }
-            return Err(Error::LibraryNotFound {
-                searched: format!("${var} = {} (no such file)", path.display()),
-            });
+            return Err(not_found(format!(
+                "${var} = {} (no such file)",
+                path.display()
+            )));
         }
     }
+    let mut searched = Vec::new();
     let mut prefixes: Vec<PathBuf> = Vec::new();
     if let Some(venv) = std::env::var_os("VIRTUAL_ENV") {
         prefixes.push(venv.into());
@@ -44,48 +95,50 @@ pub fn find_ort_library() -> Result<PathBuf> {
             continue;
         };
         for entry in entries.flatten() {
-            let capi = entry.path().join("site-packages/onnxruntime/capi");
-            if let Some(found) = library_in(&capi) {
+            let folder = entry.path().join("site-packages").join(wheel.folder);
+            if let Some(found) = library_in(&folder, wheel.names) {
                 return Ok(found);
             }
         }
     }
-    if let Some(capi) = python_capi_dir() {
-        searched.push(capi.display().to_string());
-        if let Some(found) = library_in(&capi) {
+    let package = wheel.folder.split('/').next().unwrap_or(wheel.folder);
+    if let Some(folder) = python_package_dir(package) {
+        let folder = folder.join(wheel.folder.split_once('/').map_or("", |(_, sub)| sub));
+        searched.push(folder.display().to_string());
+        if let Some(found) = library_in(&folder, wheel.names) {
             return Ok(found);
         }
     } else {
-        searched.push("python3 (no onnxruntime package)".to_string());
+        searched.push(format!("python3 (no {package} package)"));
     }
-    Err(Error::LibraryNotFound {
-        searched: searched.join(", "),
-    })
+    Err(not_found(searched.join(", ")))
 }
 
-/// The newest `libonnxruntime.so.X.Y.Z` (or `.dylib`/`.dll`) in a folder.
-fn library_in(dir: &Path) -> Option<PathBuf> {
+/// The newest library file in a folder whose name starts with one of `names`
+/// (`libonnxruntime.so.1.31.1`).
+fn library_in(dir: &Path, names: &[&str]) -> Option<PathBuf> {
     let mut candidates: Vec<PathBuf> = std::fs::read_dir(dir)
         .ok()?
         .flatten()
         .map(|e| e.path())
         .filter(|p| {
             let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            name.starts_with("libonnxruntime.so")
-                || name == "libonnxruntime.dylib"
-                || name == "onnxruntime.dll"
+            names.iter().any(|n| name.starts_with(n))
         })
         .collect();
     candidates.sort();
     candidates.pop()
 }
 
-fn python_capi_dir() -> Option<PathBuf> {
+/// The folder of an installed Python package, as `python3` on PATH imports it.
+fn python_package_dir(package: &str) -> Option<PathBuf> {
     let out = std::process::Command::new("python3")
         .args([
             "-c",
-            "import importlib.util, os; s = importlib.util.find_spec('onnxruntime'); \
-             print(os.path.join(os.path.dirname(s.origin), 'capi') if s else '')",
+            &format!(
+                "import importlib.util, os; s = importlib.util.find_spec('{package}'); \
+                 print(os.path.dirname(s.origin) if s and s.origin else '')"
+            ),
         ])
         .stderr(std::process::Stdio::null())
         .output()

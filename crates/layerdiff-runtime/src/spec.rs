@@ -1,12 +1,13 @@
 //! Runtimes are spelled the same way everywhere: `ort` (CPU execution provider, optimizations
 //! off), `ort:cuda`, `ort:opt=basic|extended|all` and combinations (`ort:cuda:opt=all`), a
 //! provider's own options in ONNX Runtime's names (`ort:cuda:use_tf32=0`), `tract`,
-//! `expected:PATH`.
+//! `openvino[:precision=f32|f16|bf16]`, `expected:PATH`. A new runtime is one variant here.
 
 use std::path::Path;
 
 use crate::{
-    Error, OptLevel, OrtRuntime, Provider, ProviderOptions, Result, Runtime, TractRuntime,
+    Error, OpenVinoRuntime, OptLevel, OrtRuntime, Provider, ProviderOptions, Result, Runtime,
+    TractRuntime,
 };
 
 /// A runtime named on the command line or in the API.
@@ -17,6 +18,8 @@ pub enum RuntimeSpec {
     Ort(Provider, OptLevel, ProviderOptions),
     /// tract.
     Tract,
+    /// OpenVINO's CPU plugin with an inference-precision hint (`None`: its default).
+    OpenVino(Option<String>),
     /// Values read from a file: `expected:PATH` (safetensors, or an ONNX test data folder).
     Expected(std::path::PathBuf),
 }
@@ -27,18 +30,29 @@ impl RuntimeSpec {
         Self::Ort(Provider::Cpu, OptLevel::Disable, Vec::new())
     }
 
-    /// Parses `ort[:PROVIDER][:opt=LEVEL][:KEY=VALUE]…`, `tract` or `expected:PATH`.
+    /// Parses `ort[:PROVIDER][:opt=LEVEL][:KEY=VALUE]…`, `tract`,
+    /// `openvino[:precision=PRECISION]` or `expected:PATH`.
     pub fn parse(text: &str) -> Result<Self, String> {
         let unknown = || {
             format!(
                 "unknown runtime `{text}` (expected `ort[:PROVIDER][:opt=LEVEL][:KEY=VALUE]…` with \
                  PROVIDER one of cpu, cuda, tensorrt, rocm, openvino, coreml, directml, LEVEL one of \
                  disable, basic, extended, all, and KEY=VALUE the provider's options in ONNX Runtime's \
-                 names (`use_tf32=0`); or `tract`; or `expected:PATH`)"
+                 names (`use_tf32=0`); or `tract`; or `openvino[:precision=f32|f16|bf16]`; or \
+                 `expected:PATH`)"
             )
         };
         if text == "tract" {
             return Ok(Self::Tract);
+        }
+        if text == "openvino" {
+            return Ok(Self::OpenVino(None));
+        }
+        if let Some(p) = text.strip_prefix("openvino:precision=") {
+            return crate::OPENVINO_PRECISIONS
+                .contains(&p)
+                .then(|| Self::OpenVino(Some(p.to_string())))
+                .ok_or_else(unknown);
         }
         if let Some(path) = text.strip_prefix("expected:").filter(|p| !p.is_empty()) {
             return Ok(Self::Expected(path.into()));
@@ -102,6 +116,8 @@ impl RuntimeSpec {
                 s
             }
             Self::Tract => "tract".to_string(),
+            Self::OpenVino(None) => "openvino".to_string(),
+            Self::OpenVino(Some(p)) => format!("openvino:precision={p}"),
             Self::Expected(path) => format!("expected:{}", path.display()),
         }
     }
@@ -114,6 +130,9 @@ impl RuntimeSpec {
                 Box::new(OrtRuntime::new(ort_library, *level)?.with_provider(*provider, options)?)
             }
             Self::Tract => Box::new(TractRuntime),
+            Self::OpenVino(precision) => {
+                Box::new(OpenVinoRuntime::new(None, precision.as_deref())?)
+            }
             Self::Expected(path) => {
                 return Err(Error::Expected(format!(
                     "`expected:{}` is a file of values, not a runtime: it computes nothing",
@@ -138,6 +157,8 @@ mod tests {
             "ort:tensorrt:opt=extended",
             "ort:cuda:opt=all:use_tf32=0:cudnn_conv_algo_search=HEURISTIC",
             "tract",
+            "openvino",
+            "openvino:precision=f16",
             "expected:run/out.safetensors",
         ] {
             assert_eq!(RuntimeSpec::parse(s).unwrap().spelling(), s);
@@ -155,6 +176,9 @@ mod tests {
             "expected:",
             "ort:cuda:use_tf32",
             "ort:cuda:=0",
+            "openvino:f16",
+            "openvino:precision=f8",
+            "openvino:precision=f16:opt=all",
         ] {
             let err = RuntimeSpec::parse(bad).unwrap_err();
             assert!(

@@ -1,0 +1,282 @@
+//! OpenVINO: Intel's runtime, loaded from the `openvino` wheel's C library. It reads ONNX
+//! files itself, runs them on its CPU plugin with its own kernels and fusions, and takes an
+//! inference-precision hint (f32, f16, bf16) that the plugin resolves to what the machine can do.
+
+use std::path::Path;
+use std::sync::{Mutex, OnceLock};
+
+use layerdiff_core::{DType, Tensor};
+use layerdiff_onnx::Model;
+use openvino::{Core, DeviceType, ElementType, PropertyKey, RwPropertyKey, Shape};
+
+use crate::library::{OPENVINO_WHEEL, find_library};
+use crate::{Error, Result, Runtime};
+
+/// The inference precisions OpenVINO's CPU plugin takes as a hint.
+pub const OPENVINO_PRECISIONS: [&str; 3] = ["f32", "f16", "bf16"];
+
+/// OpenVINO's CPU plugin, at the precision it resolved from the hint asked for.
+pub struct OpenVinoRuntime {
+    core: Mutex<Core>,
+    /// The hint asked for (`None`: the plugin's default).
+    asked: Option<String>,
+    /// The precision the plugin resolved the hint to on this machine (`f32` where it has no
+    /// f16 or bf16 arithmetic).
+    resolved: String,
+    /// The plugin's build (`2026.4.1-22982-…`).
+    version: String,
+    /// What the CPU plugin offers on this machine (`FP32 INT8 BIN`).
+    capabilities: String,
+}
+
+fn ov_err(context: &str) -> impl Fn(openvino::InferenceError) -> Error + '_ {
+    move |e| Error::OpenVino(format!("{context}: {}", clean(&e.to_string())))
+}
+
+/// OpenVINO's messages nest `Exception from src/…:NNN:` lines under the C API's kind
+/// (`general error:`): the lines that say something are kept.
+fn clean(message: &str) -> String {
+    let lines: Vec<&str> = message
+        .lines()
+        .map(|l| l.trim().trim_start_matches("general error:").trim())
+        .filter(|l| !l.is_empty() && !l.starts_with("Exception from "))
+        .collect();
+    if lines.is_empty() {
+        message.trim().to_string()
+    } else {
+        lines.join(" ")
+    }
+}
+
+/// Loads the OpenVINO C library once per process (from `library`, else found).
+fn load(library: Option<&Path>) -> Result<()> {
+    static LOADED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    let path = match library {
+        Some(path) => path.to_path_buf(),
+        None => find_library(&OPENVINO_WHEEL)?,
+    };
+    LOADED
+        .get_or_init(|| openvino_sys::library::load_from(&path))
+        .clone()
+        .map_err(|message| Error::LibraryLoad { path, message })
+}
+
+impl OpenVinoRuntime {
+    /// OpenVINO's CPU plugin with an inference-precision hint (`f32`, `f16`, `bf16`; `None`:
+    /// the plugin's default). Fails when the library cannot be found or loaded, or the plugin
+    /// refuses the hint.
+    pub fn new(library: Option<&Path>, precision: Option<&str>) -> Result<Self> {
+        load(library)?;
+        let mut core = Core::new().map_err(|e| Error::OpenVino(format!("cannot start: {e}")))?;
+        let cpu = DeviceType::CPU;
+        if let Some(p) = precision {
+            core.set_property(&cpu, &RwPropertyKey::HintInferencePrecision, p)
+                .map_err(ov_err("refuses the precision hint"))?;
+        }
+        let property = |core: &Core, key: PropertyKey| {
+            core.get_property(&cpu, &key)
+                .map_err(ov_err("cannot describe its CPU plugin"))
+        };
+        let resolved = property(
+            &core,
+            PropertyKey::Rw(RwPropertyKey::HintInferencePrecision),
+        )?;
+        let capabilities = property(&core, PropertyKey::DeviceCapabilities)?;
+        let version = core
+            .versions("CPU")
+            .map_err(ov_err("cannot describe its CPU plugin"))?
+            .into_iter()
+            .next()
+            .map(|(_, v)| v.build_number)
+            .unwrap_or_default();
+        Ok(Self {
+            core: Mutex::new(core),
+            asked: precision.map(str::to_string),
+            resolved,
+            version,
+            capabilities,
+        })
+    }
+
+    /// The precision the CPU plugin computes float values in on this machine.
+    pub fn precision(&self) -> &str {
+        &self.resolved
+    }
+}
+
+fn element(dtype: DType) -> ElementType {
+    match dtype {
+        DType::F64 => ElementType::F64,
+        DType::F32 => ElementType::F32,
+        DType::F16 => ElementType::F16,
+        DType::BF16 => ElementType::Bf16,
+        DType::I64 => ElementType::I64,
+        DType::I32 => ElementType::I32,
+        DType::I16 => ElementType::I16,
+        DType::I8 => ElementType::I8,
+        DType::U64 => ElementType::U64,
+        DType::U32 => ElementType::U32,
+        DType::U16 => ElementType::U16,
+        DType::U8 => ElementType::U8,
+        DType::Bool => ElementType::Boolean,
+    }
+}
+
+fn dtype_of(element: ElementType) -> Option<DType> {
+    DType::ALL
+        .into_iter()
+        .find(|d| self::element(*d) == element)
+}
+
+impl Runtime for OpenVinoRuntime {
+    fn name(&self) -> &str {
+        "openvino"
+    }
+
+    fn detail(&self) -> String {
+        let asked = match &self.asked {
+            Some(p) if *p != self.resolved => format!(
+                " ({p} asked: this CPU's plugin offers {}, so it computes in {})",
+                self.capabilities, self.resolved
+            ),
+            _ => String::new(),
+        };
+        format!(
+            "OpenVINO {} CPU plugin, inference precision {}{asked}; values asked for stay outputs, so they exist",
+            self.version, self.resolved
+        )
+    }
+
+    fn options(&self) -> Vec<(String, String)> {
+        vec![(
+            "INFERENCE_PRECISION_HINT".to_string(),
+            self.resolved.clone(),
+        )]
+    }
+
+    fn run(
+        &self,
+        model: &Model,
+        inputs: &[(String, Tensor)],
+        outputs: &[String],
+    ) -> Result<Vec<(String, Tensor)>> {
+        let mut core = self
+            .core
+            .lock()
+            .map_err(|_| Error::OpenVino("is unusable after an earlier failure".to_string()))?;
+        // Read from a file, its external data linked beside it from the model's own folder.
+        let folder = tempfile::tempdir().map_err(|e| Error::OpenVino(e.to_string()))?;
+        let file = folder.path().join("model.onnx");
+        std::fs::write(&file, model.to_bytes())
+            .map_err(|e| Error::OpenVino(format!("cannot write the model for reading: {e}")))?;
+        link_external_data(model, folder.path())?;
+        let read = core
+            .read_model_from_file(&file.to_string_lossy(), "")
+            .map_err(ov_err("cannot read the model"))?;
+        let mut compiled = core
+            .compile_model(&read, DeviceType::CPU)
+            .map_err(ov_err("cannot compile the model"))?;
+        drop(core);
+        let mut request = compiled
+            .create_infer_request()
+            .map_err(ov_err("cannot run the model"))?;
+        for i in 0..read
+            .get_inputs_len()
+            .map_err(ov_err("cannot read the model"))?
+        {
+            let port = read
+                .get_input_by_index(i)
+                .map_err(ov_err("cannot read the model"))?;
+            let name = port.get_name().map_err(ov_err("cannot read the model"))?;
+            let (_, tensor) = inputs.iter().find(|(n, _)| *n == name).ok_or_else(|| {
+                let given: Vec<&str> = inputs.iter().map(|(n, _)| n.as_str()).collect();
+                Error::Inputs(format!(
+                    "the model needs input `{name}`, but only {given:?} were given"
+                ))
+            })?;
+            let value = if tensor.shape.is_empty() {
+                // OpenVINO's C API makes no shape of rank 0: a scalar input is written into the
+                // tensor the request holds for it.
+                request
+                    .get_tensor(&name)
+                    .map_err(ov_err(&format!("refuses scalar input `{name}`")))?
+            } else {
+                let dims: Vec<i64> = tensor.shape.iter().map(|&d| d as i64).collect();
+                let shape = Shape::new(&dims).map_err(ov_err("cannot take an input"))?;
+                openvino::Tensor::new(element(tensor.dtype), &shape)
+                    .map_err(ov_err("cannot take an input"))?
+            };
+            let mut value = value;
+            if !tensor.bytes.is_empty() {
+                let data = value
+                    .get_raw_data_mut()
+                    .map_err(ov_err("cannot take an input"))?;
+                if data.len() != tensor.bytes.len() {
+                    return Err(Error::Inputs(format!(
+                        "OpenVINO holds input `{name}` in {} bytes; the value given has {}",
+                        data.len(),
+                        tensor.bytes.len()
+                    )));
+                }
+                data.copy_from_slice(&tensor.bytes);
+            }
+            if !tensor.shape.is_empty() {
+                request
+                    .set_tensor(&name, &value)
+                    .map_err(ov_err(&format!("refuses input `{name}`")))?;
+            }
+        }
+        request
+            .infer()
+            .map_err(|e| Error::Run(format!("OpenVINO: {}", clean(&e.to_string()))))?;
+        outputs
+            .iter()
+            .map(|name| {
+                let value = request
+                    .get_tensor(name)
+                    .map_err(ov_err(&format!("returned no value named `{name}`")))?;
+                let context = format!("cannot read value `{name}`");
+                let et = value.get_element_type().map_err(ov_err(&context))?;
+                let dtype = dtype_of(et).ok_or_else(|| Error::UnsupportedOutput {
+                    name: name.clone(),
+                    element: format!("{et:?}"),
+                })?;
+                // The C API makes no shape of rank 0, so a scalar's shape cannot be read: a
+                // value of one element whose shape cannot be read is a scalar.
+                let dims: Vec<usize> = match value.get_shape() {
+                    Ok(shape) => shape.get_dimensions().iter().map(|&d| d as usize).collect(),
+                    Err(_) if value.get_size().map_err(ov_err(&context))? == 1 => Vec::new(),
+                    Err(e) => return Err(ov_err(&context)(e)),
+                };
+                let bytes = if value.get_byte_size().map_err(ov_err(&context))? == 0 {
+                    Vec::new()
+                } else {
+                    value.get_raw_data().map_err(ov_err(&context))?.to_vec()
+                };
+                let tensor =
+                    Tensor::new(name, dtype, dims, bytes).map_err(|e| Error::Run(e.to_string()))?;
+                Ok((name.clone(), tensor))
+            })
+            .collect()
+    }
+}
+
+/// Links each external data file of `model` into `folder`, where the copy of it is read.
+fn link_external_data(model: &Model, folder: &Path) -> Result<()> {
+    let source = model.base_dir().unwrap_or(Path::new("."));
+    for location in model.external_data_files() {
+        let link = folder.join(&location);
+        let target = std::path::absolute(source.join(&location))
+            .map_err(|e| Error::OpenVino(format!("external data `{location}`: {e}")))?;
+        if let Some(parent) = link.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| Error::OpenVino(format!("external data `{location}`: {e}")))?;
+        }
+        #[cfg(unix)]
+        let linked = std::os::unix::fs::symlink(&target, &link);
+        #[cfg(not(unix))]
+        let linked = std::fs::copy(&target, &link).map(|_| ());
+        linked.map_err(|e| Error::OpenVino(format!("external data `{location}`: {e}")))?;
+    }
+    Ok(())
+}
