@@ -115,7 +115,7 @@ pub struct OpsArgs {
     pub ops: Vec<String>,
     /// The backends (comma-separated): `torch[:DEVICE][:compile]` (PyTorch eager or compiled on
     /// a device: `torch`, `torch:compile`, `torch:cuda`), ONNX Runtime spelled as for `layerdiff
-    /// onnx` (`ort`, `ort:opt=all`, `ort:cuda`), `tract`. Default: torch, torch:compile, ort,
+    /// onnx` (`ort`, `ort:opt=all`, `ort:cuda`), `tract`, `openvino`. Default: torch, torch:compile, ort,
     /// ort:opt=all and tract, with the GPU PyTorch and ONNX Runtime providers this machine has.
     #[arg(long, value_delimiter = ',', value_name = "BACKEND,…")]
     pub backends: Vec<String>,
@@ -284,6 +284,10 @@ pub struct ProvidersArgs {
     /// extended, all). Default: all four.
     #[arg(long, value_delimiter = ',', value_parser = level)]
     pub levels: Vec<OptLevel>,
+    /// Other runtimes to measure beside ONNX Runtime's providers, a cell each (comma-separated,
+    /// spelled as for `layerdiff onnx`: `tract`, `openvino`, `openvino:precision=bf16`).
+    #[arg(long, value_delimiter = ',', value_parser = RuntimeSpec::parse)]
+    pub runtimes: Vec<RuntimeSpec>,
     /// The inputs, the same for every cell.
     #[command(flatten)]
     pub input: InputArgs,
@@ -354,6 +358,7 @@ impl ProvidersArgs {
                 self.providers.clone()
             },
             levels: or_all(&self.levels),
+            runtimes: self.runtimes.clone(),
             inputs: self.input.inputs.clone(),
             generate: self.input.plan(),
             settings: Settings {
@@ -456,7 +461,8 @@ pub struct OnnxArgs {
     pub vs: Option<PathBuf>,
     /// Runtime of the reference side: `ort` (CPU, optimizations off), `ort:cuda`,
     /// `ort:opt=basic|extended|all`, combinations (`ort:cuda:opt=all`), a provider's options in
-    /// ONNX Runtime's names (`ort:cuda:use_tf32=0`), `tract`, or `expected:PATH` (values from a
+    /// ONNX Runtime's names (`ort:cuda:use_tf32=0`), `tract`, `openvino` (OpenVINO's CPU plugin;
+    /// `openvino:precision=f16|bf16` hints its inference precision), or `expected:PATH` (values from a
     /// safetensors file or an ONNX test_data_set folder).
     #[arg(long, default_value = "ort", value_parser = RuntimeSpec::parse)]
     pub reference: RuntimeSpec,
@@ -557,7 +563,8 @@ pub struct TorchArgs {
     /// What the model is compared with. The runtime that runs its ONNX file: `ort` (CPU, graph
     /// optimizations off, so every value exists as written), `ort:opt=basic|extended|all`
     /// (optimized first: the values of the graph ONNX Runtime saved are compared), `ort:cuda`…
-    /// (`ort:cuda:use_tf32=0`: a provider's options in ONNX Runtime's names), or `tract`. Or
+    /// (`ort:cuda:use_tf32=0`: a provider's options in ONNX Runtime's names), `tract`, or
+    /// `openvino[:precision=f32|f16|bf16]` (OpenVINO's CPU plugin). Or
     /// PyTorch itself computing differently, layer by layer:
     /// `torch[:DEVICE][:PRECISION][:compile[=BACKEND]]`, DEVICE as torch.device takes it (`cpu`,
     /// `cuda`, `cuda:1`, `mps`), PRECISION one of `fp32`, `tf32`, `fp16`, `bf16`, `amp-fp16`,

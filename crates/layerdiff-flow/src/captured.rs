@@ -478,7 +478,7 @@ pub fn check_options(
     }
     match target {
         TorchTarget::Onnx(RuntimeSpec::Expected(_)) => Err(Error::Usage(format!(
-            "`{}` is a file of values: `layerdiff torch` needs a runtime to run the ONNX file (`ort`, `ort:opt=all`, `ort:cuda`, `tract`) or a PyTorch side (`torch:bf16`, `torch:cuda`)",
+            "`{}` is a file of values: `layerdiff torch` needs a runtime to run the ONNX file (`ort`, `ort:opt=all`, `ort:cuda`, `tract`, `openvino`) or a PyTorch side (`torch:bf16`, `torch:cuda`)",
             target.spelling()
         ))),
         TorchTarget::Onnx(_) if !reference.is_plain() => Err(Error::Usage(format!(

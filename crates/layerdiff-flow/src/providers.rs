@@ -2,7 +2,8 @@
 //! every graph optimization level, each against the CPU provider with optimizations off, per
 //! layer (an optimized graph is measured as it ships: values that survive optimization, and the
 //! outputs). One cell per provider and level, one verdict per cell, the origin of each failing
-//! cell; a provider this ONNX Runtime or machine cannot use is listed with the reason.
+//! cell; a provider this ONNX Runtime or machine cannot use is listed with the reason. Other
+//! runtimes (`tract`, `openvino`…) join the table as one cell each, against the same reference.
 //!
 //! Each cell is one `layerdiff onnx` comparison ([`crate::onnx_flow::compare`]) with the same
 //! inputs; its whole report can be kept beside the table.
@@ -30,6 +31,8 @@ pub struct ProvidersOptions {
     pub providers: Vec<Provider>,
     /// The optimization levels to try each at.
     pub levels: Vec<OptLevel>,
+    /// Other runtimes, a cell each (`tract`, `openvino:precision=bf16`).
+    pub runtimes: Vec<RuntimeSpec>,
     /// Inputs read from this file (`None`: generated).
     pub inputs: Option<PathBuf>,
     /// How inputs are generated.
@@ -60,9 +63,10 @@ pub struct ProvidersDestinations {
 /// One provider at one optimization level.
 #[derive(Debug, Clone, Serialize)]
 pub struct Cell {
-    /// ONNX Runtime's name for the provider (`CUDAExecutionProvider`).
+    /// ONNX Runtime's name for the provider (`CUDAExecutionProvider`), or the other runtime's
+    /// name (`openvino`).
     pub provider: String,
-    /// The optimization level.
+    /// The optimization level (`–` for a runtime other than ONNX Runtime).
     pub level: String,
     /// The target as layerdiff spells it (`ort:cuda:opt=all`).
     pub target: String,
@@ -96,6 +100,9 @@ pub struct Cell {
     /// Which provider ran how many nodes, where ONNX Runtime's profile says.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub placement: Option<String>,
+    /// The inputs the cell's run was given (the table holds them once).
+    #[serde(skip)]
+    pub inputs: Option<Vec<InputInfo>>,
 }
 
 /// The whole table.
@@ -147,76 +154,127 @@ pub fn providers(
         cells: Vec::new(),
         machine: Machine::this(),
     };
-    let cells = options.providers.len() * options.levels.len();
-    for (p, &provider) in options.providers.iter().enumerate() {
-        'levels: for (l, &level) in options.levels.iter().enumerate() {
-            let target = RuntimeSpec::Ort(provider, level, Vec::new());
+    // Each group of targets is one runtime: a provider at each level, or another runtime.
+    let mut groups: Vec<Vec<(String, String, RuntimeSpec)>> = options
+        .providers
+        .iter()
+        .map(|&provider| {
+            options
+                .levels
+                .iter()
+                .map(|&level| {
+                    let name = provider.ort_name().to_string();
+                    (
+                        name,
+                        level.name().to_string(),
+                        RuntimeSpec::Ort(provider, level, Vec::new()),
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    for spec in &options.runtimes {
+        let name = spec
+            .spelling()
+            .split(':')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        groups.push(vec![(name, "–".to_string(), spec.clone())]);
+    }
+    let cells: usize = groups.iter().map(Vec::len).sum();
+    let mut at = 0;
+    for group in groups {
+        for (provider, level, target) in group {
+            at += 1;
             if !to.quiet {
-                let at = p * options.levels.len() + l + 1;
                 eprintln!("[{at}/{cells}] {}…", target.spelling());
             }
-            let run = OnnxOptions {
-                model: options.model.clone(),
-                vs: None,
-                reference: RuntimeSpec::ort_cpu(),
-                target: Some(target.clone()),
-                inputs: options.inputs.clone(),
-                generate: options.generate.clone(),
-                settings: options.settings.clone(),
-                float64: options.float64,
-                baseline: options.baseline,
-            };
-            let mut cell = Cell {
-                provider: provider.ort_name().to_string(),
-                level: level.name().to_string(),
-                target: target.spelling(),
-                verdict: String::new(),
-                fails: false,
-                reason: None,
-                layers_compared: 0,
-                layers_total: 0,
-                layers_exceeding: 0,
-                drift_origin: None,
-                cause: None,
-                max_abs_diff: None,
-                placement: None,
-            };
-            match compare_on(&run, None, ort_library, !to.quiet) {
-                Ok(outcome) => {
-                    if table.inputs.is_empty() {
-                        table.inputs = outcome.report.inputs.clone();
-                    }
-                    fill(&mut cell, &outcome.report, options.fail_on);
-                    if let Some(folder) = &to.cells {
-                        let name = cell.target.replace([':', '='], "-");
-                        let path = folder.join(format!("{name}.json"));
-                        write_atomic(&path, render::to_json(&outcome.report).as_bytes())
-                            .map_err(|source| Error::Write { path, source })?;
-                    }
-                }
-                // The provider itself is missing: one cell says so for all its levels.
-                Err(Error::Runtime(e @ layerdiff_runtime::Error::ProviderUnavailable { .. })) => {
-                    cell.verdict = "unavailable".to_string();
-                    cell.reason = Some(e.to_string());
-                    cell.level = "any".to_string();
-                    cell.target =
-                        RuntimeSpec::Ort(provider, OptLevel::Disable, Vec::new()).spelling();
-                    table.cells.push(cell);
-                    break 'levels;
-                }
-                // Inputs or the model itself: no cell can run; say so once.
-                Err(e @ (Error::Inputs(_) | Error::Onnx(_) | Error::Expected(_))) => {
-                    return Err(e);
-                }
-                Err(e) => {
-                    cell.verdict = "error".to_string();
-                    cell.reason = Some(error_chain(&e));
-                }
+            let (mut cell, available) = cell(options, to, &target, ort_library, provider, level)?;
+            if let Some(inputs) = cell.inputs.take().filter(|_| table.inputs.is_empty()) {
+                table.inputs = inputs;
             }
             table.cells.push(cell);
+            if !available {
+                // The runtime itself is missing: the one cell says so for all its levels.
+                break;
+            }
         }
     }
     Ok(table)
+}
+
+/// One cell, and whether its runtime is there (`false`: unavailable, its other levels too).
+fn cell(
+    options: &ProvidersOptions,
+    to: &ProvidersDestinations,
+    target: &RuntimeSpec,
+    ort_library: Option<&Path>,
+    provider: String,
+    level: String,
+) -> Result<(Cell, bool)> {
+    let run = OnnxOptions {
+        model: options.model.clone(),
+        vs: None,
+        reference: RuntimeSpec::ort_cpu(),
+        target: Some(target.clone()),
+        inputs: options.inputs.clone(),
+        generate: options.generate.clone(),
+        settings: options.settings.clone(),
+        float64: options.float64,
+        baseline: options.baseline,
+    };
+    let mut cell = Cell {
+        provider,
+        level,
+        target: target.spelling(),
+        verdict: String::new(),
+        fails: false,
+        reason: None,
+        layers_compared: 0,
+        layers_total: 0,
+        layers_exceeding: 0,
+        drift_origin: None,
+        cause: None,
+        max_abs_diff: None,
+        placement: None,
+        inputs: None,
+    };
+    match compare_on(&run, None, ort_library, !to.quiet) {
+        Ok(outcome) => {
+            cell.inputs = Some(outcome.report.inputs.clone());
+            fill(&mut cell, &outcome.report, options.fail_on);
+            if let Some(folder) = &to.cells {
+                let name = cell.target.replace([':', '='], "-");
+                let path = folder.join(format!("{name}.json"));
+                write_atomic(&path, render::to_json(&outcome.report).as_bytes())
+                    .map_err(|source| Error::Write { path, source })?;
+            }
+        }
+        // The runtime itself is missing (a provider this build lacks, a library not installed).
+        Err(Error::Runtime(
+            e @ (layerdiff_runtime::Error::ProviderUnavailable { .. }
+            | layerdiff_runtime::Error::LibraryNotFound { .. }
+            | layerdiff_runtime::Error::LibraryLoad { .. }),
+        )) => {
+            cell.verdict = "unavailable".to_string();
+            cell.reason = Some(e.to_string());
+            if let RuntimeSpec::Ort(provider, _, _) = target {
+                cell.level = "any".to_string();
+                cell.target = RuntimeSpec::Ort(*provider, OptLevel::Disable, Vec::new()).spelling();
+            }
+            return Ok((cell, false));
+        }
+        // Inputs or the model itself: no cell can run; say so once.
+        Err(e @ (Error::Inputs(_) | Error::Onnx(_) | Error::Expected(_))) => {
+            return Err(e);
+        }
+        Err(e) => {
+            cell.verdict = "error".to_string();
+            cell.reason = Some(error_chain(&e));
+        }
+    }
+    Ok((cell, true))
 }
 
 /// A cell's entries from its report.

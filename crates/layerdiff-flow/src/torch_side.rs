@@ -179,7 +179,7 @@ pub enum TorchTarget {
 }
 
 impl TorchTarget {
-    /// Parses a PyTorch side (`torch…`) or a runtime (`ort…`, `tract`).
+    /// Parses a PyTorch side (`torch…`) or a runtime (`ort…`, `tract`, `openvino…`, `expected:`).
     pub fn parse(text: &str) -> Result<Self, String> {
         if TorchSpec::names_torch(text) {
             TorchSpec::parse(text).map(Self::Torch)
