@@ -178,7 +178,7 @@ def test_filters_choose_ops_backends_and_dtypes():
     ("args", "message"),
     [
         (["--ops", "matmull"], "no op case matches `matmull`"),
-        (["--ops", "relu", "--backends", "onnxruntime"], "unknown backend `onnxruntime`"),
+        (["--ops", "relu", "--backends", "onnxruntime"], "unknown runtime `onnxruntime`"),
         (["--ops", "relu", "--dtypes", "int8"], "unknown dtype `int8`"),
         (["--ops", "relu", "--backends", "ort:cdua"], "unknown runtime `ort:cdua`"),
         (["--ops", "relu", "--backends", "torch:gpu"], "backend `torch:gpu`"),

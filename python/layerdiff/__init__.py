@@ -15,8 +15,11 @@ from layerdiff._layerdiff import (
     UsageError,
     __version__,
 )
+from layerdiff._ort import point_at_openvino
 from layerdiff.report import Report
 from layerdiff.tensors import compare_tensors
+
+point_at_openvino()
 
 __all__ = [
     "InputError",
@@ -89,10 +92,11 @@ def compare_gradients(model, inputs, **options):
 
 def check_ops(ops=None, backends=None, dtypes=None, *, out=None, **options) -> dict:
     """The op matrix: each case matching ``ops`` (names or ``*`` patterns; all by default) on
-    each backend (``"torch"``, ``"torch:compile"``, ``"ort:opt=all"``, ``"tract"``…) and dtype
-    (``"float32"``, ``"float16"``, ``"bfloat16"``), each cell judged against a float64
-    computation of the op on the same rounded inputs. Returns the report as a dict (schema
-    ``layerdiff.ops/1``); ``out`` writes ops.json, ops.md and ops.html into that folder.
+    each backend (``"torch"``, ``"torch:compile"``, ``"ort:opt=all"``, ``"tract"``,
+    ``"openvino"``…) and dtype (``"float32"``, ``"float16"``, ``"bfloat16"``), each cell judged
+    against a float64 computation of the op on the same rounded inputs. Returns the report as a
+    dict (schema ``layerdiff.ops/1``); ``out`` writes ops.json, ops.md and ops.html into that
+    folder.
 
     Options: ``opset``, ``exporter`` (``"dynamo"``/``"legacy"``), ``seed``, ``jobs`` (processes
     at once; 1 runs in this process), ``executor`` (``"local"`` or ``"ray"``), and

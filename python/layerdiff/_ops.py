@@ -72,17 +72,25 @@ def resolve(call: str):
 
 
 def is_onnx(backend: str) -> bool:
-    return backend == "tract" or backend == "ort" or backend.startswith("ort:")
+    """Whether an ONNX runtime computes the backend (`ort…`, `tract`, `openvino…`); a custom
+    backend's name is none (a misspelled one is refused by `describe`)."""
+    try:
+        return _layerdiff.side_spec(backend).kind == "runtime"
+    except _layerdiff.UsageError:
+        return False
 
 
 def torch_backend(backend: str) -> tuple[str, bool] | None:
     """`(device, compiled)` for `torch[:DEVICE][:compile]`; None for other backends."""
-    parts = backend.split(":")
-    if parts[0] != "torch":
+    spec = _layerdiff.side_spec(backend)
+    if spec.kind != "torch":
         return None
-    compiled = parts[-1] == "compile"
-    device = ":".join(parts[1:-1] if compiled else parts[1:]) or "cpu"
-    return device, compiled
+    if spec.precision != "fp32":
+        raise _layerdiff.UsageError(
+            f"backend `{backend}`: an op backend takes no precision (`{spec.precision}`); "
+            "the matrix's dtypes are --dtypes"
+        )
+    return spec.device, spec.compile is not None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -375,8 +383,8 @@ def describe(backend: str) -> tuple[str, str | None]:
         except _layerdiff.LayerdiffError as e:
             return backend, str(e)
     raise _layerdiff.UsageError(
-        f"unknown backend `{backend}` (expected torch[:DEVICE][:compile], ort[:PROVIDER]"
-        "[:opt=LEVEL], or tract)"
+        f"backend `{backend}` computes nothing: an op backend is torch[:DEVICE][:compile] or a "
+        "runtime (ort[:PROVIDER][:opt=LEVEL], tract, openvino[:precision=P])"
     )
 
 

@@ -21,3 +21,18 @@ def library() -> str | None:
         capi.glob("libonnxruntime*.dylib")
     )
     return str(candidates[-1]) if candidates else None
+
+
+def point_at_openvino() -> None:
+    """Names the running interpreter's OpenVINO C library in ``LAYERDIFF_OPENVINO_LIB`` (unless
+    set), so the core loads the OpenVINO this Python has, as it does ONNX Runtime. Nothing is
+    imported; without the wheel the core searches and says where it looked."""
+    if os.environ.get("LAYERDIFF_OPENVINO_LIB"):
+        return
+    spec = importlib.util.find_spec("openvino")
+    if spec is None or spec.origin is None:
+        return
+    libs = Path(spec.origin).parent / "libs"
+    candidates = sorted(libs.glob("libopenvino_c.so*")) + sorted(libs.glob("libopenvino_c*.dylib"))
+    if candidates:
+        os.environ["LAYERDIFF_OPENVINO_LIB"] = str(candidates[-1])

@@ -74,7 +74,7 @@ def compare_torch_onnx(
     The one model instance given is both captured and exported (or, with ``onnx=``, compared
     against that file), and both sides receive the same input bytes. ``target`` names the runtime
     that runs the ONNX file: ``"ort"`` (CPU, optimizations off), ``"ort:opt=all"``,
-    ``"ort:cuda"``…, or ``"tract"``.
+    ``"ort:cuda"``…, ``"tract"``, or ``"openvino"`` (``"openvino:precision=f16"``).
 
     ``tolerance`` is judged per element: a number for every element, ``"dtype"`` (atol + rtol·|x|
     by the lower-precision dtype: float32 1e-4 + 1e-5, float16 5e-4 + 1e-3, bfloat16 4e-3 + 8e-3)
@@ -163,21 +163,16 @@ def compare_torch_onnx(
         plain = compare(converted, note=note, notes=[eval_note])
         if dtype == "int8":
             plain = plain.advised("int8")
-        advice = plain.data.get("keep_float32") or {}
-        kept = list(keep_fp32) or [k["layer"] for k in advice.get("layers", [])]
-        if not kept:
-            return plain
-        nodes = _precision.kept_nodes(plain, kept)
-        step(
-            f"checking: {_precision.DTYPE_NAMES[dtype]} again with {len(kept)} layer(s) in float32"
-        )
-        again, note = _precision.convert(
-            onnx_path, dtype, folder / f"model.{dtype}-kept.onnx", inputs,
-            keep_nodes=nodes, seed=seed or 0,
-        )  # fmt: skip
-        with_kept = compare(again, note=note, notes=[eval_note])
-        main = with_kept if keep_fp32 else plain
-        return main.checked(plain, with_kept, kept, _precision.DTYPE_NAMES[dtype])
+
+        def again(kept):
+            converted, note = _precision.convert(
+                onnx_path, dtype, folder / f"model.{dtype}-kept.onnx", inputs,
+                keep_nodes=_precision.kept_nodes(plain, kept), seed=seed or 0,
+            )  # fmt: skip
+            return compare(converted, note=note, notes=[eval_note])
+
+        name = _precision.DTYPE_NAMES[dtype]
+        return _precision.checked_advice(plain, keep_fp32, name, again, step, name)
 
 
 class _FileComparison:

@@ -238,6 +238,7 @@ fn model_inputs(py: Python<'_>, path: PathBuf) -> PyResult<Vec<DeclaredInput>> {
 #[pymodule]
 fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("DEFAULT_TOLERANCE", layerdiff_core::DEFAULTS_TEXT)?;
     m.add_class::<Report>()?;
     m.add_class::<Ticker>()?;
     m.add_class::<axis::PyAxisReport>()?;
@@ -257,6 +258,8 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ops::describe_runtime, m)?)?;
     m.add_function(wrap_pyfunction!(ops::ops_report, m)?)?;
     m.add_function(wrap_pyfunction!(ops::device_providers, m)?)?;
+    m.add_class::<ops::SideSpec>()?;
+    m.add_function(wrap_pyfunction!(ops::side_spec, m)?)?;
     exceptions::register(m)?;
     Ok(())
 }

@@ -175,3 +175,54 @@ pub(crate) fn device_providers() -> Vec<&'static str> {
         .map(|p| p.spelling())
         .collect()
 }
+
+/// A side as spelled on the command line or in the API (`torch:cuda:bf16`, `ort:opt=all`,
+/// `tract`, `openvino:precision=f16`, `expected:PATH`), parsed by the one parser every door uses.
+#[pyclass(frozen, module = "layerdiff._layerdiff")]
+pub(crate) struct SideSpec {
+    /// `torch` (PyTorch computes it), `runtime` (an ONNX runtime runs the file) or `expected`
+    /// (values read from a file).
+    #[pyo3(get)]
+    kind: &'static str,
+    /// The spelling that parses back to it (defaults left out).
+    #[pyo3(get)]
+    spelling: String,
+    /// PyTorch's device (`cpu`, `cuda:1`); `None` for other kinds.
+    #[pyo3(get)]
+    device: Option<String>,
+    /// PyTorch's precision (`fp32`, `bf16`, `amp-bf16`…); `None` for other kinds.
+    #[pyo3(get)]
+    precision: Option<&'static str>,
+    /// `torch.compile`'s backend when compiled; `None` when eager or not PyTorch.
+    #[pyo3(get)]
+    compile: Option<String>,
+}
+
+/// Parses a side's spelling; a `UsageError` names what is wrong with it.
+#[pyfunction]
+pub(crate) fn side_spec(text: &str) -> PyResult<SideSpec> {
+    use layerdiff_flow::torch_side::TorchTarget;
+    let parsed =
+        TorchTarget::parse(text).map_err(|e| to_py_err(layerdiff_flow::Error::Usage(e)))?;
+    let spelling = parsed.spelling();
+    Ok(match parsed {
+        TorchTarget::Torch(torch) => SideSpec {
+            kind: "torch",
+            spelling,
+            device: Some(torch.device),
+            precision: Some(torch.precision.spelling()),
+            compile: torch.compile,
+        },
+        TorchTarget::Onnx(runtime) => SideSpec {
+            kind: if matches!(runtime, layerdiff_runtime::RuntimeSpec::Expected(_)) {
+                "expected"
+            } else {
+                "runtime"
+            },
+            spelling,
+            device: None,
+            precision: None,
+            compile: None,
+        },
+    })
+}
