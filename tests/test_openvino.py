@@ -1,0 +1,134 @@
+"""OpenVINO as a side: its CPU plugin runs ONNX files with its own kernels and fusions, at an
+inference-precision hint it resolves to what the machine can do. One module and one spelling
+(`openvino`, `openvino:precision=f16`); `onnx`, `torch`, `providers`, `audit` and the op
+matrix take it as they take `tract`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_cli
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install openvino)")
+
+from faults import producer, scale_weight  # noqa: E402
+from layerdiff import _layerdiff  # noqa: E402
+
+
+def report_of(tmp_path, *args):
+    out = tmp_path / "report.json"
+    result = run_cli("onnx", *args, "--json", str(out))
+    assert result.returncode in (0, 1), result.stderr
+    return result, json.loads(out.read_text())
+
+
+def test_resnet18_on_openvino_is_compared_layer_by_layer(resnet18_onnx, tmp_path):
+    """Every value of the file exists on OpenVINO too (asked-for values stay outputs); its own
+    float32 kernels differ from ONNX Runtime's by rounding only."""
+    result, report = report_of(tmp_path, str(resnet18_onnx["dynamo"]), "--target", "openvino")
+    assert result.returncode == 0, result.stdout + result.stderr
+    s = report["summary"]
+    assert s["layers_compared"] == s["layers_total"] == 49
+    assert s["verdict"] in ("no_drift", "precision") and not s["defects"]
+    assert 0 < s["worst"]["max_abs_diff"]["value"] < 1e-3
+    target = report["target"]
+    assert target["runtime"] == "openvino"
+    assert "OpenVINO 20" in target["detail"] and "CPU plugin" in target["detail"]
+    assert target["options"]["INFERENCE_PRECISION_HINT"] in ("f32", "f16", "bf16")
+
+
+def test_a_weight_changed_in_the_file_openvino_runs_is_the_one_defect(resnet18_onnx, tmp_path):
+    clean = resnet18_onnx["dynamo"]
+    graph = onnx.load(str(clean)).graph
+    conv = [n for n in graph.node if n.op_type == "Conv"][9]
+    bug = scale_weight(clean, tmp_path / "bug.onnx", conv.output[0], 1.03)
+    result, report = report_of(tmp_path, str(clean), "--vs", str(bug), "--target", "openvino")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"1 defect: `{conv.output[0]}` weight_mismatch" in result.stdout, result.stdout
+    assert report["summary"]["drift_origin"] == conv.output[0]
+    assert producer(graph, conv.output[0]).op_type == "Conv"
+
+
+def test_a_precision_hint_reports_what_the_plugin_computes_in(resnet18_onnx, tmp_path):
+    """Asked for bf16 on a CPU without bf16 arithmetic, the plugin computes in f32: the report
+    says both, so a run is never taken for bf16 that was not."""
+    result, report = report_of(
+        tmp_path, str(resnet18_onnx["dynamo"]), "--target", "openvino:precision=bf16"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    resolved = report["target"]["options"]["INFERENCE_PRECISION_HINT"]
+    detail = report["target"]["detail"]
+    assert f"inference precision {resolved}" in detail
+    if resolved != "bf16":
+        assert "bf16 asked: this CPU's plugin offers" in detail, detail
+        assert f"so it computes in {resolved}" in detail
+
+
+def test_the_torch_verb_measures_an_export_on_openvino(tmp_path):
+    """`layerdiff torch` against OpenVINO: PyTorch's modules paired with the export's values on
+    OpenVINO, on a transformers model built from its config (the built-in Llama)."""
+    result = run_cli(
+        "torch", "llama", "--target", "openvino", "--json", str(tmp_path / "r.json"), "-q"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["target"]["runtime"] == "openvino"
+    assert report["summary"]["layers_compared"] > 0 and not report["summary"]["defects"]
+
+
+def test_audit_providers_and_the_op_matrix_take_openvino(resnet18_onnx, tmp_path):
+    model = str(resnet18_onnx["dynamo"])
+    audit = run_cli("audit", model, "--runtimes", "ort,openvino", "--out", str(tmp_path))
+    assert audit.returncode == 0, audit.stderr
+    table = json.loads((tmp_path / "audit.json").read_text())
+    assert "openvino" in json.dumps(table["runtimes"])
+    providers = run_cli(
+        "providers", model, "--providers", "cpu", "--levels", "disable",
+        "--runtimes", "openvino", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert providers.returncode == 0, providers.stderr
+    cells = json.loads((tmp_path / "providers.json").read_text())["cells"]
+    assert [c["target"] for c in cells] == ["ort", "openvino"]
+    assert cells[1]["provider"] == "openvino" and cells[1]["level"] == "–"
+    assert cells[1]["verdict"] in ("no_drift", "precision"), cells[1]
+    ops = run_cli(
+        "ops", "--ops", "relu,matmul", "--backends", "ort,openvino", "--dtypes", "float32",
+        "--jobs", "1", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert ops.returncode == 0, ops.stdout + ops.stderr
+    matrix = json.loads((tmp_path / "ops.json").read_text())
+    on_openvino = [c for c in matrix["cells"] if c["backend"] == "openvino"]
+    assert len(on_openvino) == 2 and all(c["status"] == "PASS" for c in on_openvino)
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "openvino", "openvino:precision=f16", "openvino:precision=bf16", "openvino:f16",
+        "openvino:precision=f8", "tract", "ort:opt=all", "ort:cuda:use_tf32=0", "onnxruntime",
+        "torch", "torch:compile", "torch:cuda:bf16", "torch:bf16:fp16",
+    ],
+)  # fmt: skip
+def test_a_spelling_is_accepted_by_every_door_or_by_none(spelling):
+    """The command line and the Python API parse a side with the one parser: a spelling one
+    door takes and the other refuses is a bug."""
+    try:
+        spec = _layerdiff.side_spec(spelling)
+    except _layerdiff.UsageError:
+        spec = None
+    try:
+        verb, _ = _layerdiff.parse_cli(["layerdiff", "torch", "resnet18", "--target", spelling])
+        accepted = verb != "exit"
+    except _layerdiff.UsageError:
+        accepted = False
+    assert accepted == (spec is not None), spelling
+    if spec is not None:
+        assert _layerdiff.side_spec(spec.spelling).spelling == spec.spelling
+
+
+def test_a_file_of_values_is_a_side_that_computes_nothing():
+    assert _layerdiff.side_spec("expected:run/x.safetensors").kind == "expected"
+    assert _layerdiff.side_spec("openvino:precision=f16").kind == "runtime"
+    assert _layerdiff.side_spec("torch:cuda:bf16").device == "cuda"
