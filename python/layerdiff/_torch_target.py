@@ -92,15 +92,12 @@ def compare_torch(
         model, inputs, options, ref_side, tgt_side, name, seed, phases, timings, step, progress
     )  # fmt: skip
     report = once(keep=())
-    advice = report.data.get("keep_float32") or {}
-    kept = list(keep_fp32) or [k["layer"] for k in advice.get("layers", [])]
-    if kept and lower in ("fp16", "bf16"):
-        modules = _precision.kept_modules(once.listed, kept)
-        step(f"checking: {tgt_side.spelling} again with {len(kept)} layer(s) in float32")
-        with_kept = once(keep=modules)
-        main = with_kept if keep_fp32 else report
-        precision = _precision.DTYPE_NAMES[lower]
-        report = main.checked(report, with_kept, kept, precision)
+    if lower in ("fp16", "bf16"):
+        report = _precision.checked_advice(
+            report, keep_fp32, _precision.DTYPE_NAMES[lower],
+            lambda kept: once(keep=_precision.kept_modules(once.listed, kept)),
+            step, tgt_side.spelling,
+        )  # fmt: skip
     if eval_note:
         report.notes.insert(0, eval_note)
     return report
