@@ -21,7 +21,7 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
-RUNTIMES = ["ort", "tract"]
+RUNTIMES = ["ort", "tract", "openvino"]
 CATEGORIES = ["pass", "numeric mismatch", "unsupported", "load error", "not runnable"]
 
 
@@ -153,7 +153,8 @@ def render(results, cases, seconds: float) -> str:
         f"Each of the {len(cases)} node test cases that onnx {onnx.__version__} generates "
         "(`onnx.backend.test.case.node.collect_testcases`) is written as a model and a "
         "`test_data_set_0` folder and run as `layerdiff onnx model.onnx --reference "
-        "expected:test_data_set_0 --target RUNTIME` with the default tolerance (1e-4 absolute). "
+        "expected:test_data_set_0 --target RUNTIME` with the default tolerance (per dtype: "
+        f"{layerdiff._layerdiff.DEFAULT_TOLERANCE}). "
         f"layerdiff {layerdiff.__version__}; {seconds:.0f} s for the whole run.",
         "",
         "- **pass**: every output within tolerance, same dtype and shape (exit 0)",

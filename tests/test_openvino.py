@@ -15,13 +15,7 @@ pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install o
 
 from faults import producer, scale_weight  # noqa: E402
 from layerdiff import _layerdiff  # noqa: E402
-
-
-def report_of(tmp_path, *args):
-    out = tmp_path / "report.json"
-    result = run_cli("onnx", *args, "--json", str(out))
-    assert result.returncode in (0, 1), result.stderr
-    return result, json.loads(out.read_text())
+from test_onnx_command import report_of  # noqa: E402
 
 
 def test_resnet18_on_openvino_is_compared_layer_by_layer(resnet18_onnx, tmp_path):
