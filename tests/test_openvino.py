@@ -126,3 +126,17 @@ def test_a_file_of_values_is_a_side_that_computes_nothing():
     assert _layerdiff.side_spec("expected:run/x.safetensors").kind == "expected"
     assert _layerdiff.side_spec("openvino:precision=f16").kind == "runtime"
     assert _layerdiff.side_spec("torch:cuda:bf16").device == "cuda"
+
+
+def test_an_openvino_library_that_will_not_load_is_named(resnet18_onnx, tmp_path, monkeypatch):
+    not_a_library = tmp_path / "libopenvino_c.so"
+    not_a_library.write_text("not a library")
+    monkeypatch.setenv("LAYERDIFF_OPENVINO_LIB", str(not_a_library))
+    result = run_cli("onnx", str(resnet18_onnx["dynamo"]), "--target", "openvino")
+    assert result.returncode == 2
+    assert f"error: cannot load OpenVINO from `{not_a_library}`" in result.stderr, result.stderr
+    monkeypatch.setenv("LAYERDIFF_OPENVINO_LIB", str(tmp_path / "missing.so"))
+    result = run_cli("onnx", str(resnet18_onnx["dynamo"]), "--target", "openvino")
+    assert result.returncode == 2
+    assert "cannot find the OpenVINO library" in result.stderr
+    assert "pip install openvino" in result.stderr

@@ -19,8 +19,10 @@ pub enum Error {
         searched: String,
     },
     /// The library exists but could not be loaded.
-    #[error("cannot load ONNX Runtime from `{path}`: {message}")]
+    #[error("cannot load {runtime} from `{path}`: {message}")]
     LibraryLoad {
+        /// The runtime (`ONNX Runtime`).
+        runtime: &'static str,
         /// The library file.
         path: PathBuf,
         /// The loader's message.

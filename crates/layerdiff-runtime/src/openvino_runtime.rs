@@ -58,7 +58,11 @@ fn load(library: Option<&Path>) -> Result<()> {
     LOADED
         .get_or_init(|| openvino_sys::library::load_from(&path))
         .clone()
-        .map_err(|message| Error::LibraryLoad { path, message })
+        .map_err(|message| Error::LibraryLoad {
+            runtime: "OpenVINO",
+            path,
+            message,
+        })
 }
 
 impl OpenVinoRuntime {

@@ -101,6 +101,7 @@ impl OrtRuntime {
                 version: version_from_path(&loaded.path),
             }),
             Err(message) => Err(Error::LibraryLoad {
+                runtime: "ONNX Runtime",
                 path: library.map(Path::to_path_buf).unwrap_or_default(),
                 message: message.clone(),
             }),
