@@ -140,3 +140,14 @@ def test_an_openvino_library_that_will_not_load_is_named(resnet18_onnx, tmp_path
     assert result.returncode == 2
     assert "cannot find the OpenVINO library" in result.stderr
     assert "pip install openvino" in result.stderr
+
+
+def test_a_model_with_external_data_runs_on_openvino(resnet18_onnx, tmp_path):
+    """Weights in a file beside the model reach OpenVINO, which refuses data a symbolic link
+    resolves outside the folder it reads from."""
+    model = onnx.load(str(resnet18_onnx["dynamo"]))
+    path = tmp_path / "external.onnx"
+    onnx.save(model, str(path), save_as_external_data=True, location="external.bin")
+    result, report = report_of(tmp_path, str(path), "--target", "openvino", "--no-local")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert report["summary"]["layers_compared"] == 49

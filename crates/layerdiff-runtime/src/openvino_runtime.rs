@@ -10,10 +10,50 @@ use layerdiff_onnx::Model;
 use openvino::{Core, DeviceType, ElementType, PropertyKey, RwPropertyKey, Shape};
 
 use crate::library::{OPENVINO_WHEEL, find_library};
-use crate::{Error, Result, Runtime};
+use crate::{Error, ReducedMath, Result, Runtime};
 
 /// The inference precisions OpenVINO's CPU plugin takes as a hint.
 pub const OPENVINO_PRECISIONS: [&str; 3] = ["f32", "f16", "bf16"];
+
+/// The float32 ops OpenVINO's CPU plugin computes in its inference precision when that is f16 or
+/// bf16 (it lowers every node that has a kernel in it; these are the ones models are made of).
+const LOWERED_OPS: [&str; 24] = [
+    "Conv",
+    "ConvTranspose",
+    "MatMul",
+    "Gemm",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Relu",
+    "Sigmoid",
+    "Tanh",
+    "Gelu",
+    "Erf",
+    "Softmax",
+    "LayerNormalization",
+    "BatchNormalization",
+    "InstanceNormalization",
+    "ReduceMean",
+    "ReduceSum",
+    "MaxPool",
+    "AveragePool",
+    "GlobalAveragePool",
+    "Pow",
+    "Sqrt",
+];
+
+/// What the plugin does to float32 math at the precision it resolved (`None` at f32).
+fn lowered(resolved: &str) -> Option<ReducedMath> {
+    (resolved != "f32").then(|| ReducedMath {
+        ops: &LOWERED_OPS,
+        how: format!(
+            "OpenVINO's CPU plugin computes float32 in {resolved} here (its inference precision); \
+             `openvino:precision=f32` runs it in full float32"
+        ),
+    })
+}
 
 /// OpenVINO's CPU plugin, at the precision it resolved from the hint asked for.
 pub struct OpenVinoRuntime {
@@ -101,11 +141,6 @@ impl OpenVinoRuntime {
             capabilities,
         })
     }
-
-    /// The precision the CPU plugin computes float values in on this machine.
-    pub fn precision(&self) -> &str {
-        &self.resolved
-    }
 }
 
 fn element(dtype: DType) -> ElementType {
@@ -158,6 +193,10 @@ impl Runtime for OpenVinoRuntime {
         )]
     }
 
+    fn reduced_math(&self) -> Option<ReducedMath> {
+        lowered(&self.resolved)
+    }
+
     fn run(
         &self,
         model: &Model,
@@ -168,15 +207,25 @@ impl Runtime for OpenVinoRuntime {
             .core
             .lock()
             .map_err(|_| Error::OpenVino("is unusable after an earlier failure".to_string()))?;
-        // Read from a file, its external data linked beside it from the model's own folder.
-        let folder = tempfile::tempdir().map_err(|e| Error::OpenVino(e.to_string()))?;
-        let file = folder.path().join("model.onnx");
-        std::fs::write(&file, model.to_bytes())
-            .map_err(|e| Error::OpenVino(format!("cannot write the model for reading: {e}")))?;
-        link_external_data(model, folder.path())?;
-        let read = core
-            .read_model_from_file(&file.to_string_lossy(), "")
-            .map_err(ov_err("cannot read the model"))?;
+        let bytes = model.to_bytes();
+        // A model with external data is read from a file in a folder of its own, that data
+        // linked beside it; the folder is kept until the run ends (OpenVINO may map the data).
+        let folder = (!model.external_data_files().is_empty())
+            .then(tempfile::tempdir)
+            .transpose()
+            .map_err(|e| Error::OpenVino(e.to_string()))?;
+        let read = match &folder {
+            None => core.read_model_from_buffer(&bytes, None),
+            Some(folder) => {
+                let file = folder.path().join("model.onnx");
+                std::fs::write(&file, &bytes).map_err(|e| {
+                    Error::OpenVino(format!("cannot write the model for reading: {e}"))
+                })?;
+                link_external_data(model, folder.path())?;
+                core.read_model_from_file(&file.to_string_lossy(), "")
+            }
+        }
+        .map_err(ov_err("cannot read the model"))?;
         let mut compiled = core
             .compile_model(&read, DeviceType::CPU)
             .map_err(ov_err("cannot compile the model"))?;
@@ -265,22 +314,41 @@ impl Runtime for OpenVinoRuntime {
     }
 }
 
-/// Links each external data file of `model` into `folder`, where the copy of it is read.
+/// Places each external data file of `model` in `folder`, where the copy of it is read:
+/// hard-linked (OpenVINO refuses data a symbolic link resolves outside that folder), or copied
+/// where the two folders are on different file systems.
 fn link_external_data(model: &Model, folder: &Path) -> Result<()> {
     let source = model.base_dir().unwrap_or(Path::new("."));
     for location in model.external_data_files() {
+        let failed =
+            |e: std::io::Error| Error::OpenVino(format!("external data `{location}`: {e}"));
         let link = folder.join(&location);
-        let target = std::path::absolute(source.join(&location))
-            .map_err(|e| Error::OpenVino(format!("external data `{location}`: {e}")))?;
+        let target = source.join(&location);
         if let Some(parent) = link.parent() {
-            std::fs::create_dir_all(parent)
-                .map_err(|e| Error::OpenVino(format!("external data `{location}`: {e}")))?;
+            std::fs::create_dir_all(parent).map_err(failed)?;
         }
-        #[cfg(unix)]
-        let linked = std::os::unix::fs::symlink(&target, &link);
-        #[cfg(not(unix))]
-        let linked = std::fs::copy(&target, &link).map(|_| ());
-        linked.map_err(|e| Error::OpenVino(format!("external data `{location}`: {e}")))?;
+        if std::fs::hard_link(&target, &link).is_err() {
+            std::fs::copy(&target, &link).map_err(failed)?;
+        }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lower_inference_precision_is_reduced_math_and_f32_is_not() {
+        assert!(lowered("f32").is_none());
+        for p in ["bf16", "f16"] {
+            let reduced = lowered(p).unwrap();
+            assert!(reduced.ops.contains(&"MatMul") && reduced.ops.contains(&"Conv"));
+            assert!(
+                reduced.how.contains(&format!("computes float32 in {p}")),
+                "{}",
+                reduced.how
+            );
+        }
+    }
 }
