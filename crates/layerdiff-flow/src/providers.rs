@@ -100,9 +100,6 @@ pub struct Cell {
     /// Which provider ran how many nodes, where ONNX Runtime's profile says.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub placement: Option<String>,
-    /// The inputs the cell's run was given (the table holds them once).
-    #[serde(skip)]
-    pub inputs: Option<Vec<InputInfo>>,
 }
 
 /// The whole table.
@@ -190,10 +187,9 @@ pub fn providers(
             if !to.quiet {
                 eprintln!("[{at}/{cells}] {}…", target.spelling());
             }
-            let (mut cell, available) = cell(options, to, &target, ort_library, provider, level)?;
-            if let Some(inputs) = cell.inputs.take().filter(|_| table.inputs.is_empty()) {
-                table.inputs = inputs;
-            }
+            let labels = (provider, level);
+            let (cell, available) =
+                cell(options, to, &target, ort_library, labels, &mut table.inputs)?;
             table.cells.push(cell);
             if !available {
                 // The runtime itself is missing: the one cell says so for all its levels.
@@ -204,14 +200,15 @@ pub fn providers(
     Ok(table)
 }
 
-/// One cell, and whether its runtime is there (`false`: unavailable, its other levels too).
+/// One cell, and whether its runtime is there (`false`: unavailable, its other levels too);
+/// the first cell that runs gives the table its `inputs`.
 fn cell(
     options: &ProvidersOptions,
     to: &ProvidersDestinations,
     target: &RuntimeSpec,
     ort_library: Option<&Path>,
-    provider: String,
-    level: String,
+    (provider, level): (String, String),
+    inputs: &mut Vec<InputInfo>,
 ) -> Result<(Cell, bool)> {
     let run = OnnxOptions {
         model: options.model.clone(),
@@ -238,11 +235,12 @@ fn cell(
         cause: None,
         max_abs_diff: None,
         placement: None,
-        inputs: None,
     };
     match compare_on(&run, None, ort_library, !to.quiet) {
         Ok(outcome) => {
-            cell.inputs = Some(outcome.report.inputs.clone());
+            if inputs.is_empty() {
+                inputs.clone_from(&outcome.report.inputs);
+            }
             fill(&mut cell, &outcome.report, options.fail_on);
             if let Some(folder) = &to.cells {
                 let name = cell.target.replace([':', '='], "-");
