@@ -153,7 +153,7 @@ def test_torch_flow_names_each_cause_at_its_layer(resnet18, resnet18_onnx, tmp_p
     src = resnet18_onnx["dynamo"]
     clean = torch_report(resnet18, src)
     assert clean.drift_origin is None and not any(x["cause"] for x in clean.layers)
-    value_of = {x["name"]: x["onnx"]["value"] for x in clean.layers if x["onnx"]}
+    value_of = {x["name"]: x["location"]["value"] for x in clean.layers if x["location"]}
 
     # A folded Conv+BatchNorm weight edited in the file: PyTorch's folded weight differs.
     edited = faults.perturb_weight(src, tmp_path / "w.onnx", value_of["layer2.0.bn1"], 0.05)

@@ -28,7 +28,7 @@ def test_the_example_report_reproduces_here(tmp_path):
     result = run_cli("torch", "resnet18", "--seed", "0", "--json", str(fresh_path), "-q")
     assert result.returncode in (0, 1), result.stderr
     fresh = json.loads(fresh_path.read_text())
-    same = lambda key: [(x["name"], x["status"], x["onnx"]) for x in key["layers"]]  # noqa: E731
+    same = lambda key: [(x["name"], x["status"], x["location"]) for x in key["layers"]]  # noqa: E731
     assert same(fresh) == same(committed)
     for key in ("layers_total", "layers_compared", "drift_origin", "inconclusive"):
         assert fresh["summary"][key] == committed["summary"][key], key

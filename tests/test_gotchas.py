@@ -55,8 +55,8 @@ def test_node_data_colours_each_onnx_node_by_its_layers_own_error(tmp_path):
     report = json.loads((tmp_path / "r.json").read_text())
     up = next(x for x in report["layers"] if x["name"] == "up")
     # the node that overflows is off the scale; the first Linear is within its tolerance
-    assert data["results"][up["onnx"]["node"]]["value"] > 1e300
+    assert data["results"][up["location"]["node"]]["value"] > 1e300
     embed = next(x for x in report["layers"] if x["name"] == "embed")
-    assert data["results"][embed["onnx"]["node"]]["value"] <= 1.0
+    assert data["results"][embed["location"]["node"]]["value"] <= 1.0
     assert [t["value"] for t in data["thresholds"]][:4] == [0.1, 0.5, 1.0, 10.0]
     assert all(t["bgColor"].startswith("#") for t in data["thresholds"])

@@ -88,7 +88,9 @@ def test_a_reinterpreted_layout_is_found_at_that_layer_in_both_flows(
 
     model, inputs, _ = resnet18
     torch_report = compare_torch_onnx(model, inputs, onnx=edited)
-    layer = next(x for x in torch_report.layers if x["onnx"] and x["onnx"]["value"] == "relu_8")
+    layer = next(
+        x for x in torch_report.layers if x["location"] and x["location"]["value"] == "relu_8"
+    )
     assert torch_report.drift_origin == layer["name"]
     assert (layer["cause"], layer["permutation"]) == ("layout_permutation", [0, 2, 3, 1])
     assert "## Causes" in torch_report.to_markdown()

@@ -36,7 +36,7 @@ def test_blocks_in_a_module_list_are_mapped_from_both_exporters(tmp_path, export
     assert (s["layers_total"], s["layers_compared"]) == (31, 30), report.summary_text()
     assert report.layer("blocks.1:softmax")["status"] == "compared"
     assert report.layer("wpe")["status"] == "unmapped"
-    assert report.layer("blocks.1.fc")["onnx"]["op_type"] in ("Add", "Gemm", "MatMul")
+    assert report.layer("blocks.1.fc")["location"]["op"] in ("Add", "Gemm", "MatMul")
     assert report.drift_origin is None and s["warnings"] == []
 
 
@@ -46,7 +46,7 @@ def test_a_constant_in_a_modules_scope_is_not_its_output():
     model, inputs = BUILTIN_MODELS["vit_b_16"](0)
     report = compare_torch_onnx(model.eval(), inputs, exporter="legacy", local=False)
     layer = report.layer("conv_proj")
-    assert layer["status"] == "compared" and layer["onnx"]["op_type"] == "Conv"
+    assert layer["status"] == "compared" and layer["location"]["op"] == "Conv"
     assert report.drift_origin is None
     # 100 module calls and 26 functional calls: the class token `cat`, the position embedding
     # `add`, two residual adds per encoder block. 12 Dropouts are removed; the encoder's own,
@@ -70,9 +70,9 @@ def test_a_file_without_scopes_is_paired_by_values(resnet18, stripped_resnet18):
     # Conv, which the Conv (an identity BatchNorm after it) also looks like.
     assert report.summary["layers_compared"] == 40
     bn = report.layer("layer2.0.bn1")
-    assert bn["onnx"]["op_type"] == "Conv" and bn["reason"].startswith("matched by values")
-    assert report.layer("avgpool")["onnx"]["op_type"] == "ReduceMean"  # not the Reshape after it
-    assert report.layer("fc")["onnx"]["op_type"] == "Gemm"
+    assert bn["location"]["op"] == "Conv" and bn["reason"].startswith("matched by values")
+    assert report.layer("avgpool")["location"]["op"] == "ReduceMean"  # not the Reshape after it
+    assert report.layer("fc")["location"]["op"] == "Gemm"
 
 
 def test_a_linear_is_not_paired_with_the_matmul_before_its_bias(tmp_path):
@@ -85,7 +85,7 @@ def test_a_linear_is_not_paired_with_the_matmul_before_its_bias(tmp_path):
     assert report.drift_origin is None, report.summary_text()
     assert report.summary["layers_compared"] == 17  # `wpe` is folded into a constant
     for name in ("blocks.0.qkv", "blocks.1.qkv", "blocks.1.fc"):
-        assert report.layer(name)["onnx"]["op_type"] == "Add", name
+        assert report.layer(name)["location"]["op"] == "Add", name
 
 
 def perturbed(src, dst, weight: str, delta: float):
@@ -213,7 +213,7 @@ def test_residual_adds_between_modules_have_rows_of_their_own(resnet18, resnet18
     report = compare_torch_onnx(model, inputs, onnx=resnet18_onnx[exporter])
     adds = [x for x in report.layers if x["module_type"] == "add()"]
     assert [x["name"] for x in adds] == [f"layer{i}.{j}:add" for i in range(1, 5) for j in (0, 1)]
-    assert all(x["status"] == "compared" and x["onnx"]["op_type"] == "Add" for x in adds)
+    assert all(x["status"] == "compared" and x["location"]["op"] == "Add" for x in adds)
     assert report.summary["worst"]["max_abs_diff"]["layer"] == "layer4.1:add"
     assert report.drift_origin is None
 
@@ -279,5 +279,5 @@ def test_a_no_op_cast_of_the_input_read_outside_a_module_is_not_its_output():
     model, inputs = build()
     report = compare_torch_onnx(model, inputs, exporter="legacy")
     norm = next(layer for layer in report.layers if layer["name"] == "norm")
-    assert norm["onnx"]["op_type"] == "Mul", norm["onnx"]
+    assert norm["location"]["op"] == "Mul", norm["location"]
     assert report.summary["drift_origin"] is None

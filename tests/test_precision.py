@@ -39,7 +39,7 @@ def test_float16_export_overflow_is_found_kept_in_float32_and_the_fix_checked(ov
     advice = keep(report)
     assert advice["precision"] == "float16"
     assert [k["layer"] for k in advice["layers"]] == ["up", "norm"]
-    assert advice["layers"][0]["nodes"] == [report.layer("up")["onnx"]["node"]]
+    assert advice["layers"][0]["nodes"] == [report.layer("up")["location"]["node"]]
     check = advice["check"]
     assert check["kept"] == ["up", "norm"] and check["output"] == "head"
     # the model's output was NaN in float16; with the two layers kept it is finite and close
@@ -52,7 +52,7 @@ def test_float16_export_overflow_is_found_kept_in_float32_and_the_fix_checked(ov
 
     kept = onnx.load(str(tmp_path / "model.fp16-kept.onnx"))
     types = {v.name: v.type.tensor_type.elem_type for v in kept.graph.value_info}
-    assert types[report.layer("up")["onnx"]["value"]] == onnx.TensorProto.FLOAT
+    assert types[report.layer("up")["location"]["value"]] == onnx.TensorProto.FLOAT
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])

@@ -139,7 +139,7 @@ def test_a_weight_fault_is_found_from_pytorch_in_segments(decoder_onnx, tmp_path
     clean = tmp_path / "clean.json"
     run_cli("torch", DECODER, "--onnx", str(decoder_onnx), "--json", str(clean), "-q")
     value = next(x for x in json.loads(clean.read_text())["layers"] if x["name"] == fc)
-    value = value["onnx"]["value"]
+    value = value["location"]["value"]
     edited = faults.perturb_weight(decoder_onnx, tmp_path / "fc.onnx", value, 0.05)
     result, report = torch_both_ways(tmp_path, edited)
     origin = next(x for x in report["layers"] if x["name"] == fc)

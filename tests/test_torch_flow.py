@@ -35,7 +35,7 @@ def test_bn_maps_to_the_fused_conv_and_the_conv_is_explained(resnet18, resnet18_
     for exporter in ("dynamo", "legacy"):
         report = compare_torch_onnx(model, inputs, onnx=resnet18_onnx[exporter])
         bn, conv = report.layer("layer2.0.bn1"), report.layer("layer2.0.conv1")
-        assert bn["status"] == "compared" and bn["onnx"]["op_type"] == "Conv"
+        assert bn["status"] == "compared" and bn["location"]["op"] == "Conv"
         assert conv["status"] == "unmapped" and "fused" in conv["reason"]
 
 
@@ -55,7 +55,7 @@ def perturb_weight(src, dst, node_name: str, delta: float):
 def test_injected_weight_fault_is_the_drift_origin(resnet18, resnet18_onnx, tmp_path, target):
     model, inputs, _ = resnet18
     clean = compare_torch_onnx(model, inputs, onnx=resnet18_onnx["dynamo"])
-    node = clean.layer(target)["onnx"]["node"]
+    node = clean.layer(target)["location"]["node"]
     edited = tmp_path / "edited.onnx"
     perturb_weight(resnet18_onnx["dynamo"], edited, node, delta=0.05)
     report = compare_torch_onnx(model, inputs, onnx=edited)
@@ -95,9 +95,9 @@ def test_module_called_twice_gives_numbered_layers_in_execution_order():
     report = compare_torch_onnx(model, inputs)
     assert report.drift_origin is None
     act, act2 = report.layer("act"), report.layer("act#2")
-    assert act["onnx"]["value"] != act2["onnx"]["value"]
+    assert act["location"]["value"] != act2["location"]["value"]
     assert report.layer("drop")["status"] == "compared"  # identity: compared against `act`
-    assert report.layer("drop")["onnx"]["value"] == act["onnx"]["value"]
+    assert report.layer("drop")["location"]["value"] == act["location"]["value"]
 
 
 def test_an_identity_after_the_drift_only_inherits_it(tmp_path):
@@ -112,7 +112,7 @@ def test_an_identity_after_the_drift_only_inherits_it(tmp_path):
     model, inputs = build()
     model.eval()
     clean = export_onnx(model, inputs, tmp_path / "twice.onnx", exporter="legacy")
-    fc1 = compare_torch_onnx(model, inputs, onnx=clean).layer("fc1")["onnx"]["value"]
+    fc1 = compare_torch_onnx(model, inputs, onnx=clean).layer("fc1")["location"]["value"]
     faulty = perturb(clean, tmp_path / "faulty.onnx", fc1, 0.5)
     report = compare_torch_onnx(model, inputs, onnx=faulty)
     assert report.drift_origin == "fc1"

@@ -180,13 +180,13 @@ def kept_nodes(report, layers: list[str]) -> list[str]:
             raise _layerdiff.UsageError(
                 f"--keep-fp32: `{name}` is not a layer of this model (the report names each layer)"
             ) from None
-        onnx = layer.get("onnx")
-        if not onnx:
+        location = layer.get("location")
+        if not location or location["kind"] != "onnx":
             raise _layerdiff.UsageError(
                 f"--keep-fp32: `{name}` has no ONNX node to keep "
                 f"({layer.get('reason') or 'unmapped'})"
             )
-        for node in onnx["nodes"] or [onnx["node"]]:
+        for node in location["nodes"] or [location["node"]]:
             if node not in nodes:
                 nodes.append(node)
     return nodes

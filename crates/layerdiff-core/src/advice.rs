@@ -163,7 +163,11 @@ pub fn keep_float32(report: &Report, precision: &str) -> Option<KeepFloat32> {
         .take(MOST_KEPT)
         .map(|(_, _, l, why)| KeptLayer {
             layer: l.name.clone(),
-            nodes: l.onnx.as_ref().map(|o| o.nodes.clone()).unwrap_or_default(),
+            nodes: l
+                .location
+                .as_ref()
+                .map(|o| o.nodes.clone())
+                .unwrap_or_default(),
             why,
         })
         .collect();

@@ -595,7 +595,7 @@ fn truth_rounding(layer: &Layer) -> Option<String> {
 /// What fixes a defect, by its cause.
 fn fix(cause: &str, layer: &Layer, e: &Evidence) -> String {
     let nodes = layer
-        .onnx
+        .location
         .as_ref()
         .map(|o| {
             if o.nodes.is_empty() {

@@ -51,7 +51,7 @@ pub use op_check::{OpBound, OpCheck, OpWorst, check_op};
 pub use pair::{PairOutcome, compare_pair};
 pub use random::{SplitMix64, random_tensor};
 pub use report::{
-    Defect, FailOn, Finding, Float64Distance, InputInfo, Layer, LayerStatus, OnnxRef,
+    Defect, FailOn, Finding, Float64Distance, InputInfo, Layer, LayerStatus, Location,
     PrecisionDrift, ProviderNodes, Report, SCHEMA, SideInfo, Summary, TargetGraph, Timing, Verdict,
     WorstLayer, WorstLayers,
 };

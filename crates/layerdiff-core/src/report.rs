@@ -6,8 +6,10 @@ use serde::Serialize;
 
 use crate::Stats;
 
-/// Schema identifier written into every JSON report.
-pub const SCHEMA: &str = "layerdiff.report/3";
+/// Schema identifier written into every JSON report. Version 4 renamed `layers[].onnx`
+/// (`{value, node, op_type, nodes}`) to `layers[].location` (`{kind, value, node, op, nodes}`,
+/// `kind` `onnx`), so a layer's place is said in its side's terms (docs/report.md).
+pub const SCHEMA: &str = "layerdiff.report/4";
 
 /// A whole comparison: what ran, on what, and what was found.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -478,8 +480,8 @@ pub struct Layer {
     pub status: LayerStatus,
     /// Why the layer was not compared, or a note on how it was mapped.
     pub reason: Option<String>,
-    /// Where the layer lives in the ONNX graph.
-    pub onnx: Option<OnnxRef>,
+    /// Where the layer lives in the target (an ONNX value and its nodes), in its side's terms.
+    pub location: Option<Location>,
     /// Reference shape.
     pub shape: Vec<usize>,
     /// Reference dtype.
@@ -541,7 +543,7 @@ impl Layer {
             module_type: None,
             status: LayerStatus::Unmapped,
             reason: None,
-            onnx: None,
+            location: None,
             shape,
             dtype: dtype.into(),
             target_shape: None,
@@ -580,27 +582,32 @@ pub enum Finding {
     Undecided,
 }
 
-/// The ONNX value a layer maps to.
+/// Where a layer lives in the target, in the terms of the target's side: for an ONNX graph
+/// (`kind` `onnx`), the value the layer maps to, the node producing it, its op type, and the
+/// nodes of its group. A framework side names its own (a Keras layer and its class).
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct OnnxRef {
-    /// Value name.
+pub struct Location {
+    /// Whose terms these are: `onnx`.
+    pub kind: &'static str,
+    /// The value the layer's output is, in that side.
     pub value: String,
-    /// Producing node.
+    /// What produces it (an ONNX node's name).
     pub node: String,
-    /// Its op type.
-    pub op_type: String,
-    /// Every node that computes the layer from the values of the layers before it (the group
-    /// its local error re-ran), in graph order; empty where that group is not known.
+    /// The producer's op (an ONNX op type).
+    pub op: String,
+    /// Everything that computes the layer from the values of the layers before it (the group
+    /// its local error re-ran), in order; empty where that group is not known.
     pub nodes: Vec<String>,
 }
 
-impl OnnxRef {
-    /// A value and its producer, the layer's other nodes not yet known.
-    pub fn new(value: &str, node: &str, op_type: &str) -> Self {
+impl Location {
+    /// An ONNX value and its producer, the layer's other nodes not yet known.
+    pub fn onnx(value: &str, node: &str, op_type: &str) -> Self {
         Self {
+            kind: "onnx",
             value: value.to_string(),
             node: node.to_string(),
-            op_type: op_type.to_string(),
+            op: op_type.to_string(),
             nodes: Vec::new(),
         }
     }

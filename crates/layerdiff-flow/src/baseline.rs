@@ -16,10 +16,10 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use layerdiff_core::{DType, Tensor};
-use layerdiff_onnx::{LocalGroup, Model, round_float64, to_float64};
+use layerdiff_onnx::{Model, round_float64, to_float64};
 use layerdiff_runtime::{ExactElementwise, PerNode, RuntimeSpec};
 
-use crate::side::{Recompute, Side};
+use crate::side::{Group, Recompute, Side};
 use crate::{Error, GraphSide, PushedSide, Result};
 
 /// Where the layers' exact values on rounded inputs come from.
@@ -72,7 +72,7 @@ impl HandedBaseline {
 pub struct GraphBaseline {
     side: GraphSide,
     /// Each layer's group in the float64 graph (by the reference's value name), once found.
-    groups: HashMap<String, std::result::Result<LocalGroup, String>>,
+    groups: HashMap<String, std::result::Result<Group, String>>,
 }
 
 impl GraphBaseline {

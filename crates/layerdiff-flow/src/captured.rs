@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use layerdiff_core::{DType, Layer, OnnxRef, Report, SideInfo, Tensor, TensorView};
+use layerdiff_core::{DType, Layer, Location, Report, SideInfo, Tensor, TensorView};
 use layerdiff_onnx::{GraphIndex, LayerCall, LayerMapping, Model, ScopeMapping};
 use layerdiff_runtime::RuntimeSpec;
 
@@ -293,7 +293,7 @@ impl CapturedRun {
             let exact = layer.baseline.filter(|_| keep).map(|t| t.to_tensor());
             baseline.push(index, &listed.call.name, exact, layer.baseline_grid);
         }
-        if let Some(target) = engine.target.handed() {
+        if let Some(target) = engine.target.receiver() {
             let Some(value) = layer.target else {
                 return Err(Error::Layers(format!(
                     "layer `{}` came without the target's value",
@@ -341,7 +341,7 @@ impl CapturedRun {
         for (&i, list) in parameters {
             self.engine.reference.set_parameters(i, owned(list));
         }
-        if let Some(target) = self.engine.target.handed() {
+        if let Some(target) = self.engine.target.receiver() {
             for (&i, list) in target_parameters {
                 target.set_parameters(i, owned(list));
             }
@@ -517,7 +517,7 @@ fn align(
                 op_type,
                 note,
             } => {
-                layer.onnx = Some(OnnxRef::new(value, node, op_type));
+                layer.location = Some(Location::onnx(value, node, op_type));
                 layer.reason = note.clone();
                 Some(value.clone())
             }

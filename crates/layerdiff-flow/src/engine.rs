@@ -11,7 +11,6 @@ use layerdiff_core::{
     Evidence, InputInfo, Layer, Machine, Report, SCHEMA, Summary, Tensor, TensorView, Tolerance,
     explain, judge, keep_float32, lower_precision_of, nothing_compared, summarise,
 };
-use layerdiff_onnx::LocalGroup;
 
 use crate::baseline::Baseline;
 use crate::evidence::disagreement;
@@ -19,7 +18,7 @@ use crate::memory::Segmentation;
 use crate::memory::budget;
 use crate::pairs::Pairs;
 use crate::plan::{Plan, PlannedLayer, plan};
-use crate::side::Side;
+use crate::side::{Group, Side};
 use crate::timings::{OWN, RUNTIME, Stopwatch};
 use crate::{Error, Result};
 
@@ -108,7 +107,7 @@ pub struct Engine<R: Side, T: Side, F: Side = Box<dyn Side>> {
     /// The target value paired with each reference value.
     target_of: HashMap<String, String>,
     /// Each layer's local group (for the first layer of each target value).
-    groups: Vec<Option<std::result::Result<LocalGroup, String>>>,
+    groups: Vec<Option<std::result::Result<Group, String>>>,
     plan: Plan,
     done: usize,
     evidence: Vec<Evidence>,
@@ -352,9 +351,9 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                         };
                         let quantizes = match &self.groups[i] {
                             Some(Ok(group)) => recompute
-                                .group_nodes(group)
+                                .members(group)
                                 .iter()
-                                .any(|n| layerdiff_core::quantizing_op(n.op_type())),
+                                .any(|m| layerdiff_core::quantizing_op(&m.op)),
                             _ => false,
                         };
                         let exact = grid
@@ -520,11 +519,11 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         let truth_info = self.truth.as_mut().map(|t| t.describe(&mut summary));
         if let Some(recompute) = self.target.recompute() {
             for (layer, group) in self.layers.iter_mut().zip(&self.groups) {
-                if let (Some(onnx), Some(Ok(group))) = (layer.onnx.as_mut(), group) {
-                    onnx.nodes = recompute
-                        .group_nodes(group)
-                        .iter()
-                        .filter_map(|n| n.name.clone())
+                if let (Some(location), Some(Ok(group))) = (layer.location.as_mut(), group) {
+                    location.nodes = recompute
+                        .members(group)
+                        .into_iter()
+                        .filter_map(|m| m.name)
                         .collect();
                 }
             }
@@ -534,9 +533,12 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                     continue;
                 };
                 let e = &mut self.evidence[i];
-                e.attributes = self
-                    .reference
-                    .attribute_changes(&recompute.group_nodes(group));
+                e.attributes = recompute
+                    .members(group)
+                    .iter()
+                    .filter_map(|m| Some((m, self.reference.counterpart(m)?)))
+                    .flat_map(|(m, reference)| m.changes_from(&reference))
+                    .collect();
                 let fed = |n: &str| {
                     let (r, _) = self.reference_of.get(n)?;
                     Some((self.reference.dtype(r)?, self.target.dtype(n)?))

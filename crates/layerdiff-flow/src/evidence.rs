@@ -2,7 +2,9 @@
 //! whether a side disagrees with itself, and a reference value made fit to feed the target.
 
 use layerdiff_core::{DType, Tensor, TensorView, compare};
-use layerdiff_onnx::{Model, NodeProto, attribute_changes};
+use layerdiff_onnx::{Model, NodeExt, NodeProto, attribute_text};
+
+use crate::side::Member;
 
 /// A weight differs when its max abs diff exceeds this fraction of its largest magnitude:
 /// above float32 rounding of a folded constant, far below any real edit.
@@ -178,26 +180,29 @@ pub fn fit(
         })
 }
 
-/// How `nodes` differ in their attributes from `model`'s nodes of the same name and op.
-pub fn model_attribute_changes(model: &Model, nodes: &[&NodeProto]) -> Vec<String> {
-    let mut changes = Vec::new();
-    for node in nodes {
-        let Some(same) = model
-            .graph()
-            .node
+/// An ONNX node as a member of a group, in the terms every side shares.
+pub fn node_member(node: &NodeProto) -> Member {
+    Member {
+        name: node.name.clone(),
+        shown: node.display_name(),
+        op: node.op_type().to_string(),
+        attributes: node
+            .attribute
             .iter()
-            .find(|n| n.name() == node.name() && n.op_type() == node.op_type())
-        else {
-            continue;
-        };
-        for change in attribute_changes(same, node) {
-            changes.push(format!(
-                "{change} on `{}`",
-                layerdiff_onnx::NodeExt::display_name(*node)
-            ));
-        }
+            .map(|a| (a.name().to_string(), attribute_text(a)))
+            .collect(),
     }
-    changes
+}
+
+/// `model`'s node of the same name and op as `member`.
+pub fn model_counterpart(model: &Model, member: &Member) -> Option<Member> {
+    let name = member.name.as_deref().unwrap_or_default();
+    model
+        .graph()
+        .node
+        .iter()
+        .find(|n| n.name() == name && n.op_type() == member.op)
+        .map(node_member)
 }
 
 /// Checks another side's weight against `model`'s counterpart: the initializer of the same

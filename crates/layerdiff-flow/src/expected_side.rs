@@ -5,12 +5,13 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use layerdiff_core::{DType, SideInfo, Summary, Tensor, read_npz, read_safetensors};
+use layerdiff_core::{DType, SideInfo, Summary, Tensor, TensorView, read_npz, read_safetensors};
 use layerdiff_onnx::{GraphIndex, Model, read_test_data};
 
+use crate::evidence::{WeightCheck, model_counterpart, model_weight_check};
 use crate::memory::value_sizes;
 use crate::plan::{Part, PlanSide};
-use crate::side::{Side, Values};
+use crate::side::{Member, Side, Values};
 use crate::timings::Stopwatch;
 use crate::{Error, Result};
 
@@ -148,7 +149,19 @@ impl Side for ExpectedSide {
         self.values.free(values);
     }
 
-    fn model(&self) -> Option<&Model> {
-        Some(&self.model)
+    fn counterpart(&self, member: &Member) -> Option<Member> {
+        model_counterpart(&self.model, member)
+    }
+
+    fn weight_check(
+        &self,
+        _layer: usize,
+        node: &str,
+        position: usize,
+        name: &str,
+        weight: TensorView<'_>,
+        half_step: Option<TensorView<'_>>,
+    ) -> Option<WeightCheck> {
+        model_weight_check(&self.model, node, position, name, weight, half_step)
     }
 }

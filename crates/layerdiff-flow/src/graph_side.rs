@@ -8,14 +8,15 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use layerdiff_core::{SideInfo, Summary, TargetGraph, Tensor};
+use layerdiff_core::{SideInfo, Summary, TargetGraph, Tensor, TensorView};
 use layerdiff_onnx::{GraphIndex, Model, expose_values, extract_nodes};
 use layerdiff_runtime::Runtime;
 
+use crate::evidence::{WeightCheck, model_counterpart, model_weight_check};
 use crate::memory::value_sizes;
 use crate::plan::{Part, PlanSide};
 use crate::shipped::{Placement, Renames, Shipped};
-use crate::side::{Recompute, Side, Values};
+use crate::side::{Member, Recompute, Side, Values};
 use crate::timings::{OWN, RUNTIME, Stopwatch};
 use crate::{Error, Result};
 
@@ -213,8 +214,20 @@ impl Side for GraphSide {
         Some(self)
     }
 
-    fn model(&self) -> Option<&Model> {
-        Some(&self.model)
+    fn counterpart(&self, member: &Member) -> Option<Member> {
+        model_counterpart(&self.model, member)
+    }
+
+    fn weight_check(
+        &self,
+        _layer: usize,
+        node: &str,
+        position: usize,
+        name: &str,
+        weight: TensorView<'_>,
+        half_step: Option<TensorView<'_>>,
+    ) -> Option<WeightCheck> {
+        model_weight_check(&self.model, node, position, name, weight, half_step)
     }
 
     fn graph_report(&mut self, compared: &[&str], summary: &mut Summary) -> Option<TargetGraph> {

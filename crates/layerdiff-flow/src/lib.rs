@@ -45,4 +45,4 @@ pub use graph_side::GraphSide;
 pub use memory::Segmentation;
 pub use plan::{Part, PlanSide};
 pub use pushed_side::{Computing, PushedSide};
-pub use side::{Recompute, Side, Values};
+pub use side::{Group, Member, Receive, Recompute, Side, Values};

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use layerdiff_core::{Layer, OnnxRef, Report, Tensor, Tolerance};
+use layerdiff_core::{Layer, Location, Report, Tensor, Tolerance};
 use layerdiff_onnx::{GraphIndex, MAX_GROUP_NODES, Model, NCHWC_DOMAIN, NodeInfo, to_float64};
 use layerdiff_runtime::{ExactElementwise, PerNode, Runtime, RuntimeSpec};
 
@@ -317,7 +317,7 @@ fn align(
         .enumerate()
         .map(|(index, p)| {
             let mut layer = Layer::new(index, p.value.clone(), Vec::new(), String::new());
-            layer.onnx = Some(OnnxRef::new(&p.value, &p.node, &p.op_type));
+            layer.location = Some(Location::onnx(&p.value, &p.node, &p.op_type));
             layer.reason = match &p.target {
                 Err(reason) => Some(reason.clone()),
                 Ok(_) if renames.restored.contains_key(&p.value) => {

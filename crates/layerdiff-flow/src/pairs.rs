@@ -9,11 +9,10 @@ use layerdiff_core::{
     DType, Float64Distance, Judge, Layer, LayerStatus, Tensor, TensorView, Tolerance,
     assess_baseline, compare_pair, lower_precision,
 };
-use layerdiff_onnx::LocalGroup;
 
 use crate::Shared;
 use crate::evidence::fit;
-use crate::side::{Recompute, Side};
+use crate::side::{Group, Recompute, Side};
 
 /// One layer's local re-run: its index, the target's output, and (where a baseline is
 /// measured) the layer's exact value on the rounded inputs, or why there is none, with the
@@ -94,7 +93,7 @@ impl Pairs<'_> {
     pub fn measure_local(
         &self,
         layer: &mut Layer,
-        slot: &mut Option<std::result::Result<LocalGroup, String>>,
+        slot: &mut Option<std::result::Result<Group, String>>,
         recompute: &dyn Recompute,
         i: usize,
     ) -> Option<Tensor> {

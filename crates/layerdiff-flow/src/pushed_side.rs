@@ -9,12 +9,11 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use layerdiff_core::{DType, Evidence, SideInfo, Summary, Tensor, TensorView};
-use layerdiff_onnx::{LocalGroup, NodeProto};
 
 use crate::Result;
 use crate::evidence::{WeightCheck, WeightCheckFn, check_weight};
 use crate::plan::{Part, PlanSide};
-use crate::side::{Recompute, Side};
+use crate::side::{Group, Member, Receive, Recompute, Side};
 use crate::timings::Stopwatch;
 
 /// What a side whose values are handed over knows of how it computes each layer, for local
@@ -187,32 +186,51 @@ impl Side for PushedSide {
         self.computing.as_ref().map(|_| self as &dyn Recompute)
     }
 
-    fn handed(&mut self) -> Option<&mut PushedSide> {
+    fn receiver(&mut self) -> Option<&mut dyn Receive> {
         Some(self)
     }
 }
 
-/// A group of a side that computes by layers is one layer: `nodes` holds its index, and it
+impl Receive for PushedSide {
+    fn push(&mut self, index: usize, value: Option<Tensor>) {
+        PushedSide::push(self, index, value);
+    }
+
+    fn push_local(
+        &mut self,
+        index: usize,
+        local: std::result::Result<Tensor, String>,
+        disagreement: Option<f64>,
+    ) {
+        PushedSide::push_local(self, index, local, disagreement);
+    }
+
+    fn set_parameters(&mut self, index: usize, parameters: Vec<(String, Tensor)>) {
+        PushedSide::set_parameters(self, index, parameters);
+    }
+}
+
+/// A group of a side that computes by layers is one layer: `members` holds its index, and it
 /// reads nothing the engine must keep (the framework re-ran it as the layer came).
 impl Recompute for PushedSide {
-    fn local_group(&self, value: &str, _: &dyn Fn(&str) -> bool) -> Result<LocalGroup, String> {
+    fn local_group(&self, value: &str, _: &dyn Fn(&str) -> bool) -> Result<Group, String> {
         let index = *self
             .position
             .get(value)
             .ok_or_else(|| format!("`{value}` is not one of the side's layers"))?;
-        Ok(LocalGroup {
-            nodes: vec![index],
+        Ok(Group {
+            members: vec![index],
             inputs: Vec::new(),
         })
     }
 
     fn run_group(
         &self,
-        group: &LocalGroup,
+        group: &Group,
         _: &str,
         _: &dyn Fn(&str) -> Result<Tensor, String>,
     ) -> Result<Tensor, String> {
-        let index = group.nodes[0];
+        let index = group.members[0];
         let mut local = self.local.lock().expect("not poisoned");
         local
             .remove(&index)
@@ -223,9 +241,9 @@ impl Recompute for PushedSide {
         Duration::ZERO // the framework's re-runs are timed as its own run
     }
 
-    fn traced_inputs(&self, group: &LocalGroup) -> Vec<String> {
+    fn traced_inputs(&self, group: &Group) -> Vec<String> {
         let fed_by = self.computing.as_ref().map(|c| &c.fed_by);
-        let layers = fed_by.and_then(|f| f.get(group.nodes[0]));
+        let layers = fed_by.and_then(|f| f.get(group.members[0]));
         layers
             .into_iter()
             .flatten()
@@ -233,19 +251,19 @@ impl Recompute for PushedSide {
             .collect()
     }
 
-    fn group_nodes(&self, _: &LocalGroup) -> Vec<&NodeProto> {
-        Vec::new()
+    fn members(&self, _: &Group) -> Vec<Member> {
+        Vec::new() // a layer is its own location: it has no members to list
     }
 
     fn group_evidence(
         &self,
-        group: &LocalGroup,
+        group: &Group,
         _reference: Option<DType>,
         evidence: &mut Evidence,
         _fed: &dyn Fn(&str) -> Option<(DType, DType)>,
         check: &WeightCheckFn<'_>,
     ) {
-        let index = group.nodes[0];
+        let index = group.members[0];
         let Some(computing) = &self.computing else {
             return;
         };

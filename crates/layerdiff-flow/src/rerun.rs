@@ -6,44 +6,48 @@
 use std::time::Duration;
 
 use layerdiff_core::{DType, Evidence, Tensor};
-use layerdiff_onnx::{LocalGroup, NodeExt, NodeProto, extract_nodes, local_group};
+use layerdiff_onnx::{NodeExt, NodeProto, extract_nodes, local_group};
 
-use crate::evidence::WeightCheckFn;
+use crate::evidence::{WeightCheckFn, node_member};
 use crate::graph_side::GraphSide;
-use crate::side::Recompute;
+use crate::side::{Group, Member, Recompute};
 
 impl Recompute for GraphSide {
-    fn local_group(&self, value: &str, known: &dyn Fn(&str) -> bool) -> Result<LocalGroup, String> {
-        local_group(&self.index, value, known)
+    fn local_group(&self, value: &str, known: &dyn Fn(&str) -> bool) -> Result<Group, String> {
+        let found = local_group(&self.index, value, known)?;
+        Ok(Group {
+            members: found.nodes,
+            inputs: found.inputs,
+        })
     }
 
     fn take_time(&self) -> Duration {
         GraphSide::take_time(self)
     }
 
-    fn group_nodes(&self, group: &LocalGroup) -> Vec<&NodeProto> {
+    fn members(&self, group: &Group) -> Vec<Member> {
         group
-            .nodes
+            .members
             .iter()
-            .map(|&i| &self.model.graph().node[i])
+            .map(|&i| node_member(&self.model.graph().node[i]))
             .collect()
     }
 
     fn run_group(
         &self,
-        group: &LocalGroup,
+        group: &Group,
         value: &str,
         feed: &dyn Fn(&str) -> Result<Tensor, String>,
     ) -> Result<Tensor, String> {
         self.run_group_with(group, value, feed, &|_| Ok(()))
     }
 
-    fn rounding_stages(&self, group: &LocalGroup, grid: DType) -> u32 {
+    fn rounding_stages(&self, group: &Group, grid: DType) -> u32 {
         let computing = self.computed_dtypes(group).filter(|&d| d == grid).count();
         u32::try_from(computing.saturating_sub(1)).unwrap_or(u32::MAX)
     }
 
-    fn computes_in(&self, group: &LocalGroup) -> Option<DType> {
+    fn computes_in(&self, group: &Group) -> Option<DType> {
         self.computed_dtypes(group)
             .filter(|d| d.is_float())
             .reduce(|a, b| if b.narrower_than(a) { b } else { a })
@@ -51,7 +55,7 @@ impl Recompute for GraphSide {
 
     fn group_evidence(
         &self,
-        group: &LocalGroup,
+        group: &Group,
         reference: Option<DType>,
         evidence: &mut Evidence,
         fed: &dyn Fn(&str) -> Option<(DType, DType)>,
@@ -89,7 +93,7 @@ impl Recompute for GraphSide {
         // A quantized weight is checked dequantized, against half its scale step: the same
         // weight quantized, or one that moved beyond its quantization.
         let graph = self.model.graph();
-        for &i in &group.nodes {
+        for &i in &group.members {
             let node = &graph.node[i];
             if node.op_type() != "DequantizeLinear" {
                 continue;
@@ -100,7 +104,7 @@ impl Recompute for GraphSide {
             let Some(output) = node.output.first() else {
                 continue;
             };
-            for &j in &group.nodes {
+            for &j in &group.members {
                 let reader = &self.index.nodes()[j];
                 for (position, input) in reader.inputs.iter().enumerate() {
                     if input == output
@@ -122,10 +126,10 @@ impl Recompute for GraphSide {
 
 impl GraphSide {
     /// The dtype of each computing node's (first) output in the group, where known.
-    fn computed_dtypes<'a>(&'a self, group: &'a LocalGroup) -> impl Iterator<Item = DType> + 'a {
+    fn computed_dtypes<'a>(&'a self, group: &'a Group) -> impl Iterator<Item = DType> + 'a {
         let graph = self.model.graph();
         group
-            .nodes
+            .members
             .iter()
             .map(|&i| &graph.node[i])
             .filter(|node| !moves_data(node.op_type()))
@@ -232,7 +236,7 @@ impl GraphSide {
     /// `prepare` (a baseline rounds its weights).
     pub(crate) fn run_group_with(
         &self,
-        group: &LocalGroup,
+        group: &Group,
         value: &str,
         feed: &dyn Fn(&str) -> Result<Tensor, String>,
         prepare: &dyn Fn(&mut layerdiff_onnx::Model) -> Result<(), String>,
@@ -243,7 +247,7 @@ impl GraphSide {
             .map(|n| Ok((n.clone(), feed(n)?)))
             .collect::<Result<Vec<_>, String>>()?;
         let wanted = [value.to_string()];
-        let mut extract = extract_nodes(&self.model, &group.nodes, &wanted, &feeds)
+        let mut extract = extract_nodes(&self.model, &group.members, &wanted, &feeds)
             .map_err(|e| format!("cannot extract its nodes: {e}"))?;
         prepare(&mut extract)?;
         let started = std::time::Instant::now();
@@ -257,9 +261,9 @@ impl GraphSide {
     }
 
     /// The op types of a group, in graph order (`Conv → Relu`).
-    fn ops(&self, group: &LocalGroup) -> Vec<String> {
+    fn ops(&self, group: &Group) -> Vec<String> {
         group
-            .nodes
+            .members
             .iter()
             .map(|&i| self.index.nodes()[i].op_type.clone())
             .collect()
@@ -271,7 +275,7 @@ impl GraphSide {
     /// dtype on both sides: the reference's, the target's).
     fn lowered_precision(
         &self,
-        group: &LocalGroup,
+        group: &Group,
         reference: Option<DType>,
         fed: &dyn Fn(&str) -> Option<(DType, DType)>,
     ) -> Option<String> {
@@ -302,7 +306,7 @@ impl GraphSide {
             .into_iter()
             .flat_map(|op| {
                 group
-                    .nodes
+                    .members
                     .iter()
                     .map(|&i| &graph.node[i])
                     .filter(move |node| quantizing(op, node))
@@ -312,7 +316,7 @@ impl GraphSide {
         if !quantized.is_empty() {
             return Some(quantized.join("; "));
         }
-        for &i in &group.nodes {
+        for &i in &group.members {
             let node = &graph.node[i];
             if node.op_type() == "Cast"
                 && let Ok(to) = node.attr_i64("to")
@@ -389,9 +393,9 @@ impl GraphSide {
     }
 
     /// The initializers a group reads: (node index, input position, name).
-    fn initializers(&self, group: &LocalGroup) -> Vec<(usize, usize, String)> {
+    fn initializers(&self, group: &Group) -> Vec<(usize, usize, String)> {
         let mut out = Vec::new();
-        for &i in &group.nodes {
+        for &i in &group.members {
             for (position, input) in self.index.nodes()[i].inputs.iter().enumerate() {
                 if self.index.is_initializer(input) {
                     out.push((i, position, input.clone()));

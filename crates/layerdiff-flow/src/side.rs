@@ -8,10 +8,9 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use layerdiff_core::{DType, Evidence, SideInfo, Summary, TargetGraph, Tensor, TensorView};
-use layerdiff_onnx::{LocalGroup, Model, NodeProto};
 
 use crate::Result;
-use crate::evidence::{WeightCheck, WeightCheckFn, model_attribute_changes, model_weight_check};
+use crate::evidence::{WeightCheck, WeightCheckFn};
 use crate::plan::{Part, PlanSide};
 use crate::timings::Stopwatch;
 
@@ -79,16 +78,11 @@ pub trait Side: Send + Sync {
     fn recompute(&self) -> Option<&dyn Recompute> {
         None
     }
-    /// The ONNX model the side's values belong to, whose nodes and weights are the reference's
-    /// when a cause is looked for.
-    fn model(&self) -> Option<&Model> {
+    /// As the reference: this side's counterpart of another side's `member` (its node of the
+    /// same name and op), whose attributes the other's are compared with
+    /// (`epsilon 1e-5 → 0.1 on `ln``); `None` when it has none or cannot tell.
+    fn counterpart(&self, _member: &Member) -> Option<Member> {
         None
-    }
-    /// As the reference: how the other side's `nodes` differ in their attributes from this
-    /// side's nodes of the same name (`epsilon 1e-5 → 0.1 on `ln``).
-    fn attribute_changes(&self, nodes: &[&NodeProto]) -> Vec<String> {
-        self.model()
-            .map_or_else(Vec::new, |model| model_attribute_changes(model, nodes))
     }
     /// As the reference: how the other side's weight `name` (read by its node `node` at input
     /// `position`, in the group of layer `layer`) relates to this side's; `None` when this side
@@ -96,22 +90,93 @@ pub trait Side: Send + Sync {
     fn weight_check(
         &self,
         _layer: usize,
-        node: &str,
-        position: usize,
-        name: &str,
-        weight: TensorView<'_>,
-        half_step: Option<TensorView<'_>>,
+        _node: &str,
+        _position: usize,
+        _name: &str,
+        _weight: TensorView<'_>,
+        _half_step: Option<TensorView<'_>>,
     ) -> Option<WeightCheck> {
-        model_weight_check(self.model()?, node, position, name, weight, half_step)
+        None
     }
     /// After the run: what the report says about the graph measured, when the side optimized it
     /// first (`compared`: the distinct values compared in it). Its warnings go to `summary`.
     fn graph_report(&mut self, _compared: &[&str], _summary: &mut Summary) -> Option<TargetGraph> {
         None
     }
-    /// The side as one whose values are handed over, so they can be.
-    fn handed(&mut self) -> Option<&mut crate::PushedSide> {
+    /// Where values are handed to a side that does not compute them itself (a framework's
+    /// layers, pushed as they come).
+    fn receiver(&mut self) -> Option<&mut dyn Receive> {
         None
+    }
+}
+
+/// A side that takes values handed over layer by layer, as a framework computes them.
+pub trait Receive {
+    /// Layer `index`'s value (`None`: computed but not to be kept).
+    fn push(&mut self, index: usize, value: Option<Tensor>);
+    /// Layer `index` re-run by the framework on the reference's inputs (its local value, or why
+    /// there is none), and how far two runs of it disagreed.
+    fn push_local(
+        &mut self,
+        index: usize,
+        local: std::result::Result<Tensor, String>,
+        disagreement: Option<f64>,
+    );
+    /// The parameters of layer `index`, checked against the other side's weights when a cause
+    /// is looked for.
+    fn set_parameters(&mut self, index: usize, parameters: Vec<(String, Tensor)>);
+}
+
+/// A group of a side's own computation: what computes one value from values both sides know.
+/// The engine holds it and hands it back; only the side that found it reads `members`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Group {
+    /// The side's own indices of what computes the value (an ONNX graph's node indices, a
+    /// framework's layer index), in order.
+    pub members: Vec<usize>,
+    /// The values known on both sides that the group reads, in first-read order.
+    pub inputs: Vec<String>,
+}
+
+/// One member of a group in its side's own terms: an ONNX node, a framework's op or layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Member {
+    /// Its name, where it has one (the report lists the named ones).
+    pub name: Option<String>,
+    /// How the report names it when it has no name (`Add→x` for an unnamed ONNX node).
+    pub shown: String,
+    /// Its op (`Conv`, `LayerNormalization`).
+    pub op: String,
+    /// Its attributes, each as `(name, value in words)`.
+    pub attributes: Vec<(String, String)>,
+}
+
+impl Member {
+    /// How this member's attributes differ from `reference`'s, one line each
+    /// (``epsilon` 1e-5 → 0.1 on `ln``).
+    pub fn changes_from(&self, reference: &Member) -> Vec<String> {
+        let mut names: Vec<&str> = reference
+            .attributes
+            .iter()
+            .chain(&self.attributes)
+            .map(|(n, _)| n.as_str())
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        let text = |member: &Member, name: &str| {
+            member
+                .attributes
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or_else(|| "(unset)".to_string(), |(_, v)| v.clone())
+        };
+        names
+            .into_iter()
+            .filter_map(|name| {
+                let (r, t) = (text(reference, name), text(self, name));
+                (r != t).then(|| format!("`{name}` {r} → {t} on `{}`", self.shown))
+            })
+            .collect()
     }
 }
 
@@ -119,11 +184,11 @@ pub trait Side: Send + Sync {
 /// evidence behind a cause, are built on.
 pub trait Recompute {
     /// The group that computes `value` from values `known` on both sides, or why there is none.
-    fn local_group(&self, value: &str, known: &dyn Fn(&str) -> bool) -> Result<LocalGroup, String>;
+    fn local_group(&self, value: &str, known: &dyn Fn(&str) -> bool) -> Result<Group, String>;
     /// `value` computed by `group` from `feed`'s tensors.
     fn run_group(
         &self,
-        group: &LocalGroup,
+        group: &Group,
         value: &str,
         feed: &dyn Fn(&str) -> Result<Tensor, String>,
     ) -> Result<Tensor, String>;
@@ -131,28 +196,28 @@ pub trait Recompute {
     fn take_time(&self) -> Duration;
     /// Intermediate results the group rounds to `grid` besides its output: what an honest
     /// kernel chain may add of rounding (see `layerdiff_core::kernel_allowance`).
-    fn rounding_stages(&self, _group: &LocalGroup, _grid: DType) -> u32 {
+    fn rounding_stages(&self, _group: &Group, _grid: DType) -> u32 {
         0
     }
     /// The narrowest float dtype the group's computing nodes produce (a float32 layer whose
     /// Conv runs in float16 between two Casts: float16); `None` when unknown.
-    fn computes_in(&self, _group: &LocalGroup) -> Option<DType> {
+    fn computes_in(&self, _group: &Group) -> Option<DType> {
         None
     }
     /// The values the group's computation read, where its error is traced upstream: its
     /// inputs, unless the side knows better (a side that re-ran the group itself).
-    fn traced_inputs(&self, group: &LocalGroup) -> Vec<String> {
+    fn traced_inputs(&self, group: &Group) -> Vec<String> {
         group.inputs.clone()
     }
-    /// The group's nodes, in order.
-    fn group_nodes(&self, group: &LocalGroup) -> Vec<&NodeProto>;
+    /// The group's members in the side's own terms, in order.
+    fn members(&self, group: &Group) -> Vec<Member>;
     /// What the group shows about a cause: its ops, how it lowers precision below `reference`
     /// (the dtype the reference computes the layer in; `fed` gives each input's dtype on the
     /// reference and on this side), and the weights it reads, each checked by `check(node name,
     /// input position, name, weight)` against the reference's.
     fn group_evidence(
         &self,
-        group: &LocalGroup,
+        group: &Group,
         reference: Option<DType>,
         evidence: &mut Evidence,
         fed: &dyn Fn(&str) -> Option<(DType, DType)>,
@@ -209,11 +274,8 @@ impl<S: Side + ?Sized> Side for Box<S> {
     fn recompute(&self) -> Option<&dyn Recompute> {
         (**self).recompute()
     }
-    fn model(&self) -> Option<&Model> {
-        (**self).model()
-    }
-    fn attribute_changes(&self, nodes: &[&NodeProto]) -> Vec<String> {
-        (**self).attribute_changes(nodes)
+    fn counterpart(&self, member: &Member) -> Option<Member> {
+        (**self).counterpart(member)
     }
     fn weight_check(
         &self,
@@ -229,8 +291,8 @@ impl<S: Side + ?Sized> Side for Box<S> {
     fn graph_report(&mut self, compared: &[&str], summary: &mut Summary) -> Option<TargetGraph> {
         (**self).graph_report(compared, summary)
     }
-    fn handed(&mut self) -> Option<&mut crate::PushedSide> {
-        (**self).handed()
+    fn receiver(&mut self) -> Option<&mut dyn Receive> {
+        (**self).receiver()
     }
 }
 
@@ -280,5 +342,36 @@ impl Values {
     pub fn free(&mut self, names: &[String]) {
         let names: HashSet<&str> = names.iter().map(String::as_str).collect();
         self.held.retain(|(n, _)| !names.contains(n.as_str()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn norm(attributes: &[(&str, &str)]) -> Member {
+        Member {
+            name: Some("ln".into()),
+            shown: "ln".into(),
+            op: "LayerNormalization".into(),
+            attributes: attributes
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_changed_or_unset_attribute_is_named_with_both_values() {
+        let reference = norm(&[("epsilon", "1e-5"), ("axis", "-1")]);
+        assert_eq!(
+            norm(&[("epsilon", "0.1"), ("axis", "-1")]).changes_from(&reference),
+            vec!["`epsilon` 1e-5 → 0.1 on `ln`".to_string()]
+        );
+        assert_eq!(
+            norm(&[("epsilon", "1e-5")]).changes_from(&reference),
+            vec!["`axis` -1 → (unset) on `ln`".to_string()]
+        );
+        assert!(reference.changes_from(&reference).is_empty());
     }
 }

@@ -12,10 +12,9 @@ use layerdiff_core::{
 };
 use layerdiff_flow::timings::Stopwatch;
 use layerdiff_flow::{
-    Alignment, Baseline, Engine, Error, HandedBaseline, Header, Part, PlanSide, PushedSide,
-    Recompute, Settings, Shared, Side, Values, WeightCheckFn,
+    Alignment, Baseline, Engine, Error, Group, HandedBaseline, Header, Member, Part, PlanSide,
+    PushedSide, Recompute, Settings, Shared, Side, Values, WeightCheckFn,
 };
-use layerdiff_onnx::{LocalGroup, NodeProto};
 
 /// Elements in every value.
 const N: usize = 256;
@@ -141,44 +140,50 @@ impl Chain {
 }
 
 impl Recompute for Chain {
-    fn local_group(&self, value: &str, known: &dyn Fn(&str) -> bool) -> Result<LocalGroup, String> {
+    fn local_group(&self, value: &str, known: &dyn Fn(&str) -> bool) -> Result<Group, String> {
         let layer = Self::layer(value);
         let input = Self::before(layer);
         if !known(&input) {
             return Err(format!("`{input}` is not known on both sides"));
         }
-        Ok(LocalGroup {
-            nodes: vec![layer],
+        Ok(Group {
+            members: vec![layer],
             inputs: vec![input],
         })
     }
 
     fn run_group(
         &self,
-        group: &LocalGroup,
+        group: &Group,
         _value: &str,
         feed: &dyn Fn(&str) -> Result<Tensor, String>,
     ) -> Result<Tensor, String> {
-        Ok(self.apply(group.nodes[0], &feed(&group.inputs[0])?))
+        Ok(self.apply(group.members[0], &feed(&group.inputs[0])?))
     }
 
     fn take_time(&self) -> std::time::Duration {
         std::time::Duration::ZERO
     }
 
-    fn group_nodes(&self, _group: &LocalGroup) -> Vec<&NodeProto> {
-        Vec::new()
+    fn members(&self, group: &Group) -> Vec<Member> {
+        let op = format!("op{}", group.members[0]);
+        vec![Member {
+            name: Some(op.clone()),
+            shown: op.clone(),
+            op,
+            attributes: Vec::new(),
+        }]
     }
 
     fn group_evidence(
         &self,
-        group: &LocalGroup,
+        group: &Group,
         _reference: Option<DType>,
         evidence: &mut Evidence,
         _fed: &dyn Fn(&str) -> Option<(DType, DType)>,
         _check: &WeightCheckFn<'_>,
     ) {
-        evidence.ops = vec![format!("op{}", group.nodes[0])];
+        evidence.ops = vec![format!("op{}", group.members[0])];
     }
 }
 

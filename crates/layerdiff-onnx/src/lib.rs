@@ -27,7 +27,7 @@ pub use error::{Error, Result};
 pub use float64::{round_float64, to_float64};
 pub use generated::*;
 pub use graph::{Dimension, GraphIndex, NodeInfo, ValueType, tensor_value_info};
-pub use local::{LocalGroup, MAX_GROUP_NODES, attribute_changes, attribute_text, local_group};
+pub use local::{LocalGroup, MAX_GROUP_NODES, attribute_text, local_group};
 pub use mapping::{
     CallGroup, LayerCall, LayerMapping, ScopeMapping, ValueMatch, ValueRequest, map_layers,
 };

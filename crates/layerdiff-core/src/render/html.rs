@@ -374,13 +374,13 @@ fn row(l: &Layer, origin: bool) -> String {
     if origin {
         classes.push("origin");
     }
-    let onnx = l.onnx.as_ref();
+    let onnx = l.location.as_ref();
     let search = [
         Some(l.name.as_str()),
         l.module_type.as_deref(),
         onnx.map(|o| o.value.as_str()),
         onnx.map(|o| o.node.as_str()),
-        onnx.map(|o| o.op_type.as_str()),
+        onnx.map(|o| o.op.as_str()),
         l.cause.as_deref(),
         l.finding.map(super::markdown::finding_word),
     ]
@@ -426,7 +426,7 @@ fn row(l: &Layer, origin: bool) -> String {
     out.push_str(&text(l.module_type.as_deref()));
     out.push_str(&text(onnx.map(|o| o.value.as_str())));
     out.push_str(&text(onnx.map(|o| o.node.as_str())));
-    out.push_str(&text(onnx.map(|o| o.op_type.as_str())));
+    out.push_str(&text(onnx.map(|o| o.op.as_str())));
     out.push_str(&text(Some(&shape)));
     out.push_str(&text(Some(&dtype)));
     out.push_str(&text(Some(&tolerance)));

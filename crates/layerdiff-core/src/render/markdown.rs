@@ -135,9 +135,10 @@ pub fn to_markdown(report: &Report) -> String {
         "|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|:---|"
     );
     for l in &report.layers {
-        let onnx = l.onnx.as_ref().map_or("—".to_string(), |o| {
-            format!("`{}` ({})", o.value, o.op_type)
-        });
+        let onnx = l
+            .location
+            .as_ref()
+            .map_or("—".to_string(), |o| format!("`{}` ({})", o.value, o.op));
         let shape = l
             .shape
             .iter()

@@ -45,7 +45,9 @@ const THRESHOLDS: [(f64, &str); 6] = [
 pub fn to_node_data(report: &Report) -> String {
     let mut results: BTreeMap<String, NodeResult> = BTreeMap::new();
     for layer in &report.layers {
-        let Some(onnx) = &layer.onnx else { continue };
+        let Some(onnx) = layer.location.as_ref().filter(|l| l.kind == "onnx") else {
+            continue;
+        };
         let own = layer.local.as_ref().or(layer.accumulated.as_ref());
         let Some(ratio) = own.and_then(Stats::tolerance_multiple) else {
             continue;
