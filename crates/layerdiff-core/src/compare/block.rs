@@ -1,0 +1,450 @@
+//! One block's statistics: the exact path (any dtype, NaN and infinities), the portable path for
+//! finite values, and the choice of the explicit kernels (AVX2, AVX-512) where the CPU has them.
+//! Every path does the same arithmetic in the same order, so each gives the same bits.
+
+#[cfg(target_arch = "x86_64")]
+use super::{avx2, avx512};
+use super::rounding::{Lanes, Tally};
+use super::{BLOCK, Judging, LANES, Partial, THRESHOLDS};
+use crate::{DType, TensorView};
+/// What an explicit kernel made of a block (returned once per block: its size does not matter).
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Outcome {
+    /// Every value finite: the block's statistics (and, judged, its differences counted in the
+    /// histogram).
+    Done(Partial),
+    /// A NaN or an infinity somewhere: the exact path must take the block (the histogram is
+    /// untouched).
+    NotFinite,
+    /// A dtype or a length the kernel does not take.
+    Unsupported,
+}
+
+/// Element `k` of little-endian `bytes` of `dtype`, widened.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn element(dtype: DType, bytes: &[u8], k: usize) -> f64 {
+    let size = dtype.size();
+    let mut out = [0.0];
+    dtype.decode_f64(&bytes[k * size..(k + 1) * size], &mut out);
+    out[0]
+}
+
+/// One block's statistics, in the best instruction set the CPU has (the arithmetic is the same
+/// in each: no fused multiply-add, no reassociation, so every path gives the same bits).
+pub(super) fn block_stats(
+    reference: TensorView<'_>,
+    target: TensorView<'_>,
+    block: usize,
+    judging: Judging<'_>,
+) -> Partial {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if judging.is_none()
+            && has!("avx512f")
+            && has!("avx512dq")
+            && has!("avx512vl")
+            && has!("f16c")
+        {
+            let start = block * BLOCK;
+            let len = BLOCK.min(reference.numel() - start);
+            // SAFETY: the CPU has the features, checked just above; views hold `numel` elements.
+            let outcome = unsafe {
+                avx512::finite_block(
+                    (reference.dtype, reference.bytes),
+                    (target.dtype, target.bytes),
+                    start,
+                    len,
+                )
+            };
+            match outcome {
+                Outcome::Done(p) => return p,
+                Outcome::NotFinite => return exact_block(reference, target, block, None),
+                Outcome::Unsupported => {}
+            }
+        }
+        // Judged comparisons, and what the AVX-512 kernel does not take, on any AVX2 CPU.
+        if has!("avx2") && has!("f16c") {
+            let start = block * BLOCK;
+            let len = BLOCK.min(reference.numel() - start);
+            let mut judging = judging;
+            let judge = judging.as_mut().map(|(j, h)| (*j, &mut **h));
+            // SAFETY: the CPU has the features, checked just above; views hold `numel` elements.
+            let outcome = unsafe {
+                avx2::finite_block(
+                    (reference.dtype, reference.bytes),
+                    (target.dtype, target.bytes),
+                    start,
+                    len,
+                    judge,
+                )
+            };
+            return match outcome {
+                Outcome::Done(p) => p,
+                Outcome::NotFinite => exact_block(reference, target, block, judging),
+                // SAFETY: the CPU has AVX2 and F16C, checked just above.
+                Outcome::Unsupported => unsafe {
+                    block_stats_avx2(reference, target, block, judging)
+                },
+            };
+        }
+    }
+    block_stats_generic(reference, target, block, judging, decode)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+fn block_stats_avx2(
+    reference: TensorView<'_>,
+    target: TensorView<'_>,
+    block: usize,
+    judging: Judging<'_>,
+) -> Partial {
+    block_stats_generic(reference, target, block, judging, |dtype, bytes, out| {
+        if dtype == DType::F16 {
+            widen_f16(bytes, out);
+        } else {
+            decode(dtype, bytes, out);
+        }
+    })
+}
+
+/// Float16 elements widened to f64 by F16C, eight at a time, in the caller's vector code (the
+/// `half` crate's conversion is a call per eight elements).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+pub(super) fn widen_f16(bytes: &[u8], out: &mut [f64]) {
+    use std::arch::x86_64::{
+        __m128i, _mm_loadu_si128, _mm256_castps256_ps128, _mm256_cvtph_ps, _mm256_cvtps_pd,
+        _mm256_extractf128_ps, _mm256_storeu_pd,
+    };
+    let n = out.len().min(bytes.len() / 2);
+    let full = n - n % 8;
+    for k in (0..full).step_by(8) {
+        // SAFETY: elements k..k + 8 lie within both slices (k + 8 <= full <= n); the loads and
+        // stores are unaligned ones.
+        unsafe {
+            let halves = _mm_loadu_si128(bytes.as_ptr().add(2 * k).cast::<__m128i>());
+            let singles = _mm256_cvtph_ps(halves);
+            let low = _mm256_cvtps_pd(_mm256_castps256_ps128(singles));
+            let high = _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(singles));
+            _mm256_storeu_pd(out.as_mut_ptr().add(k), low);
+            _mm256_storeu_pd(out.as_mut_ptr().add(k + 4), high);
+        }
+    }
+    for k in full..n {
+        out[k] = half::f16::from_le_bytes([bytes[2 * k], bytes[2 * k + 1]]).to_f64();
+    }
+}
+
+/// One block's statistics, its elements widened by `widen(dtype, bytes, out)`.
+#[inline(always)]
+fn block_stats_generic(
+    reference: TensorView<'_>,
+    target: TensorView<'_>,
+    block: usize,
+    mut judging: Judging<'_>,
+    widen: impl Fn(DType, &[u8], &mut [f64]),
+) -> Partial {
+    let start = block * BLOCK;
+    let len = BLOCK.min(reference.numel() - start);
+    let (rs, ts) = (reference.dtype.size(), target.dtype.size());
+    fn span<'a>(v: &TensorView<'a>, size: usize, from: usize, to: usize) -> &'a [u8] {
+        &v.bytes[from * size..to * size]
+    }
+    let judge = judging.as_mut().map(|(j, h)| (*j, &mut **h));
+    finite_block(len, start, judge, |from, to, r, t| {
+        let (from, to) = (start + from, start + to);
+        widen(reference.dtype, span(&reference, rs, from, to), r);
+        widen(target.dtype, span(&target, ts, from, to), t);
+    })
+    .unwrap_or_else(|| exact_block(reference, target, block, judging))
+}
+
+/// A block through the exact path (NaN and infinities included).
+pub(super) fn exact_block(
+    reference: TensorView<'_>,
+    target: TensorView<'_>,
+    block: usize,
+    judging: Judging<'_>,
+) -> Partial {
+    let start = block * BLOCK;
+    let len = BLOCK.min(reference.numel() - start);
+    let (mut r, mut t) = (vec![0.0f64; len], vec![0.0f64; len]);
+    let size = (reference.dtype.size(), target.dtype.size());
+    let bytes = (
+        &reference.bytes[start * size.0..(start + len) * size.0],
+        &target.bytes[start * size.1..(start + len) * size.1],
+    );
+    decode(reference.dtype, bytes.0, &mut r);
+    decode(target.dtype, bytes.1, &mut t);
+    any_block(&r, &t, start, judging)
+}
+
+/// Widens little-endian elements to f64, with loops the compiler vectorizes for the float types.
+#[inline(always)]
+pub(crate) fn decode(dtype: DType, bytes: &[u8], out: &mut [f64]) {
+    #[cfg(target_endian = "little")]
+    match dtype {
+        DType::F32 => {
+            if let Ok(values) = bytemuck::try_cast_slice::<u8, f32>(bytes) {
+                for (o, &v) in out.iter_mut().zip(values) {
+                    *o = f64::from(v);
+                }
+                return;
+            }
+        }
+        DType::F16 => {
+            if let Ok(values) = bytemuck::try_cast_slice::<u8, half::f16>(bytes) {
+                use half::slice::HalfFloatSliceExt;
+                values.convert_to_f64_slice(out);
+                return;
+            }
+        }
+        DType::BF16 => {
+            if let Ok(values) = bytemuck::try_cast_slice::<u8, u16>(bytes) {
+                for (o, &v) in out.iter_mut().zip(values) {
+                    *o = f64::from(f32::from_bits(u32::from(v) << 16));
+                }
+                return;
+            }
+        }
+        _ => {}
+    }
+    dtype.decode_f64(bytes, out);
+}
+
+/// Elements decoded and reduced at a time inside a block: small enough that both sides and
+/// their differences stay in L1 cache.
+pub(super) const SUB: usize = 256;
+
+/// The common case: every value of both sides finite. Branch-free over lanes, so it vectorizes;
+/// `None` when the block holds a NaN or an infinity (then [`any_block`] handles it). Gives the
+/// same bits as [`any_block`] on finite data: the same lane order, the same operations.
+/// `fill(from, to, r, t)` decodes elements `from..to` of the block into `r` and `t`.
+#[inline(always)]
+pub(super) fn finite_block(
+    len: usize,
+    start: usize,
+    mut judging: Judging<'_>,
+    mut fill: impl FnMut(usize, usize, &mut [f64], &mut [f64]),
+) -> Option<Partial> {
+    let (mut r, mut t, mut d) = ([0.0f64; SUB], [0.0f64; SUB], [0.0f64; SUB]);
+    let mut sum_abs = [0.0f64; LANES];
+    let mut sum_sq = [0.0f64; LANES];
+    let mut dot = [0.0f64; LANES];
+    let mut norm_r = [0.0f64; LANES];
+    let mut norm_t = [0.0f64; LANES];
+    let mut max_rel = [0.0f64; LANES];
+    let mut above = [0u64; THRESHOLDS.len()];
+    let mut worst: Option<(f64, u64, f64, f64)> = None;
+    let mut judged = Lanes::default();
+    for from in (0..len).step_by(SUB) {
+        let n = SUB.min(len - from);
+        let (r, t, d) = (&mut r[..n], &mut t[..n], &mut d[..n]);
+        fill(from, from + n, r, t);
+        let mut max_abs = [0.0f64; LANES];
+        let mut finite = [true; LANES];
+        let mut lane = |j: usize, a: f64, b: f64, dc: &mut f64| {
+            let diff = (b - a).abs();
+            *dc = diff;
+            sum_abs[j] += diff;
+            sum_sq[j] += diff * diff;
+            dot[j] += a * b;
+            norm_r[j] += a * a;
+            norm_t[j] += b * b;
+            max_abs[j] = if diff > max_abs[j] { diff } else { max_abs[j] };
+            let rel = if diff > 0.0 {
+                diff / a.abs().max(b.abs())
+            } else {
+                0.0
+            };
+            max_rel[j] = if rel > max_rel[j] { rel } else { max_rel[j] };
+            finite[j] &= a.abs() < f64::INFINITY && b.abs() < f64::INFINITY;
+        };
+        // `from` is a multiple of LANES, so element k of the block still goes to lane k % LANES.
+        let full = n - n % LANES;
+        for ((dc, rc), tc) in d[..full]
+            .chunks_exact_mut(LANES)
+            .zip(r.chunks_exact(LANES))
+            .zip(t.chunks_exact(LANES))
+        {
+            for j in 0..LANES {
+                lane(j, rc[j], tc[j], &mut dc[j]);
+            }
+        }
+        for k in full..n {
+            lane(k - full, r[k], t[k], &mut d[k]);
+        }
+        if finite.contains(&false) {
+            return None;
+        }
+        if let Some((judge, histogram)) = judging.as_mut() {
+            judge.run(r, t, d, &mut judged, histogram);
+        }
+        let max = max_abs
+            .iter()
+            .fold(0.0f64, |m, &v| if v > m { v } else { m });
+        for (count, &(threshold, _)) in above.iter_mut().zip(&THRESHOLDS) {
+            if threshold < max {
+                *count += d.iter().map(|&v| u64::from(v > threshold)).sum::<u64>();
+            }
+        }
+        if worst.is_none_or(|(w, ..)| max > w) {
+            let k = d.iter().position(|&v| v == max).unwrap_or(0);
+            worst = Some((max, (start + from + k) as u64, r[k], t[k]));
+        }
+    }
+    Some(Partial::finite(
+        len,
+        [&sum_abs, &sum_sq, &dot, &norm_r, &norm_t],
+        &max_rel,
+        above,
+        worst,
+        judged.tally(),
+    ))
+}
+
+/// Lanes combined by the fixed pairwise tree.
+#[inline(always)]
+pub(super) fn tree(l: &[f64; LANES]) -> f64 {
+    ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
+}
+
+/// Any block, NaN and infinities included, one element at a time.
+pub(super) fn any_block(r: &[f64], t: &[f64], start: usize, mut judging: Judging<'_>) -> Partial {
+    let len = r.len();
+    let mut p = Partial::empty();
+    let mut judged = Lanes::default();
+    let mut lanes = [[0.0f64; LANES]; 5]; // sum_abs, sum_sq, dot, norm_r, norm_t
+    for k in 0..len {
+        let (rv, tv) = (r[k], t[k]);
+        let (r_nan, t_nan) = (rv.is_nan(), tv.is_nan());
+        p.nan_r += u64::from(r_nan);
+        p.nan_t += u64::from(t_nan);
+        p.inf_r += u64::from(rv.is_infinite());
+        p.inf_t += u64::from(tv.is_infinite());
+        if r_nan || t_nan {
+            p.nan_mismatch += u64::from(r_nan != t_nan);
+            continue;
+        }
+        p.compared += 1;
+        let d = if rv == tv { 0.0 } else { (tv - rv).abs() };
+        let lane = k % LANES;
+        if let Some((judge, histogram)) = judging.as_mut() {
+            histogram[judge.element(rv, tv, d, lane, &mut judged) as usize] += 1;
+        }
+        lanes[0][lane] += d;
+        lanes[1][lane] += d * d;
+        if rv.is_finite() && tv.is_finite() {
+            lanes[2][lane] += rv * tv;
+            lanes[3][lane] += rv * rv;
+            lanes[4][lane] += tv * tv;
+            if d > 0.0 {
+                let rel = d / rv.abs().max(tv.abs());
+                if rel > p.max_rel {
+                    p.max_rel = rel;
+                }
+            }
+        }
+        for (count, (threshold, _)) in p.above.iter_mut().zip(THRESHOLDS) {
+            *count += u64::from(d > threshold);
+        }
+        if p.worst.is_none_or(|(w, ..)| d > w) {
+            p.worst = Some((d, (start + k) as u64, rv, tv));
+        }
+    }
+    p.sum_abs = tree(&lanes[0]);
+    p.sum_sq = tree(&lanes[1]);
+    p.dot = tree(&lanes[2]);
+    p.norm_r = tree(&lanes[3]);
+    p.norm_t = tree(&lanes[4]);
+    p.max_abs = p.worst.map_or(0.0, |(d, ..)| d);
+    p.judged = judged.tally();
+    p
+}
+
+impl Partial {
+    /// A block of `len` values, all finite, from its lane sums (`sum_abs`, `sum_sq`, `dot`,
+    /// `norm_r`, `norm_t`), its lanes' largest relative differences, its threshold counts and
+    /// its worst element.
+    pub(super) fn finite(
+        len: usize,
+        sums: [&[f64; LANES]; 5],
+        max_rel: &[f64; LANES],
+        above: [u64; THRESHOLDS.len()],
+        worst: Option<(f64, u64, f64, f64)>,
+        judged: Tally,
+    ) -> Self {
+        let [sum_abs, sum_sq, dot, norm_r, norm_t] = sums.map(tree);
+        Self {
+            compared: len as u64,
+            sum_abs,
+            sum_sq,
+            dot,
+            norm_r,
+            norm_t,
+            max_abs: worst.map_or(0.0, |(d, ..)| d),
+            max_rel: max_rel
+                .iter()
+                .fold(0.0f64, |m, &v| if v > m { v } else { m }),
+            above,
+            nan_r: 0,
+            nan_t: 0,
+            inf_r: 0,
+            inf_t: 0,
+            nan_mismatch: 0,
+            worst,
+            judged,
+        }
+    }
+
+    pub(super) fn empty() -> Self {
+        Self {
+            compared: 0,
+            sum_abs: 0.0,
+            sum_sq: 0.0,
+            dot: 0.0,
+            norm_r: 0.0,
+            norm_t: 0.0,
+            max_abs: 0.0,
+            max_rel: 0.0,
+            above: [0; THRESHOLDS.len()],
+            nan_r: 0,
+            nan_t: 0,
+            inf_r: 0,
+            inf_t: 0,
+            nan_mismatch: 0,
+            worst: None,
+            judged: Tally::default(),
+        }
+    }
+
+    /// Folds a later block into this one (order matters for the sums, so callers go in block order).
+    pub(super) fn merge(&mut self, o: &Partial) {
+        self.compared += o.compared;
+        self.sum_abs += o.sum_abs;
+        self.sum_sq += o.sum_sq;
+        self.dot += o.dot;
+        self.norm_r += o.norm_r;
+        self.norm_t += o.norm_t;
+        self.max_abs = self.max_abs.max(o.max_abs);
+        self.max_rel = self.max_rel.max(o.max_rel);
+        for (a, b) in self.above.iter_mut().zip(&o.above) {
+            *a += b;
+        }
+        self.nan_r += o.nan_r;
+        self.nan_t += o.nan_t;
+        self.inf_r += o.inf_r;
+        self.inf_t += o.inf_t;
+        self.nan_mismatch += o.nan_mismatch;
+        self.judged.merge(&o.judged);
+        if let Some(w) = o.worst
+            && self.worst.is_none_or(|(d, ..)| w.0 > d)
+        {
+            self.worst = Some(w);
+        }
+    }
+}
