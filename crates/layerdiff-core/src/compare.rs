@@ -27,9 +27,9 @@ mod rounding;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use block::decode;
 #[cfg(target_arch = "x86_64")]
 use block::{Outcome, element};
-pub(crate) use block::decode;
 use block::{SUB, block_stats, tree};
 use rounding::{HISTOGRAM, Prepared, Tally};
 pub use rounding::{Judge, PERCENTILE_RESOLUTION, Rounding};

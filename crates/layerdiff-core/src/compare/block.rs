@@ -2,10 +2,10 @@
 //! finite values, and the choice of the explicit kernels (AVX2, AVX-512) where the CPU has them.
 //! Every path does the same arithmetic in the same order, so each gives the same bits.
 
-#[cfg(target_arch = "x86_64")]
-use super::{avx2, avx512};
 use super::rounding::{Lanes, Tally};
 use super::{BLOCK, Judging, LANES, Partial, THRESHOLDS};
+#[cfg(target_arch = "x86_64")]
+use super::{avx2, avx512};
 use crate::{DType, TensorView};
 /// What an explicit kernel made of a block (returned once per block: its size does not matter).
 #[cfg(target_arch = "x86_64")]

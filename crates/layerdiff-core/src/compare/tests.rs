@@ -127,8 +127,7 @@ fn every_path_gives_the_exact_path_s_bits_for_every_float_pair() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn float16_widened_by_f16c_is_exact() {
-    if !(std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("f16c"))
+    if !(std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c"))
     {
         return;
     }

@@ -1,0 +1,361 @@
+//! The decision for one layer, in the order the module docs give: the cause, its detail and
+//! the finding, against the same-precision baseline where it was measured and without it
+//! where not, and what fixes each defect.
+
+use super::*;
+
+/// A cause, its detail and the finding it makes, for one layer (see the module docs).
+pub(super) fn decide(
+    layer: &Layer,
+    e: &Evidence,
+    is_source: bool,
+) -> (&'static str, String, Finding) {
+    let max = |s: &Option<crate::Stats>| s.as_ref().map_or(0.0, |s| s.max_abs_diff);
+    let tol = layer.tolerance;
+    if layer.local.is_some() && !layer.local_exceeds && !is_source {
+        let from = layer
+            .error_from
+            .as_deref()
+            .map_or(String::new(), |o| format!(", mostly from `{o}`"));
+        return (
+            "inherited",
+            format!(
+                "its own error (local max abs diff {:.3e}) is within the tolerance {tol}; the difference ({:.3e}) comes from upstream{from}",
+                max(&layer.local),
+                max(&layer.accumulated)
+            ),
+            Finding::Inherited,
+        );
+    }
+    if let Some(found) = &e.layout {
+        return ("layout_permutation", found.detail(), Finding::Defect);
+    }
+    if let Some(theirs) = layer
+        .target_shape
+        .as_ref()
+        .filter(|_| layer.status == crate::LayerStatus::ShapeMismatch)
+    {
+        return (
+            "shape_mismatch",
+            format!(
+                "the target gives a {theirs:?} value where the reference gives {:?}, and no axis permutation maps one onto the other: it computes another shape here (a dimension fixed at export, a broadcast, a reshape)",
+                layer.shape
+            ),
+            Finding::Defect,
+        );
+    }
+    if let Some((side, d)) = &e.self_disagreement
+        && *d > tol.atol
+    {
+        return (
+            "nondeterminism",
+            format!("the {side} run twice disagrees with itself here by up to {d:.3e}"),
+            Finding::Defect,
+        );
+    }
+    if !e.weights.is_empty() {
+        return ("weight_mismatch", e.weights.join("; "), Finding::Defect);
+    }
+    let lower = layer
+        .target_dtype
+        .as_deref()
+        .and_then(|t| DType::from_name(t).ok())
+        .filter(|t| DType::from_name(&layer.dtype).is_ok_and(|r| t.narrower_than(r)));
+    if let Some(t) = lower
+        && overflows(layer)
+    {
+        let own = layer.local.as_ref().or(layer.accumulated.as_ref());
+        let n = own.map_or(0, nonfinite_target);
+        return (
+            "precision_loss",
+            format!(
+                "the target computes this layer in {t}, the reference in {}, and {n} of its values overflow {t}'s range (±Inf, or NaN made of it) where the reference's are finite: keep it in {}",
+                layer.dtype, layer.dtype
+            ),
+            Finding::Precision,
+        );
+    }
+    if !e.attributes.is_empty() {
+        return (
+            "op_implementation",
+            format!("an attribute differs: {}", e.attributes.join(", ")),
+            Finding::Defect,
+        );
+    }
+    if let Some(how) = &e.reduced_math
+        && layer.dtype == "float32"
+    {
+        // A mode the runtime was asked for: precision, unless the baseline or the truth
+        // shows plain float32 rounding.
+        if let Some(b) = layer.baseline.as_ref().filter(|b| !b.beyond()) {
+            return against_baseline(layer, b, e, lower);
+        }
+        if let Some(detail) = truth_rounding(layer) {
+            return ("rounding", detail, Finding::Precision);
+        }
+        return ("precision_loss", how.clone(), Finding::Precision);
+    }
+    if let Some(b) = &layer.baseline {
+        return against_baseline(layer, b, e, lower);
+    }
+    without_baseline(layer, e, lower, is_source)
+}
+
+/// The verdict of a layer whose own error was measured against the same-precision baseline.
+pub(super) fn against_baseline(
+    layer: &Layer,
+    b: &crate::Baseline,
+    e: &Evidence,
+    lower: Option<DType>,
+) -> (&'static str, String, Finding) {
+    let own = layer
+        .local
+        .as_ref()
+        .map_or((0.0, 0.0), |s| (s.max_abs_diff, s.mean_abs_diff));
+    let numbers = format!(
+        "an ideal {g} implementation on the same inputs errs by up to {:.3e} (mean {:.3e}), the target by {:.3e} (mean {:.3e})",
+        b.max_abs_diff,
+        b.mean_abs_diff,
+        own.0,
+        own.1,
+        g = b.grid
+    );
+    if b.reference_off > 0 {
+        return (
+            "op_implementation",
+            format!(
+                "the reference is off here: in {} element(s) its value is further from the exact computation on the same inputs than its dtype's tolerance ({numbers}), so the target cannot be held to it: check the reference",
+                b.reference_off
+            ),
+            Finding::Defect,
+        );
+    }
+    if b.beyond() {
+        let ops = e.ops_words();
+        let multiple = if b.multiple.is_finite() {
+            format!("{:.1}×", b.multiple)
+        } else {
+            "infinitely many times".to_string()
+        };
+        return (
+            "op_implementation",
+            format!(
+                "its own error is {multiple} what {} explains ({numbers}): the target's {ops} computes differently",
+                b.grid
+            ),
+            Finding::Defect,
+        );
+    }
+    let explained = format!(
+        "its own error is {:.2}× what {} explains ({numbers})",
+        b.multiple, b.grid
+    );
+    // A grid narrower than the layer's dtype is a lower precision too (autocast: float32
+    // values computed in float16).
+    let grid = DType::from_name(&b.grid)
+        .ok()
+        .filter(|g| DType::from_name(&layer.dtype).is_ok_and(|d| g.narrower_than(d)));
+    match lower.or(grid) {
+        Some(t) => (
+            "precision_loss",
+            match e.precision.as_deref().filter(|_| lower.is_none()) {
+                Some(how) => format!(
+                    "the target computes this layer in {t}, the reference in {} ({how}); {explained}",
+                    layer.dtype
+                ),
+                None => format!(
+                    "the target computes this layer in {t}, the reference in {}; {explained}",
+                    layer.dtype
+                ),
+            },
+            Finding::Precision,
+        ),
+        None => (
+            "rounding",
+            format!(
+                "the target rounds as an honest {} kernel does: {explained}",
+                b.grid
+            ),
+            Finding::Precision,
+        ),
+    }
+}
+
+/// The verdict of a layer whose own error could not be held to a baseline: the float64 truth
+/// where it decides, else undecided, with how to decide.
+pub(super) fn without_baseline(
+    layer: &Layer,
+    e: &Evidence,
+    lower: Option<DType>,
+    is_source: bool,
+) -> (&'static str, String, Finding) {
+    let tol = layer.tolerance;
+    if let Some(detail) = truth_rounding(layer) {
+        return ("rounding", detail, Finding::Precision);
+    }
+    if e.ops.iter().any(|op| quantizing_op(op)) {
+        let how = e
+            .precision
+            .as_deref()
+            .unwrap_or("the target quantizes inside this layer");
+        let own = layer.local.as_ref().or(layer.accumulated.as_ref());
+        return (
+            "precision_loss",
+            format!(
+                "{how}; its own error (max abs diff {:.3e}) is the quantization's as far as can be told: no float baseline models quantization, and its weights were checked against their scale steps",
+                own.map_or(0.0, |s| s.max_abs_diff)
+            ),
+            Finding::Precision,
+        );
+    }
+    if let Some(local) = &layer.local
+        && layer.float64.is_none()
+        && !layer.local_exceeds
+        && !layer.exceeds_tol
+    {
+        return (
+            "rounding",
+            format!(
+                "the target rounds here as its dtype allows, and nothing else differs (local max abs diff {:.3e})",
+                local.max_abs_diff
+            ),
+            Finding::Precision,
+        );
+    }
+    let why = layer
+        .baseline_reason
+        .as_deref()
+        .unwrap_or("it was not measured");
+    if let Some(local) = &layer.local
+        && !layer.local_exceeds
+        && is_source
+    {
+        return (
+            "unknown",
+            format!(
+                "its own computation agrees (local max abs diff {:.3e}, within the tolerance {tol}), yet its inputs already differ by more than any compared layer before it shows: the difference is born in computation no compared layer covers (code a module runs outside its submodules)",
+                local.max_abs_diff
+            ),
+            Finding::Undecided,
+        );
+    }
+    if let Some(local) = &layer.local {
+        let ops = e.ops_words();
+        let precision = match (lower, local.rounding.as_ref()) {
+            (Some(t), Some(r)) => format!(
+                "the target computes it in {t} (its own error averages {:.1} ULPs of {t}), which may or may not explain it; ",
+                r.mean_ulp_diff
+            ),
+            _ => String::new(),
+        };
+        return (
+            "undecided",
+            format!(
+                "same inputs, weights and attributes, yet the target's {ops} differs by up to {:.3e} (local), beyond the tolerance {tol}; {precision}no same-precision baseline was measured ({why}), so rounding cannot be told from a defect: rerun with the float64 baseline (without --no-float64)",
+                local.max_abs_diff
+            ),
+            Finding::Undecided,
+        );
+    }
+    let not_measured = layer.local_reason.as_deref().unwrap_or("it was not re-run");
+    (
+        "unknown",
+        format!(
+            "ruled out: layout permutation, nondeterminism, differing weights, overflow, differing attributes; its own error was not measured ({not_measured})"
+        ),
+        Finding::Undecided,
+    )
+}
+
+/// Whether an ONNX op quantizes or computes on quantized values (`QuantizeLinear`,
+/// `DequantizeLinear`, `QLinearConv`, `MatMulInteger`…): its rounding is the quantization's.
+pub fn quantizing_op(op: &str) -> bool {
+    matches!(
+        op,
+        "QuantizeLinear"
+            | "DequantizeLinear"
+            | "DynamicQuantizeLinear"
+            | "MatMulInteger"
+            | "ConvInteger"
+    ) || op.starts_with("QLinear")
+}
+
+/// The float64 truth's word that the target only rounds, where it says so: the target at most
+/// [`ROUNDING_FACTOR`] times as far from it as the reference, or within its dtype's absolute
+/// tolerance of it.
+pub(super) fn truth_rounding(layer: &Layer) -> Option<String> {
+    let f = layer.float64.as_ref()?;
+    let within = crate::lower_precision(&layer.dtype, layer.target_dtype.as_deref())
+        .map_or(0.0, |d| crate::default_for(d).atol);
+    if f.target <= ROUNDING_FACTOR * f.reference && f.reference > 0.0 {
+        return Some(f.verdict());
+    }
+    (f.target <= within).then(|| {
+        format!(
+            "the target is further from float64 than the reference (target {:.2e}, reference {:.2e}) but within its dtype's rounding of it ({within:e}): rounding, not a bug",
+            f.target, f.reference
+        )
+    })
+}
+
+/// What fixes a defect, by its cause.
+pub(super) fn fix(cause: &str, layer: &Layer, e: &Evidence) -> String {
+    let nodes = layer
+        .location
+        .as_ref()
+        .map(|o| {
+            if o.nodes.is_empty() {
+                vec![o.node.clone()]
+            } else {
+                o.nodes.clone()
+            }
+        })
+        .unwrap_or_default();
+    let where_ = if nodes.is_empty() {
+        match &layer.module_type {
+            Some(t) => format!("the target's `{}` ({t})", layer.name),
+            None => format!("the target's `{}`", layer.name),
+        }
+    } else {
+        let shown: Vec<String> = nodes.iter().take(6).map(|n| format!("`{n}`")).collect();
+        let more = nodes.len().saturating_sub(shown.len());
+        let tail = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        format!("the target's node(s) {}{tail}", shown.join(", "))
+    };
+    match cause {
+        "weight_mismatch" => format!(
+            "use the reference's weights: {where_} read weights that are not the model's ({}); export or convert the file again from the model, or find what edited it",
+            e.weights.join("; ")
+        ),
+        "layout_permutation" => format!(
+            "{where_} hold(s) the values in another axis order ({:?}): a layout conversion (NHWC/NCHW) is missing or applied twice before or inside it",
+            layer.permutation.as_deref().unwrap_or_default()
+        ),
+        "shape_mismatch" => format!(
+            "{where_} compute(s) a {:?} value where the model computes {:?}: export with that dimension dynamic (`dynamic_axes`/`dynamic_shapes`), or feed the shape the file was exported for",
+            layer.target_shape.as_deref().unwrap_or_default(),
+            layer.shape
+        ),
+        "nondeterminism" => format!(
+            "{where_} give(s) other values on every run: make the kernels deterministic (e.g. `torch.use_deterministic_algorithms(True)`, cuDNN's deterministic mode), or compare at a tolerance above that spread"
+        ),
+        _ if !e.attributes.is_empty() => format!(
+            "set the attribute back to the reference's: {} on {where_}",
+            e.attributes.join(", ")
+        ),
+        _ if layer.baseline.as_ref().is_some_and(|b| b.reference_off > 0) => {
+            "the reference's own value is off from the exact computation on its inputs: check the reference (its runtime, or the expected values it reads) before the target".to_string()
+        }
+        _ => format!(
+            "{where_} compute(s) differently from an honest {} kernel on the same inputs: reproduce it on that layer alone (its inputs are the reference's values), and report it to the runtime, or run this layer on another kernel or provider; keeping it in float32 hides a fault rather than fixing it",
+            layer
+                .baseline
+                .as_ref()
+                .map_or("same-precision", |b| b.grid.as_str())
+        ),
+    }
+}

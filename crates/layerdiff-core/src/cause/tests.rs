@@ -1,0 +1,190 @@
+use super::*;
+use crate::{LayerStatus, Stats, Tolerance, analyse, compare};
+
+/// Statistics whose max abs diff is `d`.
+fn stats(d: f64) -> Stats {
+    let (r, t) = (0f32.to_le_bytes(), (d as f32).to_le_bytes());
+    let shape = [1];
+    compare(
+        TensorView::new("r", DType::F32, &shape, &r).unwrap(),
+        TensorView::new("t", DType::F32, &shape, &t).unwrap(),
+    )
+    .unwrap()
+}
+
+fn layer(index: usize, accumulated: f64, local: Option<f64>, inputs: &[&str]) -> Layer {
+    let mut l = Layer::new(index, format!("l{index}"), vec![1], "float32");
+    l.status = LayerStatus::Compared;
+    l.accumulated = Some(stats(accumulated));
+    l.local = local.map(stats);
+    l.local_inputs = inputs.iter().map(|s| s.to_string()).collect();
+    l
+}
+
+#[test]
+fn a_kernel_no_further_from_float64_than_the_reference_is_rounding() {
+    let judged = |reference: f64, target: f64| {
+        let mut layers = vec![layer(0, 5e-4, Some(5e-4), &["x"])];
+        layers[0].float64 = Some(crate::Float64Distance { reference, target });
+        let mut summary = analyse(&mut layers, Tolerance::PerDtype);
+        explain(&mut layers, &[Evidence::default()], &mut summary);
+        (
+            layers[0].cause.clone().unwrap(),
+            layers[0].detail.clone().unwrap(),
+        )
+    };
+    let (cause, detail) = judged(1.8e-4, 5.7e-5);
+    assert_eq!(
+        cause, "rounding",
+        "the target is the closer of the two: {detail}"
+    );
+    assert!(detail.contains("the target is closer to the truth"));
+    assert_eq!(judged(2.5e-4, 3e-4).0, "rounding", "about equally far");
+    let (cause, detail) = judged(5e-6, 6e-5);
+    assert_eq!(
+        cause, "rounding",
+        "further, but within float32 rounding of the truth"
+    );
+    assert!(detail.contains("within its dtype's rounding"), "{detail}");
+    let (cause, detail) = judged(1e-4, 6e-4);
+    assert_eq!(
+        cause, "undecided",
+        "no baseline: the truth alone does not blame the kernel"
+    );
+    assert!(detail.contains("no same-precision baseline"), "{detail}");
+    assert!(detail.ends_with("the target is off"), "{detail}");
+}
+
+#[test]
+fn tf32_products_are_precision_loss_unless_the_truth_calls_them_rounding() {
+    let tf32 = Evidence {
+        reduced_math: Some("MatMul: the provider multiplies float32 in TF32".into()),
+        ..Evidence::default()
+    };
+    let judged = |truth: Option<(f64, f64)>, dtype: &str| {
+        let mut layers = vec![layer(0, 5e-3, Some(5e-3), &["x"])];
+        layers[0].dtype = dtype.to_string();
+        layers[0].float64 =
+            truth.map(|(reference, target)| crate::Float64Distance { reference, target });
+        let mut summary = analyse(&mut layers, Tolerance::PerDtype);
+        explain(&mut layers, std::slice::from_ref(&tf32), &mut summary);
+        (
+            layers[0].cause.clone().unwrap(),
+            layers[0].detail.clone().unwrap(),
+        )
+    };
+    let (cause, detail) = judged(None, "float32");
+    assert_eq!(cause, "precision_loss");
+    assert!(
+        detail.starts_with("MatMul: the provider multiplies"),
+        "{detail}"
+    );
+    let (cause, detail) = judged(Some((2e-5, 5e-3)), "float32");
+    assert_eq!(cause, "precision_loss", "the truth says the target is off");
+    assert!(detail.ends_with("the target is off"), "{detail}");
+    assert_eq!(judged(Some((4e-3, 5e-3)), "float32").0, "rounding");
+    assert_eq!(
+        judged(None, "float16").0,
+        "undecided",
+        "TF32 is float32 math: a float16 layer without a baseline is undecided"
+    );
+}
+
+#[test]
+fn an_origin_within_its_tolerance_with_nothing_else_different_only_rounds() {
+    // l0 rounds (1e-5 of its own, within 1e-4); l1 amplifies it past the tolerance.
+    let mut layers = vec![
+        layer(0, 1e-5, Some(1e-5), &["x"]),
+        layer(1, 5e-4, Some(0.0), &["l0"]),
+    ];
+    let mut summary = analyse(&mut layers, Tolerance::PerDtype);
+    assert_eq!(summary.drift_origin.as_deref(), Some("l0"));
+    explain(
+        &mut layers,
+        &[Evidence::default(), Evidence::default()],
+        &mut summary,
+    );
+    assert_eq!(layers[0].cause.as_deref(), Some("rounding"));
+    let detail = layers[0].detail.as_deref().unwrap();
+    assert!(
+        detail.starts_with("the target rounds here as its dtype allows"),
+        "{detail}"
+    );
+    assert!(
+        detail.ends_with("amplified downstream until `l1` exceeds it"),
+        "{detail}"
+    );
+    assert_eq!(layers[1].cause.as_deref(), Some("inherited"));
+}
+
+#[test]
+fn an_amplified_difference_is_born_upstream_and_inherited_downstream() {
+    // l1 adds 6e-5 itself (below 1e-4); l2 passes it on; l3 amplifies it past 1e-4.
+    let mut layers = vec![
+        layer(0, 1e-7, Some(1e-7), &["x"]),
+        layer(1, 6e-5, Some(6e-5), &["l0"]),
+        layer(2, 6e-5, Some(0.0), &["l1"]),
+        layer(3, 5e-4, Some(2e-6), &["l2", "l0"]),
+    ];
+    let mut summary = analyse(&mut layers, Tolerance::PerDtype);
+    assert_eq!(summary.first_exceeding.as_deref(), Some("l3"));
+    assert_eq!(summary.drift_origin.as_deref(), Some("l1"));
+    let mut evidence = vec![Evidence::default(); 4];
+    evidence[1].weights.push("`w` differs".into());
+    explain(&mut layers, &evidence, &mut summary);
+    assert_eq!(layers[3].cause.as_deref(), Some("inherited"));
+    assert_eq!(layers[1].cause.as_deref(), Some("weight_mismatch"));
+    assert!(
+        layers[1]
+            .detail
+            .as_ref()
+            .unwrap()
+            .contains("amplified downstream until `l3`")
+    );
+    assert_eq!(layers[2].cause, None, "within tolerance and not the origin");
+}
+
+#[test]
+fn causes_follow_the_fixed_order_and_unknown_says_what_was_ruled_out() {
+    let mut layers = vec![
+        layer(0, 1e-3, None, &[]),
+        layer(1, 1e-3, Some(1e-3), &["l0"]),
+    ];
+    layers[0].local_reason = Some("its nodes use a custom op".into());
+    let mut summary = analyse(&mut layers, Tolerance::PerDtype);
+    let mut evidence = vec![Evidence::default(); 2];
+    evidence[1].precision = Some("float16 grid".into());
+    evidence[1].self_disagreement = Some(("target".into(), 5e-3));
+    explain(&mut layers, &evidence, &mut summary);
+    assert_eq!(layers[0].cause.as_deref(), Some("unknown"));
+    let detail = layers[0].detail.as_deref().unwrap();
+    assert!(detail.contains("ruled out: layout permutation, nondeterminism"));
+    assert!(detail.contains("its nodes use a custom op"));
+    assert_eq!(
+        layers[1].cause.as_deref(),
+        Some("nondeterminism"),
+        "before precision"
+    );
+}
+
+#[test]
+fn values_rounded_to_float16_are_on_its_grid() {
+    let r: Vec<f32> = (0..64).map(|i| 0.1 + i as f32 * 0.01337).collect();
+    let t: Vec<f32> = r.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect();
+    let b: Vec<f32> = r
+        .iter()
+        .map(|&v| half::bf16::from_f32(v).to_f32())
+        .collect();
+    let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let (rb, tb, bb) = (bytes(&r), bytes(&t), bytes(&b));
+    let shape = [64];
+    let view = |b: &'static [u8]| TensorView::new("x", DType::F32, &shape, b).unwrap();
+    let (rb, tb, bb): (&'static [u8], &'static [u8], &'static [u8]) = (
+        Box::leak(rb.into_boxed_slice()),
+        Box::leak(tb.into_boxed_slice()),
+        Box::leak(bb.into_boxed_slice()),
+    );
+    assert_eq!(precision_grid(view(rb), view(tb)), Some("float16"));
+    assert_eq!(precision_grid(view(rb), view(bb)), Some("bfloat16"));
+    assert_eq!(precision_grid(view(rb), view(rb)), None);
+}
