@@ -1,0 +1,298 @@
+//! The options of the matrix verbs (`ops`, `providers`, `audit`) and of `check`.
+
+use super::*;
+
+/// Options of `layerdiff check`.
+#[derive(Debug, Clone, Args)]
+pub struct CheckArgs {
+    /// A built-in model or a builder, as for `layerdiff torch`.
+    pub model: String,
+    /// The runtime that runs the ONNX file: `ort` (CPU), `ort:opt=all`, `ort:cuda`…, `tract`.
+    #[arg(long, default_value = "ort", value_parser = RuntimeSpec::parse)]
+    pub target: RuntimeSpec,
+    /// Check this ONNX file of the same model instead of exporting one.
+    #[arg(long, value_name = "PATH")]
+    pub onnx: Option<PathBuf>,
+    /// Which `torch.onnx.export` path produces the ONNX file.
+    #[arg(long, value_enum, default_value_t = Exporter::Dynamo)]
+    pub exporter: Exporter,
+    /// Absolute term of the bound `atol + rtol·|reference|`.
+    #[arg(long, default_value_t = 1e-4)]
+    pub atol: f64,
+    /// Relative term of the bound.
+    #[arg(long, default_value_t = 1e-5)]
+    pub rtol: f64,
+    /// Seed for the model's random weights and the generated inputs.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Write the check as JSON here (schema `layerdiff.check/1`).
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+    /// Print nothing but errors; the exit code still tells the verdict.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// Options of `layerdiff ops`.
+#[derive(Debug, Clone, Args)]
+pub struct OpsArgs {
+    /// The ops to run (comma-separated case names, `*` wildcards: `matmul,conv*`). Default: all;
+    /// `--list` names them.
+    #[arg(long, value_delimiter = ',', value_name = "NAME,…")]
+    pub ops: Vec<String>,
+    /// The backends (comma-separated): `torch[:DEVICE][:compile]` (PyTorch eager or compiled on
+    /// a device: `torch`, `torch:compile`, `torch:cuda`), ONNX Runtime spelled as for `layerdiff
+    /// onnx` (`ort`, `ort:opt=all`, `ort:cuda`), `tract`, `openvino`. Default: torch, torch:compile, ort,
+    /// ort:opt=all and tract, with the GPU PyTorch and ONNX Runtime providers this machine has.
+    #[arg(long, value_delimiter = ',', value_name = "BACKEND,…")]
+    pub backends: Vec<String>,
+    /// The dtypes each op is computed in (comma-separated: float32, float16, bfloat16; or fp32,
+    /// fp16, bf16).
+    #[arg(long, value_delimiter = ',', value_name = "DTYPE,…", value_parser = op_dtype, default_value = "float32,float16,bfloat16")]
+    pub dtypes: Vec<String>,
+    /// ONNX opset of the single-op models the ONNX backends run.
+    #[arg(long, default_value_t = 18)]
+    pub opset: i64,
+    /// Which `torch.onnx.export` path makes the single-op models.
+    #[arg(long, value_enum, default_value_t = Exporter::Dynamo)]
+    pub exporter: Exporter,
+    /// Seed of every case's inputs.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Cells run at once, each in its own process (default: the logical cores; 1: in this
+    /// process, one after another).
+    #[arg(long, value_name = "N")]
+    pub jobs: Option<usize>,
+    /// Where the cells run: `local` (processes on this machine) or `ray` (one Ray task per
+    /// cell, on the cluster `RAY_ADDRESS` names, else a local Ray instance; needs
+    /// `pip install 'layerdiff[ray]'`).
+    #[arg(long, value_enum, default_value_t = Executor::Local)]
+    pub executor: Executor,
+    /// Name the cases and the backends this machine has, and exit.
+    #[arg(long)]
+    pub list: bool,
+    /// Write the HTML matrix here (`--out DIR`: also ops.html).
+    #[arg(long, value_name = "PATH")]
+    pub html: Option<PathBuf>,
+    /// Where the matrix goes (`--out DIR`: ops.json, ops.md and ops.html).
+    #[command(flatten)]
+    pub table: TableArgs,
+}
+
+/// Where `layerdiff ops` runs its cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Executor {
+    /// Processes on this machine.
+    Local,
+    /// Ray tasks.
+    Ray,
+}
+
+fn op_dtype(s: &str) -> Result<String, String> {
+    Ok(match s {
+        "float32" | "fp32" => "float32",
+        "float16" | "fp16" | "half" => "float16",
+        "bfloat16" | "bf16" => "bfloat16",
+        _ => {
+            return Err(format!(
+                "unknown dtype `{s}` (expected float32, float16 or bfloat16)"
+            ));
+        }
+    }
+    .to_string())
+}
+
+impl OpsArgs {
+    /// Where the matrix goes.
+    pub fn destinations(&self) -> layerdiff_flow::ops::OpsDestinations {
+        let (json, markdown) = self.table.paths("ops");
+        let html = self.table.out.as_ref().map(|d| d.join("ops.html"));
+        layerdiff_flow::ops::OpsDestinations {
+            json,
+            markdown,
+            html: self.html.clone().or(html),
+            quiet: self.table.quiet,
+        }
+    }
+}
+
+/// Options of `layerdiff providers`.
+#[derive(Debug, Clone, Args)]
+pub struct ProvidersArgs {
+    /// The ONNX model.
+    pub model: PathBuf,
+    /// Execution providers to try (comma-separated: cpu, cuda, tensorrt, rocm, openvino,
+    /// coreml, directml). Default: all of them; those this ONNX Runtime or machine cannot use
+    /// are listed with the reason.
+    #[arg(long, value_delimiter = ',', value_parser = provider)]
+    pub providers: Vec<Provider>,
+    /// Graph optimization levels to try each provider at (comma-separated: disable, basic,
+    /// extended, all). Default: all four.
+    #[arg(long, value_delimiter = ',', value_parser = level)]
+    pub levels: Vec<OptLevel>,
+    /// Other runtimes to measure beside ONNX Runtime's providers, a cell each (comma-separated,
+    /// spelled as for `layerdiff onnx`: `tract`, `openvino`, `openvino:precision=bf16`).
+    #[arg(long, value_delimiter = ',', value_parser = RuntimeSpec::parse)]
+    pub runtimes: Vec<RuntimeSpec>,
+    /// The inputs, the same for every cell.
+    #[command(flatten)]
+    pub input: InputArgs,
+    /// Tolerance, as for `layerdiff onnx`.
+    #[arg(long, default_value = "dtype", value_parser = Tolerance::parse)]
+    pub tolerance: Tolerance,
+    /// Also run the whole reference graph in float64 in each cell (implied by `--tolerance
+    /// auto`).
+    #[arg(long, conflicts_with = "no_float64")]
+    pub float64: bool,
+    /// Skip every float64 computation in each cell: the same-precision baseline (each node's
+    /// own error is then `undecided` between rounding and a defect) and the truth.
+    #[arg(long)]
+    pub no_float64: bool,
+    /// Skip the local error in each cell.
+    #[arg(long)]
+    pub no_local: bool,
+    /// When the run exits 1: `defect` (the default: a cell has a defect, an undecided layer,
+    /// layers that could not be paired, or values that overflow; rounding alone exits 0) or
+    /// `drift` (a cell with any layer beyond its tolerance, rounding included).
+    #[arg(long, value_name = "WHEN", default_value = "defect", value_parser = FailOn::parse)]
+    pub fail_on: FailOn,
+    /// Where the table goes (`--out DIR`: providers.json, providers.md and each cell's whole
+    /// report under cells/).
+    #[command(flatten)]
+    pub table: TableArgs,
+}
+
+fn provider(s: &str) -> Result<Provider, String> {
+    Provider::ALL
+        .into_iter()
+        .find(|p| p.spelling() == s)
+        .ok_or_else(|| format!("unknown execution provider `{s}`"))
+}
+
+fn level(s: &str) -> Result<OptLevel, String> {
+    [
+        OptLevel::Disable,
+        OptLevel::Basic,
+        OptLevel::Extended,
+        OptLevel::All,
+    ]
+    .into_iter()
+    .find(|l| l.name() == s)
+    .ok_or_else(|| format!("unknown optimization level `{s}`"))
+}
+
+impl ProvidersArgs {
+    /// The options, as the engine takes them.
+    pub fn options(&self) -> ProvidersOptions {
+        let or_all = |given: &Vec<OptLevel>| {
+            if given.is_empty() {
+                vec![
+                    OptLevel::Disable,
+                    OptLevel::Basic,
+                    OptLevel::Extended,
+                    OptLevel::All,
+                ]
+            } else {
+                given.clone()
+            }
+        };
+        ProvidersOptions {
+            model: self.model.clone(),
+            providers: if self.providers.is_empty() {
+                Provider::ALL.to_vec()
+            } else {
+                self.providers.clone()
+            },
+            levels: or_all(&self.levels),
+            runtimes: self.runtimes.clone(),
+            inputs: self.input.inputs.clone(),
+            generate: self.input.plan(),
+            settings: Settings {
+                tolerance: self.tolerance,
+                local: !self.no_local,
+                max_memory: None,
+            },
+            float64: self.float64 || self.tolerance == Tolerance::Auto,
+            baseline: !self.no_float64,
+            fail_on: self.fail_on,
+        }
+    }
+
+    /// Where the table goes.
+    pub fn destinations(&self) -> ProvidersDestinations {
+        let (json, markdown) = self.table.paths("providers");
+        ProvidersDestinations {
+            json,
+            markdown,
+            cells: self.table.out.as_ref().map(|d| d.join("cells")),
+            quiet: self.table.quiet,
+        }
+    }
+}
+
+/// Where a table (`providers`, `audit`, `ops`) goes.
+#[derive(Debug, Clone, Args)]
+pub struct TableArgs {
+    /// Write the verb's files into this folder (NAME.json, NAME.md).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Write the JSON here.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+    /// Write the Markdown here.
+    #[arg(long, value_name = "PATH")]
+    pub markdown: Option<PathBuf>,
+    /// Print nothing but errors; the exit code still tells the verdict.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+impl TableArgs {
+    /// The JSON and Markdown paths: given, else `--out`/NAME.json and NAME.md.
+    fn paths(&self, name: &str) -> (Option<PathBuf>, Option<PathBuf>) {
+        let under = |ext: &str| self.out.as_ref().map(|d| d.join(format!("{name}.{ext}")));
+        (
+            self.json.clone().or_else(|| under("json")),
+            self.markdown.clone().or_else(|| under("md")),
+        )
+    }
+}
+
+/// Options of `layerdiff audit`.
+#[derive(Debug, Clone, Args)]
+pub struct AuditArgs {
+    /// The ONNX model.
+    pub model: PathBuf,
+    /// The runtimes to try each op on (comma-separated, spelled as for `layerdiff onnx`:
+    /// `ort`, `ort:cuda`, `tract`…).
+    #[arg(long, value_delimiter = ',', default_value = "ort,tract", value_parser = RuntimeSpec::parse)]
+    pub runtimes: Vec<RuntimeSpec>,
+    /// The inputs of the run that gives each op the values it reads.
+    #[command(flatten)]
+    pub input: InputArgs,
+    /// Where the audit goes (`--out DIR`: audit.json and audit.md).
+    #[command(flatten)]
+    pub table: TableArgs,
+}
+
+impl AuditArgs {
+    /// The options, as the engine takes them.
+    pub fn options(&self) -> AuditOptions {
+        AuditOptions {
+            model: self.model.clone(),
+            runtimes: self.runtimes.clone(),
+            inputs: self.input.inputs.clone(),
+            generate: self.input.plan(),
+        }
+    }
+
+    /// Where the audit goes.
+    pub fn destinations(&self) -> AuditDestinations {
+        let (json, markdown) = self.table.paths("audit");
+        AuditDestinations {
+            json,
+            markdown,
+            quiet: self.table.quiet,
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! The options of `onnx`, and the inputs every verb that runs a model is given.
+
+use super::*;
+
+/// How the inputs of an ONNX model are made: generated from a seed, or read from a file.
+#[derive(Debug, Clone, Args)]
+pub struct InputArgs {
+    /// Seed of the generated inputs.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Shape of one input, for dynamic dimensions: `--shape input_ids=1,128` (repeatable).
+    #[arg(long, value_name = "NAME=D,D,…", value_parser = shape_spec)]
+    pub shape: Vec<(String, Vec<usize>)>,
+    /// Size of dynamic leading (batch) dimensions.
+    #[arg(long, value_name = "N")]
+    pub batch: Option<usize>,
+    /// Inclusive range of generated integer inputs (token ids, indices).
+    #[arg(long, value_name = "LO,HI", default_value = "0,9", value_parser = int_range)]
+    pub int_range: (i64, i64),
+    /// Read the inputs from a file instead of generating them: safetensors, .npz, or an ONNX test
+    /// data folder (input_0.pb, …).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["shape", "batch"])]
+    pub inputs: Option<PathBuf>,
+}
+
+impl InputArgs {
+    /// How inputs are generated.
+    pub fn plan(&self) -> InputPlan {
+        InputPlan {
+            seed: self.seed,
+            shapes: self.shape.clone(),
+            batch: self.batch,
+            int_range: self.int_range,
+        }
+    }
+}
+
+/// Options of `layerdiff onnx`.
+#[derive(Debug, Clone, Args)]
+pub struct OnnxArgs {
+    /// The reference ONNX model.
+    pub model: PathBuf,
+    /// Compare against this second model file (same inputs), e.g. before and after an optimizer.
+    #[arg(long, value_name = "OTHER.onnx")]
+    pub vs: Option<PathBuf>,
+    /// Runtime of the reference side: `ort` (CPU, optimizations off), `ort:cuda`,
+    /// `ort:opt=basic|extended|all`, combinations (`ort:cuda:opt=all`), a provider's options in
+    /// ONNX Runtime's names (`ort:cuda:use_tf32=0`), `tract`, `openvino` (OpenVINO's CPU plugin;
+    /// `openvino:precision=f16|bf16` hints its inference precision), or `expected:PATH` (values from a
+    /// safetensors file or an ONNX test_data_set folder).
+    #[arg(long, default_value = "ort", value_parser = RuntimeSpec::parse)]
+    pub reference: RuntimeSpec,
+    /// Runtime of the target side (same spellings). Default: `tract`, or `ort` with --vs. With
+    /// `opt=…`, ONNX Runtime optimizes the file first and the values of the graph it saved are
+    /// compared, so the graph measured is the one that ships.
+    #[arg(long, value_parser = RuntimeSpec::parse)]
+    pub target: Option<RuntimeSpec>,
+    /// The inputs.
+    #[command(flatten)]
+    pub input: InputArgs,
+    /// Tolerance, judged per element (exceeded when an element's difference is strictly
+    /// greater): a number for every element, `dtype` (the default, by the lower-precision side:
+    /// atol + rtol·|x| with float32 1e-4 + 1e-5, float16 5e-4 + 1e-3, bfloat16 4e-3 + 8e-3, so
+    /// rounding is judged at each value's magnitude), or `auto` (4× the reference's own
+    /// distance from the float64 run, per value; runs it, see --float64).
+    #[arg(long, default_value = "dtype", value_parser = Tolerance::parse)]
+    pub tolerance: Tolerance,
+    /// Also run the whole reference graph in float64 (ONNX Runtime on the CPU, or tract where
+    /// ONNX Runtime has no float64 kernel) as the numerical truth: each value gets both sides'
+    /// distance from it. Implied by `--tolerance auto`.
+    #[arg(long, conflicts_with = "no_float64")]
+    pub float64: bool,
+    /// Skip every float64 computation: the same-precision baseline each node's own error is
+    /// judged against (the reference's node in float64 on its inputs rounded to the target's
+    /// dtype), and the truth. Without it, an exceeding node is `undecided` between rounding and
+    /// a defect.
+    #[arg(long)]
+    pub no_float64: bool,
+    /// Skip the local error (re-running each node on the reference's inputs): faster on large
+    /// models, but the drift origin is then the first value whose accumulated error exceeds.
+    #[arg(long)]
+    pub no_local: bool,
+    /// The most memory the intermediate values may take at once (`4G`, `512M`): the graph then
+    /// runs in segments, each value compared as soon as both sides have it and dropped after its
+    /// last use. Default: half the memory available at start. The numbers do not depend on it.
+    #[arg(long, value_name = "SIZE", value_parser = layerdiff_flow::memory::parse_memory)]
+    pub max_memory: Option<u64>,
+    /// Where reports go.
+    #[command(flatten)]
+    pub report: ReportArgs,
+}
+
+fn shape_spec(s: &str) -> Result<(String, Vec<usize>), String> {
+    let (name, dims) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}` is not NAME=D,D,… (e.g. x=1,3,224,224)"))?;
+    let dims = dims
+        .split(',')
+        .map(|d| {
+            d.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("`{d}` in `{s}` is not a dimension size"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((name.to_string(), dims))
+}
+
+fn int_range(s: &str) -> Result<(i64, i64), String> {
+    let parsed = s
+        .split_once(',')
+        .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)));
+    match parsed {
+        Some((lo, hi)) if lo <= hi => Ok((lo, hi)),
+        _ => Err(format!("`{s}` is not LO,HI with LO <= HI")),
+    }
+}
+
+impl OnnxArgs {
+    /// The options, as the engine takes them.
+    pub fn options(&self) -> OnnxOptions {
+        OnnxOptions {
+            model: self.model.clone(),
+            vs: self.vs.clone(),
+            reference: self.reference.clone(),
+            target: self.target.clone(),
+            inputs: self.input.inputs.clone(),
+            generate: self.input.plan(),
+            settings: Settings {
+                tolerance: self.tolerance,
+                local: !self.no_local,
+                max_memory: self.max_memory,
+            },
+            float64: self.float64,
+            baseline: !self.no_float64,
+        }
+    }
+}

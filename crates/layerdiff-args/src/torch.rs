@@ -1,0 +1,262 @@
+//! The options of the PyTorch verbs, `torch` and `grad`, and what they resolve to.
+
+use super::*;
+
+/// Options of `layerdiff grad`.
+#[derive(Debug, Clone, Args)]
+pub struct GradArgs {
+    /// A built-in model or a builder, as for `layerdiff torch`.
+    pub model: String,
+    /// The PyTorch side whose gradients are measured: `torch[:DEVICE][:PRECISION][:compile]`
+    /// (`torch:cuda`, `torch:bf16`, `torch:amp-fp16`, `torch:compile`). In float16 (`fp16`,
+    /// `amp-fp16`) the loss is scaled as `torch.amp.GradScaler` does and the gradients unscaled
+    /// before they are compared: what the optimizer would see.
+    #[arg(long, value_parser = TorchSpec::parse)]
+    pub target: TorchSpec,
+    /// The PyTorch side it is measured against (default `torch`: CPU, float32, eager).
+    #[arg(long, default_value = "torch", value_parser = TorchSpec::parse)]
+    pub reference: TorchSpec,
+    /// The loss both sides differentiate: `dot` (the output's dot product with a fixed random
+    /// tensor from the seed, so every output element gets its own gradient) or `sum`.
+    #[arg(long, value_enum, default_value_t = Loss::Dot)]
+    pub loss: Loss,
+    /// Tolerance, judged per element, as for `layerdiff torch` (`auto`: 4× the reference's own
+    /// distance from a float64 run's gradients).
+    #[arg(long, default_value = "dtype", value_parser = Tolerance::parse)]
+    pub tolerance: Tolerance,
+    /// Skip the float64 runs: the numerical truth both sides are measured against, and each
+    /// module's backward made exactly on the reference's values rounded to the target's dtype
+    /// (the same-precision baseline its own error is judged against).
+    #[arg(long)]
+    pub no_float64: bool,
+    /// Skip re-running each module call's backward alone on the reference's values (its own
+    /// error): faster, but the origin is then the first gradient that exceeds.
+    #[arg(long)]
+    pub no_local: bool,
+    /// Seed for the model's random weights, generated inputs and the `dot` loss's tensor.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Where reports go.
+    #[command(flatten)]
+    pub report: ReportArgs,
+}
+
+/// The loss `layerdiff grad` differentiates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Loss {
+    /// The output's dot product with a fixed random tensor.
+    Dot,
+    /// The sum of the output.
+    Sum,
+}
+
+/// Options of `layerdiff torch`.
+#[derive(Debug, Clone, Args)]
+pub struct TorchArgs {
+    /// A built-in model (`layerdiff zoo` lists them: `resnet18`, `vit_b_16`, `llama`, `t5`…),
+    /// one an installed package registers, or a builder: `path/to/file.py:build` or
+    /// `package.module:build`, where `build()` returns
+    /// `(model, example_inputs)`.
+    pub model: String,
+    /// Tolerance, judged per element (exceeded when an element's difference is strictly
+    /// greater): a number for every element, `dtype` (the default, by the lower-precision side:
+    /// atol + rtol·|x| with float32 1e-4 + 1e-5, float16 5e-4 + 1e-3, bfloat16 4e-3 + 8e-3), or
+    /// `auto` (4× PyTorch's own distance from a float64 run of the model, per layer).
+    #[arg(long, default_value = "dtype", value_parser = Tolerance::parse)]
+    pub tolerance: Tolerance,
+    /// Skip the local error (re-running each layer's ONNX nodes on PyTorch's inputs).
+    #[arg(long)]
+    pub no_local: bool,
+    /// Skip the float64 run of the model (the numerical truth both sides are measured against).
+    #[arg(long)]
+    pub no_float64: bool,
+    /// Seed for the model's random weights and for generated inputs.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Which `torch.onnx.export` path produces the ONNX file.
+    #[arg(long, value_enum, default_value_t = Exporter::Dynamo)]
+    pub exporter: Exporter,
+    /// Compare against this ONNX file of the same model instead of exporting one.
+    #[arg(long, value_name = "PATH")]
+    pub onnx: Option<PathBuf>,
+    /// What the model is compared with. The runtime that runs its ONNX file: `ort` (CPU, graph
+    /// optimizations off, so every value exists as written), `ort:opt=basic|extended|all`
+    /// (optimized first: the values of the graph ONNX Runtime saved are compared), `ort:cuda`…
+    /// (`ort:cuda:use_tf32=0`: a provider's options in ONNX Runtime's names), `tract`, or
+    /// `openvino[:precision=f32|f16|bf16]` (OpenVINO's CPU plugin). Or
+    /// PyTorch itself computing differently, layer by layer:
+    /// `torch[:DEVICE][:PRECISION][:compile[=BACKEND]]`, DEVICE as torch.device takes it (`cpu`,
+    /// `cuda`, `cuda:1`, `mps`), PRECISION one of `fp32`, `tf32`, `fp16`, `bf16`, `amp-fp16`,
+    /// `amp-bf16` (e.g. `torch:cuda:bf16`, `torch:compile`).
+    #[arg(long, default_value = "ort", value_parser = TorchTarget::parse)]
+    pub target: TorchTarget,
+    /// The PyTorch side the target is measured against, spelled as a PyTorch --target
+    /// (`torch:cuda`); default `torch`, the model as given: CPU, float32, eager. Other than
+    /// `torch` only with a PyTorch target.
+    #[arg(long, default_value = "torch", value_parser = TorchSpec::parse)]
+    pub reference: TorchSpec,
+    /// The most memory our copies of the layers' values may take at once (`4G`, `512M`): the
+    /// ONNX run then goes in segments, each fed from PyTorch's hooks as the forward pass
+    /// reaches it, and each value is dropped after its last use. Default: half the memory
+    /// available at start. The numbers do not depend on it.
+    #[arg(long, value_name = "SIZE", value_parser = layerdiff_flow::memory::parse_memory)]
+    pub max_memory: Option<u64>,
+    /// The precision the target computes in, against the float32 model. With an ONNX runtime
+    /// target, `fp16` converts the export with ONNX Runtime's float16 converter (inputs and
+    /// outputs kept float32) and `int8` quantizes it with ONNX Runtime's static QDQ quantizer,
+    /// calibrated on the inputs and variations of them; with a PyTorch target, `fp16` and `bf16`
+    /// are its PRECISION (`--target torch --dtype bf16` is `torch:bf16`). When the target
+    /// drifts, the report names the layers to keep in float32 and checks that advice by
+    /// re-running with them kept.
+    #[arg(long, value_enum)]
+    pub dtype: Option<TargetDtype>,
+    /// Layers to keep in float32 in a lower-precision target (`--dtype`, or a PyTorch target in
+    /// fp16 or bf16, cast or under autocast), comma-separated, named as in the report; the run
+    /// is checked against the same target without them kept.
+    #[arg(long, value_delimiter = ',', value_name = "LAYERS")]
+    pub keep_fp32: Vec<String>,
+    /// Compare at each of these batch sizes (`1,8,32`): the model is exported once with a
+    /// dynamic batch dimension and checked at each, with inputs generated like the example's;
+    /// the axis report says which sizes drift and which layers pass at one size and fail at
+    /// another (`--out`: axis.json, axis.md, and each size's reports in batch-N/).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "SIZES",
+        value_parser = positive,
+        conflicts_with = "shapes"
+    )]
+    pub batch_sizes: Vec<usize>,
+    /// Compare at these input shapes, one `--shapes` per point: each input's shape, the inputs
+    /// separated by commas (`--shapes 1x3x224x224 --shapes 4x3x160x160`; two inputs:
+    /// `2x128,2x128`). The dimensions that differ are exported dynamic.
+    #[arg(long, value_name = "SHAPES", value_parser = parse_shapes)]
+    pub shapes: Vec<Vec<Vec<usize>>>,
+    /// Where reports go.
+    #[command(flatten)]
+    pub report: ReportArgs,
+}
+
+/// A count above zero.
+fn positive(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("`{text}` is not a size above zero")),
+    }
+}
+
+/// The shapes of one point: each input's dimensions joined by `x`, inputs by commas.
+fn parse_shapes(text: &str) -> Result<Vec<Vec<usize>>, String> {
+    text.split(',')
+        .map(|shape| {
+            shape
+                .trim()
+                .split('x')
+                .map(positive)
+                .collect::<Result<Vec<usize>, String>>()
+                .map_err(|_| format!("`{shape}` is not a shape such as 1x3x224x224"))
+        })
+        .collect()
+}
+
+/// The precision a lower-precision target computes in (`--dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TargetDtype {
+    /// float16.
+    Fp16,
+    /// bfloat16 (a PyTorch target).
+    Bf16,
+    /// int8, quantized with ONNX Runtime's static QDQ quantizer (an ONNX runtime target).
+    Int8,
+}
+
+impl TargetDtype {
+    /// Its name as a dtype (`float16`, `bfloat16`, `int8`).
+    pub fn dtype_name(self) -> &'static str {
+        match self {
+            Self::Fp16 => "float16",
+            Self::Bf16 => "bfloat16",
+            Self::Int8 => "int8",
+        }
+    }
+}
+
+/// Export paths of `torch.onnx.export`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Exporter {
+    /// `dynamo=True`, the default exporter.
+    Dynamo,
+    /// `dynamo=False`, the TorchScript-based exporter.
+    Legacy,
+}
+
+impl GradArgs {
+    /// Tolerance, own error and memory budget, as the engine takes them.
+    pub fn settings(&self) -> Settings {
+        Settings {
+            tolerance: self.tolerance,
+            local: !self.no_local,
+            max_memory: None,
+        }
+    }
+}
+
+impl TorchArgs {
+    /// The target with `--dtype` applied: a PyTorch target computes in it; an ONNX runtime
+    /// target keeps its spelling and its file is converted (the dtype is returned for that).
+    /// Errors where the two do not fit together.
+    pub fn dtype_target(&self) -> Result<(TorchTarget, Option<TargetDtype>), String> {
+        use layerdiff_flow::torch_side::Precision;
+        let Some(dtype) = self.dtype else {
+            let lower_torch = matches!(
+                &self.target,
+                TorchTarget::Torch(spec) if matches!(
+                    spec.precision,
+                    Precision::Fp16 | Precision::Bf16 | Precision::AmpFp16 | Precision::AmpBf16
+                )
+            );
+            if !self.keep_fp32.is_empty() && !lower_torch {
+                return Err("--keep-fp32 keeps layers of a lower-precision target in float32: give --dtype fp16, bf16 or int8, or a PyTorch target in fp16 or bf16 (cast or autocast)".to_string());
+            }
+            return Ok((self.target.clone(), None));
+        };
+        match &self.target {
+            TorchTarget::Torch(spec) => {
+                let wanted = match dtype {
+                    TargetDtype::Fp16 => Precision::Fp16,
+                    TargetDtype::Bf16 => Precision::Bf16,
+                    TargetDtype::Int8 => {
+                        return Err(format!(
+                            "--dtype int8 quantizes the ONNX export with ONNX Runtime; the target `{}` is PyTorch itself (give --target ort)",
+                            spec.spelling()
+                        ));
+                    }
+                };
+                if spec.precision != Precision::Fp32 && spec.precision != wanted {
+                    return Err(format!(
+                        "--dtype {} and the target `{}` name two precisions: give one",
+                        dtype.dtype_name(),
+                        spec.spelling()
+                    ));
+                }
+                let mut spec = spec.clone();
+                spec.precision = wanted;
+                Ok((TorchTarget::Torch(spec), Some(dtype)))
+            }
+            TorchTarget::Onnx(runtime) if dtype == TargetDtype::Bf16 => Err(format!(
+                "--dtype bf16: ONNX Runtime has no bfloat16 conversion of a model (and few bfloat16 kernels); compare PyTorch in bfloat16 with `--target torch --dtype bf16`, or give --dtype fp16 for `{}`",
+                runtime.spelling()
+            )),
+            TorchTarget::Onnx(_) => Ok((self.target.clone(), Some(dtype))),
+        }
+    }
+
+    /// Tolerance, local error and memory budget, as the engine takes them.
+    pub fn settings(&self) -> Settings {
+        Settings {
+            tolerance: self.tolerance,
+            local: !self.no_local,
+            max_memory: self.max_memory,
+        }
+    }
+}
