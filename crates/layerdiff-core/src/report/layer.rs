@@ -1,0 +1,194 @@
+//! One layer of a report: where it lives, how it compared, and what its difference is.
+
+use super::*;
+
+/// Whether a layer could be compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerStatus {
+    /// Both sides have the value; `stats` holds the comparison.
+    Compared,
+    /// The sides' values have different element counts.
+    ShapeMismatch,
+    /// The target side has no value for this layer; `reason` says why.
+    Unmapped,
+}
+
+/// One layer: a leaf-module call, or an ONNX value.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Layer {
+    /// Position in execution order, from 0.
+    pub index: usize,
+    /// Layer name (`layer1.0.relu#2`).
+    pub name: String,
+    /// The PyTorch module class, when the reference is PyTorch.
+    pub module_type: Option<String>,
+    /// Comparison status.
+    pub status: LayerStatus,
+    /// Why the layer was not compared, or a note on how it was mapped.
+    pub reason: Option<String>,
+    /// Where the layer lives in the target (an ONNX value and its nodes), in its side's terms.
+    pub location: Option<Location>,
+    /// Reference shape.
+    pub shape: Vec<usize>,
+    /// Reference dtype.
+    pub dtype: String,
+    /// Target shape, when it differs from the reference.
+    pub target_shape: Option<Vec<usize>>,
+    /// Target dtype, when it differs from the reference.
+    pub target_dtype: Option<String>,
+    /// The tolerance that applied to this layer, per element.
+    pub tolerance: crate::Bound,
+    /// Accumulated error: both sides ran from the original inputs.
+    pub accumulated: Option<Stats>,
+    /// Local error: the layer's target nodes re-run on the reference's values of their inputs.
+    pub local: Option<Stats>,
+    /// The layers (or graph inputs) whose reference values fed the local re-run.
+    pub local_inputs: Vec<String>,
+    /// Why the local error was not measured, for a compared layer.
+    pub local_reason: Option<String>,
+    /// Whether the accumulated error exceeds the tolerance (strictly greater, any NaN mismatch,
+    /// a shape mismatch, or a float compared with a non-float).
+    pub exceeds_tol: bool,
+    /// Whether the local error exceeds the tolerance.
+    pub local_exceeds: bool,
+    /// Each side's distance from the float64 truth, where it was computed (torch flow).
+    pub float64: Option<Float64Distance>,
+    /// What an ideal implementation in the target's dtype gets wrong on the inputs of the
+    /// local re-run, and the own error against it (see [`crate::assess_baseline`]); where it
+    /// was measured.
+    pub baseline: Option<crate::Baseline>,
+    /// Why no baseline was measured for a layer re-run locally, where none was.
+    pub baseline_reason: Option<String>,
+    /// What the layer's difference is, for a layer that exceeds its tolerance or where drift
+    /// is born: `defect`, `precision`, `inherited` or `undecided`.
+    pub finding: Option<Finding>,
+    /// For an inherited difference: the upstream layer it mostly comes from (its error traced
+    /// back along the input that carries the most of it, to the layer that added it).
+    pub error_from: Option<String>,
+    /// Why the layer differs, from a fixed vocabulary: `weight_mismatch`, `precision_loss`,
+    /// `layout_permutation`, `shape_mismatch`, `op_implementation`, `inherited`,
+    /// `nondeterminism`, `rounding`, `undecided`, `unknown`.
+    pub cause: Option<String>,
+    /// The cause in words.
+    pub detail: Option<String>,
+    /// The axis permutation that turns the reference into the target, for `layout_permutation`.
+    pub permutation: Option<Vec<usize>>,
+}
+
+impl Layer {
+    /// A layer not yet compared: status `unmapped`, no statistics, no cause.
+    pub fn new(
+        index: usize,
+        name: impl Into<String>,
+        shape: Vec<usize>,
+        dtype: impl Into<String>,
+    ) -> Self {
+        Self {
+            index,
+            name: name.into(),
+            module_type: None,
+            status: LayerStatus::Unmapped,
+            reason: None,
+            location: None,
+            shape,
+            dtype: dtype.into(),
+            target_shape: None,
+            target_dtype: None,
+            tolerance: crate::Bound::default(),
+            accumulated: None,
+            local: None,
+            local_inputs: Vec::new(),
+            local_reason: None,
+            exceeds_tol: false,
+            local_exceeds: false,
+            float64: None,
+            baseline: None,
+            baseline_reason: None,
+            finding: None,
+            error_from: None,
+            cause: None,
+            detail: None,
+            permutation: None,
+        }
+    }
+}
+
+/// What a layer's difference is (see [`Layer::finding`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Finding {
+    /// It computes something its precision does not explain: a weight, an op, a layout or
+    /// nondeterminism.
+    Defect,
+    /// Its own error is what its precision explains.
+    Precision,
+    /// Its own error is within its tolerance: the difference comes from upstream.
+    Inherited,
+    /// Its own error exceeds its tolerance and nothing measured tells rounding from a defect.
+    Undecided,
+}
+
+/// Where a layer lives in the target, in the terms of the target's side: for an ONNX graph
+/// (`kind` `onnx`), the value the layer maps to, the node producing it, its op type, and the
+/// nodes of its group. A framework side names its own (a Keras layer and its class).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Location {
+    /// Whose terms these are: `onnx`.
+    pub kind: &'static str,
+    /// The value the layer's output is, in that side.
+    pub value: String,
+    /// What produces it (an ONNX node's name).
+    pub node: String,
+    /// The producer's op (an ONNX op type).
+    pub op: String,
+    /// Everything that computes the layer from the values of the layers before it (the group
+    /// its local error re-ran), in order; empty where that group is not known.
+    pub nodes: Vec<String>,
+}
+
+impl Location {
+    /// An ONNX value and its producer, the layer's other nodes not yet known.
+    pub fn onnx(value: &str, node: &str, op_type: &str) -> Self {
+        Self {
+            kind: "onnx",
+            value: value.to_string(),
+            node: node.to_string(),
+            op: op_type.to_string(),
+            nodes: Vec::new(),
+        }
+    }
+}
+
+/// Each side's max abs distance from the same model run in float64.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Float64Distance {
+    /// The reference's distance.
+    #[serde(serialize_with = "crate::render::float")]
+    pub reference: f64,
+    /// The target's distance.
+    #[serde(serialize_with = "crate::render::float")]
+    pub target: f64,
+}
+
+impl Float64Distance {
+    /// Which side is right, in words: both about equally far (rounding), or one side further.
+    pub fn verdict(&self) -> String {
+        let (r, t) = (self.reference, self.target);
+        if r == 0.0 && t == 0.0 {
+            "both sides match float64 exactly".to_string()
+        } else if t <= crate::ROUNDING_FACTOR * r && r <= crate::ROUNDING_FACTOR * t {
+            format!(
+                "both sides are about equally far from float64 (reference {r:.2e}, target {t:.2e}): rounding, not a bug"
+            )
+        } else if t > r {
+            format!(
+                "the target is further from float64 (target {t:.2e}, reference {r:.2e}): the target is off"
+            )
+        } else {
+            format!(
+                "the reference is further from float64 (reference {r:.2e}, target {t:.2e}): the target is closer to the truth"
+            )
+        }
+    }
+}

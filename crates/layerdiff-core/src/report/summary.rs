@@ -1,0 +1,225 @@
+//! The summary of a report: the counts, the verdict, the defects and the precision drift, and
+//! the worst layers.
+
+use super::*;
+
+/// What the analysis found, at a glance.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary {
+    /// Layers in the report (every leaf-module call, compared or not).
+    pub layers_total: usize,
+    /// Layers with values on both sides that were compared.
+    pub layers_compared: usize,
+    /// Layers whose accumulated difference exceeds their tolerance.
+    pub layers_exceeding: usize,
+    /// Layers whose own (local) difference exceeds their tolerance.
+    pub layers_exceeding_locally: usize,
+    /// Layers with no counterpart on the target side.
+    pub layers_unmapped: usize,
+    /// What the run found, in one word: `no_drift` (every compared layer within its
+    /// tolerance), `precision` (layers exceed it, and what each adds of its own is what its
+    /// precision explains), `defect` (a layer computes differently: see `defects`),
+    /// `undecided` (a layer exceeds and nothing tells rounding from a defect there) or
+    /// `inconclusive` (part of the model could not be paired).
+    pub verdict: Verdict,
+    /// Layers that compute something their precision does not explain, most severe first.
+    pub defects: Vec<Defect>,
+    /// The drift the target's precision explains, when layers exceed their tolerance by it.
+    pub precision: Option<PrecisionDrift>,
+    /// Where the drift is born: the first defect (or undecided layer) in execution order, else
+    /// where the precision drift is born: the first layer whose own (local) error exceeds its
+    /// tolerance, or the upstream layer an amplified error came from (see docs/concepts.md).
+    pub drift_origin: Option<String>,
+    /// The first layer, in execution order, whose accumulated error exceeds its tolerance.
+    pub first_exceeding: Option<String>,
+    /// The extremes across compared layers.
+    pub worst: WorstLayers,
+    /// The layers that add the most error of their own (local mean abs diff, where measured and
+    /// above zero), most first, at most [`crate::OWN_ERROR_RANKED`]: where quantization or a
+    /// lower precision costs the most.
+    pub most_own_error: Vec<WorstLayer>,
+    /// What a reader must know before trusting the verdict, e.g. that few layers were compared.
+    pub warnings: Vec<String>,
+    /// Why the run cannot say "no drift" although no compared layer exceeds (layers from some
+    /// point on could not be paired, which is what drift beyond recognition looks like); `None`
+    /// when the verdict stands. An inconclusive run exits 1, like drift.
+    pub inconclusive: Option<String>,
+    /// Layers whose own error another exceeding layer's error is traced back to (not written:
+    /// each inherited layer names its own in `error_from`).
+    #[serde(skip)]
+    pub sources: std::collections::BTreeSet<String>,
+}
+
+/// What a run found, in one word (see [`Summary::verdict`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Every compared layer within its tolerance.
+    #[default]
+    NoDrift,
+    /// Layers exceed their tolerance, by what their precision explains only.
+    Precision,
+    /// A layer computes something its precision does not explain.
+    Defect,
+    /// A layer exceeds its tolerance and nothing measured tells rounding from a defect.
+    Undecided,
+    /// Nothing exceeds, but part of the model could not be paired.
+    Inconclusive,
+}
+
+/// When a finished comparison fails (exit code 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailOn {
+    /// On a defect, an undecided layer, an inconclusive run, or values that overflow the
+    /// target's dtype: what a precision the target was meant to run in does not explain or
+    /// does not survive. Rounding alone passes.
+    #[default]
+    Defect,
+    /// On any layer beyond its tolerance, rounding included.
+    Drift,
+}
+
+impl FailOn {
+    /// Parses `--fail-on`: `defect` or `drift`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "defect" | "defects" => Ok(Self::Defect),
+            "drift" => Ok(Self::Drift),
+            _ => Err(format!(
+                "`--fail-on` takes `defect` or `drift`, got `{text}`"
+            )),
+        }
+    }
+}
+
+impl Summary {
+    /// Whether the run fails under `fail_on` (see [`FailOn`]).
+    pub fn fails(&self, fail_on: FailOn) -> bool {
+        match self.verdict {
+            Verdict::NoDrift => false,
+            Verdict::Defect | Verdict::Undecided | Verdict::Inconclusive => true,
+            Verdict::Precision => {
+                fail_on == FailOn::Drift || self.precision.as_ref().is_some_and(|p| p.overflow > 0)
+            }
+        }
+    }
+}
+
+impl Verdict {
+    /// The word written into reports (`no_drift`, `precision`…).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::NoDrift => "no_drift",
+            Self::Precision => "precision",
+            Self::Defect => "defect",
+            Self::Undecided => "undecided",
+            Self::Inconclusive => "inconclusive",
+        }
+    }
+}
+
+/// A layer that computes something its precision does not explain, and what fixes it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Defect {
+    /// The layer.
+    pub layer: String,
+    /// Its cause (`weight_mismatch`, `op_implementation`, `layout_permutation`,
+    /// `shape_mismatch`, `nondeterminism`).
+    pub cause: String,
+    /// Its own error as a multiple of what its precision explains (the layer's
+    /// `baseline.multiple`), where that was measured.
+    #[serde(serialize_with = "crate::render::float_opt")]
+    pub multiple: Option<f64>,
+    /// Its own error as a multiple of its tolerance.
+    #[serde(serialize_with = "crate::render::float_opt")]
+    pub tolerance_multiple: Option<f64>,
+    /// The cause in words.
+    pub detail: String,
+    /// What to do about it.
+    pub fix: String,
+}
+
+impl Defect {
+    /// How severe it is, for ranking: its multiple of what precision explains, else of its
+    /// tolerance.
+    pub fn severity(&self) -> f64 {
+        self.multiple.or(self.tolerance_multiple).unwrap_or(0.0)
+    }
+}
+
+/// The drift a target's lower (or different) rounding explains: where it is born, how far it
+/// grows, and how many layers it takes past their tolerance.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PrecisionDrift {
+    /// The dtype the target rounds to (`float16`, `bfloat16`, `float32`).
+    pub dtype: String,
+    /// Where it is born: the first layer whose own rounding exceeds its tolerance, or the
+    /// layer an amplified rounding error is traced back to.
+    pub origin: Option<String>,
+    /// Layers whose own error exceeds their tolerance by rounding alone.
+    pub layers: usize,
+    /// Layers whose values overflow the target dtype's range (±Inf where the reference is
+    /// finite): the model does not work in that precision there.
+    pub overflow: usize,
+    /// The last compared layer (the model's output), where the drift ends up.
+    pub output: Option<String>,
+    /// Its largest difference.
+    #[serde(serialize_with = "crate::render::float")]
+    pub output_max_abs_diff: f64,
+    /// Its largest difference as a multiple of its tolerance.
+    #[serde(serialize_with = "crate::render::float")]
+    pub output_tolerance_multiple: f64,
+}
+
+impl Summary {
+    /// [`Summary::most_own_error`] in words (`` `c1` 1.2e-2, `c2` 3.4e-3 ``), or `None`.
+    pub fn own_error_text(&self) -> Option<String> {
+        let ranked: Vec<String> = self
+            .most_own_error
+            .iter()
+            .map(|w| format!("`{}` {:.3e}", w.layer, w.value))
+            .collect();
+        (!ranked.is_empty()).then(|| ranked.join(", "))
+    }
+
+    /// Whether a layer gets a cause: it exceeds its tolerance, accumulated or locally, or it is
+    /// where an exceeding layer's error is traced back to (the drift origin among them).
+    pub fn needs_cause(&self, layer: &Layer) -> bool {
+        layer.exceeds_tol || layer.local_exceeds || self.is_source(layer)
+    }
+
+    /// Whether an exceeding layer's error is traced back to `layer`.
+    pub fn is_source(&self, layer: &Layer) -> bool {
+        self.sources.contains(&layer.name)
+            || self.drift_origin.as_deref() == Some(layer.name.as_str())
+    }
+
+    /// Whether the cause of `layer` reads the evidence of its group (ops, precision, weights):
+    /// it needs a cause and did not merely inherit its error (its own error measured and within
+    /// tolerance, and no error traced back to it: `inherited`, whatever the group shows).
+    pub fn needs_evidence(&self, layer: &Layer) -> bool {
+        self.needs_cause(layer)
+            && (self.is_source(layer) || layer.local.is_none() || layer.local_exceeds)
+    }
+}
+
+/// The extremes across compared layers.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorstLayers {
+    /// Largest `max_abs_diff`.
+    pub max_abs_diff: Option<WorstLayer>,
+    /// Largest `mean_abs_diff`.
+    pub mean_abs_diff: Option<WorstLayer>,
+    /// Smallest `max_abs_diff`.
+    pub min_max_abs_diff: Option<WorstLayer>,
+}
+
+/// A layer and one of its figures.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorstLayer {
+    /// Layer name.
+    pub layer: String,
+    /// The figure.
+    #[serde(serialize_with = "crate::render::float")]
+    pub value: f64,
+}
