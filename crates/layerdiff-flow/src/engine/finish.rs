@@ -1,0 +1,136 @@
+//! The end of the run: the drift origin decided, causes explained from the evidence of the
+//! values and of the target's groups, and the report built.
+
+use super::*;
+
+impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
+    /// Runs what is left and decides the drift origin; returns the layers whose cause needs
+    /// the reference's weights (a side that hands them over on request gets them before
+    /// [`Engine::finish`]).
+    pub fn conclude(&mut self) -> Result<Vec<usize>> {
+        while self.done < self.plan.segments.len() {
+            self.run_segment()?;
+        }
+        // Every layer was judged in its segment (the segments cover every layer).
+        let mut summary = summarise(&mut self.layers);
+        if summary.drift_origin.is_none() {
+            summary.inconclusive = self.inconclusive.take();
+        }
+        let providers = [
+            self.reference.kernels_per_graph(),
+            self.target.kernels_per_graph(),
+        ];
+        summary
+            .warnings
+            .extend(segments_warning(self.plan.segments.len(), &providers));
+        if let Some(why) = self.truth_lost.take() {
+            summary.warnings.push(format!(
+                "no float64 truth for the layers from where it stopped: it could not run ({why}); those layers are judged without it"
+            ));
+        }
+        if let Some(runtime) = self.reference.rewrites() {
+            summary.warnings.push(format!(
+                "the reference ({runtime}) optimizes the graph, but the values exposed for comparison keep it from fusing them: the reference measured is not the graph that ships; give the optimized side as --target, which is compared in the graph it optimized"
+            ));
+        }
+        let layers = &self.layers;
+        if let Some(why) = nothing_compared(layers, &summary) {
+            return Err(Error::NothingCompared(format!(
+                "{why}\nhint: {}",
+                self.nothing_compared_hint
+            )));
+        }
+        let wanted = (0..layers.len())
+            .filter(|&i| {
+                summary.needs_evidence(&layers[i]) && matches!(self.groups[i], Some(Ok(_)))
+            })
+            .collect();
+        self.summary = Some(summary);
+        Ok(wanted)
+    }
+
+    /// The report: causes explained from the evidence of the values and of the target's
+    /// groups (their ops, precision, attributes and weights against the reference's).
+    pub fn finish(mut self) -> Result<Report> {
+        if self.summary.is_none() {
+            self.conclude()?;
+        }
+        let mut summary = self.summary.take().expect("concluded");
+        let mut compared: Vec<&str> = Vec::new();
+        for value in self.target_values.iter().flatten() {
+            if !compared.contains(&value.as_str()) {
+                compared.push(value);
+            }
+        }
+        let target_graph = self.target.graph_report(&compared, &mut summary);
+        let reference_info = self.reference.describe(&mut summary);
+        let target_info = self.target.describe(&mut summary);
+        let truth_info = self.truth.as_mut().map(|t| t.describe(&mut summary));
+        if let Some(recompute) = self.target.recompute() {
+            for (layer, group) in self.layers.iter_mut().zip(&self.groups) {
+                if let (Some(location), Some(Ok(group))) = (layer.location.as_mut(), group) {
+                    location.nodes = recompute
+                        .members(group)
+                        .into_iter()
+                        .filter_map(|m| m.name)
+                        .collect();
+                }
+            }
+            for (i, layer) in self.layers.iter().enumerate() {
+                let (true, Some(Ok(group))) = (summary.needs_evidence(layer), &self.groups[i])
+                else {
+                    continue;
+                };
+                let e = &mut self.evidence[i];
+                e.attributes = recompute
+                    .members(group)
+                    .iter()
+                    .filter_map(|m| Some((m, self.reference.counterpart(m)?)))
+                    .flat_map(|(m, reference)| m.changes_from(&reference))
+                    .collect();
+                let fed = |n: &str| {
+                    let (r, _) = self.reference_of.get(n)?;
+                    Some((self.reference.dtype(r)?, self.target.dtype(n)?))
+                };
+                let check = |node: &str,
+                             position,
+                             name: &str,
+                             weight: TensorView<'_>,
+                             half_step: Option<TensorView<'_>>| {
+                    self.reference
+                        .weight_check(i, node, position, name, weight, half_step)
+                };
+                let computed_in = layerdiff_core::DType::from_name(&layer.dtype).ok();
+                recompute.group_evidence(group, computed_in, e, &fed, &check);
+            }
+        }
+        let mut layers = self.layers;
+        explain(&mut layers, &self.evidence, &mut summary);
+        self.clock.lap("analysis and causes", OWN);
+        let mut report = Report {
+            schema: SCHEMA,
+            command: self.header.command,
+            model: self.header.model,
+            reference: reference_info,
+            target: target_info,
+            target_graph,
+            truth: truth_info,
+            mode: if self.settings.local {
+                "local"
+            } else {
+                "accumulated"
+            }
+            .to_string(),
+            tolerance: self.settings.tolerance.info(),
+            seed: self.header.seed,
+            inputs: InputInfo::describe(&self.inputs),
+            summary,
+            layers,
+            keep_float32: None,
+            machine: Machine::this(),
+            timings: Some(self.clock.phases()),
+        };
+        report.keep_float32 = lower_precision_of(&report).and_then(|p| keep_float32(&report, &p));
+        Ok(report)
+    }
+}

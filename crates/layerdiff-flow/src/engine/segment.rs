@@ -1,0 +1,225 @@
+//! One segment of the run: both sides produce their part, then every pair in it is compared,
+//! re-run locally on the reference's values, measured against the baseline, and dropped after
+//! its last use.
+
+use super::*;
+
+impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
+    /// Runs the next segment: both sides' parts, then every comparison in it.
+    pub(super) fn run_segment(&mut self) -> Result<()> {
+        let segment = self.plan.segments[self.done].clone();
+        let whole = self.plan.segments.len() == 1;
+        let clock = &mut self.clock;
+        self.reference
+            .produce(&segment.reference, whole, clock, "reference run")?;
+        self.target
+            .produce(&segment.target, whole, clock, "target run")?;
+        // The truth computes the reference's part, in float64 (or was handed it over); a truth
+        // that cannot run leaves the comparison without it, and says so.
+        if let Some(truth) = self.truth.as_mut()
+            && let Err(e) = truth.produce(&segment.reference, whole, clock, "float64 run")
+        {
+            self.truth = None;
+            self.truth_lost = Some(crate::error_chain(&e));
+        }
+        let held = Pairs {
+            reference: &self.reference,
+            target: &self.target,
+            truth: self.truth.as_ref().map(|t| t as &dyn Side),
+            reference_values: &self.reference_values,
+            target_values: &self.target_values,
+            reference_of: &self.reference_of,
+            target_of: &self.target_of,
+            inputs: &self.inputs,
+            shared: self.shared,
+            tolerance: self.settings.tolerance,
+        };
+        let range = segment.layers.clone();
+        held.compare(
+            &mut self.layers[range.clone()],
+            range.start,
+            &self.refutable[range],
+        );
+        self.clock.lap("comparison", OWN);
+        if let Some(ticker) = self.progress.as_mut().filter(|_| !self.settings.local) {
+            ticker.tick(segment.layers.end);
+        }
+
+        if let Some(recompute) = self.target.recompute().filter(|_| self.settings.local) {
+            // Outputs are compared in batches (see [`local_batch`]).
+            let limit = local_batch(self.settings.max_memory);
+            let (mut runs, mut held_bytes) = (Vec::new(), 0);
+            for i in segment.layers.clone() {
+                let out =
+                    held.measure_local(&mut self.layers[i], &mut self.groups[i], recompute, i);
+                if let Some(ticker) = self.progress.as_mut() {
+                    ticker.tick(i + 1);
+                }
+                if let Some(out) = out {
+                    let exact = self.baseline.as_ref().map(|b| {
+                        // the dtype the target computes the layer in: as the framework said,
+                        // else the narrower of its output's and its group's narrowest
+                        let grid = b.grid_of(&self.reference_values[i]).or_else(|| {
+                            let held = layerdiff_core::lower_precision(
+                                &self.layers[i].dtype,
+                                Some(out.dtype.name()),
+                            );
+                            let inside = match &self.groups[i] {
+                                Some(Ok(group)) => recompute.computes_in(group),
+                                _ => None,
+                            };
+                            match (held, inside) {
+                                (Some(h), Some(g)) if g.narrower_than(h) => Some(g),
+                                (Some(h), _) => Some(h),
+                                (None, g) => g,
+                            }
+                        });
+                        let stages = match (&self.groups[i], grid) {
+                            (Some(Ok(group)), Some(grid)) => recompute.rounding_stages(group, grid),
+                            _ => 0,
+                        };
+                        let quantizes = match &self.groups[i] {
+                            Some(Ok(group)) => recompute
+                                .members(group)
+                                .iter()
+                                .any(|m| layerdiff_core::quantizing_op(&m.op)),
+                            _ => false,
+                        };
+                        let exact = grid
+                            .filter(|g| g.is_float())
+                            .ok_or_else(|| "the layer is not a float".to_string())
+                            .and_then(|grid| {
+                                if quantizes {
+                                    return Err("the target quantizes it, which a float baseline does not model".to_string());
+                                }
+                                b.exact(&self.reference_values[i], grid, &|n| held.baseline_feed(n))
+                            });
+                        (exact, stages, grid)
+                    });
+                    held_bytes += out.bytes.len() as u64;
+                    held_bytes += exact
+                        .as_ref()
+                        .and_then(|(e, _, _)| e.as_ref().ok())
+                        .map_or(0, |e| e.bytes.len() as u64);
+                    runs.push((i, out, exact));
+                }
+                if held_bytes >= limit {
+                    held.compare_local(&mut self.layers, std::mem::take(&mut runs));
+                    held_bytes = 0;
+                }
+            }
+            held.compare_local(&mut self.layers, runs);
+            self.clock.split_lap(
+                "local error: extraction and comparison",
+                "local error: inference",
+                recompute.take_time(),
+            );
+        }
+
+        // What the values of an exceeding layer show, while they are held.
+        let mut exceeding = false;
+        for i in segment.layers.clone() {
+            let layer = &mut self.layers[i];
+            judge(layer, self.settings.tolerance);
+            if !(layer.exceeds_tol || layer.local_exceeds) {
+                continue;
+            }
+            exceeding = true;
+            if let Some((r, t)) = held.pair(i) {
+                self.evidence[i] = Evidence::from_values(layer, r.view(), t.view());
+            }
+        }
+        self.clock.lap("analysis and causes", OWN);
+        if exceeding {
+            // Does either side disagree with itself? Two more runs of the segment, one session.
+            let r_again = self.reference.again(&segment.reference);
+            let t_again = self.target.again(&segment.target);
+            for i in segment.layers.clone() {
+                let Some(target_value) = &self.target_values[i] else {
+                    continue;
+                };
+                let sides: [(&str, _, &dyn Side, &String); 2] = [
+                    (
+                        "reference",
+                        &r_again,
+                        &self.reference,
+                        &self.reference_values[i],
+                    ),
+                    ("target", &t_again, &self.target, target_value),
+                ];
+                for (side, again, values, name) in sides {
+                    let e = &mut self.evidence[i];
+                    let d = values.get(name).and_then(|first| {
+                        disagreement(first, again.as_ref(), name)
+                            .or_else(|| values.disagreement(name))
+                    });
+                    if let Some(d) = d
+                        && e.self_disagreement
+                            .as_ref()
+                            .is_none_or(|(_, seen)| d > *seen)
+                    {
+                        e.self_disagreement = Some((side.to_string(), d));
+                    }
+                }
+            }
+            // Their values go back before the lap: releasing them is part of the second runs.
+            drop((r_again, t_again));
+            self.clock.lap("second runs (nondeterminism)", RUNTIME);
+        }
+        self.reference.free(&segment.reference.free);
+        self.target.free(&segment.target.free);
+        if let Some(baseline) = self.baseline.as_mut() {
+            baseline.free(&self.reference_values[segment.layers.clone()]);
+        }
+        if let Some(truth) = self.truth.as_mut() {
+            // A truth that computes keeps what its later segments read, as the reference does;
+            // one handed over holds each value only until it is compared.
+            if truth.plan_view().graph.is_some() {
+                truth.free(&segment.reference.free);
+            } else {
+                truth.free(&self.reference_values[segment.layers.clone()]);
+            }
+        }
+        self.done += 1;
+        Ok(())
+    }
+}
+
+/// Bytes of local re-run outputs held before they are compared, all at once across the threads
+/// (one by one, most are too small to keep the threads busy): a sixteenth of the memory budget,
+/// at most 64 MiB; one output is held whatever its size.
+pub(super) fn local_batch(max_memory: Option<u64>) -> u64 {
+    const MOST: u64 = 64 << 20;
+    budget(max_memory).map_or(MOST, |b| (b / 16).min(MOST))
+}
+
+/// The warning a run in `segments` segments owes when a side runs on a provider that picks its
+/// kernels per graph: there, a segment may compute a value with other bits than the whole run
+/// (on the CPU the bits are the same, which the tests check).
+pub(super) fn segments_warning(
+    segments: usize,
+    providers: &[Option<&'static str>],
+) -> Option<String> {
+    let provider = providers.iter().flatten().next().filter(|_| segments > 1)?;
+    Some(format!(
+        "ran in {segments} segments on {provider}, which picks its kernels for each graph it is given: values may differ in their last bits from a run of the whole graph (use a --max-memory that fits the whole run to compare with one)"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_on_a_gpu_provider_are_said_to_differ_possibly() {
+        let gpu = [None, Some("CUDAExecutionProvider")];
+        let warning = segments_warning(3, &gpu).unwrap();
+        assert!(warning.starts_with("ran in 3 segments on CUDAExecutionProvider"));
+        assert_eq!(segments_warning(1, &gpu), None, "a whole run owes nothing");
+        assert_eq!(
+            segments_warning(3, &[None, None]),
+            None,
+            "CPU bits do not change"
+        );
+    }
+}
