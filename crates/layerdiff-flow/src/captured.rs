@@ -31,6 +31,10 @@ use crate::{
     Shared, Side,
 };
 
+mod align;
+pub use align::check_options;
+use align::{onnx_target, same_layers};
+
 /// The phase PyTorch's forward pass is timed under while layers stream in.
 pub const CAPTURE_PHASE: &str = "capturing PyTorch layers";
 
@@ -350,99 +354,6 @@ impl CapturedRun {
     }
 }
 
-/// The ONNX file run by `runtime` as the target: each layer mapped to an ONNX value (by the
-/// module scopes the exporter records, else by value), in the graph that runs.
-fn onnx_target(
-    c: &CapturedComparison,
-    path: &std::path::Path,
-    runtime: &RuntimeSpec,
-    ort_library: Option<&std::path::Path>,
-    note: Option<&str>,
-    clock: &mut Stopwatch,
-) -> Result<(Alignment, Box<dyn Side>)> {
-    let mut model = Model::load(path)?;
-    let file = GraphIndex::new(model.graph());
-    check_inputs(&file, &c.inputs)?;
-    let unread = unread_inputs(&file);
-    let runtime = runtime.build(ort_library)?;
-    clock.lap("runtime start-up", RUNTIME);
-    let calls: Vec<LayerCall> = c.layers.iter().map(|l| l.call.clone()).collect();
-    let scoped = ScopeMapping::new(model.graph(), &calls);
-    let mut inconclusive = None;
-    let by_values = match scoped.request() {
-        Some(request) => {
-            let request = request.clone();
-            let found = pair_by_values(
-                &mut model,
-                runtime.as_ref(),
-                &c.inputs,
-                &calls,
-                &request,
-                budget(c.settings.max_memory),
-            )?;
-            clock.lap("pairing layers by values", RUNTIME);
-            let names: Vec<&str> = request
-                .layers
-                .iter()
-                .map(|&i| calls[i].name.as_str())
-                .collect();
-            let recognised: Vec<bool> = found[..names.len()].iter().map(Result::is_ok).collect();
-            if request.unscoped_file {
-                inconclusive = unrecognised_from(&names, &recognised);
-            }
-            found
-        }
-        None => Vec::new(),
-    };
-    let mut mappings = scoped.finish(model.graph(), &calls, by_values);
-    // An optimizing runtime is measured on the graph it optimized (see crate::shipped):
-    // layers are mapped on the file, then found in that graph or explained.
-    let target = prepare_target(&model, None, runtime, &c.inputs, clock)?;
-    if target.shipped.is_some() {
-        clock.lap("optimizing the target graph", RUNTIME);
-    }
-    if let Some(optimized) = target.model {
-        let after = GraphIndex::new(optimized.graph());
-        for mapping in &mut mappings {
-            if let LayerMapping::Mapped { value, note, .. } = mapping {
-                if let Some(why) = survives(&after, &target.renames, value) {
-                    *mapping = LayerMapping::Unmapped { reason: why };
-                } else if let Some(how) = target.renames.restored.get(value.as_str()) {
-                    *note = Some(how.clone());
-                }
-            }
-        }
-        model = optimized;
-    }
-    let graph_outputs = GraphIndex::new(model.graph()).graph_outputs().to_vec();
-    let alignment = align(&c.layers, &mappings, &graph_outputs, inconclusive);
-    let target = GraphSide::new(note.map(String::from), model, target.runtime, &c.inputs)
-        .shipping(target.renames, target.shipped, target.placement)
-        .noting(unread);
-    Ok((alignment, Box::new(target)))
-}
-
-/// Every layer against the same layer of a target that computes the same module calls.
-fn same_layers(listed: &[ListedLayer]) -> Alignment {
-    let mut alignment = Alignment {
-        layers: Vec::new(),
-        reference: Vec::new(),
-        target: Vec::new(),
-        refutable: Vec::new(),
-        inconclusive: None,
-        nothing_compared_hint: "the model made no module calls with a floating-point output"
-            .to_string(),
-        shared: Shared::FirstLayerOwns,
-    };
-    for (index, l) in listed.iter().enumerate() {
-        alignment.layers.push(l.layer(index));
-        alignment.reference.push(l.call.name.clone());
-        alignment.target.push(Some(l.call.name.clone()));
-        alignment.refutable.push(false);
-    }
-    alignment
-}
-
 /// One layer's values as a framework hands them over.
 pub struct Handed<'a> {
     /// The reference's value.
@@ -461,95 +372,4 @@ pub struct Handed<'a> {
     /// The dtype the target computed the layer in, where its value's dtype does not say
     /// (float16 gradients unscaled to float32, a Linear's weight gradient under autocast).
     pub baseline_grid: Option<DType>,
-}
-
-/// Whether the options fit together: `settings`, the PyTorch reference, the target, and
-/// whether PyTorch's float64 run is made.
-pub fn check_options(
-    settings: &Settings,
-    reference: &TorchSpec,
-    target: &TorchTarget,
-    float64: bool,
-) -> Result<()> {
-    if settings.tolerance == layerdiff_core::Tolerance::Auto && !float64 {
-        return Err(Error::Usage(
-            "tolerance `auto` needs the float64 run; drop --no-float64".to_string(),
-        ));
-    }
-    match target {
-        TorchTarget::Onnx(RuntimeSpec::Expected(_)) => Err(Error::Usage(format!(
-            "`{}` is a file of values: `layerdiff torch` needs a runtime to run the ONNX file (`ort`, `ort:opt=all`, `ort:cuda`, `tract`, `openvino`) or a PyTorch side (`torch:bf16`, `torch:cuda`)",
-            target.spelling()
-        ))),
-        TorchTarget::Onnx(_) if !reference.is_plain() => Err(Error::Usage(format!(
-            "the reference `{reference}` is for a PyTorch target: the ONNX file is compared with the model as given (`torch`: CPU, float32, eager); give `{reference}` as --target to compare it with the CPU"
-        ))),
-        _ => Ok(()),
-    }
-}
-
-/// Each listed layer with the ONNX value it was mapped to, or why none.
-fn align(
-    listed: &[ListedLayer],
-    mappings: &[LayerMapping],
-    graph_outputs: &[String],
-    inconclusive: Option<String>,
-) -> Alignment {
-    let mut alignment = Alignment {
-        layers: Vec::new(),
-        reference: Vec::new(),
-        target: Vec::new(),
-        refutable: Vec::new(),
-        inconclusive,
-        nothing_compared_hint: "is the ONNX file an export of this very model? Layers are paired by the module scopes the exporter records (both torch.onnx exporters do); a file without them, or from another model, pairs nothing".to_string(),
-        shared: Shared::FirstLayerOwns,
-    };
-    for (index, (l, mapping)) in listed.iter().zip(mappings).enumerate() {
-        let mut layer = l.layer(index);
-        let value = match mapping {
-            LayerMapping::Unmapped { reason } => {
-                layer.reason = Some(reason.clone());
-                None
-            }
-            LayerMapping::Mapped {
-                value,
-                node,
-                op_type,
-                note,
-            } => {
-                layer.location = Some(Location::onnx(value, node, op_type));
-                layer.reason = note.clone();
-                Some(value.clone())
-            }
-        };
-        // A model output paired by its own scope may really differ in shape: a finding. Any
-        // other pairing that cannot hold the layer's value is a mapping problem.
-        let own_output =
-            layer.reason.is_none() && value.as_ref().is_some_and(|v| graph_outputs.contains(v));
-        alignment.refutable.push(!own_output);
-        alignment.layers.push(layer);
-        alignment.reference.push(l.call.name.clone());
-        alignment.target.push(value);
-    }
-    alignment
-}
-
-/// Why a value of the file has no counterpart in the optimized graph `after`, or `None` when
-/// it has one there (under its name, or given back from a blocked layout).
-fn survives(after: &GraphIndex, renames: &Renames, value: &str) -> Option<String> {
-    if let Some(why) = renames.blocked.get(value) {
-        return Some(format!(
-            "the optimized graph holds `{value}` in a blocked (NCHWc) layout, not given back: {why}"
-        ));
-    }
-    if after.is_initializer(value) {
-        return Some(format!(
-            "folded into a constant by the optimizer: `{value}` is not computed in the graph that runs"
-        ));
-    }
-    let computed =
-        after.producer(value).is_some() || after.graph_inputs().iter().any(|i| i == value);
-    (!computed).then(|| {
-        format!("fused or removed by the optimizer: `{value}` is not in the graph that runs")
-    })
 }

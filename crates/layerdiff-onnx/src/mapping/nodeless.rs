@@ -1,0 +1,182 @@
+//! Calls whose scope holds no node of their own: folded into a neighbour, fused, or computed
+//! from constants only; what each such call maps to, and why.
+
+use super::*;
+
+/// The rules for layers without nodes of their own (see the module docs).
+pub(super) fn resolve_nodeless(
+    graph: &GraphProto,
+    index: &GraphIndex,
+    boundary: &HashMap<String, Vec<(String, usize)>>,
+    layers: &[LayerCall],
+    mut mappings: Vec<LayerMapping>,
+) -> Vec<LayerMapping> {
+    // Layers without nodes of their own, in execution order so chains resolve front to back.
+    for (i, layer) in layers.iter().enumerate() {
+        // A functional call's mapping says all there is (see crate::functional), but for a
+        // batch norm the legacy exporter folded into the Conv before it, and a call that
+        // returned its input unchanged with no node of its own.
+        let settled = layer.op.as_deref().is_some_and(|op| {
+            op != "batch_norm"
+                && !(layer.identity
+                    && matches!(&mappings[i], LayerMapping::Unmapped { reason } if reason.is_empty()))
+        });
+        if settled || matches!(mappings[i], LayerMapping::Mapped { .. }) {
+            continue;
+        }
+        let feeder = layer.input_from.filter(|&p| p < i);
+        let consumer = layers
+            .iter()
+            .enumerate()
+            .skip(i + 1)
+            .find(|(_, l)| l.input_from == Some(i))
+            .map(|(j, _)| j);
+        // What an identity read may be its feeder's value reshaped by code between them
+        // (timm's PatchEmbed flattens and transposes the Conv's output before its Identity
+        // norm): then the feeder's value is not its value.
+        let reshaped = feeder.filter(|&p| layers[p].shape != layer.shape);
+        mappings[i] = if let Some(p) = reshaped.filter(|_| layer.identity) {
+            unmapped(&format!(
+                "identity at inference, but it read the value of `{}` reshaped between them ({:?} → {:?}), which has no node of its own here",
+                layers[p].name, layers[p].shape, layer.shape
+            ))
+        } else if layer.identity {
+            match feeder.map(|p| (p, mappings[p].clone())) {
+                Some((
+                    p,
+                    LayerMapping::Mapped {
+                        value,
+                        node,
+                        op_type,
+                        ..
+                    },
+                )) => LayerMapping::Mapped {
+                    value,
+                    node,
+                    op_type,
+                    note: Some(if layer.op.is_some() {
+                        format!(
+                            "returned its input's values unchanged and has no node of its own in the export: compared against the value of `{}`",
+                            layers[p].name
+                        )
+                    } else {
+                        format!(
+                            "identity at inference: compared against the value of `{}`",
+                            layers[p].name
+                        )
+                    }),
+                },
+                _ if layer.op.is_some() => unmapped(
+                    "returned its input's values unchanged and has no node of its own in the export, and the value it read has none either",
+                ),
+                _ => unmapped("identity at inference and removed from the graph"),
+            }
+        } else if !layer.feeds_output {
+            // Before the fusion rules: what no output needs is in no output's node.
+            unmapped(UNUSED)
+        } else if let Some(outputs) = boundary.get(&layer.module) {
+            let fitting = outputs.iter().filter(|(v, _)| layer.fits(index, v)).count();
+            unmapped(&format!(
+                "call {} of `{}`, but the graph holds {} output(s) for that module, {fitting} of them a {} value of {} elements",
+                layer.call_index + 1,
+                layer.module,
+                outputs.len(),
+                if layer.dtype.is_float() {
+                    "float"
+                } else {
+                    "non-float"
+                },
+                layer.shape.iter().product::<usize>(),
+            ))
+        } else if let Some((j, rule)) =
+            consumer.and_then(|j| fusion_rule(graph, &mappings[j]).map(|r| (j, r)))
+        {
+            // Rewritten into the consumer's node (dynamo's FuseBatchNormIntoConv keeps the BN's scope).
+            let LayerMapping::Mapped { node, op_type, .. } = &mappings[j] else {
+                unreachable!()
+            };
+            unmapped(&format!(
+                "fused into `{}` at export ({rule}): the {op_type} node `{node}` computes both, so no ONNX value holds this layer's own output",
+                layers[j].name
+            ))
+        } else if let Some(p) =
+            feeder.filter(|&p| layers[p].shape == layer.shape && folds_forward(graph, &mappings[p]))
+        {
+            // Folded into the node of the layer that fed it (the legacy exporter folds BatchNorm
+            // into the preceding Conv): that node's value now holds this layer's output.
+            let LayerMapping::Mapped {
+                value,
+                node,
+                op_type,
+                ..
+            } = mappings[p].clone()
+            else {
+                unreachable!()
+            };
+            mappings[p] = unmapped(&format!(
+                "fused with `{}` at export: the {op_type} node `{node}` computes both, so no ONNX value holds this layer's own output",
+                layer.name
+            ));
+            LayerMapping::Mapped {
+                value,
+                node,
+                op_type,
+                note: Some(format!("`{}` is fused into this node", layers[p].name)),
+            }
+        } else if layer.constant {
+            unmapped(&format!(
+                "{FOLDED}, and no node of the export computes it (exporters fold such values into constants)"
+            ))
+        } else {
+            match &mappings[i] {
+                LayerMapping::Unmapped { reason } if !reason.is_empty() => mappings[i].clone(),
+                _ => unmapped(NO_SCOPE),
+            }
+        };
+    }
+    mappings
+}
+
+/// Whether a node records any module scope (dynamo metadata, or a legacy `/scope/Op` name).
+pub(super) fn has_scope(node: &crate::NodeProto) -> bool {
+    node.metadata("pkg.torch.onnx.name_scopes").is_some()
+        || node
+            .name()
+            .strip_prefix('/')
+            .is_some_and(|p| p.contains('/'))
+}
+
+/// The `Fuse…` rewrite rule recorded on a mapped layer's node, if the exporter fused into it.
+fn fusion_rule(graph: &GraphProto, mapping: &LayerMapping) -> Option<String> {
+    let LayerMapping::Mapped { node, .. } = mapping else {
+        return None;
+    };
+    let node = graph.node.iter().find(|n| n.display_name() == *node)?;
+    let rules = node.metadata("pkg.onnxscript.rewriter.rule_name")?;
+    rules
+        .split(", ")
+        .find(|r| r.starts_with("Fuse"))
+        .map(str::to_string)
+}
+
+/// Whether a mapped layer's node can hold a following layer folded into it: a node named by the
+/// legacy exporter (no dynamo metadata) that is not already shared.
+fn folds_forward(graph: &GraphProto, mapping: &LayerMapping) -> bool {
+    let LayerMapping::Mapped {
+        node, note: None, ..
+    } = mapping
+    else {
+        return false;
+    };
+    graph
+        .node
+        .iter()
+        .find(|n| n.display_name() == *node)
+        .is_some_and(|n| n.metadata("pkg.torch.onnx.name_scopes").is_none())
+}
+
+pub(super) fn unmapped(reason: &str) -> LayerMapping {
+    LayerMapping::Unmapped {
+        reason: reason.to_string(),
+    }
+}
