@@ -11,7 +11,6 @@ mod generated;
 mod elem_types;
 mod error;
 mod float64;
-mod functional;
 mod graph;
 mod local;
 mod mapping;

@@ -19,11 +19,12 @@ use std::collections::{HashMap, HashSet};
 
 use layerdiff_core::{DType, Fingerprint};
 
-use crate::functional::map_functional;
 use crate::scope::ScopeResolver;
 use crate::{Dimension, GraphIndex, GraphProto, NodeExt, is_float_elem_type};
 
+mod functional;
 mod nodeless;
+use functional::map_functional;
 use nodeless::{has_scope, resolve_nodeless, unmapped};
 
 /// One call of a leaf module, as captured on the PyTorch side.

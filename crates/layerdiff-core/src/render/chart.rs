@@ -6,7 +6,7 @@ use std::fmt::Write;
 
 use crate::{Layer, Report, Stats};
 
-use super::html::escape;
+use super::html_escape as escape;
 
 const WIDTH: f64 = 960.0;
 const HEIGHT: f64 = 340.0;

@@ -7,15 +7,8 @@ use std::fmt::Write;
 use crate::{Layer, LayerStatus, Report, Stats};
 
 use super::chart::to_svg;
+use super::html_escape as escape;
 use super::text::verdict;
-
-/// Escapes text for HTML element content and double-quoted attributes.
-pub fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
 
 /// Escapes text and sets its `backquoted` spans as code.
 fn prose(text: &str) -> String {

@@ -8,8 +8,17 @@ mod node_data;
 mod text;
 
 pub use chart::to_svg;
-pub use html::{escape as html_escape, to_html};
+pub use html::to_html;
 pub use json::{float, float_from, float_opt, format_float, to_json, to_json_value};
 pub use markdown::to_markdown;
 pub use node_data::to_node_data;
 pub use text::to_text;
+
+/// Escapes text for HTML element content and double-quoted attributes (the HTML report, its
+/// chart, and the other verbs' pages).
+pub fn html_escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}

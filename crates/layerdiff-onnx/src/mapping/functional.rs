@@ -27,7 +27,7 @@
 use std::cell::OnceCell;
 use std::collections::{HashMap, HashSet};
 
-use crate::mapping::{CallGroup, FOLDED};
+use super::{CallGroup, FOLDED};
 use crate::scope::{ScopeResolver, parse_python_str_list};
 use crate::{GraphIndex, GraphProto, LayerCall, LayerMapping, NodeExt, NodeProto};
 
