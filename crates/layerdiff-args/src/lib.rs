@@ -1,7 +1,9 @@
 //! The command line: verbs and options, parsed into the engine's own types.
 //!
-//! The Python package owns the `torch` verb (PyTorch lives there) but not its parsing: it asks
-//! [`parse`] for the options, so `--help`, errors and exit codes are the same from either door.
+//! Both doors, the Rust binary and the Python command, call the one [`dispatch`]: it parses,
+//! runs the verbs that need only the engine, and hands back the verbs that need PyTorch (the
+//! Python package owns PyTorch, not their parsing), so `--help`, errors and exit codes are the
+//! same from either door.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -86,10 +88,10 @@ pub enum Command {
 
 /// The result of parsing a command line.
 #[derive(Debug)]
-pub enum Parsed {
+enum Parsed {
     /// Run `torch` with these options (the caller owns PyTorch).
     Torch(TorchArgs),
-    /// Run `onnx` with these options ([`run_onnx`]).
+    /// Run `onnx` with these options.
     Onnx(OnnxArgs),
     /// Run `grad` with these options (the caller owns PyTorch).
     Grad(GradArgs),
@@ -108,7 +110,7 @@ pub enum Parsed {
 }
 
 /// Parses `argv` (program name first). Help and usage errors are printed here.
-pub fn parse(argv: Vec<OsString>) -> Parsed {
+fn parse(argv: Vec<OsString>) -> Parsed {
     match Cli::try_parse_from(argv) {
         Ok(Cli {
             command: Command::Torch(args),
@@ -139,4 +141,48 @@ pub fn parse(argv: Vec<OsString>) -> Parsed {
             Parsed::Exit(if err.use_stderr() { 2 } else { 0 })
         }
     }
+}
+
+/// A verb whose caller owns PyTorch, handed back by [`dispatch`] with its options.
+#[derive(Debug)]
+pub enum PyTorchVerb {
+    /// `torch`.
+    Torch(TorchArgs),
+    /// `grad`.
+    Grad(GradArgs),
+    /// `ops`.
+    Ops(OpsArgs),
+    /// `zoo`.
+    Zoo,
+    /// `check`.
+    Check(CheckArgs),
+}
+
+/// What [`dispatch`] did.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // one per process: boxing would buy nothing
+pub enum Dispatched {
+    /// The verb ran (or parsing ended it: help, version, a usage error): exit with this code.
+    Exit(u8),
+    /// The verb needs PyTorch: the caller runs it.
+    PyTorch(PyTorchVerb),
+}
+
+/// The one dispatch of both doors (the Rust binary and the Python command): parses `argv`,
+/// runs the verbs that need only the engine (`onnx`, `providers`, `audit`) with ONNX Runtime
+/// from `ort_library` (`None`: found as documented), and hands back the verbs that need PyTorch.
+pub fn dispatch(argv: Vec<OsString>, ort_library: Option<&std::path::Path>) -> Dispatched {
+    use layerdiff_flow::{audit, onnx_flow, providers};
+    let code = match parse(argv) {
+        Parsed::Exit(code) => code,
+        Parsed::Onnx(a) => onnx_flow::run(&a.options(), &a.report.destinations(), ort_library),
+        Parsed::Providers(a) => providers::run(&a.options(), &a.destinations(), ort_library),
+        Parsed::Audit(a) => audit::run(&a.options(), &a.destinations(), ort_library),
+        Parsed::Torch(a) => return Dispatched::PyTorch(PyTorchVerb::Torch(a)),
+        Parsed::Grad(a) => return Dispatched::PyTorch(PyTorchVerb::Grad(a)),
+        Parsed::Ops(a) => return Dispatched::PyTorch(PyTorchVerb::Ops(a)),
+        Parsed::Zoo => return Dispatched::PyTorch(PyTorchVerb::Zoo),
+        Parsed::Check(a) => return Dispatched::PyTorch(PyTorchVerb::Check(a)),
+    };
+    Dispatched::Exit(code)
 }

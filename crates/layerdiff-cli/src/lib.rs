@@ -5,28 +5,13 @@
 use std::ffi::OsString;
 use std::process::ExitCode;
 
-use layerdiff_args::Parsed;
+use layerdiff_args::{Dispatched, dispatch};
 
 /// Entry point of the Rust binary.
 pub fn main(argv: Vec<OsString>) -> ExitCode {
-    match layerdiff_args::parse(argv) {
-        Parsed::Exit(code) => ExitCode::from(code),
-        Parsed::Onnx(args) => ExitCode::from(layerdiff_flow::onnx_flow::run(
-            &args.options(),
-            &args.report.destinations(),
-            None,
-        )),
-        Parsed::Providers(args) => ExitCode::from(layerdiff_flow::providers::run(
-            &args.options(),
-            &args.destinations(),
-            None,
-        )),
-        Parsed::Audit(args) => ExitCode::from(layerdiff_flow::audit::run(
-            &args.options(),
-            &args.destinations(),
-            None,
-        )),
-        Parsed::Torch(_) | Parsed::Grad(_) | Parsed::Ops(_) | Parsed::Zoo | Parsed::Check(_) => {
+    match dispatch(argv, None) {
+        Dispatched::Exit(code) => ExitCode::from(code),
+        Dispatched::PyTorch(_) => {
             eprintln!(
                 "error: this verb needs PyTorch, which lives in the Python package\n\
                  hint: `pip install layerdiff` and run the `layerdiff` it installs"

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use layerdiff_args::{Parsed, ReportArgs};
+use layerdiff_args::{Dispatched, PyTorchVerb, ReportArgs};
 use layerdiff_core::Tolerance;
 use layerdiff_flow::captured::check_options;
 use layerdiff_flow::torch_side::{TorchSpec, TorchTarget};
@@ -188,11 +188,11 @@ impl Command {
     }
 }
 
-/// Parses a command line with the same parser as the Rust binary.
-/// Returns `("torch", options)` or `("grad", options)`, or `("exit", code)` when parsing (or an
-/// ONNX verb, run here
-/// with ONNX Runtime from `ort_library`, the one the running interpreter has) already did the
-/// work.
+/// Runs a command line through the one dispatch of the Rust binary
+/// ([`layerdiff_args::dispatch`]). Returns `("torch", options)`, `("grad", options)`,
+/// `("ops", …)`, `("check", …)` or `("zoo", None)` for the verbs that need PyTorch, or
+/// `("exit", code)` when parsing or an engine verb (run here with ONNX Runtime from
+/// `ort_library`, the one the running interpreter has) already did the work.
 #[pyfunction]
 #[pyo3(signature = (argv, ort_library=None))]
 pub(crate) fn parse_cli(
@@ -206,26 +206,13 @@ pub(crate) fn parse_cli(
             code.into_pyobject(py)?.into_any().unbind(),
         ))
     };
-    match layerdiff_args::parse(argv) {
-        Parsed::Exit(code) => exit(code),
-        // The ONNX verbs run wholly in Rust, with the GIL released.
-        Parsed::Onnx(a) => {
-            let (options, to) = (a.options(), a.report.destinations());
-            exit(
-                py.detach(|| layerdiff_flow::onnx_flow::run(&options, &to, ort_library.as_deref())),
-            )
-        }
-        Parsed::Providers(a) => {
-            let (options, to) = (a.options(), a.destinations());
-            exit(
-                py.detach(|| layerdiff_flow::providers::run(&options, &to, ort_library.as_deref())),
-            )
-        }
-        Parsed::Audit(a) => {
-            let (options, to) = (a.options(), a.destinations());
-            exit(py.detach(|| layerdiff_flow::audit::run(&options, &to, ort_library.as_deref())))
-        }
-        Parsed::Torch(a) => {
+    // The engine's verbs run wholly in Rust, with the GIL released.
+    let verb = match py.detach(|| layerdiff_args::dispatch(argv, ort_library.as_deref())) {
+        Dispatched::Exit(code) => return exit(code),
+        Dispatched::PyTorch(verb) => verb,
+    };
+    match verb {
+        PyTorchVerb::Torch(a) => {
             let (target, dtype) = match a.dtype_target() {
                 Ok(resolved) => resolved,
                 Err(e) => {
@@ -254,16 +241,16 @@ pub(crate) fn parse_cli(
             };
             checked(py, "torch", command)
         }
-        Parsed::Zoo => Ok(("zoo".to_string(), py.None())),
-        Parsed::Check(a) => Ok((
+        PyTorchVerb::Zoo => Ok(("zoo".to_string(), py.None())),
+        PyTorchVerb::Check(a) => Ok((
             "check".to_string(),
             Py::new(py, crate::check::CheckCommand::new(a))?.into_any(),
         )),
-        Parsed::Ops(a) => Ok((
+        PyTorchVerb::Ops(a) => Ok((
             "ops".to_string(),
             Py::new(py, crate::ops::OpsCommand::new(a))?.into_any(),
         )),
-        Parsed::Grad(a) => {
+        PyTorchVerb::Grad(a) => {
             let settings = a.settings();
             let command = Command {
                 model: a.model,
