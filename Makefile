@@ -100,7 +100,7 @@ mapping: build
 	$(PY) scripts/mapping_matrix.py
 
 # Every built-in model against its export at float32, converted to float16, and PyTorch in
-# bfloat16; the batch axis of ResNet-50 and the GPT-2 decoder; the README's summary table
+# bfloat16; the batch axis of ResNet-50 and the GPT-2 decoder; the summary table in docs/results.md
 # (examples/reports/).
 reports: build
 	$(PY) scripts/reports.py

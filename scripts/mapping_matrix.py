@@ -1,6 +1,6 @@
 """Maps real architectures through both exporters and rewrites docs/mapping.md: per model and
 exporter, how many layers were compared, how many have no ONNX counterpart by construction
-(fused at export, identity at inference), and the verdict; and the short table in README.md
+(fused at export, identity at inference), and the verdict; and the short table in docs/torch.md
 between its `mapping-table` markers (`make mapping`).
 
 Models: every built-in one (`layerdiff zoo`, python/layerdiff/models.py) and two timm models
@@ -39,7 +39,7 @@ NO_COUNTERPART = (
 )
 
 
-README_NAMES = {
+SHORT_NAMES = {
     "bert": "BERT (transformers config)",
     "gpt2": "GPT-2 (transformers config)",
     "llama": "Llama-style (RMSNorm, RoPE, GQA, SwiGLU)",
@@ -56,7 +56,7 @@ README_NAMES = {
 
 
 def row(name: str, exporter: str) -> tuple[str, str]:
-    """The docs/mapping.md row, and the README cell."""
+    """The docs/mapping.md row, and the cell of the short table."""
     torch.manual_seed(0)
     model, inputs = BUILDERS[name]()
     try:
@@ -113,15 +113,15 @@ def main() -> None:
             lines.append(line)
             cells.append(cell)
             print(line, flush=True)
-        short.append(f"| {README_NAMES.get(name, name)} | {cells[0]} | {cells[1]} |")
+        short.append(f"| {SHORT_NAMES.get(name, name)} | {cells[0]} | {cells[1]} |")
     (ROOT / "docs" / "mapping.md").write_text("\n".join(lines) + "\n")
-    readme = ROOT / "README.md"
-    text = readme.read_text()
+    guide = ROOT / "docs" / "torch.md"
+    text = guide.read_text()
     start, end = "<!-- mapping-table -->\n", "<!-- /mapping-table -->"
     head, rest = text.split(start)
     tail = rest.split(end, 1)[1]
-    readme.write_text(head + start + "\n".join(short) + "\n" + end + tail)
-    print("wrote docs/mapping.md and the table in README.md")
+    guide.write_text(head + start + "\n".join(short) + "\n" + end + tail)
+    print("wrote docs/mapping.md and the table in docs/torch.md")
 
 
 if __name__ == "__main__":

@@ -2,11 +2,11 @@
 its ONNX export at float32, against the export converted to float16, and against PyTorch in
 bfloat16 (ONNX Runtime has no bfloat16 conversion), each with seeded random weights and inputs;
 the batch axis (1, 8, 32) of ResNet-50 and of the GPT-2-style decoder; and the summary table in
-the README, between its `reports` markers. Each run is the `layerdiff` command as a user runs it;
+docs/results.md, between its `reports` markers. Each run is the `layerdiff` command as a user runs it;
 exit code 1 (a defect found) is an answer, not a failure of this script.
 
 `python scripts/reports.py t5 gpt2` regenerates those models' reports only; `--table` only
-rewrites the README's table from the committed JSON."""
+rewrites that table from the committed JSON."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from validation_examples import layerdiff
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "examples" / "reports"
-README = ROOT / "README.md"
+RESULTS = ROOT / "docs" / "results.md"
 START, END = "<!-- reports:start -->", "<!-- reports:end -->"
 PRECISIONS = {
     "fp32": [],
@@ -62,7 +62,7 @@ def _sci(v) -> str:
 
 
 def table(folder: Path = OUT) -> str:
-    """The README's summary table, from the committed reports."""
+    """The summary table of docs/results.md, from the committed reports (links relative to docs/)."""
     rows = [
         "| model | precision | layers | compared | exceeding | verdict | defects "
         "| worst (max abs diff) | drift origin | cause | keep in float32: checked |",
@@ -84,7 +84,7 @@ def table(folder: Path = OUT) -> str:
             if check:
                 kept = check["verdict"].split(":")[0].replace("keeping ", "")
             rows.append(
-                f"| [{name}]({path.relative_to(ROOT).with_suffix('.md')}) | {precision} "
+                f"| [{name}](../{path.relative_to(ROOT).with_suffix('.md')}) | {precision} "
                 f"| {s['layers_total']} | {s['layers_compared']} | {s['layers_exceeding']} "
                 f"| {s['verdict'].replace('_', ' ')} | {len(s['defects'])} "
                 f"| {worst} | {f'`{origin}`' if origin else 'none'} | {cause or '—'} | {kept} |"
@@ -99,18 +99,18 @@ def table(folder: Path = OUT) -> str:
             for p in axis["points"]
         )
         rows.append(
-            f"\nBatch axis of [{name}]({path.relative_to(ROOT).with_suffix('.md')}), "
+            f"\nBatch axis of [{name}](../{path.relative_to(ROOT).with_suffix('.md')}), "
             f"output max abs diff per batch size: {points}."
         )
     return "\n".join(rows) + "\n"
 
 
 def write_table() -> None:
-    text = README.read_text()
+    text = RESULTS.read_text()
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    README.write_text(f"{head}{START}\n{table()}{END}{tail}")
-    print(f"wrote the table in {README.relative_to(ROOT)}")
+    RESULTS.write_text(f"{head}{START}\n{table()}{END}{tail}")
+    print(f"wrote the table in {RESULTS.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

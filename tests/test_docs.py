@@ -42,10 +42,24 @@ def test_the_example_report_reproduces_here(tmp_path):
         assert fresh_path.read_bytes() == committed_path.read_bytes(), "run `make pipeline`"
 
 
-def test_the_readme_table_matches_the_committed_reports():
+def test_the_results_table_matches_the_committed_reports():
     sys.path.insert(0, str(ROOT / "scripts"))
     from reports import END, START, table
 
-    readme = (ROOT / "README.md").read_text()
-    committed = readme.split(START, 1)[1].split(END, 1)[0]
-    assert committed == "\n" + table(), "the README's table is stale: run `make reports`"
+    results = (ROOT / "docs" / "results.md").read_text()
+    committed = results.split(START, 1)[1].split(END, 1)[0]
+    assert committed == "\n" + table(), "the table in docs/results.md is stale: run `make reports`"
+
+
+def test_every_relative_link_of_the_readme_and_the_docs_resolves():
+    """A page moved or renamed leaves no dead link behind (anchors are not checked)."""
+    import re
+
+    dead = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not (page.parent / target).exists():
+                dead.append(f"{page.relative_to(ROOT)} → {target}")
+    assert not dead, dead
