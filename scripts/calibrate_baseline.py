@@ -23,8 +23,8 @@ from pathlib import Path
 
 import layerdiff
 import torch
-from layerdiff.models import ZOO, load_builder
 from layerdiff.torch import compare_torch_onnx
+from layerdiff.torch.models import ZOO, load_builder
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs/metrics.md"

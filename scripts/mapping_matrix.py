@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import layerdiff  # noqa: E402
 from builders import zoo  # noqa: E402
-from layerdiff.models import ZOO  # noqa: E402
+from layerdiff.torch.models import ZOO  # noqa: E402
 
 BUILDERS = {
     **{name: (lambda entry=entry: entry(0)) for name, entry in ZOO.items()},

@@ -1,9 +1,9 @@
 """Regenerates examples/reports/ (`make reports`): every built-in model (`layerdiff zoo`) against
 its ONNX export at float32, against the export converted to float16, and against PyTorch in
 bfloat16 (ONNX Runtime has no bfloat16 conversion), each with seeded random weights and inputs;
-the batch axis (1, 8, 32) of ResNet-50 and of the GPT-2-style decoder; and the summary table in
-docs/results.md, between its `reports` markers. Each run is the `layerdiff` command as a user runs it;
-exit code 1 (a defect found) is an answer, not a failure of this script.
+the batch axis (1, 8, 32) of ResNet-50 and of the GPT-2-style decoder; and the summary table
+in docs/results.md, between its `reports` markers. Each run is the `layerdiff` command as a user
+runs it; exit code 1 (a defect found) is an answer, not a failure of this script.
 
 `python scripts/reports.py t5 gpt2` regenerates those models' reports only; `--table` only
 rewrites that table from the committed JSON."""
@@ -29,7 +29,7 @@ AXES = {"resnet50": "1,8,32", "gpt2": "1,8,32"}
 
 
 def models() -> list[str]:
-    from layerdiff.models import ZOO
+    from layerdiff.torch.models import ZOO
 
     return list(ZOO)
 
@@ -62,7 +62,7 @@ def _sci(v) -> str:
 
 
 def table(folder: Path = OUT) -> str:
-    """The summary table of docs/results.md, from the committed reports (links relative to docs/)."""
+    """The summary table of docs/results.md, from the committed reports (links from docs/)."""
     rows = [
         "| model | precision | layers | compared | exceeding | verdict | defects "
         "| worst (max abs diff) | drift origin | cause | keep in float32: checked |",

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from layerdiff._export import export_onnx
+from layerdiff.torch._export import export_onnx
 
 OUT = Path(__file__).resolve().parent.parent / "examples" / "validation"
 

@@ -25,7 +25,7 @@ def test_builder_file_writes_reports_and_inputs(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "no drift" in result.stdout
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["schema"] == "layerdiff.report/3"
+    assert report["schema"] == "layerdiff.report/4"
     assert report["seed"] == 3 and report["summary"]["layers_total"] == 5
     assert (tmp_path / "report.md").read_text().startswith("# layerdiff")
     inputs = load_file(tmp_path / "report.inputs.safetensors")
@@ -258,7 +258,7 @@ def test_progress_is_one_line_on_a_terminal_and_nothing_in_a_pipe():
     """The line itself (at most two a second, the last one ended) is the engine's, tested in
     crates/layerdiff-flow/src/progress.rs; here, when the Python flows ask for it."""
     from layerdiff._cli import _Progress
-    from layerdiff.torch import progress_line
+    from layerdiff.torch._running import progress_line
 
     assert progress_line(_Progress(quiet=False), 10) is None  # stderr is not a terminal here
     assert progress_line(_Progress(quiet=True), 10) is None

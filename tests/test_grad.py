@@ -13,7 +13,7 @@ from conftest import ROOT, run_cli
 torch = pytest.importorskip("torch")
 
 import layerdiff  # noqa: E402
-from layerdiff._sides import TorchSide  # noqa: E402
+from layerdiff.torch._sides import TorchSide  # noqa: E402
 
 MLP = str(ROOT / "tests/builders/seed_mlp.py")
 BACKWARD_ORDER = [

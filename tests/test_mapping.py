@@ -183,7 +183,7 @@ def test_real_architectures_map_with_no_false_drift(name, exporter):
     pytest.importorskip("timm")
     torch = pytest.importorskip("torch")
     from builders import zoo
-    from layerdiff.models import ZOO
+    from layerdiff.torch.models import ZOO
 
     torch.manual_seed(0)
     if name.startswith("zoo:"):

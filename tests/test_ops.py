@@ -13,7 +13,7 @@ import layerdiff
 import pytest
 import torch
 import torch.nn.functional as F
-from layerdiff._ops import call, resolve
+from layerdiff.torch._ops import call, resolve
 
 
 def cells(report, **where):
@@ -211,7 +211,7 @@ def test_list_names_the_cases_and_the_backends_here():
 
 
 def test_every_case_resolves_and_runs_in_float32():
-    from layerdiff._op_cases import CASES
+    from layerdiff.torch._op_cases import CASES
 
     for case in CASES.values():
         assert callable(resolve(case.call)), case.name

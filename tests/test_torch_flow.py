@@ -106,7 +106,7 @@ def test_an_identity_after_the_drift_only_inherits_it(tmp_path):
     torch = pytest.importorskip("torch")
     from builders.twice import build
     from faults import perturb_weight as perturb
-    from layerdiff._export import export_onnx
+    from layerdiff.torch._export import export_onnx
 
     torch.manual_seed(0)
     model, inputs = build()

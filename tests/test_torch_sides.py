@@ -14,7 +14,7 @@ from test_causes import assert_born_at, layer
 torch = pytest.importorskip("torch")
 
 import layerdiff  # noqa: E402
-from layerdiff._sides import TorchSide  # noqa: E402
+from layerdiff.torch._sides import TorchSide  # noqa: E402
 
 ENCODER = str(ROOT / "tests/builders/encoder.py")
 
@@ -64,7 +64,7 @@ def test_bfloat16_resnet18_is_precision_loss_against_the_float64_truth(resnet18)
 def test_modules_that_compute_everything_themselves_are_found(resnet18, encoder):
     """A module is taken whole only when none of its submodules runs: attention reading its
     out_proj's weight, not a container whose items run (BERT's encoder), nor the model."""
-    from layerdiff._capture import capture
+    from layerdiff.torch._capture import capture
 
     model, inputs = encoder
     assert capture(model, inputs).self_computing == ["layers.0.self_attn", "layers.1.self_attn"]

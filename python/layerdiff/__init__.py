@@ -70,11 +70,11 @@ def compare_along(model, inputs, *, batch_sizes=(), shapes=(), **options):
     Other options as for :func:`layerdiff.torch.compare_torch_onnx` (``target``, ``tolerance``,
     ``exporter``, ``dtype``, ``seed``, ``name``).
     """
-    from layerdiff._axis import compare_along as run
-    from layerdiff.torch import _as_input_tuple
+    from layerdiff.torch._axis import compare_along as run
+    from layerdiff.torch._running import as_input_tuple
 
     axis, reports, _ = run(
-        model, _as_input_tuple(inputs), batch_sizes=batch_sizes, shapes=shapes, **options
+        model, as_input_tuple(inputs), batch_sizes=batch_sizes, shapes=shapes, **options
     )
     return axis, dict(reports)
 
@@ -83,9 +83,9 @@ def compare_gradients(model, inputs, **options):
     """Compare a PyTorch model's gradients on another device, precision or compiler, in
     backward order (``target="torch:cuda:amp-fp16"``).
 
-    See :func:`layerdiff._grad.compare_gradients` for the options.
+    See :func:`layerdiff.torch._grad.compare_gradients` for the options.
     """
-    from layerdiff._grad import compare_gradients as run
+    from layerdiff.torch._grad import compare_gradients as run
 
     return run(model, inputs, **options)
 
@@ -105,7 +105,8 @@ def check_ops(ops=None, backends=None, dtypes=None, *, out=None, **options) -> d
     import json
     from pathlib import Path
 
-    from layerdiff import _layerdiff, _ops
+    from layerdiff import _layerdiff
+    from layerdiff.torch import _ops
 
     run = _ops.check_ops(ops, backends, dtypes, **options)
     paths = [None, None, None]

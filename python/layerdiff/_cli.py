@@ -76,17 +76,17 @@ def _run(verb: str, command) -> int:
         ) from e
 
     if verb == "zoo":
-        from layerdiff.models import zoo_text
+        from layerdiff.torch.models import zoo_text
 
         sys.stdout.write(zoo_text())
         return 0
     progress = _Progress(command.quiet)
     if verb == "check":
-        from layerdiff import _check
+        from layerdiff.torch import _check
 
         return _check.run_command(command, progress)
     if verb == "ops":
-        from layerdiff import _ops
+        from layerdiff.torch import _ops
 
         return _ops.run_command(command, progress)
     pytorch_target = command.options.torch_target is not None
@@ -114,7 +114,7 @@ def _run(verb: str, command) -> int:
     if verb == "torch" and (command.batch_sizes or command.shapes):
         return _along_axis(lt, command, model, inputs, progress)
     if verb == "grad":
-        from layerdiff._grad import compare_gradients
+        from layerdiff.torch._grad import compare_gradients
 
         report = compare_gradients(model, inputs, loss=command.loss, progress=progress, **common)
     elif pytorch_target:
@@ -139,11 +139,12 @@ def _run(verb: str, command) -> int:
 def _along_axis(lt, command, model, inputs, progress) -> int:
     """`layerdiff torch --batch-sizes`/`--shapes`: the axis report, and under `--out` each
     point's reports in its own folder."""
-    from layerdiff import _axis
+    from layerdiff.torch import _axis
+    from layerdiff.torch._running import as_input_tuple
 
     axis, reports, notes = _axis.compare_along(
         model,
-        lt._as_input_tuple(inputs),
+        as_input_tuple(inputs),
         batch_sizes=command.batch_sizes,
         shapes=command.shapes,
         onnx=command.onnx,

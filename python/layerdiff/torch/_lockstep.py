@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from layerdiff._capture import capture
+from layerdiff.torch._capture import capture
 
 #: Makes the copy and its inputs from the model and the inputs.
 Transform = Callable[[nn.Module, tuple], tuple[nn.Module, tuple]]

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from layerdiff import _layerdiff
-from layerdiff._inputs import inputs_at
+from layerdiff.torch._inputs import inputs_at
 
 
 def points(inputs: tuple, batch_sizes, shapes) -> tuple[str, list[tuple[str, list]]]:
@@ -61,7 +61,8 @@ def compare_along(
     """The axis report, each point's `(label, Report)`, and notes on the run. ``target`` and
     ``tolerance`` as for :func:`layerdiff.torch.compare_torch_onnx` (``options``, already parsed,
     replaces them)."""
-    from layerdiff.torch import compare_torch, compare_torch_onnx, export_onnx, to_eval
+    from layerdiff.torch import compare_torch, compare_torch_onnx, export_onnx
+    from layerdiff.torch._running import to_eval
 
     if not batch_sizes and not shapes:
         raise _layerdiff.UsageError("an axis needs batch_sizes or shapes")

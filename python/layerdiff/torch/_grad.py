@@ -5,7 +5,7 @@ floating-point input, and the gradient each module call's backward hands on to w
 torch`.
 
 Each of them also has its own error: every module call's backward is made again on its own
-(`layerdiff._backward`) in the target's precision on the reference's saved inputs and output
+(`layerdiff.torch._backward`) in the target's precision on the reference's saved inputs and output
 gradient, and exactly in float64 on the same values rounded to the target's dtype (its
 same-precision baseline). So a backward that computes wrongly is told from one that only rounds,
 and from one that merely carries an error from downstream.
@@ -23,12 +23,13 @@ import copy
 
 import torch
 
-from layerdiff import _backward, _baseline, _layerdiff
-from layerdiff._backward import Pass, input_layer
-from layerdiff._capture import _first_tensor, capture
-from layerdiff._sides import _WORDS, TorchSide, cuda_math
+from layerdiff import _layerdiff
 from layerdiff.report import Report
 from layerdiff.tensors import dtype_name, flat
+from layerdiff.torch import _backward, _baseline
+from layerdiff.torch._backward import Pass, input_layer
+from layerdiff.torch._capture import _first_tensor, capture
+from layerdiff.torch._sides import _WORDS, TorchSide, cuda_math
 
 # GradScaler's first scale and its back-off on a step with non-finite gradients.
 _INIT_SCALE, _BACKOFF = 2.0**16, 0.5
@@ -63,10 +64,10 @@ def compare_gradients(
     ``report.drift_origin`` is the first module, in backward order, whose backward computes
     differently (or, with rounding only, where the rounding is born).
     """
-    from layerdiff.torch import _as_input_tuple, to_eval
+    from layerdiff.torch._running import as_input_tuple, to_eval
 
     step = progress or (lambda message: None)
-    inputs = _as_input_tuple(inputs)
+    inputs = as_input_tuple(inputs)
     if loss not in ("dot", "sum"):
         raise _layerdiff.UsageError(f"unknown loss `{loss}` (expected `dot` or `sum`)")
     if options is None:

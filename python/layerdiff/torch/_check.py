@@ -12,22 +12,22 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from layerdiff import _layerdiff, _ort
-from layerdiff._export import export_onnx
-from layerdiff.models import load_builder
 from layerdiff.tensors import flat
-from layerdiff.torch import _as_input_tuple, _run_model, to_eval
+from layerdiff.torch._export import export_onnx
+from layerdiff.torch._running import as_input_tuple, run_model, to_eval
+from layerdiff.torch.models import load_builder
 
 
 def run_command(command, progress) -> int:
     builder = load_builder(command.model)
     progress(f"building {command.model} (seed {command.seed})")
     model, inputs = builder(command.seed)
-    inputs = _as_input_tuple(inputs)
+    inputs = as_input_tuple(inputs)
     note = to_eval(model)
     if note and not command.quiet:
         print(f"note: {note}", file=sys.stderr)
     with torch.no_grad():
-        out = _run_model(inputs, lambda: model(*inputs))
+        out = run_model(inputs, lambda: model(*inputs))
     reference = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
     with tempfile.TemporaryDirectory() as work:
         if command.onnx is not None:

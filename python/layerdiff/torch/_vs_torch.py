@@ -2,8 +2,8 @@
 by layer: `layerdiff torch MODEL --target torch:cuda:bf16`.
 
 Both sides run from the one model instance and the same input bytes. The reference runs in the
-main thread under the capture's hooks; the target, its own copy (`layerdiff._sides`), runs in
-lockstep in a thread (`layerdiff._lockstep`), as does the float64 truth. Before each reference
+main thread under the capture's hooks; the target, its own copy (`layerdiff.torch._sides`), runs in
+lockstep in a thread (`layerdiff.torch._lockstep`), as does the float64 truth. Before each reference
 call runs, the target's module (or functional op) is run on the reference's very inputs,
 converted as the target holds them: that is the layer's local error. Every value streams to the
 Rust engine, which compares, judges and explains as for any two sides.
@@ -15,13 +15,22 @@ import time
 
 import torch
 
-from layerdiff import _baseline, _layerdiff
-from layerdiff._capture import _first_tensor, capture, leaf_modules
-from layerdiff._lockstep import Lockstep
-from layerdiff._sides import _CAST as _CASTS
-from layerdiff._sides import TorchSide, cuda_math
+from layerdiff import _layerdiff
 from layerdiff.report import Report
 from layerdiff.tensors import dtype_name, flat
+from layerdiff.torch import _baseline
+from layerdiff.torch._capture import _first_tensor, capture, leaf_modules
+from layerdiff.torch._lockstep import Lockstep
+from layerdiff.torch._running import (
+    as_input_tuple,
+    layer_parameters,
+    progress_line,
+    run_model,
+    timed_phases,
+    to_eval,
+)
+from layerdiff.torch._sides import _CAST as _CASTS
+from layerdiff.torch._sides import TorchSide, cuda_math
 
 
 def compare_torch(
@@ -58,11 +67,9 @@ def compare_torch(
     (layer names) keeps the given layers instead, and the report is then that of the model with
     them kept, checked against the one without.
     """
-    from layerdiff.torch import _as_input_tuple, _phases
-
-    phases, _ = _phases(timings)
+    phases, _ = timed_phases(timings)
     step = progress or (lambda message: None)
-    inputs = _as_input_tuple(inputs)
+    inputs = as_input_tuple(inputs)
     if options is None:
         options = _layerdiff.Options(
             tolerance=str(tolerance),
@@ -84,8 +91,7 @@ def compare_torch(
             f"keep_fp32 keeps layers of a float16 or bfloat16 target in float32; "
             f"`{tgt_side.spelling}` computes in {tgt_side.precision}"
         )
-    from layerdiff import _precision
-    from layerdiff.torch import to_eval
+    from layerdiff.torch import _precision
 
     eval_note = to_eval(model)
     once = _Comparison(
@@ -117,11 +123,9 @@ class _Comparison:
         self.listed = None
 
     def __call__(self, keep) -> Report:
-        from layerdiff.torch import _layer_parameters, _phases, _run_model, progress_line
-
         model, inputs, options = self.model, self.inputs, self.options
         ref_side, tgt_side, step, timings = self.ref_side, self.tgt_side, self.step, self.timings
-        phases, lap = _phases(list(self.phases) if timings is not False else False)
+        phases, lap = timed_phases(list(self.phases) if timings is not False else False)
         name, seed = self.name, self.seed
 
         with cuda_math(ref_side, tgt_side):
@@ -130,7 +134,7 @@ class _Comparison:
             )
             step(f"listing PyTorch layers ({ref_side.spelling})")
             with ref_side.running():
-                listing = _run_model(inputs, lambda: capture(ref_model, ref_inputs))
+                listing = run_model(inputs, lambda: capture(ref_model, ref_inputs))
                 # A module that computes everything itself (attention reading its projections'
                 # weights) is one layer: its own re-run then covers what it computes.
                 whole = frozenset(listing.self_computing)
@@ -162,8 +166,8 @@ class _Comparison:
             )  # fmt: skip
             needed = run.conclude()
             native = run.finish(
-                _layer_parameters(ref_model, listed, needed),
-                _layer_parameters(target_model, listed, needed, folded=False),
+                layer_parameters(ref_model, listed, needed),
+                layer_parameters(target_model, listed, needed, folded=False),
             )
             whole_model = _compiled_whole(model, inputs, tgt_side) if tgt_side.compile else None
         report = Report(native, inputs=given)
@@ -215,7 +219,7 @@ def _stream(
     """The forward pass that compares: each reference layer goes to the run with the target's
     value of it, its local re-run and the float64 value (``keep``: modules of the target left in
     float32). Returns the target's model."""
-    from layerdiff._precision import _cast, computes_in, keep_in_float32
+    from layerdiff.torch._precision import _cast, computes_in, keep_in_float32
 
     def prepare(m, i):
         copied, given = tgt_side.prepare(m, i, whole)
@@ -307,11 +311,9 @@ def _stream(
         if ticker is not None:
             ticker(index + 1)
 
-    from layerdiff.torch import _run_model
-
     try:
         with ref_side.running():
-            _run_model(
+            run_model(
                 inputs,
                 lambda: capture(
                     ref_model,

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from layerdiff import _layerdiff
-from layerdiff._capture import leaf_modules
+from layerdiff.torch._capture import leaf_modules
 
 _CAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _AUTOCAST = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}

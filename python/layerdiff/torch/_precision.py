@@ -157,7 +157,7 @@ class _Calibration:
     """The quantizer's calibration data: the example inputs, then variations of them."""
 
     def __init__(self, names: list[str], inputs: tuple, seed: int):
-        from layerdiff._inputs import variations
+        from layerdiff.torch._inputs import variations
 
         runs = [inputs, *variations(inputs, VARIATIONS, seed)]
         self._feeds = iter(

@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from layerdiff import _layerdiff, _ort
-from layerdiff._export import export_onnx
-from layerdiff._op_cases import CASES, Case
 from layerdiff.tensors import flat
+from layerdiff.torch._export import export_onnx
+from layerdiff.torch._op_cases import CASES, Case
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DEFAULT_BACKENDS = ["torch", "torch:compile", "ort", "ort:opt=all", "tract"]

@@ -156,7 +156,7 @@ BUILTIN_MODELS = ZOO
 
 
 def _plugins() -> dict[str, Callable]:
-    """Models other packages register under the `layerdiff.models` entry-point group: each
+    """Models other packages register under the `layerdiff.torch.models` entry-point group: each
     entry point's name is the model's, its object a function returning (model, inputs)."""
     from importlib.metadata import entry_points
 
@@ -172,7 +172,7 @@ def zoo_text() -> str:
     lines += [f"{n:<{width}}  {p:>7}  {f:<12}  {x}" for n, p, f, x in rows]
     lines.append(
         "\nAny of them: `layerdiff torch NAME`; your own: `layerdiff torch path/file.py:build`, "
-        "or register one under the `layerdiff.models` entry-point group."
+        "or register one under the `layerdiff.torch.models` entry-point group."
     )
     return "\n".join(lines) + "\n"
 

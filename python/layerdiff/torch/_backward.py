@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from layerdiff import _baseline
-from layerdiff._capture import _first_tensor, capture
+from layerdiff.torch import _baseline
+from layerdiff.torch._capture import _first_tensor, capture
 
 
 @dataclass

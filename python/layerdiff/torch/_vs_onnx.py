@@ -1,51 +1,32 @@
 """`layerdiff torch`: a PyTorch model against its ONNX export, layer by layer. Lists the layers
-(`layerdiff._capture`), exports (`layerdiff._export`), then streams each layer's value from the
-forward hooks to the Rust engine, with the float64 copy's run in lockstep
-(`layerdiff._lockstep`), and hands over the parameters a cause needs.
-
-PyTorch is imported only by this module and the ones it names.
-"""
+(`_capture`), exports (`_export`), then streams each layer's value from the forward hooks to the
+Rust engine, with the float64 copy's run in lockstep (`_lockstep`), and hands over the parameters
+a cause needs."""
 
 from __future__ import annotations
 
 import contextlib
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from layerdiff import _layerdiff, _ort
-from layerdiff._baseline import Replay, model_precision
-from layerdiff._capture import FUNCTIONAL_OPS, CapturedLayer, capture, functional_op
-from layerdiff._export import export_onnx
-from layerdiff._lockstep import Lockstep
-from layerdiff._torch_target import compare_torch
-from layerdiff.models import BUILTIN_MODELS, load_builder
 from layerdiff.report import Report
 from layerdiff.tensors import flat
-
-__all__ = [
-    "BUILTIN_MODELS",
-    "FUNCTIONAL_OPS",
-    "capture",
-    "compare_torch",
-    "compare_torch_onnx",
-    "export_onnx",
-    "functional_op",
-    "load_builder",
-]
-
-
-def _as_input_tuple(inputs) -> tuple:
-    if isinstance(inputs, torch.Tensor):
-        return (inputs,)
-    if isinstance(inputs, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in inputs):
-        return tuple(inputs)
-    raise _layerdiff.InputError(
-        f"example inputs must be a tensor or a tuple of tensors, got {type(inputs).__name__}"
-    )
+from layerdiff.torch._baseline import Replay, model_precision
+from layerdiff.torch._capture import capture
+from layerdiff.torch._export import export_onnx
+from layerdiff.torch._lockstep import Lockstep
+from layerdiff.torch._running import (
+    as_input_tuple,
+    layer_parameters,
+    progress_line,
+    run_model,
+    timed_phases,
+    to_eval,
+)
 
 
 def compare_torch_onnx(
@@ -109,9 +90,9 @@ def compare_torch_onnx(
         raise _layerdiff.UsageError(
             "keep_fp32 keeps layers of a lower-precision target: give dtype"
         )
-    phases, lap = _phases(timings)
+    phases, lap = timed_phases(timings)
     step = progress or (lambda message: None)
-    inputs = _as_input_tuple(inputs)
+    inputs = as_input_tuple(inputs)
     if options is None:
         options = _layerdiff.Options(
             tolerance=str(tolerance),
@@ -128,7 +109,7 @@ def compare_torch_onnx(
     eval_note = to_eval(model)
 
     step("listing PyTorch layers")
-    listed = _run_model(inputs, lambda: capture(model, inputs, fingerprints=True)).layers
+    listed = run_model(inputs, lambda: capture(model, inputs, fingerprints=True)).layers
     lap("listing PyTorch layers")
 
     with contextlib.ExitStack() as stack:
@@ -152,7 +133,7 @@ def compare_torch_onnx(
         )  # fmt: skip
         if dtype is None:
             return compare(onnx_path, notes=[eval_note])
-        from layerdiff import _precision
+        from layerdiff.torch import _precision
 
         step(f"converting the ONNX file to {_precision.DTYPE_NAMES[dtype]}")
         folder.mkdir(parents=True, exist_ok=True)
@@ -230,7 +211,7 @@ class _FileComparison:
             ticker=progress_line(self.progress, len(listed)),
         )  # fmt: skip
         needed = run.conclude()
-        native = run.finish(_layer_parameters(model, listed, needed))
+        native = run.finish(layer_parameters(model, listed, needed))
         report = Report(native, inputs=onnx_inputs).warned(warnings)
         report.notes += [n for n in (*notes, split) if n]
         return report
@@ -251,72 +232,13 @@ def _float64_inputs(model, inputs) -> list[str]:
     ]
 
 
-def to_eval(model) -> str | None:
-    """Puts the model in eval mode, as it is exported and deployed; says so when a module that
-    computes differently in training was in training mode (dropout would make each run differ,
-    batch norm would use the batch's statistics)."""
-    from torch.nn.modules.batchnorm import _BatchNorm
-    from torch.nn.modules.dropout import _DropoutNd
-
-    training = [
-        name
-        for name, m in model.named_modules()
-        if m.training
-        and isinstance(m, (_DropoutNd, _BatchNorm))
-        and (not isinstance(m, _DropoutNd) or m.p > 0)
-    ]
-    model.eval()
-    if not training:
-        return None
-    return (
-        f"the model was in training mode ({', '.join(training[:3])}"
-        f"{'…' if len(training) > 3 else ''}): compared in eval mode (dropout off, batch norm "
-        "on its running statistics), as it is exported; call model.eval() to silence this"
-    )
-
-
-def _phases(timings) -> tuple[list, object]:
-    """The phases measured so far (``timings`` as the API takes it) and ``lap(phase, by)``,
-    which adds the time since the last lap under `phase`."""
-    phases = list(timings) if isinstance(timings, list) else []
-    clock = [time.perf_counter()]
-
-    def lap(phase: str, by: str = "pytorch") -> None:
-        now = time.perf_counter()
-        phases.append((phase, by, now - clock[0]))
-        clock[0] = now
-
-    return phases, lap
-
-
-def _run_model(inputs: tuple, call):
-    """`call()`, with a failure of the model itself reported as bad input (our own errors, e.g.
-    from the ONNX side while layers stream in, pass through)."""
-    try:
-        return call()
-    except _layerdiff.LayerdiffError:
-        raise
-    except Exception as e:
-        shapes = ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in inputs)
-        raise _layerdiff.InputError(
-            f"the model failed on its inputs ({shapes}): {type(e).__name__}: {e}"
-        ) from e
-
-
-def progress_line(progress, total: int):
-    """The progress line over `total` layers (the engine's), when the command prints its
-    progress and stderr is a terminal; else None."""
-    quiet = progress is None or getattr(progress, "quiet", True)
-    return _layerdiff.Ticker.for_terminal(total, quiet)
-
-
 def _stream(
     model, inputs, run, listed, *, float64: bool, clone: bool, baseline: bool = False,
     ticker=None,
 ) -> None:  # fmt: skip
     """The second forward pass: each layer's value goes to the run as its hook fires, with the
     float64 run's value of the same layer and, with ``baseline``, the layer in float64 on the
-    reference's values rounded as the target holds them (`layerdiff._baseline.Replay`).
+    reference's values rounded as the target holds them (`layerdiff.torch._baseline.Replay`).
     ``clone=False`` instead hands the outputs over after the pass, by reference: it exists only
     so a test can show what in-place ops (``ReLU(inplace=True)``) then do to them."""
     truth = Lockstep(model, inputs) if float64 else None
@@ -354,7 +276,7 @@ def _stream(
             ticker(index + 1)
 
     try:
-        _run_model(inputs, lambda: capture(model, inputs, on_layer, dataflow=False))
+        run_model(inputs, lambda: capture(model, inputs, on_layer, dataflow=False))
     finally:
         if truth is not None:
             truth.close()
@@ -388,55 +310,3 @@ def _same_as_listed(layer, value) -> None:
 
 def _flat_or_none(name: str, tensor):
     return None if tensor is None else flat(name, tensor)
-
-
-_CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d)
-_BATCH_NORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
-
-
-def _layer_parameters(
-    model: nn.Module, listed: list[CapturedLayer], needed: list[int], *, folded: bool = True
-) -> dict:
-    """The parameters and buffers of the layers in `needed` (by index), as flat tensors by
-    qualified name, for the weight check. With ``folded``, a BatchNorm fed by a Conv also lists
-    the Conv's weight and bias folded with it, under the Conv's names: that is the form
-    exporters write when they fuse the two."""
-    modules = dict(model.named_modules())
-    out: dict[int, list] = {}
-    for index in needed:
-        layer = listed[index]
-        module = modules.get(layer.module)
-        if module is None:
-            continue
-        own = [
-            (f"{layer.module}.{n}", t.detach())
-            for n, t in [
-                *module.named_parameters(recurse=False),
-                *module.named_buffers(recurse=False),
-            ]
-            if t is not None and t.is_floating_point()
-        ]
-        feeder = listed[layer.input_from] if layer.input_from is not None else None
-        conv = modules.get(feeder.module) if feeder is not None else None
-        if (
-            folded
-            and isinstance(module, _BATCH_NORM)
-            and isinstance(conv, _CONV)
-            and module.track_running_stats
-        ):
-            scale = module.running_var.add(module.eps).rsqrt()
-            if module.weight is not None:
-                scale = scale * module.weight.detach()
-            shift = -module.running_mean * scale
-            if module.bias is not None:
-                shift = shift + module.bias.detach()
-            shape = (-1,) + (1,) * (conv.weight.dim() - 1)
-            own.append((f"{feeder.module}.weight", conv.weight.detach() * scale.reshape(shape)))
-            bias = shift if conv.bias is None else conv.bias.detach() * scale + shift
-            own.append((f"{feeder.module}.bias", bias))
-            own += [
-                (f"{feeder.module}.{n}", t.detach())
-                for n, t in conv.named_parameters(recurse=False)
-            ]
-        out[index] = [flat(n, t) for n, t in own]
-    return out

@@ -23,8 +23,8 @@ import queue
 import torch
 from torch import nn
 
-from layerdiff._capture import _first_tensor
-from layerdiff._lockstep import Lockstep, _Stopped
+from layerdiff.torch._capture import _first_tensor
+from layerdiff.torch._lockstep import Lockstep, _Stopped
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 _WIDTH = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24, torch.float64: 53}

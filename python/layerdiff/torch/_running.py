@@ -1,0 +1,136 @@
+"""What every PyTorch flow shares: the example inputs as a tuple, the model put in eval mode,
+the model's own failures told as bad input, the phases timed, the progress line, and the
+parameters a cause checks (with a BatchNorm folded into the Conv before it, as exporters write
+them)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from layerdiff import _layerdiff
+from layerdiff.tensors import flat
+from layerdiff.torch._capture import CapturedLayer
+
+
+def as_input_tuple(inputs) -> tuple:
+    if isinstance(inputs, torch.Tensor):
+        return (inputs,)
+    if isinstance(inputs, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in inputs):
+        return tuple(inputs)
+    raise _layerdiff.InputError(
+        f"example inputs must be a tensor or a tuple of tensors, got {type(inputs).__name__}"
+    )
+
+
+def to_eval(model) -> str | None:
+    """Puts the model in eval mode, as it is exported and deployed; says so when a module that
+    computes differently in training was in training mode (dropout would make each run differ,
+    batch norm would use the batch's statistics)."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+    from torch.nn.modules.dropout import _DropoutNd
+
+    training = [
+        name
+        for name, m in model.named_modules()
+        if m.training
+        and isinstance(m, (_DropoutNd, _BatchNorm))
+        and (not isinstance(m, _DropoutNd) or m.p > 0)
+    ]
+    model.eval()
+    if not training:
+        return None
+    return (
+        f"the model was in training mode ({', '.join(training[:3])}"
+        f"{'…' if len(training) > 3 else ''}): compared in eval mode (dropout off, batch norm "
+        "on its running statistics), as it is exported; call model.eval() to silence this"
+    )
+
+
+def timed_phases(timings) -> tuple[list, object]:
+    """The phases measured so far (``timings`` as the API takes it) and ``lap(phase, by)``,
+    which adds the time since the last lap under `phase`."""
+    phases = list(timings) if isinstance(timings, list) else []
+    clock = [time.perf_counter()]
+
+    def lap(phase: str, by: str = "pytorch") -> None:
+        now = time.perf_counter()
+        phases.append((phase, by, now - clock[0]))
+        clock[0] = now
+
+    return phases, lap
+
+
+def run_model(inputs: tuple, call):
+    """`call()`, with a failure of the model itself reported as bad input (our own errors, e.g.
+    from the ONNX side while layers stream in, pass through)."""
+    try:
+        return call()
+    except _layerdiff.LayerdiffError:
+        raise
+    except Exception as e:
+        shapes = ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in inputs)
+        raise _layerdiff.InputError(
+            f"the model failed on its inputs ({shapes}): {type(e).__name__}: {e}"
+        ) from e
+
+
+def progress_line(progress, total: int):
+    """The progress line over `total` layers (the engine's), when the command prints its
+    progress and stderr is a terminal; else None."""
+    quiet = progress is None or getattr(progress, "quiet", True)
+    return _layerdiff.Ticker.for_terminal(total, quiet)
+
+
+_CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d)
+_BATCH_NORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+def layer_parameters(
+    model: nn.Module, listed: list[CapturedLayer], needed: list[int], *, folded: bool = True
+) -> dict:
+    """The parameters and buffers of the layers in `needed` (by index), as flat tensors by
+    qualified name, for the weight check. With ``folded``, a BatchNorm fed by a Conv also lists
+    the Conv's weight and bias folded with it, under the Conv's names: that is the form
+    exporters write when they fuse the two."""
+    modules = dict(model.named_modules())
+    out: dict[int, list] = {}
+    for index in needed:
+        layer = listed[index]
+        module = modules.get(layer.module)
+        if module is None:
+            continue
+        own = [
+            (f"{layer.module}.{n}", t.detach())
+            for n, t in [
+                *module.named_parameters(recurse=False),
+                *module.named_buffers(recurse=False),
+            ]
+            if t is not None and t.is_floating_point()
+        ]
+        feeder = listed[layer.input_from] if layer.input_from is not None else None
+        conv = modules.get(feeder.module) if feeder is not None else None
+        if (
+            folded
+            and isinstance(module, _BATCH_NORM)
+            and isinstance(conv, _CONV)
+            and module.track_running_stats
+        ):
+            scale = module.running_var.add(module.eps).rsqrt()
+            if module.weight is not None:
+                scale = scale * module.weight.detach()
+            shift = -module.running_mean * scale
+            if module.bias is not None:
+                shift = shift + module.bias.detach()
+            shape = (-1,) + (1,) * (conv.weight.dim() - 1)
+            own.append((f"{feeder.module}.weight", conv.weight.detach() * scale.reshape(shape)))
+            bias = shift if conv.bias is None else conv.bias.detach() * scale + shift
+            own.append((f"{feeder.module}.bias", bias))
+            own += [
+                (f"{feeder.module}.{n}", t.detach())
+                for n, t in conv.named_parameters(recurse=False)
+            ]
+        out[index] = [flat(n, t) for n, t in own]
+    return out
