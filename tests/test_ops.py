@@ -13,7 +13,7 @@ import layerdiff
 import pytest
 import torch
 import torch.nn.functional as F
-from layerdiff.torch._ops import call, resolve
+from layerdiff.torch._op_cell import call, resolve
 
 
 def cells(report, **where):

@@ -1,0 +1,325 @@
+"""One cell of `layerdiff ops`, a self-contained task (`run_cell(task)`): its inputs made from the
+seed, the truth computed in float64 on the same rounded inputs, the backend's result (PyTorch on
+a device, compiled or not, or the single-op ONNX model its export task made, on a runtime), and a
+JSON-able dict back, so cells run the same in this process, in a pool or as Ray tasks."""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from layerdiff import _layerdiff, _ort
+from layerdiff.tensors import flat
+from layerdiff.torch._export import export_onnx
+from layerdiff.torch._op_cases import CASES, Case
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# What a backend says when it has no kernel for an op or dtype (PyTorch, ONNX Runtime, tract,
+# the exporter): such a cell is UNSUPPORTED, not an ERROR.
+_UNSUPPORTED = (
+    "not implemented for",
+    "notimplementederror",
+    "could not find an implementation",
+    "not_implemented",
+    "unsupported",
+    "not supported",
+    "no kernel",
+    "unimplemented",
+    "type parameter (t) of optype",
+    "is not a valid type",
+    "unknown datumtype",
+    "type error: type 'tensor(",
+)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One cell: everything it needs, picklable."""
+
+    case: str
+    backend: str
+    dtype: str
+    seed: int
+    model: bytes | None = None  # the single-op ONNX model, for ONNX backends
+    input_names: tuple = ()
+    onnx_ops: tuple = ()
+    export_error: str | None = None
+
+
+def resolve(call: str):
+    """The function a case's `call` names (`torch.matmul`, `F.gelu`)."""
+    module, _, name = call.partition(".")
+    return getattr({"torch": torch, "F": F}[module], name)
+
+
+def is_onnx(backend: str) -> bool:
+    """Whether an ONNX runtime computes the backend (`ort…`, `tract`, `openvino…`); a custom
+    backend's name is none (a misspelled one is refused by `describe`)."""
+    try:
+        return _layerdiff.side_spec(backend).kind == "runtime"
+    except _layerdiff.UsageError:
+        return False
+
+
+def torch_backend(backend: str) -> tuple[str, bool] | None:
+    """`(device, compiled)` for `torch[:DEVICE][:compile]`; None for other backends."""
+    spec = _layerdiff.side_spec(backend)
+    if spec.kind != "torch":
+        return None
+    if spec.precision != "fp32":
+        raise _layerdiff.UsageError(
+            f"backend `{backend}`: an op backend takes no precision (`{spec.precision}`); "
+            "the matrix's dtypes are --dtypes"
+        )
+    return spec.device, spec.compile is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs, truth and magnitude
+
+
+def make_inputs(case: Case, seed: int) -> list[torch.Tensor]:
+    """The case's inputs in float32 (and int64/bool), the same for every backend and dtype."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + sum(map(ord, case.name)))
+    out = []
+    for spec in case.inputs:
+        kind, shape = spec[0], spec[1]
+        if kind == "randn":
+            rest = spec[2:]
+            scale, shift = (rest[0] if rest else 1.0), (rest[1] if len(rest) > 1 else 0.0)
+            out.append(torch.randn(shape, generator=g) * scale + shift)
+        elif kind == "uniform":
+            lo, hi = spec[2], spec[3]
+            out.append(torch.rand(shape, generator=g) * (hi - lo) + lo)
+        elif kind == "int":
+            out.append(torch.randint(spec[2], spec[3], shape, generator=g))
+        elif kind == "perm":
+            rows = [torch.randperm(shape[-1], generator=g) for _ in range(math.prod(shape[:-1]))]
+            out.append(torch.stack(rows).reshape(shape))
+        elif kind == "bool":
+            out.append(torch.rand(shape, generator=g) < 0.5)
+        elif kind == "masked":
+            x = torch.randn(shape, generator=g)
+            above = torch.ones(shape[-2:], dtype=torch.bool).triu(1)
+            out.append(x.masked_fill(above, float("-inf")))
+        else:
+            raise ValueError(f"case {case.name}: unknown input kind {kind!r}")
+    return out
+
+
+def rounded(inputs: list[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
+    """Float inputs rounded to `dtype`; indices and conditions as they are."""
+    return [x.to(dtype) if x.is_floating_point() else x for x in inputs]
+
+
+def call(fn, case: Case, args: list) -> torch.Tensor:
+    """`fn` on the inputs as the case passes them: the first positionally, the last
+    `case.keywords` by name, then the case's own keyword arguments."""
+    split = len(args) - len(case.keywords)
+    out = fn(*args[:split], **dict(zip(case.keywords, args[split:], strict=True)), **case.kwargs)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def compute(case: Case, args: list[torch.Tensor]) -> torch.Tensor:
+    return call(resolve(case.call), case, args)
+
+
+def magnitude(case: Case, args: list[torch.Tensor], truth: torch.Tensor) -> torch.Tensor | None:
+    """What the case's error scales with, per output element, in float64 (None: |truth|)."""
+    kind = case.magnitude
+    if kind == "value":
+        return None
+    if kind == "terms":
+        absolute = [x.abs() if x.is_floating_point() else x for x in args]
+        return compute(case, absolute).abs()
+    if kind == "input":
+        return torch.maximum(truth.abs(), args[0].abs().expand_as(truth))
+    if kind == "softmax":
+        x = args[0]
+        below = (x - x.amax(case.kwargs["dim"], keepdim=True)).abs().nan_to_num(posinf=0.0)
+        return truth.abs() * (1.0 + below)
+    if kind == "normalized":
+        return _normalized(case, args)
+    if kind == "attention":
+        q, k, v = args[:3]
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        scores = q @ k.transpose(-2, -1) * scale
+        if case.kwargs.get("is_causal"):
+            n = scores.shape[-1]
+            above = torch.ones(n, n, dtype=torch.bool).triu(1)
+            scores = scores.masked_fill(above, float("-inf"))
+        p = scores.softmax(-1)
+        spread = 1.0 + (q.abs() @ k.abs().transpose(-2, -1)) * scale
+        return (p * spread) @ v.abs()
+    raise ValueError(f"case {case.name}: unknown magnitude {kind!r}")
+
+
+def _normalized(case: Case, args: list[torch.Tensor]) -> torch.Tensor:
+    """(|x| + |mean|)/σ·|weight| + |bias| over the dims the op normalizes."""
+    x = args[0]
+    weight = bias = None
+    if case.call == "F.batch_norm":
+        mean, var, weight, bias = args[1:5]
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        mean, sigma = mean.reshape(shape), (var + 1e-5).sqrt().reshape(shape)
+        weight, bias = weight.reshape(shape), bias.reshape(shape)
+        return (x.abs() + mean.abs()) / sigma * weight.abs() + bias.abs()
+    if case.call == "F.group_norm":
+        groups = case.kwargs["num_groups"]
+        grouped = x.reshape(x.shape[0], groups, -1)
+        mean = grouped.mean(-1, keepdim=True)
+        sigma = (grouped.var(-1, unbiased=False, keepdim=True) + 1e-5).sqrt()
+        m = ((grouped.abs() + mean.abs()) / sigma).reshape(x.shape)
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        if len(args) > 1:
+            weight, bias = args[1].reshape(shape), args[2].reshape(shape)
+        return m * (weight.abs() if weight is not None else 1) + (
+            bias.abs() if bias is not None else 0
+        )
+    dims = tuple(range(-len(case.kwargs["normalized_shape"]), 0))
+    mean = x.mean(dims, keepdim=True)
+    sigma = (x.var(dims, unbiased=False, keepdim=True) + 1e-5).sqrt()
+    m = (x.abs() + mean.abs()) / sigma
+    if len(args) > 1:
+        m = m * args[1].abs()
+    if len(args) > 2:
+        m = m + args[2].abs()
+    return m
+
+
+# ---------------------------------------------------------------------------------------------
+# Backends
+
+
+class _Op(torch.nn.Module):
+    """One case as a module: what is exported and compiled."""
+
+    def __init__(self, case: Case):
+        super().__init__()
+        self.case = case
+
+    def forward(self, *args):
+        return call(resolve(self.case.call), self.case, list(args))
+
+
+def export_case(case_name: str, dtype: str, seed: int, opset: int, exporter: str) -> dict:
+    """The case exported alone at `opset`: its bytes, input names and ONNX ops, or the error."""
+    import onnx
+
+    case = CASES[case_name]
+    args = rounded(make_inputs(case, seed), DTYPES[dtype])
+    with tempfile.TemporaryDirectory() as work:
+        path = Path(work) / "op.onnx"
+        try:
+            export_onnx(_Op(case), tuple(args), path, exporter=exporter, opset=opset)
+        except _layerdiff.ModelError as e:  # the exporter's own failure is the cell's finding
+            return {"error": str(e).splitlines()[0]}
+        model = onnx.load(str(path))
+    model.ir_version = min(model.ir_version, 10)  # what ONNX Runtime 1.31 accepts
+    initializers = {i.name for i in model.graph.initializer}
+    return {
+        "model": model.SerializeToString(),
+        "input_names": tuple(i.name for i in model.graph.input if i.name not in initializers),
+        "onnx_ops": tuple(sorted({n.op_type for n in model.graph.node})),
+    }
+
+
+def _run_torch(case: Case, args: list[torch.Tensor], device: str, compiled: bool):
+    args = [x.to(device) for x in args]
+    module = _Op(case)
+    if compiled:
+        torch._dynamo.reset()
+        module = torch.compile(module, dynamic=False)
+    with torch.no_grad():
+        out = module(*args)
+    return out.cpu()
+
+
+def _run_onnx(task: Task, args: list[torch.Tensor]) -> torch.Tensor:
+    if task.export_error is not None:
+        raise _ExportFailed(task.export_error)
+    if len(task.input_names) != len(args):
+        raise RuntimeError(
+            f"the exported model reads {len(task.input_names)} inputs where the op takes "
+            f"{len(args)}"
+        )
+    inputs = [flat(name, x) for name, x in zip(task.input_names, args, strict=True)]
+    outputs = _layerdiff.run_model(task.model, task.backend, inputs, _ort.library())
+    _, dtype, shape, data = outputs[0]
+    dtype = getattr(torch, dtype)
+    if not data:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
+
+
+class _ExportFailed(Exception):
+    pass
+
+
+def run_cell(task: Task, custom: dict | None = None) -> dict:
+    """One cell: its verdict and numbers, or why it could not be judged."""
+    case = CASES[task.case]
+    cell = {"case": task.case, "backend": task.backend, "dtype": task.dtype}
+    if task.onnx_ops:
+        cell["onnx_ops"] = list(task.onnx_ops)
+    inputs = make_inputs(case, task.seed)
+    args = rounded(inputs, DTYPES[task.dtype])
+    wide = [x.double() if x.is_floating_point() else x for x in args]
+    try:
+        with torch.no_grad():
+            truth = compute(case, wide)
+            scale = magnitude(case, wide, truth)
+            if custom is not None and task.backend in custom:
+                got = custom[task.backend](case, args)
+            elif is_onnx(task.backend):
+                got = _run_onnx(task, args)
+            else:
+                device, compiled = torch_backend(task.backend)
+                got = _run_torch(case, args, device, compiled)
+    except Exception as e:  # a backend's failure is the cell's finding, never the run's end
+        return {**cell, **_failure(e)}
+    if tuple(got.shape) != tuple(truth.shape):
+        return {
+            **cell,
+            "status": "FAIL",
+            "message": f"shape {list(got.shape)} where the op gives {list(truth.shape)}",
+        }
+    expected_dtype = truth.dtype if not truth.is_floating_point() else DTYPES[task.dtype]
+    if got.dtype != expected_dtype:
+        made_by = "the exported model gives" if is_onnx(task.backend) else "gives"
+        return {
+            **cell,
+            "status": "ERROR" if is_onnx(task.backend) else "FAIL",
+            "message": f"{made_by} {str(got.dtype).removeprefix('torch.')} where the op gives "
+            f"{str(expected_dtype).removeprefix('torch.')}",
+        }
+    truth64 = truth.double().reshape(-1).numpy()
+    scale64 = (
+        scale.double().expand_as(truth).reshape(-1).numpy()
+        if scale is not None
+        else truth64[:0].copy()
+    )
+    check = json.loads(
+        _layerdiff.check_op(flat("got", got), truth64, scale64.copy(), case.reduction, case.stages)
+    )
+    return {**cell, "status": "PASS" if check["passed"] else "FAIL", "check": check}
+
+
+def _failure(e: Exception) -> dict:
+    message = f"{type(e).__name__}: {e}".strip()
+    if isinstance(e, _ExportFailed):
+        message = str(e)
+    lowered = message.lower()
+    unsupported = isinstance(e, NotImplementedError) or any(s in lowered for s in _UNSUPPORTED)
+    first = message.splitlines()[0] if message else type(e).__name__
+    return {"status": "UNSUPPORTED" if unsupported else "ERROR", "message": first[:2000]}
+
+
+# ---------------------------------------------------------------------------------------------
+# The matrix
