@@ -18,6 +18,7 @@ mod evidence;
 mod expected_side;
 mod fallback_side;
 mod graph_side;
+mod group;
 pub mod inputs;
 pub mod memory;
 pub mod onnx_flow;

@@ -11,6 +11,7 @@ use layerdiff_core::{DType, Evidence, SideInfo, Summary, TargetGraph, Tensor, Te
 
 use crate::Result;
 use crate::evidence::{WeightCheck, WeightCheckFn};
+pub use crate::group::{Group, Member};
 use crate::plan::{Part, PlanSide};
 use crate::timings::Stopwatch;
 
@@ -125,59 +126,6 @@ pub trait Receive {
     /// The parameters of layer `index`, checked against the other side's weights when a cause
     /// is looked for.
     fn set_parameters(&mut self, index: usize, parameters: Vec<(String, Tensor)>);
-}
-
-/// A group of a side's own computation: what computes one value from values both sides know.
-/// The engine holds it and hands it back; only the side that found it reads `members`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Group {
-    /// The side's own indices of what computes the value (an ONNX graph's node indices, a
-    /// framework's layer index), in order.
-    pub members: Vec<usize>,
-    /// The values known on both sides that the group reads, in first-read order.
-    pub inputs: Vec<String>,
-}
-
-/// One member of a group in its side's own terms: an ONNX node, a framework's op or layer.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Member {
-    /// Its name, where it has one (the report lists the named ones).
-    pub name: Option<String>,
-    /// How the report names it when it has no name (`Add→x` for an unnamed ONNX node).
-    pub shown: String,
-    /// Its op (`Conv`, `LayerNormalization`).
-    pub op: String,
-    /// Its attributes, each as `(name, value in words)`.
-    pub attributes: Vec<(String, String)>,
-}
-
-impl Member {
-    /// How this member's attributes differ from `reference`'s, one line each
-    /// (``epsilon` 1e-5 → 0.1 on `ln``).
-    pub fn changes_from(&self, reference: &Member) -> Vec<String> {
-        let mut names: Vec<&str> = reference
-            .attributes
-            .iter()
-            .chain(&self.attributes)
-            .map(|(n, _)| n.as_str())
-            .collect();
-        names.sort_unstable();
-        names.dedup();
-        let text = |member: &Member, name: &str| {
-            member
-                .attributes
-                .iter()
-                .find(|(n, _)| n == name)
-                .map_or_else(|| "(unset)".to_string(), |(_, v)| v.clone())
-        };
-        names
-            .into_iter()
-            .filter_map(|name| {
-                let (r, t) = (text(reference, name), text(self, name));
-                (r != t).then(|| format!("`{name}` {r} → {t} on `{}`", self.shown))
-            })
-            .collect()
-    }
 }
 
 /// Re-runs a group of a side's own computation on given values: what local error, and the
@@ -342,36 +290,5 @@ impl Values {
     pub fn free(&mut self, names: &[String]) {
         let names: HashSet<&str> = names.iter().map(String::as_str).collect();
         self.held.retain(|(n, _)| !names.contains(n.as_str()));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn norm(attributes: &[(&str, &str)]) -> Member {
-        Member {
-            name: Some("ln".into()),
-            shown: "ln".into(),
-            op: "LayerNormalization".into(),
-            attributes: attributes
-                .iter()
-                .map(|(n, v)| (n.to_string(), v.to_string()))
-                .collect(),
-        }
-    }
-
-    #[test]
-    fn a_changed_or_unset_attribute_is_named_with_both_values() {
-        let reference = norm(&[("epsilon", "1e-5"), ("axis", "-1")]);
-        assert_eq!(
-            norm(&[("epsilon", "0.1"), ("axis", "-1")]).changes_from(&reference),
-            vec!["`epsilon` 1e-5 → 0.1 on `ln`".to_string()]
-        );
-        assert_eq!(
-            norm(&[("epsilon", "1e-5")]).changes_from(&reference),
-            vec!["`axis` -1 → (unset) on `ln`".to_string()]
-        );
-        assert!(reference.changes_from(&reference).is_empty());
     }
 }
