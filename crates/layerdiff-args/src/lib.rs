@@ -11,11 +11,11 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use layerdiff_core::{FailOn, Tolerance};
 use layerdiff_flow::Settings;
-use layerdiff_flow::audit::{AuditDestinations, AuditOptions};
+use layerdiff_flow::audit::AuditOptions;
 use layerdiff_flow::inputs::InputPlan;
 use layerdiff_flow::onnx_flow::OnnxOptions;
 use layerdiff_flow::output::Destinations;
-use layerdiff_flow::providers::{ProvidersDestinations, ProvidersOptions};
+use layerdiff_flow::providers::ProvidersOptions;
 use layerdiff_flow::torch_side::{TorchSpec, TorchTarget};
 use layerdiff_runtime::{OptLevel, Provider, RuntimeSpec};
 

@@ -104,14 +104,13 @@ fn op_dtype(s: &str) -> Result<String, String> {
 
 impl OpsArgs {
     /// Where the matrix goes.
-    pub fn destinations(&self) -> layerdiff_flow::ops::OpsDestinations {
-        let (json, markdown) = self.table.paths("ops");
-        let html = self.table.out.as_ref().map(|d| d.join("ops.html"));
-        layerdiff_flow::ops::OpsDestinations {
-            json,
-            markdown,
-            html: self.html.clone().or(html),
-            quiet: self.table.quiet,
+    pub fn destinations(&self) -> Destinations {
+        Destinations {
+            html: self
+                .html
+                .clone()
+                .or_else(|| self.table.under("ops", "html")),
+            ..self.table.destinations("ops")
         }
     }
 }
@@ -219,13 +218,10 @@ impl ProvidersArgs {
     }
 
     /// Where the table goes.
-    pub fn destinations(&self) -> ProvidersDestinations {
-        let (json, markdown) = self.table.paths("providers");
-        ProvidersDestinations {
-            json,
-            markdown,
-            cells: self.table.out.as_ref().map(|d| d.join("cells")),
-            quiet: self.table.quiet,
+    pub fn destinations(&self) -> Destinations {
+        Destinations {
+            parts: self.table.out.as_ref().map(|d| d.join("cells")),
+            ..self.table.destinations("providers")
         }
     }
 }
@@ -248,13 +244,19 @@ pub struct TableArgs {
 }
 
 impl TableArgs {
-    /// The JSON and Markdown paths: given, else `--out`/NAME.json and NAME.md.
-    fn paths(&self, name: &str) -> (Option<PathBuf>, Option<PathBuf>) {
-        let under = |ext: &str| self.out.as_ref().map(|d| d.join(format!("{name}.{ext}")));
-        (
-            self.json.clone().or_else(|| under("json")),
-            self.markdown.clone().or_else(|| under("md")),
-        )
+    /// Where the table goes: the JSON and Markdown given, else `--out`/NAME.json and NAME.md.
+    fn destinations(&self, name: &str) -> Destinations {
+        Destinations {
+            json: self.json.clone().or_else(|| self.under(name, "json")),
+            markdown: self.markdown.clone().or_else(|| self.under(name, "md")),
+            quiet: self.quiet,
+            ..Destinations::default()
+        }
+    }
+
+    /// `--out`/NAME.EXT, when `--out` is given.
+    fn under(&self, name: &str, ext: &str) -> Option<PathBuf> {
+        self.out.as_ref().map(|d| d.join(format!("{name}.{ext}")))
     }
 }
 
@@ -287,12 +289,7 @@ impl AuditArgs {
     }
 
     /// Where the audit goes.
-    pub fn destinations(&self) -> AuditDestinations {
-        let (json, markdown) = self.table.paths("audit");
-        AuditDestinations {
-            json,
-            markdown,
-            quiet: self.table.quiet,
-        }
+    pub fn destinations(&self) -> Destinations {
+        self.table.destinations("audit")
     }
 }

@@ -101,6 +101,7 @@ impl ReportArgs {
             svg: self.svg_path(),
             node_data: self.node_data_path(),
             inputs: self.inputs_path(),
+            parts: None,
             quiet: self.quiet,
             timings: self.timings,
             fail_on: self.fail_on,

@@ -12,7 +12,7 @@ use layerdiff_runtime::RuntimeSpec;
 use serde::Serialize;
 
 use crate::inputs::{InputPlan, check_inputs, generate_inputs, read_inputs};
-use crate::output::write_texts;
+use crate::output::{Destinations, Format, Rendered, publish};
 use crate::{Error, Result, error_chain};
 
 /// Schema of the audit.
@@ -420,28 +420,22 @@ pub fn to_markdown(report: &AuditReport) -> String {
     out
 }
 
-/// Where the audit goes.
-#[derive(Debug, Clone, Default)]
-pub struct AuditDestinations {
-    /// As JSON.
-    pub json: Option<PathBuf>,
-    /// As Markdown.
-    pub markdown: Option<PathBuf>,
-    /// Print nothing but errors.
-    pub quiet: bool,
+impl Rendered for AuditReport {
+    fn render(&self, format: Format) -> Option<String> {
+        match format {
+            Format::Json => Some(render::to_json_value(self)),
+            Format::Markdown => Some(to_markdown(self)),
+            Format::Text => Some(to_text(self)),
+            Format::Html | Format::Svg | Format::NodeData => None,
+        }
+    }
 }
 
 /// Runs the `audit` verb; returns the exit code (0 every runtime runs every op, 1 one does not,
 /// 2 layerdiff could not audit the model).
-pub fn run(options: &AuditOptions, to: &AuditDestinations, ort_library: Option<&Path>) -> u8 {
+pub fn run(options: &AuditOptions, to: &Destinations, ort_library: Option<&Path>) -> u8 {
     let done = audit(options, ort_library).and_then(|report| {
-        write_texts(&[
-            (&to.json, render::to_json_value(&report)),
-            (&to.markdown, to_markdown(&report)),
-        ])?;
-        if !to.quiet {
-            print!("{}", to_text(&report));
-        }
+        publish(&report, to)?;
         Ok(report)
     });
     match done {

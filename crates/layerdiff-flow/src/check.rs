@@ -3,13 +3,11 @@
 //! (`numpy.allclose`), with the largest absolute and relative error and the worst element: the
 //! first thing to run after an export, and the per-layer comparison when it fails.
 
-use std::path::PathBuf;
-
 use layerdiff_core::{Bound, DType, Judge, Machine, Stats, Tensor, compare_judged, render};
 use serde::Serialize;
 
 use crate::Result;
-use crate::output::write_texts;
+use crate::output::{Destinations, Format, Rendered, publish};
 
 /// Schema of the check.
 pub const CHECK_SCHEMA: &str = "layerdiff.check/1";
@@ -162,20 +160,18 @@ pub fn to_text(report: &CheckReport) -> String {
     out
 }
 
-/// Where the check goes.
-#[derive(Debug, Clone, Default)]
-pub struct CheckDestinations {
-    /// As JSON.
-    pub json: Option<PathBuf>,
-    /// Print nothing but errors.
-    pub quiet: bool,
+impl Rendered for CheckReport {
+    fn render(&self, format: Format) -> Option<String> {
+        match format {
+            Format::Json => Some(render::to_json_value(self)),
+            Format::Text => Some(to_text(self)),
+            Format::Markdown | Format::Html | Format::Svg | Format::NodeData => None,
+        }
+    }
 }
 
 /// Writes and prints the check; returns the exit code.
-pub fn deliver(report: &CheckReport, to: &CheckDestinations) -> Result<u8> {
-    write_texts(&[(&to.json, render::to_json_value(report))])?;
-    if !to.quiet {
-        print!("{}", to_text(report));
-    }
+pub fn deliver(report: &CheckReport, to: &Destinations) -> Result<u8> {
+    publish(report, to)?;
     Ok(report.exit_code())
 }

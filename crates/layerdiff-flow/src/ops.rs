@@ -4,7 +4,7 @@
 //! [`run_model`]. This module holds the matrix as a report and its renderings: JSON,
 //! Markdown, HTML and the text printed.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use layerdiff_core::render::html_escape;
 use layerdiff_core::{Machine, OpCheck, Tensor, render};
@@ -12,7 +12,7 @@ use layerdiff_onnx::Model;
 use layerdiff_runtime::RuntimeSpec;
 use serde::{Deserialize, Serialize};
 
-use crate::output::write_texts;
+use crate::output::{Destinations, Format, Rendered, publish};
 use crate::{Error, Result};
 
 mod words;
@@ -187,39 +187,30 @@ impl OpsReport {
     }
 }
 
-/// Where the matrix goes.
-#[derive(Debug, Clone, Default)]
-pub struct OpsDestinations {
-    /// As JSON.
-    pub json: Option<PathBuf>,
-    /// As Markdown.
-    pub markdown: Option<PathBuf>,
-    /// As HTML.
-    pub html: Option<PathBuf>,
-    /// Print nothing but errors.
-    pub quiet: bool,
+impl Rendered for OpsReport {
+    fn render(&self, format: Format) -> Option<String> {
+        match format {
+            Format::Json => Some(render::to_json_value(self)),
+            Format::Markdown => Some(to_markdown(self)),
+            Format::Html => Some(to_html(self)),
+            Format::Text => Some(to_text(self)),
+            Format::Svg | Format::NodeData => None,
+        }
+    }
 }
 
-/// The report of a run (`run_json`, an [`OpsRun`] as JSON), written where `to` says.
-pub fn report(run_json: &str, to: &OpsDestinations) -> Result<OpsReport> {
+/// The report of a run (`run_json`, an [`OpsRun`] as JSON).
+pub fn report(run_json: &str) -> Result<OpsReport> {
     let run: OpsRun = serde_json::from_str(run_json)
         .map_err(|e| Error::Usage(format!("not an op matrix run: {e}")))?;
-    let report = OpsReport::new(run);
-    write_texts(&[
-        (&to.json, render::to_json_value(&report)),
-        (&to.markdown, to_markdown(&report)),
-        (&to.html, to_html(&report)),
-    ])?;
-    Ok(report)
+    Ok(OpsReport::new(run))
 }
 
 /// Writes and prints the matrix of a run; returns the exit code (0 every cell that ran
 /// passed, 1 one failed or broke).
-pub fn deliver(run_json: &str, to: &OpsDestinations) -> Result<u8> {
-    let report = report(run_json, to)?;
-    if !to.quiet {
-        print!("{}", to_text(&report));
-    }
+pub fn deliver(run_json: &str, to: &Destinations) -> Result<u8> {
+    let report = report(run_json)?;
+    publish(&report, to)?;
     Ok(report.exit_code())
 }
 

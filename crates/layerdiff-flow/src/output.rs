@@ -1,5 +1,8 @@
-//! A finished run's outputs, the same from every entry point: the reports (each file written
-//! whole or not at all), the inputs beside them, the summary and the timings printed.
+//! A finished run's outputs, the same from every verb and every entry point: one
+//! [`Destinations`] says where each [`Format`] goes, every kind of report is [`Rendered`] in the
+//! formats it offers, each file is written whole or not at all; then the inputs beside them, the
+//! summary and the timings printed. Adding a format is a variant of [`Format`], its destination,
+//! and its renderer in each kind of report that offers it.
 
 use std::path::{Path, PathBuf};
 
@@ -8,7 +11,78 @@ use layerdiff_core::{FailOn, Report, Tensor, Timing, render, write_safetensors};
 use crate::timings::{OWN, Stopwatch, timings_text};
 use crate::{Error, Result};
 
-/// Where a run's outputs go, and what is printed.
+/// A form a report is written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// JSON, for programs and CI diffs.
+    Json,
+    /// Markdown.
+    Markdown,
+    /// One self-contained HTML page.
+    Html,
+    /// The error chart alone, as SVG.
+    Svg,
+    /// Each ONNX node's own error, as Model Explorer node data.
+    NodeData,
+    /// The summary printed to the terminal.
+    Text,
+}
+
+impl Format {
+    /// The formats written to files, in the order they are written.
+    pub const FILES: [Format; 5] = [
+        Format::Json,
+        Format::Markdown,
+        Format::Html,
+        Format::Svg,
+        Format::NodeData,
+    ];
+
+    /// Its name in words.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Json => "JSON",
+            Format::Markdown => "Markdown",
+            Format::Html => "HTML",
+            Format::Svg => "SVG",
+            Format::NodeData => "Model Explorer node data",
+            Format::Text => "text",
+        }
+    }
+}
+
+/// A kind of report (a comparison, the op matrix, the provider table, the audit, the check, an
+/// axis): the report in each format it offers.
+pub trait Rendered {
+    /// The report in `format`; `None` when this kind of report has no such form.
+    fn render(&self, format: Format) -> Option<String>;
+}
+
+impl Rendered for Report {
+    fn render(&self, format: Format) -> Option<String> {
+        Some(match format {
+            Format::Json => render::to_json(self),
+            Format::Markdown => render::to_markdown(self),
+            Format::Html => render::to_html(self),
+            Format::Svg => render::to_svg(self, false),
+            Format::NodeData => render::to_node_data(self),
+            Format::Text => render::to_text(self),
+        })
+    }
+}
+
+impl Rendered for layerdiff_core::AxisReport {
+    fn render(&self, format: Format) -> Option<String> {
+        match format {
+            Format::Json => Some(render::to_json_value(self)),
+            Format::Markdown => Some(layerdiff_core::axis_markdown(self)),
+            Format::Text => Some(layerdiff_core::axis_text(self)),
+            Format::Html | Format::Svg | Format::NodeData => None,
+        }
+    }
+}
+
+/// Where a run's outputs go, and what is printed: the one destinations type of every verb.
 #[derive(Debug, Clone, Default)]
 pub struct Destinations {
     /// The JSON report.
@@ -23,6 +97,9 @@ pub struct Destinations {
     pub node_data: Option<PathBuf>,
     /// The inputs, as safetensors (with their seed).
     pub inputs: Option<PathBuf>,
+    /// A folder for each part's whole report, where a verb makes several (`providers`: one
+    /// per cell, `ort-cuda-opt-all.json`…).
+    pub parts: Option<PathBuf>,
     /// Print nothing but errors.
     pub quiet: bool,
     /// Keep the phases in the JSON report and print them (stderr).
@@ -85,41 +162,59 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-/// Writes each `(path, text)` whose path is given, atomically.
-pub fn write_texts(texts: &[(&Option<PathBuf>, String)]) -> Result<()> {
-    for (path, text) in texts {
-        if let Some(path) = path {
-            write_atomic(path, text.as_bytes()).map_err(|source| Error::Write {
-                path: path.clone(),
-                source,
-            })?;
+impl Destinations {
+    /// Where `format` goes, when it is written to a file.
+    pub fn path(&self, format: Format) -> Option<&PathBuf> {
+        match format {
+            Format::Json => self.json.as_ref(),
+            Format::Markdown => self.markdown.as_ref(),
+            Format::Html => self.html.as_ref(),
+            Format::Svg => self.svg.as_ref(),
+            Format::NodeData => self.node_data.as_ref(),
+            Format::Text => None,
         }
     }
-    Ok(())
 }
 
-/// Writes the renderings `to` names (JSON, Markdown, HTML, the chart as SVG, Model Explorer node
-/// data), each whole or not at all; returns the paths written.
-pub fn write_reports(report: &Report, to: &Destinations) -> Result<Vec<PathBuf>> {
-    type Render = fn(&Report) -> String;
-    let renderings: [(&Option<PathBuf>, Render); 5] = [
-        (&to.json, render::to_json),
-        (&to.markdown, render::to_markdown),
-        (&to.html, render::to_html),
-        (&to.svg, |r| render::to_svg(r, false)),
-        (&to.node_data, render::to_node_data),
-    ];
+/// Writes the renderings `to` names, each whole or not at all; returns the paths written. A
+/// format this kind of report does not offer is an error that names it, before any file is
+/// written.
+pub fn write_reports(report: &dyn Rendered, to: &Destinations) -> Result<Vec<PathBuf>> {
+    let mut texts = Vec::new();
+    for format in Format::FILES {
+        let Some(path) = to.path(format) else {
+            continue;
+        };
+        let text = report.render(format).ok_or_else(|| {
+            Error::Usage(format!(
+                "this report has no {} form (asked for `{}`)",
+                format.name(),
+                path.display()
+            ))
+        })?;
+        texts.push((path, text));
+    }
     let mut written = Vec::new();
-    for (path, render) in renderings {
-        if let Some(path) = path {
-            write_atomic(path, render(report).as_bytes()).map_err(|source| Error::Write {
-                path: path.clone(),
-                source,
-            })?;
-            written.push(path.clone());
-        }
+    for (path, text) in texts {
+        write_atomic(path, text.as_bytes()).map_err(|source| Error::Write {
+            path: path.clone(),
+            source,
+        })?;
+        written.push(path.clone());
     }
     Ok(written)
+}
+
+/// Writes a report where `to` says and prints its summary unless `quiet`: how every verb but
+/// the comparisons (which add inputs, notes and timings: [`deliver`]) ends.
+pub fn publish(report: &dyn Rendered, to: &Destinations) -> Result<()> {
+    write_reports(report, to)?;
+    if !to.quiet
+        && let Some(text) = report.render(Format::Text)
+    {
+        print!("{text}");
+    }
+    Ok(())
 }
 
 /// The process exit code for a finished comparison: 1 when it fails under `fail_on` (a
@@ -127,4 +222,41 @@ pub fn write_reports(report: &Report, to: &Destinations) -> Result<Vec<PathBuf>>
 /// layer beyond its tolerance), else 0.
 pub fn exit_code(report: &Report, fail_on: FailOn) -> u8 {
     u8::from(report.summary.fails(fail_on))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A report that offers JSON only.
+    struct JsonOnly;
+
+    impl Rendered for JsonOnly {
+        fn render(&self, format: Format) -> Option<String> {
+            (format == Format::Json).then(|| "{}".to_string())
+        }
+    }
+
+    #[test]
+    fn a_format_the_report_lacks_is_an_error_naming_it_and_nothing_is_written() {
+        let folder = tempfile::tempdir().unwrap();
+        let to = Destinations {
+            json: Some(folder.path().join("r.json")),
+            html: Some(folder.path().join("r.html")),
+            ..Destinations::default()
+        };
+        let err = write_reports(&JsonOnly, &to).unwrap_err().to_string();
+        assert!(err.contains("no HTML form"), "{err}");
+        assert!(err.contains("r.html"), "{err}");
+        assert!(!folder.path().join("r.json").exists(), "nothing is written");
+        let to = Destinations {
+            json: Some(folder.path().join("r.json")),
+            ..Destinations::default()
+        };
+        assert_eq!(
+            write_reports(&JsonOnly, &to).unwrap(),
+            vec![folder.path().join("r.json")]
+        );
+        assert!(!folder.path().join("r.html").exists());
+    }
 }

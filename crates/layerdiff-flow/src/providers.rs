@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use crate::inputs::InputPlan;
 use crate::onnx_flow::{OnnxOptions, compare_on};
-use crate::output::{write_atomic, write_texts};
+use crate::output::{Destinations, Format, Rendered, publish, write_atomic};
 use crate::{Error, Result, Settings, error_chain};
 
 /// Schema of the providers table.
@@ -45,19 +45,6 @@ pub struct ProvidersOptions {
     pub baseline: bool,
     /// When a cell fails the run.
     pub fail_on: FailOn,
-}
-
-/// Where the table goes.
-#[derive(Debug, Clone, Default)]
-pub struct ProvidersDestinations {
-    /// The table as JSON.
-    pub json: Option<PathBuf>,
-    /// The table as Markdown.
-    pub markdown: Option<PathBuf>,
-    /// A folder for each cell's whole report (`ort-cuda-opt-all.json`…).
-    pub cells: Option<PathBuf>,
-    /// Print nothing but errors.
-    pub quiet: bool,
 }
 
 /// One provider at one optimization level.
@@ -136,7 +123,7 @@ impl ProvidersReport {
 /// Runs every cell (ONNX Runtime from `ort_library`, else found).
 pub fn providers(
     options: &ProvidersOptions,
-    to: &ProvidersDestinations,
+    to: &Destinations,
     ort_library: Option<&Path>,
 ) -> Result<ProvidersReport> {
     let mut table = ProvidersReport {
@@ -204,7 +191,7 @@ pub fn providers(
 /// the first cell that runs gives the table its `inputs`.
 fn cell(
     options: &ProvidersOptions,
-    to: &ProvidersDestinations,
+    to: &Destinations,
     target: &RuntimeSpec,
     ort_library: Option<&Path>,
     (provider, level): (String, String),
@@ -242,7 +229,7 @@ fn cell(
                 inputs.clone_from(&outcome.report.inputs);
             }
             fill(&mut cell, &outcome.report, options.fail_on);
-            if let Some(folder) = &to.cells {
+            if let Some(folder) = &to.parts {
                 let name = cell.target.replace([':', '='], "-");
                 let path = folder.join(format!("{name}.json"));
                 write_atomic(&path, render::to_json(&outcome.report).as_bytes())
@@ -383,21 +370,22 @@ pub fn to_markdown(table: &ProvidersReport) -> String {
     out
 }
 
+impl Rendered for ProvidersReport {
+    fn render(&self, format: Format) -> Option<String> {
+        match format {
+            Format::Json => Some(render::to_json_value(self)),
+            Format::Markdown => Some(to_markdown(self)),
+            Format::Text => Some(to_text(self)),
+            Format::Html | Format::Svg | Format::NodeData => None,
+        }
+    }
+}
+
 /// Runs the `providers` verb: the table to stdout and to the destinations; returns the exit
 /// code (0 every cell clean, 1 a cell drifts, 2 none could run or layerdiff could not).
-pub fn run(
-    options: &ProvidersOptions,
-    to: &ProvidersDestinations,
-    ort_library: Option<&Path>,
-) -> u8 {
+pub fn run(options: &ProvidersOptions, to: &Destinations, ort_library: Option<&Path>) -> u8 {
     let done = providers(options, to, ort_library).and_then(|table| {
-        write_texts(&[
-            (&to.json, render::to_json_value(&table)),
-            (&to.markdown, to_markdown(&table)),
-        ])?;
-        if !to.quiet {
-            print!("{}", to_text(&table));
-        }
+        publish(&table, to)?;
         Ok(table)
     });
     match done {

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use layerdiff_core::render::to_json_value;
 use layerdiff_core::{AxisReport, along_axis, axis_markdown, axis_text};
-use layerdiff_flow::output::write_texts;
+use layerdiff_flow::output::{Destinations, write_reports};
 use pyo3::prelude::*;
 
 use crate::Report;
@@ -81,10 +81,11 @@ impl PyAxisReport {
     /// Writes the JSON and/or Markdown (each whole or not at all).
     #[pyo3(signature = (json=None, markdown=None))]
     fn write(&self, json: Option<PathBuf>, markdown: Option<PathBuf>) -> PyResult<()> {
-        write_texts(&[
-            (&json, to_json_value(&self.0)),
-            (&markdown, axis_markdown(&self.0)),
-        ])
-        .map_err(to_py_err)
+        let to = Destinations {
+            json,
+            markdown,
+            ..Destinations::default()
+        };
+        write_reports(&self.0, &to).map(drop).map_err(to_py_err)
     }
 }

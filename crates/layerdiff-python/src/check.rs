@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use layerdiff_args::CheckArgs;
 use layerdiff_core::Bound;
-use layerdiff_flow::check::{CheckDestinations, CheckReport, deliver};
+use layerdiff_flow::check::{CheckReport, deliver};
+use layerdiff_flow::output::Destinations;
 use pyo3::prelude::*;
 
 use crate::exceptions::to_py_err;
@@ -69,9 +70,10 @@ pub(crate) fn deliver_check(
         atol: command.atol,
         rtol: command.rtol,
     };
-    let to = CheckDestinations {
+    let to = Destinations {
         json: command.json.clone(),
         quiet: command.quiet,
+        ..Destinations::default()
     };
     py.detach(|| {
         let report = CheckReport::new(

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use layerdiff_args::{Executor, OpsArgs};
 use layerdiff_core::render;
+use layerdiff_flow::output::{Destinations, write_reports};
 use numpy::PyReadonlyArray1;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -119,11 +120,12 @@ pub(crate) fn run_model<'py>(
 /// exit code.
 #[pyfunction]
 pub(crate) fn deliver_ops(py: Python<'_>, command: &OpsCommand, run: &str) -> PyResult<u8> {
-    let to = layerdiff_flow::ops::OpsDestinations {
+    let to = Destinations {
         json: command.json.clone(),
         markdown: command.markdown.clone(),
         html: command.html.clone(),
         quiet: command.quiet,
+        ..Destinations::default()
     };
     py.detach(|| layerdiff_flow::ops::deliver(run, &to))
         .map_err(to_py_err)
@@ -153,14 +155,19 @@ pub(crate) fn ops_report(
     markdown: Option<PathBuf>,
     html: Option<PathBuf>,
 ) -> PyResult<String> {
-    let to = layerdiff_flow::ops::OpsDestinations {
+    let to = Destinations {
         json,
         markdown,
         html,
         quiet: true,
+        ..Destinations::default()
     };
     let report = py
-        .detach(|| layerdiff_flow::ops::report(run, &to))
+        .detach(|| {
+            let report = layerdiff_flow::ops::report(run)?;
+            write_reports(&report, &to)?;
+            Ok::<_, layerdiff_flow::Error>(report)
+        })
         .map_err(to_py_err)?;
     Ok(render::to_json_value(&report))
 }
