@@ -6,13 +6,13 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use layerdiff_core::{Machine, Tensor, render};
+use layerdiff_core::{Machine, Tensor};
 use layerdiff_onnx::{GraphIndex, Model, NodeExt, expose_values, extract_nodes};
 use layerdiff_runtime::RuntimeSpec;
 use serde::Serialize;
 
 use crate::inputs::{InputPlan, check_inputs, generate_inputs, read_inputs};
-use crate::output::{Destinations, Format, Rendered, publish};
+use crate::output::{Destinations, Format, Rendered, publish, table_forms};
 use crate::{Error, Result, error_chain};
 
 /// Schema of the audit.
@@ -422,12 +422,7 @@ pub fn to_markdown(report: &AuditReport) -> String {
 
 impl Rendered for AuditReport {
     fn render(&self, format: Format) -> Option<String> {
-        match format {
-            Format::Json => Some(render::to_json_value(self)),
-            Format::Markdown => Some(to_markdown(self)),
-            Format::Text => Some(to_text(self)),
-            Format::Html | Format::Svg | Format::NodeData => None,
-        }
+        table_forms(self, format, to_markdown, to_text)
     }
 }
 

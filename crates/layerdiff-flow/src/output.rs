@@ -73,12 +73,28 @@ impl Rendered for Report {
 
 impl Rendered for layerdiff_core::AxisReport {
     fn render(&self, format: Format) -> Option<String> {
-        match format {
-            Format::Json => Some(render::to_json_value(self)),
-            Format::Markdown => Some(layerdiff_core::axis_markdown(self)),
-            Format::Text => Some(layerdiff_core::axis_text(self)),
-            Format::Html | Format::Svg | Format::NodeData => None,
-        }
+        table_forms(
+            self,
+            format,
+            layerdiff_core::axis_markdown,
+            layerdiff_core::axis_text,
+        )
+    }
+}
+
+/// A table's report (`providers`, `audit`, an axis) in its forms: JSON, Markdown and the
+/// printed text; no page, chart or node data.
+pub fn table_forms<T: serde::Serialize>(
+    report: &T,
+    format: Format,
+    markdown: fn(&T) -> String,
+    text: fn(&T) -> String,
+) -> Option<String> {
+    match format {
+        Format::Json => Some(render::to_json_value(report)),
+        Format::Markdown => Some(markdown(report)),
+        Format::Text => Some(text(report)),
+        Format::Html | Format::Svg | Format::NodeData => None,
     }
 }
 

@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use crate::inputs::InputPlan;
 use crate::onnx_flow::{OnnxOptions, compare_on};
-use crate::output::{Destinations, Format, Rendered, publish, write_atomic};
+use crate::output::{Destinations, Format, Rendered, publish, table_forms, write_atomic};
 use crate::{Error, Result, Settings, error_chain};
 
 /// Schema of the providers table.
@@ -372,12 +372,7 @@ pub fn to_markdown(table: &ProvidersReport) -> String {
 
 impl Rendered for ProvidersReport {
     fn render(&self, format: Format) -> Option<String> {
-        match format {
-            Format::Json => Some(render::to_json_value(self)),
-            Format::Markdown => Some(to_markdown(self)),
-            Format::Text => Some(to_text(self)),
-            Format::Html | Format::Svg | Format::NodeData => None,
-        }
+        table_forms(self, format, to_markdown, to_text)
     }
 }
 
