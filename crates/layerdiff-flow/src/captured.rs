@@ -141,7 +141,7 @@ impl CapturedRun {
                 )));
             }
         }
-        let (alignment, target): (Alignment, Box<dyn Side>) = match &c.target {
+        let (alignment, target, held): align::Target = match &c.target {
             CapturedTarget::Onnx {
                 path,
                 runtime,
@@ -166,18 +166,10 @@ impl CapturedRun {
                     )
                     .computing(computing.clone()),
                 ),
+                vec![None; c.layers.len()],
             ),
         };
         let compared = alignment.target.iter().map(Option::is_some).collect();
-        let held = alignment
-            .target
-            .iter()
-            .map(|v| {
-                let index = target.plan_view().graph?;
-                let code = index.elem_type(v.as_deref()?)?;
-                DType::from_onnx_code(code).ok()
-            })
-            .collect();
         let reference = PushedSide::new(
             c.reference.clone(),
             c.layers

@@ -14,11 +14,27 @@ use layerdiff_runtime::Runtime;
 
 use crate::evidence::{WeightCheck, model_counterpart, model_weight_check};
 use crate::memory::value_sizes;
-use crate::plan::{Part, PlanSide};
+use crate::plan::{Dataflow, Part, PlanSide};
 use crate::shipped::{Placement, Renames, Shipped};
 use crate::side::{Member, Recompute, Side, Values};
 use crate::timings::{OWN, RUNTIME, Stopwatch};
 use crate::{Error, Result};
+
+/// An ONNX graph's nodes are the steps the planner orders its segments by.
+impl Dataflow for GraphIndex {
+    fn steps(&self) -> usize {
+        self.nodes().len()
+    }
+    fn reads(&self, step: usize) -> &[String] {
+        &self.nodes()[step].inputs
+    }
+    fn writes(&self, step: usize) -> &[String] {
+        &self.nodes()[step].outputs
+    }
+    fn producer(&self, value: &str) -> Option<usize> {
+        GraphIndex::producer(self, value).map(|n| n.index)
+    }
+}
 
 /// An ONNX model and the runtime that computes it.
 pub struct GraphSide {

@@ -44,6 +44,6 @@ pub use expected_side::ExpectedSide;
 pub use fallback_side::FallbackSide;
 pub use graph_side::GraphSide;
 pub use memory::Segmentation;
-pub use plan::{Part, PlanSide};
+pub use plan::{Dataflow, Part, PlanSide};
 pub use pushed_side::{Computing, PushedSide};
 pub use side::{Group, Member, Receive, Recompute, Side, Values};

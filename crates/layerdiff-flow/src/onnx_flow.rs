@@ -167,29 +167,32 @@ pub(crate) fn compare_on(
 
     let mut renames = crate::shipped::Renames::default();
     let target_holds = target_expected.as_ref().map(ExpectedSide::names);
-    let target: Box<dyn Side> = match (target_expected, target_runtime) {
-        (Some(expected), _) => Box::new(expected.given(&inputs)),
-        (None, Some(runtime)) => {
-            let prepared = prepare_target(
-                &reference_model,
-                target_model,
-                runtime,
-                &target_inputs,
-                &mut clock,
-            )?;
-            if prepared.shipped.is_some() {
-                clock.lap("optimizing the target graph", RUNTIME);
+    // The graph the target runs (optimized, where its runtime optimizes), to align with.
+    let (target, target_graph): (Box<dyn Side>, GraphIndex) =
+        match (target_expected, target_runtime) {
+            (Some(expected), _) => (Box::new(expected.given(&inputs)), target_file_index),
+            (None, Some(runtime)) => {
+                let prepared = prepare_target(
+                    &reference_model,
+                    target_model,
+                    runtime,
+                    &target_inputs,
+                    &mut clock,
+                )?;
+                if prepared.shipped.is_some() {
+                    clock.lap("optimizing the target graph", RUNTIME);
+                }
+                let model = prepared.model.unwrap_or_else(|| reference_model.clone());
+                renames = prepared.renames.clone();
+                let side =
+                    GraphSide::new(Some(target_label), model, prepared.runtime, &target_inputs)
+                        .shipping(prepared.renames, prepared.shipped, prepared.placement)
+                        .noting(input_notes);
+                let graph = side.index.clone();
+                (Box::new(side), graph)
             }
-            let model = prepared.model.unwrap_or_else(|| reference_model.clone());
-            renames = prepared.renames.clone();
-            Box::new(
-                GraphSide::new(Some(target_label), model, prepared.runtime, &target_inputs)
-                    .shipping(prepared.renames, prepared.shipped, prepared.placement)
-                    .noting(input_notes),
-            )
-        }
-        (None, None) => unreachable!("a side is a runtime or expected values"),
-    };
+            (None, None) => unreachable!("a side is a runtime or expected values"),
+        };
     // A file of expected values holds only some values: compare those (on either side).
     let provides = |reference: &str, target: Option<&str>| {
         reference_expected
@@ -198,10 +201,6 @@ pub(crate) fn compare_on(
             && target_holds
                 .as_ref()
                 .is_none_or(|held| target.is_some_and(|t| held.iter().any(|h| h == t)))
-    };
-    let target_graph = match target.plan_view().graph {
-        Some(index) => index.clone(),
-        None => target_file_index,
     };
     let alignment = align(&reference_model, &target_graph, &renames, &provides);
     let wants_truth = options.float64 || options.settings.tolerance == Tolerance::Auto;

@@ -11,8 +11,6 @@
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
-use layerdiff_onnx::GraphIndex;
-
 use crate::memory::Segmentation;
 
 /// What one side runs in one segment.
@@ -47,11 +45,24 @@ pub struct PlannedLayer<'a> {
     pub local_inputs: &'a [String],
 }
 
+/// The order a side computes its values in: steps, in an order that runs, each reading and
+/// writing named values (an ONNX graph's nodes; a traced graph's ops).
+pub trait Dataflow {
+    /// How many steps.
+    fn steps(&self) -> usize;
+    /// The values step `step` reads.
+    fn reads(&self, step: usize) -> &[String];
+    /// The values step `step` writes (an empty name: an output left out).
+    fn writes(&self, step: usize) -> &[String];
+    /// The step that writes `value` (`None`: an input or a constant).
+    fn producer(&self, value: &str) -> Option<usize>;
+}
+
 /// One side of the plan.
 pub struct PlanSide<'a> {
-    /// The graph the side computes its values from; `None` for a side that hands its values
+    /// The steps the side computes its values by; `None` for a side that hands its values
     /// over (a file of expected values, PyTorch's hooks).
-    pub graph: Option<&'a GraphIndex>,
+    pub graph: Option<&'a dyn Dataflow>,
     /// Estimated bytes of each value the side holds, by name (see [`value_sizes`]).
     pub sizes: HashMap<String, u64>,
 }
@@ -91,34 +102,28 @@ pub fn plan(
     // Where each layer is compared: its reference producer, or its own place in the order.
     let (positions, position): (usize, Vec<usize>) = match reference.graph {
         Some(r) => (
-            r.nodes().len(),
+            r.steps(),
             layers
                 .iter()
-                .map(|l| r.producer(l.reference).map_or(0, |n| n.index))
+                .map(|l| r.producer(l.reference).unwrap_or(0))
                 .collect(),
         ),
         None => (layers.len(), (0..layers.len()).collect()),
     };
     // When each target node is first needed: the position of the first compared value that
     // depends on it. Nodes no compared value needs never run.
-    let t_nodes = target.graph.map_or(0, |t| t.nodes().len());
+    let t_nodes = target.graph.map_or(0, |t| t.steps());
     let mut needed: Vec<Option<usize>> = vec![None; t_nodes];
     if let Some(t) = target.graph {
         for (layer, &at) in layers.iter().zip(&position) {
             let Some(value) = layer.target else { continue };
-            let mut stack: Vec<usize> = t.producer(value).map(|n| n.index).into_iter().collect();
+            let mut stack: Vec<usize> = t.producer(value).into_iter().collect();
             while let Some(n) = stack.pop() {
                 if needed[n].is_some() {
                     continue;
                 }
                 needed[n] = Some(at);
-                stack.extend(
-                    t.nodes()[n]
-                        .inputs
-                        .iter()
-                        .filter_map(|i| t.producer(i))
-                        .map(|p| p.index),
-                );
+                stack.extend(t.reads(n).iter().filter_map(|i| t.producer(i)));
             }
         }
     }
@@ -144,18 +149,18 @@ pub fn plan(
         }
     }
     if let Some(r) = reference.graph {
-        for node in r.nodes() {
-            for input in &node.inputs {
-                bump(&mut last, input, node.index);
+        for step in 0..r.steps() {
+            for input in r.reads(step) {
+                bump(&mut last, input, step);
             }
         }
-        for node in r.nodes() {
-            for out in node.outputs.iter().filter(|o| !o.is_empty()) {
+        for step in 0..r.steps() {
+            for out in r.writes(step).iter().filter(|o| !o.is_empty()) {
                 held.push(Held {
                     side: Side::Reference,
                     name: out.clone(),
-                    produced: node.index,
-                    last: last.get(out.as_str()).copied().unwrap_or(0).max(node.index),
+                    produced: step,
+                    last: last.get(out.as_str()).copied().unwrap_or(0).max(step),
                     bytes: size(reference, out),
                 });
             }
@@ -175,11 +180,11 @@ pub fn plan(
     }
     if let Some(t) = target.graph {
         let mut last: HashMap<&str, usize> = HashMap::new();
-        for node in t.nodes() {
-            let Some(at) = needed[node.index] else {
+        for (step, at) in needed.iter().enumerate() {
+            let Some(at) = *at else {
                 continue;
             };
-            for input in &node.inputs {
+            for input in t.reads(step) {
                 bump(&mut last, input, at);
             }
         }
@@ -193,11 +198,11 @@ pub fn plan(
                 bump(&mut last, value, at);
             }
         }
-        for node in t.nodes() {
-            let Some(at) = needed[node.index] else {
+        for (step, at) in needed.iter().enumerate() {
+            let Some(at) = *at else {
                 continue;
             };
-            for out in node.outputs.iter().filter(|o| !o.is_empty()) {
+            for out in t.writes(step).iter().filter(|o| !o.is_empty()) {
                 held.push(Held {
                     side: Side::Target,
                     name: out.clone(),

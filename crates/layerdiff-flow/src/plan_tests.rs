@@ -3,7 +3,7 @@
 use super::*;
 use crate::memory::value_sizes;
 use layerdiff_core::{DType, Tensor};
-use layerdiff_onnx::{GraphProto, NodeProto, tensor_value_info};
+use layerdiff_onnx::{GraphIndex, GraphProto, NodeProto, tensor_value_info};
 
 /// `x → v0 → … → v4` (Relu), then `v5 = v4 + v0`: a skip connection that keeps `v0` alive.
 /// Every value is 1024 float32 (4 KiB).

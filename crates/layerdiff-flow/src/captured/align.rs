@@ -3,8 +3,13 @@
 
 use super::*;
 
+/// A target set up: the layers aligned with its values, the side, and the dtype it holds each
+/// compared value in (where it says).
+pub(super) type Target = (Alignment, Box<dyn Side>, Vec<Option<DType>>);
+
 /// The ONNX file run by `runtime` as the target: each layer mapped to an ONNX value (by the
-/// module scopes the exporter records, else by value), in the graph that runs.
+/// module scopes the exporter records, else by value), in the graph that runs, and the dtype
+/// that graph holds each mapped value in.
 pub(super) fn onnx_target(
     c: &CapturedComparison,
     path: &std::path::Path,
@@ -12,7 +17,7 @@ pub(super) fn onnx_target(
     ort_library: Option<&std::path::Path>,
     note: Option<&str>,
     clock: &mut Stopwatch,
-) -> Result<(Alignment, Box<dyn Side>)> {
+) -> Result<Target> {
     let mut model = Model::load(path)?;
     let file = GraphIndex::new(model.graph());
     check_inputs(&file, &c.inputs)?;
@@ -72,7 +77,12 @@ pub(super) fn onnx_target(
     let target = GraphSide::new(note.map(String::from), model, target.runtime, &c.inputs)
         .shipping(target.renames, target.shipped, target.placement)
         .noting(unread);
-    Ok((alignment, Box::new(target)))
+    let held = alignment
+        .target
+        .iter()
+        .map(|v| DType::from_onnx_code(target.index.elem_type(v.as_deref()?)?).ok())
+        .collect();
+    Ok((alignment, Box::new(target), held))
 }
 
 /// Every layer against the same layer of a target that computes the same module calls.
