@@ -15,8 +15,12 @@ torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
 
 from faults import scale_weight  # noqa: E402
-from layerdiff.torch import _precision  # noqa: E402
-from layerdiff.torch import compare_torch, compare_torch_onnx, export_onnx  # noqa: E402
+from layerdiff.torch import (  # noqa: E402
+    _precision,
+    compare_torch,
+    compare_torch_onnx,
+    export_onnx,
+)
 
 RESNET160 = f"{ROOT}/tests/builders/zoo.py:resnet18_160"
 

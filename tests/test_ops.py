@@ -174,6 +174,16 @@ def test_filters_choose_ops_backends_and_dtypes():
     assert {c["dtype"] for c in report["cells"]} == {"bfloat16"}
 
 
+def test_the_api_takes_a_dtype_as_the_command_line_does():
+    # `--dtypes half` works on the command line; the API once refused the same spelling.
+    report = layerdiff.check_ops(["relu"], ["torch"], ["half", "bf16"], jobs=1)
+    assert report["dtypes"] == ["float16", "bfloat16"]
+    with pytest.raises(layerdiff.UsageError, match="unknown dtype `int8`"):
+        layerdiff.check_ops(["relu"], ["torch"], ["int8"], jobs=1)
+    with pytest.raises(layerdiff.UsageError, match="unknown executor `dask`"):
+        layerdiff.check_ops(["relu"], ["torch"], executor="dask")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -170,7 +170,35 @@ def test_precisions_that_do_not_fit_are_usage_errors(args, message):
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
-def test_the_api_refuses_bfloat16_for_an_onnx_file(overflow):
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        (["--dtype", "bf16"], {"dtype": "bf16"}, "ONNX Runtime has no bfloat16 conversion"),
+        (["--keep-fp32", "up"], {"keep_fp32": ["up"]}, "--keep-fp32 keeps layers of a lower"),
+        (
+            ["--target", "torch:bf16", "--dtype", "fp16"],
+            {"target": "torch:bf16", "dtype": "fp16"},
+            "name two precisions",
+        ),
+        (
+            ["--target", "torch", "--dtype", "int8"],
+            {"target": "torch", "dtype": "int8"},
+            "--dtype int8 quantizes the ONNX export",
+        ),
+        (
+            ["--target", "torch:bf16", "--onnx", "model.onnx"],
+            {"target": "torch:bf16", "onnx": "model.onnx"},
+            "is PyTorch itself",
+        ),
+        (["--onnx", "missing.onnx"], {"onnx": "missing.onnx"}, "`missing.onnx` does not exist"),
+    ],
+)
+def test_a_rule_of_the_options_says_the_same_from_both_doors(overflow, args, kwargs, message):
+    """The rules of --dtype, --keep-fp32 and --onnx against the target are kept once, in Rust:
+    the command line and the Python API refuse the same options with the same words."""
+    result = run_cli("torch", OVERFLOW, *args, "-q")
+    assert result.returncode == 2 and message in result.stderr, result.stderr
     model, inputs = overflow
-    with pytest.raises(layerdiff.UsageError, match="compare_torch with target='torch:bf16'"):
-        compare_torch_onnx(model, inputs, dtype="bf16")
+    with pytest.raises(layerdiff.UsageError) as refused:
+        compare_torch_onnx(model, inputs, **kwargs)
+    assert message in str(refused.value)

@@ -112,4 +112,4 @@ def check_ops(ops=None, backends=None, dtypes=None, *, out=None, **options) -> d
     paths = [None, None, None]
     if out is not None:
         paths = [Path(out) / f"ops.{ext}" for ext in ("json", "md", "html")]
-    return json.loads(_layerdiff.ops_report(json.dumps(run), *paths))
+    return json.loads(_layerdiff.ops_report(run, *paths))

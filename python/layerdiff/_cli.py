@@ -70,6 +70,11 @@ def _run(verb: str, command) -> int:
     try:
         from layerdiff import torch as lt
     except ImportError as e:
+        if (e.name or "").split(".")[0] == "layerdiff":  # our own package is broken, not missing
+            raise _layerdiff.UsageError(
+                f"`layerdiff {verb}` cannot load layerdiff's PyTorch adapter: {e}\n"
+                "hint: the package and its core do not match; reinstall layerdiff"
+            ) from e
         raise _layerdiff.UsageError(
             f"`layerdiff {verb}` needs PyTorch ({e.name or e} is missing)\n"
             "hint: pip install 'layerdiff[torch]'"
@@ -89,14 +94,9 @@ def _run(verb: str, command) -> int:
         from layerdiff.torch import _ops
 
         return _ops.run_command(command, progress)
+    # The options' rules (--dtype, --keep-fp32, --onnx against the target) were kept in Rust
+    # when the command line was parsed.
     pytorch_target = command.options.torch_target is not None
-    if command.onnx is not None and pytorch_target:
-        raise _layerdiff.UsageError(
-            f"--onnx names a file for an ONNX runtime target; the target "
-            f"`{command.options.torch_target['spelling']}` is PyTorch itself"
-        )
-    if command.onnx is not None and not Path(command.onnx).is_file():
-        raise _layerdiff.UsageError(f"ONNX file `{command.onnx}` does not exist")
 
     started = time.perf_counter()
     # Before this point: the interpreter's start-up and the imports (PyTorch's above all).

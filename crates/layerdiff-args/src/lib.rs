@@ -28,6 +28,37 @@ pub use matrix::{AuditArgs, CheckArgs, Executor, OpsArgs, ProvidersArgs, TableAr
 mod report;
 pub use report::ReportArgs;
 
+/// A choice (`--exporter`, `--loss`, `--executor`…) as the command line spells it: the one
+/// spelling Python receives too.
+pub fn spelling<T: ValueEnum>(choice: &T) -> String {
+    choice
+        .to_possible_value()
+        .map(|v| v.get_name().to_string())
+        .unwrap_or_default()
+}
+
+/// The option `option` (`exporter`, `loss`, `executor`, `op dtype`) given as `text` from the
+/// Python API, parsed by the rule the command line's parser keeps: its spelling, or an error
+/// naming the ones taken.
+pub fn choice(option: &str, text: &str) -> Result<String, String> {
+    fn of<T: ValueEnum>(option: &str, text: &str) -> Result<String, String> {
+        T::from_str(text, false).map(|v| spelling(&v)).map_err(|_| {
+            let taken: Vec<String> = T::value_variants().iter().map(spelling).collect();
+            format!(
+                "unknown {option} `{text}` (expected {})",
+                taken.join(" or ")
+            )
+        })
+    }
+    match option {
+        "exporter" => of::<Exporter>(option, text),
+        "loss" => of::<Loss>(option, text),
+        "executor" => of::<Executor>(option, text),
+        "op dtype" => matrix::op_dtype(text),
+        _ => Err(format!("no option `{option}`")),
+    }
+}
+
 /// layerdiff: find where numerical drift between two runtimes is born, and why.
 #[derive(Debug, Parser)]
 #[command(name = "layerdiff", version, max_term_width = 100)]
@@ -185,4 +216,34 @@ pub fn dispatch(argv: Vec<OsString>, ort_library: Option<&std::path::Path>) -> D
         Parsed::Check(a) => return Dispatched::PyTorch(PyTorchVerb::Check(a)),
     };
     Dispatched::Exit(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_choice_is_spelled_as_the_command_line_takes_it() {
+        for exporter in Exporter::value_variants() {
+            let spelled = spelling(exporter);
+            assert_eq!(Exporter::from_str(&spelled, false).as_ref(), Ok(exporter));
+        }
+        for loss in Loss::value_variants() {
+            assert_eq!(Loss::from_str(&spelling(loss), false).as_ref(), Ok(loss));
+        }
+        assert_eq!(spelling(&Executor::Ray), "ray");
+        assert_eq!(spelling(&Exporter::Legacy), "legacy");
+    }
+
+    #[test]
+    fn the_api_takes_a_choice_by_the_command_lines_rule() {
+        assert_eq!(choice("loss", "sum").as_deref(), Ok("sum"));
+        assert_eq!(choice("op dtype", "half").as_deref(), Ok("float16"));
+        assert_eq!(
+            choice("exporter", "onnxscript").unwrap_err(),
+            "unknown exporter `onnxscript` (expected dynamo or legacy)"
+        );
+        let cli = Cli::try_parse_from(["layerdiff", "grad", "resnet18", "--loss", "mean"]);
+        assert!(cli.is_err() && choice("loss", "mean").is_err());
+    }
 }

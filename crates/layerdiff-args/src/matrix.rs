@@ -88,7 +88,7 @@ pub enum Executor {
     Ray,
 }
 
-fn op_dtype(s: &str) -> Result<String, String> {
+pub(crate) fn op_dtype(s: &str) -> Result<String, String> {
     Ok(match s {
         "float32" | "fp32" => "float32",
         "float16" | "fp16" | "half" => "float16",

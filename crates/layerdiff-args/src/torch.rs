@@ -1,6 +1,7 @@
 //! The options of the PyTorch verbs, `torch` and `grad`, and what they resolve to.
 
 use super::*;
+use layerdiff_flow::torch_side::{LowerPrecision, resolve_target};
 
 /// Options of `layerdiff grad`.
 #[derive(Debug, Clone, Args)]
@@ -171,12 +172,12 @@ pub enum TargetDtype {
 }
 
 impl TargetDtype {
-    /// Its name as a dtype (`float16`, `bfloat16`, `int8`).
-    pub fn dtype_name(self) -> &'static str {
+    /// The engine's name for it.
+    pub fn lower(self) -> LowerPrecision {
         match self {
-            Self::Fp16 => "float16",
-            Self::Bf16 => "bfloat16",
-            Self::Int8 => "int8",
+            Self::Fp16 => LowerPrecision::Fp16,
+            Self::Bf16 => LowerPrecision::Bf16,
+            Self::Int8 => LowerPrecision::Int8,
         }
     }
 }
@@ -202,53 +203,16 @@ impl GradArgs {
 }
 
 impl TorchArgs {
-    /// The target with `--dtype` applied: a PyTorch target computes in it; an ONNX runtime
-    /// target keeps its spelling and its file is converted (the dtype is returned for that).
-    /// Errors where the two do not fit together.
+    /// The target with `--dtype` applied (the rules are the engine's, shared with the Python
+    /// API: [`layerdiff_flow::torch_side::resolve_target`]), and the dtype.
     pub fn dtype_target(&self) -> Result<(TorchTarget, Option<TargetDtype>), String> {
-        use layerdiff_flow::torch_side::Precision;
-        let Some(dtype) = self.dtype else {
-            let lower_torch = matches!(
-                &self.target,
-                TorchTarget::Torch(spec) if matches!(
-                    spec.precision,
-                    Precision::Fp16 | Precision::Bf16 | Precision::AmpFp16 | Precision::AmpBf16
-                )
-            );
-            if !self.keep_fp32.is_empty() && !lower_torch {
-                return Err("--keep-fp32 keeps layers of a lower-precision target in float32: give --dtype fp16, bf16 or int8, or a PyTorch target in fp16 or bf16 (cast or autocast)".to_string());
-            }
-            return Ok((self.target.clone(), None));
-        };
-        match &self.target {
-            TorchTarget::Torch(spec) => {
-                let wanted = match dtype {
-                    TargetDtype::Fp16 => Precision::Fp16,
-                    TargetDtype::Bf16 => Precision::Bf16,
-                    TargetDtype::Int8 => {
-                        return Err(format!(
-                            "--dtype int8 quantizes the ONNX export with ONNX Runtime; the target `{}` is PyTorch itself (give --target ort)",
-                            spec.spelling()
-                        ));
-                    }
-                };
-                if spec.precision != Precision::Fp32 && spec.precision != wanted {
-                    return Err(format!(
-                        "--dtype {} and the target `{}` name two precisions: give one",
-                        dtype.dtype_name(),
-                        spec.spelling()
-                    ));
-                }
-                let mut spec = spec.clone();
-                spec.precision = wanted;
-                Ok((TorchTarget::Torch(spec), Some(dtype)))
-            }
-            TorchTarget::Onnx(runtime) if dtype == TargetDtype::Bf16 => Err(format!(
-                "--dtype bf16: ONNX Runtime has no bfloat16 conversion of a model (and few bfloat16 kernels); compare PyTorch in bfloat16 with `--target torch --dtype bf16`, or give --dtype fp16 for `{}`",
-                runtime.spelling()
-            )),
-            TorchTarget::Onnx(_) => Ok((self.target.clone(), Some(dtype))),
-        }
+        let target = resolve_target(
+            &self.target,
+            self.dtype.map(TargetDtype::lower),
+            !self.keep_fp32.is_empty(),
+            self.onnx.as_deref(),
+        )?;
+        Ok((target, self.dtype))
     }
 
     /// Tolerance, local error and memory budget, as the engine takes them.

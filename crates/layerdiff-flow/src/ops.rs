@@ -36,6 +36,23 @@ pub enum Status {
 }
 
 impl Status {
+    /// Every verdict, in report order.
+    pub const ALL: [Self; 4] = [Self::Pass, Self::Fail, Self::Unsupported, Self::Error];
+
+    /// The verdict spelled `name`; an error names the spellings.
+    pub fn parse(name: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|s| s.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<_> = Self::ALL.iter().map(|s| s.name()).collect();
+                Error::Usage(format!(
+                    "unknown cell status `{name}` (expected {})",
+                    names.join(", ")
+                ))
+            })
+    }
+
     /// As reports spell it: `PASS`, `FAIL`, `UNSUPPORTED`, `ERROR`.
     pub fn name(self) -> &'static str {
         match self {
@@ -199,17 +216,10 @@ impl Rendered for OpsReport {
     }
 }
 
-/// The report of a run (`run_json`, an [`OpsRun`] as JSON).
-pub fn report(run_json: &str) -> Result<OpsReport> {
-    let run: OpsRun = serde_json::from_str(run_json)
-        .map_err(|e| Error::Usage(format!("not an op matrix run: {e}")))?;
-    Ok(OpsReport::new(run))
-}
-
 /// Writes and prints the matrix of a run; returns the exit code (0 every cell that ran
 /// passed, 1 one failed or broke).
-pub fn deliver(run_json: &str, to: &Destinations) -> Result<u8> {
-    let report = report(run_json)?;
+pub fn deliver(run: OpsRun, to: &Destinations) -> Result<u8> {
+    let report = OpsReport::new(run);
     publish(&report, to)?;
     Ok(report.exit_code())
 }

@@ -238,3 +238,113 @@ mod tests {
         assert!(TorchTarget::parse("torchy").is_err());
     }
 }
+
+/// A lower precision a `torch` run computes its target in: the ONNX file converted to it (an
+/// ONNX runtime target), or PyTorch cast to it (a PyTorch target).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LowerPrecision {
+    /// float16.
+    Fp16,
+    /// bfloat16 (a PyTorch target).
+    Bf16,
+    /// int8, quantized with ONNX Runtime's static QDQ quantizer (an ONNX runtime target).
+    Int8,
+}
+
+impl LowerPrecision {
+    /// Parses `fp16`, `bf16` or `int8`.
+    pub fn parse(text: &str) -> std::result::Result<Self, String> {
+        match text {
+            "fp16" => Ok(Self::Fp16),
+            "bf16" => Ok(Self::Bf16),
+            "int8" => Ok(Self::Int8),
+            other => Err(format!(
+                "unknown dtype `{other}` (expected fp16, bf16 or int8)"
+            )),
+        }
+    }
+
+    /// How it is spelled (`fp16`).
+    pub fn spelling(self) -> &'static str {
+        match self {
+            Self::Fp16 => "fp16",
+            Self::Bf16 => "bf16",
+            Self::Int8 => "int8",
+        }
+    }
+
+    /// Its name as a dtype (`float16`, `bfloat16`, `int8`).
+    pub fn dtype_name(self) -> &'static str {
+        match self {
+            Self::Fp16 => "float16",
+            Self::Bf16 => "bfloat16",
+            Self::Int8 => "int8",
+        }
+    }
+}
+
+/// The rules of a `torch` run's target, its lower precision (`--dtype`, `dtype=`), the layers
+/// kept in float32 (`--keep-fp32`, `keep_fp32=`) and a file to use instead of exporting
+/// (`--onnx`, `onnx=`), the same for the command line and the Python API. Returns the target
+/// with the precision applied: a PyTorch target computes in it; an ONNX runtime target keeps its
+/// spelling and its file is converted.
+pub fn resolve_target(
+    target: &TorchTarget,
+    dtype: Option<LowerPrecision>,
+    keep_fp32: bool,
+    onnx: Option<&std::path::Path>,
+) -> std::result::Result<TorchTarget, String> {
+    if let Some(onnx) = onnx {
+        if let TorchTarget::Torch(spec) = target {
+            return Err(format!(
+                "--onnx names a file for an ONNX runtime target; the target `{}` is PyTorch itself",
+                spec.spelling()
+            ));
+        }
+        if !onnx.is_file() {
+            return Err(format!("ONNX file `{}` does not exist", onnx.display()));
+        }
+    }
+    let Some(dtype) = dtype else {
+        let lower_torch = matches!(
+            target,
+            TorchTarget::Torch(spec) if matches!(
+                spec.precision,
+                Precision::Fp16 | Precision::Bf16 | Precision::AmpFp16 | Precision::AmpBf16
+            )
+        );
+        if keep_fp32 && !lower_torch {
+            return Err("--keep-fp32 keeps layers of a lower-precision target in float32: give --dtype fp16, bf16 or int8, or a PyTorch target in fp16 or bf16 (cast or autocast)".to_string());
+        }
+        return Ok(target.clone());
+    };
+    match target {
+        TorchTarget::Torch(spec) => {
+            let wanted = match dtype {
+                LowerPrecision::Fp16 => Precision::Fp16,
+                LowerPrecision::Bf16 => Precision::Bf16,
+                LowerPrecision::Int8 => {
+                    return Err(format!(
+                        "--dtype int8 quantizes the ONNX export with ONNX Runtime; the target `{}` is PyTorch itself (give --target ort)",
+                        spec.spelling()
+                    ));
+                }
+            };
+            if spec.precision != Precision::Fp32 && spec.precision != wanted {
+                return Err(format!(
+                    "--dtype {} and the target `{}` name two precisions: give one",
+                    dtype.dtype_name(),
+                    spec.spelling()
+                ));
+            }
+            let mut spec = spec.clone();
+            spec.precision = wanted;
+            Ok(TorchTarget::Torch(spec))
+        }
+        TorchTarget::Onnx(runtime) if dtype == LowerPrecision::Bf16 => Err(format!(
+            "--dtype bf16: ONNX Runtime has no bfloat16 conversion of a model (and few bfloat16 kernels); compare PyTorch in bfloat16 with `--target torch --dtype bf16`, or give --dtype fp16 for `{}`",
+            runtime.spelling()
+        )),
+        TorchTarget::Onnx(_) => Ok(target.clone()),
+    }
+}

@@ -3,17 +3,16 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use layerdiff_core::{DType, Fingerprint, SideInfo, TensorView, Timing};
+use layerdiff_core::{DType, SideInfo, TensorView, Timing};
 use layerdiff_flow::Computing;
-use layerdiff_flow::captured::{self, CapturedComparison, CapturedTarget, Handed, ListedLayer};
+use layerdiff_flow::captured::{self, CapturedComparison, CapturedTarget, Handed};
 use layerdiff_flow::timings::Stopwatch;
 use layerdiff_flow::torch_side::TorchTarget;
-use layerdiff_onnx::LayerCall;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
 
 use crate::Report;
 use crate::exceptions::{self, to_py_err};
+use crate::layer::CapturedLayer;
 use crate::options::Options;
 use crate::tensors::FlatTensor;
 
@@ -28,9 +27,7 @@ pub(crate) struct CapturedRun {
 
 #[pymethods]
 impl CapturedRun {
-    /// `inputs`: flat tensors. `layers`: dicts with `name`, `module`, `module_type`,
-    /// `call_index`, `identity`, `input_from`, `shape` and `dtype` (and `op` for a functional
-    /// call), in execution order. The target is the options': a runtime runs `onnx_path`; a
+    /// `inputs`: flat tensors. `layers`: the `CapturedLayer`s in execution order. The target is the options': a runtime runs `onnx_path`; a
     /// PyTorch target is described by `target_detail` and hands its values over with the
     /// reference's (`target_note`: what was done to the ONNX file before the runtime ran it,
     /// added to the target's description; `reduced_math`: the module types whose float32 products it computes in
@@ -44,7 +41,7 @@ impl CapturedRun {
         command: String,
         model: String,
         inputs: Vec<FlatTensor<'_>>,
-        layers: &Bound<'_, PyList>,
+        layers: Vec<PyRef<'_, CapturedLayer>>,
         options: &Options,
         seed: Option<u64>,
         reference_runtime: String,
@@ -61,48 +58,11 @@ impl CapturedRun {
             .iter()
             .map(|t| Ok((t.name().to_string(), t.to_tensor()?)))
             .collect::<PyResult<Vec<_>>>()?;
-        let mut listed = Vec::with_capacity(layers.len());
-        let mut fed_by = Vec::with_capacity(layers.len());
-        for item in layers.iter() {
-            let d = item.cast::<PyDict>()?;
-            let get = |k: &str| {
-                d.get_item(k)?.ok_or_else(|| {
-                    exceptions::UsageError::new_err(format!("layer entry without `{k}`"))
-                })
-            };
-            let dtype: String = get("dtype")?.extract()?;
-            fed_by.push(match d.get_item("inputs_from")? {
-                Some(from) => from.extract()?,
-                None => Vec::new(),
-            });
-            listed.push(ListedLayer {
-                call: LayerCall {
-                    name: get("name")?.extract()?,
-                    module: get("module")?.extract()?,
-                    call_index: get("call_index")?.extract()?,
-                    identity: get("identity")?.extract()?,
-                    constant: match d.get_item("constant")? {
-                        Some(constant) => constant.extract()?,
-                        None => false,
-                    },
-                    feeds_output: match d.get_item("feeds_output")? {
-                        Some(feeds) => feeds.extract()?,
-                        None => true,
-                    },
-                    input_from: get("input_from")?.extract()?,
-                    shape: get("shape")?.extract()?,
-                    dtype: DType::from_name(&dtype).map_err(to_py_err)?,
-                    fingerprint: get("fingerprint")?
-                        .extract::<Option<(usize, Vec<f64>)>>()?
-                        .map(|(count, samples)| Fingerprint { count, samples }),
-                    op: match d.get_item("op")? {
-                        Some(op) => op.extract()?,
-                        None => None,
-                    },
-                },
-                module_type: get("module_type")?.extract()?,
-            });
-        }
+        let listed = layers
+            .iter()
+            .map(|layer| layer.listed())
+            .collect::<PyResult<Vec<_>>>()?;
+        let fed_by = layers.iter().map(|layer| layer.fed_by()).collect();
         let target = match &options.target {
             TorchTarget::Onnx(runtime) => CapturedTarget::Onnx {
                 path: onnx_path.ok_or_else(|| {

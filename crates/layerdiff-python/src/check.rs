@@ -40,7 +40,7 @@ impl CheckCommand {
             model: a.model,
             target: a.target.spelling(),
             onnx: a.onnx,
-            exporter: format!("{:?}", a.exporter).to_lowercase(),
+            exporter: layerdiff_args::spelling(&a.exporter),
             atol: a.atol,
             rtol: a.rtol,
             seed: a.seed,

@@ -5,6 +5,8 @@ mod axis;
 mod captured;
 mod check;
 mod exceptions;
+mod layer;
+mod op_matrix;
 mod ops;
 mod options;
 mod tensors;
@@ -244,6 +246,7 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<axis::PyAxisReport>()?;
     m.add_function(wrap_pyfunction!(parse_cli, m)?)?;
     m.add_class::<CapturedRun>()?;
+    m.add_class::<layer::CapturedLayer>()?;
     m.add_class::<Options>()?;
     m.add_class::<Command>()?;
     m.add_function(wrap_pyfunction!(compare_tensors_json, m)?)?;
@@ -252,14 +255,19 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ops::OpsCommand>()?;
     m.add_class::<check::CheckCommand>()?;
     m.add_function(wrap_pyfunction!(check::deliver_check, m)?)?;
-    m.add_function(wrap_pyfunction!(ops::check_op, m)?)?;
+    m.add_function(wrap_pyfunction!(op_matrix::check_op, m)?)?;
+    m.add_class::<op_matrix::OpCheck>()?;
+    m.add_class::<op_matrix::OpCase>()?;
+    m.add_class::<op_matrix::OpCell>()?;
+    m.add_class::<op_matrix::OpsRun>()?;
     m.add_function(wrap_pyfunction!(ops::run_model, m)?)?;
     m.add_function(wrap_pyfunction!(ops::deliver_ops, m)?)?;
     m.add_function(wrap_pyfunction!(ops::describe_runtime, m)?)?;
     m.add_function(wrap_pyfunction!(ops::ops_report, m)?)?;
     m.add_function(wrap_pyfunction!(ops::device_providers, m)?)?;
-    m.add_class::<ops::SideSpec>()?;
-    m.add_function(wrap_pyfunction!(ops::side_spec, m)?)?;
+    m.add_class::<options::SideSpec>()?;
+    m.add_function(wrap_pyfunction!(options::side_spec, m)?)?;
+    m.add_function(wrap_pyfunction!(options::choice, m)?)?;
     exceptions::register(m)?;
     Ok(())
 }

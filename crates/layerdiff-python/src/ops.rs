@@ -1,16 +1,17 @@
-//! `layerdiff ops` across the boundary: its parsed options, a cell's verdict, a single-op ONNX
-//! run, and the matrix delivered (written and printed) by the engine's renderers.
+//! `layerdiff ops` across the boundary: its parsed options, a single-op ONNX run, and the
+//! matrix (`op_matrix`) delivered (written and printed) by the engine's renderers.
 
 use std::path::PathBuf;
 
-use layerdiff_args::{Executor, OpsArgs};
+use layerdiff_args::OpsArgs;
 use layerdiff_core::render;
+use layerdiff_flow::ops::OpsReport;
 use layerdiff_flow::output::{Destinations, write_reports};
-use numpy::PyReadonlyArray1;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::exceptions::to_py_err;
+use crate::op_matrix::OpsRun;
 use crate::tensors::FlatTensor;
 
 /// `layerdiff ops` as parsed from a command line.
@@ -50,14 +51,10 @@ impl OpsCommand {
             backends: a.backends,
             dtypes: a.dtypes,
             opset: a.opset,
-            exporter: format!("{:?}", a.exporter).to_lowercase(),
+            exporter: layerdiff_args::spelling(&a.exporter),
             seed: a.seed,
             jobs: a.jobs,
-            executor: match a.executor {
-                Executor::Local => "local",
-                Executor::Ray => "ray",
-            }
-            .to_string(),
+            executor: layerdiff_args::spelling(&a.executor),
             list: a.list,
             quiet: to.quiet,
             json: to.json,
@@ -65,25 +62,6 @@ impl OpsCommand {
             html: to.html,
         }
     }
-}
-
-/// One cell's verdict as JSON (`layerdiff_core::OpCheck`): `got` judged against the float64
-/// `truth` with per-element `magnitude` (or empty), `reduction` terms and `stages` roundings.
-#[pyfunction]
-pub(crate) fn check_op(
-    py: Python<'_>,
-    got: FlatTensor<'_>,
-    truth: PyReadonlyArray1<'_, f64>,
-    magnitude: PyReadonlyArray1<'_, f64>,
-    reduction: usize,
-    stages: u32,
-) -> PyResult<String> {
-    let got = got.view()?;
-    let (truth, magnitude) = (truth.as_slice()?, magnitude.as_slice()?);
-    let check = py
-        .detach(|| layerdiff_core::check_op(&got, truth, magnitude, reduction, stages))
-        .map_err(to_py_err)?;
-    Ok(render::to_json_value(&check))
 }
 
 /// A tensor handed back to Python: `(name, dtype, shape, bytes)`.
@@ -116,10 +94,9 @@ pub(crate) fn run_model<'py>(
         .collect())
 }
 
-/// Writes and prints the matrix of a run (JSON of `layerdiff_flow::ops::OpsRun`); returns the
-/// exit code.
+/// Writes and prints the matrix of a run; returns the exit code.
 #[pyfunction]
-pub(crate) fn deliver_ops(py: Python<'_>, command: &OpsCommand, run: &str) -> PyResult<u8> {
+pub(crate) fn deliver_ops(py: Python<'_>, command: &OpsCommand, run: &OpsRun) -> PyResult<u8> {
     let to = Destinations {
         json: command.json.clone(),
         markdown: command.markdown.clone(),
@@ -127,6 +104,7 @@ pub(crate) fn deliver_ops(py: Python<'_>, command: &OpsCommand, run: &str) -> Py
         quiet: command.quiet,
         ..Destinations::default()
     };
+    let run = run.0.clone();
     py.detach(|| layerdiff_flow::ops::deliver(run, &to))
         .map_err(to_py_err)
 }
@@ -144,13 +122,12 @@ pub(crate) fn describe_runtime(
         .map_err(to_py_err)
 }
 
-/// The report of a run (JSON of `layerdiff_flow::ops::OpsRun`) as JSON, written to the paths
-/// given.
+/// The report of a run as JSON, written to the paths given.
 #[pyfunction]
 #[pyo3(signature = (run, json=None, markdown=None, html=None))]
 pub(crate) fn ops_report(
     py: Python<'_>,
-    run: &str,
+    run: &OpsRun,
     json: Option<PathBuf>,
     markdown: Option<PathBuf>,
     html: Option<PathBuf>,
@@ -162,9 +139,10 @@ pub(crate) fn ops_report(
         quiet: true,
         ..Destinations::default()
     };
+    let run = run.0.clone();
     let report = py
         .detach(|| {
-            let report = layerdiff_flow::ops::report(run)?;
+            let report = OpsReport::new(run);
             write_reports(&report, &to)?;
             Ok::<_, layerdiff_flow::Error>(report)
         })
@@ -181,55 +159,4 @@ pub(crate) fn device_providers() -> Vec<&'static str> {
         .filter(|p| *p != layerdiff_runtime::Provider::Cpu)
         .map(|p| p.spelling())
         .collect()
-}
-
-/// A side as spelled on the command line or in the API (`torch:cuda:bf16`, `ort:opt=all`,
-/// `tract`, `openvino:precision=f16`, `expected:PATH`), parsed by the one parser every door uses.
-#[pyclass(frozen, module = "layerdiff._layerdiff")]
-pub(crate) struct SideSpec {
-    /// `torch` (PyTorch computes it), `runtime` (an ONNX runtime runs the file) or `expected`
-    /// (values read from a file).
-    #[pyo3(get)]
-    kind: &'static str,
-    /// The spelling that parses back to it (defaults left out).
-    #[pyo3(get)]
-    spelling: String,
-    /// PyTorch's device (`cpu`, `cuda:1`); `None` for other kinds.
-    #[pyo3(get)]
-    device: Option<String>,
-    /// PyTorch's precision (`fp32`, `bf16`, `amp-bf16`…); `None` for other kinds.
-    #[pyo3(get)]
-    precision: Option<&'static str>,
-    /// `torch.compile`'s backend when compiled; `None` when eager or not PyTorch.
-    #[pyo3(get)]
-    compile: Option<String>,
-}
-
-/// Parses a side's spelling; a `UsageError` names what is wrong with it.
-#[pyfunction]
-pub(crate) fn side_spec(text: &str) -> PyResult<SideSpec> {
-    use layerdiff_flow::torch_side::TorchTarget;
-    let parsed =
-        TorchTarget::parse(text).map_err(|e| to_py_err(layerdiff_flow::Error::Usage(e)))?;
-    let spelling = parsed.spelling();
-    Ok(match parsed {
-        TorchTarget::Torch(torch) => SideSpec {
-            kind: "torch",
-            spelling,
-            device: Some(torch.device),
-            precision: Some(torch.precision.spelling()),
-            compile: torch.compile,
-        },
-        TorchTarget::Onnx(runtime) => SideSpec {
-            kind: if matches!(runtime, layerdiff_runtime::RuntimeSpec::Expected(_)) {
-                "expected"
-            } else {
-                "runtime"
-            },
-            spelling,
-            device: None,
-            precision: None,
-            compile: None,
-        },
-    })
 }

@@ -6,10 +6,9 @@ use std::path::PathBuf;
 use layerdiff_args::{Dispatched, PyTorchVerb, ReportArgs};
 use layerdiff_core::Tolerance;
 use layerdiff_flow::captured::check_options;
-use layerdiff_flow::torch_side::{TorchSpec, TorchTarget};
+use layerdiff_flow::torch_side::{LowerPrecision, TorchSpec, TorchTarget, resolve_target};
 use layerdiff_flow::{Settings, memory};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 
 use crate::exceptions::{self, to_py_err};
 
@@ -31,20 +30,26 @@ impl Options {
     /// `auto`; `max_memory`: bytes or a size such as `4G`; `target`: `ort`, `ort:opt=all`,
     /// `tract`, `torch:bf16`…; `reference`: `torch`, `torch:cuda`…).
     #[new]
-    #[pyo3(signature = (*, tolerance="dtype".to_string(), local=true, max_memory=None, target="ort", float64=true, reference="torch"))]
+    #[pyo3(signature = (*, tolerance=None, local=true, max_memory=None, target="ort", float64=true, reference="torch"))]
     fn new(
-        tolerance: String,
+        tolerance: Option<&Bound<'_, PyAny>>,
         local: bool,
-        max_memory: Option<String>,
+        max_memory: Option<&Bound<'_, PyAny>>,
         target: &str,
         float64: bool,
         reference: &str,
     ) -> PyResult<Self> {
         let usage = |e: String| exceptions::UsageError::new_err(e);
+        let tolerance = match tolerance {
+            Some(given) => spelled(given)?,
+            None => "dtype".to_string(),
+        };
         let settings = Settings {
             tolerance: Tolerance::parse(&tolerance).map_err(usage)?,
             local,
             max_memory: max_memory
+                .map(spelled)
+                .transpose()?
                 .as_deref()
                 .map(memory::parse_memory)
                 .transpose()
@@ -61,6 +66,29 @@ impl Options {
         })
     }
 
+    /// The options with a `torch` run's lower precision (`dtype`: `fp16`, `bf16` or `int8`),
+    /// kept layers and a file to use instead of exporting (`onnx`) applied, by the rules the
+    /// command line keeps (`layerdiff_flow::torch_side::resolve_target`).
+    #[pyo3(signature = (*, dtype=None, keep_fp32=false, onnx=None))]
+    fn resolved(
+        &self,
+        dtype: Option<&str>,
+        keep_fp32: bool,
+        onnx: Option<PathBuf>,
+    ) -> PyResult<Self> {
+        let usage = |e: String| exceptions::UsageError::new_err(e);
+        let dtype = dtype
+            .map(LowerPrecision::parse)
+            .transpose()
+            .map_err(usage)?;
+        let target =
+            resolve_target(&self.target, dtype, keep_fp32, onnx.as_deref()).map_err(usage)?;
+        Ok(Self {
+            target,
+            ..self.clone()
+        })
+    }
+
     /// Whether PyTorch's float64 run is the truth both sides are measured against.
     #[getter]
     fn float64(&self) -> bool {
@@ -73,29 +101,26 @@ impl Options {
         self.settings.local
     }
 
-    /// The PyTorch reference: a dict of `spelling`, `device`, `precision` and `compile`.
+    /// The PyTorch reference, as a `SideSpec`.
     #[getter]
-    fn reference<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        torch_dict(py, &self.reference)
+    fn reference(&self) -> SideSpec {
+        SideSpec::of(&TorchTarget::Torch(self.reference.clone()))
     }
 
-    /// A PyTorch target as `reference` gives it, or None for a runtime that runs the ONNX file.
+    /// A PyTorch target as a `SideSpec`, or None for a runtime that runs the ONNX file.
     #[getter]
-    fn torch_target<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+    fn torch_target(&self) -> Option<SideSpec> {
         match &self.target {
-            TorchTarget::Torch(spec) => torch_dict(py, spec).map(Some),
-            TorchTarget::Onnx(_) => Ok(None),
+            TorchTarget::Torch(_) => Some(SideSpec::of(&self.target)),
+            TorchTarget::Onnx(_) => None,
         }
     }
 }
 
-fn torch_dict<'py>(py: Python<'py>, spec: &TorchSpec) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("spelling", spec.spelling())?;
-    d.set_item("device", &spec.device)?;
-    d.set_item("precision", spec.precision.spelling())?;
-    d.set_item("compile", spec.compile.as_deref())?;
-    Ok(d)
+/// A number or its text (`1e-4`, `"dtype"`, `4_000_000_000`, `"4G"`) as the command line would
+/// spell it.
+fn spelled(given: &Bound<'_, PyAny>) -> PyResult<String> {
+    Ok(given.str()?.to_string())
 }
 
 /// A verb that needs PyTorch (`torch`, `grad`) as parsed from a command line.
@@ -235,7 +260,7 @@ pub(crate) fn parse_cli(
                     float64: !a.no_float64,
                 },
                 report: a.report,
-                exporter: Some(format!("{:?}", a.exporter).to_lowercase()),
+                exporter: Some(layerdiff_args::spelling(&a.exporter)),
                 onnx: a.onnx,
                 loss: None,
             };
@@ -268,7 +293,7 @@ pub(crate) fn parse_cli(
                 keep_fp32: Vec::new(),
                 batch_sizes: Vec::new(),
                 shapes: Vec::new(),
-                loss: Some(format!("{:?}", a.loss).to_lowercase()),
+                loss: Some(layerdiff_args::spelling(&a.loss)),
             };
             checked(py, "grad", command)
         }
@@ -286,4 +311,66 @@ fn checked(py: Python<'_>, verb: &str, command: Command) -> PyResult<(String, Py
         ));
     }
     Ok((verb.to_string(), Py::new(py, command)?.into_any()))
+}
+
+/// A side as spelled on the command line or in the API (`torch:cuda:bf16`, `ort:opt=all`,
+/// `tract`, `openvino:precision=f16`, `expected:PATH`), parsed by the one parser every door uses.
+#[pyclass(frozen, module = "layerdiff._layerdiff")]
+pub(crate) struct SideSpec {
+    /// `torch` (PyTorch computes it), `runtime` (an ONNX runtime runs the file) or `expected`
+    /// (values read from a file).
+    #[pyo3(get)]
+    kind: &'static str,
+    /// The spelling that parses back to it (defaults left out).
+    #[pyo3(get)]
+    spelling: String,
+    /// PyTorch's device (`cpu`, `cuda:1`); `None` for other kinds.
+    #[pyo3(get)]
+    device: Option<String>,
+    /// PyTorch's precision (`fp32`, `bf16`, `amp-bf16`…); `None` for other kinds.
+    #[pyo3(get)]
+    precision: Option<&'static str>,
+    /// `torch.compile`'s backend when compiled; `None` when eager or not PyTorch.
+    #[pyo3(get)]
+    compile: Option<String>,
+}
+
+/// The option `option` (`exporter`, `loss`, `executor`, `op dtype`) as the API was given it,
+/// parsed by the command line's rule: its spelling; a `UsageError` names the ones taken.
+#[pyfunction]
+pub(crate) fn choice(option: &str, text: &str) -> PyResult<String> {
+    layerdiff_args::choice(option, text).map_err(exceptions::UsageError::new_err)
+}
+
+/// Parses a side's spelling; a `UsageError` names what is wrong with it.
+#[pyfunction]
+pub(crate) fn side_spec(text: &str) -> PyResult<SideSpec> {
+    let parsed = TorchTarget::parse(text).map_err(exceptions::UsageError::new_err)?;
+    Ok(SideSpec::of(&parsed))
+}
+
+impl SideSpec {
+    fn of(parsed: &TorchTarget) -> Self {
+        let spelling = parsed.spelling();
+        match parsed.clone() {
+            TorchTarget::Torch(torch) => SideSpec {
+                kind: "torch",
+                spelling,
+                device: Some(torch.device),
+                precision: Some(torch.precision.spelling()),
+                compile: torch.compile,
+            },
+            TorchTarget::Onnx(runtime) => SideSpec {
+                kind: if matches!(runtime, layerdiff_runtime::RuntimeSpec::Expected(_)) {
+                    "expected"
+                } else {
+                    "runtime"
+                },
+                spelling,
+                device: None,
+                precision: None,
+                compile: None,
+            },
+        }
+    }
 }

@@ -67,7 +67,7 @@ def compare_along(
     if not batch_sizes and not shapes:
         raise _layerdiff.UsageError("an axis needs batch_sizes or shapes")
     if options is None:
-        options = _layerdiff.Options(tolerance=str(tolerance), target=target)
+        options = _layerdiff.Options(tolerance=tolerance, target=target)
     step = progress or (lambda message: None)
     axis, at = points(inputs, batch_sizes, shapes)
     given = [inputs_at(inputs, point_shapes, seed) for _, point_shapes in at]

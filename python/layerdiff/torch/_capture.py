@@ -14,6 +14,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from layerdiff import _layerdiff
+from layerdiff._layerdiff import CapturedLayer  # one call or functional op, typed in the core
 from layerdiff.tensors import dtype_name, flat
 
 IDENTITY_AT_INFERENCE = (
@@ -41,34 +42,6 @@ def functional_op(func) -> str | None:
             name = name[1:]
     name = name.strip("_")
     return name if name in FUNCTIONAL_OPS else None
-
-
-@dataclass
-class CapturedLayer:
-    """One call of a leaf module, or one functional call between modules (``op`` set): what it
-    produced, and where its input came from."""
-
-    name: str  # module path, `#2`, `#3`… for repeated calls; `owner:op` for a functional call
-    module: str  # for a functional call, the module whose forward made it ("" for the model)
-    module_type: str
-    call_index: int
-    # it returned its input's values unchanged: Dropout at inference, a module that hands its
-    # input back untouched (torchvision's StochasticDepth), a call like `x * 1.0`
-    identity: bool
-    input_from: int | None
-    shape: list[int]
-    dtype: str  # layerdiff's dtype name (`float32`)
-    # (element count, samples): pairs the layer by value where the ONNX file names no scope
-    fingerprint: tuple[int, list[float]] | None = None
-    op: str | None = None
-    # every layer whose output this call read (its tensor arguments, one level into lists)
-    inputs_from: list[int] = field(default_factory=list)
-    # no model input's values reach its output: it is computed from parameters, buffers,
-    # constants and shapes alone (relative positions, rotary tables), which exporters fold
-    constant: bool = False
-    # its output reaches some output of the model (BERT's pooler does not when only the hidden
-    # states are returned: exporters drop such work)
-    feeds_output: bool = True
 
 
 @dataclass

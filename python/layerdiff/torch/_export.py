@@ -34,8 +34,7 @@ def export_onnx(
             for name, dims in zip(input_names, dynamic, strict=True)
             if dims
         }
-    if exporter not in ("dynamo", "legacy"):
-        raise _layerdiff.UsageError(f"unknown exporter `{exporter}` (expected dynamo or legacy)")
+    exporter = _layerdiff.choice("exporter", exporter)
     chatter = io.StringIO()
     try:
         with (

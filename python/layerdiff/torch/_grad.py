@@ -24,6 +24,7 @@ import copy
 import torch
 
 from layerdiff import _layerdiff
+from layerdiff._layerdiff import CapturedLayer
 from layerdiff.report import Report
 from layerdiff.tensors import dtype_name, flat
 from layerdiff.torch import _backward, _baseline
@@ -68,11 +69,10 @@ def compare_gradients(
 
     step = progress or (lambda message: None)
     inputs = as_input_tuple(inputs)
-    if loss not in ("dot", "sum"):
-        raise _layerdiff.UsageError(f"unknown loss `{loss}` (expected `dot` or `sum`)")
+    loss = _layerdiff.choice("loss", loss)
     if options is None:
         options = _layerdiff.Options(
-            tolerance=str(tolerance),
+            tolerance=tolerance,
             local=local,
             target=target,
             reference=reference,
@@ -138,15 +138,15 @@ def compare_gradients(
     )
     step(f"comparing {len(layers)} gradients")
     for index, layer in enumerate(layers):
-        gradients.hand(run, index, layer["name"])
+        gradients.hand(run, index, layer.name)
     needed = run.conclude()
-    names = {i: layers[i]["name"] for i in needed}
+    names = {i: layers[i].name for i in needed}
     native = run.finish(
         {i: [flat(k, ref.parameters[k])] for i, k in names.items() if k in ref.parameters},
         {i: [flat(k, tgt.parameters[k])] for i, k in names.items() if k in tgt.parameters},
     )
     report = Report(native, inputs=given)
-    owners = {x["name"]: x["module"] for x in layers}
+    owners = {x.name: x.module for x in layers}
     report = report.advised_by_module(owners)
     report.notes += [n for n in (eval_note, lost) if n]
     if tgt.skipped:
@@ -284,7 +284,7 @@ class _Gradients:
             side.scale if scale is None else scale,
         )  # fmt: skip
 
-    def layers(self, listed) -> list[dict]:
+    def layers(self, listed) -> list[CapturedLayer]:
         """The report's layers in backward order, each with the layers its error comes in
         through (the input gradients of the calls that read its call's output)."""
         # a call whose first input is a model input only it reads hands on that input's
@@ -335,19 +335,17 @@ class _Gradients:
                 )  # fmt: skip
             value = self._value(key)[0]
             out.append(
-                {
-                    "name": key,
-                    "module": module,
-                    "module_type": module_type,
-                    "call_index": 0,
-                    "identity": False,
-                    "input_from": None,
-                    "inputs_from": fed,
-                    "shape": list(value.shape),
-                    "dtype": dtype_name(key, value),
-                    "fingerprint": None,
-                    "op": None,
-                }
+                CapturedLayer(
+                    name=key,
+                    module=module,
+                    module_type=module_type,
+                    call_index=0,
+                    identity=False,
+                    input_from=None,
+                    inputs_from=fed,
+                    shape=list(value.shape),
+                    dtype=dtype_name(key, value),
+                )
             )
         return out
 

@@ -5,7 +5,6 @@ JSON-able dict back, so cells run the same in this process, in a pool or as Ray 
 
 from __future__ import annotations
 
-import json
 import math
 import tempfile
 from dataclasses import dataclass
@@ -262,12 +261,15 @@ class _ExportFailed(Exception):
     pass
 
 
-def run_cell(task: Task, custom: dict | None = None) -> dict:
+def run_cell(task: Task, custom: dict | None = None) -> _layerdiff.OpCell:
     """One cell: its verdict and numbers, or why it could not be judged."""
     case = CASES[task.case]
-    cell = {"case": task.case, "backend": task.backend, "dtype": task.dtype}
-    if task.onnx_ops:
-        cell["onnx_ops"] = list(task.onnx_ops)
+
+    def cell(status: str, check=None, message: str | None = None) -> _layerdiff.OpCell:
+        return _layerdiff.OpCell(
+            task.case, task.backend, task.dtype, status, check, message, list(task.onnx_ops)
+        )
+
     inputs = make_inputs(case, task.seed)
     args = rounded(inputs, DTYPES[task.dtype])
     wide = [x.double() if x.is_floating_point() else x for x in args]
@@ -283,42 +285,40 @@ def run_cell(task: Task, custom: dict | None = None) -> dict:
                 device, compiled = torch_backend(task.backend)
                 got = _run_torch(case, args, device, compiled)
     except Exception as e:  # a backend's failure is the cell's finding, never the run's end
-        return {**cell, **_failure(e)}
+        return cell(*_failure(e))
     if tuple(got.shape) != tuple(truth.shape):
-        return {
-            **cell,
-            "status": "FAIL",
-            "message": f"shape {list(got.shape)} where the op gives {list(truth.shape)}",
-        }
+        return cell(
+            "FAIL", message=f"shape {list(got.shape)} where the op gives {list(truth.shape)}"
+        )
     expected_dtype = truth.dtype if not truth.is_floating_point() else DTYPES[task.dtype]
     if got.dtype != expected_dtype:
         made_by = "the exported model gives" if is_onnx(task.backend) else "gives"
-        return {
-            **cell,
-            "status": "ERROR" if is_onnx(task.backend) else "FAIL",
-            "message": f"{made_by} {str(got.dtype).removeprefix('torch.')} where the op gives "
+        return cell(
+            "ERROR" if is_onnx(task.backend) else "FAIL",
+            message=f"{made_by} {str(got.dtype).removeprefix('torch.')} where the op gives "
             f"{str(expected_dtype).removeprefix('torch.')}",
-        }
+        )
     truth64 = truth.double().reshape(-1).numpy()
     scale64 = (
         scale.double().expand_as(truth).reshape(-1).numpy()
         if scale is not None
         else truth64[:0].copy()
     )
-    check = json.loads(
-        _layerdiff.check_op(flat("got", got), truth64, scale64.copy(), case.reduction, case.stages)
+    check = _layerdiff.check_op(
+        flat("got", got), truth64, scale64.copy(), case.reduction, case.stages
     )
-    return {**cell, "status": "PASS" if check["passed"] else "FAIL", "check": check}
+    return cell("PASS" if check.passed else "FAIL", check)
 
 
-def _failure(e: Exception) -> dict:
+def _failure(e: Exception) -> tuple[str, None, str]:
+    """(status, no check, message) of a cell that broke."""
     message = f"{type(e).__name__}: {e}".strip()
     if isinstance(e, _ExportFailed):
         message = str(e)
     lowered = message.lower()
     unsupported = isinstance(e, NotImplementedError) or any(s in lowered for s in _UNSUPPORTED)
     first = message.splitlines()[0] if message else type(e).__name__
-    return {"status": "UNSUPPORTED" if unsupported else "ERROR", "message": first[:2000]}
+    return "UNSUPPORTED" if unsupported else "ERROR", None, first[:2000]
 
 
 # ---------------------------------------------------------------------------------------------

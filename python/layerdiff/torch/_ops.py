@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-import json
 import os
 import sys
 import time
@@ -155,16 +154,15 @@ def check_ops(
     executor: str = "local",
     custom_backends: dict | None = None,
     progress=None,
-) -> dict:
-    """The op matrix as a run (the JSON the core turns into the report): every case matching
+) -> _layerdiff.OpsRun:
+    """The op matrix as a run (what the core turns into the report): every case matching
     `ops` on every backend and dtype. `custom_backends` maps a name to a function
     `(case, args) -> tensor` computing a case some other way (run in this process; `call(fn,
     case, args)` calls `fn` the way the case does)."""
     cases = select_cases(ops or [])
-    dtypes = dtypes or list(DTYPES)
-    for d in dtypes:
-        if d not in DTYPES:
-            raise _layerdiff.UsageError(f"unknown dtype `{d}` (expected {', '.join(DTYPES)})")
+    dtypes = [_layerdiff.choice("op dtype", d) for d in dtypes] if dtypes else list(DTYPES)
+    exporter = _layerdiff.choice("exporter", exporter)
+    executor = _layerdiff.choice("executor", executor)
     custom = dict(custom_backends or {})
     names = list(backends) if backends else available_backends()
     names += [c for c in custom if c not in names]
@@ -176,33 +174,33 @@ def check_ops(
     described, unavailable = [], {}
     for name in names:
         what, why = (f"custom backend `{name}`", None) if name in custom else describe(name)
-        described.append({"name": name, "detail": what})
+        described.append((name, what))
         if why is not None:
             unavailable[name] = why
 
     with _executor(executor, jobs) as run:
         cells = _run_matrix(run, cases, dtypes, names, unavailable, custom, seed, opset,
                             exporter, say)  # fmt: skip
-    return {
-        "opset": opset,
-        "exporter": exporter,
-        "seed": seed,
-        "versions": [["torch", torch.__version__]],
-        "backends": described,
-        "dtypes": dtypes,
-        "cases": [
-            {
-                "name": c.name,
-                "op": c.describe_call(),
-                "inputs": [_describe_input(s) for s in c.inputs],
-                "reduction": c.reduction,
-                "stages": c.stages,
-                "magnitude": c.magnitude,
-            }
+    return _layerdiff.OpsRun(
+        opset=opset,
+        exporter=exporter,
+        seed=seed,
+        versions=[("torch", torch.__version__)],
+        backends=described,
+        dtypes=dtypes,
+        cases=[
+            _layerdiff.OpCase(
+                name=c.name,
+                op=c.describe_call(),
+                inputs=[_describe_input(s) for s in c.inputs],
+                reduction=c.reduction,
+                stages=c.stages,
+                magnitude=c.magnitude,
+            )
             for c in cases
         ],
-        "cells": cells,
-    }
+        cells=cells,
+    )
 
 
 def _run_matrix(run, cases, dtypes, names, unavailable, custom, seed, opset, exporter, say):
@@ -222,9 +220,8 @@ def _run_matrix(run, cases, dtypes, names, unavailable, custom, seed, opset, exp
                 if name in unavailable:
                     why = f"unavailable here: {unavailable[name]}"
                     cells.append(
-                        {"case": case.name, "backend": name, "dtype": dtype,
-                         "status": "UNSUPPORTED", "message": why}
-                    )  # fmt: skip
+                        _layerdiff.OpCell(case.name, name, dtype, "UNSUPPORTED", message=why)
+                    )
                     continue
                 exported = exports.get((case.name, dtype), {}) if is_onnx(name) else {}
                 tasks.append(
@@ -291,4 +288,4 @@ def run_command(command, progress) -> int:
         executor=command.executor,
         progress=progress,
     )
-    return _layerdiff.deliver_ops(command, json.dumps(run))
+    return _layerdiff.deliver_ops(command, run)

@@ -48,9 +48,9 @@ class TorchSide:
     compile: str | None
 
     @classmethod
-    def of(cls, parsed: dict) -> TorchSide:
-        """The side from the options' parsed dict; checks that this machine can run it."""
-        side = cls(**parsed)
+    def of(cls, spec: _layerdiff.SideSpec) -> TorchSide:
+        """The side of a parsed PyTorch spelling; checks that this machine can run it."""
+        side = cls(spec.spelling, spec.device, spec.precision, spec.compile)
         side._check()
         return side
 

@@ -81,29 +81,22 @@ def compare_torch_onnx(
     ``options`` (an ``Options`` already parsed, as the command line makes) replaces
     ``tolerance``, ``local``, ``float64``, ``max_memory`` and ``target``.
     """
-    if dtype is not None and dtype not in ("fp16", "int8"):
-        raise _layerdiff.UsageError(
-            f"dtype `{dtype}`: an ONNX file is converted to fp16 or int8 (bfloat16: compare_torch "
-            "with target='torch:bf16')"
-        )
-    if keep_fp32 and dtype is None:
-        raise _layerdiff.UsageError(
-            "keep_fp32 keeps layers of a lower-precision target: give dtype"
-        )
     phases, lap = timed_phases(timings)
     step = progress or (lambda message: None)
     inputs = as_input_tuple(inputs)
     if options is None:
         options = _layerdiff.Options(
-            tolerance=str(tolerance),
+            tolerance=tolerance,
             local=local,
-            max_memory=None if max_memory is None else str(max_memory),
+            max_memory=max_memory,
             target=target,
             float64=float64,
         )
+    # dtype, keep_fp32 and onnx against the target: the command line's rules, kept in Rust.
+    options = options.resolved(dtype=dtype, keep_fp32=bool(keep_fp32), onnx=onnx)
     if options.torch_target is not None:
         raise _layerdiff.UsageError(
-            f"the target `{options.torch_target['spelling']}` is PyTorch itself: "
+            f"the target `{options.torch_target.spelling}` is PyTorch itself: "
             "use compare_torch for PyTorch sides"
         )
     eval_note = to_eval(model)
@@ -118,8 +111,6 @@ def compare_torch_onnx(
         )
         if onnx is not None:
             onnx_path = Path(onnx)
-            if not onnx_path.is_file():
-                raise _layerdiff.UsageError(f"ONNX file `{onnx}` does not exist")
         else:
             folder.mkdir(parents=True, exist_ok=True)
             step(f"exporting to ONNX ({exporter})")
@@ -193,7 +184,7 @@ class _FileComparison:
             model=self.name,
             onnx_path=str(onnx_path),
             inputs=onnx_inputs,
-            layers=[vars(layer) for layer in listed],
+            layers=listed,
             options=options,
             seed=self.seed,
             reference_runtime="pytorch",

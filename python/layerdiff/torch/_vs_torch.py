@@ -72,9 +72,9 @@ def compare_torch(
     inputs = as_input_tuple(inputs)
     if options is None:
         options = _layerdiff.Options(
-            tolerance=str(tolerance),
+            tolerance=tolerance,
             local=local,
-            max_memory=None if max_memory is None else str(max_memory),
+            max_memory=max_memory,
             target=target,
             reference=reference,
             float64=float64,
@@ -84,13 +84,10 @@ def compare_torch(
             "compare_torch compares PyTorch sides (`torch:bf16`, `torch:cuda`…); "
             "for an ONNX runtime use compare_torch_onnx"
         )
+    # keep_fp32 against the target: the command line's rule, kept in Rust.
+    options = options.resolved(keep_fp32=bool(keep_fp32))
     ref_side, tgt_side = TorchSide.of(options.reference), TorchSide.of(options.torch_target)
     lower = tgt_side.precision.removeprefix("amp-")
-    if keep_fp32 and lower not in ("fp16", "bf16"):
-        raise _layerdiff.UsageError(
-            f"keep_fp32 keeps layers of a float16 or bfloat16 target in float32; "
-            f"`{tgt_side.spelling}` computes in {tgt_side.precision}"
-        )
     from layerdiff.torch import _precision
 
     eval_note = to_eval(model)
@@ -148,7 +145,7 @@ class _Comparison:
                 command="torch",
                 model=name or type(model).__name__,
                 inputs=given,
-                layers=[vars(layer) for layer in listed],
+                layers=listed,
                 options=options,
                 seed=seed,
                 reference_runtime="pytorch",

@@ -1,0 +1,221 @@
+//! The op matrix as the Python side hands it over, typed: a cell's numbers (`OpCheck`), each
+//! case (`OpCase`), each cell (`OpCell`) and the run (`OpsRun`). Cells are computed in worker
+//! processes, so a check and a cell pickle.
+
+use layerdiff_core::render;
+use layerdiff_flow::ops::{self, OpsBackend, Status};
+use numpy::PyReadonlyArray1;
+use pyo3::prelude::*;
+use pyo3::types::{PyTuple, PyType};
+
+use crate::exceptions::{self, to_py_err};
+use crate::tensors::FlatTensor;
+
+/// One cell's numbers and verdict (`layerdiff_core::OpCheck`).
+#[pyclass(module = "layerdiff._layerdiff", frozen)]
+#[derive(Clone)]
+pub(crate) struct OpCheck(layerdiff_core::OpCheck);
+
+#[pymethods]
+impl OpCheck {
+    /// Every element within its bound.
+    #[getter]
+    fn passed(&self) -> bool {
+        self.0.passed
+    }
+
+    /// The largest `|got - truth| / bound`: at most 1 passes.
+    #[getter]
+    fn ratio(&self) -> f64 {
+        self.0.ratio
+    }
+
+    /// Elements outside their bound, of `elements`.
+    #[getter]
+    fn outside(&self) -> usize {
+        self.0.outside
+    }
+
+    #[getter]
+    fn elements(&self) -> usize {
+        self.0.elements
+    }
+
+    /// The check as JSON (the cell's `check` in the report).
+    fn to_json(&self) -> String {
+        render::to_json_value(&self.0)
+    }
+
+    /// The check from `to_json`'s text (how it pickles).
+    #[classmethod]
+    fn from_json(_cls: &Bound<'_, PyType>, text: &str) -> PyResult<Self> {
+        let check = serde_json::from_str(text)
+            .map_err(|e| exceptions::InputError::new_err(format!("not an op check: {e}")))?;
+        Ok(Self(check))
+    }
+
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (String,))> {
+        Ok((slf.get_type().getattr("from_json")?, (slf.get().to_json(),)))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "OpCheck(passed={}, ratio={}, outside={} of {})",
+            self.0.passed, self.0.ratio, self.0.outside, self.0.elements
+        )
+    }
+}
+
+/// Judges one cell: `got` against the float64 `truth` with per-element `magnitude` (or empty),
+/// `reduction` terms and `stages` roundings.
+#[pyfunction]
+pub(crate) fn check_op(
+    py: Python<'_>,
+    got: FlatTensor<'_>,
+    truth: PyReadonlyArray1<'_, f64>,
+    magnitude: PyReadonlyArray1<'_, f64>,
+    reduction: usize,
+    stages: u32,
+) -> PyResult<OpCheck> {
+    let got = got.view()?;
+    let (truth, magnitude) = (truth.as_slice()?, magnitude.as_slice()?);
+    py.detach(|| layerdiff_core::check_op(&got, truth, magnitude, reduction, stages))
+        .map(OpCheck)
+        .map_err(to_py_err)
+}
+
+/// One op as the matrix runs it.
+#[pyclass(module = "layerdiff._layerdiff", frozen)]
+pub(crate) struct OpCase(ops::OpCase);
+
+#[pymethods]
+impl OpCase {
+    /// `name` (`matmul`), `op`: the PyTorch call, `inputs`: each input in words, `reduction`:
+    /// terms reduced into one output element, `stages`: intermediate roundings, `magnitude`:
+    /// what the error scales with.
+    #[new]
+    #[pyo3(signature = (*, name, op, inputs, reduction, stages, magnitude))]
+    fn new(
+        name: String,
+        op: String,
+        inputs: Vec<String>,
+        reduction: usize,
+        stages: u32,
+        magnitude: String,
+    ) -> Self {
+        Self(ops::OpCase {
+            name,
+            op,
+            inputs,
+            reduction,
+            stages,
+            magnitude,
+        })
+    }
+}
+
+/// One op on one backend in one dtype: its verdict (`PASS`, `FAIL`, `UNSUPPORTED`, `ERROR`),
+/// its numbers when it ran, why when it did not, and the ONNX ops of its model.
+#[pyclass(module = "layerdiff._layerdiff", frozen)]
+pub(crate) struct OpCell(ops::OpCell);
+
+#[pymethods]
+impl OpCell {
+    #[new]
+    #[pyo3(signature = (case, backend, dtype, status, check=None, message=None, onnx_ops=Vec::new()))]
+    fn new(
+        case: String,
+        backend: String,
+        dtype: String,
+        status: &str,
+        check: Option<PyRef<'_, OpCheck>>,
+        message: Option<String>,
+        onnx_ops: Vec<String>,
+    ) -> PyResult<Self> {
+        Ok(Self(ops::OpCell {
+            case,
+            backend,
+            dtype,
+            status: Status::parse(status).map_err(to_py_err)?,
+            check: check.map(|c| c.0.clone()),
+            message,
+            onnx_ops,
+        }))
+    }
+
+    #[getter]
+    fn status(&self) -> &'static str {
+        self.0.status.name()
+    }
+
+    #[getter]
+    fn message(&self) -> Option<&str> {
+        self.0.message.as_deref()
+    }
+
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+        let py = slf.py();
+        let c = &slf.get().0;
+        let args = (
+            c.case.clone(),
+            c.backend.clone(),
+            c.dtype.clone(),
+            c.status.name(),
+            c.check.clone().map(OpCheck),
+            c.message.clone(),
+            c.onnx_ops.clone(),
+        );
+        Ok((slf.get_type().into_any(), args.into_pyobject(py)?))
+    }
+
+    fn __repr__(&self) -> String {
+        let c = &self.0;
+        format!(
+            "OpCell({} on {} in {}: {})",
+            c.case,
+            c.backend,
+            c.dtype,
+            c.status.name()
+        )
+    }
+}
+
+/// What the Python side ran: everything in the op matrix's report but the rule and the
+/// machine.
+#[pyclass(module = "layerdiff._layerdiff", frozen)]
+pub(crate) struct OpsRun(pub(crate) ops::OpsRun);
+
+#[pymethods]
+impl OpsRun {
+    /// `backends`: (name, what it is in words) in column order; `versions`: (library,
+    /// version) of what changes the numbers.
+    #[new]
+    #[pyo3(signature = (*, opset, exporter, seed, versions, backends, dtypes, cases, cells))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        opset: i64,
+        exporter: String,
+        seed: u64,
+        versions: Vec<(String, String)>,
+        backends: Vec<(String, String)>,
+        dtypes: Vec<String>,
+        cases: Vec<PyRef<'_, OpCase>>,
+        cells: Vec<PyRef<'_, OpCell>>,
+    ) -> Self {
+        Self(ops::OpsRun {
+            opset,
+            exporter,
+            seed,
+            versions,
+            backends: backends
+                .into_iter()
+                .map(|(name, detail)| OpsBackend { name, detail })
+                .collect(),
+            dtypes,
+            cases: cases.iter().map(|c| c.0.clone()).collect(),
+            cells: cells.iter().map(|c| c.0.clone()).collect(),
+        })
+    }
+}
