@@ -16,7 +16,8 @@ use layerdiff_flow::inputs::InputPlan;
 use layerdiff_flow::onnx_flow::OnnxOptions;
 use layerdiff_flow::output::Destinations;
 use layerdiff_flow::providers::ProvidersOptions;
-use layerdiff_flow::torch_side::{TorchSpec, TorchTarget};
+use layerdiff_flow::target::TargetSpec;
+use layerdiff_flow::torch_side::TorchSpec;
 use layerdiff_runtime::{OptLevel, Provider, RuntimeSpec};
 
 mod torch;
@@ -27,6 +28,8 @@ mod matrix;
 pub use matrix::{AuditArgs, CheckArgs, Executor, OpsArgs, ProvidersArgs, TableArgs};
 mod report;
 pub use report::ReportArgs;
+mod keras;
+pub use keras::KerasArgs;
 
 /// A choice (`--exporter`, `--loss`, `--executor`…) as the command line spells it: the one
 /// spelling Python receives too.
@@ -76,6 +79,12 @@ pub enum Command {
     /// Exit code 0: no layer exceeds its tolerance, or rounding only; 1: a defect (or drift with
     /// `--fail-on drift`); 2: layerdiff could not run.
     Torch(TorchArgs),
+    /// Compare a Keras model, layer by layer, with its ONNX conversion (tf2onnx) on a runtime,
+    /// or with TensorFlow computing it another way: XLA, a SavedModel loaded back, TFLite.
+    ///
+    /// Exit code 0: no layer exceeds its tolerance, or rounding only; 1: a defect (or drift with
+    /// `--fail-on drift`); 2: layerdiff could not run.
+    Keras(KerasArgs),
     /// Compare every intermediate value of an ONNX model between two runtimes, or two model files.
     ///
     /// Exit code 0: no value exceeds its tolerance, or rounding only; 1: a defect (or drift with
@@ -122,6 +131,8 @@ pub enum Command {
 enum Parsed {
     /// Run `torch` with these options (the caller owns PyTorch).
     Torch(TorchArgs),
+    /// Run `keras` with these options (the caller owns TensorFlow).
+    Keras(KerasArgs),
     /// Run `onnx` with these options.
     Onnx(OnnxArgs),
     /// Run `grad` with these options (the caller owns PyTorch).
@@ -146,6 +157,9 @@ fn parse(argv: Vec<OsString>) -> Parsed {
         Ok(Cli {
             command: Command::Torch(args),
         }) => Parsed::Torch(args),
+        Ok(Cli {
+            command: Command::Keras(args),
+        }) => Parsed::Keras(args),
         Ok(Cli {
             command: Command::Onnx(args),
         }) => Parsed::Onnx(args),
@@ -174,11 +188,14 @@ fn parse(argv: Vec<OsString>) -> Parsed {
     }
 }
 
-/// A verb whose caller owns PyTorch, handed back by [`dispatch`] with its options.
+/// A verb whose caller owns the framework it needs (PyTorch, TensorFlow), handed back by
+/// [`dispatch`] with its options.
 #[derive(Debug)]
-pub enum PyTorchVerb {
+pub enum PythonVerb {
     /// `torch`.
     Torch(TorchArgs),
+    /// `keras`.
+    Keras(KerasArgs),
     /// `grad`.
     Grad(GradArgs),
     /// `ops`.
@@ -195,13 +212,14 @@ pub enum PyTorchVerb {
 pub enum Dispatched {
     /// The verb ran (or parsing ended it: help, version, a usage error): exit with this code.
     Exit(u8),
-    /// The verb needs PyTorch: the caller runs it.
-    PyTorch(PyTorchVerb),
+    /// The verb needs a Python framework (PyTorch, TensorFlow): the caller runs it.
+    Python(PythonVerb),
 }
 
 /// The one dispatch of both doors (the Rust binary and the Python command): parses `argv`,
 /// runs the verbs that need only the engine (`onnx`, `providers`, `audit`) with ONNX Runtime
-/// from `ort_library` (`None`: found as documented), and hands back the verbs that need PyTorch.
+/// from `ort_library` (`None`: found as documented), and hands back the verbs that need a
+/// Python framework (PyTorch, TensorFlow).
 pub fn dispatch(argv: Vec<OsString>, ort_library: Option<&std::path::Path>) -> Dispatched {
     use layerdiff_flow::{audit, onnx_flow, providers};
     let code = match parse(argv) {
@@ -209,11 +227,12 @@ pub fn dispatch(argv: Vec<OsString>, ort_library: Option<&std::path::Path>) -> D
         Parsed::Onnx(a) => onnx_flow::run(&a.options(), &a.report.destinations(), ort_library),
         Parsed::Providers(a) => providers::run(&a.options(), &a.destinations(), ort_library),
         Parsed::Audit(a) => audit::run(&a.options(), &a.destinations(), ort_library),
-        Parsed::Torch(a) => return Dispatched::PyTorch(PyTorchVerb::Torch(a)),
-        Parsed::Grad(a) => return Dispatched::PyTorch(PyTorchVerb::Grad(a)),
-        Parsed::Ops(a) => return Dispatched::PyTorch(PyTorchVerb::Ops(a)),
-        Parsed::Zoo => return Dispatched::PyTorch(PyTorchVerb::Zoo),
-        Parsed::Check(a) => return Dispatched::PyTorch(PyTorchVerb::Check(a)),
+        Parsed::Torch(a) => return Dispatched::Python(PythonVerb::Torch(a)),
+        Parsed::Keras(a) => return Dispatched::Python(PythonVerb::Keras(a)),
+        Parsed::Grad(a) => return Dispatched::Python(PythonVerb::Grad(a)),
+        Parsed::Ops(a) => return Dispatched::Python(PythonVerb::Ops(a)),
+        Parsed::Zoo => return Dispatched::Python(PythonVerb::Zoo),
+        Parsed::Check(a) => return Dispatched::Python(PythonVerb::Check(a)),
     };
     Dispatched::Exit(code)
 }

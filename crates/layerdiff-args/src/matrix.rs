@@ -43,7 +43,8 @@ pub struct OpsArgs {
     /// The backends (comma-separated): `torch[:DEVICE][:compile]` (PyTorch eager or compiled on
     /// a device: `torch`, `torch:compile`, `torch:cuda`), ONNX Runtime spelled as for `layerdiff
     /// onnx` (`ort`, `ort:opt=all`, `ort:cuda`), `tract`, `openvino`. Default: torch, torch:compile, ort,
-    /// ort:opt=all and tract, with the GPU PyTorch and ONNX Runtime providers this machine has.
+    /// ort:opt=all and tract, with openvino where it is installed and the GPU PyTorch and ONNX
+    /// Runtime providers this machine has.
     #[arg(long, value_delimiter = ',', value_name = "BACKEND,…")]
     pub backends: Vec<String>,
     /// The dtypes each op is computed in (comma-separated: float32, float16, bfloat16; or fp32,

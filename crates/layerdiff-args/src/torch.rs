@@ -89,8 +89,8 @@ pub struct TorchArgs {
     /// `torch[:DEVICE][:PRECISION][:compile[=BACKEND]]`, DEVICE as torch.device takes it (`cpu`,
     /// `cuda`, `cuda:1`, `mps`), PRECISION one of `fp32`, `tf32`, `fp16`, `bf16`, `amp-fp16`,
     /// `amp-bf16` (e.g. `torch:cuda:bf16`, `torch:compile`).
-    #[arg(long, default_value = "ort", value_parser = TorchTarget::parse)]
-    pub target: TorchTarget,
+    #[arg(long, default_value = "ort", value_parser = TargetSpec::parse)]
+    pub target: TargetSpec,
     /// The PyTorch side the target is measured against, spelled as a PyTorch --target
     /// (`torch:cuda`); default `torch`, the model as given: CPU, float32, eager. Other than
     /// `torch` only with a PyTorch target.
@@ -205,7 +205,7 @@ impl GradArgs {
 impl TorchArgs {
     /// The target with `--dtype` applied (the rules are the engine's, shared with the Python
     /// API: [`layerdiff_flow::torch_side::resolve_target`]), and the dtype.
-    pub fn dtype_target(&self) -> Result<(TorchTarget, Option<TargetDtype>), String> {
+    pub fn dtype_target(&self) -> Result<(TargetSpec, Option<TargetDtype>), String> {
         let target = resolve_target(
             &self.target,
             self.dtype.map(TargetDtype::lower),

@@ -1,6 +1,6 @@
 //! The Rust `layerdiff` binary: parses the command line ([`layerdiff_args`]) and runs the verb
-//! on the engine ([`layerdiff_flow`]). The `torch` and `grad` verbs need PyTorch, so they live
-//! in the Python package's command.
+//! on the engine ([`layerdiff_flow`]). The verbs that need PyTorch or TensorFlow
+//! (`torch`, `grad`, `keras`…) live in the Python package's command.
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -11,9 +11,9 @@ use layerdiff_args::{Dispatched, dispatch};
 pub fn main(argv: Vec<OsString>) -> ExitCode {
     match dispatch(argv, None) {
         Dispatched::Exit(code) => ExitCode::from(code),
-        Dispatched::PyTorch(_) => {
+        Dispatched::Python(_) => {
             eprintln!(
-                "error: this verb needs PyTorch, which lives in the Python package\n\
+                "error: this verb needs PyTorch or TensorFlow, which live in the Python package\n\
                  hint: `pip install layerdiff` and run the `layerdiff` it installs"
             );
             ExitCode::from(2)

@@ -174,11 +174,67 @@ impl Tensor {
             self
         })
     }
+
+    /// The tensor with its axes reordered: axis `k` of the result is axis `p[k]` of this one
+    /// (`[0, 2, 3, 1]` turns NCHW into NHWC). `None` when `p` is not a permutation of its axes.
+    pub fn permuted(&self, p: &[usize]) -> Option<Tensor> {
+        let rank = self.shape.len();
+        let mut seen = vec![false; rank];
+        for &a in p {
+            if a >= rank || std::mem::replace(&mut seen[a], true) {
+                return None;
+            }
+        }
+        if p.len() != rank {
+            return None;
+        }
+        let size = self.dtype.size();
+        let mut strides = vec![1usize; rank];
+        for k in (0..rank.saturating_sub(1)).rev() {
+            strides[k] = strides[k + 1] * self.shape[k + 1];
+        }
+        let shape: Vec<usize> = p.iter().map(|&a| self.shape[a]).collect();
+        let from: Vec<usize> = p.iter().map(|&a| strides[a]).collect();
+        let count: usize = shape.iter().product();
+        let mut bytes = Vec::with_capacity(self.bytes.len());
+        let mut index = vec![0usize; rank];
+        for _ in 0..count {
+            let at = index.iter().zip(&from).map(|(i, s)| i * s).sum::<usize>() * size;
+            bytes.extend_from_slice(&self.bytes[at..at + size]);
+            for k in (0..rank).rev() {
+                index[k] += 1;
+                if index[k] < shape[k] {
+                    break;
+                }
+                index[k] = 0;
+            }
+        }
+        Some(Tensor {
+            dtype: self.dtype,
+            shape,
+            bytes,
+        })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn permuting_nchw_to_nhwc_moves_each_element_and_back() {
+        let values: Vec<f64> = (0..24).map(f64::from).collect();
+        let t = Tensor::from_f64(DType::F32, &values)
+            .reshaped(&[1, 2, 3, 4])
+            .unwrap();
+        let nhwc = t.permuted(&[0, 2, 3, 1]).unwrap();
+        assert_eq!(nhwc.shape, vec![1, 3, 4, 2]);
+        // NHWC [0, h, w, c] is NCHW [0, c, h, w]
+        assert_eq!(nhwc.view().get_f64((4 + 2) * 2 + 1), 12.0 + 4.0 + 2.0);
+        assert_eq!(nhwc.permuted(&[0, 3, 1, 2]).unwrap(), t);
+        assert!(t.permuted(&[0, 1, 1, 2]).is_none());
+        assert!(t.permuted(&[0, 1, 2]).is_none());
+    }
 
     /// Float32 values that round differently by each path if any path rounds twice or
     /// flushes: ties, subnormals of float16, overflow, infinities and NaN, across runs.

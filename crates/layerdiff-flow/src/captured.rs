@@ -23,12 +23,13 @@ use crate::inputs::{check_inputs, unread_inputs};
 use crate::memory::Segmentation;
 use crate::memory::budget;
 use crate::shipped::{Renames, prepare_target};
+use crate::target::TargetSpec;
 use crate::timings::{OWN, RUNTIME, Stopwatch};
-use crate::torch_side::{TorchSpec, TorchTarget};
+use crate::torch_side::TorchSpec;
 use crate::value_pairing::{pair_by_values, unrecognised_from};
 use crate::{
-    Alignment, Baseline, Computing, Engine, Error, GraphSide, Header, PushedSide, Result, Settings,
-    Shared, Side,
+    Alignment, Baseline, Computing, Engine, Error, GraphSide, Header, PushedSide, RelaidSide,
+    Result, Settings, Shared, Side,
 };
 
 mod align;
@@ -87,6 +88,9 @@ pub struct CapturedComparison {
     pub reference: SideInfo,
     /// What the reference is compared with.
     pub target: CapturedTarget,
+    /// Whether the reference holds its values channels-last (Keras, TensorFlow): an ONNX value
+    /// the converter holds channels-first is compared transposed back ([`crate::RelaidSide`]).
+    pub channels_last: bool,
 }
 
 /// What a captured reference is compared with.
@@ -130,7 +134,7 @@ impl CapturedRun {
     /// target), plans the segments and starts the target.
     pub fn start(c: CapturedComparison, mut clock: Stopwatch) -> Result<Self> {
         if let CapturedTarget::Onnx { runtime, .. } = &c.target {
-            let target = TorchTarget::Onnx(runtime.clone());
+            let target = TargetSpec::Onnx(runtime.clone());
             check_options(&c.settings, &TorchSpec::default(), &target, c.float64)?;
         }
         for (i, layer) in c.layers.iter().enumerate() {

@@ -334,7 +334,7 @@ fn parameter_check(
         let by_shape = if n == name {
             String::new()
         } else {
-            format!(" (PyTorch `{n}`, matched by shape)")
+            format!(" (the reference's `{n}`, matched by shape)")
         };
         match check_weight(name, parameter.view(), weight, true, half_step) {
             WeightCheck::Same => return Some(WeightCheck::Same),

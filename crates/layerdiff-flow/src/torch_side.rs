@@ -5,6 +5,8 @@
 
 use std::fmt;
 
+use crate::target::TargetSpec;
+
 /// The precision a PyTorch side computes in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Precision {
@@ -169,34 +171,6 @@ impl fmt::Display for TorchSpec {
     }
 }
 
-/// The target of `layerdiff torch`: the model's ONNX export on a runtime, or PyTorch itself.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TorchTarget {
-    /// The ONNX file run by a runtime.
-    Onnx(layerdiff_runtime::RuntimeSpec),
-    /// PyTorch on a device, in a precision, eager or compiled.
-    Torch(TorchSpec),
-}
-
-impl TorchTarget {
-    /// Parses a PyTorch side (`torch…`) or a runtime (`ort…`, `tract`, `openvino…`, `expected:`).
-    pub fn parse(text: &str) -> Result<Self, String> {
-        if TorchSpec::names_torch(text) {
-            TorchSpec::parse(text).map(Self::Torch)
-        } else {
-            layerdiff_runtime::RuntimeSpec::parse(text).map(Self::Onnx)
-        }
-    }
-
-    /// The spelling that parses back to it.
-    pub fn spelling(&self) -> String {
-        match self {
-            Self::Onnx(runtime) => runtime.spelling(),
-            Self::Torch(torch) => torch.spelling(),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,10 +206,10 @@ mod tests {
         let err = TorchSpec::parse("torch:fp8!").unwrap_err();
         assert!(err.contains("`fp8!` is not understood"), "{err}");
         assert!(matches!(
-            TorchTarget::parse("ort:opt=all"),
-            Ok(TorchTarget::Onnx(_))
+            TargetSpec::parse("ort:opt=all"),
+            Ok(TargetSpec::Onnx(_))
         ));
-        assert!(TorchTarget::parse("torchy").is_err());
+        assert!(TargetSpec::parse("torchy").is_err());
     }
 }
 
@@ -289,13 +263,16 @@ impl LowerPrecision {
 /// with the precision applied: a PyTorch target computes in it; an ONNX runtime target keeps its
 /// spelling and its file is converted.
 pub fn resolve_target(
-    target: &TorchTarget,
+    target: &TargetSpec,
     dtype: Option<LowerPrecision>,
     keep_fp32: bool,
     onnx: Option<&std::path::Path>,
-) -> std::result::Result<TorchTarget, String> {
+) -> std::result::Result<TargetSpec, String> {
+    if let Some(why) = target.unfit_for("PyTorch") {
+        return Err(why);
+    }
     if let Some(onnx) = onnx {
-        if let TorchTarget::Torch(spec) = target {
+        if let TargetSpec::Torch(spec) = target {
             return Err(format!(
                 "--onnx names a file for an ONNX runtime target; the target `{}` is PyTorch itself",
                 spec.spelling()
@@ -308,7 +285,7 @@ pub fn resolve_target(
     let Some(dtype) = dtype else {
         let lower_torch = matches!(
             target,
-            TorchTarget::Torch(spec) if matches!(
+            TargetSpec::Torch(spec) if matches!(
                 spec.precision,
                 Precision::Fp16 | Precision::Bf16 | Precision::AmpFp16 | Precision::AmpBf16
             )
@@ -319,7 +296,7 @@ pub fn resolve_target(
         return Ok(target.clone());
     };
     match target {
-        TorchTarget::Torch(spec) => {
+        TargetSpec::Torch(spec) => {
             let wanted = match dtype {
                 LowerPrecision::Fp16 => Precision::Fp16,
                 LowerPrecision::Bf16 => Precision::Bf16,
@@ -339,12 +316,12 @@ pub fn resolve_target(
             }
             let mut spec = spec.clone();
             spec.precision = wanted;
-            Ok(TorchTarget::Torch(spec))
+            Ok(TargetSpec::Torch(spec))
         }
-        TorchTarget::Onnx(runtime) if dtype == LowerPrecision::Bf16 => Err(format!(
+        TargetSpec::Onnx(runtime) if dtype == LowerPrecision::Bf16 => Err(format!(
             "--dtype bf16: ONNX Runtime has no bfloat16 conversion of a model (and few bfloat16 kernels); compare PyTorch in bfloat16 with `--target torch --dtype bf16`, or give --dtype fp16 for `{}`",
             runtime.spelling()
         )),
-        TorchTarget::Onnx(_) => Ok(target.clone()),
+        TargetSpec::Onnx(_) | TargetSpec::Keras(_) => Ok(target.clone()),
     }
 }

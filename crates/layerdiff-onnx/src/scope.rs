@@ -21,6 +21,10 @@ pub enum ScopeSource {
     Dynamo,
     /// The `/a/b/c/Op` node name of the TorchScript-based exporter (`dynamo=False`).
     Legacy,
+    /// The `model_1/block_1/conv_1/Conv2D` node name tf2onnx keeps from TensorFlow's name
+    /// scopes: the Keras model's name, then one component per layer (with the `_N` a traced
+    /// function adds), then the layer's own scopes and the op.
+    TensorFlow,
 }
 
 /// Resolves nodes to module paths, given the module paths that exist in the PyTorch model.
@@ -71,7 +75,11 @@ impl ScopeResolver {
                 .find(|s| self.modules.contains(s.as_str()))
                 .map(|s| (s.clone(), ScopeSource::Dynamo));
         }
-        let path = node.name().strip_prefix('/')?;
+        let Some(path) = node.name().strip_prefix('/') else {
+            let (scope, _op) = node.name().rsplit_once('/')?;
+            let module = self.walk_tensorflow(scope)?;
+            return Some((module, ScopeSource::TensorFlow));
+        };
         let (scope, _op) = path.rsplit_once('/')?;
         let mut cache = self.resolved.borrow_mut();
         let module = cache
@@ -92,6 +100,32 @@ impl ScopeResolver {
                 .or_else(|| self.step(&here, repeated_call(component)?))?;
         }
         self.modules.contains(&here).then_some(here)
+    }
+
+    /// Follows a TensorFlow name scope (`tiny_1/block_1/conv_1/convolution`) down the layer
+    /// tree: the model's own name first (skipped when it names no layer), then layers while
+    /// the components name them; the innermost captured layer, since what follows are the
+    /// layer's own scopes.
+    fn walk_tensorflow(&self, scope: &str) -> Option<String> {
+        let mut components = scope.split('/').peekable();
+        let named = |here: &str, c: &str| {
+            self.step(here, c)
+                .or_else(|| self.step(here, repeated_call(c)?))
+        };
+        if components.peek().is_some_and(|c| named("", c).is_none()) {
+            components.next();
+        }
+        let (mut here, mut found) = (String::new(), None);
+        for component in components {
+            let Some(next) = named(&here, component) else {
+                break;
+            };
+            if self.modules.contains(&next) {
+                found = Some(next.clone());
+            }
+            here = next;
+        }
+        found
     }
 
     /// The module that `component` names below the module `here` (`""` is the root): the
@@ -168,6 +202,24 @@ mod tests {
             });
         }
         n
+    }
+
+    #[test]
+    fn tensorflow_scopes_resolve_to_the_innermost_keras_layer() {
+        let r = ScopeResolver::new(&["conv1", "bn1", "block.conv", "block.relu", "fc"]);
+        let m = |n: &str| r.module_of(&node(n, None));
+        assert_eq!(
+            m("tiny_1/bn1_1/batchnorm/mul_1"),
+            Some(("bn1".to_string(), ScopeSource::TensorFlow))
+        );
+        assert_eq!(
+            m("tiny_1/block_1/conv_1/convolution").map(|(m, _)| m),
+            Some("block.conv".to_string())
+        );
+        assert_eq!(m("tiny/fc/MatMul").map(|(m, _)| m), Some("fc".to_string()));
+        // the block's own op, the converter's constants: no layer
+        assert_eq!(m("tiny_1/block_1/add"), None);
+        assert_eq!(m("const_fold_opt__13"), None);
     }
 
     #[test]

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use layerdiff_core::{DType, SideInfo, TensorView, Timing};
 use layerdiff_flow::Computing;
 use layerdiff_flow::captured::{self, CapturedComparison, CapturedTarget, Handed};
+use layerdiff_flow::target::TargetSpec;
 use layerdiff_flow::timings::Stopwatch;
-use layerdiff_flow::torch_side::TorchTarget;
 use pyo3::prelude::*;
 
 use crate::Report;
@@ -34,7 +34,10 @@ impl CapturedRun {
     /// lower precision, and how; `lower_precision`: how it computes every layer below the
     /// reference's precision where no dtype shows it).
     #[new]
-    #[pyo3(signature = (*, command, model, inputs, layers, options, seed, reference_runtime, reference_detail, onnx_path=None, ort_library=None, target_detail=None, target_note=None, reduced_math=None, lower_precision=None, timings=None))]
+    /// `channels_last`: the reference holds its values channels-last (Keras), so an ONNX value
+    /// held channels-first is compared transposed back. A Keras target (`xla`, `tflite…`)
+    /// hands its values over like a PyTorch one, from `target_runtime` (`tensorflow 2.21.0`).
+    #[pyo3(signature = (*, command, model, inputs, layers, options, seed, reference_runtime, reference_detail, onnx_path=None, ort_library=None, target_detail=None, target_note=None, reduced_math=None, lower_precision=None, timings=None, channels_last=false, target_runtime=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -53,6 +56,8 @@ impl CapturedRun {
         reduced_math: Option<(Vec<String>, String)>,
         lower_precision: Option<String>,
         timings: Option<Vec<(String, String, f64)>>,
+        channels_last: bool,
+        target_runtime: Option<String>,
     ) -> PyResult<Self> {
         let inputs = inputs
             .iter()
@@ -64,7 +69,7 @@ impl CapturedRun {
             .collect::<PyResult<Vec<_>>>()?;
         let fed_by = layers.iter().map(|layer| layer.fed_by()).collect();
         let target = match &options.target {
-            TorchTarget::Onnx(runtime) => CapturedTarget::Onnx {
+            TargetSpec::Onnx(runtime) => CapturedTarget::Onnx {
                 path: onnx_path.ok_or_else(|| {
                     exceptions::UsageError::new_err("a runtime target needs the ONNX file")
                 })?,
@@ -72,10 +77,10 @@ impl CapturedRun {
                 ort_library,
                 note: target_note,
             },
-            TorchTarget::Torch(spec) => CapturedTarget::Pushed {
+            pushed @ (TargetSpec::Torch(_) | TargetSpec::Keras(_)) => CapturedTarget::Pushed {
                 info: SideInfo::new(
-                    reference_runtime.clone(),
-                    target_detail.unwrap_or_else(|| spec.spelling()),
+                    target_runtime.unwrap_or_else(|| reference_runtime.clone()),
+                    target_detail.unwrap_or_else(|| pushed.spelling()),
                 ),
                 computing: Computing {
                     module_types: listed.iter().map(|l| l.module_type.clone()).collect(),
@@ -96,6 +101,7 @@ impl CapturedRun {
             baseline: options.float64 && options.settings.local,
             reference: SideInfo::new(reference_runtime, reference_detail),
             target,
+            channels_last,
         };
         let keep_timings = timings.is_some();
         let before = timings

@@ -3,10 +3,11 @@
 
 use std::path::PathBuf;
 
-use layerdiff_args::{Dispatched, PyTorchVerb, ReportArgs};
+use layerdiff_args::{Dispatched, PythonVerb, ReportArgs};
 use layerdiff_core::Tolerance;
 use layerdiff_flow::captured::check_options;
-use layerdiff_flow::torch_side::{LowerPrecision, TorchSpec, TorchTarget, resolve_target};
+use layerdiff_flow::target::TargetSpec;
+use layerdiff_flow::torch_side::{LowerPrecision, TorchSpec, resolve_target};
 use layerdiff_flow::{Settings, memory};
 use pyo3::prelude::*;
 
@@ -20,7 +21,7 @@ use crate::exceptions::{self, to_py_err};
 pub(crate) struct Options {
     pub(crate) settings: Settings,
     pub(crate) reference: TorchSpec,
-    pub(crate) target: TorchTarget,
+    pub(crate) target: TargetSpec,
     pub(crate) float64: bool,
 }
 
@@ -28,9 +29,11 @@ pub(crate) struct Options {
 impl Options {
     /// Parses the options as the Python API takes them (`tolerance`: a number, `dtype` or
     /// `auto`; `max_memory`: bytes or a size such as `4G`; `target`: `ort`, `ort:opt=all`,
-    /// `tract`, `torch:bf16`…; `reference`: `torch`, `torch:cuda`…).
+    /// `tract`, `torch:bf16`, `xla`, `tflite:fp16`…; `reference`: `torch`, `torch:cuda`…;
+    /// `framework`: the model's, `PyTorch` or `Keras`, whose sides the target may name).
     #[new]
-    #[pyo3(signature = (*, tolerance=None, local=true, max_memory=None, target="ort", float64=true, reference="torch"))]
+    #[pyo3(signature = (*, tolerance=None, local=true, max_memory=None, target="ort", float64=true, reference="torch", framework="PyTorch"))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         tolerance: Option<&Bound<'_, PyAny>>,
         local: bool,
@@ -38,6 +41,7 @@ impl Options {
         target: &str,
         float64: bool,
         reference: &str,
+        framework: &str,
     ) -> PyResult<Self> {
         let usage = |e: String| exceptions::UsageError::new_err(e);
         let tolerance = match tolerance {
@@ -55,7 +59,10 @@ impl Options {
                 .transpose()
                 .map_err(usage)?,
         };
-        let target = TorchTarget::parse(target).map_err(usage)?;
+        let target = TargetSpec::parse(target).map_err(usage)?;
+        if let Some(why) = target.unfit_for(framework) {
+            return Err(usage(why));
+        }
         let reference = TorchSpec::parse(reference).map_err(usage)?;
         check_options(&settings, &reference, &target, float64).map_err(to_py_err)?;
         Ok(Self {
@@ -104,16 +111,23 @@ impl Options {
     /// The PyTorch reference, as a `SideSpec`.
     #[getter]
     fn reference(&self) -> SideSpec {
-        SideSpec::of(&TorchTarget::Torch(self.reference.clone()))
+        SideSpec::of(&TargetSpec::Torch(self.reference.clone()))
     }
 
     /// A PyTorch target as a `SideSpec`, or None for a runtime that runs the ONNX file.
     #[getter]
     fn torch_target(&self) -> Option<SideSpec> {
         match &self.target {
-            TorchTarget::Torch(_) => Some(SideSpec::of(&self.target)),
-            TorchTarget::Onnx(_) => None,
+            TargetSpec::Torch(_) => Some(SideSpec::of(&self.target)),
+            TargetSpec::Onnx(_) | TargetSpec::Keras(_) => None,
         }
+    }
+
+    /// A Keras target (`xla`, `savedmodel`, `tflite…`) as a `SideSpec`, or None for a runtime
+    /// that runs the ONNX file.
+    #[getter]
+    fn keras_target(&self) -> Option<SideSpec> {
+        matches!(self.target, TargetSpec::Keras(_)).then(|| SideSpec::of(&self.target))
     }
 }
 
@@ -133,6 +147,8 @@ pub(crate) struct Command {
     /// `torch`: the export path and a file to use instead.
     exporter: Option<String>,
     onnx: Option<PathBuf>,
+    /// `keras`: the opset tf2onnx converts to.
+    opset: Option<u32>,
     /// `grad`: the loss.
     loss: Option<String>,
     /// `torch`: the precision of the target (`fp16`, `bf16`, `int8`) and the layers kept in
@@ -165,6 +181,11 @@ impl Command {
     #[getter]
     fn onnx(&self) -> Option<PathBuf> {
         self.onnx.clone()
+    }
+    /// `keras`: the opset tf2onnx converts to.
+    #[getter]
+    fn opset(&self) -> Option<u32> {
+        self.opset
     }
     /// `torch`: the precision the target computes in (`fp16`, `bf16`, `int8`), or None.
     #[getter]
@@ -234,10 +255,10 @@ pub(crate) fn parse_cli(
     // The engine's verbs run wholly in Rust, with the GIL released.
     let verb = match py.detach(|| layerdiff_args::dispatch(argv, ort_library.as_deref())) {
         Dispatched::Exit(code) => return exit(code),
-        Dispatched::PyTorch(verb) => verb,
+        Dispatched::Python(verb) => verb,
     };
     match verb {
-        PyTorchVerb::Torch(a) => {
+        PythonVerb::Torch(a) => {
             let (target, dtype) = match a.dtype_target() {
                 Ok(resolved) => resolved,
                 Err(e) => {
@@ -262,20 +283,47 @@ pub(crate) fn parse_cli(
                 report: a.report,
                 exporter: Some(layerdiff_args::spelling(&a.exporter)),
                 onnx: a.onnx,
+                opset: None,
                 loss: None,
             };
             checked(py, "torch", command)
         }
-        PyTorchVerb::Zoo => Ok(("zoo".to_string(), py.None())),
-        PyTorchVerb::Check(a) => Ok((
+        PythonVerb::Keras(a) => {
+            if let Err(e) = a.check() {
+                eprintln!("error: {e}");
+                return exit(2);
+            }
+            let command = Command {
+                model: a.model.clone(),
+                seed: a.seed,
+                options: Options {
+                    settings: a.settings(),
+                    reference: TorchSpec::default(),
+                    target: a.target.clone(),
+                    float64: !a.no_float64,
+                },
+                report: a.report,
+                exporter: None,
+                onnx: a.onnx,
+                opset: Some(a.opset),
+                dtype: None,
+                keep_fp32: Vec::new(),
+                batch_sizes: Vec::new(),
+                shapes: Vec::new(),
+                loss: None,
+            };
+            checked(py, "keras", command)
+        }
+        PythonVerb::Zoo => Ok(("zoo".to_string(), py.None())),
+        PythonVerb::Check(a) => Ok((
             "check".to_string(),
             Py::new(py, crate::check::CheckCommand::new(a))?.into_any(),
         )),
-        PyTorchVerb::Ops(a) => Ok((
+        PythonVerb::Ops(a) => Ok((
             "ops".to_string(),
             Py::new(py, crate::ops::OpsCommand::new(a))?.into_any(),
         )),
-        PyTorchVerb::Grad(a) => {
+        PythonVerb::Grad(a) => {
             let settings = a.settings();
             let command = Command {
                 model: a.model,
@@ -283,12 +331,13 @@ pub(crate) fn parse_cli(
                 options: Options {
                     settings,
                     reference: a.reference,
-                    target: TorchTarget::Torch(a.target),
+                    target: TargetSpec::Torch(a.target),
                     float64: !a.no_float64,
                 },
                 report: a.report,
                 exporter: None,
                 onnx: None,
+                opset: None,
                 dtype: None,
                 keep_fp32: Vec::new(),
                 batch_sizes: Vec::new(),
@@ -317,8 +366,8 @@ fn checked(py: Python<'_>, verb: &str, command: Command) -> PyResult<(String, Py
 /// `tract`, `openvino:precision=f16`, `expected:PATH`), parsed by the one parser every door uses.
 #[pyclass(frozen, module = "layerdiff._layerdiff")]
 pub(crate) struct SideSpec {
-    /// `torch` (PyTorch computes it), `runtime` (an ONNX runtime runs the file) or `expected`
-    /// (values read from a file).
+    /// `torch` (PyTorch computes it), `keras` (TensorFlow computes a Keras model another way),
+    /// `runtime` (an ONNX runtime runs the file) or `expected` (values read from a file).
     #[pyo3(get)]
     kind: &'static str,
     /// The spelling that parses back to it (defaults left out).
@@ -345,22 +394,29 @@ pub(crate) fn choice(option: &str, text: &str) -> PyResult<String> {
 /// Parses a side's spelling; a `UsageError` names what is wrong with it.
 #[pyfunction]
 pub(crate) fn side_spec(text: &str) -> PyResult<SideSpec> {
-    let parsed = TorchTarget::parse(text).map_err(exceptions::UsageError::new_err)?;
+    let parsed = TargetSpec::parse(text).map_err(exceptions::UsageError::new_err)?;
     Ok(SideSpec::of(&parsed))
 }
 
 impl SideSpec {
-    fn of(parsed: &TorchTarget) -> Self {
+    fn of(parsed: &TargetSpec) -> Self {
         let spelling = parsed.spelling();
         match parsed.clone() {
-            TorchTarget::Torch(torch) => SideSpec {
+            TargetSpec::Torch(torch) => SideSpec {
                 kind: "torch",
                 spelling,
                 device: Some(torch.device),
                 precision: Some(torch.precision.spelling()),
                 compile: torch.compile,
             },
-            TorchTarget::Onnx(runtime) => SideSpec {
+            TargetSpec::Keras(_) => SideSpec {
+                kind: "keras",
+                spelling,
+                device: None,
+                precision: None,
+                compile: None,
+            },
+            TargetSpec::Onnx(runtime) => SideSpec {
                 kind: if matches!(runtime, layerdiff_runtime::RuntimeSpec::Expected(_)) {
                     "expected"
                 } else {

@@ -82,7 +82,25 @@ pub(super) fn onnx_target(
         .iter()
         .map(|v| DType::from_onnx_code(target.index.elem_type(v.as_deref()?)?).ok())
         .collect();
-    Ok((alignment, Box::new(target), held))
+    if !c.channels_last {
+        return Ok((alignment, Box::new(target), held));
+    }
+    let references = alignment
+        .target
+        .iter()
+        .zip(&c.layers)
+        .filter_map(|(v, l)| {
+            Some((
+                v.clone()?,
+                (l.call.shape.clone(), l.call.fingerprint.clone()),
+            ))
+        })
+        .collect();
+    Ok((
+        alignment,
+        Box::new(RelaidSide::new(target, references)),
+        held,
+    ))
 }
 
 /// Every layer against the same layer of a target that computes the same module calls.
@@ -111,7 +129,7 @@ pub(super) fn same_layers(listed: &[ListedLayer]) -> Alignment {
 pub fn check_options(
     settings: &Settings,
     reference: &TorchSpec,
-    target: &TorchTarget,
+    target: &TargetSpec,
     float64: bool,
 ) -> Result<()> {
     if settings.tolerance == layerdiff_core::Tolerance::Auto && !float64 {
@@ -120,11 +138,11 @@ pub fn check_options(
         ));
     }
     match target {
-        TorchTarget::Onnx(RuntimeSpec::Expected(_)) => Err(Error::Usage(format!(
+        TargetSpec::Onnx(RuntimeSpec::Expected(_)) => Err(Error::Usage(format!(
             "`{}` is a file of values: `layerdiff torch` needs a runtime to run the ONNX file (`ort`, `ort:opt=all`, `ort:cuda`, `tract`, `openvino`) or a PyTorch side (`torch:bf16`, `torch:cuda`)",
             target.spelling()
         ))),
-        TorchTarget::Onnx(_) if !reference.is_plain() => Err(Error::Usage(format!(
+        TargetSpec::Onnx(_) if !reference.is_plain() => Err(Error::Usage(format!(
             "the reference `{reference}` is for a PyTorch target: the ONNX file is compared with the model as given (`torch`: CPU, float32, eager); give `{reference}` as --target to compare it with the CPU"
         ))),
         _ => Ok(()),

@@ -1,0 +1,82 @@
+//! The options of `layerdiff keras`: a Keras model against its ONNX file (tf2onnx) on a
+//! runtime, or against TensorFlow computing it another way (XLA, a SavedModel, TFLite).
+
+use super::*;
+
+/// A target for a Keras model: a runtime for its ONNX file, or a Keras side; PyTorch sides are
+/// refused by name.
+fn keras_target(text: &str) -> Result<TargetSpec, String> {
+    let target = TargetSpec::parse(text)?;
+    match target.unfit_for("Keras") {
+        Some(why) => Err(why),
+        None => Ok(target),
+    }
+}
+
+/// Options of `layerdiff keras`.
+#[derive(Debug, Args)]
+pub struct KerasArgs {
+    /// A built-in Keras model (`keras_cnn`, `keras_mobilenet_v2`), a `.keras`
+    /// file (its inputs generated from the model's input shapes, batch 1), or a builder:
+    /// `path/to/file.py:build` or `package.module:build`, where `build()` returns `(model,
+    /// example_inputs)`.
+    pub model: String,
+    /// What the model is compared with. A runtime for its ONNX file (converted by tf2onnx, or
+    /// given with --onnx): `ort`, `ort:opt=all`, `tract`, `openvino[:precision=f16]`. Or
+    /// TensorFlow computing it another way, layer by layer: `xla` (`jit_compile=True`),
+    /// `savedmodel` (saved and loaded back), `tflite` (the TFLite converter and interpreter,
+    /// float32).
+    #[arg(long, default_value = "ort", value_parser = keras_target)]
+    pub target: TargetSpec,
+    /// Compare against this ONNX file of the same model instead of converting one with tf2onnx.
+    #[arg(long, value_name = "PATH")]
+    pub onnx: Option<PathBuf>,
+    /// The ONNX opset tf2onnx converts to.
+    #[arg(long, default_value_t = 17)]
+    pub opset: u32,
+    /// Tolerance, judged per element, as for `layerdiff torch` (`dtype`, a number, or `auto`).
+    #[arg(long, default_value = "dtype", value_parser = Tolerance::parse)]
+    pub tolerance: Tolerance,
+    /// Skip the local error (re-running each layer's own computation in the target on the
+    /// reference's inputs).
+    #[arg(long)]
+    pub no_local: bool,
+    /// Skip the float64 run of the model (the numerical truth both sides are measured against).
+    #[arg(long)]
+    pub no_float64: bool,
+    /// Seed for the model's random weights and for generated inputs.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// The most memory our copies of the layers' values may take at once (`4G`, `512M`).
+    #[arg(long, value_name = "SIZE", value_parser = layerdiff_flow::memory::parse_memory)]
+    pub max_memory: Option<u64>,
+    /// Where reports go.
+    #[command(flatten)]
+    pub report: ReportArgs,
+}
+
+impl KerasArgs {
+    /// Tolerance, local error and memory budget, as the engine takes them.
+    pub fn settings(&self) -> Settings {
+        Settings {
+            tolerance: self.tolerance,
+            local: !self.no_local,
+            max_memory: self.max_memory,
+        }
+    }
+
+    /// Why the options do not fit together, if they do not.
+    pub fn check(&self) -> Result<(), String> {
+        if let Some(onnx) = &self.onnx {
+            if let TargetSpec::Keras(keras) = &self.target {
+                return Err(format!(
+                    "--onnx names a file for an ONNX runtime target; the target `{keras}` is TensorFlow itself"
+                ));
+            }
+            if !onnx.is_file() {
+                return Err(format!("ONNX file `{}` does not exist", onnx.display()));
+            }
+        }
+        Ok(())
+    }
+}

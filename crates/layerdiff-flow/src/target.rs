@@ -1,0 +1,60 @@
+//! What a framework's model is compared with, in the one side vocabulary: its ONNX file on a
+//! runtime (`ort…`, `tract`, `openvino…`), or the framework itself computing differently
+//! (`torch[:DEVICE][:PRECISION][:compile]`; Keras under `xla`, reloaded from a `savedmodel`, or
+//! converted to `tflite`). Each spelling is parsed here, once, for every door.
+
+use layerdiff_runtime::RuntimeSpec;
+
+use crate::keras_side::KerasSpec;
+use crate::torch_side::TorchSpec;
+
+/// The target of a framework's model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetSpec {
+    /// The model's ONNX file run by a runtime.
+    Onnx(RuntimeSpec),
+    /// PyTorch on a device, in a precision, eager or compiled.
+    Torch(TorchSpec),
+    /// Keras computed another way by TensorFlow (XLA, a SavedModel, TFLite).
+    Keras(KerasSpec),
+}
+
+impl TargetSpec {
+    /// Parses a PyTorch side (`torch…`), a Keras side (`xla`, `savedmodel`, `tflite…`) or a
+    /// runtime (`ort…`, `tract`, `openvino…`, `expected:`).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        if TorchSpec::names_torch(text) {
+            TorchSpec::parse(text).map(Self::Torch)
+        } else if KerasSpec::names_keras(text) {
+            KerasSpec::parse(text).map(Self::Keras)
+        } else {
+            RuntimeSpec::parse(text).map(Self::Onnx)
+        }
+    }
+
+    /// The spelling that parses back to it.
+    pub fn spelling(&self) -> String {
+        match self {
+            Self::Onnx(runtime) => runtime.spelling(),
+            Self::Torch(torch) => torch.spelling(),
+            Self::Keras(keras) => keras.spelling(),
+        }
+    }
+
+    /// Why this target does not fit a model of `framework` (`PyTorch`, `Keras`), if it does not.
+    pub fn unfit_for(&self, framework: &str) -> Option<String> {
+        let (side, verb) = match self {
+            Self::Torch(_) if framework != "PyTorch" => ("a PyTorch side", "torch"),
+            Self::Keras(_) if framework != "Keras" => ("a Keras side", "keras"),
+            _ => return None,
+        };
+        Some(format!(
+            "`{}` is {side}: compare it with `layerdiff {verb}`; a {framework} model's target is a runtime for its ONNX file (`ort`, `tract`, `openvino`){}",
+            self.spelling(),
+            match framework {
+                "PyTorch" => " or a PyTorch side (`torch:bf16`, `torch:cuda`)",
+                _ => " or a Keras side (`xla`, `savedmodel`, `tflite`)",
+            }
+        ))
+    }
+}
