@@ -50,6 +50,7 @@ browser:
 test: build browser
 	cargo test --workspace --quiet
 	$(PY) -m pytest -q
+	$(PY) -m pytest -q tests/test_keras.py  # TensorFlow in a process of its own (tests/conftest.py)
 
 # Regenerate the checked-in prost code from the vendored onnx-ml.proto.
 proto:

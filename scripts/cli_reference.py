@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-VERBS = [[], ["torch"], ["onnx"]]
+VERBS = [[], ["torch"], ["keras"], ["onnx"]]
 
 
 def render() -> str:

@@ -68,3 +68,20 @@ def encoder_onnx(tmp_path_factory):
 def decoder_onnx(tmp_path_factory):
     """The small GPT-2-style decoder of builders/decoder.py."""
     return _exported(tmp_path_factory, "decoder")
+
+
+# TensorFlow and PyTorch's compiler (triton) abort when both are loaded into one process, so
+# the Keras tests run in a pytest of their own: named explicitly (`make test` does both runs).
+_OWN_PROCESS = "test_keras.py"
+
+
+def pytest_ignore_collect(collection_path, config):
+    if collection_path.name != _OWN_PROCESS:
+        return None
+    return not any(_OWN_PROCESS in str(arg) for arg in config.args)
+
+
+def pytest_report_header(config):
+    if not any(_OWN_PROCESS in str(arg) for arg in config.args):
+        return f"{_OWN_PROCESS} is left out: it runs in its own process (`pytest tests/{_OWN_PROCESS}`)"
+    return None

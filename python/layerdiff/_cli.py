@@ -65,8 +65,11 @@ def _process_age() -> float:
 
 
 def _run(verb: str, command) -> int:
-    """Runs `layerdiff torch`, `grad` or `ops` as parsed (a `Command`, an `OpsCommand`); the
-    outputs are written and printed by the same Rust functions as the ONNX verbs'."""
+    """Runs `layerdiff torch`, `grad`, `keras` or `ops` as parsed (a `Command`, an
+    `OpsCommand`); the outputs are written and printed by the same Rust functions as the ONNX
+    verbs'."""
+    if verb == "keras":
+        return _keras(command)
     try:
         from layerdiff import torch as lt
     except ImportError as e:
@@ -134,6 +137,23 @@ def _run(verb: str, command) -> int:
             **common,
         )
     return report._native.deliver(command, report.inputs, command.seed, report.notes)
+
+
+def _keras(command) -> int:
+    """`layerdiff keras`: TensorFlow's adapter, which only this verb imports."""
+    try:
+        from layerdiff import keras as lk
+    except ImportError as e:
+        if (e.name or "").split(".")[0] == "layerdiff":
+            raise _layerdiff.UsageError(
+                f"`layerdiff keras` cannot load layerdiff's Keras adapter: {e}\n"
+                "hint: the package and its core do not match; reinstall layerdiff"
+            ) from e
+        raise _layerdiff.UsageError(
+            f"`layerdiff keras` needs TensorFlow, Keras and tf2onnx ({e.name or e} is missing)\n"
+            "hint: pip install 'layerdiff[tf]'"
+        ) from e
+    return lk.run_command(command, _Progress(command.quiet))
 
 
 def _along_axis(lt, command, model, inputs, progress) -> int:

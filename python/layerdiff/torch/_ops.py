@@ -27,7 +27,8 @@ DEFAULT_BACKENDS = ["torch", "torch:compile", "ort", "ort:opt=all", "tract"]
 
 
 def available_backends() -> list[str]:
-    """The default backends: the CPU ones, and the GPU PyTorch and ONNX Runtime providers here."""
+    """The default backends: the CPU ones, OpenVINO where installed, and the GPU PyTorch and
+    ONNX Runtime providers here."""
     backends = list(DEFAULT_BACKENDS)
     if torch.cuda.is_available():
         backends += ["torch:cuda", "torch:cuda:compile"]
@@ -38,6 +39,9 @@ def available_backends() -> list[str]:
     for provider in _layerdiff.device_providers():
         if describe(f"ort:{provider}")[1] is None:
             backends.append(f"ort:{provider}")
+    # OpenVINO's CPU plugin, where its library is installed (its own kernels and fusions)
+    if describe("openvino")[1] is None:
+        backends.append("openvino")
     return backends
 
 

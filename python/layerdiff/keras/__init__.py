@@ -1,0 +1,191 @@
+"""The Keras adapter: a Keras model compared layer by layer with its ONNX conversion (tf2onnx)
+on a runtime, or with TensorFlow computing it another way (XLA, a SavedModel loaded back,
+TFLite), on the one engine. TensorFlow is imported only here (``pip install 'layerdiff[tf]'``).
+
+Keras holds activations channels-last (NHWC); tf2onnx's ONNX file holds most of them
+channels-first (NCHW). The engine is told so and compares each such value transposed back, so
+the converter's layout is never taken for a fault.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+tf.get_logger().setLevel("ERROR")  # retracing notices: each layer compiled alone is traced once
+
+from layerdiff import _layerdiff, _ort  # noqa: E402
+from layerdiff.keras._layers import Layered, float64_copy  # noqa: E402
+from layerdiff.keras._targets import SIDES, to_onnx  # noqa: E402
+from layerdiff.keras.models import ZOO, load_keras  # noqa: E402
+from layerdiff.report import Report  # noqa: E402
+from layerdiff.tensors import flat  # noqa: E402
+
+__all__ = ["ZOO", "compare_keras", "load_keras"]
+
+
+def compare_keras(
+    model,
+    inputs,
+    *,
+    target: str = "ort",
+    onnx=None,
+    opset: int = 17,
+    tolerance=None,
+    local: bool = True,
+    float64: bool = True,
+    max_memory=None,
+    name: str | None = None,
+    seed: int | None = None,
+    workdir=None,
+    progress=None,
+    options=None,
+) -> Report:
+    """Compares a functional Keras model, layer by layer, with ``target``: a runtime for its
+    ONNX file (``"ort"``, ``"ort:opt=all"``, ``"tract"``, ``"openvino"``; the file converted by
+    tf2onnx at ``opset``, or ``onnx``), or ``"xla"``, ``"savedmodel"``, ``"tflite"``.
+
+    ``tolerance``, ``local``, ``float64`` and ``max_memory`` are as for
+    ``layerdiff.torch.compare_torch_onnx``: the float64 truth is a copy of the model rebuilt in
+    float64 with the same weights. ``options`` (an ``Options`` already parsed) replaces them.
+    """
+    step = progress or (lambda message: None)
+    inputs = tuple(
+        np.asarray(x) for x in (inputs if isinstance(inputs, (tuple, list)) else (inputs,))
+    )
+    if options is None:
+        options = _layerdiff.Options(
+            tolerance=tolerance, local=local, max_memory=max_memory, target=target,
+            float64=float64, framework="Keras",
+        )  # fmt: skip
+    if onnx is not None and options.keras_target is not None:
+        raise _layerdiff.UsageError(
+            f"onnx= names a file for an ONNX runtime target; the target "
+            f"`{options.keras_target.spelling}` is TensorFlow itself"
+        )
+    layered = Layered(model)
+    if len(inputs) != len(model.inputs):
+        raise _layerdiff.InputError(
+            f"the model takes {len(model.inputs)} input(s), but {len(inputs)} were given"
+        )
+    step("running the Keras model, every layer's output kept")
+    values = layered.run(inputs)
+    listed = layered.listed(values, inputs)
+    name = name or model.name
+    reference_detail = f"keras {keras.__version__}, tensorflow {tf.__version__}, cpu, float32"
+    with contextlib.ExitStack() as stack:
+        folder = (
+            Path(workdir) if workdir else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        )
+        common = dict(
+            command="keras", model=name, layers=listed, options=options, seed=seed,
+            reference_runtime=f"keras {keras.__version__}", reference_detail=reference_detail,
+            channels_last=True,
+        )  # fmt: skip
+        keras_side = options.keras_target
+        if keras_side is None:
+            if onnx is None:
+                folder.mkdir(parents=True, exist_ok=True)
+                step(f"converting to ONNX with tf2onnx (opset {opset})")
+                onnx = to_onnx(model, inputs, folder / "model.onnx", opset)
+            declared = _layerdiff.model_inputs(str(onnx))
+            if len(declared) != len(inputs):
+                raise _layerdiff.InputError(
+                    f"the ONNX model takes {len(declared)} input(s), but the Keras model "
+                    f"{len(inputs)}"
+                )
+            flat_inputs = [flat(d[0], x) for d, x in zip(declared, inputs, strict=True)]
+            run = _layerdiff.CapturedRun(
+                inputs=flat_inputs, onnx_path=str(onnx), ort_library=_ort.library(), **common
+            )
+            side = None
+        else:
+            flat_inputs = [flat(t.name, x) for t, x in zip(model.inputs, inputs, strict=True)]
+            step(f"preparing the target ({keras_side.spelling})")
+            side = SIDES[keras_side.spelling](layered, inputs)
+            run = _layerdiff.CapturedRun(
+                inputs=flat_inputs, target_runtime=side.runtime, target_detail=side.detail,
+                **common,
+            )  # fmt: skip
+        step("comparing each layer")
+        _stream(run, layered, values, inputs, side, options, step)
+        needed = run.conclude()
+        report = Report(run.finish(_weights(layered, needed)), inputs=flat_inputs)
+    return report
+
+
+def _stream(run, layered, values, inputs, side, options, step) -> None:
+    """Hands each layer's value over with the float64 copy's and, for a Keras target, its
+    value there and the layer re-run there on the reference's inputs."""
+    truth, wide = None, None
+    if options.float64:
+        try:
+            wide = Layered(float64_copy(layered.model))
+            truth = wide.run(tuple(_widened(x) for x in inputs))
+        except Exception as e:
+            run.truth_lost(f"the float64 copy of the model failed: {type(e).__name__}: {e}")
+    theirs = side.values(inputs) if side is not None else None
+    for index, layer in enumerate(layered.layers):
+        extra = {}
+        if side is not None:
+            extra["target"] = flat(layer.name, theirs[index])
+            if options.local:
+                local, why = side.local(index, values, inputs)
+                if local is not None:
+                    extra["local"] = flat(layer.name, local)
+                else:
+                    extra["local_error"] = why
+        if truth is not None and options.local and values[index].dtype.kind == "f":
+            # the same-precision baseline: the layer in float64 on Keras's (float32) values of
+            # its inputs, what an exact kernel fed the same values computes
+            given = [_widened(a) for a in layered.arguments(index, values, inputs)]
+            try:
+                extra["baseline"] = flat(layer.name, np.asarray(wide.call(index, given)))
+            except Exception as e:
+                run.baseline_lost(f"`{layer.name}` in float64 failed: {type(e).__name__}: {e}")
+                truth = None
+        exact = flat(layer.name, truth[index]) if truth is not None else None
+        run.add(index, flat(layer.name, values[index]), exact, **extra)
+
+
+def _weights(layered, needed) -> dict:
+    """The weights of the layers `needed` for their causes, in ONNX's layouts: a convolution's
+    kernel (H, W, in, out) as (out, in, H, W), a depthwise one (H, W, C, M) as (C·M, 1, H, W)."""
+    found = {}
+    for index in needed:
+        forms = []
+        for weight in layered.layers[index].weights:
+            array = np.asarray(weight)
+            name = getattr(weight, "path", weight.name)
+            if array.ndim == 4 and "depthwise" in name:
+                h, w, c, m = array.shape
+                array = array.transpose(2, 3, 0, 1).reshape(c * m, 1, h, w)
+            elif array.ndim >= 3:
+                array = array.transpose(array.ndim - 1, array.ndim - 2, *range(array.ndim - 2))
+            forms.append(flat(name, np.ascontiguousarray(array)))
+        found[index] = forms
+    return found
+
+
+def _widened(x):
+    x = np.asarray(x)
+    return x.astype(np.float64) if x.dtype.kind == "f" else x
+
+
+def run_command(command, progress) -> int:
+    """`layerdiff keras` as parsed: build or load the model, compare, deliver the report."""
+    progress(f"loading {command.model} (seed {command.seed})")
+    model, inputs = load_keras(command.model, command.seed)
+    report = compare_keras(
+        model, inputs, onnx=command.onnx, opset=command.opset, name=command.model,
+        seed=command.seed, workdir=command.out, progress=progress, options=command.options,
+    )  # fmt: skip
+    return report._native.deliver(command, report.inputs, command.seed, report.notes)

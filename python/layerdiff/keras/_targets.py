@@ -1,0 +1,126 @@
+"""What a Keras model is compared with, computed by TensorFlow: its ONNX conversion (tf2onnx),
+and each listed layer's value under XLA, in a SavedModel loaded back, or in the TFLite
+interpreter. Each runs the model that returns every listed layer's output, so the values are
+the layers' by construction (which may keep a converter from fusing a layer into the next)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from layerdiff import _layerdiff
+
+
+def signature(model, inputs) -> list:
+    return [
+        tf.TensorSpec(x.shape, tf.as_dtype(x.dtype), name=t.name.split(":")[0])
+        for t, x in zip(model.inputs, inputs, strict=True)
+    ]
+
+
+def to_onnx(model, inputs, path: Path, opset: int) -> Path:
+    """The model converted by tf2onnx at `opset`, written to `path`."""
+    try:
+        import tf2onnx
+    except ImportError as e:
+        raise _layerdiff.UsageError(
+            "converting a Keras model to ONNX needs tf2onnx\nhint: pip install 'layerdiff[tf]'"
+        ) from e
+    try:
+        proto, _ = tf2onnx.convert.from_keras(
+            model, input_signature=signature(model, inputs), opset=opset
+        )
+    except Exception as e:
+        raise _layerdiff.ModelError(
+            f"tf2onnx could not convert `{model.name}`: {type(e).__name__}: {e}"
+        ) from e
+    path.write_bytes(proto.SerializeToString())
+    return path
+
+
+class Xla:
+    """The model under `tf.function(jit_compile=True)`; a layer alone is compiled the same way."""
+
+    runtime = f"tensorflow {tf.__version__}"
+    detail = f"XLA (jit_compile=True), tensorflow {tf.__version__}, cpu"
+
+    def __init__(self, layered, inputs):
+        self.layered = layered
+        every = layered.every
+        self.compiled = tf.function(lambda *xs: every(list(xs), training=False), jit_compile=True)
+
+    def values(self, inputs) -> list[np.ndarray]:
+        return [np.asarray(v) for v in self.compiled(*inputs)]
+
+    def local(self, index: int, values: list, inputs):
+        """Layer `index` compiled alone and run on the reference's values of its inputs."""
+        layer = self.layered.layers[index]
+        call = tf.function(lambda *given: self.layered.call(index, given), jit_compile=True)
+        try:
+            return np.asarray(call(*self.layered.arguments(index, values, inputs))), None
+        except Exception as e:  # a layer XLA cannot compile alone says so in the report
+            return None, f"XLA could not compile `{layer.name}` alone: {type(e).__name__}: {e}"
+
+
+class SavedModel:
+    """The model that returns every layer's output, saved as a SavedModel and loaded back."""
+
+    runtime = f"tensorflow {tf.__version__}"
+    detail = f"SavedModel saved and loaded back (tf.saved_model.load), tensorflow {tf.__version__}"
+
+    def __init__(self, layered, inputs):
+        self.folder = tempfile.TemporaryDirectory()
+        path = str(Path(self.folder.name) / "saved")
+        every = layered.every
+        serve = tf.function(lambda *xs: every(list(xs), training=False))
+        module = tf.Module()
+        module.every = every
+        module.serve = serve.get_concrete_function(*signature(layered.model, inputs))
+        tf.saved_model.save(module, path, signatures=module.serve)
+        self.loaded = tf.saved_model.load(path)
+
+    def values(self, inputs) -> list[np.ndarray]:
+        return [np.asarray(v) for v in self.loaded.serve(*[tf.constant(x) for x in inputs])]
+
+    def local(self, index, values, inputs):
+        return None, "a SavedModel loaded back has no layers of its own to call alone"
+
+
+class Tflite:
+    """The model that returns every layer's output, converted by the TFLite converter (float32)
+    and run by the TFLite interpreter."""
+
+    runtime = f"tflite {tf.__version__}"
+    detail = f"TFLite converter and interpreter (float32), tensorflow {tf.__version__}, cpu"
+
+    def __init__(self, layered, inputs):
+        converter = tf.lite.TFLiteConverter.from_keras_model(layered.every)
+        try:
+            self.flatbuffer = converter.convert()
+        except Exception as e:
+            raise _layerdiff.ModelError(
+                f"the TFLite converter could not convert `{layered.model.name}`: "
+                f"{type(e).__name__}: {e}"
+            ) from e
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # tf.lite.Interpreter's deprecation notice
+            self.interpreter = tf.lite.Interpreter(model_content=self.flatbuffer)
+        self.runner = self.interpreter.get_signature_runner()
+        self.count = len(layered.layers)
+
+    def values(self, inputs) -> list[np.ndarray]:
+        names = list(self.runner.get_input_details())
+        out = self.runner(**dict(zip(names, inputs, strict=True)))
+        # outputs are named output_0, output_1… in the order the model returns them
+        return [np.asarray(out[f"output_{i}"]) for i in range(self.count)]
+
+    def local(self, index, values, inputs):
+        return None, "the TFLite interpreter runs the converted model whole; a layer alone is not"
+
+
+SIDES = {"xla": Xla, "savedmodel": SavedModel, "tflite": Tflite}
