@@ -83,5 +83,5 @@ def pytest_ignore_collect(collection_path, config):
 
 def pytest_report_header(config):
     if not any(_OWN_PROCESS in str(arg) for arg in config.args):
-        return f"{_OWN_PROCESS} is left out: it runs in its own process (`pytest tests/{_OWN_PROCESS}`)"
+        return f"{_OWN_PROCESS} is left out: it runs on its own (`pytest tests/{_OWN_PROCESS}`)"
     return None
