@@ -67,16 +67,6 @@ impl KerasArgs {
 
     /// Why the options do not fit together, if they do not.
     pub fn check(&self) -> Result<(), String> {
-        if let Some(onnx) = &self.onnx {
-            if let TargetSpec::Keras(keras) = &self.target {
-                return Err(format!(
-                    "--onnx names a file for an ONNX runtime target; the target `{keras}` is TensorFlow itself"
-                ));
-            }
-            if !onnx.is_file() {
-                return Err(format!("ONNX file `{}` does not exist", onnx.display()));
-            }
-        }
-        Ok(())
+        self.target.file_fits(self.onnx.as_deref())
     }
 }

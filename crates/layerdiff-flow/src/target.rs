@@ -41,6 +41,27 @@ impl TargetSpec {
         }
     }
 
+    /// Whether an ONNX file given to use instead of a conversion (`--onnx`, `onnx=`) fits this
+    /// target: one that runs an ONNX file, and a file that exists.
+    pub fn file_fits(&self, onnx: Option<&std::path::Path>) -> Result<(), String> {
+        let Some(onnx) = onnx else { return Ok(()) };
+        let itself = match self {
+            Self::Onnx(_) => None,
+            Self::Torch(_) => Some("PyTorch"),
+            Self::Keras(_) => Some("TensorFlow"),
+        };
+        if let Some(framework) = itself {
+            return Err(format!(
+                "--onnx names a file for an ONNX runtime target; the target `{}` is {framework} itself",
+                self.spelling()
+            ));
+        }
+        if !onnx.is_file() {
+            return Err(format!("ONNX file `{}` does not exist", onnx.display()));
+        }
+        Ok(())
+    }
+
     /// Why this target does not fit a model of `framework` (`PyTorch`, `Keras`), if it does not.
     pub fn unfit_for(&self, framework: &str) -> Option<String> {
         let (side, verb) = match self {

@@ -271,17 +271,7 @@ pub fn resolve_target(
     if let Some(why) = target.unfit_for("PyTorch") {
         return Err(why);
     }
-    if let Some(onnx) = onnx {
-        if let TargetSpec::Torch(spec) = target {
-            return Err(format!(
-                "--onnx names a file for an ONNX runtime target; the target `{}` is PyTorch itself",
-                spec.spelling()
-            ));
-        }
-        if !onnx.is_file() {
-            return Err(format!("ONNX file `{}` does not exist", onnx.display()));
-        }
-    }
+    target.file_fits(onnx)?;
     let Some(dtype) = dtype else {
         let lower_torch = matches!(
             target,

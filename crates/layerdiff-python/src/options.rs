@@ -96,6 +96,15 @@ impl Options {
         })
     }
 
+    /// Refuses an ONNX file given to use instead of a conversion (`onnx`) that the target
+    /// cannot run, or that does not exist: the command line's rule for `--onnx`.
+    #[pyo3(signature = (onnx=None))]
+    fn check_file(&self, onnx: Option<PathBuf>) -> PyResult<()> {
+        self.target
+            .file_fits(onnx.as_deref())
+            .map_err(exceptions::UsageError::new_err)
+    }
+
     /// Whether PyTorch's float64 run is the truth both sides are measured against.
     #[getter]
     fn float64(&self) -> bool {

@@ -66,11 +66,7 @@ def compare_keras(
             tolerance=tolerance, local=local, max_memory=max_memory, target=target,
             float64=float64, framework="Keras",
         )  # fmt: skip
-    if onnx is not None and options.keras_target is not None:
-        raise _layerdiff.UsageError(
-            f"onnx= names a file for an ONNX runtime target; the target "
-            f"`{options.keras_target.spelling}` is TensorFlow itself"
-        )
+    options.check_file(onnx)  # the command line's rule for --onnx, kept in Rust
     layered = Layered(model)
     if len(inputs) != len(model.inputs):
         raise _layerdiff.InputError(
@@ -131,7 +127,11 @@ def _stream(run, layered, values, inputs, side, options, step) -> None:
             wide = Layered(float64_copy(layered.model))
             truth = wide.run(tuple(_widened(x) for x in inputs))
         except Exception as e:
-            run.truth_lost(f"the float64 copy of the model failed: {type(e).__name__}: {e}")
+            why = f"the float64 copy of the model failed: {type(e).__name__}: {e}"
+            run.truth_lost(why)
+            if options.local:
+                run.baseline_lost(why)
+    baseline = truth is not None and options.local
     theirs = side.values(inputs) if side is not None else None
     for index, layer in enumerate(layered.layers):
         extra = {}
@@ -143,15 +143,16 @@ def _stream(run, layered, values, inputs, side, options, step) -> None:
                     extra["local"] = flat(layer.name, local)
                 else:
                     extra["local_error"] = why
-        if truth is not None and options.local and values[index].dtype.kind == "f":
+        if baseline and values[index].dtype.kind == "f":
             # the same-precision baseline: the layer in float64 on Keras's (float32) values of
             # its inputs, what an exact kernel fed the same values computes
             given = [_widened(a) for a in layered.arguments(index, values, inputs)]
             try:
                 extra["baseline"] = flat(layer.name, np.asarray(wide.call(index, given)))
             except Exception as e:
+                # the layers after it have no baseline and say why; the truth goes on
                 run.baseline_lost(f"`{layer.name}` in float64 failed: {type(e).__name__}: {e}")
-                truth = None
+                baseline = False
         exact = flat(layer.name, truth[index]) if truth is not None else None
         run.add(index, flat(layer.name, values[index]), exact, **extra)
 

@@ -3,15 +3,13 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
 from pathlib import Path
 
 import keras
 import numpy as np
 
 from layerdiff import _layerdiff
+from layerdiff._builders import builder_function
 
 
 def _cnn() -> keras.Model:
@@ -82,28 +80,7 @@ def load_keras(spec: str, seed: int):
             f"unknown Keras model `{spec}`: expected a built-in name ({', '.join(ZOO)}), a "
             "`.keras` file, `path/to/file.py:function` or `package.module:function`"
         )
-    target, name = spec.rsplit(":", 1)
-    if target.endswith(".py") or "/" in target:
-        path = Path(target)
-        if not path.is_file():
-            raise _layerdiff.UsageError(f"builder file `{target}` does not exist")
-        module_spec = importlib.util.spec_from_file_location(f"_layerdiff_keras_{path.stem}", path)
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[module_spec.name] = module
-        try:
-            module_spec.loader.exec_module(module)
-        except Exception as e:
-            raise _layerdiff.UsageError(
-                f"importing `{target}` failed: {type(e).__name__}: {e}"
-            ) from e
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as e:
-            raise _layerdiff.UsageError(f"cannot import module `{target}`: {e}") from e
-    build = getattr(module, name, None)
-    if not callable(build):
-        raise _layerdiff.UsageError(f"`{target}` has no function `{name}`")
+    build = builder_function(spec)
     try:
         built = build()
         model, inputs = built
