@@ -88,6 +88,9 @@ def test_tensorflow_computing_the_model_another_way_is_compared_layer_for_layer(
     by_name = layers(report)
     if target == "xla":  # each layer compiled alone on Keras's values: its own error
         assert by_name["conv2"]["local"]["max_abs_diff"] < 1e-4
+    elif target == "tflite":  # each layer recomputed on the interpreter's own inputs
+        assert by_name["conv2"]["local"]["max_abs_diff"] < 1e-5
+        assert by_name["conv2"]["baseline"]["multiple"] <= 1.0
     else:
         assert "alone" in by_name["conv2"]["local_reason"], by_name["conv2"]
 
@@ -151,3 +154,122 @@ def test_a_subclassed_model_is_refused_with_what_to_do():
     net(x)
     with pytest.raises(_layerdiff.UsageError, match="functional API"):
         compare_keras(net, (x,))
+
+
+# --- TFLite: float16 weights and full-integer int8, each layer on the interpreter's own inputs
+
+
+def edited_tflite(edit):
+    """A `Tflite.convert` that edits the flatbuffer after converting, as a faulty converter
+    would: `edit(model, tensor_named)` changes the flatbuffer's object model in place."""
+    from layerdiff.keras._tflite import convert
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    def faulty(model, precision, inputs):
+        tree = flatbuffer_utils.convert_bytearray_to_object(
+            bytearray(convert(model, precision, inputs))
+        )
+        graph = tree.subgraphs[0]
+
+        def tensor_named(part):
+            found = [t for t in graph.tensors if t.name.decode().endswith(part)]
+            assert len(found) == 1, [t.name for t in found]
+            return found[0]
+
+        edit(tree, graph, tensor_named)
+        return bytes(flatbuffer_utils.convert_object_to_bytearray(tree))
+
+    return staticmethod(faulty)
+
+
+def conv_output(graph, filter_tensor):
+    """The tensor a CONV_2D that reads `filter_tensor` writes."""
+    index = graph.tensors.index(filter_tensor)
+    op = next(op for op in graph.operators if index in list(op.inputs))
+    return graph.tensors[op.outputs[0]]
+
+
+def test_a_full_integer_conversion_is_judged_as_quantization_layer_by_layer(cnn):
+    """int8 moves every value by steps of its scale: each layer's own error, on the values
+    the interpreter itself fed it, is held to the ideal integer computation with the weights
+    the file stores; nothing is a defect, every layer is measured."""
+    model, inputs = cnn
+    report = compare_keras(model, inputs, target="tflite:int8")
+    s = report.data["summary"]
+    assert s["verdict"] == "precision", s
+    assert not s["defects"], s
+    assert s["layers_compared"] == s["layers_total"] == 11
+    assert "full-integer int8" in report.data["target"]["detail"]
+    for layer in report.data["layers"]:
+        grid = layer["quantization"]
+        assert grid["dtype"] == "int8" and grid["saturated"] == 0, layer
+        assert layer["local"] is not None, layer
+        # rounding to a grid moves a value by 0.29 steps root mean square; an honest
+        # kernel stays near that
+        assert grid["rms_steps"] < 0.6, layer
+        assert layer["baseline"]["multiple"] <= 1.0, layer
+    by_name = layers(report)
+    assert by_name["conv1"]["cause"] == "precision_loss"
+    assert "int8 (scale" in by_name["conv1"]["detail"]
+
+
+def test_a_wrong_weight_scale_in_the_int8_file_is_the_defect_at_its_layer(cnn, monkeypatch):
+    """The pointwise conv's filter scales 1.5× too large: its weights dequantize to other
+    values than Keras's, so `pw` is a weight_mismatch defect and nothing else is."""
+    from layerdiff.keras._tflite import Tflite
+
+    def edit(tree, graph, tensor_named):
+        q = tensor_named("pw_1/convolution").quantization
+        q.scale = [s * 1.5 for s in q.scale]
+
+    monkeypatch.setattr(Tflite, "convert", edited_tflite(edit))
+    model, inputs = cnn
+    report = compare_keras(model, inputs, target="tflite:int8")
+    s = report.data["summary"]
+    assert [(d["layer"], d["cause"]) for d in s["defects"]] == [("pw", "weight_mismatch")], s
+    assert "beyond its quantization" in s["defects"][0]["detail"]
+    assert "`pw/kernel`" in s["defects"][0]["detail"]
+
+
+def test_a_range_too_narrow_for_a_layer_is_a_calibration_defect_there(cnn, monkeypatch):
+    """conv2's output scale eight times too small: its kernel is honest, yet most of what
+    it computes lies outside its grid and is clipped: `quantization_range` at conv2."""
+    from layerdiff.keras._tflite import Tflite
+
+    def edit(tree, graph, tensor_named):
+        out = conv_output(graph, tensor_named("conv2_1/convolution"))
+        out.quantization.scale = [s / 8 for s in out.quantization.scale]
+
+    monkeypatch.setattr(Tflite, "convert", edited_tflite(edit))
+    model, inputs = cnn
+    report = compare_keras(model, inputs, target="tflite:int8")
+    s = report.data["summary"]
+    assert [(d["layer"], d["cause"]) for d in s["defects"]] == [("conv2", "quantization_range")], s
+    conv2 = layers(report)["conv2"]
+    assert conv2["quantization"]["saturated"] > 0.01 * conv2["quantization"]["elements"]
+    assert "too narrow" in conv2["detail"]
+    assert "representative dataset" in s["defects"][0]["fix"]
+
+
+def test_float16_weights_are_precision_and_an_edited_one_is_the_defect(cnn, monkeypatch):
+    model, inputs = cnn
+    clean = compare_keras(model, inputs, target="tflite:fp16")
+    s = clean.data["summary"]
+    assert s["verdict"] == "precision" and not s["defects"], s
+    conv1 = layers(clean)["conv1"]
+    assert conv1["cause"] == "precision_loss", conv1
+    assert "float16" in conv1["detail"]
+
+    from layerdiff.keras._tflite import Tflite
+
+    def edit(tree, graph, tensor_named):
+        weight = tensor_named("pw_1/convolution")
+        data = tree.buffers[weight.buffer].data
+        values = np.frombuffer(bytes(bytearray(data)), np.float16).copy()
+        values[:8] *= 1.2
+        tree.buffers[weight.buffer].data = np.frombuffer(values.tobytes(), np.uint8)
+
+    monkeypatch.setattr(Tflite, "convert", edited_tflite(edit))
+    report = compare_keras(model, inputs, target="tflite:fp16")
+    s = report.data["summary"]
+    assert [(d["layer"], d["cause"]) for d in s["defects"]] == [("pw", "weight_mismatch")], s

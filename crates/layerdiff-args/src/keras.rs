@@ -25,7 +25,9 @@ pub struct KerasArgs {
     /// given with --onnx): `ort`, `ort:opt=all`, `tract`, `openvino[:precision=f16]`. Or
     /// TensorFlow computing it another way, layer by layer: `xla` (`jit_compile=True`),
     /// `savedmodel` (saved and loaded back), `tflite` (the TFLite converter and interpreter,
-    /// float32).
+    /// float32), `tflite:fp16` (float16 weights), `tflite:int8` (full-integer quantization,
+    /// calibrated on the compared inputs and draws like them; judged in steps of each value's
+    /// scale).
     #[arg(long, default_value = "ort", value_parser = keras_target)]
     pub target: TargetSpec,
     /// Compare against this ONNX file of the same model instead of converting one with tf2onnx.

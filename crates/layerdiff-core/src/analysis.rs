@@ -264,6 +264,13 @@ pub fn judge(layer: &mut Layer, tolerance: Tolerance) {
         layer.target_dtype.as_deref(),
         layer.float64.as_ref().map(|f| f.reference),
     );
+    if let Some(bound) = layer
+        .quantization
+        .as_ref()
+        .and_then(|q| tolerance.for_quantized(q))
+    {
+        layer.tolerance = bound;
+    }
     let kind_differs = layer.target_dtype.as_deref().is_some_and(|t| {
         let float = |n: &str| DType::from_name(n).is_ok_and(DType::is_float);
         float(t) != float(&layer.dtype)

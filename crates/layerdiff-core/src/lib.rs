@@ -17,6 +17,7 @@ mod machine;
 mod npz;
 mod op_check;
 mod pair;
+mod quantized;
 mod random;
 pub mod render;
 mod report;
@@ -49,6 +50,9 @@ pub use machine::Machine;
 pub use npz::read_npz;
 pub use op_check::{OpBound, OpCheck, OpWorst, check_op};
 pub use pair::{PairOutcome, compare_pair};
+pub use quantized::{
+    QUANTIZED_MAX_STEPS, QUANTIZED_MEAN_STEPS, Quantization, SATURATION_LIMIT, assess_quantized,
+};
 pub use random::{SplitMix64, random_tensor};
 pub use report::{
     Defect, FailOn, Finding, Float64Distance, InputInfo, Layer, LayerStatus, Location,

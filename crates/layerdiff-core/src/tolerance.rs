@@ -145,6 +145,15 @@ impl Tolerance {
         }
     }
 
+    /// The bound of a layer the target quantizes to `grid`: one step of it at every element
+    /// (the grid's own rounding is half one), unless a fixed tolerance was asked for.
+    pub fn for_quantized(&self, grid: &crate::Quantization) -> Option<Bound> {
+        match self {
+            Self::Fixed(_) => None,
+            Self::PerDtype | Self::Auto => Some(Bound::absolute(grid.scale)),
+        }
+    }
+
     /// What reports say about the policy.
     pub fn info(&self) -> ToleranceInfo {
         match *self {

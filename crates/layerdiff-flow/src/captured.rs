@@ -304,6 +304,17 @@ impl CapturedRun {
             if let Some(local) = layer.local {
                 target.push_local(index, local.map(|t| t.to_tensor()), layer.disagreement);
             }
+            if let Some(exact) = layer.own_exact.filter(|_| keep) {
+                target.push_own(
+                    index,
+                    crate::Own {
+                        exact: exact.to_tensor(),
+                        ideal: layer.own_ideal.map(|t| t.to_tensor()),
+                        grid: layer.quantization,
+                        why: layer.own_why,
+                    },
+                );
+            }
         }
         engine.clock.lap("handing layers to the core", OWN);
         engine.advance()
@@ -328,10 +339,13 @@ impl CapturedRun {
     /// The report, with the weight evidence of `parameters` (by layer: PyTorch's parameters
     /// and buffers by qualified name, with the forms an exporter may fold them into, e.g. a
     /// Conv's weight scaled by the BatchNorm after it, under the same name).
+    /// A target that stores some parameters quantized hands them dequantized, with half a
+    /// step per element of each in `target_half_steps` (by layer, by name).
     pub fn finish(
         mut self,
         parameters: &HashMap<usize, Vec<(String, TensorView<'_>)>>,
         target_parameters: &HashMap<usize, Vec<(String, TensorView<'_>)>>,
+        target_half_steps: &HashMap<usize, Vec<(String, TensorView<'_>)>>,
     ) -> Result<Report> {
         let owned = |list: &Vec<(String, TensorView<'_>)>| {
             list.iter()
@@ -344,6 +358,9 @@ impl CapturedRun {
         if let Some(target) = self.engine.target.receiver() {
             for (&i, list) in target_parameters {
                 target.set_parameters(i, owned(list));
+            }
+            for (&i, list) in target_half_steps {
+                target.set_half_steps(i, owned(list));
             }
         }
         self.engine.finish()
@@ -368,4 +385,13 @@ pub struct Handed<'a> {
     /// The dtype the target computed the layer in, where its value's dtype does not say
     /// (float16 gradients unscaled to float32, a Linear's weight gradient under autocast).
     pub baseline_grid: Option<DType>,
+    /// For a target that runs its model whole: the layer computed exactly on the target's own
+    /// inputs with the reference's weights (see [`crate::Own`]).
+    pub own_exact: Option<TensorView<'a>>,
+    /// The same with the weights the target stores, before rounding.
+    pub own_ideal: Option<TensorView<'a>>,
+    /// Why there is no `own_ideal`.
+    pub own_why: Option<String>,
+    /// The grid the target quantizes the layer's value to, where it does.
+    pub quantization: Option<layerdiff_core::Quantization>,
 }

@@ -1,9 +1,22 @@
 //! Keras sides spelled like runtimes, parsed once: the model compiled by XLA (`xla`), reloaded
 //! from a SavedModel (`savedmodel`), or converted by the TFLite converter and run by its
-//! interpreter (`tflite`). The Python
-//! package computes them (TensorFlow lives there) and hands their values over layer by layer.
+//! interpreter (`tflite[:fp32|fp16|int8]`). The Python package computes them (TensorFlow lives
+//! there) and hands their values over layer by layer.
 
 use std::fmt;
+
+/// What the TFLite converter is asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TflitePrecision {
+    /// Float32 throughout.
+    F32,
+    /// Weights stored in float16 (`target_spec.supported_types = [tf.float16]`), computed in
+    /// float32 on a CPU.
+    F16,
+    /// Full-integer quantization: int8 weights and activations, calibrated on a representative
+    /// dataset; float inputs and outputs.
+    Int8,
+}
 
 /// A Keras side that TensorFlow computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,8 +25,8 @@ pub enum KerasSpec {
     Xla,
     /// The model saved as a SavedModel and loaded back with `tf.saved_model.load`.
     SavedModel,
-    /// The model converted to TFLite (float32) and run by the TFLite interpreter.
-    Tflite,
+    /// The model converted to TFLite and run by the TFLite interpreter.
+    Tflite(TflitePrecision),
 }
 
 impl KerasSpec {
@@ -22,15 +35,22 @@ impl KerasSpec {
         matches!(text, "xla" | "savedmodel" | "tflite") || text.starts_with("tflite:")
     }
 
-    /// Parses `xla`, `savedmodel`, `tflite`.
+    /// Parses `xla`, `savedmodel`, `tflite`, `tflite:fp16`, `tflite:int8`.
     pub fn parse(text: &str) -> Result<Self, String> {
         Ok(match text {
             "xla" => Self::Xla,
             "savedmodel" => Self::SavedModel,
-            "tflite" | "tflite:fp32" => Self::Tflite,
+            "tflite" | "tflite:fp32" => Self::Tflite(TflitePrecision::F32),
+            "tflite:fp16" => Self::Tflite(TflitePrecision::F16),
+            "tflite:int8" => Self::Tflite(TflitePrecision::Int8),
+            "tflite:dynamic" => {
+                return Err(
+                    "`tflite:dynamic` (dynamic-range quantization) is not compared yet: its kernels quantize activations as they run, which layerdiff does not model; use tflite:int8 (full-integer) or tflite:fp16".to_string(),
+                );
+            }
             _ => {
                 return Err(format!(
-                    "unknown Keras side `{text}` (expected xla, savedmodel or tflite; TFLite's float16 and int8 conversions are not compared yet)"
+                    "unknown Keras side `{text}` (expected xla, savedmodel, tflite, tflite:fp16 or tflite:int8)"
                 ));
             }
         })
@@ -39,10 +59,13 @@ impl KerasSpec {
     /// The spelling that parses back to it.
     pub fn spelling(&self) -> String {
         match self {
-            Self::Xla => "xla".to_string(),
-            Self::SavedModel => "savedmodel".to_string(),
-            Self::Tflite => "tflite".to_string(),
+            Self::Xla => "xla",
+            Self::SavedModel => "savedmodel",
+            Self::Tflite(TflitePrecision::F32) => "tflite",
+            Self::Tflite(TflitePrecision::F16) => "tflite:fp16",
+            Self::Tflite(TflitePrecision::Int8) => "tflite:int8",
         }
+        .to_string()
     }
 }
 
@@ -58,12 +81,18 @@ mod tests {
 
     #[test]
     fn keras_sides_parse_back_and_misspellings_name_the_choices() {
-        for text in ["xla", "savedmodel", "tflite"] {
+        for text in ["xla", "savedmodel", "tflite", "tflite:fp16", "tflite:int8"] {
             assert!(KerasSpec::names_keras(text));
             assert_eq!(KerasSpec::parse(text).unwrap().spelling(), text);
         }
+        assert_eq!(
+            KerasSpec::parse("tflite:fp32").unwrap().spelling(),
+            "tflite"
+        );
         let err = KerasSpec::parse("tflite:int4").unwrap_err();
         assert!(err.contains("unknown Keras side `tflite:int4`"), "{err}");
+        let err = KerasSpec::parse("tflite:dynamic").unwrap_err();
+        assert!(err.contains("not compared yet"), "{err}");
         assert!(!KerasSpec::names_keras("ort"));
     }
 }

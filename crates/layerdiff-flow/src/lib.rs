@@ -50,4 +50,4 @@ pub use memory::Segmentation;
 pub use plan::{Dataflow, Part, PlanSide};
 pub use pushed_side::{Computing, PushedSide};
 pub use relaid_side::RelaidSide;
-pub use side::{Group, Member, Receive, Recompute, Side, Values};
+pub use side::{Group, Member, Own, Receive, Recompute, Side, Values};

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use rayon::prelude::*;
 
 use layerdiff_core::{
-    DType, Float64Distance, Judge, Layer, LayerStatus, Tensor, TensorView, Tolerance,
-    assess_baseline, compare_pair, lower_precision,
+    DType, Float64Distance, Judge, Layer, LayerStatus, Quantization, Tensor, TensorView, Tolerance,
+    assess_baseline, assess_quantized, compare_pair, lower_precision,
 };
 
 use crate::Shared;
@@ -77,6 +77,8 @@ impl Pairs<'_> {
                 layer.dtype = reference.dtype.name().to_string();
             }
             let truth = self.truth.and_then(|t| t.get(&self.reference_values[i]));
+            // a value the target quantizes is judged on its grid
+            layer.quantization = self.target.own_exact(value).and_then(|o| o.grid.clone());
             jobs.push((layer, reference, target, truth));
         }
         let tolerance = self.tolerance;
@@ -181,6 +183,55 @@ impl Pairs<'_> {
             });
     }
 
+    /// The own error of layer `i` for a target that runs its model whole (see
+    /// [`Side::own_exact`]): its value against the layer computed exactly on its own inputs,
+    /// judged as its quantization where it quantizes the value, else as an honest kernel in its
+    /// dtype. Returns whether the target had it.
+    pub fn own_error(&self, layer: &mut Layer, i: usize) -> bool {
+        let Some(value) = self.target_values[i].as_deref() else {
+            return false;
+        };
+        let Some(own) = self.target.own_exact(value) else {
+            return false;
+        };
+        let Some(target) = self.target.get(value) else {
+            return true;
+        };
+        if layer.status != LayerStatus::Compared {
+            return true;
+        }
+        let exact = &own.exact;
+        let judged = judge(layer, layer.target_dtype.as_deref(), exact, target);
+        layer.local = compare_pair(exact.view(), target.view(), judged).stats;
+        layer.local_reason = None;
+        // without an ideal, the grid's clipping and steps are still measured on the exact value
+        let ideal = own.ideal.as_ref().unwrap_or(exact);
+        let assessed = match &own.grid {
+            Some(grid) => {
+                let mut grid: Quantization = grid.clone();
+                let b = assess_quantized(target.view(), exact.view(), ideal.view(), &mut grid);
+                layer.quantization = Some(grid);
+                b
+            }
+            None => {
+                let (x, t, i) = (exact.view(), target.view(), ideal.view());
+                assess_baseline(x, t, i, target.dtype, 0, false).map_err(|e| e.to_string())
+            }
+        };
+        if own.ideal.is_none() {
+            let why = own.why.as_deref().unwrap_or("the target did not say why");
+            layer.baseline_reason = Some(format!("no ideal of the target's computation: {why}"));
+            return true;
+        }
+        match assessed {
+            Ok(b) => layer.baseline = Some(b),
+            Err(why) => {
+                layer.baseline_reason = Some(format!("its exact value does not fit: {why}"))
+            }
+        }
+        true
+    }
+
     /// What the baseline's exact computation of a layer is fed with in place of the reference
     /// value `n`: that value, and the dtype the target holds it in.
     pub fn baseline_feed(&self, n: &str) -> crate::baseline::Fed {
@@ -245,6 +296,13 @@ fn compare_values(
         target_dtype,
         layer.float64.as_ref().map(|f| f.reference),
     );
+    if let Some(bound) = layer
+        .quantization
+        .as_ref()
+        .and_then(|q| tolerance.for_quantized(q))
+    {
+        layer.tolerance = bound;
+    }
     let outcome = compare_pair(
         reference.view(),
         target.view(),

@@ -13,7 +13,7 @@ use layerdiff_core::{DType, Evidence, SideInfo, Summary, Tensor, TensorView};
 use crate::Result;
 use crate::evidence::{WeightCheck, WeightCheckFn, check_weight};
 use crate::plan::{Part, PlanSide};
-use crate::side::{Group, Member, Receive, Recompute, Side};
+use crate::side::{Group, Member, Own, Receive, Recompute, Side};
 use crate::timings::Stopwatch;
 
 /// What a side whose values are handed over knows of how it computes each layer, for local
@@ -51,6 +51,12 @@ pub struct PushedSide {
     local: Mutex<HashMap<usize, std::result::Result<Tensor, String>>>,
     /// By layer: how far two re-runs of it on the same inputs disagreed, where they did.
     disagreements: HashMap<usize, f64>,
+    /// By layer, for a side that runs its model whole: the layer computed on the side's own
+    /// inputs (see [`Side::own_exact`]).
+    own: HashMap<usize, Own>,
+    /// By layer and parameter name: half a quantization step per element of a parameter the
+    /// side stores quantized.
+    half_steps: HashMap<usize, HashMap<String, Tensor>>,
 }
 
 impl PushedSide {
@@ -81,6 +87,8 @@ impl PushedSide {
             computing: None,
             local: Mutex::new(HashMap::new()),
             disagreements: HashMap::new(),
+            own: HashMap::new(),
+            half_steps: HashMap::new(),
         }
     }
 
@@ -165,8 +173,13 @@ impl Side for PushedSide {
         for value in values {
             if let Some(&i) = self.position.get(value) {
                 self.held[i] = None;
+                self.own.remove(&i);
             }
         }
+    }
+
+    fn own_exact(&self, value: &str) -> Option<&Own> {
+        self.own.get(self.position.get(value)?)
     }
 
     fn weight_check(
@@ -207,6 +220,15 @@ impl Receive for PushedSide {
 
     fn set_parameters(&mut self, index: usize, parameters: Vec<(String, Tensor)>) {
         PushedSide::set_parameters(self, index, parameters);
+    }
+
+    fn push_own(&mut self, index: usize, own: Own) {
+        self.own.insert(index, own);
+    }
+
+    fn set_half_steps(&mut self, index: usize, half_steps: Vec<(String, Tensor)>) {
+        self.half_steps
+            .insert(index, half_steps.into_iter().collect());
     }
 }
 
@@ -278,8 +300,10 @@ impl Recompute for PushedSide {
                 evidence.reduced_math = Some(format!("{module_type}: {how}"));
             }
         }
+        let steps = self.half_steps.get(&index);
         for (name, parameter) in self.parameters.get(&index).into_iter().flatten() {
-            if let Some(found) = check("", 0, name, parameter.view(), None) {
+            let half_step = steps.and_then(|s| s.get(name)).map(Tensor::view);
+            if let Some(found) = check("", 0, name, parameter.view(), half_step) {
                 found.record(evidence);
             }
         }

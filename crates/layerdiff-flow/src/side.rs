@@ -7,7 +7,9 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use layerdiff_core::{DType, Evidence, SideInfo, Summary, TargetGraph, Tensor, TensorView};
+use layerdiff_core::{
+    DType, Evidence, Quantization, SideInfo, Summary, TargetGraph, Tensor, TensorView,
+};
 
 use crate::Result;
 use crate::evidence::{WeightCheck, WeightCheckFn};
@@ -79,6 +81,12 @@ pub trait Side: Send + Sync {
     fn recompute(&self) -> Option<&dyn Recompute> {
         None
     }
+    /// For a side that runs its model whole (it cannot re-run one layer on the reference's
+    /// values, like the TFLite interpreter): the layer of `value` computed on the side's *own*
+    /// values of its inputs (see [`Own`]). Its own error is measured against that.
+    fn own_exact(&self, _value: &str) -> Option<&Own> {
+        None
+    }
     /// As the reference: this side's counterpart of another side's `member` (its node of the
     /// same name and op), whose attributes the other's are compared with
     /// (`epsilon 1e-5 → 0.1 on `ln``); `None` when it has none or cannot tell.
@@ -126,6 +134,28 @@ pub trait Receive {
     /// The parameters of layer `index`, checked against the other side's weights when a cause
     /// is looked for.
     fn set_parameters(&mut self, index: usize, parameters: Vec<(String, Tensor)>);
+    /// Layer `index` computed on the side's own values of its inputs (see [`Own`]).
+    fn push_own(&mut self, index: usize, own: Own);
+    /// Half a quantization step per element of the parameters of layer `index` the side stores
+    /// quantized (dequantized in [`Receive::set_parameters`]), by parameter name.
+    fn set_half_steps(&mut self, index: usize, half_steps: Vec<(String, Tensor)>);
+}
+
+/// A layer of a side that runs its model whole, computed on the side's own values of its
+/// inputs: what its own error is measured against, and the ideal it is judged by.
+#[derive(Debug, Clone)]
+pub struct Own {
+    /// The layer exactly (float64, rounded to the reference's dtype) with the reference's
+    /// weights: the side's value less this is the layer's own error.
+    pub exact: Tensor,
+    /// The layer exactly with the weights the side stores (dequantized), before it rounds its
+    /// value: what an honest kernel of the side computes; `None` where it cannot be told
+    /// (`why`), and then the layer's error is not held to an ideal.
+    pub ideal: Option<Tensor>,
+    /// The grid the side quantizes the value to, where it does.
+    pub grid: Option<Quantization>,
+    /// Why there is no ideal.
+    pub why: Option<String>,
 }
 
 /// Re-runs a group of a side's own computation on given values: what local error, and the
@@ -221,6 +251,9 @@ impl<S: Side + ?Sized> Side for Box<S> {
     }
     fn recompute(&self) -> Option<&dyn Recompute> {
         (**self).recompute()
+    }
+    fn own_exact(&self, value: &str) -> Option<&Own> {
+        (**self).own_exact(value)
     }
     fn counterpart(&self, member: &Member) -> Option<Member> {
         (**self).counterpart(member)

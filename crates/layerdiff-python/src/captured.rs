@@ -159,8 +159,11 @@ impl CapturedRun {
     /// Hands over layer `index`'s value (and its float64 value; for a PyTorch target, its
     /// value there and its module re-run on the reference's inputs, or why that failed:
     /// `local_error`, and how far a second re-run disagreed: `disagreement`); runs the segments
-    /// it completes.
-    #[pyo3(signature = (index, value, float64=None, target=None, local=None, local_error=None, disagreement=None, baseline=None, baseline_grid=None))]
+    /// it completes. A target that runs its model whole hands `own_exact` instead of `local`:
+    /// the layer computed exactly on the target's own inputs with the reference's weights,
+    /// `own_ideal` with the weights the target stores (or `own_why` there is none), and
+    /// `quantization` = `(dtype, scale, zero_point)` where it quantizes the value.
+    #[pyo3(signature = (index, value, float64=None, target=None, local=None, local_error=None, disagreement=None, baseline=None, baseline_grid=None, own_exact=None, own_ideal=None, own_why=None, quantization=None))]
     #[allow(clippy::too_many_arguments)]
     fn add(
         &mut self,
@@ -174,7 +177,17 @@ impl CapturedRun {
         disagreement: Option<f64>,
         baseline: Option<FlatTensor<'_>>,
         baseline_grid: Option<String>,
+        own_exact: Option<FlatTensor<'_>>,
+        own_ideal: Option<FlatTensor<'_>>,
+        own_why: Option<String>,
+        quantization: Option<(String, f64, i64)>,
     ) -> PyResult<()> {
+        let quantization = quantization
+            .map(|(dtype, scale, zero_point)| {
+                layerdiff_core::Quantization::new(&dtype, scale, zero_point)
+            })
+            .transpose()
+            .map_err(exceptions::InputError::new_err)?;
         let baseline_grid = baseline_grid
             .map(|g| DType::from_name(&g))
             .transpose()
@@ -192,6 +205,10 @@ impl CapturedRun {
             disagreement,
             baseline: view(&baseline)?,
             baseline_grid,
+            own_exact: view(&own_exact)?,
+            own_ideal: view(&own_ideal)?,
+            own_why,
+            quantization,
         };
         let run = self.active_mut()?;
         py.detach(|| run.add(index, layer)).map_err(to_py_err)
@@ -205,19 +222,23 @@ impl CapturedRun {
     }
 
     /// The report; `parameters` maps a layer index to its flat parameter tensors (and
-    /// `target_parameters` to a PyTorch target's).
-    #[pyo3(signature = (parameters, target_parameters=None))]
+    /// `target_parameters` to the target's, dequantized where it stores them quantized, with
+    /// half a step per element of those in `target_half_steps`, under the same names).
+    #[pyo3(signature = (parameters, target_parameters=None, target_half_steps=None))]
     fn finish(
         &mut self,
         py: Python<'_>,
         parameters: HashMap<usize, Vec<FlatTensor<'_>>>,
         target_parameters: Option<HashMap<usize, Vec<FlatTensor<'_>>>>,
+        target_half_steps: Option<HashMap<usize, Vec<FlatTensor<'_>>>>,
     ) -> PyResult<Report> {
         let target_parameters = target_parameters.unwrap_or_default();
+        let target_half_steps = target_half_steps.unwrap_or_default();
         let (reference, target) = (views(&parameters)?, views(&target_parameters)?);
+        let half_steps = views(&target_half_steps)?;
         let run = self.run.take().ok_or_else(finished)?;
         let mut report = py
-            .detach(|| run.finish(&reference, &target))
+            .detach(|| run.finish(&reference, &target, &half_steps))
             .map_err(to_py_err)?;
         if !self.keep_timings {
             report.timings = None;

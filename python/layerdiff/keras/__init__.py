@@ -51,7 +51,8 @@ def compare_keras(
 ) -> Report:
     """Compares a functional Keras model, layer by layer, with ``target``: a runtime for its
     ONNX file (``"ort"``, ``"ort:opt=all"``, ``"tract"``, ``"openvino"``; the file converted by
-    tf2onnx at ``opset``, or ``onnx``), or ``"xla"``, ``"savedmodel"``, ``"tflite"``.
+    tf2onnx at ``opset``, or ``onnx``), or ``"xla"``, ``"savedmodel"``, ``"tflite"``,
+    ``"tflite:fp16"``, ``"tflite:int8"``.
 
     ``tolerance``, ``local``, ``float64`` and ``max_memory`` are as for
     ``layerdiff.torch.compare_torch_onnx``: the float64 truth is a copy of the model rebuilt in
@@ -109,12 +110,13 @@ def compare_keras(
             side = SIDES[keras_side.spelling](layered, inputs)
             run = _layerdiff.CapturedRun(
                 inputs=flat_inputs, target_runtime=side.runtime, target_detail=side.detail,
-                **common,
+                lower_precision=getattr(side, "lower_precision", None), **common,
             )  # fmt: skip
         step("comparing each layer")
         _stream(run, layered, values, inputs, side, options, step)
         needed = run.conclude()
-        report = Report(run.finish(_weights(layered, needed)), inputs=flat_inputs)
+        stored, halves = _stored_weights(side, needed)
+        report = Report(run.finish(_weights(layered, needed), stored, halves), inputs=flat_inputs)
     return report
 
 
@@ -133,17 +135,21 @@ def _stream(run, layered, values, inputs, side, options, step) -> None:
                 run.baseline_lost(why)
     baseline = truth is not None and options.local
     theirs = side.values(inputs) if side is not None else None
+    # a side that runs its model whole: each layer's own error on its own inputs
+    whole = hasattr(side, "own")
     for index, layer in enumerate(layered.layers):
         extra = {}
         if side is not None:
             extra["target"] = flat(layer.name, theirs[index])
-            if options.local:
-                local, why = side.local(index, values, inputs)
-                if local is not None:
-                    extra["local"] = flat(layer.name, local)
-                else:
-                    extra["local_error"] = why
-        if baseline and values[index].dtype.kind == "f":
+        if side is not None and options.local and whole:
+            extra.update(_own(side, index, theirs, wide, layer.name))
+        elif side is not None and options.local:
+            local, why = side.local(index, values, inputs)
+            if local is not None:
+                extra["local"] = flat(layer.name, local)
+            else:
+                extra["local_error"] = why
+        if baseline and not whole and values[index].dtype.kind == "f":
             # the same-precision baseline: the layer in float64 on Keras's (float32) values of
             # its inputs, what an exact kernel fed the same values computes
             given = [_widened(a) for a in layered.arguments(index, values, inputs)]
@@ -157,23 +163,55 @@ def _stream(run, layered, values, inputs, side, options, step) -> None:
         run.add(index, flat(layer.name, values[index]), exact, **extra)
 
 
+def _own(side, index, theirs, wide, name) -> dict:
+    """What `run.add` takes of layer `index`'s own error on the target's own inputs."""
+    if wide is None:
+        return {"local_error": "its own error on the target's inputs needs the float64 copy "
+                "of the model (without --no-float64)"}  # fmt: skip
+    try:
+        own = side.own(index, theirs, wide)
+    except Exception as e:  # one layer that cannot be recomputed says so in the report
+        return {"local_error": f"`{name}` in float64 failed: {type(e).__name__}: {e}"}
+    if own.exact is None:
+        return {"local_error": own.why}
+    extra = {"own_exact": flat(name, own.exact), "quantization": own.grid}
+    if own.ideal is not None:
+        extra["own_ideal"] = flat(name, own.ideal)
+    else:
+        extra["own_why"] = own.why
+    return extra
+
+
 def _weights(layered, needed) -> dict:
-    """The weights of the layers `needed` for their causes, in ONNX's layouts: a convolution's
-    kernel (H, W, in, out) as (out, in, H, W), a depthwise one (H, W, C, M) as (C·M, 1, H, W)."""
-    found = {}
+    """The weights of the layers `needed` for their causes, in ONNX's layouts."""
+    return {
+        index: [_onnx_form(w, np.asarray(w)) for w in layered.layers[index].weights]
+        for index in needed
+    }
+
+
+def _stored_weights(side, needed) -> tuple[dict, dict]:
+    """The weights the target stores for the layers `needed` (dequantized), and half a step of
+    their storage per element, in the forms of `_weights`."""
+    stored, halves = {}, {}
     for index in needed:
-        forms = []
-        for weight in layered.layers[index].weights:
-            array = np.asarray(weight)
-            name = getattr(weight, "path", weight.name)
-            if array.ndim == 4 and "depthwise" in name:
-                h, w, c, m = array.shape
-                array = array.transpose(2, 3, 0, 1).reshape(c * m, 1, h, w)
-            elif array.ndim >= 3:
-                array = array.transpose(array.ndim - 1, array.ndim - 2, *range(array.ndim - 2))
-            forms.append(flat(name, np.ascontiguousarray(array)))
-        found[index] = forms
-    return found
+        found = side.stored_for_checks(index) if hasattr(side, "stored_for_checks") else None
+        if found:
+            stored[index] = [_onnx_form(w, value) for w, value, _ in found]
+            halves[index] = [_onnx_form(w, half) for w, _, half in found]
+    return stored, halves
+
+
+def _onnx_form(weight, array):
+    """A Keras weight's `array` as ONNX holds it, under the weight's path: a convolution's kernel
+    (H, W, in, out) as (out, in, H, W), a depthwise one (H, W, C, M) as (C·M, 1, H, W)."""
+    name = getattr(weight, "path", weight.name)
+    if array.ndim == 4 and "depthwise" in name:
+        h, w, c, m = array.shape
+        array = array.transpose(2, 3, 0, 1).reshape(c * m, 1, h, w)
+    elif array.ndim >= 3:
+        array = array.transpose(array.ndim - 1, array.ndim - 2, *range(array.ndim - 2))
+    return flat(name, np.ascontiguousarray(array.astype(np.asarray(weight).dtype)))
 
 
 def _widened(x):

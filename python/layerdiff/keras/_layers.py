@@ -70,12 +70,16 @@ class Layered:
             )
         return listed
 
+    def argument_tensors(self, index: int) -> list:
+        """The Keras tensors layer `index` reads, in the order of its call."""
+        return list(self.layers[index]._inbound_nodes[0].arguments.keras_tensors)
+
     def arguments(self, index: int, values: list, inputs) -> list:
         """The values layer `index` reads, in the order of its call's Keras tensors: from
         `values` (every listed layer's, by index) and the model's `inputs`."""
         known = {id(t): v for t, v in zip(self.every.outputs, values, strict=True)}
         known.update({id(t): v for t, v in zip(self.model.inputs, inputs, strict=True)})
-        return [known[id(t)] for t in self.layers[index]._inbound_nodes[0].arguments.keras_tensors]
+        return [known[id(t)] for t in self.argument_tensors(index)]
 
     def call(self, index: int, given) -> np.ndarray:
         """Layer `index` called alone on `given` (its `arguments`), at inference."""

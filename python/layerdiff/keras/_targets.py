@@ -1,10 +1,12 @@
 """What a Keras model is compared with, computed by TensorFlow: its ONNX conversion (tf2onnx),
 and each listed layer's value under XLA, in a SavedModel loaded back, or in the TFLite
-interpreter. Each runs the model that returns every listed layer's output, so the values are
-the layers' by construction (which may keep a converter from fusing a layer into the next)."""
+interpreter (``_tflite``). Each runs the model that returns every listed layer's output, so
+the values are the layers' by construction (which may keep a converter from fusing a layer
+into the next)."""
 
 from __future__ import annotations
 
+import functools
 import tempfile
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from layerdiff import _layerdiff
+from layerdiff.keras._tflite import PRECISIONS, Tflite
 
 
 def signature(model, inputs) -> list:
@@ -89,38 +92,8 @@ class SavedModel:
         return None, "a SavedModel loaded back has no layers of its own to call alone"
 
 
-class Tflite:
-    """The model that returns every layer's output, converted by the TFLite converter (float32)
-    and run by the TFLite interpreter."""
-
-    runtime = f"tflite {tf.__version__}"
-    detail = f"TFLite converter and interpreter (float32), tensorflow {tf.__version__}, cpu"
-
-    def __init__(self, layered, inputs):
-        converter = tf.lite.TFLiteConverter.from_keras_model(layered.every)
-        try:
-            self.flatbuffer = converter.convert()
-        except Exception as e:
-            raise _layerdiff.ModelError(
-                f"the TFLite converter could not convert `{layered.model.name}`: "
-                f"{type(e).__name__}: {e}"
-            ) from e
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # tf.lite.Interpreter's deprecation notice
-            self.interpreter = tf.lite.Interpreter(model_content=self.flatbuffer)
-        self.runner = self.interpreter.get_signature_runner()
-        self.count = len(layered.layers)
-
-    def values(self, inputs) -> list[np.ndarray]:
-        names = list(self.runner.get_input_details())
-        out = self.runner(**dict(zip(names, inputs, strict=True)))
-        # outputs are named output_0, output_1… in the order the model returns them
-        return [np.asarray(out[f"output_{i}"]) for i in range(self.count)]
-
-    def local(self, index, values, inputs):
-        return None, "the TFLite interpreter runs the converted model whole; a layer alone is not"
-
-
-SIDES = {"xla": Xla, "savedmodel": SavedModel, "tflite": Tflite}
+SIDES = {
+    "xla": Xla,
+    "savedmodel": SavedModel,
+    **{spelling: functools.partial(Tflite, spelling=spelling) for spelling in PRECISIONS},
+}

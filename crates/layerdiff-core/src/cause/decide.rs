@@ -56,6 +56,9 @@ pub(super) fn decide(
     if !e.weights.is_empty() {
         return ("weight_mismatch", e.weights.join("; "), Finding::Defect);
     }
+    if let Some(grid) = &layer.quantization {
+        return quantized(layer, grid, layer.baseline.as_ref(), e);
+    }
     let lower = layer
         .target_dtype
         .as_deref()
@@ -170,15 +173,116 @@ pub(super) fn against_baseline(
             },
             Finding::Precision,
         ),
-        None => (
-            "rounding",
+        None => match e.precision.as_deref() {
+            // the values' dtype is the reference's, yet the side computes below it (float16
+            // weights computed in float32)
+            Some(how) => (
+                "precision_loss",
+                format!("{how}; {explained}"),
+                Finding::Precision,
+            ),
+            None => (
+                "rounding",
+                format!(
+                    "the target rounds as an honest {} kernel does: {explained}",
+                    b.grid
+                ),
+                Finding::Precision,
+            ),
+        },
+    }
+}
+
+/// The verdict of a layer the target quantizes, its own error measured on the target's own
+/// inputs against the ideal quantized computation (see `crate::assess_quantized`): a range
+/// that clips much of what the model computes, a kernel its quantization does not explain, or
+/// the quantization's own rounding.
+pub(super) fn quantized(
+    layer: &Layer,
+    grid: &crate::Quantization,
+    b: Option<&crate::Baseline>,
+    e: &Evidence,
+) -> (&'static str, String, Finding) {
+    let own = layer
+        .local
+        .as_ref()
+        .map_or((0.0, 0.0), |s| (s.max_abs_diff, s.mean_abs_diff));
+    let clipped = || {
+        format!(
+            "{} of its {} exact values ({:.1}%) lie outside the range of its grid {}: the range calibrated for this value is too narrow for what the model computes here, and the target clips them",
+            grid.saturated,
+            grid.elements,
+            100.0 * grid.saturated as f64 / grid.elements.max(1) as f64,
+            grid.describe()
+        )
+    };
+    let Some(b) = b else {
+        // no ideal to hold the kernel to: the range and the steps still speak
+        let why = layer
+            .baseline_reason
+            .as_deref()
+            .unwrap_or("no ideal was computed");
+        let numbers = format!(
+            "its own error on the target's own inputs is up to {:.3e} (mean {:.3e}, {:.2} steps root mean square; rounding alone is 0.29)",
+            own.0, own.1, grid.rms_steps
+        );
+        if grid.too_narrow() {
+            return (
+                "quantization_range",
+                format!("{} ({numbers})", clipped()),
+                Finding::Defect,
+            );
+        }
+        return (
+            "precision_loss",
             format!(
-                "the target rounds as an honest {} kernel does: {explained}",
-                b.grid
+                "the target quantizes this layer to {}; {numbers}; it is not held to an ideal quantized computation ({why}), so a kernel defect inside it cannot be ruled out",
+                grid.describe()
             ),
             Finding::Precision,
-        ),
+        );
+    };
+    let numbers = format!(
+        "on the target's own inputs the ideal {g} computation errs by up to {:.3e} (mean {:.3e}), the target by {:.3e} (mean {:.3e}, {:.2} steps root mean square; rounding alone is 0.29)",
+        b.max_abs_diff,
+        b.mean_abs_diff,
+        own.0,
+        own.1,
+        grid.rms_steps,
+        g = grid.dtype
+    );
+    if grid.too_narrow() {
+        return (
+            "quantization_range",
+            format!("{} ({numbers})", clipped()),
+            Finding::Defect,
+        );
     }
+    if b.beyond() {
+        return (
+            "op_implementation",
+            format!(
+                "its own error is {:.1}× what quantization to {} explains ({numbers}): the target's {} computes differently",
+                b.multiple,
+                grid.describe(),
+                e.ops_words()
+            ),
+            Finding::Defect,
+        );
+    }
+    let how = e
+        .precision
+        .as_deref()
+        .map_or(String::new(), |how| format!(" ({how})"));
+    (
+        "precision_loss",
+        format!(
+            "the target quantizes this layer to {}{how}; its own error is {:.2}× what the quantization explains ({numbers})",
+            grid.describe(),
+            b.multiple
+        ),
+        Finding::Precision,
+    )
 }
 
 /// The verdict of a layer whose own error could not be held to a baseline: the float64 truth
@@ -339,6 +443,9 @@ pub(super) fn fix(cause: &str, layer: &Layer, e: &Evidence) -> String {
             "{where_} compute(s) a {:?} value where the model computes {:?}: export with that dimension dynamic (`dynamic_axes`/`dynamic_shapes`), or feed the shape the file was exported for",
             layer.target_shape.as_deref().unwrap_or_default(),
             layer.shape
+        ),
+        "quantization_range" => format!(
+            "{where_} clip(s) its values to a range too narrow for them: calibrate the quantization with a representative dataset that covers what the model computes here (inputs like those compared), or keep this layer in float (selective quantization)"
         ),
         "nondeterminism" => format!(
             "{where_} give(s) other values on every run: make the kernels deterministic (e.g. `torch.use_deterministic_algorithms(True)`, cuDNN's deterministic mode), or compare at a tolerance above that spread"

@@ -60,6 +60,12 @@ pub struct Layer {
     pub baseline: Option<crate::Baseline>,
     /// Why no baseline was measured for a layer re-run locally, where none was.
     pub baseline_reason: Option<String>,
+    /// The grid the target quantizes this layer's value to (TFLite's int8), with how much of it
+    /// clips and its own error in steps; its `local` is then measured on the target's own
+    /// inputs and its `baseline` is the ideal quantized computation (see
+    /// [`crate::assess_quantized`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<crate::Quantization>,
     /// What the layer's difference is, for a layer that exceeds its tolerance or where drift
     /// is born: `defect`, `precision`, `inherited` or `undecided`.
     pub finding: Option<Finding>,
@@ -67,7 +73,7 @@ pub struct Layer {
     /// back along the input that carries the most of it, to the layer that added it).
     pub error_from: Option<String>,
     /// Why the layer differs, from a fixed vocabulary: `weight_mismatch`, `precision_loss`,
-    /// `layout_permutation`, `shape_mismatch`, `op_implementation`, `inherited`,
+    /// `layout_permutation`, `shape_mismatch`, `op_implementation`, `quantization_range`, `inherited`,
     /// `nondeterminism`, `rounding`, `undecided`, `unknown`.
     pub cause: Option<String>,
     /// The cause in words.
@@ -105,6 +111,7 @@ impl Layer {
             float64: None,
             baseline: None,
             baseline_reason: None,
+            quantization: None,
             finding: None,
             error_from: None,
             cause: None,

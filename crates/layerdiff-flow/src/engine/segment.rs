@@ -45,11 +45,21 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             ticker.tick(segment.layers.end);
         }
 
+        // A target that runs its model whole: each layer's own error on its own inputs.
+        let mut own = vec![false; self.layers.len()];
+        if self.settings.local {
+            for i in segment.layers.clone() {
+                own[i] = held.own_error(&mut self.layers[i], i);
+            }
+        }
         if let Some(recompute) = self.target.recompute().filter(|_| self.settings.local) {
             // Outputs are compared in batches (see [`local_batch`]).
             let limit = local_batch(self.settings.max_memory);
             let (mut runs, mut held_bytes) = (Vec::new(), 0);
             for i in segment.layers.clone() {
+                if own[i] {
+                    continue;
+                }
                 let out =
                     held.measure_local(&mut self.layers[i], &mut self.groups[i], recompute, i);
                 if let Some(ticker) = self.progress.as_mut() {

@@ -1,0 +1,476 @@
+"""A Keras model converted by the TFLite converter (float32, float16 weights, or full-integer
+int8 calibrated on a representative dataset) and run by the TFLite interpreter, every listed
+layer's value kept.
+
+The interpreter runs the converted model whole: it cannot re-run one layer on Keras's values.
+Each layer's own error is therefore measured on the target's *own* values of its inputs (the
+values it handed the layer, dequantized): ``exact`` is the Keras layer in float64 on them with
+Keras's weights; ``ideal`` is the same with the weights the file stores (dequantized), what an
+honest kernel computes before it rounds its output. The engine judges the target's value
+against both (``layerdiff_core::assess_quantized`` for a quantized value).
+
+The layer's computation in the file is found by walking back from its value to the values of
+the layers it reads: the TFLite ops in between, and the constants they read (the stored
+weights). A Conv2D, DepthwiseConv2D or Dense is one op whose filter and bias map back onto the
+Keras weights; a BatchNormalization is a MUL (and an ADD) by constants that map back onto its
+scale and offset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+
+from layerdiff import _layerdiff
+
+# Calibration runs of the int8 converter: the compared inputs and this many draws like them.
+CALIBRATION_DRAWS = 15
+
+PRECISIONS = {
+    "tflite": "fp32",
+    "tflite:fp16": "fp16",
+    "tflite:int8": "int8",
+}
+
+_WORDS = {
+    "fp32": "float32",
+    "fp16": "float16 weights, float32 computation",
+    "int8": "full-integer int8, calibrated on the compared inputs and "
+    f"{CALIBRATION_DRAWS} draws like them",
+}
+
+# TFLite ops that compute nothing (a layer made of these is its input re-labelled).
+_PASSING = {"RESHAPE", "SQUEEZE", "EXPAND_DIMS"}
+# Ops that only move data, which a converter may fold into the op that reads them.
+_MOVING = _PASSING | {"PAD", "PADV2"}
+
+
+@dataclass
+class Own:
+    """A layer's own error's terms: `exact` (float64, Keras weights, the target's inputs),
+    `ideal` (with the stored weights, or None and `why`), the value's grid (`(dtype, scale,
+    zero point)`) where the target quantizes it."""
+
+    exact: np.ndarray | None
+    ideal: np.ndarray | None = None
+    grid: tuple | None = None
+    why: str | None = None
+
+
+def convert(model, precision: str, inputs) -> bytes:
+    """The flatbuffer of `model` converted at `precision` (`fp32`, `fp16`, `int8`)."""
+    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    if precision == "fp16":
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.target_spec.supported_types = [tf.float16]
+    elif precision == "int8":
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        converter.representative_dataset = lambda: iter(calibration(inputs))
+    return converter.convert()
+
+
+def calibration(inputs, seed: int = 0) -> list:
+    """The compared inputs, then draws like them (each input's own mean and spread)."""
+    rng = np.random.default_rng(seed)
+    runs = [[np.asarray(x) for x in inputs]]
+    for _ in range(CALIBRATION_DRAWS):
+        runs.append(
+            [
+                (x.mean() + x.std() * rng.standard_normal(x.shape)).astype(x.dtype)
+                if x.dtype.kind == "f"
+                else x
+                for x in runs[0]
+            ]
+        )
+    return runs
+
+
+class Tflite:
+    """The model that returns every layer's output, converted and run by the interpreter."""
+
+    runtime = f"tflite {tf.__version__}"
+    # how it computes every layer below the reference's precision, where no dtype shows it
+    lower_precision = None
+    # replaced by `convert` in a test that edits the file as a faulty converter would
+    convert = staticmethod(convert)
+
+    def __init__(self, layered, inputs, spelling: str = "tflite"):
+        self.layered = layered
+        self.precision = PRECISIONS[spelling]
+        if self.precision == "fp16":
+            self.lower_precision = "TFLite stores its weights in float16 and computes in float32"
+        self.detail = (
+            f"TFLite converter and interpreter ({_WORDS[self.precision]}), "
+            f"tensorflow {tf.__version__}, cpu"
+        )
+        try:
+            # the converter prints the model it saves on stdout, where reports may go
+            with contextlib.redirect_stdout(io.StringIO()):
+                self.flatbuffer = type(self).convert(layered.every, self.precision, inputs)
+        except Exception as e:
+            raise _layerdiff.ModelError(
+                f"the TFLite converter could not convert `{layered.model.name}` "
+                f"({self.precision}): {type(e).__name__}: {e}"
+            ) from e
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # tf.lite.Interpreter's deprecation notice
+            self.interpreter = tf.lite.Interpreter(
+                model_content=self.flatbuffer, experimental_preserve_all_tensors=True
+            )
+        self.interpreter.allocate_tensors()
+        self.graph = _Graph(self.interpreter, len(layered.layers))
+        self.inputs = None
+
+    def values(self, inputs) -> list[np.ndarray]:
+        for detail, x in zip(self.graph.input_details, inputs, strict=True):
+            self.interpreter.set_tensor(detail["index"], x)
+        self.interpreter.invoke()
+        self.inputs = [self.graph.held_input(k, x) for k, x in enumerate(inputs)]
+        return [self.interpreter.get_tensor(i).copy() for i in self.graph.outputs]
+
+    def local(self, index, values, inputs):
+        return None, "the TFLite interpreter runs the converted model whole; a layer alone is not"
+
+    def own(self, index: int, theirs: list, wide) -> Own:
+        """Layer `index`'s own error's terms on the target's values `theirs` (every layer's, as
+        `values` returned them), computed by `wide` (the float64 copy of the model)."""
+        layer = self.layered.layers[index]
+        walk = self.graph.walk(index)
+        if walk.why:
+            return Own(None, why=walk.why)
+        expected = {self.graph.tensor_of(j) for j in self.layered.fed_by[index]}
+        expected |= {
+            self.graph.input_tensor(k)
+            for k, t in enumerate(self.layered.model.inputs)
+            if any(t is a for a in self.layered.argument_tensors(index))
+        }
+        if walk.boundary != expected and walk.boundary != self._through_moves(index, expected):
+            return Own(
+                None,
+                why=f"TFLite computes `{layer.name}` from other values than the layer reads "
+                "(a fusion across layers)",
+            )
+        given = [_widened(a) for a in self.layered.arguments(index, theirs, self.inputs)]
+        exact = np.asarray(wide.call(index, given))
+        grid = self.graph.grid(index)
+        stored, why = self.stored(index, walk)
+        if stored is None and self.precision == "fp16" and wide.layers[index].weights:
+            # the converter stores every float constant in float16
+            stored = [np.asarray(w).astype(np.float16) for w in layer.get_weights()]
+        if why is None and grid is not None and walk.stages > 1:
+            why = (
+                f"TFLite computes it in {walk.stages} quantized steps ({', '.join(walk.ops)}), "
+                "each rounded to a grid of its own: an ideal rounded once does not model them"
+            )
+        if why is not None and self.precision == "fp32":
+            why, stored = None, None  # float32 constants are the layer's weights
+        if why is not None:
+            return Own(exact.astype(np.float32), None, grid, why)
+        ideal = (
+            exact
+            if stored is None
+            else _with_weights(wide.layers[index], stored, given, wide, index)
+        )
+        return Own(exact.astype(np.float32), ideal, grid)
+
+    def _through_moves(self, index: int, expected: set) -> set:
+        """`expected` with the value of each layer that only moves data (a ZeroPadding2D's PAD)
+        replaced by what that layer reads: a converter fuses such a layer into the op after it
+        (a convolution padding by itself), which then reads the same values."""
+        moved = set(expected)
+        for j in self.layered.fed_by[index]:
+            walk = self.graph.walk(j)
+            if walk.ops and not walk.why and set(walk.ops) <= _MOVING:
+                moved.discard(self.graph.tensor_of(j))
+                moved |= walk.boundary
+        return moved
+
+    def stored(self, index: int, walk=None):
+        """The weights the file stores for layer `index`, dequantized, in the order and layout
+        of the Keras layer's weights (None where the layer has none or they do not map back),
+        and why not where they should and do not."""
+        layer = self.layered.layers[index]
+        if not layer.weights:
+            return None, None
+        walk = walk or self.graph.walk(index)
+        kind = type(layer).__name__
+        constants = walk.constants
+        ops = walk.ops
+        keras = layer.get_weights()
+        try:
+            if (
+                kind in ("Conv2D", "DepthwiseConv2D", "Dense")
+                and ops[:1] in (["CONV_2D"], ["DEPTHWISE_CONV_2D"], ["FULLY_CONNECTED"])
+                and all(op == ops[0] for op, *_ in constants)
+            ):  # the op with the filter, then an activation of its own (a softmax)
+                return _filter_and_bias(kind, ops[0], constants, keras), None
+            if kind == "BatchNormalization" and ops[:1] == ["MUL"] and len(ops) <= 2:
+                return _batch_norm(layer, constants, keras), None
+        except _Unmapped as e:
+            return None, str(e)
+        return None, (
+            f"TFLite stores `{layer.name}`'s weights as constants of {', '.join(ops) or 'no op'} "
+            "that layerdiff does not map back onto the layer's weights"
+        )
+
+    def stored_for_checks(self, index: int):
+        """Layer `index`'s stored weights (named as Keras names them) and half a step of their
+        storage per element, where they map back."""
+        stored, _ = self.stored(index)
+        if stored is None:
+            return None
+        layer = self.layered.layers[index]
+        walk = self.graph.walk(index)
+        halves = _half_steps(layer, walk, stored)
+        return list(zip(layer.weights, stored, halves, strict=True))
+
+
+class _Unmapped(Exception):
+    pass
+
+
+@dataclass
+class _Walk:
+    ops: list
+    stages: int
+    constants: list  # (op name, input position, tensor detail, value as stored, dequantized)
+    boundary: set
+    why: str | None = None
+
+
+class _Graph:
+    """The interpreter's op graph: which op produces each tensor, which tensor holds each
+    listed layer's value (before its DEQUANTIZE), the model inputs' tensors."""
+
+    def __init__(self, interpreter, count: int):
+        self.interpreter = interpreter
+        self.details = {t["index"]: t for t in interpreter.get_tensor_details()}
+        self.ops = [op for op in interpreter._get_ops_details() if op["op_name"] != "DELEGATE"]
+        self.producer = {o: op for op in self.ops for o in op["outputs"]}
+        runner = interpreter.get_signature_runner()
+        self.input_details = list(runner.get_input_details().values())
+        out = runner.get_output_details()
+        # outputs are named output_0, output_1… in the order the model returns them
+        self.outputs = [out[f"output_{i}"]["index"] for i in range(count)]
+        self.layer_tensors = [self._before_dequantize(o) for o in self.outputs]
+        self.input_tensors = [self._quantized_input(d["index"]) for d in self.input_details]
+        self.known = {t: ("layer", i) for i, t in enumerate(self.layer_tensors)}
+        for k, t in enumerate(self.input_tensors):
+            self.known[t] = ("input", k)
+            self.known[self.input_details[k]["index"]] = ("input", k)
+
+    def _before_dequantize(self, tensor: int) -> int:
+        op = self.producer.get(tensor)
+        if op is not None and op["op_name"] == "DEQUANTIZE" and not self._constant(op["inputs"][0]):
+            return op["inputs"][0]
+        return tensor
+
+    def _quantized_input(self, tensor: int) -> int:
+        for op in self.ops:
+            if op["op_name"] == "QUANTIZE" and list(op["inputs"]) == [tensor]:
+                return op["outputs"][0]
+        return tensor
+
+    def _constant(self, tensor: int) -> bool:
+        if tensor in self.producer:
+            op = self.producer[tensor]
+            return op["op_name"] == "DEQUANTIZE" and self._constant(op["inputs"][0])
+        return all(tensor != d["index"] for d in self.input_details)
+
+    def tensor_of(self, layer: int) -> int:
+        return self.layer_tensors[layer]
+
+    def input_tensor(self, k: int) -> int:
+        return self.input_tensors[k]
+
+    def held_input(self, k: int, given):
+        """Model input `k` as the target holds it for its first op (quantized, dequantized)."""
+        t = self.input_tensors[k]
+        if t == self.input_details[k]["index"]:
+            return given
+        return dequantize(self.details[t], self.interpreter.get_tensor(t))
+
+    def grid(self, layer: int):
+        """`(dtype, scale, zero point)` of the value of `layer` where it is quantized."""
+        detail = self.details[self.layer_tensors[layer]]
+        scale, zero_point = detail["quantization"]
+        if detail["dtype"] not in (np.int8, np.uint8, np.int16) or scale == 0:
+            return None
+        return np.dtype(detail["dtype"]).name, float(scale), int(zero_point)
+
+    def walk(self, layer: int) -> _Walk:
+        """The ops that compute `layer`'s value from the values of other layers (or the model's
+        inputs), the constants they read and the values they start from."""
+        start = self.layer_tensors[layer]
+        ops, constants, boundary, seen = [], [], set(), set()
+        pending = [start]
+        while pending:
+            tensor = pending.pop()
+            if tensor in seen:
+                continue
+            seen.add(tensor)
+            if tensor != start and tensor in self.known:
+                boundary.add(tensor)
+                continue
+            op = self.producer.get(tensor)
+            if op is None:
+                if self._constant(tensor):
+                    continue
+                return _Walk(ops, 0, constants, boundary, f"tensor {tensor} has no producer")
+            ops.append(op["op_name"])
+            for position, i in enumerate(op["inputs"]):
+                if i < 0:
+                    continue
+                if self._constant(i):
+                    constants.append((op["op_name"], position, *self._stored(i)))
+                else:
+                    pending.append(i)
+        ops.reverse()
+        stages = sum(1 for op in ops if op not in _PASSING and op != "DEQUANTIZE")
+        return _Walk(ops, stages, constants, boundary)
+
+    def _stored(self, tensor: int):
+        """A constant's detail and its dequantized value (through a DEQUANTIZE of a float16
+        constant to the constant itself)."""
+        op = self.producer.get(tensor)
+        if op is not None:  # DEQUANTIZE of a stored float16 constant
+            tensor = op["inputs"][0]
+        detail = self.details[tensor]
+        return detail, dequantize(detail, self.interpreter.get_tensor(tensor))
+
+
+def dequantize(detail, value) -> np.ndarray:
+    """A stored tensor's real values, float64: `scale · (q − zero point)` along its quantized
+    dimension for integers with a scale, widened for floats."""
+    value = np.asarray(value)
+    q = detail["quantization_parameters"]
+    scales = np.asarray(q["scales"], dtype=np.float64)
+    if value.dtype.kind in "iu" and scales.size:
+        zero = np.asarray(q["zero_points"], dtype=np.float64)
+        shape = [1] * value.ndim
+        if scales.size > 1:
+            shape[q["quantized_dimension"]] = scales.size
+        return (value.astype(np.float64) - zero.reshape(shape)) * scales.reshape(shape)
+    return value.astype(np.float64)
+
+
+def _steps(detail, shape) -> np.ndarray:
+    """One quantization step per element of a stored integer tensor of `shape`."""
+    q = detail["quantization_parameters"]
+    scales = np.asarray(q["scales"], dtype=np.float64)
+    if scales.size <= 1:
+        return np.full(shape, scales.item() if scales.size else 0.0)
+    view = [1] * len(shape)
+    view[q["quantized_dimension"]] = scales.size
+    return np.broadcast_to(scales.reshape(view), shape)
+
+
+def _filter_and_bias(kind: str, op: str, constants, keras: list) -> list:
+    """A convolution's or a dense layer's stored filter and bias in Keras's layouts."""
+    by_position = {position: (detail, value) for _, position, detail, value in constants}
+    if 1 not in by_position:
+        raise _Unmapped(f"the {op} op reads no stored filter")
+    detail, w = by_position[1]
+    if kind == "Conv2D":  # OHWI → HWIO
+        kernel = w.transpose(1, 2, 3, 0)
+    elif kind == "DepthwiseConv2D":  # (1, H, W, C·M) → (H, W, C, M)
+        h, wd, c, m = keras[0].shape
+        kernel = w.reshape(h, wd, c, m)
+    else:  # FULLY_CONNECTED (O, I) → (I, O)
+        kernel = w.T
+    if kernel.shape != keras[0].shape:
+        raise _Unmapped(f"the stored filter has shape {w.shape}, the layer's {keras[0].shape}")
+    stored = [kernel]
+    if len(keras) > 1:
+        bias = by_position.get(2, (None, np.zeros(keras[1].shape)))[1]
+        stored.append(bias.reshape(keras[1].shape))
+    return stored
+
+
+def _batch_norm(layer, constants, keras: list) -> list:
+    """A BatchNormalization stored as `x·m (+ b)`: Keras's weights that give the same `m` and
+    `b`, scale `m·√(var+ε)` and offset `b + mean·m` (mean and variance kept)."""
+    names = [w.name for w in layer.weights]
+    weights = dict(zip(names, keras, strict=True))
+    mean, var = weights["moving_mean"].astype(np.float64), weights["moving_variance"]
+    root = np.sqrt(var.astype(np.float64) + layer.epsilon)
+    m = [v for op, _, _, v in constants if op == "MUL"]
+    b = [v for op, _, _, v in constants if op in ("ADD", "SUB")]
+    if len(m) != 1 or len(b) > 1:
+        raise _Unmapped("the batch norm's stored constants are not one scale and one offset")
+    m = np.broadcast_to(m[0].reshape(-1), mean.shape)
+    b = np.broadcast_to(b[0].reshape(-1), mean.shape) if b else np.zeros_like(mean)
+    if any(op == "SUB" for op, *_ in constants):
+        b = -b
+    stored = {"gamma": m * root, "beta": b + mean * m, "moving_mean": mean, "moving_variance": var}
+    if "gamma" not in weights or "beta" not in weights:
+        raise _Unmapped("a batch norm without scale or offset is not mapped back")
+    return [np.asarray(stored[n], dtype=np.float64) for n in names]
+
+
+def _half_steps(layer, walk, stored: list) -> list:
+    """Half a step of each stored weight's storage, per element, in the Keras layout: its
+    integer scale (a bias: its int32 scale), or the spacing of its float type."""
+
+    def half(detail, value):
+        if np.dtype(detail["dtype"]).kind in "iu":
+            return _steps(detail, value.shape) / 2
+        return np.spacing(np.abs(value).astype(detail["dtype"])).astype(np.float64) / 2
+
+    kind = type(layer).__name__
+    if kind in ("Conv2D", "DepthwiseConv2D", "Dense"):
+        by_position = {p: (d, v) for _, p, d, v in walk.constants}
+        halves = []
+        for slot, position in ((0, 1), (1, 2))[: len(stored)]:
+            if position in by_position:
+                raw = half(*by_position[position])
+                halves.append(_like_stored(kind, slot, raw, stored[slot].shape))
+            else:  # a bias the file does not store: zero, exactly
+                halves.append(np.zeros(stored[slot].shape))
+        return [np.ascontiguousarray(h, dtype=np.float64) for h in halves]
+    # a batch norm stored as x·m + b: its scale m·√(var+ε) and offset b + mean·m
+    names = [w.name for w in layer.weights]
+    keras = dict(zip(names, layer.get_weights(), strict=True))
+    root = np.sqrt(keras["moving_variance"].astype(np.float64) + layer.epsilon)
+    mean = np.abs(keras["moving_mean"].astype(np.float64))
+    halves = {n: np.zeros(root.shape) for n in names}
+    for op, _, detail, value in walk.constants:
+        h = np.broadcast_to(half(detail, value).reshape(-1), root.shape)
+        if op == "MUL":
+            halves["gamma"] = halves["gamma"] + h * root
+            halves["beta"] = halves["beta"] + h * mean
+        else:
+            halves["beta"] = halves["beta"] + h
+    return [np.ascontiguousarray(halves[n], dtype=np.float64) for n in names]
+
+
+def _like_stored(kind: str, slot: int, raw, shape) -> np.ndarray:
+    """A per-element array of the stored filter (slot 0) or bias in the Keras layout."""
+    if slot == 1:
+        return np.asarray(raw).reshape(shape)
+    if kind == "Conv2D":
+        return np.asarray(raw).transpose(1, 2, 3, 0)
+    if kind == "DepthwiseConv2D":
+        return np.asarray(raw).reshape(shape)
+    return np.asarray(raw).T
+
+
+def _with_weights(layer, weights: list, given, wide, index: int) -> np.ndarray:
+    """`wide`'s layer `index` called on `given` with `weights` in place of its own."""
+    own = layer.get_weights()
+    layer.set_weights([np.asarray(w, dtype=np.float64) for w in weights])
+    try:
+        return np.asarray(wide.call(index, given))
+    finally:
+        layer.set_weights(own)
+
+
+def _widened(x):
+    x = np.asarray(x)
+    return x.astype(np.float64) if x.dtype.kind == "f" else x
