@@ -21,6 +21,9 @@ pub enum TflitePrecision {
 /// A Keras side that TensorFlow computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KerasSpec {
+    /// TensorFlow eager: what computes a Keras model's reference, so an op backend
+    /// (`layerdiff ops --backends tf`) and never a Keras model's target.
+    Tf,
     /// The model under `tf.function(jit_compile=True)`: XLA's fusions and kernels.
     Xla,
     /// The model saved as a SavedModel and loaded back with `tf.saved_model.load`.
@@ -32,12 +35,13 @@ pub enum KerasSpec {
 impl KerasSpec {
     /// Whether `text` names a Keras side rather than a runtime.
     pub fn names_keras(text: &str) -> bool {
-        matches!(text, "xla" | "savedmodel" | "tflite") || text.starts_with("tflite:")
+        matches!(text, "tf" | "xla" | "savedmodel" | "tflite") || text.starts_with("tflite:")
     }
 
-    /// Parses `xla`, `savedmodel`, `tflite`, `tflite:fp16`, `tflite:int8`.
+    /// Parses `tf`, `xla`, `savedmodel`, `tflite`, `tflite:fp16`, `tflite:int8`.
     pub fn parse(text: &str) -> Result<Self, String> {
         Ok(match text {
+            "tf" => Self::Tf,
             "xla" => Self::Xla,
             "savedmodel" => Self::SavedModel,
             "tflite" | "tflite:fp32" => Self::Tflite(TflitePrecision::F32),
@@ -50,7 +54,7 @@ impl KerasSpec {
             }
             _ => {
                 return Err(format!(
-                    "unknown Keras side `{text}` (expected xla, savedmodel, tflite, tflite:fp16 or tflite:int8)"
+                    "unknown Keras side `{text}` (expected tf, xla, savedmodel, tflite, tflite:fp16 or tflite:int8)"
                 ));
             }
         })
@@ -59,6 +63,7 @@ impl KerasSpec {
     /// The spelling that parses back to it.
     pub fn spelling(&self) -> String {
         match self {
+            Self::Tf => "tf",
             Self::Xla => "xla",
             Self::SavedModel => "savedmodel",
             Self::Tflite(TflitePrecision::F32) => "tflite",
@@ -81,7 +86,14 @@ mod tests {
 
     #[test]
     fn keras_sides_parse_back_and_misspellings_name_the_choices() {
-        for text in ["xla", "savedmodel", "tflite", "tflite:fp16", "tflite:int8"] {
+        for text in [
+            "tf",
+            "xla",
+            "savedmodel",
+            "tflite",
+            "tflite:fp16",
+            "tflite:int8",
+        ] {
             assert!(KerasSpec::names_keras(text));
             assert_eq!(KerasSpec::parse(text).unwrap().spelling(), text);
         }

@@ -64,6 +64,11 @@ impl TargetSpec {
 
     /// Why this target does not fit a model of `framework` (`PyTorch`, `Keras`), if it does not.
     pub fn unfit_for(&self, framework: &str) -> Option<String> {
+        if *self == Self::Keras(KerasSpec::Tf) {
+            return Some(
+                "`tf` is TensorFlow eager, which computes a Keras model's reference itself: it is an op backend (`layerdiff ops --backends tf,xla`); a Keras model's target is a runtime for its ONNX file (`ort`, `tract`, `openvino`) or `xla`, `savedmodel`, `tflite`".to_string(),
+            );
+        }
         let (side, verb) = match self {
             Self::Torch(_) if framework != "PyTorch" => ("a PyTorch side", "torch"),
             Self::Keras(_) if framework != "Keras" => ("a Keras side", "keras"),

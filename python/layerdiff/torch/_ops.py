@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import os
 import sys
 import time
@@ -21,9 +22,47 @@ import torch
 
 from layerdiff import _layerdiff, _ort
 from layerdiff.torch._op_cases import CASES, Case
-from layerdiff.torch._op_cell import DTYPES, Task, export_case, is_onnx, run_cell, torch_backend
+from layerdiff.torch._op_cell import (
+    DTYPES,
+    Said,
+    Task,
+    export_case,
+    is_onnx,
+    make_inputs,
+    rounded,
+    run_cell,
+    torch_backend,
+)
 
 DEFAULT_BACKENDS = ["torch", "torch:compile", "ort", "ort:opt=all", "tract"]
+
+
+# TensorFlow's op backends: the same spelling as the Keras sides (`xla` is TensorFlow's XLA
+# everywhere), computed in a process of their own (`layerdiff.keras._op_calls`).
+TF_BACKENDS = {"tf": "eager", "xla": "XLA (tf.function(jit_compile=True))"}
+
+
+def _tf_version() -> str | None:
+    """The installed TensorFlow's version, without importing it (it cannot share a process
+    with PyTorch's triton)."""
+    import importlib.metadata
+    import importlib.util
+
+    if importlib.util.find_spec("tensorflow") is None:
+        return None
+    for dist in ("tensorflow", "tensorflow-cpu"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "?"
+
+
+def _is_keras(backend: str) -> bool:
+    try:
+        return _layerdiff.side_spec(backend).kind == "keras"
+    except _layerdiff.UsageError:
+        return False
 
 
 def available_backends() -> list[str]:
@@ -42,6 +81,9 @@ def available_backends() -> list[str]:
     # OpenVINO's CPU plugin, where its library is installed (its own kernels and fusions)
     if describe("openvino")[1] is None:
         backends.append("openvino")
+    # TensorFlow eager and XLA, where TensorFlow is installed
+    if _tf_version() is not None:
+        backends += list(TF_BACKENDS)
     return backends
 
 
@@ -74,9 +116,21 @@ def describe(backend: str) -> tuple[str, str | None]:
             raise  # a misspelling, not a runtime this machine lacks
         except _layerdiff.LayerdiffError as e:
             return backend, str(e)
+    if _is_keras(backend):
+        if backend not in TF_BACKENDS:
+            raise _layerdiff.UsageError(
+                f"backend `{backend}` runs a converted model, not one op: TensorFlow's op "
+                "backends are `tf` (eager) and `xla`"
+            )
+        version = _tf_version()
+        what = f"TensorFlow {version or ''} {TF_BACKENDS[backend]} on cpu".replace("  ", " ")
+        if version is None:
+            return what, "TensorFlow is not installed (pip install 'layerdiff[tf]')"
+        return what, None
     raise _layerdiff.UsageError(
-        f"backend `{backend}` computes nothing: an op backend is torch[:DEVICE][:compile] or a "
-        "runtime (ort[:PROVIDER][:opt=LEVEL], tract, openvino[:precision=P])"
+        f"backend `{backend}` computes nothing: an op backend is torch[:DEVICE][:compile], "
+        "a runtime (ort[:PROVIDER][:opt=LEVEL], tract, openvino[:precision=P]) or TensorFlow "
+        "(tf, xla)"
     )
 
 
@@ -242,10 +296,75 @@ def _run_matrix(run, cases, dtypes, names, unavailable, custom, seed, opset, exp
                 )
     started = time.monotonic()
     say(f"running {len(tasks)} cells")
-    cells += run(run_cell, [t for t in tasks if t.backend not in custom])
-    cells += [run_cell(t, custom) for t in tasks if t.backend in custom]
+    here = dict(custom)
+    tensorflow = [t for t in tasks if t.backend in TF_BACKENDS and t.backend not in custom]
+    if tensorflow:
+        say(f"computing {len(tensorflow)} cells in TensorFlow, in a process of its own")
+        answers = _in_tensorflow(tensorflow, seed)
+        for name in TF_BACKENDS:
+            here.setdefault(name, functools.partial(_answered, answers, name))
+    cells += run(run_cell, [t for t in tasks if t.backend not in here])
+    cells += [run_cell(t, here) for t in tasks if t.backend in here]
     say(f"{len(tasks)} cells in {time.monotonic() - started:.1f}s")
     return cells
+
+
+def _in_tensorflow(tasks: list, seed: int) -> dict:
+    """Each TensorFlow cell's result, `(case, backend, dtype)` → a tensor or the exception its
+    cell reports, computed by `layerdiff.keras._op_calls` in a process of its own on the very
+    inputs the other backends get."""
+    import json
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+
+    arrays, requests = {}, []
+    for t in tasks:
+        case = CASES[t.case]
+        key = f"{t.case}.{t.dtype}"
+        args = rounded(make_inputs(case, seed), DTYPES[t.dtype])
+        for k, a in enumerate(args):
+            arrays[f"{key}.{k}"] = a.float().numpy() if a.is_floating_point() else a.numpy()
+        requests.append({
+            "call": case.call, "kwargs": case.kwargs, "keywords": list(case.keywords),
+            "dtype": t.dtype, "backend": t.backend, "inputs": key, "count": len(args),
+        })  # fmt: skip
+    answers = {}
+    with tempfile.TemporaryDirectory() as work:
+        folder = Path(work)
+        np.savez(folder / "inputs.npz", **arrays)
+        (folder / "requests.json").write_text(json.dumps(requests))
+        done = subprocess.run(
+            [sys.executable, "-m", "layerdiff.keras._op_calls", str(folder)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            lines = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
+            failed = Said(f"TensorFlow's process failed: {lines[-1]}")
+            return {(t.case, t.backend, t.dtype): failed for t in tasks}
+        said = json.loads((folder / "results.json").read_text())
+        with np.load(folder / "results.npz") as results:
+            for i, (t, answer) in enumerate(zip(tasks, said, strict=True)):
+                if "error" in answer:
+                    value = Said(answer["error"])
+                else:
+                    got = torch.from_numpy(results[str(i)]).to(getattr(torch, answer["dtype"]))
+                    value = (got, answer["stages"])
+                answers[(t.case, t.backend, t.dtype)] = value
+    return answers
+
+
+def _answered(answers: dict, backend: str, case, args) -> tuple:
+    """A TensorFlow cell's result and the roundings its spelling adds, as a custom backend
+    gives them."""
+    dtype = next(str(a.dtype).removeprefix("torch.") for a in args if a.is_floating_point())
+    answer = answers[(case.name, backend, dtype)]
+    if isinstance(answer, Exception):
+        raise answer
+    return answer
 
 
 def _describe_input(spec: tuple) -> str:
