@@ -30,6 +30,22 @@ pub struct KerasArgs {
     /// scale).
     #[arg(long, default_value = "ort", value_parser = keras_target)]
     pub target: TargetSpec,
+    /// Compare with the model's PyTorch twin instead: a builder (`path/to/file.py:build`
+    /// returning the PyTorch model, which takes the inputs channels-first) or `twin`, a
+    /// built-in model's own. Keras layers pair with PyTorch modules by --weight-map, by name,
+    /// then in order among the layers that hold weights; 4-D values are compared NHWC, and each
+    /// module is re-run on Keras's values of its inputs.
+    #[arg(long, value_name = "BUILDER", conflicts_with_all = ["target", "onnx"])]
+    pub torch: Option<String>,
+    /// A JSON file mapping Keras layer names to the PyTorch module names they pair with
+    /// (`{"conv1": "stem.0"}`).
+    #[arg(long, value_name = "FILE", requires = "torch")]
+    pub weight_map: Option<PathBuf>,
+    /// Copy the twin's weights into the Keras model (converted layer by layer, layouts
+    /// included) before comparing, so only the architectures are compared. A built-in twin is
+    /// always copied.
+    #[arg(long, requires = "torch")]
+    pub copy_weights: bool,
     /// Compare against this ONNX file of the same model instead of converting one with tf2onnx.
     #[arg(long, value_name = "PATH")]
     pub onnx: Option<PathBuf>,

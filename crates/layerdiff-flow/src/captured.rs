@@ -115,6 +115,9 @@ pub enum CapturedTarget {
         info: SideInfo,
         /// How it computes each layer.
         computing: Computing,
+        /// Layers it has no counterpart of (another framework's model paired layer by
+        /// layer), with why: not compared.
+        unpaired: Vec<(usize, String)>,
     },
 }
 
@@ -159,8 +162,12 @@ impl CapturedRun {
                 note.as_deref(),
                 &mut clock,
             )?,
-            CapturedTarget::Pushed { info, computing } => (
-                same_layers(&c.layers),
+            CapturedTarget::Pushed {
+                info,
+                computing,
+                unpaired,
+            } => (
+                same_layers(&c.layers, unpaired),
                 Box::new(
                     PushedSide::new(
                         info.clone(),
@@ -295,6 +302,11 @@ impl CapturedRun {
         }
         if let Some(target) = engine.target.receiver() {
             let Some(value) = layer.target else {
+                if !keep {
+                    target.push(index, None); // a layer the target has no counterpart of
+                    engine.clock.lap("handing layers to the core", OWN);
+                    return engine.advance();
+                }
                 return Err(Error::Layers(format!(
                     "layer `{}` came without the target's value",
                     listed.call.name

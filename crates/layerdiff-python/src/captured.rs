@@ -37,7 +37,10 @@ impl CapturedRun {
     /// `channels_last`: the reference holds its values channels-last (Keras), so an ONNX value
     /// held channels-first is compared transposed back. A Keras target (`xla`, `tflite…`)
     /// hands its values over like a PyTorch one, from `target_runtime` (`tensorflow 2.21.0`).
-    #[pyo3(signature = (*, command, model, inputs, layers, options, seed, reference_runtime, reference_detail, onnx_path=None, ort_library=None, target_detail=None, target_note=None, reduced_math=None, lower_precision=None, timings=None, channels_last=false, target_runtime=None))]
+    /// `pushed`: the target is handed over from Python whatever the options' target is (a
+    /// Keras model's PyTorch twin), with `unpaired`: the layers it has no counterpart of, and
+    /// why.
+    #[pyo3(signature = (*, command, model, inputs, layers, options, seed, reference_runtime, reference_detail, onnx_path=None, ort_library=None, target_detail=None, target_note=None, reduced_math=None, lower_precision=None, timings=None, channels_last=false, target_runtime=None, pushed=false, unpaired=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -58,6 +61,8 @@ impl CapturedRun {
         timings: Option<Vec<(String, String, f64)>>,
         channels_last: bool,
         target_runtime: Option<String>,
+        pushed: bool,
+        unpaired: Option<Vec<(usize, String)>>,
     ) -> PyResult<Self> {
         let inputs = inputs
             .iter()
@@ -69,7 +74,7 @@ impl CapturedRun {
             .collect::<PyResult<Vec<_>>>()?;
         let fed_by = layers.iter().map(|layer| layer.fed_by()).collect();
         let target = match &options.target {
-            TargetSpec::Onnx(runtime) => CapturedTarget::Onnx {
+            TargetSpec::Onnx(runtime) if !pushed => CapturedTarget::Onnx {
                 path: onnx_path.ok_or_else(|| {
                     exceptions::UsageError::new_err("a runtime target needs the ONNX file")
                 })?,
@@ -77,10 +82,10 @@ impl CapturedRun {
                 ort_library,
                 note: target_note,
             },
-            pushed @ (TargetSpec::Torch(_) | TargetSpec::Keras(_)) => CapturedTarget::Pushed {
+            spec => CapturedTarget::Pushed {
                 info: SideInfo::new(
                     target_runtime.unwrap_or_else(|| reference_runtime.clone()),
-                    target_detail.unwrap_or_else(|| pushed.spelling()),
+                    target_detail.unwrap_or_else(|| spec.spelling()),
                 ),
                 computing: Computing {
                     module_types: listed.iter().map(|l| l.module_type.clone()).collect(),
@@ -88,6 +93,7 @@ impl CapturedRun {
                     fed_by,
                     lower_precision,
                 },
+                unpaired: unpaired.unwrap_or_default(),
             },
         };
         let request = CapturedComparison {

@@ -158,6 +158,10 @@ pub(crate) struct Command {
     onnx: Option<PathBuf>,
     /// `keras`: the opset tf2onnx converts to.
     opset: Option<u32>,
+    /// `keras`: the PyTorch twin, its map of layer names, and whether to copy its weights.
+    torch_twin: Option<String>,
+    weight_map: Option<PathBuf>,
+    copy_weights: bool,
     /// `grad`: the loss.
     loss: Option<String>,
     /// `torch`: the precision of the target (`fp16`, `bf16`, `int8`) and the layers kept in
@@ -195,6 +199,21 @@ impl Command {
     #[getter]
     fn opset(&self) -> Option<u32> {
         self.opset
+    }
+    /// `keras`: the PyTorch twin's builder (or `twin`), or None.
+    #[getter]
+    fn torch_twin(&self) -> Option<String> {
+        self.torch_twin.clone()
+    }
+    /// `keras`: the JSON file mapping Keras layer names to PyTorch module names.
+    #[getter]
+    fn weight_map(&self) -> Option<PathBuf> {
+        self.weight_map.clone()
+    }
+    /// `keras`: whether the twin's weights are copied into the Keras model first.
+    #[getter]
+    fn copy_weights(&self) -> bool {
+        self.copy_weights
     }
     /// `torch`: the precision the target computes in (`fp16`, `bf16`, `int8`), or None.
     #[getter]
@@ -293,6 +312,9 @@ pub(crate) fn parse_cli(
                 exporter: Some(layerdiff_args::spelling(&a.exporter)),
                 onnx: a.onnx,
                 opset: None,
+                torch_twin: None,
+                weight_map: None,
+                copy_weights: false,
                 loss: None,
             };
             checked(py, "torch", command)
@@ -315,6 +337,9 @@ pub(crate) fn parse_cli(
                 exporter: None,
                 onnx: a.onnx,
                 opset: Some(a.opset),
+                torch_twin: a.torch.clone(),
+                weight_map: a.weight_map.clone(),
+                copy_weights: a.copy_weights,
                 dtype: None,
                 keep_fp32: Vec::new(),
                 batch_sizes: Vec::new(),
@@ -347,6 +372,9 @@ pub(crate) fn parse_cli(
                 exporter: None,
                 onnx: None,
                 opset: None,
+                torch_twin: None,
+                weight_map: None,
+                copy_weights: false,
                 dtype: None,
                 keep_fp32: Vec::new(),
                 batch_sizes: Vec::new(),

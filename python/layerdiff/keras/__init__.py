@@ -48,6 +48,9 @@ def compare_keras(
     workdir=None,
     progress=None,
     options=None,
+    torch_model=None,
+    weight_map: dict | None = None,
+    copy_weights: bool = False,
 ) -> Report:
     """Compares a functional Keras model, layer by layer, with ``target``: a runtime for its
     ONNX file (``"ort"``, ``"ort:opt=all"``, ``"tract"``, ``"openvino"``; the file converted by
@@ -57,6 +60,11 @@ def compare_keras(
     ``tolerance``, ``local``, ``float64`` and ``max_memory`` are as for
     ``layerdiff.torch.compare_torch_onnx``: the float64 truth is a copy of the model rebuilt in
     float64 with the same weights. ``options`` (an ``Options`` already parsed) replaces them.
+
+    ``torch_model``: compare with the model's PyTorch twin instead (it takes the inputs
+    channels-first): Keras layers pair with its modules by ``weight_map`` (Keras layer name →
+    module name), by name, then in order among the layers holding weights; ``copy_weights``
+    copies its weights into the Keras model first, converted layer by layer.
     """
     step = progress or (lambda message: None)
     inputs = tuple(
@@ -68,6 +76,15 @@ def compare_keras(
             float64=float64, framework="Keras",
         )  # fmt: skip
     options.check_file(onnx)  # the command line's rule for --onnx, kept in Rust
+    twin = None
+    if torch_model is not None:
+        from layerdiff.keras._twin import TorchTwin
+        from layerdiff.keras._twin import copy_weights as copy_into
+
+        if copy_weights:
+            step("copying the PyTorch twin's weights into the Keras model")
+            pairs, _ = _twin_pairs(model, torch_model, weight_map)
+            copy_into(pairs, model, torch_model)
     layered = Layered(model)
     if len(inputs) != len(model.inputs):
         raise _layerdiff.InputError(
@@ -88,7 +105,16 @@ def compare_keras(
             channels_last=True,
         )  # fmt: skip
         keras_side = options.keras_target
-        if keras_side is None:
+        if torch_model is not None:
+            flat_inputs = [flat(t.name, x) for t, x in zip(model.inputs, inputs, strict=True)]
+            step("running the PyTorch twin, every paired module's output kept")
+            side = twin = TorchTwin(layered, inputs, torch_model, weight_map)
+            twin.values(inputs)
+            run = _layerdiff.CapturedRun(
+                inputs=flat_inputs, target_runtime=side.runtime, target_detail=side.detail,
+                pushed=True, unpaired=sorted(side.unpaired.items()), **common,
+            )  # fmt: skip
+        elif keras_side is None:
             if onnx is None:
                 folder.mkdir(parents=True, exist_ok=True)
                 step(f"converting to ONNX with tf2onnx (opset {opset})")
@@ -139,11 +165,14 @@ def _stream(run, layered, values, inputs, side, options, step) -> None:
     whole = hasattr(side, "own")
     for index, layer in enumerate(layered.layers):
         extra = {}
-        if side is not None:
+        paired = side is not None and theirs[index] is not None
+        if paired:
             extra["target"] = flat(layer.name, theirs[index])
-        if side is not None and options.local and whole:
+        if not paired:
+            pass
+        elif options.local and whole:
             extra.update(_own(side, index, theirs, wide, layer.name))
-        elif side is not None and options.local:
+        elif options.local:
             local, why = side.local(index, values, inputs)
             if local is not None:
                 extra["local"] = flat(layer.name, local)
@@ -161,6 +190,14 @@ def _stream(run, layered, values, inputs, side, options, step) -> None:
                 baseline = False
         exact = flat(layer.name, truth[index]) if truth is not None else None
         run.add(index, flat(layer.name, values[index]), exact, **extra)
+
+
+def _twin_pairs(model, torch_model, weight_map):
+    from layerdiff.keras._twin import pair_layers
+
+    layered = Layered(model)
+    by_index, unpaired = pair_layers(layered, torch_model, weight_map)
+    return {layered.layers[i].name: name for i, name in by_index.items()}, unpaired
 
 
 def _own(side, index, theirs, wide, name) -> dict:
@@ -198,7 +235,8 @@ def _stored_weights(side, needed) -> tuple[dict, dict]:
         found = side.stored_for_checks(index) if hasattr(side, "stored_for_checks") else None
         if found:
             stored[index] = [_onnx_form(w, value) for w, value, _ in found]
-            halves[index] = [_onnx_form(w, half) for w, _, half in found]
+            if all(half is not None for *_, half in found):
+                halves[index] = [_onnx_form(w, half) for w, _, half in found]
     return stored, halves
 
 
@@ -214,6 +252,52 @@ def _onnx_form(weight, array):
     return flat(name, np.ascontiguousarray(array.astype(np.asarray(weight).dtype)))
 
 
+def load_twin(command):
+    """The PyTorch twin `--torch` names (a built-in model's `twin`, or a builder returning a
+    module) and the `--weight-map`, read."""
+    import json
+
+    import torch
+
+    from layerdiff._builders import builder_function
+
+    if command.torch_twin == "twin":
+        from layerdiff.keras.twins import twin
+
+        model = twin(command.model, command.seed)
+    else:
+        build = builder_function(command.torch_twin)
+        try:
+            torch.manual_seed(command.seed)
+            model = build()
+        except Exception as e:
+            raise _layerdiff.ModelError(
+                f"`{command.torch_twin}` failed: {type(e).__name__}: {e}"
+            ) from e
+        if isinstance(model, (tuple, list)):
+            model = model[0]
+        if not isinstance(model, torch.nn.Module):
+            raise _layerdiff.UsageError(
+                f"`{command.torch_twin}` returned a {type(model).__name__}, not a PyTorch module"
+            )
+    weight_map = None
+    if command.weight_map is not None:
+        try:
+            weight_map = json.loads(open(command.weight_map).read())
+        except (OSError, ValueError) as e:
+            raise _layerdiff.UsageError(
+                f"cannot read the weight map `{command.weight_map}`: {e}"
+            ) from e
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+        ):
+            raise _layerdiff.UsageError(
+                f"the weight map `{command.weight_map}` must be a JSON object of Keras layer "
+                "names to PyTorch module names"
+            )
+    return model, weight_map
+
+
 def _widened(x):
     x = np.asarray(x)
     return x.astype(np.float64) if x.dtype.kind == "f" else x
@@ -223,8 +307,13 @@ def run_command(command, progress) -> int:
     """`layerdiff keras` as parsed: build or load the model, compare, deliver the report."""
     progress(f"loading {command.model} (seed {command.seed})")
     model, inputs = load_keras(command.model, command.seed)
+    twin, weight_map, copy = None, None, command.copy_weights
+    if command.torch_twin is not None:
+        twin, weight_map = load_twin(command)
+        copy = copy or command.torch_twin == "twin"
     report = compare_keras(
         model, inputs, onnx=command.onnx, opset=command.opset, name=command.model,
         seed=command.seed, workdir=command.out, progress=progress, options=command.options,
+        torch_model=twin, weight_map=weight_map, copy_weights=copy,
     )  # fmt: skip
     return report._native.deliver(command, report.inputs, command.seed, report.notes)

@@ -30,6 +30,20 @@ def _cnn() -> keras.Model:
     return keras.Model(image, y, name="keras_cnn")
 
 
+def _encoder() -> keras.Model:
+    """A post-norm BERT-style encoder block: multi-head attention, residual, layer norm, a GELU
+    feed-forward, residual, layer norm (16 tokens of width 32, 4 heads)."""
+    tokens = keras.Input((16, 32), name="tokens")
+    a = keras.layers.MultiHeadAttention(4, 8, name="attention")(tokens, tokens)
+    x = keras.layers.Add(name="residual1")([tokens, a])
+    x = keras.layers.LayerNormalization(epsilon=1e-5, name="norm1")(x)
+    f = keras.layers.Dense(64, activation="gelu", name="ff1")(x)
+    f = keras.layers.Dense(32, name="ff2")(f)
+    y = keras.layers.Add(name="residual2")([x, f])
+    y = keras.layers.LayerNormalization(epsilon=1e-5, name="norm2")(y)
+    return keras.Model(tokens, y, name="keras_encoder")
+
+
 def _mobilenet_v2() -> keras.Model:
     return keras.applications.MobileNetV2(
         input_shape=(96, 96, 3), alpha=0.35, weights=None, classes=100
@@ -39,6 +53,10 @@ def _mobilenet_v2() -> keras.Model:
 # name: (what it exercises, constructor)
 ZOO = {
     "keras_cnn": ("conv, batch norm, depthwise conv, a residual add, pooling", _cnn),
+    "keras_encoder": (
+        "a BERT-style encoder block: multi-head attention, layer norm, GELU feed-forward",
+        _encoder,
+    ),
     "keras_mobilenet_v2": (
         "keras.applications' MobileNetV2 (alpha 0.35, 96×96): inverted residuals, ReLU6",
         _mobilenet_v2,

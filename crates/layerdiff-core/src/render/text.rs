@@ -26,10 +26,15 @@ pub fn to_text(report: &Report) -> String {
             truth.runtime, truth.detail
         ));
     }
-    let counterpart = if report.target.runtime == "pytorch" {
-        "a counterpart"
-    } else {
+    // A target whose layers are ONNX values: what a layer lacks is a value in its file.
+    let in_onnx = report
+        .layers
+        .iter()
+        .any(|l| l.location.as_ref().is_some_and(|loc| loc.kind == "onnx"));
+    let counterpart = if in_onnx {
         "an ONNX counterpart"
+    } else {
+        "a counterpart"
     };
     out.push_str(&format!(
         "  layers: {} total, {} compared, {} without {counterpart}\n",

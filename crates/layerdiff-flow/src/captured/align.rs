@@ -104,7 +104,7 @@ pub(super) fn onnx_target(
 }
 
 /// Every layer against the same layer of a target that computes the same module calls.
-pub(super) fn same_layers(listed: &[ListedLayer]) -> Alignment {
+pub(super) fn same_layers(listed: &[ListedLayer], unpaired: &[(usize, String)]) -> Alignment {
     let mut alignment = Alignment {
         layers: Vec::new(),
         reference: Vec::new(),
@@ -115,10 +115,21 @@ pub(super) fn same_layers(listed: &[ListedLayer]) -> Alignment {
             .to_string(),
         shared: Shared::FirstLayerOwns,
     };
+    let unpaired: std::collections::HashMap<usize, &String> =
+        unpaired.iter().map(|(i, why)| (*i, why)).collect();
     for (index, l) in listed.iter().enumerate() {
-        alignment.layers.push(l.layer(index));
+        let mut layer = l.layer(index);
+        let counterpart = match unpaired.get(&index) {
+            Some(why) => {
+                layer.status = layerdiff_core::LayerStatus::Unmapped;
+                layer.reason = Some((*why).clone());
+                None
+            }
+            None => Some(l.call.name.clone()),
+        };
+        alignment.layers.push(layer);
         alignment.reference.push(l.call.name.clone());
-        alignment.target.push(Some(l.call.name.clone()));
+        alignment.target.push(counterpart);
         alignment.refutable.push(false);
     }
     alignment
