@@ -390,3 +390,13 @@ def test_the_command_line_pairs_a_users_twin_by_a_weight_map(tmp_path):
     bad = run_cli(*args[:4], "--weight-map", str(tmp_path / "bad.json"), "-q")
     assert bad.returncode == 2
     assert "`features.9`, no PyTorch module" in bad.stderr
+
+
+def test_an_op_tf2onnx_cannot_convert_is_named_not_left_for_the_runtime(tmp_path):
+    """An exact GELU becomes TensorFlow's Erfc, which tf2onnx leaves in the file as it is: the
+    conversion is refused naming the op and where, with what to do, before any runtime runs."""
+    model, inputs = load_keras("keras_encoder", 0)
+    with pytest.raises(_layerdiff.ModelError, match="left TensorFlow op.s. Erfc") as e:
+        to_onnx(model, inputs, tmp_path / "encoder.onnx", 17)
+    assert "ff1" in str(e.value)
+    assert not (tmp_path / "encoder.onnx").exists()

@@ -62,7 +62,8 @@ pub fn check_weight(
             target.shape, reference.shape
         ));
     }
-    if let Some(step) = half_step {
+    // a half step per element of the target's weight; one of another size says nothing
+    if let Some(step) = half_step.filter(|s| s.numel() == target.numel()) {
         return check_quantized(name, reference, target, step);
     }
     // The largest finite magnitude, read only where a difference needs it.
@@ -249,5 +250,42 @@ mod tests {
             }
             _ => panic!("a weight moved by far more than a bfloat16 step is a different weight"),
         }
+    }
+
+    #[test]
+    fn a_quantized_weight_is_held_to_its_half_steps_and_a_step_tensor_of_another_size_is_ignored() {
+        let reference = tensor(&[0.1, -0.2, 0.3, 1.7]);
+        let quantized = tensor(&[0.12, -0.2, 0.28, 1.72]);
+        let half = tensor(&[0.025; 4]);
+        assert!(matches!(
+            check_weight(
+                "w",
+                reference.view(),
+                quantized.view(),
+                true,
+                Some(half.view())
+            ),
+            WeightCheck::LowerPrecision(_)
+        ));
+        let narrow = tensor(&[0.01; 4]);
+        assert!(matches!(
+            check_weight(
+                "w",
+                reference.view(),
+                quantized.view(),
+                true,
+                Some(narrow.view())
+            ),
+            WeightCheck::Differs(_)
+        ));
+        // a side that handed one step for the whole weight: no panic, judged without it
+        let one = tensor(&[0.025]);
+        let _ = check_weight(
+            "w",
+            reference.view(),
+            quantized.view(),
+            true,
+            Some(one.view()),
+        );
     }
 }

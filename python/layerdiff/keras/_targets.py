@@ -40,6 +40,23 @@ def to_onnx(model, inputs, path: Path, opset: int) -> Path:
         raise _layerdiff.ModelError(
             f"tf2onnx could not convert `{model.name}`: {type(e).__name__}: {e}"
         ) from e
+    # tf2onnx leaves an op it cannot convert in the file as it is, under TensorFlow's name
+    import onnx
+
+    missing = [
+        n
+        for n in proto.graph.node
+        if not onnx.defs.has(n.op_type, n.domain or "") and n.domain in ("", "ai.onnx")
+    ]
+    if missing:
+        ops = sorted({n.op_type for n in missing})
+        raise _layerdiff.ModelError(
+            f"tf2onnx could not convert `{model.name}` to ONNX (opset {opset}): it left "
+            f"TensorFlow op(s) {', '.join(ops)} that ONNX has no such op for, at "
+            f"`{missing[0].name}`\nhint: compare with TensorFlow itself (--target xla, "
+            "savedmodel, tflite) or build the layer from ops tf2onnx converts (an exact GELU's "
+            "Erfc: use `approximate=True`)"
+        )
     path.write_bytes(proto.SerializeToString())
     return path
 

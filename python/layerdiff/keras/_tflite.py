@@ -161,11 +161,13 @@ class Tflite:
         grid = self.graph.grid(index)
         stored, why = self.stored(index, walk)
         if stored is None and self.precision == "fp16" and wide.layers[index].weights:
-            # the converter stores every float constant in float16
+            # the converter stores every float constant in float16, each rounded alone
             stored = [np.asarray(w).astype(np.float16) for w in layer.get_weights()]
+            why = None
         if why is None and grid is not None and walk.stages > 1:
             why = (
-                f"TFLite computes it in {walk.stages} quantized steps ({', '.join(walk.ops)}), "
+                f"TFLite computes it in {walk.stages} quantized steps "
+                f"({', '.join(walk.computing)}), "
                 "each rounded to a grid of its own: an ideal rounded once does not model them"
             )
         if why is not None and self.precision == "fp32":
@@ -200,23 +202,28 @@ class Tflite:
             return None, None
         walk = walk or self.graph.walk(index)
         kind = type(layer).__name__
-        constants = walk.constants
+        # the stored weights, not the shapes and indices that reshapes and gathers read
+        constants = [c for c in walk.constants if _is_weight(c[2])]
         ops = walk.ops
         keras = layer.get_weights()
+        holders = sorted({op for op, *_ in constants})
         try:
             if (
                 kind in ("Conv2D", "DepthwiseConv2D", "Dense")
-                and ops[:1] in (["CONV_2D"], ["DEPTHWISE_CONV_2D"], ["FULLY_CONNECTED"])
-                and all(op == ops[0] for op, *_ in constants)
-            ):  # the op with the filter, then an activation of its own (a softmax)
-                return _filter_and_bias(kind, ops[0], constants, keras), None
+                and holders in (["CONV_2D"], ["DEPTHWISE_CONV_2D"], ["FULLY_CONNECTED"])
+                and ops.count(holders[0]) == 1
+            ):
+                # the op with the filter, with reshapes around it (a Dense on a sequence) and
+                # an activation of its own after it (a softmax)
+                return _filter_and_bias(kind, holders[0], constants, keras), None
             if kind == "BatchNormalization" and ops[:1] == ["MUL"] and len(ops) <= 2:
                 return _batch_norm(layer, constants, keras), None
         except _Unmapped as e:
             return None, str(e)
         return None, (
-            f"TFLite stores `{layer.name}`'s weights as constants of {', '.join(ops) or 'no op'} "
-            "that layerdiff does not map back onto the layer's weights"
+            f"TFLite stores `{layer.name}`'s weights as constants of "
+            f"{', '.join(holders) or 'no op'} that layerdiff does not map back onto the "
+            "layer's weights"
         )
 
     def stored_for_checks(self, index: int):
@@ -242,6 +249,7 @@ class _Walk:
     constants: list  # (op name, input position, tensor detail, value as stored, dequantized)
     boundary: set
     why: str | None = None
+    computing: list | None = None  # the ops among `ops` that compute values
 
 
 class _Graph:
@@ -309,6 +317,7 @@ class _Graph:
         inputs), the constants they read and the values they start from."""
         start = self.layer_tensors[layer]
         ops, constants, boundary, seen = [], [], set(), set()
+        computing = []  # ops that round a value (not a shape or an index) to its grid
         pending = [start]
         while pending:
             tensor = pending.pop()
@@ -324,6 +333,10 @@ class _Graph:
                     continue
                 return _Walk(ops, 0, constants, boundary, f"tensor {tensor} has no producer")
             ops.append(op["op_name"])
+            if op["op_name"] not in _PASSING | {"QUANTIZE", "DEQUANTIZE"} and _is_weight(
+                self.details[op["outputs"][0]]
+            ):
+                computing.append(op["op_name"])
             for position, i in enumerate(op["inputs"]):
                 if i < 0:
                     continue
@@ -332,8 +345,8 @@ class _Graph:
                 else:
                     pending.append(i)
         ops.reverse()
-        stages = sum(1 for op in ops if op not in _PASSING and op != "DEQUANTIZE")
-        return _Walk(ops, stages, constants, boundary)
+        computing.reverse()
+        return _Walk(ops, len(computing), constants, boundary, computing=computing)
 
     def _stored(self, tensor: int):
         """A constant's detail and its dequantized value (through a DEQUANTIZE of a float16
@@ -343,6 +356,13 @@ class _Graph:
             tensor = op["inputs"][0]
         detail = self.details[tensor]
         return detail, dequantize(detail, self.interpreter.get_tensor(tensor))
+
+
+def _is_weight(detail) -> bool:
+    """Whether a tensor holds values (a weight, an activation): a float, or an integer with a
+    scale (an int8 filter or activation, an int32 bias), not a shape or an index."""
+    kind = np.dtype(detail["dtype"]).kind
+    return kind == "f" or (kind in "iu" and len(detail["quantization_parameters"]["scales"]) > 0)
 
 
 def dequantize(detail, value) -> np.ndarray:
@@ -424,8 +444,9 @@ def _half_steps(layer, walk, stored: list) -> list:
         return np.spacing(np.abs(value).astype(detail["dtype"])).astype(np.float64) / 2
 
     kind = type(layer).__name__
+    constants = [c for c in walk.constants if _is_weight(c[2])]
     if kind in ("Conv2D", "DepthwiseConv2D", "Dense"):
-        by_position = {p: (d, v) for _, p, d, v in walk.constants}
+        by_position = {p: (d, v) for _, p, d, v in constants}
         halves = []
         for slot, position in ((0, 1), (1, 2))[: len(stored)]:
             if position in by_position:
@@ -440,7 +461,7 @@ def _half_steps(layer, walk, stored: list) -> list:
     root = np.sqrt(keras["moving_variance"].astype(np.float64) + layer.epsilon)
     mean = np.abs(keras["moving_mean"].astype(np.float64))
     halves = {n: np.zeros(root.shape) for n in names}
-    for op, _, detail, value in walk.constants:
+    for op, _, detail, value in constants:
         h = np.broadcast_to(half(detail, value).reshape(-1), root.shape)
         if op == "MUL":
             halves["gamma"] = halves["gamma"] + h * root
