@@ -1,12 +1,14 @@
 """Regenerates examples/reports/ (`make reports`): every built-in model (`layerdiff zoo`) against
 its ONNX export at float32, against the export converted to float16, and against PyTorch in
 bfloat16 (ONNX Runtime has no bfloat16 conversion), each with seeded random weights and inputs;
-the batch axis (1, 8, 32) of ResNet-50 and of the GPT-2-style decoder; and the summary table
-in docs/results.md, between its `reports` markers. Each run is the `layerdiff` command as a user
-runs it; exit code 1 (a defect found) is an answer, not a failure of this script.
+the batch axis (1, 8, 32) of ResNet-50 and of the GPT-2-style decoder; the Keras models on each
+of `layerdiff keras`'s paths (tf2onnx on ONNX Runtime, XLA, TFLite float16 and int8, the PyTorch
+twin); and the summary table in docs/results.md, between its `reports` markers. Each run is
+the `layerdiff` command as a user runs it; exit code 1 (a defect found) is an answer, not a
+failure of this script.
 
-`python scripts/reports.py t5 gpt2` regenerates those models' reports only; `--table` only
-rewrites that table from the committed JSON."""
+`python scripts/reports.py t5 gpt2` regenerates those models' reports only (`keras`: the Keras
+ones); `--table` only rewrites that table from the committed JSON."""
 
 from __future__ import annotations
 
@@ -26,6 +28,16 @@ PRECISIONS = {
     "bf16": ["--target", "torch", "--dtype", "bf16"],
 }
 AXES = {"resnet50": "1,8,32", "gpt2": "1,8,32"}
+# `layerdiff keras` on each of its paths: report name → arguments.
+KERAS = {
+    "keras_mobilenet_v2_onnx": ["keras_mobilenet_v2"],
+    "keras_mobilenet_v2_xla": ["keras_mobilenet_v2", "--target", "xla"],
+    "keras_mobilenet_v2_tflite_fp16": ["keras_mobilenet_v2", "--target", "tflite:fp16"],
+    "keras_mobilenet_v2_tflite_int8": ["keras_mobilenet_v2", "--target", "tflite:int8"],
+    "keras_encoder_tflite_int8": ["keras_encoder", "--target", "tflite:int8"],
+    "keras_cnn_torch_twin": ["keras_cnn", "--torch", "twin"],
+    "keras_encoder_torch_twin": ["keras_encoder", "--torch", "twin"],
+}
 
 
 def models() -> list[str]:
@@ -34,8 +46,25 @@ def models() -> list[str]:
     return list(ZOO)
 
 
+def run_keras() -> None:
+    """Each Keras path, as `layerdiff keras` runs it (TensorFlow in its own process)."""
+    for stem, args in KERAS.items():
+        path = OUT / stem
+        layerdiff(
+            "keras", *args, "--seed", "0", "-q",
+            "--json", f"{path}.json", "--markdown", f"{path}.md",
+            "--html", f"{path}.html", "--svg", f"{path}.svg",
+        )  # fmt: skip
+        Path(f"{path}.inputs.safetensors").unlink(missing_ok=True)
+
+
 def run_all(only: list[str]) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
+    if not only or "keras" in only:
+        run_keras()
+    only = [name for name in only if name != "keras"] if only else only
+    if only == [] and sys.argv[1:]:
+        return
     for name in only or models():
         for precision, flags in PRECISIONS.items():
             stem = OUT / f"{name}_{precision}"
@@ -89,6 +118,28 @@ def table(folder: Path = OUT) -> str:
                 f"| {s['verdict'].replace('_', ' ')} | {len(s['defects'])} "
                 f"| {worst} | {f'`{origin}`' if origin else 'none'} | {cause or '—'} | {kept} |"
             )
+    rows += [
+        "\n| Keras model | target | layers | compared | exceeding | verdict | defects "
+        "| worst (max abs diff) | drift origin | cause |",
+        "|---|---|---:|---:|---:|---|---:|---|---|---|",
+    ]
+    for stem, args in KERAS.items():
+        path = folder / f"{stem}.json"
+        if not path.exists():
+            continue
+        r = json.loads(path.read_text())
+        s = r["summary"]
+        worst = s["worst"]["max_abs_diff"]
+        worst = f"{_sci(worst['value'])} `{worst['layer']}`" if worst else "—"
+        origin = s["drift_origin"]
+        cause = next((x["cause"] for x in r["layers"] if x["name"] == origin), None)
+        target = " ".join(args[1:]) or "--target ort (tf2onnx)"
+        rows.append(
+            f"| [{args[0]}](../{path.relative_to(ROOT).with_suffix('.md')}) | `{target}` "
+            f"| {s['layers_total']} | {s['layers_compared']} | {s['layers_exceeding']} "
+            f"| {s['verdict'].replace('_', ' ')} | {len(s['defects'])} "
+            f"| {worst} | {f'`{origin}`' if origin else 'none'} | {cause or '—'} |"
+        )
     for name in AXES:
         path = folder / f"{name}_batch.json"
         if not path.exists():

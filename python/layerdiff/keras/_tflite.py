@@ -111,7 +111,8 @@ class Tflite:
         )
         try:
             # the converter prints the model it saves on stdout, where reports may go
-            with contextlib.redirect_stdout(io.StringIO()):
+            with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "statistics for quantized inputs…": float I/O
                 self.flatbuffer = type(self).convert(layered.every, self.precision, inputs)
         except Exception as e:
             raise _layerdiff.ModelError(
