@@ -90,6 +90,21 @@ def _sci(v) -> str:
     return "—" if v is None else f"{v:.2e}"
 
 
+def _row(path: Path, name: str, label: str, r: dict) -> str:
+    """One report's row: its model (linked), `label`, and its summary's numbers."""
+    s = r["summary"]
+    worst = s["worst"]["max_abs_diff"]
+    worst = f"{_sci(worst['value'])} `{worst['layer']}`" if worst else "—"
+    origin = s["drift_origin"]
+    cause = next((x["cause"] for x in r["layers"] if x["name"] == origin), None)
+    return (
+        f"| [{name}](../{path.relative_to(ROOT).with_suffix('.md')}) | {label} "
+        f"| {s['layers_total']} | {s['layers_compared']} | {s['layers_exceeding']} "
+        f"| {s['verdict'].replace('_', ' ')} | {len(s['defects'])} "
+        f"| {worst} | {f'`{origin}`' if origin else 'none'} | {cause or '—'} |"
+    )
+
+
 def table(folder: Path = OUT) -> str:
     """The summary table of docs/results.md, from the committed reports (links from docs/)."""
     rows = [
@@ -103,21 +118,11 @@ def table(folder: Path = OUT) -> str:
             if not path.exists():
                 continue
             r = json.loads(path.read_text())
-            s = r["summary"]
-            worst = s["worst"]["max_abs_diff"]
-            worst = f"{_sci(worst['value'])} `{worst['layer']}`" if worst else "—"
-            origin = s["drift_origin"]
-            cause = next((x["cause"] for x in r["layers"] if x["name"] == origin), None)
             check = (r.get("keep_float32") or {}).get("check")
             kept = "—"
             if check:
                 kept = check["verdict"].split(":")[0].replace("keeping ", "")
-            rows.append(
-                f"| [{name}](../{path.relative_to(ROOT).with_suffix('.md')}) | {precision} "
-                f"| {s['layers_total']} | {s['layers_compared']} | {s['layers_exceeding']} "
-                f"| {s['verdict'].replace('_', ' ')} | {len(s['defects'])} "
-                f"| {worst} | {f'`{origin}`' if origin else 'none'} | {cause or '—'} | {kept} |"
-            )
+            rows.append(f"{_row(path, name, precision, r)} {kept} |")
     rows += [
         "\n| Keras model | target | layers | compared | exceeding | verdict | defects "
         "| worst (max abs diff) | drift origin | cause |",
@@ -125,21 +130,9 @@ def table(folder: Path = OUT) -> str:
     ]
     for stem, args in KERAS.items():
         path = folder / f"{stem}.json"
-        if not path.exists():
-            continue
-        r = json.loads(path.read_text())
-        s = r["summary"]
-        worst = s["worst"]["max_abs_diff"]
-        worst = f"{_sci(worst['value'])} `{worst['layer']}`" if worst else "—"
-        origin = s["drift_origin"]
-        cause = next((x["cause"] for x in r["layers"] if x["name"] == origin), None)
-        target = " ".join(args[1:]) or "--target ort (tf2onnx)"
-        rows.append(
-            f"| [{args[0]}](../{path.relative_to(ROOT).with_suffix('.md')}) | `{target}` "
-            f"| {s['layers_total']} | {s['layers_compared']} | {s['layers_exceeding']} "
-            f"| {s['verdict'].replace('_', ' ')} | {len(s['defects'])} "
-            f"| {worst} | {f'`{origin}`' if origin else 'none'} | {cause or '—'} |"
-        )
+        if path.exists():
+            target = " ".join(args[1:]) or "--target ort (tf2onnx)"
+            rows.append(_row(path, args[0], f"`{target}`", json.loads(path.read_text())))
     for name in AXES:
         path = folder / f"{name}_batch.json"
         if not path.exists():

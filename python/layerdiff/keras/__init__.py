@@ -257,7 +257,13 @@ def load_twin(command):
     module) and the `--weight-map`, read."""
     import json
 
-    import torch
+    try:
+        import torch
+    except ImportError as e:
+        raise _layerdiff.UsageError(
+            "--torch compares with a PyTorch model and needs PyTorch\n"
+            "hint: pip install 'layerdiff[torch]'"
+        ) from e
 
     from layerdiff._builders import builder_function
 
