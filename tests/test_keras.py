@@ -400,3 +400,55 @@ def test_an_op_tf2onnx_cannot_convert_is_named_not_left_for_the_runtime(tmp_path
         to_onnx(model, inputs, tmp_path / "encoder.onnx", 17)
     assert "ff1" in str(e.value)
     assert not (tmp_path / "encoder.onnx").exists()
+
+
+@pytest.mark.parametrize("target", ["xla", "savedmodel"])
+def test_a_layer_tensorflow_computes_wrong_is_named_on_the_xla_and_savedmodel_paths(
+    cnn, monkeypatch, target
+):
+    """A stand-in for a compiler or a reloaded graph that computes one layer wrong (its
+    values 2% too large): the headline names that layer. XLA re-runs it alone, wrong too: an
+    op_implementation defect; a SavedModel cannot re-run a layer, so the layer is where the
+    drift is born, and nothing else is blamed."""
+    from layerdiff.keras import _targets
+
+    side = {"xla": _targets.Xla, "savedmodel": _targets.SavedModel}[target]
+    model, inputs = cnn
+    names = [layer.name for layer in model.layers[1:]]
+    wrong = names.index("conv2")
+    right_values, right_local = side.values, side.local
+
+    def values(self, given):
+        out = right_values(self, given)
+        out[wrong] = out[wrong] * np.float32(1.02)
+        return out
+
+    def local(self, index, values_, given):
+        found, why = right_local(self, index, values_, given)
+        if found is not None and index == wrong:
+            found = found * np.float32(1.02)
+        return found, why
+
+    monkeypatch.setattr(side, "values", values)
+    monkeypatch.setattr(side, "local", local)
+    report = compare_keras(model, inputs, target=target)
+    s = report.data["summary"]
+    assert s["first_exceeding"] == "conv2", s
+    assert s["drift_origin"] == "conv2", s
+    if target == "xla":
+        assert [(d["layer"], d["cause"]) for d in s["defects"]] == [
+            ("conv2", "op_implementation")
+        ], s
+    else:
+        assert s["verdict"] in ("defect", "undecided"), s
+        assert all(d["layer"] == "conv2" for d in s["defects"]), s
+
+
+def test_a_savedmodel_folder_given_as_the_model_says_what_to_compare_instead(tmp_path, cnn):
+    model, _ = cnn
+    folder = tmp_path / "saved"
+    tf.saved_model.save(tf.Module(), str(folder))
+    result = run_cli("keras", str(folder))
+    assert result.returncode == 2
+    assert "is a SavedModel folder" in result.stderr
+    assert "--target savedmodel" in result.stderr

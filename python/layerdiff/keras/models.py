@@ -93,6 +93,13 @@ def load_keras(spec: str, seed: int):
         except Exception as e:
             raise _layerdiff.ModelError(f"cannot load `{spec}`: {type(e).__name__}: {e}") from e
         return model, _example(model, seed)
+    if (Path(spec) / "saved_model.pb").is_file():
+        raise _layerdiff.UsageError(
+            f"`{spec}` is a SavedModel folder: it holds a traced graph, not Keras layers, so it "
+            "cannot be compared layer by layer\nhint: compare the Keras model it was saved "
+            "from (a `.keras` file or a builder) with `--target savedmodel`, which saves and "
+            "reloads it"
+        )
     if ":" not in spec:
         raise _layerdiff.UsageError(
             f"unknown Keras model `{spec}`: expected a built-in name ({', '.join(ZOO)}), a "
