@@ -20,9 +20,11 @@
 //! square in steps, about 1/√12 ≈ 0.29 for rounding alone); here it is held to the ideal
 //! quantized computation on the same inputs rather than to a fixed number.
 //!
-//! A grid whose range clips much of a layer's values ([`SATURATION_LIMIT`] of them) is a
-//! calibration defect even though the kernel is honest: the range the converter chose for this
-//! value is too narrow for what the model computes here.
+//! A grid whose range clips much of the reference's values of a layer ([`SATURATION_LIMIT`] of
+//! them) is a calibration defect even though the kernel is honest: the range the converter
+//! chose for this value is too narrow for what the model computes here. It is counted on the
+//! reference's values, not the target's inputs: values pushed out of range by a defect
+//! upstream are that defect's, not this range's.
 
 use serde::Serialize;
 
@@ -52,8 +54,8 @@ pub struct Quantization {
     pub qmin: i64,
     /// The largest integer.
     pub qmax: i64,
-    /// Elements whose exact value lies outside the range the grid can hold (clipped), once
-    /// measured.
+    /// Elements whose reference value lies outside the range the grid can hold (clipped, for
+    /// what the model computes), once measured.
     pub saturated: u64,
     /// Elements measured.
     pub elements: u64,
@@ -118,16 +120,23 @@ impl Quantization {
 /// The own error of a quantized layer: the target's value `target` (`t`, dequantized) against
 /// `exact` (`x`, the layer in float64 on the target's own inputs with the reference's
 /// weights), judged by the rule in the module docs with `ideal` (`w`, the same with the
-/// weights the target stores, before rounding): `base = |q(w) − x|`. Fills in `grid`'s
-/// measured fields and returns the judgment as a [`Baseline`] whose grid is the integer type.
+/// weights the target stores, before rounding): `base = |q(w) − x|`; the grid's clipping is
+/// counted on `reference` (the reference's value of the layer). Fills in `grid`'s measured
+/// fields and returns the judgment as a [`Baseline`] whose grid is the integer type.
 pub fn assess_quantized(
     target: TensorView<'_>,
     exact: TensorView<'_>,
     ideal: TensorView<'_>,
+    reference: TensorView<'_>,
     grid: &mut Quantization,
 ) -> Result<Baseline, String> {
     let n = target.numel();
-    for (what, other) in [("exact", &exact), ("ideal", &ideal)] {
+    let others = [
+        ("exact", &exact),
+        ("ideal", &ideal),
+        ("reference's", &reference),
+    ];
+    for (what, other) in others {
         if other.numel() != n {
             return Err(format!(
                 "the {what} value has {} elements, the target's {n}",
@@ -135,15 +144,17 @@ pub fn assess_quantized(
             ));
         }
     }
-    let (mut t, mut x, mut w) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+    let (mut t, mut x, mut w, mut y) = (vec![0.0; n], vec![0.0; n], vec![0.0; n], vec![0.0; n]);
     crate::compare::decode(target.dtype, target.bytes, &mut t);
     crate::compare::decode(exact.dtype, exact.bytes, &mut x);
     crate::compare::decode(ideal.dtype, ideal.bytes, &mut w);
+    crate::compare::decode(reference.dtype, reference.bytes, &mut y);
     let (lo, hi) = grid.range();
     let step = grid.scale;
     let (mut base_max, mut base_sum, mut own_max, mut own_sum, mut own_sq) =
         (0.0f64, 0.0, 0.0f64, 0.0, 0.0);
-    let mut saturated = 0u64;
+    let outside = |v: f64| v < lo - step / 2.0 || v > hi + step / 2.0;
+    let saturated = y.iter().filter(|&&v| v.is_finite() && outside(v)).count() as u64;
     for ((&t, &x), &w) in t.iter().zip(&x).zip(&w) {
         if !(t.is_finite() && x.is_finite() && w.is_finite()) {
             continue;
@@ -155,7 +166,6 @@ pub fn assess_quantized(
         own_max = own_max.max(own);
         own_sum += own;
         own_sq += own * own;
-        saturated += u64::from(w < lo - step / 2.0 || w > hi + step / 2.0);
     }
     let count = n.max(1) as f64;
     let allowed_max = base_max + QUANTIZED_MAX_STEPS * step;
@@ -187,7 +197,7 @@ mod tests {
 
     fn judged(x: &[f64], t: &[f64], grid: &mut Quantization) -> Baseline {
         let x = tensor(x);
-        assess_quantized(tensor(t).view(), x.view(), x.view(), grid).unwrap()
+        assess_quantized(tensor(t).view(), x.view(), x.view(), x.view(), grid).unwrap()
     }
 
     #[test]

@@ -194,7 +194,7 @@ impl Pairs<'_> {
         let Some(own) = self.target.own_exact(value) else {
             return false;
         };
-        let Some(target) = self.target.get(value) else {
+        let Some((reference, target)) = self.pair(i) else {
             return true;
         };
         if layer.status != LayerStatus::Compared {
@@ -209,7 +209,8 @@ impl Pairs<'_> {
         let assessed = match &own.grid {
             Some(grid) => {
                 let mut grid: Quantization = grid.clone();
-                let b = assess_quantized(target.view(), exact.view(), ideal.view(), &mut grid);
+                let (t, x, w) = (target.view(), exact.view(), ideal.view());
+                let b = assess_quantized(t, x, w, reference.view(), &mut grid);
                 layer.quantization = Some(grid);
                 b
             }

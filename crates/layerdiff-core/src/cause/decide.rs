@@ -209,7 +209,7 @@ pub(super) fn quantized(
         .map_or((0.0, 0.0), |s| (s.max_abs_diff, s.mean_abs_diff));
     let clipped = || {
         format!(
-            "{} of its {} exact values ({:.1}%) lie outside the range of its grid {}: the range calibrated for this value is too narrow for what the model computes here, and the target clips them",
+            "{} of the reference's {} values here ({:.1}%) lie outside the range of its grid {}: the range calibrated for this value is too narrow for what the model computes here, and the target clips them",
             grid.saturated,
             grid.elements,
             100.0 * grid.saturated as f64 / grid.elements.max(1) as f64,
