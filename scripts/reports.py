@@ -35,6 +35,7 @@ KERAS = {
     "keras_mobilenet_v2_tflite_fp16": ["keras_mobilenet_v2", "--target", "tflite:fp16"],
     "keras_mobilenet_v2_tflite_int8": ["keras_mobilenet_v2", "--target", "tflite:int8"],
     "keras_encoder_tflite_int8": ["keras_encoder", "--target", "tflite:int8"],
+    "keras_cnn_tflite_dynamic": ["keras_cnn", "--target", "tflite:dynamic"],
     "keras_cnn_torch_twin": ["keras_cnn", "--torch", "twin"],
     "keras_encoder_torch_twin": ["keras_encoder", "--torch", "twin"],
 }

@@ -452,3 +452,30 @@ def test_a_savedmodel_folder_given_as_the_model_says_what_to_compare_instead(tmp
     assert result.returncode == 2
     assert "is a SavedModel folder" in result.stderr
     assert "--target savedmodel" in result.stderr
+
+
+def test_dynamic_range_quantization_is_held_to_a_bound_of_its_input_rounding(cnn, monkeypatch):
+    """Dynamic range: the larger weights in int8 (conv2's, here), activations rounded to int8
+    by the kernel as it runs. conv2's own error is held to the layer with its stored weights
+    plus the most that rounding its input can move it: precision, well within. Its filter's
+    scale 1.3× too large is a weight_mismatch at conv2."""
+    model, inputs = cnn
+    report = compare_keras(model, inputs, target="tflite:dynamic")
+    s = report.data["summary"]
+    assert s["verdict"] == "precision" and not s["defects"], s
+    conv2 = layers(report)["conv2"]
+    assert conv2["cause"] == "precision_loss", conv2
+    assert "quantize their float inputs to int8" in conv2["detail"]
+    assert conv2["baseline"]["multiple"] < 1.0
+    assert "dynamic-range int8" in report.data["target"]["detail"]
+
+    from layerdiff.keras._tflite import Tflite
+
+    def edit(tree, graph, tensor_named):
+        q = tensor_named("conv2_1/convolution").quantization
+        q.scale = [s * 1.3 for s in q.scale]
+
+    monkeypatch.setattr(Tflite, "convert", edited_tflite(edit))
+    report = compare_keras(model, inputs, target="tflite:dynamic")
+    s = report.data["summary"]
+    assert [(d["layer"], d["cause"]) for d in s["defects"]] == [("conv2", "weight_mismatch")], s

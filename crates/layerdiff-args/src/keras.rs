@@ -27,7 +27,8 @@ pub struct KerasArgs {
     /// `savedmodel` (saved and loaded back), `tflite` (the TFLite converter and interpreter,
     /// float32), `tflite:fp16` (float16 weights), `tflite:int8` (full-integer quantization,
     /// calibrated on the compared inputs and draws like them; judged in steps of each value's
-    /// scale).
+    /// scale), `tflite:dynamic` (dynamic range: int8 weights, activations quantized as the
+    /// kernels run).
     #[arg(long, default_value = "ort", value_parser = keras_target)]
     pub target: TargetSpec,
     /// Compare with the model's PyTorch twin instead: a builder (`path/to/file.py:build`

@@ -324,6 +324,7 @@ impl CapturedRun {
                         ideal: layer.own_ideal.map(|t| t.to_tensor()),
                         grid: layer.quantization,
                         why: layer.own_why,
+                        slack: layer.own_slack.map(|t| t.to_tensor()),
                     },
                 );
             }
@@ -404,6 +405,8 @@ pub struct Handed<'a> {
     pub own_ideal: Option<TensorView<'a>>,
     /// Why there is no `own_ideal`.
     pub own_why: Option<String>,
+    /// How far the ideal may move per element by what it cannot model (see [`crate::Own`]).
+    pub own_slack: Option<TensorView<'a>>,
     /// The grid the target quantizes the layer's value to, where it does.
     pub quantization: Option<layerdiff_core::Quantization>,
 }

@@ -1,6 +1,6 @@
 //! Keras sides spelled like runtimes, parsed once: the model compiled by XLA (`xla`), reloaded
 //! from a SavedModel (`savedmodel`), or converted by the TFLite converter and run by its
-//! interpreter (`tflite[:fp32|fp16|int8]`). The Python package computes them (TensorFlow lives
+//! interpreter (`tflite[:fp32|fp16|int8|dynamic]`). The Python package computes them (TensorFlow lives
 //! there) and hands their values over layer by layer.
 
 use std::fmt;
@@ -16,6 +16,9 @@ pub enum TflitePrecision {
     /// Full-integer quantization: int8 weights and activations, calibrated on a representative
     /// dataset; float inputs and outputs.
     Int8,
+    /// Dynamic-range quantization: int8 weights (the larger ones), float activations that the
+    /// kernels quantize to int8 as they run.
+    Dynamic,
 }
 
 /// A Keras side that TensorFlow computes.
@@ -38,7 +41,8 @@ impl KerasSpec {
         matches!(text, "tf" | "xla" | "savedmodel" | "tflite") || text.starts_with("tflite:")
     }
 
-    /// Parses `tf`, `xla`, `savedmodel`, `tflite`, `tflite:fp16`, `tflite:int8`.
+    /// Parses `tf`, `xla`, `savedmodel`, `tflite`, `tflite:fp16`, `tflite:int8`,
+    /// `tflite:dynamic`.
     pub fn parse(text: &str) -> Result<Self, String> {
         Ok(match text {
             "tf" => Self::Tf,
@@ -47,14 +51,10 @@ impl KerasSpec {
             "tflite" | "tflite:fp32" => Self::Tflite(TflitePrecision::F32),
             "tflite:fp16" => Self::Tflite(TflitePrecision::F16),
             "tflite:int8" => Self::Tflite(TflitePrecision::Int8),
-            "tflite:dynamic" => {
-                return Err(
-                    "`tflite:dynamic` (dynamic-range quantization) is not compared yet: its kernels quantize activations as they run, which layerdiff does not model; use tflite:int8 (full-integer) or tflite:fp16".to_string(),
-                );
-            }
+            "tflite:dynamic" => Self::Tflite(TflitePrecision::Dynamic),
             _ => {
                 return Err(format!(
-                    "unknown Keras side `{text}` (expected tf, xla, savedmodel, tflite, tflite:fp16 or tflite:int8)"
+                    "unknown Keras side `{text}` (expected tf, xla, savedmodel, tflite, tflite:fp16, tflite:int8 or tflite:dynamic)"
                 ));
             }
         })
@@ -69,6 +69,7 @@ impl KerasSpec {
             Self::Tflite(TflitePrecision::F32) => "tflite",
             Self::Tflite(TflitePrecision::F16) => "tflite:fp16",
             Self::Tflite(TflitePrecision::Int8) => "tflite:int8",
+            Self::Tflite(TflitePrecision::Dynamic) => "tflite:dynamic",
         }
         .to_string()
     }
@@ -93,6 +94,7 @@ mod tests {
             "tflite",
             "tflite:fp16",
             "tflite:int8",
+            "tflite:dynamic",
         ] {
             assert!(KerasSpec::names_keras(text));
             assert_eq!(KerasSpec::parse(text).unwrap().spelling(), text);
@@ -103,8 +105,6 @@ mod tests {
         );
         let err = KerasSpec::parse("tflite:int4").unwrap_err();
         assert!(err.contains("unknown Keras side `tflite:int4`"), "{err}");
-        let err = KerasSpec::parse("tflite:dynamic").unwrap_err();
-        assert!(err.contains("not compared yet"), "{err}");
         assert!(!KerasSpec::names_keras("ort"));
     }
 }

@@ -224,7 +224,10 @@ impl Pairs<'_> {
             layer.baseline_reason = Some(format!("no ideal of the target's computation: {why}"));
             return true;
         }
-        match assessed {
+        match assessed.map(|b| match &own.slack {
+            Some(slack) => widened(b, slack, layer.local.as_ref()),
+            None => b,
+        }) {
             Ok(b) => layer.baseline = Some(b),
             Err(why) => {
                 layer.baseline_reason = Some(format!("its exact value does not fit: {why}"))
@@ -348,4 +351,26 @@ fn unfit(reference: &Tensor, target: &Tensor, value: &str) -> Option<String> {
             reference.shape
         )
     })
+}
+
+/// `b` with `slack` (per element, what the ideal cannot model) added to what precision
+/// explains: its largest element to the largest allowed, its mean to the mean; the multiple
+/// recomputed from the layer's own error.
+fn widened(
+    mut b: layerdiff_core::Baseline,
+    slack: &Tensor,
+    own: Option<&layerdiff_core::Stats>,
+) -> layerdiff_core::Baseline {
+    let view = slack.view();
+    let n = view.numel().max(1);
+    let values: Vec<f64> = (0..view.numel()).map(|i| view.get_f64(i)).collect();
+    let largest = values.iter().copied().fold(0.0f64, f64::max);
+    b.allowed_max_abs_diff += largest;
+    b.allowed_mean_abs_diff += values.iter().sum::<f64>() / n as f64;
+    if let Some(own) = own {
+        let ratio = |d: f64, allowed: f64| if allowed > 0.0 { d / allowed } else { 0.0 };
+        b.multiple = ratio(own.max_abs_diff, b.allowed_max_abs_diff)
+            .max(ratio(own.mean_abs_diff, b.allowed_mean_abs_diff));
+    }
+    b
 }

@@ -156,6 +156,10 @@ pub struct Own {
     pub grid: Option<Quantization>,
     /// Why there is no ideal.
     pub why: Option<String>,
+    /// Per element, how far the ideal may move by what the side does to the layer's inputs as
+    /// it runs and the ideal cannot model exactly (a kernel quantizing its float input to int8
+    /// on the fly): added to what precision explains.
+    pub slack: Option<Tensor>,
 }
 
 /// Re-runs a group of a side's own computation on given values: what local error, and the

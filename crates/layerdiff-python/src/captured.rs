@@ -167,9 +167,10 @@ impl CapturedRun {
     /// `local_error`, and how far a second re-run disagreed: `disagreement`); runs the segments
     /// it completes. A target that runs its model whole hands `own_exact` instead of `local`:
     /// the layer computed exactly on the target's own inputs with the reference's weights,
-    /// `own_ideal` with the weights the target stores (or `own_why` there is none), and
+    /// `own_ideal` with the weights the target stores (or `own_why` there is none; `own_slack`:
+    /// how far per element it may move by what it cannot model), and
     /// `quantization` = `(dtype, scale, zero_point)` where it quantizes the value.
-    #[pyo3(signature = (index, value, float64=None, target=None, local=None, local_error=None, disagreement=None, baseline=None, baseline_grid=None, own_exact=None, own_ideal=None, own_why=None, quantization=None))]
+    #[pyo3(signature = (index, value, float64=None, target=None, local=None, local_error=None, disagreement=None, baseline=None, baseline_grid=None, own_exact=None, own_ideal=None, own_why=None, own_slack=None, quantization=None))]
     #[allow(clippy::too_many_arguments)]
     fn add(
         &mut self,
@@ -186,6 +187,7 @@ impl CapturedRun {
         own_exact: Option<FlatTensor<'_>>,
         own_ideal: Option<FlatTensor<'_>>,
         own_why: Option<String>,
+        own_slack: Option<FlatTensor<'_>>,
         quantization: Option<(String, f64, i64)>,
     ) -> PyResult<()> {
         let quantization = quantization
@@ -214,6 +216,7 @@ impl CapturedRun {
             own_exact: view(&own_exact)?,
             own_ideal: view(&own_ideal)?,
             own_why,
+            own_slack: view(&own_slack)?,
             quantization,
         };
         let run = self.active_mut()?;

@@ -214,6 +214,8 @@ def _own(side, index, theirs, wide, name) -> dict:
     extra = {"own_exact": flat(name, own.exact), "quantization": own.grid}
     if own.ideal is not None:
         extra["own_ideal"] = flat(name, own.ideal)
+        if own.slack is not None:
+            extra["own_slack"] = flat(name, own.slack)
     else:
         extra["own_why"] = own.why
     return extra

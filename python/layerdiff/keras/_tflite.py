@@ -35,6 +35,7 @@ PRECISIONS = {
     "tflite": "fp32",
     "tflite:fp16": "fp16",
     "tflite:int8": "int8",
+    "tflite:dynamic": "dynamic",
 }
 
 _WORDS = {
@@ -42,7 +43,13 @@ _WORDS = {
     "fp16": "float16 weights, float32 computation",
     "int8": "full-integer int8, calibrated on the compared inputs and "
     f"{CALIBRATION_DRAWS} draws like them",
+    "dynamic": "dynamic-range int8: the larger weights in int8, activations quantized to int8 "
+    "by the kernels as they run",
 }
+# The most an activation's rounding by a hybrid kernel can change a layer, per unit of the
+# linear part's bound: the slope of the activation applied after it (ReLU, ReLU6 1, GELU and
+# SiLU about 1.13).
+_ACTIVATION_SLOPE = 1.25
 
 # TFLite ops that compute nothing (a layer made of these is its input re-labelled).
 _PASSING = {"RESHAPE", "SQUEEZE", "EXPAND_DIMS"}
@@ -60,6 +67,7 @@ class Own:
     ideal: np.ndarray | None = None
     grid: tuple | None = None
     why: str | None = None
+    slack: np.ndarray | None = None
 
 
 def convert(model, precision: str, inputs) -> bytes:
@@ -68,6 +76,8 @@ def convert(model, precision: str, inputs) -> bytes:
     if precision == "fp16":
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
         converter.target_spec.supported_types = [tf.float16]
+    elif precision == "dynamic":
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]  # no representative dataset
     elif precision == "int8":
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
@@ -105,6 +115,11 @@ class Tflite:
         self.precision = PRECISIONS[spelling]
         if self.precision == "fp16":
             self.lower_precision = "TFLite stores its weights in float16 and computes in float32"
+        elif self.precision == "dynamic":
+            self.lower_precision = (
+                "TFLite stores the larger weights in int8 and its kernels quantize their float "
+                "inputs to int8 as they run"
+            )
         self.detail = (
             f"TFLite converter and interpreter ({_WORDS[self.precision]}), "
             f"tensorflow {tf.__version__}, cpu"
@@ -171,7 +186,13 @@ class Tflite:
                 f"({', '.join(walk.computing)}), "
                 "each rounded to a grid of its own: an ideal rounded once does not model them"
             )
-        if why is not None and self.precision == "fp32":
+        float32 = self.precision == "fp32" or (
+            self.precision == "dynamic"
+            and all(
+                np.dtype(c[2]["dtype"]) == np.float32 for c in walk.constants if _is_weight(c[2])
+            )
+        )
+        if why is not None and float32:
             why, stored = None, None  # float32 constants are the layer's weights
         if why is not None:
             return Own(exact.astype(np.float32), None, grid, why)
@@ -180,7 +201,10 @@ class Tflite:
             if stored is None
             else _with_weights(wide.layers[index], stored, given, wide, index)
         )
-        return Own(exact.astype(np.float32), ideal, grid)
+        slack = None
+        if walk.hybrid and stored is not None:
+            slack = _input_rounding(wide.layers[index], stored, given, wide, index)
+        return Own(exact.astype(np.float32), ideal, grid, slack=slack)
 
     def _through_moves(self, index: int, expected: set) -> set:
         """`expected` with the value of each layer that only moves data (a ZeroPadding2D's PAD)
@@ -251,6 +275,7 @@ class _Walk:
     boundary: set
     why: str | None = None
     computing: list | None = None  # the ops among `ops` that compute values
+    hybrid: bool = False  # an op reads int8 weights and float values (dynamic range)
 
 
 class _Graph:
@@ -319,6 +344,7 @@ class _Graph:
         start = self.layer_tensors[layer]
         ops, constants, boundary, seen = [], [], set(), set()
         computing = []  # ops that round a value (not a shape or an index) to its grid
+        hybrid = False
         pending = [start]
         while pending:
             tensor = pending.pop()
@@ -334,6 +360,7 @@ class _Graph:
                     continue
                 return _Walk(ops, 0, constants, boundary, f"tensor {tensor} has no producer")
             ops.append(op["op_name"])
+            hybrid = hybrid or self._hybrid(op)
             if op["op_name"] not in _PASSING | {"QUANTIZE", "DEQUANTIZE"} and _is_weight(
                 self.details[op["outputs"][0]]
             ):
@@ -347,7 +374,14 @@ class _Graph:
                     pending.append(i)
         ops.reverse()
         computing.reverse()
-        return _Walk(ops, len(computing), constants, boundary, computing=computing)
+        return _Walk(ops, len(computing), constants, boundary, computing=computing, hybrid=hybrid)
+
+    def _hybrid(self, op) -> bool:
+        """Whether `op` is a hybrid kernel: int8 weights read as they are, float values in."""
+        if op["op_name"] not in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"):
+            return False
+        values, weights = (self.details[i] for i in op["inputs"][:2])
+        return np.dtype(values["dtype"]).kind == "f" and np.dtype(weights["dtype"]) == np.int8
 
     def _stored(self, tensor: int):
         """A constant's detail and its dequantized value (through a DEQUANTIZE of a float16
@@ -481,6 +515,26 @@ def _like_stored(kind: str, slot: int, raw, shape) -> np.ndarray:
     if kind == "DepthwiseConv2D":
         return np.asarray(raw).reshape(shape)
     return np.asarray(raw).T
+
+
+def _input_rounding(layer, stored: list, given, wide, index: int) -> np.ndarray:
+    """Per output element, the most a hybrid kernel's rounding of its float input to int8 can
+    move the layer: each input element moved by up to one step of the widest such rounding
+    (max |x| / 127: symmetric per tensor; asymmetric or per-row roundings step less), through
+    the absolute weights, times the activation's slope. A bound, not an estimate: a kernel
+    beyond it computes something else."""
+    x = np.asarray(given[0], dtype=np.float64)
+    step = float(np.abs(x).max()) / 127.0
+    absolute = [np.abs(stored[0])] + [np.zeros_like(w) for w in stored[1:]]
+    activation = getattr(layer, "activation", None)
+    if activation is not None:
+        layer.activation = lambda v: v  # the linear part; the slope is allowed for below
+    try:
+        moved = _with_weights(layer, absolute, [np.full_like(x, step)] + given[1:], wide, index)
+    finally:
+        if activation is not None:
+            layer.activation = activation
+    return np.abs(np.asarray(moved)) * _ACTIVATION_SLOPE
 
 
 def _with_weights(layer, weights: list, given, wide, index: int) -> np.ndarray:
