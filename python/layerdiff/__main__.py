@@ -1,7 +1,5 @@
 """`python -m layerdiff`: the `layerdiff` command."""
 
-import sys
+from layerdiff._cli import run
 
-from layerdiff._cli import main
-
-sys.exit(main())
+run()

@@ -192,5 +192,19 @@ def _along_axis(lt, command, model, inputs, progress) -> int:
     return axis.deliver(command, notes)
 
 
+def run() -> None:
+    """The `layerdiff` command itself: `main`, then out of the process at once. Tearing down
+    the interpreter with PyTorch, ONNX Runtime and TensorFlow loaded takes 1-2 s after the work
+    is done (the native libraries' destructors, their thread pools); the reports are written
+    and closed by then, so exit handlers run, the streams are flushed and the process ends."""
+    import atexit
+
+    code = main()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -147,8 +147,9 @@ def compare_keras(
 
 
 def _stream(run, layered, values, inputs, side, options, step) -> None:
-    """Hands each layer's value over with the float64 copy's and, for a Keras target, its
-    value there and the layer re-run there on the reference's inputs."""
+    """Hands each layer's value over with the float64 copy's and, for a target computed here,
+    its value there and its own error's terms: the layer re-run there on the reference's
+    inputs, or (a side that runs its model whole) recomputed on the side's own inputs."""
     truth, wide = None, None
     if options.float64:
         try:
@@ -165,19 +166,16 @@ def _stream(run, layered, values, inputs, side, options, step) -> None:
     whole = hasattr(side, "own")
     for index, layer in enumerate(layered.layers):
         extra = {}
-        paired = side is not None and theirs[index] is not None
-        if paired:
+        if side is not None and theirs[index] is not None:  # a twin may lack the layer
             extra["target"] = flat(layer.name, theirs[index])
-        if not paired:
-            pass
-        elif options.local and whole:
-            extra.update(_own(side, index, theirs, wide, layer.name))
-        elif options.local:
-            local, why = side.local(index, values, inputs)
-            if local is not None:
-                extra["local"] = flat(layer.name, local)
-            else:
-                extra["local_error"] = why
+            if options.local and whole:
+                extra.update(_own(side, index, theirs, wide, layer.name))
+            elif options.local:
+                local, why = side.local(index, values, inputs)
+                if local is not None:
+                    extra["local"] = flat(layer.name, local)
+                else:
+                    extra["local_error"] = why
         if baseline and not whole and values[index].dtype.kind == "f":
             # the same-precision baseline: the layer in float64 on Keras's (float32) values of
             # its inputs, what an exact kernel fed the same values computes
