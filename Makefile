@@ -47,8 +47,11 @@ browser:
 	    echo "note: chromium is missing and installing it needs root and apt-get: the browser test will be skipped"; \
 	  fi; }
 
+# The Rust tests build in release mode: they reuse the dependencies `build` compiled (a debug
+# build of them all, tract and ONNX Runtime's bindings among them, took minutes of a fresh
+# 2-core machine), and they run faster.
 test: build browser
-	cargo test --workspace --quiet
+	cargo test --workspace --release --quiet
 	$(PY) -m pytest -q
 	$(PY) -m pytest -q tests/test_keras.py  # TensorFlow in a process of its own (tests/conftest.py)
 
@@ -74,7 +77,7 @@ docs: build
 # Rewrite the engine's golden report (crates/layerdiff-flow/tests/golden/), after a change to
 # what reports say that is meant.
 golden:
-	LAYERDIFF_BLESS=1 cargo test --quiet -p layerdiff-flow --test engine golden
+	LAYERDIFF_BLESS=1 cargo test --release --quiet -p layerdiff-flow --test engine golden
 
 # Run the ONNX backend node tests through layerdiff and rewrite docs/conformance.md.
 conformance: build
