@@ -24,7 +24,7 @@ tf.get_logger().setLevel("ERROR")  # retracing notices: each layer compiled alon
 
 from layerdiff import _layerdiff, _ort  # noqa: E402
 from layerdiff.keras._layers import Layered, float64_copy  # noqa: E402
-from layerdiff.keras._targets import SIDES, to_onnx  # noqa: E402
+from layerdiff.keras._targets import SIDES, device, to_onnx  # noqa: E402
 from layerdiff.keras.models import ZOO, load_keras  # noqa: E402
 from layerdiff.report import Report  # noqa: E402
 from layerdiff.tensors import flat  # noqa: E402
@@ -94,7 +94,9 @@ def compare_keras(
     values = layered.run(inputs)
     listed = layered.listed(values, inputs)
     name = name or model.name
-    reference_detail = f"keras {keras.__version__}, tensorflow {tf.__version__}, cpu, float32"
+    reference_detail = (
+        f"keras {keras.__version__}, tensorflow {tf.__version__}, {device()}, float32"
+    )
     with contextlib.ExitStack() as stack:
         folder = (
             Path(workdir) if workdir else Path(stack.enter_context(tempfile.TemporaryDirectory()))

@@ -17,6 +17,13 @@ from layerdiff import _layerdiff
 from layerdiff.keras._tflite import PRECISIONS, Tflite
 
 
+def device() -> str:
+    """Where TensorFlow places the model's ops by default: its first GPU where it sees one
+    (a GPU build of TensorFlow), else the CPU."""
+    gpus = tf.config.list_logical_devices("GPU")
+    return f"gpu ({gpus[0].name})" if gpus else "cpu"
+
+
 def signature(model, inputs) -> list:
     return [
         tf.TensorSpec(x.shape, tf.as_dtype(x.dtype), name=t.name.split(":")[0])
@@ -65,9 +72,9 @@ class Xla:
     """The model under `tf.function(jit_compile=True)`; a layer alone is compiled the same way."""
 
     runtime = f"tensorflow {tf.__version__}"
-    detail = f"XLA (jit_compile=True), tensorflow {tf.__version__}, cpu"
 
     def __init__(self, layered, inputs):
+        self.detail = f"XLA (jit_compile=True), tensorflow {tf.__version__}, {device()}"
         self.layered = layered
         every = layered.every
         self.compiled = tf.function(lambda *xs: every(list(xs), training=False), jit_compile=True)
