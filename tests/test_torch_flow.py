@@ -217,6 +217,10 @@ def test_the_zoo_lists_real_architectures_with_their_size():
     assert "grouped-query attention" in result.stdout  # llama
     assert "encoder-decoder" in result.stdout  # t5
     assert "86.6M" in result.stdout  # vit_b_16, counted without allocating it
+    # the Keras built-ins too, listed without importing TensorFlow
+    for name in ("keras_cnn", "keras_encoder", "keras_mobilenet_v2"):
+        assert name in result.stdout
+    assert "--torch twin" in result.stdout
 
 
 def test_a_zoo_encoder_decoder_runs_through_both_exporters_without_false_drift(tmp_path):

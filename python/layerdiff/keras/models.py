@@ -10,6 +10,7 @@ import numpy as np
 
 from layerdiff import _layerdiff
 from layerdiff._builders import builder_function
+from layerdiff._keras_zoo import KERAS_MODELS
 
 
 def _cnn() -> keras.Model:
@@ -50,18 +51,9 @@ def _mobilenet_v2() -> keras.Model:
     )
 
 
+_BUILDERS = {"keras_cnn": _cnn, "keras_encoder": _encoder, "keras_mobilenet_v2": _mobilenet_v2}
 # name: (what it exercises, constructor)
-ZOO = {
-    "keras_cnn": ("conv, batch norm, depthwise conv, a residual add, pooling", _cnn),
-    "keras_encoder": (
-        "a BERT-style encoder block: multi-head attention, layer norm, GELU feed-forward",
-        _encoder,
-    ),
-    "keras_mobilenet_v2": (
-        "keras.applications' MobileNetV2 (alpha 0.35, 96×96): inverted residuals, ReLU6",
-        _mobilenet_v2,
-    ),
-}
+ZOO = {name: (KERAS_MODELS[name], build) for name, build in _BUILDERS.items()}
 
 
 def _example(model: keras.Model, seed: int) -> tuple:

@@ -171,6 +171,15 @@ def zoo_text() -> str:
         "\nAny of them: `layerdiff torch NAME`; your own: `layerdiff torch path/file.py:build`, "
         "or register one under the `layerdiff.torch.models` entry-point group."
     )
+    from layerdiff._keras_zoo import KERAS_MODELS
+
+    width = max(map(len, KERAS_MODELS))
+    lines.append(f"\n{'Keras model':<{width}}  exercises")
+    lines += [f"{name:<{width}}  {what}" for name, what in KERAS_MODELS.items()]
+    lines.append(
+        "\nAny of them: `layerdiff keras NAME` (needs `pip install 'layerdiff[tf]'`), against "
+        "its PyTorch twin: `--torch twin`."
+    )
     return "\n".join(lines) + "\n"
 
 
