@@ -321,12 +321,17 @@ fn table(report: &Report) -> String {
          <option value=\"unmapped\">not compared</option></select> <span id=\"shown\"></span></div>\n\
          <table id=\"layers\"><thead><tr>",
     );
+    let (value, node) = if super::onnx_located(report) {
+        ("ONNX value", "ONNX node")
+    } else {
+        ("target value", "target node")
+    };
     for head in [
         "#",
         "layer",
         "type",
-        "ONNX value",
-        "ONNX node",
+        value,
+        node,
         "op",
         "shape",
         "dtype",

@@ -126,9 +126,14 @@ pub fn to_markdown(report: &Report) -> String {
     }
 
     let _ = writeln!(out, "\n## Layers\n");
+    let located = if super::onnx_located(report) {
+        "ONNX value"
+    } else {
+        "target value"
+    };
     let _ = writeln!(
         out,
-        "| # | layer | type | ONNX value (op) | shape | tolerance | max abs diff | mean ULPs / × tolerance needed | local max abs diff | × what precision explains | mean abs diff | cosine | float64 distance (ref / target) | verdict |"
+        "| # | layer | type | {located} (op) | shape | tolerance | max abs diff | mean ULPs / × tolerance needed | local max abs diff | × what precision explains | mean abs diff | cosine | float64 distance (ref / target) | verdict |"
     );
     let _ = writeln!(
         out,

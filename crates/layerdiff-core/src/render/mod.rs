@@ -14,6 +14,15 @@ pub use markdown::to_markdown;
 pub use node_data::to_node_data;
 pub use text::to_text;
 
+/// Whether the target's layers are values of an ONNX file: the tables then name them so, and
+/// a layer without one lacks "an ONNX counterpart".
+pub(crate) fn onnx_located(report: &crate::Report) -> bool {
+    report
+        .layers
+        .iter()
+        .any(|l| l.location.as_ref().is_some_and(|loc| loc.kind == "onnx"))
+}
+
 /// Escapes text for HTML element content and double-quoted attributes (the HTML report, its
 /// chart, and the other verbs' pages).
 pub fn html_escape(text: &str) -> String {

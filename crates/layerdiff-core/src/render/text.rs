@@ -26,12 +26,7 @@ pub fn to_text(report: &Report) -> String {
             truth.runtime, truth.detail
         ));
     }
-    // A target whose layers are ONNX values: what a layer lacks is a value in its file.
-    let in_onnx = report
-        .layers
-        .iter()
-        .any(|l| l.location.as_ref().is_some_and(|loc| loc.kind == "onnx"));
-    let counterpart = if in_onnx {
+    let counterpart = if super::onnx_located(report) {
         "an ONNX counterpart"
     } else {
         "a counterpart"
