@@ -10,10 +10,10 @@ honest kernel computes before it rounds its output. The engine judges the target
 against both (``layerdiff_core::assess_quantized`` for a quantized value).
 
 The layer's computation in the file is found by walking back from its value to the values of
-the layers it reads (`_tflite_graph`): the TFLite ops in between, and the constants they read (the stored
-weights). A Conv2D, DepthwiseConv2D or Dense is one op whose filter and bias map back onto the
-Keras weights; a BatchNormalization is a MUL (and an ADD) by constants that map back onto its
-scale and offset.
+the layers it reads (`_tflite_graph`): the TFLite ops in between, and the constants they read
+(the stored weights). A Conv2D, DepthwiseConv2D or Dense is one op whose filter and bias map
+back onto the Keras weights; a BatchNormalization is a MUL (and an ADD) by constants that map
+back onto its scale and offset.
 """
 
 from __future__ import annotations
