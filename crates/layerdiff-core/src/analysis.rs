@@ -259,18 +259,12 @@ pub fn nothing_compared(layers: &[Layer], summary: &Summary) -> Option<String> {
 /// Sets one layer's tolerance and its exceedance flags (`exceeds_tol`, `local_exceeds`), from
 /// its own statistics: a streaming run judges each layer as soon as it is compared.
 pub fn judge(layer: &mut Layer, tolerance: Tolerance) {
-    layer.tolerance = tolerance.for_layer(
+    layer.tolerance = tolerance.for_layer_on(
         &layer.dtype,
         layer.target_dtype.as_deref(),
         layer.float64.as_ref().map(|f| f.reference),
+        layer.quantization.as_ref(),
     );
-    if let Some(bound) = layer
-        .quantization
-        .as_ref()
-        .and_then(|q| tolerance.for_quantized(q))
-    {
-        layer.tolerance = bound;
-    }
     let kind_differs = layer.target_dtype.as_deref().is_some_and(|t| {
         let float = |n: &str| DType::from_name(n).is_ok_and(DType::is_float);
         float(t) != float(&layer.dtype)

@@ -145,12 +145,19 @@ impl Tolerance {
         }
     }
 
-    /// The bound of a layer the target quantizes to `grid`: one step of it at every element
-    /// (the grid's own rounding is half one), unless a fixed tolerance was asked for.
-    pub fn for_quantized(&self, grid: &crate::Quantization) -> Option<Bound> {
-        match self {
-            Self::Fixed(_) => None,
-            Self::PerDtype | Self::Auto => Some(Bound::absolute(grid.scale)),
+    /// The bound of a layer as [`Tolerance::for_layer`], or, where the target quantizes its
+    /// value to `grid`, one step of it at every element (the grid's own rounding is half one)
+    /// unless a fixed tolerance was asked for.
+    pub fn for_layer_on(
+        &self,
+        dtype: &str,
+        target_dtype: Option<&str>,
+        float64: Option<f64>,
+        grid: Option<&crate::Quantization>,
+    ) -> Bound {
+        match (self, grid) {
+            (Self::PerDtype | Self::Auto, Some(grid)) => Bound::absolute(grid.scale),
+            _ => self.for_layer(dtype, target_dtype, float64),
         }
     }
 

@@ -204,7 +204,7 @@ impl Pairs<'_> {
         let judged = judge(layer, layer.target_dtype.as_deref(), exact, target);
         layer.local = compare_pair(exact.view(), target.view(), judged).stats;
         layer.local_reason = None;
-        // without an ideal, the grid's clipping and steps are still measured on the exact value
+        // without an ideal, a grid's clipping and steps are still measured on the exact value
         let ideal = own.ideal.as_ref().unwrap_or(exact);
         let assessed = match &own.grid {
             Some(grid) => {
@@ -212,18 +212,18 @@ impl Pairs<'_> {
                 let (t, x, w) = (target.view(), exact.view(), ideal.view());
                 let b = assess_quantized(t, x, w, reference.view(), &mut grid);
                 layer.quantization = Some(grid);
-                b
+                Some(b)
             }
-            None => {
-                let (x, t, i) = (exact.view(), target.view(), ideal.view());
-                assess_baseline(x, t, i, target.dtype, 0, false).map_err(|e| e.to_string())
-            }
+            None => own.ideal.as_ref().map(|i| {
+                let (x, t) = (exact.view(), target.view());
+                assess_baseline(x, t, i.view(), target.dtype, 0, false).map_err(|e| e.to_string())
+            }),
         };
-        if own.ideal.is_none() {
+        let Some(assessed) = assessed.filter(|_| own.ideal.is_some()) else {
             let why = own.why.as_deref().unwrap_or("the target did not say why");
             layer.baseline_reason = Some(format!("no ideal of the target's computation: {why}"));
             return true;
-        }
+        };
         match assessed.map(|b| match &own.slack {
             Some(slack) => widened(b, slack, layer.local.as_ref()),
             None => b,
@@ -295,18 +295,12 @@ fn compare_values(
         }
     }
     let target_dtype = (reference.dtype != target.dtype).then(|| target.dtype.name());
-    layer.tolerance = tolerance.for_layer(
+    layer.tolerance = tolerance.for_layer_on(
         &layer.dtype,
         target_dtype,
         layer.float64.as_ref().map(|f| f.reference),
+        layer.quantization.as_ref(),
     );
-    if let Some(bound) = layer
-        .quantization
-        .as_ref()
-        .and_then(|q| tolerance.for_quantized(q))
-    {
-        layer.tolerance = bound;
-    }
     let outcome = compare_pair(
         reference.view(),
         target.view(),

@@ -55,7 +55,7 @@ def compare_keras(
     """Compares a functional Keras model, layer by layer, with ``target``: a runtime for its
     ONNX file (``"ort"``, ``"ort:opt=all"``, ``"tract"``, ``"openvino"``; the file converted by
     tf2onnx at ``opset``, or ``onnx``), or ``"xla"``, ``"savedmodel"``, ``"tflite"``,
-    ``"tflite:fp16"``, ``"tflite:int8"``.
+    ``"tflite:fp16"``, ``"tflite:int8"``, ``"tflite:dynamic"``.
 
     ``tolerance``, ``local``, ``float64`` and ``max_memory`` are as for
     ``layerdiff.torch.compare_torch_onnx``: the float64 truth is a copy of the model rebuilt in
@@ -76,16 +76,16 @@ def compare_keras(
             float64=float64, framework="Keras",
         )  # fmt: skip
     options.check_file(onnx)  # the command line's rule for --onnx, kept in Rust
+    layered = Layered(model)
     twin = None
     if torch_model is not None:
         from layerdiff.keras._twin import TorchTwin
         from layerdiff.keras._twin import copy_weights as copy_into
 
+        twin = TorchTwin(layered, inputs, torch_model, weight_map)
         if copy_weights:
             step("copying the PyTorch twin's weights into the Keras model")
-            pairs, _ = _twin_pairs(model, torch_model, weight_map)
-            copy_into(pairs, model, torch_model)
-    layered = Layered(model)
+            copy_into(twin.paired_names(), model, torch_model)
     if len(inputs) != len(model.inputs):
         raise _layerdiff.InputError(
             f"the model takes {len(model.inputs)} input(s), but {len(inputs)} were given"
@@ -107,11 +107,11 @@ def compare_keras(
             channels_last=True,
         )  # fmt: skip
         keras_side = options.keras_target
-        if torch_model is not None:
+        if twin is not None:
             flat_inputs = [flat(t.name, x) for t, x in zip(model.inputs, inputs, strict=True)]
             step("running the PyTorch twin, every paired module's output kept")
-            side = twin = TorchTwin(layered, inputs, torch_model, weight_map)
-            twin.values(inputs)
+            side = twin
+            twin.values(inputs)  # before the run is made: the modules not called are unpaired
             run = _layerdiff.CapturedRun(
                 inputs=flat_inputs, target_runtime=side.runtime, target_detail=side.detail,
                 pushed=True, unpaired=sorted(side.unpaired.items()), **common,
@@ -190,14 +190,6 @@ def _stream(run, layered, values, inputs, side, options, step) -> None:
                 baseline = False
         exact = flat(layer.name, truth[index]) if truth is not None else None
         run.add(index, flat(layer.name, values[index]), exact, **extra)
-
-
-def _twin_pairs(model, torch_model, weight_map):
-    from layerdiff.keras._twin import pair_layers
-
-    layered = Layered(model)
-    by_index, unpaired = pair_layers(layered, torch_model, weight_map)
-    return {layered.layers[i].name: name for i, name in by_index.items()}, unpaired
 
 
 def _own(side, index, theirs, wide, name) -> dict:

@@ -190,9 +190,11 @@ def compute(request: dict, arrays: list[np.ndarray]) -> tf.Tensor:
     if fn is None:
         raise NotImplementedError(f"`{request['call']}` has no TensorFlow spelling in layerdiff")
     dtype = DTYPES[request["dtype"]]
-    values = [
-        tf.cast(tf.constant(a), dtype) if a.dtype.kind == "f" else tf.constant(a) for a in arrays
-    ]
+    with tf.device("/CPU:0"):  # the backends are named for the CPU: a GPU build stays off its GPU
+        values = [
+            tf.cast(tf.constant(a), dtype) if a.dtype.kind == "f" else tf.constant(a)
+            for a in arrays
+        ]
     keywords = request["keywords"]
     split = len(values) - len(keywords)
 
@@ -202,7 +204,8 @@ def compute(request: dict, arrays: list[np.ndarray]) -> tf.Tensor:
 
     if request["backend"] == "xla":
         run = tf.function(run, jit_compile=True)
-    return run(*values)
+    with tf.device("/CPU:0"):
+        return run(*values)
 
 
 def serve(folder: Path) -> None:

@@ -146,9 +146,6 @@ class Tflite:
         self.inputs = [self.graph.held_input(k, x) for k, x in enumerate(inputs)]
         return [self.interpreter.get_tensor(i).copy() for i in self.graph.outputs]
 
-    def local(self, index, values, inputs):
-        return None, "the TFLite interpreter runs the converted model whole; a layer alone is not"
-
     def own(self, index: int, theirs: list, wide) -> Own:
         """Layer `index`'s own error's terms on the target's values `theirs` (every layer's, as
         `values` returned them), computed by `wide` (the float64 copy of the model)."""

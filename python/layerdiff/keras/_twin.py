@@ -191,6 +191,10 @@ class TorchTwin:
         self.calls = {}
         self._values = None
 
+    def paired_names(self) -> dict:
+        """Keras layer name → the PyTorch module name it pairs with."""
+        return {self.layered.layers[i].name: name for i, name in self.pairs.items()}
+
     def _first_1d(self, index: int) -> bool:
         module = self.modules[self.pairs[index]]
         return type(_holding(module)).__name__ in _CHANNELS_FIRST_1D
