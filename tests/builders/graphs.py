@@ -53,3 +53,25 @@ def layernorm_matmul_fp16(path, rng) -> None:
     )
     model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 17)])
     onnx.save(model, str(path))
+
+
+def growing_convs(path, *, layers=6, channels=64, gain=3.0):
+    """Conv → Relu `layers` times, each conv's weights `gain`× He's scale, so activations grow
+    ×`gain` per layer: ONNX Runtime's NCHWc layout (`NchwcTransformer`, opt=all) sums the
+    convolutions in another order, and that rounding grows past float32's tolerance a few
+    layers in. Nothing else in the graph drifts: the one optimizer that turns it on is known."""
+    rng = np.random.default_rng(0)
+    nodes, initializers, previous = [], [], "x"
+    for i in range(layers):
+        scale = gain * np.sqrt(2 / (channels * 9))
+        w = (rng.standard_normal((channels, channels, 3, 3)) * scale).astype(np.float32)
+        b = (rng.standard_normal(channels) * 0.1).astype(np.float32)
+        initializers += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+        out = "y" if i == layers - 1 else f"relu{i}"
+        nodes += [
+            helper.make_node("Conv", [previous, f"w{i}", f"b{i}"], [f"conv{i}"], pads=[1] * 4),
+            helper.make_node("Relu", [f"conv{i}"], [out]),
+        ]
+        previous = out
+    shape = [1, channels, 16, 16]
+    return save_graph(path, nodes, shape, shape, {}, opset=17, extra=initializers)

@@ -30,6 +30,8 @@ mod report;
 pub use report::ReportArgs;
 mod keras;
 pub use keras::KerasArgs;
+mod reduce;
+pub use reduce::{Recorded, ReduceArgs};
 
 /// A choice (`--exporter`, `--loss`, `--executor`…) as the command line spells it: the one
 /// spelling Python receives too.
@@ -124,6 +126,15 @@ pub enum Command {
     /// List the built-in models (`layerdiff torch NAME`), their parameter counts and what each
     /// exercises, and the models installed packages register.
     Zoo,
+    /// Cut a report's headline defect down to a checked minimal reproduction: the report's
+    /// command is run again where it ran, on the inputs saved beside it, and the few nodes (an
+    /// ONNX target) or the one module (a PyTorch target) that still show the difference are
+    /// written with their inputs, the reference's values and a repro.py that needs only the
+    /// target's runtime and numpy. The same as `--repro DIR` on the comparison.
+    ///
+    /// Exit code 0: a repro written and checked; 1: none (a clean run, drift that only
+    /// accumulates, or not shown within --nodes), said why; 2: layerdiff could not run.
+    Reduce(ReduceArgs),
 }
 
 /// The result of parsing a command line.
@@ -147,6 +158,8 @@ enum Parsed {
     Zoo,
     /// Run `check` with these options (the caller owns PyTorch).
     Check(CheckArgs),
+    /// Run `reduce` on a report.
+    Reduce(ReduceArgs),
     /// Parsing already did everything (help, version, a usage error): exit with this code.
     Exit(u8),
 }
@@ -181,6 +194,9 @@ fn parse(argv: Vec<OsString>) -> Parsed {
         Ok(Cli {
             command: Command::Check(args),
         }) => Parsed::Check(args),
+        Ok(Cli {
+            command: Command::Reduce(args),
+        }) => Parsed::Reduce(args),
         Err(err) => {
             let _ = err.print();
             Parsed::Exit(if err.use_stderr() { 2 } else { 0 })
@@ -204,6 +220,9 @@ pub enum PythonVerb {
     Zoo,
     /// `check`.
     Check(CheckArgs),
+    /// `reduce` of a report made by a verb the caller owns (`torch`, `grad`), with what it
+    /// records.
+    Reduce(ReduceArgs, Recorded),
 }
 
 /// What [`dispatch`] did.
@@ -222,6 +241,7 @@ pub enum Dispatched {
 /// Python framework (PyTorch, TensorFlow).
 pub fn dispatch(argv: Vec<OsString>, ort_library: Option<&std::path::Path>) -> Dispatched {
     use layerdiff_flow::{audit, onnx_flow, providers};
+    layerdiff_flow::output::record_invocation(&argv);
     let code = match parse(argv) {
         Parsed::Exit(code) => code,
         Parsed::Onnx(a) => onnx_flow::run(&a.options(), &a.report.destinations(), ort_library),
@@ -233,6 +253,14 @@ pub fn dispatch(argv: Vec<OsString>, ort_library: Option<&std::path::Path>) -> D
         Parsed::Ops(a) => return Dispatched::Python(PythonVerb::Ops(a)),
         Parsed::Zoo => return Dispatched::Python(PythonVerb::Zoo),
         Parsed::Check(a) => return Dispatched::Python(PythonVerb::Check(a)),
+        Parsed::Reduce(a) => match a.recorded() {
+            Err(why) => {
+                eprintln!("error: {why}");
+                2
+            }
+            Ok(recorded) if recorded.command == "onnx" => reduce::onnx(&a, &recorded, ort_library),
+            Ok(recorded) => return Dispatched::Python(PythonVerb::Reduce(a, recorded)),
+        },
     };
     Dispatched::Exit(code)
 }

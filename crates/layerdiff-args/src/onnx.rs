@@ -80,6 +80,22 @@ pub struct OnnxArgs {
     /// models, but the drift origin is then the first value whose accumulated error exceeds.
     #[arg(long)]
     pub no_local: bool,
+    /// When layers exceed their tolerance on ONNX Runtime at `opt=basic|extended|all`, find
+    /// which of its graph optimizers turn the difference on: candidate sets are disabled by
+    /// halves, each run compared again, and the smallest set whose disabling leaves no layer
+    /// beyond its tolerance is named in the report, with the run that checks it and the target
+    /// spelled to run without them (`ort:opt=all:without=NchwcTransformer`).
+    #[arg(long)]
+    pub bisect: bool,
+    /// Write a checked minimal reproduction of the headline defect into this folder: the few
+    /// nodes that compute its layer (model.onnx), the reference's values at their inputs and of
+    /// the layer (inputs.safetensors, expected.safetensors), a repro.py that runs the piece
+    /// with the target's runtime and numpy alone, and a README.md. A clean run writes none.
+    #[arg(long, value_name = "DIR")]
+    pub repro: Option<PathBuf>,
+    /// The most nodes a repro may grow to when fewer do not show the difference (a fusion).
+    #[arg(long, value_name = "N", default_value_t = layerdiff_flow::reduce::MOST_NODES)]
+    pub repro_nodes: usize,
     /// The most memory the intermediate values may take at once (`4G`, `512M`): the graph then
     /// runs in segments, each value compared as soon as both sides have it and dropped after its
     /// last use. Default: half the memory available at start. The numbers do not depend on it.
@@ -132,6 +148,9 @@ impl OnnxArgs {
             },
             float64: self.float64,
             baseline: !self.no_float64,
+            bisect: self.bisect,
+            repro: self.repro.clone(),
+            repro_nodes: self.repro_nodes,
         }
     }
 }

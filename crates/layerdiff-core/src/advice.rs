@@ -365,6 +365,8 @@ mod tests {
             summary,
             layers,
             keep_float32: None,
+            bisection: None,
+            invocation: None,
             machine: Machine::this(),
             timings: None,
         }

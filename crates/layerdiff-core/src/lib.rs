@@ -6,6 +6,7 @@ mod advice;
 mod analysis;
 mod axis;
 mod baseline;
+mod bisect;
 mod cause;
 mod compare;
 mod dtype;
@@ -37,6 +38,7 @@ pub use axis::{
 pub use baseline::{
     Baseline, HONEST_FACTOR, accumulation_unit, assess_baseline, kernel_allowance, output_steps,
 };
+pub use bisect::{Bisection, BisectionCheck, smallest_set};
 pub use cause::{Evidence, ROUNDING_FACTOR, explain, precision_grid, quantizing_op};
 pub use compare::{
     Judge, PERCENTILE_RESOLUTION, Rounding, Stats, THRESHOLDS, Worst, compare, compare_judged,
@@ -55,7 +57,7 @@ pub use quantized::{
 };
 pub use random::{SplitMix64, random_tensor};
 pub use report::{
-    Defect, FailOn, Finding, Float64Distance, InputInfo, Layer, LayerStatus, Location,
+    Defect, FailOn, Finding, Float64Distance, InputInfo, Invocation, Layer, LayerStatus, Location,
     PrecisionDrift, ProviderNodes, Report, SCHEMA, SideInfo, Summary, TargetGraph, Timing, Verdict,
     WorstLayer, WorstLayers,
 };

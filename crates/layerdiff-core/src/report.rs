@@ -52,12 +52,50 @@ pub struct Report {
     /// keeping them did when it was checked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keep_float32: Option<crate::KeepFloat32>,
+    /// What turns the difference on, when it was bisected (`--bisect`): the ONNX Runtime
+    /// optimizers, compiler stages or layers kept in float32 whose switch makes the run clean,
+    /// checked by running it that way.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bisection: Option<crate::Bisection>,
+    /// The command line that made it, where a command did (`layerdiff reduce` runs it again).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub invocation: Option<Invocation>,
     /// The machine it was made on: with the sides' versions, what decides whether another run
     /// gives the same bytes (see [`crate::Machine`]).
     pub machine: crate::Machine,
     /// Where the time went, phase by phase; only with `--timings` (times are not deterministic).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timings: Option<Vec<Timing>>,
+}
+
+/// A command line and the folder it ran in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Invocation {
+    /// The arguments after the program's name, as given.
+    pub argv: Vec<String>,
+    /// The working folder, which relative paths in `argv` are relative to.
+    pub cwd: String,
+}
+
+impl Invocation {
+    /// The command line as one would type it (`layerdiff onnx model.onnx --target tract`).
+    pub fn text(&self) -> String {
+        let quoted: Vec<String> = self
+            .argv
+            .iter()
+            .map(|a| {
+                if !a.is_empty()
+                    && a.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_.,:=/@+".contains(c))
+                {
+                    a.clone()
+                } else {
+                    format!("'{}'", a.replace('\'', "'\\''"))
+                }
+            })
+            .collect();
+        format!("layerdiff {}", quoted.join(" "))
+    }
 }
 
 /// One phase of a run and its wall time.

@@ -10,6 +10,7 @@
 
 pub mod audit;
 mod baseline;
+pub mod bisect;
 pub mod captured;
 pub mod check;
 mod engine;
@@ -30,6 +31,7 @@ mod plan;
 pub mod progress;
 pub mod providers;
 mod pushed_side;
+pub mod reduce;
 mod relaid_side;
 mod rerun;
 pub mod shipped;

@@ -46,6 +46,13 @@ pub struct OnnxOptions {
     /// reference's node in float64 on its inputs rounded to the target's dtype (with local
     /// error only).
     pub baseline: bool,
+    /// Whether to bisect what turns a difference on (`--bisect`): the ONNX Runtime optimizers
+    /// of a target at `opt=basic|extended|all` ([`crate::bisect::ort_optimizers`]).
+    pub bisect: bool,
+    /// Where to write the repro of the headline defect (`--repro DIR`, [`crate::reduce`]).
+    pub repro: Option<PathBuf>,
+    /// The most nodes the repro may grow to.
+    pub repro_nodes: usize,
 }
 
 /// A finished run: its report, how it was split, and the inputs both sides were given.
@@ -63,8 +70,27 @@ pub struct Outcome {
 /// Runs the `onnx` verb: compares, writes and prints its outputs (`to`), and returns the exit
 /// code (0 clean, 1 drift, 2 could not run, with the error printed to stderr).
 pub fn run(options: &OnnxOptions, to: &Destinations, ort_library: Option<&Path>) -> u8 {
-    let outcome = compare_on(options, None, ort_library, !to.quiet).and_then(|outcome| {
-        let notes: Vec<String> = outcome.segmentation.text().into_iter().collect();
+    let outcome = compare_on(options, None, ort_library, !to.quiet).and_then(|mut outcome| {
+        let mut notes: Vec<String> = outcome.segmentation.text().into_iter().collect();
+        if options.bisect {
+            let mut progress = |line: &str| {
+                if !to.quiet {
+                    eprintln!("{line}");
+                }
+            };
+            match crate::bisect::ort_optimizers(
+                options,
+                &outcome.report,
+                ort_library,
+                &mut progress,
+            )? {
+                Some(found) => outcome.report.bisection = Some(found),
+                None => notes.push(nothing_to_bisect(options, &outcome.report)),
+            }
+        }
+        if let Some(folder) = &options.repro {
+            notes.push(repro_note(options, &outcome, folder, ort_library)?);
+        }
         deliver(
             outcome.report,
             to,
@@ -80,6 +106,48 @@ pub fn run(options: &OnnxOptions, to: &Destinations, ort_library: Option<&Path>)
             eprintln!("error: {}", crate::error_chain(&err));
             2
         }
+    }
+}
+
+/// Writes the repro of the run's headline into `folder` and says what it holds, or says why
+/// there is none (a clean run writes nothing).
+fn repro_note(
+    options: &OnnxOptions,
+    outcome: &Outcome,
+    folder: &Path,
+    ort_library: Option<&Path>,
+) -> Result<String> {
+    if let Err(why) = crate::reduce::headline(&outcome.report) {
+        return Ok(format!("--repro: no repro written: {why}"));
+    }
+    let command = crate::output::invocation()
+        .map(|i| i.text())
+        .unwrap_or_else(|| format!("layerdiff onnx {}", options.model.display()));
+    let repro = crate::reduce::onnx(
+        options,
+        &outcome.report,
+        &outcome.inputs,
+        folder,
+        options.repro_nodes,
+        &command,
+        ort_library,
+    )?;
+    Ok(repro.sentence())
+}
+
+/// Why `--bisect` found nothing to bisect.
+fn nothing_to_bisect(options: &OnnxOptions, report: &Report) -> String {
+    if report.summary.layers_exceeding == 0 {
+        "--bisect: nothing to bisect, no layer exceeds its tolerance".to_string()
+    } else {
+        format!(
+            "--bisect: nothing to bisect, the target (`{}`) does not optimize the graph; bisection \
+             names the ONNX Runtime optimizers of a target at `opt=basic|extended|all`",
+            options
+                .target
+                .as_ref()
+                .map_or_else(|| "tract".to_string(), RuntimeSpec::spelling)
+        )
     }
 }
 

@@ -124,6 +124,32 @@ pub struct Destinations {
     pub fail_on: FailOn,
 }
 
+/// The command line of this process's run, recorded by the command's dispatch so every report
+/// it writes says how it was made.
+static INVOCATION: std::sync::Mutex<Option<layerdiff_core::Invocation>> =
+    std::sync::Mutex::new(None);
+
+/// Records the command line (`argv` with the program's name first) the reports of this run are
+/// made by.
+pub fn record_invocation(argv: &[std::ffi::OsString]) {
+    let invocation = layerdiff_core::Invocation {
+        argv: argv
+            .iter()
+            .skip(1)
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+        cwd: std::env::current_dir()
+            .map(|d| d.display().to_string())
+            .unwrap_or_default(),
+    };
+    *INVOCATION.lock().unwrap_or_else(|e| e.into_inner()) = Some(invocation);
+}
+
+/// The command line recorded by [`record_invocation`], if any.
+pub fn invocation() -> Option<layerdiff_core::Invocation> {
+    INVOCATION.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
 /// Writes the reports and the inputs, prints `notes` (stderr), the summary (stdout) and the
 /// files written, then, with `timings`, where the time went (`clock` times the writing).
 pub fn deliver(
@@ -136,6 +162,9 @@ pub fn deliver(
 ) -> Result<Report> {
     if !to.timings {
         report.timings = None;
+    }
+    if report.invocation.is_none() {
+        report.invocation = invocation();
     }
     let mut written = write_reports(&report, to)?;
     if let Some(path) = &to.inputs {

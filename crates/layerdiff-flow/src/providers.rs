@@ -151,7 +151,7 @@ pub fn providers(
                     (
                         name,
                         level.name().to_string(),
-                        RuntimeSpec::Ort(provider, level, Vec::new()),
+                        RuntimeSpec::Ort(provider, level, Vec::new(), Vec::new()),
                     )
                 })
                 .collect()
@@ -207,6 +207,9 @@ fn cell(
         settings: options.settings.clone(),
         float64: options.float64,
         baseline: options.baseline,
+        bisect: false,
+        repro: None,
+        repro_nodes: 0,
     };
     let mut cell = Cell {
         provider,
@@ -244,9 +247,11 @@ fn cell(
         )) => {
             cell.verdict = "unavailable".to_string();
             cell.reason = Some(e.to_string());
-            if let RuntimeSpec::Ort(provider, _, _) = target {
+            if let RuntimeSpec::Ort(provider, ..) = target {
                 cell.level = "any".to_string();
-                cell.target = RuntimeSpec::Ort(*provider, OptLevel::Disable, Vec::new()).spelling();
+                cell.target =
+                    RuntimeSpec::Ort(*provider, OptLevel::Disable, Vec::new(), Vec::new())
+                        .spelling();
             }
             return Ok((cell, false));
         }

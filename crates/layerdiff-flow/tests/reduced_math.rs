@@ -153,6 +153,9 @@ fn report(says_so: bool) -> Option<Report> {
         },
         float64: true,
         baseline: true,
+        bisect: false,
+        repro: None,
+        repro_nodes: 0,
     };
     let cpu = RuntimeSpec::ort_cpu().build(Some(&library)).unwrap();
     let target = Box::new(Tf32Like { cpu, says_so });

@@ -349,6 +349,19 @@ pub(crate) fn parse_cli(
             checked(py, "keras", command)
         }
         PythonVerb::Zoo => Ok(("zoo".to_string(), py.None())),
+        PythonVerb::Reduce(a, recorded) => {
+            let plan = pyo3::types::PyDict::new(py);
+            plan.set_item("command", &recorded.command)?;
+            plan.set_item("argv", &recorded.invocation.argv)?;
+            plan.set_item("cwd", &recorded.invocation.cwd)?;
+            plan.set_item("text", recorded.invocation.text())?;
+            plan.set_item("inputs", recorded.inputs.as_ref())?;
+            plan.set_item("headline", recorded.headline.as_ref())?;
+            plan.set_item("folder", a.folder())?;
+            plan.set_item("nodes", a.nodes)?;
+            plan.set_item("quiet", a.quiet)?;
+            Ok(("reduce".to_string(), plan.into_any().unbind()))
+        }
         PythonVerb::Check(a) => Ok((
             "check".to_string(),
             Py::new(py, crate::check::CheckCommand::new(a))?.into_any(),

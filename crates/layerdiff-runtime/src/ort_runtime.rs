@@ -76,6 +76,8 @@ pub struct OrtRuntime {
     resolved: ProviderOptions,
     /// Intra-op threads (`None`: ONNX Runtime's default).
     pub intra_threads: Option<usize>,
+    /// Graph optimizers not to run at [`Self::opt_level`] (ONNX Runtime's names).
+    pub disabled_optimizers: Vec<String>,
     /// The level at which ONNX Runtime already optimized the graph this runtime runs (see
     /// [`Runtime::optimize`]); `None` for a file run as given.
     optimized_at: Option<OptLevel>,
@@ -102,6 +104,7 @@ impl OrtRuntime {
                 options: Vec::new(),
                 resolved: Vec::new(),
                 intra_threads: None,
+                disabled_optimizers: Vec::new(),
                 optimized_at: None,
                 library: loaded.path.clone(),
                 version: version_from_path(&loaded.path),
@@ -185,6 +188,13 @@ impl OrtRuntime {
         node_providers(&text).map_err(|e| failed(&file, &e))
     }
 
+    /// The same runtime with these graph optimizers disabled (ONNX Runtime's names, such as
+    /// `NchwcTransformer`): the switch a bisection of its optimizers flips.
+    pub fn without(mut self, optimizers: &[String]) -> Self {
+        self.disabled_optimizers = optimizers.to_vec();
+        self
+    }
+
     /// The library file in use.
     pub fn library(&self) -> &Path {
         &self.library
@@ -219,6 +229,14 @@ impl OrtRuntime {
                     provider: self.provider.spelling(),
                     reason: clean_message(e.to_string()),
                 })?;
+        }
+        if !self.disabled_optimizers.is_empty() && self.opt_level != OptLevel::Disable {
+            builder = builder
+                .with_config_entry(
+                    "optimization.disable_specified_optimizers",
+                    self.disabled_optimizers.join(";"),
+                )
+                .map_err(session_error)?;
         }
         if let Some(n) = self.intra_threads {
             builder = builder.with_intra_threads(n).map_err(session_error)?;
@@ -319,6 +337,14 @@ impl Runtime for OrtRuntime {
                 level.name()
             ),
             None => format!("graph optimizations: {}", self.opt_level.name()),
+        };
+        let optimizations = if self.disabled_optimizers.is_empty() {
+            optimizations
+        } else {
+            format!(
+                "{optimizations} without {}",
+                self.disabled_optimizers.join(", ")
+            )
         };
         let options = if self.resolved.is_empty() {
             String::new()

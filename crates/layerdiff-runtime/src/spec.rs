@@ -1,5 +1,6 @@
 //! Runtimes are spelled the same way everywhere: `ort` (CPU execution provider, optimizations
-//! off), `ort:cuda`, `ort:opt=basic|extended|all` and combinations (`ort:cuda:opt=all`), a
+//! off), `ort:cuda`, `ort:opt=basic|extended|all` and combinations (`ort:cuda:opt=all`), some
+//! optimizers disabled at a level (`ort:opt=all:without=NchwcTransformer`), a
 //! provider's own options in ONNX Runtime's names (`ort:cuda:use_tf32=0`), `tract`,
 //! `openvino[:precision=f32|f16|bf16]`, `expected:PATH`. A new runtime is one variant here.
 
@@ -14,8 +15,9 @@ use crate::{
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RuntimeSpec {
     /// ONNX Runtime on an execution provider with its options (ONNX Runtime's names), with a
-    /// graph optimization level.
-    Ort(Provider, OptLevel, ProviderOptions),
+    /// graph optimization level and the optimizers disabled at it (their names, as the
+    /// session's `optimization.disable_specified_optimizers` takes them).
+    Ort(Provider, OptLevel, ProviderOptions, Vec<String>),
     /// tract.
     Tract,
     /// OpenVINO's CPU plugin with an inference-precision hint (`None`: its default).
@@ -27,17 +29,17 @@ pub enum RuntimeSpec {
 impl RuntimeSpec {
     /// ONNX Runtime on the CPU with graph optimizations off: every value exists as written.
     pub fn ort_cpu() -> Self {
-        Self::Ort(Provider::Cpu, OptLevel::Disable, Vec::new())
+        Self::Ort(Provider::Cpu, OptLevel::Disable, Vec::new(), Vec::new())
     }
 
-    /// Parses `ort[:PROVIDER][:opt=LEVEL][:KEY=VALUE]…`, `tract`,
+    /// Parses `ort[:PROVIDER][:opt=LEVEL][:without=NAME,…][:KEY=VALUE]…`, `tract`,
     /// `openvino[:precision=PRECISION]` or `expected:PATH`.
     pub fn parse(text: &str) -> Result<Self, String> {
         let unknown = || {
             format!(
-                "unknown runtime `{text}` (expected `ort[:PROVIDER][:opt=LEVEL][:KEY=VALUE]…` with \
+                "unknown runtime `{text}` (expected `ort[:PROVIDER][:opt=LEVEL][:without=NAME,…][:KEY=VALUE]…` with \
                  PROVIDER one of cpu, cuda, tensorrt, rocm, openvino, coreml, directml, LEVEL one of \
-                 disable, basic, extended, all, and KEY=VALUE the provider's options in ONNX Runtime's \
+                 disable, basic, extended, all, NAME an ONNX Runtime optimizer to disable, and KEY=VALUE the provider's options in ONNX Runtime's \
                  names (`use_tf32=0`); or `tract`; or `openvino[:precision=f32|f16|bf16]`; or \
                  `expected:PATH`)"
             )
@@ -62,8 +64,19 @@ impl RuntimeSpec {
             return Err(unknown());
         }
         let (mut provider, mut level, mut options) = (None, None, Vec::new());
+        let mut without: Vec<String> = Vec::new();
         for part in parts {
-            if let Some(l) = part.strip_prefix("opt=") {
+            if let Some(names) = part.strip_prefix("without=") {
+                let names: Vec<&str> = names.split(',').map(str::trim).collect();
+                if !without.is_empty()
+                    || names.iter().any(|n| {
+                        n.is_empty() || !n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    })
+                {
+                    return Err(unknown());
+                }
+                without = names.into_iter().map(String::from).collect();
+            } else if let Some(l) = part.strip_prefix("opt=") {
                 let parsed = [
                     OptLevel::Disable,
                     OptLevel::Basic,
@@ -94,13 +107,21 @@ impl RuntimeSpec {
                 provider.ort_name()
             ));
         }
-        Ok(Self::Ort(provider, level.unwrap_or_default(), options))
+        let level = level.unwrap_or_default();
+        if !without.is_empty() && level == OptLevel::Disable {
+            return Err(format!(
+                "`{text}`: `without=` disables ONNX Runtime graph optimizers, which run only at \
+                 `opt=basic`, `opt=extended` or `opt=all` (e.g. `ort:opt=all:without={}`)",
+                without.join(",")
+            ));
+        }
+        Ok(Self::Ort(provider, level, options, without))
     }
 
     /// The spelling that parses back to this spec (defaults left out: `ort`, `ort:cuda:opt=all`).
     pub fn spelling(&self) -> String {
         match self {
-            Self::Ort(provider, level, options) => {
+            Self::Ort(provider, level, options, without) => {
                 let mut s = "ort".to_string();
                 if *provider != Provider::Cpu {
                     s.push(':');
@@ -109,6 +130,10 @@ impl RuntimeSpec {
                 if *level != OptLevel::Disable {
                     s.push_str(":opt=");
                     s.push_str(level.name());
+                }
+                if !without.is_empty() {
+                    s.push_str(":without=");
+                    s.push_str(&without.join(","));
                 }
                 for (k, v) in options {
                     s.push_str(&format!(":{k}={v}"));
@@ -126,9 +151,11 @@ impl RuntimeSpec {
     /// `expected:` values are a side that computes nothing, not a runtime: an error here.
     pub fn build(&self, ort_library: Option<&Path>) -> Result<Box<dyn Runtime + Send + Sync>> {
         Ok(match self {
-            Self::Ort(provider, level, options) => {
-                Box::new(OrtRuntime::new(ort_library, *level)?.with_provider(*provider, options)?)
-            }
+            Self::Ort(provider, level, options, without) => Box::new(
+                OrtRuntime::new(ort_library, *level)?
+                    .with_provider(*provider, options)?
+                    .without(without),
+            ),
             Self::Tract => Box::new(TractRuntime),
             Self::OpenVino(precision) => {
                 Box::new(OpenVinoRuntime::new(None, precision.as_deref())?)
@@ -156,6 +183,7 @@ mod tests {
             "ort:cuda",
             "ort:tensorrt:opt=extended",
             "ort:cuda:opt=all:use_tf32=0:cudnn_conv_algo_search=HEURISTIC",
+            "ort:opt=all:without=NchwcTransformer,ConvActivationFusion",
             "tract",
             "openvino",
             "openvino:precision=f16",
@@ -179,6 +207,8 @@ mod tests {
             "openvino:f16",
             "openvino:precision=f8",
             "openvino:precision=f16:opt=all",
+            "ort:opt=all:without=",
+            "ort:opt=all:without=a;b",
         ] {
             let err = RuntimeSpec::parse(bad).unwrap_err();
             assert!(
@@ -186,6 +216,12 @@ mod tests {
                 "{bad}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn optimizers_are_disabled_only_at_a_level_that_runs_them() {
+        let err = RuntimeSpec::parse("ort:without=NchwcTransformer").unwrap_err();
+        assert!(err.contains("run only at `opt=basic`"), "{err}");
     }
 
     #[test]
@@ -201,7 +237,8 @@ mod tests {
             RuntimeSpec::Ort(
                 Provider::Cuda,
                 OptLevel::Disable,
-                vec![("use_tf32".into(), "0".into())]
+                vec![("use_tf32".into(), "0".into())],
+                Vec::new()
             )
         );
     }

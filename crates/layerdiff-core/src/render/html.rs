@@ -127,6 +127,7 @@ pub fn to_html(report: &Report) -> String {
     out.push_str(&defects(report));
     out.push_str(&causes(report));
     out.push_str(&keep(report));
+    out.push_str(&bisected(report));
     out.push_str(&table(report));
     let _ = writeln!(out, "<script>{SCRIPT}</script>\n</body></html>");
     out
@@ -293,6 +294,16 @@ fn keep(report: &Report) -> String {
         );
     }
     out
+}
+
+/// What turns the difference on, when it was bisected.
+fn bisected(report: &Report) -> String {
+    report.bisection.as_ref().map_or_else(String::new, |b| {
+        format!(
+            "<h2>What turns it on</h2>\n<p id=\"bisection\">Bisected by halves, each candidate set run and judged as this report's run was: {}.</p>\n",
+            prose(&b.sentence())
+        )
+    })
 }
 
 /// A number cell: shown in short scientific notation, sorted by its full value.

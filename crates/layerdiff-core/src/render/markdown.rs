@@ -236,6 +236,13 @@ pub fn to_markdown(report: &Report) -> String {
             );
         }
     }
+    if let Some(bisection) = &report.bisection {
+        let _ = writeln!(
+            out,
+            "\n## What turns it on\n\nBisected by halves, each candidate set run and judged as this report's run was: {}.",
+            bisection.sentence()
+        );
+    }
     let notes: Vec<_> = report
         .layers
         .iter()

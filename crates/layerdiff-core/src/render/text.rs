@@ -135,6 +135,9 @@ pub fn to_text(report: &Report) -> String {
             out.push_str(&format!("  checked: {}\n", check.verdict));
         }
     }
+    if let Some(bisection) = &report.bisection {
+        out.push_str(&format!("  bisected: {}\n", bisection.sentence()));
+    }
     out
 }
 

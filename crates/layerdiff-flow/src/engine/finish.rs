@@ -127,6 +127,8 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             summary,
             layers,
             keep_float32: None,
+            bisection: None,
+            invocation: None,
             machine: Machine::this(),
             timings: Some(self.clock.phases()),
         };

@@ -1,0 +1,179 @@
+//! `layerdiff reduce REPORT.json`: the report's command run again, in the folder it ran in and
+//! on the inputs saved beside it, with its headline defect cut down to a checked repro.
+
+use std::path::{Path, PathBuf};
+
+use layerdiff_core::Invocation;
+
+use super::*;
+
+/// Options of `layerdiff reduce`.
+#[derive(Debug, Clone, Args)]
+pub struct ReduceArgs {
+    /// A JSON report written by a layerdiff command (`--json`, `--out`).
+    pub report: PathBuf,
+    /// The repro's folder. Default: `repro/` beside the report.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// The most nodes a repro may grow to when fewer do not show the difference (a fusion).
+    #[arg(long, value_name = "N", default_value_t = layerdiff_flow::reduce::MOST_NODES)]
+    pub nodes: usize,
+    /// Print nothing but errors.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// What a report says about how it was made.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    /// The verb (`onnx`, `torch`…).
+    pub command: String,
+    /// Its command line.
+    pub invocation: Invocation,
+    /// The inputs saved beside it, where they are.
+    pub inputs: Option<PathBuf>,
+    /// The layer it headlined (the first defect's), if any.
+    pub headline: Option<String>,
+}
+
+impl ReduceArgs {
+    /// The repro's folder, absolute.
+    pub fn folder(&self) -> PathBuf {
+        let folder = self
+            .out
+            .clone()
+            .unwrap_or_else(|| self.report.parent().unwrap_or(Path::new(".")).join("repro"));
+        absolute(&folder)
+    }
+
+    /// Reads what the report records of its run. `Err`: why it cannot be run again.
+    pub fn recorded(&self) -> Result<Recorded, String> {
+        let shown = self.report.display();
+        let text = std::fs::read_to_string(&self.report)
+            .map_err(|e| format!("cannot read the report `{shown}`: {e}"))?;
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| format!("`{shown}` is not a JSON report: {e}"))?;
+        let schema = json["schema"].as_str().unwrap_or_default();
+        if !schema.starts_with("layerdiff.report/") {
+            return Err(format!(
+                "`{shown}` is not a layerdiff comparison report (its schema is `{schema}`)"
+            ));
+        }
+        let invocation: Invocation =
+            serde_json::from_value(json["invocation"].clone()).map_err(|_| {
+                format!(
+                    "`{shown}` does not record the command that made it (a report from the \
+                     Python API, or from a layerdiff before 0.1.0)\n\
+                     hint: run the comparison again with `--repro DIR`"
+                )
+            })?;
+        let stem = self
+            .report
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let inputs = self
+            .report
+            .with_file_name(format!("{stem}.inputs.safetensors"));
+        Ok(Recorded {
+            command: json["command"].as_str().unwrap_or_default().to_string(),
+            invocation,
+            inputs: inputs.is_file().then(|| absolute(&inputs)),
+            headline: json["summary"]["defects"][0]["layer"]
+                .as_str()
+                .map(str::to_string),
+        })
+    }
+}
+
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// Runs `reduce` for a report of `layerdiff onnx`: its command line parsed again in its
+/// folder, compared again on its saved inputs, and the repro written. Exit code 0: a repro
+/// written and checked; 1: none (a clean run, drift that only accumulates, or not shown within
+/// `--nodes`); 2: it could not run.
+pub(crate) fn onnx(args: &ReduceArgs, recorded: &Recorded, ort_library: Option<&Path>) -> u8 {
+    let folder = args.folder();
+    let mut argv = vec!["layerdiff".to_string()];
+    argv.extend(recorded.invocation.argv.iter().cloned());
+    let onnx_args = match Cli::try_parse_from(&argv) {
+        Ok(Cli {
+            command: Command::Onnx(a),
+        }) => a,
+        _ => {
+            eprintln!(
+                "error: the command line the report records does not parse as `layerdiff onnx` \
+                 any more: `{}`",
+                recorded.invocation.text()
+            );
+            return 2;
+        }
+    };
+    // Its paths are relative to where it ran.
+    if let Err(e) = std::env::set_current_dir(&recorded.invocation.cwd) {
+        eprintln!(
+            "error: cannot enter `{}`, where the report's command ran: {e}",
+            recorded.invocation.cwd
+        );
+        return 2;
+    }
+    let mut options = onnx_args.options();
+    options.bisect = false;
+    options.repro = None;
+    if options.inputs.is_none()
+        && !matches!(options.reference, RuntimeSpec::Expected(_))
+        && let Some(saved) = &recorded.inputs
+    {
+        options.inputs = Some(saved.clone());
+    }
+    let say = |line: &str| {
+        if !args.quiet {
+            eprintln!("{line}");
+        }
+    };
+    say(&format!(
+        "running the report's command again: {}",
+        recorded.invocation.text()
+    ));
+    let outcome = match layerdiff_flow::onnx_flow::compare(&options, ort_library) {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            eprintln!("error: {}", layerdiff_flow::error_chain(&e));
+            return 2;
+        }
+    };
+    let headline = match layerdiff_flow::reduce::headline(&outcome.report) {
+        Ok(layer) => layer.name.clone(),
+        Err(why) => {
+            say(&format!("no repro written: {why}"));
+            return 1;
+        }
+    };
+    if let Some(before) = recorded.headline.as_ref().filter(|b| **b != headline) {
+        say(&format!(
+            "note: the report's headline was `{before}`; run again here it is `{headline}`"
+        ));
+    }
+    match layerdiff_flow::reduce::onnx(
+        &options,
+        &outcome.report,
+        &outcome.inputs,
+        &folder,
+        args.nodes,
+        &recorded.invocation.text(),
+        ort_library,
+    ) {
+        Ok(repro) => {
+            if !args.quiet {
+                println!("{}", repro.sentence());
+            }
+            u8::from(!repro.reproduced)
+        }
+        Err(e) => {
+            eprintln!("error: {}", layerdiff_flow::error_chain(&e));
+            2
+        }
+    }
+}

@@ -1,0 +1,377 @@
+//! The smallest piece of an ONNX model that still shows a report's headline defect, checked by
+//! running it before it is claimed (`--repro DIR`, `layerdiff reduce REPORT.json`).
+//!
+//! The piece starts as the node that produces the headline layer's value and grows backwards,
+//! a ring of producers at a time, only while the target's run of it stays within the tolerance
+//! (a difference born inside a fusion needs the nodes the runtime fuses). Its inputs are the
+//! reference's values there, and what it must produce is the reference's value of the layer:
+//! the same question the layer's local error asked, now in a file a runtime's maintainers can
+//! run with their runtime and numpy alone.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use layerdiff_core::{Judge, Layer, Report, Tensor, compare_judged, write_safetensors};
+use layerdiff_onnx::{GraphIndex, Model, expose_values, extract_nodes};
+use layerdiff_runtime::RuntimeSpec;
+
+use crate::onnx_flow::OnnxOptions;
+use crate::output::write_atomic;
+use crate::{Error, Result};
+
+mod script;
+
+/// The most nodes a repro grows to by default: beyond a handful, a repro is a model again.
+pub const MOST_NODES: usize = 5;
+
+/// A repro written, and what its check found.
+#[derive(Debug, Clone)]
+pub struct Repro {
+    /// Its folder.
+    pub folder: PathBuf,
+    /// The layer it shows.
+    pub layer: String,
+    /// Its nodes' names (their op where unnamed), in graph order.
+    pub nodes: Vec<String>,
+    /// Whether the target's run of the piece exceeds the tolerance: when not, the folder holds
+    /// the largest piece tried, and says so.
+    pub reproduced: bool,
+    /// The target's largest difference from the reference's value, on the piece.
+    pub max_abs_diff: f64,
+    /// That difference as a multiple of the tolerance.
+    pub multiple: f64,
+}
+
+impl Repro {
+    /// The repro in one line.
+    pub fn sentence(&self) -> String {
+        let nodes = self.nodes.len();
+        let plural = if nodes == 1 { "node" } else { "nodes" };
+        if self.reproduced {
+            format!(
+                "repro of `{}`: {nodes} {plural} ({}) in {}, checked: the target differs by {:.3e}, {:.1}× the tolerance (python repro.py)",
+                self.layer,
+                self.nodes.join(", "),
+                self.folder.display(),
+                self.max_abs_diff,
+                self.multiple
+            )
+        } else {
+            format!(
+                "no repro of `{}` within {nodes} {plural}: on the piece the target stays within the tolerance ({:.1}×), so the difference needs more of the model; the largest piece tried is in {}",
+                self.layer,
+                self.multiple,
+                self.folder.display()
+            )
+        }
+    }
+}
+
+/// The layer a repro shows: the first defect's; else the first layer whose own error exceeds
+/// its tolerance. `Err` says why there is none (a clean run; drift that only accumulates).
+pub fn headline(report: &Report) -> std::result::Result<&Layer, String> {
+    let by_name = |name: &str| report.layers.iter().find(|l| l.name == name);
+    if let Some(layer) = report
+        .summary
+        .defects
+        .first()
+        .and_then(|d| by_name(&d.layer))
+    {
+        return Ok(layer);
+    }
+    if let Some(layer) = report.layers.iter().find(|l| l.local_exceeds) {
+        return Ok(layer);
+    }
+    Err(if report.summary.layers_exceeding == 0 {
+        "no layer exceeds its tolerance: there is nothing to reproduce".to_string()
+    } else {
+        "no layer's own error exceeds its tolerance: the drift only accumulates from rounding \
+         within it, which no small piece shows (`--bisect` names what turns it on)"
+            .to_string()
+    })
+}
+
+/// Writes the repro of `report`'s headline into `folder`, for `layerdiff onnx` run with
+/// `options` on `inputs`; `command` is the command line that made the report, for its README.
+pub fn onnx(
+    options: &OnnxOptions,
+    report: &Report,
+    inputs: &[(String, Tensor)],
+    folder: &Path,
+    most_nodes: usize,
+    command: &str,
+    ort_library: Option<&Path>,
+) -> Result<Repro> {
+    let layer = headline(report).map_err(Error::Usage)?;
+    let value = layer.name.clone();
+    let runtime = |spec: &RuntimeSpec, side: &str| match spec {
+        RuntimeSpec::Expected(_) => Err(Error::Usage(format!(
+            "a repro runs both sides on a piece of the model, and the {side} is a file of values \
+             (`{}`)",
+            spec.spelling()
+        ))),
+        spec => Ok(spec.build(ort_library)?),
+    };
+    let target_spec = options.target.clone().unwrap_or(if options.vs.is_some() {
+        RuntimeSpec::ort_cpu()
+    } else {
+        RuntimeSpec::Tract
+    });
+    let reference_runtime = runtime(&options.reference, "reference")?;
+    let target_runtime = runtime(&target_spec, "target")?;
+    let reference_model = Model::load(&options.model)?;
+    let target_model = match &options.vs {
+        Some(path) => Model::load(path)?,
+        None => reference_model.clone(),
+    };
+    let index = GraphIndex::new(target_model.graph());
+    if index.producer(&value).is_none() {
+        return Err(Error::Usage(format!(
+            "`{value}` is not computed by a node of the target's model: nothing to cut out"
+        )));
+    }
+    // The rings of producers behind the value, up to `most_nodes` nodes: every value they read
+    // is computed once by the reference.
+    let rings = rings(&index, &value, most_nodes);
+    let mut wanted: Vec<String> = vec![value.clone()];
+    for ring in &rings {
+        for &n in ring {
+            for input in &index.nodes()[n].inputs {
+                if !input.is_empty() && !index.is_initializer(input) && !wanted.contains(input) {
+                    wanted.push(input.clone());
+                }
+            }
+        }
+    }
+    let reference_index = GraphIndex::new(reference_model.graph());
+    let missing: Vec<&String> = wanted
+        .iter()
+        .filter(|v| !reference_index.has_value(v))
+        .collect();
+    if let Some(v) = missing.first() {
+        return Err(Error::Usage(format!(
+            "the reference's model has no value `{v}`, which the target's piece reads: the two \
+             files name their values differently"
+        )));
+    }
+    let mut exposed = reference_model.clone();
+    expose_values(&mut exposed, &wanted)?;
+    let values = reference_runtime.run(&exposed, inputs, &wanted)?;
+    let value_of = |name: &str| values.iter().find(|(n, _)| n == name).map(|(_, t)| t);
+    let expected = value_of(&value).expect("run for it").clone();
+
+    let mut piece: Vec<usize> = Vec::new();
+    let mut tried = None;
+    for ring in &rings {
+        piece.extend(ring);
+        let feeds = feeds_of(&index, &piece, inputs, &value_of);
+        let model = extract_nodes(&target_model, &piece, std::slice::from_ref(&value), &feeds)?;
+        let got = target_runtime.run(&model, &feeds, std::slice::from_ref(&value))?;
+        let multiple = judged(layer, &expected, &got[0].1)?;
+        tried = Some((model, feeds, got, multiple));
+        if multiple.0 > 1.0 {
+            break;
+        }
+    }
+    let (model, feeds, got, (multiple, max_abs_diff)) = tried.expect("one ring at least");
+    let reproduced = multiple > 1.0;
+    let mut nodes: Vec<usize> = piece.clone();
+    nodes.sort_unstable();
+    let names: Vec<String> = nodes
+        .iter()
+        .map(|&n| {
+            let node = &index.nodes()[n];
+            if node.name.is_empty() {
+                node.op_type.clone()
+            } else {
+                node.name.clone()
+            }
+        })
+        .collect();
+    let repro = Repro {
+        folder: folder.to_path_buf(),
+        layer: value.clone(),
+        nodes: names,
+        reproduced,
+        max_abs_diff,
+        multiple,
+    };
+    let facts = script::Facts {
+        report,
+        layer,
+        reference: &options.reference,
+        target: &target_spec,
+        reference_detail: &report.reference.detail,
+        target_detail: &report.target.detail,
+        command,
+        repro: &repro,
+        target_value: &got[0].1,
+        inputs: model
+            .graph()
+            .input
+            .iter()
+            .map(|i| i.name().to_string())
+            .collect(),
+    };
+    write_folder(folder, &model, &feeds, &value, &expected, &facts)?;
+    Ok(repro)
+}
+
+/// The nodes behind `value` ring by ring (its producer, then the producers of what those
+/// read…), each ring in graph order, until `most` nodes are taken.
+fn rings(index: &GraphIndex, value: &str, most: usize) -> Vec<Vec<usize>> {
+    let mut rings: Vec<Vec<usize>> = Vec::new();
+    let mut taken: HashSet<usize> = HashSet::new();
+    let mut front = vec![index.producer(value).expect("checked").index];
+    while !front.is_empty() && taken.len() < most.max(1) {
+        let mut ring = Vec::new();
+        for n in front {
+            if taken.len() < most.max(1) && taken.insert(n) {
+                ring.push(n);
+            }
+        }
+        ring.sort_unstable();
+        let mut next: Vec<usize> = Vec::new();
+        for &n in &ring {
+            for input in &index.nodes()[n].inputs {
+                if let Some(p) = index.producer(input)
+                    && !taken.contains(&p.index)
+                    && !next.contains(&p.index)
+                {
+                    next.push(p.index);
+                }
+            }
+        }
+        if ring.is_empty() {
+            break;
+        }
+        rings.push(ring);
+        front = next;
+    }
+    rings
+}
+
+/// What the piece reads, from the reference: graph inputs as given, the rest as computed.
+fn feeds_of<'a>(
+    index: &GraphIndex,
+    piece: &[usize],
+    inputs: &[(String, Tensor)],
+    value_of: &dyn Fn(&str) -> Option<&'a Tensor>,
+) -> Vec<(String, Tensor)> {
+    let produced: HashSet<&str> = piece
+        .iter()
+        .flat_map(|&n| index.nodes()[n].outputs.iter().map(String::as_str))
+        .collect();
+    let mut feeds: Vec<(String, Tensor)> = Vec::new();
+    for &n in piece {
+        for input in &index.nodes()[n].inputs {
+            if input.is_empty()
+                || index.is_initializer(input)
+                || produced.contains(input.as_str())
+                || feeds.iter().any(|(f, _)| f == input)
+            {
+                continue;
+            }
+            let tensor = inputs
+                .iter()
+                .find(|(name, _)| name == input)
+                .map(|(_, t)| t)
+                .or_else(|| value_of(input));
+            if let Some(t) = tensor {
+                feeds.push((input.clone(), t.clone()));
+            }
+        }
+    }
+    feeds
+}
+
+/// The target's value against the reference's, judged by the layer's tolerance: (its
+/// difference as a multiple of the tolerance, the largest difference).
+fn judged(layer: &Layer, expected: &Tensor, got: &Tensor) -> Result<(f64, f64)> {
+    let grid = if got.dtype.narrower_than(expected.dtype) {
+        got.dtype
+    } else {
+        expected.dtype
+    };
+    let stats = compare_judged(
+        expected.view(),
+        got.view(),
+        Some(Judge {
+            grid,
+            bound: layer.tolerance,
+        }),
+    )?;
+    Ok((
+        stats.tolerance_multiple().unwrap_or(0.0),
+        stats.max_abs_diff,
+    ))
+}
+
+fn write_folder(
+    folder: &Path,
+    model: &Model,
+    feeds: &[(String, Tensor)],
+    value: &str,
+    expected: &Tensor,
+    facts: &script::Facts,
+) -> Result<()> {
+    let io = |path: PathBuf| {
+        move |source: std::io::Error| Error::Write {
+            path: path.clone(),
+            source,
+        }
+    };
+    std::fs::create_dir_all(folder).map_err(io(folder.to_path_buf()))?;
+    let metadata = BTreeMap::from([("producer".to_string(), "layerdiff".to_string())]);
+    write_safetensors(&folder.join("inputs.safetensors"), feeds, metadata.clone())?;
+    write_safetensors(
+        &folder.join("expected.safetensors"),
+        &[(value.to_string(), expected.clone())],
+        metadata,
+    )?;
+    for (name, contents) in [
+        ("model.onnx", model.to_bytes()),
+        ("repro.py", script::repro_py(facts).into_bytes()),
+        ("README.md", script::readme(facts).into_bytes()),
+    ] {
+        let path = folder.join(name);
+        write_atomic(&path, &contents).map_err(io(path.clone()))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use layerdiff_onnx::{GraphProto, NodeProto};
+
+    /// `x → a → b`, `x → c`, `d = b + c`, `e = Relu(d)`.
+    fn diamond() -> GraphIndex {
+        let node = |name: &str, op: &str, inputs: &[&str]| NodeProto {
+            op_type: Some(op.into()),
+            name: Some(name.into()),
+            input: inputs.iter().map(|i| i.to_string()).collect(),
+            output: vec![name.into()],
+            ..Default::default()
+        };
+        GraphIndex::new(&GraphProto {
+            node: vec![
+                node("a", "Relu", &["x"]),
+                node("b", "Relu", &["a"]),
+                node("c", "Relu", &["x"]),
+                node("d", "Add", &["b", "c"]),
+                node("e", "Relu", &["d"]),
+            ],
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn a_piece_grows_a_ring_of_producers_at_a_time_up_to_the_most_nodes() {
+        let index = diamond();
+        assert_eq!(rings(&index, "e", 5), vec![vec![4], vec![3], vec![1, 2], vec![0]]);
+        assert_eq!(rings(&index, "e", 3), vec![vec![4], vec![3], vec![1]]);
+        assert_eq!(rings(&index, "e", 1), vec![vec![4]]);
+        assert_eq!(rings(&index, "a", 5), vec![vec![0]]);
+    }
+}

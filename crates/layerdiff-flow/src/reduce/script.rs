@@ -1,0 +1,236 @@
+//! The repro folder's words: `repro.py`, which runs the piece on the target's runtime with
+//! numpy and that runtime's own Python package alone, and `README.md`.
+
+use layerdiff_core::{Layer, Report, Tensor};
+use layerdiff_runtime::{OptLevel, RuntimeSpec};
+
+use super::Repro;
+
+/// What the repro's files say.
+pub(crate) struct Facts<'a> {
+    pub report: &'a Report,
+    pub layer: &'a Layer,
+    pub reference: &'a RuntimeSpec,
+    pub target: &'a RuntimeSpec,
+    pub reference_detail: &'a str,
+    pub target_detail: &'a str,
+    pub command: &'a str,
+    pub repro: &'a Repro,
+    pub target_value: &'a Tensor,
+    /// The piece's graph inputs, in the model's order (tract takes them by position).
+    pub inputs: Vec<String>,
+}
+
+/// A Python string literal of `text`.
+fn py_str(text: &str) -> String {
+    serde_json::to_string(text).expect("a string serialises")
+}
+
+/// The target's Python package, and the body of `run_target(inputs)`.
+fn runner(target: &RuntimeSpec, inputs: &[String]) -> (&'static str, String) {
+    match target {
+        RuntimeSpec::Ort(provider, level, options, without) => {
+            let level = match level {
+                OptLevel::Disable => "ORT_DISABLE_ALL",
+                OptLevel::Basic => "ORT_ENABLE_BASIC",
+                OptLevel::Extended => "ORT_ENABLE_EXTENDED",
+                OptLevel::All => "ORT_ENABLE_ALL",
+            };
+            let disabled = if without.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "    options.add_session_config_entry(\n        \"optimization.disable_specified_optimizers\", {}\n    )\n",
+                    py_str(&without.join(";"))
+                )
+            };
+            let provider_options: Vec<String> = options
+                .iter()
+                .map(|(k, v)| format!("{}: {}", py_str(k), py_str(v)))
+                .collect();
+            let provider = if provider_options.is_empty() {
+                py_str(provider.ort_name())
+            } else {
+                format!(
+                    "({}, {{{}}})",
+                    py_str(provider.ort_name()),
+                    provider_options.join(", ")
+                )
+            };
+            (
+                "onnxruntime",
+                format!(
+                    "    import onnxruntime as ort\n\n    options = ort.SessionOptions()\n    options.graph_optimization_level = ort.GraphOptimizationLevel.{level}\n{disabled}    session = ort.InferenceSession(\n        str(HERE / \"model.onnx\"), options, providers=[{provider}]\n    )\n    names = [o.name for o in session.get_outputs()]\n    return dict(zip(names, session.run(names, inputs)))\n"
+                ),
+            )
+        }
+        RuntimeSpec::Tract => {
+            let order: Vec<String> = inputs.iter().map(|n| py_str(n)).collect();
+            (
+                "tract",
+                format!(
+                    "    import tract\n\n    model = tract.onnx().model_for_path(str(HERE / \"model.onnx\"))\n    runnable = model.into_optimized().into_runnable()\n    order = [{}]  # the model's inputs, in the order tract takes them\n    outputs = runnable.run([inputs[name] for name in order])\n    return {{name: value.to_numpy() for name, value in zip(OUTPUTS, outputs)}}\n",
+                    order.join(", ")
+                ),
+            )
+        }
+        RuntimeSpec::OpenVino(precision) => {
+            let config = precision
+                .as_ref()
+                .map(|p| format!("{{\"INFERENCE_PRECISION_HINT\": {}}}", py_str(p)))
+                .unwrap_or_else(|| "{}".to_string());
+            (
+                "openvino",
+                format!(
+                    "    import openvino as ov\n\n    compiled = ov.Core().compile_model(str(HERE / \"model.onnx\"), \"CPU\", {config})\n    result = compiled(inputs)\n    return {{out.get_any_name(): result[out] for out in compiled.outputs}}\n"
+                ),
+            )
+        }
+        RuntimeSpec::Expected(_) => unreachable!("a repro's target runs"),
+    }
+}
+
+/// `repro.py`.
+pub(crate) fn repro_py(facts: &Facts) -> String {
+    let (package, run_target) = runner(facts.target, &facts.inputs);
+    let bound = facts.layer.tolerance;
+    format!(
+        r#""""layerdiff repro: `{layer}` on {target}.
+
+Runs model.onnx (the piece of `{model}` that computes `{layer}`) on the target with the
+reference's values at its inputs (inputs.safetensors), and compares what it computes with the
+reference's value (expected.safetensors) by the tolerance layerdiff judged the layer by.
+Needs numpy and {package}, nothing else. Exit code 1: the difference shows.
+"""
+
+import json
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+TARGET = {target_py}
+ATOL, RTOL = {atol:e}, {rtol:e}  # within tolerance: |got - expected| <= ATOL + RTOL * |expected|
+OUTPUTS = [{layer_py}]
+DTYPES = {{"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4",
+          "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}}
+
+
+def load(path):
+    """The tensors of a safetensors file, read with numpy alone (bfloat16 widened to float32)."""
+    data = Path(path).read_bytes()
+    (size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + size])
+    body = data[8 + size :]
+    tensors = {{}}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = info["data_offsets"]
+        if info["dtype"] == "BF16":
+            bits = np.frombuffer(body[start:end], dtype="<u2").astype(np.uint32) << 16
+            array = bits.view(np.float32)
+        else:
+            array = np.frombuffer(body[start:end], dtype=DTYPES[info["dtype"]])
+        tensors[name] = array.reshape(info["shape"]).copy()
+    return tensors
+
+
+def run_target(inputs):
+{run_target}
+
+def differs(name, expected, got):
+    """Prints how far `got` is from `expected`; True when some element is beyond the tolerance."""
+    expected, got = expected.astype(np.float64), got.astype(np.float64)
+    diff = np.abs(got - expected)
+    beyond = ~(diff <= ATOL + RTOL * np.abs(expected))  # NaN is beyond
+    print(f"`{{name}}` on {{TARGET}}: max |diff| {{np.nanmax(diff):.3e}} against the tolerance "
+          f"{{ATOL:g}} + {{RTOL:g}}*|expected|: {{int(beyond.sum())}} of {{diff.size}} elements beyond it")
+    if beyond.any():
+        worst = np.unravel_index(np.argmax(np.where(np.isnan(diff), np.inf, diff)), diff.shape)
+        at = tuple(int(i) for i in worst)
+        print(f"  worst at {{at}}: expected {{expected[worst]:.7g}}, got {{got[worst]:.7g}}")
+    return bool(beyond.any())
+
+
+def main():
+    inputs = load(HERE / "inputs.safetensors")
+    expected = load(HERE / "expected.safetensors")
+    got = run_target(inputs)
+    shown = [differs(name, expected[name], got[name]) for name in OUTPUTS]
+    print("reproduced" if any(shown) else "not reproduced: within the tolerance")
+    return 1 if any(shown) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+"#,
+        layer = facts.repro.layer,
+        layer_py = py_str(&facts.repro.layer),
+        target = facts.target.spelling(),
+        target_py = py_str(&facts.target.spelling()),
+        model = facts.report.model,
+        atol = bound.atol,
+        rtol = bound.rtol,
+    )
+}
+
+/// `README.md`.
+pub(crate) fn readme(facts: &Facts) -> String {
+    let (package, _) = runner(facts.target, &facts.inputs);
+    let repro = facts.repro;
+    let layer = facts.layer;
+    let op = layer
+        .location
+        .as_ref()
+        .map(|l| format!(" ({})", l.op))
+        .unwrap_or_default();
+    let nodes: Vec<String> = repro.nodes.iter().map(|n| format!("`{n}`")).collect();
+    let found = if repro.reproduced {
+        format!(
+            "**Checked** before this folder was written: on the piece, the target's value is {:.3e} away from the reference's at most, {:.1}× the tolerance {}.",
+            repro.max_abs_diff, repro.multiple, layer.tolerance
+        )
+    } else {
+        format!(
+            "**Not reproduced**: on this piece, the largest tried, the target stays within the tolerance {} ({:.2}×): the difference needs more of the model than {} nodes.",
+            layer.tolerance,
+            repro.multiple,
+            repro.nodes.len()
+        )
+    };
+    let cause = match (&layer.cause, &layer.detail) {
+        (Some(cause), Some(detail)) => format!("\n- **Cause** (the report's): `{cause}`: {detail}"),
+        (Some(cause), None) => format!("\n- **Cause** (the report's): `{cause}`"),
+        _ => String::new(),
+    };
+    let dtype = facts.target_value.dtype.name();
+    format!(
+        "# Repro: `{layer_name}`{op} on `{target}`\n\n\
+         layerdiff cut this out of `{model}`: {n} node(s), {nodes}, that compute `{layer_name}` from the reference's values at their inputs.\n\n\
+         - **What differs**: `{layer_name}`, {dtype} of shape {shape:?}, as the target computes it ({target_detail}) and as the reference does ({reference_detail}).\n\
+         - {found}\n\
+         - **Against which truth**: `expected.safetensors` holds the reference's value of `{layer_name}` (`{reference}`, the whole model run on the report's inputs); the tolerance is the one the report judged this layer by ({tolerance_how}).{cause}\n\
+         - **Produced by**: `{command}`\n\n\
+         ## Run it\n\n\
+         ```\npip install numpy {package}\npython repro.py    # exit code 1: the difference shows\n```\n\n\
+         | file | what |\n|---|---|\n\
+         | `model.onnx` | the piece, its weights inside, opsets as in the original |\n\
+         | `inputs.safetensors` | the reference's values at the piece's inputs |\n\
+         | `expected.safetensors` | the reference's value of `{layer_name}` |\n\
+         | `repro.py` | runs the piece on `{target}` and prints the difference and the tolerance |\n",
+        layer_name = repro.layer,
+        target = facts.target.spelling(),
+        reference = facts.reference.spelling(),
+        model = facts.report.model,
+        n = repro.nodes.len(),
+        nodes = nodes.join(", "),
+        target_detail = facts.target_detail,
+        reference_detail = facts.reference_detail,
+        tolerance_how = facts.report.tolerance.policy.replace('_', " "),
+        shape = facts.target_value.shape,
+        command = facts.command,
+    )
+}

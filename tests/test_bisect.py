@@ -1,0 +1,59 @@
+"""`--bisect`: what turns a difference on, found by halves and checked by a run."""
+
+from __future__ import annotations
+
+import json
+
+from builders.graphs import growing_convs
+from conftest import run_cli
+
+
+def test_the_optimizer_behind_opt_all_drift_is_named_and_disabling_it_is_checked(tmp_path):
+    model = growing_convs(tmp_path / "convs.onnx")
+    report = tmp_path / "r.json"
+    done = run_cli("onnx", str(model), "--reference", "ort", "--target", "ort:opt=all",
+                   "--bisect", "--json", str(report))  # fmt: skip
+    assert done.returncode == 0, done.stderr  # rounding drift only
+    found = json.loads(report.read_text())["bisection"]
+    assert found["found"] and found["responsible"] == ["NchwcTransformer"]
+    assert found["check"]["exceeding_before"] > 0 and found["check"]["exceeding_after"] == 0
+    assert found["spelling"] == "ort:opt=all:without=NchwcTransformer"
+    assert found["runs"] <= 1 + 2 * 6, found["runs"]  # by halves, not one optimizer at a time
+    assert "bisected: turned on by 1 of" in done.stdout and "`NchwcTransformer`" in done.stdout
+
+    # The spelling it prints is a target a user can run: clean.
+    again = run_cli("onnx", str(model), "--target", found["spelling"], "--json",
+                    str(tmp_path / "again.json"))  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    summary = json.loads((tmp_path / "again.json").read_text())["summary"]
+    assert summary["layers_exceeding"] == 0
+    assert "without NchwcTransformer" in again.stdout
+
+
+def test_drift_the_optimizers_do_not_cause_is_not_blamed_on_them(tmp_path):
+    """Against tract, ONNX Runtime's own kernels drift with every optimizer disabled: no
+    optimizer is named, and the run that shows it is in the report."""
+    model = growing_convs(tmp_path / "convs.onnx", gain=4.0)
+    report = tmp_path / "r.json"
+    run_cli("onnx", str(model), "--reference", "tract", "--target", "ort:opt=all", "--bisect",
+            "--json", str(report))  # fmt: skip
+    found = json.loads(report.read_text())["bisection"]
+    assert not found["found"] and found["responsible"] == [] and found["runs"] == 1
+    assert found["check"]["exceeding_after"] > 0
+
+    done = run_cli("onnx", str(model), "--reference", "ort", "--target", "tract", "--bisect")
+    assert "--bisect: nothing to bisect, the target (`tract`) does not optimize" in done.stderr
+
+
+def test_a_clean_run_has_nothing_to_bisect(tmp_path):
+    model = growing_convs(tmp_path / "convs.onnx", layers=2)
+    done = run_cli("onnx", str(model), "--target", "ort:opt=all", "--bisect")
+    assert done.returncode == 0, done.stderr
+    assert "--bisect: nothing to bisect, no layer exceeds its tolerance" in done.stderr
+
+
+def test_disabling_optimizers_needs_a_level_that_runs_them(tmp_path):
+    model = growing_convs(tmp_path / "convs.onnx", layers=1)
+    done = run_cli("onnx", str(model), "--target", "ort:without=NchwcTransformer")
+    assert done.returncode == 2
+    assert "`without=` disables ONNX Runtime graph optimizers, which run only at" in done.stderr

@@ -1,0 +1,119 @@
+"""Checked minimal reproductions: `--repro DIR` on a comparison and `layerdiff reduce
+REPORT.json`, each repro.py run where nothing but numpy and the target's runtime is importable."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+from conftest import run_cli
+
+
+def only(tmp_path: Path, *packages: str) -> Path:
+    """A folder holding nothing but numpy and `packages`, linked from this environment: with
+    `python -S` and it on PYTHONPATH, nothing else can be imported."""
+    folder = tmp_path / "only"
+    folder.mkdir()
+    for name in ("numpy", *packages):
+        home = Path(importlib.util.find_spec(name).origin).parent
+        for sibling in home.parent.glob(f"{name}*"):  # the package and its bundled .libs
+            if sibling.is_dir() and not sibling.name.endswith(".dist-info"):
+                (folder / sibling.name).symlink_to(sibling)
+    return folder
+
+
+def run_repro(folder: Path, packages: Path) -> subprocess.CompletedProcess:
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(packages)}
+    return subprocess.run([sys.executable, "-S", "repro.py"], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+def edited_pads(src: Path, dst: Path, conv: int) -> str:
+    """`src` with the `conv`-th Conv's pads shifted by one row ([1,1,1,1] → [2,1,0,1]: same
+    shape, other numbers), as a faulty exporter or optimizer might; returns the conv's value."""
+    model = onnx.load(str(src))
+    node = [n for n in model.graph.node if n.op_type == "Conv"][conv]
+    next(a for a in node.attribute if a.name == "pads").ints[:] = [2, 1, 0, 1]
+    onnx.save(model, str(dst))
+    return node.output[0]
+
+
+def test_reduce_cuts_an_edited_attribute_deep_in_resnet18_down_to_its_node(
+    resnet18_onnx, tmp_path
+):
+    model = resnet18_onnx["dynamo"]
+    value = edited_pads(model, tmp_path / "edited.onnx", conv=8)
+    run = run_cli("onnx", str(model), "--vs", "edited.onnx", "--out", "run", "--quiet",
+                  cwd=tmp_path)  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    # From another folder, as a user handed the report would.
+    done = run_cli("reduce", str(tmp_path / "run" / "report.json"), cwd=Path("/"))
+    assert done.returncode == 0, done.stderr
+    folder = tmp_path / "run" / "repro"
+    assert f"repro of `{value}`: 1 node" in done.stdout and "checked" in done.stdout
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "README.md", "expected.safetensors", "inputs.safetensors", "model.onnx", "repro.py",
+    ]  # fmt: skip
+    piece = onnx.load(str(folder / "model.onnx"))
+    assert [n.op_type for n in piece.graph.node] == ["Conv"]
+    assert [a.ints for a in piece.graph.node[0].attribute if a.name == "pads"] == [[2, 1, 0, 1]]
+    readme = (folder / "README.md").read_text()
+    assert "op_implementation" in readme and "`pads` [1, 1, 1, 1] → [2, 1, 0, 1]" in readme
+    assert "layerdiff onnx" in readme and "--vs edited.onnx" in readme
+
+    shown = run_repro(folder, only(tmp_path, "onnxruntime"))
+    assert shown.returncode == 1, shown.stderr
+    assert f"`{value}` on ort: max |diff|" in shown.stdout and "reproduced" in shown.stdout
+    assert "against the tolerance 0.0001 + 1e-05*|expected|" in shown.stdout
+
+
+def test_repro_on_the_comparison_writes_the_same_folder(resnet18_onnx, tmp_path):
+    model = resnet18_onnx["legacy"]
+    value = edited_pads(model, tmp_path / "edited.onnx", conv=3)
+    done = run_cli("onnx", str(model), "--vs", str(tmp_path / "edited.onnx"),
+                   "--repro", str(tmp_path / "repro"))  # fmt: skip
+    assert done.returncode == 1
+    assert f"repro of `{value}`: 1 node" in done.stderr
+    assert run_repro(tmp_path / "repro", only(tmp_path, "onnxruntime")).returncode == 1
+
+
+def test_a_clean_run_writes_no_repro_and_says_why(resnet18_onnx, tmp_path):
+    model = resnet18_onnx["dynamo"]
+    done = run_cli("onnx", str(model), "--target", "ort", "--repro", str(tmp_path / "repro"))
+    assert done.returncode == 0
+    assert "--repro: no repro written: no layer exceeds its tolerance" in done.stderr
+    assert not (tmp_path / "repro").exists()
+
+    run_cli("onnx", str(model), "--target", "ort", "--json", str(tmp_path / "r.json"))
+    again = run_cli("reduce", str(tmp_path / "r.json"))
+    assert again.returncode == 1
+    assert "no repro written: no layer exceeds its tolerance" in again.stderr
+
+
+def test_a_report_that_cannot_be_run_again_is_refused_by_name(tmp_path):
+    report = tmp_path / "r.json"
+    report.write_text(json.dumps({"schema": "layerdiff.report/4", "command": "onnx"}))
+    done = run_cli("reduce", str(report))
+    assert done.returncode == 2
+    assert "does not record the command that made it" in done.stderr
+    assert "hint: run the comparison again with `--repro DIR`" in done.stderr
+    (tmp_path / "not.json").write_text("{")
+    assert "is not a JSON report" in run_cli("reduce", str(tmp_path / "not.json")).stderr
+
+
+@pytest.mark.parametrize("runtime", ["tract"])
+def test_the_repro_names_the_runtime_it_needs(resnet18_onnx, tmp_path, runtime):
+    """A tract target's repro.py runs on tract's Python package; its README says so."""
+    model = resnet18_onnx["dynamo"]
+    edited_pads(model, tmp_path / "edited.onnx", conv=2)
+    run_cli("onnx", str(model), "--vs", str(tmp_path / "edited.onnx"), "--target", runtime,
+            "--repro", str(tmp_path / "repro"), "--quiet")  # fmt: skip
+    script = (tmp_path / "repro" / "repro.py").read_text()
+    assert "import tract" in script and "Needs numpy and tract, nothing else" in script
+    assert "pip install numpy tract" in (tmp_path / "repro" / "README.md").read_text()
