@@ -44,9 +44,7 @@ def edited_pads(src: Path, dst: Path, conv: int) -> str:
     return node.output[0]
 
 
-def test_reduce_cuts_an_edited_attribute_deep_in_resnet18_down_to_its_node(
-    resnet18_onnx, tmp_path
-):
+def test_reduce_cuts_an_edited_attribute_deep_in_resnet18_down_to_its_node(resnet18_onnx, tmp_path):
     model = resnet18_onnx["dynamo"]
     value = edited_pads(model, tmp_path / "edited.onnx", conv=8)
     run = run_cli("onnx", str(model), "--vs", "edited.onnx", "--out", "run", "--quiet",
@@ -107,13 +105,20 @@ def test_a_report_that_cannot_be_run_again_is_refused_by_name(tmp_path):
     assert "is not a JSON report" in run_cli("reduce", str(tmp_path / "not.json")).stderr
 
 
-@pytest.mark.parametrize("runtime", ["tract"])
-def test_the_repro_names_the_runtime_it_needs(resnet18_onnx, tmp_path, runtime):
-    """A tract target's repro.py runs on tract's Python package; its README says so."""
+@pytest.mark.parametrize(
+    ("runtime", "package"), [("tract", "tract"), ("openvino:precision=f32", "openvino")]
+)
+def test_a_repro_runs_on_the_target_runtimes_own_package(resnet18_onnx, tmp_path, runtime, package):
+    """A tract or OpenVINO target's repro.py runs on that runtime's Python package and numpy
+    alone, and its README says which to install."""
     model = resnet18_onnx["dynamo"]
-    edited_pads(model, tmp_path / "edited.onnx", conv=2)
+    value = edited_pads(model, tmp_path / "edited.onnx", conv=2)
     run_cli("onnx", str(model), "--vs", str(tmp_path / "edited.onnx"), "--target", runtime,
             "--repro", str(tmp_path / "repro"), "--quiet")  # fmt: skip
     script = (tmp_path / "repro" / "repro.py").read_text()
-    assert "import tract" in script and "Needs numpy and tract, nothing else" in script
-    assert "pip install numpy tract" in (tmp_path / "repro" / "README.md").read_text()
+    assert f"Needs numpy and {package}, nothing else" in script
+    assert f"pip install numpy {package}" in (tmp_path / "repro" / "README.md").read_text()
+    pytest.importorskip(package)
+    shown = run_repro(tmp_path / "repro", only(tmp_path, package))
+    assert shown.returncode == 1, shown.stderr
+    assert f"`{value}` on {runtime}: max |diff|" in shown.stdout

@@ -69,7 +69,7 @@ fn runner(target: &RuntimeSpec, inputs: &[String]) -> (&'static str, String) {
             (
                 "tract",
                 format!(
-                    "    import tract\n\n    model = tract.onnx().model_for_path(str(HERE / \"model.onnx\"))\n    runnable = model.into_optimized().into_runnable()\n    order = [{}]  # the model's inputs, in the order tract takes them\n    outputs = runnable.run([inputs[name] for name in order])\n    return {{name: value.to_numpy() for name, value in zip(OUTPUTS, outputs)}}\n",
+                    "    import tract\n\n    model = tract.onnx().load(str(HERE / \"model.onnx\")).into_model()\n    runnable = model.into_runnable()  # optimized, as layerdiff runs tract\n    order = [{}]  # the model's inputs, in the order tract takes them\n    outputs = runnable.run([inputs[name] for name in order])\n    return {{name: value.to_numpy() for name, value in zip(OUTPUTS, outputs)}}\n",
                     order.join(", ")
                 ),
             )
