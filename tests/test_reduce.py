@@ -3,35 +3,18 @@ REPORT.json`, each repro.py run where nothing but numpy and the target's runtime
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import onnx
 import pytest
 from conftest import run_cli
-
-
-def only(tmp_path: Path, *packages: str) -> Path:
-    """A folder holding nothing but numpy and `packages`, linked from this environment: with
-    `python -S` and it on PYTHONPATH, nothing else can be imported."""
-    folder = tmp_path / "only"
-    folder.mkdir()
-    for name in ("numpy", *packages):
-        home = Path(importlib.util.find_spec(name).origin).parent
-        for sibling in home.parent.glob(f"{name}*"):  # the package and its bundled .libs
-            if sibling.is_dir() and not sibling.name.endswith(".dist-info"):
-                (folder / sibling.name).symlink_to(sibling)
-    return folder
+from sandbox import folder_of, run_in
 
 
 def run_repro(folder: Path, packages: Path) -> subprocess.CompletedProcess:
-    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(packages)}
-    return subprocess.run([sys.executable, "-S", "repro.py"], cwd=folder, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return run_in(folder, packages, "repro.py")
 
 
 def edited_pads(src: Path, dst: Path, conv: int) -> str:
@@ -65,7 +48,7 @@ def test_reduce_cuts_an_edited_attribute_deep_in_resnet18_down_to_its_node(resne
     assert "op_implementation" in readme and "`pads` [1, 1, 1, 1] → [2, 1, 0, 1]" in readme
     assert "layerdiff onnx" in readme and "--vs edited.onnx" in readme
 
-    shown = run_repro(folder, only(tmp_path, "onnxruntime"))
+    shown = run_repro(folder, folder_of(tmp_path, "onnxruntime"))
     assert shown.returncode == 1, shown.stderr
     assert f"`{value}` on ort: max |diff|" in shown.stdout and "reproduced" in shown.stdout
     assert "against the tolerance 0.0001 + 1e-05*|expected|" in shown.stdout
@@ -78,7 +61,7 @@ def test_repro_on_the_comparison_writes_the_same_folder(resnet18_onnx, tmp_path)
                    "--repro", str(tmp_path / "repro"))  # fmt: skip
     assert done.returncode == 1
     assert f"repro of `{value}`: 1 node" in done.stderr
-    assert run_repro(tmp_path / "repro", only(tmp_path, "onnxruntime")).returncode == 1
+    assert run_repro(tmp_path / "repro", folder_of(tmp_path, "onnxruntime")).returncode == 1
 
 
 def test_a_clean_run_writes_no_repro_and_says_why(resnet18_onnx, tmp_path):
@@ -119,6 +102,38 @@ def test_a_repro_runs_on_the_target_runtimes_own_package(resnet18_onnx, tmp_path
     assert f"Needs numpy and {package}, nothing else" in script
     assert f"pip install numpy {package}" in (tmp_path / "repro" / "README.md").read_text()
     pytest.importorskip(package)
-    shown = run_repro(tmp_path / "repro", only(tmp_path, package))
+    shown = run_repro(tmp_path / "repro", folder_of(tmp_path, package))
     assert shown.returncode == 1, shown.stderr
     assert f"`{value}` on {runtime}: max |diff|" in shown.stdout
+
+
+BUILDERS = Path(__file__).parent / "builders"
+
+
+def test_reduce_cuts_a_wrong_module_of_a_bfloat16_target_down_to_it_alone(tmp_path):
+    """One module's half-precision path is wrong (tests/builders/wrong_bf16.py): the repro is
+    that module alone, its class imported from the builder's file, and its repro.py shows the
+    difference with torch and numpy alone."""
+    builder = f"{BUILDERS / 'wrong_bf16.py'}:build"
+    run = run_cli("torch", builder, "--target", "torch:bf16", "--out", "run", "--quiet",
+                  cwd=tmp_path)  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    done = run_cli("reduce", str(tmp_path / "run" / "report.json"), "--out",
+                   str(tmp_path / "repro"))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "repro of `2`: the module `2` (GatedConv) alone" in done.stdout
+    folder = tmp_path / "repro"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "README.md", "expected.safetensors", "inputs.safetensors", "module.pt", "repro.py",
+        "state.safetensors",
+    ]  # fmt: skip
+    assert (folder / "module.pt").stat().st_size < (folder / "state.safetensors").stat().st_size
+    script = (folder / "repro.py").read_text()
+    assert "wrong_bf16.py" in script and "GatedConv" in script
+    readme = (folder / "README.md").read_text()
+    assert "op_implementation" in readme and "**Checked**" in readme
+
+    shown = run_repro(folder, folder_of(tmp_path, "torch", "numpy"))
+    assert shown.returncode == 1, shown.stderr
+    assert "`2` on torch:bf16 against torch: max |diff|" in shown.stdout
+    assert "against layerdiff's run of the whole model: max |diff| 0.000e+00" in shown.stdout

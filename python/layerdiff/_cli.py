@@ -83,6 +83,8 @@ def _run(verb: str, command) -> int:
             "hint: pip install 'layerdiff[torch]'"
         ) from e
 
+    if verb == "reduce":
+        return _reduce(command)
     if verb == "zoo":
         from layerdiff.torch.models import zoo_text
 
@@ -124,6 +126,10 @@ def _run(verb: str, command) -> int:
         report = lt.compare_torch(
             model, inputs, progress=progress, keep_fp32=command.keep_fp32, **common
         )
+        if command.bisect:
+            report = _bisect_torch(lt, model, inputs, report, command, progress)
+        if command.repro is not None:
+            report.notes.append(_torch_repro(model, inputs, report, command))
     else:
         report = lt.compare_torch_onnx(
             model,
@@ -137,6 +143,58 @@ def _run(verb: str, command) -> int:
             **common,
         )
     return report._native.deliver(command, report.inputs, command.seed, report.notes)
+
+
+def _torch_repro(model, inputs, report, command, folder=None, text=None) -> str:
+    """`--repro DIR` of a PyTorch target: its headline's module alone, checked."""
+    from layerdiff.torch._repro import write_repro
+    from layerdiff.torch._sides import TorchSide
+
+    options = command.options
+    ref_side, tgt_side = TorchSide.of(options.reference), TorchSide.of(options.torch_target)
+    invocation = text or "layerdiff " + " ".join(sys.argv[1:])
+    return write_repro(
+        model, inputs, report, ref_side, tgt_side, folder or command.repro, invocation
+    )
+
+
+def _bisect_torch(lt, model, inputs, report, command, progress):
+    """`--bisect` of a PyTorch target: its compiler stage, or the layers to keep in float32."""
+    from layerdiff.torch import _bisect
+
+    return _bisect.bisect(lt, model, inputs, report, command, progress)
+
+
+def _reduce(plan: dict) -> int:
+    """`layerdiff reduce REPORT.json` of a report of `layerdiff torch`: its command run again
+    where it ran, and its headline's module written as a repro."""
+    if plan["command"] != "torch":
+        raise _layerdiff.UsageError(
+            f"`layerdiff reduce` cuts down reports of `layerdiff onnx` and of `layerdiff torch` "
+            f"with a PyTorch target; this one is of `layerdiff {plan['command']}`"
+        )
+    os.chdir(plan["cwd"])
+    kind, command = _layerdiff.parse_cli(["layerdiff", *plan["argv"]], _ort.library())
+    if kind != "torch" or command.options.torch_target is None:
+        raise _layerdiff.UsageError(
+            "`layerdiff reduce` of a `layerdiff torch` report needs a PyTorch target "
+            "(`--target torch:bf16`, `torch:compile`…): a PyTorch model against its ONNX "
+            "export is cut down from the export, with `layerdiff onnx model.onnx --repro DIR`"
+        )
+    from layerdiff import torch as lt
+
+    quiet = plan["quiet"]
+    progress = _Progress(quiet)
+    progress(f"running the report's command again: {plan['text']}")
+    model, inputs = lt.load_builder(command.model)(command.seed)
+    report = lt.compare_torch(
+        model, inputs, progress=progress, keep_fp32=command.keep_fp32,
+        name=command.model, seed=command.seed, options=command.options,
+    )  # fmt: skip
+    sentence = _torch_repro(model, inputs, report, command, plan["folder"], plan["text"])
+    if not quiet:
+        print(sentence)
+    return 0 if sentence.startswith("repro of") else 1
 
 
 def _keras(command) -> int:

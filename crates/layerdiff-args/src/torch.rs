@@ -116,6 +116,20 @@ pub struct TorchArgs {
     /// is checked against the same target without them kept.
     #[arg(long, value_delimiter = ',', value_name = "LAYERS")]
     pub keep_fp32: Vec<String>,
+    /// With a PyTorch target that drifts, find what turns the difference on: a torch.compile
+    /// target, the first compiler stage whose output differs (eager → aot_eager →
+    /// aot_eager_decomp_partition → inductor); a float16 or bfloat16 target, the smallest set
+    /// of layers to keep in float32 that brings the output within its tolerance. Each answer is
+    /// checked by a run, and named in the report.
+    #[arg(long)]
+    pub bisect: bool,
+    /// Write a checked minimal reproduction of the headline defect of a PyTorch target into
+    /// this folder: its module alone (its structure, module.pt; its weights and the
+    /// reference's inputs to it as safetensors), the reference's output, a repro.py that
+    /// imports the module's class from your code and runs reference and target, and a
+    /// README.md. A clean run writes none.
+    #[arg(long, value_name = "DIR")]
+    pub repro: Option<PathBuf>,
     /// Compare at each of these batch sizes (`1,8,32`): the model is exported once with a
     /// dynamic batch dimension and checked at each, with inputs generated like the example's;
     /// the axis report says which sizes drift and which layers pass at one size and fail at

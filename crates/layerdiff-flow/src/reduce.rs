@@ -369,7 +369,10 @@ mod tests {
     #[test]
     fn a_piece_grows_a_ring_of_producers_at_a_time_up_to_the_most_nodes() {
         let index = diamond();
-        assert_eq!(rings(&index, "e", 5), vec![vec![4], vec![3], vec![1, 2], vec![0]]);
+        assert_eq!(
+            rings(&index, "e", 5),
+            vec![vec![4], vec![3], vec![1, 2], vec![0]]
+        );
         assert_eq!(rings(&index, "e", 3), vec![vec![4], vec![3], vec![1]]);
         assert_eq!(rings(&index, "e", 1), vec![vec![4]]);
         assert_eq!(rings(&index, "a", 5), vec![vec![0]]);

@@ -131,6 +131,47 @@ impl Report {
     fn exit_code(&self) -> u8 {
         output::exit_code(&self.0, layerdiff_core::FailOn::Defect)
     }
+    /// The layer a repro shows (the first defect's, else the first whose own error exceeds its
+    /// tolerance) as `(name, None)`, or `(None, why)` where there is none.
+    #[getter]
+    fn headline(&self) -> (Option<String>, Option<String>) {
+        match layerdiff_flow::reduce::headline(&self.0) {
+            Ok(layer) => (Some(layer.name.clone()), None),
+            Err(why) => (None, Some(why)),
+        }
+    }
+    /// This report with what a bisection found (`over`, `action`, `candidates`, `responsible`,
+    /// `found`, `runs`, the check's `compared`, `exceeding_after`, and how to run it that way).
+    #[allow(clippy::too_many_arguments)]
+    fn bisected(
+        &self,
+        over: String,
+        action: String,
+        candidates: usize,
+        responsible: Vec<String>,
+        found: bool,
+        runs: usize,
+        compared: usize,
+        exceeding_after: usize,
+        spelling: Option<String>,
+    ) -> Report {
+        let mut report = self.0.clone();
+        report.bisection = Some(layerdiff_core::Bisection {
+            over,
+            action,
+            candidates,
+            responsible,
+            found,
+            runs,
+            check: layerdiff_core::BisectionCheck {
+                compared,
+                exceeding_before: self.0.summary.layers_exceeding,
+                exceeding_after,
+            },
+            spelling,
+        });
+        Report(report)
+    }
     /// The layer where drift is born, or None.
     #[getter]
     fn drift_origin(&self) -> Option<String> {
@@ -192,6 +233,20 @@ fn compare_tensors_json(
     Ok(render::to_json_value(&stats))
 }
 
+/// Writes flat tensors as a safetensors file (through a temporary file, so whole or not at
+/// all), with `producer: layerdiff` in its metadata: the one writer of every tensor file.
+#[pyfunction]
+fn write_safetensors(py: Python<'_>, path: PathBuf, tensors: Vec<FlatTensor<'_>>) -> PyResult<()> {
+    let tensors = tensors
+        .iter()
+        .map(|t| Ok((t.name().to_string(), t.to_tensor()?)))
+        .collect::<PyResult<Vec<_>>>()?;
+    let metadata =
+        std::collections::BTreeMap::from([("producer".to_string(), "layerdiff".to_string())]);
+    py.detach(|| layerdiff_core::write_safetensors(&path, &tensors, metadata))
+        .map_err(to_py_err)
+}
+
 /// A flat tensor's fingerprint, `(element count, samples)`: what pairs a layer with an ONNX
 /// value by value where the file names no module scope.
 #[pyfunction]
@@ -251,6 +306,7 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Command>()?;
     m.add_function(wrap_pyfunction!(compare_tensors_json, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
+    m.add_function(wrap_pyfunction!(write_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(model_inputs, m)?)?;
     m.add_class::<ops::OpsCommand>()?;
     m.add_class::<check::CheckCommand>()?;

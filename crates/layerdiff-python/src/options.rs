@@ -168,6 +168,10 @@ pub(crate) struct Command {
     /// float32 in it.
     dtype: Option<String>,
     keep_fp32: Vec<String>,
+    /// `torch`: whether to bisect what turns a PyTorch target's difference on.
+    bisect: bool,
+    /// `torch`: where to write the repro of the headline defect.
+    repro: Option<PathBuf>,
     /// `torch`: the points of an axis: batch sizes, or each point's input shapes.
     batch_sizes: Vec<usize>,
     shapes: Vec<Vec<Vec<usize>>>,
@@ -224,6 +228,16 @@ impl Command {
     #[getter]
     fn keep_fp32(&self) -> Vec<String> {
         self.keep_fp32.clone()
+    }
+    /// `torch`: whether to bisect what turns a PyTorch target's difference on (`--bisect`).
+    #[getter]
+    fn bisect(&self) -> bool {
+        self.bisect
+    }
+    /// `torch`: the folder for the repro of the headline defect (`--repro`), or None.
+    #[getter]
+    fn repro(&self) -> Option<PathBuf> {
+        self.repro.clone()
     }
     /// `torch`: the batch sizes to compare at (empty: the example's only).
     #[getter]
@@ -298,6 +312,8 @@ pub(crate) fn parse_cli(
             let command = Command {
                 dtype: dtype.map(|d| format!("{d:?}").to_lowercase()),
                 keep_fp32: a.keep_fp32,
+                bisect: a.bisect,
+                repro: a.repro,
                 batch_sizes: a.batch_sizes,
                 shapes: a.shapes,
                 model: a.model,
@@ -342,6 +358,8 @@ pub(crate) fn parse_cli(
                 copy_weights: a.copy_weights,
                 dtype: None,
                 keep_fp32: Vec::new(),
+                bisect: false,
+                repro: None,
                 batch_sizes: Vec::new(),
                 shapes: Vec::new(),
                 loss: None,
@@ -390,6 +408,8 @@ pub(crate) fn parse_cli(
                 copy_weights: false,
                 dtype: None,
                 keep_fp32: Vec::new(),
+                bisect: false,
+                repro: None,
                 batch_sizes: Vec::new(),
                 shapes: Vec::new(),
                 loss: Some(layerdiff_args::spelling(&a.loss)),

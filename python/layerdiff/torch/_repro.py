@@ -1,0 +1,225 @@
+"""The headline defect of a PyTorch target, cut down to its module alone (`--repro DIR`,
+`layerdiff reduce`): the module's structure (module.pt, no weights), its weights and the
+reference's inputs to it (safetensors), the reference's output, and a repro.py that imports
+the module's class from the user's code and runs it on the reference side and on the target
+side. The folder is claimed only once its repro.py, run in a fresh interpreter, shows the
+difference."""
+
+from __future__ import annotations
+
+import copy
+import string
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from layerdiff import _layerdiff
+from layerdiff.tensors import flat
+from layerdiff.torch._capture import _first_tensor
+from layerdiff.torch._repro_script import SCRIPT
+from layerdiff.torch._sides import TorchSide
+
+
+def write_repro(model, inputs, report, ref_side: TorchSide, tgt_side: TorchSide, folder,
+                command: str) -> str:  # fmt: skip
+    """Writes the repro of `report`'s headline into `folder` and says what it holds, or says
+    why there is none (a clean run writes nothing)."""
+    name, why = report._native.headline
+    if name is None:
+        return f"--repro: no repro written: {why}"
+    path, call = _module_call(name)
+    try:
+        module = model.get_submodule(path)
+    except AttributeError:
+        return f"--repro: no repro written: `{name}` is not a module of the model"
+    where = (
+        ""
+        if path == name.partition("#")[0]
+        else f" (the headline `{name}` is a call inside it: the module holds it)"
+    )
+    args, kwargs, expected = _call_inputs(model, inputs, path, call, ref_side)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors: list = []
+    literal_args = _literal(args, "arg", tensors)
+    literal_kwargs = _literal(kwargs, "kwarg", tensors)
+    state = dict(module.named_parameters(remove_duplicate=False))
+    state.update(module.named_buffers(remove_duplicate=False))
+    _layerdiff.write_safetensors(
+        folder / "state.safetensors", [flat(n, t.detach().cpu()) for n, t in state.items()]
+    )
+    _layerdiff.write_safetensors(folder / "inputs.safetensors", tensors)
+    _layerdiff.write_safetensors(folder / "expected.safetensors", [flat("output", expected)])
+    torch.save(copy.deepcopy(module).to("meta"), folder / "module.pt")
+    layer = next(layer for layer in report.layers if layer["name"] == name)
+    bound = layer["tolerance"]
+    cls = type(module)
+    imports, code_dir = _class_import(cls)
+    script = string.Template(SCRIPT).substitute(
+        layer=name,
+        path=path or "(the whole model)",
+        cls=f"{cls.__module__}.{cls.__qualname__}",
+        class_name=cls.__qualname__,
+        target=tgt_side.spelling,
+        reference=ref_side.spelling,
+        code_dir=repr(code_dir),
+        imports=imports,
+        reference_side=repr(_side(ref_side)),
+        target_side=repr(_side(tgt_side)),
+        atol=float(bound["atol"]),
+        rtol=float(bound["rtol"]),
+        args=literal_args,
+        kwargs=literal_kwargs,
+    )
+    (folder / "repro.py").write_text(script)
+    shown = subprocess.run(
+        [sys.executable, "repro.py"], cwd=folder, capture_output=True, text=True, timeout=600
+    )
+    (folder / "README.md").write_text(
+        _readme(report, layer, path, cls, ref_side, tgt_side, command, shown)
+    )
+    if shown.returncode not in (0, 1):
+        tail = (shown.stderr or shown.stdout).strip().splitlines()[-1:] or ["no output"]
+        return f"--repro: the repro in {folder} does not run: {tail[0]}"
+    lines = [line for line in shown.stdout.splitlines() if line.startswith("`")]
+    found = lines[-1] if lines else ""
+    if shown.returncode == 0:
+        return (
+            f"--repro: no repro of `{name}`: its module `{path}` alone stays within the "
+            f"tolerance ({found}); the difference needs more of the model. Files in {folder}"
+        )
+    return (
+        f"repro of `{name}`: the module `{path}` ({cls.__qualname__}) alone{where}, in {folder}, "
+        f"checked: {found} (python repro.py)"
+    )
+
+
+def _module_call(name: str) -> tuple[str, int]:
+    """The module a layer's value is computed in, and which call of it (1 first): `a.b#2` is
+    `a.b`'s second call; `a.b:add#3` is a call inside `a.b`, whose first call holds it."""
+    path, _, index = name.partition("#")
+    if ":" in path:
+        return path.split(":", 1)[0], 1
+    return path, int(index) if index.isdigit() else 1
+
+
+def _call_inputs(model, inputs, path: str, call: int, side: TorchSide):
+    """The arguments of the `call`-th call of `model`'s `path` and its first output, on the
+    reference side, on the CPU."""
+    ref_model, ref_inputs = (model, inputs) if side.plain else side.prepare(model, inputs)
+    seen: list = []
+
+    def keep(t):
+        return t.detach().cpu().clone() if isinstance(t, torch.Tensor) else t
+
+    def before(_module, args, kwargs):
+        seen.append([torch.utils._pytree.tree_map(keep, (args, kwargs)), None])
+
+    def after(_module, _args, output):
+        if seen and seen[-1][1] is None:
+            seen[-1][1] = _first_tensor(output).detach().cpu().clone()
+
+    target = ref_model.get_submodule(path)
+    handles = [
+        target.register_forward_pre_hook(before, with_kwargs=True),
+        target.register_forward_hook(after),
+    ]
+    try:
+        with torch.no_grad(), side.running():
+            ref_model(*ref_inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    if len(seen) < call:
+        raise _layerdiff.InputError(f"`{path}` ran {len(seen)} times, not {call}")
+    (args, kwargs), output = seen[call - 1]
+    return args, kwargs, output
+
+
+def _literal(value, name: str, tensors: list) -> str:
+    """`value` as Python source, each tensor a `T("name")` saved into `tensors`."""
+    if isinstance(value, torch.Tensor):
+        tensors.append(flat(name, value))
+        return f"T({name!r})"
+    if isinstance(value, (list, tuple)):
+        parts = [_literal(v, f"{name}_{i}", tensors) for i, v in enumerate(value)]
+        if isinstance(value, tuple):
+            return f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
+        return f"[{', '.join(parts)}]"
+    if isinstance(value, dict):
+        items = [f"{k!r}: {_literal(v, f'{name}_{k}', tensors)}" for k, v in value.items()]
+        return "{" + ", ".join(items) + "}"
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return repr(value)
+    raise _layerdiff.UsageError(
+        f"the module takes a {type(value).__name__}, which a repro cannot write down"
+    )
+
+
+def _class_import(cls) -> tuple[str, str | None]:
+    """The source that imports `cls` so that module.pt unpickles, and the folder of the user's
+    code to put on sys.path (None: an installed package)."""
+    module = sys.modules[cls.__module__]
+    top = cls.__qualname__.split(".")[0]
+    if cls.__module__ == "__main__":
+        raise _layerdiff.UsageError(
+            f"`{cls.__qualname__}` is defined in the script that ran, which a repro cannot "
+            "import: move it into a module"
+        )
+    if cls.__module__.startswith("_layerdiff_builder_"):  # a builder given as path/to/file.py
+        source = Path(module.__file__).resolve()
+        return (
+            "import importlib.util\n\n"
+            f"_spec = importlib.util.spec_from_file_location({cls.__module__!r}, {str(source)!r})\n"
+            "_code = importlib.util.module_from_spec(_spec)\n"
+            f"sys.modules[{cls.__module__!r}] = _code\n"
+            "_spec.loader.exec_module(_code)\n"
+            f"{top} = _code.{top}",
+            None,
+        )
+    root = sys.modules[cls.__module__.split(".")[0]]
+    origin = Path(getattr(root, "__file__", "") or "")
+    code_dir = None
+    if origin.name and "-packages" not in str(origin):
+        code_dir = str((origin.parent.parent if origin.name == "__init__.py" else origin.parent))
+    return f"from {cls.__module__} import {top}", code_dir
+
+
+def _side(side: TorchSide) -> dict:
+    return {"device": side.device, "precision": side.precision, "compile": side.compile}
+
+
+def _readme(report, layer, path, cls, ref_side, tgt_side, command, shown) -> str:
+    cause = layer.get("cause")
+    detail = f": {layer['detail']}" if layer.get("detail") else ""
+    cause_line = f"- **Cause** (the report's): `{cause}`{detail}\n" if cause else ""
+    out = shown.stdout.strip() or shown.stderr.strip()
+    verdict = {0: "**Not reproduced**", 1: "**Checked**"}.get(shown.returncode, "**Fails to run**")
+    return (
+        f"# Repro: `{layer['name']}` ({cls.__qualname__}) on `{tgt_side.spelling}`\n\n"
+        f"layerdiff cut this out of `{report.data['model']}`: the module `{path or '(root)'}`, "
+        f"alone, on the reference's inputs to it.\n\n"
+        f"- **What differs**: the module as the target computes it ({tgt_side.describe()}) and "
+        f"as the reference does ({ref_side.describe()}).\n"
+        f"- {verdict} by running `python repro.py` before this folder was claimed:\n\n"
+        f"```\n{out}\n```\n\n"
+        f"- **Against which truth**: the reference side, run here on the same inputs; "
+        f"`expected.safetensors` holds the reference's output as the whole model computed it, "
+        f"which repro.py checks the reference reproduces. The tolerance is the one the report "
+        f"judged this layer by.\n"
+        f"{cause_line}"
+        f"- **Produced by**: `{command}`\n\n"
+        "## Run it\n\n"
+        "```\npip install torch numpy\npython repro.py    # exit code 1: the difference shows\n"
+        "```\n\n"
+        "It imports the module's class from your code "
+        f"(`{cls.__module__}.{cls.__qualname__}`).\n\n"
+        "| file | what |\n|---|---|\n"
+        "| `module.pt` | the module's structure, without weights (unpickled with its class) |\n"
+        "| `state.safetensors` | its parameters and buffers |\n"
+        "| `inputs.safetensors` | the reference's inputs to it |\n"
+        "| `expected.safetensors` | the reference's output of it |\n"
+        "| `repro.py` | runs it on the reference side and the target side, prints the "
+        "difference and the tolerance |\n"
+    )

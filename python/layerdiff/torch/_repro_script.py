@@ -1,0 +1,136 @@
+"""The repro.py a PyTorch repro folder holds (`string.Template`: `$name` is filled in)."""
+
+SCRIPT = r'''"""layerdiff repro: `$layer` ($cls) on $target against $reference.
+
+Runs the model's module `$path` alone: its class from your code, its structure from module.pt
+and its weights from state.safetensors, on the reference's inputs to it (inputs.safetensors),
+on the reference side and on the target side, and prints how far the target is from the
+reference by the tolerance layerdiff judged the layer by. Needs torch, numpy and your code.
+Exit code 1: the difference shows.
+"""
+
+import contextlib
+import copy
+import json
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+HERE = Path(__file__).resolve().parent
+CODE = $code_dir  # the folder of your code, when it is not an installed package
+if CODE is not None:
+    sys.path.insert(0, CODE)
+$imports
+
+REFERENCE = $reference_side
+TARGET = $target_side
+ATOL, RTOL = $atol, $rtol  # within tolerance: |target - reference| <= ATOL + RTOL * |reference|
+CAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
+AUTOCAST = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
+DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
+          "I8": "i1", "U8": "u1", "BOOL": "?"}
+
+
+def load(path):
+    """The tensors of a safetensors file, read with numpy and handed to torch."""
+    data = Path(path).read_bytes()
+    (size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + size])
+    body = data[8 + size :]
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = info["data_offsets"]
+        if info["dtype"] == "BF16":
+            bits = np.frombuffer(body[start:end], dtype="<u2").astype(np.uint32) << 16
+            tensor = torch.from_numpy(bits.view(np.float32).copy()).to(torch.bfloat16)
+        else:
+            tensor = torch.from_numpy(np.frombuffer(body[start:end], DTYPES[info["dtype"]]).copy())
+        tensors[name] = tensor.reshape(info["shape"])
+    return tensors
+
+
+INPUTS = load(HERE / "inputs.safetensors")
+
+
+def T(name):
+    return INPUTS[name]
+
+
+ARGS = $args
+KWARGS = $kwargs
+
+
+def build():
+    """The module: its structure unpickled with its class, then its weights."""
+    module = torch.load(HERE / "module.pt", weights_only=False).to_empty(device="cpu")
+    assert isinstance(module, $class_name), type(module)
+    with torch.no_grad():
+        for name, tensor in load(HERE / "state.safetensors").items():
+            owner, _, leaf = name.rpartition(".")
+            getattr(module.get_submodule(owner), leaf).copy_(tensor)
+    return module.eval()
+
+
+def first_tensor(out):
+    if isinstance(out, torch.Tensor):
+        return out
+    values = out.values() if isinstance(out, dict) else out if isinstance(out, (list, tuple)) else []
+    return next((t for t in map(first_tensor, values) if t is not None), None)
+
+
+def run(side, module):
+    """The module's output as `side` computes it: its device, precision, compiler."""
+    module = copy.deepcopy(module).to(side["device"])
+    dtype = CAST.get(side["precision"])
+    if dtype is not None:
+        module = module.to(dtype)
+    if side["compile"]:
+        module.forward = torch.compile(module.forward, backend=side["compile"], dynamic=False)
+
+    def convert(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        wanted = dtype if dtype is not None and t.is_floating_point() else t.dtype
+        return t.to(device=side["device"], dtype=wanted)
+
+    args = torch.utils._pytree.tree_map(convert, ARGS)
+    kwargs = torch.utils._pytree.tree_map(convert, KWARGS)
+    tf32 = side["precision"] == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+    amp = AUTOCAST.get(side["precision"])
+    device = torch.device(side["device"]).type
+    autocast = torch.autocast(device, dtype=amp) if amp else contextlib.nullcontext()
+    with torch.no_grad(), autocast:
+        return first_tensor(module(*args, **kwargs)).detach().cpu()
+
+
+def differs(what, reference, got):
+    """Prints how far `got` is from `reference`; True when an element is beyond the tolerance."""
+    reference, got = reference.double(), got.double()
+    diff = (got - reference).abs()
+    beyond = ~(diff <= ATOL + RTOL * reference.abs())  # NaN is beyond
+    print(f"`$layer` {what}: max |diff| {diff.nan_to_num(float('inf')).max().item():.3e} against "
+          f"the tolerance {ATOL:g} + {RTOL:g}*|reference|: {int(beyond.sum())} of "
+          f"{diff.numel()} elements beyond it")
+    return bool(beyond.any())
+
+
+def main():
+    module = build()
+    reference = run(REFERENCE, module)
+    same = (reference.double() - load(HERE / "expected.safetensors")["output"].double()).abs()
+    print(f"the reference side here against layerdiff's run of the whole model: max |diff| "
+          f"{same.max().item():.3e}")
+    shown = differs("on $target against $reference", reference, run(TARGET, module))
+    print("reproduced" if shown else "not reproduced: within the tolerance")
+    return 1 if shown else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
