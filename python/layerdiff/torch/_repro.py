@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import torch
+
 from layerdiff import _layerdiff
 from layerdiff.tensors import flat
 from layerdiff.torch._capture import _first_tensor
@@ -182,7 +183,7 @@ def _class_import(cls) -> tuple[str, str | None]:
     origin = Path(getattr(root, "__file__", "") or "")
     code_dir = None
     if origin.name and "-packages" not in str(origin):
-        code_dir = str((origin.parent.parent if origin.name == "__init__.py" else origin.parent))
+        code_dir = str(origin.parent.parent if origin.name == "__init__.py" else origin.parent)
     return f"from {cls.__module__} import {top}", code_dir
 
 

@@ -79,7 +79,9 @@ def build():
 def first_tensor(out):
     if isinstance(out, torch.Tensor):
         return out
-    values = out.values() if isinstance(out, dict) else out if isinstance(out, (list, tuple)) else []
+    values = out.values() if isinstance(out, dict) else out
+    if not isinstance(values, (list, tuple, type({}.values()))):
+        return None
     return next((t for t in map(first_tensor, values) if t is not None), None)
 
 
