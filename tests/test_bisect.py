@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from builders.graphs import growing_convs
 from conftest import run_cli
@@ -57,3 +58,53 @@ def test_disabling_optimizers_needs_a_level_that_runs_them(tmp_path):
     done = run_cli("onnx", str(model), "--target", "ort:without=NchwcTransformer")
     assert done.returncode == 2
     assert "`without=` disables ONNX Runtime graph optimizers, which run only at" in done.stderr
+
+
+BUILDERS = Path(__file__).parent / "builders"
+
+
+def test_an_inductor_only_fault_is_named_down_to_its_lowering(tmp_path):
+    """tests/builders/wrong_lowering.py patches Inductor's sigmoid lowering: eager is right,
+    compiled is off at the Sigmoid; PyTorch's bisector, driven on that module alone, names
+    Inductor's lowerings at sigmoid, and the stage before Inductor is checked to agree."""
+    report = tmp_path / "r.json"
+    done = run_cli("torch", f"{BUILDERS / 'wrong_lowering.py'}:build", "--target",
+                   "torch:compile", "--bisect", "--json", str(report))  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    data = json.loads(report.read_text())
+    assert data["summary"]["defects"][0]["layer"] == "3"
+    found = data["bisection"]
+    assert found["action"] == "first shown by" and found["found"]
+    assert found["responsible"][0] == "inductor"
+    assert found["responsible"][1].startswith("lowerings (bisect number")
+    assert found["responsible"][1].endswith(": sigmoid)")
+    assert "bisected: first shown by `inductor`, `lowerings" in done.stdout
+
+
+def test_the_smallest_keep_in_float32_set_is_found_and_checked(tmp_path):
+    """float16 overflows in `up` and the norm after it (tests/builders/overflow.py): keeping
+    exactly those two brings the output within its tolerance, checked by the whole comparison
+    run again with them kept; the advice is that set."""
+    report = tmp_path / "r.json"
+    done = run_cli("torch", f"{BUILDERS / 'overflow.py'}:build", "--target", "torch:fp16",
+                   "--bisect", "--json", str(report))  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    data = json.loads(report.read_text())
+    found = data["bisection"]
+    assert found["found"] and found["responsible"] == ["up", "norm"]
+    assert found["candidates"] == 6 and found["runs"] < 2**6
+    assert [k["layer"] for k in data["keep_float32"]["layers"]] == ["up", "norm"]
+    check = data["keep_float32"]["check"]
+    assert check["kept"] == ["up", "norm"] and check["output_nonfinite_after"] == 0
+    assert "keeping `up`, `norm` in float32 (2 of 6 layers" in done.stdout
+
+
+def test_a_defect_is_not_hidden_by_the_keep_in_float32_search(tmp_path):
+    """The wrong half-precision block (tests/builders/wrong_bf16.py) is a defect: it is no
+    candidate, so no set of the others brings the output within tolerance, and it says so."""
+    report = tmp_path / "r.json"
+    run_cli("torch", f"{BUILDERS / 'wrong_bf16.py'}:build", "--target", "torch:bf16",
+            "--bisect", "--json", str(report))  # fmt: skip
+    found = json.loads(report.read_text())["bisection"]
+    assert not found["found"] and found["responsible"] == []
+    assert "those with a defect left out (1)" in found["over"]

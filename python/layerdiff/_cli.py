@@ -124,10 +124,9 @@ def _run(verb: str, command) -> int:
         report = compare_gradients(model, inputs, loss=command.loss, progress=progress, **common)
     elif pytorch_target:
         report = lt.compare_torch(
-            model, inputs, progress=progress, keep_fp32=command.keep_fp32, **common
-        )
-        if command.bisect:
-            report = _bisect_torch(lt, model, inputs, report, command, progress)
+            model, inputs, progress=progress, keep_fp32=command.keep_fp32,
+            bisect=command.bisect, **common,
+        )  # fmt: skip
         if command.repro is not None:
             report.notes.append(_torch_repro(model, inputs, report, command))
     else:
@@ -156,13 +155,6 @@ def _torch_repro(model, inputs, report, command, folder=None, text=None) -> str:
     return write_repro(
         model, inputs, report, ref_side, tgt_side, folder or command.repro, invocation
     )
-
-
-def _bisect_torch(lt, model, inputs, report, command, progress):
-    """`--bisect` of a PyTorch target: its compiler stage, or the layers to keep in float32."""
-    from layerdiff.torch import _bisect
-
-    return _bisect.bisect(lt, model, inputs, report, command, progress)
 
 
 def _reduce(plan: dict) -> int:

@@ -58,7 +58,9 @@ fn narrow<E>(
 pub struct Bisection {
     /// What was bisected, in words (`ONNX Runtime graph optimizers at opt=all`).
     pub over: String,
-    /// What each switch does to them (`disabled`, `kept in float32`).
+    /// What each switch does to them, which says how the finding reads: `disabled` (the
+    /// switches that turn it on), `kept in float32` (those that bring the output within
+    /// tolerance), `first shown by` (the first stage that shows it).
     pub action: String,
     /// How many candidates there were.
     pub candidates: usize,
@@ -95,38 +97,55 @@ impl Bisection {
             1 => "1 run".to_string(),
             n => format!("{n} runs"),
         };
-        if !self.found {
-            return format!(
-                "not turned on by {}: with all {} {}, {} of {} layers still exceed their tolerance ({runs})",
-                self.over,
-                self.candidates,
-                self.action,
-                self.check.exceeding_after,
-                self.check.compared,
-            );
-        }
         let names: Vec<String> = self.responsible.iter().map(|n| format!("`{n}`")).collect();
-        let how = self
-            .spelling
-            .as_ref()
-            .map(|s| format!(" (`{s}`)"))
-            .unwrap_or_default();
-        format!(
-            "turned on by {} of {} {}: {}; with {} {}{how}, {} of {} layers exceed their tolerance (before: {}), checked ({runs})",
-            self.responsible.len(),
-            self.candidates,
-            self.over,
-            names.join(", "),
-            if self.responsible.len() == 1 {
-                "it"
-            } else {
-                "them"
-            },
-            self.action,
-            self.check.exceeding_after,
-            self.check.compared,
-            self.check.exceeding_before,
-        )
+        let names = names.join(", ");
+        let check = &self.check;
+        let after = format!(
+            "{} of {} layers exceed their tolerance (before: {})",
+            check.exceeding_after, check.compared, check.exceeding_before
+        );
+        match (self.action.as_str(), self.found) {
+            ("kept in float32", true) => format!(
+                "keeping {names} in float32 ({} of {} {}) brings the output within its tolerance, the smallest such set ({runs}); checked by the whole comparison with them kept: {after}",
+                self.responsible.len(),
+                self.candidates,
+                self.over
+            ),
+            ("kept in float32", false) => format!(
+                "no set of the {} {} brings the output within its tolerance: with all of them kept in float32 it still exceeds it, so the drift comes from elsewhere (the inputs' own rounding, functional calls) ({runs}); with all kept: {after}",
+                self.candidates, self.over
+            ),
+            ("first shown by", true) => format!(
+                "first shown by {names} among {} {} ({runs}); checked: the stage before it agrees with eager",
+                self.candidates, self.over
+            ),
+            ("first shown by", false) => format!(
+                "first shown by {names} among {} {} ({runs}); not checked: the stage before it does not agree with eager either",
+                self.candidates, self.over
+            ),
+            (action, false) => format!(
+                "not turned on by {}: with all {} {action}, {} of {} layers still exceed their tolerance ({runs})",
+                self.over, self.candidates, check.exceeding_after, check.compared,
+            ),
+            (action, true) => {
+                let how = self
+                    .spelling
+                    .as_ref()
+                    .map(|s| format!(" (`{s}`)"))
+                    .unwrap_or_default();
+                let them = if self.responsible.len() == 1 {
+                    "it"
+                } else {
+                    "them"
+                };
+                format!(
+                    "turned on by {} of {} {}: {names}; with {them} {action}{how}, {after}, checked ({runs})",
+                    self.responsible.len(),
+                    self.candidates,
+                    self.over,
+                )
+            }
+        }
     }
 }
 

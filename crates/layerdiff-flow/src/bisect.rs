@@ -160,7 +160,7 @@ pub fn ort_optimizers(
         .expect("the checked set ran");
     let spelling = found.then(|| spec(&responsible).spelling());
     Ok(Some(Bisection {
-        over: format!("ONNX Runtime's graph optimizers at opt={}", level.name()),
+        over: format!("ONNX Runtime graph optimizers at opt={}", level.name()),
         action: "disabled".to_string(),
         candidates: candidates.len(),
         found: found && check.exceeding_after == 0,

@@ -94,6 +94,34 @@ impl Report {
         report.keep_float32 = layerdiff_core::keep_float32(&report, precision);
         Report(report)
     }
+    /// This report with its keep-in-float32 advice replaced by `layers` (`(layer, why)`, in
+    /// order) for a target computing in `precision`: what a bisection found, not a guess.
+    fn advised_layers(&self, precision: &str, layers: Vec<(String, String)>) -> Report {
+        let mut report = self.0.clone();
+        let nodes = |name: &str| {
+            report
+                .layers
+                .iter()
+                .find(|l| l.name == name)
+                .and_then(|l| l.location.as_ref())
+                .map(|o| o.nodes.clone())
+                .unwrap_or_default()
+        };
+        let kept = layers
+            .into_iter()
+            .map(|(layer, why)| layerdiff_core::KeptLayer {
+                nodes: nodes(&layer),
+                layer,
+                why,
+            })
+            .collect();
+        report.keep_float32 = Some(layerdiff_core::KeepFloat32 {
+            precision: precision.to_string(),
+            layers: kept,
+            check: None,
+        });
+        Report(report)
+    }
     /// This report with its keep-in-float32 advice by module (`owners`: each layer's module,
     /// for layers that are gradients: the backward of a module is what can run in float32).
     fn advised_by_module(&self, owners: HashMap<String, String>) -> Report {
@@ -141,7 +169,8 @@ impl Report {
         }
     }
     /// This report with what a bisection found (`over`, `action`, `candidates`, `responsible`,
-    /// `found`, `runs`, the check's `compared`, `exceeding_after`, and how to run it that way).
+    /// `found`, `runs`, its check: of `compared` layers, how many exceed before and after, and
+    /// how to run it that way).
     #[allow(clippy::too_many_arguments)]
     fn bisected(
         &self,
@@ -152,6 +181,7 @@ impl Report {
         found: bool,
         runs: usize,
         compared: usize,
+        exceeding_before: usize,
         exceeding_after: usize,
         spelling: Option<String>,
     ) -> Report {
@@ -165,7 +195,7 @@ impl Report {
             runs,
             check: layerdiff_core::BisectionCheck {
                 compared,
-                exceeding_before: self.0.summary.layers_exceeding,
+                exceeding_before,
                 exceeding_after,
             },
             spelling,
@@ -231,6 +261,15 @@ fn compare_tensors_json(
         .detach(|| layerdiff_core::compare(r, t))
         .map_err(to_py_err)?;
     Ok(render::to_json_value(&stats))
+}
+
+/// The smallest subset of `items` for which `clean(subset)` is true, given that it is true of
+/// all of them (delta debugging by halves, the engine's one search: [`layerdiff_core::smallest_set`]).
+#[pyfunction]
+fn smallest_set(items: Vec<String>, clean: Bound<'_, PyAny>) -> PyResult<Vec<String>> {
+    layerdiff_core::smallest_set(&items, &mut |set: &[String]| {
+        clean.call1((set.to_vec(),))?.extract::<bool>()
+    })
 }
 
 /// Writes flat tensors as a safetensors file (through a temporary file, so whole or not at
@@ -307,6 +346,7 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(compare_tensors_json, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(write_safetensors, m)?)?;
+    m.add_function(wrap_pyfunction!(smallest_set, m)?)?;
     m.add_function(wrap_pyfunction!(model_inputs, m)?)?;
     m.add_class::<ops::OpsCommand>()?;
     m.add_class::<check::CheckCommand>()?;

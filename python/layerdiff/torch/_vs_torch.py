@@ -49,6 +49,7 @@ def compare_torch(
     progress=None,
     options: _layerdiff.Options | None = None,
     keep_fp32: list[str] | tuple = (),
+    bisect: bool = False,
 ) -> Report:
     """Compare a PyTorch model with itself on another device, precision or compiler, layer by
     layer.
@@ -66,6 +67,12 @@ def compare_torch(
     those layers' modules left in float32 (under autocast: run with it off); ``keep_fp32``
     (layer names) keeps the given layers instead, and the report is then that of the model with
     them kept, checked against the one without.
+
+    ``bisect`` finds what turns a drift on (``report.data["bisection"]``): for a torch.compile
+    target, the compiler stage and Inductor subsystem (PyTorch's own bisector) that first shows
+    the headline layer's difference; for a float16 or bfloat16 target, the smallest set of
+    layers to keep in float32 that brings the output within its tolerance, which then replaces
+    the advice and is checked by the comparison run again with them kept.
     """
     phases, _ = timed_phases(timings)
     step = progress or (lambda message: None)
@@ -95,7 +102,24 @@ def compare_torch(
         model, inputs, options, ref_side, tgt_side, name, seed, phases, timings, step, progress
     )  # fmt: skip
     report = once(keep=())
-    if lower in ("fp16", "bf16"):
+    bisected = False
+    if bisect:
+        from layerdiff.torch import _bisect
+
+        if tgt_side.compile:
+            report = _bisect.compile_stage(model, inputs, report, tgt_side, step)
+        elif lower in ("fp16", "bf16") and not keep_fp32:
+            precision = _precision.DTYPE_NAMES[lower]
+            report = _bisect.keep_float32(
+                model, inputs, report, once, once.listed, tgt_side, precision, step
+            )
+            bisected = True
+        else:
+            report.notes.append(
+                f"--bisect: nothing to bisect: `{tgt_side.spelling}` is neither compiled nor "
+                "in float16 or bfloat16"
+            )
+    if lower in ("fp16", "bf16") and not bisected:
         report = _precision.checked_advice(
             report, keep_fp32, _precision.DTYPE_NAMES[lower],
             lambda kept: once(keep=_precision.kept_modules(once.listed, kept)),
