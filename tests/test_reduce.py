@@ -137,3 +137,24 @@ def test_reduce_cuts_a_wrong_module_of_a_bfloat16_target_down_to_it_alone(tmp_pa
     assert shown.returncode == 1, shown.stderr
     assert "`2` on torch:bf16 against torch: max |diff|" in shown.stdout
     assert "against layerdiff's run of the whole model: max |diff| 0.000e+00" in shown.stdout
+
+
+def test_a_defect_fused_away_is_narrowed_to_its_node_and_reproduced_there(resnet18_onnx, tmp_path):
+    """At opt=all ONNX Runtime fuses the edited Conv with its Relu: the Conv's value is gone,
+    so the defect shows at the Relu. Each node of the fused region run alone names the Conv,
+    and the repro starts there: one node."""
+    model = resnet18_onnx["dynamo"]
+    value = edited_pads(model, tmp_path / "edited.onnx", conv=8)
+    report = tmp_path / "r.json"
+    done = run_cli("onnx", str(model), "--vs", str(tmp_path / "edited.onnx"), "--target",
+                   "ort:opt=all", "--json", str(report), "--repro", str(tmp_path / "repro"))  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    data = json.loads(report.read_text())
+    headline = data["summary"]["defects"][0]
+    layer = next(la for la in data["layers"] if la["name"] == headline["layer"])
+    assert layer["name"] != value  # the Conv's own value did not survive the fusion
+    inside = layer["inside"]
+    assert inside["value"] == value and inside["op"] == "Conv"
+    assert inside["agree"] == [] or all("relu" in n.lower() for n in inside["agree"])
+    assert "born inside the fused" in headline["detail"] and f"`{value}`" in headline["detail"]
+    assert f"repro of `{value}`: 1 node" in done.stderr

@@ -57,9 +57,9 @@ pub use quantized::{
 };
 pub use random::{SplitMix64, random_tensor};
 pub use report::{
-    Defect, FailOn, Finding, Float64Distance, InputInfo, Invocation, Layer, LayerStatus, Location,
-    PrecisionDrift, ProviderNodes, Report, SCHEMA, SideInfo, Summary, TargetGraph, Timing, Verdict,
-    WorstLayer, WorstLayers,
+    Defect, FailOn, Finding, Float64Distance, InputInfo, Inside, Invocation, Layer, LayerStatus,
+    Location, PrecisionDrift, ProviderNodes, Report, SCHEMA, SideInfo, Summary, TargetGraph,
+    Timing, Verdict, WorstLayer, WorstLayers,
 };
 pub use tensor::{Tensor, TensorView};
 pub use tolerance::{

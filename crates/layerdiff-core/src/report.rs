@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::Stats;
 
 mod layer;
-pub use layer::{Finding, Float64Distance, Layer, LayerStatus, Location};
+pub use layer::{Finding, Float64Distance, Inside, Layer, LayerStatus, Location};
 mod summary;
 pub use summary::{Defect, FailOn, PrecisionDrift, Summary, Verdict, WorstLayer, WorstLayers};
 
@@ -123,6 +123,25 @@ impl Timing {
 }
 
 impl Report {
+    /// Says where inside a fusion `layer`'s difference is born: on the layer, and in its words
+    /// and its defect's.
+    pub fn narrowed(&mut self, layer: &str, inside: Inside) {
+        let sentence = inside.sentence();
+        let extend = |detail: &mut String| {
+            if !detail.is_empty() {
+                detail.push_str("; ");
+            }
+            detail.push_str(&sentence);
+        };
+        if let Some(l) = self.layers.iter_mut().find(|l| l.name == layer) {
+            extend(l.detail.get_or_insert_with(String::new));
+            l.inside = Some(inside);
+        }
+        for defect in self.summary.defects.iter_mut().filter(|d| d.layer == layer) {
+            extend(&mut defect.detail);
+        }
+    }
+
     /// The inputs both sides were given, in words (`` `x` float32 [1, 3, 224, 224] (seed 0) ``),
     /// or `None` when there were none.
     pub fn inputs_words(&self) -> Option<String> {

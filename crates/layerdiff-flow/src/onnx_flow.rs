@@ -175,6 +175,7 @@ pub(crate) fn compare_on(
     progress: bool,
 ) -> Result<Outcome> {
     let mut clock = Stopwatch::default();
+    let own_target = target_runtime.is_some();
     let reference_model = Model::load(&options.model)?;
     let target_model = options.vs.as_ref().map(Model::load).transpose()?;
     let target_spec = options.target.clone().unwrap_or(if options.vs.is_some() {
@@ -316,7 +317,17 @@ pub(crate) fn compare_on(
     engine.progress = crate::progress::Ticker::for_terminal(engine.layer_count(), !progress);
     let segmentation = engine.segmentation();
     engine.advance()?;
-    let report = engine.finish()?;
+    let mut report = engine.finish()?;
+    if options.settings.local && !own_target {
+        match crate::reduce::inside_fusion(options, &report, &inputs, ort_library) {
+            Ok(Some((layer, inside))) => report.narrowed(&layer, inside),
+            Ok(None) => {}
+            Err(e) => report.summary.warnings.push(format!(
+                "the headline's fused region could not be narrowed node by node: {}",
+                crate::error_chain(&e)
+            )),
+        }
+    }
     Ok(Outcome {
         report,
         segmentation,

@@ -11,7 +11,9 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use layerdiff_core::{Judge, Layer, Report, Tensor, compare_judged, write_safetensors};
+use layerdiff_core::{
+    Bound, Inside, Judge, Layer, Report, Tensor, compare_judged, write_safetensors,
+};
 use layerdiff_onnx::{GraphIndex, Model, expose_values, extract_nodes};
 use layerdiff_runtime::RuntimeSpec;
 
@@ -91,8 +93,133 @@ pub fn headline(report: &Report) -> std::result::Result<&Layer, String> {
     })
 }
 
+/// A model's pieces run on the target's runtime, each fed the reference's values at its inputs
+/// and held to the reference's value of what it computes: the question a layer's local error
+/// asks, for any few nodes of the target's file.
+pub(crate) struct Pieces {
+    target_model: Model,
+    index: GraphIndex,
+    target_spec: RuntimeSpec,
+    target_runtime: Box<dyn layerdiff_runtime::Runtime + Send + Sync>,
+    inputs: Vec<(String, Tensor)>,
+    values: Vec<(String, Tensor)>,
+}
+
+/// One piece run.
+pub(crate) struct Tried {
+    pub model: Model,
+    pub feeds: Vec<(String, Tensor)>,
+    pub got: Tensor,
+    pub expected: Tensor,
+    /// Its difference as a multiple of the tolerance.
+    pub multiple: f64,
+    pub max_abs_diff: f64,
+}
+
+impl Pieces {
+    /// The pieces of `options`' target file, with the reference's values of `wanted` (and of
+    /// every value the nodes producing them read) computed once.
+    pub(crate) fn new(
+        options: &OnnxOptions,
+        inputs: &[(String, Tensor)],
+        nodes: &[usize],
+        ort_library: Option<&Path>,
+    ) -> Result<Self> {
+        let runtime = |spec: &RuntimeSpec, side: &str| match spec {
+            RuntimeSpec::Expected(_) => Err(Error::Usage(format!(
+                "a piece of the model runs on both sides, and the {side} is a file of values \
+                 (`{}`)",
+                spec.spelling()
+            ))),
+            spec => Ok(spec.build(ort_library)?),
+        };
+        let target_spec = options.target.clone().unwrap_or(if options.vs.is_some() {
+            RuntimeSpec::ort_cpu()
+        } else {
+            RuntimeSpec::Tract
+        });
+        let reference_runtime = runtime(&options.reference, "reference")?;
+        let target_runtime = runtime(&target_spec, "target")?;
+        let reference_model = Model::load(&options.model)?;
+        let target_model = match &options.vs {
+            Some(path) => Model::load(path)?,
+            None => reference_model.clone(),
+        };
+        let index = GraphIndex::new(target_model.graph());
+        let mut wanted: Vec<String> = Vec::new();
+        for &n in nodes {
+            let node = &index.nodes()[n];
+            for value in node.inputs.iter().chain(&node.outputs) {
+                if !value.is_empty() && !index.is_initializer(value) && !wanted.contains(value) {
+                    wanted.push(value.clone());
+                }
+            }
+        }
+        let reference_index = GraphIndex::new(reference_model.graph());
+        if let Some(v) = wanted.iter().find(|v| !reference_index.has_value(v)) {
+            return Err(Error::Usage(format!(
+                "the reference's model has no value `{v}`, which the target's piece reads: the \
+                 two files name their values differently"
+            )));
+        }
+        let mut exposed = reference_model.clone();
+        expose_values(&mut exposed, &wanted)?;
+        let values = reference_runtime.run(&exposed, inputs, &wanted)?;
+        Ok(Self {
+            target_model,
+            index,
+            target_spec,
+            target_runtime,
+            inputs: inputs.to_vec(),
+            values,
+        })
+    }
+
+    /// The target's file's graph.
+    pub(crate) fn index(&self) -> &GraphIndex {
+        &self.index
+    }
+
+    /// Runs `piece` (node indices) on the target's runtime for `value`, judged by `bound`.
+    pub(crate) fn run(&self, piece: &[usize], value: &str, bound: Bound) -> Result<Tried> {
+        let value_of = |name: &str| self.values.iter().find(|(n, _)| n == name).map(|(_, t)| t);
+        let feeds = feeds_of(&self.index, piece, &self.inputs, &value_of);
+        let wanted = [value.to_string()];
+        let model = extract_nodes(&self.target_model, piece, &wanted, &feeds)?;
+        let got = self
+            .target_runtime
+            .run(&model, &feeds, &wanted)?
+            .remove(0)
+            .1;
+        let expected = value_of(value)
+            .ok_or_else(|| Error::Usage(format!("no reference value of `{value}`")))?
+            .clone();
+        let (multiple, max_abs_diff) = judged(bound, &expected, &got)?;
+        Ok(Tried {
+            model,
+            feeds,
+            got,
+            expected,
+            multiple,
+            max_abs_diff,
+        })
+    }
+
+    /// A node's name in words (its op where it has none).
+    fn name(&self, n: usize) -> String {
+        let node = &self.index.nodes()[n];
+        if node.name.is_empty() {
+            node.op_type.clone()
+        } else {
+            node.name.clone()
+        }
+    }
+}
+
 /// Writes the repro of `report`'s headline into `folder`, for `layerdiff onnx` run with
 /// `options` on `inputs`; `command` is the command line that made the report, for its README.
+/// Where the headline was narrowed inside a fusion, the repro starts at the node that carries
+/// it.
 pub fn onnx(
     options: &OnnxOptions,
     report: &Report,
@@ -103,118 +230,141 @@ pub fn onnx(
     ort_library: Option<&Path>,
 ) -> Result<Repro> {
     let layer = headline(report).map_err(Error::Usage)?;
-    let value = layer.name.clone();
-    let runtime = |spec: &RuntimeSpec, side: &str| match spec {
-        RuntimeSpec::Expected(_) => Err(Error::Usage(format!(
-            "a repro runs both sides on a piece of the model, and the {side} is a file of values \
-             (`{}`)",
-            spec.spelling()
-        ))),
-        spec => Ok(spec.build(ort_library)?),
+    let value = layer
+        .inside
+        .as_ref()
+        .map_or_else(|| layer.name.clone(), |inside| inside.value.clone());
+    let target_index = match &options.vs {
+        Some(path) => GraphIndex::new(Model::load(path)?.graph()),
+        None => GraphIndex::new(Model::load(&options.model)?.graph()),
     };
-    let target_spec = options.target.clone().unwrap_or(if options.vs.is_some() {
-        RuntimeSpec::ort_cpu()
-    } else {
-        RuntimeSpec::Tract
-    });
-    let reference_runtime = runtime(&options.reference, "reference")?;
-    let target_runtime = runtime(&target_spec, "target")?;
-    let reference_model = Model::load(&options.model)?;
-    let target_model = match &options.vs {
-        Some(path) => Model::load(path)?,
-        None => reference_model.clone(),
-    };
-    let index = GraphIndex::new(target_model.graph());
-    if index.producer(&value).is_none() {
+    if target_index.producer(&value).is_none() {
         return Err(Error::Usage(format!(
             "`{value}` is not computed by a node of the target's model: nothing to cut out"
         )));
     }
-    // The rings of producers behind the value, up to `most_nodes` nodes: every value they read
-    // is computed once by the reference.
-    let rings = rings(&index, &value, most_nodes);
-    let mut wanted: Vec<String> = vec![value.clone()];
-    for ring in &rings {
-        for &n in ring {
-            for input in &index.nodes()[n].inputs {
-                if !input.is_empty() && !index.is_initializer(input) && !wanted.contains(input) {
-                    wanted.push(input.clone());
-                }
-            }
-        }
-    }
-    let reference_index = GraphIndex::new(reference_model.graph());
-    let missing: Vec<&String> = wanted
-        .iter()
-        .filter(|v| !reference_index.has_value(v))
-        .collect();
-    if let Some(v) = missing.first() {
-        return Err(Error::Usage(format!(
-            "the reference's model has no value `{v}`, which the target's piece reads: the two \
-             files name their values differently"
-        )));
-    }
-    let mut exposed = reference_model.clone();
-    expose_values(&mut exposed, &wanted)?;
-    let values = reference_runtime.run(&exposed, inputs, &wanted)?;
-    let value_of = |name: &str| values.iter().find(|(n, _)| n == name).map(|(_, t)| t);
-    let expected = value_of(&value).expect("run for it").clone();
-
+    let rings = rings(&target_index, &value, most_nodes);
+    let all: Vec<usize> = rings.iter().flatten().copied().collect();
+    let pieces = Pieces::new(options, inputs, &all, ort_library)?;
     let mut piece: Vec<usize> = Vec::new();
     let mut tried = None;
     for ring in &rings {
         piece.extend(ring);
-        let feeds = feeds_of(&index, &piece, inputs, &value_of);
-        let model = extract_nodes(&target_model, &piece, std::slice::from_ref(&value), &feeds)?;
-        let got = target_runtime.run(&model, &feeds, std::slice::from_ref(&value))?;
-        let multiple = judged(layer, &expected, &got[0].1)?;
-        tried = Some((model, feeds, got, multiple));
-        if multiple.0 > 1.0 {
+        let run = pieces.run(&piece, &value, layer.tolerance)?;
+        let shown = run.multiple > 1.0;
+        tried = Some(run);
+        if shown {
             break;
         }
     }
-    let (model, feeds, got, (multiple, max_abs_diff)) = tried.expect("one ring at least");
-    let reproduced = multiple > 1.0;
+    let tried = tried.expect("one ring at least");
     let mut nodes: Vec<usize> = piece.clone();
     nodes.sort_unstable();
-    let names: Vec<String> = nodes
-        .iter()
-        .map(|&n| {
-            let node = &index.nodes()[n];
-            if node.name.is_empty() {
-                node.op_type.clone()
-            } else {
-                node.name.clone()
-            }
-        })
-        .collect();
     let repro = Repro {
         folder: folder.to_path_buf(),
         layer: value.clone(),
-        nodes: names,
-        reproduced,
-        max_abs_diff,
-        multiple,
+        nodes: nodes.iter().map(|&n| pieces.name(n)).collect(),
+        reproduced: tried.multiple > 1.0,
+        max_abs_diff: tried.max_abs_diff,
+        multiple: tried.multiple,
     };
     let facts = script::Facts {
         report,
         layer,
         reference: &options.reference,
-        target: &target_spec,
+        target: &pieces.target_spec,
         reference_detail: &report.reference.detail,
         target_detail: &report.target.detail,
         command,
         repro: &repro,
-        target_value: &got[0].1,
-        inputs: model
+        target_value: &tried.got,
+        inputs: tried
+            .model
             .graph()
             .input
             .iter()
             .map(|i| i.name().to_string())
             .collect(),
     };
-    write_folder(folder, &model, &feeds, &value, &expected, &facts)?;
+    write_folder(
+        folder,
+        &tried.model,
+        &tried.feeds,
+        &value,
+        &tried.expected,
+        &facts,
+    )?;
     Ok(repro)
+}
+
+/// Where inside a fusion the headline's difference is born: when the target's runtime
+/// rewrites the graph and the nodes between the headline's value and the values compared
+/// before it are several (a fusion left none of their values), each is run alone on the
+/// target's runtime, in graph order; the first beyond the tolerance carries it. `None` when
+/// there is no such region, or no node alone shows it.
+pub fn inside_fusion(
+    options: &OnnxOptions,
+    report: &Report,
+    inputs: &[(String, Tensor)],
+    ort_library: Option<&Path>,
+) -> Result<Option<(String, Inside)>> {
+    let Ok(layer) = headline(report) else {
+        return Ok(None);
+    };
+    // The target's own nodes (not the layout conversions layerdiff adds to read values back).
+    let fused: Vec<String> = layer
+        .location
+        .iter()
+        .flat_map(|l| &l.nodes)
+        .filter(|n| !n.starts_with("layerdiff/"))
+        .cloned()
+        .collect();
+    if report.target_graph.is_none() || fused.is_empty() {
+        return Ok(None);
+    }
+    let target_index = match &options.vs {
+        Some(path) => GraphIndex::new(Model::load(path)?.graph()),
+        None => GraphIndex::new(Model::load(&options.model)?.graph()),
+    };
+    let compared: HashSet<&str> = report
+        .layers
+        .iter()
+        .filter(|l| l.status == layerdiff_core::LayerStatus::Compared && l.name != layer.name)
+        .map(|l| l.name.as_str())
+        .collect();
+    let known =
+        |v: &str| compared.contains(v) || target_index.graph_inputs().iter().any(|i| i == v);
+    let Ok(group) = layerdiff_onnx::local_group(&target_index, &layer.name, &known) else {
+        return Ok(None);
+    };
+    if group.nodes.len() < 2 || group.nodes.len() > MOST_NODES * 4 {
+        return Ok(None);
+    }
+    let pieces = Pieces::new(options, inputs, &group.nodes, ort_library)?;
+    let mut agree = Vec::new();
+    for &n in &group.nodes {
+        let node = &pieces.index().nodes()[n];
+        let Some(value) = node.outputs.first().filter(|v| !v.is_empty()).cloned() else {
+            continue;
+        };
+        let tried = pieces.run(&[n], &value, layer.tolerance)?;
+        if tried.multiple > 1.0 {
+            return Ok(Some((
+                layer.name.clone(),
+                Inside {
+                    fused,
+                    node: pieces.name(n),
+                    op: node.op_type.clone(),
+                    value,
+                    max_abs_diff: tried.max_abs_diff,
+                    tolerance_multiple: tried.multiple,
+                    agree,
+                },
+            )));
+        }
+        agree.push(pieces.name(n));
+    }
+    Ok(None)
 }
 
 /// The nodes behind `value` ring by ring (its producer, then the producers of what those
@@ -287,20 +437,13 @@ fn feeds_of<'a>(
 
 /// The target's value against the reference's, judged by the layer's tolerance: (its
 /// difference as a multiple of the tolerance, the largest difference).
-fn judged(layer: &Layer, expected: &Tensor, got: &Tensor) -> Result<(f64, f64)> {
+fn judged(bound: Bound, expected: &Tensor, got: &Tensor) -> Result<(f64, f64)> {
     let grid = if got.dtype.narrower_than(expected.dtype) {
         got.dtype
     } else {
         expected.dtype
     };
-    let stats = compare_judged(
-        expected.view(),
-        got.view(),
-        Some(Judge {
-            grid,
-            bound: layer.tolerance,
-        }),
-    )?;
+    let stats = compare_judged(expected.view(), got.view(), Some(Judge { grid, bound }))?;
     Ok((
         stats.tolerance_multiple().unwrap_or(0.0),
         stats.max_abs_diff,

@@ -80,6 +80,55 @@ pub struct Layer {
     pub detail: Option<String>,
     /// The axis permutation that turns the reference into the target, for `layout_permutation`.
     pub permutation: Option<Vec<usize>>,
+    /// Where inside the target's fused node(s) the layer's difference is born, when the
+    /// optimizer left no value between the layer and the values compared before it: each
+    /// reference node of the fused region run alone on the target's runtime.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inside: Option<Inside>,
+}
+
+/// The reference node inside a fusion that carries a layer's difference (see [`Layer::inside`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Inside {
+    /// The target's node(s) that fused the region.
+    pub fused: Vec<String>,
+    /// The first reference node that, run alone on the reference's values, exceeds its
+    /// tolerance.
+    pub node: String,
+    /// Its op.
+    pub op: String,
+    /// The value it produces (which the optimized graph does not have).
+    pub value: String,
+    /// Its largest difference, run alone.
+    #[serde(serialize_with = "crate::render::float")]
+    pub max_abs_diff: f64,
+    /// That difference as a multiple of the tolerance.
+    #[serde(serialize_with = "crate::render::float")]
+    pub tolerance_multiple: f64,
+    /// The region's other nodes, each within the tolerance run alone.
+    pub agree: Vec<String>,
+}
+
+impl Inside {
+    /// The narrowing in one sentence.
+    pub fn sentence(&self) -> String {
+        let fused: Vec<String> = self.fused.iter().map(|n| format!("`{n}`")).collect();
+        let agree = if self.agree.is_empty() {
+            String::new()
+        } else {
+            let names: Vec<String> = self.agree.iter().map(|n| format!("`{n}`")).collect();
+            format!("; {} alone agree(s)", names.join(", "))
+        };
+        format!(
+            "born inside the fused {}: narrowed to `{}` ({}, its value `{}` is gone from the optimized graph), which alone on the reference's inputs differs by {:.3e} ({:.1}× the tolerance){agree}",
+            fused.join(", "),
+            self.node,
+            self.op,
+            self.value,
+            self.max_abs_diff,
+            self.tolerance_multiple
+        )
+    }
 }
 
 impl Layer {
@@ -117,6 +166,7 @@ impl Layer {
             cause: None,
             detail: None,
             permutation: None,
+            inside: None,
         }
     }
 }
