@@ -146,8 +146,9 @@ def test_a_defect_fused_away_is_narrowed_to_its_node_and_reproduced_there(resnet
     model = resnet18_onnx["dynamo"]
     value = edited_pads(model, tmp_path / "edited.onnx", conv=8)
     report = tmp_path / "r.json"
-    done = run_cli("onnx", str(model), "--vs", str(tmp_path / "edited.onnx"), "--target",
-                   "ort:opt=all", "--json", str(report), "--repro", str(tmp_path / "repro"))  # fmt: skip
+    done = run_cli("onnx", str(model), "--vs", str(tmp_path / "edited.onnx"),
+                   "--target", "ort:opt=all", "--json", str(report),
+                   "--repro", str(tmp_path / "repro"))  # fmt: skip
     assert done.returncode == 1, done.stderr
     data = json.loads(report.read_text())
     headline = data["summary"]["defects"][0]
