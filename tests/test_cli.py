@@ -37,10 +37,19 @@ def test_same_seed_gives_the_same_report_bytes(tmp_path):
     for run in ("a", "b"):
         result = run_cli("torch", f"{TWICE}:build", "--json", str(tmp_path / f"{run}.json"), "-q")
         assert result.returncode == 0 and result.stdout == ""
+    # The report's bytes do not depend on where it is written.
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
-    # The saved inputs too: separate processes, same bytes (metadata order included).
+    # The saved inputs: their tensors and seed the same; their metadata records the command
+    # line (for `layerdiff reduce`), so the same command gives the same bytes (metadata order
+    # included), in separate processes.
     a, b = tmp_path / "a.inputs.safetensors", tmp_path / "b.inputs.safetensors"
-    assert a.read_bytes() == b.read_bytes()
+    assert load_file(a).keys() == load_file(b).keys()
+    assert all((load_file(a)[k] == load_file(b)[k]).all() for k in load_file(a))
+    same = []
+    for run in ("c", "d"):
+        run_cli("torch", f"{TWICE}:build", "--json", "same.json", "-q", cwd=tmp_path)
+        same.append((tmp_path / "same.inputs.safetensors").read_bytes())
+    assert same[0] == same[1]
 
 
 def test_exit_codes_follow_the_verdict_and_fail_on(tmp_path):

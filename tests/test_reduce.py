@@ -82,10 +82,19 @@ def test_a_report_that_cannot_be_run_again_is_refused_by_name(tmp_path):
     report.write_text(json.dumps({"schema": "layerdiff.report/4", "command": "onnx"}))
     done = run_cli("reduce", str(report))
     assert done.returncode == 2
-    assert "does not record the command that made it" in done.stderr
+    assert "has no `" in done.stderr and "r.inputs.safetensors` beside it" in done.stderr
     assert "hint: run the comparison again with `--repro DIR`" in done.stderr
     (tmp_path / "not.json").write_text("{")
     assert "is not a JSON report" in run_cli("reduce", str(tmp_path / "not.json")).stderr
+    # Inputs saved by something other than a command (an older layerdiff, another tool).
+    import numpy as np
+    from layerdiff import _layerdiff
+    from layerdiff.tensors import flat
+
+    inputs = tmp_path / "r.inputs.safetensors"
+    _layerdiff.write_safetensors(inputs, [flat("x", np.zeros(3, np.float32))])
+    done = run_cli("reduce", str(report))
+    assert done.returncode == 2 and "does not record the command that made it" in done.stderr
 
 
 @pytest.mark.parametrize(
@@ -159,3 +168,40 @@ def test_a_defect_fused_away_is_narrowed_to_its_node_and_reproduced_there(resnet
     assert inside["agree"] == [] or all("relu" in n.lower() for n in inside["agree"])
     assert "born inside the fused" in headline["detail"] and f"`{value}`" in headline["detail"]
     assert f"repro of `{value}`: 1 node" in done.stderr
+
+
+def test_an_inductor_only_fault_reduces_to_its_module_compiled(tmp_path):
+    """The wrong Inductor lowering of tests/builders/wrong_lowering.py: the repro is the
+    Sigmoid alone, and its repro.py, which imports the model's file for what it sets up,
+    shows the difference compiled with torch and numpy alone."""
+    builder = f"{BUILDERS / 'wrong_lowering.py'}:build"
+    run = run_cli("torch", builder, "--target", "torch:compile", "--no-float64",
+                  "--json", str(tmp_path / "r.json"), "--quiet")  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    done = run_cli("reduce", str(tmp_path / "r.json"))
+    assert done.returncode == 0, done.stderr
+    assert "the module `3` (Sigmoid) alone" in done.stdout
+    folder = tmp_path / "repro"
+    assert "wrong_lowering.py" in (folder / "repro.py").read_text()
+    shown = run_repro(folder, folder_of(tmp_path, "torch", "numpy"))
+    assert shown.returncode == 1, shown.stderr
+    assert "`3` on torch:compile against torch: max |diff|" in shown.stdout
+
+
+def test_an_edited_weight_reduces_to_its_node(resnet18_onnx, tmp_path):
+    from faults import perturb_weight
+
+    model = resnet18_onnx["dynamo"]
+    graph = onnx.load(str(model)).graph
+    conv = [n for n in graph.node if n.op_type == "Conv"][12].output[0]
+    perturb_weight(model, tmp_path / "edited.onnx", conv, 0.05)
+    done = run_cli("onnx", str(model), "--vs", str(tmp_path / "edited.onnx"),
+                   "--repro", str(tmp_path / "repro"), "--quiet")  # fmt: skip
+    assert done.returncode == 1
+    piece = onnx.load(str(tmp_path / "repro" / "model.onnx"))
+    assert [n.op_type for n in piece.graph.node] == ["Conv"]
+    assert piece.graph.node[0].output[0] == conv
+    readme = (tmp_path / "repro" / "README.md").read_text()
+    assert "weight_mismatch" in readme
+    shown = run_repro(tmp_path / "repro", folder_of(tmp_path, "onnxruntime"))
+    assert shown.returncode == 1 and "reproduced" in shown.stdout

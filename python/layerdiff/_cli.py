@@ -153,8 +153,9 @@ def _torch_repro(model, inputs, report, command, folder=None, text=None) -> str:
     ref_side, tgt_side = TorchSide.of(options.reference), TorchSide.of(options.torch_target)
     invocation = text or "layerdiff " + " ".join(sys.argv[1:])
     return write_repro(
-        model, inputs, report, ref_side, tgt_side, folder or command.repro, invocation
-    )
+        model, inputs, report, ref_side, tgt_side, folder or command.repro, invocation,
+        builder=command.model,
+    )  # fmt: skip
 
 
 def _reduce(plan: dict) -> int:

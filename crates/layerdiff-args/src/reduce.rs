@@ -23,15 +23,15 @@ pub struct ReduceArgs {
     pub quiet: bool,
 }
 
-/// What a report says about how it was made.
+/// What a report and the inputs saved beside it say about how it was made.
 #[derive(Debug, Clone)]
 pub struct Recorded {
     /// The verb (`onnx`, `torch`…).
     pub command: String,
     /// Its command line.
     pub invocation: Invocation,
-    /// The inputs saved beside it, where they are.
-    pub inputs: Option<PathBuf>,
+    /// The inputs saved beside it.
+    pub inputs: PathBuf,
     /// The layer it headlined (the first defect's), if any.
     pub headline: Option<String>,
 }
@@ -59,14 +59,6 @@ impl ReduceArgs {
                 "`{shown}` is not a layerdiff comparison report (its schema is `{schema}`)"
             ));
         }
-        let invocation: Invocation =
-            serde_json::from_value(json["invocation"].clone()).map_err(|_| {
-                format!(
-                    "`{shown}` does not record the command that made it (a report from the \
-                     Python API, or from a layerdiff before 0.1.0)\n\
-                     hint: run the comparison again with `--repro DIR`"
-                )
-            })?;
         let stem = self
             .report
             .file_stem()
@@ -75,10 +67,29 @@ impl ReduceArgs {
         let inputs = self
             .report
             .with_file_name(format!("{stem}.inputs.safetensors"));
+        let rerun = "hint: run the comparison again with `--repro DIR`";
+        if !inputs.is_file() {
+            return Err(format!(
+                "`{shown}` has no `{}` beside it, which holds its inputs and the command that \
+                 made it\n{rerun}",
+                inputs.display()
+            ));
+        }
+        let metadata = layerdiff_core::read_safetensors_metadata(&inputs)
+            .map_err(|e| format!("cannot read the inputs beside the report: {e}"))?;
+        let invocation: Invocation = metadata
+            .get("invocation")
+            .and_then(|text| serde_json::from_str(text).ok())
+            .ok_or_else(|| {
+                format!(
+                    "`{shown}` does not record the command that made it (a report of the \
+                     Python API, or of an older layerdiff)\n{rerun}"
+                )
+            })?;
         Ok(Recorded {
             command: json["command"].as_str().unwrap_or_default().to_string(),
             invocation,
-            inputs: inputs.is_file().then(|| absolute(&inputs)),
+            inputs: absolute(&inputs),
             headline: json["summary"]["defects"][0]["layer"]
                 .as_str()
                 .map(str::to_string),
@@ -122,11 +133,8 @@ pub(crate) fn onnx(args: &ReduceArgs, recorded: &Recorded, ort_library: Option<&
     let mut options = onnx_args.options();
     options.bisect = false;
     options.repro = None;
-    if options.inputs.is_none()
-        && !matches!(options.reference, RuntimeSpec::Expected(_))
-        && let Some(saved) = &recorded.inputs
-    {
-        options.inputs = Some(saved.clone());
+    if options.inputs.is_none() && !matches!(options.reference, RuntimeSpec::Expected(_)) {
+        options.inputs = Some(recorded.inputs.clone());
     }
     let say = |line: &str| {
         if !args.quiet {

@@ -226,6 +226,14 @@ impl TorchArgs {
             !self.keep_fp32.is_empty(),
             self.onnx.as_deref(),
         )?;
+        if (self.bisect || self.repro.is_some()) && !matches!(target, TargetSpec::Torch(_)) {
+            return Err(format!(
+                "`{}` works on a PyTorch target here (`--target torch:bf16`, `torch:compile`…); \
+                 against the ONNX export, run `layerdiff onnx` on the export (`--out DIR` saves it \
+                 as model.onnx) with the same option",
+                if self.bisect { "--bisect" } else { "--repro" }
+            ));
+        }
         Ok((target, self.dtype))
     }
 

@@ -366,7 +366,6 @@ mod tests {
             layers,
             keep_float32: None,
             bisection: None,
-            invocation: None,
             machine: Machine::this(),
             timings: None,
         }

@@ -115,6 +115,24 @@ pub fn read_safetensors(path: &Path) -> Result<Vec<(String, Tensor)>> {
         .collect()
 }
 
+/// The string metadata of a safetensors file (its header's `__metadata__`), read without its
+/// tensors.
+pub fn read_safetensors_metadata(path: &Path) -> Result<BTreeMap<String, String>> {
+    let bytes = std::fs::read(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let (_, metadata) = SafeTensors::read_metadata(&bytes).map_err(|e| Error::Safetensors {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    Ok(metadata
+        .metadata()
+        .clone()
+        .map(|m| m.into_iter().collect())
+        .unwrap_or_default())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

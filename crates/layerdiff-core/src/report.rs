@@ -57,9 +57,6 @@ pub struct Report {
     /// checked by running it that way.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bisection: Option<crate::Bisection>,
-    /// The command line that made it, where a command did (`layerdiff reduce` runs it again).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub invocation: Option<Invocation>,
     /// The machine it was made on: with the sides' versions, what decides whether another run
     /// gives the same bytes (see [`crate::Machine`]).
     pub machine: crate::Machine,
@@ -68,7 +65,9 @@ pub struct Report {
     pub timings: Option<Vec<Timing>>,
 }
 
-/// A command line and the folder it ran in.
+/// A command line and the folder it ran in: kept in the metadata of the inputs saved beside a
+/// report (`invocation`, as JSON), not in the report, whose bytes stay the same wherever it is
+/// written; `layerdiff reduce` runs it again.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Invocation {
     /// The arguments after the program's name, as given.

@@ -163,15 +163,16 @@ pub fn deliver(
     if !to.timings {
         report.timings = None;
     }
-    if report.invocation.is_none() {
-        report.invocation = invocation();
-    }
     let mut written = write_reports(&report, to)?;
     if let Some(path) = &to.inputs {
         let mut metadata =
             std::collections::BTreeMap::from([("producer".to_string(), "layerdiff".to_string())]);
         if let Some(seed) = seed {
             metadata.insert("seed".to_string(), seed.to_string());
+        }
+        if let Some(invocation) = invocation() {
+            let json = serde_json::to_string(&invocation).expect("strings serialise");
+            metadata.insert("invocation".to_string(), json);
         }
         write_safetensors(path, inputs, metadata)?;
         written.push(path.clone());

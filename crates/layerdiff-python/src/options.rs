@@ -373,7 +373,7 @@ pub(crate) fn parse_cli(
             plan.set_item("argv", &recorded.invocation.argv)?;
             plan.set_item("cwd", &recorded.invocation.cwd)?;
             plan.set_item("text", recorded.invocation.text())?;
-            plan.set_item("inputs", recorded.inputs.as_ref())?;
+            plan.set_item("inputs", &recorded.inputs)?;
             plan.set_item("headline", recorded.headline.as_ref())?;
             plan.set_item("folder", a.folder())?;
             plan.set_item("nodes", a.nodes)?;

@@ -23,9 +23,11 @@ from layerdiff.torch._sides import TorchSide
 
 
 def write_repro(model, inputs, report, ref_side: TorchSide, tgt_side: TorchSide, folder,
-                command: str) -> str:  # fmt: skip
+                command: str, builder: str | None = None) -> str:  # fmt: skip
     """Writes the repro of `report`'s headline into `folder` and says what it holds, or says
-    why there is none (a clean run writes nothing)."""
+    why there is none (a clean run writes nothing). `builder` (`path/to/file.py:build`,
+    `package.module:build`) is imported by the repro too, for what the user's code sets up
+    (custom ops, compiler settings)."""
     name, why = report._native.headline
     if name is None:
         return f"--repro: no repro written: {why}"
@@ -57,6 +59,7 @@ def write_repro(model, inputs, report, ref_side: TorchSide, tgt_side: TorchSide,
     bound = layer["tolerance"]
     cls = type(module)
     imports, code_dir = _class_import(cls)
+    imports = _builder_import(builder, cls) + imports
     script = string.Template(SCRIPT).substitute(
         layer=name,
         path=path or "(the whole model)",
@@ -185,6 +188,29 @@ def _class_import(cls) -> tuple[str, str | None]:
     if origin.name and "-packages" not in str(origin):
         code_dir = str(origin.parent.parent if origin.name == "__init__.py" else origin.parent)
     return f"from {cls.__module__} import {top}", code_dir
+
+
+def _builder_import(builder: str | None, cls) -> str:
+    """The source that imports the model's builder (`None`, a built-in name: nothing), unless
+    it is the module the class comes from."""
+    if not builder or ":" not in builder:
+        return ""
+    target = builder.rsplit(":", 1)[0]
+    if target.endswith(".py") or "/" in target:
+        source = Path(target).resolve()
+        name = f"_layerdiff_builder_{source.stem}"
+        if name == cls.__module__:
+            return ""
+        return (
+            "import importlib.util\n\n"
+            "# Your model's file, for what it sets up (custom ops, compiler settings).\n"
+            f"_spec = importlib.util.spec_from_file_location({name!r}, {str(source)!r})\n"
+            f"sys.modules[{name!r}] = importlib.util.module_from_spec(_spec)\n"
+            f"_spec.loader.exec_module(sys.modules[{name!r}])\n"
+        )
+    if target == cls.__module__:
+        return ""
+    return f"import {target}  # your model's module, for what it sets up\n"
 
 
 def _side(side: TorchSide) -> dict:

@@ -128,7 +128,6 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             layers,
             keep_float32: None,
             bisection: None,
-            invocation: None,
             machine: Machine::this(),
             timings: Some(self.clock.phases()),
         };
