@@ -117,17 +117,18 @@ pub struct TorchArgs {
     #[arg(long, value_delimiter = ',', value_name = "LAYERS")]
     pub keep_fp32: Vec<String>,
     /// With a PyTorch target that drifts, find what turns the difference on: a torch.compile
-    /// target, the first compiler stage whose output differs (eager → aot_eager →
-    /// aot_eager_decomp_partition → inductor); a float16 or bfloat16 target, the smallest set
-    /// of layers to keep in float32 that brings the output within its tolerance. Each answer is
-    /// checked by a run, and named in the report.
+    /// target, the first compiler stage that shows the headline's difference on its module
+    /// alone (eager → aot_eager → aot_eager_decomp_partition → inductor) and, with Inductor,
+    /// the subsystem (a graph pass, a lowering, a config: PyTorch's own bisector); a float16 or
+    /// bfloat16 target, the smallest set of layers to keep in float32 that brings the output
+    /// within its tolerance. Each answer is checked by a run, and named in the report.
     #[arg(long)]
     pub bisect: bool,
     /// Write a checked minimal reproduction of the headline defect of a PyTorch target into
     /// this folder: its module alone (its structure, module.pt; its weights and the
     /// reference's inputs to it as safetensors), the reference's output, a repro.py that
-    /// imports the module's class from your code and runs reference and target, and a
-    /// README.md. A clean run writes none.
+    /// imports the module's class (and your model's file) from your code and runs reference
+    /// and target, and a README.md. A clean run writes none.
     #[arg(long, value_name = "DIR")]
     pub repro: Option<PathBuf>,
     /// Compare at each of these batch sizes (`1,8,32`): the model is exported once with a
