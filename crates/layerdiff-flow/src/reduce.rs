@@ -18,10 +18,10 @@ use layerdiff_onnx::{GraphIndex, Model, expose_values, extract_nodes};
 use layerdiff_runtime::RuntimeSpec;
 
 use crate::onnx_flow::OnnxOptions;
-use crate::output::write_atomic;
 use crate::{Error, Result};
 
 mod script;
+pub use script::READER;
 
 /// The most nodes a repro grows to by default: beyond a handful, a repro is a model again.
 pub const MOST_NODES: usize = 5;
@@ -450,6 +450,8 @@ fn judged(bound: Bound, expected: &Tensor, got: &Tensor) -> Result<(f64, f64)> {
     ))
 }
 
+/// Writes the repro's files into a folder of its own beside `folder`, then moves it into place
+/// (replacing an earlier repro there): a failure leaves no half folder behind.
 fn write_folder(
     folder: &Path,
     model: &Model,
@@ -464,11 +466,21 @@ fn write_folder(
             source,
         }
     };
-    std::fs::create_dir_all(folder).map_err(io(folder.to_path_buf()))?;
+    let model = layerdiff_onnx::inline_external_data(model)?;
+    let parent = folder
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(io(parent.to_path_buf()))?;
+    let staging = tempfile::Builder::new()
+        .prefix(".repro-")
+        .tempdir_in(parent)
+        .map_err(io(parent.to_path_buf()))?;
+    let at = staging.path();
     let metadata = BTreeMap::from([("producer".to_string(), "layerdiff".to_string())]);
-    write_safetensors(&folder.join("inputs.safetensors"), feeds, metadata.clone())?;
+    write_safetensors(&at.join("inputs.safetensors"), feeds, metadata.clone())?;
     write_safetensors(
-        &folder.join("expected.safetensors"),
+        &at.join("expected.safetensors"),
         &[(value.to_string(), expected.clone())],
         metadata,
     )?;
@@ -477,9 +489,13 @@ fn write_folder(
         ("repro.py", script::repro_py(facts).into_bytes()),
         ("README.md", script::readme(facts).into_bytes()),
     ] {
-        let path = folder.join(name);
-        write_atomic(&path, &contents).map_err(io(path.clone()))?;
+        let path = at.join(name);
+        std::fs::write(&path, &contents).map_err(io(path.clone()))?;
     }
+    if folder.exists() {
+        std::fs::remove_dir_all(folder).map_err(io(folder.to_path_buf()))?;
+    }
+    std::fs::rename(staging.keep(), folder).map_err(io(folder.to_path_buf()))?;
     Ok(())
 }
 

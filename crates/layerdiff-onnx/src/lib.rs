@@ -34,5 +34,5 @@ pub use model::Model;
 pub use node_ext::NodeExt;
 pub use optimized::{NCHWC_DOMAIN, Restoration, Restored, restore_renamed};
 pub use scope::{ScopeResolver, ScopeSource};
-pub use surgery::{expose_values, extract_nodes};
+pub use surgery::{expose_values, extract_nodes, inline_external_data};
 pub use tensor_io::{Stored, read_tensor_pb, read_test_data, tensor_from_proto};

@@ -131,6 +131,36 @@ pub fn extract_nodes(
     ))
 }
 
+/// The model with every initializer it keeps in external data read into the file itself, so
+/// it stands alone (a repro's piece, written into a folder of its own).
+pub fn inline_external_data(model: &Model) -> Result<Model> {
+    let mut inlined = model.clone();
+    let external: Vec<String> = model
+        .graph()
+        .initializer
+        .iter()
+        .filter(|t| t.data_location() == crate::tensor_proto::DataLocation::External)
+        .map(|t| t.name().to_string())
+        .collect();
+    for name in external {
+        let stored = model
+            .stored(&name)
+            .expect("an initializer of the model")
+            .map_err(|e| Error::UnknownValue(format!("{name} (its external data: {e})")))?;
+        let proto = inlined
+            .graph_mut()
+            .initializer
+            .iter_mut()
+            .find(|t| t.name() == name)
+            .expect("an initializer of the model");
+        proto.raw_data = Some(prost::bytes::Bytes::from(stored.bytes.into_owned()));
+        proto.external_data.clear();
+        proto.data_location = Some(crate::tensor_proto::DataLocation::Default as i32);
+        proto.float_data.clear();
+    }
+    Ok(inlined)
+}
+
 /// Every value the graph declares (inputs, value_info, outputs), by name; the first wins.
 fn declarations(graph: &GraphProto) -> HashMap<&str, &ValueInfoProto> {
     let mut map = HashMap::new();

@@ -272,6 +272,12 @@ fn smallest_set(items: Vec<String>, clean: Bound<'_, PyAny>) -> PyResult<Vec<Str
     })
 }
 
+/// The safetensors reader (numpy alone) every repro.py holds.
+#[pyfunction]
+fn repro_reader() -> &'static str {
+    layerdiff_flow::reduce::READER
+}
+
 /// Writes flat tensors as a safetensors file (through a temporary file, so whole or not at
 /// all), with `producer: layerdiff` in its metadata: the one writer of every tensor file.
 #[pyfunction]
@@ -347,6 +353,7 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(write_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(smallest_set, m)?)?;
+    m.add_function(wrap_pyfunction!(repro_reader, m)?)?;
     m.add_function(wrap_pyfunction!(model_inputs, m)?)?;
     m.add_class::<ops::OpsCommand>()?;
     m.add_class::<check::CheckCommand>()?;

@@ -7,6 +7,8 @@ layerdiff (the ONNX verbs, reports, the comparator) imports without it.
   (``_vs_torch``: both sides in lockstep, local re-runs of the target's modules);
 - ``compare_gradients`` (``_grad``), the op matrix (``_ops``), the whole-output check
   (``_check``), the batch and shape axes (``_axis``), lower precisions (``_precision``);
+- ``write_repro``: a report's headline cut down to its module alone, checked (``_repro``);
+  ``compare_torch(..., bisect=True)`` finds what turns a drift on (``_bisect``);
 - capture (``_capture``), the lockstep copy (``_lockstep``), the export (``_export``), PyTorch
   sides (``_sides``), the float64 baseline (``_baseline``), the models (``models``).
 """
@@ -30,4 +32,21 @@ __all__ = [
     "functional_op",
     "load_builder",
     "to_eval",
+    "write_repro",
 ]
+
+
+def write_repro(model, inputs, report, folder, *, target: str, reference: str = "torch",
+                builder: str | None = None) -> str:  # fmt: skip
+    """Writes the checked repro of the headline defect of ``report`` (a :func:`compare_torch`
+    report of ``model`` on ``inputs`` with ``target`` and ``reference``) into ``folder``: the
+    module alone, its weights and the reference's inputs to it, and a repro.py that runs it on
+    both sides; returns what was written, in one sentence, or why nothing was (a clean run).
+    ``builder`` (``path/to/file.py:build``) is imported by repro.py too, for what it sets up."""
+    from layerdiff import _layerdiff
+    from layerdiff.torch._repro import write_repro as write
+    from layerdiff.torch._sides import TorchSide
+
+    sides = [TorchSide.of(_layerdiff.side_spec(s)) for s in (reference, target)]
+    command = f"layerdiff.torch.compare_torch(..., target={target!r}, reference={reference!r})"
+    return write(model, inputs, report, *sides, folder, command, builder=builder)

@@ -8,9 +8,12 @@ difference."""
 from __future__ import annotations
 
 import copy
+import shutil
 import string
 import subprocess
 import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -42,8 +45,37 @@ def write_repro(model, inputs, report, ref_side: TorchSide, tgt_side: TorchSide,
         else f" (the headline `{name}` is a call inside it: the module holds it)"
     )
     args, kwargs, expected = _call_inputs(model, inputs, path, call, ref_side)
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    # Written into a folder of its own beside `folder` and moved into place once checked: a
+    # failure leaves no half folder behind.
+    final = Path(folder)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=".repro-", dir=final.parent))
+    piece = _Piece(module, args, kwargs, expected, name, path, where)
+    try:
+        return _write(piece, report, (ref_side, tgt_side), folder, final, command, builder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@dataclass
+class _Piece:
+    """The headline's module call: the module, its arguments and output on the reference,
+    the layer's name, the module's path, and how the two relate in words."""
+
+    module: torch.nn.Module
+    args: tuple
+    kwargs: dict
+    expected: torch.Tensor
+    name: str
+    path: str
+    where: str
+
+
+def _write(piece: _Piece, report, sides, folder: Path, final: Path, command, builder) -> str:
+    """Writes the repro into `folder`, runs its repro.py there, and moves it to `final`."""
+    module, args, kwargs, expected = piece.module, piece.args, piece.kwargs, piece.expected
+    name, path, where = piece.name, piece.path, piece.where
+    ref_side, tgt_side = sides
     tensors: list = []
     literal_args = _literal(args, "arg", tensors)
     literal_kwargs = _literal(kwargs, "kwarg", tensors)
@@ -75,6 +107,7 @@ def write_repro(model, inputs, report, ref_side: TorchSide, tgt_side: TorchSide,
         rtol=float(bound["rtol"]),
         args=literal_args,
         kwargs=literal_kwargs,
+        reader=_layerdiff.repro_reader(),
     )
     (folder / "repro.py").write_text(script)
     shown = subprocess.run(
@@ -83,6 +116,10 @@ def write_repro(model, inputs, report, ref_side: TorchSide, tgt_side: TorchSide,
     (folder / "README.md").write_text(
         _readme(report, layer, path, cls, ref_side, tgt_side, command, shown)
     )
+    if final.exists():
+        shutil.rmtree(final)
+    folder.rename(final)
+    folder = final
     if shown.returncode not in (0, 1):
         tail = (shown.stderr or shown.stdout).strip().splitlines()[-1:] or ["no output"]
         return f"--repro: the repro in {folder} does not run: {tail[0]}"

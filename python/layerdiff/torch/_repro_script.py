@@ -30,27 +30,14 @@ TARGET = $target_side
 ATOL, RTOL = $atol, $rtol  # within tolerance: |target - reference| <= ATOL + RTOL * |reference|
 CAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
 AUTOCAST = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
-DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
-          "I8": "i1", "U8": "u1", "BOOL": "?"}
-
+$reader
 
 def load(path):
-    """The tensors of a safetensors file, read with numpy and handed to torch."""
-    data = Path(path).read_bytes()
-    (size,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8 : 8 + size])
-    body = data[8 + size :]
+    """The tensors of a safetensors file, handed to torch in their own dtype."""
     tensors = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = info["data_offsets"]
-        if info["dtype"] == "BF16":
-            bits = np.frombuffer(body[start:end], dtype="<u2").astype(np.uint32) << 16
-            tensor = torch.from_numpy(bits.view(np.float32).copy()).to(torch.bfloat16)
-        else:
-            tensor = torch.from_numpy(np.frombuffer(body[start:end], DTYPES[info["dtype"]]).copy())
-        tensors[name] = tensor.reshape(info["shape"])
+    for name, (array, dtype) in read(path).items():
+        tensor = torch.from_numpy(array)
+        tensors[name] = tensor.to(torch.bfloat16) if dtype == "BF16" else tensor
     return tensors
 
 

@@ -21,6 +21,32 @@ pub(crate) struct Facts<'a> {
     pub inputs: Vec<String>,
 }
 
+/// The safetensors reader every repro.py holds: numpy alone, each tensor with its dtype's
+/// name (bfloat16, which numpy lacks, widened to float32 exactly).
+pub const READER: &str = r#"DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4",
+          "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
+
+
+def read(path):
+    """The tensors of a safetensors file as {name: (numpy array, safetensors dtype)}."""
+    data = Path(path).read_bytes()
+    (size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + size])
+    body = data[8 + size :]
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = info["data_offsets"]
+        if info["dtype"] == "BF16":
+            bits = np.frombuffer(body[start:end], dtype="<u2").astype(np.uint32) << 16
+            array = bits.view(np.float32)
+        else:
+            array = np.frombuffer(body[start:end], dtype=DTYPES[info["dtype"]])
+        tensors[name] = (array.reshape(info["shape"]).copy(), info["dtype"])
+    return tensors
+"#;
+
 /// A Python string literal of `text`.
 fn py_str(text: &str) -> String {
     serde_json::to_string(text).expect("a string serialises")
@@ -114,28 +140,10 @@ HERE = Path(__file__).resolve().parent
 TARGET = {target_py}
 ATOL, RTOL = {atol:e}, {rtol:e}  # within tolerance: |got - expected| <= ATOL + RTOL * |expected|
 OUTPUTS = [{layer_py}]
-DTYPES = {{"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4",
-          "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}}
-
+{reader}
 
 def load(path):
-    """The tensors of a safetensors file, read with numpy alone (bfloat16 widened to float32)."""
-    data = Path(path).read_bytes()
-    (size,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8 : 8 + size])
-    body = data[8 + size :]
-    tensors = {{}}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = info["data_offsets"]
-        if info["dtype"] == "BF16":
-            bits = np.frombuffer(body[start:end], dtype="<u2").astype(np.uint32) << 16
-            array = bits.view(np.float32)
-        else:
-            array = np.frombuffer(body[start:end], dtype=DTYPES[info["dtype"]])
-        tensors[name] = array.reshape(info["shape"]).copy()
-    return tensors
+    return {{name: array for name, (array, _) in read(path).items()}}
 
 
 def run_target(inputs):
@@ -172,6 +180,7 @@ if __name__ == "__main__":
         target = facts.target.spelling(),
         target_py = py_str(&facts.target.spelling()),
         model = facts.report.model,
+        reader = READER,
         atol = bound.atol,
         rtol = bound.rtol,
     )
