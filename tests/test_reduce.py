@@ -205,3 +205,20 @@ def test_an_edited_weight_reduces_to_its_node(resnet18_onnx, tmp_path):
     assert "weight_mismatch" in readme
     shown = run_repro(tmp_path / "repro", folder_of(tmp_path, "onnxruntime"))
     assert shown.returncode == 1 and "reproduced" in shown.stdout
+
+
+def test_a_pytorch_model_against_a_faulty_onnx_file_reduces_to_its_nodes(resnet18_onnx, tmp_path):
+    """`layerdiff torch` against an ONNX file with one edited attribute: the repro is the
+    layer's ONNX nodes fed PyTorch's values, held to PyTorch's value, on the target's runtime."""
+    value = edited_pads(resnet18_onnx["dynamo"], tmp_path / "edited.onnx", conv=8)
+    run = run_cli("torch", "resnet18", "--onnx", "edited.onnx", "--out", "run", "--quiet",
+                  cwd=tmp_path)  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    done = run_cli("reduce", str(tmp_path / "run" / "report.json"))
+    assert done.returncode == 0, done.stderr
+    assert f"repro of `{value}`: 1 node" in done.stdout
+    folder = tmp_path / "run" / "repro"
+    readme = (folder / "README.md").read_text()
+    assert "(`pytorch`, the whole model run on the report's inputs)" in readme
+    shown = run_repro(folder, folder_of(tmp_path, "onnxruntime"))
+    assert shown.returncode == 1 and f"`{value}` on ort: max |diff|" in shown.stdout

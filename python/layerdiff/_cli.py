@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -130,18 +131,33 @@ def _run(verb: str, command) -> int:
         if command.repro is not None:
             report.notes.append(_torch_repro(model, inputs, report, command))
     else:
-        report = lt.compare_torch_onnx(
-            model,
-            inputs,
-            onnx=command.onnx,
-            exporter=command.exporter,
-            workdir=command.out,
-            progress=progress,
-            dtype=command.dtype,
-            keep_fp32=command.keep_fp32,
-            **common,
-        )
+        with tempfile.TemporaryDirectory() as kept:
+            # A repro is cut from the file compared: keep the export until it is written.
+            workdir = command.out or (kept if command.repro is not None else None)
+            report = lt.compare_torch_onnx(
+                model,
+                inputs,
+                onnx=command.onnx,
+                exporter=command.exporter,
+                workdir=workdir,
+                progress=progress,
+                dtype=command.dtype,
+                keep_fp32=command.keep_fp32,
+                **common,
+            )
+            if command.repro is not None:
+                report.notes.append(_onnx_repro(model, inputs, report, command))
     return report._native.deliver(command, report.inputs, command.seed, report.notes)
+
+
+def _onnx_repro(model, inputs, report, command, folder=None, text=None) -> str:
+    """`--repro DIR` of a PyTorch model against its ONNX file: the layer's ONNX nodes fed
+    PyTorch's values, run on the target's runtime, checked."""
+    from layerdiff.torch._repro import write_onnx_repro
+
+    target = command.options.target_spelling
+    invocation = text or "layerdiff " + " ".join(sys.argv[1:])
+    return write_onnx_repro(model, inputs, report, target, folder or command.repro, invocation)
 
 
 def _torch_repro(model, inputs, report, command, folder=None, text=None) -> str:
@@ -160,19 +176,19 @@ def _torch_repro(model, inputs, report, command, folder=None, text=None) -> str:
 
 def _reduce(plan: dict) -> int:
     """`layerdiff reduce REPORT.json` of a report of `layerdiff torch`: its command run again
-    where it ran, and its headline's module written as a repro."""
+    where it ran, and its headline written as a repro (the module alone against a PyTorch
+    target; the layer's ONNX nodes fed PyTorch's values against an ONNX one)."""
     if plan["command"] != "torch":
         raise _layerdiff.UsageError(
-            f"`layerdiff reduce` cuts down reports of `layerdiff onnx` and of `layerdiff torch` "
-            f"with a PyTorch target; this one is of `layerdiff {plan['command']}`"
+            f"`layerdiff reduce` cuts down reports of `layerdiff onnx` and `layerdiff torch`; "
+            f"this one is of `layerdiff {plan['command']}`"
         )
     os.chdir(plan["cwd"])
     kind, command = _layerdiff.parse_cli(["layerdiff", *plan["argv"]], _ort.library())
-    if kind != "torch" or command.options.torch_target is None:
+    if kind != "torch":
         raise _layerdiff.UsageError(
-            "`layerdiff reduce` of a `layerdiff torch` report needs a PyTorch target "
-            "(`--target torch:bf16`, `torch:compile`…): a PyTorch model against its ONNX "
-            "export is cut down from the export, with `layerdiff onnx model.onnx --repro DIR`"
+            f"the command line the report records does not parse as `layerdiff torch` any more: "
+            f"`{plan['text']}`"
         )
     from layerdiff import torch as lt
 
@@ -180,11 +196,19 @@ def _reduce(plan: dict) -> int:
     progress = _Progress(quiet)
     progress(f"running the report's command again: {plan['text']}")
     model, inputs = lt.load_builder(command.model)(command.seed)
-    report = lt.compare_torch(
-        model, inputs, progress=progress, keep_fp32=command.keep_fp32,
-        name=command.model, seed=command.seed, options=command.options,
-    )  # fmt: skip
-    sentence = _torch_repro(model, inputs, report, command, plan["folder"], plan["text"])
+    common = {"name": command.model, "seed": command.seed, "options": command.options}
+    if command.options.torch_target is not None:
+        report = lt.compare_torch(
+            model, inputs, progress=progress, keep_fp32=command.keep_fp32, **common
+        )
+        sentence = _torch_repro(model, inputs, report, command, plan["folder"], plan["text"])
+    else:
+        with tempfile.TemporaryDirectory() as workdir:
+            report = lt.compare_torch_onnx(
+                model, inputs, onnx=command.onnx, exporter=command.exporter, workdir=workdir,
+                progress=progress, dtype=command.dtype, keep_fp32=command.keep_fp32, **common,
+            )  # fmt: skip
+            sentence = _onnx_repro(model, inputs, report, command, plan["folder"], plan["text"])
     if not quiet:
         print(sentence)
     return 0 if sentence.startswith("repro of") else 1

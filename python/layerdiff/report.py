@@ -17,6 +17,9 @@ class Report:
         self.inputs = inputs or []
         #: Lines about how the run went that are not findings (how it was split to bound memory).
         self.notes: list[str] = []
+        #: The ONNX file the target ran, where the comparison had one (a PyTorch model against
+        #: its export): what a repro is cut from.
+        self.onnx_path: Path | None = None
 
     @cached_property
     def data(self) -> dict:
@@ -101,6 +104,7 @@ class Report:
     def _with(self, native) -> Report:
         report = Report(native, inputs=self.inputs)
         report.notes = list(self.notes)
+        report.onnx_path = self.onnx_path
         return report
 
     def to_json(self) -> str:

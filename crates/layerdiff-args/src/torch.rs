@@ -124,11 +124,13 @@ pub struct TorchArgs {
     /// within its tolerance. Each answer is checked by a run, and named in the report.
     #[arg(long)]
     pub bisect: bool,
-    /// Write a checked minimal reproduction of the headline defect of a PyTorch target into
-    /// this folder: its module alone (its structure, module.pt; its weights and the
-    /// reference's inputs to it as safetensors), the reference's output, a repro.py that
-    /// imports the module's class (and your model's file) from your code and runs reference
-    /// and target, and a README.md. A clean run writes none.
+    /// Write a checked minimal reproduction of the headline defect into this folder. Against
+    /// an ONNX target: the layer's ONNX nodes (model.onnx) fed PyTorch's values at their inputs,
+    /// PyTorch's value of the layer, and a repro.py that runs them on the target's runtime with
+    /// numpy alone. Against a PyTorch target: its module alone (its structure, module.pt; its
+    /// weights and the reference's inputs to it as safetensors), the reference's output, and a
+    /// repro.py that imports the module's class (and your model's file) from your code and
+    /// runs reference and target. With a README.md; a clean run writes none.
     #[arg(long, value_name = "DIR")]
     pub repro: Option<PathBuf>,
     /// Compare at each of these batch sizes (`1,8,32`): the model is exported once with a
@@ -227,13 +229,20 @@ impl TorchArgs {
             !self.keep_fp32.is_empty(),
             self.onnx.as_deref(),
         )?;
-        if (self.bisect || self.repro.is_some()) && !matches!(target, TargetSpec::Torch(_)) {
-            return Err(format!(
-                "`{}` works on a PyTorch target here (`--target torch:bf16`, `torch:compile`…); \
-                 against the ONNX export, run `layerdiff onnx` on the export (`--out DIR` saves it \
-                 as model.onnx) with the same option",
-                if self.bisect { "--bisect" } else { "--repro" }
-            ));
+        if self.bisect && !matches!(target, TargetSpec::Torch(_)) {
+            return Err(
+                "`--bisect` works on a PyTorch target here (`--target torch:bf16`, \
+                 `torch:compile`…); against the ONNX export, run `layerdiff onnx` on the export \
+                 (`--out DIR` saves it as model.onnx) with `--target ort:opt=…` and `--bisect`"
+                    .to_string(),
+            );
+        }
+        if self.repro.is_some() && (!self.batch_sizes.is_empty() || !self.shapes.is_empty()) {
+            return Err(
+                "`--repro` cuts down one comparison; with `--batch-sizes` or `--shapes`, run the \
+                 point that drifts alone"
+                    .to_string(),
+            );
         }
         Ok((target, self.dtype))
     }

@@ -258,43 +258,174 @@ pub fn onnx(
         }
     }
     let tried = tried.expect("one ring at least");
-    let mut nodes: Vec<usize> = piece.clone();
-    nodes.sort_unstable();
-    let repro = Repro {
-        folder: folder.to_path_buf(),
-        layer: value.clone(),
-        nodes: nodes.iter().map(|&n| pieces.name(n)).collect(),
-        reproduced: tried.multiple > 1.0,
-        max_abs_diff: tried.max_abs_diff,
-        multiple: tried.multiple,
+    let names: Vec<String> = {
+        let mut nodes = piece.clone();
+        nodes.sort_unstable();
+        nodes.iter().map(|&n| pieces.name(n)).collect()
     };
-    let facts = script::Facts {
+    let written = Written {
         report,
         layer,
-        reference: &options.reference,
+        value: &value,
+        reference: options.reference.spelling(),
         target: &pieces.target_spec,
-        reference_detail: &report.reference.detail,
-        target_detail: &report.target.detail,
         command,
-        repro: &repro,
-        target_value: &tried.got,
-        inputs: tried
-            .model
-            .graph()
-            .input
-            .iter()
-            .map(|i| i.name().to_string())
-            .collect(),
-    };
-    write_folder(
         folder,
-        &tried.model,
-        &tried.feeds,
-        &value,
-        &tried.expected,
-        &facts,
-    )?;
-    Ok(repro)
+    };
+    written.write(tried, names)
+}
+
+/// What a repro's folder is written from.
+struct Written<'a> {
+    report: &'a Report,
+    layer: &'a Layer,
+    /// The value the piece computes.
+    value: &'a str,
+    reference: String,
+    target: &'a RuntimeSpec,
+    command: &'a str,
+    folder: &'a Path,
+}
+
+impl Written<'_> {
+    /// Writes the folder of the piece `tried` (its nodes' names `names`) and says what it is.
+    fn write(&self, tried: Tried, names: Vec<String>) -> Result<Repro> {
+        let repro = Repro {
+            folder: self.folder.to_path_buf(),
+            layer: self.value.to_string(),
+            nodes: names,
+            reproduced: tried.multiple > 1.0,
+            max_abs_diff: tried.max_abs_diff,
+            multiple: tried.multiple,
+        };
+        let facts = script::Facts {
+            report: self.report,
+            layer: self.layer,
+            reference: self.reference.clone(),
+            target: self.target,
+            reference_detail: &self.report.reference.detail,
+            target_detail: &self.report.target.detail,
+            command: self.command,
+            repro: &repro,
+            target_value: &tried.got,
+            inputs: tried
+                .model
+                .graph()
+                .input
+                .iter()
+                .map(|i| i.name().to_string())
+                .collect(),
+        };
+        write_folder(
+            self.folder,
+            &tried.model,
+            &tried.feeds,
+            self.value,
+            &tried.expected,
+            &facts,
+        )?;
+        Ok(repro)
+    }
+}
+
+/// The repro of a framework reference's headline against an ONNX target (`layerdiff torch`
+/// against the export): the layer's ONNX nodes `nodes` (by name) of `model_path`, fed the
+/// framework's values at their inputs (`feeds`, by ONNX value name, cast to the types the file
+/// declares), held to the framework's value of the layer (`expected`), run on `target`.
+#[allow(clippy::too_many_arguments)]
+pub fn framework_piece(
+    report: &Report,
+    layer_name: &str,
+    model_path: &Path,
+    nodes: &[String],
+    feeds: Vec<(String, Tensor)>,
+    expected: Tensor,
+    target: &RuntimeSpec,
+    command: &str,
+    folder: &Path,
+    ort_library: Option<&Path>,
+) -> Result<Repro> {
+    let layer = report
+        .layers
+        .iter()
+        .find(|l| l.name == layer_name)
+        .ok_or_else(|| Error::Usage(format!("the report has no layer `{layer_name}`")))?;
+    let value = layer
+        .location
+        .as_ref()
+        .map(|l| l.value.clone())
+        .ok_or_else(|| Error::Usage(format!("`{layer_name}` has no ONNX value")))?;
+    let model = Model::load(model_path)?;
+    let index = GraphIndex::new(model.graph());
+    let picked: Vec<usize> = nodes
+        .iter()
+        .map(|name| {
+            index
+                .nodes()
+                .iter()
+                .find(|n| &n.name == name)
+                .map(|n| n.index)
+                .ok_or_else(|| {
+                    Error::Usage(format!(
+                        "`{}` has no node `{name}`: not the file the report compared",
+                        model_path.display()
+                    ))
+                })
+        })
+        .collect::<Result<_>>()?;
+    // As the local re-run fed them: each value in the type the file declares for it.
+    let feeds: Vec<(String, Tensor)> = feeds
+        .into_iter()
+        .map(|(name, tensor)| {
+            let declared = index
+                .elem_type(&name)
+                .and_then(|code| layerdiff_core::DType::from_onnx_code(code).ok());
+            match declared {
+                Some(dtype)
+                    if dtype != tensor.dtype && dtype.is_float() && tensor.dtype.is_float() =>
+                {
+                    (name, tensor.cast(dtype))
+                }
+                _ => (name, tensor),
+            }
+        })
+        .collect();
+    let wanted = [value.clone()];
+    let piece = extract_nodes(&model, &picked, &wanted, &feeds)?;
+    let runtime = target.build(ort_library)?;
+    let got = runtime.run(&piece, &feeds, &wanted)?.remove(0).1;
+    let (multiple, max_abs_diff) = judged(layer.tolerance, &expected, &got)?;
+    let tried = Tried {
+        model: piece,
+        feeds,
+        got,
+        expected,
+        multiple,
+        max_abs_diff,
+    };
+    let mut sorted = picked.clone();
+    sorted.sort_unstable();
+    let names = sorted
+        .iter()
+        .map(|&n| {
+            let node = &index.nodes()[n];
+            if node.name.is_empty() {
+                node.op_type.clone()
+            } else {
+                node.name.clone()
+            }
+        })
+        .collect();
+    let written = Written {
+        report,
+        layer,
+        value: &value,
+        reference: report.reference.runtime.clone(),
+        target,
+        command,
+        folder,
+    };
+    written.write(tried, names)
 }
 
 /// Where inside a fusion the headline's difference is born: when the target's runtime

@@ -132,6 +132,12 @@ impl Options {
         }
     }
 
+    /// The target as the command line spells it (`ort:opt=all`, `torch:bf16`, `tflite`).
+    #[getter]
+    fn target_spelling(&self) -> String {
+        self.target.spelling()
+    }
+
     /// A Keras target (`xla`, `savedmodel`, `tflite…`) as a `SideSpec`, or None for a runtime
     /// that runs the ONNX file.
     #[getter]

@@ -287,3 +287,54 @@ def _readme(report, layer, path, cls, ref_side, tgt_side, command, shown) -> str
         "| `repro.py` | runs it on the reference side and the target side, prints the "
         "difference and the tolerance |\n"
     )
+
+
+def write_onnx_repro(model, inputs, report, target: str, folder, command: str) -> str:
+    """Writes the repro of `report`'s headline (a PyTorch model against its ONNX file on
+    `target`): the layer's ONNX nodes fed PyTorch's values at their inputs, held to PyTorch's
+    value of the layer, run on the target's runtime; or says why there is none."""
+    from layerdiff import _ort
+    from layerdiff.torch._capture import capture
+
+    name, why = report._native.headline
+    if name is None:
+        return f"--repro: no repro written: {why}"
+    layers = {layer["name"]: layer for layer in report.layers}
+    layer = layers[name]
+    location = layer.get("location") or {}
+    if not location.get("nodes") or not layer.get("local_inputs"):
+        reason = layer.get("local_reason") or "it has no ONNX nodes of its own"
+        return f"--repro: no repro written: `{name}` was not re-run alone: {reason}"
+    if report.onnx_path is None:
+        return "--repro: no repro written: the ONNX file compared is not known"
+    wanted = {name, *layer["local_inputs"]}
+    values: dict = {}
+
+    def keep(index, call, out, local):
+        if call.name in wanted:
+            first = _first_tensor(out)
+            if first is not None:
+                values[call.name] = first.detach().cpu().clone()
+
+    listing = capture(model, inputs)
+    whole = frozenset(listing.self_computing)
+    capture(model, inputs, keep, whole=whole, dataflow=False)
+    declared = [d[0] for d in _layerdiff.model_inputs(str(report.onnx_path))]
+    given = dict(zip(declared, inputs, strict=False))
+    feeds = []
+    for source in layer["local_inputs"]:
+        if source in values:
+            onnx_value = (layers.get(source, {}).get("location") or {}).get("value", source)
+            feeds.append(flat(onnx_value, values[source]))
+        elif source in given:
+            feeds.append(flat(source, given[source]))
+        else:
+            return f"--repro: no repro written: PyTorch's value of `{source}` was not seen"
+    if name not in values:
+        return f"--repro: no repro written: PyTorch's value of `{name}` was not seen"
+    sentence, _ = _layerdiff.write_framework_repro(
+        report._native, name, str(report.onnx_path), location["nodes"], feeds,
+        flat(location["value"], values[name]), target, command, str(folder),
+        ort_library=_ort.library(),
+    )  # fmt: skip
+    return sentence

@@ -205,6 +205,7 @@ class _FileComparison:
         native = run.finish(layer_parameters(model, listed, needed))
         report = Report(native, inputs=onnx_inputs).warned(warnings)
         report.notes += [n for n in (*notes, split) if n]
+        report.onnx_path = Path(onnx_path)
         return report
 
 

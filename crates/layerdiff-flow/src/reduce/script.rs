@@ -10,7 +10,8 @@ use super::Repro;
 pub(crate) struct Facts<'a> {
     pub report: &'a Report,
     pub layer: &'a Layer,
-    pub reference: &'a RuntimeSpec,
+    /// The reference in a word (`ort`, `pytorch`).
+    pub reference: String,
     pub target: &'a RuntimeSpec,
     pub reference_detail: &'a str,
     pub target_detail: &'a str,
@@ -216,8 +217,13 @@ pub(crate) fn readme(facts: &Facts) -> String {
         _ => String::new(),
     };
     let dtype = facts.target_value.dtype.name();
+    let title = if layer.name == repro.layer {
+        format!("`{}`", repro.layer)
+    } else {
+        format!("`{}`: `{}`", layer.name, repro.layer)
+    };
     format!(
-        "# Repro: `{layer_name}`{op} on `{target}`\n\n\
+        "# Repro: {title}{op} on `{target}`\n\n\
          layerdiff cut this out of `{model}`: {n} node(s), {nodes}, that compute `{layer_name}` from the reference's values at their inputs.\n\n\
          - **What differs**: `{layer_name}`, {dtype} of shape {shape:?}, as the target computes it ({target_detail}) and as the reference does ({reference_detail}).\n\
          - {found}\n\
@@ -232,7 +238,7 @@ pub(crate) fn readme(facts: &Facts) -> String {
          | `repro.py` | runs the piece on `{target}` and prints the difference and the tolerance |\n",
         layer_name = repro.layer,
         target = facts.target.spelling(),
-        reference = facts.reference.spelling(),
+        reference = facts.reference,
         model = facts.report.model,
         n = repro.nodes.len(),
         nodes = nodes.join(", "),
