@@ -222,3 +222,21 @@ def test_a_pytorch_model_against_a_faulty_onnx_file_reduces_to_its_nodes(resnet1
     assert "(`pytorch`, the whole model run on the report's inputs)" in readme
     shown = run_repro(folder, folder_of(tmp_path, "onnxruntime"))
     assert shown.returncode == 1 and f"`{value}` on ort: max |diff|" in shown.stdout
+
+
+def test_a_wrong_backward_reduces_to_that_modules_backward_alone(tmp_path):
+    """tests/builders/wrong_backward.py: a block whose half-precision backward is wrong; the
+    `layerdiff grad` report's repro is that block's backward alone, checked, and its repro.py
+    shows it with torch and numpy alone."""
+    builder = f"{BUILDERS / 'wrong_backward.py'}:build"
+    run = run_cli("grad", builder, "--target", "torch:bf16", "--out", "run", "--quiet",
+                  cwd=tmp_path)  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    done = run_cli("reduce", str(tmp_path / "run" / "report.json"))
+    assert done.returncode == 0, done.stderr
+    assert "repro of `2:input`: the module `2` (Doubled) alone (its backward" in done.stdout
+    folder = tmp_path / "run" / "repro"
+    assert "GRADIENT = {'of': 'input'" in (folder / "repro.py").read_text()
+    shown = run_repro(folder, folder_of(tmp_path, "torch", "numpy"))
+    assert shown.returncode == 1 and shown.stdout.strip().endswith("reproduced")
+    assert "`2:input` on torch:bf16 against torch: max |diff|" in shown.stdout

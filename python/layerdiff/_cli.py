@@ -123,6 +123,8 @@ def _run(verb: str, command) -> int:
         from layerdiff.torch._grad import compare_gradients
 
         report = compare_gradients(model, inputs, loss=command.loss, progress=progress, **common)
+        if command.repro is not None:
+            report.notes.append(_grad_repro(model, inputs, report, command))
     elif pytorch_target:
         report = lt.compare_torch(
             model, inputs, progress=progress, keep_fp32=command.keep_fp32,
@@ -160,6 +162,20 @@ def _onnx_repro(model, inputs, report, command, folder=None, text=None) -> str:
     return write_onnx_repro(model, inputs, report, target, folder or command.repro, invocation)
 
 
+def _grad_repro(model, inputs, report, command, folder=None, text=None) -> str:
+    """`--repro DIR` of `layerdiff grad`: the headline gradient's module backward alone."""
+    from layerdiff.torch._repro import write_grad_repro
+    from layerdiff.torch._sides import TorchSide
+
+    options = command.options
+    sides = (TorchSide.of(options.reference), TorchSide.of(options.torch_target))
+    invocation = text or "layerdiff " + " ".join(sys.argv[1:])
+    return write_grad_repro(
+        model, inputs, report, sides, command.loss, command.seed, folder or command.repro,
+        invocation, builder=command.model,
+    )  # fmt: skip
+
+
 def _torch_repro(model, inputs, report, command, folder=None, text=None) -> str:
     """`--repro DIR` of a PyTorch target: its headline's module alone, checked."""
     from layerdiff.torch._repro import write_repro
@@ -178,16 +194,17 @@ def _reduce(plan: dict) -> int:
     """`layerdiff reduce REPORT.json` of a report of `layerdiff torch`: its command run again
     where it ran, and its headline written as a repro (the module alone against a PyTorch
     target; the layer's ONNX nodes fed PyTorch's values against an ONNX one)."""
-    if plan["command"] != "torch":
+    if plan["command"] not in ("torch", "grad"):
         raise _layerdiff.UsageError(
-            f"`layerdiff reduce` cuts down reports of `layerdiff onnx` and `layerdiff torch`; "
+            f"`layerdiff reduce` cuts down reports of `layerdiff onnx`, `torch` and `grad`; "
             f"this one is of `layerdiff {plan['command']}`"
         )
     os.chdir(plan["cwd"])
     kind, command = _layerdiff.parse_cli(["layerdiff", *plan["argv"]], _ort.library())
-    if kind != "torch":
+    if kind != plan["command"]:
         raise _layerdiff.UsageError(
-            f"the command line the report records does not parse as `layerdiff torch` any more: "
+            f"the command line the report records does not parse as `layerdiff {plan['command']}` "
+            f"any more: "
             f"`{plan['text']}`"
         )
     from layerdiff import torch as lt
@@ -197,7 +214,12 @@ def _reduce(plan: dict) -> int:
     progress(f"running the report's command again: {plan['text']}")
     model, inputs = lt.load_builder(command.model)(command.seed)
     common = {"name": command.model, "seed": command.seed, "options": command.options}
-    if command.options.torch_target is not None:
+    if kind == "grad":
+        from layerdiff.torch._grad import compare_gradients
+
+        report = compare_gradients(model, inputs, loss=command.loss, progress=progress, **common)
+        sentence = _grad_repro(model, inputs, report, command, plan["folder"], plan["text"])
+    elif command.options.torch_target is not None:
         report = lt.compare_torch(
             model, inputs, progress=progress, keep_fp32=command.keep_fp32, **common
         )

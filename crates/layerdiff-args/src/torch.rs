@@ -37,6 +37,12 @@ pub struct GradArgs {
     /// Seed for the model's random weights, generated inputs and the `dot` loss's tensor.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Write a checked minimal reproduction of the headline gradient into this folder: the
+    /// backward alone of the module call that computes it, for the output gradient the whole
+    /// backward gave that call (its structure, weights, inputs and that gradient), and a
+    /// repro.py that runs it on the reference side and the target side. A clean run writes none.
+    #[arg(long, value_name = "DIR")]
+    pub repro: Option<PathBuf>,
     /// Where reports go.
     #[command(flatten)]
     pub report: ReportArgs,

@@ -415,7 +415,7 @@ pub(crate) fn parse_cli(
                 dtype: None,
                 keep_fp32: Vec::new(),
                 bisect: false,
-                repro: None,
+                repro: a.repro.clone(),
                 batch_sizes: Vec::new(),
                 shapes: Vec::new(),
                 loss: Some(layerdiff_args::spelling(&a.loss)),

@@ -45,14 +45,18 @@ def write_repro(model, inputs, report, ref_side: TorchSide, tgt_side: TorchSide,
         else f" (the headline `{name}` is a call inside it: the module holds it)"
     )
     args, kwargs, expected = _call_inputs(model, inputs, path, call, ref_side)
-    # Written into a folder of its own beside `folder` and moved into place once checked: a
-    # failure leaves no half folder behind.
+    piece = _Piece(module, args, kwargs, expected, name, path, where)
+    return _staged(piece, report, (ref_side, tgt_side), folder, command, builder)
+
+
+def _staged(piece, report, sides, folder, command, builder) -> str:
+    """Writes `piece` into a folder of its own beside `folder` and moves it into place once
+    checked: a failure leaves no half folder behind."""
     final = Path(folder)
     final.parent.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix=".repro-", dir=final.parent))
-    piece = _Piece(module, args, kwargs, expected, name, path, where)
     try:
-        return _write(piece, report, (ref_side, tgt_side), folder, final, command, builder)
+        return _write(piece, report, sides, folder, final, command, builder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -69,6 +73,10 @@ class _Piece:
     name: str
     path: str
     where: str
+    #: For a gradient: its backward alone, for `grad_output`, of `{"of": "input" or a
+    #: parameter's name in the module, "scale": the target's loss scale}`.
+    gradient: dict | None = None
+    grad_output: torch.Tensor | None = None
 
 
 def _write(piece: _Piece, report, sides, folder: Path, final: Path, command, builder) -> str:
@@ -84,6 +92,8 @@ def _write(piece: _Piece, report, sides, folder: Path, final: Path, command, bui
     _layerdiff.write_safetensors(
         folder / "state.safetensors", [flat(n, t.detach().cpu()) for n, t in state.items()]
     )
+    if piece.grad_output is not None:
+        tensors.append(flat("grad_output", piece.grad_output))
     _layerdiff.write_safetensors(folder / "inputs.safetensors", tensors)
     _layerdiff.write_safetensors(folder / "expected.safetensors", [flat("output", expected)])
     torch.save(copy.deepcopy(module).to("meta"), folder / "module.pt")
@@ -108,24 +118,25 @@ def _write(piece: _Piece, report, sides, folder: Path, final: Path, command, bui
         args=literal_args,
         kwargs=literal_kwargs,
         reader=_layerdiff.repro_reader(),
+        gradient=repr(piece.gradient),
     )
     (folder / "repro.py").write_text(script)
     shown = subprocess.run(
         [sys.executable, "repro.py"], cwd=folder, capture_output=True, text=True, timeout=600
     )
-    (folder / "README.md").write_text(
-        _readme(report, layer, path, cls, ref_side, tgt_side, command, shown)
-    )
+    (folder / "README.md").write_text(_readme(report, layer, piece, cls, sides, command, shown))
     if final.exists():
         shutil.rmtree(final)
     folder.rename(final)
     folder = final
-    if shown.returncode not in (0, 1):
+    said = shown.stdout.strip().splitlines()[-1:]
+    if said not in (["reproduced"], ["not reproduced: within the tolerance"]):
+        # An exception exits 1 too: only the script's own last line says what it found.
         tail = (shown.stderr or shown.stdout).strip().splitlines()[-1:] or ["no output"]
         return f"--repro: the repro in {folder} does not run: {tail[0]}"
     lines = [line for line in shown.stdout.splitlines() if line.startswith("`")]
     found = lines[-1] if lines else ""
-    if shown.returncode == 0:
+    if said == ["not reproduced: within the tolerance"]:
         return (
             f"--repro: no repro of `{name}`: its module `{path}` alone stays within the "
             f"tolerance ({found}); the difference needs more of the model. Files in {folder}"
@@ -254,24 +265,34 @@ def _side(side: TorchSide) -> dict:
     return {"device": side.device, "precision": side.precision, "compile": side.compile}
 
 
-def _readme(report, layer, path, cls, ref_side, tgt_side, command, shown) -> str:
+def _readme(report, layer, piece, cls, sides, command, shown) -> str:
+    ref_side, tgt_side = sides
     cause = layer.get("cause")
     detail = f": {layer['detail']}" if layer.get("detail") else ""
     cause_line = f"- **Cause** (the report's): `{cause}`{detail}\n" if cause else ""
     out = shown.stdout.strip() or shown.stderr.strip()
-    verdict = {0: "**Not reproduced**", 1: "**Checked**"}.get(shown.returncode, "**Fails to run**")
+    said = shown.stdout.strip().splitlines()[-1:]
+    verdict = {("reproduced",): "**Checked**"}.get(tuple(said), "**Not reproduced**")
+    if said not in (["reproduced"], ["not reproduced: within the tolerance"]):
+        verdict = "**Fails to run**"
+    what, truth = "alone, on the reference's inputs to it", "output as the whole model computed it"
+    if piece.gradient is not None:
+        what = (
+            "its backward alone, on the reference's inputs to it and for the gradient the "
+            "reference's whole backward gave its output"
+        )
+        truth = "gradient of that backward alone"
     return (
         f"# Repro: `{layer['name']}` ({cls.__qualname__}) on `{tgt_side.spelling}`\n\n"
-        f"layerdiff cut this out of `{report.data['model']}`: the module `{path or '(root)'}`, "
-        f"alone, on the reference's inputs to it.\n\n"
+        f"layerdiff cut this out of `{report.data['model']}`: the module "
+        f"`{piece.path or '(root)'}`, {what}.\n\n"
         f"- **What differs**: the module as the target computes it ({tgt_side.describe()}) and "
         f"as the reference does ({ref_side.describe()}).\n"
         f"- {verdict} by running `python repro.py` before this folder was claimed:\n\n"
         f"```\n{out}\n```\n\n"
         f"- **Against which truth**: the reference side, run here on the same inputs; "
-        f"`expected.safetensors` holds the reference's output as the whole model computed it, "
-        f"which repro.py checks the reference reproduces. The tolerance is the one the report "
-        f"judged this layer by.\n"
+        f"`expected.safetensors` holds the reference's {truth}, which repro.py checks the "
+        f"reference reproduces. The tolerance is the one the report judged this layer by.\n"
         f"{cause_line}"
         f"- **Produced by**: `{command}`\n\n"
         "## Run it\n\n"
@@ -338,3 +359,54 @@ def write_onnx_repro(model, inputs, report, target: str, folder, command: str) -
         ort_library=_ort.library(),
     )  # fmt: skip
     return sentence
+
+
+def write_grad_repro(model, inputs, report, sides, loss: str, seed: int, folder, command: str,
+                     builder: str | None = None) -> str:  # fmt: skip
+    """Writes the repro of a `layerdiff grad` report's headline gradient: the backward alone of
+    the module call that computes it (a parameter's module, or the call whose input gradient it
+    is), for the output gradient the whole reference backward gave that call, on both sides."""
+    from layerdiff.torch import _backward, _grad
+    from layerdiff.torch._capture import capture
+
+    ref_side, tgt_side = sides
+    name, why = report._native.headline
+    if name is None:
+        return f"--repro: no repro written: {why}"
+    if name.startswith("inputs["):
+        return (
+            f"--repro: no repro written: `{name}` is the model input's gradient, which the "
+            "whole backward computes"
+        )
+    with torch.no_grad():
+        out = _first_tensor(model(*inputs))
+    generator = torch.Generator().manual_seed(seed)
+    cotangent = (
+        torch.randn(out.shape, generator=generator) if loss == "dot" else torch.ones(out.shape)
+    )
+    whole = frozenset(capture(model, inputs).self_computing)
+    ref = _grad._side_gradients(model, inputs, ref_side, cotangent, whole, "the reference")
+    tgt = _grad._side_gradients(model, inputs, tgt_side, cotangent, whole, "the target")
+    if name.endswith(":input"):
+        call = ref.calls.get(name.removesuffix(":input"))
+        of = "input"
+    else:
+        path, _, of = name.rpartition(".")
+        call = next((c for c in ref.calls.values() if c.module == path), None)
+    if call is None or call.grad_output is None:
+        return f"--repro: no repro written: no module call computes `{name}` alone"
+    module = model.get_submodule(call.module)
+    alone = _backward.vjp(
+        ref.model.get_submodule(call.module), call, call.grad_output, ref_side.convert,
+        ref_side.running, 1.0,
+    )  # fmt: skip
+    expected = alone.input if of == "input" else alone.parameters.get(of)
+    if expected is None:
+        return f"--repro: no repro written: the backward of `{call.module}` gives no `{of}`"
+    piece = _Piece(
+        module, call.args, call.kwargs, expected.detach().cpu(), name, call.module,
+        f" (its backward, for the gradient `{name}`)",
+        gradient={"of": of, "scale": float(tgt.scale)},
+        grad_output=call.grad_output.detach().cpu(),
+    )  # fmt: skip
+    return _staged(piece, report, (ref_side, tgt_side), folder, command, builder)

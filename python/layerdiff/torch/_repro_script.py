@@ -50,6 +50,10 @@ def T(name):
 
 ARGS = $args
 KWARGS = $kwargs
+# None: the module's output is compared. Else its backward alone, for the output gradient the
+# whole model's backward gave it (inputs.safetensors' grad_output): the gradient of its first
+# floating-point input ("input") or of a parameter, with the target's loss scale.
+GRADIENT = $gradient
 
 
 def build():
@@ -73,19 +77,25 @@ def first_tensor(out):
 
 
 def run(side, module):
-    """The module's output as `side` computes it: its device, precision, compiler."""
+    """The module's output as `side` computes it (its device, precision, compiler); with
+    GRADIENT, the gradient its backward alone gives for the saved output gradient."""
     module = copy.deepcopy(module).to(side["device"])
     dtype = CAST.get(side["precision"])
     if dtype is not None:
         module = module.to(dtype)
     if side["compile"]:
         module.forward = torch.compile(module.forward, backend=side["compile"], dynamic=False)
+    wrt = []
 
     def convert(t):
         if not isinstance(t, torch.Tensor):
             return t
         wanted = dtype if dtype is not None and t.is_floating_point() else t.dtype
-        return t.to(device=side["device"], dtype=wanted)
+        t = t.to(device=side["device"], dtype=wanted).detach().clone()
+        if GRADIENT is not None and t.is_floating_point():
+            wrt.append(t.requires_grad_(True))
+            return t.clone()  # a module may work in place on its input
+        return t
 
     args = torch.utils._pytree.tree_map(convert, ARGS)
     kwargs = torch.utils._pytree.tree_map(convert, KWARGS)
@@ -94,8 +104,15 @@ def run(side, module):
     amp = AUTOCAST.get(side["precision"])
     device = torch.device(side["device"]).type
     autocast = torch.autocast(device, dtype=amp) if amp else contextlib.nullcontext()
-    with torch.no_grad(), autocast:
-        return first_tensor(module(*args, **kwargs)).detach().cpu()
+    with torch.set_grad_enabled(GRADIENT is not None), autocast:
+        out = first_tensor(module(*args, **kwargs))
+    if GRADIENT is None:
+        return out.detach().cpu()
+    scale = GRADIENT["scale"] if side is TARGET else 1.0
+    out.backward((T("grad_output").to(out.device) * scale).to(out.dtype))
+    of = GRADIENT["of"]
+    grad = wrt[0].grad if of == "input" else module.get_parameter(of).grad
+    return (grad.detach().float() / scale).cpu()
 
 
 def differs(what, reference, got):
