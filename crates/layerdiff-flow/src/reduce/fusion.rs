@@ -1,0 +1,83 @@
+//! Where inside a fusion a defect is born, when the optimizer left no value between it and the
+//! values compared before it.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use layerdiff_core::{Inside, Report, Tensor};
+use layerdiff_onnx::{GraphIndex, Model};
+
+use super::pieces::Pieces;
+use super::{MOST_NODES, headline};
+use crate::Result;
+use crate::onnx_flow::OnnxOptions;
+
+/// Where inside a fusion the headline's difference is born: when the target's runtime
+/// rewrites the graph and the nodes between the headline's value and the values compared
+/// before it are several (a fusion left none of their values), each is run alone on the
+/// target's runtime, in graph order; the first beyond the tolerance carries it. `None` when
+/// there is no such region, or no node alone shows it.
+pub fn inside_fusion(
+    options: &OnnxOptions,
+    report: &Report,
+    inputs: &[(String, Tensor)],
+    ort_library: Option<&Path>,
+) -> Result<Option<(String, Inside)>> {
+    let Ok(layer) = headline(report) else {
+        return Ok(None);
+    };
+    // The target's own nodes (not the layout conversions layerdiff adds to read values back).
+    let fused: Vec<String> = layer
+        .location
+        .iter()
+        .flat_map(|l| &l.nodes)
+        .filter(|n| !n.starts_with("layerdiff/"))
+        .cloned()
+        .collect();
+    if report.target_graph.is_none() || fused.is_empty() {
+        return Ok(None);
+    }
+    let target_index = match &options.vs {
+        Some(path) => GraphIndex::new(Model::load(path)?.graph()),
+        None => GraphIndex::new(Model::load(&options.model)?.graph()),
+    };
+    let compared: HashSet<&str> = report
+        .layers
+        .iter()
+        .filter(|l| l.status == layerdiff_core::LayerStatus::Compared && l.name != layer.name)
+        .map(|l| l.name.as_str())
+        .collect();
+    let known =
+        |v: &str| compared.contains(v) || target_index.graph_inputs().iter().any(|i| i == v);
+    let Ok(group) = layerdiff_onnx::local_group(&target_index, &layer.name, &known) else {
+        return Ok(None);
+    };
+    if group.nodes.len() < 2 || group.nodes.len() > MOST_NODES * 4 {
+        return Ok(None);
+    }
+    let pieces = Pieces::new(options, inputs, &group.nodes, ort_library)?;
+    let mut agree = Vec::new();
+    for &n in &group.nodes {
+        let node = &pieces.index().nodes()[n];
+        let Some(value) = node.outputs.first().filter(|v| !v.is_empty()).cloned() else {
+            continue;
+        };
+        let tried = pieces.run(&[n], &value, layer.tolerance)?;
+        if tried.multiple > 1.0 {
+            return Ok(Some((
+                layer.name.clone(),
+                Inside {
+                    fused,
+                    node: pieces.name(n),
+                    op: node.op_type.clone(),
+                    value,
+                    max_abs_diff: tried.max_abs_diff,
+                    tolerance_multiple: tried.multiple,
+                    agree,
+                },
+            )));
+        }
+        agree.push(pieces.name(n));
+    }
+    Ok(None)
+}
