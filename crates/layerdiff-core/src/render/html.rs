@@ -300,7 +300,7 @@ fn keep(report: &Report) -> String {
 fn bisected(report: &Report) -> String {
     report.bisection.as_ref().map_or_else(String::new, |b| {
         format!(
-            "<h2>What turns it on</h2>\n<p id=\"bisection\">Bisected by halves, each candidate set run and judged as this report's run was: {}.</p>\n",
+            "<h2>What turns it on</h2>\n<p id=\"bisection\">Bisected by halves, each candidate set run, the answer checked by a run of its own: {}.</p>\n",
             prose(&b.sentence())
         )
     })

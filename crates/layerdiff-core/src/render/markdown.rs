@@ -239,7 +239,7 @@ pub fn to_markdown(report: &Report) -> String {
     if let Some(bisection) = &report.bisection {
         let _ = writeln!(
             out,
-            "\n## What turns it on\n\nBisected by halves, each candidate set run and judged as this report's run was: {}.",
+            "\n## What turns it on\n\nBisected by halves, each candidate set run, the answer checked by a run of its own: {}.",
             bisection.sentence()
         );
     }
