@@ -123,10 +123,11 @@ def compile_stage(model, inputs, report, tgt_side, step):
     return report._with(native)
 
 
-def keep_float32(model, inputs, report, once, listed, tgt_side, precision, step):
+def keep_float32(model, inputs, report, once, listed, sides, precision, step):
     """The report with its keep-in-float32 advice replaced by the smallest set of layers that
     brings the output within tolerance, checked by the comparison run again with them kept;
-    or with a note saying why there is none."""
+    or with a note saying why there is none. `sides`: the reference's and the target's."""
+    ref_side, tgt_side = sides
     if report.summary["layers_exceeding"] == 0:
         report.notes.append("--bisect: nothing to bisect, no layer exceeds its tolerance")
         return report
@@ -142,7 +143,9 @@ def keep_float32(model, inputs, report, once, listed, tgt_side, precision, step)
     output = next(
         layer for layer in reversed(report.layers) if layer.get("accumulated") is not None
     )
-    reference = _first_tensor(_forward(model, inputs))
+    ref_model, ref_inputs = (model, inputs) if ref_side.plain else ref_side.prepare(model, inputs)
+    with ref_side.running():
+        reference = _first_tensor(_forward(ref_model, ref_inputs))
     runs = [0]
 
     def clean(kept: list[str]) -> bool:

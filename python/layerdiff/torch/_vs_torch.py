@@ -111,7 +111,7 @@ def compare_torch(
         elif lower in ("fp16", "bf16") and not keep_fp32:
             precision = _precision.DTYPE_NAMES[lower]
             report = _bisect.keep_float32(
-                model, inputs, report, once, once.listed, tgt_side, precision, step
+                model, inputs, report, once, once.listed, (ref_side, tgt_side), precision, step
             )
             bisected = True
         else:
