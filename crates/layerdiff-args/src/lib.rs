@@ -127,10 +127,12 @@ pub enum Command {
     /// exercises, and the models installed packages register.
     Zoo,
     /// Cut a report's headline defect down to a checked minimal reproduction: the report's
-    /// command is run again where it ran, on the inputs saved beside it, and the few nodes (an
-    /// ONNX target) or the one module (a PyTorch target) that still show the difference are
-    /// written with their inputs, the reference's values and a repro.py that needs only the
-    /// target's runtime and numpy. The same as `--repro DIR` on the comparison.
+    /// command is run again where it ran, on the inputs saved beside it, and the few ONNX nodes
+    /// (an ONNX target, fed the reference's values) or the one module (a PyTorch target; its
+    /// backward, for a gradient of `grad`) that still show the difference are written with
+    /// their inputs, the reference's values and a repro.py that needs only the target's runtime
+    /// and numpy (torch and your code, for a module). The same as `--repro DIR` on the
+    /// comparison.
     ///
     /// Exit code 0: a repro written and checked; 1: none (a clean run, drift that only
     /// accumulates, or not shown within --nodes), said why; 2: layerdiff could not run.
