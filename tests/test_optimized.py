@@ -199,3 +199,34 @@ def test_an_optimizing_reference_says_it_is_not_the_graph_that_ships(resnet18_on
         for w in report["summary"]["warnings"]
     ), report["summary"]["warnings"]
     assert "not the graph that ships" in result.stdout
+
+
+def test_a_node_the_transpose_optimizer_rewired_is_not_paired_by_its_name(encoder_onnx, tmp_path):
+    """ONNX Runtime's transpose optimizer moves the Transpose before each attention head's
+    Reshape into the MatMul after it (FusedMatMul's transBatch): the Reshape keeps its node
+    name but reads another value and computes another one. Paired by that name, a clean
+    encoder showed 9 `layout_permutation` defects at `--target ort:opt=extended` and against
+    the saved file; now it has none, and the Reshape says why it has no counterpart."""
+    optimized = ort_optimized(encoder_onnx, tmp_path / "enc.opt.onnx", "ORT_ENABLE_EXTENDED")
+    for args in (("--vs", str(optimized)), ("--target", "ort:opt=extended")):
+        result, report = report_of(tmp_path, str(encoder_onnx), *args)
+        assert result.returncode == 0, result.stdout
+        assert report["summary"]["defects"] == [], args
+        head = layer(report, "view_4")
+        assert head["status"] == "unmapped", args
+        assert "reads `view_1` where the reference's reads `transpose_2`" in head["reason"]
+
+
+def test_an_edited_norm_in_an_optimized_file_is_the_one_defect(encoder_onnx, tmp_path):
+    """One LayerNormalization's epsilon edited, then the file optimized by ONNX Runtime (the
+    norm fused into a SkipLayerNormalization): that norm is the one defect."""
+    model = onnx.load(str(encoder_onnx))
+    norm = [n for n in model.graph.node if n.op_type == "LayerNormalization"][2]
+    next(a for a in norm.attribute if a.name == "epsilon").f = 0.5
+    onnx.save(model, str(tmp_path / "edited.onnx"))
+    optimized = ort_optimized(tmp_path / "edited.onnx", tmp_path / "edited.opt.onnx",
+                              "ORT_ENABLE_EXTENDED")  # fmt: skip
+    result, report = report_of(tmp_path, str(encoder_onnx), "--vs", str(optimized))
+    assert result.returncode == 1, result.stdout
+    defects = report["summary"]["defects"]
+    assert [(d["layer"], d["cause"]) for d in defects] == [(norm.output[0], "op_implementation")]

@@ -240,3 +240,29 @@ def test_a_wrong_backward_reduces_to_that_modules_backward_alone(tmp_path):
     shown = run_repro(folder, folder_of(tmp_path, "torch", "numpy"))
     assert shown.returncode == 1 and shown.stdout.strip().endswith("reproduced")
     assert "`2:input` on torch:bf16 against torch: max |diff|" in shown.stdout
+
+
+def test_a_defect_in_an_optimized_file_reduces_to_the_fused_node_and_what_feeds_it(
+    encoder_onnx, tmp_path
+):
+    """An encoder with one LayerNorm's epsilon edited, then optimized by ONNX Runtime: the norm
+    is now a SkipLayerNormalization among values the optimizer renamed (the reference has no
+    value to feed them with), which stopped the repro; a piece grows only as a group the
+    reference can feed, and here the fused node alone shows it."""
+    from test_optimized import ort_optimized
+
+    model = onnx.load(str(encoder_onnx))
+    norm = [n for n in model.graph.node if n.op_type == "LayerNormalization"][2]
+    next(a for a in norm.attribute if a.name == "epsilon").f = 0.5
+    onnx.save(model, str(tmp_path / "edited.onnx"))
+    optimized = ort_optimized(tmp_path / "edited.onnx", tmp_path / "edited.opt.onnx",
+                              "ORT_ENABLE_EXTENDED")  # fmt: skip
+    done = run_cli("onnx", str(encoder_onnx), "--vs", str(optimized),
+                   "--repro", str(tmp_path / "repro"))  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert f"repro of `{norm.output[0]}`:" in done.stderr and "checked" in done.stderr
+    piece = onnx.load(str(tmp_path / "repro" / "model.onnx"))
+    ops = [n.op_type for n in piece.graph.node]
+    assert ops == ["SkipLayerNormalization"], ops
+    shown = run_repro(tmp_path / "repro", folder_of(tmp_path, "onnxruntime"))
+    assert shown.returncode == 1 and "reproduced" in shown.stdout, shown.stdout

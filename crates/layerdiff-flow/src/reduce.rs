@@ -22,7 +22,7 @@ mod fusion;
 mod pieces;
 mod script;
 pub use fusion::inside_fusion;
-use pieces::{Pieces, Tried, judged, rings};
+use pieces::{Pieces, Tried, judged};
 pub use script::READER;
 
 /// The most nodes a repro grows to by default: beyond a handful, a repro is a model again.
@@ -113,18 +113,15 @@ pub fn onnx(
         .inside
         .as_ref()
         .map_or_else(|| layer.name.clone(), |inside| inside.value.clone());
-    let target_index = match &options.vs {
-        Some(path) => GraphIndex::new(Model::load(path)?.graph()),
-        None => GraphIndex::new(Model::load(&options.model)?.graph()),
-    };
-    if target_index.producer(&value).is_none() {
+    let mut pieces = Pieces::new(options, inputs, ort_library)?;
+    if pieces.index().producer(&value).is_none() {
         return Err(Error::Usage(format!(
             "`{value}` is not computed by a node of the target's model: nothing to cut out"
         )));
     }
-    let rings = rings(&target_index, &value, most_nodes);
+    let rings = pieces.rings(&value, most_nodes)?;
     let all: Vec<usize> = rings.iter().flatten().copied().collect();
-    let pieces = Pieces::new(options, inputs, &all, ort_library)?;
+    pieces.compute_reference(&all)?;
     let mut piece: Vec<usize> = Vec::new();
     let mut tried = None;
     for ring in &rings {

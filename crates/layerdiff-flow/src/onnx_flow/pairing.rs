@@ -54,7 +54,8 @@ struct Pairing {
 }
 
 /// Matches each value produced by a reference node to a target value: the same name, else the
-/// same output of a node with the same name.
+/// same output of a node with the same name that reads the same values (an optimizer that
+/// rewires a node, as the transpose optimizer does, can leave its name on another computation).
 fn pair_values(
     reference: &Model,
     t: &GraphIndex,
@@ -62,6 +63,8 @@ fn pair_values(
 ) -> Vec<Pairing> {
     let r = GraphIndex::new(reference.graph());
     let mut pairings = Vec::new();
+    // Reference value → target value, for the values paired so far (graph order).
+    let mut paired: HashMap<String, String> = HashMap::new();
     for node in r.nodes() {
         for (position, value) in node
             .outputs
@@ -78,6 +81,8 @@ fn pair_values(
                         "fused: the target's node `{}` is now a {}, whose output is a later value",
                         same_node.name, same_node.op_type
                     ))
+                } else if let Some(why) = rewired(&r, t, node, same_node, &paired) {
+                    Err(why)
                 } else {
                     same_node.outputs.get(position).cloned().ok_or_else(|| {
                         format!("the target's node `{}` has no output {position}", node.name)
@@ -93,6 +98,9 @@ fn pair_values(
                 )),
                 None => Ok(v),
             });
+            if let Ok(target) = &target_value {
+                paired.insert(value.clone(), target.clone());
+            }
             pairings.push(Pairing {
                 value: value.clone(),
                 node: node.name.clone(),
@@ -102,6 +110,41 @@ fn pair_values(
         }
     }
     pairings
+}
+
+/// Why the target's node of the same name and op as the reference's `node` computes another
+/// value, or `None` when it reads the same ones: each data input (not an initializer: an
+/// optimizer may fold constants into new weights) is the reference's input itself, or the
+/// target value that input was paired with.
+fn rewired(
+    r: &GraphIndex,
+    t: &GraphIndex,
+    node: &NodeInfo,
+    same: &NodeInfo,
+    paired: &HashMap<String, String>,
+) -> Option<String> {
+    let data =
+        |index: &GraphIndex, value: &String| !value.is_empty() && !index.is_initializer(value);
+    let theirs: Vec<&String> = same.inputs.iter().filter(|i| data(t, i)).collect();
+    let ours: Vec<&String> = node.inputs.iter().filter(|i| data(r, i)).collect();
+    let same_value = |o: &String, t: &String| o == t || paired.get(o) == Some(t);
+    if theirs.len() == ours.len() && ours.iter().zip(&theirs).all(|(o, t)| same_value(o, t)) {
+        return None;
+    }
+    let list = |values: &[&String]| {
+        values
+            .iter()
+            .map(|v| format!("`{v}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    Some(format!(
+        "rewired: the target's {} node `{}` reads {} where the reference's reads {}, so it computes another value (an optimizer moved work across it)",
+        same.op_type,
+        same.name,
+        list(&theirs),
+        list(&ours)
+    ))
 }
 
 /// Why a reference node's value has no counterpart, read from the target's structure: the target

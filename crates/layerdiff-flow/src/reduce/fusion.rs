@@ -55,13 +55,23 @@ pub fn inside_fusion(
     if group.nodes.len() < 2 || group.nodes.len() > MOST_NODES * 4 {
         return Ok(None);
     }
-    let pieces = Pieces::new(options, inputs, &group.nodes, ort_library)?;
+    let mut pieces = Pieces::new(options, inputs, ort_library)?;
+    pieces.compute_reference(&group.nodes)?;
     let mut agree = Vec::new();
     for &n in &group.nodes {
         let node = &pieces.index().nodes()[n];
         let Some(value) = node.outputs.first().filter(|v| !v.is_empty()).cloned() else {
             continue;
         };
+        // A node alone needs the reference's values at its inputs and output.
+        let reads = node.inputs.iter().filter(|i| !i.is_empty());
+        if !pieces.known(&value)
+            || !reads
+                .clone()
+                .all(|i| pieces.known(i) || pieces.index().is_initializer(i))
+        {
+            continue;
+        }
         let tried = pieces.run(&[n], &value, layer.tolerance)?;
         if tried.multiple > 1.0 {
             return Ok(Some((

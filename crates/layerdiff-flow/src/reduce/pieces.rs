@@ -13,11 +13,15 @@ use crate::{Error, Result};
 
 /// A model's pieces run on the target's runtime, each fed the reference's values at its inputs
 /// and held to the reference's value of what it computes: the question a layer's local error
-/// asks, for any few nodes of the target's file.
+/// asks, for any few nodes of the target's file. A piece only ever reads values the reference
+/// has (an optimized target renames what it fuses), so it grows as a closed group.
 pub(crate) struct Pieces {
     target_model: Model,
     index: GraphIndex,
+    reference_model: Model,
+    reference_index: GraphIndex,
     pub(crate) target_spec: RuntimeSpec,
+    reference_runtime: Box<dyn layerdiff_runtime::Runtime + Send + Sync>,
     target_runtime: Box<dyn layerdiff_runtime::Runtime + Send + Sync>,
     inputs: Vec<(String, Tensor)>,
     values: Vec<(String, Tensor)>,
@@ -35,12 +39,10 @@ pub(crate) struct Tried {
 }
 
 impl Pieces {
-    /// The pieces of `options`' target file, with the reference's values of `wanted` (and of
-    /// every value the nodes producing them read) computed once.
+    /// The pieces of `options`' target file, run on `inputs`.
     pub(crate) fn new(
         options: &OnnxOptions,
         inputs: &[(String, Tensor)],
-        nodes: &[usize],
         ort_library: Option<&Path>,
     ) -> Result<Self> {
         let runtime = |spec: &RuntimeSpec, side: &str| match spec {
@@ -63,33 +65,16 @@ impl Pieces {
             Some(path) => Model::load(path)?,
             None => reference_model.clone(),
         };
-        let index = GraphIndex::new(target_model.graph());
-        let mut wanted: Vec<String> = Vec::new();
-        for &n in nodes {
-            let node = &index.nodes()[n];
-            for value in node.inputs.iter().chain(&node.outputs) {
-                if !value.is_empty() && !index.is_initializer(value) && !wanted.contains(value) {
-                    wanted.push(value.clone());
-                }
-            }
-        }
-        let reference_index = GraphIndex::new(reference_model.graph());
-        if let Some(v) = wanted.iter().find(|v| !reference_index.has_value(v)) {
-            return Err(Error::Usage(format!(
-                "the reference's model has no value `{v}`, which the target's piece reads: the \
-                 two files name their values differently"
-            )));
-        }
-        let mut exposed = reference_model.clone();
-        expose_values(&mut exposed, &wanted)?;
-        let values = reference_runtime.run(&exposed, inputs, &wanted)?;
         Ok(Self {
+            index: GraphIndex::new(target_model.graph()),
+            reference_index: GraphIndex::new(reference_model.graph()),
             target_model,
-            index,
+            reference_model,
             target_spec,
+            reference_runtime,
             target_runtime,
             inputs: inputs.to_vec(),
-            values,
+            values: Vec::new(),
         })
     }
 
@@ -98,10 +83,53 @@ impl Pieces {
         &self.index
     }
 
+    /// Whether the reference has `value` to feed a piece with (a graph input, or a value its
+    /// nodes compute; the target's weights travel inside the piece).
+    pub(crate) fn known(&self, value: &str) -> bool {
+        !self.index.is_initializer(value)
+            && (self.inputs.iter().any(|(n, _)| n == value)
+                || self.reference_index.producer(value).is_some())
+    }
+
+    /// The pieces behind `value`, smallest first: the fewest nodes that compute it from values
+    /// the reference has, then a ring of producers more at a time (each closed the same way),
+    /// while at most `most` nodes are taken.
+    pub(crate) fn rings(&self, value: &str, most: usize) -> Result<Vec<Vec<usize>>> {
+        let known = |v: &str| self.known(v);
+        let first = layerdiff_onnx::local_group(&self.index, value, &known).map_err(|why| {
+            Error::Usage(format!(
+                "`{value}` cannot be cut out of the target's model fed by the reference's values: {why}"
+            ))
+        })?;
+        Ok(grown(&self.index, first.nodes, most, &known))
+    }
+
+    /// Runs the reference once for every value that `nodes` read or write and it has.
+    pub(crate) fn compute_reference(&mut self, nodes: &[usize]) -> Result<()> {
+        let mut wanted: Vec<String> = Vec::new();
+        for &n in nodes {
+            let node = &self.index.nodes()[n];
+            for value in node.inputs.iter().chain(&node.outputs) {
+                if !value.is_empty()
+                    && self.reference_index.producer(value).is_some()
+                    && !wanted.contains(value)
+                {
+                    wanted.push(value.clone());
+                }
+            }
+        }
+        let mut exposed = self.reference_model.clone();
+        expose_values(&mut exposed, &wanted)?;
+        self.values = self
+            .reference_runtime
+            .run(&exposed, &self.inputs, &wanted)?;
+        Ok(())
+    }
+
     /// Runs `piece` (node indices) on the target's runtime for `value`, judged by `bound`.
     pub(crate) fn run(&self, piece: &[usize], value: &str, bound: Bound) -> Result<Tried> {
         let value_of = |name: &str| self.values.iter().find(|(n, _)| n == name).map(|(_, t)| t);
-        let feeds = feeds_of(&self.index, piece, &self.inputs, &value_of);
+        let feeds = feeds_of(&self.index, piece, &self.inputs, &value_of)?;
         let wanted = [value.to_string()];
         let model = extract_nodes(&self.target_model, piece, &wanted, &feeds)?;
         let got = self
@@ -134,36 +162,52 @@ impl Pieces {
     }
 }
 
-/// The nodes behind `value` ring by ring (its producer, then the producers of what those
-/// read…), each ring in graph order, until `most` nodes are taken.
-pub(crate) fn rings(index: &GraphIndex, value: &str, most: usize) -> Vec<Vec<usize>> {
-    let mut rings: Vec<Vec<usize>> = Vec::new();
-    let mut taken: HashSet<usize> = HashSet::new();
-    let mut front = vec![index.producer(value).expect("checked").index];
-    while !front.is_empty() && taken.len() < most.max(1) {
-        let mut ring = Vec::new();
-        for n in front {
-            if taken.len() < most.max(1) && taken.insert(n) {
-                ring.push(n);
+/// The pieces grown from `first` a ring of producers at a time, each ring in graph order and
+/// closed over what it reads that is not `known` (a renamed value is computed inside, not fed),
+/// until `most` nodes are taken; `first` is the first piece whatever its size.
+pub(crate) fn grown(
+    index: &GraphIndex,
+    first: Vec<usize>,
+    most: usize,
+    known: &dyn Fn(&str) -> bool,
+) -> Vec<Vec<usize>> {
+    let mut taken: HashSet<usize> = first.iter().copied().collect();
+    let mut rings = vec![first];
+    while taken.len() < most {
+        let reads = |n: usize| index.nodes()[n].inputs.iter().filter(|i| !i.is_empty());
+        let mut ring: Vec<usize> = Vec::new();
+        let mut front: Vec<usize> = taken
+            .iter()
+            .flat_map(|&n| reads(n))
+            .filter_map(|i| index.producer(i).map(|p| p.index))
+            .filter(|p| !taken.contains(p))
+            .collect();
+        front.sort_unstable();
+        front.dedup();
+        for p in front {
+            if taken.len() + ring.len() >= most {
+                break;
             }
-        }
-        ring.sort_unstable();
-        let mut next: Vec<usize> = Vec::new();
-        for &n in &ring {
-            for input in &index.nodes()[n].inputs {
-                if let Some(p) = index.producer(input)
-                    && !taken.contains(&p.index)
-                    && !next.contains(&p.index)
-                {
-                    next.push(p.index);
-                }
+            // p and whatever it needs that the reference cannot feed
+            let Ok(group) = layerdiff_onnx::local_group(index, &index.nodes()[p].outputs[0], known)
+            else {
+                continue;
+            };
+            let new: Vec<usize> = group
+                .nodes
+                .into_iter()
+                .filter(|n| !taken.contains(n) && !ring.contains(n))
+                .collect();
+            if taken.len() + ring.len() + new.len() <= most {
+                ring.extend(new);
             }
         }
         if ring.is_empty() {
             break;
         }
+        ring.sort_unstable();
+        taken.extend(&ring);
         rings.push(ring);
-        front = next;
     }
     rings
 }
@@ -174,7 +218,7 @@ fn feeds_of<'a>(
     piece: &[usize],
     inputs: &[(String, Tensor)],
     value_of: &dyn Fn(&str) -> Option<&'a Tensor>,
-) -> Vec<(String, Tensor)> {
+) -> Result<Vec<(String, Tensor)>> {
     let produced: HashSet<&str> = piece
         .iter()
         .flat_map(|&n| index.nodes()[n].outputs.iter().map(String::as_str))
@@ -194,12 +238,15 @@ fn feeds_of<'a>(
                 .find(|(name, _)| name == input)
                 .map(|(_, t)| t)
                 .or_else(|| value_of(input));
-            if let Some(t) = tensor {
-                feeds.push((input.clone(), t.clone()));
-            }
+            let t = tensor.ok_or_else(|| {
+                Error::Usage(format!(
+                    "the reference has no value `{input}`, which the target's piece reads: the two files name their values differently"
+                ))
+            })?;
+            feeds.push((input.clone(), t.clone()));
         }
     }
-    feeds
+    Ok(feeds)
 }
 
 /// The target's value against the reference's, judged by the layer's tolerance: (its
@@ -243,15 +290,41 @@ mod tests {
         })
     }
 
+    /// The pieces behind `value` in `index`, `known` the values a reference could feed.
+    fn rings(
+        index: &GraphIndex,
+        value: &str,
+        most: usize,
+        known: &dyn Fn(&str) -> bool,
+    ) -> Vec<Vec<usize>> {
+        let first = layerdiff_onnx::local_group(index, value, known).unwrap();
+        grown(index, first.nodes, most, known)
+    }
+
     #[test]
     fn a_piece_grows_a_ring_of_producers_at_a_time_up_to_the_most_nodes() {
         let index = diamond();
+        let all = |_: &str| true;
         assert_eq!(
-            rings(&index, "e", 5),
+            rings(&index, "e", 5, &all),
             vec![vec![4], vec![3], vec![1, 2], vec![0]]
         );
-        assert_eq!(rings(&index, "e", 3), vec![vec![4], vec![3], vec![1]]);
-        assert_eq!(rings(&index, "e", 1), vec![vec![4]]);
-        assert_eq!(rings(&index, "a", 5), vec![vec![0]]);
+        assert_eq!(rings(&index, "e", 3, &all), vec![vec![4], vec![3], vec![1]]);
+        assert_eq!(rings(&index, "e", 1, &all), vec![vec![4]]);
+        assert_eq!(rings(&index, "a", 5, &all), vec![vec![0]]);
+    }
+
+    #[test]
+    fn a_value_the_reference_lacks_is_computed_inside_the_piece_not_fed() {
+        // An optimizer renamed `d` and `a`: the reference cannot feed them.
+        let index = diamond();
+        let known = |v: &str| v != "d" && v != "a";
+        assert_eq!(
+            rings(&index, "e", 5, &known),
+            vec![vec![3, 4], vec![0, 1, 2]]
+        );
+        // the first piece stands whatever its size; a ring that would pass the most is left
+        assert_eq!(rings(&index, "e", 1, &known), vec![vec![3, 4]]);
+        assert_eq!(rings(&index, "e", 4, &known), vec![vec![3, 4], vec![0, 1]]);
     }
 }
