@@ -266,3 +266,23 @@ def test_a_defect_in_an_optimized_file_reduces_to_the_fused_node_and_what_feeds_
     assert ops == ["SkipLayerNormalization"], ops
     shown = run_repro(tmp_path / "repro", folder_of(tmp_path, "onnxruntime"))
     assert shown.returncode == 1 and "reproduced" in shown.stdout, shown.stdout
+
+
+def test_a_module_whose_half_path_calls_other_submodules_is_compared_whole_and_reduced(tmp_path):
+    """tests/builders/fused_mlp.py: the second block's MLP runs a hand-written path in bfloat16
+    that calls none of its submodules and drops a bias. The target cannot be followed call by
+    call there, so both MLPs are compared whole: the second is the one defect, and its repro is
+    that module alone."""
+    builder = f"{BUILDERS / 'fused_mlp.py'}:build"
+    run = run_cli("torch", builder, "--target", "torch:bf16", "--out", "run", cwd=tmp_path)
+    assert run.returncode == 1, run.stderr
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    defects = [(d["layer"], d["cause"]) for d in report["summary"]["defects"]]
+    assert defects == [("3.mlp", "op_implementation")], defects
+    warnings = report["summary"]["warnings"]
+    assert any("`2.mlp`, `3.mlp` compared whole" in w for w in warnings), warnings
+    done = run_cli("reduce", str(tmp_path / "run" / "report.json"))
+    assert done.returncode == 0, done.stderr
+    assert "the module `3.mlp` (FusedMlp) alone" in done.stdout
+    shown = run_repro(tmp_path / "run" / "repro", folder_of(tmp_path, "torch", "numpy"))
+    assert shown.returncode == 1 and shown.stdout.strip().endswith("reproduced"), shown.stdout

@@ -255,3 +255,25 @@ def test_a_cuda_side_without_cuda_says_so():
 
     result = run_cli("torch", f"{ENCODER}:build", "--target", "torch:cuda:bf16")
     assert_usage_error(result, "PyTorch sees no CUDA device here")
+
+
+def test_the_module_a_target_calls_its_layers_differently_in_is_found():
+    """Where a target's pass calls other layers than the model's, the innermost module whose own
+    forward made every differing call on both sides (a leaf call is its parent's, a functional
+    one its owner's); none where the model itself calls differently."""
+    from types import SimpleNamespace
+
+    from layerdiff.torch._lockstep import diverging_modules
+
+    def calls(*names):
+        return [SimpleNamespace(name=n, module=n.split(":")[0].split("#")[0]) for n in names]
+
+    model = calls("embed", "b.1.mlp.fc1", "b.1.mlp.act", "b.1.mlp.fc2", "b.1:add", "b.2.mlp.fc1")
+    fused = calls("embed", "b.1.mlp:gelu", "b.1:add", "b.2.mlp.fc1")
+    assert diverging_modules(model, fused) == ["b.1.mlp"]
+    skipped = calls("embed", "b.1.mlp.fc1", "b.1.mlp.act", "b.1:add", "b.2.mlp.fc1")
+    assert diverging_modules(model, skipped) == ["b.1.mlp"]
+    # two blocks' MLPs and their parent: the parent takes both in
+    both = calls("embed", "b.1.mlp:gelu", "b.1:add", "b:mul")
+    assert diverging_modules(model, both) == ["b"]
+    assert diverging_modules(model, calls("embed", "head")) == []

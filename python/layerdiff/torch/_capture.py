@@ -182,7 +182,12 @@ class _FunctionalCalls(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         owner = self.stack[-1] if self.stack else None
         op = functional_op(func)
-        wanted = op is not None and owner is not None and owner[1] not in self.leaves
+        # not inside a leaf (a module taken whole runs its submodules' code inside it)
+        wanted = (
+            op is not None
+            and owner is not None
+            and not any(module in self.leaves for _, module in self.stack)
+        )
         local = None
         if wanted and self.rerun is not None:
             local = attempt(lambda: self.rerun(func, args, kwargs or {}))

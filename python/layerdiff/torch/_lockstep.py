@@ -49,6 +49,8 @@ class Lockstep:
         self.stop = threading.Event()
         self.done = False
         self.error: str | None = None
+        # Whether it gave up because it called other layers than the main pass (not a failure)
+        self.diverged = False
         self.model: nn.Module | None = None
         try:  # the copy is made before any hook is registered on the model
             copied, given = transform(model, inputs)
@@ -96,6 +98,7 @@ class Lockstep:
             return None
         item = self.queue.get()
         if item is self._END or item[0] != name:
+            self.diverged = self.error is None
             self.error = self.error or (
                 f"it called `{item[0]}` where the model called `{name}`"
                 if item is not self._END
@@ -114,3 +117,36 @@ class Lockstep:
 
 class _Stopped(Exception):
     pass
+
+
+def diverging_modules(reference: list, target: list) -> list[str]:
+    """The modules inside which a copy calls other layers than the model (``reference`` and
+    ``target``: the two passes' captured layers, in order): for each stretch where the calls
+    differ, the innermost module whose own ``forward`` made every differing call on both sides
+    (a leaf call is made by its parent, a functional one by its owner). Compared whole, such a
+    module is one layer on both sides. Empty where only the model itself is such a module."""
+    import difflib
+
+    def caller(layer) -> list[str]:
+        module = layer.module if ":" in layer.name else layer.module.rpartition(".")[0]
+        return module.split(".") if module else []
+
+    found: list[str] = []
+    names = ([r.name for r in reference], [t.name for t in target])
+    for tag, a0, a1, b0, b1 in difflib.SequenceMatcher(None, *names, autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        callers = [caller(x) for x in [*reference[a0:a1], *target[b0:b1]]]
+        common = callers[0]
+        for path in callers[1:]:
+            same = 0
+            while same < min(len(common), len(path)) and common[same] == path[same]:
+                same += 1
+            common = common[:same]
+        if not common:
+            return []
+        module = ".".join(common)
+        if module not in found:
+            found.append(module)
+    # a module inside another that is taken whole is in it already
+    return [m for m in found if not any(m.startswith(f"{o}.") for o in found)]

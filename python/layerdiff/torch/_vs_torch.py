@@ -142,8 +142,48 @@ class _Comparison:
         self.ref_side, self.tgt_side, self.name, self.seed = ref_side, tgt_side, name, seed
         self.phases, self.timings, self.step, self.progress = phases, timings, step, progress
         self.listed = None
+        # Modules the target calls other layers inside than the reference: compared whole.
+        self.diverging: list[str] = []
 
     def __call__(self, keep) -> Report:
+        """The comparison; where the target cannot be followed call by call (a module with a
+        path of its own for the target's precision or device), once more with the modules
+        where the calls differ compared whole."""
+        for _ in range(3):
+            try:
+                report = self._once(keep)
+            except _Diverged as diverged:
+                found = self._where_calls_differ(keep)
+                if not found or set(found) <= set(self.diverging):
+                    raise _layerdiff.InputError(str(diverged)) from None
+                self.diverging = sorted({*self.diverging, *found})
+                continue
+            if self.diverging:
+                listed = ", ".join(f"`{m}`" for m in self.diverging)
+                report = report.warned([
+                    f"{listed} compared whole: the target calls other submodules or ops inside "
+                    "them than the reference does (a path of their own for its precision or "
+                    "device), so it cannot be followed call by call there"
+                ])  # fmt: skip
+            return report
+        raise _layerdiff.InputError(str(diverged))
+
+    def _where_calls_differ(self, keep) -> list[str]:
+        """The modules inside which the target's pass calls other layers than the listing."""
+        from layerdiff.torch._lockstep import diverging_modules
+        from layerdiff.torch._precision import keep_in_float32
+
+        tgt_side, whole = self.tgt_side, self.whole
+        with cuda_math(self.ref_side, tgt_side):
+            copied, given = tgt_side.prepare(self.model, self.inputs, whole)
+            keep_in_float32(copied, keep, tgt_side.autocast_device)
+            with tgt_side.running():
+                theirs = run_model(
+                    self.inputs, lambda: capture(copied, given, whole=whole, dataflow=False)
+                )
+        return diverging_modules(self.listed, theirs.layers)
+
+    def _once(self, keep) -> Report:
         model, inputs, options = self.model, self.inputs, self.options
         ref_side, tgt_side, step, timings = self.ref_side, self.tgt_side, self.step, self.timings
         phases, lap = timed_phases(list(self.phases) if timings is not False else False)
@@ -158,7 +198,7 @@ class _Comparison:
                 listing = run_model(inputs, lambda: capture(ref_model, ref_inputs))
                 # A module that computes everything itself (attention reading its projections'
                 # weights) is one layer: its own re-run then covers what it computes.
-                whole = frozenset(listing.self_computing)
+                whole = self.whole = frozenset([*listing.self_computing, *self.diverging])
                 if whole:
                     listing = capture(ref_model, ref_inputs, whole=whole)
             listed = self.listed = listing.layers
@@ -309,7 +349,7 @@ def _stream(
             )
         theirs = target.next(layer.name)
         if theirs is None:
-            raise _layerdiff.InputError(
+            raise (_Diverged if target.diverged else _layerdiff.InputError)(
                 f"the target `{tgt_side.spelling}` could not follow the model to `{layer.name}`: "
                 f"{target.error}"
             )
@@ -365,3 +405,7 @@ def _local_error(local) -> str | None:
     if local is None or isinstance(local, torch.Tensor):
         return None
     return f"the target's module could not run on the reference's inputs: {local}"
+
+
+class _Diverged(_layerdiff.InputError):
+    """The target called other layers than the reference: where, in words."""

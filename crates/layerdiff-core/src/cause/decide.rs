@@ -451,7 +451,7 @@ pub(super) fn fix(cause: &str, layer: &Layer, e: &Evidence) -> String {
             "{where_} give(s) other values on every run: make the kernels deterministic (e.g. `torch.use_deterministic_algorithms(True)`, cuDNN's deterministic mode), or compare at a tolerance above that spread"
         ),
         _ if !e.attributes.is_empty() => format!(
-            "set the attribute back to the reference's: {} on {where_}",
+            "give {where_} the reference's attribute values back (reference → target: {})",
             e.attributes.join(", ")
         ),
         _ if layer.baseline.as_ref().is_some_and(|b| b.reference_off > 0) => {
