@@ -192,3 +192,23 @@ def test_grad_needs_a_target():
     from test_cli import assert_usage_error
 
     assert_usage_error(run_cli("grad", f"{MLP}:build"), "--target")
+
+
+def test_a_module_whose_half_path_skips_a_parameter_is_the_defect_at_it(tmp_path):
+    """tests/builders/fused_mlp.py: in bfloat16 the MLPs call none of their submodules and never
+    use `fc2.bias`, so the target's backward gives it no gradient (the first block's bias is
+    zero, so its forward is right, but training would never move it). That is a finding, not
+    a failure: both MLPs are differentiated whole, a missing gradient counts as zero, and each
+    bias is a defect of its own, nothing else."""
+    out = tmp_path / "r.json"
+    done = run_cli("grad", str(ROOT / "tests/builders/fused_mlp.py") + ":build",
+                   "--target", "torch:bf16", "--json", str(out))  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    report = json.loads(out.read_text())
+    defects = [(d["layer"], d["cause"]) for d in report["summary"]["defects"]]
+    assert sorted(defects) == [
+        ("2.mlp.fc2.bias", "op_implementation"), ("3.mlp.fc2.bias", "op_implementation"),
+    ], defects  # fmt: skip
+    warnings = " ".join(report["summary"]["warnings"])
+    assert "`2.mlp`, `3.mlp` compared whole" in warnings
+    assert "gives no gradient for `3.mlp.fc2.bias`, `2.mlp.fc2.bias`" in warnings

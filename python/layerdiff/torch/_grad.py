@@ -30,6 +30,7 @@ from layerdiff.tensors import dtype_name, flat
 from layerdiff.torch import _backward, _baseline
 from layerdiff.torch._backward import Pass, input_layer
 from layerdiff.torch._capture import _first_tensor, capture
+from layerdiff.torch._lockstep import diverging_modules
 from layerdiff.torch._sides import _WORDS, TorchSide, cuda_math
 
 # GradScaler's first scale and its back-off on a step with non-finite gradients.
@@ -96,11 +97,28 @@ def compare_gradients(
     if whole:
         listing = capture(model, inputs, whole=whole)
 
+    warnings: list[str] = []
     with cuda_math(ref_side, tgt_side):
-        step(f"forward and backward on the reference ({ref_side.spelling})")
-        ref = _side_gradients(model, inputs, ref_side, cotangent, whole, "the reference")
-        step(f"forward and backward on the target ({tgt_side.spelling})")
-        tgt = _side_gradients(model, inputs, tgt_side, cotangent, whole, "the target")
+        # A target that calls other layers inside a module than the reference (a path of its
+        # own for its precision) is differentiated with those modules whole, on both sides.
+        diverging: list[str] = []
+        for _ in range(3):
+            step(f"forward and backward on the reference ({ref_side.spelling})")
+            ref = _side_gradients(model, inputs, ref_side, cotangent, whole, "the reference")
+            step(f"forward and backward on the target ({tgt_side.spelling})")
+            tgt = _side_gradients(model, inputs, tgt_side, cotangent, whole, "the target")
+            found = diverging_modules(list(ref.calls.values()), list(tgt.calls.values()))
+            if not found or set(found) <= set(diverging):
+                break
+            diverging = sorted({*diverging, *found})
+            whole = frozenset([*listing.self_computing, *diverging])
+            listing = capture(model, inputs, whole=whole)
+        if diverging:
+            warnings.append(
+                f"{', '.join(f'`{m}`' for m in diverging)} compared whole: the target calls "
+                "other submodules or ops inside them than the reference does (a path of their "
+                "own for its precision or device), so it cannot be followed call by call there"
+            )
         if not ref.order:
             raise _layerdiff.InputError("the model has no parameter or input that takes a gradient")
         truth, lost = None, None
@@ -110,11 +128,16 @@ def compare_gradients(
                 truth = _float64_gradients(model, inputs, cotangent, whole)
             except Exception as e:  # compared without it, and said so
                 lost = f"no float64 truth: the float64 copy failed ({type(e).__name__}: {e})"
-        missing = [n for n in ref.order if n not in tgt.grads and not n.endswith(":input")]
+        # A parameter the target's forward does not use has no gradient there: zero, and said.
+        missing = [n for n in ref.order if n in ref.grads and n not in tgt.grads]
+        for n in missing:
+            tgt.grads[n] = torch.zeros_like(ref.grads[n])
         if missing:
-            raise _layerdiff.InputError(
-                f"the target `{tgt_side.spelling}` computed no gradient for "
-                f"{', '.join(f'`{n}`' for n in missing[:5])}"
+            names = ", ".join(f"`{n}`" for n in missing[:5])
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            warnings.append(
+                f"the target's backward gives no gradient for {names}{more}: its forward does "
+                "not use them; compared as zero"
             )
         step("each module's backward alone")
         gradients = _Gradients(model, ref, tgt, truth, ref_side, tgt_side)
@@ -145,7 +168,7 @@ def compare_gradients(
         {i: [flat(k, ref.parameters[k])] for i, k in names.items() if k in ref.parameters},
         {i: [flat(k, tgt.parameters[k])] for i, k in names.items() if k in tgt.parameters},
     )
-    report = Report(native, inputs=given)
+    report = Report(native, inputs=given).warned(warnings)
     owners = {x.name: x.module for x in layers}
     report = report.advised_by_module(owners)
     report.notes += [n for n in (eval_note, lost) if n]
@@ -219,6 +242,10 @@ class _Gradients:
                 self._parts(call, mine),
                 strict=True,
             ):
+                if g is None and r is not None:
+                    # the target's module does not use what the reference's does: its own
+                    # gradient there is zero
+                    g = torch.zeros_like(r, dtype=own.dtype)
                 if g is None:
                     continue
                 entry = sums.setdefault(key, [[], [], own.dtype, []])
