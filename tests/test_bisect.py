@@ -108,3 +108,27 @@ def test_a_defect_is_not_hidden_by_the_keep_in_float32_search(tmp_path):
     found = json.loads(report.read_text())["bisection"]
     assert not found["found"] and found["responsible"] == []
     assert "those with a defect left out (1)" in found["over"]
+
+
+def test_the_keep_in_float32_set_of_a_t5_that_overflows_float16_is_found_and_checked(tmp_path):
+    """tests/builders/t5_overflow.py: the feed-forward of one T5 block overflows float16 and the
+    residual stream carries the overflow on. A layer kept in float32 hands its float32 value on
+    through the blocks that only route it (cast down only where a module computes), so a set
+    of kept layers brings the output within its tolerance, checked by the comparison run
+    again."""
+    report = tmp_path / "r.json"
+    done = run_cli("torch", f"{BUILDERS / 't5_overflow.py'}:build", "--target", "torch:fp16",
+                   "--bisect", "--tolerance", "1e-2", "--json", str(report))  # fmt: skip
+    assert done.returncode in (0, 1), done.stderr
+    assert "could not run" not in done.stderr  # float32 values meet float16 ones and promote
+    data = json.loads(report.read_text())
+    found = data["bisection"]
+    assert found["found"], found
+    # the overflowing layer and what carries its value on to the encoder's last norm; nothing
+    # of the decoder, which only reads the normed encoder output
+    assert found["responsible"][0] == "m.encoder.block.1.layer.1.DenseReluDense.wo", found
+    assert found["responsible"][-1] == "m.encoder.final_layer_norm", found
+    assert len(found["responsible"]) < 20
+    check = data["keep_float32"]["check"]
+    assert check["output_nonfinite_after"] == 0, check
+    assert found["check"]["exceeding_after"] < found["check"]["exceeding_before"] / 4

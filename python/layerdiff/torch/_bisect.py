@@ -146,22 +146,47 @@ def keep_float32(model, inputs, report, once, listed, sides, precision, step):
     ref_model, ref_inputs = (model, inputs) if ref_side.plain else ref_side.prepare(model, inputs)
     with ref_side.running():
         reference = _first_tensor(_forward(ref_model, ref_inputs))
-    runs = [0]
+    runs, failed = [0], []
+    computing = _precision.computing_modules(listed)
 
     def clean(kept: list[str]) -> bool:
+        """Whether the output is within its tolerance with `kept` in float32; a set with which
+        the model cannot run (dtypes that meet in an op) is not."""
         runs[0] += 1
         copied, given = tgt_side.prepare(model, inputs)
         _precision.keep_in_float32(
-            copied, _precision.kept_modules(listed, kept), tgt_side.autocast_device
+            copied, _precision.kept_modules(listed, kept), tgt_side.autocast_device, computing,
+            model,
         )
-        with tgt_side.running():
-            got = _first_tensor(_forward(copied, given))
+        try:
+            with tgt_side.running():
+                got = _first_tensor(_forward(copied, given))
+        except Exception as e:  # that set is no answer; the search goes on
+            failed.append(f"{type(e).__name__}: {e}".strip())
+            return False
         return _within(reference, got, output["tolerance"])
 
     step(f"bisecting the layers to keep in float32 ({len(candidates)} candidates)")
     everything = clean(candidates)
+    if not everything and failed:
+        report.notes.append(
+            f"--bisect: with all {len(candidates)} candidate layers kept in float32 the model "
+            f"does not run: {failed[0]}"
+        )
+        return report
     found = _layerdiff.smallest_set(candidates, clean) if everything else []
     kept = found if everything else candidates
+    if len(found) > len(candidates) / 2:
+        report.notes.append(
+            f"--bisect: {len(found)} of {len(candidates)} layers must stay in float32 for the "
+            f"output to meet its tolerance: {precision}'s own rounding in the rest exceeds it; "
+            "`--tolerance` with the output error you can accept finds the layers that matter"
+        )
+    if failed:
+        report.notes.append(
+            f"--bisect: {len(failed)} of the {runs[0]} sets tried could not run (counted as "
+            f"not enough): {failed[0]}"
+        )
     step(f"checking: {tgt_side.spelling} again with {len(kept)} layer(s) in float32")
     with_kept = once(keep=_precision.kept_modules(listed, kept))
     excluded = f", those with a defect left out ({len(defects)})" if defects else ""

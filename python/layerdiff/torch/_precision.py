@@ -192,6 +192,12 @@ def kept_nodes(report, layers: list[str]) -> list[str]:
     return nodes
 
 
+def computing_modules(listed) -> set[str]:
+    """The modules that make a layer of `listed` (a leaf, or the owner of a functional call):
+    those that compute, as opposed to those that only route values between submodules."""
+    return {layer.module for layer in listed}
+
+
 def kept_modules(listed, layers: list[str]) -> list[str]:
     """The modules a PyTorch target keeps in float32 for `layers` (a functional call's module
     is the one that makes it)."""
@@ -208,13 +214,23 @@ def kept_modules(listed, layers: list[str]) -> list[str]:
 
 
 def keep_in_float32(
-    model: torch.nn.Module, modules: list[str], autocast: str | None = None
+    model: torch.nn.Module,
+    modules: list[str],
+    autocast: str | None = None,
+    computing: set[str] | None = None,
+    original: torch.nn.Module | None = None,
 ) -> None:
     """Leaves `modules` of a model cast to a lower precision in float32: their parameters
     float32 and their floating inputs cast up on the way in. Their outputs stay float32, so kept
     modules feed each other in float32 (a value past float16's range between them survives);
-    every other module casts its floating inputs back down on the way in (a float32 value a kept
-    module hands on, T5's position bias, would otherwise meet the lower precision in a matmul).
+    every other module that computes (in `computing`: those that make a layer, a leaf or a
+    functional call; all of them when not given) casts its floating inputs back down on the way
+    in (a float32 value a kept module hands on, T5's position bias, would otherwise meet the
+    lower precision in a matmul). A kept module takes its weights from `original` (the model
+    before the cast) where given: kept in float32, a layer has its float32 weights, not its
+    float16 ones widened. A module that only routes values between its submodules
+    (T5's blocks and stack) hands them on as they are: casting a kept layer's float32 output
+    down there would overflow again where keeping it was meant to help.
 
     Under autocast on device type `autocast` (the model stays float32, PyTorch lowers op by op),
     each kept module runs with autocast off instead, its floating inputs cast up, as AMP code
@@ -228,20 +244,89 @@ def keep_in_float32(
         return
     low = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     inside: set[int] = set()
-    for name in modules:
+    for name in _with_whole_parents(named, modules):
         module = named[name]
         module.float()
+        if original is not None:
+            _restore_weights(module, original.get_submodule(name))
         inside.update(id(m) for m in module.modules())
         module.register_forward_pre_hook(
             lambda _m, args, kwargs: (_cast(args, torch.float32), _cast(kwargs, torch.float32)),
             with_kwargs=True,
         )
+    routes = {m for n, m in named.items() if computing is not None and n not in computing}
     for module in model.modules():
-        if id(module) in inside:
+        if id(module) in inside or module in routes:
             continue
         module.register_forward_pre_hook(
             lambda _m, args, kwargs: (_cast(args, low), _cast(kwargs, low)), with_kwargs=True
         )
+    forward = model.forward
+
+    def promoting(*args, **kwargs):
+        with _Promoting():
+            return forward(*args, **kwargs)
+
+    model.forward = promoting
+
+
+# Ops that refuse floating inputs of two dtypes where elementwise ops promote them.
+_UNPROMOTED = frozenset(
+    {"linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "einsum", "conv1d",
+     "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+     "scaled_dot_product_attention", "layer_norm", "group_norm", "batch_norm", "rms_norm"}
+)  # fmt: skip
+
+
+class _Promoting(torch.overrides.TorchFunctionMode):
+    """Where a kept layer's float32 value meets a lower-precision one in an op that does not
+    promote (a matmul between a kept query and a key that is not), the op computes in float32,
+    as PyTorch's elementwise ops promote: the values kept in float32 stay so."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "").strip("_")
+        if name in _UNPROMOTED:
+            floats = {
+                t.dtype
+                for t in [*args, *kwargs.values()]
+                if isinstance(t, torch.Tensor) and t.is_floating_point()
+            }
+            if torch.float32 in floats and len(floats) > 1:
+                args, kwargs = _cast(args, torch.float32), _cast(kwargs, torch.float32)
+        return func(*args, **kwargs)
+
+
+def _restore_weights(module: torch.nn.Module, original: torch.nn.Module) -> None:
+    """`module`'s floating parameters and buffers set to `original`'s (same names), in float32."""
+    with torch.no_grad():
+        theirs = dict(original.named_parameters()) | dict(original.named_buffers())
+        for name, t in [*module.named_parameters(), *module.named_buffers()]:
+            source = theirs.get(name)
+            if source is not None and t.is_floating_point() and source.shape == t.shape:
+                t.copy_(source.detach().to(t.device, t.dtype))
+
+
+def _with_whole_parents(named: dict, modules: list[str]) -> list[str]:
+    """`modules`, and every module all of whose leaf submodules they keep: those compute in
+    float32 too (their own ops then meet their submodules' float32 values, T5's attention mask
+    its queries), outermost first."""
+    kept = set(modules)
+
+    def covered(name: str) -> bool:
+        return any(name == k or name.startswith(f"{k}.") for k in kept)
+
+    parents = []
+    for name, module in named.items():
+        if not name or covered(name) or not any(True for _ in module.children()):
+            continue
+        leaves = [n for n, m in named.items() if n.startswith(f"{name}.") and not any(
+            True for _ in m.children()
+        )]  # fmt: skip
+        if leaves and all(covered(n) for n in leaves):
+            parents.append(name)
+    outermost = [p for p in parents if not any(p.startswith(f"{q}.") for q in parents)]
+    return [*outermost, *[m for m in modules if not any(m.startswith(f"{q}.") for q in outermost)]]
 
 
 def _outside_autocast(module: torch.nn.Module, device: str) -> None:

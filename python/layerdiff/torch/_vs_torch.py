@@ -171,12 +171,14 @@ class _Comparison:
     def _where_calls_differ(self, keep) -> list[str]:
         """The modules inside which the target's pass calls other layers than the listing."""
         from layerdiff.torch._lockstep import diverging_modules
-        from layerdiff.torch._precision import keep_in_float32
+        from layerdiff.torch._precision import computing_modules, keep_in_float32
 
         tgt_side, whole = self.tgt_side, self.whole
         with cuda_math(self.ref_side, tgt_side):
             copied, given = tgt_side.prepare(self.model, self.inputs, whole)
-            keep_in_float32(copied, keep, tgt_side.autocast_device)
+            keep_in_float32(
+                copied, keep, tgt_side.autocast_device, computing_modules(self.listed), self.model
+            )
             with tgt_side.running():
                 theirs = run_model(
                     self.inputs, lambda: capture(copied, given, whole=whole, dataflow=False)
@@ -280,11 +282,13 @@ def _stream(
     """The forward pass that compares: each reference layer goes to the run with the target's
     value of it, its local re-run and the float64 value (``keep``: modules of the target left in
     float32). Returns the target's model."""
-    from layerdiff.torch._precision import _cast, computes_in, keep_in_float32
+    from layerdiff.torch._precision import _cast, computes_in, computing_modules, keep_in_float32
 
     def prepare(m, i):
         copied, given = tgt_side.prepare(m, i, whole)
-        keep_in_float32(copied, keep, tgt_side.autocast_device)
+        keep_in_float32(
+            copied, keep, tgt_side.autocast_device, computing_modules(listed), model
+        )
         return copied, given
 
     target = Lockstep(model, inputs, prepare, running=tgt_side.running, whole=whole)
