@@ -286,3 +286,26 @@ def test_a_module_whose_half_path_calls_other_submodules_is_compared_whole_and_r
     assert "the module `3.mlp` (FusedMlp) alone" in done.stdout
     shown = run_repro(tmp_path / "run" / "repro", folder_of(tmp_path, "torch", "numpy"))
     assert shown.returncode == 1 and shown.stdout.strip().endswith("reproduced"), shown.stdout
+
+
+def test_an_edited_attribute_fused_away_is_named_as_the_attribute(encoder_onnx, tmp_path):
+    """One LayerNormalization's epsilon edited, compared at opt=all, where ONNX Runtime fuses the
+    norm into a SkipLayerNormalization: narrowed to the norm, whose attribute differs from the
+    reference's node; the cause says so, and the fix is the attribute, not the runtime."""
+    model = onnx.load(str(encoder_onnx))
+    norm = [n for n in model.graph.node if n.op_type == "LayerNormalization"][2]
+    next(a for a in norm.attribute if a.name == "epsilon").f = 0.5
+    onnx.save(model, str(tmp_path / "edited.onnx"))
+    report = tmp_path / "r.json"
+    done = run_cli("onnx", str(encoder_onnx), "--vs", str(tmp_path / "edited.onnx"),
+                   "--target", "ort:opt=all", "--json", str(report))  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    data = json.loads(report.read_text())
+    (defect,) = data["summary"]["defects"]
+    assert defect["layer"] == norm.output[0] and defect["cause"] == "op_implementation"
+    assert defect["detail"].startswith(f"an attribute differs: `epsilon` 1e-5 → 0.5 on `{norm.name}`")
+    assert "born inside the fused" in defect["detail"]
+    assert "reference's attribute values back" in defect["fix"]
+    assert "report it to the runtime" not in defect["fix"]
+    layer = next(la for la in data["layers"] if la["name"] == norm.output[0])
+    assert layer["inside"]["attributes"] == [f"`epsilon` 1e-5 → 0.5 on `{norm.name}`"]

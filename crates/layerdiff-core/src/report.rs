@@ -124,9 +124,16 @@ impl Timing {
 impl Report {
     /// Says where inside a fusion `layer`'s difference is born: on the layer, and in its words
     /// and its defect's.
+    /// Where the node it was narrowed to has other attributes than the reference's, that is
+    /// the cause, in front, and the fix is the attribute rather than the kernel.
     pub fn narrowed(&mut self, layer: &str, inside: Inside) {
         let sentence = inside.sentence();
+        let changed = (!inside.attributes.is_empty())
+            .then(|| format!("an attribute differs: {}", inside.attributes.join(", ")));
         let extend = |detail: &mut String| {
+            if let Some(changed) = &changed {
+                *detail = changed.clone();
+            }
             if !detail.is_empty() {
                 detail.push_str("; ");
             }
@@ -134,10 +141,18 @@ impl Report {
         };
         if let Some(l) = self.layers.iter_mut().find(|l| l.name == layer) {
             extend(l.detail.get_or_insert_with(String::new));
-            l.inside = Some(inside);
+            l.inside = Some(inside.clone());
         }
         for defect in self.summary.defects.iter_mut().filter(|d| d.layer == layer) {
             extend(&mut defect.detail);
+            if changed.is_some() {
+                defect.cause = "op_implementation".to_string();
+                defect.fix = format!(
+                    "give `{}` the reference's attribute values back (reference → target: {}); the runtime computes the node as the file says",
+                    inside.node,
+                    inside.attributes.join(", ")
+                );
+            }
         }
     }
 

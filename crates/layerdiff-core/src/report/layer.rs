@@ -107,6 +107,10 @@ pub struct Inside {
     pub tolerance_multiple: f64,
     /// The region's other nodes, each within the tolerance run alone.
     pub agree: Vec<String>,
+    /// How its attributes differ from the reference's node of the same name and op, one line
+    /// each (``epsilon` 1e-5 → 0.5 on `ln``): the file's doing, not the runtime's.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub attributes: Vec<String>,
 }
 
 impl Inside {

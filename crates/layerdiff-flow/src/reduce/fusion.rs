@@ -74,6 +74,10 @@ pub fn inside_fusion(
         }
         let tried = pieces.run(&[n], &value, layer.tolerance)?;
         if tried.multiple > 1.0 {
+            let member = crate::evidence::node_member(&pieces.target_model().graph().node[n]);
+            let attributes = crate::evidence::model_counterpart(pieces.reference_model(), &member)
+                .map(|theirs| member.changes_from(&theirs))
+                .unwrap_or_default();
             return Ok(Some((
                 layer.name.clone(),
                 Inside {
@@ -84,6 +88,7 @@ pub fn inside_fusion(
                     max_abs_diff: tried.max_abs_diff,
                     tolerance_multiple: tried.multiple,
                     agree,
+                    attributes,
                 },
             )));
         }

@@ -83,6 +83,16 @@ impl Pieces {
         &self.index
     }
 
+    /// The target's file.
+    pub(crate) fn target_model(&self) -> &Model {
+        &self.target_model
+    }
+
+    /// The reference's file.
+    pub(crate) fn reference_model(&self) -> &Model {
+        &self.reference_model
+    }
+
     /// Whether the reference has `value` to feed a piece with (a graph input, or a value its
     /// nodes compute; the target's weights travel inside the piece).
     pub(crate) fn known(&self, value: &str) -> bool {
