@@ -212,3 +212,24 @@ def test_a_module_whose_half_path_skips_a_parameter_is_the_defect_at_it(tmp_path
     warnings = " ".join(report["summary"]["warnings"])
     assert "`2.mlp`, `3.mlp` compared whole" in warnings
     assert "gives no gradient for `3.mlp.fc2.bias`, `2.mlp.fc2.bias`" in warnings
+
+
+def test_a_module_whose_output_does_not_reach_the_loss_is_left_out():
+    """BERT's pooler runs but the logits do not read it: its call has no output gradient, and
+    its backward alone is not made (it was an internal error)."""
+
+    class TwoHeads(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.used, self.unused = (torch.nn.Linear(8, 8) for _ in range(3))
+
+        def forward(self, x):
+            h = torch.relu(self.body(x))
+            self.unused(h)  # computed, never read: a pooler nobody asked for
+            return self.used(h)
+
+    torch.manual_seed(0)
+    report = layerdiff.compare_gradients(TwoHeads(), (torch.randn(4, 8),), target="torch:bf16")
+    names = [x["name"] for x in report.layers]
+    assert "used.weight" in names and not any(n.startswith("unused") for n in names)
+    assert report.summary["defects"] == []

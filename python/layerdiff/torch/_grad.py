@@ -212,10 +212,12 @@ class _Gradients:
         # parameter or input → [local parts, exact parts, grid, reference parts]
         sums: dict[str, list] = {}
         for name, call in ref.calls.items():
+            if call.grad_output is None:
+                continue  # its output does not reach the loss: no gradient passes through it
             theirs = tgt.calls.get(name)
             mine = self._vjp(ref, call, self.reference_modules, self.ref_side)
             layer = input_layer(name)
-            if mine.input is not None and theirs is not None:
+            if mine.input is not None and theirs is not None and theirs.grad_output is not None:
                 other = self._vjp(tgt, theirs, self.target_modules, self.tgt_side)
                 wide = None
                 if truth is not None and name in truth.calls:
