@@ -303,9 +303,10 @@ def test_an_edited_attribute_fused_away_is_named_as_the_attribute(encoder_onnx, 
     data = json.loads(report.read_text())
     (defect,) = data["summary"]["defects"]
     assert defect["layer"] == norm.output[0] and defect["cause"] == "op_implementation"
-    assert defect["detail"].startswith(f"an attribute differs: `epsilon` 1e-5 → 0.5 on `{norm.name}`")
+    changed = f"`epsilon` 1e-5 → 0.5 on `{norm.name}`"
+    assert defect["detail"].startswith(f"an attribute differs: {changed}")
     assert "born inside the fused" in defect["detail"]
     assert "reference's attribute values back" in defect["fix"]
     assert "report it to the runtime" not in defect["fix"]
     layer = next(la for la in data["layers"] if la["name"] == norm.output[0])
-    assert layer["inside"]["attributes"] == [f"`epsilon` 1e-5 → 0.5 on `{norm.name}`"]
+    assert layer["inside"]["attributes"] == [changed]

@@ -155,7 +155,10 @@ def keep_float32(model, inputs, report, once, listed, sides, precision, step):
         runs[0] += 1
         copied, given = tgt_side.prepare(model, inputs)
         _precision.keep_in_float32(
-            copied, _precision.kept_modules(listed, kept), tgt_side.autocast_device, computing,
+            copied,
+            _precision.kept_modules(listed, kept),
+            tgt_side.autocast_device,
+            computing,
             model,
         )
         try:

@@ -149,6 +149,7 @@ class _Comparison:
         """The comparison; where the target cannot be followed call by call (a module with a
         path of its own for the target's precision or device), once more with the modules
         where the calls differ compared whole."""
+        last = None
         for _ in range(3):
             try:
                 report = self._once(keep)
@@ -157,6 +158,7 @@ class _Comparison:
                 if not found or set(found) <= set(self.diverging):
                     raise _layerdiff.InputError(str(diverged)) from None
                 self.diverging = sorted({*self.diverging, *found})
+                last = diverged
                 continue
             if self.diverging:
                 listed = ", ".join(f"`{m}`" for m in self.diverging)
@@ -166,7 +168,7 @@ class _Comparison:
                     "device), so it cannot be followed call by call there"
                 ])  # fmt: skip
             return report
-        raise _layerdiff.InputError(str(diverged))
+        raise _layerdiff.InputError(str(last))
 
     def _where_calls_differ(self, keep) -> list[str]:
         """The modules inside which the target's pass calls other layers than the listing."""
@@ -286,9 +288,7 @@ def _stream(
 
     def prepare(m, i):
         copied, given = tgt_side.prepare(m, i, whole)
-        keep_in_float32(
-            copied, keep, tgt_side.autocast_device, computing_modules(listed), model
-        )
+        keep_in_float32(copied, keep, tgt_side.autocast_device, computing_modules(listed), model)
         return copied, given
 
     target = Lockstep(model, inputs, prepare, running=tgt_side.running, whole=whole)
