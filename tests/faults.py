@@ -62,6 +62,13 @@ def set_attribute(src, dst, value, name, new):
     return _edit(src, dst, edit)
 
 
+def edited_norm(src, dst, index=2, epsilon=0.5):
+    """Sets the `epsilon` of the `index`-th LayerNormalization; returns that node as edited."""
+    norm = [n for n in onnx.load(str(src)).graph.node if n.op_type == "LayerNormalization"][index]
+    set_attribute(src, dst, norm.output[0], "epsilon", epsilon)
+    return producer(onnx.load(str(dst)).graph, norm.output[0])
+
+
 def in_float16(src, dst, value):
     """Runs the node producing `value` in float16: its inputs cast down, its weights stored in
     float16, its output cast back to float32 under the same name. The casts carry the node's

@@ -220,10 +220,9 @@ def test_a_node_the_transpose_optimizer_rewired_is_not_paired_by_its_name(encode
 def test_an_edited_norm_in_an_optimized_file_is_the_one_defect(encoder_onnx, tmp_path):
     """One LayerNormalization's epsilon edited, then the file optimized by ONNX Runtime (the
     norm fused into a SkipLayerNormalization): that norm is the one defect."""
-    model = onnx.load(str(encoder_onnx))
-    norm = [n for n in model.graph.node if n.op_type == "LayerNormalization"][2]
-    next(a for a in norm.attribute if a.name == "epsilon").f = 0.5
-    onnx.save(model, str(tmp_path / "edited.onnx"))
+    from faults import edited_norm
+
+    norm = edited_norm(encoder_onnx, tmp_path / "edited.onnx")
     optimized = ort_optimized(tmp_path / "edited.onnx", tmp_path / "edited.opt.onnx",
                               "ORT_ENABLE_EXTENDED")  # fmt: skip
     result, report = report_of(tmp_path, str(encoder_onnx), "--vs", str(optimized))

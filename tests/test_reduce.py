@@ -249,12 +249,10 @@ def test_a_defect_in_an_optimized_file_reduces_to_the_fused_node_and_what_feeds_
     is now a SkipLayerNormalization among values the optimizer renamed (the reference has no
     value to feed them with), which stopped the repro; a piece grows only as a group the
     reference can feed, and here the fused node alone shows it."""
+    from faults import edited_norm
     from test_optimized import ort_optimized
 
-    model = onnx.load(str(encoder_onnx))
-    norm = [n for n in model.graph.node if n.op_type == "LayerNormalization"][2]
-    next(a for a in norm.attribute if a.name == "epsilon").f = 0.5
-    onnx.save(model, str(tmp_path / "edited.onnx"))
+    norm = edited_norm(encoder_onnx, tmp_path / "edited.onnx")
     optimized = ort_optimized(tmp_path / "edited.onnx", tmp_path / "edited.opt.onnx",
                               "ORT_ENABLE_EXTENDED")  # fmt: skip
     done = run_cli("onnx", str(encoder_onnx), "--vs", str(optimized),
@@ -292,10 +290,9 @@ def test_an_edited_attribute_fused_away_is_named_as_the_attribute(encoder_onnx, 
     """One LayerNormalization's epsilon edited, compared at opt=all, where ONNX Runtime fuses the
     norm into a SkipLayerNormalization: narrowed to the norm, whose attribute differs from the
     reference's node; the cause says so, and the fix is the attribute, not the runtime."""
-    model = onnx.load(str(encoder_onnx))
-    norm = [n for n in model.graph.node if n.op_type == "LayerNormalization"][2]
-    next(a for a in norm.attribute if a.name == "epsilon").f = 0.5
-    onnx.save(model, str(tmp_path / "edited.onnx"))
+    from faults import edited_norm
+
+    norm = edited_norm(encoder_onnx, tmp_path / "edited.onnx")
     report = tmp_path / "r.json"
     done = run_cli("onnx", str(encoder_onnx), "--vs", str(tmp_path / "edited.onnx"),
                    "--target", "ort:opt=all", "--json", str(report))  # fmt: skip
