@@ -3,14 +3,20 @@ built once per test session because export takes seconds."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).parent))
+
+# Exports the tests make are kept in a folder of this run's, never in the user's cache (and
+# the commands the tests run inherit it).
+os.environ["LAYERDIFF_CACHE_DIR"] = tempfile.mkdtemp(prefix="layerdiff-cache-")
 
 
 @pytest.fixture(scope="session")

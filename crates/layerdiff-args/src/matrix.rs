@@ -16,6 +16,11 @@ pub struct CheckArgs {
     /// Which `torch.onnx.export` path produces the ONNX file.
     #[arg(long, value_enum, default_value_t = Exporter::Dynamo)]
     pub exporter: Exporter,
+    /// Export anew instead of reusing an export of the same model kept from an earlier run
+    /// (exports are kept in `LAYERDIFF_CACHE_DIR`, else `~/.cache/layerdiff`, keyed by the
+    /// weights, the model's code, the inputs, the exporter and its versions).
+    #[arg(long)]
+    pub no_cache: bool,
     /// Absolute term of the bound `atol + rtol·|reference|`.
     #[arg(long, default_value_t = 1e-4)]
     pub atol: f64,

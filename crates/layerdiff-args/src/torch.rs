@@ -83,6 +83,11 @@ pub struct TorchArgs {
     /// Which `torch.onnx.export` path produces the ONNX file.
     #[arg(long, value_enum, default_value_t = Exporter::Dynamo)]
     pub exporter: Exporter,
+    /// Export anew instead of reusing an export of the same model kept from an earlier run
+    /// (exports are kept in `LAYERDIFF_CACHE_DIR`, else `~/.cache/layerdiff`, keyed by the
+    /// weights, the model's code, the inputs, the exporter and its versions).
+    #[arg(long)]
+    pub no_cache: bool,
     /// Compare against this ONNX file of the same model instead of exporting one.
     #[arg(long, value_name = "PATH")]
     pub onnx: Option<PathBuf>,

@@ -23,6 +23,8 @@ pub(crate) struct CheckCommand {
     onnx: Option<PathBuf>,
     /// `dynamo` or `legacy`.
     exporter: String,
+    /// Whether an export kept from an earlier run may be reused.
+    cache: bool,
     /// The bound's terms.
     atol: f64,
     rtol: f64,
@@ -41,6 +43,7 @@ impl CheckCommand {
             target: a.target.spelling(),
             onnx: a.onnx,
             exporter: layerdiff_args::spelling(&a.exporter),
+            cache: !a.no_cache,
             atol: a.atol,
             rtol: a.rtol,
             seed: a.seed,

@@ -162,6 +162,8 @@ pub(crate) struct Command {
     /// `torch`: the export path and a file to use instead.
     exporter: Option<String>,
     onnx: Option<PathBuf>,
+    /// `torch`: whether an export kept from an earlier run may be reused.
+    cache: bool,
     /// `keras`: the opset tf2onnx converts to.
     opset: Option<u32>,
     /// `keras`: the PyTorch twin, its map of layer names, and whether to copy its weights.
@@ -204,6 +206,11 @@ impl Command {
     #[getter]
     fn onnx(&self) -> Option<PathBuf> {
         self.onnx.clone()
+    }
+    /// `torch`: whether an export kept from an earlier run may be reused (not `--no-cache`).
+    #[getter]
+    fn cache(&self) -> bool {
+        self.cache
     }
     /// `keras`: the opset tf2onnx converts to.
     #[getter]
@@ -333,6 +340,7 @@ pub(crate) fn parse_cli(
                 report: a.report,
                 exporter: Some(layerdiff_args::spelling(&a.exporter)),
                 onnx: a.onnx,
+                cache: !a.no_cache,
                 opset: None,
                 torch_twin: None,
                 weight_map: None,
@@ -357,6 +365,7 @@ pub(crate) fn parse_cli(
                 },
                 report: a.report,
                 exporter: None,
+                cache: true,
                 onnx: a.onnx,
                 opset: Some(a.opset),
                 torch_twin: a.torch.clone(),
@@ -407,6 +416,7 @@ pub(crate) fn parse_cli(
                 },
                 report: a.report,
                 exporter: None,
+                cache: true,
                 onnx: None,
                 opset: None,
                 torch_twin: None,

@@ -56,11 +56,11 @@ def varying(points_shapes: list[list]) -> list[list[int]]:
 def compare_along(
     model, inputs: tuple, *, batch_sizes=(), shapes=(), onnx=None, exporter="dynamo",
     workdir=None, seed: int = 0, name=None, options=None, dtype=None, keep_fp32=(), progress=None,
-    target: str = "ort", tolerance: float | str = "dtype",
+    target: str = "ort", tolerance: float | str = "dtype", cache: bool = True,
 ):  # fmt: skip
     """The axis report, each point's `(label, Report)`, and notes on the run. ``target`` and
     ``tolerance`` as for :func:`layerdiff.torch.compare_torch_onnx` (``options``, already parsed,
-    replaces them)."""
+    replaces them); ``cache`` as there."""
     from layerdiff.torch import compare_torch, compare_torch_onnx, export_onnx
     from layerdiff.torch._running import to_eval
 
@@ -85,8 +85,9 @@ def compare_along(
             step(f"exporting to ONNX ({exporter}) with the {axis} dynamic")
             try:
                 path = export_onnx(
-                    model, given[largest], folder / "model.onnx", exporter=exporter, dynamic=dims
-                )
+                    model, given[largest], folder / "model.onnx", exporter=exporter, dynamic=dims,
+                    cache=cache,
+                )  # fmt: skip
                 files = [path] * len(at)
             except _layerdiff.ModelError as e:
                 first_line = str(e).splitlines()[0]
@@ -103,6 +104,7 @@ def compare_along(
                             point_inputs,
                             folder / f"model-{slug(axis, label)}.onnx",
                             exporter=exporter,
+                            cache=cache,
                         )  # fmt: skip
                     )
         reports = []

@@ -35,8 +35,10 @@ def run_command(command, progress) -> int:
             if not path.is_file():
                 raise _layerdiff.UsageError(f"ONNX file `{command.onnx}` does not exist")
         else:
-            progress(f"exporting to ONNX ({command.exporter})")
-            path = export_onnx(model, inputs, Path(work) / "model.onnx", exporter=command.exporter)
+            path = export_onnx(
+                model, inputs, Path(work) / "model.onnx", exporter=command.exporter,
+                cache=command.cache, step=progress,
+            )  # fmt: skip
         names = [name for name, _, _ in _layerdiff.model_inputs(path)]
         if len(names) != len(inputs):
             raise _layerdiff.InputError(

@@ -1,9 +1,18 @@
-"""Exporting a model to ONNX with either `torch.onnx.export` path."""
+"""Exporting a model to ONNX with either `torch.onnx.export` path, once per model: exports are
+kept in the user's cache folder under a key of everything that decides the file (the weights,
+the model's code, the inputs, the exporter, its options and versions), so a second run of the
+same model reuses the file instead of exporting again."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import inspect
 import io
+import os
+import shutil
+import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -11,6 +20,12 @@ import torch
 from torch import nn
 
 from layerdiff import _layerdiff
+
+#: Bumped when what an export key covers changes: older entries are then never found.
+_KEY_VERSION = "layerdiff-export/1"
+#: Total size of the kept exports above which the least recently used go (bytes); the
+#: environment's `LAYERDIFF_CACHE_SIZE` (bytes) replaces it.
+_CACHE_SIZE = 20 << 30
 
 
 def export_onnx(
@@ -21,10 +36,157 @@ def export_onnx(
     exporter: str = "dynamo",
     opset: int | None = None,
     dynamic: list[list[int]] | None = None,
+    cache: bool = True,
+    step=None,
 ) -> Path:
-    """Exports with ``torch.onnx.export``; the exporter's chatter (the legacy one prints whole
-    graphs when it fails) is kept back, and its last lines go in the error when it fails.
-    ``dynamic``: for each input, the dimensions exported dynamic (a batch or shape axis)."""
+    """Exports with ``torch.onnx.export`` to ``path``; the exporter's chatter (the legacy one
+    prints whole graphs when it fails) is kept back, and its last lines go in the error when it
+    fails. ``dynamic``: for each input, the dimensions exported dynamic (a batch or shape
+    axis). With ``cache`` an export of the very same model, inputs and options made before is
+    reused (see `cache_folder`); the path returned is then ``path`` (linked or copied there),
+    or the kept file itself where it has external data. ``step`` hears which of the two
+    happened."""
+    say = step or (lambda message: None)
+    exporter = _layerdiff.choice("exporter", exporter)
+    entry = None
+    if cache:
+        entry = cache_folder() / "exports" / export_key(model, inputs, exporter, opset, dynamic)
+        kept = entry / "model.onnx"
+        if kept.is_file():
+            say(f"ONNX export ({exporter}): the same model's, kept from an earlier run")
+            with contextlib.suppress(OSError):
+                os.utime(entry)  # recently used
+            return _placed(kept, Path(path))
+    say(f"exporting to ONNX ({exporter})")
+    if entry is None:
+        return _export(model, inputs, Path(path), exporter, opset, dynamic)
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".partial-", dir=entry.parent))
+    except OSError:  # no cache folder to write to: the export goes where it was asked
+        return _export(model, inputs, Path(path), exporter, opset, dynamic)
+    try:
+        _export(model, inputs, staging / "model.onnx", exporter, opset, dynamic)
+        try:
+            staging.rename(entry)  # whole or not at all
+        except OSError:  # another run kept the same export meanwhile
+            pass
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    _evict(entry.parent, keep=entry)
+    return _placed(entry / "model.onnx", Path(path))
+
+
+def cache_folder() -> Path:
+    """Where layerdiff keeps what it can reuse: `LAYERDIFF_CACHE_DIR`, else the platform's
+    cache folder (`$XDG_CACHE_HOME/layerdiff`, `~/.cache/layerdiff`)."""
+    given = os.environ.get("LAYERDIFF_CACHE_DIR")
+    if given:
+        return Path(given)
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "layerdiff"
+    if os.name == "nt":
+        return Path(os.environ.get("LOCALAPPDATA", Path.home())) / "layerdiff" / "Cache"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "layerdiff"
+
+
+def export_key(model: nn.Module, inputs: tuple, exporter: str, opset, dynamic) -> str:
+    """A digest of everything that decides the exported file: the versions of PyTorch and the
+    exporter's packages, the exporter and its options, the source files of every class in the
+    model (and of a forward replaced on an instance), every parameter, buffer and tensor
+    attribute (name, dtype, shape, bytes), and the inputs (the same, so a traced branch that
+    depends on their values is keyed too)."""
+    digest = hashlib.sha256()
+
+    def add(*parts) -> None:
+        for part in parts:
+            digest.update(str(part).encode())
+            digest.update(b"\0")
+
+    def add_tensor(name: str, t: torch.Tensor) -> None:
+        t = t.detach()
+        add(name, t.dtype, tuple(t.shape), t.device.type)
+        if t.numel():
+            data = t.cpu().contiguous().reshape(-1).view(torch.uint8)
+            digest.update(memoryview(data.numpy()))
+
+    add(_KEY_VERSION, torch.__version__, _version("onnx"), _version("onnxscript"))
+    add(exporter, opset, dynamic)
+    sources: set[str] = set()
+    for module in model.modules():
+        for code in (type(module), vars(module).get("forward")):
+            with contextlib.suppress(TypeError, OSError):
+                if code is not None and (source := inspect.getsourcefile(code)):
+                    sources.add(source)
+    for source in sorted(sources):
+        add(source)
+        with contextlib.suppress(OSError):
+            digest.update(Path(source).read_bytes())
+    for name, module in model.named_modules(remove_duplicate=False):
+        for attribute, value in vars(module).items():
+            if attribute in ("_parameters", "_buffers"):
+                for own, t in value.items():
+                    if t is not None:
+                        add_tensor(f"{name}.{own}", t)
+            elif isinstance(value, torch.Tensor):
+                add_tensor(f"{name}.{attribute}", value)
+        add(name, type(module).__qualname__, module.training)
+    for i, t in enumerate(inputs):
+        if isinstance(t, torch.Tensor):
+            add_tensor(f"input {i}", t)
+        else:
+            add(f"input {i}", repr(t))
+    return digest.hexdigest()[:32]
+
+
+def _version(package: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "-"
+
+
+def _placed(kept: Path, path: Path) -> Path:
+    """The kept export at `path` (a hard link, else a copy); the kept file itself where it has
+    external data, whose file names it records."""
+    if any(p.name != "model.onnx" for p in kept.parent.iterdir()):
+        return kept
+    if path.resolve() == kept.resolve():
+        return kept
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    try:
+        os.link(kept, path)
+    except OSError:
+        shutil.copyfile(kept, path)
+    return path
+
+
+def _evict(folder: Path, keep: Path) -> None:
+    """Drops the least recently used exports while all of them take more than the cache's
+    size (`LAYERDIFF_CACHE_SIZE`, bytes); `keep` stays."""
+    limit = int(os.environ.get("LAYERDIFF_CACHE_SIZE", _CACHE_SIZE))
+    entries = []
+    for entry in folder.iterdir():
+        if entry.name.startswith(".") or not entry.is_dir():
+            continue
+        with contextlib.suppress(OSError):
+            size = sum(f.stat().st_size for f in entry.iterdir())
+            entries.append((entry.stat().st_mtime, size, entry))
+    total = sum(size for _, size, _ in entries)
+    for _, size, entry in sorted(entries, key=lambda e: e[0]):
+        if total <= limit:
+            break
+        if entry != keep:
+            shutil.rmtree(entry, ignore_errors=True)
+            total -= size
+
+
+def _export(model, inputs, path: Path, exporter: str, opset, dynamic) -> Path:
+    """`torch.onnx.export` to `path`, as `export_onnx` describes."""
     dynamic_shapes = dynamic_axes = input_names = None
     if dynamic is not None and any(dynamic):
         dynamic_shapes = tuple({d: torch.export.Dim.DYNAMIC for d in dims} for dims in dynamic)
@@ -34,7 +196,6 @@ def export_onnx(
             for name, dims in zip(input_names, dynamic, strict=True)
             if dims
         }
-    exporter = _layerdiff.choice("exporter", exporter)
     chatter = io.StringIO()
     try:
         with (

@@ -49,6 +49,7 @@ def compare_torch_onnx(
     options: _layerdiff.Options | None = None,
     dtype: str | None = None,
     keep_fp32: list[str] | tuple = (),
+    cache: bool = True,
 ) -> Report:
     """Compare a PyTorch model with its ONNX export under ONNX Runtime, layer by layer.
 
@@ -77,6 +78,10 @@ def compare_torch_onnx(
     checked by converting again with those layers' nodes kept and comparing once more;
     ``keep_fp32`` (layer names) keeps the given layers instead, and the report is then that of the
     model with them kept, checked against the one without.
+
+    The export is kept in the user's cache folder (``LAYERDIFF_CACHE_DIR``, else
+    ``~/.cache/layerdiff``) under a key of the weights, the model's code, the inputs and the
+    exporter: a second run of the same model reuses it; ``cache=False`` exports anew.
 
     ``options`` (an ``Options`` already parsed, as the command line makes) replaces
     ``tolerance``, ``local``, ``float64``, ``max_memory`` and ``target``.
@@ -113,8 +118,9 @@ def compare_torch_onnx(
             onnx_path = Path(onnx)
         else:
             folder.mkdir(parents=True, exist_ok=True)
-            step(f"exporting to ONNX ({exporter})")
-            onnx_path = export_onnx(model, inputs, folder / "model.onnx", exporter=exporter)
+            onnx_path = export_onnx(
+                model, inputs, folder / "model.onnx", exporter=exporter, cache=cache, step=step
+            )
             lap("ONNX export")
 
         compare = _FileComparison(
