@@ -144,6 +144,8 @@ class _Comparison:
         self.listed = None
         # Modules the target calls other layers inside than the reference: compared whole.
         self.diverging: list[str] = []
+        # The modules the last run took whole (those and the self-computing ones).
+        self.whole: frozenset = frozenset()
 
     def __call__(self, keep) -> Report:
         """The comparison; where the target cannot be followed call by call (a module with a
