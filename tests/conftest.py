@@ -3,7 +3,9 @@ built once per test session because export takes seconds."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -15,8 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).parent))
 
 # Exports the tests make are kept in a folder of this run's, never in the user's cache (and
-# the commands the tests run inherit it).
+# the commands the tests run inherit it); it goes when the run ends.
 os.environ["LAYERDIFF_CACHE_DIR"] = tempfile.mkdtemp(prefix="layerdiff-cache-")
+atexit.register(shutil.rmtree, os.environ["LAYERDIFF_CACHE_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
