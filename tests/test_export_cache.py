@@ -81,3 +81,17 @@ def test_the_command_reuses_the_export_and_no_cache_makes_it_anew(tmp_path):
     assert without_timings(tmp_path / "1.json") == without_timings(tmp_path / "2.json")
     assert (tmp_path / "2.json").read_bytes() != b""
     assert without_timings(tmp_path / "3.json") == without_timings(tmp_path / "1.json")
+
+
+def test_a_placed_export_edited_in_place_leaves_the_kept_one_alone(tmp_path, monkeypatch):
+    """`--out` gets a copy: a user who edits run/model.onnx in place (onnx.save over it) must not
+    change what the next run of the same model reuses."""
+    monkeypatch.setenv("LAYERDIFF_CACHE_DIR", str(tmp_path / "cache"))
+    model, inputs = _mlp()
+    placed = export_onnx(model, inputs, tmp_path / "out" / "model.onnx")
+    kept = next((tmp_path / "cache" / "exports").iterdir()) / "model.onnx"
+    before = kept.read_bytes()
+    with open(placed, "r+b") as f:  # in place, same inode
+        f.write(b"edited")
+    assert kept.read_bytes() == before
+    assert export_onnx(model, inputs, tmp_path / "x.onnx", copy=False) == kept

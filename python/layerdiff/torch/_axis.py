@@ -86,7 +86,7 @@ def compare_along(
             try:
                 path = export_onnx(
                     model, given[largest], folder / "model.onnx", exporter=exporter, dynamic=dims,
-                    cache=cache,
+                    cache=cache, copy=workdir is not None,
                 )  # fmt: skip
                 files = [path] * len(at)
             except _layerdiff.ModelError as e:
@@ -105,6 +105,7 @@ def compare_along(
                             folder / f"model-{slug(axis, label)}.onnx",
                             exporter=exporter,
                             cache=cache,
+                            copy=workdir is not None,
                         )  # fmt: skip
                     )
         reports = []

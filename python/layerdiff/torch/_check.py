@@ -37,7 +37,7 @@ def run_command(command, progress) -> int:
         else:
             path = export_onnx(
                 model, inputs, Path(work) / "model.onnx", exporter=command.exporter,
-                cache=command.cache, step=progress,
+                cache=command.cache, step=progress, copy=False,
             )  # fmt: skip
         names = [name for name, _, _ in _layerdiff.model_inputs(path)]
         if len(names) != len(inputs):

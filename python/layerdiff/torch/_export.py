@@ -38,13 +38,15 @@ def export_onnx(
     dynamic: list[list[int]] | None = None,
     cache: bool = True,
     step=None,
+    copy: bool = True,
 ) -> Path:
     """Exports with ``torch.onnx.export`` to ``path``; the exporter's chatter (the legacy one
     prints whole graphs when it fails) is kept back, and its last lines go in the error when it
     fails. ``dynamic``: for each input, the dimensions exported dynamic (a batch or shape
     axis). With ``cache`` an export of the very same model, inputs and options made before is
-    reused (see `cache_folder`); the path returned is then ``path`` (linked or copied there),
-    or the kept file itself where it has external data. ``step`` hears which of the two
+    reused (see `cache_folder`); the path returned is then ``path`` (a copy: a file the user
+    edits in place must not change the kept one), or the kept file itself where it has external
+    data or where ``copy`` is False (the caller only reads it). ``step`` hears which of the two
     happened."""
     say = step or (lambda message: None)
     exporter = _layerdiff.choice("exporter", exporter)
@@ -56,7 +58,7 @@ def export_onnx(
             say(f"ONNX export ({exporter}): the same model's, kept from an earlier run")
             with contextlib.suppress(OSError):
                 os.utime(entry)  # recently used
-            return _placed(kept, Path(path))
+            return _placed(kept, Path(path)) if copy else kept
     say(f"exporting to ONNX ({exporter})")
     if entry is None:
         return _export(model, inputs, Path(path), exporter, opset, dynamic)
@@ -74,7 +76,7 @@ def export_onnx(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     _evict(entry.parent, keep=entry)
-    return _placed(entry / "model.onnx", Path(path))
+    return _placed(entry / "model.onnx", Path(path)) if copy else entry / "model.onnx"
 
 
 def cache_folder() -> Path:
@@ -149,26 +151,21 @@ def _version(package: str) -> str:
 
 
 def _placed(kept: Path, path: Path) -> Path:
-    """The kept export at `path` (a hard link, else a copy); the kept file itself where it has
-    external data, whose file names it records."""
+    """A copy of the kept export at `path`; the kept file itself where it has external data,
+    whose file names it records."""
     if any(p.name != "model.onnx" for p in kept.parent.iterdir()):
         return kept
     if path.resolve() == kept.resolve():
         return kept
     path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-    try:
-        os.link(kept, path)
-    except OSError:
-        shutil.copyfile(kept, path)
+    shutil.copyfile(kept, path)
     return path
 
 
 def _evict(folder: Path, keep: Path) -> None:
     """Drops the least recently used exports while all of them take more than the cache's
     size (`LAYERDIFF_CACHE_SIZE`, bytes); `keep` stays."""
-    limit = int(os.environ.get("LAYERDIFF_CACHE_SIZE", _CACHE_SIZE))
+    limit = _size(os.environ.get("LAYERDIFF_CACHE_SIZE", str(_CACHE_SIZE)))
     entries = []
     for entry in folder.iterdir():
         if entry.name.startswith(".") or not entry.is_dir():
@@ -183,6 +180,20 @@ def _evict(folder: Path, keep: Path) -> None:
         if entry != keep:
             shutil.rmtree(entry, ignore_errors=True)
             total -= size
+
+
+def _size(text: str) -> int:
+    """`LAYERDIFF_CACHE_SIZE` in bytes: a number, or one with K, M, G or T (powers of 1024)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    spelled = text.strip().upper().removesuffix("B").removesuffix("I")
+    try:
+        if spelled[-1:] in units:
+            return int(float(spelled[:-1]) * units[spelled[-1]])
+        return int(spelled)
+    except ValueError:
+        raise _layerdiff.UsageError(
+            f"LAYERDIFF_CACHE_SIZE is `{text}`: give a size in bytes, or with K, M, G or T"
+        ) from None
 
 
 def _export(model, inputs, path: Path, exporter: str, opset, dynamic) -> Path:

@@ -119,8 +119,9 @@ def compare_torch_onnx(
         else:
             folder.mkdir(parents=True, exist_ok=True)
             onnx_path = export_onnx(
-                model, inputs, folder / "model.onnx", exporter=exporter, cache=cache, step=step
-            )
+                model, inputs, folder / "model.onnx", exporter=exporter, cache=cache, step=step,
+                copy=workdir is not None,  # a folder of the user's gets its own file
+            )  # fmt: skip
             lap("ONNX export")
 
         compare = _FileComparison(
