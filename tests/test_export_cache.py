@@ -95,3 +95,17 @@ def test_a_placed_export_edited_in_place_leaves_the_kept_one_alone(tmp_path, mon
         f.write(b"edited")
     assert kept.read_bytes() == before
     assert export_onnx(model, inputs, tmp_path / "x.onnx", copy=False) == kept
+
+
+def test_a_model_whose_tensors_cannot_be_keyed_is_exported_every_time(tmp_path, monkeypatch):
+    """A tensor whose bytes cannot be read as one block (a sparse one) leaves the model without
+    a key: it is exported, never reused and never an error."""
+    monkeypatch.setenv("LAYERDIFF_CACHE_DIR", str(tmp_path / "cache"))
+    model, inputs = _mlp()
+    model.odd = torch.ones(3).to_sparse()  # a tensor attribute, never read by forward
+    with pytest.raises(Exception):  # noqa: B017 (what reading its bytes raises is torch's)
+        export_key(model, inputs, "dynamo", None, None)
+    heard = []
+    path = export_onnx(model, inputs, tmp_path / "m.onnx", step=heard.append)
+    assert path.is_file() and heard == ["exporting to ONNX (dynamo)"]
+    assert not (tmp_path / "cache" / "exports").exists()

@@ -52,9 +52,13 @@ def export_onnx(
     exporter = _layerdiff.choice("exporter", exporter)
     entry = None
     if cache:
-        entry = cache_folder() / "exports" / export_key(model, inputs, exporter, opset, dynamic)
-        kept = entry / "model.onnx"
-        if kept.is_file():
+        try:
+            key = export_key(model, inputs, exporter, opset, dynamic)
+        except Exception:  # a tensor whose bytes cannot be read (quantized, sparse): no key
+            key = None
+        entry = cache_folder() / "exports" / key if key else None
+        kept = entry / "model.onnx" if entry else None
+        if kept is not None and kept.is_file():
             say(f"ONNX export ({exporter}): the same model's, kept from an earlier run")
             with contextlib.suppress(OSError):
                 os.utime(entry)  # recently used
