@@ -25,6 +25,7 @@ from torch import nn
 
 from layerdiff.torch._capture import _first_tensor
 from layerdiff.torch._lockstep import Lockstep, _Stopped
+from layerdiff.torch._widened import widened_copy
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 _WIDTH = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24, torch.float64: 53}
@@ -84,6 +85,15 @@ def exact_call(module: nn.Module | None, func, args, kwargs, held, dtype: torch.
     return None if out is None else out.to(torch.float64)
 
 
+def _rounded_weight(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """A weight in float64, its values rounded to `dtype` (float16, bfloat16) first, where it
+    keeps its device (a float64 copy holds float16 values, as `round_weights` makes them)."""
+    t = t.detach()
+    if dtype is not None and dtype not in (torch.float32, torch.float64):
+        t = t.to(dtype)
+    return t.to(torch.float64)
+
+
 def round_weights(model: nn.Module, dtype: torch.dtype | None) -> None:
     """Rounds `model`'s floating-point parameters and buffers to `dtype` in place (they keep
     their own dtype: a float64 copy holds float16 values)."""
@@ -118,14 +128,16 @@ class Replay(Lockstep):
 
     ``compared``: per layer, whether it is compared and the dtype name the target holds it in."""
 
-    def __init__(self, model, inputs, compared, precision, whole=frozenset()):
+    def __init__(self, model, inputs, compared, precision, whole=frozenset(), reads_outside=()):
         self.back: queue.Queue = queue.Queue(maxsize=1)
         self.compared = compared
         self.precision = precision
 
         def rounded_copy(model, inputs):
-            copied = copy.deepcopy(model).to(torch.float64)
-            round_weights(copied, precision)
+            # each module's weights made in float64, rounded to `precision`, only while it runs
+            copied = widened_copy(
+                model, lambda t: _rounded_weight(t, precision), whole, reads_outside
+            )
             return copied, tuple(rounded(t, precision) for t in inputs)
 
         super().__init__(model, inputs, rounded_copy, running=no_autocast, whole=whole)

@@ -53,6 +53,10 @@ class Capture:
     # Modules with submodules that were called while none of their submodules was: they
     # compute everything themselves (nn.MultiheadAttention reads its out_proj's weight).
     self_computing: list[str] = field(default_factory=list)
+    # Modules whose own code reads a parameter or buffer of a module not running (a submodule
+    # it does not call, or one elsewhere in the model): a copy that holds each module's
+    # weights only while it runs must hold theirs for all their submodules (listing pass only).
+    reads_outside: list[str] = field(default_factory=list)
 
 
 def leaf_modules(model: nn.Module, whole=frozenset()) -> list[tuple[str, nn.Module]]:
@@ -178,9 +182,33 @@ class _FunctionalCalls(TorchFunctionMode):
         super().__init__()
         self.stack, self.leaves, self.record, self.rerun = stack, leaves, record, rerun
         self.filing = filing
+        # id of each parameter and buffer → the modules that hold it directly, and the modules
+        # seen reading one none of whose holders runs (see `Capture.reads_outside`)
+        self.holders: dict[int, list[str]] = {}
+        self.reads_outside: list[str] = []
+
+    def _check_reads(self, args, kwargs) -> None:
+        """Notes the running module when it reads a weight whose holder is not running (nor
+        inside a running leaf, which holds all its submodules' weights)."""
+        if not self.stack:
+            return
+        for t in _tensors((args, kwargs), 3):
+            holders = self.holders.get(id(t))
+            if holders is None:
+                continue
+            running = [path for path, _ in self.stack]
+            inside = [path for path, module in self.stack if module in self.leaves]
+            held = any(
+                h in running or any(h.startswith(f"{w}.") or not w for w in inside) for h in holders
+            )
+            reader = self.stack[-1][0]
+            if not held and reader not in self.reads_outside:
+                self.reads_outside.append(reader)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         owner = self.stack[-1] if self.stack else None
+        if self.filing is not None and self.holders:
+            self._check_reads(args, kwargs or {})
         op = functional_op(func)
         # not inside a leaf (a module taken whole runs its submodules' code inside it)
         wanted = (
@@ -358,6 +386,11 @@ def capture(
     handles += [m.register_forward_hook(leave) for m in paths]
     try:
         mode = _FunctionalCalls(running, leaves, function, filing, rerun_call)
+        if filing is not None:
+            for module, path in paths.items():
+                own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+                for t in own:
+                    mode.holders.setdefault(id(t), []).append(path)
         with contextlib.nullcontext() if grad else torch.no_grad(), mode:
             result.output = model(*inputs)
         needed = filing.upstream(result.output) if filing is not None else set()
@@ -366,6 +399,7 @@ def capture(
     finally:
         for h in handles:
             h.remove()
+    result.reads_outside = list(mode.reads_outside)
     result.self_computing = [
         n
         for n, m in model.named_modules()

@@ -10,7 +10,6 @@ and says why (``error``).
 from __future__ import annotations
 
 import contextlib
-import copy
 import queue
 import threading
 from collections.abc import Callable
@@ -24,10 +23,21 @@ from layerdiff.torch._capture import capture
 Transform = Callable[[nn.Module, tuple], tuple[nn.Module, tuple]]
 
 
-def float64(model: nn.Module, inputs: tuple) -> tuple[nn.Module, tuple]:
-    """The model and its floating-point inputs in float64: the numerical truth."""
+def float64(
+    model: nn.Module, inputs: tuple, whole=frozenset(), reads_outside=()
+) -> tuple[nn.Module, tuple]:
+    """The model and its floating-point inputs in float64: the numerical truth. The model is a
+    copy that holds each module's float64 weights only while it runs
+    (`layerdiff.torch._widened`); ``whole`` and ``reads_outside`` (from the listing pass) name
+    the modules that hold their submodules' weights too."""
+    from layerdiff.torch._widened import widened_copy
+
     wide = tuple(t.double() if t.is_floating_point() else t for t in inputs)
-    return copy.deepcopy(model).double(), wide
+    return widened_copy(model, _to_float64, whole, reads_outside), wide
+
+
+def _to_float64(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().double()
 
 
 class Lockstep:

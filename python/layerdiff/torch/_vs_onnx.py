@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -19,6 +20,7 @@ from layerdiff.torch._baseline import Replay, model_precision
 from layerdiff.torch._capture import capture
 from layerdiff.torch._export import export_onnx
 from layerdiff.torch._lockstep import Lockstep
+from layerdiff.torch._lockstep import float64 as float64_copy
 from layerdiff.torch._running import (
     as_input_tuple,
     layer_parameters,
@@ -107,7 +109,8 @@ def compare_torch_onnx(
     eval_note = to_eval(model)
 
     step("listing PyTorch layers")
-    listed = run_model(inputs, lambda: capture(model, inputs, fingerprints=True)).layers
+    listing = run_model(inputs, lambda: capture(model, inputs, fingerprints=True))
+    listed = listing.layers
     lap("listing PyTorch layers")
 
     with contextlib.ExitStack() as stack:
@@ -127,7 +130,7 @@ def compare_torch_onnx(
         compare = _FileComparison(
             model, inputs, listed, options, name or type(model).__name__, seed,
             phases if timings is not False else None, clone, progress, step,
-            exported=onnx is None,
+            exported=onnx is None, reads_outside=listing.reads_outside,
         )  # fmt: skip
         if dtype is None:
             return compare(onnx_path, notes=[eval_note])
@@ -161,11 +164,12 @@ class _FileComparison:
 
     def __init__(
         self, model, inputs, listed, options, name, seed, phases, clone, progress, step,
-        exported: bool,
+        exported: bool, reads_outside=(),
     ):  # fmt: skip
         self.model, self.inputs, self.listed, self.options = model, inputs, listed, options
         self.name, self.seed, self.phases, self.clone = name, seed, phases, clone
         self.progress, self.step, self.exported = progress, step, exported
+        self.reads_outside = reads_outside
 
     def __call__(self, onnx_path: Path, *, note: str | None = None, notes=()) -> Report:
         model, inputs, listed, options = self.model, self.inputs, self.listed, self.options
@@ -206,7 +210,7 @@ class _FileComparison:
         _stream(
             model, inputs, run, listed, float64=options.float64, clone=self.clone,
             baseline=options.float64 and options.local,
-            ticker=progress_line(self.progress, len(listed)),
+            ticker=progress_line(self.progress, len(listed)), reads_outside=self.reads_outside,
         )  # fmt: skip
         needed = run.conclude()
         native = run.finish(layer_parameters(model, listed, needed))
@@ -233,18 +237,21 @@ def _float64_inputs(model, inputs) -> list[str]:
 
 def _stream(
     model, inputs, run, listed, *, float64: bool, clone: bool, baseline: bool = False,
-    ticker=None,
+    ticker=None, reads_outside=(),
 ) -> None:  # fmt: skip
     """The second forward pass: each layer's value goes to the run as its hook fires, with the
     float64 run's value of the same layer and, with ``baseline``, the layer in float64 on the
     reference's values rounded as the target holds them (`layerdiff.torch._baseline.Replay`).
     ``clone=False`` instead hands the outputs over after the pass, by reference: it exists only
     so a test can show what in-place ops (``ReLU(inplace=True)``) then do to them."""
-    truth = Lockstep(model, inputs) if float64 else None
+    truth = None
+    if float64:
+        truth = Lockstep(model, inputs, partial(float64_copy, reads_outside=reads_outside))
     replay = None
     if baseline:
         compared = run.compared_dtypes
-        replay = Replay(model, inputs, compared, model_precision(compared))
+        precision = model_precision(compared)
+        replay = Replay(model, inputs, compared, precision, reads_outside=reads_outside)
     late: list = []
 
     def on_layer(index, layer, out, _local):

@@ -12,6 +12,7 @@ Rust engine, which compares, judges and explains as for any two sides.
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import torch
 
@@ -20,7 +21,7 @@ from layerdiff.report import Report
 from layerdiff.tensors import dtype_name, flat
 from layerdiff.torch import _baseline
 from layerdiff.torch._capture import _first_tensor, capture, leaf_modules
-from layerdiff.torch._lockstep import Lockstep
+from layerdiff.torch._lockstep import Lockstep, float64
 from layerdiff.torch._running import (
     as_input_tuple,
     layer_parameters,
@@ -208,6 +209,7 @@ class _Comparison:
                 if whole:
                     listing = capture(ref_model, ref_inputs, whole=whole)
             listed = self.listed = listing.layers
+            reads_outside = listing.reads_outside
             lap("listing PyTorch layers")
 
             given = [flat(f"input_{i}", t) for i, t in enumerate(inputs)]
@@ -230,6 +232,7 @@ class _Comparison:
             target_model = _stream(
                 model, inputs, ref_model, ref_inputs, run, listed, ref_side, tgt_side, options,
                 whole, keep, ticker=progress_line(self.progress, len(listed)),
+                reads_outside=reads_outside,
             )  # fmt: skip
             needed = run.conclude()
             native = run.finish(
@@ -281,7 +284,7 @@ def _compiled_whole(model, inputs, side: TorchSide, runs: int = 5) -> str:
 
 def _stream(
     model, inputs, ref_model, ref_inputs, run, listed, ref_side, tgt_side, options, whole, keep,
-    ticker=None,
+    ticker=None, reads_outside=(),
 ):  # fmt: skip
     """The forward pass that compares: each reference layer goes to the run with the target's
     value of it, its local re-run and the float64 value (``keep``: modules of the target left in
@@ -294,7 +297,10 @@ def _stream(
         return copied, given
 
     target = Lockstep(model, inputs, prepare, running=tgt_side.running, whole=whole)
-    truth = Lockstep(model, inputs, whole=whole) if options.float64 else None
+    truth = None
+    if options.float64:
+        wide = partial(float64, whole=whole, reads_outside=reads_outside)
+        truth = Lockstep(model, inputs, wide, whole=whole)
     if target.model is None:
         raise _layerdiff.InputError(f"the target `{tgt_side.spelling}` {target.error}")
     modules = dict(leaf_modules(target.model, whole))
