@@ -11,10 +11,9 @@ import pytest
 from conftest import ROOT
 
 torch = pytest.importorskip("torch")
-from torch import nn  # noqa: E402
-
 from layerdiff.torch._capture import _first_tensor, capture  # noqa: E402
 from layerdiff.torch._widened import widened_copy  # noqa: E402
+from torch import nn  # noqa: E402
 
 
 class Tied(nn.Module):
