@@ -307,3 +307,27 @@ def test_an_edited_attribute_fused_away_is_named_as_the_attribute(encoder_onnx, 
     assert "report it to the runtime" not in defect["fix"]
     layer = next(la for la in data["layers"] if la["name"] == norm.output[0])
     assert layer["inside"]["attributes"] == [changed]
+
+
+def test_an_attribute_found_inside_a_fusion_beside_a_changed_weight_leaves_the_weight_the_cause(
+    encoder_onnx, tmp_path
+):
+    """The first norm's epsilon and its weight both edited, at opt=all: the weight stays the
+    cause and its fix; the attribute the narrowing found is said after it, never in its place."""
+    from onnx import numpy_helper
+
+    model = onnx.load(str(encoder_onnx))
+    norm = next(n for n in model.graph.node if n.op_type == "LayerNormalization")
+    next(a for a in norm.attribute if a.name == "epsilon").f = 0.5
+    gamma = next(i for i in model.graph.initializer if i.name == norm.input[1])
+    gamma.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(gamma) * 1.3, gamma.name))
+    onnx.save(model, str(tmp_path / "edited.onnx"))
+    report = tmp_path / "r.json"
+    done = run_cli("onnx", str(encoder_onnx), "--vs", str(tmp_path / "edited.onnx"),
+                   "--target", "ort:opt=all", "--json", str(report))  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    (defect,) = json.loads(report.read_text())["summary"]["defects"]
+    assert defect["layer"] == norm.output[0] and defect["cause"] == "weight_mismatch"
+    assert defect["detail"].startswith(f"`{norm.input[1]}` differs")
+    assert f"an attribute differs: `epsilon` 1e-5 → 0.5 on `{norm.name}`" in defect["detail"]
+    assert defect["fix"].startswith("use the reference's weights")

@@ -229,7 +229,8 @@ def _reduce(plan: dict) -> int:
         with tempfile.TemporaryDirectory() as workdir:
             report = lt.compare_torch_onnx(
                 model, inputs, onnx=command.onnx, exporter=command.exporter, workdir=workdir,
-                progress=progress, dtype=command.dtype, keep_fp32=command.keep_fp32, **common,
+                progress=progress, dtype=command.dtype, keep_fp32=command.keep_fp32,
+                cache=command.cache, **common,
             )  # fmt: skip
             sentence = _onnx_repro(model, inputs, report, command, plan["folder"], plan["text"])
     if not quiet:

@@ -121,32 +121,56 @@ impl Timing {
     }
 }
 
+/// `detail` with a narrowing's `attributes` (in place of it with `replace`, else after it) and
+/// its `sentence`.
+fn told(detail: &mut String, attributes: Option<&str>, replace: bool, sentence: &str) {
+    match attributes {
+        Some(changed) if replace => {
+            detail.clear();
+            then(detail, changed);
+        }
+        Some(changed) => then(detail, changed),
+        None => {}
+    }
+    then(detail, sentence);
+}
+
+/// `text` after `detail`, separated by a semicolon.
+fn then(detail: &mut String, text: &str) {
+    if !detail.is_empty() {
+        detail.push_str("; ");
+    }
+    detail.push_str(text);
+}
+
 impl Report {
     /// Says where inside a fusion `layer`'s difference is born: on the layer, and in its words
     /// and its defect's.
-    /// Where the node it was narrowed to has other attributes than the reference's, that is
-    /// the cause, in front, and the fix is the attribute rather than the kernel.
+    ///
+    /// Where the node it was narrowed to has other attributes than the reference's and the
+    /// cause was the kernel (`op_implementation`), the attribute is the cause, in front, and the
+    /// fix is the attribute rather than the kernel; beside another cause (a weight that differs
+    /// too) it is said after that cause, which stays.
     pub fn narrowed(&mut self, layer: &str, inside: Inside) {
         let sentence = inside.sentence();
-        let changed = (!inside.attributes.is_empty())
+        let attributes = (!inside.attributes.is_empty())
             .then(|| format!("an attribute differs: {}", inside.attributes.join(", ")));
-        let extend = |detail: &mut String| {
-            if let Some(changed) = &changed {
-                *detail = changed.clone();
-            }
-            if !detail.is_empty() {
-                detail.push_str("; ");
-            }
-            detail.push_str(&sentence);
-        };
+        let kernel = |cause: Option<&str>| cause == Some("op_implementation");
         if let Some(l) = self.layers.iter_mut().find(|l| l.name == layer) {
-            extend(l.detail.get_or_insert_with(String::new));
+            let replace = kernel(l.cause.as_deref());
+            let detail = l.detail.get_or_insert_with(String::new);
+            told(detail, attributes.as_deref(), replace, &sentence);
             l.inside = Some(inside.clone());
         }
         for defect in self.summary.defects.iter_mut().filter(|d| d.layer == layer) {
-            extend(&mut defect.detail);
-            if changed.is_some() {
-                defect.cause = "op_implementation".to_string();
+            let replace = kernel(Some(&defect.cause));
+            told(
+                &mut defect.detail,
+                attributes.as_deref(),
+                replace,
+                &sentence,
+            );
+            if replace && attributes.is_some() {
                 defect.fix = format!(
                     "give `{}` the reference's attribute values back (reference → target: {}); the runtime computes the node as the file says",
                     inside.node,

@@ -51,7 +51,7 @@ class Lockstep:
         self,
         model: nn.Module,
         inputs: tuple,
-        transform: Transform = float64,
+        transform: Transform,
         running=contextlib.nullcontext,
         whole=frozenset(),
     ):

@@ -5,7 +5,6 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use layerdiff_core::{Inside, Report, Tensor};
-use layerdiff_onnx::{GraphIndex, Model};
 
 use super::pieces::Pieces;
 use super::{MOST_NODES, headline};
@@ -37,10 +36,8 @@ pub fn inside_fusion(
     if report.target_graph.is_none() || fused.is_empty() {
         return Ok(None);
     }
-    let target_index = match &options.vs {
-        Some(path) => GraphIndex::new(Model::load(path)?.graph()),
-        None => GraphIndex::new(Model::load(&options.model)?.graph()),
-    };
+    let mut pieces = Pieces::new(options, inputs, ort_library)?;
+    let target_index = pieces.index();
     let compared: HashSet<&str> = report
         .layers
         .iter()
@@ -55,7 +52,6 @@ pub fn inside_fusion(
     if group.nodes.len() < 2 || group.nodes.len() > MOST_NODES * 4 {
         return Ok(None);
     }
-    let mut pieces = Pieces::new(options, inputs, ort_library)?;
     pieces.compute_reference(&group.nodes)?;
     let mut agree = Vec::new();
     for &n in &group.nodes {
