@@ -46,7 +46,7 @@ pub fn inside_fusion(
         .collect();
     let known =
         |v: &str| compared.contains(v) || target_index.graph_inputs().iter().any(|i| i == v);
-    let Ok(group) = layerdiff_onnx::local_group(&target_index, &layer.name, &known) else {
+    let Ok(group) = layerdiff_onnx::local_group(target_index, &layer.name, &known) else {
         return Ok(None);
     };
     if group.nodes.len() < 2 || group.nodes.len() > MOST_NODES * 4 {
