@@ -36,10 +36,6 @@ def _within(reference, got, bound) -> bool:
     return bool((diff <= bound["atol"] + bound["rtol"] * reference.abs()).all())
 
 
-def _layer(report, name):
-    return next(layer for layer in report.layers if layer["name"] == name)
-
-
 def compile_stage(model, inputs, report, tgt_side, step):
     """The report with the torch.compile stage (and Inductor subsystem) that turns its headline
     on, or with a note saying why there is none."""
@@ -51,7 +47,7 @@ def compile_stage(model, inputs, report, tgt_side, step):
     eager_side = type(tgt_side)(tgt_side.spelling, tgt_side.device, tgt_side.precision, None)
     args, kwargs, _ = _call_inputs(model, inputs, path, call, eager_side)
     module = model.get_submodule(path)
-    bound = _layer(report, name)["tolerance"]
+    bound = report.layer(name)["tolerance"]
     dtype = _CAST.get(tgt_side.precision)
 
     def convert(t):
