@@ -231,3 +231,19 @@ def test_a_zoo_encoder_decoder_runs_through_both_exporters_without_false_drift(t
         summary = json.loads((out / "report.json").read_text())["summary"]
         assert summary["drift_origin"] is None
         assert summary["layers_compared"] >= 100
+
+
+def test_the_runtime_runs_the_whole_graph_before_the_layers_are_captured(resnet18, tmp_path):
+    """Memory: a target that runs the whole graph runs it first, so the runtime's copy of the
+    model is gone before PyTorch's layers (and their float64 values) are held; in segments, each
+    segment runs once PyTorch has produced its layers. The numbers are the same either way."""
+    model, inputs, _ = resnet18
+    order = {}
+    reports = {}
+    for budget in (None, "2M"):
+        report = compare_torch_onnx(model, inputs, max_memory=budget, timings=True)
+        phases = [t["phase"] for t in report.data["timings"]]
+        order[budget] = phases.index("target run") < phases.index("capturing PyTorch layers")
+        reports[budget] = [(x["name"], x["accumulated"], x["local"]) for x in report.layers]
+    assert order == {None: True, "2M": False}
+    assert reports[None] == reports["2M"]

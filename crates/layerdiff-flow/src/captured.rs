@@ -224,6 +224,7 @@ impl CapturedRun {
         run.engine
             .clock
             .lap("mapping layers and planning the run", OWN);
+        run.engine.run_target_ahead()?;
         Ok(run)
     }
 

@@ -114,6 +114,8 @@ pub struct Engine<R: Side, T: Side, F: Side = Box<dyn Side>> {
     groups: Vec<Option<std::result::Result<Group, String>>>,
     plan: Plan,
     done: usize,
+    /// The target already ran the first segment (see [`Engine::run_target_ahead`]).
+    target_ahead: bool,
     evidence: Vec<Evidence>,
     summary: Option<Summary>,
     /// Why the float64 truth stopped, when it could not run.
@@ -247,6 +249,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             groups,
             plan,
             done: 0,
+            target_ahead: false,
             evidence: vec![Evidence::default(); n],
             summary: None,
             truth_lost: None,
@@ -263,6 +266,26 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
     /// How the run is split.
     pub fn segmentation(&self) -> Segmentation {
         self.plan.segmentation()
+    }
+
+    /// A target that computes the whole graph from the inputs alone runs it now, before the
+    /// reference hands over any value: the runtime's copy of the model is gone again before
+    /// the reference's values (and their float64 truth) are held, so the two never take memory
+    /// at once. Nothing else changes: the values are the same whenever it runs.
+    pub fn run_target_ahead(&mut self) -> Result<()> {
+        let [whole] = self.plan.segments.as_slice() else {
+            return Ok(());
+        };
+        // a side that computes has its values whenever asked; a pushed one does not yet
+        if self.done > 0 || self.target_ahead || !self.target.has_layers(whole.layers.end) {
+            return Ok(());
+        }
+        let part = whole.target.clone();
+        crate::memory::give_back_freed();
+        self.target
+            .produce(&part, true, &mut self.clock, "target run")?;
+        self.target_ahead = true;
+        Ok(())
     }
 
     /// Runs every segment whose values all sides have (all of them, when every side computes).

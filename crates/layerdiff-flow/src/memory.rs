@@ -130,6 +130,22 @@ impl Segmentation {
     }
 }
 
+/// Hands the heap memory freed so far back to the system. glibc keeps freed memory for reuse
+/// (more so across threads' arenas), so a process that is about to take a big new block (a
+/// runtime's copy of the model) would otherwise hold both. Elsewhere, nothing to do.
+pub fn give_back_freed() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        unsafe extern "C" {
+            fn malloc_trim(pad: usize) -> i32;
+        }
+        // SAFETY: malloc_trim only returns free pages of glibc's own heaps to the system.
+        unsafe {
+            malloc_trim(0);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

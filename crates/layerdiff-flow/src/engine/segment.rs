@@ -12,8 +12,10 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         let clock = &mut self.clock;
         self.reference
             .produce(&segment.reference, whole, clock, "reference run")?;
-        self.target
-            .produce(&segment.target, whole, clock, "target run")?;
+        if !std::mem::take(&mut self.target_ahead) {
+            self.target
+                .produce(&segment.target, whole, clock, "target run")?;
+        }
         // The truth computes the reference's part, in float64 (or was handed it over); a truth
         // that cannot run leaves the comparison without it, and says so.
         if let Some(truth) = self.truth.as_mut()
