@@ -150,6 +150,35 @@ def test_a_weight_fault_is_found_from_pytorch_in_segments(decoder_onnx, tmp_path
     assert result.returncode == 1
 
 
+def test_a_model_with_its_weights_beside_it_is_exported_cut_and_compared(tmp_path):
+    """Models past ONNX's 2 GB keep their weights in a file beside the model: such an export (a
+    small decoder forced to it) is compared from PyTorch, whole and in segments, with the same
+    numbers as the export with its weights inline; and against that export, layer by layer."""
+    import torch
+    from builders import decoder
+    from layerdiff.torch import export_onnx
+
+    torch.manual_seed(0)
+    model, inputs = decoder.build()
+    outside = export_onnx(
+        model.eval(), inputs, tmp_path / "outside" / "model.onnx", external_data=True
+    )
+    weights = outside.parent / "model.onnx.data"
+    assert weights.stat().st_size > 5 * outside.stat().st_size, "the weights are beside it"
+    inline = export_onnx(model, inputs, tmp_path / "inline" / "model.onnx", external_data=False)
+    assert not (inline.parent / "model.onnx.data").exists()
+
+    _, beside = torch_both_ways(tmp_path, outside)
+    _, within = torch_both_ways(tmp_path, inline)
+    numbers = lambda r: [(x["name"], x["accumulated"], x["local"]) for x in r["layers"]]  # noqa: E731
+    assert numbers(beside) == numbers(within)
+    assert beside["summary"]["verdict"] == "no_drift"
+
+    _, report = both_ways(tmp_path, outside, "--vs", str(inline))
+    assert report["summary"]["layers_compared"] > 50
+    assert report["summary"]["worst"]["max_abs_diff"]["value"] == 0, "the very same computation"
+
+
 def test_float16_on_the_cpu_provider_in_segments_says_it_may_round_otherwise(tmp_path):
     """ONNX Runtime's CPU provider computes float16 nodes it has no float16 kernel for in
     float32, with casts it places for each graph it is given: a segment may round a value

@@ -39,6 +39,7 @@ def export_onnx(
     cache: bool = True,
     step=None,
     copy: bool = True,
+    external_data: bool | None = None,
 ) -> Path:
     """Exports with ``torch.onnx.export`` to ``path``; the exporter's chatter (the legacy one
     prints whole graphs when it fails) is kept back, and its last lines go in the error when it
@@ -47,13 +48,14 @@ def export_onnx(
     reused (see `cache_folder`); the path returned is then ``path`` (a copy: a file the user
     edits in place must not change the kept one), or the kept file itself where it has external
     data or where ``copy`` is False (the caller only reads it). ``step`` hears which of the two
-    happened."""
+    happened. ``external_data``: the weights go to a file beside the model (``model.onnx.data``)
+    when True, inline when False; by default only past ONNX's 2 GB limit."""
     say = step or (lambda message: None)
     exporter = _layerdiff.choice("exporter", exporter)
     entry = None
     if cache:
         try:
-            key = export_key(model, inputs, exporter, opset, dynamic)
+            key = export_key(model, inputs, exporter, opset, dynamic, external_data)
         except Exception:  # a tensor whose bytes cannot be read (quantized, sparse): no key
             key = None
         entry = cache_folder() / "exports" / key if key else None
@@ -65,14 +67,14 @@ def export_onnx(
             return _placed(kept, Path(path)) if copy else kept
     say(f"exporting to ONNX ({exporter})")
     if entry is None:
-        return _export(model, inputs, Path(path), exporter, opset, dynamic)
+        return _export(model, inputs, Path(path), exporter, opset, dynamic, external_data)
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".partial-", dir=entry.parent))
     except OSError:  # no cache folder to write to: the export goes where it was asked
-        return _export(model, inputs, Path(path), exporter, opset, dynamic)
+        return _export(model, inputs, Path(path), exporter, opset, dynamic, external_data)
     try:
-        _export(model, inputs, staging / "model.onnx", exporter, opset, dynamic)
+        _export(model, inputs, staging / "model.onnx", exporter, opset, dynamic, external_data)
         try:
             staging.rename(entry)  # whole or not at all
         except OSError:  # another run kept the same export meanwhile
@@ -96,7 +98,9 @@ def cache_folder() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "layerdiff"
 
 
-def export_key(model: nn.Module, inputs: tuple, exporter: str, opset, dynamic) -> str:
+def export_key(
+    model: nn.Module, inputs: tuple, exporter: str, opset, dynamic, external_data=None
+) -> str:
     """A digest of everything that decides the exported file: the versions of PyTorch and the
     exporter's packages, the exporter and its options, the source files of every class in the
     model (and of a forward replaced on an instance), every parameter, buffer and tensor
@@ -118,6 +122,8 @@ def export_key(model: nn.Module, inputs: tuple, exporter: str, opset, dynamic) -
 
     add(_KEY_VERSION, torch.__version__, _version("onnx"), _version("onnxscript"))
     add(exporter, opset, dynamic)
+    if external_data is not None:  # keys made before the option stay the same
+        add("external_data", external_data)
     sources: set[str] = set()
     for module in model.modules():
         for code in (type(module), vars(module).get("forward")):
@@ -200,7 +206,7 @@ def _size(text: str) -> int:
         ) from None
 
 
-def _export(model, inputs, path: Path, exporter: str, opset, dynamic) -> Path:
+def _export(model, inputs, path: Path, exporter: str, opset, dynamic, external_data=None) -> Path:
     """`torch.onnx.export` to `path`, as `export_onnx` describes."""
     dynamic_shapes = dynamic_axes = input_names = None
     if dynamic is not None and any(dynamic):
@@ -224,7 +230,7 @@ def _export(model, inputs, path: Path, exporter: str, opset, dynamic) -> Path:
                     model, inputs, dynamo=True, verbose=False, opset_version=opset,
                     dynamic_shapes=dynamic_shapes,
                 )  # fmt: skip
-                program.save(str(path))
+                program.save(str(path), external_data=external_data)
             else:
                 torch.onnx.export(
                     model, inputs, str(path), dynamo=False, opset_version=opset,
@@ -236,4 +242,11 @@ def _export(model, inputs, path: Path, exporter: str, opset, dynamic) -> Path:
             f"torch.onnx.export ({exporter}) failed: {type(e).__name__}: {e}"
             + ("\n" + "\n".join(detail) if detail else "")
         ) from e
+    if external_data and exporter == "legacy":  # it writes them inline below 2 GB
+        import onnx
+
+        onnx.save_model(
+            onnx.load(str(path)), str(path), save_as_external_data=True,
+            all_tensors_to_one_file=True, location=f"{path.name}.data", size_threshold=1024,
+        )  # fmt: skip
     return path
