@@ -21,7 +21,7 @@ impl Model {
     /// Reads and decodes a model file, checking that it holds a graph with at least one node.
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let bytes = read_shared(path).map_err(|source| Error::Io {
+        let bytes = read_shared(path, true).map_err(|source| Error::Io {
             path: path.to_path_buf(),
             source,
         })?;
@@ -124,7 +124,9 @@ impl Model {
             let location = entry("location").ok_or("external data without a location")?;
             let dir = self.base_dir().ok_or("the model's folder is unknown")?;
             let path = dir.join(location);
-            let bytes = read_shared(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            // one tensor of a file that may hold all the weights: only its pages are read
+            let bytes =
+                read_shared(&path, false).map_err(|e| format!("{}: {e}", path.display()))?;
             let offset: usize = entry("offset").and_then(|v| v.parse().ok()).unwrap_or(0);
             let length: usize = entry("length")
                 .and_then(|v| v.parse().ok())
@@ -152,13 +154,18 @@ impl Model {
 
 /// A file's bytes, shared: mapped from the page cache where the system can map it (a model's
 /// weights are then never copied into memory of our own, which costs more than the rest of
-/// loading), else read whole.
-fn read_shared(path: &Path) -> std::io::Result<prost::bytes::Bytes> {
+/// loading), else read whole. With `whole`, every page is read in at once (the file is about
+/// to be read through); without, only the pages used are (a part of it is wanted).
+fn read_shared(path: &Path, whole: bool) -> std::io::Result<prost::bytes::Bytes> {
     let file = std::fs::File::open(path)?;
+    let mut options = memmap2::MmapOptions::new();
+    if whole {
+        options.populate();
+    }
     // SAFETY: a private, read-only map of a file we only read. Like every reader that maps
     // files (ONNX Runtime maps external data), a process that rewrites the model file while
     // layerdiff runs changes what it reads.
-    match unsafe { memmap2::MmapOptions::new().populate().map(&file) } {
+    match unsafe { options.map(&file) } {
         Ok(map) => Ok(prost::bytes::Bytes::from_owner(map)),
         Err(_) => std::fs::read(path).map(prost::bytes::Bytes::from),
     }
