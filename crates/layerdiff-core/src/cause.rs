@@ -69,6 +69,19 @@ pub struct Evidence {
 }
 
 impl Evidence {
+    /// `side` disagreed with itself by `d` when run twice (`None`: not measured): kept when it
+    /// is the most disagreement seen here (the first side seen keeps a tie).
+    pub fn disagrees(&mut self, side: &str, d: Option<f64>) {
+        if let Some(d) = d
+            && self
+                .self_disagreement
+                .as_ref()
+                .is_none_or(|(_, seen)| d > *seen)
+        {
+            self.self_disagreement = Some((side.to_string(), d));
+        }
+    }
+
     /// The target's ops in the group, for a sentence (`Conv → Relu`; `nodes` when unknown).
     fn ops_words(&self) -> String {
         if self.ops.is_empty() {

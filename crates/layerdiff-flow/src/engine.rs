@@ -114,8 +114,11 @@ pub struct Engine<R: Side, T: Side, F: Side = Box<dyn Side>> {
     groups: Vec<Option<std::result::Result<Group, String>>>,
     plan: Plan,
     done: usize,
-    /// The target already ran the first segment (see [`Engine::run_target_ahead`]).
+    /// The target already ran the whole graph (see [`Engine::run_target_ahead`]).
     target_ahead: bool,
+    /// Exceeding layers whose target value awaits its second runs, with that value (a target
+    /// that ran ahead runs them at the end).
+    deferred: Vec<(usize, String, Tensor)>,
     evidence: Vec<Evidence>,
     summary: Option<Summary>,
     /// Why the float64 truth stopped, when it could not run.
@@ -250,6 +253,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             plan,
             done: 0,
             target_ahead: false,
+            deferred: Vec::new(),
             evidence: vec![Evidence::default(); n],
             summary: None,
             truth_lost: None,

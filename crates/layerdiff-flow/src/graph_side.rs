@@ -198,10 +198,10 @@ impl Side for GraphSide {
         self.values.free(values);
     }
 
-    fn again(&self, part: &Part) -> Option<[Vec<(String, Tensor)>; 2]> {
+    fn again(&self, part: &Part, keep: &[String]) -> Option<[Vec<(String, Tensor)>; 2]> {
         let model = self.segment.as_ref().unwrap_or(&self.model);
         self.runtime
-            .run_twice(model, self.values.all(), &part.outputs)
+            .run_twice(model, self.values.all(), &part.outputs, keep)
             .ok()
     }
 

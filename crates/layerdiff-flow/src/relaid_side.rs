@@ -171,8 +171,8 @@ impl<S: Side> Side for RelaidSide<S> {
         }
         self.inner.free(values);
     }
-    fn again(&self, part: &Part) -> Option<[Vec<(String, Tensor)>; 2]> {
-        let [a, b] = self.inner.again(part)?;
+    fn again(&self, part: &Part, keep: &[String]) -> Option<[Vec<(String, Tensor)>; 2]> {
+        let [a, b] = self.inner.again(part, keep)?;
         Some([self.relaid(a), self.relaid(b)])
     }
     fn disagreement(&self, value: &str) -> Option<f64> {

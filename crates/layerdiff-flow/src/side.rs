@@ -58,8 +58,9 @@ pub trait Side: Send + Sync {
     /// Drops values no longer needed.
     fn free(&mut self, values: &[String]);
     /// The part just produced, computed twice more on the same values, to see whether the side
-    /// agrees with itself; `None` where it cannot compute it again.
-    fn again(&self, _part: &Part) -> Option<[Vec<(String, Tensor)>; 2]> {
+    /// agrees with itself, handing back only the values in `keep`; `None` where it cannot
+    /// compute it again.
+    fn again(&self, _part: &Part, _keep: &[String]) -> Option<[Vec<(String, Tensor)>; 2]> {
         None
     }
     /// How far the side disagreed with itself at `value` when it computed it twice on its own
@@ -241,8 +242,8 @@ impl<S: Side + ?Sized> Side for Box<S> {
     fn free(&mut self, values: &[String]) {
         (**self).free(values)
     }
-    fn again(&self, part: &Part) -> Option<[Vec<(String, Tensor)>; 2]> {
-        (**self).again(part)
+    fn again(&self, part: &Part, keep: &[String]) -> Option<[Vec<(String, Tensor)>; 2]> {
+        (**self).again(part, keep)
     }
     fn disagreement(&self, value: &str) -> Option<f64> {
         (**self).disagreement(value)

@@ -103,10 +103,11 @@ impl Side for Chain {
         self.values.free(values);
     }
 
-    fn again(&self, part: &Part) -> Option<[Vec<(String, Tensor)>; 2]> {
+    fn again(&self, part: &Part, keep: &[String]) -> Option<[Vec<(String, Tensor)>; 2]> {
         let run = || {
             part.outputs
                 .iter()
+                .filter(|name| keep.contains(name))
                 .map(|name| (name.clone(), self.compute(name)))
                 .collect()
         };

@@ -84,17 +84,22 @@ pub trait Runtime {
         inputs: &[(String, Tensor)],
         outputs: &[String],
     ) -> Result<Vec<(String, Tensor)>>;
-    /// Runs `model` twice on the same inputs, to see whether it agrees with itself.
+    /// Runs `model` twice on the same inputs, to see whether it agrees with itself: computing
+    /// `outputs`, as the first run did (a runtime may compute a value otherwise when fewer are
+    /// asked for: it fuses what no output reads), and handing back only those in `keep`.
     fn run_twice(
         &self,
         model: &Model,
         inputs: &[(String, Tensor)],
         outputs: &[String],
+        keep: &[String],
     ) -> Result<[Vec<(String, Tensor)>; 2]> {
-        Ok([
-            self.run(model, inputs, outputs)?,
-            self.run(model, inputs, outputs)?,
-        ])
+        let run = || -> Result<Vec<(String, Tensor)>> {
+            let mut values = self.run(model, inputs, outputs)?;
+            values.retain(|(name, _)| keep.contains(name));
+            Ok(values)
+        };
+        Ok([run()?, run()?])
     }
 }
 

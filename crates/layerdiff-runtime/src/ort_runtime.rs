@@ -444,12 +444,14 @@ impl Runtime for OrtRuntime {
         &self,
         model: &Model,
         inputs: &[(String, Tensor)],
-        outputs: &[String],
+        _outputs: &[String],
+        keep: &[String],
     ) -> Result<[Vec<(String, Tensor)>; 2]> {
+        // A session computes every output of the model whichever are copied out.
         let mut session = self.session(model)?;
         Ok([
-            run_session(&mut session, inputs, outputs)?,
-            run_session(&mut session, inputs, outputs)?,
+            run_session(&mut session, inputs, keep)?,
+            run_session(&mut session, inputs, keep)?,
         ])
     }
 }

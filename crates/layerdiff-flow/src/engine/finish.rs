@@ -11,6 +11,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         while self.done < self.plan.segments.len() {
             self.run_segment()?;
         }
+        self.run_deferred_again();
         // Every layer was judged in its segment (the segments cover every layer).
         let mut summary = summarise(&mut self.layers);
         if summary.drift_origin.is_none() {

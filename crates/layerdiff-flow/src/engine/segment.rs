@@ -12,7 +12,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         let clock = &mut self.clock;
         self.reference
             .produce(&segment.reference, whole, clock, "reference run")?;
-        if !std::mem::take(&mut self.target_ahead) {
+        if !self.target_ahead {
             self.target
                 .produce(&segment.target, whole, clock, "target run")?;
         }
@@ -143,35 +143,53 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         }
         self.clock.lap("analysis and causes", OWN);
         if exceeding {
-            // Does either side disagree with itself? Two more runs of the segment, one session.
-            let r_again = self.reference.again(&segment.reference);
-            let t_again = self.target.again(&segment.target);
-            for i in segment.layers.clone() {
+            // Does either side disagree with itself? Two more runs of the segment, one session,
+            // handing back only the exceeding layers' values: the others' would be held twice
+            // more beside everything the segment holds, and nothing reads them.
+            let exceeds = |i: usize| self.layers[i].exceeds_tol || self.layers[i].local_exceeds;
+            let exceeding_layers = || segment.layers.clone().filter(|&i| exceeds(i));
+            let r_keep: Vec<String> = exceeding_layers()
+                .map(|i| self.reference_values[i].clone())
+                .collect();
+            let t_keep: Vec<String> = exceeding_layers()
+                .filter_map(|i| self.target_values[i].clone())
+                .collect();
+            let r_again = self.reference.again(&segment.reference, &r_keep);
+            // A target that ran the whole graph ahead runs it again once, at the end, when
+            // the reference's values are gone (its copy of the model beside them is what the
+            // run ahead avoided): its first values of these layers are kept until then.
+            let t_again = if self.target_ahead {
+                for i in exceeding_layers() {
+                    let Some(value) = &self.target_values[i] else {
+                        continue;
+                    };
+                    if let Some(first) = self.target.get(value) {
+                        self.deferred.push((i, value.clone(), first.clone()));
+                    }
+                }
+                None
+            } else {
+                self.target.again(&segment.target, &t_keep)
+            };
+            for i in exceeding_layers() {
                 let Some(target_value) = &self.target_values[i] else {
                     continue;
                 };
-                let sides: [(&str, _, &dyn Side, &String); 2] = [
-                    (
-                        "reference",
-                        &r_again,
-                        &self.reference,
-                        &self.reference_values[i],
-                    ),
-                    ("target", &t_again, &self.target, target_value),
-                ];
+                let mut sides: Vec<(&str, _, &dyn Side, &String)> = vec![(
+                    "reference",
+                    &r_again,
+                    &self.reference,
+                    &self.reference_values[i],
+                )];
+                if !self.target_ahead {
+                    sides.push(("target", &t_again, &self.target, target_value));
+                }
                 for (side, again, values, name) in sides {
-                    let e = &mut self.evidence[i];
                     let d = values.get(name).and_then(|first| {
                         disagreement(first, again.as_ref(), name)
                             .or_else(|| values.disagreement(name))
                     });
-                    if let Some(d) = d
-                        && e.self_disagreement
-                            .as_ref()
-                            .is_none_or(|(_, seen)| d > *seen)
-                    {
-                        e.self_disagreement = Some((side.to_string(), d));
-                    }
+                    self.evidence[i].disagrees(side, d);
                 }
             }
             // Their values go back before the lap: releasing them is part of the second runs.
@@ -194,6 +212,27 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         }
         self.done += 1;
         Ok(())
+    }
+}
+
+impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
+    /// The second runs a target that ran ahead left for the end (see [`Engine::run_segment`]):
+    /// one session, two runs of the whole graph, handing back the exceeding layers' values.
+    pub(super) fn run_deferred_again(&mut self) {
+        if self.deferred.is_empty() {
+            return;
+        }
+        let deferred = std::mem::take(&mut self.deferred);
+        crate::memory::give_back_freed();
+        let keep: Vec<String> = deferred.iter().map(|(_, name, _)| name.clone()).collect();
+        let again = self.target.again(&self.plan.segments[0].target, &keep);
+        for (i, name, first) in &deferred {
+            let d = disagreement(first, again.as_ref(), name)
+                .or_else(|| self.target.disagreement(name));
+            self.evidence[*i].disagrees("target", d);
+        }
+        drop((again, deferred));
+        self.clock.lap("second runs (nondeterminism)", RUNTIME);
     }
 }
 
