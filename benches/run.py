@@ -200,9 +200,9 @@ def decoder_builder(batch: int, tokens: int, folder: Path) -> str:
 
 
 def peak_run(args: list[str], limit: int | None = None) -> dict:
-    """Runs the `layerdiff` binary; its own peak RSS (from wait4), wall time, exit code and
-    stderr. `limit` caps its address space, so a run that cannot fit fails instead of pushing
-    the machine into swap."""
+    """Runs the `layerdiff` binary; its own peak RSS (`side_by_side.wait_with_peak`), wall time,
+    exit code and stderr. `limit` caps its address space, so a run that cannot fit fails instead
+    of pushing the machine into swap."""
     import resource
 
     def cap():
@@ -215,7 +215,7 @@ def peak_run(args: list[str], limit: int | None = None) -> dict:
         child = subprocess.Popen(
             [str(exe), *args], stdout=subprocess.DEVNULL, stderr=err, preexec_fn=cap
         )
-        _, status, usage = os.wait4(child.pid, 0)
+        status, peak = side_by_side.wait_with_peak(child.pid)
         child.returncode = os.waitstatus_to_exitcode(status)
         err.seek(0)
         stderr = err.read()
@@ -223,7 +223,7 @@ def peak_run(args: list[str], limit: int | None = None) -> dict:
     found = re.search(r"ran in (\d+) segments .*? \((.+?) in all\)", stderr)
     return {
         "rc": child.returncode,
-        "peak": usage.ru_maxrss * 1024,
+        "peak": peak,
         "seconds": seconds,
         "segments": int(found.group(1)) if found else 1,
         "values": found.group(2) if found else None,
@@ -298,8 +298,8 @@ def memory_lines(mem: dict) -> list[str]:
         "`tests/builders/decoder.py` (12 layers, 12 heads, width 768, 1024 tokens, random",
         "weights): every value of the graph is compared, attention scores included. *Values* is",
         "what both sides produce in all, from the graph's declared shapes. Peak RSS is the",
-        f"process's own (`wait4`), on this machine's {total / gib:.0f} GB. Without `--max-memory`",
-        "the budget is half the memory available.",
+        f"process's own (its VmHWM), on this machine's {total / gib:.0f} GB. Without",
+        "`--max-memory` the budget is half the memory available.",
         "",
         "| decoder | values (both sides) | --max-memory | segments | peak RSS | wall time "
         "| result |",

@@ -19,20 +19,40 @@ PY = sys.executable
 LAYERDIFF = str(Path(sys.executable).parent / "layerdiff")
 
 
+def wait_with_peak(pid: int) -> tuple[int, int]:
+    """Waits for a child; returns its exit status and its own peak RSS in bytes: the high-water
+    mark of its memory map (VmHWM), read while it runs. wait4's ru_maxrss cannot tell it: a
+    child started by fork or vfork begins with its parent's resident set (or its peak) on
+    record, and this process holds gigabytes of arrays by the time it runs them."""
+    peak = 0
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status, peak
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        peak = max(peak, int(line.split()[1]) * 1024)
+        except (OSError, ValueError, IndexError):  # between its exit and the wait
+            pass
+        time.sleep(0.02)
+
+
 def timed(args: list[str], env: dict | None = None) -> dict:
-    """One process: wall seconds, peak RSS (bytes, from wait4) and its stdout; a failure
-    stops the bench with the process's last words."""
+    """One process: wall seconds, peak RSS (bytes, see `wait_with_peak`) and its stdout; a
+    failure stops the bench with the process's last words."""
     start = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         child = subprocess.Popen(args, stdout=out, stderr=err, env={**os.environ, **(env or {})})
-        _, status, usage = os.wait4(child.pid, 0)
+        status, peak = wait_with_peak(child.pid)
         seconds = time.perf_counter() - start
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()
     if os.waitstatus_to_exitcode(status) not in (0, 1):
         raise RuntimeError(f"{' '.join(args)} failed: {stderr.strip()[-2000:]}")
-    return {"seconds": seconds, "peak": usage.ru_maxrss * 1024, "stdout": stdout}
+    return {"seconds": seconds, "peak": peak, "stdout": stdout}
 
 
 def predecessor(model: str, folder: Path) -> dict:
@@ -130,7 +150,7 @@ def lines(measured: dict) -> list[str]:
         "  every leaf a named output, then a second process that captures the leaves and runs",
         "  ONNX Runtime).",
         "",
-        "Wall time and peak RSS of each process (`wait4`); the predecessor's two processes add",
+        "Wall time and peak RSS of each process (its VmHWM); the predecessor's two processes add",
         "their times, its peak is the larger one's. Medians over alternating rounds. *Weights* is",
         "the model's parameters in float32.",
         "",
