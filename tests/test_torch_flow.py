@@ -235,8 +235,9 @@ def test_a_zoo_encoder_decoder_runs_through_both_exporters_without_false_drift(t
 
 def test_the_runtime_runs_the_whole_graph_before_the_layers_are_captured(resnet18, tmp_path):
     """Memory: a target that runs the whole graph runs it first, so the runtime's copy of the
-    model is gone before PyTorch's layers (and their float64 values) are held; in segments, each
-    segment runs once PyTorch has produced its layers. The numbers are the same either way."""
+    model is gone before PyTorch's layers (and their float64 values) are held, which are then
+    compared in stretches as they come; in segments, each segment runs once PyTorch has produced
+    its layers. The numbers are the same either way, and a whole run still says it was one."""
     model, inputs, _ = resnet18
     order = {}
     reports = {}
@@ -245,5 +246,7 @@ def test_the_runtime_runs_the_whole_graph_before_the_layers_are_captured(resnet1
         phases = [t["phase"] for t in report.data["timings"]]
         order[budget] = phases.index("target run") < phases.index("capturing PyTorch layers")
         reports[budget] = [(x["name"], x["accumulated"], x["local"]) for x in report.layers]
+        split = [n for n in report.notes if "segments" in n]
+        assert bool(split) == (budget is not None), report.notes
     assert order == {None: True, "2M": False}
     assert reports[None] == reports["2M"]

@@ -60,6 +60,10 @@ pub enum Shared {
     EachLayer,
 }
 
+/// The most bytes of pushed values a run whose target ran ahead holds at once (see
+/// [`Engine::run_target_ahead`]): enough layers at a time to keep the threads busy.
+const STREAM: u64 = 256 << 20;
+
 /// What a run is asked to measure, and how.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -113,9 +117,14 @@ pub struct Engine<R: Side, T: Side, F: Side = Box<dyn Side>> {
     /// Each layer's local group (for the first layer of each target value).
     groups: Vec<Option<std::result::Result<Group, String>>>,
     plan: Plan,
+    /// How the run is split, as the report says: the target's segments.
+    reported: Segmentation,
+    /// The plan that replaces a one-segment plan once the target ran ahead.
+    streamed: Option<Plan>,
     done: usize,
-    /// The target already ran the whole graph (see [`Engine::run_target_ahead`]).
-    target_ahead: bool,
+    /// The target already ran the whole graph, this part of it (see
+    /// [`Engine::run_target_ahead`]).
+    target_ahead: Option<crate::plan::Part>,
     /// Exceeding layers whose target value awaits its second runs, with that value (a target
     /// that ran ahead runs them at the end).
     deferred: Vec<(usize, String, Tensor)>,
@@ -216,13 +225,25 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             let values: Vec<&str> = compared.iter().copied().collect();
             graph.find_groups(&values, &|n| is_input(n) || compared.contains(n));
         }
+        let target_view = target.plan_view();
         let plan = plan(
             &reference_view,
-            &target.plan_view(),
+            &target_view,
             &planned,
             budget(settings.max_memory),
         );
-        drop((planned, reference_view));
+        // A target that computes can run the whole graph before a pushed reference hands over
+        // anything (see `run_target_ahead`); the pushed values are then taken in stretches of
+        // the stream's size, each dropped once compared, as a split run would, at no cost to
+        // the target.
+        let n = alignment.layers.len();
+        let streamed =
+            (plan.segments.len() == 1 && n > 0 && target.has_layers(n) && !reference.has_layers(n))
+                .then(|| {
+                    let stream = budget(settings.max_memory).map_or(STREAM, |b| b.min(STREAM));
+                    crate::plan::plan(&reference_view, &target_view, &planned, Some(stream))
+                });
+        drop((planned, reference_view, target_view));
         let mut truth = truth;
         if let [whole] = plan.segments.as_slice() {
             reference.expose(&whole.reference.outputs)?;
@@ -231,7 +252,6 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                 truth.expose(&whole.reference.outputs)?;
             }
         }
-        let n = alignment.layers.len();
         Ok(Self {
             reference,
             target,
@@ -250,9 +270,11 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             reference_of,
             target_of,
             groups,
+            reported: plan.segmentation(),
             plan,
+            streamed,
             done: 0,
-            target_ahead: false,
+            target_ahead: None,
             deferred: Vec::new(),
             evidence: vec![Evidence::default(); n],
             summary: None,
@@ -269,26 +291,32 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
 
     /// How the run is split.
     pub fn segmentation(&self) -> Segmentation {
-        self.plan.segmentation()
+        self.reported
     }
 
     /// A target that computes the whole graph from the inputs alone runs it now, before the
     /// reference hands over any value: the runtime's copy of the model is gone again before
     /// the reference's values (and their float64 truth) are held, so the two never take memory
-    /// at once. Nothing else changes: the values are the same whenever it runs.
+    /// at once. The pushed values are then compared in stretches (the stream's plan), each
+    /// dropped once done, instead of all held until the end. Nothing else changes: the values
+    /// are the same whenever it runs, and the report says one segment, as the target ran.
     pub fn run_target_ahead(&mut self) -> Result<()> {
         let [whole] = self.plan.segments.as_slice() else {
             return Ok(());
         };
         // a side that computes has its values whenever asked; a pushed one does not yet
-        if self.done > 0 || self.target_ahead || !self.target.has_layers(whole.layers.end) {
+        if self.done > 0 || self.target_ahead.is_some() || !self.target.has_layers(whole.layers.end)
+        {
             return Ok(());
         }
         let part = whole.target.clone();
         crate::memory::give_back_freed();
         self.target
             .produce(&part, true, &mut self.clock, "target run")?;
-        self.target_ahead = true;
+        self.target_ahead = Some(part);
+        if let Some(streamed) = self.streamed.take() {
+            self.plan = streamed;
+        }
         Ok(())
     }
 

@@ -12,7 +12,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         let clock = &mut self.clock;
         self.reference
             .produce(&segment.reference, whole, clock, "reference run")?;
-        if !self.target_ahead {
+        if self.target_ahead.is_none() {
             self.target
                 .produce(&segment.target, whole, clock, "target run")?;
         }
@@ -158,7 +158,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             // A target that ran the whole graph ahead runs it again once, at the end, when
             // the reference's values are gone (its copy of the model beside them is what the
             // run ahead avoided): its first values of these layers are kept until then.
-            let t_again = if self.target_ahead {
+            let t_again = if self.target_ahead.is_some() {
                 for i in exceeding_layers() {
                     let Some(value) = &self.target_values[i] else {
                         continue;
@@ -181,7 +181,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                     &self.reference,
                     &self.reference_values[i],
                 )];
-                if !self.target_ahead {
+                if self.target_ahead.is_none() {
                     sides.push(("target", &t_again, &self.target, target_value));
                 }
                 for (side, again, values, name) in sides {
@@ -225,7 +225,11 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         let deferred = std::mem::take(&mut self.deferred);
         crate::memory::give_back_freed();
         let keep: Vec<String> = deferred.iter().map(|(_, name, _)| name.clone()).collect();
-        let again = self.target.again(&self.plan.segments[0].target, &keep);
+        let whole = self
+            .target_ahead
+            .as_ref()
+            .expect("deferred only after running ahead");
+        let again = self.target.again(whole, &keep);
         for (i, name, first) in &deferred {
             let d = disagreement(first, again.as_ref(), name)
                 .or_else(|| self.target.disagreement(name));
