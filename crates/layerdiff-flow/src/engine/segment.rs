@@ -148,12 +148,14 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             // more beside everything the segment holds, and nothing reads them.
             let exceeds = |i: usize| self.layers[i].exceeds_tol || self.layers[i].local_exceeds;
             let exceeding_layers = || segment.layers.clone().filter(|&i| exceeds(i));
-            let r_keep: Vec<String> = exceeding_layers()
-                .map(|i| self.reference_values[i].clone())
-                .collect();
-            let t_keep: Vec<String> = exceeding_layers()
-                .filter_map(|i| self.target_values[i].clone())
-                .collect();
+            let r_keep = kept(
+                &segment.reference,
+                exceeding_layers().map(|i| &self.reference_values[i]),
+            );
+            let t_keep = kept(
+                &segment.target,
+                exceeding_layers().filter_map(|i| self.target_values[i].as_ref()),
+            );
             let r_again = self.reference.again(&segment.reference, &r_keep);
             // A target that ran the whole graph ahead runs it again once, at the end, when
             // the reference's values are gone (its copy of the model beside them is what the
@@ -224,11 +226,11 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         }
         let deferred = std::mem::take(&mut self.deferred);
         crate::memory::give_back_freed();
-        let keep: Vec<String> = deferred.iter().map(|(_, name, _)| name.clone()).collect();
         let whole = self
             .target_ahead
             .as_ref()
             .expect("deferred only after running ahead");
+        let keep = kept(whole, deferred.iter().map(|(_, name, _)| name));
         let again = self.target.again(whole, &keep);
         for (i, name, first) in &deferred {
             let d = disagreement(first, again.as_ref(), name)
@@ -238,6 +240,18 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         drop((again, deferred));
         self.clock.lap("second runs (nondeterminism)", RUNTIME);
     }
+}
+
+/// The values of `part` among `values`, each once, in the part's order: what second runs hand
+/// back (a value several layers share is asked for once; one an earlier part produced is not
+/// this part's to hand back).
+fn kept<'a>(part: &crate::plan::Part, values: impl Iterator<Item = &'a String>) -> Vec<String> {
+    let wanted: std::collections::HashSet<&String> = values.collect();
+    part.outputs
+        .iter()
+        .filter(|o| wanted.contains(o))
+        .cloned()
+        .collect()
 }
 
 /// Bytes of local re-run outputs held before they are compared, all at once across the threads
@@ -264,6 +278,17 @@ pub(super) fn segments_warning(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn second_runs_ask_for_each_value_of_the_part_once() {
+        let part = crate::plan::Part {
+            outputs: vec!["a".into(), "b".into(), "c".into()],
+            ..Default::default()
+        };
+        // `b` shared by two exceeding layers; `x` produced by an earlier part
+        let asked = ["c", "b", "b", "x"].map(String::from);
+        assert_eq!(kept(&part, asked.iter()), ["b", "c"]);
+    }
 
     #[test]
     fn segments_on_a_gpu_provider_are_said_to_differ_possibly() {
