@@ -152,10 +152,6 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                 &segment.reference,
                 exceeding_layers().map(|i| &self.reference_values[i]),
             );
-            let t_keep = kept(
-                &segment.target,
-                exceeding_layers().filter_map(|i| self.target_values[i].as_ref()),
-            );
             let r_again = self.reference.again(&segment.reference, &r_keep);
             // A target that ran the whole graph ahead runs it again once, at the end, when
             // the reference's values are gone (its copy of the model beside them is what the
@@ -171,21 +167,26 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                 }
                 None
             } else {
+                let t_keep = kept(
+                    &segment.target,
+                    exceeding_layers().filter_map(|i| self.target_values[i].as_ref()),
+                );
                 self.target.again(&segment.target, &t_keep)
             };
             for i in exceeding_layers() {
                 let Some(target_value) = &self.target_values[i] else {
                     continue;
                 };
-                let mut sides: Vec<(&str, _, &dyn Side, &String)> = vec![(
-                    "reference",
-                    &r_again,
-                    &self.reference,
-                    &self.reference_values[i],
-                )];
-                if self.target_ahead.is_none() {
-                    sides.push(("target", &t_again, &self.target, target_value));
-                }
+                // (a target that ran ahead has no second runs yet: its part comes at the end)
+                let sides: [(&str, _, &dyn Side, &String); 2] = [
+                    (
+                        "reference",
+                        &r_again,
+                        &self.reference,
+                        &self.reference_values[i],
+                    ),
+                    ("target", &t_again, &self.target, target_value),
+                ];
                 for (side, again, values, name) in sides {
                     let d = values.get(name).and_then(|first| {
                         disagreement(first, again.as_ref(), name)
