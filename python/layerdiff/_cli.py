@@ -15,13 +15,17 @@ _IMPORTED = time.perf_counter()
 
 
 class _Progress:
-    """Step lines with elapsed time on stderr; silent with --quiet."""
+    """Step lines with elapsed time on stderr; silent with --quiet. Each step is also where a
+    Ctrl-C or SIGTERM that Python code swallowed (a library's C code can clear the
+    KeyboardInterrupt it raised) still stops the run: the command's handler keeps it."""
 
     def __init__(self, quiet: bool):
         self.quiet = quiet
         self.start = time.monotonic()
 
     def __call__(self, message: str) -> None:
+        if _layerdiff.interrupt_signal()[0] is not None:
+            raise KeyboardInterrupt
         if not self.quiet:
             print(
                 f"[{time.monotonic() - self.start:6.1f}s] {message}…", file=sys.stderr, flush=True
@@ -30,17 +34,14 @@ class _Progress:
 
 def main(argv: list[str] | None = None) -> int:
     args = ["layerdiff", *(sys.argv[1:] if argv is None else argv)]
-    kind, value = _layerdiff.parse_cli(args, _ort.library())
-    if kind == "exit":
-        return int(value)
     try:
+        kind, value = _layerdiff.parse_cli(args, _ort.library())
+        if kind == "exit":
+            return int(value)
         return _run(kind, value)
     except _layerdiff.LayerdiffError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
     except Exception as e:  # a bug in layerdiff, not a user mistake: short message, no traceback
         if os.environ.get("LAYERDIFF_DEBUG"):
             raise
@@ -300,11 +301,43 @@ def run() -> None:
     import atexit
 
     _fewer_heap_arenas()
-    code = main()
+    _catch_interrupts()
+    try:
+        code = main()
+    except KeyboardInterrupt as e:
+        code = _interrupted(e)
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _catch_interrupts() -> None:
+    """Ctrl-C and SIGTERM: Python code stops where it is (SIGTERM raises as Ctrl-C does), and a
+    run in the core stops at its next layer and writes the layers compared so far, marked
+    incomplete; either way the exit code is 128 + the signal's number. A second signal ends the
+    process at once."""
+    import signal
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt(signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    _layerdiff.catch_interrupts()  # after Python's handlers, which it calls in turn
+
+
+def _interrupted(e: KeyboardInterrupt) -> int:
+    """What an interrupted command prints and exits with."""
+    import signal
+
+    signum, said = _layerdiff.interrupt_signal()
+    signum = signum or signal.SIGINT
+    if e.args and isinstance(e.args[0], str):  # the core's own words on what it stopped
+        print(f"error: {e.args[0]}", file=sys.stderr)
+    elif not said:
+        name = "SIGINT (Ctrl-C)" if signum == signal.SIGINT else signal.Signals(signum).name
+        print(f"interrupted by {name}", file=sys.stderr)
+    return 128 + signum
 
 
 def _fewer_heap_arenas() -> None:

@@ -147,10 +147,7 @@ pub(crate) fn onnx(args: &ReduceArgs, recorded: &Recorded, ort_library: Option<&
     ));
     let outcome = match layerdiff_flow::onnx_flow::compare(&options, ort_library) {
         Ok(outcome) => outcome,
-        Err(e) => {
-            eprintln!("error: {}", layerdiff_flow::error_chain(&e));
-            return 2;
-        }
+        Err(e) => return e.exit(),
     };
     let headline = match layerdiff_flow::reduce::headline(&outcome.report) {
         Ok(layer) => layer.name.clone(),
@@ -179,9 +176,6 @@ pub(crate) fn onnx(args: &ReduceArgs, recorded: &Recorded, ort_library: Option<&
             }
             u8::from(!repro.reproduced)
         }
-        Err(e) => {
-            eprintln!("error: {}", layerdiff_flow::error_chain(&e));
-            2
-        }
+        Err(e) => e.exit(),
     }
 }

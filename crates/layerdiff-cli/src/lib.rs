@@ -9,6 +9,7 @@ use layerdiff_args::{Dispatched, dispatch};
 
 /// Entry point of the Rust binary.
 pub fn main(argv: Vec<OsString>) -> ExitCode {
+    layerdiff_flow::interrupt::catch();
     match dispatch(argv, None) {
         Dispatched::Exit(code) => ExitCode::from(code),
         Dispatched::Python(_) => {

@@ -103,6 +103,7 @@ pub fn summarise(layers: &mut [Layer]) -> Summary {
         most_own_error,
         warnings,
         inconclusive: None,
+        incomplete: None,
         verdict: crate::Verdict::NoDrift,
         defects: Vec::new(),
         precision: None,

@@ -74,15 +74,35 @@ pub fn write_safetensors(
     for (_, t) in &sorted {
         bytes.extend_from_slice(&t.bytes);
     }
-    let tmp = path.with_extension("safetensors.partial");
-    std::fs::write(&tmp, bytes).map_err(|source| Error::Io {
-        path: tmp.clone(),
-        source,
-    })?;
-    std::fs::rename(&tmp, path).map_err(|source| Error::Io {
+    write_atomic(path, &bytes).map_err(|source| Error::Io {
         path: path.to_path_buf(),
         source,
     })
+}
+
+/// Writes `contents` to `path` whole or not at all: into a hidden temporary file beside it
+/// (`.name.XXXXXX.partial`, a name of its own per write), flushed to the disk, then renamed
+/// over `path`. A failure removes the temporary file; a process killed mid-write (SIGKILL, a
+/// power cut) leaves at most that hidden file, never a truncated `path`. The folder is made
+/// when missing.
+pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let folder = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(parent) => {
+            std::fs::create_dir_all(parent)?;
+            parent
+        }
+        None => Path::new("."),
+    };
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let mut file = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".partial")
+        .tempfile_in(folder)?;
+    file.write_all(contents)?;
+    file.as_file().sync_all()?;
+    file.persist(path).map_err(|e| e.error)?;
+    Ok(())
 }
 
 /// Reads every tensor of a safetensors file, in the file's name order.

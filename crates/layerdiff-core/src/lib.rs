@@ -46,7 +46,7 @@ pub use compare::{
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use fingerprint::{Fingerprint, SAME_VALUE};
-pub use io::{read_safetensors, read_safetensors_metadata, write_safetensors};
+pub use io::{read_safetensors, read_safetensors_metadata, write_atomic, write_safetensors};
 pub use layout::{LayoutFinding, detect_layout};
 pub use machine::Machine;
 pub use npz::read_npz;

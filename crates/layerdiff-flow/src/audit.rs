@@ -434,10 +434,7 @@ pub fn run(options: &AuditOptions, to: &Destinations, ort_library: Option<&Path>
         Ok(report)
     });
     match done {
-        Ok(report) => report.exit_code(),
-        Err(err) => {
-            eprintln!("error: {}", error_chain(&err));
-            2
-        }
+        Ok(report) => crate::interrupt::exit_code().unwrap_or(report.exit_code()),
+        Err(err) => err.exit(),
     }
 }

@@ -132,6 +132,9 @@ pub struct Engine<R: Side, T: Side, F: Side = Box<dyn Side>> {
     summary: Option<Summary>,
     /// Why the float64 truth stopped, when it could not run.
     truth_lost: Option<String>,
+    /// Where a signal stopped the run (see [`crate::interrupt`]): the layers before this one
+    /// were compared and judged, the others were not.
+    stopped_at: Option<usize>,
     /// Attributes each stretch of the run to a phase.
     pub clock: Stopwatch,
     /// The progress line on a terminal, ticked as layers are done.
@@ -279,6 +282,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             evidence: vec![Evidence::default(); n],
             summary: None,
             truth_lost: None,
+            stopped_at: None,
             clock,
             progress: None,
         })
@@ -320,9 +324,23 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         Ok(())
     }
 
+    /// Whether a signal asked the run to stop (see [`crate::interrupt`]): it stops where it
+    /// is, before the next segment or the next layer's local error.
+    fn stopping(&mut self) -> bool {
+        if self.stopped_at.is_none()
+            && crate::interrupt::requested().is_some()
+            && let Some(next) = self.plan.segments.get(self.done)
+        {
+            self.stopped_at = Some(next.layers.start);
+        }
+        self.stopped_at.is_some()
+    }
+
     /// Runs every segment whose values all sides have (all of them, when every side computes).
     pub fn advance(&mut self) -> Result<()> {
-        while let Some(segment) = self.plan.segments.get(self.done) {
+        while !self.stopping()
+            && let Some(segment) = self.plan.segments.get(self.done)
+        {
             let end = segment.layers.end;
             let ready = self.reference.has_layers(end)
                 && self.target.has_layers(end)

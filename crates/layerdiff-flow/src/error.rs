@@ -36,6 +36,24 @@ pub enum Error {
     /// Expected values that cannot be read or do not fit the model.
     #[error("expected values: {0}")]
     Expected(String),
+    /// A signal stopped the run before it compared any layer (see [`crate::interrupt`]).
+    #[error("interrupted by {} before any layer was compared: no report written", crate::interrupt::name(*.0))]
+    Interrupted(i32),
+}
+
+impl Error {
+    /// The exit code of a verb that ends with this error, which it prints first: 2 (layerdiff
+    /// could not do its job), or 128 + the signal that stopped the run.
+    pub fn exit(&self) -> u8 {
+        eprintln!("error: {}", error_chain(self));
+        match self {
+            Error::Interrupted(_) => {
+                crate::interrupt::said();
+                crate::interrupt::exit_code().unwrap_or(130)
+            }
+            _ => 2,
+        }
+    }
 }
 
 /// Result type of the flows.

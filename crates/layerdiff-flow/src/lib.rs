@@ -21,6 +21,7 @@ mod fallback_side;
 mod graph_side;
 mod group;
 pub mod inputs;
+pub mod interrupt;
 pub mod keras_side;
 pub mod memory;
 pub mod onnx_flow;

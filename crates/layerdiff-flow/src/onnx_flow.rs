@@ -72,7 +72,9 @@ pub struct Outcome {
 pub fn run(options: &OnnxOptions, to: &Destinations, ort_library: Option<&Path>) -> u8 {
     let outcome = compare_on(options, None, ort_library, !to.quiet).and_then(|mut outcome| {
         let mut notes: Vec<String> = outcome.segmentation.text().into_iter().collect();
-        if options.bisect {
+        // an interrupted run writes what it compared, and nothing it would have done after
+        let finished = outcome.report.summary.incomplete.is_none();
+        if options.bisect && finished {
             let mut progress = |line: &str| {
                 if !to.quiet {
                     eprintln!("{line}");
@@ -88,7 +90,7 @@ pub fn run(options: &OnnxOptions, to: &Destinations, ort_library: Option<&Path>)
                 None => notes.push(nothing_to_bisect(options, &outcome.report)),
             }
         }
-        if let Some(folder) = &options.repro {
+        if let Some(folder) = options.repro.as_ref().filter(|_| finished) {
             notes.push(repro_note(options, &outcome, folder, ort_library)?);
         }
         deliver(
@@ -102,10 +104,7 @@ pub fn run(options: &OnnxOptions, to: &Destinations, ort_library: Option<&Path>)
     });
     match outcome {
         Ok(report) => exit_code(&report, to.fail_on),
-        Err(err) => {
-            eprintln!("error: {}", crate::error_chain(&err));
-            2
-        }
+        Err(err) => err.exit(),
     }
 }
 

@@ -4,8 +4,9 @@
 //! summary and the timings printed. Adding a format is a variant of [`Format`], its destination,
 //! and its renderer in each kind of report that offers it.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
+pub use layerdiff_core::write_atomic;
 use layerdiff_core::{FailOn, Report, Tensor, Timing, render, write_safetensors};
 
 use crate::timings::{OWN, Stopwatch, timings_text};
@@ -178,6 +179,16 @@ pub fn deliver(
         written.push(path.clone());
     }
     clock.lap("rendering and writing reports", OWN);
+    if report.summary.incomplete.is_some()
+        && let Some(signal) = crate::interrupt::requested()
+    {
+        eprintln!(
+            "interrupted by {}: the report holds the {} layers compared before it, marked incomplete",
+            crate::interrupt::name(signal),
+            report.layers.len()
+        );
+        crate::interrupt::said();
+    }
     if !to.quiet {
         for note in notes {
             eprintln!("{note}");
@@ -193,19 +204,6 @@ pub fn deliver(
         eprint!("{}", timings_text(&phases));
     }
     Ok(report)
-}
-
-/// Writes `contents` to `path` through a temporary file in the same folder, so a failure never
-/// leaves half a report behind.
-pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)?;
-    }
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".partial");
-    let tmp = PathBuf::from(tmp);
-    std::fs::write(&tmp, contents)?;
-    std::fs::rename(&tmp, path)
 }
 
 impl Destinations {
@@ -265,9 +263,10 @@ pub fn publish(report: &dyn Rendered, to: &Destinations) -> Result<()> {
 
 /// The process exit code for a finished comparison: 1 when it fails under `fail_on` (a
 /// defect, an undecided layer, an inconclusive run or an overflow; with [`FailOn::Drift`] any
-/// layer beyond its tolerance), else 0.
+/// layer beyond its tolerance), else 0; 128 + the signal's number when one stopped the run
+/// (its report, marked incomplete, holds what was compared before).
 pub fn exit_code(report: &Report, fail_on: FailOn) -> u8 {
-    u8::from(report.summary.fails(fail_on))
+    crate::interrupt::exit_code().unwrap_or(u8::from(report.summary.fails(fail_on)))
 }
 
 #[cfg(test)]

@@ -177,6 +177,10 @@ pub fn providers(
             let labels = (provider, level);
             let (cell, available) =
                 cell(options, to, &target, ort_library, labels, &mut table.inputs)?;
+            if let Some(signal) = crate::interrupt::requested() {
+                // a table of some cells would read as the whole matrix: none is written
+                return Err(Error::Interrupted(signal));
+            }
             table.cells.push(cell);
             if !available {
                 // The runtime itself is missing: the one cell says so for all its levels.
@@ -256,7 +260,10 @@ fn cell(
             return Ok((cell, false));
         }
         // Inputs or the model itself: no cell can run; say so once.
-        Err(e @ (Error::Inputs(_) | Error::Onnx(_) | Error::Expected(_))) => {
+        // Or a signal stopped the run: the table would be part of one.
+        Err(
+            e @ (Error::Inputs(_) | Error::Onnx(_) | Error::Expected(_) | Error::Interrupted(_)),
+        ) => {
             return Err(e);
         }
         Err(e) => {
@@ -390,15 +397,15 @@ pub fn run(options: &ProvidersOptions, to: &Destinations, ort_library: Option<&P
     });
     match done {
         Ok(table) => {
+            if let Some(code) = crate::interrupt::exit_code() {
+                return code;
+            }
             let code = table.exit_code();
             if code == 2 {
                 eprintln!("error: no provider could run the model (see each cell's reason)");
             }
             code
         }
-        Err(err) => {
-            eprintln!("error: {}", error_chain(&err));
-            2
-        }
+        Err(err) => err.exit(),
     }
 }

@@ -74,5 +74,7 @@ pub(crate) fn to_py_err(err: impl Into<layerdiff_flow::Error>) -> PyErr {
         E::Runtime(_) | E::Memory(_) => RuntimeFailure::new_err(message),
         E::Expected(_) => InputError::new_err(message),
         E::Write { .. } => OutputError::new_err(message),
+        // the command's handler stopped the run (see layerdiff_flow::interrupt)
+        E::Interrupted(_) => pyo3::exceptions::PyKeyboardInterrupt::new_err(message),
     }
 }

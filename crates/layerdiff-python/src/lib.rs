@@ -383,6 +383,22 @@ fn model_inputs(py: Python<'_>, path: PathBuf) -> PyResult<Vec<DeclaredInput>> {
         .collect()
 }
 
+/// The `layerdiff` command's handling of Ctrl-C and SIGTERM (see `layerdiff_flow::interrupt`):
+/// the first asks a run to stop at its next layer, its report then marked incomplete; the
+/// handlers Python had installed still run. Called once by the command, after Python's own.
+#[pyfunction]
+fn catch_interrupts() {
+    layerdiff_flow::interrupt::catch();
+}
+
+/// The signal that asked the run to stop, if one did, and whether the core said what it did to
+/// the run already.
+#[pyfunction]
+fn interrupt_signal() -> (Option<i32>, bool) {
+    use layerdiff_flow::interrupt;
+    (interrupt::requested(), interrupt::was_said())
+}
+
 #[pymodule]
 fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -391,6 +407,8 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Ticker>()?;
     m.add_class::<axis::PyAxisReport>()?;
     m.add_function(wrap_pyfunction!(parse_cli, m)?)?;
+    m.add_function(wrap_pyfunction!(catch_interrupts, m)?)?;
+    m.add_function(wrap_pyfunction!(interrupt_signal, m)?)?;
     m.add_class::<CapturedRun>()?;
     m.add_class::<layer::CapturedLayer>()?;
     m.add_class::<Options>()?;

@@ -114,6 +114,13 @@ pub fn to_html(report: &Report) -> String {
         "<p class=\"verdict {class}\" id=\"verdict\">{}</p>",
         prose(&verdict(report))
     );
+    if let Some(incomplete) = &s.incomplete {
+        let _ = writeln!(
+            out,
+            "<p class=\"warning\" id=\"incomplete\"><strong>Incomplete:</strong> {}</p>",
+            prose(incomplete)
+        );
+    }
     for warning in &s.warnings {
         let _ = writeln!(out, "<p class=\"warning\">Warning: {}</p>", prose(warning));
     }

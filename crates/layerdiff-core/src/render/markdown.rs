@@ -70,6 +70,9 @@ pub fn to_markdown(report: &Report) -> String {
         s.layers_exceeding_locally,
         origin
     );
+    if let Some(incomplete) = &s.incomplete {
+        let _ = writeln!(out, "> **Incomplete:** {incomplete}\n");
+    }
     for warning in &s.warnings {
         let _ = writeln!(out, "> **Warning:** {warning}\n");
     }

@@ -35,6 +35,9 @@ pub fn to_text(report: &Report) -> String {
         "  layers: {} total, {} compared, {} without {counterpart}\n",
         s.layers_total, s.layers_compared, s.layers_unmapped
     ));
+    if let Some(incomplete) = &s.incomplete {
+        out.push_str(&format!("  INCOMPLETE: {incomplete}\n"));
+    }
     for warning in &s.warnings {
         out.push_str(&format!("  warning: {warning}\n"));
     }

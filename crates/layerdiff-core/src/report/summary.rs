@@ -44,6 +44,11 @@ pub struct Summary {
     /// point on could not be paired, which is what drift beyond recognition looks like); `None`
     /// when the verdict stands. An inconclusive run exits 1, like drift.
     pub inconclusive: Option<String>,
+    /// Why the report holds only some of the model's layers: a signal (Ctrl-C, SIGTERM)
+    /// stopped the run, and the layers after the last one listed were not compared. Absent
+    /// from a finished run's report.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub incomplete: Option<String>,
     /// Layers whose own error another exceeding layer's error is traced back to (not written:
     /// each inherited layer names its own in `error_from`).
     #[serde(skip)]

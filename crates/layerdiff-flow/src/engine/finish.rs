@@ -8,12 +8,21 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
     /// the reference's weights (a side that hands them over on request gets them before
     /// [`Engine::finish`]).
     pub fn conclude(&mut self) -> Result<Vec<usize>> {
-        while self.done < self.plan.segments.len() {
+        while self.done < self.plan.segments.len() && !self.stopping() {
             self.run_segment()?;
         }
         self.run_deferred_again();
+        let total = self.layers.len();
+        let incomplete = self.stopped_at.map(|cut| self.cut(cut)).transpose()?;
         // Every layer was judged in its segment (the segments cover every layer).
         let mut summary = summarise(&mut self.layers);
+        summary.incomplete = incomplete;
+        if let (Some(cut), None) = (self.stopped_at, &summary.drift_origin) {
+            self.inconclusive = Some(format!(
+                "the run was interrupted before the other {} layers were compared",
+                total - cut
+            ));
+        }
         if summary.drift_origin.is_none() {
             summary.inconclusive = self.inconclusive.take();
         }
@@ -36,6 +45,9 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         }
         let layers = &self.layers;
         if let Some(why) = nothing_compared(layers, &summary) {
+            if let Some(signal) = self.stopped_at.and(crate::interrupt::requested()) {
+                return Err(Error::Interrupted(signal));
+            }
             return Err(Error::NothingCompared(format!(
                 "{why}\nhint: {}",
                 self.nothing_compared_hint
@@ -48,6 +60,21 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             .collect();
         self.summary = Some(summary);
         Ok(wanted)
+    }
+
+    /// A run a signal stopped at layer `cut`: the layers from there on go (they were not
+    /// compared), and the summary says so; nothing compared yet is [`Error::Interrupted`].
+    fn cut(&mut self, cut: usize) -> Result<String> {
+        let signal = crate::interrupt::requested().unwrap_or(crate::interrupt::SIGINT);
+        if cut == 0 {
+            return Err(Error::Interrupted(signal));
+        }
+        let total = self.layers.len();
+        self.layers.truncate(cut);
+        Ok(format!(
+            "the run was interrupted by {} after {cut} of the model's {total} layers: the report holds the layers compared and judged before it, the others were not compared, and a defect among them would not show",
+            crate::interrupt::name(signal)
+        ))
     }
 
     /// The report: causes explained from the evidence of the values and of the target's

@@ -47,6 +47,8 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             ticker.tick(segment.layers.end);
         }
 
+        // The layers judged in this segment: all of them, unless a signal stops the run first.
+        let mut judged = segment.layers.clone();
         // A target that runs its model whole: each layer's own error on its own inputs.
         let mut own = vec![false; self.layers.len()];
         if self.settings.local {
@@ -59,6 +61,12 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             let limit = local_batch(self.settings.max_memory);
             let (mut runs, mut held_bytes) = (Vec::new(), 0);
             for i in segment.layers.clone() {
+                if crate::interrupt::requested().is_some() {
+                    // the layers from here on are not judged: the run stops before them
+                    self.stopped_at = Some(i);
+                    judged = segment.layers.start..i;
+                    break;
+                }
                 if own[i] {
                     continue;
                 }
@@ -130,7 +138,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
 
         // What the values of an exceeding layer show, while they are held.
         let mut exceeding = false;
-        for i in segment.layers.clone() {
+        for i in judged.clone() {
             let layer = &mut self.layers[i];
             judge(layer, self.settings.tolerance);
             if !(layer.exceeds_tol || layer.local_exceeds) {
@@ -147,7 +155,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             // handing back only the exceeding layers' values: the others' would be held twice
             // more beside everything the segment holds, and nothing reads them.
             let exceeds = |i: usize| self.layers[i].exceeds_tol || self.layers[i].local_exceeds;
-            let exceeding_layers = || segment.layers.clone().filter(|&i| exceeds(i));
+            let exceeding_layers = || judged.clone().filter(|&i| exceeds(i));
             let r_keep = kept(
                 &segment.reference,
                 exceeding_layers().map(|i| &self.reference_values[i]),

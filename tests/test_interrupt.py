@@ -1,0 +1,131 @@
+"""Ctrl-C and SIGTERM at random moments of real runs: never a truncated report, never a
+traceback; either nothing written, or a whole report, marked incomplete when the run stopped
+before its last layer, whose layers are the full run's own; the exit code is 128 + the signal's
+number (or, before the command's handlers are in place, the process ended by the signal)."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+EXE = Path(sys.executable).parent / "layerdiff"
+MOMENTS = 20
+
+
+def _start(args: list[str], cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [str(EXE), *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _layers(report: dict) -> list[tuple]:
+    return [
+        (layer["name"], layer["status"], layer["accumulated"], layer["local"])
+        for layer in report["layers"]
+    ]
+
+
+def _full(args: list[str], folder: Path) -> tuple[list[str], dict, float]:
+    """The uninterrupted run: its arguments, its report, and how long it took."""
+    started = time.monotonic()
+    done = subprocess.run([str(EXE), *args], cwd=folder, capture_output=True, text=True)
+    took = time.monotonic() - started
+    assert done.returncode in (0, 1), done.stderr
+    return args, json.loads((folder / "r.json").read_text()), took
+
+
+REPORTS = ["--json", "r.json", "--markdown", "r.md", "--html", "r.html"]
+
+
+@pytest.fixture(scope="module")
+def full_run(resnet18_onnx, tmp_path_factory):
+    """`layerdiff onnx` of ResNet-18 against ONNX Runtime's optimized graph."""
+    model = resnet18_onnx["dynamo"]
+    args = ["onnx", str(model), "--target", "ort:cpu:opt=all", *REPORTS]
+    return _full(args, tmp_path_factory.mktemp("full"))
+
+
+def test_a_run_killed_at_random_moments_leaves_no_truncated_report(full_run, tmp_path):
+    seen = _kill_at_random(*full_run, MOMENTS, random.Random(31), tmp_path)
+    # the moments reached the run itself, not only its start-up
+    assert seen["incomplete"] + seen["whole"] >= 1, seen
+
+
+def test_a_pytorch_run_killed_at_random_moments_too(tmp_path_factory, tmp_path):
+    # the first run exports (into the test session's cache): the killed ones use the export
+    full = _full(["torch", "resnet18", *REPORTS], tmp_path_factory.mktemp("full_torch"))
+    _kill_at_random(*full, 6, random.Random(7), tmp_path)
+
+
+def _kill_at_random(args, full, took, moments, rng, tmp_path) -> dict:
+    """Runs `args` `moments` times, each sent SIGINT or SIGTERM at a random moment of the
+    time the full run `took`; checks what each leaves; returns how many ended which way."""
+    seen = {"nothing": 0, "incomplete": 0, "whole": 0, "finished first": 0}
+    for moment in range(moments):
+        signum = (signal.SIGINT, signal.SIGTERM)[moment % 2]
+        # Python's own start-up comes before any handler of the command's: Ctrl-C there is a
+        # KeyboardInterrupt of the interpreter's (SIGTERM simply ends it, as tested here)
+        earliest = 0.3 if signum == signal.SIGINT else 0.0
+        delay = rng.uniform(earliest, took * 1.1)
+        folder = tmp_path / f"run{moment}"
+        folder.mkdir()
+        process = _start(args, folder)
+        time.sleep(delay)
+        finished_first = process.poll() is not None
+        if not finished_first:
+            process.send_signal(signum)
+        out, err = process.communicate(timeout=120)
+        what = f"{signum.name} at {delay:.2f}s: exit {process.returncode}\n{err}"
+        assert "Traceback" not in err and "panicked" not in err, what
+        left = sorted(p.name for p in folder.iterdir())
+        assert not [n for n in left if n.endswith(".partial")], (what, left)
+        if finished_first:
+            seen["finished first"] += 1
+            assert process.returncode in (0, 1), what
+            continue
+        assert process.returncode in (128 + signum, -signum), what
+        if not (folder / "r.json").exists():
+            seen["nothing"] += 1
+            assert not [n for n in left if n.startswith("r.")], (what, left)
+            continue
+        report = json.loads((folder / "r.json").read_text())
+        summary = report["summary"]
+        assert summary["layers_total"] == len(report["layers"]), what
+        for name in ("r.md", "r.html"):
+            text = (folder / name).read_text()
+            assert text.endswith("\n") and len(text) > 200, (what, name)
+        assert (folder / "r.html").read_text().rstrip().endswith("</html>"), what
+        # whatever was compared is what the full run compared, value for value
+        assert _layers(report) == _layers(full)[: len(report["layers"])], what
+        if "incomplete" in summary:
+            seen["incomplete"] += 1
+            assert len(report["layers"]) < len(full["layers"]), what
+            assert "interrupted by" in summary["incomplete"], what
+            assert summary["verdict"] != "no_drift", what
+            assert "Incomplete:" in (folder / "r.md").read_text(), what
+            assert "marked incomplete" in err, what
+        else:
+            seen["whole"] += 1
+            assert _layers(report) == _layers(full), what
+    print(seen)
+    return seen
+
+
+def test_a_second_signal_ends_the_run_at_once(full_run, tmp_path):
+    args, _, took = full_run
+    process = _start(args, tmp_path)
+    time.sleep(min(0.8, took / 2))
+    if process.poll() is not None:
+        pytest.skip("the run finished before the signal")
+    process.send_signal(signal.SIGINT)
+    process.send_signal(signal.SIGINT)
+    process.communicate(timeout=60)
+    assert process.returncode in (130, -signal.SIGINT)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
