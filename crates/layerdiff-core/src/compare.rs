@@ -23,6 +23,8 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod block;
+#[cfg(test)]
+mod properties;
 mod rounding;
 #[cfg(test)]
 mod tests;

@@ -7,8 +7,10 @@
 
 use std::arch::x86_64::*;
 
-use super::rounding::{BUCKETS, EXPONENT_BITS, HIGHEST, KEPT_BITS, KEY_OFFSET, LOWEST, Tally};
-use super::{Judging, LANES, Outcome, Partial, SUB, THRESHOLDS, element, tree};
+use super::rounding::{
+    BUCKETS, EXPONENT_BITS, HIGHEST, KEPT_BITS, KEY_OFFSET, LOWEST, Tally, count_slots,
+};
+use super::{BLOCK, Judging, LANES, Outcome, Partial, SUB, THRESHOLDS, element, tree};
 use crate::DType;
 
 /// Eight f64 lanes: lanes 0–3, then 4–7.
@@ -163,12 +165,14 @@ unsafe fn block<R: Load, T: Load>(
     t: &[u8],
     start: usize,
     len: usize,
-    mut judging: Judging<'_>,
+    judging: Judging<'_>,
 ) -> Outcome {
     debug_assert!(r.len() >= (start + len) * R::SIZE && t.len() >= (start + len) * T::SIZE);
     let (rp, tp) = (r.as_ptr(), t.as_ptr());
     let mut d = [0.0f64; SUB];
     let mut slots = [0u64; SUB];
+    // the block's histogram slots, counted once the whole block is seen finite (count_slots)
+    let mut block_slots = [0u16; BLOCK];
     let zero = _mm256_setzero_pd();
     let infinity = _mm256_set1_pd(f64::INFINITY);
     let sign = _mm256_set1_pd(-0.0);
@@ -291,9 +295,9 @@ unsafe fn block<R: Load, T: Load>(
         if !finite {
             return Outcome::NotFinite;
         }
-        if let Some((_, histogram)) = judging.as_mut() {
-            for &slot in &slots[..n] {
-                histogram[slot as usize] += 1;
+        if judging.is_some() {
+            for (out, &slot) in block_slots[from..from + n].iter_mut().zip(&slots[..n]) {
+                *out = slot as u16;
             }
         }
         let max = largest(&lanes(max_abs));
@@ -322,6 +326,9 @@ unsafe fn block<R: Load, T: Load>(
             ));
         }
         from += n;
+    }
+    if let Some((_, histogram)) = judging {
+        count_slots(&block_slots[..len], histogram);
     }
     let sums = [sum_abs, sum_sq, dot, norm_r, norm_t].map(lanes);
     let judged = match judge {

@@ -2,7 +2,7 @@
 //! finite values, and the choice of the explicit kernels (AVX2, AVX-512) where the CPU has them.
 //! Every path does the same arithmetic in the same order, so each gives the same bits.
 
-use super::rounding::{Lanes, Tally};
+use super::rounding::{Lanes, Tally, count_slots};
 use super::{BLOCK, Judging, LANES, Partial, THRESHOLDS};
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512};
@@ -30,9 +30,57 @@ pub(super) fn element(dtype: DType, bytes: &[u8], k: usize) -> f64 {
     out[0]
 }
 
-/// One block's statistics, in the best instruction set the CPU has (the arithmetic is the same
-/// in each: no fused multiply-add, no reassociation, so every path gives the same bits).
+/// The code that computes a block: the same arithmetic in each (no fused multiply-add, no
+/// reassociation), so every kernel gives the same bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kernel {
+    /// AVX-512 (F, DQ, VL) with F16C: unjudged blocks of finite values.
+    Avx512,
+    /// AVX2 with F16C: every block (the fast path of CPUs without AVX-512).
+    Avx2,
+    /// Plain Rust, on any CPU.
+    Portable,
+}
+
+impl Kernel {
+    /// The kernels this CPU can run, best first (the last is always [`Kernel::Portable`]).
+    pub(crate) fn available() -> Vec<Kernel> {
+        let mut kernels = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("f16c") {
+                if has!("avx512f") && has!("avx512dq") && has!("avx512vl") {
+                    kernels.push(Kernel::Avx512);
+                }
+                kernels.push(Kernel::Avx2);
+            }
+        }
+        kernels.push(Kernel::Portable);
+        kernels
+    }
+
+    /// The best kernel this CPU runs.
+    fn best() -> Kernel {
+        static BEST: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| Kernel::available()[0])
+    }
+}
+
+/// One block's statistics, by the best kernel the CPU has.
 pub(super) fn block_stats(
+    reference: TensorView<'_>,
+    target: TensorView<'_>,
+    block: usize,
+    judging: Judging<'_>,
+) -> Partial {
+    block_stats_on(Kernel::best(), reference, target, block, judging)
+}
+
+/// One block's statistics by `kernel`, which the CPU must have ([`Kernel::available`]); what
+/// a kernel does not take (AVX-512: a judged block) goes to the next one.
+pub(super) fn block_stats_on(
+    kernel: Kernel,
     reference: TensorView<'_>,
     target: TensorView<'_>,
     block: usize,
@@ -40,16 +88,10 @@ pub(super) fn block_stats(
 ) -> Partial {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::is_x86_feature_detected as has;
-        if judging.is_none()
-            && has!("avx512f")
-            && has!("avx512dq")
-            && has!("avx512vl")
-            && has!("f16c")
-        {
+        if judging.is_none() && kernel == Kernel::Avx512 {
             let start = block * BLOCK;
             let len = BLOCK.min(reference.numel() - start);
-            // SAFETY: the CPU has the features, checked just above; views hold `numel` elements.
+            // SAFETY: the CPU has the features (Kernel::available); views hold `numel` elements.
             let outcome = unsafe {
                 avx512::finite_block(
                     (reference.dtype, reference.bytes),
@@ -65,12 +107,13 @@ pub(super) fn block_stats(
             }
         }
         // Judged comparisons, and what the AVX-512 kernel does not take, on any AVX2 CPU.
-        if has!("avx2") && has!("f16c") {
+        if kernel != Kernel::Portable {
             let start = block * BLOCK;
             let len = BLOCK.min(reference.numel() - start);
             let mut judging = judging;
             let judge = judging.as_mut().map(|(j, h)| (*j, &mut **h));
-            // SAFETY: the CPU has the features, checked just above; views hold `numel` elements.
+            // SAFETY: the CPU has AVX2 and F16C (Kernel::available); views hold `numel`
+            // elements.
             let outcome = unsafe {
                 avx2::finite_block(
                     (reference.dtype, reference.bytes),
@@ -83,13 +126,14 @@ pub(super) fn block_stats(
             return match outcome {
                 Outcome::Done(p) => p,
                 Outcome::NotFinite => exact_block(reference, target, block, judging),
-                // SAFETY: the CPU has AVX2 and F16C, checked just above.
+                // SAFETY: the CPU has AVX2 and F16C (Kernel::available).
                 Outcome::Unsupported => unsafe {
                     block_stats_avx2(reference, target, block, judging)
                 },
             };
         }
     }
+    let _ = kernel;
     block_stats_generic(reference, target, block, judging, decode)
 }
 
@@ -228,7 +272,7 @@ pub(super) const SUB: usize = 256;
 pub(super) fn finite_block(
     len: usize,
     start: usize,
-    mut judging: Judging<'_>,
+    judging: Judging<'_>,
     mut fill: impl FnMut(usize, usize, &mut [f64], &mut [f64]),
 ) -> Option<Partial> {
     let (mut r, mut t, mut d) = ([0.0f64; SUB], [0.0f64; SUB], [0.0f64; SUB]);
@@ -241,6 +285,7 @@ pub(super) fn finite_block(
     let mut above = [0u64; THRESHOLDS.len()];
     let mut worst: Option<(f64, u64, f64, f64)> = None;
     let mut judged = Lanes::default();
+    let mut slots = [0u16; BLOCK];
     for from in (0..len).step_by(SUB) {
         let n = SUB.min(len - from);
         let (r, t, d) = (&mut r[..n], &mut t[..n], &mut d[..n]);
@@ -281,8 +326,8 @@ pub(super) fn finite_block(
         if finite.contains(&false) {
             return None;
         }
-        if let Some((judge, histogram)) = judging.as_mut() {
-            judge.run(r, t, d, &mut judged, histogram);
+        if let Some((judge, _)) = judging.as_ref() {
+            judge.run(r, t, d, &mut judged, &mut slots[from..from + n]);
         }
         let max = max_abs
             .iter()
@@ -296,6 +341,9 @@ pub(super) fn finite_block(
             let k = d.iter().position(|&v| v == max).unwrap_or(0);
             worst = Some((max, (start + from + k) as u64, r[k], t[k]));
         }
+    }
+    if let Some((_, histogram)) = judging {
+        count_slots(&slots[..len], histogram);
     }
     Some(Partial::finite(
         len,

@@ -174,8 +174,9 @@ impl Prepared {
     }
 
     /// A run of finite elements (`r`, `t`, their differences `d`) that starts at a multiple of
-    /// [`LANES`] in its block: element `k` goes to lane `k % LANES`, and its difference is
-    /// counted in `histogram`.
+    /// [`LANES`] in its block: element `k` goes to lane `k % LANES`, and its difference's
+    /// histogram slot to `slots_out[k]` (counted once the whole block is known finite: see
+    /// [`count_slots`]).
     #[inline(always)]
     pub(super) fn run(
         &self,
@@ -183,7 +184,7 @@ impl Prepared {
         t: &[f64],
         d: &[f64],
         lanes_out: &mut Lanes,
-        histogram: &mut [u32],
+        slots_out: &mut [u16],
     ) {
         let mut slots = [0u64; super::SUB];
         // A local copy the compiler keeps in registers.
@@ -204,12 +205,23 @@ impl Prepared {
         for k in full..n {
             slots[k] = self.element(r[k], t[k], d[k], k - full, lanes);
         }
-        for &slot in &slots[..n] {
-            histogram[slot as usize] += 1;
+        for (out, &slot) in slots_out.iter_mut().zip(&slots[..n]) {
+            *out = slot as u16;
         }
         *lanes_out = local;
     }
 }
+
+/// Counts a block's histogram slots. A fast kernel holds them until it has seen the whole block
+/// finite: counted per stretch, a NaN in a later stretch would send the block to the exact path
+/// with its earlier stretches counted already, and counted again there.
+pub(super) fn count_slots(slots: &[u16], histogram: &mut [u32]) {
+    for &slot in slots {
+        histogram[usize::from(slot)] += 1;
+    }
+}
+
+const _: () = assert!(HISTOGRAM <= u16::MAX as usize, "a slot fits in 16 bits");
 
 /// A block's judged elements, lane by lane.
 #[derive(Clone, Copy, Default)]
