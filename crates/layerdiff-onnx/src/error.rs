@@ -39,6 +39,19 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// An initializer's external data that cannot be read where it says, or that lies outside
+    /// the model's folder (a hostile file reaching for other files).
+    #[error("`{}`: initializer `{initializer}` keeps its data in `{location}`, {reason}", path.display())]
+    ExternalData {
+        /// The model file.
+        path: PathBuf,
+        /// The initializer.
+        initializer: String,
+        /// Its `location` entry.
+        location: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A value name was asked for that the graph does not have.
     #[error("the graph has no value named `{0}`")]
     UnknownValue(String),

@@ -35,4 +35,4 @@ pub use node_ext::NodeExt;
 pub use optimized::{NCHWC_DOMAIN, Restoration, Restored, restore_renamed};
 pub use scope::{ScopeResolver, ScopeSource};
 pub use surgery::{expose_values, extract_nodes, inline_external_data};
-pub use tensor_io::{Stored, read_tensor_pb, read_test_data, tensor_from_proto};
+pub use tensor_io::{Stored, parse_tensor_pb, read_tensor_pb, read_test_data, tensor_from_proto};

@@ -61,6 +61,7 @@ impl Model {
                 "it declares no opset (`opset_import` is empty)",
             ));
         }
+        check_external_data(graph, origin, base_dir.as_deref())?;
         Ok(Self { proto, base_dir })
     }
 
@@ -152,6 +153,72 @@ impl Model {
     }
 }
 
+/// Every initializer's external data (the subgraphs' too) lies in the model's folder: its
+/// `location` relative, without `..`, and (with the folder known) the file there, not a link
+/// out of it. A model file is often downloaded; it must not make layerdiff, or a runtime it
+/// hands the model to, read or write anything else.
+fn check_external_data(graph: &GraphProto, origin: &Path, base_dir: Option<&Path>) -> Result<()> {
+    let folder = base_dir.map(|b| b.canonicalize().unwrap_or_else(|_| b.to_path_buf()));
+    for proto in &graph.initializer {
+        if proto.data_location() != DataLocation::External {
+            continue;
+        }
+        let location = crate::node_ext::lookup(&proto.external_data, "location").unwrap_or("");
+        let refused = |reason: String| Error::ExternalData {
+            path: origin.to_path_buf(),
+            initializer: proto.name().to_string(),
+            location: location.to_string(),
+            reason,
+        };
+        let relative = Path::new(location);
+        if location.is_empty() {
+            return Err(refused("which is empty: no file to read".to_string()));
+        }
+        if relative.is_absolute() || relative.has_root() {
+            return Err(refused(
+                "an absolute path: refused (external data must lie in the model's folder)"
+                    .to_string(),
+            ));
+        }
+        if relative.components().any(|c| {
+            !matches!(
+                c,
+                std::path::Component::Normal(_) | std::path::Component::CurDir
+            )
+        }) {
+            return Err(refused(
+                "which leads out of the model's folder: refused (external data must lie in it)"
+                    .to_string(),
+            ));
+        }
+        let Some(folder) = &folder else { continue };
+        let file = folder.join(relative);
+        match file.canonicalize() {
+            Err(_) => {
+                return Err(refused(format!(
+                    "which is missing (looked for `{}`)",
+                    file.display()
+                )));
+            }
+            Ok(real) if !real.starts_with(folder) => {
+                return Err(refused(format!(
+                    "a link to `{}`, outside the model's folder: refused",
+                    real.display()
+                )));
+            }
+            Ok(_) => {}
+        }
+    }
+    for node in &graph.node {
+        for attribute in &node.attribute {
+            for sub in attribute.g.iter().chain(&attribute.graphs) {
+                check_external_data(sub, origin, base_dir)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A file's bytes, shared: mapped from the page cache where the system can map it (a model's
 /// weights are then never copied into memory of our own, which costs more than the rest of
 /// loading), else read whole. With `whole`, every page is read in at once (the file is about
@@ -168,5 +235,85 @@ fn read_shared(path: &Path, whole: bool) -> std::io::Result<prost::bytes::Bytes>
     match unsafe { options.map(&file) } {
         Ok(map) => Ok(prost::bytes::Bytes::from_owner(map)),
         Err(_) => std::fs::read(path).map(prost::bytes::Bytes::from),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{NodeProto, OperatorSetIdProto, StringStringEntryProto, TensorProto};
+
+    /// A one-node model whose initializer `w` keeps its 16 bytes in `location`.
+    fn with_external(location: &str) -> Vec<u8> {
+        let weight = TensorProto {
+            name: Some("w".to_string()),
+            data_type: Some(1),
+            dims: vec![4],
+            data_location: Some(DataLocation::External as i32),
+            external_data: vec![StringStringEntryProto {
+                key: Some("location".to_string()),
+                value: Some(location.to_string()),
+            }],
+            ..TensorProto::default()
+        };
+        let node = NodeProto {
+            op_type: Some("Relu".to_string()),
+            input: vec!["w".to_string()],
+            output: vec!["y".to_string()],
+            ..NodeProto::default()
+        };
+        ModelProto {
+            ir_version: Some(10),
+            opset_import: vec![OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(17),
+            }],
+            graph: Some(GraphProto {
+                node: vec![node],
+                initializer: vec![weight],
+                ..GraphProto::default()
+            }),
+            ..ModelProto::default()
+        }
+        .encode_to_vec()
+    }
+
+    #[test]
+    fn external_data_outside_the_model_s_folder_is_refused_by_name() {
+        let root = tempfile::tempdir().unwrap();
+        let folder = root.path().join("model");
+        std::fs::create_dir(&folder).unwrap();
+        std::fs::write(root.path().join("secret"), [0u8; 16]).unwrap();
+        std::fs::write(folder.join("w.bin"), [0u8; 16]).unwrap();
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(root.path().join("secret"), folder.join("link.bin")).unwrap();
+        let load = |location: &str| {
+            let path = folder.join("m.onnx");
+            std::fs::write(&path, with_external(location)).unwrap();
+            Model::load(&path).map(|_| ()).map_err(|e| e.to_string())
+        };
+        assert_eq!(load("w.bin"), Ok(()));
+        assert_eq!(load("./w.bin"), Ok(()));
+        let refused = |location: &str| load(location).unwrap_err();
+        let secret = root.path().join("secret");
+        let absolute = refused(secret.to_str().unwrap());
+        assert!(absolute.contains("an absolute path: refused"), "{absolute}");
+        assert!(absolute.contains("initializer `w`"), "{absolute}");
+        assert!(refused("../secret").contains("leads out of the model's folder: refused"));
+        assert!(refused("sub/../../secret").contains("leads out of the model's folder"));
+        assert!(refused("gone.bin").contains("which is missing (looked for `"));
+        assert!(refused("").contains("which is empty"));
+        #[cfg(unix)]
+        {
+            let link = refused("link.bin");
+            assert!(
+                link.contains("a link to `")
+                    && link.contains("outside the model's folder: refused"),
+                "{link}"
+            );
+        }
+        // held in memory, with no folder: only what the location says can be checked
+        assert!(Model::from_bytes(&with_external("w.bin"), Path::new("m.onnx"), None).is_ok());
+        assert!(Model::from_bytes(&with_external("../w"), Path::new("m.onnx"), None).is_err());
     }
 }

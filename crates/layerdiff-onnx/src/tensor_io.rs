@@ -14,7 +14,12 @@ pub fn read_tensor_pb(path: &Path) -> Result<(String, Tensor)> {
         path: path.to_path_buf(),
         source,
     })?;
-    let proto = TensorProto::decode(&bytes[..]).map_err(|source| Error::Decode {
+    parse_tensor_pb(&bytes, path)
+}
+
+/// One serialized `TensorProto` from `bytes` (`path` names it in errors).
+pub fn parse_tensor_pb(bytes: &[u8], path: &Path) -> Result<(String, Tensor)> {
+    let proto = TensorProto::decode(bytes).map_err(|source| Error::Decode {
         path: path.to_path_buf(),
         source,
     })?;
