@@ -11,7 +11,7 @@ DEPS := $(VENV)/.requirements.stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: pipeline test build env browser proto lint clean docs golden conformance kernel-swap bench mapping validation reports
+.PHONY: pipeline test build env browser proto lint clean docs golden conformance kernel-swap bench mapping validation reports fuzz
 
 env: $(DEPS)
 
@@ -54,6 +54,14 @@ test: build browser
 	cargo test --workspace --release --quiet
 	$(PY) -m pytest -q
 	$(PY) -m pytest -q tests/test_keras.py  # TensorFlow in a process of its own (tests/conftest.py)
+
+# Every fuzz target for FUZZ_SECONDS (default 600) each, FUZZ_JOBS at a time (scripts/fuzz.sh):
+# needs the nightly toolchain and cargo-fuzz, which it installs when missing. What it keeps is
+# checked in under fuzz/corpus/; `make test` replays that and fuzz/regressions/ in seconds.
+fuzz: $(DEPS)
+	@rustup toolchain list | grep -q nightly || rustup toolchain install nightly --profile minimal
+	@command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+	scripts/fuzz.sh
 
 # Regenerate the checked-in prost code from the vendored onnx-ml.proto.
 proto:

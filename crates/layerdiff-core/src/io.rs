@@ -89,6 +89,12 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     let folder = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
         Some(parent) => {
+            if parent.exists() && !parent.is_dir() {
+                return Err(std::io::Error::other(format!(
+                    "`{}` is a file, not a folder",
+                    parent.display()
+                )));
+            }
             std::fs::create_dir_all(parent)?;
             parent
         }
@@ -111,7 +117,12 @@ pub fn read_safetensors(path: &Path) -> Result<Vec<(String, Tensor)>> {
         path: path.to_path_buf(),
         source,
     })?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| Error::Safetensors {
+    parse_safetensors(&bytes, path)
+}
+
+/// Every tensor of safetensors `bytes`, in name order (`path` names them in errors).
+pub fn parse_safetensors(bytes: &[u8], path: &Path) -> Result<Vec<(String, Tensor)>> {
+    let st = SafeTensors::deserialize(bytes).map_err(|e| Error::Safetensors {
         path: path.to_path_buf(),
         message: e.to_string(),
     })?;

@@ -46,10 +46,12 @@ pub use compare::{
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use fingerprint::{Fingerprint, SAME_VALUE};
-pub use io::{read_safetensors, read_safetensors_metadata, write_atomic, write_safetensors};
+pub use io::{
+    parse_safetensors, read_safetensors, read_safetensors_metadata, write_atomic, write_safetensors,
+};
 pub use layout::{LayoutFinding, detect_layout};
 pub use machine::Machine;
-pub use npz::read_npz;
+pub use npz::{parse_npz, read_npz};
 pub use op_check::{OpBound, OpCheck, OpWorst, check_op};
 pub use pair::{PairOutcome, compare_pair};
 pub use quantized::{

@@ -6,18 +6,29 @@ use std::path::Path;
 
 use crate::{DType, Error, Result, Tensor};
 
+/// The most bytes reserved ahead for one array, whatever its entry claims.
+const CLAIMED: u64 = 64 << 20;
+
 /// Every array of an `.npz` file, named by its key, in archive order.
 pub fn read_npz(path: &Path) -> Result<Vec<(String, Tensor)>> {
-    let bad = |message: String| Error::Npz {
-        path: path.to_path_buf(),
-        message,
-    };
     let file = std::fs::File::open(path).map_err(|source| Error::Io {
         path: path.to_path_buf(),
         source,
     })?;
+    parse_npz(file, path)
+}
+
+/// Every array of an `.npz` archive read from `from` (`path` names it in errors).
+pub fn parse_npz(
+    from: impl std::io::Read + std::io::Seek,
+    path: &Path,
+) -> Result<Vec<(String, Tensor)>> {
+    let bad = |message: String| Error::Npz {
+        path: path.to_path_buf(),
+        message,
+    };
     let mut archive =
-        zip::ZipArchive::new(file).map_err(|e| bad(format!("not a zip archive ({e})")))?;
+        zip::ZipArchive::new(from).map_err(|e| bad(format!("not a zip archive ({e})")))?;
     let mut tensors = Vec::with_capacity(archive.len());
     for i in 0..archive.len() {
         let mut entry = archive.by_index(i).map_err(|e| bad(e.to_string()))?;
@@ -26,7 +37,9 @@ pub fn read_npz(path: &Path) -> Result<Vec<(String, Tensor)>> {
             .map_err(|e| bad(e.to_string()))?
             .trim_end_matches(".npy")
             .to_string();
-        let mut bytes = Vec::with_capacity(entry.size() as usize);
+        // the size the archive claims is reserved only up to a bound: a hostile entry claims
+        // gigabytes it does not hold (memory grows with what is actually read)
+        let mut bytes = Vec::with_capacity(entry.size().min(CLAIMED) as usize);
         entry
             .read_to_end(&mut bytes)
             .map_err(|e| bad(format!("`{name}`: {e}")))?;
