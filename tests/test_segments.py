@@ -12,7 +12,7 @@ import numpy as np
 from conftest import run_cli
 
 # A few nodes per segment on the small decoder (whose values take about 2 MB in all).
-SMALL = "48K"
+SMALL = "768K"
 
 
 def both_ways(tmp_path, model, *args, random=False, verb="onnx"):
@@ -27,7 +27,7 @@ def both_ways(tmp_path, model, *args, random=False, verb="onnx"):
     (whole, whole_json), (parts, parts_json) = runs
     assert "segments" not in whole.stderr
     found = re.search(r"ran in (\d+) segments to hold at most about", parts.stderr)
-    assert found and int(found.group(1)) >= 5, parts.stderr
+    assert found and int(found.group(1)) >= 3, parts.stderr
     if random:
         verdicts = lambda r: [(x["name"], x["exceeds_tol"], x["cause"]) for x in r["layers"]]  # noqa: E731
         assert verdicts(json.loads(parts_json)) == verdicts(json.loads(whole_json))
@@ -75,7 +75,7 @@ def test_an_origin_traced_back_across_segments(resnet18_onnx, tmp_path):
     reference = faults.scale_weight(src, tmp_path / "r.onnx", gain, 30.0)
     target = faults.perturb_weight(reference, tmp_path / "t.onnx", first, 2e-6)
     runs = []
-    for extra in ([], ["--max-memory", "2M"]):
+    for extra in ([], ["--max-memory", "20M"]):
         out = tmp_path / f"amp{len(runs)}.json"
         result = run_cli("onnx", str(reference), "--vs", str(target), *extra, "--json", str(out))
         assert result.returncode == 1, result.stderr
@@ -205,7 +205,7 @@ def test_float16_on_the_cpu_provider_in_segments_says_it_may_round_otherwise(tmp
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
     onnx.save(model, str(path))
     out = tmp_path / "r.json"
-    result = run_cli("onnx", str(path), "--target", "ort", "--max-memory", "1K", "--json", str(out))
+    result = run_cli("onnx", str(path), "--target", "ort", "--max-memory", "4K", "--json", str(out))
     assert result.returncode in (0, 1), result.stderr
     warnings = json.loads(out.read_text())["summary"]["warnings"]
     assert any("CPUExecutionProvider on float16 values" in w for w in warnings), warnings

@@ -109,7 +109,7 @@ def test_the_onnx_flow_measures_both_sides_against_a_float64_truth(tmp_path):
     for x in report["layers"]:
         assert x["tolerance"]["atol"] >= 4 * x["float64"]["reference"]
     # The truth runs in the reference's segments, fed from its own values: same numbers.
-    result, split = _report(tmp_path, *args, "--tolerance", "auto", "--max-memory", "64K")
+    result, split = _report(tmp_path, *args, "--tolerance", "auto", "--max-memory", "128K")
     assert "segments" in result.stderr
     assert [x["float64"] for x in split["layers"]] == [x["float64"] for x in report["layers"]]
 

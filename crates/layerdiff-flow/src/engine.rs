@@ -235,6 +235,26 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             &planned,
             budget(settings.max_memory),
         );
+        // A budget given that the run cut as finely as it can still exceeds cannot be kept: say
+        // so before running, with where and how much it needs.
+        let finest = settings.max_memory.and_then(|_| {
+            crate::plan::plan(&reference_view, &target_view, &planned, Some(0)).over_budget
+        });
+        if let (Some(given), Some((value, needs))) = (settings.max_memory, &finest)
+            && needs > &given
+        {
+            let layer = alignment
+                .reference
+                .iter()
+                .position(|r| r == value)
+                .map_or(value.as_str(), |i| alignment.layers[i].name.as_str());
+            return Err(Error::Memory(format!(
+                "--max-memory {} is too small: the run cannot be cut finer than at `{layer}`, which holds {} of values at once (both sides' values there, and those still needed after it)\nhint: give --max-memory {} or more, or leave it out (half the memory available)",
+                crate::memory::bytes_text(given),
+                crate::memory::bytes_text(*needs),
+                crate::memory::bytes_text(needs.next_power_of_two()).replace(' ', ""),
+            )));
+        }
         // A target that computes can run the whole graph before a pushed reference hands over
         // anything (see `run_target_ahead`); the pushed values are then taken in stretches of
         // the stream's size, each dropped once compared, as a split run would, at no cost to

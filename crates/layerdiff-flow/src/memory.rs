@@ -31,10 +31,12 @@ pub fn parse_memory(text: &str) -> Result<u64, String> {
     Ok((value * scale as f64) as u64)
 }
 
-/// A size in words: `1.5 GB`, `300 MB`, `12 KB` (powers of 1024).
+/// A size in words: `1.5 GB`, `300 MB`, `12 KB`, `40 B` (powers of 1024).
 pub fn bytes_text(bytes: u64) -> String {
     let b = bytes as f64;
-    if b >= (1u64 << 30) as f64 {
+    if bytes < 1024 {
+        format!("{bytes} B")
+    } else if b >= (1u64 << 30) as f64 {
         format!("{:.1} GB", b / (1u64 << 30) as f64)
     } else if b >= (1u64 << 20) as f64 {
         format!("{:.0} MB", b / (1u64 << 20) as f64)

@@ -87,6 +87,10 @@ pub struct Plan {
     pub total_bytes: u64,
     /// Estimated most bytes of values held at once.
     pub peak_bytes: u64,
+    /// Where the costliest segment over the budget holds the most, and the bytes it holds:
+    /// planned with a budget of 0 (cut as finely as the run can be), the least budget the run
+    /// can keep and the layer that needs it.
+    pub over_budget: Option<(String, u64)>,
 }
 
 /// Splits the run into segments whose values fit `budget` bytes (`None`: one segment).
@@ -291,6 +295,27 @@ pub fn plan(
         .max()
         .unwrap_or(0);
     let total_bytes = held.iter().map(|h| h.bytes).sum();
+    // A segment past the budget is one that could not be cut smaller: name where it costs most.
+    let over_budget = budget.and_then(|budget| {
+        let b = bounds
+            .iter()
+            .filter(|b| cost(b.start, produced[(*b).clone()].iter().sum()) > budget)
+            .max_by_key(|b| cost(b.start, produced[(*b).clone()].iter().sum()))?;
+        let at = b
+            .clone()
+            .max_by_key(|&p| (produced[p], std::cmp::Reverse(p)))?;
+        let name = layers
+            .iter()
+            .zip(&position)
+            .find(|(_, p)| **p == at)
+            .map(|(l, _)| l.reference.to_string())
+            .or_else(|| {
+                held.iter()
+                    .find(|h| h.produced == at)
+                    .map(|h| h.name.clone())
+            })?;
+        Some((name, cost(b.start, produced[b.clone()].iter().sum())))
+    });
 
     let compared: HashSet<(Side, &str)> = layers
         .iter()
@@ -340,6 +365,7 @@ pub fn plan(
         segments,
         total_bytes,
         peak_bytes,
+        over_budget,
     }
 }
 

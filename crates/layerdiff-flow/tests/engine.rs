@@ -12,6 +12,17 @@ use layerdiff_flow::{Engine, Error, PushedSide};
 const WHOLE: u64 = 1 << 30;
 
 #[test]
+fn a_budget_one_layer_exceeds_is_an_error_naming_it_and_what_it_needs() {
+    let Err(Error::Memory(message)) = run(drifting(), &[], FINE - 1) else {
+        panic!("a budget the run cannot keep is refused");
+    };
+    assert_eq!(
+        message,
+        "--max-memory 12 KB is too small: the run cannot be cut finer than at `v5`, which holds 12 KB of values at once (both sides' values there, and those still needed after it)\nhint: give --max-memory 16KB or more, or leave it out (half the memory available)"
+    );
+}
+
+#[test]
 fn the_origin_is_the_layer_that_adds_error_and_the_layers_after_it_inherit() {
     let (report, _) = run(drifting(), &[], WHOLE).unwrap();
     let s = &report.summary;
@@ -59,7 +70,7 @@ fn layer_multiple(report: &Report, name: &str) -> f64 {
 #[test]
 fn segments_change_nothing_in_the_report() {
     let (whole, one) = run(drifting(), &[], WHOLE).unwrap();
-    let (split, many) = run(drifting(), &[], 3 * N as u64 * 4).unwrap();
+    let (split, many) = run(drifting(), &[], FINE).unwrap();
     assert_eq!(one, 1);
     assert!(many > 2, "the budget splits the run ({many} segments)");
     assert_eq!(render::to_json(&whole), render::to_json(&split));
@@ -118,7 +129,7 @@ fn a_pushed_reference_runs_each_segment_once_its_layers_are_in() {
         None,
         None,
         vec![("x".to_string(), input())],
-        settings(3 * N as u64 * 4),
+        settings(6 * N as u64 * 4),
         Stopwatch::default(),
     )
     .unwrap();

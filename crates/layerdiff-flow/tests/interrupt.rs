@@ -21,8 +21,8 @@ fn stopping_at_4() -> Vec<Op> {
 fn a_stopped_run_reports_the_layers_judged_before_it_or_nothing() {
     // One layer a segment: the first four are compared and judged before the target computes
     // layer 4; the report holds them, says it is incomplete, and the defect at `v2` stands.
-    let (full, _) = run(drifting(), &[], 1).unwrap();
-    let (report, segments) = run(stopping_at_4(), &[], 1).unwrap();
+    let (full, _) = run(drifting(), &[], FINE).unwrap();
+    let (report, segments) = run(stopping_at_4(), &[], FINE).unwrap();
     assert_eq!(segments, 6);
     assert_eq!(requested(), Some(SIGINT));
     let names: Vec<&str> = report.layers.iter().map(|l| l.name.as_str()).collect();
@@ -60,7 +60,7 @@ fn a_stopped_run_reports_the_layers_judged_before_it_or_nothing() {
             ops
         },
         &[],
-        1,
+        FINE,
     )
     .unwrap();
     let s = &honest_stopped.summary;

@@ -160,7 +160,13 @@ impl Model {
 fn check_external_data(graph: &GraphProto, origin: &Path, base_dir: Option<&Path>) -> Result<()> {
     // a model named without a folder (`m.onnx`) is in the current one
     let folder = base_dir
-        .map(|b| if b.as_os_str().is_empty() { Path::new(".") } else { b })
+        .map(|b| {
+            if b.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                b
+            }
+        })
         .map(|b| b.canonicalize().unwrap_or_else(|_| b.to_path_buf()));
     for proto in &graph.initializer {
         if proto.data_location() != DataLocation::External {

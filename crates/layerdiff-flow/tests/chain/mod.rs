@@ -17,6 +17,9 @@ use layerdiff_flow::{
 /// Elements in every value.
 pub const N: usize = 256;
 
+/// The smallest budget the drifting chain keeps (with its baseline): one layer a segment.
+pub const FINE: u64 = 12 * N as u64 * 4;
+
 /// One layer's op, applied elementwise; `call` counts the runs of the side (for an op that
 /// does not agree with itself).
 pub type Op = fn(f32, usize, usize) -> f32;
