@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-600}
 jobs=${FUZZ_JOBS:-1}
 targets=${FUZZ_TARGETS:-"onnx_model inputs comparison"}
+keep=${FUZZ_KEEP:-400}
 work=target/fuzz
 mkdir -p "$work"
 .venv/bin/python fuzz/seeds.py "$work/seeds"
@@ -28,11 +29,15 @@ run() {
     }
   grep -E "^(stat::number_of_executed_units|stat::peak_rss_mb|Done)|cov:" "$work/$t.log" \
     | tail -4 | sed "s/^/$t: /"
-  # the smallest set of inputs with the same coverage, checked in
+  # the smallest set of inputs with the same coverage (kept in target/fuzz/corpus/, where the
+  # next run starts), and a sample of it checked in: its inputs of 1 KB or less, at most
+  # $keep of them (named by their hash: a sample of no particular kind)
   cargo +nightly fuzz cmin --release "$t" "$work/corpus/$t" >"$work/$t.cmin.log" 2>&1
   rm -rf "fuzz/corpus/$t"
-  cp -r "$work/corpus/$t" "fuzz/corpus/$t"
-  echo "$t: $(ls "fuzz/corpus/$t" | wc -l) inputs kept ($(du -sh "fuzz/corpus/$t" | cut -f1))"
+  mkdir -p "fuzz/corpus/$t"
+  find "$work/corpus/$t" -type f -size -1025c | sort | head -n "$keep" \
+    | xargs -r cp -t "fuzz/corpus/$t/"
+  echo "$t: $(ls "$work/corpus/$t" | wc -l) inputs after minimizing, $(ls "fuzz/corpus/$t" | wc -l) checked in"
 }
 
 failed=0
