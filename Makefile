@@ -71,8 +71,8 @@ proto:
 lint: $(DEPS)
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --quiet -- -D warnings
-	$(VENV)/bin/ruff check python tests benches
-	$(VENV)/bin/ruff format --check python tests benches
+	$(VENV)/bin/ruff check python tests benches fuzz
+	$(VENV)/bin/ruff format --check python tests benches fuzz
 
 clean:
 	cargo clean

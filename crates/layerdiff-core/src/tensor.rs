@@ -19,7 +19,11 @@ pub struct TensorView<'a> {
 impl<'a> TensorView<'a> {
     /// Checks that `bytes` holds exactly `shape` elements of `dtype`; `name` is for the message.
     pub fn new(name: &str, dtype: DType, shape: &'a [usize], bytes: &'a [u8]) -> Result<Self> {
-        let expected = shape.iter().product::<usize>() * dtype.size();
+        // A hostile file's shape may multiply past any size: that holds no bytes either.
+        let expected = shape
+            .iter()
+            .try_fold(dtype.size(), |n, &d| n.checked_mul(d))
+            .unwrap_or(usize::MAX);
         if bytes.len() != expected {
             return Err(Error::BufferSize {
                 name: name.to_string(),
@@ -219,6 +223,13 @@ impl Tensor {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_shape_that_multiplies_past_any_size_holds_nothing() {
+        let err = TensorView::new("t", DType::F32, &[1 << 62, 4], &[]).unwrap_err();
+        assert!(err.to_string().contains("do not hold shape"), "{err}");
+        assert!(TensorView::new("t", DType::F32, &[0, 1 << 62], &[]).is_ok());
+    }
     use super::*;
 
     #[test]

@@ -89,7 +89,7 @@ pub fn value_sizes(
                 Dimension::Symbolic(Some(s)) => *symbols.get(s.as_str())?,
                 Dimension::Symbolic(None) => return None,
             };
-            Some(acc * d)
+            Some(acc.saturating_mul(d))
         })
     };
     for node in index.nodes() {

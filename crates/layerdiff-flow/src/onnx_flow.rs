@@ -286,6 +286,7 @@ pub(crate) fn compare_on(
         .then(|| GraphBaseline::new(&reference_model, ort_library))
         .transpose()?
         .map(|b| Baseline::Graph(Box::new(b)));
+    let subgraphs = subgraphs_note(reference_model.graph());
     let reference: Box<dyn Side> = match (reference_expected, reference_runtime) {
         (Some(expected), _) => Box::new(expected.given(&inputs)),
         (None, Some(runtime)) => Box::new(GraphSide::new(
@@ -317,7 +318,8 @@ pub(crate) fn compare_on(
     let segmentation = engine.segmentation();
     engine.advance()?;
     let mut report = engine.finish()?;
-    if options.settings.local && !own_target {
+    report.summary.warnings.extend(subgraphs);
+    if options.settings.local && !own_target && report.summary.incomplete.is_none() {
         match crate::reduce::inside_fusion(options, &report, &inputs, ort_library) {
             Ok(Some((layer, inside))) => report.narrowed(&layer, inside),
             Ok(None) => {}
@@ -333,6 +335,63 @@ pub(crate) fn compare_on(
         inputs,
         seed,
     })
+}
+
+/// What a report must say of a graph whose nodes run subgraphs (If, Loop, Scan): such a node
+/// is compared by its outputs, as one layer; the nodes inside are not compared one by one.
+fn subgraphs_note(graph: &layerdiff_onnx::GraphProto) -> Option<String> {
+    fn inside(graph: &layerdiff_onnx::GraphProto) -> usize {
+        graph
+            .node
+            .iter()
+            .map(|n| {
+                1 + n
+                    .attribute
+                    .iter()
+                    .flat_map(|a| a.g.iter().chain(&a.graphs))
+                    .map(inside)
+                    .sum::<usize>()
+            })
+            .sum()
+    }
+    let holders: Vec<(String, usize)> = graph
+        .node
+        .iter()
+        .filter_map(|n| {
+            let subgraphs: Vec<_> = n
+                .attribute
+                .iter()
+                .flat_map(|a| a.g.iter().chain(&a.graphs))
+                .collect();
+            (!subgraphs.is_empty()).then(|| {
+                let name = n.name().to_string();
+                let shown = if name.is_empty() {
+                    n.output.first().cloned().unwrap_or_default()
+                } else {
+                    name
+                };
+                (
+                    format!("`{shown}` ({})", n.op_type()),
+                    subgraphs.into_iter().map(inside).sum(),
+                )
+            })
+        })
+        .collect();
+    if holders.is_empty() {
+        return None;
+    }
+    let nodes: usize = holders.iter().map(|(_, n)| n).sum();
+    let named: Vec<&str> = holders.iter().take(3).map(|(h, _)| h.as_str()).collect();
+    let more = if holders.len() > 3 {
+        format!(" and {} more", holders.len() - 3)
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "{} node(s) run subgraphs ({}{more}): each is compared by its outputs, as one layer; the {nodes} node(s) inside them are not compared one by one",
+        holders.len(),
+        named.join(", "),
+    ))
 }
 
 /// The reference graph in float64, computed by ONNX Runtime on the CPU or, where it lacks a

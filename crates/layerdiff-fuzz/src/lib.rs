@@ -13,8 +13,11 @@ use layerdiff_onnx::{
     to_float64,
 };
 
+/// A fuzz target's body.
+pub type Target = fn(&[u8]);
+
 /// The targets, by the name of their folder under `fuzz/corpus/`.
-pub const TARGETS: [(&str, fn(&[u8])); 3] = [
+pub const TARGETS: [(&str, Target); 3] = [
     ("onnx_model", onnx_model),
     ("inputs", inputs),
     ("comparison", comparison),

@@ -61,7 +61,7 @@ impl Model {
                 "it declares no opset (`opset_import` is empty)",
             ));
         }
-        check_external_data(graph, origin, base_dir.as_deref())?;
+        check_initializers(graph, origin, base_dir.as_deref())?;
         Ok(Self { proto, base_dir })
     }
 
@@ -153,11 +153,11 @@ impl Model {
     }
 }
 
-/// Every initializer's external data (the subgraphs' too) lies in the model's folder: its
-/// `location` relative, without `..`, and (with the folder known) the file there, not a link
-/// out of it. A model file is often downloaded; it must not make layerdiff, or a runtime it
-/// hands the model to, read or write anything else.
-fn check_external_data(graph: &GraphProto, origin: &Path, base_dir: Option<&Path>) -> Result<()> {
+/// Every initializer (the subgraphs' too) holds what its shape says, and its external data
+/// lies in the model's folder: its `location` relative, without `..`, and (with the folder
+/// known) the file there, not a link out of it. A model file is often downloaded; it must not
+/// make layerdiff, or a runtime it hands the model to, read or write anything else.
+fn check_initializers(graph: &GraphProto, origin: &Path, base_dir: Option<&Path>) -> Result<()> {
     // a model named without a folder (`m.onnx`) is in the current one
     let folder = base_dir
         .map(|b| {
@@ -170,6 +170,16 @@ fn check_external_data(graph: &GraphProto, origin: &Path, base_dir: Option<&Path
         .map(|b| b.canonicalize().unwrap_or_else(|_| b.to_path_buf()));
     for proto in &graph.initializer {
         if proto.data_location() != DataLocation::External {
+            // a tensor of a type layerdiff reads must hold its shape (others are left to the
+            // runtimes, which read them)
+            if layerdiff_core::DType::from_onnx_code(proto.data_type()).is_ok()
+                && let Err(reason) = Stored::of(proto)
+            {
+                return Err(Error::NotAModel {
+                    path: origin.to_path_buf(),
+                    reason: format!("its initializer {reason}"),
+                });
+            }
             continue;
         }
         let location = crate::node_ext::lookup(&proto.external_data, "location").unwrap_or("");
@@ -221,7 +231,7 @@ fn check_external_data(graph: &GraphProto, origin: &Path, base_dir: Option<&Path
     for node in &graph.node {
         for attribute in &node.attribute {
             for sub in attribute.g.iter().chain(&attribute.graphs) {
-                check_external_data(sub, origin, base_dir)?;
+                check_initializers(sub, origin, base_dir)?;
             }
         }
     }

@@ -98,7 +98,11 @@ impl<'a> Stored<'a> {
             ));
         }
         let shape: Vec<usize> = proto.dims.iter().map(|&d| d.max(0) as usize).collect();
-        let n: usize = shape.iter().product();
+        // (a shape that multiplies past any size holds no bytes: the check below says so)
+        let n: usize = shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .unwrap_or(usize::MAX);
         let bytes = if let Some(raw) = proto.raw_data.as_ref().filter(|r| !r.is_empty() || n == 0) {
             std::borrow::Cow::Borrowed(&raw[..])
         } else {
