@@ -132,6 +132,8 @@ pub struct Engine<R: Side, T: Side, F: Side = Box<dyn Side>> {
     summary: Option<Summary>,
     /// Why the float64 truth stopped, when it could not run.
     truth_lost: Option<String>,
+    /// What the summary warns of a run that holds more at once than the default budget.
+    over_default_budget: Option<String>,
     /// Where a signal stopped the run (see [`crate::interrupt`]): the layers before this one
     /// were compared and judged, the others were not.
     stopped_at: Option<usize>,
@@ -255,6 +257,23 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                 crate::memory::bytes_text(needs.next_power_of_two()).replace(' ', ""),
             )));
         }
+        // The default budget (half the memory available) is not refused, only warned of: the
+        // run may still fit, and no one asked for less.
+        let over_default_budget = match (settings.max_memory, &plan.over_budget, budget(None)) {
+            (None, Some((value, needs)), Some(half)) => {
+                let layer = alignment
+                    .reference
+                    .iter()
+                    .position(|r| r == value)
+                    .map_or(value.as_str(), |i| alignment.layers[i].name.as_str());
+                Some(format!(
+                    "the run holds about {} of values at once at `{layer}`, more than half the memory available ({}): it may run out of memory",
+                    crate::memory::bytes_text(*needs),
+                    crate::memory::bytes_text(half),
+                ))
+            }
+            _ => None,
+        };
         // A target that computes can run the whole graph before a pushed reference hands over
         // anything (see `run_target_ahead`); the pushed values are then taken in stretches of
         // the stream's size, each dropped once compared, as a split run would, at no cost to
@@ -302,6 +321,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             evidence: vec![Evidence::default(); n],
             summary: None,
             truth_lost: None,
+            over_default_budget,
             stopped_at: None,
             clock,
             progress: None,

@@ -33,6 +33,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         summary
             .warnings
             .extend(segments_warning(self.reported.segments, &providers));
+        summary.warnings.extend(self.over_default_budget.take());
         if let Some(why) = self.truth_lost.take() {
             summary.warnings.push(format!(
                 "no float64 truth for the layers from where it stopped: it could not run ({why}); those layers are judged without it"
