@@ -68,12 +68,6 @@ def _files(folder: Path) -> None:
     onnx.save(_model(relu, opset=99), folder / "future_opset.onnx")
     unknown = helper.make_node("Frobnicate", ["x"], ["y"], name="f", domain="com.example")
     onnx.save(_model([unknown], domains=["com.example"]), folder / "unknown_op.onnx")
-    det = [
-        helper.make_node("Relu", ["x"], ["a"], name="relu"),
-        helper.make_node("Det", ["a"], ["d"], name="det"),
-        helper.make_node("Neg", ["d"], ["y"], name="neg"),
-    ]
-    onnx.save(_model(det, inputs=[_vi("x", (3, 3))], outputs=[_vi("y", ())]), folder / "det.onnx")
     dynamic = _model(relu, inputs=[_vi("x", ("batch", 4))], outputs=[_vi("y", ("batch", 4))])
     onnx.save(dynamic, folder / "dynamic.onnx")
     np.savez(folder / "wrong.npz", x=np.zeros((2, 3), np.float32))

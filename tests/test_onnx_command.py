@@ -337,3 +337,38 @@ def test_timings_are_printed_and_kept_out_of_the_json_unless_asked(resnet18_onnx
     assert all(t["seconds"] >= 0 for t in report["timings"])
     assert "layerdiff's own work:" in timed.stderr
     assert "rendering and writing reports" in timed.stderr
+
+
+def test_an_op_the_target_lacks_leaves_out_its_layers_and_compares_the_others(tmp_path):
+    """tract has no Det: the layers that depend on it are reported as not compared, and why;
+    the others (before it, and on a branch beside it) are compared; the run cannot say "no
+    drift" (exit 1, inconclusive), whole or in segments."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    vi = lambda n, s: helper.make_tensor_value_info(n, TensorProto.FLOAT, s)  # noqa: E731
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="relu"),
+        helper.make_node("Det", ["a"], ["d"], name="det"),
+        helper.make_node("Neg", ["d"], ["y"], name="neg"),
+        helper.make_node("Sigmoid", ["a"], ["s"], name="sigmoid"),
+        helper.make_node("Tanh", ["s"], ["z"], name="tanh"),
+    ]
+    graph = helper.make_graph(nodes, "g", [vi("x", [3, 3])], [vi("y", []), vi("z", [3, 3])])
+    path = tmp_path / "det.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=10), str(path))  # fmt: skip
+    for extra in ([], ["--max-memory", "256"]):
+        out = tmp_path / "r.json"
+        result = run_cli("onnx", str(path), "--target", "tract", *extra, "--json", str(out))
+        assert result.returncode == 1, result.stderr
+        report = json.loads(out.read_text())
+        status = {x["name"]: (x["status"], x["reason"]) for x in report["layers"]}
+        assert {n for n, (s, _) in status.items() if s == "compared"} == {"a", "s", "z"}, status
+        for name in ("d", "y"):
+            assert status[name][1].startswith("not compared: tract cannot run `det` (Det"), status
+        summary = report["summary"]
+        assert summary["verdict"] == "inconclusive"
+        assert "tract cannot run `det`" in summary["inconclusive"]
+        assert summary["warnings"][0].startswith("tract cannot run `det` (Det")
+        assert ("segments" in result.stderr) == bool(extra)

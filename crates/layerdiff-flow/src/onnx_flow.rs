@@ -19,7 +19,9 @@ use crate::{
     Header, Result, Segmentation, Settings, Shared, Side,
 };
 
+mod lacking;
 mod pairing;
+use lacking::Lacking;
 use pairing::align;
 
 /// What `layerdiff onnx` is asked to compare, parsed.
@@ -166,17 +168,51 @@ pub fn compare_with(
     compare_on(options, Some(target), ort_library, false)
 }
 
-/// `progress`: a progress line on stderr while the layers run, when it is a terminal.
+/// `progress`: a progress line on stderr while the layers run, when it is a terminal. A node
+/// the target runtime cannot run (an op it lacks) is left out of the target's graph with every
+/// node after it that reads what it produces, and the run is made again: the layers before it
+/// are compared, the others reported as not compared, and why (see [`lacking`]).
 pub(crate) fn compare_on(
+    options: &OnnxOptions,
+    mut target_runtime: Option<Box<dyn Runtime + Send + Sync>>,
+    ort_library: Option<&Path>,
+    progress: bool,
+) -> Result<Outcome> {
+    let own_target = target_runtime.is_some();
+    let mut lacks: Vec<Lacking> = Vec::new();
+    loop {
+        let outcome = compare_once(options, target_runtime.take(), ort_library, progress, &lacks);
+        let Err(err) = &outcome else {
+            return outcome;
+        };
+        let target_file = Model::load(options.vs.as_ref().unwrap_or(&options.model))?;
+        match lacking::lacking(err, &target_file) {
+            Some(node) if !own_target && !lacks.contains(&node) && lacks.len() < 16 => {
+                lacks.push(node)
+            }
+            _ => return outcome,
+        }
+    }
+}
+
+/// One try of [`compare_on`], the target's graph without the nodes it `lacks`.
+fn compare_once(
     options: &OnnxOptions,
     target_runtime: Option<Box<dyn Runtime + Send + Sync>>,
     ort_library: Option<&Path>,
     progress: bool,
+    lacks: &[Lacking],
 ) -> Result<Outcome> {
     let mut clock = Stopwatch::default();
     let own_target = target_runtime.is_some();
     let reference_model = Model::load(&options.model)?;
-    let target_model = options.vs.as_ref().map(Model::load).transpose()?;
+    let mut target_model = options.vs.as_ref().map(Model::load).transpose()?;
+    let mut removed = std::collections::HashSet::new();
+    if !lacks.is_empty() {
+        let (pruned, gone) =
+            lacking::without(target_model.as_ref().unwrap_or(&reference_model), lacks)?;
+        (target_model, removed) = (Some(pruned), gone);
+    }
     let target_spec = options.target.clone().unwrap_or(if options.vs.is_some() {
         RuntimeSpec::ort_cpu()
     } else {
@@ -319,6 +355,9 @@ pub(crate) fn compare_on(
     engine.advance()?;
     let mut report = engine.finish()?;
     report.summary.warnings.extend(subgraphs);
+    if !lacks.is_empty() {
+        lacking::explain(&mut report, &removed, lacks);
+    }
     if options.settings.local && !own_target && report.summary.incomplete.is_none() {
         match crate::reduce::inside_fusion(options, &report, &inputs, ort_library) {
             Ok(Some((layer, inside))) => report.narrowed(&layer, inside),
