@@ -181,7 +181,13 @@ pub(crate) fn compare_on(
     let own_target = target_runtime.is_some();
     let mut lacks: Vec<Lacking> = Vec::new();
     loop {
-        let outcome = compare_once(options, target_runtime.take(), ort_library, progress, &lacks);
+        let outcome = compare_once(
+            options,
+            target_runtime.take(),
+            ort_library,
+            progress,
+            &lacks,
+        );
         let Err(err) = &outcome else {
             return outcome;
         };

@@ -60,7 +60,10 @@ pub(super) fn without(model: &Model, lacking: &[Lacking]) -> Result<(Model, Hash
     }
     let kept: Vec<usize> = (0..graph.node.len()).filter(|&i| !gone[i]).collect();
     if kept.is_empty() {
-        let names: Vec<String> = lacking.iter().map(|l| format!("`{}` ({})", l.node, l.op)).collect();
+        let names: Vec<String> = lacking
+            .iter()
+            .map(|l| format!("`{}` ({})", l.node, l.op))
+            .collect();
         return Err(Error::Usage(format!(
             "the target cannot run {}, on which every layer depends: nothing to compare",
             names.join(", ")
