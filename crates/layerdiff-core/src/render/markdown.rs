@@ -27,7 +27,7 @@ pub(crate) fn finding_word(f: crate::Finding) -> &'static str {
 pub fn to_markdown(report: &Report) -> String {
     let s = &report.summary;
     let mut out = String::new();
-    let _ = writeln!(out, "# layerdiff: `{}`\n", report.model);
+    let _ = writeln!(out, "# layerdiff: {}\n", code(&report.model));
     let _ = writeln!(
         out,
         "Reference: **{}** ({}) · target: **{}** ({}) · mode: {}\n",
@@ -84,7 +84,7 @@ pub fn to_markdown(report: &Report) -> String {
     let _ = writeln!(out, "| metric | layer | value |\n|---|---|---|");
     let row = |out: &mut String, metric: &str, w: &Option<WorstLayer>| {
         if let Some(w) = w {
-            let _ = writeln!(out, "| {metric} | `{}` | {} |", w.layer, sci(w.value));
+            let _ = writeln!(out, "| {metric} | {} | {} |", code(&w.layer), sci(w.value));
         }
     };
     row(&mut out, "largest max abs diff", &s.worst.max_abs_diff);
@@ -110,13 +110,13 @@ pub fn to_markdown(report: &Report) -> String {
         for d in &s.defects {
             let _ = writeln!(
                 out,
-                "| `{}` | **{}** | {} | {} | {} | {} |",
-                d.layer,
+                "| {} | **{}** | {} | {} | {} | {} |",
+                code(&d.layer),
                 d.cause,
                 times(d.multiple),
                 times(d.tolerance_multiple),
-                d.detail.replace('|', "\\|"),
-                d.fix.replace('|', "\\|")
+                cell(&d.detail),
+                cell(&d.fix)
             );
         }
     }
@@ -143,17 +143,16 @@ pub fn to_markdown(report: &Report) -> String {
         "|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|:---|"
     );
     for l in &report.layers {
-        let onnx = l
-            .location
-            .as_ref()
-            .map_or("—".to_string(), |o| format!("`{}` ({})", o.value, o.op));
+        let onnx = l.location.as_ref().map_or("—".to_string(), |o| {
+            format!("{} ({})", code(&o.value), cell(&o.op))
+        });
         let shape = l
             .shape
             .iter()
             .map(usize::to_string)
             .collect::<Vec<_>>()
             .join("×");
-        let kind = l.module_type.as_deref().unwrap_or("");
+        let kind = cell(l.module_type.as_deref().unwrap_or(""));
         let (max, mean, cos) = match &l.accumulated {
             Some(st) => (
                 sci(st.max_abs_diff),
@@ -202,8 +201,9 @@ pub fn to_markdown(report: &Report) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | `{}` | {kind} | {onnx} | {shape} | {tolerance} | {max} | {rounding} | {local} | {baseline} | {mean} | {cos} | {truth} | {flag} |",
-            l.index, l.name
+            "| {} | {} | {kind} | {onnx} | {shape} | {tolerance} | {max} | {rounding} | {local} | {baseline} | {mean} | {cos} | {truth} | {flag} |",
+            l.index,
+            code(&l.name)
         );
     }
     let causes: Vec<_> = report.layers.iter().filter(|l| l.cause.is_some()).collect();
@@ -217,7 +217,11 @@ pub fn to_markdown(report: &Report) -> String {
                 .map(|p| format!(" {p:?}"))
                 .unwrap_or_default();
             let detail = l.detail.as_deref().unwrap_or_default();
-            let _ = writeln!(out, "- `{}`: **{cause}**{permutation}: {detail}", l.name);
+            let _ = writeln!(
+                out,
+                "- {}: **{cause}**{permutation}: {detail}",
+                code(&l.name)
+            );
         }
     }
     if let Some(keep) = &report.keep_float32 {
@@ -228,8 +232,14 @@ pub fn to_markdown(report: &Report) -> String {
         );
         let _ = writeln!(out, "| layer | why | ONNX nodes |\n|---|---|---|");
         for k in &keep.layers {
-            let nodes: Vec<String> = k.nodes.iter().map(|n| format!("`{n}`")).collect();
-            let _ = writeln!(out, "| `{}` | {} | {} |", k.layer, k.why, nodes.join(" "));
+            let nodes: Vec<String> = k.nodes.iter().map(|n| code(n)).collect();
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} |",
+                code(&k.layer),
+                cell(&k.why),
+                nodes.join(" ")
+            );
         }
         if let Some(check) = &keep.check {
             let _ = writeln!(
@@ -271,8 +281,24 @@ pub fn to_markdown(report: &Report) -> String {
     if !notes.is_empty() {
         let _ = writeln!(out, "\n## Notes on layers\n");
         for (l, reason) in notes {
-            let _ = writeln!(out, "- `{}`: {reason}", l.name);
+            let _ = writeln!(out, "- {}: {reason}", code(&l.name));
         }
     }
     out
+}
+
+/// A name as inline code that sits safely in a table cell or a line: its `|` escaped, a line
+/// break turned into a space, and (holding a backtick) fenced with two.
+fn code(name: &str) -> String {
+    let text = name.replace('\n', " ").replace('|', "\\|");
+    if text.contains('`') {
+        format!("`` {text} ``")
+    } else {
+        format!("`{text}`")
+    }
+}
+
+/// Text for a table cell: its `|` escaped and line breaks turned into spaces.
+fn cell(text: &str) -> String {
+    text.replace('\n', " ").replace('|', "\\|")
 }

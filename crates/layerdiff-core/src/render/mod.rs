@@ -5,6 +5,8 @@ mod html;
 mod json;
 mod markdown;
 mod node_data;
+#[cfg(test)]
+mod properties;
 mod text;
 
 pub use chart::to_svg;

@@ -1,0 +1,126 @@
+//! Every renderer on reports of any layer names and values (proptest): names with markup,
+//! table and code characters, newlines and any Unicode; values with NaN and ±Inf. The JSON
+//! reads back with every name as it was; no name reaches the HTML page or the chart unescaped;
+//! a name never breaks the Markdown table it sits in.
+
+use proptest::prelude::*;
+
+use crate::{
+    DType, Layer, LayerStatus, Machine, Report, SCHEMA, SideInfo, TensorView, Tolerance, analyse,
+    compare,
+};
+
+/// A name: mostly ordinary, sometimes hostile.
+fn name() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[a-z_.0-9/]{1,12}",
+        prop::sample::select(vec![
+            "<script>alert(1)</script>".to_string(),
+            "a|b".to_string(),
+            "tick`s".to_string(),
+            "line\nbreak".to_string(),
+            "\"quoted\" & 'single'".to_string(),
+            "**bold** _it_ [link](x)".to_string(),
+            "</svg><svg onload=x>".to_string(),
+        ]),
+        any::<String>().prop_filter("a name", |s| !s.is_empty()),
+    ]
+}
+
+fn value() -> impl Strategy<Value = f32> {
+    prop_oneof![
+        8 => -10.0f32..10.0,
+        1 => prop::sample::select(vec![f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0]),
+    ]
+}
+
+fn report(layers: Vec<(String, Vec<(f32, f32)>)>, model: String) -> Report {
+    let mut built: Vec<Layer> = layers
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, pairs))| {
+            let mut layer = Layer::new(i, name, vec![pairs.len()], "float32");
+            layer.status = LayerStatus::Compared;
+            let bytes = |f: fn(&(f32, f32)) -> f32| -> Vec<u8> {
+                pairs.iter().map(f).flat_map(f32::to_le_bytes).collect()
+            };
+            let (r, t) = (bytes(|p| p.0), bytes(|p| p.1));
+            let shape = [pairs.len()];
+            layer.accumulated = compare(
+                TensorView::new("r", DType::F32, &shape, &r).unwrap(),
+                TensorView::new("t", DType::F32, &shape, &t).unwrap(),
+            )
+            .ok();
+            layer.local = layer.accumulated.clone();
+            layer
+        })
+        .collect();
+    let mut summary = analyse(&mut built, Tolerance::Fixed(1e-3));
+    crate::explain(&mut built, &[], &mut summary);
+    Report {
+        schema: SCHEMA,
+        command: "test".to_string(),
+        model,
+        reference: SideInfo::new("r", "r"),
+        target: SideInfo::new("t", "t"),
+        target_graph: None,
+        truth: None,
+        mode: "local".to_string(),
+        tolerance: Tolerance::Fixed(1e-3).info(),
+        seed: None,
+        inputs: Vec::new(),
+        summary,
+        layers: built,
+        keep_float32: None,
+        bisection: None,
+        machine: Machine::this(),
+        timings: None,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 120, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_renderer_takes_any_names_and_values(
+        layers in prop::collection::vec(
+            (name(), prop::collection::vec((value(), value()), 1..6)), 1..6),
+        model in name(),
+    ) {
+        let report = report(layers, model);
+        let names: Vec<&str> = report.layers.iter().map(|l| l.name.as_str()).collect();
+
+        let json: serde_json::Value = serde_json::from_str(&super::to_json(&report)).unwrap();
+        let read: Vec<&str> = json["layers"].as_array().unwrap().iter()
+            .map(|l| l["name"].as_str().unwrap()).collect();
+        prop_assert_eq!(&read, &names);
+        prop_assert_eq!(json["model"].as_str(), Some(report.model.as_str()));
+
+        for page in [super::to_html(&report), super::to_svg(&report, false)] {
+            for name in names.iter().chain([&report.model.as_str()]) {
+                // a tag in a name must reach the page as text, never as markup
+                let tag = name.split('<').skip(1).any(|rest| {
+                    rest.starts_with(|c: char| c.is_ascii_alphabetic() || c == '/')
+                });
+                if tag {
+                    prop_assert!(!page.contains(name), "unescaped {:?}", name);
+                }
+            }
+        }
+
+        // each table's rows (runs of lines that start with `|`) have its header's cells
+        let markdown = super::to_markdown(&report);
+        let cells = |row: &str| row.replace("\\|", "").matches('|').count();
+        let mut header: Option<&str> = None;
+        for line in markdown.lines() {
+            if !line.starts_with('|') {
+                header = None;
+                continue;
+            }
+            let first = *header.get_or_insert(line);
+            prop_assert_eq!(cells(line), cells(first), "{}", line);
+        }
+        let _ = super::to_text(&report);
+        let _ = super::to_node_data(&report);
+    }
+}
