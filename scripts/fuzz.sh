@@ -35,7 +35,8 @@ run() {
   cargo +nightly fuzz cmin --release "$t" "$work/corpus/$t" >"$work/$t.cmin.log" 2>&1
   rm -rf "fuzz/corpus/$t"
   mkdir -p "fuzz/corpus/$t"
-  find "$work/corpus/$t" -type f -size -1025c | sort | head -n "$keep" \
+  # (sed reads the whole list: `head` would end the pipe early, which pipefail counts a failure)
+  find "$work/corpus/$t" -type f -size -1025c | sort | sed -n "1,${keep}p" \
     | xargs -r cp -t "fuzz/corpus/$t/"
   echo "$t: $(ls "$work/corpus/$t" | wc -l) inputs after minimizing, $(ls "fuzz/corpus/$t" | wc -l) checked in"
 }
