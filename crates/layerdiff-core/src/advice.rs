@@ -309,7 +309,7 @@ pub fn check_advice(before: &Report, after: &Report, kept: Vec<String>) -> Advic
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{DType, Machine, SCHEMA, SideInfo, TensorView, Tolerance, analyse, compare};
+    use crate::{DType, TensorView, compare};
 
     /// Statistics of a float32 reference against `target` (element by element).
     fn stats(reference: &[f32], target: &[f32]) -> Stats {
@@ -348,27 +348,7 @@ mod tests {
         layers[2].accumulated = Some(stats(&[3.0, 2.0], &[c_target, 2.0]));
         layers[2].local = Some(stats(&[3.0, 2.0], &[3.0, 2.0]));
         layers[2].local_inputs = vec!["b".to_string()];
-        let mut summary = analyse(&mut layers, Tolerance::Fixed(1e-3));
-        crate::explain(&mut layers, &[], &mut summary);
-        Report {
-            schema: SCHEMA,
-            command: "test".to_string(),
-            model: "m".to_string(),
-            reference: SideInfo::new("r", "r"),
-            target: SideInfo::new("t", "t"),
-            target_graph: None,
-            truth: None,
-            mode: "local".to_string(),
-            tolerance: Tolerance::Fixed(1e-3).info(),
-            seed: None,
-            inputs: Vec::new(),
-            summary,
-            layers,
-            keep_float32: None,
-            bisection: None,
-            machine: Machine::this(),
-            timings: None,
-        }
+        Report::of_layers("m", layers)
     }
 
     #[test]

@@ -333,3 +333,33 @@ impl InputInfo {
             .collect()
     }
 }
+
+#[cfg(test)]
+impl Report {
+    /// A report of `layers`, judged against a fixed tolerance of 1e-3 (analysed and explained
+    /// here), as the tests build one: command `test`, sides `r` and `t`, no timings.
+    pub(crate) fn of_layers(model: &str, mut layers: Vec<Layer>) -> Report {
+        let tolerance = crate::Tolerance::Fixed(1e-3);
+        let mut summary = crate::analyse(&mut layers, tolerance);
+        crate::explain(&mut layers, &[], &mut summary);
+        Report {
+            schema: SCHEMA,
+            command: "test".to_string(),
+            model: model.to_string(),
+            reference: SideInfo::new("r", "r"),
+            target: SideInfo::new("t", "t"),
+            target_graph: None,
+            truth: None,
+            mode: "local".to_string(),
+            tolerance: tolerance.info(),
+            seed: None,
+            inputs: Vec::new(),
+            summary,
+            layers,
+            keep_float32: None,
+            bisection: None,
+            machine: crate::Machine::this(),
+            timings: None,
+        }
+    }
+}

@@ -5,10 +5,7 @@
 
 use proptest::prelude::*;
 
-use crate::{
-    DType, Layer, LayerStatus, Machine, Report, SCHEMA, SideInfo, TensorView, Tolerance, analyse,
-    compare,
-};
+use crate::{DType, Layer, LayerStatus, Report, TensorView, compare};
 
 /// A name: mostly ordinary, sometimes hostile.
 fn name() -> impl Strategy<Value = String> {
@@ -35,7 +32,7 @@ fn value() -> impl Strategy<Value = f32> {
 }
 
 fn report(layers: Vec<(String, Vec<(f32, f32)>)>, model: String) -> Report {
-    let mut built: Vec<Layer> = layers
+    let built: Vec<Layer> = layers
         .into_iter()
         .enumerate()
         .map(|(i, (name, pairs))| {
@@ -55,27 +52,7 @@ fn report(layers: Vec<(String, Vec<(f32, f32)>)>, model: String) -> Report {
             layer
         })
         .collect();
-    let mut summary = analyse(&mut built, Tolerance::Fixed(1e-3));
-    crate::explain(&mut built, &[], &mut summary);
-    Report {
-        schema: SCHEMA,
-        command: "test".to_string(),
-        model,
-        reference: SideInfo::new("r", "r"),
-        target: SideInfo::new("t", "t"),
-        target_graph: None,
-        truth: None,
-        mode: "local".to_string(),
-        tolerance: Tolerance::Fixed(1e-3).info(),
-        seed: None,
-        inputs: Vec::new(),
-        summary,
-        layers: built,
-        keep_float32: None,
-        bisection: None,
-        machine: Machine::this(),
-        timings: None,
-    }
+    Report::of_layers(&model, built)
 }
 
 proptest! {
