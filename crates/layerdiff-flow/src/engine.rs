@@ -231,12 +231,17 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             graph.find_groups(&values, &|n| is_input(n) || compared.contains(n));
         }
         let target_view = target.plan_view();
-        let plan = plan(
-            &reference_view,
-            &target_view,
-            &planned,
-            budget(settings.max_memory),
-        );
+        let kept_to = budget(settings.max_memory);
+        let plan = plan(&reference_view, &target_view, &planned, kept_to);
+        // the layer whose reference value a plan names
+        let layer_of = |value: &str| {
+            alignment
+                .reference
+                .iter()
+                .position(|r| r == value)
+                .map_or(value, |i| alignment.layers[i].name.as_str())
+                .to_string()
+        };
         // A budget given that the run cut as finely as it can still exceeds cannot be kept: say
         // so before running, with where and how much it needs.
         let finest = settings.max_memory.and_then(|_| {
@@ -245,33 +250,23 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         if let (Some(given), Some((value, needs))) = (settings.max_memory, &finest)
             && needs > &given
         {
-            let layer = alignment
-                .reference
-                .iter()
-                .position(|r| r == value)
-                .map_or(value.as_str(), |i| alignment.layers[i].name.as_str());
             return Err(Error::Memory(format!(
-                "--max-memory {} is too small: the run cannot be cut finer than at `{layer}`, which holds {} of values at once (both sides' values there, and those still needed after it)\nhint: give --max-memory {} or more, or leave it out (half the memory available)",
+                "--max-memory {} is too small: the run cannot be cut finer than at `{}`, which holds {} of values at once (both sides' values there, and those still needed after it)\nhint: give --max-memory {} or more, or leave it out (half the memory available)",
                 crate::memory::bytes_text(given),
+                layer_of(value),
                 crate::memory::bytes_text(*needs),
                 crate::memory::bytes_text(needs.next_power_of_two()).replace(' ', ""),
             )));
         }
         // The default budget (half the memory available) is not refused, only warned of: the
         // run may still fit, and no one asked for less.
-        let over_default_budget = match (settings.max_memory, &plan.over_budget, budget(None)) {
-            (None, Some((value, needs)), Some(half)) => {
-                let layer = alignment
-                    .reference
-                    .iter()
-                    .position(|r| r == value)
-                    .map_or(value.as_str(), |i| alignment.layers[i].name.as_str());
-                Some(format!(
-                    "the run holds about {} of values at once at `{layer}`, more than half the memory available ({}): it may run out of memory",
-                    crate::memory::bytes_text(*needs),
-                    crate::memory::bytes_text(half),
-                ))
-            }
+        let over_default_budget = match (settings.max_memory, &plan.over_budget, kept_to) {
+            (None, Some((value, needs)), Some(half)) => Some(format!(
+                "the run holds about {} of values at once at `{}`, more than half the memory available ({}): it may run out of memory",
+                crate::memory::bytes_text(*needs),
+                layer_of(value),
+                crate::memory::bytes_text(half),
+            )),
             _ => None,
         };
         // A target that computes can run the whole graph before a pushed reference hands over
@@ -282,7 +277,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         let streamed =
             (plan.segments.len() == 1 && n > 0 && target.has_layers(n) && !reference.has_layers(n))
                 .then(|| {
-                    let stream = budget(settings.max_memory).map_or(STREAM, |b| b.min(STREAM));
+                    let stream = kept_to.map_or(STREAM, |b| b.min(STREAM));
                     crate::plan::plan(&reference_view, &target_view, &planned, Some(stream))
                 });
         drop((planned, reference_view, target_view));

@@ -191,8 +191,8 @@ pub(crate) fn compare_on(
         let Err(err) = &outcome else {
             return outcome;
         };
-        let target_file = Model::load(options.vs.as_ref().unwrap_or(&options.model))?;
-        match lacking::lacking(err, &target_file) {
+        let target_file = options.vs.as_ref().unwrap_or(&options.model);
+        match lacking::lacking(err, target_file) {
             Some(node) if !own_target && !lacks.contains(&node) && lacks.len() < 16 => {
                 lacks.push(node)
             }
@@ -385,41 +385,18 @@ fn compare_once(
 /// What a report must say of a graph whose nodes run subgraphs (If, Loop, Scan): such a node
 /// is compared by its outputs, as one layer; the nodes inside are not compared one by one.
 fn subgraphs_note(graph: &layerdiff_onnx::GraphProto) -> Option<String> {
+    use layerdiff_onnx::NodeExt;
     fn inside(graph: &layerdiff_onnx::GraphProto) -> usize {
-        graph
-            .node
-            .iter()
-            .map(|n| {
-                1 + n
-                    .attribute
-                    .iter()
-                    .flat_map(|a| a.g.iter().chain(&a.graphs))
-                    .map(inside)
-                    .sum::<usize>()
-            })
-            .sum()
+        let nested = |n: &layerdiff_onnx::NodeProto| n.subgraphs().map(inside).sum::<usize>();
+        graph.node.iter().map(|n| 1 + nested(n)).sum()
     }
     let holders: Vec<(String, usize)> = graph
         .node
         .iter()
-        .filter_map(|n| {
-            let subgraphs: Vec<_> = n
-                .attribute
-                .iter()
-                .flat_map(|a| a.g.iter().chain(&a.graphs))
-                .collect();
-            (!subgraphs.is_empty()).then(|| {
-                let name = n.name().to_string();
-                let shown = if name.is_empty() {
-                    n.output.first().cloned().unwrap_or_default()
-                } else {
-                    name
-                };
-                (
-                    format!("`{shown}` ({})", n.op_type()),
-                    subgraphs.into_iter().map(inside).sum(),
-                )
-            })
+        .filter(|n| n.subgraphs().next().is_some())
+        .map(|n| {
+            let nodes = n.subgraphs().map(inside).sum();
+            (format!("`{}` ({})", n.display_name(), n.op_type()), nodes)
         })
         .collect();
     if holders.is_empty() {

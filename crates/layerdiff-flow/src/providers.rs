@@ -406,6 +406,15 @@ pub fn run(options: &ProvidersOptions, to: &Destinations, ort_library: Option<&P
             }
             code
         }
+        // cells may have run: the engine's "before any layer was compared" would mislead
+        Err(Error::Interrupted(signal)) => {
+            eprintln!(
+                "error: interrupted by {}: the table is written whole or not at all, and was not",
+                crate::interrupt::name(signal)
+            );
+            crate::interrupt::said();
+            crate::interrupt::exit_code().unwrap_or(130)
+        }
         Err(err) => err.exit(),
     }
 }

@@ -5,7 +5,7 @@ use prost::Message;
 
 use crate::tensor_io::Stored;
 use crate::tensor_proto::DataLocation;
-use crate::{Error, GraphProto, ModelProto, Result};
+use crate::{Error, GraphProto, ModelProto, NodeExt, Result};
 
 /// An ONNX model and the folder its external data (if any) is read from. Cloning it is cheap
 /// in memory: tensor bytes are reference-counted and shared.
@@ -228,12 +228,8 @@ fn check_initializers(graph: &GraphProto, origin: &Path, base_dir: Option<&Path>
             Ok(_) => {}
         }
     }
-    for node in &graph.node {
-        for attribute in &node.attribute {
-            for sub in attribute.g.iter().chain(&attribute.graphs) {
-                check_initializers(sub, origin, base_dir)?;
-            }
-        }
+    for sub in graph.node.iter().flat_map(NodeExt::subgraphs) {
+        check_initializers(sub, origin, base_dir)?;
     }
     Ok(())
 }

@@ -1,4 +1,4 @@
-use crate::{AttributeProto, Error, NodeProto, Result, StringStringEntryProto};
+use crate::{AttributeProto, Error, GraphProto, NodeProto, Result, StringStringEntryProto};
 
 /// Small conveniences on generated `NodeProto`s, with errors that name the node.
 pub trait NodeExt {
@@ -12,6 +12,8 @@ pub trait NodeExt {
     fn metadata(&self, key: &str) -> Option<&str>;
     /// The node's name, or a stand-in built from its op type and first output.
     fn display_name(&self) -> String;
+    /// The subgraphs the node runs (an `If`'s branches, a `Loop`'s or a `Scan`'s body).
+    fn subgraphs(&self) -> impl Iterator<Item = &GraphProto>;
 }
 
 impl NodeExt for NodeProto {
@@ -33,6 +35,12 @@ impl NodeExt for NodeProto {
 
     fn metadata(&self, key: &str) -> Option<&str> {
         lookup(&self.metadata_props, key)
+    }
+
+    fn subgraphs(&self) -> impl Iterator<Item = &GraphProto> {
+        self.attribute
+            .iter()
+            .flat_map(|a| a.g.iter().chain(&a.graphs))
     }
 
     fn display_name(&self) -> String {

@@ -3,6 +3,7 @@
 //! them are compared as usual.
 
 use std::collections::HashSet;
+use std::path::Path;
 
 use layerdiff_core::{LayerStatus, Report, Verdict};
 use layerdiff_onnx::{GraphIndex, Model, extract_nodes};
@@ -20,10 +21,11 @@ pub(super) struct Lacking {
     pub why: String,
 }
 
-/// The node a target's error says it cannot run, when the error names one: tract names the node
-/// it could not translate (`Translating node #2 "det" Unimplemented(Det) …`; the number is of
-/// the graph it was given, a part of the file's, so the node is found by its name).
-pub(super) fn lacking(err: &Error, model: &Model) -> Option<Lacking> {
+/// The node of the target's file (`file`) its error says it cannot run, when the error names one:
+/// tract names the node it could not translate (`Translating node #2 "det" Unimplemented(Det)
+/// …`; the number is of the graph it was given, a part of the file's, so the node is found by
+/// its name).
+pub(super) fn lacking(err: &Error, file: &Path) -> Option<Lacking> {
     let Error::Runtime(layerdiff_runtime::Error::Tract(_)) = err else {
         return None;
     };
@@ -31,6 +33,7 @@ pub(super) fn lacking(err: &Error, model: &Model) -> Option<Lacking> {
     let after = text.split_once("Translating node #")?.1;
     let (_, quoted) = after.split_once('"')?;
     let (name, why) = quoted.split_once('"')?;
+    let model = Model::load(file).ok()?;
     let node = model
         .graph()
         .node

@@ -145,10 +145,7 @@ const SHAPE_ONLY: [&str; 4] = ["Shape", "Size", "ConstantOfShape", "EyeLike"];
 fn reached_by(graph: &GraphProto, inputs: &[String]) -> HashSet<String> {
     let mut reached: HashSet<String> = inputs.iter().cloned().collect();
     for node in &graph.node {
-        let subgraph = node
-            .attribute
-            .iter()
-            .any(|a| a.g.is_some() || !a.graphs.is_empty());
+        let subgraph = node.subgraphs().next().is_some();
         let reads =
             !SHAPE_ONLY.contains(&node.op_type()) && node.input.iter().any(|i| reached.contains(i));
         if subgraph || reads {
