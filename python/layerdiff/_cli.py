@@ -306,6 +306,12 @@ def run() -> None:
         code = main()
     except KeyboardInterrupt as e:
         code = _interrupted(e)
+    # the work is done and said: a signal now only ends the process with what it was to say
+    # (its exit code), not with a traceback from an exit handler
+    import signal
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
