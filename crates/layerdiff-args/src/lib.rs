@@ -18,7 +18,7 @@ use layerdiff_flow::output::Destinations;
 use layerdiff_flow::providers::ProvidersOptions;
 use layerdiff_flow::target::TargetSpec;
 use layerdiff_flow::torch_side::TorchSpec;
-use layerdiff_runtime::{OptLevel, Provider, RuntimeSpec};
+use layerdiff_runtime::{Isolation, OptLevel, Provider, RuntimeSpec};
 
 mod torch;
 pub use torch::{Exporter, GradArgs, Loss, TargetDtype, TorchArgs};
@@ -243,6 +243,13 @@ pub enum Dispatched {
 /// Python framework (PyTorch, TensorFlow).
 pub fn dispatch(argv: Vec<OsString>, ort_library: Option<&std::path::Path>) -> Dispatched {
     use layerdiff_flow::{audit, onnx_flow, providers};
+    if argv
+        .get(1)
+        .is_some_and(|a| a == layerdiff_runtime::WORKER_VERB)
+    {
+        // an isolated side's worker process, started by a run (not a verb users type)
+        return Dispatched::Exit(layerdiff_runtime::serve_worker(&argv[2..]));
+    }
     layerdiff_flow::output::record_invocation(&argv);
     let code = match parse(argv) {
         Parsed::Exit(code) => code,

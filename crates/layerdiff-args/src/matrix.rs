@@ -162,6 +162,12 @@ pub struct ProvidersArgs {
     /// `drift` (a cell with any layer beyond its tolerance, rounding included).
     #[arg(long, value_name = "WHEN", default_value = "defect", value_parser = FailOn::parse)]
     pub fail_on: FailOn,
+    /// Which sides run in a worker process, so that a crash in native code (a segfault or an
+    /// abort in a provider or a custom-op library) costs only the layers of that cell that depend
+    /// on the node it dies on: `auto` (the default: sides that load a custom-op library), `always`, `never`.
+    /// The layers left out are named in the report, with how the runtime died.
+    #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = Isolation::parse)]
+    pub isolate: Isolation,
     /// Where the table goes (`--out DIR`: providers.json, providers.md and each cell's whole
     /// report under cells/).
     #[command(flatten)]
@@ -221,6 +227,7 @@ impl ProvidersArgs {
             float64: self.float64 || self.tolerance == Tolerance::Auto,
             baseline: !self.no_float64,
             fail_on: self.fail_on,
+            isolation: self.isolate,
         }
     }
 

@@ -101,6 +101,12 @@ pub struct OnnxArgs {
     /// last use. Default: half the memory available at start. The numbers do not depend on it.
     #[arg(long, value_name = "SIZE", value_parser = layerdiff_flow::memory::parse_memory)]
     pub max_memory: Option<u64>,
+    /// Which sides run in a worker process, so that a crash in native code (a segfault or an
+    /// abort in a provider or a custom-op library) costs only the layers that depend on the node
+    /// it dies on: `auto` (the default: sides that load a custom-op library), `always`, `never`.
+    /// The layers left out are named in the report, with how the runtime died.
+    #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = Isolation::parse)]
+    pub isolate: Isolation,
     /// Where reports go.
     #[command(flatten)]
     pub report: ReportArgs,
@@ -151,6 +157,7 @@ impl OnnxArgs {
             bisect: self.bisect,
             repro: self.repro.clone(),
             repro_nodes: self.repro_nodes,
+            isolation: self.isolate,
         }
     }
 }

@@ -95,7 +95,9 @@ pub fn ort_optimizers(
     ort_library: Option<&Path>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Option<Bisection>> {
-    let Some(RuntimeSpec::Ort(provider, level, provider_options, without)) = &options.target else {
+    let Some(RuntimeSpec::Ort(provider, level, provider_options, without, custom_ops)) =
+        &options.target
+    else {
         return Ok(None);
     };
     if *level == OptLevel::Disable || report.summary.layers_exceeding == 0 {
@@ -110,7 +112,13 @@ pub fn ort_optimizers(
     let spec = |set: &[String]| {
         let mut disabled = without.clone();
         disabled.extend(set.iter().cloned());
-        RuntimeSpec::Ort(*provider, *level, provider_options.clone(), disabled)
+        RuntimeSpec::Ort(
+            *provider,
+            *level,
+            provider_options.clone(),
+            disabled,
+            custom_ops.clone(),
+        )
     };
     // Every run, its set and what it found: a set is run once, and the answer's check is the
     // run of the answer.

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use layerdiff_core::{Layer, Location, Report, Tensor, Tolerance};
 use layerdiff_onnx::{GraphIndex, MAX_GROUP_NODES, Model, NCHWC_DOMAIN, NodeInfo, to_float64};
-use layerdiff_runtime::{ExactElementwise, PerNode, Runtime, RuntimeSpec};
+use layerdiff_runtime::{ExactElementwise, Isolation, PerNode, Runtime, RuntimeSpec};
 
 use crate::inputs::{InputPlan, check_inputs, fit_inputs, generate_inputs, read_inputs};
 use crate::output::{Destinations, deliver, exit_code};
@@ -55,6 +55,8 @@ pub struct OnnxOptions {
     pub repro: Option<PathBuf>,
     /// The most nodes the repro may grow to.
     pub repro_nodes: usize,
+    /// Which sides run in a worker process, so that a crash costs only its layers.
+    pub isolation: Isolation,
 }
 
 /// A finished run: its report, how it was split, and the inputs both sides were given.
@@ -243,7 +245,9 @@ fn compare_once(
     };
     let build = |spec: &RuntimeSpec| match spec {
         RuntimeSpec::Expected(_) => Ok(None),
-        spec => spec.build(ort_library).map(Some),
+        spec => spec
+            .build_isolated(ort_library, options.isolation)
+            .map(Some),
     };
     let reference_runtime = build(&options.reference)?;
     let target_runtime = match target_runtime {

@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 
 use layerdiff_core::{FailOn, InputInfo, Machine, Report, SideInfo, ToleranceInfo, render};
-use layerdiff_runtime::{OptLevel, Provider, RuntimeSpec};
+use layerdiff_runtime::{Isolation, OptLevel, Provider, RuntimeSpec};
 use serde::Serialize;
 
 use crate::inputs::InputPlan;
@@ -45,6 +45,8 @@ pub struct ProvidersOptions {
     pub baseline: bool,
     /// When a cell fails the run.
     pub fail_on: FailOn,
+    /// Which cells' runtimes run in a worker process.
+    pub isolation: Isolation,
 }
 
 /// One provider at one optimization level.
@@ -151,7 +153,7 @@ pub fn providers(
                     (
                         name,
                         level.name().to_string(),
-                        RuntimeSpec::Ort(provider, level, Vec::new(), Vec::new()),
+                        RuntimeSpec::Ort(provider, level, Vec::new(), Vec::new(), Vec::new()),
                     )
                 })
                 .collect()
@@ -214,6 +216,7 @@ fn cell(
         bisect: false,
         repro: None,
         repro_nodes: 0,
+        isolation: options.isolation,
     };
     let mut cell = Cell {
         provider,
@@ -253,9 +256,14 @@ fn cell(
             cell.reason = Some(e.to_string());
             if let RuntimeSpec::Ort(provider, ..) = target {
                 cell.level = "any".to_string();
-                cell.target =
-                    RuntimeSpec::Ort(*provider, OptLevel::Disable, Vec::new(), Vec::new())
-                        .spelling();
+                cell.target = RuntimeSpec::Ort(
+                    *provider,
+                    OptLevel::Disable,
+                    Vec::new(),
+                    Vec::new(),
+                    Vec::new(),
+                )
+                .spelling();
             }
             return Ok((cell, false));
         }

@@ -156,6 +156,7 @@ fn report(says_so: bool) -> Option<Report> {
         bisect: false,
         repro: None,
         repro_nodes: 0,
+        isolation: Default::default(),
     };
     let cpu = RuntimeSpec::ort_cpu().build(Some(&library)).unwrap();
     let target = Box::new(Tf32Like { cpu, says_so });

@@ -401,6 +401,20 @@ fn interrupt_signal() -> (Option<i32>, bool) {
 
 #[pymodule]
 fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // An isolated side's worker is this interpreter running the package's command
+    // (`python -m layerdiff __worker …`): the executable here is Python, not layerdiff.
+    let python: std::ffi::OsString = m
+        .py()
+        .import("sys")?
+        .getattr("executable")?
+        .extract::<std::path::PathBuf>()?
+        .into_os_string();
+    layerdiff_runtime::set_worker_command(vec![
+        python,
+        "-m".into(),
+        "layerdiff".into(),
+        layerdiff_runtime::WORKER_VERB.into(),
+    ]);
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("DEFAULT_TOLERANCE", layerdiff_core::DEFAULTS_TEXT)?;
     m.add_class::<Report>()?;

@@ -76,9 +76,62 @@ pub enum Error {
         /// What.
         what: String,
     },
+    /// A runtime in a worker process died (see [`crate::Isolated`]).
+    #[error("{0}")]
+    Crashed(Box<Crash>),
+    /// The worker process of an isolated side could not be used.
+    #[error("{0}")]
+    Worker(String),
     /// Writing the model for the runtime failed.
     #[error(transparent)]
     Onnx(#[from] layerdiff_onnx::Error),
+}
+
+/// How a runtime in a worker process died: how, on which node where that could be traced, and
+/// the last lines it wrote on stderr.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Crash {
+    /// The runtime (`onnxruntime`).
+    pub runtime: String,
+    /// How it died (`SIGSEGV, a segmentation fault`; `exit code 3`).
+    pub how: String,
+    /// The node whose run kills it.
+    pub node: Option<CrashedNode>,
+    /// The end of what it wrote on stderr.
+    pub last_words: Option<String>,
+}
+
+/// The node a runtime died on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CrashedNode {
+    /// Its name (or how it is shown when it has none).
+    pub name: String,
+    /// Its op, with the domain when not the standard one (`com.vendor.FastGelu`).
+    pub op: String,
+    /// The values it produces (they name it in the file the run came from).
+    pub outputs: Vec<String>,
+}
+
+impl std::fmt::Display for Crash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} crashed in its worker process ({})",
+            self.runtime, self.how
+        )?;
+        match &self.node {
+            Some(node) => write!(f, " running node `{}` ({})", node.name, node.op)?,
+            None => write!(
+                f,
+                "; the crash could not be traced to one node (the graph's beginnings run alone do \
+                 not crash)"
+            )?,
+        }
+        if let Some(words) = &self.last_words {
+            write!(f, "; its last words: {words}")?;
+        }
+        Ok(())
+    }
 }
 
 /// Result type of this crate.

@@ -8,6 +8,7 @@
 
 mod error;
 mod exact;
+mod isolated;
 mod library;
 mod openvino_runtime;
 mod ort_provider;
@@ -19,8 +20,9 @@ mod tract_runtime;
 use layerdiff_core::Tensor;
 use layerdiff_onnx::Model;
 
-pub use error::{Error, Result};
+pub use error::{Crash, CrashedNode, Error, Result};
 pub use exact::ExactElementwise;
+pub use isolated::{Isolated, Isolation, WORKER_VERB, serve as serve_worker, set_worker_command};
 pub use library::{LIBRARY_ENV, OPENVINO_LIBRARY_ENV, find_ort_library};
 pub use openvino_runtime::{OPENVINO_PRECISIONS, OpenVinoRuntime};
 pub use ort_provider::{Provider, ProviderOptions, TF32_OPS};

@@ -78,6 +78,8 @@ pub struct OrtRuntime {
     pub intra_threads: Option<usize>,
     /// Graph optimizers not to run at [`Self::opt_level`] (ONNX Runtime's names).
     pub disabled_optimizers: Vec<String>,
+    /// Custom-op libraries every session registers.
+    pub custom_ops: Vec<PathBuf>,
     /// The level at which ONNX Runtime already optimized the graph this runtime runs (see
     /// [`Runtime::optimize`]); `None` for a file run as given.
     optimized_at: Option<OptLevel>,
@@ -105,6 +107,7 @@ impl OrtRuntime {
                 resolved: Vec::new(),
                 intra_threads: None,
                 disabled_optimizers: Vec::new(),
+                custom_ops: Vec::new(),
                 optimized_at: None,
                 library: loaded.path.clone(),
                 version: version_from_path(&loaded.path),
@@ -195,6 +198,32 @@ impl OrtRuntime {
         self
     }
 
+    /// The same runtime registering these custom-op libraries in every session (a vendor's
+    /// kernels for ops of its own domain). A library that is not a file is refused here, by name;
+    /// one that ONNX Runtime cannot load is refused when a session is made.
+    pub fn with_custom_ops(mut self, libraries: &[PathBuf]) -> Result<Self> {
+        for library in libraries {
+            if !library.is_file() {
+                return Err(Error::Session(format!(
+                    "custom-op library `{}` is not a file",
+                    library.display()
+                )));
+            }
+        }
+        self.custom_ops = libraries.to_vec();
+        Ok(self)
+    }
+
+    /// The runtime that runs the graph this one optimized (see [`Runtime::optimize`]) as saved,
+    /// rewriting nothing more.
+    pub fn as_saved(&self) -> Self {
+        Self {
+            opt_level: OptLevel::Disable,
+            optimized_at: Some(self.opt_level),
+            ..self.clone()
+        }
+    }
+
     /// The library file in use.
     pub fn library(&self) -> &Path {
         &self.library
@@ -240,6 +269,15 @@ impl OrtRuntime {
         }
         if let Some(n) = self.intra_threads {
             builder = builder.with_intra_threads(n).map_err(session_error)?;
+        }
+        for library in &self.custom_ops {
+            builder = builder.with_operator_library(library).map_err(|e| {
+                Error::Session(format!(
+                    "custom-op library `{}`: {}",
+                    library.display(),
+                    clean_message(e.to_string())
+                ))
+            })?;
         }
         if !model.external_data_files().is_empty() {
             // Loaded from memory, ONNX Runtime resolves external data against this folder (the
@@ -346,6 +384,16 @@ impl Runtime for OrtRuntime {
                 self.disabled_optimizers.join(", ")
             )
         };
+        let optimizations = if self.custom_ops.is_empty() {
+            optimizations
+        } else {
+            let names: Vec<String> = self
+                .custom_ops
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            format!("{optimizations}, custom ops from {}", names.join(", "))
+        };
         let options = if self.resolved.is_empty() {
             String::new()
         } else {
@@ -416,14 +464,9 @@ impl Runtime for OrtRuntime {
         let path = folder.path().join("optimized.onnx");
         drop(self.session_with(model, Some(&path), None)?);
         let saved = Model::load(&path).map_err(|e| failed(&e))?;
-        let runtime = Self {
-            opt_level: OptLevel::Disable,
-            optimized_at: Some(self.opt_level),
-            ..self.clone()
-        };
         Ok(Some(Optimized {
             model: saved,
-            runtime: Box::new(runtime),
+            runtime: Box::new(self.as_saved()),
             folder,
         }))
     }

@@ -1,14 +1,15 @@
 //! Runtimes are spelled the same way everywhere: `ort` (CPU execution provider, optimizations
 //! off), `ort:cuda`, `ort:opt=basic|extended|all` and combinations (`ort:cuda:opt=all`), some
 //! optimizers disabled at a level (`ort:opt=all:without=NchwcTransformer`), a
-//! provider's own options in ONNX Runtime's names (`ort:cuda:use_tf32=0`), `tract`,
+//! provider's own options in ONNX Runtime's names (`ort:cuda:use_tf32=0`), custom-op libraries
+//! to register (`ort:custom_ops=/path/libvendor_ops.so`), `tract`,
 //! `openvino[:precision=f32|f16|bf16]`, `expected:PATH`. A new runtime is one variant here.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::{
-    Error, OpenVinoRuntime, OptLevel, OrtRuntime, Provider, ProviderOptions, Result, Runtime,
-    TractRuntime,
+    Error, Isolated, Isolation, OpenVinoRuntime, OptLevel, OrtRuntime, Provider, ProviderOptions,
+    Result, Runtime, TractRuntime,
 };
 
 /// A runtime named on the command line or in the API.
@@ -16,8 +17,16 @@ use crate::{
 pub enum RuntimeSpec {
     /// ONNX Runtime on an execution provider with its options (ONNX Runtime's names), with a
     /// graph optimization level and the optimizers disabled at it (their names, as the
-    /// session's `optimization.disable_specified_optimizers` takes them).
-    Ort(Provider, OptLevel, ProviderOptions, Vec<String>),
+    /// session's `optimization.disable_specified_optimizers` takes them), and the custom-op
+    /// libraries its sessions register (a vendor's kernels: code layerdiff does not trust, so a
+    /// side that loads one runs in a worker process, see [`crate::Isolation`]).
+    Ort(
+        Provider,
+        OptLevel,
+        ProviderOptions,
+        Vec<String>,
+        Vec<PathBuf>,
+    ),
     /// tract.
     Tract,
     /// OpenVINO's CPU plugin with an inference-precision hint (`None`: its default).
@@ -29,18 +38,25 @@ pub enum RuntimeSpec {
 impl RuntimeSpec {
     /// ONNX Runtime on the CPU with graph optimizations off: every value exists as written.
     pub fn ort_cpu() -> Self {
-        Self::Ort(Provider::Cpu, OptLevel::Disable, Vec::new(), Vec::new())
+        Self::Ort(
+            Provider::Cpu,
+            OptLevel::Disable,
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        )
     }
 
-    /// Parses `ort[:PROVIDER][:opt=LEVEL][:without=NAME,…][:KEY=VALUE]…`, `tract`,
+    /// Parses `ort[:PROVIDER][:opt=LEVEL][:without=NAME,…][:custom_ops=PATH,…][:KEY=VALUE]…`,
+    /// `tract`,
     /// `openvino[:precision=PRECISION]` or `expected:PATH`.
     pub fn parse(text: &str) -> Result<Self, String> {
         let unknown = || {
             format!(
-                "unknown runtime `{text}` (expected `ort[:PROVIDER][:opt=LEVEL][:without=NAME,…][:KEY=VALUE]…` with \
+                "unknown runtime `{text}` (expected `ort[:PROVIDER][:opt=LEVEL][:without=NAME,…][:custom_ops=PATH,…][:KEY=VALUE]…` with \
                  PROVIDER one of cpu, cuda, tensorrt, rocm, openvino, coreml, directml, LEVEL one of \
-                 disable, basic, extended, all, NAME an ONNX Runtime optimizer to disable, and KEY=VALUE the provider's options in ONNX Runtime's \
-                 names (`use_tf32=0`); or `tract`; or `openvino[:precision=f32|f16|bf16]`; or \
+                 disable, basic, extended, all, NAME an ONNX Runtime optimizer to disable, PATH a custom-op library to register, \
+                 and KEY=VALUE the provider's options in ONNX Runtime's names (`use_tf32=0`); or `tract`; or `openvino[:precision=f32|f16|bf16]`; or \
                  `expected:PATH`)"
             )
         };
@@ -65,8 +81,14 @@ impl RuntimeSpec {
         }
         let (mut provider, mut level, mut options) = (None, None, Vec::new());
         let mut without: Vec<String> = Vec::new();
+        let mut custom_ops: Vec<PathBuf> = Vec::new();
         for part in parts {
-            if let Some(names) = part.strip_prefix("without=") {
+            if let Some(paths) = part.strip_prefix("custom_ops=") {
+                if !custom_ops.is_empty() || paths.split(',').any(str::is_empty) {
+                    return Err(unknown());
+                }
+                custom_ops = paths.split(',').map(PathBuf::from).collect();
+            } else if let Some(names) = part.strip_prefix("without=") {
                 let names: Vec<&str> = names.split(',').map(str::trim).collect();
                 if !without.is_empty()
                     || names.iter().any(|n| {
@@ -115,13 +137,13 @@ impl RuntimeSpec {
                 without.join(",")
             ));
         }
-        Ok(Self::Ort(provider, level, options, without))
+        Ok(Self::Ort(provider, level, options, without, custom_ops))
     }
 
     /// The spelling that parses back to this spec (defaults left out: `ort`, `ort:cuda:opt=all`).
     pub fn spelling(&self) -> String {
         match self {
-            Self::Ort(provider, level, options, without) => {
+            Self::Ort(provider, level, options, without, custom_ops) => {
                 let mut s = "ort".to_string();
                 if *provider != Provider::Cpu {
                     s.push(':');
@@ -135,6 +157,12 @@ impl RuntimeSpec {
                     s.push_str(":without=");
                     s.push_str(&without.join(","));
                 }
+                if !custom_ops.is_empty() {
+                    let paths: Vec<String> =
+                        custom_ops.iter().map(|p| p.display().to_string()).collect();
+                    s.push_str(":custom_ops=");
+                    s.push_str(&paths.join(","));
+                }
                 for (k, v) in options {
                     s.push_str(&format!(":{k}={v}"));
                 }
@@ -147,15 +175,45 @@ impl RuntimeSpec {
         }
     }
 
-    /// Builds the runtime (loading ONNX Runtime from `ort_library`, or found, when needed).
-    /// `expected:` values are a side that computes nothing, not a runtime: an error here.
+    /// Builds the runtime (loading ONNX Runtime from `ort_library`, or found, when needed), in
+    /// this process. `expected:` values are a side that computes nothing, not a runtime: an
+    /// error here.
     pub fn build(&self, ort_library: Option<&Path>) -> Result<Box<dyn Runtime + Send + Sync>> {
+        self.build_here(ort_library, false)
+    }
+
+    /// [`Self::build`], in a worker process where `isolation` says so (see [`Isolated`]).
+    pub fn build_isolated(
+        &self,
+        ort_library: Option<&Path>,
+        isolation: Isolation,
+    ) -> Result<Box<dyn Runtime + Send + Sync>> {
+        if isolation.applies(self) {
+            Ok(Box::new(Isolated::new(self, ort_library)?))
+        } else {
+            self.build(ort_library)
+        }
+    }
+
+    /// Builds the runtime in this process; with `as_saved`, the one that runs a graph its
+    /// runtime already optimized, as saved (see [`Runtime::optimize`]).
+    pub(crate) fn build_here(
+        &self,
+        ort_library: Option<&Path>,
+        as_saved: bool,
+    ) -> Result<Box<dyn Runtime + Send + Sync>> {
         Ok(match self {
-            Self::Ort(provider, level, options, without) => Box::new(
-                OrtRuntime::new(ort_library, *level)?
+            Self::Ort(provider, level, options, without, custom_ops) => {
+                let runtime = OrtRuntime::new(ort_library, *level)?
                     .with_provider(*provider, options)?
-                    .without(without),
-            ),
+                    .without(without)
+                    .with_custom_ops(custom_ops)?;
+                Box::new(if as_saved {
+                    runtime.as_saved()
+                } else {
+                    runtime
+                })
+            }
             Self::Tract => Box::new(TractRuntime),
             Self::OpenVino(precision) => {
                 Box::new(OpenVinoRuntime::new(None, precision.as_deref())?)
@@ -184,6 +242,7 @@ mod tests {
             "ort:tensorrt:opt=extended",
             "ort:cuda:opt=all:use_tf32=0:cudnn_conv_algo_search=HEURISTIC",
             "ort:opt=all:without=NchwcTransformer,ConvActivationFusion",
+            "ort:cuda:opt=all:custom_ops=/opt/vendor/libops.so,libmore.so:use_tf32=0",
             "tract",
             "openvino",
             "openvino:precision=f16",
@@ -209,6 +268,9 @@ mod tests {
             "openvino:precision=f16:opt=all",
             "ort:opt=all:without=",
             "ort:opt=all:without=a;b",
+            "ort:custom_ops=",
+            "ort:custom_ops=a.so,",
+            "ort:custom_ops=a.so:custom_ops=b.so",
         ] {
             let err = RuntimeSpec::parse(bad).unwrap_err();
             assert!(
@@ -238,6 +300,7 @@ mod tests {
                 Provider::Cuda,
                 OptLevel::Disable,
                 vec![("use_tf32".into(), "0".into())],
+                Vec::new(),
                 Vec::new()
             )
         );

@@ -1,12 +1,12 @@
-//! Nodes the target runtime cannot run (an op it lacks): the comparison goes on without them and
-//! without the layers that depend on them, which the report names, with why; the layers before
-//! them are compared as usual.
+//! Nodes the target runtime cannot run (an op it lacks, or one it crashes on in a worker
+//! process): the comparison goes on without them and without the layers that depend on them,
+//! which the report names, with why; the layers before them are compared as usual.
 
 use std::collections::HashSet;
 use std::path::Path;
 
 use layerdiff_core::{LayerStatus, Report, Verdict};
-use layerdiff_onnx::{GraphIndex, Model, extract_nodes};
+use layerdiff_onnx::{GraphIndex, Model, NodeExt, extract_nodes};
 
 use crate::{Error, Result, error_chain};
 
@@ -19,13 +19,33 @@ pub(super) struct Lacking {
     pub op: String,
     /// The runtime's words.
     pub why: String,
+    /// The values it produces (what finds it when it has no name).
+    pub outputs: Vec<String>,
 }
 
 /// The node of the target's file (`file`) its error says it cannot run, when the error names one:
 /// tract names the node it could not translate (`Translating node #2 "det" Unimplemented(Det)
 /// …`; the number is of the graph it was given, a part of the file's, so the node is found by
-/// its name).
+/// its name); an isolated runtime that crashed names the node it died on, found by the values
+/// it produces (see [`layerdiff_runtime::Isolated`]).
 pub(super) fn lacking(err: &Error, file: &Path) -> Option<Lacking> {
+    if let Error::Runtime(layerdiff_runtime::Error::Crashed(crash)) = err
+        && let Some(crashed) = &crash.node
+    {
+        let how = &crash.how;
+        let model = Model::load(file).ok()?;
+        let node = model
+            .graph()
+            .node
+            .iter()
+            .find(|n| n.output.iter().any(|o| crashed.outputs.contains(o)))?;
+        return Some(Lacking {
+            node: node.display_name(),
+            op: crashed.op.clone(),
+            why: format!("crashed with {how}"),
+            outputs: node.output.clone(),
+        });
+    }
     let Error::Runtime(layerdiff_runtime::Error::Tract(_)) = err else {
         return None;
     };
@@ -44,6 +64,7 @@ pub(super) fn lacking(err: &Error, file: &Path) -> Option<Lacking> {
         node: node.name().to_string(),
         op: node.op_type().to_string(),
         why: why.split_whitespace().next().unwrap_or(why).to_string(),
+        outputs: node.output.clone(),
     })
 }
 
@@ -55,7 +76,8 @@ pub(super) fn without(model: &Model, lacking: &[Lacking]) -> Result<(Model, Hash
     let mut removed: HashSet<String> = HashSet::new();
     let mut gone = vec![false; graph.node.len()];
     for (i, node) in graph.node.iter().enumerate() {
-        let lacks = lacking.iter().any(|l| l.node == node.name());
+        // a node's outputs name it in SSA form, where its name may be empty or repeated
+        let lacks = lacking.iter().any(|l| l.outputs == node.output);
         if lacks || node.input.iter().any(|v| removed.contains(v)) {
             gone[i] = true;
             removed.extend(node.output.iter().filter(|o| !o.is_empty()).cloned());

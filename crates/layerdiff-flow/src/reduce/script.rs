@@ -56,7 +56,7 @@ fn py_str(text: &str) -> String {
 /// The target's Python package, and the body of `run_target(inputs)`.
 fn runner(target: &RuntimeSpec, inputs: &[String]) -> (&'static str, String) {
     match target {
-        RuntimeSpec::Ort(provider, level, options, without) => {
+        RuntimeSpec::Ort(provider, level, options, without, custom_ops) => {
             let level = match level {
                 OptLevel::Disable => "ORT_DISABLE_ALL",
                 OptLevel::Basic => "ORT_ENABLE_BASIC",
@@ -71,6 +71,16 @@ fn runner(target: &RuntimeSpec, inputs: &[String]) -> (&'static str, String) {
                     py_str(&without.join(";"))
                 )
             };
+            let disabled: String = disabled
+                + &custom_ops
+                    .iter()
+                    .map(|library| {
+                        format!(
+                            "    options.register_custom_ops_library({})\n",
+                            py_str(&library.display().to_string())
+                        )
+                    })
+                    .collect::<String>();
             let provider_options: Vec<String> = options
                 .iter()
                 .map(|(k, v)| format!("{}: {}", py_str(k), py_str(v)))

@@ -1,0 +1,514 @@
+//! Sides whose runtime layerdiff does not trust run in a worker process: a segfault or abort in
+//! native code (a vendor's custom-op library, a provider) then ends the worker, not the run. The
+//! run that crashed is replayed on shorter and shorter beginnings of its graph, each in a fresh
+//! worker, to name the node it dies on; the comparison goes on without that node (see the `onnx`
+//! verb), and the report says why those layers were not compared.
+//!
+//! The worker is this program again (`layerdiff __worker --runtime SPEC`, or the Python
+//! package's `python -m layerdiff __worker …`, see [`set_worker_command`]): it builds the runtime
+//! from its spelling and answers requests on its standard input and output, one at a time.
+
+use std::ffi::OsString;
+use std::io::{BufReader, BufWriter, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+
+use layerdiff_core::Tensor;
+use layerdiff_onnx::{Model, NodeExt, extract_nodes};
+use serde_json::{Value, json};
+
+use crate::{Error, Optimized, Provider, ReducedMath, Result, Runtime, RuntimeSpec};
+
+mod serve;
+mod wire;
+
+pub use serve::serve;
+
+/// The first argument that makes `layerdiff` a worker.
+pub const WORKER_VERB: &str = "__worker";
+
+/// Which sides run in a worker process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Isolation {
+    /// Those whose runtime loads code layerdiff does not know (a custom-op library).
+    #[default]
+    Auto,
+    /// Every side that computes.
+    Always,
+    /// None: everything runs in this process.
+    Never,
+}
+
+impl Isolation {
+    /// The spellings, as the command line takes them.
+    pub const NAMES: [&'static str; 3] = ["auto", "always", "never"];
+
+    /// Parses `auto`, `always` or `never`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "auto" => Ok(Self::Auto),
+            "always" => Ok(Self::Always),
+            "never" => Ok(Self::Never),
+            _ => Err(format!(
+                "unknown isolation `{text}` (expected one of: {})",
+                Self::NAMES.join(", ")
+            )),
+        }
+    }
+
+    /// Whether a side on `spec` runs in a worker process.
+    pub fn applies(self, spec: &RuntimeSpec) -> bool {
+        match (self, spec) {
+            (_, RuntimeSpec::Expected(_)) | (Self::Never, _) => false,
+            (Self::Always, _) => true,
+            (Self::Auto, RuntimeSpec::Ort(.., custom_ops)) => !custom_ops.is_empty(),
+            (Self::Auto, _) => false,
+        }
+    }
+}
+
+static WORKER_COMMAND: OnceLock<Vec<OsString>> = OnceLock::new();
+
+/// The command that starts a worker (its arguments follow). Where this program is not itself
+/// `layerdiff` (the Python package's extension inside `python`), its entry sets this once;
+/// elsewhere it is this executable with [`WORKER_VERB`].
+pub fn set_worker_command(command: Vec<OsString>) {
+    let _ = WORKER_COMMAND.set(command);
+}
+
+fn worker_command() -> Result<Vec<OsString>> {
+    if let Some(command) = WORKER_COMMAND.get() {
+        return Ok(command.clone());
+    }
+    let exe = std::env::current_exe()
+        .map_err(|e| Error::Worker(format!("cannot find this program to start a worker: {e}")))?;
+    Ok(vec![exe.into_os_string(), WORKER_VERB.into()])
+}
+
+/// A runtime whose runs happen in a worker process (see the module's words).
+pub struct Isolated {
+    spec: RuntimeSpec,
+    /// The worker runs an already optimized graph as saved.
+    as_saved: bool,
+    ort_library: Option<PathBuf>,
+    /// The same runtime built here, for what it is (name, details, options); it runs nothing.
+    here: Box<dyn Runtime + Send + Sync>,
+    worker: Mutex<Option<Worker>>,
+}
+
+struct Worker {
+    child: Child,
+    to: BufWriter<ChildStdin>,
+    from: BufReader<ChildStdout>,
+    /// What the worker printed on stderr: the last words of one that crashed.
+    log: tempfile::NamedTempFile,
+}
+
+/// Why a request got no answer.
+enum Failure {
+    /// The worker died: how (`SIGSEGV, a segmentation fault`), and its last words on stderr.
+    Died(String, Option<String>),
+    /// The runtime in the worker refused or failed, with an error of its own.
+    Said(Error),
+}
+
+impl Isolated {
+    /// `spec`'s runtime, run in a worker process that loads ONNX Runtime from `ort_library`.
+    pub fn new(spec: &RuntimeSpec, ort_library: Option<&Path>) -> Result<Self> {
+        Ok(Self {
+            here: spec.build_here(ort_library, false)?,
+            spec: spec.clone(),
+            as_saved: false,
+            ort_library: ort_library.map(Path::to_path_buf),
+            worker: Mutex::new(None),
+        })
+    }
+
+    fn spawn(&self) -> Result<Worker> {
+        let command = worker_command()?;
+        let log = tempfile::Builder::new()
+            .prefix(".layerdiff-worker-")
+            .tempfile()
+            .map_err(|e| Error::Worker(format!("cannot make the worker's log: {e}")))?;
+        let mut run = Command::new(&command[0]);
+        run.args(&command[1..])
+            .arg("--runtime")
+            .arg(self.spec.spelling());
+        if self.as_saved {
+            run.arg("--as-saved");
+        }
+        if let Some(library) = &self.ort_library {
+            run.arg("--ort-library").arg(library);
+        }
+        let stderr = log
+            .reopen()
+            .map_err(|e| Error::Worker(format!("cannot open the worker's log: {e}")))?;
+        let mut child = run
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .map_err(|e| {
+                Error::Worker(format!(
+                    "cannot start a worker process (`{}`): {e}",
+                    command[0].to_string_lossy()
+                ))
+            })?;
+        let to = BufWriter::new(child.stdin.take().expect("piped"));
+        let from = BufReader::new(child.stdout.take().expect("piped"));
+        Ok(Worker {
+            child,
+            to,
+            from,
+            log,
+        })
+    }
+
+    /// Sends one request and reads its answer with `read` (its header, then its blobs).
+    fn ask<T>(
+        &self,
+        request: &Value,
+        blobs: &[&[u8]],
+        read: impl FnOnce(&Value, &mut dyn Read) -> std::io::Result<T>,
+    ) -> Result<T, Failure> {
+        let mut guard = self.worker.lock().unwrap_or_else(|e| e.into_inner());
+        if guard.is_none() {
+            *guard = Some(self.spawn().map_err(Failure::Said)?);
+        }
+        let worker = guard.as_mut().expect("started above");
+        let answer =
+            wire::send(&mut worker.to, request, blobs).and_then(|()| {
+                match wire::header(&mut worker.from)? {
+                    None => Err(std::io::ErrorKind::UnexpectedEof.into()),
+                    Some(h) if !h["error"].is_null() => Ok(Err(wire::to_error(&h))),
+                    Some(h) => read(&h, &mut worker.from).map(Ok),
+                }
+            });
+        match answer {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(said)) => Err(Failure::Said(said)),
+            Err(_) => {
+                let worker = guard.take().expect("started above");
+                Err(worker.died())
+            }
+        }
+    }
+
+    /// Runs `model` in the worker; `twice`: two runs in one session, keeping those values.
+    fn ask_run(
+        &self,
+        model: &Model,
+        inputs: &[(String, Tensor)],
+        outputs: &[String],
+        twice: Option<&[String]>,
+    ) -> Result<Vec<Vec<(String, Tensor)>>, Failure> {
+        let bytes = model.to_bytes();
+        let mut blobs: Vec<&[u8]> = vec![&bytes];
+        blobs.extend(inputs.iter().map(|(_, t)| t.bytes.as_slice()));
+        let request = json!({
+            "do": "run",
+            "base_dir": model.base_dir(),
+            "inputs": wire::tensors(inputs),
+            "outputs": outputs,
+            "twice": twice,
+        });
+        self.ask(&request, &blobs, |answer, from| {
+            let runs = answer["runs"].as_array().cloned().unwrap_or_default();
+            runs.iter()
+                .map(|run| wire::read_tensors(run, from))
+                .collect()
+        })
+    }
+
+    /// The error of a run that killed the worker, naming the node it died on where shorter
+    /// beginnings of `model` tell it.
+    fn crashed(
+        &self,
+        model: &Model,
+        inputs: &[(String, Tensor)],
+        how: String,
+        last_words: Option<String>,
+    ) -> Error {
+        let node = self.crashing_node(model, inputs).map(|i| {
+            let node = &model.graph().node[i];
+            let op = match node.domain() {
+                "" | "ai.onnx" => node.op_type().to_string(),
+                domain => format!("{domain}.{}", node.op_type()),
+            };
+            crate::CrashedNode {
+                name: node.display_name(),
+                op,
+                outputs: node
+                    .output
+                    .iter()
+                    .filter(|o| !o.is_empty())
+                    .cloned()
+                    .collect(),
+            }
+        });
+        Error::Crashed(Box::new(crate::Crash {
+            runtime: self.here.name().to_string(),
+            how,
+            node,
+            last_words,
+        }))
+    }
+
+    /// The node whose run kills the worker: the last of the shortest beginning of the graph
+    /// (its nodes in file order, every value no other of them reads an output) that kills it,
+    /// found by halving. `None` when the whole graph run this way does not crash (the crash
+    /// comes from more than one node, or not every time).
+    fn crashing_node(&self, model: &Model, inputs: &[(String, Tensor)]) -> Option<usize> {
+        let count = model.graph().node.len();
+        let crashes = |k: usize| {
+            let Ok(beginning) = beginning(model, k, inputs) else {
+                return false;
+            };
+            let outputs: Vec<String> = beginning
+                .graph()
+                .output
+                .iter()
+                .map(|o| o.name().to_string())
+                .collect();
+            matches!(
+                self.ask_run(&beginning, inputs, &outputs, None),
+                Err(Failure::Died(..))
+            )
+        };
+        if count == 0 || !crashes(count) {
+            return None;
+        }
+        let (mut survives, mut dies) = (0, count);
+        while dies - survives > 1 {
+            let middle = (survives + dies) / 2;
+            if crashes(middle) {
+                dies = middle;
+            } else {
+                survives = middle;
+            }
+        }
+        Some(dies - 1)
+    }
+}
+
+/// The first `k` nodes of `model`, every value they produce and none of them reads an output.
+fn beginning(model: &Model, k: usize, inputs: &[(String, Tensor)]) -> Result<Model> {
+    let nodes = &model.graph().node[..k];
+    let read: std::collections::HashSet<&str> = nodes
+        .iter()
+        .flat_map(|n| n.input.iter().map(String::as_str))
+        .collect();
+    let outputs: Vec<String> = nodes
+        .iter()
+        .flat_map(|n| n.output.iter())
+        .filter(|o| !o.is_empty() && !read.contains(o.as_str()))
+        .cloned()
+        .collect();
+    let picked: Vec<usize> = (0..k).collect();
+    Ok(extract_nodes(model, &picked, &outputs, inputs)?)
+}
+
+impl Worker {
+    /// How the worker ended, and its last words (the end of what it wrote on stderr).
+    fn died(mut self) -> Failure {
+        let _ = self.child.kill(); // one that answered garbage is still alive
+        let how = match self.child.wait() {
+            Ok(status) => describe(status),
+            Err(e) => format!("lost ({e})"),
+        };
+        let text = std::fs::read_to_string(self.log.path()).unwrap_or_default();
+        let words: Vec<&str> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        let last_words =
+            (!words.is_empty()).then(|| words[words.len().saturating_sub(3)..].join(" / "));
+        Failure::Died(how, last_words)
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// How a worker ended: `SIGSEGV, a segmentation fault`, `exit code 3`.
+fn describe(status: std::process::ExitStatus) -> String {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(signal) = status.signal() {
+            return match signal {
+                4 => "SIGILL, an illegal instruction".to_string(),
+                6 => "SIGABRT, an abort".to_string(),
+                7 => "SIGBUS, a bad memory access".to_string(),
+                8 => "SIGFPE, an arithmetic fault".to_string(),
+                9 => "SIGKILL, killed from outside (often for memory)".to_string(),
+                11 => "SIGSEGV, a segmentation fault".to_string(),
+                other => format!("signal {other}"),
+            };
+        }
+    }
+    match status.code() {
+        Some(code) => format!("exit code {code}"),
+        None => "an unknown end".to_string(),
+    }
+}
+
+impl Isolated {
+    /// The error of a request that failed other than by a run's crash (which [`Self::crashed`]
+    /// traces to a node).
+    fn failed(&self, failure: Failure) -> Error {
+        match failure {
+            Failure::Said(e) => e,
+            Failure::Died(how, last_words) => Error::Crashed(Box::new(crate::Crash {
+                runtime: self.here.name().to_string(),
+                how,
+                node: None,
+                last_words,
+            })),
+        }
+    }
+}
+
+impl Runtime for Isolated {
+    fn name(&self) -> &str {
+        self.here.name()
+    }
+
+    fn detail(&self) -> String {
+        format!("{}, in a worker process", self.here.detail())
+    }
+
+    fn options(&self) -> Vec<(String, String)> {
+        self.here.options()
+    }
+
+    fn reduced_math(&self) -> Option<ReducedMath> {
+        self.here.reduced_math()
+    }
+
+    fn kernels_per_graph(&self) -> Option<&'static str> {
+        self.here.kernels_per_graph()
+    }
+
+    fn casts_half_per_graph(&self) -> bool {
+        self.here.casts_half_per_graph()
+    }
+
+    fn rewrites(&self) -> bool {
+        self.here.rewrites()
+    }
+
+    fn optimize(&self, model: &Model) -> Result<Option<Optimized>> {
+        if !self.here.rewrites() {
+            return Ok(None);
+        }
+        let failed = |e: &dyn std::fmt::Display| Error::SaveOptimized(e.to_string());
+        let folder = tempfile::tempdir().map_err(|e| failed(&e))?;
+        let bytes = model.to_bytes();
+        let request =
+            json!({"do": "optimize", "base_dir": model.base_dir(), "into": folder.path()});
+        let optimized = self
+            .ask(&request, &[&bytes], |answer, _| {
+                Ok(answer["optimized"] == true)
+            })
+            .map_err(|f| self.failed(f))?;
+        if !optimized {
+            return Ok(None);
+        }
+        let saved = Model::load(folder.path().join("optimized.onnx")).map_err(|e| failed(&e))?;
+        let runtime = Self {
+            here: self.spec.build_here(self.ort_library.as_deref(), true)?,
+            spec: self.spec.clone(),
+            as_saved: true,
+            ort_library: self.ort_library.clone(),
+            worker: Mutex::new(None),
+        };
+        Ok(Some(Optimized {
+            model: saved,
+            runtime: Box::new(runtime),
+            folder,
+        }))
+    }
+
+    fn placement(
+        &self,
+        model: &Model,
+        inputs: &[(String, Tensor)],
+    ) -> Option<crate::NodePlacement> {
+        let RuntimeSpec::Ort(provider, ..) = &self.spec else {
+            return None;
+        };
+        if *provider == Provider::Cpu {
+            return None;
+        }
+        let bytes = model.to_bytes();
+        let mut blobs: Vec<&[u8]> = vec![&bytes];
+        blobs.extend(inputs.iter().map(|(_, t)| t.bytes.as_slice()));
+        let request = json!({"do": "placement", "base_dir": model.base_dir(), "inputs": wire::tensors(inputs)});
+        let nodes = self
+            .ask(&request, &blobs, |answer, _| {
+                serde_json::from_value::<Vec<(String, usize)>>(answer["nodes"].clone())
+                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+            })
+            .map_err(|f| self.failed(f));
+        Some((provider.ort_name(), nodes))
+    }
+
+    fn run(
+        &self,
+        model: &Model,
+        inputs: &[(String, Tensor)],
+        outputs: &[String],
+    ) -> Result<Vec<(String, Tensor)>> {
+        match self.ask_run(model, inputs, outputs, None) {
+            Ok(mut runs) if runs.len() == 1 => Ok(runs.remove(0)),
+            Ok(_) => Err(Error::Worker(
+                "the worker answered a run with no values".into(),
+            )),
+            Err(Failure::Died(how, words)) => Err(self.crashed(model, inputs, how, words)),
+            Err(said) => Err(self.failed(said)),
+        }
+    }
+
+    fn run_twice(
+        &self,
+        model: &Model,
+        inputs: &[(String, Tensor)],
+        outputs: &[String],
+        keep: &[String],
+    ) -> Result<[Vec<(String, Tensor)>; 2]> {
+        match self.ask_run(model, inputs, outputs, Some(keep)) {
+            Ok(runs) => <[_; 2]>::try_from(runs).map_err(|_| {
+                Error::Worker("the worker answered two runs with other than two".into())
+            }),
+            Err(Failure::Died(how, words)) => Err(self.crashed(model, inputs, how, words)),
+            Err(said) => Err(self.failed(said)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn isolation_applies_to_untrusted_code_by_default() {
+        let ort = RuntimeSpec::parse("ort").unwrap();
+        let vendor = RuntimeSpec::parse("ort:custom_ops=/opt/libvendor.so").unwrap();
+        assert!(!Isolation::Auto.applies(&ort));
+        assert!(Isolation::Auto.applies(&vendor));
+        assert!(Isolation::Always.applies(&RuntimeSpec::Tract));
+        assert!(!Isolation::Never.applies(&vendor));
+        assert!(!Isolation::Always.applies(&RuntimeSpec::Expected("v.safetensors".into())));
+        assert_eq!(
+            Isolation::parse("sometimes").unwrap_err(),
+            "unknown isolation `sometimes` (expected one of: auto, always, never)"
+        );
+    }
+}
