@@ -45,6 +45,19 @@ def resnet18_onnx(resnet18, tmp_path_factory):
     }
 
 
+def faulty_ops_library() -> Path:
+    """The custom-op library whose kernel aborts or segfaults on a node's `fault` attribute
+    (crates/layerdiff-runtime/examples/faulty_ops.rs): built by `cargo test`, else here."""
+    library = ROOT / "target" / "release" / "examples" / "libfaulty_ops.so"
+    if not library.exists():
+        subprocess.run(
+            ["cargo", "build", "--release", "--quiet", "-p", "layerdiff-runtime",
+             "--example", "faulty_ops"],
+            cwd=ROOT, check=True,
+        )  # fmt: skip
+    return library
+
+
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Runs the installed `layerdiff` command as a user would."""
     exe = Path(sys.executable).parent / "layerdiff"

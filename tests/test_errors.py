@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from conftest import faulty_ops_library
 from onnx import TensorProto, helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,6 +72,11 @@ def _files(folder: Path) -> None:
     onnx.save(_model([unknown], domains=["com.example"]), folder / "unknown_op.onnx")
     dynamic = _model(relu, inputs=[_vi("x", ("batch", 4))], outputs=[_vi("y", ("batch", 4))])
     onnx.save(dynamic, folder / "dynamic.onnx")
+    gate = helper.make_node("Sigmoid", ["h"], ["y"], name="gate", domain="layerdiff.test",
+                            fault="abort")  # fmt: skip
+    matmul = helper.make_node("MatMul", ["x", "w"], ["h"], name="mm")
+    onnx.save(_model([matmul, gate], [w], domains=["layerdiff.test"]), folder / "vendor_gated.onnx")
+    shutil.copy(faulty_ops_library(), folder / "libvendor_ops.so")
     np.savez(folder / "wrong.npz", x=np.zeros((2, 3), np.float32))
     np.savez(folder / "other_name.npz", z=np.zeros((1, 4), np.float32))
     (folder / "notes.npz").write_text("not an archive\n")

@@ -79,6 +79,9 @@ pub enum Error {
     /// A runtime in a worker process died (see [`crate::Isolated`]).
     #[error("{0}")]
     Crashed(Box<Crash>),
+    /// A custom-op library that cannot be used.
+    #[error("{0}")]
+    CustomOps(String),
     /// The worker process of an isolated side could not be used.
     #[error("{0}")]
     Worker(String),

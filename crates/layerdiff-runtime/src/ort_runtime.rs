@@ -204,7 +204,7 @@ impl OrtRuntime {
     pub fn with_custom_ops(mut self, libraries: &[PathBuf]) -> Result<Self> {
         for library in libraries {
             if !library.is_file() {
-                return Err(Error::Session(format!(
+                return Err(Error::CustomOps(format!(
                     "custom-op library `{}` is not a file",
                     library.display()
                 )));
@@ -272,8 +272,8 @@ impl OrtRuntime {
         }
         for library in &self.custom_ops {
             builder = builder.with_operator_library(library).map_err(|e| {
-                Error::Session(format!(
-                    "custom-op library `{}`: {}",
+                Error::CustomOps(format!(
+                    "ONNX Runtime cannot load the custom-op library `{}`: {}",
                     library.display(),
                     clean_message(e.to_string())
                 ))

@@ -91,6 +91,7 @@ pub(super) fn error(e: &Error) -> Value {
         Error::Tract(m) => ("tract", m.clone()),
         Error::OpenVino(m) => ("openvino", m.clone()),
         Error::NoKernel(m) => ("no_kernel", m.clone()),
+        Error::CustomOps(m) => ("custom_ops", m.clone()),
         other => ("other", other.to_string()),
     };
     json!({"error": {"kind": kind, "message": message}})
@@ -110,6 +111,7 @@ pub(super) fn to_error(header: &Value) -> Error {
         "tract" => Error::Tract(message),
         "openvino" => Error::OpenVino(message),
         "no_kernel" => Error::NoKernel(message),
+        "custom_ops" => Error::CustomOps(message),
         _ => Error::Worker(message),
     }
 }
