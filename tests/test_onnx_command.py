@@ -339,6 +339,36 @@ def test_timings_are_printed_and_kept_out_of_the_json_unless_asked(resnet18_onnx
     assert "rendering and writing reports" in timed.stderr
 
 
+def test_an_op_onnx_runtime_lacks_on_the_target_leaves_out_its_layers(tmp_path):
+    """ONNX Runtime's CPU provider has no float64 Acosh: against tract, its layer and the one
+    after it are not compared, and why; the one before and the branch beside it are."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    vi = lambda n: helper.make_tensor_value_info(n, TensorProto.DOUBLE, [3, 3])  # noqa: E731
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="relu"),
+        helper.make_node("Acosh", ["a"], ["h"], name="acosh"),
+        helper.make_node("Neg", ["h"], ["y"], name="neg"),
+        helper.make_node("Tanh", ["a"], ["z"], name="tanh"),
+    ]
+    graph = helper.make_graph(nodes, "g", [vi("x")], [vi("y"), vi("z")])
+    path = tmp_path / "acosh.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=10), str(path))  # fmt: skip
+    out = tmp_path / "r.json"
+    result = run_cli("onnx", str(path), "--reference", "tract", "--target", "ort",
+                     "--json", str(out))  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    report = json.loads(out.read_text())
+    status = {x["name"]: (x["status"], x["reason"]) for x in report["layers"]}
+    assert {n for n, (s, _) in status.items() if s == "compared"} == {"a", "z"}, status
+    why = "onnxruntime cannot run `acosh` (Acosh: no kernel for Acosh(9) and its input types)"
+    assert status["h"][1] == f"not compared: {why}, which this layer depends on"
+    assert status["y"][1] == f"not compared: {why}, which this layer depends on"
+    assert report["summary"]["verdict"] == "inconclusive"
+
+
 def test_an_op_the_target_lacks_leaves_out_its_layers_and_compares_the_others(tmp_path):
     """tract has no Det: the layers that depend on it are reported as not compared, and why;
     the others (before it, and on a branch beside it) are compared; the run cannot say "no

@@ -46,24 +46,38 @@ pub(super) fn lacking(err: &Error, file: &Path) -> Option<Lacking> {
             outputs: node.output.clone(),
         });
     }
-    let Error::Runtime(layerdiff_runtime::Error::Tract(_)) = err else {
-        return None;
+    let (name, why) = match err {
+        Error::Runtime(layerdiff_runtime::Error::Tract(_)) => {
+            let text = error_chain(err);
+            let after = text.split_once("Translating node #")?.1;
+            let (_, quoted) = after.split_once('"')?;
+            let (name, why) = quoted.split_once('"')?;
+            let why = why.trim();
+            let why = why.split_whitespace().next().unwrap_or(why);
+            (name.to_string(), why.to_string())
+        }
+        // ONNX Runtime: `Could not find an implementation for Acosh(9) node with name 'n1'`
+        Error::Runtime(layerdiff_runtime::Error::Session(text)) => {
+            let after = text.split_once("Could not find an implementation for ")?.1;
+            let (op, rest) = after.split_once(" node with name '")?;
+            let (name, _) = rest.split_once('\'')?;
+            (
+                name.to_string(),
+                format!("no kernel for {op} and its input types"),
+            )
+        }
+        _ => return None,
     };
-    let text = error_chain(err);
-    let after = text.split_once("Translating node #")?.1;
-    let (_, quoted) = after.split_once('"')?;
-    let (name, why) = quoted.split_once('"')?;
     let model = Model::load(file).ok()?;
     let node = model
         .graph()
         .node
         .iter()
         .find(|n| !name.is_empty() && n.name() == name)?;
-    let why = why.trim();
     Some(Lacking {
         node: node.name().to_string(),
         op: node.op_type().to_string(),
-        why: why.split_whitespace().next().unwrap_or(why).to_string(),
+        why,
         outputs: node.output.clone(),
     })
 }
