@@ -111,6 +111,10 @@ def test_a_runtime_that_dies_on_one_node_costs_only_the_layers_that_depend_on_it
         for name in ("s", "m", "y"):
             assert status[name][1] == f"not compared: {why}, which this layer depends on"
         summary = report["summary"]
+        assert (summary["layers_unmapped"], summary["layers_not_run"]) == (0, 3)
+        assert "8 total, 5 compared, 0 without an ONNX counterpart, 3 the target could not run" in (
+            result.stdout
+        )
         assert summary["verdict"] == "inconclusive"
         assert why in summary["inconclusive"] and summary["warnings"][0].startswith(why)
         assert ("segments" in result.stderr) == bool(extra)
@@ -191,3 +195,24 @@ def test_a_worker_left_alone_ends(tmp_path, faulty_ops):
         input=b"", capture_output=True, timeout=60,
     )  # fmt: skip
     assert worker.returncode == 0 and worker.stdout == b"", worker.stderr
+
+
+def test_an_audit_marks_the_op_a_runtime_crashes_on_and_goes_on(tmp_path, faulty_ops):
+    """`layerdiff audit` runs each op alone on each runtime: the vendor's op that aborts fails,
+    with how, and every other op is still tried on that runtime."""
+    model = _gated(tmp_path / "vendor.onnx", "abort")
+    out = tmp_path / "audit.json"
+    result = run_cli("audit", str(model), "--runtimes", f"ort:custom_ops={faulty_ops},tract",
+                     "--json", str(out))  # fmt: skip
+    assert result.returncode in (0, 1), result.stderr
+    audit = _report(result, out)
+    runtime = f"ort:custom_ops={faulty_ops}"
+    support = {
+        op["op_type"]: next(s for s in op["support"] if s["runtime"] == runtime)
+        for op in audit["ops"]
+    }
+    assert support["Sigmoid"]["status"] == "fails"
+    assert "crashed in its worker process (SIGABRT, an abort)" in support["Sigmoid"]["error"]
+    assert {op: s["status"] for op, s in support.items() if op != "Sigmoid"} == dict.fromkeys(
+        ["Conv", "Relu", "Mul", "Tanh", "Add", "ReduceMean"], "runs"
+    )

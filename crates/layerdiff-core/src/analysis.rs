@@ -93,6 +93,7 @@ pub fn summarise(layers: &mut [Layer]) -> Summary {
             .iter()
             .filter(|l| l.status == LayerStatus::Unmapped)
             .count(),
+        layers_not_run: 0,
         drift_origin: origin.map(|i| layers[i].name.clone()),
         first_exceeding: first_exceeding.map(|i| layers[i].name.clone()),
         worst: WorstLayers {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use layerdiff_core::{Machine, Tensor};
 use layerdiff_onnx::{GraphIndex, Model, NodeExt, expose_values, extract_nodes};
-use layerdiff_runtime::RuntimeSpec;
+use layerdiff_runtime::{Isolation, RuntimeSpec};
 use serde::Serialize;
 
 use crate::inputs::{InputPlan, check_inputs, generate_inputs, read_inputs};
@@ -162,7 +162,9 @@ pub fn audit(options: &AuditOptions, ort_library: Option<&Path>) -> Result<Audit
 
     let (mut runtimes, mut unavailable) = (Vec::new(), Vec::new());
     for spec in &options.runtimes {
-        match spec.build(ort_library) {
+        // a runtime that loads a custom-op library checks each op in a worker process: a
+        // kernel that crashes fails its op, not the audit
+        match spec.build_isolated(ort_library, Isolation::Auto) {
             Ok(runtime) => runtimes.push((spec.spelling(), runtime)),
             Err(e) => unavailable.push(Support {
                 runtime: spec.spelling(),

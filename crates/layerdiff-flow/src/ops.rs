@@ -9,7 +9,7 @@ use std::path::Path;
 use layerdiff_core::render::html_escape;
 use layerdiff_core::{Machine, OpCheck, Tensor, render};
 use layerdiff_onnx::Model;
-use layerdiff_runtime::RuntimeSpec;
+use layerdiff_runtime::{Isolation, RuntimeSpec};
 use serde::{Deserialize, Serialize};
 
 use crate::output::{Destinations, Format, Rendered, publish};
@@ -233,7 +233,8 @@ pub fn run_model(
     ort_library: Option<&Path>,
 ) -> Result<Vec<(String, Tensor)>> {
     let spec = RuntimeSpec::parse(runtime).map_err(Error::Usage)?;
-    let runtime = spec.build(ort_library)?;
+    // in a worker process where the runtime loads a custom-op library: a crash fails one case
+    let runtime = spec.build_isolated(ort_library, Isolation::Auto)?;
     let model = Model::from_bytes(model, Path::new("single-op model"), None)?;
     let outputs: Vec<String> = model
         .graph()

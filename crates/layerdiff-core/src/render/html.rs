@@ -168,10 +168,11 @@ fn facts(report: &Report) -> String {
     rows.push((
         "layers",
         format!(
-            "{} in all, {} compared, {} without a counterpart; {} exceeding accumulated, {} locally",
+            "{} in all, {} compared, {} without a counterpart{}; {} exceeding accumulated, {} locally",
             s.layers_total,
             s.layers_compared,
             s.layers_unmapped,
+            super::not_run(s),
             s.layers_exceeding,
             s.layers_exceeding_locally
         ),

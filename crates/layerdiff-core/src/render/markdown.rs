@@ -61,11 +61,12 @@ pub fn to_markdown(report: &Report) -> String {
         .map_or("none".to_string(), |o| format!("`{o}`"));
     let _ = writeln!(
         out,
-        "Tolerance: {} · layers: {} ({} compared, {} without a counterpart) · exceeding: {} accumulated, {} locally · first exceeding: {first} · drift origin: {}\n",
+        "Tolerance: {} · layers: {} ({} compared, {} without a counterpart{}) · exceeding: {} accumulated, {} locally · first exceeding: {first} · drift origin: {}\n",
         report.tolerance.describe(),
         s.layers_total,
         s.layers_compared,
         s.layers_unmapped,
+        super::not_run(s),
         s.layers_exceeding,
         s.layers_exceeding_locally,
         origin

@@ -18,6 +18,14 @@ pub use text::to_text;
 
 /// Whether the target's layers are values of an ONNX file: the tables then name them so, and
 /// a layer without one lacks "an ONNX counterpart".
+/// `, 3 the target could not run` where the target lacks or crashed on nodes; else nothing.
+pub(crate) fn not_run(summary: &crate::Summary) -> String {
+    match summary.layers_not_run {
+        0 => String::new(),
+        n => format!(", {n} the target could not run"),
+    }
+}
+
 pub(crate) fn onnx_located(report: &crate::Report) -> bool {
     report
         .layers

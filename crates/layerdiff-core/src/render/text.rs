@@ -32,8 +32,11 @@ pub fn to_text(report: &Report) -> String {
         "a counterpart"
     };
     out.push_str(&format!(
-        "  layers: {} total, {} compared, {} without {counterpart}\n",
-        s.layers_total, s.layers_compared, s.layers_unmapped
+        "  layers: {} total, {} compared, {} without {counterpart}{}\n",
+        s.layers_total,
+        s.layers_compared,
+        s.layers_unmapped,
+        super::not_run(s)
     ));
     if let Some(incomplete) = &s.incomplete {
         out.push_str(&format!("  INCOMPLETE: {incomplete}\n"));

@@ -3,6 +3,10 @@
 
 use super::*;
 
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
 /// What the analysis found, at a glance.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Summary {
@@ -16,6 +20,10 @@ pub struct Summary {
     pub layers_exceeding_locally: usize,
     /// Layers with no counterpart on the target side.
     pub layers_unmapped: usize,
+    /// Layers the target could not compute: it lacks, or crashed on, a node they depend on
+    /// (their `reason` says which; counted apart from `layers_unmapped`, left out when none).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub layers_not_run: usize,
     /// What the run found, in one word: `no_drift` (every compared layer within its
     /// tolerance), `precision` (layers exceed it, and what each adds of its own is what its
     /// precision explains), `defect` (a layer computes differently: see `defects`),

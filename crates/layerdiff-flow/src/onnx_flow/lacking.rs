@@ -138,6 +138,8 @@ pub(super) fn explain(report: &mut Report, removed: &HashSet<String>, lacking: &
         ));
         left += 1;
     }
+    report.summary.layers_unmapped -= left;
+    report.summary.layers_not_run += left;
     // what was not compared may hold the drift: no verdict of "no drift"
     if report.summary.verdict == Verdict::NoDrift {
         report.summary.verdict = Verdict::Inconclusive;
