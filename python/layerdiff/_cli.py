@@ -300,7 +300,7 @@ def run() -> None:
     and closed by then, so exit handlers run, the streams are flushed and the process ends."""
     import atexit
 
-    _fewer_heap_arenas()
+    _layerdiff.settle_heap()  # the command's own process only: the API leaves the user's
     _catch_interrupts()
     try:
         code = main()
@@ -344,20 +344,6 @@ def _interrupted(e: KeyboardInterrupt) -> int:
         name = "SIGINT (Ctrl-C)" if signum == signal.SIGINT else signal.Signals(signum).name
         print(f"interrupted by {name}", file=sys.stderr)
     return 128 + signum
-
-
-def _fewer_heap_arenas() -> None:
-    """glibc gives each thread that allocates a heap arena of its own, and memory freed in one
-    is not reused by another: with PyTorch's, ONNX Runtime's and the float64 run's threads,
-    that held about 100 MB more at the peak of a ResNet-18 run. Two arenas keep the heap near
-    what is in use, at no measurable cost in time. The command's own process only (the Python
-    API leaves the user's process as it is); elsewhere than glibc, nothing to do."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None).mallopt(-8, 2)  # M_ARENA_MAX
-    except (OSError, AttributeError):
-        pass
 
 
 if __name__ == "__main__":

@@ -98,7 +98,9 @@ pub struct OnnxArgs {
     pub repro_nodes: usize,
     /// The most memory the intermediate values may take at once (`4G`, `512M`): the graph then
     /// runs in segments, each value compared as soon as both sides have it and dropped after its
-    /// last use. Default: half the memory available at start. The numbers do not depend on it.
+    /// last use. Default: what keeps the whole process within half the memory it could use at
+    /// start (the values get what is left once the process's own memory and a runtime's copy of
+    /// the weights are counted). The numbers do not depend on it.
     #[arg(long, value_name = "SIZE", value_parser = layerdiff_flow::memory::parse_memory)]
     pub max_memory: Option<u64>,
     /// Which sides run in a worker process, so that a crash in native code (a segfault or an

@@ -10,6 +10,7 @@ use layerdiff_args::{Dispatched, dispatch};
 /// Entry point of the Rust binary.
 pub fn main(argv: Vec<OsString>) -> ExitCode {
     layerdiff_flow::interrupt::catch();
+    layerdiff_flow::memory::settle_heap();
     match dispatch(argv, None) {
         Dispatched::Exit(code) => ExitCode::from(code),
         Dispatched::Python(_) => {

@@ -72,8 +72,8 @@ pub struct Settings {
     /// Whether to measure each layer's local error (re-running the target's own computation of
     /// it on the reference's values).
     pub local: bool,
-    /// The most bytes of values to hold at once (`None`: half the memory available at start,
-    /// see [`crate::memory::budget`]): it decides how the run is split into segments, never
+    /// The most bytes of values to hold at once (`None`: what keeps the whole process within
+    /// half the memory it could use at start, see [`crate::memory::DefaultBudget`]): it decides how the run is split into segments, never
     /// its numbers.
     pub max_memory: Option<u64>,
 }
@@ -231,7 +231,23 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             graph.find_groups(&values, &|n| is_input(n) || compared.contains(n));
         }
         let target_view = target.plan_view();
-        let kept_to = budget(settings.max_memory);
+        // Without --max-memory the whole process is kept within half the memory it could use:
+        // the values get what is left once what it holds and a runtime's weights are counted.
+        let default = settings
+            .max_memory
+            .is_none()
+            .then(crate::memory::DefaultBudget::now)
+            .flatten();
+        let weights = [&reference_view, &target_view]
+            .iter()
+            .map(|v| v.weights)
+            .chain(truth.as_ref().map(|t| t.plan_view().weights))
+            .max()
+            .unwrap_or(0);
+        let kept_to = match default {
+            Some(default) => Some(default.values(weights)),
+            None => budget(settings.max_memory),
+        };
         let plan = plan(&reference_view, &target_view, &planned, kept_to);
         // the layer whose reference value a plan names
         let layer_of = |value: &str| {
@@ -258,14 +274,14 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                 crate::memory::bytes_text(needs.next_power_of_two()).replace(' ', ""),
             )));
         }
-        // The default budget (half the memory available) is not refused, only warned of: the
+        // The default budget (from half the memory available) is not refused, only warned of: the
         // run may still fit, and no one asked for less.
         let over_default_budget = match (settings.max_memory, &plan.over_budget, kept_to) {
-            (None, Some((value, needs)), Some(half)) => Some(format!(
-                "the run holds about {} of values at once at `{}`, more than half the memory available ({}): it may run out of memory",
+            (None, Some((value, needs)), Some(left)) => Some(format!(
+                "the run holds about {} of values at once at `{}`, more than the {} that half the memory available leaves them: it may run out of memory",
                 crate::memory::bytes_text(*needs),
                 layer_of(value),
-                crate::memory::bytes_text(half),
+                crate::memory::bytes_text(left),
             )),
             _ => None,
         };
@@ -307,7 +323,10 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             reference_of,
             target_of,
             groups,
-            reported: plan.segmentation(),
+            reported: crate::memory::Segmentation {
+                process: default.map(|d| d.process),
+                ..plan.segmentation()
+            },
             plan,
             streamed,
             done: 0,

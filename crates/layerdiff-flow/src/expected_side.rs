@@ -124,6 +124,7 @@ impl Side for ExpectedSide {
         PlanSide {
             graph: None,
             sizes: self.sizes.clone(),
+            weights: 0,
         }
     }
 

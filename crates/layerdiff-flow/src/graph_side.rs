@@ -132,6 +132,7 @@ impl Side for GraphSide {
         PlanSide {
             graph: Some(&self.index),
             sizes: self.sizes.clone(),
+            weights: self.model.weight_bytes(),
         }
     }
 

@@ -65,6 +65,9 @@ pub struct PlanSide<'a> {
     pub graph: Option<&'a dyn Dataflow>,
     /// Estimated bytes of each value the side holds, by name (see [`value_sizes`]).
     pub sizes: HashMap<String, u64>,
+    /// Bytes a run of the side takes beside its values (its runtime's copy of the weights); 0
+    /// for a side whose weights are already in memory (PyTorch's) or that has none.
+    pub weights: u64,
 }
 
 impl Plan {
@@ -74,6 +77,7 @@ impl Plan {
             segments: self.segments.len(),
             total_bytes: self.total_bytes,
             peak_bytes: self.peak_bytes,
+            process: None,
         }
     }
 }

@@ -67,6 +67,7 @@ fn planned_with(budget: Option<u64>, replaced: &[(usize, &[&str])]) -> Plan {
     let side = || PlanSide {
         graph: Some(&index),
         sizes: value_sizes(&index, &inputs),
+        weights: 0,
     };
     plan(&side(), &side(), &layers, budget)
 }

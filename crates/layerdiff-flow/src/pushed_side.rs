@@ -146,6 +146,7 @@ impl Side for PushedSide {
         PlanSide {
             graph: None,
             sizes: self.sizes.clone(),
+            weights: 0,
         }
     }
 

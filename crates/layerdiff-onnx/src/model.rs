@@ -91,6 +91,23 @@ impl Model {
         self.proto.encode_to_vec()
     }
 
+    /// Bytes of the model's weights (its initializers, by their shapes and element types): what a
+    /// runtime loads beside the values it computes. Types layerdiff does not read count nothing.
+    pub fn weight_bytes(&self) -> u64 {
+        self.graph()
+            .initializer
+            .iter()
+            .filter_map(|t| {
+                let size = layerdiff_core::DType::from_onnx_code(t.data_type())
+                    .ok()?
+                    .size() as u64;
+                t.dims
+                    .iter()
+                    .try_fold(size, |n, &d| n.checked_mul(u64::try_from(d).ok()?))
+            })
+            .fold(0u64, u64::saturating_add)
+    }
+
     /// The distinct external-data files the model's initializers point to, relative to its folder.
     pub fn external_data_files(&self) -> BTreeSet<String> {
         self.graph()
@@ -330,5 +347,22 @@ mod tests {
         // held in memory, with no folder: only what the location says can be checked
         assert!(Model::from_bytes(&with_external("w.bin"), Path::new("m.onnx"), None).is_ok());
         assert!(Model::from_bytes(&with_external("../w"), Path::new("m.onnx"), None).is_err());
+    }
+
+    #[test]
+    fn weight_bytes_count_every_initializer_by_shape_and_type_wherever_it_is_kept() {
+        let mut model =
+            Model::from_bytes(&with_external("w.bin"), Path::new("m.onnx"), None).unwrap();
+        assert_eq!(model.weight_bytes(), 16, "float32[4], kept outside");
+        let initializer = |data_type, dims: Vec<i64>| TensorProto {
+            data_type: Some(data_type),
+            dims,
+            ..TensorProto::default()
+        };
+        let graph = model.graph_mut();
+        graph.initializer.push(initializer(11, vec![3, 5])); // float64
+        graph.initializer.push(initializer(8, vec![2])); // strings: not read, not counted
+        graph.initializer.push(initializer(1, vec![i64::MAX, 4])); // a lie: counts nothing
+        assert_eq!(model.weight_bytes(), 16 + 120);
     }
 }

@@ -399,6 +399,13 @@ fn interrupt_signal() -> (Option<i32>, bool) {
     (interrupt::requested(), interrupt::was_said())
 }
 
+/// Sets the C heap up for the `layerdiff` command's own process (see
+/// `layerdiff_flow::memory::settle_heap`); the Python API never calls it.
+#[pyfunction]
+fn settle_heap() {
+    layerdiff_flow::memory::settle_heap();
+}
+
 #[pymodule]
 fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // An isolated side's worker is this interpreter running the package's command
@@ -422,6 +429,7 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<axis::PyAxisReport>()?;
     m.add_function(wrap_pyfunction!(parse_cli, m)?)?;
     m.add_function(wrap_pyfunction!(catch_interrupts, m)?)?;
+    m.add_function(wrap_pyfunction!(settle_heap, m)?)?;
     m.add_function(wrap_pyfunction!(interrupt_signal, m)?)?;
     m.add_class::<CapturedRun>()?;
     m.add_class::<layer::CapturedLayer>()?;

@@ -71,7 +71,8 @@ def compare_torch_onnx(
 
     Layers stream from the forward hooks: the ONNX run goes in segments, each run as soon as
     PyTorch has produced its layers, so that the values held at once stay within
-    ``max_memory`` (bytes, or a size such as ``"4G"``; default: half the memory available).
+    ``max_memory`` (bytes, or a size such as ``"4G"``; default: what keeps the whole process
+    within half the memory it could use).
     The numbers do not depend on it.
 
     ``dtype`` (``"fp16"``, ``"int8"``) converts the ONNX file before the target runs it, with

@@ -75,7 +75,11 @@ impl Side for Chain {
         let sizes = (0..self.ops.len())
             .map(|i| (format!("v{i}"), (N * 4) as u64))
             .collect();
-        PlanSide { graph: None, sizes }
+        PlanSide {
+            graph: None,
+            sizes,
+            weights: 0,
+        }
     }
 
     fn produce(
