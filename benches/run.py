@@ -220,6 +220,7 @@ def peak_run(args: list[str], limit: int | None = None) -> dict:
         err.seek(0)
         stderr = err.read()
     seconds = time.perf_counter() - start
+    bound = re.search(r"the whole process within about (.+?) \(", stderr)
     found = re.search(r"ran in (\d+) segments to hold at most about (.+?) of values at once "
                       r"\((.+?) in all\)", stderr)  # fmt: skip
     return {
@@ -229,6 +230,7 @@ def peak_run(args: list[str], limit: int | None = None) -> dict:
         "segments": int(found.group(1)) if found else 1,
         "held": found.group(2) if found else None,
         "values": found.group(3) if found else None,
+        "process": bound.group(1) if bound else None,
         "error": stderr.strip().splitlines()[-1] if child.returncode == 2 else None,
     }
 
@@ -308,9 +310,10 @@ def memory_lines(mem: dict) -> list[str]:
         "weights): every value of the graph is compared, attention scores included. *Values* is",
         "what both sides produce in all, from the graph's declared shapes. Peak RSS is the",
         f"process's own (its VmHWM), on this machine's {total / gib:.0f} GB. Without",
-        "`--max-memory` (*default*) the budget is half the memory available when the run starts;",
-        "it bounds the values held at once, the runtime's weights and buffers come on top, so",
-        "the peak of a default run is set against it in the last column.",
+        "`--max-memory` (*default*), the whole process is kept within half the memory it could",
+        "use when the run is planned (what is available, plus what it already holds); its values",
+        "get what is left once what it holds and a runtime's copy of the weights are counted. A",
+        "default run's peak RSS is set against that bound in the last column.",
         "",
         "| decoder | values (both sides) | --max-memory | segments | peak RSS | wall time "
         "| result |",
@@ -346,18 +349,20 @@ def size(text: str) -> float:
 
 
 def budget_words(row: dict) -> str:
-    """What a default run's peak RSS is against its budget (the values it held at most)."""
-    if not row["held"]:
+    """What a default run's peak RSS is against its budget: the bound on the whole process."""
+    if not row["process"]:
         return " in one segment (its values fit the budget)"
-    ratio = row["peak"] / size(row["held"])
+    ratio = row["peak"] / size(row["process"])
     verdict = "under the budget" if ratio <= 1 else "**over the budget**"
-    return f"; peak RSS {ratio:.2f}× the budget ({row['held']}): {verdict}"
+    return f"; peak RSS {ratio:.2f}× the process's budget ({row['process']}): {verdict}"
 
 
 def budget_cell(row: dict) -> str:
     """The --max-memory column: the size given, or the default and what it came to."""
     if row["budget"] == "default":
-        return f"default ({row['held']})" if row["held"] else "default"
+        if row["process"]:
+            return f"default: {row['process']} for the process, {row['held']} for values"
+        return "default"
     return row["budget"] or "none (whole graph)"
 
 
