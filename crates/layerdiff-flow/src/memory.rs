@@ -173,23 +173,14 @@ impl Segmentation {
 }
 
 /// Sets the C heap up for a run that takes and frees values of many megabytes: a command's own
-/// process only (a library user's process is left as it is). Two things, measured with glibc:
-///
-/// - each thread that allocates gets an arena of its own, and memory freed in one is not
-///   reused by another: with PyTorch's, ONNX Runtime's and the float64 run's threads that held
-///   about 100 MB more at the peak of a ResNet-18 run. Two arenas keep the heap near what is
-///   in use, at no measurable cost in time;
-/// - glibc raises its mmap threshold (up to 32 MB) each time a large block is freed, so later
-///   values of a few megabytes come from the heap, which then cannot shrink around them: in a
-///   segmented `layerdiff torch` run of a decoder (4 × 1024 tokens) the low point between
-///   segments climbed from 4.6 to 10.3 GB and the peak reached 14.4 GB. A fixed threshold of
-///   1 MiB hands every value back when it is freed: the peak was 10.1 GB, the run no slower.
-///
-/// Elsewhere than glibc, nothing to do.
+/// process only (a library user's process is left as it is). glibc gives each thread that
+/// allocates a heap arena of its own, and memory freed in one is not reused by another: with
+/// PyTorch's, ONNX Runtime's and the float64 run's threads that held about 100 MB more at the
+/// peak of a ResNet-18 run. Two arenas keep the heap near what is in use, at no measurable cost
+/// in time. Elsewhere than glibc, nothing to do.
 pub fn settle_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        const M_MMAP_THRESHOLD: i32 = -3;
         const M_ARENA_MAX: i32 = -8;
         unsafe extern "C" {
             fn mallopt(param: i32, value: i32) -> i32;
@@ -197,7 +188,6 @@ pub fn settle_heap() {
         // SAFETY: mallopt only sets glibc's allocator parameters.
         unsafe {
             mallopt(M_ARENA_MAX, 2);
-            mallopt(M_MMAP_THRESHOLD, 1 << 20);
         }
     }
 }
