@@ -7,8 +7,8 @@ Sigmoid computes the sigmoid, or aborts or segfaults when its node's `fault` att
 from __future__ import annotations
 
 import json
-import os
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -191,8 +191,8 @@ def test_custom_op_libraries_that_cannot_be_loaded_are_named(tmp_path, faulty_op
 def test_a_worker_left_alone_ends(tmp_path, faulty_ops):
     """A worker whose command is gone (its input closed) leaves at once, with no output."""
     worker = subprocess.run(
-        [str(Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin" / "python"), "-m",
-         "layerdiff", "__worker", "--runtime", f"ort:custom_ops={faulty_ops}"],
+        [sys.executable, "-m", "layerdiff", "__worker", "--runtime",
+         f"ort:custom_ops={faulty_ops}"],
         input=b"", capture_output=True, timeout=60,
     )  # fmt: skip
     assert worker.returncode == 0 and worker.stdout == b"", worker.stderr

@@ -73,8 +73,8 @@ pub struct Settings {
     /// it on the reference's values).
     pub local: bool,
     /// The most bytes of values to hold at once (`None`: what keeps the whole process within
-    /// half the memory it could use at start, see [`crate::memory::DefaultBudget`]): it decides how the run is split into segments, never
-    /// its numbers.
+    /// half the memory it could use at start, see [`crate::memory::DefaultBudget`]): it
+    /// decides how the run is split into segments, never its numbers.
     pub max_memory: Option<u64>,
 }
 

@@ -204,8 +204,6 @@ impl Isolated {
         twice: Option<&[String]>,
     ) -> Result<Vec<Vec<(String, Tensor)>>, Failure> {
         let bytes = model.to_bytes();
-        let mut blobs: Vec<&[u8]> = vec![&bytes];
-        blobs.extend(inputs.iter().map(|(_, t)| t.bytes.as_slice()));
         let request = json!({
             "do": "run",
             "base_dir": model.base_dir(),
@@ -213,7 +211,7 @@ impl Isolated {
             "outputs": outputs,
             "twice": twice,
         });
-        self.ask(&request, &blobs, |answer, from| {
+        self.ask(&request, &blobs(&bytes, inputs), |answer, from| {
             let runs = answer["runs"].as_array().cloned().unwrap_or_default();
             runs.iter()
                 .map(|run| wire::read_tensors(run, from))
@@ -247,6 +245,24 @@ impl Isolated {
                     .collect(),
             }
         });
+        self.crash(how, node, last_words)
+    }
+
+    /// The error of a request that failed other than by a run's crash (which [`Self::crashed`]
+    /// traces to a node).
+    fn failed(&self, failure: Failure) -> Error {
+        match failure {
+            Failure::Said(e) => e,
+            Failure::Died(how, last_words) => self.crash(how, None, last_words),
+        }
+    }
+
+    fn crash(
+        &self,
+        how: String,
+        node: Option<crate::CrashedNode>,
+        last_words: Option<String>,
+    ) -> Error {
         Error::Crashed(Box::new(crate::Crash {
             runtime: self.here.name().to_string(),
             how,
@@ -290,6 +306,13 @@ impl Isolated {
         }
         Some(dies - 1)
     }
+}
+
+/// A request's blobs: the model's bytes, then each input's.
+fn blobs<'a>(model: &'a [u8], inputs: &'a [(String, Tensor)]) -> Vec<&'a [u8]> {
+    std::iter::once(model)
+        .chain(inputs.iter().map(|(_, t)| t.bytes.as_slice()))
+        .collect()
 }
 
 /// The first `k` nodes of `model`, every value they produce and none of them reads an output.
@@ -359,22 +382,6 @@ fn describe(status: std::process::ExitStatus) -> String {
     }
 }
 
-impl Isolated {
-    /// The error of a request that failed other than by a run's crash (which [`Self::crashed`]
-    /// traces to a node).
-    fn failed(&self, failure: Failure) -> Error {
-        match failure {
-            Failure::Said(e) => e,
-            Failure::Died(how, last_words) => Error::Crashed(Box::new(crate::Crash {
-                runtime: self.here.name().to_string(),
-                how,
-                node: None,
-                last_words,
-            })),
-        }
-    }
-}
-
 impl Runtime for Isolated {
     fn name(&self) -> &str {
         self.here.name()
@@ -408,8 +415,8 @@ impl Runtime for Isolated {
         if !self.here.rewrites() {
             return Ok(None);
         }
-        let failed = |e: &dyn std::fmt::Display| Error::SaveOptimized(e.to_string());
-        let folder = tempfile::tempdir().map_err(|e| failed(&e))?;
+        let unsaved = |e: &dyn std::fmt::Display| Error::SaveOptimized(e.to_string());
+        let folder = tempfile::tempdir().map_err(|e| unsaved(&e))?;
         let bytes = model.to_bytes();
         let request =
             json!({"do": "optimize", "base_dir": model.base_dir(), "into": folder.path()});
@@ -421,7 +428,7 @@ impl Runtime for Isolated {
         if !optimized {
             return Ok(None);
         }
-        let saved = Model::load(folder.path().join("optimized.onnx")).map_err(|e| failed(&e))?;
+        let saved = Model::load(folder.path().join("optimized.onnx")).map_err(|e| unsaved(&e))?;
         let runtime = Self {
             here: self.spec.build_here(self.ort_library.as_deref(), true)?,
             spec: self.spec.clone(),
@@ -448,11 +455,9 @@ impl Runtime for Isolated {
             return None;
         }
         let bytes = model.to_bytes();
-        let mut blobs: Vec<&[u8]> = vec![&bytes];
-        blobs.extend(inputs.iter().map(|(_, t)| t.bytes.as_slice()));
         let request = json!({"do": "placement", "base_dir": model.base_dir(), "inputs": wire::tensors(inputs)});
         let nodes = self
-            .ask(&request, &blobs, |answer, _| {
+            .ask(&request, &blobs(&bytes, inputs), |answer, _| {
                 serde_json::from_value::<Vec<(String, usize)>>(answer["nodes"].clone())
                     .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
             })

@@ -48,8 +48,7 @@ impl RuntimeSpec {
     }
 
     /// Parses `ort[:PROVIDER][:opt=LEVEL][:without=NAME,…][:custom_ops=PATH,…][:KEY=VALUE]…`,
-    /// `tract`,
-    /// `openvino[:precision=PRECISION]` or `expected:PATH`.
+    /// `tract`, `openvino[:precision=PRECISION]` or `expected:PATH`.
     pub fn parse(text: &str) -> Result<Self, String> {
         let unknown = || {
             format!(

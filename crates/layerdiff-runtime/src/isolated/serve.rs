@@ -58,8 +58,9 @@ pub fn serve(args: &[OsString]) -> u8 {
         };
         match answer(&request, &mut from, runtime.as_deref()) {
             Ok((header, values)) => {
-                let blobs: Vec<&[u8]> = values.iter().map(|t| t.bytes.as_slice()).collect();
-                if wire::send(&mut to, &header, &blobs).is_err() {
+                let sent = wire::send(&mut to, &header, &[])
+                    .and_then(|()| wire::send_tensors(&mut to, values));
+                if sent.is_err() {
                     return 3;
                 }
             }

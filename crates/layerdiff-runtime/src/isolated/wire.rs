@@ -8,6 +8,16 @@ use serde_json::{Value, json};
 
 use crate::Error;
 
+/// Writes the rest of a frame whose header announced these tensors: each one's bytes, each
+/// dropped once written, so the writer never holds them and the reader's copy at once.
+pub(super) fn send_tensors(to: &mut impl Write, tensors: Vec<Tensor>) -> io::Result<()> {
+    for tensor in tensors {
+        to.write_all(&(tensor.bytes.len() as u64).to_le_bytes())?;
+        to.write_all(&tensor.bytes)?;
+    }
+    to.flush()
+}
+
 /// Writes one frame: `header`, then each blob.
 pub(super) fn send(to: &mut impl Write, header: &Value, blobs: &[&[u8]]) -> io::Result<()> {
     let header = serde_json::to_vec(header).expect("a JSON value serialises");
@@ -42,7 +52,9 @@ pub(super) fn blob(from: &mut (impl Read + ?Sized)) -> io::Result<Vec<u8>> {
 
 fn blob_of(from: &mut (impl Read + ?Sized), length: u64) -> io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
-    // read, not reserved: a length that lies (a broken pipe's garbage) cannot claim memory
+    // Reserved at once, so a large value is not copied as the vector grows; a length no
+    // allocation can hold (garbage on a broken pipe) is read as it comes and fails at its end.
+    let _ = usize::try_from(length).map(|n| bytes.try_reserve_exact(n));
     from.take(length).read_to_end(&mut bytes)?;
     if bytes.len() as u64 != length {
         return Err(io::ErrorKind::UnexpectedEof.into());
@@ -92,6 +104,12 @@ pub(super) fn error(e: &Error) -> Value {
         Error::OpenVino(m) => ("openvino", m.clone()),
         Error::NoKernel(m) => ("no_kernel", m.clone()),
         Error::CustomOps(m) => ("custom_ops", m.clone()),
+        // the provider by its spelling, so that it reads back as the same error: a provider
+        // this machine cannot use is `unavailable` in a providers table, not an error
+        Error::ProviderUnavailable { provider, reason } => {
+            return json!({"error": {"kind": "provider_unavailable", "provider": provider,
+                                    "message": reason}});
+        }
         other => ("other", other.to_string()),
     };
     json!({"error": {"kind": kind, "message": message}})
@@ -112,6 +130,19 @@ pub(super) fn to_error(header: &Value) -> Error {
         "openvino" => Error::OpenVino(message),
         "no_kernel" => Error::NoKernel(message),
         "custom_ops" => Error::CustomOps(message),
+        "provider_unavailable" => {
+            let spelling = header["error"]["provider"].as_str().unwrap_or_default();
+            match crate::Provider::ALL
+                .into_iter()
+                .find(|p| p.spelling() == spelling)
+            {
+                Some(provider) => Error::ProviderUnavailable {
+                    provider: provider.spelling(),
+                    reason: message,
+                },
+                None => Error::Worker(message),
+            }
+        }
         _ => Error::Worker(message),
     }
 }
@@ -130,8 +161,8 @@ mod tests {
             ),
         ];
         let mut pipe = Vec::new();
-        let bytes: Vec<&[u8]> = values.iter().map(|(_, t)| t.bytes.as_slice()).collect();
-        send(&mut pipe, &json!({"values": tensors(&values)}), &bytes).unwrap();
+        send(&mut pipe, &json!({"values": tensors(&values)}), &[]).unwrap();
+        send_tensors(&mut pipe, values.iter().map(|(_, t)| t.clone()).collect()).unwrap();
         let mut from = pipe.as_slice();
         let h = header(&mut from).unwrap().unwrap();
         assert_eq!(read_tensors(&h["values"], &mut from).unwrap(), values);
@@ -156,6 +187,10 @@ mod tests {
             Error::Run("r".into()),
             Error::Tract("Translating node #2 \"det\" Unimplemented(Det)".into()),
             Error::OpenVino("o".into()),
+            Error::ProviderUnavailable {
+                provider: "cuda",
+                reason: "libcudart.so.13 is missing".into(),
+            },
         ] {
             assert_eq!(to_error(&error(&e)).to_string(), e.to_string());
         }
