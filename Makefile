@@ -11,7 +11,7 @@ DEPS := $(VENV)/.requirements.stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: pipeline test build env browser proto lint clean docs golden conformance kernel-swap bench mapping validation reports fuzz
+.PHONY: pipeline test build env browser proto lint clean docs golden conformance kernel-swap bench mapping validation reports fuzz calibrate
 
 env: $(DEPS)
 
@@ -105,6 +105,12 @@ validation: build
 # the per-phase overhead on ResNet-18 and ViT-B/16; rewrites docs/performance.md.
 bench: build
 	$(PY) benches/run.py
+
+# The defect-or-precision rule on every built-in model (forward, float16 and bfloat16; gradients
+# in bfloat16 and float16) and on planted faults; rewrites the calibration table in
+# docs/metrics.md and fails on a defect in a clean run or a fault not found where it is.
+calibrate: build
+	$(PY) scripts/calibrate_baseline.py
 
 # Map real architectures (transformers, torchvision, timm) through both exporters; rewrites
 # docs/mapping.md.

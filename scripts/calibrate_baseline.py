@@ -1,14 +1,20 @@
-"""Calibrates the same-precision baseline on honest kernels: every built-in model (seeded random
-weights) converted to float16 by ONNX Runtime's converter and against PyTorch, and as PyTorch
-targets in bfloat16 and autocast bfloat16; the seed's MLP gradients in bfloat16 and float16.
-Each run's verdict, defects and the largest multiple of what precision explains go into the
-table of docs/metrics.md (between its calibration markers). A defect in any of these runs is a
-wrong headline: the script exits 1.
+"""`make calibrate`: calibrates the rule that tells a defect from precision on honest kernels and
+on planted faults. Clean runs: every built-in model (seeded random weights) converted to
+float16 by ONNX Runtime's converter against PyTorch, and as PyTorch targets in bfloat16 and
+autocast bfloat16, forward; and every built-in model's gradients (`layerdiff grad`) in bfloat16
+and float16. Faults: kernels planted in real models (tests/builders/narrow_kernels.py) that
+accumulate in the narrow dtype (to be named `narrow_accumulation` at their layer, not a
+defect), and backwards off by 2% in the narrow dtype (to be the one defect, at their weight).
+Each run's verdict, defects, the layers that accumulate in the narrow dtype and the largest
+multiple of what precision explains go into the table of docs/metrics.md (between its
+calibration markers). A defect in a clean run, or a fault not found at its layer with its
+cause, is a wrong headline: the script exits 1.
 
     python scripts/calibrate_baseline.py [--models resnet18,bert] [--no-write] [--from-reports]
+                                         [--no-grad] [--no-faults]
 
-With `--from-reports` the float16 and bfloat16 rows are read from examples/reports/ (`make
-reports` makes exactly those runs: `layerdiff torch NAME --seed 0 --dtype fp16`, and
+With `--from-reports` the float16 and bfloat16 forward rows are read from examples/reports/
+(`make reports` makes exactly those runs: `layerdiff torch NAME --seed 0 --dtype fp16`, and
 `--target torch --dtype bf16`) instead of being run again.
 """
 
@@ -22,7 +28,6 @@ import time
 from pathlib import Path
 
 import layerdiff
-import torch
 from layerdiff.torch import compare_torch_onnx
 from layerdiff.torch.models import ZOO, load_builder
 
@@ -30,7 +35,23 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs/metrics.md"
 BEGIN, END = "<!-- calibration: begin -->", "<!-- calibration: end -->"
 TARGETS = ("onnx fp16", "torch:bf16", "torch:amp-bf16")
+GRAD_TARGETS = ("torch:bf16", "torch:fp16")
 REPORTS = {"onnx fp16": "fp16", "torch:bf16": "bf16"}  # examples/reports/NAME_SUFFIX.json
+# planted faults: (builder in tests/builders/narrow_kernels.py, forward or grad, target,
+# the layer it must be found at, the cause it must have there)
+FAULTS = [
+    ("cnn", "forward", "torch:bf16", "layer3.0.conv2", "narrow_accumulation"),
+    ("cnn", "forward", "torch:fp16", "layer3.0.conv2", "narrow_accumulation"),
+    ("transformer", "forward", "torch:bf16", "layers.1.linear1", "narrow_accumulation"),
+    ("transformer", "forward", "torch:fp16", "layers.1.linear1", "narrow_accumulation"),
+    ("mlp_wrong_backward", "grad", "torch:bf16", "0.weight", "op_implementation"),
+    ("mlp_wrong_backward", "grad", "torch:fp16", "0.weight", "op_implementation"),
+    ("cnn_wrong_backward", "grad", "torch:bf16", "layer3.0.conv2.weight", "op_implementation"),
+    ("transformer_wrong_backward", "grad", "torch:bf16", "layers.1.linear1.weight",
+     "op_implementation"),
+    ("transformer_wrong_backward", "grad", "torch:fp16", "layers.1.linear1.weight",
+     "op_implementation"),
+]  # fmt: skip
 
 
 class _Committed:
@@ -48,27 +69,43 @@ def run(name: str, target: str):
     return layerdiff.compare_torch(model, inputs, target=target, seed=0)
 
 
-def grad(target: str):
-    sys.path.insert(0, str(ROOT / "tests"))
-    from builders import seed_mlp
-
-    torch.manual_seed(0)
-    model, inputs = seed_mlp.build()
+def grad(name: str, target: str):
+    model, inputs = load_builder(name)(0)
     return layerdiff.compare_gradients(model, inputs, target=target, seed=0)
 
 
-def row(what: str, target: str, report, seconds: float) -> tuple[str, bool]:
+def fault(builder: str, kind: str, target: str):
+    sys.path.insert(0, str(ROOT / "tests"))
+    from builders import narrow_kernels
+
+    model, inputs = getattr(narrow_kernels, builder)()
+    if kind == "grad":
+        return layerdiff.compare_gradients(model, inputs, target=target, seed=0)
+    return layerdiff.compare_torch(model, inputs, target=target, seed=0)
+
+
+def row(what: str, target: str, report, seconds: float, expected: str = "no defect") -> str:
     s = report.summary
     # an infinite multiple (own error where the ideal has none) is written as a string
     multiples = [float(x["baseline"]["multiple"]) for x in report.layers if x.get("baseline")]
     worst = max(multiples, default=0.0)
-    defects = ", ".join(f"`{d['layer']}`" for d in s["defects"]) or "none"
+    defects = ", ".join(f"`{d['layer']}` {d['cause']}" for d in s["defects"]) or "none"
+    narrow = ", ".join(f"`{k['layer']}`" for k in s.get("narrow_accumulation", [])) or "none"
     took = "`make reports`" if isinstance(report, _Committed) else f"{seconds:.0f} s"
-    line = (
-        f"| {what} | {target} | {s['verdict']} | {defects} | {worst:.2f} | "
-        f"{len(multiples)} | {took} |"
+    return (
+        f"| {what} | {target} | {expected} | {s['verdict']} | {defects} | {narrow} | "
+        f"{worst:.2f} | {len(multiples)} | {took} |"
     )
-    return line, bool(s["defects"])
+
+
+def found(report, layer: str, cause: str) -> bool:
+    """Whether a planted fault is the headline: the one defect at its layer with its cause, or
+    (a kernel that accumulates in the narrow dtype) named as such there, with no defect."""
+    s = report.summary
+    if cause == "narrow_accumulation":
+        named = [k["layer"] for k in s.get("narrow_accumulation", [])]
+        return named == [layer] and not s["defects"]
+    return [(d["layer"], d["cause"]) for d in s["defects"]] == [(layer, cause)]
 
 
 def main() -> int:
@@ -76,10 +113,13 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(ZOO))
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--from-reports", action="store_true")
+    parser.add_argument("--no-grad", action="store_true", help="leave out the gradient rows")
+    parser.add_argument("--no-faults", action="store_true", help="leave out the planted faults")
     args = parser.parse_args()
     lines = [
-        "| model | target | verdict | defects | largest multiple | layers with a baseline | time |",
-        "|---|---|---|---|---|---|---|",
+        "| model | target | expected | verdict | defects | narrow accumulation | "
+        "largest multiple | layers with a baseline | time |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     failed = False
 
@@ -89,27 +129,46 @@ def main() -> int:
             return lambda: _Committed(committed)
         return lambda: run(m, t)
 
-    jobs = [(m, t, job(m, t)) for m in args.models.split(",") for t in TARGETS]
-    jobs += [("seed MLP gradients", t, lambda t=t: grad(t)) for t in ("torch:bf16", "torch:fp16")]
-    for what, target, job in jobs:
+    names = args.models.split(",")
+    # (what, target, run, expected, the check it must pass)
+    jobs = [(m, t, job(m, t), "no defect", None) for m in names for t in TARGETS]
+    if not args.no_grad:
+        jobs += [
+            (f"{m} gradients", t, lambda m=m, t=t: grad(m, t), "no defect", None)
+            for m in names
+            for t in GRAD_TARGETS
+        ]
+    if not args.no_faults:
+        jobs += [
+            (
+                f"{b} ({kind})", t, lambda b=b, kind=kind, t=t: fault(b, kind, t),
+                f"`{layer}` {cause}", (layer, cause),
+            )
+            for b, kind, t, layer, cause in FAULTS
+        ]  # fmt: skip
+    for what, target, job, expected, check in jobs:
         start = time.perf_counter()
         try:
             report = job()
         except Exception as e:  # a run that breaks is a row, not the end of the table
-            lines.append(f"| {what} | {target} | broke: {type(e).__name__} | | | | |")
+            lines.append(f"| {what} | {target} | {expected} | broke: {type(e).__name__} |||||")
             failed = True
             print(lines[-1], flush=True)
             continue
-        line, defect = row(what, target, report, time.perf_counter() - start)
-        failed |= defect
-        lines.append(line)
-        print(line, flush=True)
+        lines.append(row(what, target, report, time.perf_counter() - start, expected))
+        if check is None:
+            failed |= bool(report.summary["defects"])
+        elif not found(report, *check):
+            failed = True
+            lines[-1] += " **missed**"
+        print(lines[-1], flush=True)
     table = "\n".join(lines)
     if not args.no_write:
         text = DOC.read_text()
         block = f"{BEGIN}\n{table}\n{END}"
         text = re.sub(f"{re.escape(BEGIN)}.*?{re.escape(END)}", lambda _: block, text, flags=re.S)
         DOC.write_text(text)
+    print("calibration: " + ("FAILED (see the rows above)" if failed else "every row as expected"))
     return 1 if failed else 0
 
 

@@ -107,6 +107,7 @@ pub fn summarise(layers: &mut [Layer]) -> Summary {
         incomplete: None,
         verdict: crate::Verdict::NoDrift,
         defects: Vec::new(),
+        narrow_accumulation: Vec::new(),
         precision: None,
         sources,
     }

@@ -46,6 +46,10 @@ pub struct AxisPoint {
     /// Whether the point fails (a defect, an undecided layer, an inconclusive run, or values
     /// that overflow the target's dtype; rounding alone passes).
     pub fails: bool,
+    /// Whether a layer's kernel accumulates in the narrow dtype there (see
+    /// [`crate::Summary::narrow_accumulation`]); left out when not.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub accumulates_narrow: bool,
     /// Layers compared.
     pub layers_compared: usize,
     /// Layers exceeding their tolerance.
@@ -125,6 +129,7 @@ pub fn along_axis(axis: &str, points: &[String], reports: &[Report]) -> AxisRepo
             inputs: r.inputs.clone(),
             verdict: r.summary.verdict.name().to_string(),
             fails: r.summary.fails(crate::FailOn::Defect),
+            accumulates_narrow: !r.summary.narrow_accumulation.is_empty(),
             layers_compared: r.summary.layers_compared,
             layers_exceeding: r.summary.layers_exceeding,
             drift_origin: origin,
@@ -350,6 +355,7 @@ impl AxisReport {
     pub fn exit_code(&self, fail_on: crate::FailOn) -> u8 {
         u8::from(self.points.iter().any(|p| match fail_on {
             crate::FailOn::Defect => p.fails,
+            crate::FailOn::Accumulation => p.fails || p.accumulates_narrow,
             crate::FailOn::Drift => p.verdict != "no_drift",
         }))
     }

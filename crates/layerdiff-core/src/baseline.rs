@@ -30,12 +30,34 @@
 //!
 //! Where the ideal implementation overflows `d`'s range (its rounded result is ±Inf), a target
 //! that overflows there too is precision ([`Baseline::overflow`] counts them).
+//!
+//! A multiple up to [`DEFECT_MARGIN`] is still precision: the allowance is a bound drawn from a
+//! model of honest kernels, and a layer a few percent past it (a LayerNorm gradient at 1.03×)
+//! is nothing a user could act on. Never a defect on its own.
+//!
+//! **The narrow-accumulation ideal.** Where the layer is a reduction and the framework measured
+//! its terms ([`Reduction`]: how many terms each element sums, `K`, and the root sum of squares
+//! of its terms, `rss`, both exact), a second ideal is the kernel that adds those terms one by
+//! one into a running sum held in `d` itself, as some CPU kernels do for float16 and bfloat16.
+//! Each of the `K` additions rounds its running sum, by up to half a step, uniformly: one
+//! element's own error has a standard deviation of `u_d·√(Σ_k S_k² / 3)` over its partial sums
+//! `S_k`. Terms of mixed signs make the partial sums a random walk (`Σ_k S_k² ≈ K·rss²/2`);
+//! terms that share a sign make them grow steadily to the sum `x` (`Σ_k S_k² ≈ K·x²/3`): so
+//! `σ = u_d·√(K·(rss²/6 + x²/9))`, both kinds counted. That
+//! kernel may err by `√(2·ln n)·σ` at the largest of `n` elements and `√(2/π)·σ` on average,
+//! and an honest one by [`HONEST_FACTOR`] times that, on top of what the float32-accumulating
+//! ideal allows. A layer beyond the first ideal and within this one accumulates in `d`
+//! ([`Baseline::narrow`]): a finding of its own, not a defect. Beyond both, a defect.
 
 use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::dtype::pow2;
 use crate::{DType, Error, Result, TensorView};
+
+/// How many times what precision explains a layer's own error may reach and still be precision
+/// (see the module docs).
+pub const DEFECT_MARGIN: f64 = 1.25;
 
 /// How many times an honest kernel's own error a target's kernel may make before it is a
 /// defect (FlashAttention's tests hold a kernel to 2× the error of a reference implementation in
@@ -136,6 +158,10 @@ pub struct Baseline {
     /// the target cannot be held to it.
     #[serde(skip_serializing_if = "is_zero")]
     pub reference_off: u64,
+    /// The same own error against a kernel that accumulates the layer's reduction in `grid`
+    /// itself (see the module docs), where the reduction's terms were measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub narrow: Option<NarrowIdeal>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -143,10 +169,55 @@ fn is_zero(n: &u64) -> bool {
 }
 
 impl Baseline {
-    /// Whether the own error is beyond what the precision explains.
+    /// Whether the own error is beyond what the precision explains (by more than
+    /// [`DEFECT_MARGIN`]).
     pub fn beyond(&self) -> bool {
-        self.multiple > 1.0
+        self.multiple > DEFECT_MARGIN
     }
+
+    /// Whether the own error is beyond what a float32-accumulating kernel explains and within
+    /// what one that accumulates in `grid` does: the kernel sums in the narrow dtype.
+    pub fn accumulates_narrow(&self) -> bool {
+        self.beyond()
+            && self
+                .narrow
+                .as_ref()
+                .is_some_and(|n| n.multiple <= DEFECT_MARGIN)
+    }
+}
+
+/// A layer's reduction as the framework measured it, exactly, on the baseline's inputs: how
+/// many terms each element sums, and per element the root sum of squares of its terms.
+#[derive(Debug, Clone, Copy)]
+pub struct Reduction<'a> {
+    /// Terms each element sums (the positions a weight's gradient adds up, a dot product's
+    /// length).
+    pub terms: u64,
+    /// Per element, `√Σ term²`, in the layer's shape.
+    pub rss: TensorView<'a>,
+}
+
+/// The own error against a kernel that accumulates in the narrow dtype (see the module docs).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NarrowIdeal {
+    /// Terms each element sums.
+    pub terms: u64,
+    /// The largest own error such a kernel explains at an element.
+    #[serde(serialize_with = "crate::render::float")]
+    pub allowed_max_abs_diff: f64,
+    /// The mean own error it explains.
+    #[serde(serialize_with = "crate::render::float")]
+    pub allowed_mean_abs_diff: f64,
+    /// The own error as a multiple of it.
+    #[serde(serialize_with = "crate::render::float")]
+    pub multiple: f64,
+}
+
+/// The standard deviation of one element's error in a sum of `terms` terms, added one by one
+/// into a running sum held in a dtype of unit roundoff `unit`, whose terms' root sum of squares
+/// is `rss` and whose exact sum is `sum` (see the module docs).
+pub fn narrow_accumulation_sigma(unit: f64, terms: u64, rss: f64, sum: f64) -> f64 {
+    unit * (terms.max(1) as f64 * (rss * rss / 6.0 + sum * sum / 9.0)).sqrt()
 }
 
 /// How many times further from the exact value than the target (anywhere in the layer) the
@@ -169,6 +240,10 @@ struct Sums {
     own_sum: f64,
     allowed_max: f64,
     allowed_sum: f64,
+    /// The narrow-accumulation ideal's allowance at the largest element (without its tail
+    /// factor) and summed.
+    narrow_max: f64,
+    narrow_sum: f64,
 }
 
 impl Sums {
@@ -184,9 +259,18 @@ impl Sums {
         self.own_sum += other.own_sum;
         self.allowed_max = self.allowed_max.max(other.allowed_max);
         self.allowed_sum += other.allowed_sum;
+        self.narrow_max = self.narrow_max.max(other.narrow_max);
+        self.narrow_sum += other.narrow_sum;
         self
     }
 }
+
+/// The least tail factor of the narrow-accumulation ideal's largest element, in its `σ`s (see
+/// the module docs): √(2·ln n) for `n` elements, at least this.
+const NARROW_TAIL: f64 = 2.0;
+
+/// The mean absolute value of a normal error, in its `σ`s: √(2/π).
+const NARROW_MEAN: f64 = 0.797_884_560_802_865_4;
 
 /// Elements per block of the baseline's pass.
 const BLOCK: usize = 4096;
@@ -196,6 +280,7 @@ const BLOCK: usize = 4096;
 /// reference's inputs rounded to `grid`), judged by [the rule](self). `stages`: intermediate
 /// results an honest kernel rounds to `grid`. `expected_values`: the reference is a file of
 /// expected values, not a kernel, and is judged against `exact` itself (`reference_off`).
+/// `reduction`: the layer's terms where measured, for the narrow-accumulation ideal.
 pub fn assess_baseline(
     reference: TensorView<'_>,
     own: TensorView<'_>,
@@ -203,9 +288,11 @@ pub fn assess_baseline(
     grid: DType,
     stages: u32,
     expected_values: bool,
+    reduction: Option<Reduction<'_>>,
 ) -> Result<Baseline> {
     let n = reference.numel();
-    for other in [&own, &exact] {
+    let rss = reduction.map(|r| r.rss);
+    for other in [&own, &exact].into_iter().chain(rss.as_ref()) {
         if other.numel() != n {
             return Err(Error::ShapeMismatch {
                 reference: reference.shape.to_vec(),
@@ -218,19 +305,27 @@ pub fn assess_baseline(
     let same_precision = !grid.narrower_than(reference.dtype);
     // How far an honest reference may be from the exact value: its dtype's tolerance.
     let honest = crate::default_for(reference.dtype);
+    let unit = grid.mantissa_bits().map_or(0.0, |b| pow2(-(b as i32)));
+    let terms = reduction.map_or(0, |r| r.terms);
     let blocks: Vec<Sums> = (0..n.div_ceil(BLOCK))
         .into_par_iter()
         .map(|b| {
             let (start, end) = (b * BLOCK, ((b + 1) * BLOCK).min(n));
             let len = end - start;
-            let mut v = [vec![0.0; len], vec![0.0; len], vec![0.0; len]];
-            for (view, out) in [&reference, &own, &exact].into_iter().zip(v.iter_mut()) {
+            let mut v = [
+                vec![0.0; len],
+                vec![0.0; len],
+                vec![0.0; len],
+                vec![0.0; len],
+            ];
+            let views = [&reference, &own, &exact].into_iter().chain(rss.as_ref());
+            for (view, out) in views.zip(v.iter_mut()) {
                 let size = view.dtype.size();
                 crate::compare::decode(view.dtype, &view.bytes[start * size..end * size], out);
             }
             let mut s = Sums::default();
-            let [reference, own, exact] = &v;
-            for ((&y, &t), &x) in reference.iter().zip(own).zip(exact) {
+            let [reference, own, exact, spread] = &v;
+            for (((&y, &t), &x), &r) in reference.iter().zip(own).zip(exact).zip(spread) {
                 if y.is_nan() || !y.is_finite() {
                     continue; // NaN and Inf in the reference say nothing of precision
                 }
@@ -294,6 +389,14 @@ pub fn assess_baseline(
                 s.own_sum += own_d;
                 s.allowed_max = s.allowed_max.max(base + HONEST_FACTOR * bound);
                 s.allowed_sum += base + HONEST_FACTOR * typical;
+                if rss.is_some() {
+                    let sigma = narrow_accumulation_sigma(unit, terms, r, x);
+                    let tail = HONEST_FACTOR * NARROW_TAIL.max((2.0 * (n as f64).ln()).sqrt());
+                    s.narrow_max = s
+                        .narrow_max
+                        .max(base + HONEST_FACTOR * bound + tail * sigma);
+                    s.narrow_sum += base + HONEST_FACTOR * (typical + NARROW_MEAN * sigma);
+                }
             }
             s
         })
@@ -316,6 +419,12 @@ pub fn assess_baseline(
         }
     };
     let (own_mean, allowed_mean) = (mean(s.own_sum), mean(s.allowed_sum));
+    let narrow = reduction.map(|r| NarrowIdeal {
+        terms: r.terms,
+        allowed_max_abs_diff: s.narrow_max,
+        allowed_mean_abs_diff: mean(s.narrow_sum),
+        multiple: ratio(s.own_max, s.narrow_max).max(ratio(own_mean, mean(s.narrow_sum))),
+    });
     Ok(Baseline {
         grid: grid.name().to_string(),
         stages,
@@ -333,6 +442,7 @@ pub fn assess_baseline(
         } else {
             0
         },
+        narrow,
     })
 }
 
@@ -358,6 +468,7 @@ mod tests {
             DType::F16,
             0,
             false,
+            None,
         )
         .unwrap()
     }
@@ -403,11 +514,11 @@ mod tests {
             tensor(DType::F32, &t),
             tensor(DType::F64, &x),
         );
-        let b = assess_baseline(r.view(), o.view(), e.view(), DType::F32, 0, false).unwrap();
+        let b = assess_baseline(r.view(), o.view(), e.view(), DType::F32, 0, false, None).unwrap();
         assert!(!b.beyond(), "{b:?}");
         let t = [10.0 - 2e-4, -4.0 + 3e-5, 7.5 - 3e-5];
         let o = tensor(DType::F32, &t);
-        let b = assess_baseline(r.view(), o.view(), e.view(), DType::F32, 0, false).unwrap();
+        let b = assess_baseline(r.view(), o.view(), e.view(), DType::F32, 0, false, None).unwrap();
         assert!(b.beyond(), "ten times the reference's own error: {b:?}");
     }
 
@@ -417,7 +528,16 @@ mod tests {
             tensor(DType::F32, t),
             tensor(DType::F64, x),
         );
-        assess_baseline(r.view(), o.view(), e.view(), DType::F32, 0, expected_values).unwrap()
+        assess_baseline(
+            r.view(),
+            o.view(),
+            e.view(),
+            DType::F32,
+            0,
+            expected_values,
+            None,
+        )
+        .unwrap()
     }
 
     #[test]
@@ -446,5 +566,94 @@ mod tests {
         );
         assert_eq!(b.reference_off, 0, "{b:?}");
         assert!(!b.beyond(), "{b:?}");
+    }
+
+    /// Sums of `terms` random terms for each of `n` elements: the exact sums, the terms' root
+    /// sums of squares, and the sums a kernel makes that adds them one by one into a running
+    /// sum held in `dtype`.
+    fn sums(n: usize, terms: usize, dtype: DType) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+        let mut random = crate::SplitMix64::new(7);
+        let (mut exact, mut rss, mut narrow) = (vec![], vec![], vec![]);
+        for _ in 0..n {
+            let values: Vec<f64> = (0..terms).map(|_| dtype.round(random.normal())).collect();
+            exact.push(values.iter().sum::<f64>());
+            rss.push(values.iter().map(|v| v * v).sum::<f64>().sqrt());
+            narrow.push(values.iter().fold(0.0, |total, v| dtype.round(total + v)));
+        }
+        (exact, rss, narrow)
+    }
+
+    #[test]
+    fn a_kernel_that_sums_in_the_narrow_dtype_is_within_the_narrow_ideal_and_a_wrong_one_is_not() {
+        let (terms, dtype) = (512, DType::BF16);
+        let (x, rss, narrow) = sums(256, terms, dtype);
+        let (reference, exact) = (tensor(DType::F32, &x), tensor(DType::F64, &x));
+        let rss = tensor(DType::F64, &rss);
+        let judge = |t: &[f64]| {
+            let own = tensor(dtype, t);
+            let reduction = Reduction {
+                terms: terms as u64,
+                rss: rss.view(),
+            };
+            let b = assess_baseline(
+                reference.view(),
+                own.view(),
+                exact.view(),
+                dtype,
+                0,
+                false,
+                Some(reduction),
+            );
+            b.unwrap()
+        };
+        // summed in bfloat16: far beyond a float32-accumulating kernel, within the narrow one
+        let b = judge(&narrow);
+        assert!(b.beyond() && b.accumulates_narrow(), "{b:?}");
+        assert_eq!(b.narrow.as_ref().unwrap().terms, 512);
+        // rounded once: within both
+        let once: Vec<f64> = x.iter().map(|&v| dtype.round(v)).collect();
+        let b = judge(&once);
+        assert!(!b.beyond() && !b.accumulates_narrow(), "{b:?}");
+        // a sum off by half its terms' spread everywhere: beyond both ideals, a defect
+        let rss_values: Vec<f64> = (0..x.len()).map(|i| rss.view().get_f64(i)).collect();
+        let off: Vec<f64> = x
+            .iter()
+            .zip(&rss_values)
+            .map(|(&v, &r)| dtype.round(v + 0.5 * r))
+            .collect();
+        let b = judge(&off);
+        assert!(b.beyond() && !b.accumulates_narrow(), "{b:?}");
+        // without the terms, there is no narrow ideal: beyond is a defect
+        let own = tensor(dtype, &narrow);
+        let b = assess_baseline(
+            reference.view(),
+            own.view(),
+            exact.view(),
+            dtype,
+            0,
+            false,
+            None,
+        )
+        .unwrap();
+        assert!(b.beyond() && b.narrow.is_none(), "{b:?}");
+    }
+
+    #[test]
+    fn a_layer_just_past_its_allowance_is_still_precision() {
+        let x: Vec<f64> = (0..256).map(|i| 1.0 + f64::from(i) * 0.00731).collect();
+        let b = judged(
+            &x,
+            &x.iter().map(|&v| DType::F16.round(v)).collect::<Vec<_>>(),
+        );
+        let margin = Baseline {
+            multiple: DEFECT_MARGIN,
+            ..b.clone()
+        };
+        assert!(!margin.beyond());
+        let past = Baseline {
+            multiple: DEFECT_MARGIN * 1.01,
+            ..b
+        };
+        assert!(past.beyond());
     }
 }

@@ -200,6 +200,21 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
         let named = defects
             .iter()
             .any(|(_, d)| d.cause == cause && d.detail == detail);
+        if cause == "narrow_accumulation"
+            && let Some((b, n)) = layer
+                .baseline
+                .as_ref()
+                .and_then(|b| Some((b, b.narrow.as_ref()?)))
+        {
+            summary.narrow_accumulation.push(crate::NarrowKernel {
+                layer: layer.name.clone(),
+                dtype: b.grid.clone(),
+                terms: n.terms,
+                multiple: b.multiple,
+                narrow_multiple: n.multiple,
+                fix: fix(cause, layer, e),
+            });
+        }
         if finding == Finding::Defect && !named {
             let own = layer.local.as_ref().or(layer.accumulated.as_ref());
             defects.push((

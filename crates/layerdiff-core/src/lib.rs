@@ -36,7 +36,8 @@ pub use axis::{
     AXIS_SCHEMA, AxisLayer, AxisPoint, AxisReport, along_axis, axis_markdown, axis_text,
 };
 pub use baseline::{
-    Baseline, HONEST_FACTOR, accumulation_unit, assess_baseline, kernel_allowance, output_steps,
+    Baseline, DEFECT_MARGIN, HONEST_FACTOR, NarrowIdeal, Reduction, accumulation_unit,
+    assess_baseline, kernel_allowance, narrow_accumulation_sigma, output_steps,
 };
 pub use bisect::{Bisection, BisectionCheck, smallest_set};
 pub use cause::{Evidence, ROUNDING_FACTOR, explain, precision_grid, quantizing_op};
@@ -60,8 +61,8 @@ pub use quantized::{
 pub use random::{SplitMix64, random_tensor};
 pub use report::{
     Defect, FailOn, Finding, Float64Distance, InputInfo, Inside, Invocation, Layer, LayerStatus,
-    Location, PrecisionDrift, ProviderNodes, Report, SCHEMA, SideInfo, Summary, TargetGraph,
-    Timing, Verdict, WorstLayer, WorstLayers,
+    Location, NarrowKernel, PrecisionDrift, ProviderNodes, Report, SCHEMA, SideInfo, Summary,
+    TargetGraph, Timing, Verdict, WorstLayer, WorstLayers,
 };
 pub use tensor::{Tensor, TensorView};
 pub use tolerance::{

@@ -363,6 +363,7 @@ mod tests {
             DType::F16,
             0,
             false,
+            None,
         )
         .unwrap();
         let base = (DType::F16.round(x) - x).abs();

@@ -183,6 +183,7 @@ pub fn assess_quantized(
         multiple: (own_max / allowed_max).max(own_sum / count / allowed_mean),
         overflow: saturated,
         reference_off: 0,
+        narrow: None,
     })
 }
 

@@ -9,7 +9,9 @@ use crate::Stats;
 mod layer;
 pub use layer::{Finding, Float64Distance, Inside, Layer, LayerStatus, Location};
 mod summary;
-pub use summary::{Defect, FailOn, PrecisionDrift, Summary, Verdict, WorstLayer, WorstLayers};
+pub use summary::{
+    Defect, FailOn, NarrowKernel, PrecisionDrift, Summary, Verdict, WorstLayer, WorstLayers,
+};
 
 /// Schema identifier written into every JSON report. Version 4 renamed `layers[].onnx`
 /// (`{value, node, op_type, nodes}`) to `layers[].location` (`{kind, value, node, op, nodes}`,

@@ -38,6 +38,9 @@ pub(crate) type Fed = std::result::Result<(Tensor, DType), String>;
 pub struct HandedBaseline {
     side: PushedSide,
     grids: HashMap<String, DType>,
+    /// Each layer's reduction as the framework measured it: its terms per element and their
+    /// root sum of squares (`layerdiff_core::Reduction`), held until compared.
+    reductions: HashMap<String, (u64, Tensor)>,
     /// Why the run computing the exact values stopped, when it did.
     lost: Option<String>,
 }
@@ -49,6 +52,7 @@ impl HandedBaseline {
         Self {
             side: PushedSide::new(layerdiff_core::SideInfo::new("baseline", "float64"), listed),
             grids: HashMap::new(),
+            reductions: HashMap::new(),
             lost: None,
         }
     }
@@ -65,6 +69,11 @@ impl HandedBaseline {
         if let Some(grid) = grid {
             self.grids.insert(name.to_string(), grid);
         }
+    }
+
+    /// Layer `name`'s reduction: `terms` per element, and their root sum of squares `rss`.
+    pub fn push_reduction(&mut self, name: &str, terms: u64, rss: Tensor) {
+        self.reductions.insert(name.to_string(), (terms, rss));
     }
 }
 
@@ -127,10 +136,22 @@ impl Baseline {
         }
     }
 
+    /// The reduction's terms of the layer of reference value `value`, where the framework
+    /// measured them.
+    pub(crate) fn reduction_of(&self, value: &str) -> Option<(u64, Tensor)> {
+        match self {
+            Self::Handed(h) => h.reductions.get(value).cloned(),
+            Self::Graph(_) => None,
+        }
+    }
+
     /// Drops handed values no longer needed.
     pub(crate) fn free(&mut self, values: &[String]) {
         if let Self::Handed(h) = self {
             h.side.free(values);
+            for v in values {
+                h.reductions.remove(v);
+            }
         }
     }
 

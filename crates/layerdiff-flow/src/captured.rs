@@ -300,6 +300,9 @@ impl CapturedRun {
         if let Some(baseline) = engine.baseline.as_mut().and_then(Baseline::handed) {
             let exact = layer.baseline.filter(|_| keep).map(|t| t.to_tensor());
             baseline.push(index, &listed.call.name, exact, layer.baseline_grid);
+            if let Some((terms, rss)) = layer.reduction.filter(|_| keep) {
+                baseline.push_reduction(&listed.call.name, terms, rss.to_tensor());
+            }
         }
         if let Some(target) = engine.target.receiver() {
             let Some(value) = layer.target else {
@@ -399,6 +402,10 @@ pub struct Handed<'a> {
     /// The dtype the target computed the layer in, where its value's dtype does not say
     /// (float16 gradients unscaled to float32, a Linear's weight gradient under autocast).
     pub baseline_grid: Option<DType>,
+    /// The baseline's reduction, measured exactly on the same inputs: how many terms each
+    /// element sums, and per element their root sum of squares (for the ideal kernel that
+    /// accumulates in the narrow dtype, `layerdiff_core::Reduction`).
+    pub reduction: Option<(u64, TensorView<'a>)>,
     /// For a target that runs its model whole: the layer computed exactly on the target's own
     /// inputs with the reference's weights (see [`crate::Own`]).
     pub own_exact: Option<TensorView<'a>>,

@@ -16,7 +16,7 @@ use crate::baseline::Baseline;
 use crate::evidence::disagreement;
 use crate::memory::Segmentation;
 use crate::memory::budget;
-use crate::pairs::Pairs;
+use crate::pairs::{Exact, Pairs};
 use crate::plan::{Plan, PlannedLayer, plan};
 use crate::side::{Group, Side};
 use crate::timings::{OWN, RUNTIME, Stopwatch};

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use rayon::prelude::*;
 
 use layerdiff_core::{
-    DType, Float64Distance, Judge, Layer, LayerStatus, Quantization, Tensor, TensorView, Tolerance,
-    assess_baseline, assess_quantized, compare_pair, lower_precision,
+    DType, Float64Distance, Judge, Layer, LayerStatus, Quantization, Reduction, Tensor, TensorView,
+    Tolerance, assess_baseline, assess_quantized, compare_pair, lower_precision,
 };
 
 use crate::Shared;
@@ -15,13 +15,18 @@ use crate::evidence::fit;
 use crate::side::{Group, Recompute, Side};
 
 /// One layer's local re-run: its index, the target's output, and (where a baseline is
-/// measured) the layer's exact value on the rounded inputs, or why there is none, with the
-/// rounding stages of its group.
-pub(crate) type LocalRun = (
-    usize,
-    Tensor,
-    Option<(std::result::Result<Tensor, String>, u32, Option<DType>)>,
-);
+/// measured) what it is judged against.
+pub(crate) type LocalRun = (usize, Tensor, Option<Exact>);
+
+/// A layer's exact value on the rounded inputs, or why there is none, with the rounding stages
+/// of its group, the dtype it is judged in, and its reduction's terms where the framework
+/// measured them (`layerdiff_core::Reduction`: how many, and their root sum of squares).
+pub(crate) struct Exact {
+    pub value: std::result::Result<Tensor, String>,
+    pub stages: u32,
+    pub grid: Option<DType>,
+    pub reduction: Option<(u64, Tensor)>,
+}
 
 /// What a segment's comparisons read: both sides' values (and the truth's), and how the
 /// layers' values correspond.
@@ -167,13 +172,23 @@ impl Pairs<'_> {
             .for_each(|(layer, reference, out, exact)| {
                 let judge = judge(layer, layer.target_dtype.as_deref(), reference, &out);
                 layer.local = compare_pair(reference.view(), out.view(), judge).stats;
-                let Some((exact, stages, grid)) = exact else {
+                let Some(Exact {
+                    value,
+                    stages,
+                    grid,
+                    reduction,
+                }) = exact
+                else {
                     return;
                 };
-                let assessed = exact.and_then(|exact| {
+                let assessed = value.and_then(|exact| {
                     let grid = grid.ok_or_else(|| "the layer is not a float".to_string())?;
                     let (r, t, x) = (reference.view(), out.view(), exact.view());
-                    assess_baseline(r, t, x, grid, stages, expected)
+                    let reduction = reduction.as_ref().map(|(terms, rss)| Reduction {
+                        terms: *terms,
+                        rss: rss.view(),
+                    });
+                    assess_baseline(r, t, x, grid, stages, expected, reduction)
                         .map_err(|e| format!("its exact value does not fit: {e}"))
                 });
                 match assessed {
@@ -216,7 +231,8 @@ impl Pairs<'_> {
             }
             None => own.ideal.as_ref().map(|i| {
                 let (x, t) = (exact.view(), target.view());
-                assess_baseline(x, t, i.view(), target.dtype, 0, false).map_err(|e| e.to_string())
+                assess_baseline(x, t, i.view(), target.dtype, 0, false, None)
+                    .map_err(|e| e.to_string())
             }),
         };
         let Some(assessed) = assessed.filter(|_| own.ideal.is_some()) else {

@@ -170,7 +170,9 @@ impl CapturedRun {
     /// `own_ideal` with the weights the target stores (or `own_why` there is none; `own_slack`:
     /// how far per element it may move by what it cannot model), and
     /// `quantization` = `(dtype, scale, zero_point)` where it quantizes the value.
-    #[pyo3(signature = (index, value, float64=None, target=None, local=None, local_error=None, disagreement=None, baseline=None, baseline_grid=None, own_exact=None, own_ideal=None, own_why=None, own_slack=None, quantization=None))]
+    /// `reduction` = `(terms, rss)` where the baseline's layer is a reduction whose terms were
+    /// measured: how many each element sums, and per element their root sum of squares.
+    #[pyo3(signature = (index, value, float64=None, target=None, local=None, local_error=None, disagreement=None, baseline=None, baseline_grid=None, own_exact=None, own_ideal=None, own_why=None, own_slack=None, quantization=None, reduction=None))]
     #[allow(clippy::too_many_arguments)]
     fn add(
         &mut self,
@@ -189,6 +191,7 @@ impl CapturedRun {
         own_why: Option<String>,
         own_slack: Option<FlatTensor<'_>>,
         quantization: Option<(String, f64, i64)>,
+        reduction: Option<(u64, FlatTensor<'_>)>,
     ) -> PyResult<()> {
         let quantization = quantization
             .map(|(dtype, scale, zero_point)| {
@@ -218,6 +221,10 @@ impl CapturedRun {
             own_why,
             own_slack: view(&own_slack)?,
             quantization,
+            reduction: match &reduction {
+                Some((terms, rss)) => Some((*terms, rss.view()?)),
+                None => None,
+            },
         };
         let run = self.active_mut()?;
         py.detach(|| run.add(index, layer)).map_err(to_py_err)

@@ -123,22 +123,33 @@ def backward(model, given, running, cotangent, scale: float = 1.0, whole=frozens
     )
 
 
+# Random sign patterns whose backwards measure a parameter gradient's terms (see `_spread`).
+_FLIPS = 8
+
+
 @dataclass
 class Vjp:
     """One module call's backward alone: the gradient of its first floating-point input (None
     without one), of each of its floating-point inputs by position, and of its parameters by
-    name within the module; and the dtype its output was computed in."""
+    name within the module; and the dtype its output was computed in. `terms`: for each
+    parameter, where measured, how many terms each element of its gradient sums and their root
+    sum of squares (see `_spread`)."""
 
     input: torch.Tensor | None
     inputs: dict[int, torch.Tensor]
     parameters: dict[str, torch.Tensor]
     dtype: torch.dtype
+    terms: dict[str, tuple[int, torch.Tensor]] = field(default_factory=dict)
 
 
-def vjp(module, call: Call, grad_output, prepare, running, scale: float, grad_dtype=None) -> Vjp:
+def vjp(
+    module, call: Call, grad_output, prepare, running, scale: float, grad_dtype=None,
+    spread: bool = False,
+) -> Vjp:  # fmt: skip
     """`module` run on `call`'s inputs (each tensor through `prepare`), then its backward alone
     for `grad_output` (times `scale`, in the output's dtype or `grad_dtype`); the gradients
-    unscaled (float32 when scaled), as a side's whole backward gives them."""
+    unscaled (float32 when scaled), as a side's whole backward gives them. With `spread`, the
+    parameters' gradients' terms are measured too (`Vjp.terms`)."""
     flat, spec = torch.utils._pytree.tree_flatten((call.args, call.kwargs))
     given, wrt = [], []
     for t in flat:
@@ -156,7 +167,9 @@ def vjp(module, call: Call, grad_output, prepare, running, scale: float, grad_dt
     if out is None or not out.requires_grad:
         return Vjp(None, {}, {}, out.dtype if out is not None else torch.float32)
     g = (grad_output.to(out.device) * scale).to(grad_dtype or out.dtype)
-    found = torch.autograd.grad(out, [*wrt, *(p for _, p in params)], g, allow_unused=True)
+    found = torch.autograd.grad(
+        out, [*wrt, *(p for _, p in params)], g, allow_unused=True, retain_graph=spread
+    )
 
     def unscaled(grad):
         if grad is None:
@@ -169,7 +182,44 @@ def vjp(module, call: Call, grad_output, prepare, running, scale: float, grad_dt
     parameters = {
         n: unscaled(g) for (n, _), g in zip(params, found[len(wrt) :], strict=True) if g is not None
     }
-    return Vjp(inputs.get(0), inputs, parameters, out.dtype)
+    terms = _spread(out, g, [(n, p) for n, p in params if n in parameters]) if spread else {}
+    return Vjp(inputs.get(0), inputs, parameters, out.dtype, terms)
+
+
+def _spread(out, g, params) -> dict[str, tuple[int, torch.Tensor]]:
+    """For each parameter, how many terms each element of its gradient sums, and their root sum
+    of squares: a parameter's gradient is linear in the output gradient `g`, a sum over the
+    output's elements of `J·g`, so flipping the sign of each element of `g` at random leaves
+    every term's square and cancels their products on average: the mean square of the gradients
+    of `_FLIPS` such patterns is `Σ term²` (fixed seed, so the same every run). The number of
+    terms is the output's elements per slice the parameter's first (else last) axis indexes
+    (a weight's output channel, a norm's feature)."""
+    if not params:
+        return {}
+    generator = torch.Generator().manual_seed(0)
+    squares = [torch.zeros_like(p, dtype=torch.float64) for _, p in params]
+    for k in range(_FLIPS):
+        signs = torch.randint(0, 2, g.shape, generator=generator).to(g) * 2 - 1
+        grads = torch.autograd.grad(
+            out, [p for _, p in params], g * signs, allow_unused=True,
+            retain_graph=k < _FLIPS - 1,
+        )  # fmt: skip
+        for total, found in zip(squares, grads, strict=True):
+            if found is not None:
+                total += found.detach().double() ** 2
+    return {
+        n: (_terms(p, g), (total / _FLIPS).sqrt())
+        for (n, p), total in zip(params, squares, strict=True)
+    }
+
+
+def _terms(parameter: torch.Tensor, g: torch.Tensor) -> int:
+    """How many of the output's elements each element of `parameter`'s gradient sums (see
+    `_spread`)."""
+    for size in (parameter.shape[:1] + parameter.shape[-1:]) if parameter.dim() else ():
+        if size in g.shape:
+            return max(1, g.numel() // size)
+    return max(1, g.numel() // max(1, parameter.numel()))
 
 
 def exact_vjp(module, call: Call, grad_output, held, dtype: torch.dtype, scale: float) -> Vjp:
@@ -177,7 +227,7 @@ def exact_vjp(module, call: Call, grad_output, held, dtype: torch.dtype, scale: 
     weights rounded to `dtype`, on the call's inputs each rounded to the narrower of `held(t)`
     (the dtype the target holds it in) and `dtype`, for the output gradient as the target gets
     it (scaled by `scale`, rounded to `dtype`, scaled back: exact for a power of two); autocast
-    off, on the CPU. Gradients in float64."""
+    off, on the CPU. Gradients in float64, with their parameters' terms (`Vjp.terms`)."""
     exact = _baseline.plain_copy(module).to("cpu", torch.float64)
     _baseline.round_weights(exact, dtype)
     g = (grad_output.detach().cpu().double() * scale).to(dtype).double() / scale
@@ -188,7 +238,7 @@ def exact_vjp(module, call: Call, grad_output, held, dtype: torch.dtype, scale: 
         return _baseline.rounded(t, _baseline.narrower(held(t), dtype))
 
     with _baseline.no_autocast():
-        return vjp(exact, call, g, prepare, _nothing, 1.0, grad_dtype=torch.float64)
+        return vjp(exact, call, g, prepare, _nothing, 1.0, grad_dtype=torch.float64, spread=True)
 
 
 class _nothing:

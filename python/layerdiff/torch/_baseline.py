@@ -85,6 +85,35 @@ def exact_call(module: nn.Module | None, func, args, kwargs, held, dtype: torch.
     return None if out is None else out.to(torch.float64)
 
 
+def exact_reduction(module: nn.Module | None, args, held, dtype: torch.dtype):
+    """The terms of a Linear's or a Conv's sums as `exact_call` makes them (its input rounded
+    as the target holds it, its weight to `dtype`): how many each output element sums (its
+    fan-in), and per element their root sum of squares, `√(x² ⋆ w²)` by the same op on the
+    squares. None for any other module (whose terms are not measured)."""
+    import torch.nn.functional as F
+
+    x = next((a for a in args if isinstance(a, torch.Tensor)), None) if args else None
+    if module is None or x is None or not x.is_floating_point():
+        return None
+    x = rounded(x, narrower(held(x), dtype)) ** 2
+    with torch.no_grad():
+        if not isinstance(module, nn.Linear):
+            if not isinstance(module, nn.Conv1d | nn.Conv2d | nn.Conv3d):
+                return None
+            if module.padding_mode != "zeros" or isinstance(module.padding, str):
+                return None
+            w = _rounded_weight(module.weight, dtype).cpu() ** 2
+            conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[w.dim() - 2]
+            squares = conv(
+                x, w, None, module.stride, module.padding, module.dilation, module.groups
+            )
+            terms = w[0].numel()
+        else:
+            w = _rounded_weight(module.weight, dtype).cpu() ** 2
+            squares, terms = F.linear(x, w), module.in_features
+    return terms, squares.sqrt()
+
+
 def _rounded_weight(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     """A weight in float64, its values rounded to `dtype` (float16, bfloat16) first, where it
     keeps its device (a float64 copy holds float16 values, as `round_weights` makes them)."""

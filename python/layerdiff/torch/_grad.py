@@ -203,13 +203,15 @@ class _Gradients:
         self.local: dict[str, torch.Tensor | str] = {}
         self.exact: dict[str, torch.Tensor] = {}
         self.grid: dict[str, torch.dtype] = {}
+        # a parameter's gradient: its terms per element and their root sum of squares
+        self.terms: dict[str, tuple[int, torch.Tensor]] = {}
 
     def own(self, *, local: bool, exact: bool) -> None:
         """Each call's input gradient on both sides (and in float64), and, with `local`, every
         layer's own gradient (the target's backward of each call on the reference's values)
         and, with `exact`, its exact one (see `_backward.exact_vjp`)."""
         ref, tgt, truth = self.ref, self.tgt, self.truth
-        # parameter or input → [local parts, exact parts, grid, reference parts]
+        # parameter or input → [local parts, exact parts, grid, reference parts, terms parts]
         sums: dict[str, list] = {}
         for name, call in ref.calls.items():
             if call.grad_output is None:
@@ -256,7 +258,15 @@ class _Gradients:
                     entry[1].append(x)
                 if r is not None:
                     entry[3].append(r)
-        for key, (local_parts, exact_parts, grid, reference_parts) in sums.items():
+            if precise is not None:
+                for n, key in self._parameter_names(call):
+                    if n in precise.terms and key in sums:
+                        sums[key].append(precise.terms[n])
+        for key, (local_parts, exact_parts, grid, reference_parts, *terms) in sums.items():
+            if terms and len(terms) == len(local_parts):
+                # a parameter several calls use: their terms together
+                count = sum(k for k, _ in terms)
+                self.terms[key] = (count, sum(r**2 for _, r in terms).sqrt())
             held = local_parts[0].dtype
             # what reaches this gradient through computation outside module calls (a residual
             # add between them), as the reference computes it: no call's own error
@@ -391,6 +401,7 @@ class _Gradients:
         local = self.local.get(key)
         exact = self.exact.get(key)
         grid = self.grid.get(key)
+        terms = self.terms.get(key) if exact is not None else None
         run.add(
             index,
             flat(key, reference),
@@ -402,6 +413,7 @@ class _Gradients:
             ),
             baseline=None if exact is None else flat(key, exact),
             baseline_grid=None if grid is None else dtype_name(key, torch.empty(0, dtype=grid)),
+            reduction=None if terms is None else (terms[0], flat(key, terms[1])),
         )  # fmt: skip
 
 

@@ -313,6 +313,8 @@ def _stream(
     exact: list = [None]
     # The dtype that call computes in where narrower than its result's (its baseline's grid).
     grid: list = [None]
+    # A Linear's or a Conv's terms on the same inputs (its narrow-accumulation ideal).
+    terms: list = [None]
     weights = _CASTS.get(tgt_side.precision)
 
     def rerun(leaf, func, args, kwargs):
@@ -349,6 +351,10 @@ def _stream(
                 references[leaf] if func is None else None, func, args, kwargs,
                 held=lambda t: convert(t).dtype, dtype=dtype,
             )  # fmt: skip
+            if func is None and exact[0] is not None:
+                terms[0] = _baseline.exact_reduction(
+                    references[leaf], args, held=lambda t: convert(t).dtype, dtype=dtype
+                )
         return out
 
     def on_layer(index, layer, out, local):
@@ -379,8 +385,9 @@ def _stream(
             disagreement=disagreed[0],
             baseline=None if exact[0] is None else flat(layer.name, exact[0]),
             baseline_grid=grid_name,
+            reduction=None if terms[0] is None else (terms[0][0], flat(layer.name, terms[0][1])),
         )
-        disagreed[0] = exact[0] = grid[0] = None
+        disagreed[0] = exact[0] = grid[0] = terms[0] = None
         if ticker is not None:
             ticker(index + 1)
 

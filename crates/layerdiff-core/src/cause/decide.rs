@@ -133,6 +133,24 @@ pub(super) fn against_baseline(
             Finding::Defect,
         );
     }
+    if let Some(n) = b.narrow.as_ref().filter(|_| b.accumulates_narrow()) {
+        return (
+            "narrow_accumulation",
+            format!(
+                "the target's {} sums its {} terms per element in {g}: its own error is {:.1}× what a kernel that accumulates in float32 explains, and {:.2}× what one that accumulates in {g} does ({numbers}): honest, but {g} accumulation",
+                if e.ops.is_empty() {
+                    "kernel".to_string()
+                } else {
+                    e.ops_words()
+                },
+                n.terms,
+                b.multiple,
+                n.multiple,
+                g = b.grid
+            ),
+            Finding::Precision,
+        );
+    }
     if b.beyond() {
         let ops = e.ops_words();
         let multiple = if b.multiple.is_finite() {
@@ -446,6 +464,10 @@ pub(super) fn fix(cause: &str, layer: &Layer, e: &Evidence) -> String {
         ),
         "quantization_range" => format!(
             "{where_} clip(s) its values to a range too narrow for them: calibrate the quantization with a representative dataset that covers what the model computes here (inputs like those compared), or keep this layer in float (selective quantization)"
+        ),
+        "narrow_accumulation" => format!(
+            "{where_} add(s) up its terms in {grid}: run it in float32, or under autocast (whose kernels accumulate in float32), where its sum matters (a gradient an optimizer applies, a long dot product); or use a kernel that accumulates in float32",
+            grid = layer.baseline.as_ref().map_or("the narrow dtype", |b| b.grid.as_str())
         ),
         "nondeterminism" => format!(
             "{where_} give(s) other values on every run: make the kernels deterministic (e.g. `torch.use_deterministic_algorithms(True)`, cuDNN's deterministic mode), or compare at a tolerance above that spread"

@@ -212,6 +212,21 @@ fn defects(report: &Report) -> String {
         }
         out.push_str("</ol>\n");
     }
+    if !s.narrow_accumulation.is_empty() {
+        out.push_str("<h2>Narrow accumulation</h2>\n<ol id=\"narrow\">\n");
+        for k in &s.narrow_accumulation {
+            let index = report.layers.iter().position(|l| l.name == k.layer);
+            let _ = writeln!(
+                out,
+                "<li><a href=\"#layer-{}\"><code>{}</code></a>: {}<br><b>Fix:</b> {}</li>",
+                index.unwrap_or_default(),
+                escape(&k.layer),
+                prose(&super::text::narrow_words(k)),
+                prose(&k.fix)
+            );
+        }
+        out.push_str("</ol>\n");
+    }
     if let Some(p) = &s.precision {
         let _ = writeln!(
             out,

@@ -121,6 +121,28 @@ pub fn to_markdown(report: &Report) -> String {
             );
         }
     }
+    if !s.narrow_accumulation.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n## Narrow accumulation\n\nHonest kernels that add their terms up in the narrow dtype: not defects, but each loses more than a float32-accumulating kernel would.\n"
+        );
+        let _ = writeln!(
+            out,
+            "| layer | dtype | terms | × float32-accumulating | × narrow-accumulating | fix |\n|---|---|---:|---:|---:|---|"
+        );
+        for k in &s.narrow_accumulation {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {:.1} | {:.2} | {} |",
+                code(&k.layer),
+                k.dtype,
+                k.terms,
+                k.multiple,
+                k.narrow_multiple,
+                cell(&k.fix)
+            );
+        }
+    }
     if let Some(p) = &s.precision {
         let _ = writeln!(
             out,

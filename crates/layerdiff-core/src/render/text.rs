@@ -1,6 +1,6 @@
 //! The short text summary the command prints: verdict, counts, origin, worst layers.
 
-use crate::{Defect, PrecisionDrift, Report, Verdict};
+use crate::{Defect, NarrowKernel, PrecisionDrift, Report, Verdict};
 
 /// The short summary printed to stdout: verdict, counts, origin, worst layers.
 pub fn to_text(report: &Report) -> String {
@@ -75,6 +75,20 @@ pub fn to_text(report: &Report) -> String {
         out.push_str(&format!(
             "  … and {} more defect(s), in the report\n",
             s.defects.len() - SHOWN_DEFECTS
+        ));
+    }
+    for k in s.narrow_accumulation.iter().take(SHOWN_DEFECTS) {
+        out.push_str(&format!(
+            "  narrow accumulation at `{}`: {}\n    fix: {}\n",
+            k.layer,
+            narrow_words(k),
+            k.fix
+        ));
+    }
+    if s.narrow_accumulation.len() > SHOWN_DEFECTS {
+        out.push_str(&format!(
+            "  … and {} more layer(s) that accumulate in the narrow dtype, in the report\n",
+            s.narrow_accumulation.len() - SHOWN_DEFECTS
         ));
     }
     if let Some(p) = &s.precision {
@@ -181,6 +195,42 @@ pub(crate) fn precision_words(p: &PrecisionDrift, compared: usize) -> String {
     format!("{} rounding{born}: {own}{output}{overflow}", p.dtype)
 }
 
+/// A layer that accumulates in the narrow dtype, in words.
+pub(crate) fn narrow_words(k: &NarrowKernel) -> String {
+    format!(
+        "its kernel sums {} terms per element in {d}: {:.1}× what a float32-accumulating kernel's error explains, {:.2}× a {d}-accumulating one's",
+        k.terms,
+        k.multiple,
+        k.narrow_multiple,
+        d = k.dtype
+    )
+}
+
+/// The layers that accumulate in the narrow dtype, for the verdict's line (empty when none).
+fn narrow_clause(s: &crate::Summary) -> String {
+    let Some(first) = s.narrow_accumulation.first() else {
+        return String::new();
+    };
+    let n = s.narrow_accumulation.len();
+    let named: Vec<String> = s
+        .narrow_accumulation
+        .iter()
+        .take(3)
+        .map(|k| format!("`{}` ({:.1}×)", k.layer, k.multiple))
+        .collect();
+    let more = if n > 3 {
+        format!(" and {} more", n - 3)
+    } else {
+        String::new()
+    };
+    format!(
+        "{n} layer(s) accumulate in {}, beyond a float32-accumulating kernel and within a {}-accumulating one: {}{more}",
+        first.dtype,
+        first.dtype,
+        named.join(", ")
+    )
+}
+
 /// A defect's size in words: its multiple of what precision explains, else of its tolerance.
 fn defect_size(d: &Defect) -> String {
     match (d.multiple, d.tolerance_multiple) {
@@ -221,8 +271,12 @@ pub(crate) fn verdict(report: &Report) -> String {
                         p.dtype
                     ),
                 });
+            let narrow = match narrow_clause(s) {
+                c if c.is_empty() => c,
+                c => format!("; besides, {c}"),
+            };
             format!(
-                "{n} defect{}: {}{more}{besides}",
+                "{n} defect{}: {}{more}{narrow}{besides}",
                 if n == 1 { "" } else { "s" },
                 named.join(", ")
             )
@@ -236,6 +290,13 @@ pub(crate) fn verdict(report: &Report) -> String {
             } else {
                 String::new()
             };
+            let narrow = narrow_clause(s);
+            if !narrow.is_empty() {
+                return format!(
+                    "{dtype} precision, no defect, but {narrow}{but}; {} of {} compared layers exceed their tolerance",
+                    s.layers_exceeding, s.layers_compared
+                );
+            }
             format!(
                 "{dtype} rounding only: no layer computes differently{but}; {} of {} compared layers exceed their tolerance{}",
                 s.layers_exceeding,

@@ -74,7 +74,8 @@ pub struct Layer {
     pub error_from: Option<String>,
     /// Why the layer differs, from a fixed vocabulary: `weight_mismatch`, `precision_loss`,
     /// `layout_permutation`, `shape_mismatch`, `op_implementation`, `quantization_range`, `inherited`,
-    /// `nondeterminism`, `rounding`, `undecided`, `unknown`.
+    /// `nondeterminism`, `rounding`, `narrow_accumulation` (a precision finding, named in the
+    /// summary), `undecided`, `unknown`.
     pub cause: Option<String>,
     /// The cause in words.
     pub detail: Option<String>,

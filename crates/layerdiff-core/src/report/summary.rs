@@ -32,6 +32,12 @@ pub struct Summary {
     pub verdict: Verdict,
     /// Layers that compute something their precision does not explain, most severe first.
     pub defects: Vec<Defect>,
+    /// Layers whose kernel adds its terms up in the narrow dtype itself: beyond what a kernel
+    /// accumulating in float32 explains, within what one accumulating in the narrow dtype does
+    /// (`narrow_accumulation`). Not defects; `--fail-on accumulation` fails on them. Left out
+    /// when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub narrow_accumulation: Vec<NarrowKernel>,
     /// The drift the target's precision explains, when layers exceed their tolerance by it.
     pub precision: Option<PrecisionDrift>,
     /// Where the drift is born: the first defect (or undecided layer) in execution order, else
@@ -90,16 +96,20 @@ pub enum FailOn {
     Defect,
     /// On any layer beyond its tolerance, rounding included.
     Drift,
+    /// As on `Defect`, and on a kernel that accumulates in the narrow dtype
+    /// ([`Summary::narrow_accumulation`]).
+    Accumulation,
 }
 
 impl FailOn {
-    /// Parses `--fail-on`: `defect` or `drift`.
+    /// Parses `--fail-on`: `defect`, `accumulation` or `drift`.
     pub fn parse(text: &str) -> Result<Self, String> {
         match text {
             "defect" | "defects" => Ok(Self::Defect),
             "drift" => Ok(Self::Drift),
+            "accumulation" => Ok(Self::Accumulation),
             _ => Err(format!(
-                "`--fail-on` takes `defect` or `drift`, got `{text}`"
+                "`--fail-on` takes `defect`, `accumulation` or `drift`, got `{text}`"
             )),
         }
     }
@@ -112,7 +122,9 @@ impl Summary {
             Verdict::NoDrift => false,
             Verdict::Defect | Verdict::Undecided | Verdict::Inconclusive => true,
             Verdict::Precision => {
-                fail_on == FailOn::Drift || self.precision.as_ref().is_some_and(|p| p.overflow > 0)
+                fail_on == FailOn::Drift
+                    || (fail_on == FailOn::Accumulation && !self.narrow_accumulation.is_empty())
+                    || self.precision.as_ref().is_some_and(|p| p.overflow > 0)
             }
         }
     }
@@ -158,6 +170,27 @@ impl Defect {
     pub fn severity(&self) -> f64 {
         self.multiple.or(self.tolerance_multiple).unwrap_or(0.0)
     }
+}
+
+/// A layer whose kernel adds its terms up in the narrow dtype (see
+/// `crate::Baseline::narrow`): honest for such a kernel, and named, since what it loses is
+/// more than a float32-accumulating kernel would.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NarrowKernel {
+    /// The layer.
+    pub layer: String,
+    /// The dtype it accumulates in.
+    pub dtype: String,
+    /// Terms each element sums.
+    pub terms: u64,
+    /// Its own error as a multiple of what a float32-accumulating kernel explains.
+    #[serde(serialize_with = "crate::render::float")]
+    pub multiple: f64,
+    /// The same, of what a kernel accumulating in `dtype` explains.
+    #[serde(serialize_with = "crate::render::float")]
+    pub narrow_multiple: f64,
+    /// What to do about it.
+    pub fix: String,
 }
 
 /// The drift a target's lower (or different) rounding explains: where it is born, how far it

@@ -114,12 +114,17 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                                 }
                                 b.exact(&self.reference_values[i], grid, &|n| held.baseline_feed(n))
                             });
-                        (exact, stages, grid)
+                        Exact {
+                            value: exact,
+                            stages,
+                            grid,
+                            reduction: b.reduction_of(&self.reference_values[i]),
+                        }
                     });
                     held_bytes += out.bytes.len() as u64;
                     held_bytes += exact
                         .as_ref()
-                        .and_then(|(e, _, _)| e.as_ref().ok())
+                        .and_then(|e| e.value.as_ref().ok())
                         .map_or(0, |e| e.bytes.len() as u64);
                     runs.push((i, out, exact));
                 }
