@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 from layerdiff.torch import _baseline
 from layerdiff.torch._capture import _first_tensor, capture
@@ -29,6 +30,21 @@ class Call:
 
 
 @dataclass
+class OwnerCall:
+    """One call of a module that uses parameters of its own besides calling its submodules
+    (ConvNeXt's block scales its branch by `layer_scale`; a ViT adds its `pos_embedding`): its
+    inputs, what each direct submodule returned during it, in call order (`(name, output)`),
+    and the gradient that reaches its output. Its own parameters' gradients are made again by
+    its own code alone: its submodules replaced by what they returned (see `owner_vjp`)."""
+
+    module: str
+    args: tuple
+    kwargs: dict
+    children: list = field(default_factory=list)
+    grad_output: torch.Tensor | None = None
+
+
+@dataclass
 class Pass:
     """One side's gradients, in the order backward produced them, its module calls, and how the
     loss was scaled. `order` names parameters (`fc.weight`), model inputs (`inputs[0]`) and the
@@ -41,6 +57,7 @@ class Pass:
     calls: dict[str, Call] = field(default_factory=dict)
     scale: float = 1.0
     skipped: int = 0
+    owner_calls: list[OwnerCall] = field(default_factory=list)
 
 
 def input_layer(call: str) -> str:
@@ -93,6 +110,7 @@ def backward(model, given, running, cotangent, scale: float = 1.0, whole=frozens
             out.register_hook(reached)
 
     hooks = [t.register_post_accumulate_grad_hook(lambda t: order.append(names[t])) for t in names]
+    owner_calls = _record_owners(model, whole, saved, scale, hooks)
     for p in model.parameters():
         p.grad = None
     try:
@@ -120,7 +138,109 @@ def backward(model, given, running, cotangent, scale: float = 1.0, whole=frozens
         model=model,
         calls=calls,
         scale=scale,
+        owner_calls=owner_calls,
     )
+
+
+def owners(model: nn.Module, whole=frozenset()) -> dict[str, nn.Module]:
+    """The modules, by path, that have submodules and parameters of their own that take a
+    gradient: their own code uses those (no module call's backward covers them). Modules taken
+    whole, and those inside them, are module calls already."""
+    return {
+        path: m
+        for path, m in model.named_modules()
+        if path not in whole
+        and not any(path.startswith(f"{w}.") for w in whole)
+        and any(True for _ in m.children())
+        and any(p.requires_grad for p in m.parameters(recurse=False))
+    }
+
+
+def _record_owners(model, whole, saved, scale: float, hooks: list) -> list[OwnerCall]:
+    """Hooks (appended to `hooks`) that record every call of an owner module (`owners`):
+    its inputs, its direct submodules' outputs during it, and its output's gradient."""
+    recorded: list[OwnerCall] = []
+    active: dict[str, OwnerCall] = {}
+    tree_map = torch.utils._pytree.tree_map
+
+    for path, module in owners(model, whole).items():
+
+        def pre(_, args, kwargs, path=path):
+            if path not in active:  # a module calling itself again is inside its own call
+                active[path] = OwnerCall(path, *tree_map(saved, (args, kwargs)))
+
+        def post(_, args, kwargs, output, path=path):
+            call = active.pop(path, None)
+            if call is None:
+                return
+            recorded.append(call)
+            out = _first_tensor(output)
+            if out is not None and out.requires_grad:
+
+                def reached(grad, call=call):
+                    call.grad_output = (grad.detach().float() / scale).to(
+                        torch.promote_types(grad.dtype, torch.float32)
+                    )
+
+                out.register_hook(reached)
+
+        hooks.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+        hooks.append(module.register_forward_hook(post, with_kwargs=True))
+        for name, child in module.named_children():
+
+            def returned(_, args, output, path=path, name=name):
+                if path in active:
+                    active[path].children.append((name, tree_map(saved, output)))
+
+            hooks.append(child.register_forward_hook(returned))
+    return recorded
+
+
+def owner_vjp(
+    module, call: OwnerCall, grad_output, prepare, running, scale: float, grad_dtype=None,
+    spread: bool = False,
+) -> Vjp:  # fmt: skip
+    """The backward of `module`'s own code alone, for `call`: `module` run on the call's
+    inputs with each direct submodule that has parameters returning what it returned in the
+    call (each tensor through `prepare`), then `vjp`'s backward; only the module's own
+    parameters take a gradient."""
+    tree_map = torch.utils._pytree.tree_map
+    returned: dict[str, list] = {}
+    for name, output in call.children:
+        returned.setdefault(name, []).append(output)
+    # a submodule without parameters (an activation, a stochastic depth, a permute) runs: what
+    # it reads may come from the module's own parameters
+    children = {n: c for n, c in module.named_children() if any(True for _ in c.parameters())}
+    kept = {name: children[name].__dict__.get("forward") for name in returned if name in children}
+
+    def stub(name):
+        outputs = iter(returned[name])
+
+        def forward(*args, **kwargs):
+            return tree_map(
+                lambda t: prepare(t) if isinstance(t, torch.Tensor) else t, next(outputs)
+            )
+
+        return forward
+
+    for name in kept:
+        children[name].forward = stub(name)
+    try:
+        as_call = Call(call.module, call.module, call.args, call.kwargs, call.grad_output)
+        found = vjp(module, as_call, grad_output, prepare, running, scale, grad_dtype, spread)
+    finally:
+        for name, forward in kept.items():
+            if forward is None:
+                del children[name].forward
+            else:
+                children[name].forward = forward
+    own = {n for n, p in module.named_parameters(recurse=False)}
+    return Vjp(
+        found.input, found.inputs,
+        {n: g for n, g in found.parameters.items() if n in own},
+        found.dtype,
+        {n: t for n, t in found.terms.items() if n in own},
+    )  # fmt: skip
 
 
 # Random sign patterns whose backwards measure a parameter gradient's terms (see `_spread`).
@@ -222,7 +342,9 @@ def _terms(parameter: torch.Tensor, g: torch.Tensor) -> int:
     return max(1, g.numel() // max(1, parameter.numel()))
 
 
-def exact_vjp(module, call: Call, grad_output, held, dtype: torch.dtype, scale: float) -> Vjp:
+def exact_vjp(
+    module, call: Call | OwnerCall, grad_output, held, dtype: torch.dtype, scale: float
+) -> Vjp:
     """The call's backward made exactly: a float64 copy of the reference's `module` with its
     weights rounded to `dtype`, on the call's inputs each rounded to the narrower of `held(t)`
     (the dtype the target holds it in) and `dtype`, for the output gradient as the target gets
@@ -237,8 +359,9 @@ def exact_vjp(module, call: Call, grad_output, held, dtype: torch.dtype, scale: 
             return t.detach().cpu()
         return _baseline.rounded(t, _baseline.narrower(held(t), dtype))
 
+    how = owner_vjp if isinstance(call, OwnerCall) else vjp
     with _baseline.no_autocast():
-        return vjp(exact, call, g, prepare, _nothing, 1.0, grad_dtype=torch.float64, spread=True)
+        return how(exact, call, g, prepare, _nothing, 1.0, grad_dtype=torch.float64, spread=True)
 
 
 class _nothing:

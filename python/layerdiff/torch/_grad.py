@@ -262,6 +262,9 @@ class _Gradients:
                 for n, key in self._parameter_names(call):
                     if n in precise.terms and key in sums:
                         sums[key].append(precise.terms[n])
+        if local:
+            for call in ref.owner_calls:
+                self._own_code(call, sums, exact=exact)
         for key, (local_parts, exact_parts, grid, reference_parts, *terms) in sums.items():
             if terms and len(terms) == len(local_parts):
                 # a parameter several calls use: their terms together
@@ -291,6 +294,50 @@ class _Gradients:
                 kept = theirs.dtype if isinstance(theirs, torch.Tensor) else held
                 self.grid[key] = _baseline.narrower(grid, _baseline.narrower(held, kept))
 
+    def _own_code(self, call, sums: dict, *, exact: bool) -> None:
+        """The gradients of the parameters a module's own code uses (`_backward.OwnerCall`),
+        added to `sums` as `own` adds a module call's: its own code re-run alone on the target,
+        on the reference, and exactly."""
+        if call.grad_output is None:
+            return
+        keys = {n: self.key[(call.module, n)] for n, _ in
+                self.reference_modules[call.module].named_parameters(recurse=False)
+                if (call.module, n) in self.key}  # fmt: skip
+        tgt, module = self.tgt, call.module
+        try:
+            own = _backward.owner_vjp(
+                self.target_modules[module], call, call.grad_output, self.tgt_side.convert,
+                self.tgt_side.running, tgt.scale,
+            )  # fmt: skip
+            mine = _backward.owner_vjp(
+                self.reference_modules[module], call, call.grad_output, self.ref_side.convert,
+                self.ref_side.running, self.ref.scale,
+            )  # fmt: skip
+        except Exception as e:  # the target's own failure is that parameter's finding
+            for key in keys.values():
+                self.local.setdefault(
+                    key, f"the target's backward of `{module}`'s own code failed alone: {e}"
+                )
+            return
+        precise = None
+        if exact:
+            precise = _backward.exact_vjp(
+                self.reference_modules[module], call, call.grad_output,
+                held=lambda t: self.tgt_side.convert(t).dtype, dtype=own.dtype, scale=tgt.scale,
+            )  # fmt: skip
+        for n, key in keys.items():
+            g, r = own.parameters.get(n), mine.parameters.get(n)
+            if g is None:
+                continue
+            entry = sums.setdefault(key, [[], [], own.dtype, []])
+            entry[0].append(g)
+            if precise is not None and n in precise.parameters:
+                entry[1].append(precise.parameters[n])
+            if r is not None:
+                entry[3].append(r)
+            if precise is not None and n in precise.terms:
+                entry.append(precise.terms[n])
+
     def _parts(self, call, found) -> list[tuple]:
         """The gradients one call's backward gives: (layer, gradient) for its input, its
         parameters and each model input it reads (a model input read twice, twice)."""
@@ -306,12 +353,17 @@ class _Gradients:
         """The parameters a call's backward gives (its module's, its submodules' included, as a
         MultiheadAttention uses its `out_proj`'s): (name within the module, layer)."""
         module = self.reference_modules[call.module]
-        prefix = f"{call.module}." if call.module else ""
-        return [
-            (n, prefix + n)
-            for n, p in module.named_parameters()
-            if p.requires_grad and prefix + n in self.owner
-        ]
+        found = []
+        for n, p in module.named_parameters():
+            if not p.requires_grad:
+                continue
+            # a parameter shared under another name (T5's `encoder.embed_tokens.weight` is
+            # `shared.weight`) is the layer of its first name
+            sub, _, attribute = n.rpartition(".")
+            path = ".".join(x for x in (call.module, sub) if x)
+            if (path, attribute) in self.key:
+                found.append((n, self.key[(path, attribute)]))
+        return found
 
     def _vjp(self, side: Pass, call, modules, torch_side, scale: float | None = None):
         """`call` made again alone with `modules[call.module]`, as `torch_side` runs it (None:
