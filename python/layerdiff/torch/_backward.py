@@ -30,12 +30,23 @@ class Call:
 
 
 @dataclass
+class ChildCall:
+    """A call of a direct submodule with parameters inside an `OwnerCall`: what it returned,
+    and the gradient that reached each of its floating-point inputs through it (unscaled)."""
+
+    name: str
+    output: object = None
+    input_grads: list = field(default_factory=list)
+
+
+@dataclass
 class OwnerCall:
     """One call of a module that uses parameters of its own besides calling its submodules
     (ConvNeXt's block scales its branch by `layer_scale`; a ViT adds its `pos_embedding`): its
-    inputs, what each direct submodule returned during it, in call order (`(name, output)`),
-    and the gradient that reaches its output. Its own parameters' gradients are made again by
-    its own code alone: its submodules replaced by what they returned (see `owner_vjp`)."""
+    inputs, its direct submodules' calls during it (`ChildCall`, in call order), and the
+    gradient that reaches its output. Its own parameters' gradients are made again by its own
+    code alone: its submodules with parameters replaced by what they returned, and by the
+    gradients that passed back through them (see `owner_vjp`)."""
 
     module: str
     args: tuple
@@ -88,7 +99,13 @@ def backward(model, given, running, cotangent, scale: float = 1.0, whole=frozens
             return None  # a functional call between modules: its backward is not re-run
         flat = torch.utils._pytree.tree_leaves((args, kwargs))
         floats = [t for t in flat if isinstance(t, torch.Tensor) and t.is_floating_point()]
-        reads = {k: i for k, t in enumerate(floats) for i, x in enumerate(leaves) if t is x}
+        # a model input, or the view of it an owner's hook hands its submodule (`_record_owners`)
+        reads = {
+            k: i
+            for k, t in enumerate(floats)
+            for i, x in enumerate(leaves)
+            if t is x or t._base is x
+        }
         copied = torch.utils._pytree.tree_map(saved, (args, kwargs))
         pending.setdefault(leaf, []).append((copied, reads))
         return None
@@ -187,44 +204,110 @@ def _record_owners(model, whole, saved, scale: float, hooks: list) -> list[Owner
         hooks.append(module.register_forward_pre_hook(pre, with_kwargs=True))
         hooks.append(module.register_forward_hook(post, with_kwargs=True))
         for name, child in module.named_children():
+            if not any(True for _ in child.parameters()):
+                continue  # it runs again as it is (see `owner_vjp`)
 
-            def returned(_, args, output, path=path, name=name):
-                if path in active:
-                    active[path].children.append((name, tree_map(saved, output)))
+            def entered(_, args, kwargs, path=path, name=name):
+                if path not in active:
+                    return None
+                child_call = ChildCall(name)
+                active[path].children.append(child_call)
 
+                def alias(t):
+                    # a view of each input, so that the gradient through this call alone
+                    # can be read (the input itself may feed a residual path too)
+                    if not (isinstance(t, torch.Tensor) and t.is_floating_point()):
+                        return t
+                    if not t.requires_grad:
+                        return t
+                    slot = len(child_call.input_grads)
+                    child_call.input_grads.append(None)
+                    seen = t.view_as(t)
+
+                    def reached(grad, slot=slot):
+                        child_call.input_grads[slot] = (grad.detach().float() / scale).to(
+                            torch.promote_types(grad.dtype, torch.float32)
+                        )
+
+                    seen.register_hook(reached)
+                    return seen
+
+                return tree_map(alias, (args, kwargs))
+
+            def returned(_, args, output, path=path):
+                if path in active and active[path].children:
+                    active[path].children[-1].output = tree_map(saved, output)
+
+            hooks.append(child.register_forward_pre_hook(entered, with_kwargs=True))
             hooks.append(child.register_forward_hook(returned))
     return recorded
 
 
+class _Replayed(torch.autograd.Function):
+    """A submodule's call replayed: its output as recorded, and in backward the gradients
+    that reached its inputs as recorded (`grads`, prepared as the side holds them)."""
+
+    @staticmethod
+    def forward(ctx, output, grads, *inputs):
+        ctx.grads = grads
+        ctx.held = [(t.dtype, t.shape) for t in inputs]
+        return output.detach().clone()
+
+    @staticmethod
+    def backward(ctx, _grad):
+        return (
+            None, None,
+            *[None if g is None else g.to(dtype).reshape(shape)
+              for g, (dtype, shape) in zip(ctx.grads, ctx.held, strict=True)],
+        )  # fmt: skip
+
+
 def owner_vjp(
     module, call: OwnerCall, grad_output, prepare, running, scale: float, grad_dtype=None,
-    spread: bool = False,
+    spread: bool = False, held_scale: float | None = None,
 ) -> Vjp:  # fmt: skip
     """The backward of `module`'s own code alone, for `call`: `module` run on the call's
-    inputs with each direct submodule that has parameters returning what it returned in the
-    call (each tensor through `prepare`), then `vjp`'s backward; only the module's own
-    parameters take a gradient."""
-    tree_map = torch.utils._pytree.tree_map
-    returned: dict[str, list] = {}
-    for name, output in call.children:
-        returned.setdefault(name, []).append(output)
-    # a submodule without parameters (an activation, a stochastic depth, a permute) runs: what
-    # it reads may come from the module's own parameters
-    children = {n: c for n, c in module.named_children() if any(True for _ in c.parameters())}
-    kept = {name: children[name].__dict__.get("forward") for name in returned if name in children}
+    inputs (each tensor through `prepare`) with each direct submodule that has parameters
+    replayed (`_Replayed`: what it returned in the call, and in backward the gradients that
+    reached its inputs through it, scaled by `held_scale` as the side holds them, through
+    `prepare`, and brought to `scale`), then `vjp`'s backward; only the module's own parameters
+    take a gradient. A submodule without parameters runs again as it is: it may compute on the
+    module's own parameters."""
+    tree_map, leaves = torch.utils._pytree.tree_map, torch.utils._pytree.tree_leaves
+    held_scale = scale if held_scale is None else held_scale
+    replays: dict[str, list] = {}
+    for child in call.children:
+        replays.setdefault(child.name, []).append(child)
+    children = dict(module.named_children())
+    kept = {name: children[name].__dict__.get("forward") for name in replays if name in children}
 
-    def stub(name):
-        outputs = iter(returned[name])
+    def given(t):
+        return prepare(t) if isinstance(t, torch.Tensor) else t
+
+    def replay(name):
+        recorded = iter(replays[name])
 
         def forward(*args, **kwargs):
-            return tree_map(
-                lambda t: prepare(t) if isinstance(t, torch.Tensor) else t, next(outputs)
-            )
+            child = next(recorded)
+            out = tree_map(given, child.output)
+            first = _first_tensor(out)
+            inputs = [
+                t for t in leaves((args, kwargs))
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad
+            ]  # fmt: skip
+            if first is None or len(inputs) != len(child.input_grads):
+                return out  # what it returned, as a constant
+            grads = [
+                None if g is None else prepare(g * held_scale).double() * (scale / held_scale)
+                for g in child.input_grads
+            ]  # fmt: skip
+            replayed = _Replayed.apply(first, grads, *inputs)
+            return tree_map(lambda t: replayed if t is first else t, out)
 
         return forward
 
     for name in kept:
-        children[name].forward = stub(name)
+        children[name].forward = replay(name)
     try:
         as_call = Call(call.module, call.module, call.args, call.kwargs, call.grad_output)
         found = vjp(module, as_call, grad_output, prepare, running, scale, grad_dtype, spread)
@@ -359,9 +442,12 @@ def exact_vjp(
             return t.detach().cpu()
         return _baseline.rounded(t, _baseline.narrower(held(t), dtype))
 
-    how = owner_vjp if isinstance(call, OwnerCall) else vjp
     with _baseline.no_autocast():
-        return how(exact, call, g, prepare, _nothing, 1.0, grad_dtype=torch.float64, spread=True)
+        if isinstance(call, OwnerCall):
+            return owner_vjp(
+                exact, call, g, prepare, _nothing, 1.0, torch.float64, True, held_scale=scale
+            )
+        return vjp(exact, call, g, prepare, _nothing, 1.0, grad_dtype=torch.float64, spread=True)
 
 
 class _nothing:
