@@ -46,8 +46,11 @@
 //! `σ = u_d·√(K·(rss²/6 + x²/9))`, both kinds counted. That
 //! kernel may err by `√(2·ln n)·σ` at the largest of `n` elements and `√(2/π)·σ` on average,
 //! and an honest one by [`HONEST_FACTOR`] times that, on top of what the float32-accumulating
-//! ideal allows. A layer beyond the first ideal and within this one accumulates in `d`
-//! ([`Baseline::narrow`]): a finding of its own, not a defect. Beyond both, a defect.
+//! ideal allows. Rounding goes either way: where most of the own error pushes the elements one
+//! way along their values ([`NarrowIdeal::systematic`], a kernel that scales its result), it is
+//! not an accumulation's rounding, whatever its size. A layer beyond the first ideal and within
+//! this one accumulates in `d` ([`Baseline::narrow`]): a finding of its own, not a defect.
+//! Beyond both, a defect.
 
 use rayon::prelude::*;
 use serde::Serialize;
@@ -182,7 +185,7 @@ impl Baseline {
             && self
                 .narrow
                 .as_ref()
-                .is_some_and(|n| n.multiple <= DEFECT_MARGIN)
+                .is_some_and(|n| n.multiple <= DEFECT_MARGIN && n.systematic.abs() <= n.chance())
     }
 }
 
@@ -202,6 +205,9 @@ pub struct Reduction<'a> {
 pub struct NarrowIdeal {
     /// Terms each element sums.
     pub terms: u64,
+    /// Elements judged.
+    #[serde(skip)]
+    pub elements: u64,
     /// The largest own error such a kernel explains at an element.
     #[serde(serialize_with = "crate::render::float")]
     pub allowed_max_abs_diff: f64,
@@ -211,6 +217,25 @@ pub struct NarrowIdeal {
     /// The own error as a multiple of it.
     #[serde(serialize_with = "crate::render::float")]
     pub multiple: f64,
+    /// How much of the own error pushes every element the same way along its value
+    /// (`Σ (t − y)·sign(x) / Σ |t − y|`, from −1 to 1): about 0 for rounding, which goes either
+    /// way; 1 for a kernel that scales its result up. Beyond [`NarrowIdeal::chance`], the
+    /// error is not an accumulation's rounding, whatever its size.
+    #[serde(serialize_with = "crate::render::float")]
+    pub systematic: f64,
+}
+
+/// The most of a layer's own error that may push its elements one way (see
+/// [`NarrowIdeal::systematic`]) for it to be the rounding of a narrow accumulation, at least:
+/// half, or three times what `n` elements of unbiased rounding reach by chance (`3/√n`).
+pub const SYSTEMATIC: f64 = 0.5;
+
+impl NarrowIdeal {
+    /// How systematic (see [`NarrowIdeal::systematic`]) the rounding of its elements may look
+    /// by chance.
+    pub fn chance(&self) -> f64 {
+        SYSTEMATIC.max(3.0 / (self.elements.max(1) as f64).sqrt())
+    }
 }
 
 /// The standard deviation of one element's error in a sum of `terms` terms, added one by one
@@ -244,6 +269,8 @@ struct Sums {
     /// factor) and summed.
     narrow_max: f64,
     narrow_sum: f64,
+    /// `Σ (t − y)·sign(x)`: the own error that pushes each element along its value.
+    signed_sum: f64,
 }
 
 impl Sums {
@@ -261,6 +288,7 @@ impl Sums {
         self.allowed_sum += other.allowed_sum;
         self.narrow_max = self.narrow_max.max(other.narrow_max);
         self.narrow_sum += other.narrow_sum;
+        self.signed_sum += other.signed_sum;
         self
     }
 }
@@ -390,6 +418,9 @@ pub fn assess_baseline(
                 s.allowed_max = s.allowed_max.max(base + HONEST_FACTOR * bound);
                 s.allowed_sum += base + HONEST_FACTOR * typical;
                 if rss.is_some() {
+                    if t.is_finite() {
+                        s.signed_sum += (t - y) * x.signum();
+                    }
                     let sigma = narrow_accumulation_sigma(unit, terms, r, x);
                     let tail = HONEST_FACTOR * NARROW_TAIL.max((2.0 * (n as f64).ln()).sqrt());
                     s.narrow_max = s
@@ -421,6 +452,12 @@ pub fn assess_baseline(
     let (own_mean, allowed_mean) = (mean(s.own_sum), mean(s.allowed_sum));
     let narrow = reduction.map(|r| NarrowIdeal {
         terms: r.terms,
+        elements: s.count,
+        systematic: if s.own_sum > 0.0 {
+            s.signed_sum / s.own_sum
+        } else {
+            0.0
+        },
         allowed_max_abs_diff: s.narrow_max,
         allowed_mean_abs_diff: mean(s.narrow_sum),
         multiple: ratio(s.own_max, s.narrow_max).max(ratio(own_mean, mean(s.narrow_sum))),
