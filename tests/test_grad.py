@@ -162,6 +162,62 @@ def test_a_backward_off_in_a_narrow_dtype_is_told_from_its_rounding(build, targe
     assert all(a["layer"] != module for a in advised), advised  # float32 hides, not fixes, it
 
 
+@pytest.mark.parametrize("target", ["torch:bf16", "torch:fp16"])
+def test_layernorm_gradients_pytorch_sums_in_the_narrow_dtype_are_named_not_blamed(target):
+    """A ConvNeXt's LayerNorm weight and bias gradients sum over every position; PyTorch's CPU
+    kernels add them up in bfloat16 and float16, up to 14× what a float32-accumulating kernel
+    explains. They used to be `op_implementation` defects (exit 1, "report it to the
+    runtime"); they are honest for a kernel that accumulates in the narrow dtype, so they are
+    named as such, with advice, and the run passes. Its blocks' own `layer_scale` gradients
+    have their own error too (they read undecided, with nothing measured)."""
+    from builders import zoo
+
+    model, inputs = zoo.tiny_convnext()
+    report = layerdiff.compare_gradients(model, inputs, target=target, seed=0)
+    s = report.summary
+    assert s["defects"] == [] and s["verdict"] == "precision", s["defects"]
+    named = {k["layer"] for k in s["narrow_accumulation"]}
+    assert {"features.0.1.bias", "features.2.0.bias"} <= named, named
+    for k in s["narrow_accumulation"]:
+        layer = report.layer(k["layer"])
+        assert layer["module_type"].startswith("LayerNorm"), layer["module_type"]
+        assert layer["cause"] == "narrow_accumulation" and layer["finding"] == "precision"
+        assert k["terms"] in (28 * 28, 14 * 14), k  # the positions of its stage
+        assert k["multiple"] > 1.25 >= k["narrow_multiple"], k
+    first = report.summary_text().splitlines()[0]
+    assert "accumulate in" in first and "`features.2.0.bias`" in first, first
+    for name in ("features.1.0.layer_scale", "features.3.0.layer_scale"):
+        layer = report.layer(name)
+        assert layer["local"] is not None and layer["baseline"] is not None, layer
+    assert not [x["name"] for x in report.layers if x["finding"] == "undecided"]
+    assert report.exit_code == 0
+
+
+def test_a_wrong_backward_beside_narrow_accumulation_is_the_one_defect(tmp_path):
+    """The same ConvNeXt with its classifier's backward 2% off in bfloat16: that weight is the one
+    defect and the headline, the LayerNorms' narrow accumulation is said after it; on the
+    command line, a clean run exits 0 and 1 only with `--fail-on accumulation`."""
+    from builders import narrow_kernels
+
+    model, inputs = narrow_kernels.convnext_wrong_backward()
+    report = layerdiff.compare_gradients(model, inputs, target="torch:bf16", seed=0)
+    s = report.summary
+    wrong = "classifier.2.weight"
+    assert [(d["layer"], d["cause"]) for d in s["defects"]] == [(wrong, "op_implementation")]
+    assert s["narrow_accumulation"], s
+    first = report.summary_text().splitlines()[0]
+    assert first.split(": ", 1)[1].startswith(f"1 defect: `{wrong}`"), first
+    assert "besides" in first and "accumulate in bfloat16" in first, first
+    assert report.exit_code == 1
+
+    clean = f"{ROOT / 'tests/builders/zoo.py'}:tiny_convnext"
+    passed = run_cli("grad", clean, "--target", "torch:bf16", "--quiet")
+    assert passed.returncode == 0, passed.stderr
+    strict = run_cli("grad", clean, "--target", "torch:bf16", "--fail-on", "accumulation")
+    assert strict.returncode == 1, strict.stderr
+    assert "narrow accumulation at `features." in strict.stdout, strict.stdout
+
+
 def test_clean_gradients_of_real_models_have_no_defect():
     from builders import encoder
 

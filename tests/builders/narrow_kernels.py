@@ -157,3 +157,12 @@ def transformer_wrong_backward():
     model, inputs = _sibling("encoder").build()
     _swap(model.layers[1], "linear1", WrongBackwardLinear)
     return model.eval(), inputs
+
+
+def convnext_wrong_backward():
+    """The tiny ConvNeXt (tests/builders/zoo.py) whose classifier Linear (`classifier.2`) has a
+    backward off in the narrow dtype, beside PyTorch's own LayerNorm gradients that accumulate
+    in it."""
+    model, inputs = _sibling("zoo").tiny_convnext()
+    _swap(model.classifier, "2", WrongBackwardLinear)
+    return model, inputs

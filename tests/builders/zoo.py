@@ -92,6 +92,24 @@ def timm_efficientnet():
     return timm.create_model("efficientnet_b0", pretrained=False), _image()
 
 
+def tiny_convnext():
+    """torchvision's ConvNeXt with two small stages (24 and 48 channels, one block each) at
+    112×112, seed 0: its LayerNorms' gradients sum over 784 positions, which PyTorch's CPU
+    kernels add up in bfloat16 and float16, and its blocks scale their branch by a
+    `layer_scale` parameter of their own, set to 0.5 as training leaves it (torchvision starts
+    it at 1e-6, which leaves every gradient inside the blocks near 1e-10)."""
+    from torchvision.models.convnext import CNBlockConfig, ConvNeXt
+
+    torch.manual_seed(0)
+    stages = [CNBlockConfig(24, 48, 1), CNBlockConfig(48, None, 1)]
+    model = ConvNeXt(stages, num_classes=10).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("layer_scale"):
+                p.fill_(0.5)
+    return model, (torch.randn(1, 3, 112, 112),)
+
+
 BUILDERS = {
     "bert": bert,
     "gpt2": gpt2,
