@@ -1,5 +1,5 @@
 # layerdiff: two commands set up a fresh machine.
-#   make pipeline   environment, release build, the ResNet-18 flow, examples/reports/
+#   make pipeline   environment, release build, the ResNet-18 flow, its reports in run/resnet18/
 #   make test       environment, build, Rust tests, Python tests
 # Both are idempotent: the virtualenv is created once, requirements reinstalled only when
 # requirements.txt changes, and cargo rebuilds only what changed.
@@ -30,10 +30,11 @@ build: $(DEPS)
 	rm -f python/layerdiff/_layerdiff.cpython-*.so
 	maturin develop --release --quiet
 
+# The run is this machine's: it goes to run/resnet18/ (every report format), never over the
+# committed examples/reports/ (`make reports` rewrites those), so `make test` after it compares
+# nothing machine-dependent with committed bytes.
 pipeline: build
-	layerdiff torch resnet18 --seed 0 \
-		--json examples/reports/resnet18_fp32.json \
-		--markdown examples/reports/resnet18_fp32.md \
+	layerdiff torch resnet18 --seed 0 --out run/resnet18 \
 		|| test $$? -eq 1  # exit 1 means drift was found and reported
 
 # Debian's chromium, which the HTML report's browser test (tests/test_html.py) opens headless.

@@ -238,6 +238,10 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
         layer.finding = Some(finding);
     }
     defects.sort_by(|(ia, a), (ib, b)| b.severity().total_cmp(&a.severity()).then(ia.cmp(ib)));
+    // most beyond a float32-accumulating kernel first, as the defects
+    summary
+        .narrow_accumulation
+        .sort_by(|a, b| b.multiple.total_cmp(&a.multiple));
     summary.defects = defects.into_iter().map(|(_, d)| d).collect();
     conclude(layers, summary, &quantized);
 }
