@@ -122,10 +122,11 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                         }
                     });
                     held_bytes += out.bytes.len() as u64;
-                    held_bytes += exact
-                        .as_ref()
-                        .and_then(|e| e.value.as_ref().ok())
-                        .map_or(0, |e| e.bytes.len() as u64);
+                    if let Some(e) = &exact {
+                        let value = e.value.as_ref().map_or(0, |v| v.bytes.len());
+                        let terms = e.reduction.as_ref().map_or(0, |(_, rss)| rss.bytes.len());
+                        held_bytes += (value + terms) as u64;
+                    }
                     runs.push((i, out, exact));
                 }
                 if held_bytes >= limit {
