@@ -51,6 +51,7 @@ FAULTS = [
      "op_implementation"),
     ("transformer_wrong_backward", "grad", "torch:fp16", "layers.1.linear1.weight",
      "op_implementation"),
+    ("convnext_wrong_backward", "grad", "torch:bf16", "classifier.2.weight", "op_implementation"),
 ]  # fmt: skip
 
 
@@ -90,10 +91,11 @@ def row(what: str, target: str, report, seconds: float, expected: str = "no defe
     multiples = [float(x["baseline"]["multiple"]) for x in report.layers if x.get("baseline")]
     worst = max(multiples, default=0.0)
     defects = ", ".join(f"`{d['layer']}` {d['cause']}" for d in s["defects"]) or "none"
-    narrow = ", ".join(f"`{k['layer']}`" for k in s.get("narrow_accumulation", [])) or "none"
+    kernels = [f"`{k['layer']}`" for k in s.get("narrow_accumulation", [])]
+    narrow = ", ".join(kernels[:3]) + (f" and {len(kernels) - 3} more" if len(kernels) > 3 else "")
     took = "`make reports`" if isinstance(report, _Committed) else f"{seconds:.0f} s"
     return (
-        f"| {what} | {target} | {expected} | {s['verdict']} | {defects} | {narrow} | "
+        f"| {what} | {target} | {expected} | {s['verdict']} | {defects} | {narrow or 'none'} | "
         f"{worst:.2f} | {len(multiples)} | {took} |"
     )
 

@@ -149,7 +149,8 @@ pub struct Baseline {
     #[serde(serialize_with = "crate::render::float")]
     pub allowed_mean_abs_diff: f64,
     /// The target's own error as a multiple of what precision explains: the larger of the
-    /// ratios of maxima and of means. Above 1, a defect.
+    /// ratios of maxima and of means. Above [`DEFECT_MARGIN`], a defect (unless within
+    /// `narrow`'s ideal).
     #[serde(serialize_with = "crate::render::float")]
     pub multiple: f64,
     /// Elements where the ideal implementation overflows `grid`'s range while the reference is
