@@ -1,0 +1,220 @@
+//! The same-precision baseline's rule on hand-made layers.
+use super::*;
+use crate::Tensor;
+
+fn tensor(dtype: DType, values: &[f64]) -> Tensor {
+    Tensor::from_f64(dtype, values)
+}
+
+/// A layer whose exact values are `x`; the reference computes them in float32 exactly; the
+/// target returns `t`; the ideal float16 implementation rounds `x` to float16.
+fn judged(x: &[f64], t: &[f64]) -> Baseline {
+    let reference = tensor(DType::F32, x);
+    let own = tensor(DType::F16, t);
+    let exact = tensor(DType::F64, x);
+    assess_baseline(
+        reference.view(),
+        own.view(),
+        exact.view(),
+        DType::F16,
+        0,
+        false,
+        None,
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_kernel_that_rounds_once_is_precision_and_one_off_by_a_few_steps_is_not() {
+    let x: Vec<f64> = (0..256).map(|i| 1.0 + f64::from(i) * 0.00731).collect();
+    let rounded: Vec<f64> = x.iter().map(|&v| DType::F16.round(v)).collect();
+    let b = judged(&x, &rounded);
+    assert!(!b.beyond() && b.multiple <= 0.5, "{b:?}");
+    assert!(b.max_abs_diff > 0.0 && b.max_abs_diff <= DType::F16.step(2.0) / 2.0);
+    // three steps off everywhere: beyond one rounding and two honest kernels' worth
+    let off: Vec<f64> = x
+        .iter()
+        .map(|&v| DType::F16.round(v + 3.0 * DType::F16.step(v)))
+        .collect();
+    let b = judged(&x, &off);
+    assert!(b.beyond(), "{b:?}");
+}
+
+#[test]
+fn where_the_ideal_overflows_a_target_that_overflows_too_is_precision() {
+    let x = [1e5, 2.0];
+    let b = judged(&x, &[f64::INFINITY, 2.0]);
+    assert_eq!(b.overflow, 1);
+    assert!(!b.beyond(), "{b:?}");
+    let b = judged(&[3.0, 2.0], &[f64::INFINITY, 2.0]);
+    assert!(
+        b.multiple.is_infinite(),
+        "an overflow the ideal does not make"
+    );
+}
+
+#[test]
+fn a_float32_kernel_as_far_from_the_exact_value_as_the_reference_is_precision() {
+    // The reference float32 value is off by 2e-5 of its own; the target, summing in
+    // another order, by 3e-5 the other way: within two honest kernels.
+    let x = [10.0, -4.0, 7.5];
+    let y = [10.0 + 2e-5, -4.0 - 2e-5, 7.5 + 2e-5];
+    let t = [10.0 - 3e-5, -4.0 + 3e-5, 7.5 - 3e-5];
+    let (r, o, e) = (
+        tensor(DType::F32, &y),
+        tensor(DType::F32, &t),
+        tensor(DType::F64, &x),
+    );
+    let b = assess_baseline(r.view(), o.view(), e.view(), DType::F32, 0, false, None).unwrap();
+    assert!(!b.beyond(), "{b:?}");
+    let t = [10.0 - 2e-4, -4.0 + 3e-5, 7.5 - 3e-5];
+    let o = tensor(DType::F32, &t);
+    let b = assess_baseline(r.view(), o.view(), e.view(), DType::F32, 0, false, None).unwrap();
+    assert!(b.beyond(), "ten times the reference's own error: {b:?}");
+}
+
+fn float32(y: &[f64], t: &[f64], x: &[f64], expected_values: bool) -> Baseline {
+    let (r, o, e) = (
+        tensor(DType::F32, y),
+        tensor(DType::F32, t),
+        tensor(DType::F64, x),
+    );
+    assess_baseline(
+        r.view(),
+        o.view(),
+        e.view(),
+        DType::F32,
+        0,
+        expected_values,
+        None,
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_reference_far_from_the_exact_value_is_off_only_where_the_target_is_not() {
+    // A wrong expected value: the target is right, the expected value 0.5 off.
+    let b = float32(&[2.5, 1.0], &[2.0, 1.0], &[2.0, 1.0], true);
+    assert_eq!(b.reference_off, 1, "{b:?}");
+    // A long reduction that cancels (Σ|terms| ≫ |x|): both honest sides are a few float32
+    // steps of the terms away from a small exact value, beyond float32's tolerance of it,
+    // the target less so here and more elsewhere.
+    let b = float32(
+        &[1e-3 + 9e-4, 1.0],
+        &[1e-3 - 1e-4, 1.0 + 8e-4],
+        &[1e-3, 1.0],
+        true,
+    );
+    assert_eq!(b.reference_off, 0, "{b:?}");
+    // A reference that is a kernel is never judged on its own: one less exact than the
+    // target (PyTorch's float32 Conv against ONNX Runtime's, ResNet-50 at batch 8) is
+    // rounding, bounded by a reduction's magnitude no per-element tolerance knows.
+    let b = float32(
+        &[1e-3 + 5e-4, 1.0],
+        &[1e-3 + 1e-5, 1.0],
+        &[1e-3, 1.0],
+        false,
+    );
+    assert_eq!(b.reference_off, 0, "{b:?}");
+    assert!(!b.beyond(), "{b:?}");
+}
+
+/// Sums of `terms` random terms for each of `n` elements: the exact sums, the terms' root
+/// sums of squares, and the sums a kernel makes that adds them one by one into a running
+/// sum held in `dtype`.
+fn sums(n: usize, terms: usize, dtype: DType) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let mut random = crate::SplitMix64::new(7);
+    let (mut exact, mut rss, mut narrow) = (vec![], vec![], vec![]);
+    for _ in 0..n {
+        let values: Vec<f64> = (0..terms).map(|_| dtype.round(random.normal())).collect();
+        exact.push(values.iter().sum::<f64>());
+        rss.push(values.iter().map(|v| v * v).sum::<f64>().sqrt());
+        narrow.push(values.iter().fold(0.0, |total, v| dtype.round(total + v)));
+    }
+    (exact, rss, narrow)
+}
+
+#[test]
+fn a_kernel_that_sums_in_the_narrow_dtype_is_within_the_narrow_ideal_and_a_wrong_one_is_not() {
+    let (terms, dtype) = (512, DType::BF16);
+    let (x, rss, narrow) = sums(256, terms, dtype);
+    let (reference, exact) = (tensor(DType::F32, &x), tensor(DType::F64, &x));
+    let rss = tensor(DType::F64, &rss);
+    let judge = |t: &[f64]| {
+        let own = tensor(dtype, t);
+        let reduction = Reduction {
+            terms: terms as u64,
+            rss: rss.view(),
+        };
+        let b = assess_baseline(
+            reference.view(),
+            own.view(),
+            exact.view(),
+            dtype,
+            0,
+            false,
+            Some(reduction),
+        );
+        b.unwrap()
+    };
+    // summed in bfloat16: far beyond a float32-accumulating kernel, within the narrow one
+    let b = judge(&narrow);
+    assert!(b.beyond() && b.accumulates_narrow(), "{b:?}");
+    assert_eq!(b.narrow.as_ref().unwrap().terms, 512);
+    // rounded once: within both
+    let once: Vec<f64> = x.iter().map(|&v| dtype.round(v)).collect();
+    let b = judge(&once);
+    assert!(!b.beyond() && !b.accumulates_narrow(), "{b:?}");
+    // a sum off by half its terms' spread everywhere: beyond both ideals, a defect
+    let rss_values: Vec<f64> = (0..x.len()).map(|i| rss.view().get_f64(i)).collect();
+    let off: Vec<f64> = x
+        .iter()
+        .zip(&rss_values)
+        .map(|(&v, &r)| dtype.round(v + 0.5 * r))
+        .collect();
+    let b = judge(&off);
+    assert!(b.beyond() && !b.accumulates_narrow(), "{b:?}");
+    // the same sizes of error as the narrow sums', each pushing its element outward: a
+    // kernel that scales its result, not an accumulation's rounding
+    let scaled: Vec<f64> = x
+        .iter()
+        .zip(&narrow)
+        .map(|(&v, &n)| dtype.round(v + (n - v).abs() * v.signum()))
+        .collect();
+    let b = judge(&scaled);
+    let n = b.narrow.as_ref().unwrap();
+    assert!(n.systematic > 0.9 && n.multiple <= DEFECT_MARGIN, "{b:?}");
+    assert!(b.beyond() && !b.accumulates_narrow(), "{b:?}");
+    // without the terms, there is no narrow ideal: beyond is a defect
+    let own = tensor(dtype, &narrow);
+    let b = assess_baseline(
+        reference.view(),
+        own.view(),
+        exact.view(),
+        dtype,
+        0,
+        false,
+        None,
+    )
+    .unwrap();
+    assert!(b.beyond() && b.narrow.is_none(), "{b:?}");
+}
+
+#[test]
+fn a_layer_just_past_its_allowance_is_still_precision() {
+    let x: Vec<f64> = (0..256).map(|i| 1.0 + f64::from(i) * 0.00731).collect();
+    let b = judged(
+        &x,
+        &x.iter().map(|&v| DType::F16.round(v)).collect::<Vec<_>>(),
+    );
+    let margin = Baseline {
+        multiple: DEFECT_MARGIN,
+        ..b.clone()
+    };
+    assert!(!margin.beyond());
+    let past = Baseline {
+        multiple: DEFECT_MARGIN * 1.01,
+        ..b
+    };
+    assert!(past.beyond());
+}
