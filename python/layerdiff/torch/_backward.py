@@ -71,6 +71,11 @@ class Pass:
     owner_calls: list[OwnerCall] = field(default_factory=list)
 
 
+def _unscaled(grad: torch.Tensor, scale: float) -> torch.Tensor:
+    """A gradient of the loss times `scale`, divided back, in float32 or wider."""
+    return (grad.detach().float() / scale).to(torch.promote_types(grad.dtype, torch.float32))
+
+
 def input_layer(call: str) -> str:
     """The name of the layer that is a call's input gradient (what its backward hands on)."""
     return f"{call}:input"
@@ -119,9 +124,7 @@ def backward(model, given, running, cotangent, scale: float = 1.0, whole=frozens
         if out.requires_grad:
 
             def reached(grad, call=call):
-                call.grad_output = (grad.detach().float() / scale).to(
-                    torch.promote_types(grad.dtype, torch.float32)
-                )
+                call.grad_output = _unscaled(grad, scale)
                 order.append(input_layer(call.name))
 
             out.register_hook(reached)
@@ -175,7 +178,8 @@ def owners(model: nn.Module, whole=frozenset()) -> dict[str, nn.Module]:
 
 def _record_owners(model, whole, saved, scale: float, hooks: list) -> list[OwnerCall]:
     """Hooks (appended to `hooks`) that record every call of an owner module (`owners`):
-    its inputs, its direct submodules' outputs during it, and its output's gradient."""
+    its inputs, its output's gradient, and for each call of a direct submodule with parameters
+    during it what it returned and the gradient that reached its inputs through it."""
     recorded: list[OwnerCall] = []
     active: dict[str, OwnerCall] = {}
     tree_map = torch.utils._pytree.tree_map
@@ -195,9 +199,7 @@ def _record_owners(model, whole, saved, scale: float, hooks: list) -> list[Owner
             if out is not None and out.requires_grad:
 
                 def reached(grad, call=call):
-                    call.grad_output = (grad.detach().float() / scale).to(
-                        torch.promote_types(grad.dtype, torch.float32)
-                    )
+                    call.grad_output = _unscaled(grad, scale)
 
                 out.register_hook(reached)
 
@@ -225,9 +227,7 @@ def _record_owners(model, whole, saved, scale: float, hooks: list) -> list[Owner
                     seen = t.view_as(t)
 
                     def reached(grad, slot=slot):
-                        child_call.input_grads[slot] = (grad.detach().float() / scale).to(
-                            torch.promote_types(grad.dtype, torch.float32)
-                        )
+                        child_call.input_grads[slot] = _unscaled(grad, scale)
 
                     seen.register_hook(reached)
                     return seen
@@ -379,7 +379,7 @@ def vjp(
             return None
         if scale == 1.0:
             return grad.detach()
-        return (grad.detach().float() / scale).to(torch.promote_types(grad.dtype, torch.float32))
+        return _unscaled(grad, scale)
 
     inputs = {k: unscaled(found[k]) for k in range(len(wrt)) if found[k] is not None}
     parameters = {
