@@ -7,7 +7,7 @@ import json
 
 import faults
 import pytest
-from conftest import run_cli
+from conftest import ROOT, run_cli
 
 TOL = 1e-4
 
@@ -71,11 +71,15 @@ def test_a_changed_weight_is_weight_mismatch_and_what_follows_is_inherited(resne
     assert f"defect at `{value}`: weight_mismatch" in result.stdout
 
 
-def test_a_changed_epsilon_is_op_implementation_naming_the_attribute(encoder_onnx, tmp_path):
+def test_a_changed_epsilon_is_the_file_naming_the_attribute(encoder_onnx, tmp_path):
+    """ONNX Runtime computes the edited LayerNorm as the file says: the file differs, not the
+    runtime."""
     edited = faults.set_attribute(encoder_onnx, tmp_path / "eps.onnx", "layer_norm", "epsilon", 0.1)
     _, report = onnx_report(tmp_path, encoder_onnx, edited)
-    origin = assert_born_at(report, "layer_norm", "op_implementation")
+    origin = assert_born_at(report, "layer_norm", "file_differs")
     assert "`epsilon` 1e-5 → 0.1 on `node_layer_norm`" in origin["detail"]
+    assert "the target computes what its file says" in origin["detail"]
+    assert origin["as_written"]["multiple"] <= 1.0
 
 
 def test_a_layer_run_in_float16_is_precision_loss(resnet18_onnx, tmp_path):
@@ -176,12 +180,15 @@ def test_torch_flow_names_each_cause_at_its_layer(resnet18, resnet18_onnx, tmp_p
     origin = report.layer("layer3.0.bn2")
     assert (report.drift_origin, origin["cause"]) == ("layer3.0.bn2", "precision_loss")
 
-    # Same weights, a different computation: Gemm's alpha.
+    # Same weights, a different computation: Gemm's alpha. ONNX Runtime computes what the
+    # file says: the file differs from the model (named against a fresh export), not the
+    # runtime.
     edited = faults.set_attribute(src, tmp_path / "a.onnx", value_of["fc"], "alpha", 1.01)
     report = torch_report(resnet18, edited)
     origin = report.layer("fc")
-    assert (report.drift_origin, origin["cause"]) == ("fc", "op_implementation")
-    assert "the target's Reshape → Gemm computes differently" in origin["detail"]
+    assert (report.drift_origin, origin["cause"]) == ("fc", "file_differs"), origin["detail"]
+    assert "`alpha` 1 → 1.01 on" in origin["detail"]
+    assert "the target computes what its file says" in origin["detail"]
     assert "the target is further from float64" in origin["detail"]
     assert origin["local_exceeds"] and not report.layer("avgpool")["exceeds_tol"]
 
@@ -190,7 +197,6 @@ def test_rounding_is_told_from_a_bug_by_the_float64_truth(tmp_path):
     """A deep MLP with growing activations: float32 rounding alone crosses its tolerance. The
     float64 run shows both sides equally far from the truth, so the cause is `rounding`, not a
     kernel bug; `--tolerance auto` then finds no drift."""
-    from conftest import ROOT
 
     builder = f"{ROOT / 'tests/builders/deep_mlp.py'}:build"
     result = run_cli("torch", builder, "--json", str(tmp_path / "fixed.json"))
@@ -300,3 +306,57 @@ def test_quantization_is_precision_loss_not_a_kernel_bug(tmp_path):
     for layer in explained:
         assert layer["cause"] == "precision_loss", (layer["name"], layer["detail"])
         assert "quantize" in layer["detail"] and "scale" in layer["detail"], layer["detail"]
+
+
+EDITED = f"{ROOT}/tests/builders/edited_files.py:build"
+
+
+def test_a_file_that_computes_differently_from_the_model_is_the_file_not_the_runtime(tmp_path):
+    """ONNX Runtime computes exactly what an edited file says: the layer is beyond what
+    float32 explains against the model, within it against the file's own nodes computed
+    exactly. The file is named, never the runtime: the attribute or folded constant that
+    differs from a fresh export of the model, with a fix that says so."""
+    import onnx
+    from onnx import numpy_helper
+
+    out = tmp_path / "clean"
+    clean = run_cli("torch", EDITED, "--out", str(out))
+    assert clean.returncode == 0 and "no drift" in clean.stdout, clean.stdout + clean.stderr
+    exported = out / "model.onnx"
+
+    model = onnx.load(str(exported))
+    gelu = next(n for n in model.graph.node if n.op_type == "Gelu")
+    gelu_edit = faults.set_attribute(
+        exported, tmp_path / "tanh.onnx", gelu.output[0], "approximate", "tanh"
+    )
+    run = run_cli("torch", EDITED, "--onnx", str(gelu_edit), "--json", str(tmp_path / "g.json"))
+    assert run.returncode == 1, run.stdout + run.stderr
+    report = json.loads((tmp_path / "g.json").read_text())
+    act = layer(report, "act")
+    assert (report["summary"]["drift_origin"], act["cause"]) == ("act", "file_differs"), act[
+        "detail"
+    ]
+    assert f'`approximate` "none" → "tanh" on `{gelu.name}`' in act["detail"]
+    assert act["as_written"]["multiple"] <= 1.0 < act["baseline"]["multiple"]
+    (defect,) = report["summary"]["defects"]
+    assert "the runtime computes the file as written" in defect["fix"]
+    assert "report it to the runtime" not in defect["fix"]
+
+    # The folded divisor (`2·std`, one constant in the file) scaled by 5% in one element.
+    div = next(n for n in model.graph.node if n.op_type == "Div")
+    folded = next(i for i in model.graph.initializer if i.name == div.input[1])
+    values = numpy_helper.to_array(folded).copy()
+    values[3] *= 1.05
+    folded.CopyFrom(numpy_helper.from_array(values, folded.name))
+    onnx.save(model, str(tmp_path / "folded.onnx"))
+    run = run_cli(
+        "torch", EDITED, "--onnx", str(tmp_path / "folded.onnx"), "--json", str(tmp_path / "f.json")
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    report = json.loads((tmp_path / "f.json").read_text())
+    norm = layer(report, "norm")
+    assert (report["summary"]["drift_origin"], norm["cause"]) == ("norm", "weight_mismatch"), norm[
+        "detail"
+    ]
+    assert f"`{folded.name}` differs" in norm["detail"]
+    assert "report it to the runtime" not in report["summary"]["defects"][0]["fix"]

@@ -228,4 +228,5 @@ def test_an_edited_norm_in_an_optimized_file_is_the_one_defect(encoder_onnx, tmp
     result, report = report_of(tmp_path, str(encoder_onnx), "--vs", str(optimized))
     assert result.returncode == 1, result.stdout
     defects = report["summary"]["defects"]
-    assert [(d["layer"], d["cause"]) for d in defects] == [(norm.output[0], "op_implementation")]
+    assert [(d["layer"], d["cause"]) for d in defects] == [(norm.output[0], "file_differs")]
+    assert "the runtime is not at fault" in defects[0]["fix"], defects[0]["fix"]

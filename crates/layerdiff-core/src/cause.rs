@@ -19,11 +19,16 @@
 //!    sides beyond its rounding to the target's dtype;
 //! 5. `precision_loss` (precision): the target's values overflow its narrower dtype's range to
 //!    ±Inf where the reference's are finite;
-//! 6. `op_implementation` (defect): an attribute of the target's nodes differs;
+//! 6. `op_implementation` (defect): an attribute of the target's nodes differs, or
+//!    `file_differs` (defect) where the target computes what its file says (below);
 //! 7. `precision_loss` (precision): the target's runtime does this float32 layer's products in
 //!    lower precision (TF32 on a GPU), a mode it was asked for;
 //! 8. against the baseline, where it was measured: own error beyond what the precision explains
-//!    is `op_implementation` (defect: the kernel computes differently); within it,
+//!    is `op_implementation` (defect: the kernel computes differently), unless the target's
+//!    file is not the reference's computation and the target is within its own nodes computed
+//!    exactly as the file writes them ([`Layer::as_written`]): then `file_differs` (defect: the
+//!    runtime computes what the file says; the export or an edit changed it); a kernel that
+//!    sums in the narrow dtype is `narrow_accumulation` (precision); within the baseline,
 //!    `precision_loss` (a narrower dtype) or `rounding` (the same dtype) (precision);
 //! 9. without a baseline: `rounding` (precision) where the float64 truth shows the target no
 //!    further from it than twice the reference's own distance, or within its dtype's absolute
@@ -61,6 +66,9 @@ pub struct Evidence {
     pub precision: Option<String>,
     /// Attributes that differ between the sides' nodes (`` `epsilon` 1e-05 → 0.1 ``).
     pub attributes: Vec<String>,
+    /// What the target's file writes for the group, node by node (`` `node_gelu` Gelu
+    /// (approximate tanh) ``, the constants it reads): what a `file_differs` names.
+    pub written: Vec<String>,
     /// The target's op types in the re-run group, for the kernel sentence (`Conv`).
     pub ops: Vec<String>,
     /// How the target's runtime does this group's float32 math in lower precision (TF32 on a

@@ -101,6 +101,34 @@ impl GraphBaseline {
         })
     }
 
+    /// `value` computed exactly by `group` (node indices of the graph this copy was made from)
+    /// on `feed`'s values rounded to `grid` or to the dtype they are held in, whichever is
+    /// narrower, with the weights rounded to `grid`.
+    pub(crate) fn group_exact(
+        &self,
+        group: &Group,
+        value: &str,
+        grid: DType,
+        feed: &dyn Fn(&str) -> Fed,
+    ) -> std::result::Result<Tensor, String> {
+        let rounded = |n: &str| {
+            let (tensor, held) = feed(n)?;
+            let to = if held.narrower_than(grid) { held } else { grid };
+            let rounded = if tensor.dtype.is_float() && to.narrower_than(tensor.dtype) {
+                tensor.cast(to)
+            } else {
+                tensor
+            };
+            Ok(if rounded.dtype.is_float() {
+                rounded.cast(DType::F64)
+            } else {
+                rounded
+            })
+        };
+        self.side
+            .run_group_with(group, value, &rounded, &|model| round_float64(model, grid))
+    }
+
     /// Finds the group of every layer's reference value, from the values `known` on both sides.
     pub(crate) fn find_groups(&mut self, values: &[&str], known: &dyn Fn(&str) -> bool) {
         for &value in values {
@@ -176,22 +204,7 @@ impl Baseline {
                     Some(Err(why)) => return Err(why.clone()),
                     None => return Err("its group was not found".to_string()),
                 };
-                let rounded = |n: &str| {
-                    let (tensor, held) = feed(n)?;
-                    let to = if held.narrower_than(grid) { held } else { grid };
-                    let rounded = if tensor.dtype.is_float() && to.narrower_than(tensor.dtype) {
-                        tensor.cast(to)
-                    } else {
-                        tensor
-                    };
-                    Ok(if rounded.dtype.is_float() {
-                        rounded.cast(DType::F64)
-                    } else {
-                        rounded
-                    })
-                };
-                b.side
-                    .run_group_with(group, value, &rounded, &|model| round_float64(model, grid))
+                b.group_exact(group, value, grid, feed)
                     .map_err(|e| format!("the float64 reference could not compute it: {e}"))
             }
         }

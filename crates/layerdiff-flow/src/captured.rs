@@ -353,6 +353,22 @@ impl CapturedRun {
         self.engine.conclude()
     }
 
+    /// Whether a layer's target computes what its file says where that is not the model's
+    /// computation (`file_differs`, after [`CapturedRun::conclude`]): then a fresh export of the
+    /// model set [`CapturedRun::beside`] the file names what differs.
+    pub fn file_differs(&self) -> bool {
+        self.engine.computes_as_written()
+    }
+
+    /// Sets a fresh ONNX export of the model (`path`) beside the target's file: each node of
+    /// a layer the file computes differently is compared with the export's node of the same
+    /// name, its attributes and constants (before [`CapturedRun::finish`]).
+    pub fn beside(&mut self, path: &std::path::Path) -> Result<()> {
+        let export = Model::load(path)?;
+        self.engine.reference.beside(export);
+        Ok(())
+    }
+
     /// The report, with the weight evidence of `parameters` (by layer: PyTorch's parameters
     /// and buffers by qualified name, with the forms an exporter may fold them into, e.g. a
     /// Conv's weight scaled by the BatchNorm after it, under the same name).

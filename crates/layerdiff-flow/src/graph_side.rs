@@ -54,6 +54,18 @@ pub struct GraphSide {
     renames: Renames,
     /// What the report should say about how this side was fed.
     notes: Vec<String>,
+    /// The side's own file computed exactly, where the flow asks for it (see
+    /// [`GraphSide::computing_as_written`]).
+    pub(crate) as_written: Option<AsWritten>,
+}
+
+/// A side's own graph in float64, made on first use: a layer whose own error is beyond what
+/// its precision explains is computed by it as the file writes it, to tell the file from the
+/// runtime (only such layers ask, so a clean run never makes it).
+pub(crate) struct AsWritten {
+    ort_library: Option<std::path::PathBuf>,
+    pub(crate) copy:
+        std::sync::OnceLock<std::result::Result<Box<crate::baseline::GraphBaseline>, String>>,
 }
 
 impl GraphSide {
@@ -78,7 +90,35 @@ impl GraphSide {
             placement: None,
             renames: Renames::default(),
             notes: Vec::new(),
+            as_written: None,
         }
+    }
+
+    /// Computes a layer exactly as this side's file writes it when asked (ONNX Runtime, tract
+    /// or layerdiff's own kernels on the float64 copy of its graph, `ort_library` loaded):
+    /// for a target whose file is not the reference's own computation (an ONNX file against
+    /// PyTorch, or against another file), where a runtime computing what the file says tells
+    /// the file from the kernel.
+    pub fn computing_as_written(mut self, ort_library: Option<&std::path::Path>) -> Self {
+        self.as_written = Some(AsWritten {
+            ort_library: ort_library.map(std::path::Path::to_path_buf),
+            copy: std::sync::OnceLock::new(),
+        });
+        self
+    }
+
+    /// The float64 copy of the graph, made on first use, or why it cannot be (`None`: not
+    /// asked for).
+    pub(crate) fn written_copy(
+        &self,
+    ) -> Option<std::result::Result<&crate::baseline::GraphBaseline, String>> {
+        let asked = self.as_written.as_ref()?;
+        let copy = asked.copy.get_or_init(|| {
+            crate::baseline::GraphBaseline::new(&self.model, asked.ort_library.as_deref())
+                .map(Box::new)
+                .map_err(|e| crate::error_chain(&e))
+        });
+        Some(copy.as_ref().map(|b| &**b).map_err(Clone::clone))
     }
 
     /// What it took to get the graph that ships: values an optimizer renamed, the check of the

@@ -296,12 +296,19 @@ fn compare_once(
                 if prepared.shipped.is_some() {
                     clock.lap("optimizing the target graph", RUNTIME);
                 }
+                // Another file than the reference's, run as written: a layer beyond what its
+                // precision explains is computed as that file writes it, to tell the file
+                // from the runtime (an optimized graph is the runtime's own work).
+                let as_written = options.vs.is_some() && prepared.shipped.is_none();
                 let model = prepared.model.unwrap_or_else(|| reference_model.clone());
                 renames = prepared.renames.clone();
-                let side =
+                let mut side =
                     GraphSide::new(Some(target_label), model, prepared.runtime, &target_inputs)
                         .shipping(prepared.renames, prepared.shipped, prepared.placement)
                         .noting(input_notes);
+                if as_written {
+                    side = side.computing_as_written(ort_library);
+                }
                 let graph = side.index.clone();
                 (Box::new(side), graph)
             }

@@ -18,6 +18,10 @@ use crate::side::{Group, Recompute, Side};
 /// measured) what it is judged against.
 pub(crate) type LocalRun = (usize, Tensor, Option<Exact>);
 
+/// A layer beyond its baseline: its index, the target's output of its local re-run, the grid
+/// it was judged in and its group's rounding stages.
+pub(crate) type Beyond = (usize, Tensor, DType, u32);
+
 /// A layer's exact value on the rounded inputs, or why there is none, with the rounding stages
 /// of its group, the dtype it is judged in, and its reduction's terms where the framework
 /// measured them (`layerdiff_core::Reduction`: how many, and their root sum of squares).
@@ -156,7 +160,9 @@ impl Pairs<'_> {
     /// exact value on the rounded inputs with the rounding stages of its group, or why there is
     /// none; in layer order) with the reference's values, all at once across the threads, and
     /// measures each against its same-precision baseline. `layers` are all the run's layers.
-    pub fn compare_local(&self, layers: &mut [Layer], runs: Vec<LocalRun>) {
+    /// Returns the layers beyond their baseline, with their output, the grid they were judged
+    /// in and their group's rounding stages: what [`Pairs::as_written`] measures again.
+    pub fn compare_local(&self, layers: &mut [Layer], runs: Vec<LocalRun>) -> Vec<Beyond> {
         let mut runs = runs.into_iter().peekable();
         let mut jobs = Vec::new();
         let expected = !self.reference.is_computed();
@@ -165,22 +171,19 @@ impl Pairs<'_> {
                 continue;
             };
             if let Some(reference) = self.reference.get(&self.reference_values[i]) {
-                jobs.push((layer, reference, out, exact));
+                jobs.push((i, layer, reference, out, exact));
             }
         }
         jobs.into_par_iter()
-            .for_each(|(layer, reference, out, exact)| {
+            .filter_map(|(i, layer, reference, out, exact)| {
                 let judge = judge(layer, layer.target_dtype.as_deref(), reference, &out);
                 layer.local = compare_pair(reference.view(), out.view(), judge).stats;
-                let Some(Exact {
+                let Exact {
                     value,
                     stages,
                     grid,
                     reduction,
-                }) = exact
-                else {
-                    return;
-                };
+                } = exact?;
                 let assessed = value.and_then(|exact| {
                     let grid = grid.ok_or_else(|| "the layer is not a float".to_string())?;
                     let (r, t, x) = (reference.view(), out.view(), exact.view());
@@ -192,10 +195,53 @@ impl Pairs<'_> {
                         .map_err(|e| format!("its exact value does not fit: {e}"))
                 });
                 match assessed {
-                    Ok(b) => layer.baseline = Some(b),
-                    Err(why) => layer.baseline_reason = Some(why),
+                    Ok(b) => {
+                        let beyond = b.beyond() && b.reference_off == 0 && !b.accumulates_narrow();
+                        layer.baseline = Some(b);
+                        Some((i, out, grid?, stages)).filter(|_| beyond)
+                    }
+                    Err(why) => {
+                        layer.baseline_reason = Some(why);
+                        None
+                    }
                 }
+            })
+            .collect()
+    }
+
+    /// Measures again the layers beyond their baseline (`beyond`, from
+    /// [`Pairs::compare_local`]) against their target's nodes computed exactly as its file
+    /// writes them (`recompute`'s [`Recompute::as_written`], on the same inputs): where the
+    /// target is within that, the runtime computes what the file says.
+    pub fn as_written(
+        &self,
+        layers: &mut [Layer],
+        groups: &[Option<std::result::Result<Group, String>>],
+        recompute: &dyn Recompute,
+        beyond: Vec<Beyond>,
+    ) {
+        for (i, out, grid, stages) in beyond {
+            let (Some(value), Some(Ok(group))) = (self.target_values[i].as_deref(), &groups[i])
+            else {
+                continue;
+            };
+            let Some(exact) = recompute.as_written(group, value, grid, &|n| self.feed(n)) else {
+                return; // the side has no such computation
+            };
+            let layer = &mut layers[i];
+            let assessed = exact.and_then(|exact| {
+                // the file's own ideal stands in for an honest reference of the file
+                let dtype = DType::from_name(&layer.dtype).unwrap_or(out.dtype);
+                let written = exact.clone().cast(dtype);
+                let (w, t, x) = (written.view(), out.view(), exact.view());
+                assess_baseline(w, t, x, grid, stages, false, None)
+                    .map_err(|e| format!("its value as written does not fit: {e}"))
             });
+            match assessed {
+                Ok(b) => layer.as_written = Some(b),
+                Err(why) => layer.as_written_reason = Some(why),
+            }
+        }
     }
 
     /// The own error of layer `i` for a target that runs its model whole (see

@@ -57,6 +57,9 @@ pub struct PushedSide {
     /// By layer and parameter name: half a quantization step per element of a parameter the
     /// side stores quantized.
     half_steps: HashMap<usize, HashMap<String, Tensor>>,
+    /// A fresh ONNX export of the same model, as the reference: the counterpart of a target
+    /// file's node (by name and op) and of a constant no parameter of the side's is.
+    export: Option<layerdiff_onnx::Model>,
 }
 
 impl PushedSide {
@@ -88,6 +91,7 @@ impl PushedSide {
             local: Mutex::new(HashMap::new()),
             disagreements: HashMap::new(),
             own: HashMap::new(),
+            export: None,
             half_steps: HashMap::new(),
         }
     }
@@ -134,6 +138,13 @@ impl PushedSide {
     /// the same name), checked against the other side's weights when a cause is looked for.
     pub fn set_parameters(&mut self, index: usize, parameters: Vec<(String, Tensor)>) {
         self.parameters.insert(index, parameters);
+    }
+
+    /// Sets a fresh ONNX export of the model beside this side: a target file's nodes and
+    /// constants are compared with it where the side has no counterpart of its own (a file
+    /// that differs from the model, named attribute by attribute).
+    pub fn beside(&mut self, export: layerdiff_onnx::Model) {
+        self.export = Some(export);
     }
 }
 
@@ -186,14 +197,21 @@ impl Side for PushedSide {
     fn weight_check(
         &self,
         layer: usize,
-        _node: &str,
-        _position: usize,
+        node: &str,
+        position: usize,
         name: &str,
         weight: TensorView<'_>,
         half_step: Option<TensorView<'_>>,
     ) -> Option<WeightCheck> {
         let own = self.parameters.get(&layer).map_or(&[][..], Vec::as_slice);
-        parameter_check(name, own, weight, half_step)
+        parameter_check(name, own, weight, half_step).or_else(|| {
+            let export = self.export.as_ref()?;
+            crate::evidence::model_weight_check(export, node, position, name, weight, half_step)
+        })
+    }
+
+    fn counterpart(&self, member: &Member) -> Option<Member> {
+        crate::evidence::model_counterpart(self.export.as_ref()?, member)
     }
 
     fn recompute(&self) -> Option<&dyn Recompute> {

@@ -42,6 +42,26 @@ impl Recompute for GraphSide {
         self.run_group_with(group, value, feed, &|_| Ok(()))
     }
 
+    fn as_written(
+        &self,
+        group: &Group,
+        value: &str,
+        grid: DType,
+        feed: &dyn Fn(&str) -> Result<Tensor, String>,
+    ) -> Option<Result<Tensor, String>> {
+        let held = |n: &str| {
+            feed(n).map(|t| {
+                let dtype = t.dtype;
+                (t, dtype)
+            })
+        };
+        Some(self.written_copy()?.and_then(|copy| {
+            copy.group_exact(group, value, grid, &held).map_err(|e| {
+                format!("the float64 copy of the target's file could not compute it: {e}")
+            })
+        }))
+    }
+
     fn rounding_stages(&self, group: &Group, grid: DType) -> u32 {
         let computing = self.computed_dtypes(group).filter(|&d| d == grid).count();
         u32::try_from(computing.saturating_sub(1)).unwrap_or(u32::MAX)
@@ -62,6 +82,7 @@ impl Recompute for GraphSide {
         check: &WeightCheckFn<'_>,
     ) {
         evidence.ops = self.ops(group);
+        evidence.written = self.written(group);
         if let Some(reduced) = self.runtime.reduced_math() {
             let mut hit: Vec<&str> = Vec::new();
             for op in evidence.ops.iter().map(String::as_str) {
@@ -393,6 +414,50 @@ impl GraphSide {
     }
 
     /// The initializers a group reads: (node index, input position, name).
+    /// What the file writes for a group, node by node: its name, op and attributes, and the
+    /// constants it reads (`` `node_gemm` Gemm (alpha 1.01, transB 1; reads `fc.weight`) ``);
+    /// at most six nodes, then how many more.
+    fn written(&self, group: &Group) -> Vec<String> {
+        const SHOWN: usize = 6;
+        let graph = self.model.graph();
+        let mut out: Vec<String> = group
+            .members
+            .iter()
+            .take(SHOWN)
+            .map(|&i| {
+                let member = node_member(&graph.node[i]);
+                let attributes: Vec<String> = member
+                    .attributes
+                    .iter()
+                    .filter(|_| member.op != "Constant")
+                    .map(|(n, v)| format!("{n} {v}"))
+                    .collect();
+                let mut parts: Vec<String> = Some(attributes.join(", "))
+                    .filter(|a| !a.is_empty())
+                    .into_iter()
+                    .collect();
+                let read: Vec<String> = self.index.nodes()[i]
+                    .inputs
+                    .iter()
+                    .filter(|n| self.index.is_initializer(n))
+                    .map(|n| format!("`{n}`"))
+                    .collect();
+                let mut text = format!("`{}` {}", member.shown, member.op);
+                if !read.is_empty() {
+                    parts.push(format!("reads {}", read.join(", ")));
+                }
+                if !parts.is_empty() {
+                    text.push_str(&format!(" ({})", parts.join("; ")));
+                }
+                text
+            })
+            .collect();
+        if group.members.len() > SHOWN {
+            out.push(format!("{} more", group.members.len() - SHOWN));
+        }
+        out
+    }
+
     fn initializers(&self, group: &Group) -> Vec<(usize, usize, String)> {
         let mut out = Vec::new();
         for &i in &group.members {

@@ -194,6 +194,18 @@ pub trait Recompute {
     }
     /// The group's members in the side's own terms, in order.
     fn members(&self, group: &Group) -> Vec<Member>;
+    /// `value` computed exactly (float64) by `group` as the side's own file writes it, on
+    /// `feed`'s values rounded to `grid` or as held, its weights rounded to `grid` (`None`: the
+    /// side has no such computation, or the flow did not ask for it).
+    fn as_written(
+        &self,
+        _group: &Group,
+        _value: &str,
+        _grid: DType,
+        _feed: &dyn Fn(&str) -> Result<Tensor, String>,
+    ) -> Option<Result<Tensor, String>> {
+        None
+    }
     /// What the group shows about a cause: its ops, how it lowers precision below `reference`
     /// (the dtype the reference computes the layer in; `fed` gives each input's dtype on the
     /// reference and on this side), and the weights it reads, each checked by `check(node name,

@@ -237,6 +237,20 @@ impl CapturedRun {
         py.detach(|| run.conclude()).map_err(to_py_err)
     }
 
+    /// Whether a layer's target computes what its file says where that is not the model's
+    /// computation (after `conclude`): a fresh export set `beside` the file then names what
+    /// differs.
+    fn file_differs(&self) -> PyResult<bool> {
+        Ok(self.active()?.file_differs())
+    }
+
+    /// Sets a fresh ONNX export of the model (its path) beside the target's file, before
+    /// `finish`: the nodes of a layer the file computes differently are compared with it.
+    fn beside(&mut self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
+        let run = self.active_mut()?;
+        py.detach(|| run.beside(&path)).map_err(to_py_err)
+    }
+
     /// The report; `parameters` maps a layer index to its flat parameter tensors (and
     /// `target_parameters` to the target's, dequantized where it stores them quantized, with
     /// half a step per element of those in `target_half_steps`, under the same names).

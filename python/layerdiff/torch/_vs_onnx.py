@@ -132,6 +132,7 @@ def compare_torch_onnx(
             model, inputs, listed, options, name or type(model).__name__, seed,
             phases if timings is not False else None, clone, progress, step,
             exported=onnx is None, reads_outside=listing.reads_outside,
+            exporter=exporter, cache=cache,
         )  # fmt: skip
         if dtype is None:
             return compare(onnx_path, notes=[eval_note])
@@ -165,12 +166,14 @@ class _FileComparison:
 
     def __init__(
         self, model, inputs, listed, options, name, seed, phases, clone, progress, step,
-        exported: bool, reads_outside=(),
+        exported: bool, reads_outside=(), exporter: str = "dynamo", cache: bool = True,
     ):  # fmt: skip
         self.model, self.inputs, self.listed, self.options = model, inputs, listed, options
         self.name, self.seed, self.phases, self.clone = name, seed, phases, clone
         self.progress, self.step, self.exported = progress, step, exported
         self.reads_outside = reads_outside
+        # how a fresh export is made, where one is set beside a given file
+        self.exporter, self.cache = exporter, cache
 
     def __call__(self, onnx_path: Path, *, note: str | None = None, notes=()) -> Report:
         model, inputs, listed, options = self.model, self.inputs, self.listed, self.options
@@ -214,11 +217,35 @@ class _FileComparison:
             ticker=progress_line(self.progress, len(listed)), reads_outside=self.reads_outside,
         )  # fmt: skip
         needed = run.conclude()
+        if not self.exported and run.file_differs():
+            self._beside_a_fresh_export(run, report_notes := [])
+        else:
+            report_notes = []
         native = run.finish(layer_parameters(model, listed, needed))
         report = Report(native, inputs=onnx_inputs).warned(warnings)
-        report.notes += [n for n in (*notes, split) if n]
+        report.notes += [n for n in (*notes, split, *report_notes) if n]
         report.onnx_path = Path(onnx_path)
         return report
+
+    def _beside_a_fresh_export(self, run, notes: list[str]) -> None:
+        """The given file computes some layer differently from the model while the runtime
+        computes what the file says: a fresh export of the model (cached) is set beside it, so
+        the report names the attribute or constant that differs, node by node. An export that
+        cannot be made leaves the file's own nodes named, and says why."""
+        self.step("exporting the model afresh, to name what differs in the file")
+        try:
+            with tempfile.TemporaryDirectory() as folder:
+                fresh = export_onnx(
+                    self.model, self.inputs, Path(folder) / "fresh.onnx",
+                    exporter=self.exporter, cache=self.cache, step=self.step,
+                )  # fmt: skip
+                run.beside(str(fresh))
+        except Exception as e:  # noqa: BLE001: any failure only leaves the file's nodes named
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            notes.append(
+                "a fresh export of the model to set beside the file could not be made "
+                f"({first}): the file's own nodes are named instead of what differs"
+            )
 
 
 def _float64_inputs(model, inputs) -> list[str]:

@@ -79,11 +79,18 @@ pub(super) fn decide(
         );
     }
     if !e.attributes.is_empty() {
-        return (
-            "op_implementation",
-            format!("an attribute differs: {}", e.attributes.join(", ")),
-            Finding::Defect,
-        );
+        let differs = format!("an attribute differs: {}", e.attributes.join(", "));
+        if let Some(w) = as_written(layer) {
+            return (
+                "file_differs",
+                format!(
+                    "{differs}; the target computes what its file says (its own error is {:.2}× what {} explains against the file's nodes computed exactly): the file differs from the reference here, not the runtime",
+                    w.multiple, w.grid
+                ),
+                Finding::Defect,
+            );
+        }
+        return ("op_implementation", differs, Finding::Defect);
     }
     if let Some(how) = &e.reduced_math
         && layer.dtype == "float32"
@@ -102,6 +109,12 @@ pub(super) fn decide(
         return against_baseline(layer, b, e, lower);
     }
     without_baseline(layer, e, lower, is_source)
+}
+
+/// The layer computed as its target's file writes it, where the target is within that: the
+/// runtime computes what the file says (see [`Layer::as_written`]).
+fn as_written(layer: &Layer) -> Option<&crate::Baseline> {
+    layer.as_written.as_ref().filter(|w| !w.beyond())
 }
 
 /// The verdict of a layer whose own error was measured against the same-precision baseline.
@@ -149,6 +162,25 @@ pub(super) fn against_baseline(
                 g = b.grid
             ),
             Finding::Precision,
+        );
+    }
+    if b.beyond()
+        && let Some(w) = as_written(layer)
+    {
+        let written = if e.written.is_empty() {
+            format!("its {}", e.ops_words())
+        } else {
+            e.written.join(", ")
+        };
+        return (
+            "file_differs",
+            format!(
+                "its own error is {:.1}× what {g} explains against the reference's computation, and {:.2}× against the target file's own nodes computed exactly on the same inputs: the runtime computes what the file says, and the file computes differently from the reference here ({written}): an export that lost or changed something, a folded constant, or an edit ({numbers})",
+                b.multiple,
+                w.multiple,
+                g = b.grid
+            ),
+            Finding::Defect,
         );
     }
     if b.beyond() {
@@ -471,6 +503,13 @@ pub(super) fn fix(cause: &str, layer: &Layer, e: &Evidence) -> String {
         ),
         "nondeterminism" => format!(
             "{where_} give(s) other values on every run: make the kernels deterministic (e.g. `torch.use_deterministic_algorithms(True)`, cuDNN's deterministic mode), or compare at a tolerance above that spread"
+        ),
+        "file_differs" if !e.attributes.is_empty() => format!(
+            "give {where_} the reference's attribute values back (reference → target: {}): the runtime computes the file as written, so the file is what differs; export it again from the model, or undo the edit or pass that changed it",
+            e.attributes.join(", ")
+        ),
+        "file_differs" => format!(
+            "{where_} compute(s) what the file says, and that is not the model's computation: export the file again from the model (`layerdiff torch MODEL` exports it fresh) and compare the two node by node (`layerdiff onnx FRESH --vs FILE` names the attribute or constant that differs), or undo the edit or pass that changed it; the runtime is not at fault"
         ),
         _ if !e.attributes.is_empty() => format!(
             "give {where_} the reference's attribute values back (reference → target: {})",

@@ -188,3 +188,78 @@ fn values_rounded_to_float16_are_on_its_grid() {
     assert_eq!(precision_grid(view(rb), view(bb)), Some("bfloat16"));
     assert_eq!(precision_grid(view(rb), view(rb)), None);
 }
+
+/// A float32 baseline whose own error is `multiple` times what float32 explains.
+fn baseline(multiple: f64) -> crate::Baseline {
+    crate::Baseline {
+        grid: "float32".to_string(),
+        stages: 0,
+        max_abs_diff: 1e-7,
+        mean_abs_diff: 1e-8,
+        allowed_max_abs_diff: 2e-7,
+        allowed_mean_abs_diff: 2e-8,
+        multiple,
+        overflow: 0,
+        reference_off: 0,
+        narrow: None,
+    }
+}
+
+#[test]
+fn a_runtime_that_computes_what_its_file_says_leaves_the_file_to_blame() {
+    // the layer is far beyond float32 against the reference's computation; against the
+    // target file's own nodes computed exactly it is `as_written` times what float32 explains
+    let judged = |as_written: Option<f64>, attributes: &[&str]| {
+        let mut layers = vec![layer(0, 5e-4, Some(5e-4), &["x"])];
+        layers[0].baseline = Some(baseline(238.0));
+        layers[0].as_written = as_written.map(baseline);
+        let e = Evidence {
+            ops: vec!["Gelu".to_string()],
+            written: vec!["`node_gelu` Gelu (approximate \"tanh\")".to_string()],
+            attributes: attributes.iter().map(|a| a.to_string()).collect(),
+            ..Evidence::default()
+        };
+        let mut summary = analyse(&mut layers, Tolerance::PerDtype);
+        explain(&mut layers, &[e], &mut summary);
+        let fix = summary.defects.first().map(|d| d.fix.clone()).unwrap();
+        (
+            layers[0].cause.clone().unwrap(),
+            layers[0].detail.clone().unwrap(),
+            fix,
+        )
+    };
+    let (cause, detail, fix) = judged(Some(0.07), &[]);
+    assert_eq!(cause, "file_differs", "{detail}");
+    assert!(
+        detail.contains("the runtime computes what the file says"),
+        "{detail}"
+    );
+    assert!(
+        detail.contains("`node_gelu` Gelu (approximate \"tanh\")"),
+        "{detail}"
+    );
+    assert!(fix.contains("the runtime is not at fault"), "{fix}");
+
+    let edited = ["`approximate` \"none\" → \"tanh\" on `node_gelu`"];
+    let (cause, detail, fix) = judged(Some(0.07), &edited);
+    assert_eq!(cause, "file_differs", "{detail}");
+    assert!(
+        detail.starts_with("an attribute differs: `approximate`"),
+        "{detail}"
+    );
+    assert!(
+        fix.contains("the runtime computes the file as written"),
+        "{fix}"
+    );
+
+    // beyond its own file's nodes too: the kernel, whatever the file says
+    for (as_written, attributes) in [
+        (Some(3.0), &[][..]),
+        (None, &[][..]),
+        (Some(3.0), &edited[..]),
+    ] {
+        let (cause, detail, fix) = judged(as_written, attributes);
+        assert_eq!(cause, "op_implementation", "{as_written:?}: {detail}");
+        assert!(!fix.contains("not at fault"), "{fix}");
+    }
+}

@@ -60,6 +60,16 @@ pub struct Layer {
     pub baseline: Option<crate::Baseline>,
     /// Why no baseline was measured for a layer re-run locally, where none was.
     pub baseline_reason: Option<String>,
+    /// For a layer beyond its baseline whose target runs a file that is not the reference's
+    /// own computation (an ONNX file against PyTorch, or against another file): the own error
+    /// against the target's nodes computed exactly (float64) as its file writes them, on the
+    /// same inputs. Within it, the runtime computes what the file says, and the file differs
+    /// (`file_differs`); beyond it too, the kernel does (`op_implementation`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub as_written: Option<crate::Baseline>,
+    /// Why the layer could not be computed as its file writes it, where it was asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub as_written_reason: Option<String>,
     /// The grid the target quantizes this layer's value to (TFLite's int8), with how much of it
     /// clips and its own error in steps; its `local` is then measured on the target's own
     /// inputs and its `baseline` is the ideal quantized computation (see
@@ -75,7 +85,7 @@ pub struct Layer {
     /// Why the layer differs, from a fixed vocabulary: `weight_mismatch`, `precision_loss`,
     /// `layout_permutation`, `shape_mismatch`, `op_implementation`, `quantization_range`, `inherited`,
     /// `nondeterminism`, `rounding`, `narrow_accumulation` (a precision finding, named in the
-    /// summary), `undecided`, `unknown`.
+    /// summary), `file_differs`, `undecided`, `unknown`.
     pub cause: Option<String>,
     /// The cause in words.
     pub detail: Option<String>,
@@ -165,6 +175,8 @@ impl Layer {
             float64: None,
             baseline: None,
             baseline_reason: None,
+            as_written: None,
+            as_written_reason: None,
             quantization: None,
             finding: None,
             error_from: None,

@@ -74,9 +74,16 @@ pub(super) fn onnx_target(
     }
     let graph_outputs = GraphIndex::new(model.graph()).graph_outputs().to_vec();
     let alignment = align(&c.layers, &mappings, &graph_outputs, inconclusive);
-    let target = GraphSide::new(note.map(String::from), model, target.runtime, &c.inputs)
+    // The file is not PyTorch's own computation: a layer beyond what its precision explains
+    // is computed as the file writes it, to tell the file from the runtime (an optimized
+    // graph is the runtime's own work, not the file's).
+    let as_written = target.shipped.is_none();
+    let mut target = GraphSide::new(note.map(String::from), model, target.runtime, &c.inputs)
         .shipping(target.renames, target.shipped, target.placement)
         .noting(unread);
+    if as_written {
+        target = target.computing_as_written(ort_library);
+    }
     let held = alignment
         .target
         .iter()

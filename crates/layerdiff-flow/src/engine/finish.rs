@@ -78,6 +78,18 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         ))
     }
 
+    /// Whether some layer is beyond what its precision explains and within its target's nodes
+    /// computed as the file writes them: the runtime computes what the file says, and the file
+    /// is not the reference's computation there.
+    pub fn computes_as_written(&self) -> bool {
+        self.layers.iter().any(|l| {
+            l.baseline
+                .as_ref()
+                .is_some_and(layerdiff_core::Baseline::beyond)
+                && l.as_written.as_ref().is_some_and(|w| !w.beyond())
+        })
+    }
+
     /// The report: causes explained from the evidence of the values and of the target's
     /// groups (their ops, precision, attributes and weights against the reference's).
     pub fn finish(mut self) -> Result<Report> {

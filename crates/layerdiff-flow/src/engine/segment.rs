@@ -130,11 +130,13 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                     runs.push((i, out, exact));
                 }
                 if held_bytes >= limit {
-                    held.compare_local(&mut self.layers, std::mem::take(&mut runs));
+                    let beyond = held.compare_local(&mut self.layers, std::mem::take(&mut runs));
+                    held.as_written(&mut self.layers, &self.groups, recompute, beyond);
                     held_bytes = 0;
                 }
             }
-            held.compare_local(&mut self.layers, runs);
+            let beyond = held.compare_local(&mut self.layers, runs);
+            held.as_written(&mut self.layers, &self.groups, recompute, beyond);
             self.clock.split_lap(
                 "local error: extraction and comparison",
                 "local error: inference",
