@@ -279,3 +279,43 @@ def test_a_timm_vit_is_rounding_only_and_a_bfloat16_kernel_bug_in_it_is_the_head
     assert [(d["layer"], d["cause"]) for d in s["defects"]] == [
         ("blocks.5.mlp.fc2", "op_implementation")
     ]
+
+
+def test_a_dynamically_quantized_file_has_its_weights_checked_against_their_scales(
+    encoder_onnx, tmp_path
+):
+    """ONNX Runtime's `quantize_dynamic` stores each MatMul's weight as int8 for a
+    MatMulInteger, its scale applied after the product. The clean file's weights are each
+    within half a scale step of the float file's (quantization, exit 0); one weight scale off by
+    30% is that layer's weight_mismatch, the one defect, not "int8 rounding only"."""
+    import numpy as np
+    from onnx import numpy_helper
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    clean = tmp_path / "dynamic.onnx"
+    quantize_dynamic(str(encoder_onnx), str(clean), weight_type=QuantType.QInt8)
+    model = onnx.load(str(clean))
+    model.ir_version = min(model.ir_version, 10)
+    onnx.save(model, str(clean))
+    products = [n for n in model.graph.node if n.op_type == "MatMulInteger"]
+    assert len(products) > 3, "the encoder's MatMuls are quantized"
+
+    out = tmp_path / "clean.json"
+    run = run_cli("onnx", str(encoder_onnx), "--vs", str(clean), "--json", str(out))
+    assert run.returncode == 0, run.stdout + run.stderr
+    summary = json.loads(out.read_text())["summary"]
+    assert summary["defects"] == [] and summary["verdict"] != "undecided", summary["verdict"]
+
+    # the third product's weight scale, 1.3× in the file
+    product = products[2]
+    scale_name = product.input[1].removesuffix("_quantized") + "_scale"
+    scale = next(i for i in model.graph.initializer if i.name == scale_name)
+    values = numpy_helper.to_array(scale).astype(np.float32) * np.float32(1.3)
+    scale.CopyFrom(numpy_helper.from_array(values, scale.name))
+    onnx.save(model, str(tmp_path / "bug.onnx"))
+    out = tmp_path / "bug.json"
+    run = run_cli("onnx", str(encoder_onnx), "--vs", str(tmp_path / "bug.onnx"), "--json", str(out))
+    assert run.returncode == 1, run.stdout + run.stderr
+    (defect,) = json.loads(out.read_text())["summary"]["defects"]
+    assert defect["cause"] == "weight_mismatch", defect
+    assert f"`{product.input[1]}` differs beyond its quantization" in defect["detail"]

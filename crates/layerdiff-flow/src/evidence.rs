@@ -207,7 +207,10 @@ pub fn model_counterpart(model: &Model, member: &Member) -> Option<Member> {
 }
 
 /// Checks another side's weight against `model`'s counterpart: the initializer of the same
-/// name, else the one at the same input position of the node with the same name.
+/// name (or of the name a quantizer derived it from, `w` for `w_quantized`), else the one at
+/// the same input position of the node with the same name. A matrix may be stored transposed
+/// (a Gemm's `transB` weight a quantizer rewrote for MatMulInteger): the form that matches
+/// stands.
 pub fn model_weight_check(
     model: &Model,
     node: &str,
@@ -216,14 +219,27 @@ pub fn model_weight_check(
     weight: TensorView<'_>,
     half_step: Option<TensorView<'_>>,
 ) -> Option<WeightCheck> {
-    let theirs = match model.stored(name) {
-        Some(found) => found.ok()?,
+    let stored = |n: &str| model.stored(n).and_then(Result::ok);
+    let theirs = match stored(name).or_else(|| stored(name.strip_suffix("_quantized")?)) {
+        Some(found) => found,
         None => {
             let same = model.graph().node.iter().find(|n| n.name() == node)?;
             model.stored(same.input.get(position)?)?.ok()?
         }
     };
-    Some(check_weight(name, theirs.view(), weight, false, half_step))
+    let check = check_weight(name, theirs.view(), weight, false, half_step);
+    let flipped = theirs.shape.len() == 2
+        && weight.shape.len() == 2
+        && theirs.shape[0] == weight.shape[1]
+        && theirs.shape[1] == weight.shape[0];
+    if !matches!(check, WeightCheck::Differs(_)) || !flipped {
+        return Some(check);
+    }
+    let transposed = crate::pushed_side::transpose_2d(theirs.view());
+    match check_weight(name, transposed.view(), weight, false, half_step) {
+        WeightCheck::Differs(_) => Some(check),
+        matched => Some(matched),
+    }
 }
 
 #[cfg(test)]

@@ -393,7 +393,7 @@ fn parameter_check(
 }
 
 /// A matrix transposed.
-fn transpose_2d(t: TensorView<'_>) -> Tensor {
+pub(crate) fn transpose_2d(t: TensorView<'_>) -> Tensor {
     let (rows, cols, size) = (t.shape[0], t.shape[1], t.dtype.size());
     let mut bytes = vec![0u8; t.bytes.len()];
     for r in 0..rows {

@@ -116,6 +116,21 @@ impl Recompute for GraphSide {
         let graph = self.model.graph();
         for &i in &group.members {
             let node = &graph.node[i];
+            if matches!(node.op_type(), "MatMulInteger" | "ConvInteger") {
+                // the weight an integer product reads directly, scaled after it
+                if let Some((weight, half_step)) = self.integer_weight(node)
+                    && let Some(found) = check(
+                        node.name(),
+                        1,
+                        &node.input[1],
+                        weight.view(),
+                        Some(half_step.view()),
+                    )
+                {
+                    found.record(evidence);
+                }
+                continue;
+            }
             if node.op_type() != "DequantizeLinear" {
                 continue;
             }
@@ -168,54 +183,90 @@ impl GraphSide {
             let name = node.input.get(position).filter(|n| !n.is_empty())?;
             self.model.initializer(name)?.ok()
         };
-        let stored = read(0).filter(|t| !t.dtype.is_float())?;
-        let scale = read(1)?;
-        let zero = read(2);
         if node.attr_i64("block_size").is_ok_and(|b| b != 0) {
             return None;
         }
-        let shape = stored.shape.clone();
-        let rank = shape.len() as i64;
         let axis = node.attr_i64("axis").unwrap_or(1);
-        let axis = if axis < 0 { axis + rank } else { axis };
-        let channels = scale.view().numel();
-        let per_axis = channels > 1;
-        if per_axis && (axis < 0 || axis >= rank || shape[axis as usize] != channels) {
-            return None;
-        }
-        // the index along `axis` of element `i`
-        let inner: usize = if per_axis {
-            shape[axis as usize + 1..].iter().product()
-        } else {
-            1
-        };
-        let channel = |i: usize| {
-            if per_axis { (i / inner) % channels } else { 0 }
-        };
-        let (stored, scale) = (stored.view(), scale.view());
-        let n = stored.numel();
-        let (mut values, mut halves) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        for i in 0..n {
-            let c = channel(i);
-            let s = scale.get_f64(c);
-            let z = zero
-                .as_ref()
-                .map_or(0.0, |z| z.view().get_f64(c.min(z.view().numel() - 1)));
-            values.push((stored.get_f64(i) - z) * s);
-            halves.push(s.abs() / 2.0);
-        }
-        let shaped = |values: &[f64]| {
-            let flat = Tensor::from_f64(DType::F64, values);
-            Tensor::new(
-                node.input[0].as_str(),
-                DType::F64,
-                shape.clone(),
-                flat.bytes,
-            )
-            .ok()
-        };
-        Some((shaped(&values)?, shaped(&halves)?))
+        dequantize(&node.input[0], &read(0)?, &read(1)?, read(2).as_ref(), axis)
     }
+
+    /// The stored integer weight of an integer matrix product (MatMulInteger's `B`,
+    /// ConvInteger's `w`, as ONNX Runtime's dynamic quantization writes them), dequantized with
+    /// its zero point and the scale the product's result is multiplied by, and half that scale
+    /// step per element: `None` where the weight is not stored, or its scale is not found.
+    ///
+    /// The scale is found the way the quantizer wires it: the product is cast to float and
+    /// multiplied by a scale, itself the input's (dynamic) scale times the weight's stored one.
+    fn integer_weight(&self, node: &NodeProto) -> Option<(Tensor, Tensor)> {
+        let read = |name: &str| self.model.initializer(name)?.ok();
+        let (weight, zero) = (node.input.get(1)?, node.input.get(3));
+        let stored = read(weight).filter(|t| !t.dtype.is_float())?;
+        let zero = zero.filter(|z| !z.is_empty()).and_then(|z| read(z));
+        let mut value = node.output.first()?.clone();
+        // through the casts to the multiplication by the scales
+        let scales = loop {
+            let next = self.index.consumers(&value).next()?;
+            match next.op_type.as_str() {
+                "Cast" => value = next.outputs.first()?.clone(),
+                "Mul" => break next.inputs.iter().find(|n| **n != value)?.clone(),
+                _ => return None,
+            }
+        };
+        let scale = match read(&scales) {
+            Some(stored_scale) => stored_scale,
+            None => {
+                let product = self.index.producer(&scales).filter(|p| p.op_type == "Mul")?;
+                product.inputs.iter().find_map(|n| read(n))?
+            }
+        };
+        // per output channel: a matrix's columns, a convolution's filters
+        let axis = if node.op_type() == "ConvInteger" { 0 } else { 1 };
+        dequantize(weight, &stored, &scale, zero.as_ref(), axis)
+    }
+}
+
+/// `stored` integers dequantized as `(q − zero) · scale` (float64), with half the scale step
+/// per element: per tensor, or per channel along `axis` where the scale has one per channel.
+/// `None` where the scale fits neither.
+fn dequantize(
+    name: &str,
+    stored: &Tensor,
+    scale: &Tensor,
+    zero: Option<&Tensor>,
+    axis: i64,
+) -> Option<(Tensor, Tensor)> {
+    let shape = stored.shape.clone();
+    let rank = shape.len() as i64;
+    let axis = if axis < 0 { axis + rank } else { axis };
+    let channels = scale.view().numel();
+    let per_axis = channels > 1;
+    if per_axis && (axis < 0 || axis >= rank || shape[axis as usize] != channels) {
+        return None;
+    }
+    // the index along `axis` of element `i`
+    let inner: usize = if per_axis {
+        shape[axis as usize + 1..].iter().product()
+    } else {
+        1
+    };
+    let channel = |i: usize| {
+        if per_axis { (i / inner) % channels } else { 0 }
+    };
+    let (stored, scale) = (stored.view(), scale.view());
+    let n = stored.numel();
+    let (mut values, mut halves) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n {
+        let c = channel(i);
+        let s = scale.get_f64(c);
+        let z = zero.map_or(0.0, |z| z.view().get_f64(c.min(z.view().numel() - 1)));
+        values.push((stored.get_f64(i) - z) * s);
+        halves.push(s.abs() / 2.0);
+    }
+    let shaped = |values: &[f64]| {
+        let flat = Tensor::from_f64(DType::F64, values);
+        Tensor::new(name, DType::F64, shape.clone(), flat.bytes).ok()
+    };
+    Some((shaped(&values)?, shaped(&halves)?))
 }
 
 /// Ops that move or select values without computing new ones: they round nothing.
