@@ -63,8 +63,34 @@ pub struct AdviceCheck {
     pub output_nonfinite_after: u64,
     /// Where drift is born with the layers kept, if anywhere.
     pub drift_origin_after: Option<String>,
+    /// Whether keeping them removed or reduced the drift: where not, the layers were tried,
+    /// and the reports say so rather than advise them.
+    pub helps: bool,
     /// The check in one sentence.
     pub verdict: String,
+}
+
+impl KeepFloat32 {
+    /// Whether the layers are advised: there are some, and the check (where made) did not
+    /// refute them.
+    pub fn advised(&self) -> bool {
+        !self.layers.is_empty() && self.check.as_ref().is_none_or(|c| c.helps)
+    }
+
+    /// The sentence the reports introduce the layers with: advised, or tried without help.
+    pub fn heading(&self) -> String {
+        if self.advised() {
+            format!(
+                "The target computes in {}; these layers should stay in float32, most needed first",
+                self.precision
+            )
+        } else {
+            format!(
+                "The target computes in {}; these layers were tried in float32, and that does not remove the drift (below): not advised",
+                self.precision
+            )
+        }
+    }
 }
 
 /// Lower-precision dtypes, lowest first in nothing but name.
@@ -271,13 +297,14 @@ pub fn check_advice(before: &Report, after: &Report, kept: Vec<String>) -> Advic
     let mean = |s: Option<&Stats>| s.map_or(f64::NAN, |s| s.mean_abs_diff);
     let change = format!("`{name}` {} → {}", output_words(was), output_words(now));
     let n = kept.len();
-    let verdict = if after.summary.drift_origin.is_none() && a == 0 {
+    let removes = after.summary.drift_origin.is_none() && a == 0;
+    let reduces =
+        bad(now) < bad(was) || (bad(now) == 0 && mean(was) > 0.0 && mean(now) <= mean(was) * 0.5);
+    let verdict = if removes {
         format!(
             "keeping {n} layer(s) in float32 removes the drift: no layer exceeds its tolerance (was {b}); {change}"
         )
-    } else if bad(now) < bad(was)
-        || (bad(now) == 0 && mean(was) > 0.0 && mean(now) <= mean(was) * 0.5)
-    {
+    } else if reduces {
         format!(
             "keeping {n} layer(s) in float32 reduces the drift: {a} layers exceed (was {b}); {change}"
         )
@@ -302,6 +329,7 @@ pub fn check_advice(before: &Report, after: &Report, kept: Vec<String>) -> Advic
         output_nonfinite_before: bad(was),
         output_nonfinite_after: bad(now),
         drift_origin_after: after.summary.drift_origin.clone(),
+        helps: removes || reduces,
         verdict,
     }
 }
@@ -387,5 +415,32 @@ mod tests {
         let before = report(true);
         let check = check_advice(&before, &before.clone(), vec!["b".to_string()]);
         assert!(check.verdict.contains("does not help"), "{}", check.verdict);
+        assert!(!check.helps);
+        // the reports then say the layers were tried, not that they should stay in float32
+        let mut checked = before.clone();
+        let mut advice = keep_float32(&before, "float16").unwrap();
+        advice.check = Some(check);
+        assert!(!advice.advised());
+        checked.keep_float32 = Some(advice);
+        let text = crate::render::to_text(&checked);
+        assert!(
+            text.contains("tried in float32, without help (the target computes in float16): `b`"),
+            "{text}"
+        );
+        assert!(!text.contains("keep in float32"), "{text}");
+        let markdown = crate::render::to_markdown(&checked);
+        assert!(markdown.contains("these layers were tried in float32, and that does not remove the drift (below): not advised"));
+        assert!(!markdown.contains("should stay in float32"));
+    }
+
+    #[test]
+    fn a_check_that_removes_the_drift_keeps_the_advice() {
+        let before = report(true);
+        let check = check_advice(&before, &report(false), vec!["b".to_string()]);
+        assert!(check.helps, "{}", check.verdict);
+        let mut advice = keep_float32(&before, "float16").unwrap();
+        advice.check = Some(check);
+        assert!(advice.advised());
+        assert!(advice.heading().contains("should stay in float32"));
     }
 }

@@ -215,12 +215,19 @@ impl GraphSide {
         let scale = match read(&scales) {
             Some(stored_scale) => stored_scale,
             None => {
-                let product = self.index.producer(&scales).filter(|p| p.op_type == "Mul")?;
+                let product = self
+                    .index
+                    .producer(&scales)
+                    .filter(|p| p.op_type == "Mul")?;
                 product.inputs.iter().find_map(|n| read(n))?
             }
         };
         // per output channel: a matrix's columns, a convolution's filters
-        let axis = if node.op_type() == "ConvInteger" { 0 } else { 1 };
+        let axis = if node.op_type() == "ConvInteger" {
+            0
+        } else {
+            1
+        };
         dequantize(weight, &stored, &scale, zero.as_ref(), axis)
     }
 }

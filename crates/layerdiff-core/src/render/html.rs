@@ -289,8 +289,8 @@ fn keep(report: &Report) -> String {
         return String::new();
     };
     let mut out = format!(
-        "<h2>Keep in float32</h2>\n<p>The target computes in {}; these layers should stay in float32, most needed first:</p>\n<ol id=\"keep\">\n",
-        escape(&keep.precision)
+        "<h2>Keep in float32</h2>\n<p>{}:</p>\n<ol id=\"keep\">\n",
+        escape(&keep.heading())
     );
     for k in &keep.layers {
         let index = report.layers.iter().position(|l| l.name == k.layer);

@@ -248,11 +248,7 @@ pub fn to_markdown(report: &Report) -> String {
         }
     }
     if let Some(keep) = &report.keep_float32 {
-        let _ = writeln!(
-            out,
-            "\n## Keep in float32\n\nThe target computes in {}; these layers should stay in float32, most needed first:\n",
-            keep.precision
-        );
+        let _ = writeln!(out, "\n## Keep in float32\n\n{}:\n", keep.heading());
         let _ = writeln!(out, "| layer | why | ONNX nodes |\n|---|---|---|");
         for k in &keep.layers {
             let nodes: Vec<String> = k.nodes.iter().map(|n| code(n)).collect();

@@ -145,8 +145,13 @@ pub fn to_text(report: &Report) -> String {
             .map(|k| format!("`{}`", k.layer))
             .collect();
         if !names.is_empty() {
+            let how = if keep.advised() {
+                "keep in float32"
+            } else {
+                "tried in float32, without help"
+            };
             out.push_str(&format!(
-                "  keep in float32 (the target computes in {}): {}\n",
+                "  {how} (the target computes in {}): {}\n",
                 keep.precision,
                 names.join(", ")
             ));
