@@ -277,3 +277,21 @@ def test_the_module_a_target_calls_its_layers_differently_in_is_found():
     both = calls("embed", "b.1.mlp:gelu", "b.1:add", "b:mul")
     assert diverging_modules(model, both) == ["b"]
     assert diverging_modules(model, calls("embed", "head")) == []
+
+
+def test_a_functional_call_is_rerun_with_the_targets_own_arguments(tmp_path):
+    """The second block's LayerNorm takes an epsilon its code computes from the dtype (0.5
+    below float32). The call is a functional layer (`1:layer_norm`): re-run on the reference's
+    tensors with the target's own epsilon, it is the one defect, named with both values; the
+    first block, whose code passes the same epsilon, stays precision."""
+    builder = f"{ROOT}/tests/builders/dtype_scalar.py:build"
+    out = tmp_path / "r.json"
+    run = run_cli("torch", builder, "--target", "torch:bf16", "--json", str(out))
+    assert run.returncode == 1, run.stdout + run.stderr
+    report = json.loads(out.read_text())
+    defects = [(d["layer"], d["cause"]) for d in report["summary"]["defects"]]
+    assert defects == [("1:layer_norm", "argument_mismatch")], defects
+    norm = next(x for x in report["layers"] if x["name"] == "1:layer_norm")
+    assert "`eps` 1e-05 → 0.5" in norm["detail"], norm["detail"]
+    first = next(x for x in report["layers"] if x["name"] == "0:layer_norm")
+    assert first["finding"] in (None, "precision", "inherited"), first["detail"]

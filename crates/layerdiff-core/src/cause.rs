@@ -21,6 +21,9 @@
 //!    ±Inf where the reference's are finite;
 //! 6. `op_implementation` (defect): an attribute of the target's nodes differs, or
 //!    `file_differs` (defect) where the target computes what its file says (below);
+//!    `argument_mismatch` (defect): the target's own code passes a framework call other
+//!    numbers or flags (an epsilon computed from the dtype), and with them the layer is beyond
+//!    what its precision explains;
 //! 7. `precision_loss` (precision): the target's runtime does this float32 layer's products in
 //!    lower precision (TF32 on a GPU), a mode it was asked for;
 //! 8. against the baseline, where it was measured: own error beyond what the precision explains
@@ -66,6 +69,9 @@ pub struct Evidence {
     pub precision: Option<String>,
     /// Attributes that differ between the sides' nodes (`` `epsilon` 1e-05 → 0.1 ``).
     pub attributes: Vec<String>,
+    /// A framework call's numbers and flags the target's own code passes otherwise than the
+    /// reference's (`` `eps` 1e-05 → 0.5 ``): its local re-run took the target's.
+    pub arguments: Vec<String>,
     /// What the target's file writes for the group, node by node (`` `node_gelu` Gelu
     /// (approximate tanh) ``, the constants it reads): what a `file_differs` names.
     pub written: Vec<String>,

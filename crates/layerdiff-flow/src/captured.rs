@@ -320,6 +320,9 @@ impl CapturedRun {
             if let Some(local) = layer.local {
                 target.push_local(index, local.map(|t| t.to_tensor()), layer.disagreement);
             }
+            if !layer.arguments.is_empty() {
+                target.push_arguments(index, layer.arguments);
+            }
             if let Some(exact) = layer.own_exact.filter(|_| keep) {
                 target.push_own(
                     index,
@@ -433,4 +436,7 @@ pub struct Handed<'a> {
     pub own_slack: Option<TensorView<'a>>,
     /// The grid the target quantizes the layer's value to, where it does.
     pub quantization: Option<layerdiff_core::Quantization>,
+    /// A functional call's numbers and flags the target's own code passes otherwise than the
+    /// reference's, in words (`` `eps` 1e-05 → 0.5 ``): its local re-run took the target's.
+    pub arguments: Vec<String>,
 }

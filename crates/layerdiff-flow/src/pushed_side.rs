@@ -57,6 +57,8 @@ pub struct PushedSide {
     /// By layer and parameter name: half a quantization step per element of a parameter the
     /// side stores quantized.
     half_steps: HashMap<usize, HashMap<String, Tensor>>,
+    /// By layer: the numbers and flags its call passes otherwise than the reference's.
+    arguments: HashMap<usize, Vec<String>>,
     /// A fresh ONNX export of the same model, as the reference: the counterpart of a target
     /// file's node (by name and op) and of a constant no parameter of the side's is.
     export: Option<layerdiff_onnx::Model>,
@@ -92,6 +94,7 @@ impl PushedSide {
             disagreements: HashMap::new(),
             own: HashMap::new(),
             export: None,
+            arguments: HashMap::new(),
             half_steps: HashMap::new(),
         }
     }
@@ -241,6 +244,10 @@ impl Receive for PushedSide {
         PushedSide::set_parameters(self, index, parameters);
     }
 
+    fn push_arguments(&mut self, index: usize, arguments: Vec<String>) {
+        self.arguments.insert(index, arguments);
+    }
+
     fn push_own(&mut self, index: usize, own: Own) {
         self.own.insert(index, own);
     }
@@ -318,6 +325,9 @@ impl Recompute for PushedSide {
             {
                 evidence.reduced_math = Some(format!("{module_type}: {how}"));
             }
+        }
+        if let Some(arguments) = self.arguments.get(&index) {
+            evidence.arguments.clone_from(arguments);
         }
         let steps = self.half_steps.get(&index);
         for (name, parameter) in self.parameters.get(&index).into_iter().flatten() {

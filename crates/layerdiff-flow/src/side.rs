@@ -135,6 +135,8 @@ pub trait Receive {
     /// The parameters of layer `index`, checked against the other side's weights when a cause
     /// is looked for.
     fn set_parameters(&mut self, index: usize, parameters: Vec<(String, Tensor)>);
+    /// Layer `index`'s call passes other numbers or flags than the reference's (in words).
+    fn push_arguments(&mut self, _index: usize, _arguments: Vec<String>) {}
     /// Layer `index` computed on the side's own values of its inputs (see [`Own`]).
     fn push_own(&mut self, index: usize, own: Own);
     /// Half a quantization step per element of the parameters of layer `index` the side stores

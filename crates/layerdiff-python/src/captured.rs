@@ -172,7 +172,9 @@ impl CapturedRun {
     /// `quantization` = `(dtype, scale, zero_point)` where it quantizes the value.
     /// `reduction` = `(terms, rss)` where the baseline's layer is a reduction whose terms were
     /// measured: how many each element sums, and per element their root sum of squares.
-    #[pyo3(signature = (index, value, float64=None, target=None, local=None, local_error=None, disagreement=None, baseline=None, baseline_grid=None, own_exact=None, own_ideal=None, own_why=None, own_slack=None, quantization=None, reduction=None))]
+    /// `arguments`: a functional call's numbers and flags the target's own code passes
+    /// otherwise than the reference's, in words (its `local` re-run took them).
+    #[pyo3(signature = (index, value, float64=None, target=None, local=None, local_error=None, disagreement=None, baseline=None, baseline_grid=None, own_exact=None, own_ideal=None, own_why=None, own_slack=None, quantization=None, reduction=None, arguments=None))]
     #[allow(clippy::too_many_arguments)]
     fn add(
         &mut self,
@@ -192,6 +194,7 @@ impl CapturedRun {
         own_slack: Option<FlatTensor<'_>>,
         quantization: Option<(String, f64, i64)>,
         reduction: Option<(u64, FlatTensor<'_>)>,
+        arguments: Option<Vec<String>>,
     ) -> PyResult<()> {
         let quantization = quantization
             .map(|(dtype, scale, zero_point)| {
@@ -225,6 +228,7 @@ impl CapturedRun {
                 Some((terms, rss)) => Some((*terms, rss.view()?)),
                 None => None,
             },
+            arguments: arguments.unwrap_or_default(),
         };
         let run = self.active_mut()?;
         py.detach(|| run.add(index, layer)).map_err(to_py_err)

@@ -43,7 +43,9 @@ def _to_float64(t: torch.Tensor) -> torch.Tensor:
 class Lockstep:
     """Runs ``transform(model, inputs)`` in a thread (inside ``running()``: autocast and the like
     hold per thread; ``whole``: as `capture` takes it); ``next(name)`` is its value of the layer
-    ``name``, the layers asked for in the main pass's order. ``model`` is the copy."""
+    ``name``, the layers asked for in the main pass's order. ``model`` is the copy. With
+    ``arguments``, each functional call's non-tensor arguments come with its value (`peek`):
+    what the copy's own code passed, where it computes them from the dtype or device."""
 
     _END = object()
 
@@ -54,8 +56,14 @@ class Lockstep:
         transform: Transform,
         running=contextlib.nullcontext,
         whole=frozenset(),
+        arguments=False,
     ):
         self.queue: queue.Queue = queue.Queue(maxsize=1)
+        # the next item, taken from the queue by `peek` before `next` asks for it
+        self._peeked = None
+        self.arguments = arguments
+        # the non-tensor arguments of the functional call the copy is making
+        self._call_arguments = None
         self.stop = threading.Event()
         self.done = False
         self.error: str | None = None
@@ -82,8 +90,16 @@ class Lockstep:
         raise _Stopped
 
     def _on_layer(self, index: int, layer, out: torch.Tensor) -> None:
-        """Hands the copy's value of a layer over (a subclass may also take one back)."""
-        self._put((layer.name, out.clone()))
+        """Hands the copy's value of a layer over, with a functional call's non-tensor
+        arguments (a subclass may also take one back)."""
+        called = self._call_arguments if ":" in layer.name else None
+        self._call_arguments = None
+        self._put((layer.name, out.clone(), called))
+
+    def _observe(self, leaf, func, args, kwargs) -> None:
+        """Notes the non-tensor arguments of the functional call about to be made."""
+        if func is not None:
+            self._call_arguments = non_tensor_arguments(args, kwargs)
 
     def _run(self, copied: nn.Module, given: tuple) -> None:
         try:
@@ -92,6 +108,7 @@ class Lockstep:
                     copied,
                     given,
                     lambda i, layer, out, _: self._on_layer(i, layer, out),
+                    rerun=self._observe if self.arguments else None,
                     whole=self.whole,
                     dataflow=False,
                 )
@@ -102,11 +119,20 @@ class Lockstep:
         with contextlib.suppress(_Stopped):
             self._put(self._END)
 
+    def peek(self):
+        """The copy's next layer, not yet taken: (its name, its value, a functional call's
+        non-tensor arguments), or None where the copy ended or gave up."""
+        if self.done:
+            return None
+        if self._peeked is None:
+            self._peeked = self.queue.get()
+        return None if self._peeked is self._END else self._peeked
+
     def next(self, name: str) -> torch.Tensor | None:
         """The copy's value of the layer `name`, or None."""
         if self.done:
             return None
-        item = self.queue.get()
+        item, self._peeked = (self._peeked or self.queue.get()), None
         if item is self._END or item[0] != name:
             self.diverged = self.error is None
             self.error = self.error or (
@@ -127,6 +153,24 @@ class Lockstep:
 
 class _Stopped(Exception):
     pass
+
+
+class _Tensor:
+    """Where a call's tensor argument was, in its non-tensor arguments."""
+
+    def __repr__(self) -> str:
+        return "<tensor>"
+
+
+TENSOR = _Tensor()
+
+
+def non_tensor_arguments(args, kwargs) -> tuple:
+    """A call's arguments with each tensor replaced by `TENSOR`: what its code passed besides
+    the values it computes on."""
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda a: TENSOR if isinstance(a, torch.Tensor) else a, (tuple(args), kwargs))
 
 
 def diverging_modules(reference: list, target: list) -> list[str]:
@@ -160,3 +204,61 @@ def diverging_modules(reference: list, target: list) -> list[str]:
             found.append(module)
     # a module inside another that is taken whole is in it already
     return [m for m in found if not any(m.startswith(f"{o}.") for o in found)]
+
+
+def own_arguments(peeked, func, args, kwargs) -> tuple[tuple, dict, list[str]]:
+    """A functional call's arguments as the copy made it: the main pass's tensors (``args``,
+    ``kwargs``) with the non-tensor arguments the copy's own code passed (``peeked``: its next
+    layer, from `Lockstep.peek`), and each number or flag that differs, in words (`` `eps`
+    1e-05 → 0.5 ``). The main pass's own arguments, and nothing said, where the copy's next
+    layer is not this call."""
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    from layerdiff.torch._capture import functional_op
+
+    args = tuple(args)
+    if peeked is None or peeked[2] is None:
+        return args, kwargs, []
+    name, _, theirs = peeked
+    if name.rpartition(":")[2].partition("#")[0] != functional_op(func):
+        return args, kwargs, []
+    ours, spec = tree_flatten((args, kwargs))
+    # both skeletons made alike (a torch.Size comes out of it a tuple)
+    _, our_spec = tree_flatten(non_tensor_arguments(args, kwargs))
+    flat, their_spec = tree_flatten(theirs)
+    if (
+        their_spec != our_spec
+        or len(flat) != len(ours)
+        or any(
+            isinstance(o, torch.Tensor) != (t is TENSOR) for o, t in zip(ours, flat, strict=True)
+        )
+    ):
+        return args, kwargs, []
+    merged = [o if isinstance(o, torch.Tensor) else t for o, t in zip(ours, flat, strict=True)]
+    own_args, own_kwargs = tree_unflatten(merged, spec)
+    differs = [
+        f"argument {i + 1} {_words(o)} → {_words(t)}"
+        for i, (o, t) in enumerate(zip(args, theirs[0], strict=True))
+        if _differs(o, t)
+    ]
+    differs += [
+        f"`{k}` {_words(o)} → {_words(theirs[1][k])}"
+        for k, o in kwargs.items()
+        if _differs(o, theirs[1][k])
+    ]
+    return own_args, own_kwargs, differs
+
+
+def _differs(ours, theirs) -> bool:
+    """Whether a number or flag (or a tuple of them) differs; tensors, dtypes and devices are
+    the sides' own business."""
+    plain = (bool, int, float)
+    if isinstance(ours, (tuple, list)) and isinstance(theirs, (tuple, list)):
+        return len(ours) != len(theirs) or any(
+            _differs(o, t) for o, t in zip(ours, theirs, strict=True)
+        )
+    return isinstance(ours, plain) and isinstance(theirs, plain) and ours != theirs
+
+
+def _words(value) -> str:
+    return repr(tuple(value)) if isinstance(value, torch.Size) else repr(value)

@@ -21,7 +21,7 @@ from layerdiff.report import Report
 from layerdiff.tensors import dtype_name, flat
 from layerdiff.torch import _baseline
 from layerdiff.torch._capture import _first_tensor, capture, leaf_modules
-from layerdiff.torch._lockstep import Lockstep, float64
+from layerdiff.torch._lockstep import Lockstep, float64, own_arguments
 from layerdiff.torch._running import (
     as_input_tuple,
     layer_parameters,
@@ -296,7 +296,8 @@ def _stream(
         keep_in_float32(copied, keep, tgt_side.autocast_device, computing_modules(listed), model)
         return copied, given
 
-    target = Lockstep(model, inputs, prepare, running=tgt_side.running, whole=whole)
+    # the target's functional calls come with their own non-tensor arguments (own_arguments)
+    target = Lockstep(model, inputs, prepare, running=tgt_side.running, whole=whole, arguments=True)
     truth = None
     if options.float64:
         wide = partial(float64, whole=whole, reads_outside=reads_outside)
@@ -315,6 +316,8 @@ def _stream(
     grid: list = [None]
     # A Linear's or a Conv's terms on the same inputs (its narrow-accumulation ideal).
     terms: list = [None]
+    # A functional call's numbers and flags the target's own code passes otherwise, in words.
+    arguments: list = [None]
     weights = _CASTS.get(tgt_side.precision)
 
     def rerun(leaf, func, args, kwargs):
@@ -328,9 +331,15 @@ def _stream(
             if wanted != low:
                 convert = lambda t: _cast(tgt_side.convert(t), wanted)  # noqa: E731
 
+        # a functional call takes the target's own non-tensor arguments (an epsilon its code
+        # computes from the dtype), on the reference's tensors
+        own_args, own_kwargs = args, kwargs
+        if func is not None:
+            own_args, own_kwargs, arguments[0] = own_arguments(target.peek(), func, args, kwargs)
+
         def once():
-            given = torch.utils._pytree.tree_map(convert, args)
-            named = torch.utils._pytree.tree_map(convert, kwargs)
+            given = torch.utils._pytree.tree_map(convert, own_args)
+            named = torch.utils._pytree.tree_map(convert, own_kwargs)
             with tgt_side.running():
                 return call(*given, **named)
 
@@ -386,8 +395,9 @@ def _stream(
             baseline=None if exact[0] is None else flat(layer.name, exact[0]),
             baseline_grid=grid_name,
             reduction=None if terms[0] is None else (terms[0][0], flat(layer.name, terms[0][1])),
+            arguments=arguments[0] or None,
         )
-        disagreed[0] = exact[0] = grid[0] = terms[0] = None
+        disagreed[0] = exact[0] = grid[0] = terms[0] = arguments[0] = None
         if ticker is not None:
             ticker(index + 1)
 

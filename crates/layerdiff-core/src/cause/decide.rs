@@ -92,6 +92,29 @@ pub(super) fn decide(
         }
         return ("op_implementation", differs, Finding::Defect);
     }
+    // The target's own code passes the call other numbers or flags, and what they compute is
+    // beyond what its precision explains (its local re-run took them).
+    if !e.arguments.is_empty()
+        && layer
+            .baseline
+            .as_ref()
+            .map_or(layer.local_exceeds, crate::Baseline::beyond)
+    {
+        let multiple = layer.baseline.as_ref().map_or(String::new(), |b| {
+            format!(
+                "; with them its own error is {:.1}× what {} explains",
+                b.multiple, b.grid
+            )
+        });
+        return (
+            "argument_mismatch",
+            format!(
+                "the target's own code passes this call other arguments than the reference's: {}{multiple}",
+                e.arguments.join(", ")
+            ),
+            Finding::Defect,
+        );
+    }
     if let Some(how) = &e.reduced_math
         && layer.dtype == "float32"
     {
@@ -503,6 +526,10 @@ pub(super) fn fix(cause: &str, layer: &Layer, e: &Evidence) -> String {
         ),
         "nondeterminism" => format!(
             "{where_} give(s) other values on every run: make the kernels deterministic (e.g. `torch.use_deterministic_algorithms(True)`, cuDNN's deterministic mode), or compare at a tolerance above that spread"
+        ),
+        "argument_mismatch" => format!(
+            "{where_} take(s) other arguments from the model's own code on the target ({}): make them the same for every dtype and device, or fix the code path that computes them there",
+            e.arguments.join(", ")
         ),
         "file_differs" if !e.attributes.is_empty() => format!(
             "give {where_} the reference's attribute values back (reference → target: {}): the runtime computes the file as written, so the file is what differs; export it again from the model, or undo the edit or pass that changed it",

@@ -263,3 +263,35 @@ fn a_runtime_that_computes_what_its_file_says_leaves_the_file_to_blame() {
         assert!(!fix.contains("not at fault"), "{fix}");
     }
 }
+
+#[test]
+fn other_arguments_are_the_cause_only_where_they_compute_beyond_precision() {
+    let judged = |multiple: f64| {
+        let mut layers = vec![layer(0, 5e-2, Some(5e-2), &["x"])];
+        layers[0].baseline = Some(baseline(multiple));
+        let e = Evidence {
+            arguments: vec!["`eps` 1e-05 → 0.5".to_string()],
+            ..Evidence::default()
+        };
+        let mut summary = analyse(&mut layers, Tolerance::PerDtype);
+        explain(&mut layers, &[e], &mut summary);
+        let fix = summary.defects.first().map(|d| d.fix.clone());
+        (
+            layers[0].cause.clone().unwrap(),
+            layers[0].detail.clone().unwrap(),
+            fix,
+        )
+    };
+    let (cause, detail, fix) = judged(163.0);
+    assert_eq!(cause, "argument_mismatch", "{detail}");
+    assert!(detail.contains("`eps` 1e-05 → 0.5"), "{detail}");
+    assert!(detail.contains("163.0× what float32 explains"), "{detail}");
+    assert!(
+        fix.unwrap()
+            .contains("make them the same for every dtype and device")
+    );
+    // a value that differs and computes nothing precision does not explain is no defect
+    let (cause, detail, fix) = judged(0.8);
+    assert_eq!(cause, "rounding", "{detail}");
+    assert!(fix.is_none());
+}

@@ -85,7 +85,7 @@ pub struct Layer {
     /// Why the layer differs, from a fixed vocabulary: `weight_mismatch`, `precision_loss`,
     /// `layout_permutation`, `shape_mismatch`, `op_implementation`, `quantization_range`, `inherited`,
     /// `nondeterminism`, `rounding`, `narrow_accumulation` (a precision finding, named in the
-    /// summary), `file_differs`, `undecided`, `unknown`.
+    /// summary), `file_differs`, `argument_mismatch`, `undecided`, `unknown`.
     pub cause: Option<String>,
     /// The cause in words.
     pub detail: Option<String>,
