@@ -360,3 +360,25 @@ def test_a_file_that_computes_differently_from_the_model_is_the_file_not_the_run
     ]
     assert f"`{folded.name}` differs" in norm["detail"]
     assert "report it to the runtime" not in report["summary"]["defects"][0]["fix"]
+
+
+def test_a_weight_that_differs_under_the_tolerance_is_still_reported(encoder_onnx, tmp_path):
+    """One element of a bias moved by 5e-5, under float32's absolute tolerance: no layer
+    exceeds, yet the files differ, so the run names the weight and fails."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(encoder_onnx))
+    bias = next(i for i in model.graph.initializer if i.name.endswith("bias") and len(i.dims) == 1)
+    values = numpy_helper.to_array(bias).copy()
+    values[3] += 5e-5
+    bias.CopyFrom(numpy_helper.from_array(values, bias.name))
+    onnx.save(model, str(tmp_path / "tiny.onnx"))
+    result, report = onnx_report(tmp_path, encoder_onnx, tmp_path / "tiny.onnx")
+    assert result.returncode == 1, result.stdout
+    assert not any(x["exceeds_tol"] for x in report["layers"])
+    (defect,) = report["summary"]["defects"]
+    assert defect["cause"] == "weight_mismatch", defect
+    assert defect["detail"].startswith(f"`{bias.name}` differs: max abs diff 5.0"), defect
+    assert "stays within its tolerance" in defect["detail"]
+    assert report["summary"]["verdict"] == "defect"

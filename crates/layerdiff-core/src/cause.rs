@@ -343,6 +343,48 @@ fn conclude(
     };
 }
 
+/// A difference between the two files of a comparison, found by reading both (a weight of
+/// the same name, an attribute of the same node): reported whether or not a layer shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FileDifference {
+    /// The layer (value) that reads it.
+    pub layer: String,
+    /// `weight_mismatch` or `file_differs`.
+    pub cause: &'static str,
+    /// What differs, in words.
+    pub detail: String,
+    /// What to do about it.
+    pub fix: String,
+}
+
+/// Adds the differences between the two files that no defect names yet to the summary's
+/// defects (a weight that differs where the compared inputs do not show it: a ReLU that zeroes
+/// it, a branch not taken): the files differ, so the run fails, whatever the values did.
+pub fn unseen_differences(layers: &[Layer], summary: &mut Summary, found: Vec<FileDifference>) {
+    for d in found {
+        if summary.defects.iter().any(|x| x.layer == d.layer) {
+            continue;
+        }
+        let layer = layers.iter().find(|l| l.name == d.layer);
+        let shown = match layer {
+            Some(l) if l.exceeds_tol || l.local_exceeds => String::new(),
+            Some(_) => "; on the compared inputs the layer stays within its tolerance (a change too small to exceed it, or one that what follows hides: a ReLU, a branch not taken), yet the files differ".to_string(),
+            None => "; no compared layer reads it".to_string(),
+        };
+        summary.defects.push(Defect {
+            layer: d.layer,
+            cause: d.cause.to_string(),
+            multiple: layer.and_then(|l| l.baseline.as_ref()).map(|b| b.multiple),
+            tolerance_multiple: layer
+                .and_then(|l| l.accumulated.as_ref())
+                .and_then(crate::Stats::tolerance_multiple),
+            detail: format!("{}{shown}", d.detail),
+            fix: d.fix,
+        });
+        summary.verdict = Verdict::Defect;
+    }
+}
+
 /// Whether the target's own values of a layer overflow to ±Inf where the reference's are
 /// finite.
 fn overflows(layer: &Layer) -> bool {

@@ -40,7 +40,10 @@ pub use baseline::{
     assess_baseline, kernel_allowance, narrow_accumulation_sigma, output_steps,
 };
 pub use bisect::{Bisection, BisectionCheck, smallest_set};
-pub use cause::{Evidence, ROUNDING_FACTOR, explain, precision_grid, quantizing_op};
+pub use cause::{
+    Evidence, FileDifference, ROUNDING_FACTOR, explain, precision_grid, quantizing_op,
+    unseen_differences,
+};
 pub use compare::{
     Judge, PERCENTILE_RESOLUTION, Rounding, Stats, THRESHOLDS, Worst, compare, compare_judged,
 };

@@ -242,6 +242,89 @@ pub fn model_weight_check(
     }
 }
 
+/// Most differences between two files read one by one; more are counted.
+const LISTED: usize = 20;
+
+/// What differs between the `reference` file and the `target` file, read from both: each
+/// float weight of the same name beyond its rounding to the target's dtype, and each attribute
+/// both files set on a node of the same name and op to other values, with the layer (value)
+/// that reads it. Names a file rewrote (an optimizer's fused weights, a quantizer's) have no
+/// counterpart and are not read; an attribute set in one file only is not told from its
+/// default. At most `LISTED` differences, then one that counts the rest.
+pub fn file_differences(reference: &Model, target: &Model) -> Vec<layerdiff_core::FileDifference> {
+    use layerdiff_onnx::GraphIndex;
+    let index = GraphIndex::new(target.graph());
+    // the value a weight or node feeds: its (first) reader's first output
+    let read_by = |name: &str| {
+        index
+            .consumers(name)
+            .next()
+            .and_then(|n| n.outputs.first().cloned())
+            .unwrap_or_else(|| name.to_string())
+    };
+    let mut found = Vec::new();
+    for init in &target.graph().initializer {
+        let name = init.name();
+        let (Some(Ok(theirs)), Some(Ok(ours))) = (reference.stored(name), target.stored(name))
+        else {
+            continue;
+        };
+        if !(theirs.dtype.is_float() && ours.dtype.is_float()) {
+            continue;
+        }
+        if let WeightCheck::Differs(text) =
+            check_weight(name, theirs.view(), ours.view(), true, None)
+        {
+            found.push(layerdiff_core::FileDifference {
+                layer: read_by(name),
+                cause: "weight_mismatch",
+                fix: format!(
+                    "use the reference's weights: the target file's `{name}` is not the reference's ({text}); export or convert the file again from the model, or find what edited it"
+                ),
+                detail: text,
+            });
+        }
+    }
+    for node in &target.graph().node {
+        let Some(theirs) = model_counterpart(reference, &node_member(node)) else {
+            continue;
+        };
+        let ours = node_member(node);
+        let changed: Vec<String> = ours
+            .attributes
+            .iter()
+            .filter_map(|(name, value)| {
+                let (_, before) = theirs.attributes.iter().find(|(n, _)| n == name)?;
+                (before != value)
+                    .then(|| format!("`{name}` {before} → {value} on `{}`", ours.shown))
+            })
+            .collect();
+        if changed.is_empty() {
+            continue;
+        }
+        found.push(layerdiff_core::FileDifference {
+            layer: node.output.first().cloned().unwrap_or_else(|| ours.shown.clone()),
+            cause: "file_differs",
+            detail: format!("an attribute differs: {}", changed.join(", ")),
+            fix: format!(
+                "give `{}` the reference's attribute values back (reference → target: {}); export the file again from the model, or undo the edit or pass that changed it",
+                ours.shown,
+                changed.join(", ")
+            ),
+        });
+    }
+    if found.len() > LISTED {
+        let more = found.len() - LISTED;
+        found.truncate(LISTED);
+        if let Some(last) = found.last_mut() {
+            last.detail.push_str(&format!(
+                " ({more} more differences between the files are not listed)"
+            ));
+        }
+    }
+    found
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
