@@ -54,6 +54,7 @@ def _files(folder: Path) -> None:
     )
     onnx.save(good, folder / "model.onnx")
     (folder / "notes.onnx").write_text("not a model\n")
+    (folder / "notes.keras").write_text("not a model\n")
     (folder / "empty.onnx").write_bytes(b"")
     data = good.SerializeToString()
     (folder / "truncated.onnx").write_bytes(data[: len(data) // 2])
@@ -70,7 +71,8 @@ def _files(folder: Path) -> None:
     onnx.save(_model(relu, opset=99), folder / "future_opset.onnx")
     unknown = helper.make_node("Frobnicate", ["x"], ["y"], name="f", domain="com.example")
     onnx.save(_model([unknown], domains=["com.example"]), folder / "unknown_op.onnx")
-    dynamic = _model(relu, inputs=[_vi("x", ("batch", 4))], outputs=[_vi("y", ("batch", 4))])
+    dims = ("batch", "width")
+    dynamic = _model(relu, inputs=[_vi("x", dims)], outputs=[_vi("y", dims)])
     onnx.save(dynamic, folder / "dynamic.onnx")
     gate = helper.make_node("Sigmoid", ["h"], ["y"], name="gate", domain="layerdiff.test",
                             fault="abort")  # fmt: skip

@@ -94,16 +94,25 @@ def test_one_file_on_onnx_runtime_and_tract(resnet18_onnx, tmp_path):
     assert 0 < report["summary"]["worst"]["max_abs_diff"]["value"] < 1e-4
 
 
-def test_dynamic_dimensions_need_a_shape(tmp_path):
+def test_a_dynamic_batch_is_one_and_other_dynamic_dimensions_need_a_shape(tmp_path):
     x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 4])
     y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 4])
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "g", [x], [y])
     path = tmp_path / "dyn.onnx"
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
     onnx.save(model, str(path))
-    result = run_cli("onnx", str(path), "--vs", str(path))
+    one = run_cli("onnx", str(path), "--vs", str(path), "--json", str(tmp_path / "one.json"))
+    assert one.returncode == 0, one.stderr
+    report = json.loads((tmp_path / "one.json").read_text())
+    assert report["inputs"][0]["shape"] == [1, 4]
+    said = "the dynamic batch dimension of `x` (`batch`) was set to 1"
+    assert any(w.startswith(said) for w in report["summary"]["warnings"]), report["summary"]
+    wide = tmp_path / "wide.onnx"
+    model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "width"
+    onnx.save(model, str(wide))
+    result = run_cli("onnx", str(wide), "--vs", str(wide))
     assert result.returncode == 2
-    assert "dynamic dimension 0 (`batch`)" in result.stderr and "--shape x=" in result.stderr
+    assert "dynamic dimension 1 (`width`): set it with --shape x=…" in result.stderr
     ok = run_cli(
         "onnx", str(path), "--vs", str(path), "--batch", "3", "--json", str(tmp_path / "r.json")
     )
@@ -173,7 +182,13 @@ def test_provider_options_go_to_a_provider_in_onnx_runtimes_names(resnet18_onnx)
     ) in result.stderr
     result = run_cli("onnx", str(resnet18_onnx["dynamo"]), "--target", "ort:cuda:use_tf32")
     assert result.returncode == 2
-    assert "unknown runtime `ort:cuda:use_tf32`" in result.stderr
+    assert "`ort:cuda:use_tf32`: unknown execution provider `use_tf32`" in result.stderr
+    result = run_cli("onnx", str(resnet18_onnx["dynamo"]), "--target", "ort:opt=most")
+    assert result.returncode == 2
+    assert (
+        "`ort:opt=most`: unknown optimization level `most` (expected disable, basic, extended or "
+        "all)"
+    ) in result.stderr
 
 
 def _relu_model(path):

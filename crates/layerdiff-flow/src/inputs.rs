@@ -119,8 +119,8 @@ pub struct InputPlan {
 }
 
 /// Seeded inputs with the dtypes and shapes the graph declares. Dynamic dimensions come from
-/// `plan.shapes`, or `plan.batch` for the first dimension; any other is an error that says how
-/// to set it.
+/// `plan.shapes`, or `plan.batch` for the first dimension, which is 1 where neither sets it
+/// ([`defaulted_batch`] says so); any other is an error that says how to set it.
 pub fn generate_inputs(index: &GraphIndex, plan: &InputPlan) -> Result<Vec<(String, Tensor)>> {
     for (name, _) in &plan.shapes {
         if !index.graph_inputs().contains(name) {
@@ -158,19 +158,50 @@ pub fn generate_inputs(index: &GraphIndex, plan: &InputPlan) -> Result<Vec<(Stri
         .collect()
 }
 
+/// What the report says of the inputs whose dynamic first (batch) dimension was made 1, where
+/// neither `--batch` nor `--shape` set it.
+pub fn defaulted_batch(index: &GraphIndex, plan: &InputPlan) -> Option<String> {
+    if plan.batch.is_some() {
+        return None;
+    }
+    let defaulted: Vec<String> = index
+        .graph_inputs()
+        .iter()
+        .filter(|name| !plan.shapes.iter().any(|(n, _)| n == *name))
+        .filter_map(|name| {
+            let dims = index.value_type(name)?.dims.as_deref()?;
+            let first = dims.first().filter(|_| dims.len() > 1)?;
+            match first {
+                Dimension::Fixed(v) if *v >= 0 => None,
+                Dimension::Symbolic(Some(p)) => Some(format!("`{name}` (`{p}`)")),
+                _ => Some(format!("`{name}`")),
+            }
+        })
+        .collect();
+    (!defaulted.is_empty()).then(|| {
+        format!(
+            "the dynamic batch dimension of {} was set to 1 (give --batch N or --shape NAME=… for another size)",
+            defaulted.join(", ")
+        )
+    })
+}
+
 fn resolve_dims(name: &str, dims: &[Dimension], batch: Option<usize>) -> Result<Vec<usize>> {
     dims.iter()
         .enumerate()
         .map(|(i, d)| match (d, batch) {
             (Dimension::Fixed(v), _) if *v >= 0 => Ok(*v as usize),
             (_, Some(b)) if i == 0 => Ok(b),
+            // a dynamic batch dimension: one example, as Polygraphy and ONNX Runtime's tools take
+            (_, None) if i == 0 && dims.len() > 1 => Ok(1),
             (d, _) => {
                 let what = match d {
                     Dimension::Symbolic(Some(p)) => format!("`{p}`"),
                     _ => "an unnamed size".to_string(),
                 };
+                let batch = if i == 0 { " or --batch N" } else { "" };
                 Err(Error::Inputs(format!(
-                    "input `{name}` has a dynamic dimension {i} ({what}): set it with --shape {name}=… or --batch N"
+                    "input `{name}` has a dynamic dimension {i} ({what}): set it with --shape {name}=…{batch}"
                 )))
             }
         })

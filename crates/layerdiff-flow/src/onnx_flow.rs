@@ -215,6 +215,11 @@ fn compare_once(
     let own_target = target_runtime.is_some();
     let reference_model = Model::load(&options.model)?;
     let mut target_model = options.vs.as_ref().map(Model::load).transpose()?;
+    // What differs between the two files, read from both: reported whatever the values show.
+    let differences = target_model
+        .as_ref()
+        .map(|t| crate::evidence::file_differences(&reference_model, t))
+        .unwrap_or_default();
     let mut removed = std::collections::HashSet::new();
     if !lacks.is_empty() {
         let (pruned, gone) =
@@ -259,16 +264,21 @@ fn compare_once(
         .into_iter()
         .flatten()
         .find_map(|e| e.inputs().map(<[_]>::to_vec));
+    let mut batch_note = None;
     let (inputs, seed) = match (&options.inputs, stored) {
         (Some(path), _) => (
             read_inputs(path, &GraphIndex::new(reference_model.graph()))?,
             None,
         ),
         (None, Some(stored)) => (stored, None),
-        (None, None) => (
-            generate_inputs(&GraphIndex::new(reference_model.graph()), &options.generate)?,
-            Some(options.generate.seed),
-        ),
+        (None, None) => {
+            let index = GraphIndex::new(reference_model.graph());
+            batch_note = crate::inputs::defaulted_batch(&index, &options.generate);
+            (
+                generate_inputs(&index, &options.generate)?,
+                Some(options.generate.seed),
+            )
+        }
     };
     clock.lap("making inputs", OWN);
     let target_file_index = GraphIndex::new(target_file.graph());
@@ -371,7 +381,11 @@ fn compare_once(
     let segmentation = engine.segmentation();
     engine.advance()?;
     let mut report = engine.finish()?;
+    if report.summary.incomplete.is_none() {
+        layerdiff_core::unseen_differences(&report.layers, &mut report.summary, differences);
+    }
     report.summary.warnings.extend(subgraphs);
+    report.summary.warnings.extend(batch_note);
     if !lacks.is_empty() {
         lacking::explain(&mut report, &removed, lacks);
     }
