@@ -190,7 +190,7 @@ def test_the_api_takes_a_dtype_as_the_command_line_does():
         (["--ops", "matmull"], "no op case matches `matmull`"),
         (["--ops", "relu", "--backends", "onnxruntime"], "unknown runtime `onnxruntime`"),
         (["--ops", "relu", "--dtypes", "int8"], "unknown dtype `int8`"),
-        (["--ops", "relu", "--backends", "ort:cdua"], "unknown runtime `ort:cdua`"),
+        (["--ops", "relu", "--backends", "ort:cdua"], "unknown execution provider `cdua`"),
         (["--ops", "relu", "--backends", "torch:gpu"], "backend `torch:gpu`"),
     ],
 )

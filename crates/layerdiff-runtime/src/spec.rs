@@ -69,7 +69,12 @@ impl RuntimeSpec {
             return crate::OPENVINO_PRECISIONS
                 .contains(&p)
                 .then(|| Self::OpenVino(Some(p.to_string())))
-                .ok_or_else(unknown);
+                .ok_or_else(|| {
+                    format!(
+                        "`{text}`: unknown OpenVINO precision `{p}` (expected {})",
+                        crate::OPENVINO_PRECISIONS.join(", ")
+                    )
+                });
         }
         if let Some(path) = text.strip_prefix("expected:").filter(|p| !p.is_empty()) {
             return Ok(Self::Expected(path.into()));
@@ -106,7 +111,14 @@ impl RuntimeSpec {
                 ]
                 .into_iter()
                 .find(|o| o.name() == l);
-                level = Some(parsed.filter(|_| level.is_none()).ok_or_else(unknown)?);
+                if level.is_some() {
+                    return Err(format!("`{text}`: `opt=` is given twice"));
+                }
+                level = Some(parsed.ok_or_else(|| {
+                    format!(
+                        "`{text}`: unknown optimization level `{l}` (expected disable, basic, extended or all)"
+                    )
+                })?);
             } else if let Some((key, value)) = part.split_once('=') {
                 if key.is_empty() || value.is_empty() {
                     return Err(unknown());
@@ -114,7 +126,18 @@ impl RuntimeSpec {
                 options.push((key.to_string(), value.to_string()));
             } else {
                 let parsed = Provider::ALL.into_iter().find(|p| p.spelling() == part);
-                provider = Some(parsed.filter(|_| provider.is_none()).ok_or_else(unknown)?);
+                if provider.is_some() && parsed.is_some() {
+                    return Err(format!(
+                        "`{text}`: two execution providers (`ort:PROVIDER` takes one)"
+                    ));
+                }
+                provider = Some(parsed.ok_or_else(|| {
+                    let known: Vec<&str> = Provider::ALL.iter().map(|p| p.spelling()).collect();
+                    format!(
+                        "`{text}`: unknown execution provider `{part}` (expected one of {}; a provider's option is KEY=VALUE)",
+                        known.join(", ")
+                    )
+                })?);
             }
         }
         let provider: Provider = provider.unwrap_or_default();
@@ -254,17 +277,35 @@ mod tests {
             RuntimeSpec::parse("ort:cuda:opt=all")
         );
         assert_eq!(RuntimeSpec::parse("ort:cpu").unwrap().spelling(), "ort");
+        for (bad, said) in [
+            (
+                "ort:opt=most",
+                "unknown optimization level `most` (expected disable, basic, extended or all)",
+            ),
+            (
+                "ort:gpu",
+                "unknown execution provider `gpu` (expected one of cpu, cuda",
+            ),
+            ("ort:cuda:rocm", "two execution providers"),
+            ("ort:cuda:use_tf32", "unknown execution provider `use_tf32`"),
+            ("ort:opt=all:opt=basic", "`opt=` is given twice"),
+            (
+                "openvino:precision=f8",
+                "unknown OpenVINO precision `f8` (expected f32, f16, bf16)",
+            ),
+            (
+                "openvino:precision=f16:opt=all",
+                "unknown OpenVINO precision `f16:opt=all`",
+            ),
+        ] {
+            let err = RuntimeSpec::parse(bad).unwrap_err();
+            assert!(err.starts_with(&format!("`{bad}`: {said}")), "{bad}: {err}");
+        }
         for bad in [
-            "ort:gpu",
-            "ort:opt=max",
-            "ort:cuda:rocm",
             "onnxruntime",
             "expected:",
-            "ort:cuda:use_tf32",
             "ort:cuda:=0",
             "openvino:f16",
-            "openvino:precision=f8",
-            "openvino:precision=f16:opt=all",
             "ort:opt=all:without=",
             "ort:opt=all:without=a;b",
             "ort:custom_ops=",
