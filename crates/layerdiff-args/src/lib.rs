@@ -166,6 +166,30 @@ enum Parsed {
     Exit(u8),
 }
 
+impl Parsed {
+    /// Where the verb writes its reports, checked before any work starts.
+    fn destinations(&self) -> Option<layerdiff_flow::output::Destinations> {
+        match self {
+            Self::Torch(a) => Some(a.report.destinations()),
+            Self::Keras(a) => Some(a.report.destinations()),
+            Self::Onnx(a) => Some(a.report.destinations()),
+            Self::Grad(a) => Some(a.report.destinations()),
+            Self::Providers(a) => Some(a.destinations()),
+            Self::Audit(a) => Some(a.destinations()),
+            Self::Ops(a) => Some(a.destinations()),
+            Self::Check(a) => Some(layerdiff_flow::output::Destinations {
+                json: a.json.clone(),
+                ..Default::default()
+            }),
+            Self::Reduce(a) => Some(layerdiff_flow::output::Destinations {
+                parts: a.out.clone(),
+                ..Default::default()
+            }),
+            Self::Zoo | Self::Exit(_) => None,
+        }
+    }
+}
+
 /// Parses `argv` (program name first). Help and usage errors are printed here.
 fn parse(argv: Vec<OsString>) -> Parsed {
     match Cli::try_parse_from(argv) {
@@ -251,7 +275,12 @@ pub fn dispatch(argv: Vec<OsString>, ort_library: Option<&std::path::Path>) -> D
         return Dispatched::Exit(layerdiff_runtime::serve_worker(&argv[2..]));
     }
     layerdiff_flow::output::record_invocation(&argv);
-    let code = match parse(argv) {
+    let parsed = parse(argv);
+    if let Some(Err(e)) = parsed.destinations().map(|to| to.check()) {
+        eprintln!("error: {e}");
+        return Dispatched::Exit(2);
+    }
+    let code = match parsed {
         Parsed::Exit(code) => code,
         Parsed::Onnx(a) => onnx_flow::run(&a.options(), &a.report.destinations(), ort_library),
         Parsed::Providers(a) => providers::run(&a.options(), &a.destinations(), ort_library),

@@ -106,6 +106,14 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
         .suffix(".partial")
         .tempfile_in(folder)?;
     file.write_all(contents)?;
+    // a report is for others to read too: as a file made under the usual umask (a temporary
+    // file is made readable by its owner only)
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        file.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644))?;
+    }
     file.as_file().sync_all()?;
     file.persist(path).map_err(|e| e.error)?;
     Ok(())

@@ -207,6 +207,23 @@ pub fn deliver(
 }
 
 impl Destinations {
+    /// Checks, before any work starts, that every file can be written where it is asked for:
+    /// not a folder itself, and under a folder that exists or can be made (its nearest
+    /// existing ancestor a folder this process may write in). A mistake found only after the
+    /// run would lose its result.
+    pub fn check(&self) -> Result<()> {
+        let files = Format::FILES
+            .into_iter()
+            .filter_map(|f| self.path(f))
+            .chain(&self.inputs);
+        let folders = self.parts.iter();
+        for (path, is_folder) in files.map(|p| (p, false)).chain(folders.map(|p| (p, true))) {
+            writable(path, is_folder)
+                .map_err(|why| Error::Usage(format!("cannot write `{}`: {why}", path.display())))?;
+        }
+        Ok(())
+    }
+
     /// Where `format` goes, when it is written to a file.
     pub fn path(&self, format: Format) -> Option<&PathBuf> {
         match format {
@@ -216,6 +233,40 @@ impl Destinations {
             Format::Svg => self.svg.as_ref(),
             Format::NodeData => self.node_data.as_ref(),
             Format::Text => None,
+        }
+    }
+}
+
+/// Why `path` (a file, or a folder where `is_folder`) cannot be written, if it cannot.
+fn writable(path: &std::path::Path, is_folder: bool) -> std::result::Result<(), String> {
+    if !is_folder && path.is_dir() {
+        return Err("it is a folder".to_string());
+    }
+    let mut folder = if is_folder {
+        path
+    } else {
+        path.parent().unwrap_or(std::path::Path::new(""))
+    };
+    // the nearest ancestor that exists: it must be a folder, and writable
+    loop {
+        let shown = if folder.as_os_str().is_empty() {
+            std::path::Path::new(".")
+        } else {
+            folder
+        };
+        match std::fs::metadata(shown) {
+            Ok(m) if !m.is_dir() => {
+                return Err(format!("`{}` is a file, not a folder", shown.display()));
+            }
+            Ok(_) => {
+                return tempfile::tempfile_in(shown)
+                    .map(drop)
+                    .map_err(|e| format!("no file can be made in `{}` ({e})", shown.display()));
+            }
+            Err(_) => match folder.parent() {
+                Some(up) => folder = up,
+                None => return Err(format!("`{}` does not exist", shown.display())),
+            },
         }
     }
 }
