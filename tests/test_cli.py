@@ -272,3 +272,18 @@ def test_progress_is_one_line_on_a_terminal_and_nothing_in_a_pipe():
     assert progress_line(_Progress(quiet=False), 10) is None  # stderr is not a terminal here
     assert progress_line(_Progress(quiet=True), 10) is None
     assert progress_line(None, 10) is None  # the Python API prints nothing
+
+
+def test_an_exporter_failure_is_one_clean_paragraph_with_the_hint_that_fits():
+    """A Llama decoder with its default `use_cache=True` does not export: the message names the
+    exporter's own cause, without terminal colour codes or a pointer to a stack trace nobody is
+    shown, and says how to fix it."""
+    builder = f"{ROOT}/tests/builders/llama_cache.py:build"
+    result = run_cli("torch", builder, "--no-cache")
+    assert result.returncode == 2, result.stderr
+    error = next(line for line in result.stderr.splitlines() if line.startswith("error:"))
+    assert error.startswith("error: torch.onnx.export (dynamo) failed: RuntimeError: Found"), error
+    assert "DynamicCache" in error
+    assert "\x1b[" not in result.stderr and "full stack trace" not in result.stderr
+    assert "hint: the model returns its key/value cache" in result.stderr
+    assert "`use_cache=False`" in result.stderr

@@ -237,7 +237,11 @@ def test_the_command_compares_a_pytorch_target(tmp_path):
     [
         (["--target", "torch:bf16:fp16"], "two precisions"),
         (["--target", "torch:cpu:tf32"], "TF32 is a CUDA math mode"),
-        (["--target", "torch:nosuchdevice"], "is not a device PyTorch knows"),
+        (
+            ["--target", "torch:nosuchdevice"],
+            "is neither a precision (fp32, tf32, fp16, bf16, amp-fp16, amp-bf16) nor a device "
+            "PyTorch knows",
+        ),
         (["--reference", "torch:bf16"], "is for a PyTorch target"),
         (["--target", "torch:bf16", "--onnx", "model.onnx"], "is PyTorch itself"),
         (["--target", "torch:compile=nosuchbackend"], "not a torch.compile backend"),

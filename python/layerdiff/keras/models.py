@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import keras
@@ -80,6 +81,11 @@ def load_keras(spec: str, seed: int):
     if spec.endswith(".keras") or spec.endswith(".h5"):
         if not Path(spec).is_file():
             raise _layerdiff.UsageError(f"Keras file `{spec}` does not exist")
+        if spec.endswith(".keras") and not zipfile.is_zipfile(spec):
+            raise _layerdiff.ModelError(
+                f"`{spec}` is not a Keras model file: a `.keras` file is a zip archive "
+                '(`model.save("name.keras")` writes one), and this one is not'
+            )
         try:
             model = keras.models.load_model(spec, compile=False)
         except Exception as e:

@@ -10,6 +10,7 @@ import hashlib
 import inspect
 import io
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -237,11 +238,7 @@ def _export(model, inputs, path: Path, exporter: str, opset, dynamic, external_d
                     input_names=input_names, dynamic_axes=dynamic_axes,
                 )  # fmt: skip
     except Exception as e:  # the exporter's own failure: report it, with what it printed
-        detail = chatter.getvalue().strip().splitlines()[-5:]
-        raise _layerdiff.ModelError(
-            f"torch.onnx.export ({exporter}) failed: {type(e).__name__}: {e}"
-            + ("\n" + "\n".join(detail) if detail else "")
-        ) from e
+        raise _layerdiff.ModelError(export_failure(exporter, e, chatter.getvalue())) from e
     if external_data and exporter == "legacy":  # it writes them inline below 2 GB
         import onnx
 
@@ -250,3 +247,35 @@ def _export(model, inputs, path: Path, exporter: str, opset, dynamic, external_d
             all_tensors_to_one_file=True, location=f"{path.name}.data", size_threshold=1024,
         )  # fmt: skip
     return path
+
+
+#: Terminal colour codes an exporter prints into its messages.
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def export_failure(exporter: str, error: Exception, printed: str) -> str:
+    """An exporter's failure in one clean paragraph: the cause it names (its exception summary,
+    else its message), without colour codes or pointers to a stack trace nobody is shown, then
+    what the exporter printed last, then the hint that fits."""
+    text = _ANSI.sub("", str(error)).strip()
+    # torch.export's failure names the real cause under "Exception summary"
+    summary = re.search(
+        r"## Exception summary\s*(.*?)(?:\n\s*\(Refer to the full stack|$)", text, re.S
+    )
+    cause = (summary.group(1) if summary else text).strip()
+    cause = re.sub(r"^<class '([\w.]+)'>:\s*", r"\1: ", cause)
+    if not summary:
+        cause = f"{type(error).__name__}: {cause}"
+    lines = [line.strip() for line in cause.splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith("(Refer to the full stack trace")]
+    message = f"torch.onnx.export ({exporter}) failed: {' '.join(lines)}"
+    tail = [_ANSI.sub("", line).strip() for line in printed.strip().splitlines()[-3:]]
+    if any(tail):
+        message += f" (the exporter printed last: {' / '.join(t for t in tail if t)})"
+    if re.search(r"DynamicCache|past_key_values|cache_utils", text):
+        message += (
+            "\nhint: the model returns its key/value cache (a transformers decoder with "
+            "`use_cache=True`, the default), which the exporter cannot trace: build it with "
+            "`use_cache=False` (in its config, or `model.config.use_cache = False`)"
+        )
+    return message

@@ -75,7 +75,8 @@ class TorchSide:
             device = torch.device(self.device)
         except (RuntimeError, ValueError) as e:
             raise usage(
-                f"`{self.spelling}`: `{self.device}` is not a device PyTorch knows: {e}"
+                f"`{self.spelling}`: `{self.device}` is neither a precision (fp32, tf32, fp16, "
+                f"bf16, amp-fp16, amp-bf16) nor a device PyTorch knows ({e})"
             ) from e
         if device.type == "cuda" and not torch.cuda.is_available():
             raise usage(
