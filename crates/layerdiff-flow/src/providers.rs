@@ -168,6 +168,20 @@ pub fn providers(
             .to_string();
         groups.push(vec![(name, "–".to_string(), spec.clone())]);
     }
+    // A runtime that is missing is one cell for all its levels: known before counting them.
+    for group in &mut groups {
+        let missing = group.first().is_some_and(|(_, _, target)| {
+            matches!(
+                target.build(ort_library),
+                Err(layerdiff_runtime::Error::ProviderUnavailable { .. }
+                    | layerdiff_runtime::Error::LibraryNotFound { .. }
+                    | layerdiff_runtime::Error::LibraryLoad { .. })
+            )
+        });
+        if missing {
+            group.truncate(1);
+        }
+    }
     let cells: usize = groups.iter().map(Vec::len).sum();
     let mut at = 0;
     for group in groups {
@@ -321,8 +335,33 @@ pub fn to_text(table: &ProvidersReport) -> String {
         table.reference,
         table.tolerance.describe()
     );
+    // Providers this ONNX Runtime build lacks are said once, after the table.
+    let lacking = |c: &Cell| {
+        c.verdict == "unavailable"
+            && c.reason
+                .as_deref()
+                .is_some_and(|r| r.contains("was built without"))
+    };
+    let mut missing = Vec::new();
     for c in &table.cells {
-        out.push_str(&format!("  {:<24} {}\n", c.target, cell_words(c)));
+        if lacking(c) {
+            out.push_str(&format!(
+                "  {:<24} unavailable: not in this ONNX Runtime build\n",
+                c.target
+            ));
+            if let Ok(RuntimeSpec::Ort(provider, ..)) = RuntimeSpec::parse(&c.target) {
+                missing.push(format!("{} ({})", c.target, provider.build_hint()));
+            }
+        } else {
+            out.push_str(&format!("  {:<24} {}\n", c.target, cell_words(c)));
+        }
+    }
+    if !missing.is_empty() {
+        out.push_str(&format!(
+            "  not in this build: {}; point `{}` at a build with them (the JSON names this one)\n",
+            missing.join(", "),
+            layerdiff_runtime::LIBRARY_ENV
+        ));
     }
     out
 }

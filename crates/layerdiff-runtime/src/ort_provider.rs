@@ -92,6 +92,18 @@ impl Provider {
         }
     }
 
+    /// Which ONNX Runtime build has it, for the hint of a build that lacks it.
+    pub fn build_hint(self) -> &'static str {
+        match self {
+            Provider::Cpu => "every build has it",
+            Provider::Cuda | Provider::TensorRt => "the onnxruntime-gpu wheel has it",
+            Provider::Rocm => "a ROCm build of ONNX Runtime has it",
+            Provider::OpenVino => "the onnxruntime-openvino wheel has it",
+            Provider::CoreMl => "the onnxruntime wheel for macOS has it",
+            Provider::DirectMl => "the onnxruntime-directml wheel (Windows) has it",
+        }
+    }
+
     /// Whether options can be passed to it (`ort:cuda:use_tf32=0`).
     pub fn takes_options(self) -> bool {
         !matches!(self, Provider::Cpu | Provider::DirectMl)

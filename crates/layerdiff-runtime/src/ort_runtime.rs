@@ -139,10 +139,11 @@ impl OrtRuntime {
                     provider: provider.spelling(),
                     reason: format!(
                         "the ONNX Runtime at `{}` was built without {} (it has: {}); a build with it \
-                         (e.g. the onnxruntime-gpu wheel for CUDA and TensorRT) is needed, pointed to by `{}`",
+                         is needed ({}), pointed to by `{}`",
                         self.library.display(),
                         provider.ort_name(),
                         available.join(", "),
+                        provider.build_hint(),
                         crate::LIBRARY_ENV
                     ),
                 });
