@@ -105,6 +105,16 @@ def test_the_command_line_runs_a_builtin_keras_model_and_writes_its_report(tmp_p
     assert report["summary"]["verdict"] == "no_drift"
 
 
+def test_quiet_is_quiet_even_where_tensorflow_logs_natively(tmp_path):
+    """The TFLite converter and interpreter print from C++ (`fully_quantize: 0, …`, `INFO:
+    Created TensorFlow Lite XNNPACK delegate`): with --quiet nothing reaches the terminal."""
+    out = tmp_path / "r.json"
+    result = run_cli("keras", "keras_cnn", "--target", "tflite:int8", "--json", str(out), "-q")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (result.stdout, result.stderr) == ("", "")
+    assert json.loads(out.read_text())["summary"]["verdict"] == "precision"
+
+
 @pytest.mark.parametrize(
     ("target", "message"),
     [

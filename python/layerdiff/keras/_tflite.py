@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from layerdiff import _layerdiff
+from layerdiff._native_output import held_back
 from layerdiff.keras._tflite_graph import MOVING, Graph, is_weight, steps
 
 # Calibration runs of the int8 converter: the compared inputs and this many draws like them.
@@ -120,22 +121,29 @@ class Tflite:
             f"TFLite converter and interpreter ({_WORDS[self.precision]}), "
             f"tensorflow {tf.__version__}, cpu"
         )
+        printed: list[str] = []
         try:
             # the converter prints the model it saves on stdout, where reports may go
-            with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            with (
+                contextlib.redirect_stdout(io.StringIO()),
+                warnings.catch_warnings(),
+                held_back(printed),  # the converter's own log lines ("fully_quantize: 0, …")
+            ):
                 warnings.simplefilter("ignore")  # "statistics for quantized inputs…": float I/O
                 self.flatbuffer = type(self).convert(layered.every, self.precision, inputs)
         except Exception as e:
+            last = [line for line in "".join(printed).splitlines() if line.strip()][-3:]
             raise _layerdiff.ModelError(
                 f"the TFLite converter could not convert `{layered.model.name}` "
                 f"({self.precision}): {type(e).__name__}: {e}"
+                + (f" (it printed last: {' / '.join(last)})" if last else "")
             ) from e
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), held_back():  # "INFO: Created TensorFlow Lite XNNPACK…"
             warnings.simplefilter("ignore")  # tf.lite.Interpreter's deprecation notice
             self.interpreter = tf.lite.Interpreter(
                 model_content=self.flatbuffer, experimental_preserve_all_tensors=True
             )
-        self.interpreter.allocate_tensors()
+            self.interpreter.allocate_tensors()
         self.graph = Graph(self.interpreter, len(layered.layers))
         self.inputs = None
 
