@@ -200,7 +200,12 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
         if !matches!(cause, "inherited" | "rounding")
             && let Some(f) = &layer.float64
         {
-            detail = format!("{detail}; {}", f.verdict());
+            let said = if finding == Finding::Precision {
+                f.verdict_of_precision()
+            } else {
+                f.verdict()
+            };
+            detail = format!("{detail}; {said}");
         }
         layer.permutation = match cause {
             "layout_permutation" => e.layout.as_ref().map(|l| l.permutation.clone()),

@@ -80,8 +80,14 @@ fn tf32_products_are_precision_loss_unless_the_truth_calls_them_rounding() {
         "{detail}"
     );
     let (cause, detail) = judged(Some((2e-5, 5e-3)), "float32");
-    assert_eq!(cause, "precision_loss", "the truth says the target is off");
-    assert!(detail.ends_with("the target is off"), "{detail}");
+    assert_eq!(
+        cause, "precision_loss",
+        "the truth says the target is further"
+    );
+    assert!(
+        detail.ends_with("as its precision explains"),
+        "precision reads as precision, not as a target that is off: {detail}"
+    );
     assert_eq!(judged(Some((4e-3, 5e-3)), "float32").0, "rounding");
     assert_eq!(
         judged(None, "float16").0,

@@ -175,6 +175,7 @@ unsafe fn block<R: Load, T: Load>(
     let mut block_slots = [0u16; BLOCK];
     let zero = _mm256_setzero_pd();
     let infinity = _mm256_set1_pd(f64::INFINITY);
+    let two = _mm256_set1_pd(2.0);
     let sign = _mm256_set1_pd(-0.0);
     let abs = |v: __m256d| _mm256_andnot_pd(sign, v);
     let z = [zero; 2];
@@ -249,7 +250,11 @@ unsafe fn block<R: Load, T: Load>(
             let moved = each(|h| _mm256_cmp_pd::<_CMP_GT_OQ>(diff[h], zero));
             above[0] += set(moved[0]) + set(moved[1]); // the first threshold is 0
             let den = each(|h| _mm256_max_pd(abs_a[h], abs_b[h]));
-            let rel = each(|h| _mm256_and_pd(_mm256_div_pd(diff[h], den[h]), moved[h]));
+            // at most 2 (a difference of huge opposite values overflows); NaN stays NaN
+            let rel = each(|h| {
+                let rel = _mm256_min_pd(two, _mm256_div_pd(diff[h], den[h]));
+                _mm256_and_pd(rel, moved[h])
+            });
             max_rel = each(|h| _mm256_max_pd(rel[h], max_rel[h]));
             if judge.is_some() {
                 // The operations of `Prepared::element`, lane for lane.

@@ -127,6 +127,7 @@ unsafe fn block<R: Load, T: Load>(r: &[u8], t: &[u8], start: usize, len: usize) 
     let mut d = [0.0f64; SUB];
     let zero = _mm512_setzero_pd();
     let infinity = _mm512_set1_pd(f64::INFINITY);
+    let two = _mm512_set1_pd(2.0);
     let (mut sum_abs, mut sum_sq, mut dot, mut norm_r, mut norm_t, mut max_rel) =
         (zero, zero, zero, zero, zero, zero);
     let mut above = [0u64; THRESHOLDS.len()];
@@ -157,7 +158,9 @@ unsafe fn block<R: Load, T: Load>(r: &[u8], t: &[u8], start: usize, len: usize) 
             let moved = _mm512_cmp_pd_mask::<_CMP_GT_OQ>(diff, zero);
             above[0] += u64::from(moved.count_ones()); // the first threshold is 0
             let den = _mm512_max_pd(abs_a, abs_b);
-            max_rel = _mm512_max_pd(_mm512_maskz_div_pd(moved, diff, den), max_rel);
+            // at most 2 (a difference of huge opposite values overflows); NaN stays NaN
+            let rel = _mm512_min_pd(two, _mm512_maskz_div_pd(moved, diff, den));
+            max_rel = _mm512_max_pd(rel, max_rel);
         }
         if R::NARROW && T::NARROW {
             // A NaN or an infinity on either side makes its sum of squares NaN or infinite.

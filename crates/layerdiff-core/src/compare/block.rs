@@ -302,7 +302,7 @@ pub(super) fn finite_block(
             norm_t[j] += b * b;
             max_abs[j] = if diff > max_abs[j] { diff } else { max_abs[j] };
             let rel = if diff > 0.0 {
-                diff / a.abs().max(b.abs())
+                at_most_two(diff / a.abs().max(b.abs()))
             } else {
                 0.0
             };
@@ -391,7 +391,7 @@ pub(super) fn any_block(r: &[f64], t: &[f64], start: usize, mut judging: Judging
             lanes[3][lane] += rv * rv;
             lanes[4][lane] += tv * tv;
             if d > 0.0 {
-                let rel = d / rv.abs().max(tv.abs());
+                let rel = at_most_two(d / rv.abs().max(tv.abs()));
                 if rel > p.max_rel {
                     p.max_rel = rel;
                 }
@@ -495,4 +495,11 @@ impl Partial {
             self.worst = Some(w);
         }
     }
+}
+
+/// A relative difference, which is at most 2 for finite values: `|a − b|` of two huge values of
+/// opposite signs overflows to Inf where their quotient would not. NaN stays NaN.
+#[inline(always)]
+pub(super) fn at_most_two(rel: f64) -> f64 {
+    if rel > 2.0 { 2.0 } else { rel }
 }

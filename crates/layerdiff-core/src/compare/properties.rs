@@ -116,7 +116,8 @@ fn plain(r: &[f64], t: &[f64]) -> Plain {
         }
         p.sum_abs += d;
         if a.is_finite() && b.is_finite() && (a != 0.0 || b != 0.0) {
-            p.max_rel = p.max_rel.max(d / a.abs().max(b.abs()));
+            // at most 2 for finite values, which a difference of huge opposite ones overflows
+            p.max_rel = p.max_rel.max((d / a.abs().max(b.abs())).min(2.0));
         }
         for (count, (threshold, _)) in p.above.iter_mut().zip(THRESHOLDS) {
             *count += u64::from(d > threshold);

@@ -276,3 +276,29 @@ fn result_does_not_depend_on_thread_count() {
         assert_eq!(one, other);
     }
 }
+
+#[test]
+fn huge_values_of_opposite_signs_differ_relatively_by_two_not_infinitely() {
+    // |a − b| overflows float64 where |a − b| / max(|a|, |b|) is 2: on every kernel (a long
+    // tensor takes the vectorised path, a short one the scalar one)
+    for n in [3usize, 4099] {
+        let (r, t): (Vec<f64>, Vec<f64>) = (0..n)
+            .map(|i| {
+                if i == n / 2 {
+                    (1.5e308, -1.5e308)
+                } else {
+                    (1.0, 1.0)
+                }
+            })
+            .unzip();
+        let bytes = |v: &[f64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let (rb, tb) = (bytes(&r), bytes(&t));
+        let shape = [n];
+        let s = compare(
+            TensorView::new("r", DType::F64, &shape, &rb).unwrap(),
+            TensorView::new("t", DType::F64, &shape, &tb).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(s.max_rel_diff, 2.0, "{n} elements");
+    }
+}

@@ -246,14 +246,29 @@ pub struct Float64Distance {
 }
 
 impl Float64Distance {
-    /// Which side is right, in words: both about equally far (rounding), or one side further.
+    /// Which side is right, in words, for a layer whose finding is a defect or undecided: both
+    /// about equally far (rounding), or one side further.
     pub fn verdict(&self) -> String {
+        self.said(false)
+    }
+
+    /// The same for a layer whose own error its precision explains: a target further from
+    /// float64 is its lower precision, not a target that is off.
+    pub fn verdict_of_precision(&self) -> String {
+        self.said(true)
+    }
+
+    fn said(&self, precision: bool) -> String {
         let (r, t) = (self.reference, self.target);
         if r == 0.0 && t == 0.0 {
             "both sides match float64 exactly".to_string()
         } else if t <= crate::ROUNDING_FACTOR * r && r <= crate::ROUNDING_FACTOR * t {
             format!(
                 "both sides are about equally far from float64 (reference {r:.2e}, target {t:.2e}): rounding, not a bug"
+            )
+        } else if t > r && precision {
+            format!(
+                "the target is further from float64 (target {t:.2e}, reference {r:.2e}), as its precision explains"
             )
         } else if t > r {
             format!(
