@@ -4,7 +4,10 @@ float16 by ONNX Runtime's converter against PyTorch, and as PyTorch targets in b
 autocast bfloat16, forward; and every built-in model's gradients (`layerdiff grad`) in bfloat16
 and float16. Faults: kernels planted in real models (tests/builders/narrow_kernels.py) that
 accumulate in the narrow dtype (to be named `narrow_accumulation` at their layer, not a
-defect), and backwards off by 2% in the narrow dtype (to be the one defect, at their weight).
+defect), backwards off by 2% in the narrow dtype (to be the one defect, at their weight), a
+functional call's epsilon computed from the dtype (`argument_mismatch` at that call), and a
+model's ONNX export edited (an attribute, a folded constant) and run by ONNX Runtime as written
+(`file_differs` or `weight_mismatch` at its layer: the file, never the runtime).
 Each run's verdict, defects, the layers that accumulate in the narrow dtype and the largest
 multiple of what precision explains go into the table of docs/metrics.md (between its
 calibration markers). A defect in a clean run, or a fault not found at its layer with its
@@ -52,7 +55,48 @@ FAULTS = [
     ("transformer_wrong_backward", "grad", "torch:fp16", "layers.1.linear1.weight",
      "op_implementation"),
     ("convnext_wrong_backward", "grad", "torch:bf16", "classifier.2.weight", "op_implementation"),
+    # a functional call's epsilon computed from the dtype (tests/builders/dtype_scalar.py)
+    ("dtype_scalar", "forward", "torch:bf16", "1:layer_norm", "argument_mismatch"),
+    ("dtype_scalar", "forward", "torch:fp16", "1:layer_norm", "argument_mismatch"),
+    # the model's ONNX export edited, run by ONNX Runtime as written (`file` faults, EDITS)
+    ("bert", "file", "ort", "model.encoder.layer.1.attention.output.LayerNorm", "file_differs"),
+    ("resnet18", "file", "ort", "fc", "file_differs"),
+    ("edited_files", "file", "ort", "norm", "weight_mismatch"),
 ]  # fmt: skip
+
+
+def _attribute(op: str, index: int, name: str, value):
+    """An edit: attribute `name` of the `index`-th `op` node set to `value`."""
+
+    def edit(model) -> None:
+        from onnx import helper
+
+        node = [n for n in model.graph.node if n.op_type == op][index]
+        kept = [a for a in node.attribute if a.name != name]
+        del node.attribute[:]
+        node.attribute.extend([*kept, helper.make_attribute(name, value)])
+
+    return edit
+
+
+def _folded_divisor(model) -> None:
+    """An edit: one element of the constant a Div divides by (folded from two buffers) ×1.05."""
+    from onnx import numpy_helper
+
+    div = next(n for n in model.graph.node if n.op_type == "Div")
+    folded = next(i for i in model.graph.initializer if i.name == div.input[1])
+    values = numpy_helper.to_array(folded).copy()
+    values[3] *= 1.05
+    folded.CopyFrom(numpy_helper.from_array(values, folded.name))
+
+
+# how each `file` fault edits its model's export: a LayerNorm's epsilon, a Gemm's alpha, a
+# constant the exporter folded
+EDITS = {
+    "bert": _attribute("LayerNormalization", 3, "epsilon", 0.05),
+    "resnet18": _attribute("Gemm", 0, "alpha", 1.01),
+    "edited_files": _folded_divisor,
+}
 
 
 class _Committed:
@@ -77,9 +121,31 @@ def grad(name: str, target: str):
 
 def fault(builder: str, kind: str, target: str):
     sys.path.insert(0, str(ROOT / "tests"))
+    import importlib
+
     from builders import narrow_kernels
 
-    model, inputs = getattr(narrow_kernels, builder)()
+    if kind == "file":
+        import tempfile
+
+        import onnx
+        from layerdiff.torch import export_onnx
+
+        model, inputs = (
+            load_builder(builder)(0)
+            if builder in ZOO
+            else importlib.import_module(f"builders.{builder}").build()
+        )
+        with tempfile.TemporaryDirectory() as folder:
+            path = export_onnx(model, inputs, Path(folder) / "model.onnx")
+            edited = onnx.load(str(path))
+            EDITS[builder](edited)
+            onnx.save(edited, str(path))
+            return compare_torch_onnx(model, inputs, onnx=path, seed=0)
+    if hasattr(narrow_kernels, builder):
+        model, inputs = getattr(narrow_kernels, builder)()
+    else:
+        model, inputs = importlib.import_module(f"builders.{builder}").build()
     if kind == "grad":
         return layerdiff.compare_gradients(model, inputs, target=target, seed=0)
     return layerdiff.compare_torch(model, inputs, target=target, seed=0)
@@ -131,7 +197,7 @@ def main() -> int:
             return lambda: _Committed(committed)
         return lambda: run(m, t)
 
-    names = args.models.split(",")
+    names = [m for m in args.models.split(",") if m]  # `--models ""`: the faults alone
     # (what, target, run, expected, the check it must pass)
     jobs = [(m, t, job(m, t), "no defect", None) for m in names for t in TARGETS]
     if not args.no_grad:
