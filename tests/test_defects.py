@@ -319,3 +319,48 @@ def test_a_dynamically_quantized_file_has_its_weights_checked_against_their_scal
     (defect,) = json.loads(out.read_text())["summary"]["defects"]
     assert defect["cause"] == "weight_mismatch", defect
     assert f"`{product.input[1]}` differs beyond its quantization" in defect["detail"]
+
+
+def test_an_int4_file_is_quantization_and_a_block_scale_off_is_the_defect(tmp_path):
+    """A Qwen2-style decoder (transformers, from a config) exported by dynamo and quantized to
+    4 bits in blocks of 32 by ONNX Runtime's MatMulNBitsQuantizer: against its float file, every
+    MatMulNBits layer is int4 quantization (its weights, dequantized block by block, within
+    their steps; a value clipped at the range's end within one), never "op_implementation over
+    1000×". One block's scale off by 30% is that layer's weight_mismatch, the one defect."""
+    import numpy as np
+    from onnx import numpy_helper
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        use_cache=False,
+    )  # fmt: skip
+    model = transformers.Qwen2Model(config).eval()
+    path = export_onnx(model, (torch.randint(0, 128, (1, 16)),), tmp_path / "float.onnx")
+    quantizer = MatMulNBitsQuantizer(onnx.load(str(path)), block_size=32, is_symmetric=True)
+    quantizer.process()
+    int4 = quantizer.model.model
+    int4.ir_version = min(int4.ir_version, 10)
+    onnx.save(int4, str(tmp_path / "int4.onnx"))
+
+    out = tmp_path / "clean.json"
+    run = run_cli("onnx", str(path), "--vs", str(tmp_path / "int4.onnx"), "--json", str(out))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.startswith("float.onnx: int4 rounding only"), run.stdout
+    assert json.loads(out.read_text())["summary"]["defects"] == []
+
+    product = [n for n in int4.graph.node if n.op_type == "MatMulNBits"][3]
+    scales = next(i for i in int4.graph.initializer if i.name == product.input[2])
+    values = numpy_helper.to_array(scales).copy()
+    values.flat[5] *= np.float32(1.3)
+    scales.CopyFrom(numpy_helper.from_array(values, scales.name))
+    onnx.save(int4, str(tmp_path / "bug.onnx"))
+    out = tmp_path / "bug.json"
+    run = run_cli("onnx", str(path), "--vs", str(tmp_path / "bug.onnx"), "--json", str(out))
+    assert run.returncode == 1, run.stdout + run.stderr
+    (defect,) = json.loads(out.read_text())["summary"]["defects"]
+    assert defect["cause"] == "weight_mismatch", defect
+    assert f"`{product.input[1]}` differs beyond its quantization" in defect["detail"]

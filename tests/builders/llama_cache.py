@@ -4,9 +4,17 @@ it returns its key/value cache, which the dynamo exporter cannot trace."""
 import torch
 from transformers import LlamaConfig, LlamaModel
 
+
 def build():
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     model = LlamaModel(config).eval()
     return model, (torch.randint(0, 128, (1, 8)),)

@@ -72,6 +72,9 @@ pub struct Evidence {
     /// A framework call's numbers and flags the target's own code passes otherwise than the
     /// reference's (`` `eps` 1e-05 → 0.5 ``): its local re-run took the target's.
     pub arguments: Vec<String>,
+    /// The grid the group's quantizing ops store or compute on, where it is not int8
+    /// (`int4`: ONNX Runtime's MatMulNBits with 4 bits).
+    pub quantized_to: Option<String>,
     /// What the target's file writes for the group, node by node (`` `node_gelu` Gelu
     /// (approximate tanh) ``, the constants it reads): what a `file_differs` names.
     pub written: Vec<String>,
@@ -150,7 +153,9 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
     }
     let mut defects: Vec<(usize, Defect)> = Vec::new();
     // Layers whose precision is a quantization's (their grid for the summary).
-    let mut quantized: std::collections::HashSet<String> = std::collections::HashSet::new();
+    // the layers whose precision is a quantization's, with its grid (`int8`, `int4`)
+    let mut quantized: std::collections::HashMap<String, String> =
+        std::collections::HashMap::new();
     for (i, layer) in layers.iter_mut().enumerate() {
         if !summary.needs_cause(layer) {
             continue;
@@ -212,7 +217,8 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
             _ => None,
         };
         if finding == Finding::Precision && e.ops.iter().any(|op| quantizing_op(op)) {
-            quantized.insert(layer.name.clone());
+            let grid = e.quantized_to.clone().unwrap_or_else(|| "int8".to_string());
+            quantized.insert(layer.name.clone(), grid);
         }
         // A defect already named upstream in the same words (one changed weight two layers
         // re-run) is that defect once.
@@ -274,11 +280,11 @@ fn own_share(layer: &Layer) -> f64 {
 }
 
 /// The summary's verdict, precision drift and drift origin, from the layers' findings
-/// (`quantized`: the layers whose precision is an int8 quantization's).
+/// (`quantized`: the layers whose precision is a quantization's, with its grid).
 fn conclude(
     layers: &[Layer],
     summary: &mut Summary,
-    quantized: &std::collections::HashSet<String>,
+    quantized: &std::collections::HashMap<String, String>,
 ) {
     let own = |l: &Layer| l.local_exceeds || (l.local.is_none() && l.exceeds_tol);
     let failing = layers.iter().find(|l| {
@@ -297,8 +303,8 @@ fn conclude(
         let mut grids: Vec<(String, usize)> = Vec::new();
         for l in &precision {
             let grid = l.baseline.as_ref().map(|b| b.grid.clone()).or_else(|| {
-                if quantized.contains(&l.name) {
-                    return Some("int8".to_string());
+                if let Some(grid) = quantized.get(&l.name) {
+                    return Some(grid.clone());
                 }
                 crate::lower_precision(&l.dtype, l.target_dtype.as_deref())
                     .map(|d| d.name().to_string())

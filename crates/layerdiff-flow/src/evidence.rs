@@ -207,7 +207,7 @@ pub fn model_counterpart(model: &Model, member: &Member) -> Option<Member> {
 }
 
 /// Checks another side's weight against `model`'s counterpart: the initializer of the same
-/// name (or of the name a quantizer derived it from, `w` for `w_quantized`), else the one at
+/// name (or of the name a quantizer derived it from, `w` for `w_quantized` or `w_Q4`), else the one at
 /// the same input position of the node with the same name. A matrix may be stored transposed
 /// (a Gemm's `transB` weight a quantizer rewrote for MatMulInteger): the form that matches
 /// stands.
@@ -220,7 +220,11 @@ pub fn model_weight_check(
     half_step: Option<TensorView<'_>>,
 ) -> Option<WeightCheck> {
     let stored = |n: &str| model.stored(n).and_then(Result::ok);
-    let theirs = match stored(name).or_else(|| stored(name.strip_suffix("_quantized")?)) {
+    // the names ONNX Runtime's quantizers derive from the weight's
+    let original = ["_quantized", "_Q4", "_Q8"]
+        .iter()
+        .find_map(|suffix| name.strip_suffix(suffix));
+    let theirs = match stored(name).or_else(|| stored(original?)) {
         Some(found) => found,
         None => {
             let same = model.graph().node.iter().find(|n| n.name() == node)?;

@@ -445,7 +445,8 @@ pub(super) fn without_baseline(
 }
 
 /// Whether an ONNX op quantizes or computes on quantized values (`QuantizeLinear`,
-/// `DequantizeLinear`, `QLinearConv`, `MatMulInteger`…): its rounding is the quantization's.
+/// `DequantizeLinear`, `QLinearConv`, `MatMulInteger`, ONNX Runtime's blockwise int4
+/// `MatMulNBits`…): its rounding is the quantization's.
 pub fn quantizing_op(op: &str) -> bool {
     matches!(
         op,
@@ -454,6 +455,8 @@ pub fn quantizing_op(op: &str) -> bool {
             | "DynamicQuantizeLinear"
             | "MatMulInteger"
             | "ConvInteger"
+            | "MatMulNBits"
+            | "GatherBlockQuantized"
     ) || op.starts_with("QLinear")
 }
 
