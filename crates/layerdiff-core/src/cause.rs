@@ -154,8 +154,7 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
     let mut defects: Vec<(usize, Defect)> = Vec::new();
     // Layers whose precision is a quantization's (their grid for the summary).
     // the layers whose precision is a quantization's, with its grid (`int8`, `int4`)
-    let mut quantized: std::collections::HashMap<String, String> =
-        std::collections::HashMap::new();
+    let mut quantized: std::collections::HashMap<String, String> = std::collections::HashMap::new();
     for (i, layer) in layers.iter_mut().enumerate() {
         if !summary.needs_cause(layer) {
             continue;

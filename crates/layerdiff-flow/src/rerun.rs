@@ -116,26 +116,21 @@ impl Recompute for GraphSide {
         let graph = self.model.graph();
         for &i in &group.members {
             let node = &graph.node[i];
-            if node.op_type() == "MatMulNBits" {
-                let bits = node.attr_i64("bits").unwrap_or(4);
-                evidence.quantized_to.get_or_insert_with(|| format!("int{bits}"));
-                // a weight stored in blocks of a few bits, each block with its own scale
-                if let Some((weight, half_step)) = self.block_weight(node)
-                    && let Some(found) = check(
-                        node.name(),
-                        1,
-                        &node.input[1],
-                        weight.view(),
-                        Some(half_step.view()),
-                    )
-                {
-                    found.record(evidence);
+            // the weight a quantized product reads itself (input 1): stored in blocks of a
+            // few bits, each block with its own scale, or as integers scaled after the product
+            let own = match node.op_type() {
+                "MatMulNBits" => {
+                    let bits = node.attr_i64("bits").unwrap_or(4);
+                    evidence
+                        .quantized_to
+                        .get_or_insert_with(|| format!("int{bits}"));
+                    Some(self.block_weight(node))
                 }
-                continue;
-            }
-            if matches!(node.op_type(), "MatMulInteger" | "ConvInteger") {
-                // the weight an integer product reads directly, scaled after it
-                if let Some((weight, half_step)) = self.integer_weight(node)
+                "MatMulInteger" | "ConvInteger" => Some(self.integer_weight(node)),
+                _ => None,
+            };
+            if let Some(own) = own {
+                if let Some((weight, half_step)) = own
                     && let Some(found) = check(
                         node.name(),
                         1,
@@ -260,7 +255,11 @@ impl GraphSide {
             let name = node.input.get(position).filter(|n| !n.is_empty())?;
             self.model.initializer(name)?.ok()
         };
-        let attr = |name: &str| node.attr_i64(name).ok().and_then(|v| usize::try_from(v).ok());
+        let attr = |name: &str| {
+            node.attr_i64(name)
+                .ok()
+                .and_then(|v| usize::try_from(v).ok())
+        };
         let (k, n, block) = (attr("K")?, attr("N")?, attr("block_size")?);
         let bits = attr("bits").unwrap_or(4);
         if !matches!(bits, 2 | 4 | 8) || block == 0 {
