@@ -45,8 +45,10 @@ use crate::{
 };
 
 mod decide;
+use decide::decide;
 pub use decide::quantizing_op;
-use decide::{decide, fix};
+mod fix;
+use fix::fix;
 mod grid;
 pub use grid::precision_grid;
 #[cfg(test)]

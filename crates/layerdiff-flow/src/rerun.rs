@@ -5,12 +5,14 @@
 
 use std::time::Duration;
 
-use layerdiff_core::{DType, Evidence, Tensor, TensorView};
-use layerdiff_onnx::{NodeExt, NodeProto, extract_nodes, local_group};
+use layerdiff_core::{DType, Evidence, Tensor};
+use layerdiff_onnx::{NodeExt, extract_nodes, local_group};
 
 use crate::evidence::{WeightCheckFn, node_member};
 use crate::graph_side::GraphSide;
 use crate::side::{Group, Member, Recompute};
+
+mod quantized;
 
 impl Recompute for GraphSide {
     fn local_group(&self, value: &str, known: &dyn Fn(&str) -> bool) -> Result<Group, String> {
@@ -186,178 +188,6 @@ impl GraphSide {
                 DType::from_onnx_code(self.index.elem_type(o)?).ok()
             })
     }
-
-    /// A stored weight a DequantizeLinear scales back, dequantized (float64), and half its
-    /// scale step per element; `None` when it is no stored integer weight, or is quantized in
-    /// blocks.
-    fn dequantized(&self, node: &NodeProto) -> Option<(Tensor, Tensor)> {
-        let read = |position: usize| {
-            let name = node.input.get(position).filter(|n| !n.is_empty())?;
-            self.model.initializer(name)?.ok()
-        };
-        if node.attr_i64("block_size").is_ok_and(|b| b != 0) {
-            return None;
-        }
-        let axis = node.attr_i64("axis").unwrap_or(1);
-        dequantize(&node.input[0], &read(0)?, &read(1)?, read(2).as_ref(), axis)
-    }
-
-    /// The stored integer weight of an integer matrix product (MatMulInteger's `B`,
-    /// ConvInteger's `w`, as ONNX Runtime's dynamic quantization writes them), dequantized with
-    /// its zero point and the scale the product's result is multiplied by, and half that scale
-    /// step per element: `None` where the weight is not stored, or its scale is not found.
-    ///
-    /// The scale is found the way the quantizer wires it: the product is cast to float and
-    /// multiplied by a scale, itself the input's (dynamic) scale times the weight's stored one.
-    fn integer_weight(&self, node: &NodeProto) -> Option<(Tensor, Tensor)> {
-        let read = |name: &str| self.model.initializer(name)?.ok();
-        let (weight, zero) = (node.input.get(1)?, node.input.get(3));
-        let stored = read(weight).filter(|t| !t.dtype.is_float())?;
-        let zero = zero.filter(|z| !z.is_empty()).and_then(|z| read(z));
-        let mut value = node.output.first()?.clone();
-        // through the casts to the multiplication by the scales
-        let scales = loop {
-            let next = self.index.consumers(&value).next()?;
-            match next.op_type.as_str() {
-                "Cast" => value = next.outputs.first()?.clone(),
-                "Mul" => break next.inputs.iter().find(|n| **n != value)?.clone(),
-                _ => return None,
-            }
-        };
-        let scale = match read(&scales) {
-            Some(stored_scale) => stored_scale,
-            None => {
-                let product = self
-                    .index
-                    .producer(&scales)
-                    .filter(|p| p.op_type == "Mul")?;
-                product.inputs.iter().find_map(|n| read(n))?
-            }
-        };
-        // per output channel: a matrix's columns, a convolution's filters
-        let axis = if node.op_type() == "ConvInteger" {
-            0
-        } else {
-            1
-        };
-        dequantize(weight, &stored, &scale, zero.as_ref(), axis)
-    }
-}
-
-impl GraphSide {
-    /// The weight of ONNX Runtime's `MatMulNBits` (`B`: `bits`-bit integers packed low bits
-    /// first, `[N, blocks, block_size · bits / 8]`; a scale per block of `block_size` along K;
-    /// zero points packed alike, else the middle of the range), dequantized to the `[K, N]`
-    /// matrix a MatMul reads (float64), with half its block's scale step per element. `None`
-    /// where it is not stored, or packed otherwise.
-    fn block_weight(&self, node: &NodeProto) -> Option<(Tensor, Tensor)> {
-        let read = |position: usize| {
-            let name = node.input.get(position).filter(|n| !n.is_empty())?;
-            self.model.initializer(name)?.ok()
-        };
-        let attr = |name: &str| {
-            node.attr_i64(name)
-                .ok()
-                .and_then(|v| usize::try_from(v).ok())
-        };
-        let (k, n, block) = (attr("K")?, attr("N")?, attr("block_size")?);
-        let bits = attr("bits").unwrap_or(4);
-        if !matches!(bits, 2 | 4 | 8) || block == 0 {
-            return None;
-        }
-        let packed = read(1).filter(|t| t.dtype == DType::U8)?;
-        let scales = read(2)?;
-        let zeros = read(3);
-        let blocks = k.div_ceil(block);
-        let blob = block * bits / 8;
-        let (packed, scales) = (packed.view(), scales.view());
-        if packed.numel() != n * blocks * blob || scales.numel() != n * blocks {
-            return None;
-        }
-        let per_byte = 8 / bits;
-        let mask = (1u32 << bits) - 1;
-        let middle = f64::from(1u32 << (bits - 1));
-        // the `i`-th value of a packed row of `bits`-bit integers
-        let unpack = |bytes: &TensorView<'_>, start: usize, i: usize| {
-            let byte = bytes.get_f64(start + i / per_byte) as u32;
-            f64::from((byte >> ((i % per_byte) * bits)) & mask)
-        };
-        let zero = |column: usize, b: usize| match &zeros {
-            Some(z) if z.dtype == DType::U8 => {
-                let per_row = blocks.div_ceil(per_byte);
-                unpack(&z.view(), column * per_row, b)
-            }
-            Some(z) if z.dtype.is_float() => z.view().get_f64(column * blocks + b),
-            _ => middle,
-        };
-        let (mut values, mut halves) = (vec![0.0; k * n], vec![0.0; k * n]);
-        for column in 0..n {
-            for b in 0..blocks {
-                let scale = scales.get_f64(column * blocks + b);
-                let z = zero(column, b);
-                let start = (column * blocks + b) * blob;
-                for i in 0..block.min(k - b * block) {
-                    let row = b * block + i;
-                    let q = unpack(&packed, start, i);
-                    values[row * n + column] = (q - z) * scale;
-                    // a value at either end of the range may be one clipped there (a
-                    // symmetric quantizer scales the block's largest magnitude to 2^(bits-1),
-                    // one past the largest value it stores): a whole step
-                    let edge = q == 0.0 || q == f64::from(mask);
-                    halves[row * n + column] = scale.abs() * if edge { 1.0 } else { 0.5 };
-                }
-            }
-        }
-        let shaped = |values: &[f64]| {
-            let flat = Tensor::from_f64(DType::F64, values);
-            Tensor::new(node.input[1].as_str(), DType::F64, vec![k, n], flat.bytes).ok()
-        };
-        Some((shaped(&values)?, shaped(&halves)?))
-    }
-}
-
-/// `stored` integers dequantized as `(q − zero) · scale` (float64), with half the scale step
-/// per element: per tensor, or per channel along `axis` where the scale has one per channel.
-/// `None` where the scale fits neither.
-fn dequantize(
-    name: &str,
-    stored: &Tensor,
-    scale: &Tensor,
-    zero: Option<&Tensor>,
-    axis: i64,
-) -> Option<(Tensor, Tensor)> {
-    let shape = stored.shape.clone();
-    let rank = shape.len() as i64;
-    let axis = if axis < 0 { axis + rank } else { axis };
-    let channels = scale.view().numel();
-    let per_axis = channels > 1;
-    if per_axis && (axis < 0 || axis >= rank || shape[axis as usize] != channels) {
-        return None;
-    }
-    // the index along `axis` of element `i`
-    let inner: usize = if per_axis {
-        shape[axis as usize + 1..].iter().product()
-    } else {
-        1
-    };
-    let channel = |i: usize| {
-        if per_axis { (i / inner) % channels } else { 0 }
-    };
-    let (stored, scale) = (stored.view(), scale.view());
-    let n = stored.numel();
-    let (mut values, mut halves) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    for i in 0..n {
-        let c = channel(i);
-        let s = scale.get_f64(c);
-        let z = zero.map_or(0.0, |z| z.view().get_f64(c.min(z.view().numel() - 1)));
-        values.push((stored.get_f64(i) - z) * s);
-        halves.push(s.abs() / 2.0);
-    }
-    let shaped = |values: &[f64]| {
-        let flat = Tensor::from_f64(DType::F64, values);
-        Tensor::new(name, DType::F64, shape.clone(), flat.bytes).ok()
-    };
-    Some((shaped(&values)?, shaped(&halves)?))
 }
 
 /// Ops that move or select values without computing new ones: they round nothing.
