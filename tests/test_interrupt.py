@@ -133,3 +133,28 @@ def test_a_second_signal_ends_the_run_at_once(full_run, tmp_path):
     process.communicate(timeout=60)
     assert process.returncode in (130, -signal.SIGINT)
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_a_framework_import_lands_after_it(signum):
+    """PyTorch's import runs Python from C++: a KeyboardInterrupt raised in there cannot cross
+    back, and the process aborted (`terminate called after throwing an instance of
+    'pybind11::error_already_set'`, exit -6; the random-moment test met it). A signal that
+    arrives during the import is raised once the import is done: the command then exits as
+    interrupted, 128 + the signal."""
+    script = (
+        "import os, sys\n"
+        "from layerdiff import _cli\n"
+        "_cli._catch_interrupts()\n"
+        "try:\n"
+        "    with _cli._signals_deferred():\n"
+        f"        os.kill(os.getpid(), {int(signum)})\n"
+        "        import torch.distributed.rpc  # what the abort was inside\n"
+        "        print('imported', flush=True)\n"
+        "except KeyboardInterrupt as e:\n"
+        "    sys.exit(_cli._interrupted(e))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.stdout == "imported\n", done.stderr
+    assert done.returncode == 128 + signum, done.stderr
+    assert "terminate called" not in done.stderr and "Traceback" not in done.stderr

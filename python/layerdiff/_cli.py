@@ -3,6 +3,7 @@ codes as the Rust binary); this module runs the verbs that need PyTorch."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
@@ -73,7 +74,8 @@ def _run(verb: str, command) -> int:
     if verb == "keras":
         return _keras(command)
     try:
-        from layerdiff import torch as lt
+        with _signals_deferred():  # PyTorch's import runs Python from C++: see there
+            from layerdiff import torch as lt
     except ImportError as e:
         if (e.name or "").split(".")[0] == "layerdiff":  # our own package is broken, not missing
             raise _layerdiff.UsageError(
@@ -242,7 +244,8 @@ def _reduce(plan: dict) -> int:
 def _keras(command) -> int:
     """`layerdiff keras`: TensorFlow's adapter, which only this verb imports."""
     try:
-        from layerdiff import keras as lk
+        with _signals_deferred():  # TensorFlow's import runs Python from C++ too
+            from layerdiff import keras as lk
     except ImportError as e:
         if (e.name or "").split(".")[0] == "layerdiff":
             raise _layerdiff.UsageError(
@@ -326,10 +329,34 @@ def _catch_interrupts() -> None:
     import signal
 
     def stop(signum, frame):
+        if _deferred is not None:  # inside an import that C++ drives: raised after it
+            _deferred.append(signum)
+            return
         raise KeyboardInterrupt(signum)
 
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     _layerdiff.catch_interrupts()  # after Python's handlers, which it calls in turn
+
+
+#: While set, the signals that arrived (see `_signals_deferred`).
+_deferred: list[int] | None = None
+
+
+@contextlib.contextmanager
+def _signals_deferred():
+    """Ctrl-C and SIGTERM held until the block ends, then raised as usual. PyTorch's and
+    TensorFlow's imports run Python code from C++ (pybind11 module initialisation): an exception
+    raised there cannot cross back, and the process aborts (`terminate called after throwing
+    pybind11::error_already_set`, exit -6) instead of exiting 128 + the signal."""
+    global _deferred
+    _deferred = []
+    try:
+        yield
+    finally:
+        arrived, _deferred = _deferred, None
+        if arrived:
+            raise KeyboardInterrupt(arrived[0])
 
 
 def _interrupted(e: KeyboardInterrupt) -> int:
