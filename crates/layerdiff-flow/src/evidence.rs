@@ -75,27 +75,41 @@ pub fn check_weight(
                 target.dtype, reference.dtype
             ));
         }
-        // The same weight stored narrower, unless it moved by more than two steps of that dtype
-        // where it moved most (rounding moves an element by half a step of its own magnitude
-        // at most; a changed element moves far more than that).
-        if let Ok(stats) = compare(reference, target) {
-            let step = target
-                .dtype
-                .mantissa_bits()
-                .map_or(0.0, |bits| 2f64.powi(1 - bits as i32));
-            let at_worst = stats.worst.as_ref().map_or(0.0, |w| w.reference.abs());
-            // Below the dtype's smallest normal number its steps stop shrinking.
-            let smallest = match target.dtype {
-                DType::F16 => 2f64.powi(-14),
-                _ => f64::from(f32::MIN_POSITIVE),
+        // The same weight stored narrower, unless an element moved by more than two steps of
+        // that dtype at its magnitude (rounding moves it by half a step at most; a changed
+        // element moves far more). Below the dtype's smallest normal number its steps stop
+        // shrinking; beyond its largest finite one a converter saturates (a mask's float32
+        // minimum stored as float16's, or as -Inf): that is its rounding too.
+        let step = target
+            .dtype
+            .mantissa_bits()
+            .map_or(0.0, |bits| 2f64.powi(1 - bits as i32));
+        let smallest = match target.dtype {
+            DType::F16 => 2f64.powi(-14),
+            _ => f64::from(f32::MIN_POSITIVE),
+        };
+        let largest = target.dtype.max_finite().unwrap_or(f64::INFINITY);
+        let (mut moved, mut worst) = (0usize, 0.0f64);
+        let n = reference.numel().min(target.numel());
+        for i in 0..n {
+            let (r, t) = (reference.get_f64(i), target.get_f64(i));
+            let rounded = if r.is_nan() || t.is_nan() {
+                r.is_nan() && t.is_nan()
+            } else if r.abs() > largest {
+                t.signum() == r.signum() && t.abs() >= largest * (1.0 - step)
+            } else {
+                (t - r).abs() <= 2.0 * step * r.abs().max(smallest)
             };
-            let moved = stats.max_abs_diff > 2.0 * step * at_worst.max(smallest);
-            if moved || stats.nan_mismatch > 0 {
-                return WeightCheck::Differs(format!(
-                    "`{name}` differs beyond its rounding to {}: max abs diff {:.3e} ({} of {} elements differ)",
-                    target.dtype, stats.max_abs_diff, stats.abs_diff_above[0], stats.elements
-                ));
+            if !rounded {
+                moved += 1;
+                worst = worst.max((t - r).abs());
             }
+        }
+        if moved > 0 {
+            return WeightCheck::Differs(format!(
+                "`{name}` differs beyond its rounding to {}: max abs diff {worst:.3e} ({moved} of {n} elements differ)",
+                target.dtype
+            ));
         }
         return WeightCheck::LowerPrecision(format!(
             "the target stores `{name}` in {}, the reference in {}",
@@ -353,6 +367,26 @@ mod tests {
             }
             _ => panic!("a weight moved by far more than a bfloat16 step is a different weight"),
         }
+    }
+
+    #[test]
+    fn a_value_beyond_the_narrow_range_saturated_by_a_converter_is_its_rounding() {
+        // a causal mask's float32 minimum: float16 holds it as its own lowest, or as -Inf
+        let reference = tensor(&[0.0, f32::MIN, 0.5, f32::MIN]);
+        let saturated = tensor(&[0.0, -65504.0, 0.5, f32::NEG_INFINITY])
+            .view()
+            .to_dtype(DType::F16);
+        assert!(matches!(
+            check_weight("mask", reference.view(), saturated.view(), true, None),
+            WeightCheck::LowerPrecision(_)
+        ));
+        let flipped = tensor(&[0.0, 65504.0, 0.5, f32::MIN])
+            .view()
+            .to_dtype(DType::F16);
+        assert!(matches!(
+            check_weight("mask", reference.view(), flipped.view(), true, None),
+            WeightCheck::Differs(_)
+        ));
     }
 
     #[test]

@@ -80,7 +80,7 @@ pub(super) fn decide(
     }
     if !e.attributes.is_empty() {
         let differs = format!("an attribute differs: {}", e.attributes.join(", "));
-        if let Some(w) = as_written(layer) {
+        if let Some(w) = layer.computes_as_written() {
             return (
                 "file_differs",
                 format!(
@@ -134,12 +134,6 @@ pub(super) fn decide(
     without_baseline(layer, e, lower, is_source)
 }
 
-/// The layer computed as its target's file writes it, where the target is within that: the
-/// runtime computes what the file says (see [`Layer::as_written`]).
-fn as_written(layer: &Layer) -> Option<&crate::Baseline> {
-    layer.as_written.as_ref().filter(|w| !w.beyond())
-}
-
 /// The verdict of a layer whose own error was measured against the same-precision baseline.
 pub(super) fn against_baseline(
     layer: &Layer,
@@ -188,7 +182,7 @@ pub(super) fn against_baseline(
         );
     }
     if b.beyond()
-        && let Some(w) = as_written(layer)
+        && let Some(w) = layer.computes_as_written()
     {
         let written = if e.written.is_empty() {
             format!("its {}", e.ops_words())

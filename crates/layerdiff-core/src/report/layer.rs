@@ -147,6 +147,13 @@ impl Inside {
 }
 
 impl Layer {
+    /// The layer computed as its target's file writes it ([`Layer::as_written`]), where the
+    /// target is within that: the runtime computes what the file says, and the file is what
+    /// differs from the reference.
+    pub fn computes_as_written(&self) -> Option<&crate::Baseline> {
+        self.as_written.as_ref().filter(|w| !w.beyond())
+    }
+
     /// A layer not yet compared: status `unmapped`, no statistics, no cause.
     pub fn new(
         index: usize,

@@ -86,7 +86,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             l.baseline
                 .as_ref()
                 .is_some_and(layerdiff_core::Baseline::beyond)
-                && l.as_written.as_ref().is_some_and(|w| !w.beyond())
+                && l.computes_as_written().is_some()
         })
     }
 
