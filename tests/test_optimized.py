@@ -116,6 +116,25 @@ def test_an_elementwise_op_on_blocked_data_is_not_false_drift(tmp_path):
     assert report["summary"]["layers_compared"] == 3
 
 
+def test_a_weight_edited_where_the_optimizer_reorders_it_is_the_weight(tmp_path):
+    """At opt=all ONNX Runtime runs `conv1` as an NCHWc Conv on a reordered copy of its weight,
+    which the run cannot find by name: its value still survives and exceeds, and the kernel was
+    blamed ("report it to the runtime"). The two files differ in that weight: it is the cause."""
+    source = _conv_gelu_conv(tmp_path / "m.onnx")
+    model = onnx.load(str(source))
+    w1 = next(t for t in model.graph.initializer if t.name == "w1")
+    w1.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w1) * 1.1, "w1"))
+    onnx.save(model, str(tmp_path / "edited.onnx"))
+    result, report = report_of(
+        tmp_path, str(source), "--vs", str(tmp_path / "edited.onnx"), "--target", "ort:opt=all"
+    )
+    assert result.returncode == 1, result.stdout
+    defects = report["summary"]["defects"]
+    assert [(d["layer"], d["cause"]) for d in defects] == [("c1", "weight_mismatch")], defects
+    assert "`w1`" in defects[0]["detail"] and "report it to the runtime" not in defects[0]["fix"]
+    assert layer(report, "c1")["cause"] == "weight_mismatch"
+
+
 def test_layerdiff_torch_against_opt_all_compares_module_outputs_that_survive(tmp_path):
     """`layerdiff torch --target ort:opt=all`: layers are mapped on the export, then found in
     the graph ONNX Runtime optimized; a BatchNorm fused into its Conv says so."""

@@ -310,6 +310,28 @@ def test_an_edited_attribute_fused_away_is_named_as_the_attribute(encoder_onnx, 
     assert layer["inside"]["attributes"] == [changed]
 
 
+def test_a_weight_edited_in_a_conv_fused_away_is_the_weight_not_the_runtime(resnet18_onnx, tmp_path):
+    """At opt=all ONNX Runtime fuses an edited Conv with its Relu and reorders its weight into a
+    blocked layout, which no check by name can read. The narrowing to the Conv runs the file's
+    own node, whose weight is the reference's edited: the headline is the weight (the file),
+    never a kernel of the runtime."""
+    from faults import scale_weight
+
+    model = onnx.load(str(resnet18_onnx["legacy"]))
+    conv = [n for n in model.graph.node if n.op_type == "Conv"][5]
+    scale_weight(resnet18_onnx["legacy"], tmp_path / "edited.onnx", conv.output[0], 1.05)
+    report = tmp_path / "r.json"
+    done = run_cli("onnx", str(resnet18_onnx["legacy"]), "--vs", str(tmp_path / "edited.onnx"),
+                   "--target", "ort:opt=all", "--json", str(report))  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    data = json.loads(report.read_text())
+    (headline,) = data["summary"]["defects"]  # the Conv's weight, said once
+    assert headline["cause"] == "weight_mismatch", headline
+    assert f"`{conv.input[1]}`" in headline["detail"], headline
+    assert headline["fix"].startswith("use the reference's weights"), headline
+    assert "report it to the runtime" not in done.stdout
+
+
 def test_an_attribute_found_inside_a_fusion_beside_a_changed_weight_leaves_the_weight_the_cause(
     encoder_onnx, tmp_path
 ):

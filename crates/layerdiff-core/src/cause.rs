@@ -67,6 +67,9 @@ pub struct Evidence {
     pub self_disagreement: Option<(String, f64)>,
     /// Parameters or initializers used by the layer that differ, with their difference.
     pub weights: Vec<String>,
+    /// The target's nodes that read those weights (none where the side has no nodes): what
+    /// the fix names, not every node of the layer.
+    pub weight_readers: Vec<String>,
     /// How the target lowers precision here (`the target's values lie on the float16 grid`).
     pub precision: Option<String>,
     /// Attributes that differ between the sides' nodes (`` `epsilon` 1e-05 → 0.1 ``).
@@ -371,15 +374,34 @@ pub struct FileDifference {
 
 /// Adds the differences between the two files that no defect names yet to the summary's
 /// defects (a weight that differs where the compared inputs do not show it: a ReLU that zeroes
-/// it, a branch not taken): the files differ, so the run fails, whatever the values did.
-pub fn unseen_differences(layers: &[Layer], summary: &mut Summary, found: Vec<FileDifference>) {
+/// it, a branch not taken): the files differ, so the run fails, whatever the values did. Where
+/// a layer's defect blames the runtime's kernel and the files differ there, the file is the
+/// cause (an optimizer that reordered the weight left no name to find it by in the run).
+pub fn unseen_differences(
+    layers: &mut [Layer],
+    summary: &mut Summary,
+    found: Vec<FileDifference>,
+) {
     for d in found {
-        if summary.defects.iter().any(|x| x.layer == d.layer) {
+        if let Some(defect) = summary.defects.iter_mut().find(|x| x.layer == d.layer) {
+            if defect.cause == "op_implementation" {
+                defect.cause = d.cause.to_string();
+                defect.detail = format!("{}; the layer's own error: {}", d.detail, defect.detail);
+                defect.fix = d.fix;
+                if let Some(l) = layers.iter_mut().find(|l| l.name == d.layer) {
+                    l.cause = Some(d.cause.to_string());
+                    l.detail = Some(defect.detail.clone());
+                }
+            }
             continue;
         }
         let layer = layers.iter().find(|l| l.name == d.layer);
         let shown = match layer {
             Some(l) if l.exceeds_tol || l.local_exceeds => String::new(),
+            Some(l) if l.status != crate::LayerStatus::Compared => format!(
+                "; this layer's value is not compared ({})",
+                l.reason.as_deref().unwrap_or("the target has none")
+            ),
             Some(_) => "; on the compared inputs the layer stays within its tolerance (a change too small to exceed it, or one that what follows hides: a ReLU, a branch not taken), yet the files differ".to_string(),
             None => "; no compared layer reads it".to_string(),
         };

@@ -158,14 +158,43 @@ impl Report {
         let attributes = (!inside.attributes.is_empty())
             .then(|| format!("an attribute differs: {}", inside.attributes.join(", ")));
         let kernel = |cause: Option<&str>| cause == Some("op_implementation");
+        // A weight of the node that differs is what the kernel was blamed for: the file's
+        // weight, the same defect as a weight read by name.
+        let weight = (!inside.weights.is_empty()).then(|| {
+            (
+                format!(
+                    "{}: the fused region reads a weight that is not the reference's",
+                    inside.weights.join("; ")
+                ),
+                format!(
+                    "use the reference's weights: the target's node `{}` reads weights that are not the model's ({}); export or convert the file again from the model, or find what edited it",
+                    inside.node,
+                    inside.weights.join("; ")
+                ),
+            )
+        });
         if let Some(l) = self.layers.iter_mut().find(|l| l.name == layer) {
             let replace = kernel(l.cause.as_deref());
             let detail = l.detail.get_or_insert_with(String::new);
-            told(detail, attributes.as_deref(), replace, &sentence);
+            match &weight {
+                Some((words, _)) if replace => {
+                    *detail = format!("{words}; {sentence}");
+                    l.cause = Some("weight_mismatch".to_string());
+                }
+                _ => told(detail, attributes.as_deref(), replace, &sentence),
+            }
             l.inside = Some(inside.clone());
         }
+        let mut weighed = false;
         for defect in self.summary.defects.iter_mut().filter(|d| d.layer == layer) {
             let replace = kernel(Some(&defect.cause));
+            if let (true, Some((words, fix))) = (replace, &weight) {
+                defect.cause = "weight_mismatch".to_string();
+                defect.detail = format!("{words}; {sentence}");
+                defect.fix = fix.clone();
+                weighed = true;
+                continue;
+            }
             told(
                 &mut defect.detail,
                 attributes.as_deref(),
@@ -179,6 +208,13 @@ impl Report {
                     inside.attributes.join(", ")
                 );
             }
+        }
+        // The node's own value found the same weight from the files alone; the narrowed
+        // defect says it where it shows, so it is said once.
+        if weighed {
+            self.summary
+                .defects
+                .retain(|d| !(d.layer == inside.value && d.cause == "weight_mismatch"));
         }
     }
 

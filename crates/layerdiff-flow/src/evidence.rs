@@ -29,11 +29,17 @@ pub enum WeightCheck {
 }
 
 impl WeightCheck {
-    /// Adds what the check found to a layer's evidence: a different weight, or a lower
-    /// precision (the first one found stands).
-    pub fn record(self, evidence: &mut layerdiff_core::Evidence) {
+    /// Adds what the check found to a layer's evidence: a different weight and the node that
+    /// reads it (`""` where the side has no nodes), or a lower precision (the first one found
+    /// stands).
+    pub fn record(self, evidence: &mut layerdiff_core::Evidence, reader: &str) {
         match self {
-            Self::Differs(text) => evidence.weights.push(text),
+            Self::Differs(text) => {
+                evidence.weights.push(text);
+                if !reader.is_empty() && !evidence.weight_readers.iter().any(|r| r == reader) {
+                    evidence.weight_readers.push(reader.to_string());
+                }
+            }
             Self::LowerPrecision(text) => {
                 evidence.precision.get_or_insert(text);
             }

@@ -382,7 +382,7 @@ fn compare_once(
     engine.advance()?;
     let mut report = engine.finish()?;
     if report.summary.incomplete.is_none() {
-        layerdiff_core::unseen_differences(&report.layers, &mut report.summary, differences);
+        layerdiff_core::unseen_differences(&mut report.layers, &mut report.summary, differences);
     }
     report.summary.warnings.extend(subgraphs);
     report.summary.warnings.extend(batch_note);

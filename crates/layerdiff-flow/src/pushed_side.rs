@@ -333,7 +333,7 @@ impl Recompute for PushedSide {
         for (name, parameter) in self.parameters.get(&index).into_iter().flatten() {
             let half_step = steps.and_then(|s| s.get(name)).map(Tensor::view);
             if let Some(found) = check("", 0, name, parameter.view(), half_step) {
-                found.record(evidence);
+                found.record(evidence, "");
             }
         }
     }

@@ -110,7 +110,7 @@ impl Recompute for GraphSide {
             }
             let node = &self.index.nodes()[node].name;
             if let Some(found) = check(node, position, &name, weight.view(), None) {
-                found.record(evidence);
+                found.record(evidence, node);
             }
         }
         // A quantized weight is checked dequantized, against half its scale step: the same
@@ -141,7 +141,7 @@ impl Recompute for GraphSide {
                         Some(half_step.view()),
                     )
                 {
-                    found.record(evidence);
+                    found.record(evidence, node.name());
                 }
                 continue;
             }
@@ -166,7 +166,7 @@ impl Recompute for GraphSide {
                             Some(half_step.view()),
                         )
                     {
-                        found.record(evidence);
+                        found.record(evidence, &reader.name);
                     }
                 }
             }

@@ -4,17 +4,23 @@ use super::*;
 
 /// What fixes a defect, by its cause.
 pub(super) fn fix(cause: &str, layer: &Layer, e: &Evidence) -> String {
-    let nodes = layer
-        .location
-        .as_ref()
-        .map(|o| {
-            if o.nodes.is_empty() {
-                vec![o.node.clone()]
-            } else {
-                o.nodes.clone()
-            }
-        })
-        .unwrap_or_default();
+    // the nodes that read a weight that differs are the ones to name for it, not every node of
+    // the layer (its Relu reads no weight)
+    let nodes = if cause == "weight_mismatch" && !e.weight_readers.is_empty() {
+        e.weight_readers.clone()
+    } else {
+        layer
+            .location
+            .as_ref()
+            .map(|o| {
+                if o.nodes.is_empty() {
+                    vec![o.node.clone()]
+                } else {
+                    o.nodes.clone()
+                }
+            })
+            .unwrap_or_default()
+    };
     let where_ = if nodes.is_empty() {
         match &layer.module_type {
             Some(t) => format!("the target's `{}` ({t})", layer.name),

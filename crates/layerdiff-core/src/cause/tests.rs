@@ -151,6 +151,22 @@ fn an_amplified_difference_is_born_upstream_and_inherited_downstream() {
 }
 
 #[test]
+fn a_weight_fix_names_the_nodes_that_read_it_not_the_layers_relu() {
+    let mut layers = vec![layer(0, 5e-3, Some(5e-3), &["x"])];
+    let mut location = crate::Location::onnx("r", "relu", "Relu");
+    location.nodes = vec!["conv".into(), "relu".into()];
+    layers[0].location = Some(location);
+    let mut summary = analyse(&mut layers, Tolerance::PerDtype);
+    let mut evidence = vec![Evidence::default()];
+    evidence[0].weights.push("`w` differs".into());
+    evidence[0].weight_readers.push("conv".into());
+    explain(&mut layers, &evidence, &mut summary);
+    let fix = &summary.defects[0].fix;
+    assert!(fix.contains("the target's node(s) `conv` read weights"), "{fix}");
+    assert!(!fix.contains("relu"), "{fix}");
+}
+
+#[test]
 fn causes_follow_the_fixed_order_and_unknown_says_what_was_ruled_out() {
     let mut layers = vec![
         layer(0, 1e-3, None, &[]),

@@ -122,6 +122,11 @@ pub struct Inside {
     /// each (``epsilon` 1e-5 → 0.5 on `ln``): the file's doing, not the runtime's.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub attributes: Vec<String>,
+    /// Its weights that differ from the reference's of the same name, one line each: the
+    /// file's doing too (an optimizer that reorders a weight leaves no name to check it by,
+    /// but the file's own node still has it).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub weights: Vec<String>,
 }
 
 impl Inside {

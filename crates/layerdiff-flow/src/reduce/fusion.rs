@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use layerdiff_core::{Inside, Report, Tensor};
+use layerdiff_onnx::Model;
 
 use super::pieces::Pieces;
 use super::{MOST_NODES, headline};
@@ -74,6 +75,7 @@ pub fn inside_fusion(
             let attributes = crate::evidence::model_counterpart(pieces.reference_model(), &member)
                 .map(|theirs| member.changes_from(&theirs))
                 .unwrap_or_default();
+            let weights = node_weights(pieces.target_model(), pieces.reference_model(), n);
             return Ok(Some((
                 layer.name.clone(),
                 Inside {
@@ -85,10 +87,38 @@ pub fn inside_fusion(
                     tolerance_multiple: tried.multiple,
                     agree,
                     attributes,
+                    weights,
                 },
             )));
         }
         agree.push(pieces.name(n));
     }
     Ok(None)
+}
+
+/// The target file's node `n`'s weights that differ from the reference file's (by name, else
+/// by the node's input position), one line each.
+fn node_weights(target: &Model, reference: &Model, n: usize) -> Vec<String> {
+    let node = &target.graph().node[n];
+    let mut differ = Vec::new();
+    for (position, input) in node.input.iter().enumerate() {
+        let Some(Ok(weight)) = target.stored(input) else {
+            continue;
+        };
+        if !weight.dtype.is_float() {
+            continue;
+        }
+        let check = crate::evidence::model_weight_check(
+            reference,
+            node.name(),
+            position,
+            input,
+            weight.view(),
+            None,
+        );
+        if let Some(crate::evidence::WeightCheck::Differs(text)) = check {
+            differ.push(text);
+        }
+    }
+    differ
 }
