@@ -72,6 +72,32 @@ def test_the_chart_has_a_point_per_compared_layer_and_marks_the_origin(drifting,
     assert browser.evaluate(f"document.querySelector('{href}') !== null")
 
 
+def test_the_chart_plots_own_error_against_what_precision_explains(drifting, browser):
+    """Rounding only: every layer's own error sits under the defect line of the second panel,
+    however far its errors pass the tolerance in the first."""
+    report, folder = drifting
+    browser.open(folder / "r.html")
+    own = browser.evaluate(
+        "Array.from(document.querySelectorAll('#chart rect.own')).map(r => r.getAttribute('fill'))"
+    )
+    held = [x for x in report.layers if x.get("baseline")]
+    assert len(own) == len(held) > 10
+    assert set(own) == {"#2e7d32"}, "a rounding-only run has no point beyond the defect line"
+    assert report.summary["layers_exceeding"] > 10
+
+
+def test_alike_causes_are_said_once_with_the_others_named(drifting, browser):
+    report, folder = drifting
+    browser.open(folder / "r.html")
+    items = browser.evaluate("document.querySelectorAll('#causes > li').length")
+    caused = [x for x in report.layers if x.get("cause") and x["cause"] != "inherited"]
+    assert 0 < items < len(caused) / 4, (items, len(caused))
+    named = browser.evaluate(
+        "Array.from(document.querySelectorAll('#causes a code')).map(c => c.textContent)"
+    )
+    assert sorted(named) == sorted(x["name"] for x in caused)
+
+
 def column(browser, index: int) -> list[str]:
     return browser.evaluate(
         "Array.from(document.querySelectorAll('#layers tbody tr'))"

@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use crate::{Layer, Report, Stats};
+use crate::{DEFECT_MARGIN, Layer, Report, Stats};
 
 use super::html_escape as escape;
 
@@ -14,6 +14,10 @@ const LEFT: f64 = 64.0;
 const RIGHT: f64 = 16.0;
 const TOP: f64 = 34.0;
 const BOTTOM: f64 = 46.0;
+/// The space between the error panel and the precision panel under it (its legend sits there).
+const GAP: f64 = 28.0;
+/// The precision panel's height.
+const OWN_HEIGHT: f64 = 150.0;
 /// The lowest decade drawn: errors below it (and exact zeros) sit on the floor.
 const FLOOR_DECADE: i32 = -6;
 
@@ -40,72 +44,141 @@ fn decades(layers: &[Layer]) -> (i32, i32) {
     )
 }
 
+/// One plot of multiples on a log scale: its place on the page and the decades it spans.
+struct Panel {
+    top: f64,
+    height: f64,
+    lo: i32,
+    hi: i32,
+}
+
+impl Panel {
+    /// The panel's y for a multiple: infinite ones at the top, zeros on the floor.
+    fn y(&self, r: f64) -> f64 {
+        let v = if r.is_infinite() {
+            self.hi as f64
+        } else if r <= 0.0 {
+            self.lo as f64
+        } else {
+            r.log10().clamp(self.lo as f64, self.hi as f64)
+        };
+        self.top + self.height * (self.hi as f64 - v) / (self.hi - self.lo) as f64
+    }
+
+    /// Decade grid lines and labels, the line a point must stay under drawn strong at `line`
+    /// with its label, and the y axis's title.
+    fn grid(&self, out: &mut String, line: f64, line_label: &str, title: &str) {
+        for d in self.lo..=self.hi {
+            let yy = self.y(10f64.powi(d));
+            let _ = writeln!(
+                out,
+                "<line x1=\"{LEFT}\" x2=\"{:.1}\" y1=\"{yy:.1}\" y2=\"{yy:.1}\" stroke=\"#e4e4e4\"/>\
+                 <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#555\">{}</text>",
+                WIDTH - RIGHT,
+                LEFT - 6.0,
+                yy + 4.0,
+                decade_label(d, self.lo)
+            );
+        }
+        let yy = self.y(line);
+        let _ = writeln!(
+            out,
+            "<line x1=\"{LEFT}\" x2=\"{:.1}\" y1=\"{yy:.1}\" y2=\"{yy:.1}\" stroke=\"#c62828\" stroke-width=\"1.5\"/>\
+             <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#c62828\">{line_label}</text>",
+            WIDTH - RIGHT,
+            WIDTH - RIGHT - 4.0,
+            yy - 4.0
+        );
+        let _ = writeln!(
+            out,
+            "<text transform=\"translate(14 {:.1}) rotate(-90)\" text-anchor=\"middle\" fill=\"#333\">{title}</text>",
+            self.top + self.height / 2.0
+        );
+    }
+}
+
+/// Each layer's own error as a multiple of what its precision explains (the same-precision
+/// baseline); `None` where no baseline was measured.
+fn own_multiple(l: &Layer) -> Option<f64> {
+    l.baseline.as_ref().map(|b| b.multiple)
+}
+
+/// The decades the precision panel spans: from the smallest multiple drawn (at least 1e-3) to
+/// the largest (at least 10×, so the defect line sits inside).
+fn own_decades(layers: &[Layer]) -> (i32, i32) {
+    let multiples: Vec<f64> = layers
+        .iter()
+        .filter_map(own_multiple)
+        .filter(|r| r.is_finite() && *r > 0.0)
+        .collect();
+    let lo = multiples.iter().copied().fold(0.1, f64::min);
+    let hi = multiples.iter().copied().fold(10.0, f64::max);
+    (
+        (lo.log10().floor() as i32).max(-3),
+        (hi.log10().ceil() as i32).min(300),
+    )
+}
+
 /// Renders the chart as a standalone SVG. With `links`, each point links to its row of the
-/// HTML report's table (`#layer-N`).
+/// HTML report's table (`#layer-N`). Where layers were held to the same-precision baseline, a
+/// second panel under the first plots each one's own error as a multiple of what its precision
+/// explains, with the defect line: a run of honest rounding sits under it however far its
+/// errors pass the tolerance above.
 pub fn to_svg(report: &Report, links: bool) -> String {
     let layers = &report.layers;
     let (lo, hi) = decades(layers);
     let plot_w = WIDTH - LEFT - RIGHT;
-    let plot_h = HEIGHT - TOP - BOTTOM;
-    let x = |i: usize| LEFT + plot_w * (i as f64 + 0.5) / layers.len().max(1) as f64;
-    let y = |r: f64| {
-        let v = if r.is_infinite() {
-            hi as f64
-        } else if r <= 0.0 {
-            lo as f64
-        } else {
-            r.log10().clamp(lo as f64, hi as f64)
-        };
-        TOP + plot_h * (hi as f64 - v) / (hi - lo) as f64
+    let error = Panel {
+        top: TOP,
+        height: HEIGHT - TOP - BOTTOM,
+        lo,
+        hi,
     };
+    let own = layers.iter().any(|l| own_multiple(l).is_some()).then(|| {
+        let (lo, hi) = own_decades(layers);
+        Panel {
+            top: HEIGHT - BOTTOM + GAP,
+            height: OWN_HEIGHT,
+            lo,
+            hi,
+        }
+    });
+    let height = own.as_ref().map_or(HEIGHT, |p| p.top + p.height + BOTTOM);
+    let bottom = own.as_ref().map_or(error.top + error.height, |p| p.top + p.height);
+    let x = |i: usize| LEFT + plot_w * (i as f64 + 0.5) / layers.len().max(1) as f64;
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {WIDTH} {HEIGHT}\" width=\"{WIDTH}\" height=\"{HEIGHT}\" font-family=\"system-ui,sans-serif\" font-size=\"11\" role=\"img\" aria-label=\"error per layer against tolerance\">"
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {WIDTH} {height}\" width=\"{WIDTH}\" height=\"{height}\" font-family=\"system-ui,sans-serif\" font-size=\"11\" role=\"img\" aria-label=\"error per layer against tolerance\">"
     );
     let _ = writeln!(
         out,
-        "<title>{}: each layer's error as a multiple of its tolerance</title>",
-        escape(&report.model)
-    );
-    let _ = writeln!(
-        out,
-        "<rect x=\"0\" y=\"0\" width=\"{WIDTH}\" height=\"{HEIGHT}\" fill=\"#fff\"/>"
-    );
-    // Decades: grid lines and labels; the tolerance (1×) drawn strong.
-    for d in lo..=hi {
-        let yy = y(10f64.powi(d));
-        let (stroke, width) = if d == 0 {
-            ("#c62828", 1.5)
+        "<title>{}: each layer's error as a multiple of its tolerance{}</title>",
+        escape(&report.model),
+        if own.is_some() {
+            ", and its own error as a multiple of what its precision explains"
         } else {
-            ("#e4e4e4", 1.0)
-        };
-        let _ = writeln!(
-            out,
-            "<line x1=\"{LEFT}\" x2=\"{:.1}\" y1=\"{yy:.1}\" y2=\"{yy:.1}\" stroke=\"{stroke}\" stroke-width=\"{width}\"/>\
-             <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#555\">{}</text>",
-            WIDTH - RIGHT,
-            LEFT - 6.0,
-            yy + 4.0,
-            decade_label(d, lo)
+            ""
+        }
+    );
+    let _ = writeln!(
+        out,
+        "<rect x=\"0\" y=\"0\" width=\"{WIDTH}\" height=\"{height}\" fill=\"#fff\"/>"
+    );
+    error.grid(&mut out, 1.0, "tolerance", "max error ÷ tolerance");
+    if let Some(own) = &own {
+        own.grid(
+            &mut out,
+            DEFECT_MARGIN,
+            &format!("defect above {DEFECT_MARGIN}×"),
+            "own error ÷ precision's",
         );
     }
     let _ = writeln!(
         out,
-        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#c62828\">tolerance</text>",
-        WIDTH - RIGHT - 4.0,
-        y(1.0) - 4.0
-    );
-    let _ = writeln!(
-        out,
-        "<text transform=\"translate(14 {:.1}) rotate(-90)\" text-anchor=\"middle\" fill=\"#333\">max error ÷ tolerance</text>",
-        TOP + plot_h / 2.0
-    );
-    let _ = writeln!(
-        out,
         "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#333\">layers in execution order ({} in all)</text>",
         LEFT + plot_w / 2.0,
-        HEIGHT - 8.0,
+        height - 8.0,
         layers.len()
     );
     for i in axis_ticks(layers.len()) {
@@ -113,7 +186,7 @@ pub fn to_svg(report: &Report, links: bool) -> String {
             out,
             "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#555\">{i}</text>",
             x(i),
-            TOP + plot_h + 16.0
+            bottom + 16.0
         );
     }
     // The drift origin, where it is known.
@@ -131,9 +204,8 @@ pub fn to_svg(report: &Report, links: bool) -> String {
         };
         let _ = writeln!(
             out,
-            "<line class=\"origin\" x1=\"{xx:.1}\" x2=\"{xx:.1}\" y1=\"{TOP}\" y2=\"{:.1}\" stroke=\"#c62828\" stroke-dasharray=\"4 3\"/>\
+            "<line class=\"origin\" x1=\"{xx:.1}\" x2=\"{xx:.1}\" y1=\"{TOP}\" y2=\"{bottom:.1}\" stroke=\"#c62828\" stroke-dasharray=\"4 3\"/>\
              <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"{anchor}\" fill=\"#c62828\" font-weight=\"bold\">drift born at {}</text>",
-            TOP + plot_h,
             if anchor == "end" { xx - 4.0 } else { xx + 4.0 },
             TOP - 8.0,
             escape(&origin.name)
@@ -150,7 +222,7 @@ pub fn to_svg(report: &Report, links: bool) -> String {
                     "{}{:.1} {:.1} ",
                     if pen_down { "L" } else { "M" },
                     x(l.index),
-                    y(r)
+                    error.y(r)
                 );
                 pen_down = true;
             }
@@ -179,11 +251,11 @@ pub fn to_svg(report: &Report, links: bool) -> String {
                 out,
                 "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{fill}\"/>",
                 x(l.index),
-                y(r)
+                error.y(r)
             );
         }
         if let Some(r) = local {
-            let (cx, cy) = (x(l.index), y(r));
+            let (cx, cy) = (x(l.index), error.y(r));
             let fill = if l.local_exceeds {
                 "#c62828"
             } else {
@@ -194,6 +266,16 @@ pub fn to_svg(report: &Report, links: bool) -> String {
                 "<path d=\"M{:.1} {:.1}l3.5 3.5l-3.5 3.5l-3.5 -3.5z\" fill=\"{fill}\" fill-opacity=\"0.8\"/>",
                 cx,
                 cy - 3.5
+            );
+        }
+        if let (Some(panel), Some(r)) = (&own, own_multiple(l)) {
+            let beyond = l.baseline.as_ref().is_some_and(|b| b.beyond());
+            let fill = if beyond { "#c62828" } else { "#2e7d32" };
+            let _ = write!(
+                out,
+                "<rect class=\"own\" x=\"{:.1}\" y=\"{:.1}\" width=\"6\" height=\"6\" fill=\"{fill}\"/>",
+                x(l.index) - 3.0,
+                panel.y(r) - 3.0
             );
         }
         out.push_str("</g>");
@@ -215,6 +297,22 @@ pub fn to_svg(report: &Report, links: bool) -> String {
         lx + 548.0,
         lx + 556.0
     );
+    if let Some(panel) = &own {
+        let ly = panel.top - 12.0;
+        let _ = writeln!(
+            out,
+            "<g><rect x=\"{:.1}\" y=\"{:.1}\" width=\"6\" height=\"6\" fill=\"#2e7d32\"/><text x=\"{:.1}\" y=\"{:.1}\">own error ÷ what an ideal implementation in the target's precision errs by (its rounding)</text>\
+             <rect x=\"{:.1}\" y=\"{:.1}\" width=\"6\" height=\"6\" fill=\"#c62828\"/><text x=\"{:.1}\" y=\"{:.1}\">beyond it: a defect</text></g>",
+            lx - 3.0,
+            ly - 7.0,
+            lx + 8.0,
+            ly,
+            lx + 557.0,
+            ly - 7.0,
+            lx + 568.0,
+            ly
+        );
+    }
     out.push_str("</svg>\n");
     out
 }
@@ -270,6 +368,13 @@ fn tooltip(l: &Layer, acc: Option<f64>, local: Option<f64>) -> String {
     }
     if let Some(cause) = &l.cause {
         let _ = write!(text, "\ncause: {cause}");
+    }
+    if let Some(b) = &l.baseline {
+        let _ = write!(
+            text,
+            "\nown error: {:.2}× what {} explains",
+            b.multiple, b.grid
+        );
     }
     text
 }

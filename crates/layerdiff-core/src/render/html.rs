@@ -249,8 +249,8 @@ fn causes(report: &Report) -> String {
         return String::new();
     }
     let mut out = String::from("<h2>Causes</h2>\n<ul id=\"causes\">\n");
-    for l in own {
-        out.push_str(&cause_item(l));
+    for group in super::alike::causes(own) {
+        out.push_str(&cause_item(&group));
     }
     out.push_str("</ul>\n");
     if !inherited.is_empty() {
@@ -259,22 +259,40 @@ fn causes(report: &Report) -> String {
             "<details><summary>{} exceeding layer(s) only inherited their error from upstream</summary><ul>",
             inherited.len()
         );
-        for l in inherited {
-            out.push_str(&cause_item(l));
+        for group in super::alike::causes(inherited) {
+            out.push_str(&cause_item(&group));
         }
         out.push_str("</ul></details>\n");
     }
     out
 }
 
-fn cause_item(l: &Layer) -> String {
+/// A cause said once for the first layer of `group`, the others it applies to linked after it.
+fn cause_item(group: &[&Layer]) -> String {
+    let l = group[0];
     let permutation = l
         .permutation
         .as_ref()
         .map(|p| format!(" {p:?}"))
         .unwrap_or_default();
+    let others: Vec<String> = group[1..].iter().map(|o| o.name.clone()).collect();
+    let tail = if others.is_empty() {
+        String::new()
+    } else {
+        let link = |name: &str| {
+            let index = group
+                .iter()
+                .find(|o| o.name == name)
+                .map_or(0, |o| o.index);
+            format!("<a href=\"#layer-{index}\"><code>{}</code></a>", escape(name))
+        };
+        format!(
+            "<br><span class=\"alike\">{}</span>",
+            super::alike::others_words(&others, link)
+        )
+    };
     format!(
-        "<li><a href=\"#layer-{}\"><code>{}</code></a>: <span class=\"cause\">{}</span>{}: {}</li>\n",
+        "<li><a href=\"#layer-{}\"><code>{}</code></a>: <span class=\"cause\">{}</span>{}: {}{tail}</li>\n",
         l.index,
         escape(&l.name),
         escape(l.cause.as_deref().unwrap_or_default()),

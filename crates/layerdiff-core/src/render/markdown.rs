@@ -232,7 +232,8 @@ pub fn to_markdown(report: &Report) -> String {
     let causes: Vec<_> = report.layers.iter().filter(|l| l.cause.is_some()).collect();
     if !causes.is_empty() {
         let _ = writeln!(out, "\n## Causes\n");
-        for l in causes {
+        for group in super::alike::causes(causes) {
+            let l = group[0];
             let cause = l.cause.as_deref().unwrap_or_default();
             let permutation = l
                 .permutation
@@ -242,8 +243,9 @@ pub fn to_markdown(report: &Report) -> String {
             let detail = l.detail.as_deref().unwrap_or_default();
             let _ = writeln!(
                 out,
-                "- {}: **{cause}**{permutation}: {detail}",
-                code(&l.name)
+                "- {}: **{cause}**{permutation}: {detail}{}",
+                code(&l.name),
+                alike_tail(group[1..].iter().map(|o| o.name.clone()).collect())
             );
         }
     }
@@ -299,11 +301,28 @@ pub fn to_markdown(report: &Report) -> String {
         .collect();
     if !notes.is_empty() {
         let _ = writeln!(out, "\n## Notes on layers\n");
-        for (l, reason) in notes {
-            let _ = writeln!(out, "- {}: {reason}", code(&l.name));
+        for group in super::alike::alike(notes, |(_, reason)| {
+            Some(super::alike::masked(reason))
+        }) {
+            let (l, reason) = &group[0];
+            let _ = writeln!(
+                out,
+                "- {}: {reason}{}",
+                code(&l.name),
+                alike_tail(group[1..].iter().map(|(o, _)| o.name.clone()).collect())
+            );
         }
     }
     out
+}
+
+/// After a finding said once: the other layers it applies to, or nothing.
+fn alike_tail(others: Vec<String>) -> String {
+    if others.is_empty() {
+        String::new()
+    } else {
+        format!("; {}", super::alike::others_words(&others, code))
+    }
 }
 
 /// A name as inline code that sits safely in a table cell or a line: its `|` escaped, a line

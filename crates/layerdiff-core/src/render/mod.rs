@@ -1,5 +1,6 @@
 //! Renderers: pure functions of a [`crate::Report`], one file per format.
 
+mod alike;
 mod chart;
 mod html;
 mod json;
