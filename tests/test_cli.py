@@ -157,7 +157,7 @@ def test_rust_binary_refers_torch_to_the_python_package():
     import subprocess
 
     result = subprocess.run(
-        ["cargo", "run", "-q", "-p", "layerdiff-cli", "--", "torch", "resnet18"],
+        ["cargo", "run", "--release", "-q", "-p", "layerdiff-cli", "--", "torch", "resnet18"],
         capture_output=True, text=True, cwd=ROOT, timeout=600,
     )  # fmt: skip
     assert_usage_error(result, "needs PyTorch")

@@ -153,7 +153,9 @@ def test_rust_binary_alone_runs_onnx(resnet18_onnx, tmp_path):
         pytest.skip("needs cargo")
     model = str(resnet18_onnx["dynamo"])
     result = subprocess.run(
-        ["cargo", "run", "-q", "-p", "layerdiff-cli", "--", "onnx", model, "--vs", model],
+        # release: the binary `make test`'s cargo run built (a debug build took a minute)
+        ["cargo", "run", "--release", "-q", "-p", "layerdiff-cli", "--", "onnx", model,
+         "--vs", model],
         capture_output=True, text=True, cwd=ROOT, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
