@@ -217,9 +217,13 @@ def test_a_pytorch_model_against_a_faulty_onnx_file_reduces_to_its_nodes(resnet1
     assert run.returncode == 1, run.stderr
     done = run_cli("reduce", str(tmp_path / "run" / "report.json"))
     assert done.returncode == 0, done.stderr
-    assert f"repro of `{value}`: 1 node" in done.stdout
+    # the layer as the report names it (the module), and the file's value it computes
+    layer = json.loads((tmp_path / "run" / "report.json").read_text())["summary"]["defects"][0]
+    assert layer["layer"] != value
+    assert f"repro of `{layer['layer']}` (the file's `{value}`): 1 node" in done.stdout
     folder = tmp_path / "run" / "repro"
     readme = (folder / "README.md").read_text()
+    assert readme.startswith(f"# Repro: `{layer['layer']}`: `{value}`")
     assert "(`pytorch`, the whole model run on the report's inputs)" in readme
     shown = run_repro(folder, folder_of(tmp_path, "onnxruntime"))
     assert shown.returncode == 1 and f"`{value}` on ort: max |diff|" in shown.stdout
@@ -290,7 +294,8 @@ def test_a_module_whose_half_path_calls_other_submodules_is_compared_whole_and_r
 def test_an_edited_attribute_fused_away_is_named_as_the_attribute(encoder_onnx, tmp_path):
     """One LayerNormalization's epsilon edited, compared at opt=all, where ONNX Runtime fuses the
     norm into a SkipLayerNormalization: narrowed to the norm, whose attribute differs from the
-    reference's node; the cause says so, and the fix is the attribute, not the runtime."""
+    reference's node, as the two files' own difference says: the file differs (not the
+    runtime), and the fix is the attribute."""
     from faults import edited_norm
 
     norm = edited_norm(encoder_onnx, tmp_path / "edited.onnx")
@@ -300,10 +305,11 @@ def test_an_edited_attribute_fused_away_is_named_as_the_attribute(encoder_onnx, 
     assert done.returncode == 1, done.stderr
     data = json.loads(report.read_text())
     (defect,) = data["summary"]["defects"]
-    assert defect["layer"] == norm.output[0] and defect["cause"] == "op_implementation"
+    assert defect["layer"] == norm.output[0] and defect["cause"] == "file_differs"
     changed = f"`epsilon` 1e-5 → 0.5 on `{norm.name}`"
     assert defect["detail"].startswith(f"an attribute differs: {changed}")
     assert "born inside the fused" in defect["detail"]
+    assert defect["detail"].count(changed) == 1
     assert "reference's attribute values back" in defect["fix"]
     assert "report it to the runtime" not in defect["fix"]
     layer = next(la for la in data["layers"] if la["name"] == norm.output[0])

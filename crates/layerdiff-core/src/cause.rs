@@ -386,7 +386,13 @@ pub fn unseen_differences(
         if let Some(defect) = summary.defects.iter_mut().find(|x| x.layer == d.layer) {
             if defect.cause == "op_implementation" {
                 defect.cause = d.cause.to_string();
-                defect.detail = format!("{}; the layer's own error: {}", d.detail, defect.detail);
+                defect.detail = match defect.multiple {
+                    Some(m) => format!(
+                        "{}; the layer's own error is {m:.1}× what its precision explains",
+                        d.detail
+                    ),
+                    None => d.detail,
+                };
                 defect.fix = d.fix;
                 if let Some(l) = layers.iter_mut().find(|l| l.name == d.layer) {
                     l.cause = Some(d.cause.to_string());

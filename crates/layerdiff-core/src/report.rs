@@ -131,6 +131,8 @@ fn told(detail: &mut String, attributes: Option<&str>, replace: bool, sentence: 
             detail.clear();
             then(detail, changed);
         }
+        // said already (the files' own difference found it)
+        Some(changed) if detail.contains(changed) => {}
         Some(changed) => then(detail, changed),
         None => {}
     }

@@ -33,8 +33,11 @@ pub const MOST_NODES: usize = 5;
 pub struct Repro {
     /// Its folder.
     pub folder: PathBuf,
-    /// The layer it shows.
+    /// The value it computes (the headline layer's in the target's file).
     pub layer: String,
+    /// The report's name of that layer, where the file calls its value otherwise (a module's
+    /// name against the export's `conv2d_1`).
+    pub named: Option<String>,
     /// Its nodes' names (their op where unnamed), in graph order.
     pub nodes: Vec<String>,
     /// Whether the target's run of the piece exceeds the tolerance: when not, the folder holds
@@ -47,14 +50,22 @@ pub struct Repro {
 }
 
 impl Repro {
+    /// The layer as the report names it, with the file's value where that differs.
+    fn shown(&self) -> String {
+        match &self.named {
+            Some(name) => format!("`{name}` (the file's `{}`)", self.layer),
+            None => format!("`{}`", self.layer),
+        }
+    }
+
     /// The repro in one line.
     pub fn sentence(&self) -> String {
         let nodes = self.nodes.len();
         let plural = if nodes == 1 { "node" } else { "nodes" };
         if self.reproduced {
             format!(
-                "repro of `{}`: {nodes} {plural} ({}) in {}, checked: the target differs by {:.3e}, {:.1}× the tolerance (python repro.py)",
-                self.layer,
+                "repro of {}: {nodes} {plural} ({}) in {}, checked: the target differs by {:.3e}, {:.1}× the tolerance (python repro.py)",
+                self.shown(),
                 self.nodes.join(", "),
                 self.folder.display(),
                 self.max_abs_diff,
@@ -62,8 +73,8 @@ impl Repro {
             )
         } else {
             format!(
-                "no repro of `{}` within {nodes} {plural}: on the piece the target stays within the tolerance ({:.1}×), so the difference needs more of the model; the largest piece tried is in {}",
-                self.layer,
+                "no repro of {} within {nodes} {plural}: on the piece the target stays within the tolerance ({:.1}×), so the difference needs more of the model; the largest piece tried is in {}",
+                self.shown(),
                 self.multiple,
                 self.folder.display()
             )
@@ -169,6 +180,14 @@ impl Written<'_> {
         let repro = Repro {
             folder: self.folder.to_path_buf(),
             layer: self.value.to_string(),
+            // the report's name of the value, where the piece computes the layer's own value
+            // (not a node a fusion was narrowed to) and the file calls it otherwise
+            named: self
+                .layer
+                .location
+                .as_ref()
+                .filter(|l| l.value == self.value && self.layer.name != self.value)
+                .map(|_| self.layer.name.clone()),
             nodes: names,
             reproduced: tried.multiple > 1.0,
             max_abs_diff: tried.max_abs_diff,
