@@ -1,6 +1,7 @@
 # layerdiff: two commands set up a fresh machine.
 #   make pipeline   environment, release build, the ResNet-18 flow, its reports in run/resnet18/
 #   make test       environment, build, Rust tests, Python tests
+#   make test-all   make test, then the tests that repeat at random at their thorough settings (CI)
 # Both are idempotent: the virtualenv is created once, requirements reinstalled only when
 # requirements.txt changes, and cargo rebuilds only what changed.
 
@@ -11,7 +12,7 @@ DEPS := $(VENV)/.requirements.stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: pipeline test build env browser proto lint clean docs golden conformance kernel-swap bench mapping validation reports fuzz calibrate
+.PHONY: pipeline test test-all build env browser proto lint clean docs golden conformance kernel-swap bench mapping validation reports fuzz calibrate
 
 env: $(DEPS)
 
@@ -50,11 +51,20 @@ browser:
 
 # The Rust tests build in release mode: they reuse the dependencies `build` compiled (a debug
 # build of them all, tract and ONNX Runtime's bindings among them, took minutes of a fresh
-# 2-core machine), and they run faster.
+# 2-core machine), and they run faster. The Python tests run in TEST_JOBS processes (one per
+# core, at most 4: each holds PyTorch), a test file per process at a time so its module
+# fixtures are built once.
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
+
 test: build browser
 	cargo test --workspace --release --quiet
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 	$(PY) -m pytest -q tests/test_keras.py  # TensorFlow in a process of its own (tests/conftest.py)
+
+# `make test`, then the same tests at their thorough settings (LAYERDIFF_TEST_ALL=1: the
+# random-moment interrupt tests kill 20 runs, not 6): what CI runs (.ci/run).
+test-all: test
+	LAYERDIFF_TEST_ALL=1 $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile tests/test_interrupt.py
 
 # Every fuzz target for FUZZ_SECONDS (default 600) each, FUZZ_JOBS at a time (scripts/fuzz.sh):
 # needs the nightly toolchain and cargo-fuzz, which it installs when missing. What it keeps is

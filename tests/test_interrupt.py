@@ -6,6 +6,7 @@ number (or, before the command's handlers are in place, the process ended by the
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -16,7 +17,10 @@ from pathlib import Path
 import pytest
 
 EXE = Path(sys.executable).parent / "layerdiff"
-MOMENTS = 20
+# Random moments per run: `make test` tries a few of each kind, `make test-all` (CI) many.
+THOROUGH = os.environ.get("LAYERDIFF_TEST_ALL") == "1"
+MOMENTS = 20 if THOROUGH else 6
+TORCH_MOMENTS = 6 if THOROUGH else 3
 
 
 def _start(args: list[str], cwd: Path) -> subprocess.Popen:
@@ -61,7 +65,7 @@ def test_a_run_killed_at_random_moments_leaves_no_truncated_report(full_run, tmp
 def test_a_pytorch_run_killed_at_random_moments_too(tmp_path_factory, tmp_path):
     # the first run exports (into the test session's cache): the killed ones use the export
     full = _full(["torch", "resnet18", *REPORTS], tmp_path_factory.mktemp("full_torch"))
-    _kill_at_random(*full, 6, random.Random(7), tmp_path)
+    _kill_at_random(*full, TORCH_MOMENTS, random.Random(7), tmp_path)
 
 
 def _kill_at_random(args, full, took, moments, rng, tmp_path) -> dict:
