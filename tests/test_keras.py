@@ -60,6 +60,31 @@ def test_a_clean_conversion_compares_every_layer_in_the_keras_layout(cnn, cnn_on
     assert by_name["pw"]["shape"] == [1, 32, 32, 16]
 
 
+def test_a_conv_folded_into_its_batch_norm_is_reported_as_folded(tmp_path):
+    """tf2onnx folds each BatchNormalization into its Conv2D and names the fused Conv without a
+    scope, and names the input's layout Transpose after a BatchNormalization op: the Conv was
+    "unmapped … or drifted too far", the BatchNormalization paired with the input's Transpose
+    ("mapping problem"), and the second Conv2D paired with the ReLU before it, a false defect.
+    Each fused Conv is now found by its weight's scope: the BatchNormalization is compared on
+    it and the Conv2D is reported as fused into it, as docs/keras.md says."""
+    from conftest import ROOT
+
+    builder = f"{ROOT / 'tests/builders/keras_conv_bn.py'}:build"
+    out = tmp_path / "r.json"
+    result = run_cli("keras", builder, "--json", str(out), "-q")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(out.read_text())
+    assert report["summary"]["verdict"] == "no_drift", report["summary"]
+    by_name = {layer["name"]: layer for layer in report["layers"]}
+    for conv, bn in (("conv", "bn"), ("conv_b", "bn_b")):
+        assert by_name[conv]["status"] == "unmapped"
+        assert by_name[conv]["reason"].startswith(f"fused with `{bn}` at export"), by_name[conv]
+        assert by_name[bn]["status"] == "compared", by_name[bn]
+        assert by_name[bn]["location"]["op"] == "Conv"
+    assert by_name["relu"]["location"]["op"] == "Relu"
+    assert not any("mapping problem" in (x.get("reason") or "") for x in report["layers"])
+
+
 def test_a_weight_changed_in_the_onnx_file_is_the_one_defect_at_its_layer(cnn, cnn_onnx, tmp_path):
     model, inputs = cnn
     graph = onnx.load(str(cnn_onnx)).graph

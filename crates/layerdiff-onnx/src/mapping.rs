@@ -185,7 +185,17 @@ impl ScopeMapping {
         let node_module: Vec<Option<String>> = graph
             .node
             .iter()
-            .map(|n| resolver.module_of(n).map(|(m, _)| m))
+            .map(|n| {
+                resolver.module_of(n).map(|(m, _)| m).or_else(|| {
+                    // a node named without a scope, by its first weight's layer (a Conv's
+                    // kernel; its bias may be a constant tf2onnx shares between layers)
+                    if n.name().contains('/') {
+                        return None;
+                    }
+                    let weight = n.input.iter().skip(1).find(|i| index.is_initializer(i))?;
+                    resolver.module_of_weight(weight)
+                })
+            })
             .collect();
 
         let mut boundary: HashMap<String, Vec<(String, usize)>> = HashMap::new();

@@ -76,7 +76,10 @@ impl ScopeResolver {
                 .map(|s| (s.clone(), ScopeSource::Dynamo));
         }
         let Some(path) = node.name().strip_prefix('/') else {
-            let (scope, _op) = node.name().rsplit_once('/')?;
+            let (scope, op) = node.name().rsplit_once('/')?;
+            if layout_plumbing(node.op_type(), op) {
+                return None;
+            }
             let module = self.walk_tensorflow(scope)?;
             return Some((module, ScopeSource::TensorFlow));
         };
@@ -87,6 +90,18 @@ impl ScopeResolver {
             .or_insert_with(|| self.walk_legacy(scope))
             .clone()?;
         Some((module, ScopeSource::Legacy))
+    }
+
+    /// The layer a weight's TensorFlow name places it in (`model_1/conv_1/convolution/
+    /// merged_input:0`): how a node tf2onnx's optimizer made and named without a scope
+    /// (`Conv__10`, a Conv with the BatchNormalization after it folded in) is still found.
+    pub fn module_of_weight(&self, name: &str) -> Option<String> {
+        if name.starts_with('/') {
+            return None;
+        }
+        let name = name.rsplit_once(':').map_or(name, |(n, _)| n);
+        let (scope, _) = name.rsplit_once('/')?;
+        self.walk_tensorflow(scope)
     }
 
     /// Follows a legacy scope (`layer2/layer2.0/downsample/downsample.0`) down the module tree;
@@ -149,6 +164,19 @@ impl ScopeResolver {
 }
 
 /// `relu_1` → `relu`: the legacy exporter's suffix for a module's second, third… call.
+/// A Transpose tf2onnx's layout optimizer moved and named after another op of some layer
+/// (`bn_1/batchnorm/mul_1__6` transposing the model's input to NCHW): plumbing of the layout,
+/// not that layer's computation.
+fn layout_plumbing(op_type: &str, op: &str) -> bool {
+    let Some((base, n)) = op.rsplit_once("__") else {
+        return false;
+    };
+    op_type == "Transpose"
+        && !n.is_empty()
+        && n.chars().all(|c| c.is_ascii_digit())
+        && !base.to_ascii_lowercase().contains("transpose")
+}
+
 fn repeated_call(component: &str) -> Option<&str> {
     let (base, n) = component.rsplit_once('_')?;
     (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).then_some(base)
@@ -202,6 +230,25 @@ mod tests {
             });
         }
         n
+    }
+
+    #[test]
+    fn tf2onnx_plumbing_and_unscoped_nodes_resolve_by_what_they_are() {
+        let r = ScopeResolver::new(&["conv", "bn", "relu"]);
+        // the input's layout Transpose tf2onnx named after a BatchNorm op is no layer's
+        let mut transpose = node("functional_1/bn_1/batchnorm/mul_1__6", None);
+        transpose.op_type = Some("Transpose".into());
+        assert_eq!(r.module_of(&transpose), None);
+        let mut own = node("functional_1/bn_1/transpose__3", None);
+        own.op_type = Some("Transpose".into());
+        assert_eq!(r.module_of(&own).map(|(m, _)| m).as_deref(), Some("bn"));
+        // a Conv the optimizer made (`Conv__10`) is its weight's layer
+        assert_eq!(
+            r.module_of_weight("functional_1/conv_1/convolution/merged_input:0")
+                .as_deref(),
+            Some("conv")
+        );
+        assert_eq!(r.module_of_weight("/layer1/conv/weight"), None);
     }
 
     #[test]

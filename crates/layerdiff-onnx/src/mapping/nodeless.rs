@@ -160,7 +160,8 @@ fn fusion_rule(graph: &GraphProto, mapping: &LayerMapping) -> Option<String> {
 }
 
 /// Whether a mapped layer's node can hold a following layer folded into it: a node named by the
-/// legacy exporter (no dynamo metadata) that is not already shared.
+/// legacy exporter or tf2onnx (no dynamo metadata) that is not already shared, and computes a
+/// product an affine layer (a BatchNorm at inference) can be folded into; never a Relu.
 fn folds_forward(graph: &GraphProto, mapping: &LayerMapping) -> bool {
     let LayerMapping::Mapped {
         node, note: None, ..
@@ -172,7 +173,10 @@ fn folds_forward(graph: &GraphProto, mapping: &LayerMapping) -> bool {
         .node
         .iter()
         .find(|n| n.display_name() == *node)
-        .is_some_and(|n| n.metadata("pkg.torch.onnx.name_scopes").is_none())
+        .is_some_and(|n| {
+            n.metadata("pkg.torch.onnx.name_scopes").is_none()
+                && matches!(n.op_type(), "Conv" | "ConvTranspose" | "Gemm" | "MatMul")
+        })
 }
 
 pub(super) fn unmapped(reason: &str) -> LayerMapping {
