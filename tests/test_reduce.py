@@ -316,7 +316,9 @@ def test_an_edited_attribute_fused_away_is_named_as_the_attribute(encoder_onnx, 
     assert layer["inside"]["attributes"] == [changed]
 
 
-def test_a_weight_edited_in_a_conv_fused_away_is_the_weight_not_the_runtime(resnet18_onnx, tmp_path):
+def test_a_weight_edited_in_a_conv_fused_away_is_the_weight_not_the_runtime(
+    resnet18_onnx, tmp_path
+):
     """At opt=all ONNX Runtime fuses an edited Conv with its Relu and reorders its weight into a
     blocked layout, which no check by name can read. The narrowing to the Conv runs the file's
     own node, whose weight is the reference's edited: the headline is the weight (the file),

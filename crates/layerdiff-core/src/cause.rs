@@ -49,6 +49,7 @@ use decide::decide;
 pub use decide::quantizing_op;
 mod fix;
 use fix::fix;
+pub use fix::weights_fix;
 mod grid;
 pub use grid::precision_grid;
 #[cfg(test)]
@@ -377,11 +378,7 @@ pub struct FileDifference {
 /// it, a branch not taken): the files differ, so the run fails, whatever the values did. Where
 /// a layer's defect blames the runtime's kernel and the files differ there, the file is the
 /// cause (an optimizer that reordered the weight left no name to find it by in the run).
-pub fn unseen_differences(
-    layers: &mut [Layer],
-    summary: &mut Summary,
-    found: Vec<FileDifference>,
-) {
+pub fn unseen_differences(layers: &mut [Layer], summary: &mut Summary, found: Vec<FileDifference>) {
     for d in found {
         if let Some(defect) = summary.defects.iter_mut().find(|x| x.layer == d.layer) {
             if defect.cause == "op_implementation" {

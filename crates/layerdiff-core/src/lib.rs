@@ -42,7 +42,7 @@ pub use baseline::{
 pub use bisect::{Bisection, BisectionCheck, smallest_set};
 pub use cause::{
     Evidence, FileDifference, ROUNDING_FACTOR, explain, precision_grid, quantizing_op,
-    unseen_differences,
+    unseen_differences, weights_fix,
 };
 pub use compare::{
     Judge, PERCENTILE_RESOLUTION, Rounding, Stats, THRESHOLDS, Worst, compare, compare_judged,

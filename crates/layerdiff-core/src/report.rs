@@ -168,10 +168,9 @@ impl Report {
                     "{}: the fused region reads a weight that is not the reference's",
                     inside.weights.join("; ")
                 ),
-                format!(
-                    "use the reference's weights: the target's node `{}` reads weights that are not the model's ({}); export or convert the file again from the model, or find what edited it",
-                    inside.node,
-                    inside.weights.join("; ")
+                crate::weights_fix(
+                    &format!("the target's node(s) `{}`", inside.node),
+                    &inside.weights,
                 ),
             )
         });

@@ -302,8 +302,9 @@ pub fn file_differences(reference: &Model, target: &Model) -> Vec<layerdiff_core
             found.push(layerdiff_core::FileDifference {
                 layer: read_by(name),
                 cause: "weight_mismatch",
-                fix: format!(
-                    "use the reference's weights: the target file's `{name}` is not the reference's ({text}); export or convert the file again from the model, or find what edited it"
+                fix: layerdiff_core::weights_fix(
+                    &format!("the nodes that read the target file's `{name}`"),
+                    std::slice::from_ref(&text),
                 ),
                 detail: text,
             });

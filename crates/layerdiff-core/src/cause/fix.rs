@@ -2,6 +2,15 @@
 
 use super::*;
 
+/// What fixes a weight that differs: `readers` (the target's node(s), or the nodes that read a
+/// weight of its file) read weights that are not the model's, which `weights` say.
+pub fn weights_fix(readers: &str, weights: &[String]) -> String {
+    format!(
+        "use the reference's weights: {readers} read weights that are not the model's ({}); export or convert the file again from the model, or find what edited it",
+        weights.join("; ")
+    )
+}
+
 /// What fixes a defect, by its cause.
 pub(super) fn fix(cause: &str, layer: &Layer, e: &Evidence) -> String {
     // the nodes that read a weight that differs are the ones to name for it, not every node of
@@ -37,10 +46,7 @@ pub(super) fn fix(cause: &str, layer: &Layer, e: &Evidence) -> String {
         format!("the target's node(s) {}{tail}", shown.join(", "))
     };
     match cause {
-        "weight_mismatch" => format!(
-            "use the reference's weights: {where_} read weights that are not the model's ({}); export or convert the file again from the model, or find what edited it",
-            e.weights.join("; ")
-        ),
+        "weight_mismatch" => weights_fix(&where_, &e.weights),
         "layout_permutation" => format!(
             "{where_} hold(s) the values in another axis order ({:?}): a layout conversion (NHWC/NCHW) is missing or applied twice before or inside it",
             layer.permutation.as_deref().unwrap_or_default()

@@ -162,7 +162,10 @@ fn a_weight_fix_names_the_nodes_that_read_it_not_the_layers_relu() {
     evidence[0].weight_readers.push("conv".into());
     explain(&mut layers, &evidence, &mut summary);
     let fix = &summary.defects[0].fix;
-    assert!(fix.contains("the target's node(s) `conv` read weights"), "{fix}");
+    assert!(
+        fix.contains("the target's node(s) `conv` read weights"),
+        "{fix}"
+    );
     assert!(!fix.contains("relu"), "{fix}");
 }
 

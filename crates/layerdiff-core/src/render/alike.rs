@@ -87,7 +87,9 @@ mod tests {
     #[test]
     fn figures_and_names_are_masked_and_words_kept() {
         assert_eq!(
-            masked("its own error is 0.50× what float16 explains (up to 1.189e-3), from `layer1.0.bn1`"),
+            masked(
+                "its own error is 0.50× what float16 explains (up to 1.189e-3), from `layer1.0.bn1`"
+            ),
             masked("its own error is 0.43× what float16 explains (up to 7.2e-4), from `fc`")
         );
         assert_ne!(
@@ -98,7 +100,13 @@ mod tests {
 
     #[test]
     fn groups_keep_first_appearance_and_lone_items() {
-        let items = vec![("a", Some(1)), ("b", None), ("c", Some(1)), ("d", Some(2)), ("e", None)];
+        let items = vec![
+            ("a", Some(1)),
+            ("b", None),
+            ("c", Some(1)),
+            ("d", Some(2)),
+            ("e", None),
+        ];
         let groups = alike(items, |(_, k)| k.map(|k| k.to_string()));
         let names: Vec<Vec<&str>> = groups
             .iter()

@@ -144,7 +144,9 @@ pub fn to_svg(report: &Report, links: bool) -> String {
         }
     });
     let height = own.as_ref().map_or(HEIGHT, |p| p.top + p.height + BOTTOM);
-    let bottom = own.as_ref().map_or(error.top + error.height, |p| p.top + p.height);
+    let bottom = own
+        .as_ref()
+        .map_or(error.top + error.height, |p| p.top + p.height);
     let x = |i: usize| LEFT + plot_w * (i as f64 + 0.5) / layers.len().max(1) as f64;
     let mut out = String::new();
     let _ = writeln!(

@@ -280,11 +280,11 @@ fn cause_item(group: &[&Layer]) -> String {
         String::new()
     } else {
         let link = |name: &str| {
-            let index = group
-                .iter()
-                .find(|o| o.name == name)
-                .map_or(0, |o| o.index);
-            format!("<a href=\"#layer-{index}\"><code>{}</code></a>", escape(name))
+            let index = group.iter().find(|o| o.name == name).map_or(0, |o| o.index);
+            format!(
+                "<a href=\"#layer-{index}\"><code>{}</code></a>",
+                escape(name)
+            )
         };
         format!(
             "<br><span class=\"alike\">{}</span>",

@@ -301,9 +301,7 @@ pub fn to_markdown(report: &Report) -> String {
         .collect();
     if !notes.is_empty() {
         let _ = writeln!(out, "\n## Notes on layers\n");
-        for group in super::alike::alike(notes, |(_, reason)| {
-            Some(super::alike::masked(reason))
-        }) {
+        for group in super::alike::alike(notes, |(_, reason)| Some(super::alike::masked(reason))) {
             let (l, reason) = &group[0];
             let _ = writeln!(
                 out,
