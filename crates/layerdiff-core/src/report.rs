@@ -163,9 +163,13 @@ impl Report {
         // A weight of the node that differs is what the kernel was blamed for: the file's
         // weight, the same defect as a weight read by name.
         let weight = (!inside.weights.is_empty()).then(|| {
+            let also = attributes
+                .as_deref()
+                .map(|a| format!("; {a}"))
+                .unwrap_or_default();
             (
                 format!(
-                    "{}: the fused region reads a weight that is not the reference's",
+                    "{}: the fused region reads a weight that is not the reference's{also}",
                     inside.weights.join("; ")
                 ),
                 crate::weights_fix(

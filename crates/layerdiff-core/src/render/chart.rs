@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use crate::{DEFECT_MARGIN, Layer, Report, Stats};
+use crate::{DEFECT_MARGIN, Finding, Layer, Report, Stats};
 
 use super::html_escape as escape;
 
@@ -117,6 +117,17 @@ fn own_decades(layers: &[Layer]) -> (i32, i32) {
         (lo.log10().floor() as i32).max(-3),
         (hi.log10().ceil() as i32).min(300),
     )
+}
+
+/// A point's colour on the precision panel: red for a defect; amber beyond the line where the
+/// report explains it otherwise (a kernel within the narrow-accumulating ideal, a quantization,
+/// a file the runtime computes as written: its cause says which); green within.
+fn own_fill(beyond: bool, finding: Option<Finding>) -> &'static str {
+    match (beyond, finding) {
+        (_, Some(Finding::Defect)) => "#c62828",
+        (true, _) => "#f9a825",
+        (false, _) => "#2e7d32",
+    }
 }
 
 /// Renders the chart as a standalone SVG. With `links`, each point links to its row of the
@@ -272,7 +283,7 @@ pub fn to_svg(report: &Report, links: bool) -> String {
         }
         if let (Some(panel), Some(r)) = (&own, own_multiple(l)) {
             let beyond = l.baseline.as_ref().is_some_and(|b| b.beyond());
-            let fill = if beyond { "#c62828" } else { "#2e7d32" };
+            let fill = own_fill(beyond, l.finding);
             let _ = write!(
                 out,
                 "<rect class=\"own\" x=\"{:.1}\" y=\"{:.1}\" width=\"6\" height=\"6\" fill=\"{fill}\"/>",
@@ -304,7 +315,8 @@ pub fn to_svg(report: &Report, links: bool) -> String {
         let _ = writeln!(
             out,
             "<g><rect x=\"{:.1}\" y=\"{:.1}\" width=\"6\" height=\"6\" fill=\"#2e7d32\"/><text x=\"{:.1}\" y=\"{:.1}\">own error ÷ what an ideal implementation in the target's precision errs by (its rounding)</text>\
-             <rect x=\"{:.1}\" y=\"{:.1}\" width=\"6\" height=\"6\" fill=\"#c62828\"/><text x=\"{:.1}\" y=\"{:.1}\">beyond it: a defect</text></g>",
+             <rect x=\"{:.1}\" y=\"{:.1}\" width=\"6\" height=\"6\" fill=\"#c62828\"/><text x=\"{:.1}\" y=\"{:.1}\">a defect</text>\
+             <rect x=\"{:.1}\" y=\"{:.1}\" width=\"6\" height=\"6\" fill=\"#f9a825\"/><text x=\"{:.1}\" y=\"{:.1}\">beyond, explained otherwise</text></g>",
             lx - 3.0,
             ly - 7.0,
             lx + 8.0,
@@ -312,6 +324,10 @@ pub fn to_svg(report: &Report, links: bool) -> String {
             lx + 557.0,
             ly - 7.0,
             lx + 568.0,
+            ly,
+            lx + 627.0,
+            ly - 7.0,
+            lx + 638.0,
             ly
         );
     }
@@ -384,6 +400,15 @@ fn tooltip(l: &Layer, acc: Option<f64>, local: Option<f64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_defect_is_red_on_the_precision_panel() {
+        assert_eq!(own_fill(true, Some(Finding::Defect)), "#c62828");
+        // narrow accumulation or a quantization: beyond the line, not a defect
+        assert_eq!(own_fill(true, Some(Finding::Precision)), "#f9a825");
+        assert_eq!(own_fill(false, Some(Finding::Precision)), "#2e7d32");
+        assert_eq!(own_fill(false, None), "#2e7d32");
+    }
 
     #[test]
     fn ticks_are_round_and_bounded() {
