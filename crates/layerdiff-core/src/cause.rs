@@ -379,9 +379,17 @@ pub struct FileDifference {
 /// a layer's defect blames the runtime's kernel and the files differ there, the file is the
 /// cause (an optimizer that reordered the weight left no name to find it by in the run).
 pub fn unseen_differences(layers: &mut [Layer], summary: &mut Summary, found: Vec<FileDifference>) {
+    // the layers whose kernel blame a file difference replaced: a second one there is added
+    let mut replaced: Vec<String> = Vec::new();
     for d in found {
         if let Some(defect) = summary.defects.iter_mut().find(|x| x.layer == d.layer) {
-            if defect.cause == "op_implementation" {
+            if replaced.contains(&d.layer) {
+                defect.detail = format!("{}; {}", d.detail, defect.detail);
+                if let Some(l) = layers.iter_mut().find(|l| l.name == d.layer) {
+                    l.detail = Some(defect.detail.clone());
+                }
+            } else if defect.cause == "op_implementation" {
+                replaced.push(d.layer.clone());
                 defect.cause = d.cause.to_string();
                 defect.detail = match defect.multiple {
                     Some(m) => format!(

@@ -320,3 +320,37 @@ fn other_arguments_are_the_cause_only_where_they_compute_beyond_precision() {
     assert_eq!(cause, "rounding", "{detail}");
     assert!(fix.is_none());
 }
+
+#[test]
+fn files_that_differ_at_a_layer_blamed_on_its_kernel_are_the_cause_every_one_said() {
+    let mut layers = vec![layer(0, 5e-3, Some(5e-3), &["x"])];
+    let mut summary = analyse(&mut layers, Tolerance::PerDtype);
+    summary.defects.push(crate::Defect {
+        layer: "l0".into(),
+        cause: "op_implementation".into(),
+        multiple: Some(900.0),
+        tolerance_multiple: Some(50.0),
+        detail: "the target's Conv computes differently".into(),
+        fix: "report it to the runtime".into(),
+    });
+    let difference = |what: &str, cause: &'static str| FileDifference {
+        layer: "l0".into(),
+        cause,
+        detail: what.into(),
+        fix: format!("fix {what}"),
+    };
+    unseen_differences(
+        &mut layers,
+        &mut summary,
+        vec![
+            difference("`w` differs", "weight_mismatch"),
+            difference("an attribute differs: `pads`", "file_differs"),
+        ],
+    );
+    let defect = &summary.defects[0];
+    assert_eq!(defect.cause, "weight_mismatch");
+    assert!(defect.detail.contains("`w` differs") && defect.detail.contains("`pads`"));
+    assert!(!defect.detail.contains("computes differently"), "{}", defect.detail);
+    assert_eq!(defect.fix, "fix `w` differs");
+    assert_eq!(layers[0].cause.as_deref(), Some("weight_mismatch"));
+}
