@@ -193,6 +193,28 @@ def test_torch_flow_names_each_cause_at_its_layer(resnet18, resnet18_onnx, tmp_p
     assert origin["local_exceeds"] and not report.layer("avgpool")["exceeds_tol"]
 
 
+def test_a_weight_the_optimizer_fuses_and_reorders_is_the_weight_from_pytorch(
+    resnet18, resnet18_onnx, tmp_path
+):
+    """`torch --onnx FILE --target ort:opt=all`: ONNX Runtime fuses the legacy export's
+    Conv(+BatchNorm) and ReLU into an NCHWc Conv reading a reordered, renamed copy of the
+    weight, and neither the Conv's nor the BatchNorm's value survives. An edited weight there
+    read "op_implementation ... report it to the runtime" at the ReLU: the file's own nodes of
+    that layer read the weight, and it is the cause."""
+    src = resnet18_onnx["legacy"]
+    clean = torch_report(resnet18, src)
+    value = clean.layer("layer2.0.bn1")["location"]["value"]
+    edited = faults.perturb_weight(src, tmp_path / "w.onnx", value, 0.05)
+    report = torch_report(resnet18, edited, target="ort:opt=all")
+    defects = report.summary["defects"]
+    assert [(d["layer"], d["cause"]) for d in defects] == [("layer2.0.relu", "weight_mismatch")]
+    assert "`layer2.0.conv1.weight`" in defects[0]["detail"], defects[0]
+    assert "/layer2/layer2.0/conv1/Conv" in defects[0]["fix"], defects[0]["fix"]
+    assert "report it to the runtime" not in defects[0]["fix"]
+    # the clean file at the same level reads no weight as different
+    clean = torch_report(resnet18, src, target="ort:opt=all")
+    assert clean.drift_origin is None and not any(x["cause"] for x in clean.layers)
+
 def test_rounding_is_told_from_a_bug_by_the_float64_truth(tmp_path):
     """A deep MLP with growing activations: float32 rounding alone crosses its tolerance. The
     float64 run shows both sides equally far from the truth, so the cause is `rounding`, not a

@@ -382,6 +382,11 @@ pub fn unseen_differences(layers: &mut [Layer], summary: &mut Summary, found: Ve
     // the layers whose kernel blame a file difference replaced: a second one there is added
     let mut replaced: Vec<String> = Vec::new();
     for d in found {
+        // said already: a defect found it in the layer's own weights (an optimized target's
+        // are read on its file's nodes, under another layer's name than the value that is gone)
+        if summary.defects.iter().any(|x| x.detail.contains(&d.detail)) {
+            continue;
+        }
         if let Some(defect) = summary.defects.iter_mut().find(|x| x.layer == d.layer) {
             if replaced.contains(&d.layer) {
                 defect.detail = format!("{}; {}", d.detail, defect.detail);

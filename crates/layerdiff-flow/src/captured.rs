@@ -353,7 +353,23 @@ impl CapturedRun {
                 self.listed.len()
             )));
         }
-        self.engine.conclude()
+        let wanted = self.engine.conclude()?;
+        // A layer with no counterpart computes inside the next compared layer it feeds (a
+        // fusion, an optimizer's work): its parameters are that layer's weights too.
+        let mut needed = wanted.clone();
+        for &i in &wanted {
+            let mut absorbed = Vec::new();
+            let mut from = self.listed[i].call.input_from;
+            while let Some(j) = from.filter(|&j| !self.compared[j]) {
+                absorbed.push(j);
+                from = self.listed[j].call.input_from;
+            }
+            needed.extend(&absorbed);
+            self.engine.reference.absorb(i, absorbed);
+        }
+        needed.sort_unstable();
+        needed.dedup();
+        Ok(needed)
     }
 
     /// Whether a layer's target computes what its file says where that is not the model's

@@ -57,6 +57,9 @@ pub struct GraphSide {
     /// The side's own file computed exactly, where the flow asks for it (see
     /// [`GraphSide::computing_as_written`]).
     pub(crate) as_written: Option<AsWritten>,
+    /// The file the runtime optimized into the graph this side runs, and its index (made on
+    /// first use).
+    optimized_from: Option<(Model, std::sync::OnceLock<GraphIndex>)>,
 }
 
 /// A side's own graph in float64, made on first use: a layer whose own error is beyond what
@@ -91,6 +94,7 @@ impl GraphSide {
             renames: Renames::default(),
             notes: Vec::new(),
             as_written: None,
+            optimized_from: None,
         }
     }
 
@@ -130,9 +134,18 @@ impl GraphSide {
         placement: Option<Placement>,
     ) -> Self {
         self.renames = renames;
+        self.optimized_from = shipped
+            .as_ref()
+            .map(|s| (s.file.clone(), std::sync::OnceLock::new()));
         self.shipped = shipped;
         self.placement = placement;
         self
+    }
+
+    /// The file the runtime optimized, and its index (`None`: the side runs the file as given).
+    pub(crate) fn optimized_from(&self) -> Option<(&Model, &GraphIndex)> {
+        let (model, index) = self.optimized_from.as_ref()?;
+        Some((model, index.get_or_init(|| GraphIndex::new(model.graph()))))
     }
 
     /// Adds sentences for the report's warnings (how this side was fed).

@@ -45,6 +45,9 @@ pub struct PushedSide {
     received: usize,
     /// Each layer's parameters, by layer, once handed over.
     parameters: HashMap<usize, Vec<(String, Tensor)>>,
+    /// The layers without a counterpart that compute inside each layer, by layer: their
+    /// parameters are its weights too.
+    absorbed: HashMap<usize, Vec<usize>>,
     /// As a target that re-runs layers: how it computes, and each layer's local re-run (or
     /// why there is none) until the engine takes it.
     computing: Option<Computing>,
@@ -89,6 +92,7 @@ impl PushedSide {
             sizes,
             received: 0,
             parameters: HashMap::new(),
+            absorbed: HashMap::new(),
             computing: None,
             local: Mutex::new(HashMap::new()),
             disagreements: HashMap::new(),
@@ -141,6 +145,14 @@ impl PushedSide {
     /// the same name), checked against the other side's weights when a cause is looked for.
     pub fn set_parameters(&mut self, index: usize, parameters: Vec<(String, Tensor)>) {
         self.parameters.insert(index, parameters);
+    }
+
+    /// Layers `absorbed` (without a counterpart) compute inside layer `index` on the target:
+    /// their parameters are checked as its weights too.
+    pub fn absorb(&mut self, index: usize, absorbed: Vec<usize>) {
+        if !absorbed.is_empty() {
+            self.absorbed.insert(index, absorbed);
+        }
     }
 
     /// Sets a fresh ONNX export of the model beside this side: a target file's nodes and
@@ -206,8 +218,11 @@ impl Side for PushedSide {
         weight: TensorView<'_>,
         half_step: Option<TensorView<'_>>,
     ) -> Option<WeightCheck> {
-        let own = self.parameters.get(&layer).map_or(&[][..], Vec::as_slice);
-        parameter_check(name, own, weight, half_step).or_else(|| {
+        let layers = std::iter::once(&layer).chain(self.absorbed.get(&layer).into_iter().flatten());
+        let own: Vec<&(String, Tensor)> = layers
+            .flat_map(|l| self.parameters.get(l).into_iter().flatten())
+            .collect();
+        parameter_check(name, &own, weight, half_step).or_else(|| {
             let export = self.export.as_ref()?;
             crate::evidence::model_weight_check(export, node, position, name, weight, half_step)
         })
@@ -306,6 +321,7 @@ impl Recompute for PushedSide {
     fn group_evidence(
         &self,
         group: &Group,
+        _value: &str,
         _reference: Option<DType>,
         evidence: &mut Evidence,
         _fed: &dyn Fn(&str) -> Option<(DType, DType)>,
@@ -344,7 +360,7 @@ impl Recompute for PushedSide {
 /// `None` when no parameter corresponds.
 fn parameter_check(
     name: &str,
-    parameters: &[(String, Tensor)],
+    parameters: &[&(String, Tensor)],
     weight: TensorView<'_>,
     half_step: Option<TensorView<'_>>,
 ) -> Option<WeightCheck> {
@@ -437,10 +453,20 @@ mod tests {
         let weight = matrix(&[1.0, 2.0, 3.0, 4.0], 2, 2);
         let stored = matrix(&[1.0, 3.0, 2.0, 4.0], 2, 2);
         let parameters = vec![("k.weight".to_string(), weight)];
-        let found = parameter_check("val_31", &parameters, stored.view(), None);
+        let found = parameter_check(
+            "val_31",
+            &parameters.iter().collect::<Vec<_>>(),
+            stored.view(),
+            None,
+        );
         assert!(matches!(found, Some(WeightCheck::Same)), "{found:?}");
         let other = matrix(&[1.0, 3.0, 2.0, 5.0], 2, 2);
-        let found = parameter_check("val_31", &parameters, other.view(), None);
+        let found = parameter_check(
+            "val_31",
+            &parameters.iter().collect::<Vec<_>>(),
+            other.view(),
+            None,
+        );
         assert!(matches!(found, Some(WeightCheck::Differs(_))), "{found:?}");
         // stored transposed in float16: the same weight in lower precision, not another one
         let parameters = vec![(
@@ -457,7 +483,12 @@ mod tests {
             shape: vec![2, 2],
             bytes: half,
         };
-        let found = parameter_check("val_31", &parameters, stored.view(), None);
+        let found = parameter_check(
+            "val_31",
+            &parameters.iter().collect::<Vec<_>>(),
+            stored.view(),
+            None,
+        );
         assert!(
             matches!(found, Some(WeightCheck::LowerPrecision(_))),
             "{found:?}"

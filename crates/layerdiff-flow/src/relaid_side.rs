@@ -251,13 +251,14 @@ impl<S: Side> Recompute for RelaidSide<S> {
     fn group_evidence(
         &self,
         group: &Group,
+        value: &str,
         reference: Option<DType>,
         evidence: &mut Evidence,
         fed: &dyn Fn(&str) -> Option<(DType, DType)>,
         check: &WeightCheckFn<'_>,
     ) {
         if let Ok(r) = self.inner() {
-            r.group_evidence(group, reference, evidence, fed, check);
+            r.group_evidence(group, value, reference, evidence, fed, check);
         }
     }
 }

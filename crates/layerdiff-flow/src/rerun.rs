@@ -78,6 +78,7 @@ impl Recompute for GraphSide {
     fn group_evidence(
         &self,
         group: &Group,
+        value: &str,
         reference: Option<DType>,
         evidence: &mut Evidence,
         fed: &dyn Fn(&str) -> Option<(DType, DType)>,
@@ -99,77 +100,13 @@ impl Recompute for GraphSide {
         if evidence.precision.is_none() {
             evidence.precision = self.lowered_precision(group, reference, fed);
         }
-        for (node, position, name) in self.initializers(group) {
-            // A quantized weight (integers a DequantizeLinear scales back) is not the model's
-            // weight in another form: its rounding is the quantization the evidence names.
-            let Some(Ok(weight)) = self.model.stored(&name) else {
-                continue;
-            };
-            if !weight.dtype.is_float() {
-                continue;
-            }
-            let node = &self.index.nodes()[node].name;
-            if let Some(found) = check(node, position, &name, weight.view(), None) {
-                found.record(evidence, node);
-            }
-        }
-        // A quantized weight is checked dequantized, against half its scale step: the same
-        // weight quantized, or one that moved beyond its quantization.
-        let graph = self.model.graph();
-        for &i in &group.members {
-            let node = &graph.node[i];
-            // the weight a quantized product reads itself (input 1): stored in blocks of a
-            // few bits, each block with its own scale, or as integers scaled after the product
-            let own = match node.op_type() {
-                "MatMulNBits" => {
-                    let bits = node.attr_i64("bits").unwrap_or(4);
-                    evidence
-                        .quantized_to
-                        .get_or_insert_with(|| format!("int{bits}"));
-                    Some(self.block_weight(node))
-                }
-                "MatMulInteger" | "ConvInteger" => Some(self.integer_weight(node)),
-                _ => None,
-            };
-            if let Some(own) = own {
-                if let Some((weight, half_step)) = own
-                    && let Some(found) = check(
-                        node.name(),
-                        1,
-                        &node.input[1],
-                        weight.view(),
-                        Some(half_step.view()),
-                    )
-                {
-                    found.record(evidence, node.name());
-                }
-                continue;
-            }
-            if node.op_type() != "DequantizeLinear" {
-                continue;
-            }
-            let Some((weight, half_step)) = self.dequantized(node) else {
-                continue;
-            };
-            let Some(output) = node.output.first() else {
-                continue;
-            };
-            for &j in &group.members {
-                let reader = &self.index.nodes()[j];
-                for (position, input) in reader.inputs.iter().enumerate() {
-                    if input == output
-                        && let Some(found) = check(
-                            &reader.name,
-                            position,
-                            &node.input[0],
-                            weight.view(),
-                            Some(half_step.view()),
-                        )
-                    {
-                        found.record(evidence, &reader.name);
-                    }
-                }
-            }
+        // An optimizer reorders and renames the weights it fuses: where the runtime optimized
+        // the file, the layer's weights are read on the file's own nodes.
+        match self.file_group(group, value) {
+            Some((file, members)) => file.weight_evidence(&members, evidence, check),
+            None => self
+                .stored()
+                .weight_evidence(&group.members, evidence, check),
         }
     }
 }
@@ -385,7 +322,6 @@ impl GraphSide {
         )
     }
 
-    /// The initializers a group reads: (node index, input position, name).
     /// What the file writes for a group, node by node: its name, op and attributes, and the
     /// constants it reads (`` `node_gemm` Gemm (alpha 1.01, transB 1; reads `fc.weight`) ``);
     /// at most six nodes, then how many more.
@@ -429,10 +365,126 @@ impl GraphSide {
         }
         out
     }
+}
 
-    fn initializers(&self, group: &Group) -> Vec<(usize, usize, String)> {
+/// A graph's nodes and stored weights, read for the weights a layer uses: the graph a side
+/// runs, or the file its runtime optimized it from.
+pub(crate) struct Stored<'a> {
+    pub(crate) model: &'a layerdiff_onnx::Model,
+    pub(crate) index: &'a layerdiff_onnx::GraphIndex,
+}
+
+impl GraphSide {
+    /// The graph this side runs.
+    fn stored(&self) -> Stored<'_> {
+        Stored {
+            model: &self.model,
+            index: &self.index,
+        }
+    }
+
+    /// The file's own nodes that compute `value` from the values `group` reads, where the
+    /// runtime optimized the file (`None` otherwise, or where the file does not compute
+    /// `value` from them).
+    fn file_group(&self, group: &Group, value: &str) -> Option<(Stored<'_>, Vec<usize>)> {
+        let (model, index) = self.optimized_from()?;
+        let known = |n: &str| {
+            n != value
+                && (group.inputs.iter().any(|i| i == n)
+                    || index.graph_inputs().iter().any(|i| i == n))
+        };
+        let found = local_group(index, value, &known).ok()?;
+        Some((Stored { model, index }, found.nodes))
+    }
+}
+
+impl Stored<'_> {
+    /// Checks every float weight the nodes `members` read with `check`, quantized ones
+    /// dequantized against half their scale step, and records what differs in `evidence`.
+    fn weight_evidence(
+        &self,
+        members: &[usize],
+        evidence: &mut Evidence,
+        check: &WeightCheckFn<'_>,
+    ) {
+        for (node, position, name) in self.initializers(members) {
+            // A quantized weight (integers a DequantizeLinear scales back) is not the model's
+            // weight in another form: its rounding is the quantization the evidence names.
+            let Some(Ok(weight)) = self.model.stored(&name) else {
+                continue;
+            };
+            if !weight.dtype.is_float() {
+                continue;
+            }
+            let node = &self.index.nodes()[node].name;
+            if let Some(found) = check(node, position, &name, weight.view(), None) {
+                found.record(evidence, node);
+            }
+        }
+        // A quantized weight is checked dequantized, against half its scale step: the same
+        // weight quantized, or one that moved beyond its quantization.
+        let graph = self.model.graph();
+        for &i in members {
+            let node = &graph.node[i];
+            // the weight a quantized product reads itself (input 1): stored in blocks of a
+            // few bits, each block with its own scale, or as integers scaled after the product
+            let own = match node.op_type() {
+                "MatMulNBits" => {
+                    let bits = node.attr_i64("bits").unwrap_or(4);
+                    evidence
+                        .quantized_to
+                        .get_or_insert_with(|| format!("int{bits}"));
+                    Some(self.block_weight(node))
+                }
+                "MatMulInteger" | "ConvInteger" => Some(self.integer_weight(node)),
+                _ => None,
+            };
+            if let Some(own) = own {
+                if let Some((weight, half_step)) = own
+                    && let Some(found) = check(
+                        node.name(),
+                        1,
+                        &node.input[1],
+                        weight.view(),
+                        Some(half_step.view()),
+                    )
+                {
+                    found.record(evidence, node.name());
+                }
+                continue;
+            }
+            if node.op_type() != "DequantizeLinear" {
+                continue;
+            }
+            let Some((weight, half_step)) = self.dequantized(node) else {
+                continue;
+            };
+            let Some(output) = node.output.first() else {
+                continue;
+            };
+            for &j in members {
+                let reader = &self.index.nodes()[j];
+                for (position, input) in reader.inputs.iter().enumerate() {
+                    if input == output
+                        && let Some(found) = check(
+                            &reader.name,
+                            position,
+                            &node.input[0],
+                            weight.view(),
+                            Some(half_step.view()),
+                        )
+                    {
+                        found.record(evidence, &reader.name);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The initializers the nodes `members` read: (node index, input position, name).
+    fn initializers(&self, members: &[usize]) -> Vec<(usize, usize, String)> {
         let mut out = Vec::new();
-        for &i in &group.members {
+        for &i in members {
             for (position, input) in self.index.nodes()[i].inputs.iter().enumerate() {
                 if self.index.is_initializer(input) {
                     out.push((i, position, input.clone()));

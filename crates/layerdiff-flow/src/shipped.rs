@@ -116,6 +116,9 @@ pub struct Shipped {
     pub unmodified: Vec<(String, Tensor)>,
     /// The outputs checked so far against the exposed run, and whether each was identical.
     checked: HashMap<String, bool>,
+    /// The file the runtime optimized: the weights it reorders and renames as it fuses are
+    /// read on the file's own nodes.
+    pub(crate) file: Model,
     /// Holds the optimized file while the model reads from it.
     _folder: tempfile::TempDir,
 }
@@ -186,6 +189,7 @@ pub fn prepare_target(
             graph,
             unmodified,
             checked: HashMap::new(),
+            file: original.clone(),
             _folder: folder,
         }),
         placement,
@@ -289,6 +293,7 @@ mod tests {
             },
             unmodified,
             checked: HashMap::new(),
+            file: Model::from_proto(Default::default(), None),
             _folder: tempfile::tempdir().unwrap(),
         }
     }

@@ -208,13 +208,14 @@ pub trait Recompute {
     ) -> Option<Result<Tensor, String>> {
         None
     }
-    /// What the group shows about a cause: its ops, how it lowers precision below `reference`
-    /// (the dtype the reference computes the layer in; `fed` gives each input's dtype on the
-    /// reference and on this side), and the weights it reads, each checked by `check(node name,
-    /// input position, name, weight)` against the reference's.
+    /// What the group computing `value` shows about a cause: its ops, how it lowers precision
+    /// below `reference` (the dtype the reference computes the layer in; `fed` gives each
+    /// input's dtype on the reference and on this side), and the weights it reads, each checked
+    /// by `check(node name, input position, name, weight)` against the reference's.
     fn group_evidence(
         &self,
         group: &Group,
+        value: &str,
         reference: Option<DType>,
         evidence: &mut Evidence,
         fed: &dyn Fn(&str) -> Option<(DType, DType)>,

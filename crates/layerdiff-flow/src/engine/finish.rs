@@ -142,7 +142,8 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                         .weight_check(i, node, position, name, weight, half_step)
                 };
                 let computed_in = layerdiff_core::DType::from_name(&layer.dtype).ok();
-                recompute.group_evidence(group, computed_in, e, &fed, &check);
+                let value = self.target_values[i].as_deref().unwrap_or_default();
+                recompute.group_evidence(group, value, computed_in, e, &fed, &check);
             }
         }
         let mut layers = self.layers;

@@ -6,9 +6,9 @@
 use layerdiff_core::{DType, Tensor, TensorView};
 use layerdiff_onnx::{NodeExt, NodeProto};
 
-use crate::graph_side::GraphSide;
+use super::Stored;
 
-impl GraphSide {
+impl Stored<'_> {
     /// A stored weight a DequantizeLinear scales back, dequantized (float64), and half its
     /// scale step per element; `None` when it is no stored integer weight, or is quantized in
     /// blocks.
@@ -66,7 +66,7 @@ impl GraphSide {
     }
 }
 
-impl GraphSide {
+impl Stored<'_> {
     /// The weight of ONNX Runtime's `MatMulNBits` (`B`: `bits`-bit integers packed low bits
     /// first, `[N, blocks, block_size · bits / 8]`; a scale per block of `block_size` along K;
     /// zero points packed alike, else the middle of the range), dequantized to the `[K, N]`

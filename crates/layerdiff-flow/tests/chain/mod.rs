@@ -184,6 +184,7 @@ impl Recompute for Chain {
     fn group_evidence(
         &self,
         group: &Group,
+        _value: &str,
         _reference: Option<DType>,
         evidence: &mut Evidence,
         _fed: &dyn Fn(&str) -> Option<(DType, DType)>,
