@@ -33,7 +33,8 @@
 //!
 //! A multiple up to [`DEFECT_MARGIN`] is still precision: the allowance is a bound drawn from a
 //! model of honest kernels, and a layer a few percent past it (a LayerNorm gradient at 1.03×)
-//! is nothing a user could act on. Never a defect on its own.
+//! is nothing a user could act on. Never a defect on its own. A layer that stays within its
+//! tolerance is judged the same way, up to [`WITHIN_TOLERANCE_MARGIN`].
 //!
 //! **The narrow-accumulation ideal.** Where the layer is a reduction and the framework measured
 //! its terms ([`Reduction`]: how many terms each element sums, `K`, and the root sum of squares
@@ -61,6 +62,14 @@ use crate::{DType, Error, Result, TensorView};
 /// How many times what precision explains a layer's own error may reach and still be precision
 /// (see the module docs).
 pub const DEFECT_MARGIN: f64 = 1.25;
+
+/// How many times what precision explains a layer's own error must exceed to be a defect where
+/// the layer stays within its tolerance: judged scale-free all the same (a defect among small
+/// values stays under the absolute tolerance), with more margin, since nothing a user sees
+/// differs there. On the calibration corpus (docs/metrics.md) honest kernels reach 1.3× on such
+/// layers (bfloat16 gradients of depthwise convolutions, values around 1e-8); a changed weight
+/// reaches thousands.
+pub const WITHIN_TOLERANCE_MARGIN: f64 = 2.0;
 
 /// How many times an honest kernel's own error a target's kernel may make before it is a
 /// defect (FlashAttention's tests hold a kernel to 2× the error of a reference implementation in

@@ -6,10 +6,13 @@
 //! The flows gather [`Evidence`] per layer (they know the graphs, weights and runtimes) and
 //! measure each layer's own error against the same-precision baseline ([`crate::Baseline`]);
 //! this module only decides, in a fixed order, for every layer that exceeds its tolerance
-//! (accumulated or locally) and every layer an exceeding layer's error is traced back to:
+//! (accumulated or locally), every layer whose own error is beyond what its precision explains
+//! (scale-free: a layer of small values stays under the absolute tolerance with any defect),
+//! and every layer an exceeding layer's error is traced back to:
 //!
-//! 1. `inherited`: its own (local) error is within tolerance; the difference came from
-//!    upstream, mostly from the layer it is traced back to (`error_from`);
+//! 1. `inherited`: its own (local) error is within tolerance and within what its precision
+//!    explains; the difference came from upstream, mostly from the layer it is traced back to
+//!    (`error_from`);
 //! 2. `layout_permutation` (defect): permuting the target onto the reference restores
 //!    agreement; `shape_mismatch` (defect): the target's value has another shape, and no
 //!    permutation maps one onto the other;
@@ -188,6 +191,13 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
                 layer.tolerance
             );
         }
+        if !is_source && !layer.exceeds_tol && !layer.local_exceeds && layer.own_beyond() {
+            detail = format!(
+                "{detail}; its values are small enough that this stays within the tolerance {} (max abs diff {:.3e}): it is judged by what its precision explains, not by the tolerance",
+                layer.tolerance,
+                max(layer)
+            );
+        }
         if is_source
             && layer.exceeds_tol
             && !layer.local_exceeds
@@ -291,7 +301,7 @@ fn conclude(
     summary: &mut Summary,
     quantized: &std::collections::HashMap<String, String>,
 ) {
-    let own = |l: &Layer| l.local_exceeds || (l.local.is_none() && l.exceeds_tol);
+    let own = |l: &Layer| l.local_exceeds || (l.local.is_none() && l.exceeds_tol) || l.own_beyond();
     let failing = layers.iter().find(|l| {
         matches!(l.finding, Some(Finding::Defect | Finding::Undecided))
             && (own(l) || summary.is_source(l))

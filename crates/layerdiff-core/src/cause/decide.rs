@@ -12,7 +12,7 @@ pub(super) fn decide(
 ) -> (&'static str, String, Finding) {
     let max = |s: &Option<crate::Stats>| s.as_ref().map_or(0.0, |s| s.max_abs_diff);
     let tol = layer.tolerance;
-    if layer.local.is_some() && !layer.local_exceeds && !is_source {
+    if layer.local.is_some() && !layer.local_exceeds && !layer.own_beyond() && !is_source {
         let from = layer
             .error_from
             .as_deref()

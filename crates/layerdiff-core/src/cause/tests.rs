@@ -350,7 +350,50 @@ fn files_that_differ_at_a_layer_blamed_on_its_kernel_are_the_cause_every_one_sai
     let defect = &summary.defects[0];
     assert_eq!(defect.cause, "weight_mismatch");
     assert!(defect.detail.contains("`w` differs") && defect.detail.contains("`pads`"));
-    assert!(!defect.detail.contains("computes differently"), "{}", defect.detail);
+    assert!(
+        !defect.detail.contains("computes differently"),
+        "{}",
+        defect.detail
+    );
     assert_eq!(defect.fix, "fix `w` differs");
     assert_eq!(layers[0].cause.as_deref(), Some("weight_mismatch"));
+}
+
+#[test]
+fn a_layer_beyond_its_precision_under_the_absolute_tolerance_is_judged_all_the_same() {
+    // l1's values are about 1e-3: 9% off stays under 1e-4 + 1e-5·|x|, and nothing after it
+    // exceeds. Its own error is far beyond what float32 explains: a defect, and the origin.
+    let mut layers = vec![
+        layer(0, 1e-7, Some(1e-7), &["x"]),
+        layer(1, 9e-5, Some(9e-5), &["l0"]),
+        layer(2, 9e-5, Some(1e-7), &["l1"]),
+    ];
+    layers[0].baseline = Some(baseline(0.4));
+    layers[1].baseline = Some(baseline(130_000.0));
+    layers[2].baseline = Some(baseline(0.5));
+    let mut summary = analyse(&mut layers, Tolerance::PerDtype);
+    assert!(!layers.iter().any(|l| l.exceeds_tol || l.local_exceeds));
+    explain(&mut layers, &vec![Evidence::default(); 3], &mut summary);
+    assert_eq!(summary.verdict, Verdict::Defect);
+    assert_eq!(summary.drift_origin.as_deref(), Some("l1"));
+    let defects: Vec<(&str, &str)> = summary
+        .defects
+        .iter()
+        .map(|d| (d.layer.as_str(), d.cause.as_str()))
+        .collect();
+    assert_eq!(defects, [("l1", "op_implementation")]);
+    let detail = layers[1].detail.as_deref().unwrap();
+    assert!(detail.contains("stays within the tolerance"), "{detail}");
+    assert_eq!(layers[0].cause, None, "within what float32 explains");
+    assert_eq!(layers[2].cause, None, "within what float32 explains");
+    // near the boundary it is precision's: no cause, no defect (within its tolerance a layer
+    // has more margin: honest kernels reach 1.3× on small gradients)
+    let mut near = vec![layer(0, 9e-5, Some(9e-5), &["x"])];
+    near[0].baseline = Some(baseline(crate::WITHIN_TOLERANCE_MARGIN));
+    let mut summary = analyse(&mut near, Tolerance::PerDtype);
+    explain(&mut near, &[Evidence::default()], &mut summary);
+    assert_eq!(
+        (summary.verdict, near[0].cause.as_deref()),
+        (Verdict::NoDrift, None)
+    );
 }

@@ -152,6 +152,19 @@ impl Inside {
 }
 
 impl Layer {
+    /// Whether its own error is beyond what its precision explains (its same-precision
+    /// baseline, [`crate::Baseline::beyond`]): judged scale-free, exceeding its tolerance or
+    /// not (a layer of small values may stay under the absolute tolerance with any defect);
+    /// within its tolerance, beyond [`crate::WITHIN_TOLERANCE_MARGIN`].
+    pub fn own_beyond(&self) -> bool {
+        self.baseline.as_ref().is_some_and(|b| {
+            b.beyond()
+                && (self.exceeds_tol
+                    || self.local_exceeds
+                    || b.multiple > crate::WITHIN_TOLERANCE_MARGIN)
+        })
+    }
+
     /// The layer computed as its target's file writes it ([`Layer::as_written`]), where the
     /// target is within that: the runtime computes what the file says, and the file is what
     /// differs from the reference.

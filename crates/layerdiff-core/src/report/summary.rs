@@ -228,10 +228,11 @@ impl Summary {
         (!ranked.is_empty()).then(|| ranked.join(", "))
     }
 
-    /// Whether a layer gets a cause: it exceeds its tolerance, accumulated or locally, or it is
+    /// Whether a layer gets a cause: it exceeds its tolerance, accumulated or locally, its own
+    /// error is beyond what its precision explains (whatever its tolerance says), or it is
     /// where an exceeding layer's error is traced back to (the drift origin among them).
     pub fn needs_cause(&self, layer: &Layer) -> bool {
-        layer.exceeds_tol || layer.local_exceeds || self.is_source(layer)
+        layer.exceeds_tol || layer.local_exceeds || layer.own_beyond() || self.is_source(layer)
     }
 
     /// Whether an exceeding layer's error is traced back to `layer`.
@@ -245,7 +246,10 @@ impl Summary {
     /// tolerance, and no error traced back to it: `inherited`, whatever the group shows).
     pub fn needs_evidence(&self, layer: &Layer) -> bool {
         self.needs_cause(layer)
-            && (self.is_source(layer) || layer.local.is_none() || layer.local_exceeds)
+            && (self.is_source(layer)
+                || layer.local.is_none()
+                || layer.local_exceeds
+                || layer.own_beyond())
     }
 }
 

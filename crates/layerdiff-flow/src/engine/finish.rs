@@ -82,12 +82,9 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
     /// computed as the file writes them: the runtime computes what the file says, and the file
     /// is not the reference's computation there.
     pub fn computes_as_written(&self) -> bool {
-        self.layers.iter().any(|l| {
-            l.baseline
-                .as_ref()
-                .is_some_and(layerdiff_core::Baseline::beyond)
-                && l.computes_as_written().is_some()
-        })
+        self.layers
+            .iter()
+            .any(|l| l.own_beyond() && l.computes_as_written().is_some())
     }
 
     /// The report: causes explained from the evidence of the values and of the target's
