@@ -118,10 +118,14 @@ pub enum Command {
     /// run.
     Ops(OpsArgs),
     /// Check a PyTorch model's final outputs against its ONNX export on a runtime: allclose with
-    /// `--atol`/`--rtol`, the largest errors and the worst element, in seconds. The first thing
-    /// to run; `layerdiff torch` then shows where a difference is born.
+    /// `--atol`/`--rtol`, the largest errors and the worst element, in seconds; and each side's
+    /// distance from the outputs computed in float64, so that a file computing something else
+    /// fails even where its outputs stay within the bound (the target more than 4× as far from
+    /// them as PyTorch). The first thing to run; `layerdiff torch` then shows where a difference
+    /// is born.
     ///
-    /// Exit code 0: every output within the bound; 1: one is not; 2: layerdiff could not run.
+    /// Exit code 0: every output within the bound and as near float64 as rounding explains; 1:
+    /// one is not; 2: layerdiff could not run.
     Check(CheckArgs),
     /// List the built-in models (`layerdiff torch NAME`), their parameter counts and what each
     /// exercises, and the models installed packages register.

@@ -53,15 +53,17 @@ impl CheckCommand {
     }
 }
 
-/// Judges the target's outputs against the reference's (same order), writes and prints the
-/// check; returns the exit code.
+/// Judges the target's outputs against the reference's (same order), and both against the
+/// outputs computed in float64 where given; writes and prints the check; returns the exit code.
 #[pyfunction]
+#[pyo3(signature = (command, sides, reference, target, truth=None))]
 pub(crate) fn deliver_check(
     py: Python<'_>,
     command: &CheckCommand,
     sides: (String, String),
     reference: Vec<FlatTensor<'_>>,
     target: Vec<FlatTensor<'_>>,
+    truth: Option<Vec<FlatTensor<'_>>>,
 ) -> PyResult<u8> {
     let owned = |ts: &[FlatTensor<'_>]| {
         ts.iter()
@@ -69,6 +71,7 @@ pub(crate) fn deliver_check(
             .collect::<PyResult<Vec<_>>>()
     };
     let (reference, target) = (owned(&reference)?, owned(&target)?);
+    let truth = truth.as_deref().map(owned).transpose()?;
     let bound = Bound {
         atol: command.atol,
         rtol: command.rtol,
@@ -85,7 +88,12 @@ pub(crate) fn deliver_check(
             bound,
             &reference,
             &target,
+            truth.as_deref(),
         )?;
+        let report = match &command.onnx {
+            Some(path) => report.of_file(&path.display().to_string()),
+            None => report,
+        };
         deliver(&report, &to)
     })
     .map_err(to_py_err)

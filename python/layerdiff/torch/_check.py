@@ -1,5 +1,6 @@
 """`layerdiff check`: a PyTorch model's final outputs against its ONNX export on a runtime,
-judged by the core (`layerdiff_flow::check`): allclose, the largest errors, the worst element."""
+judged by the core (`layerdiff_flow::check`): allclose, the largest errors, the worst element,
+and both sides' distance from the outputs computed in float64."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def run_command(command, progress) -> int:
     with torch.no_grad():
         out = run_model(inputs, lambda: model(*inputs))
     reference = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    truth = _float64_outputs(model, inputs, len(reference), progress, command.quiet)
     with tempfile.TemporaryDirectory() as work:
         if command.onnx is not None:
             path = Path(command.onnx)
@@ -57,5 +59,29 @@ def run_command(command, progress) -> int:
         f"output_{i}" for i in range(len(outputs), len(reference))
     ]
     reference_flat = [flat(names_out[i], t) for i, t in enumerate(reference)]
+    truth_flat = None if truth is None else [flat(names_out[i], t) for i, t in enumerate(truth)]
     sides = (f"PyTorch {torch.__version__} (eager, cpu)", command.target)
-    return _layerdiff.deliver_check(command, sides, reference_flat, target)
+    return _layerdiff.deliver_check(command, sides, reference_flat, target, truth_flat)
+
+
+def _float64_outputs(model, inputs, count: int, progress, quiet: bool):
+    """The model's outputs computed in float64 (a copy of it, its floating inputs widened): the
+    truth both sides round. `None`, said on stderr, where the model does not run in float64."""
+    import copy
+
+    progress("computing the outputs in float64")
+    wide = tuple(t.double() if t.is_floating_point() else t for t in inputs)
+    try:
+        exact = copy.deepcopy(model).double()
+        with torch.no_grad():
+            out = exact(*wide)
+    except Exception as e:  # a model that cannot run in float64 is checked by the bound alone
+        if not quiet:
+            print(
+                f"note: the outputs are judged by the bound alone: the model does not run in "
+                f"float64 ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})",
+                file=sys.stderr,
+            )
+        return None
+    truth = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    return truth if len(truth) == count else None
