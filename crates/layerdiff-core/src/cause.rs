@@ -6,9 +6,10 @@
 //! The flows gather [`Evidence`] per layer (they know the graphs, weights and runtimes) and
 //! measure each layer's own error against the same-precision baseline ([`crate::Baseline`]);
 //! this module only decides, in a fixed order, for every layer that exceeds its tolerance
-//! (accumulated or locally), every layer whose own error is beyond what its precision explains
-//! (scale-free: a layer of small values stays under the absolute tolerance with any defect),
-//! and every layer an exceeding layer's error is traced back to:
+//! (accumulated or locally), every layer that stays within it while its own error is beyond what
+//! its precision explains ([`Layer::own_beyond`]: a layer of small values stays under the
+//! absolute tolerance with any defect), and every layer an exceeding layer's error is traced
+//! back to:
 //!
 //! 1. `inherited`: its own (local) error is within tolerance and within what its precision
 //!    explains; the difference came from upstream, mostly from the layer it is traced back to
@@ -161,6 +162,8 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
             .or_insert((first.clone(), max(l), l.tolerance));
     }
     let mut defects: Vec<(usize, Defect)> = Vec::new();
+    // each defect's cause and detail as decided, before the layer's own sentences
+    let mut named_defects: Vec<String> = Vec::new();
     // Layers whose precision is a quantization's (their grid for the summary).
     // the layers whose precision is a quantization's, with its grid (`int8`, `int4`)
     let mut quantized: std::collections::HashMap<String, String> = std::collections::HashMap::new();
@@ -171,6 +174,8 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
         let is_source = summary.is_source(layer);
         let e = evidence.get(i).unwrap_or(&none);
         let (cause, mut detail, finding) = decide(layer, e, is_source);
+        // what the cause says before the sentences about this layer's figures are added
+        let said = format!("{cause}: {detail}");
         if is_source && !layer.exceeds_tol && !layer.local_exceeds {
             let (name, d, tol) = reached.get(&layer.name).cloned().unwrap_or((
                 "a later layer".to_string(),
@@ -236,10 +241,8 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
             quantized.insert(layer.name.clone(), grid);
         }
         // A defect already named upstream in the same words (one changed weight two layers
-        // re-run) is that defect once.
-        let named = defects
-            .iter()
-            .any(|(_, d)| d.cause == cause && d.detail == detail);
+        // read) is that defect once, whatever each layer's own figures.
+        let named = named_defects.contains(&said);
         if cause == "narrow_accumulation"
             && let Some((b, n)) = layer
                 .baseline
@@ -256,6 +259,7 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
             });
         }
         if finding == Finding::Defect && !named {
+            named_defects.push(said);
             let own = layer.local.as_ref().or(layer.accumulated.as_ref());
             defects.push((
                 layer.index,
