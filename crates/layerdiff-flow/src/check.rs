@@ -23,7 +23,7 @@ pub const CHECK_SCHEMA: &str = "layerdiff.check/1";
 
 /// How many times the reference's distance from the float64 truth a target output may be and
 /// still be rounding the same computation. Honest runtimes on the built-in models measure
-/// 0.4× to 1.5× (ONNX Runtime at every level, tract, OpenVINO, mean distances; docs/metrics.md);
+/// 0.4× to 1.5× (ONNX Runtime at every level, tract, OpenVINO, mean distances; docs/torch.md);
 /// a Gelu computed with the tanh approximation 30×, a squeeze-excitation weight 10% off whose
 /// outputs stay within the bound 6×.
 pub const OUTPUT_ROUNDING_FACTOR: f64 = 4.0;

@@ -452,7 +452,7 @@ mod tests {
     fn a_square_weight_stored_transposed_is_the_same_weight() {
         let weight = matrix(&[1.0, 2.0, 3.0, 4.0], 2, 2);
         let stored = matrix(&[1.0, 3.0, 2.0, 4.0], 2, 2);
-        let parameters = vec![("k.weight".to_string(), weight)];
+        let parameters = [("k.weight".to_string(), weight)];
         let found = parameter_check(
             "val_31",
             &parameters.iter().collect::<Vec<_>>(),
@@ -469,7 +469,7 @@ mod tests {
         );
         assert!(matches!(found, Some(WeightCheck::Differs(_))), "{found:?}");
         // stored transposed in float16: the same weight in lower precision, not another one
-        let parameters = vec![(
+        let parameters = [(
             "k.weight".to_string(),
             matrix(&[1.0, 2.0, 3.0, 4.0001], 2, 2),
         )];
