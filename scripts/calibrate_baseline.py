@@ -1,25 +1,32 @@
 """`make calibrate`: calibrates the rule that tells a defect from precision on honest kernels and
-on planted faults. Clean runs: every built-in model (seeded random weights) converted to
-float16 by ONNX Runtime's converter against PyTorch, and as PyTorch targets in bfloat16 and
-autocast bfloat16, forward; and every built-in model's gradients (`layerdiff grad`) in bfloat16
-and float16. Faults: kernels planted in real models (tests/builders/narrow_kernels.py) that
-accumulate in the narrow dtype (to be named `narrow_accumulation` at their layer, not a
-defect), backwards off by 2% in the narrow dtype (to be the one defect, at their weight), a
-functional call's epsilon computed from the dtype (`argument_mismatch` at that call), and a
-model's ONNX export edited (an attribute, a folded constant) and run by ONNX Runtime as written
+on planted faults. Clean runs: every built-in PyTorch model (seeded random weights) against its
+ONNX export converted to float16 by ONNX Runtime's converter, quantized to int8 by its static
+QDQ quantizer and by its dynamic quantizer (MatMulInteger, ConvInteger), and run by OpenVINO
+at its default inference precision; as PyTorch targets in bfloat16 and autocast bfloat16,
+forward; every built-in model's gradients (`layerdiff grad`) in bfloat16 and float16; every
+built-in Keras model against its tf2onnx file on ONNX Runtime and OpenVINO, XLA, and TFLite
+in float32, float16, full-integer int8 and dynamic-range int8. Faults: kernels planted in real
+models (tests/builders/narrow_kernels.py) that accumulate in the narrow dtype (to be named
+`narrow_accumulation` at their layer, not a defect), backwards off by 2% in the narrow dtype
+(to be the one defect, at their weight), a functional call's epsilon computed from the dtype
+(`argument_mismatch` at that call), and a model's ONNX export edited (an attribute, a folded
+constant, a weight whose layer stays under the absolute tolerance, a weight ONNX Runtime's
+optimizer fuses and reorders, a dynamic int8 file's weight scale) and run by ONNX Runtime
 (`file_differs` or `weight_mismatch` at its layer: the file, never the runtime).
 Each run's verdict, defects, the layers that accumulate in the narrow dtype and the largest
 multiple of what precision explains go into the table of docs/metrics.md (between its
 calibration markers). A defect in a clean run, or a fault not found at its layer with its
 cause, is a wrong headline: the script exits 1.
 
-    python scripts/calibrate_baseline.py [--models resnet18,bert] [--no-write] [--from-reports]
-                                         [--no-grad] [--no-faults]
+    python scripts/calibrate_baseline.py [--models resnet18,bert] [--keras keras_cnn]
+                                         [--no-write] [--from-reports] [--no-grad]
+                                         [--no-faults] [--quick]
 
 With `--from-reports` the float16 and bfloat16 forward rows are read from examples/reports/
 (`make reports` makes exactly those runs: `layerdiff torch NAME --seed 0 --dtype fp16`, and
-`--target torch --dtype bf16`) instead of being run again.
-"""
+`--target torch --dtype bf16`) instead of being run again. `--quick` runs the subset `make
+test` runs (tests/test_calibration.py): one clean row of each kind of side and the faults that
+take seconds; it writes nothing."""
 
 from __future__ import annotations
 
@@ -31,13 +38,22 @@ import time
 from pathlib import Path
 
 import layerdiff
+from layerdiff._keras_zoo import KERAS_MODELS as KERAS_ZOO
 from layerdiff.torch import compare_torch_onnx
 from layerdiff.torch.models import ZOO, load_builder
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs/metrics.md"
 BEGIN, END = "<!-- calibration: begin -->", "<!-- calibration: end -->"
-TARGETS = ("onnx fp16", "torch:bf16", "torch:amp-bf16")
+TARGETS = (
+    "onnx fp16", "onnx int8", "onnx dynamic int8", "openvino", "torch:bf16", "torch:amp-bf16",
+)  # fmt: skip
+KERAS_TARGETS = (
+    "ort", "openvino", "xla", "tflite", "tflite:fp16", "tflite:int8", "tflite:dynamic",
+)  # fmt: skip
+# sides a Keras model has none of: tf2onnx does not convert keras_encoder's exact GELU (Erfc),
+# which `layerdiff keras` says with exit 2 and a hint
+NO_ONNX = {"keras_encoder"}
 GRAD_TARGETS = ("torch:bf16", "torch:fp16")
 REPORTS = {"onnx fp16": "fp16", "torch:bf16": "bf16"}  # examples/reports/NAME_SUFFIX.json
 # planted faults: (builder in tests/builders/narrow_kernels.py, forward or grad, target,
@@ -62,7 +78,24 @@ FAULTS = [
     ("bert", "file", "ort", "model.encoder.layer.1.attention.output.LayerNorm", "file_differs"),
     ("resnet18", "file", "ort", "fc", "file_differs"),
     ("edited_files", "file", "ort", "norm", "weight_mismatch"),
+    # a squeeze-excitation weight ×1.1: its values (about 1e-3) keep the layer and all after
+    # it under the absolute tolerance
+    ("efficientnet_b0", "file", "ort", "features.2.0.block.2.fc1", "weight_mismatch"),
+    # a Conv+BatchNorm weight ×1.05 in a legacy export, which ONNX Runtime fuses with the ReLU
+    # into an NCHWc Conv on a reordered copy: found at the first value that survives
+    ("resnet18 legacy", "file", "ort:opt=all", "layer2.0.relu", "weight_mismatch"),
+    # one weight scale ×1.3 in a file quantized by ONNX Runtime's dynamic quantizer
+    ("bert dynamic int8", "file", "ort", "model.encoder.layer.0.attention.self.value",
+     "weight_mismatch"),
 ]  # fmt: skip
+# the subset `--quick` runs: (model, target) clean rows, Keras rows, gradients, faults by index
+QUICK = {
+    "forward": [("mobilenet_v3_small", "onnx fp16"), ("bert", "onnx dynamic int8"),
+                ("bert", "openvino"), ("gpt2", "torch:bf16")],
+    "keras": [("keras_cnn", "tflite:int8")],
+    "grad": [("bert", "torch:bf16")],
+    "faults": [10, 15, 17],
+}  # fmt: skip
 
 
 def _attribute(op: str, index: int, name: str, value):
@@ -90,28 +123,125 @@ def _folded_divisor(model) -> None:
     folded.CopyFrom(numpy_helper.from_array(values, folded.name))
 
 
-# how each `file` fault edits its model's export: a LayerNorm's epsilon, a Gemm's alpha, a
-# constant the exporter folded
+def _scaled(name: str, factor: float):
+    """An edit: the initializer `name` scaled by `factor`."""
+
+    def edit(model) -> None:
+        from onnx import numpy_helper
+
+        weight = next(i for i in model.graph.initializer if i.name == name)
+        values = numpy_helper.to_array(weight)
+        weight.CopyFrom(numpy_helper.from_array((values * factor).astype(values.dtype), name))
+
+    return edit
+
+
+def _conv_weight(output: str, factor: float):
+    """An edit: the weight of the Conv that writes `output` scaled by `factor`."""
+
+    def edit(model) -> None:
+        conv = next(n for n in model.graph.node if output in n.output)
+        _scaled(conv.input[1], factor)(model)
+
+    return edit
+
+
+def _dynamic_scale(index: int, factor: float):
+    """An edit of a dynamically quantized file: the weight scale of its `index`-th
+    MatMulInteger scaled by `factor`."""
+
+    def edit(model) -> None:
+        product = [n for n in model.graph.node if n.op_type == "MatMulInteger"][index]
+        _scaled(product.input[1].removesuffix("_quantized") + "_scale", factor)(model)
+
+    return edit
+
+
+# how each `file` fault makes and edits its model's file: (the model, its exporter, whether
+# ONNX Runtime's dynamic quantizer quantizes the export first, the edit): a LayerNorm's
+# epsilon, a Gemm's alpha, a constant the exporter folded, weights, a weight scale
 EDITS = {
-    "bert": _attribute("LayerNormalization", 3, "epsilon", 0.05),
-    "resnet18": _attribute("Gemm", 0, "alpha", 1.01),
-    "edited_files": _folded_divisor,
-}
+    "bert": ("bert", "dynamo", False, _attribute("LayerNormalization", 3, "epsilon", 0.05)),
+    "resnet18": ("resnet18", "dynamo", False, _attribute("Gemm", 0, "alpha", 1.01)),
+    "edited_files": ("edited_files", "dynamo", False, _folded_divisor),
+    "efficientnet_b0": (
+        "efficientnet_b0", "dynamo", False, _scaled("features.2.0.block.2.fc1.weight", 1.1),
+    ),
+    "resnet18 legacy": (
+        "resnet18", "legacy", False, _conv_weight("/layer2/layer2.0/conv1/Conv_output_0", 1.05),
+    ),
+    "bert dynamic int8": ("bert", "dynamo", True, _dynamic_scale(2, 1.3)),
+}  # fmt: skip
 
 
 class _Committed:
-    """A report `make reports` wrote, read back (what `row` needs of it)."""
+    """A report written as JSON, read back (what `row` needs of it): one `make reports` wrote
+    (`committed`), or a run of the command line."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, committed: bool = True):
         data = json.loads(path.read_text())
         self.summary, self.layers = data["summary"], data["layers"]
+        self.committed = committed
+
+
+def _dynamic_int8(path: Path, out: Path) -> Path:
+    """`path` quantized by ONNX Runtime's dynamic quantizer (int8 weights) into `out`."""
+    import logging
+
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    # The dynamo exporter's value_info disagrees with what the quantizer's shape inference
+    # makes of a Gemm ("Inferred shape and existing shape differ"): it is inferred again.
+    model = onnx.load(str(path))
+    del model.graph.value_info[:]
+    onnx.save(model, str(out))
+    logging.disable(logging.WARNING)  # its advice to pre-process first, for every file
+    try:
+        quantize_dynamic(str(out), str(out), weight_type=QuantType.QInt8)
+    finally:
+        logging.disable(logging.NOTSET)
+    model = onnx.load(str(out))
+    model.ir_version = min(model.ir_version, 10)  # what ONNX Runtime 1.31 reads
+    onnx.save(model, str(out))
+    return out
 
 
 def run(name: str, target: str):
     model, inputs = load_builder(name)(0)
-    if target == "onnx fp16":
-        return compare_torch_onnx(model, inputs, dtype="fp16", seed=0)
+    if target in ("onnx fp16", "onnx int8"):
+        return compare_torch_onnx(model, inputs, dtype=target.split()[1], seed=0)
+    if target == "openvino":
+        return compare_torch_onnx(model, inputs, target="openvino", seed=0)
+    if target == "onnx dynamic int8":
+        import tempfile
+
+        from layerdiff.torch import export_onnx
+
+        with tempfile.TemporaryDirectory() as folder:
+            path = export_onnx(model, inputs, Path(folder) / "model.onnx")
+            quantized = _dynamic_int8(path, Path(folder) / "model.int8.onnx")
+            return compare_torch_onnx(model, inputs, onnx=quantized, seed=0)
     return layerdiff.compare_torch(model, inputs, target=target, seed=0)
+
+
+def keras_run(name: str, target: str):
+    """`layerdiff keras NAME --target TARGET`, in a process of its own: TensorFlow and PyTorch
+    do not share one (tests/conftest.py)."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "r.json"
+        done = subprocess.run(
+            [sys.executable, "-m", "layerdiff", "keras", name, "--target", target, "--seed", "0",
+             "--json", str(out), "--quiet"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if done.returncode not in (0, 1) or not out.is_file():
+            said = done.stderr.strip().splitlines()
+            raise RuntimeError(said[-1] if said else f"exit {done.returncode}, no report")
+        return _Committed(out, committed=False)
 
 
 def grad(name: str, target: str):
@@ -131,17 +261,20 @@ def fault(builder: str, kind: str, target: str):
         import onnx
         from layerdiff.torch import export_onnx
 
+        name, exporter, dynamic, edit = EDITS[builder]
         model, inputs = (
-            load_builder(builder)(0)
-            if builder in ZOO
-            else importlib.import_module(f"builders.{builder}").build()
+            load_builder(name)(0)
+            if name in ZOO
+            else importlib.import_module(f"builders.{name}").build()
         )
         with tempfile.TemporaryDirectory() as folder:
-            path = export_onnx(model, inputs, Path(folder) / "model.onnx")
+            path = export_onnx(model, inputs, Path(folder) / "model.onnx", exporter=exporter)
+            if dynamic:
+                path = _dynamic_int8(path, Path(folder) / "model.int8.onnx")
             edited = onnx.load(str(path))
-            EDITS[builder](edited)
+            edit(edited)
             onnx.save(edited, str(path))
-            return compare_torch_onnx(model, inputs, onnx=path, seed=0)
+            return compare_torch_onnx(model, inputs, onnx=path, target=target, seed=0)
     if hasattr(narrow_kernels, builder):
         model, inputs = getattr(narrow_kernels, builder)()
     else:
@@ -159,7 +292,7 @@ def row(what: str, target: str, report, seconds: float, expected: str = "no defe
     defects = ", ".join(f"`{d['layer']}` {d['cause']}" for d in s["defects"]) or "none"
     kernels = [f"`{k['layer']}`" for k in s.get("narrow_accumulation", [])]
     narrow = ", ".join(kernels[:3]) + (f" and {len(kernels) - 3} more" if len(kernels) > 3 else "")
-    took = "`make reports`" if isinstance(report, _Committed) else f"{seconds:.0f} s"
+    took = "`make reports`" if getattr(report, "committed", False) else f"{seconds:.0f} s"
     return (
         f"| {what} | {target} | {expected} | {s['verdict']} | {defects} | {narrow or 'none'} | "
         f"{worst:.2f} | {len(multiples)} | {took} |"
@@ -176,60 +309,92 @@ def found(report, layer: str, cause: str) -> bool:
     return [(d["layer"], d["cause"]) for d in s["defects"]] == [(layer, cause)]
 
 
-def main() -> int:
+def evaluate(job: tuple) -> tuple[str, bool]:
+    """One row of the table and whether it is wrong: `job` is (kind, what, target, expected,
+    the check a fault must pass, the run's arguments). A run that breaks is a row too."""
+    kind, what, target, expected, check, arguments = job
+    start = time.perf_counter()
+    try:
+        if kind == "committed":
+            report = _Committed(arguments[0])
+        else:
+            report = {"forward": run, "keras": keras_run, "grad": grad, "fault": fault}[kind](
+                *arguments
+            )
+    except Exception as e:
+        return f"| {what} | {target} | {expected} | broke: {type(e).__name__}: {e} |||||", True
+    line = row(what, target, report, time.perf_counter() - start, expected)
+    if check is None:
+        return line, bool(report.summary["defects"])
+    if not found(report, *check):
+        return line + " **missed**", True
+    return line, False
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(ZOO))
+    parser.add_argument("--keras", default=",".join(KERAS_ZOO), help="the Keras models")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--from-reports", action="store_true")
     parser.add_argument("--no-grad", action="store_true", help="leave out the gradient rows")
     parser.add_argument("--no-faults", action="store_true", help="leave out the planted faults")
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="the subset `make test` runs")
+    parser.add_argument(
+        "--executor", choices=("local", "ray"), default="local",
+        help="where the runs go: here, one after another, or a Ray cluster (RAY_ADDRESS, else "
+        "one started on this machine), each run a task",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
     lines = [
         "| model | target | expected | verdict | defects | narrow accumulation | "
         "largest multiple | layers with a baseline | time |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    failed = False
+    names = [m for m in args.models.split(",") if m]  # `--models ""`: the faults alone
+    forward = [(m, t) for m in names for t in TARGETS]
+    keras = [
+        (m, t)
+        for m in args.keras.split(",")
+        if m
+        for t in KERAS_TARGETS
+        if not (m in NO_ONNX and t in ("ort", "openvino"))
+    ]
+    grads = [] if args.no_grad else [(m, t) for m in names for t in GRAD_TARGETS]
+    faults = [] if args.no_faults else list(range(len(FAULTS)))
+    if args.quick:
+        forward, keras, grads, faults = (QUICK[k] for k in ("forward", "keras", "grad", "faults"))
+        args.no_write = True
 
-    def job(m: str, t: str):
+    def clean(m: str, t: str) -> tuple:
         if args.from_reports and t in REPORTS:
             committed = ROOT / "examples" / "reports" / f"{m}_{REPORTS[t]}.json"
-            return lambda: _Committed(committed)
-        return lambda: run(m, t)
+            return ("committed", m, t, "no defect", None, (committed,))
+        return ("forward", m, t, "no defect", None, (m, t))
 
-    names = [m for m in args.models.split(",") if m]  # `--models ""`: the faults alone
-    # (what, target, run, expected, the check it must pass)
-    jobs = [(m, t, job(m, t), "no defect", None) for m in names for t in TARGETS]
-    if not args.no_grad:
-        jobs += [
-            (f"{m} gradients", t, lambda m=m, t=t: grad(m, t), "no defect", None)
-            for m in names
-            for t in GRAD_TARGETS
-        ]
-    if not args.no_faults:
-        jobs += [
-            (
-                f"{b} ({kind})", t, lambda b=b, kind=kind, t=t: fault(b, kind, t),
-                f"`{layer}` {cause}", (layer, cause),
-            )
-            for b, kind, t, layer, cause in FAULTS
-        ]  # fmt: skip
-    for what, target, job, expected, check in jobs:
-        start = time.perf_counter()
-        try:
-            report = job()
-        except Exception as e:  # a run that breaks is a row, not the end of the table
-            lines.append(f"| {what} | {target} | {expected} | broke: {type(e).__name__} |||||")
-            failed = True
-            print(lines[-1], flush=True)
-            continue
-        lines.append(row(what, target, report, time.perf_counter() - start, expected))
-        if check is None:
-            failed |= bool(report.summary["defects"])
-        elif not found(report, *check):
-            failed = True
-            lines[-1] += " **missed**"
-        print(lines[-1], flush=True)
+    jobs = [clean(m, t) for m, t in forward]
+    jobs += [("keras", m, t, "no defect", None, (m, t)) for m, t in keras]
+    jobs += [("grad", f"{m} gradients", t, "no defect", None, (m, t)) for m, t in grads]
+    for b, kind, t, layer, cause in (FAULTS[i] for i in faults):
+        jobs.append(
+            ("fault", f"{b} ({kind})", t, f"`{layer}` {cause}", (layer, cause), (b, kind, t))
+        )
+    failed = False
+    if args.executor == "ray":
+        from layerdiff.torch._ops import _executor
+
+        with _executor("ray", len(jobs)) as run_all:
+            rows = run_all(evaluate, jobs)
+        for line, wrong in rows:
+            print(line, flush=True)
+            lines.append(line)
+            failed |= wrong
+    else:
+        for job in jobs:
+            line, wrong = evaluate(job)
+            print(line, flush=True)
+            lines.append(line)
+            failed |= wrong
     table = "\n".join(lines)
     if not args.no_write:
         text = DOC.read_text()
