@@ -85,6 +85,7 @@ pub fn summarise(layers: &mut [Layer]) -> Summary {
         .chain(sentinel_note(layers))
         .collect();
     Summary {
+        judges_within_tolerance: !layers.iter().any(|l| l.quantization.is_some()),
         layers_total: layers.len(),
         layers_compared: compared.len(),
         layers_exceeding: layers.iter().filter(|l| l.exceeds_tol).count(),

@@ -397,3 +397,43 @@ fn a_layer_beyond_its_precision_under_the_absolute_tolerance_is_judged_all_the_s
         (Verdict::NoDrift, None)
     );
 }
+
+#[test]
+fn a_quantized_run_judges_only_what_exceeds() {
+    // A static int8 file: the float Add between quantized values measures beyond its float32
+    // ideal (which does not model the quantized inputs) while within its tolerance. Where the
+    // target quantizes some layer, a layer within its tolerance gets no cause.
+    let mut layers = vec![
+        layer(0, 1e-2, Some(1e-2), &["x"]),
+        layer(1, 6e-5, Some(6e-5), &["l0"]),
+    ];
+    layers[0].quantization = Some(crate::Quantization::new("int8", 0.02, 0).unwrap());
+    layers[1].baseline = Some(baseline(7.9));
+    let mut summary = analyse(&mut layers, Tolerance::PerDtype);
+    assert!(!summary.judges_within_tolerance);
+    explain(
+        &mut layers,
+        &[Evidence::default(), Evidence::default()],
+        &mut summary,
+    );
+    assert_eq!(layers[1].cause, None);
+    assert!(summary.defects.is_empty(), "{:?}", summary.defects);
+    // the same, where only the ops the causes read show the quantization
+    let mut layers = vec![
+        layer(0, 1e-2, Some(1e-2), &["x"]),
+        layer(1, 6e-5, Some(6e-5), &["l0"]),
+    ];
+    layers[1].baseline = Some(baseline(7.9));
+    let mut summary = analyse(&mut layers, Tolerance::PerDtype);
+    assert!(summary.judges_within_tolerance);
+    let quantizing = Evidence {
+        ops: vec!["DequantizeLinear".into(), "Conv".into()],
+        ..Evidence::default()
+    };
+    explain(
+        &mut layers,
+        &[quantizing, Evidence::default()],
+        &mut summary,
+    );
+    assert_eq!(layers[1].cause, None);
+}

@@ -54,6 +54,13 @@ pub struct Summary {
     pub most_own_error: Vec<WorstLayer>,
     /// What a reader must know before trusting the verdict, e.g. that few layers were compared.
     pub warnings: Vec<String>,
+    /// Whether a layer within its tolerance is judged against what its precision explains
+    /// ([`Layer::own_beyond`]): not where the target quantizes some layer (a layer's grid, or
+    /// a quantizing op among the ops the causes read), since the float ideal of a float layer
+    /// between quantized values (a HardSwish or an Add of a static int8 file) is not modeled
+    /// yet.
+    #[serde(skip)]
+    pub judges_within_tolerance: bool,
     /// Why the run cannot say "no drift" although no compared layer exceeds (layers from some
     /// point on could not be paired, which is what drift beyond recognition looks like); `None`
     /// when the verdict stands. An inconclusive run exits 1, like drift.
@@ -228,11 +235,20 @@ impl Summary {
         (!ranked.is_empty()).then(|| ranked.join(", "))
     }
 
-    /// Whether a layer gets a cause: it exceeds its tolerance, accumulated or locally, its own
-    /// error is beyond what its precision explains (whatever its tolerance says), or it is
-    /// where an exceeding layer's error is traced back to (the drift origin among them).
+    /// Whether a layer gets a cause: it exceeds its tolerance, accumulated or locally, it stays
+    /// within it while its own error is beyond what its precision explains, or it is where an
+    /// exceeding layer's error is traced back to (the drift origin among them).
     pub fn needs_cause(&self, layer: &Layer) -> bool {
-        layer.exceeds_tol || layer.local_exceeds || layer.own_beyond() || self.is_source(layer)
+        layer.exceeds_tol
+            || layer.local_exceeds
+            || self.judged_within(layer)
+            || self.is_source(layer)
+    }
+
+    /// Whether a layer within its tolerance gets a cause, its own error beyond what its
+    /// precision explains ([`Summary::judges_within_tolerance`]).
+    fn judged_within(&self, layer: &Layer) -> bool {
+        self.judges_within_tolerance && layer.own_beyond()
     }
 
     /// Whether an exceeding layer's error is traced back to `layer`.
@@ -249,7 +265,7 @@ impl Summary {
             && (self.is_source(layer)
                 || layer.local.is_none()
                 || layer.local_exceeds
-                || layer.own_beyond())
+                || self.judged_within(layer))
     }
 }
 
