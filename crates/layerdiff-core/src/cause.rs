@@ -143,13 +143,12 @@ impl Evidence {
 /// `evidence` is indexed like `layers` (missing entries mean no evidence).
 pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summary) {
     let none = Evidence::default();
-    // a target that quantizes: layers within their tolerance are not judged (see the field)
-    if evidence
-        .iter()
-        .any(|e| e.ops.iter().any(|op| quantizing_op(op)))
-    {
-        summary.judges_within_tolerance = false;
-    }
+    // a target that quantizes (a layer's grid, or a quantizing op among the ops the causes
+    // read): layers within their tolerance are not judged (see the field)
+    summary.judges_within_tolerance = !layers.iter().any(|l| l.quantization.is_some())
+        && !evidence
+            .iter()
+            .any(|e| e.ops.iter().any(|op| quantizing_op(op)));
     let max = |l: &Layer| l.accumulated.as_ref().map_or(0.0, |s| s.max_abs_diff);
     // For each layer errors are traced back to: the first exceeding layer traced to it, its
     // difference and tolerance, to say how it came to exceed.

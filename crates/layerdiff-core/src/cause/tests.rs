@@ -410,12 +410,12 @@ fn a_quantized_run_judges_only_what_exceeds() {
     layers[0].quantization = Some(crate::Quantization::new("int8", 0.02, 0).unwrap());
     layers[1].baseline = Some(baseline(7.9));
     let mut summary = analyse(&mut layers, Tolerance::PerDtype);
-    assert!(!summary.judges_within_tolerance);
     explain(
         &mut layers,
         &[Evidence::default(), Evidence::default()],
         &mut summary,
     );
+    assert!(!summary.judges_within_tolerance);
     assert_eq!(layers[1].cause, None);
     assert!(summary.defects.is_empty(), "{:?}", summary.defects);
     // the same, where only the ops the causes read show the quantization
@@ -425,7 +425,6 @@ fn a_quantized_run_judges_only_what_exceeds() {
     ];
     layers[1].baseline = Some(baseline(7.9));
     let mut summary = analyse(&mut layers, Tolerance::PerDtype);
-    assert!(summary.judges_within_tolerance);
     let quantizing = Evidence {
         ops: vec!["DequantizeLinear".into(), "Conv".into()],
         ..Evidence::default()

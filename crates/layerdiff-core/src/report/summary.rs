@@ -58,7 +58,7 @@ pub struct Summary {
     /// ([`Layer::own_beyond`]): not where the target quantizes some layer (a layer's grid, or
     /// a quantizing op among the ops the causes read), since the float ideal of a float layer
     /// between quantized values (a HardSwish or an Add of a static int8 file) is not modeled
-    /// yet.
+    /// yet. Set by [`crate::explain`], which reads the evidence; true before.
     #[serde(skip)]
     pub judges_within_tolerance: bool,
     /// Why the run cannot say "no drift" although no compared layer exceeds (layers from some
