@@ -127,8 +127,13 @@ def test_int8_quantization_names_the_layers_that_lose_most(resnet18):
     report = compare_torch_onnx(model, inputs, dtype="int8")
     assert "quantized to int8" in report.data["target"]["detail"]
     s = report.summary
-    # the Conv is fused with its BatchNorm at export: the first value is `bn1`'s
-    assert s["layers_compared"] >= 48 and s["drift_origin"] == "bn1"
+    # the Conv is fused with its BatchNorm at export: the first value is `bn1`'s, and no Conv
+    # is paired with its BatchNorm's quantized copy
+    assert s["layers_compared"] >= 46 and s["drift_origin"] == "bn1"
+    convs = [x for x in report.data["layers"] if x["module_type"] == "Conv2d"]
+    assert len(convs) == 20 and all(x["status"] == "unmapped" for x in convs), [
+        x["name"] for x in convs if x["status"] != "unmapped"
+    ]
     origin = report.layer("bn1")
     # the quantized weight is the quantization, not a different weight
     assert origin["cause"] == "precision_loss" and "int8" in origin["detail"], origin["detail"]
@@ -138,6 +143,51 @@ def test_int8_quantization_names_the_layers_that_lose_most(resnet18):
     ranked = [w["layer"] for w in s["most_own_error"]]
     assert ranked and ranked[0] == advice["layers"][0]["layer"]
     assert advice["check"]["exceeding_after"] <= advice["check"]["exceeding_before"]
+
+
+def test_a_conv_folded_with_its_identity_batchnorm_is_not_paired_with_the_quantized_copy():
+    """A Conv whose BatchNorm (identity at initialisation) the export folds into it, then a
+    HardSwish, quantized: the Conv's values look like the BatchNorm's quantized copy, which the
+    quantizer computes from the BatchNorm's value. Paired with it, the HardSwish was re-run on
+    the Conv's values (0.05% off the BatchNorm's) and read 'op_implementation, 758×' on a clean
+    MobileNetV3. A layer never takes a value computed from a later layer's."""
+    torch.manual_seed(0)
+    nn = torch.nn
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(16), nn.Hardswish(),
+        nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10),
+    ).eval()  # fmt: skip
+    report = compare_torch_onnx(model, (torch.randn(1, 3, 64, 64),), dtype="int8", seed=0)
+    s = report.summary
+    assert s["verdict"] == "precision" and s["defects"] == [], report.summary_text()
+    conv = report.layer("0")
+    assert conv["status"] == "unmapped" and conv["reason"].startswith("fused into `1`"), conv
+    assert report.layer("1")["location"]["op"] == "Conv"
+    assert report.layer("2")["local_inputs"] == ["1"]
+    assert report.layer("2")["cause"] != "op_implementation"
+
+
+def test_a_layer_the_quantizer_cuts_inside_is_paired_with_its_last_value():
+    """ConvNeXt's LayerNorm2d permutes to channels-last, normalizes and permutes back; the
+    quantizer puts QuantizeLinear/DequantizeLinear (with no scope) between those nodes, so the
+    first Transpose's value seemed to leave the module and was paired with the layer: a clean
+    int8 ConvNeXt read `shape_mismatch` at every LayerNorm2d, and the Conv after it a weight
+    mismatch against the LayerNorm's weight."""
+    from torchvision.models.convnext import LayerNorm2d
+
+    torch.manual_seed(0)
+    nn = torch.nn
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 4, stride=4), LayerNorm2d(16), nn.Conv2d(16, 16, 3, padding=1),
+        nn.GELU(), nn.Conv2d(16, 8, 1),
+    ).eval()  # fmt: skip
+    report = compare_torch_onnx(model, (torch.randn(1, 3, 64, 64),), dtype="int8", seed=0)
+    s = report.summary
+    assert s["verdict"] == "precision" and s["defects"] == [], report.summary_text()
+    norm = report.layer("1")
+    assert norm["status"] == "compared" and norm["target_shape"] is None, norm["location"]
+    assert report.layer("2")["cause"] != "weight_mismatch"
 
 
 def test_the_reports_carry_the_advice(overflow, tmp_path):

@@ -7,7 +7,9 @@
 //!
 //! 1. from the last layer back, each takes the last unused value before its successor's whose
 //!    samples look like its own ([`SAME_VALUE`]), so a value that two consecutive layers both
-//!    look like (a Conv and the identity BatchNorm folded into it) goes to the later layer;
+//!    look like (a Conv and the identity BatchNorm folded into it) goes to the later layer, and
+//!    no layer takes a value computed from a later layer's (the Conv, the BatchNorm's
+//!    quantized copy);
 //! 2. each paired layer moves to the first value after its predecessor's that holds the same
 //!    numbers as the one it took, so a pooled value is not confused with the flatten after it
 //!    (but a Linear is not moved to the MatMul before its bias);
@@ -94,16 +96,26 @@ pub fn pair_by_values(
     // layer after it took: order is kept, and a value that two consecutive layers both look
     // like (a Conv whose BatchNorm the exporter folded into it, an identity BatchNorm) goes
     // to the later layer, whose output it is.
+    // A layer never takes a value computed from a later layer's (paired here or by its scope):
+    // the model computes that layer first (a Conv whose identity BatchNorm was folded into it
+    // looks like the BatchNorm's quantized copy, which the quantizer computes from the
+    // BatchNorm's value).
     let mut used = vec![false; candidates.len()];
+    let mut later = Downstream::default();
+    let mut scoped = request.scoped.iter().rev().peekable();
     let mut found: Vec<Option<(usize, String)>> = vec![None; wanted.len()];
     let mut before = candidates.len();
     for (w, layer) in wanted.iter().enumerate().rev() {
+        while let Some((_, value)) = scoped.next_if(|(i, _)| *i > request.layers[w]) {
+            later.add(&index, value);
+        }
         let Some(print) = &layer.fingerprint else {
             continue;
         };
         let alike = |&(c, ref f): &(usize, Fingerprint)| {
             let likeness = print.likeness(f);
-            (!used[c] && likeness >= SAME_VALUE).then_some((c, likeness))
+            (!used[c] && likeness >= SAME_VALUE && !later.holds(&candidates[c].0))
+                .then_some((c, likeness))
         };
         let earlier = seen
             .iter()
@@ -117,6 +129,7 @@ pub fn pair_by_values(
         };
         if let Some((c, likeness)) = earlier.or_else(anywhere) {
             used[c] = true;
+            later.add(&index, &candidates[c].0);
             before = c;
             found[w] = Some((c, strictly(likeness)));
         }
@@ -200,6 +213,29 @@ pub fn pair_by_values(
         answers.extend(pair_calls(group, layers, &index, &in_groups));
     }
     Ok(answers)
+}
+
+/// The values computed from any of the values added (those included).
+#[derive(Default)]
+struct Downstream(std::collections::HashSet<String>);
+
+impl Downstream {
+    fn holds(&self, value: &str) -> bool {
+        self.0.contains(value)
+    }
+
+    /// `value` and every value computed from it; what is already held is not walked again.
+    fn add(&mut self, index: &GraphIndex, value: &str) {
+        let mut stack = vec![value.to_string()];
+        while let Some(v) = stack.pop() {
+            if !self.0.insert(v.clone()) {
+                continue;
+            }
+            for node in index.consumers(&v) {
+                stack.extend(node.outputs.iter().filter(|o| !o.is_empty()).cloned());
+            }
+        }
+    }
 }
 
 /// The fingerprint of each value of `names`, from extra runs of the target with them exposed

@@ -20,7 +20,7 @@ use std::collections::{HashMap, HashSet};
 use layerdiff_core::{DType, Fingerprint};
 
 use crate::scope::ScopeResolver;
-use crate::{Dimension, GraphIndex, GraphProto, NodeExt, is_float_elem_type};
+use crate::{Dimension, GraphIndex, GraphProto, NodeExt, NodeInfo, is_float_elem_type};
 
 mod functional;
 mod nodeless;
@@ -122,6 +122,9 @@ pub struct ValueRequest {
     pub unscoped_file: bool,
     /// Functional calls that the export's nodes in their module do not pair by position.
     pub calls: Vec<CallGroup>,
+    /// The layers (by index) their scope paired, with their values: a layer paired by value
+    /// never takes a value computed from a later layer's.
+    pub scoped: Vec<(usize, String)>,
 }
 
 impl ValueRequest {
@@ -148,6 +151,84 @@ pub struct CallGroup {
 pub type ValueMatch = Result<(String, String), String>;
 
 const NO_SCOPE: &str = "no ONNX node carries this module's scope";
+
+/// Nodes with no scope that a tool put inside a module (a static quantizer's QuantizeLinear →
+/// DequantizeLinear pairs, a dynamic quantizer's DynamicQuantizeLinear → MatMulInteger → scaling
+/// in place of a Gemm) are that module's when every value they read comes from it and every
+/// value they give is read by it: else the value they read seems to leave the module, and is
+/// taken for its output (the first Transpose of a ConvNeXt LayerNorm2d, which permutes,
+/// normalizes and permutes back; the flattened input of a GPT-2 Conv1D).
+fn inside_one_module(
+    graph: &GraphProto,
+    index: &GraphIndex,
+    node_module: &mut [Option<String>],
+) {
+    let nodes = index.nodes();
+    let unscoped: Vec<bool> = nodes
+        .iter()
+        .map(|n| node_module[n.index].is_none() && !has_scope(&graph.node[n.index]))
+        .collect();
+    // The modules a node's values come from, through nodes with no scope (`Ends::Outside` for a
+    // graph input or output, or a node of no module).
+    let end = |node: &NodeInfo| match &node_module[node.index] {
+        Some(m) => Ends::One(m.clone()),
+        None => Ends::Outside,
+    };
+    let mut from = vec![Ends::Nothing; nodes.len()];
+    for node in nodes.iter().filter(|n| unscoped[n.index]) {
+        for input in node.inputs.iter().filter(|i| !i.is_empty()) {
+            let ends = match index.producer(input) {
+                Some(p) if unscoped[p.index] => from[p.index].clone(),
+                Some(p) => end(p),
+                None if index.is_initializer(input) => Ends::Nothing,
+                None => Ends::Outside,
+            };
+            from[node.index] = std::mem::replace(&mut from[node.index], Ends::Nothing).join(ends);
+        }
+    }
+    let graph_outputs = index.graph_outputs();
+    let mut to = vec![Ends::Nothing; nodes.len()];
+    for node in nodes.iter().rev().filter(|n| unscoped[n.index]) {
+        for output in node.outputs.iter().filter(|o| !o.is_empty()) {
+            if graph_outputs.contains(output) {
+                to[node.index] = Ends::Outside;
+            }
+            for reader in index.consumers(output) {
+                let ends = if unscoped[reader.index] {
+                    to[reader.index].clone()
+                } else {
+                    end(reader)
+                };
+                to[node.index] = std::mem::replace(&mut to[node.index], Ends::Nothing).join(ends);
+            }
+        }
+    }
+    for node in nodes {
+        if let (Ends::One(a), Ends::One(b)) = (&from[node.index], &to[node.index])
+            && a == b
+        {
+            node_module[node.index] = Some(a.clone());
+        }
+    }
+}
+
+/// Where the values around a run of nodes with no scope come from or go to.
+#[derive(Debug, Clone, PartialEq)]
+enum Ends {
+    Nothing,
+    One(String),
+    Outside,
+}
+
+impl Ends {
+    fn join(self, other: Ends) -> Ends {
+        match (self, other) {
+            (Ends::Nothing, e) | (e, Ends::Nothing) => e,
+            (Ends::One(a), Ends::One(b)) if a == b => Ends::One(a),
+            _ => Ends::Outside,
+        }
+    }
+}
 
 /// Why a layer whose output no model output needs has no value in the export.
 const UNUSED: &str = "its output reaches none of the model's outputs (the model computes it and returns something else), and exporters drop such work";
@@ -182,7 +263,7 @@ impl ScopeMapping {
             .map(|l| l.module.as_str())
             .collect();
         let resolver = ScopeResolver::new(&modules);
-        let node_module: Vec<Option<String>> = graph
+        let mut node_module: Vec<Option<String>> = graph
             .node
             .iter()
             .map(|n| {
@@ -197,6 +278,7 @@ impl ScopeMapping {
                 })
             })
             .collect();
+        inside_one_module(graph, &index, &mut node_module);
 
         let mut boundary: HashMap<String, Vec<(String, usize)>> = HashMap::new();
         let graph_outputs: HashSet<&str> =
@@ -294,6 +376,14 @@ impl ScopeMapping {
                 .collect(),
             unscoped_file: boundary.is_empty(),
             calls,
+            scoped: mappings
+                .iter()
+                .enumerate()
+                .filter_map(|(i, m)| match m {
+                    LayerMapping::Mapped { value, .. } => Some((i, value.clone())),
+                    LayerMapping::Unmapped { .. } => None,
+                })
+                .collect(),
         };
         if request.candidates.is_empty() {
             request.layers.clear();
