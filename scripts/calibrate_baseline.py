@@ -335,6 +335,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(ZOO))
     parser.add_argument("--keras", default=",".join(KERAS_ZOO), help="the Keras models")
+    parser.add_argument(
+        "--targets", default=",".join(TARGETS),
+        help="the forward targets of the PyTorch models (`onnx int8,onnx dynamic int8`); a "
+        "subset does not write docs/metrics.md",
+    )  # fmt: skip
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--from-reports", action="store_true")
     parser.add_argument("--no-grad", action="store_true", help="leave out the gradient rows")
@@ -352,7 +357,11 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     names = [m for m in args.models.split(",") if m]  # `--models ""`: the faults alone
-    forward = [(m, t) for m in names for t in TARGETS]
+    targets = [t for t in args.targets.split(",") if t]
+    if unknown := [t for t in targets if t not in TARGETS]:
+        parser.error(f"unknown target(s) {', '.join(unknown)}: one of {', '.join(TARGETS)}")
+    forward = [(m, t) for m in names for t in targets]
+    args.no_write |= set(targets) != set(TARGETS)
     keras = [
         (m, t)
         for m in args.keras.split(",")

@@ -215,6 +215,7 @@ def test_a_weight_the_optimizer_fuses_and_reorders_is_the_weight_from_pytorch(
     clean = torch_report(resnet18, src, target="ort:opt=all")
     assert clean.drift_origin is None and not any(x["cause"] for x in clean.layers)
 
+
 def test_rounding_is_told_from_a_bug_by_the_float64_truth(tmp_path):
     """A deep MLP with growing activations: float32 rounding alone crosses its tolerance. The
     float64 run shows both sides equally far from the truth, so the cause is `rounding`, not a
@@ -404,3 +405,28 @@ def test_a_weight_that_differs_under_the_tolerance_is_still_reported(encoder_onn
     assert defect["detail"].startswith(f"`{bias.name}` differs: max abs diff 5.0"), defect
     assert "stays within the tolerance" in defect["detail"], defect["detail"]
     assert report["summary"]["verdict"] == "defect"
+
+
+def test_a_second_edit_hidden_in_inherited_drift_is_found_at_its_layer(
+    resnet18, resnet18_onnx, tmp_path
+):
+    """Two weights of a ResNet-18 export edited: a Conv's ×1.05, which takes every later layer
+    past the tolerance, and a later Conv's ×1.00001, whose own error stays within the tolerance.
+    The later layer exceeded only with what it inherits and read `inherited` at 12× what float32
+    explains: now it is judged on its own error, the second defect."""
+    import onnx
+    from layerdiff.torch import compare_torch_onnx
+
+    model, inputs, _ = resnet18
+    src = resnet18_onnx["dynamo"]
+    convs = [n.output[0] for n in onnx.load(str(src)).graph.node if n.op_type == "Conv"]
+    first = faults.scale_weight(src, tmp_path / "a.onnx", convs[3], 1.05)
+    both = faults.scale_weight(first, tmp_path / "ab.onnx", convs[12], 1.00001)
+    report = compare_torch_onnx(model, inputs, onnx=both, seed=0)
+    defects = [(d["layer"], d["cause"]) for d in report.summary["defects"]]
+    assert [d[0] for d in defects] == ["layer1.1.bn1", "layer3.0.downsample.1"], defects
+    second = report.layer("layer3.0.downsample.1")
+    assert second["exceeds_tol"] and not second["local_exceeds"], second["local"]
+    assert second["cause"] in ("weight_mismatch", "file_differs"), second["cause"]
+    assert "reads `layer3.0.downsample.0.weight`" in second["detail"], second["detail"]
+    assert "it exceeds with what it inherits (mostly from `layer1.1.bn1`)" in second["detail"]

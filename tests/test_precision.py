@@ -190,6 +190,36 @@ def test_a_layer_the_quantizer_cuts_inside_is_paired_with_its_last_value():
     assert report.layer("2")["cause"] != "weight_mismatch"
 
 
+def test_a_dynamically_quantized_conv1d_is_paired_with_its_output_not_its_flattened_input(
+    tmp_path,
+):
+    """GPT-2's Conv1D flattens its input, multiplies and reshapes back; ONNX Runtime's dynamic
+    quantizer replaces the product with nodes of no scope, so the flattened input seemed to leave
+    the module and was paired with it: `attn.c_proj` read 'file_differs, over 1000×'."""
+    import onnx
+    from layerdiff.torch import export_onnx
+    from layerdiff.torch.models import load_builder
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    model, inputs = load_builder("gpt2")(0)
+    path = export_onnx(model, inputs, tmp_path / "gpt2.onnx")
+    graph = onnx.load(str(path))
+    del graph.graph.value_info[:]  # the quantizer infers the shapes again
+    onnx.save(graph, str(tmp_path / "int8.onnx"))
+    quantize_dynamic(str(tmp_path / "int8.onnx"), str(tmp_path / "int8.onnx"),
+                     weight_type=QuantType.QInt8)  # fmt: skip
+    graph = onnx.load(str(tmp_path / "int8.onnx"))
+    graph.ir_version = min(graph.ir_version, 10)
+    onnx.save(graph, str(tmp_path / "int8.onnx"))
+    report = compare_torch_onnx(model, inputs, onnx=tmp_path / "int8.onnx", seed=0)
+    s = report.summary
+    assert s["defects"] == [] and s["precision"]["dtype"] == "int8", report.summary_text()
+    projection = report.layer("model.transformer.h.0.attn.c_proj")
+    assert projection["target_shape"] is None and "MatMulInteger" in {
+        n.op_type for n in graph.graph.node if n.name in projection["location"]["nodes"]
+    }, projection["location"]
+
+
 def test_the_reports_carry_the_advice(overflow, tmp_path):
     model, inputs = overflow
     report = compare_torch_onnx(model, inputs, dtype="fp16")

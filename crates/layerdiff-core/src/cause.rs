@@ -6,10 +6,10 @@
 //! The flows gather [`Evidence`] per layer (they know the graphs, weights and runtimes) and
 //! measure each layer's own error against the same-precision baseline ([`crate::Baseline`]);
 //! this module only decides, in a fixed order, for every layer that exceeds its tolerance
-//! (accumulated or locally), every layer that stays within it while its own error is beyond what
-//! its precision explains ([`Layer::own_beyond`]: a layer of small values stays under the
-//! absolute tolerance with any defect), and every layer an exceeding layer's error is traced
-//! back to:
+//! (accumulated or locally), every layer whose own error stays within it while beyond what its
+//! precision explains ([`Layer::own_beyond`]: a layer of small values stays under the absolute
+//! tolerance with any defect, and one that exceeds with what it inherits hides its own), and
+//! every layer an exceeding layer's error is traced back to:
 //!
 //! 1. `inherited`: its own (local) error is within tolerance and within what its precision
 //!    explains; the difference came from upstream, mostly from the layer it is traced back to
@@ -179,7 +179,8 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
         }
         let is_source = summary.is_source(layer);
         let e = evidence.get(i).unwrap_or(&none);
-        let (cause, mut detail, finding) = decide(layer, e, is_source);
+        let judged = summary.judges(layer);
+        let (cause, mut detail, finding) = decide(layer, e, is_source, judged);
         // what the cause says before the sentences about this layer's figures are added
         let said = format!("{cause}: {detail}");
         if is_source && !layer.exceeds_tol && !layer.local_exceeds {
@@ -202,12 +203,21 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
                 layer.tolerance
             );
         }
-        if !is_source && !layer.exceeds_tol && !layer.local_exceeds && layer.own_beyond() {
-            detail = format!(
-                "{detail}; its values are small enough that this stays within the tolerance {} (max abs diff {:.3e}): it is judged by what its precision explains, not by the tolerance",
-                layer.tolerance,
-                max(layer)
-            );
+        if !is_source && !layer.own_exceeds() && judged {
+            detail = if layer.exceeds_tol {
+                format!(
+                    "{detail}; its own error stays within the tolerance {} (local max abs diff {:.3e}), and it exceeds with what it inherits (mostly from `{}`): it is judged by what its precision explains, not by the tolerance",
+                    layer.tolerance,
+                    layer.local.as_ref().map_or(0.0, |s| s.max_abs_diff),
+                    layer.error_from.as_deref().unwrap_or("upstream")
+                )
+            } else {
+                format!(
+                    "{detail}; its values are small enough that this stays within the tolerance {} (max abs diff {:.3e}): it is judged by what its precision explains, not by the tolerance",
+                    layer.tolerance,
+                    max(layer)
+                )
+            };
         }
         if is_source
             && layer.exceeds_tol
@@ -311,7 +321,8 @@ fn conclude(
     summary: &mut Summary,
     quantized: &std::collections::HashMap<String, String>,
 ) {
-    let own = |l: &Layer| l.local_exceeds || (l.local.is_none() && l.exceeds_tol) || l.own_beyond();
+    let within = summary.judges_within_tolerance;
+    let own = |l: &Layer| l.own_exceeds() || l.judged_beyond(within);
     let failing = layers.iter().find(|l| {
         matches!(l.finding, Some(Finding::Defect | Finding::Undecided))
             && (own(l) || summary.is_source(l))

@@ -154,13 +154,16 @@ const NO_SCOPE: &str = "no ONNX node carries this module's scope";
 
 /// Nodes with no scope that a tool put inside a module (a static quantizer's QuantizeLinear →
 /// DequantizeLinear pairs, a dynamic quantizer's DynamicQuantizeLinear → MatMulInteger → scaling
-/// in place of a Gemm) are that module's when every value they read comes from it and every
-/// value they give is read by it: else the value they read seems to leave the module, and is
-/// taken for its output (the first Transpose of a ConvNeXt LayerNorm2d, which permutes,
-/// normalizes and permutes back; the flattened input of a GPT-2 Conv1D).
+/// in place of a Gemm) are that module's: a run of connected such nodes whose every input comes
+/// from one module and whose every output goes back to it, and whose weights are no other
+/// module's. Else the value the run reads seems to leave the module and is taken for its output
+/// (the first Transpose of a ConvNeXt LayerNorm2d, which permutes, normalizes and permutes back;
+/// the flattened input of a GPT-2 Conv1D). A run between two calls of one module (a ResNet
+/// Bottleneck's ReLU) that computes another module (its Conv, by its weight) stays unscoped.
 fn inside_one_module(
     graph: &GraphProto,
     index: &GraphIndex,
+    modules: &[&str],
     node_module: &mut [Option<String>],
 ) {
     let nodes = index.nodes();
@@ -168,46 +171,89 @@ fn inside_one_module(
         .iter()
         .map(|n| node_module[n.index].is_none() && !has_scope(&graph.node[n.index]))
         .collect();
-    // The modules a node's values come from, through nodes with no scope (`Ends::Outside` for a
-    // graph input or output, or a node of no module).
+    // Runs: nodes with no scope joined along the values between them.
+    let mut run: Vec<usize> = (0..nodes.len()).collect();
+    fn root(run: &mut [usize], mut i: usize) -> usize {
+        while run[i] != i {
+            run[i] = run[run[i]];
+            i = run[i];
+        }
+        i
+    }
+    for node in nodes.iter().filter(|n| unscoped[n.index]) {
+        for input in &node.inputs {
+            if let Some(p) = index.producer(input).filter(|p| unscoped[p.index]) {
+                let (a, b) = (root(&mut run, p.index), root(&mut run, node.index));
+                run[a] = b;
+            }
+        }
+    }
     let end = |node: &NodeInfo| match &node_module[node.index] {
         Some(m) => Ends::One(m.clone()),
         None => Ends::Outside,
     };
-    let mut from = vec![Ends::Nothing; nodes.len()];
+    let graph_outputs = index.graph_outputs();
+    let mut from: HashMap<usize, Ends> = HashMap::new();
+    let mut to: HashMap<usize, Ends> = HashMap::new();
+    let mut weights: HashMap<usize, Vec<&str>> = HashMap::new();
     for node in nodes.iter().filter(|n| unscoped[n.index]) {
+        let r = root(&mut run, node.index);
         for input in node.inputs.iter().filter(|i| !i.is_empty()) {
             let ends = match index.producer(input) {
-                Some(p) if unscoped[p.index] => from[p.index].clone(),
+                Some(p) if unscoped[p.index] => continue,
                 Some(p) => end(p),
-                None if index.is_initializer(input) => Ends::Nothing,
+                None if index.is_initializer(input) => {
+                    weights.entry(r).or_default().push(input);
+                    continue;
+                }
                 None => Ends::Outside,
             };
-            from[node.index] = std::mem::replace(&mut from[node.index], Ends::Nothing).join(ends);
+            let e = from.remove(&r).unwrap_or(Ends::Nothing).join(ends);
+            from.insert(r, e);
         }
-    }
-    let graph_outputs = index.graph_outputs();
-    let mut to = vec![Ends::Nothing; nodes.len()];
-    for node in nodes.iter().rev().filter(|n| unscoped[n.index]) {
         for output in node.outputs.iter().filter(|o| !o.is_empty()) {
+            let mut ends = Ends::Nothing;
             if graph_outputs.contains(output) {
-                to[node.index] = Ends::Outside;
+                ends = Ends::Outside;
             }
-            for reader in index.consumers(output) {
-                let ends = if unscoped[reader.index] {
-                    to[reader.index].clone()
-                } else {
-                    end(reader)
-                };
-                to[node.index] = std::mem::replace(&mut to[node.index], Ends::Nothing).join(ends);
+            for reader in index.consumers(output).filter(|c| !unscoped[c.index]) {
+                ends = ends.join(end(reader));
             }
+            let e = to.remove(&r).unwrap_or(Ends::Nothing).join(ends);
+            to.insert(r, e);
         }
     }
-    for node in nodes {
-        if let (Ends::One(a), Ends::One(b)) = (&from[node.index], &to[node.index])
-            && a == b
-        {
-            node_module[node.index] = Some(a.clone());
+    // The module a weight's dotted name starts with, the longest that names one.
+    let owner = |weight: &str| {
+        modules
+            .iter()
+            .filter(|m| {
+                weight
+                    .strip_prefix(**m)
+                    .is_some_and(|rest| rest.starts_with('.'))
+            })
+            .max_by_key(|m| m.len())
+            .copied()
+    };
+    let mut inside: HashMap<usize, String> = HashMap::new();
+    for (r, ends) in &from {
+        let (Ends::One(a), Some(Ends::One(b))) = (ends, to.get(r)) else {
+            continue;
+        };
+        let own = |w: &&str| {
+            owner(w).is_none_or(|m| {
+                m == a
+                    || m.strip_prefix(a.as_str())
+                        .is_some_and(|rest| rest.starts_with('.'))
+            })
+        };
+        if a == b && weights.get(r).is_none_or(|w| w.iter().all(own)) {
+            inside.insert(*r, a.clone());
+        }
+    }
+    for node in nodes.iter().filter(|n| unscoped[n.index]) {
+        if let Some(m) = inside.get(&root(&mut run, node.index)) {
+            node_module[node.index] = Some(m.clone());
         }
     }
 }
@@ -278,7 +324,7 @@ impl ScopeMapping {
                 })
             })
             .collect();
-        inside_one_module(graph, &index, &mut node_module);
+        inside_one_module(graph, &index, &modules, &mut node_module);
 
         let mut boundary: HashMap<String, Vec<(String, usize)>> = HashMap::new();
         let graph_outputs: HashSet<&str> =

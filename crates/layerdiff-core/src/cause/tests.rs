@@ -436,3 +436,39 @@ fn a_quantized_run_judges_only_what_exceeds() {
     );
     assert_eq!(layers[1].cause, None);
 }
+
+#[test]
+fn a_layer_that_exceeds_with_what_it_inherits_is_judged_on_its_own_error() {
+    // l0 is a defect that takes everything after it past the tolerance; l2's own error stays
+    // within its tolerance (a second, smaller edit) but is far beyond what float32 explains:
+    // a defect of its own, not "inherited". l1 at what float32 explains is inherited.
+    let mut layers = vec![
+        layer(0, 1e-1, Some(1e-1), &["x"]),
+        layer(1, 1e-1, Some(1e-7), &["l0"]),
+        layer(2, 1e-1, Some(1.5e-6), &["l1"]),
+    ];
+    layers[0].baseline = Some(baseline(50_000.0));
+    layers[1].baseline = Some(baseline(0.4));
+    layers[2].baseline = Some(baseline(12.0));
+    let mut summary = analyse(&mut layers, Tolerance::PerDtype);
+    assert!(layers[2].exceeds_tol && !layers[2].local_exceeds);
+    explain(&mut layers, &vec![Evidence::default(); 3], &mut summary);
+    let defects: Vec<&str> = summary.defects.iter().map(|d| d.layer.as_str()).collect();
+    assert_eq!(defects, ["l0", "l2"]);
+    assert_eq!(layers[1].cause.as_deref(), Some("inherited"));
+    let detail = layers[2].detail.as_deref().unwrap();
+    assert!(
+        detail.contains("it exceeds with what it inherits (mostly from `l0`)"),
+        "{detail}"
+    );
+    // where the target quantizes, only what exceeds on its own is judged
+    let mut layers = vec![
+        layer(0, 1e-1, Some(1e-1), &["x"]),
+        layer(1, 1e-1, Some(1.5e-6), &["l0"]),
+    ];
+    layers[0].quantization = Some(crate::Quantization::new("int8", 0.02, 0).unwrap());
+    layers[1].baseline = Some(baseline(12.0));
+    let mut summary = analyse(&mut layers, Tolerance::PerDtype);
+    explain(&mut layers, &vec![Evidence::default(); 2], &mut summary);
+    assert_eq!(layers[1].cause.as_deref(), Some("inherited"));
+}

@@ -152,20 +152,27 @@ impl Inside {
 }
 
 impl Layer {
+    /// Whether it is judged beyond what its precision explains ([`Layer::own_beyond`]) where
+    /// layers whose own error stays within their tolerance are judged (`within`) or not (where
+    /// the target quantizes: [`crate::Summary::judges_within_tolerance`]).
+    pub fn judged_beyond(&self, within: bool) -> bool {
+        self.own_beyond() && (within || self.own_exceeds())
+    }
+
+    /// Whether its own error exceeds its tolerance: its local error, or its whole difference
+    /// where it has no local one.
+    pub fn own_exceeds(&self) -> bool {
+        self.local_exceeds || (self.local.is_none() && self.exceeds_tol)
+    }
+
     /// Whether its own error is beyond what its precision explains (its same-precision
     /// baseline, [`crate::Baseline::beyond`]): judged scale-free where its own error exceeds
-    /// its tolerance, and where nothing of the layer does (a layer of small values may stay
-    /// under the absolute tolerance with any defect), there beyond
-    /// [`crate::WITHIN_TOLERANCE_MARGIN`]. A layer whose difference exceeds only with what it
-    /// inherits (its own error within its tolerance) is not: static int8 (QDQ) files measure
-    /// float32 Adds between quantized values at 7.9× their float32 ideal there, which the
-    /// baseline does not model yet.
+    /// its tolerance, and beyond [`crate::WITHIN_TOLERANCE_MARGIN`] where it does not: a layer
+    /// of small values stays under the absolute tolerance with any defect, and a layer that
+    /// exceeds only with what it inherits hides its own defect in the difference from upstream.
     pub fn own_beyond(&self) -> bool {
         self.baseline.as_ref().is_some_and(|b| {
-            let own_exceeds = self.local_exceeds || (self.local.is_none() && self.exceeds_tol);
-            b.beyond()
-                && (own_exceeds
-                    || (!self.exceeds_tol && b.multiple > crate::WITHIN_TOLERANCE_MARGIN))
+            b.beyond() && (self.own_exceeds() || b.multiple > crate::WITHIN_TOLERANCE_MARGIN)
         })
     }
 

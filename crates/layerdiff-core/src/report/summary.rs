@@ -239,16 +239,14 @@ impl Summary {
     /// within it while its own error is beyond what its precision explains, or it is where an
     /// exceeding layer's error is traced back to (the drift origin among them).
     pub fn needs_cause(&self, layer: &Layer) -> bool {
-        layer.exceeds_tol
-            || layer.local_exceeds
-            || self.judged_within(layer)
-            || self.is_source(layer)
+        layer.exceeds_tol || layer.local_exceeds || self.judges(layer) || self.is_source(layer)
     }
 
-    /// Whether a layer within its tolerance gets a cause, its own error beyond what its
-    /// precision explains ([`Summary::judges_within_tolerance`]).
-    fn judged_within(&self, layer: &Layer) -> bool {
-        self.judges_within_tolerance && layer.own_beyond()
+    /// Whether a layer's own error is judged beyond what its precision explains
+    /// ([`Layer::own_beyond`]): where it exceeds its tolerance, and where it does not unless
+    /// the target quantizes ([`Summary::judges_within_tolerance`]).
+    pub fn judges(&self, layer: &Layer) -> bool {
+        layer.judged_beyond(self.judges_within_tolerance)
     }
 
     /// Whether an exceeding layer's error is traced back to `layer`.
@@ -265,7 +263,7 @@ impl Summary {
             && (self.is_source(layer)
                 || layer.local.is_none()
                 || layer.local_exceeds
-                || self.judged_within(layer))
+                || self.judges(layer))
     }
 }
 
