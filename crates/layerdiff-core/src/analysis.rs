@@ -85,7 +85,6 @@ pub fn summarise(layers: &mut [Layer]) -> Summary {
         .chain(sentinel_note(layers))
         .collect();
     Summary {
-        judges_within_tolerance: true, // decided by `explain`, which reads the evidence
         layers_total: layers.len(),
         layers_compared: compared.len(),
         layers_exceeding: layers.iter().filter(|l| l.exceeds_tol).count(),

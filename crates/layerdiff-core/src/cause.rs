@@ -143,12 +143,6 @@ impl Evidence {
 /// `evidence` is indexed like `layers` (missing entries mean no evidence).
 pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summary) {
     let none = Evidence::default();
-    // a target that quantizes (a layer's grid, or a quantizing op among the ops the causes
-    // read): layers within their tolerance are not judged (see the field)
-    summary.judges_within_tolerance = !layers.iter().any(|l| l.quantization.is_some())
-        && !evidence
-            .iter()
-            .any(|e| e.ops.iter().any(|op| quantizing_op(op)));
     let max = |l: &Layer| l.accumulated.as_ref().map_or(0.0, |s| s.max_abs_diff);
     // For each layer errors are traced back to: the first exceeding layer traced to it, its
     // difference and tolerance, to say how it came to exceed.
@@ -179,8 +173,7 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
         }
         let is_source = summary.is_source(layer);
         let e = evidence.get(i).unwrap_or(&none);
-        let judged = summary.judges(layer);
-        let (cause, mut detail, finding) = decide(layer, e, is_source, judged);
+        let (cause, mut detail, finding) = decide(layer, e, is_source);
         // what the cause says before the sentences about this layer's figures are added
         let said = format!("{cause}: {detail}");
         if is_source && !layer.exceeds_tol && !layer.local_exceeds {
@@ -203,7 +196,7 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
                 layer.tolerance
             );
         }
-        if !is_source && !layer.own_exceeds() && judged {
+        if !is_source && !layer.own_exceeds() && layer.own_beyond() {
             detail = if layer.exceeds_tol {
                 format!(
                     "{detail}; its own error stays within the tolerance {} (local max abs diff {:.3e}), and it exceeds with what it inherits (mostly from `{}`): it is judged by what its precision explains, not by the tolerance",
@@ -321,8 +314,7 @@ fn conclude(
     summary: &mut Summary,
     quantized: &std::collections::HashMap<String, String>,
 ) {
-    let within = summary.judges_within_tolerance;
-    let own = |l: &Layer| l.own_exceeds() || l.judged_beyond(within);
+    let own = |l: &Layer| l.own_exceeds() || l.own_beyond();
     let failing = layers.iter().find(|l| {
         matches!(l.finding, Some(Finding::Defect | Finding::Undecided))
             && (own(l) || summary.is_source(l))

@@ -9,11 +9,10 @@ pub(super) fn decide(
     layer: &Layer,
     e: &Evidence,
     is_source: bool,
-    judged: bool,
 ) -> (&'static str, String, Finding) {
     let max = |s: &Option<crate::Stats>| s.as_ref().map_or(0.0, |s| s.max_abs_diff);
     let tol = layer.tolerance;
-    if layer.local.is_some() && !layer.local_exceeds && !judged && !is_source {
+    if layer.local.is_some() && !layer.local_exceeds && !layer.own_beyond() && !is_source {
         let from = layer
             .error_from
             .as_deref()

@@ -399,42 +399,25 @@ fn a_layer_beyond_its_precision_under_the_absolute_tolerance_is_judged_all_the_s
 }
 
 #[test]
-fn a_quantized_run_judges_only_what_exceeds() {
-    // A static int8 file: the float Add between quantized values measures beyond its float32
-    // ideal (which does not model the quantized inputs) while within its tolerance. Where the
-    // target quantizes some layer, a layer within its tolerance gets no cause.
+fn a_float_layer_of_a_quantized_run_is_judged_like_any_other() {
+    // A static int8 file: l0 quantizes (no float baseline); l1, a float op between quantized
+    // values re-run on the reference's inputs, is held to its float32 ideal within its
+    // tolerance as anywhere (on the calibration corpus such layers measure at most 0.6x once
+    // paired right): far beyond it, a defect.
     let mut layers = vec![
         layer(0, 1e-2, Some(1e-2), &["x"]),
         layer(1, 6e-5, Some(6e-5), &["l0"]),
     ];
     layers[0].quantization = Some(crate::Quantization::new("int8", 0.02, 0).unwrap());
-    layers[1].baseline = Some(baseline(7.9));
+    layers[1].baseline = Some(baseline(79.0));
     let mut summary = analyse(&mut layers, Tolerance::PerDtype);
     explain(
         &mut layers,
         &[Evidence::default(), Evidence::default()],
         &mut summary,
     );
-    assert!(!summary.judges_within_tolerance);
-    assert_eq!(layers[1].cause, None);
-    assert!(summary.defects.is_empty(), "{:?}", summary.defects);
-    // the same, where only the ops the causes read show the quantization
-    let mut layers = vec![
-        layer(0, 1e-2, Some(1e-2), &["x"]),
-        layer(1, 6e-5, Some(6e-5), &["l0"]),
-    ];
-    layers[1].baseline = Some(baseline(7.9));
-    let mut summary = analyse(&mut layers, Tolerance::PerDtype);
-    let quantizing = Evidence {
-        ops: vec!["DequantizeLinear".into(), "Conv".into()],
-        ..Evidence::default()
-    };
-    explain(
-        &mut layers,
-        &[quantizing, Evidence::default()],
-        &mut summary,
-    );
-    assert_eq!(layers[1].cause, None);
+    let defects: Vec<&str> = summary.defects.iter().map(|d| d.layer.as_str()).collect();
+    assert_eq!(defects, ["l1"]);
 }
 
 #[test]
@@ -461,14 +444,4 @@ fn a_layer_that_exceeds_with_what_it_inherits_is_judged_on_its_own_error() {
         detail.contains("it exceeds with what it inherits (mostly from `l0`)"),
         "{detail}"
     );
-    // where the target quantizes, only what exceeds on its own is judged
-    let mut layers = vec![
-        layer(0, 1e-1, Some(1e-1), &["x"]),
-        layer(1, 1e-1, Some(1.5e-6), &["l0"]),
-    ];
-    layers[0].quantization = Some(crate::Quantization::new("int8", 0.02, 0).unwrap());
-    layers[1].baseline = Some(baseline(12.0));
-    let mut summary = analyse(&mut layers, Tolerance::PerDtype);
-    explain(&mut layers, &vec![Evidence::default(); 2], &mut summary);
-    assert_eq!(layers[1].cause.as_deref(), Some("inherited"));
 }

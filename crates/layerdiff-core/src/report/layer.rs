@@ -152,13 +152,6 @@ impl Inside {
 }
 
 impl Layer {
-    /// Whether it is judged beyond what its precision explains ([`Layer::own_beyond`]) where
-    /// layers whose own error stays within their tolerance are judged (`within`) or not (where
-    /// the target quantizes: [`crate::Summary::judges_within_tolerance`]).
-    pub fn judged_beyond(&self, within: bool) -> bool {
-        self.own_beyond() && (within || self.own_exceeds())
-    }
-
     /// Whether its own error exceeds its tolerance: its local error, or its whole difference
     /// where it has no local one.
     pub fn own_exceeds(&self) -> bool {

@@ -54,13 +54,6 @@ pub struct Summary {
     pub most_own_error: Vec<WorstLayer>,
     /// What a reader must know before trusting the verdict, e.g. that few layers were compared.
     pub warnings: Vec<String>,
-    /// Whether a layer within its tolerance is judged against what its precision explains
-    /// ([`Layer::own_beyond`]): not where the target quantizes some layer (a layer's grid, or
-    /// a quantizing op among the ops the causes read), since the float ideal of a float layer
-    /// between quantized values (a HardSwish or an Add of a static int8 file) is not modeled
-    /// yet. Set by [`crate::explain`], which reads the evidence; true before.
-    #[serde(skip)]
-    pub judges_within_tolerance: bool,
     /// Why the run cannot say "no drift" although no compared layer exceeds (layers from some
     /// point on could not be paired, which is what drift beyond recognition looks like); `None`
     /// when the verdict stands. An inconclusive run exits 1, like drift.
@@ -239,14 +232,7 @@ impl Summary {
     /// within it while its own error is beyond what its precision explains, or it is where an
     /// exceeding layer's error is traced back to (the drift origin among them).
     pub fn needs_cause(&self, layer: &Layer) -> bool {
-        layer.exceeds_tol || layer.local_exceeds || self.judges(layer) || self.is_source(layer)
-    }
-
-    /// Whether a layer's own error is judged beyond what its precision explains
-    /// ([`Layer::own_beyond`]): where it exceeds its tolerance, and where it does not unless
-    /// the target quantizes ([`Summary::judges_within_tolerance`]).
-    pub fn judges(&self, layer: &Layer) -> bool {
-        layer.judged_beyond(self.judges_within_tolerance)
+        layer.exceeds_tol || layer.local_exceeds || layer.own_beyond() || self.is_source(layer)
     }
 
     /// Whether an exceeding layer's error is traced back to `layer`.
@@ -263,7 +249,7 @@ impl Summary {
             && (self.is_source(layer)
                 || layer.local.is_none()
                 || layer.local_exceeds
-                || self.judges(layer))
+                || layer.own_beyond())
     }
 }
 
