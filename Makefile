@@ -58,6 +58,7 @@ TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 
 
 test: build browser
 	cargo test --workspace --release --quiet
+	cargo build --workspace --release --quiet --bins  # the binary tests/conftest.py's rust_exe runs
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 	$(PY) -m pytest -q tests/test_keras.py  # TensorFlow in a process of its own (tests/conftest.py)
 

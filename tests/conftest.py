@@ -45,6 +45,20 @@ def resnet18_onnx(resnet18, tmp_path_factory):
     }
 
 
+def rust_exe() -> Path:
+    """The plain Rust binary, `target/release/layerdiff`. `make test` builds it with the
+    workspace's features, as `cargo test --workspace` builds its dependencies: `cargo run -p
+    layerdiff-cli` resolves them for the one package and compiled the dependency tree again (5
+    of a fresh clone's 17 minutes of `make test`). Built the same way here where it is missing."""
+    exe = ROOT / "target" / "release" / "layerdiff"
+    if not exe.exists():
+        subprocess.run(
+            ["cargo", "build", "--workspace", "--release", "--quiet", "--bins"],
+            cwd=ROOT, check=True,
+        )  # fmt: skip
+    return exe
+
+
 def faulty_ops_library() -> Path:
     """The custom-op library whose kernel aborts or segfaults on a node's `fault` attribute
     (crates/layerdiff-runtime/examples/faulty_ops.rs): built by `cargo test`, else here."""

@@ -156,10 +156,11 @@ def test_help_exits_0():
 def test_rust_binary_refers_torch_to_the_python_package():
     import subprocess
 
+    from conftest import rust_exe
+
     result = subprocess.run(
-        ["cargo", "run", "--release", "-q", "-p", "layerdiff-cli", "--", "torch", "resnet18"],
-        capture_output=True, text=True, cwd=ROOT, timeout=600,
-    )  # fmt: skip
+        [str(rust_exe()), "torch", "resnet18"], capture_output=True, text=True, timeout=600
+    )
     assert_usage_error(result, "needs PyTorch")
 
 

@@ -14,11 +14,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import ROOT, faulty_ops_library, run_cli
+from conftest import faulty_ops_library, run_cli, rust_exe
 from onnx import TensorProto, helper, numpy_helper
 
 DOMAIN = "layerdiff.test"
-RUST_EXE = ROOT / "target" / "release" / "layerdiff"
 
 
 @pytest.fixture(scope="module")
@@ -90,9 +89,7 @@ def test_a_runtime_that_dies_on_one_node_costs_only_the_layers_that_depend_on_it
     """Whole and in segments, from the pip package's command and from the Rust binary (whose
     worker is itself): the layers before the node and beside it are compared; the node's and
     those after it are not, each saying which node the runtime died on and how."""
-    if door == "rust" and not RUST_EXE.exists():  # `cargo test` does not build it
-        subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "layerdiff-cli"],
-                       cwd=ROOT, check=True)  # fmt: skip
+    exe = rust_exe() if door == "rust" else None
     reference = _gated(tmp_path / "ref.onnx", None)
     vendor = _gated(tmp_path / "vendor.onnx", fault)
     for extra in ([], ["--max-memory", "8K"]):
@@ -102,7 +99,7 @@ def test_a_runtime_that_dies_on_one_node_costs_only_the_layers_that_depend_on_it
         if door == "python":
             result = run_cli(*args)
         else:
-            result = subprocess.run([str(RUST_EXE), *args], capture_output=True, text=True)
+            result = subprocess.run([str(exe), *args], capture_output=True, text=True)
         assert result.returncode == 1, result.stderr
         report = _report(result, out)
         status = {x["name"]: (x["status"], x["reason"]) for x in report["layers"]}

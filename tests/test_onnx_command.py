@@ -147,16 +147,14 @@ def test_rust_binary_alone_runs_onnx(resnet18_onnx, tmp_path):
     import shutil
     import subprocess
 
-    from conftest import ROOT
+    from conftest import rust_exe
 
     if shutil.which("cargo") is None:
         pytest.skip("needs cargo")
     model = str(resnet18_onnx["dynamo"])
     result = subprocess.run(
-        # release: the binary `make test`'s cargo run built (a debug build took a minute)
-        ["cargo", "run", "--release", "-q", "-p", "layerdiff-cli", "--", "onnx", model,
-         "--vs", model],
-        capture_output=True, text=True, cwd=ROOT, timeout=600,
+        [str(rust_exe()), "onnx", model, "--vs", model], capture_output=True, text=True,
+        timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "no drift: all 49 compared layers" in result.stdout
