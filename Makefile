@@ -62,10 +62,13 @@ test: build browser
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 	$(PY) -m pytest -q tests/test_keras.py  # TensorFlow in a process of its own (tests/conftest.py)
 
-# `make test`, then the same tests at their thorough settings (LAYERDIFF_TEST_ALL=1: the
-# random-moment interrupt tests kill 20 runs, not 6): what CI runs (.ci/run).
+# `make test`, then what it leaves out (LAYERDIFF_TEST_ALL=1): the random-moment interrupt
+# tests at 20 runs, not 6, and the slow end-to-end runs marked `thorough`, whose every path a
+# faster test covers too (torch.compile of every ResNet-18 leaf, ViT-B/16 whole, ...): what CI
+# runs (.ci/run).
 test-all: test
 	LAYERDIFF_TEST_ALL=1 $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile tests/test_interrupt.py
+	LAYERDIFF_TEST_ALL=1 $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m thorough
 
 # Every fuzz target for FUZZ_SECONDS (default 600) each, FUZZ_JOBS at a time (scripts/fuzz.sh):
 # needs the nightly toolchain and cargo-fuzz, which it installs when missing. What it keeps is

@@ -17,9 +17,30 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).parent))
 
 # Exports the tests make are kept in a folder of this run's, never in the user's cache (and
-# the commands the tests run inherit it); it goes when the run ends.
-os.environ["LAYERDIFF_CACHE_DIR"] = tempfile.mkdtemp(prefix="layerdiff-cache-")
-atexit.register(shutil.rmtree, os.environ["LAYERDIFF_CACHE_DIR"], ignore_errors=True)
+# the commands the tests run inherit it); it goes when the run ends. The test processes of one
+# run share it (pytest-xdist's workers inherit it from the process that starts them, which
+# removes it), so a model one exported the others reuse: the cache keeps each export whole or
+# not at all.
+if "PYTEST_XDIST_WORKER" in os.environ and "LAYERDIFF_TEST_CACHE_DIR" in os.environ:
+    os.environ["LAYERDIFF_CACHE_DIR"] = os.environ["LAYERDIFF_TEST_CACHE_DIR"]
+else:
+    os.environ["LAYERDIFF_CACHE_DIR"] = tempfile.mkdtemp(prefix="layerdiff-cache-")
+    os.environ["LAYERDIFF_TEST_CACHE_DIR"] = os.environ["LAYERDIFF_CACHE_DIR"]
+    atexit.register(shutil.rmtree, os.environ["LAYERDIFF_CACHE_DIR"], ignore_errors=True)
+
+
+# `make test-all` (CI): the random-moment tests at their many moments, and the tests marked
+# `thorough`, which `make test` skips.
+THOROUGH = os.environ.get("LAYERDIFF_TEST_ALL") == "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    if THOROUGH:
+        return
+    skip = pytest.mark.skip(reason="thorough: `make test-all` runs it (CI)")
+    for item in items:
+        if "thorough" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

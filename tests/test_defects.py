@@ -257,6 +257,7 @@ class _WrongInBfloat16(torch.nn.Linear):
         return out * 0.97 if out.dtype == torch.bfloat16 else out
 
 
+@pytest.mark.thorough  # the zoo's ViT: make calibrate; a bfloat16 kernel bug: test_torch_sides
 def test_a_timm_vit_is_rounding_only_and_a_bfloat16_kernel_bug_in_it_is_the_headline(tmp_path):
     """A model nobody tuned the baseline on (timm's ViT-Tiny, random weights): its float16
     export is rounding only (its PatchEmbed's Identity norm, which reads the Conv's output

@@ -6,7 +6,6 @@ number (or, before the command's handlers are in place, the process ended by the
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
@@ -15,10 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import THOROUGH
 
 EXE = Path(sys.executable).parent / "layerdiff"
 # Random moments per run: `make test` tries a few of each kind, `make test-all` (CI) many.
-THOROUGH = os.environ.get("LAYERDIFF_TEST_ALL") == "1"
 MOMENTS = 20 if THOROUGH else 6
 TORCH_MOMENTS = 6 if THOROUGH else 3
 

@@ -171,6 +171,7 @@ def test_a_defect_fused_away_is_narrowed_to_its_node_and_reproduced_there(resnet
     assert f"repro of `{value}`: 1 node" in done.stderr
 
 
+@pytest.mark.thorough  # an inductor-only fault: test_bisect.py; reducing a module: the others
 def test_an_inductor_only_fault_reduces_to_its_module_compiled(tmp_path):
     """The wrong Inductor lowering of tests/builders/wrong_lowering.py: the repro is the
     Sigmoid alone, and its repro.py, which imports the model's file for what it sets up,

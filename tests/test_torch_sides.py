@@ -96,7 +96,7 @@ def test_float32_against_itself_raises_nothing(which, resnet18, encoder):
         assert not any(x["cause"] for x in report["layers"])
 
 
-@pytest.mark.parametrize("which", ["resnet18", "encoder"])
+@pytest.mark.parametrize("which", [pytest.param("resnet18", marks=pytest.mark.thorough), "encoder"])
 def test_compiled_leaves_are_compared_one_by_one(which, resnet18, encoder):
     """torch.compile per leaf module: every layer is compared and really compiled (one graph
     per leaf, none silently left eager), and inductor's float32 kernels stay within float32
@@ -209,6 +209,7 @@ def test_a_target_that_disagrees_with_itself_is_nondeterminism(monkeypatch):
     assert "the target run twice disagrees" in origin["detail"]
 
 
+@pytest.mark.thorough  # a PyTorch model in segments: test_segments.py, in float32
 def test_segments_give_the_same_numbers(resnet18):
     model, inputs, _ = resnet18
     whole = compare(model, inputs, "torch:bf16")
