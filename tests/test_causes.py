@@ -255,7 +255,8 @@ def test_tolerance_options_and_the_accumulated_only_mode(resnet18_onnx, tmp_path
     [
         ("mobilenet_v3_small", "dtype"),
         pytest.param("vit_b_16", "dtype", marks=pytest.mark.thorough),
-        ("resnet50", "auto"),
+        # `auto` on a model that drifts by rounding: the rounding test above, and test_tolerance.py
+        pytest.param("resnet50", "auto", marks=pytest.mark.thorough),
     ],
 )
 def test_clean_builtin_exports_raise_no_false_alarm(model, tolerance, tmp_path):

@@ -132,6 +132,7 @@ def test_a_clean_float16_file_is_rounding_only(float16_files):
     assert "float16 rounding only: no layer computes differently" in report.summary_text()
 
 
+@pytest.mark.thorough  # the headline: the next test; the exit codes: test_cli.py
 def test_the_command_fails_on_defects_and_on_drift_when_asked(float16_files, tmp_path):
     bug = run_cli("torch", RESNET160, "--onnx", str(float16_files["bug"]))
     assert bug.returncode == 1, bug.stderr
