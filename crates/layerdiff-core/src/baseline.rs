@@ -33,8 +33,8 @@
 //!
 //! A multiple up to [`DEFECT_MARGIN`] is still precision: the allowance is a bound drawn from a
 //! model of honest kernels, and a layer a few percent past it (a LayerNorm gradient at 1.03×)
-//! is nothing a user could act on. Never a defect on its own. A layer that stays within its
-//! tolerance is judged the same way, up to [`WITHIN_TOLERANCE_MARGIN`].
+//! is nothing a user could act on. Never a defect on its own. A layer whose own error stays within
+//! its tolerance is judged the same way, up to [`WITHIN_TOLERANCE_MARGIN`].
 //!
 //! **The narrow-accumulation ideal.** Where the layer is a reduction and the framework measured
 //! its terms ([`Reduction`]: how many terms each element sums, `K`, and the root sum of squares
@@ -64,7 +64,8 @@ use crate::{DType, Error, Result, TensorView};
 pub const DEFECT_MARGIN: f64 = 1.25;
 
 /// How many times what precision explains a layer's own error must exceed to be a defect where
-/// the layer stays within its tolerance: judged scale-free all the same (a defect among small
+/// that error stays within its tolerance (the layer's values small, or its difference exceeding
+/// only with what it inherits): judged scale-free all the same (a defect among small
 /// values stays under the absolute tolerance), with more margin, since nothing a user sees
 /// differs there. On the calibration corpus (docs/metrics.md) honest kernels reach 1.3× on such
 /// layers (bfloat16 gradients of depthwise convolutions, values around 1e-8); a changed weight

@@ -19,7 +19,7 @@ use std::collections::{HashMap, HashSet};
 
 use layerdiff_core::{DType, Fingerprint};
 
-use crate::scope::ScopeResolver;
+use crate::scope::{ScopeResolver, below};
 use crate::{Dimension, GraphIndex, GraphProto, NodeExt, NodeInfo, is_float_elem_type};
 
 mod functional;
@@ -208,8 +208,8 @@ fn inside_one_module(
                 }
                 None => Ends::Outside,
             };
-            let e = from.remove(&r).unwrap_or(Ends::Nothing).join(ends);
-            from.insert(r, e);
+            let e = from.entry(r).or_default();
+            *e = std::mem::take(e).join(ends);
         }
         for output in node.outputs.iter().filter(|o| !o.is_empty()) {
             let mut ends = Ends::Nothing;
@@ -219,19 +219,15 @@ fn inside_one_module(
             for reader in index.consumers(output).filter(|c| !unscoped[c.index]) {
                 ends = ends.join(end(reader));
             }
-            let e = to.remove(&r).unwrap_or(Ends::Nothing).join(ends);
-            to.insert(r, e);
+            let e = to.entry(r).or_default();
+            *e = std::mem::take(e).join(ends);
         }
     }
     // The module a weight's dotted name starts with, the longest that names one.
     let owner = |weight: &str| {
         modules
             .iter()
-            .filter(|m| {
-                weight
-                    .strip_prefix(**m)
-                    .is_some_and(|rest| rest.starts_with('.'))
-            })
+            .filter(|m| below(weight, m))
             .max_by_key(|m| m.len())
             .copied()
     };
@@ -240,13 +236,7 @@ fn inside_one_module(
         let (Ends::One(a), Some(Ends::One(b))) = (ends, to.get(r)) else {
             continue;
         };
-        let own = |w: &&str| {
-            owner(w).is_none_or(|m| {
-                m == a
-                    || m.strip_prefix(a.as_str())
-                        .is_some_and(|rest| rest.starts_with('.'))
-            })
-        };
+        let own = |w: &&str| owner(w).is_none_or(|m| m == a || below(m, a));
         if a == b && weights.get(r).is_none_or(|w| w.iter().all(own)) {
             inside.insert(*r, a.clone());
         }
@@ -259,8 +249,9 @@ fn inside_one_module(
 }
 
 /// Where the values around a run of nodes with no scope come from or go to.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 enum Ends {
+    #[default]
     Nothing,
     One(String),
     Outside,

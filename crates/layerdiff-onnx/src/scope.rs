@@ -148,8 +148,7 @@ impl ScopeResolver {
     /// that are never called themselves (`ModuleList`, `ModuleDict`) may sit in between.
     /// `None` when no module fits, or two equally shallow ones do.
     fn step(&self, here: &str, component: &str) -> Option<String> {
-        let under =
-            |p: &str| here.is_empty() || p.strip_prefix(here).is_some_and(|r| r.starts_with('.'));
+        let under = |p: &str| here.is_empty() || below(p, here);
         let named =
             |p: &str| p == component || p.strip_suffix(component).is_some_and(|r| r.ends_with('.'));
         let mut fits: Vec<&String> = self.known.iter().filter(|p| under(p) && named(p)).collect();
@@ -161,6 +160,13 @@ impl ScopeResolver {
             _ => None,
         }
     }
+}
+
+/// Whether the dotted `path` names something below `module` (`layer1.0.conv1` below `layer1`,
+/// `fc.weight` below `fc`; `layer10` is not below `layer1`).
+pub(crate) fn below(path: &str, module: &str) -> bool {
+    path.strip_prefix(module)
+        .is_some_and(|r| r.starts_with('.'))
 }
 
 /// `relu_1` → `relu`: the legacy exporter's suffix for a module's second, third… call.
