@@ -187,7 +187,7 @@ def test_gelu_and_erf_get_their_float64_truth_from_layerdiffs_own_kernels(tmp_pa
     result, report = _report(tmp_path, str(path), "--vs", str(path), "--float64")
     assert result.returncode == 0, result.stdout
     assert report["truth"]["detail"].endswith(
-        "on the first of onnxruntime, tract, layerdiff that computes it"
+        "on the first of layerdiff, onnxruntime, tract that computes it"
     )
     assert [x["name"] for x in report["layers"]] == ["c", "g", "t", "y"]
     assert all(x["float64"] is not None for x in report["layers"]), report["summary"]["warnings"]

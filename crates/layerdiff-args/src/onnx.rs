@@ -65,9 +65,9 @@ pub struct OnnxArgs {
     /// distance from the float64 run, per value; runs it, see --float64).
     #[arg(long, default_value = "dtype", value_parser = Tolerance::parse)]
     pub tolerance: Tolerance,
-    /// Also run the whole reference graph in float64 (ONNX Runtime on the CPU, or tract where
-    /// ONNX Runtime has no float64 kernel) as the numerical truth: each value gets both sides'
-    /// distance from it. Implied by `--tolerance auto`.
+    /// Also run the whole reference graph in float64 (ONNX Runtime on the CPU, or node by node
+    /// on layerdiff's own float64 kernels, ONNX Runtime and tract where ONNX Runtime has no
+    /// float64 kernel) as the numerical truth: each value gets both sides' distance from it. Implied by `--tolerance auto`.
     #[arg(long, conflicts_with = "no_float64")]
     pub float64: bool,
     /// Skip every float64 computation: the same-precision baseline each node's own error is

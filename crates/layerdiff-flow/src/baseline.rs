@@ -9,18 +9,18 @@
 //!   [`PushedSide`] of float64 values, held until compared);
 //! - the reference ONNX graph in float64, re-run group by group: the group that computes the
 //!   layer's value from values both sides know, its weights rounded to the layer's dtype, on
-//!   the reference's values rounded as the target holds them (every node on the first of ONNX
-//!   Runtime, tract and layerdiff's own float64 kernels that computes it).
+//!   the reference's values rounded as the target holds them (every node on the first of
+//!   layerdiff's own float64 kernels, ONNX Runtime and tract that computes it).
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use layerdiff_core::{DType, Tensor};
-use layerdiff_onnx::{Model, round_float64, to_float64};
-use layerdiff_runtime::{ExactElementwise, PerNode, RuntimeSpec};
+use layerdiff_onnx::{Model, to_float64_rounded};
+use layerdiff_runtime::PerNode;
 
 use crate::side::{Group, Recompute, Side};
-use crate::{Error, GraphSide, PushedSide, Result};
+use crate::{GraphSide, PushedSide, Result};
 
 /// Where the layers' exact values on rounded inputs come from.
 pub enum Baseline {
@@ -79,24 +79,19 @@ impl HandedBaseline {
 
 /// The reference graph in float64, re-running the group that computes each layer.
 pub struct GraphBaseline {
+    /// The reference graph, each group widened to float64 as it is extracted.
     side: GraphSide,
-    /// Each layer's group in the float64 graph (by the reference's value name), once found.
+    /// Each layer's group in the graph (by the reference's value name), once found.
     groups: HashMap<String, std::result::Result<Group, String>>,
 }
 
 impl GraphBaseline {
-    /// The float64 copy of the `reference` graph, run node by node (ONNX Runtime, tract, then
-    /// layerdiff's own float64 kernels).
+    /// The `reference` graph in float64, run node by node (see [`PerNode::float64`]).
     pub fn new(reference: &Model, ort_library: Option<&Path>) -> Result<Self> {
-        let wide = to_float64(reference)
-            .map_err(|e| Error::Usage(format!("cannot make the float64 copy of the model: {e}")))?;
-        let runtime = PerNode::new(vec![
-            RuntimeSpec::ort_cpu().build(ort_library)?,
-            RuntimeSpec::Tract.build(ort_library)?,
-            Box::new(ExactElementwise),
-        ]);
+        let runtime = PerNode::float64(ort_library)?;
         Ok(Self {
-            side: GraphSide::new(None, wide, Box::new(runtime), &[]),
+            // each group's float64 copy is made when it runs: only its own weights widen
+            side: GraphSide::new(None, reference.clone(), Box::new(runtime), &[]),
             groups: HashMap::new(),
         })
     }
@@ -125,8 +120,11 @@ impl GraphBaseline {
                 rounded
             })
         };
-        self.side
-            .run_group_with(group, value, &rounded, &|model| round_float64(model, grid))
+        self.side.run_group_with(group, value, &rounded, &|model| {
+            *model = to_float64_rounded(model, grid)
+                .map_err(|e| format!("cannot make its float64 copy: {e}"))?;
+            Ok(())
+        })
     }
 
     /// Finds the group of every layer's reference value, from the values `known` on both sides.
@@ -170,6 +168,15 @@ impl Baseline {
         match self {
             Self::Handed(h) => h.reductions.get(value).cloned(),
             Self::Graph(_) => None,
+        }
+    }
+
+    /// Time spent inside the runtimes computing exact values since the last call (none for
+    /// handed values: their framework's time is counted where it computes them).
+    pub(crate) fn take_time(&self) -> std::time::Duration {
+        match self {
+            Self::Handed(_) => std::time::Duration::ZERO,
+            Self::Graph(b) => b.side.take_time(),
         }
     }
 

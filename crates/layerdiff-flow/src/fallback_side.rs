@@ -1,6 +1,6 @@
 //! A side with fallbacks: the first of several sides that can compute the run does. The float64
 //! truth of `layerdiff onnx` is one: ONNX Runtime lacks float64 kernels for some ops (Conv,
-//! Erf), so tract computes it where ONNX Runtime cannot.
+//! Erf), so its nodes run one by one where ONNX Runtime cannot run it whole.
 
 use layerdiff_core::{DType, SideInfo, Summary, Tensor};
 

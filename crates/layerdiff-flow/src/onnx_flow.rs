@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use layerdiff_core::{Layer, Location, Report, Tensor, Tolerance};
 use layerdiff_onnx::{GraphIndex, MAX_GROUP_NODES, Model, NCHWC_DOMAIN, NodeInfo, to_float64};
-use layerdiff_runtime::{ExactElementwise, Isolation, PerNode, Runtime, RuntimeSpec};
+use layerdiff_runtime::{Isolation, PerNode, Runtime, RuntimeSpec};
 
 use crate::inputs::{InputPlan, check_inputs, fit_inputs, generate_inputs, read_inputs};
 use crate::output::{Destinations, deliver, exit_code};
@@ -442,8 +442,9 @@ fn subgraphs_note(graph: &layerdiff_onnx::GraphProto) -> Option<String> {
 }
 
 /// The reference graph in float64, computed by ONNX Runtime on the CPU or, where it lacks a
-/// float64 kernel (Conv, Erf), by tract, or, where each lacks one (a CNN: Conv and Gemm), node by
-/// node on whichever has it: the truth both sides are measured against.
+/// float64 kernel (Conv, Erf), node by node on whichever of layerdiff's own float64 kernels, ONNX
+/// Runtime and tract has it ([`PerNode::float64`]), else by tract whole (a node that cannot run
+/// alone): the truth both sides are measured against.
 fn float64_truth(
     model_path: &Path,
     reference: &Model,
@@ -463,26 +464,18 @@ fn float64_truth(
             (n.clone(), t)
         })
         .collect();
-    let runtimes = || -> Result<[Box<dyn Runtime + Send + Sync>; 2]> {
-        Ok([
-            RuntimeSpec::ort_cpu().build(ort_library)?,
-            RuntimeSpec::Tract.build(ort_library)?,
-        ])
-    };
-    let [ort, tract] = runtimes()?;
+    let ort = RuntimeSpec::ort_cpu().build(ort_library)?;
+    let tract = RuntimeSpec::Tract.build(ort_library)?;
     let label = format!("float64 copy of {}", file_name(model_path));
     Ok(FallbackSide::new(vec![
         GraphSide::new(Some(label.clone()), wide.clone(), ort, &inputs),
-        GraphSide::new(Some(label.clone()), wide.clone(), tract, &inputs),
         GraphSide::new(
-            Some(label),
-            wide,
-            Box::new(PerNode::new({
-                let [ort, tract] = runtimes()?;
-                vec![ort, tract, Box::new(ExactElementwise)]
-            })),
+            Some(label.clone()),
+            wide.clone(),
+            Box::new(PerNode::float64(ort_library)?),
             &inputs,
         ),
+        GraphSide::new(Some(label), wide, tract, &inputs),
     ]))
 }
 

@@ -39,13 +39,17 @@ impl Stopwatch {
         self.last = now;
     }
 
-    /// Ends a phase whose time is split between layerdiff and a runtime: `runtime` of the time
-    /// since the previous lap goes to `runtime_phase`, the rest to `own_phase`.
-    pub fn split_lap(&mut self, own_phase: &str, runtime_phase: &str, runtime: Duration) {
+    /// Ends a phase whose time is split between layerdiff and runtimes: each of `runtime`'s
+    /// durations of the time since the previous lap goes to its phase, the rest to `own_phase`.
+    pub fn split_lap(&mut self, own_phase: &str, runtime: &[(&str, Duration)]) {
         let now = Instant::now();
-        let total = now - self.last;
-        self.push(runtime_phase, RUNTIME, runtime.min(total));
-        self.push(own_phase, OWN, total.saturating_sub(runtime));
+        let mut left = now - self.last;
+        for &(phase, time) in runtime {
+            let time = time.min(left);
+            self.push(phase, RUNTIME, time);
+            left -= time;
+        }
+        self.push(own_phase, OWN, left);
         self.last = now;
     }
 

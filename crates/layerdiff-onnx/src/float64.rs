@@ -5,7 +5,7 @@
 //! float64 instead. Node names, order and value names stay, so the copy computes the same values
 //! under the same names and runs in the same segments. Integer and bool tensors are untouched.
 
-use layerdiff_core::DType;
+use layerdiff_core::{DType, TensorView};
 use prost::bytes::Bytes;
 
 use crate::{AttributeProto, Model, TensorProto, ValueInfoProto};
@@ -23,14 +23,29 @@ fn widened(elem_type: i32) -> bool {
 /// The float64 copy of `model` (see the module docs), or why it cannot be made (an external or
 /// unreadable initializer).
 pub fn to_float64(model: &Model) -> Result<Model, String> {
+    widen(model, None)
+}
+
+/// [`to_float64`] with every float tensor the model holds first rounded to `grid`, as a kernel
+/// computing in `grid` holds its weights: [`round_float64`] of the copy, in one pass over the
+/// weights (a baseline makes one for each layer it computes).
+pub fn to_float64_rounded(model: &Model, grid: DType) -> Result<Model, String> {
+    widen(
+        model,
+        Some(grid).filter(|g| g.is_float() && *g != DType::F64),
+    )
+}
+
+fn widen(model: &Model, grid: Option<DType>) -> Result<Model, String> {
     let mut copy = model.clone();
     let graph = copy.graph_mut();
     for tensor in &mut graph.initializer {
-        if widened(tensor.data_type()) {
+        let rounded = grid.is_some() && tensor.data_type() == DOUBLE;
+        if widened(tensor.data_type()) || rounded {
             let read = model
-                .initializer(tensor.name())
+                .stored(tensor.name())
                 .ok_or_else(|| format!("initializer `{}` vanished", tensor.name()))??;
-            *tensor = double_proto(tensor.name(), read)?;
+            *tensor = double_proto(tensor.name(), read.view(), grid);
         }
     }
     for value in graph
@@ -43,7 +58,7 @@ pub fn to_float64(model: &Model) -> Result<Model, String> {
     }
     for node in &mut graph.node {
         for attribute in &mut node.attribute {
-            widen_attribute(attribute)?;
+            widen_attribute(attribute, grid)?;
         }
 
         if matches!(
@@ -78,7 +93,7 @@ pub fn round_float64(model: &mut Model, dtype: DType) -> Result<(), String> {
             return Ok(());
         }
         let tensor = crate::tensor_from_proto(t)?;
-        *t = double_proto(t.name(), tensor.cast(dtype))?;
+        *t = double_proto(t.name(), tensor.view(), Some(dtype));
         Ok(())
     };
     let graph = model.graph_mut();
@@ -95,13 +110,14 @@ pub fn round_float64(model: &mut Model, dtype: DType) -> Result<(), String> {
     Ok(())
 }
 
-/// A float tensor attribute (a Constant's `value`, ConstantOfShape's) in float64.
-fn widen_attribute(attribute: &mut AttributeProto) -> Result<(), String> {
+/// A float tensor attribute (a Constant's `value`, ConstantOfShape's) in float64, rounded to
+/// `grid` first where one is given.
+fn widen_attribute(attribute: &mut AttributeProto, grid: Option<DType>) -> Result<(), String> {
     if let Some(t) = attribute.t.as_mut()
-        && widened(t.data_type())
+        && (widened(t.data_type()) || (grid.is_some() && t.data_type() == DOUBLE))
     {
         let tensor = crate::tensor_from_proto(t)?;
-        *t = double_proto(t.name(), tensor)?;
+        *t = double_proto(t.name(), tensor.view(), grid);
     }
     Ok(())
 }
@@ -117,15 +133,18 @@ fn widen_declaration(value: &mut ValueInfoProto) {
     }
 }
 
-/// A tensor as a float64 initializer named `name`.
-fn double_proto(name: &str, tensor: layerdiff_core::Tensor) -> Result<TensorProto, String> {
+/// A tensor as a float64 initializer named `name`, rounded to `grid` first where one is given.
+fn double_proto(name: &str, tensor: TensorView<'_>, grid: Option<DType>) -> TensorProto {
     let shape: Vec<i64> = tensor.shape.iter().map(|&d| d as i64).collect();
-    let wide = tensor.cast(DType::F64);
-    Ok(TensorProto {
+    let wide = match grid.filter(|&g| g != tensor.dtype) {
+        Some(grid) => tensor.to_dtype(grid).cast(DType::F64),
+        None => tensor.to_dtype(DType::F64),
+    };
+    TensorProto {
         name: Some(name.to_string()),
         dims: shape,
         data_type: Some(DOUBLE),
         raw_data: Some(Bytes::from(wide.bytes)),
         ..Default::default()
-    })
+    }
 }

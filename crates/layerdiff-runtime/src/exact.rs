@@ -1,14 +1,19 @@
-//! layerdiff's own float64 kernels, for the elementwise ops neither ONNX Runtime nor tract
-//! computes in float64 (Erf and Gelu, in every GELU). They run single-node models, as
-//! [`crate::PerNode`] hands them, and refuse anything else.
+//! layerdiff's own float64 kernels, where neither ONNX Runtime nor tract computes an op in
+//! float64 (Erf and Gelu, in every GELU), or tract does it too slowly for every layer of a model
+//! (Conv, see [`conv`]). They run single-node models, as [`crate::PerNode`] hands them, and
+//! refuse anything else at once, so they go first.
 
-use layerdiff_core::{DType, Tensor};
-use layerdiff_onnx::Model;
+use std::borrow::Cow;
+
+use layerdiff_core::{DType, Tensor, TensorView};
+use layerdiff_onnx::{Model, NodeProto, Stored};
 
 use crate::{Error, Result, Runtime};
 
-/// The ops these kernels compute, elementwise on one float64 input.
-const OPS: [&str; 2] = ["Erf", "Gelu"];
+mod conv;
+
+/// The ops these kernels compute.
+const OPS: [&str; 3] = ["Conv", "Erf", "Gelu"];
 
 /// GELU as ONNX defines it: exact (with erf), or its tanh approximation.
 fn gelu(x: f64, tanh: bool) -> f64 {
@@ -20,10 +25,39 @@ fn gelu(x: f64, tanh: bool) -> f64 {
     }
 }
 
-/// Elementwise float64 kernels (see the module docs).
-pub struct ExactElementwise;
+/// layerdiff's float64 kernels (see the module docs).
+pub struct ExactKernels;
 
-impl Runtime for ExactElementwise {
+fn unsupported(what: String) -> Error {
+    Error::Unsupported {
+        runtime: "layerdiff's float64 kernels",
+        what,
+    }
+}
+
+/// Erf or Gelu, elementwise on the float64 `x`.
+fn elementwise(node: &NodeProto, x: TensorView<'_>) -> Result<Tensor> {
+    let tanh = node
+        .attribute
+        .iter()
+        .any(|a| a.name() == "approximate" && a.s.as_deref() == Some(b"tanh".as_slice()));
+    let f = match node.op_type() {
+        "Erf" => libm::erf,
+        "Gelu" if tanh => |x| gelu(x, true),
+        _ => |x| gelu(x, false),
+    };
+    if x.dtype != DType::F64 {
+        return Err(unsupported(format!("{} on {}", node.op_type(), x.dtype)));
+    }
+    let bytes: Vec<u8> = x
+        .bytes
+        .chunks_exact(8)
+        .flat_map(|b| f(f64::from_le_bytes(b.try_into().expect("8 bytes"))).to_le_bytes())
+        .collect();
+    Tensor::new("y", DType::F64, x.shape.to_vec(), bytes).map_err(|e| Error::Run(e.to_string()))
+}
+
+impl Runtime for ExactKernels {
     fn name(&self) -> &str {
         "layerdiff"
     }
@@ -38,39 +72,41 @@ impl Runtime for ExactElementwise {
         inputs: &[(String, Tensor)],
         outputs: &[String],
     ) -> Result<Vec<(String, Tensor)>> {
-        let unsupported = |what: String| Error::Unsupported {
-            runtime: "layerdiff's float64 kernels",
-            what,
-        };
         let [node] = model.graph().node.as_slice() else {
             return Err(unsupported("a graph of more than one node".into()));
         };
-        let tanh = node
-            .attribute
-            .iter()
-            .any(|a| a.name() == "approximate" && a.s.as_deref() == Some(b"tanh".as_slice()));
-        let f = match node.op_type() {
-            "Erf" => libm::erf,
-            "Gelu" if tanh => |x| gelu(x, true),
-            "Gelu" => |x| gelu(x, false),
-            other => return Err(unsupported(other.to_string())),
-        };
-        let (Some(input), Some(output)) = (node.input.first(), node.output.first()) else {
+        if !OPS.contains(&node.op_type()) {
+            return Err(unsupported(node.op_type().to_string()));
+        }
+        let (Some(_), Some(output)) = (node.input.first(), node.output.first()) else {
             return Err(unsupported(format!("{} without an input", node.op_type())));
         };
-        let Some((_, x)) = inputs.iter().find(|(n, _)| n == input) else {
-            return Err(Error::Inputs(format!("`{input}` was not given")));
+        // an input given, else an initializer of the model (a weight), borrowed
+        let operand = |i: usize| -> Result<Option<Stored<'_>>> {
+            let Some(name) = node.input.get(i).filter(|n| !n.is_empty()) else {
+                return Ok(None);
+            };
+            if let Some((_, t)) = inputs.iter().find(|(n, _)| n == name) {
+                return Ok(Some(Stored {
+                    dtype: t.dtype,
+                    shape: t.shape.clone(),
+                    bytes: Cow::Borrowed(&t.bytes),
+                }));
+            }
+            match model.stored(name) {
+                Some(t) => t.map(Some).map_err(Error::Run),
+                None => Err(Error::Inputs(format!("`{name}` was not given"))),
+            }
         };
-        if x.dtype != DType::F64 {
-            return Err(unsupported(format!("{} on {}", node.op_type(), x.dtype)));
-        }
-        let bytes: Vec<u8> = x
-            .bytes
-            .chunks_exact(8)
-            .flat_map(|b| f(f64::from_le_bytes(b.try_into().expect("8 bytes"))).to_le_bytes())
-            .collect();
-        let y = Tensor::new(output, DType::F64, x.shape.clone(), bytes)
-            .map_err(|e| Error::Run(e.to_string()))?;
+        let x = operand(0)?.expect("an input");
+        let y = if node.op_type() == "Conv" {
+            let w = operand(1)?.ok_or_else(|| unsupported("a Conv without a weight".into()))?;
+            let b = operand(2)?;
+            conv::conv(node, x.view(), w.view(), b.as_ref().map(Stored::view))
+                .map_err(unsupported)?
+        } else {
+            elementwise(node, x.view())?
+        };
         Ok(outputs
             .iter()
             .filter(|o| *o == output)
@@ -117,7 +153,7 @@ mod tests {
         let x = [-1.0f64, 0.5, 2.0];
         let bytes = x.iter().flat_map(|v| v.to_le_bytes()).collect();
         let input = Tensor::new("x", DType::F64, vec![3], bytes).unwrap();
-        let out = ExactElementwise
+        let out = ExactKernels
             .run(
                 &single(op, approximate),
                 &[("x".into(), input)],
@@ -157,7 +193,7 @@ mod tests {
         );
         let tanh = run("Gelu", Some("tanh"));
         assert!((tanh[2] - 1.9545976940871754).abs() < 1e-12, "{tanh:?}");
-        let err = ExactElementwise
+        let err = ExactKernels
             .run(&single("Sin", None), &[], &["y".into()])
             .unwrap_err();
         assert_eq!(

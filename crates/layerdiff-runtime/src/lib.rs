@@ -21,7 +21,7 @@ use layerdiff_core::Tensor;
 use layerdiff_onnx::Model;
 
 pub use error::{Crash, CrashedNode, Error, Result};
-pub use exact::ExactElementwise;
+pub use exact::ExactKernels;
 pub use isolated::{Isolated, Isolation, WORKER_VERB, serve as serve_worker, set_worker_command};
 pub use library::{LIBRARY_ENV, OPENVINO_LIBRARY_ENV, find_ort_library};
 pub use openvino_runtime::{OPENVINO_PRECISIONS, OpenVinoRuntime};

@@ -1,14 +1,15 @@
 //! A model run one node at a time, each node by the first of several runtimes that can compute
-//! it. The float64 truth needs this: ONNX Runtime has no float64 Conv, and tract no float64 Gemm
-//! with a bias, so a CNN's float64 copy runs whole on neither, yet every one of its nodes runs on
-//! one of them.
+//! it. The float64 truth and baseline need this: ONNX Runtime has no float64 Conv, and tract no
+//! float64 Gemm with a bias, so a CNN's float64 copy runs whole on neither, yet every one of its
+//! nodes runs on one of them.
 
 use std::collections::HashMap;
+use std::path::Path;
 
 use layerdiff_core::Tensor;
 use layerdiff_onnx::{Model, extract_nodes};
 
-use crate::{Error, Result, Runtime};
+use crate::{Error, ExactKernels, Result, Runtime, RuntimeSpec};
 
 /// Runs each node alone on the first of its runtimes that computes it.
 pub struct PerNode {
@@ -20,6 +21,16 @@ impl PerNode {
     pub fn new(runtimes: Vec<Box<dyn Runtime + Send + Sync>>) -> Self {
         assert!(!runtimes.is_empty(), "per-node running needs a runtime");
         Self { runtimes }
+    }
+
+    /// A float64 model's evaluation, node by node: layerdiff's own float64 kernels (which
+    /// refuse what they do not compute at once), then ONNX Runtime's CPU provider, then tract.
+    pub fn float64(ort_library: Option<&Path>) -> Result<Self> {
+        Ok(Self::new(vec![
+            Box::new(ExactKernels),
+            RuntimeSpec::ort_cpu().build(ort_library)?,
+            RuntimeSpec::Tract.build(ort_library)?,
+        ]))
     }
 }
 

@@ -177,3 +177,123 @@ fn the_profiler_says_which_provider_ran_each_node() {
     let placement = ort.node_placement(&add_relu_model(), &inputs).unwrap();
     assert_eq!(placement, vec![("CPUExecutionProvider".to_string(), 2)]);
 }
+
+/// A float64 Conv whose weight and bias are initializers, as a baseline's extract holds them.
+fn float64_conv_model(attributes: Vec<layerdiff_onnx::AttributeProto>) -> (Model, Tensor) {
+    let f64_tensor = |name: &str, shape: &[usize], seed: usize| {
+        let n: usize = shape.iter().product();
+        let values: Vec<f64> = (0..n)
+            .map(|i| (((i + seed) * 7919 % 1013) as f64 - 506.0) / 313.0)
+            .collect();
+        let proto = layerdiff_onnx::TensorProto {
+            name: Some(name.into()),
+            dims: shape.iter().map(|&d| d as i64).collect(),
+            data_type: Some(11),
+            raw_data: Some(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+            ..Default::default()
+        };
+        let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        (
+            proto,
+            Tensor::new(name, DType::F64, shape.to_vec(), bytes).unwrap(),
+        )
+    };
+    let (w, _) = f64_tensor("w", &[8, 2, 3, 3], 1);
+    let (b, _) = f64_tensor("b", &[8], 2);
+    let (_, x) = f64_tensor("x", &[2, 4, 15, 13], 3);
+    let proto = ModelProto {
+        ir_version: Some(9),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(18),
+        }],
+        graph: Some(GraphProto {
+            name: Some("g".into()),
+            node: vec![NodeProto {
+                op_type: Some("Conv".into()),
+                input: vec!["x".into(), "w".into(), "b".into()],
+                output: vec!["y".into()],
+                attribute: attributes,
+                ..Default::default()
+            }],
+            input: vec![tensor_value_info("x", 11, &[2, 4, 15, 13])],
+            output: vec![tensor_value_info("y", 11, &[])],
+            initializer: vec![w, b],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let model = Model::from_bytes(&proto.encode_to_vec(), "conv.onnx".as_ref(), None).unwrap();
+    (model, x)
+}
+
+#[test]
+fn layerdiffs_float64_conv_agrees_with_tracts() {
+    // grouped, strided, dilated and padded
+    let ints = |name: &str, v: &[i64]| layerdiff_onnx::AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(7),
+        ints: v.to_vec(),
+        ..Default::default()
+    };
+    let group = layerdiff_onnx::AttributeProto {
+        name: Some("group".into()),
+        r#type: Some(2),
+        i: Some(2),
+        ..Default::default()
+    };
+    let attributes = vec![
+        group,
+        ints("strides", &[2, 1]),
+        ints("dilations", &[1, 2]),
+        ints("pads", &[1, 2, 1, 2]),
+    ];
+    let (model, x) = float64_conv_model(attributes.clone());
+    let inputs = [("x".to_string(), x)];
+    let wanted = ["y".to_string()];
+    let ours = layerdiff_runtime::ExactKernels
+        .run(&model, &inputs, &wanted)
+        .unwrap();
+    let tract = TractRuntime.run(&model, &inputs, &wanted).unwrap();
+    let (a, b) = (&ours[0].1, &tract[0].1);
+    assert_eq!(a.shape, b.shape);
+    assert_eq!(a.shape, vec![2, 8, 8, 13]);
+    for (p, q) in a.bytes.chunks_exact(8).zip(b.bytes.chunks_exact(8)) {
+        let (p, q) = (
+            f64::from_le_bytes(p.try_into().unwrap()),
+            f64::from_le_bytes(q.try_into().unwrap()),
+        );
+        assert!(
+            (p - q).abs() <= 1e-12 * q.abs().max(1.0),
+            "{p} against tract's {q}"
+        );
+    }
+}
+
+#[test]
+fn layerdiffs_float64_conv_pads_each_side_as_onnx_says() {
+    // pads [top, left, bottom, right] = [1, 2, 0, 1]: 7 × 12 outputs, as ONNX Runtime's float32
+    // Conv makes them (tract 0.23.9's float64 Conv makes 8 × 11 of the same node)
+    let ints = |name: &str, v: &[i64]| layerdiff_onnx::AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(7),
+        ints: v.to_vec(),
+        ..Default::default()
+    };
+    let attributes = vec![
+        layerdiff_onnx::AttributeProto {
+            name: Some("group".into()),
+            r#type: Some(2),
+            i: Some(2),
+            ..Default::default()
+        },
+        ints("strides", &[2, 1]),
+        ints("dilations", &[1, 2]),
+        ints("pads", &[1, 2, 0, 1]),
+    ];
+    let (model, x) = float64_conv_model(attributes);
+    let out = layerdiff_runtime::ExactKernels
+        .run(&model, &[("x".to_string(), x)], &["y".to_string()])
+        .unwrap();
+    assert_eq!(out[0].1.shape, vec![2, 8, 7, 12]);
+}

@@ -137,10 +137,18 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             }
             let beyond = held.compare_local(&mut self.layers, runs);
             held.as_written(&mut self.layers, &self.groups, recompute, beyond);
+            // the baseline's float64 evaluation is inference too, as PyTorch's is where it
+            // hands its float64 values over
+            let float64 = self
+                .baseline
+                .as_ref()
+                .map_or_else(Default::default, |b| b.take_time());
             self.clock.split_lap(
                 "local error: extraction and comparison",
-                "local error: inference",
-                recompute.take_time(),
+                &[
+                    ("local error: inference", recompute.take_time()),
+                    ("local error: float64 inference", float64),
+                ],
             );
         }
 
