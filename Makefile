@@ -119,6 +119,7 @@ validation: build
 # Measure the comparator (GB/s per dtype against numpy and the machine's read bandwidth) and
 # the per-phase overhead on ResNet-18 and ViT-B/16; rewrites docs/performance.md.
 bench: build
+	$(PY) -m pip install --quiet polygraphy==0.53.6  # beside layerdiff in benches/own_work.py
 	$(PY) benches/run.py
 
 # The defect-or-precision rule on every built-in model (forward, float16 and bfloat16; gradients

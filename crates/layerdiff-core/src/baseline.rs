@@ -120,21 +120,63 @@ pub fn kernel_allowance(
     reduction: usize,
     stages: u32,
 ) -> f64 {
-    let Some(bits) = dtype.mantissa_bits() else {
-        return 0.0;
-    };
-    let n = output_steps(dtype);
-    let k = reduction.max(1);
-    let order = f64::from(k.next_power_of_two().trailing_zeros()).max(1.0);
-    let per_magnitude =
-        f64::from(stages) * pow2(-(bits as i32)) + (order + n) * accumulation_unit(dtype);
-    let smallest_normal = dtype.step(0.0) * pow2(bits as i32 - 1);
-    let flush = if exact.abs() < smallest_normal {
-        smallest_normal
-    } else {
-        0.0
-    };
-    n * dtype.step(exact.abs()) + per_magnitude * magnitude.abs() + flush
+    KernelAllowance::new(dtype, reduction, stages).at(exact, magnitude)
+}
+
+/// [`kernel_allowance`] for one layer: what does not change from element to element, worked
+/// out once (a layer's baseline asks it of every element).
+#[derive(Debug, Clone, Copy)]
+pub struct KernelAllowance {
+    dtype: DType,
+    /// `n`, the output steps (0 for integers: they must be exact).
+    steps: f64,
+    /// `stages·u_d + (max(⌈log2 K⌉, 1) + n)·u_acc`.
+    per_magnitude: f64,
+    /// The smallest normal of the dtype, allowed where a kernel may flush to zero.
+    smallest_normal: f64,
+}
+
+impl KernelAllowance {
+    /// For `reduction` terms and `stages` intermediate roundings in `dtype`.
+    pub fn new(dtype: DType, reduction: usize, stages: u32) -> Self {
+        let Some(bits) = dtype.mantissa_bits() else {
+            return Self {
+                dtype,
+                steps: 0.0,
+                per_magnitude: 0.0,
+                smallest_normal: 0.0,
+            };
+        };
+        let n = output_steps(dtype);
+        let order = f64::from(reduction.max(1).next_power_of_two().trailing_zeros()).max(1.0);
+        Self {
+            dtype,
+            steps: n,
+            per_magnitude: f64::from(stages) * pow2(-(bits as i32))
+                + (order + n) * accumulation_unit(dtype),
+            smallest_normal: dtype.step(0.0) * pow2(bits as i32 - 1),
+        }
+    }
+
+    /// At an element whose exact value is `exact`, the error scaling with `magnitude`.
+    #[inline]
+    pub fn at(&self, exact: f64, magnitude: f64) -> f64 {
+        if self.steps == 0.0 {
+            return 0.0;
+        }
+        let flush = if exact.abs() < self.smallest_normal {
+            self.smallest_normal
+        } else {
+            0.0
+        };
+        self.steps * self.dtype.step(exact.abs()) + self.per_magnitude * magnitude.abs() + flush
+    }
+
+    /// The part that scales with the magnitude alone (`at(x, m) − at(x, 0)`).
+    #[inline]
+    pub fn per_magnitude(&self, magnitude: f64) -> f64 {
+        self.per_magnitude * magnitude.abs()
+    }
 }
 
 /// One layer's own error against the ideal implementation in its target's dtype (see the
@@ -349,6 +391,7 @@ pub fn assess_baseline(
     let honest = crate::default_for(reference.dtype);
     let unit = grid.mantissa_bits().map_or(0.0, |b| pow2(-(b as i32)));
     let terms = reduction.map_or(0, |r| r.terms);
+    let kernel = KernelAllowance::new(grid, 1, stages);
     let blocks: Vec<Sums> = (0..n.div_ceil(BLOCK))
         .into_par_iter()
         .map(|b| {
@@ -397,14 +440,14 @@ pub fn assess_baseline(
                 } else {
                     0.0
                 };
-                let bound = kernel_allowance(grid, x, x, 1, stages);
+                let bound = kernel.at(x, x);
                 // The typical error: the ideal's own rounding, and the same magnitude terms.
                 let rounding = if ideal.is_finite() {
                     (ideal - x).abs()
                 } else {
                     0.0
                 };
-                let mut typical = rounding + bound - kernel_allowance(grid, x, 0.0, 1, 0);
+                let mut typical = rounding + kernel.per_magnitude(x);
                 let mut bound = bound;
                 // Only where x is the reference's own computation (with a narrower grid its
                 // inputs and weights were rounded first): where expected values are further

@@ -216,10 +216,11 @@ impl Side for GraphSide {
         }
         clock.lap("extracting segments", OWN);
         let model = self.segment.as_ref().unwrap_or(&self.model);
-        let out = self
-            .runtime
-            .run(model, self.values.all(), &part.outputs)
-            .map_err(|e| {
+        let out = self.runtime.run(model, self.values.all(), &part.outputs);
+        if out.is_err() {
+            clock.lap(phase, RUNTIME); // a runtime that fails spends its own time doing so
+        }
+        let out = out.map_err(|e| {
                 let text = e.to_string().trim_end().to_string();
                 if text.contains("Failed to allocate memory") {
                     Error::Memory(format!(

@@ -143,13 +143,12 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                 .baseline
                 .as_ref()
                 .map_or_else(Default::default, |b| b.take_time());
-            self.clock.split_lap(
-                "local error: extraction and comparison",
-                &[
-                    ("local error: inference", recompute.take_time()),
-                    ("local error: float64 inference", float64),
-                ],
-            );
+            let mut inference = vec![("local error: inference", recompute.take_time())];
+            if !float64.is_zero() {
+                inference.push(("local error: float64 inference", float64));
+            }
+            self.clock
+                .split_lap("local error: extraction and comparison", &inference);
         }
 
         // What the values of an exceeding layer show, while they are held.

@@ -1,0 +1,231 @@
+"""`make bench`, layerdiff's own work: `layerdiff onnx` and `layerdiff torch` with the local error
+and the float64 truth on, each phase timed by the run itself (`--timings`); *own* is every phase
+but the runtimes' inference (float64 inference included) and PyTorch's work. Beside it,
+`layerdiff onnx` against Polygraphy's save-then-compare on the same file, and the targets every
+row must meet (the constants below): a miss fails `make bench`, after docs/performance.md is
+written."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+LAYERDIFF = str(BIN / "layerdiff")
+POLYGRAPHY = str(BIN / "polygraphy")
+POLYGRAPHY_VERSION = "0.53.6"
+
+# What `make bench` holds layerdiff to, each a ratio measured in the same run.
+OWN_SHARE = 0.10  # own work of every row, at most
+POLYGRAPHY_SHARE = 0.2  # `layerdiff onnx` ResNet-18 wall ÷ Polygraphy's save and compare
+FLOAT32_BANDWIDTH = 0.8  # the comparator's float32 rate ÷ the machine's read bandwidth
+NARROW_RATE = 0.5  # float16 and bfloat16 elements per second ÷ float32's
+
+
+def onnx_files(folder: Path, quick: bool) -> dict[str, Path]:
+    """ResNet-18 (dynamo export) and ResNet-50 (the legacy exporter, float32 and float16),
+    torchvision with random weights, seed 0."""
+    import onnx
+    import torch
+    import torchvision
+    from layerdiff.torch import export_onnx
+
+    files = {}
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 224, 224)
+    model = torchvision.models.resnet18(weights=None).eval()
+    files["resnet18"] = folder / "resnet18.onnx"
+    export_onnx(model, (x,), files["resnet18"], exporter="dynamo")
+    name = "resnet18" if quick else "resnet50"
+    model = getattr(torchvision.models, name)(weights=None).eval()
+    for label in ("fp32", "fp16"):
+        path = folder / f"{name}_{label}.onnx"
+        m, example = (model, x) if label == "fp32" else (model.half(), x.half())
+        with torch.no_grad():
+            torch.onnx.export(m, (example,), str(path), dynamo=False, opset_version=17)
+        proto = onnx.load(str(path))
+        proto.ir_version = 10  # ONNX Runtime 1.31 refuses the onnx wheel's newer IR
+        onnx.save(proto, str(path))
+        files[f"{name}_{label}"] = path
+    return files
+
+
+def timed_run(args: list[str], env: dict | None = None) -> tuple[float, dict]:
+    """One `layerdiff` run with `--timings`: its wall seconds and its report."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "r.json"
+        start = time.perf_counter()
+        done = subprocess.run(
+            [LAYERDIFF, *args, "--timings", "--quiet", "--json", str(out)],
+            capture_output=True, text=True, timeout=1800, env={**os.environ, **(env or {})},
+        )  # fmt: skip
+        wall = time.perf_counter() - start
+        if done.returncode not in (0, 1) or not out.exists():
+            raise RuntimeError(f"layerdiff {' '.join(args)} failed: {done.stderr.strip()[-2000:]}")
+        return wall, json.loads(out.read_text())
+
+
+def row(title: str, args: list[str], rounds: int, first_run: bool = False) -> dict:
+    """A row: the run whose total is the median of `rounds`, its phases and own share. A
+    `first_run` (a `torch` row) exports in every round, as a new user's first run does."""
+    runs = []
+    for _ in range(rounds):
+        with tempfile.TemporaryDirectory() as cache:
+            env = {"LAYERDIFF_CACHE_DIR": cache} if first_run else None
+            wall, report = timed_run(args, env)
+        phases = {t["phase"]: (t["by"], t["seconds"]) for t in report["timings"]}
+        total = sum(s for _, s in phases.values())
+        own = sum(s for by, s in phases.values() if by == "layerdiff")
+        summary = report["summary"]
+        runs.append({
+            "title": title, "args": args, "phases": phases, "total": total, "own": own,
+            "share": own / total, "wall": wall, "verdict": summary["verdict"],
+            "compared": summary["layers_compared"], "exceeding": summary["layers_exceeding"],
+        })  # fmt: skip
+    runs.sort(key=lambda r: r["total"])
+    return runs[len(runs) // 2]
+
+
+def polygraphy(model: Path, rounds: int) -> dict:
+    """Polygraphy's per-layer comparison of one file on ONNX Runtime (every value marked an
+    output): one process saves the reference's values, a second runs again and compares;
+    beside `layerdiff onnx` on the same file, in alternating rounds (medians)."""
+    if not Path(POLYGRAPHY).exists():
+        raise RuntimeError(
+            f"Polygraphy is not installed: pip install polygraphy=={POLYGRAPHY_VERSION}"
+        )
+    walls: dict[str, list[float]] = {"save": [], "compare": [], "layerdiff": []}
+    ours = ["onnx", str(model), "--batch", "1", "--target", "ort", "--float64"]
+    with tempfile.TemporaryDirectory() as tmp:
+        saved = str(Path(tmp) / "reference.json")
+        base = [POLYGRAPHY, "run", str(model), "--onnxrt", "--onnx-outputs", "mark", "all", "-q"]
+        for _ in range(rounds):
+            for step, args in (
+                ("save", [*base, "--save-outputs", saved]),
+                ("compare", [*base, "--load-outputs", saved]),
+            ):
+                start = time.perf_counter()
+                done = subprocess.run(args, capture_output=True, text=True, timeout=600)
+                walls[step].append(time.perf_counter() - start)
+                if done.returncode != 0:
+                    raise RuntimeError(f"polygraphy {step} failed: {done.stderr.strip()[-2000:]}")
+            walls["layerdiff"].append(timed_run(ours)[0])
+    median = {k: statistics.median(v) for k, v in walls.items()}
+    median["ratio"] = median["layerdiff"] / (median["save"] + median["compare"])
+    return median
+
+
+def measure(quick: bool) -> dict:
+    rounds = 1 if quick else 3
+    with tempfile.TemporaryDirectory() as tmp:
+        files = onnx_files(Path(tmp), quick)
+        big = "resnet18" if quick else "resnet50"
+        onnx_rows = [
+            row("ResNet-18, the same file on both sides (ONNX Runtime)",
+                ["onnx", str(files["resnet18"]), "--batch", "1", "--target", "ort", "--float64"],
+                rounds),
+            row(f"{big} (legacy export) on ONNX Runtime at opt=all",
+                ["onnx", str(files[f"{big}_fp32"]), "--target", "ort:opt=all", "--float64"],
+                rounds),
+            row(f"{big}, float32 against its float16 export",
+                ["onnx", str(files[f"{big}_fp32"]), "--vs", str(files[f"{big}_fp16"]),
+                 "--float64"], rounds),
+        ]  # fmt: skip
+        side = polygraphy(files["resnet18"], rounds)
+    decoder = str(Path(__file__).parent / "decoder_580m.py:build")
+    models = ["resnet18"] if quick else ["resnet18", "vit_b_16", decoder]
+    torch_rows = [
+        row(f"`layerdiff torch {Path(m).name}`, first run", ["torch", m], 1, first_run=True)
+        for m in models
+    ]
+    return {"rows": onnx_rows + torch_rows, "polygraphy": side}
+
+
+def misses(own: dict, comparator: list[dict]) -> list[str]:
+    """Every target this run missed, in words."""
+    out = [
+        f"own work {100 * r['share']:.1f}% of `{r['title']}` (at most {100 * OWN_SHARE:.0f}%)"
+        for r in own["rows"]
+        if r["share"] > OWN_SHARE
+    ]
+    p = own["polygraphy"]
+    if p["ratio"] > POLYGRAPHY_SHARE:
+        out.append(
+            f"layerdiff onnx ResNet-18 at {p['ratio']:.2f}× Polygraphy's wall "
+            f"(at most {POLYGRAPHY_SHARE}×)"
+        )
+    rates = {r["dtype"]: r for r in comparator[1:]}
+    if rates["float32"]["of_bandwidth"] < FLOAT32_BANDWIDTH:
+        out.append(
+            f"float32 compared at {100 * rates['float32']['of_bandwidth']:.0f}% of read bandwidth "
+            f"(at least {100 * FLOAT32_BANDWIDTH:.0f}%)"
+        )
+    for narrow in ("float16", "bfloat16"):
+        rate = rates[narrow]["gelems"] / rates["float32"]["gelems"]
+        if rate < NARROW_RATE:
+            out.append(
+                f"{narrow} compared at {rate:.2f}× float32's element rate (at least {NARROW_RATE}×)"
+            )
+    return out
+
+
+def lines(own: dict, missed: list[str]) -> list[str]:
+    p = own["polygraphy"]
+    out = [
+        "## Where the time goes",
+        "",
+        "Each run times its own phases (`--timings`), with the local error and the float64 truth",
+        "on. *Own* work is every phase but the runtimes' inference (ONNX Runtime, tract and",
+        "layerdiff's float64 kernels computing the float64 truth and each layer's baseline) and",
+        "PyTorch's work (building, capture, its float64 run, export). `make bench` fails where a",
+        f"row's own work passes {100 * OWN_SHARE:.0f}%. `layerdiff onnx` rows: the median of",
+        "three runs; `layerdiff torch` rows: one first run (an empty export cache).",
+        "",
+        "| run | layers compared (exceeding) | verdict | phases, in all | own work | share |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    for r in own["rows"]:
+        flag = "" if r["share"] <= OWN_SHARE else " **over**"
+        out.append(
+            f"| {r['title']} | {r['compared']} ({r['exceeding']}) | {r['verdict']} "
+            f"| {r['total']:.2f} s | {r['own']:.3f} s | {100 * r['share']:.1f}%{flag} |"
+        )
+    out += [
+        "",
+        f"Beside Polygraphy {POLYGRAPHY_VERSION} on the ResNet-18 file (`polygraphy run --onnxrt",
+        "--onnx-outputs mark all`, once with `--save-outputs`, then with `--load-outputs`, which",
+        "compares every value), wall time of each process, medians over alternating rounds:",
+        "",
+        "| Polygraphy: save | Polygraphy: compare | `layerdiff onnx` (float64 truth, local error) "
+        "| ÷ Polygraphy's two |",
+        "|---:|---:|---:|---:|",
+        f"| {p['save']:.2f} s | {p['compare']:.2f} s | {p['layerdiff']:.2f} s "
+        f"| {p['ratio']:.2f}× |",
+        "",
+    ]
+    if missed:
+        out += ["Targets this run missed:", "", *[f"- {m}" for m in missed], ""]
+    else:
+        out += ["Every target was met in this run.", ""]
+    for r in own["rows"]:
+        out += phase_table(r)
+    return out
+
+
+def phase_table(r: dict) -> list[str]:
+    lines = [
+        f"### {r['title']}: {r['total']:.2f} s, "
+        f"own work {r['own']:.3f} s ({100 * r['share']:.1f}%)",
+        "",
+        "| phase | by | seconds | share |",
+        "|---|---|---:|---:|",
+    ]
+    for phase, (by, seconds) in r["phases"].items():
+        lines.append(f"| {phase} | {by} | {seconds:.3f} | {100 * seconds / r['total']:.1f}% |")
+    return [*lines, ""]
