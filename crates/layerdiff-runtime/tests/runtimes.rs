@@ -28,14 +28,8 @@ fn library() -> Option<PathBuf> {
     })
 }
 
-fn add_relu_model() -> Model {
-    let node = |op: &str, inputs: &[&str], out: &str| NodeProto {
-        op_type: Some(op.into()),
-        name: Some(format!("{op}_node")),
-        input: inputs.iter().map(|s| s.to_string()).collect(),
-        output: vec![out.into()],
-        ..Default::default()
-    };
+/// A model of one graph, opset 18, as a test builds it.
+fn model(name: &str, graph: GraphProto) -> Model {
     let proto = ModelProto {
         ir_version: Some(9),
         opset_import: vec![OperatorSetIdProto {
@@ -44,6 +38,24 @@ fn add_relu_model() -> Model {
         }],
         graph: Some(GraphProto {
             name: Some("g".into()),
+            ..graph
+        }),
+        ..Default::default()
+    };
+    Model::from_bytes(&proto.encode_to_vec(), name.as_ref(), None).expect("valid model")
+}
+
+fn add_relu_model() -> Model {
+    let node = |op: &str, inputs: &[&str], out: &str| NodeProto {
+        op_type: Some(op.into()),
+        name: Some(format!("{op}_node")),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![out.into()],
+        ..Default::default()
+    };
+    model(
+        "add_relu.onnx",
+        GraphProto {
             node: vec![
                 node("Add", &["a", "b"], "sum"),
                 node("Relu", &["sum"], "out"),
@@ -54,10 +66,8 @@ fn add_relu_model() -> Model {
             ],
             output: vec![tensor_value_info("out", 1, &[4])],
             ..Default::default()
-        }),
-        ..Default::default()
-    };
-    Model::from_bytes(&proto.encode_to_vec(), "add_relu.onnx".as_ref(), None).expect("valid model")
+        },
+    )
 }
 
 fn f32_tensor(values: &[f32]) -> Tensor {
@@ -178,87 +188,76 @@ fn the_profiler_says_which_provider_ran_each_node() {
     assert_eq!(placement, vec![("CPUExecutionProvider".to_string(), 2)]);
 }
 
-/// A float64 Conv whose weight and bias are initializers, as a baseline's extract holds them.
-fn float64_conv_model(attributes: Vec<layerdiff_onnx::AttributeProto>) -> (Model, Tensor) {
+/// A float64 Conv of group 2, strides [2, 1] and dilations [1, 2] padded by `pads`, whose
+/// weight and bias are initializers (as a baseline's extract holds them), and its input.
+fn float64_conv_model(pads: &[i64]) -> (Model, Tensor) {
     let f64_tensor = |name: &str, shape: &[usize], seed: usize| {
         let n: usize = shape.iter().product();
         let values: Vec<f64> = (0..n)
             .map(|i| (((i + seed) * 7919 % 1013) as f64 - 506.0) / 313.0)
             .collect();
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         let proto = layerdiff_onnx::TensorProto {
             name: Some(name.into()),
             dims: shape.iter().map(|&d| d as i64).collect(),
             data_type: Some(11),
-            raw_data: Some(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+            raw_data: Some(bytes.clone().into()),
             ..Default::default()
         };
-        let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        (
-            proto,
-            Tensor::new(name, DType::F64, shape.to_vec(), bytes).unwrap(),
-        )
+        let tensor = Tensor::new(name, DType::F64, shape.to_vec(), bytes).unwrap();
+        (proto, tensor)
+    };
+    let attribute = |name: &str, i: Option<i64>, ints: &[i64]| layerdiff_onnx::AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(if i.is_some() { 2 } else { 7 }),
+        i,
+        ints: ints.to_vec(),
+        ..Default::default()
     };
     let (w, _) = f64_tensor("w", &[8, 2, 3, 3], 1);
     let (b, _) = f64_tensor("b", &[8], 2);
     let (_, x) = f64_tensor("x", &[2, 4, 15, 13], 3);
-    let proto = ModelProto {
-        ir_version: Some(9),
-        opset_import: vec![OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(18),
-        }],
-        graph: Some(GraphProto {
-            name: Some("g".into()),
-            node: vec![NodeProto {
-                op_type: Some("Conv".into()),
-                input: vec!["x".into(), "w".into(), "b".into()],
-                output: vec!["y".into()],
-                attribute: attributes,
-                ..Default::default()
-            }],
-            input: vec![tensor_value_info("x", 11, &[2, 4, 15, 13])],
-            output: vec![tensor_value_info("y", 11, &[])],
-            initializer: vec![w, b],
-            ..Default::default()
-        }),
+    let conv = NodeProto {
+        op_type: Some("Conv".into()),
+        input: vec!["x".into(), "w".into(), "b".into()],
+        output: vec!["y".into()],
+        attribute: vec![
+            attribute("group", Some(2), &[]),
+            attribute("strides", None, &[2, 1]),
+            attribute("dilations", None, &[1, 2]),
+            attribute("pads", None, pads),
+        ],
         ..Default::default()
     };
-    let model = Model::from_bytes(&proto.encode_to_vec(), "conv.onnx".as_ref(), None).unwrap();
-    (model, x)
+    let graph = GraphProto {
+        node: vec![conv],
+        input: vec![tensor_value_info("x", 11, &[2, 4, 15, 13])],
+        output: vec![tensor_value_info("y", 11, &[])],
+        initializer: vec![w, b],
+        ..Default::default()
+    };
+    (model("conv.onnx", graph), x)
+}
+
+/// `model` on layerdiff's own float64 kernels, its one output.
+fn on_exact_kernels(model: &Model, x: Tensor) -> Tensor {
+    let out = layerdiff_runtime::ExactKernels
+        .run(model, &[("x".to_string(), x)], &["y".to_string()])
+        .unwrap();
+    out.into_iter().next().unwrap().1
 }
 
 #[test]
 fn layerdiffs_float64_conv_agrees_with_tracts() {
-    // grouped, strided, dilated and padded
-    let ints = |name: &str, v: &[i64]| layerdiff_onnx::AttributeProto {
-        name: Some(name.into()),
-        r#type: Some(7),
-        ints: v.to_vec(),
-        ..Default::default()
-    };
-    let group = layerdiff_onnx::AttributeProto {
-        name: Some("group".into()),
-        r#type: Some(2),
-        i: Some(2),
-        ..Default::default()
-    };
-    let attributes = vec![
-        group,
-        ints("strides", &[2, 1]),
-        ints("dilations", &[1, 2]),
-        ints("pads", &[1, 2, 1, 2]),
-    ];
-    let (model, x) = float64_conv_model(attributes.clone());
-    let inputs = [("x".to_string(), x)];
-    let wanted = ["y".to_string()];
-    let ours = layerdiff_runtime::ExactKernels
-        .run(&model, &inputs, &wanted)
+    let (model, x) = float64_conv_model(&[1, 2, 1, 2]);
+    let ours = on_exact_kernels(&model, x.clone());
+    let tract = TractRuntime
+        .run(&model, &[("x".to_string(), x)], &["y".to_string()])
         .unwrap();
-    let tract = TractRuntime.run(&model, &inputs, &wanted).unwrap();
-    let (a, b) = (&ours[0].1, &tract[0].1);
-    assert_eq!(a.shape, b.shape);
-    assert_eq!(a.shape, vec![2, 8, 8, 13]);
-    for (p, q) in a.bytes.chunks_exact(8).zip(b.bytes.chunks_exact(8)) {
+    let theirs = &tract[0].1;
+    assert_eq!(ours.shape, vec![2, 8, 8, 13]);
+    assert_eq!(ours.shape, theirs.shape);
+    for (p, q) in ours.bytes.chunks_exact(8).zip(theirs.bytes.chunks_exact(8)) {
         let (p, q) = (
             f64::from_le_bytes(p.try_into().unwrap()),
             f64::from_le_bytes(q.try_into().unwrap()),
@@ -274,26 +273,6 @@ fn layerdiffs_float64_conv_agrees_with_tracts() {
 fn layerdiffs_float64_conv_pads_each_side_as_onnx_says() {
     // pads [top, left, bottom, right] = [1, 2, 0, 1]: 7 × 12 outputs, as ONNX Runtime's float32
     // Conv makes them (tract 0.23.9's float64 Conv makes 8 × 11 of the same node)
-    let ints = |name: &str, v: &[i64]| layerdiff_onnx::AttributeProto {
-        name: Some(name.into()),
-        r#type: Some(7),
-        ints: v.to_vec(),
-        ..Default::default()
-    };
-    let attributes = vec![
-        layerdiff_onnx::AttributeProto {
-            name: Some("group".into()),
-            r#type: Some(2),
-            i: Some(2),
-            ..Default::default()
-        },
-        ints("strides", &[2, 1]),
-        ints("dilations", &[1, 2]),
-        ints("pads", &[1, 2, 0, 1]),
-    ];
-    let (model, x) = float64_conv_model(attributes);
-    let out = layerdiff_runtime::ExactKernels
-        .run(&model, &[("x".to_string(), x)], &["y".to_string()])
-        .unwrap();
-    assert_eq!(out[0].1.shape, vec![2, 8, 7, 12]);
+    let (model, x) = float64_conv_model(&[1, 2, 0, 1]);
+    assert_eq!(on_exact_kernels(&model, x).shape, vec![2, 8, 7, 12]);
 }
