@@ -81,6 +81,12 @@ impl HandedBaseline {
 pub struct GraphBaseline {
     /// The reference graph, each group widened to float64 as it is extracted.
     side: GraphSide,
+    /// The float64 copy the truth made, where there is one: a group whose weights need no
+    /// rounding is extracted from it, and nothing is widened again.
+    wide: Option<GraphSide>,
+    /// The widest float dtype of the tensors the graph holds (weights and constants): a grid
+    /// at least as wide rounds none of them.
+    widest: Option<DType>,
     /// Each layer's group in the graph (by the reference's value name), once found.
     groups: HashMap<String, std::result::Result<Group, String>>,
 }
@@ -89,11 +95,30 @@ impl GraphBaseline {
     /// The `reference` graph in float64, run node by node (see [`PerNode::float64`]).
     pub fn new(reference: &Model, ort_library: Option<&Path>) -> Result<Self> {
         let runtime = PerNode::float64(ort_library)?;
+        let graph = reference.graph();
+        let held = graph
+            .initializer
+            .iter()
+            .chain((graph.node.iter().flat_map(|n| &n.attribute)).filter_map(|a| a.t.as_ref()));
+        let widest = held
+            .filter_map(|t| DType::from_onnx_code(t.data_type()).ok())
+            .filter(|d| d.is_float())
+            .max_by_key(|d| d.mantissa_bits());
         Ok(Self {
             // each group's float64 copy is made when it runs: only its own weights widen
             side: GraphSide::new(None, reference.clone(), Box::new(runtime), &[]),
+            wide: None,
+            widest,
             groups: HashMap::new(),
         })
+    }
+
+    /// Takes `wide`, the float64 copy of the same graph the truth runs, for the groups whose
+    /// weights need no rounding.
+    pub fn sharing(mut self, wide: Model, ort_library: Option<&Path>) -> Result<Self> {
+        let runtime = PerNode::float64(ort_library)?;
+        self.wide = Some(GraphSide::new(None, wide, Box::new(runtime), &[]));
+        Ok(self)
     }
 
     /// `value` computed exactly by `group` (node indices of the graph this copy was made from)
@@ -120,11 +145,15 @@ impl GraphBaseline {
                 rounded
             })
         };
-        self.side.run_group_with(group, value, &rounded, &|model| {
-            *model = to_float64_rounded(model, grid)
-                .map_err(|e| format!("cannot make its float64 copy: {e}"))?;
-            Ok(())
-        })
+        let rounds_none = self.widest.is_none_or(|w| !grid.narrower_than(w));
+        match &self.wide {
+            Some(wide) if rounds_none => wide.run_group_with(group, value, &rounded, &|_| Ok(())),
+            _ => self.side.run_group_with(group, value, &rounded, &|model| {
+                *model = to_float64_rounded(model, grid)
+                    .map_err(|e| format!("cannot make its float64 copy: {e}"))?;
+                Ok(())
+            }),
+        }
     }
 
     /// Finds the group of every layer's reference value, from the values `known` on both sides.
@@ -176,7 +205,10 @@ impl Baseline {
     pub(crate) fn take_time(&self) -> std::time::Duration {
         match self {
             Self::Handed(_) => std::time::Duration::ZERO,
-            Self::Graph(b) => b.side.take_time(),
+            Self::Graph(b) => {
+                let wide = b.wide.as_ref().map(GraphSide::take_time);
+                b.side.take_time() + wide.unwrap_or_default()
+            }
         }
     }
 
