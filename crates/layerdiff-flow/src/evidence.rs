@@ -3,6 +3,7 @@
 
 use layerdiff_core::{DType, Tensor, TensorView, compare};
 use layerdiff_onnx::{Model, NodeExt, NodeProto, attribute_text};
+use rayon::prelude::*;
 
 use crate::group::Member;
 
@@ -286,30 +287,38 @@ pub fn file_differences(reference: &Model, target: &Model) -> Vec<layerdiff_core
             .and_then(|n| n.outputs.first().cloned())
             .unwrap_or_else(|| name.to_string())
     };
-    let mut found = Vec::new();
-    for init in &target.graph().initializer {
-        let name = init.name();
-        let (Some(Ok(theirs)), Some(Ok(ours))) = (reference.stored(name), target.stored(name))
-        else {
-            continue;
-        };
-        if !(theirs.dtype.is_float() && ours.dtype.is_float()) {
-            continue;
-        }
-        if let WeightCheck::Differs(text) =
-            check_weight(name, theirs.view(), ours.view(), true, None)
-        {
-            found.push(layerdiff_core::FileDifference {
-                layer: read_by(name),
-                cause: "weight_mismatch",
-                fix: layerdiff_core::weights_fix(
-                    &format!("the nodes that read the target file's `{name}`"),
-                    std::slice::from_ref(&text),
-                ),
-                detail: text,
-            });
-        }
-    }
+    // every weight of both files is read: the weights are checked across the threads
+    let differing: Vec<(&str, String)> = target
+        .graph()
+        .initializer
+        .par_iter()
+        .filter_map(|init| {
+            let name = init.name();
+            let (Some(Ok(theirs)), Some(Ok(ours))) = (reference.stored(name), target.stored(name))
+            else {
+                return None;
+            };
+            if !(theirs.dtype.is_float() && ours.dtype.is_float()) {
+                return None;
+            }
+            match check_weight(name, theirs.view(), ours.view(), true, None) {
+                WeightCheck::Differs(text) => Some((name, text)),
+                _ => None,
+            }
+        })
+        .collect();
+    let mut found: Vec<_> = differing
+        .into_iter()
+        .map(|(name, text)| layerdiff_core::FileDifference {
+            layer: read_by(name),
+            cause: "weight_mismatch",
+            fix: layerdiff_core::weights_fix(
+                &format!("the nodes that read the target file's `{name}`"),
+                std::slice::from_ref(&text),
+            ),
+            detail: text,
+        })
+        .collect();
     for node in &target.graph().node {
         let Some(theirs) = model_counterpart(reference, &node_member(node)) else {
             continue;
