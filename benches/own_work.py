@@ -147,8 +147,8 @@ def measure(quick: bool) -> dict:
     return {"rows": onnx_rows + torch_rows, "polygraphy": side}
 
 
-def misses(own: dict, comparator: list[dict]) -> list[str]:
-    """Every target this run missed, in words."""
+def misses(own: dict, comparator: list[dict] | None) -> list[str]:
+    """Every target this run missed, in words (the comparator's where it was measured)."""
     out = [
         f"own work {100 * r['share']:.1f}% of `{r['title']}` (at most {100 * OWN_SHARE:.0f}%)"
         for r in own["rows"]
@@ -160,6 +160,8 @@ def misses(own: dict, comparator: list[dict]) -> list[str]:
             f"layerdiff onnx ResNet-18 at {p['ratio']:.2f}× Polygraphy's wall "
             f"(at most {POLYGRAPHY_SHARE}×)"
         )
+    if comparator is None:
+        return out
     rates = {r["dtype"]: r for r in comparator[1:]}
     if rates["float32"]["of_bandwidth"] < FLOAT32_BANDWIDTH:
         out.append(

@@ -84,9 +84,9 @@ pub struct GraphBaseline {
     /// The float64 copy the truth made, where there is one: a group whose weights need no
     /// rounding is extracted from it, and nothing is widened again.
     wide: Option<GraphSide>,
-    /// The widest float dtype of the tensors the graph holds (weights and constants): a grid
-    /// at least as wide rounds none of them.
-    widest: Option<DType>,
+    /// The float dtypes of the tensors the graph holds (weights and constants): a grid that
+    /// holds every value of each rounds none of them.
+    held: Vec<DType>,
     /// Each layer's group in the graph (by the reference's value name), once found.
     groups: HashMap<String, std::result::Result<Group, String>>,
 }
@@ -100,15 +100,17 @@ impl GraphBaseline {
             .initializer
             .iter()
             .chain((graph.node.iter().flat_map(|n| &n.attribute)).filter_map(|a| a.t.as_ref()));
-        let widest = held
+        let mut dtypes: Vec<DType> = held
             .filter_map(|t| DType::from_onnx_code(t.data_type()).ok())
             .filter(|d| d.is_float())
-            .max_by_key(|d| d.mantissa_bits());
+            .collect();
+        dtypes.sort_by_key(|d| d.name());
+        dtypes.dedup();
         Ok(Self {
             // each group's float64 copy is made when it runs: only its own weights widen
             side: GraphSide::new(None, reference.clone(), Box::new(runtime), &[]),
             wide: None,
-            widest,
+            held: dtypes,
             groups: HashMap::new(),
         })
     }
@@ -145,7 +147,10 @@ impl GraphBaseline {
                 rounded
             })
         };
-        let rounds_none = self.widest.is_none_or(|w| !grid.narrower_than(w));
+        // every float16 and bfloat16 value is a float32 one, every float32 value a float64 one
+        let rounds_none = self.held.iter().all(|&d| {
+            d == grid || grid == DType::F64 || (grid == DType::F32 && d.narrower_than(grid))
+        });
         match &self.wide {
             Some(wide) if rounds_none => wide.run_group_with(group, value, &rounded, &|_| Ok(())),
             _ => self.side.run_group_with(group, value, &rounded, &|model| {

@@ -9,8 +9,8 @@ use std::path::Path;
 
 use layerdiff_core::{Bound, DType, Judge, TensorView, compare_pair};
 use layerdiff_onnx::{
-    GraphIndex, Model, expose_values, extract_nodes, local_group, parse_tensor_pb, round_float64,
-    to_float64,
+    GraphIndex, Model, expose_values, extract_nodes, local_group, parse_tensor_pb, to_float64,
+    to_float64_rounded,
 };
 
 /// A fuzz target's body.
@@ -62,8 +62,7 @@ pub fn onnx_model(data: &[u8]) {
     if let Ok(wide) = to_float64(&model) {
         let _ = wide.to_bytes();
     }
-    let mut narrow = model.clone();
-    let _ = round_float64(&mut narrow, DType::F16);
+    let _ = to_float64_rounded(&model, DType::F16);
 }
 
 /// A file of inputs: its first byte picks the reader (safetensors, npz, an ONNX test data

@@ -26,9 +26,10 @@ pub fn to_float64(model: &Model) -> Result<Model, String> {
     widen(model, None)
 }
 
-/// [`to_float64`] with every float tensor the model holds first rounded to `grid`, as a kernel
-/// computing in `grid` holds its weights: [`round_float64`] of the copy, in one pass over the
-/// weights (a baseline makes one for each layer it computes).
+/// [`to_float64`] with every float tensor the model holds (initializers, constants) first rounded
+/// to `grid` and widened back, in one pass over the weights: the ideal implementation of a layer
+/// in a narrower dtype computes with its weights in that dtype (see `layerdiff_core::Baseline`).
+/// Nothing is rounded for `grid` float64.
 pub fn to_float64_rounded(model: &Model, grid: DType) -> Result<Model, String> {
     widen(
         model,
@@ -78,36 +79,6 @@ fn widen(model: &Model, grid: Option<DType>) -> Result<Model, String> {
         }
     }
     Ok(copy)
-}
-
-/// A float64 model (from [`to_float64`]) whose float64 tensors (initializers, constants) hold
-/// only values of `dtype`: each rounded to it and widened back. The ideal implementation of a
-/// layer in a narrower dtype computes with its weights in that dtype (see
-/// `layerdiff_core::Baseline`). Nothing changes for `dtype` float64.
-pub fn round_float64(model: &mut Model, dtype: DType) -> Result<(), String> {
-    if dtype == DType::F64 || !dtype.is_float() {
-        return Ok(());
-    }
-    let round = |t: &mut TensorProto| -> Result<(), String> {
-        if t.data_type() != DOUBLE {
-            return Ok(());
-        }
-        let tensor = crate::tensor_from_proto(t)?;
-        *t = double_proto(t.name(), tensor.view(), Some(dtype));
-        Ok(())
-    };
-    let graph = model.graph_mut();
-    for tensor in &mut graph.initializer {
-        round(tensor)?;
-    }
-    for node in &mut graph.node {
-        for attribute in &mut node.attribute {
-            if let Some(t) = attribute.t.as_mut() {
-                round(t)?;
-            }
-        }
-    }
-    Ok(())
 }
 
 /// A float tensor attribute (a Constant's `value`, ConstantOfShape's) in float64, rounded to

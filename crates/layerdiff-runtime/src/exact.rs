@@ -78,8 +78,8 @@ impl Runtime for ExactKernels {
         if !OPS.contains(&node.op_type()) {
             return Err(unsupported(node.op_type().to_string()));
         }
-        let (Some(_), Some(output)) = (node.input.first(), node.output.first()) else {
-            return Err(unsupported(format!("{} without an input", node.op_type())));
+        let Some(output) = node.output.first() else {
+            return Err(unsupported(format!("{} without an output", node.op_type())));
         };
         // an input given, else an initializer of the model (a weight), borrowed
         let operand = |i: usize| -> Result<Option<Stored<'_>>> {
@@ -98,7 +98,9 @@ impl Runtime for ExactKernels {
                 None => Err(Error::Inputs(format!("`{name}` was not given"))),
             }
         };
-        let x = operand(0)?.expect("an input");
+        let Some(x) = operand(0)? else {
+            return Err(unsupported(format!("{} without an input", node.op_type())));
+        };
         let y = if node.op_type() == "Conv" {
             let w = operand(1)?.ok_or_else(|| unsupported("a Conv without a weight".into()))?;
             let b = operand(2)?;
@@ -199,6 +201,17 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "layerdiff's float64 kernels does not support Sin"
+        );
+    }
+
+    #[test]
+    fn a_node_without_an_input_is_refused_not_a_panic() {
+        let mut model = single("Erf", None);
+        model.graph_mut().node[0].input = vec![String::new()];
+        let err = ExactKernels.run(&model, &[], &["y".into()]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "layerdiff's float64 kernels does not support Erf without an input"
         );
     }
 }
