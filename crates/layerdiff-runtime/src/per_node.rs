@@ -17,14 +17,17 @@ pub struct PerNode {
 }
 
 impl PerNode {
-    /// `runtimes`, tried in order for each node (at least one).
+    /// `runtimes`, tried for each node (at least one): the first always first, which should
+    /// refuse at once what it does not compute, then the one that last computed a node of the
+    /// same op type, then the rest in order.
     pub fn new(runtimes: Vec<Box<dyn Runtime + Send + Sync>>) -> Self {
         assert!(!runtimes.is_empty(), "per-node running needs a runtime");
         Self { runtimes }
     }
 
     /// A float64 model's evaluation, node by node: layerdiff's own float64 kernels (which
-    /// refuse what they do not compute at once), then ONNX Runtime's CPU provider, then tract.
+    /// refuse what they do not compute at once), then ONNX Runtime's CPU provider, then tract
+    /// (a 3-D Conv, which layerdiff's kernel refuses, does not send the 2-D ones to tract).
     pub fn float64(ort_library: Option<&Path>) -> Result<Self> {
         Ok(Self::new(vec![
             Box::new(ExactKernels),
@@ -62,7 +65,9 @@ impl Runtime for PerNode {
             }
         }
         let mut values: Vec<(String, Tensor)> = inputs.to_vec();
-        // The runtime that last computed a node of each op type goes first for the next one.
+        // The first runtime is always asked first (it refuses at once what it does not compute:
+        // a node it refused does not send the next one of its op type elsewhere); then the
+        // runtime that last computed a node of the op type, then the rest in order.
         let mut preferred: HashMap<&str, usize> = HashMap::new();
         for (i, node) in graph.node.iter().enumerate() {
             let produced: Vec<String> = node
@@ -73,9 +78,10 @@ impl Runtime for PerNode {
                 .collect();
             let single = extract_nodes(model, &[i], &produced, &values)
                 .map_err(|e| Error::Run(format!("cannot extract node #{i}: {e}")))?;
-            let first = preferred.get(node.op_type()).copied().unwrap_or(0);
-            let order =
-                std::iter::once(first).chain((0..self.runtimes.len()).filter(|&r| r != first));
+            let last = preferred.get(node.op_type()).copied().unwrap_or(0);
+            let order = std::iter::once(0)
+                .chain((last != 0).then_some(last))
+                .chain((1..self.runtimes.len()).filter(|&r| r != last));
             let mut failures = Vec::new();
             let mut out = None;
             for r in order {
@@ -111,5 +117,86 @@ impl Runtime for PerNode {
                     .ok_or_else(|| Error::Run(format!("no node produced `{name}`")))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use layerdiff_core::DType;
+    use layerdiff_onnx::{GraphProto, ModelProto, NodeProto, tensor_value_info};
+
+    use super::*;
+
+    /// Hands its input back for the nodes whose name starts with `prefix` (all: empty), refuses
+    /// the others, and writes down which runtime computed which node.
+    struct Echo {
+        prefix: &'static str,
+        log: Arc<Mutex<Vec<(String, &'static str)>>>,
+    }
+
+    impl Runtime for Echo {
+        fn name(&self) -> &str {
+            self.prefix
+        }
+
+        fn detail(&self) -> String {
+            String::new()
+        }
+
+        fn run(
+            &self,
+            model: &Model,
+            inputs: &[(String, Tensor)],
+            outputs: &[String],
+        ) -> Result<Vec<(String, Tensor)>> {
+            let node = &model.graph().node[0];
+            if !node.name().starts_with(self.prefix) {
+                return Err(Error::Run(format!("refuses {}", node.name())));
+            }
+            let mut log = self.log.lock().unwrap();
+            log.push((node.name().to_string(), self.prefix));
+            let input = inputs.iter().find(|(n, _)| *n == node.input[0]).unwrap();
+            Ok(vec![(outputs[0].clone(), input.1.clone())])
+        }
+    }
+
+    #[test]
+    fn the_first_runtime_is_asked_first_even_after_it_refused_that_op() {
+        let node = |name: &str, input: &str, output: &str| NodeProto {
+            op_type: Some("Identity".into()),
+            name: Some(name.into()),
+            input: vec![input.into()],
+            output: vec![output.into()],
+            ..Default::default()
+        };
+        let proto = ModelProto {
+            ir_version: Some(9),
+            graph: Some(GraphProto {
+                node: vec![node("other", "x", "y"), node("own", "y", "z")],
+                input: vec![tensor_value_info("x", 11, &[1])],
+                output: vec![tensor_value_info("z", 11, &[1])],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let echo = |prefix| {
+            let log = Arc::clone(&log);
+            Box::new(Echo { prefix, log }) as Box<dyn Runtime + Send + Sync>
+        };
+        let per_node = PerNode::new(vec![echo("own"), echo("")]);
+        let x = Tensor::new("x", DType::F64, vec![1], 1.5f64.to_le_bytes().to_vec()).unwrap();
+        let model = Model::from_proto(proto, None);
+        let out = per_node
+            .run(&model, &[("x".into(), x)], &["z".into()])
+            .unwrap();
+        assert_eq!(out[0].0, "z");
+        let log = log.lock().unwrap().clone();
+        assert_eq!(
+            log,
+            vec![("other".to_string(), ""), ("own".to_string(), "own")]
+        );
     }
 }
