@@ -138,8 +138,10 @@ impl DType {
         match self {
             DType::F64 => encode!(8, |v: f64| v.to_le_bytes()),
             DType::F32 => encode!(4, |v: f64| (v as f32).to_le_bytes()),
-            DType::F16 => encode!(2, |v: f64| half::f16::from_f64(v).to_le_bytes()),
-            DType::BF16 => encode!(2, |v: f64| half::bf16::from_f64(v).to_le_bytes()),
+            // rounded here: the `half` crate's own rounding from f64 reads its top 32 bits only
+            DType::F16 => encode!(2, |v: f64| half::f16::from_f64(self.round(v)).to_le_bytes()),
+            DType::BF16 => encode!(2, |v: f64| half::bf16::from_f64(self.round(v))
+                .to_le_bytes()),
             DType::I64 => encode!(8, |v: f64| (v as i64).to_le_bytes()),
             DType::I32 => encode!(4, |v: f64| (v as i32).to_le_bytes()),
             DType::I16 => encode!(2, |v: f64| (v as i16).to_le_bytes()),
@@ -184,11 +186,12 @@ impl DType {
 
     /// `value` rounded to the nearest value of this float type (to nearest even; beyond the
     /// largest finite, an infinity), widened back; integers and bool: unchanged.
+    #[inline]
     pub fn round(self, value: f64) -> f64 {
         match self {
             DType::F32 => f64::from(value as f32),
-            DType::F16 => half::f16::from_f64(value).to_f64(),
-            DType::BF16 => half::bf16::from_f64(value).to_f64(),
+            DType::F16 => round_to_grid(value, 10, -14, 65504.0),
+            DType::BF16 => round_to_grid(value, 7, -126, BF16_MAX),
             _ => value,
         }
     }
@@ -245,11 +248,126 @@ impl std::fmt::Display for DType {
     }
 }
 
+/// bfloat16's largest finite value, (2 − 2^-7)·2^127.
+const BF16_MAX: f64 = 3.389_531_389_251_535_5e38;
+
+/// `value` rounded to nearest even on the grid of a binary float type with `mantissa` stored
+/// bits, normal exponents from `min_exponent` and largest finite value `max_finite` (an
+/// infinity beyond it), widened back: branch-free arithmetic on f64, where the conversion of
+/// the `half` crate is a call and a dozen branches (a layer's baseline rounds every element).
+/// Scaling by powers of two is exact, and adding 1.5·2^52 rounds to an integer, to even.
+#[inline(always)]
+fn round_to_grid(value: f64, mantissa: i64, min_exponent: i64, max_finite: f64) -> f64 {
+    const INTEGER: f64 = 6_755_399_441_055_744.0; // 1.5·2^52
+    if !value.is_finite() {
+        return value;
+    }
+    let exponent = (((value.to_bits() >> 52) & 0x7ff) as i64 - 1023).max(min_exponent);
+    let step = f64::from_bits(((exponent - mantissa + 1023) as u64) << 52);
+    let per_step = f64::from_bits(((mantissa - exponent + 1023) as u64) << 52);
+    // the sign copied back: a value rounding to zero keeps it (-0.0)
+    let rounded = (((value * per_step + INTEGER) - INTEGER) * step).copysign(value);
+    if rounded.abs() > max_finite {
+        f64::INFINITY.copysign(value)
+    } else {
+        rounded
+    }
+}
+
 /// 2^`e`, exactly, for every `e` an f64 holds (-1074 to 1023).
 pub fn pow2(e: i32) -> f64 {
     if e >= -1022 {
         f64::from_bits(((1023 + e) as u64) << 52)
     } else {
         f64::from_bits(1u64 << (e + 1074))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Correct rounding by another road: to float32 rounding to odd (truncated, its last bit set
+    /// where inexact), then to the narrow type by the `half` crate's float32 conversion. With
+    /// float32's 13 or 16 bits to spare, the odd bit keeps a value off a tie that was not one.
+    /// (The crate's own conversion from f64 reads the top 32 bits only: it rounds 9.25390625 +
+    /// 2^-49 down to 9.25, where float16's nearest is 9.2578125.)
+    fn by_half(dtype: DType, v: f64) -> f64 {
+        let mut single = v as f32;
+        if f64::from(single) != v && !v.is_nan() {
+            if f64::from(single).abs() > v.abs() {
+                single = f32::from_bits(single.to_bits() - 1); // toward zero
+            }
+            single = f32::from_bits(single.to_bits() | 1);
+        }
+        match dtype {
+            DType::F16 => half::f16::from_f32(single).to_f64(),
+            _ => half::bf16::from_f32(single).to_f64(),
+        }
+    }
+
+    #[test]
+    fn rounding_to_a_narrow_grid_is_correct_bit_for_bit() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for dtype in [DType::F16, DType::BF16] {
+            let bits = dtype.mantissa_bits().unwrap() as i32 - 1;
+            let mut values = vec![
+                0.0,
+                -0.0,
+                1e-30,
+                -1e-30,
+                65504.0,
+                65519.99,
+                65520.0,
+                -65520.0,
+                1e300,
+                -1e300,
+                f64::MAX,
+                f64::MIN_POSITIVE,
+                5e-324,
+                BF16_MAX,
+                3.4e38,
+                f64::INFINITY,
+                f64::NEG_INFINITY,
+            ];
+            for _ in 0..200_000 {
+                // any bit pattern, and values near the grid's range
+                values.push(f64::from_bits(next()));
+                let e = (next() % 80) as i32 - 40;
+                values.push(f64::from_bits(next() >> 12 | 0x3ff0_0000_0000_0000) * pow2(e));
+                // exact ties: a grid value plus half a step, and its neighbours
+                let grid = dtype.round(f64::from_bits(next() >> 12 | 0x3ff0_0000_0000_0000));
+                let tie = grid + pow2(-bits - 1) * pow2(e.clamp(-20, 15));
+                let tie = tie * pow2(e.clamp(-20, 15)) / pow2(e.clamp(-20, 15));
+                values.extend([
+                    tie,
+                    f64::from_bits(tie.to_bits() + 1),
+                    f64::from_bits(tie.to_bits() - 1),
+                ]);
+                values.push(grid * pow2(e) + pow2(e - bits - 1));
+                // subnormals of the grid
+                values.push(
+                    (next() % 4096) as f64 * pow2(-26) * if next() % 2 == 0 { 1.0 } else { -1.0 },
+                );
+            }
+            for &v in &values {
+                if v.is_nan() {
+                    assert!(dtype.round(v).is_nan());
+                    continue;
+                }
+                let (ours, theirs) = (dtype.round(v), by_half(dtype, v));
+                assert!(
+                    ours.to_bits() == theirs.to_bits(),
+                    "{dtype} rounding of {v:e} ({:#x}): {ours:e}, half gives {theirs:e}",
+                    v.to_bits()
+                );
+            }
+        }
     }
 }

@@ -90,6 +90,17 @@ impl<'a> TensorView<'a> {
             .reduce(|| 0.0, f64::max)
     }
 
+    /// Elements `from..from + out.len()` widened to f64, by the comparator's vector decoding
+    /// (what a pass over every element should use; [`Self::get_f64`] decodes one).
+    pub fn decode_into(&self, from: usize, out: &mut [f64]) {
+        let size = self.dtype.size();
+        crate::compare::decode(
+            self.dtype,
+            &self.bytes[from * size..(from + out.len()) * size],
+            out,
+        );
+    }
+
     /// The element at flat index `i`, widened to f64.
     pub fn get_f64(&self, i: usize) -> f64 {
         let size = self.dtype.size();

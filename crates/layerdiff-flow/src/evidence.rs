@@ -98,8 +98,7 @@ pub fn check_weight(
         let largest = target.dtype.max_finite().unwrap_or(f64::INFINITY);
         let (mut moved, mut worst) = (0usize, 0.0f64);
         let n = reference.numel().min(target.numel());
-        for i in 0..n {
-            let (r, t) = (reference.get_f64(i), target.get_f64(i));
+        pairwise(reference, target, n, |r, t| {
             let rounded = if r.is_nan() || t.is_nan() {
                 r.is_nan() && t.is_nan()
             } else if r.abs() > largest {
@@ -111,7 +110,7 @@ pub fn check_weight(
                 moved += 1;
                 worst = worst.max((t - r).abs());
             }
-        }
+        });
         if moved > 0 {
             return WeightCheck::Differs(format!(
                 "`{name}` differs beyond its rounding to {}: max abs diff {worst:.3e} ({moved} of {n} elements differ)",
@@ -149,15 +148,18 @@ fn check_quantized(
 ) -> WeightCheck {
     let (mut beyond, mut worst) = (0usize, 0.0f64);
     let n = reference.numel();
-    for i in 0..n {
-        let (r, t) = (reference.get_f64(i), target.get_f64(i));
+    let mut steps = vec![0.0; n];
+    half_step.decode_into(0, &mut steps);
+    let mut i = 0;
+    pairwise(reference, target, n, |r, t| {
         let d = (r - t).abs();
         worst = worst.max(d);
         // a hair over half a step for the float32 arithmetic of scale and dequantization
-        if d > half_step.get_f64(i) * (1.0 + 1e-3) + 1e-6 * r.abs() || d.is_nan() {
+        if d > steps[i] * (1.0 + 1e-3) + 1e-6 * r.abs() || d.is_nan() {
             beyond += 1;
         }
-    }
+        i += 1;
+    });
     if beyond > 0 {
         return WeightCheck::Differs(format!(
             "`{name}` differs beyond its quantization: {beyond} of {n} elements moved by more than half a scale step (max abs diff {worst:.3e})"
@@ -166,6 +168,26 @@ fn check_quantized(
     WeightCheck::LowerPrecision(format!(
         "the target stores `{name}` quantized: every element within half a scale step of the reference's (max abs diff {worst:.3e})"
     ))
+}
+
+/// `each(r, t)` for the first `n` elements of two tensors, in order, widened a run at a time.
+fn pairwise(
+    reference: TensorView<'_>,
+    target: TensorView<'_>,
+    n: usize,
+    mut each: impl FnMut(f64, f64),
+) {
+    const RUN: usize = 1024;
+    let (mut r, mut t) = ([0.0f64; RUN], [0.0f64; RUN]);
+    for from in (0..n).step_by(RUN) {
+        let len = RUN.min(n - from);
+        reference.decode_into(from, &mut r[..len]);
+        target.decode_into(from, &mut t[..len]);
+        r[..len]
+            .iter()
+            .zip(&t[..len])
+            .for_each(|(&r, &t)| each(r, t));
+    }
 }
 
 /// How far a side disagrees with itself at `value`: its first output against two more runs

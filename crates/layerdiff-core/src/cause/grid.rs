@@ -16,11 +16,7 @@ pub(super) const GRID_RUN: usize = 64;
 pub fn precision_grid(reference: TensorView<'_>, target: TensorView<'_>) -> Option<&'static str> {
     let bits = target.dtype.mantissa_bits()?;
     // The coarser grid first: bfloat16 values within float16's range are float16 values too.
-    type Grid = (&'static str, u32, fn(f64) -> f64);
-    let grids: [Grid; 2] = [
-        ("bfloat16", 8, |v| half::bf16::from_f64(v).to_f64()),
-        ("float16", 11, |v| half::f16::from_f64(v).to_f64()),
-    ];
+    let grids = [("bfloat16", 8, DType::BF16), ("float16", 11, DType::F16)];
     let n = target.numel().min(reference.numel());
     if n == 0 {
         return None;
@@ -45,7 +41,7 @@ pub fn precision_grid(reference: TensorView<'_>, target: TensorView<'_>) -> Opti
         values
     };
     let (t_values, r_values) = (sample(&target), sample(&reference));
-    grids.into_iter().find_map(|(name, grid_bits, round)| {
+    grids.into_iter().find_map(|(name, grid_bits, grid)| {
         if grid_bits >= bits {
             return None;
         }
@@ -53,7 +49,7 @@ pub fn precision_grid(reference: TensorView<'_>, target: TensorView<'_>) -> Opti
             values
                 .iter()
                 .filter(|v| v.is_finite() && **v != 0.0)
-                .map(|&v| round(v) == v)
+                .map(|&v| grid.round(v) == v)
                 .fold((0usize, 0usize), |(on, all), hit| {
                     (on + usize::from(hit), all + 1)
                 })

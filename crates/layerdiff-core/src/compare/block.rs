@@ -232,6 +232,12 @@ pub(super) fn exact_block(
 pub(crate) fn decode(dtype: DType, bytes: &[u8], out: &mut [f64]) {
     #[cfg(target_endian = "little")]
     match dtype {
+        DType::F64 => {
+            if let Ok(values) = bytemuck::try_cast_slice::<u8, f64>(bytes) {
+                out.copy_from_slice(&values[..out.len()]);
+                return;
+            }
+        }
         DType::F32 => {
             if let Ok(values) = bytemuck::try_cast_slice::<u8, f32>(bytes) {
                 for (o, &v) in out.iter_mut().zip(values) {
