@@ -127,7 +127,10 @@ pub fn kernel_allowance(
 /// out once (a layer's baseline asks it of every element).
 #[derive(Debug, Clone, Copy)]
 pub struct KernelAllowance {
-    dtype: DType,
+    /// The dtype's stored significand bits and its least normal exponent: its step at a
+    /// magnitude, as [`DType::step`] works it out, without matching the dtype per element.
+    mantissa: i32,
+    min_exponent: i32,
     /// `n`, the output steps (0 for integers: they must be exact).
     steps: f64,
     /// `stages·u_d + (max(⌈log2 K⌉, 1) + n)·u_acc`.
@@ -141,7 +144,8 @@ impl KernelAllowance {
     pub fn new(dtype: DType, reduction: usize, stages: u32) -> Self {
         let Some(bits) = dtype.mantissa_bits() else {
             return Self {
-                dtype,
+                mantissa: 0,
+                min_exponent: 0,
                 steps: 0.0,
                 per_magnitude: 0.0,
                 smallest_normal: 0.0,
@@ -149,12 +153,14 @@ impl KernelAllowance {
         };
         let n = output_steps(dtype);
         let order = f64::from(reduction.max(1).next_power_of_two().trailing_zeros()).max(1.0);
+        let smallest_normal = dtype.step(0.0) * pow2(bits as i32 - 1);
         Self {
-            dtype,
+            mantissa: bits as i32 - 1,
+            min_exponent: ((smallest_normal.to_bits() >> 52) & 0x7ff) as i32 - 1023,
             steps: n,
             per_magnitude: f64::from(stages) * pow2(-(bits as i32))
                 + (order + n) * accumulation_unit(dtype),
-            smallest_normal: dtype.step(0.0) * pow2(bits as i32 - 1),
+            smallest_normal,
         }
     }
 
@@ -169,7 +175,18 @@ impl KernelAllowance {
         } else {
             0.0
         };
-        self.steps * self.dtype.step(exact.abs()) + self.per_magnitude * magnitude.abs() + flush
+        self.steps * self.step(exact) + self.per_magnitude * magnitude.abs() + flush
+    }
+
+    /// [`DType::step`] of the dtype at `|exact|`.
+    #[inline(always)]
+    fn step(&self, exact: f64) -> f64 {
+        let exponent = if exact.is_finite() {
+            ((exact.to_bits() >> 52) & 0x7ff) as i32 - 1023
+        } else {
+            self.min_exponent
+        };
+        pow2(exponent.max(self.min_exponent) - self.mantissa)
     }
 
     /// The part that scales with the magnitude alone (`at(x, m) − at(x, 0)`).
@@ -359,6 +376,109 @@ const NARROW_MEAN: f64 = 0.797_884_560_802_865_4;
 /// Elements per block of the baseline's pass.
 const BLOCK: usize = 4096;
 
+/// What judges each element of a layer's baseline: worked out once per layer.
+struct Rule {
+    kernel: KernelAllowance,
+    same_precision: bool,
+    expected_values: bool,
+    honest: crate::Bound,
+    /// Whether the reduction's terms were measured (the narrow-accumulation ideal).
+    narrow: bool,
+    unit: f64,
+    terms: u64,
+    /// The narrow ideal's tail factor at the largest element, in its `σ`s.
+    tail: f64,
+}
+
+impl Rule {
+    /// The sums of one block: the reference, the target's own value, the exact value and the
+    /// reduction's `√Σ term²`, element by element; `round` to the grid.
+    #[inline(always)]
+    fn block(
+        &self,
+        (reference, own, exact, spread): (&[f64], &[f64], &[f64], &[f64]),
+        round: impl Fn(f64) -> f64,
+    ) -> Sums {
+        let mut s = Sums::default();
+        for (((&y, &t), &x), &r) in reference.iter().zip(own).zip(exact).zip(spread) {
+            if y.is_nan() || !y.is_finite() {
+                continue; // NaN and Inf in the reference say nothing of precision
+            }
+            if !x.is_finite() {
+                // Its inputs as the target holds them overflow already (a LayerNorm of
+                // ±Inf is NaN): the ideal says nothing here, and a target that is not
+                // finite either makes what it makes.
+                if !t.is_finite() {
+                    s.overflow += 1;
+                }
+                continue;
+            }
+            let ideal = round(x);
+            if ideal.is_infinite() {
+                s.overflow += 1;
+                if t == ideal {
+                    continue; // the target overflows where the ideal does: its precision
+                }
+            }
+            let own_d = if t.is_finite() {
+                (t - y).abs()
+            } else {
+                f64::INFINITY
+            };
+            let base = if ideal.is_finite() {
+                (ideal - y).abs()
+            } else {
+                0.0
+            };
+            let bound = self.kernel.at(x, x);
+            // The typical error: the ideal's own rounding, and the same magnitude terms.
+            let rounding = if ideal.is_finite() {
+                (ideal - x).abs()
+            } else {
+                0.0
+            };
+            let mut typical = rounding + self.kernel.per_magnitude(x);
+            let mut bound = bound;
+            // Only where x is the reference's own computation (with a narrower grid its
+            // inputs and weights were rounded first): where expected values are further
+            // from it than their dtype's tolerance (a wrong value, or a long reduction that
+            // cancels: decided for the layer below).
+            if self.expected_values
+                && self.same_precision
+                && (x - y).abs() > self.honest.atol + self.honest.rtol * x.abs()
+            {
+                s.reference_off += 1;
+                s.reference_off_max = s.reference_off_max.max((x - y).abs());
+            }
+            if self.same_precision && t.is_finite() {
+                s.target_from_exact = s.target_from_exact.max((x - t).abs());
+            }
+            if self.same_precision {
+                bound = bound.max((x - y).abs());
+                typical = typical.max((x - y).abs());
+            }
+            s.count += 1;
+            s.base_max = s.base_max.max(base);
+            s.base_sum += base;
+            s.own_max = s.own_max.max(own_d);
+            s.own_sum += own_d;
+            s.allowed_max = s.allowed_max.max(base + HONEST_FACTOR * bound);
+            s.allowed_sum += base + HONEST_FACTOR * typical;
+            if self.narrow {
+                if t.is_finite() {
+                    s.signed_sum += (t - y) * x.signum();
+                }
+                let sigma = narrow_accumulation_sigma(self.unit, self.terms, r, x);
+                s.narrow_max = s
+                    .narrow_max
+                    .max(base + HONEST_FACTOR * bound + self.tail * sigma);
+                s.narrow_sum += base + HONEST_FACTOR * (typical + NARROW_MEAN * sigma);
+            }
+        }
+        s
+    }
+}
+
 /// The baseline of one layer: `reference` (`y`), the target's own value `own` (`t`, the layer
 /// re-run on the reference's inputs), and `exact` (`x`, the layer in float64 on the
 /// reference's inputs rounded to `grid`), judged by [the rule](self). `stages`: intermediate
@@ -389,9 +509,16 @@ pub fn assess_baseline(
     let same_precision = !grid.narrower_than(reference.dtype);
     // How far an honest reference may be from the exact value: its dtype's tolerance.
     let honest = crate::default_for(reference.dtype);
-    let unit = grid.mantissa_bits().map_or(0.0, |b| pow2(-(b as i32)));
-    let terms = reduction.map_or(0, |r| r.terms);
-    let kernel = KernelAllowance::new(grid, 1, stages);
+    let rule = Rule {
+        kernel: KernelAllowance::new(grid, 1, stages),
+        same_precision,
+        expected_values,
+        honest,
+        narrow: rss.is_some(),
+        unit: grid.mantissa_bits().map_or(0.0, |b| pow2(-(b as i32))),
+        terms: reduction.map_or(0, |r| r.terms),
+        tail: HONEST_FACTOR * NARROW_TAIL.max((2.0 * (n as f64).ln()).sqrt()),
+    };
     let blocks: Vec<Sums> = (0..n.div_ceil(BLOCK))
         .into_par_iter()
         .map(|b| {
@@ -408,85 +535,15 @@ pub fn assess_baseline(
                 let size = view.dtype.size();
                 crate::compare::decode(view.dtype, &view.bytes[start * size..end * size], out);
             }
-            let mut s = Sums::default();
             let [reference, own, exact, spread] = &v;
-            for (((&y, &t), &x), &r) in reference.iter().zip(own).zip(exact).zip(spread) {
-                if y.is_nan() || !y.is_finite() {
-                    continue; // NaN and Inf in the reference say nothing of precision
-                }
-                if !x.is_finite() {
-                    // Its inputs as the target holds them overflow already (a LayerNorm of
-                    // ±Inf is NaN): the ideal says nothing here, and a target that is not
-                    // finite either makes what it makes.
-                    if !t.is_finite() {
-                        s.overflow += 1;
-                    }
-                    continue;
-                }
-                let ideal = grid.round(x);
-                if ideal.is_infinite() {
-                    s.overflow += 1;
-                    if t == ideal {
-                        continue; // the target overflows where the ideal does: its precision
-                    }
-                }
-                let own_d = if t.is_finite() {
-                    (t - y).abs()
-                } else {
-                    f64::INFINITY
-                };
-                let base = if ideal.is_finite() {
-                    (ideal - y).abs()
-                } else {
-                    0.0
-                };
-                let bound = kernel.at(x, x);
-                // The typical error: the ideal's own rounding, and the same magnitude terms.
-                let rounding = if ideal.is_finite() {
-                    (ideal - x).abs()
-                } else {
-                    0.0
-                };
-                let mut typical = rounding + kernel.per_magnitude(x);
-                let mut bound = bound;
-                // Only where x is the reference's own computation (with a narrower grid its
-                // inputs and weights were rounded first): where expected values are further
-                // from it than their dtype's tolerance (a wrong value, or a long reduction that
-                // cancels: decided for the layer below).
-                if expected_values
-                    && same_precision
-                    && (x - y).abs() > honest.atol + honest.rtol * x.abs()
-                {
-                    s.reference_off += 1;
-                    s.reference_off_max = s.reference_off_max.max((x - y).abs());
-                }
-                if same_precision && t.is_finite() {
-                    s.target_from_exact = s.target_from_exact.max((x - t).abs());
-                }
-                if same_precision {
-                    bound = bound.max((x - y).abs());
-                    typical = typical.max((x - y).abs());
-                }
-                s.count += 1;
-                s.base_max = s.base_max.max(base);
-                s.base_sum += base;
-                s.own_max = s.own_max.max(own_d);
-                s.own_sum += own_d;
-                s.allowed_max = s.allowed_max.max(base + HONEST_FACTOR * bound);
-                s.allowed_sum += base + HONEST_FACTOR * typical;
-                if rss.is_some() {
-                    if t.is_finite() {
-                        s.signed_sum += (t - y) * x.signum();
-                    }
-                    let sigma = narrow_accumulation_sigma(unit, terms, r, x);
-                    let tail = HONEST_FACTOR * NARROW_TAIL.max((2.0 * (n as f64).ln()).sqrt());
-                    s.narrow_max = s
-                        .narrow_max
-                        .max(base + HONEST_FACTOR * bound + tail * sigma);
-                    s.narrow_sum += base + HONEST_FACTOR * (typical + NARROW_MEAN * sigma);
-                }
+            let values = (&reference[..], &own[..], &exact[..], &spread[..]);
+            // the grid's rounding chosen once per block, not matched per element
+            match grid {
+                DType::F16 => rule.block(values, |x| DType::F16.round(x)),
+                DType::BF16 => rule.block(values, |x| DType::BF16.round(x)),
+                DType::F32 => rule.block(values, |x| DType::F32.round(x)),
+                _ => rule.block(values, |x| grid.round(x)),
             }
-            s
         })
         .collect();
     let s = blocks.into_iter().fold(Sums::default(), Sums::merge);

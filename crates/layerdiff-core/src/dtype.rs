@@ -275,6 +275,7 @@ fn round_to_grid(value: f64, mantissa: i64, min_exponent: i64, max_finite: f64) 
 }
 
 /// 2^`e`, exactly, for every `e` an f64 holds (-1074 to 1023).
+#[inline]
 pub fn pow2(e: i32) -> f64 {
     if e >= -1022 {
         f64::from_bits(((1023 + e) as u64) << 52)

@@ -1,9 +1,11 @@
 //! The finite fast path in explicit AVX2, judged or not. Two `__m256d` hold the [`LANES`] f64
 //! accumulators of a block (lanes 0–3, then 4–7), so vector lane `j` sums elements
-//! `k ≡ j (mod LANES)` in the order the scalar path does: the same operations (no fused
-//! multiply-add), the same bits. Elements are read straight from the tensors' bytes and widened
-//! in registers (float16 by F16C, bfloat16 by a shift). The compiler's own vectorization of the
-//! scalar path changes with every edit to it; this one does not.
+//! `k ≡ j (mod LANES)` in the order the scalar path does: the same operations, the same bits
+//! (a multiply-add is fused only where the product is exact: two narrow values). Elements are
+//! read straight from the tensors' bytes and widened in registers (float16 by F16C, bfloat16 by
+//! a shift). Each chunk is passed over up to three times, so that every pass keeps its
+//! accumulators in AVX2's sixteen registers. The compiler's own vectorization of the scalar
+//! path changes with every edit to it; this one does not.
 
 use std::arch::x86_64::*;
 
@@ -94,9 +96,9 @@ const _: () = assert!(THRESHOLDS[0].0 == 0.0);
 /// must be a multiple of [`LANES`].
 ///
 /// # Safety
-/// The CPU must have AVX2 and F16C, and both byte slices must hold `start + len` elements of
+/// The CPU must have AVX2, FMA and F16C, and both byte slices must hold `start + len` elements of
 /// their dtype.
-#[target_feature(enable = "avx2,f16c")]
+#[target_feature(enable = "avx2,f16c,fma")]
 pub(super) unsafe fn finite_block(
     r: (DType, &[u8]),
     t: (DType, &[u8]),
@@ -159,7 +161,7 @@ fn set(mask: __m256d) -> u64 {
     u64::from(unsafe { _mm256_movemask_pd(mask) }.count_ones())
 }
 
-#[target_feature(enable = "avx2,f16c")]
+#[target_feature(enable = "avx2,f16c,fma")]
 unsafe fn block<R: Load, T: Load>(
     r: &[u8],
     t: &[u8],
@@ -216,11 +218,14 @@ unsafe fn block<R: Load, T: Load>(
     ];
     let (mut sum_ulp, mut max_ulp, mut needed) = (z, z, z);
     let mut beyond = 0u64;
+    let mut moved_count = _mm256_setzero_si256();
     let mut from = 0;
     while from < len {
         let n = SUB.min(len - from);
         let mut max_abs = z;
         let mut finite = true;
+        // Three passes over the chunk (in L1 cache): each keeps its accumulators in registers,
+        // where one pass doing all would spill them (AVX2 has sixteen).
         for v in (0..n).step_by(LANES) {
             let k = start + from + v;
             // SAFETY: `k + 8 <= start + len`, within both slices (the caller's promise).
@@ -233,33 +238,63 @@ unsafe fn block<R: Load, T: Load>(
             }
             sum_abs = each(|h| _mm256_add_pd(sum_abs[h], diff[h]));
             sum_sq = each(|h| _mm256_add_pd(sum_sq[h], _mm256_mul_pd(diff[h], diff[h])));
-            dot = each(|h| _mm256_add_pd(dot[h], _mm256_mul_pd(a[h], b[h])));
-            norm_r = each(|h| _mm256_add_pd(norm_r[h], _mm256_mul_pd(a[h], a[h])));
-            norm_t = each(|h| _mm256_add_pd(norm_t[h], _mm256_mul_pd(b[h], b[h])));
             max_abs = each(|h| _mm256_max_pd(diff[h], max_abs[h]));
-            let (abs_a, abs_b) = (each(|h| abs(a[h])), each(|h| abs(b[h])));
+            // the first threshold is 0; a set lane is all ones, -1 as an integer
+            for half in diff {
+                let moved = _mm256_cmp_pd::<_CMP_GT_OQ>(half, zero);
+                moved_count = _mm256_sub_epi64(moved_count, _mm256_castpd_si256(moved));
+            }
             if !(R::NARROW && T::NARROW) {
                 for h in 0..2 {
                     let ok = _mm256_and_pd(
-                        _mm256_cmp_pd::<_CMP_LT_OQ>(abs_a[h], infinity),
-                        _mm256_cmp_pd::<_CMP_LT_OQ>(abs_b[h], infinity),
+                        _mm256_cmp_pd::<_CMP_LT_OQ>(abs(a[h]), infinity),
+                        _mm256_cmp_pd::<_CMP_LT_OQ>(abs(b[h]), infinity),
                     );
                     finite &= _mm256_movemask_pd(ok) == 0b1111;
                 }
             }
-            let moved = each(|h| _mm256_cmp_pd::<_CMP_GT_OQ>(diff[h], zero));
-            above[0] += set(moved[0]) + set(moved[1]); // the first threshold is 0
-            let den = each(|h| _mm256_max_pd(abs_a[h], abs_b[h]));
+        }
+        for v in (0..n).step_by(LANES) {
+            let k = start + from + v;
+            // SAFETY: as above; `v + 8 <= n <= SUB` for `d`.
+            let (a, b, diff) = unsafe {
+                let p = d.as_ptr().add(v);
+                (
+                    R::eight(rp, k),
+                    T::eight(tp, k),
+                    [_mm256_loadu_pd(p), _mm256_loadu_pd(p.add(4))],
+                )
+            };
+            // A product of two narrow values is exact in f64, so fusing it with the sum rounds
+            // once, as multiplying and adding do.
+            dot = each(|h| product_sum(a[h], b[h], dot[h], R::NARROW && T::NARROW));
+            norm_r = each(|h| product_sum(a[h], a[h], norm_r[h], R::NARROW));
+            norm_t = each(|h| product_sum(b[h], b[h], norm_t[h], T::NARROW));
             // at most 2 (a difference of huge opposite values overflows); NaN stays NaN
-            let rel = each(|h| {
-                let rel = _mm256_min_pd(two, _mm256_div_pd(diff[h], den[h]));
-                _mm256_and_pd(rel, moved[h])
+            max_rel = each(|h| {
+                let moved = _mm256_cmp_pd::<_CMP_GT_OQ>(diff[h], zero);
+                let den = _mm256_max_pd(abs(a[h]), abs(b[h]));
+                let rel = _mm256_min_pd(two, _mm256_div_pd(diff[h], den));
+                _mm256_max_pd(_mm256_and_pd(rel, moved), max_rel[h])
             });
-            max_rel = each(|h| _mm256_max_pd(rel[h], max_rel[h]));
-            if judge.is_some() {
+        }
+        if judge.is_some() {
+            for v in (0..n).step_by(LANES) {
+                let k = start + from + v;
+                // SAFETY: as above.
+                let (a, b, diff) = unsafe {
+                    let p = d.as_ptr().add(v);
+                    (
+                        R::eight(rp, k),
+                        T::eight(tp, k),
+                        [_mm256_loadu_pd(p), _mm256_loadu_pd(p.add(4))],
+                    )
+                };
                 // The operations of `Prepared::element`, lane for lane.
                 for h in 0..2 {
-                    let magnitude = _mm256_max_pd(den[h], floor);
+                    let abs_a = abs(a[h]);
+                    let den = _mm256_max_pd(abs_a, abs(b[h]));
+                    let magnitude = _mm256_max_pd(den, floor);
                     let exponent = _mm256_and_si256(_mm256_castpd_si256(magnitude), exponent_bits);
                     let inverse = _mm256_castsi256_pd(_mm256_sub_epi64(
                         _mm256_castpd_si256(inverse_base),
@@ -268,10 +303,8 @@ unsafe fn block<R: Load, T: Load>(
                     let ulps = _mm256_mul_pd(diff[h], inverse);
                     sum_ulp[h] = _mm256_add_pd(sum_ulp[h], ulps);
                     max_ulp[h] = _mm256_max_pd(ulps, max_ulp[h]);
-                    let allowed = _mm256_add_pd(
-                        atol,
-                        _mm256_mul_pd(rtol, _mm256_min_pd(abs_a[h], largest_f64)),
-                    );
+                    let allowed =
+                        _mm256_add_pd(atol, _mm256_mul_pd(rtol, _mm256_min_pd(abs_a, largest_f64)));
                     beyond += set(_mm256_cmp_pd::<_CMP_GT_OQ>(diff[h], allowed));
                     needed[h] = _mm256_max_pd(_mm256_div_pd(diff[h], allowed), needed[h]);
                     let clamped = _mm256_min_pd(_mm256_max_pd(diff[h], lowest), highest);
@@ -281,8 +314,9 @@ unsafe fn block<R: Load, T: Load>(
                         )),
                         key_offset,
                     );
-                    // `moved` is set where the difference is not zero: there the key stays.
-                    let key = _mm256_blendv_epi8(zero_slots[h], key, _mm256_castpd_si256(moved[h]));
+                    // Where the difference is zero the key is the zero slot.
+                    let moved = _mm256_cmp_pd::<_CMP_GT_OQ>(diff[h], zero);
+                    let key = _mm256_blendv_epi8(zero_slots[h], key, _mm256_castpd_si256(moved));
                     // SAFETY: `v + 4h + 4 <= n <= SUB`.
                     unsafe {
                         _mm256_storeu_si256(slots.as_mut_ptr().add(v + 4 * h).cast(), key);
@@ -335,6 +369,7 @@ unsafe fn block<R: Load, T: Load>(
     if let Some((_, histogram)) = judging {
         count_slots(&block_slots[..len], histogram);
     }
+    above[0] = lanes_sum(moved_count);
     let sums = [sum_abs, sum_sq, dot, norm_r, norm_t].map(lanes);
     let judged = match judge {
         Some(_) => Tally {
@@ -355,6 +390,29 @@ unsafe fn block<R: Load, T: Load>(
     ))
 }
 
+/// `sum + a·b`, fused where `exact` (the product of two narrow values is exact in f64, so one
+/// rounding of the sum is all either way): the same bits, fewer operations.
+#[inline(always)]
+fn product_sum(a: __m256d, b: __m256d, sum: __m256d, exact: bool) -> __m256d {
+    // SAFETY: the caller runs with AVX2 and FMA enabled.
+    unsafe {
+        if exact {
+            _mm256_fmadd_pd(a, b, sum)
+        } else {
+            _mm256_add_pd(sum, _mm256_mul_pd(a, b))
+        }
+    }
+}
+
+/// The sum of four 64-bit counters.
+#[inline(always)]
+fn lanes_sum(counts: __m256i) -> u64 {
+    let mut c = [0u64; 4];
+    // SAFETY: `c` holds four u64; the caller runs with AVX enabled.
+    unsafe { _mm256_storeu_si256(c.as_mut_ptr().cast(), counts) };
+    c.iter().sum()
+}
+
 /// Adds to `above[j]`, for the `M` thresholds after the first, how many of `d` exceed them: one
 /// pass over `d`, one vector counter per threshold.
 #[inline(always)]
@@ -373,9 +431,7 @@ fn count_above<const M: usize>(d: &[f64], above: &mut [u64; THRESHOLDS.len()]) {
             }
         }
         for j in 0..M {
-            let mut c = [0u64; 4];
-            _mm256_storeu_si256(c.as_mut_ptr().cast(), counts[j]);
-            above[j + 1] += c.iter().sum::<u64>();
+            above[j + 1] += lanes_sum(counts[j]);
         }
     }
 }

@@ -36,7 +36,7 @@ pub(super) fn element(dtype: DType, bytes: &[u8], k: usize) -> f64 {
 pub(crate) enum Kernel {
     /// AVX-512 (F, DQ, VL) with F16C: unjudged blocks of finite values.
     Avx512,
-    /// AVX2 with F16C: every block (the fast path of CPUs without AVX-512).
+    /// AVX2 with FMA and F16C: every block (the fast path of CPUs without AVX-512).
     Avx2,
     /// Plain Rust, on any CPU.
     Portable,
@@ -49,7 +49,7 @@ impl Kernel {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("f16c") {
+            if has!("avx2") && has!("f16c") && has!("fma") {
                 if has!("avx512f") && has!("avx512dq") && has!("avx512vl") {
                     kernels.push(Kernel::Avx512);
                 }
