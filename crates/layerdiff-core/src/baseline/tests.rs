@@ -218,3 +218,20 @@ fn a_layer_just_past_its_allowance_is_still_precision() {
     };
     assert!(past.beyond());
 }
+
+#[test]
+fn a_kernel_allowance_steps_as_its_dtype_does() {
+    let mut rng = crate::SplitMix64::new(7);
+    for dtype in [DType::F64, DType::F32, DType::F16, DType::BF16] {
+        let kernel = KernelAllowance::new(dtype, 1, 0);
+        let n = output_steps(dtype);
+        let smallest_normal = dtype.step(0.0) * pow2(dtype.mantissa_bits().unwrap() as i32 - 1);
+        let mut values = vec![0.0, -0.0, 5e-324, 1e-310, f64::MIN_POSITIVE, 1e300, f64::MAX];
+        values.extend((0..10_000).map(|_| rng.normal() * pow2((rng.normal() * 40.0) as i32)));
+        for x in values {
+            let flush = if x.abs() < smallest_normal { smallest_normal } else { 0.0 };
+            let expected = n * dtype.step(x.abs()) + flush;
+            assert_eq!(kernel.at(x, 0.0).to_bits(), expected.to_bits(), "{dtype} at {x:e}");
+        }
+    }
+}
