@@ -178,6 +178,21 @@ impl KernelAllowance {
         self.steps * self.step(exact) + self.per_magnitude * magnitude.abs() + flush
     }
 
+    /// [`Self::at`] for a finite `exact` of a float32 or narrower grid, whose part scaling
+    /// with the magnitude is `scaled` ([`Self::per_magnitude`]): without a branch.
+    #[inline(always)]
+    fn at_finite(&self, exact: f64, scaled: f64) -> f64 {
+        let exponent =
+            (((exact.to_bits() >> 52) & 0x7ff) as i64 - 1023).max(self.min_exponent.into());
+        let step = f64::from_bits(((exponent - i64::from(self.mantissa) + 1023) as u64) << 52);
+        let flush = if exact.abs() < self.smallest_normal {
+            self.smallest_normal
+        } else {
+            0.0
+        };
+        self.steps * step + scaled + flush
+    }
+
     /// [`DType::step`] of the dtype at `|exact|`.
     #[inline(always)]
     fn step(&self, exact: f64) -> f64 {
@@ -479,6 +494,146 @@ impl Rule {
     }
 }
 
+/// Lanes of [`Rule::finite_block`]: element `k` of a block goes to lane `k % LANES`.
+const LANES: usize = 8;
+
+impl Rule {
+    /// [`Rule::block`] where every value of the block is finite and stays so on the grid, for
+    /// a float32, float16 or bfloat16 grid and neither expected values nor measured terms:
+    /// the same quantities without a branch, summed in [`LANES`] lanes (then combined by a
+    /// fixed tree), so the loop runs on vectors. `None` for any other block.
+    fn finite_block(
+        &self,
+        grid: DType,
+        (reference, own, exact, _): (&[f64], &[f64], &[f64], &[f64]),
+    ) -> Option<Sums> {
+        if self.expected_values || self.narrow {
+            return None;
+        }
+        let (bits, max_finite) = (grid.mantissa_bits()?, grid.max_finite()?);
+        if bits >= 53 {
+            return None;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+            if *AVX2.get_or_init(|| std::arch::is_x86_feature_detected!("avx2")) {
+                // SAFETY: the CPU has AVX2.
+                return unsafe { self.lanes_avx2(grid, max_finite, reference, own, exact) };
+            }
+        }
+        self.lanes(grid, max_finite, reference, own, exact)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn lanes_avx2(
+        &self,
+        grid: DType,
+        max_finite: f64,
+        reference: &[f64],
+        own: &[f64],
+        exact: &[f64],
+    ) -> Option<Sums> {
+        self.lanes(grid, max_finite, reference, own, exact)
+    }
+
+    /// The lane loop of [`Rule::finite_block`], the grid's rounding chosen once.
+    #[inline(always)]
+    fn lanes(
+        &self,
+        grid: DType,
+        max_finite: f64,
+        reference: &[f64],
+        own: &[f64],
+        exact: &[f64],
+    ) -> Option<Sums> {
+        let values = (reference, own, exact);
+        match grid {
+            DType::F32 => self.lane_sums(values, max_finite, |x| f64::from(x as f32)),
+            DType::F16 => self.lane_sums(values, max_finite, |x| {
+                crate::dtype::finite_to_grid(x, 10, -14, 65504.0)
+            }),
+            _ => self.lane_sums(values, max_finite, |x| {
+                crate::dtype::finite_to_grid(x, 7, -126, crate::dtype::BF16_MAX)
+            }),
+        }
+    }
+
+    /// The sums, or `None` where a value is not finite or the exact value beyond the grid's
+    /// largest (computed all the same, without a branch, then thrown away).
+    #[inline(always)]
+    fn lane_sums(
+        &self,
+        (reference, own, exact): (&[f64], &[f64], &[f64]),
+        max_finite: f64,
+        round: impl Fn(f64) -> f64,
+    ) -> Option<Sums> {
+        let z = [0.0f64; LANES];
+        let mut fits = [true; LANES];
+        let (mut base_max, mut base_sum, mut own_max, mut own_sum) = (z, z, z, z);
+        let (mut allowed_max, mut allowed_sum, mut from_exact) = (z, z, z);
+        let kernel = &self.kernel;
+        let same = self.same_precision;
+        let mut lane = |j: usize, y: f64, t: f64, x: f64| {
+            fits[j] &= y.abs() <= f64::MAX && t.abs() <= f64::MAX && x.abs() <= max_finite;
+            let ideal = round(x);
+            let (own_d, base) = ((t - y).abs(), (ideal - y).abs());
+            let magnitude = kernel.per_magnitude(x);
+            let mut bound = kernel.at_finite(x, magnitude);
+            let mut typical = (ideal - x).abs() + magnitude;
+            if same {
+                let off = (x - y).abs();
+                from_exact[j] = max(from_exact[j], (x - t).abs());
+                bound = max(bound, off);
+                typical = max(typical, off);
+            }
+            base_max[j] = max(base_max[j], base);
+            base_sum[j] += base;
+            own_max[j] = max(own_max[j], own_d);
+            own_sum[j] += own_d;
+            allowed_max[j] = max(allowed_max[j], base + HONEST_FACTOR * bound);
+            allowed_sum[j] += base + HONEST_FACTOR * typical;
+        };
+        let full = reference.len() - reference.len() % LANES;
+        for ((y, t), x) in reference[..full]
+            .chunks_exact(LANES)
+            .zip(own.chunks_exact(LANES))
+            .zip(exact.chunks_exact(LANES))
+        {
+            for j in 0..LANES {
+                lane(j, y[j], t[j], x[j]);
+            }
+        }
+        for k in full..reference.len() {
+            lane(k - full, reference[k], own[k], exact[k]);
+        }
+        if fits.contains(&false) {
+            return None;
+        }
+        let tree =
+            |l: [f64; LANES]| ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+        let most = |l: [f64; LANES]| l.into_iter().fold(0.0, max);
+        Some(Sums {
+            count: reference.len() as u64,
+            target_from_exact: most(from_exact),
+            base_max: most(base_max),
+            base_sum: tree(base_sum),
+            own_max: most(own_max),
+            own_sum: tree(own_sum),
+            allowed_max: most(allowed_max),
+            allowed_sum: tree(allowed_sum),
+            ..Sums::default()
+        })
+    }
+}
+
+/// The larger of two values that are not NaN, as a vector max computes it.
+#[inline(always)]
+fn max(a: f64, b: f64) -> f64 {
+    if a > b { a } else { b }
+}
+
 /// The baseline of one layer: `reference` (`y`), the target's own value `own` (`t`, the layer
 /// re-run on the reference's inputs), and `exact` (`x`, the layer in float64 on the
 /// reference's inputs rounded to `grid`), judged by [the rule](self). `stages`: intermediate
@@ -537,6 +692,9 @@ pub fn assess_baseline(
             }
             let [reference, own, exact, spread] = &v;
             let values = (&reference[..], &own[..], &exact[..], &spread[..]);
+            if let Some(sums) = rule.finite_block(grid, values) {
+                return sums;
+            }
             // the grid's rounding chosen once per block, not matched per element
             match grid {
                 DType::F16 => rule.block(values, |x| DType::F16.round(x)),

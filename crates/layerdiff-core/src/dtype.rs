@@ -249,7 +249,7 @@ impl std::fmt::Display for DType {
 }
 
 /// bfloat16's largest finite value, (2 − 2^-7)·2^127.
-const BF16_MAX: f64 = 3.389_531_389_251_535_5e38;
+pub(crate) const BF16_MAX: f64 = 3.389_531_389_251_535_5e38;
 
 /// `value` rounded to nearest even on the grid of a binary float type with `mantissa` stored
 /// bits, normal exponents from `min_exponent` and largest finite value `max_finite` (an
@@ -258,10 +258,16 @@ const BF16_MAX: f64 = 3.389_531_389_251_535_5e38;
 /// Scaling by powers of two is exact, and adding 1.5·2^52 rounds to an integer, to even.
 #[inline(always)]
 fn round_to_grid(value: f64, mantissa: i64, min_exponent: i64, max_finite: f64) -> f64 {
-    const INTEGER: f64 = 6_755_399_441_055_744.0; // 1.5·2^52
     if !value.is_finite() {
         return value;
     }
+    finite_to_grid(value, mantissa, min_exponent, max_finite)
+}
+
+/// [`round_to_grid`] of a finite value: no branch, for loops that run on vectors.
+#[inline(always)]
+pub(crate) fn finite_to_grid(value: f64, mantissa: i64, min_exponent: i64, max_finite: f64) -> f64 {
+    const INTEGER: f64 = 6_755_399_441_055_744.0; // 1.5·2^52
     let exponent = (((value.to_bits() >> 52) & 0x7ff) as i64 - 1023).max(min_exponent);
     let step = f64::from_bits(((exponent - mantissa + 1023) as u64) << 52);
     let per_step = f64::from_bits(((mantissa - exponent + 1023) as u64) << 52);

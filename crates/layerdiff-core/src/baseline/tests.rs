@@ -226,12 +226,96 @@ fn a_kernel_allowance_steps_as_its_dtype_does() {
         let kernel = KernelAllowance::new(dtype, 1, 0);
         let n = output_steps(dtype);
         let smallest_normal = dtype.step(0.0) * pow2(dtype.mantissa_bits().unwrap() as i32 - 1);
-        let mut values = vec![0.0, -0.0, 5e-324, 1e-310, f64::MIN_POSITIVE, 1e300, f64::MAX];
+        let mut values = vec![
+            0.0,
+            -0.0,
+            5e-324,
+            1e-310,
+            f64::MIN_POSITIVE,
+            1e300,
+            f64::MAX,
+        ];
         values.extend((0..10_000).map(|_| rng.normal() * pow2((rng.normal() * 40.0) as i32)));
         for x in values {
-            let flush = if x.abs() < smallest_normal { smallest_normal } else { 0.0 };
+            let flush = if x.abs() < smallest_normal {
+                smallest_normal
+            } else {
+                0.0
+            };
             let expected = n * dtype.step(x.abs()) + flush;
-            assert_eq!(kernel.at(x, 0.0).to_bits(), expected.to_bits(), "{dtype} at {x:e}");
+            assert_eq!(
+                kernel.at(x, 0.0).to_bits(),
+                expected.to_bits(),
+                "{dtype} at {x:e}"
+            );
+        }
+    }
+}
+
+/// The lane-wise path of a finite block gives what the element-wise one does: the maxima and
+/// counts exactly, the sums to their last bits (summed in another order).
+#[test]
+fn a_finite_block_by_lanes_agrees_with_the_element_wise_path() {
+    let mut rng = crate::SplitMix64::new(3);
+    for grid in [DType::F32, DType::F16, DType::BF16] {
+        for same_precision in [false, true] {
+            let rule = Rule {
+                kernel: KernelAllowance::new(grid, 1, 2),
+                same_precision,
+                expected_values: false,
+                honest: crate::default_for(DType::F32),
+                narrow: false,
+                unit: 0.0,
+                terms: 0,
+                tail: 0.0,
+            };
+            let len = 4093; // not a multiple of the lanes
+            // magnitudes from the grid's subnormals to far below its largest value
+            let scale =
+                |rng: &mut crate::SplitMix64| pow2(((rng.normal() * 6.0) as i32).clamp(-28, 12));
+            let x: Vec<f64> = (0..len).map(|_| rng.normal() * scale(&mut rng)).collect();
+            let y: Vec<f64> = x
+                .iter()
+                .map(|&v| DType::F32.round(v * (1.0 + 1e-7 * rng.normal())))
+                .collect();
+            let t: Vec<f64> = x
+                .iter()
+                .map(|&v| grid.round(v * (1.0 + 1e-3 * rng.normal())))
+                .collect();
+            let spread = vec![0.0; len];
+            let values = (&y[..], &t[..], &x[..], &spread[..]);
+            let by_lanes = rule.finite_block(grid, values).expect("a finite block");
+            let by_element = rule.block(values, |v| grid.round(v));
+            for (a, b) in [
+                (by_lanes.base_max, by_element.base_max),
+                (by_lanes.own_max, by_element.own_max),
+                (by_lanes.allowed_max, by_element.allowed_max),
+                (by_lanes.target_from_exact, by_element.target_from_exact),
+            ] {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{grid} same={same_precision}: {a:e} {b:e}"
+                );
+            }
+            assert_eq!(by_lanes.count, by_element.count);
+            for (a, b) in [
+                (by_lanes.base_sum, by_element.base_sum),
+                (by_lanes.own_sum, by_element.own_sum),
+                (by_lanes.allowed_sum, by_element.allowed_sum),
+            ] {
+                assert!(
+                    (a - b).abs() <= 1e-12 * b.abs(),
+                    "{grid} same={same_precision}: {a:e} {b:e}"
+                );
+            }
+            // a value that is not finite sends the block to the element-wise path
+            let mut broken = t.clone();
+            broken[17] = f64::NAN;
+            assert!(
+                rule.finite_block(grid, (&y[..], &broken[..], &x[..], &spread[..]))
+                    .is_none()
+            );
         }
     }
 }
