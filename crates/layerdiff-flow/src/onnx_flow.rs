@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use layerdiff_core::{Layer, Location, Report, Tensor, Tolerance};
-use layerdiff_onnx::{GraphIndex, MAX_GROUP_NODES, Model, NCHWC_DOMAIN, NodeInfo, to_float64};
-use layerdiff_runtime::{Isolation, PerNode, Runtime, RuntimeSpec};
+use layerdiff_onnx::{GraphIndex, MAX_GROUP_NODES, Model, NCHWC_DOMAIN, NodeInfo, to_float64_lazy};
+use layerdiff_runtime::{Isolation, PerNode, Runtime, RuntimeSpec, Widened};
 
 use crate::inputs::{InputPlan, check_inputs, fit_inputs, generate_inputs, read_inputs};
 use crate::output::{Destinations, deliver, exit_code};
@@ -336,7 +336,7 @@ fn compare_once(
     let alignment = align(&reference_model, &target_graph, &renames, &provides);
     let wants_truth = options.float64 || options.settings.tolerance == Tolerance::Auto;
     let wide = wants_truth
-        .then(|| to_float64(&reference_model))
+        .then(|| to_float64_lazy(&reference_model))
         .transpose()
         .map_err(|e| Error::Usage(format!("cannot make the float64 copy of the model: {e}")))?;
     let truth = match &wide {
@@ -474,8 +474,9 @@ fn float64_truth(
             (n.clone(), t)
         })
         .collect();
-    let ort = RuntimeSpec::ort_cpu().build(ort_library)?;
-    let tract = RuntimeSpec::Tract.build(ort_library)?;
+    // `wide` holds its weights as stored: each side widens them as it runs
+    let ort = Box::new(Widened(RuntimeSpec::ort_cpu().build(ort_library)?));
+    let tract = Box::new(Widened(RuntimeSpec::Tract.build(ort_library)?));
     let label = format!("float64 copy of {}", file_name(model_path));
     // ONNX Runtime has no float64 Conv: a CNN is not handed to it whole (a copy of its weights
     // in float64, read and refused)

@@ -7,13 +7,16 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use layerdiff_core::Tensor;
-use layerdiff_onnx::{Model, extract_nodes};
+use layerdiff_onnx::{Model, extract_nodes, to_float64};
 
 use crate::{Error, ExactKernels, Result, Runtime, RuntimeSpec};
 
 /// Runs each node alone on the first of its runtimes that computes it.
 pub struct PerNode {
     runtimes: Vec<Box<dyn Runtime + Send + Sync>>,
+    /// Whether each node's float weights are widened to float64 before it runs (a model from
+    /// `to_float64_lazy`).
+    widens: bool,
 }
 
 impl PerNode {
@@ -22,18 +25,25 @@ impl PerNode {
     /// same op type, then the rest in order.
     pub fn new(runtimes: Vec<Box<dyn Runtime + Send + Sync>>) -> Self {
         assert!(!runtimes.is_empty(), "per-node running needs a runtime");
-        Self { runtimes }
+        Self {
+            runtimes,
+            widens: false,
+        }
     }
 
     /// A float64 model's evaluation, node by node: layerdiff's own float64 kernels (which
     /// refuse what they do not compute at once), then ONNX Runtime's CPU provider, then tract
     /// (a 3-D Conv, which layerdiff's kernel refuses, does not send the 2-D ones to tract).
+    /// Each node's weights are widened as it runs, so the model may hold them as stored
+    /// (`layerdiff_onnx::to_float64_lazy`).
     pub fn float64(ort_library: Option<&Path>) -> Result<Self> {
-        Ok(Self::new(vec![
+        let mut per_node = Self::new(vec![
             Box::new(ExactKernels),
             RuntimeSpec::ort_cpu().build(ort_library)?,
             RuntimeSpec::Tract.build(ort_library)?,
-        ]))
+        ]);
+        per_node.widens = true;
+        Ok(per_node)
     }
 }
 
@@ -76,8 +86,12 @@ impl Runtime for PerNode {
                 .filter(|o| !o.is_empty())
                 .cloned()
                 .collect();
-            let single = extract_nodes(model, &[i], &produced, &values)
+            let mut single = extract_nodes(model, &[i], &produced, &values)
                 .map_err(|e| Error::Run(format!("cannot extract node #{i}: {e}")))?;
+            if self.widens {
+                single = to_float64(&single)
+                    .map_err(|e| Error::Run(format!("cannot widen node #{i}'s weights: {e}")))?;
+            }
             let last = preferred.get(node.op_type()).copied().unwrap_or(0);
             let order = std::iter::once(0)
                 .chain((last != 0).then_some(last))
@@ -117,6 +131,31 @@ impl Runtime for PerNode {
                     .ok_or_else(|| Error::Run(format!("no node produced `{name}`")))
             })
             .collect()
+    }
+}
+
+/// A runtime handed a model whose weights are as stored (`layerdiff_onnx::to_float64_lazy`):
+/// the model is widened to float64 whole when it runs, and the copy dropped after.
+pub struct Widened(pub Box<dyn Runtime + Send + Sync>);
+
+impl Runtime for Widened {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    fn detail(&self) -> String {
+        self.0.detail()
+    }
+
+    fn run(
+        &self,
+        model: &Model,
+        inputs: &[(String, Tensor)],
+        outputs: &[String],
+    ) -> Result<Vec<(String, Tensor)>> {
+        let wide = to_float64(model)
+            .map_err(|e| Error::Run(format!("cannot widen the weights to float64: {e}")))?;
+        self.0.run(&wide, inputs, outputs)
     }
 }
 
