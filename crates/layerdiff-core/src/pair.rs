@@ -80,6 +80,48 @@ pub fn compare_pair(
 /// and how many were; `None` when the target is not narrower or no position is such a pair.
 /// The float64 truth against a float32 side is such a pair too: the float64 copy of a model
 /// masks with float64's extreme.
+/// `compare_pair(reference, target, None)`'s largest difference alone, in one pass that works
+/// out nothing else (a layer's distance from the float64 truth is only that). The same value:
+/// NaN positions are not compared, equal values differ by nothing; pairs whose shapes differ,
+/// or whose reference reaches [`SENTINEL`] (the pair may hold sentinels), go to
+/// [`compare_pair`] itself.
+pub fn max_abs_diff(reference: TensorView<'_>, target: TensorView<'_>) -> Option<f64> {
+    use rayon::prelude::*;
+    /// Elements decoded at a time.
+    const RUN: usize = 2048;
+    let whole = || {
+        compare_pair(reference, target, None)
+            .stats
+            .map(|s| s.max_abs_diff)
+    };
+    let floats = reference.dtype.is_float() && target.dtype.is_float();
+    if !floats || reference.shape != target.shape {
+        return whole();
+    }
+    let n = reference.numel();
+    let (most, largest) = (0..n.div_ceil(RUN))
+        .into_par_iter()
+        .map(|k| {
+            let (from, len) = (k * RUN, RUN.min(n - k * RUN));
+            let (mut r, mut t) = ([0.0f64; RUN], [0.0f64; RUN]);
+            reference.decode_into(from, &mut r[..len]);
+            target.decode_into(from, &mut t[..len]);
+            let (mut most, mut largest) = (0.0f64, 0.0f64);
+            for (&a, &b) in r[..len].iter().zip(&t[..len]) {
+                let d = if a == b { 0.0 } else { (b - a).abs() };
+                // a NaN on either side is not compared (its comparisons are false)
+                most = if d > most { d } else { most };
+                largest = if a.abs() > largest { a.abs() } else { largest };
+            }
+            (most, largest)
+        })
+        .reduce(|| (0.0, 0.0), |x, y| (x.0.max(y.0), x.1.max(y.1)));
+    if largest >= SENTINEL {
+        return whole();
+    }
+    Some(most)
+}
+
 fn sentinels_held(reference: TensorView<'_>, target: TensorView<'_>) -> Option<(Tensor, u64)> {
     let limit = target.dtype.max_finite()? / 2.0;
     if !target.dtype.narrower_than(reference.dtype) || reference.numel() != target.numel() {
@@ -117,6 +159,48 @@ fn sentinels_held(reference: TensorView<'_>, target: TensorView<'_>) -> Option<(
 mod tests {
     use super::*;
     use crate::DType;
+
+    #[test]
+    fn the_largest_difference_alone_is_the_comparisons() {
+        let mut rng = crate::SplitMix64::new(11);
+        let truth: Vec<f64> = (0..10_000).map(|_| rng.normal() * 100.0).collect();
+        let mut side: Vec<f64> = truth
+            .iter()
+            .map(|v| v * (1.0 + 1e-3 * rng.normal()))
+            .collect();
+        let mut truth_odd = truth.clone();
+        for (k, v) in [(3, f64::NAN), (40, f64::INFINITY), (41, f64::NEG_INFINITY)] {
+            side[k] = v;
+        }
+        truth_odd[500] = f64::NAN;
+        truth_odd[41] = f64::INFINITY;
+        side[600] = truth_odd[600];
+        let sentinel: Vec<f64> = truth
+            .iter()
+            .map(|&v| if v > 150.0 { -3.4e38 } else { v })
+            .collect();
+        for (reference, target, dtype) in [
+            (&truth, &side, DType::F32),
+            (&truth_odd, &side, DType::F16),
+            (&truth, &truth, DType::BF16),
+            (&sentinel, &sentinel, DType::F16),
+            (&sentinel, &side, DType::F32),
+        ] {
+            let r = tensor(DType::F64, reference);
+            let t = tensor(dtype, target);
+            let whole = compare_pair(r.view(), t.view(), None)
+                .stats
+                .map(|s| s.max_abs_diff);
+            let alone = max_abs_diff(r.view(), t.view());
+            assert_eq!(alone.map(f64::to_bits), whole.map(f64::to_bits), "{dtype}");
+        }
+        // another shape: as the comparison says
+        let (r, t) = (
+            tensor(DType::F32, &truth),
+            tensor(DType::F32, &truth[..9_999]),
+        );
+        assert_eq!(max_abs_diff(r.view(), t.view()), None);
+    }
 
     fn tensor(dtype: DType, values: &[f64]) -> Tensor {
         Tensor::from_f64(dtype, values)

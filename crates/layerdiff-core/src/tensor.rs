@@ -71,6 +71,38 @@ impl<'a> TensorView<'a> {
         }
     }
 
+    /// These values rounded to `grid` (to nearest even) and held in float64: what
+    /// `to_dtype(grid)` then `to_dtype(F64)` make, in one pass and one allocation.
+    pub fn to_f64_on_grid(&self, grid: DType) -> Tensor {
+        /// Elements per parallel run.
+        const RUN: usize = 1 << 14;
+        let round = |wide: &mut [f64], run: &[u8]| {
+            crate::compare::decode(self.dtype, run, wide);
+            if grid.narrower_than(self.dtype) {
+                wide.iter_mut().for_each(|v| *v = grid.round(*v));
+            }
+        };
+        let mut bytes = vec![0u8; self.numel() * 8];
+        bytes
+            .par_chunks_mut(RUN * 8)
+            .zip(self.bytes.par_chunks(RUN * self.dtype.size()))
+            .for_each(
+                |(out, run)| match bytemuck::try_cast_slice_mut::<u8, f64>(out) {
+                    Ok(wide) if cfg!(target_endian = "little") => round(wide, run),
+                    _ => {
+                        let mut wide = vec![0.0; out.len() / 8];
+                        round(&mut wide, run);
+                        DType::F64.encode_f64_into(&wide, out);
+                    }
+                },
+            );
+        Tensor {
+            dtype: DType::F64,
+            shape: self.shape.to_vec(),
+            bytes,
+        }
+    }
+
     /// The largest finite magnitude (0 for none), decoded in parallel runs.
     pub fn max_abs(&self) -> f64 {
         /// Elements decoded at once.
@@ -309,5 +341,28 @@ mod tests {
             t,
             "the same dtype is the tensor itself"
         );
+    }
+
+    #[test]
+    fn rounding_to_a_grid_in_float64_is_converting_there_and_back() {
+        let values = awkward();
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let t = Tensor::new("t", DType::F32, vec![values.len()], bytes).unwrap();
+        for grid in [DType::F64, DType::F32, DType::F16, DType::BF16] {
+            let expected = t.view().to_dtype(grid).cast(DType::F64);
+            let got = t.view().to_f64_on_grid(grid);
+            // NaN payloads aside, the same bits
+            let same = got
+                .bytes
+                .chunks(8)
+                .zip(expected.bytes.chunks(8))
+                .all(|(a, b)| {
+                    a == b
+                        || (f64::from_le_bytes(a.try_into().unwrap()).is_nan()
+                            && f64::from_le_bytes(b.try_into().unwrap()).is_nan())
+                });
+            assert!(same, "on the {grid} grid");
+            assert_eq!((got.dtype, &got.shape), (DType::F64, &t.shape));
+        }
     }
 }

@@ -31,7 +31,7 @@ pub enum Baseline {
 }
 
 /// The reference's value of a layer's input, and the dtype the target holds it in.
-pub(crate) type Fed = std::result::Result<(Tensor, DType), String>;
+pub(crate) type Fed<'a> = std::result::Result<(&'a Tensor, DType), String>;
 
 /// Exact values handed over layer by layer, each with the dtype the target computed it in
 /// where its value's dtype does not show it (float16 gradients unscaled to float32).
@@ -126,25 +126,20 @@ impl GraphBaseline {
     /// `value` computed exactly by `group` (node indices of the graph this copy was made from)
     /// on `feed`'s values rounded to `grid` or to the dtype they are held in, whichever is
     /// narrower, with the weights rounded to `grid`.
-    pub(crate) fn group_exact(
+    pub(crate) fn group_exact<'a>(
         &self,
         group: &Group,
         value: &str,
         grid: DType,
-        feed: &dyn Fn(&str) -> Fed,
+        feed: &dyn Fn(&str) -> Fed<'a>,
     ) -> std::result::Result<Tensor, String> {
         let rounded = |n: &str| {
             let (tensor, held) = feed(n)?;
             let to = if held.narrower_than(grid) { held } else { grid };
-            let rounded = if tensor.dtype.is_float() && to.narrower_than(tensor.dtype) {
-                tensor.cast(to)
+            Ok(if tensor.dtype.is_float() {
+                tensor.view().to_f64_on_grid(to)
             } else {
-                tensor
-            };
-            Ok(if rounded.dtype.is_float() {
-                rounded.cast(DType::F64)
-            } else {
-                rounded
+                tensor.clone()
             })
         };
         // every float16 and bfloat16 value is a float32 one, every float32 value a float64 one
@@ -231,11 +226,11 @@ impl Baseline {
     /// the reference's values of its inputs rounded to `grid` or to the dtype the target holds
     /// them in, whichever is narrower (`feed(n)`: the reference's value of `n` and the target's
     /// dtype of it), with its weights rounded to `grid`.
-    pub(crate) fn exact(
+    pub(crate) fn exact<'a>(
         &self,
         value: &str,
         grid: DType,
-        feed: &dyn Fn(&str) -> Fed,
+        feed: &dyn Fn(&str) -> Fed<'a>,
     ) -> std::result::Result<Tensor, String> {
         match self {
             Self::Handed(h) => h.side.get(value).cloned().ok_or_else(|| match &h.lost {

@@ -7,7 +7,7 @@ use rayon::prelude::*;
 
 use layerdiff_core::{
     DType, Float64Distance, Judge, Layer, LayerStatus, Quantization, Reduction, Tensor, TensorView,
-    Tolerance, assess_baseline, assess_quantized, compare_pair, lower_precision,
+    Tolerance, assess_baseline, assess_quantized, compare_pair, lower_precision, max_abs_diff,
 };
 
 use crate::Shared;
@@ -300,10 +300,10 @@ impl Pairs<'_> {
 
     /// What the baseline's exact computation of a layer is fed with in place of the reference
     /// value `n`: that value, and the dtype the target holds it in.
-    pub fn baseline_feed(&self, n: &str) -> crate::baseline::Fed {
+    pub fn baseline_feed(&self, n: &str) -> crate::baseline::Fed<'_> {
         if let Some((_, t)) = self.inputs.iter().find(|(name, _)| name == n) {
             let held = self.target.dtype(n).unwrap_or(t.dtype);
-            return Ok((t.clone(), held));
+            return Ok((t, held));
         }
         let reference = self
             .reference
@@ -314,7 +314,7 @@ impl Pairs<'_> {
             .get(n)
             .and_then(|t| self.target.dtype(t))
             .unwrap_or(reference.dtype);
-        Ok((reference.clone(), held))
+        Ok((reference, held))
     }
 
     /// What the target is fed with in place of its value `n` in a local re-run: an input as
@@ -345,11 +345,7 @@ fn compare_values(
 ) {
     // The truth first: it decides an auto tolerance, which the comparison judges with.
     if let Some(truth) = truth {
-        let distance = |v: TensorView<'_>| {
-            compare_pair(truth.view(), v, None)
-                .stats
-                .map(|s| s.max_abs_diff)
-        };
+        let distance = |v: TensorView<'_>| max_abs_diff(truth.view(), v);
         if let (Some(reference), Some(target)) =
             (distance(reference.view()), distance(target.view()))
         {

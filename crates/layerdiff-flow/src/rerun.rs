@@ -51,13 +51,21 @@ impl Recompute for GraphSide {
         grid: DType,
         feed: &dyn Fn(&str) -> Result<Tensor, String>,
     ) -> Option<Result<Tensor, String>> {
-        let held = |n: &str| {
-            feed(n).map(|t| {
-                let dtype = t.dtype;
-                (t, dtype)
-            })
-        };
-        Some(self.written_copy()?.and_then(|copy| {
+        let copy = self.written_copy()?;
+        let fed = group
+            .inputs
+            .iter()
+            .map(|n| Ok((n.as_str(), feed(n)?)))
+            .collect::<Result<Vec<_>, String>>();
+        Some(copy.and_then(|copy| {
+            let fed = fed?;
+            let held = |n: &str| {
+                let (_, t) = fed
+                    .iter()
+                    .find(|(name, _)| *name == n)
+                    .ok_or_else(|| format!("`{n}` is not an input of the layer"))?;
+                Ok((t, t.dtype))
+            };
             copy.group_exact(group, value, grid, &held).map_err(|e| {
                 format!("the float64 copy of the target's file could not compute it: {e}")
             })

@@ -117,10 +117,7 @@ fn widen_declaration(value: &mut ValueInfoProto) {
 /// A tensor as a float64 initializer named `name`, rounded to `grid` first where one is given.
 fn double_proto(name: &str, tensor: TensorView<'_>, grid: Option<DType>) -> TensorProto {
     let shape: Vec<i64> = tensor.shape.iter().map(|&d| d as i64).collect();
-    let wide = match grid.filter(|&g| g != tensor.dtype) {
-        Some(grid) => tensor.to_dtype(grid).cast(DType::F64),
-        None => tensor.to_dtype(DType::F64),
-    };
+    let wide = tensor.to_f64_on_grid(grid.unwrap_or(DType::F64));
     TensorProto {
         name: Some(name.to_string()),
         dims: shape,
