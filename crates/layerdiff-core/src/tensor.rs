@@ -79,7 +79,7 @@ impl<'a> TensorView<'a> {
         let round = |wide: &mut [f64], run: &[u8]| {
             crate::compare::decode(self.dtype, run, wide);
             if grid.narrower_than(self.dtype) {
-                wide.iter_mut().for_each(|v| *v = grid.round(*v));
+                grid.round_all(wide);
             }
         };
         let mut bytes = vec![0u8; self.numel() * 8];
