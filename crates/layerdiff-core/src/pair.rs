@@ -80,46 +80,63 @@ pub fn compare_pair(
 /// and how many were; `None` when the target is not narrower or no position is such a pair.
 /// The float64 truth against a float32 side is such a pair too: the float64 copy of a model
 /// masks with float64's extreme.
-/// `compare_pair(reference, target, None)`'s largest difference alone, in one pass that works
-/// out nothing else (a layer's distance from the float64 truth is only that). The same value:
-/// NaN positions are not compared, equal values differ by nothing; pairs whose shapes differ,
-/// or whose reference reaches [`SENTINEL`] (the pair may hold sentinels), go to
-/// [`compare_pair`] itself.
-pub fn max_abs_diff(reference: TensorView<'_>, target: TensorView<'_>) -> Option<f64> {
+/// `compare_pair(reference, target, None)`'s largest difference alone, for each of `targets`,
+/// in one pass that works out nothing else and reads `reference` once (a layer's distances from
+/// the float64 truth are only that). The same values: NaN positions are not compared, equal
+/// values differ by nothing; where a target's shape differs, or the reference reaches
+/// [`SENTINEL`] (a pair may hold sentinels), [`compare_pair`] itself.
+pub fn max_abs_diffs<const N: usize>(
+    reference: TensorView<'_>,
+    targets: [TensorView<'_>; N],
+) -> [Option<f64>; N] {
     use rayon::prelude::*;
     /// Elements decoded at a time.
     const RUN: usize = 2048;
-    let whole = || {
+    let whole = |target| {
         compare_pair(reference, target, None)
             .stats
             .map(|s| s.max_abs_diff)
     };
-    let floats = reference.dtype.is_float() && target.dtype.is_float();
-    if !floats || reference.shape != target.shape {
-        return whole();
+    let fits = |t: &TensorView<'_>| {
+        reference.dtype.is_float() && t.dtype.is_float() && reference.shape == t.shape
+    };
+    if !targets.iter().all(fits) {
+        return targets.map(whole);
     }
     let n = reference.numel();
-    let (most, largest) = (0..n.div_ceil(RUN))
+    let (.., most, largest) = (0..n.div_ceil(RUN))
         .into_par_iter()
-        .map(|k| {
-            let (from, len) = (k * RUN, RUN.min(n - k * RUN));
-            let (mut r, mut t) = ([0.0f64; RUN], [0.0f64; RUN]);
-            reference.decode_into(from, &mut r[..len]);
-            target.decode_into(from, &mut t[..len]);
-            let (mut most, mut largest) = (0.0f64, 0.0f64);
-            for (&a, &b) in r[..len].iter().zip(&t[..len]) {
-                let d = if a == b { 0.0 } else { (b - a).abs() };
-                // a NaN on either side is not compared (its comparisons are false)
-                most = if d > most { d } else { most };
-                largest = if a.abs() > largest { a.abs() } else { largest };
-            }
-            (most, largest)
-        })
-        .reduce(|| (0.0, 0.0), |x, y| (x.0.max(y.0), x.1.max(y.1)));
+        .fold(
+            // each task decodes into buffers of its own, made once
+            || (vec![0.0f64; RUN], vec![0.0f64; RUN], [0.0f64; N], 0.0f64),
+            |(mut r, mut t, mut most, mut largest), k| {
+                let (from, len) = (k * RUN, RUN.min(n - k * RUN));
+                reference.decode_into(from, &mut r[..len]);
+                for &a in &r[..len] {
+                    largest = if a.abs() > largest { a.abs() } else { largest };
+                }
+                for (target, most) in targets.iter().zip(&mut most) {
+                    target.decode_into(from, &mut t[..len]);
+                    for (&a, &b) in r[..len].iter().zip(&t[..len]) {
+                        let d = if a == b { 0.0 } else { (b - a).abs() };
+                        // a NaN on either side is not compared (its comparisons are false)
+                        *most = if d > *most { d } else { *most };
+                    }
+                }
+                (r, t, most, largest)
+            },
+        )
+        .reduce(
+            || (Vec::new(), Vec::new(), [0.0; N], 0.0),
+            |x, y| {
+                let most = std::array::from_fn(|k| x.2[k].max(y.2[k]));
+                (x.0, x.1, most, x.3.max(y.3))
+            },
+        );
     if largest >= SENTINEL {
-        return whole();
+        return targets.map(whole);
     }
-    Some(most)
+    most.map(Some)
 }
 
 fn sentinels_held(reference: TensorView<'_>, target: TensorView<'_>) -> Option<(Tensor, u64)> {
@@ -191,7 +208,7 @@ mod tests {
             let whole = compare_pair(r.view(), t.view(), None)
                 .stats
                 .map(|s| s.max_abs_diff);
-            let alone = max_abs_diff(r.view(), t.view());
+            let [alone] = max_abs_diffs(r.view(), [t.view()]);
             assert_eq!(alone.map(f64::to_bits), whole.map(f64::to_bits), "{dtype}");
         }
         // another shape: as the comparison says
@@ -199,7 +216,10 @@ mod tests {
             tensor(DType::F32, &truth),
             tensor(DType::F32, &truth[..9_999]),
         );
-        assert_eq!(max_abs_diff(r.view(), t.view()), None);
+        assert_eq!(
+            max_abs_diffs(r.view(), [t.view(), r.view()]),
+            [None, Some(0.0)]
+        );
     }
 
     fn tensor(dtype: DType, values: &[f64]) -> Tensor {

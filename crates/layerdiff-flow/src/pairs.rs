@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use rayon::prelude::*;
 
 use layerdiff_core::{
-    DType, Float64Distance, Judge, Layer, LayerStatus, Quantization, Reduction, Tensor, TensorView,
-    Tolerance, assess_baseline, assess_quantized, compare_pair, lower_precision, max_abs_diff,
+    DType, Float64Distance, Judge, Layer, LayerStatus, Quantization, Reduction, Tensor, Tolerance,
+    assess_baseline, assess_quantized, compare_pair, lower_precision, max_abs_diffs,
 };
 
 use crate::Shared;
@@ -345,9 +345,8 @@ fn compare_values(
 ) {
     // The truth first: it decides an auto tolerance, which the comparison judges with.
     if let Some(truth) = truth {
-        let distance = |v: TensorView<'_>| max_abs_diff(truth.view(), v);
-        if let (Some(reference), Some(target)) =
-            (distance(reference.view()), distance(target.view()))
+        if let [Some(reference), Some(target)] =
+            max_abs_diffs(truth.view(), [reference.view(), target.view()])
         {
             layer.float64 = Some(Float64Distance { reference, target });
         }
