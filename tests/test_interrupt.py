@@ -76,7 +76,10 @@ def _kill_at_random(args, full, took, moments, rng, tmp_path) -> dict:
         # Python's own start-up comes before any handler of the command's: Ctrl-C there is a
         # KeyboardInterrupt of the interpreter's (SIGTERM simply ends it, as tested here)
         earliest = 0.3 if signum == signal.SIGINT else 0.0
-        delay = rng.uniform(earliest, took * 1.1)
+        # one moment in each of `moments` equal stretches of the run, at random within it: the
+        # late stretches, where layers are compared, are always tried (a faster run's are short)
+        stretch = (took * 1.1 - earliest) / moments
+        delay = earliest + stretch * (moment + rng.random())
         folder = tmp_path / f"run{moment}"
         folder.mkdir()
         process = _start(args, folder)
