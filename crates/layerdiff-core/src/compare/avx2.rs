@@ -254,17 +254,19 @@ unsafe fn block<R: Load, T: Load>(
                 }
             }
         }
-        for v in (0..n).step_by(LANES) {
+        // Elements `v..v + 8` of the chunk again, both sides widened, and their differences
+        // as the first pass stored them.
+        let again = |v: usize| {
             let k = start + from + v;
-            // SAFETY: as above; `v + 8 <= n <= SUB` for `d`.
-            let (a, b, diff) = unsafe {
+            // SAFETY: `k + 8 <= start + len` (the caller's promise) and `v + 8 <= n <= SUB`.
+            unsafe {
                 let p = d.as_ptr().add(v);
-                (
-                    R::eight(rp, k),
-                    T::eight(tp, k),
-                    [_mm256_loadu_pd(p), _mm256_loadu_pd(p.add(4))],
-                )
-            };
+                let diff: Pair = [_mm256_loadu_pd(p), _mm256_loadu_pd(p.add(4))];
+                (R::eight(rp, k), T::eight(tp, k), diff)
+            }
+        };
+        for v in (0..n).step_by(LANES) {
+            let (a, b, diff) = again(v);
             // A product of two narrow values is exact in f64, so fusing it with the sum rounds
             // once, as multiplying and adding do.
             dot = each(|h| product_sum(a[h], b[h], dot[h], R::NARROW && T::NARROW));
@@ -280,16 +282,7 @@ unsafe fn block<R: Load, T: Load>(
         }
         if judge.is_some() {
             for v in (0..n).step_by(LANES) {
-                let k = start + from + v;
-                // SAFETY: as above.
-                let (a, b, diff) = unsafe {
-                    let p = d.as_ptr().add(v);
-                    (
-                        R::eight(rp, k),
-                        T::eight(tp, k),
-                        [_mm256_loadu_pd(p), _mm256_loadu_pd(p.add(4))],
-                    )
-                };
+                let (a, b, diff) = again(v);
                 // The operations of `Prepared::element`, lane for lane.
                 for h in 0..2 {
                     let abs_a = abs(a[h]);
