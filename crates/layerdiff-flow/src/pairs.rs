@@ -344,12 +344,11 @@ fn compare_values(
     tolerance: Tolerance,
 ) {
     // The truth first: it decides an auto tolerance, which the comparison judges with.
-    if let Some(truth) = truth {
-        if let [Some(reference), Some(target)] =
+    if let Some(truth) = truth
+        && let [Some(reference), Some(target)] =
             max_abs_diffs(truth.view(), [reference.view(), target.view()])
-        {
-            layer.float64 = Some(Float64Distance { reference, target });
-        }
+    {
+        layer.float64 = Some(Float64Distance { reference, target });
     }
     let target_dtype = (reference.dtype != target.dtype).then(|| target.dtype.name());
     layer.tolerance = tolerance.for_layer_on(
