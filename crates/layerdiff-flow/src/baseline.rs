@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use layerdiff_core::{DType, Tensor};
-use layerdiff_onnx::{Model, to_float64_rounded};
+use layerdiff_onnx::{Model, to_float64_lazy, to_float64_rounded};
 use layerdiff_runtime::PerNode;
 
 use crate::side::{Group, Recompute, Side};
@@ -81,9 +81,6 @@ impl HandedBaseline {
 pub struct GraphBaseline {
     /// The reference graph, each group widened to float64 as it is extracted.
     side: GraphSide,
-    /// The float64 copy the truth made, where there is one: a group whose weights need no
-    /// rounding is extracted from it, and nothing is widened again.
-    wide: Option<GraphSide>,
     /// The float dtypes of the tensors the graph holds (weights and constants): a grid that
     /// holds every value of each rounds none of them.
     held: Vec<DType>,
@@ -109,18 +106,9 @@ impl GraphBaseline {
         Ok(Self {
             // each group's float64 copy is made when it runs: only its own weights widen
             side: GraphSide::new(None, reference.clone(), Box::new(runtime), &[]),
-            wide: None,
             held: dtypes,
             groups: HashMap::new(),
         })
-    }
-
-    /// Takes `wide`, the float64 copy of the same graph the truth runs, for the groups whose
-    /// weights need no rounding.
-    pub fn sharing(mut self, wide: Model, ort_library: Option<&Path>) -> Result<Self> {
-        let runtime = PerNode::float64(ort_library)?;
-        self.wide = Some(GraphSide::new(None, wide, Box::new(runtime), &[]));
-        Ok(self)
     }
 
     /// `value` computed exactly by `group` (node indices of the graph this copy was made from)
@@ -146,14 +134,16 @@ impl GraphBaseline {
         let rounds_none = self.held.iter().all(|&d| {
             d == grid || grid == DType::F64 || (grid == DType::F32 && d.narrower_than(grid))
         });
-        match &self.wide {
-            Some(wide) if rounds_none => wide.run_group_with(group, value, &rounded, &|_| Ok(())),
-            _ => self.side.run_group_with(group, value, &rounded, &|model| {
-                *model = to_float64_rounded(model, grid)
-                    .map_err(|e| format!("cannot make its float64 copy: {e}"))?;
-                Ok(())
-            }),
-        }
+        self.side.run_group_with(group, value, &rounded, &|model| {
+            // weights the grid holds exactly are widened node by node as they run
+            *model = if rounds_none {
+                to_float64_lazy(model)
+            } else {
+                to_float64_rounded(model, grid)
+            }
+            .map_err(|e| format!("cannot make its float64 copy: {e}"))?;
+            Ok(())
+        })
     }
 
     /// Finds the group of every layer's reference value, from the values `known` on both sides.
@@ -205,10 +195,7 @@ impl Baseline {
     pub(crate) fn take_time(&self) -> std::time::Duration {
         match self {
             Self::Handed(_) => std::time::Duration::ZERO,
-            Self::Graph(b) => {
-                let wide = b.wide.as_ref().map(GraphSide::take_time);
-                b.side.take_time() + wide.unwrap_or_default()
-            }
+            Self::Graph(b) => b.side.take_time(),
         }
     }
 

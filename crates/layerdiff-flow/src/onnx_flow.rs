@@ -335,29 +335,18 @@ fn compare_once(
     };
     let alignment = align(&reference_model, &target_graph, &renames, &provides);
     let wants_truth = options.float64 || options.settings.tolerance == Tolerance::Auto;
-    let wide = wants_truth
-        .then(|| to_float64_lazy(&reference_model))
-        .transpose()
-        .map_err(|e| Error::Usage(format!("cannot make the float64 copy of the model: {e}")))?;
-    let truth = match &wide {
-        Some(wide) => Some(float64_truth(
+    let truth = if wants_truth {
+        Some(float64_truth(
             &options.model,
             &reference_model,
-            wide,
             &inputs,
             ort_library,
-        )?),
-        None => None,
+        )?)
+    } else {
+        None
     };
     let baseline = (options.baseline && options.settings.local)
-        .then(|| {
-            let baseline = GraphBaseline::new(&reference_model, ort_library)?;
-            match &wide {
-                // the truth's float64 weights serve the baseline too, where it rounds none
-                Some(wide) => baseline.sharing(wide.clone(), ort_library),
-                None => Ok(baseline),
-            }
-        })
+        .then(|| GraphBaseline::new(&reference_model, ort_library))
         .transpose()?
         .map(|b| Baseline::Graph(Box::new(b)));
     let subgraphs = subgraphs_note(reference_model.graph());
@@ -459,10 +448,11 @@ fn subgraphs_note(graph: &layerdiff_onnx::GraphProto) -> Option<String> {
 fn float64_truth(
     model_path: &Path,
     reference: &Model,
-    wide: &Model,
     inputs: &[(String, Tensor)],
     ort_library: Option<&Path>,
 ) -> Result<FallbackSide> {
+    let wide = to_float64_lazy(reference)
+        .map_err(|e| Error::Usage(format!("cannot make the float64 copy of the model: {e}")))?;
     let inputs: Vec<(String, Tensor)> = inputs
         .iter()
         .map(|(n, t)| {
@@ -492,7 +482,7 @@ fn float64_truth(
                     Box::new(PerNode::float64(ort_library)?),
                     &inputs,
                 ),
-                GraphSide::new(Some(label), wide.clone(), tract, &inputs),
+                GraphSide::new(Some(label), wide, tract, &inputs),
             ])
             .collect(),
     ))
