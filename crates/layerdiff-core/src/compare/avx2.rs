@@ -3,8 +3,9 @@
 //! `k ≡ j (mod LANES)` in the order the scalar path does: the same operations, the same bits
 //! (a multiply-add is fused only where the product is exact: two narrow values). Elements are
 //! read straight from the tensors' bytes and widened in registers (float16 by F16C, bfloat16 by
-//! a shift). Each chunk is passed over up to three times, so that every pass keeps its
-//! accumulators in AVX2's sixteen registers. The compiler's own vectorization of the scalar
+//! a shift). Each chunk is passed over up to four times, so that every pass keeps its
+//! accumulators in AVX2's sixteen registers; the first prefetches the next chunks, so that the
+//! reads from memory overlap the arithmetic. The compiler's own vectorization of the scalar
 //! path changes with every edit to it; this one does not.
 
 use std::arch::x86_64::*;
@@ -14,6 +15,9 @@ use super::rounding::{
 };
 use super::{BLOCK, Judging, LANES, Outcome, Partial, SUB, THRESHOLDS, element, tree};
 use crate::DType;
+
+/// How far ahead of the first pass its reads are prefetched, in elements.
+const AHEAD: usize = 2 * SUB;
 
 /// Eight f64 lanes: lanes 0–3, then 4–7.
 type Pair = [__m256d; 2];
@@ -224,12 +228,17 @@ unsafe fn block<R: Load, T: Load>(
         let n = SUB.min(len - from);
         let mut max_abs = z;
         let mut finite = true;
-        // Three passes over the chunk (in L1 cache): each keeps its accumulators in registers,
+        // Passes over the chunk (in L1 cache): each keeps its accumulators in registers,
         // where one pass doing all would spill them (AVX2 has sixteen).
         for v in (0..n).step_by(LANES) {
             let k = start + from + v;
-            // SAFETY: `k + 8 <= start + len`, within both slices (the caller's promise).
-            let (a, b) = unsafe { (R::eight(rp, k), T::eight(tp, k)) };
+            // SAFETY: `k + 8 <= start + len`, within both slices (the caller's promise). A
+            // prefetch is a hint and never faults, wherever it points.
+            let (a, b) = unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(rp.wrapping_add((k + AHEAD) * R::SIZE).cast());
+                _mm_prefetch::<_MM_HINT_T0>(tp.wrapping_add((k + AHEAD) * T::SIZE).cast());
+                (R::eight(rp, k), T::eight(tp, k))
+            };
             let diff = each(|h| abs(_mm256_sub_pd(b[h], a[h])));
             // SAFETY: `v + 8 <= n <= SUB`.
             unsafe {
@@ -265,6 +274,14 @@ unsafe fn block<R: Load, T: Load>(
                 (R::eight(rp, k), T::eight(tp, k), diff)
             }
         };
+        // The relative difference divides, which costs more than all else here together, and
+        // only an element that beats the largest so far changes the result: this pass asks
+        // whether any element of the chunk may (`d > bar · den`, with `bar` a hair under that
+        // largest and at most 1, so that `bar · den` never overflows), and only a chunk where
+        // one may is divided out. The result is the same maximum, bit for bit.
+        let record = largest(&lanes(max_rel));
+        let bar = _mm256_set1_pd((record * (1.0 - f64::EPSILON * 8.0)).min(1.0));
+        let mut may = _mm256_setzero_pd();
         for v in (0..n).step_by(LANES) {
             let (a, b, diff) = again(v);
             // A product of two narrow values is exact in f64, so fusing it with the sum rounds
@@ -272,13 +289,23 @@ unsafe fn block<R: Load, T: Load>(
             dot = each(|h| product_sum(a[h], b[h], dot[h], R::NARROW && T::NARROW));
             norm_r = each(|h| product_sum(a[h], a[h], norm_r[h], R::NARROW));
             norm_t = each(|h| product_sum(b[h], b[h], norm_t[h], T::NARROW));
-            // at most 2 (a difference of huge opposite values overflows); NaN stays NaN
-            max_rel = each(|h| {
-                let moved = _mm256_cmp_pd::<_CMP_GT_OQ>(diff[h], zero);
+            for h in 0..2 {
                 let den = _mm256_max_pd(abs(a[h]), abs(b[h]));
-                let rel = _mm256_min_pd(two, _mm256_div_pd(diff[h], den));
-                _mm256_max_pd(_mm256_and_pd(rel, moved), max_rel[h])
-            });
+                let beats = _mm256_cmp_pd::<_CMP_GT_OQ>(diff[h], _mm256_mul_pd(bar, den));
+                may = _mm256_or_pd(may, beats);
+            }
+        }
+        if _mm256_movemask_pd(may) != 0 {
+            for v in (0..n).step_by(LANES) {
+                let (a, b, diff) = again(v);
+                // at most 2 (a difference of huge opposite values overflows); NaN stays NaN
+                max_rel = each(|h| {
+                    let moved = _mm256_cmp_pd::<_CMP_GT_OQ>(diff[h], zero);
+                    let den = _mm256_max_pd(abs(a[h]), abs(b[h]));
+                    let rel = _mm256_min_pd(two, _mm256_div_pd(diff[h], den));
+                    _mm256_max_pd(_mm256_and_pd(rel, moved), max_rel[h])
+                });
+            }
         }
         if judge.is_some() {
             for v in (0..n).step_by(LANES) {
@@ -347,7 +374,7 @@ unsafe fn block<R: Load, T: Load>(
         }
         count!(1 2 3 4 5 6 7 8 9);
         if worst.is_none_or(|(w, ..)| max > w) {
-            let k = d.iter().position(|&v| v == max).unwrap_or(0);
+            let k = first_equal(d, max);
             let at = start + from + k;
             // SAFETY: `at < start + len`.
             worst = Some((
@@ -395,6 +422,24 @@ fn product_sum(a: __m256d, b: __m256d, sum: __m256d, exact: bool) -> __m256d {
             _mm256_add_pd(sum, _mm256_mul_pd(a, b))
         }
     }
+}
+
+/// The first index of `d` that holds `x` (0 where none does), four at a time.
+#[inline(always)]
+fn first_equal(d: &[f64], x: f64) -> usize {
+    // SAFETY: the caller runs with AVX enabled; `d.len()` is a multiple of eight, so every load
+    // stays inside `d`.
+    unsafe {
+        let x = _mm256_set1_pd(x);
+        for v in (0..d.len()).step_by(4) {
+            let equal = _mm256_cmp_pd::<_CMP_EQ_OQ>(_mm256_loadu_pd(d.as_ptr().add(v)), x);
+            let mask = _mm256_movemask_pd(equal);
+            if mask != 0 {
+                return v + mask.trailing_zeros() as usize;
+            }
+        }
+    }
+    0
 }
 
 /// The sum of four 64-bit counters.

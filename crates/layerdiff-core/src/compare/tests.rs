@@ -173,6 +173,52 @@ fn the_largest_relative_difference_is_exact_when_quotients_crowd() {
     }
 }
 
+/// The largest relative difference is exact when it rises by the smallest steps from one
+/// stretch of a block to the next, so that every stretch holds a new largest by a hair (a
+/// fast path that divides only where the largest may change must not skip one), and when the
+/// largest sits in a block's first element or its last.
+#[test]
+fn the_largest_relative_difference_is_exact_when_it_rises_by_a_hair() {
+    let n = 2 * BLOCK;
+    // the target one step of its dtype further from 1 every eight elements
+    let rising = |dtype: DType| -> Vec<f64> {
+        (0..n as u64)
+            .map(|k| match dtype {
+                DType::F32 => f64::from(f32::from_bits(
+                    (1.0f32 + 1.0 / 1024.0).to_bits() + k as u32 / 8,
+                )),
+                _ => f64::from_bits((1.0f64 + 1.0 / 1024.0).to_bits() + k / 8),
+            })
+            .collect()
+    };
+    let mut first = vec![1.0 + 1.0 / 1024.0; n];
+    first[0] = 1.0 + 1.0 / 512.0;
+    let mut last = first.clone();
+    last.swap(0, n - 1);
+    for dtype in [DType::F32, DType::F64] {
+        for (name, target) in [
+            ("rising", rising(dtype)),
+            ("first", first.clone()),
+            ("last", last.clone()),
+        ] {
+            let reference = vec![1.0; n];
+            let (mut rb, mut tb) = (Vec::new(), Vec::new());
+            dtype.encode_f64(&reference, &mut rb);
+            dtype.encode_f64(&target, &mut tb);
+            let shape = [n];
+            let r = TensorView::new("r", dtype, &shape, &rb).unwrap();
+            let t = TensorView::new("t", dtype, &shape, &tb).unwrap();
+            for block in 0..2 {
+                assert_eq!(
+                    bits(&block_stats(r, t, block, None)),
+                    bits(&exact_block(r, t, block, None)),
+                    "{name}, {dtype}, block {block}"
+                );
+            }
+        }
+    }
+}
+
 /// A judge whose bound some elements of the tests' data pass and some do not.
 fn judge() -> Judge {
     Judge {
