@@ -179,6 +179,9 @@ unsafe fn block<R: Load, T: Load>(
     let mut slots = [0u64; SUB];
     // the block's histogram slots, counted once the whole block is seen finite (count_slots)
     let mut block_slots = [0u16; BLOCK];
+    // how many of them are filled: a stretch with no difference fills none, its elements
+    // counted in each lane's zero slot (`unmoved`)
+    let (mut filled, mut unmoved) = (0, 0u32);
     let zero = _mm256_setzero_pd();
     let infinity = _mm256_set1_pd(f64::INFINITY);
     let two = _mm256_set1_pd(2.0);
@@ -307,7 +310,13 @@ unsafe fn block<R: Load, T: Load>(
                 });
             }
         }
-        if judge.is_some() {
+        let max = largest(&lanes(max_abs));
+        // A stretch with no difference adds nothing to the judged sums and maxima (each
+        // element's share is zero), only its zeros to the histogram: counted, not worked out.
+        if judge.is_some() && max == 0.0 {
+            unmoved += (n / LANES) as u32;
+        }
+        if judge.is_some() && max > 0.0 {
             for v in (0..n).step_by(LANES) {
                 let (a, b, diff) = again(v);
                 // The operations of `Prepared::element`, lane for lane.
@@ -354,12 +363,12 @@ unsafe fn block<R: Load, T: Load>(
         if !finite {
             return Outcome::NotFinite;
         }
-        if judging.is_some() {
-            for (out, &slot) in block_slots[from..from + n].iter_mut().zip(&slots[..n]) {
+        if judging.is_some() && max > 0.0 {
+            for (out, &slot) in block_slots[filled..filled + n].iter_mut().zip(&slots[..n]) {
                 *out = slot as u16;
             }
+            filled += n;
         }
-        let max = largest(&lanes(max_abs));
         let d = &d[..n];
         // Thresholds ascend: only those below the chunk's largest difference count anything
         // (the first, 0, is counted above).
@@ -387,7 +396,10 @@ unsafe fn block<R: Load, T: Load>(
         from += n;
     }
     if let Some((_, histogram)) = judging {
-        count_slots(&block_slots[..len], histogram);
+        count_slots(&block_slots[..filled], histogram);
+        for zeros in &mut histogram[BUCKETS..BUCKETS + LANES] {
+            *zeros += unmoved;
+        }
     }
     above[0] = lanes_sum(moved_count);
     let sums = [sum_abs, sum_sq, dot, norm_r, norm_t].map(lanes);

@@ -219,6 +219,41 @@ fn the_largest_relative_difference_is_exact_when_it_rises_by_a_hair() {
     }
 }
 
+/// Judged stretches with no difference at all (a kernel counts their zeros without working
+/// each element out) give the exact path's bits and histogram: a block all equal, and blocks
+/// where equal stretches and moved ones take turns.
+#[test]
+fn judged_stretches_without_a_difference_give_the_exact_path_s_bits() {
+    let mut rng = crate::SplitMix64::new(3);
+    let n = 3 * BLOCK;
+    let reference: Vec<f64> = (0..n).map(|_| rng.normal()).collect();
+    let target: Vec<f64> = reference
+        .iter()
+        .enumerate()
+        .map(|(k, &v)| match (k / BLOCK, (k / SUB) % 3) {
+            (0, _) | (_, 0) => v,
+            _ => v + rng.normal() * 1e-3,
+        })
+        .collect();
+    for dtype in [DType::F32, DType::F16, DType::F64] {
+        let (mut rb, mut tb) = (Vec::new(), Vec::new());
+        dtype.encode_f64(&reference, &mut rb);
+        dtype.encode_f64(&target, &mut tb);
+        let shape = [n];
+        let r = TensorView::new("r", dtype, &shape, &rb).unwrap();
+        let t = TensorView::new("t", dtype, &shape, &tb).unwrap();
+        let prepared = judge().prepare();
+        for block in 0..3 {
+            let mut h = [vec![0u32; HISTOGRAM], vec![0u32; HISTOGRAM]];
+            let [h_fast, h_exact] = &mut h;
+            let fast = block_stats(r, t, block, Some((&prepared, &mut h_fast[..])));
+            let exact = exact_block(r, t, block, Some((&prepared, &mut h_exact[..])));
+            assert_eq!(bits(&fast), bits(&exact), "{dtype}, block {block}");
+            assert_eq!(h[0], h[1], "{dtype}, block {block}");
+        }
+    }
+}
+
 /// A judge whose bound some elements of the tests' data pass and some do not.
 fn judge() -> Judge {
     Judge {
