@@ -29,10 +29,10 @@ mod rounding;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use block::decode;
 #[cfg(target_arch = "x86_64")]
 use block::{Outcome, element};
 use block::{SUB, block_stats, tree};
+pub(crate) use block::{decode, largest_difference};
 use rounding::{HISTOGRAM, Prepared, Tally};
 pub use rounding::{Judge, PERCENTILE_RESOLUTION, Rounding};
 

@@ -422,6 +422,71 @@ unsafe fn block<R: Load, T: Load>(
     ))
 }
 
+/// The largest `|t - r|` over elements `start..start + len` of two tensors' bytes (a NaN on
+/// either side is not compared, equal infinities differ by nothing) and the largest `|r|`: the
+/// reading of [`crate::max_abs_diffs`], eight elements at a time. `None` for a dtype the kernel
+/// does not read. `len` must be a multiple of [`LANES`].
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C, and both byte slices must hold `start + len` elements of
+/// their dtype.
+#[target_feature(enable = "avx2,f16c,fma")]
+pub(super) unsafe fn largest_difference(
+    r: (DType, &[u8]),
+    t: (DType, &[u8]),
+    start: usize,
+    len: usize,
+) -> Option<(f64, f64)> {
+    #[target_feature(enable = "avx2,f16c,fma")]
+    unsafe fn run<R: Load, T: Load>(r: &[u8], t: &[u8], start: usize, len: usize) -> (f64, f64) {
+        debug_assert!(r.len() >= (start + len) * R::SIZE && t.len() >= (start + len) * T::SIZE);
+        let sign = _mm256_set1_pd(-0.0);
+        let abs = |v: __m256d| _mm256_andnot_pd(sign, v);
+        let (mut most, mut widest) = ([_mm256_setzero_pd(); 2], [_mm256_setzero_pd(); 2]);
+        for v in (0..len).step_by(LANES) {
+            // SAFETY: `start + v + 8 <= start + len`, within both slices (the caller's promise).
+            let (a, b) = unsafe {
+                (
+                    R::eight(r.as_ptr(), start + v),
+                    T::eight(t.as_ptr(), start + v),
+                )
+            };
+            for h in 0..2 {
+                // max_pd keeps its second operand where the first is NaN: a NaN side, and
+                // equal infinities (whose difference is NaN), leave the largest as it was
+                most[h] = _mm256_max_pd(abs(_mm256_sub_pd(b[h], a[h])), most[h]);
+                widest[h] = _mm256_max_pd(abs(a[h]), widest[h]);
+            }
+        }
+        let top = |v: Pair| largest(&lanes(v));
+        (top(most), top(widest))
+    }
+    macro_rules! with_t {
+        ($R:ty) => {
+            match t.0 {
+                DType::F32 => Some(run::<$R, F32>(r.1, t.1, start, len)),
+                DType::F16 => Some(run::<$R, F16>(r.1, t.1, start, len)),
+                DType::BF16 => Some(run::<$R, BF16>(r.1, t.1, start, len)),
+                DType::F64 => Some(run::<$R, F64>(r.1, t.1, start, len)),
+                _ => None,
+            }
+        };
+    }
+    if !len.is_multiple_of(LANES) {
+        return None;
+    }
+    // SAFETY: the caller guarantees the features and the lengths.
+    unsafe {
+        match r.0 {
+            DType::F32 => with_t!(F32),
+            DType::F16 => with_t!(F16),
+            DType::BF16 => with_t!(BF16),
+            DType::F64 => with_t!(F64),
+            _ => None,
+        }
+    }
+}
+
 /// `sum + a·b`, fused where `exact` (the product of two narrow values is exact in f64, so one
 /// rounding of the sum is all either way): the same bits, fewer operations.
 #[inline(always)]

@@ -67,6 +67,32 @@ impl Kernel {
     }
 }
 
+/// The largest `|t - r|` over elements `from..from + len` and the largest `|r|`, by the AVX2
+/// kernel where the CPU has it and reads both dtypes and `len` is a multiple of eight; `None`
+/// otherwise (the caller decodes).
+pub(crate) fn largest_difference(
+    reference: TensorView<'_>,
+    target: TensorView<'_>,
+    from: usize,
+    len: usize,
+) -> Option<(f64, f64)> {
+    #[cfg(target_arch = "x86_64")]
+    if Kernel::best() != Kernel::Portable && from + len <= reference.numel().min(target.numel()) {
+        // SAFETY: the CPU has AVX2, FMA and F16C (Kernel::available); both views hold
+        // `from + len` elements, checked above.
+        return unsafe {
+            avx2::largest_difference(
+                (reference.dtype, reference.bytes),
+                (target.dtype, target.bytes),
+                from,
+                len,
+            )
+        };
+    }
+    let _ = (reference, target, from, len);
+    None
+}
+
 /// One block's statistics, by the best kernel the CPU has.
 pub(super) fn block_stats(
     reference: TensorView<'_>,
