@@ -248,6 +248,13 @@ impl DType {
 
     /// Decodes little-endian elements of this dtype into `out` as f64 (`out.len()` elements).
     pub(crate) fn decode_f64(self, bytes: &[u8], out: &mut [f64]) {
+        self.decode_f64_inline(bytes, out);
+    }
+
+    /// [`DType::decode_f64`], compiled into its caller (a caller built for AVX2 gets its loops
+    /// vectorized for it).
+    #[inline(always)]
+    pub(crate) fn decode_f64_inline(self, bytes: &[u8], out: &mut [f64]) {
         macro_rules! decode {
             ($n:literal, $conv:expr) => {
                 for (o, c) in out.iter_mut().zip(bytes.chunks_exact($n)) {

@@ -129,6 +129,30 @@ fn every_path_gives_the_exact_path_s_bits_for_every_float_pair() {
     }
 }
 
+/// Decoding gives the plain decoder's bits for every float dtype, whether its bytes are
+/// aligned (a runtime's values) or not (a file's weights), at every length.
+#[test]
+fn decoding_is_the_plain_decoders_bits_aligned_or_not() {
+    let mut rng = crate::SplitMix64::new(7);
+    let words: Vec<u64> = (0..1024).map(|_| rng.next_u64()).collect();
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    for dtype in [DType::F64, DType::F32, DType::F16, DType::BF16] {
+        for offset in [0, 1, 2] {
+            for n in [0, 1, 7, 8, 9, 100, 1000] {
+                let bytes = &bytes[offset..offset + n * dtype.size()];
+                let (mut got, mut want) = (vec![0.0f64; n], vec![0.0f64; n]);
+                super::decode(dtype, bytes, &mut got);
+                dtype.decode_f64(bytes, &mut want);
+                let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert!(
+                    bits(&got) == bits(&want),
+                    "{dtype}, offset {offset}, {n} elements"
+                );
+            }
+        }
+    }
+}
+
 /// F16C's widening gives `half`'s values for every float16 bit pattern, at every length
 /// (whole groups of eight and the tail).
 #[cfg(target_arch = "x86_64")]
