@@ -197,8 +197,8 @@ fn the_largest_relative_difference_is_exact_when_quotients_crowd() {
     }
 }
 
-/// The largest relative difference is exact when it rises by the smallest steps from one
-/// stretch of a block to the next, so that every stretch holds a new largest by a hair (a
+/// The largest relative difference (and, judged, the largest tolerance an element needs) is
+/// exact when it rises by the smallest steps from one stretch of a block to the next, so that every stretch holds a new largest by a hair (a
 /// fast path that divides only where the largest may change must not skip one), and when the
 /// largest sits in a block's first element or its last.
 #[test]
@@ -232,12 +232,20 @@ fn the_largest_relative_difference_is_exact_when_it_rises_by_a_hair() {
             let shape = [n];
             let r = TensorView::new("r", dtype, &shape, &rb).unwrap();
             let t = TensorView::new("t", dtype, &shape, &tb).unwrap();
+            let prepared = judge().prepare();
             for block in 0..2 {
                 assert_eq!(
                     bits(&block_stats(r, t, block, None)),
                     bits(&exact_block(r, t, block, None)),
                     "{name}, {dtype}, block {block}"
                 );
+                // judged: the tolerance each element needs rises the same way
+                let mut h = [vec![0u32; HISTOGRAM], vec![0u32; HISTOGRAM]];
+                let [h_fast, h_exact] = &mut h;
+                let fast = block_stats(r, t, block, Some((&prepared, &mut h_fast[..])));
+                let exact = exact_block(r, t, block, Some((&prepared, &mut h_exact[..])));
+                assert_eq!(bits(&fast), bits(&exact), "{name}, {dtype}, block {block}, judged");
+                assert!(h[0] == h[1], "{name}, {dtype}, block {block}, judged");
             }
         }
     }
