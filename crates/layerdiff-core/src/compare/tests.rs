@@ -244,7 +244,11 @@ fn the_largest_relative_difference_is_exact_when_it_rises_by_a_hair() {
                 let [h_fast, h_exact] = &mut h;
                 let fast = block_stats(r, t, block, Some((&prepared, &mut h_fast[..])));
                 let exact = exact_block(r, t, block, Some((&prepared, &mut h_exact[..])));
-                assert_eq!(bits(&fast), bits(&exact), "{name}, {dtype}, block {block}, judged");
+                assert_eq!(
+                    bits(&fast),
+                    bits(&exact),
+                    "{name}, {dtype}, block {block}, judged"
+                );
                 assert!(h[0] == h[1], "{name}, {dtype}, block {block}, judged");
             }
         }
