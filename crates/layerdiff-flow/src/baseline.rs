@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use layerdiff_core::{DType, Tensor};
-use layerdiff_onnx::{Model, to_float64_lazy, to_float64_rounded};
+use layerdiff_onnx::{Model, to_float64_lazy};
 use layerdiff_runtime::PerNode;
 
 use crate::side::{Group, Recompute, Side};
@@ -135,13 +135,10 @@ impl GraphBaseline {
             d == grid || grid == DType::F64 || (grid == DType::F32 && d.narrower_than(grid))
         });
         self.side.run_group_with(group, value, &rounded, &|model| {
-            // weights the grid holds exactly are widened node by node as they run
-            *model = if rounds_none {
-                to_float64_lazy(model)
-            } else {
-                to_float64_rounded(model, grid)
-            }
-            .map_err(|e| format!("cannot make its float64 copy: {e}"))?;
+            // weights are widened (rounded to the grid first, where it does not hold them
+            // exactly) node by node as they run
+            *model = to_float64_lazy(model, (!rounds_none).then_some(grid))
+                .map_err(|e| format!("cannot make its float64 copy: {e}"))?;
             Ok(())
         })
     }

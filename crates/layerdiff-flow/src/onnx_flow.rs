@@ -451,7 +451,7 @@ fn float64_truth(
     inputs: &[(String, Tensor)],
     ort_library: Option<&Path>,
 ) -> Result<FallbackSide> {
-    let wide = to_float64_lazy(reference)
+    let wide = to_float64_lazy(reference, None)
         .map_err(|e| Error::Usage(format!("cannot make the float64 copy of the model: {e}")))?;
     let inputs: Vec<(String, Tensor)> = inputs
         .iter()

@@ -8,7 +8,7 @@
 use layerdiff_core::{DType, TensorView};
 use prost::bytes::Bytes;
 
-use crate::{AttributeProto, Model, TensorProto, ValueInfoProto};
+use crate::{AttributeProto, Model, StringStringEntryProto, TensorProto, ValueInfoProto};
 
 const FLOAT16: i32 = 10;
 const BFLOAT16: i32 = 16;
@@ -21,9 +21,14 @@ fn widened(elem_type: i32) -> bool {
 }
 
 /// The float64 copy of `model` (see the module docs), or why it cannot be made (an external or
-/// unreadable initializer).
+/// unreadable initializer). A model from [`to_float64_lazy`] with a grid has its weights rounded
+/// to that grid first (and the copy forgets the grid).
 pub fn to_float64(model: &Model) -> Result<Model, String> {
-    widen(model, None, true)
+    let mut copy = widen(model, weights_grid(model), true)?;
+    copy.proto
+        .metadata_props
+        .retain(|e| e.key() != WEIGHTS_GRID);
+    Ok(copy)
 }
 
 /// [`to_float64`] with the initializers left as stored: the graph declares and casts to float64,
@@ -31,20 +36,37 @@ pub fn to_float64(model: &Model) -> Result<Model, String> {
 /// `layerdiff_runtime::PerNode::float64` does). Widening a model's weights up front costs a
 /// copy twice their size, touched page by page (ResNet-50: 200 MB, about 40 ms here); a run node
 /// by node holds one node's at a time.
-pub fn to_float64_lazy(model: &Model) -> Result<Model, String> {
-    widen(model, None, false)
+///
+/// With a `grid` narrower than float64, every float tensor the model holds (initializers,
+/// constants) is rounded to it before it is widened, as each node runs: the ideal
+/// implementation of a layer in a narrower dtype computes with its weights in that dtype (see
+/// `layerdiff_core::Baseline`). The model carries the grid (its metadata entry
+/// `layerdiff.weights_grid`) to the node copies [`crate::extract_nodes`] makes of it.
+pub fn to_float64_lazy(model: &Model, grid: Option<DType>) -> Result<Model, String> {
+    let mut copy = widen(model, None, false)?;
+    copy.proto
+        .metadata_props
+        .retain(|e| e.key() != WEIGHTS_GRID);
+    if let Some(grid) = grid.filter(|g| g.is_float() && *g != DType::F64) {
+        copy.proto.metadata_props.push(StringStringEntryProto {
+            key: Some(WEIGHTS_GRID.to_string()),
+            value: Some(grid.name().to_string()),
+        });
+    }
+    Ok(copy)
 }
 
-/// [`to_float64`] with every float tensor the model holds (initializers, constants) first rounded
-/// to `grid` and widened back, in one pass over the weights: the ideal implementation of a layer
-/// in a narrower dtype computes with its weights in that dtype (see `layerdiff_core::Baseline`).
-/// Nothing is rounded for `grid` float64.
-pub fn to_float64_rounded(model: &Model, grid: DType) -> Result<Model, String> {
-    widen(
-        model,
-        Some(grid).filter(|g| g.is_float() && *g != DType::F64),
-        true,
-    )
+/// The metadata entry of a lazy float64 copy that names the grid its weights round to.
+const WEIGHTS_GRID: &str = "layerdiff.weights_grid";
+
+/// The grid a lazy float64 copy's weights round to, where it names one.
+fn weights_grid(model: &Model) -> Option<DType> {
+    let entry = model
+        .proto
+        .metadata_props
+        .iter()
+        .find(|e| e.key() == WEIGHTS_GRID)?;
+    DType::from_name(entry.value()).ok()
 }
 
 fn widen(model: &Model, grid: Option<DType>, weights: bool) -> Result<Model, String> {

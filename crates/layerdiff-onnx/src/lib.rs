@@ -23,7 +23,7 @@ mod tensor_io;
 
 pub use elem_types::is_float_elem_type;
 pub use error::{Error, Result};
-pub use float64::{to_float64, to_float64_lazy, to_float64_rounded};
+pub use float64::{to_float64, to_float64_lazy};
 pub use generated::*;
 pub use graph::{Dimension, GraphIndex, NodeInfo, ValueType, tensor_value_info};
 pub use local::{LocalGroup, MAX_GROUP_NODES, attribute_text, local_group};
