@@ -18,6 +18,31 @@
 //! fixed pairwise tree, blocks added in order. Work is split across threads by block, so the
 //! result is bit-identical for any thread count.
 
+/// `$kernel::<R, T>($args)` for the reader types (`F32`, `F16`, `BF16`, `F64`, in scope where
+/// it expands) of a pair of dtypes, `$other` for any other dtype: the one dispatch of the
+/// vector kernels.
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_dtypes {
+    ($r:expr, $t:expr, $other:expr, $kernel:ident($($arg:expr),*)) => {
+        match $r {
+            DType::F32 => by_dtypes!(@target F32, $t, $other, $kernel($($arg),*)),
+            DType::F16 => by_dtypes!(@target F16, $t, $other, $kernel($($arg),*)),
+            DType::BF16 => by_dtypes!(@target BF16, $t, $other, $kernel($($arg),*)),
+            DType::F64 => by_dtypes!(@target F64, $t, $other, $kernel($($arg),*)),
+            _ => $other,
+        }
+    };
+    (@target $R:ty, $t:expr, $other:expr, $kernel:ident($($arg:expr),*)) => {
+        match $t {
+            DType::F32 => $kernel::<$R, F32>($($arg),*),
+            DType::F16 => $kernel::<$R, F16>($($arg),*),
+            DType::BF16 => $kernel::<$R, BF16>($($arg),*),
+            DType::F64 => $kernel::<$R, F64>($($arg),*),
+            _ => $other,
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]

@@ -113,26 +113,14 @@ pub(super) unsafe fn finite_block(
     if !len.is_multiple_of(LANES) {
         return Outcome::Unsupported;
     }
-    macro_rules! with_t {
-        ($R:ty) => {
-            match t.0 {
-                DType::F32 => block::<$R, F32>(r.1, t.1, start, len, judging),
-                DType::F16 => block::<$R, F16>(r.1, t.1, start, len, judging),
-                DType::BF16 => block::<$R, BF16>(r.1, t.1, start, len, judging),
-                DType::F64 => block::<$R, F64>(r.1, t.1, start, len, judging),
-                _ => Outcome::Unsupported,
-            }
-        };
-    }
     // SAFETY: the caller guarantees the features and the lengths.
     unsafe {
-        match r.0 {
-            DType::F32 => with_t!(F32),
-            DType::F16 => with_t!(F16),
-            DType::BF16 => with_t!(BF16),
-            DType::F64 => with_t!(F64),
-            _ => Outcome::Unsupported,
-        }
+        by_dtypes!(
+            r.0,
+            t.0,
+            Outcome::Unsupported,
+            block(r.1, t.1, start, len, judging)
+        )
     }
 }
 
@@ -438,7 +426,12 @@ pub(super) unsafe fn largest_difference(
     len: usize,
 ) -> Option<(f64, f64)> {
     #[target_feature(enable = "avx2,f16c,fma")]
-    unsafe fn run<R: Load, T: Load>(r: &[u8], t: &[u8], start: usize, len: usize) -> (f64, f64) {
+    unsafe fn run<R: Load, T: Load>(
+        r: &[u8],
+        t: &[u8],
+        start: usize,
+        len: usize,
+    ) -> Option<(f64, f64)> {
         debug_assert!(r.len() >= (start + len) * R::SIZE && t.len() >= (start + len) * T::SIZE);
         let sign = _mm256_set1_pd(-0.0);
         let abs = |v: __m256d| _mm256_andnot_pd(sign, v);
@@ -459,32 +452,13 @@ pub(super) unsafe fn largest_difference(
             }
         }
         let top = |v: Pair| largest(&lanes(v));
-        (top(most), top(widest))
-    }
-    macro_rules! with_t {
-        ($R:ty) => {
-            match t.0 {
-                DType::F32 => Some(run::<$R, F32>(r.1, t.1, start, len)),
-                DType::F16 => Some(run::<$R, F16>(r.1, t.1, start, len)),
-                DType::BF16 => Some(run::<$R, BF16>(r.1, t.1, start, len)),
-                DType::F64 => Some(run::<$R, F64>(r.1, t.1, start, len)),
-                _ => None,
-            }
-        };
+        Some((top(most), top(widest)))
     }
     if !len.is_multiple_of(LANES) {
         return None;
     }
     // SAFETY: the caller guarantees the features and the lengths.
-    unsafe {
-        match r.0 {
-            DType::F32 => with_t!(F32),
-            DType::F16 => with_t!(F16),
-            DType::BF16 => with_t!(BF16),
-            DType::F64 => with_t!(F64),
-            _ => None,
-        }
-    }
+    unsafe { by_dtypes!(r.0, t.0, None, run(r.1, t.1, start, len)) }
 }
 
 /// `sum + a·b`, fused where `exact` (the product of two narrow values is exact in f64, so one

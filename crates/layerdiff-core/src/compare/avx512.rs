@@ -84,27 +84,8 @@ pub(super) unsafe fn finite_block(
     if !len.is_multiple_of(LANES) {
         return Outcome::Unsupported;
     }
-    macro_rules! with_t {
-        ($R:ty) => {
-            match t.0 {
-                DType::F32 => block::<$R, F32>(r.1, t.1, start, len),
-                DType::F16 => block::<$R, F16>(r.1, t.1, start, len),
-                DType::BF16 => block::<$R, BF16>(r.1, t.1, start, len),
-                DType::F64 => block::<$R, F64>(r.1, t.1, start, len),
-                _ => Outcome::Unsupported,
-            }
-        };
-    }
     // SAFETY: the caller guarantees the features and the lengths.
-    unsafe {
-        match r.0 {
-            DType::F32 => with_t!(F32),
-            DType::F16 => with_t!(F16),
-            DType::BF16 => with_t!(BF16),
-            DType::F64 => with_t!(F64),
-            _ => Outcome::Unsupported,
-        }
-    }
+    unsafe { by_dtypes!(r.0, t.0, Outcome::Unsupported, block(r.1, t.1, start, len)) }
 }
 
 #[inline(always)]

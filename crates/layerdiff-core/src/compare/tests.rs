@@ -225,32 +225,7 @@ fn the_largest_relative_difference_is_exact_when_it_rises_by_a_hair() {
             ("first", first.clone()),
             ("last", last.clone()),
         ] {
-            let reference = vec![1.0; n];
-            let (mut rb, mut tb) = (Vec::new(), Vec::new());
-            dtype.encode_f64(&reference, &mut rb);
-            dtype.encode_f64(&target, &mut tb);
-            let shape = [n];
-            let r = TensorView::new("r", dtype, &shape, &rb).unwrap();
-            let t = TensorView::new("t", dtype, &shape, &tb).unwrap();
-            let prepared = judge().prepare();
-            for block in 0..2 {
-                assert_eq!(
-                    bits(&block_stats(r, t, block, None)),
-                    bits(&exact_block(r, t, block, None)),
-                    "{name}, {dtype}, block {block}"
-                );
-                // judged: the tolerance each element needs rises the same way
-                let mut h = [vec![0u32; HISTOGRAM], vec![0u32; HISTOGRAM]];
-                let [h_fast, h_exact] = &mut h;
-                let fast = block_stats(r, t, block, Some((&prepared, &mut h_fast[..])));
-                let exact = exact_block(r, t, block, Some((&prepared, &mut h_exact[..])));
-                assert_eq!(
-                    bits(&fast),
-                    bits(&exact),
-                    "{name}, {dtype}, block {block}, judged"
-                );
-                assert!(h[0] == h[1], "{name}, {dtype}, block {block}, judged");
-            }
+            exact_bits_in_every_block(&vec![1.0; n], &target, dtype, name);
         }
     }
 }
@@ -272,21 +247,34 @@ fn judged_stretches_without_a_difference_give_the_exact_path_s_bits() {
         })
         .collect();
     for dtype in [DType::F32, DType::F16, DType::F64] {
-        let (mut rb, mut tb) = (Vec::new(), Vec::new());
-        dtype.encode_f64(&reference, &mut rb);
-        dtype.encode_f64(&target, &mut tb);
-        let shape = [n];
-        let r = TensorView::new("r", dtype, &shape, &rb).unwrap();
-        let t = TensorView::new("t", dtype, &shape, &tb).unwrap();
-        let prepared = judge().prepare();
-        for block in 0..3 {
-            let mut h = [vec![0u32; HISTOGRAM], vec![0u32; HISTOGRAM]];
-            let [h_fast, h_exact] = &mut h;
-            let fast = block_stats(r, t, block, Some((&prepared, &mut h_fast[..])));
-            let exact = exact_block(r, t, block, Some((&prepared, &mut h_exact[..])));
-            assert_eq!(bits(&fast), bits(&exact), "{dtype}, block {block}");
-            assert_eq!(h[0], h[1], "{dtype}, block {block}");
-        }
+        exact_bits_in_every_block(&reference, &target, dtype, "stretches");
+    }
+}
+
+/// Every block of `reference` and `target` held in `dtype`, by the best kernel, judged and
+/// not: the exact path's bits and histogram.
+fn exact_bits_in_every_block(reference: &[f64], target: &[f64], dtype: DType, label: &str) {
+    let (mut rb, mut tb) = (Vec::new(), Vec::new());
+    dtype.encode_f64(reference, &mut rb);
+    dtype.encode_f64(target, &mut tb);
+    let shape = [reference.len()];
+    let r = TensorView::new("r", dtype, &shape, &rb).unwrap();
+    let t = TensorView::new("t", dtype, &shape, &tb).unwrap();
+    let prepared = judge().prepare();
+    for block in 0..shape[0].div_ceil(BLOCK) {
+        let at = format!("{label}, {dtype}, block {block}");
+        let (fast, exact) = (
+            block_stats(r, t, block, None),
+            exact_block(r, t, block, None),
+        );
+        assert_eq!(bits(&fast), bits(&exact), "{at}");
+        let mut h = [vec![0u32; HISTOGRAM], vec![0u32; HISTOGRAM]];
+        let [h_fast, h_exact] = &mut h;
+        let fast = block_stats(r, t, block, Some((&prepared, &mut h_fast[..])));
+        let exact = exact_block(r, t, block, Some((&prepared, &mut h_exact[..])));
+        assert_eq!(bits(&fast), bits(&exact), "{at}, judged");
+        // (a mismatch of two histograms would print both whole)
+        assert!(h[0] == h[1], "{at}, judged: the histograms differ");
     }
 }
 
