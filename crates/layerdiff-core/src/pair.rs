@@ -75,14 +75,10 @@ pub fn compare_pair(
     }
 }
 
-/// The reference with each sentinel that the narrower target holds as its own extreme (same
-/// sign, at least half its largest finite value, or infinite) replaced by the target's value,
-/// and how many were; `None` when the target is not narrower or no position is such a pair.
-/// The float64 truth against a float32 side is such a pair too: the float64 copy of a model
-/// masks with float64's extreme.
 /// `compare_pair(reference, target, None)`'s largest difference alone, for each of `targets`,
-/// in one pass that works out nothing else and reads `reference` once (a layer's distances from
-/// the float64 truth are only that). The same values: NaN positions are not compared, equal
+/// in one pass over runs of elements that works out nothing else (a layer's distances from the
+/// float64 truth are only that): each run of `reference` is read from memory once, for every
+/// target. The same values: NaN positions are not compared, equal
 /// values differ by nothing; where a target's shape differs, or the reference reaches
 /// [`SENTINEL`] (a pair may hold sentinels), [`compare_pair`] itself.
 pub fn max_abs_diffs<const N: usize>(
@@ -149,6 +145,11 @@ pub fn max_abs_diffs<const N: usize>(
     most.map(Some)
 }
 
+/// The reference with each sentinel that the narrower target holds as its own extreme (same
+/// sign, at least half its largest finite value, or infinite) replaced by the target's value,
+/// and how many were; `None` when the target is not narrower or no position is such a pair.
+/// The float64 truth against a float32 side is such a pair too: the float64 copy of a model
+/// masks with float64's extreme.
 fn sentinels_held(reference: TensorView<'_>, target: TensorView<'_>) -> Option<(Tensor, u64)> {
     let limit = target.dtype.max_finite()? / 2.0;
     if !target.dtype.narrower_than(reference.dtype) || reference.numel() != target.numel() {

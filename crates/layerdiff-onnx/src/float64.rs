@@ -61,12 +61,8 @@ const WEIGHTS_GRID: &str = "layerdiff.weights_grid";
 
 /// The grid a lazy float64 copy's weights round to, where it names one.
 fn weights_grid(model: &Model) -> Option<DType> {
-    let entry = model
-        .proto
-        .metadata_props
-        .iter()
-        .find(|e| e.key() == WEIGHTS_GRID)?;
-    DType::from_name(entry.value()).ok()
+    let name = crate::node_ext::lookup(&model.proto.metadata_props, WEIGHTS_GRID)?;
+    DType::from_name(name).ok()
 }
 
 fn widen(model: &Model, grid: Option<DType>, weights: bool) -> Result<Model, String> {

@@ -265,8 +265,8 @@ unsafe fn block<R: Load, T: Load>(
                 (R::eight(rp, k), T::eight(tp, k), diff)
             }
         };
-        // The relative difference divides, which costs more than all else here together, and
-        // only an element that beats the largest so far changes the result: this pass asks
+        // The relative difference divides, the costliest operation of the pass, and only an
+        // element that beats the largest so far changes the result: this pass asks
         // whether any element of the chunk may (`d > bar · den`, with `bar` a hair under that
         // largest and at most 1, so that `bar · den` never overflows), and only a chunk where
         // one may is divided out. The result is the same maximum, bit for bit.

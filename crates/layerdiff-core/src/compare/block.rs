@@ -259,9 +259,7 @@ pub(crate) fn decode(dtype: DType, bytes: &[u8], out: &mut [f64]) {
     #[cfg(target_arch = "x86_64")]
     if Kernel::best() != Kernel::Portable {
         // SAFETY: the CPU has AVX2 and F16C (Kernel::available).
-        if unsafe { decode_avx2(dtype, bytes, out) } {
-            return;
-        }
+        return unsafe { decode_avx2(dtype, bytes, out) };
     }
     if !widen(dtype, bytes, out) {
         dtype.decode_f64(bytes, out);
@@ -270,19 +268,16 @@ pub(crate) fn decode(dtype: DType, bytes: &[u8], out: &mut [f64]) {
 
 /// [`widen`] (or, for bytes that are not aligned, [`DType::decode_f64`]) compiled for AVX2, its
 /// loops vectorized four or eight elements wide (float16 by F16C): decoding is most of what
-/// reading a weight or a value costs. Always decodes.
+/// reading a weight or a value costs.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn decode_avx2(dtype: DType, bytes: &[u8], out: &mut [f64]) -> bool {
+unsafe fn decode_avx2(dtype: DType, bytes: &[u8], out: &mut [f64]) {
     if dtype == DType::F16 && bytes.len() >= 2 * out.len() {
         widen_f16(bytes, out);
-        return true;
-    }
-    // bytes a file holds need not be aligned
-    if !widen(dtype, bytes, out) {
+    } else if !widen(dtype, bytes, out) {
+        // bytes a file holds need not be aligned
         dtype.decode_f64_inline(bytes, out);
     }
-    true
 }
 
 /// The floats a tensor's aligned bytes hold, widened in `out`; false where they are not aligned
