@@ -517,7 +517,16 @@ impl Rule {
         #[cfg(target_arch = "x86_64")]
         {
             static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-            if *AVX2.get_or_init(|| std::arch::is_x86_feature_detected!("avx2")) {
+            if *AVX2.get_or_init(|| {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+            }) {
+                if reference.len().is_multiple_of(LANES) {
+                    let values = (reference, own, exact);
+                    // SAFETY: the CPU has AVX2 and FMA; the slices are of one length (a
+                    // block's), a whole number of lane rows.
+                    return unsafe { avx2::lane_sums(self, grid, max_finite, values) };
+                }
                 // SAFETY: the CPU has AVX2.
                 return unsafe { self.lanes_avx2(grid, max_finite, reference, own, exact) };
             }
@@ -611,11 +620,40 @@ impl Rule {
         if fits.contains(&false) {
             return None;
         }
+        Some(Sums::from_lanes(
+            reference.len(),
+            [
+                from_exact,
+                base_max,
+                base_sum,
+                own_max,
+                own_sum,
+                allowed_max,
+                allowed_sum,
+            ],
+        ))
+    }
+}
+
+impl Sums {
+    /// The sums of a block of `count` elements from its lanes: the target's largest distance
+    /// from the exact value, the base's largest and sum, the own error's, the allowance's (the
+    /// maxima folded, the sums combined by a fixed tree).
+    fn from_lanes(count: usize, lanes: [[f64; LANES]; 7]) -> Sums {
         let tree =
             |l: [f64; LANES]| ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
         let most = |l: [f64; LANES]| l.into_iter().fold(0.0, max);
-        Some(Sums {
-            count: reference.len() as u64,
+        let [
+            from_exact,
+            base_max,
+            base_sum,
+            own_max,
+            own_sum,
+            allowed_max,
+            allowed_sum,
+        ] = lanes;
+        Sums {
+            count: count as u64,
             target_from_exact: most(from_exact),
             base_max: most(base_max),
             base_sum: tree(base_sum),
@@ -624,7 +662,7 @@ impl Rule {
             allowed_max: most(allowed_max),
             allowed_sum: tree(allowed_sum),
             ..Sums::default()
-        })
+        }
     }
 }
 
@@ -766,5 +804,7 @@ pub fn assess_baseline(
     })
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 #[cfg(test)]
 mod tests;

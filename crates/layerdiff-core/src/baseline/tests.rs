@@ -319,3 +319,93 @@ fn a_finite_block_by_lanes_agrees_with_the_element_wise_path() {
         }
     }
 }
+
+/// The AVX2 lane loop gives the portable one's sums to the last bit (the same operations on the
+/// same lanes), and says `None` where it does: a NaN or an infinity on any side, an exact value
+/// beyond the grid's largest.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_avx2_lane_loop_gives_the_portable_ones_bits() {
+    if !(std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"))
+    {
+        eprintln!("skipped: this CPU has no AVX2 and FMA");
+        return;
+    }
+    let mut rng = crate::SplitMix64::new(11);
+    for grid in [DType::F32, DType::F16, DType::BF16] {
+        let max_finite = grid.max_finite().unwrap();
+        for same_precision in [false, true] {
+            let rule = Rule {
+                kernel: KernelAllowance::new(grid, 1, 2),
+                same_precision,
+                expected_values: false,
+                honest: crate::default_for(DType::F32),
+                narrow: false,
+                unit: 0.0,
+                terms: 0,
+                tail: 0.0,
+            };
+            let len = 4096;
+            // magnitudes from below the grid's subnormals to near its largest values, and zeros
+            let scale =
+                |rng: &mut crate::SplitMix64| pow2(((rng.normal() * 12.0) as i32).clamp(-40, 12));
+            let mut x: Vec<f64> = (0..len).map(|_| rng.normal() * scale(&mut rng)).collect();
+            x[5] = 0.0;
+            x[6] = -0.0;
+            x[7] = max_finite.min(1e30) / 2.0;
+            let y: Vec<f64> = x
+                .iter()
+                .map(|&v| DType::F32.round(v * (1.0 + 1e-7 * rng.normal())))
+                .collect();
+            let t: Vec<f64> = x
+                .iter()
+                .map(|&v| grid.round(v * (1.0 + 1e-3 * rng.normal())))
+                .collect();
+            let sums = |(y, t, x): (&[f64], &[f64], &[f64])| {
+                // SAFETY: the CPU has AVX2 and FMA (checked above); one length, 4096.
+                let vector = unsafe { super::avx2::lane_sums(&rule, grid, max_finite, (y, t, x)) };
+                let portable = rule.lanes(grid, max_finite, y, t, x);
+                (vector, portable)
+            };
+            let (vector, portable) = sums((&y, &t, &x));
+            let (vector, portable) = (
+                vector.unwrap_or_else(|| panic!("{grid} same={same_precision}: vector None")),
+                portable.unwrap_or_else(|| panic!("{grid} same={same_precision}: portable None")),
+            );
+            for (a, b) in [
+                (vector.base_max, portable.base_max),
+                (vector.base_sum, portable.base_sum),
+                (vector.own_max, portable.own_max),
+                (vector.own_sum, portable.own_sum),
+                (vector.allowed_max, portable.allowed_max),
+                (vector.allowed_sum, portable.allowed_sum),
+                (vector.target_from_exact, portable.target_from_exact),
+            ] {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{grid} same={same_precision}: {a:e} {b:e}"
+                );
+            }
+            assert_eq!(vector.count, portable.count);
+            // what is not finite, or beyond the grid, in each place
+            for (side, at, value) in [
+                (0, 100, f64::NAN),
+                (1, 2000, f64::NAN),
+                (2, 3000, f64::NAN),
+                (0, 9, f64::INFINITY),
+                (1, 4095, f64::NEG_INFINITY),
+                (2, 0, f64::INFINITY),
+                (2, 77, -2.0 * max_finite),
+            ] {
+                let mut broken = [y.clone(), t.clone(), x.clone()];
+                broken[side][at] = value;
+                let (vector, portable) = sums((&broken[0], &broken[1], &broken[2]));
+                assert!(
+                    vector.is_none() && portable.is_none(),
+                    "{grid}: {value} at {at} of side {side}"
+                );
+            }
+        }
+    }
+}
