@@ -75,27 +75,32 @@ impl<'a> TensorView<'a> {
     /// `to_dtype(grid)` then `to_dtype(F64)` make, in one pass and one allocation.
     pub fn to_f64_on_grid(&self, grid: DType) -> Tensor {
         /// Elements per parallel run.
-        const RUN: usize = 1 << 14;
-        let round = |wide: &mut [f64], run: &[u8]| {
-            crate::compare::decode(self.dtype, run, wide);
-            if grid.narrower_than(self.dtype) {
-                grid.round_all(wide);
-            }
-        };
-        let mut bytes = vec![0u8; self.numel() * 8];
-        bytes
+        const RUN: usize = 1 << 12;
+        let len = self.numel() * 8;
+        // Written once, run by run: zeroing it first cost as much as writing it.
+        let mut bytes = Vec::with_capacity(len);
+        bytes.spare_capacity_mut()[..len]
             .par_chunks_mut(RUN * 8)
             .zip(self.bytes.par_chunks(RUN * self.dtype.size()))
-            .for_each(
-                |(out, run)| match bytemuck::try_cast_slice_mut::<u8, f64>(out) {
-                    Ok(wide) if cfg!(target_endian = "little") => round(wide, run),
-                    _ => {
-                        let mut wide = vec![0.0; out.len() / 8];
-                        round(&mut wide, run);
-                        DType::F64.encode_f64_into(&wide, out);
+            .for_each_init(
+                || (vec![0.0; RUN], Vec::new()),
+                |(wide, encoded), (out, run)| {
+                    let wide = &mut wide[..out.len() / 8];
+                    crate::compare::decode(self.dtype, run, wide);
+                    if grid.narrower_than(self.dtype) {
+                        grid.round_all(wide);
+                    }
+                    if cfg!(target_endian = "little") {
+                        out.write_copy_of_slice(bytemuck::cast_slice(wide));
+                    } else {
+                        encoded.resize(out.len(), 0);
+                        DType::F64.encode_f64_into(wide, encoded);
+                        out.write_copy_of_slice(encoded);
                     }
                 },
             );
+        // SAFETY: the runs above wrote every one of the first `len` bytes.
+        unsafe { bytes.set_len(len) };
         Tensor {
             dtype: DType::F64,
             shape: self.shape.to_vec(),
