@@ -146,13 +146,6 @@ fn each(mut f: impl FnMut(usize) -> __m256d) -> Pair {
     [f(0), f(1)]
 }
 
-/// How many of a compare mask's four lanes are set.
-#[inline(always)]
-fn set(mask: __m256d) -> u64 {
-    // SAFETY: the caller runs with AVX enabled.
-    u64::from(unsafe { _mm256_movemask_pd(mask) }.count_ones())
-}
-
 #[target_feature(enable = "avx2,f16c,fma")]
 unsafe fn block<R: Load, T: Load>(
     r: &[u8],
@@ -164,7 +157,6 @@ unsafe fn block<R: Load, T: Load>(
     debug_assert!(r.len() >= (start + len) * R::SIZE && t.len() >= (start + len) * T::SIZE);
     let (rp, tp) = (r.as_ptr(), t.as_ptr());
     let mut d = [0.0f64; SUB];
-    let mut slots = [0u64; SUB];
     // the block's histogram slots, counted once the whole block is seen finite (count_slots)
     let mut block_slots = [0u16; BLOCK];
     // how many of them are filled: a stretch with no difference fills none, its elements
@@ -212,7 +204,7 @@ unsafe fn block<R: Load, T: Load>(
         ),
     ];
     let (mut sum_ulp, mut max_ulp, mut needed) = (z, z, z);
-    let mut beyond = 0u64;
+    let mut beyond = _mm256_setzero_si256();
     let mut moved_count = _mm256_setzero_si256();
     let mut from = 0;
     while from < len {
@@ -307,6 +299,7 @@ unsafe fn block<R: Load, T: Load>(
         if judge.is_some() && max > 0.0 {
             for v in (0..n).step_by(LANES) {
                 let (a, b, diff) = again(v);
+                let mut keys = [_mm256_setzero_si256(); 2];
                 // The operations of `Prepared::element`, lane for lane.
                 for h in 0..2 {
                     let abs_a = abs(a[h]);
@@ -322,7 +315,8 @@ unsafe fn block<R: Load, T: Load>(
                     max_ulp[h] = _mm256_max_pd(ulps, max_ulp[h]);
                     let allowed =
                         _mm256_add_pd(atol, _mm256_mul_pd(rtol, _mm256_min_pd(abs_a, largest_f64)));
-                    beyond += set(_mm256_cmp_pd::<_CMP_GT_OQ>(diff[h], allowed));
+                    let over = _mm256_cmp_pd::<_CMP_GT_OQ>(diff[h], allowed);
+                    beyond = _mm256_sub_epi64(beyond, _mm256_castpd_si256(over));
                     needed[h] = _mm256_max_pd(_mm256_div_pd(diff[h], allowed), needed[h]);
                     let clamped = _mm256_min_pd(_mm256_max_pd(diff[h], lowest), highest);
                     let key = _mm256_sub_epi64(
@@ -333,11 +327,12 @@ unsafe fn block<R: Load, T: Load>(
                     );
                     // Where the difference is zero the key is the zero slot.
                     let moved = _mm256_cmp_pd::<_CMP_GT_OQ>(diff[h], zero);
-                    let key = _mm256_blendv_epi8(zero_slots[h], key, _mm256_castpd_si256(moved));
-                    // SAFETY: `v + 4h + 4 <= n <= SUB`.
-                    unsafe {
-                        _mm256_storeu_si256(slots.as_mut_ptr().add(v + 4 * h).cast(), key);
-                    }
+                    keys[h] = _mm256_blendv_epi8(zero_slots[h], key, _mm256_castpd_si256(moved));
+                }
+                // SAFETY: `filled + v + 8 <= filled + n <= BLOCK` (the chunks of one block).
+                unsafe {
+                    let slots = block_slots.as_mut_ptr().add(filled + v);
+                    _mm_storeu_si128(slots.cast(), narrow_slots(keys));
                 }
             }
         }
@@ -352,9 +347,6 @@ unsafe fn block<R: Load, T: Load>(
             return Outcome::NotFinite;
         }
         if judging.is_some() && max > 0.0 {
-            for (out, &slot) in block_slots[filled..filled + n].iter_mut().zip(&slots[..n]) {
-                *out = slot as u16;
-            }
             filled += n;
         }
         let d = &d[..n];
@@ -396,7 +388,7 @@ unsafe fn block<R: Load, T: Load>(
             sum_ulp: tree(&lanes(sum_ulp)),
             max_ulp: largest(&lanes(max_ulp)),
             needed: largest(&lanes(needed)),
-            beyond,
+            beyond: lanes_sum(beyond),
         },
         None => Tally::default(),
     };
@@ -491,6 +483,20 @@ fn first_equal(d: &[f64], x: f64) -> usize {
         }
     }
     0
+}
+
+/// Eight histogram slots (each below 2^16, in a 64-bit lane) as eight u16, in another order:
+/// the histogram counts them whatever their order.
+#[inline(always)]
+fn narrow_slots(keys: [__m256i; 2]) -> __m128i {
+    // SAFETY: the caller runs with AVX2 enabled.
+    unsafe {
+        // as 32-bit lanes each key and a zero: packed, each key a 32-bit lane of its own
+        let words = _mm256_packus_epi32(keys[0], keys[1]);
+        // packed again, four keys at the bottom of each 128-bit half
+        let halves = _mm256_packus_epi32(words, words);
+        _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b1000>(halves))
+    }
 }
 
 /// The sum of four 64-bit counters.
