@@ -363,7 +363,8 @@ fn the_avx2_lane_loop_gives_the_portable_ones_bits() {
                 .collect();
             let sums = |(y, t, x): (&[f64], &[f64], &[f64])| {
                 // SAFETY: the CPU has AVX2 and FMA (checked above); one length, 4096.
-                let vector = unsafe { super::avx2::lane_sums(&rule, grid, max_finite, (y, t, x)) };
+                let vector =
+                    unsafe { super::rule::avx2::lane_sums(&rule, grid, max_finite, (y, t, x)) };
                 let portable = rule.lanes(grid, max_finite, y, t, x);
                 (vector, portable)
             };

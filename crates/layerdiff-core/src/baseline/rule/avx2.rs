@@ -16,7 +16,7 @@ use crate::DType;
 /// The CPU must have AVX2 and FMA; the three slices must be of one length, a multiple of
 /// [`LANES`].
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn lane_sums(
+pub(in crate::baseline) unsafe fn lane_sums(
     rule: &Rule,
     grid: DType,
     max_finite: f64,
