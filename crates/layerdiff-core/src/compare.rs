@@ -48,16 +48,20 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod block;
+mod decode;
 #[cfg(test)]
 mod properties;
+#[cfg(target_arch = "x86_64")]
+mod reader;
 mod rounding;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use block::largest_difference;
 #[cfg(target_arch = "x86_64")]
 use block::{Outcome, element};
 use block::{SUB, block_stats, tree};
-pub(crate) use block::{decode, largest_difference};
+pub(crate) use decode::decode;
 use rounding::{HISTOGRAM, Prepared, Tally};
 pub use rounding::{Judge, PERCENTILE_RESOLUTION, Rounding};
 

@@ -10,11 +10,15 @@
 
 use std::arch::x86_64::*;
 
+use super::reader::{BF16, F16, F32, F64, Reader};
 use super::rounding::{
     BUCKETS, EXPONENT_BITS, HIGHEST, KEPT_BITS, KEY_OFFSET, LOWEST, Tally, count_slots,
 };
 use super::{BLOCK, Judging, LANES, Outcome, Partial, SUB, THRESHOLDS, element, tree};
 use crate::DType;
+use count::{count_above, first_equal, lanes_sum, narrow_slots};
+
+mod count;
 
 /// How far ahead of the first pass its reads are prefetched, in elements.
 const AHEAD: usize = 2 * SUB;
@@ -22,22 +26,12 @@ const AHEAD: usize = 2 * SUB;
 /// Eight f64 lanes: lanes 0–3, then 4–7.
 type Pair = [__m256d; 2];
 
-/// A dtype the kernel reads, eight elements at a time into f64 lanes.
-trait Load {
-    const SIZE: usize;
-    /// Whether its values are narrower than f64: their squares never overflow f64, so a
-    /// non-finite value shows as a non-finite sum of squares.
-    const NARROW: bool = true;
+/// How this kernel loads a dtype: eight elements at a time, widened into the f64 lanes of
+/// two AVX2 vectors.
+trait Load: Reader {
     /// Elements `k..k + 8` of `base`, widened.
     unsafe fn eight(base: *const u8, k: usize) -> Pair;
-    /// The dtype, for reading single elements.
-    const DTYPE: DType;
 }
-
-struct F32;
-struct F16;
-struct BF16;
-struct F64;
 
 /// Eight float32 values widened.
 #[inline(always)]
@@ -51,8 +45,6 @@ unsafe fn widen(singles: __m256) -> Pair {
 }
 
 impl Load for F32 {
-    const DTYPE: DType = DType::F32;
-    const SIZE: usize = 4;
     #[inline(always)]
     unsafe fn eight(base: *const u8, k: usize) -> Pair {
         unsafe { widen(_mm256_loadu_ps(base.add(4 * k).cast())) }
@@ -60,8 +52,6 @@ impl Load for F32 {
 }
 
 impl Load for F16 {
-    const DTYPE: DType = DType::F16;
-    const SIZE: usize = 2;
     #[inline(always)]
     unsafe fn eight(base: *const u8, k: usize) -> Pair {
         unsafe { widen(_mm256_cvtph_ps(_mm_loadu_si128(base.add(2 * k).cast()))) }
@@ -69,8 +59,6 @@ impl Load for F16 {
 }
 
 impl Load for BF16 {
-    const DTYPE: DType = DType::BF16;
-    const SIZE: usize = 2;
     #[inline(always)]
     unsafe fn eight(base: *const u8, k: usize) -> Pair {
         unsafe {
@@ -81,9 +69,6 @@ impl Load for BF16 {
 }
 
 impl Load for F64 {
-    const DTYPE: DType = DType::F64;
-    const SIZE: usize = 8;
-    const NARROW: bool = false;
     #[inline(always)]
     unsafe fn eight(base: *const u8, k: usize) -> Pair {
         unsafe {
@@ -463,70 +448,6 @@ fn product_sum(a: __m256d, b: __m256d, sum: __m256d, exact: bool) -> __m256d {
             _mm256_fmadd_pd(a, b, sum)
         } else {
             _mm256_add_pd(sum, _mm256_mul_pd(a, b))
-        }
-    }
-}
-
-/// The first index of `d` that holds `x` (0 where none does), four at a time.
-#[inline(always)]
-fn first_equal(d: &[f64], x: f64) -> usize {
-    // SAFETY: the caller runs with AVX enabled; `d.len()` is a multiple of eight, so every load
-    // stays inside `d`.
-    unsafe {
-        let x = _mm256_set1_pd(x);
-        for v in (0..d.len()).step_by(4) {
-            let equal = _mm256_cmp_pd::<_CMP_EQ_OQ>(_mm256_loadu_pd(d.as_ptr().add(v)), x);
-            let mask = _mm256_movemask_pd(equal);
-            if mask != 0 {
-                return v + mask.trailing_zeros() as usize;
-            }
-        }
-    }
-    0
-}
-
-/// Eight histogram slots (each below 2^16, in a 64-bit lane) as eight u16, in another order:
-/// the histogram counts them whatever their order.
-#[inline(always)]
-fn narrow_slots(keys: [__m256i; 2]) -> __m128i {
-    // SAFETY: the caller runs with AVX2 enabled.
-    unsafe {
-        // as 32-bit lanes each key and a zero: packed, each key a 32-bit lane of its own
-        let words = _mm256_packus_epi32(keys[0], keys[1]);
-        // packed again, four keys at the bottom of each 128-bit half
-        let halves = _mm256_packus_epi32(words, words);
-        _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b1000>(halves))
-    }
-}
-
-/// The sum of four 64-bit counters.
-#[inline(always)]
-fn lanes_sum(counts: __m256i) -> u64 {
-    let mut c = [0u64; 4];
-    // SAFETY: `c` holds four u64; the caller runs with AVX enabled.
-    unsafe { _mm256_storeu_si256(c.as_mut_ptr().cast(), counts) };
-    c.iter().sum()
-}
-
-/// Adds to `above[j]`, for the `M` thresholds after the first, how many of `d` exceed them: one
-/// pass over `d`, one vector counter per threshold.
-#[inline(always)]
-fn count_above<const M: usize>(d: &[f64], above: &mut [u64; THRESHOLDS.len()]) {
-    // SAFETY (whole function): the caller runs with AVX2 enabled; `d.len()` is a multiple of
-    // eight, so every load stays inside `d`.
-    unsafe {
-        let x: [__m256d; M] = std::array::from_fn(|j| _mm256_set1_pd(THRESHOLDS[j + 1].0));
-        let mut counts = [_mm256_setzero_si256(); M];
-        for v in (0..d.len()).step_by(4) {
-            let dv = _mm256_loadu_pd(d.as_ptr().add(v));
-            for j in 0..M {
-                // A set lane is all ones, -1 as an integer: subtracting it counts one.
-                let over = _mm256_castpd_si256(_mm256_cmp_pd::<_CMP_GT_OQ>(dv, x[j]));
-                counts[j] = _mm256_sub_epi64(counts[j], over);
-            }
-        }
-        for j in 0..M {
-            above[j + 1] += lanes_sum(counts[j]);
         }
     }
 }

@@ -6,29 +6,18 @@
 
 use std::arch::x86_64::*;
 
+use super::reader::{BF16, F16, F32, F64, Reader};
 use super::{LANES, Outcome, Partial, SUB, THRESHOLDS, element};
 use crate::DType;
 
-/// A dtype the kernel reads, eight elements at a time into f64 lanes.
-trait Load {
-    const SIZE: usize;
-    /// Whether its values are narrower than f64: their squares never overflow f64, so a
-    /// non-finite value shows as a non-finite sum of squares.
-    const NARROW: bool = true;
+/// How this kernel loads a dtype: eight elements at a time, widened into the f64 lanes of
+/// one AVX-512 vector.
+trait Load: Reader {
     /// Elements `k..k + 8` of `base`, widened.
     unsafe fn eight(base: *const u8, k: usize) -> __m512d;
-    /// The dtype, for reading single elements.
-    const DTYPE: DType;
 }
 
-struct F32;
-struct F16;
-struct BF16;
-struct F64;
-
 impl Load for F32 {
-    const DTYPE: DType = DType::F32;
-    const SIZE: usize = 4;
     #[inline(always)]
     unsafe fn eight(base: *const u8, k: usize) -> __m512d {
         unsafe { _mm512_cvtps_pd(_mm256_loadu_ps(base.add(4 * k).cast())) }
@@ -36,8 +25,6 @@ impl Load for F32 {
 }
 
 impl Load for F16 {
-    const DTYPE: DType = DType::F16;
-    const SIZE: usize = 2;
     #[inline(always)]
     unsafe fn eight(base: *const u8, k: usize) -> __m512d {
         unsafe { _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_loadu_si128(base.add(2 * k).cast()))) }
@@ -45,8 +32,6 @@ impl Load for F16 {
 }
 
 impl Load for BF16 {
-    const DTYPE: DType = DType::BF16;
-    const SIZE: usize = 2;
     #[inline(always)]
     unsafe fn eight(base: *const u8, k: usize) -> __m512d {
         unsafe {
@@ -57,9 +42,6 @@ impl Load for BF16 {
 }
 
 impl Load for F64 {
-    const DTYPE: DType = DType::F64;
-    const SIZE: usize = 8;
-    const NARROW: bool = false;
     #[inline(always)]
     unsafe fn eight(base: *const u8, k: usize) -> __m512d {
         unsafe { _mm512_loadu_pd(base.add(8 * k).cast()) }

@@ -166,7 +166,7 @@ fn float16_widened_by_f16c_is_exact() {
     for n in [0, 1, 7, 8, 9, 17, 65536] {
         let (mut got, mut want) = (vec![0.0f64; n], vec![0.0f64; n]);
         // SAFETY: the CPU has AVX2 and F16C, checked above.
-        unsafe { super::block::widen_f16(&bytes[..2 * n], &mut got) };
+        unsafe { super::decode::widen_f16(&bytes[..2 * n], &mut got) };
         DType::F16.decode_f64(&bytes[..2 * n], &mut want);
         let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&got), bits(&want), "{n} elements");
