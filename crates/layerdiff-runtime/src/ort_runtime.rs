@@ -2,11 +2,10 @@
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 use layerdiff_core::{DType, Tensor};
 use layerdiff_onnx::Model;
-use ort::environment::Environment;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::{Session, SessionInputValue};
 use ort::value::{DynValue, TensorElementType, TensorRef, ValueRef};
@@ -14,7 +13,11 @@ use ort::value::{DynValue, TensorElementType, TensorRef, ValueRef};
 use crate::ort_provider::{ProviderOptions, TF32_OPS};
 use crate::{Error, Optimized, Provider, ReducedMath, Result, Runtime};
 
+mod library;
+mod profile;
 mod values;
+use library::{ORT, clean_message, load, version_from_path};
+use profile::node_providers;
 use values::{from_ort_value, to_ort_input};
 
 #[cfg(test)]
@@ -55,13 +58,6 @@ impl OptLevel {
         }
     }
 }
-
-struct LoadedOrt {
-    env: Environment,
-    path: PathBuf,
-}
-
-static ORT: OnceLock<Mutex<Option<std::result::Result<LoadedOrt, String>>>> = OnceLock::new();
 
 /// ONNX Runtime on one execution provider.
 #[derive(Debug, Clone)]
@@ -313,57 +309,6 @@ impl OrtRuntime {
     }
 }
 
-/// ONNX Runtime prefixes many messages with a source location and a C++ signature
-/// (`/onnxruntime_src/…/model.cc:256 onnxruntime::Model::Model(…) Unsupported model IR version…`);
-/// users need only the sentence after them.
-fn clean_message(message: String) -> String {
-    let Some(rest) = message
-        .strip_prefix("/onnxruntime_src/")
-        .and_then(|m| m.split_once(' '))
-        .map(|(_, r)| r)
-    else {
-        return message;
-    };
-    let signature_end = rest
-        .find('(')
-        .filter(|&open| rest[..open].contains("::"))
-        .and_then(|open| {
-            let mut depth = 0usize;
-            rest[open..].char_indices().find_map(|(i, c)| {
-                match c {
-                    '(' => depth += 1,
-                    ')' => depth -= 1,
-                    _ => {}
-                }
-                (depth == 0).then_some(open + i + 1)
-            })
-        });
-    match signature_end {
-        Some(end) => rest[end..].trim_start().to_string(),
-        None => rest.to_string(),
-    }
-}
-
-fn load(path: &Path) -> std::result::Result<LoadedOrt, String> {
-    let env = ort::init_from(path)
-        .map_err(|e| e.to_string())?
-        .with_name("layerdiff")
-        .build()
-        .map_err(|e| e.to_string())?;
-    Ok(LoadedOrt {
-        env,
-        path: path.to_path_buf(),
-    })
-}
-
-/// `libonnxruntime.so.1.31.1` → `1.31.1`.
-fn version_from_path(path: &Path) -> String {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    name.strip_prefix("libonnxruntime.so.")
-        .unwrap_or("unknown version")
-        .to_string()
-}
-
 impl Runtime for OrtRuntime {
     fn name(&self) -> &str {
         "onnxruntime"
@@ -534,34 +479,4 @@ fn run_session(
             Ok((name.clone(), from_ort_value(name, &value.view())?))
         })
         .collect()
-}
-
-/// Nodes per execution provider, most first, from an ONNX Runtime profile (a JSON array of
-/// trace events; each node's kernel event is `<node>_kernel_time` with `args.provider`).
-fn node_providers(profile: &str) -> std::result::Result<Vec<(String, usize)>, String> {
-    let events: Vec<serde_json::Value> =
-        serde_json::from_str(profile).map_err(|e| format!("not a profile: {e}"))?;
-    let mut seen = std::collections::HashSet::new();
-    let mut counts: Vec<(String, usize)> = Vec::new();
-    for event in &events {
-        let (Some("Node"), Some(name), Some(provider)) = (
-            event["cat"].as_str(),
-            event["name"].as_str(),
-            event["args"]["provider"].as_str(),
-        ) else {
-            continue;
-        };
-        let Some(node) = name.strip_suffix("_kernel_time") else {
-            continue;
-        };
-        if !seen.insert(node.to_string()) {
-            continue;
-        }
-        match counts.iter_mut().find(|(p, _)| p == provider) {
-            Some((_, n)) => *n += 1,
-            None => counts.push((provider.to_string(), 1)),
-        }
-    }
-    counts.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    Ok(counts)
 }
