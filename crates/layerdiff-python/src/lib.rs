@@ -9,6 +9,7 @@ mod layer;
 mod op_matrix;
 mod ops;
 mod options;
+mod spelling;
 mod tensors;
 
 use std::collections::HashMap;
@@ -455,9 +456,9 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ops::describe_runtime, m)?)?;
     m.add_function(wrap_pyfunction!(ops::ops_report, m)?)?;
     m.add_function(wrap_pyfunction!(ops::device_providers, m)?)?;
-    m.add_class::<options::SideSpec>()?;
-    m.add_function(wrap_pyfunction!(options::side_spec, m)?)?;
-    m.add_function(wrap_pyfunction!(options::choice, m)?)?;
+    m.add_class::<spelling::SideSpec>()?;
+    m.add_function(wrap_pyfunction!(spelling::side_spec, m)?)?;
+    m.add_function(wrap_pyfunction!(spelling::choice, m)?)?;
     exceptions::register(m)?;
     Ok(())
 }

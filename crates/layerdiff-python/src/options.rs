@@ -12,6 +12,7 @@ use layerdiff_flow::{Settings, memory};
 use pyo3::prelude::*;
 
 use crate::exceptions::{self, to_py_err};
+use crate::spelling::SideSpec;
 
 /// How a comparison is run, parsed once: tolerance, local error, memory budget, the PyTorch
 /// reference, the target (a runtime that runs the ONNX file, or PyTorch computing
@@ -446,73 +447,4 @@ fn checked(py: Python<'_>, verb: &str, command: Command) -> PyResult<(String, Py
         ));
     }
     Ok((verb.to_string(), Py::new(py, command)?.into_any()))
-}
-
-/// A side as spelled on the command line or in the API (`torch:cuda:bf16`, `ort:opt=all`,
-/// `tract`, `openvino:precision=f16`, `expected:PATH`), parsed by the one parser every door uses.
-#[pyclass(frozen, module = "layerdiff._layerdiff")]
-pub(crate) struct SideSpec {
-    /// `torch` (PyTorch computes it), `keras` (TensorFlow computes a Keras model another way),
-    /// `runtime` (an ONNX runtime runs the file) or `expected` (values read from a file).
-    #[pyo3(get)]
-    kind: &'static str,
-    /// The spelling that parses back to it (defaults left out).
-    #[pyo3(get)]
-    spelling: String,
-    /// PyTorch's device (`cpu`, `cuda:1`); `None` for other kinds.
-    #[pyo3(get)]
-    device: Option<String>,
-    /// PyTorch's precision (`fp32`, `bf16`, `amp-bf16`…); `None` for other kinds.
-    #[pyo3(get)]
-    precision: Option<&'static str>,
-    /// `torch.compile`'s backend when compiled; `None` when eager or not PyTorch.
-    #[pyo3(get)]
-    compile: Option<String>,
-}
-
-/// The option `option` (`exporter`, `loss`, `executor`, `op dtype`) as the API was given it,
-/// parsed by the command line's rule: its spelling; a `UsageError` names the ones taken.
-#[pyfunction]
-pub(crate) fn choice(option: &str, text: &str) -> PyResult<String> {
-    layerdiff_args::choice(option, text).map_err(exceptions::UsageError::new_err)
-}
-
-/// Parses a side's spelling; a `UsageError` names what is wrong with it.
-#[pyfunction]
-pub(crate) fn side_spec(text: &str) -> PyResult<SideSpec> {
-    let parsed = TargetSpec::parse(text).map_err(exceptions::UsageError::new_err)?;
-    Ok(SideSpec::of(&parsed))
-}
-
-impl SideSpec {
-    fn of(parsed: &TargetSpec) -> Self {
-        let spelling = parsed.spelling();
-        match parsed.clone() {
-            TargetSpec::Torch(torch) => SideSpec {
-                kind: "torch",
-                spelling,
-                device: Some(torch.device),
-                precision: Some(torch.precision.spelling()),
-                compile: torch.compile,
-            },
-            TargetSpec::Keras(_) => SideSpec {
-                kind: "keras",
-                spelling,
-                device: None,
-                precision: None,
-                compile: None,
-            },
-            TargetSpec::Onnx(runtime) => SideSpec {
-                kind: if matches!(runtime, layerdiff_runtime::RuntimeSpec::Expected(_)) {
-                    "expected"
-                } else {
-                    "runtime"
-                },
-                spelling,
-                device: None,
-                precision: None,
-                compile: None,
-            },
-        }
-    }
 }
