@@ -410,3 +410,26 @@ def capture(
         and not any(p.startswith(f"{n}.") for p in called)
     ]
     return result
+
+
+def module_readers(listed) -> dict[str, list[str]]:
+    """For each module call of the listing, the module calls that read its output, through the
+    functional calls between modules (they have no backward of their own here)."""
+    direct: dict[int, list[int]] = {}
+    for i, layer in enumerate(listed):
+        for j in layer.inputs_from:
+            direct.setdefault(j, []).append(i)
+
+    def reading(i: int, seen: set) -> list[str]:
+        found = []
+        for j in direct.get(i, []):
+            if j in seen:
+                continue
+            seen.add(j)
+            if listed[j].op is None:
+                found.append(listed[j].name)
+            else:
+                found += reading(j, seen)
+        return found
+
+    return {layer.name: reading(i, set()) for i, layer in enumerate(listed) if layer.op is None}

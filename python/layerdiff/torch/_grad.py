@@ -19,8 +19,6 @@ before they are compared: what the optimizer would see.
 
 from __future__ import annotations
 
-import copy
-
 import torch
 
 from layerdiff import _layerdiff
@@ -29,12 +27,10 @@ from layerdiff.report import Report
 from layerdiff.tensors import dtype_name, flat
 from layerdiff.torch import _backward, _baseline
 from layerdiff.torch._backward import Pass, input_layer
-from layerdiff.torch._capture import _first_tensor, capture
+from layerdiff.torch._capture import _first_tensor, capture, module_readers
+from layerdiff.torch._gradients import completed, float64_gradients, side_gradients, summed
 from layerdiff.torch._lockstep import diverging_modules
 from layerdiff.torch._sides import _WORDS, TorchSide, cuda_math
-
-# GradScaler's first scale and its back-off on a step with non-finite gradients.
-_INIT_SCALE, _BACKOFF = 2.0**16, 0.5
 
 
 def compare_gradients(
@@ -104,9 +100,9 @@ def compare_gradients(
         diverging: list[str] = []
         for _ in range(3):
             step(f"forward and backward on the reference ({ref_side.spelling})")
-            ref = _side_gradients(model, inputs, ref_side, cotangent, whole, "the reference")
+            ref = side_gradients(model, inputs, ref_side, cotangent, whole, "the reference")
             step(f"forward and backward on the target ({tgt_side.spelling})")
-            tgt = _side_gradients(model, inputs, tgt_side, cotangent, whole, "the target")
+            tgt = side_gradients(model, inputs, tgt_side, cotangent, whole, "the target")
             found = diverging_modules(list(ref.calls.values()), list(tgt.calls.values()))
             if not found or set(found) <= set(diverging):
                 break
@@ -125,7 +121,7 @@ def compare_gradients(
         if options.float64:
             step("forward and backward in float64 (the truth)")
             try:
-                truth = _float64_gradients(model, inputs, cotangent, whole)
+                truth = float64_gradients(model, inputs, cotangent, whole)
             except Exception as e:  # compared without it, and said so
                 lost = f"no float64 truth: the float64 copy failed ({type(e).__name__}: {e})"
         # A parameter the target's forward does not use has no gradient there: zero, and said.
@@ -277,13 +273,13 @@ class _Gradients:
             if len(reference_parts) == len(local_parts) and key in self.ref.grads:
                 covered = sum(p.double() for p in reference_parts)
                 rest = self.ref.grads[key].double() - covered.to(self.ref.grads[key].device)
-            self.local[key] = _completed(local_parts, rest, held)
+            self.local[key] = completed(local_parts, rest, held)
             if exact_parts and len(exact_parts) == len(local_parts):
                 # gradients from several calls: each one's ideal gradient, rounded as the
                 # target holds it, added up (the accumulation's rounding is the baseline's)
                 if len(exact_parts) > 1:
                     exact_parts = [_baseline.rounded(x.to(held), None) for x in exact_parts]
-                self.exact[key] = _sum(exact_parts) + (
+                self.exact[key] = summed(exact_parts) + (
                     rest.cpu() if isinstance(rest, torch.Tensor) else rest
                 )
                 # the grid is the narrower of what the backward computes in and what the
@@ -394,7 +390,7 @@ class _Gradients:
             if (k in self.ref.grads or k in self.values) and k not in same
         ]  # fmt: skip
         index = {k: i for i, k in enumerate(order)}
-        readers = _readers(listed)
+        readers = module_readers(listed)
         calls_of: dict[str, list[str]] = {}
         for name, call in self.ref.calls.items():
             calls_of.setdefault(call.module, []).append(name)
@@ -477,85 +473,6 @@ def _no_own_error(key: str) -> str:
         "its module computes it outside any module call whose backward could be re-run alone "
         "(a parameter a parent module uses itself)"
     )
-
-
-def _sum(parts: list[torch.Tensor]) -> torch.Tensor:
-    """The gradients of one tensor from several calls, added up as backward accumulates them
-    (in float32 or wider, then in the first part's dtype)."""
-    if len(parts) == 1:
-        return parts[0]
-    wide = torch.promote_types(parts[0].dtype, torch.float32)
-    total = sum(p.to(wide) for p in parts)
-    return total.to(parts[0].dtype)
-
-
-def _completed(parts: list[torch.Tensor], rest, held: torch.dtype) -> torch.Tensor:
-    """A gradient's own value: its calls' parts added up as backward does, plus `rest` (the
-    reference's share from computation outside module calls), in the dtype it is held in."""
-    total = _sum(parts)
-    if not isinstance(rest, torch.Tensor):
-        return total
-    return (total.double() + rest.to(total.device)).to(held)
-
-
-def _readers(listed) -> dict[str, list[str]]:
-    """For each module call of the listing, the module calls that read its output, through the
-    functional calls between modules (they have no backward of their own here)."""
-    direct: dict[int, list[int]] = {}
-    for i, layer in enumerate(listed):
-        for j in layer.inputs_from:
-            direct.setdefault(j, []).append(i)
-
-    def module_readers(i: int, seen: set) -> list[str]:
-        found = []
-        for j in direct.get(i, []):
-            if j in seen:
-                continue
-            seen.add(j)
-            if listed[j].op is None:
-                found.append(listed[j].name)
-            else:
-                found += module_readers(j, seen)
-        return found
-
-    return {
-        layer.name: module_readers(i, set()) for i, layer in enumerate(listed) if layer.op is None
-    }
-
-
-def _side_gradients(model, inputs, side: TorchSide, cotangent, whole, which: str) -> Pass:
-    """`_gradients`, with the side's own failure said as bad input, naming the side."""
-    try:
-        return _gradients(model, inputs, side, cotangent, whole)
-    except _layerdiff.LayerdiffError:
-        raise
-    except Exception as e:
-        raise _layerdiff.InputError(
-            f"{which} `{side.spelling}` could not compute the gradients: {type(e).__name__}: {e}"
-        ) from e
-
-
-def _gradients(model, inputs, side: TorchSide, cotangent, whole) -> Pass:
-    """The side's gradients of the loss, from its own copy of the model; in float16, the loss
-    scaled as GradScaler does and the gradients unscaled in float32."""
-    copied, given = side.prepare(model, inputs, whole)
-    scale = _INIT_SCALE if side.precision in ("fp16", "amp-fp16") else 1.0
-    skipped = 0
-    while True:
-        found = _backward.backward(copied, given, side.running, cotangent, scale, whole)
-        if scale == 1.0 or all(bool(torch.isfinite(g).all()) for g in found.grads.values()):
-            break
-        scale *= _BACKOFF
-        skipped += 1
-    found.skipped = skipped
-    return found
-
-
-def _float64_gradients(model, inputs, cotangent, whole) -> Pass:
-    """The gradients of a float64 copy of the model: the numerical truth."""
-    wide = tuple(t.double() if t.is_floating_point() else t for t in inputs)
-    copied = copy.deepcopy(model).double()
-    return _backward.backward(copied, wide, torch.enable_grad, cotangent.double(), whole=whole)
 
 
 def _how(found: Pass, loss: str) -> str:

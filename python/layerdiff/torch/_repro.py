@@ -366,7 +366,7 @@ def write_grad_repro(model, inputs, report, sides, loss: str, seed: int, folder,
     """Writes the repro of a `layerdiff grad` report's headline gradient: the backward alone of
     the module call that computes it (a parameter's module, or the call whose input gradient it
     is), for the output gradient the whole reference backward gave that call, on both sides."""
-    from layerdiff.torch import _backward, _grad
+    from layerdiff.torch import _backward, _gradients
     from layerdiff.torch._capture import capture
 
     ref_side, tgt_side = sides
@@ -385,8 +385,8 @@ def write_grad_repro(model, inputs, report, sides, loss: str, seed: int, folder,
         torch.randn(out.shape, generator=generator) if loss == "dot" else torch.ones(out.shape)
     )
     whole = frozenset(capture(model, inputs).self_computing)
-    ref = _grad._side_gradients(model, inputs, ref_side, cotangent, whole, "the reference")
-    tgt = _grad._side_gradients(model, inputs, tgt_side, cotangent, whole, "the target")
+    ref = _gradients.side_gradients(model, inputs, ref_side, cotangent, whole, "the reference")
+    tgt = _gradients.side_gradients(model, inputs, tgt_side, cotangent, whole, "the target")
     if name.endswith(":input"):
         call = ref.calls.get(name.removesuffix(":input"))
         of = "input"

@@ -1,0 +1,71 @@
+"""Each side's gradients of the loss, from its own copy of the model: in float16 with the loss
+scaled as `torch.amp.GradScaler` does, and the float64 truth; and a tensor's gradient added up
+from several calls' parts as backward accumulates them."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from layerdiff import _layerdiff
+from layerdiff.torch import _backward
+from layerdiff.torch._backward import Pass
+from layerdiff.torch._sides import TorchSide
+
+# GradScaler's first scale and its back-off on a step with non-finite gradients.
+_INIT_SCALE, _BACKOFF = 2.0**16, 0.5
+
+
+def side_gradients(model, inputs, side: TorchSide, cotangent, whole, which: str) -> Pass:
+    """`_gradients`, with the side's own failure said as bad input, naming the side."""
+    try:
+        return _gradients(model, inputs, side, cotangent, whole)
+    except _layerdiff.LayerdiffError:
+        raise
+    except Exception as e:
+        raise _layerdiff.InputError(
+            f"{which} `{side.spelling}` could not compute the gradients: {type(e).__name__}: {e}"
+        ) from e
+
+
+def _gradients(model, inputs, side: TorchSide, cotangent, whole) -> Pass:
+    """The side's gradients of the loss, from its own copy of the model; in float16, the loss
+    scaled as GradScaler does and the gradients unscaled in float32."""
+    copied, given = side.prepare(model, inputs, whole)
+    scale = _INIT_SCALE if side.precision in ("fp16", "amp-fp16") else 1.0
+    skipped = 0
+    while True:
+        found = _backward.backward(copied, given, side.running, cotangent, scale, whole)
+        if scale == 1.0 or all(bool(torch.isfinite(g).all()) for g in found.grads.values()):
+            break
+        scale *= _BACKOFF
+        skipped += 1
+    found.skipped = skipped
+    return found
+
+
+def float64_gradients(model, inputs, cotangent, whole) -> Pass:
+    """The gradients of a float64 copy of the model: the numerical truth."""
+    wide = tuple(t.double() if t.is_floating_point() else t for t in inputs)
+    copied = copy.deepcopy(model).double()
+    return _backward.backward(copied, wide, torch.enable_grad, cotangent.double(), whole=whole)
+
+
+def summed(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The gradients of one tensor from several calls, added up as backward accumulates them
+    (in float32 or wider, then in the first part's dtype)."""
+    if len(parts) == 1:
+        return parts[0]
+    wide = torch.promote_types(parts[0].dtype, torch.float32)
+    total = sum(p.to(wide) for p in parts)
+    return total.to(parts[0].dtype)
+
+
+def completed(parts: list[torch.Tensor], rest, held: torch.dtype) -> torch.Tensor:
+    """A gradient's own value: its calls' parts added up as backward does, plus `rest` (the
+    reference's share from computation outside module calls), in the dtype it is held in."""
+    total = summed(parts)
+    if not isinstance(rest, torch.Tensor):
+        return total
+    return (total.double() + rest.to(total.device)).to(held)
