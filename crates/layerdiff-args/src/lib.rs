@@ -16,8 +16,8 @@ use layerdiff_flow::inputs::InputPlan;
 use layerdiff_flow::onnx_flow::OnnxOptions;
 use layerdiff_flow::output::Destinations;
 use layerdiff_flow::providers::ProvidersOptions;
-use layerdiff_flow::target::TargetSpec;
-use layerdiff_flow::torch_side::TorchSpec;
+use layerdiff_flow::spec::target::TargetSpec;
+use layerdiff_flow::spec::torch::TorchSpec;
 use layerdiff_runtime::{Isolation, OptLevel, Provider, RuntimeSpec};
 
 mod torch;

@@ -22,10 +22,10 @@ use crate::baseline::HandedBaseline;
 use crate::inputs::{check_inputs, unread_inputs};
 use crate::memory::Segmentation;
 use crate::memory::budget;
-use crate::shipped::{Renames, prepare_target};
-use crate::target::TargetSpec;
+use crate::sides::graph::shipped::{Renames, prepare_target};
+use crate::spec::target::TargetSpec;
+use crate::spec::torch::TorchSpec;
 use crate::timings::{OWN, RUNTIME, Stopwatch};
-use crate::torch_side::TorchSpec;
 use crate::value_pairing::{pair_by_values, unrecognised_from};
 use crate::{
     Alignment, Baseline, Computing, Engine, Error, GraphSide, Header, PushedSide, RelaidSide,

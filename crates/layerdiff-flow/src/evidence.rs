@@ -294,7 +294,7 @@ pub fn model_weight_check(
     if !matches!(check, WeightCheck::Differs(_)) || !flipped {
         return Some(check);
     }
-    let transposed = crate::pushed_side::transpose_2d(theirs.view());
+    let transposed = crate::sides::pushed::transpose_2d(theirs.view());
     match check_weight(name, transposed.view(), weight, false, half_step) {
         WeightCheck::Differs(_) => Some(check),
         matched => Some(matched),

@@ -12,7 +12,7 @@ use layerdiff_runtime::{Isolation, PerNode, Runtime, RuntimeSpec, Widened};
 
 use crate::inputs::{InputPlan, check_inputs, fit_inputs, generate_inputs, read_inputs};
 use crate::output::{Destinations, deliver, exit_code};
-use crate::shipped::prepare_target;
+use crate::sides::graph::shipped::prepare_target;
 use crate::timings::{OWN, RUNTIME, Stopwatch};
 use crate::{
     Alignment, Baseline, Engine, Error, ExpectedSide, FallbackSide, GraphBaseline, GraphSide,
@@ -289,7 +289,7 @@ fn compare_once(
     };
     check_inputs(&target_file_index, &target_inputs)?;
 
-    let mut renames = crate::shipped::Renames::default();
+    let mut renames = crate::sides::graph::shipped::Renames::default();
     let target_holds = target_expected.as_ref().map(ExpectedSide::names);
     // The graph the target runs (optimized, where its runtime optimizes), to align with.
     let (target, target_graph): (Box<dyn Side>, GraphIndex) =

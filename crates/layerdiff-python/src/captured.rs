@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use layerdiff_core::{DType, SideInfo, TensorView, Timing};
 use layerdiff_flow::Computing;
 use layerdiff_flow::captured::{self, CapturedComparison, CapturedTarget, Handed};
-use layerdiff_flow::target::TargetSpec;
+use layerdiff_flow::spec::target::TargetSpec;
 use layerdiff_flow::timings::Stopwatch;
 use pyo3::prelude::*;
 

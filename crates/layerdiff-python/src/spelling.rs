@@ -1,7 +1,7 @@
 //! Spellings the API takes as the command line does: a side (`torch:cuda:bf16`, `ort:opt=all`),
 //! and an option's choice, each parsed by the one parser every door uses.
 
-use layerdiff_flow::target::TargetSpec;
+use layerdiff_flow::spec::target::TargetSpec;
 use pyo3::prelude::*;
 
 use crate::exceptions;

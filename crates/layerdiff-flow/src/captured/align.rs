@@ -53,7 +53,7 @@ pub(super) fn onnx_target(
         None => Vec::new(),
     };
     let mut mappings = scoped.finish(model.graph(), &calls, by_values);
-    // An optimizing runtime is measured on the graph it optimized (see crate::shipped):
+    // An optimizing runtime is measured on the graph it optimized (see crate::sides::graph::shipped):
     // layers are mapped on the file, then found in that graph or explained.
     let target = prepare_target(&model, None, runtime, &c.inputs, clock)?;
     if target.shipped.is_some() {

@@ -8,7 +8,7 @@ use super::*;
 pub(super) fn align(
     reference: &Model,
     target: &GraphIndex,
-    renames: &crate::shipped::Renames,
+    renames: &crate::sides::graph::shipped::Renames,
     provides: &dyn Fn(&str, Option<&str>) -> bool,
 ) -> Alignment {
     let pairings: Vec<Pairing> = pair_values(reference, target, &renames.blocked)

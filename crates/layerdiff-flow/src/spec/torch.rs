@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use crate::target::TargetSpec;
+use crate::spec::target::TargetSpec;
 
 /// The precision a PyTorch side computes in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

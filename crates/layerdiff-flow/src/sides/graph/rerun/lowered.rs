@@ -4,8 +4,8 @@
 use layerdiff_core::{DType, Tensor};
 use layerdiff_onnx::NodeExt;
 
-use crate::graph_side::GraphSide;
 use crate::side::Group;
+use crate::sides::graph::GraphSide;
 
 impl GraphSide {
     /// How the group lowers precision: quantization, or, below the dtype the reference computes

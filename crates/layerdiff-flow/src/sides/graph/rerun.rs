@@ -9,8 +9,8 @@ use layerdiff_core::{DType, Evidence, Tensor};
 use layerdiff_onnx::{NodeExt, extract_nodes, local_group};
 
 use crate::evidence::{WeightCheckFn, node_member};
-use crate::graph_side::GraphSide;
 use crate::side::{Group, Member, Recompute};
+use crate::sides::graph::GraphSide;
 
 mod lowered;
 mod quantized;

@@ -1,8 +1,8 @@
 //! A side that computes an ONNX graph's values with a runtime (ONNX Runtime, tract): in
 //! segments of nodes fed from its own earlier values, or whole with the values compared made
-//! outputs in place. It can re-run a group of its nodes on given values ([`crate::rerun`]).
+//! outputs in place. It can re-run a group of its nodes on given values ([`rerun`]).
 //! When its runtime optimized the file first, it runs the graph that ships and accounts for it
-//! ([`crate::shipped`]).
+//! ([`shipped`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,10 +15,14 @@ use layerdiff_runtime::Runtime;
 use crate::evidence::{WeightCheck, model_counterpart, model_weight_check};
 use crate::memory::value_sizes;
 use crate::plan::{Dataflow, Part, PlanSide};
-use crate::shipped::{Placement, Renames, Shipped};
 use crate::side::{Member, Recompute, Side, Values};
 use crate::timings::{OWN, RUNTIME, Stopwatch};
 use crate::{Error, Result};
+
+mod rerun;
+pub mod shipped;
+
+use shipped::{Placement, Renames, Shipped};
 
 /// An ONNX graph's nodes are the steps the planner orders its segments by.
 impl Dataflow for GraphIndex {

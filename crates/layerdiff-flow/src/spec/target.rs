@@ -5,8 +5,8 @@
 
 use layerdiff_runtime::RuntimeSpec;
 
-use crate::keras_side::KerasSpec;
-use crate::torch_side::TorchSpec;
+use crate::spec::keras::KerasSpec;
+use crate::spec::torch::TorchSpec;
 
 /// The target of a framework's model.
 #[derive(Debug, Clone, PartialEq, Eq)]
