@@ -18,10 +18,10 @@ use layerdiff_core::{DType, Layer, Location, Report, SideInfo, Tensor, TensorVie
 use layerdiff_onnx::{GraphIndex, LayerCall, LayerMapping, Model, ScopeMapping};
 use layerdiff_runtime::RuntimeSpec;
 
-use crate::baseline::HandedBaseline;
+use crate::engine::baseline::HandedBaseline;
+use crate::engine::memory::Segmentation;
+use crate::engine::memory::budget;
 use crate::inputs::{check_inputs, unread_inputs};
-use crate::memory::Segmentation;
-use crate::memory::budget;
 use crate::sides::graph::shipped::{Renames, prepare_target};
 use crate::spec::target::TargetSpec;
 use crate::spec::torch::TorchSpec;

@@ -12,19 +12,26 @@ use layerdiff_core::{
     explain, judge, keep_float32, lower_precision_of, nothing_compared, summarise,
 };
 
-use crate::baseline::Baseline;
-use crate::evidence::disagreement;
-use crate::memory::Segmentation;
-use crate::memory::budget;
-use crate::pairs::{Exact, Pairs};
-use crate::plan::{Plan, PlannedLayer, plan};
-use crate::side::{Group, Side};
 use crate::timings::{OWN, RUNTIME, Stopwatch};
 use crate::{Error, Result};
 
+pub(crate) mod baseline;
+pub(crate) mod evidence;
 mod finish;
+pub(crate) mod group;
+pub mod memory;
+pub(crate) mod pairs;
+pub(crate) mod plan;
 mod segment;
+pub(crate) mod side;
+
+use baseline::Baseline;
+use evidence::disagreement;
+use memory::{Segmentation, budget};
+use pairs::{Exact, Pairs};
+use plan::{Plan, PlannedLayer, plan};
 use segment::segments_warning;
+use side::{Group, Side};
 
 /// Which value of each side every layer is, as alignment found it.
 pub struct Alignment {
@@ -73,7 +80,7 @@ pub struct Settings {
     /// it on the reference's values).
     pub local: bool,
     /// The most bytes of values to hold at once (`None`: what keeps the whole process within
-    /// half the memory it could use at start, see [`crate::memory::DefaultBudget`]): it
+    /// half the memory it could use at start, see [`memory::DefaultBudget`]): it
     /// decides how the run is split into segments, never its numbers.
     pub max_memory: Option<u64>,
 }
@@ -124,7 +131,7 @@ pub struct Engine<R: Side, T: Side, F: Side = Box<dyn Side>> {
     done: usize,
     /// The target already ran the whole graph, this part of it (see
     /// [`Engine::run_target_ahead`]).
-    target_ahead: Option<crate::plan::Part>,
+    target_ahead: Option<plan::Part>,
     /// Exceeding layers whose target value awaits its second runs, with that value (a target
     /// that ran ahead runs them at the end).
     deferred: Vec<(usize, String, Tensor)>,
@@ -236,7 +243,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         let default = settings
             .max_memory
             .is_none()
-            .then(crate::memory::DefaultBudget::now)
+            .then(memory::DefaultBudget::now)
             .flatten();
         let weights = [&reference_view, &target_view]
             .iter()
@@ -260,18 +267,18 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         };
         // A budget given that the run cut as finely as it can still exceeds cannot be kept: say
         // so before running, with where and how much it needs.
-        let finest = settings.max_memory.and_then(|_| {
-            crate::plan::plan(&reference_view, &target_view, &planned, Some(0)).over_budget
-        });
+        let finest = settings
+            .max_memory
+            .and_then(|_| plan::plan(&reference_view, &target_view, &planned, Some(0)).over_budget);
         if let (Some(given), Some((value, needs))) = (settings.max_memory, &finest)
             && needs > &given
         {
             return Err(Error::Memory(format!(
                 "--max-memory {} is too small: the run cannot be cut finer than at `{}`, which holds {} of values at once (both sides' values there, and those still needed after it)\nhint: give --max-memory {} or more, or leave it out (half the memory available)",
-                crate::memory::bytes_text(given),
+                memory::bytes_text(given),
                 layer_of(value),
-                crate::memory::bytes_text(*needs),
-                crate::memory::bytes_text(needs.next_power_of_two()).replace(' ', ""),
+                memory::bytes_text(*needs),
+                memory::bytes_text(needs.next_power_of_two()).replace(' ', ""),
             )));
         }
         // The default budget (from half the memory available) is not refused, only warned of: the
@@ -279,9 +286,9 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         let over_default_budget = match (settings.max_memory, &plan.over_budget, kept_to) {
             (None, Some((value, needs)), Some(left)) => Some(format!(
                 "the run holds about {} of values at once at `{}`, more than the {} that half the memory available leaves them: it may run out of memory",
-                crate::memory::bytes_text(*needs),
+                memory::bytes_text(*needs),
                 layer_of(value),
-                crate::memory::bytes_text(left),
+                memory::bytes_text(left),
             )),
             _ => None,
         };
@@ -294,7 +301,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             (plan.segments.len() == 1 && n > 0 && target.has_layers(n) && !reference.has_layers(n))
                 .then(|| {
                     let stream = kept_to.map_or(STREAM, |b| b.min(STREAM));
-                    crate::plan::plan(&reference_view, &target_view, &planned, Some(stream))
+                    plan::plan(&reference_view, &target_view, &planned, Some(stream))
                 });
         drop((planned, reference_view, target_view));
         let mut truth = truth;
@@ -323,7 +330,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             reference_of,
             target_of,
             groups,
-            reported: crate::memory::Segmentation {
+            reported: memory::Segmentation {
                 process: default.map(|d| d.process),
                 ..plan.segmentation()
             },
@@ -368,7 +375,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             return Ok(());
         }
         let part = whole.target.clone();
-        crate::memory::give_back_freed();
+        memory::give_back_freed();
         self.target
             .produce(&part, true, &mut self.clock, "target run")?;
         self.target_ahead = Some(part);

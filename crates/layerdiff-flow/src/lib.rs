@@ -9,38 +9,31 @@
 //! [`captured`] (PyTorch's layers against the model's ONNX export).
 
 pub mod audit;
-mod baseline;
 pub mod bisect;
 pub mod captured;
 pub mod check;
 mod engine;
 mod error;
-mod evidence;
-mod group;
 pub mod inputs;
 pub mod interrupt;
-pub mod memory;
 pub mod onnx_flow;
 pub mod ops;
 pub mod output;
-mod pairs;
-mod plan;
 pub mod progress;
 pub mod providers;
 pub mod reduce;
-mod side;
 pub mod sides;
 pub mod spec;
 pub mod timings;
 mod value_pairing;
 
-pub use baseline::{Baseline, GraphBaseline, HandedBaseline};
+pub use engine::baseline::{Baseline, GraphBaseline, HandedBaseline};
+pub use engine::evidence::{WeightCheck, WeightCheckFn};
+pub use engine::memory::{self, Segmentation};
+pub use engine::plan::{Dataflow, Part, PlanSide};
+pub use engine::side::{Group, Member, Own, Receive, Recompute, Side, Values};
 pub use engine::{Alignment, Engine, Header, Settings, Shared};
 pub use error::{Error, Result, error_chain};
-pub use evidence::{WeightCheck, WeightCheckFn};
-pub use memory::Segmentation;
-pub use plan::{Dataflow, Part, PlanSide};
-pub use side::{Group, Member, Own, Receive, Recompute, Side, Values};
 pub use sides::expected::ExpectedSide;
 pub use sides::fallback::FallbackSide;
 pub use sides::graph::GraphSide;

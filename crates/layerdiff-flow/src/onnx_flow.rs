@@ -218,7 +218,7 @@ fn compare_once(
     // What differs between the two files, read from both: reported whatever the values show.
     let differences = target_model
         .as_ref()
-        .map(|t| crate::evidence::file_differences(&reference_model, t))
+        .map(|t| crate::engine::evidence::file_differences(&reference_model, t))
         .unwrap_or_default();
     let mut removed = std::collections::HashSet::new();
     if !lacks.is_empty() {

@@ -246,7 +246,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         // After the last segment nothing takes memory again (but a target's deferred second
         // runs): handing it back would only cost time, 40 ms of a ResNet-50 run.
         if self.done + 1 < self.plan.segments.len() || !self.deferred.is_empty() {
-            crate::memory::give_back_freed();
+            crate::engine::memory::give_back_freed();
         }
         self.done += 1;
         Ok(())
@@ -261,7 +261,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             return;
         }
         let deferred = std::mem::take(&mut self.deferred);
-        crate::memory::give_back_freed();
+        crate::engine::memory::give_back_freed();
         let whole = self
             .target_ahead
             .as_ref()
@@ -281,7 +281,10 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
 /// The values of `part` among `values`, each once, in the part's order: what second runs hand
 /// back (a value several layers share is asked for once; one an earlier part produced is not
 /// this part's to hand back).
-fn kept<'a>(part: &crate::plan::Part, values: impl Iterator<Item = &'a String>) -> Vec<String> {
+fn kept<'a>(
+    part: &crate::engine::plan::Part,
+    values: impl Iterator<Item = &'a String>,
+) -> Vec<String> {
     let wanted: std::collections::HashSet<&String> = values.collect();
     part.outputs
         .iter()
@@ -317,7 +320,7 @@ mod tests {
 
     #[test]
     fn second_runs_ask_for_each_value_of_the_part_once() {
-        let part = crate::plan::Part {
+        let part = crate::engine::plan::Part {
             outputs: vec!["a".into(), "b".into(), "c".into()],
             ..Default::default()
         };

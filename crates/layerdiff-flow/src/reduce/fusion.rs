@@ -71,10 +71,12 @@ pub fn inside_fusion(
         }
         let tried = pieces.run(&[n], &value, layer.tolerance)?;
         if tried.multiple > 1.0 {
-            let member = crate::evidence::node_member(&pieces.target_model().graph().node[n]);
-            let attributes = crate::evidence::model_counterpart(pieces.reference_model(), &member)
-                .map(|theirs| member.changes_from(&theirs))
-                .unwrap_or_default();
+            let member =
+                crate::engine::evidence::node_member(&pieces.target_model().graph().node[n]);
+            let attributes =
+                crate::engine::evidence::model_counterpart(pieces.reference_model(), &member)
+                    .map(|theirs| member.changes_from(&theirs))
+                    .unwrap_or_default();
             let weights = node_weights(pieces.target_model(), pieces.reference_model(), n);
             return Ok(Some((
                 layer.name.clone(),
@@ -108,7 +110,7 @@ fn node_weights(target: &Model, reference: &Model, n: usize) -> Vec<String> {
         if !weight.dtype.is_float() {
             continue;
         }
-        let check = crate::evidence::model_weight_check(
+        let check = crate::engine::evidence::model_weight_check(
             reference,
             node.name(),
             position,
@@ -116,7 +118,7 @@ fn node_weights(target: &Model, reference: &Model, n: usize) -> Vec<String> {
             weight.view(),
             None,
         );
-        if let Some(crate::evidence::WeightCheck::Differs(text)) = check {
+        if let Some(crate::engine::evidence::WeightCheck::Differs(text)) = check {
             differ.push(text);
         }
     }

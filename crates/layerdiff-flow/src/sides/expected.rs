@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use layerdiff_core::{DType, SideInfo, Summary, Tensor, TensorView, read_npz, read_safetensors};
 use layerdiff_onnx::{GraphIndex, Model, read_test_data};
 
-use crate::evidence::{WeightCheck, model_counterpart, model_weight_check};
-use crate::memory::value_sizes;
-use crate::plan::{Part, PlanSide};
-use crate::side::{Member, Side, Values};
+use crate::engine::evidence::{WeightCheck, model_counterpart, model_weight_check};
+use crate::engine::memory::value_sizes;
+use crate::engine::plan::{Part, PlanSide};
+use crate::engine::side::{Member, Side, Values};
 use crate::timings::Stopwatch;
 use crate::{Error, Result};
 

@@ -4,8 +4,8 @@
 
 use layerdiff_core::{DType, SideInfo, Summary, Tensor};
 
-use crate::plan::{Part, PlanSide};
-use crate::side::Side;
+use crate::engine::plan::{Part, PlanSide};
+use crate::engine::side::Side;
 use crate::timings::Stopwatch;
 use crate::{Error, GraphSide, Result};
 

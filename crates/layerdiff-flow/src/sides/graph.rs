@@ -12,10 +12,10 @@ use layerdiff_core::{SideInfo, Summary, TargetGraph, Tensor, TensorView};
 use layerdiff_onnx::{GraphIndex, Model, expose_values, extract_nodes};
 use layerdiff_runtime::Runtime;
 
-use crate::evidence::{WeightCheck, model_counterpart, model_weight_check};
-use crate::memory::value_sizes;
-use crate::plan::{Dataflow, Part, PlanSide};
-use crate::side::{Member, Recompute, Side, Values};
+use crate::engine::evidence::{WeightCheck, model_counterpart, model_weight_check};
+use crate::engine::memory::value_sizes;
+use crate::engine::plan::{Dataflow, Part, PlanSide};
+use crate::engine::side::{Member, Recompute, Side, Values};
 use crate::timings::{OWN, RUNTIME, Stopwatch};
 use crate::{Error, Result};
 
@@ -71,8 +71,9 @@ pub struct GraphSide {
 /// runtime (only such layers ask, so a clean run never makes it).
 pub(crate) struct AsWritten {
     ort_library: Option<std::path::PathBuf>,
-    pub(crate) copy:
-        std::sync::OnceLock<std::result::Result<Box<crate::baseline::GraphBaseline>, String>>,
+    pub(crate) copy: std::sync::OnceLock<
+        std::result::Result<Box<crate::engine::baseline::GraphBaseline>, String>,
+    >,
 }
 
 impl GraphSide {
@@ -119,10 +120,10 @@ impl GraphSide {
     /// asked for).
     pub(crate) fn written_copy(
         &self,
-    ) -> Option<std::result::Result<&crate::baseline::GraphBaseline, String>> {
+    ) -> Option<std::result::Result<&crate::engine::baseline::GraphBaseline, String>> {
         let asked = self.as_written.as_ref()?;
         let copy = asked.copy.get_or_init(|| {
-            crate::baseline::GraphBaseline::new(&self.model, asked.ort_library.as_deref())
+            crate::engine::baseline::GraphBaseline::new(&self.model, asked.ort_library.as_deref())
                 .map(Box::new)
                 .map_err(|e| crate::error_chain(&e))
         });

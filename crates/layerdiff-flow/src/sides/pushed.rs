@@ -11,9 +11,9 @@ use std::time::Duration;
 use layerdiff_core::{DType, Evidence, SideInfo, Summary, Tensor, TensorView};
 
 use crate::Result;
-use crate::evidence::{WeightCheck, WeightCheckFn, check_weight};
-use crate::plan::{Part, PlanSide};
-use crate::side::{Group, Member, Own, Receive, Recompute, Side};
+use crate::engine::evidence::{WeightCheck, WeightCheckFn, check_weight};
+use crate::engine::plan::{Part, PlanSide};
+use crate::engine::side::{Group, Member, Own, Receive, Recompute, Side};
 use crate::timings::Stopwatch;
 
 /// What a side whose values are handed over knows of how it computes each layer, for local
@@ -224,12 +224,14 @@ impl Side for PushedSide {
             .collect();
         parameter_check(name, &own, weight, half_step).or_else(|| {
             let export = self.export.as_ref()?;
-            crate::evidence::model_weight_check(export, node, position, name, weight, half_step)
+            crate::engine::evidence::model_weight_check(
+                export, node, position, name, weight, half_step,
+            )
         })
     }
 
     fn counterpart(&self, member: &Member) -> Option<Member> {
-        crate::evidence::model_counterpart(self.export.as_ref()?, member)
+        crate::engine::evidence::model_counterpart(self.export.as_ref()?, member)
     }
 
     fn recompute(&self) -> Option<&dyn Recompute> {

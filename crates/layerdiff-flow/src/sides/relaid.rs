@@ -17,9 +17,9 @@ use layerdiff_core::{
 };
 
 use crate::Result;
-use crate::evidence::{WeightCheck, WeightCheckFn};
-use crate::plan::{Part, PlanSide};
-use crate::side::{Group, Member, Receive, Recompute, Side};
+use crate::engine::evidence::{WeightCheck, WeightCheckFn};
+use crate::engine::plan::{Part, PlanSide};
+use crate::engine::side::{Group, Member, Receive, Recompute, Side};
 use crate::timings::Stopwatch;
 
 /// The permutation that takes a channels-first value to channels-last (`[0, 2, 3, 1]` for a

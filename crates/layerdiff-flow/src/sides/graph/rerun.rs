@@ -8,8 +8,8 @@ use std::time::Duration;
 use layerdiff_core::{DType, Evidence, Tensor};
 use layerdiff_onnx::{NodeExt, extract_nodes, local_group};
 
-use crate::evidence::{WeightCheckFn, node_member};
-use crate::side::{Group, Member, Recompute};
+use crate::engine::evidence::{WeightCheckFn, node_member};
+use crate::engine::side::{Group, Member, Recompute};
 use crate::sides::graph::GraphSide;
 
 mod lowered;

@@ -18,7 +18,7 @@ use layerdiff_onnx::{Model, restore_renamed};
 use layerdiff_runtime::{Optimized, Runtime};
 
 use crate::Result;
-use crate::side::Values;
+use crate::engine::side::Values;
 use crate::timings::{RUNTIME, Stopwatch};
 
 /// The target a run measures, and what it took to get there.

@@ -4,7 +4,7 @@
 use layerdiff_core::{DType, Tensor};
 use layerdiff_onnx::NodeExt;
 
-use crate::side::Group;
+use crate::engine::side::Group;
 use crate::sides::graph::GraphSide;
 
 impl GraphSide {

@@ -11,8 +11,8 @@ use layerdiff_core::{
 };
 
 use crate::Shared;
-use crate::evidence::fit;
-use crate::side::{Group, Recompute, Side};
+use crate::engine::evidence::fit;
+use crate::engine::side::{Group, Recompute, Side};
 
 /// One layer's local re-run: its index, the target's output, and (where a baseline is
 /// measured) what it is judged against.
@@ -300,7 +300,7 @@ impl Pairs<'_> {
 
     /// What the baseline's exact computation of a layer is fed with in place of the reference
     /// value `n`: that value, and the dtype the target holds it in.
-    pub fn baseline_feed(&self, n: &str) -> crate::baseline::Fed<'_> {
+    pub fn baseline_feed(&self, n: &str) -> crate::engine::baseline::Fed<'_> {
         if let Some((_, t)) = self.inputs.iter().find(|(name, _)| name == n) {
             let held = self.target.dtype(n).unwrap_or(t.dtype);
             return Ok((t, held));

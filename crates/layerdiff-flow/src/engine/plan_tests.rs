@@ -1,7 +1,7 @@
 //! The segment planner's tests.
 
 use super::*;
-use crate::memory::value_sizes;
+use crate::engine::memory::value_sizes;
 use layerdiff_core::{DType, Tensor};
 use layerdiff_onnx::{GraphIndex, GraphProto, NodeProto, tensor_value_info};
 

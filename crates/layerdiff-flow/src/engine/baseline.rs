@@ -19,7 +19,7 @@ use layerdiff_core::{DType, Tensor};
 use layerdiff_onnx::{Model, to_float64_lazy};
 use layerdiff_runtime::PerNode;
 
-use crate::side::{Group, Recompute, Side};
+use crate::engine::side::{Group, Recompute, Side};
 use crate::{GraphSide, PushedSide, Result};
 
 /// Where the layers' exact values on rounded inputs come from.

@@ -11,7 +11,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
-use crate::memory::Segmentation;
+use crate::engine::memory::Segmentation;
 
 /// What one side runs in one segment.
 #[derive(Debug, Clone, Default, PartialEq)]

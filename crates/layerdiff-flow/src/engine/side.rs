@@ -12,9 +12,9 @@ use layerdiff_core::{
 };
 
 use crate::Result;
-use crate::evidence::{WeightCheck, WeightCheckFn};
-pub use crate::group::{Group, Member};
-use crate::plan::{Part, PlanSide};
+use crate::engine::evidence::{WeightCheck, WeightCheckFn};
+pub use crate::engine::group::{Group, Member};
+use crate::engine::plan::{Part, PlanSide};
 use crate::timings::Stopwatch;
 
 /// One side of a comparison.

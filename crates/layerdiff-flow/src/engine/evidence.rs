@@ -5,7 +5,7 @@ use layerdiff_core::{DType, Tensor, TensorView, compare};
 use layerdiff_onnx::{Model, NodeExt, NodeProto, attribute_text};
 use rayon::prelude::*;
 
-use crate::group::Member;
+use crate::engine::group::Member;
 
 /// A weight differs when its max abs diff exceeds this fraction of its largest magnitude:
 /// above float32 rounding of a folded constant, far below any real edit.
