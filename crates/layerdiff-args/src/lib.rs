@@ -11,13 +11,13 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use layerdiff_core::{FailOn, Tolerance};
 use layerdiff_flow::Settings;
-use layerdiff_flow::audit::AuditOptions;
 use layerdiff_flow::inputs::InputPlan;
-use layerdiff_flow::onnx_flow::OnnxOptions;
 use layerdiff_flow::output::Destinations;
-use layerdiff_flow::providers::ProvidersOptions;
 use layerdiff_flow::spec::target::TargetSpec;
 use layerdiff_flow::spec::torch::TorchSpec;
+use layerdiff_flow::verbs::audit::AuditOptions;
+use layerdiff_flow::verbs::onnx::OnnxOptions;
+use layerdiff_flow::verbs::providers::ProvidersOptions;
 use layerdiff_runtime::{Isolation, OptLevel, Provider, RuntimeSpec};
 
 mod torch;
@@ -270,7 +270,7 @@ pub enum Dispatched {
 /// from `ort_library` (`None`: found as documented), and hands back the verbs that need a
 /// Python framework (PyTorch, TensorFlow).
 pub fn dispatch(argv: Vec<OsString>, ort_library: Option<&std::path::Path>) -> Dispatched {
-    use layerdiff_flow::{audit, onnx_flow, providers};
+    use layerdiff_flow::verbs::{audit, onnx, providers};
     if argv
         .get(1)
         .is_some_and(|a| a == layerdiff_runtime::WORKER_VERB)
@@ -286,7 +286,7 @@ pub fn dispatch(argv: Vec<OsString>, ort_library: Option<&std::path::Path>) -> D
     }
     let code = match parsed {
         Parsed::Exit(code) => code,
-        Parsed::Onnx(a) => onnx_flow::run(&a.options(), &a.report.destinations(), ort_library),
+        Parsed::Onnx(a) => onnx::run(&a.options(), &a.report.destinations(), ort_library),
         Parsed::Providers(a) => providers::run(&a.options(), &a.destinations(), ort_library),
         Parsed::Audit(a) => audit::run(&a.options(), &a.destinations(), ort_library),
         Parsed::Torch(a) => return Dispatched::Python(PythonVerb::Torch(a)),

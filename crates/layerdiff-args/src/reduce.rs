@@ -16,7 +16,7 @@ pub struct ReduceArgs {
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// The most nodes a repro may grow to when fewer do not show the difference (a fusion).
-    #[arg(long, value_name = "N", default_value_t = layerdiff_flow::reduce::MOST_NODES)]
+    #[arg(long, value_name = "N", default_value_t = layerdiff_flow::verbs::reduce::MOST_NODES)]
     pub nodes: usize,
     /// Print nothing but errors.
     #[arg(long, short)]
@@ -145,11 +145,11 @@ pub(crate) fn onnx(args: &ReduceArgs, recorded: &Recorded, ort_library: Option<&
         "running the report's command again: {}",
         recorded.invocation.text()
     ));
-    let outcome = match layerdiff_flow::onnx_flow::compare(&options, ort_library) {
+    let outcome = match layerdiff_flow::verbs::onnx::compare(&options, ort_library) {
         Ok(outcome) => outcome,
         Err(e) => return e.exit(),
     };
-    let headline = match layerdiff_flow::reduce::headline(&outcome.report) {
+    let headline = match layerdiff_flow::verbs::reduce::headline(&outcome.report) {
         Ok(layer) => layer.name.clone(),
         Err(why) => {
             say(&format!("no repro written: {why}"));
@@ -161,7 +161,7 @@ pub(crate) fn onnx(args: &ReduceArgs, recorded: &Recorded, ort_library: Option<&
             "note: the report's headline was `{before}`; run again here it is `{headline}`"
         ));
     }
-    match layerdiff_flow::reduce::onnx(
+    match layerdiff_flow::verbs::reduce::onnx(
         &options,
         &outcome.report,
         &outcome.inputs,

@@ -4,28 +4,21 @@
 //! analyse → report. A [`Side`] produces a model's values: [`GraphSide`] (an ONNX graph run
 //! by ONNX Runtime or tract), [`ExpectedSide`] (values read from a file) and [`PushedSide`]
 //! (values handed over as a framework computes them: PyTorch's forward hooks). The [`Engine`]
-//! runs the one loop over any two of them. Commands only build their sides and align them:
-//! [`onnx_flow`] (one ONNX model on two runtimes, or two versions of a model) and
-//! [`captured`] (PyTorch's layers against the model's ONNX export).
+//! runs the one loop over any two of them. The folders say the same: `engine` (the loop and
+//! what it holds), [`sides`] (what produces values), [`spec`] (how each side is spelled) and
+//! [`verbs`] (each command: it builds its sides and aligns them, e.g. [`verbs::onnx`], one ONNX
+//! model on two runtimes, and [`verbs::captured`], a framework's layers against its export).
 
-pub mod audit;
-pub mod bisect;
-pub mod captured;
-pub mod check;
 mod engine;
 mod error;
 pub mod inputs;
 pub mod interrupt;
-pub mod onnx_flow;
-pub mod ops;
 pub mod output;
 pub mod progress;
-pub mod providers;
-pub mod reduce;
 pub mod sides;
 pub mod spec;
 pub mod timings;
-mod value_pairing;
+pub mod verbs;
 
 pub use engine::baseline::{Baseline, GraphBaseline, HandedBaseline};
 pub use engine::evidence::{WeightCheck, WeightCheckFn};

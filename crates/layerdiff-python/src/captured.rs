@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use layerdiff_core::{DType, SideInfo, TensorView, Timing};
 use layerdiff_flow::Computing;
-use layerdiff_flow::captured::{self, CapturedComparison, CapturedTarget, Handed};
 use layerdiff_flow::spec::target::TargetSpec;
 use layerdiff_flow::timings::Stopwatch;
+use layerdiff_flow::verbs::captured::{self, CapturedComparison, CapturedTarget, Handed};
 use pyo3::prelude::*;
 
 use crate::Report;

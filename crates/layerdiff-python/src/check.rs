@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use layerdiff_args::CheckArgs;
 use layerdiff_core::Bound;
-use layerdiff_flow::check::{CheckReport, deliver};
 use layerdiff_flow::output::Destinations;
+use layerdiff_flow::verbs::check::{CheckReport, deliver};
 use pyo3::prelude::*;
 
 use crate::exceptions::to_py_err;

@@ -2,7 +2,7 @@
 //! while the model runs, the engine reads it as a `ListedLayer`.
 
 use layerdiff_core::{DType, Fingerprint};
-use layerdiff_flow::captured::ListedLayer;
+use layerdiff_flow::verbs::captured::ListedLayer;
 use layerdiff_onnx::LayerCall;
 use pyo3::prelude::*;
 

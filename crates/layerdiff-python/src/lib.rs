@@ -164,7 +164,7 @@ impl Report {
     /// tolerance) as `(name, None)`, or `(None, why)` where there is none.
     #[getter]
     fn headline(&self) -> (Option<String>, Option<String>) {
-        match layerdiff_flow::reduce::headline(&self.0) {
+        match layerdiff_flow::verbs::reduce::headline(&self.0) {
             Ok(layer) => (Some(layer.name.clone()), None),
             Err(why) => (None, Some(why)),
         }
@@ -302,7 +302,7 @@ fn write_framework_repro(
         layerdiff_runtime::RuntimeSpec::parse(target).map_err(exceptions::UsageError::new_err)?;
     let repro = py
         .detach(|| {
-            layerdiff_flow::reduce::framework_piece(
+            layerdiff_flow::verbs::reduce::framework_piece(
                 &report.0,
                 layer,
                 &model_path,
@@ -322,7 +322,7 @@ fn write_framework_repro(
 /// The safetensors reader (numpy alone) every repro.py holds.
 #[pyfunction]
 fn repro_reader() -> &'static str {
-    layerdiff_flow::reduce::READER
+    layerdiff_flow::verbs::reduce::READER
 }
 
 /// Writes flat tensors as a safetensors file (through a temporary file, so whole or not at

@@ -3,7 +3,7 @@
 //! processes, so a check and a cell pickle.
 
 use layerdiff_core::render;
-use layerdiff_flow::ops::{self, OpsBackend, Status};
+use layerdiff_flow::verbs::ops::{self, OpsBackend, Status};
 use numpy::PyReadonlyArray1;
 use pyo3::prelude::*;
 use pyo3::types::{PyTuple, PyType};

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use layerdiff_args::OpsArgs;
 use layerdiff_core::render;
-use layerdiff_flow::ops::OpsReport;
 use layerdiff_flow::output::{Destinations, write_reports};
+use layerdiff_flow::verbs::ops::OpsReport;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -83,7 +83,9 @@ pub(crate) fn run_model<'py>(
         .map(|t| Ok((t.name().to_string(), t.to_tensor()?)))
         .collect::<PyResult<Vec<_>>>()?;
     let outputs = py
-        .detach(|| layerdiff_flow::ops::run_model(model, runtime, &inputs, ort_library.as_deref()))
+        .detach(|| {
+            layerdiff_flow::verbs::ops::run_model(model, runtime, &inputs, ort_library.as_deref())
+        })
         .map_err(to_py_err)?;
     Ok(outputs
         .into_iter()
@@ -105,7 +107,7 @@ pub(crate) fn deliver_ops(py: Python<'_>, command: &OpsCommand, run: &OpsRun) ->
         ..Destinations::default()
     };
     let run = run.0.clone();
-    py.detach(|| layerdiff_flow::ops::deliver(run, &to))
+    py.detach(|| layerdiff_flow::verbs::ops::deliver(run, &to))
         .map_err(to_py_err)
 }
 
@@ -118,7 +120,7 @@ pub(crate) fn describe_runtime(
     runtime: &str,
     ort_library: Option<PathBuf>,
 ) -> PyResult<String> {
-    py.detach(|| layerdiff_flow::ops::describe_runtime(runtime, ort_library.as_deref()))
+    py.detach(|| layerdiff_flow::verbs::ops::describe_runtime(runtime, ort_library.as_deref()))
         .map_err(to_py_err)
 }
 

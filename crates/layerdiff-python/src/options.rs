@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use layerdiff_args::{Dispatched, PythonVerb, ReportArgs};
 use layerdiff_core::Tolerance;
-use layerdiff_flow::captured::check_options;
 use layerdiff_flow::spec::target::TargetSpec;
 use layerdiff_flow::spec::torch::{LowerPrecision, TorchSpec, resolve_target};
+use layerdiff_flow::verbs::captured::check_options;
 use layerdiff_flow::{Settings, memory};
 use pyo3::prelude::*;
 

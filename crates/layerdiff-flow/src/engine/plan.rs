@@ -63,7 +63,7 @@ pub struct PlanSide<'a> {
     /// The steps the side computes its values by; `None` for a side that hands its values
     /// over (a file of expected values, PyTorch's hooks).
     pub graph: Option<&'a dyn Dataflow>,
-    /// Estimated bytes of each value the side holds, by name (see [`value_sizes`]).
+    /// Estimated bytes of each value the side holds, by name (see [`super::memory::value_sizes`]).
     pub sizes: HashMap<String, u64>,
     /// Bytes a run of the side takes beside its values (its runtime's copy of the weights); 0
     /// for a side whose weights are already in memory (PyTorch's) or that has none.

@@ -1,6 +1,6 @@
 //! A side that computes an ONNX graph's values with a runtime (ONNX Runtime, tract): in
 //! segments of nodes fed from its own earlier values, or whole with the values compared made
-//! outputs in place. It can re-run a group of its nodes on given values ([`rerun`]).
+//! outputs in place. It can re-run a group of its nodes on given values (`rerun`).
 //! When its runtime optimized the file first, it runs the graph that ships and accounts for it
 //! ([`shipped`]).
 

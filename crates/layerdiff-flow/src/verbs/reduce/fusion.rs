@@ -10,7 +10,7 @@ use layerdiff_onnx::Model;
 use super::pieces::Pieces;
 use super::{MOST_NODES, headline};
 use crate::Result;
-use crate::onnx_flow::OnnxOptions;
+use crate::verbs::onnx::OnnxOptions;
 
 /// Where inside a fusion the headline's difference is born: when the target's runtime
 /// rewrites the graph and the nodes between the headline's value and the values compared

@@ -26,13 +26,14 @@ use crate::sides::graph::shipped::{Renames, prepare_target};
 use crate::spec::target::TargetSpec;
 use crate::spec::torch::TorchSpec;
 use crate::timings::{OWN, RUNTIME, Stopwatch};
-use crate::value_pairing::{pair_by_values, unrecognised_from};
 use crate::{
     Alignment, Baseline, Computing, Engine, Error, GraphSide, Header, PushedSide, RelaidSide,
     Result, Settings, Shared, Side,
 };
+use value_pairing::{pair_by_values, unrecognised_from};
 
 mod align;
+mod value_pairing;
 pub use align::check_options;
 use align::{onnx_target, same_layers};
 

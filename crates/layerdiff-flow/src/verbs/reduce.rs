@@ -15,7 +15,7 @@ use layerdiff_core::{Layer, Report, Tensor, write_safetensors};
 use layerdiff_onnx::{GraphIndex, Model, extract_nodes};
 use layerdiff_runtime::RuntimeSpec;
 
-use crate::onnx_flow::OnnxOptions;
+use crate::verbs::onnx::OnnxOptions;
 use crate::{Error, Result};
 
 mod fusion;

@@ -49,9 +49,9 @@ pub struct OnnxOptions {
     /// error only).
     pub baseline: bool,
     /// Whether to bisect what turns a difference on (`--bisect`): the ONNX Runtime optimizers
-    /// of a target at `opt=basic|extended|all` ([`crate::bisect::ort_optimizers`]).
+    /// of a target at `opt=basic|extended|all` ([`crate::verbs::bisect::ort_optimizers`]).
     pub bisect: bool,
-    /// Where to write the repro of the headline defect (`--repro DIR`, [`crate::reduce`]).
+    /// Where to write the repro of the headline defect (`--repro DIR`, [`crate::verbs::reduce`]).
     pub repro: Option<PathBuf>,
     /// The most nodes the repro may grow to.
     pub repro_nodes: usize,
@@ -84,7 +84,7 @@ pub fn run(options: &OnnxOptions, to: &Destinations, ort_library: Option<&Path>)
                     eprintln!("{line}");
                 }
             };
-            match crate::bisect::ort_optimizers(
+            match crate::verbs::bisect::ort_optimizers(
                 options,
                 &outcome.report,
                 ort_library,
@@ -120,13 +120,13 @@ fn repro_note(
     folder: &Path,
     ort_library: Option<&Path>,
 ) -> Result<String> {
-    if let Err(why) = crate::reduce::headline(&outcome.report) {
+    if let Err(why) = crate::verbs::reduce::headline(&outcome.report) {
         return Ok(format!("--repro: no repro written: {why}"));
     }
     let command = crate::output::invocation()
         .map(|i| i.text())
         .unwrap_or_else(|| format!("layerdiff onnx {}", options.model.display()));
-    let repro = crate::reduce::onnx(
+    let repro = crate::verbs::reduce::onnx(
         options,
         &outcome.report,
         &outcome.inputs,
@@ -390,7 +390,7 @@ fn compare_once(
         lacking::explain(&mut report, &removed, lacks);
     }
     if options.settings.local && !own_target && report.summary.incomplete.is_none() {
-        match crate::reduce::inside_fusion(options, &report, &inputs, ort_library) {
+        match crate::verbs::reduce::inside_fusion(options, &report, &inputs, ort_library) {
             Ok(Some((layer, inside))) => report.narrowed(&layer, inside),
             Ok(None) => {}
             Err(e) => report.summary.warnings.push(format!(
