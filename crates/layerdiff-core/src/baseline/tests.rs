@@ -259,16 +259,8 @@ fn a_finite_block_by_lanes_agrees_with_the_element_wise_path() {
     let mut rng = crate::SplitMix64::new(3);
     for grid in [DType::F32, DType::F16, DType::BF16] {
         for same_precision in [false, true] {
-            let rule = Rule {
-                kernel: KernelAllowance::new(grid, 1, 2),
-                same_precision,
-                expected_values: false,
-                honest: crate::default_for(DType::F32),
-                narrow: false,
-                unit: 0.0,
-                terms: 0,
-                tail: 0.0,
-            };
+            let rule = lane_rule(grid, same_precision);
+            let what = format!("{grid} same={same_precision}");
             let len = 4093; // not a multiple of the lanes
             // magnitudes from the grid's subnormals to far below its largest value
             let scale =
@@ -286,18 +278,8 @@ fn a_finite_block_by_lanes_agrees_with_the_element_wise_path() {
             let values = (&y[..], &t[..], &x[..], &spread[..]);
             let by_lanes = rule.finite_block(grid, values).expect("a finite block");
             let by_element = rule.block(values, |v| grid.round(v));
-            for (a, b) in [
-                (by_lanes.base_max, by_element.base_max),
-                (by_lanes.own_max, by_element.own_max),
-                (by_lanes.allowed_max, by_element.allowed_max),
-                (by_lanes.target_from_exact, by_element.target_from_exact),
-            ] {
-                assert_eq!(
-                    a.to_bits(),
-                    b.to_bits(),
-                    "{grid} same={same_precision}: {a:e} {b:e}"
-                );
-            }
+            let maxima = |s: &Sums| [s.base_max, s.own_max, s.allowed_max, s.target_from_exact];
+            same_bits(&maxima(&by_lanes), &maxima(&by_element), &what);
             assert_eq!(by_lanes.count, by_element.count);
             for (a, b) in [
                 (by_lanes.base_sum, by_element.base_sum),
@@ -335,16 +317,8 @@ fn the_avx2_lane_loop_gives_the_portable_ones_bits() {
     for grid in [DType::F32, DType::F16, DType::BF16] {
         let max_finite = grid.max_finite().unwrap();
         for same_precision in [false, true] {
-            let rule = Rule {
-                kernel: KernelAllowance::new(grid, 1, 2),
-                same_precision,
-                expected_values: false,
-                honest: crate::default_for(DType::F32),
-                narrow: false,
-                unit: 0.0,
-                terms: 0,
-                tail: 0.0,
-            };
+            let rule = lane_rule(grid, same_precision);
+            let what = format!("{grid} same={same_precision}");
             let len = 4096;
             // magnitudes from below the grid's subnormals to near its largest values, and zeros
             let scale =
@@ -373,21 +347,18 @@ fn the_avx2_lane_loop_gives_the_portable_ones_bits() {
                 vector.unwrap_or_else(|| panic!("{grid} same={same_precision}: vector None")),
                 portable.unwrap_or_else(|| panic!("{grid} same={same_precision}: portable None")),
             );
-            for (a, b) in [
-                (vector.base_max, portable.base_max),
-                (vector.base_sum, portable.base_sum),
-                (vector.own_max, portable.own_max),
-                (vector.own_sum, portable.own_sum),
-                (vector.allowed_max, portable.allowed_max),
-                (vector.allowed_sum, portable.allowed_sum),
-                (vector.target_from_exact, portable.target_from_exact),
-            ] {
-                assert_eq!(
-                    a.to_bits(),
-                    b.to_bits(),
-                    "{grid} same={same_precision}: {a:e} {b:e}"
-                );
-            }
+            let all = |s: &Sums| {
+                [
+                    s.base_max,
+                    s.base_sum,
+                    s.own_max,
+                    s.own_sum,
+                    s.allowed_max,
+                    s.allowed_sum,
+                    s.target_from_exact,
+                ]
+            };
+            same_bits(&all(&vector), &all(&portable), &what);
             assert_eq!(vector.count, portable.count);
             // what is not finite, or beyond the grid, in each place
             for (side, at, value) in [
@@ -408,5 +379,27 @@ fn the_avx2_lane_loop_gives_the_portable_ones_bits() {
                 );
             }
         }
+    }
+}
+
+/// The rule of a layer judged by lanes: `grid`, two stages, neither expected values nor
+/// measured terms.
+fn lane_rule(grid: DType, same_precision: bool) -> Rule {
+    Rule {
+        kernel: KernelAllowance::new(grid, 1, 2),
+        same_precision,
+        expected_values: false,
+        honest: crate::default_for(DType::F32),
+        narrow: false,
+        unit: 0.0,
+        terms: 0,
+        tail: 0.0,
+    }
+}
+
+/// Asserts two paths' values the same to the last bit.
+fn same_bits(a: &[f64], b: &[f64], what: &str) {
+    for (a, b) in a.iter().zip(b) {
+        assert_eq!(a.to_bits(), b.to_bits(), "{what}: {a:e} {b:e}");
     }
 }
