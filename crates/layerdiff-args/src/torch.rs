@@ -1,7 +1,8 @@
 //! The options of the PyTorch verbs, `torch` and `grad`, and what they resolve to.
 
 use super::*;
-use layerdiff_flow::spec::torch::{LowerPrecision, resolve_target};
+use layerdiff_flow::spec::target::resolve_target;
+use layerdiff_flow::spec::torch::LowerPrecision;
 
 /// Options of `layerdiff grad`.
 #[derive(Debug, Clone, Args)]
@@ -232,7 +233,7 @@ impl GradArgs {
 
 impl TorchArgs {
     /// The target with `--dtype` applied (the rules are the engine's, shared with the Python
-    /// API: [`layerdiff_flow::spec::torch::resolve_target`]), and the dtype.
+    /// API: [`layerdiff_flow::spec::target::resolve_target`]), and the dtype.
     pub fn dtype_target(&self) -> Result<(TargetSpec, Option<TargetDtype>), String> {
         let target = resolve_target(
             &self.target,

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use layerdiff_args::{Dispatched, PythonVerb, ReportArgs};
 use layerdiff_core::Tolerance;
 use layerdiff_flow::spec::target::TargetSpec;
-use layerdiff_flow::spec::torch::{LowerPrecision, TorchSpec, resolve_target};
+use layerdiff_flow::spec::target::resolve_target;
+use layerdiff_flow::spec::torch::{LowerPrecision, TorchSpec};
 use layerdiff_flow::verbs::captured::check_options;
 use layerdiff_flow::{Settings, memory};
 use pyo3::prelude::*;
@@ -76,7 +77,7 @@ impl Options {
 
     /// The options with a `torch` run's lower precision (`dtype`: `fp16`, `bf16` or `int8`),
     /// kept layers and a file to use instead of exporting (`onnx`) applied, by the rules the
-    /// command line keeps (`layerdiff_flow::spec::torch::resolve_target`).
+    /// command line keeps (`layerdiff_flow::spec::target::resolve_target`).
     #[pyo3(signature = (*, dtype=None, keep_fp32=false, onnx=None))]
     fn resolved(
         &self,

@@ -5,8 +5,6 @@
 
 use std::fmt;
 
-use crate::spec::target::TargetSpec;
-
 /// The precision a PyTorch side computes in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Precision {
@@ -205,11 +203,6 @@ mod tests {
         assert!(err.contains("`cpu` is neither"), "{err}");
         let err = TorchSpec::parse("torch:fp8!").unwrap_err();
         assert!(err.contains("`fp8!` is not understood"), "{err}");
-        assert!(matches!(
-            TargetSpec::parse("ort:opt=all"),
-            Ok(TargetSpec::Onnx(_))
-        ));
-        assert!(TargetSpec::parse("torchy").is_err());
     }
 }
 
@@ -254,64 +247,5 @@ impl LowerPrecision {
             Self::Bf16 => "bfloat16",
             Self::Int8 => "int8",
         }
-    }
-}
-
-/// The rules of a `torch` run's target, its lower precision (`--dtype`, `dtype=`), the layers
-/// kept in float32 (`--keep-fp32`, `keep_fp32=`) and a file to use instead of exporting
-/// (`--onnx`, `onnx=`), the same for the command line and the Python API. Returns the target
-/// with the precision applied: a PyTorch target computes in it; an ONNX runtime target keeps its
-/// spelling and its file is converted.
-pub fn resolve_target(
-    target: &TargetSpec,
-    dtype: Option<LowerPrecision>,
-    keep_fp32: bool,
-    onnx: Option<&std::path::Path>,
-) -> std::result::Result<TargetSpec, String> {
-    if let Some(why) = target.unfit_for("PyTorch") {
-        return Err(why);
-    }
-    target.file_fits(onnx)?;
-    let Some(dtype) = dtype else {
-        let lower_torch = matches!(
-            target,
-            TargetSpec::Torch(spec) if matches!(
-                spec.precision,
-                Precision::Fp16 | Precision::Bf16 | Precision::AmpFp16 | Precision::AmpBf16
-            )
-        );
-        if keep_fp32 && !lower_torch {
-            return Err("--keep-fp32 keeps layers of a lower-precision target in float32: give --dtype fp16, bf16 or int8, or a PyTorch target in fp16 or bf16 (cast or autocast)".to_string());
-        }
-        return Ok(target.clone());
-    };
-    match target {
-        TargetSpec::Torch(spec) => {
-            let wanted = match dtype {
-                LowerPrecision::Fp16 => Precision::Fp16,
-                LowerPrecision::Bf16 => Precision::Bf16,
-                LowerPrecision::Int8 => {
-                    return Err(format!(
-                        "--dtype int8 quantizes the ONNX export with ONNX Runtime; the target `{}` is PyTorch itself (give --target ort)",
-                        spec.spelling()
-                    ));
-                }
-            };
-            if spec.precision != Precision::Fp32 && spec.precision != wanted {
-                return Err(format!(
-                    "--dtype {} and the target `{}` name two precisions: give one",
-                    dtype.dtype_name(),
-                    spec.spelling()
-                ));
-            }
-            let mut spec = spec.clone();
-            spec.precision = wanted;
-            Ok(TargetSpec::Torch(spec))
-        }
-        TargetSpec::Onnx(runtime) if dtype == LowerPrecision::Bf16 => Err(format!(
-            "--dtype bf16: ONNX Runtime has no bfloat16 conversion of a model (and few bfloat16 kernels); compare PyTorch in bfloat16 with `--target torch --dtype bf16`, or give --dtype fp16 for `{}`",
-            runtime.spelling()
-        )),
-        TargetSpec::Onnx(_) | TargetSpec::Keras(_) => Ok(target.clone()),
     }
 }
