@@ -63,3 +63,19 @@ def test_every_relative_link_of_the_readme_and_the_docs_resolves():
             if not (page.parent / target).exists():
                 dead.append(f"{page.relative_to(ROOT)} → {target}")
     assert not dead, dead
+
+
+def test_every_file_docs_design_names_exists():
+    """docs/design.md says where each thing lives: a file or folder it names that was moved or
+    renamed fails here. Names are relative to the repository, to `crates/`, to a crate's `src/`
+    or to the Python package, as the page's tables give them."""
+    import re
+
+    roots = [ROOT, ROOT / "crates", ROOT / "python", ROOT / "python" / "layerdiff"]
+    roots += sorted(ROOT.glob("crates/*/src"))
+    text = (ROOT / "docs" / "design.md").read_text()
+    named = set(re.findall(r"`([\w.-]+(?:/[\w.-]+)*(?:\.(?:rs|py|md|toml)|/))`", text))
+    named = {n for n in named if "/" in n or n.endswith((".rs", ".py"))}
+    assert len(named) > 40, sorted(named)  # the tables were read
+    missing = sorted(n for n in named if not any((r / n).exists() for r in roots))
+    assert not missing, f"docs/design.md names what is not there: {missing}"
