@@ -149,7 +149,7 @@ pub(crate) fn onnx(args: &ReduceArgs, recorded: &Recorded, ort_library: Option<&
         Ok(outcome) => outcome,
         Err(e) => return e.exit(),
     };
-    let headline = match layerdiff_flow::verbs::reduce::headline(&outcome.report) {
+    let headline = match outcome.report.headline() {
         Ok(layer) => layer.name.clone(),
         Err(why) => {
             say(&format!("no repro written: {why}"));

@@ -148,6 +148,26 @@ fn then(detail: &mut String, text: &str) {
 }
 
 impl Report {
+    /// The layer a repro shows: the first defect's; else the first layer whose own error
+    /// exceeds its tolerance. `Err` says why there is none (a clean run; drift that only
+    /// accumulates).
+    pub fn headline(&self) -> std::result::Result<&Layer, String> {
+        let by_name = |name: &str| self.layers.iter().find(|l| l.name == name);
+        if let Some(layer) = self.summary.defects.first().and_then(|d| by_name(&d.layer)) {
+            return Ok(layer);
+        }
+        if let Some(layer) = self.layers.iter().find(|l| l.local_exceeds) {
+            return Ok(layer);
+        }
+        Err(if self.summary.layers_exceeding == 0 {
+            "no layer exceeds its tolerance: there is nothing to reproduce".to_string()
+        } else {
+            "no layer's own error exceeds its tolerance: the drift only accumulates from rounding \
+             within it, which no small piece shows (`--bisect` names what turns it on)"
+                .to_string()
+        })
+    }
+
     /// Says where inside a fusion `layer`'s difference is born: on the layer, and in its words
     /// and its defect's.
     ///

@@ -164,7 +164,7 @@ impl Report {
     /// tolerance) as `(name, None)`, or `(None, why)` where there is none.
     #[getter]
     fn headline(&self) -> (Option<String>, Option<String>) {
-        match layerdiff_flow::verbs::reduce::headline(&self.0) {
+        match self.0.headline() {
             Ok(layer) => (Some(layer.name.clone()), None),
             Err(why) => (None, Some(why)),
         }

@@ -120,7 +120,7 @@ fn repro_note(
     folder: &Path,
     ort_library: Option<&Path>,
 ) -> Result<String> {
-    if let Err(why) = crate::verbs::reduce::headline(&outcome.report) {
+    if let Err(why) = outcome.report.headline() {
         return Ok(format!("--repro: no repro written: {why}"));
     }
     let command = crate::output::invocation()

@@ -82,30 +82,6 @@ impl Repro {
     }
 }
 
-/// The layer a repro shows: the first defect's; else the first layer whose own error exceeds
-/// its tolerance. `Err` says why there is none (a clean run; drift that only accumulates).
-pub fn headline(report: &Report) -> std::result::Result<&Layer, String> {
-    let by_name = |name: &str| report.layers.iter().find(|l| l.name == name);
-    if let Some(layer) = report
-        .summary
-        .defects
-        .first()
-        .and_then(|d| by_name(&d.layer))
-    {
-        return Ok(layer);
-    }
-    if let Some(layer) = report.layers.iter().find(|l| l.local_exceeds) {
-        return Ok(layer);
-    }
-    Err(if report.summary.layers_exceeding == 0 {
-        "no layer exceeds its tolerance: there is nothing to reproduce".to_string()
-    } else {
-        "no layer's own error exceeds its tolerance: the drift only accumulates from rounding \
-         within it, which no small piece shows (`--bisect` names what turns it on)"
-            .to_string()
-    })
-}
-
 /// Writes the repro of `report`'s headline into `folder`, for `layerdiff onnx` run with
 /// `options` on `inputs`; `command` is the command line that made the report, for its README.
 /// Where the headline was narrowed inside a fusion, the repro starts at the node that carries
@@ -119,7 +95,7 @@ pub fn onnx(
     command: &str,
     ort_library: Option<&Path>,
 ) -> Result<Repro> {
-    let layer = headline(report).map_err(Error::Usage)?;
+    let layer = report.headline().map_err(Error::Usage)?;
     let value = layer
         .inside
         .as_ref()

@@ -7,8 +7,8 @@ use std::path::Path;
 use layerdiff_core::{Inside, Report, Tensor};
 use layerdiff_onnx::Model;
 
+use super::MOST_NODES;
 use super::pieces::Pieces;
-use super::{MOST_NODES, headline};
 use crate::Result;
 use crate::verbs::onnx::OnnxOptions;
 
@@ -23,7 +23,7 @@ pub fn inside_fusion(
     inputs: &[(String, Tensor)],
     ort_library: Option<&Path>,
 ) -> Result<Option<(String, Inside)>> {
-    let Ok(layer) = headline(report) else {
+    let Ok(layer) = report.headline() else {
         return Ok(None);
     };
     // The target's own nodes (not the layout conversions layerdiff adds to read values back).
