@@ -12,11 +12,11 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use layerdiff_core::{FailOn, Tolerance};
 use layerdiff_flow::Settings;
 use layerdiff_flow::inputs::InputPlan;
+use layerdiff_flow::onnx::OnnxOptions;
 use layerdiff_flow::output::Destinations;
 use layerdiff_flow::spec::target::TargetSpec;
 use layerdiff_flow::spec::torch::TorchSpec;
 use layerdiff_flow::verbs::audit::AuditOptions;
-use layerdiff_flow::verbs::onnx::OnnxOptions;
 use layerdiff_flow::verbs::providers::ProvidersOptions;
 use layerdiff_runtime::{Isolation, OptLevel, Provider, RuntimeSpec};
 

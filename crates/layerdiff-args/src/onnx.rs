@@ -94,7 +94,7 @@ pub struct OnnxArgs {
     #[arg(long, value_name = "DIR")]
     pub repro: Option<PathBuf>,
     /// The most nodes a repro may grow to when fewer do not show the difference (a fusion).
-    #[arg(long, value_name = "N", default_value_t = layerdiff_flow::verbs::reduce::MOST_NODES)]
+    #[arg(long, value_name = "N", default_value_t = layerdiff_flow::onnx::MOST_NODES)]
     pub repro_nodes: usize,
     /// The most memory the intermediate values may take at once (`4G`, `512M`): the graph then
     /// runs in segments, each value compared as soon as both sides have it and dropped after its

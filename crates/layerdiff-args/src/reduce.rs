@@ -16,7 +16,7 @@ pub struct ReduceArgs {
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// The most nodes a repro may grow to when fewer do not show the difference (a fusion).
-    #[arg(long, value_name = "N", default_value_t = layerdiff_flow::verbs::reduce::MOST_NODES)]
+    #[arg(long, value_name = "N", default_value_t = layerdiff_flow::onnx::MOST_NODES)]
     pub nodes: usize,
     /// Print nothing but errors.
     #[arg(long, short)]
@@ -145,7 +145,7 @@ pub(crate) fn onnx(args: &ReduceArgs, recorded: &Recorded, ort_library: Option<&
         "running the report's command again: {}",
         recorded.invocation.text()
     ));
-    let outcome = match layerdiff_flow::verbs::onnx::compare(&options, ort_library) {
+    let outcome = match layerdiff_flow::onnx::compare(&options, ort_library) {
         Ok(outcome) => outcome,
         Err(e) => return e.exit(),
     };

@@ -13,6 +13,7 @@ mod engine;
 mod error;
 pub mod inputs;
 pub mod interrupt;
+pub mod onnx;
 pub mod output;
 pub mod progress;
 pub mod sides;

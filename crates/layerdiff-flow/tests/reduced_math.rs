@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use layerdiff_core::{Report, Tensor, Tolerance};
 use layerdiff_flow::Settings;
 use layerdiff_flow::inputs::InputPlan;
-use layerdiff_flow::verbs::onnx::{OnnxOptions, compare_with};
+use layerdiff_flow::onnx::{OnnxOptions, compare_with};
 use layerdiff_onnx::{
     AttributeProto, GraphProto, Model, ModelProto, NodeProto, OperatorSetIdProto, tensor_value_info,
 };

@@ -10,7 +10,7 @@ use layerdiff_core::{Bisection, BisectionCheck, Report, smallest_set};
 use layerdiff_runtime::{OptLevel, RuntimeSpec};
 
 use crate::Result;
-use crate::verbs::onnx::{OnnxOptions, compare};
+use crate::onnx::{OnnxOptions, compare};
 
 /// ONNX Runtime's graph optimizers and rewrite rules (1.31) by the names a session disables
 /// them by, those that change a graph's numbers or its values first (the layout transformers,

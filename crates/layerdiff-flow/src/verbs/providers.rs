@@ -5,7 +5,7 @@
 //! cell; a provider this ONNX Runtime or machine cannot use is listed with the reason. Other
 //! runtimes (`tract`, `openvino`…) join the table as one cell each, against the same reference.
 //!
-//! Each cell is one `layerdiff onnx` comparison ([`crate::verbs::onnx::compare`]) with the same
+//! Each cell is one `layerdiff onnx` comparison ([`crate::onnx::compare`]) with the same
 //! inputs; its whole report can be kept beside the table.
 
 use std::path::{Path, PathBuf};
@@ -15,8 +15,8 @@ use layerdiff_runtime::{Isolation, OptLevel, Provider, RuntimeSpec};
 use serde::Serialize;
 
 use crate::inputs::InputPlan;
+use crate::onnx::{OnnxOptions, compare_on};
 use crate::output::{Destinations, Format, Rendered, publish, table_forms, write_atomic};
-use crate::verbs::onnx::{OnnxOptions, compare_on};
 use crate::{Error, Result, Settings, error_chain};
 
 /// Schema of the providers table.

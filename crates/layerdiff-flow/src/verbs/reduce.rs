@@ -15,18 +15,12 @@ use layerdiff_core::{Layer, Report, Tensor, write_safetensors};
 use layerdiff_onnx::{GraphIndex, Model, extract_nodes};
 use layerdiff_runtime::RuntimeSpec;
 
-use crate::verbs::onnx::OnnxOptions;
+use crate::onnx::OnnxOptions;
+use crate::onnx::pieces::{Pieces, Tried, judged};
 use crate::{Error, Result};
 
-mod fusion;
-mod pieces;
 mod script;
-pub use fusion::inside_fusion;
-use pieces::{Pieces, Tried, judged};
 pub use script::READER;
-
-/// The most nodes a repro grows to by default: beyond a handful, a repro is a model again.
-pub const MOST_NODES: usize = 5;
 
 /// A repro written, and what its check found.
 #[derive(Debug, Clone)]

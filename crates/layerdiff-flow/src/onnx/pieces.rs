@@ -8,7 +8,7 @@ use layerdiff_core::{Bound, Judge, Tensor, compare_judged};
 use layerdiff_onnx::{GraphIndex, Model, expose_values, extract_nodes};
 use layerdiff_runtime::RuntimeSpec;
 
-use crate::verbs::onnx::OnnxOptions;
+use super::OnnxOptions;
 use crate::{Error, Result};
 
 /// A model's pieces run on the target's runtime, each fed the reference's values at its inputs

@@ -8,9 +8,9 @@ use layerdiff_core::{Inside, Report, Tensor};
 use layerdiff_onnx::Model;
 
 use super::MOST_NODES;
+use super::OnnxOptions;
 use super::pieces::Pieces;
 use crate::Result;
-use crate::verbs::onnx::OnnxOptions;
 
 /// Where inside a fusion the headline's difference is born: when the target's runtime
 /// rewrites the graph and the nodes between the headline's value and the values compared

@@ -1,0 +1,420 @@
+//! One ONNX model on two runtimes, or two versions of a model: the comparison every ONNX verb
+//! runs (`onnx`, `providers`, `bisect`, `reduce`). Every value a reference node produces is
+//! matched to a target value (by name, then by producing node); values an optimizer fused or
+//! removed are explained from the target's structure. The two sides then go through the
+//! [`Engine`]. Pieces of the target's file run alone on its runtime ([`pieces`]) answer where
+//! inside a fusion a difference is born ([`fusion`]), and make the repros of `reduce`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use layerdiff_core::{Layer, Location, Report, Tensor, Tolerance};
+use layerdiff_onnx::{GraphIndex, MAX_GROUP_NODES, Model, NCHWC_DOMAIN, NodeInfo, to_float64_lazy};
+use layerdiff_runtime::{Isolation, PerNode, Runtime, RuntimeSpec, Widened};
+
+use crate::inputs::{InputPlan, check_inputs, fit_inputs, generate_inputs, read_inputs};
+use crate::sides::graph::shipped::prepare_target;
+use crate::timings::{OWN, RUNTIME, Stopwatch};
+use crate::{
+    Alignment, Baseline, Engine, Error, ExpectedSide, FallbackSide, GraphBaseline, GraphSide,
+    Header, Result, Segmentation, Settings, Shared, Side,
+};
+
+mod fusion;
+mod lacking;
+mod pairing;
+pub(crate) mod pieces;
+pub use fusion::inside_fusion;
+use lacking::Lacking;
+use pairing::align;
+
+/// The most nodes a repro grows to by default: beyond a handful, a repro is a model again.
+pub const MOST_NODES: usize = 5;
+
+/// What `layerdiff onnx` is asked to compare, parsed.
+#[derive(Debug, Clone)]
+pub struct OnnxOptions {
+    /// The reference model file.
+    pub model: PathBuf,
+    /// A second model file to compare against (`None`: the reference file on both sides).
+    pub vs: Option<PathBuf>,
+    /// The reference side.
+    pub reference: RuntimeSpec,
+    /// The target side (`None`: tract, or ONNX Runtime on the CPU with `vs`).
+    pub target: Option<RuntimeSpec>,
+    /// Inputs read from this file (`None`: generated, or stored with expected values).
+    pub inputs: Option<PathBuf>,
+    /// How inputs are generated.
+    pub generate: InputPlan,
+    /// Tolerance, local error, memory budget.
+    pub settings: Settings,
+    /// Whether to run the reference graph in float64 as the numerical truth (`--tolerance
+    /// auto` needs it, and implies it).
+    pub float64: bool,
+    /// Whether to judge each value's own error against its same-precision baseline: the
+    /// reference's node in float64 on its inputs rounded to the target's dtype (with local
+    /// error only).
+    pub baseline: bool,
+    /// Whether to bisect what turns a difference on (`--bisect`): the ONNX Runtime optimizers
+    /// of a target at `opt=basic|extended|all` ([`crate::verbs::bisect::ort_optimizers`]).
+    pub bisect: bool,
+    /// Where to write the repro of the headline defect (`--repro DIR`, [`crate::verbs::reduce`]).
+    pub repro: Option<PathBuf>,
+    /// The most nodes the repro may grow to.
+    pub repro_nodes: usize,
+    /// Which sides run in a worker process, so that a crash costs only its layers.
+    pub isolation: Isolation,
+}
+
+/// A finished run: its report, how it was split, and the inputs both sides were given.
+pub struct Outcome {
+    /// The report.
+    pub report: Report,
+    /// How the run was split to bound its memory.
+    pub segmentation: Segmentation,
+    /// The inputs.
+    pub inputs: Vec<(String, Tensor)>,
+    /// Their seed, when generated.
+    pub seed: Option<u64>,
+}
+
+/// Compares as `layerdiff onnx` does (ONNX Runtime loaded from `ort_library`, else found).
+/// Drift is a finding, not an error.
+pub fn compare(options: &OnnxOptions, ort_library: Option<&Path>) -> Result<Outcome> {
+    compare_on(options, None, ort_library, false)
+}
+
+/// [`compare`] with the target computed by `target` instead of `options.target`: a runtime of
+/// one's own (a vendor's backend behind the [`Runtime`] trait) against the reference.
+pub fn compare_with(
+    options: &OnnxOptions,
+    target: Box<dyn Runtime + Send + Sync>,
+    ort_library: Option<&Path>,
+) -> Result<Outcome> {
+    compare_on(options, Some(target), ort_library, false)
+}
+
+/// `progress`: a progress line on stderr while the layers run, when it is a terminal. A node
+/// the target runtime cannot run (an op it lacks) is left out of the target's graph with every
+/// node after it that reads what it produces, and the run is made again: the layers before it
+/// are compared, the others reported as not compared, and why (see [`lacking`]).
+pub(crate) fn compare_on(
+    options: &OnnxOptions,
+    mut target_runtime: Option<Box<dyn Runtime + Send + Sync>>,
+    ort_library: Option<&Path>,
+    progress: bool,
+) -> Result<Outcome> {
+    let own_target = target_runtime.is_some();
+    let mut lacks: Vec<Lacking> = Vec::new();
+    loop {
+        let outcome = compare_once(
+            options,
+            target_runtime.take(),
+            ort_library,
+            progress,
+            &lacks,
+        );
+        let Err(err) = &outcome else {
+            return outcome;
+        };
+        let target_file = options.vs.as_ref().unwrap_or(&options.model);
+        match lacking::lacking(err, target_file) {
+            Some(node) if !own_target && !lacks.contains(&node) && lacks.len() < 16 => {
+                lacks.push(node)
+            }
+            _ => return outcome,
+        }
+    }
+}
+
+/// One try of [`compare_on`], the target's graph without the nodes it `lacks`.
+fn compare_once(
+    options: &OnnxOptions,
+    target_runtime: Option<Box<dyn Runtime + Send + Sync>>,
+    ort_library: Option<&Path>,
+    progress: bool,
+    lacks: &[Lacking],
+) -> Result<Outcome> {
+    let mut clock = Stopwatch::default();
+    let own_target = target_runtime.is_some();
+    let reference_model = Model::load(&options.model)?;
+    let mut target_model = options.vs.as_ref().map(Model::load).transpose()?;
+    // What differs between the two files, read from both: reported whatever the values show.
+    let differences = target_model
+        .as_ref()
+        .map(|t| crate::engine::evidence::file_differences(&reference_model, t))
+        .unwrap_or_default();
+    let mut removed = std::collections::HashSet::new();
+    if !lacks.is_empty() {
+        let (pruned, gone) =
+            lacking::without(target_model.as_ref().unwrap_or(&reference_model), lacks)?;
+        (target_model, removed) = (Some(pruned), gone);
+    }
+    let target_spec = options.target.clone().unwrap_or(if options.vs.is_some() {
+        RuntimeSpec::ort_cpu()
+    } else {
+        RuntimeSpec::Tract
+    });
+    clock.lap("loading models", OWN);
+    let (reference_label, target_label) = (
+        file_name(&options.model),
+        file_name(options.vs.as_ref().unwrap_or(&options.model)),
+    );
+    let expected = |spec: &RuntimeSpec, label: &str, model: &Model| match spec {
+        RuntimeSpec::Expected(path) => {
+            ExpectedSide::load(path, label.to_string(), model.clone()).map(Some)
+        }
+        _ => Ok(None),
+    };
+    let target_file = target_model.as_ref().unwrap_or(&reference_model);
+    let reference_expected = expected(&options.reference, &reference_label, &reference_model)?;
+    let target_expected = match target_runtime {
+        Some(_) => None,
+        None => expected(&target_spec, &target_label, target_file)?,
+    };
+    let build = |spec: &RuntimeSpec| match spec {
+        RuntimeSpec::Expected(_) => Ok(None),
+        spec => spec
+            .build_isolated(ort_library, options.isolation)
+            .map(Some),
+    };
+    let reference_runtime = build(&options.reference)?;
+    let target_runtime = match target_runtime {
+        Some(runtime) => Some(runtime),
+        None => build(&target_spec)?,
+    };
+    clock.lap("runtime start-up", RUNTIME);
+    let stored = [&reference_expected, &target_expected]
+        .into_iter()
+        .flatten()
+        .find_map(|e| e.inputs().map(<[_]>::to_vec));
+    let mut batch_note = None;
+    let (inputs, seed) = match (&options.inputs, stored) {
+        (Some(path), _) => (
+            read_inputs(path, &GraphIndex::new(reference_model.graph()))?,
+            None,
+        ),
+        (None, Some(stored)) => (stored, None),
+        (None, None) => {
+            let index = GraphIndex::new(reference_model.graph());
+            batch_note = crate::inputs::defaulted_batch(&index, &options.generate);
+            (
+                generate_inputs(&index, &options.generate)?,
+                Some(options.generate.seed),
+            )
+        }
+    };
+    clock.lap("making inputs", OWN);
+    let target_file_index = GraphIndex::new(target_file.graph());
+    check_inputs(&GraphIndex::new(reference_model.graph()), &inputs)?;
+    let (target_inputs, input_notes) = match &target_expected {
+        Some(_) => (inputs.clone(), Vec::new()),
+        None => fit_inputs(&target_file_index, &inputs),
+    };
+    check_inputs(&target_file_index, &target_inputs)?;
+
+    let mut renames = crate::sides::graph::shipped::Renames::default();
+    let target_holds = target_expected.as_ref().map(ExpectedSide::names);
+    // The graph the target runs (optimized, where its runtime optimizes), to align with.
+    let (target, target_graph): (Box<dyn Side>, GraphIndex) =
+        match (target_expected, target_runtime) {
+            (Some(expected), _) => (Box::new(expected.given(&inputs)), target_file_index),
+            (None, Some(runtime)) => {
+                let prepared = prepare_target(
+                    &reference_model,
+                    target_model,
+                    runtime,
+                    &target_inputs,
+                    &mut clock,
+                )?;
+                if prepared.shipped.is_some() {
+                    clock.lap("optimizing the target graph", RUNTIME);
+                }
+                // Another file than the reference's, run as written: a layer beyond what its
+                // precision explains is computed as that file writes it, to tell the file
+                // from the runtime (an optimized graph is the runtime's own work).
+                let as_written = options.vs.is_some() && prepared.shipped.is_none();
+                let model = prepared.model.unwrap_or_else(|| reference_model.clone());
+                renames = prepared.renames.clone();
+                let mut side =
+                    GraphSide::new(Some(target_label), model, prepared.runtime, &target_inputs)
+                        .shipping(prepared.renames, prepared.shipped, prepared.placement)
+                        .noting(input_notes);
+                if as_written {
+                    side = side.computing_as_written(ort_library);
+                }
+                let graph = side.index.clone();
+                (Box::new(side), graph)
+            }
+            (None, None) => unreachable!("a side is a runtime or expected values"),
+        };
+    // A file of expected values holds only some values: compare those (on either side).
+    let provides = |reference: &str, target: Option<&str>| {
+        reference_expected
+            .as_ref()
+            .is_none_or(|e| e.provides(reference))
+            && target_holds
+                .as_ref()
+                .is_none_or(|held| target.is_some_and(|t| held.iter().any(|h| h == t)))
+    };
+    let alignment = align(&reference_model, &target_graph, &renames, &provides);
+    let wants_truth = options.float64 || options.settings.tolerance == Tolerance::Auto;
+    let truth = if wants_truth {
+        Some(float64_truth(
+            &options.model,
+            &reference_model,
+            &inputs,
+            ort_library,
+        )?)
+    } else {
+        None
+    };
+    let baseline = (options.baseline && options.settings.local)
+        .then(|| GraphBaseline::new(&reference_model, ort_library))
+        .transpose()?
+        .map(|b| Baseline::Graph(Box::new(b)));
+    let subgraphs = subgraphs_note(reference_model.graph());
+    let reference: Box<dyn Side> = match (reference_expected, reference_runtime) {
+        (Some(expected), _) => Box::new(expected.given(&inputs)),
+        (None, Some(runtime)) => Box::new(GraphSide::new(
+            Some(reference_label),
+            reference_model,
+            runtime,
+            &inputs,
+        )),
+        (None, None) => unreachable!("a side is a runtime or expected values"),
+    };
+    let header = Header {
+        command: "onnx".to_string(),
+        model: file_name(&options.model),
+        seed,
+    };
+    let mut engine: Engine<_, _, FallbackSide> = Engine::new(
+        header,
+        alignment,
+        reference,
+        target,
+        truth,
+        baseline,
+        inputs.clone(),
+        options.settings.clone(),
+        clock,
+    )?;
+    engine.clock.lap("pairing values and planning the run", OWN);
+    engine.progress = crate::progress::Ticker::for_terminal(engine.layer_count(), !progress);
+    let segmentation = engine.segmentation();
+    engine.advance()?;
+    let mut report = engine.finish()?;
+    if report.summary.incomplete.is_none() {
+        layerdiff_core::unseen_differences(&mut report.layers, &mut report.summary, differences);
+    }
+    report.summary.warnings.extend(subgraphs);
+    report.summary.warnings.extend(batch_note);
+    if !lacks.is_empty() {
+        lacking::explain(&mut report, &removed, lacks);
+    }
+    if options.settings.local && !own_target && report.summary.incomplete.is_none() {
+        match inside_fusion(options, &report, &inputs, ort_library) {
+            Ok(Some((layer, inside))) => report.narrowed(&layer, inside),
+            Ok(None) => {}
+            Err(e) => report.summary.warnings.push(format!(
+                "the headline's fused region could not be narrowed node by node: {}",
+                crate::error_chain(&e)
+            )),
+        }
+    }
+    Ok(Outcome {
+        report,
+        segmentation,
+        inputs,
+        seed,
+    })
+}
+
+/// What a report must say of a graph whose nodes run subgraphs (If, Loop, Scan): such a node
+/// is compared by its outputs, as one layer; the nodes inside are not compared one by one.
+fn subgraphs_note(graph: &layerdiff_onnx::GraphProto) -> Option<String> {
+    use layerdiff_onnx::NodeExt;
+    fn inside(graph: &layerdiff_onnx::GraphProto) -> usize {
+        let nested = |n: &layerdiff_onnx::NodeProto| n.subgraphs().map(inside).sum::<usize>();
+        graph.node.iter().map(|n| 1 + nested(n)).sum()
+    }
+    let holders: Vec<(String, usize)> = graph
+        .node
+        .iter()
+        .filter(|n| n.subgraphs().next().is_some())
+        .map(|n| {
+            let nodes = n.subgraphs().map(inside).sum();
+            (format!("`{}` ({})", n.display_name(), n.op_type()), nodes)
+        })
+        .collect();
+    if holders.is_empty() {
+        return None;
+    }
+    let nodes: usize = holders.iter().map(|(_, n)| n).sum();
+    let named: Vec<&str> = holders.iter().take(3).map(|(h, _)| h.as_str()).collect();
+    let more = if holders.len() > 3 {
+        format!(" and {} more", holders.len() - 3)
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "{} node(s) run subgraphs ({}{more}): each is compared by its outputs, as one layer; the {nodes} node(s) inside them are not compared one by one",
+        holders.len(),
+        named.join(", "),
+    ))
+}
+
+/// The reference graph in float64, computed by ONNX Runtime on the CPU or, where it lacks a
+/// float64 kernel (Conv, Erf), node by node on whichever of layerdiff's own float64 kernels, ONNX
+/// Runtime and tract has it ([`PerNode::float64`]), else by tract whole (a node that cannot run
+/// alone): the truth both sides are measured against.
+fn float64_truth(
+    model_path: &Path,
+    reference: &Model,
+    inputs: &[(String, Tensor)],
+    ort_library: Option<&Path>,
+) -> Result<FallbackSide> {
+    let wide = to_float64_lazy(reference, None)
+        .map_err(|e| Error::Usage(format!("cannot make the float64 copy of the model: {e}")))?;
+    let inputs: Vec<(String, Tensor)> = inputs
+        .iter()
+        .map(|(n, t)| {
+            let t = if t.dtype.is_float() {
+                t.clone().cast(layerdiff_core::DType::F64)
+            } else {
+                t.clone()
+            };
+            (n.clone(), t)
+        })
+        .collect();
+    // `wide` holds its weights as stored: each side widens them as it runs
+    let ort = Box::new(Widened(RuntimeSpec::ort_cpu().build(ort_library)?));
+    let tract = Box::new(Widened(RuntimeSpec::Tract.build(ort_library)?));
+    let label = format!("float64 copy of {}", file_name(model_path));
+    // ONNX Runtime has no float64 Conv: a CNN is not handed to it whole (a copy of its weights
+    // in float64, read and refused)
+    let whole = !reference.graph().node.iter().any(|n| n.op_type() == "Conv");
+    let first = whole.then(|| GraphSide::new(Some(label.clone()), wide.clone(), ort, &inputs));
+    Ok(FallbackSide::new(
+        first
+            .into_iter()
+            .chain([
+                GraphSide::new(
+                    Some(label.clone()),
+                    wide.clone(),
+                    Box::new(PerNode::float64(ort_library)?),
+                    &inputs,
+                ),
+                GraphSide::new(Some(label), wide, tract, &inputs),
+            ])
+            .collect(),
+    ))
+}
+
+fn file_name(path: &std::path::Path) -> String {
+    path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
+}
