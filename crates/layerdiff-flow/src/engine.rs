@@ -105,7 +105,7 @@ pub struct Engine<R: Side, T: Side, F: Side = Box<dyn Side>> {
     /// The float64 truth, by the reference's value names.
     pub truth: Option<F>,
     /// Where each layer's same-precision baseline comes from.
-    pub baseline: Option<Baseline>,
+    pub baseline: Option<Box<dyn Baseline>>,
     layers: Vec<Layer>,
     /// Each layer's value on either side, and whether its pairing can be refuted.
     reference_values: Vec<String>,
@@ -165,7 +165,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         mut reference: R,
         mut target: T,
         truth: Option<F>,
-        mut baseline: Option<Baseline>,
+        mut baseline: Option<Box<dyn Baseline>>,
         inputs: Vec<(String, Tensor)>,
         settings: Settings,
         clock: Stopwatch,
@@ -220,12 +220,12 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         // The truth's values (and handed baseline values) are held beside the reference's
         // until compared.
         let held = truth.iter().map(|t| t.plan_view().sizes);
-        for sizes in held.chain(baseline.iter().map(Baseline::held_sizes)) {
+        for sizes in held.chain(baseline.iter().map(|b| b.held_sizes())) {
             for (name, bytes) in sizes {
                 *reference_view.sizes.entry(name).or_default() += bytes;
             }
         }
-        if let Some(Baseline::Graph(graph)) = baseline.as_mut() {
+        if let Some(baseline) = baseline.as_mut() {
             // Groups in the reference graph, from the reference values both sides know.
             let compared: std::collections::HashSet<&str> = alignment
                 .target
@@ -235,7 +235,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                 .map(|(_, r)| r.as_str())
                 .collect();
             let values: Vec<&str> = compared.iter().copied().collect();
-            graph.find_groups(&values, &|n| is_input(n) || compared.contains(n));
+            baseline.find_groups(&values, &|n| is_input(n) || compared.contains(n));
         }
         let target_view = target.plan_view();
         // Without --max-memory the whole process is kept within half the memory it could use:

@@ -21,7 +21,7 @@ pub mod spec;
 pub mod timings;
 pub mod verbs;
 
-pub use engine::baseline::{Baseline, GraphBaseline, HandedBaseline};
+pub use engine::baseline::Baseline;
 pub use engine::evidence::{WeightCheck, WeightCheckFn};
 pub use engine::memory::{self, Segmentation};
 pub use engine::plan::{Dataflow, Part, PlanSide};
@@ -31,5 +31,7 @@ pub use error::{Error, Result, error_chain};
 pub use sides::expected::ExpectedSide;
 pub use sides::fallback::FallbackSide;
 pub use sides::graph::GraphSide;
+pub use sides::graph::baseline::GraphBaseline;
+pub use sides::pushed::baseline::HandedBaseline;
 pub use sides::pushed::{Computing, PushedSide};
 pub use sides::relaid::RelaidSide;

@@ -2,8 +2,8 @@
 //! runs (`onnx`, `providers`, `bisect`, `reduce`). Every value a reference node produces is
 //! matched to a target value (by name, then by producing node); values an optimizer fused or
 //! removed are explained from the target's structure. The two sides then go through the
-//! [`Engine`]. Pieces of the target's file run alone on its runtime ([`pieces`]) answer where
-//! inside a fusion a difference is born ([`fusion`]), and make the repros of `reduce`.
+//! [`Engine`]. Pieces of the target's file run alone on its runtime (`pieces`) answer where
+//! inside a fusion a difference is born (`fusion`), and make the repros of `reduce`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -272,7 +272,7 @@ fn compare_once(
     let baseline = (options.baseline && options.settings.local)
         .then(|| GraphBaseline::new(&reference_model, ort_library))
         .transpose()?
-        .map(|b| Baseline::Graph(Box::new(b)));
+        .map(|b| Box::new(b) as Box<dyn Baseline>);
     let subgraphs = subgraphs_note(reference_model.graph());
     let reference: Box<dyn Side> = match (reference_expected, reference_runtime) {
         (Some(expected), _) => Box::new(expected.given(&inputs)),

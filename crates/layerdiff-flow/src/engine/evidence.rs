@@ -294,7 +294,7 @@ pub fn model_weight_check(
     if !matches!(check, WeightCheck::Differs(_)) || !flipped {
         return Some(check);
     }
-    let transposed = crate::sides::pushed::transpose_2d(theirs.view());
+    let transposed = transpose_2d(theirs.view());
     match check_weight(name, transposed.view(), weight, false, half_step) {
         WeightCheck::Differs(_) => Some(check),
         matched => Some(matched),
@@ -391,6 +391,23 @@ pub fn file_differences(reference: &Model, target: &Model) -> Vec<layerdiff_core
         }
     }
     found
+}
+
+/// A matrix transposed.
+pub(crate) fn transpose_2d(t: TensorView<'_>) -> Tensor {
+    let (rows, cols, size) = (t.shape[0], t.shape[1], t.dtype.size());
+    let mut bytes = vec![0u8; t.bytes.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            let (from, to) = ((r * cols + c) * size, (c * rows + r) * size);
+            bytes[to..to + size].copy_from_slice(&t.bytes[from..from + size]);
+        }
+    }
+    Tensor {
+        dtype: t.dtype,
+        shape: vec![cols, rows],
+        bytes,
+    }
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ use crate::engine::side::{Member, Recompute, Side, Values};
 use crate::timings::{OWN, RUNTIME, Stopwatch};
 use crate::{Error, Result};
 
+pub mod baseline;
 mod rerun;
 pub mod shipped;
 
@@ -71,9 +72,7 @@ pub struct GraphSide {
 /// runtime (only such layers ask, so a clean run never makes it).
 pub(crate) struct AsWritten {
     ort_library: Option<std::path::PathBuf>,
-    pub(crate) copy: std::sync::OnceLock<
-        std::result::Result<Box<crate::engine::baseline::GraphBaseline>, String>,
-    >,
+    pub(crate) copy: std::sync::OnceLock<std::result::Result<Box<baseline::GraphBaseline>, String>>,
 }
 
 impl GraphSide {
@@ -120,10 +119,10 @@ impl GraphSide {
     /// asked for).
     pub(crate) fn written_copy(
         &self,
-    ) -> Option<std::result::Result<&crate::engine::baseline::GraphBaseline, String>> {
+    ) -> Option<std::result::Result<&baseline::GraphBaseline, String>> {
         let asked = self.as_written.as_ref()?;
         let copy = asked.copy.get_or_init(|| {
-            crate::engine::baseline::GraphBaseline::new(&self.model, asked.ort_library.as_deref())
+            baseline::GraphBaseline::new(&self.model, asked.ort_library.as_deref())
                 .map(Box::new)
                 .map_err(|e| crate::error_chain(&e))
         });

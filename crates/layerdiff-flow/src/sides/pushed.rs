@@ -11,9 +11,11 @@ use std::time::Duration;
 use layerdiff_core::{DType, Evidence, SideInfo, Summary, Tensor, TensorView};
 
 use crate::Result;
-use crate::engine::evidence::{WeightCheck, WeightCheckFn, check_weight};
+use crate::engine::evidence::{WeightCheck, WeightCheckFn, check_weight, transpose_2d};
 use crate::engine::plan::{Part, PlanSide};
 use crate::engine::side::{Group, Member, Own, Receive, Recompute, Side};
+
+pub mod baseline;
 use crate::timings::Stopwatch;
 
 /// What a side whose values are handed over knows of how it computes each layer, for local
@@ -418,23 +420,6 @@ fn parameter_check(
         }
     }
     lower.or(differs)
-}
-
-/// A matrix transposed.
-pub(crate) fn transpose_2d(t: TensorView<'_>) -> Tensor {
-    let (rows, cols, size) = (t.shape[0], t.shape[1], t.dtype.size());
-    let mut bytes = vec![0u8; t.bytes.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            let (from, to) = ((r * cols + c) * size, (c * rows + r) * size);
-            bytes[to..to + size].copy_from_slice(&t.bytes[from..from + size]);
-        }
-    }
-    Tensor {
-        dtype: t.dtype,
-        shape: vec![cols, rows],
-        bytes,
-    }
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use layerdiff_core::{DType, Layer, Location, Report, SideInfo, Tensor, TensorVie
 use layerdiff_onnx::{GraphIndex, LayerCall, LayerMapping, Model, ScopeMapping};
 use layerdiff_runtime::RuntimeSpec;
 
-use crate::engine::baseline::HandedBaseline;
+use crate::HandedBaseline;
 use crate::engine::memory::Segmentation;
 use crate::engine::memory::budget;
 use crate::inputs::{check_inputs, unread_inputs};
@@ -203,10 +203,10 @@ impl CapturedRun {
         });
         // The baseline of each layer, computed by the framework and handed over.
         let baseline = c.baseline.then(|| {
-            Baseline::Handed(Box::new(HandedBaseline::new(c.layers.iter().map(|l| {
+            Box::new(HandedBaseline::new(c.layers.iter().map(|l| {
                 let bytes = l.call.shape.iter().product::<usize>() as u64 * 8;
                 (l.call.name.clone(), bytes)
-            }))))
+            }))) as Box<dyn Baseline>
         });
         let header = Header {
             command: c.command,
@@ -243,7 +243,12 @@ impl CapturedRun {
     /// The float64 copy computing the layers' same-precision baseline stopped (`why`): the
     /// layers after it have none and say why.
     pub fn baseline_lost(&mut self, why: String) {
-        if let Some(baseline) = self.engine.baseline.as_mut().and_then(Baseline::handed) {
+        if let Some(baseline) = self
+            .engine
+            .baseline
+            .as_mut()
+            .and_then(|b| b.as_any_mut().downcast_mut::<HandedBaseline>())
+        {
             baseline.lose(why);
         }
     }
@@ -298,7 +303,11 @@ impl CapturedRun {
         if let Some(truth) = engine.truth.as_mut() {
             truth.push(index, layer.float64.filter(|_| keep).map(|t| t.to_tensor()));
         }
-        if let Some(baseline) = engine.baseline.as_mut().and_then(Baseline::handed) {
+        if let Some(baseline) = engine
+            .baseline
+            .as_mut()
+            .and_then(|b| b.as_any_mut().downcast_mut::<HandedBaseline>())
+        {
             let exact = layer.baseline.filter(|_| keep).map(|t| t.to_tensor());
             baseline.push(index, &listed.call.name, exact, layer.baseline_grid);
             if let Some((terms, rss)) = layer.reduction.filter(|_| keep) {

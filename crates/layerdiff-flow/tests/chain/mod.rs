@@ -238,7 +238,7 @@ pub fn exact(layer: usize, v: f64) -> f64 {
 
 /// Each layer's same-precision baseline, as a framework would hand it over: the honest op in
 /// float64 on the reference's (the honest chain's) value of its input.
-pub fn baseline(layers: usize) -> Baseline {
+pub fn baseline(layers: usize) -> Box<dyn Baseline> {
     let mut handed = HandedBaseline::new((0..layers).map(|i| (format!("v{i}"), (N * 8) as u64)));
     let honest_chain = Chain::new(honest());
     let mut value = input();
@@ -251,7 +251,7 @@ pub fn baseline(layers: usize) -> Baseline {
         handed.push(i, &name, Some(Tensor::from_f64(DType::F64, &wide)), None);
         value = honest_chain.apply(i, &value);
     }
-    Baseline::Handed(Box::new(handed))
+    Box::new(handed)
 }
 
 /// Every layer paired by name; `unpaired` layers are not compared.
