@@ -46,6 +46,16 @@ def test_drift_the_optimizers_do_not_cause_is_not_blamed_on_them(tmp_path):
     assert "--bisect: nothing to bisect, the target (`tract`) does not optimize" in done.stderr
 
 
+def test_nothing_to_bisect_names_the_target_a_vs_run_compares_on(tmp_path):
+    """Against another file (`--vs`) the target is ONNX Runtime on the CPU, not tract: the
+    note names the runtime the run compared on."""
+    a = growing_convs(tmp_path / "a.onnx", layers=3)
+    b = growing_convs(tmp_path / "b.onnx", layers=3, gain=3.3)
+    done = run_cli("onnx", str(a), "--vs", str(b), "--bisect")
+    assert done.returncode == 1, done.stderr  # the weights differ
+    assert "--bisect: nothing to bisect, the target (`ort`) does not optimize" in done.stderr
+
+
 def test_a_clean_run_has_nothing_to_bisect(tmp_path):
     model = growing_convs(tmp_path / "convs.onnx", layers=2)
     done = run_cli("onnx", str(model), "--target", "ort:opt=all", "--bisect")

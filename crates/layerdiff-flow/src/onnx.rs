@@ -40,7 +40,7 @@ pub struct OnnxOptions {
     pub vs: Option<PathBuf>,
     /// The reference side.
     pub reference: RuntimeSpec,
-    /// The target side (`None`: tract, or ONNX Runtime on the CPU with `vs`).
+    /// The target side (`None`: see [`OnnxOptions::target_spec`]).
     pub target: Option<RuntimeSpec>,
     /// Inputs read from this file (`None`: generated, or stored with expected values).
     pub inputs: Option<PathBuf>,
@@ -64,6 +64,19 @@ pub struct OnnxOptions {
     pub repro_nodes: usize,
     /// Which sides run in a worker process, so that a crash costs only its layers.
     pub isolation: Isolation,
+}
+
+impl OnnxOptions {
+    /// The runtime the target is computed on: as given, else ONNX Runtime on the CPU against
+    /// another file (`--vs`), else tract (the same file on another runtime). Resolved here,
+    /// once, for the run and for what is said of it.
+    pub fn target_spec(&self) -> RuntimeSpec {
+        self.target.clone().unwrap_or(if self.vs.is_some() {
+            RuntimeSpec::ort_cpu()
+        } else {
+            RuntimeSpec::Tract
+        })
+    }
 }
 
 /// A finished run: its report, how it was split, and the inputs both sides were given.
@@ -150,11 +163,7 @@ fn compare_once(
             lacking::without(target_model.as_ref().unwrap_or(&reference_model), lacks)?;
         (target_model, removed) = (Some(pruned), gone);
     }
-    let target_spec = options.target.clone().unwrap_or(if options.vs.is_some() {
-        RuntimeSpec::ort_cpu()
-    } else {
-        RuntimeSpec::Tract
-    });
+    let target_spec = options.target_spec();
     clock.lap("loading models", OWN);
     let (reference_label, target_label) = (
         file_name(&options.model),

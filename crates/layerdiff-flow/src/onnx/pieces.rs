@@ -53,11 +53,7 @@ impl Pieces {
             ))),
             spec => Ok(spec.build(ort_library)?),
         };
-        let target_spec = options.target.clone().unwrap_or(if options.vs.is_some() {
-            RuntimeSpec::ort_cpu()
-        } else {
-            RuntimeSpec::Tract
-        });
+        let target_spec = options.target_spec();
         let reference_runtime = runtime(&options.reference, "reference")?;
         let target_runtime = runtime(&target_spec, "target")?;
         let reference_model = Model::load(&options.model)?;

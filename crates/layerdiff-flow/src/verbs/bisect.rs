@@ -95,8 +95,8 @@ pub fn ort_optimizers(
     ort_library: Option<&Path>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Option<Bisection>> {
-    let Some(RuntimeSpec::Ort(provider, level, provider_options, without, custom_ops)) =
-        &options.target
+    let RuntimeSpec::Ort(provider, level, provider_options, without, custom_ops) =
+        &options.target_spec()
     else {
         return Ok(None);
     };

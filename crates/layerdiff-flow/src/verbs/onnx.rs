@@ -5,7 +5,6 @@
 use std::path::Path;
 
 use layerdiff_core::Report;
-use layerdiff_runtime::RuntimeSpec;
 
 use crate::Result;
 use crate::onnx::{OnnxOptions, Outcome, compare_on};
@@ -87,10 +86,7 @@ fn nothing_to_bisect(options: &OnnxOptions, report: &Report) -> String {
         format!(
             "--bisect: nothing to bisect, the target (`{}`) does not optimize the graph; bisection \
              names the ONNX Runtime optimizers of a target at `opt=basic|extended|all`",
-            options
-                .target
-                .as_ref()
-                .map_or_else(|| "tract".to_string(), RuntimeSpec::spelling)
+            options.target_spec().spelling()
         )
     }
 }
