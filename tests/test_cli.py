@@ -189,6 +189,17 @@ def test_options_that_do_not_fit_together_are_refused_before_the_model_is_built(
     assert "building" not in result.stderr, "refused before any work"
 
 
+@pytest.mark.parametrize("verb", ["onnx", "providers"])
+def test_tolerance_auto_without_float64_is_refused_by_every_verb(verb, tmp_path):
+    """`auto` measures each value against the float64 run, which `--no-float64` skips: the
+    ONNX verbs refuse the pair as `torch` does, where they ran the float64 run regardless."""
+    from builders.graphs import growing_convs
+
+    model = growing_convs(tmp_path / "convs.onnx", layers=2, channels=8)
+    result = run_cli(verb, str(model), "--tolerance", "auto", "--no-float64")
+    assert_usage_error(result, "tolerance `auto` needs the float64 run; drop --no-float64")
+
+
 def _bare_env(tmp_path) -> dict:
     """What a shell that never activated the virtualenv gives the command."""
     return {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}

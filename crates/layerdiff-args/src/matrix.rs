@@ -225,7 +225,7 @@ impl ProvidersArgs {
                 local: !self.no_local,
                 max_memory: None,
             },
-            float64: self.float64 || self.tolerance == Tolerance::Auto,
+            float64: self.float64,
             baseline: !self.no_float64,
             fail_on: self.fail_on,
             isolation: self.isolate,

@@ -85,6 +85,24 @@ pub struct Settings {
     pub max_memory: Option<u64>,
 }
 
+impl Settings {
+    /// Whether the run makes the float64 truth: where it is `asked` for (`--float64`), and
+    /// always for `--tolerance auto`, which measures each value against it; a run told to
+    /// `skip` every float64 computation (`--no-float64`) cannot have that tolerance. The one
+    /// rule every verb asks.
+    pub fn truth(&self, asked: bool, skip: bool) -> Result<bool> {
+        if self.tolerance != Tolerance::Auto {
+            return Ok(asked);
+        }
+        if skip {
+            return Err(Error::Usage(
+                "tolerance `auto` needs the float64 run; drop --no-float64".to_string(),
+            ));
+        }
+        Ok(true)
+    }
+}
+
 /// What the report says the run was.
 #[derive(Debug, Clone)]
 pub struct Header {

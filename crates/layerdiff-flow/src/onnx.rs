@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use layerdiff_core::{Layer, Location, Report, Tensor, Tolerance};
+use layerdiff_core::{Layer, Location, Report, Tensor};
 use layerdiff_onnx::{GraphIndex, MAX_GROUP_NODES, Model, NCHWC_DOMAIN, NodeInfo, to_float64_lazy};
 use layerdiff_runtime::{Isolation, PerNode, Runtime, RuntimeSpec, Widened};
 
@@ -267,7 +267,7 @@ fn compare_once(
                 .is_none_or(|held| target.is_some_and(|t| held.iter().any(|h| h == t)))
     };
     let alignment = align(&reference_model, &target_graph, &renames, &provides);
-    let wants_truth = options.float64 || options.settings.tolerance == Tolerance::Auto;
+    let wants_truth = options.settings.truth(options.float64, !options.baseline)?;
     let truth = if wants_truth {
         Some(float64_truth(
             &options.model,

@@ -128,6 +128,8 @@ pub fn providers(
     to: &Destinations,
     ort_library: Option<&Path>,
 ) -> Result<ProvidersReport> {
+    // every cell is an `onnx` comparison with these settings: refused once, before any runs
+    options.settings.truth(options.float64, !options.baseline)?;
     let mut table = ProvidersReport {
         schema: PROVIDERS_SCHEMA,
         model: options

@@ -150,11 +150,7 @@ pub fn check_options(
     target: &TargetSpec,
     float64: bool,
 ) -> Result<()> {
-    if settings.tolerance == layerdiff_core::Tolerance::Auto && !float64 {
-        return Err(Error::Usage(
-            "tolerance `auto` needs the float64 run; drop --no-float64".to_string(),
-        ));
-    }
+    settings.truth(float64, !float64)?;
     match target {
         TargetSpec::Onnx(RuntimeSpec::Expected(_)) => Err(Error::Usage(format!(
             "`{}` is a file of values: `layerdiff torch` needs a runtime to run the ONNX file (`ort`, `ort:opt=all`, `ort:cuda`, `tract`, `openvino`) or a PyTorch side (`torch:bf16`, `torch:cuda`)",
