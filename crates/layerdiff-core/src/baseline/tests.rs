@@ -266,14 +266,7 @@ fn a_finite_block_by_lanes_agrees_with_the_element_wise_path() {
             let scale =
                 |rng: &mut crate::SplitMix64| pow2(((rng.normal() * 6.0) as i32).clamp(-28, 12));
             let x: Vec<f64> = (0..len).map(|_| rng.normal() * scale(&mut rng)).collect();
-            let y: Vec<f64> = x
-                .iter()
-                .map(|&v| DType::F32.round(v * (1.0 + 1e-7 * rng.normal())))
-                .collect();
-            let t: Vec<f64> = x
-                .iter()
-                .map(|&v| grid.round(v * (1.0 + 1e-3 * rng.normal())))
-                .collect();
+            let (y, t) = reference_and_target(&mut rng, grid, &x);
             let spread = vec![0.0; len];
             let values = (&y[..], &t[..], &x[..], &spread[..]);
             let by_lanes = rule.finite_block(grid, values).expect("a finite block");
@@ -327,14 +320,7 @@ fn the_avx2_lane_loop_gives_the_portable_ones_bits() {
             x[5] = 0.0;
             x[6] = -0.0;
             x[7] = max_finite.min(1e30) / 2.0;
-            let y: Vec<f64> = x
-                .iter()
-                .map(|&v| DType::F32.round(v * (1.0 + 1e-7 * rng.normal())))
-                .collect();
-            let t: Vec<f64> = x
-                .iter()
-                .map(|&v| grid.round(v * (1.0 + 1e-3 * rng.normal())))
-                .collect();
+            let (y, t) = reference_and_target(&mut rng, grid, &x);
             let sums = |(y, t, x): (&[f64], &[f64], &[f64])| {
                 // SAFETY: the CPU has AVX2 and FMA (checked above); one length, 4096.
                 let vector =
@@ -402,4 +388,21 @@ fn same_bits(a: &[f64], b: &[f64], what: &str) {
     for (a, b) in a.iter().zip(b) {
         assert_eq!(a.to_bits(), b.to_bits(), "{what}: {a:e} {b:e}");
     }
+}
+
+/// A float32 reference a hair off exact values `x`, and a target on `grid` a thousandth off.
+fn reference_and_target(
+    rng: &mut crate::SplitMix64,
+    grid: DType,
+    x: &[f64],
+) -> (Vec<f64>, Vec<f64>) {
+    let y = x
+        .iter()
+        .map(|&v| DType::F32.round(v * (1.0 + 1e-7 * rng.normal())))
+        .collect();
+    let t = x
+        .iter()
+        .map(|&v| grid.round(v * (1.0 + 1e-3 * rng.normal())))
+        .collect();
+    (y, t)
 }
