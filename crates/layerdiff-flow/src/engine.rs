@@ -3,7 +3,7 @@
 //! re-run locally on the reference's values, judged, and dropped after its last use; then the
 //! drift origin is decided, causes are explained from the evidence gathered, and the report is
 //! built. Commands differ only in the sides they build and how they align them
-//! ([`crate::verbs::onnx`], [`crate::verbs::captured`]).
+//! ([`crate::onnx`], [`crate::verbs::captured`]).
 
 use std::collections::HashMap;
 

@@ -6,8 +6,9 @@
 //! (values handed over as a framework computes them: PyTorch's forward hooks). The [`Engine`]
 //! runs the one loop over any two of them. The folders say the same: `engine` (the loop and
 //! what it holds), [`sides`] (what produces values), [`spec`] (how each side is spelled) and
-//! [`verbs`] (each command: it builds its sides and aligns them, e.g. [`verbs::onnx`], one ONNX
-//! model on two runtimes, and [`verbs::captured`], a framework's layers against its export).
+//! [`verbs`] (each command: it builds its sides and aligns them, e.g. [`verbs::captured`], a
+//! framework's layers against its export); beside them [`onnx`], one ONNX model on two
+//! runtimes, the comparison the ONNX verbs share.
 
 mod engine;
 mod error;
