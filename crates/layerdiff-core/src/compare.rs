@@ -57,7 +57,7 @@ mod rounding;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use block::largest_difference;
+pub(crate) use block::{Kernel, largest_difference};
 #[cfg(target_arch = "x86_64")]
 use block::{Outcome, element};
 use block::{SUB, block_stats, tree};

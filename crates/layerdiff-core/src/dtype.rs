@@ -303,10 +303,13 @@ fn round_to_grid(value: f64, mantissa: i64, min_exponent: i64, max_finite: f64) 
     finite_to_grid(value, mantissa, min_exponent, max_finite)
 }
 
+/// 1.5·2^52: added to a value below 2^51 and taken away again, it rounds it to an integer (to
+/// nearest even): how [`finite_to_grid`] and the vector kernels that round to a grid round.
+pub(crate) const INTEGER: f64 = 6_755_399_441_055_744.0;
+
 /// [`round_to_grid`] of a finite value: no branch, for loops that run on vectors.
 #[inline(always)]
 pub(crate) fn finite_to_grid(value: f64, mantissa: i64, min_exponent: i64, max_finite: f64) -> f64 {
-    const INTEGER: f64 = 6_755_399_441_055_744.0; // 1.5·2^52
     let exponent = (((value.to_bits() >> 52) & 0x7ff) as i64 - 1023).max(min_exponent);
     let step = f64::from_bits(((exponent - mantissa + 1023) as u64) << 52);
     let per_step = f64::from_bits(((mantissa - exponent + 1023) as u64) << 52);

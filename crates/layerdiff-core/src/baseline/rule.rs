@@ -186,11 +186,8 @@ impl Rule {
         }
         #[cfg(target_arch = "x86_64")]
         {
-            static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-            if *AVX2.get_or_init(|| {
-                std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-            }) {
+            // the comparator's choice of kernel: its AVX2 (and AVX-512) needs AVX2 and FMA too
+            if crate::compare::Kernel::best() != crate::compare::Kernel::Portable {
                 if reference.len().is_multiple_of(LANES) {
                     let values = (reference, own, exact);
                     // SAFETY: the CPU has AVX2 and FMA; the slices are of one length (a

@@ -64,7 +64,7 @@ impl Kernel {
     }
 
     /// The best kernel this CPU runs.
-    pub(super) fn best() -> Kernel {
+    pub(crate) fn best() -> Kernel {
         static BEST: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| Kernel::available()[0])
     }

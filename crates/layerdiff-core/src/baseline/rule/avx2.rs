@@ -9,6 +9,7 @@ use std::arch::x86_64::*;
 
 use super::{HONEST_FACTOR, LANES, Rule, Sums};
 use crate::DType;
+use crate::dtype::INTEGER;
 
 /// The sums of a finite block as [`Rule::lane_sums`] makes them, `None` where it says `None`.
 ///
@@ -35,9 +36,6 @@ pub(in crate::baseline) unsafe fn lane_sums(
         }
     }
 }
-
-/// 1.5·2^52: added and taken away, it rounds a value below 2^51 to an integer.
-const INTEGER: f64 = 6_755_399_441_055_744.0;
 
 /// The accumulators of four lanes, in the order of [`Sums`]' lane arrays.
 #[derive(Clone, Copy)]
