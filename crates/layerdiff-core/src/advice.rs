@@ -145,7 +145,7 @@ pub fn keep_float32(report: &Report, precision: &str) -> Option<KeepFloat32> {
         let own = match (&l.local, report.mode.as_str()) {
             (Some(local), _) => Some(local),
             (None, "local") => None,
-            (None, _) if l.cause.as_deref() == Some("inherited") => None,
+            (None, _) if l.cause == Some(crate::Cause::Inherited) => None,
             (None, _) => l.accumulated.as_ref(),
         };
         let inf = overflowed(own) + own.map_or(0, |s| s.nan_mismatch);

@@ -57,7 +57,7 @@ pub struct AxisPoint {
     /// Where drift is born.
     pub drift_origin: Option<String>,
     /// The origin's cause.
-    pub cause: Option<String>,
+    pub cause: Option<crate::Cause>,
     /// The last compared layer (the model's output).
     pub output: Option<String>,
     /// Its largest absolute difference.

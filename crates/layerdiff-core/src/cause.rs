@@ -55,7 +55,9 @@ mod fix;
 use fix::fix;
 pub use fix::weights_fix;
 mod grid;
+mod name;
 pub use grid::precision_grid;
+pub use name::Cause;
 #[cfg(test)]
 mod tests;
 
@@ -215,7 +217,7 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
         if is_source
             && layer.exceeds_tol
             && !layer.local_exceeds
-            && !matches!(cause, "inherited" | "unknown")
+            && !matches!(cause, Cause::Inherited | Cause::Unknown)
         {
             detail = match &layer.error_from {
                 // Its own error is most of what it hands on, within its tolerance alone.
@@ -231,7 +233,7 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
                 ),
             };
         }
-        if !matches!(cause, "inherited" | "rounding")
+        if !matches!(cause, Cause::Inherited | Cause::Rounding)
             && let Some(f) = &layer.float64
         {
             let said = if finding == Finding::Precision {
@@ -242,7 +244,7 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
             detail = format!("{detail}; {said}");
         }
         layer.permutation = match cause {
-            "layout_permutation" => e.layout.as_ref().map(|l| l.permutation.clone()),
+            Cause::LayoutPermutation => e.layout.as_ref().map(|l| l.permutation.clone()),
             _ => None,
         };
         if finding == Finding::Precision && e.ops.iter().any(|op| quantizing_op(op)) {
@@ -252,7 +254,7 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
         // A defect already named upstream in the same words (one changed weight two layers
         // read) is that defect once, whatever each layer's own figures.
         let named = named_defects.contains(&said);
-        if cause == "narrow_accumulation"
+        if cause == Cause::NarrowAccumulation
             && let Some((b, n)) = layer
                 .baseline
                 .as_ref()
@@ -274,7 +276,7 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
                 layer.index,
                 Defect {
                     layer: layer.name.clone(),
-                    cause: cause.to_string(),
+                    cause,
                     multiple: layer
                         .baseline
                         .as_ref()
@@ -286,7 +288,7 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
                 },
             ));
         }
-        layer.cause = Some(cause.to_string());
+        layer.cause = Some(cause);
         layer.detail = Some(detail);
         layer.finding = Some(finding);
     }
@@ -388,8 +390,8 @@ fn conclude(
 pub struct FileDifference {
     /// The layer (value) that reads it.
     pub layer: String,
-    /// `weight_mismatch` or `file_differs`.
-    pub cause: &'static str,
+    /// [`Cause::WeightMismatch`] or [`Cause::FileDiffers`].
+    pub cause: Cause,
     /// What differs, in words.
     pub detail: String,
     /// What to do about it.
@@ -416,9 +418,9 @@ pub fn unseen_differences(layers: &mut [Layer], summary: &mut Summary, found: Ve
                 if let Some(l) = layers.iter_mut().find(|l| l.name == d.layer) {
                     l.detail = Some(defect.detail.clone());
                 }
-            } else if defect.cause == "op_implementation" {
+            } else if defect.cause == Cause::OpImplementation {
                 replaced.push(d.layer.clone());
-                defect.cause = d.cause.to_string();
+                defect.cause = d.cause;
                 defect.detail = match defect.multiple {
                     Some(m) => format!(
                         "{}; the layer's own error is {m:.1}× what its precision explains",
@@ -428,7 +430,7 @@ pub fn unseen_differences(layers: &mut [Layer], summary: &mut Summary, found: Ve
                 };
                 defect.fix = d.fix;
                 if let Some(l) = layers.iter_mut().find(|l| l.name == d.layer) {
-                    l.cause = Some(d.cause.to_string());
+                    l.cause = Some(d.cause);
                     l.detail = Some(defect.detail.clone());
                 }
             }
@@ -446,7 +448,7 @@ pub fn unseen_differences(layers: &mut [Layer], summary: &mut Summary, found: Ve
         };
         summary.defects.push(Defect {
             layer: d.layer,
-            cause: d.cause.to_string(),
+            cause: d.cause,
             multiple: layer.and_then(|l| l.baseline.as_ref()).map(|b| b.multiple),
             tolerance_multiple: layer
                 .and_then(|l| l.accumulated.as_ref())

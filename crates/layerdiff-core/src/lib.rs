@@ -41,7 +41,7 @@ pub use baseline::{
 };
 pub use bisect::{Bisection, BisectionCheck, smallest_set};
 pub use cause::{
-    Evidence, FileDifference, ROUNDING_FACTOR, explain, precision_grid, quantizing_op,
+    Cause, Evidence, FileDifference, ROUNDING_FACTOR, explain, precision_grid, quantizing_op,
     unseen_differences, weights_fix,
 };
 pub use compare::{

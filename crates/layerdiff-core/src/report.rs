@@ -179,7 +179,7 @@ impl Report {
         let sentence = inside.sentence();
         let attributes = (!inside.attributes.is_empty())
             .then(|| format!("an attribute differs: {}", inside.attributes.join(", ")));
-        let kernel = |cause: Option<&str>| cause == Some("op_implementation");
+        let kernel = |cause: Option<crate::Cause>| cause == Some(crate::Cause::OpImplementation);
         // A weight of the node that differs is what the kernel was blamed for: the file's
         // weight, the same defect as a weight read by name.
         let weight = (!inside.weights.is_empty()).then(|| {
@@ -199,12 +199,12 @@ impl Report {
             )
         });
         if let Some(l) = self.layers.iter_mut().find(|l| l.name == layer) {
-            let replace = kernel(l.cause.as_deref());
+            let replace = kernel(l.cause);
             let detail = l.detail.get_or_insert_with(String::new);
             match &weight {
                 Some((words, _)) if replace => {
                     *detail = format!("{words}; {sentence}");
-                    l.cause = Some("weight_mismatch".to_string());
+                    l.cause = Some(crate::Cause::WeightMismatch);
                 }
                 _ => told(detail, attributes.as_deref(), replace, &sentence),
             }
@@ -212,9 +212,9 @@ impl Report {
         }
         let mut weighed = false;
         for defect in self.summary.defects.iter_mut().filter(|d| d.layer == layer) {
-            let replace = kernel(Some(&defect.cause));
+            let replace = kernel(Some(defect.cause));
             if let (true, Some((words, fix))) = (replace, &weight) {
-                defect.cause = "weight_mismatch".to_string();
+                defect.cause = crate::Cause::WeightMismatch;
                 defect.detail = format!("{words}; {sentence}");
                 defect.fix = fix.clone();
                 weighed = true;
@@ -239,7 +239,7 @@ impl Report {
         if weighed {
             self.summary
                 .defects
-                .retain(|d| !(d.layer == inside.value && d.cause == "weight_mismatch"));
+                .retain(|d| !(d.layer == inside.value && d.cause == crate::Cause::WeightMismatch));
         }
     }
 

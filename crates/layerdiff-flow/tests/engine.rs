@@ -31,7 +31,7 @@ fn the_origin_is_the_layer_that_adds_error_and_the_layers_after_it_inherit() {
     assert_eq!(s.verdict, layerdiff_core::Verdict::Defect);
     assert_eq!(s.defects.len(), 1);
     assert_eq!(
-        (s.defects[0].layer.as_str(), s.defects[0].cause.as_str()),
+        (s.defects[0].layer.as_str(), s.defects[0].cause.name()),
         ("v2", "op_implementation")
     );
     let multiple = layer_multiple(&report, "v2");
@@ -50,7 +50,7 @@ fn the_origin_is_the_layer_that_adds_error_and_the_layers_after_it_inherit() {
         let l = layer(later);
         if l.exceeds_tol {
             assert_eq!(
-                l.cause.as_deref(),
+                l.cause.map(layerdiff_core::Cause::name),
                 Some("inherited"),
                 "{later}: {:?}",
                 l.detail
@@ -86,7 +86,7 @@ fn a_side_that_disagrees_with_itself_is_nondeterminism() {
     let layer = report.layers.iter().find(|l| l.name == origin).unwrap();
     assert_eq!(origin, "v1");
     assert_eq!(
-        layer.cause.as_deref(),
+        layer.cause.map(layerdiff_core::Cause::name),
         Some("nondeterminism"),
         "{:?}",
         layer.detail

@@ -167,12 +167,9 @@ fn report(says_so: bool) -> Option<Report> {
     )
 }
 
-fn verdict(report: &Report, value: &str) -> (String, String) {
+fn verdict(report: &Report, value: &str) -> (Option<layerdiff_core::Cause>, String) {
     let layer = report.layers.iter().find(|l| l.name == value).unwrap();
-    (
-        layer.cause.clone().unwrap_or_default(),
-        layer.detail.clone().unwrap_or_default(),
-    )
+    (layer.cause, layer.detail.clone().unwrap_or_default())
 }
 
 #[test]
@@ -183,7 +180,11 @@ fn tf32_products_are_precision_loss_and_the_truth_says_the_target_is_further() {
     };
     assert_eq!(report.summary.drift_origin.as_deref(), Some("hidden"));
     let (cause, detail) = verdict(&report, "hidden");
-    assert_eq!(cause, "precision_loss", "{detail}");
+    assert_eq!(
+        cause,
+        Some(layerdiff_core::Cause::PrecisionLoss),
+        "{detail}"
+    );
     assert!(
         detail.starts_with("MatMul: this side multiplies float32 in TF32"),
         "{detail}"
@@ -195,7 +196,8 @@ fn tf32_products_are_precision_loss_and_the_truth_says_the_target_is_further() {
     );
     let (cause, detail) = verdict(&report, "out");
     assert_eq!(
-        cause, "precision_loss",
+        cause,
+        Some(layerdiff_core::Cause::PrecisionLoss),
         "it rounds its own operands too: {detail}"
     );
 }
@@ -207,5 +209,9 @@ fn the_same_rounding_unexplained_is_a_kernel_that_computes_differently() {
         return;
     };
     let (cause, detail) = verdict(&report, "hidden");
-    assert_eq!(cause, "op_implementation", "{detail}");
+    assert_eq!(
+        cause,
+        Some(layerdiff_core::Cause::OpImplementation),
+        "{detail}"
+    );
 }

@@ -5,11 +5,7 @@
 use super::*;
 
 /// A cause, its detail and the finding it makes, for one layer (see the module docs).
-pub(super) fn decide(
-    layer: &Layer,
-    e: &Evidence,
-    is_source: bool,
-) -> (&'static str, String, Finding) {
+pub(super) fn decide(layer: &Layer, e: &Evidence, is_source: bool) -> (Cause, String, Finding) {
     let max = |s: &Option<crate::Stats>| s.as_ref().map_or(0.0, |s| s.max_abs_diff);
     let tol = layer.tolerance;
     if layer.local.is_some() && !layer.local_exceeds && !layer.own_beyond() && !is_source {
@@ -18,7 +14,7 @@ pub(super) fn decide(
             .as_deref()
             .map_or(String::new(), |o| format!(", mostly from `{o}`"));
         return (
-            "inherited",
+            Cause::Inherited,
             format!(
                 "its own error (local max abs diff {:.3e}) is within the tolerance {tol}; the difference ({:.3e}) comes from upstream{from}",
                 max(&layer.local),
@@ -28,7 +24,7 @@ pub(super) fn decide(
         );
     }
     if let Some(found) = &e.layout {
-        return ("layout_permutation", found.detail(), Finding::Defect);
+        return (Cause::LayoutPermutation, found.detail(), Finding::Defect);
     }
     if let Some(theirs) = layer
         .target_shape
@@ -36,7 +32,7 @@ pub(super) fn decide(
         .filter(|_| layer.status == crate::LayerStatus::ShapeMismatch)
     {
         return (
-            "shape_mismatch",
+            Cause::ShapeMismatch,
             format!(
                 "the target gives a {theirs:?} value where the reference gives {:?}, and no axis permutation maps one onto the other: it computes another shape here (a dimension fixed at export, a broadcast, a reshape)",
                 layer.shape
@@ -48,13 +44,13 @@ pub(super) fn decide(
         && *d > tol.atol
     {
         return (
-            "nondeterminism",
+            Cause::Nondeterminism,
             format!("the {side} run twice disagrees with itself here by up to {d:.3e}"),
             Finding::Defect,
         );
     }
     if !e.weights.is_empty() {
-        return ("weight_mismatch", e.weights.join("; "), Finding::Defect);
+        return (Cause::WeightMismatch, e.weights.join("; "), Finding::Defect);
     }
     if let Some(grid) = &layer.quantization {
         return quantized(layer, grid, layer.baseline.as_ref(), e);
@@ -70,7 +66,7 @@ pub(super) fn decide(
         let own = layer.local.as_ref().or(layer.accumulated.as_ref());
         let n = own.map_or(0, nonfinite_target);
         return (
-            "precision_loss",
+            Cause::PrecisionLoss,
             format!(
                 "the target computes this layer in {t}, the reference in {}, and {n} of its values overflow {t}'s range (±Inf, or NaN made of it) where the reference's are finite: keep it in {}",
                 layer.dtype, layer.dtype
@@ -82,7 +78,7 @@ pub(super) fn decide(
         let differs = format!("an attribute differs: {}", e.attributes.join(", "));
         if let Some(w) = layer.computes_as_written() {
             return (
-                "file_differs",
+                Cause::FileDiffers,
                 format!(
                     "{differs}; the target computes what its file says (its own error is {:.2}× what {} explains against the file's nodes computed exactly): the file differs from the reference here, not the runtime",
                     w.multiple, w.grid
@@ -90,7 +86,7 @@ pub(super) fn decide(
                 Finding::Defect,
             );
         }
-        return ("op_implementation", differs, Finding::Defect);
+        return (Cause::OpImplementation, differs, Finding::Defect);
     }
     // The target's own code passes the call other numbers or flags, and what they compute is
     // beyond what its precision explains (its local re-run took them).
@@ -107,7 +103,7 @@ pub(super) fn decide(
             )
         });
         return (
-            "argument_mismatch",
+            Cause::ArgumentMismatch,
             format!(
                 "the target's own code passes this call other arguments than the reference's: {}{multiple}",
                 e.arguments.join(", ")
@@ -124,9 +120,9 @@ pub(super) fn decide(
             return against_baseline(layer, b, e, lower);
         }
         if let Some(detail) = truth_rounding(layer) {
-            return ("rounding", detail, Finding::Precision);
+            return (Cause::Rounding, detail, Finding::Precision);
         }
-        return ("precision_loss", how.clone(), Finding::Precision);
+        return (Cause::PrecisionLoss, how.clone(), Finding::Precision);
     }
     if let Some(b) = &layer.baseline {
         return against_baseline(layer, b, e, lower);
@@ -140,7 +136,7 @@ pub(super) fn against_baseline(
     b: &crate::Baseline,
     e: &Evidence,
     lower: Option<DType>,
-) -> (&'static str, String, Finding) {
+) -> (Cause, String, Finding) {
     let own = layer
         .local
         .as_ref()
@@ -155,7 +151,7 @@ pub(super) fn against_baseline(
     );
     if b.reference_off > 0 {
         return (
-            "op_implementation",
+            Cause::OpImplementation,
             format!(
                 "the reference is off here: in {} element(s) its value is further from the exact computation on the same inputs than its dtype's tolerance ({numbers}), so the target cannot be held to it: check the reference",
                 b.reference_off
@@ -165,7 +161,7 @@ pub(super) fn against_baseline(
     }
     if let Some(n) = b.narrow.as_ref().filter(|_| b.accumulates_narrow()) {
         return (
-            "narrow_accumulation",
+            Cause::NarrowAccumulation,
             format!(
                 "the target's {} sums its {} terms per element in {g}: its own error is {:.1}× what a kernel that accumulates in float32 explains, and {:.2}× what one that accumulates in {g} does ({numbers}): honest, but {g} accumulation",
                 if e.ops.is_empty() {
@@ -190,7 +186,7 @@ pub(super) fn against_baseline(
             e.written.join(", ")
         };
         return (
-            "file_differs",
+            Cause::FileDiffers,
             format!(
                 "its own error is {:.1}× what {g} explains against the reference's computation, and {:.2}× against the target file's own nodes computed exactly on the same inputs: the runtime computes what the file says, and the file computes differently from the reference here ({written}): an export that lost or changed something, a folded constant, or an edit ({numbers})",
                 b.multiple,
@@ -208,7 +204,7 @@ pub(super) fn against_baseline(
             "infinitely many times".to_string()
         };
         return (
-            "op_implementation",
+            Cause::OpImplementation,
             format!(
                 "its own error is {multiple} what {} explains ({numbers}): the target's {ops} computes differently",
                 b.grid
@@ -227,7 +223,7 @@ pub(super) fn against_baseline(
         .filter(|g| DType::from_name(&layer.dtype).is_ok_and(|d| g.narrower_than(d)));
     match lower.or(grid) {
         Some(t) => (
-            "precision_loss",
+            Cause::PrecisionLoss,
             match e.precision.as_deref().filter(|_| lower.is_none()) {
                 Some(how) => format!(
                     "the target computes this layer in {t}, the reference in {} ({how}); {explained}",
@@ -244,12 +240,12 @@ pub(super) fn against_baseline(
             // the values' dtype is the reference's, yet the side computes below it (float16
             // weights computed in float32)
             Some(how) => (
-                "precision_loss",
+                Cause::PrecisionLoss,
                 format!("{how}; {explained}"),
                 Finding::Precision,
             ),
             None => (
-                "rounding",
+                Cause::Rounding,
                 format!(
                     "the target rounds as an honest {} kernel does: {explained}",
                     b.grid
@@ -269,7 +265,7 @@ pub(super) fn quantized(
     grid: &crate::Quantization,
     b: Option<&crate::Baseline>,
     e: &Evidence,
-) -> (&'static str, String, Finding) {
+) -> (Cause, String, Finding) {
     let own = layer
         .local
         .as_ref()
@@ -295,13 +291,13 @@ pub(super) fn quantized(
         );
         if grid.too_narrow() {
             return (
-                "quantization_range",
+                Cause::QuantizationRange,
                 format!("{} ({numbers})", clipped()),
                 Finding::Defect,
             );
         }
         return (
-            "precision_loss",
+            Cause::PrecisionLoss,
             format!(
                 "the target quantizes this layer to {}; {numbers}; it is not held to an ideal quantized computation ({why}), so a kernel defect inside it cannot be ruled out",
                 grid.describe()
@@ -320,14 +316,14 @@ pub(super) fn quantized(
     );
     if grid.too_narrow() {
         return (
-            "quantization_range",
+            Cause::QuantizationRange,
             format!("{} ({numbers})", clipped()),
             Finding::Defect,
         );
     }
     if b.beyond() {
         return (
-            "op_implementation",
+            Cause::OpImplementation,
             format!(
                 "its own error is {:.1}× what quantization to {} explains ({numbers}): the target's {} computes differently",
                 b.multiple,
@@ -342,7 +338,7 @@ pub(super) fn quantized(
         .as_deref()
         .map_or(String::new(), |how| format!(" ({how})"));
     (
-        "precision_loss",
+        Cause::PrecisionLoss,
         format!(
             "the target quantizes this layer to {}{how}; its own error is {:.2}× what the quantization explains ({numbers})",
             grid.describe(),
@@ -359,10 +355,10 @@ pub(super) fn without_baseline(
     e: &Evidence,
     lower: Option<DType>,
     is_source: bool,
-) -> (&'static str, String, Finding) {
+) -> (Cause, String, Finding) {
     let tol = layer.tolerance;
     if let Some(detail) = truth_rounding(layer) {
-        return ("rounding", detail, Finding::Precision);
+        return (Cause::Rounding, detail, Finding::Precision);
     }
     if e.ops.iter().any(|op| quantizing_op(op)) {
         let how = e
@@ -371,7 +367,7 @@ pub(super) fn without_baseline(
             .unwrap_or("the target quantizes inside this layer");
         let own = layer.local.as_ref().or(layer.accumulated.as_ref());
         return (
-            "precision_loss",
+            Cause::PrecisionLoss,
             format!(
                 "{how}; its own error (max abs diff {:.3e}) is the quantization's as far as can be told: no float baseline models quantization, and its weights were checked against their scale steps",
                 own.map_or(0.0, |s| s.max_abs_diff)
@@ -385,7 +381,7 @@ pub(super) fn without_baseline(
         && !layer.exceeds_tol
     {
         return (
-            "rounding",
+            Cause::Rounding,
             format!(
                 "the target rounds here as its dtype allows, and nothing else differs (local max abs diff {:.3e})",
                 local.max_abs_diff
@@ -402,7 +398,7 @@ pub(super) fn without_baseline(
         && is_source
     {
         return (
-            "unknown",
+            Cause::Unknown,
             format!(
                 "its own computation agrees (local max abs diff {:.3e}, within the tolerance {tol}), yet its inputs already differ by more than any compared layer before it shows: the difference is born in computation no compared layer covers (code a module runs outside its submodules)",
                 local.max_abs_diff
@@ -420,7 +416,7 @@ pub(super) fn without_baseline(
             _ => String::new(),
         };
         return (
-            "undecided",
+            Cause::Undecided,
             format!(
                 "same inputs, weights and attributes, yet the target's {ops} differs by up to {:.3e} (local), beyond the tolerance {tol}; {precision}no same-precision baseline was measured ({why}), so rounding cannot be told from a defect: rerun with the float64 baseline (without --no-float64)",
                 local.max_abs_diff
@@ -430,7 +426,7 @@ pub(super) fn without_baseline(
     }
     let not_measured = layer.local_reason.as_deref().unwrap_or("it was not re-run");
     (
-        "unknown",
+        Cause::Unknown,
         format!(
             "ruled out: layout permutation, nondeterminism, differing weights, overflow, differing attributes; its own error was not measured ({not_measured})"
         ),

@@ -12,10 +12,10 @@ pub fn weights_fix(readers: &str, weights: &[String]) -> String {
 }
 
 /// What fixes a defect, by its cause.
-pub(super) fn fix(cause: &str, layer: &Layer, e: &Evidence) -> String {
+pub(super) fn fix(cause: Cause, layer: &Layer, e: &Evidence) -> String {
     // the nodes that read a weight that differs are the ones to name for it, not every node of
     // the layer (its Relu reads no weight)
-    let nodes = if cause == "weight_mismatch" && !e.weight_readers.is_empty() {
+    let nodes = if cause == Cause::WeightMismatch && !e.weight_readers.is_empty() {
         e.weight_readers.clone()
     } else {
         layer
@@ -46,35 +46,35 @@ pub(super) fn fix(cause: &str, layer: &Layer, e: &Evidence) -> String {
         format!("the target's node(s) {}{tail}", shown.join(", "))
     };
     match cause {
-        "weight_mismatch" => weights_fix(&where_, &e.weights),
-        "layout_permutation" => format!(
+        Cause::WeightMismatch => weights_fix(&where_, &e.weights),
+        Cause::LayoutPermutation => format!(
             "{where_} hold(s) the values in another axis order ({:?}): a layout conversion (NHWC/NCHW) is missing or applied twice before or inside it",
             layer.permutation.as_deref().unwrap_or_default()
         ),
-        "shape_mismatch" => format!(
+        Cause::ShapeMismatch => format!(
             "{where_} compute(s) a {:?} value where the model computes {:?}: export with that dimension dynamic (`dynamic_axes`/`dynamic_shapes`), or feed the shape the file was exported for",
             layer.target_shape.as_deref().unwrap_or_default(),
             layer.shape
         ),
-        "quantization_range" => format!(
+        Cause::QuantizationRange => format!(
             "{where_} clip(s) its values to a range too narrow for them: calibrate the quantization with a representative dataset that covers what the model computes here (inputs like those compared), or keep this layer in float (selective quantization)"
         ),
-        "narrow_accumulation" => format!(
+        Cause::NarrowAccumulation => format!(
             "{where_} add(s) up its terms in {grid}: run it in float32, or under autocast (whose kernels accumulate in float32), where its sum matters (a gradient an optimizer applies, a long dot product); or use a kernel that accumulates in float32",
             grid = layer.baseline.as_ref().map_or("the narrow dtype", |b| b.grid.as_str())
         ),
-        "nondeterminism" => format!(
+        Cause::Nondeterminism => format!(
             "{where_} give(s) other values on every run: make the kernels deterministic (e.g. `torch.use_deterministic_algorithms(True)`, cuDNN's deterministic mode), or compare at a tolerance above that spread"
         ),
-        "argument_mismatch" => format!(
+        Cause::ArgumentMismatch => format!(
             "{where_} take(s) other arguments from the model's own code on the target ({}): make them the same for every dtype and device, or fix the code path that computes them there",
             e.arguments.join(", ")
         ),
-        "file_differs" if !e.attributes.is_empty() => format!(
+        Cause::FileDiffers if !e.attributes.is_empty() => format!(
             "give {where_} the reference's attribute values back (reference → target: {}): the runtime computes the file as written, so the file is what differs; export it again from the model, or undo the edit or pass that changed it",
             e.attributes.join(", ")
         ),
-        "file_differs" => format!(
+        Cause::FileDiffers => format!(
             "{where_} compute(s) what the file says, and that is not the model's computation: export the file again from the model (`layerdiff torch MODEL` exports it fresh) and compare the two node by node (`layerdiff onnx FRESH --vs FILE` names the attribute or constant that differs), or undo the edit or pass that changed it; the runtime is not at fault"
         ),
         _ if !e.attributes.is_empty() => format!(

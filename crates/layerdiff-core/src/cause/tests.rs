@@ -35,20 +35,23 @@ fn a_kernel_no_further_from_float64_than_the_reference_is_rounding() {
     };
     let (cause, detail) = judged(1.8e-4, 5.7e-5);
     assert_eq!(
-        cause, "rounding",
+        cause,
+        Cause::Rounding,
         "the target is the closer of the two: {detail}"
     );
     assert!(detail.contains("the target is closer to the truth"));
-    assert_eq!(judged(2.5e-4, 3e-4).0, "rounding", "about equally far");
+    assert_eq!(judged(2.5e-4, 3e-4).0, Cause::Rounding, "about equally far");
     let (cause, detail) = judged(5e-6, 6e-5);
     assert_eq!(
-        cause, "rounding",
+        cause,
+        Cause::Rounding,
         "further, but within float32 rounding of the truth"
     );
     assert!(detail.contains("within its dtype's rounding"), "{detail}");
     let (cause, detail) = judged(1e-4, 6e-4);
     assert_eq!(
-        cause, "undecided",
+        cause,
+        Cause::Undecided,
         "no baseline: the truth alone does not blame the kernel"
     );
     assert!(detail.contains("no same-precision baseline"), "{detail}");
@@ -74,24 +77,25 @@ fn tf32_products_are_precision_loss_unless_the_truth_calls_them_rounding() {
         )
     };
     let (cause, detail) = judged(None, "float32");
-    assert_eq!(cause, "precision_loss");
+    assert_eq!(cause, Cause::PrecisionLoss);
     assert!(
         detail.starts_with("MatMul: the provider multiplies"),
         "{detail}"
     );
     let (cause, detail) = judged(Some((2e-5, 5e-3)), "float32");
     assert_eq!(
-        cause, "precision_loss",
+        cause,
+        Cause::PrecisionLoss,
         "the truth says the target is further"
     );
     assert!(
         detail.ends_with("as its precision explains"),
         "precision reads as precision, not as a target that is off: {detail}"
     );
-    assert_eq!(judged(Some((4e-3, 5e-3)), "float32").0, "rounding");
+    assert_eq!(judged(Some((4e-3, 5e-3)), "float32").0, Cause::Rounding);
     assert_eq!(
         judged(None, "float16").0,
-        "undecided",
+        Cause::Undecided,
         "TF32 is float32 math: a float16 layer without a baseline is undecided"
     );
 }
@@ -110,7 +114,7 @@ fn an_origin_within_its_tolerance_with_nothing_else_different_only_rounds() {
         &[Evidence::default(), Evidence::default()],
         &mut summary,
     );
-    assert_eq!(layers[0].cause.as_deref(), Some("rounding"));
+    assert_eq!(layers[0].cause, Some(Cause::Rounding));
     let detail = layers[0].detail.as_deref().unwrap();
     assert!(
         detail.starts_with("the target rounds here as its dtype allows"),
@@ -120,7 +124,7 @@ fn an_origin_within_its_tolerance_with_nothing_else_different_only_rounds() {
         detail.ends_with("amplified downstream until `l1` exceeds it"),
         "{detail}"
     );
-    assert_eq!(layers[1].cause.as_deref(), Some("inherited"));
+    assert_eq!(layers[1].cause, Some(Cause::Inherited));
 }
 
 #[test]
@@ -138,8 +142,8 @@ fn an_amplified_difference_is_born_upstream_and_inherited_downstream() {
     let mut evidence = vec![Evidence::default(); 4];
     evidence[1].weights.push("`w` differs".into());
     explain(&mut layers, &evidence, &mut summary);
-    assert_eq!(layers[3].cause.as_deref(), Some("inherited"));
-    assert_eq!(layers[1].cause.as_deref(), Some("weight_mismatch"));
+    assert_eq!(layers[3].cause, Some(Cause::Inherited));
+    assert_eq!(layers[1].cause, Some(Cause::WeightMismatch));
     assert!(
         layers[1]
             .detail
@@ -181,13 +185,13 @@ fn causes_follow_the_fixed_order_and_unknown_says_what_was_ruled_out() {
     evidence[1].precision = Some("float16 grid".into());
     evidence[1].self_disagreement = Some(("target".into(), 5e-3));
     explain(&mut layers, &evidence, &mut summary);
-    assert_eq!(layers[0].cause.as_deref(), Some("unknown"));
+    assert_eq!(layers[0].cause, Some(Cause::Unknown));
     let detail = layers[0].detail.as_deref().unwrap();
     assert!(detail.contains("ruled out: layout permutation, nondeterminism"));
     assert!(detail.contains("its nodes use a custom op"));
     assert_eq!(
-        layers[1].cause.as_deref(),
-        Some("nondeterminism"),
+        layers[1].cause,
+        Some(Cause::Nondeterminism),
         "before precision"
     );
 }
@@ -254,7 +258,7 @@ fn a_runtime_that_computes_what_its_file_says_leaves_the_file_to_blame() {
         )
     };
     let (cause, detail, fix) = judged(Some(0.07), &[]);
-    assert_eq!(cause, "file_differs", "{detail}");
+    assert_eq!(cause, Cause::FileDiffers, "{detail}");
     assert!(
         detail.contains("the runtime computes what the file says"),
         "{detail}"
@@ -267,7 +271,7 @@ fn a_runtime_that_computes_what_its_file_says_leaves_the_file_to_blame() {
 
     let edited = ["`approximate` \"none\" → \"tanh\" on `node_gelu`"];
     let (cause, detail, fix) = judged(Some(0.07), &edited);
-    assert_eq!(cause, "file_differs", "{detail}");
+    assert_eq!(cause, Cause::FileDiffers, "{detail}");
     assert!(
         detail.starts_with("an attribute differs: `approximate`"),
         "{detail}"
@@ -284,7 +288,7 @@ fn a_runtime_that_computes_what_its_file_says_leaves_the_file_to_blame() {
         (Some(3.0), &edited[..]),
     ] {
         let (cause, detail, fix) = judged(as_written, attributes);
-        assert_eq!(cause, "op_implementation", "{as_written:?}: {detail}");
+        assert_eq!(cause, Cause::OpImplementation, "{as_written:?}: {detail}");
         assert!(!fix.contains("not at fault"), "{fix}");
     }
 }
@@ -308,7 +312,7 @@ fn other_arguments_are_the_cause_only_where_they_compute_beyond_precision() {
         )
     };
     let (cause, detail, fix) = judged(163.0);
-    assert_eq!(cause, "argument_mismatch", "{detail}");
+    assert_eq!(cause, Cause::ArgumentMismatch, "{detail}");
     assert!(detail.contains("`eps` 1e-05 → 0.5"), "{detail}");
     assert!(detail.contains("163.0× what float32 explains"), "{detail}");
     assert!(
@@ -317,7 +321,7 @@ fn other_arguments_are_the_cause_only_where_they_compute_beyond_precision() {
     );
     // a value that differs and computes nothing precision does not explain is no defect
     let (cause, detail, fix) = judged(0.8);
-    assert_eq!(cause, "rounding", "{detail}");
+    assert_eq!(cause, Cause::Rounding, "{detail}");
     assert!(fix.is_none());
 }
 
@@ -327,13 +331,13 @@ fn files_that_differ_at_a_layer_blamed_on_its_kernel_are_the_cause_every_one_sai
     let mut summary = analyse(&mut layers, Tolerance::PerDtype);
     summary.defects.push(crate::Defect {
         layer: "l0".into(),
-        cause: "op_implementation".into(),
+        cause: Cause::OpImplementation,
         multiple: Some(900.0),
         tolerance_multiple: Some(50.0),
         detail: "the target's Conv computes differently".into(),
         fix: "report it to the runtime".into(),
     });
-    let difference = |what: &str, cause: &'static str| FileDifference {
+    let difference = |what: &str, cause: Cause| FileDifference {
         layer: "l0".into(),
         cause,
         detail: what.into(),
@@ -343,12 +347,12 @@ fn files_that_differ_at_a_layer_blamed_on_its_kernel_are_the_cause_every_one_sai
         &mut layers,
         &mut summary,
         vec![
-            difference("`w` differs", "weight_mismatch"),
-            difference("an attribute differs: `pads`", "file_differs"),
+            difference("`w` differs", Cause::WeightMismatch),
+            difference("an attribute differs: `pads`", Cause::FileDiffers),
         ],
     );
     let defect = &summary.defects[0];
-    assert_eq!(defect.cause, "weight_mismatch");
+    assert_eq!(defect.cause, Cause::WeightMismatch);
     assert!(defect.detail.contains("`w` differs") && defect.detail.contains("`pads`"));
     assert!(
         !defect.detail.contains("computes differently"),
@@ -356,7 +360,7 @@ fn files_that_differ_at_a_layer_blamed_on_its_kernel_are_the_cause_every_one_sai
         defect.detail
     );
     assert_eq!(defect.fix, "fix `w` differs");
-    assert_eq!(layers[0].cause.as_deref(), Some("weight_mismatch"));
+    assert_eq!(layers[0].cause, Some(Cause::WeightMismatch));
 }
 
 #[test]
@@ -379,7 +383,7 @@ fn a_layer_beyond_its_precision_under_the_absolute_tolerance_is_judged_all_the_s
     let defects: Vec<(&str, &str)> = summary
         .defects
         .iter()
-        .map(|d| (d.layer.as_str(), d.cause.as_str()))
+        .map(|d| (d.layer.as_str(), d.cause.name()))
         .collect();
     assert_eq!(defects, [("l1", "op_implementation")]);
     let detail = layers[1].detail.as_deref().unwrap();
@@ -393,7 +397,7 @@ fn a_layer_beyond_its_precision_under_the_absolute_tolerance_is_judged_all_the_s
     let mut summary = analyse(&mut near, Tolerance::PerDtype);
     explain(&mut near, &[Evidence::default()], &mut summary);
     assert_eq!(
-        (summary.verdict, near[0].cause.as_deref()),
+        (summary.verdict, near[0].cause.map(crate::Cause::name)),
         (Verdict::NoDrift, None)
     );
 }
@@ -438,7 +442,7 @@ fn a_layer_that_exceeds_with_what_it_inherits_is_judged_on_its_own_error() {
     explain(&mut layers, &vec![Evidence::default(); 3], &mut summary);
     let defects: Vec<&str> = summary.defects.iter().map(|d| d.layer.as_str()).collect();
     assert_eq!(defects, ["l0", "l2"]);
-    assert_eq!(layers[1].cause.as_deref(), Some("inherited"));
+    assert_eq!(layers[1].cause, Some(Cause::Inherited));
     let detail = layers[2].detail.as_deref().unwrap();
     assert!(
         detail.contains("it exceeds with what it inherits (mostly from `l0`)"),

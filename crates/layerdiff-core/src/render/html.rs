@@ -208,7 +208,7 @@ fn defects(report: &Report) -> String {
                 "<li><a href=\"#layer-{}\"><code>{}</code></a>: <span class=\"cause\">{}</span>: {}<br><b>Fix:</b> {}</li>",
                 index.unwrap_or_default(),
                 escape(&d.layer),
-                escape(&d.cause),
+                escape(d.cause.name()),
                 prose(&d.detail),
                 prose(&d.fix)
             );
@@ -247,7 +247,7 @@ fn causes(report: &Report) -> String {
         .layers
         .iter()
         .filter(|l| l.cause.is_some())
-        .partition(|l| l.cause.as_deref() == Some("inherited"));
+        .partition(|l| l.cause == Some(crate::Cause::Inherited));
     if inherited.is_empty() && own.is_empty() {
         return String::new();
     }
@@ -298,7 +298,7 @@ fn cause_item(group: &[&Layer]) -> String {
         "<li><a href=\"#layer-{}\"><code>{}</code></a>: <span class=\"cause\">{}</span>{}: {}{tail}</li>\n",
         l.index,
         escape(&l.name),
-        escape(l.cause.as_deref().unwrap_or_default()),
+        escape(l.cause.map_or("", crate::Cause::name)),
         escape(&permutation),
         prose(l.detail.as_deref().unwrap_or_default())
     )

@@ -234,7 +234,7 @@ pub fn to_markdown(report: &Report) -> String {
         let _ = writeln!(out, "\n## Causes\n");
         for group in super::alike::causes(causes) {
             let l = group[0];
-            let cause = l.cause.as_deref().unwrap_or_default();
+            let cause = l.cause.map_or("", crate::Cause::name);
             let permutation = l
                 .permutation
                 .as_ref()

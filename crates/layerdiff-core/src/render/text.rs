@@ -110,7 +110,7 @@ pub fn to_text(report: &Report) -> String {
     let inherited = report
         .layers
         .iter()
-        .filter(|l| l.cause.as_deref() == Some("inherited"))
+        .filter(|l| l.cause == Some(crate::Cause::Inherited))
         .count();
     if inherited > 0 {
         out.push_str(&format!(

@@ -82,11 +82,9 @@ pub struct Layer {
     /// For an inherited difference: the upstream layer it mostly comes from (its error traced
     /// back along the input that carries the most of it, to the layer that added it).
     pub error_from: Option<String>,
-    /// Why the layer differs, from a fixed vocabulary: `weight_mismatch`, `precision_loss`,
-    /// `layout_permutation`, `shape_mismatch`, `op_implementation`, `quantization_range`, `inherited`,
-    /// `nondeterminism`, `rounding`, `narrow_accumulation` (a precision finding, named in the
-    /// summary), `file_differs`, `argument_mismatch`, `undecided`, `unknown`.
-    pub cause: Option<String>,
+    /// Why the layer differs, from the fixed vocabulary of [`crate::Cause`] (written as its
+    /// name: `weight_mismatch`, `op_implementation`, …).
+    pub cause: Option<crate::Cause>,
     /// The cause in words.
     pub detail: Option<String>,
     /// The axis permutation that turns the reference into the target, for `layout_permutation`.

@@ -148,9 +148,9 @@ impl Verdict {
 pub struct Defect {
     /// The layer.
     pub layer: String,
-    /// Its cause (`weight_mismatch`, `op_implementation`, `layout_permutation`,
-    /// `shape_mismatch`, `nondeterminism`).
-    pub cause: String,
+    /// Its cause, one whose finding is a defect (`weight_mismatch`, `op_implementation`,
+    /// `file_differs`, …).
+    pub cause: crate::Cause,
     /// Its own error as a multiple of what its precision explains (the layer's
     /// `baseline.multiple`), where that was measured.
     #[serde(serialize_with = "crate::render::float_opt")]

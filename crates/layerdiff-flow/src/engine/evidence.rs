@@ -345,7 +345,7 @@ pub fn file_differences(reference: &Model, target: &Model) -> Vec<layerdiff_core
         .into_iter()
         .map(|(name, text)| layerdiff_core::FileDifference {
             layer: read_by(name),
-            cause: "weight_mismatch",
+            cause: layerdiff_core::Cause::WeightMismatch,
             fix: layerdiff_core::weights_fix(
                 &format!("the nodes that read the target file's `{name}`"),
                 std::slice::from_ref(&text),
@@ -372,7 +372,7 @@ pub fn file_differences(reference: &Model, target: &Model) -> Vec<layerdiff_core
         }
         found.push(layerdiff_core::FileDifference {
             layer: node.output.first().cloned().unwrap_or_else(|| ours.shown.clone()),
-            cause: "file_differs",
+            cause: layerdiff_core::Cause::FileDiffers,
             detail: format!("an attribute differs: {}", changed.join(", ")),
             fix: format!(
                 "give `{}` the reference's attribute values back (reference → target: {}); export the file again from the model, or undo the edit or pass that changed it",

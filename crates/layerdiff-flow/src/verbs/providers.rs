@@ -79,7 +79,7 @@ pub struct Cell {
     pub drift_origin: Option<String>,
     /// The origin's cause.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cause: Option<String>,
+    pub cause: Option<layerdiff_core::Cause>,
     /// The largest difference of any layer.
     #[serde(
         skip_serializing_if = "Option::is_none",
@@ -383,7 +383,7 @@ fn cell_words(c: &Cell) -> String {
             c.layers_exceeding,
             c.layers_compared,
             c.drift_origin.as_deref().unwrap_or("?"),
-            c.cause.as_deref().unwrap_or("no cause")
+            c.cause.map_or("no cause", layerdiff_core::Cause::name)
         ),
         other => format!("{other}: {}", c.reason.as_deref().unwrap_or("")),
     }
@@ -423,7 +423,7 @@ pub fn to_markdown(table: &ProvidersReport) -> String {
                 "–".to_string()
             },
             or_dash(c.drift_origin.as_ref().map(|o| format!("`{o}`"))),
-            or_dash(c.cause.clone()),
+            or_dash(c.cause.map(|c| c.to_string())),
             or_dash(c.max_abs_diff.map(|d| format!("{d:.3e}"))),
             or_dash(c.placement.clone()),
         ));

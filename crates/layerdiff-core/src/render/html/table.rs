@@ -90,7 +90,7 @@ fn row(l: &Layer, origin: bool) -> String {
         onnx.map(|o| o.value.as_str()),
         onnx.map(|o| o.node.as_str()),
         onnx.map(|o| o.op.as_str()),
-        l.cause.as_deref(),
+        l.cause.map(crate::Cause::name),
         l.finding.map(crate::render::markdown::finding_word),
     ]
     .into_iter()
@@ -117,7 +117,7 @@ fn row(l: &Layer, origin: bool) -> String {
     let acc = l.accumulated.as_ref();
     let local = l.local.as_ref();
     let why = match (&l.cause, l.status) {
-        (Some(cause), _) => cause.clone(),
+        (Some(cause), _) => cause.to_string(),
         (None, LayerStatus::ShapeMismatch) => "shape mismatch".to_string(),
         (None, LayerStatus::Unmapped) => l.reason.clone().unwrap_or_default(),
         (None, LayerStatus::Compared) if l.exceeds_tol => "exceeds".to_string(),
