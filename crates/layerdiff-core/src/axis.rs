@@ -118,12 +118,9 @@ pub fn along_axis(axis: &str, points: &[String], reports: &[Report]) -> AxisRepo
     for (point, r) in points.iter().zip(reports) {
         let out = output(r);
         let origin = r.summary.drift_origin.clone();
-        let cause = origin.as_ref().and_then(|o| {
-            r.layers
-                .iter()
-                .find(|l| &l.name == o)
-                .and_then(|l| l.cause.clone())
-        });
+        let cause = origin
+            .as_ref()
+            .and_then(|o| r.layers.iter().find(|l| &l.name == o).and_then(|l| l.cause));
         out_points.push(AxisPoint {
             point: point.clone(),
             inputs: r.inputs.clone(),

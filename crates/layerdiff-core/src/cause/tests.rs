@@ -28,10 +28,7 @@ fn a_kernel_no_further_from_float64_than_the_reference_is_rounding() {
         layers[0].float64 = Some(crate::Float64Distance { reference, target });
         let mut summary = analyse(&mut layers, Tolerance::PerDtype);
         explain(&mut layers, &[Evidence::default()], &mut summary);
-        (
-            layers[0].cause.clone().unwrap(),
-            layers[0].detail.clone().unwrap(),
-        )
+        (layers[0].cause.unwrap(), layers[0].detail.clone().unwrap())
     };
     let (cause, detail) = judged(1.8e-4, 5.7e-5);
     assert_eq!(
@@ -71,10 +68,7 @@ fn tf32_products_are_precision_loss_unless_the_truth_calls_them_rounding() {
             truth.map(|(reference, target)| crate::Float64Distance { reference, target });
         let mut summary = analyse(&mut layers, Tolerance::PerDtype);
         explain(&mut layers, std::slice::from_ref(&tf32), &mut summary);
-        (
-            layers[0].cause.clone().unwrap(),
-            layers[0].detail.clone().unwrap(),
-        )
+        (layers[0].cause.unwrap(), layers[0].detail.clone().unwrap())
     };
     let (cause, detail) = judged(None, "float32");
     assert_eq!(cause, Cause::PrecisionLoss);
@@ -252,7 +246,7 @@ fn a_runtime_that_computes_what_its_file_says_leaves_the_file_to_blame() {
         explain(&mut layers, &[e], &mut summary);
         let fix = summary.defects.first().map(|d| d.fix.clone()).unwrap();
         (
-            layers[0].cause.clone().unwrap(),
+            layers[0].cause.unwrap(),
             layers[0].detail.clone().unwrap(),
             fix,
         )
@@ -306,7 +300,7 @@ fn other_arguments_are_the_cause_only_where_they_compute_beyond_precision() {
         explain(&mut layers, &[e], &mut summary);
         let fix = summary.defects.first().map(|d| d.fix.clone());
         (
-            layers[0].cause.clone().unwrap(),
+            layers[0].cause.unwrap(),
             layers[0].detail.clone().unwrap(),
             fix,
         )

@@ -317,7 +317,7 @@ fn fill(cell: &mut Cell, report: &Report, fail_on: FailOn) {
     cell.drift_origin = s.drift_origin.clone();
     cell.cause = s.drift_origin.as_ref().and_then(|origin| {
         let layer = report.layers.iter().find(|l| &l.name == origin)?;
-        layer.cause.clone()
+        layer.cause
     });
     cell.max_abs_diff = s.worst.max_abs_diff.as_ref().map(|w| w.value);
     cell.placement = target_placement(&report.target);
