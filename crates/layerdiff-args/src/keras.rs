@@ -53,37 +53,18 @@ pub struct KerasArgs {
     /// The ONNX opset tf2onnx converts to.
     #[arg(long, default_value_t = 17)]
     pub opset: u32,
-    /// Tolerance, judged per element, as for `layerdiff torch` (`dtype`, a number, or `auto`).
-    #[arg(long, default_value = "dtype", value_parser = Tolerance::parse)]
-    pub tolerance: Tolerance,
-    /// Skip the local error (re-running each layer's own computation in the target on the
-    /// reference's inputs).
-    #[arg(long)]
-    pub no_local: bool,
-    /// Skip the float64 run of the model (the numerical truth both sides are measured against).
-    #[arg(long)]
-    pub no_float64: bool,
     /// Seed for the model's random weights and for generated inputs.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// The most memory our copies of the layers' values may take at once (`4G`, `512M`).
-    #[arg(long, value_name = "SIZE", value_parser = layerdiff_flow::memory::parse_memory)]
-    pub max_memory: Option<u64>,
+    /// How every layer is judged.
+    #[command(flatten)]
+    pub judging: Judging,
     /// Where reports go.
     #[command(flatten)]
     pub report: ReportArgs,
 }
 
 impl KerasArgs {
-    /// Tolerance, local error and memory budget, as the engine takes them.
-    pub fn settings(&self) -> Settings {
-        Settings {
-            tolerance: self.tolerance,
-            local: !self.no_local,
-            max_memory: self.max_memory,
-        }
-    }
-
     /// Why the options do not fit together, if they do not.
     pub fn check(&self) -> Result<(), String> {
         self.target.file_fits(self.onnx.as_deref())

@@ -28,6 +28,8 @@ mod matrix;
 pub use matrix::{AuditArgs, CheckArgs, Executor, OpsArgs, ProvidersArgs, TableArgs};
 mod report;
 pub use report::ReportArgs;
+mod judging;
+pub use judging::Judging;
 mod keras;
 pub use keras::KerasArgs;
 mod reduce;
@@ -286,8 +288,14 @@ pub fn dispatch(argv: Vec<OsString>, ort_library: Option<&std::path::Path>) -> D
     }
     let code = match parsed {
         Parsed::Exit(code) => code,
-        Parsed::Onnx(a) => onnx::run(&a.options(), &a.report.destinations(), ort_library),
-        Parsed::Providers(a) => providers::run(&a.options(), &a.destinations(), ort_library),
+        Parsed::Onnx(a) => match a.options() {
+            Ok(options) => onnx::run(&options, &a.report.destinations(), ort_library),
+            Err(why) => usage(&why),
+        },
+        Parsed::Providers(a) => match a.options() {
+            Ok(options) => providers::run(&options, &a.destinations(), ort_library),
+            Err(why) => usage(&why),
+        },
         Parsed::Audit(a) => audit::run(&a.options(), &a.destinations(), ort_library),
         Parsed::Torch(a) => return Dispatched::Python(PythonVerb::Torch(a)),
         Parsed::Keras(a) => return Dispatched::Python(PythonVerb::Keras(a)),
@@ -296,15 +304,18 @@ pub fn dispatch(argv: Vec<OsString>, ort_library: Option<&std::path::Path>) -> D
         Parsed::Zoo => return Dispatched::Python(PythonVerb::Zoo),
         Parsed::Check(a) => return Dispatched::Python(PythonVerb::Check(a)),
         Parsed::Reduce(a) => match a.recorded() {
-            Err(why) => {
-                eprintln!("error: {why}");
-                2
-            }
+            Err(why) => usage(&why),
             Ok(recorded) if recorded.command == "onnx" => reduce::onnx(&a, &recorded, ort_library),
             Ok(recorded) => return Dispatched::Python(PythonVerb::Reduce(a, recorded)),
         },
     };
     Dispatched::Exit(code)
+}
+
+/// Options that do not fit together: said, and exit code 2.
+fn usage(why: &str) -> u8 {
+    eprintln!("error: {why}");
+    2
 }
 
 #[cfg(test)]

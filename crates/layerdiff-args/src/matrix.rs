@@ -143,20 +143,9 @@ pub struct ProvidersArgs {
     /// The inputs, the same for every cell.
     #[command(flatten)]
     pub input: InputArgs,
-    /// Tolerance, as for `layerdiff onnx`.
-    #[arg(long, default_value = "dtype", value_parser = Tolerance::parse)]
-    pub tolerance: Tolerance,
-    /// Also run the whole reference graph in float64 in each cell (implied by `--tolerance
-    /// auto`).
-    #[arg(long, conflicts_with = "no_float64")]
-    pub float64: bool,
-    /// Skip every float64 computation in each cell: the same-precision baseline (each node's
-    /// own error is then `undecided` between rounding and a defect) and the truth.
-    #[arg(long)]
-    pub no_float64: bool,
-    /// Skip the local error in each cell.
-    #[arg(long)]
-    pub no_local: bool,
+    /// How every layer of every cell is judged.
+    #[command(flatten)]
+    pub judging: Judging,
     /// When the run exits 1: `defect` (the default: a cell has a defect, an undecided layer,
     /// layers that could not be paired, or values that overflow; rounding alone exits 0),
     /// `accumulation` (as `defect`, and a cell with a kernel that accumulates in the narrow
@@ -195,8 +184,8 @@ fn level(s: &str) -> Result<OptLevel, String> {
 }
 
 impl ProvidersArgs {
-    /// The options, as the engine takes them.
-    pub fn options(&self) -> ProvidersOptions {
+    /// The options, as the engine takes them, or why they do not fit together.
+    pub fn options(&self) -> Result<ProvidersOptions, String> {
         let or_all = |given: &Vec<OptLevel>| {
             if given.is_empty() {
                 vec![
@@ -209,7 +198,7 @@ impl ProvidersArgs {
                 given.clone()
             }
         };
-        ProvidersOptions {
+        Ok(ProvidersOptions {
             model: self.model.clone(),
             providers: if self.providers.is_empty() {
                 Provider::ALL.to_vec()
@@ -220,16 +209,10 @@ impl ProvidersArgs {
             runtimes: self.runtimes.clone(),
             inputs: self.input.inputs.clone(),
             generate: self.input.plan(),
-            settings: Settings {
-                tolerance: self.tolerance,
-                local: !self.no_local,
-                max_memory: None,
-            },
-            float64: self.float64,
-            baseline: !self.no_float64,
+            settings: self.judging.settings(false)?,
             fail_on: self.fail_on,
             isolation: self.isolate,
-        }
+        })
     }
 
     /// Where the table goes.

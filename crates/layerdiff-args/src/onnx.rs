@@ -58,28 +58,9 @@ pub struct OnnxArgs {
     /// The inputs.
     #[command(flatten)]
     pub input: InputArgs,
-    /// Tolerance, judged per element (exceeded when an element's difference is strictly
-    /// greater): a number for every element, `dtype` (the default, by the lower-precision side:
-    /// atol + rtol·|x| with float32 1e-4 + 1e-5, float16 5e-4 + 1e-3, bfloat16 4e-3 + 8e-3, so
-    /// rounding is judged at each value's magnitude), or `auto` (4× the reference's own
-    /// distance from the float64 run, per value; runs it, see --float64).
-    #[arg(long, default_value = "dtype", value_parser = Tolerance::parse)]
-    pub tolerance: Tolerance,
-    /// Also run the whole reference graph in float64 (ONNX Runtime on the CPU, or node by node
-    /// on layerdiff's own float64 kernels, ONNX Runtime and tract where ONNX Runtime has no
-    /// float64 kernel) as the numerical truth: each value gets both sides' distance from it. Implied by `--tolerance auto`.
-    #[arg(long, conflicts_with = "no_float64")]
-    pub float64: bool,
-    /// Skip every float64 computation: the same-precision baseline each node's own error is
-    /// judged against (the reference's node in float64 on its inputs rounded to the target's
-    /// dtype), and the truth. Without it, an exceeding node is `undecided` between rounding and
-    /// a defect.
-    #[arg(long)]
-    pub no_float64: bool,
-    /// Skip the local error (re-running each node on the reference's inputs): faster on large
-    /// models, but the drift origin is then the first value whose accumulated error exceeds.
-    #[arg(long)]
-    pub no_local: bool,
+    /// How every layer is judged.
+    #[command(flatten)]
+    pub judging: Judging,
     /// When layers exceed their tolerance on ONNX Runtime at `opt=basic|extended|all`, find
     /// which of its graph optimizers turn the difference on: candidate sets are disabled by
     /// halves, each run compared again, and the smallest set whose disabling leaves no layer
@@ -96,13 +77,6 @@ pub struct OnnxArgs {
     /// The most nodes a repro may grow to when fewer do not show the difference (a fusion).
     #[arg(long, value_name = "N", default_value_t = layerdiff_flow::onnx::MOST_NODES)]
     pub repro_nodes: usize,
-    /// The most memory the intermediate values may take at once (`4G`, `512M`): the graph then
-    /// runs in segments, each value compared as soon as both sides have it and dropped after its
-    /// last use. Default: what keeps the whole process within half the memory it could use at
-    /// start (the values get what is left once the process's own memory and a runtime's copy of
-    /// the weights are counted). The numbers do not depend on it.
-    #[arg(long, value_name = "SIZE", value_parser = layerdiff_flow::memory::parse_memory)]
-    pub max_memory: Option<u64>,
     /// Which sides run in a worker process, so that a crash in native code (a segfault or an
     /// abort in a provider or a custom-op library) costs only the layers that depend on the node
     /// it dies on: `auto` (the default: sides that load a custom-op library), `always`, `never`.
@@ -140,26 +114,20 @@ fn int_range(s: &str) -> Result<(i64, i64), String> {
 }
 
 impl OnnxArgs {
-    /// The options, as the engine takes them.
-    pub fn options(&self) -> OnnxOptions {
-        OnnxOptions {
+    /// The options, as the engine takes them, or why they do not fit together.
+    pub fn options(&self) -> Result<OnnxOptions, String> {
+        Ok(OnnxOptions {
             model: self.model.clone(),
             vs: self.vs.clone(),
             reference: self.reference.clone(),
             target: self.target.clone(),
             inputs: self.input.inputs.clone(),
             generate: self.input.plan(),
-            settings: Settings {
-                tolerance: self.tolerance,
-                local: !self.no_local,
-                max_memory: self.max_memory,
-            },
-            float64: self.float64,
-            baseline: !self.no_float64,
+            settings: self.judging.settings(false)?,
             bisect: self.bisect,
             repro: self.repro.clone(),
             repro_nodes: self.repro_nodes,
             isolation: self.isolate,
-        }
+        })
     }
 }

@@ -130,7 +130,13 @@ pub(crate) fn onnx(args: &ReduceArgs, recorded: &Recorded, ort_library: Option<&
         );
         return 2;
     }
-    let mut options = onnx_args.options();
+    let mut options = match onnx_args.options() {
+        Ok(options) => options,
+        Err(why) => {
+            eprintln!("error: {why}");
+            return 2;
+        }
+    };
     options.bisect = false;
     options.repro = None;
     if options.inputs.is_none() && !matches!(options.reference, RuntimeSpec::Expected(_)) {

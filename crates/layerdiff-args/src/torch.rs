@@ -22,19 +22,6 @@ pub struct GradArgs {
     /// tensor from the seed, so every output element gets its own gradient) or `sum`.
     #[arg(long, value_enum, default_value_t = Loss::Dot)]
     pub loss: Loss,
-    /// Tolerance, judged per element, as for `layerdiff torch` (`auto`: 4× the reference's own
-    /// distance from a float64 run's gradients).
-    #[arg(long, default_value = "dtype", value_parser = Tolerance::parse)]
-    pub tolerance: Tolerance,
-    /// Skip the float64 runs: the numerical truth both sides are measured against, and each
-    /// module's backward made exactly on the reference's values rounded to the target's dtype
-    /// (the same-precision baseline its own error is judged against).
-    #[arg(long)]
-    pub no_float64: bool,
-    /// Skip re-running each module call's backward alone on the reference's values (its own
-    /// error): faster, but the origin is then the first gradient that exceeds.
-    #[arg(long)]
-    pub no_local: bool,
     /// Seed for the model's random weights, generated inputs and the `dot` loss's tensor.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -44,6 +31,9 @@ pub struct GradArgs {
     /// repro.py that runs it on the reference side and the target side. A clean run writes none.
     #[arg(long, value_name = "DIR")]
     pub repro: Option<PathBuf>,
+    /// How every layer is judged.
+    #[command(flatten)]
+    pub judging: Judging,
     /// Where reports go.
     #[command(flatten)]
     pub report: ReportArgs,
@@ -66,18 +56,6 @@ pub struct TorchArgs {
     /// `package.module:build`, where `build()` returns
     /// `(model, example_inputs)`.
     pub model: String,
-    /// Tolerance, judged per element (exceeded when an element's difference is strictly
-    /// greater): a number for every element, `dtype` (the default, by the lower-precision side:
-    /// atol + rtol·|x| with float32 1e-4 + 1e-5, float16 5e-4 + 1e-3, bfloat16 4e-3 + 8e-3), or
-    /// `auto` (4× PyTorch's own distance from a float64 run of the model, per layer).
-    #[arg(long, default_value = "dtype", value_parser = Tolerance::parse)]
-    pub tolerance: Tolerance,
-    /// Skip the local error (re-running each layer's ONNX nodes on PyTorch's inputs).
-    #[arg(long)]
-    pub no_local: bool,
-    /// Skip the float64 run of the model (the numerical truth both sides are measured against).
-    #[arg(long)]
-    pub no_float64: bool,
     /// Seed for the model's random weights and for generated inputs.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -108,12 +86,6 @@ pub struct TorchArgs {
     /// `torch` only with a PyTorch target.
     #[arg(long, default_value = "torch", value_parser = TorchSpec::parse)]
     pub reference: TorchSpec,
-    /// The most memory our copies of the layers' values may take at once (`4G`, `512M`): the
-    /// ONNX run then goes in segments, each fed from PyTorch's hooks as the forward pass
-    /// reaches it, and each value is dropped after its last use. Default: half the memory
-    /// available at start. The numbers do not depend on it.
-    #[arg(long, value_name = "SIZE", value_parser = layerdiff_flow::memory::parse_memory)]
-    pub max_memory: Option<u64>,
     /// The precision the target computes in, against the float32 model. With an ONNX runtime
     /// target, `fp16` converts the export with ONNX Runtime's float16 converter (inputs and
     /// outputs kept float32) and `int8` quantizes it with ONNX Runtime's static QDQ quantizer,
@@ -162,6 +134,9 @@ pub struct TorchArgs {
     /// `2x128,2x128`). The dimensions that differ are exported dynamic.
     #[arg(long, value_name = "SHAPES", value_parser = parse_shapes)]
     pub shapes: Vec<Vec<Vec<usize>>>,
+    /// How every layer is judged.
+    #[command(flatten)]
+    pub judging: Judging,
     /// Where reports go.
     #[command(flatten)]
     pub report: ReportArgs,
@@ -220,17 +195,6 @@ pub enum Exporter {
     Legacy,
 }
 
-impl GradArgs {
-    /// Tolerance, own error and memory budget, as the engine takes them.
-    pub fn settings(&self) -> Settings {
-        Settings {
-            tolerance: self.tolerance,
-            local: !self.no_local,
-            max_memory: None,
-        }
-    }
-}
-
 impl TorchArgs {
     /// The target with `--dtype` applied (the rules are the engine's, shared with the Python
     /// API: [`layerdiff_flow::spec::target::resolve_target`]), and the dtype.
@@ -257,14 +221,5 @@ impl TorchArgs {
             );
         }
         Ok((target, self.dtype))
-    }
-
-    /// Tolerance, local error and memory budget, as the engine takes them.
-    pub fn settings(&self) -> Settings {
-        Settings {
-            tolerance: self.tolerance,
-            local: !self.no_local,
-            max_memory: self.max_memory,
-        }
     }
 }

@@ -71,7 +71,8 @@ pub enum Shared {
 /// [`Engine::run_target_ahead`]): enough layers at a time to keep the threads busy.
 const STREAM: u64 = 256 << 20;
 
-/// What a run is asked to measure, and how.
+/// What a run is asked to measure, and how: the judging options every comparing verb shares,
+/// made by [`Settings::new`], which resolves and checks them.
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// How each layer's tolerance is chosen.
@@ -83,23 +84,61 @@ pub struct Settings {
     /// half the memory it could use at start, see [`memory::DefaultBudget`]): it
     /// decides how the run is split into segments, never its numbers.
     pub max_memory: Option<u64>,
+    /// The float64 computations the run makes (see [`Settings::truth`] and
+    /// [`Settings::baseline`]).
+    pub float64: Float64,
+}
+
+/// Which float64 computations a run makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Float64 {
+    /// None (`--no-float64`): a layer beyond its tolerance is then `undecided` between
+    /// rounding and a defect.
+    Skip,
+    /// The same-precision baseline each layer's own error is judged against: the reference's
+    /// computation in float64 on its inputs rounded to the target's dtype (with local error).
+    Baseline,
+    /// The baseline, and the float64 truth both sides are measured against (a float64 run of
+    /// the whole reference).
+    Truth,
 }
 
 impl Settings {
-    /// Whether the run makes the float64 truth: where it is `asked` for (`--float64`), and
-    /// always for `--tolerance auto`, which measures each value against it; a run told to
-    /// `skip` every float64 computation (`--no-float64`) cannot have that tolerance. The one
-    /// rule every verb asks.
-    pub fn truth(&self, asked: bool, skip: bool) -> Result<bool> {
-        if self.tolerance != Tolerance::Auto {
-            return Ok(asked);
-        }
-        if skip {
-            return Err(Error::Usage(
-                "tolerance `auto` needs the float64 run; drop --no-float64".to_string(),
-            ));
-        }
-        Ok(true)
+    /// The settings, checked: `--tolerance auto` measures each value against the float64
+    /// truth, so it makes the truth where it was not asked for, and cannot be had where every
+    /// float64 computation is skipped. The one rule every verb and door asks.
+    pub fn new(
+        tolerance: Tolerance,
+        local: bool,
+        max_memory: Option<u64>,
+        float64: Float64,
+    ) -> Result<Self> {
+        let float64 = match (tolerance, float64) {
+            (Tolerance::Auto, Float64::Skip) => {
+                return Err(Error::Usage(
+                    "tolerance `auto` needs the float64 run; drop --no-float64".to_string(),
+                ));
+            }
+            (Tolerance::Auto, _) => Float64::Truth,
+            (_, asked) => asked,
+        };
+        Ok(Self {
+            tolerance,
+            local,
+            max_memory,
+            float64,
+        })
+    }
+
+    /// Whether the run makes the float64 truth.
+    pub fn truth(&self) -> bool {
+        self.float64 == Float64::Truth
+    }
+
+    /// Whether each layer's own error is judged against its same-precision baseline (it needs
+    /// the local error).
+    pub fn baseline(&self) -> bool {
+        self.local && self.float64 != Float64::Skip
     }
 }
 

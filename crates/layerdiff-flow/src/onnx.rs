@@ -46,15 +46,10 @@ pub struct OnnxOptions {
     pub inputs: Option<PathBuf>,
     /// How inputs are generated.
     pub generate: InputPlan,
-    /// Tolerance, local error, memory budget.
+    /// Tolerance, local error, memory budget, and the float64 computations: the truth is the
+    /// reference graph run in float64, the baseline each node in float64 on its inputs rounded
+    /// to the target's dtype.
     pub settings: Settings,
-    /// Whether to run the reference graph in float64 as the numerical truth (`--tolerance
-    /// auto` needs it, and implies it).
-    pub float64: bool,
-    /// Whether to judge each value's own error against its same-precision baseline: the
-    /// reference's node in float64 on its inputs rounded to the target's dtype (with local
-    /// error only).
-    pub baseline: bool,
     /// Whether to bisect what turns a difference on (`--bisect`): the ONNX Runtime optimizers
     /// of a target at `opt=basic|extended|all` ([`crate::verbs::bisect::ort_optimizers`]).
     pub bisect: bool,
@@ -267,8 +262,7 @@ fn compare_once(
                 .is_none_or(|held| target.is_some_and(|t| held.iter().any(|h| h == t)))
     };
     let alignment = align(&reference_model, &target_graph, &renames, &provides);
-    let wants_truth = options.settings.truth(options.float64, !options.baseline)?;
-    let truth = if wants_truth {
+    let truth = if options.settings.truth() {
         Some(float64_truth(
             &options.model,
             &reference_model,
@@ -278,7 +272,9 @@ fn compare_once(
     } else {
         None
     };
-    let baseline = (options.baseline && options.settings.local)
+    let baseline = options
+        .settings
+        .baseline()
         .then(|| GraphBaseline::new(&reference_model, ort_library))
         .transpose()?
         .map(|b| Box::new(b) as Box<dyn Baseline>);

@@ -8,9 +8,9 @@
 use std::path::{Path, PathBuf};
 
 use layerdiff_core::{Report, Tensor, Tolerance};
-use layerdiff_flow::Settings;
 use layerdiff_flow::inputs::InputPlan;
 use layerdiff_flow::onnx::{OnnxOptions, compare_with};
+use layerdiff_flow::{Float64, Settings};
 use layerdiff_onnx::{
     AttributeProto, GraphProto, Model, ModelProto, NodeProto, OperatorSetIdProto, tensor_value_info,
 };
@@ -146,13 +146,7 @@ fn report(says_so: bool) -> Option<Report> {
             batch: None,
             int_range: (0, 9),
         },
-        settings: Settings {
-            tolerance: Tolerance::PerDtype,
-            local: true,
-            max_memory: None,
-        },
-        float64: true,
-        baseline: true,
+        settings: Settings::new(Tolerance::PerDtype, true, None, Float64::Truth).unwrap(),
         bisect: false,
         repro: None,
         repro_nodes: 0,

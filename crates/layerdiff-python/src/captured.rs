@@ -103,8 +103,6 @@ impl CapturedRun {
             seed,
             layers: listed,
             settings: options.settings.clone(),
-            float64: options.float64,
-            baseline: options.float64 && options.settings.local,
             reference: SideInfo::new(reference_runtime, reference_detail),
             target,
             channels_last,

@@ -9,22 +9,21 @@ use layerdiff_flow::spec::target::TargetSpec;
 use layerdiff_flow::spec::target::resolve_target;
 use layerdiff_flow::spec::torch::{LowerPrecision, TorchSpec};
 use layerdiff_flow::verbs::captured::check_options;
-use layerdiff_flow::{Settings, memory};
+use layerdiff_flow::{Float64, Settings, memory};
 use pyo3::prelude::*;
 
 use crate::exceptions::{self, to_py_err};
 use crate::spelling::SideSpec;
 
-/// How a comparison is run, parsed once: tolerance, local error, memory budget, the PyTorch
-/// reference, the target (a runtime that runs the ONNX file, or PyTorch computing
-/// differently), and whether PyTorch's float64 run is the truth.
+/// How a comparison is run, parsed once: tolerance, local error, memory budget, whether
+/// PyTorch's float64 run is the truth (and the baseline made), the PyTorch reference, the
+/// target (a runtime that runs the ONNX file, or PyTorch computing differently).
 #[pyclass(module = "layerdiff._layerdiff", frozen)]
 #[derive(Clone)]
 pub(crate) struct Options {
     pub(crate) settings: Settings,
     pub(crate) reference: TorchSpec,
     pub(crate) target: TargetSpec,
-    pub(crate) float64: bool,
 }
 
 #[pymethods]
@@ -50,28 +49,30 @@ impl Options {
             Some(given) => spelled(given)?,
             None => "dtype".to_string(),
         };
-        let settings = Settings {
-            tolerance: Tolerance::parse(&tolerance).map_err(usage)?,
-            local,
-            max_memory: max_memory
-                .map(spelled)
-                .transpose()?
-                .as_deref()
-                .map(memory::parse_memory)
-                .transpose()
-                .map_err(usage)?,
+        let max_memory = max_memory
+            .map(spelled)
+            .transpose()?
+            .as_deref()
+            .map(memory::parse_memory)
+            .transpose()
+            .map_err(usage)?;
+        let float64 = if float64 {
+            Float64::Truth
+        } else {
+            Float64::Skip
         };
+        let tolerance = Tolerance::parse(&tolerance).map_err(usage)?;
+        let settings = Settings::new(tolerance, local, max_memory, float64).map_err(to_py_err)?;
         let target = TargetSpec::parse(target).map_err(usage)?;
         if let Some(why) = target.unfit_for(framework) {
             return Err(usage(why));
         }
         let reference = TorchSpec::parse(reference).map_err(usage)?;
-        check_options(&settings, &reference, &target, float64).map_err(to_py_err)?;
+        check_options(&reference, &target).map_err(to_py_err)?;
         Ok(Self {
             settings,
             reference,
             target,
-            float64,
         })
     }
 
@@ -110,7 +111,7 @@ impl Options {
     /// Whether PyTorch's float64 run is the truth both sides are measured against.
     #[getter]
     fn float64(&self) -> bool {
-        self.float64
+        self.settings.truth()
     }
 
     /// Whether each layer's local error is measured.
@@ -323,7 +324,13 @@ pub(crate) fn parse_cli(
                     return exit(2);
                 }
             };
-            let settings = a.settings();
+            let settings = match a.judging.settings(true) {
+                Ok(settings) => settings,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return exit(2);
+                }
+            };
             let command = Command {
                 dtype: dtype.map(|d| format!("{d:?}").to_lowercase()),
                 keep_fp32: a.keep_fp32,
@@ -337,7 +344,6 @@ pub(crate) fn parse_cli(
                     settings,
                     reference: a.reference,
                     target,
-                    float64: !a.no_float64,
                 },
                 report: a.report,
                 exporter: Some(layerdiff_args::spelling(&a.exporter)),
@@ -352,18 +358,20 @@ pub(crate) fn parse_cli(
             checked(py, "torch", command)
         }
         PythonVerb::Keras(a) => {
-            if let Err(e) = a.check() {
-                eprintln!("error: {e}");
-                return exit(2);
-            }
+            let settings = match a.check().and_then(|()| a.judging.settings(true)) {
+                Ok(settings) => settings,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return exit(2);
+                }
+            };
             let command = Command {
                 model: a.model.clone(),
                 seed: a.seed,
                 options: Options {
-                    settings: a.settings(),
+                    settings,
                     reference: TorchSpec::default(),
                     target: a.target.clone(),
-                    float64: !a.no_float64,
                 },
                 report: a.report,
                 exporter: None,
@@ -406,7 +414,13 @@ pub(crate) fn parse_cli(
             Py::new(py, crate::ops::OpsCommand::new(a))?.into_any(),
         )),
         PythonVerb::Grad(a) => {
-            let settings = a.settings();
+            let settings = match a.judging.settings(true) {
+                Ok(settings) => settings,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return exit(2);
+                }
+            };
             let command = Command {
                 model: a.model,
                 seed: a.seed,
@@ -414,7 +428,6 @@ pub(crate) fn parse_cli(
                     settings,
                     reference: a.reference,
                     target: TargetSpec::Torch(a.target),
-                    float64: !a.no_float64,
                 },
                 report: a.report,
                 exporter: None,
@@ -440,7 +453,7 @@ pub(crate) fn parse_cli(
 /// `(verb, command)`, or `("exit", 2)` with the message when its options do not fit together.
 fn checked(py: Python<'_>, verb: &str, command: Command) -> PyResult<(String, Py<PyAny>)> {
     let o = &command.options;
-    if let Err(e) = check_options(&o.settings, &o.reference, &o.target, o.float64) {
+    if let Err(e) = check_options(&o.reference, &o.target) {
         eprintln!("error: {}", layerdiff_flow::error_chain(&e));
         return Ok((
             "exit".to_string(),

@@ -141,8 +141,8 @@ pub fn ort_optimizers(
         ));
         let mut accumulated = options.clone();
         accumulated.target = Some(target);
+        // the accumulated error alone (no local error, so no baseline either)
         accumulated.settings.local = false;
-        accumulated.baseline = false;
         let after = compare(&accumulated, ort_library)?.report;
         let check = BisectionCheck {
             compared: after.summary.layers_compared,

@@ -77,14 +77,11 @@ pub struct CapturedComparison {
     /// The layers in execution order.
     pub layers: Vec<ListedLayer>,
     /// Tolerance, local error (re-running each layer's ONNX nodes on PyTorch's values of their
-    /// inputs) and memory budget.
+    /// inputs), memory budget, and what comes with each layer's value: its value in a float64
+    /// run (the truth, held until compared) and its same-precision baseline (the layer computed
+    /// in float64 on the reference's inputs rounded to the target's dtype, held until its
+    /// local error is measured).
     pub settings: Settings,
-    /// Whether each layer's value in a float64 run comes with it (held until compared).
-    pub float64: bool,
-    /// Whether each compared layer's same-precision baseline comes with it: the layer computed
-    /// in float64 on the reference's inputs rounded to the target's dtype (held until its local
-    /// error is measured).
-    pub baseline: bool,
     /// Describes the reference side.
     pub reference: SideInfo,
     /// What the reference is compared with.
@@ -139,7 +136,7 @@ impl CapturedRun {
     pub fn start(c: CapturedComparison, mut clock: Stopwatch) -> Result<Self> {
         if let CapturedTarget::Onnx { runtime, .. } = &c.target {
             let target = TargetSpec::Onnx(runtime.clone());
-            check_options(&c.settings, &TorchSpec::default(), &target, c.float64)?;
+            check_options(&TorchSpec::default(), &target)?;
         }
         for (i, layer) in c.layers.iter().enumerate() {
             if layer.call.input_from.is_some_and(|p| p >= i) {
@@ -189,7 +186,7 @@ impl CapturedRun {
                 .map(|l| (l.call.name.clone(), l.call.dtype, l.call.bytes())),
         );
         // PyTorch's float64 run, held beside each layer's value until compared.
-        let truth = c.float64.then(|| {
+        let truth = c.settings.truth().then(|| {
             let float64 = |l: &ListedLayer| l.call.shape.iter().product::<usize>() as u64 * 8;
             PushedSide::new(
                 SideInfo::new(
@@ -202,7 +199,7 @@ impl CapturedRun {
             )
         });
         // The baseline of each layer, computed by the framework and handed over.
-        let baseline = c.baseline.then(|| {
+        let baseline = c.settings.baseline().then(|| {
             Box::new(HandedBaseline::new(c.layers.iter().map(|l| {
                 let bytes = l.call.shape.iter().product::<usize>() as u64 * 8;
                 (l.call.name.clone(), bytes)

@@ -37,12 +37,8 @@ pub struct ProvidersOptions {
     pub inputs: Option<PathBuf>,
     /// How inputs are generated.
     pub generate: InputPlan,
-    /// Tolerance, local error, memory budget.
+    /// Tolerance, local error, memory budget and float64 computations, for every cell.
     pub settings: Settings,
-    /// Whether each cell runs the reference graph in float64 as the truth.
-    pub float64: bool,
-    /// Whether each cell measures each node's own error against its same-precision baseline.
-    pub baseline: bool,
     /// When a cell fails the run.
     pub fail_on: FailOn,
     /// Which cells' runtimes run in a worker process.
@@ -128,8 +124,6 @@ pub fn providers(
     to: &Destinations,
     ort_library: Option<&Path>,
 ) -> Result<ProvidersReport> {
-    // every cell is an `onnx` comparison with these settings: refused once, before any runs
-    options.settings.truth(options.float64, !options.baseline)?;
     let mut table = ProvidersReport {
         schema: PROVIDERS_SCHEMA,
         model: options
@@ -227,8 +221,6 @@ fn cell(
         inputs: options.inputs.clone(),
         generate: options.generate.clone(),
         settings: options.settings.clone(),
-        float64: options.float64,
-        baseline: options.baseline,
         bisect: false,
         repro: None,
         repro_nodes: 0,

@@ -10,8 +10,8 @@ use layerdiff_core::{
 };
 use layerdiff_flow::timings::Stopwatch;
 use layerdiff_flow::{
-    Alignment, Baseline, Engine, Group, HandedBaseline, Header, Member, Part, PlanSide, Recompute,
-    Settings, Shared, Side, Values, WeightCheckFn,
+    Alignment, Baseline, Engine, Float64, Group, HandedBaseline, Header, Member, Part, PlanSide,
+    Recompute, Settings, Shared, Side, Values, WeightCheckFn,
 };
 
 /// Elements in every value.
@@ -283,11 +283,13 @@ pub fn alignment(layers: usize, unpaired: &[usize]) -> Alignment {
 }
 
 pub fn settings(max_memory: u64) -> Settings {
-    Settings {
-        tolerance: Tolerance::Fixed(1e-4),
-        local: true,
-        max_memory: Some(max_memory),
-    }
+    Settings::new(
+        Tolerance::Fixed(1e-4),
+        true,
+        Some(max_memory),
+        Float64::Skip,
+    )
+    .unwrap()
 }
 
 pub fn header() -> Header {

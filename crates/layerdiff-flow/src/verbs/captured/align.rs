@@ -142,15 +142,9 @@ pub(super) fn same_layers(listed: &[ListedLayer], unpaired: &[(usize, String)]) 
     alignment
 }
 
-/// Whether the options fit together: `settings`, the PyTorch reference, the target, and
-/// whether PyTorch's float64 run is made.
-pub fn check_options(
-    settings: &Settings,
-    reference: &TorchSpec,
-    target: &TargetSpec,
-    float64: bool,
-) -> Result<()> {
-    settings.truth(float64, !float64)?;
+/// Whether the options fit together: the PyTorch reference and the target (the settings
+/// checked themselves when made, [`Settings::new`]).
+pub fn check_options(reference: &TorchSpec, target: &TargetSpec) -> Result<()> {
     match target {
         TargetSpec::Onnx(RuntimeSpec::Expected(_)) => Err(Error::Usage(format!(
             "`{}` is a file of values: `layerdiff torch` needs a runtime to run the ONNX file (`ort`, `ort:opt=all`, `ort:cuda`, `tract`, `openvino`) or a PyTorch side (`torch:bf16`, `torch:cuda`)",
