@@ -142,6 +142,9 @@ def test_reduce_cuts_a_wrong_module_of_a_bfloat16_target_down_to_it_alone(tmp_pa
     assert "wrong_bf16.py" in script and "GatedConv" in script
     readme = (folder / "README.md").read_text()
     assert "op_implementation" in readme and "**Checked**" in readme
+    # the command that made the report, as it records it (quoted where a shell needs it)
+    made = f"layerdiff torch {builder} --target torch:bf16 --out run --quiet"
+    assert f"**Produced by**: `{made}`" in readme
 
     shown = run_repro(folder, folder_of(tmp_path, "torch", "numpy"))
     assert shown.returncode == 1, shown.stderr

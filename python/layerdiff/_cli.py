@@ -156,40 +156,39 @@ def _run(verb: str, command) -> int:
     return report._native.deliver(command, report.inputs, command.seed, report.notes)
 
 
-def _onnx_repro(model, inputs, report, command, folder=None, text=None) -> str:
+def _onnx_repro(model, inputs, report, command, folder=None) -> str:
     """`--repro DIR` of a PyTorch model against its ONNX file: the layer's ONNX nodes fed
     PyTorch's values, run on the target's runtime, checked."""
     from layerdiff.torch._repro import write_onnx_repro
 
     target = command.options.target_spelling
-    invocation = text or "layerdiff " + " ".join(sys.argv[1:])
-    return write_onnx_repro(model, inputs, report, target, folder or command.repro, invocation)
+    return write_onnx_repro(
+        model, inputs, report, target, folder or command.repro, command.invocation
+    )
 
 
-def _grad_repro(model, inputs, report, command, folder=None, text=None) -> str:
+def _grad_repro(model, inputs, report, command, folder=None) -> str:
     """`--repro DIR` of `layerdiff grad`: the headline gradient's module backward alone."""
     from layerdiff.torch._repro import write_grad_repro
     from layerdiff.torch._sides import TorchSide
 
     options = command.options
     sides = (TorchSide.of(options.reference), TorchSide.of(options.torch_target))
-    invocation = text or "layerdiff " + " ".join(sys.argv[1:])
     return write_grad_repro(
         model, inputs, report, sides, command.loss, command.seed, folder or command.repro,
-        invocation, builder=command.model,
+        command.invocation, builder=command.model,
     )  # fmt: skip
 
 
-def _torch_repro(model, inputs, report, command, folder=None, text=None) -> str:
+def _torch_repro(model, inputs, report, command, folder=None) -> str:
     """`--repro DIR` of a PyTorch target: its headline's module alone, checked."""
     from layerdiff.torch._repro import write_repro
     from layerdiff.torch._sides import TorchSide
 
     options = command.options
     ref_side, tgt_side = TorchSide.of(options.reference), TorchSide.of(options.torch_target)
-    invocation = text or "layerdiff " + " ".join(sys.argv[1:])
     return write_repro(
-        model, inputs, report, ref_side, tgt_side, folder or command.repro, invocation,
+        model, inputs, report, ref_side, tgt_side, folder or command.repro, command.invocation,
         builder=command.model,
     )  # fmt: skip
 
@@ -222,12 +221,12 @@ def _reduce(plan: dict) -> int:
         from layerdiff.torch._grad import compare_gradients
 
         report = compare_gradients(model, inputs, loss=command.loss, progress=progress, **common)
-        sentence = _grad_repro(model, inputs, report, command, plan["folder"], plan["text"])
+        sentence = _grad_repro(model, inputs, report, command, plan["folder"])
     elif command.options.torch_target is not None:
         report = lt.compare_torch(
             model, inputs, progress=progress, keep_fp32=command.keep_fp32, **common
         )
-        sentence = _torch_repro(model, inputs, report, command, plan["folder"], plan["text"])
+        sentence = _torch_repro(model, inputs, report, command, plan["folder"])
     else:
         with tempfile.TemporaryDirectory() as workdir:
             report = lt.compare_torch_onnx(
@@ -235,7 +234,7 @@ def _reduce(plan: dict) -> int:
                 progress=progress, dtype=command.dtype, keep_fp32=command.keep_fp32,
                 cache=command.cache, **common,
             )  # fmt: skip
-            sentence = _onnx_repro(model, inputs, report, command, plan["folder"], plan["text"])
+            sentence = _onnx_repro(model, inputs, report, command, plan["folder"])
     if not quiet:
         print(sentence)
     return 0 if sentence.startswith("repro of") else 1

@@ -9,7 +9,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use layerdiff_core::{FailOn, Tolerance};
+use layerdiff_core::{FailOn, Invocation, Tolerance};
 use layerdiff_flow::Settings;
 use layerdiff_flow::inputs::InputPlan;
 use layerdiff_flow::onnx::OnnxOptions;
@@ -263,8 +263,9 @@ pub enum PythonVerb {
 pub enum Dispatched {
     /// The verb ran (or parsing ended it: help, version, a usage error): exit with this code.
     Exit(u8),
-    /// The verb needs a Python framework (PyTorch, TensorFlow): the caller runs it.
-    Python(PythonVerb),
+    /// The verb needs a Python framework (PyTorch, TensorFlow): the caller runs it, its
+    /// outputs made by this command line.
+    Python(PythonVerb, Invocation),
 }
 
 /// The one dispatch of both doors (the Rust binary and the Python command): parses `argv`,
@@ -280,33 +281,39 @@ pub fn dispatch(argv: Vec<OsString>, ort_library: Option<&std::path::Path>) -> D
         // an isolated side's worker process, started by a run (not a verb users type)
         return Dispatched::Exit(layerdiff_runtime::serve_worker(&argv[2..]));
     }
-    layerdiff_flow::output::record_invocation(&argv);
+    let invocation = Invocation::of(&argv);
     let parsed = parse(argv);
     if let Some(Err(e)) = parsed.destinations().map(|to| to.check()) {
         eprintln!("error: {e}");
         return Dispatched::Exit(2);
     }
+    // the outputs say which command line made them
+    let made = |to: Destinations| Destinations {
+        invocation: Some(invocation.clone()),
+        ..to
+    };
+    let python = |verb: PythonVerb| Dispatched::Python(verb, invocation.clone());
     let code = match parsed {
         Parsed::Exit(code) => code,
         Parsed::Onnx(a) => match a.options() {
-            Ok(options) => onnx::run(&options, &a.report.destinations(), ort_library),
+            Ok(options) => onnx::run(&options, &made(a.report.destinations()), ort_library),
             Err(why) => usage(&why),
         },
         Parsed::Providers(a) => match a.options() {
-            Ok(options) => providers::run(&options, &a.destinations(), ort_library),
+            Ok(options) => providers::run(&options, &made(a.destinations()), ort_library),
             Err(why) => usage(&why),
         },
-        Parsed::Audit(a) => audit::run(&a.options(), &a.destinations(), ort_library),
-        Parsed::Torch(a) => return Dispatched::Python(PythonVerb::Torch(a)),
-        Parsed::Keras(a) => return Dispatched::Python(PythonVerb::Keras(a)),
-        Parsed::Grad(a) => return Dispatched::Python(PythonVerb::Grad(a)),
-        Parsed::Ops(a) => return Dispatched::Python(PythonVerb::Ops(a)),
-        Parsed::Zoo => return Dispatched::Python(PythonVerb::Zoo),
-        Parsed::Check(a) => return Dispatched::Python(PythonVerb::Check(a)),
+        Parsed::Audit(a) => audit::run(&a.options(), &made(a.destinations()), ort_library),
+        Parsed::Torch(a) => return python(PythonVerb::Torch(a)),
+        Parsed::Keras(a) => return python(PythonVerb::Keras(a)),
+        Parsed::Grad(a) => return python(PythonVerb::Grad(a)),
+        Parsed::Ops(a) => return python(PythonVerb::Ops(a)),
+        Parsed::Zoo => return python(PythonVerb::Zoo),
+        Parsed::Check(a) => return python(PythonVerb::Check(a)),
         Parsed::Reduce(a) => match a.recorded() {
             Err(why) => usage(&why),
             Ok(recorded) if recorded.command == "onnx" => reduce::onnx(&a, &recorded, ort_library),
-            Ok(recorded) => return Dispatched::Python(PythonVerb::Reduce(a, recorded)),
+            Ok(recorded) => return python(PythonVerb::Reduce(a, recorded)),
         },
     };
     Dispatched::Exit(code)

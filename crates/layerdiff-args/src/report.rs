@@ -106,6 +106,7 @@ impl ReportArgs {
             quiet: self.quiet,
             timings: self.timings,
             fail_on: self.fail_on,
+            invocation: None,
         }
     }
 }

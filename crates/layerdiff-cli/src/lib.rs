@@ -13,7 +13,7 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
     layerdiff_flow::memory::settle_heap();
     match dispatch(argv, None) {
         Dispatched::Exit(code) => ExitCode::from(code),
-        Dispatched::Python(_) => {
+        Dispatched::Python(..) => {
             eprintln!(
                 "error: this verb needs PyTorch or TensorFlow, which live in the Python package\n\
                  hint: `pip install layerdiff` and run the `layerdiff` it installs"

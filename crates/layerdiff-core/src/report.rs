@@ -79,6 +79,21 @@ pub struct Invocation {
 }
 
 impl Invocation {
+    /// The command line `argv` (the program's name first), run in this process's working
+    /// folder.
+    pub fn of(argv: &[std::ffi::OsString]) -> Self {
+        Self {
+            argv: argv
+                .iter()
+                .skip(1)
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
+            cwd: std::env::current_dir()
+                .map(|d| d.display().to_string())
+                .unwrap_or_default(),
+        }
+    }
+
     /// The command line as one would type it (`layerdiff onnx model.onnx --target tract`).
     pub fn text(&self) -> String {
         let quoted: Vec<String> = self

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 pub use layerdiff_core::write_atomic;
-use layerdiff_core::{FailOn, Report, Tensor, Timing, render, write_safetensors};
+use layerdiff_core::{FailOn, Invocation, Report, Tensor, Timing, render, write_safetensors};
 
 use crate::timings::{OWN, Stopwatch, timings_text};
 use crate::{Error, Result};
@@ -123,32 +123,9 @@ pub struct Destinations {
     pub timings: bool,
     /// When the run fails (exit code 1).
     pub fail_on: FailOn,
-}
-
-/// The command line of this process's run, recorded by the command's dispatch so every report
-/// it writes says how it was made.
-static INVOCATION: std::sync::Mutex<Option<layerdiff_core::Invocation>> =
-    std::sync::Mutex::new(None);
-
-/// Records the command line (`argv` with the program's name first) the reports of this run are
-/// made by.
-pub fn record_invocation(argv: &[std::ffi::OsString]) {
-    let invocation = layerdiff_core::Invocation {
-        argv: argv
-            .iter()
-            .skip(1)
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect(),
-        cwd: std::env::current_dir()
-            .map(|d| d.display().to_string())
-            .unwrap_or_default(),
-    };
-    *INVOCATION.lock().unwrap_or_else(|e| e.into_inner()) = Some(invocation);
-}
-
-/// The command line recorded by [`record_invocation`], if any.
-pub fn invocation() -> Option<layerdiff_core::Invocation> {
-    INVOCATION.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    /// The command line the outputs are made by (`None`: a run from the Python API), kept with
+    /// the inputs so that `layerdiff reduce` can run it again, and named in a repro.
+    pub invocation: Option<Invocation>,
 }
 
 /// Writes the reports and the inputs, prints `notes` (stderr), the summary (stdout) and the
@@ -171,8 +148,8 @@ pub fn deliver(
         if let Some(seed) = seed {
             metadata.insert("seed".to_string(), seed.to_string());
         }
-        if let Some(invocation) = invocation() {
-            let json = serde_json::to_string(&invocation).expect("strings serialise");
+        if let Some(invocation) = &to.invocation {
+            let json = serde_json::to_string(invocation).expect("strings serialise");
             metadata.insert("invocation".to_string(), json);
         }
         write_safetensors(path, inputs, metadata)?;

@@ -75,7 +75,7 @@ impl Report {
             .map(|t| Ok((t.name().to_string(), t.to_tensor()?)))
             .collect::<PyResult<Vec<_>>>()?;
         let report = self.0.clone();
-        let to = command.report.destinations();
+        let to = command.destinations();
         let done = py
             .detach(|| output::deliver(report, &to, &inputs, seed, &notes, Stopwatch::default()))
             .map_err(to_py_err)?;

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use layerdiff_args::{Dispatched, PythonVerb, ReportArgs};
-use layerdiff_core::Tolerance;
+use layerdiff_core::{Invocation, Tolerance};
 use layerdiff_flow::spec::target::TargetSpec;
 use layerdiff_flow::spec::target::resolve_target;
 use layerdiff_flow::spec::torch::{LowerPrecision, TorchSpec};
@@ -158,6 +158,8 @@ fn spelled(given: &Bound<'_, PyAny>) -> PyResult<String> {
 /// A verb that needs PyTorch (`torch`, `grad`) as parsed from a command line.
 #[pyclass(module = "layerdiff._layerdiff", frozen)]
 pub(crate) struct Command {
+    /// The command line, as the reports record it.
+    invocation: Invocation,
     model: String,
     seed: u64,
     pub(crate) report: ReportArgs,
@@ -190,6 +192,12 @@ pub(crate) struct Command {
 
 #[pymethods]
 impl Command {
+    /// The command line as one would type it (`layerdiff torch resnet18 --target torch:bf16`),
+    /// as the reports record it: what a repro names.
+    #[getter]
+    fn invocation(&self) -> String {
+        self.invocation.text()
+    }
     /// The model: a built-in name or a builder spec.
     #[getter]
     fn model(&self) -> String {
@@ -311,10 +319,11 @@ pub(crate) fn parse_cli(
         ))
     };
     // The engine's verbs run wholly in Rust, with the GIL released.
-    let verb = match py.detach(|| layerdiff_args::dispatch(argv, ort_library.as_deref())) {
-        Dispatched::Exit(code) => return exit(code),
-        Dispatched::Python(verb) => verb,
-    };
+    let (verb, invocation) =
+        match py.detach(|| layerdiff_args::dispatch(argv, ort_library.as_deref())) {
+            Dispatched::Exit(code) => return exit(code),
+            Dispatched::Python(verb, invocation) => (verb, invocation),
+        };
     match verb {
         PythonVerb::Torch(a) => {
             let (target, dtype) = match a.dtype_target() {
@@ -332,6 +341,7 @@ pub(crate) fn parse_cli(
                 }
             };
             let command = Command {
+                invocation: invocation.clone(),
                 dtype: dtype.map(|d| format!("{d:?}").to_lowercase()),
                 keep_fp32: a.keep_fp32,
                 bisect: a.bisect,
@@ -366,6 +376,7 @@ pub(crate) fn parse_cli(
                 }
             };
             let command = Command {
+                invocation: invocation.clone(),
                 model: a.model.clone(),
                 seed: a.seed,
                 options: Options {
@@ -422,6 +433,7 @@ pub(crate) fn parse_cli(
                 }
             };
             let command = Command {
+                invocation: invocation.clone(),
                 model: a.model,
                 seed: a.seed,
                 options: Options {
@@ -446,6 +458,16 @@ pub(crate) fn parse_cli(
                 loss: Some(layerdiff_args::spelling(&a.loss)),
             };
             checked(py, "grad", command)
+        }
+    }
+}
+
+impl Command {
+    /// Where its outputs go, and the command line they are made by.
+    pub(crate) fn destinations(&self) -> layerdiff_flow::output::Destinations {
+        layerdiff_flow::output::Destinations {
+            invocation: Some(self.invocation.clone()),
+            ..self.report.destinations()
         }
     }
 }

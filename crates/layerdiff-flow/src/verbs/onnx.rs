@@ -35,7 +35,7 @@ pub fn run(options: &OnnxOptions, to: &Destinations, ort_library: Option<&Path>)
             }
         }
         if let Some(folder) = options.repro.as_ref().filter(|_| finished) {
-            notes.push(repro_note(options, &outcome, folder, ort_library)?);
+            notes.push(repro_note(options, &outcome, folder, to, ort_library)?);
         }
         deliver(
             outcome.report,
@@ -58,12 +58,15 @@ fn repro_note(
     options: &OnnxOptions,
     outcome: &Outcome,
     folder: &Path,
+    to: &Destinations,
     ort_library: Option<&Path>,
 ) -> Result<String> {
     if let Err(why) = outcome.report.headline() {
         return Ok(format!("--repro: no repro written: {why}"));
     }
-    let command = crate::output::invocation()
+    let command = to
+        .invocation
+        .as_ref()
         .map(|i| i.text())
         .unwrap_or_else(|| format!("layerdiff onnx {}", options.model.display()));
     let repro = crate::verbs::reduce::onnx(
