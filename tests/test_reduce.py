@@ -245,7 +245,7 @@ def test_a_wrong_backward_reduces_to_that_modules_backward_alone(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "repro of `2:input`: the module `2` (Doubled) alone (its backward" in done.stdout
     folder = tmp_path / "run" / "repro"
-    assert "GRADIENT = {'of': 'input'" in (folder / "repro.py").read_text()
+    assert 'GRADIENT = {"of": "input"' in (folder / "repro.py").read_text()
     shown = run_repro(folder, folder_of(tmp_path, "torch", "numpy"))
     assert shown.returncode == 1 and shown.stdout.strip().endswith("reproduced")
     assert "`2:input` on torch:bf16 against torch: max |diff|" in shown.stdout

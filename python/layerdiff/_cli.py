@@ -127,14 +127,14 @@ def _run(verb: str, command) -> int:
 
         report = compare_gradients(model, inputs, loss=command.loss, progress=progress, **common)
         if command.repro is not None:
-            report.notes.append(_grad_repro(model, inputs, report, command))
+            report.notes.append(_grad_repro(model, inputs, report, command)[0])
     elif pytorch_target:
         report = lt.compare_torch(
             model, inputs, progress=progress, keep_fp32=command.keep_fp32,
             bisect=command.bisect, **common,
         )  # fmt: skip
         if command.repro is not None:
-            report.notes.append(_torch_repro(model, inputs, report, command))
+            report.notes.append(_torch_repro(model, inputs, report, command)[0])
     else:
         with tempfile.TemporaryDirectory() as kept:
             # A repro is cut from the file compared: keep the export until it is written.
@@ -152,11 +152,11 @@ def _run(verb: str, command) -> int:
                 **common,
             )
             if command.repro is not None:
-                report.notes.append(_onnx_repro(model, inputs, report, command))
+                report.notes.append(_onnx_repro(model, inputs, report, command)[0])
     return report._native.deliver(command, report.inputs, command.seed, report.notes)
 
 
-def _onnx_repro(model, inputs, report, command, folder=None) -> str:
+def _onnx_repro(model, inputs, report, command, folder=None) -> tuple[str, bool]:
     """`--repro DIR` of a PyTorch model against its ONNX file: the layer's ONNX nodes fed
     PyTorch's values, run on the target's runtime, checked."""
     from layerdiff.torch._repro import write_onnx_repro
@@ -167,7 +167,7 @@ def _onnx_repro(model, inputs, report, command, folder=None) -> str:
     )
 
 
-def _grad_repro(model, inputs, report, command, folder=None) -> str:
+def _grad_repro(model, inputs, report, command, folder=None) -> tuple[str, bool]:
     """`--repro DIR` of `layerdiff grad`: the headline gradient's module backward alone."""
     from layerdiff.torch._repro import write_grad_repro
     from layerdiff.torch._sides import TorchSide
@@ -180,7 +180,7 @@ def _grad_repro(model, inputs, report, command, folder=None) -> str:
     )  # fmt: skip
 
 
-def _torch_repro(model, inputs, report, command, folder=None) -> str:
+def _torch_repro(model, inputs, report, command, folder=None) -> tuple[str, bool]:
     """`--repro DIR` of a PyTorch target: its headline's module alone, checked."""
     from layerdiff.torch._repro import write_repro
     from layerdiff.torch._sides import TorchSide
@@ -221,12 +221,12 @@ def _reduce(plan: dict) -> int:
         from layerdiff.torch._grad import compare_gradients
 
         report = compare_gradients(model, inputs, loss=command.loss, progress=progress, **common)
-        sentence = _grad_repro(model, inputs, report, command, plan["folder"])
+        sentence, reproduced = _grad_repro(model, inputs, report, command, plan["folder"])
     elif command.options.torch_target is not None:
         report = lt.compare_torch(
             model, inputs, progress=progress, keep_fp32=command.keep_fp32, **common
         )
-        sentence = _torch_repro(model, inputs, report, command, plan["folder"])
+        sentence, reproduced = _torch_repro(model, inputs, report, command, plan["folder"])
     else:
         with tempfile.TemporaryDirectory() as workdir:
             report = lt.compare_torch_onnx(
@@ -234,10 +234,10 @@ def _reduce(plan: dict) -> int:
                 progress=progress, dtype=command.dtype, keep_fp32=command.keep_fp32,
                 cache=command.cache, **common,
             )  # fmt: skip
-            sentence = _onnx_repro(model, inputs, report, command, plan["folder"])
+            sentence, reproduced = _onnx_repro(model, inputs, report, command, plan["folder"])
     if not quiet:
         print(sentence)
-    return 0 if sentence.startswith("repro of") else 1
+    return 0 if reproduced else 1
 
 
 def _keras(command) -> int:

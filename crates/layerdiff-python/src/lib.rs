@@ -9,6 +9,7 @@ mod layer;
 mod op_matrix;
 mod ops;
 mod options;
+mod repro;
 mod spelling;
 mod tensors;
 
@@ -273,58 +274,6 @@ fn smallest_set(items: Vec<String>, clean: Bound<'_, PyAny>) -> PyResult<Vec<Str
     })
 }
 
-/// Writes the repro of `report`'s layer `layer` against an ONNX target (`layerdiff torch`
-/// against the export): its ONNX `nodes` of `model_path` fed `feeds` (the framework's values,
-/// by ONNX value name), held to `expected`, run on `target`; returns the repro in a sentence and
-/// whether it shows the difference.
-#[pyfunction]
-#[pyo3(signature = (report, layer, model_path, nodes, feeds, expected, target, command, folder, ort_library=None))]
-#[allow(clippy::too_many_arguments)]
-fn write_framework_repro(
-    py: Python<'_>,
-    report: &Report,
-    layer: &str,
-    model_path: PathBuf,
-    nodes: Vec<String>,
-    feeds: Vec<FlatTensor<'_>>,
-    expected: FlatTensor<'_>,
-    target: &str,
-    command: &str,
-    folder: PathBuf,
-    ort_library: Option<PathBuf>,
-) -> PyResult<(String, bool)> {
-    let feeds = feeds
-        .iter()
-        .map(|t| Ok((t.name().to_string(), t.to_tensor()?)))
-        .collect::<PyResult<Vec<_>>>()?;
-    let expected = expected.to_tensor()?;
-    let target =
-        layerdiff_runtime::RuntimeSpec::parse(target).map_err(exceptions::UsageError::new_err)?;
-    let repro = py
-        .detach(|| {
-            layerdiff_flow::verbs::reduce::framework_piece(
-                &report.0,
-                layer,
-                &model_path,
-                &nodes,
-                feeds,
-                expected,
-                &target,
-                command,
-                &folder,
-                ort_library.as_deref(),
-            )
-        })
-        .map_err(to_py_err)?;
-    Ok((repro.sentence(), repro.reproduced))
-}
-
-/// The safetensors reader (numpy alone) every repro.py holds.
-#[pyfunction]
-fn repro_reader() -> &'static str {
-    layerdiff_flow::verbs::reduce::READER
-}
-
 /// Writes flat tensors as a safetensors file (through a temporary file, so whole or not at
 /// all), with `producer: layerdiff` in its metadata: the one writer of every tensor file.
 #[pyfunction]
@@ -440,8 +389,8 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(write_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(smallest_set, m)?)?;
-    m.add_function(wrap_pyfunction!(repro_reader, m)?)?;
-    m.add_function(wrap_pyfunction!(write_framework_repro, m)?)?;
+    m.add_function(wrap_pyfunction!(repro::write_framework_repro, m)?)?;
+    m.add_class::<repro::ModuleRepro>()?;
     m.add_function(wrap_pyfunction!(model_inputs, m)?)?;
     m.add_class::<ops::OpsCommand>()?;
     m.add_class::<check::CheckCommand>()?;

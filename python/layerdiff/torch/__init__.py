@@ -49,4 +49,5 @@ def write_repro(model, inputs, report, folder, *, target: str, reference: str = 
 
     sides = [TorchSide.of(_layerdiff.side_spec(s)) for s in (reference, target)]
     command = f"layerdiff.torch.compare_torch(..., target={target!r}, reference={reference!r})"
-    return write(model, inputs, report, *sides, folder, command, builder=builder)
+    sentence, _ = write(model, inputs, report, *sides, folder, command, builder=builder)
+    return sentence

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import shutil
-import string
 import subprocess
 import sys
 import tempfile
@@ -21,24 +20,28 @@ import torch
 from layerdiff import _layerdiff
 from layerdiff.tensors import flat
 from layerdiff.torch._capture import _first_tensor
-from layerdiff.torch._repro_script import SCRIPT
 from layerdiff.torch._sides import TorchSide
 
 
+def _unwritten(why: str) -> tuple[str, bool]:
+    """Why no repro was written, as a repro's (sentence, reproduced)."""
+    return f"--repro: no repro written: {why}", False
+
+
 def write_repro(model, inputs, report, ref_side: TorchSide, tgt_side: TorchSide, folder,
-                command: str, builder: str | None = None) -> str:  # fmt: skip
+                command: str, builder: str | None = None) -> tuple[str, bool]:  # fmt: skip
     """Writes the repro of `report`'s headline into `folder` and says what it holds, or says
-    why there is none (a clean run writes nothing). `builder` (`path/to/file.py:build`,
-    `package.module:build`) is imported by the repro too, for what the user's code sets up
-    (custom ops, compiler settings)."""
+    why there is none (a clean run writes nothing), with whether it shows the difference.
+    `builder` (`path/to/file.py:build`, `package.module:build`) is imported by the repro too,
+    for what the user's code sets up (custom ops, compiler settings)."""
     name, why = report._native.headline
     if name is None:
-        return f"--repro: no repro written: {why}"
+        return _unwritten(f"{why}")
     path, call = _module_call(name)
     try:
         module = model.get_submodule(path)
     except AttributeError:
-        return f"--repro: no repro written: `{name}` is not a module of the model"
+        return _unwritten(f"`{name}` is not a module of the model")
     where = (
         ""
         if path == name.partition("#")[0]
@@ -49,7 +52,7 @@ def write_repro(model, inputs, report, ref_side: TorchSide, tgt_side: TorchSide,
     return _staged(piece, report, (ref_side, tgt_side), folder, command, builder)
 
 
-def _staged(piece, report, sides, folder, command, builder) -> str:
+def _staged(piece, report, sides, folder, command, builder) -> tuple[str, bool]:
     """Writes `piece` into a folder of its own beside `folder` and moves it into place once
     checked: a failure leaves no half folder behind."""
     final = Path(folder)
@@ -79,7 +82,9 @@ class _Piece:
     grad_output: torch.Tensor | None = None
 
 
-def _write(piece: _Piece, report, sides, folder: Path, final: Path, command, builder) -> str:
+def _write(
+    piece: _Piece, report, sides, folder: Path, final: Path, command, builder
+) -> tuple[str, bool]:
     """Writes the repro into `folder`, runs its repro.py there, and moves it to `final`."""
     module, args, kwargs, expected = piece.module, piece.args, piece.kwargs, piece.expected
     name, path, where = piece.name, piece.path, piece.where
@@ -97,54 +102,25 @@ def _write(piece: _Piece, report, sides, folder: Path, final: Path, command, bui
     _layerdiff.write_safetensors(folder / "inputs.safetensors", tensors)
     _layerdiff.write_safetensors(folder / "expected.safetensors", [flat("output", expected)])
     torch.save(copy.deepcopy(module).to("meta"), folder / "module.pt")
-    layer = next(layer for layer in report.layers if layer["name"] == name)
-    bound = layer["tolerance"]
     cls = type(module)
     imports, code_dir = _class_import(cls)
-    imports = _builder_import(builder, cls) + imports
-    script = string.Template(SCRIPT).substitute(
-        layer=name,
-        path=path or "(the whole model)",
-        cls=f"{cls.__module__}.{cls.__qualname__}",
-        class_name=cls.__qualname__,
-        target=tgt_side.spelling,
-        reference=ref_side.spelling,
-        code_dir=repr(code_dir),
-        imports=imports,
-        reference_side=repr(_side(ref_side)),
-        target_side=repr(_side(tgt_side)),
-        atol=float(bound["atol"]),
-        rtol=float(bound["rtol"]),
-        args=literal_args,
-        kwargs=literal_kwargs,
-        reader=_layerdiff.repro_reader(),
-        gradient=repr(piece.gradient),
-    )
-    (folder / "repro.py").write_text(script)
+    gradient = piece.gradient
+    written = _layerdiff.ModuleRepro(
+        layer=name, path=path, where_=where, class_module=cls.__module__,
+        class_name=cls.__qualname__, imports=_builder_import(builder, cls) + imports,
+        code_dir=code_dir, args=literal_args, kwargs=literal_kwargs,
+        gradient=None if gradient is None else (gradient["of"], gradient["scale"]),
+        reference=_side(ref_side), target=_side(tgt_side), command=command,
+    )  # fmt: skip
+    written.write_script(report._native, folder)
     shown = subprocess.run(
         [sys.executable, "repro.py"], cwd=folder, capture_output=True, text=True, timeout=600
     )
-    (folder / "README.md").write_text(_readme(report, layer, piece, cls, sides, command, shown))
+    written.write_readme(report._native, shown.stdout, shown.stderr, folder)
     if final.exists():
         shutil.rmtree(final)
     folder.rename(final)
-    folder = final
-    said = shown.stdout.strip().splitlines()[-1:]
-    if said not in (["reproduced"], ["not reproduced: within the tolerance"]):
-        # An exception exits 1 too: only the script's own last line says what it found.
-        tail = (shown.stderr or shown.stdout).strip().splitlines()[-1:] or ["no output"]
-        return f"--repro: the repro in {folder} does not run: {tail[0]}"
-    lines = [line for line in shown.stdout.splitlines() if line.startswith("`")]
-    found = lines[-1] if lines else ""
-    if said == ["not reproduced: within the tolerance"]:
-        return (
-            f"--repro: no repro of `{name}`: its module `{path}` alone stays within the "
-            f"tolerance ({found}); the difference needs more of the model. Files in {folder}"
-        )
-    return (
-        f"repro of `{name}`: the module `{path}` ({cls.__qualname__}) alone{where}, in {folder}, "
-        f"checked: {found} (python repro.py)"
-    )
+    return written.verdict(shown.stdout, shown.stderr, final)
 
 
 def _module_call(name: str) -> tuple[str, int]:
@@ -261,56 +237,12 @@ def _builder_import(builder: str | None, cls) -> str:
     return f"import {target}  # your model's module, for what it sets up\n"
 
 
-def _side(side: TorchSide) -> dict:
-    return {"device": side.device, "precision": side.precision, "compile": side.compile}
+def _side(side: TorchSide) -> tuple:
+    """The side as the repro's words take it: spelling, words, device, precision, compiler."""
+    return side.spelling, side.describe(), side.device, side.precision, side.compile or None
 
 
-def _readme(report, layer, piece, cls, sides, command, shown) -> str:
-    ref_side, tgt_side = sides
-    cause = layer.get("cause")
-    detail = f": {layer['detail']}" if layer.get("detail") else ""
-    cause_line = f"- **Cause** (the report's): `{cause}`{detail}\n" if cause else ""
-    out = shown.stdout.strip() or shown.stderr.strip()
-    said = shown.stdout.strip().splitlines()[-1:]
-    verdict = {("reproduced",): "**Checked**"}.get(tuple(said), "**Not reproduced**")
-    if said not in (["reproduced"], ["not reproduced: within the tolerance"]):
-        verdict = "**Fails to run**"
-    what, truth = "alone, on the reference's inputs to it", "output as the whole model computed it"
-    if piece.gradient is not None:
-        what = (
-            "its backward alone, on the reference's inputs to it and for the gradient the "
-            "reference's whole backward gave its output"
-        )
-        truth = "gradient of that backward alone"
-    return (
-        f"# Repro: `{layer['name']}` ({cls.__qualname__}) on `{tgt_side.spelling}`\n\n"
-        f"layerdiff cut this out of `{report.data['model']}`: the module "
-        f"`{piece.path or '(root)'}`, {what}.\n\n"
-        f"- **What differs**: the module as the target computes it ({tgt_side.describe()}) and "
-        f"as the reference does ({ref_side.describe()}).\n"
-        f"- {verdict} by running `python repro.py` before this folder was claimed:\n\n"
-        f"```\n{out}\n```\n\n"
-        f"- **Against which truth**: the reference side, run here on the same inputs; "
-        f"`expected.safetensors` holds the reference's {truth}, which repro.py checks the "
-        f"reference reproduces. The tolerance is the one the report judged this layer by.\n"
-        f"{cause_line}"
-        f"- **Produced by**: `{command}`\n\n"
-        "## Run it\n\n"
-        "```\npip install torch numpy\npython repro.py    # exit code 1: the difference shows\n"
-        "```\n\n"
-        "It imports the module's class from your code "
-        f"(`{cls.__module__}.{cls.__qualname__}`).\n\n"
-        "| file | what |\n|---|---|\n"
-        "| `module.pt` | the module's structure, without weights (unpickled with its class) |\n"
-        "| `state.safetensors` | its parameters and buffers |\n"
-        "| `inputs.safetensors` | the reference's inputs to it |\n"
-        "| `expected.safetensors` | the reference's output of it |\n"
-        "| `repro.py` | runs it on the reference side and the target side, prints the "
-        "difference and the tolerance |\n"
-    )
-
-
-def write_onnx_repro(model, inputs, report, target: str, folder, command: str) -> str:
+def write_onnx_repro(model, inputs, report, target: str, folder, command: str) -> tuple[str, bool]:
     """Writes the repro of `report`'s headline (a PyTorch model against its ONNX file on
     `target`): the layer's ONNX nodes fed PyTorch's values at their inputs, held to PyTorch's
     value of the layer, run on the target's runtime; or says why there is none."""
@@ -319,13 +251,13 @@ def write_onnx_repro(model, inputs, report, target: str, folder, command: str) -
 
     name, why = report._native.headline
     if name is None:
-        return f"--repro: no repro written: {why}"
+        return _unwritten(f"{why}")
     layers = {layer["name"]: layer for layer in report.layers}
     layer = layers[name]
     location = layer.get("location") or {}
     if not location.get("nodes") or not layer.get("local_inputs"):
         reason = layer.get("local_reason") or "it has no ONNX nodes of its own"
-        return f"--repro: no repro written: `{name}` was not re-run alone: {reason}"
+        return _unwritten(f"`{name}` was not re-run alone: {reason}")
     if report.onnx_path is None:
         return "--repro: no repro written: the ONNX file compared is not known"
     wanted = {name, *layer["local_inputs"]}
@@ -350,19 +282,18 @@ def write_onnx_repro(model, inputs, report, target: str, folder, command: str) -
         elif source in given:
             feeds.append(flat(source, given[source]))
         else:
-            return f"--repro: no repro written: PyTorch's value of `{source}` was not seen"
+            return _unwritten(f"PyTorch's value of `{source}` was not seen")
     if name not in values:
-        return f"--repro: no repro written: PyTorch's value of `{name}` was not seen"
-    sentence, _ = _layerdiff.write_framework_repro(
+        return _unwritten(f"PyTorch's value of `{name}` was not seen")
+    return _layerdiff.write_framework_repro(
         report._native, name, str(report.onnx_path), location["nodes"], feeds,
         flat(location["value"], values[name]), target, command, str(folder),
         ort_library=_ort.library(),
     )  # fmt: skip
-    return sentence
 
 
 def write_grad_repro(model, inputs, report, sides, loss: str, seed: int, folder, command: str,
-                     builder: str | None = None) -> str:  # fmt: skip
+                     builder: str | None = None) -> tuple[str, bool]:  # fmt: skip
     """Writes the repro of a `layerdiff grad` report's headline gradient: the backward alone of
     the module call that computes it (a parameter's module, or the call whose input gradient it
     is), for the output gradient the whole reference backward gave that call, on both sides."""
@@ -372,11 +303,10 @@ def write_grad_repro(model, inputs, report, sides, loss: str, seed: int, folder,
     ref_side, tgt_side = sides
     name, why = report._native.headline
     if name is None:
-        return f"--repro: no repro written: {why}"
+        return _unwritten(f"{why}")
     if name.startswith("inputs["):
-        return (
-            f"--repro: no repro written: `{name}` is the model input's gradient, which the "
-            "whole backward computes"
+        return _unwritten(
+            f"`{name}` is the model input's gradient, which the whole backward computes"
         )
     with torch.no_grad():
         out = _first_tensor(model(*inputs))
@@ -394,7 +324,7 @@ def write_grad_repro(model, inputs, report, sides, loss: str, seed: int, folder,
         path, _, of = name.rpartition(".")
         call = next((c for c in ref.calls.values() if c.module == path), None)
     if call is None or call.grad_output is None:
-        return f"--repro: no repro written: no module call computes `{name}` alone"
+        return _unwritten(f"no module call computes `{name}` alone")
     module = model.get_submodule(call.module)
     alone = _backward.vjp(
         ref.model.get_submodule(call.module), call, call.grad_output, ref_side.convert,
@@ -402,7 +332,7 @@ def write_grad_repro(model, inputs, report, sides, loss: str, seed: int, folder,
     )  # fmt: skip
     expected = alone.input if of == "input" else alone.parameters.get(of)
     if expected is None:
-        return f"--repro: no repro written: the backward of `{call.module}` gives no `{of}`"
+        return _unwritten(f"the backward of `{call.module}` gives no `{of}`")
     piece = _Piece(
         module, call.args, call.kwargs, expected.detach().cpu(), name, call.module,
         f" (its backward, for the gradient `{name}`)",

@@ -19,8 +19,15 @@ use crate::onnx::OnnxOptions;
 use crate::onnx::pieces::{Pieces, Tried, judged};
 use crate::{Error, Result};
 
+mod module;
+pub use module::{ModuleRepro, ModuleSide, Shown};
 mod script;
 pub use script::READER;
+
+/// The last line a repro.py prints when the target's difference shows.
+pub const REPRODUCED: &str = "reproduced";
+/// The last line a repro.py prints when the target stays within the tolerance.
+pub const NOT_REPRODUCED: &str = "not reproduced: within the tolerance";
 
 /// A repro written, and what its check found.
 #[derive(Debug, Clone)]

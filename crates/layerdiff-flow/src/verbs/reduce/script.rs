@@ -49,7 +49,7 @@ def read(path):
 "#;
 
 /// A Python string literal of `text`.
-fn py_str(text: &str) -> String {
+pub(super) fn py_str(text: &str) -> String {
     serde_json::to_string(text).expect("a string serialises")
 }
 
@@ -179,7 +179,7 @@ def main():
     expected = load(HERE / "expected.safetensors")
     got = run_target(inputs)
     shown = [differs(name, expected[name], got[name]) for name in OUTPUTS]
-    print("reproduced" if any(shown) else "not reproduced: within the tolerance")
+    print({reproduced} if any(shown) else {not_reproduced})
     return 1 if any(shown) else 0
 
 
@@ -188,6 +188,8 @@ if __name__ == "__main__":
 "#,
         layer = facts.repro.layer,
         layer_py = py_str(&facts.repro.layer),
+        reproduced = py_str(super::REPRODUCED),
+        not_reproduced = py_str(super::NOT_REPRODUCED),
         target = facts.target.spelling(),
         target_py = py_str(&facts.target.spelling()),
         model = facts.report.model,
