@@ -3,10 +3,10 @@
 //! processes, so a check and a cell pickle.
 
 use layerdiff_core::render;
-use layerdiff_flow::verbs::ops::{self, OpsBackend, Status};
+use layerdiff_flow::verbs::ops::{self, OpsBackend};
 use numpy::PyReadonlyArray1;
 use pyo3::prelude::*;
-use pyo3::types::{PyTuple, PyType};
+use pyo3::types::PyType;
 
 use crate::exceptions::{self, to_py_err};
 use crate::tensors::FlatTensor;
@@ -119,28 +119,51 @@ impl OpCase {
 #[pyclass(module = "layerdiff._layerdiff", frozen)]
 pub(crate) struct OpCell(ops::OpCell);
 
+/// Which cell, as Python names it: (case, backend, dtype, the ONNX ops of its model).
+type Id = (String, String, String, Vec<String>);
+
+fn id((case, backend, dtype, onnx_ops): Id) -> ops::CellId {
+    ops::CellId {
+        case,
+        backend,
+        dtype,
+        onnx_ops,
+    }
+}
+
+/// A cell's verdict is decided by the core from what the cell found (`layerdiff_flow::verbs::
+/// ops::OpCell`'s makers): Python says what happened, never the verdict.
 #[pymethods]
 impl OpCell {
-    #[new]
-    #[pyo3(signature = (case, backend, dtype, status, check=None, message=None, onnx_ops=Vec::new()))]
-    fn new(
-        case: String,
-        backend: String,
-        dtype: String,
-        status: &str,
-        check: Option<PyRef<'_, OpCheck>>,
-        message: Option<String>,
-        onnx_ops: Vec<String>,
-    ) -> PyResult<Self> {
-        Ok(Self(ops::OpCell {
-            case,
-            backend,
-            dtype,
-            status: Status::parse(status).map_err(to_py_err)?,
-            check: check.map(|c| c.0.clone()),
-            message,
-            onnx_ops,
-        }))
+    /// A cell whose op ran and was checked against float64: PASS or FAIL by the check.
+    #[staticmethod]
+    fn checked(cell: Id, check: PyRef<'_, OpCheck>) -> Self {
+        Self(ops::OpCell::checked(id(cell), check.0.clone()))
+    }
+
+    /// A cell whose op gave a value of another shape than the op's (`got`, `op`).
+    #[staticmethod]
+    fn misshapen(cell: Id, got: Vec<usize>, op: Vec<usize>) -> Self {
+        Self(ops::OpCell::misshapen(id(cell), &got, &op))
+    }
+
+    /// A cell whose op gave another dtype than the op's; `exported`: the single-op model did.
+    #[staticmethod]
+    fn mistyped(cell: Id, got: &str, op: &str, exported: bool) -> Self {
+        Self(ops::OpCell::mistyped(id(cell), got, op, exported))
+    }
+
+    /// A cell that broke with `message`; `not_implemented`: the backend raised that it has no
+    /// kernel.
+    #[staticmethod]
+    fn broke(cell: Id, message: &str, not_implemented: bool) -> Self {
+        Self(ops::OpCell::broke(id(cell), message, not_implemented))
+    }
+
+    /// A cell whose backend cannot run here, and why.
+    #[staticmethod]
+    fn unavailable(cell: Id, why: &str) -> Self {
+        Self(ops::OpCell::unavailable(id(cell), why))
     }
 
     #[getter]
@@ -153,21 +176,17 @@ impl OpCell {
         self.0.message.as_deref()
     }
 
-    fn __reduce__<'py>(
-        slf: &Bound<'py, Self>,
-    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
-        let py = slf.py();
-        let c = &slf.get().0;
-        let args = (
-            c.case.clone(),
-            c.backend.clone(),
-            c.dtype.clone(),
-            c.status.name(),
-            c.check.clone().map(OpCheck),
-            c.message.clone(),
-            c.onnx_ops.clone(),
-        );
-        Ok((slf.get_type().into_any(), args.into_pyobject(py)?))
+    /// The cell from its JSON (how it pickles: cells are computed in worker processes).
+    #[classmethod]
+    fn from_json(_cls: &Bound<'_, PyType>, text: &str) -> PyResult<Self> {
+        let cell = serde_json::from_str(text)
+            .map_err(|e| exceptions::InputError::new_err(format!("not an op cell: {e}")))?;
+        Ok(Self(cell))
+    }
+
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (String,))> {
+        let text = render::to_json_value(&slf.get().0);
+        Ok((slf.get_type().getattr("from_json")?, (text,)))
     }
 
     fn __repr__(&self) -> String {

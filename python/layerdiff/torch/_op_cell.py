@@ -19,25 +19,6 @@ from layerdiff.torch._export import export_onnx
 from layerdiff.torch._op_cases import CASES, Case
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# What a backend says when it has no kernel for an op or dtype (PyTorch, ONNX Runtime, tract,
-# the exporter): such a cell is UNSUPPORTED, not an ERROR.
-_UNSUPPORTED = (
-    "not implemented for",
-    "notimplementederror",
-    "could not find an implementation",
-    "not_implemented",
-    "unsupported",
-    "not supported",
-    "no kernel",
-    "unimplemented",
-    "type parameter (t) of optype",
-    "is not a valid type",
-    "unknown datumtype",
-    "type error: type 'tensor(",
-    "no registered",  # TensorFlow: no kernel of this op for this dtype
-    "could not find device",
-    "has no tensorflow spelling",
-)
 
 
 @dataclass(frozen=True)
@@ -269,14 +250,9 @@ class Said(Exception):
 
 
 def run_cell(task: Task, custom: dict | None = None) -> _layerdiff.OpCell:
-    """One cell: its verdict and numbers, or why it could not be judged."""
+    """One cell: what its backend computed, or how it broke; the core gives the verdict."""
     case = CASES[task.case]
-
-    def cell(status: str, check=None, message: str | None = None) -> _layerdiff.OpCell:
-        return _layerdiff.OpCell(
-            task.case, task.backend, task.dtype, status, check, message, list(task.onnx_ops)
-        )
-
+    cell = (task.case, task.backend, task.dtype, list(task.onnx_ops))
     inputs = make_inputs(case, task.seed)
     args = rounded(inputs, DTYPES[task.dtype])
     wide = [x.double() if x.is_floating_point() else x for x in args]
@@ -295,18 +271,16 @@ def run_cell(task: Task, custom: dict | None = None) -> _layerdiff.OpCell:
                 device, compiled = torch_backend(task.backend)
                 got = _run_torch(case, args, device, compiled)
     except Exception as e:  # a backend's failure is the cell's finding, never the run's end
-        return cell(*_failure(e))
+        message = f"{type(e).__name__}: {e}".strip()
+        if isinstance(e, (_ExportFailed, Said)):
+            message = str(e) or type(e).__name__
+        return _layerdiff.OpCell.broke(cell, message, isinstance(e, NotImplementedError))
     if tuple(got.shape) != tuple(truth.shape):
-        return cell(
-            "FAIL", message=f"shape {list(got.shape)} where the op gives {list(truth.shape)}"
-        )
+        return _layerdiff.OpCell.misshapen(cell, list(got.shape), list(truth.shape))
     expected_dtype = truth.dtype if not truth.is_floating_point() else DTYPES[task.dtype]
     if got.dtype != expected_dtype:
-        made_by = "the exported model gives" if is_onnx(task.backend) else "gives"
-        return cell(
-            "ERROR" if is_onnx(task.backend) else "FAIL",
-            message=f"{made_by} {str(got.dtype).removeprefix('torch.')} where the op gives "
-            f"{str(expected_dtype).removeprefix('torch.')}",
+        return _layerdiff.OpCell.mistyped(
+            cell, _dtype_name(got.dtype), _dtype_name(expected_dtype), is_onnx(task.backend)
         )
     truth64 = truth.double().reshape(-1).numpy()
     scale64 = (
@@ -317,18 +291,11 @@ def run_cell(task: Task, custom: dict | None = None) -> _layerdiff.OpCell:
     check = _layerdiff.check_op(
         flat("got", got), truth64, scale64.copy(), case.reduction, case.stages + extra
     )
-    return cell("PASS" if check.passed else "FAIL", check)
+    return _layerdiff.OpCell.checked(cell, check)
 
 
-def _failure(e: Exception) -> tuple[str, None, str]:
-    """(status, no check, message) of a cell that broke."""
-    message = f"{type(e).__name__}: {e}".strip()
-    if isinstance(e, (_ExportFailed, Said)):
-        message = str(e)
-    lowered = message.lower()
-    unsupported = isinstance(e, NotImplementedError) or any(s in lowered for s in _UNSUPPORTED)
-    first = message.splitlines()[0] if message else type(e).__name__
-    return "UNSUPPORTED" if unsupported else "ERROR", None, first[:2000]
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -276,10 +276,8 @@ def _run_matrix(run, cases, dtypes, names, unavailable, custom, seed, opset, exp
         for dtype in dtypes:
             for name in names:
                 if name in unavailable:
-                    why = f"unavailable here: {unavailable[name]}"
-                    cells.append(
-                        _layerdiff.OpCell(case.name, name, dtype, "UNSUPPORTED", message=why)
-                    )
+                    cell = (case.name, name, dtype, [])
+                    cells.append(_layerdiff.OpCell.unavailable(cell, unavailable[name]))
                     continue
                 exported = exports.get((case.name, dtype), {}) if is_onnx(name) else {}
                 tasks.append(

@@ -112,6 +112,112 @@ pub struct OpCell {
     pub onnx_ops: Vec<String>,
 }
 
+/// What a backend says when it has no kernel for an op or dtype (PyTorch, ONNX Runtime, tract,
+/// TensorFlow, the exporter), lower case: a cell that broke with these words is UNSUPPORTED,
+/// not an ERROR.
+pub const UNSUPPORTED_WORDS: [&str; 15] = [
+    "not implemented for",
+    "notimplementederror",
+    "could not find an implementation",
+    "not_implemented",
+    "unsupported",
+    "not supported",
+    "no kernel",
+    "unimplemented",
+    "type parameter (t) of optype",
+    "is not a valid type",
+    "unknown datumtype",
+    "type error: type 'tensor(",
+    "no registered", // TensorFlow: no kernel of this op for this dtype
+    "could not find device",
+    "has no tensorflow spelling",
+];
+
+/// Which cell: the case, the backend, the dtype, and the ONNX ops its model holds.
+#[derive(Debug, Clone)]
+pub struct CellId {
+    /// The case's name.
+    pub case: String,
+    /// The backend's name.
+    pub backend: String,
+    /// The dtype.
+    pub dtype: String,
+    /// The ONNX ops of its exported model (ONNX backends).
+    pub onnx_ops: Vec<String>,
+}
+
+impl OpCell {
+    fn of(id: CellId, status: Status, check: Option<OpCheck>, message: Option<String>) -> Self {
+        Self {
+            case: id.case,
+            backend: id.backend,
+            dtype: id.dtype,
+            status,
+            check,
+            message,
+            onnx_ops: id.onnx_ops,
+        }
+    }
+
+    /// A cell whose op ran and was checked against float64: PASS or FAIL by the check.
+    pub fn checked(id: CellId, check: OpCheck) -> Self {
+        let status = if check.passed {
+            Status::Pass
+        } else {
+            Status::Fail
+        };
+        Self::of(id, status, Some(check), None)
+    }
+
+    /// A cell whose op gave a value of another shape than the op's: FAIL.
+    pub fn misshapen(id: CellId, got: &[usize], op: &[usize]) -> Self {
+        let message = format!("shape {got:?} where the op gives {op:?}");
+        Self::of(id, Status::Fail, None, Some(message))
+    }
+
+    /// A cell whose op gave another dtype than the op's: the backend's own FAIL, or, from an
+    /// `exported` model, an ERROR of the export (it wrote the file so).
+    pub fn mistyped(id: CellId, got: &str, op: &str, exported: bool) -> Self {
+        let (status, made_by) = if exported {
+            (Status::Error, "the exported model gives")
+        } else {
+            (Status::Fail, "gives")
+        };
+        Self::of(
+            id,
+            status,
+            None,
+            Some(format!("{made_by} {got} where the op gives {op}")),
+        )
+    }
+
+    /// A cell that broke with `message` (the first line kept): UNSUPPORTED where the backend
+    /// says it has no kernel (`not_implemented`: it raised so), else ERROR.
+    pub fn broke(id: CellId, message: &str, not_implemented: bool) -> Self {
+        let lowered = message.to_lowercase();
+        let unsupported = not_implemented || UNSUPPORTED_WORDS.iter().any(|w| lowered.contains(w));
+        let first: String = message
+            .lines()
+            .next()
+            .unwrap_or("")
+            .chars()
+            .take(2000)
+            .collect();
+        let status = if unsupported {
+            Status::Unsupported
+        } else {
+            Status::Error
+        };
+        Self::of(id, status, None, Some(first))
+    }
+
+    /// A cell whose backend cannot run here, and why: UNSUPPORTED.
+    pub fn unavailable(id: CellId, why: &str) -> Self {
+        let message = format!("unavailable here: {why}");
+        Self::of(id, Status::Unsupported, None, Some(message))
+    }
+}
+
 /// What the Python side ran: everything in the report but the rule and the machine.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct OpsRun {
@@ -249,4 +355,57 @@ pub fn run_model(
 pub fn describe_runtime(runtime: &str, ort_library: Option<&Path>) -> Result<String> {
     let spec = RuntimeSpec::parse(runtime).map_err(Error::Usage)?;
     Ok(spec.build(ort_library)?.detail())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id() -> CellId {
+        CellId {
+            case: "matmul".into(),
+            backend: "ort".into(),
+            dtype: "bfloat16".into(),
+            onnx_ops: vec!["MatMul".into()],
+        }
+    }
+
+    #[test]
+    fn a_backend_without_a_kernel_is_unsupported_and_any_other_break_an_error() {
+        let said = "NotImplementedError: \"addmm_impl_cpu_\" not implemented for 'Half'\nmore";
+        let cell = OpCell::broke(id(), said, false);
+        assert_eq!(cell.status, Status::Unsupported);
+        assert_eq!(cell.message.as_deref(), Some(said.lines().next().unwrap()));
+        assert_eq!(
+            OpCell::broke(id(), "anything", true).status,
+            Status::Unsupported
+        );
+        let crashed = OpCell::broke(
+            id(),
+            "RuntimeError: CUDA error: illegal memory access",
+            false,
+        );
+        assert_eq!(crashed.status, Status::Error);
+        assert_eq!(
+            OpCell::unavailable(id(), "no CUDA").status,
+            Status::Unsupported
+        );
+    }
+
+    #[test]
+    fn a_wrong_dtype_is_the_backends_failure_or_the_exports_error() {
+        let own = OpCell::mistyped(id(), "float32", "bfloat16", false);
+        assert_eq!(own.status, Status::Fail);
+        assert_eq!(
+            own.message.as_deref(),
+            Some("gives float32 where the op gives bfloat16")
+        );
+        let exported = OpCell::mistyped(id(), "float32", "bfloat16", true);
+        assert_eq!(exported.status, Status::Error);
+        let shape = OpCell::misshapen(id(), &[2, 3], &[3, 2]);
+        assert_eq!(
+            (shape.status, shape.message.as_deref()),
+            (Status::Fail, Some("shape [2, 3] where the op gives [3, 2]"))
+        );
+    }
 }
