@@ -63,6 +63,15 @@ def test_a_clean_run_has_nothing_to_bisect(tmp_path):
     assert "--bisect: nothing to bisect, no layer exceeds its tolerance" in done.stderr
 
 
+def test_layers_given_to_keep_in_float32_are_not_bisected_again_and_it_says_so():
+    """With --keep-fp32 the layers kept are the user's: the search would replace them, so
+    there is none, and the note survives the run again with them kept."""
+    done = run_cli("torch", "resnet18", "--target", "torch:fp16", "--keep-fp32", "fc", "--bisect")
+    assert done.returncode == 0, done.stderr
+    assert "--bisect: nothing to bisect: the layers kept in float32 are given" in done.stderr
+    assert "checked: keeping 1 layer(s) in float32" in done.stdout
+
+
 def test_disabling_optimizers_needs_a_level_that_runs_them(tmp_path):
     model = growing_convs(tmp_path / "convs.onnx", layers=1)
     done = run_cli("onnx", str(model), "--target", "ort:without=NchwcTransformer")

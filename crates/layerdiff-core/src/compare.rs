@@ -136,6 +136,16 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// Whether a judged comparison found every element within the judge's bound, NaN where the
+    /// reference has NaN (false for one not judged): what [`within`] asks.
+    pub fn judged_within(&self) -> bool {
+        self.nan_mismatch == 0
+            && self
+                .rounding
+                .as_ref()
+                .is_some_and(|r| r.beyond_tolerance == 0)
+    }
+
     /// The difference as a multiple of the layer's bound (above 1: exceeding): infinite where a
     /// side has NaN or ±Inf the other has not (what no multiple of a bound allows, though the
     /// finite elements may agree); `None` where the comparison was not judged against a bound.
@@ -212,6 +222,22 @@ const FOLD_BLOCKS: usize = (u32::MAX as usize) / BLOCK;
 /// dtypes may differ). See the module docs for every definition.
 pub fn compare(reference: TensorView<'_>, target: TensorView<'_>) -> Result<Stats> {
     compare_judged(reference, target, None)
+}
+
+/// Whether every element of `got` is within `bound` of `reference` (`numpy.allclose` by the
+/// rule every judgement here keeps: the same shape, an element beyond when its difference is
+/// strictly greater than the bound at the reference's value, NaN where the reference has
+/// NaN): the one check of "is this run clean" that every verb and search asks.
+pub fn within(reference: TensorView<'_>, got: TensorView<'_>, bound: crate::Bound) -> bool {
+    if reference.shape != got.shape {
+        return false;
+    }
+    let grid = if reference.dtype.is_float() {
+        reference.dtype
+    } else {
+        crate::DType::F64
+    };
+    compare_judged(reference, got, Some(Judge { grid, bound })).is_ok_and(|s| s.judged_within())
 }
 
 /// [`compare`], and with a judge each element measured in the same pass against the judge's

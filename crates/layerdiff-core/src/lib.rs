@@ -46,6 +46,7 @@ pub use cause::{
 };
 pub use compare::{
     Judge, PERCENTILE_RESOLUTION, Rounding, Stats, THRESHOLDS, Worst, compare, compare_judged,
+    within,
 };
 pub use dtype::DType;
 pub use error::{Error, Result};

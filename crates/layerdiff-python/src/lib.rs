@@ -170,39 +170,104 @@ impl Report {
             Err(why) => (None, Some(why)),
         }
     }
-    /// This report with what a bisection found (`over`, `action`, `candidates`, `responsible`,
-    /// `found`, `runs`, its check: of `compared` layers, how many exceed before and after, and
-    /// how to run it that way).
-    #[allow(clippy::too_many_arguments)]
-    fn bisected(
+    /// How `--bisect` goes for a PyTorch `target` (its spelling) on this report, planned by the
+    /// core (`layerdiff_flow::verbs::bisect::torch`): `{"kind": "nothing", "note"}`,
+    /// `{"kind": "stages", "layer", "backend", "stages", "inductor"}` or `{"kind":
+    /// "keep_float32", "precision", "candidates", "defects"}`. `kept`: layers are kept in
+    /// float32 already; `module_of`: each listed layer's module (None: a functional call).
+    fn bisection_plan<'py>(
         &self,
-        over: String,
-        action: String,
+        py: Python<'py>,
+        target: &str,
+        kept: bool,
+        module_of: Vec<(String, Option<String>)>,
+    ) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        use layerdiff_flow::verbs::bisect::torch::TorchBisection;
+        let spec = layerdiff_flow::spec::torch::TorchSpec::parse(target)
+            .map_err(exceptions::UsageError::new_err)?;
+        let plan = pyo3::types::PyDict::new(py);
+        match TorchBisection::plan(&self.0, &spec, kept, &module_of) {
+            TorchBisection::Nothing(note) => {
+                plan.set_item("kind", "nothing")?;
+                plan.set_item("note", note)?;
+            }
+            TorchBisection::Stages {
+                layer,
+                backend,
+                stages,
+                inductor,
+            } => {
+                plan.set_item("kind", "stages")?;
+                plan.set_item("layer", layer)?;
+                plan.set_item("backend", backend)?;
+                plan.set_item("stages", stages)?;
+                plan.set_item("inductor", inductor)?;
+            }
+            TorchBisection::KeepFloat32 {
+                precision,
+                candidates,
+                defects,
+            } => {
+                plan.set_item("kind", "keep_float32")?;
+                plan.set_item("precision", precision)?;
+                plan.set_item("candidates", candidates)?;
+                plan.set_item("defects", defects)?;
+            }
+        }
+        Ok(plan)
+    }
+    /// This report with the torch.compile stage search on `path` alone recorded: `responsible`
+    /// first shows the difference, among `candidates`; `clean`: the stage before agrees.
+    fn stages_bisected(
+        &self,
+        path: &str,
         candidates: usize,
         responsible: Vec<String>,
-        found: bool,
+        clean: bool,
         runs: usize,
-        compared: usize,
-        exceeding_before: usize,
-        exceeding_after: usize,
-        spelling: Option<String>,
     ) -> Report {
         let mut report = self.0.clone();
-        report.bisection = Some(layerdiff_core::Bisection {
-            over,
-            action,
+        report.bisection = Some(layerdiff_flow::verbs::bisect::torch::stages_found(
+            path,
             candidates,
             responsible,
-            found,
+            clean,
             runs,
-            check: layerdiff_core::BisectionCheck {
-                compared,
-                exceeding_before,
-                exceeding_after,
-            },
-            spelling,
-        });
+        ));
         Report(report)
+    }
+    /// This report with the keep-in-float32 search recorded (`plan`: precision, candidates,
+    /// defects left out; `found`, whether keeping `everything` made the output clean, `runs`,
+    /// and the checking comparison's layers compared and exceeding), and what it says beside
+    /// (`failed`: why sets could not run).
+    #[allow(clippy::too_many_arguments)]
+    fn kept_bisected(
+        &self,
+        plan: (String, usize, usize),
+        found: Vec<String>,
+        everything: bool,
+        runs: usize,
+        compared: usize,
+        exceeding_after: usize,
+        failed: Vec<String>,
+    ) -> (Report, Vec<String>) {
+        use layerdiff_flow::verbs::bisect::torch::{kept_found, kept_notes};
+        let (precision, candidates, defects) = plan;
+        let notes = kept_notes(&precision, candidates, found.len(), runs - 1, &failed);
+        let check = layerdiff_core::BisectionCheck {
+            compared,
+            exceeding_before: self.0.summary.layers_exceeding,
+            exceeding_after,
+        };
+        let mut report = self.0.clone();
+        report.bisection = Some(kept_found(
+            (&precision, candidates, defects),
+            found,
+            everything,
+            runs,
+            check,
+        ));
+        (Report(report), notes)
     }
     /// The layer where drift is born, or None.
     #[getter]
@@ -272,6 +337,21 @@ fn smallest_set(items: Vec<String>, clean: Bound<'_, PyAny>) -> PyResult<Vec<Str
     layerdiff_core::smallest_set(&items, &mut |set: &[String]| {
         clean.call1((set.to_vec(),))?.extract::<bool>()
     })
+}
+
+/// Whether every element of `got` is within `atol + rtol·|reference|` of `reference` (the same
+/// shape; NaN where the reference has NaN): the core's one allclose.
+#[pyfunction]
+fn within(reference: FlatTensor<'_>, got: FlatTensor<'_>, atol: f64, rtol: f64) -> PyResult<bool> {
+    let (reference, got) = (reference.to_tensor()?, got.to_tensor()?);
+    let bound = layerdiff_core::Bound { atol, rtol };
+    Ok(layerdiff_core::within(reference.view(), got.view(), bound))
+}
+
+/// The torch.compile stage before `stage` (`eager` for one outside the list).
+#[pyfunction]
+fn stage_before(stage: &str) -> &'static str {
+    layerdiff_flow::verbs::bisect::torch::stage_before(stage)
 }
 
 /// Writes flat tensors as a safetensors file (through a temporary file, so whole or not at
@@ -389,6 +469,8 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(write_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(smallest_set, m)?)?;
+    m.add_function(wrap_pyfunction!(within, m)?)?;
+    m.add_function(wrap_pyfunction!(stage_before, m)?)?;
     m.add_function(wrap_pyfunction!(repro::write_framework_repro, m)?)?;
     m.add_class::<repro::ModuleRepro>()?;
     m.add_function(wrap_pyfunction!(model_inputs, m)?)?;

@@ -20,29 +20,25 @@ import io
 import torch
 
 from layerdiff import _layerdiff
+from layerdiff.tensors import flat
 from layerdiff.torch import _precision
 from layerdiff.torch._capture import _first_tensor
 from layerdiff.torch._repro import _call_inputs, _module_call
 from layerdiff.torch._sides import _CAST
 
-_STAGES = ["eager", "aot_eager", "aot_eager_decomp_partition", "inductor"]
-
 
 def _within(reference, got, bound) -> bool:
-    reference, got = reference.double().cpu(), got.double().cpu()
-    if reference.shape != got.shape:
-        return False
-    diff = (got - reference).abs()
-    return bool((diff <= bound["atol"] + bound["rtol"] * reference.abs()).all())
+    """Whether `got` is within the layer's `bound` of `reference`: the core's allclose."""
+    reference, got = reference.detach().float().cpu(), got.detach().float().cpu()
+    return _layerdiff.within(
+        flat("reference", reference), flat("got", got), bound["atol"], bound["rtol"]
+    )
 
 
-def compile_stage(model, inputs, report, tgt_side, step):
+def compile_stage(model, inputs, report, plan, tgt_side, step):
     """The report with the torch.compile stage (and Inductor subsystem) that turns its headline
-    on, or with a note saying why there is none."""
-    name, why = report._native.headline
-    if name is None:
-        report.notes.append(f"--bisect: nothing to bisect: {why}")
-        return report
+    on (the core's `plan`), or with a note saying why there is none."""
+    name = plan["layer"]
     path, call = _module_call(name)
     eager_side = type(tgt_side)(tgt_side.spelling, tgt_side.device, tgt_side.precision, None)
     args, kwargs, _ = _call_inputs(model, inputs, path, call, eager_side)
@@ -71,14 +67,15 @@ def compile_stage(model, inputs, report, tgt_side, step):
         runs[0] += 1
         return _within(eager, output(backend), bound)
 
+    backend = plan["backend"]
     step(f"bisecting torch.compile's stages on `{path}` alone")
-    if agrees(tgt_side.compile):
+    if agrees(backend):
         report.notes.append(
-            f"--bisect: `{path}` alone compiled ({tgt_side.compile}) agrees with it eager: "
+            f"--bisect: `{path}` alone compiled ({backend}) agrees with it eager: "
             "what differs is not the compiler's work on this module"
         )
         return report
-    if tgt_side.compile == "inductor":
+    if plan["inductor"]:  # PyTorch's own bisector walks Inductor's stages and subsystems
         from torch._inductor.compiler_bisector import BACKENDS, CompilerBisector
 
         said = io.StringIO()
@@ -97,45 +94,23 @@ def compile_stage(model, inputs, report, tgt_side, step):
                 which += f" (bisect number {found.bisect_number}{at})"
             responsible.append(which)
     else:
-        stages = _STAGES[: _STAGES.index(tgt_side.compile)] if tgt_side.compile in _STAGES else []
-        stages = [*stages, tgt_side.compile]
-        stage = next(s for s in stages if s == tgt_side.compile or not agrees(s))
+        stages = plan["stages"]
+        stage = next(s for s in stages if s == backend or not agrees(s))
         candidates, responsible = len(stages), [stage]
-    before = _STAGES[_STAGES.index(stage) - 1] if stage in _STAGES[1:] else "eager"
+    before = _layerdiff.stage_before(stage)
     step(f"checking: `{path}` compiled with {before}, the stage before")
     clean = agrees(before)
-    native = report._native.bisected(
-        over=f"stages of torch.compile and subsystems of Inductor, on `{path}` alone",
-        action="first shown by",
-        candidates=candidates,
-        responsible=responsible,
-        found=clean,
-        runs=runs[0],
-        compared=1,
-        exceeding_before=1,
-        exceeding_after=0 if clean else 1,
-        spelling=None,
-    )
+    native = report._native.stages_bisected(path, candidates, responsible, clean, runs[0])
     return report._with(native)
 
 
-def keep_float32(model, inputs, report, once, listed, sides, precision, step):
-    """The report with its keep-in-float32 advice replaced by the smallest set of layers that
-    brings the output within tolerance, checked by the comparison run again with them kept;
-    or with a note saying why there is none. `sides`: the reference's and the target's."""
+def keep_float32(model, inputs, report, plan, once, listed, sides, step):
+    """The report with its keep-in-float32 advice replaced by the smallest set of the core's
+    candidate layers (`plan`) that brings the output within tolerance, checked by the
+    comparison run again with them kept; or with a note saying why there is none. `sides`: the
+    reference's and the target's."""
     ref_side, tgt_side = sides
-    if report.summary["layers_exceeding"] == 0:
-        report.notes.append("--bisect: nothing to bisect, no layer exceeds its tolerance")
-        return report
-    defects = {d["layer"] for d in report.summary["defects"]}
-    candidates, modules = [], set()
-    for layer in report.layers:
-        name = layer["name"]
-        module = next((entry.module for entry in listed if entry.name == name), None)
-        if ":" in name or name in defects or module is None or module in modules:
-            continue
-        modules.add(module)
-        candidates.append(name)
+    candidates, precision = plan["candidates"], plan["precision"]
     output = next(
         layer for layer in reversed(report.layers) if layer.get("accumulated") is not None
     )
@@ -175,32 +150,13 @@ def keep_float32(model, inputs, report, once, listed, sides, precision, step):
         return report
     found = _layerdiff.smallest_set(candidates, clean) if everything else []
     kept = found if everything else candidates
-    if len(found) > len(candidates) / 2:
-        report.notes.append(
-            f"--bisect: {len(found)} of {len(candidates)} layers must stay in float32 for the "
-            f"output to meet its tolerance: {precision}'s own rounding in the rest exceeds it; "
-            "`--tolerance` with the output error you can accept finds the layers that matter"
-        )
-    if failed:
-        report.notes.append(
-            f"--bisect: {len(failed)} of the {runs[0]} sets tried could not run (counted as "
-            f"not enough): {failed[0]}"
-        )
     step(f"checking: {tgt_side.spelling} again with {len(kept)} layer(s) in float32")
     with_kept = once(keep=_precision.kept_modules(listed, kept))
-    excluded = f", those with a defect left out ({len(defects)})" if defects else ""
-    native = report._native.bisected(
-        over=f"layers of the {precision} target{excluded}",
-        action="kept in float32",
-        candidates=len(candidates),
-        responsible=found,
-        found=everything,
-        runs=runs[0] + 1,
-        compared=with_kept.summary["layers_compared"],
-        exceeding_before=report.summary["layers_exceeding"],
-        exceeding_after=with_kept.summary["layers_exceeding"],
-        spelling=None,
-    )
+    native, notes = report._native.kept_bisected(
+        (precision, len(candidates), plan["defects"]), found, everything, runs[0] + 1,
+        with_kept.summary["layers_compared"], with_kept.summary["layers_exceeding"], failed,
+    )  # fmt: skip
+    report.notes.extend(notes)
     if everything:
         why = "found by bisection: with these kept, the output is within its tolerance"
         native = native.advised_layers(precision, [(name, why) for name in found])

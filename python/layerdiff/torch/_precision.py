@@ -370,4 +370,7 @@ def checked_advice(plain, keep_fp32, precision: str, again, step, what: str):
     step(f"checking: {what} again with {len(kept)} layer(s) in float32")
     with_kept = again(kept)
     main = with_kept if keep_fp32 else plain
-    return main.checked(plain, with_kept, kept, precision)
+    checked = main.checked(plain, with_kept, kept, precision)
+    if main is not plain:  # what was said of the run (a bisection's note) still holds
+        checked.notes[:0] = [n for n in plain.notes if n not in checked.notes]
+    return checked

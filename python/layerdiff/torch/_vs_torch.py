@@ -107,19 +107,17 @@ def compare_torch(
     if bisect:
         from layerdiff.torch import _bisect
 
-        if tgt_side.compile:
-            report = _bisect.compile_stage(model, inputs, report, tgt_side, step)
-        elif lower in ("fp16", "bf16") and not keep_fp32:
-            precision = _precision.DTYPE_NAMES[lower]
+        module_of = [(entry.name, entry.module) for entry in once.listed]
+        plan = report._native.bisection_plan(tgt_side.spelling, bool(keep_fp32), module_of)
+        if plan["kind"] == "stages":
+            report = _bisect.compile_stage(model, inputs, report, plan, tgt_side, step)
+        elif plan["kind"] == "keep_float32":
             report = _bisect.keep_float32(
-                model, inputs, report, once, once.listed, (ref_side, tgt_side), precision, step
+                model, inputs, report, plan, once, once.listed, (ref_side, tgt_side), step
             )
             bisected = True
         else:
-            report.notes.append(
-                f"--bisect: nothing to bisect: `{tgt_side.spelling}` is neither compiled nor "
-                "in float16 or bfloat16"
-            )
+            report.notes.append(plan["note"])
     if lower in ("fp16", "bf16") and not bisected:
         report = _precision.checked_advice(
             report, keep_fp32, _precision.DTYPE_NAMES[lower],

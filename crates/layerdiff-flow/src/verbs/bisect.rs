@@ -6,6 +6,8 @@
 
 use std::path::Path;
 
+pub mod torch;
+
 use layerdiff_core::{Bisection, BisectionCheck, Report, smallest_set};
 use layerdiff_runtime::{OptLevel, RuntimeSpec};
 

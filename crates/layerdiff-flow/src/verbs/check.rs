@@ -158,11 +158,7 @@ impl CheckReport {
                     _ => None,
                 };
                 let passed = r.shape == t.shape
-                    && stats.nan_mismatch == 0
-                    && stats
-                        .rounding
-                        .as_ref()
-                        .is_some_and(|x| x.beyond_tolerance == 0)
+                    && stats.judged_within()
                     && !float64.as_ref().is_some_and(|f| f.beyond);
                 Ok(OutputCheck {
                     name: name.clone(),
