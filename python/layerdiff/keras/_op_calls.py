@@ -23,9 +23,12 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import keras  # noqa: E402
+from layerdiff._native_chatter import dropped  # noqa: E402
+
+with dropped():  # TensorFlow's start-up lines, written below Python as it loads
+    import keras
+    import tensorflow as tf
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 DTYPES = {"float32": tf.float32, "float16": tf.float16, "bfloat16": tf.bfloat16}
 
