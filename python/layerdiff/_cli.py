@@ -1,14 +1,14 @@
-"""The `layerdiff` console command. Parsing is the Rust parser's (same help, errors and exit
-codes as the Rust binary); this module runs the verbs that need PyTorch."""
+"""The `layerdiff` console command. Parsing and the one dispatch are Rust's (same help, errors
+and exit codes as the Rust binary); a verb that needs PyTorch or TensorFlow comes back with the
+Python function that runs it, which this module imports and calls. Here: the process's concerns
+only (signals, errors as messages, the exit)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 from layerdiff import _layerdiff, _ort
 
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         kind, value = _layerdiff.parse_cli(args, _ort.library())
         if kind == "exit":
             return int(value)
-        return _run(kind, value)
+        return _run(*value)
     except _layerdiff.LayerdiffError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -67,232 +67,26 @@ def _process_age() -> float:
         return time.perf_counter() - _IMPORTED
 
 
-def _run(verb: str, command) -> int:
-    """Runs `layerdiff torch`, `grad`, `keras` or `ops` as parsed (a `Command`, an
-    `OpsCommand`); the outputs are written and printed by the same Rust functions as the ONNX
-    verbs'."""
-    if verb == "keras":
-        return _keras(command)
+def _run(verb: str, module: str, function: str, framework: str, extra: str, command) -> int:
+    """Runs a verb the dispatch handed back (it needs PyTorch or TensorFlow): the function it
+    names, imported here, on the parsed command; the outputs are written and printed by the
+    same Rust functions as the ONNX verbs'."""
+    import importlib
+
     try:
-        with _signals_deferred():  # PyTorch's import runs Python from C++: see there
-            from layerdiff import torch as lt
+        with _signals_deferred():  # PyTorch's and TensorFlow's imports run Python from C++
+            runner = getattr(importlib.import_module(module), function)
     except ImportError as e:
         if (e.name or "").split(".")[0] == "layerdiff":  # our own package is broken, not missing
             raise _layerdiff.UsageError(
-                f"`layerdiff {verb}` cannot load layerdiff's PyTorch adapter: {e}\n"
+                f"`layerdiff {verb}` cannot load layerdiff's adapter for {framework}: {e}\n"
                 "hint: the package and its core do not match; reinstall layerdiff"
             ) from e
         raise _layerdiff.UsageError(
-            f"`layerdiff {verb}` needs PyTorch ({e.name or e} is missing)\n"
-            "hint: pip install 'layerdiff[torch]'"
+            f"`layerdiff {verb}` needs {framework} ({e.name or e} is missing)\n"
+            f"hint: pip install '{extra}'"
         ) from e
-
-    if verb == "reduce":
-        return _reduce(command)
-    if verb == "zoo":
-        from layerdiff.torch.models import zoo_text
-
-        sys.stdout.write(zoo_text())
-        return 0
-    progress = _Progress(command.quiet)
-    if verb == "check":
-        from layerdiff.torch import _check
-
-        return _check.run_command(command, progress)
-    if verb == "ops":
-        from layerdiff.torch import _ops
-
-        return _ops.run_command(command, progress)
-    # The options' rules (--dtype, --keep-fp32, --onnx against the target) were kept in Rust
-    # when the command line was parsed.
-    pytorch_target = command.options.torch_target is not None
-
-    started = time.perf_counter()
-    # Before this point: the interpreter's start-up and the imports (PyTorch's above all).
-    start_up = [("start-up: interpreter and imports", "pytorch", _process_age())]
-    builder = lt.load_builder(command.model)
-    progress(f"building {command.model} (seed {command.seed})")
-    model, inputs = builder(command.seed)
-    built = [*start_up, ("building the model", "pytorch", time.perf_counter() - started)]
-    common = {
-        "name": command.model,
-        "seed": command.seed,
-        "timings": built if command.timings else False,
-        "options": command.options,
-    }
-    if verb == "torch" and (command.batch_sizes or command.shapes):
-        return _along_axis(lt, command, model, inputs, progress)
-    if verb == "grad":
-        from layerdiff.torch._grad import compare_gradients
-
-        report = compare_gradients(model, inputs, loss=command.loss, progress=progress, **common)
-        if command.repro is not None:
-            report.notes.append(_grad_repro(model, inputs, report, command)[0])
-    elif pytorch_target:
-        report = lt.compare_torch(
-            model, inputs, progress=progress, keep_fp32=command.keep_fp32,
-            bisect=command.bisect, **common,
-        )  # fmt: skip
-        if command.repro is not None:
-            report.notes.append(_torch_repro(model, inputs, report, command)[0])
-    else:
-        with tempfile.TemporaryDirectory() as kept:
-            # A repro is cut from the file compared: keep the export until it is written.
-            workdir = command.out or (kept if command.repro is not None else None)
-            report = lt.compare_torch_onnx(
-                model,
-                inputs,
-                onnx=command.onnx,
-                exporter=command.exporter,
-                workdir=workdir,
-                progress=progress,
-                cache=command.cache,
-                dtype=command.dtype,
-                keep_fp32=command.keep_fp32,
-                **common,
-            )
-            if command.repro is not None:
-                report.notes.append(_onnx_repro(model, inputs, report, command)[0])
-    return report._native.deliver(command, report.inputs, command.seed, report.notes)
-
-
-def _onnx_repro(model, inputs, report, command, folder=None) -> tuple[str, bool]:
-    """`--repro DIR` of a PyTorch model against its ONNX file: the layer's ONNX nodes fed
-    PyTorch's values, run on the target's runtime, checked."""
-    from layerdiff.torch._repro import write_onnx_repro
-
-    target = command.options.target_spelling
-    return write_onnx_repro(
-        model, inputs, report, target, folder or command.repro, command.invocation
-    )
-
-
-def _grad_repro(model, inputs, report, command, folder=None) -> tuple[str, bool]:
-    """`--repro DIR` of `layerdiff grad`: the headline gradient's module backward alone."""
-    from layerdiff.torch._repro import write_grad_repro
-    from layerdiff.torch._sides import TorchSide
-
-    options = command.options
-    sides = (TorchSide.of(options.reference), TorchSide.of(options.torch_target))
-    return write_grad_repro(
-        model, inputs, report, sides, command.loss, command.seed, folder or command.repro,
-        command.invocation, builder=command.model,
-    )  # fmt: skip
-
-
-def _torch_repro(model, inputs, report, command, folder=None) -> tuple[str, bool]:
-    """`--repro DIR` of a PyTorch target: its headline's module alone, checked."""
-    from layerdiff.torch._repro import write_repro
-    from layerdiff.torch._sides import TorchSide
-
-    options = command.options
-    ref_side, tgt_side = TorchSide.of(options.reference), TorchSide.of(options.torch_target)
-    return write_repro(
-        model, inputs, report, ref_side, tgt_side, folder or command.repro, command.invocation,
-        builder=command.model,
-    )  # fmt: skip
-
-
-def _reduce(plan: dict) -> int:
-    """`layerdiff reduce REPORT.json` of a report of `layerdiff torch`: its command run again
-    where it ran, and its headline written as a repro (the module alone against a PyTorch
-    target; the layer's ONNX nodes fed PyTorch's values against an ONNX one)."""
-    if plan["command"] not in ("torch", "grad"):
-        raise _layerdiff.UsageError(
-            f"`layerdiff reduce` cuts down reports of `layerdiff onnx`, `torch` and `grad`; "
-            f"this one is of `layerdiff {plan['command']}`"
-        )
-    os.chdir(plan["cwd"])
-    kind, command = _layerdiff.parse_cli(["layerdiff", *plan["argv"]], _ort.library())
-    if kind != plan["command"]:
-        raise _layerdiff.UsageError(
-            f"the command line the report records does not parse as `layerdiff {plan['command']}` "
-            f"any more: "
-            f"`{plan['text']}`"
-        )
-    from layerdiff import torch as lt
-
-    quiet = plan["quiet"]
-    progress = _Progress(quiet)
-    progress(f"running the report's command again: {plan['text']}")
-    model, inputs = lt.load_builder(command.model)(command.seed)
-    common = {"name": command.model, "seed": command.seed, "options": command.options}
-    if kind == "grad":
-        from layerdiff.torch._grad import compare_gradients
-
-        report = compare_gradients(model, inputs, loss=command.loss, progress=progress, **common)
-        sentence, reproduced = _grad_repro(model, inputs, report, command, plan["folder"])
-    elif command.options.torch_target is not None:
-        report = lt.compare_torch(
-            model, inputs, progress=progress, keep_fp32=command.keep_fp32, **common
-        )
-        sentence, reproduced = _torch_repro(model, inputs, report, command, plan["folder"])
-    else:
-        with tempfile.TemporaryDirectory() as workdir:
-            report = lt.compare_torch_onnx(
-                model, inputs, onnx=command.onnx, exporter=command.exporter, workdir=workdir,
-                progress=progress, dtype=command.dtype, keep_fp32=command.keep_fp32,
-                cache=command.cache, **common,
-            )  # fmt: skip
-            sentence, reproduced = _onnx_repro(model, inputs, report, command, plan["folder"])
-    if not quiet:
-        print(sentence)
-    return 0 if reproduced else 1
-
-
-def _keras(command) -> int:
-    """`layerdiff keras`: TensorFlow's adapter, which only this verb imports."""
-    try:
-        with _signals_deferred():  # TensorFlow's import runs Python from C++ too
-            from layerdiff import keras as lk
-    except ImportError as e:
-        if (e.name or "").split(".")[0] == "layerdiff":
-            raise _layerdiff.UsageError(
-                f"`layerdiff keras` cannot load layerdiff's Keras adapter: {e}\n"
-                "hint: the package and its core do not match; reinstall layerdiff"
-            ) from e
-        raise _layerdiff.UsageError(
-            f"`layerdiff keras` needs TensorFlow, Keras and tf2onnx ({e.name or e} is missing)\n"
-            "hint: pip install 'layerdiff[tf]'"
-        ) from e
-    return lk.run_command(command, _Progress(command.quiet))
-
-
-def _along_axis(lt, command, model, inputs, progress) -> int:
-    """`layerdiff torch --batch-sizes`/`--shapes`: the axis report, and under `--out` each
-    point's reports in its own folder."""
-    from layerdiff.torch import _axis
-    from layerdiff.torch._running import as_input_tuple
-
-    axis, reports, notes = _axis.compare_along(
-        model,
-        as_input_tuple(inputs),
-        batch_sizes=command.batch_sizes,
-        shapes=command.shapes,
-        onnx=command.onnx,
-        exporter=command.exporter,
-        workdir=command.out,
-        cache=command.cache,
-        seed=command.seed,
-        name=command.model,
-        options=command.options,
-        dtype=command.dtype,
-        keep_fp32=command.keep_fp32,
-        progress=progress,
-    )
-    if command.out is not None:
-        for label, report in reports:
-            folder = Path(command.out) / _axis.slug(axis.axis, label)
-            report.write(
-                json=folder / "report.json",
-                markdown=folder / "report.md",
-                html=folder / "report.html",
-                svg=folder / "report.svg",
-                node_data=folder / "report.node-data.json",
-            )
-    for label, report in reports:
-        notes += [f"{label}: {note}" for note in report.notes]
-    return axis.deliver(command, notes)
+    return runner(command, _Progress(command is None or command.quiet))
 
 
 def run() -> None:

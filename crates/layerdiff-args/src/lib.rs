@@ -145,36 +145,25 @@ pub enum Command {
     Reduce(ReduceArgs),
 }
 
-/// The result of parsing a command line.
-#[derive(Debug)]
-enum Parsed {
-    /// Run `torch` with these options (the caller owns PyTorch).
-    Torch(TorchArgs),
-    /// Run `keras` with these options (the caller owns TensorFlow).
-    Keras(KerasArgs),
-    /// Run `onnx` with these options.
-    Onnx(OnnxArgs),
-    /// Run `grad` with these options (the caller owns PyTorch).
-    Grad(GradArgs),
-    /// Run `providers` with these options.
-    Providers(ProvidersArgs),
-    /// Run `audit` with these options.
-    Audit(AuditArgs),
-    /// Run `ops` with these options (the caller owns PyTorch).
-    Ops(OpsArgs),
-    /// List the model zoo (the caller owns PyTorch).
-    Zoo,
-    /// Run `check` with these options (the caller owns PyTorch).
-    Check(CheckArgs),
-    /// Run `reduce` on a report.
-    Reduce(ReduceArgs),
-    /// Parsing already did everything (help, version, a usage error): exit with this code.
-    Exit(u8),
-}
+impl Command {
+    /// The verb as typed (`onnx`, `torch`…).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Torch(_) => "torch",
+            Self::Keras(_) => "keras",
+            Self::Onnx(_) => "onnx",
+            Self::Providers(_) => "providers",
+            Self::Audit(_) => "audit",
+            Self::Grad(_) => "grad",
+            Self::Ops(_) => "ops",
+            Self::Check(_) => "check",
+            Self::Zoo => "zoo",
+            Self::Reduce(_) => "reduce",
+        }
+    }
 
-impl Parsed {
     /// Where the verb writes its reports, checked before any work starts.
-    fn destinations(&self) -> Option<layerdiff_flow::output::Destinations> {
+    fn destinations(&self) -> Option<Destinations> {
         match self {
             Self::Torch(a) => Some(a.report.destinations()),
             Self::Keras(a) => Some(a.report.destinations()),
@@ -183,55 +172,27 @@ impl Parsed {
             Self::Providers(a) => Some(a.destinations()),
             Self::Audit(a) => Some(a.destinations()),
             Self::Ops(a) => Some(a.destinations()),
-            Self::Check(a) => Some(layerdiff_flow::output::Destinations {
+            Self::Check(a) => Some(Destinations {
                 json: a.json.clone(),
                 ..Default::default()
             }),
-            Self::Reduce(a) => Some(layerdiff_flow::output::Destinations {
+            Self::Reduce(a) => Some(Destinations {
                 parts: a.out.clone(),
                 ..Default::default()
             }),
-            Self::Zoo | Self::Exit(_) => None,
+            Self::Zoo => None,
         }
     }
 }
 
-/// Parses `argv` (program name first). Help and usage errors are printed here.
-fn parse(argv: Vec<OsString>) -> Parsed {
+/// Parses `argv` (program name first); `Err`: parsing did everything (help, version, a usage
+/// error, printed here): exit with this code.
+fn parse(argv: Vec<OsString>) -> Result<Command, u8> {
     match Cli::try_parse_from(argv) {
-        Ok(Cli {
-            command: Command::Torch(args),
-        }) => Parsed::Torch(args),
-        Ok(Cli {
-            command: Command::Keras(args),
-        }) => Parsed::Keras(args),
-        Ok(Cli {
-            command: Command::Onnx(args),
-        }) => Parsed::Onnx(args),
-        Ok(Cli {
-            command: Command::Grad(args),
-        }) => Parsed::Grad(args),
-        Ok(Cli {
-            command: Command::Providers(args),
-        }) => Parsed::Providers(args),
-        Ok(Cli {
-            command: Command::Audit(args),
-        }) => Parsed::Audit(args),
-        Ok(Cli {
-            command: Command::Ops(args),
-        }) => Parsed::Ops(args),
-        Ok(Cli {
-            command: Command::Zoo,
-        }) => Parsed::Zoo,
-        Ok(Cli {
-            command: Command::Check(args),
-        }) => Parsed::Check(args),
-        Ok(Cli {
-            command: Command::Reduce(args),
-        }) => Parsed::Reduce(args),
+        Ok(cli) => Ok(cli.command),
         Err(err) => {
             let _ = err.print();
-            Parsed::Exit(if err.use_stderr() { 2 } else { 0 })
+            Err(if err.use_stderr() { 2 } else { 0 })
         }
     }
 }
@@ -252,9 +213,54 @@ pub enum PythonVerb {
     Zoo,
     /// `check`.
     Check(CheckArgs),
-    /// `reduce` of a report made by a verb the caller owns (`torch`, `grad`), with what it
-    /// records.
-    Reduce(ReduceArgs, Recorded),
+}
+
+impl PythonVerb {
+    /// Where the caller runs it: the Python module and its function, which takes the parsed
+    /// command and a progress line and returns the exit code; the one dispatch is this
+    /// crate's, the caller only imports what it names.
+    pub fn runner(&self) -> (&'static str, &'static str) {
+        match self {
+            Self::Torch(_) => ("layerdiff.torch._command", "torch"),
+            Self::Grad(_) => ("layerdiff.torch._command", "grad"),
+            Self::Keras(_) => ("layerdiff.keras", "run_command"),
+            Self::Ops(_) => ("layerdiff.torch._ops", "run_command"),
+            Self::Check(_) => ("layerdiff.torch._check", "run_command"),
+            Self::Zoo => ("layerdiff.torch.models", "zoo_command"),
+        }
+    }
+
+    /// The verb as typed.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Torch(_) => "torch",
+            Self::Keras(_) => "keras",
+            Self::Grad(_) => "grad",
+            Self::Ops(_) => "ops",
+            Self::Zoo => "zoo",
+            Self::Check(_) => "check",
+        }
+    }
+
+    /// The framework it needs, and the package extra that installs it.
+    pub fn framework(&self) -> (&'static str, &'static str) {
+        match self {
+            Self::Keras(_) => ("TensorFlow, Keras and tf2onnx", "layerdiff[tf]"),
+            _ => ("PyTorch", "layerdiff[torch]"),
+        }
+    }
+}
+
+/// A verb handed to the caller, with the command line its outputs are made by.
+#[derive(Debug)]
+pub struct Handed {
+    /// The verb and its options.
+    pub verb: PythonVerb,
+    /// The command line (for `reduce`, the one the report records).
+    pub invocation: Invocation,
+    /// Run by `reduce`: its options ask for the repro (`repro`) and no reports, and its exit
+    /// code is the repro's (0: written and checked; 1: none).
+    pub reducing: bool,
 }
 
 /// What [`dispatch`] did.
@@ -263,9 +269,8 @@ pub enum PythonVerb {
 pub enum Dispatched {
     /// The verb ran (or parsing ended it: help, version, a usage error): exit with this code.
     Exit(u8),
-    /// The verb needs a Python framework (PyTorch, TensorFlow): the caller runs it, its
-    /// outputs made by this command line.
-    Python(PythonVerb, Invocation),
+    /// The verb needs a Python framework (PyTorch, TensorFlow): the caller runs it.
+    Python(Handed),
 }
 
 /// The one dispatch of both doors (the Rust binary and the Python command): parses `argv`,
@@ -282,8 +287,11 @@ pub fn dispatch(argv: Vec<OsString>, ort_library: Option<&std::path::Path>) -> D
         return Dispatched::Exit(layerdiff_runtime::serve_worker(&argv[2..]));
     }
     let invocation = Invocation::of(&argv);
-    let parsed = parse(argv);
-    if let Some(Err(e)) = parsed.destinations().map(|to| to.check()) {
+    let command = match parse(argv) {
+        Ok(command) => command,
+        Err(code) => return Dispatched::Exit(code),
+    };
+    if let Some(Err(e)) = command.destinations().map(|to| to.check()) {
         eprintln!("error: {e}");
         return Dispatched::Exit(2);
     }
@@ -292,29 +300,30 @@ pub fn dispatch(argv: Vec<OsString>, ort_library: Option<&std::path::Path>) -> D
         invocation: Some(invocation.clone()),
         ..to
     };
-    let python = |verb: PythonVerb| Dispatched::Python(verb, invocation.clone());
-    let code = match parsed {
-        Parsed::Exit(code) => code,
-        Parsed::Onnx(a) => match a.options() {
+    let python = |verb: PythonVerb| {
+        Dispatched::Python(Handed {
+            verb,
+            invocation: invocation.clone(),
+            reducing: false,
+        })
+    };
+    let code = match command {
+        Command::Onnx(a) => match a.options() {
             Ok(options) => onnx::run(&options, &made(a.report.destinations()), ort_library),
             Err(why) => usage(&why),
         },
-        Parsed::Providers(a) => match a.options() {
+        Command::Providers(a) => match a.options() {
             Ok(options) => providers::run(&options, &made(a.destinations()), ort_library),
             Err(why) => usage(&why),
         },
-        Parsed::Audit(a) => audit::run(&a.options(), &made(a.destinations()), ort_library),
-        Parsed::Torch(a) => return python(PythonVerb::Torch(a)),
-        Parsed::Keras(a) => return python(PythonVerb::Keras(a)),
-        Parsed::Grad(a) => return python(PythonVerb::Grad(a)),
-        Parsed::Ops(a) => return python(PythonVerb::Ops(a)),
-        Parsed::Zoo => return python(PythonVerb::Zoo),
-        Parsed::Check(a) => return python(PythonVerb::Check(a)),
-        Parsed::Reduce(a) => match a.recorded() {
-            Err(why) => usage(&why),
-            Ok(recorded) if recorded.command == "onnx" => reduce::onnx(&a, &recorded, ort_library),
-            Ok(recorded) => return python(PythonVerb::Reduce(a, recorded)),
-        },
+        Command::Audit(a) => audit::run(&a.options(), &made(a.destinations()), ort_library),
+        Command::Torch(a) => return python(PythonVerb::Torch(a)),
+        Command::Keras(a) => return python(PythonVerb::Keras(a)),
+        Command::Grad(a) => return python(PythonVerb::Grad(a)),
+        Command::Ops(a) => return python(PythonVerb::Ops(a)),
+        Command::Zoo => return python(PythonVerb::Zoo),
+        Command::Check(a) => return python(PythonVerb::Check(a)),
+        Command::Reduce(a) => return reduce::run(&a, ort_library),
     };
     Dispatched::Exit(code)
 }

@@ -101,41 +101,99 @@ fn absolute(path: &Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
-/// Runs `reduce` for a report of `layerdiff onnx`: its command line parsed again in its
-/// folder, compared again on its saved inputs, and the repro written. Exit code 0: a repro
-/// written and checked; 1: none (a clean run, drift that only accumulates, or not shown within
-/// `--nodes`); 2: it could not run.
-pub(crate) fn onnx(args: &ReduceArgs, recorded: &Recorded, ort_library: Option<&Path>) -> u8 {
-    let folder = args.folder();
+/// Runs `reduce`: the report's command line parsed again and run in its folder, without its
+/// reports, for its headline's repro; the one driver of every verb's reduce. A report of
+/// `layerdiff onnx` is run here, on its saved inputs; one of `torch` or `grad` is handed to the
+/// caller (which owns PyTorch) with the repro asked for. Exit code 0: a repro written and
+/// checked; 1: none (a clean run, drift that only accumulates, or not shown within `--nodes`);
+/// 2: it could not run.
+pub(crate) fn run(args: &ReduceArgs, ort_library: Option<&Path>) -> Dispatched {
+    let refuse = |why: String| Dispatched::Exit(usage(&why));
+    let recorded = match args.recorded() {
+        Ok(recorded) => recorded,
+        Err(why) => return refuse(why),
+    };
+    let text = recorded.invocation.text();
+    let verb = &recorded.command;
     let mut argv = vec!["layerdiff".to_string()];
     argv.extend(recorded.invocation.argv.iter().cloned());
-    let onnx_args = match Cli::try_parse_from(&argv) {
-        Ok(Cli {
-            command: Command::Onnx(a),
-        }) => a,
+    let command = match Cli::try_parse_from(&argv) {
+        Ok(cli) if cli.command.name() == verb => cli.command,
         _ => {
-            eprintln!(
-                "error: the command line the report records does not parse as `layerdiff onnx` \
-                 any more: `{}`",
-                recorded.invocation.text()
-            );
-            return 2;
+            return refuse(format!(
+                "the command line the report records does not parse as `layerdiff {verb}` any \
+                 more: `{text}`"
+            ));
         }
     };
+    if !matches!(
+        command,
+        Command::Onnx(_) | Command::Torch(_) | Command::Grad(_)
+    ) {
+        return refuse(format!(
+            "`layerdiff reduce` cuts down reports of `layerdiff onnx`, `torch` and `grad`; this \
+             one is of `layerdiff {verb}`"
+        ));
+    }
     // Its paths are relative to where it ran.
     if let Err(e) = std::env::set_current_dir(&recorded.invocation.cwd) {
-        eprintln!(
-            "error: cannot enter `{}`, where the report's command ran: {e}",
+        return refuse(format!(
+            "cannot enter `{}`, where the report's command ran: {e}",
             recorded.invocation.cwd
-        );
-        return 2;
+        ));
     }
+    if !args.quiet {
+        eprintln!("running the report's command again: {text}");
+    }
+    let folder = args.folder();
+    let verb = match command {
+        Command::Onnx(a) => return Dispatched::Exit(onnx(args, &recorded, &a, ort_library)),
+        Command::Torch(mut a) => {
+            (a.repro, a.bisect, a.report) = (Some(folder), false, args.no_reports());
+            PythonVerb::Torch(a)
+        }
+        Command::Grad(mut a) => {
+            (a.repro, a.report) = (Some(folder), args.no_reports());
+            PythonVerb::Grad(a)
+        }
+        _ => unreachable!("refused above"),
+    };
+    Dispatched::Python(Handed {
+        verb,
+        invocation: recorded.invocation,
+        reducing: true,
+    })
+}
+
+impl ReduceArgs {
+    /// A comparison run again for its repro writes no reports, and prints as `reduce` does.
+    fn no_reports(&self) -> ReportArgs {
+        ReportArgs {
+            out: None,
+            json: None,
+            markdown: None,
+            html: None,
+            svg: None,
+            node_data: None,
+            quiet: self.quiet,
+            fail_on: FailOn::default(),
+            timings: false,
+        }
+    }
+}
+
+/// `reduce` of a report of `layerdiff onnx` (`onnx_args`, its command line parsed again): the
+/// comparison run again on the saved inputs, and the repro written.
+fn onnx(
+    args: &ReduceArgs,
+    recorded: &Recorded,
+    onnx_args: &OnnxArgs,
+    ort_library: Option<&Path>,
+) -> u8 {
+    let folder = args.folder();
     let mut options = match onnx_args.options() {
         Ok(options) => options,
-        Err(why) => {
-            eprintln!("error: {why}");
-            return 2;
-        }
+        Err(why) => return usage(&why),
     };
     options.bisect = false;
     options.repro = None;
@@ -147,10 +205,6 @@ pub(crate) fn onnx(args: &ReduceArgs, recorded: &Recorded, ort_library: Option<&
             eprintln!("{line}");
         }
     };
-    say(&format!(
-        "running the report's command again: {}",
-        recorded.invocation.text()
-    ));
     let outcome = match layerdiff_flow::onnx::compare(&options, ort_library) {
         Ok(outcome) => outcome,
         Err(e) => return e.exit(),

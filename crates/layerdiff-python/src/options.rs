@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use layerdiff_args::{Dispatched, PythonVerb, ReportArgs};
+use layerdiff_args::{Dispatched, GradArgs, KerasArgs, PythonVerb, ReportArgs, TorchArgs};
 use layerdiff_core::{Invocation, Tolerance};
 use layerdiff_flow::spec::target::TargetSpec;
 use layerdiff_flow::spec::target::resolve_target;
@@ -68,12 +68,7 @@ impl Options {
             return Err(usage(why));
         }
         let reference = TorchSpec::parse(reference).map_err(usage)?;
-        check_options(&reference, &target).map_err(to_py_err)?;
-        Ok(Self {
-            settings,
-            reference,
-            target,
-        })
+        Self::checked(settings, reference, target).map_err(usage)
     }
 
     /// The options with a `torch` run's lower precision (`dtype`: `fp16`, `bf16` or `int8`),
@@ -160,6 +155,8 @@ fn spelled(given: &Bound<'_, PyAny>) -> PyResult<String> {
 pub(crate) struct Command {
     /// The command line, as the reports record it.
     invocation: Invocation,
+    /// Run by `reduce`: the repro's verdict is the exit code, and no reports are written.
+    reducing: bool,
     model: String,
     seed: u64,
     pub(crate) report: ReportArgs,
@@ -197,6 +194,12 @@ impl Command {
     #[getter]
     fn invocation(&self) -> String {
         self.invocation.text()
+    }
+    /// Whether `layerdiff reduce` runs it: the repro's verdict is the exit code (0: written
+    /// and checked), and no reports are written.
+    #[getter]
+    fn reducing(&self) -> bool {
+        self.reducing
     }
     /// The model: a built-in name or a builder spec.
     #[getter]
@@ -301,10 +304,12 @@ impl Command {
 }
 
 /// Runs a command line through the one dispatch of the Rust binary
-/// ([`layerdiff_args::dispatch`]). Returns `("torch", options)`, `("grad", options)`,
-/// `("ops", …)`, `("check", …)` or `("zoo", None)` for the verbs that need PyTorch, or
-/// `("exit", code)` when parsing or an engine verb (run here with ONNX Runtime from
-/// `ort_library`, the one the running interpreter has) already did the work.
+/// ([`layerdiff_args::dispatch`]). Returns `("exit", code)` when parsing or an engine verb
+/// (run here with ONNX Runtime from `ort_library`, the one the running interpreter has)
+/// already did the work, or refused the options; else `("run", (verb, module, function,
+/// framework, extra, command))`: the Python function the dispatch names for the verb, what it
+/// needs installed (and the package extra that installs it), and its parsed command (None for
+/// `zoo`).
 #[pyfunction]
 #[pyo3(signature = (argv, ort_library=None))]
 pub(crate) fn parse_cli(
@@ -319,150 +324,117 @@ pub(crate) fn parse_cli(
         ))
     };
     // The engine's verbs run wholly in Rust, with the GIL released.
-    let (verb, invocation) =
-        match py.detach(|| layerdiff_args::dispatch(argv, ort_library.as_deref())) {
-            Dispatched::Exit(code) => return exit(code),
-            Dispatched::Python(verb, invocation) => (verb, invocation),
-        };
-    match verb {
-        PythonVerb::Torch(a) => {
-            let (target, dtype) = match a.dtype_target() {
-                Ok(resolved) => resolved,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return exit(2);
-                }
-            };
-            let settings = match a.judging.settings(true) {
-                Ok(settings) => settings,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return exit(2);
-                }
-            };
-            let command = Command {
-                invocation: invocation.clone(),
-                dtype: dtype.map(|d| format!("{d:?}").to_lowercase()),
-                keep_fp32: a.keep_fp32,
-                bisect: a.bisect,
-                repro: a.repro,
-                batch_sizes: a.batch_sizes,
-                shapes: a.shapes,
-                model: a.model,
-                seed: a.seed,
-                options: Options {
-                    settings,
-                    reference: a.reference,
-                    target,
-                },
-                report: a.report,
-                exporter: Some(layerdiff_args::spelling(&a.exporter)),
-                onnx: a.onnx,
-                cache: !a.no_cache,
-                opset: None,
-                torch_twin: None,
-                weight_map: None,
-                copy_weights: false,
-                loss: None,
-            };
-            checked(py, "torch", command)
+    let handed = match py.detach(|| layerdiff_args::dispatch(argv, ort_library.as_deref())) {
+        Dispatched::Exit(code) => return exit(code),
+        Dispatched::Python(handed) => handed,
+    };
+    let verb = handed.verb.name();
+    let (module, function) = handed.verb.runner();
+    let (framework, extra) = handed.verb.framework();
+    let (invocation, reducing) = (handed.invocation, handed.reducing);
+    let command = match handed.verb {
+        PythonVerb::Torch(a) => Command::torch(a, invocation, reducing),
+        PythonVerb::Grad(a) => Command::grad(a, invocation, reducing),
+        PythonVerb::Keras(a) => Command::keras(a, invocation),
+        PythonVerb::Check(a) => Ok(Py::new(py, crate::check::CheckCommand::new(a))?.into_any()),
+        PythonVerb::Ops(a) => Ok(Py::new(py, crate::ops::OpsCommand::new(a))?.into_any()),
+        PythonVerb::Zoo => Ok(py.None()),
+    };
+    let command = match command {
+        Ok(command) => command,
+        Err(why) => {
+            eprintln!("error: {why}");
+            return exit(2);
         }
-        PythonVerb::Keras(a) => {
-            let settings = match a.check().and_then(|()| a.judging.settings(true)) {
-                Ok(settings) => settings,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return exit(2);
-                }
-            };
-            let command = Command {
-                invocation: invocation.clone(),
-                model: a.model.clone(),
-                seed: a.seed,
-                options: Options {
-                    settings,
-                    reference: TorchSpec::default(),
-                    target: a.target.clone(),
-                },
-                report: a.report,
-                exporter: None,
-                cache: true,
-                onnx: a.onnx,
-                opset: Some(a.opset),
-                torch_twin: a.torch.clone(),
-                weight_map: a.weight_map.clone(),
-                copy_weights: a.copy_weights,
-                dtype: None,
-                keep_fp32: Vec::new(),
-                bisect: false,
-                repro: None,
-                batch_sizes: Vec::new(),
-                shapes: Vec::new(),
-                loss: None,
-            };
-            checked(py, "keras", command)
-        }
-        PythonVerb::Zoo => Ok(("zoo".to_string(), py.None())),
-        PythonVerb::Reduce(a, recorded) => {
-            let plan = pyo3::types::PyDict::new(py);
-            plan.set_item("command", &recorded.command)?;
-            plan.set_item("argv", &recorded.invocation.argv)?;
-            plan.set_item("cwd", &recorded.invocation.cwd)?;
-            plan.set_item("text", recorded.invocation.text())?;
-            plan.set_item("inputs", &recorded.inputs)?;
-            plan.set_item("headline", recorded.headline.as_ref())?;
-            plan.set_item("folder", a.folder())?;
-            plan.set_item("nodes", a.nodes)?;
-            plan.set_item("quiet", a.quiet)?;
-            Ok(("reduce".to_string(), plan.into_any().unbind()))
-        }
-        PythonVerb::Check(a) => Ok((
-            "check".to_string(),
-            Py::new(py, crate::check::CheckCommand::new(a))?.into_any(),
-        )),
-        PythonVerb::Ops(a) => Ok((
-            "ops".to_string(),
-            Py::new(py, crate::ops::OpsCommand::new(a))?.into_any(),
-        )),
-        PythonVerb::Grad(a) => {
-            let settings = match a.judging.settings(true) {
-                Ok(settings) => settings,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return exit(2);
-                }
-            };
-            let command = Command {
-                invocation: invocation.clone(),
-                model: a.model,
-                seed: a.seed,
-                options: Options {
-                    settings,
-                    reference: a.reference,
-                    target: TargetSpec::Torch(a.target),
-                },
-                report: a.report,
-                exporter: None,
-                cache: true,
-                onnx: None,
-                opset: None,
-                torch_twin: None,
-                weight_map: None,
-                copy_weights: false,
-                dtype: None,
-                keep_fp32: Vec::new(),
-                bisect: false,
-                repro: a.repro.clone(),
-                batch_sizes: Vec::new(),
-                shapes: Vec::new(),
-                loss: Some(layerdiff_args::spelling(&a.loss)),
-            };
-            checked(py, "grad", command)
-        }
-    }
+    };
+    let run = (verb, module, function, framework, extra, command);
+    Ok((
+        "run".to_string(),
+        run.into_pyobject(py)?.into_any().unbind(),
+    ))
 }
 
 impl Command {
+    /// A command with `options` and nothing verb-specific yet.
+    fn of(
+        model: String,
+        seed: u64,
+        options: Options,
+        report: ReportArgs,
+        invocation: Invocation,
+        reducing: bool,
+    ) -> Self {
+        Self {
+            invocation,
+            reducing,
+            model,
+            seed,
+            options,
+            report,
+            exporter: None,
+            onnx: None,
+            cache: true,
+            opset: None,
+            torch_twin: None,
+            weight_map: None,
+            copy_weights: false,
+            loss: None,
+            dtype: None,
+            keep_fp32: Vec::new(),
+            bisect: false,
+            repro: None,
+            batch_sizes: Vec::new(),
+            shapes: Vec::new(),
+        }
+    }
+
+    /// `layerdiff torch`, or why its options do not fit together.
+    fn torch(a: TorchArgs, invocation: Invocation, reducing: bool) -> Result<Py<PyAny>, String> {
+        let (target, dtype) = a.dtype_target()?;
+        let settings = a.judging.settings(true)?;
+        let options = Options::checked(settings, a.reference, target)?;
+        let mut command = Self::of(a.model, a.seed, options, a.report, invocation, reducing);
+        command.dtype = dtype.map(|d| format!("{d:?}").to_lowercase());
+        command.keep_fp32 = a.keep_fp32;
+        command.bisect = a.bisect;
+        command.repro = a.repro;
+        command.batch_sizes = a.batch_sizes;
+        command.shapes = a.shapes;
+        command.exporter = Some(layerdiff_args::spelling(&a.exporter));
+        command.onnx = a.onnx;
+        command.cache = !a.no_cache;
+        command.into_py()
+    }
+
+    /// `layerdiff grad`, or why its options do not fit together.
+    fn grad(a: GradArgs, invocation: Invocation, reducing: bool) -> Result<Py<PyAny>, String> {
+        let settings = a.judging.settings(true)?;
+        let options = Options::checked(settings, a.reference, TargetSpec::Torch(a.target))?;
+        let mut command = Self::of(a.model, a.seed, options, a.report, invocation, reducing);
+        command.repro = a.repro;
+        command.loss = Some(layerdiff_args::spelling(&a.loss));
+        command.into_py()
+    }
+
+    /// `layerdiff keras`, or why its options do not fit together.
+    fn keras(a: KerasArgs, invocation: Invocation) -> Result<Py<PyAny>, String> {
+        a.check()?;
+        let settings = a.judging.settings(true)?;
+        let options = Options::checked(settings, TorchSpec::default(), a.target)?;
+        let mut command = Self::of(a.model, a.seed, options, a.report, invocation, false);
+        command.onnx = a.onnx;
+        command.opset = Some(a.opset);
+        command.torch_twin = a.torch;
+        command.weight_map = a.weight_map;
+        command.copy_weights = a.copy_weights;
+        command.into_py()
+    }
+
+    fn into_py(self) -> Result<Py<PyAny>, String> {
+        Python::attach(|py| Py::new(py, self).map(Py::into_any))
+            .map_err(|e| format!("cannot hand the command to Python: {e}"))
+    }
+
     /// Where its outputs go, and the command line they are made by.
     pub(crate) fn destinations(&self) -> layerdiff_flow::output::Destinations {
         layerdiff_flow::output::Destinations {
@@ -472,15 +444,19 @@ impl Command {
     }
 }
 
-/// `(verb, command)`, or `("exit", 2)` with the message when its options do not fit together.
-fn checked(py: Python<'_>, verb: &str, command: Command) -> PyResult<(String, Py<PyAny>)> {
-    let o = &command.options;
-    if let Err(e) = check_options(&o.reference, &o.target) {
-        eprintln!("error: {}", layerdiff_flow::error_chain(&e));
-        return Ok((
-            "exit".to_string(),
-            2u8.into_pyobject(py)?.into_any().unbind(),
-        ));
+impl Options {
+    /// The options of a parsed command line, or why the reference and the target do not fit
+    /// together.
+    fn checked(
+        settings: Settings,
+        reference: TorchSpec,
+        target: TargetSpec,
+    ) -> Result<Self, String> {
+        check_options(&reference, &target).map_err(|e| layerdiff_flow::error_chain(&e))?;
+        Ok(Self {
+            settings,
+            reference,
+            target,
+        })
     }
-    Ok((verb.to_string(), Py::new(py, command)?.into_any()))
 }

@@ -4,6 +4,7 @@ builder (`path/to/file.py:build` or `package.module:build`)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -158,6 +159,12 @@ def _plugins() -> dict[str, Callable]:
     from importlib.metadata import entry_points
 
     return {e.name: e for e in entry_points(group="layerdiff.models")}
+
+
+def zoo_command(command, progress) -> int:
+    """`layerdiff zoo` as the command line runs it: the list printed."""
+    sys.stdout.write(zoo_text())
+    return 0
 
 
 def zoo_text() -> str:

@@ -1,0 +1,154 @@
+"""`layerdiff torch` and `layerdiff grad` as the command line runs them: the parsed command
+(options, rules and dispatch are Rust's) run on the PyTorch adapter, its repro written where
+asked, and its outputs delivered by the same Rust functions as the ONNX verbs'. Run by
+`layerdiff reduce` (``command.reducing``), the repro's verdict is the exit code."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+from layerdiff._cli import _process_age
+
+
+def torch(command, progress) -> int:
+    """`layerdiff torch`: against the ONNX export on a runtime, or a PyTorch target; along an
+    axis with `--batch-sizes`/`--shapes`."""
+    from layerdiff import torch as lt
+
+    model, inputs, common = _built(command, progress)
+    if command.batch_sizes or command.shapes:
+        return _along_axis(command, model, inputs, progress)
+    if command.options.torch_target is not None:
+        report = lt.compare_torch(
+            model, inputs, progress=progress, keep_fp32=command.keep_fp32,
+            bisect=command.bisect, **common,
+        )  # fmt: skip
+        said = _torch_repro(model, inputs, report, command) if command.repro else None
+        return _delivered(command, report, said)
+    with tempfile.TemporaryDirectory() as kept:
+        # A repro is cut from the file compared: keep the export until it is written.
+        workdir = command.out or (kept if command.repro is not None else None)
+        report = lt.compare_torch_onnx(
+            model, inputs, onnx=command.onnx, exporter=command.exporter, workdir=workdir,
+            progress=progress, cache=command.cache, dtype=command.dtype,
+            keep_fp32=command.keep_fp32, **common,
+        )  # fmt: skip
+        said = _onnx_repro(model, inputs, report, command) if command.repro else None
+        return _delivered(command, report, said)
+
+
+def grad(command, progress) -> int:
+    """`layerdiff grad`: both sides' gradients, layer by layer."""
+    from layerdiff.torch._grad import compare_gradients
+
+    model, inputs, common = _built(command, progress)
+    report = compare_gradients(model, inputs, loss=command.loss, progress=progress, **common)
+    said = _grad_repro(model, inputs, report, command) if command.repro else None
+    return _delivered(command, report, said)
+
+
+def _built(command, progress):
+    """The model and its inputs from the command's builder, and what every flow is given."""
+    from layerdiff import torch as lt
+
+    started = time.perf_counter()
+    # Before this point: the interpreter's start-up and the imports (PyTorch's above all).
+    start_up = [("start-up: interpreter and imports", "pytorch", _process_age())]
+    builder = lt.load_builder(command.model)
+    progress(f"building {command.model} (seed {command.seed})")
+    model, inputs = builder(command.seed)
+    built = [*start_up, ("building the model", "pytorch", time.perf_counter() - started)]
+    common = {
+        "name": command.model,
+        "seed": command.seed,
+        "timings": built if command.timings else False,
+        "options": command.options,
+    }
+    return model, inputs, common
+
+
+def _delivered(command, report, said: tuple[str, bool] | None) -> int:
+    """The outputs written and printed, the repro's sentence among the notes; or, run by
+    `reduce`, the repro's sentence alone and its verdict as the exit code."""
+    if command.reducing:
+        sentence, reproduced = said
+        if not command.quiet:
+            print(sentence)
+        return 0 if reproduced else 1
+    if said is not None:
+        report.notes.append(said[0])
+    return report._native.deliver(command, report.inputs, command.seed, report.notes)
+
+
+def _onnx_repro(model, inputs, report, command) -> tuple[str, bool]:
+    """The repro of a PyTorch model against its ONNX file: the layer's ONNX nodes fed
+    PyTorch's values, run on the target's runtime, checked."""
+    from layerdiff.torch._repro import write_onnx_repro
+
+    target = command.options.target_spelling
+    return write_onnx_repro(model, inputs, report, target, command.repro, command.invocation)
+
+
+def _grad_repro(model, inputs, report, command) -> tuple[str, bool]:
+    """The repro of `layerdiff grad`: the headline gradient's module backward alone."""
+    from layerdiff.torch._repro import write_grad_repro
+    from layerdiff.torch._sides import TorchSide
+
+    options = command.options
+    sides = (TorchSide.of(options.reference), TorchSide.of(options.torch_target))
+    return write_grad_repro(
+        model, inputs, report, sides, command.loss, command.seed, command.repro,
+        command.invocation, builder=command.model,
+    )  # fmt: skip
+
+
+def _torch_repro(model, inputs, report, command) -> tuple[str, bool]:
+    """The repro of a PyTorch target: its headline's module alone, checked."""
+    from layerdiff.torch._repro import write_repro
+    from layerdiff.torch._sides import TorchSide
+
+    options = command.options
+    ref_side, tgt_side = TorchSide.of(options.reference), TorchSide.of(options.torch_target)
+    return write_repro(
+        model, inputs, report, ref_side, tgt_side, command.repro, command.invocation,
+        builder=command.model,
+    )  # fmt: skip
+
+
+def _along_axis(command, model, inputs, progress) -> int:
+    """`layerdiff torch --batch-sizes`/`--shapes`: the axis report, and under `--out` each
+    point's reports in its own folder."""
+    from layerdiff.torch import _axis
+    from layerdiff.torch._running import as_input_tuple
+
+    axis, reports, notes = _axis.compare_along(
+        model,
+        as_input_tuple(inputs),
+        batch_sizes=command.batch_sizes,
+        shapes=command.shapes,
+        onnx=command.onnx,
+        exporter=command.exporter,
+        workdir=command.out,
+        cache=command.cache,
+        seed=command.seed,
+        name=command.model,
+        options=command.options,
+        dtype=command.dtype,
+        keep_fp32=command.keep_fp32,
+        progress=progress,
+    )
+    if command.out is not None:
+        for label, report in reports:
+            folder = Path(command.out) / _axis.slug(axis.axis, label)
+            report.write(
+                json=folder / "report.json",
+                markdown=folder / "report.md",
+                html=folder / "report.html",
+                svg=folder / "report.svg",
+                node_data=folder / "report.node-data.json",
+            )
+    for label, report in reports:
+        notes += [f"{label}: {note}" for note in report.notes]
+    return axis.deliver(command, notes)
