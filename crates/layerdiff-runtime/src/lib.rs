@@ -17,7 +17,7 @@ mod per_node;
 mod spec;
 mod tract_runtime;
 
-use layerdiff_core::Tensor;
+use layerdiff_core::{DType, Tensor};
 use layerdiff_onnx::Model;
 
 pub use error::{Crash, CrashedNode, Error, Result};
@@ -110,6 +110,10 @@ pub trait Runtime {
 pub struct ReducedMath {
     /// The op types it applies to (`MatMul`, `Conv`).
     pub ops: &'static [&'static str],
+    /// The dtype those ops compute and hold their values in, where it is one (OpenVINO's
+    /// bfloat16 or float16 inference precision: operands and results on that grid); `None`
+    /// where only the products are narrower (TF32) and the values stay float32.
+    pub grid: Option<DType>,
     /// A sentence: who, how, and how to turn it off.
     pub how: String,
 }

@@ -46,8 +46,14 @@ const LOWERED_OPS: [&str; 24] = [
 
 /// What the plugin does to float32 math at the precision it resolved (`None` at f32).
 fn lowered(resolved: &str) -> Option<ReducedMath> {
-    (resolved != "f32").then(|| ReducedMath {
+    let grid = match resolved {
+        "f16" => DType::F16,
+        "bf16" => DType::BF16,
+        _ => return None,
+    };
+    Some(ReducedMath {
         ops: &LOWERED_OPS,
+        grid: Some(grid),
         how: format!(
             "OpenVINO's CPU plugin computes float32 in {resolved} here (its inference precision); \
              `openvino:precision=f32` runs it in full float32"

@@ -369,6 +369,7 @@ impl Runtime for OrtRuntime {
                 .any(|(k, v)| k == "use_tf32" && v != "0");
         tf32.then(|| ReducedMath {
             ops: &TF32_OPS,
+            grid: None,
             how: format!(
                 "{} multiplies float32 in TF32 here (use_tf32=1: products of 10-bit mantissas); \
                  `ort:cuda:use_tf32=0` runs it in full float32",

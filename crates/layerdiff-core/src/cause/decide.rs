@@ -115,8 +115,13 @@ pub(super) fn decide(layer: &Layer, e: &Evidence, is_source: bool) -> (Cause, St
         && layer.dtype == "float32"
     {
         // A mode the runtime was asked for: precision, unless the baseline or the truth
-        // shows plain float32 rounding.
-        if let Some(b) = layer.baseline.as_ref().filter(|b| !b.beyond()) {
+        // shows plain float32 rounding; a baseline on the narrower grid the runtime computes
+        // in (OpenVINO's bfloat16) models the mode, so it decides either way.
+        if let Some(b) = layer
+            .baseline
+            .as_ref()
+            .filter(|b| !b.beyond() || b.grid != layer.dtype)
+        {
             return against_baseline(layer, b, e, lower);
         }
         if let Some(detail) = truth_rounding(layer) {

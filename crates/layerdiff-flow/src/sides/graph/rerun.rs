@@ -129,10 +129,33 @@ impl GraphSide {
             .iter()
             .map(|&i| &graph.node[i])
             .filter(|node| !moves_data(node.op_type()))
-            .filter_map(|node| {
-                let o = node.output.first()?;
-                DType::from_onnx_code(self.index.elem_type(o)?).ok()
-            })
+            .filter_map(|node| self.computes(node))
+    }
+
+    /// The dtype `node` computes its (first) output in: its declared element type, or the
+    /// narrower grid the runtime computes that op in (OpenVINO's bfloat16 inference
+    /// precision), where known.
+    pub(crate) fn computes(&self, node: &layerdiff_onnx::NodeProto) -> Option<DType> {
+        let declared = DType::from_onnx_code(self.index.elem_type(node.output.first()?)?).ok()?;
+        let reduced = self.runtime.reduced_math().and_then(|r| {
+            let grid = r.grid?;
+            r.ops.contains(&node.op_type()).then_some(grid)
+        });
+        match reduced {
+            Some(grid) if declared.is_float() && grid.narrower_than(declared) => Some(grid),
+            _ => Some(declared),
+        }
+    }
+
+    /// The dtype the target holds `value` in: as [`GraphSide::computes`] says for the node
+    /// that produces it, else its declared element type.
+    pub fn holds(&self, value: &str) -> Option<DType> {
+        match self.index.producer(value) {
+            Some(info) if info.outputs.first().is_some_and(|o| o == value) => {
+                self.computes(&self.model.graph().node[info.index])
+            }
+            _ => DType::from_onnx_code(self.index.elem_type(value)?).ok(),
+        }
     }
 }
 

@@ -87,7 +87,7 @@ pub(super) fn onnx_target(
     let held = alignment
         .target
         .iter()
-        .map(|v| DType::from_onnx_code(target.index.elem_type(v.as_deref()?)?).ok())
+        .map(|v| target.holds(v.as_deref()?))
         .collect();
     if !c.channels_last {
         return Ok((alignment, Box::new(target), held));
