@@ -35,7 +35,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::dtype::pow2;
-use crate::{Error, Result, TensorView, accumulation_unit, kernel_allowance, output_steps};
+use crate::{DType, Error, Result, TensorView, accumulation_unit, kernel_allowance, output_steps};
 
 /// How the bound of a cell was made: the terms of [the rule](self).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -142,6 +142,20 @@ pub fn check_op(
     reduction: usize,
     stages: u32,
 ) -> Result<OpCheck> {
+    check_op_in(got, truth, magnitude, reduction, stages, got.dtype)
+}
+
+/// [`check_op`] of a backend that computes the op in `dtype`, narrower than the dtype it
+/// hands the values back in (OpenVINO's bfloat16 inference precision, float32 out): judged
+/// by `dtype`'s rule, the truth computed on inputs on `dtype`'s grid.
+pub fn check_op_in(
+    got: &TensorView<'_>,
+    truth: &[f64],
+    magnitude: &[f64],
+    reduction: usize,
+    stages: u32,
+    dtype: DType,
+) -> Result<OpCheck> {
     let n = got.numel();
     for len in [
         truth.len(),
@@ -160,7 +174,6 @@ pub fn check_op(
     }
     let mut values = vec![0.0; n];
     crate::compare::decode(got.dtype, got.bytes, &mut values);
-    let dtype = got.dtype;
     let terms = dtype.mantissa_bits().map(|bits| OpBound {
         output_steps: output_steps(dtype),
         stages,
@@ -252,7 +265,7 @@ pub fn check_op(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{DType, Tensor};
+    use crate::Tensor;
 
     fn tensor(dtype: DType, values: &[f64]) -> Tensor {
         Tensor::from_f64(dtype, values)

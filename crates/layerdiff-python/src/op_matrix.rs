@@ -2,7 +2,7 @@
 //! case (`OpCase`), each cell (`OpCell`) and the run (`OpsRun`). Cells are computed in worker
 //! processes, so a check and a cell pickle.
 
-use layerdiff_core::render;
+use layerdiff_core::{DType, render};
 use layerdiff_flow::verbs::ops::{self, OpsBackend};
 use numpy::PyReadonlyArray1;
 use pyo3::prelude::*;
@@ -67,8 +67,10 @@ impl OpCheck {
 }
 
 /// Judges one cell: `got` against the float64 `truth` with per-element `magnitude` (or empty),
-/// `reduction` terms and `stages` roundings.
+/// `reduction` terms and `stages` roundings; `computed_in`: the narrower dtype the backend
+/// computed it in, whose rule judges it.
 #[pyfunction]
+#[pyo3(signature = (got, truth, magnitude, reduction, stages, computed_in=None))]
 pub(crate) fn check_op(
     py: Python<'_>,
     got: FlatTensor<'_>,
@@ -76,11 +78,44 @@ pub(crate) fn check_op(
     magnitude: PyReadonlyArray1<'_, f64>,
     reduction: usize,
     stages: u32,
+    computed_in: Option<&str>,
 ) -> PyResult<OpCheck> {
     let got = got.view()?;
+    let dtype = match computed_in {
+        Some(name) => DType::from_name(name).map_err(to_py_err)?,
+        None => got.dtype,
+    };
     let (truth, magnitude) = (truth.as_slice()?, magnitude.as_slice()?);
-    py.detach(|| layerdiff_core::check_op(&got, truth, magnitude, reduction, stages))
+    py.detach(|| layerdiff_core::check_op_in(&got, truth, magnitude, reduction, stages, dtype))
         .map(OpCheck)
+        .map_err(to_py_err)
+}
+
+/// How an ONNX backend narrows float math (OpenVINO's inference precision), as the model flow
+/// knows the side: which dtype it computes a cell in.
+#[pyclass(module = "layerdiff._layerdiff", frozen)]
+pub(crate) struct Narrowing(layerdiff_runtime::ReducedMath);
+
+#[pymethods]
+impl Narrowing {
+    /// The dtype the backend computes a cell of `dtype` in whose model holds `onnx_ops`, where
+    /// narrower than `dtype` (`None`: it computes in `dtype`).
+    fn of(&self, onnx_ops: Vec<String>, dtype: &str) -> PyResult<Option<&'static str>> {
+        let dtype = DType::from_name(dtype).map_err(to_py_err)?;
+        Ok(ops::narrowed(&self.0, &onnx_ops, dtype).map(DType::name))
+    }
+}
+
+/// How the ONNX backend `runtime` narrows float math here, or None where it computes as asked.
+#[pyfunction]
+#[pyo3(signature = (runtime, ort_library=None))]
+pub(crate) fn runtime_narrowing(
+    py: Python<'_>,
+    runtime: &str,
+    ort_library: Option<std::path::PathBuf>,
+) -> PyResult<Option<Narrowing>> {
+    py.detach(|| ops::narrowing(runtime, ort_library.as_deref()))
+        .map(|r| r.map(Narrowing))
         .map_err(to_py_err)
 }
 
@@ -119,15 +154,17 @@ impl OpCase {
 #[pyclass(module = "layerdiff._layerdiff", frozen)]
 pub(crate) struct OpCell(ops::OpCell);
 
-/// Which cell, as Python names it: (case, backend, dtype, the ONNX ops of its model).
-type Id = (String, String, String, Vec<String>);
+/// Which cell, as Python names it: (case, backend, dtype, the ONNX ops of its model, the
+/// narrower dtype its backend computes it in or None).
+type Id = (String, String, String, Vec<String>, Option<String>);
 
-fn id((case, backend, dtype, onnx_ops): Id) -> ops::CellId {
+fn id((case, backend, dtype, onnx_ops, computed_in): Id) -> ops::CellId {
     ops::CellId {
         case,
         backend,
         dtype,
         onnx_ops,
+        computed_in,
     }
 }
 

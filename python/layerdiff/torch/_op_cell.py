@@ -33,6 +33,9 @@ class Task:
     input_names: tuple = ()
     onnx_ops: tuple = ()
     export_error: str | None = None
+    #: The narrower dtype the backend computes this cell in (OpenVINO's inference precision),
+    #: as the core says (`Narrowing.of`): inputs rounded to it, the cell judged by its rule.
+    computed_in: str | None = None
 
 
 def resolve(call: str):
@@ -252,9 +255,11 @@ class Said(Exception):
 def run_cell(task: Task, custom: dict | None = None) -> _layerdiff.OpCell:
     """One cell: what its backend computed, or how it broke; the core gives the verdict."""
     case = CASES[task.case]
-    cell = (task.case, task.backend, task.dtype, list(task.onnx_ops))
+    cell = (task.case, task.backend, task.dtype, list(task.onnx_ops), task.computed_in)
     inputs = make_inputs(case, task.seed)
     args = rounded(inputs, DTYPES[task.dtype])
+    if task.computed_in is not None:  # on the grid the backend computes in, then held as asked
+        args = rounded(rounded(args, DTYPES[task.computed_in]), DTYPES[task.dtype])
     wide = [x.double() if x.is_floating_point() else x for x in args]
     try:
         with torch.no_grad():
@@ -289,8 +294,9 @@ def run_cell(task: Task, custom: dict | None = None) -> _layerdiff.OpCell:
         else truth64[:0].copy()
     )
     check = _layerdiff.check_op(
-        flat("got", got), truth64, scale64.copy(), case.reduction, case.stages + extra
-    )
+        flat("got", got), truth64, scale64.copy(), case.reduction, case.stages + extra,
+        task.computed_in,
+    )  # fmt: skip
     return _layerdiff.OpCell.checked(cell, check)
 
 

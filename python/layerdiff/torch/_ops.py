@@ -271,15 +271,19 @@ def _run_matrix(run, cases, dtypes, names, unavailable, custom, seed, opset, exp
         for key, result in zip(wanted, run(_export_task, wanted), strict=True):
             exports[key[:2]] = result
 
+    # how each ONNX backend narrows float math here, as the model flow knows the side
+    narrowings = {b: _layerdiff.runtime_narrowing(b, _ort.library()) for b in onnx_backends}
     tasks, cells = [], []
     for case in cases:
         for dtype in dtypes:
             for name in names:
                 if name in unavailable:
-                    cell = (case.name, name, dtype, [])
+                    cell = (case.name, name, dtype, [], None)
                     cells.append(_layerdiff.OpCell.unavailable(cell, unavailable[name]))
                     continue
                 exported = exports.get((case.name, dtype), {}) if is_onnx(name) else {}
+                onnx_ops = exported.get("onnx_ops", ())
+                narrowing = narrowings.get(name)
                 tasks.append(
                     Task(
                         case.name,
@@ -288,8 +292,9 @@ def _run_matrix(run, cases, dtypes, names, unavailable, custom, seed, opset, exp
                         seed,
                         model=exported.get("model"),
                         input_names=exported.get("input_names", ()),
-                        onnx_ops=exported.get("onnx_ops", ()),
+                        onnx_ops=onnx_ops,
                         export_error=exported.get("error"),
+                        computed_in=narrowing.of(list(onnx_ops), dtype) if narrowing else None,
                     )
                 )
     started = time.monotonic()

@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use layerdiff_core::render::html_escape;
-use layerdiff_core::{Machine, OpCheck, Tensor, render};
+use layerdiff_core::{DType, Machine, OpCheck, Tensor, render};
 use layerdiff_onnx::Model;
 use layerdiff_runtime::{Isolation, RuntimeSpec};
 use serde::{Deserialize, Serialize};
@@ -110,6 +110,11 @@ pub struct OpCell {
     /// The ONNX ops the exported single-op model holds (ONNX backends).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub onnx_ops: Vec<String>,
+    /// The dtype the backend computed the op in where it is narrower than the cell's (OpenVINO
+    /// computes float32 in its bfloat16 inference precision): the cell's inputs were rounded
+    /// to it and the cell judged by its rule, as the model flow judges such a layer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub computed_in: Option<String>,
 }
 
 /// What a backend says when it has no kernel for an op or dtype (PyTorch, ONNX Runtime, tract,
@@ -144,6 +149,8 @@ pub struct CellId {
     pub dtype: String,
     /// The ONNX ops of its exported model (ONNX backends).
     pub onnx_ops: Vec<String>,
+    /// The narrower dtype its backend computes the op in, where it does ([`narrowed`]).
+    pub computed_in: Option<String>,
 }
 
 impl OpCell {
@@ -156,6 +163,7 @@ impl OpCell {
             check,
             message,
             onnx_ops: id.onnx_ops,
+            computed_in: id.computed_in,
         }
     }
 
@@ -353,8 +361,35 @@ pub fn run_model(
 
 /// What `runtime` is here, in words (version, provider and options), or why it cannot run here.
 pub fn describe_runtime(runtime: &str, ort_library: Option<&Path>) -> Result<String> {
+    Ok(built(runtime, ort_library)?.detail())
+}
+
+fn built(runtime: &str, ort_library: Option<&Path>) -> Result<Box<dyn layerdiff_runtime::Runtime>> {
     let spec = RuntimeSpec::parse(runtime).map_err(Error::Usage)?;
-    Ok(spec.build(ort_library)?.detail())
+    Ok(spec.build(ort_library)?)
+}
+
+/// How an ONNX backend narrows float math, where it does (OpenVINO's inference precision):
+/// the model flow's knowledge of the side ([`layerdiff_runtime::Runtime::reduced_math`]),
+/// which the op matrix judges its cells by.
+pub fn narrowing(
+    runtime: &str,
+    ort_library: Option<&Path>,
+) -> Result<Option<layerdiff_runtime::ReducedMath>> {
+    Ok(built(runtime, ort_library)?.reduced_math())
+}
+
+/// The dtype a backend that narrows as `reduced` says computes a cell of `dtype` in, whose
+/// model holds `onnx_ops`: its grid where one of the ops is narrowed and the grid is narrower
+/// than `dtype`; `None` where it computes in `dtype`.
+pub fn narrowed(
+    reduced: &layerdiff_runtime::ReducedMath,
+    onnx_ops: &[String],
+    dtype: DType,
+) -> Option<DType> {
+    let grid = reduced.grid?;
+    let touched = onnx_ops.iter().any(|op| reduced.ops.contains(&op.as_str()));
+    (touched && grid.narrower_than(dtype)).then_some(grid)
 }
 
 #[cfg(test)]
@@ -367,6 +402,7 @@ mod tests {
             backend: "ort".into(),
             dtype: "bfloat16".into(),
             onnx_ops: vec!["MatMul".into()],
+            computed_in: None,
         }
     }
 
@@ -407,5 +443,30 @@ mod tests {
             (shape.status, shape.message.as_deref()),
             (Status::Fail, Some("shape [2, 3] where the op gives [3, 2]"))
         );
+    }
+
+    #[test]
+    fn a_backend_narrows_a_cell_only_where_its_grid_is_narrower_and_its_op_is_narrowed() {
+        let reduced = layerdiff_runtime::ReducedMath {
+            ops: &["MatMul", "Conv"],
+            grid: Some(DType::BF16),
+            how: String::new(),
+        };
+        let ops = |o: &[&str]| o.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            narrowed(&reduced, &ops(&["MatMul"]), DType::F32),
+            Some(DType::BF16)
+        );
+        assert_eq!(
+            narrowed(&reduced, &ops(&["MatMul"]), DType::F16),
+            Some(DType::BF16)
+        );
+        assert_eq!(narrowed(&reduced, &ops(&["MatMul"]), DType::BF16), None);
+        assert_eq!(narrowed(&reduced, &ops(&["Gather"]), DType::F32), None);
+        let tf32 = layerdiff_runtime::ReducedMath {
+            grid: None,
+            ..reduced
+        };
+        assert_eq!(narrowed(&tf32, &ops(&["MatMul"]), DType::F32), None);
     }
 }

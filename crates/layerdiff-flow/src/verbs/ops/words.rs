@@ -2,11 +2,17 @@
 
 use super::*;
 
-/// A cell in a few characters: `0.31` (its ratio to the bound), `FAIL 12x`, `unsup`, `ERROR`.
+/// A cell in a few characters: `0.31` (its ratio to the bound), `FAIL 12x`, `unsup`, `ERROR`;
+/// `*` after one its backend computed in a narrower dtype ([`OpCell::computed_in`]).
 fn short(cell: Option<&OpCell>) -> String {
     let Some(cell) = cell else {
         return String::new();
     };
+    let mark = if cell.computed_in.is_some() { "*" } else { "" };
+    format!("{}{mark}", verdict(cell))
+}
+
+fn verdict(cell: &OpCell) -> String {
     match (cell.status, &cell.check) {
         (Status::Pass, Some(c)) => format!("ok {}", ratio(c.ratio)),
         (Status::Fail, Some(c)) => format!("FAIL {}", ratio(c.ratio)),
@@ -36,6 +42,9 @@ fn ratio(r: f64) -> String {
 /// What a failing or broken cell says, in one line.
 fn finding(cell: &OpCell) -> String {
     let mut line = format!("{} {} on {}", cell.case, cell.dtype, cell.backend);
+    if let Some(grid) = &cell.computed_in {
+        line.push_str(&format!(" (computed in {grid})"));
+    }
     if let Some(c) = &cell.check {
         line.push_str(&format!(
             ": {} of {} elements outside the bound, max |diff| {:.3e} ({} steps), {}x the bound",
@@ -152,7 +161,31 @@ pub fn to_text(report: &OpsReport) -> String {
         "\n  numbers are each cell's largest error as a fraction of the bound its dtype and \
          reduction allow (ok ≤ 1); unsup: no kernel or backend for it here\n",
     );
+    if let Some(said) = narrowed_note(report) {
+        out.push_str(&format!("  {said}\n"));
+    }
     out
+}
+
+/// What a `*` cell is, where the matrix has one: the backend computed the op in a narrower
+/// dtype than the cell's, so its inputs were rounded to that dtype and it was judged by its
+/// rule (`None`: no such cell).
+fn narrowed_note(report: &OpsReport) -> Option<String> {
+    let mut which: Vec<String> = Vec::new();
+    for cell in &report.run.cells {
+        if let Some(grid) = &cell.computed_in {
+            let said = format!("`{}` in {grid}", cell.backend);
+            if !which.contains(&said) {
+                which.push(said);
+            }
+        }
+    }
+    (!which.is_empty()).then(|| {
+        format!(
+            "*: computed in a narrower dtype than the column's, as the backend computes float math here ({}: its inference precision, see its detail); inputs rounded to that dtype, judged by its rule",
+            which.join(", ")
+        )
+    })
 }
 
 fn md_escape(text: &str) -> String {
@@ -201,6 +234,9 @@ pub fn to_markdown(report: &OpsReport) -> String {
             }
             out.push('\n');
         }
+    }
+    if let Some(said) = narrowed_note(report) {
+        out.push_str(&format!("\n{}\n", md_escape(&said)));
     }
     let listed = |status: Status| -> Vec<&OpCell> {
         report
@@ -307,6 +343,9 @@ pub fn to_html(report: &OpsReport) -> String {
             out.push_str("</tr>\n");
         }
         out.push_str("</table>\n");
+    }
+    if let Some(said) = narrowed_note(report) {
+        out.push_str(&format!("<p>{}</p>\n", html_escape(&said)));
     }
     let findings = findings(report);
     if !findings.is_empty() {
