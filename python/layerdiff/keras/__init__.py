@@ -217,11 +217,51 @@ def _own(side, index, theirs, wide, name) -> dict:
 
 
 def _weights(layered, needed) -> dict:
-    """The weights of the layers `needed` for their causes, in ONNX's layouts."""
-    return {
-        index: [_onnx_form(w, np.asarray(w)) for w in layered.layers[index].weights]
-        for index in needed
-    }
+    """The weights of the layers `needed` for their causes, in ONNX's layouts. A
+    BatchNormalization fed by a convolution also lists the convolution's kernel and bias folded
+    with it, under the convolution's names: the form tf2onnx writes when it fuses the two."""
+    out = {}
+    for index in needed:
+        layer = layered.layers[index]
+        own = [_onnx_form(w, np.asarray(w)) for w in layer.weights]
+        fed = layered.fed_by[index]
+        conv = layered.layers[fed[0]] if len(fed) == 1 else None
+        if isinstance(layer, keras.layers.BatchNormalization) and isinstance(conv, _CONVS):
+            own += _folded(layer, conv)
+        out[index] = own
+    return out
+
+
+_CONVS = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.DepthwiseConv2D)
+
+
+def _folded(norm, conv) -> list:
+    """`conv`'s kernel (and bias) with `norm` folded into them (inference: its moving
+    statistics), and the kernel as it is, in ONNX's layouts under `conv`'s weight paths."""
+
+    def by_name(layer):
+        return {getattr(w, "path", w.name).rsplit("/", 1)[-1]: w for w in layer.weights}
+
+    weights, stats = by_name(conv), by_name(norm)
+    kernel_weight = weights.get("kernel", weights.get("depthwise_kernel"))
+    kernel = np.asarray(kernel_weight)
+    scale = 1.0 / np.sqrt(np.asarray(stats["moving_variance"], np.float64) + norm.epsilon)
+    if "gamma" in stats:
+        scale = scale * np.asarray(stats["gamma"], np.float64)
+    shift = -np.asarray(stats["moving_mean"], np.float64) * scale
+    if "beta" in stats:
+        shift = shift + np.asarray(stats["beta"], np.float64)
+    # the output channels are the kernel's last axis; a depthwise kernel's are its last two
+    per_output = scale.reshape(kernel.shape[2:]) if kernel.ndim == 4 and "depthwise_kernel" in \
+        weights else scale  # fmt: skip
+    forms = [
+        _onnx_form(kernel_weight, (kernel * per_output).astype(kernel.dtype)),
+        _onnx_form(kernel_weight, kernel),
+    ]
+    if "bias" in weights:
+        bias = np.asarray(weights["bias"], np.float64) * scale + shift
+        forms.append(_onnx_form(weights["bias"], bias.astype(kernel.dtype)))
+    return forms
 
 
 def _stored_weights(side, needed) -> tuple[dict, dict]:
