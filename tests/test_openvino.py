@@ -102,6 +102,51 @@ def test_audit_providers_and_the_op_matrix_take_openvino(resnet18_onnx, tmp_path
     assert len(on_openvino) == 2 and all(c["status"] == "PASS" for c in on_openvino)
 
 
+def _default_precision() -> str:
+    import openvino as ov
+
+    return str(ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT"))
+
+
+needs_bf16 = pytest.mark.skipif(
+    "bfloat16" not in _default_precision() and "bf16" not in _default_precision(),
+    reason="OpenVINO's CPU plugin computes float32 in bfloat16 only on a CPU with bfloat16 "
+    "arithmetic (AVX512_BF16, AMX); the CPU stand-in in crates/layerdiff-flow/tests/"
+    "reduced_math.rs covers the same rule",
+)
+
+
+@needs_bf16
+def test_at_bfloat16_every_layer_is_judged_against_an_ideal_bfloat16_computation(
+    resnet18_onnx, tmp_path
+):
+    """At its default bf16 precision the plugin computes a float32 model in bfloat16: the
+    headline says so, and each narrowed layer is within what bfloat16 explains, measured."""
+    result, report = report_of(tmp_path, str(resnet18_onnx["dynamo"]), "--target", "openvino")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "bfloat16 rounding only" in result.stdout.splitlines()[0], result.stdout
+    assert report["summary"]["precision"]["dtype"] == "bfloat16"
+    grids = {layer["baseline"]["grid"] for layer in report["layers"] if layer.get("baseline")}
+    assert "bfloat16" in grids
+    worst = max(
+        layer["baseline"]["multiple"] for layer in report["layers"] if layer.get("baseline")
+    )
+    assert worst <= 1.0, worst
+
+
+@needs_bf16
+def test_the_op_matrix_judges_a_cell_openvino_computes_in_bfloat16_as_bfloat16(tmp_path):
+    ops = run_cli(
+        "ops", "--ops", "matmul", "--backends", "ort,openvino", "--dtypes", "float32",
+        "--jobs", "1", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert ops.returncode == 0, ops.stdout + ops.stderr
+    matrix = json.loads((tmp_path / "ops.json").read_text())
+    cell = next(c for c in matrix["cells"] if c["backend"] == "openvino")
+    assert (cell["status"], cell["computed_in"]) == ("PASS", "bfloat16"), cell
+    assert "*: computed in a narrower dtype" in ops.stdout
+
+
 @pytest.mark.parametrize(
     "spelling",
     [
