@@ -25,8 +25,36 @@ pub(crate) fn finding_word(f: crate::Finding) -> &'static str {
 
 /// Renders a report as Markdown.
 pub fn to_markdown(report: &Report) -> String {
-    let s = &report.summary;
     let mut out = String::new();
+    header(&mut out, report);
+    worst(&mut out, report);
+    let s = &report.summary;
+    defects(&mut out, s);
+    narrow_accumulation(&mut out, s);
+    if let Some(p) = &s.precision {
+        let _ = writeln!(
+            out,
+            "\n**Precision**: {}.",
+            super::text::precision_words(p, s.layers_compared)
+        );
+    }
+    layers(&mut out, report);
+    causes(&mut out, report);
+    keep_float32(&mut out, report);
+    if let Some(bisection) = &report.bisection {
+        let _ = writeln!(
+            out,
+            "\n## What turns it on\n\nBisected by halves, each candidate set run, the answer checked by a run of its own: {}.",
+            bisection.sentence()
+        );
+    }
+    notes(&mut out, report);
+    out
+}
+
+/// The run: sides, machine, tolerance and counts, warnings, inputs.
+fn header(out: &mut String, report: &Report) {
+    let s = &report.summary;
     let _ = writeln!(out, "# layerdiff: {}\n", code(&report.model));
     let _ = writeln!(
         out,
@@ -80,7 +108,11 @@ pub fn to_markdown(report: &Report) -> String {
     if let Some(inputs) = report.inputs_words() {
         let _ = writeln!(out, "Inputs: {inputs}\n");
     }
+}
 
+/// The worst layers, the layers with most error of their own, and the verdict.
+fn worst(out: &mut String, report: &Report) {
+    let s = &report.summary;
     let _ = writeln!(out, "## Worst layers\n");
     let _ = writeln!(out, "| metric | layer | value |\n|---|---|---|");
     let row = |out: &mut String, metric: &str, w: &Option<WorstLayer>| {
@@ -88,9 +120,9 @@ pub fn to_markdown(report: &Report) -> String {
             let _ = writeln!(out, "| {metric} | {} | {} |", code(&w.layer), sci(w.value));
         }
     };
-    row(&mut out, "largest max abs diff", &s.worst.max_abs_diff);
-    row(&mut out, "largest mean abs diff", &s.worst.mean_abs_diff);
-    row(&mut out, "smallest max abs diff", &s.worst.min_max_abs_diff);
+    row(out, "largest max abs diff", &s.worst.max_abs_diff);
+    row(out, "largest mean abs diff", &s.worst.mean_abs_diff);
+    row(out, "smallest max abs diff", &s.worst.min_max_abs_diff);
     if let Some(ranked) = s.own_error_text() {
         let _ = writeln!(
             out,
@@ -98,6 +130,10 @@ pub fn to_markdown(report: &Report) -> String {
         );
     }
     let _ = writeln!(out, "\n**Verdict**: {}.", super::text::verdict(report));
+}
+
+/// The defects, most severe first.
+fn defects(out: &mut String, s: &crate::Summary) {
     if !s.defects.is_empty() {
         let _ = writeln!(
             out,
@@ -121,6 +157,10 @@ pub fn to_markdown(report: &Report) -> String {
             );
         }
     }
+}
+
+/// The honest kernels that add up in the narrow dtype.
+fn narrow_accumulation(out: &mut String, s: &crate::Summary) {
     if !s.narrow_accumulation.is_empty() {
         let _ = writeln!(
             out,
@@ -143,14 +183,10 @@ pub fn to_markdown(report: &Report) -> String {
             );
         }
     }
-    if let Some(p) = &s.precision {
-        let _ = writeln!(
-            out,
-            "\n**Precision**: {}.",
-            super::text::precision_words(p, s.layers_compared)
-        );
-    }
+}
 
+/// Every layer, a row each.
+fn layers(out: &mut String, report: &Report) {
     let _ = writeln!(out, "\n## Layers\n");
     let located = if super::onnx_located(report) {
         "ONNX value"
@@ -166,69 +202,77 @@ pub fn to_markdown(report: &Report) -> String {
         "|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|:---|"
     );
     for l in &report.layers {
-        let onnx = l.location.as_ref().map_or("—".to_string(), |o| {
-            format!("{} ({})", code(&o.value), cell(&o.op))
-        });
-        let shape = l
-            .shape
-            .iter()
-            .map(usize::to_string)
-            .collect::<Vec<_>>()
-            .join("×");
-        let kind = cell(l.module_type.as_deref().unwrap_or(""));
-        let (max, mean, cos) = match &l.accumulated {
-            Some(st) => (
-                sci(st.max_abs_diff),
-                sci(st.mean_abs_diff),
-                format!("{:.6}", st.cosine),
-            ),
-            None => Default::default(),
-        };
-        let local = l.local.as_ref().map_or(String::new(), |st| {
-            let mark = if l.local_exceeds { " **>**" } else { "" };
-            format!("{}{mark}", sci(st.max_abs_diff))
-        });
-        // The own error against the same-precision baseline (above 1: a defect).
-        let baseline = l.baseline.as_ref().map_or(String::new(), |b| {
-            let mark = if b.beyond() { " **>**" } else { "" };
-            format!("{:.2}{mark}", b.multiple)
-        });
-        let truth = l.float64.as_ref().map_or(String::new(), |f| {
-            format!("{} / {}", sci(f.reference), sci(f.target))
-        });
-        let tolerance = match l.status {
-            LayerStatus::Unmapped => String::new(),
-            _ if l.tolerance.rtol == 0.0 => format!("{:e}", l.tolerance.atol),
-            _ => format!("{:e} + {:e}·\\|x\\|", l.tolerance.atol, l.tolerance.rtol),
-        };
-        // How far the elements are in steps of the dtype on average, and how many times its
-        // tolerance the layer would have needed (above 1: exceeding).
-        let rounding = l
-            .accumulated
-            .as_ref()
-            .and_then(|st| st.rounding.as_ref())
-            .map_or(String::new(), |r| {
-                format!("{:.2} / {:.2}", r.mean_ulp_diff, r.tolerance_needed)
-            });
-        let flag = match (&l.cause, l.status) {
-            (Some(cause), _) => match l.finding {
-                Some(f) if f != crate::Finding::Inherited => {
-                    format!("**{cause}** ({})", finding_word(f))
-                }
-                _ => format!("**{cause}**"),
-            },
-            (None, LayerStatus::Compared) if l.exceeds_tol => "**exceeds**".to_string(),
-            (None, LayerStatus::Compared) => String::new(),
-            (None, LayerStatus::ShapeMismatch) => "**shape**".to_string(),
-            (None, LayerStatus::Unmapped) => "n/a".to_string(),
-        };
-        let _ = writeln!(
-            out,
-            "| {} | {} | {kind} | {onnx} | {shape} | {tolerance} | {max} | {rounding} | {local} | {baseline} | {mean} | {cos} | {truth} | {flag} |",
-            l.index,
-            code(&l.name)
-        );
+        layer_row(out, l);
     }
+}
+
+fn layer_row(out: &mut String, l: &crate::Layer) {
+    let onnx = l.location.as_ref().map_or("—".to_string(), |o| {
+        format!("{} ({})", code(&o.value), cell(&o.op))
+    });
+    let shape = l
+        .shape
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join("×");
+    let kind = cell(l.module_type.as_deref().unwrap_or(""));
+    let (max, mean, cos) = match &l.accumulated {
+        Some(st) => (
+            sci(st.max_abs_diff),
+            sci(st.mean_abs_diff),
+            format!("{:.6}", st.cosine),
+        ),
+        None => Default::default(),
+    };
+    let local = l.local.as_ref().map_or(String::new(), |st| {
+        let mark = if l.local_exceeds { " **>**" } else { "" };
+        format!("{}{mark}", sci(st.max_abs_diff))
+    });
+    // The own error against the same-precision baseline (above 1: a defect).
+    let baseline = l.baseline.as_ref().map_or(String::new(), |b| {
+        let mark = if b.beyond() { " **>**" } else { "" };
+        format!("{:.2}{mark}", b.multiple)
+    });
+    let truth = l.float64.as_ref().map_or(String::new(), |f| {
+        format!("{} / {}", sci(f.reference), sci(f.target))
+    });
+    let tolerance = match l.status {
+        LayerStatus::Unmapped => String::new(),
+        _ if l.tolerance.rtol == 0.0 => format!("{:e}", l.tolerance.atol),
+        _ => format!("{:e} + {:e}·\\|x\\|", l.tolerance.atol, l.tolerance.rtol),
+    };
+    // How far the elements are in steps of the dtype on average, and how many times its
+    // tolerance the layer would have needed (above 1: exceeding).
+    let rounding = l
+        .accumulated
+        .as_ref()
+        .and_then(|st| st.rounding.as_ref())
+        .map_or(String::new(), |r| {
+            format!("{:.2} / {:.2}", r.mean_ulp_diff, r.tolerance_needed)
+        });
+    let flag = match (&l.cause, l.status) {
+        (Some(cause), _) => match l.finding {
+            Some(f) if f != crate::Finding::Inherited => {
+                format!("**{cause}** ({})", finding_word(f))
+            }
+            _ => format!("**{cause}**"),
+        },
+        (None, LayerStatus::Compared) if l.exceeds_tol => "**exceeds**".to_string(),
+        (None, LayerStatus::Compared) => String::new(),
+        (None, LayerStatus::ShapeMismatch) => "**shape**".to_string(),
+        (None, LayerStatus::Unmapped) => "n/a".to_string(),
+    };
+    let _ = writeln!(
+        out,
+        "| {} | {} | {kind} | {onnx} | {shape} | {tolerance} | {max} | {rounding} | {local} | {baseline} | {mean} | {cos} | {truth} | {flag} |",
+        l.index,
+        code(&l.name)
+    );
+}
+
+/// Each cause, said once with the layers it applies to.
+fn causes(out: &mut String, report: &Report) {
     let causes: Vec<_> = report.layers.iter().filter(|l| l.cause.is_some()).collect();
     if !causes.is_empty() {
         let _ = writeln!(out, "\n## Causes\n");
@@ -249,6 +293,10 @@ pub fn to_markdown(report: &Report) -> String {
             );
         }
     }
+}
+
+/// The keep-in-float32 advice and its check.
+fn keep_float32(out: &mut String, report: &Report) {
     if let Some(keep) = &report.keep_float32 {
         let _ = writeln!(out, "\n## Keep in float32\n\n{}:\n", keep.heading());
         let _ = writeln!(out, "| layer | why | ONNX nodes |\n|---|---|---|");
@@ -270,13 +318,10 @@ pub fn to_markdown(report: &Report) -> String {
             );
         }
     }
-    if let Some(bisection) = &report.bisection {
-        let _ = writeln!(
-            out,
-            "\n## What turns it on\n\nBisected by halves, each candidate set run, the answer checked by a run of its own: {}.",
-            bisection.sentence()
-        );
-    }
+}
+
+/// Why a layer was not compared, or not measured locally or against a baseline.
+fn notes(out: &mut String, report: &Report) {
     let notes: Vec<_> = report
         .layers
         .iter()
@@ -311,7 +356,6 @@ pub fn to_markdown(report: &Report) -> String {
             );
         }
     }
-    out
 }
 
 /// After a finding said once: the other layers it applies to, or nothing.
