@@ -9,7 +9,7 @@ The corpus: ResNet-18 (dynamo export) on ONNX Runtime and on tract, optimized by
 (`opt=all`), and against itself with a weight edited, an attribute edited and one node in
 float16; ResNet-50 (the legacy exporter) against its float16 export (ResNet-18's with
 `--quick`); `providers` and `audit` on ResNet-18. Each run writes JSON, Markdown, HTML and
-text (`--out`). Models are built once into `--folder` (random weights, seed 0) and reused.
+text (`--out`, and the summary it prints). Models are built once into `--folder` (random weights, seed 0) and reused.
 Exit code 0 when every report is the same, 1 with the differences listed otherwise."""
 
 from __future__ import annotations
@@ -85,10 +85,14 @@ def scrub(path: Path) -> bytes:
 
 
 def run(binary: str, args: list[str], out: Path) -> int:
-    done = subprocess.run([binary, *args, "--seed", "0", "--quiet", "--out", str(out)],
+    """Runs `binary` with `args`, its reports into `out`, and keeps what it printed (the text
+    summary) there too, as printed.txt."""
+    done = subprocess.run([binary, *args, "--seed", "0", "--out", str(out)],
                           capture_output=True, text=True, timeout=3600)  # fmt: skip
     if done.returncode not in (0, 1):
         sys.exit(f"{binary} {' '.join(args)} failed ({done.returncode}): {done.stderr[-2000:]}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "printed.txt").write_text(done.stdout)
     return done.returncode
 
 

@@ -136,203 +136,254 @@ fn own_fill(beyond: bool, finding: Option<Finding>) -> &'static str {
 /// explains, with the defect line: a run of honest rounding sits under it however far its
 /// errors pass the tolerance above.
 pub fn to_svg(report: &Report, links: bool) -> String {
-    let layers = &report.layers;
-    let (lo, hi) = decades(layers);
-    let plot_w = WIDTH - LEFT - RIGHT;
-    let error = Panel {
-        top: TOP,
-        height: HEIGHT - TOP - BOTTOM,
-        lo,
-        hi,
-    };
-    let own = layers.iter().any(|l| own_multiple(l).is_some()).then(|| {
-        let (lo, hi) = own_decades(layers);
-        Panel {
-            top: HEIGHT - BOTTOM + GAP,
-            height: OWN_HEIGHT,
-            lo,
-            hi,
-        }
-    });
-    let height = own.as_ref().map_or(HEIGHT, |p| p.top + p.height + BOTTOM);
-    let bottom = own
-        .as_ref()
-        .map_or(error.top + error.height, |p| p.top + p.height);
-    let x = |i: usize| LEFT + plot_w * (i as f64 + 0.5) / layers.len().max(1) as f64;
+    let chart = Chart::of(&report.layers);
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {WIDTH} {height}\" width=\"{WIDTH}\" height=\"{height}\" font-family=\"system-ui,sans-serif\" font-size=\"11\" role=\"img\" aria-label=\"error per layer against tolerance\">"
-    );
-    let _ = writeln!(
-        out,
-        "<title>{}: each layer's error as a multiple of its tolerance{}</title>",
-        escape(&report.model),
-        if own.is_some() {
-            ", and its own error as a multiple of what its precision explains"
-        } else {
-            ""
-        }
-    );
-    let _ = writeln!(
-        out,
-        "<rect x=\"0\" y=\"0\" width=\"{WIDTH}\" height=\"{height}\" fill=\"#fff\"/>"
-    );
-    error.grid(&mut out, 1.0, "tolerance", "max error ÷ tolerance");
-    if let Some(own) = &own {
-        own.grid(
-            &mut out,
-            DEFECT_MARGIN,
-            &format!("defect above {DEFECT_MARGIN}×"),
-            "own error ÷ precision's",
-        );
-    }
-    let _ = writeln!(
-        out,
-        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#333\">layers in execution order ({} in all)</text>",
-        LEFT + plot_w / 2.0,
-        height - 8.0,
-        layers.len()
-    );
-    for i in axis_ticks(layers.len()) {
-        let _ = writeln!(
-            out,
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#555\">{i}</text>",
-            x(i),
-            bottom + 16.0
-        );
-    }
-    // The drift origin, where it is known.
-    if let Some(origin) = report
-        .summary
-        .drift_origin
-        .as_ref()
-        .and_then(|o| layers.iter().find(|l| &l.name == o))
-    {
-        let xx = x(origin.index);
-        let anchor = if xx > LEFT + plot_w * 0.7 {
-            "end"
-        } else {
-            "start"
-        };
-        let _ = writeln!(
-            out,
-            "<line class=\"origin\" x1=\"{xx:.1}\" x2=\"{xx:.1}\" y1=\"{TOP}\" y2=\"{bottom:.1}\" stroke=\"#c62828\" stroke-dasharray=\"4 3\"/>\
-             <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"{anchor}\" fill=\"#c62828\" font-weight=\"bold\">drift born at {}</text>",
-            if anchor == "end" { xx - 4.0 } else { xx + 4.0 },
-            TOP - 8.0,
-            escape(&origin.name)
-        );
-    }
-    // Accumulated error: a line through the compared layers, broken where a layer has none.
-    let mut path = String::new();
-    let mut pen_down = false;
-    for l in layers {
-        match ratio(l.accumulated.as_ref()) {
-            Some(r) => {
-                let _ = write!(
-                    path,
-                    "{}{:.1} {:.1} ",
-                    if pen_down { "L" } else { "M" },
-                    x(l.index),
-                    error.y(r)
-                );
-                pen_down = true;
-            }
-            None => pen_down = false,
-        }
-    }
-    let _ = writeln!(
-        out,
-        "<path d=\"{}\" fill=\"none\" stroke=\"#1565c0\" stroke-width=\"1.2\"/>",
-        path.trim_end()
-    );
-    for l in layers {
-        let acc = ratio(l.accumulated.as_ref());
-        let local = ratio(l.local.as_ref());
-        if acc.is_none() && local.is_none() {
-            continue;
-        }
-        let tip = escape(&tooltip(l, acc, local));
-        if links {
-            let _ = write!(out, "<a href=\"#layer-{}\">", l.index);
-        }
-        let _ = write!(out, "<g class=\"point\"><title>{tip}</title>");
-        if let Some(r) = acc {
-            let fill = if l.exceeds_tol { "#c62828" } else { "#1565c0" };
-            let _ = write!(
-                out,
-                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{fill}\"/>",
-                x(l.index),
-                error.y(r)
-            );
-        }
-        if let Some(r) = local {
-            let (cx, cy) = (x(l.index), error.y(r));
-            let fill = if l.local_exceeds {
-                "#c62828"
-            } else {
-                "#ef6c00"
-            };
-            let _ = write!(
-                out,
-                "<path d=\"M{:.1} {:.1}l3.5 3.5l-3.5 3.5l-3.5 -3.5z\" fill=\"{fill}\" fill-opacity=\"0.8\"/>",
-                cx,
-                cy - 3.5
-            );
-        }
-        if let (Some(panel), Some(r)) = (&own, own_multiple(l)) {
-            let beyond = l.baseline.as_ref().is_some_and(|b| b.beyond());
-            let fill = own_fill(beyond, l.finding);
-            let _ = write!(
-                out,
-                "<rect class=\"own\" x=\"{:.1}\" y=\"{:.1}\" width=\"6\" height=\"6\" fill=\"{fill}\"/>",
-                x(l.index) - 3.0,
-                panel.y(r) - 3.0
-            );
-        }
-        out.push_str("</g>");
-        if links {
-            out.push_str("</a>");
-        }
-        out.push('\n');
-    }
-    // Legend.
-    let lx = LEFT + 8.0;
-    let _ = writeln!(
-        out,
-        "<g><circle cx=\"{lx}\" cy=\"12\" r=\"3\" fill=\"#1565c0\"/><text x=\"{:.1}\" y=\"16\">accumulated (both sides from the inputs)</text>\
-         <path d=\"M{:.1} 8.5l3.5 3.5l-3.5 3.5l-3.5 -3.5z\" fill=\"#ef6c00\"/><text x=\"{:.1}\" y=\"16\">local (the layer alone, on the reference's inputs)</text>\
-         <circle cx=\"{:.1}\" cy=\"12\" r=\"3\" fill=\"#c62828\"/><text x=\"{:.1}\" y=\"16\">exceeding</text></g>",
-        lx + 8.0,
-        lx + 248.0,
-        lx + 256.0,
-        lx + 548.0,
-        lx + 556.0
-    );
-    if let Some(panel) = &own {
-        let ly = panel.top - 12.0;
-        let _ = writeln!(
-            out,
-            "<g><rect x=\"{:.1}\" y=\"{:.1}\" width=\"6\" height=\"6\" fill=\"#2e7d32\"/><text x=\"{:.1}\" y=\"{:.1}\">own error ÷ what an ideal implementation in the target's precision errs by (its rounding)</text>\
-             <rect x=\"{:.1}\" y=\"{:.1}\" width=\"6\" height=\"6\" fill=\"#c62828\"/><text x=\"{:.1}\" y=\"{:.1}\">a defect</text>\
-             <rect x=\"{:.1}\" y=\"{:.1}\" width=\"6\" height=\"6\" fill=\"#f9a825\"/><text x=\"{:.1}\" y=\"{:.1}\">beyond, explained otherwise</text></g>",
-            lx - 3.0,
-            ly - 7.0,
-            lx + 8.0,
-            ly,
-            lx + 557.0,
-            ly - 7.0,
-            lx + 568.0,
-            ly,
-            lx + 627.0,
-            ly - 7.0,
-            lx + 638.0,
-            ly
-        );
-    }
+    chart.frame(&mut out, report);
+    chart.origin(&mut out, report);
+    chart.accumulated_line(&mut out);
+    chart.points(&mut out, links);
+    chart.legend(&mut out);
     out.push_str("</svg>\n");
     out
+}
+
+/// The chart's geometry: its layers, the error panel, the own-error panel where layers were
+/// held to a baseline, and where the plot ends.
+struct Chart<'a> {
+    layers: &'a [Layer],
+    plot_w: f64,
+    error: Panel,
+    own: Option<Panel>,
+    height: f64,
+    bottom: f64,
+}
+
+impl<'a> Chart<'a> {
+    fn of(layers: &'a [Layer]) -> Self {
+        let (lo, hi) = decades(layers);
+        let error = Panel {
+            top: TOP,
+            height: HEIGHT - TOP - BOTTOM,
+            lo,
+            hi,
+        };
+        let own = layers.iter().any(|l| own_multiple(l).is_some()).then(|| {
+            let (lo, hi) = own_decades(layers);
+            Panel {
+                top: HEIGHT - BOTTOM + GAP,
+                height: OWN_HEIGHT,
+                lo,
+                hi,
+            }
+        });
+        let height = own.as_ref().map_or(HEIGHT, |p| p.top + p.height + BOTTOM);
+        let bottom = own
+            .as_ref()
+            .map_or(error.top + error.height, |p| p.top + p.height);
+        Self {
+            layers,
+            plot_w: WIDTH - LEFT - RIGHT,
+            error,
+            own,
+            height,
+            bottom,
+        }
+    }
+
+    /// The x of layer `i`.
+    fn x(&self, i: usize) -> f64 {
+        LEFT + self.plot_w * (i as f64 + 0.5) / self.layers.len().max(1) as f64
+    }
+
+    /// The SVG's head, title, background, both panels' grids and the layer axis.
+    fn frame(&self, out: &mut String, report: &Report) {
+        let h = self.height;
+        let _ = writeln!(
+            out,
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {WIDTH} {h}\" width=\"{WIDTH}\" height=\"{h}\" font-family=\"system-ui,sans-serif\" font-size=\"11\" role=\"img\" aria-label=\"error per layer against tolerance\">"
+        );
+        let _ = writeln!(
+            out,
+            "<title>{}: each layer's error as a multiple of its tolerance{}</title>",
+            escape(&report.model),
+            if self.own.is_some() {
+                ", and its own error as a multiple of what its precision explains"
+            } else {
+                ""
+            }
+        );
+        let _ = writeln!(
+            out,
+            "<rect x=\"0\" y=\"0\" width=\"{WIDTH}\" height=\"{h}\" fill=\"#fff\"/>"
+        );
+        self.error
+            .grid(out, 1.0, "tolerance", "max error ÷ tolerance");
+        if let Some(own) = &self.own {
+            own.grid(
+                out,
+                DEFECT_MARGIN,
+                &format!("defect above {DEFECT_MARGIN}×"),
+                "own error ÷ precision's",
+            );
+        }
+        let _ = writeln!(
+            out,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#333\">layers in execution order ({} in all)</text>",
+            LEFT + self.plot_w / 2.0,
+            self.height - 8.0,
+            self.layers.len()
+        );
+        for i in axis_ticks(self.layers.len()) {
+            let _ = writeln!(
+                out,
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#555\">{i}</text>",
+                self.x(i),
+                self.bottom + 16.0
+            );
+        }
+    }
+
+    /// The drift origin, where it is known.
+    fn origin(&self, out: &mut String, report: &Report) {
+        let b = self.bottom;
+        if let Some(origin) = report
+            .summary
+            .drift_origin
+            .as_ref()
+            .and_then(|o| self.layers.iter().find(|l| &l.name == o))
+        {
+            let xx = self.x(origin.index);
+            let anchor = if xx > LEFT + self.plot_w * 0.7 {
+                "end"
+            } else {
+                "start"
+            };
+            let _ = writeln!(
+                out,
+                "<line class=\"origin\" x1=\"{xx:.1}\" x2=\"{xx:.1}\" y1=\"{TOP}\" y2=\"{b:.1}\" stroke=\"#c62828\" stroke-dasharray=\"4 3\"/>\
+             <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"{anchor}\" fill=\"#c62828\" font-weight=\"bold\">drift born at {}</text>",
+                if anchor == "end" { xx - 4.0 } else { xx + 4.0 },
+                TOP - 8.0,
+                escape(&origin.name)
+            );
+        }
+    }
+
+    /// Accumulated error: a line through the compared layers, broken where a layer has none.
+    fn accumulated_line(&self, out: &mut String) {
+        let mut path = String::new();
+        let mut pen_down = false;
+        for l in self.layers {
+            match ratio(l.accumulated.as_ref()) {
+                Some(r) => {
+                    let _ = write!(
+                        path,
+                        "{}{:.1} {:.1} ",
+                        if pen_down { "L" } else { "M" },
+                        self.x(l.index),
+                        self.error.y(r)
+                    );
+                    pen_down = true;
+                }
+                None => pen_down = false,
+            }
+        }
+        let _ = writeln!(
+            out,
+            "<path d=\"{}\" fill=\"none\" stroke=\"#1565c0\" stroke-width=\"1.2\"/>",
+            path.trim_end()
+        );
+    }
+
+    /// Each layer's points: accumulated, local, and its own error's multiple.
+    fn points(&self, out: &mut String, links: bool) {
+        for l in self.layers {
+            let acc = ratio(l.accumulated.as_ref());
+            let local = ratio(l.local.as_ref());
+            if acc.is_none() && local.is_none() {
+                continue;
+            }
+            let tip = escape(&tooltip(l, acc, local));
+            if links {
+                let _ = write!(out, "<a href=\"#layer-{}\">", l.index);
+            }
+            let _ = write!(out, "<g class=\"point\"><title>{tip}</title>");
+            if let Some(r) = acc {
+                let fill = if l.exceeds_tol { "#c62828" } else { "#1565c0" };
+                let _ = write!(
+                    out,
+                    "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{fill}\"/>",
+                    self.x(l.index),
+                    self.error.y(r)
+                );
+            }
+            if let Some(r) = local {
+                let (cx, cy) = (self.x(l.index), self.error.y(r));
+                let fill = if l.local_exceeds {
+                    "#c62828"
+                } else {
+                    "#ef6c00"
+                };
+                let _ = write!(
+                    out,
+                    "<path d=\"M{:.1} {:.1}l3.5 3.5l-3.5 3.5l-3.5 -3.5z\" fill=\"{fill}\" fill-opacity=\"0.8\"/>",
+                    cx,
+                    cy - 3.5
+                );
+            }
+            if let (Some(panel), Some(r)) = (&self.own, own_multiple(l)) {
+                let beyond = l.baseline.as_ref().is_some_and(|b| b.beyond());
+                let fill = own_fill(beyond, l.finding);
+                let _ = write!(
+                    out,
+                    "<rect class=\"own\" x=\"{:.1}\" y=\"{:.1}\" width=\"6\" height=\"6\" fill=\"{fill}\"/>",
+                    self.x(l.index) - 3.0,
+                    panel.y(r) - 3.0
+                );
+            }
+            out.push_str("</g>");
+            if links {
+                out.push_str("</a>");
+            }
+            out.push('\n');
+        }
+    }
+
+    fn legend(&self, out: &mut String) {
+        let lx = LEFT + 8.0;
+        let _ = writeln!(
+            out,
+            "<g><circle cx=\"{lx}\" cy=\"12\" r=\"3\" fill=\"#1565c0\"/><text x=\"{:.1}\" y=\"16\">accumulated (both sides from the inputs)</text>\
+         <path d=\"M{:.1} 8.5l3.5 3.5l-3.5 3.5l-3.5 -3.5z\" fill=\"#ef6c00\"/><text x=\"{:.1}\" y=\"16\">local (the layer alone, on the reference's inputs)</text>\
+         <circle cx=\"{:.1}\" cy=\"12\" r=\"3\" fill=\"#c62828\"/><text x=\"{:.1}\" y=\"16\">exceeding</text></g>",
+            lx + 8.0,
+            lx + 248.0,
+            lx + 256.0,
+            lx + 548.0,
+            lx + 556.0
+        );
+        if let Some(panel) = &self.own {
+            let ly = panel.top - 12.0;
+            let _ = writeln!(
+                out,
+                "<g><rect x=\"{:.1}\" y=\"{:.1}\" width=\"6\" height=\"6\" fill=\"#2e7d32\"/><text x=\"{:.1}\" y=\"{:.1}\">own error ÷ what an ideal implementation in the target's precision errs by (its rounding)</text>\
+             <rect x=\"{:.1}\" y=\"{:.1}\" width=\"6\" height=\"6\" fill=\"#c62828\"/><text x=\"{:.1}\" y=\"{:.1}\">a defect</text>\
+             <rect x=\"{:.1}\" y=\"{:.1}\" width=\"6\" height=\"6\" fill=\"#f9a825\"/><text x=\"{:.1}\" y=\"{:.1}\">beyond, explained otherwise</text></g>",
+                lx - 3.0,
+                ly - 7.0,
+                lx + 8.0,
+                ly,
+                lx + 557.0,
+                ly - 7.0,
+                lx + 568.0,
+                ly,
+                lx + 627.0,
+                ly - 7.0,
+                lx + 638.0,
+                ly
+            );
+        }
+    }
 }
 
 /// A decade's label; the floor reads `≤` (zeros and smaller errors sit there).

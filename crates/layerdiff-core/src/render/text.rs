@@ -4,9 +4,21 @@ use crate::{Defect, NarrowKernel, PrecisionDrift, Report, Verdict};
 
 /// The short summary printed to stdout: verdict, counts, origin, worst layers.
 pub fn to_text(report: &Report) -> String {
-    let s = &report.summary;
-    let mut out = String::new();
-    out.push_str(&format!("{}: {}\n", report.model, verdict(report)));
+    let mut out = format!("{}: {}\n", report.model, verdict(report));
+    sides(&mut out, report);
+    counts(&mut out, report);
+    worst(&mut out, report);
+    findings(&mut out, report);
+    origin(&mut out, report);
+    keep_float32(&mut out, report);
+    if let Some(bisection) = &report.bisection {
+        out.push_str(&format!("  bisected: {}\n", bisection.sentence()));
+    }
+    out
+}
+
+/// The sides: reference, target (where it placed the graph, what graph it ran), truth.
+fn sides(out: &mut String, report: &Report) {
     out.push_str(&format!(
         "  reference: {} ({})\n  target:    {} ({})\n",
         report.reference.runtime,
@@ -26,6 +38,11 @@ pub fn to_text(report: &Report) -> String {
             truth.runtime, truth.detail
         ));
     }
+}
+
+/// The layers counted, what stopped or warns, the tolerance.
+fn counts(out: &mut String, report: &Report) {
+    let s = &report.summary;
     let counterpart = if super::onnx_located(report) {
         "an ONNX counterpart"
     } else {
@@ -53,6 +70,11 @@ pub fn to_text(report: &Report) -> String {
             "accumulated only"
         }
     ));
+}
+
+/// The largest differences.
+fn worst(out: &mut String, report: &Report) {
+    let s = &report.summary;
     if let Some(w) = &s.worst.max_abs_diff {
         out.push_str(&format!(
             "  largest max abs diff:  {:.3e} at `{}`\n",
@@ -65,6 +87,11 @@ pub fn to_text(report: &Report) -> String {
             w.value, w.layer
         ));
     }
+}
+
+/// The defects, the kernels that accumulate in the narrow dtype, precision.
+fn findings(out: &mut String, report: &Report) {
+    let s = &report.summary;
     for d in s.defects.iter().take(SHOWN_DEFECTS) {
         out.push_str(&format!(
             "  defect at `{}`: {}: {}\n    fix: {}\n",
@@ -97,6 +124,11 @@ pub fn to_text(report: &Report) -> String {
             precision_words(p, s.layers_compared)
         ));
     }
+}
+
+/// The cause at the origin, the layers that only inherit, the layers that exceed.
+fn origin(out: &mut String, report: &Report) {
+    let s = &report.summary;
     let origin = report
         .layers
         .iter()
@@ -138,6 +170,10 @@ pub fn to_text(report: &Report) -> String {
             ));
         }
     }
+}
+
+/// The keep-in-float32 advice and its check.
+fn keep_float32(out: &mut String, report: &Report) {
     if let Some(keep) = &report.keep_float32 {
         let names: Vec<String> = keep
             .layers
@@ -160,10 +196,6 @@ pub fn to_text(report: &Report) -> String {
             out.push_str(&format!("  checked: {}\n", check.verdict));
         }
     }
-    if let Some(bisection) = &report.bisection {
-        out.push_str(&format!("  bisected: {}\n", bisection.sentence()));
-    }
-    out
 }
 
 /// Defects the summary spells out (all are in the report).
