@@ -9,7 +9,8 @@ The corpus: ResNet-18 (dynamo export) on ONNX Runtime and on tract, optimized by
 (`opt=all`), and against itself with a weight edited, an attribute edited and one node in
 float16; ResNet-50 (the legacy exporter) against its float16 export (ResNet-18's with
 `--quick`); `providers` and `audit` on ResNet-18. Each run writes JSON, Markdown, HTML and
-text (`--out`, and the summary it prints). Models are built once into `--folder` (random weights, seed 0) and reused.
+SVG (`--out`) and prints its summary; all are compared. Models are built once into `--folder`
+(random weights, seed 0) and reused.
 Exit code 0 when every report is the same, 1 with the differences listed otherwise."""
 
 from __future__ import annotations
