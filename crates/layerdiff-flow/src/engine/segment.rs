@@ -3,27 +3,14 @@
 //! its last use.
 
 use super::*;
+use crate::Recompute;
+use crate::engine::plan::Segment;
 
 impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
     /// Runs the next segment: both sides' parts, then every comparison in it.
     pub(super) fn run_segment(&mut self) -> Result<()> {
         let segment = self.plan.segments[self.done].clone();
-        let whole = self.plan.segments.len() == 1;
-        let clock = &mut self.clock;
-        self.reference
-            .produce(&segment.reference, whole, clock, "reference run")?;
-        if self.target_ahead.is_none() {
-            self.target
-                .produce(&segment.target, whole, clock, "target run")?;
-        }
-        // The truth computes the reference's part, in float64 (or was handed it over); a truth
-        // that cannot run leaves the comparison without it, and says so.
-        if let Some(truth) = self.truth.as_mut()
-            && let Err(e) = truth.produce(&segment.reference, whole, clock, "float64 run")
-        {
-            self.truth = None;
-            self.truth_lost = Some(crate::error_chain(&e));
-        }
+        self.produce(&segment)?;
         let held = Pairs {
             reference: &self.reference,
             target: &self.target,
@@ -76,50 +63,12 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                     ticker.tick(i + 1);
                 }
                 if let Some(out) = out {
-                    let exact = self.baseline.as_ref().map(|b| {
-                        // the dtype the target computes the layer in: as the framework said,
-                        // else the narrower of its output's and its group's narrowest
-                        let grid = b.grid_of(&self.reference_values[i]).or_else(|| {
-                            let held = layerdiff_core::lower_precision(
-                                &self.layers[i].dtype,
-                                Some(out.dtype.name()),
-                            );
-                            let inside = match &self.groups[i] {
-                                Some(Ok(group)) => recompute.computes_in(group),
-                                _ => None,
-                            };
-                            match (held, inside) {
-                                (Some(h), Some(g)) if g.narrower_than(h) => Some(g),
-                                (Some(h), _) => Some(h),
-                                (None, g) => g,
-                            }
-                        });
-                        let stages = match (&self.groups[i], grid) {
-                            (Some(Ok(group)), Some(grid)) => recompute.rounding_stages(group, grid),
-                            _ => 0,
-                        };
-                        let quantizes = match &self.groups[i] {
-                            Some(Ok(group)) => recompute
-                                .members(group)
-                                .iter()
-                                .any(|m| layerdiff_core::quantizing_op(&m.op)),
-                            _ => false,
-                        };
-                        let exact = grid
-                            .filter(|g| g.is_float())
-                            .ok_or_else(|| "the layer is not a float".to_string())
-                            .and_then(|grid| {
-                                if quantizes {
-                                    return Err("the target quantizes it, which a float baseline does not model".to_string());
-                                }
-                                b.exact(&self.reference_values[i], grid, &|n| held.baseline_feed(n))
-                            });
-                        Exact {
-                            value: exact,
-                            stages,
-                            grid,
-                            reduction: b.reduction_of(&self.reference_values[i]),
-                        }
+                    let exact = self.baseline.as_deref().map(|b| {
+                        let group = self.groups[i].as_ref().and_then(|g| g.as_ref().ok());
+                        let value = &self.reference_values[i];
+                        baseline_exact(b, value, &self.layers[i], &out, group, recompute, &|n| {
+                            held.baseline_feed(n)
+                        })
                     });
                     held_bytes += out.bytes.len() as u64;
                     if let Some(e) = &exact {
@@ -166,62 +115,93 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         }
         self.clock.lap("analysis and causes", OWN);
         if exceeding {
-            // Does either side disagree with itself? Two more runs of the segment, one session,
-            // handing back only the exceeding layers' values: the others' would be held twice
-            // more beside everything the segment holds, and nothing reads them.
-            let exceeds = |i: usize| self.layers[i].exceeds_tol || self.layers[i].local_exceeds;
-            let exceeding_layers = || judged.clone().filter(|&i| exceeds(i));
-            let r_keep = kept(
-                &segment.reference,
-                exceeding_layers().map(|i| &self.reference_values[i]),
-            );
-            let r_again = self.reference.again(&segment.reference, &r_keep);
-            // A target that ran the whole graph ahead runs it again once, at the end, when
-            // the reference's values are gone (its copy of the model beside them is what the
-            // run ahead avoided): its first values of these layers are kept until then.
-            let t_again = if self.target_ahead.is_some() {
-                for i in exceeding_layers() {
-                    let Some(value) = &self.target_values[i] else {
-                        continue;
-                    };
-                    if let Some(first) = self.target.get(value) {
-                        self.deferred.push((i, value.clone(), first.clone()));
-                    }
-                }
-                None
-            } else {
-                let t_keep = kept(
-                    &segment.target,
-                    exceeding_layers().filter_map(|i| self.target_values[i].as_ref()),
-                );
-                self.target.again(&segment.target, &t_keep)
-            };
+            self.second_runs(&segment, judged);
+        }
+        self.free_segment(&segment);
+        self.done += 1;
+        Ok(())
+    }
+
+    /// Both sides produce their part of `segment` (a target that ran ahead has it already),
+    /// and the truth computes the reference's part, in float64 (or was handed it over); a
+    /// truth that cannot run leaves the comparison without it, and says so.
+    fn produce(&mut self, segment: &Segment) -> Result<()> {
+        let whole = self.plan.segments.len() == 1;
+        let clock = &mut self.clock;
+        self.reference
+            .produce(&segment.reference, whole, clock, "reference run")?;
+        if self.target_ahead.is_none() {
+            self.target
+                .produce(&segment.target, whole, clock, "target run")?;
+        }
+        if let Some(truth) = self.truth.as_mut()
+            && let Err(e) = truth.produce(&segment.reference, whole, clock, "float64 run")
+        {
+            self.truth = None;
+            self.truth_lost = Some(crate::error_chain(&e));
+        }
+        Ok(())
+    }
+
+    /// Does either side disagree with itself? Two more runs of the segment, one session,
+    /// handing back only the exceeding layers' values among `judged`: the others' would be
+    /// held twice more beside everything the segment holds, and nothing reads them.
+    fn second_runs(&mut self, segment: &Segment, judged: std::ops::Range<usize>) {
+        let exceeds = |i: usize| self.layers[i].exceeds_tol || self.layers[i].local_exceeds;
+        let exceeding_layers = || judged.clone().filter(|&i| exceeds(i));
+        let r_keep = kept(
+            &segment.reference,
+            exceeding_layers().map(|i| &self.reference_values[i]),
+        );
+        let r_again = self.reference.again(&segment.reference, &r_keep);
+        // A target that ran the whole graph ahead runs it again once, at the end, when
+        // the reference's values are gone (its copy of the model beside them is what the
+        // run ahead avoided): its first values of these layers are kept until then.
+        let t_again = if self.target_ahead.is_some() {
             for i in exceeding_layers() {
-                let Some(target_value) = &self.target_values[i] else {
+                let Some(value) = &self.target_values[i] else {
                     continue;
                 };
-                // (a target that ran ahead has no second runs yet: its part comes at the end)
-                let sides: [(&str, _, &dyn Side, &String); 2] = [
-                    (
-                        "reference",
-                        &r_again,
-                        &self.reference,
-                        &self.reference_values[i],
-                    ),
-                    ("target", &t_again, &self.target, target_value),
-                ];
-                for (side, again, values, name) in sides {
-                    let d = values.get(name).and_then(|first| {
-                        disagreement(first, again.as_ref(), name)
-                            .or_else(|| values.disagreement(name))
-                    });
-                    self.evidence[i].disagrees(side, d);
+                if let Some(first) = self.target.get(value) {
+                    self.deferred.push((i, value.clone(), first.clone()));
                 }
             }
-            // Their values go back before the lap: releasing them is part of the second runs.
-            drop((r_again, t_again));
-            self.clock.lap("second runs (nondeterminism)", RUNTIME);
+            None
+        } else {
+            let t_keep = kept(
+                &segment.target,
+                exceeding_layers().filter_map(|i| self.target_values[i].as_ref()),
+            );
+            self.target.again(&segment.target, &t_keep)
+        };
+        for i in exceeding_layers() {
+            let Some(target_value) = &self.target_values[i] else {
+                continue;
+            };
+            // (a target that ran ahead has no second runs yet: its part comes at the end)
+            let sides: [(&str, _, &dyn Side, &String); 2] = [
+                (
+                    "reference",
+                    &r_again,
+                    &self.reference,
+                    &self.reference_values[i],
+                ),
+                ("target", &t_again, &self.target, target_value),
+            ];
+            for (side, again, values, name) in sides {
+                let d = values.get(name).and_then(|first| {
+                    disagreement(first, again.as_ref(), name).or_else(|| values.disagreement(name))
+                });
+                self.evidence[i].disagrees(side, d);
+            }
         }
+        // Their values go back before the lap: releasing them is part of the second runs.
+        drop((r_again, t_again));
+        self.clock.lap("second runs (nondeterminism)", RUNTIME);
+    }
+
+    /// Drops what the segment's layers no longer need, on every side, and hands it back.
+    fn free_segment(&mut self, segment: &Segment) {
         self.reference.free(&segment.reference.free);
         self.target.free(&segment.target.free);
         if let Some(baseline) = self.baseline.as_mut() {
@@ -248,8 +228,6 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         if self.done + 1 < self.plan.segments.len() || !self.deferred.is_empty() {
             crate::engine::memory::give_back_freed();
         }
-        self.done += 1;
-        Ok(())
     }
 }
 
@@ -312,6 +290,57 @@ pub(super) fn segments_warning(
     Some(format!(
         "ran in {segments} segments on {provider}, which picks its kernels for each graph it is given: values may differ in their last bits from a run of the whole graph (use a --max-memory that fits the whole run to compare with one)"
     ))
+}
+
+/// A layer's exact value on the baseline `b` (`value` the reference's name of it), on the grid
+/// the target computes it in: as the framework said, else the narrower of its output's
+/// (`out`) and its group's narrowest; with the roundings an honest kernel makes on the way and
+/// the reduction's terms, where the baseline measured them.
+fn baseline_exact<'a>(
+    b: &dyn Baseline,
+    value: &str,
+    layer: &Layer,
+    out: &Tensor,
+    group: Option<&Group>,
+    recompute: &dyn Recompute,
+    feed: &dyn Fn(&str) -> crate::engine::baseline::Fed<'a>,
+) -> Exact {
+    let grid = b.grid_of(value).or_else(|| {
+        let held = layerdiff_core::lower_precision(&layer.dtype, Some(out.dtype.name()));
+        let inside = group.and_then(|g| recompute.computes_in(g));
+        match (held, inside) {
+            (Some(h), Some(g)) if g.narrower_than(h) => Some(g),
+            (Some(h), _) => Some(h),
+            (None, g) => g,
+        }
+    });
+    let stages = match (group, grid) {
+        (Some(group), Some(grid)) => recompute.rounding_stages(group, grid),
+        _ => 0,
+    };
+    let quantizes = group.is_some_and(|g| {
+        recompute
+            .members(g)
+            .iter()
+            .any(|m| layerdiff_core::quantizing_op(&m.op))
+    });
+    let exact = grid
+        .filter(|g| g.is_float())
+        .ok_or_else(|| "the layer is not a float".to_string())
+        .and_then(|grid| {
+            if quantizes {
+                return Err(
+                    "the target quantizes it, which a float baseline does not model".to_string(),
+                );
+            }
+            b.exact(value, grid, feed)
+        });
+    Exact {
+        value: exact,
+        stages,
+        grid,
+        reduction: b.reduction_of(value),
+    }
 }
 
 #[cfg(test)]
