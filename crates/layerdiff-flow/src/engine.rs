@@ -227,42 +227,9 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         settings: Settings,
         clock: Stopwatch,
     ) -> Result<Self> {
-        let mut reference_of: HashMap<String, (String, usize)> = HashMap::new();
-        for (i, value) in alignment.target.iter().enumerate() {
-            if let Some(v) = value {
-                let this = (alignment.reference[i].clone(), i);
-                match alignment.shared {
-                    Shared::FirstLayerOwns => {
-                        reference_of.entry(v.clone()).or_insert(this);
-                    }
-                    Shared::EachLayer => {
-                        reference_of.insert(v.clone(), this);
-                    }
-                }
-            }
-        }
-        let target_of: HashMap<String, String> = alignment
-            .reference
-            .iter()
-            .zip(&alignment.target)
-            .filter_map(|(r, t)| Some((r.clone(), t.clone()?)))
-            .collect();
+        let (reference_of, target_of) = alignment.correspondence();
         let is_input = |n: &str| inputs.iter().any(|(name, _)| name == n);
-        let groups: Vec<_> = alignment
-            .target
-            .iter()
-            .enumerate()
-            .map(|(i, value)| {
-                let owns = |v: &str| match alignment.shared {
-                    Shared::FirstLayerOwns => reference_of[v].1 == i,
-                    Shared::EachLayer => true,
-                };
-                // Groups are found without local error too: their evidence explains causes.
-                let value = value.as_deref().filter(|v| owns(v))?;
-                let known = |n: &str| n != value && (is_input(n) || reference_of.contains_key(n));
-                Some(target.recompute()?.local_group(value, &known))
-            })
-            .collect();
+        let groups = local_groups(&alignment, &reference_of, &is_input, &target);
         let planned: Vec<PlannedLayer<'_>> = (0..alignment.layers.len())
             .map(|i| PlannedLayer {
                 reference: &alignment.reference[i],
@@ -283,16 +250,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             }
         }
         if let Some(baseline) = baseline.as_mut() {
-            // Groups in the reference graph, from the reference values both sides know.
-            let compared: std::collections::HashSet<&str> = alignment
-                .target
-                .iter()
-                .zip(&alignment.reference)
-                .filter(|(t, _)| t.is_some())
-                .map(|(_, r)| r.as_str())
-                .collect();
-            let values: Vec<&str> = compared.iter().copied().collect();
-            baseline.find_groups(&values, &|n| is_input(n) || compared.contains(n));
+            baseline_groups(baseline.as_mut(), &alignment, &is_input);
         }
         let target_view = target.plan_view();
         // Without --max-memory the whole process is kept within half the memory it could use:
@@ -313,42 +271,10 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             None => budget(settings.max_memory),
         };
         let plan = plan(&reference_view, &target_view, &planned, kept_to);
-        // the layer whose reference value a plan names
-        let layer_of = |value: &str| {
-            alignment
-                .reference
-                .iter()
-                .position(|r| r == value)
-                .map_or(value, |i| alignment.layers[i].name.as_str())
-                .to_string()
-        };
-        // A budget given that the run cut as finely as it can still exceeds cannot be kept: say
-        // so before running, with where and how much it needs.
-        let finest = settings
-            .max_memory
-            .and_then(|_| plan::plan(&reference_view, &target_view, &planned, Some(0)).over_budget);
-        if let (Some(given), Some((value, needs))) = (settings.max_memory, &finest)
-            && needs > &given
-        {
-            return Err(Error::Memory(format!(
-                "--max-memory {} is too small: the run cannot be cut finer than at `{}`, which holds {} of values at once (both sides' values there, and those still needed after it)\nhint: give --max-memory {} or more, or leave it out (half the memory available)",
-                memory::bytes_text(given),
-                layer_of(value),
-                memory::bytes_text(*needs),
-                memory::bytes_text(needs.next_power_of_two()).replace(' ', ""),
-            )));
-        }
-        // The default budget (from half the memory available) is not refused, only warned of: the
-        // run may still fit, and no one asked for less.
-        let over_default_budget = match (settings.max_memory, &plan.over_budget, kept_to) {
-            (None, Some((value, needs)), Some(left)) => Some(format!(
-                "the run holds about {} of values at once at `{}`, more than the {} that half the memory available leaves them: it may run out of memory",
-                memory::bytes_text(*needs),
-                layer_of(value),
-                memory::bytes_text(left),
-            )),
-            _ => None,
-        };
+        let over_default_budget =
+            budget_kept(&alignment, settings.max_memory, kept_to, &plan, || {
+                plan::plan(&reference_view, &target_view, &planned, Some(0)).over_budget
+            })?;
         // A target that computes can run the whole graph before a pushed reference hands over
         // anything (see `run_target_ahead`); the pushed values are then taken in stretches of
         // the stream's size, each dropped once compared, as a split run would, at no cost to
@@ -470,4 +396,119 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         }
         Ok(())
     }
+}
+
+impl Alignment {
+    /// Which reference value (and layer) each target value stands for, and which target value
+    /// each reference value is compared with.
+    fn correspondence(&self) -> (HashMap<String, (String, usize)>, HashMap<String, String>) {
+        let mut reference_of: HashMap<String, (String, usize)> = HashMap::new();
+        for (i, value) in self.target.iter().enumerate() {
+            if let Some(v) = value {
+                let this = (self.reference[i].clone(), i);
+                match self.shared {
+                    Shared::FirstLayerOwns => {
+                        reference_of.entry(v.clone()).or_insert(this);
+                    }
+                    Shared::EachLayer => {
+                        reference_of.insert(v.clone(), this);
+                    }
+                }
+            }
+        }
+        let target_of: HashMap<String, String> = self
+            .reference
+            .iter()
+            .zip(&self.target)
+            .filter_map(|(r, t)| Some((r.clone(), t.clone()?)))
+            .collect();
+        (reference_of, target_of)
+    }
+}
+
+/// Each layer's local group in the target (the nodes that compute it from values the run
+/// knows), for the layer that owns its value; found without local error too, since their
+/// evidence explains causes.
+fn local_groups<T: Side>(
+    alignment: &Alignment,
+    reference_of: &HashMap<String, (String, usize)>,
+    is_input: &dyn Fn(&str) -> bool,
+    target: &T,
+) -> Vec<Option<std::result::Result<Group, String>>> {
+    alignment
+        .target
+        .iter()
+        .enumerate()
+        .map(|(i, value)| {
+            let owns = |v: &str| match alignment.shared {
+                Shared::FirstLayerOwns => reference_of[v].1 == i,
+                Shared::EachLayer => true,
+            };
+            // Groups are found without local error too: their evidence explains causes.
+            let value = value.as_deref().filter(|v| owns(v))?;
+            let known = |n: &str| n != value && (is_input(n) || reference_of.contains_key(n));
+            Some(target.recompute()?.local_group(value, &known))
+        })
+        .collect()
+}
+
+/// The baseline's groups in the reference graph, from the reference values both sides know.
+fn baseline_groups(
+    baseline: &mut dyn Baseline,
+    alignment: &Alignment,
+    is_input: &dyn Fn(&str) -> bool,
+) {
+    let compared: std::collections::HashSet<&str> = alignment
+        .target
+        .iter()
+        .zip(&alignment.reference)
+        .filter(|(t, _)| t.is_some())
+        .map(|(_, r)| r.as_str())
+        .collect();
+    let values: Vec<&str> = compared.iter().copied().collect();
+    baseline.find_groups(&values, &|n| is_input(n) || compared.contains(n));
+}
+
+/// Whether the run keeps its budget: a `--max-memory` (`given`) that the run cut as finely as
+/// it can (`finest`) still exceeds cannot be kept, and is refused before running, with where
+/// and how much it needs; the default budget (`kept_to`, from half the memory available) is
+/// only warned of, since the run may still fit and no one asked for less (the warning, if
+/// any).
+fn budget_kept(
+    alignment: &Alignment,
+    given: Option<u64>,
+    kept_to: Option<u64>,
+    plan: &Plan,
+    finest: impl FnOnce() -> Option<(String, u64)>,
+) -> Result<Option<String>> {
+    // the layer whose reference value a plan names
+    let layer_of = |value: &str| {
+        alignment
+            .reference
+            .iter()
+            .position(|r| r == value)
+            .map_or(value, |i| alignment.layers[i].name.as_str())
+            .to_string()
+    };
+    if let Some(given) = given
+        && let Some((value, needs)) = finest()
+        && needs > given
+    {
+        return Err(Error::Memory(format!(
+            "--max-memory {} is too small: the run cannot be cut finer than at `{}`, which holds {} of values at once (both sides' values there, and those still needed after it)\nhint: give --max-memory {} or more, or leave it out (half the memory available)",
+            memory::bytes_text(given),
+            layer_of(&value),
+            memory::bytes_text(needs),
+            memory::bytes_text(needs.next_power_of_two()).replace(' ', ""),
+        )));
+    }
+    Ok(match (given, &plan.over_budget, kept_to) {
+        (None, Some((value, needs)), Some(left)) => Some(format!(
+            "the run holds about {} of values at once at `{}`, more than the {} that half the memory available leaves them: it may run out of memory",
+            memory::bytes_text(*needs),
+            layer_of(value),
+            memory::bytes_text(left),
+        )),
+        _ => None,
+    })
 }
