@@ -23,6 +23,8 @@ use crate::{
 mod fusion;
 mod lacking;
 mod pairing;
+mod setup;
+use setup::*;
 pub(crate) mod pieces;
 pub use fusion::inside_fusion;
 use lacking::Lacking;
@@ -145,148 +147,78 @@ fn compare_once(
 ) -> Result<Outcome> {
     let mut clock = Stopwatch::default();
     let own_target = target_runtime.is_some();
-    let reference_model = Model::load(&options.model)?;
-    let mut target_model = options.vs.as_ref().map(Model::load).transpose()?;
-    // What differs between the two files, read from both: reported whatever the values show.
-    let differences = target_model
-        .as_ref()
-        .map(|t| crate::engine::evidence::file_differences(&reference_model, t))
-        .unwrap_or_default();
-    let mut removed = std::collections::HashSet::new();
-    if !lacks.is_empty() {
-        let (pruned, gone) =
-            lacking::without(target_model.as_ref().unwrap_or(&reference_model), lacks)?;
-        (target_model, removed) = (Some(pruned), gone);
-    }
-    let target_spec = options.target_spec();
+    let Loaded {
+        reference_model,
+        target_model,
+        differences,
+        removed,
+    } = loaded(options, lacks)?;
     clock.lap("loading models", OWN);
     let (reference_label, target_label) = (
         file_name(&options.model),
         file_name(options.vs.as_ref().unwrap_or(&options.model)),
     );
-    let expected = |spec: &RuntimeSpec, label: &str, model: &Model| match spec {
-        RuntimeSpec::Expected(path) => {
-            ExpectedSide::load(path, label.to_string(), model.clone()).map(Some)
-        }
-        _ => Ok(None),
-    };
     let target_file = target_model.as_ref().unwrap_or(&reference_model);
-    let reference_expected = expected(&options.reference, &reference_label, &reference_model)?;
-    let target_expected = match target_runtime {
-        Some(_) => None,
-        None => expected(&target_spec, &target_label, target_file)?,
+    let spelled = |spec: &RuntimeSpec, label: &str, model: &Model| -> Result<Spelled> {
+        Ok((
+            expected(spec, label, model)?,
+            built(spec, options, ort_library)?,
+        ))
     };
-    let build = |spec: &RuntimeSpec| match spec {
-        RuntimeSpec::Expected(_) => Ok(None),
-        spec => spec
-            .build_isolated(ort_library, options.isolation)
-            .map(Some),
-    };
-    let reference_runtime = build(&options.reference)?;
-    let target_runtime = match target_runtime {
-        Some(runtime) => Some(runtime),
-        None => build(&target_spec)?,
+    let (reference_expected, reference_runtime) =
+        spelled(&options.reference, &reference_label, &reference_model)?;
+    let (target_expected, target_runtime) = match target_runtime {
+        Some(runtime) => (None, Some(runtime)),
+        None => spelled(&options.target_spec(), &target_label, target_file)?,
     };
     clock.lap("runtime start-up", RUNTIME);
     let stored = [&reference_expected, &target_expected]
         .into_iter()
         .flatten()
         .find_map(|e| e.inputs().map(<[_]>::to_vec));
-    let mut batch_note = None;
-    let (inputs, seed) = match (&options.inputs, stored) {
-        (Some(path), _) => (
-            read_inputs(path, &GraphIndex::new(reference_model.graph()))?,
-            None,
-        ),
-        (None, Some(stored)) => (stored, None),
-        (None, None) => {
-            let index = GraphIndex::new(reference_model.graph());
-            batch_note = crate::inputs::defaulted_batch(&index, &options.generate);
-            (
-                generate_inputs(&index, &options.generate)?,
-                Some(options.generate.seed),
-            )
-        }
-    };
+    let MadeInputs {
+        inputs,
+        seed,
+        batch_note,
+    } = made_inputs(options, &reference_model, stored)?;
     clock.lap("making inputs", OWN);
-    let target_file_index = GraphIndex::new(target_file.graph());
     check_inputs(&GraphIndex::new(reference_model.graph()), &inputs)?;
-    let (target_inputs, input_notes) = match &target_expected {
-        Some(_) => (inputs.clone(), Vec::new()),
-        None => fit_inputs(&target_file_index, &inputs),
-    };
-    check_inputs(&target_file_index, &target_inputs)?;
-
     let mut renames = crate::sides::graph::shipped::Renames::default();
     let target_holds = target_expected.as_ref().map(ExpectedSide::names);
     // The graph the target runs (optimized, where its runtime optimizes), to align with.
-    let (target, target_graph): (Box<dyn Side>, GraphIndex) =
-        match (target_expected, target_runtime) {
-            (Some(expected), _) => (Box::new(expected.given(&inputs)), target_file_index),
-            (None, Some(runtime)) => {
-                let prepared = prepare_target(
-                    &reference_model,
-                    target_model,
-                    runtime,
-                    &target_inputs,
-                    &mut clock,
-                )?;
-                if prepared.shipped.is_some() {
-                    clock.lap("optimizing the target graph", RUNTIME);
-                }
-                // Another file than the reference's, run as written: a layer beyond what its
-                // precision explains is computed as that file writes it, to tell the file
-                // from the runtime (an optimized graph is the runtime's own work).
-                let as_written = options.vs.is_some() && prepared.shipped.is_none();
-                let model = prepared.model.unwrap_or_else(|| reference_model.clone());
-                renames = prepared.renames.clone();
-                let mut side =
-                    GraphSide::new(Some(target_label), model, prepared.runtime, &target_inputs)
-                        .shipping(prepared.renames, prepared.shipped, prepared.placement)
-                        .noting(input_notes);
-                if as_written {
-                    side = side.computing_as_written(ort_library);
-                }
-                let graph = side.index.clone();
-                (Box::new(side), graph)
-            }
-            (None, None) => unreachable!("a side is a runtime or expected values"),
-        };
+    let (target, target_graph) = match (target_expected, target_runtime) {
+        (Some(expected), _) => {
+            let index = GraphIndex::new(target_file.graph());
+            check_inputs(&index, &inputs)?;
+            (Box::new(expected.given(&inputs)) as Box<dyn Side>, index)
+        }
+        (None, Some(runtime)) => {
+            let file = TargetFile {
+                model: target_model,
+                label: target_label,
+                inputs: &inputs,
+                other: options.vs.is_some(),
+            };
+            let side = graph_target(&reference_model, file, runtime, ort_library, &mut clock)?;
+            renames = side.renames.clone();
+            let graph = side.index.clone();
+            (Box::new(side) as Box<dyn Side>, graph)
+        }
+        (None, None) => unreachable!("a side is a runtime or expected values"),
+    };
     // A file of expected values holds only some values: compare those (on either side).
-    let provides = |reference: &str, target: Option<&str>| {
-        reference_expected
-            .as_ref()
-            .is_none_or(|e| e.provides(reference))
-            && target_holds
-                .as_ref()
-                .is_none_or(|held| target.is_some_and(|t| held.iter().any(|h| h == t)))
+    let provides = |r: &str, t: Option<&str>| {
+        held_by(reference_expected.as_ref(), target_holds.as_deref(), r, t)
     };
     let alignment = align(&reference_model, &target_graph, &renames, &provides);
-    let truth = if options.settings.truth() {
-        Some(float64_truth(
-            &options.model,
-            &reference_model,
-            &inputs,
-            ort_library,
-        )?)
-    } else {
-        None
-    };
-    let baseline = options
-        .settings
-        .baseline()
-        .then(|| GraphBaseline::new(&reference_model, ort_library))
-        .transpose()?
-        .map(|b| Box::new(b) as Box<dyn Baseline>);
+    let float64 = float64_sides(options, &reference_model, &inputs, ort_library)?;
     let subgraphs = subgraphs_note(reference_model.graph());
-    let reference: Box<dyn Side> = match (reference_expected, reference_runtime) {
-        (Some(expected), _) => Box::new(expected.given(&inputs)),
-        (None, Some(runtime)) => Box::new(GraphSide::new(
-            Some(reference_label),
-            reference_model,
-            runtime,
-            &inputs,
-        )),
+    let reference = match (reference_expected, reference_runtime) {
+        (Some(expected), _) => Box::new(expected.given(&inputs)) as Box<dyn Side>,
+        (None, Some(runtime)) => {
+            let label = Some(reference_label);
+            Box::new(GraphSide::new(label, reference_model, runtime, &inputs))
+        }
         (None, None) => unreachable!("a side is a runtime or expected values"),
     };
     let header = Header {
@@ -294,39 +226,25 @@ fn compare_once(
         model: file_name(&options.model),
         seed,
     };
-    let mut engine: Engine<_, _, FallbackSide> = Engine::new(
+    let (mut report, segmentation) = run_engine(
         header,
         alignment,
-        reference,
-        target,
-        truth,
-        baseline,
+        (reference, target),
+        float64,
         inputs.clone(),
         options.settings.clone(),
-        clock,
+        (clock, progress),
     )?;
-    engine.clock.lap("pairing values and planning the run", OWN);
-    engine.progress = crate::progress::Ticker::for_terminal(engine.layer_count(), !progress);
-    let segmentation = engine.segmentation();
-    engine.advance()?;
-    let mut report = engine.finish()?;
-    if report.summary.incomplete.is_none() {
-        layerdiff_core::unseen_differences(&mut report.layers, &mut report.summary, differences);
+    Said {
+        differences,
+        subgraphs,
+        batch_note,
+        removed: &removed,
+        lacks,
     }
-    report.summary.warnings.extend(subgraphs);
-    report.summary.warnings.extend(batch_note);
-    if !lacks.is_empty() {
-        lacking::explain(&mut report, &removed, lacks);
-    }
+    .add_to(&mut report);
     if options.settings.local && !own_target && report.summary.incomplete.is_none() {
-        match inside_fusion(options, &report, &inputs, ort_library) {
-            Ok(Some((layer, inside))) => report.narrowed(&layer, inside),
-            Ok(None) => {}
-            Err(e) => report.summary.warnings.push(format!(
-                "the headline's fused region could not be narrowed node by node: {}",
-                crate::error_chain(&e)
-            )),
-        }
+        narrow_fusion(options, &mut report, &inputs, ort_library);
     }
     Ok(Outcome {
         report,

@@ -56,7 +56,7 @@ pub struct GraphSide {
     inference: AtomicU64,
     shipped: Option<Shipped>,
     placement: Option<Placement>,
-    renames: Renames,
+    pub(crate) renames: Renames,
     /// What the report should say about how this side was fed.
     notes: Vec<String>,
     /// The side's own file computed exactly, where the flow asks for it (see
