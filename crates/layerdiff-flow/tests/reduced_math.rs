@@ -45,6 +45,19 @@ fn node(op: &str, inputs: &[&str], out: &str) -> NodeProto {
     }
 }
 
+/// `input` cast to the ONNX element type `to`, as `out`.
+fn cast(input: &str, to: i64, out: String) -> NodeProto {
+    NodeProto {
+        attribute: vec![AttributeProto {
+            name: Some("to".into()),
+            r#type: Some(2),
+            i: Some(to),
+            ..Default::default()
+        }],
+        ..node("Cast", &[input], &out)
+    }
+}
+
 /// `out = MatMul(Relu(MatMul(x, w1)), w2)`, float32, long enough products for TF32 to show.
 fn two_matmuls(folder: &Path) -> PathBuf {
     let proto = ModelProto {
@@ -85,15 +98,6 @@ impl Tf32Like {
     fn rounded(model: &Model) -> Model {
         let mut model = model.clone();
         let graph = model.graph_mut();
-        let cast = |input: &str, to: i64, out: String| NodeProto {
-            attribute: vec![AttributeProto {
-                name: Some("to".into()),
-                r#type: Some(2),
-                i: Some(to),
-                ..Default::default()
-            }],
-            ..node("Cast", &[input], &out)
-        };
         let mut nodes = Vec::new();
         for mut n in std::mem::take(&mut graph.node) {
             if n.op_type() == "MatMul" {
@@ -228,15 +232,6 @@ impl Bf16Like {
     fn rounded(&self, model: &Model) -> Model {
         let mut model = model.clone();
         let graph = model.graph_mut();
-        let cast = |input: &str, to: i64, out: String| NodeProto {
-            attribute: vec![AttributeProto {
-                name: Some("to".into()),
-                r#type: Some(2),
-                i: Some(to),
-                ..Default::default()
-            }],
-            ..node("Cast", &[input], &out)
-        };
         let mut nodes = Vec::new();
         for mut n in std::mem::take(&mut graph.node) {
             if n.op_type() != "MatMul" {

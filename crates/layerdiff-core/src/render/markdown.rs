@@ -210,12 +210,7 @@ fn layer_row(out: &mut String, l: &crate::Layer) {
     let onnx = l.location.as_ref().map_or("—".to_string(), |o| {
         format!("{} ({})", code(&o.value), cell(&o.op))
     });
-    let shape = l
-        .shape
-        .iter()
-        .map(usize::to_string)
-        .collect::<Vec<_>>()
-        .join("×");
+    let shape = l.shape_text();
     let kind = cell(l.module_type.as_deref().unwrap_or(""));
     let (max, mean, cos) = match &l.accumulated {
         Some(st) => (

@@ -150,6 +150,12 @@ impl Inside {
 }
 
 impl Layer {
+    /// Its shape as the reports write it (`1×64×56×56`).
+    pub fn shape_text(&self) -> String {
+        let dims: Vec<String> = self.shape.iter().map(usize::to_string).collect();
+        dims.join("×")
+    }
+
     /// Whether its own error exceeds its tolerance: its local error, or its whole difference
     /// where it has no local one.
     pub fn own_exceeds(&self) -> bool {

@@ -99,12 +99,7 @@ fn row(l: &Layer, origin: bool) -> String {
     .join(" ")
     .to_lowercase();
     let text = |v: Option<&str>| format!("<td class=\"t\">{}</td>", escape(v.unwrap_or("")));
-    let shape = l
-        .shape
-        .iter()
-        .map(usize::to_string)
-        .collect::<Vec<_>>()
-        .join("×");
+    let shape = l.shape_text();
     let dtype = match &l.target_dtype {
         Some(t) => format!("{} → {t}", l.dtype),
         None => l.dtype.clone(),
