@@ -272,7 +272,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         };
         let plan = plan(&reference_view, &target_view, &planned, kept_to);
         let over_default_budget =
-            budget_kept(&alignment, settings.max_memory, kept_to, &plan, || {
+            memory::budget_kept(&alignment, settings.max_memory, kept_to, &plan, || {
                 plan::plan(&reference_view, &target_view, &planned, Some(0)).over_budget
             })?;
         // A target that computes can run the whole graph before a pushed reference hands over
@@ -467,48 +467,4 @@ fn baseline_groups(
         .collect();
     let values: Vec<&str> = compared.iter().copied().collect();
     baseline.find_groups(&values, &|n| is_input(n) || compared.contains(n));
-}
-
-/// Whether the run keeps its budget: a `--max-memory` (`given`) that the run cut as finely as
-/// it can (`finest`) still exceeds cannot be kept, and is refused before running, with where
-/// and how much it needs; the default budget (`kept_to`, from half the memory available) is
-/// only warned of, since the run may still fit and no one asked for less (the warning, if
-/// any).
-fn budget_kept(
-    alignment: &Alignment,
-    given: Option<u64>,
-    kept_to: Option<u64>,
-    plan: &Plan,
-    finest: impl FnOnce() -> Option<(String, u64)>,
-) -> Result<Option<String>> {
-    // the layer whose reference value a plan names
-    let layer_of = |value: &str| {
-        alignment
-            .reference
-            .iter()
-            .position(|r| r == value)
-            .map_or(value, |i| alignment.layers[i].name.as_str())
-            .to_string()
-    };
-    if let Some(given) = given
-        && let Some((value, needs)) = finest()
-        && needs > given
-    {
-        return Err(Error::Memory(format!(
-            "--max-memory {} is too small: the run cannot be cut finer than at `{}`, which holds {} of values at once (both sides' values there, and those still needed after it)\nhint: give --max-memory {} or more, or leave it out (half the memory available)",
-            memory::bytes_text(given),
-            layer_of(&value),
-            memory::bytes_text(needs),
-            memory::bytes_text(needs.next_power_of_two()).replace(' ', ""),
-        )));
-    }
-    Ok(match (given, &plan.over_budget, kept_to) {
-        (None, Some((value, needs)), Some(left)) => Some(format!(
-            "the run holds about {} of values at once at `{}`, more than the {} that half the memory available leaves them: it may run out of memory",
-            memory::bytes_text(*needs),
-            layer_of(value),
-            memory::bytes_text(left),
-        )),
-        _ => None,
-    })
 }
