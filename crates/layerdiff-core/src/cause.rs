@@ -145,24 +145,7 @@ impl Evidence {
 /// `evidence` is indexed like `layers` (missing entries mean no evidence).
 pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summary) {
     let none = Evidence::default();
-    let max = |l: &Layer| l.accumulated.as_ref().map_or(0.0, |s| s.max_abs_diff);
-    // For each layer errors are traced back to: the first exceeding layer traced to it, its
-    // difference and tolerance, to say how it came to exceed.
-    let mut reached: std::collections::HashMap<String, (String, f64, crate::Bound)> =
-        std::collections::HashMap::new();
-    for l in layers.iter().filter(|l| l.exceeds_tol) {
-        let from = l.error_from.clone().unwrap_or_else(|| l.name.clone());
-        reached
-            .entry(from)
-            .or_insert((l.name.clone(), max(l), l.tolerance));
-    }
-    if let (Some(origin), Some(first)) = (&summary.drift_origin, &summary.first_exceeding)
-        && let Some(l) = layers.iter().find(|l| &l.name == first)
-    {
-        reached
-            .entry(origin.clone())
-            .or_insert((first.clone(), max(l), l.tolerance));
-    }
+    let reached = reached(layers, summary);
     let mut defects: Vec<(usize, Defect)> = Vec::new();
     // each defect's cause and detail as decided, before the layer's own sentences
     let mut named_defects: Vec<String> = Vec::new();
@@ -175,74 +158,10 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
         }
         let is_source = summary.is_source(layer);
         let e = evidence.get(i).unwrap_or(&none);
-        let (cause, mut detail, finding) = decide(layer, e, is_source);
+        let (cause, detail, finding) = decide(layer, e, is_source);
         // what the cause says before the sentences about this layer's figures are added
         let said = format!("{cause}: {detail}");
-        if is_source && !layer.exceeds_tol && !layer.local_exceeds {
-            let (name, d, tol) = reached.get(&layer.name).cloned().unwrap_or((
-                "a later layer".to_string(),
-                0.0,
-                layer.tolerance,
-            ));
-            // Not amplified when the difference arrives about as large: the later layer is
-            // held to a tighter tolerance (it computes in a wider dtype again).
-            let how = if d <= 1.5 * max(layer) && tol != layer.tolerance {
-                format!(
-                    "is carried downstream to `{name}`, which computes in a wider dtype again and exceeds its tighter tolerance {tol} with it"
-                )
-            } else {
-                format!("is amplified downstream until `{name}` exceeds it")
-            };
-            detail = format!(
-                "{detail}; on its own this stays within the tolerance {} and {how}",
-                layer.tolerance
-            );
-        }
-        if !is_source && !layer.own_exceeds() && layer.own_beyond() {
-            detail = if layer.exceeds_tol {
-                format!(
-                    "{detail}; its own error stays within the tolerance {} (local max abs diff {:.3e}), and it exceeds with what it inherits (mostly from `{}`): it is judged by what its precision explains, not by the tolerance",
-                    layer.tolerance,
-                    layer.local.as_ref().map_or(0.0, |s| s.max_abs_diff),
-                    layer.error_from.as_deref().unwrap_or("upstream")
-                )
-            } else {
-                format!(
-                    "{detail}; its values are small enough that this stays within the tolerance {} (max abs diff {:.3e}): it is judged by what its precision explains, not by the tolerance",
-                    layer.tolerance,
-                    max(layer)
-                )
-            };
-        }
-        if is_source
-            && layer.exceeds_tol
-            && !layer.local_exceeds
-            && !matches!(cause, Cause::Inherited | Cause::Unknown)
-        {
-            detail = match &layer.error_from {
-                // Its own error is most of what it hands on, within its tolerance alone.
-                Some(from) if own_share(layer) >= crate::BORN_HERE => format!(
-                    "{detail}; its own error is within its tolerance {} and most of the difference it hands on, which exceeds with what comes from upstream (mostly from `{from}`)",
-                    layer.tolerance
-                ),
-                Some(from) => format!(
-                    "{detail}; the difference it hands on comes mostly from upstream, from `{from}`"
-                ),
-                None => format!(
-                    "{detail}; the difference it hands on is in its inputs already, born in computation no compared layer covers (for a gradient: the forward pass)"
-                ),
-            };
-        }
-        if !matches!(cause, Cause::Inherited | Cause::Rounding)
-            && let Some(f) = &layer.float64
-        {
-            let said = if finding == Finding::Precision {
-                f.verdict_of_precision()
-            } else {
-                f.verdict()
-            };
-            detail = format!("{detail}; {said}");
-        }
+        let detail = in_context(layer, cause, finding, detail, is_source, &reached);
         layer.permutation = match cause {
             Cause::LayoutPermutation => e.layout.as_ref().map(|l| l.permutation.clone()),
             _ => None,
@@ -299,6 +218,109 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
         .sort_by(|a, b| b.multiple.total_cmp(&a.multiple));
     summary.defects = defects.into_iter().map(|(_, d)| d).collect();
     conclude(layers, summary, &quantized);
+}
+
+/// For each layer errors are traced back to: the first exceeding layer traced to it, its
+/// difference and tolerance, to say how it came to exceed.
+type Reached = std::collections::HashMap<String, (String, f64, crate::Bound)>;
+
+fn reached(layers: &[Layer], summary: &Summary) -> Reached {
+    let max = |l: &Layer| l.accumulated.as_ref().map_or(0.0, |s| s.max_abs_diff);
+    let mut reached: Reached = std::collections::HashMap::new();
+    for l in layers.iter().filter(|l| l.exceeds_tol) {
+        let from = l.error_from.clone().unwrap_or_else(|| l.name.clone());
+        reached
+            .entry(from)
+            .or_insert((l.name.clone(), max(l), l.tolerance));
+    }
+    if let (Some(origin), Some(first)) = (&summary.drift_origin, &summary.first_exceeding)
+        && let Some(l) = layers.iter().find(|l| &l.name == first)
+    {
+        reached
+            .entry(origin.clone())
+            .or_insert((first.clone(), max(l), l.tolerance));
+    }
+    reached
+}
+
+/// A layer's `detail` with what its own figures add: how a source within its tolerance came
+/// to exceed downstream (`reached`), why a layer within its tolerance is judged by its
+/// precision, where a source's exceeding difference comes from, and the float64 truth's word.
+fn in_context(
+    layer: &Layer,
+    cause: Cause,
+    finding: Finding,
+    mut detail: String,
+    is_source: bool,
+    reached: &Reached,
+) -> String {
+    let max = |l: &Layer| l.accumulated.as_ref().map_or(0.0, |s| s.max_abs_diff);
+    if is_source && !layer.exceeds_tol && !layer.local_exceeds {
+        let (name, d, tol) = reached.get(&layer.name).cloned().unwrap_or((
+            "a later layer".to_string(),
+            0.0,
+            layer.tolerance,
+        ));
+        // Not amplified when the difference arrives about as large: the later layer is
+        // held to a tighter tolerance (it computes in a wider dtype again).
+        let how = if d <= 1.5 * max(layer) && tol != layer.tolerance {
+            format!(
+                "is carried downstream to `{name}`, which computes in a wider dtype again and exceeds its tighter tolerance {tol} with it"
+            )
+        } else {
+            format!("is amplified downstream until `{name}` exceeds it")
+        };
+        detail = format!(
+            "{detail}; on its own this stays within the tolerance {} and {how}",
+            layer.tolerance
+        );
+    }
+    if !is_source && !layer.own_exceeds() && layer.own_beyond() {
+        detail = if layer.exceeds_tol {
+            format!(
+                "{detail}; its own error stays within the tolerance {} (local max abs diff {:.3e}), and it exceeds with what it inherits (mostly from `{}`): it is judged by what its precision explains, not by the tolerance",
+                layer.tolerance,
+                layer.local.as_ref().map_or(0.0, |s| s.max_abs_diff),
+                layer.error_from.as_deref().unwrap_or("upstream")
+            )
+        } else {
+            format!(
+                "{detail}; its values are small enough that this stays within the tolerance {} (max abs diff {:.3e}): it is judged by what its precision explains, not by the tolerance",
+                layer.tolerance,
+                max(layer)
+            )
+        };
+    }
+    if is_source
+        && layer.exceeds_tol
+        && !layer.local_exceeds
+        && !matches!(cause, Cause::Inherited | Cause::Unknown)
+    {
+        detail = match &layer.error_from {
+            // Its own error is most of what it hands on, within its tolerance alone.
+            Some(from) if own_share(layer) >= crate::BORN_HERE => format!(
+                "{detail}; its own error is within its tolerance {} and most of the difference it hands on, which exceeds with what comes from upstream (mostly from `{from}`)",
+                layer.tolerance
+            ),
+            Some(from) => format!(
+                "{detail}; the difference it hands on comes mostly from upstream, from `{from}`"
+            ),
+            None => format!(
+                "{detail}; the difference it hands on is in its inputs already, born in computation no compared layer covers (for a gradient: the forward pass)"
+            ),
+        };
+    }
+    if !matches!(cause, Cause::Inherited | Cause::Rounding)
+        && let Some(f) = &layer.float64
+    {
+        let said = if finding == Finding::Precision {
+            f.verdict_of_precision()
+        } else {
+            f.verdict()
+        };
+        detail = format!("{detail}; {said}");
+    }
+    detail
 }
 
 /// A layer's own (local) error as a share of its accumulated error (0 when either is missing).
