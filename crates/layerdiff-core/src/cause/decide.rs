@@ -6,39 +6,9 @@ use super::*;
 
 /// A cause, its detail and the finding it makes, for one layer (see the module docs).
 pub(super) fn decide(layer: &Layer, e: &Evidence, is_source: bool) -> (Cause, String, Finding) {
-    let max = |s: &Option<crate::Stats>| s.as_ref().map_or(0.0, |s| s.max_abs_diff);
     let tol = layer.tolerance;
-    if layer.local.is_some() && !layer.local_exceeds && !layer.own_beyond() && !is_source {
-        let from = layer
-            .error_from
-            .as_deref()
-            .map_or(String::new(), |o| format!(", mostly from `{o}`"));
-        return (
-            Cause::Inherited,
-            format!(
-                "its own error (local max abs diff {:.3e}) is within the tolerance {tol}; the difference ({:.3e}) comes from upstream{from}",
-                max(&layer.local),
-                max(&layer.accumulated)
-            ),
-            Finding::Inherited,
-        );
-    }
-    if let Some(found) = &e.layout {
-        return (Cause::LayoutPermutation, found.detail(), Finding::Defect);
-    }
-    if let Some(theirs) = layer
-        .target_shape
-        .as_ref()
-        .filter(|_| layer.status == crate::LayerStatus::ShapeMismatch)
-    {
-        return (
-            Cause::ShapeMismatch,
-            format!(
-                "the target gives a {theirs:?} value where the reference gives {:?}, and no axis permutation maps one onto the other: it computes another shape here (a dimension fixed at export, a broadcast, a reshape)",
-                layer.shape
-            ),
-            Finding::Defect,
-        );
+    if let Some(found) = unmeasured(layer, e, is_source) {
+        return found;
     }
     if let Some((side, d)) = &e.self_disagreement
         && *d > tol.atol
@@ -135,6 +105,68 @@ pub(super) fn decide(layer: &Layer, e: &Evidence, is_source: bool) -> (Cause, St
     without_baseline(layer, e, lower, is_source)
 }
 
+/// What a layer is before any measure of its precision: inherited (its own error within its
+/// tolerance and what its precision explains), a layout permutation, or another shape.
+fn unmeasured(layer: &Layer, e: &Evidence, is_source: bool) -> Option<(Cause, String, Finding)> {
+    let max = |s: &Option<crate::Stats>| s.as_ref().map_or(0.0, |s| s.max_abs_diff);
+    let tol = layer.tolerance;
+    if layer.local.is_some() && !layer.local_exceeds && !layer.own_beyond() && !is_source {
+        let from = layer
+            .error_from
+            .as_deref()
+            .map_or(String::new(), |o| format!(", mostly from `{o}`"));
+        return Some((
+            Cause::Inherited,
+            format!(
+                "its own error (local max abs diff {:.3e}) is within the tolerance {tol}; the difference ({:.3e}) comes from upstream{from}",
+                max(&layer.local),
+                max(&layer.accumulated)
+            ),
+            Finding::Inherited,
+        ));
+    }
+    if let Some(found) = &e.layout {
+        return Some((Cause::LayoutPermutation, found.detail(), Finding::Defect));
+    }
+    if let Some(theirs) = layer
+        .target_shape
+        .as_ref()
+        .filter(|_| layer.status == crate::LayerStatus::ShapeMismatch)
+    {
+        return Some((
+            Cause::ShapeMismatch,
+            format!(
+                "the target gives a {theirs:?} value where the reference gives {:?}, and no axis permutation maps one onto the other: it computes another shape here (a dimension fixed at export, a broadcast, a reshape)",
+                layer.shape
+            ),
+            Finding::Defect,
+        ));
+    }
+    None
+}
+
+/// What a kernel that sums its terms in the narrow dtype is, in words, with the baseline's
+/// `numbers`.
+fn narrow_detail(
+    e: &Evidence,
+    b: &crate::Baseline,
+    n: &crate::NarrowIdeal,
+    numbers: &str,
+) -> String {
+    let kernel = if e.ops.is_empty() {
+        "kernel".to_string()
+    } else {
+        e.ops_words()
+    };
+    format!(
+        "the target's {kernel} sums its {} terms per element in {g}: its own error is {:.1}× what a kernel that accumulates in float32 explains, and {:.2}× what one that accumulates in {g} does ({numbers}): honest, but {g} accumulation",
+        n.terms,
+        b.multiple,
+        n.multiple,
+        g = b.grid
+    )
+}
+
 /// The verdict of a layer whose own error was measured against the same-precision baseline.
 pub(super) fn against_baseline(
     layer: &Layer,
@@ -165,22 +197,8 @@ pub(super) fn against_baseline(
         );
     }
     if let Some(n) = b.narrow.as_ref().filter(|_| b.accumulates_narrow()) {
-        return (
-            Cause::NarrowAccumulation,
-            format!(
-                "the target's {} sums its {} terms per element in {g}: its own error is {:.1}× what a kernel that accumulates in float32 explains, and {:.2}× what one that accumulates in {g} does ({numbers}): honest, but {g} accumulation",
-                if e.ops.is_empty() {
-                    "kernel".to_string()
-                } else {
-                    e.ops_words()
-                },
-                n.terms,
-                b.multiple,
-                n.multiple,
-                g = b.grid
-            ),
-            Finding::Precision,
-        );
+        let detail = narrow_detail(e, b, n, &numbers);
+        return (Cause::NarrowAccumulation, detail, Finding::Precision);
     }
     if b.beyond()
         && let Some(w) = layer.computes_as_written()
