@@ -249,48 +249,7 @@ pub fn assess_baseline(
         terms: reduction.map_or(0, |r| r.terms),
         tail: HONEST_FACTOR * NARROW_TAIL.max((2.0 * (n as f64).ln()).sqrt()),
     };
-    let blocks: Vec<Sums> = (0..n.div_ceil(BLOCK))
-        .into_par_iter()
-        .map_init(
-            // each task decodes into buffers of its own, made once
-            || std::array::from_fn::<_, 4, _>(|_| vec![0.0; BLOCK]),
-            |buffers, b| {
-                let (start, end) = (b * BLOCK, ((b + 1) * BLOCK).min(n));
-                let len = end - start;
-                let views = [Some(&reference), Some(&own), Some(&exact), rss.as_ref()];
-                // float64 values are read where they lie (aligned, as a runtime's are), others
-                // decoded
-                let mut read = buffers.iter_mut().zip(views).map(|(buffer, view)| {
-                    let Some(view) = view else {
-                        // never written: zeros since it was made
-                        return &buffer[..len];
-                    };
-                    let size = view.dtype.size();
-                    let bytes = &view.bytes[start * size..end * size];
-                    match bytemuck::try_cast_slice::<u8, f64>(bytes) {
-                        Ok(values) if view.dtype == DType::F64 => values,
-                        _ => {
-                            crate::compare::decode(view.dtype, bytes, &mut buffer[..len]);
-                            &buffer[..len]
-                        }
-                    }
-                });
-                let [reference, own, exact, spread] = std::array::from_fn(|_| read.next().unwrap());
-                let values = (reference, own, exact, spread);
-                if let Some(sums) = rule.finite_block(grid, values) {
-                    return sums;
-                }
-                // the grid's rounding chosen once per block, not matched per element
-                match grid {
-                    DType::F16 => rule.block(values, |x| DType::F16.round(x)),
-                    DType::BF16 => rule.block(values, |x| DType::BF16.round(x)),
-                    DType::F32 => rule.block(values, |x| DType::F32.round(x)),
-                    _ => rule.block(values, |x| grid.round(x)),
-                }
-            },
-        )
-        .collect();
-    let s = blocks.into_iter().fold(Sums::default(), Sums::merge);
+    let s = summed(&rule, grid, [&reference, &own, &exact], rss.as_ref(), n);
     let mean = |sum: f64| {
         if s.count == 0 {
             0.0
@@ -339,6 +298,61 @@ pub fn assess_baseline(
         },
         narrow,
     })
+}
+
+/// The rule's sums over every element of the reference, the target's own value and the exact
+/// one (`sides`), and the reduction's spread where measured (`rss`), `n` elements each: block
+/// by block in parallel, each block's values read once.
+fn summed(
+    rule: &Rule,
+    grid: DType,
+    sides: [&TensorView<'_>; 3],
+    rss: Option<&TensorView<'_>>,
+    n: usize,
+) -> Sums {
+    let [reference, own, exact] = sides;
+    let blocks: Vec<Sums> = (0..n.div_ceil(BLOCK))
+        .into_par_iter()
+        .map_init(
+            // each task decodes into buffers of its own, made once
+            || std::array::from_fn::<_, 4, _>(|_| vec![0.0; BLOCK]),
+            |buffers, b| {
+                let (start, end) = (b * BLOCK, ((b + 1) * BLOCK).min(n));
+                let len = end - start;
+                let views = [Some(reference), Some(own), Some(exact), rss];
+                // float64 values are read where they lie (aligned, as a runtime's are), others
+                // decoded
+                let mut read = buffers.iter_mut().zip(views).map(|(buffer, view)| {
+                    let Some(view) = view else {
+                        // never written: zeros since it was made
+                        return &buffer[..len];
+                    };
+                    let size = view.dtype.size();
+                    let bytes = &view.bytes[start * size..end * size];
+                    match bytemuck::try_cast_slice::<u8, f64>(bytes) {
+                        Ok(values) if view.dtype == DType::F64 => values,
+                        _ => {
+                            crate::compare::decode(view.dtype, bytes, &mut buffer[..len]);
+                            &buffer[..len]
+                        }
+                    }
+                });
+                let [reference, own, exact, spread] = std::array::from_fn(|_| read.next().unwrap());
+                let values = (reference, own, exact, spread);
+                if let Some(sums) = rule.finite_block(grid, values) {
+                    return sums;
+                }
+                // the grid's rounding chosen once per block, not matched per element
+                match grid {
+                    DType::F16 => rule.block(values, |x| DType::F16.round(x)),
+                    DType::BF16 => rule.block(values, |x| DType::BF16.round(x)),
+                    DType::F32 => rule.block(values, |x| DType::F32.round(x)),
+                    _ => rule.block(values, |x| grid.round(x)),
+                }
+            },
+        )
+        .collect();
+    blocks.into_iter().fold(Sums::default(), Sums::merge)
 }
 
 #[cfg(test)]
