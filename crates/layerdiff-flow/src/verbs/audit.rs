@@ -127,21 +127,7 @@ pub fn audit(options: &AuditOptions, ort_library: Option<&Path>) -> Result<Audit
         .map(|o| (domain_name(o.domain()).to_string(), o.version()))
         .collect();
 
-    // The first node of each op, and how many nodes use it.
-    let mut first: Vec<(String, String, usize, usize)> = Vec::new();
-    for (i, node) in graph.node.iter().enumerate() {
-        let (domain, op) = (
-            domain_name(node.domain()).to_string(),
-            node.op_type().to_string(),
-        );
-        match first
-            .iter_mut()
-            .find(|(d, o, _, _)| *d == domain && *o == op)
-        {
-            Some(entry) => entry.3 += 1,
-            None => first.push((domain, op, i, 1)),
-        }
-    }
+    let first = first_nodes(graph);
     let is_input = |n: &str| inputs.iter().any(|(name, _)| name == n);
     let mut wanted: Vec<String> = Vec::new();
     for &(_, _, i, _) in &first {
@@ -160,29 +146,7 @@ pub fn audit(options: &AuditOptions, ort_library: Option<&Path>) -> Result<Audit
             .map(|(_, t)| t)
     };
 
-    let (mut runtimes, mut unavailable) = (Vec::new(), Vec::new());
-    for spec in &options.runtimes {
-        // a runtime that loads a custom-op library checks each op in a worker process: a
-        // kernel that crashes fails its op, not the audit
-        match spec.build_isolated(ort_library, Isolation::Auto) {
-            Ok(runtime) => runtimes.push((spec.spelling(), runtime)),
-            Err(e) => unavailable.push(Support {
-                runtime: spec.spelling(),
-                status: "unavailable".to_string(),
-                error: Some(error_chain(&e)),
-            }),
-        }
-    }
-    if runtimes.is_empty() {
-        let why: Vec<String> = unavailable
-            .iter()
-            .map(|u| u.error.clone().unwrap_or_default())
-            .collect();
-        return Err(Error::Usage(format!(
-            "no runtime asked for can run here: {}",
-            why.join("; ")
-        )));
-    }
+    let (runtimes, unavailable) = started(&options.runtimes, ort_library)?;
     let mut ops = Vec::new();
     for (domain, op_type, i, count) in first {
         let node = &graph.node[i];
@@ -213,26 +177,7 @@ pub fn audit(options: &AuditOptions, ort_library: Option<&Path>) -> Result<Audit
             .cloned()
             .collect();
         let extract = extract_nodes(&model, &[i], &outputs, &feeds);
-        let support = runtimes
-            .iter()
-            .map(|(spelling, runtime)| {
-                let (status, error) = match &extract {
-                    Err(e) => (
-                        "untested",
-                        Some(format!("could not be taken out alone: {e}")),
-                    ),
-                    Ok(extract) => match runtime.run(extract, &feeds, &outputs) {
-                        Ok(_) => ("runs", None),
-                        Err(e) => ("fails", Some(error_chain(&e))),
-                    },
-                };
-                Support {
-                    runtime: spelling.clone(),
-                    status: status.to_string(),
-                    error,
-                }
-            })
-            .collect();
+        let support = supported(&runtimes, &extract, &feeds, &outputs);
         ops.push(OpUse {
             opset: opsets.get(&domain).copied(),
             domain,
@@ -266,6 +211,89 @@ pub fn audit(options: &AuditOptions, ort_library: Option<&Path>) -> Result<Audit
         ops,
         machine: Machine::this(),
     })
+}
+
+/// The first node of each op (domain, op type, its index) and how many nodes use it, in
+/// graph order.
+fn first_nodes(graph: &layerdiff_onnx::GraphProto) -> Vec<(String, String, usize, usize)> {
+    let mut first: Vec<(String, String, usize, usize)> = Vec::new();
+    for (i, node) in graph.node.iter().enumerate() {
+        let (domain, op) = (
+            domain_name(node.domain()).to_string(),
+            node.op_type().to_string(),
+        );
+        match first
+            .iter_mut()
+            .find(|(d, o, _, _)| *d == domain && *o == op)
+        {
+            Some(entry) => entry.3 += 1,
+            None => first.push((domain, op, i, 1)),
+        }
+    }
+    first
+}
+
+/// A runtime the audit runs each op on, by its spelling.
+type Started = (String, Box<dyn layerdiff_runtime::Runtime + Send + Sync>);
+
+/// The runtimes asked for, started (one that loads a custom-op library checks each op in a
+/// worker process: a kernel that crashes fails its op, not the audit), and those that cannot
+/// run here, with why; refused when none can.
+fn started(
+    specs: &[RuntimeSpec],
+    ort_library: Option<&Path>,
+) -> Result<(Vec<Started>, Vec<Support>)> {
+    let (mut runtimes, mut unavailable) = (Vec::new(), Vec::new());
+    for spec in specs {
+        match spec.build_isolated(ort_library, Isolation::Auto) {
+            Ok(runtime) => runtimes.push((spec.spelling(), runtime)),
+            Err(e) => unavailable.push(Support {
+                runtime: spec.spelling(),
+                status: "unavailable".to_string(),
+                error: Some(error_chain(&e)),
+            }),
+        }
+    }
+    if runtimes.is_empty() {
+        let why: Vec<String> = unavailable
+            .iter()
+            .map(|u| u.error.clone().unwrap_or_default())
+            .collect();
+        return Err(Error::Usage(format!(
+            "no runtime asked for can run here: {}",
+            why.join("; ")
+        )));
+    }
+    Ok((runtimes, unavailable))
+}
+
+/// Whether each runtime runs one op alone (`extract`, fed `feeds`, giving `outputs`).
+fn supported(
+    runtimes: &[Started],
+    extract: &layerdiff_onnx::Result<Model>,
+    feeds: &[(String, Tensor)],
+    outputs: &[String],
+) -> Vec<Support> {
+    runtimes
+        .iter()
+        .map(|(spelling, runtime)| {
+            let (status, error) = match extract {
+                Err(e) => (
+                    "untested",
+                    Some(format!("could not be taken out alone: {e}")),
+                ),
+                Ok(extract) => match runtime.run(extract, feeds, outputs) {
+                    Ok(_) => ("runs", None),
+                    Err(e) => ("fails", Some(error_chain(&e))),
+                },
+            };
+            Support {
+                runtime: spelling.clone(),
+                status: status.to_string(),
+                error,
+            }
+        })
+        .collect()
 }
 
 /// The values `wanted` from a run of the whole model, on ONNX Runtime's CPU provider or else
