@@ -58,22 +58,7 @@ pub struct Restoration {
 pub fn restore_renamed(original: &Model, optimized: &mut Model) -> Restoration {
     let before = GraphIndex::new(original.graph());
     let after = GraphIndex::new(optimized.graph());
-    let mut blocked: HashSet<&str> = HashSet::new();
-    for node in after.nodes() {
-        let writes_blocked = if node.domain == NCHWC_DOMAIN {
-            node.op_type != "ReorderOutput"
-        } else {
-            node.inputs.iter().any(|i| blocked.contains(i.as_str()))
-        };
-        if writes_blocked {
-            blocked.extend(
-                node.outputs
-                    .iter()
-                    .filter(|o| !o.is_empty())
-                    .map(String::as_str),
-            );
-        }
-    }
+    let blocked = blocked_values(&after);
     let mut done = Restoration::default();
     if blocked.is_empty() {
         return done;
@@ -116,29 +101,7 @@ pub fn restore_renamed(original: &Model, optimized: &mut Model) -> Restoration {
             nodes.push(node);
             continue;
         };
-        let traced = if info.domain == NCHWC_DOMAIN {
-            trace(&before, &node)
-        } else {
-            same_node(&before, info)
-        };
-        let origin = match traced {
-            None => Err("its origin in the original graph could not be traced".to_string()),
-            Some((origin, _))
-                if after
-                    .producer(&origin)
-                    .is_some_and(|p| p.index != info.index) =>
-            {
-                Err(format!(
-                    "its origin `{origin}` is another value of the optimized graph"
-                ))
-            }
-            Some((origin, fused)) => match channels(original, &before, &after, &origin) {
-                Some(c) => Ok((origin, fused, c)),
-                None => Err(format!(
-                    "neither graph declares the channel count of its origin `{origin}`"
-                )),
-            },
-        };
+        let origin = origin_of(original, (&before, &after), info, &node);
         let (origin, fused, channels) = match origin {
             Ok(found) => found,
             Err(why) => {
@@ -184,6 +147,62 @@ pub fn restore_renamed(original: &Model, optimized: &mut Model) -> Restoration {
     graph.node = nodes;
     graph.value_info.extend(added_info);
     done
+}
+
+/// The values of the optimized graph held in blocked layout: written by an NCHWc op other
+/// than `ReorderOutput`, or by any op that reads a blocked value.
+fn blocked_values(after: &GraphIndex) -> HashSet<&str> {
+    let mut blocked: HashSet<&str> = HashSet::new();
+    for node in after.nodes() {
+        let writes_blocked = if node.domain == NCHWC_DOMAIN {
+            node.op_type != "ReorderOutput"
+        } else {
+            node.inputs.iter().any(|i| blocked.contains(i.as_str()))
+        };
+        if writes_blocked {
+            blocked.extend(
+                node.outputs
+                    .iter()
+                    .filter(|o| !o.is_empty())
+                    .map(String::as_str),
+            );
+        }
+    }
+    blocked
+}
+
+/// Where a blocked value of the optimized graph (written by `node`, `info`) comes from in the
+/// original: the original value, the ops the optimizer fused into it, and its channel count;
+/// or why it cannot be said.
+fn origin_of(
+    original: &Model,
+    (before, after): (&GraphIndex, &GraphIndex),
+    info: &crate::NodeInfo,
+    node: &NodeProto,
+) -> std::result::Result<(String, Vec<String>, i64), String> {
+    let traced = if info.domain == NCHWC_DOMAIN {
+        trace(before, node)
+    } else {
+        same_node(before, info)
+    };
+    match traced {
+        None => Err("its origin in the original graph could not be traced".to_string()),
+        Some((origin, _))
+            if after
+                .producer(&origin)
+                .is_some_and(|p| p.index != info.index) =>
+        {
+            Err(format!(
+                "its origin `{origin}` is another value of the optimized graph"
+            ))
+        }
+        Some((origin, fused)) => match channels(original, before, after, &origin) {
+            Some(c) => Ok((origin, fused, c)),
+            None => Err(format!(
+                "neither graph declares the channel count of its origin `{origin}`"
+            )),
+        },
+    }
 }
 
 /// A layout conversion between NCHW and ONNX Runtime's blocked layout.
