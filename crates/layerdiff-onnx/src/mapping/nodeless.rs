@@ -41,36 +41,7 @@ pub(super) fn resolve_nodeless(
                 layers[p].name, layers[p].shape, layer.shape
             ))
         } else if layer.identity {
-            match feeder.map(|p| (p, mappings[p].clone())) {
-                Some((
-                    p,
-                    LayerMapping::Mapped {
-                        value,
-                        node,
-                        op_type,
-                        ..
-                    },
-                )) => LayerMapping::Mapped {
-                    value,
-                    node,
-                    op_type,
-                    note: Some(if layer.op.is_some() {
-                        format!(
-                            "returned its input's values unchanged and has no node of its own in the export: compared against the value of `{}`",
-                            layers[p].name
-                        )
-                    } else {
-                        format!(
-                            "identity at inference: compared against the value of `{}`",
-                            layers[p].name
-                        )
-                    }),
-                },
-                _ if layer.op.is_some() => unmapped(
-                    "returned its input's values unchanged and has no node of its own in the export, and the value it read has none either",
-                ),
-                _ => unmapped("identity at inference and removed from the graph"),
-            }
+            identity(layer, feeder.map(|p| (&layers[p], &mappings[p])))
         } else if !layer.feeds_output {
             // Before the fusion rules: what no output needs is in no output's node.
             unmapped(UNUSED)
@@ -135,6 +106,41 @@ pub(super) fn resolve_nodeless(
         };
     }
     mappings
+}
+
+/// What a call that is the identity at inference, with no node of its own, maps to: the value
+/// of the call it read (`feeder`, with its mapping), or why none.
+fn identity(layer: &LayerCall, feeder: Option<(&LayerCall, &LayerMapping)>) -> LayerMapping {
+    match feeder {
+        Some((
+            fed_by,
+            LayerMapping::Mapped {
+                value,
+                node,
+                op_type,
+                ..
+            },
+        )) => LayerMapping::Mapped {
+            value: value.clone(),
+            node: node.clone(),
+            op_type: op_type.clone(),
+            note: Some(if layer.op.is_some() {
+                format!(
+                    "returned its input's values unchanged and has no node of its own in the export: compared against the value of `{}`",
+                    fed_by.name
+                )
+            } else {
+                format!(
+                    "identity at inference: compared against the value of `{}`",
+                    fed_by.name
+                )
+            }),
+        },
+        _ if layer.op.is_some() => unmapped(
+            "returned its input's values unchanged and has no node of its own in the export, and the value it read has none either",
+        ),
+        _ => unmapped("identity at inference and removed from the graph"),
+    }
 }
 
 /// Whether a node records any module scope (dynamo metadata, or a legacy `/scope/Op` name).
