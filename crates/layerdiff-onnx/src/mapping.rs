@@ -279,6 +279,54 @@ pub fn map_layers(graph: &GraphProto, layers: &[LayerCall]) -> Vec<LayerMapping>
     ScopeMapping::new(graph, layers).finish(graph, layers, Vec::new())
 }
 
+/// Each module's boundary outputs: the values its nodes (`node_module`) write that a node of
+/// another module reads, or that the graph outputs, in graph order; a Cast or Identity of a
+/// value from outside the module is its input seen through an alias, never its output while
+/// it has another.
+fn boundary_outputs(
+    index: &GraphIndex,
+    node_module: &[Option<String>],
+) -> HashMap<String, Vec<(String, usize)>> {
+    let mut boundary: HashMap<String, Vec<(String, usize)>> = HashMap::new();
+    let graph_outputs: HashSet<&str> = index.graph_outputs().iter().map(String::as_str).collect();
+    for (i, node) in index.nodes().iter().enumerate() {
+        let Some(module) = node_module[i].as_deref() else {
+            continue;
+        };
+        for out in node.outputs.iter().filter(|o| !o.is_empty()) {
+            let read_outside = index
+                .consumers(out)
+                .any(|c| node_module[c.index].as_deref() != Some(module));
+            if read_outside || graph_outputs.contains(out.as_str()) {
+                boundary
+                    .entry(module.to_string())
+                    .or_default()
+                    .push((out.clone(), i));
+            }
+        }
+    }
+
+    // A Cast or Identity of a value from outside the module is its input seen through an
+    // alias (the legacy exporter records `x.to(torch.float32)` on a float32 `x` in the
+    // module's scope and feeds later readers of `x` from it): never the module's output
+    // while the module has another.
+    for outputs in boundary.values_mut() {
+        let passes_input = |(_, node): &(String, usize)| {
+            let n = &index.nodes()[*node];
+            matches!(n.op_type.as_str(), "Cast" | "Identity")
+                && n.inputs.first().is_some_and(|input| {
+                    index
+                        .producer(input)
+                        .is_none_or(|p| node_module[p.index] != node_module[*node])
+                })
+        };
+        if outputs.iter().any(|o| !passes_input(o)) {
+            outputs.retain(|o| !passes_input(o));
+        }
+    }
+    boundary
+}
+
 /// The first step of mapping: layers paired by module scope, and what is left for pairing by
 /// value ([`ScopeMapping::request`]); [`ScopeMapping::finish`] takes the answers and applies
 /// the rules for layers without nodes of their own (identity, fused).
@@ -317,44 +365,7 @@ impl ScopeMapping {
             .collect();
         inside_one_module(graph, &index, &modules, &mut node_module);
 
-        let mut boundary: HashMap<String, Vec<(String, usize)>> = HashMap::new();
-        let graph_outputs: HashSet<&str> =
-            index.graph_outputs().iter().map(String::as_str).collect();
-        for (i, node) in index.nodes().iter().enumerate() {
-            let Some(module) = node_module[i].as_deref() else {
-                continue;
-            };
-            for out in node.outputs.iter().filter(|o| !o.is_empty()) {
-                let read_outside = index
-                    .consumers(out)
-                    .any(|c| node_module[c.index].as_deref() != Some(module));
-                if read_outside || graph_outputs.contains(out.as_str()) {
-                    boundary
-                        .entry(module.to_string())
-                        .or_default()
-                        .push((out.clone(), i));
-                }
-            }
-        }
-
-        // A Cast or Identity of a value from outside the module is its input seen through an
-        // alias (the legacy exporter records `x.to(torch.float32)` on a float32 `x` in the
-        // module's scope and feeds later readers of `x` from it): never the module's output
-        // while the module has another.
-        for outputs in boundary.values_mut() {
-            let passes_input = |(_, node): &(String, usize)| {
-                let n = &index.nodes()[*node];
-                matches!(n.op_type.as_str(), "Cast" | "Identity")
-                    && n.inputs.first().is_some_and(|input| {
-                        index
-                            .producer(input)
-                            .is_none_or(|p| node_module[p.index] != node_module[*node])
-                    })
-            };
-            if outputs.iter().any(|o| !passes_input(o)) {
-                outputs.retain(|o| !passes_input(o));
-            }
-        }
+        let boundary = boundary_outputs(&index, &node_module);
 
         // Each module's calls take its boundary outputs in order, skipping those that cannot
         // hold the call's output.
