@@ -134,10 +134,36 @@ pub fn pair_by_values(
             found[w] = Some((c, strictly(likeness)));
         }
     }
-    // Then each recognised layer moves to the first value after the value of the layer before
-    // it that is as alike as the one it took: a value reshaped outside any module (a flatten
-    // after the pooling) holds the layer's very values, and the layer's own value comes first.
-    // A value merely close to it (a Linear's MatMul before its bias) is not the layer's.
+    first_alike(&wanted, &seen, &mut found, &mut used);
+
+    if request.unscoped_file {
+        loosely(&wanted, &seen, &mut found, &mut used);
+    }
+    let mut answers: Vec<ValueMatch> = found
+        .into_iter()
+        .map(|f| match f {
+            Some((c, how)) => Ok((candidates[c].0.clone(), how)),
+            None => Err(
+                "no ONNX node carries this module's scope, and no value of the file looks like this layer's output: it was folded into a neighbour or removed at export, or its value drifted too far to be recognised".to_string(),
+            ),
+        })
+        .collect();
+    for group in &request.calls {
+        answers.extend(pair_calls(group, layers, &index, &in_groups));
+    }
+    Ok(answers)
+}
+
+/// Each layer recognised moves to the first value after the value of the layer before
+/// it that is as alike as the one it took: a value reshaped outside any module (a flatten
+/// after the pooling) holds the layer's very values, and the layer's own value comes first.
+/// A value merely close to it (a Linear's MatMul before its bias) is not the layer's.
+fn first_alike(
+    wanted: &[&LayerCall],
+    seen: &[(usize, Fingerprint)],
+    found: &mut [Option<(usize, String)>],
+    used: &mut [bool],
+) {
     let mut start = 0;
     for w in 0..wanted.len() {
         let (Some(print), Some((c, _))) = (&wanted[w].fingerprint, &found[w]) else {
@@ -156,19 +182,21 @@ pub fn pair_by_values(
         }
         start = found[w].as_ref().map_or(start, |(c, _)| c + 1);
     }
+}
 
-    // Layers not recognised, in order: each takes the most alike value between the values of
-    // the layers around it, if it is at least loosely alike. A drifting target changes values
-    // beyond the strict bound, and from the drift on every layer does: those layers are still
-    // compared, their notes saying how loosely they were paired. Only where no node names a
-    // scope: in a file with scopes, a layer without one is a module the export folded away
-    // (an embedding of constant positions), and the nearest value would be someone else's.
-    let loose = if request.unscoped_file {
-        0..wanted.len()
-    } else {
-        0..0
-    };
-    for w in loose {
+/// Layers not recognised, in order: each takes the most alike value between the values of
+/// the layers around it, if it is at least loosely alike. A drifting target changes values
+/// beyond the strict bound, and from the drift on every layer does: those layers are still
+/// compared, their notes saying how loosely they were paired. Only where no node names a
+/// scope: in a file with scopes, a layer without one is a module the export folded away
+/// (an embedding of constant positions), and the nearest value would be someone else's.
+fn loosely(
+    wanted: &[&LayerCall],
+    seen: &[(usize, Fingerprint)],
+    found: &mut [Option<(usize, String)>],
+    used: &mut [bool],
+) {
+    for w in 0..wanted.len() {
         let Some(print) = wanted[w]
             .fingerprint
             .as_ref()
@@ -183,7 +211,7 @@ pub fn pair_by_values(
         let end = found[w + 1..]
             .iter()
             .find_map(|f| f.as_ref().map(|(c, _)| *c));
-        let window = start.unwrap_or(0)..end.unwrap_or(candidates.len());
+        let window = start.unwrap_or(0)..end.unwrap_or(used.len());
         let best = seen
             .iter()
             .filter(|(c, _)| window.contains(c) && !used[*c])
@@ -200,19 +228,6 @@ pub fn pair_by_values(
             ));
         }
     }
-    let mut answers: Vec<ValueMatch> = found
-        .into_iter()
-        .map(|f| match f {
-            Some((c, how)) => Ok((candidates[c].0.clone(), how)),
-            None => Err(
-                "no ONNX node carries this module's scope, and no value of the file looks like this layer's output: it was folded into a neighbour or removed at export, or its value drifted too far to be recognised".to_string(),
-            ),
-        })
-        .collect();
-    for group in &request.calls {
-        answers.extend(pair_calls(group, layers, &index, &in_groups));
-    }
-    Ok(answers)
 }
 
 /// The values computed from any of the values added (those included).
