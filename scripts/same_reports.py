@@ -6,11 +6,11 @@ timings where asked for).
     python scripts/same_reports.py BEFORE AFTER [--folder DIR] [--quick]
 
 The corpus: ResNet-18 (dynamo export) on ONNX Runtime and on tract, optimized by ONNX Runtime
-(`opt=all`), and against itself with a weight edited, an attribute edited and one node in
-float16; ResNet-50 (the legacy exporter) against its float16 export (ResNet-18's with
-`--quick`); `providers` and `audit` on ResNet-18. Each run writes JSON, Markdown, HTML and
-SVG (`--out`) and prints its summary; all are compared. Models are built once into `--folder`
-(random weights, seed 0) and reused.
+(`opt=all`), in segments (`--max-memory 40M`), and against itself with a weight edited, an
+attribute edited and one node in float16; ResNet-50 (the legacy exporter) against its float16
+export (ResNet-18's with `--quick`); `providers` and `audit` on ResNet-18. Each run writes
+JSON, Markdown, HTML and SVG (`--out`) and prints its summary; all are compared. Models are
+built once into `--folder` (random weights, seed 0) and reused.
 Exit code 0 when every report is the same, 1 with the differences listed otherwise."""
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ def corpus(folder: Path, quick: bool) -> dict[str, list[str]]:
         "r18_ort": ["onnx", r18, "--target", "ort"],
         "r18_tract": ["onnx", r18, "--target", "tract"],
         "r18_opt_all": ["onnx", r18, "--target", "ort:opt=all"],
+        "r18_segments": ["onnx", r18, "--target", "ort", "--max-memory", "40M"],
         f"{big}_fp16": ["onnx", files[f"{big}_fp32"], "--vs", files[f"{big}_fp16"]],
         "r18_providers": ["providers", r18],
         "r18_audit": ["audit", r18],

@@ -118,23 +118,7 @@ pub fn plan(
         ),
         None => (layers.len(), (0..layers.len()).collect()),
     };
-    // When each target node is first needed: the position of the first compared value that
-    // depends on it. Nodes no compared value needs never run.
-    let t_nodes = target.graph.map_or(0, |t| t.steps());
-    let mut needed: Vec<Option<usize>> = vec![None; t_nodes];
-    if let Some(t) = target.graph {
-        for (layer, &at) in layers.iter().zip(&position) {
-            let Some(value) = layer.target else { continue };
-            let mut stack: Vec<usize> = t.producer(value).into_iter().collect();
-            while let Some(n) = stack.pop() {
-                if needed[n].is_some() {
-                    continue;
-                }
-                needed[n] = Some(at);
-                stack.extend(t.reads(n).iter().filter_map(|i| t.producer(i)));
-            }
-        }
-    }
+    let needed = needed_at(target, layers, &position);
     // The first reference value behind each compared target value.
     let mut reference_of: HashMap<&str, &str> = HashMap::new();
     for l in layers {
@@ -144,103 +128,8 @@ pub fn plan(
     }
 
     // Each side's values: (name, produced at, last used at, bytes).
-    let mut held: Vec<Held> = Vec::new();
-    let size = |side: &PlanSide<'_>, name: &str| side.sizes.get(name).copied().unwrap_or(0);
-    // A reference value lives until its last reader, and until the last local re-run fed from
-    // it (in place of its target counterpart).
-    let mut last: HashMap<&str, usize> = HashMap::new();
-    for (layer, &at) in layers.iter().zip(&position) {
-        for input in layer.local_inputs {
-            if let Some(&v) = reference_of.get(input.as_str()) {
-                bump(&mut last, v, at);
-            }
-        }
-    }
-    if let Some(r) = reference.graph {
-        for step in 0..r.steps() {
-            for input in r.reads(step) {
-                bump(&mut last, input, step);
-            }
-        }
-        for step in 0..r.steps() {
-            for out in r.writes(step).iter().filter(|o| !o.is_empty()) {
-                held.push(Held {
-                    side: Side::Reference,
-                    name: out.clone(),
-                    produced: step,
-                    last: last.get(out.as_str()).copied().unwrap_or(0).max(step),
-                    bytes: size(reference, out),
-                });
-            }
-        }
-    } else {
-        for (layer, &at) in layers.iter().zip(&position) {
-            if layer.target.is_some() {
-                held.push(Held {
-                    side: Side::Reference,
-                    name: layer.reference.to_string(),
-                    produced: at,
-                    last: last.get(layer.reference).copied().unwrap_or(0).max(at),
-                    bytes: size(reference, layer.reference),
-                });
-            }
-        }
-    }
-    if let Some(t) = target.graph {
-        let mut last: HashMap<&str, usize> = HashMap::new();
-        for (step, at) in needed.iter().enumerate() {
-            let Some(at) = *at else {
-                continue;
-            };
-            for input in t.reads(step) {
-                bump(&mut last, input, at);
-            }
-        }
-        for (layer, &at) in layers.iter().zip(&position) {
-            for value in layer
-                .target
-                .iter()
-                .copied()
-                .chain(layer.local_inputs.iter().map(String::as_str))
-            {
-                bump(&mut last, value, at);
-            }
-        }
-        for (step, at) in needed.iter().enumerate() {
-            let Some(at) = *at else {
-                continue;
-            };
-            for out in t.writes(step).iter().filter(|o| !o.is_empty()) {
-                held.push(Held {
-                    side: Side::Target,
-                    name: out.clone(),
-                    produced: at,
-                    last: last.get(out.as_str()).copied().unwrap_or(0).max(at),
-                    bytes: size(target, out),
-                });
-            }
-        }
-    } else {
-        // A value handed over lives until it is compared, and until the last local re-run
-        // that is fed in its place (the re-run takes its dtype and shape).
-        let mut last: HashMap<&str, usize> = HashMap::new();
-        for (layer, &at) in layers.iter().zip(&position) {
-            for value in layer.local_inputs {
-                bump(&mut last, value, at);
-            }
-        }
-        for (layer, &at) in layers.iter().zip(&position) {
-            if let Some(value) = layer.target {
-                held.push(Held {
-                    side: Side::Target,
-                    name: value.to_string(),
-                    produced: at,
-                    last: last.get(value).copied().unwrap_or(0).max(at),
-                    bytes: size(target, value),
-                });
-            }
-        }
-    }
+    let mut held = reference_held(reference, layers, &position, &reference_of);
+    held.extend(target_held(target, layers, &position, &needed));
 
     // Bytes produced at each position, and bytes held on entering it.
     let mut produced = vec![0u64; positions + 1];
@@ -293,40 +182,113 @@ pub fn plan(
         reach = reach.max(feeds_until[p]);
     }
     bounds.push(start..positions);
-    let peak_bytes = bounds
+    let costs: Vec<u64> = bounds
         .iter()
         .map(|b| cost(b.start, produced[b.clone()].iter().sum()))
-        .max()
-        .unwrap_or(0);
+        .collect();
+    let peak_bytes = costs.iter().copied().max().unwrap_or(0);
     let total_bytes = held.iter().map(|h| h.bytes).sum();
-    // A segment past the budget is one that could not be cut smaller: name where it costs most.
     let over_budget = budget.and_then(|budget| {
-        let b = bounds
-            .iter()
-            .filter(|b| cost(b.start, produced[(*b).clone()].iter().sum()) > budget)
-            .max_by_key(|b| cost(b.start, produced[(*b).clone()].iter().sum()))?;
-        let at = b
-            .clone()
-            .max_by_key(|&p| (produced[p], std::cmp::Reverse(p)))?;
-        let name = layers
-            .iter()
-            .zip(&position)
-            .find(|(_, p)| **p == at)
-            .map(|(l, _)| l.reference.to_string())
-            .or_else(|| {
-                held.iter()
-                    .find(|h| h.produced == at)
-                    .map(|h| h.name.clone())
-            })?;
-        Some((name, cost(b.start, produced[b.clone()].iter().sum())))
+        over(
+            budget,
+            (&bounds, &costs),
+            &produced,
+            layers,
+            &position,
+            &held,
+        )
     });
 
+    let segments = segments_of(
+        bounds,
+        &held,
+        layers,
+        &position,
+        reference.graph.is_some(),
+        &needed,
+    );
+    Plan {
+        segments,
+        total_bytes,
+        peak_bytes,
+        over_budget,
+    }
+}
+
+/// When each target node is first needed (`None`: never run): the position of the first
+/// compared value that depends on it.
+fn needed_at(
+    target: &PlanSide<'_>,
+    layers: &[PlannedLayer<'_>],
+    position: &[usize],
+) -> Vec<Option<usize>> {
+    let Some(t) = target.graph else {
+        return Vec::new();
+    };
+    let mut needed: Vec<Option<usize>> = vec![None; t.steps()];
+    for (layer, &at) in layers.iter().zip(position) {
+        let Some(value) = layer.target else { continue };
+        let mut stack: Vec<usize> = t.producer(value).into_iter().collect();
+        while let Some(n) = stack.pop() {
+            if needed[n].is_some() {
+                continue;
+            }
+            needed[n] = Some(at);
+            stack.extend(t.reads(n).iter().filter_map(|i| t.producer(i)));
+        }
+    }
+    needed
+}
+
+/// A segment past the `budget` is one that could not be cut smaller: where the costliest such
+/// segment (`bounds` with their `costs`) produces most, named by its layer (or its value), and
+/// what that segment costs.
+fn over(
+    budget: u64,
+    (bounds, costs): (&[Range<usize>], &[u64]),
+    produced: &[u64],
+    layers: &[PlannedLayer<'_>],
+    position: &[usize],
+    held: &[Held],
+) -> Option<(String, u64)> {
+    let (b, &worst) = bounds
+        .iter()
+        .zip(costs)
+        .filter(|(_, c)| **c > budget)
+        .max_by_key(|(_, c)| **c)?;
+    let at = b
+        .clone()
+        .max_by_key(|&p| (produced[p], std::cmp::Reverse(p)))?;
+    let name = layers
+        .iter()
+        .zip(position)
+        .find(|(_, p)| **p == at)
+        .map(|(l, _)| l.reference.to_string())
+        .or_else(|| {
+            held.iter()
+                .find(|h| h.produced == at)
+                .map(|h| h.name.clone())
+        })?;
+    Some((name, worst))
+}
+
+/// The run's segments, one per range of positions in `bounds`: the layers compared in each,
+/// and each side's part (the nodes it runs, where the side `computes` for the reference, the
+/// values it hands out, and those it frees after).
+fn segments_of(
+    bounds: Vec<Range<usize>>,
+    held: &[Held],
+    layers: &[PlannedLayer<'_>],
+    position: &[usize],
+    computes: bool,
+    needed: &[Option<usize>],
+) -> Vec<Segment> {
     let compared: HashSet<(Side, &str)> = layers
         .iter()
         .filter_map(|l| Some([(Side::Reference, l.reference), (Side::Target, l.target?)]))
         .flatten()
         .collect();
-    let segments = bounds
+    bounds
         .into_iter()
         .map(|b| {
             let part = |side: Side| {
@@ -342,8 +304,8 @@ pub fn plan(
                     }
                 }
                 part.nodes = match side {
-                    Side::Reference if reference.graph.is_some() => b.clone().collect(),
-                    Side::Target => (0..t_nodes)
+                    Side::Reference if computes => b.clone().collect(),
+                    Side::Target => (0..needed.len())
                         .filter(|&n| needed[n].is_some_and(|at| b.contains(&at)))
                         .collect(),
                     Side::Reference => Vec::new(),
@@ -364,13 +326,130 @@ pub fn plan(
                 target: part(Side::Target),
             }
         })
-        .collect();
-    Plan {
-        segments,
-        total_bytes,
-        peak_bytes,
-        over_budget,
+        .collect()
+}
+
+/// The reference's values in the run: each produced at its step (or, handed over, at its
+/// layer's place), and living until its last reader and the last local re-run fed from it (in
+/// place of its target counterpart).
+fn reference_held(
+    reference: &PlanSide<'_>,
+    layers: &[PlannedLayer<'_>],
+    position: &[usize],
+    reference_of: &HashMap<&str, &str>,
+) -> Vec<Held> {
+    let mut held: Vec<Held> = Vec::new();
+    let size = |side: &PlanSide<'_>, name: &str| side.sizes.get(name).copied().unwrap_or(0);
+    // A reference value lives until its last reader, and until the last local re-run fed from
+    // it (in place of its target counterpart).
+    let mut last: HashMap<&str, usize> = HashMap::new();
+    for (layer, &at) in layers.iter().zip(position) {
+        for input in layer.local_inputs {
+            if let Some(&v) = reference_of.get(input.as_str()) {
+                bump(&mut last, v, at);
+            }
+        }
     }
+    if let Some(r) = reference.graph {
+        for step in 0..r.steps() {
+            for input in r.reads(step) {
+                bump(&mut last, input, step);
+            }
+        }
+        for step in 0..r.steps() {
+            for out in r.writes(step).iter().filter(|o| !o.is_empty()) {
+                held.push(Held {
+                    side: Side::Reference,
+                    name: out.clone(),
+                    produced: step,
+                    last: last.get(out.as_str()).copied().unwrap_or(0).max(step),
+                    bytes: size(reference, out),
+                });
+            }
+        }
+    } else {
+        for (layer, &at) in layers.iter().zip(position) {
+            if layer.target.is_some() {
+                held.push(Held {
+                    side: Side::Reference,
+                    name: layer.reference.to_string(),
+                    produced: at,
+                    last: last.get(layer.reference).copied().unwrap_or(0).max(at),
+                    bytes: size(reference, layer.reference),
+                });
+            }
+        }
+    }
+    held
+}
+
+/// The target's values in the run: each produced when the first compared value that depends
+/// on its node is (`needed`), living until its last reader; a value handed over lives until it
+/// is compared, and until the last local re-run fed in its place.
+fn target_held(
+    target: &PlanSide<'_>,
+    layers: &[PlannedLayer<'_>],
+    position: &[usize],
+    needed: &[Option<usize>],
+) -> Vec<Held> {
+    let mut held: Vec<Held> = Vec::new();
+    let size = |side: &PlanSide<'_>, name: &str| side.sizes.get(name).copied().unwrap_or(0);
+    if let Some(t) = target.graph {
+        let mut last: HashMap<&str, usize> = HashMap::new();
+        for (step, at) in needed.iter().enumerate() {
+            let Some(at) = *at else {
+                continue;
+            };
+            for input in t.reads(step) {
+                bump(&mut last, input, at);
+            }
+        }
+        for (layer, &at) in layers.iter().zip(position) {
+            for value in layer
+                .target
+                .iter()
+                .copied()
+                .chain(layer.local_inputs.iter().map(String::as_str))
+            {
+                bump(&mut last, value, at);
+            }
+        }
+        for (step, at) in needed.iter().enumerate() {
+            let Some(at) = *at else {
+                continue;
+            };
+            for out in t.writes(step).iter().filter(|o| !o.is_empty()) {
+                held.push(Held {
+                    side: Side::Target,
+                    name: out.clone(),
+                    produced: at,
+                    last: last.get(out.as_str()).copied().unwrap_or(0).max(at),
+                    bytes: size(target, out),
+                });
+            }
+        }
+    } else {
+        // A value handed over lives until it is compared, and until the last local re-run
+        // that is fed in its place (the re-run takes its dtype and shape).
+        let mut last: HashMap<&str, usize> = HashMap::new();
+        for (layer, &at) in layers.iter().zip(position) {
+            for value in layer.local_inputs {
+                bump(&mut last, value, at);
+            }
+        }
+        for (layer, &at) in layers.iter().zip(position) {
+            if let Some(value) = layer.target {
+                held.push(Held {
+                    side: Side::Target,
+                    name: value.to_string(),
+                    produced: at,
+                    last: last.get(value).copied().unwrap_or(0).max(at),
+                    bytes: size(target, value),
+                });
+            }
+        }
+    }
+    held
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
