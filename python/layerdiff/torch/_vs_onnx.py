@@ -136,27 +136,36 @@ def compare_torch_onnx(
         )  # fmt: skip
         if dtype is None:
             return compare(onnx_path, notes=[eval_note])
-        from layerdiff.torch import _precision
+        run = (compare, [eval_note], step, lap)
+        return _converted(onnx_path, dtype, keep_fp32, folder, inputs, seed, run)
 
-        step(f"converting the ONNX file to {_precision.DTYPE_NAMES[dtype]}")
-        folder.mkdir(parents=True, exist_ok=True)
+
+def _converted(onnx_path, dtype, keep_fp32, folder, inputs, seed, run) -> Report:
+    """The export converted to `dtype` (float16, int8) and compared (`run`: the comparison of
+    a file, the notes it carries, the progress step and the phase lap), with its keep-in-float32
+    advice (or `keep_fp32`) checked by converting again with those layers kept."""
+    from layerdiff.torch import _precision
+
+    compare, notes, step, lap = run
+    step(f"converting the ONNX file to {_precision.DTYPE_NAMES[dtype]}")
+    folder.mkdir(parents=True, exist_ok=True)
+    converted, note = _precision.convert(
+        onnx_path, dtype, folder / f"model.{dtype}.onnx", inputs, seed=seed or 0
+    )
+    lap(f"conversion to {dtype}", "runtime")
+    plain = compare(converted, note=note, notes=notes)
+    if dtype == "int8":
+        plain = plain.advised("int8")
+
+    def again(kept):
         converted, note = _precision.convert(
-            onnx_path, dtype, folder / f"model.{dtype}.onnx", inputs, seed=seed or 0
-        )
-        lap(f"conversion to {dtype}", "runtime")
-        plain = compare(converted, note=note, notes=[eval_note])
-        if dtype == "int8":
-            plain = plain.advised("int8")
+            onnx_path, dtype, folder / f"model.{dtype}-kept.onnx", inputs,
+            keep_nodes=_precision.kept_nodes(plain, kept), seed=seed or 0,
+        )  # fmt: skip
+        return compare(converted, note=note, notes=notes)
 
-        def again(kept):
-            converted, note = _precision.convert(
-                onnx_path, dtype, folder / f"model.{dtype}-kept.onnx", inputs,
-                keep_nodes=_precision.kept_nodes(plain, kept), seed=seed or 0,
-            )  # fmt: skip
-            return compare(converted, note=note, notes=[eval_note])
-
-        name = _precision.DTYPE_NAMES[dtype]
-        return _precision.checked_advice(plain, keep_fp32, name, again, step, name)
+    name = _precision.DTYPE_NAMES[dtype]
+    return _precision.checked_advice(plain, keep_fp32, name, again, step, name)
 
 
 class _FileComparison:
