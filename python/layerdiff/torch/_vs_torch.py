@@ -12,6 +12,7 @@ Rust engine, which compares, judges and explains as for any two sides.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -307,15 +308,7 @@ def _stream(
     # Each re-run is made twice where the side may disagree with itself: how far the two
     # disagree is its own nondeterminism at that layer, handed over with the layer.
     twice = tgt_side.may_disagree
-    disagreed: list[float | None] = [None]
-    # The same call made exactly on the same inputs rounded (its same-precision baseline).
-    exact: list = [None]
-    # The dtype that call computes in where narrower than its result's (its baseline's grid).
-    grid: list = [None]
-    # A Linear's or a Conv's terms on the same inputs (its narrow-accumulation ideal).
-    terms: list = [None]
-    # A functional call's numbers and flags the target's own code passes otherwise, in words.
-    arguments: list = [None]
+    made = _Rerun()
     weights = _CASTS.get(tgt_side.precision)
 
     def rerun(leaf, func, args, kwargs):
@@ -333,7 +326,7 @@ def _stream(
         # computes from the dtype), on the reference's tensors
         own_args, own_kwargs = args, kwargs
         if func is not None:
-            own_args, own_kwargs, arguments[0] = own_arguments(target.peek(), func, args, kwargs)
+            own_args, own_kwargs, made.arguments = own_arguments(target.peek(), func, args, kwargs)
 
         def once():
             given = torch.utils._pytree.tree_map(convert, own_args)
@@ -342,26 +335,13 @@ def _stream(
                 return call(*given, **named)
 
         out = once()
-        disagreed[0] = _disagreement(out, once()) if twice else None
+        made.disagreed = _disagreement(out, once()) if twice else None
         first = _first_tensor(out)
         if options.float64 and first is not None and first.is_floating_point():
-            # A module whose own parameters are narrower than what it returns (a module
-            # converted with .half() that casts its result back) computes in their dtype.
-            own = None
-            if func is None:
-                params = modules[leaf].parameters()
-                own = next((p.dtype for p in params if p.is_floating_point()), None)
-            dtype = _baseline.narrower(weights or torch.float32, first.dtype)
-            dtype = _baseline.narrower(dtype, own)
-            grid[0] = dtype if dtype != first.dtype else None
-            exact[0] = _baseline.exact_call(
-                references[leaf] if func is None else None, func, args, kwargs,
-                held=lambda t: convert(t).dtype, dtype=dtype,
-            )  # fmt: skip
-            if func is None and exact[0] is not None:
-                terms[0] = _baseline.exact_reduction(
-                    references[leaf], args, held=lambda t: convert(t).dtype, dtype=dtype
-                )
+            module = (modules[leaf], references[leaf]) if func is None else None
+            made.grid, made.exact, made.terms = _baseline_of(
+                first, module, (func, args, kwargs), weights, lambda t: convert(t).dtype
+            )
         return out
 
     def on_layer(index, layer, out, local):
@@ -380,8 +360,8 @@ def _stream(
             )
         wide = truth.next(layer.name) if truth is not None else None
         grid_name = None
-        if grid[0] is not None:
-            grid_name = dtype_name(layer.name, torch.empty(0, dtype=grid[0]))
+        if made.grid is not None:
+            grid_name = dtype_name(layer.name, torch.empty(0, dtype=made.grid))
         run.add(
             index,
             flat(layer.name, out),
@@ -389,13 +369,15 @@ def _stream(
             target=flat(layer.name, theirs),
             local=flat(layer.name, local) if isinstance(local, torch.Tensor) else None,
             local_error=_local_error(local),
-            disagreement=disagreed[0],
-            baseline=None if exact[0] is None else flat(layer.name, exact[0]),
+            disagreement=made.disagreed,
+            baseline=None if made.exact is None else flat(layer.name, made.exact),
             baseline_grid=grid_name,
-            reduction=None if terms[0] is None else (terms[0][0], flat(layer.name, terms[0][1])),
-            arguments=arguments[0] or None,
+            reduction=None
+            if made.terms is None
+            else (made.terms[0], flat(layer.name, made.terms[1])),
+            arguments=made.arguments or None,
         )
-        disagreed[0] = exact[0] = grid[0] = terms[0] = arguments[0] = None
+        made.__init__()  # the next layer starts clean
         if ticker is not None:
             ticker(index + 1)
 
@@ -417,6 +399,44 @@ def _stream(
         if truth is not None:
             truth.close()
     return target.model
+
+
+@dataclass
+class _Rerun:
+    """What a layer's local re-run made, handed over with the layer: how far it disagreed with
+    itself run twice, the same call made exactly on the same inputs rounded (its
+    same-precision baseline), the grid that call computes in where narrower than its result,
+    a Linear's or a Conv's terms (its narrow-accumulation ideal), and a functional call's
+    numbers and flags the target's own code passes otherwise, in words."""
+
+    disagreed: float | None = None
+    exact: object = None
+    grid: object = None
+    terms: tuple | None = None
+    arguments: list | None = None
+
+
+def _baseline_of(first, module, call, weights, held):
+    """A re-run call's same-precision baseline: the grid it computes in where narrower than its
+    result `first` (None otherwise), the call made exactly on the reference's inputs rounded as
+    the target holds them (`held`), and, for a module, its reduction's terms. `module`: the
+    target's module and the reference's (None for a functional call); `call`: (func, args,
+    kwargs); `weights`: the target's dtype for weights, where it casts them."""
+    func, args, kwargs = call
+    # A module whose own parameters are narrower than what it returns (a module converted with
+    # .half() that casts its result back) computes in their dtype.
+    own = None
+    if module is not None:
+        params = module[0].parameters()
+        own = next((p.dtype for p in params if p.is_floating_point()), None)
+    dtype = _baseline.narrower(weights or torch.float32, first.dtype)
+    dtype = _baseline.narrower(dtype, own)
+    reference = module[1] if module is not None else None
+    exact = _baseline.exact_call(reference, func, args, kwargs, held=held, dtype=dtype)
+    terms = None
+    if module is not None and exact is not None:
+        terms = _baseline.exact_reduction(reference, args, held=held, dtype=dtype)
+    return (dtype if dtype != first.dtype else None), exact, terms
 
 
 def _disagreement(first, second) -> float | None:
