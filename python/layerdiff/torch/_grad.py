@@ -28,8 +28,14 @@ from layerdiff.tensors import dtype_name, flat
 from layerdiff.torch import _backward, _baseline
 from layerdiff.torch._backward import Pass, input_layer
 from layerdiff.torch._capture import _first_tensor, capture, module_readers
-from layerdiff.torch._gradients import completed, float64_gradients, side_gradients, summed
-from layerdiff.torch._lockstep import diverging_modules
+from layerdiff.torch._gradients import (
+    both_sides,
+    completed,
+    float64_gradients,
+    missing_as_zero,
+    skipped_note,
+    summed,
+)
 from layerdiff.torch._sides import _WORDS, TorchSide, cuda_math
 
 
@@ -93,28 +99,10 @@ def compare_gradients(
     if whole:
         listing = capture(model, inputs, whole=whole)
 
-    warnings: list[str] = []
     with cuda_math(ref_side, tgt_side):
-        # A target that calls other layers inside a module than the reference (a path of its
-        # own for its precision) is differentiated with those modules whole, on both sides.
-        diverging: list[str] = []
-        for _ in range(3):
-            step(f"forward and backward on the reference ({ref_side.spelling})")
-            ref = side_gradients(model, inputs, ref_side, cotangent, whole, "the reference")
-            step(f"forward and backward on the target ({tgt_side.spelling})")
-            tgt = side_gradients(model, inputs, tgt_side, cotangent, whole, "the target")
-            found = diverging_modules(list(ref.calls.values()), list(tgt.calls.values()))
-            if not found or set(found) <= set(diverging):
-                break
-            diverging = sorted({*diverging, *found})
-            whole = frozenset([*listing.self_computing, *diverging])
-            listing = capture(model, inputs, whole=whole)
-        if diverging:
-            warnings.append(
-                f"{', '.join(f'`{m}`' for m in diverging)} compared whole: the target calls "
-                "other submodules or ops inside them than the reference does (a path of their "
-                "own for its precision or device), so it cannot be followed call by call there"
-            )
+        ref, tgt, listing, whole, warnings = both_sides(
+            model, inputs, (ref_side, tgt_side), cotangent, listing, whole, step
+        )
         if not ref.order:
             raise _layerdiff.InputError("the model has no parameter or input that takes a gradient")
         truth, lost = None, None
@@ -124,17 +112,7 @@ def compare_gradients(
                 truth = float64_gradients(model, inputs, cotangent, whole)
             except Exception as e:  # compared without it, and said so
                 lost = f"no float64 truth: the float64 copy failed ({type(e).__name__}: {e})"
-        # A parameter the target's forward does not use has no gradient there: zero, and said.
-        missing = [n for n in ref.order if n in ref.grads and n not in tgt.grads]
-        for n in missing:
-            tgt.grads[n] = torch.zeros_like(ref.grads[n])
-        if missing:
-            names = ", ".join(f"`{n}`" for n in missing[:5])
-            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-            warnings.append(
-                f"the target's backward gives no gradient for {names}{more}: its forward does "
-                "not use them; compared as zero"
-            )
+        warnings += missing_as_zero(ref, tgt)
         step("each module's backward alone")
         gradients = _Gradients(model, ref, tgt, truth, ref_side, tgt_side)
         gradients.own(local=options.local, exact=options.float64 and options.local)
@@ -167,12 +145,7 @@ def compare_gradients(
     report = Report(native, inputs=given).warned(warnings)
     owners = {x.name: x.module for x in layers}
     report = report.advised_by_module(owners)
-    report.notes += [n for n in (eval_note, lost) if n]
-    if tgt.skipped:
-        report.notes.append(
-            f"the target's gradients were not finite at {tgt.skipped} larger loss scale(s): a "
-            f"GradScaler would skip {tgt.skipped} step(s) before reaching {tgt.scale:g}"
-        )
+    report.notes += [n for n in (eval_note, lost, skipped_note(tgt)) if n]
     return report
 
 

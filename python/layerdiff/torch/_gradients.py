@@ -11,6 +11,8 @@ import torch
 from layerdiff import _layerdiff
 from layerdiff.torch import _backward
 from layerdiff.torch._backward import Pass
+from layerdiff.torch._capture import capture
+from layerdiff.torch._lockstep import diverging_modules
 from layerdiff.torch._sides import TorchSide
 
 # GradScaler's first scale and its back-off on a step with non-finite gradients.
@@ -69,3 +71,56 @@ def completed(parts: list[torch.Tensor], rest, held: torch.dtype) -> torch.Tenso
     if not isinstance(rest, torch.Tensor):
         return total
     return (total.double() + rest.to(total.device)).to(held)
+
+
+def both_sides(model, inputs, sides, cotangent, listing, whole, step):
+    """Both sides' gradients. A target that calls other layers inside a module than the
+    reference (a path of its own for its precision) is differentiated with those modules whole,
+    on both sides: the gradients, the listing and the modules run whole then, and what is said
+    of it."""
+    ref_side, tgt_side = sides
+    diverging: list[str] = []
+    for _ in range(3):
+        step(f"forward and backward on the reference ({ref_side.spelling})")
+        ref = side_gradients(model, inputs, ref_side, cotangent, whole, "the reference")
+        step(f"forward and backward on the target ({tgt_side.spelling})")
+        tgt = side_gradients(model, inputs, tgt_side, cotangent, whole, "the target")
+        found = diverging_modules(list(ref.calls.values()), list(tgt.calls.values()))
+        if not found or set(found) <= set(diverging):
+            break
+        diverging = sorted({*diverging, *found})
+        whole = frozenset([*listing.self_computing, *diverging])
+        listing = capture(model, inputs, whole=whole)
+    warnings = []
+    if diverging:
+        warnings.append(
+            f"{', '.join(f'`{m}`' for m in diverging)} compared whole: the target calls other "
+            "submodules or ops inside them than the reference does (a path of their own for its "
+            "precision or device), so it cannot be followed call by call there"
+        )
+    return ref, tgt, listing, whole, warnings
+
+
+def missing_as_zero(ref, tgt) -> list[str]:
+    """A parameter the target's forward does not use has no gradient there: zero, and said."""
+    missing = [n for n in ref.order if n in ref.grads and n not in tgt.grads]
+    for n in missing:
+        tgt.grads[n] = torch.zeros_like(ref.grads[n])
+    if not missing:
+        return []
+    names = ", ".join(f"`{n}`" for n in missing[:5])
+    more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+    return [
+        f"the target's backward gives no gradient for {names}{more}: its forward does not use "
+        "them; compared as zero"
+    ]
+
+
+def skipped_note(tgt) -> str | None:
+    """What the target's loss scaling skipped, where it did."""
+    if not tgt.skipped:
+        return None
+    return (
+        f"the target's gradients were not finite at {tgt.skipped} larger loss scale(s): a "
+        f"GradScaler would skip {tgt.skipped} step(s) before reaching {tgt.scale:g}"
+    )
