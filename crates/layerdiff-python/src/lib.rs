@@ -492,6 +492,7 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<spelling::SideSpec>()?;
     m.add_function(wrap_pyfunction!(spelling::side_spec, m)?)?;
     m.add_function(wrap_pyfunction!(spelling::choice, m)?)?;
+    m.add_function(wrap_pyfunction!(spelling::precision_name, m)?)?;
     exceptions::register(m)?;
     Ok(())
 }

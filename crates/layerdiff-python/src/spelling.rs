@@ -6,6 +6,15 @@ use pyo3::prelude::*;
 
 use crate::exceptions;
 
+/// A lower precision's name as a dtype (`fp16` → `float16`, `bf16` → `bfloat16`, `int8`), by
+/// the rule the command line's `--dtype` keeps.
+#[pyfunction]
+pub(crate) fn precision_name(spelling: &str) -> PyResult<&'static str> {
+    layerdiff_flow::spec::torch::LowerPrecision::parse(spelling)
+        .map(|p| p.dtype_name())
+        .map_err(crate::exceptions::UsageError::new_err)
+}
+
 /// A side as spelled on the command line or in the API (`torch:cuda:bf16`, `ort:opt=all`,
 /// `tract`, `openvino:precision=f16`, `expected:PATH`), parsed by the one parser every door uses.
 #[pyclass(frozen, module = "layerdiff._layerdiff")]

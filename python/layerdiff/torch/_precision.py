@@ -17,7 +17,6 @@ import torch
 
 from layerdiff import _layerdiff
 
-DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16", "int8": "int8"}
 # Calibration runs of the int8 quantizer: the example inputs and this many variations of them.
 VARIATIONS = 7
 

@@ -147,7 +147,7 @@ def _converted(onnx_path, dtype, keep_fp32, folder, inputs, seed, run) -> Report
     from layerdiff.torch import _precision
 
     compare, notes, step, lap = run
-    step(f"converting the ONNX file to {_precision.DTYPE_NAMES[dtype]}")
+    step(f"converting the ONNX file to {_layerdiff.precision_name(dtype)}")
     folder.mkdir(parents=True, exist_ok=True)
     converted, note = _precision.convert(
         onnx_path, dtype, folder / f"model.{dtype}.onnx", inputs, seed=seed or 0
@@ -164,7 +164,7 @@ def _converted(onnx_path, dtype, keep_fp32, folder, inputs, seed, run) -> Report
         )  # fmt: skip
         return compare(converted, note=note, notes=notes)
 
-    name = _precision.DTYPE_NAMES[dtype]
+    name = _layerdiff.precision_name(dtype)
     return _precision.checked_advice(plain, keep_fp32, name, again, step, name)
 
 

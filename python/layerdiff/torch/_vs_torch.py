@@ -121,7 +121,7 @@ def compare_torch(
             report.notes.append(plan["note"])
     if lower in ("fp16", "bf16") and not bisected:
         report = _precision.checked_advice(
-            report, keep_fp32, _precision.DTYPE_NAMES[lower],
+            report, keep_fp32, _layerdiff.precision_name(lower),
             lambda kept: once(keep=_precision.kept_modules(once.listed, kept)),
             step, tgt_side.spelling,
         )  # fmt: skip
