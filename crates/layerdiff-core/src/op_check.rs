@@ -181,6 +181,10 @@ pub fn check_op_in(
         reduction,
         accumulation_unit: accumulation_unit(dtype),
     });
+    // A value computed in `dtype` and handed back in a narrower-ranged or coarser-stepped
+    // dtype (bfloat16 held in float16) is rounded twice: the second rounding is the held
+    // dtype's, half a step of it at the value, and its range is the held one's.
+    let held = (got.dtype != dtype && got.dtype.is_float()).then_some(got.dtype);
     let (mut sum_abs, mut sum_ulps, mut finite) = (0.0, 0.0, 0usize);
     let (mut max_abs, mut max_ulps, mut outside) = (0.0f64, 0.0f64, 0usize);
     let mut worst: Option<(f64, OpWorst)> = None;
@@ -188,7 +192,7 @@ pub fn check_op_in(
         let (diff, bound) = match &terms {
             None => ((v - y).abs(), 0.0),
             Some(t) => {
-                let expected = dtype.round(y);
+                let expected = held.map_or(dtype.round(y), |h| h.round(dtype.round(y)));
                 if y.is_nan() || expected.is_infinite() {
                     let same = (y.is_nan() && v.is_nan()) || v == expected;
                     (if same { 0.0 } else { f64::INFINITY }, 0.0)
@@ -196,9 +200,10 @@ pub fn check_op_in(
                     (f64::INFINITY, 0.0)
                 } else {
                     let m = magnitude.get(i).map_or(y.abs(), |m| m.abs());
+                    let again = held.map_or(0.0, |h| 0.5 * h.step(y.abs()));
                     (
                         (v - y).abs(),
-                        kernel_allowance(dtype, y, m, reduction, t.stages),
+                        kernel_allowance(dtype, y, m, reduction, t.stages) + again,
                     )
                 }
             }
@@ -284,6 +289,29 @@ mod tests {
         assert!(!check.passed);
         assert!(check.ratio > 1.0 && check.max_ulps > 1.0, "{check:?}");
         assert_eq!(check.worst.as_ref().unwrap().index, 0);
+    }
+
+    #[test]
+    fn a_bfloat16_computation_held_in_float16_is_judged_with_both_roundings() {
+        // Computed in bfloat16, then held in float16 (OpenVINO's bf16 inference precision on
+        // a float16 model): a tiny value lands on float16's coarse subnormal grid, and one past
+        // float16's range is its infinity, as any float16 kernel's would be.
+        let tiny = 1.2345e-7;
+        let held = DType::F16.round(DType::BF16.round(tiny));
+        let got = tensor(DType::F16, &[held]);
+        let check = check_op_in(&got.view(), &[tiny], &[], 1, 0, DType::BF16).unwrap();
+        assert!(check.passed, "{check:?}");
+        let past = 70000.0;
+        let inf = tensor(DType::F16, &[f64::INFINITY]);
+        let check = check_op_in(&inf.view(), &[past], &[], 1, 0, DType::BF16).unwrap();
+        assert!(check.passed, "{check:?}");
+        // and a value off by a bfloat16 step at an ordinary magnitude still fails
+        let off = tensor(DType::F16, &[DType::F16.round(1.0 + 4.0 / 128.0)]);
+        assert!(
+            !check_op_in(&off.view(), &[1.0], &[], 1, 0, DType::BF16)
+                .unwrap()
+                .passed
+        );
     }
 
     #[test]

@@ -8,7 +8,9 @@ fn short(cell: Option<&OpCell>) -> String {
     let Some(cell) = cell else {
         return String::new();
     };
-    let mark = if cell.computed_in.is_some() { "*" } else { "" };
+    // a cell that was judged in that dtype; one that broke computed nothing to judge
+    let judged_narrower = cell.computed_in.is_some() && cell.check.is_some();
+    let mark = if judged_narrower { "*" } else { "" };
     format!("{}{mark}", verdict(cell))
 }
 
