@@ -17,7 +17,7 @@ pub const OPENVINO_PRECISIONS: [&str; 3] = ["f32", "f16", "bf16"];
 
 /// The float32 ops OpenVINO's CPU plugin computes in its inference precision when that is f16 or
 /// bf16 (it lowers every node that has a kernel in it; these are the ones models are made of).
-const LOWERED_OPS: [&str; 24] = [
+const LOWERED_OPS: [&str; 25] = [
     "Conv",
     "ConvTranspose",
     "MatMul",
@@ -42,6 +42,8 @@ const LOWERED_OPS: [&str; 24] = [
     "GlobalAveragePool",
     "Pow",
     "Sqrt",
+    // its float32 Resize is a bfloat16 one's numbers here (the op matrix's bilinear cells)
+    "Resize",
 ];
 
 /// What the plugin does to float32 math at the precision it resolved (`None` at f32).
