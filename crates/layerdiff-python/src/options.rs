@@ -332,10 +332,16 @@ pub(crate) fn parse_cli(
     let (module, function) = handed.verb.runner();
     let (framework, extra) = handed.verb.framework();
     let (invocation, reducing) = (handed.invocation, handed.reducing);
+    let made = |command: Result<Command, String>| -> PyResult<Result<Py<PyAny>, String>> {
+        match command {
+            Ok(command) => Ok(Ok(Py::new(py, command)?.into_any())),
+            Err(why) => Ok(Err(why)),
+        }
+    };
     let command = match handed.verb {
-        PythonVerb::Torch(a) => Command::torch(a, invocation, reducing),
-        PythonVerb::Grad(a) => Command::grad(a, invocation, reducing),
-        PythonVerb::Keras(a) => Command::keras(a, invocation),
+        PythonVerb::Torch(a) => made(Command::torch(a, invocation, reducing))?,
+        PythonVerb::Grad(a) => made(Command::grad(a, invocation, reducing))?,
+        PythonVerb::Keras(a) => made(Command::keras(a, invocation))?,
         PythonVerb::Check(a) => Ok(Py::new(py, crate::check::CheckCommand::new(a))?.into_any()),
         PythonVerb::Ops(a) => Ok(Py::new(py, crate::ops::OpsCommand::new(a))?.into_any()),
         PythonVerb::Zoo => Ok(py.None()),
@@ -389,7 +395,7 @@ impl Command {
     }
 
     /// `layerdiff torch`, or why its options do not fit together.
-    fn torch(a: TorchArgs, invocation: Invocation, reducing: bool) -> Result<Py<PyAny>, String> {
+    fn torch(a: TorchArgs, invocation: Invocation, reducing: bool) -> Result<Self, String> {
         let (target, dtype) = a.dtype_target()?;
         let settings = a.judging.settings(true)?;
         let options = Options::checked(settings, a.reference, target)?;
@@ -403,21 +409,21 @@ impl Command {
         command.exporter = Some(layerdiff_args::spelling(&a.exporter));
         command.onnx = a.onnx;
         command.cache = !a.no_cache;
-        command.into_py()
+        Ok(command)
     }
 
     /// `layerdiff grad`, or why its options do not fit together.
-    fn grad(a: GradArgs, invocation: Invocation, reducing: bool) -> Result<Py<PyAny>, String> {
+    fn grad(a: GradArgs, invocation: Invocation, reducing: bool) -> Result<Self, String> {
         let settings = a.judging.settings(true)?;
         let options = Options::checked(settings, a.reference, TargetSpec::Torch(a.target))?;
         let mut command = Self::of(a.model, a.seed, options, a.report, invocation, reducing);
         command.repro = a.repro;
         command.loss = Some(layerdiff_args::spelling(&a.loss));
-        command.into_py()
+        Ok(command)
     }
 
     /// `layerdiff keras`, or why its options do not fit together.
-    fn keras(a: KerasArgs, invocation: Invocation) -> Result<Py<PyAny>, String> {
+    fn keras(a: KerasArgs, invocation: Invocation) -> Result<Self, String> {
         a.check()?;
         let settings = a.judging.settings(true)?;
         let options = Options::checked(settings, TorchSpec::default(), a.target)?;
@@ -427,12 +433,7 @@ impl Command {
         command.torch_twin = a.torch;
         command.weight_map = a.weight_map;
         command.copy_weights = a.copy_weights;
-        command.into_py()
-    }
-
-    fn into_py(self) -> Result<Py<PyAny>, String> {
-        Python::attach(|py| Py::new(py, self).map(Py::into_any))
-            .map_err(|e| format!("cannot hand the command to Python: {e}"))
+        Ok(command)
     }
 
     /// Where its outputs go, and the command line they are made by.
