@@ -265,151 +265,178 @@ def capture(
     pass records autograd's graph (no ``torch.no_grad()``) and ``on_layer`` sees each output
     itself, not detached, to hook its gradient.
     """
-    result = Capture()
-    names = {m: n for n, m in leaf_modules(model, whole)}
-    calls: dict[str, int] = {}
-    # data_ptr of an output → (index of the layer that produced it, the output, weakly): an
-    # address is only that layer's while its output lives, since freed memory is reused.
-    producer: dict[int, tuple[int, weakref.ref]] = {}
+    return _Pass(model, on_layer, fingerprints, rerun, whole, dataflow, grad).run(inputs)
 
-    def source(tensor) -> int | None:
-        index, output = producer.get(tensor.data_ptr(), (None, lambda: None))
+
+class _Pass:
+    """One capturing forward pass: the hooks on every module, the functional-call mode, and
+    what they file as the model runs (see `capture`)."""
+
+    def __init__(self, model, on_layer, fingerprints, rerun, whole, dataflow, grad):
+        self.model, self.on_layer, self.fingerprints = model, on_layer, fingerprints
+        self.rerun, self.grad = rerun, grad
+        self.result = Capture()
+        self.names = {m: n for n, m in leaf_modules(model, whole)}  # leaf → its name
+        self.paths = {m: n for n, m in model.named_modules()}  # every module → its path
+        self.calls: dict[str, int] = {}  # calls so far, by key
+        # data_ptr of an output → (index of the layer that produced it, the output, weakly): an
+        # address is only that layer's while its output lives, since freed memory is reused.
+        self.producer: dict[int, tuple[int, weakref.ref]] = {}
+        self.pending: dict = {}  # a leaf's re-run, made before it ran, until its output is seen
+        self.filing = _Filing(model) if dataflow else None
+        self.made_by: list[int | None] = []  # the call that made each layer's output, in `filing`
+        # each running leaf's first input and its version counter, to tell a module that hands
+        # its input back untouched from one that rewrote it in place (ReLU(inplace=True))
+        self.given: dict = {}
+        self.running: list = []  # (path, module) of each module whose forward is running
+        self.called: set[str] = set()  # the paths of the modules called
+        # Hooks fire in whatever thread calls a module; only this pass's thread is this
+        # capture's (another thread may re-run one of these modules' code meanwhile).
+        self.ours = threading.get_ident()
+
+    def __deepcopy__(self, memo):
+        # The hooks on the model are this pass's methods: a copy of the model made while it
+        # runs (a side's re-run) keeps them pointing here, as plain function hooks would.
+        return self
+
+    def _source(self, tensor) -> int | None:
+        index, output = self.producer.get(tensor.data_ptr(), (None, lambda: None))
         return index if output() is not None else None
 
-    def next_call(key: str) -> int:
+    def _next_call(self, key: str) -> int:
         """The index of this call among the calls of `key` (every call counts, as the legacy
         exporter's `_N` scopes do, tensor output or not)."""
-        k = calls.get(key, 0)
-        calls[key] = k + 1
+        k = self.calls.get(key, 0)
+        self.calls[key] = k + 1
         return k
 
-    def add_layer(
-        k: int, key: str, module: str, module_type: str, out, args, local, **kind
-    ) -> None:
+    def _add_layer(self, k: int, key: str, module: str, module_type: str, out, args, local, **kind):
         first_in = _first_tensor(args)
         called = key if k == 0 else f"{key}#{k + 1}"
+        filing = self.filing
         layer = CapturedLayer(
             name=called,
             module=module,
             module_type=module_type,
             call_index=k,
-            input_from=source(first_in) if first_in is not None else None,
-            inputs_from=_sources(args, source),
+            input_from=self._source(first_in) if first_in is not None else None,
+            inputs_from=_sources(args, self._source),
             shape=list(out.shape),
             dtype=dtype_name(called, out),
-            fingerprint=_layerdiff.fingerprint(flat(called, out)) if fingerprints else None,
+            fingerprint=_layerdiff.fingerprint(flat(called, out)) if self.fingerprints else None,
             constant=filing is not None and filing.is_constant(out),
             **kind,
         )
-        index = len(result.layers)
-        result.layers.append(layer)
-        made_by.append(filing.made_by(out) if filing is not None else None)
-        producer[out.data_ptr()] = (index, weakref.ref(out))
-        if on_layer is not None:
-            on_layer(index, layer, out if grad else out.detach(), local)
+        index = len(self.result.layers)
+        self.result.layers.append(layer)
+        self.made_by.append(filing.made_by(out) if filing is not None else None)
+        self.producer[out.data_ptr()] = (index, weakref.ref(out))
+        if self.on_layer is not None:
+            self.on_layer(index, layer, out if self.grad else out.detach(), local)
 
-    pending: dict = {}  # a leaf's re-run, made before it ran, until its output is seen
-    filing = _Filing(model) if dataflow else None
-    made_by: list[int | None] = []  # the call that made each layer's output, in `filing`
-    # each running leaf's first input and its version counter, to tell a module that hands its
-    # input back untouched from one that rewrote it in place (ReLU(inplace=True))
-    given: dict = {}
+    def _mine(self) -> bool:
+        return threading.get_ident() == self.ours
 
-    # Hooks fire in whatever thread calls a module; only this pass's thread is this capture's
-    # (another thread may re-run one of these modules' code meanwhile).
-    ours = threading.get_ident()
+    def _before(self, module, args, kwargs):
+        if self._mine():
+            self.pending[module] = attempt(
+                lambda: self.rerun(self.names[module], None, args, kwargs)
+            )
 
-    def before(module, args, kwargs):
-        if threading.get_ident() != ours:
+    def _arrive(self, module, args):
+        if self._mine():
+            first = _first_tensor(args)
+            self.given[module] = (first, first._version) if first is not None else None
+
+    def _leaf_returned(self, module, args, output):
+        if not self._mine():
             return
-        pending[module] = attempt(lambda: rerun(names[module], None, args, kwargs))
-
-    def arrive(module, args):
-        if threading.get_ident() != ours:
-            return
-        first = _first_tensor(args)
-        given[module] = (first, first._version) if first is not None else None
-
-    def hook(module, args, output):
-        if threading.get_ident() != ours:
-            return
-        name = names[module]
-        k = next_call(name)
+        name = self.names[module]
+        k = self._next_call(name)
         out = _first_tensor(output)
-        local = pending.pop(module, None)
-        first, version = given.pop(module, None) or (None, None)
+        local = self.pending.pop(module, None)
+        first, version = self.given.pop(module, None) or (None, None)
         if out is not None:
             identity = (isinstance(module, IDENTITY_AT_INFERENCE) and not module.training) or (
                 out is first and out._version == version
             )
-            add_layer(k, name, name, type(module).__name__, out, args, local, identity=identity)
+            self._add_layer(
+                k, name, name, type(module).__name__, out, args, local, identity=identity
+            )
 
-    def function(op, owner, args, out, local):
+    def _function(self, op, owner, args, out, local):
         key = f"{owner}:{op}"
         first = _first_tensor(args)
         identity = (
-            filing is not None  # a full comparison: only where the layers are listed
+            self.filing is not None  # a full comparison: only where the layers are listed
             and first is not None
             and out.data_ptr() != first.data_ptr()  # an in-place op rewrote its input
             and out.shape == first.shape
             and out.dtype == first.dtype
             and torch.equal(out, first)
         )
-        add_layer(next_call(key), key, owner, f"{op}()", out, args, local, identity=identity, op=op)
+        self._add_layer(
+            self._next_call(key), key, owner, f"{op}()", out, args, local, identity=identity, op=op
+        )
 
-    # Which module's forward is running, for the functional calls it makes.
-    paths = {m: n for n, m in model.named_modules()}
-    running: list = []
-    leaves = set(names)
+    def _enter(self, module, args):
+        if self._mine():
+            self.running.append((self.paths[module], module))
+            self.called.add(self.paths[module])
 
-    called: set[str] = set()
+    def _leave(self, module, args, output):
+        if self._mine():
+            self.running.pop()
 
-    def enter(module, args):
-        if threading.get_ident() != ours:
-            return
-        running.append((paths[module], module))
-        called.add(paths[module])
+    def _hooks(self) -> list:
+        names, paths = self.names, self.paths
+        handles = [m.register_forward_pre_hook(self._enter) for m in paths]
+        if self.rerun is not None:
+            handles += [m.register_forward_pre_hook(self._before, with_kwargs=True) for m in names]
+        handles += [m.register_forward_pre_hook(self._arrive) for m in names]
+        handles += [m.register_forward_hook(self._leaf_returned) for m in names]
+        handles += [m.register_forward_hook(self._leave) for m in paths]
+        return handles
 
-    def leave(module, args, output):
-        if threading.get_ident() != ours:
-            return
-        running.pop()
-
-    handles = [m.register_forward_pre_hook(enter) for m in paths]
-    if rerun is not None:
-        handles += [m.register_forward_pre_hook(before, with_kwargs=True) for m in names]
-        rerun_call = lambda func, args, kwargs: rerun(None, func, args, kwargs)  # noqa: E731
-    else:
+    def _mode(self) -> _FunctionalCalls:
+        rerun = self.rerun
         rerun_call = None
-    handles += [m.register_forward_pre_hook(arrive) for m in names]
-    handles += [m.register_forward_hook(hook) for m in names]
-    handles += [m.register_forward_hook(leave) for m in paths]
-    try:
-        mode = _FunctionalCalls(running, leaves, function, filing, rerun_call)
-        if filing is not None:
-            for module, path in paths.items():
+        if rerun is not None:
+            rerun_call = lambda func, args, kwargs: rerun(None, func, args, kwargs)  # noqa: E731
+        mode = _FunctionalCalls(
+            self.running, set(self.names), self._function, self.filing, rerun_call
+        )
+        if self.filing is not None:
+            for module, path in self.paths.items():
                 own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
                 for t in own:
                     mode.holders.setdefault(id(t), []).append(path)
-        with contextlib.nullcontext() if grad else torch.no_grad(), mode:
-            result.output = model(*inputs)
-        needed = filing.upstream(result.output) if filing is not None else set()
-        for layer, node in zip(result.layers, made_by, strict=True):
-            layer.feeds_output = node is None or node in needed
-    finally:
-        for h in handles:
-            h.remove()
-    result.reads_outside = list(mode.reads_outside)
-    result.self_computing = [
-        n
-        for n, m in model.named_modules()
-        if n
-        and n in called
-        and m not in names
-        and any(True for _ in m.children())
-        and not any(p.startswith(f"{n}.") for p in called)
-    ]
-    return result
+        return mode
+
+    def run(self, inputs: tuple) -> Capture:
+        result, filing = self.result, self.filing
+        handles = self._hooks()
+        try:
+            mode = self._mode()
+            with contextlib.nullcontext() if self.grad else torch.no_grad(), mode:
+                result.output = self.model(*inputs)
+            needed = filing.upstream(result.output) if filing is not None else set()
+            for layer, node in zip(result.layers, self.made_by, strict=True):
+                layer.feeds_output = node is None or node in needed
+        finally:
+            for h in handles:
+                h.remove()
+        result.reads_outside = list(mode.reads_outside)
+        result.self_computing = [
+            n
+            for n, m in self.model.named_modules()
+            if n
+            and n in self.called
+            and m not in self.names
+            and any(True for _ in m.children())
+            and not any(p.startswith(f"{n}.") for p in self.called)
+        ]
+        return result
 
 
 def module_readers(listed) -> dict[str, list[str]]:
