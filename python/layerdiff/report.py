@@ -96,10 +96,20 @@ class Report:
         module): what can run its backward in float32, where the layers are gradients."""
         return self._with(self._native.advised_by_module(owners))
 
-    def checked(self, before: Report, after: Report, kept: list[str], precision: str) -> Report:
-        """This report with the check of keeping `kept` in float32: `before` without them kept,
-        `after` the same comparison with them kept."""
-        return self._with(self._native.checked(before._native, after._native, kept, precision))
+    def layers_to_check(self, given: list[str]) -> list[str]:
+        """The layers this lower-precision run checks by running again with them in float32:
+        ``given`` (the user's), else those this report advises."""
+        return self._native.layers_to_check(list(given))
+
+    def advice_checked(self, with_kept: Report, kept: list[str], given: bool, precision: str):
+        """The report of a lower-precision run with its keep-in-float32 advice checked, this
+        report being the plain run and ``with_kept`` the run with ``kept`` in float32 (``given``:
+        the user named them); what was said of either run (a bisection's note) still holds."""
+        native, kept_run = self._native.advice_checked(with_kept._native, kept, given, precision)
+        main = with_kept if kept_run else self
+        report = main._with(native)
+        report.notes[:0] = [n for n in self.notes if n not in report.notes]
+        return report
 
     def _with(self, native) -> Report:
         report = Report(native, inputs=self.inputs)

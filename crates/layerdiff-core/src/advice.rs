@@ -279,6 +279,38 @@ fn output_words(s: Option<&Stats>) -> String {
     }
 }
 
+/// The layers a lower-precision run checks by running again with them kept in float32: the
+/// user's (`given`), else those the plain run's advice names (none: nothing to check).
+pub fn layers_to_check(plain: &Report, given: &[String]) -> Vec<String> {
+    if !given.is_empty() {
+        return given.to_vec();
+    }
+    let advised = plain.keep_float32.iter().flat_map(|k| &k.layers);
+    advised.map(|k| k.layer.clone()).collect()
+}
+
+/// Which run a checked lower-precision comparison reports, with the check of keeping `kept` in
+/// float32 added: the run with them kept when the user named them (`given`: that is the run
+/// asked for), else the plain run, whose advice the check answers. The bool says the kept run
+/// is the one reported.
+pub fn advice_checked(
+    plain: &Report,
+    with_kept: &Report,
+    kept: Vec<String>,
+    given: bool,
+    precision: &str,
+) -> (Report, bool) {
+    let check = check_advice(plain, with_kept, kept);
+    let mut report = if given { with_kept } else { plain }.clone();
+    let keep = report.keep_float32.get_or_insert_with(|| KeepFloat32 {
+        precision: precision.to_string(),
+        layers: Vec::new(),
+        check: None,
+    });
+    keep.check = Some(check);
+    (report, given)
+}
+
 /// What keeping `kept` in float32 did: `before` the run at the lower precision, `after` the same
 /// comparison with those layers kept.
 pub fn check_advice(before: &Report, after: &Report, kept: Vec<String>) -> AdviceCheck {
@@ -442,5 +474,51 @@ mod tests {
         advice.check = Some(check);
         assert!(advice.advised());
         assert!(advice.heading().contains("should stay in float32"));
+    }
+
+    #[test]
+    fn the_users_layers_are_checked_and_reported_else_the_advised_ones_on_the_plain_run() {
+        let mut plain = report(true);
+        plain.keep_float32 = keep_float32(&plain, "float16");
+        let with_kept = report(false);
+        assert_ne!(
+            plain.summary.layers_exceeding,
+            with_kept.summary.layers_exceeding
+        );
+        assert_eq!(layers_to_check(&plain, &[]), ["b"], "the advice");
+        let given = ["a".to_string()];
+        assert_eq!(
+            layers_to_check(&plain, &given),
+            ["a"],
+            "the user's, not the advice"
+        );
+        assert!(
+            layers_to_check(&report(false), &[]).is_empty(),
+            "nothing advised"
+        );
+
+        let (advised, kept_run) =
+            advice_checked(&plain, &with_kept, vec!["b".into()], false, "float16");
+        assert!(!kept_run);
+        assert_eq!(
+            advised.summary.layers_exceeding,
+            plain.summary.layers_exceeding
+        );
+        assert!(
+            advised.keep_float32.unwrap().advised(),
+            "checked, and it helps"
+        );
+
+        let (asked, kept_run) = advice_checked(&plain, &with_kept, given.to_vec(), true, "float16");
+        assert!(kept_run);
+        assert_eq!(
+            asked.summary.layers_exceeding,
+            with_kept.summary.layers_exceeding
+        );
+        let keep = asked.keep_float32.unwrap();
+        assert_eq!(
+            (keep.precision.as_str(), keep.check.unwrap().kept),
+            ("float16", vec!["a".to_string()])
+        );
     }
 }

@@ -26,7 +26,8 @@ mod tensor;
 mod tolerance;
 
 pub use advice::{
-    AdviceCheck, KeepFloat32, KeptLayer, MOST_KEPT, check_advice, keep_float32, lower_precision_of,
+    AdviceCheck, KeepFloat32, KeptLayer, MOST_KEPT, advice_checked, check_advice, keep_float32,
+    layers_to_check, lower_precision_of,
 };
 pub use analysis::{
     BORN_HERE, LOW_COVERAGE, LOW_COVERAGE_WARNING, OWN_ERROR_RANKED, analyse, judge,

@@ -134,26 +134,24 @@ impl Report {
         }
         Report(report)
     }
-    /// This report with the check of keeping `kept` in float32: `before` the comparison
-    /// without them kept, `after` with them (with no advice, `precision` names the target's).
-    fn checked(
+    /// The layers a lower-precision run checks in float32: `given` (the user's), else those
+    /// this report (the plain run) advises (`layerdiff_core::layers_to_check`).
+    fn layers_to_check(&self, given: Vec<String>) -> Vec<String> {
+        layerdiff_core::layers_to_check(&self.0, &given)
+    }
+    /// The report of a checked lower-precision run, this report being the plain run and
+    /// `with_kept` the run with `kept` in float32 (`given`: the user named them), and whether it
+    /// is the kept run (`layerdiff_core::advice_checked`).
+    fn advice_checked(
         &self,
-        before: &Report,
-        after: &Report,
+        with_kept: &Report,
         kept: Vec<String>,
+        given: bool,
         precision: &str,
-    ) -> Report {
-        let mut report = self.0.clone();
-        let check = layerdiff_core::check_advice(&before.0, &after.0, kept);
-        let keep = report
-            .keep_float32
-            .get_or_insert_with(|| layerdiff_core::KeepFloat32 {
-                precision: precision.to_string(),
-                layers: Vec::new(),
-                check: None,
-            });
-        keep.check = Some(check);
-        Report(report)
+    ) -> (Report, bool) {
+        let (report, kept_run) =
+            layerdiff_core::advice_checked(&self.0, &with_kept.0, kept, given, precision);
+        (Report(report), kept_run)
     }
     /// 1 when the run fails: a defect, an undecided layer, an inconclusive run or values that
     /// overflow the target's dtype (rounding alone is 0), as the command exits by default.

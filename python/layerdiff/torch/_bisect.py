@@ -161,7 +161,7 @@ def keep_float32(model, inputs, report, plan, once, listed, sides, step):
         why = "found by bisection: with these kept, the output is within its tolerance"
         native = native.advised_layers(precision, [(name, why) for name in found])
     report = report._with(native)
-    return report.checked(report, with_kept, kept, precision)
+    return report.advice_checked(with_kept, kept, False, precision)
 
 
 def _forward(model, inputs):

@@ -357,19 +357,12 @@ def _cast(value, dtype):
 
 
 def checked_advice(plain, keep_fp32, precision: str, again, step, what: str):
-    """The report of a lower-precision run with its keep-in-float32 advice checked: the layers
-    given (``keep_fp32``), else those the report advises, run again in float32 by ``again(kept)``
-    and compared with the plain run. The report returned is the run with the given layers kept,
-    or the plain run when the layers were advised. ``what`` names the target in the progress
-    line (``float16``, ``torch:bf16``)."""
-    advice = plain.data.get("keep_float32") or {}
-    kept = list(keep_fp32) or [k["layer"] for k in advice.get("layers", [])]
+    """The report of a lower-precision run with its keep-in-float32 advice checked (the rules
+    are the core's: `Report.layers_to_check`, `Report.advice_checked`): the layers run again
+    in float32 by ``again(kept)`` and compared with the plain run. ``what`` names the target
+    in the progress line (``float16``, ``torch:bf16``)."""
+    kept = plain.layers_to_check(keep_fp32)
     if not kept:
         return plain
     step(f"checking: {what} again with {len(kept)} layer(s) in float32")
-    with_kept = again(kept)
-    main = with_kept if keep_fp32 else plain
-    checked = main.checked(plain, with_kept, kept, precision)
-    if main is not plain:  # what was said of the run (a bisection's note) still holds
-        checked.notes[:0] = [n for n in plain.notes if n not in checked.notes]
-    return checked
+    return plain.advice_checked(again(kept), kept, bool(keep_fp32), precision)
