@@ -61,8 +61,8 @@ def compare_torch_onnx(
     ``"ort:cuda"``…, ``"tract"``, or ``"openvino"`` (``"openvino:precision=f16"``).
 
     ``tolerance`` is judged per element: a number for every element, ``"dtype"`` (atol + rtol·|x|
-    by the lower-precision dtype: float32 1e-4 + 1e-5, float16 5e-4 + 1e-3, bfloat16 4e-3 + 8e-3)
-    or ``"auto"`` (4× PyTorch's own distance from the float64 run, per layer). With
+    by the lower-precision dtype: {DEFAULT_TOLERANCE}) or ``"auto"`` ({AUTO_FACTOR:g}× PyTorch's
+    own distance from the float64 run, per layer). With
     ``local`` each layer's ONNX nodes are also re-run on PyTorch's values of their inputs, so the
     report tells a layer's own error from inherited error; with ``float64`` a float64 copy of the
     model is run as the numerical truth. ``report.drift_origin`` names the layer where the drift
@@ -138,6 +138,13 @@ def compare_torch_onnx(
             return compare(onnx_path, notes=[eval_note])
         run = (compare, [eval_note], step, lap)
         return _converted(onnx_path, dtype, keep_fp32, folder, inputs, seed, run)
+
+
+# The tolerance's defaults in the docstring are the core's, in its words (no docstring under -OO).
+if compare_torch_onnx.__doc__:
+    compare_torch_onnx.__doc__ = compare_torch_onnx.__doc__.format(
+        DEFAULT_TOLERANCE=_layerdiff.DEFAULT_TOLERANCE, AUTO_FACTOR=_layerdiff.AUTO_FACTOR
+    )
 
 
 def _converted(onnx_path, dtype, keep_fp32, folder, inputs, seed, run) -> Report:
