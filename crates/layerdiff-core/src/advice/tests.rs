@@ -1,0 +1,153 @@
+use super::*;
+use crate::{DType, TensorView, compare};
+
+/// Statistics of a float32 reference against `target` (element by element).
+fn stats(reference: &[f32], target: &[f32]) -> Stats {
+    let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let (r, t) = (bytes(reference), bytes(target));
+    let shape = [reference.len()];
+    compare(
+        TensorView::new("r", DType::F32, &shape, &r).unwrap(),
+        TensorView::new("t", DType::F32, &shape, &t).unwrap(),
+    )
+    .unwrap()
+}
+
+/// A float16 run of three layers: `a` rounds; overflowing, `b` overflows and `c` inherits
+/// the Inf; else both agree.
+fn report(overflowing: bool) -> Report {
+    let (b_target, c_target) = if overflowing {
+        (f32::INFINITY, f32::INFINITY)
+    } else {
+        (1e5, 3.0)
+    };
+    let mut layers: Vec<Layer> = ["a", "b", "c"]
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let mut l = Layer::new(i, *name, vec![2], "float32");
+            l.status = LayerStatus::Compared;
+            l.target_dtype = Some("float16".to_string());
+            l
+        })
+        .collect();
+    layers[0].accumulated = Some(stats(&[1.0, 2.0], &[1.0, 2.0]));
+    layers[0].local = layers[0].accumulated.clone();
+    layers[1].accumulated = Some(stats(&[1e5, 2.0], &[b_target, 2.0]));
+    layers[1].local = layers[1].accumulated.clone();
+    layers[2].accumulated = Some(stats(&[3.0, 2.0], &[c_target, 2.0]));
+    layers[2].local = Some(stats(&[3.0, 2.0], &[3.0, 2.0]));
+    layers[2].local_inputs = vec!["b".to_string()];
+    Report::of_layers("m", layers)
+}
+
+#[test]
+fn the_layer_that_overflows_is_kept_not_the_one_that_inherits() {
+    let before = report(true);
+    assert_eq!(lower_precision_of(&before).as_deref(), Some("float16"));
+    let advice = keep_float32(&before, "float16").unwrap();
+    let kept: Vec<&str> = advice.layers.iter().map(|k| k.layer.as_str()).collect();
+    assert_eq!(kept, ["b"]);
+    assert!(
+        advice.layers[0]
+            .why
+            .starts_with("overflows float16's range: 1 element(s)")
+    );
+    let after = report(false);
+    assert!(keep_float32(&after, "float16").is_none(), "nothing drifts");
+    let check = check_advice(&before, &after, vec!["b".to_string()]);
+    assert_eq!(
+        (check.output_nonfinite_before, check.output_nonfinite_after),
+        (1, 0)
+    );
+    assert!(
+        check
+            .verdict
+            .starts_with("keeping 1 layer(s) in float32 removes the drift")
+    );
+    assert!(
+        check
+            .verdict
+            .contains("`c` NaN or Inf in 1 of 2 elements → mean abs diff")
+    );
+}
+
+#[test]
+fn a_check_that_changes_nothing_says_so() {
+    let before = report(true);
+    let check = check_advice(&before, &before.clone(), vec!["b".to_string()]);
+    assert!(check.verdict.contains("does not help"), "{}", check.verdict);
+    assert!(!check.helps);
+    // the reports then say the layers were tried, not that they should stay in float32
+    let mut checked = before.clone();
+    let mut advice = keep_float32(&before, "float16").unwrap();
+    advice.check = Some(check);
+    assert!(!advice.advised());
+    checked.keep_float32 = Some(advice);
+    let text = crate::render::to_text(&checked);
+    assert!(
+        text.contains("tried in float32, without help (the target computes in float16): `b`"),
+        "{text}"
+    );
+    assert!(!text.contains("keep in float32"), "{text}");
+    let markdown = crate::render::to_markdown(&checked);
+    assert!(markdown.contains("these layers were tried in float32, and that does not remove the drift (below): not advised"));
+    assert!(!markdown.contains("should stay in float32"));
+}
+
+#[test]
+fn a_check_that_removes_the_drift_keeps_the_advice() {
+    let before = report(true);
+    let check = check_advice(&before, &report(false), vec!["b".to_string()]);
+    assert!(check.helps, "{}", check.verdict);
+    let mut advice = keep_float32(&before, "float16").unwrap();
+    advice.check = Some(check);
+    assert!(advice.advised());
+    assert!(advice.heading().contains("should stay in float32"));
+}
+
+#[test]
+fn the_users_layers_are_checked_and_reported_else_the_advised_ones_on_the_plain_run() {
+    let mut plain = report(true);
+    plain.keep_float32 = keep_float32(&plain, "float16");
+    let with_kept = report(false);
+    assert_ne!(
+        plain.summary.layers_exceeding,
+        with_kept.summary.layers_exceeding
+    );
+    assert_eq!(layers_to_check(&plain, &[]), ["b"], "the advice");
+    let given = ["a".to_string()];
+    assert_eq!(
+        layers_to_check(&plain, &given),
+        ["a"],
+        "the user's, not the advice"
+    );
+    assert!(
+        layers_to_check(&report(false), &[]).is_empty(),
+        "nothing advised"
+    );
+
+    let (advised, kept_run) =
+        advice_checked(&plain, &with_kept, vec!["b".into()], false, "float16");
+    assert!(!kept_run);
+    assert_eq!(
+        advised.summary.layers_exceeding,
+        plain.summary.layers_exceeding
+    );
+    assert!(
+        advised.keep_float32.unwrap().advised(),
+        "checked, and it helps"
+    );
+
+    let (asked, kept_run) = advice_checked(&plain, &with_kept, given.to_vec(), true, "float16");
+    assert!(kept_run);
+    assert_eq!(
+        asked.summary.layers_exceeding,
+        with_kept.summary.layers_exceeding
+    );
+    let keep = asked.keep_float32.unwrap();
+    assert_eq!(
+        (keep.precision.as_str(), keep.check.unwrap().kept),
+        ("float16", vec!["a".to_string()])
+    );
+}
