@@ -249,6 +249,7 @@ unsafe fn block<R: Load, T: Load>(
         // one may is divided out. The result is the same maximum, bit for bit.
         let record = largest(&lanes(max_rel));
         let bar = _mm256_set1_pd((record * (1.0 - f64::EPSILON * 8.0)).min(1.0));
+        let tiny = _mm256_set1_pd(f64::MIN_POSITIVE);
         let mut may = _mm256_setzero_pd();
         for v in (0..n).step_by(LANES) {
             let (a, b, diff) = again(v);
@@ -259,7 +260,18 @@ unsafe fn block<R: Load, T: Load>(
             norm_t = each(|h| product_sum(b[h], b[h], norm_t[h], T::NARROW));
             for h in 0..2 {
                 let den = _mm256_max_pd(abs(a[h]), abs(b[h]));
-                let beats = _mm256_cmp_pd::<_CMP_GT_OQ>(diff[h], _mm256_mul_pd(bar, den));
+                let bound = _mm256_mul_pd(bar, den);
+                let mut beats = _mm256_cmp_pd::<_CMP_GT_OQ>(diff[h], bound);
+                if !(R::NARROW && T::NARROW) {
+                    // A bound that underflowed was rounded by more than the hair it is under
+                    // the record (float64 subnormals): it bounds nothing, so such a moved
+                    // element is divided out. Narrow values never come near.
+                    let underflowed = _mm256_and_pd(
+                        _mm256_cmp_pd::<_CMP_LT_OQ>(bound, tiny),
+                        _mm256_cmp_pd::<_CMP_GT_OQ>(diff[h], zero),
+                    );
+                    beats = _mm256_or_pd(beats, underflowed);
+                }
                 may = _mm256_or_pd(may, beats);
             }
         }

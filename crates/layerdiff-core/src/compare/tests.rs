@@ -407,3 +407,30 @@ fn huge_values_of_opposite_signs_differ_relatively_by_two_not_infinitely() {
         assert_eq!(s.max_rel_diff, 2.0, "{n} elements");
     }
 }
+
+/// Every kernel finds the largest relative difference where the values are float64 subnormals:
+/// `2u / 3u` (0.67, `u` the smallest subnormal) beats an earlier 0.6 though `0.6 · 3u` rounds up
+/// to `2u` (a fast path that skips the division where `d ≤ bar · den` must not trust a product
+/// that underflowed).
+#[test]
+fn the_largest_relative_difference_is_found_among_float64_subnormals() {
+    use super::block::{Kernel, block_stats_on};
+    let n = BLOCK;
+    let u = f64::from_bits(1);
+    let (mut reference, mut target) = (vec![1.0f64; n], vec![1.0f64; n]);
+    target[0] = 0.4; // 0.6 relative, in the first chunk
+    let at = 3 * SUB + 5; // a later chunk
+    (reference[at], target[at]) = (3.0 * u, u);
+    let (mut rb, mut tb) = (Vec::new(), Vec::new());
+    DType::F64.encode_f64(&reference, &mut rb);
+    DType::F64.encode_f64(&target, &mut tb);
+    let shape = [n];
+    let r = TensorView::new("r", DType::F64, &shape, &rb).unwrap();
+    let t = TensorView::new("t", DType::F64, &shape, &tb).unwrap();
+    let exact = exact_block(r, t, 0, None);
+    assert_eq!(exact.max_rel, (2.0 * u) / (3.0 * u));
+    for kernel in Kernel::available() {
+        let got = block_stats_on(kernel, r, t, 0, None);
+        assert_eq!(bits(&got), bits(&exact), "{kernel:?}");
+    }
+}
