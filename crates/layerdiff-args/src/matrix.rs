@@ -5,7 +5,7 @@ use super::*;
 /// Options of `layerdiff check`.
 #[derive(Debug, Clone, Args)]
 pub struct CheckArgs {
-    /// A built-in model or a builder, as for `layerdiff torch`.
+    /// A built-in model, a builder or a checkpoint folder, as for `layerdiff torch`.
     pub model: String,
     /// The runtime that runs the ONNX file: `ort` (CPU), `ort:opt=all`, `ort:cuda`…, `tract`.
     #[arg(long, default_value = "ort", value_parser = RuntimeSpec::parse)]

@@ -7,7 +7,7 @@ use layerdiff_flow::spec::torch::LowerPrecision;
 /// Options of `layerdiff grad`.
 #[derive(Debug, Clone, Args)]
 pub struct GradArgs {
-    /// A built-in model or a builder, as for `layerdiff torch`.
+    /// A built-in model, a builder or a checkpoint folder, as for `layerdiff torch`.
     pub model: String,
     /// The PyTorch side whose gradients are measured: `torch[:DEVICE][:PRECISION][:compile]`
     /// (`torch:cuda`, `torch:bf16`, `torch:amp-fp16`, `torch:compile`). In float16 (`fp16`,
@@ -52,9 +52,11 @@ pub enum Loss {
 #[derive(Debug, Clone, Args)]
 pub struct TorchArgs {
     /// A built-in model (`layerdiff zoo` lists them: `resnet18`, `vit_b_16`, `llama`, `t5`…),
-    /// one an installed package registers, or a builder: `path/to/file.py:build` or
-    /// `package.module:build`, where `build()` returns
-    /// `(model, example_inputs)`.
+    /// one an installed package registers, a builder: `path/to/file.py:build` or
+    /// `package.module:build`, where `build()` returns `(model, example_inputs)`; or a
+    /// transformers checkpoint folder (`path/to/folder`: the config.json and weights
+    /// `save_pretrained` writes), loaded from local files in float32 with the head its config
+    /// names, its cache off, run on token ids from the seed.
     pub model: String,
     /// Seed for the model's random weights and for generated inputs.
     #[arg(long, default_value_t = 0)]

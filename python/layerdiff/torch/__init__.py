@@ -10,10 +10,12 @@ layerdiff (the ONNX verbs, reports, the comparator) imports without it.
 - ``write_repro``: a report's headline cut down to its module alone, checked (``_repro``);
   ``compare_torch(..., bisect=True)`` finds what turns a drift on (``_bisect``);
 - capture (``_capture``), the lockstep copy (``_lockstep``), the export (``_export``), PyTorch
-  sides (``_sides``), the float64 baseline (``_baseline``), the models (``models``).
+  sides (``_sides``), the float64 baseline (``_baseline``), the models (``models``), a
+  transformers checkpoint folder as a model (``_checkpoint``: ``load_checkpoint``).
 """
 
 from layerdiff.torch._capture import FUNCTIONAL_OPS, capture, functional_op
+from layerdiff.torch._checkpoint import load_checkpoint
 from layerdiff.torch._export import export_onnx
 from layerdiff.torch._grad import compare_gradients
 from layerdiff.torch._running import to_eval
@@ -31,6 +33,7 @@ __all__ = [
     "export_onnx",
     "functional_op",
     "load_builder",
+    "load_checkpoint",
     "to_eval",
     "write_repro",
 ]

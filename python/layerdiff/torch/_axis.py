@@ -62,7 +62,7 @@ def compare_along(
     ``tolerance`` as for :func:`layerdiff.torch.compare_torch_onnx` (``options``, already parsed,
     replaces them); ``cache`` as there."""
     from layerdiff.torch import compare_torch, compare_torch_onnx, export_onnx
-    from layerdiff.torch._running import to_eval
+    from layerdiff.torch._running import model_notes
 
     if not batch_sizes and not shapes:
         raise _layerdiff.UsageError("an axis needs batch_sizes or shapes")
@@ -71,7 +71,7 @@ def compare_along(
     step = progress or (lambda message: None)
     axis, at = points(inputs, batch_sizes, shapes)
     given = [inputs_at(inputs, point_shapes, seed) for _, point_shapes in at]
-    notes = [n for n in [to_eval(model)] if n]
+    notes = model_notes(model)
     pytorch_target = options.torch_target is not None
     with contextlib.ExitStack() as stack:
         folder = (

@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_leaves
 from layerdiff import _layerdiff, _ort
 from layerdiff.tensors import flat
 from layerdiff.torch._export import export_onnx
-from layerdiff.torch._running import as_input_tuple, run_model, to_eval
+from layerdiff.torch._running import as_input_tuple, model_notes, run_model
 from layerdiff.torch.models import load_builder
 
 
@@ -24,8 +24,7 @@ def run_command(command, progress) -> int:
     progress(f"building {command.model} (seed {command.seed})")
     model, inputs = builder(command.seed)
     inputs = as_input_tuple(inputs)
-    note = to_eval(model)
-    if note and not command.quiet:
+    for note in model_notes(model) if not command.quiet else []:
         print(f"note: {note}", file=sys.stderr)
     with torch.no_grad():
         out = run_model(inputs, lambda: model(*inputs))

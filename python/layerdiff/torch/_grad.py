@@ -41,7 +41,7 @@ from layerdiff.torch._sides import _WORDS, TorchSide, cuda_math
 
 def compare_gradients(
     model,
-    inputs,
+    inputs=None,
     *,
     target: str = "torch:bf16",
     reference: str = "torch",
@@ -58,7 +58,8 @@ def compare_gradients(
     """Compare a model's gradients on the PyTorch side ``target`` (``"torch:bf16"``,
     ``"torch:cuda:amp-fp16"``, ``"torch:compile"``…) with those on ``reference`` (default: the
     model as given), for every parameter, floating-point input and module call's input, in
-    backward order.
+    backward order. ``model`` may be a transformers checkpoint folder, as for
+    :func:`layerdiff.torch.compare_torch_onnx`.
 
     ``loss`` is ``"dot"`` (the output's dot product with a fixed random tensor from ``seed``,
     so every output element has its own gradient) or ``"sum"``. ``tolerance`` and ``float64``
@@ -68,10 +69,10 @@ def compare_gradients(
     ``report.drift_origin`` is the first module, in backward order, whose backward computes
     differently (or, with rounding only, where the rounding is born).
     """
-    from layerdiff.torch._running import as_input_tuple, to_eval
+    from layerdiff.torch._running import model_and_inputs, model_notes
 
     step = progress or (lambda message: None)
-    inputs = as_input_tuple(inputs)
+    model, inputs = model_and_inputs(model, inputs, seed)
     loss = _layerdiff.choice("loss", loss)
     if options is None:
         options = _layerdiff.Options(
@@ -85,7 +86,7 @@ def compare_gradients(
         raise _layerdiff.UsageError("compare_gradients compares PyTorch sides (`torch:bf16`…)")
     ref_side, tgt_side = TorchSide.of(options.reference), TorchSide.of(options.torch_target)
 
-    eval_note = to_eval(model)
+    notes = model_notes(model)
     with torch.no_grad():
         out = _first_tensor(model(*inputs))
     if out is None or not out.is_floating_point():
@@ -145,7 +146,7 @@ def compare_gradients(
     report = Report(native, inputs=given).warned(warnings)
     owners = {x.name: x.module for x in layers}
     report = report.advised_by_module(owners)
-    report.notes += [n for n in (eval_note, lost, skipped_note(tgt)) if n]
+    report.notes += [*notes, *(n for n in (lost, skipped_note(tgt)) if n)]
     return report
 
 

@@ -25,6 +25,24 @@ def as_input_tuple(inputs) -> tuple:
     )
 
 
+def model_and_inputs(model, inputs, seed: int | None) -> tuple[nn.Module, tuple]:
+    """The model and its inputs as a tuple; a checkpoint folder given as the model is loaded
+    (`layerdiff.torch.load_checkpoint`), with inputs made from its config unless given."""
+    from layerdiff.torch._checkpoint import is_checkpoint, load_checkpoint
+
+    if is_checkpoint(model):
+        model, made = load_checkpoint(model, seed or 0)
+        inputs = made if inputs is None else inputs
+    return model, as_input_tuple(inputs)
+
+
+def model_notes(model) -> list[str]:
+    """What a report says of how the model was taken: a checkpoint's loading, and the eval
+    mode it was put in (`to_eval`)."""
+    said = getattr(model, "said", None)
+    return [n for n in (said if isinstance(said, str) else None, to_eval(model)) if n]
+
+
 def to_eval(model) -> str | None:
     """Puts the model in eval mode, as it is exported and deployed; says so when a module that
     computes differently in training was in training mode (dropout would make each run differ,

@@ -11,7 +11,6 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from layerdiff import _layerdiff, _ort
 from layerdiff.report import Report
@@ -22,18 +21,18 @@ from layerdiff.torch._export import export_onnx
 from layerdiff.torch._lockstep import Lockstep
 from layerdiff.torch._lockstep import float64 as float64_copy
 from layerdiff.torch._running import (
-    as_input_tuple,
     layer_parameters,
+    model_and_inputs,
+    model_notes,
     progress_line,
     run_model,
     timed_phases,
-    to_eval,
 )
 
 
 def compare_torch_onnx(
-    model: nn.Module,
-    inputs,
+    model,
+    inputs=None,
     *,
     onnx: str | Path | None = None,
     tolerance: float | str = "dtype",
@@ -56,7 +55,9 @@ def compare_torch_onnx(
     """Compare a PyTorch model with its ONNX export under ONNX Runtime, layer by layer.
 
     The one model instance given is both captured and exported (or, with ``onnx=``, compared
-    against that file), and both sides receive the same input bytes. ``target`` names the runtime
+    against that file), and both sides receive the same input bytes. ``model`` may be a
+    transformers checkpoint folder (`load_checkpoint`: its inputs made from its config unless
+    ``inputs`` are given). ``target`` names the runtime
     that runs the ONNX file: ``"ort"`` (CPU, optimizations off), ``"ort:opt=all"``,
     ``"ort:cuda"``…, ``"tract"``, or ``"openvino"`` (``"openvino:precision=f16"``).
 
@@ -91,7 +92,7 @@ def compare_torch_onnx(
     """
     phases, lap = timed_phases(timings)
     step = progress or (lambda message: None)
-    inputs = as_input_tuple(inputs)
+    model, inputs = model_and_inputs(model, inputs, seed)
     if options is None:
         options = _layerdiff.Options(
             tolerance=tolerance,
@@ -107,7 +108,7 @@ def compare_torch_onnx(
             f"the target `{options.torch_target.spelling}` is PyTorch itself: "
             "use compare_torch for PyTorch sides"
         )
-    eval_note = to_eval(model)
+    notes = model_notes(model)
 
     step("listing PyTorch layers")
     listing = run_model(inputs, lambda: capture(model, inputs, fingerprints=True))
@@ -135,8 +136,8 @@ def compare_torch_onnx(
             exporter=exporter, cache=cache,
         )  # fmt: skip
         if dtype is None:
-            return compare(onnx_path, notes=[eval_note])
-        run = (compare, [eval_note], step, lap)
+            return compare(onnx_path, notes=notes)
+        run = (compare, notes, step, lap)
         return _converted(onnx_path, dtype, keep_fp32, folder, inputs, seed, run)
 
 

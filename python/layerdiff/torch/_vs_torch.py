@@ -24,12 +24,12 @@ from layerdiff.torch import _baseline
 from layerdiff.torch._capture import _first_tensor, capture, leaf_modules
 from layerdiff.torch._lockstep import Lockstep, float64, own_arguments
 from layerdiff.torch._running import (
-    as_input_tuple,
     layer_parameters,
+    model_and_inputs,
+    model_notes,
     progress_line,
     run_model,
     timed_phases,
-    to_eval,
 )
 from layerdiff.torch._sides import _CAST as _CASTS
 from layerdiff.torch._sides import TorchSide, cuda_math
@@ -37,7 +37,7 @@ from layerdiff.torch._sides import TorchSide, cuda_math
 
 def compare_torch(
     model,
-    inputs,
+    inputs=None,
     *,
     target: str = "torch:bf16",
     reference: str = "torch",
@@ -54,7 +54,8 @@ def compare_torch(
     bisect: bool = False,
 ) -> Report:
     """Compare a PyTorch model with itself on another device, precision or compiler, layer by
-    layer.
+    layer. ``model`` may be a transformers checkpoint folder, as for
+    :func:`layerdiff.torch.compare_torch_onnx`.
 
     ``target`` and ``reference`` are PyTorch sides, ``torch[:DEVICE][:PRECISION][:compile]``:
     ``"torch:cuda"``, ``"torch:bf16"``, ``"torch:cuda:tf32"``, ``"torch:amp-fp16"``,
@@ -78,7 +79,7 @@ def compare_torch(
     """
     phases, _ = timed_phases(timings)
     step = progress or (lambda message: None)
-    inputs = as_input_tuple(inputs)
+    model, inputs = model_and_inputs(model, inputs, seed)
     if options is None:
         options = _layerdiff.Options(
             tolerance=tolerance,
@@ -99,7 +100,7 @@ def compare_torch(
     lower = tgt_side.precision.removeprefix("amp-")
     from layerdiff.torch import _precision
 
-    eval_note = to_eval(model)
+    notes = model_notes(model)
     once = _Comparison(
         model, inputs, options, ref_side, tgt_side, name, seed, phases, timings, step, progress
     )  # fmt: skip
@@ -125,8 +126,7 @@ def compare_torch(
             lambda kept: once(keep=_precision.kept_modules(once.listed, kept)),
             step, tgt_side.spelling,
         )  # fmt: skip
-    if eval_note:
-        report.notes.insert(0, eval_note)
+    report.notes[:0] = notes
     return report
 
 

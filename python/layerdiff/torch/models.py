@@ -13,6 +13,7 @@ from torch import nn
 
 from layerdiff import _layerdiff
 from layerdiff._builders import builder_function
+from layerdiff.torch._checkpoint import is_checkpoint, load_checkpoint
 
 
 @dataclass(frozen=True)
@@ -191,9 +192,12 @@ def zoo_text() -> str:
 
 
 def load_builder(spec: str):
-    """`resnet18`, `path/to/file.py:build` or `package.module:build` → a function of the seed."""
+    """`resnet18`, `path/to/file.py:build`, `package.module:build` or a transformers checkpoint
+    folder (`path/to/folder`, see `load_checkpoint`) → a function of the seed."""
     if spec in ZOO:
         return ZOO[spec]
+    if is_checkpoint(spec):
+        return lambda seed: load_checkpoint(spec, seed)
     plugins = _plugins()
     if spec in plugins:
         spec = plugins[spec].value
@@ -201,7 +205,7 @@ def load_builder(spec: str):
         known = ", ".join(ZOO)
         raise _layerdiff.UsageError(
             f"unknown model `{spec}`: expected a built-in name ({known}), "
-            "`path/to/file.py:function` or `package.module:function`"
+            "`path/to/file.py:function`, `package.module:function` or a checkpoint folder"
         )
     func = builder_function(spec)
 

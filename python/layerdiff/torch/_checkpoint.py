@@ -1,0 +1,180 @@
+"""A transformers checkpoint folder (the config.json and weights `save_pretrained` writes) as a
+model to compare: loaded from local files only with the head its config names, its inputs made
+from the config, what export needs set, and all of it said in the report's notes."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from layerdiff import _layerdiff
+
+# Tokens in the prompt a checkpoint runs on (fewer where its positions end sooner).
+TOKENS = 32
+
+
+def is_checkpoint(spec) -> bool:
+    """Whether `spec` names a folder (a checkpoint, or a mistake `load_checkpoint` names)."""
+    return isinstance(spec, (str, Path)) and Path(spec).is_dir()
+
+
+class Checkpoint(nn.Module):
+    """A transformers model called on token ids and their attention mask (and the decoder's ids
+    for an encoder-decoder), without its cache: one tensor out, the logits (or the last hidden
+    state of a model without a head). ``said`` is how it was loaded, in words."""
+
+    def __init__(self, model: nn.Module, said: str):
+        super().__init__()
+        # The model's own modules are this one's, under the checkpoint's names (`lm_head`,
+        # `model.layers.0.mlp`), and the model itself is held but not registered: layers,
+        # exported scopes and weights read as the checkpoint does.
+        for name, child in model.named_children():
+            self.add_module(name, child)
+        object.__setattr__(self, "model_", model)
+        self.said = said
+
+    def train(self, mode: bool = True):
+        self.model_.training = mode
+        return super().train(mode)
+
+    def _call(self, **inputs):
+        if getattr(self.model_.config, "use_cache", None) is not None:
+            inputs["use_cache"] = False
+        out = self.model_(**inputs)
+        return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+
+    def forward(self, input_ids, attention_mask, decoder_input_ids=None):
+        if decoder_input_ids is None:
+            return self._call(input_ids=input_ids, attention_mask=attention_mask)
+        return self._call(
+            input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids
+        )
+
+
+class DecoderCheckpoint(Checkpoint):
+    """A checkpoint whose model takes position ids: given explicitly, as a deployed decoder's
+    ONNX file takes them."""
+
+    def forward(self, input_ids, attention_mask, position_ids):
+        return self._call(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        )
+
+
+@contextlib.contextmanager
+def _quiet(transformers):
+    """transformers' progress bars and warnings off while a checkpoint loads (its findings
+    about the files reach the user as errors, or not at all)."""
+    logging = transformers.utils.logging
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+        logging.enable_progress_bar()
+
+
+def _model_class(transformers, config):
+    """The class the config names (`architectures`, as `save_pretrained` writes it), else a
+    causal language model where the config is one, else the bare model."""
+    for name in getattr(config, "architectures", None) or []:
+        found = getattr(transformers, name, None)
+        if found is not None:
+            return found
+    auto = transformers.AutoModelForCausalLM
+    return auto if type(config) in auto._model_mapping else transformers.AutoModel
+
+
+def _stored_dtype(config) -> torch.dtype | None:
+    stored = getattr(config, "dtype", None)
+    if isinstance(stored, str):
+        stored = getattr(torch, stored, None)
+    return stored if isinstance(stored, torch.dtype) else None
+
+
+def load_checkpoint(folder, seed: int = 0, *, tokens: int | None = None) -> tuple[nn.Module, tuple]:
+    """`(model, inputs)` of the checkpoint in `folder`: the model in float32, whatever dtype
+    its weights are stored in (a lower-precision side runs it as shipped), attention computed
+    eagerly so its matmuls and softmax are layers of their own, its cache off; the inputs
+    ``tokens`` token ids (`TOKENS`, fewer where its positions end sooner) drawn from the seed over
+    its vocabulary, an attention mask of ones,
+    and the position ids (or the decoder's ids) where the model takes them."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise _layerdiff.UsageError(
+            f"`{folder}` is a folder without a config.json: a checkpoint folder holds the "
+            "config.json and weights that transformers' save_pretrained writes"
+        )
+    try:
+        import transformers
+    except ImportError as e:
+        raise _layerdiff.UsageError(
+            f"`{folder}` is a checkpoint folder, which needs transformers "
+            "(pip install transformers)"
+        ) from e
+    with _quiet(transformers):
+        try:
+            config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
+        except (OSError, ValueError, KeyError) as e:
+            raise _layerdiff.UsageError(
+                f"transformers {transformers.__version__} cannot read `{folder}/config.json`: {e}"
+            ) from e
+        model_class = _model_class(transformers, config)
+        try:
+            model = model_class.from_pretrained(
+                folder, local_files_only=True, dtype=torch.float32, attn_implementation="eager"
+            )
+        except (OSError, ValueError, RuntimeError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise _layerdiff.UsageError(
+                f"transformers cannot load the weights in `{folder}`: {first}"
+            ) from e
+    model.eval()
+    tokens = tokens or checkpoint_tokens(config)
+    said = _said(folder, model, config, tokens)
+    ids, mask, extra = _inputs(model, config, seed, tokens)
+    takes_positions = "position_ids" in inspect.signature(model.forward).parameters
+    if config.is_encoder_decoder:
+        return Checkpoint(model, said), (ids, mask, extra)
+    if takes_positions:
+        return DecoderCheckpoint(model, said), (ids, mask, extra)
+    return Checkpoint(model, said), (ids, mask)
+
+
+def _inputs(model, config, seed: int, tokens: int):
+    """Token ids, a mask of ones, and the position ids or (encoder-decoder) the decoder's ids."""
+    generator = torch.Generator().manual_seed(seed)
+    vocab = config.get_text_config().vocab_size
+    ids = torch.randint(0, vocab, (1, tokens), generator=generator)
+    mask = torch.ones_like(ids)
+    if config.is_encoder_decoder:
+        extra = torch.randint(0, vocab, (1, max(tokens // 2, 1)), generator=generator)
+    else:
+        extra = torch.arange(tokens).unsqueeze(0)
+    return ids, mask, extra
+
+
+def _said(folder: Path, model: nn.Module, config, tokens: int) -> str:
+    stored = _stored_dtype(config)
+    kept = (
+        f"its weights stored in {str(stored).removeprefix('torch.')}, loaded in float32"
+        if stored not in (None, torch.float32)
+        else "in float32"
+    )
+    cache = ", its cache off (use_cache=False)" if hasattr(config, "use_cache") else ""
+    return (
+        f"checkpoint `{folder}`: {type(model).__name__} from local files, {kept}, attention "
+        f"computed eagerly{cache}; run on {tokens} token ids drawn from the seed"
+    )
+
+
+def checkpoint_tokens(config) -> int:
+    """The prompt length a checkpoint runs on: `TOKENS`, or fewer where its positions end."""
+    limit = getattr(config.get_text_config(), "max_position_embeddings", None)
+    return min(TOKENS, limit) if isinstance(limit, int) and limit > 0 else TOKENS
