@@ -131,3 +131,62 @@ def add_noise(src, dst, value, scale):
         graph.node.insert(position + 2, add)
 
     return _edit(src, dst, edit)
+
+
+def _with_cache(graph, prefix: str):
+    """Nodes computing, in int64, 1 where the cache the file is given holds tokens, else 0 (the
+    length of the first cache input, `past_key_values_0_key`, above zero): a fault multiplied
+    by it is in the cached path only, never in the prefill."""
+    past = next(i.name for i in graph.input if i.name.startswith("past_key_values_0_key"))
+    for name, value in ((f"{prefix}_two", 2), (f"{prefix}_zero", 0), (f"{prefix}_one", 1)):
+        graph.initializer.append(numpy_helper.from_array(np.array(value, dtype=np.int64), name))
+    return [
+        helper.make_node("Shape", [past], [f"{prefix}_shape"]),
+        helper.make_node("Gather", [f"{prefix}_shape", f"{prefix}_two"], [f"{prefix}_len"], axis=0),
+        helper.make_node("Greater", [f"{prefix}_len", f"{prefix}_zero"], [f"{prefix}_has"]),
+        helper.make_node("Cast", [f"{prefix}_has"], [f"{prefix}_cached"], to=TensorProto.INT64),
+    ]
+
+
+def _feed(graph, nodes, graph_input: str, replaced: str):
+    """Every reader of `graph_input` reads `replaced` instead, made by `nodes` put first."""
+    for node in graph.node:
+        for k, name in enumerate(node.input):
+            if name == graph_input:
+                node.input[k] = replaced
+    for k, node in enumerate(nodes):
+        graph.node.insert(k, node)
+
+
+def positions_off_with_cache(src, dst):
+    """A decoder's file whose position ids are one too far where it is given a cache: the
+    rotary table is read for the wrong positions at every step after the prefill."""
+
+    def edit(graph):
+        nodes = _with_cache(graph, "po")
+        nodes.append(helper.make_node("Add", ["position_ids", "po_cached"], ["po_positions"]))
+        _feed(graph, nodes, "position_ids", "po_positions")
+
+    return _edit(src, dst, edit)
+
+
+def mask_short_with_cache(src, dst):
+    """A decoder's file whose attention mask loses its first position where it is given a
+    cache (a mask one token short, padded): the first token is hidden at every step after
+    the prefill."""
+
+    def edit(graph):
+        nodes = _with_cache(graph, "ms")
+        nodes += [
+            helper.make_node("Shape", ["attention_mask"], ["ms_mask_shape"]),
+            helper.make_node("Gather", ["ms_mask_shape", "ms_one"], ["ms_mask_len"], axis=0),
+            helper.make_node("Range", ["ms_zero", "ms_mask_len", "ms_one"], ["ms_range"]),
+            helper.make_node("Equal", ["ms_range", "ms_zero"], ["ms_first"]),
+            helper.make_node("Cast", ["ms_first"], ["ms_first_i"], to=TensorProto.INT64),
+            helper.make_node("Mul", ["ms_first_i", "ms_cached"], ["ms_drop"]),
+            helper.make_node("Sub", ["ms_one", "ms_drop"], ["ms_keep"]),
+            helper.make_node("Mul", ["attention_mask", "ms_keep"], ["ms_mask"]),
+        ]
+        _feed(graph, nodes, "attention_mask", "ms_mask")
+
+    return _edit(src, dst, edit)

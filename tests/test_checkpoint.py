@@ -15,43 +15,11 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 onnx = pytest.importorskip("onnx")
 
+from conftest import CHECKPOINTS  # noqa: E402
 from faults import producer, scale_weight  # noqa: E402
 
-SMALL = {"vocab_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4}
-CONFIGS = {
-    "llama": ("LlamaConfig", "LlamaForCausalLM",
-              {**SMALL, "hidden_size": 64, "intermediate_size": 160, "num_key_value_heads": 2,
-               "max_position_embeddings": 64}),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM",
-              {**SMALL, "hidden_size": 64, "intermediate_size": 160, "num_key_value_heads": 2,
-               "max_position_embeddings": 64}),
-    "gpt2": ("GPT2Config", "GPT2LMHeadModel",
-             {"vocab_size": 512, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 16,
-              "bos_token_id": 0, "eos_token_id": 0}),
-}  # fmt: skip
 
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """`name` → a folder `save_pretrained` wrote: random weights from seed 0, stored in bfloat16
-    as checkpoints ship."""
-    made = {}
-
-    def folder(name):
-        if name not in made:
-            config_class, model_class, config = CONFIGS[name]
-            torch.manual_seed(0)
-            model = getattr(transformers, model_class)(
-                getattr(transformers, config_class)(**config)
-            )
-            made[name] = tmp_path_factory.mktemp(name)
-            model.to(torch.bfloat16).save_pretrained(made[name])
-        return made[name]
-
-    return folder
-
-
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", list(CHECKPOINTS))
 def test_a_checkpoint_folder_runs_by_path_against_its_export(checkpoint, name, tmp_path):
     out = tmp_path / "r.json"
     done = run_cli("torch", str(checkpoint(name)), "--json", str(out))

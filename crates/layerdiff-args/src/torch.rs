@@ -136,6 +136,19 @@ pub struct TorchArgs {
     /// `2x128,2x128`). The dimensions that differ are exported dynamic.
     #[arg(long, value_name = "SHAPES", value_parser = parse_shapes)]
     pub shapes: Vec<Vec<Vec<usize>>>,
+    /// Compare a transformers decoder as it generates: the prefill, then N single-token steps
+    /// that read the key/value cache, both sides fed the reference's greedy tokens and its
+    /// cache at every step; every layer of every step judged, the axis report naming the step
+    /// and the layer where a fault is born (`--out`: axis.json, axis.md, each step's reports in
+    /// prefill/ and step-N/). The ONNX file takes the cache as inputs and gives it as outputs,
+    /// its token count and cache length dynamic (`--onnx`: such a file of yours).
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = positive,
+        conflicts_with_all = ["batch_sizes", "shapes", "dtype", "keep_fp32", "bisect"]
+    )]
+    pub decode_steps: Option<usize>,
     /// How every layer is judged.
     #[command(flatten)]
     pub judging: Judging,
@@ -215,10 +228,14 @@ impl TorchArgs {
                     .to_string(),
             );
         }
-        if self.repro.is_some() && (!self.batch_sizes.is_empty() || !self.shapes.is_empty()) {
+        if self.repro.is_some()
+            && (!self.batch_sizes.is_empty()
+                || !self.shapes.is_empty()
+                || self.decode_steps.is_some())
+        {
             return Err(
-                "`--repro` cuts down one comparison; with `--batch-sizes` or `--shapes`, run the \
-                 point that drifts alone"
+                "`--repro` cuts down one comparison; with `--batch-sizes`, `--shapes` or \
+                 `--decode-steps`, run the point that drifts alone"
                     .to_string(),
             );
         }

@@ -205,6 +205,15 @@ fn findings(axis: &str, points: &[AxisPoint], changing: &[AxisLayer]) -> Vec<Str
             clean[0]
         ));
     }
+    // The point a check would first stop at, and where its fault is born.
+    if let Some(p) = points.iter().find(|p| p.fails) {
+        let at = match (&p.drift_origin, &p.cause) {
+            (Some(o), Some(c)) => format!(": born at `{o}` ({c})"),
+            (Some(o), None) => format!(": born at `{o}`"),
+            _ => String::new(),
+        };
+        out.push(format!("first fails at {axis} {}{at}", p.point));
+    }
     let origins: Vec<&str> = points
         .iter()
         .filter_map(|p| p.drift_origin.as_deref())
@@ -326,7 +335,10 @@ pub fn axis_text(report: &AxisReport) -> String {
         let origin = p
             .drift_origin
             .as_ref()
-            .map_or(String::new(), |o| format!(", born at `{o}`"));
+            .map_or(String::new(), |o| match &p.cause {
+                Some(c) => format!(", born at `{o}` ({c})"),
+                None => format!(", born at `{o}`"),
+            });
         let output = match (&p.output_note, p.output_max_abs_diff) {
             (Some(note), _) => format!("; output `{}`: {note}", p.output.as_deref().unwrap_or("")),
             (None, Some(d)) => format!("; output max abs diff {d:.3e}"),

@@ -185,6 +185,8 @@ pub(crate) struct Command {
     /// `torch`: the points of an axis: batch sizes, or each point's input shapes.
     batch_sizes: Vec<usize>,
     shapes: Vec<Vec<Vec<usize>>>,
+    /// `torch`: the decode steps after the prefill (none: one forward pass).
+    decode_steps: Option<usize>,
 }
 
 #[pymethods]
@@ -275,6 +277,11 @@ impl Command {
     #[getter]
     fn shapes(&self) -> Vec<Vec<Vec<usize>>> {
         self.shapes.clone()
+    }
+    /// `torch`: the decode steps after the prefill (None: one forward pass, no cache).
+    #[getter]
+    fn decode_steps(&self) -> Option<usize> {
+        self.decode_steps
     }
     /// `grad`: `dot` or `sum`.
     #[getter]
@@ -391,6 +398,7 @@ impl Command {
             repro: None,
             batch_sizes: Vec::new(),
             shapes: Vec::new(),
+            decode_steps: None,
         }
     }
 
@@ -406,6 +414,7 @@ impl Command {
         command.repro = a.repro;
         command.batch_sizes = a.batch_sizes;
         command.shapes = a.shapes;
+        command.decode_steps = a.decode_steps;
         command.exporter = Some(layerdiff_args::spelling(&a.exporter));
         command.onnx = a.onnx;
         command.cache = !a.no_cache;

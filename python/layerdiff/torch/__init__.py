@@ -11,11 +11,13 @@ layerdiff (the ONNX verbs, reports, the comparator) imports without it.
   ``compare_torch(..., bisect=True)`` finds what turns a drift on (``_bisect``);
 - capture (``_capture``), the lockstep copy (``_lockstep``), the export (``_export``), PyTorch
   sides (``_sides``), the float64 baseline (``_baseline``), the models (``models``), a
-  transformers checkpoint folder as a model (``_checkpoint``: ``load_checkpoint``).
+  transformers checkpoint folder as a model (``_checkpoint``: ``load_checkpoint``); a decoder
+  compared as it generates, step by step with its cache (``_decode``: ``compare_decoding``).
 """
 
 from layerdiff.torch._capture import FUNCTIONAL_OPS, capture, functional_op
 from layerdiff.torch._checkpoint import load_checkpoint
+from layerdiff.torch._decode import compare_decoding
 from layerdiff.torch._export import export_onnx
 from layerdiff.torch._grad import compare_gradients
 from layerdiff.torch._running import to_eval
@@ -27,6 +29,7 @@ __all__ = [
     "BUILTIN_MODELS",
     "FUNCTIONAL_OPS",
     "capture",
+    "compare_decoding",
     "compare_gradients",
     "compare_torch",
     "compare_torch_onnx",

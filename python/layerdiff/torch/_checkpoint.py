@@ -25,9 +25,10 @@ def is_checkpoint(spec) -> bool:
 class Checkpoint(nn.Module):
     """A transformers model called on token ids and their attention mask (and the decoder's ids
     for an encoder-decoder), without its cache: one tensor out, the logits (or the last hidden
-    state of a model without a head). ``said`` is how it was loaded, in words."""
+    state of a model without a head). ``loaded`` says how it was loaded and what it runs on, in
+    words; ``said`` adds that its cache is off."""
 
-    def __init__(self, model: nn.Module, said: str):
+    def __init__(self, model: nn.Module, loaded: str):
         super().__init__()
         # The model's own modules are this one's, under the checkpoint's names (`lm_head`,
         # `model.layers.0.mlp`), and the model itself is held but not registered: layers,
@@ -35,7 +36,12 @@ class Checkpoint(nn.Module):
         for name, child in model.named_children():
             self.add_module(name, child)
         object.__setattr__(self, "model_", model)
-        self.said = said
+        self.loaded = loaded
+
+    @property
+    def said(self) -> str:
+        cache = hasattr(self.model_.config, "use_cache")
+        return self.loaded.replace("; run on", ", its cache off (use_cache=False); run on", cache)
 
     def train(self, mode: bool = True):
         self.model_.training = mode
@@ -137,14 +143,14 @@ def load_checkpoint(folder, seed: int = 0, *, tokens: int | None = None) -> tupl
             ) from e
     model.eval()
     tokens = tokens or checkpoint_tokens(config)
-    said = _said(folder, model, config, tokens)
+    loaded = _loaded(folder, model, config, tokens)
     ids, mask, extra = _inputs(model, config, seed, tokens)
     takes_positions = "position_ids" in inspect.signature(model.forward).parameters
     if config.is_encoder_decoder:
-        return Checkpoint(model, said), (ids, mask, extra)
+        return Checkpoint(model, loaded), (ids, mask, extra)
     if takes_positions:
-        return DecoderCheckpoint(model, said), (ids, mask, extra)
-    return Checkpoint(model, said), (ids, mask)
+        return DecoderCheckpoint(model, loaded), (ids, mask, extra)
+    return Checkpoint(model, loaded), (ids, mask)
 
 
 def _inputs(model, config, seed: int, tokens: int):
@@ -160,17 +166,16 @@ def _inputs(model, config, seed: int, tokens: int):
     return ids, mask, extra
 
 
-def _said(folder: Path, model: nn.Module, config, tokens: int) -> str:
+def _loaded(folder: Path, model: nn.Module, config, tokens: int) -> str:
     stored = _stored_dtype(config)
     kept = (
         f"its weights stored in {str(stored).removeprefix('torch.')}, loaded in float32"
         if stored not in (None, torch.float32)
         else "in float32"
     )
-    cache = ", its cache off (use_cache=False)" if hasattr(config, "use_cache") else ""
     return (
         f"checkpoint `{folder}`: {type(model).__name__} from local files, {kept}, attention "
-        f"computed eagerly{cache}; run on {tokens} token ids drawn from the seed"
+        f"computed eagerly; run on {tokens} token ids drawn from the seed"
     )
 
 

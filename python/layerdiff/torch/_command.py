@@ -14,11 +14,11 @@ from layerdiff._cli import _process_age
 
 def torch(command, progress) -> int:
     """`layerdiff torch`: against the ONNX export on a runtime, or a PyTorch target; along an
-    axis with `--batch-sizes`/`--shapes`."""
+    axis with `--batch-sizes`/`--shapes`, or decoding with `--decode-steps`."""
     from layerdiff import torch as lt
 
     model, inputs, common = _built(command, progress)
-    if command.batch_sizes or command.shapes:
+    if command.batch_sizes or command.shapes or command.decode_steps:
         return _along_axis(command, model, inputs, progress)
     if command.options.torch_target is not None:
         report = lt.compare_torch(
@@ -118,30 +118,30 @@ def _torch_repro(model, inputs, report, command) -> tuple[str, bool]:
 
 
 def _along_axis(command, model, inputs, progress) -> int:
-    """`layerdiff torch --batch-sizes`/`--shapes`: the axis report, and under `--out` each
-    point's reports in its own folder."""
-    from layerdiff.torch import _axis
+    """`layerdiff torch --batch-sizes`/`--shapes`/`--decode-steps`: the axis report, and under
+    `--out` each point's reports in its own folder."""
+    from layerdiff.torch import _axis, _decode
     from layerdiff.torch._running import as_input_tuple
 
-    axis, reports, notes = _axis.compare_along(
-        model,
-        as_input_tuple(inputs),
-        batch_sizes=command.batch_sizes,
-        shapes=command.shapes,
-        onnx=command.onnx,
-        exporter=command.exporter,
-        workdir=command.out,
-        cache=command.cache,
-        seed=command.seed,
-        name=command.model,
-        options=command.options,
-        dtype=command.dtype,
-        keep_fp32=command.keep_fp32,
-        progress=progress,
-    )
+    common = {
+        "onnx": command.onnx, "exporter": command.exporter, "workdir": command.out,
+        "cache": command.cache, "seed": command.seed, "name": command.model,
+        "options": command.options, "progress": progress,
+    }  # fmt: skip
+    if command.decode_steps:
+        axis, reports, notes = _decode.compare_decoding(
+            model, inputs, steps=command.decode_steps, **common
+        )
+        slug = _decode.slug
+    else:
+        axis, reports, notes = _axis.compare_along(
+            model, as_input_tuple(inputs), batch_sizes=command.batch_sizes, shapes=command.shapes,
+            dtype=command.dtype, keep_fp32=command.keep_fp32, **common,
+        )  # fmt: skip
+        slug = lambda label: _axis.slug(axis.axis, label)  # noqa: E731
     if command.out is not None:
         for label, report in reports:
-            folder = Path(command.out) / _axis.slug(axis.axis, label)
+            folder = Path(command.out) / slug(label)
             report.write(
                 json=folder / "report.json",
                 markdown=folder / "report.md",

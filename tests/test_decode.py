@@ -1,0 +1,93 @@
+"""`layerdiff torch MODEL --decode-steps N`: a transformers decoder compared as it generates, the
+prefill and then single-token steps that read the key/value cache, both sides fed the
+reference's tokens and cache. Clean checkpoints are clean at every step on ONNX Runtime, in
+bfloat16 and compiled; a fault only in the cached path of the file (positions one too far, a
+mask one token short) is the headline at step 1 at its layer, and the prefill passes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_cli
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("onnx")
+
+from faults import mask_short_with_cache, positions_off_with_cache  # noqa: E402
+
+
+def axis_of(path):
+    return json.loads(path.read_text())
+
+
+def test_a_checkpoint_decodes_four_steps_clean_against_its_export(checkpoint, tmp_path):
+    out = tmp_path / "run"
+    done = run_cli("torch", str(checkpoint("llama")), "--decode-steps", "4", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    axis = axis_of(out / "axis.json")
+    assert axis["axis"] == "decode step"
+    assert [p["point"] for p in axis["points"]] == ["prefill", "1", "2", "3", "4"]
+    for point in axis["points"]:
+        assert point["verdict"] == "no_drift" and point["layers_compared"] == 60, point
+    # the prefill runs the same file with an empty cache; each step adds one token to it
+    shapes = [{i["name"]: i["shape"] for i in p["inputs"]} for p in axis["points"]]
+    assert shapes[0]["input_ids"] == [1, 32] and shapes[0]["past_key_values_0_key"][2] == 0
+    assert shapes[4]["input_ids"] == [1, 1] and shapes[4]["past_key_values_0_key"][2] == 35
+    assert shapes[4]["attention_mask"] == [1, 36]
+    # every layer of every step, the cache entries the attention writes among them
+    step = json.loads((out / "step-1" / "report.json").read_text())
+    names = [layer["name"] for layer in step["layers"]]
+    assert "model.layers.1.self_attn:cat" in names and "lm_head" in names
+    assert (out / "prefill" / "report.md").is_file()
+    assert "both sides fed the reference's greedy tokens and its key/value cache" in done.stderr
+    assert "its cache off" not in done.stderr
+
+
+@pytest.mark.parametrize(("name", "target"), [("qwen2", "torch:bf16"), ("gpt2", "torch:compile")])
+def test_a_pytorch_target_decodes_without_a_defect(checkpoint, name, target, tmp_path):
+    out = tmp_path / "axis.json"
+    args = ("torch", str(checkpoint(name)), "--decode-steps", "2", "--target", target)
+    done = run_cli(*args, "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    axis = axis_of(out)
+    assert [p["fails"] for p in axis["points"]] == [False] * 3, axis["points"]
+    if name == "gpt2":  # 16 positions: the prompt makes room for the steps
+        assert "the prompt cut from 16 to 14 tokens" in done.stderr
+        assert axis["points"][0]["inputs"][0]["shape"] == [1, 14]
+
+
+@pytest.mark.parametrize(
+    ("fault", "layer"),
+    [
+        (positions_off_with_cache, "model.rotary_emb"),
+        (mask_short_with_cache, "model.layers.0.self_attn:add#3"),  # the mask onto the scores
+    ],
+)
+def test_a_fault_only_in_the_cached_path_is_the_headline_at_step_1(
+    checkpoint, fault, layer, tmp_path
+):
+    folder = checkpoint("llama")
+    clean = tmp_path / "clean"
+    assert run_cli("torch", str(folder), "--decode-steps", "2", "--out", str(clean)).returncode == 0
+    edited = fault(clean / "model.onnx", tmp_path / "edited.onnx")
+    out = tmp_path / "axis.json"
+    args = ("torch", str(folder), "--decode-steps", "2", "--onnx", str(edited))
+    done = run_cli(*args, "--json", str(out))
+    assert done.returncode == 1, done.stderr
+    points = axis_of(out)["points"]
+    assert points[0]["verdict"] == "no_drift", "the prefill never reads the cache"
+    assert [(p["drift_origin"], p["cause"]) for p in points[1:]] == [(layer, "file_differs")] * 2
+    assert f"first fails at decode step 1: born at `{layer}` (file_differs)" in done.stdout
+
+
+def test_decoding_is_refused_for_a_model_without_a_cache_and_beside_an_axis(tmp_path):
+    done = run_cli("torch", "resnet18", "--decode-steps", "2")
+    assert done.returncode == 2
+    assert "--decode-steps needs a transformers decoder with a key/value cache" in done.stderr
+    assert "`ResNet` is not one" in done.stderr and "Traceback" not in done.stderr
+    done = run_cli("torch", "llama", "--decode-steps", "2", "--batch-sizes", "1,2")
+    assert done.returncode == 2 and "cannot be used with" in done.stderr
+    done = run_cli("torch", "llama", "--decode-steps", "0")
+    assert done.returncode == 2 and "`0` is not a size above zero" in done.stderr
