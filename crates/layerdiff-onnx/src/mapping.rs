@@ -24,8 +24,10 @@ use crate::{Dimension, GraphIndex, GraphProto, NodeExt, NodeInfo, is_float_elem_
 
 mod functional;
 mod nodeless;
+mod rewritten;
 use functional::map_functional;
 use nodeless::{has_scope, resolve_nodeless, unmapped};
+use rewritten::paired_by_input;
 
 /// One call of a leaf module, as captured on the PyTorch side.
 #[derive(Debug, Clone, PartialEq)]
@@ -486,6 +488,8 @@ impl ScopeMapping {
                 Err(why) => unmapped(&why),
             };
         }
+        let unscoped: HashSet<usize> = request.candidates.iter().map(|(_, n)| *n).collect();
+        let mappings = paired_by_input(&index, layers, &unscoped, mappings);
         resolve_nodeless(graph, &index, &boundary, layers, mappings)
     }
 }

@@ -22,6 +22,17 @@ def is_checkpoint(spec) -> bool:
     return isinstance(spec, (str, Path)) and Path(spec).is_dir()
 
 
+def checked_folder(folder) -> Path:
+    """`folder` as a path, or a `UsageError` where it holds no config.json."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise _layerdiff.UsageError(
+            f"`{folder}` is a folder without a config.json: a checkpoint folder holds the "
+            "config.json and weights that transformers' save_pretrained writes"
+        )
+    return folder
+
+
 class Checkpoint(nn.Module):
     """A transformers model called on token ids and their attention mask (and the decoder's ids
     for an encoder-decoder), without its cache: one tensor out, the logits (or the last hidden
@@ -111,12 +122,7 @@ def load_checkpoint(folder, seed: int = 0, *, tokens: int | None = None) -> tupl
     ``tokens`` token ids (`TOKENS`, fewer where its positions end sooner) drawn from the seed over
     its vocabulary, an attention mask of ones,
     and the position ids (or the decoder's ids) where the model takes them."""
-    folder = Path(folder)
-    if not (folder / "config.json").is_file():
-        raise _layerdiff.UsageError(
-            f"`{folder}` is a folder without a config.json: a checkpoint folder holds the "
-            "config.json and weights that transformers' save_pretrained writes"
-        )
+    folder = checked_folder(folder)
     try:
         import transformers
     except ImportError as e:

@@ -13,7 +13,7 @@ from torch import nn
 
 from layerdiff import _layerdiff
 from layerdiff._builders import builder_function
-from layerdiff.torch._checkpoint import is_checkpoint, load_checkpoint
+from layerdiff.torch._checkpoint import checked_folder, is_checkpoint, load_checkpoint
 
 
 @dataclass(frozen=True)
@@ -197,6 +197,7 @@ def load_builder(spec: str):
     if spec in ZOO:
         return ZOO[spec]
     if is_checkpoint(spec):
+        checked_folder(spec)  # before anything is built or said
         return lambda seed: load_checkpoint(spec, seed)
     plugins = _plugins()
     if spec in plugins:
