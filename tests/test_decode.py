@@ -91,3 +91,51 @@ def test_decoding_is_refused_for_a_model_without_a_cache_and_beside_an_axis(tmp_
     assert done.returncode == 2 and "cannot be used with" in done.stderr
     done = run_cli("torch", "llama", "--decode-steps", "0")
     assert done.returncode == 2 and "`0` is not a size above zero" in done.stderr
+
+
+def test_an_int4_decoder_is_quantization_and_a_block_scale_off_is_the_headline(
+    checkpoint, tmp_path
+):
+    """The decoder's file quantized to 4 bits in blocks of 32 by ONNX Runtime's
+    MatMulNBitsQuantizer, as int4 decoders ship: the quantizer drops the nodes' scopes, and
+    every projection is still compared (paired by its input, or by its place after a copy),
+    its error the quantization's; one block's scale off by 30% is the defect at its layer."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    folder = checkpoint("llama")
+    clean = tmp_path / "clean"
+    assert run_cli("torch", str(folder), "--decode-steps", "1", "--out", str(clean)).returncode == 0
+    quantizer = MatMulNBitsQuantizer(
+        onnx.load(str(clean / "model.onnx")), block_size=32, is_symmetric=True
+    )
+    quantizer.process()
+    int4 = quantizer.model.model
+    int4.ir_version = min(int4.ir_version, 10)
+    onnx.save(int4, str(tmp_path / "int4.onnx"))
+    out = tmp_path / "int4.json"
+    args = ("torch", str(folder), "--decode-steps", "1", "--out", str(tmp_path / "q"))
+    done = run_cli(*args, "--onnx", str(tmp_path / "int4.onnx"), "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    for point in axis_of(out)["points"]:
+        assert point["verdict"] == "precision" and point["layers_compared"] == 60, point
+    step = json.loads((tmp_path / "q" / "step-1" / "report.json").read_text())
+    down = next(x for x in step["layers"] if x["name"] == "model.layers.1.mlp.down_proj")
+    assert down["location"]["op"] == "MatMulNBits" and down["cause"] == "precision_loss", down
+    assert "quantized: every element within half a scale step" in down["detail"]
+
+    node = next(n for n in int4.graph.node if n.output[0] == down["location"]["value"])
+    scales = next(i for i in int4.graph.initializer if i.name == node.input[2])
+    values = numpy_helper.to_array(scales).copy()
+    values.flat[5] *= np.float32(1.3)
+    scales.CopyFrom(numpy_helper.from_array(values, scales.name))
+    onnx.save(int4, str(tmp_path / "bug.onnx"))
+    done = run_cli(*args[:4], "--onnx", str(tmp_path / "bug.onnx"), "--json", str(out))
+    assert done.returncode == 1, done.stderr
+    for point in axis_of(out)["points"]:
+        assert (point["drift_origin"], point["cause"]) == (
+            "model.layers.1.mlp.down_proj",
+            "weight_mismatch",
+        ), point

@@ -27,7 +27,7 @@ mod nodeless;
 mod rewritten;
 use functional::map_functional;
 use nodeless::{has_scope, resolve_nodeless, unmapped};
-use rewritten::paired_by_input;
+use rewritten::{paired_by_input, paired_by_place};
 
 /// One call of a leaf module, as captured on the PyTorch side.
 #[derive(Debug, Clone, PartialEq)]
@@ -490,6 +490,7 @@ impl ScopeMapping {
         }
         let unscoped: HashSet<usize> = request.candidates.iter().map(|(_, n)| *n).collect();
         let mappings = paired_by_input(&index, layers, &unscoped, mappings);
+        let mappings = paired_by_place(&index, layers, &unscoped, mappings);
         resolve_nodeless(graph, &index, &boundary, layers, mappings)
     }
 }

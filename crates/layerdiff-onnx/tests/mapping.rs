@@ -183,3 +183,58 @@ fn a_constant_filed_under_a_module_is_not_its_output() {
     let m = map_layers(&g, &[call("conv_proj", "conv_proj", 0, None)]);
     assert_eq!(value(&m[0]), Some("/conv_proj/y"));
 }
+
+#[test]
+fn nodes_a_quantizer_rewrote_without_scope_pair_by_their_input_or_their_place() {
+    // ONNX Runtime's MatMulNBitsQuantizer replaces each MatMul, keeping its value names but not
+    // its scope: q and k read the norm's value; o reads a value no layer is paired with.
+    let mut g = graph(
+        vec![
+            node("/norm/Mul", "Mul", &["x", "x"], "n", &[]),
+            node("q_Q4", "MatMulNBits", &["n", "wq", "sq"], "q", &[]),
+            node("k_Q4", "MatMulNBits", &["n", "wk", "sk"], "k", &[]),
+            node("/attn/Add", "Add", &["q", "k"], "a", &[]),
+            node("/attn/Reshape", "Reshape", &["a", "shape"], "a2", &[]),
+            node("o_Q4", "MatMulNBits", &["a2", "wo", "so"], "o", &[]),
+            node("/head/Relu", "Relu", &["o"], "out", &[]),
+        ],
+        "out",
+    );
+    for name in ["wq", "sq", "wk", "sk", "wo", "so", "shape"] {
+        g.initializer.push(layerdiff_onnx::TensorProto {
+            name: Some(name.into()),
+            ..Default::default()
+        });
+    }
+    let layers = [
+        call("norm", "norm", 0, None),
+        call("q", "q", 0, Some(0)),
+        call("k", "k", 0, Some(0)),
+        call("attn", "attn", 0, Some(1)),
+        call("o", "o", 0, None), // a copy came between: no paired input
+        call("head", "head", 0, Some(4)),
+    ];
+    let m = map_layers(&g, &layers);
+    let values: Vec<_> = m.iter().map(value).collect();
+    assert_eq!(
+        values,
+        [
+            Some("n"),
+            Some("q"),
+            Some("k"),
+            Some("a2"),
+            Some("o"),
+            Some("out")
+        ]
+    );
+    assert!(
+        reason(&m[1])
+            .starts_with("paired by its input: the MatMulNBits node `q_Q4` reads `norm`'s value")
+    );
+    assert!(
+        reason(&m[4])
+            .starts_with("paired by its place: the one MatMulNBits node between `attn` and `head`"),
+        "{}",
+        reason(&m[4])
+    );
+}
