@@ -488,9 +488,13 @@ impl ScopeMapping {
                 Err(why) => unmapped(&why),
             };
         }
-        let unscoped: HashSet<usize> = request.candidates.iter().map(|(_, n)| *n).collect();
-        let mappings = paired_by_input(&index, layers, &unscoped, mappings);
-        let mappings = paired_by_place(&index, layers, &unscoped, mappings);
+        // In a file whose nodes carry scopes, those a rewrite left without one (a wholly
+        // unscoped file is paired by value, and what values do not pair is left unpaired).
+        if !request.unscoped_file {
+            let unscoped: HashSet<usize> = request.candidates.iter().map(|(_, n)| *n).collect();
+            mappings = paired_by_input(graph, &index, layers, &unscoped, mappings);
+            mappings = paired_by_place(graph, &index, layers, &unscoped, mappings);
+        }
         resolve_nodeless(graph, &index, &boundary, layers, mappings)
     }
 }

@@ -18,6 +18,15 @@ const LAYOUT: [&str; 7] = [
     "Identity",
 ];
 
+/// Whether a blockwise-quantized product can make the call's output: its `N` columns are the
+/// output's last dimension (a MatMulNBits says how many; other nodes are not checked).
+fn columns_fit(graph: &GraphProto, node: &NodeInfo, layer: &LayerCall) -> bool {
+    node.op_type != "MatMulNBits"
+        || graph.node[node.index].attr_i64("N").map_or(true, |n| {
+            usize::try_from(n).ok() == layer.shape.last().copied()
+        })
+}
+
 /// The nodes that read `value`, directly or past up to four layout ops.
 fn reached<'a>(index: &'a GraphIndex, value: &str) -> Vec<&'a NodeInfo> {
     let (mut found, mut frontier) = (Vec::new(), vec![value.to_string()]);
@@ -43,6 +52,7 @@ fn reached<'a>(index: &'a GraphIndex, value: &str) -> Vec<&'a NodeInfo> {
 /// writes a value that can hold the call's output; the readers of one value are taken in graph
 /// order by its calls in execution order (a quantizer keeps the order: q, k, v).
 pub(super) fn paired_by_input(
+    graph: &GraphProto,
     index: &GraphIndex,
     layers: &[LayerCall],
     unscoped: &HashSet<usize>,
@@ -74,7 +84,8 @@ pub(super) fn paired_by_input(
         readers.sort_by_key(|n| n.index);
         let found = readers.iter().find_map(|n| {
             let out = n.outputs.first().filter(|o| !o.is_empty())?;
-            (!taken.contains(out) && layer.fits(index, out)).then(|| (out.clone(), *n))
+            let fits = layer.fits(index, out) && columns_fit(graph, n, layer);
+            (!taken.contains(out) && fits).then(|| (out.clone(), *n))
         });
         if let Some((value, n)) = found {
             taken.insert(value.clone());
@@ -97,6 +108,7 @@ pub(super) fn paired_by_input(
 /// the one unpaired call between two paired layers and one unscoped node holding a stored
 /// weight lies between their nodes.
 pub(super) fn paired_by_place(
+    graph: &GraphProto,
     index: &GraphIndex,
     layers: &[LayerCall],
     unscoped: &HashSet<usize>,
@@ -132,6 +144,7 @@ pub(super) fn paired_by_place(
             .filter(|n| unscoped.contains(&n.index) && !taken.contains(&n.index))
             .filter(|n| n.inputs.iter().any(|i| index.is_initializer(i)))
             .filter(|n| n.outputs.first().is_some_and(|o| layers[i].fits(index, o)))
+            .filter(|n| columns_fit(graph, n, &layers[i]))
             .collect();
         let [n] = candidates[..] else {
             continue;
