@@ -27,7 +27,7 @@ mod nodeless;
 mod rewritten;
 use functional::map_functional;
 use nodeless::{has_scope, resolve_nodeless, unmapped};
-use rewritten::{paired_by_input, paired_by_place};
+use rewritten::Rewritten;
 
 /// One call of a leaf module, as captured on the PyTorch side.
 #[derive(Debug, Clone, PartialEq)]
@@ -491,9 +491,14 @@ impl ScopeMapping {
         // In a file whose nodes carry scopes, those a rewrite left without one (a wholly
         // unscoped file is paired by value, and what values do not pair is left unpaired).
         if !request.unscoped_file {
-            let unscoped: HashSet<usize> = request.candidates.iter().map(|(_, n)| *n).collect();
-            mappings = paired_by_input(graph, &index, layers, &unscoped, mappings);
-            mappings = paired_by_place(graph, &index, layers, &unscoped, mappings);
+            let unscoped = request.candidates.iter().map(|(_, n)| *n).collect();
+            let rewritten = Rewritten {
+                graph,
+                index: &index,
+                layers,
+                unscoped,
+            };
+            mappings = rewritten.pair(mappings);
         }
         resolve_nodeless(graph, &index, &boundary, layers, mappings)
     }

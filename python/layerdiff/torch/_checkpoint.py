@@ -33,30 +33,36 @@ def checked_folder(folder) -> Path:
     return folder
 
 
-class Checkpoint(nn.Module):
+class Holding(nn.Module):
+    """A transformers model held, not registered, its own modules this one's under their names
+    (`lm_head`, `model.layers.0.mlp`): layers, exported scopes and weights read as the
+    checkpoint's do, whatever this module adds around the model's call."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        for name, child in model.named_children():
+            self.add_module(name, child)
+        object.__setattr__(self, "model_", model)
+
+    def train(self, mode: bool = True):
+        self.model_.training = mode
+        return super().train(mode)
+
+
+class Checkpoint(Holding):
     """A transformers model called on token ids and their attention mask (and the decoder's ids
     for an encoder-decoder), without its cache: one tensor out, the logits (or the last hidden
     state of a model without a head). ``loaded`` says how it was loaded and what it runs on, in
     words; ``said`` adds that its cache is off."""
 
     def __init__(self, model: nn.Module, loaded: str):
-        super().__init__()
-        # The model's own modules are this one's, under the checkpoint's names (`lm_head`,
-        # `model.layers.0.mlp`), and the model itself is held but not registered: layers,
-        # exported scopes and weights read as the checkpoint does.
-        for name, child in model.named_children():
-            self.add_module(name, child)
-        object.__setattr__(self, "model_", model)
+        super().__init__(model)
         self.loaded = loaded
 
     @property
     def said(self) -> str:
         cache = hasattr(self.model_.config, "use_cache")
         return self.loaded.replace("; run on", ", its cache off (use_cache=False); run on", cache)
-
-    def train(self, mode: bool = True):
-        self.model_.training = mode
-        return super().train(mode)
 
     def _call(self, **inputs):
         if getattr(self.model_.config, "use_cache", None) is not None:

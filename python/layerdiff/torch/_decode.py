@@ -18,27 +18,18 @@ import torch
 from torch import nn
 
 from layerdiff import _layerdiff
+from layerdiff.torch._checkpoint import Checkpoint, Holding
 
 AXIS = "decode step"
 
 
-class DecodeStep(nn.Module):
+class DecodeStep(Holding):
     """One forward pass of a transformers decoder with its cache: ``forward(input_ids,
     attention_mask, position_ids, past_key_values_0_key, past_key_values_0_value, …)`` (the cache
     given as each layer's keys and values, none at the prefill), returns ``(logits, *present)``,
     the cache with this pass's tokens appended: an ONNX file of it takes and gives what a
-    deployed decoder's does. The decoder's modules are this one's, under the checkpoint's names.
-    Made by `decode_step` (its signature names every layer's entries)."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        for name, child in model.named_children():
-            self.add_module(name, child)
-        object.__setattr__(self, "model_", model)
-
-    def train(self, mode: bool = True):
-        self.model_.training = mode
-        return super().train(mode)
+    deployed decoder's does. Made by `decode_step` (its signature names every layer's entries).
+    """
 
     def _step(self, input_ids, attention_mask, position_ids, past):
         from transformers import DynamicCache
@@ -174,7 +165,6 @@ def compare_decoding(
     (token ids, mask, position ids, then each layer's keys and values), run at every point (the
     prefill with an empty cache); else the decoder is exported so, once."""
     from layerdiff.torch import compare_torch, compare_torch_onnx
-    from layerdiff.torch._checkpoint import Checkpoint
     from layerdiff.torch._running import model_and_inputs, model_notes
 
     if steps < 1:

@@ -2,7 +2,7 @@
 //! MatMulNBits (ONNX Runtime's, as shipped int4 decoders are written) keeps the value names but
 //! not the node's metadata, and a quantized value is too far from the float one to be paired
 //! by value. Such a layer is paired by its input: the unscoped node, holding a stored weight,
-//! that reads the value its feeder is paired with.
+//! that reads the value its feeder is paired with; or, where a copy came between, by its place.
 
 use super::*;
 
@@ -18,146 +18,152 @@ const LAYOUT: [&str; 7] = [
     "Identity",
 ];
 
-/// Whether a blockwise-quantized product can make the call's output: its `N` columns are the
-/// output's last dimension (a MatMulNBits says how many; other nodes are not checked).
-fn columns_fit(graph: &GraphProto, node: &NodeInfo, layer: &LayerCall) -> bool {
-    node.op_type != "MatMulNBits"
-        || graph.node[node.index].attr_i64("N").map_or(true, |n| {
-            usize::try_from(n).ok() == layer.shape.last().copied()
-        })
+/// One file's unscoped nodes and the calls left to pair with them.
+pub(super) struct Rewritten<'a> {
+    pub graph: &'a GraphProto,
+    pub index: &'a GraphIndex,
+    pub layers: &'a [LayerCall],
+    /// The nodes that carry no scope.
+    pub unscoped: HashSet<usize>,
 }
 
-/// The nodes that read `value`, directly or past up to four layout ops.
-fn reached<'a>(index: &'a GraphIndex, value: &str) -> Vec<&'a NodeInfo> {
-    let (mut found, mut frontier) = (Vec::new(), vec![value.to_string()]);
-    for _ in 0..5 {
-        let mut next = Vec::new();
-        for v in &frontier {
-            for n in index.consumers(v) {
-                if LAYOUT.contains(&n.op_type.as_str()) {
-                    next.extend(n.outputs.iter().filter(|o| !o.is_empty()).cloned());
-                } else {
-                    found.push(n);
-                }
-            }
-        }
-        frontier = next;
+impl Rewritten<'_> {
+    /// Both passes: by input, then by place.
+    pub fn pair(&self, mappings: Vec<LayerMapping>) -> Vec<LayerMapping> {
+        self.by_place(self.by_input(mappings))
     }
-    found
-}
 
-/// Leaf-module calls still unpaired whose first input is a paired layer's value, each paired
-/// with an unscoped node (in `unscoped`) that reads that value (past layout ops at most), reads
-/// a stored weight and
-/// writes a value that can hold the call's output; the readers of one value are taken in graph
-/// order by its calls in execution order (a quantizer keeps the order: q, k, v).
-pub(super) fn paired_by_input(
-    graph: &GraphProto,
-    index: &GraphIndex,
-    layers: &[LayerCall],
-    unscoped: &HashSet<usize>,
-    mut mappings: Vec<LayerMapping>,
-) -> Vec<LayerMapping> {
-    let mut taken: HashSet<String> = mappings
-        .iter()
-        .filter_map(|m| match m {
-            LayerMapping::Mapped { value, .. } => Some(value.clone()),
-            LayerMapping::Unmapped { .. } => None,
-        })
-        .collect();
-    for (i, layer) in layers.iter().enumerate() {
-        let leaf = layer.op.is_none() && !layer.identity && !layer.constant;
-        if !leaf || !layer.feeds_output || matches!(mappings[i], LayerMapping::Mapped { .. }) {
-            continue;
-        }
-        let Some(p) = layer.input_from.filter(|&p| p < i) else {
-            continue;
-        };
-        let LayerMapping::Mapped { value: fed, .. } = &mappings[p] else {
-            continue;
-        };
-        let mut readers: Vec<&NodeInfo> = reached(index, fed)
-            .into_iter()
-            .filter(|n| unscoped.contains(&n.index))
-            .filter(|n| n.inputs.iter().any(|i| index.is_initializer(i)))
-            .collect();
-        readers.sort_by_key(|n| n.index);
-        let found = readers.iter().find_map(|n| {
-            let out = n.outputs.first().filter(|o| !o.is_empty())?;
-            let fits = layer.fits(index, out) && columns_fit(graph, n, layer);
-            (!taken.contains(out) && fits).then(|| (out.clone(), *n))
-        });
-        if let Some((value, n)) = found {
-            taken.insert(value.clone());
-            mappings[i] = LayerMapping::Mapped {
-                value,
-                node: n.name.clone(),
-                op_type: n.op_type.clone(),
-                note: Some(format!(
-                    "paired by its input: the {} node `{}` reads `{}`'s value and a stored weight, and carries no scope (a rewrite, such as a quantizer's, dropped it)",
-                    n.op_type, n.name, layers[p].name
-                )),
-            };
-        }
-    }
-    mappings
-}
-
-/// What `paired_by_input` left: a leaf call whose input is no paired layer's value (a copy
-/// came between, `.contiguous()` after an attention's heads) paired by its place, where it is
-/// the one unpaired call between two paired layers and one unscoped node holding a stored
-/// weight lies between their nodes.
-pub(super) fn paired_by_place(
-    graph: &GraphProto,
-    index: &GraphIndex,
-    layers: &[LayerCall],
-    unscoped: &HashSet<usize>,
-    mut mappings: Vec<LayerMapping>,
-) -> Vec<LayerMapping> {
-    let node_of = |m: &LayerMapping| match m {
-        LayerMapping::Mapped { value, .. } => index.producer(value).map(|n| n.index),
-        LayerMapping::Unmapped { .. } => None,
-    };
-    let taken: HashSet<usize> = mappings.iter().filter_map(node_of).collect();
-    let wanted = |i: usize, mappings: &[LayerMapping]| {
-        let l = &layers[i];
+    /// Whether call `i` is a leaf module's, unpaired, whose output the model needs.
+    fn wanted(&self, i: usize, mappings: &[LayerMapping]) -> bool {
+        let l = &self.layers[i];
         l.op.is_none()
             && !l.identity
             && !l.constant
             && l.feeds_output
             && matches!(mappings[i], LayerMapping::Unmapped { .. })
-    };
-    for i in 0..layers.len() {
-        if !wanted(i, &mappings) {
-            continue;
-        }
-        let before = (0..i).rev().find_map(|j| Some((j, node_of(&mappings[j])?)));
-        let after = (i + 1..layers.len()).find_map(|j| Some((j, node_of(&mappings[j])?)));
-        let (Some((p, from)), Some((q, to))) = (before, after) else {
-            continue;
-        };
-        if (p + 1..q).filter(|&j| wanted(j, &mappings)).count() != 1 || from >= to {
-            continue;
-        }
-        let candidates: Vec<&NodeInfo> = index.nodes()[from + 1..to]
-            .iter()
-            .filter(|n| unscoped.contains(&n.index) && !taken.contains(&n.index))
-            .filter(|n| n.inputs.iter().any(|i| index.is_initializer(i)))
-            .filter(|n| n.outputs.first().is_some_and(|o| layers[i].fits(index, o)))
-            .filter(|n| columns_fit(graph, n, &layers[i]))
-            .collect();
-        let [n] = candidates[..] else {
-            continue;
-        };
-        mappings[i] = LayerMapping::Mapped {
-            value: n.outputs[0].clone(),
-            node: n.name.clone(),
-            op_type: n.op_type.clone(),
-            note: Some(format!(
-                "paired by its place: the one {} node between `{}` and `{}` that reads a stored weight and carries no scope (a rewrite, such as a quantizer's, dropped it)",
-                n.op_type, layers[p].name, layers[q].name
-            )),
-        };
     }
-    mappings
+
+    /// Whether `node` may be call `i`'s: unscoped, reading a stored weight, writing a value
+    /// that can hold the call's output (a MatMulNBits: with the output's last dimension as
+    /// its `N` columns).
+    fn may_be(&self, node: &NodeInfo, i: usize) -> bool {
+        let layer = &self.layers[i];
+        let columns = node.op_type != "MatMulNBits"
+            || self.graph.node[node.index].attr_i64("N").map_or(true, |n| {
+                usize::try_from(n).ok() == layer.shape.last().copied()
+            });
+        self.unscoped.contains(&node.index)
+            && node.inputs.iter().any(|v| self.index.is_initializer(v))
+            && node
+                .outputs
+                .first()
+                .is_some_and(|o| !o.is_empty() && layer.fits(self.index, o))
+            && columns
+    }
+
+    /// Call `i` paired with `node`'s output, and how.
+    fn mapped(node: &NodeInfo, how: String) -> LayerMapping {
+        LayerMapping::Mapped {
+            value: node.outputs[0].clone(),
+            node: node.name.clone(),
+            op_type: node.op_type.clone(),
+            note: Some(format!(
+                "{how} and carries no scope (a rewrite, such as a quantizer's, dropped it)"
+            )),
+        }
+    }
+
+    /// The nodes that read `value`, directly or past up to four layout ops.
+    fn readers(&self, value: &str) -> Vec<&NodeInfo> {
+        let (mut found, mut frontier) = (Vec::new(), vec![value.to_string()]);
+        for _ in 0..5 {
+            let mut next = Vec::new();
+            for v in &frontier {
+                for n in self.index.consumers(v) {
+                    if LAYOUT.contains(&n.op_type.as_str()) {
+                        next.extend(n.outputs.iter().filter(|o| !o.is_empty()).cloned());
+                    } else {
+                        found.push(n);
+                    }
+                }
+            }
+            frontier = next;
+        }
+        found.sort_by_key(|n| n.index);
+        found
+    }
+
+    /// Calls whose first input is a paired layer's value, each paired with a node that may be
+    /// theirs reading that value; the readers of one value are taken in graph order by its
+    /// calls in execution order (a quantizer keeps the order: q, k, v).
+    fn by_input(&self, mut mappings: Vec<LayerMapping>) -> Vec<LayerMapping> {
+        let mut taken: HashSet<String> = mappings.iter().filter_map(value_of).collect();
+        for i in 0..self.layers.len() {
+            if !self.wanted(i, &mappings) {
+                continue;
+            }
+            let Some(p) = self.layers[i].input_from.filter(|&p| p < i) else {
+                continue;
+            };
+            let Some(fed) = value_of(&mappings[p]) else {
+                continue;
+            };
+            let found = self
+                .readers(&fed)
+                .into_iter()
+                .find(|n| self.may_be(n, i) && !taken.contains(&n.outputs[0]));
+            if let Some(n) = found {
+                taken.insert(n.outputs[0].clone());
+                let how = format!(
+                    "paired by its input: the {} node `{}` reads `{}`'s value and a stored weight,",
+                    n.op_type, n.name, self.layers[p].name
+                );
+                mappings[i] = Self::mapped(n, how);
+            }
+        }
+        mappings
+    }
+
+    /// A call whose input is no paired layer's value (a copy came between, `.contiguous()`
+    /// after an attention's heads), paired by its place where it is the one unpaired call
+    /// between two paired layers and one node that may be its lies between theirs.
+    fn by_place(&self, mut mappings: Vec<LayerMapping>) -> Vec<LayerMapping> {
+        let node_of = |m: &LayerMapping| Some(self.index.producer(&value_of(m)?)?.index);
+        let taken: HashSet<usize> = mappings.iter().filter_map(node_of).collect();
+        for i in 0..self.layers.len() {
+            if !self.wanted(i, &mappings) {
+                continue;
+            }
+            let before = (0..i).rev().find_map(|j| Some((j, node_of(&mappings[j])?)));
+            let after = (i + 1..self.layers.len()).find_map(|j| Some((j, node_of(&mappings[j])?)));
+            let (Some((p, from)), Some((q, to))) = (before, after) else {
+                continue;
+            };
+            let alone = (p + 1..q).filter(|&j| self.wanted(j, &mappings)).count() == 1;
+            if !alone || from >= to {
+                continue;
+            }
+            let nodes = &self.index.nodes()[from + 1..to];
+            let candidates: Vec<&NodeInfo> = nodes
+                .iter()
+                .filter(|n| !taken.contains(&n.index) && self.may_be(n, i))
+                .collect();
+            if let [n] = candidates[..] {
+                let (a, b) = (&self.layers[p].name, &self.layers[q].name);
+                let how = format!(
+                    "paired by its place: the one {} node between `{a}` and `{b}` that reads a stored weight",
+                    n.op_type
+                );
+                mappings[i] = Self::mapped(n, how);
+            }
+        }
+        mappings
+    }
+}
+
+fn value_of(m: &LayerMapping) -> Option<String> {
+    match m {
+        LayerMapping::Mapped { value, .. } => Some(value.clone()),
+        LayerMapping::Unmapped { .. } => None,
+    }
 }
