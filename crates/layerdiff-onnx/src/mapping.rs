@@ -488,18 +488,7 @@ impl ScopeMapping {
                 Err(why) => unmapped(&why),
             };
         }
-        // In a file whose nodes carry scopes, those a rewrite left without one (a wholly
-        // unscoped file is paired by value, and what values do not pair is left unpaired).
-        if !request.unscoped_file {
-            let unscoped = request.candidates.iter().map(|(_, n)| *n).collect();
-            let rewritten = Rewritten {
-                graph,
-                index: &index,
-                layers,
-                unscoped,
-            };
-            mappings = rewritten.pair(mappings);
-        }
-        resolve_nodeless(graph, &index, &boundary, layers, mappings)
+        let mappings = resolve_nodeless(graph, &index, &boundary, layers, mappings);
+        Rewritten::new(graph, &index, layers, &request).pair(mappings)
     }
 }

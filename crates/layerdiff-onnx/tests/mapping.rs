@@ -200,9 +200,19 @@ fn nodes_a_quantizer_rewrote_without_scope_pair_by_their_input_or_their_place() 
         ],
         "out",
     );
-    for name in ["wq", "sq", "wk", "sk", "wo", "so", "shape"] {
+    // stored weights (packed blocks, 3-D) and their scales (1-D), which alone are no weight
+    for (name, dims) in [
+        ("wq", vec![4, 1, 16]),
+        ("sq", vec![4]),
+        ("wk", vec![4, 1, 16]),
+        ("sk", vec![4]),
+        ("wo", vec![4, 1, 16]),
+        ("so", vec![4]),
+        ("shape", vec![2]),
+    ] {
         g.initializer.push(layerdiff_onnx::TensorProto {
             name: Some(name.into()),
+            dims,
             ..Default::default()
         });
     }

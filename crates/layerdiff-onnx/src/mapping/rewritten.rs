@@ -20,40 +20,85 @@ const LAYOUT: [&str; 7] = [
 
 /// One file's unscoped nodes and the calls left to pair with them.
 pub(super) struct Rewritten<'a> {
-    pub graph: &'a GraphProto,
-    pub index: &'a GraphIndex,
-    pub layers: &'a [LayerCall],
+    graph: &'a GraphProto,
+    index: &'a GraphIndex,
+    layers: &'a [LayerCall],
     /// The nodes that carry no scope.
-    pub unscoped: HashSet<usize>,
+    unscoped: HashSet<usize>,
+    /// Stored weights: initializers of two dimensions or more (not a scale, a zero point).
+    weights: HashSet<&'a str>,
 }
 
-impl Rewritten<'_> {
+/// Nodes that carry a value onto or off a quantized grid: never a module's own computation.
+const GRID: [&str; 3] = [
+    "QuantizeLinear",
+    "DequantizeLinear",
+    "DynamicQuantizeLinear",
+];
+
+impl<'a> Rewritten<'a> {
+    /// The unscoped nodes of a file whose other nodes carry scopes (none in a wholly unscoped
+    /// file: it is paired by value, and what values do not pair is left unpaired).
+    pub fn new(
+        graph: &'a GraphProto,
+        index: &'a GraphIndex,
+        layers: &'a [LayerCall],
+        request: &ValueRequest,
+    ) -> Self {
+        let unscoped = match request.unscoped_file {
+            true => HashSet::new(),
+            false => request.candidates.iter().map(|(_, n)| *n).collect(),
+        };
+        let weights = graph
+            .initializer
+            .iter()
+            .filter(|t| t.dims.len() >= 2)
+            .filter_map(|t| t.name.as_deref())
+            .collect();
+        Self {
+            graph,
+            index,
+            layers,
+            unscoped,
+            weights,
+        }
+    }
+
     /// Both passes: by input, then by place.
     pub fn pair(&self, mappings: Vec<LayerMapping>) -> Vec<LayerMapping> {
         self.by_place(self.by_input(mappings))
     }
 
-    /// Whether call `i` is a leaf module's, unpaired, whose output the model needs.
+    /// Whether call `i` is a leaf module's whose output the model needs, unpaired because no
+    /// node carries its scope (not fused, folded or an identity: those are settled).
     fn wanted(&self, i: usize, mappings: &[LayerMapping]) -> bool {
         let l = &self.layers[i];
-        l.op.is_none()
-            && !l.identity
-            && !l.constant
-            && l.feeds_output
-            && matches!(mappings[i], LayerMapping::Unmapped { .. })
+        let unpaired = matches!(
+            &mappings[i],
+            LayerMapping::Unmapped { reason } if reason.starts_with(NO_SCOPE)
+        );
+        l.op.is_none() && !l.identity && !l.constant && l.feeds_output && unpaired
     }
 
-    /// Whether `node` may be call `i`'s: unscoped, reading a stored weight, writing a value
-    /// that can hold the call's output (a MatMulNBits: with the output's last dimension as
-    /// its `N` columns).
+    /// Whether `node` may be call `i`'s: unscoped, computing (not quantizing) with a stored
+    /// weight, writing a value that can hold the call's output (a MatMulNBits: with the
+    /// output's last dimension as its `N` columns).
     fn may_be(&self, node: &NodeInfo, i: usize) -> bool {
         let layer = &self.layers[i];
         let columns = node.op_type != "MatMulNBits"
             || self.graph.node[node.index].attr_i64("N").map_or(true, |n| {
                 usize::try_from(n).ok() == layer.shape.last().copied()
             });
+        let op = node.op_type.as_str();
+        // QLinearConv, MatMulInteger…: integers out, no module's float value
+        let integer = op.starts_with("QLinear") || op.ends_with("Integer");
         self.unscoped.contains(&node.index)
-            && node.inputs.iter().any(|v| self.index.is_initializer(v))
+            && !GRID.contains(&op)
+            && !integer
+            && node
+                .inputs
+                .iter()
+                .any(|v| self.weights.contains(v.as_str()))
             && node
                 .outputs
                 .first()
