@@ -17,6 +17,7 @@ onnx = pytest.importorskip("onnx")
 
 from conftest import CHECKPOINTS  # noqa: E402
 from faults import producer, scale_weight  # noqa: E402
+from layerdiff import UsageError  # noqa: E402
 
 
 @pytest.mark.parametrize("name", list(CHECKPOINTS))
@@ -50,6 +51,8 @@ def test_the_python_api_takes_a_checkpoint_folder_and_runs_it_in_bfloat16(checkp
     model, inputs = load_checkpoint(checkpoint("qwen2"), seed=3)
     assert [tuple(t.shape) for t in inputs] == [(1, 32)] * 3  # ids, mask, positions
     assert next(model.parameters()).dtype == torch.float32
+    with pytest.raises(UsageError, match="is not a folder: a model is an nn.Module"):
+        compare_torch(str(checkpoint("qwen2") / "missing"))
     again = load_checkpoint(checkpoint("qwen2"), seed=3)[1]
     assert all(torch.equal(a, b) for a, b in zip(inputs, again, strict=True)), "from the seed"
 

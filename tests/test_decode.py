@@ -93,6 +93,20 @@ def test_decoding_is_refused_for_a_model_without_a_cache_and_beside_an_axis(tmp_
     assert done.returncode == 2 and "`0` is not a size above zero" in done.stderr
 
 
+def test_a_file_without_the_cache_as_inputs_is_refused_with_the_layout_it_needs(
+    checkpoint, tmp_path
+):
+    from layerdiff.torch import export_onnx, load_checkpoint
+
+    one_pass = export_onnx(*load_checkpoint(checkpoint("llama")), tmp_path / "one_pass.onnx")
+    done = run_cli(
+        "torch", str(checkpoint("llama")), "--decode-steps", "1", "--onnx", str(one_pass)
+    )
+    assert done.returncode == 2, done.stderr
+    assert "takes 3 input(s) (input_ids, attention_mask, position_ids)" in done.stderr
+    assert "each of the 2 layers' cached keys and values (7 inputs, in that order)" in done.stderr
+
+
 def test_an_int4_decoder_is_quantization_and_a_block_scale_off_is_the_headline(
     checkpoint, tmp_path
 ):

@@ -193,6 +193,8 @@ def compare_decoding(
         )
         folder.mkdir(parents=True, exist_ok=True)
         files = [None] * len(at)
+        if onnx is not None:
+            _check_file(onnx, at[0][1])
         if options.torch_target is None:
             files = [onnx] * len(at) if onnx is not None else None
             if files is None:
@@ -212,6 +214,27 @@ def compare_decoding(
         AXIS, [label for label, _ in reports], [r._native for _, r in reports]
     )
     return native, reports, notes
+
+
+def _check_file(path, given: tuple) -> None:
+    """A `UsageError` where the file given is no decoder with its cache as inputs."""
+    import onnx
+
+    try:
+        graph = onnx.load(str(path), load_external_data=False).graph
+    except Exception:
+        return  # the comparison says what is wrong with the file itself
+    initializers = {i.name for i in graph.initializer}
+    names = [i.name for i in graph.input if i.name not in initializers]
+    if len(names) != len(given):
+        layers = (len(given) - 3) // 2
+        raise _layerdiff.UsageError(
+            f"--decode-steps: `{path}` takes {len(names)} input(s) ({', '.join(names[:4])}"
+            f"{', …' if len(names) > 4 else ''}); decoding runs a file that takes the token ids, "
+            f"the attention mask, the position ids and each of the {layers} layers' cached keys "
+            f"and values ({len(given)} inputs, in that order), as the decoder's export with "
+            "--decode-steps writes it (--out DIR keeps it as model.onnx)"
+        )
 
 
 def _exported(step, at, folder: Path, exporter: str, cache: bool, notes: list, say) -> list:

@@ -6,6 +6,7 @@ them)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -33,6 +34,11 @@ def model_and_inputs(model, inputs, seed: int | None) -> tuple[nn.Module, tuple]
     if is_checkpoint(model):
         model, made = load_checkpoint(model, seed or 0)
         inputs = made if inputs is None else inputs
+    elif isinstance(model, (str, Path)):
+        raise _layerdiff.UsageError(
+            f"`{model}` is not a folder: a model is an nn.Module, or a transformers checkpoint "
+            "folder's path"
+        )
     return model, as_input_tuple(inputs)
 
 
