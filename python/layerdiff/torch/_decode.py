@@ -198,7 +198,9 @@ def compare_decoding(
         if options.torch_target is None:
             files = [onnx] * len(at) if onnx is not None else None
             if files is None:
-                files = _exported(step, at, folder, exporter, cache, notes, say)
+                # a folder of the user's gets its own file
+                export = {"exporter": exporter, "cache": cache, "copy": workdir is not None}
+                files = _exported(step, at, folder, notes, say, **export)
         reports = []
         for (label, given), file in zip(at, files, strict=True):
             say(f"{AXIS} {label}")
@@ -237,10 +239,11 @@ def _check_file(path, given: tuple) -> None:
         )
 
 
-def _exported(step, at, folder: Path, exporter: str, cache: bool, notes: list, say) -> list:
+def _exported(step, at, folder: Path, notes: list, say, **export) -> list:
     """Each point's ONNX file: one for all, its token count and cache length dynamic, as a
     deployed decoder's is (exported from two tokens after a three-token cache, lengths that
-    cannot be taken for constants); each point's own where the model will not export so."""
+    cannot be taken for constants); each point's own where the model will not export so.
+    ``export``: `export_onnx`'s ``exporter``, ``cache`` and ``copy``."""
     from layerdiff.torch import export_onnx
 
     last = at[-1][1]
@@ -251,10 +254,14 @@ def _exported(step, at, folder: Path, exporter: str, cache: bool, notes: list, s
         *(t[:, :, :3].clone() for t in last[3:]),
     )
     dynamic = [[1], [1], [1], *([[2]] * (len(last) - 3))]
-    say(f"exporting to ONNX ({exporter}), the token count and the cache length dynamic")
+    say(f"exporting to ONNX ({export['exporter']}), the token count and the cache length dynamic")
     try:
         path = export_onnx(
-            step, example, folder / "model.onnx", exporter=exporter, dynamic=dynamic, cache=cache
+            step,
+            example,
+            folder / "model.onnx",
+            dynamic=dynamic,
+            **export,
         )
         return [path] * len(at)
     except _layerdiff.ModelError as e:
@@ -264,9 +271,9 @@ def _exported(step, at, folder: Path, exporter: str, cache: bool, notes: list, s
         )
     files = []
     for label, given in at:
-        say(f"exporting to ONNX ({exporter}): {AXIS} {label}")
+        say(f"exporting to ONNX ({export['exporter']}): {AXIS} {label}")
         name = folder / f"{slug(label)}.onnx"
-        files.append(export_onnx(step, given, name, exporter=exporter, cache=cache))
+        files.append(export_onnx(step, given, name, **export))
     return files
 
 
