@@ -52,17 +52,22 @@ class Holding(nn.Module):
 class Checkpoint(Holding):
     """A transformers model called on token ids and their attention mask (and the decoder's ids
     for an encoder-decoder), without its cache: one tensor out, the logits (or the last hidden
-    state of a model without a head). ``loaded`` says how it was loaded and what it runs on, in
-    words; ``said`` adds that its cache is off."""
+    state of a model without a head). ``how`` says how it was loaded and ``prompt`` what it runs
+    on, in words: ``loaded`` joins them, and ``said`` adds that its cache is off."""
 
-    def __init__(self, model: nn.Module, loaded: str):
+    def __init__(self, model: nn.Module, how: str, prompt: str):
         super().__init__(model)
-        self.loaded = loaded
+        self.how, self.prompt = how, prompt
+
+    @property
+    def loaded(self) -> str:
+        return f"{self.how}; {self.prompt}"
 
     @property
     def said(self) -> str:
-        cache = hasattr(self.model_.config, "use_cache")
-        return self.loaded.replace("; run on", ", its cache off (use_cache=False); run on", cache)
+        if not hasattr(self.model_.config, "use_cache"):
+            return self.loaded
+        return f"{self.how}, its cache off (use_cache=False); {self.prompt}"
 
     def _call(self, **inputs):
         if getattr(self.model_.config, "use_cache", None) is not None:
@@ -155,14 +160,14 @@ def load_checkpoint(folder, seed: int = 0, *, tokens: int | None = None) -> tupl
             ) from e
     model.eval()
     tokens = tokens or checkpoint_tokens(config)
-    loaded = _loaded(folder, model, config, tokens)
+    loaded = (_loaded(folder, model, config), f"run on {tokens} token ids drawn from the seed")
     ids, mask, extra = _inputs(model, config, seed, tokens)
     takes_positions = "position_ids" in inspect.signature(model.forward).parameters
     if config.is_encoder_decoder:
-        return Checkpoint(model, loaded), (ids, mask, extra)
+        return Checkpoint(model, *loaded), (ids, mask, extra)
     if takes_positions:
-        return DecoderCheckpoint(model, loaded), (ids, mask, extra)
-    return Checkpoint(model, loaded), (ids, mask)
+        return DecoderCheckpoint(model, *loaded), (ids, mask, extra)
+    return Checkpoint(model, *loaded), (ids, mask)
 
 
 def _inputs(model, config, seed: int, tokens: int):
@@ -178,7 +183,7 @@ def _inputs(model, config, seed: int, tokens: int):
     return ids, mask, extra
 
 
-def _loaded(folder: Path, model: nn.Module, config, tokens: int) -> str:
+def _loaded(folder: Path, model: nn.Module, config) -> str:
     stored = _stored_dtype(config)
     kept = (
         f"its weights stored in {str(stored).removeprefix('torch.')}, loaded in float32"
@@ -187,7 +192,7 @@ def _loaded(folder: Path, model: nn.Module, config, tokens: int) -> str:
     )
     return (
         f"checkpoint `{folder}`: {type(model).__name__} from local files, {kept}, attention "
-        f"computed eagerly; run on {tokens} token ids drawn from the seed"
+        "computed eagerly"
     )
 
 
