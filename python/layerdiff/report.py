@@ -105,9 +105,8 @@ class Report:
         """The report of a lower-precision run with its keep-in-float32 advice checked, this
         report being the plain run and ``with_kept`` the run with ``kept`` in float32 (``given``:
         the user named them); what was said of either run (a bisection's note) still holds."""
-        native, kept_run = self._native.advice_checked(with_kept._native, kept, given, precision)
-        main = with_kept if kept_run else self
-        report = main._with(native)
+        native = self._native.advice_checked(with_kept._native, kept, given, precision)
+        report = (with_kept if given else self)._with(native)  # the run the core reported
         report.notes[:0] = [n for n in self.notes if n not in report.notes]
         return report
 

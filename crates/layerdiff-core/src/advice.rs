@@ -289,17 +289,16 @@ pub fn layers_to_check(plain: &Report, given: &[String]) -> Vec<String> {
     advised.map(|k| k.layer.clone()).collect()
 }
 
-/// Which run a checked lower-precision comparison reports, with the check of keeping `kept` in
+/// The run a checked lower-precision comparison reports, with the check of keeping `kept` in
 /// float32 added: the run with them kept when the user named them (`given`: that is the run
-/// asked for), else the plain run, whose advice the check answers. The bool says the kept run
-/// is the one reported.
+/// asked for), else the plain run, whose advice the check answers.
 pub fn advice_checked(
     plain: &Report,
     with_kept: &Report,
     kept: Vec<String>,
     given: bool,
     precision: &str,
-) -> (Report, bool) {
+) -> Report {
     let check = check_advice(plain, with_kept, kept);
     let mut report = if given { with_kept } else { plain }.clone();
     let keep = report.keep_float32.get_or_insert_with(|| KeepFloat32 {
@@ -308,7 +307,7 @@ pub fn advice_checked(
         check: None,
     });
     keep.check = Some(check);
-    (report, given)
+    report
 }
 
 /// What keeping `kept` in float32 did: `before` the run at the lower precision, `after` the same

@@ -140,18 +140,17 @@ impl Report {
         layerdiff_core::layers_to_check(&self.0, &given)
     }
     /// The report of a checked lower-precision run, this report being the plain run and
-    /// `with_kept` the run with `kept` in float32 (`given`: the user named them), and whether it
-    /// is the kept run (`layerdiff_core::advice_checked`).
+    /// `with_kept` the run with `kept` in float32 (`given`: the user named them; see
+    /// `layerdiff_core::advice_checked`).
     fn advice_checked(
         &self,
         with_kept: &Report,
         kept: Vec<String>,
         given: bool,
         precision: &str,
-    ) -> (Report, bool) {
-        let (report, kept_run) =
-            layerdiff_core::advice_checked(&self.0, &with_kept.0, kept, given, precision);
-        (Report(report), kept_run)
+    ) -> Report {
+        let checked = layerdiff_core::advice_checked;
+        Report(checked(&self.0, &with_kept.0, kept, given, precision))
     }
     /// 1 when the run fails: a defect, an undecided layer, an inconclusive run or values that
     /// overflow the target's dtype (rounding alone is 0), as the command exits by default.
