@@ -491,6 +491,7 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(spelling::side_spec, m)?)?;
     m.add_function(wrap_pyfunction!(spelling::choice, m)?)?;
     m.add_function(wrap_pyfunction!(spelling::precision_name, m)?)?;
+    m.add_function(wrap_pyfunction!(spelling::bytes_text, m)?)?;
     exceptions::register(m)?;
     Ok(())
 }

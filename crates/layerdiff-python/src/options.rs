@@ -103,6 +103,13 @@ impl Options {
             .map_err(exceptions::UsageError::new_err)
     }
 
+    /// Whether a checkpoint whose weights take `weights` bytes in float32 is held one module
+    /// at a time, read from its files as the forward pass reaches each module (the core's
+    /// rule: `layerdiff_flow::memory::streams_weights`).
+    fn streams_weights(&self, weights: u64) -> bool {
+        memory::streams_weights(weights, self.settings.max_memory)
+    }
+
     /// Whether PyTorch's float64 run is the truth both sides are measured against.
     #[getter]
     fn float64(&self) -> bool {

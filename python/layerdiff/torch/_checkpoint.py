@@ -126,13 +126,17 @@ def _stored_dtype(config) -> torch.dtype | None:
     return stored if isinstance(stored, torch.dtype) else None
 
 
-def load_checkpoint(folder, seed: int = 0, *, tokens: int | None = None) -> tuple[nn.Module, tuple]:
+def load_checkpoint(
+    folder, seed: int = 0, *, tokens: int | None = None, streams=None
+) -> tuple[nn.Module, tuple]:
     """`(model, inputs)` of the checkpoint in `folder`: the model in float32, whatever dtype
     its weights are stored in (a lower-precision side runs it as shipped), attention computed
     eagerly so its matmuls and softmax are layers of their own, its cache off; the inputs
     ``tokens`` token ids (`TOKENS`, fewer where its positions end sooner) drawn from the seed over
     its vocabulary, an attention mask of ones,
-    and the position ids (or the decoder's ids) where the model takes them."""
+    and the position ids (or the decoder's ids) where the model takes them. ``streams(bytes)``
+    says whether weights taking that many bytes in float32 are held one module at a time, read
+    from the files as the forward pass reaches each (`layerdiff.torch._streamed`)."""
     folder = checked_folder(folder)
     try:
         import transformers
@@ -150,9 +154,13 @@ def load_checkpoint(folder, seed: int = 0, *, tokens: int | None = None) -> tupl
             ) from e
         model_class = _model_class(transformers, config)
         try:
-            model = model_class.from_pretrained(
-                folder, local_files_only=True, dtype=torch.float32, attn_implementation="eager"
-            )
+            weights = _streamed_weights(folder, streams)
+            if weights is not None:
+                model = _built_on_meta(model_class, config)
+            else:
+                model = model_class.from_pretrained(
+                    folder, local_files_only=True, dtype=torch.float32, attn_implementation="eager"
+                )
         except (OSError, ValueError, RuntimeError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise _layerdiff.UsageError(
@@ -160,14 +168,48 @@ def load_checkpoint(folder, seed: int = 0, *, tokens: int | None = None) -> tupl
             ) from e
     model.eval()
     tokens = tokens or checkpoint_tokens(config)
-    loaded = (_loaded(folder, model, config), f"run on {tokens} token ids drawn from the seed")
+    loaded = (
+        _loaded(folder, model, config, weights),
+        f"run on {tokens} token ids drawn from the seed",
+    )
     ids, mask, extra = _inputs(model, config, seed, tokens)
     takes_positions = "position_ids" in inspect.signature(model.forward).parameters
     if config.is_encoder_decoder:
-        return Checkpoint(model, *loaded), (ids, mask, extra)
-    if takes_positions:
-        return DecoderCheckpoint(model, *loaded), (ids, mask, extra)
-    return Checkpoint(model, *loaded), (ids, mask)
+        made, inputs = Checkpoint(model, *loaded), (ids, mask, extra)
+    elif takes_positions:
+        made, inputs = DecoderCheckpoint(model, *loaded), (ids, mask, extra)
+    else:
+        made, inputs = Checkpoint(model, *loaded), (ids, mask)
+    if weights is not None:
+        from layerdiff.torch._streamed import stream
+
+        stream(made, weights)
+    return made, inputs
+
+
+def _streamed_weights(folder: Path, streams):
+    """The checkpoint's `Weights` where its model is held one module at a time (`streams`
+    says so of their size in float32), else None."""
+    if streams is None:
+        return None
+    from layerdiff.torch._streamed import Weights
+
+    try:
+        weights = Weights(folder)
+    except _layerdiff.UsageError:  # not in safetensors: loaded whole, as transformers can
+        return None
+    return weights if streams(weights.float32_bytes()) else None
+
+
+def _built_on_meta(model_class, config) -> nn.Module:
+    """The model of `config` with its parameters on the meta device (no memory, no weights
+    read), attention computed eagerly."""
+    from layerdiff.torch._streamed import parameters_on_meta
+
+    with parameters_on_meta():
+        if hasattr(model_class, "from_config"):  # an Auto class
+            return model_class.from_config(config, attn_implementation="eager")
+        return model_class._from_config(config, attn_implementation="eager")
 
 
 def _inputs(model, config, seed: int, tokens: int):
@@ -183,13 +225,19 @@ def _inputs(model, config, seed: int, tokens: int):
     return ids, mask, extra
 
 
-def _loaded(folder: Path, model: nn.Module, config) -> str:
+def _loaded(folder: Path, model: nn.Module, config, weights=None) -> str:
     stored = _stored_dtype(config)
     kept = (
         f"its weights stored in {str(stored).removeprefix('torch.')}, loaded in float32"
         if stored not in (None, torch.float32)
         else "in float32"
     )
+    if weights is not None:
+        size = _layerdiff.bytes_text(weights.float32_bytes())
+        kept = (
+            f"{kept} one module at a time as the forward pass reaches it ({size} in float32: "
+            "more than the memory budget allows at once)"
+        )
     return (
         f"checkpoint `{folder}`: {type(model).__name__} from local files, {kept}, attention "
         "computed eagerly"

@@ -17,8 +17,13 @@ def torch(command, progress) -> int:
     axis with `--batch-sizes`/`--shapes`, or decoding with `--decode-steps`."""
     from layerdiff import torch as lt
 
-    model, inputs, common = _built(command, progress)
-    if command.batch_sizes or command.shapes or command.decode_steps:
+    along = command.batch_sizes or command.shapes or command.decode_steps
+    # Against an ONNX file, a checkpoint too large to hold is held one module at a time.
+    onnx = not along and command.options.torch_target is None
+    model, inputs, common = _built(
+        command, progress, command.options.streams_weights if onnx else None
+    )
+    if along:
         return _along_axis(command, model, inputs, progress)
     if command.options.torch_target is not None:
         report = lt.compare_torch(
@@ -49,14 +54,15 @@ def grad(command, progress) -> int:
     return _delivered(command, report, said)
 
 
-def _built(command, progress):
-    """The model and its inputs from the command's builder, and what every flow is given."""
+def _built(command, progress, streams=None):
+    """The model and its inputs from the command's builder (a checkpoint held one module at a
+    time where ``streams`` says so of its size), and what every flow is given."""
     from layerdiff import torch as lt
 
     started = time.perf_counter()
     # Before this point: the interpreter's start-up and the imports (PyTorch's above all).
     start_up = [("start-up: interpreter and imports", "pytorch", _process_age())]
-    builder = lt.load_builder(command.model)
+    builder = lt.load_builder(command.model, streams)
     progress(f"building {command.model} (seed {command.seed})")
     model, inputs = builder(command.seed)
     built = [*start_up, ("building the model", "pytorch", time.perf_counter() - started)]

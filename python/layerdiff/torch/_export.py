@@ -53,6 +53,9 @@ def export_onnx(
     when True, inline when False; by default only past ONNX's 2 GB limit."""
     say = step or (lambda message: None)
     exporter = _layerdiff.choice("exporter", exporter)
+    from layerdiff.torch._streamed import refuse_export
+
+    refuse_export(model)
     entry = None
     if cache:
         try:

@@ -14,6 +14,7 @@ from torch import nn
 from layerdiff import _layerdiff
 from layerdiff.tensors import flat
 from layerdiff.torch._capture import CapturedLayer
+from layerdiff.torch._streamed import weight
 
 
 def as_input_tuple(inputs) -> tuple:
@@ -26,13 +27,15 @@ def as_input_tuple(inputs) -> tuple:
     )
 
 
-def model_and_inputs(model, inputs, seed: int | None) -> tuple[nn.Module, tuple]:
+def model_and_inputs(model, inputs, seed: int | None, streams=None) -> tuple[nn.Module, tuple]:
     """The model and its inputs as a tuple; a checkpoint folder given as the model is loaded
-    (`layerdiff.torch.load_checkpoint`), with inputs made from its config unless given."""
+    (`layerdiff.torch.load_checkpoint`), with inputs made from its config unless given, and
+    held one module at a time where ``streams`` (`Options.streams_weights`) says so of its
+    size."""
     from layerdiff.torch._checkpoint import is_checkpoint, load_checkpoint
 
     if is_checkpoint(model):
-        model, made = load_checkpoint(model, seed or 0)
+        model, made = load_checkpoint(model, seed or 0, streams=streams)
         inputs = made if inputs is None else inputs
     elif isinstance(model, (str, Path)):
         raise _layerdiff.UsageError(
@@ -127,7 +130,7 @@ def layer_parameters(
         if module is None:
             continue
         own = [
-            (f"{layer.module}.{n}", t.detach())
+            (f"{layer.module}.{n}", weight(module, n, t).detach())  # streamed: from its files
             for n, t in [
                 *module.named_parameters(recurse=False),
                 *module.named_buffers(recurse=False),

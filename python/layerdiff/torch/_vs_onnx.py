@@ -28,6 +28,7 @@ from layerdiff.torch._running import (
     run_model,
     timed_phases,
 )
+from layerdiff.torch._streamed import refuse_export
 
 
 def compare_torch_onnx(
@@ -92,7 +93,6 @@ def compare_torch_onnx(
     """
     phases, lap = timed_phases(timings)
     step = progress or (lambda message: None)
-    model, inputs = model_and_inputs(model, inputs, seed)
     if options is None:
         options = _layerdiff.Options(
             tolerance=tolerance,
@@ -101,6 +101,9 @@ def compare_torch_onnx(
             target=target,
             float64=float64,
         )
+    model, inputs = model_and_inputs(model, inputs, seed, streams=options.streams_weights)
+    if onnx is None:
+        refuse_export(model)  # before the listing pass reads every weight once
     # dtype, keep_fp32 and onnx against the target: the command line's rules, kept in Rust.
     options = options.resolved(dtype=dtype, keep_fp32=bool(keep_fp32), onnx=onnx)
     if options.torch_target is not None:

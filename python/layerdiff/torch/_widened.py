@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from layerdiff.torch._capture import leaf_modules
+from layerdiff.torch._streamed import weight
 
 
 def widened_copy(
@@ -68,6 +69,7 @@ def _holder(pairs, convert, holding):
                 continue
             for name, t in o._parameters.items():
                 if t is not None:
+                    t = weight(o, name, t)  # a streamed model's, from its files
                     made = convert(t.detach()) if t.is_floating_point() else t.detach()
                     m._parameters[name] = nn.Parameter(made, requires_grad=False)
             for name, t in o._buffers.items():

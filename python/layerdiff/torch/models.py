@@ -191,14 +191,15 @@ def zoo_text() -> str:
     return "\n".join(lines) + "\n"
 
 
-def load_builder(spec: str):
+def load_builder(spec: str, streams=None):
     """`resnet18`, `path/to/file.py:build`, `package.module:build` or a transformers checkpoint
-    folder (`path/to/folder`, see `load_checkpoint`) → a function of the seed."""
+    folder (`path/to/folder`, see `load_checkpoint`, which takes ``streams``) → a function of
+    the seed."""
     if spec in ZOO:
         return ZOO[spec]
     if is_checkpoint(spec):
         checked_folder(spec)  # before anything is built or said
-        return lambda seed: load_checkpoint(spec, seed)
+        return lambda seed: load_checkpoint(spec, seed, streams=streams)
     plugins = _plugins()
     if spec in plugins:
         spec = plugins[spec].value

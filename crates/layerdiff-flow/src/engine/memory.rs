@@ -51,6 +51,18 @@ pub fn budget(given: Option<u64>) -> Option<u64> {
     given.or_else(|| DefaultBudget::now().map(|d| d.values(0)))
 }
 
+/// Whether PyTorch holds a model's weights (`weights` bytes, as it computes in them) one module
+/// at a time, read from the checkpoint's files as the forward pass reaches each module: where
+/// they take more than the budget given (`--max-memory`), or, with none given, more than a
+/// quarter of what the whole process should hold ([`DefaultBudget`]), whose rest the float64
+/// truth, the runtime's copy of the weights and the values need.
+pub fn streams_weights(weights: u64, given: Option<u64>) -> bool {
+    match given {
+        Some(budget) => weights > budget,
+        None => DefaultBudget::now().is_some_and(|d| weights > d.process / 4),
+    }
+}
+
 /// The budget when none is given: the whole process is kept within half the memory it could
 /// use when the run is planned (what the system has available, plus what the process already
 /// holds: libraries, a PyTorch model already built). Its values get what is left of that once
@@ -275,6 +287,14 @@ pub(crate) fn budget_kept(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn weights_are_streamed_above_the_budget_given_and_held_whole_below_it() {
+        assert!(streams_weights(4 << 30, Some(1 << 30)));
+        assert!(!streams_weights(1 << 30, Some(1 << 30)));
+        // none given: a model far below any machine's memory is held whole
+        assert!(!streams_weights(1 << 20, None));
+    }
 
     #[test]
     fn the_default_budget_leaves_the_values_what_the_process_and_a_runtime_do_not_hold() {

@@ -1,0 +1,176 @@
+"""A checkpoint larger than the memory it may use: its model built with every parameter on the
+`meta` device (no memory), and each module's weights read from the checkpoint's safetensors
+files as the forward pass reaches the module, then dropped when it returns. At any moment the
+model holds the weights of the modules running (a projection, a norm), not all of them; the
+float64 truth and the baseline's replay (`layerdiff.torch._widened`) read theirs from the same
+files, one module at a time.
+
+Buffers are made as the model's code makes them (a rotary table, a causal mask: computed, not
+stored), then replaced by the file's where it stores them. A module whose weights another one
+reads while it is not running would hand over a placeholder, and fails loudly (PyTorch refuses
+to compute with `meta` tensors) rather than compute wrong."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import weakref
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from layerdiff import _layerdiff
+
+
+class Weights:
+    """The tensors of a checkpoint folder's safetensors files (`model.safetensors`, or the
+    shards its `model.safetensors.index.json` lists), read one at a time from the mapped files;
+    floating ones in float32, the dtype the model is compared in."""
+
+    def __init__(self, folder: Path):
+        from safetensors import safe_open
+
+        self.folder = Path(folder)
+        index = self.folder / "model.safetensors.index.json"
+        if index.is_file():
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        elif (self.folder / "model.safetensors").is_file():
+            files = ["model.safetensors"]
+        else:
+            raise _layerdiff.UsageError(
+                f"`{self.folder}` holds no model.safetensors (nor its index): reading the "
+                "weights one module at a time needs them in safetensors"
+            )
+        self._open = [safe_open(str(self.folder / f), framework="pt") for f in files]
+        self._where = {name: handle for handle in self._open for name in handle.keys()}  # noqa: SIM118
+        self._lock = threading.Lock()  # the float64 copy reads from its own thread
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def float32_bytes(self) -> int:
+        """What the weights take in float32 (the dtype the model is held in)."""
+        total = 0
+        for name, handle in self._where.items():
+            s = handle.get_slice(name)
+            numel = 1
+            for d in s.get_shape():
+                numel *= d
+            floating = s.get_dtype() in ("F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2")
+            total += numel * (4 if floating else _SIZES.get(s.get_dtype(), 8))
+        return total
+
+    def get(self, name: str) -> torch.Tensor:
+        """The tensor `name`, floating ones in float32."""
+        with self._lock:
+            t = self._where[name].get_tensor(name)
+        return t.float() if t.is_floating_point() else t
+
+
+_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "I16": 2, "U16": 2, "I32": 4, "U32": 4, "I64": 8, "U64": 8}
+
+
+@contextlib.contextmanager
+def parameters_on_meta():
+    """Modules built inside make their parameters on the meta device, each freed as soon as it
+    is made (one tensor at a time at most), their buffers as their code makes them."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module, name, param):
+        register(module, name, param)
+        if param is not None and param.device.type != "meta":
+            module._parameters[name] = nn.Parameter(
+                param.to("meta"), requires_grad=param.requires_grad
+            )
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+#: A streamed module → the weights and, for each parameter, its name in the files.
+_SOURCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def stream(model: nn.Module, weights: Weights) -> None:
+    """Makes `model` (built by `parameters_on_meta`) read each module's parameters from
+    `weights` while the module runs, and load the buffers the files store now. A parameter
+    tied to another (an output head sharing the embedding's matrix) is read under whichever of
+    its names the files hold."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    missing = []
+    for prefix, module in model.named_modules():
+        for name, b in list(module._buffers.items()):
+            key = f"{prefix}.{name}" if prefix else name
+            if b is not None and key in weights:
+                module._buffers[name] = weights.get(key).to(b.dtype)
+        own = {}
+        for name, p in module._parameters.items():
+            if p is None:
+                continue
+            stored = [n for n in names[id(p)] if n in weights]
+            if not stored:
+                missing.append(f"{prefix}.{name}" if prefix else name)
+                continue
+            own[name] = stored[0]
+        if own:
+            _SOURCES[module] = (weights, own, [0])
+            module.register_forward_pre_hook(_load)
+            module.register_forward_hook(_drop, always_call=True)
+    if missing:
+        raise _layerdiff.UsageError(
+            f"`{weights.folder}` does not store {len(missing)} of the model's parameters "
+            f"({', '.join(missing[:3])}{'…' if len(missing) > 3 else ''}): the files and the "
+            "config.json are of different models"
+        )
+
+
+def is_streamed(model: nn.Module) -> bool:
+    """Whether `model` reads its weights from the files as it runs (`stream`)."""
+    return any(m in _SOURCES for m in model.modules())
+
+
+def refuse_export(model: nn.Module) -> None:
+    """A `UsageError` where `model` is streamed: an export needs all of its weights at once."""
+    if is_streamed(model):
+        raise _layerdiff.UsageError(
+            "the checkpoint is held one module at a time (its weights take more than the "
+            "memory budget allows at once), and an export needs all of them: give its ONNX "
+            "file with --onnx (onnx= in Python), exported where it fits or by optimum"
+        )
+
+
+def weight(module: nn.Module, name: str, t: torch.Tensor) -> torch.Tensor:
+    """The parameter `name` of `module` (`t`, as the module holds it now), read from the files
+    where the module is streamed and not running."""
+    if t.device.type != "meta" or module not in _SOURCES:
+        return t
+    weights, own, _ = _SOURCES[module]
+    return weights.get(own[name]) if name in own else t
+
+
+def _load(module, _args):
+    if module not in _SOURCES:  # a copy of a streamed model (the float64 truth's) reads its own
+        return
+    weights, own, running = _SOURCES[module]
+    running[0] += 1
+    if running[0] == 1:
+        for name, key in own.items():
+            module._parameters[name] = nn.Parameter(weights.get(key), requires_grad=False)
+
+
+def _drop(module, _args, _output):
+    if module not in _SOURCES:
+        return
+    _, own, running = _SOURCES[module]
+    running[0] -= 1
+    if running[0] == 0:
+        for name in own:
+            t = module._parameters[name]
+            module._parameters[name] = nn.Parameter(t.to("meta"), requires_grad=False)

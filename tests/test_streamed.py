@@ -1,0 +1,111 @@
+"""A checkpoint larger than the memory it may use (issue 48, part 4): held one module at a time,
+its weights read from the safetensors files as the forward pass reaches each module and dropped
+after, the float64 truth and the baseline the same way. The report is the one the whole model
+gives; nothing stays held; a weight edited in the export is still found at its layer; an export
+(which needs every weight at once) is refused with what to do instead."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_cli
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+onnx = pytest.importorskip("onnx")
+
+from faults import scale_weight  # noqa: E402
+from layerdiff import UsageError  # noqa: E402
+
+# Room for the values of the test checkpoints' largest segment (a head's logits on every side).
+BUDGET = "1M"
+WIDE_BUDGET = "4M"
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """A Llama-style checkpoint whose weights (6.5 MB in float32) take more than `WIDE_BUDGET`,
+    room for its largest segment's values: the rule streams it."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=512, hidden_size=256, intermediate_size=640, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    folder = tmp_path_factory.mktemp("wide")
+    transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+    return folder
+
+
+def _export(folder, path):
+    from layerdiff.torch import export_onnx, load_checkpoint
+
+    return export_onnx(*load_checkpoint(folder), path)
+
+
+def _without_timing(report) -> dict:
+    data = json.loads(json.dumps(report.data))
+    data.pop("timings", None)
+    return data
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])  # gpt2: its head tied to the embedding
+def test_a_checkpoint_held_one_module_at_a_time_reports_as_the_whole_model(
+    checkpoint, name, tmp_path
+):
+    from layerdiff.torch import compare_torch_onnx, load_checkpoint
+
+    folder = checkpoint(name)
+    exported = _export(folder, tmp_path / "model.onnx")
+    whole = compare_torch_onnx(folder, onnx=exported, max_memory=BUDGET, seed=0)
+    model, inputs = load_checkpoint(folder, streams=lambda size: True)
+    assert all(p.device.type == "meta" for p in model.parameters()), "nothing read yet"
+    streamed = compare_torch_onnx(model, inputs, onnx=exported, max_memory=BUDGET, seed=0)
+    assert streamed.summary["verdict"] == "no_drift", streamed.summary
+    assert streamed.summary["layers_compared"] == streamed.summary["layers_total"] > 30
+    assert _without_timing(streamed) == _without_timing(whole)
+    # nothing is held once the run is over
+    assert all(p.device.type == "meta" for p in model.parameters())
+    # the default rule holds it whole: its weights are far below the machine's budget
+    assert any(p.device.type == "cpu" for p in load_checkpoint(folder)[0].parameters())
+
+
+def test_the_command_line_streams_below_the_budget_and_finds_an_edited_weight(wide, tmp_path):
+    folder = wide
+    clean = _export(folder, tmp_path / "model.onnx")
+    out = tmp_path / "clean.json"
+    done = run_cli(
+        "torch", str(folder), "--onnx", str(clean), "--max-memory", WIDE_BUDGET, "--json", str(out)
+    )
+    assert done.returncode == 0, done.stderr
+    assert "loaded in float32 one module at a time as the forward pass reaches it" in done.stderr
+    down = next(
+        layer for layer in json.loads(out.read_text())["layers"]
+        if layer["name"] == "model.layers.1.mlp.down_proj"
+    )  # fmt: skip
+    edited = scale_weight(clean, tmp_path / "edited.onnx", down["location"]["value"], 1.05)
+    out = tmp_path / "edited.json"
+    done = run_cli(
+        "torch", str(folder), "--onnx", str(edited), "--max-memory", WIDE_BUDGET, "--json", str(out)
+    )
+    assert done.returncode == 1, done.stderr
+    s = json.loads(out.read_text())["summary"]
+    # the weight check reads the module's weight from the files: the cause is named
+    assert [(d["layer"], d["cause"]) for d in s["defects"]] == [
+        ("model.layers.1.mlp.down_proj", "weight_mismatch")
+    ], s
+
+
+def test_an_export_of_a_streamed_checkpoint_is_refused_with_what_to_do(wide, tmp_path):
+    from layerdiff.torch import compare_torch_onnx, load_checkpoint
+
+    folder = wide
+    done = run_cli("torch", str(folder), "--max-memory", WIDE_BUDGET, "--out", str(tmp_path / "o"))
+    assert done.returncode == 2, done.stderr
+    assert "an export needs all of them: give its ONNX file with --onnx" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "o").exists()
+    model, inputs = load_checkpoint(folder, streams=lambda size: True)
+    with pytest.raises(UsageError, match="held one module at a time"):
+        compare_torch_onnx(model, inputs)
