@@ -409,8 +409,12 @@ class _Pass:
         if self.filing is not None:
             for module, path in self.paths.items():
                 own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+                # Not a streamed model's placeholders: its weights are made anew each time
+                # their module runs (a read outside it meets a placeholder and fails loudly),
+                # and a placeholder's id would name whatever tensor takes it later.
                 for t in own:
-                    mode.holders.setdefault(id(t), []).append(path)
+                    if t.device.type != "meta":
+                        mode.holders.setdefault(id(t), []).append(path)
         return mode
 
     def run(self, inputs: tuple) -> Capture:

@@ -26,12 +26,11 @@ from layerdiff import _layerdiff
 
 class Weights:
     """The tensors of a checkpoint folder's safetensors files (`model.safetensors`, or the
-    shards its `model.safetensors.index.json` lists), read one at a time from the mapped files;
-    floating ones in float32, the dtype the model is compared in."""
+    shards its `model.safetensors.index.json` lists), each read from its file when asked for
+    (read, not mapped: a mapped file's pages would count in the process's memory as it is
+    read through); floating ones in float32, the dtype the model is compared in."""
 
     def __init__(self, folder: Path):
-        from safetensors import safe_open
-
         self.folder = Path(folder)
         index = self.folder / "model.safetensors.index.json"
         if index.is_file():
@@ -43,8 +42,26 @@ class Weights:
                 f"`{self.folder}` holds no model.safetensors (nor its index): reading the "
                 "weights one module at a time needs them in safetensors"
             )
-        self._open = [safe_open(str(self.folder / f), framework="pt") for f in files]
-        self._where = {name: handle for handle in self._open for name in handle.keys()}  # noqa: SIM118
+        # name → (file, dtype, shape, first byte, bytes)
+        self._where: dict[str, tuple] = {}
+        for file in files:
+            path = self.folder / file
+            try:
+                with open(path, "rb") as f:
+                    length = int.from_bytes(f.read(8), "little")
+                    header = json.loads(f.read(length))
+            except (OSError, ValueError) as e:
+                raise _layerdiff.UsageError(f"`{path}` is not a safetensors file: {e}") from e
+            for name, entry in header.items():
+                if name == "__metadata__":
+                    continue
+                begin, end = entry["data_offsets"]
+                dtype = _DTYPES.get(entry["dtype"])
+                if dtype is None:
+                    raise _layerdiff.UsageError(
+                        f"`{path}` stores `{name}` as {entry['dtype']}, a dtype PyTorch has not"
+                    )
+                self._where[name] = (path, dtype, entry["shape"], 8 + length + begin, end - begin)
         self._lock = threading.Lock()  # the float64 copy reads from its own thread
 
     def __contains__(self, name: str) -> bool:
@@ -53,23 +70,32 @@ class Weights:
     def float32_bytes(self) -> int:
         """What the weights take in float32 (the dtype the model is held in)."""
         total = 0
-        for name, handle in self._where.items():
-            s = handle.get_slice(name)
-            numel = 1
-            for d in s.get_shape():
-                numel *= d
-            floating = s.get_dtype() in ("F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2")
-            total += numel * (4 if floating else _SIZES.get(s.get_dtype(), 8))
+        for _, dtype, _, _, size in self._where.values():
+            numel = size // dtype.itemsize
+            total += numel * 4 if dtype.is_floating_point else size
         return total
 
-    def get(self, name: str) -> torch.Tensor:
-        """The tensor `name`, floating ones in float32."""
-        with self._lock:
-            t = self._where[name].get_tensor(name)
-        return t.float() if t.is_floating_point() else t
+    def get(self, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The tensor `name`, floating ones with float32's values (the model's) in `dtype`: a
+        float64 copy's weights are widened straight from what the file stores, with no float32
+        copy on the way."""
+        path, stored, shape, offset, size = self._where[name]
+        raw = torch.empty(size, dtype=torch.uint8)
+        with self._lock, open(path, "rb") as f:
+            f.seek(offset)
+            if f.readinto(memoryview(raw.numpy())) != size:
+                raise _layerdiff.UsageError(f"`{path}` ends inside `{name}`: the file is cut short")
+        t = raw.view(stored).reshape(shape)
+        if not t.is_floating_point():
+            return t
+        return (t.float() if t.itemsize > 4 else t).to(dtype)
 
 
-_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "I16": 2, "U16": 2, "I32": 4, "U32": 4, "I64": 8, "U64": 8}
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64,
+    "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -146,13 +172,15 @@ def refuse_export(model: nn.Module) -> None:
         )
 
 
-def weight(module: nn.Module, name: str, t: torch.Tensor) -> torch.Tensor:
+def weight(
+    module: nn.Module, name: str, t: torch.Tensor, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """The parameter `name` of `module` (`t`, as the module holds it now), read from the files
-    where the module is streamed and not running."""
+    (in `dtype`: see `Weights.get`) where the module is streamed and not running."""
     if t.device.type != "meta" or module not in _SOURCES:
         return t
     weights, own, _ = _SOURCES[module]
-    return weights.get(own[name]) if name in own else t
+    return weights.get(own[name], dtype) if name in own else t
 
 
 def _load(module, _args):
