@@ -164,9 +164,12 @@ class Replay(Lockstep):
 
         def rounded_copy(model, inputs):
             # each module's weights made in float64, rounded to `precision`, only while it runs
+            # unrounded, the float64 truth's very weights: held once between the two
+            same = precision in (None, torch.float32, torch.float64)
             copied = widened_copy(
-                model, lambda t: _rounded_weight(t, precision), whole, reads_outside
-            )
+                model, lambda t: _rounded_weight(t, precision), whole, reads_outside,
+                shared="float64" if same else None,
+            )  # fmt: skip
             return copied, tuple(rounded(t, precision) for t in inputs)
 
         super().__init__(model, inputs, rounded_copy, running=no_autocast, whole=whole)

@@ -33,7 +33,7 @@ def float64(
     from layerdiff.torch._widened import widened_copy
 
     wide = tuple(t.double() if t.is_floating_point() else t for t in inputs)
-    return widened_copy(model, _to_float64, whole, reads_outside), wide
+    return widened_copy(model, _to_float64, whole, reads_outside, shared="float64"), wide
 
 
 def _to_float64(t: torch.Tensor) -> torch.Tensor:

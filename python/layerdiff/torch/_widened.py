@@ -14,6 +14,7 @@ that do so, and they hold their submodules' weights."""
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Callable
 
 import torch
@@ -28,9 +29,12 @@ def widened_copy(
     convert: Callable[[torch.Tensor], torch.Tensor],
     whole=frozenset(),
     reads_outside=(),
+    shared: str | None = None,
 ) -> nn.Module:
     """The copy (see the module docs); `convert` makes a floating weight of the copy from the
-    model's (`lambda t: t.double()` for the truth)."""
+    model's (`lambda t: t.double()` for the truth). Copies of one model given the same
+    ``shared`` name convert alike, and hold one tensor of each weight between them while they
+    run the same module (`_Made`): the float64 truth and a float32 target's baseline."""
     dtype = convert(torch.zeros(1)).dtype
     memo: dict = {}
     for module in model.modules():
@@ -53,14 +57,68 @@ def widened_copy(
             if name in recursive
             else [(module, original)]
         )
-        module.register_forward_pre_hook(_holder(pairs, convert, holding))
-        module.register_forward_hook(_dropper(pairs, holding), always_call=True)
+        made = _Conversion(convert, dtype, shared)
+        module.register_forward_pre_hook(_holder(pairs, made, holding))
+        module.register_forward_hook(_dropper(pairs, made, holding), always_call=True)
     return copied
 
 
-def _holder(pairs, convert, holding):
+class _Made:
+    """Weights made from the model's that copies converting alike share: each made once, by the
+    first copy to run its module, and dropped when the last copy holding it lets go."""
+
+    def __init__(self):
+        self.lock = threading.Lock()  # the copies run in threads of their own
+        self.held: dict[tuple, list] = {}
+
+    def take(self, key: tuple, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        with self.lock:
+            entry = self.held.get(key)
+            if entry is None:
+                entry = self.held[key] = [make(), 0]
+            entry[1] += 1
+            return entry[0]
+
+    def let_go(self, key: tuple) -> None:
+        with self.lock:
+            entry = self.held[key]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self.held[key]
+
+
+_MADE = _Made()
+
+
+class _Conversion:
+    """How a copy makes a weight from the model's (`convert`, into `dtype`), shared with the
+    copies of the same ``shared`` name."""
+
+    def __init__(self, convert, dtype, shared):
+        self.convert, self.dtype, self.shared = convert, dtype, shared
+
+    def key(self, original: nn.Module, kind: str, name: str) -> tuple | None:
+        return None if self.shared is None else (id(original), kind, name, self.shared)
+
+    def make(self, original: nn.Module, kind: str, name: str, t: torch.Tensor) -> torch.Tensor:
+        def made():
+            w = weight(original, name, t, self.dtype) if kind == "p" else t  # streamed: files
+            w = w.detach()
+            return self.convert(w) if w.is_floating_point() else w
+
+        key = self.key(original, kind, name)
+        return made() if key is None else _MADE.take(key, made)
+
+    def drop(self, original: nn.Module, kind: str, name: str) -> None:
+        key = self.key(original, kind, name)
+        if key is not None:
+            _MADE.let_go(key)
+
+
+def _holder(pairs, made: _Conversion, holding):
     """A pre-hook that makes the weights of each module of `pairs` (copy, model) from the
-    model's, unless a running module holds them already."""
+    model's (a streamed model's read from its files in the copy's dtype), unless a running
+    module holds them already."""
 
     def hold(_module, _args):
         for m, o in pairs:
@@ -69,30 +127,31 @@ def _holder(pairs, convert, holding):
                 continue
             for name, t in o._parameters.items():
                 if t is not None:
-                    t = weight(o, name, t)  # a streamed model's, from its files
-                    made = convert(t.detach()) if t.is_floating_point() else t.detach()
-                    m._parameters[name] = nn.Parameter(made, requires_grad=False)
+                    w = made.make(o, "p", name, t)
+                    m._parameters[name] = nn.Parameter(w, requires_grad=False)
             for name, t in o._buffers.items():
                 if t is not None:
-                    m._buffers[name] = convert(t) if t.is_floating_point() else t
+                    m._buffers[name] = made.make(o, "b", name, t)
 
     return hold
 
 
-def _dropper(pairs, holding):
+def _dropper(pairs, made: _Conversion, holding):
     """A forward hook that turns the weights of each module of `pairs` back into placeholders
     once no running module holds them."""
 
     def drop(_module, _args, _output):
-        for m, _ in pairs:
+        for m, o in pairs:
             holding[id(m)] -= 1
             if holding[id(m)] > 0:
                 continue
             for name, t in m._parameters.items():
                 if t is not None and t.device.type != "meta":
                     m._parameters[name] = nn.Parameter(t.to("meta"), requires_grad=False)
+                    made.drop(o, "p", name)
             for name, t in m._buffers.items():
                 if t is not None and t.device.type != "meta":
                     m._buffers[name] = t.to("meta")
+                    made.drop(o, "b", name)
 
     return drop
