@@ -254,14 +254,18 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         }
         let target_view = target.plan_view();
         // Without --max-memory the whole process is kept within half the memory it could use:
-        // the values get what is left once what it holds and a runtime's weights are counted.
+        // the values get what is left once what it holds and a runtime's weights are counted
+        // (the target's are counted segment by segment facing a reference that hands its
+        // values over: see `plan`).
         let default = settings
             .max_memory
             .is_none()
             .then(memory::DefaultBudget::now)
             .flatten();
+        let per_segment = reference_view.graph.is_none();
         let weights = [&reference_view, &target_view]
             .iter()
+            .filter(|v| !(per_segment && v.graph.is_some()))
             .map(|v| v.weights)
             .chain(truth.as_ref().map(|t| t.plan_view().weights))
             .max()

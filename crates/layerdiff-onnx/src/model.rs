@@ -94,6 +94,13 @@ impl Model {
     /// Bytes of the model's weights (its initializers, by their shapes and element types): what a
     /// runtime loads beside the values it computes. Types layerdiff does not read count nothing.
     pub fn weight_bytes(&self) -> u64 {
+        self.initializer_bytes()
+            .values()
+            .fold(0u64, |a, &b| a.saturating_add(b))
+    }
+
+    /// Bytes of each initializer, by name (see [`Model::weight_bytes`]).
+    pub fn initializer_bytes(&self) -> std::collections::HashMap<&str, u64> {
         self.graph()
             .initializer
             .iter()
@@ -101,11 +108,13 @@ impl Model {
                 let size = layerdiff_core::DType::from_onnx_code(t.data_type())
                     .ok()?
                     .size() as u64;
-                t.dims
+                let bytes = t
+                    .dims
                     .iter()
-                    .try_fold(size, |n, &d| n.checked_mul(u64::try_from(d).ok()?))
+                    .try_fold(size, |n, &d| n.checked_mul(u64::try_from(d).ok()?))?;
+                Some((t.name(), bytes))
             })
-            .fold(0u64, u64::saturating_add)
+            .collect()
     }
 
     /// The distinct external-data files the model's initializers point to, relative to its folder.

@@ -162,6 +162,8 @@ pub struct Segmentation {
     pub peak_bytes: u64,
     /// The whole process's bound, when the budget is the default one (see [`DefaultBudget`]).
     pub process: Option<u64>,
+    /// Whether the peak counts the weights a segment's run loads (see `Plan::weights_counted`).
+    pub weights_counted: bool,
 }
 
 impl Segmentation {
@@ -174,8 +176,13 @@ impl Segmentation {
                     bytes_text(p)
                 )
             });
+            let held = if self.weights_counted {
+                "of values and weights"
+            } else {
+                "of values"
+            };
             format!(
-                "ran in {} segments to hold at most about {} of values at once ({} in all){process}; see --max-memory",
+                "ran in {} segments to hold at most about {} {held} at once ({} of values in all){process}; see --max-memory",
                 self.segments,
                 bytes_text(self.peak_bytes),
                 bytes_text(self.total_bytes)
@@ -265,8 +272,13 @@ pub(crate) fn budget_kept(
         && let Some((value, needs)) = finest()
         && needs > given
     {
+        let held = if plan.weights_counted {
+            "of values and weights at once (both sides' values there, those still needed after it, and the weights the runtime loads for it)"
+        } else {
+            "of values at once (both sides' values there, and those still needed after it)"
+        };
         return Err(crate::Error::Memory(format!(
-            "--max-memory {} is too small: the run cannot be cut finer than at `{}`, which holds {} of values at once (both sides' values there, and those still needed after it)\nhint: give --max-memory {} or more, or leave it out (half the memory available)",
+            "--max-memory {} is too small: the run cannot be cut finer than at `{}`, which holds {} {held}\nhint: give --max-memory {} or more, or leave it out (half the memory available)",
             bytes_text(given),
             layer_of(&value),
             bytes_text(needs),

@@ -68,6 +68,9 @@ pub struct PlanSide<'a> {
     /// Bytes a run of the side takes beside its values (its runtime's copy of the weights); 0
     /// for a side whose weights are already in memory (PyTorch's) or that has none.
     pub weights: u64,
+    /// For a side that computes: the bytes of the weights each step reads first (in step
+    /// order), which a segment's run loads with its steps; empty for other sides.
+    pub step_weights: Vec<u64>,
 }
 
 impl Plan {
@@ -78,6 +81,7 @@ impl Plan {
             total_bytes: self.total_bytes,
             peak_bytes: self.peak_bytes,
             process: None,
+            weights_counted: self.weights_counted,
         }
     }
 }
@@ -95,6 +99,9 @@ pub struct Plan {
     /// planned with a budget of 0 (cut as finely as the run can be), the least budget the run
     /// can keep and the layer that needs it.
     pub over_budget: Option<(String, u64)>,
+    /// Whether a segment's cost counts the weights the target's runtime loads for it (facing a
+    /// reference that hands its values over), beside the values.
+    pub weights_counted: bool,
 }
 
 /// Splits the run into segments whose values fit `budget` bytes (`None`: one segment).
@@ -164,9 +171,25 @@ pub fn plan(
             feeds_until[at] = feeds_until[at].max(made);
         }
     }
-    // A runtime's buffers and our copies of a segment's values overlap by one value at most, but
-    // a segment's internal values live in the runtime too: count what it produces twice.
-    let cost = |start: usize, made: u64| entering[start] + 2 * made;
+    // Facing a reference that hands its values over, the target's runtime is the run's only
+    // copy of the weights, and a segment's run loads just its own nodes' (PyTorch may hold
+    // its weights one module at a time): a segment costs them too. Count what a segment
+    // produces twice: a runtime's buffers and our copies of its values overlap by one value
+    // at most, but its internal values live in the runtime too.
+    let mut loaded = vec![0u64; positions + 1];
+    if reference.graph.is_none() {
+        for (n, &at) in needed.iter().enumerate() {
+            if let (Some(at), Some(&bytes)) = (at, target.step_weights.get(n)) {
+                loaded[at] += bytes;
+            }
+        }
+    }
+    let produced: Vec<u64> = produced
+        .iter()
+        .zip(&loaded)
+        .map(|(&p, &w)| 2 * p + w)
+        .collect();
+    let cost = |start: usize, made: u64| entering[start] + made;
     let mut bounds: Vec<Range<usize>> = Vec::new();
     let (mut start, mut made, mut reach) = (0usize, 0u64, 0usize);
     for (p, &add) in produced.iter().enumerate().take(positions) {
@@ -212,6 +235,7 @@ pub fn plan(
         total_bytes,
         peak_bytes,
         over_budget,
+        weights_counted: reference.graph.is_none() && loaded.iter().any(|&w| w > 0),
     }
 }
 

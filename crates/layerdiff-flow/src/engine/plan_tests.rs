@@ -68,6 +68,7 @@ fn planned_with(budget: Option<u64>, replaced: &[(usize, &[&str])]) -> Plan {
         graph: Some(&index),
         sizes: value_sizes(&index, &inputs),
         weights: 0,
+        step_weights: Vec::new(),
     };
     plan(&side(), &side(), &layers, budget)
 }
@@ -141,4 +142,52 @@ fn a_local_re_run_fed_from_a_value_the_reference_makes_later_shares_its_segment(
     assert!(holding.layers.contains(&4), "{:?}", plan.segments);
     assert!(holding.reference.outputs.contains(&"v4".to_string()));
     assert_eq!(plan.segments.len(), 4, "still split wherever it can be");
+}
+
+/// Facing a reference that hands its values over (PyTorch), the target's runtime loads each
+/// segment's weights with its nodes: a budget that fits the values alone is cut finer once the
+/// weights count, and the figures say so; a computing reference leaves them out (both runtimes
+/// hold their own).
+#[test]
+fn facing_values_handed_over_a_segment_costs_the_weights_its_nodes_load() {
+    let (index, inputs) = chain();
+    let names: Vec<String> = (0..6).map(|i| format!("v{i}")).collect();
+    let none: Vec<Vec<String>> = vec![Vec::new(); 6];
+    let layers: Vec<PlannedLayer<'_>> = names
+        .iter()
+        .zip(&none)
+        .map(|(n, l)| PlannedLayer {
+            reference: n,
+            target: Some(n),
+            local_inputs: l,
+        })
+        .collect();
+    let sizes = value_sizes(&index, &inputs);
+    let pushed = PlanSide {
+        graph: None,
+        sizes: sizes.clone(),
+        weights: 0,
+        step_weights: Vec::new(),
+    };
+    // 16 KiB of weights read by each node
+    let target = |step_weights: Vec<u64>| PlanSide {
+        graph: Some(&index),
+        sizes: sizes.clone(),
+        weights: 6 * 16384,
+        step_weights,
+    };
+    let budget = Some(40 * 1024);
+    let light = plan(&pushed, &target(Vec::new()), &layers, budget);
+    let heavy = plan(&pushed, &target(vec![16384; 6]), &layers, budget);
+    assert!(!light.weights_counted && heavy.weights_counted);
+    assert!(
+        heavy.segments.len() > light.segments.len(),
+        "{} segments with the weights, {} without",
+        heavy.segments.len(),
+        light.segments.len()
+    );
+    assert!(heavy.peak_bytes <= 40 * 1024, "{}", heavy.peak_bytes);
+    let computing = target(vec![16384; 6]);
+    let both = plan(&computing, &target(vec![16384; 6]), &layers, budget);
+    assert!(!both.weights_counted);
 }

@@ -125,6 +125,7 @@ impl Side for ExpectedSide {
             graph: None,
             sizes: self.sizes.clone(),
             weights: 0,
+            step_weights: Vec::new(),
         }
     }
 

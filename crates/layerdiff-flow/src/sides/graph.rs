@@ -4,7 +4,7 @@
 //! When its runtime optimized the file first, it runs the graph that ships and accounts for it
 //! ([`shipped`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -186,10 +186,25 @@ impl Side for GraphSide {
     }
 
     fn plan_view(&self) -> PlanSide<'_> {
+        let bytes = self.model.initializer_bytes();
+        let mut seen = HashSet::new();
+        let step_weights = self
+            .index
+            .nodes()
+            .iter()
+            .map(|node| {
+                node.inputs
+                    .iter()
+                    .filter(|i| seen.insert(i.as_str()))
+                    .filter_map(|i| bytes.get(i.as_str()))
+                    .sum()
+            })
+            .collect();
         PlanSide {
             graph: Some(&self.index),
             sizes: self.sizes.clone(),
             weights: self.model.weight_bytes(),
+            step_weights,
         }
     }
 

@@ -175,6 +175,7 @@ impl Side for PushedSide {
             graph: None,
             sizes: self.sizes.clone(),
             weights: 0,
+            step_weights: Vec::new(),
         }
     }
 

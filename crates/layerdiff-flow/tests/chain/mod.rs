@@ -79,6 +79,7 @@ impl Side for Chain {
             graph: None,
             sizes,
             weights: 0,
+            step_weights: Vec::new(),
         }
     }
 
