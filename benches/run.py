@@ -1,8 +1,9 @@
 """`make bench`: measures the comparator, layerdiff's own work per phase beside Polygraphy
-(`own_work.py`), memory, and whole runs beside the predecessor and the work no comparison can
-avoid (`side_by_side.py`), side by side in one run, and writes docs/performance.md. Every figure
-in that file comes from this run. A target missed (the constants of `own_work.py`) fails it,
-after the file is written.
+(`own_work.py`), memory (and a checkpoint larger than its budget: `checkpoint.py`), and whole
+runs beside the predecessor and the work no comparison can avoid (`side_by_side.py`), side by
+side in one run, and writes docs/performance.md. Every figure in that file comes from this run.
+A target missed (the constants of `own_work.py` and `checkpoint.py`) fails it, after the file
+is written.
 
     python benches/run.py [--out docs/performance.md] [--quick] [--own-only]
 """
@@ -19,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import checkpoint
 import layerdiff
 import numpy as np
 import own_work
@@ -178,8 +180,10 @@ def peak_run(args: list[str], limit: int | None = None) -> dict:
         stderr = err.read()
     seconds = time.perf_counter() - start
     bound = re.search(r"the whole process within about (.+?) \(", stderr)
-    found = re.search(r"ran in (\d+) segments to hold at most about (.+?) of values at once "
-                      r"\((.+?) in all\)", stderr)  # fmt: skip
+    found = re.search(
+        r"ran in (\d+) segments to hold at most about (.+?) of values(?: and weights)? at once "
+        r"\((.+?)(?: of values)? in all\)", stderr,
+    )  # fmt: skip
     return {
         "rc": child.returncode,
         "peak": peak,
@@ -367,8 +371,9 @@ def memory_row(row: dict, limit: int) -> str:
 
 
 def render(
-    machine: str, comp: list[dict], own: dict, missed: list[str], mem: dict, ends: dict
-) -> str:
+    machine: str, comp: list[dict], own: dict, missed: list[str], mem: dict, ends: dict,
+    large: dict,
+) -> str:  # fmt: skip
     lines = [
         "# Performance",
         "",
@@ -401,6 +406,7 @@ def render(
         )
     lines += ["", *own_work.lines(own, missed)]
     lines += memory_lines(mem)
+    lines += checkpoint.lines(large)
     lines += side_by_side.lines(ends)
     return "\n".join(lines)
 
@@ -430,9 +436,10 @@ def main() -> int:
     ) if Path("/proc/cpuinfo").exists() else platform.processor()  # fmt: skip
     machine = f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}"
     mem = memory(args.quick)
+    large = checkpoint.measure(args.quick)
     ends = side_by_side.measure(args.quick)
-    missed = own_work.misses(own, comp)
-    text = render(machine, comp, own, missed, mem, ends)
+    missed = own_work.misses(own, comp) + checkpoint.misses(large)
+    text = render(machine, comp, own, missed, mem, ends, large)
     Path(args.out).write_text(text + "\n")
     print(text)
     if missed:

@@ -40,8 +40,8 @@ def wait_with_peak(pid: int) -> tuple[int, int]:
 
 
 def timed(args: list[str], env: dict | None = None) -> dict:
-    """One process: wall seconds, peak RSS (bytes, see `wait_with_peak`) and its stdout; a
-    failure stops the bench with the process's last words."""
+    """One process: wall seconds, peak RSS (bytes, see `wait_with_peak`), its stdout and
+    stderr; a failure stops the bench with the process's last words."""
     start = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         child = subprocess.Popen(args, stdout=out, stderr=err, env={**os.environ, **(env or {})})
@@ -52,7 +52,7 @@ def timed(args: list[str], env: dict | None = None) -> dict:
         stdout, stderr = out.read(), err.read()
     if os.waitstatus_to_exitcode(status) not in (0, 1):
         raise RuntimeError(f"{' '.join(args)} failed: {stderr.strip()[-2000:]}")
-    return {"seconds": seconds, "peak": peak, "stdout": stdout}
+    return {"seconds": seconds, "peak": peak, "stdout": stdout, "stderr": stderr}
 
 
 def predecessor(model: str, folder: Path) -> dict:

@@ -433,6 +433,13 @@ fn settle_heap() {
     layerdiff_flow::memory::settle_heap();
 }
 
+/// Sets the C heap up for the `layerdiff` command's process once its model is streamed (see
+/// `layerdiff_flow::memory::heap_for_streaming`); the Python API never calls it.
+#[pyfunction]
+fn heap_for_streaming() {
+    layerdiff_flow::memory::heap_for_streaming();
+}
+
 #[pymodule]
 fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // An isolated side's worker is this interpreter running the package's command
@@ -458,6 +465,7 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_cli, m)?)?;
     m.add_function(wrap_pyfunction!(catch_interrupts, m)?)?;
     m.add_function(wrap_pyfunction!(settle_heap, m)?)?;
+    m.add_function(wrap_pyfunction!(heap_for_streaming, m)?)?;
     m.add_function(wrap_pyfunction!(interrupt_signal, m)?)?;
     m.add_class::<CapturedRun>()?;
     m.add_class::<layer::CapturedLayer>()?;

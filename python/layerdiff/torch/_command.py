@@ -9,6 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from layerdiff import _layerdiff
 from layerdiff._cli import _process_age
 
 
@@ -65,6 +66,10 @@ def _built(command, progress, streams=None):
     builder = lt.load_builder(command.model, streams)
     progress(f"building {command.model} (seed {command.seed})")
     model, inputs = builder(command.seed)
+    from layerdiff.torch._streamed import is_streamed
+
+    if is_streamed(model):
+        _layerdiff.heap_for_streaming()  # the command's own process, as `settle_heap`
     built = [*start_up, ("building the model", "pytorch", time.perf_counter() - started)]
     common = {
         "name": command.model,

@@ -231,6 +231,29 @@ pub fn settle_heap() {
     }
 }
 
+/// Sets the C heap up for a command whose PyTorch model is streamed (its weights taken and
+/// freed module by module, each block tens or hundreds of megabytes): [`settle_heap`]'s
+/// blocks kept in the heap would hold freed weights between the live ones, and the process
+/// would keep up to a model's worth of them. Blocks above 4 MB are mapped afresh and handed back
+/// when freed, and the heap's top is handed back beyond 4 MB free: more page faults for the
+/// values, a peak set by what is live.
+pub fn heap_for_streaming() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        const M_TRIM_THRESHOLD: i32 = -1;
+        const M_MMAP_THRESHOLD: i32 = -3;
+        const SMALL: i32 = 4 << 20;
+        unsafe extern "C" {
+            fn mallopt(param: i32, value: i32) -> i32;
+        }
+        // SAFETY: mallopt only sets glibc's allocator parameters.
+        unsafe {
+            mallopt(M_MMAP_THRESHOLD, SMALL);
+            mallopt(M_TRIM_THRESHOLD, SMALL);
+        }
+    }
+}
+
 /// Hands the heap memory freed so far back to the system. glibc keeps freed memory for reuse
 /// (more so across threads' arenas), so a process that is about to take a big new block (a
 /// runtime's copy of the model) would otherwise hold both. Elsewhere, nothing to do.
