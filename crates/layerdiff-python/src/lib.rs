@@ -6,6 +6,7 @@ mod captured;
 mod check;
 mod exceptions;
 mod layer;
+mod memory;
 mod op_matrix;
 mod ops;
 mod options;
@@ -426,20 +427,6 @@ fn interrupt_signal() -> (Option<i32>, bool) {
     (interrupt::requested(), interrupt::was_said())
 }
 
-/// Sets the C heap up for the `layerdiff` command's own process (see
-/// `layerdiff_flow::memory::settle_heap`); the Python API never calls it.
-#[pyfunction]
-fn settle_heap() {
-    layerdiff_flow::memory::settle_heap();
-}
-
-/// Sets the C heap up for the `layerdiff` command's process once its model is streamed (see
-/// `layerdiff_flow::memory::heap_for_streaming`); the Python API never calls it.
-#[pyfunction]
-fn heap_for_streaming() {
-    layerdiff_flow::memory::heap_for_streaming();
-}
-
 #[pymodule]
 fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // An isolated side's worker is this interpreter running the package's command
@@ -464,8 +451,8 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<axis::PyAxisReport>()?;
     m.add_function(wrap_pyfunction!(parse_cli, m)?)?;
     m.add_function(wrap_pyfunction!(catch_interrupts, m)?)?;
-    m.add_function(wrap_pyfunction!(settle_heap, m)?)?;
-    m.add_function(wrap_pyfunction!(heap_for_streaming, m)?)?;
+    m.add_function(wrap_pyfunction!(memory::settle_heap, m)?)?;
+    m.add_function(wrap_pyfunction!(memory::heap_for_streaming, m)?)?;
     m.add_function(wrap_pyfunction!(interrupt_signal, m)?)?;
     m.add_class::<CapturedRun>()?;
     m.add_class::<layer::CapturedLayer>()?;
@@ -499,7 +486,7 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(spelling::side_spec, m)?)?;
     m.add_function(wrap_pyfunction!(spelling::choice, m)?)?;
     m.add_function(wrap_pyfunction!(spelling::precision_name, m)?)?;
-    m.add_function(wrap_pyfunction!(spelling::bytes_text, m)?)?;
+    m.add_function(wrap_pyfunction!(memory::bytes_text, m)?)?;
     exceptions::register(m)?;
     Ok(())
 }

@@ -15,12 +15,6 @@ pub(crate) fn precision_name(spelling: &str) -> PyResult<&'static str> {
         .map_err(crate::exceptions::UsageError::new_err)
 }
 
-/// A size in words as reports write it (`1.5 GB`, `300 MB`: powers of 1024).
-#[pyfunction]
-pub(crate) fn bytes_text(bytes: u64) -> String {
-    layerdiff_flow::memory::bytes_text(bytes)
-}
-
 /// A side as spelled on the command line or in the API (`torch:cuda:bf16`, `ort:opt=all`,
 /// `tract`, `openvino:precision=f16`, `expected:PATH`), parsed by the one parser every door uses.
 #[pyclass(frozen, module = "layerdiff._layerdiff")]

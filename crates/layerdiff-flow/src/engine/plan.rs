@@ -171,44 +171,15 @@ pub fn plan(
             feeds_until[at] = feeds_until[at].max(made);
         }
     }
-    // Facing a reference that hands its values over, the target's runtime is the run's only
-    // copy of the weights, and a segment's run loads just its own nodes' (PyTorch may hold
-    // its weights one module at a time): a segment costs them too. Count what a segment
-    // produces twice: a runtime's buffers and our copies of its values overlap by one value
-    // at most, but its internal values live in the runtime too.
-    let mut loaded = vec![0u64; positions + 1];
-    if reference.graph.is_none() {
-        for (n, &at) in needed.iter().enumerate() {
-            if let (Some(at), Some(&bytes)) = (at, target.step_weights.get(n)) {
-                loaded[at] += bytes;
-            }
-        }
-    }
+    // Count what a segment produces twice: a runtime's buffers and our copies of its values
+    // overlap by one value at most, but its internal values live in the runtime too.
+    let loaded = loaded_at(reference, target, &needed, positions);
     let produced: Vec<u64> = produced
         .iter()
         .zip(&loaded)
         .map(|(&p, &w)| 2 * p + w)
         .collect();
-    let cost = |start: usize, made: u64| entering[start] + made;
-    let mut bounds: Vec<Range<usize>> = Vec::new();
-    let (mut start, mut made, mut reach) = (0usize, 0u64, 0usize);
-    for (p, &add) in produced.iter().enumerate().take(positions) {
-        if let Some(budget) = budget
-            && p > start
-            && reach < p
-            && cost(start, made + add) > budget
-        {
-            bounds.push(start..p);
-            (start, made) = (p, 0);
-        }
-        made += add;
-        reach = reach.max(feeds_until[p]);
-    }
-    bounds.push(start..positions);
-    let costs: Vec<u64> = bounds
-        .iter()
-        .map(|b| cost(b.start, produced[b.clone()].iter().sum()))
-        .collect();
+    let (bounds, costs) = cut(&entering, &produced, &feeds_until, budget);
     let peak_bytes = costs.iter().copied().max().unwrap_or(0);
     let total_bytes = held.iter().map(|h| h.bytes).sum();
     let over_budget = budget.and_then(|budget| {
@@ -237,6 +208,61 @@ pub fn plan(
         over_budget,
         weights_counted: reference.graph.is_none() && loaded.iter().any(|&w| w > 0),
     }
+}
+
+/// The weights the target's runtime loads with the nodes first needed at each position, where
+/// the reference hands its values over: the target's runtime is then the run's only copy of
+/// the weights, and a segment's run loads just its own nodes' (PyTorch may hold its weights one
+/// module at a time), so a segment costs them too. Zero everywhere facing a reference that
+/// computes (each runtime holds its own).
+fn loaded_at(
+    reference: &PlanSide<'_>,
+    target: &PlanSide<'_>,
+    needed: &[Option<usize>],
+    positions: usize,
+) -> Vec<u64> {
+    let mut loaded = vec![0u64; positions + 1];
+    if reference.graph.is_none() {
+        for (n, &at) in needed.iter().enumerate() {
+            if let (Some(at), Some(&bytes)) = (at, target.step_weights.get(n)) {
+                loaded[at] += bytes;
+            }
+        }
+    }
+    loaded
+}
+
+/// The positions cut into segments, each costing what is held on entering it and what it
+/// `produced` (values and weights) at most `budget` where it can be cut so (never between a
+/// layer and the last value feeding its local re-run: `feeds_until`), and each one's cost.
+fn cut(
+    entering: &[u64],
+    produced: &[u64],
+    feeds_until: &[usize],
+    budget: Option<u64>,
+) -> (Vec<Range<usize>>, Vec<u64>) {
+    let positions = produced.len() - 1;
+    let cost = |start: usize, made: u64| entering[start] + made;
+    let mut bounds: Vec<Range<usize>> = Vec::new();
+    let (mut start, mut made, mut reach) = (0usize, 0u64, 0usize);
+    for (p, &add) in produced.iter().enumerate().take(positions) {
+        if let Some(budget) = budget
+            && p > start
+            && reach < p
+            && cost(start, made + add) > budget
+        {
+            bounds.push(start..p);
+            (start, made) = (p, 0);
+        }
+        made += add;
+        reach = reach.max(feeds_until[p]);
+    }
+    bounds.push(start..positions);
+    let costs = bounds
+        .iter()
+        .map(|b| cost(b.start, produced[b.clone()].iter().sum()))
+        .collect();
+    (bounds, costs)
 }
 
 /// When each target node is first needed (`None`: never run): the position of the first
@@ -353,148 +379,9 @@ fn segments_of(
         .collect()
 }
 
-/// The reference's values in the run: each produced at its step (or, handed over, at its
-/// layer's place), and living until its last reader and the last local re-run fed from it (in
-/// place of its target counterpart).
-fn reference_held(
-    reference: &PlanSide<'_>,
-    layers: &[PlannedLayer<'_>],
-    position: &[usize],
-    reference_of: &HashMap<&str, &str>,
-) -> Vec<Held> {
-    let mut held: Vec<Held> = Vec::new();
-    let size = |side: &PlanSide<'_>, name: &str| side.sizes.get(name).copied().unwrap_or(0);
-    // A reference value lives until its last reader, and until the last local re-run fed from
-    // it (in place of its target counterpart).
-    let mut last: HashMap<&str, usize> = HashMap::new();
-    for (layer, &at) in layers.iter().zip(position) {
-        for input in layer.local_inputs {
-            if let Some(&v) = reference_of.get(input.as_str()) {
-                bump(&mut last, v, at);
-            }
-        }
-    }
-    if let Some(r) = reference.graph {
-        for step in 0..r.steps() {
-            for input in r.reads(step) {
-                bump(&mut last, input, step);
-            }
-        }
-        for step in 0..r.steps() {
-            for out in r.writes(step).iter().filter(|o| !o.is_empty()) {
-                held.push(Held {
-                    side: Side::Reference,
-                    name: out.clone(),
-                    produced: step,
-                    last: last.get(out.as_str()).copied().unwrap_or(0).max(step),
-                    bytes: size(reference, out),
-                });
-            }
-        }
-    } else {
-        for (layer, &at) in layers.iter().zip(position) {
-            if layer.target.is_some() {
-                held.push(Held {
-                    side: Side::Reference,
-                    name: layer.reference.to_string(),
-                    produced: at,
-                    last: last.get(layer.reference).copied().unwrap_or(0).max(at),
-                    bytes: size(reference, layer.reference),
-                });
-            }
-        }
-    }
-    held
-}
-
-/// The target's values in the run: each produced when the first compared value that depends
-/// on its node is (`needed`), living until its last reader; a value handed over lives until it
-/// is compared, and until the last local re-run fed in its place.
-fn target_held(
-    target: &PlanSide<'_>,
-    layers: &[PlannedLayer<'_>],
-    position: &[usize],
-    needed: &[Option<usize>],
-) -> Vec<Held> {
-    let mut held: Vec<Held> = Vec::new();
-    let size = |side: &PlanSide<'_>, name: &str| side.sizes.get(name).copied().unwrap_or(0);
-    if let Some(t) = target.graph {
-        let mut last: HashMap<&str, usize> = HashMap::new();
-        for (step, at) in needed.iter().enumerate() {
-            let Some(at) = *at else {
-                continue;
-            };
-            for input in t.reads(step) {
-                bump(&mut last, input, at);
-            }
-        }
-        for (layer, &at) in layers.iter().zip(position) {
-            for value in layer
-                .target
-                .iter()
-                .copied()
-                .chain(layer.local_inputs.iter().map(String::as_str))
-            {
-                bump(&mut last, value, at);
-            }
-        }
-        for (step, at) in needed.iter().enumerate() {
-            let Some(at) = *at else {
-                continue;
-            };
-            for out in t.writes(step).iter().filter(|o| !o.is_empty()) {
-                held.push(Held {
-                    side: Side::Target,
-                    name: out.clone(),
-                    produced: at,
-                    last: last.get(out.as_str()).copied().unwrap_or(0).max(at),
-                    bytes: size(target, out),
-                });
-            }
-        }
-    } else {
-        // A value handed over lives until it is compared, and until the last local re-run
-        // that is fed in its place (the re-run takes its dtype and shape).
-        let mut last: HashMap<&str, usize> = HashMap::new();
-        for (layer, &at) in layers.iter().zip(position) {
-            for value in layer.local_inputs {
-                bump(&mut last, value, at);
-            }
-        }
-        for (layer, &at) in layers.iter().zip(position) {
-            if let Some(value) = layer.target {
-                held.push(Held {
-                    side: Side::Target,
-                    name: value.to_string(),
-                    produced: at,
-                    last: last.get(value).copied().unwrap_or(0).max(at),
-                    bytes: size(target, value),
-                });
-            }
-        }
-    }
-    held
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Side {
-    Reference,
-    Target,
-}
-
-/// A value a side holds for a while.
-struct Held {
-    side: Side,
-    name: String,
-    produced: usize,
-    last: usize,
-    bytes: u64,
-}
-
-fn bump<'a>(last: &mut HashMap<&'a str, usize>, value: &'a str, at: usize) {
-    let slot = last.entry(value).or_insert(at);
-    *slot = (*slot).max(at);
-}
+#[path = "plan_held.rs"]
+mod held;
+use held::{Held, Side, reference_held, target_held};
 
 #[cfg(test)]
 #[path = "plan_tests.rs"]
