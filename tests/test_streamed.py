@@ -109,3 +109,22 @@ def test_an_export_of_a_streamed_checkpoint_is_refused_with_what_to_do(wide, tmp
     model, inputs = load_checkpoint(folder, streams=lambda size: True)
     with pytest.raises(UsageError, match="held one module at a time"):
         compare_torch_onnx(model, inputs)
+
+
+def test_a_checkpoint_whose_names_differ_from_the_model_s_is_refused_with_both(wide, tmp_path):
+    """Held one module at a time, the files are read by the model's own names: a file that
+    names its tensors otherwise is told apart from a missing file."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    renamed = tmp_path / "renamed"
+    shutil.copytree(wide, renamed)
+    tensors = load_file(renamed / "model.safetensors")
+    save_file({f"transformer.{k}": v for k, v in tensors.items()}, renamed / "model.safetensors")
+    never_read = tmp_path / "model.onnx"  # the names are refused before the file is read
+    never_read.write_bytes(b"")
+    done = run_cli("torch", str(renamed), "--onnx", str(never_read), "--max-memory", WIDE_BUDGET)
+    assert done.returncode == 2, done.stderr
+    assert "stores no tensor under" in done.stderr and "it holds `transformer." in done.stderr
+    assert "Traceback" not in done.stderr

@@ -67,6 +67,10 @@ class Weights:
     def __contains__(self, name: str) -> bool:
         return name in self._where
 
+    def names(self):
+        """The tensors' names, in the files' order."""
+        return iter(self._where)
+
     def float32_bytes(self) -> int:
         """What the weights take in float32 (the dtype the model is held in)."""
         total = 0
@@ -150,10 +154,13 @@ def stream(model: nn.Module, weights: Weights) -> None:
             module.register_forward_pre_hook(_load)
             module.register_forward_hook(_drop, always_call=True)
     if missing:
+        held = next(iter(weights.names()), "nothing")
         raise _layerdiff.UsageError(
-            f"`{weights.folder}` does not store {len(missing)} of the model's parameters "
-            f"({', '.join(missing[:3])}{'…' if len(missing) > 3 else ''}): the files and the "
-            "config.json are of different models"
+            f"`{weights.folder}` stores no tensor under {len(missing)} of the model's parameter "
+            f"names ({', '.join(missing[:3])}{'…' if len(missing) > 3 else ''}; it holds "
+            f"`{held}`…): held one module at a time, a checkpoint is read by the model's own "
+            "names, which an older checkpoint may not use (transformers renames them when it "
+            "loads the model whole: give a --max-memory its weights fit in)"
         )
 
 
