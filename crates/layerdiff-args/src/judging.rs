@@ -35,9 +35,12 @@ pub struct Judging {
     pub no_float64: bool,
     /// The most memory layerdiff's copies of the compared values may take at once (`4G`,
     /// `512M`): the run then goes in segments, each value compared as soon as both sides have
-    /// it and dropped after its last use. Default: what keeps the whole process within half the
-    /// memory it could use at start (the values get what is left once the process's own memory
-    /// and a runtime's copy of the weights are counted). The numbers do not depend on it.
+    /// it and dropped after its last use. Against values handed over (PyTorch's, a file's), a
+    /// segment's budget holds the weights its runtime loads too, and a checkpoint folder whose
+    /// float32 weights take more is held one module at a time. Default: what keeps the whole
+    /// process within half the memory it could use at start (the values get what is left once
+    /// the process's own memory and a runtime's copy of the weights are counted). The numbers
+    /// do not depend on it.
     #[arg(long, value_name = "SIZE", value_parser = layerdiff_flow::memory::parse_memory)]
     pub max_memory: Option<u64>,
 }
