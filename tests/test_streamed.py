@@ -62,6 +62,8 @@ def test_a_checkpoint_held_one_module_at_a_time_reports_as_the_whole_model(
     whole = compare_torch_onnx(folder, onnx=exported, max_memory=BUDGET, seed=0)
     model, inputs = load_checkpoint(folder, streams=lambda size: True)
     assert all(p.device.type == "meta" for p in model.parameters()), "nothing read yet"
+    # the dtype the model's code reads off its parameters is float32's, not the files'
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
     streamed = compare_torch_onnx(model, inputs, onnx=exported, max_memory=BUDGET, seed=0)
     assert streamed.summary["verdict"] == "no_drift", streamed.summary
     assert streamed.summary["layers_compared"] == streamed.summary["layers_total"] > 30

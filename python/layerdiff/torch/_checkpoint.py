@@ -5,6 +5,7 @@ from the config, what export needs set, and all of it said in the report's notes
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 from pathlib import Path
 
@@ -203,13 +204,17 @@ def _streamed_weights(folder: Path, streams):
 
 def _built_on_meta(model_class, config) -> nn.Module:
     """The model of `config` with its parameters on the meta device (no memory, no weights
-    read), attention computed eagerly."""
+    read), in float32 as `from_pretrained` is asked for (the config's stored dtype would make
+    them, and the dtype the model's code reads off them, bfloat16), attention computed
+    eagerly."""
     from layerdiff.torch._streamed import parameters_on_meta
 
+    made = {"attn_implementation": "eager", "dtype": torch.float32}
+    config = copy.deepcopy(config)  # the dtype is set on it: the stored one is still said
     with parameters_on_meta():
         if hasattr(model_class, "from_config"):  # an Auto class
-            return model_class.from_config(config, attn_implementation="eager")
-        return model_class._from_config(config, attn_implementation="eager")
+            return model_class.from_config(config, **made)
+        return model_class._from_config(config, **made)
 
 
 def _inputs(model, config, seed: int, tokens: int):
