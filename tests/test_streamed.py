@@ -1,8 +1,9 @@
 """A checkpoint larger than the memory it may use (issue 48, part 4): held one module at a time,
 its weights read from the safetensors files as the forward pass reaches each module and dropped
 after, the float64 truth and the baseline the same way. The report is the one the whole model
-gives; nothing stays held; a weight edited in the export is still found at its layer; an export
-(which needs every weight at once) is refused with what to do instead."""
+gives, decoding step by step too; nothing stays held; a weight edited in the export is still
+found at its layer; an export (which needs every weight at once) is refused with what to do
+instead."""
 
 from __future__ import annotations
 
@@ -130,3 +131,26 @@ def test_a_checkpoint_whose_names_differ_from_the_model_s_is_refused_with_both(w
     assert done.returncode == 2, done.stderr
     assert "stores no tensor under" in done.stderr and "it holds `transformer." in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_decoding_a_streamed_checkpoint_against_its_decoder_file_reports_as_the_whole(
+    wide, tmp_path
+):
+    """`--decode-steps` with the decoder's file given: the prefill and every step run on the
+    model held one module at a time, with the axis report of the model held whole."""
+    whole = tmp_path / "whole.json"
+    done = run_cli("torch", str(wide), "--decode-steps", "2", "--out", str(tmp_path / "w"),
+                   "--json", str(whole))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "one module at a time" not in done.stderr
+    streamed = tmp_path / "streamed.json"
+    decoder = tmp_path / "w" / "model.onnx"
+    done = run_cli("torch", str(wide), "--decode-steps", "2", "--onnx", str(decoder),
+                   "--max-memory", WIDE_BUDGET, "--json", str(streamed))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "loaded in float32 one module at a time" in done.stderr
+    a, b = (json.loads(p.read_text()) for p in (whole, streamed))
+    assert [p["point"] for p in b["points"]] == ["prefill", "1", "2"], b["points"]
+    a.pop("timings", None)
+    b.pop("timings", None)
+    assert a == b

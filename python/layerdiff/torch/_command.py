@@ -19,8 +19,10 @@ def torch(command, progress) -> int:
     from layerdiff import torch as lt
 
     along = command.batch_sizes or command.shapes or command.decode_steps
-    # Against an ONNX file, a checkpoint too large to hold is held one module at a time.
-    onnx = not along and command.options.torch_target is None
+    # Against an ONNX file, a checkpoint too large to hold is held one module at a time (and
+    # decoded so against a decoder file given: an export needs the whole model).
+    decoding_a_file = command.decode_steps and command.onnx is not None
+    onnx = (not along or decoding_a_file) and command.options.torch_target is None
     model, inputs, common = _built(
         command, progress, command.options.streams_weights if onnx else None
     )
