@@ -38,13 +38,12 @@ folder, shape = sys.argv[1], dict(__import__("json").loads(sys.argv[2]))
 torch.manual_seed(0)
 config = transformers.LlamaConfig(**shape, max_position_embeddings=2048, tie_word_embeddings=False)
 transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder + "/checkpoint")
-del config
 model, inputs = load_checkpoint(folder + "/checkpoint")
 export_onnx(model, inputs, folder + "/export/model.onnx", cache=False, external_data=True)
 """
 
 _ORT = """
-import sys, numpy as np, onnxruntime as ort, torch
+import sys, onnxruntime as ort
 from layerdiff.torch import load_checkpoint
 inputs = load_checkpoint(sys.argv[1], streams=lambda size: True)[1]
 session = ort.InferenceSession(sys.argv[2], providers=["CPUExecutionProvider"])

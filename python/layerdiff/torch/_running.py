@@ -129,8 +129,15 @@ def layer_parameters(
         module = modules.get(layer.module)
         if module is None:
             continue
+
+        def held(m: nn.Module, name: str):
+            """`m`'s parameter or buffer `name` (None where it has none), a streamed model's
+            read from its files."""
+            t = getattr(m, name, None)
+            return None if t is None else weight(m, name, t).detach()
+
         own = [
-            (f"{layer.module}.{n}", weight(module, n, t).detach())  # streamed: from its files
+            (f"{layer.module}.{n}", held(module, n))
             for n, t in [
                 *module.named_parameters(recurse=False),
                 *module.named_buffers(recurse=False),
@@ -147,17 +154,18 @@ def layer_parameters(
         ):
             scale = module.running_var.add(module.eps).rsqrt()
             if module.weight is not None:
-                scale = scale * module.weight.detach()
+                scale = scale * held(module, "weight")
             shift = -module.running_mean * scale
             if module.bias is not None:
-                shift = shift + module.bias.detach()
-            shape = (-1,) + (1,) * (conv.weight.dim() - 1)
-            own.append((f"{feeder.module}.weight", conv.weight.detach() * scale.reshape(shape)))
-            bias = shift if conv.bias is None else conv.bias.detach() * scale + shift
+                shift = shift + held(module, "bias")
+            conv_weight, conv_bias = held(conv, "weight"), held(conv, "bias")
+            shape = (-1,) + (1,) * (conv_weight.dim() - 1)
+            own.append((f"{feeder.module}.weight", conv_weight * scale.reshape(shape)))
+            bias = shift if conv_bias is None else conv_bias * scale + shift
             own.append((f"{feeder.module}.bias", bias))
             own += [
-                (f"{feeder.module}.{n}", t.detach())
-                for n, t in conv.named_parameters(recurse=False)
+                (f"{feeder.module}.{n}", held(conv, n))
+                for n, _ in conv.named_parameters(recurse=False)
             ]
         out[index] = [flat(n, t) for n, t in own]
     return out

@@ -50,6 +50,7 @@ def widened_copy(
     originals = dict(model.named_modules())
     recursive = {name for name, _ in leaf_modules(copied, whole)} | set(reads_outside)
     holding: dict[int, int] = {}  # id of a module of the copy → how many running hold it
+    made = _Conversion(convert, dtype, shared)
     for name, module in copied.named_modules():
         original = originals[name]
         pairs = (
@@ -57,7 +58,6 @@ def widened_copy(
             if name in recursive
             else [(module, original)]
         )
-        made = _Conversion(convert, dtype, shared)
         module.register_forward_pre_hook(_holder(pairs, made, holding))
         module.register_forward_hook(_dropper(pairs, made, holding), always_call=True)
     return copied
