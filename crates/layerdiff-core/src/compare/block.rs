@@ -229,7 +229,7 @@ pub(super) fn exact_block(
 
 /// Elements decoded and reduced at a time inside a block: small enough that both sides and
 /// their differences stay in L1 cache.
-pub(super) const SUB: usize = 256;
+pub(super) const SUB: usize = 128;
 
 /// The common case: every value of both sides finite. Branch-free over lanes, so it vectorizes;
 /// `None` when the block holds a NaN or an infinity (then [`any_block`] handles it). Gives the
