@@ -9,7 +9,10 @@
 use std::arch::x86_64::*;
 
 use super::reader::{BF16, F16, F32, F64, Reader};
-use super::{LANES, Outcome, Partial, SUB, THRESHOLDS, element};
+use super::rounding::{
+    BUCKETS, EXPONENT_BITS, HIGHEST, KEPT_BITS, KEY_OFFSET, LOWEST, Prepared, Tally, count_slots,
+};
+use super::{BLOCK, Judging, LANES, Outcome, Partial, SUB, THRESHOLDS, element, tree};
 use crate::DType;
 
 /// How this kernel loads a dtype: eight elements at a time, widened into the f64 lanes of
@@ -53,7 +56,8 @@ impl Load for F64 {
 // The kernel counts the first threshold from the mask of moved values.
 const _: () = assert!(THRESHOLDS[0].0 == 0.0);
 
-/// Elements `start..start + len` of two tensors' bytes. `len` must be a multiple of [`LANES`].
+/// Elements `start..start + len` of two tensors' bytes, judged when `judging` says so. `len`
+/// must be a multiple of [`LANES`].
 ///
 /// # Safety
 /// The CPU must have AVX-512F/DQ and F16C, and both byte slices must hold `start + len`
@@ -64,12 +68,20 @@ pub(super) unsafe fn finite_block(
     t: (DType, &[u8]),
     start: usize,
     len: usize,
+    judging: Judging<'_>,
 ) -> Outcome {
     if !len.is_multiple_of(LANES) {
         return Outcome::Unsupported;
     }
     // SAFETY: the caller guarantees the features and the lengths.
-    unsafe { by_dtypes!(r.0, t.0, Outcome::Unsupported, block(r.1, t.1, start, len)) }
+    unsafe {
+        by_dtypes!(
+            r.0,
+            t.0,
+            Outcome::Unsupported,
+            block(r.1, t.1, start, len, judging)
+        )
+    }
 }
 
 #[inline(always)]
@@ -86,9 +98,16 @@ fn largest(l: &[f64; LANES]) -> f64 {
 }
 
 #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,f16c")]
-unsafe fn block<R: Load, T: Load>(r: &[u8], t: &[u8], start: usize, len: usize) -> Outcome {
+unsafe fn block<R: Load, T: Load>(
+    r: &[u8],
+    t: &[u8],
+    start: usize,
+    len: usize,
+    judging: Judging<'_>,
+) -> Outcome {
     debug_assert!(r.len() >= (start + len) * R::SIZE && t.len() >= (start + len) * T::SIZE);
     let (rp, tp) = (r.as_ptr(), t.as_ptr());
+    let mut judged = judging.map(|(judge, histogram)| (Judged::new(judge), histogram));
     let mut d = [0.0f64; SUB];
     let zero = _mm512_setzero_pd();
     let infinity = _mm512_set1_pd(f64::INFINITY);
@@ -136,6 +155,10 @@ unsafe fn block<R: Load, T: Load>(r: &[u8], t: &[u8], start: usize, len: usize) 
         }
         let max = largest(&lanes(max_abs));
         let d = &d[..n];
+        if let Some((judged, _)) = judged.as_mut() {
+            // SAFETY: elements `start + from..start + from + n` are within both slices.
+            unsafe { judged.chunk::<R, T>(rp, tp, start + from, d, max) };
+        }
         // Thresholds ascend: only those below the chunk's largest difference count anything
         // (the first, 0, is counted above).
         let below = THRESHOLDS.iter().take_while(|(x, _)| *x < max).count();
@@ -169,7 +192,7 @@ unsafe fn block<R: Load, T: Load>(r: &[u8], t: &[u8], start: usize, len: usize) 
         &lanes(_mm512_min_pd(two, max_rel)),
         above,
         worst,
-        Default::default(),
+        judged.map_or_else(Tally::default, |(judged, histogram)| judged.finish(histogram)),
     ))
 }
 
@@ -206,6 +229,122 @@ fn count_above<const M: usize>(d: &[f64], above: &mut [u64; THRESHOLDS.len()]) {
         }
         for j in 0..M {
             above[j + 1] += _mm512_reduce_add_epi64(counts[j]) as u64;
+        }
+    }
+}
+
+/// A judged block: the judge's constants, and the operations of `Prepared::element` lane for
+/// lane, the histogram slots held until the whole block is seen finite.
+struct Judged {
+    floor: __m512d,
+    inverse_base: __m512i,
+    atol: __m512d,
+    rtol: __m512d,
+    sum_ulp: __m512d,
+    max_ulp: __m512d,
+    needed: __m512d,
+    beyond: u64,
+    slots: [u16; BLOCK],
+    /// How many of `slots` are filled: a stretch with no difference fills none, its elements
+    /// counted in each lane's zero slot (`unmoved`).
+    filled: usize,
+    unmoved: u32,
+}
+
+impl Judged {
+    #[inline(always)]
+    fn new(judge: &Prepared) -> Judged {
+        // SAFETY (whole function): the caller runs with AVX-512F enabled.
+        unsafe {
+            Judged {
+                floor: _mm512_set1_pd(judge.floor),
+                inverse_base: _mm512_set1_epi64(judge.inverse_base as i64),
+                atol: _mm512_set1_pd(judge.atol),
+                rtol: _mm512_set1_pd(judge.rtol),
+                sum_ulp: _mm512_setzero_pd(),
+                max_ulp: _mm512_setzero_pd(),
+                needed: _mm512_setzero_pd(),
+                beyond: 0,
+                slots: [0; BLOCK],
+                filled: 0,
+                unmoved: 0,
+            }
+        }
+    }
+
+    /// The chunk of elements `k0..k0 + d.len()` whose differences are `d` and largest `max`.
+    ///
+    /// # Safety
+    /// Both pointers must hold `k0 + d.len()` elements of their dtype; AVX-512F and DQ enabled.
+    #[inline(always)]
+    unsafe fn chunk<R: Load, T: Load>(
+        &mut self,
+        rp: *const u8,
+        tp: *const u8,
+        k0: usize,
+        d: &[f64],
+        max: f64,
+    ) {
+        // A stretch with no difference adds nothing to the judged sums and maxima (each
+        // element's share is zero), only its zeros to the histogram: counted, not worked out.
+        if max == 0.0 {
+            self.unmoved += (d.len() / LANES) as u32;
+            return;
+        }
+        // SAFETY (the rest): the caller's promise; `filled + d.len() <= BLOCK` (the chunks of
+        // one block).
+        unsafe {
+            let exponent_bits = _mm512_set1_epi64(EXPONENT_BITS as i64);
+            let (lowest, highest) = (_mm512_set1_pd(LOWEST), _mm512_set1_pd(HIGHEST));
+            let largest_f64 = _mm512_set1_pd(f64::MAX);
+            let key_offset = _mm512_set1_epi64(KEY_OFFSET as i64);
+            let zero_slots = _mm512_add_epi64(
+                _mm512_set1_epi64(BUCKETS as i64),
+                _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7),
+            );
+            for v in (0..d.len()).step_by(LANES) {
+                let (a, b) = (R::eight(rp, k0 + v), T::eight(tp, k0 + v));
+                let diff = _mm512_loadu_pd(d.as_ptr().add(v));
+                let abs_a = _mm512_abs_pd(a);
+                let den = _mm512_max_pd(abs_a, _mm512_abs_pd(b));
+                let magnitude = _mm512_max_pd(den, self.floor);
+                let exponent = _mm512_and_si512(_mm512_castpd_si512(magnitude), exponent_bits);
+                let inverse = _mm512_castsi512_pd(_mm512_sub_epi64(self.inverse_base, exponent));
+                let ulps = _mm512_mul_pd(diff, inverse);
+                self.sum_ulp = _mm512_add_pd(self.sum_ulp, ulps);
+                self.max_ulp = _mm512_max_pd(ulps, self.max_ulp);
+                let capped = _mm512_min_pd(abs_a, largest_f64);
+                let allowed = _mm512_add_pd(self.atol, _mm512_mul_pd(self.rtol, capped));
+                let over = _mm512_cmp_pd_mask::<_CMP_GT_OQ>(diff, allowed);
+                self.beyond += u64::from(over.count_ones());
+                self.needed = _mm512_max_pd(_mm512_div_pd(diff, allowed), self.needed);
+                let clamped = _mm512_min_pd(_mm512_max_pd(diff, lowest), highest);
+                let key = _mm512_sub_epi64(
+                    _mm512_srli_epi64::<{ 52 - KEPT_BITS }>(_mm512_castpd_si512(clamped)),
+                    key_offset,
+                );
+                // Where the difference is zero the key is the zero slot.
+                let moved = _mm512_cmp_pd_mask::<_CMP_GT_OQ>(diff, _mm512_setzero_pd());
+                let keys = _mm512_mask_blend_epi64(moved, zero_slots, key);
+                let slots = self.slots.as_mut_ptr().add(self.filled + v);
+                _mm_storeu_si128(slots.cast(), _mm512_cvtepi64_epi16(keys));
+            }
+        }
+        self.filled += d.len();
+    }
+
+    /// The block's judged sums; its slots counted in `histogram`.
+    #[inline(always)]
+    fn finish(&self, histogram: &mut [u32]) -> Tally {
+        count_slots(&self.slots[..self.filled], histogram);
+        for zeros in &mut histogram[BUCKETS..BUCKETS + LANES] {
+            *zeros += self.unmoved;
+        }
+        Tally {
+            sum_ulp: tree(&lanes(self.sum_ulp)),
+            max_ulp: largest(&lanes(self.max_ulp)),
+            needed: largest(&lanes(self.needed)),
+            beyond: self.beyond,
         }
     }
 }

@@ -37,7 +37,7 @@ pub(super) fn element(dtype: DType, bytes: &[u8], k: usize) -> f64 {
 /// reassociation), so every kernel gives the same bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kernel {
-    /// AVX-512 (F, DQ, VL) with F16C: unjudged blocks of finite values.
+    /// AVX-512 (F, DQ, VL) with F16C: blocks of finite values, judged or not.
     Avx512,
     /// AVX2 with FMA and F16C: every block (the fast path of CPUs without AVX-512).
     Avx2,
@@ -107,19 +107,20 @@ pub(super) fn block_stats(
 }
 
 /// One block's statistics by `kernel`, which the CPU must have ([`Kernel::available`]); what
-/// a kernel does not take (AVX-512: a judged block) goes to the next one.
+/// a kernel does not take (AVX-512: a dtype it does not read) goes to the next one.
 pub(super) fn block_stats_on(
     kernel: Kernel,
     reference: TensorView<'_>,
     target: TensorView<'_>,
     block: usize,
-    judging: Judging<'_>,
+    mut judging: Judging<'_>,
 ) -> Partial {
     #[cfg(target_arch = "x86_64")]
     {
-        if judging.is_none() && kernel == Kernel::Avx512 {
+        if kernel == Kernel::Avx512 {
             let start = block * BLOCK;
             let len = BLOCK.min(reference.numel() - start);
+            let judge = judging.as_mut().map(|(j, h)| (*j, &mut **h));
             // SAFETY: the CPU has the features (Kernel::available); views hold `numel` elements.
             let outcome = unsafe {
                 avx512::finite_block(
@@ -127,19 +128,19 @@ pub(super) fn block_stats_on(
                     (target.dtype, target.bytes),
                     start,
                     len,
+                    judge,
                 )
             };
             match outcome {
                 Outcome::Done(p) => return p,
-                Outcome::NotFinite => return exact_block(reference, target, block, None),
+                Outcome::NotFinite => return exact_block(reference, target, block, judging),
                 Outcome::Unsupported => {}
             }
         }
-        // Judged comparisons, and what the AVX-512 kernel does not take, on any AVX2 CPU.
+        // What the AVX-512 kernel does not take, and every block of a CPU without it.
         if kernel != Kernel::Portable {
             let start = block * BLOCK;
             let len = BLOCK.min(reference.numel() - start);
-            let mut judging = judging;
             let judge = judging.as_mut().map(|(j, h)| (*j, &mut **h));
             // SAFETY: the CPU has AVX2 and F16C (Kernel::available); views hold `numel`
             // elements.
