@@ -1,5 +1,8 @@
 use crate::{Error, Result};
 
+mod from_f32;
+pub(crate) use from_f32::f32_on_grid;
+
 /// Element types layerdiff reads. Names follow numpy (`float32`, `bfloat16`, `bool`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {

@@ -86,9 +86,13 @@ impl<'a> TensorView<'a> {
                 || (vec![0.0; RUN], Vec::new()),
                 |(wide, encoded), (out, run)| {
                     let wide = &mut wide[..out.len() / 8];
-                    crate::compare::decode(self.dtype, run, wide);
-                    if grid.narrower_than(self.dtype) {
-                        grid.round_all(wide);
+                    let narrowed =
+                        self.dtype == DType::F32 && crate::dtype::f32_on_grid(grid, run, wide);
+                    if !narrowed {
+                        crate::compare::decode(self.dtype, run, wide);
+                        if grid.narrower_than(self.dtype) {
+                            grid.round_all(wide);
+                        }
                     }
                     if cfg!(target_endian = "little") {
                         out.write_copy_of_slice(bytemuck::cast_slice(wide));

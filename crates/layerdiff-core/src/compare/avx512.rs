@@ -192,7 +192,9 @@ unsafe fn block<R: Load, T: Load>(
         &lanes(_mm512_min_pd(two, max_rel)),
         above,
         worst,
-        judged.map_or_else(Tally::default, |(judged, histogram)| judged.finish(histogram)),
+        judged.map_or_else(Tally::default, |(judged, histogram)| {
+            judged.finish(histogram)
+        }),
     ))
 }
 
