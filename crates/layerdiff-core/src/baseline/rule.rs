@@ -1,11 +1,13 @@
 //! The rule element by element: one block's sums, by lanes where every value of the block is
-//! finite (in explicit AVX2 where the CPU has it), else one element at a time.
+//! finite (in explicit AVX-512 or AVX2 where the CPU has it), else one element at a time.
 
 use super::{HONEST_FACTOR, KernelAllowance, narrow_accumulation_sigma};
 use crate::DType;
 
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(super) mod avx512;
 
 /// Sums of one block of elements, combined in block order (deterministic whatever the threads).
 #[derive(Default, Clone, Copy)]
@@ -187,9 +189,15 @@ impl Rule {
         #[cfg(target_arch = "x86_64")]
         {
             // the comparator's choice of kernel: its AVX2 (and AVX-512) needs AVX2 and FMA too
-            if crate::compare::Kernel::best() != crate::compare::Kernel::Portable {
+            let best = crate::compare::Kernel::best();
+            if best != crate::compare::Kernel::Portable {
                 if reference.len().is_multiple_of(LANES) {
                     let values = (reference, own, exact);
+                    if best == crate::compare::Kernel::Avx512 {
+                        // SAFETY: the CPU has AVX-512F and DQ; the slices are of one length
+                        // (a block's), a whole number of lane rows.
+                        return unsafe { avx512::lane_sums(self, grid, max_finite, values) };
+                    }
                     // SAFETY: the CPU has AVX2 and FMA; the slices are of one length (a
                     // block's), a whole number of lane rows.
                     return unsafe { avx2::lane_sums(self, grid, max_finite, values) };

@@ -295,23 +295,30 @@ fn a_finite_block_by_lanes_agrees_with_the_element_wise_path() {
     }
 }
 
-/// The AVX2 lane loop gives the portable one's sums to the last bit (the same operations on the
-/// same lanes), and says `None` where it does: a NaN or an infinity on any side, an exact value
-/// beyond the grid's largest.
+/// The AVX2 and AVX-512 lane loops give the portable one's sums to the last bit (the same
+/// operations on the same lanes), and say `None` where it does: a NaN or an infinity on any
+/// side, an exact value beyond the grid's largest. Each runs where the CPU has it.
 #[cfg(target_arch = "x86_64")]
 #[test]
-fn the_avx2_lane_loop_gives_the_portable_ones_bits() {
-    if !(std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"))
-    {
+fn the_vector_lane_loops_give_the_portable_ones_bits() {
+    use crate::compare::Kernel;
+    let kernels = Kernel::available();
+    if kernels == [Kernel::Portable] {
         eprintln!("skipped: this CPU has no AVX2 and FMA");
-        return;
     }
+    for kernel in kernels.into_iter().filter(|&k| k != Kernel::Portable) {
+        lane_loop_gives_the_portable_ones_bits(kernel);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn lane_loop_gives_the_portable_ones_bits(kernel: crate::compare::Kernel) {
     let mut rng = crate::SplitMix64::new(11);
     for grid in [DType::F32, DType::F16, DType::BF16] {
         let max_finite = grid.max_finite().unwrap();
         for same_precision in [false, true] {
             let rule = lane_rule(grid, same_precision);
-            let what = format!("{grid} same={same_precision}");
+            let what = format!("{kernel:?}, {grid} same={same_precision}");
             let len = 4096;
             // magnitudes from below the grid's subnormals to near its largest values, and zeros
             let scale =
@@ -322,9 +329,15 @@ fn the_avx2_lane_loop_gives_the_portable_ones_bits() {
             x[7] = max_finite.min(1e30) / 2.0;
             let (y, t) = reference_and_target(&mut rng, grid, &x);
             let sums = |(y, t, x): (&[f64], &[f64], &[f64])| {
-                // SAFETY: the CPU has AVX2 and FMA (checked above); one length, 4096.
-                let vector =
-                    unsafe { super::rule::avx2::lane_sums(&rule, grid, max_finite, (y, t, x)) };
+                // SAFETY: the CPU has the kernel's features (Kernel::available); one length,
+                // 4096.
+                let vector = unsafe {
+                    if kernel == crate::compare::Kernel::Avx512 {
+                        super::rule::avx512::lane_sums(&rule, grid, max_finite, (y, t, x))
+                    } else {
+                        super::rule::avx2::lane_sums(&rule, grid, max_finite, (y, t, x))
+                    }
+                };
                 let portable = rule.lanes(grid, max_finite, y, t, x);
                 (vector, portable)
             };
