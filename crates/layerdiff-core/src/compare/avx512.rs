@@ -198,6 +198,52 @@ unsafe fn block<R: Load, T: Load>(
     ))
 }
 
+/// The largest `|t - r|` over elements `start..start + len` of two tensors' bytes (a NaN on
+/// either side is not compared, equal infinities differ by nothing) and the largest `|r|`: the
+/// AVX2 kernel's reading, eight elements to a vector. `None` for a dtype the kernel does not
+/// read, or a `len` that is not a multiple of [`LANES`].
+///
+/// # Safety
+/// The CPU must have AVX-512F/DQ and F16C, and both byte slices must hold `start + len` elements
+/// of their dtype.
+#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,f16c")]
+pub(super) unsafe fn largest_difference(
+    r: (DType, &[u8]),
+    t: (DType, &[u8]),
+    start: usize,
+    len: usize,
+) -> Option<(f64, f64)> {
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,f16c")]
+    unsafe fn run<R: Load, T: Load>(
+        r: &[u8],
+        t: &[u8],
+        start: usize,
+        len: usize,
+    ) -> Option<(f64, f64)> {
+        debug_assert!(r.len() >= (start + len) * R::SIZE && t.len() >= (start + len) * T::SIZE);
+        let (mut most, mut widest) = (_mm512_setzero_pd(), _mm512_setzero_pd());
+        for v in (0..len).step_by(LANES) {
+            // SAFETY: `start + v + 8 <= start + len`, within both slices (the caller's promise).
+            let (a, b) = unsafe {
+                (
+                    R::eight(r.as_ptr(), start + v),
+                    T::eight(t.as_ptr(), start + v),
+                )
+            };
+            // max_pd keeps its second operand where the first is NaN: a NaN side, and equal
+            // infinities (whose difference is NaN), leave the largest as it was
+            most = _mm512_max_pd(_mm512_abs_pd(_mm512_sub_pd(b, a)), most);
+            widest = _mm512_max_pd(_mm512_abs_pd(a), widest);
+        }
+        Some((largest(&lanes(most)), largest(&lanes(widest))))
+    }
+    if !len.is_multiple_of(LANES) {
+        return None;
+    }
+    // SAFETY: the caller guarantees the features and the lengths.
+    unsafe { by_dtypes!(r.0, t.0, None, run(r.1, t.1, start, len)) }
+}
+
 /// `sum + a·b`, fused where `exact` (the product of two narrow values is exact in f64, so one
 /// rounding of the sum is all either way): the same bits, fewer operations.
 #[inline(always)]

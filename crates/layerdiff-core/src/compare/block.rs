@@ -70,9 +70,9 @@ impl Kernel {
     }
 }
 
-/// The largest `|t - r|` over elements `from..from + len` and the largest `|r|`, by the AVX2
-/// kernel where the CPU has it and reads both dtypes and `len` is a multiple of eight; `None`
-/// otherwise (the caller decodes).
+/// The largest `|t - r|` over elements `from..from + len` and the largest `|r|`, by the AVX-512
+/// or AVX2 kernel where the CPU has it and reads both dtypes and `len` is a multiple of eight;
+/// `None` otherwise (the caller decodes).
 pub(crate) fn largest_difference(
     reference: TensorView<'_>,
     target: TensorView<'_>,
@@ -80,17 +80,23 @@ pub(crate) fn largest_difference(
     len: usize,
 ) -> Option<(f64, f64)> {
     #[cfg(target_arch = "x86_64")]
-    if Kernel::best() != Kernel::Portable && from + len <= reference.numel().min(target.numel()) {
-        // SAFETY: the CPU has AVX2, FMA and F16C (Kernel::available); both views hold
-        // `from + len` elements, checked above.
-        return unsafe {
-            avx2::largest_difference(
+    {
+        let best = Kernel::best();
+        if best != Kernel::Portable && from + len <= reference.numel().min(target.numel()) {
+            let (r, t) = (
                 (reference.dtype, reference.bytes),
                 (target.dtype, target.bytes),
-                from,
-                len,
-            )
-        };
+            );
+            // SAFETY: the CPU has the kernel's features (Kernel::available); both views hold
+            // `from + len` elements, checked above.
+            return unsafe {
+                if best == Kernel::Avx512 {
+                    avx512::largest_difference(r, t, from, len)
+                } else {
+                    avx2::largest_difference(r, t, from, len)
+                }
+            };
+        }
     }
     let _ = (reference, target, from, len);
     None
