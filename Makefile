@@ -12,7 +12,7 @@ DEPS := $(VENV)/.requirements.stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: pipeline test test-all build env browser proto lint clean docs golden conformance kernel-swap bench mapping validation reports fuzz calibrate
+.PHONY: pipeline test test-all build env browser proto lint clean docs golden conformance kernel-swap bench mapping validation reports fuzz calibrate ort-release
 
 env: $(DEPS)
 
@@ -86,8 +86,8 @@ proto:
 lint: $(DEPS)
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --quiet -- -D warnings
-	$(VENV)/bin/ruff check python tests benches fuzz
-	$(VENV)/bin/ruff format --check python tests benches fuzz
+	$(VENV)/bin/ruff check python tests benches fuzz crates/layerdiff-runtime/src/isolated
+	$(VENV)/bin/ruff format --check python tests benches fuzz crates/layerdiff-runtime/src/isolated
 
 clean:
 	cargo clean
@@ -121,6 +121,12 @@ validation: build
 bench: build
 	$(PY) -m pip install --quiet polygraphy==0.53.6  # beside layerdiff in benches/own_work.py
 	$(PY) benches/run.py
+
+# Another ONNX Runtime release from PyPI into layerdiff's cache, for a side `ort:lib=…`
+# (docs/onnx.md): `make ort-release VERSION=1.30.0` prints the side to give.
+ort-release: build
+	@test -n "$(VERSION)" || { echo "error: give the release, e.g. make ort-release VERSION=1.30.0" >&2; exit 2; }
+	$(PY) -m layerdiff.releases onnxruntime==$(VERSION)
 
 # The defect-or-precision rule on every built-in model (forward, float16 and bfloat16; gradients
 # in bfloat16 and float16) and on planted faults; rewrites the calibration table in

@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 
 use crate::{Error, Optimized, Provider, ReducedMath, Result, Runtime, RuntimeSpec};
 
+mod release;
 mod serve;
 mod wire;
 mod worker;
@@ -60,12 +61,14 @@ impl Isolation {
         }
     }
 
-    /// Whether a side on `spec` runs in a worker process.
+    /// Whether a side on `spec` runs in a worker process: one on another ONNX Runtime library
+    /// always does (this process has loaded its own).
     pub fn applies(self, spec: &RuntimeSpec) -> bool {
         match (self, spec) {
+            (_, RuntimeSpec::Ort(.., Some(_))) => true,
             (_, RuntimeSpec::Expected(_)) | (Self::Never, _) => false,
             (Self::Always, _) => true,
-            (Self::Auto, RuntimeSpec::Ort(.., custom_ops)) => !custom_ops.is_empty(),
+            (Self::Auto, RuntimeSpec::Ort(.., custom_ops, _)) => !custom_ops.is_empty(),
             (Self::Auto, _) => false,
         }
     }
@@ -103,8 +106,10 @@ pub struct Isolated {
 impl Isolated {
     /// `spec`'s runtime, run in a worker process that loads ONNX Runtime from `ort_library`.
     pub fn new(spec: &RuntimeSpec, ort_library: Option<&Path>) -> Result<Self> {
+        // a release this side cannot run on is refused now, not at its first run
+        release::release_command(spec, false)?;
         Ok(Self {
-            here: spec.build_here(ort_library, false)?,
+            here: spec.described_here(ort_library, false)?,
             spec: spec.clone(),
             as_saved: false,
             ort_library: ort_library.map(Path::to_path_buf),
@@ -113,21 +118,26 @@ impl Isolated {
     }
 
     fn spawn(&self) -> Result<Worker> {
-        let command = worker_command()?;
         let log = tempfile::Builder::new()
             .prefix(".layerdiff-worker-")
             .tempfile()
             .map_err(|e| Error::Worker(format!("cannot make the worker's log: {e}")))?;
+        let command = match release::release_command(&self.spec, self.as_saved)? {
+            Some(command) => command,
+            None => {
+                let mut command = worker_command()?;
+                command.extend(["--runtime".into(), self.spec.spelling().into()]);
+                if self.as_saved {
+                    command.push("--as-saved".into());
+                }
+                if let Some(library) = &self.ort_library {
+                    command.extend(["--ort-library".into(), library.into()]);
+                }
+                command
+            }
+        };
         let mut run = Command::new(&command[0]);
-        run.args(&command[1..])
-            .arg("--runtime")
-            .arg(self.spec.spelling());
-        if self.as_saved {
-            run.arg("--as-saved");
-        }
-        if let Some(library) = &self.ort_library {
-            run.arg("--ort-library").arg(library);
-        }
+        run.args(&command[1..]);
         let stderr = log
             .reopen()
             .map_err(|e| Error::Worker(format!("cannot open the worker's log: {e}")))?;
@@ -367,7 +377,9 @@ impl Runtime for Isolated {
         }
         let saved = Model::load(folder.path().join("optimized.onnx")).map_err(|e| unsaved(&e))?;
         let runtime = Self {
-            here: self.spec.build_here(self.ort_library.as_deref(), true)?,
+            here: self
+                .spec
+                .described_here(self.ort_library.as_deref(), true)?,
             spec: self.spec.clone(),
             as_saved: true,
             ort_library: self.ort_library.clone(),

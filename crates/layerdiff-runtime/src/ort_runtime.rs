@@ -226,6 +226,22 @@ impl OrtRuntime {
         &self.library
     }
 
+    /// This runtime described as running on another library (`release`: its file; the release
+    /// read from its name): what a side that runs it in a worker process says it is. It runs
+    /// nothing in this process (see [`crate::Isolated`]).
+    pub(crate) fn labelled(self, release: &Path) -> Self {
+        Self {
+            library: release.to_path_buf(),
+            version: version_from_path(release),
+            ..self
+        }
+    }
+
+    /// The release of the library in use (`1.31.1`), as its file name says.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
     fn session(&self, model: &Model) -> Result<Session> {
         self.session_with(model, None, None)
     }

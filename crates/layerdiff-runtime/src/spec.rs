@@ -2,7 +2,9 @@
 //! off), `ort:cuda`, `ort:opt=basic|extended|all` and combinations (`ort:cuda:opt=all`), some
 //! optimizers disabled at a level (`ort:opt=all:without=NchwcTransformer`), a
 //! provider's own options in ONNX Runtime's names (`ort:cuda:use_tf32=0`), custom-op libraries
-//! to register (`ort:custom_ops=/path/libvendor_ops.so`), `tract`,
+//! to register (`ort:custom_ops=/path/libvendor_ops.so`), another ONNX Runtime library than the
+//! one layerdiff loads (`ort:lib=/path/libonnxruntime.so.1.30.0`: an older release, a vendor's
+//! build), `tract`,
 //! `openvino[:precision=f32|f16|bf16]`, `expected:PATH`. A new runtime is one variant here.
 
 use std::path::{Path, PathBuf};
@@ -19,13 +21,16 @@ pub enum RuntimeSpec {
     /// graph optimization level and the optimizers disabled at it (their names, as the
     /// session's `optimization.disable_specified_optimizers` takes them), and the custom-op
     /// libraries its sessions register (a vendor's kernels: code layerdiff does not trust, so a
-    /// side that loads one runs in a worker process, see [`crate::Isolation`]).
+    /// side that loads one runs in a worker process, see [`crate::Isolation`]), and the ONNX
+    /// Runtime library it runs on where it is not the one layerdiff loads (ONNX Runtime is
+    /// loaded once per process, so such a side always runs in a worker process of its own).
     Ort(
         Provider,
         OptLevel,
         ProviderOptions,
         Vec<String>,
         Vec<PathBuf>,
+        Option<PathBuf>,
     ),
     /// tract.
     Tract,
@@ -44,17 +49,27 @@ impl RuntimeSpec {
             Vec::new(),
             Vec::new(),
             Vec::new(),
+            None,
         )
     }
 
-    /// Parses `ort[:PROVIDER][:opt=LEVEL][:without=NAME,…][:custom_ops=PATH,…][:KEY=VALUE]…`,
+    /// The ONNX Runtime library this side runs on where it is not the one layerdiff loads.
+    pub fn release(&self) -> Option<&Path> {
+        match self {
+            Self::Ort(.., release) => release.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// Parses `ort[:PROVIDER][:opt=LEVEL][:without=NAME,…][:custom_ops=PATH,…][:lib=PATH][:KEY=VALUE]…`,
     /// `tract`, `openvino[:precision=PRECISION]` or `expected:PATH`.
     pub fn parse(text: &str) -> Result<Self, String> {
         let unknown = || {
             format!(
-                "unknown runtime `{text}` (expected `ort[:PROVIDER][:opt=LEVEL][:without=NAME,…][:custom_ops=PATH,…][:KEY=VALUE]…` with \
+                "unknown runtime `{text}` (expected `ort[:PROVIDER][:opt=LEVEL][:without=NAME,…][:custom_ops=PATH,…][:lib=LIBRARY][:KEY=VALUE]…` with \
                  PROVIDER one of cpu, cuda, tensorrt, rocm, openvino, coreml, directml, LEVEL one of \
                  disable, basic, extended, all, NAME an ONNX Runtime optimizer to disable, PATH a custom-op library to register, \
+                 LIBRARY another ONNX Runtime library to run on (libonnxruntime.so of another release or build), \
                  and KEY=VALUE the provider's options in ONNX Runtime's names (`use_tf32=0`); or `tract`; or `openvino[:precision=f32|f16|bf16]`; or \
                  `expected:PATH`)"
             )
@@ -86,8 +101,14 @@ impl RuntimeSpec {
         let (mut provider, mut level, mut options) = (None, None, Vec::new());
         let mut without: Vec<String> = Vec::new();
         let mut custom_ops: Vec<PathBuf> = Vec::new();
+        let mut release: Option<PathBuf> = None;
         for part in parts {
-            if let Some(paths) = part.strip_prefix("custom_ops=") {
+            if let Some(path) = part.strip_prefix("lib=") {
+                if release.is_some() || path.is_empty() {
+                    return Err(unknown());
+                }
+                release = Some(PathBuf::from(path));
+            } else if let Some(paths) = part.strip_prefix("custom_ops=") {
                 if !custom_ops.is_empty() || paths.split(',').any(str::is_empty) {
                     return Err(unknown());
                 }
@@ -159,13 +180,15 @@ impl RuntimeSpec {
                 without.join(",")
             ));
         }
-        Ok(Self::Ort(provider, level, options, without, custom_ops))
+        Ok(Self::Ort(
+            provider, level, options, without, custom_ops, release,
+        ))
     }
 
     /// The spelling that parses back to this spec (defaults left out: `ort`, `ort:cuda:opt=all`).
     pub fn spelling(&self) -> String {
         match self {
-            Self::Ort(provider, level, options, without, custom_ops) => {
+            Self::Ort(provider, level, options, without, custom_ops, release) => {
                 let mut s = "ort".to_string();
                 if *provider != Provider::Cpu {
                     s.push(':');
@@ -185,6 +208,10 @@ impl RuntimeSpec {
                     s.push_str(":custom_ops=");
                     s.push_str(&paths.join(","));
                 }
+                if let Some(release) = release {
+                    s.push_str(":lib=");
+                    s.push_str(&release.display().to_string());
+                }
                 for (k, v) in options {
                     s.push_str(&format!(":{k}={v}"));
                 }
@@ -198,10 +225,10 @@ impl RuntimeSpec {
     }
 
     /// Builds the runtime (loading ONNX Runtime from `ort_library`, or found, when needed), in
-    /// this process. `expected:` values are a side that computes nothing, not a runtime: an
-    /// error here.
+    /// this process, or in a worker process for a side on another ONNX Runtime library.
+    /// `expected:` values are a side that computes nothing, not a runtime: an error here.
     pub fn build(&self, ort_library: Option<&Path>) -> Result<Box<dyn Runtime + Send + Sync>> {
-        self.build_here(ort_library, false)
+        self.build_isolated(ort_library, Isolation::Never)
     }
 
     /// [`Self::build`], in a worker process where `isolation` says so (see [`Isolated`]).
@@ -213,23 +240,54 @@ impl RuntimeSpec {
         if isolation.applies(self) {
             Ok(Box::new(Isolated::new(self, ort_library)?))
         } else {
-            self.build(ort_library)
+            self.build_here(ort_library, false)
         }
     }
 
+    /// What a side on this spec is, built in this process without loading another ONNX Runtime
+    /// library: a side on one is described as running on it (its release, its path), and runs
+    /// nothing here (see [`crate::Isolated`]).
+    pub(crate) fn described_here(
+        &self,
+        ort_library: Option<&Path>,
+        as_saved: bool,
+    ) -> Result<Box<dyn Runtime + Send + Sync>> {
+        match self {
+            Self::Ort(.., Some(release)) => {
+                let runtime = self.ort_runtime(ort_library)?.labelled(release);
+                Ok(Box::new(if as_saved {
+                    runtime.as_saved()
+                } else {
+                    runtime
+                }))
+            }
+            _ => self.build_here(ort_library, as_saved),
+        }
+    }
+
+    /// ONNX Runtime as this spec sets it up, loaded from `library` (or found) where this
+    /// process has not loaded it yet.
+    fn ort_runtime(&self, library: Option<&Path>) -> Result<OrtRuntime> {
+        let Self::Ort(provider, level, options, without, custom_ops, _) = self else {
+            unreachable!("an ONNX Runtime spec")
+        };
+        OrtRuntime::new(library, *level)?
+            .with_provider(*provider, options)?
+            .without(without)
+            .with_custom_ops(custom_ops)
+    }
+
     /// Builds the runtime in this process; with `as_saved`, the one that runs a graph its
-    /// runtime already optimized, as saved (see [`Runtime::optimize`]).
+    /// runtime already optimized, as saved (see [`Runtime::optimize`]). A side on another ONNX
+    /// Runtime library loads it here: only a worker process of its own does that.
     pub(crate) fn build_here(
         &self,
         ort_library: Option<&Path>,
         as_saved: bool,
     ) -> Result<Box<dyn Runtime + Send + Sync>> {
         Ok(match self {
-            Self::Ort(provider, level, options, without, custom_ops) => {
-                let runtime = OrtRuntime::new(ort_library, *level)?
-                    .with_provider(*provider, options)?
-                    .without(without)
-                    .with_custom_ops(custom_ops)?;
+            Self::Ort(.., release) => {
+                let runtime = self.ort_runtime(release.as_deref().or(ort_library))?;
                 Box::new(if as_saved {
                     runtime.as_saved()
                 } else {
@@ -265,6 +323,7 @@ mod tests {
             "ort:cuda:opt=all:use_tf32=0:cudnn_conv_algo_search=HEURISTIC",
             "ort:opt=all:without=NchwcTransformer,ConvActivationFusion",
             "ort:cuda:opt=all:custom_ops=/opt/vendor/libops.so,libmore.so:use_tf32=0",
+            "ort:opt=all:lib=/opt/ort-1.30/libonnxruntime.so.1.30.0",
             "tract",
             "openvino",
             "openvino:precision=f16",
@@ -311,6 +370,8 @@ mod tests {
             "ort:custom_ops=",
             "ort:custom_ops=a.so,",
             "ort:custom_ops=a.so:custom_ops=b.so",
+            "ort:lib=",
+            "ort:lib=a.so:lib=b.so",
         ] {
             let err = RuntimeSpec::parse(bad).unwrap_err();
             assert!(
@@ -341,7 +402,8 @@ mod tests {
                 OptLevel::Disable,
                 vec![("use_tf32".into(), "0".into())],
                 Vec::new(),
-                Vec::new()
+                Vec::new(),
+                None
             )
         );
     }

@@ -12,7 +12,6 @@ import io
 import os
 import re
 import shutil
-import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 from torch import nn
 
 from layerdiff import _layerdiff
+from layerdiff._cache import cache_folder
 
 #: Bumped when what an export key covers changes: older entries are then never found.
 _KEY_VERSION = "layerdiff-export/1"
@@ -87,19 +87,6 @@ def export_onnx(
         shutil.rmtree(staging, ignore_errors=True)
     _evict(entry.parent, keep=entry)
     return _placed(entry / "model.onnx", Path(path)) if copy else entry / "model.onnx"
-
-
-def cache_folder() -> Path:
-    """Where layerdiff keeps what it can reuse: `LAYERDIFF_CACHE_DIR`, else the platform's
-    cache folder (`$XDG_CACHE_HOME/layerdiff`, `~/.cache/layerdiff`)."""
-    given = os.environ.get("LAYERDIFF_CACHE_DIR")
-    if given:
-        return Path(given)
-    if sys.platform == "darwin":
-        return Path.home() / "Library" / "Caches" / "layerdiff"
-    if os.name == "nt":
-        return Path(os.environ.get("LOCALAPPDATA", Path.home())) / "layerdiff" / "Cache"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "layerdiff"
 
 
 def export_key(

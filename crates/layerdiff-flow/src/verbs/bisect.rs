@@ -97,7 +97,7 @@ pub fn ort_optimizers(
     ort_library: Option<&Path>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Option<Bisection>> {
-    let RuntimeSpec::Ort(provider, level, provider_options, without, custom_ops) =
+    let RuntimeSpec::Ort(provider, level, provider_options, without, custom_ops, release) =
         &options.target_spec()
     else {
         return Ok(None);
@@ -120,6 +120,7 @@ pub fn ort_optimizers(
             provider_options.clone(),
             disabled,
             custom_ops.clone(),
+            release.clone(),
         )
     };
     // Every run, its set and what it found: a set is run once, and the answer's check is the

@@ -149,7 +149,7 @@ pub fn providers(
                     (
                         name,
                         level.name().to_string(),
-                        RuntimeSpec::Ort(provider, level, Vec::new(), Vec::new(), Vec::new()),
+                        RuntimeSpec::Ort(provider, level, Vec::new(), Vec::new(), Vec::new(), None),
                     )
                 })
                 .collect()
@@ -270,6 +270,7 @@ fn cell(
                     Vec::new(),
                     Vec::new(),
                     Vec::new(),
+                    None,
                 )
                 .spelling();
             }

@@ -1,0 +1,189 @@
+//! A side on another ONNX Runtime library (`ort:lib=PATH`): how its worker starts. A release
+//! whose C API is at least the one this build asks for is loaded by this program's own worker;
+//! an older one answers that API with nothing, so its worker is the release's own Python package
+//! running `release_worker.py`, in the virtualenv that holds the library
+//! (`python -m layerdiff.releases onnxruntime==VERSION` makes one).
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use crate::{Error, RuntimeSpec};
+
+/// The worker that runs a release through its Python package: the same requests and answers
+/// as `layerdiff __worker` (see `wire.rs`).
+const RELEASE_WORKER: &str = include_str!("release_worker.py");
+
+/// How the worker of a side on `spec`'s library starts, when that library is a release older
+/// than this build's C API: the release's Python and the worker script, with the side's
+/// settings. `None` for a side this program's own worker runs. An error names what is missing.
+pub(super) fn release_command(
+    spec: &RuntimeSpec,
+    as_saved: bool,
+) -> crate::Result<Option<Vec<OsString>>> {
+    let RuntimeSpec::Ort(provider, level, options, without, custom_ops, Some(library)) = spec
+    else {
+        return Ok(None);
+    };
+    let refused = |message: String| Error::LibraryLoad {
+        runtime: "ONNX Runtime",
+        path: library.clone(),
+        message,
+    };
+    if !library.is_file() {
+        return Err(refused("no such file".to_string()));
+    }
+    let Some(release) = release_of(library) else {
+        return Ok(None); // a library named without its release: its own worker will tell
+    };
+    if release >= (1, ort::MINOR_VERSION) {
+        return Ok(None);
+    }
+    let Some(python) = python_of(library) else {
+        return Err(refused(format!(
+            "ONNX Runtime {}.{} answers C API {} and older, and this layerdiff asks for {}: such a \
+             release runs in its own Python package, from a virtualenv that holds it \
+             (`python -m layerdiff.releases onnxruntime=={}.{}.*` makes one and prints the \
+             `ort:lib=` to give)",
+            release.0,
+            release.1,
+            release.1,
+            ort::MINOR_VERSION,
+            release.0,
+            release.1
+        )));
+    };
+    let mut command: Vec<OsString> = vec![
+        python.into(),
+        "-c".into(),
+        RELEASE_WORKER.into(),
+        "--provider".into(),
+        provider.ort_name().into(),
+        "--spelling".into(),
+        provider.spelling().into(),
+        "--opt".into(),
+        level.name().into(),
+    ];
+    for (key, value) in options {
+        command.extend(["--option".into(), format!("{key}={value}").into()]);
+    }
+    for name in without {
+        command.extend(["--without".into(), name.into()]);
+    }
+    for path in custom_ops {
+        command.extend(["--custom-ops".into(), path.into()]);
+    }
+    if as_saved {
+        command.push("--as-saved".into());
+    }
+    Ok(Some(command))
+}
+
+/// `libonnxruntime.so.1.30.0` → (1, 30).
+fn release_of(library: &Path) -> Option<(u32, u32)> {
+    let name = library.file_name()?.to_str()?;
+    let version = name.strip_prefix("libonnxruntime.so.")?;
+    let mut parts = version.split('.').map(str::parse::<u32>);
+    Some((parts.next()?.ok()?, parts.next()?.ok()?))
+}
+
+/// The Python of the virtualenv whose `onnxruntime` package holds `library`
+/// (`PREFIX/lib/pythonX.Y/site-packages/onnxruntime/capi/libonnxruntime.so.…`).
+fn python_of(library: &Path) -> Option<PathBuf> {
+    let capi = library.parent()?;
+    let package = capi.parent()?;
+    let site = package.parent()?;
+    let named = |p: &Path, name: &str| p.file_name().and_then(|n| n.to_str()) == Some(name);
+    if !(named(capi, "capi") && named(package, "onnxruntime") && named(site, "site-packages")) {
+        return None;
+    }
+    let prefix = site.parent()?.parent()?.parent()?;
+    ["python", "python3"]
+        .iter()
+        .map(|name| prefix.join("bin").join(name))
+        .find(|p| p.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_release_is_read_from_its_file_name() {
+        let at = |s: &str| release_of(Path::new(s));
+        assert_eq!(at("/x/libonnxruntime.so.1.30.0"), Some((1, 30)));
+        assert_eq!(at("libonnxruntime.so.1.9.1"), Some((1, 9)));
+        assert_eq!(at("/x/libonnxruntime.so"), None);
+        assert_eq!(at("/x/onnxruntime.dll"), None);
+    }
+
+    #[test]
+    fn an_older_release_outside_a_virtualenv_is_refused_with_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let library = dir.path().join("libonnxruntime.so.1.20.1");
+        std::fs::write(&library, b"").unwrap();
+        let spec = RuntimeSpec::parse(&format!("ort:lib={}", library.display())).unwrap();
+        let err = release_command(&spec, false).unwrap_err().to_string();
+        assert!(
+            err.contains("ONNX Runtime 1.20 answers C API 20 and older"),
+            "{err}"
+        );
+        assert!(
+            err.contains("python -m layerdiff.releases onnxruntime==1.20.*"),
+            "{err}"
+        );
+        let missing = RuntimeSpec::parse("ort:lib=/nowhere/libonnxruntime.so.1.20.1").unwrap();
+        let err = release_command(&missing, false).unwrap_err().to_string();
+        assert!(
+            err.ends_with("/nowhere/libonnxruntime.so.1.20.1`: no such file"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_older_release_in_a_virtualenv_runs_on_its_python() {
+        let dir = tempfile::tempdir().unwrap();
+        let capi = dir
+            .path()
+            .join("lib/python3.11/site-packages/onnxruntime/capi");
+        std::fs::create_dir_all(&capi).unwrap();
+        std::fs::create_dir_all(dir.path().join("bin")).unwrap();
+        std::fs::write(dir.path().join("bin/python"), b"").unwrap();
+        let library = capi.join("libonnxruntime.so.1.30.0");
+        std::fs::write(&library, b"").unwrap();
+        let text = format!(
+            "ort:opt=all:without=NchwcTransformer:lib={}",
+            library.display()
+        );
+        let spec = RuntimeSpec::parse(&text).unwrap();
+        let command = release_command(&spec, true).unwrap().unwrap();
+        let words: Vec<String> = command
+            .iter()
+            .map(|w| w.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            words[0],
+            dir.path().join("bin/python").display().to_string()
+        );
+        assert_eq!(words[1], "-c");
+        let rest = &words[3..];
+        assert_eq!(
+            rest,
+            [
+                "--provider",
+                "CPUExecutionProvider",
+                "--spelling",
+                "cpu",
+                "--opt",
+                "all",
+                "--without",
+                "NchwcTransformer",
+                "--as-saved"
+            ]
+        );
+        // a release at this build's C API or newer runs on this program's worker
+        let newer = capi.join(format!("libonnxruntime.so.1.{}.0", ort::MINOR_VERSION));
+        std::fs::write(&newer, b"").unwrap();
+        let spec = RuntimeSpec::parse(&format!("ort:lib={}", newer.display())).unwrap();
+        assert!(release_command(&spec, false).unwrap().is_none());
+    }
+}

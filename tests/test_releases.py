@@ -1,0 +1,140 @@
+"""A side on another ONNX Runtime library (`ort:lib=PATH`): two releases of one runtime compared
+in one run, each side in a process of its own, the report naming both. A release at least as new
+as the C API layerdiff's binding asks for runs in layerdiff's own worker; an older one through
+its own Python package (`release_worker.py`, started with the interpreter of the virtualenv
+that holds it). The older release here is a stand-in, so that no test downloads one: a
+virtualenv-shaped folder whose library is named `libonnxruntime.so.1.30.0` and whose Python
+imports this environment's onnxruntime. `python -m layerdiff.releases` fetches real ones."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from conftest import run_cli
+from layerdiff import releases
+from onnx import TensorProto, helper, numpy_helper
+
+LIBRARY = next(Path(onnxruntime.__file__).parent.glob("capi/libonnxruntime.so.*"))
+
+
+def _model(path: Path) -> Path:
+    """x → Conv → BatchNormalization → Relu → Conv → y: a graph ONNX Runtime rewrites at
+    opt=all (the BatchNormalization folded into the first Conv)."""
+    rng = np.random.default_rng(0)
+    init = [
+        numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3, "w"),
+        numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "scale"),
+        numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "bias"),
+        numpy_helper.from_array(rng.standard_normal(8).astype(np.float32) * 0.1, "mean"),
+        numpy_helper.from_array(rng.random(8).astype(np.float32) + 0.5, "var"),
+        numpy_helper.from_array(rng.standard_normal((4, 8, 1, 1)).astype(np.float32), "w2"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node(
+            "BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["b"], name="bn"
+        ),  # fmt: skip
+        helper.make_node("Relu", ["b"], ["r"], name="relu"),
+        helper.make_node("Conv", ["r", "w2"], ["y"], name="conv2"),
+    ]
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(nodes, "g", [vi("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [vi("y", TensorProto.FLOAT, None)], init)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.save(model, str(path))
+    return path
+
+
+def _older_release(folder: Path) -> Path:
+    """A virtualenv-shaped folder holding `libonnxruntime.so.1.30.0`, whose Python runs this
+    environment's (and so imports its onnxruntime): an older release, as layerdiff sees one."""
+    capi = folder / "lib" / "python3.11" / "site-packages" / "onnxruntime" / "capi"
+    capi.mkdir(parents=True)
+    library = capi / "libonnxruntime.so.1.30.0"
+    library.symlink_to(LIBRARY)
+    (folder / "bin").mkdir()
+    python = folder / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    return library
+
+
+def _run(tmp_path: Path, *args: str) -> tuple[int, str, dict | None]:
+    out = tmp_path / "r.json"
+    result = run_cli("onnx", *args, "--json", str(out))
+    assert "Traceback" not in result.stderr and "panicked" not in result.stderr, result.stderr
+    return result.returncode, result.stderr, json.loads(out.read_text()) if out.exists() else None
+
+
+def test_an_older_release_runs_in_its_own_python_and_the_report_names_both(tmp_path):
+    model = _model(tmp_path / "m.onnx")
+    library = _older_release(tmp_path / "venv")
+    code, stderr, report = _run(tmp_path, str(model), "--reference", "ort",
+                                "--target", f"ort:lib={library}")  # fmt: skip
+    assert code == 0, stderr
+    assert report["summary"]["verdict"] == "no_drift"
+    assert report["summary"]["layers_compared"] == 4
+    reference, target = report["reference"]["detail"], report["target"]["detail"]
+    assert f"· onnxruntime {onnxruntime.__version__}, CPUExecutionProvider" in reference, reference
+    assert "· onnxruntime 1.30.0, CPUExecutionProvider" in target, target
+    assert target.endswith("in a worker process"), target
+    assert report["target"]["runtime"] == "onnxruntime"
+
+
+def test_an_older_release_optimizes_in_its_own_python(tmp_path):
+    """`opt=all`: the release saves its optimized graph from its own process, and that graph
+    is what is compared (the BatchNormalization folded into the Conv has no value of its own)."""
+    model = _model(tmp_path / "m.onnx")
+    library = _older_release(tmp_path / "venv")
+    code, stderr, report = _run(tmp_path, str(model), "--reference", "ort",
+                                "--target", f"ort:opt=all:lib={library}")  # fmt: skip
+    assert code in (0, 1), stderr
+    assert "graph optimizations: all" in report["target"]["detail"]
+    by_name = {layer["name"]: layer for layer in report["layers"]}
+    assert by_name["y"]["status"] == "compared"
+    assert report["summary"]["layers_compared"] < 4, "the fused value has no counterpart"
+
+
+def test_a_release_as_new_as_the_binding_runs_in_layerdiffs_own_worker(tmp_path):
+    model = _model(tmp_path / "m.onnx")
+    code, stderr, report = _run(tmp_path, str(model), "--target", f"ort:lib={LIBRARY}")
+    assert code == 0, stderr
+    target = report["target"]["detail"]
+    assert f"· onnxruntime {onnxruntime.__version__}, CPUExecutionProvider" in target, target
+    assert target.endswith("in a worker process"), target
+
+
+def test_a_release_that_cannot_run_is_refused_with_what_to_do(tmp_path):
+    model = _model(tmp_path / "m.onnx")
+    code, stderr, report = _run(tmp_path, str(model), "--target", "ort:lib=/nowhere/libort.so")
+    assert code == 2 and report is None
+    assert "cannot load ONNX Runtime from `/nowhere/libort.so`: no such file" in stderr, stderr
+    bare = tmp_path / "libonnxruntime.so.1.20.1"
+    bare.symlink_to(LIBRARY)
+    code, stderr, report = _run(tmp_path, str(model), "--target", f"ort:lib={bare}")
+    assert code == 2 and report is None
+    assert "ONNX Runtime 1.20 answers C API 20 and older" in stderr, stderr
+    assert "python -m layerdiff.releases onnxruntime==1.20.*" in stderr, stderr
+
+
+def test_a_release_is_asked_for_by_package_and_version(tmp_path, monkeypatch, capsys):
+    assert releases.parse("onnxruntime==1.30.0") == ("onnxruntime", "1.30.0")
+    assert releases.parse("1.22.1") == ("onnxruntime", "1.22.1")
+    assert releases.parse("onnxruntime-gpu==1.31.1") == ("onnxruntime-gpu", "1.31.1")
+    for bad in ["onnx==1.17.0", "onnxruntime==latest", "onnxruntime=="]:
+        with pytest.raises(releases.ReleaseError, match="is not a release"):
+            releases.parse(bad)
+    assert releases.main(["tensorflow==2.0"]) == 2
+    assert "error: `tensorflow==2.0` is not a release" in capsys.readouterr().err
+    # one already fetched is found in the cache, not installed again
+    monkeypatch.setenv("LAYERDIFF_CACHE_DIR", str(tmp_path))
+    library = _older_release(tmp_path / "runtimes" / "onnxruntime-1.30.0")
+    assert releases.fetch("onnxruntime", "1.30.0") == library
+    assert releases.main(["onnxruntime==1.30.0"]) == 0
+    assert capsys.readouterr().out == f"ort:lib={library}\n"
