@@ -104,10 +104,9 @@ impl RuntimeSpec {
         let mut release: Option<PathBuf> = None;
         for part in parts {
             if let Some(path) = part.strip_prefix("lib=") {
-                if release.is_some() || path.is_empty() {
+                if release.replace(PathBuf::from(path)).is_some() || path.is_empty() {
                     return Err(unknown());
                 }
-                release = Some(PathBuf::from(path));
             } else if let Some(paths) = part.strip_prefix("custom_ops=") {
                 if !custom_ops.is_empty() || paths.split(',').any(str::is_empty) {
                     return Err(unknown());
