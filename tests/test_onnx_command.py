@@ -36,6 +36,44 @@ def test_identical_files_report_no_drift(resnet18_onnx, tmp_path):
     assert (tmp_path / "report.inputs.safetensors").is_file()
 
 
+def test_a_float16_file_against_itself_is_no_drift_whatever_its_pieces_do(tmp_path):
+    """ONNX Runtime's CPU provider computes float16 convolutions in float32 and drops the casts
+    between adjacent ones in a whole graph, so a layer re-run alone (its inputs rounded to
+    float16) differs from the same layer in the whole run. Both sides here run the same file on
+    the same runtime and agree bit for bit: no layer has an error of its own, and the headline
+    says so (it said "precision: float16 rounding, born at `c2`")."""
+    import numpy as np
+    from onnx import TensorProto
+
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float16), name)
+        for name, shape, scale in [("w", (16, 3, 3, 3), 0.5), ("w2", (16, 16, 3, 3), 0.3),
+                                   ("w3", (8, 16, 1, 1), 0.3)]
+    ]  # fmt: skip
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("Conv", ["r", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+        helper.make_node("Conv", ["r2", "w3"], ["y"], name="conv3"),
+    ]
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(nodes, "half", [vi("x", TensorProto.FLOAT16, [1, 3, 32, 32])],
+                              [vi("y", TensorProto.FLOAT16, None)], weights)  # fmt: skip
+    path = tmp_path / "half.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=9), str(path))  # fmt: skip
+    result, report = report_of(tmp_path, str(path), "--target", "ort")
+    assert result.returncode == 0, result.stderr
+    s = report["summary"]
+    assert s["verdict"] == "no_drift", result.stderr
+    assert s["drift_origin"] is None and s["layers_exceeding_locally"] == 0
+    # the pieces' differences are still reported, with why they are not the target's own error
+    c2 = next(layer for layer in report["layers"] if layer["name"] == "c2")
+    assert c2["local"]["max_abs_diff"] > 0 and not c2["local_exceeds"]
+
+
 def test_a_changed_weight_names_that_node_as_origin(resnet18_onnx, tmp_path):
     model = load(resnet18_onnx["dynamo"])
     node = conv_node(model, 9)

@@ -29,7 +29,9 @@ fn beyond(stats: &Stats, bound: Bound) -> bool {
 /// its bound (`atol + rtol·|reference|`), when one side has NaN where the other has a number,
 /// or when a float is compared
 /// with a non-float (a bool mask against float zeros is a finding even where the values agree).
-/// A shape mismatch always exceeds. The same rule on the local statistics gives `local_exceeds`.
+/// A shape mismatch always exceeds. The same rule on the local statistics gives `local_exceeds`,
+/// except for a layer whose value is the reference's bit for bit: the target made no error of
+/// its own there in this run, whatever the layer re-run alone shows.
 ///
 /// The drift origin is the first layer whose *own* error exceeds: its local error where it was
 /// measured, else its accumulated one. When the first exceeding layer comes earlier and only
@@ -277,10 +279,21 @@ pub fn judge(layer: &mut Layer, tolerance: Tolerance) {
         (LayerStatus::ShapeMismatch, _) => true,
         _ => false,
     };
-    layer.local_exceeds = layer
-        .local
-        .as_ref()
-        .is_some_and(|s| beyond(s, layer.tolerance));
+    // A value the target computed bit for bit as the reference did has no error of its own in
+    // this run: what the layer re-run alone differs by is how the runtime computes a piece of a
+    // graph (ONNX Runtime's CPU provider keeps a chain of float16 nodes in float32 in a whole
+    // graph, and rounds a piece's inputs to float16), not an error the target made here.
+    let as_reference = layer.status == LayerStatus::Compared
+        && !kind_differs
+        && layer
+            .accumulated
+            .as_ref()
+            .is_some_and(|s| s.max_abs_diff == 0.0 && s.nan_mismatch == 0);
+    layer.local_exceeds = !as_reference
+        && layer
+            .local
+            .as_ref()
+            .is_some_and(|s| beyond(s, layer.tolerance));
 }
 
 /// The drift origin, as [`analyse`] defines it.
@@ -321,6 +334,31 @@ mod tests {
         layer.target_dtype = outcome.target_dtype;
         layer.accumulated = outcome.stats;
         layer
+    }
+
+    #[test]
+    fn a_value_the_reference_s_bit_for_bit_has_no_local_error_of_its_own() {
+        let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let (values, apart) = (bytes(&[1.0, 2.0, 3.0, 4.0]), bytes(&[1.0, 2.0, 3.0, 4.5]));
+        let shape = [4];
+        let v = |b: &[u8]| crate::Tensor::new("t", DType::F32, shape.to_vec(), b.to_vec()).unwrap();
+        let (same, off) = (v(&values), v(&apart));
+        let mut layers = vec![
+            layer("whole run agrees", same.view(), same.view()),
+            layer("whole run differs", same.view(), off.view()),
+        ];
+        // both re-run alone off by 0.5
+        for l in &mut layers {
+            l.local = compare_pair(same.view(), off.view(), None).stats;
+        }
+        let summary = analyse(&mut layers, Tolerance::Fixed(1e-4));
+        assert!(
+            !layers[0].local_exceeds,
+            "its value is the reference's bit for bit"
+        );
+        assert!(layers[1].local_exceeds);
+        assert_eq!(summary.layers_exceeding_locally, 1);
+        assert_eq!(summary.drift_origin.as_deref(), Some("whole run differs"));
     }
 
     #[test]
