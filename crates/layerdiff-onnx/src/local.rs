@@ -120,3 +120,80 @@ mod tests {
         assert_eq!(attribute_text(&epsilon(0.1)), "0.1");
     }
 }
+
+/// Whether `text` (as [`attribute_text`] writes it) is the value the ONNX operator `op` gives
+/// its attribute `name` when a file leaves it unset: a file that writes it says no more than one
+/// that does not (ONNX Runtime's saved optimized graphs write `auto_pad` "NOTSET" on every Conv
+/// in some releases). The common ops' defaults; an attribute not listed is never a default.
+pub fn is_default_attribute(op: &str, name: &str, text: &str) -> bool {
+    let all = |item: &str| {
+        text.strip_prefix('[')
+            .and_then(|t| t.strip_suffix(']'))
+            .is_some_and(|t| t.split(", ").all(|v| v == item))
+    };
+    const POOLS: [&str; 7] = [
+        "Conv",
+        "ConvTranspose",
+        "ConvInteger",
+        "QLinearConv",
+        "MaxPool",
+        "AveragePool",
+        "LpPool",
+    ];
+    let pooled = POOLS.contains(&op);
+    match (op, name) {
+        (_, "auto_pad") if pooled => text == "\"NOTSET\"",
+        (_, "dilations" | "strides") if pooled => all("1"),
+        (_, "pads") if pooled => all("0"),
+        ("Conv" | "ConvTranspose" | "ConvInteger" | "QLinearConv", "group") => text == "1",
+        ("MaxPool" | "AveragePool", "ceil_mode") | ("MaxPool", "storage_order") => text == "0",
+        ("AveragePool", "count_include_pad") => text == "0",
+        ("Gemm", "alpha" | "beta") => text == "1",
+        ("Gemm", "transA" | "transB") => text == "0",
+        ("LayerNormalization", "axis") => text == "-1",
+        ("LayerNormalization", "stash_type") => text == "1",
+        ("LayerNormalization" | "BatchNormalization" | "InstanceNormalization", "epsilon") => {
+            text == "1e-5"
+        }
+        ("BatchNormalization", "momentum") => text == "0.9",
+        ("Gelu", "approximate") => text == "\"none\"",
+        ("LeakyRelu", "alpha") => text == "0.01",
+        ("Elu", "alpha") => text == "1",
+        ("Flatten", "axis") => text == "1",
+        ("Cast", "saturate") => text == "1",
+        (op, "keepdims") if op.starts_with("Reduce") || op.starts_with("Arg") => text == "1",
+        ("Gather" | "GatherElements" | "Split", "axis") => text == "0",
+        ("TopK", "axis") => text == "-1",
+        ("TopK", "largest" | "sorted") => text == "1",
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod default_tests {
+    use super::is_default_attribute;
+
+    #[test]
+    fn an_attribute_written_at_its_default_is_a_default() {
+        assert!(is_default_attribute("Conv", "auto_pad", "\"NOTSET\""));
+        assert!(is_default_attribute("Conv", "dilations", "[1, 1]"));
+        assert!(is_default_attribute("MaxPool", "pads", "[0, 0, 0, 0]"));
+        assert!(is_default_attribute(
+            "LayerNormalization",
+            "epsilon",
+            "1e-5"
+        ));
+        assert!(!is_default_attribute("Conv", "auto_pad", "\"SAME_UPPER\""));
+        assert!(!is_default_attribute("Conv", "pads", "[1, 1, 1, 1]"));
+        assert!(!is_default_attribute("Conv", "strides", "[2, 2]"));
+        assert!(!is_default_attribute(
+            "LayerNormalization",
+            "epsilon",
+            "0.1"
+        ));
+        assert!(
+            !is_default_attribute("Softmax", "axis", "-1"),
+            "its default is the opset's"
+        );
+    }
+}

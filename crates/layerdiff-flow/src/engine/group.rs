@@ -28,7 +28,8 @@ pub struct Member {
 
 impl Member {
     /// How this member's attributes differ from `reference`'s, one line each
-    /// (``epsilon` 1e-5 → 0.1 on `ln``).
+    /// (``epsilon` 1e-5 → 0.1 on `ln``). An attribute one side leaves unset and the other
+    /// writes at the op's default (ONNX's `auto_pad` "NOTSET") does not differ.
     pub fn changes_from(&self, reference: &Member) -> Vec<String> {
         let mut names: Vec<&str> = reference
             .attributes
@@ -45,11 +46,20 @@ impl Member {
                 .find(|(n, _)| n == name)
                 .map_or_else(|| "(unset)".to_string(), |(_, v)| v.clone())
         };
+        // what a value means: the op's default stands for unset
+        let meaning = |member: &Member, name: &str, text: &str| {
+            if layerdiff_onnx::is_default_attribute(&member.op, name, text) {
+                "(unset)".to_string()
+            } else {
+                text.to_string()
+            }
+        };
         names
             .into_iter()
             .filter_map(|name| {
                 let (r, t) = (text(reference, name), text(self, name));
-                (r != t).then(|| format!("`{name}` {r} → {t} on `{}`", self.shown))
+                let differs = meaning(reference, name, &r) != meaning(self, name, &t);
+                differs.then(|| format!("`{name}` {r} → {t} on `{}`", self.shown))
             })
             .collect()
     }
@@ -73,15 +83,37 @@ mod tests {
 
     #[test]
     fn a_changed_or_unset_attribute_is_named_with_both_values() {
-        let reference = norm(&[("epsilon", "1e-5"), ("axis", "-1")]);
+        let reference = norm(&[("epsilon", "1e-5"), ("axis", "1")]);
         assert_eq!(
-            norm(&[("epsilon", "0.1"), ("axis", "-1")]).changes_from(&reference),
+            norm(&[("epsilon", "0.1"), ("axis", "1")]).changes_from(&reference),
             vec!["`epsilon` 1e-5 → 0.1 on `ln`".to_string()]
         );
         assert_eq!(
             norm(&[("epsilon", "1e-5")]).changes_from(&reference),
-            vec!["`axis` -1 → (unset) on `ln`".to_string()]
+            vec!["`axis` 1 → (unset) on `ln`".to_string()]
         );
+        // written at the op's default (-1), or left unset: the same
+        assert!(norm(&[("axis", "-1")]).changes_from(&norm(&[])).is_empty());
         assert!(reference.changes_from(&reference).is_empty());
+    }
+
+    #[test]
+    fn an_attribute_written_at_the_op_s_default_is_no_change() {
+        let conv = |attributes: &[(&str, &str)]| Member {
+            op: "Conv".into(),
+            ..norm(attributes)
+        };
+        let reference = conv(&[("pads", "[1, 1, 1, 1]")]);
+        let written = conv(&[
+            ("pads", "[1, 1, 1, 1]"),
+            ("auto_pad", "\"NOTSET\""),
+            ("group", "1"),
+        ]);
+        assert!(written.changes_from(&reference).is_empty());
+        assert_eq!(
+            conv(&[("pads", "[1, 1, 1, 1]"), ("auto_pad", "\"SAME_UPPER\"")])
+                .changes_from(&reference),
+            vec!["`auto_pad` (unset) → \"SAME_UPPER\" on `ln`".to_string()]
+        );
     }
 }
