@@ -64,19 +64,20 @@ def run(model: Path, reference: str, target: str) -> dict:
 
 
 def changed(report: dict) -> str:
-    """The layers whose own computation changed (re-run alone on the same inputs), by op:
-    `LayerNormalization ×25 (up to 2.6e-6)`; or what else moved."""
+    """The layers whose value and own computation changed (re-run alone on the same inputs),
+    by op: `LayerNormalization ×25 (up to 2.6e-6)`; or what else moved."""
     by_op: dict[str, list[float]] = defaultdict(list)
     moved = 0
     for layer in report["layers"]:
         if layer["status"] != "compared":
             continue
         local, accumulated = layer.get("local"), layer.get("accumulated")
+        if not (accumulated and accumulated["max_abs_diff"] > 0):
+            continue  # the same value on both releases: nothing of its own changed in the run
+        moved += 1
         if local and local["max_abs_diff"] > 0:
             op = (layer.get("location") or {}).get("op") or "?"
             by_op[op].append(local["max_abs_diff"])
-        if accumulated and accumulated["max_abs_diff"] > 0:
-            moved += 1
     if by_op:
         parts = [f"{op} ×{len(d)} (up to {max(d):.1e})" for op, d in sorted(by_op.items())]
         return ", ".join(parts)
