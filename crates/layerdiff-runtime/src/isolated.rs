@@ -7,6 +7,9 @@
 //! The worker is this program again (`layerdiff __worker --runtime SPEC`, or the Python
 //! package's `python -m layerdiff __worker …`, see [`set_worker_command`]): it builds the runtime
 //! from its spelling and answers requests on its standard input and output, one at a time.
+//! A side on another ONNX Runtime library (`ort:lib=PATH`) always runs in a worker, this
+//! program's or, for a release older than the binding's C API, the release's own Python's
+//! (see `release.rs`).
 
 use std::ffi::OsString;
 use std::io::{BufReader, BufWriter, Read};
