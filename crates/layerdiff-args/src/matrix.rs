@@ -137,7 +137,8 @@ pub struct ProvidersArgs {
     #[arg(long, value_delimiter = ',', value_parser = level)]
     pub levels: Vec<OptLevel>,
     /// Other runtimes to measure beside ONNX Runtime's providers, a cell each (comma-separated,
-    /// spelled as for `layerdiff onnx`: `tract`, `openvino`, `openvino:precision=bf16`).
+    /// spelled as for `layerdiff onnx`: `tract`, `openvino`, `openvino:precision=bf16`, another
+    /// ONNX Runtime release or build `ort:lib=PATH`, `ort:opt=all:lib=PATH`).
     #[arg(long, value_delimiter = ',', value_parser = RuntimeSpec::parse)]
     pub runtimes: Vec<RuntimeSpec>,
     /// The inputs, the same for every cell.
