@@ -138,3 +138,15 @@ def test_a_release_is_asked_for_by_package_and_version(tmp_path, monkeypatch, ca
     assert releases.fetch("onnxruntime", "1.30.0") == library
     assert releases.main(["onnxruntime==1.30.0"]) == 0
     assert capsys.readouterr().out == f"ort:lib={library}\n"
+
+
+def test_providers_measures_another_release_beside_this_one(tmp_path):
+    model = _model(tmp_path / "m.onnx")
+    library = _older_release(tmp_path / "venv")
+    out = tmp_path / "cells"
+    result = run_cli("providers", str(model), "--providers", "cpu", "--levels", "disable",
+                     "--runtimes", f"ort:lib={library}", "--out", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    cells = json.loads((out / "providers.json").read_text())["cells"]
+    release = next(c for c in cells if c["target"] == f"ort:lib={library}")
+    assert release["verdict"] == "no_drift", release
