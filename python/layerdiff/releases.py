@@ -79,7 +79,14 @@ def fetch(package: str, version: str, *, quiet: bool = False) -> Path:
             f"cannot install {package}=={version} for this Python "
             f"({sys.version_info.major}.{sys.version_info.minor}): {' / '.join(words)}"
         ) from None
-    partial.rename(folder)
+    # a folder left without its library (removed by hand) gives way; one another run finished
+    # meanwhile stands, and this copy goes
+    if folder.exists() and library_in(folder) is None:
+        shutil.rmtree(folder, ignore_errors=True)
+    try:
+        partial.rename(folder)
+    except OSError:
+        shutil.rmtree(partial, ignore_errors=True)
     library = library_in(folder)
     if library is None:
         shutil.rmtree(folder, ignore_errors=True)
