@@ -53,14 +53,6 @@ impl RuntimeSpec {
         )
     }
 
-    /// The ONNX Runtime library this side runs on where it is not the one layerdiff loads.
-    pub fn release(&self) -> Option<&Path> {
-        match self {
-            Self::Ort(.., release) => release.as_deref(),
-            _ => None,
-        }
-    }
-
     /// Parses `ort[:PROVIDER][:opt=LEVEL][:without=NAME,…][:custom_ops=PATH,…][:lib=PATH][:KEY=VALUE]…`,
     /// `tract`, `openvino[:precision=PRECISION]` or `expected:PATH`.
     pub fn parse(text: &str) -> Result<Self, String> {
