@@ -96,18 +96,18 @@ def read_bandwidth(nbytes: int, repeat: int) -> float:
 
     rng = np.random.default_rng(1)
     cores = os.cpu_count() or 1
-    best = 0.0
+
+    def fastest(dtype, pool) -> float:
+        a = rng.standard_normal(nbytes // np.dtype(dtype).itemsize, dtype=dtype)
+        b = a + dtype(1e-5)
+        bounds = np.linspace(0, a.size, cores + 1, dtype=np.int64)
+        parts = [(a[i:j], b[i:j]) for i, j in zip(bounds[:-1], bounds[1:], strict=True)]
+        split = best_of(lambda: list(pool.map(lambda p: np.dot(*p), parts)), repeat)
+        whole = best_of(lambda: np.dot(a, b), repeat)
+        return 2 * nbytes / min(split, whole)
+
     with ThreadPoolExecutor(cores) as pool:
-        for dtype in (np.float32, np.float64):
-            a = rng.standard_normal(nbytes // np.dtype(dtype).itemsize, dtype=dtype)
-            b = a + dtype(1e-5)
-            bounds = np.linspace(0, a.size, cores + 1, dtype=np.int64)
-            parts = [(a[i:j], b[i:j]) for i, j in zip(bounds[:-1], bounds[1:], strict=True)]
-            split = best_of(lambda: list(pool.map(lambda p: np.dot(*p), parts)), repeat)  # noqa: B023
-            whole = best_of(lambda: np.dot(a, b), repeat)  # noqa: B023
-            best = max(best, 2 * nbytes / min(split, whole))
-            del a, b, parts
-    return best
+        return max(fastest(np.float32, pool), fastest(np.float64, pool))
 
 
 def comparator(elements: int, repeat: int) -> list[dict]:
