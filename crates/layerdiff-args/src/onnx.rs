@@ -70,6 +70,14 @@ pub struct OnnxArgs {
     /// spelled to run without them (`ort:opt=all:without=NchwcTransformer`).
     #[arg(long)]
     pub bisect: bool,
+    /// Run the target's graph unmodified, for a target that cannot show its layers without
+    /// changing what it runs (a compiled engine fuses what no output reads): whole first, then
+    /// on node ranges fed with the reference's values, halved towards the range that deviates
+    /// beyond its precision until one node is left (about log2 of the node count runs), which
+    /// is then compared alone as a per-layer run compares a layer. The report names the node,
+    /// its verdict and cause, every range run and how many runs it took.
+    #[arg(long, conflicts_with_all = ["bisect", "repro"])]
+    pub opaque: bool,
     /// Write a checked minimal reproduction of the headline defect into this folder: the few
     /// nodes that compute its layer (model.onnx), the reference's values at their inputs and of
     /// the layer (inputs.safetensors, expected.safetensors), a repro.py that runs the piece
@@ -130,6 +138,7 @@ impl OnnxArgs {
             repro: self.repro.clone(),
             repro_nodes: self.repro_nodes,
             isolation: self.isolate,
+            opaque: self.opaque,
         })
     }
 }

@@ -149,6 +149,77 @@ impl Bisection {
     }
 }
 
+/// What the search of a target that cannot show its layers found (`--opaque`): its graph run
+/// unmodified, whole, then on node ranges fed with the reference's values, halved towards the
+/// one that deviates beyond its precision until a single node is left, which is then judged
+/// alone as a per-layer run judges a layer.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OpaqueSearch {
+    /// The nodes of the target's graph, in its order.
+    pub nodes: usize,
+    /// Each range the target ran, in order: the first is the whole graph (the check).
+    pub ranges: Vec<RangeTried>,
+    /// The node the ranges narrowed to (`None`: the whole graph is within its precision).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// Its op.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub op: Option<String>,
+    /// How many times the target ran: every range, and the node alone where one was found.
+    pub runs: usize,
+}
+
+/// One range of an opaque search run on the target.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RangeTried {
+    /// Its first node (by name, else op and position).
+    pub first: String,
+    /// Its last node.
+    pub last: String,
+    /// How many nodes it holds.
+    pub nodes: usize,
+    /// The values it hands on (read after it, or the graph's outputs): its only outputs.
+    pub outputs: usize,
+    /// The largest of its outputs' errors as a multiple of what precision explains there.
+    #[serde(serialize_with = "crate::render::float")]
+    pub multiple: f64,
+    /// Whether that is beyond what precision explains.
+    pub deviates: bool,
+}
+
+impl OpaqueSearch {
+    /// The finding in one sentence.
+    pub fn sentence(&self) -> String {
+        let runs = match self.runs {
+            1 => "1 run".to_string(),
+            n => format!("{n} runs"),
+        };
+        let Some(check) = self.ranges.first() else {
+            return format!("no range was run ({runs})");
+        };
+        if !check.deviates {
+            return format!(
+                "the target's whole graph, run unmodified, is within what its precision explains \
+                 at its {} output(s) ({:.2}× at most): no range was searched ({runs})",
+                check.outputs, check.multiple
+            );
+        }
+        let halves = self.ranges.len() - 1;
+        let node = match (&self.node, &self.op) {
+            (Some(node), Some(op)) => format!("`{node}` ({op})"),
+            (Some(node), None) => format!("`{node}`"),
+            _ => "no node".to_string(),
+        };
+        format!(
+            "the target's whole graph, run unmodified, deviates at its outputs ({:.2}× what its \
+             precision explains); {halves} node range(s) of its graph, each run unmodified on the \
+             reference's values, narrowed the {} nodes to {node}, judged alone ({runs}, no output \
+             added to any graph the target ran)",
+            check.multiple, self.nodes
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -40,7 +40,7 @@ pub use baseline::{
     Baseline, DEFECT_MARGIN, HONEST_FACTOR, NarrowIdeal, Reduction, WITHIN_TOLERANCE_MARGIN,
     accumulation_unit, assess_baseline, kernel_allowance, narrow_accumulation_sigma, output_steps,
 };
-pub use bisect::{Bisection, BisectionCheck, smallest_set};
+pub use bisect::{Bisection, BisectionCheck, OpaqueSearch, RangeTried, smallest_set};
 pub use cause::{
     Cause, Evidence, FileDifference, ROUNDING_FACTOR, explain, precision_grid, quantizing_op,
     unseen_differences, weights_fix,

@@ -59,6 +59,10 @@ pub struct Report {
     /// checked by running it that way.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bisection: Option<crate::Bisection>,
+    /// How a target that cannot show its layers was searched (`--opaque`): the node ranges its
+    /// graph ran on unmodified, and the node they narrowed to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub opaque: Option<crate::OpaqueSearch>,
     /// The machine it was made on: with the sides' versions, what decides whether another run
     /// gives the same bytes (see [`crate::Machine`]).
     pub machine: crate::Machine,
@@ -436,6 +440,7 @@ impl Report {
             layers,
             keep_float32: None,
             bisection: None,
+            opaque: None,
             machine: crate::Machine::this(),
             timings: None,
         }

@@ -164,6 +164,7 @@ fn report_on(target: Box<dyn Runtime + Send + Sync>, library: &Path) -> Option<R
         repro: None,
         repro_nodes: 0,
         isolation: Default::default(),
+        opaque: false,
     };
     Some(
         compare_with(&options, target, Some(library))

@@ -26,7 +26,10 @@ pub use error::{Error, Result};
 pub use float64::{to_float64, to_float64_lazy};
 pub use generated::*;
 pub use graph::{Dimension, GraphIndex, NodeInfo, ValueType, tensor_value_info};
-pub use local::{LocalGroup, MAX_GROUP_NODES, attribute_text, is_default_attribute, local_group};
+pub use local::{
+    LocalGroup, MAX_GROUP_NODES, attribute_text, group_of_at_most, is_default_attribute,
+    local_group,
+};
 pub use mapping::{
     CallGroup, LayerCall, LayerMapping, ScopeMapping, ValueMatch, ValueRequest, map_layers,
 };

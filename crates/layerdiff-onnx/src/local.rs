@@ -25,6 +25,17 @@ pub fn local_group(
     value: &str,
     known: &dyn Fn(&str) -> bool,
 ) -> Result<LocalGroup, String> {
+    group_of_at_most(index, value, known, MAX_GROUP_NODES)
+}
+
+/// [`local_group`] of at most `most` nodes: a stretch of a graph, not a layer, where the caller
+/// says how far it may reach.
+pub fn group_of_at_most(
+    index: &GraphIndex,
+    value: &str,
+    known: &dyn Fn(&str) -> bool,
+    most: usize,
+) -> Result<LocalGroup, String> {
     let Some(producer) = index.producer(value) else {
         return Err(format!("`{value}` is not produced by a node"));
     };
@@ -36,9 +47,9 @@ pub fn local_group(
         if !seen.insert(n) {
             continue;
         }
-        if seen.len() > MAX_GROUP_NODES {
+        if seen.len() > most {
             return Err(format!(
-                "more than {MAX_GROUP_NODES} nodes lie between it and the nearest values known on both sides"
+                "more than {most} nodes lie between it and the nearest values known on both sides"
             ));
         }
         nodes.push(n);

@@ -138,6 +138,7 @@ pub fn to_html(report: &Report) -> String {
     out.push_str(&causes(report));
     out.push_str(&keep(report));
     out.push_str(&bisected(report));
+    out.push_str(&opaque(report));
     out.push_str(&table(report));
     let _ = writeln!(out, "<script>{SCRIPT}</script>\n</body></html>");
     out
@@ -338,6 +339,16 @@ fn keep(report: &Report) -> String {
         );
     }
     out
+}
+
+/// How an opaque target was searched, when it was.
+fn opaque(report: &Report) -> String {
+    report.opaque.as_ref().map_or_else(String::new, |o| {
+        format!(
+            "<h2>How the opaque target was searched</h2>\n<p id=\"opaque\">{}.</p>\n",
+            prose(&o.sentence())
+        )
+    })
 }
 
 /// What turns the difference on, when it was bisected.

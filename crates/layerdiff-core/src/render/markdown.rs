@@ -48,6 +48,9 @@ pub fn to_markdown(report: &Report) -> String {
             bisection.sentence()
         );
     }
+    if let Some(search) = &report.opaque {
+        opaque(&mut out, search);
+    }
     notes(&mut out, report);
     out
 }
@@ -376,4 +379,25 @@ fn code(name: &str) -> String {
 /// Text for a table cell: its `|` escaped and line breaks turned into spaces.
 fn cell(text: &str) -> String {
     text.replace('\n', " ").replace('|', "\\|")
+}
+
+/// How an opaque target was searched: the sentence, then each range it ran.
+fn opaque(out: &mut String, search: &crate::OpaqueSearch) {
+    let _ = writeln!(
+        out,
+        "\n## How the opaque target was searched\n\n{}.\n\n| range | nodes | outputs | × precision | deviates |\n|---|---:|---:|---:|---|",
+        search.sentence()
+    );
+    for r in &search.ranges {
+        let _ = writeln!(
+            out,
+            "| {} … {} | {} | {} | {:.3} | {} |",
+            code(&r.first),
+            code(&r.last),
+            r.nodes,
+            r.outputs,
+            r.multiple,
+            if r.deviates { "yes" } else { "no" }
+        );
+    }
 }

@@ -14,6 +14,9 @@ pub fn to_text(report: &Report) -> String {
     if let Some(bisection) = &report.bisection {
         out.push_str(&format!("  bisected: {}\n", bisection.sentence()));
     }
+    if let Some(search) = &report.opaque {
+        out.push_str(&format!("  opaque target: {}\n", search.sentence()));
+    }
     out
 }
 

@@ -167,6 +167,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             layers,
             keep_float32: None,
             bisection: None,
+            opaque: None,
             machine: Machine::this(),
             timings: Some(self.clock.phases()),
         };

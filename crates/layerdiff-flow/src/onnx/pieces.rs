@@ -219,7 +219,7 @@ pub(crate) fn grown(
 }
 
 /// What the piece reads, from the reference: graph inputs as given, the rest as computed.
-fn feeds_of<'a>(
+pub(crate) fn feeds_of<'a>(
     index: &GraphIndex,
     piece: &[usize],
     inputs: &[(String, Tensor)],

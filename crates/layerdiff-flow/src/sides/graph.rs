@@ -20,7 +20,7 @@ use crate::timings::{OWN, RUNTIME, Stopwatch};
 use crate::{Error, Result};
 
 pub mod baseline;
-mod rerun;
+pub(crate) mod rerun;
 pub mod shipped;
 
 use shipped::{Placement, Renames, Shipped};

@@ -225,6 +225,7 @@ fn cell(
         repro: None,
         repro_nodes: 0,
         isolation: options.isolation,
+        opaque: false,
     };
     let mut cell = Cell {
         provider,

@@ -136,15 +136,7 @@ impl GraphSide {
     /// narrower grid the runtime computes that op in (OpenVINO's bfloat16 inference
     /// precision), where known.
     pub(crate) fn computes(&self, node: &layerdiff_onnx::NodeProto) -> Option<DType> {
-        let declared = DType::from_onnx_code(self.index.elem_type(node.output.first()?)?).ok()?;
-        let reduced = self.runtime.reduced_math().and_then(|r| {
-            let grid = r.grid?;
-            r.ops.contains(&node.op_type()).then_some(grid)
-        });
-        match reduced {
-            Some(grid) if declared.is_float() && grid.narrower_than(declared) => Some(grid),
-            _ => Some(declared),
-        }
+        node_computes(&self.index, self.runtime.reduced_math().as_ref(), node)
     }
 
     /// The dtype the target holds `value` in: as [`GraphSide::computes`] says for the node
@@ -159,8 +151,27 @@ impl GraphSide {
     }
 }
 
+/// The dtype `node` of the graph `index` computes its (first) output in on a runtime that
+/// does `reduced` math: its declared element type, or the narrower grid the runtime computes
+/// that op in (OpenVINO's bfloat16 inference precision), where known.
+pub(crate) fn node_computes(
+    index: &layerdiff_onnx::GraphIndex,
+    reduced: Option<&layerdiff_runtime::ReducedMath>,
+    node: &layerdiff_onnx::NodeProto,
+) -> Option<DType> {
+    let declared = DType::from_onnx_code(index.elem_type(node.output.first()?)?).ok()?;
+    let reduced = reduced.and_then(|r| {
+        let grid = r.grid?;
+        r.ops.contains(&node.op_type()).then_some(grid)
+    });
+    match reduced {
+        Some(grid) if declared.is_float() && grid.narrower_than(declared) => Some(grid),
+        _ => Some(declared),
+    }
+}
+
 /// Ops that move or select values without computing new ones: they round nothing.
-fn moves_data(op: &str) -> bool {
+pub(crate) fn moves_data(op: &str) -> bool {
     matches!(
         op,
         "Reshape"

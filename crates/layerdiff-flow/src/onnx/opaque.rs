@@ -1,0 +1,478 @@
+//! `--opaque`: a target that cannot show its layers without changing its graph (a compiled
+//! engine fuses what no output reads; marking every value an output breaks the fusion under
+//! test). Its graph runs unmodified: whole first (the check), then on node ranges fed with the
+//! reference's values, halved towards the range whose outputs deviate beyond what precision
+//! explains until one node is left. That node is then compared alone as a per-layer run compares
+//! a layer (its own error, the same-precision baseline, the causes), and its report is the run's.
+//!
+//! A range's outputs are the values it hands on (read after it, or the graph's own outputs):
+//! the target never computes a value more than the range needs. Each is judged by the
+//! same-precision rule (`layerdiff_core::assess_baseline`) against the range computed exactly
+//! (float64, by the reference's own nodes) on the reference's values rounded to the dtype the
+//! target computes the range in.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use layerdiff_core::{DType, OpaqueSearch, RangeTried, Tensor, assess_baseline};
+use layerdiff_onnx::{GraphIndex, Model, expose_values, extract_nodes, group_of_at_most};
+use layerdiff_runtime::{NodePlacement, Optimized, ReducedMath, Runtime};
+
+use super::pieces::feeds_of;
+use super::setup::{MadeInputs, built, loaded, made_inputs};
+use super::{OnnxOptions, Outcome, compare_on};
+use crate::engine::side::Group;
+use crate::inputs::check_inputs;
+use crate::sides::graph::rerun::{moves_data, node_computes};
+use crate::{Error, GraphBaseline, Result};
+
+/// Compares as `layerdiff onnx --opaque` does: the search, then the node it narrowed to
+/// compared alone (or, where the whole graph is within its precision, its outputs compared),
+/// that report carrying the search. `target`: a runtime of one's own instead of the options'.
+pub(crate) fn compare(
+    options: &OnnxOptions,
+    target: Option<Box<dyn Runtime + Send + Sync>>,
+    ort_library: Option<&Path>,
+    progress: bool,
+) -> Result<Outcome> {
+    let loaded = loaded(options, &[])?;
+    let reference_model = loaded.reference_model;
+    let target_model = loaded
+        .target_model
+        .unwrap_or_else(|| reference_model.clone());
+    let refuse = |side: &str| {
+        Error::Usage(format!(
+            "--opaque runs the target on the reference's values: the {side} must be a runtime, not a file of values"
+        ))
+    };
+    let reference =
+        built(&options.reference, options, ort_library)?.ok_or_else(|| refuse("reference"))?;
+    let target = match target {
+        Some(own) => own,
+        None => {
+            built(&options.target_spec(), options, ort_library)?.ok_or_else(|| refuse("target"))?
+        }
+    };
+    let target = Counted::new(target);
+    let MadeInputs { inputs, .. } = made_inputs(options, &reference_model, None)?;
+    let index = GraphIndex::new(target_model.graph());
+    check_inputs(&index, &inputs)?;
+    let search = Search {
+        reference_index: GraphIndex::new(reference_model.graph()),
+        values: reference_values(&reference_model, reference.as_ref(), &inputs)?,
+        baseline: GraphBaseline::new(&reference_model, ort_library)?,
+        reduced: target.reduced_math(),
+        index,
+        model: &target_model,
+        target: &target,
+        inputs: &inputs,
+    };
+    let say = |line: String| {
+        if progress {
+            eprintln!("{line}");
+        }
+    };
+    let (ranges, node) = search.bisect(&say)?;
+    let mut found = OpaqueSearch {
+        nodes: search.index.nodes().len(),
+        ranges,
+        node: node.map(|n| search.name(n)),
+        op: node.map(|n| search.index.nodes()[n].op_type.clone()),
+        runs: 0,
+    };
+    let folder =
+        tempfile::tempdir().map_err(|e| Error::Usage(format!("no temporary folder: {e}")))?;
+    let mut outcome = match node {
+        Some(n) => search.node_alone(options, n, folder.path(), ort_library, &target)?,
+        None => search.outputs_compared(options, ort_library, &target)?,
+    };
+    drop(search);
+    found.runs = target.runs();
+    outcome.report.model = super::file_name(&options.model);
+    outcome.report.opaque = Some(found);
+    Ok(outcome)
+}
+
+/// The search's state: the target's graph, the reference's values of every value, and the
+/// float64 reference for each range's exact value.
+struct Search<'a> {
+    index: GraphIndex,
+    reference_index: GraphIndex,
+    model: &'a Model,
+    target: &'a Counted,
+    reduced: Option<ReducedMath>,
+    inputs: &'a [(String, Tensor)],
+    values: Vec<(String, Tensor)>,
+    baseline: GraphBaseline,
+}
+
+impl Search<'_> {
+    /// The whole graph, then halves of the range known to deviate, first half tried: the
+    /// ranges run, and the node left (`None` when the whole graph is within its precision).
+    fn bisect(&self, say: &dyn Fn(String)) -> Result<(Vec<RangeTried>, Option<usize>)> {
+        let (mut lo, mut hi) = (0, self.index.nodes().len());
+        let whole = self.range(lo, hi)?;
+        say(format!(
+            "opaque: the whole graph, run unmodified: {:.2}× what its precision explains",
+            whole.multiple
+        ));
+        let deviates = whole.deviates;
+        let mut ranges = vec![whole];
+        if !deviates {
+            return Ok((ranges, None));
+        }
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            let first = self.range(lo, mid)?;
+            say(format!(
+                "opaque: nodes {lo}..{mid} of {}: {:.2}×",
+                self.index.nodes().len(),
+                first.multiple
+            ));
+            if first.deviates {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+            ranges.push(first);
+        }
+        Ok((ranges, Some(lo)))
+    }
+
+    /// Nodes `lo..hi` run on the target fed with the reference's values, each value they hand
+    /// on judged against what precision explains there.
+    fn range(&self, lo: usize, hi: usize) -> Result<RangeTried> {
+        let nodes: Vec<usize> = (lo..hi).collect();
+        let produced: HashSet<&str> = nodes
+            .iter()
+            .flat_map(|&n| self.index.nodes()[n].outputs.iter().map(String::as_str))
+            .filter(|v| !v.is_empty())
+            .collect();
+        let outputs = self.handed_on(lo, hi, &produced);
+        let tried = |multiple: f64, deviates: bool| RangeTried {
+            first: self.name(lo),
+            last: self.name(hi - 1),
+            nodes: hi - lo,
+            outputs: outputs.len(),
+            multiple,
+            deviates,
+        };
+        if outputs.is_empty() {
+            return Ok(tried(0.0, false));
+        }
+        let value_of = |name: &str| self.value(name);
+        let feeds = feeds_of(&self.index, &nodes, self.inputs, &value_of)?;
+        let whole = lo == 0 && hi == self.index.nodes().len();
+        // The whole graph runs as the file holds it; a range as its own graph.
+        let got = if whole {
+            self.target.run(self.model, self.inputs, &outputs)?
+        } else {
+            let piece = extract_nodes(self.model, &nodes, &outputs, &feeds)?;
+            self.target.run(&piece, &feeds, &outputs)?
+        };
+        let grid = self.grid(&nodes);
+        let known = |v: &str| !produced.contains(v);
+        let mut worst = 0.0f64;
+        let mut deviates = false;
+        for (name, own) in &got {
+            let reference = self.value(name).ok_or_else(|| missing(name))?;
+            let fed = |n: &str| {
+                let t = self
+                    .value(n)
+                    .ok_or_else(|| format!("no reference value `{n}`"))?;
+                Ok((t, self.holds(n).unwrap_or(t.dtype)))
+            };
+            // the whole stretch behind the value, however long: the range is what is judged
+            let group = group_of_at_most(&self.reference_index, name, &known, usize::MAX)
+                .map_err(|why| Error::Usage(format!("`{name}` cannot be computed alone: {why}")))?;
+            let stages = self.stages(&group.nodes, grid);
+            let group = Group {
+                members: group.nodes,
+                inputs: group.inputs,
+            };
+            let exact = self.baseline.group_exact(&group, name, grid, &fed).map_err(|why| {
+                Error::Usage(format!(
+                    "the float64 reference could not compute `{name}` from the range's inputs: {why}"
+                ))
+            })?;
+            let judged = assess_baseline(
+                reference.view(),
+                own.view(),
+                exact.view(),
+                grid,
+                stages,
+                false,
+                None,
+            )?;
+            worst = worst.max(judged.multiple);
+            deviates |= judged.beyond();
+        }
+        Ok(tried(worst, deviates))
+    }
+
+    /// The values nodes `lo..hi` hand on: read by a node after them, or graph outputs, in the
+    /// order the nodes produce them (those the reference also has; the others it cannot judge).
+    fn handed_on(&self, lo: usize, hi: usize, produced: &HashSet<&str>) -> Vec<String> {
+        let outputs: HashSet<&str> = self
+            .index
+            .graph_outputs()
+            .iter()
+            .map(String::as_str)
+            .collect();
+        let mut handed: Vec<String> = Vec::new();
+        for n in lo..hi {
+            for value in &self.index.nodes()[n].outputs {
+                let read_after = self.index.consumers(value).any(|c| c.index >= hi);
+                if produced.contains(value.as_str())
+                    && (read_after || outputs.contains(value.as_str()))
+                    && self.value(value).is_some()
+                    && !handed.contains(value)
+                {
+                    handed.push(value.clone());
+                }
+            }
+        }
+        handed
+    }
+
+    /// The narrowest dtype the target computes `nodes` in.
+    fn grid(&self, nodes: &[usize]) -> DType {
+        let graph = self.model.graph();
+        nodes
+            .iter()
+            .map(|&n| &graph.node[n])
+            .filter(|node| !moves_data(node.op_type()))
+            .filter_map(|node| node_computes(&self.index, self.reduced.as_ref(), node))
+            .filter(|d| d.is_float())
+            .reduce(|a, b| if b.narrower_than(a) { b } else { a })
+            .unwrap_or(DType::F32)
+    }
+
+    /// The dtype the target holds `value` in.
+    fn holds(&self, value: &str) -> Option<DType> {
+        match self.index.producer(value) {
+            Some(info) => node_computes(
+                &self.index,
+                self.reduced.as_ref(),
+                &self.model.graph().node[info.index],
+            ),
+            None => DType::from_onnx_code(self.index.elem_type(value)?).ok(),
+        }
+    }
+
+    /// Intermediate results an honest kernel chain rounds to `grid` computing a value by the
+    /// reference's `nodes`: the target's computing nodes among them, less one.
+    fn stages(&self, nodes: &[usize], grid: DType) -> u32 {
+        let graph = self.model.graph();
+        let computing = nodes
+            .iter()
+            .filter_map(|&n| {
+                let name = self.reference_index.nodes()[n].outputs.first()?;
+                let mine = self.index.producer(name)?;
+                let node = &graph.node[mine.index];
+                (!moves_data(node.op_type()))
+                    .then(|| node_computes(&self.index, self.reduced.as_ref(), node))
+                    .flatten()
+            })
+            .filter(|&d| d == grid)
+            .count();
+        u32::try_from(computing.saturating_sub(1)).unwrap_or(u32::MAX)
+    }
+
+    fn value(&self, name: &str) -> Option<&Tensor> {
+        self.inputs
+            .iter()
+            .chain(&self.values)
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t)
+    }
+
+    /// Node `n` in words: its name, else its op and position.
+    fn name(&self, n: usize) -> String {
+        let node = &self.index.nodes()[n];
+        if node.name.is_empty() {
+            format!("{}#{n}", node.op_type)
+        } else {
+            node.name.clone()
+        }
+    }
+
+    /// Node `n` alone, compared as a per-layer run compares a layer: the reference's node and
+    /// the target's, each in a file of its own, fed with the reference's values.
+    fn node_alone(
+        &self,
+        options: &OnnxOptions,
+        n: usize,
+        folder: &Path,
+        ort_library: Option<&Path>,
+        target: &Counted,
+    ) -> Result<Outcome> {
+        let node = &self.index.nodes()[n];
+        let outputs: Vec<String> = node
+            .outputs
+            .iter()
+            .filter(|v| !v.is_empty() && self.value(v).is_some())
+            .cloned()
+            .collect();
+        let value_of = |name: &str| self.value(name);
+        let feeds = feeds_of(&self.index, &[n], self.inputs, &value_of)?;
+        let theirs = outputs
+            .first()
+            .and_then(|v| self.reference_index.producer(v))
+            .map(|p| p.index)
+            .ok_or_else(|| {
+                Error::Usage(format!(
+                    "the reference's file has no node that computes `{}`, the target's node the search narrowed to",
+                    self.name(n)
+                ))
+            })?;
+        // each piece named as its file, in a folder of its own
+        let write = |side: &str, file: &Path, model: &Model| -> Result<std::path::PathBuf> {
+            let path = folder.join(side);
+            std::fs::create_dir_all(&path).map_err(|source| Error::Write {
+                path: path.clone(),
+                source,
+            })?;
+            let path = path.join(file.file_name().unwrap_or(side.as_ref()));
+            std::fs::write(&path, model.to_bytes()).map_err(|source| Error::Write {
+                path: path.clone(),
+                source,
+            })?;
+            Ok(path)
+        };
+        let reference_file = options.model.clone();
+        let reference_model = Model::load(&reference_file)?;
+        let mine = extract_nodes(self.model, &[n], &outputs, &feeds)?;
+        let reference_piece = extract_nodes(&reference_model, &[theirs], &outputs, &feeds)?;
+        let inputs_path = folder.join("inputs.safetensors");
+        layerdiff_core::write_safetensors(&inputs_path, &feeds, Default::default())?;
+        let piece = OnnxOptions {
+            model: write("reference", &reference_file, &reference_piece)?,
+            vs: options
+                .vs
+                .as_ref()
+                .map(|file| write("target", file, &mine))
+                .transpose()?,
+            inputs: Some(inputs_path),
+            opaque: false,
+            bisect: false,
+            repro: None,
+            ..options.clone()
+        };
+        compare_on(&piece, Some(Box::new(target.share())), ort_library, false)
+    }
+
+    /// The graph's outputs compared as a per-layer run compares a layer, the target running
+    /// its graph as the file holds it (only its outputs asked for): the run's report where the
+    /// whole graph is within its precision.
+    fn outputs_compared(
+        &self,
+        options: &OnnxOptions,
+        ort_library: Option<&Path>,
+        target: &Counted,
+    ) -> Result<Outcome> {
+        let checked = OnnxOptions {
+            opaque: false,
+            ..options.clone()
+        };
+        super::compare_once(
+            &checked,
+            Some(Box::new(target.share())),
+            ort_library,
+            false,
+            &[],
+            true,
+        )
+    }
+}
+
+/// Every value the reference's graph computes, in one run.
+fn reference_values(
+    model: &Model,
+    reference: &(dyn Runtime + Send + Sync),
+    inputs: &[(String, Tensor)],
+) -> Result<Vec<(String, Tensor)>> {
+    let mut wanted: Vec<String> = Vec::new();
+    for node in &model.graph().node {
+        for value in &node.output {
+            if !value.is_empty() && !wanted.contains(value) {
+                wanted.push(value.clone());
+            }
+        }
+    }
+    let mut exposed = model.clone();
+    expose_values(&mut exposed, &wanted)?;
+    Ok(reference.run(&exposed, inputs, &wanted)?)
+}
+
+fn missing(name: &str) -> Error {
+    Error::Usage(format!("the reference has no value `{name}`"))
+}
+
+/// The target's runtime, every run counted (what the search reports). Shared with the
+/// per-layer comparison of the node alone, so its runs count too.
+struct Counted {
+    runtime: std::sync::Arc<dyn Runtime + Send + Sync>,
+    runs: std::sync::Arc<AtomicUsize>,
+}
+
+impl Counted {
+    fn new(runtime: Box<dyn Runtime + Send + Sync>) -> Self {
+        Self {
+            runtime: runtime.into(),
+            runs: Default::default(),
+        }
+    }
+
+    /// Another handle on the same runtime and counts.
+    fn share(&self) -> Self {
+        Self {
+            runtime: self.runtime.clone(),
+            runs: self.runs.clone(),
+        }
+    }
+
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::Relaxed)
+    }
+}
+
+impl Runtime for Counted {
+    fn name(&self) -> &str {
+        self.runtime.name()
+    }
+    fn detail(&self) -> String {
+        self.runtime.detail()
+    }
+    fn options(&self) -> Vec<(String, String)> {
+        self.runtime.options()
+    }
+    fn reduced_math(&self) -> Option<ReducedMath> {
+        self.runtime.reduced_math()
+    }
+    fn kernels_per_graph(&self) -> Option<&'static str> {
+        self.runtime.kernels_per_graph()
+    }
+    fn casts_half_per_graph(&self) -> bool {
+        self.runtime.casts_half_per_graph()
+    }
+    fn rewrites(&self) -> bool {
+        self.runtime.rewrites()
+    }
+    fn optimize(&self, model: &Model) -> layerdiff_runtime::Result<Option<Optimized>> {
+        self.runtime.optimize(model)
+    }
+    fn placement(&self, model: &Model, inputs: &[(String, Tensor)]) -> Option<NodePlacement> {
+        self.runtime.placement(model, inputs)
+    }
+    fn run(
+        &self,
+        model: &Model,
+        inputs: &[(String, Tensor)],
+        outputs: &[String],
+    ) -> layerdiff_runtime::Result<Vec<(String, Tensor)>> {
+        self.runs.fetch_add(1, Ordering::Relaxed);
+        self.runtime.run(model, inputs, outputs)
+    }
+}
