@@ -93,10 +93,7 @@ pub struct BisectionCheck {
 impl Bisection {
     /// The finding in one sentence.
     pub fn sentence(&self) -> String {
-        let runs = match self.runs {
-            1 => "1 run".to_string(),
-            n => format!("{n} runs"),
-        };
+        let runs = runs(self.runs);
         let names: Vec<String> = self.responsible.iter().map(|n| format!("`{n}`")).collect();
         let names = names.join(", ");
         let check = &self.check;
@@ -190,21 +187,22 @@ pub struct RangeTried {
 impl OpaqueSearch {
     /// The finding in one sentence.
     pub fn sentence(&self) -> String {
-        let runs = match self.runs {
-            1 => "1 run".to_string(),
-            n => format!("{n} runs"),
-        };
         let Some(check) = self.ranges.first() else {
-            return format!("no range was run ({runs})");
+            return format!("no range was run ({})", runs(self.runs));
         };
+        // the runs beyond the ranges' are the node's (or the outputs') own comparison
+        let compared = self.runs.saturating_sub(self.ranges.len());
         if !check.deviates {
             return format!(
                 "the target's whole graph, run unmodified, is within what its precision explains \
-                 at its {} output(s) ({:.2}× at most): no range was searched ({runs})",
-                check.outputs, check.multiple
+                 at its {} output(s) ({:.2}× at most), so no range was searched ({}, and {} to \
+                 compare its outputs)",
+                check.outputs,
+                check.multiple,
+                runs(1),
+                runs(compared)
             );
         }
-        let halves = self.ranges.len() - 1;
         let node = match (&self.node, &self.op) {
             (Some(node), Some(op)) => format!("`{node}` ({op})"),
             (Some(node), None) => format!("`{node}`"),
@@ -212,11 +210,23 @@ impl OpaqueSearch {
         };
         format!(
             "the target's whole graph, run unmodified, deviates at its outputs ({:.2}× what its \
-             precision explains); {halves} node range(s) of its graph, each run unmodified on the \
-             reference's values, narrowed the {} nodes to {node}, judged alone ({runs}, no output \
-             added to any graph the target ran)",
-            check.multiple, self.nodes
+             precision explains); {} node range(s) of its graph, each run unmodified on the \
+             reference's values, narrowed its {} nodes to {node} ({} in all, the check included, \
+             then {} to compare the node alone; no graph the target ran was asked for a value its \
+             own nodes read)",
+            check.multiple,
+            self.ranges.len() - 1,
+            self.nodes,
+            runs(self.ranges.len()),
+            runs(compared)
         )
+    }
+}
+
+fn runs(n: usize) -> String {
+    match n {
+        1 => "1 run".to_string(),
+        n => format!("{n} runs"),
     }
 }
 

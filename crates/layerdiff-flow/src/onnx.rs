@@ -195,6 +195,12 @@ fn compare_once(
     } = made_inputs(options, &reference_model, stored)?;
     clock.lap("making inputs", OWN);
     check_inputs(&GraphIndex::new(reference_model.graph()), &inputs)?;
+    // only the outputs compared: each one's layer is the graph behind it, however large
+    let reach = if outputs_only {
+        usize::MAX
+    } else {
+        MAX_GROUP_NODES
+    };
     let mut renames = crate::sides::graph::shipped::Renames::default();
     let target_holds = target_expected.as_ref().map(ExpectedSide::names);
     // The graph the target runs (optimized, where its runtime optimizes), to align with.
@@ -211,7 +217,8 @@ fn compare_once(
                 inputs: &inputs,
                 other: options.vs.is_some(),
             };
-            let side = graph_target(&reference_model, file, runtime, ort_library, &mut clock)?;
+            let side = graph_target(&reference_model, file, runtime, ort_library, &mut clock)?
+                .reaching(reach);
             renames = side.renames.clone();
             let graph = side.index.clone();
             (Box::new(side) as Box<dyn Side>, graph)
@@ -227,7 +234,7 @@ fn compare_once(
             && (!outputs_only || outputs.iter().any(|o| o == r))
     };
     let alignment = align(&reference_model, &target_graph, &renames, &provides);
-    let float64 = float64_sides(options, &reference_model, &inputs, ort_library)?;
+    let float64 = float64_sides(options, &reference_model, &inputs, ort_library, reach)?;
     let subgraphs = subgraphs_note(reference_model.graph());
     let reference = match (reference_expected, reference_runtime) {
         (Some(expected), _) => Box::new(expected.given(&inputs)) as Box<dyn Side>,

@@ -11,7 +11,7 @@
 //! (float64, by the reference's own nodes) on the reference's values rounded to the dtype the
 //! target computes the range in.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -173,35 +173,18 @@ impl Search<'_> {
         };
         let grid = self.grid(&nodes);
         let known = |v: &str| !produced.contains(v);
+        let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+        let ideal = self.ideal_chain(&names, &known)?;
         let mut worst = 0.0f64;
         let mut deviates = false;
-        for (name, own) in &got {
+        for ((name, own), exact) in got.iter().zip(&ideal) {
             let reference = self.value(name).ok_or_else(|| missing(name))?;
-            let fed = |n: &str| {
-                let t = self
-                    .value(n)
-                    .ok_or_else(|| format!("no reference value `{n}`"))?;
-                Ok((t, self.holds(n).unwrap_or(t.dtype)))
-            };
-            // the whole stretch behind the value, however long: the range is what is judged
-            let group = group_of_at_most(&self.reference_index, name, &known, usize::MAX)
-                .map_err(|why| Error::Usage(format!("`{name}` cannot be computed alone: {why}")))?;
-            let stages = self.stages(&group.nodes, grid);
-            let group = Group {
-                members: group.nodes,
-                inputs: group.inputs,
-            };
-            let exact = self.baseline.group_exact(&group, name, grid, &fed).map_err(|why| {
-                Error::Usage(format!(
-                    "the float64 reference could not compute `{name}` from the range's inputs: {why}"
-                ))
-            })?;
             let judged = assess_baseline(
                 reference.view(),
                 own.view(),
                 exact.view(),
-                grid,
-                stages,
+                self.holds(name).unwrap_or(grid),
+                0,
                 false,
                 None,
             )?;
@@ -209,6 +192,75 @@ impl Search<'_> {
             deviates |= judged.beyond();
         }
         Ok(tried(worst, deviates))
+    }
+
+    /// `values` as an ideal implementation at the target's precision computes them from the
+    /// `known` values (the reference's): the reference's nodes behind them, one at a time, each
+    /// exactly (float64) on its inputs rounded to the dtype the target holds them in, weights
+    /// rounded to the dtype it computes in. Rounding every value along the way, as the target
+    /// does, is what makes a long range's honest error measurable: an allowance by the count
+    /// of its roundings would let a whole graph in bfloat16 hide anything.
+    fn ideal_chain(&self, values: &[&str], known: &dyn Fn(&str) -> bool) -> Result<Vec<Tensor>> {
+        let mut nodes: Vec<usize> = Vec::new();
+        for value in values {
+            let group = group_of_at_most(&self.reference_index, value, known, usize::MAX).map_err(
+                |why| Error::Usage(format!("`{value}` cannot be computed alone: {why}")),
+            )?;
+            nodes.extend(group.nodes);
+        }
+        nodes.sort_unstable();
+        nodes.dedup();
+        // the last node that reads each value, so that it is dropped once read
+        let mut last_read: HashMap<&str, usize> = HashMap::new();
+        for (k, &n) in nodes.iter().enumerate() {
+            for input in &self.reference_index.nodes()[n].inputs {
+                last_read.insert(input.as_str(), k);
+            }
+        }
+        let mut computed: HashMap<String, Tensor> = HashMap::new();
+        for (k, &n) in nodes.iter().enumerate() {
+            let node = &self.reference_index.nodes()[n];
+            let inputs: Vec<String> = node
+                .inputs
+                .iter()
+                .filter(|i| !i.is_empty() && !self.reference_index.is_initializer(i))
+                .cloned()
+                .collect();
+            let fed = |name: &str| {
+                let t = computed
+                    .get(name)
+                    .or_else(|| self.value(name))
+                    .ok_or_else(|| format!("no value `{name}`"))?;
+                Ok((t, self.holds(name).unwrap_or(t.dtype)))
+            };
+            let group = Group {
+                members: vec![n],
+                inputs,
+            };
+            let mut outputs = Vec::new();
+            for out in node.outputs.iter().filter(|o| !o.is_empty()) {
+                let read = last_read.contains_key(out.as_str()) || values.contains(&out.as_str());
+                if !read {
+                    continue;
+                }
+                let grid = self.holds(out).unwrap_or(DType::F32);
+                let exact = self.baseline.group_exact(&group, out, grid, &fed).map_err(|why| {
+                    Error::Usage(format!(
+                        "the float64 reference could not compute `{out}` on the range's inputs: {why}"
+                    ))
+                })?;
+                outputs.push((out.clone(), exact));
+            }
+            computed.extend(outputs);
+            computed.retain(|name, _| {
+                values.contains(&name.as_str())
+                    || last_read.get(name.as_str()).is_some_and(|&r| r > k)
+            });
+        }
+        values
+            .iter()
+            .map(|v| computed.remove(*v).ok_or_else(|| missing(v)))
+            .collect()
     }
 
     /// The values nodes `lo..hi` hand on: read by a node after them, or graph outputs, in the
@@ -259,25 +311,6 @@ impl Search<'_> {
             ),
             None => DType::from_onnx_code(self.index.elem_type(value)?).ok(),
         }
-    }
-
-    /// Intermediate results an honest kernel chain rounds to `grid` computing a value by the
-    /// reference's `nodes`: the target's computing nodes among them, less one.
-    fn stages(&self, nodes: &[usize], grid: DType) -> u32 {
-        let graph = self.model.graph();
-        let computing = nodes
-            .iter()
-            .filter_map(|&n| {
-                let name = self.reference_index.nodes()[n].outputs.first()?;
-                let mine = self.index.producer(name)?;
-                let node = &graph.node[mine.index];
-                (!moves_data(node.op_type()))
-                    .then(|| node_computes(&self.index, self.reduced.as_ref(), node))
-                    .flatten()
-            })
-            .filter(|&d| d == grid)
-            .count();
-        u32::try_from(computing.saturating_sub(1)).unwrap_or(u32::MAX)
     }
 
     fn value(&self, name: &str) -> Option<&Tensor> {

@@ -103,12 +103,13 @@ pub(super) fn loaded(options: &OnnxOptions, lacks: &[Lacking]) -> Result<Loaded>
 pub(super) type Float64Sides = (Option<FallbackSide>, Option<Box<dyn Baseline>>);
 
 /// The float64 computations the settings ask for: the reference graph run whole in float64
-/// (the truth), and each node's same-precision baseline.
+/// (the truth), and each node's same-precision baseline, of groups of up to `reach` nodes.
 pub(super) fn float64_sides(
     options: &OnnxOptions,
     reference_model: &Model,
     inputs: &[(String, Tensor)],
     ort_library: Option<&Path>,
+    reach: usize,
 ) -> Result<Float64Sides> {
     let truth = if options.settings.truth() {
         Some(float64_truth(
@@ -125,7 +126,7 @@ pub(super) fn float64_sides(
         .baseline()
         .then(|| GraphBaseline::new(reference_model, ort_library))
         .transpose()?
-        .map(|b| Box::new(b) as Box<dyn Baseline>);
+        .map(|b| Box::new(b.reaching(reach)) as Box<dyn Baseline>);
     Ok((truth, baseline))
 }
 

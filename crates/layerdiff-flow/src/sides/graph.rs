@@ -65,6 +65,9 @@ pub struct GraphSide {
     /// The file the runtime optimized into the graph this side runs, and its index (made on
     /// first use).
     optimized_from: Option<(Model, std::sync::OnceLock<GraphIndex>)>,
+    /// The most nodes a layer's group may hold ([`layerdiff_onnx::MAX_GROUP_NODES`], unless
+    /// the flow compares only a graph's outputs: then the group is the graph).
+    pub(crate) reach: usize,
 }
 
 /// A side's own graph in float64, made on first use: a layer whose own error is beyond what
@@ -99,7 +102,14 @@ impl GraphSide {
             notes: Vec::new(),
             as_written: None,
             optimized_from: None,
+            reach: layerdiff_onnx::MAX_GROUP_NODES,
         }
+    }
+
+    /// The side with groups of up to `most` nodes re-run as one layer.
+    pub(crate) fn reaching(mut self, most: usize) -> Self {
+        self.reach = most;
+        self
     }
 
     /// Computes a layer exactly as this side's file writes it when asked (ONNX Runtime, tract

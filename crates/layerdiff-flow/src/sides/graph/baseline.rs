@@ -49,6 +49,12 @@ impl GraphBaseline {
         })
     }
 
+    /// The baseline with groups of up to `most` nodes (see [`GraphSide::reaching`]).
+    pub(crate) fn reaching(mut self, most: usize) -> Self {
+        self.side = self.side.reaching(most);
+        self
+    }
+
     /// `value` computed exactly by `group` (node indices of the graph this copy was made from)
     /// on `feed`'s values rounded to `grid` or to the dtype they are held in, whichever is
     /// narrower, with the weights rounded to `grid`.

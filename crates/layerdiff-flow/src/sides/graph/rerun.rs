@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use layerdiff_core::{DType, Evidence, Tensor};
-use layerdiff_onnx::{NodeExt, extract_nodes, local_group};
+use layerdiff_onnx::{NodeExt, extract_nodes, group_of_at_most, local_group};
 
 use crate::engine::evidence::{WeightCheckFn, node_member};
 use crate::engine::side::{Group, Member, Recompute};
@@ -17,7 +17,7 @@ mod quantized;
 
 impl Recompute for GraphSide {
     fn local_group(&self, value: &str, known: &dyn Fn(&str) -> bool) -> Result<Group, String> {
-        let found = local_group(&self.index, value, known)?;
+        let found = group_of_at_most(&self.index, value, known, self.reach)?;
         Ok(Group {
             members: found.nodes,
             inputs: found.inputs,

@@ -1,0 +1,79 @@
+"""`layerdiff onnx --opaque`: a target that cannot show its layers without changing what it
+runs, searched by node ranges of its graph run unmodified. OpenVINO is the first such side:
+its compiled graph fuses what no output reads. A weight edited in the target's file is found at
+its node in about log2 of the node count range runs, with the verdict and cause the per-layer
+run gives; a clean file is one check of its outputs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install openvino)")
+
+from faults import scale_weight  # noqa: E402
+from test_onnx_command import report_of  # noqa: E402
+
+
+@pytest.mark.parametrize("target", ["openvino", "openvino:precision=f32"])
+def test_a_weight_edited_in_the_target_file_is_found_at_its_node(resnet18_onnx, tmp_path, target):
+    clean = resnet18_onnx["dynamo"]
+    graph = onnx.load(str(clean)).graph
+    conv = [n for n in graph.node if n.op_type == "Conv"][9]
+    bug = scale_weight(clean, tmp_path / "bug.onnx", conv.output[0], 1.03)
+    args = (str(clean), "--vs", str(bug), "--target", target)
+    result, report = report_of(tmp_path, *args, "--opaque")
+    assert result.returncode == 1, result.stdout + result.stderr
+    search = report["opaque"]
+    assert search["node"] == conv.name and search["op"] == "Conv", search
+    nodes = len(graph.node)
+    assert search["nodes"] == nodes
+    # the check, then one range per halving
+    halvings = len(search["ranges"]) - 1
+    assert math.floor(math.log2(nodes)) <= halvings <= math.ceil(math.log2(nodes)), search
+    assert search["runs"] > len(search["ranges"])  # and the node's own comparison
+    assert search["ranges"][0]["deviates"] and search["ranges"][0]["nodes"] == nodes
+    # the node alone, judged as the per-layer run judges a layer
+    s = report["summary"]
+    assert s["drift_origin"] == conv.output[0]
+    assert [d["cause"] for d in s["defects"]] == ["weight_mismatch"], s["defects"]
+    assert f"`{conv.name}` (Conv)" in result.stdout, result.stdout
+    # and the per-layer run agrees
+    _, per_layer = report_of(tmp_path, *args)
+    assert per_layer["summary"]["drift_origin"] == conv.output[0]
+    assert "opaque" not in per_layer
+
+
+def test_a_clean_file_is_one_check_of_its_outputs(resnet18_onnx, tmp_path):
+    result, report = report_of(
+        tmp_path, str(resnet18_onnx["dynamo"]), "--target", "openvino", "--opaque"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    search = report["opaque"]
+    assert len(search["ranges"]) == 1 and not search["ranges"][0]["deviates"], search
+    assert "node" not in search
+    s = report["summary"]
+    assert s["verdict"] in ("no_drift", "precision") and not s["defects"], s
+    assert [layer["name"] for layer in report["layers"]] == ["linear"]
+    assert "no range was searched" in result.stdout
+
+
+def test_opaque_takes_no_file_of_values_and_no_bisection(resnet18_onnx, tmp_path):
+    model = str(resnet18_onnx["dynamo"])
+    values = tmp_path / "values.safetensors"
+    values.write_bytes(b"")
+    result, _ = _run(model, "--target", f"expected:{values}", "--opaque")
+    assert result.returncode == 2
+    assert "--opaque runs the target on the reference's values" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    result, _ = _run(model, "--target", "openvino", "--opaque", "--bisect")
+    assert result.returncode == 2
+    assert "--bisect" in result.stderr and "--opaque" in result.stderr
+
+
+def _run(*args):
+    from conftest import run_cli
+
+    return run_cli("onnx", *args, "-q"), None
