@@ -196,11 +196,7 @@ fn compare_once(
     clock.lap("making inputs", OWN);
     check_inputs(&GraphIndex::new(reference_model.graph()), &inputs)?;
     // only the outputs compared: each one's layer is the graph behind it, however large
-    let reach = if outputs_only {
-        usize::MAX
-    } else {
-        MAX_GROUP_NODES
-    };
+    let reach = reach_of(outputs_only);
     let mut renames = crate::sides::graph::shipped::Renames::default();
     let target_holds = target_expected.as_ref().map(ExpectedSide::names);
     // The graph the target runs (optimized, where its runtime optimizes), to align with.
@@ -226,24 +222,21 @@ fn compare_once(
         (None, None) => unreachable!("a side is a runtime or expected values"),
     };
     // A file of expected values holds only some values: compare those (on either side).
-    let outputs = GraphIndex::new(reference_model.graph())
-        .graph_outputs()
-        .to_vec();
+    let outputs = reference_model.graph().output.iter().map(|o| o.name());
+    let outputs: Vec<&str> = outputs.collect();
     let provides = |r: &str, t: Option<&str>| {
         held_by(reference_expected.as_ref(), target_holds.as_deref(), r, t)
-            && (!outputs_only || outputs.iter().any(|o| o == r))
+            && (!outputs_only || outputs.contains(&r))
     };
     let alignment = align(&reference_model, &target_graph, &renames, &provides);
     let float64 = float64_sides(options, &reference_model, &inputs, ort_library, reach)?;
     let subgraphs = subgraphs_note(reference_model.graph());
-    let reference = match (reference_expected, reference_runtime) {
-        (Some(expected), _) => Box::new(expected.given(&inputs)) as Box<dyn Side>,
-        (None, Some(runtime)) => {
-            let label = Some(reference_label);
-            Box::new(GraphSide::new(label, reference_model, runtime, &inputs))
-        }
-        (None, None) => unreachable!("a side is a runtime or expected values"),
-    };
+    let reference = reference_side(
+        (reference_expected, reference_runtime),
+        reference_label,
+        reference_model,
+        &inputs,
+    );
     let header = Header {
         command: "onnx".to_string(),
         model: file_name(&options.model),
@@ -275,6 +268,30 @@ fn compare_once(
         inputs,
         seed,
     })
+}
+
+/// The most nodes a layer's group may hold: every node behind an output where only the
+/// outputs are compared.
+fn reach_of(outputs_only: bool) -> usize {
+    if outputs_only {
+        usize::MAX
+    } else {
+        MAX_GROUP_NODES
+    }
+}
+
+/// The reference as a side: its file of values, or its file run by its runtime.
+fn reference_side(
+    spelled: Spelled,
+    label: String,
+    model: Model,
+    inputs: &[(String, Tensor)],
+) -> Box<dyn Side> {
+    match spelled {
+        (Some(expected), _) => Box::new(expected.given(inputs)),
+        (None, Some(runtime)) => Box::new(GraphSide::new(Some(label), model, runtime, inputs)),
+        (None, None) => unreachable!("a side is a runtime or expected values"),
+    }
 }
 
 /// What a report must say of a graph whose nodes run subgraphs (If, Loop, Scan): such a node

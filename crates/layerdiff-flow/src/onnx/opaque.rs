@@ -13,11 +13,14 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use layerdiff_core::{DType, OpaqueSearch, RangeTried, Tensor, assess_baseline};
 use layerdiff_onnx::{GraphIndex, Model, expose_values, extract_nodes, group_of_at_most};
-use layerdiff_runtime::{NodePlacement, Optimized, ReducedMath, Runtime};
+use layerdiff_runtime::{ReducedMath, Runtime};
+
+mod counted;
+
+use counted::Counted;
 
 use super::pieces::feeds_of;
 use super::setup::{MadeInputs, built, loaded, made_inputs};
@@ -441,71 +444,4 @@ fn reference_values(
 
 fn missing(name: &str) -> Error {
     Error::Usage(format!("the reference has no value `{name}`"))
-}
-
-/// The target's runtime, every run counted (what the search reports). Shared with the
-/// per-layer comparison of the node alone, so its runs count too.
-struct Counted {
-    runtime: std::sync::Arc<dyn Runtime + Send + Sync>,
-    runs: std::sync::Arc<AtomicUsize>,
-}
-
-impl Counted {
-    fn new(runtime: Box<dyn Runtime + Send + Sync>) -> Self {
-        Self {
-            runtime: runtime.into(),
-            runs: Default::default(),
-        }
-    }
-
-    /// Another handle on the same runtime and counts.
-    fn share(&self) -> Self {
-        Self {
-            runtime: self.runtime.clone(),
-            runs: self.runs.clone(),
-        }
-    }
-
-    fn runs(&self) -> usize {
-        self.runs.load(Ordering::Relaxed)
-    }
-}
-
-impl Runtime for Counted {
-    fn name(&self) -> &str {
-        self.runtime.name()
-    }
-    fn detail(&self) -> String {
-        self.runtime.detail()
-    }
-    fn options(&self) -> Vec<(String, String)> {
-        self.runtime.options()
-    }
-    fn reduced_math(&self) -> Option<ReducedMath> {
-        self.runtime.reduced_math()
-    }
-    fn kernels_per_graph(&self) -> Option<&'static str> {
-        self.runtime.kernels_per_graph()
-    }
-    fn casts_half_per_graph(&self) -> bool {
-        self.runtime.casts_half_per_graph()
-    }
-    fn rewrites(&self) -> bool {
-        self.runtime.rewrites()
-    }
-    fn optimize(&self, model: &Model) -> layerdiff_runtime::Result<Option<Optimized>> {
-        self.runtime.optimize(model)
-    }
-    fn placement(&self, model: &Model, inputs: &[(String, Tensor)]) -> Option<NodePlacement> {
-        self.runtime.placement(model, inputs)
-    }
-    fn run(
-        &self,
-        model: &Model,
-        inputs: &[(String, Tensor)],
-        outputs: &[String],
-    ) -> layerdiff_runtime::Result<Vec<(String, Tensor)>> {
-        self.runs.fetch_add(1, Ordering::Relaxed);
-        self.runtime.run(model, inputs, outputs)
-    }
 }
