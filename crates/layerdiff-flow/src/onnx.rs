@@ -20,6 +20,7 @@ use crate::{
     Header, Result, Segmentation, Settings, Shared, Side,
 };
 
+mod exposure;
 mod fusion;
 mod lacking;
 mod pairing;
@@ -198,6 +199,7 @@ fn compare_once(
     // only the outputs compared: each one's layer is the graph behind it, however large
     let reach = reach_of(outputs_only);
     let mut renames = crate::sides::graph::shipped::Renames::default();
+    let mut exposure = None;
     let target_holds = target_expected.as_ref().map(ExpectedSide::names);
     // The graph the target runs (optimized, where its runtime optimizes), to align with.
     let (target, target_graph) = match (target_expected, target_runtime) {
@@ -207,6 +209,11 @@ fn compare_once(
             (Box::new(expected.given(&inputs)) as Box<dyn Side>, index)
         }
         (None, Some(runtime)) => {
+            // a graph of one node fuses nothing; only the outputs compared changes nothing
+            if runtime.compiles_graph() && !outputs_only && target_file.graph().node.len() > 1 {
+                exposure = exposure::note(runtime.as_ref(), target_file, &inputs);
+                clock.lap("the target's graph as written", RUNTIME);
+            }
             let file = TargetFile {
                 model: target_model,
                 label: target_label,
@@ -255,6 +262,7 @@ fn compare_once(
         differences,
         subgraphs,
         batch_note,
+        exposure,
         removed: &removed,
         lacks,
     }

@@ -161,7 +161,19 @@ fn report(planted: Option<&'static str>, opaque: bool) -> Option<(Report, Seen)>
     };
     let folder = tempfile::tempdir().unwrap();
     let options = OnnxOptions {
-        model: chain(folder.path()),
+        opaque,
+        ..options(chain(folder.path()))
+    };
+    let report = compare_with(&options, Box::new(target), Some(&library))
+        .unwrap()
+        .report;
+    Some((report, seen))
+}
+
+/// A per-layer comparison of `model` against the reference, ONNX Runtime on the CPU.
+fn options(model: PathBuf) -> OnnxOptions {
+    OnnxOptions {
+        model,
         vs: None,
         reference: RuntimeSpec::ort_cpu(),
         target: None,
@@ -177,12 +189,8 @@ fn report(planted: Option<&'static str>, opaque: bool) -> Option<(Report, Seen)>
         repro: None,
         repro_nodes: 0,
         isolation: Default::default(),
-        opaque,
-    };
-    let report = compare_with(&options, Box::new(target), Some(&library))
-        .unwrap()
-        .report;
-    Some((report, seen))
+        opaque: false,
+    }
 }
 
 #[test]
@@ -242,4 +250,95 @@ fn a_clean_target_is_one_check_of_its_outputs() {
     for (nodes, read_inside) in seen.lock().unwrap().iter() {
         assert!(read_inside.is_empty(), "{nodes} node(s): {read_inside:?}");
     }
+}
+
+/// ONNX Runtime on the CPU, compiling its graph as OpenVINO does: a graph whose every value is
+/// an output computes its last node 1% otherwise (what it would have fused, it keeps).
+struct Compiling {
+    cpu: Box<dyn Runtime + Send + Sync>,
+}
+
+impl Runtime for Compiling {
+    fn name(&self) -> &str {
+        "compiling"
+    }
+    fn detail(&self) -> String {
+        "onnxruntime CPU, otherwise with every value an output".into()
+    }
+    fn compiles_graph(&self) -> bool {
+        true
+    }
+    fn run(
+        &self,
+        model: &Model,
+        inputs: &[(String, Tensor)],
+        outputs: &[String],
+    ) -> layerdiff_runtime::Result<Vec<(String, Tensor)>> {
+        let mut values = self.cpu.run(model, inputs, outputs)?;
+        if model.graph().output.len() > 1 {
+            for (name, value) in &mut values {
+                if *name == format!("v{NODES}") {
+                    let view = value.view();
+                    let moved: Vec<f64> =
+                        (0..view.numel()).map(|i| view.get_f64(i) * 1.01).collect();
+                    let shape = value.shape.clone();
+                    *value = Tensor::from_f64(value.dtype, &moved)
+                        .reshaped(&shape)
+                        .unwrap();
+                }
+            }
+        }
+        Ok(values)
+    }
+}
+
+#[test]
+fn a_target_that_computes_otherwise_once_every_value_is_an_output_is_said_to() {
+    let Some(library) = library() else {
+        eprintln!("skipped: no onnxruntime wheel in .venv");
+        return;
+    };
+    let folder = tempfile::tempdir().unwrap();
+    let run = |opaque: bool| {
+        let target = Compiling {
+            cpu: RuntimeSpec::ort_cpu().build(Some(&library)).unwrap(),
+        };
+        let options = OnnxOptions {
+            opaque,
+            ..options(chain(folder.path()))
+        };
+        compare_with(&options, Box::new(target), Some(&library))
+            .unwrap()
+            .report
+    };
+    let per_layer = run(false);
+    let warned: Vec<&String> = per_layer
+        .summary
+        .warnings
+        .iter()
+        .filter(|w| w.contains("computes other outputs once every value is an output"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{:?}", per_layer.summary.warnings);
+    assert!(
+        warned[0].contains(&format!("`v{NODES}` moves by up to")),
+        "{}",
+        warned[0]
+    );
+    assert!(
+        warned[0].contains("`--opaque` runs the file's graph unmodified"),
+        "{}",
+        warned[0]
+    );
+    // run unmodified, the graph is clean, and nothing is said of a graph it did not run
+    let opaque = run(true);
+    assert!(opaque.summary.defects.is_empty(), "{:?}", opaque.summary);
+    assert!(
+        !opaque
+            .summary
+            .warnings
+            .iter()
+            .any(|w| w.contains("computes other outputs")),
+        "{:?}",
+        opaque.summary.warnings
+    );
 }

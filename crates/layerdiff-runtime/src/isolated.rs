@@ -361,6 +361,10 @@ impl Runtime for Isolated {
         self.here.rewrites()
     }
 
+    fn compiles_graph(&self) -> bool {
+        self.here.compiles_graph()
+    }
+
     fn optimize(&self, model: &Model) -> Result<Option<Optimized>> {
         if !self.here.rewrites() {
             return Ok(None);

@@ -67,6 +67,13 @@ pub trait Runtime {
     fn rewrites(&self) -> bool {
         false
     }
+    /// Whether it compiles each graph it is given, fusing what no output reads (OpenVINO), so
+    /// that a graph with every value an output computes otherwise than the file's own: the
+    /// flow measures both where it asks for values ([`Runtime::rewrites`] hands back the
+    /// rewritten graph instead, where a runtime can).
+    fn compiles_graph(&self) -> bool {
+        false
+    }
     /// The graph this runtime really runs, when it rewrites a model before running it (ONNX
     /// Runtime above `opt=disable`): the rewritten model as the runtime saves it, and a runtime
     /// that runs it as saved. `None` when the model runs as written.

@@ -205,6 +205,10 @@ impl Runtime for OpenVinoRuntime {
         lowered(&self.resolved)
     }
 
+    fn compiles_graph(&self) -> bool {
+        true
+    }
+
     fn run(
         &self,
         model: &Model,

@@ -214,6 +214,8 @@ pub(super) struct Said<'a> {
     pub(super) differences: Vec<layerdiff_core::FileDifference>,
     pub(super) subgraphs: Option<String>,
     pub(super) batch_note: Option<String>,
+    /// What asking for every value changes in a target that compiles its graph.
+    pub(super) exposure: Option<String>,
     pub(super) removed: &'a std::collections::HashSet<String>,
     pub(super) lacks: &'a [Lacking],
 }
@@ -229,6 +231,7 @@ impl Said<'_> {
         }
         report.summary.warnings.extend(self.subgraphs);
         report.summary.warnings.extend(self.batch_note);
+        report.summary.warnings.extend(self.exposure);
         if !self.lacks.is_empty() {
             lacking::explain(report, self.removed, self.lacks);
         }

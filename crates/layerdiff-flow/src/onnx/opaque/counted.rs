@@ -57,6 +57,9 @@ impl Runtime for Counted {
     fn rewrites(&self) -> bool {
         self.runtime.rewrites()
     }
+    fn compiles_graph(&self) -> bool {
+        self.runtime.compiles_graph()
+    }
     fn optimize(&self, model: &Model) -> layerdiff_runtime::Result<Option<Optimized>> {
         self.runtime.optimize(model)
     }
