@@ -61,7 +61,14 @@ impl Runtime for Counted {
         self.runtime.compiles_graph()
     }
     fn optimize(&self, model: &Model) -> layerdiff_runtime::Result<Option<Optimized>> {
-        self.runtime.optimize(model)
+        // the rewritten graph runs on a runtime of its own: its runs count too
+        Ok(self.runtime.optimize(model)?.map(|mut optimized| {
+            optimized.runtime = Box::new(Counted {
+                runtime: optimized.runtime.into(),
+                runs: self.runs.clone(),
+            });
+            optimized
+        }))
     }
     fn placement(&self, model: &Model, inputs: &[(String, Tensor)]) -> Option<NodePlacement> {
         self.runtime.placement(model, inputs)
