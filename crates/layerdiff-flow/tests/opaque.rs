@@ -95,7 +95,7 @@ fn node(op: &str, inputs: &[&str], out: &str, i: usize) -> NodeProto {
 struct Planted {
     cpu: Box<dyn Runtime + Send + Sync>,
     planted: Option<&'static str>,
-    seen: Arc<Mutex<Vec<(usize, Vec<String>)>>>,
+    seen: Seen,
 }
 
 impl Runtime for Planted {
