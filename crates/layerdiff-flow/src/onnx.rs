@@ -20,7 +20,7 @@ use crate::{
     Header, Result, Segmentation, Settings, Shared, Side,
 };
 
-mod exposure;
+pub(super) mod exposure;
 mod fusion;
 mod lacking;
 mod pairing;
@@ -196,10 +196,8 @@ fn compare_once(
     } = made_inputs(options, &reference_model, stored)?;
     clock.lap("making inputs", OWN);
     check_inputs(&GraphIndex::new(reference_model.graph()), &inputs)?;
-    // only the outputs compared: each one's layer is the graph behind it, however large
     let reach = reach_of(outputs_only);
     let mut renames = crate::sides::graph::shipped::Renames::default();
-    let mut exposure = None;
     let target_holds = target_expected.as_ref().map(ExpectedSide::names);
     // The graph the target runs (optimized, where its runtime optimizes), to align with.
     let (target, target_graph) = match (target_expected, target_runtime) {
@@ -209,16 +207,12 @@ fn compare_once(
             (Box::new(expected.given(&inputs)) as Box<dyn Side>, index)
         }
         (None, Some(runtime)) => {
-            // a graph of one node fuses nothing; only the outputs compared changes nothing
-            if runtime.compiles_graph() && !outputs_only && target_file.graph().node.len() > 1 {
-                exposure = exposure::note(runtime.as_ref(), target_file, &inputs);
-                clock.lap("the target's graph as written", RUNTIME);
-            }
             let file = TargetFile {
                 model: target_model,
                 label: target_label,
                 inputs: &inputs,
                 other: options.vs.is_some(),
+                exposes: !outputs_only,
             };
             let side = graph_target(&reference_model, file, runtime, ort_library, &mut clock)?
                 .reaching(reach);
@@ -230,10 +224,9 @@ fn compare_once(
     };
     // A file of expected values holds only some values: compare those (on either side).
     let outputs = reference_model.graph().output.iter().map(|o| o.name());
-    let outputs: Vec<&str> = outputs.collect();
     let provides = |r: &str, t: Option<&str>| {
         held_by(reference_expected.as_ref(), target_holds.as_deref(), r, t)
-            && (!outputs_only || outputs.contains(&r))
+            && (!outputs_only || outputs.clone().any(|o| o == r))
     };
     let alignment = align(&reference_model, &target_graph, &renames, &provides);
     let float64 = float64_sides(options, &reference_model, &inputs, ort_library, reach)?;
@@ -262,7 +255,6 @@ fn compare_once(
         differences,
         subgraphs,
         batch_note,
-        exposure,
         removed: &removed,
         lacks,
     }

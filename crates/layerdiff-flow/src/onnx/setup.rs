@@ -138,6 +138,9 @@ pub(super) struct TargetFile<'a> {
     pub(super) label: String,
     pub(super) inputs: &'a [(String, Tensor)],
     pub(super) other: bool,
+    /// Whether its values are asked for (not only its outputs): a runtime that compiles its
+    /// graph is then measured with and without them ([`super::exposure`]).
+    pub(super) exposes: bool,
 }
 
 /// The target as a graph run by `runtime`: the graph that ships where the runtime optimizes
@@ -152,8 +155,14 @@ pub(super) fn graph_target(
     clock: &mut Stopwatch,
 ) -> Result<GraphSide> {
     let index = GraphIndex::new(file.model.as_ref().unwrap_or(reference_model).graph());
-    let (inputs, notes) = fit_inputs(&index, file.inputs);
+    let (inputs, mut notes) = fit_inputs(&index, file.inputs);
     check_inputs(&index, &inputs)?;
+    // a graph of one node fuses nothing
+    let model = file.model.as_ref().unwrap_or(reference_model);
+    if runtime.compiles_graph() && file.exposes && model.graph().node.len() > 1 {
+        notes.extend(super::exposure::note(runtime.as_ref(), model, &inputs));
+        clock.lap("the target's graph as written", RUNTIME);
+    }
     let prepared = prepare_target(reference_model, file.model, runtime, &inputs, clock)?;
     if prepared.shipped.is_some() {
         clock.lap("optimizing the target graph", RUNTIME);
@@ -214,8 +223,6 @@ pub(super) struct Said<'a> {
     pub(super) differences: Vec<layerdiff_core::FileDifference>,
     pub(super) subgraphs: Option<String>,
     pub(super) batch_note: Option<String>,
-    /// What asking for every value changes in a target that compiles its graph.
-    pub(super) exposure: Option<String>,
     pub(super) removed: &'a std::collections::HashSet<String>,
     pub(super) lacks: &'a [Lacking],
 }
@@ -231,7 +238,6 @@ impl Said<'_> {
         }
         report.summary.warnings.extend(self.subgraphs);
         report.summary.warnings.extend(self.batch_note);
-        report.summary.warnings.extend(self.exposure);
         if !self.lacks.is_empty() {
             lacking::explain(report, self.removed, self.lacks);
         }
