@@ -150,3 +150,53 @@ def test_providers_measures_another_release_beside_this_one(tmp_path):
     cells = json.loads((out / "providers.json").read_text())["cells"]
     release = next(c for c in cells if c["target"] == f"ort:lib={library}")
     assert release["verdict"] == "no_drift", release
+
+
+@pytest.mark.thorough
+def test_a_kernel_that_changed_between_two_real_releases_is_the_headline(tmp_path):
+    """A vendor's Sigmoid (the test custom-op library) planted 1% off when ONNX Runtime 1.30.0
+    loads it: 1.31 against the real 1.30.0, fetched from PyPI into the user's cache (once),
+    both with the library. The layer where the two releases part is the headline, born there
+    (the layers after it only inherit it), and the report names both releases. No float64
+    kernel computes a vendor's op, so which release is right stays undecided, and says so."""
+    from conftest import faulty_ops_library
+
+    older = releases.fetch("onnxruntime", "1.30.0", quiet=True)
+    ops = faulty_ops_library()
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32) * 0.3, "w")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="matmul"),
+        helper.make_node(
+            "Sigmoid",
+            ["h"],
+            ["s"],
+            name="vendor_sigmoid",
+            domain="layerdiff.test",
+            fault="off_on=1.30.0",
+        ),  # fmt: skip
+        helper.make_node("MatMul", ["s", "w"], ["h2"], name="matmul2"),
+        helper.make_node("Relu", ["h2"], ["y"], name="relu"),
+    ]
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(nodes, "g", [vi("x", TensorProto.FLOAT, [4, 16])],
+                              [vi("y", TensorProto.FLOAT, [4, 16])], [w])  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("layerdiff.test", 1)]
+    model = tmp_path / "vendor.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=9), str(model))
+    code, stderr, report = _run(tmp_path, str(model), "--reference", f"ort:custom_ops={ops}",
+                                "--target", f"ort:lib={older}:custom_ops={ops}")  # fmt: skip
+    assert code == 1, stderr
+    s = report["summary"]
+    assert s["drift_origin"] == "s", s
+    assert "onnxruntime 1.31" in report["reference"]["detail"]
+    assert "onnxruntime 1.30.0" in report["target"]["detail"]
+    layer = next(layer for layer in report["layers"] if layer["name"] == "s")
+    assert layer["local"]["max_abs_diff"] > 1e-3
+    assert "nor which side computes it right" in layer["detail"], layer["detail"]
+    after = [layer for layer in report["layers"] if layer["name"] in ("h2", "y")]
+    assert all(layer["local"]["max_abs_diff"] < 1e-5 for layer in after), after
+    # the same release on both sides: the library computes the same
+    code, stderr, report = _run(tmp_path, str(model), "--reference", f"ort:custom_ops={ops}",
+                                "--target", f"ort:custom_ops={ops}")  # fmt: skip
+    assert code == 0 and report["summary"]["verdict"] == "no_drift", stderr

@@ -1,7 +1,9 @@
 //! A custom-op library for ONNX Runtime, as a vendor ships one: it registers `Sigmoid` in the
 //! domain `layerdiff.test` (float32 in, float32 out). A node's string attribute `fault` makes
 //! its kernel fail the way native code fails: `abort` calls `abort()` (SIGABRT), `segfault`
-//! writes through a null pointer (SIGSEGV); without it the kernel computes the sigmoid.
+//! writes through a null pointer (SIGSEGV); `off_on=VERSION` computes the sigmoid 1% too large
+//! when the ONNX Runtime that loaded the library is release VERSION (a kernel that changed
+//! between two releases, planted); without it the kernel computes the sigmoid.
 //!
 //! This is what the tests of isolated sides load (`ort:custom_ops=…/libfaulty_ops.so`): a
 //! runtime that dies on one node, in native code, where no error can be caught.
@@ -25,7 +27,12 @@ enum Fault {
     None,
     Abort,
     Segfault,
+    /// 1% off: the release that loaded the library is the one named.
+    Off,
 }
+
+/// The release of the ONNX Runtime that registered the library (`1.30.0`).
+static RELEASE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 struct Kernel {
     api: *const OrtApi,
@@ -68,7 +75,12 @@ unsafe extern "system" fn create_kernel(
         match unsafe { CStr::from_ptr(text.as_ptr()) }.to_bytes() {
             b"abort" => Fault::Abort,
             b"segfault" => Fault::Segfault,
-            _ => Fault::None,
+            other => match other.strip_prefix(b"off_on=") {
+                Some(release) if Some(release) == RELEASE.get().map(|r| r.as_bytes()) => {
+                    Fault::Off
+                }
+                _ => Fault::None,
+            },
         }
     } else {
         unsafe { (a.ReleaseStatus)(status.0) };
@@ -82,8 +94,9 @@ unsafe extern "system" fn compute(kernel: *mut c_void, context: *mut OrtKernelCo
     match kernel.fault {
         Fault::Abort => std::process::abort(),
         Fault::Segfault => unsafe { ptr::write_volatile(ptr::null_mut::<u32>(), 1) },
-        Fault::None => {}
+        Fault::None | Fault::Off => {}
     }
+    let scale = if kernel.fault == Fault::Off { 1.01 } else { 1.0 };
     let a = unsafe { &*kernel.api };
     unsafe {
         let mut input: *const OrtValue = ptr::null();
@@ -108,7 +121,7 @@ unsafe extern "system" fn compute(kernel: *mut c_void, context: *mut OrtKernelCo
         let x = std::slice::from_raw_parts(x as *const f32, count);
         let y = std::slice::from_raw_parts_mut(y as *mut f32, count);
         for (y, &x) in y.iter_mut().zip(x) {
-            *y = 1.0 / (1.0 + (-x).exp());
+            *y = scale / (1.0 + (-x).exp());
         }
     }
 }
@@ -195,7 +208,11 @@ pub unsafe extern "C" fn RegisterCustomOps(
     options: *mut OrtSessionOptions,
     base: *const OrtApiBase,
 ) -> *mut OrtStatus {
-    let api = unsafe { ((*base).GetApi)(ort_sys::ORT_API_VERSION) };
+    // The oldest version with every function the kernel calls: the library loads in older
+    // releases too (a later version's struct only appends to it).
+    let api = unsafe { ((*base).GetApi)(14) };
+    let release = unsafe { CStr::from_ptr(((*base).GetVersionString)()) };
+    let _ = RELEASE.set(release.to_string_lossy().into_owned());
     if api.is_null() {
         return ptr::null_mut();
     }

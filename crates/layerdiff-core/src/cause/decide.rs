@@ -438,10 +438,22 @@ pub(super) fn without_baseline(
             ),
             _ => String::new(),
         };
+        // Off, the baseline is a rerun away; where it failed, no rerun makes it.
+        let next = if layer.baseline_reason.is_none() {
+            ": rerun with the float64 baseline (without --no-float64)"
+        } else {
+            ", nor which side computes it right"
+        };
+        let ulps = match local.rounding.as_ref() {
+            Some(r) if lower.is_none() => {
+                format!(" ({:.0} ULPs of {} on average)", r.mean_ulp_diff, r.grid)
+            }
+            _ => String::new(),
+        };
         return (
             Cause::Undecided,
             format!(
-                "same inputs, weights and attributes, yet the target's {ops} differs by up to {:.3e} (local), beyond the tolerance {tol}; {precision}no same-precision baseline was measured ({why}), so rounding cannot be told from a defect: rerun with the float64 baseline (without --no-float64)",
+                "same inputs, weights and attributes, yet the target's {ops} differs by up to {:.3e} (local){ulps}, beyond the tolerance {tol}; {precision}no same-precision baseline was measured ({why}), so rounding cannot be told from a defect{next}",
                 local.max_abs_diff
             ),
             Finding::Undecided,
