@@ -13,7 +13,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install openvino)")
 
-from faults import scale_weight  # noqa: E402
+from faults import in_float16, scale_weight  # noqa: E402
 from test_onnx_command import report_of  # noqa: E402
 
 
@@ -58,6 +58,27 @@ def test_a_clean_file_is_one_check_of_its_outputs(resnet18_onnx, tmp_path):
     assert s["verdict"] in ("no_drift", "precision") and not s["defects"], s
     assert [layer["name"] for layer in report["layers"]] == ["linear"]
     assert "no range was searched" in result.stdout
+
+
+def test_a_node_a_conversion_runs_in_float16_is_precision_and_a_fault_beside_it_is_found(
+    resnet18_onnx, tmp_path
+):
+    """A converted file runs one Conv in float16 between two Casts (values the reference lacks,
+    computed inside each range by the target's own nodes): its rounding is judged as float16's
+    wherever a range holds it, so the clean conversion searches nothing; a weight scaled in the
+    same file is still found at its node."""
+    clean = resnet18_onnx["dynamo"]
+    convs = [n for n in onnx.load(str(clean)).graph.node if n.op_type == "Conv"]
+    half = in_float16(clean, tmp_path / "half.onnx", convs[14].output[0])
+    result, report = report_of(tmp_path, str(clean), "--vs", str(half), "--opaque")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert len(report["opaque"]["ranges"]) == 1, report["opaque"]
+    assert report["summary"]["verdict"] == "precision", report["summary"]
+    bug = scale_weight(half, tmp_path / "half_bug.onnx", convs[4].output[0], 1.05)
+    result, report = report_of(tmp_path, str(clean), "--vs", str(bug), "--opaque")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert report["opaque"]["node"] == convs[4].name, report["opaque"]
+    assert report["summary"]["drift_origin"] == convs[4].output[0]
 
 
 def test_opaque_takes_no_file_of_values_and_no_bisection(resnet18_onnx, tmp_path):

@@ -6,12 +6,13 @@
 //! the onnxruntime wheel in the repository's .venv (as `make test` sets up); skipped without it.
 
 use std::path::{Path, PathBuf};
+
+mod onnx_runtime;
+use onnx_runtime::{library, options};
 use std::sync::{Arc, Mutex};
 
-use layerdiff_core::{Report, Tensor, Tolerance};
-use layerdiff_flow::inputs::InputPlan;
+use layerdiff_core::{Report, Tensor};
 use layerdiff_flow::onnx::{OnnxOptions, compare_with};
-use layerdiff_flow::{Float64, Settings};
 use layerdiff_onnx::{
     AttributeProto, GraphIndex, GraphProto, Model, ModelProto, NodeProto, OperatorSetIdProto,
     TensorProto, tensor_value_info,
@@ -19,22 +20,6 @@ use layerdiff_onnx::{
 use layerdiff_runtime::{Runtime, RuntimeSpec};
 
 const NODES: usize = 24;
-
-fn library() -> Option<PathBuf> {
-    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/lib");
-    std::fs::read_dir(venv).ok()?.flatten().find_map(|e| {
-        let capi = e.path().join("site-packages/onnxruntime/capi");
-        std::fs::read_dir(capi)
-            .ok()?
-            .flatten()
-            .map(|f| f.path())
-            .find(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("libonnxruntime.so."))
-            })
-    })
-}
 
 /// `v0 = x`, then `NODES` nodes: `Mul` by a weight, `Tanh`, alternately; `v{NODES}` is the
 /// output.
@@ -168,29 +153,6 @@ fn report(planted: Option<&'static str>, opaque: bool) -> Option<(Report, Seen)>
         .unwrap()
         .report;
     Some((report, seen))
-}
-
-/// A per-layer comparison of `model` against the reference, ONNX Runtime on the CPU.
-fn options(model: PathBuf) -> OnnxOptions {
-    OnnxOptions {
-        model,
-        vs: None,
-        reference: RuntimeSpec::ort_cpu(),
-        target: None,
-        inputs: None,
-        generate: InputPlan {
-            seed: 0,
-            shapes: Vec::new(),
-            batch: None,
-            int_range: (0, 9),
-        },
-        settings: Settings::new(Tolerance::PerDtype, true, None, Float64::Truth).unwrap(),
-        bisect: false,
-        repro: None,
-        repro_nodes: 0,
-        isolation: Default::default(),
-        opaque: false,
-    }
 }
 
 #[test]

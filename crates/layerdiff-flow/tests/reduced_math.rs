@@ -10,30 +10,15 @@
 
 use std::path::{Path, PathBuf};
 
-use layerdiff_core::{Report, Tensor, Tolerance};
-use layerdiff_flow::inputs::InputPlan;
-use layerdiff_flow::onnx::{OnnxOptions, compare_with};
-use layerdiff_flow::{Float64, Settings};
+mod onnx_runtime;
+use onnx_runtime::{library, options};
+
+use layerdiff_core::{Report, Tensor};
+use layerdiff_flow::onnx::compare_with;
 use layerdiff_onnx::{
     AttributeProto, GraphProto, Model, ModelProto, NodeProto, OperatorSetIdProto, tensor_value_info,
 };
 use layerdiff_runtime::{ReducedMath, Runtime, RuntimeSpec};
-
-fn library() -> Option<PathBuf> {
-    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/lib");
-    std::fs::read_dir(venv).ok()?.flatten().find_map(|e| {
-        let capi = e.path().join("site-packages/onnxruntime/capi");
-        std::fs::read_dir(capi)
-            .ok()?
-            .flatten()
-            .map(|f| f.path())
-            .find(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("libonnxruntime.so."))
-            })
-    })
-}
 
 fn node(op: &str, inputs: &[&str], out: &str) -> NodeProto {
     NodeProto {
@@ -147,25 +132,7 @@ fn report(says_so: bool) -> Option<Report> {
 
 fn report_on(target: Box<dyn Runtime + Send + Sync>, library: &Path) -> Option<Report> {
     let folder = tempfile::tempdir().unwrap();
-    let options = OnnxOptions {
-        model: two_matmuls(folder.path()),
-        vs: None,
-        reference: RuntimeSpec::ort_cpu(),
-        target: None,
-        inputs: None,
-        generate: InputPlan {
-            seed: 0,
-            shapes: Vec::new(),
-            batch: None,
-            int_range: (0, 9),
-        },
-        settings: Settings::new(Tolerance::PerDtype, true, None, Float64::Truth).unwrap(),
-        bisect: false,
-        repro: None,
-        repro_nodes: 0,
-        isolation: Default::default(),
-        opaque: false,
-    };
+    let options = options(two_matmuls(folder.path()));
     Some(
         compare_with(&options, target, Some(library))
             .unwrap()

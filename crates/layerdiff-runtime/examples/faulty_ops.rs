@@ -76,9 +76,7 @@ unsafe extern "system" fn create_kernel(
             b"abort" => Fault::Abort,
             b"segfault" => Fault::Segfault,
             other => match other.strip_prefix(b"off_on=") {
-                Some(release) if Some(release) == RELEASE.get().map(|r| r.as_bytes()) => {
-                    Fault::Off
-                }
+                Some(release) if Some(release) == RELEASE.get().map(|r| r.as_bytes()) => Fault::Off,
                 _ => Fault::None,
             },
         }
@@ -96,7 +94,11 @@ unsafe extern "system" fn compute(kernel: *mut c_void, context: *mut OrtKernelCo
         Fault::Segfault => unsafe { ptr::write_volatile(ptr::null_mut::<u32>(), 1) },
         Fault::None | Fault::Off => {}
     }
-    let scale = if kernel.fault == Fault::Off { 1.01 } else { 1.0 };
+    let scale = if kernel.fault == Fault::Off {
+        1.01
+    } else {
+        1.0
+    };
     let a = unsafe { &*kernel.api };
     unsafe {
         let mut input: *const OrtValue = ptr::null();

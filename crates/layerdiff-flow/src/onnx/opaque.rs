@@ -26,7 +26,7 @@ use super::pieces::feeds_of;
 use super::setup::{MadeInputs, built, loaded, made_inputs};
 use super::{OnnxOptions, Outcome, compare_on};
 use crate::engine::side::Group;
-use crate::inputs::check_inputs;
+use crate::inputs::{check_inputs, fit_inputs};
 use crate::sides::graph::rerun::{moves_data, node_computes};
 use crate::{Error, GraphBaseline, Result};
 
@@ -60,7 +60,7 @@ pub(crate) fn compare(
     let target = Counted::new(target);
     let MadeInputs { inputs, .. } = made_inputs(options, &reference_model, None)?;
     let index = GraphIndex::new(target_model.graph());
-    check_inputs(&index, &inputs)?;
+    check_inputs(&index, &fit_inputs(&index, &inputs).0)?;
     let search = Search {
         reference_index: GraphIndex::new(reference_model.graph()),
         values: reference_values(&reference_model, reference.as_ref(), &inputs)?,
@@ -164,14 +164,14 @@ impl Search<'_> {
         if outputs.is_empty() {
             return Ok(tried(0.0, false));
         }
-        let value_of = |name: &str| self.value(name);
-        let feeds = feeds_of(&self.index, &nodes, self.inputs, &value_of)?;
         let whole = lo == 0 && hi == self.index.nodes().len();
         // The whole graph runs as the file holds it; a range as its own graph.
         let got = if whole {
-            self.target.run(self.model, self.inputs, &outputs)?
+            let (inputs, _) = fit_inputs(&self.index, self.inputs);
+            self.target.run(self.model, &inputs, &outputs)?
         } else {
-            let piece = extract_nodes(self.model, &nodes, &outputs, &feeds)?;
+            let (piece, feeds) = self.piece(&nodes, &outputs)?;
+            let (feeds, _) = fit_inputs(&GraphIndex::new(piece.graph()), &feeds);
             self.target.run(&piece, &feeds, &outputs)?
         };
         let grid = self.grid(&nodes);
@@ -186,7 +186,7 @@ impl Search<'_> {
                 reference.view(),
                 own.view(),
                 exact.view(),
-                self.holds(name).unwrap_or(grid),
+                self.computes(name).unwrap_or(grid),
                 0,
                 false,
                 None,
@@ -246,7 +246,7 @@ impl Search<'_> {
                 if !read {
                     continue;
                 }
-                let grid = self.holds(out).unwrap_or(DType::F32);
+                let grid = self.computes(out).unwrap_or(DType::F32);
                 let exact = self.baseline.group_exact(&group, out, grid, &fed).map_err(|why| {
                     Error::Usage(format!(
                         "the float64 reference could not compute `{out}` on the range's inputs: {why}"
@@ -264,6 +264,33 @@ impl Search<'_> {
             .iter()
             .map(|v| computed.remove(*v).ok_or_else(|| missing(v)))
             .collect()
+    }
+
+    /// `nodes` of the target's file as a graph of their own handing on `outputs`, and the
+    /// reference's values it is fed (as the reference holds them). A value the reference lacks
+    /// (a cast a conversion added, a value an optimizer renamed) is computed inside by the
+    /// target's own nodes that produce it, not fed.
+    fn piece(&self, nodes: &[usize], outputs: &[String]) -> Result<(Model, Vec<(String, Tensor)>)> {
+        let mut taken: Vec<usize> = nodes.to_vec();
+        let mut at = 0;
+        while at < taken.len() {
+            let node = &self.index.nodes()[taken[at]];
+            for input in &node.inputs {
+                let fed = input.is_empty()
+                    || self.index.is_initializer(input)
+                    || self.value(input).is_some();
+                let producer = self.index.producer(input).map(|p| p.index);
+                if let Some(p) = producer.filter(|p| !fed && !taken.contains(p)) {
+                    taken.push(p);
+                }
+            }
+            at += 1;
+        }
+        taken.sort_unstable();
+        let value_of = |name: &str| self.value(name);
+        let feeds = feeds_of(&self.index, &taken, self.inputs, &value_of)?;
+        let piece = extract_nodes(self.model, &taken, outputs, &feeds)?;
+        Ok((piece, feeds))
     }
 
     /// The values nodes `lo..hi` hand on: read by a node after them, or graph outputs, in the
@@ -302,6 +329,25 @@ impl Search<'_> {
             .filter(|d| d.is_float())
             .reduce(|a, b| if b.narrower_than(a) { b } else { a })
             .unwrap_or(DType::F32)
+    }
+
+    /// The narrowest dtype the target computes `value` in, from the values the reference has:
+    /// a float32 value its file computes by a Conv in float16 between two Casts is float16's.
+    fn computes(&self, value: &str) -> Option<DType> {
+        let known = |v: &str| v != value && self.value(v).is_some();
+        let Ok(group) = layerdiff_onnx::local_group(&self.index, value, &known) else {
+            return self.holds(value);
+        };
+        let graph = self.model.graph();
+        group
+            .nodes
+            .iter()
+            .map(|&n| &graph.node[n])
+            .filter(|node| !moves_data(node.op_type()))
+            .filter_map(|node| node_computes(&self.index, self.reduced.as_ref(), node))
+            .filter(|d| d.is_float())
+            .reduce(|a, b| if b.narrower_than(a) { b } else { a })
+            .or_else(|| self.holds(value))
     }
 
     /// The dtype the target holds `value` in.
@@ -351,8 +397,7 @@ impl Search<'_> {
             .filter(|v| !v.is_empty() && self.value(v).is_some())
             .cloned()
             .collect();
-        let value_of = |name: &str| self.value(name);
-        let feeds = feeds_of(&self.index, &[n], self.inputs, &value_of)?;
+        let (mine, feeds) = self.piece(&[n], &outputs)?;
         let theirs = outputs
             .first()
             .and_then(|v| self.reference_index.producer(v))
@@ -379,7 +424,6 @@ impl Search<'_> {
         };
         let reference_file = options.model.clone();
         let reference_model = Model::load(&reference_file)?;
-        let mine = extract_nodes(self.model, &[n], &outputs, &feeds)?;
         let reference_piece = extract_nodes(&reference_model, &[theirs], &outputs, &feeds)?;
         let inputs_path = folder.join("inputs.safetensors");
         layerdiff_core::write_safetensors(&inputs_path, &feeds, Default::default())?;
