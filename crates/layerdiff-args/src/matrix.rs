@@ -138,7 +138,9 @@ pub struct ProvidersArgs {
     pub levels: Vec<OptLevel>,
     /// Other runtimes to measure beside ONNX Runtime's providers, a cell each (comma-separated,
     /// spelled as for `layerdiff onnx`: `tract`, `openvino`, `openvino:precision=bf16`, another
-    /// ONNX Runtime release or build `ort:lib=PATH`, `ort:opt=all:lib=PATH`).
+    /// ONNX Runtime release or build `ort:lib=PATH`, `ort:opt=all:lib=PATH`, an execution
+    /// provider's plugin library `ort:ep_lib=PATH[:ep=NAME]`, an EP through the device API
+    /// `ort:ep=NAME`; one that offers no device here is listed with the devices there are).
     #[arg(long, value_delimiter = ',', value_parser = RuntimeSpec::parse)]
     pub runtimes: Vec<RuntimeSpec>,
     /// The inputs, the same for every cell.

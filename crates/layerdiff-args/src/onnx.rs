@@ -47,7 +47,9 @@ pub struct OnnxArgs {
     /// `ort:opt=basic|extended|all`, combinations (`ort:cuda:opt=all`), a provider's options in
     /// ONNX Runtime's names (`ort:cuda:use_tf32=0`), another ONNX Runtime library in a worker
     /// process (`ort:lib=PATH`: an older release, a vendor's build; `python -m layerdiff.releases
-    /// onnxruntime==1.30.0` fetches one), `tract`, `openvino` (OpenVINO's CPU plugin;
+    /// onnxruntime==1.30.0` fetches one), an execution provider through ONNX Runtime's device API
+    /// (`ort:ep=NAME`; a plugin library registered first: `ort:ep_lib=PATH[:ep=NAME]`, its
+    /// options as `:KEY=VALUE`), `tract`, `openvino` (OpenVINO's CPU plugin;
     /// `openvino:precision=f16|bf16` hints its inference precision), or `expected:PATH` (values from a
     /// safetensors file or an ONNX test_data_set folder).
     #[arg(long, default_value = "ort", value_parser = RuntimeSpec::parse)]

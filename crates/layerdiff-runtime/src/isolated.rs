@@ -68,10 +68,13 @@ impl Isolation {
     /// always does (this process has loaded its own).
     pub fn applies(self, spec: &RuntimeSpec) -> bool {
         match (self, spec) {
-            (_, RuntimeSpec::Ort(.., Some(_))) => true,
+            (_, RuntimeSpec::Ort(.., Some(_), _)) => true,
             (_, RuntimeSpec::Expected(_)) | (Self::Never, _) => false,
             (Self::Always, _) => true,
-            (Self::Auto, RuntimeSpec::Ort(.., custom_ops, _)) => !custom_ops.is_empty(),
+            // a vendor's code: a custom-op library, an execution provider's plugin library
+            (Self::Auto, RuntimeSpec::Ort(.., custom_ops, _, plugin)) => {
+                !custom_ops.is_empty() || plugin.as_ref().is_some_and(|p| p.library.is_some())
+            }
             (Self::Auto, _) => false,
         }
     }

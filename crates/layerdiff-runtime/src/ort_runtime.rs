@@ -14,10 +14,11 @@ use crate::ort_provider::{ProviderOptions, TF32_OPS};
 use crate::{Error, Optimized, Provider, ReducedMath, Result, Runtime};
 
 mod library;
+mod plugin;
 mod profile;
 mod values;
 use library::{ORT, clean_message, load, version_from_path};
-use profile::node_providers;
+pub use plugin::{EpDevice, PluginEp};
 use values::{from_ort_value, to_ort_input};
 
 #[cfg(test)]
@@ -81,6 +82,9 @@ pub struct OrtRuntime {
     optimized_at: Option<OptLevel>,
     library: PathBuf,
     version: String,
+    /// The execution provider chosen through the device API instead of `provider` (see
+    /// [`OrtRuntime::with_plugin`]): its spec, its name, and its devices here.
+    plugin: Option<(PluginEp, String, Vec<EpDevice>)>,
 }
 
 impl OrtRuntime {
@@ -107,6 +111,7 @@ impl OrtRuntime {
                 optimized_at: None,
                 library: loaded.path.clone(),
                 version: version_from_path(&loaded.path),
+                plugin: None,
             }),
             Err(message) => Err(Error::LibraryLoad {
                 runtime: "ONNX Runtime",
@@ -160,32 +165,6 @@ impl OrtRuntime {
         self.provider = provider;
         self.options = options.to_vec();
         Ok(self)
-    }
-
-    /// Which execution provider ran how many of `model`'s nodes, most first: one run on
-    /// `inputs` with ONNX Runtime's profiler, read from its kernel events. This is what shows a
-    /// silent fallback (nodes a provider has no kernel for run on the CPU).
-    pub fn node_placement(
-        &self,
-        model: &Model,
-        inputs: &[(String, Tensor)],
-    ) -> Result<Vec<(String, usize)>> {
-        let failed = |what: &str, e: &dyn std::fmt::Display| {
-            Error::Run(format!("profiling the node placement: {what}: {e}"))
-        };
-        let folder = tempfile::tempdir().map_err(|e| failed("a folder for the profile", &e))?;
-        let mut session = self.session_with(model, None, Some(&folder.path().join("placement")))?;
-        let outputs: Vec<String> = session
-            .outputs()
-            .iter()
-            .map(|o| o.name().to_string())
-            .collect();
-        run_session(&mut session, inputs, &outputs)?;
-        let file = session
-            .end_profiling()
-            .map_err(|e| failed("ending the profile", &e))?;
-        let text = std::fs::read_to_string(&file).map_err(|e| failed(&file, &e))?;
-        node_providers(&text).map_err(|e| failed(&file, &e))
     }
 
     /// The same runtime with these graph optimizers disabled (ONNX Runtime's names, such as
@@ -264,7 +243,9 @@ impl OrtRuntime {
             .map_err(|e| Error::Session(clean_message(e.to_string())))?
             .with_optimization_level(self.opt_level.to_ort())
             .map_err(session_error)?;
-        if let Some(dispatch) = self.provider.dispatch(&self.options) {
+        if let Some((_, ep, _)) = &self.plugin {
+            builder = plugin::on_devices(builder, &loaded.env, ep, &self.options)?;
+        } else if let Some(dispatch) = self.provider.dispatch(&self.options) {
             builder = builder
                 .with_execution_providers([dispatch.error_on_failure()])
                 .map_err(|e| Error::ProviderUnavailable {
@@ -366,10 +347,13 @@ impl Runtime for OrtRuntime {
                 .collect();
             format!(" ({})", pairs.join(", "))
         };
+        let provider = match &self.plugin {
+            Some((plugin, ep, devices)) => plugin::words(plugin, ep, devices),
+            None => self.provider.ort_name().to_string(),
+        };
         format!(
-            "onnxruntime {}, {}{options}, {optimizations}",
-            self.version,
-            self.provider.ort_name()
+            "onnxruntime {}, {provider}{options}, {optimizations}",
+            self.version
         )
     }
 

@@ -4,14 +4,15 @@
 //! provider's own options in ONNX Runtime's names (`ort:cuda:use_tf32=0`), custom-op libraries
 //! to register (`ort:custom_ops=/path/libvendor_ops.so`), another ONNX Runtime library than the
 //! one layerdiff loads (`ort:lib=/path/libonnxruntime.so.1.30.0`: an older release, a vendor's
-//! build), `tract`,
+//! build), an execution provider chosen through ONNX Runtime's device API, a plugin library's
+//! (`ort:ep_lib=/path/libvendor_ep.so[:ep=NAME]`) or a built-in one (`ort:ep=NAME`), `tract`,
 //! `openvino[:precision=f32|f16|bf16]`, `expected:PATH`. A new runtime is one variant here.
 
 use std::path::{Path, PathBuf};
 
 use crate::{
-    Error, Isolated, Isolation, OpenVinoRuntime, OptLevel, OrtRuntime, Provider, ProviderOptions,
-    Result, Runtime, TractRuntime,
+    Error, Isolated, Isolation, OpenVinoRuntime, OptLevel, OrtRuntime, PluginEp, Provider,
+    ProviderOptions, Result, Runtime, TractRuntime,
 };
 
 /// A runtime named on the command line or in the API.
@@ -24,6 +25,9 @@ pub enum RuntimeSpec {
     /// side that loads one runs in a worker process, see [`crate::Isolation`]), and the ONNX
     /// Runtime library it runs on where it is not the one layerdiff loads (ONNX Runtime is
     /// loaded once per process, so such a side always runs in a worker process of its own).
+    ///
+    /// The last field: an execution provider chosen through ONNX Runtime's device API instead
+    /// of the provider, where one is (`ep=NAME`, a plugin library's `ep_lib=PATH`).
     Ort(
         Provider,
         OptLevel,
@@ -31,6 +35,7 @@ pub enum RuntimeSpec {
         Vec<String>,
         Vec<PathBuf>,
         Option<PathBuf>,
+        Option<PluginEp>,
     ),
     /// tract.
     Tract,
@@ -50,10 +55,11 @@ impl RuntimeSpec {
             Vec::new(),
             Vec::new(),
             None,
+            None,
         )
     }
 
-    /// Parses `ort[:PROVIDER][:opt=LEVEL][:without=NAME,…][:custom_ops=PATH,…][:lib=PATH][:KEY=VALUE]…`,
+    /// Parses `ort[:PROVIDER][:opt=LEVEL][:without=NAME,…][:custom_ops=PATH,…][:lib=PATH][:ep_lib=PATH][:ep=NAME][:KEY=VALUE]…`,
     /// `tract`, `openvino[:precision=PRECISION]` or `expected:PATH`.
     pub fn parse(text: &str) -> Result<Self, String> {
         let unknown = || {
@@ -62,6 +68,7 @@ impl RuntimeSpec {
                  PROVIDER one of cpu, cuda, tensorrt, rocm, openvino, coreml, directml, LEVEL one of \
                  disable, basic, extended, all, NAME an ONNX Runtime optimizer to disable, PATH a custom-op library to register, \
                  LIBRARY another ONNX Runtime library to run on (libonnxruntime.so of another release or build), \
+                 `ep_lib=` an execution provider's plugin library to register and `ep=` the execution provider whose devices to run on, \
                  and KEY=VALUE the provider's options in ONNX Runtime's names (`use_tf32=0`); or `tract`; or `openvino[:precision=f32|f16|bf16]`; or \
                  `expected:PATH`)"
             )
@@ -94,8 +101,10 @@ impl RuntimeSpec {
         let mut without: Vec<String> = Vec::new();
         let mut custom_ops: Vec<PathBuf> = Vec::new();
         let mut release: Option<PathBuf> = None;
+        let mut plugin = PluginParts::default();
         for part in parts {
-            if let Some(path) = part.strip_prefix("lib=") {
+            if plugin.take(part) {
+            } else if let Some(path) = part.strip_prefix("lib=") {
                 if release.replace(PathBuf::from(path)).is_some() || path.is_empty() {
                     return Err(unknown());
                 }
@@ -105,15 +114,10 @@ impl RuntimeSpec {
                 }
                 custom_ops = paths.split(',').map(PathBuf::from).collect();
             } else if let Some(names) = part.strip_prefix("without=") {
-                let names: Vec<&str> = names.split(',').map(str::trim).collect();
-                if !without.is_empty()
-                    || names.iter().any(|n| {
-                        n.is_empty() || !n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-                    })
-                {
-                    return Err(unknown());
+                match optimizer_names(names) {
+                    Some(names) if without.is_empty() => without = names,
+                    _ => return Err(unknown()),
                 }
-                without = names.into_iter().map(String::from).collect();
             } else if let Some(l) = part.strip_prefix("opt=") {
                 let parsed = [
                     OptLevel::Disable,
@@ -153,7 +157,7 @@ impl RuntimeSpec {
             }
         }
         let provider: Provider = provider.unwrap_or_default();
-        if !options.is_empty() && !provider.takes_options() {
+        if !options.is_empty() && !provider.takes_options() && plugin.is_empty() {
             let given: Vec<String> = options.iter().map(|(k, v)| format!("{k}={v}")).collect();
             return Err(format!(
                 "`{text}`: options ({}) are for an execution provider that takes them, such as \
@@ -171,15 +175,16 @@ impl RuntimeSpec {
                 without.join(",")
             ));
         }
+        let plugin = plugin.finish(text, provider)?;
         Ok(Self::Ort(
-            provider, level, options, without, custom_ops, release,
+            provider, level, options, without, custom_ops, release, plugin,
         ))
     }
 
     /// The spelling that parses back to this spec (defaults left out: `ort`, `ort:cuda:opt=all`).
     pub fn spelling(&self) -> String {
         match self {
-            Self::Ort(provider, level, options, without, custom_ops, release) => {
+            Self::Ort(provider, level, options, without, custom_ops, release, plugin) => {
                 let mut s = "ort".to_string();
                 if *provider != Provider::Cpu {
                     s.push(':');
@@ -202,6 +207,9 @@ impl RuntimeSpec {
                 if let Some(release) = release {
                     s.push_str(":lib=");
                     s.push_str(&release.display().to_string());
+                }
+                if let Some(plugin) = plugin {
+                    s.push_str(&plugin.spelling());
                 }
                 for (k, v) in options {
                     s.push_str(&format!(":{k}={v}"));
@@ -244,7 +252,7 @@ impl RuntimeSpec {
         as_saved: bool,
     ) -> Result<Box<dyn Runtime + Send + Sync>> {
         match self {
-            Self::Ort(.., Some(release)) => {
+            Self::Ort(.., Some(release), _) => {
                 let runtime = self.ort_runtime(ort_library)?.labelled(release);
                 Ok(Box::new(if as_saved {
                     runtime.as_saved()
@@ -259,13 +267,15 @@ impl RuntimeSpec {
     /// ONNX Runtime as this spec sets it up, loaded from `library` (or found) where this
     /// process has not loaded it yet.
     fn ort_runtime(&self, library: Option<&Path>) -> Result<OrtRuntime> {
-        let Self::Ort(provider, level, options, without, custom_ops, _) = self else {
+        let Self::Ort(provider, level, options, without, custom_ops, _, plugin) = self else {
             unreachable!("an ONNX Runtime spec")
         };
-        OrtRuntime::new(library, *level)?
-            .with_provider(*provider, options)?
-            .without(without)
-            .with_custom_ops(custom_ops)
+        let runtime = OrtRuntime::new(library, *level)?;
+        let runtime = match plugin {
+            Some(plugin) => runtime.with_plugin(plugin, options)?,
+            None => runtime.with_provider(*provider, options)?,
+        };
+        runtime.without(without).with_custom_ops(custom_ops)
     }
 
     /// Builds the runtime in this process; with `as_saved`, the one that runs a graph its
@@ -277,7 +287,7 @@ impl RuntimeSpec {
         as_saved: bool,
     ) -> Result<Box<dyn Runtime + Send + Sync>> {
         Ok(match self {
-            Self::Ort(.., release) => {
+            Self::Ort(.., release, _) => {
                 let runtime = self.ort_runtime(release.as_deref().or(ort_library))?;
                 Box::new(if as_saved {
                     runtime.as_saved()
@@ -296,6 +306,65 @@ impl RuntimeSpec {
                 )));
             }
         })
+    }
+}
+
+/// `without=`'s names of ONNX Runtime graph optimizers, where each is one.
+fn optimizer_names(names: &str) -> Option<Vec<String>> {
+    let names: Vec<&str> = names.split(',').map(str::trim).collect();
+    let name = |n: &&str| !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    names
+        .iter()
+        .all(name)
+        .then(|| names.into_iter().map(String::from).collect())
+}
+
+/// The `ep_lib=` and `ep=` parts of an ONNX Runtime spec, as they are read.
+#[derive(Default)]
+struct PluginParts {
+    library: Option<PathBuf>,
+    ep: Option<String>,
+    twice: bool,
+}
+
+impl PluginParts {
+    /// Takes `part` where it is one of these.
+    fn take(&mut self, part: &str) -> bool {
+        if let Some(path) = part.strip_prefix("ep_lib=") {
+            self.twice |= self.library.replace(PathBuf::from(path)).is_some() || path.is_empty();
+        } else if let Some(name) = part.strip_prefix("ep=") {
+            self.twice |= self.ep.replace(name.to_string()).is_some() || name.is_empty();
+        } else {
+            return false;
+        }
+        true
+    }
+
+    fn is_empty(&self) -> bool {
+        self.library.is_none() && self.ep.is_none()
+    }
+
+    /// The plugin spec, or why it does not fit beside `provider`.
+    fn finish(self, text: &str, provider: Provider) -> Result<Option<PluginEp>, String> {
+        if self.twice {
+            return Err(format!(
+                "`{text}`: `ep_lib=` and `ep=` are given once each, with a value"
+            ));
+        }
+        if self.is_empty() {
+            return Ok(None);
+        }
+        if provider != Provider::Cpu {
+            return Err(format!(
+                "`{text}`: `ep=`/`ep_lib=` choose the execution provider through ONNX Runtime's \
+                 device API, `{}` chooses it by name: give one of them",
+                provider.spelling()
+            ));
+        }
+        Ok(Some(PluginEp {
+            library: self.library,
+            ep: self.ep,
+        }))
     }
 }
 
@@ -394,8 +463,41 @@ mod tests {
                 vec![("use_tf32".into(), "0".into())],
                 Vec::new(),
                 Vec::new(),
+                None,
                 None
             )
+        );
+    }
+
+    #[test]
+    fn an_execution_provider_through_the_device_api_is_spelled_and_read_back() {
+        let spec =
+            RuntimeSpec::parse("ort:ep_lib=/opt/libvendor_ep.so:ep=VendorEP:mode=fast").unwrap();
+        let RuntimeSpec::Ort(provider, _, options, .., Some(plugin)) = &spec else {
+            panic!("{spec:?}")
+        };
+        assert_eq!(*provider, Provider::Cpu);
+        assert_eq!(
+            plugin.library.as_deref(),
+            Some(Path::new("/opt/libvendor_ep.so"))
+        );
+        assert_eq!(plugin.ep.as_deref(), Some("VendorEP"));
+        // the options are the EP's own, whatever its built-in counterpart takes
+        assert_eq!(options, &vec![("mode".to_string(), "fast".to_string())]);
+        assert_eq!(
+            spec.spelling(),
+            "ort:ep_lib=/opt/libvendor_ep.so:ep=VendorEP:mode=fast"
+        );
+        assert_eq!(RuntimeSpec::parse(&spec.spelling()).unwrap(), spec);
+        let built_in = RuntimeSpec::parse("ort:ep=CPUExecutionProvider").unwrap();
+        assert_eq!(built_in.spelling(), "ort:ep=CPUExecutionProvider");
+        for bad in ["ort:cuda:ep=X", "ort:ep=A:ep=B", "ort:ep_lib=", "ort:ep="] {
+            assert!(RuntimeSpec::parse(bad).is_err(), "{bad}");
+        }
+        assert!(
+            RuntimeSpec::parse("ort:cuda:ep=X")
+                .unwrap_err()
+                .contains("give one of them")
         );
     }
 }

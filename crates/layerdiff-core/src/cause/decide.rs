@@ -439,17 +439,13 @@ pub(super) fn without_baseline(
             _ => String::new(),
         };
         // Off, the baseline is a rerun away; where it failed, no rerun makes it.
-        let next = if layer.baseline_reason.is_none() {
-            ": rerun with the float64 baseline (without --no-float64)"
-        } else {
-            ", nor which side computes it right"
-        };
-        let ulps = match local.rounding.as_ref() {
-            Some(r) if lower.is_none() => {
-                format!(" ({:.0} ULPs of {} on average)", r.mean_ulp_diff, r.grid)
-            }
-            _ => String::new(),
-        };
+        let next = [
+            ": rerun with the float64 baseline (without --no-float64)",
+            ", nor which side computes it right",
+        ][usize::from(layer.baseline_reason.is_some())];
+        let ulps = (local.rounding.as_ref().filter(|_| lower.is_none()))
+            .map(|r| format!(" ({:.0} ULPs of {} on average)", r.mean_ulp_diff, r.grid));
+        let ulps = ulps.unwrap_or_default();
         return (
             Cause::Undecided,
             format!(

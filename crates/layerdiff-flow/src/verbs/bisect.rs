@@ -97,7 +97,7 @@ pub fn ort_optimizers(
     ort_library: Option<&Path>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Option<Bisection>> {
-    let RuntimeSpec::Ort(provider, level, provider_options, without, custom_ops, release) =
+    let RuntimeSpec::Ort(provider, level, provider_options, without, custom_ops, release, plugin) =
         &options.target_spec()
     else {
         return Ok(None);
@@ -121,6 +121,7 @@ pub fn ort_optimizers(
             disabled,
             custom_ops.clone(),
             release.clone(),
+            plugin.clone(),
         )
     };
     // Every run, its set and what it found: a set is run once, and the answer's check is the

@@ -149,7 +149,15 @@ pub fn providers(
                     (
                         name,
                         level.name().to_string(),
-                        RuntimeSpec::Ort(provider, level, Vec::new(), Vec::new(), Vec::new(), None),
+                        RuntimeSpec::Ort(
+                            provider,
+                            level,
+                            Vec::new(),
+                            Vec::new(),
+                            Vec::new(),
+                            None,
+                            None,
+                        ),
                     )
                 })
                 .collect()
@@ -263,7 +271,9 @@ fn cell(
         )) => {
             cell.verdict = "unavailable".to_string();
             cell.reason = Some(e.to_string());
-            if let RuntimeSpec::Ort(provider, ..) = target {
+            // a provider unavailable at one level is at every level; a release or a device-API
+            // EP keeps its spelling
+            if let RuntimeSpec::Ort(provider, .., None, None) = target {
                 cell.level = "any".to_string();
                 cell.target = RuntimeSpec::Ort(
                     *provider,
@@ -271,6 +281,7 @@ fn cell(
                     Vec::new(),
                     Vec::new(),
                     Vec::new(),
+                    None,
                     None,
                 )
                 .spelling();

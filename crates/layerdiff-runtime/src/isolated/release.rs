@@ -20,7 +20,7 @@ pub(super) fn release_command(
     spec: &RuntimeSpec,
     as_saved: bool,
 ) -> crate::Result<Option<Vec<OsString>>> {
-    let RuntimeSpec::Ort(provider, level, options, without, custom_ops, Some(library)) = spec
+    let RuntimeSpec::Ort(provider, level, options, without, custom_ops, Some(library), _) = spec
     else {
         return Ok(None);
     };

@@ -1,4 +1,5 @@
-use super::{clean_message, node_providers};
+use super::clean_message;
+use super::profile::node_providers;
 
 #[test]
 fn a_profile_counts_each_node_once_by_its_provider() {

@@ -56,7 +56,7 @@ pub(super) fn py_str(text: &str) -> String {
 /// The target's Python package, and the body of `run_target(inputs)`.
 fn runner(target: &RuntimeSpec, inputs: &[String]) -> (&'static str, String) {
     match target {
-        RuntimeSpec::Ort(provider, level, options, without, custom_ops, _) => {
+        RuntimeSpec::Ort(provider, level, options, without, custom_ops, ..) => {
             let level = match level {
                 OptLevel::Disable => "ORT_DISABLE_ALL",
                 OptLevel::Basic => "ORT_ENABLE_BASIC",
