@@ -26,6 +26,7 @@ pub use isolated::{Isolated, Isolation, WORKER_VERB, serve as serve_worker, set_
 pub use library::{LIBRARY_ENV, OPENVINO_LIBRARY_ENV, find_ort_library};
 pub use openvino_runtime::{OPENVINO_PRECISIONS, OpenVinoRuntime};
 pub use ort_provider::{Provider, ProviderOptions, TF32_OPS};
+pub(crate) use ort_runtime::PluginParts;
 pub use ort_runtime::{EpDevice, OptLevel, OrtRuntime, PluginEp};
 pub use per_node::{PerNode, Widened};
 pub use spec::RuntimeSpec;

@@ -18,6 +18,7 @@ mod plugin;
 mod profile;
 mod values;
 use library::{ORT, clean_message, load, version_from_path};
+pub(crate) use plugin::PluginParts;
 pub use plugin::{EpDevice, PluginEp};
 use values::{from_ort_value, to_ort_input};
 

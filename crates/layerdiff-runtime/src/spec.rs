@@ -11,8 +11,8 @@
 use std::path::{Path, PathBuf};
 
 use crate::{
-    Error, Isolated, Isolation, OpenVinoRuntime, OptLevel, OrtRuntime, PluginEp, Provider,
-    ProviderOptions, Result, Runtime, TractRuntime,
+    Error, Isolated, Isolation, OpenVinoRuntime, OptLevel, OrtRuntime, PluginEp, PluginParts,
+    Provider, ProviderOptions, Result, Runtime, TractRuntime,
 };
 
 /// A runtime named on the command line or in the API.
@@ -317,55 +317,6 @@ fn optimizer_names(names: &str) -> Option<Vec<String>> {
         .iter()
         .all(name)
         .then(|| names.into_iter().map(String::from).collect())
-}
-
-/// The `ep_lib=` and `ep=` parts of an ONNX Runtime spec, as they are read.
-#[derive(Default)]
-struct PluginParts {
-    library: Option<PathBuf>,
-    ep: Option<String>,
-    twice: bool,
-}
-
-impl PluginParts {
-    /// Takes `part` where it is one of these.
-    fn take(&mut self, part: &str) -> bool {
-        if let Some(path) = part.strip_prefix("ep_lib=") {
-            self.twice |= self.library.replace(PathBuf::from(path)).is_some() || path.is_empty();
-        } else if let Some(name) = part.strip_prefix("ep=") {
-            self.twice |= self.ep.replace(name.to_string()).is_some() || name.is_empty();
-        } else {
-            return false;
-        }
-        true
-    }
-
-    fn is_empty(&self) -> bool {
-        self.library.is_none() && self.ep.is_none()
-    }
-
-    /// The plugin spec, or why it does not fit beside `provider`.
-    fn finish(self, text: &str, provider: Provider) -> Result<Option<PluginEp>, String> {
-        if self.twice {
-            return Err(format!(
-                "`{text}`: `ep_lib=` and `ep=` are given once each, with a value"
-            ));
-        }
-        if self.is_empty() {
-            return Ok(None);
-        }
-        if provider != Provider::Cpu {
-            return Err(format!(
-                "`{text}`: `ep=`/`ep_lib=` choose the execution provider through ONNX Runtime's \
-                 device API, `{}` chooses it by name: give one of them",
-                provider.spelling()
-            ));
-        }
-        Ok(Some(PluginEp {
-            library: self.library,
-            ep: self.ep,
-        }))
-    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 
 use ort::environment::Environment;
 
-use crate::{Error, OrtRuntime, Result};
+use crate::{Error, OrtRuntime, Provider, Result};
 
 impl OrtRuntime {
     /// The same runtime on the devices of an execution provider chosen through ONNX Runtime's
@@ -90,6 +90,55 @@ impl PluginEp {
             s.push_str(&format!(":ep={ep}"));
         }
         s
+    }
+}
+
+/// The `ep_lib=` and `ep=` parts of an ONNX Runtime spec, as they are read.
+#[derive(Default)]
+pub(crate) struct PluginParts {
+    library: Option<PathBuf>,
+    ep: Option<String>,
+    twice: bool,
+}
+
+impl PluginParts {
+    /// Takes `part` where it is one of these.
+    pub(crate) fn take(&mut self, part: &str) -> bool {
+        if let Some(path) = part.strip_prefix("ep_lib=") {
+            self.twice |= self.library.replace(PathBuf::from(path)).is_some() || path.is_empty();
+        } else if let Some(name) = part.strip_prefix("ep=") {
+            self.twice |= self.ep.replace(name.to_string()).is_some() || name.is_empty();
+        } else {
+            return false;
+        }
+        true
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.library.is_none() && self.ep.is_none()
+    }
+
+    /// The plugin spec, or why it does not fit beside `provider`.
+    pub(crate) fn finish(self, text: &str, provider: Provider) -> Result<Option<PluginEp>, String> {
+        if self.twice {
+            return Err(format!(
+                "`{text}`: `ep_lib=` and `ep=` are given once each, with a value"
+            ));
+        }
+        if self.is_empty() {
+            return Ok(None);
+        }
+        if provider != Provider::Cpu {
+            return Err(format!(
+                "`{text}`: `ep=`/`ep_lib=` choose the execution provider through ONNX Runtime's \
+                 device API, `{}` chooses it by name: give one of them",
+                provider.spelling()
+            ));
+        }
+        Ok(Some(PluginEp {
+            library: self.library,
+            ep: self.ep,
+        }))
     }
 }
 
