@@ -174,7 +174,7 @@ impl Search<'_> {
             let (feeds, _) = fit_inputs(&GraphIndex::new(piece.graph()), &feeds);
             self.target.run(&piece, &feeds, &outputs)?
         };
-        let grid = self.grid(&nodes);
+        let grid = self.grid(&nodes).unwrap_or(DType::F32);
         let known = |v: &str| !produced.contains(v);
         let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
         let ideal = self.ideal_chain(&names, &known)?;
@@ -318,8 +318,8 @@ impl Search<'_> {
         handed
     }
 
-    /// The narrowest dtype the target computes `nodes` in.
-    fn grid(&self, nodes: &[usize]) -> DType {
+    /// The narrowest float dtype the target computes `nodes` in (moving data computes none).
+    fn grid(&self, nodes: &[usize]) -> Option<DType> {
         let graph = self.model.graph();
         nodes
             .iter()
@@ -328,26 +328,16 @@ impl Search<'_> {
             .filter_map(|node| node_computes(&self.index, self.reduced.as_ref(), node))
             .filter(|d| d.is_float())
             .reduce(|a, b| if b.narrower_than(a) { b } else { a })
-            .unwrap_or(DType::F32)
     }
 
     /// The narrowest dtype the target computes `value` in, from the values the reference has:
     /// a float32 value its file computes by a Conv in float16 between two Casts is float16's.
     fn computes(&self, value: &str) -> Option<DType> {
         let known = |v: &str| v != value && self.value(v).is_some();
-        let Ok(group) = layerdiff_onnx::local_group(&self.index, value, &known) else {
-            return self.holds(value);
-        };
-        let graph = self.model.graph();
-        group
-            .nodes
-            .iter()
-            .map(|&n| &graph.node[n])
-            .filter(|node| !moves_data(node.op_type()))
-            .filter_map(|node| node_computes(&self.index, self.reduced.as_ref(), node))
-            .filter(|d| d.is_float())
-            .reduce(|a, b| if b.narrower_than(a) { b } else { a })
-            .or_else(|| self.holds(value))
+        match layerdiff_onnx::local_group(&self.index, value, &known) {
+            Ok(group) => self.grid(&group.nodes).or_else(|| self.holds(value)),
+            Err(_) => self.holds(value),
+        }
     }
 
     /// The dtype the target holds `value` in.
