@@ -94,6 +94,21 @@ def test_opaque_takes_no_file_of_values_and_no_bisection(resnet18_onnx, tmp_path
     assert "--bisect" in result.stderr and "--opaque" in result.stderr
 
 
+def test_a_target_whose_outputs_the_reference_lacks_is_refused_not_passed(resnet18_onnx, tmp_path):
+    """Outputs named otherwise leave the check nothing to compare: an error, never a clean run."""
+    model = onnx.load(str(resnet18_onnx["dynamo"]))
+    old = model.graph.output[0].name
+    for node in model.graph.node:
+        node.output[:] = ["renamed_out" if o == old else o for o in node.output]
+    model.graph.output[0].name = "renamed_out"
+    renamed = tmp_path / "renamed.onnx"
+    onnx.save(model, str(renamed))
+    result, _ = _run(str(resnet18_onnx["dynamo"]), "--vs", str(renamed), "--opaque")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "the reference computes none of them" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def _run(*args):
     from conftest import run_cli
 

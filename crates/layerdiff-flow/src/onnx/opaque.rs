@@ -7,9 +7,9 @@
 //!
 //! A range's outputs are the values it hands on (read after it, or the graph's own outputs):
 //! the target never computes a value more than the range needs. Each is judged by the
-//! same-precision rule (`layerdiff_core::assess_baseline`) against the range computed exactly
-//! (float64, by the reference's own nodes) on the reference's values rounded to the dtype the
-//! target computes the range in.
+//! same-precision rule (`layerdiff_core::assess_baseline`) against an ideal implementation of
+//! the range at the target's precision: the reference's nodes in float64, one at a time, each
+//! value computed in the dtype the target computes it in ([`Search::ideal_chain`]).
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -63,6 +63,7 @@ pub(crate) fn compare(
     check_inputs(&index, &fit_inputs(&index, &inputs).0)?;
     let search = Search {
         reference_index: GraphIndex::new(reference_model.graph()),
+        reference_model: &reference_model,
         values: reference_values(&reference_model, reference.as_ref(), &inputs)?,
         baseline: GraphBaseline::new(&reference_model, ort_library)?,
         reduced: target.reduced_math(),
@@ -102,11 +103,13 @@ pub(crate) fn compare(
 struct Search<'a> {
     index: GraphIndex,
     reference_index: GraphIndex,
+    reference_model: &'a Model,
     model: &'a Model,
     target: &'a Counted,
     reduced: Option<ReducedMath>,
     inputs: &'a [(String, Tensor)],
-    values: Vec<(String, Tensor)>,
+    /// The reference's value of every value its graph computes.
+    values: HashMap<String, Tensor>,
     baseline: GraphBaseline,
 }
 
@@ -161,10 +164,18 @@ impl Search<'_> {
             multiple,
             deviates,
         };
+        let whole = lo == 0 && hi == self.index.nodes().len();
+        if outputs.is_empty() && whole {
+            // nothing compared is no finding: say so rather than pass the graph
+            return Err(Error::Usage(
+                "--opaque judges the target's graph by its outputs, and the reference computes \
+                 none of them (the two files name their outputs differently)"
+                    .to_string(),
+            ));
+        }
         if outputs.is_empty() {
             return Ok(tried(0.0, false));
         }
-        let whole = lo == 0 && hi == self.index.nodes().len();
         // The whole graph runs as the file holds it; a range as its own graph.
         let got = if whole {
             let (inputs, _) = fit_inputs(&self.index, self.inputs);
@@ -353,11 +364,8 @@ impl Search<'_> {
     }
 
     fn value(&self, name: &str) -> Option<&Tensor> {
-        self.inputs
-            .iter()
-            .chain(&self.values)
-            .find(|(n, _)| n == name)
-            .map(|(_, t)| t)
+        (self.values.get(name))
+            .or_else(|| self.inputs.iter().find(|(n, _)| n == name).map(|(_, t)| t))
     }
 
     /// Node `n` in words: its name, else its op and position.
@@ -413,8 +421,7 @@ impl Search<'_> {
             Ok(path)
         };
         let reference_file = options.model.clone();
-        let reference_model = Model::load(&reference_file)?;
-        let reference_piece = extract_nodes(&reference_model, &[theirs], &outputs, &feeds)?;
+        let reference_piece = extract_nodes(self.reference_model, &[theirs], &outputs, &feeds)?;
         let inputs_path = folder.join("inputs.safetensors");
         layerdiff_core::write_safetensors(&inputs_path, &feeds, Default::default())?;
         let piece = OnnxOptions {
@@ -462,18 +469,19 @@ fn reference_values(
     model: &Model,
     reference: &(dyn Runtime + Send + Sync),
     inputs: &[(String, Tensor)],
-) -> Result<Vec<(String, Tensor)>> {
-    let mut wanted: Vec<String> = Vec::new();
-    for node in &model.graph().node {
-        for value in &node.output {
-            if !value.is_empty() && !wanted.contains(value) {
-                wanted.push(value.clone());
-            }
-        }
-    }
+) -> Result<HashMap<String, Tensor>> {
+    let mut seen: HashSet<&str> = HashSet::new();
+    let wanted: Vec<String> = (model.graph().node.iter())
+        .flat_map(|n| &n.output)
+        .filter(|v| !v.is_empty() && seen.insert(v.as_str()))
+        .cloned()
+        .collect();
     let mut exposed = model.clone();
     expose_values(&mut exposed, &wanted)?;
-    Ok(reference.run(&exposed, inputs, &wanted)?)
+    Ok(reference
+        .run(&exposed, inputs, &wanted)?
+        .into_iter()
+        .collect())
 }
 
 fn missing(name: &str) -> Error {

@@ -5,7 +5,7 @@
 //! what a machine offers: an EP that lists no device here is refused, and the refusal names the
 //! devices there are.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -161,8 +161,9 @@ impl EpDevice {
 }
 
 /// Libraries already registered in this process's environment (ONNX Runtime refuses a second
-/// registration of one name).
-static REGISTERED: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
+/// registration of one name), and the execution providers each added: a second side on one
+/// library finds its EP as the first did.
+static REGISTERED: Mutex<Option<HashMap<PathBuf, Vec<String>>>> = Mutex::new(None);
 
 /// Every execution provider device ONNX Runtime lists in `env`.
 pub(super) fn devices(env: &Environment) -> Vec<EpDevice> {
@@ -200,7 +201,6 @@ pub(super) fn resolve(env: &Environment, plugin: &PluginEp) -> Result<String> {
         provider: label,
         reason,
     };
-    let before: HashSet<String> = devices(env).into_iter().map(|d| d.ep).collect();
     let mut added: Vec<String> = Vec::new();
     if let Some(library) = &plugin.library {
         if !library.is_file() {
@@ -210,8 +210,9 @@ pub(super) fn resolve(env: &Environment, plugin: &PluginEp) -> Result<String> {
             )));
         }
         let mut registered = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
-        let registered = registered.get_or_insert_with(HashSet::new);
-        if !registered.contains(library) {
+        let registered = registered.get_or_insert_with(HashMap::new);
+        if !registered.contains_key(library) {
+            let before: HashSet<String> = devices(env).into_iter().map(|d| d.ep).collect();
             env.register_ep_library(library.display().to_string(), library)
                 .map_err(|e| {
                     refused(format!(
@@ -220,16 +221,15 @@ pub(super) fn resolve(env: &Environment, plugin: &PluginEp) -> Result<String> {
                         super::clean_message(e.to_string())
                     ))
                 })?;
-            registered.insert(library.clone());
+            let mut names: Vec<String> = (devices(env).into_iter())
+                .map(|d| d.ep)
+                .filter(|ep| !before.contains(ep))
+                .collect();
+            names.sort();
+            names.dedup();
+            registered.insert(library.clone(), names);
         }
-        let mut names: Vec<String> = devices(env)
-            .into_iter()
-            .map(|d| d.ep)
-            .filter(|ep| !before.contains(ep))
-            .collect();
-        names.sort();
-        names.dedup();
-        added = names;
+        added.clone_from(&registered[library]);
     }
     let listed = devices(env);
     let there_are = || {
