@@ -20,7 +20,7 @@ use crate::{
     Header, Result, Segmentation, Settings, Shared, Side,
 };
 
-pub(super) mod exposure;
+mod exposure;
 mod fusion;
 mod lacking;
 mod pairing;
