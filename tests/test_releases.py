@@ -1,5 +1,6 @@
-"""A side on another ONNX Runtime library (`ort:lib=PATH`): two releases of one runtime compared
-in one run, each side in a process of its own, the report naming both. A release at least as new
+"""A side on another ONNX Runtime or OpenVINO library (`ort:lib=PATH`, `openvino:lib=PATH`): two
+releases of one runtime compared in one run, each side in a process of its own, the report naming
+both. A release at least as new
 as the C API layerdiff's binding asks for runs in layerdiff's own worker; an older one through
 its own Python package (`release_worker.py`, started with the interpreter of the virtualenv
 that holds it). The older release here is a stand-in, so that no test downloads one: a
@@ -9,6 +10,7 @@ imports this environment's onnxruntime. `python -m layerdiff.releases` fetches r
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -150,6 +152,84 @@ def test_providers_measures_another_release_beside_this_one(tmp_path):
     cells = json.loads((out / "providers.json").read_text())["cells"]
     release = next(c for c in cells if c["target"] == f"ort:lib={library}")
     assert release["verdict"] == "no_drift", release
+
+
+def _openvino_library() -> Path:
+    openvino = pytest.importorskip("openvino", reason="OpenVINO is not installed")
+    return next(Path(openvino.__file__).parent.glob("libs/libopenvino_c.so.*"))
+
+
+def test_openvino_on_another_library_runs_in_a_worker_that_describes_it(tmp_path):
+    """The worker loads the library and says what its plugin is: the report names that build
+    and the precision it resolved, as for OpenVINO in this process."""
+    model = _model(tmp_path / "m.onnx")
+    library = _openvino_library()
+    code, stderr, report = _run(tmp_path, str(model), "--reference", "openvino:precision=f32",
+                                "--target", f"openvino:precision=f32:lib={library}")  # fmt: skip
+    assert code == 0, stderr
+    assert report["summary"]["verdict"] == "no_drift"
+    reference, target = report["reference"]["detail"], report["target"]["detail"]
+    build = reference.split("OpenVINO ")[1].split(" ")[0]
+    assert f"OpenVINO {build} CPU plugin, inference precision f32" in target, target
+    assert target.endswith("in a worker process"), target
+    assert report["target"]["options"] == {"INFERENCE_PRECISION_HINT": "f32"}
+
+
+def test_a_fault_on_another_openvino_library_is_found_and_its_repro_names_the_library(tmp_path):
+    """A weight scaled in the file the other library runs: the defect at its layer, and the
+    repro script says which library layerdiff ran it on (it reproduces on this Python's)."""
+    from faults import scale_weight
+
+    model = _model(tmp_path / "m.onnx")
+    bug = scale_weight(model, tmp_path / "bug.onnx", "y", 1.05)
+    library = _openvino_library()
+    repro = tmp_path / "repro"
+    code, stderr, report = _run(tmp_path, str(model), "--vs", str(bug), "--target",
+                                f"openvino:precision=f32:lib={library}", "--repro", str(repro))  # fmt: skip
+    assert code == 1, stderr
+    assert report["summary"]["drift_origin"] == "y"
+    assert report["summary"]["defects"][0]["cause"] == "weight_mismatch"
+    script = (repro / "repro.py").read_text()
+    assert f"# layerdiff ran the target on\n    #   {library}\n" in script, script
+    ran = subprocess.run([sys.executable, "repro.py"], cwd=repro, capture_output=True, text=True)
+    assert ran.returncode == 1 and "reproduced" in ran.stdout, ran.stdout + ran.stderr
+
+
+def test_an_openvino_library_that_is_not_one_is_refused_by_name(tmp_path):
+    model = _model(tmp_path / "m.onnx")
+    code, stderr, report = _run(tmp_path, str(model), "--target", f"openvino:lib={LIBRARY}")
+    assert code == 2 and report is None
+    assert f"cannot load OpenVINO from `{LIBRARY}`: it has no `ov_get_openvino_version`" in stderr
+    code, stderr, report = _run(tmp_path, str(model), "--target", "openvino:lib=/nowhere/libov.so")
+    assert code == 2 and report is None
+    assert "cannot load OpenVINO from `/nowhere/libov.so`" in stderr, stderr
+
+
+def test_an_openvino_release_is_fetched_as_a_side_of_its_own(tmp_path, monkeypatch, capsys):
+    assert releases.parse("openvino==2026.4.0") == ("openvino", "2026.4.0")
+    monkeypatch.setenv("LAYERDIFF_CACHE_DIR", str(tmp_path))
+    libs = tmp_path / "runtimes" / "openvino-2026.4.0" / "lib" / "python3.11" / "site-packages"
+    (libs / "openvino" / "libs").mkdir(parents=True)
+    library = libs / "openvino" / "libs" / "libopenvino_c.so.2640"
+    library.symlink_to(_openvino_library())
+    assert releases.fetch("openvino", "2026.4.0") == library
+    assert releases.main(["openvino==2026.4.0"]) == 0
+    assert capsys.readouterr().out == f"openvino:lib={library}\n"
+
+
+@pytest.mark.thorough
+def test_two_real_openvino_releases_compare_in_one_run(tmp_path):
+    """OpenVINO 2026.4.0, fetched from PyPI into the user's cache (once), against the release
+    layerdiff loads: one run, both builds named, every layer compared."""
+    _openvino_library()
+    older = releases.fetch("openvino", "2026.4.0", quiet=True)
+    model = _model(tmp_path / "m.onnx")
+    code, stderr, report = _run(tmp_path, str(model), "--reference", "openvino:precision=f32",
+                                "--target", f"openvino:precision=f32:lib={older}")  # fmt: skip
+    assert code in (0, 1), stderr
+    assert "OpenVINO 2026.4.0-" in report["target"]["detail"], report["target"]["detail"]
+    assert "OpenVINO 2026.4.0-" not in report["reference"]["detail"]
+    assert report["summary"]["layers_compared"] == 4
 
 
 @pytest.mark.thorough

@@ -50,8 +50,10 @@ pub struct OnnxArgs {
     /// onnxruntime==1.30.0` fetches one), an execution provider through ONNX Runtime's device API
     /// (`ort:ep=NAME`; a plugin library registered first: `ort:ep_lib=PATH[:ep=NAME]`, its
     /// options as `:KEY=VALUE`), `tract`, `openvino` (OpenVINO's CPU plugin;
-    /// `openvino:precision=f16|bf16` hints its inference precision), or `expected:PATH` (values from a
-    /// safetensors file or an ONNX test_data_set folder).
+    /// `openvino:precision=f16|bf16` hints its inference precision; `openvino:lib=PATH` runs
+    /// another release's `libopenvino_c` in a worker process, `python -m layerdiff.releases
+    /// openvino==2026.4.0` fetches one), or `expected:PATH` (values from a safetensors file or an
+    /// ONNX test_data_set folder).
     #[arg(long, default_value = "ort", value_parser = RuntimeSpec::parse)]
     pub reference: RuntimeSpec,
     /// Runtime of the target side (same spellings). Default: `tract`, or `ort` with --vs. With

@@ -64,11 +64,11 @@ impl Isolation {
         }
     }
 
-    /// Whether a side on `spec` runs in a worker process: one on another ONNX Runtime library
-    /// always does (this process has loaded its own).
+    /// Whether a side on `spec` runs in a worker process: one on another ONNX Runtime or
+    /// OpenVINO library always does (this process has loaded its own).
     pub fn applies(self, spec: &RuntimeSpec) -> bool {
         match (self, spec) {
-            (_, RuntimeSpec::Ort(.., Some(_), _)) => true,
+            (_, RuntimeSpec::Ort(.., Some(_), _) | RuntimeSpec::OpenVino(_, Some(_))) => true,
             (_, RuntimeSpec::Expected(_)) | (Self::Never, _) => false,
             (Self::Always, _) => true,
             // a vendor's code: a custom-op library, an execution provider's plugin library
@@ -114,13 +114,17 @@ impl Isolated {
     pub fn new(spec: &RuntimeSpec, ort_library: Option<&Path>) -> Result<Self> {
         // a release this side cannot run on is refused now, not at its first run
         release::release_command(spec, false)?;
-        Ok(Self {
+        let mut isolated = Self {
             here: spec.described_here(ort_library, false)?,
             spec: spec.clone(),
             as_saved: false,
             ort_library: ort_library.map(Path::to_path_buf),
             worker: Mutex::new(None),
-        })
+        };
+        if let Some(here) = release::described_by_worker(&isolated)? {
+            isolated.here = here;
+        }
+        Ok(isolated)
     }
 
     fn spawn(&self) -> Result<Worker> {
@@ -469,6 +473,14 @@ mod tests {
         assert!(Isolation::Auto.applies(&vendor));
         assert!(Isolation::Always.applies(&RuntimeSpec::Tract));
         assert!(!Isolation::Never.applies(&vendor));
+        // another release of a runtime this process loads once
+        for release in [
+            "ort:lib=/opt/ort/libonnxruntime.so",
+            "openvino:lib=/opt/ov/libopenvino_c.so",
+        ] {
+            assert!(Isolation::Never.applies(&RuntimeSpec::parse(release).unwrap()));
+        }
+        assert!(!Isolation::Auto.applies(&RuntimeSpec::parse("openvino").unwrap()));
         assert!(!Isolation::Always.applies(&RuntimeSpec::Expected("v.safetensors".into())));
         assert_eq!(
             Isolation::parse("sometimes").unwrap_err(),

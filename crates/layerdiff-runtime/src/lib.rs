@@ -75,6 +75,12 @@ pub trait Runtime {
     fn compiles_graph(&self) -> bool {
         false
     }
+    /// What a worker that runs this side tells the process that started it, for that process
+    /// to describe the side without loading its library (OpenVINO's plugin in another
+    /// release); `None` where that process describes the side itself.
+    fn facts(&self) -> Option<serde_json::Value> {
+        None
+    }
     /// The graph this runtime really runs, when it rewrites a model before running it (ONNX
     /// Runtime above `opt=disable`): the rewritten model as the runtime saves it, and a runtime
     /// that runs it as saved. `None` when the model runs as written.

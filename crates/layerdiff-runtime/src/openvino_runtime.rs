@@ -3,14 +3,17 @@
 //! inference-precision hint (f32, f16, bf16) that the plugin resolves to what the machine can do.
 
 use std::path::Path;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 use layerdiff_core::{DType, Tensor};
 use layerdiff_onnx::Model;
 use openvino::{Core, DeviceType, ElementType, PropertyKey, RwPropertyKey, Shape};
 
-use crate::library::{OPENVINO_WHEEL, find_library};
 use crate::{Error, ReducedMath, Result, Runtime};
+
+mod loading;
+
+use loading::load;
 
 /// The inference precisions OpenVINO's CPU plugin takes as a hint.
 pub const OPENVINO_PRECISIONS: [&str; 3] = ["f32", "f16", "bf16"];
@@ -65,9 +68,18 @@ fn lowered(resolved: &str) -> Option<ReducedMath> {
 
 /// OpenVINO's CPU plugin, at the precision it resolved from the hint asked for.
 pub struct OpenVinoRuntime {
-    core: Mutex<Core>,
+    /// `None` for a side described here whose library is loaded in its worker process only
+    /// (`openvino:lib=PATH`): it runs nothing here.
+    core: Option<Mutex<Core>>,
     /// The hint asked for (`None`: the plugin's default).
     asked: Option<String>,
+    plugin: Plugin,
+}
+
+/// What the CPU plugin of the loaded library is on this machine: what a worker that loaded
+/// another release tells the process that started it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Plugin {
     /// The precision the plugin resolved the hint to on this machine (`f32` where it has no
     /// f16 or bf16 arithmetic).
     resolved: String,
@@ -75,6 +87,37 @@ pub struct OpenVinoRuntime {
     version: String,
     /// What the CPU plugin offers on this machine (`FP32 INT8 BIN`).
     capabilities: String,
+}
+
+impl Plugin {
+    /// As a worker sends it.
+    pub(crate) fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "resolved": self.resolved,
+            "version": self.version,
+            "capabilities": self.capabilities,
+        })
+    }
+
+    /// Not known yet: its worker has not said (see [`crate::Isolated`]).
+    pub(crate) fn unknown() -> Self {
+        let unknown = || "unknown".to_string();
+        Self {
+            resolved: unknown(),
+            version: unknown(),
+            capabilities: unknown(),
+        }
+    }
+
+    /// As a worker sent it; `None` where the answer is not one.
+    pub(crate) fn from_json(value: &serde_json::Value) -> Option<Self> {
+        let field = |key: &str| value[key].as_str().map(str::to_string);
+        Some(Self {
+            resolved: field("resolved")?,
+            version: field("version")?,
+            capabilities: field("capabilities")?,
+        })
+    }
 }
 
 fn ov_err(context: &str) -> impl Fn(openvino::InferenceError) -> Error + '_ {
@@ -94,23 +137,6 @@ fn clean(message: &str) -> String {
     } else {
         lines.join(" ")
     }
-}
-
-/// Loads the OpenVINO C library once per process (from `library`, else found).
-fn load(library: Option<&Path>) -> Result<()> {
-    static LOADED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
-    let path = match library {
-        Some(path) => path.to_path_buf(),
-        None => find_library(&OPENVINO_WHEEL)?,
-    };
-    LOADED
-        .get_or_init(|| openvino_sys::library::load_from(&path))
-        .clone()
-        .map_err(|message| Error::LibraryLoad {
-            runtime: "OpenVINO",
-            path,
-            message,
-        })
 }
 
 impl OpenVinoRuntime {
@@ -142,12 +168,24 @@ impl OpenVinoRuntime {
             .map(|(_, v)| v.build_number)
             .unwrap_or_default();
         Ok(Self {
-            core: Mutex::new(core),
+            core: Some(Mutex::new(core)),
             asked: precision.map(str::to_string),
-            resolved,
-            version,
-            capabilities,
+            plugin: Plugin {
+                resolved,
+                version,
+                capabilities,
+            },
         })
+    }
+
+    /// The side as a worker that loaded its library described it: for what it is (its build,
+    /// its precision); it runs nothing in this process.
+    pub(crate) fn described(precision: Option<&str>, plugin: Plugin) -> Self {
+        Self {
+            core: None,
+            asked: precision.map(str::to_string),
+            plugin,
+        }
     }
 }
 
@@ -182,31 +220,35 @@ impl Runtime for OpenVinoRuntime {
 
     fn detail(&self) -> String {
         let asked = match &self.asked {
-            Some(p) if *p != self.resolved => format!(
+            Some(p) if *p != self.plugin.resolved => format!(
                 " ({p} asked: this CPU's plugin offers {}, so it computes in {})",
-                self.capabilities, self.resolved
+                self.plugin.capabilities, self.plugin.resolved
             ),
             _ => String::new(),
         };
         format!(
             "OpenVINO {} CPU plugin, inference precision {}{asked}; values asked for stay outputs, so they exist",
-            self.version, self.resolved
+            self.plugin.version, self.plugin.resolved
         )
     }
 
     fn options(&self) -> Vec<(String, String)> {
         vec![(
             "INFERENCE_PRECISION_HINT".to_string(),
-            self.resolved.clone(),
+            self.plugin.resolved.clone(),
         )]
     }
 
     fn reduced_math(&self) -> Option<ReducedMath> {
-        lowered(&self.resolved)
+        lowered(&self.plugin.resolved)
     }
 
     fn compiles_graph(&self) -> bool {
         true
+    }
+
+    fn facts(&self) -> Option<serde_json::Value> {
+        Some(self.plugin.to_json())
     }
 
     fn run(
@@ -215,8 +257,12 @@ impl Runtime for OpenVinoRuntime {
         inputs: &[(String, Tensor)],
         outputs: &[String],
     ) -> Result<Vec<(String, Tensor)>> {
-        let mut core = self
-            .core
+        let Some(core) = &self.core else {
+            return Err(Error::Worker(
+                "an OpenVINO side on another library runs in its worker process only".to_string(),
+            ));
+        };
+        let mut core = core
             .lock()
             .map_err(|_| Error::OpenVino("is unusable after an earlier failure".to_string()))?;
         let bytes = model.to_bytes();

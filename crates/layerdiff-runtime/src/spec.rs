@@ -6,7 +6,8 @@
 //! one layerdiff loads (`ort:lib=/path/libonnxruntime.so.1.30.0`: an older release, a vendor's
 //! build), an execution provider chosen through ONNX Runtime's device API, a plugin library's
 //! (`ort:ep_lib=/path/libvendor_ep.so[:ep=NAME]`) or a built-in one (`ort:ep=NAME`), `tract`,
-//! `openvino[:precision=f32|f16|bf16]`, `expected:PATH`. A new runtime is one variant here.
+//! `openvino[:precision=f32|f16|bf16][:lib=PATH]` (`lib=`: another release's
+//! `libopenvino_c`), `expected:PATH`. A new runtime is one variant here.
 
 use std::path::{Path, PathBuf};
 
@@ -39,8 +40,11 @@ pub enum RuntimeSpec {
     ),
     /// tract.
     Tract,
-    /// OpenVINO's CPU plugin with an inference-precision hint (`None`: its default).
-    OpenVino(Option<String>),
+    /// OpenVINO's CPU plugin with an inference-precision hint (`None`: its default), and the
+    /// OpenVINO C library it runs on where it is not the one layerdiff finds (another release:
+    /// such a side always runs in a worker process of its own, as OpenVINO is loaded once per
+    /// process).
+    OpenVino(Option<String>, Option<PathBuf>),
     /// Values read from a file: `expected:PATH` (safetensors, or an ONNX test data folder).
     Expected(std::path::PathBuf),
 }
@@ -60,7 +64,7 @@ impl RuntimeSpec {
     }
 
     /// Parses `ort[:PROVIDER][:opt=LEVEL][:without=NAME,…][:custom_ops=PATH,…][:lib=PATH][:ep_lib=PATH][:ep=NAME][:KEY=VALUE]…`,
-    /// `tract`, `openvino[:precision=PRECISION]` or `expected:PATH`.
+    /// `tract`, `openvino[:precision=PRECISION][:lib=PATH]` or `expected:PATH`.
     pub fn parse(text: &str) -> Result<Self, String> {
         let unknown = || {
             format!(
@@ -69,26 +73,15 @@ impl RuntimeSpec {
                  disable, basic, extended, all, NAME an ONNX Runtime optimizer to disable, PATH a custom-op library to register, \
                  LIBRARY another ONNX Runtime library to run on (libonnxruntime.so of another release or build), \
                  `ep_lib=` an execution provider's plugin library to register and `ep=` the execution provider whose devices to run on, \
-                 and KEY=VALUE the provider's options in ONNX Runtime's names (`use_tf32=0`); or `tract`; or `openvino[:precision=f32|f16|bf16]`; or \
+                 and KEY=VALUE the provider's options in ONNX Runtime's names (`use_tf32=0`); or `tract`; or `openvino[:precision=f32|f16|bf16][:lib=LIBRARY]`; or \
                  `expected:PATH`)"
             )
         };
         if text == "tract" {
             return Ok(Self::Tract);
         }
-        if text == "openvino" {
-            return Ok(Self::OpenVino(None));
-        }
-        if let Some(p) = text.strip_prefix("openvino:precision=") {
-            return crate::OPENVINO_PRECISIONS
-                .contains(&p)
-                .then(|| Self::OpenVino(Some(p.to_string())))
-                .ok_or_else(|| {
-                    format!(
-                        "`{text}`: unknown OpenVINO precision `{p}` (expected {})",
-                        crate::OPENVINO_PRECISIONS.join(", ")
-                    )
-                });
+        if text == "openvino" || text.starts_with("openvino:") {
+            return openvino(text).ok_or_else(unknown)?;
         }
         if let Some(path) = text.strip_prefix("expected:").filter(|p| !p.is_empty()) {
             return Ok(Self::Expected(path.into()));
@@ -217,8 +210,16 @@ impl RuntimeSpec {
                 s
             }
             Self::Tract => "tract".to_string(),
-            Self::OpenVino(None) => "openvino".to_string(),
-            Self::OpenVino(Some(p)) => format!("openvino:precision={p}"),
+            Self::OpenVino(precision, library) => {
+                let mut s = "openvino".to_string();
+                if let Some(p) = precision {
+                    s.push_str(&format!(":precision={p}"));
+                }
+                if let Some(library) = library {
+                    s.push_str(&format!(":lib={}", library.display()));
+                }
+                s
+            }
             Self::Expected(path) => format!("expected:{}", path.display()),
         }
     }
@@ -260,6 +261,11 @@ impl RuntimeSpec {
                     runtime
                 }))
             }
+            // the worker that loads that release says what it is (see [`crate::Isolated`])
+            Self::OpenVino(precision, Some(_)) => Ok(Box::new(OpenVinoRuntime::described(
+                precision.as_deref(),
+                crate::openvino_runtime::Plugin::unknown(),
+            ))),
             _ => self.build_here(ort_library, as_saved),
         }
     }
@@ -296,9 +302,10 @@ impl RuntimeSpec {
                 })
             }
             Self::Tract => Box::new(TractRuntime),
-            Self::OpenVino(precision) => {
-                Box::new(OpenVinoRuntime::new(None, precision.as_deref())?)
-            }
+            Self::OpenVino(precision, library) => Box::new(OpenVinoRuntime::new(
+                library.as_deref(),
+                precision.as_deref(),
+            )?),
             Self::Expected(path) => {
                 return Err(Error::Expected(format!(
                     "`expected:{}` is a file of values, not a runtime: it computes nothing",
@@ -307,6 +314,32 @@ impl RuntimeSpec {
             }
         })
     }
+}
+
+/// `openvino[:precision=P][:lib=PATH]`, its parts in any order, each once: `None` where `text`
+/// is not one; `Some(Err)` for a precision the plugin does not take.
+fn openvino(text: &str) -> Option<Result<RuntimeSpec, String>> {
+    let (mut precision, mut library) = (None, None);
+    for part in text.split(':').skip(1) {
+        if let Some(p) = part.strip_prefix("precision=") {
+            if precision.replace(p.to_string()).is_some() {
+                return None;
+            }
+            if !crate::OPENVINO_PRECISIONS.contains(&p) {
+                return Some(Err(format!(
+                    "`{text}`: unknown OpenVINO precision `{p}` (expected {})",
+                    crate::OPENVINO_PRECISIONS.join(", ")
+                )));
+            }
+        } else if let Some(path) = part.strip_prefix("lib=").filter(|p| !p.is_empty()) {
+            if library.replace(PathBuf::from(path)).is_some() {
+                return None;
+            }
+        } else {
+            return None;
+        }
+    }
+    Some(Ok(RuntimeSpec::OpenVino(precision, library)))
 }
 
 /// `without=`'s names of ONNX Runtime graph optimizers, where each is one.
@@ -338,6 +371,8 @@ mod tests {
             "tract",
             "openvino",
             "openvino:precision=f16",
+            "openvino:lib=/opt/ov-2026.4.0/libopenvino_c.so.2640",
+            "openvino:precision=f32:lib=/opt/ov-2026.4.0/libopenvino_c.so.2640",
             "expected:run/out.safetensors",
         ] {
             assert_eq!(RuntimeSpec::parse(s).unwrap().spelling(), s);
@@ -347,6 +382,12 @@ mod tests {
             RuntimeSpec::parse("ort:cuda:opt=all")
         );
         assert_eq!(RuntimeSpec::parse("ort:cpu").unwrap().spelling(), "ort");
+        assert_eq!(
+            RuntimeSpec::parse("openvino:lib=/a.so:precision=bf16")
+                .unwrap()
+                .spelling(),
+            "openvino:precision=bf16:lib=/a.so"
+        );
         for (bad, said) in [
             (
                 "ort:opt=most",
@@ -364,8 +405,8 @@ mod tests {
                 "unknown OpenVINO precision `f8` (expected f32, f16, bf16)",
             ),
             (
-                "openvino:precision=f16:opt=all",
-                "unknown OpenVINO precision `f16:opt=all`",
+                "openvino:precision=f8:lib=/opt/libopenvino_c.so",
+                "unknown OpenVINO precision `f8`",
             ),
         ] {
             let err = RuntimeSpec::parse(bad).unwrap_err();
@@ -376,6 +417,10 @@ mod tests {
             "expected:",
             "ort:cuda:=0",
             "openvino:f16",
+            "openvino:precision=f16:opt=all",
+            "openvino:lib=",
+            "openvino:lib=a.so:lib=b.so",
+            "openvino:precision=f32:precision=f16",
             "ort:opt=all:without=",
             "ort:opt=all:without=a;b",
             "ort:custom_ops=",

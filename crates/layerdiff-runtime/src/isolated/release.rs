@@ -1,13 +1,40 @@
-//! A side on another ONNX Runtime library (`ort:lib=PATH`): how its worker starts. A release
-//! whose C API is at least the one this build asks for is loaded by this program's own worker;
-//! an older one answers that API with nothing, so its worker is the release's own Python package
-//! running `release_worker.py`, in the virtualenv that holds the library
-//! (`python -m layerdiff.releases onnxruntime==VERSION` makes one).
+//! A side on another release's library. ONNX Runtime (`ort:lib=PATH`): how its worker starts.
+//! A release whose C API is at least the one this build asks for is loaded by this program's
+//! own worker; an older one answers that API with nothing, so its worker is the release's own
+//! Python package running `release_worker.py`, in the virtualenv that holds the library
+//! (`python -m layerdiff.releases onnxruntime==VERSION` makes one). OpenVINO
+//! (`openvino:lib=PATH`): what its worker says the side is, as only the worker loads it.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use crate::{Error, RuntimeSpec};
+use serde_json::json;
+
+use super::Isolated;
+use crate::openvino_runtime::Plugin;
+use crate::{Error, OpenVinoRuntime, Runtime, RuntimeSpec};
+
+/// The side as its worker describes it, where only the worker can (OpenVINO on another
+/// library: the build of its CPU plugin, the precision it resolved); `None` for every other
+/// side, which this process describes itself.
+pub(super) fn described_by_worker(
+    isolated: &Isolated,
+) -> crate::Result<Option<Box<dyn Runtime + Send + Sync>>> {
+    let RuntimeSpec::OpenVino(precision, Some(_)) = &isolated.spec else {
+        return Ok(None);
+    };
+    let facts = isolated
+        .ask(&json!({"do": "describe"}), &[&[]], |answer, _| {
+            Ok(answer["facts"].clone())
+        })
+        .map_err(|f| isolated.failed(f))?;
+    let plugin = Plugin::from_json(&facts)
+        .ok_or_else(|| Error::Worker(format!("the worker described its OpenVINO as {facts}")))?;
+    Ok(Some(Box::new(OpenVinoRuntime::described(
+        precision.as_deref(),
+        plugin,
+    ))))
+}
 
 /// The worker that runs a release through its Python package: the same requests and answers
 /// as `layerdiff __worker` (see `wire.rs`).

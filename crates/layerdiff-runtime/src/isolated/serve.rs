@@ -100,6 +100,9 @@ fn answer(
         None => Vec::new(),
     };
     let runtime = runtime.map_err(|e| Error::Worker(e.to_string()))?;
+    if request["do"] == "describe" {
+        return Ok((json!({"facts": runtime.facts()}), Vec::new()));
+    }
     let base_dir = request["base_dir"].as_str().map(PathBuf::from);
     let model = Model::from_bytes(&model_bytes, Path::new("the worker's model"), base_dir)
         .map_err(Error::from)?;

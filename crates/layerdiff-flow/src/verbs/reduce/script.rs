@@ -56,7 +56,7 @@ pub(super) fn py_str(text: &str) -> String {
 /// The target's Python package, and the body of `run_target(inputs)`.
 fn runner(target: &RuntimeSpec, inputs: &[String]) -> (&'static str, String) {
     match target {
-        RuntimeSpec::Ort(provider, level, options, without, custom_ops, ..) => {
+        RuntimeSpec::Ort(provider, level, options, without, custom_ops, release, _) => {
             let level = match level {
                 OptLevel::Disable => "ORT_DISABLE_ALL",
                 OptLevel::Basic => "ORT_ENABLE_BASIC",
@@ -97,7 +97,8 @@ fn runner(target: &RuntimeSpec, inputs: &[String]) -> (&'static str, String) {
             (
                 "onnxruntime",
                 format!(
-                    "    import onnxruntime as ort\n\n    options = ort.SessionOptions()\n    options.graph_optimization_level = ort.GraphOptimizationLevel.{level}\n{disabled}    session = ort.InferenceSession(\n        str(HERE / \"model.onnx\"), options, providers=[{provider}]\n    )\n    names = [o.name for o in session.get_outputs()]\n    return dict(zip(names, session.run(names, inputs)))\n"
+                    "{}    import onnxruntime as ort\n\n    options = ort.SessionOptions()\n    options.graph_optimization_level = ort.GraphOptimizationLevel.{level}\n{disabled}    session = ort.InferenceSession(\n        str(HERE / \"model.onnx\"), options, providers=[{provider}]\n    )\n    names = [o.name for o in session.get_outputs()]\n    return dict(zip(names, session.run(names, inputs)))\n",
+                    release_note(release.as_deref())
                 ),
             )
         }
@@ -111,7 +112,7 @@ fn runner(target: &RuntimeSpec, inputs: &[String]) -> (&'static str, String) {
                 ),
             )
         }
-        RuntimeSpec::OpenVino(precision) => {
+        RuntimeSpec::OpenVino(precision, library) => {
             let config = precision
                 .as_ref()
                 .map(|p| format!("{{\"INFERENCE_PRECISION_HINT\": {}}}", py_str(p)))
@@ -119,12 +120,24 @@ fn runner(target: &RuntimeSpec, inputs: &[String]) -> (&'static str, String) {
             (
                 "openvino",
                 format!(
-                    "    import openvino as ov\n\n    compiled = ov.Core().compile_model(str(HERE / \"model.onnx\"), \"CPU\", {config})\n    result = compiled(inputs)\n    return {{out.get_any_name(): result[out] for out in compiled.outputs}}\n"
+                    "{}    import openvino as ov\n\n    compiled = ov.Core().compile_model(str(HERE / \"model.onnx\"), \"CPU\", {config})\n    result = compiled(inputs)\n    return {{out.get_any_name(): result[out] for out in compiled.outputs}}\n",
+                    release_note(library.as_deref())
                 ),
             )
         }
         RuntimeSpec::Expected(_) => unreachable!("a repro's target runs"),
     }
+}
+
+/// A comment for a target layerdiff ran on another release's library (`lib=PATH`): the
+/// Python whose package holds that library runs the script as layerdiff ran it.
+fn release_note(library: Option<&std::path::Path>) -> String {
+    library.map_or_else(String::new, |library| {
+        format!(
+            "    # layerdiff ran the target on\n    #   {}\n    # Run this with the Python of the virtualenv that holds it (`python -m\n    # layerdiff.releases` made it): another release may answer otherwise.\n",
+            library.display()
+        )
+    })
 }
 
 /// `repro.py`.
