@@ -12,7 +12,7 @@ DEPS := $(VENV)/.requirements.stamp
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: pipeline test test-all build env browser proto lint clean docs golden conformance kernel-swap bench mapping validation reports fuzz calibrate ort-release
+.PHONY: pipeline test test-all build env browser proto lint clean docs golden conformance kernel-swap bench mapping validation reports fuzz calibrate ort-release openvino-release
 
 env: $(DEPS)
 
@@ -127,6 +127,11 @@ bench: build
 ort-release: build
 	@test -n "$(VERSION)" || { echo "error: give the release, e.g. make ort-release VERSION=1.30.0" >&2; exit 2; }
 	$(PY) -m layerdiff.releases onnxruntime==$(VERSION)
+
+# The same for OpenVINO (`openvino:lib=…`): `make openvino-release VERSION=2026.4.0`.
+openvino-release: build
+	@test -n "$(VERSION)" || { echo "error: give the release, e.g. make openvino-release VERSION=2026.4.0" >&2; exit 2; }
+	$(PY) -m layerdiff.releases openvino==$(VERSION)
 
 # The defect-or-precision rule on every built-in model (forward, float16 and bfloat16; gradients
 # in bfloat16 and float16) and on planted faults; rewrites the calibration table in

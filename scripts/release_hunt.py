@@ -1,10 +1,11 @@
-"""A regression hunt between ONNX Runtime releases, as a vendor's CI runs one: every model of a
-small zoo on the release layerdiff loads against earlier releases (`ort:lib=`, fetched from PyPI
-by `layerdiff.releases`), graph optimizations off and at `all`, each difference named at the
-nodes whose own computation changed.
+"""A regression hunt between runtime releases, as a vendor's CI runs one: every model of a
+small zoo on the ONNX Runtime and the OpenVINO layerdiff loads against earlier releases
+(`ort:lib=`, `openvino:lib=`, fetched from PyPI by `layerdiff.releases`), each difference named
+at the nodes whose own computation changed. ONNX Runtime with graph optimizations off and at
+`all`; OpenVINO at its float32 precision and at its default on this machine.
 
-    python scripts/release_hunt.py [--releases 1.30.0,1.22.1,1.20.1] [--folder DIR]
-                                   [--out docs/release_hunt.md]
+    python scripts/release_hunt.py [--releases 1.30.0,1.22.1,1.20.1] [--openvino 2026.4.0]
+                                   [--folder DIR] [--out docs/release_hunt.md]
 
 The zoo: ResNet-18 (dynamo export), ResNet-50 (the legacy exporter, float32 and float16) and
 ViT-B/16 (dynamo export), torchvision with random weights, seed 0. The page it writes names the
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -23,6 +25,7 @@ from datetime import date
 from pathlib import Path
 
 import onnxruntime
+import openvino
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benches"))
@@ -84,7 +87,7 @@ def changed(report: dict) -> str:
     return f"none, {moved} values moved" if moved else "no layer changed"
 
 
-def row(model: str, release: str, opt: str, report: dict, current: int | None) -> str:
+def row(model: str, release: str, opt: str, report: dict, current: int | None = None) -> str:
     s = report["summary"]
     worst = max(
         (layer["accumulated"]["max_abs_diff"] for layer in report["layers"]
@@ -101,6 +104,7 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--releases", default="1.30.0,1.22.1,1.20.1")
+    parser.add_argument("--openvino", default="2026.4.0,2025.4.1", help="earlier OpenVINO releases")
     parser.add_argument("--folder", type=Path, default=ROOT / "target" / "release_hunt")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "release_hunt.md")
     args = parser.parse_args()
@@ -117,21 +121,35 @@ def main() -> int:
                 report = run(path, f"ort{level}", f"ort{level}:lib={library}")
                 rows.append(row(name, version, opt, report, kept_now if opt == "all" else None))
                 print(rows[-1], file=sys.stderr)
+    ov_libraries = {v: releases.fetch("openvino", v) for v in args.openvino.split(",")}
+    ov_rows = []
+    for name, path in files.items():
+        for version, library in ov_libraries.items():
+            for precision in ("f32", "default"):
+                hint = "" if precision == "default" else f":precision={precision}"
+                report = run(path, f"openvino{hint}", f"openvino{hint}:lib={library}")
+                resolved = report["target"]["options"]["INFERENCE_PRECISION_HINT"]
+                label = precision if precision != "default" else f"default ({resolved})"
+                ov_rows.append(row(name, version, label, report))
+                print(ov_rows[-1], file=sys.stderr)
     cpu = next((line.split(":", 1)[1].strip() for line in
                 Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())  # fmt: skip
     flags = Path("/proc/cpuinfo").read_text()
     isa = "AVX-512" if " avx512f " in flags else "AVX2" if " avx2 " in flags else "no AVX2"
     page = [
-        "# ONNX Runtime releases against each other",
+        "# Runtime releases against each other",
         "",
-        f"Written by `python scripts/release_hunt.py` on {date.today().isoformat()}: ONNX "
-        f"Runtime {onnxruntime.__version__} (the release layerdiff loads) as the reference, each "
-        "earlier release as the target (`--target ort:lib=…`, fetched by `python -m "
-        "layerdiff.releases`), graph optimizations off and at `all` on both sides. Machine: "
-        f"{cpu}, {isa}, 2 cores; kernels are picked per CPU, so another machine may see other "
-        "differences. How to run such a hunt: "
-        "[onnx.md](onnx.md#one-runtime-two-releases-ortlibpath).",
+        f"Written by `python scripts/release_hunt.py` on {date.today().isoformat()}. Machine: "
+        f"{cpu}, {isa}, {os.cpu_count()} cores; kernels are picked per CPU, so another machine "
+        "may see other differences. How to run such a hunt: "
+        "[onnx.md](onnx.md#one-runtime-two-releases-ortlibpath-openvinolibpath).",
+        "",
+        "## ONNX Runtime",
+        "",
+        f"ONNX Runtime {onnxruntime.__version__} (the release layerdiff loads) as the reference, "
+        "each earlier release as the target (`--target ort:lib=…`, fetched by `python -m "
+        "layerdiff.releases`), graph optimizations off and at `all` on both sides.",
         "",
         "*Own computation changed*: the layers whose value differs when each side re-runs the "
         "layer alone on the same inputs (the local error), by op: where a kernel changed "
@@ -143,6 +161,20 @@ def main() -> int:
         "| own computation changed |",
         "|---|---|---|---|---:|---:|---|",
         *rows,
+        "",
+        "## OpenVINO",
+        "",
+        f"OpenVINO {openvino.__version__} (the release layerdiff loads) as the reference, each "
+        "earlier release as the target (`--target openvino:lib=…`, its `libopenvino_c` fetched "
+        "by `python -m layerdiff.releases openvino==VERSION`), at the float32 precision hint and "
+        "at the plugin's default, which this machine resolves to the precision in brackets. "
+        "Every value compared is an output of the graph both releases compile (see "
+        "[onnx.md](onnx.md#a-target-that-cannot-show-its-layers---opaque) for what that changes).",
+        "",
+        "| model | release | precision | verdict | values compared | largest difference "
+        "| own computation changed |",
+        "|---|---|---|---|---:|---:|---|",
+        *ov_rows,
         "",
     ]
     args.out.write_text("\n".join(page))

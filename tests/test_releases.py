@@ -184,8 +184,9 @@ def test_a_fault_on_another_openvino_library_is_found_and_its_repro_names_the_li
     bug = scale_weight(model, tmp_path / "bug.onnx", "y", 1.05)
     library = _openvino_library()
     repro = tmp_path / "repro"
-    code, stderr, report = _run(tmp_path, str(model), "--vs", str(bug), "--target",
-                                f"openvino:precision=f32:lib={library}", "--repro", str(repro))  # fmt: skip
+    target = f"openvino:precision=f32:lib={library}"
+    code, stderr, report = _run(tmp_path, str(model), "--vs", str(bug), "--target", target,
+                                "--repro", str(repro))  # fmt: skip
     assert code == 1, stderr
     assert report["summary"]["drift_origin"] == "y"
     assert report["summary"]["defects"][0]["cause"] == "weight_mismatch"
