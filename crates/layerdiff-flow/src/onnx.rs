@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use layerdiff_core::{Layer, Location, Report, Tensor};
+use layerdiff_core::{Layer, Location, Report, Tensor, Tolerance};
 use layerdiff_onnx::{GraphIndex, MAX_GROUP_NODES, Model, NCHWC_DOMAIN, NodeInfo, to_float64_lazy};
 use layerdiff_runtime::{Isolation, PerNode, Runtime, RuntimeSpec, Widened};
 
@@ -213,6 +213,7 @@ fn compare_once(
                 inputs: &inputs,
                 other: options.vs.is_some(),
                 exposes: !outputs_only,
+                tolerance: options.settings.tolerance,
             };
             let side = graph_target(&reference_model, file, runtime, ort_library, &mut clock)?
                 .reaching(reach);

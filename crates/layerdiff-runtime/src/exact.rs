@@ -30,7 +30,7 @@ pub struct ExactKernels;
 
 fn unsupported(what: String) -> Error {
     Error::Unsupported {
-        runtime: "layerdiff's float64 kernels",
+        runtime: "layerdiff's float64 evaluation",
         what,
     }
 }
@@ -200,7 +200,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             err.to_string(),
-            "layerdiff's float64 kernels does not support Sin"
+            "layerdiff's float64 evaluation does not support Sin"
         );
     }
 
@@ -211,7 +211,7 @@ mod tests {
         let err = ExactKernels.run(&model, &[], &["y".into()]).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "layerdiff's float64 kernels does not support Erf without an input"
+            "layerdiff's float64 evaluation does not support Erf without an input"
         );
     }
 }

@@ -3,19 +3,21 @@
 //! side by side. Where they differ, the layers a per-layer run compares are of a graph that
 //! does not ship, and the report says by how much.
 
-use layerdiff_core::{Tensor, default_for};
+use layerdiff_core::{Tensor, Tolerance};
 use layerdiff_onnx::{Model, expose_values};
 use layerdiff_runtime::Runtime;
 
 use super::pieces::judged;
 
 /// The sentence the report carries where `runtime` computes `model`'s outputs otherwise once
-/// every value is an output; `None` where they agree bit for bit, or where either run fails
-/// (the comparison itself says why).
+/// every value is an output, judged by the run's `tolerance` (per dtype where it takes the
+/// float64 truth, which is not made here); `None` where they agree bit for bit, or where
+/// either run fails (the comparison itself says why).
 pub(super) fn note(
     runtime: &dyn Runtime,
     model: &Model,
     inputs: &[(String, Tensor)],
+    tolerance: Tolerance,
 ) -> Option<String> {
     let graph = model.graph();
     let outputs: Vec<String> = graph.output.iter().map(|o| o.name().to_string()).collect();
@@ -35,7 +37,8 @@ pub(super) fn note(
         if a.bytes == b.bytes {
             continue;
         }
-        let (multiple, diff) = judged(default_for(a.dtype), a, b).ok()?;
+        let bound = tolerance.for_layer(a.dtype.name(), None, None);
+        let (multiple, diff) = judged(bound, a, b).ok()?;
         if worst.is_none_or(|(m, ..)| multiple > m) {
             worst = Some((multiple, diff, name));
         }

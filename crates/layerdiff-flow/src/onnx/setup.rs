@@ -139,8 +139,9 @@ pub(super) struct TargetFile<'a> {
     pub(super) inputs: &'a [(String, Tensor)],
     pub(super) other: bool,
     /// Whether its values are asked for (not only its outputs): a runtime that compiles its
-    /// graph is then measured with and without them ([`super::exposure`]).
+    /// graph is then measured with and without them ([`super::exposure`]), by `tolerance`.
     pub(super) exposes: bool,
+    pub(super) tolerance: Tolerance,
 }
 
 /// The target as a graph run by `runtime`: the graph that ships where the runtime optimizes
@@ -160,7 +161,12 @@ pub(super) fn graph_target(
     // a graph of one node fuses nothing
     let model = file.model.as_ref().unwrap_or(reference_model);
     if runtime.compiles_graph() && file.exposes && model.graph().node.len() > 1 {
-        notes.extend(super::exposure::note(runtime.as_ref(), model, &inputs));
+        notes.extend(super::exposure::note(
+            runtime.as_ref(),
+            model,
+            &inputs,
+            file.tolerance,
+        ));
         clock.lap("the target's graph as written", RUNTIME);
     }
     let prepared = prepare_target(reference_model, file.model, runtime, &inputs, clock)?;
