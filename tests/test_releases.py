@@ -173,6 +173,14 @@ def test_openvino_on_another_library_runs_in_a_worker_that_describes_it(tmp_path
     assert f"OpenVINO {build} CPU plugin, inference precision f32" in target, target
     assert target.endswith("in a worker process"), target
     assert report["target"]["options"] == {"INFERENCE_PRECISION_HINT": "f32"}
+    # a cell of the provider matrix, beside OpenVINO in this process
+    out = tmp_path / "cells"
+    cell = f"openvino:precision=f32:lib={library}"
+    result = run_cli("providers", str(model), "--providers", "cpu", "--levels", "disable",
+                     "--runtimes", f"openvino:precision=f32,{cell}", "--out", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    cells = {c["target"]: c for c in json.loads((out / "providers.json").read_text())["cells"]}
+    assert cells[cell]["verdict"] == cells["openvino:precision=f32"]["verdict"], cells
 
 
 def test_a_fault_on_another_openvino_library_is_found_and_its_repro_names_the_library(tmp_path):
