@@ -135,6 +135,27 @@ def test_at_bfloat16_every_layer_is_judged_against_an_ideal_bfloat16_computation
 
 
 @needs_bf16
+def test_a_reference_computing_in_bfloat16_is_named_as_the_rounding(resnet18_onnx, tmp_path):
+    """OpenVINO at bf16 as the reference, ONNX Runtime's float32 as the target: the drift is
+    the reference's bfloat16 rounding. The report says the reference does not compute as its
+    file says, the headline's precision is bfloat16, and no layer blames the target for
+    computing in a precision it does not."""
+    result, report = report_of(
+        tmp_path, str(resnet18_onnx["dynamo"]), "--reference", "openvino", "--target", "ort"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    s = report["summary"]
+    assert s["verdict"] == "precision" and s["precision"]["dtype"] == "bfloat16", s
+    assert any(
+        w.startswith("the reference does not compute as its file says") for w in s["warnings"]
+    )
+    details = [layer.get("detail") or "" for layer in report["layers"]]
+    assert not any("the reference in float32" in d for d in details)
+    origin = next(layer for layer in report["layers"] if layer["name"] == s["drift_origin"])
+    assert origin["detail"].startswith("the reference computes this layer in bfloat16"), origin
+
+
+@needs_bf16
 def test_the_op_matrix_judges_a_cell_openvino_computes_in_bfloat16_as_bfloat16(tmp_path):
     ops = run_cli(
         "ops", "--ops", "matmul", "--backends", "ort,openvino", "--dtypes", "float32",

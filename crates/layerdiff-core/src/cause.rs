@@ -50,13 +50,13 @@ use crate::{
 
 mod decide;
 use decide::decide;
-pub use decide::quantizing_op;
 mod fix;
 use fix::fix;
 pub use fix::weights_fix;
 mod grid;
 mod name;
-pub use grid::precision_grid;
+mod reference;
+pub use grid::{precision_grid, quantizing_op};
 pub use name::Cause;
 #[cfg(test)]
 mod tests;
@@ -95,6 +95,10 @@ pub struct Evidence {
     /// How the target's runtime does this group's float32 math in lower precision (TF32 on a
     /// GPU), in words.
     pub reduced_math: Option<String>,
+    /// The grid the reference's runtime computes this group's float32 math on, where it is a
+    /// narrower dtype (OpenVINO's bfloat16 inference precision), and how, in words: the
+    /// values the target is measured against carry that rounding.
+    pub reference_lowered: Option<(DType, String)>,
 }
 
 impl Evidence {

@@ -244,6 +244,9 @@ pub(super) fn against_baseline(
     let grid = DType::from_name(&b.grid)
         .ok()
         .filter(|g| DType::from_name(&layer.dtype).is_ok_and(|d| g.narrower_than(d)));
+    if let Some(found) = super::reference::rounding_shared(layer, e, lower.or(grid), &explained) {
+        return found;
+    }
     match lower.or(grid) {
         Some(t) => (
             Cause::PrecisionLoss,
@@ -463,22 +466,6 @@ pub(super) fn without_baseline(
         ),
         Finding::Undecided,
     )
-}
-
-/// Whether an ONNX op quantizes or computes on quantized values (`QuantizeLinear`,
-/// `DequantizeLinear`, `QLinearConv`, `MatMulInteger`, ONNX Runtime's blockwise int4
-/// `MatMulNBits`…): its rounding is the quantization's.
-pub fn quantizing_op(op: &str) -> bool {
-    matches!(
-        op,
-        "QuantizeLinear"
-            | "DequantizeLinear"
-            | "DynamicQuantizeLinear"
-            | "MatMulInteger"
-            | "ConvInteger"
-            | "MatMulNBits"
-            | "GatherBlockQuantized"
-    ) || op.starts_with("QLinear")
 }
 
 /// The float64 truth's word that the target only rounds, where it says so: the target at most

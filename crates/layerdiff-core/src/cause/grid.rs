@@ -1,5 +1,6 @@
 //! Whether a target's values lie on a lower-precision grid than the reference's: a cheap
-//! sample that tells a narrower dtype computed inside a float32 layer.
+//! sample that tells a narrower dtype computed inside a float32 layer; and which ops compute
+//! on a quantization's grid.
 
 use super::*;
 
@@ -58,4 +59,20 @@ pub fn precision_grid(reference: TensorView<'_>, target: TensorView<'_>) -> Opti
         let (r_on, r_all) = on(&r_values);
         (t_all > 0 && t_on == t_all && 2 * r_on < r_all).then_some(name)
     })
+}
+
+/// Whether an ONNX op quantizes or computes on quantized values (`QuantizeLinear`,
+/// `DequantizeLinear`, `QLinearConv`, `MatMulInteger`, ONNX Runtime's blockwise int4
+/// `MatMulNBits`…): its rounding is the quantization's.
+pub fn quantizing_op(op: &str) -> bool {
+    matches!(
+        op,
+        "QuantizeLinear"
+            | "DequantizeLinear"
+            | "DynamicQuantizeLinear"
+            | "MatMulInteger"
+            | "ConvInteger"
+            | "MatMulNBits"
+            | "GatherBlockQuantized"
+    ) || op.starts_with("QLinear")
 }

@@ -443,3 +443,46 @@ fn a_layer_that_exceeds_with_what_it_inherits_is_judged_on_its_own_error() {
         "{detail}"
     );
 }
+
+#[test]
+fn a_reference_that_rounds_on_a_narrower_grid_is_named_as_the_rounding_not_the_target() {
+    // OpenVINO at bf16 as the reference: a float32 layer within what its precision explains
+    let how = "the reference's plugin computes float32 in bf16".to_string();
+    let judged = |grid: &str, reference: Option<DType>| {
+        let mut layers = vec![layer(0, 5e-3, Some(5e-3), &["x"])];
+        layers[0].baseline = Some(crate::Baseline {
+            grid: grid.to_string(),
+            ..baseline(0.4)
+        });
+        let e = Evidence {
+            ops: vec!["MatMul".to_string()],
+            reference_lowered: reference.map(|g| (g, how.clone())),
+            ..Evidence::default()
+        };
+        let mut summary = analyse(&mut layers, Tolerance::PerDtype);
+        explain(&mut layers, &[e], &mut summary);
+        (layers[0].cause.unwrap(), layers[0].detail.clone().unwrap())
+    };
+    // the target in float32 against a bfloat16 reference: the reference's rounding
+    let (cause, detail) = judged("float32", Some(DType::BF16));
+    assert_eq!(cause, Cause::Rounding, "{detail}");
+    assert!(
+        detail.starts_with("the reference computes this layer in bfloat16 (the reference's"),
+        "{detail}"
+    );
+    assert!(detail.contains(", the target in float32:"), "{detail}");
+    // both in bfloat16 (two releases of one runtime): shared rounding
+    let (cause, detail) = judged("bfloat16", Some(DType::BF16));
+    assert_eq!(cause, Cause::Rounding, "{detail}");
+    assert!(
+        detail.starts_with("both sides compute this layer in bfloat16"),
+        "{detail}"
+    );
+    // a reference that computes as its file says: the target's precision loss, as before
+    let (cause, detail) = judged("bfloat16", None);
+    assert_eq!(cause, Cause::PrecisionLoss, "{detail}");
+    assert!(
+        detail.starts_with("the target computes this layer in bfloat16, the reference in float32"),
+        "{detail}"
+    );
+}

@@ -39,6 +39,12 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                 "no float64 truth for the layers from where it stopped: it could not run ({why}); those layers are judged without it"
             ));
         }
+        if let Some(reduced) = self.reference.reduced_math() {
+            summary.warnings.push(format!(
+                "the reference does not compute as its file says: {}. The target is measured against values that carry that rounding, so nothing finer than it can show",
+                reduced.how
+            ));
+        }
         if let Some(runtime) = self.reference.rewrites() {
             summary.warnings.push(format!(
                 "the reference ({runtime}) optimizes the graph, but the values exposed for comparison keep it from fusing them: the reference measured is not the graph that ships; give the optimized side as --target, which is compared in the graph it optimized"
@@ -104,6 +110,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         let reference_info = self.reference.describe(&mut summary);
         let target_info = self.target.describe(&mut summary);
         let truth_info = self.truth.as_mut().map(|t| t.describe(&mut summary));
+        let reference_reduced = self.reference.reduced_math();
         if let Some(recompute) = self.target.recompute() {
             for (layer, group) in self.layers.iter_mut().zip(&self.groups) {
                 if let (Some(location), Some(Ok(group))) = (layer.location.as_mut(), group) {
@@ -141,10 +148,19 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                 let computed_in = layerdiff_core::DType::from_name(&layer.dtype).ok();
                 let value = self.target_values[i].as_deref().unwrap_or_default();
                 recompute.group_evidence(group, value, computed_in, e, &fed, &check);
+                e.reference_lowered = reference_lowers(reference_reduced.as_ref(), layer, e);
             }
         }
         let mut layers = self.layers;
         explain(&mut layers, &self.evidence, &mut summary);
+        // the drift's precision is the reference's where it rounds on a narrower grid
+        if let (Some(p), Some(grid)) = (
+            summary.precision.as_mut(),
+            reference_reduced.and_then(|r| r.grid),
+        ) && layerdiff_core::DType::from_name(&p.dtype).is_ok_and(|d| grid.narrower_than(d))
+        {
+            p.dtype = grid.name().to_string();
+        }
         self.clock.lap("analysis and causes", OWN);
         let mut report = Report {
             schema: SCHEMA,
@@ -174,4 +190,22 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         report.keep_float32 = lower_precision_of(&report).and_then(|p| keep_float32(&report, &p));
         Ok(report)
     }
+}
+
+/// The grid the reference's runtime computes `layer` on, where it lowers one of the group's
+/// ops (`evidence.ops`) below the layer's dtype, and how, in words.
+fn reference_lowers(
+    reduced: Option<&layerdiff_runtime::ReducedMath>,
+    layer: &layerdiff_core::Layer,
+    evidence: &layerdiff_core::Evidence,
+) -> Option<(layerdiff_core::DType, String)> {
+    let reduced = reduced?;
+    let grid = reduced.grid?;
+    let dtype = layerdiff_core::DType::from_name(&layer.dtype).ok()?;
+    (grid.narrower_than(dtype)
+        && evidence
+            .ops
+            .iter()
+            .any(|op| reduced.ops.contains(&op.as_str())))
+    .then(|| (grid, reduced.how.clone()))
 }

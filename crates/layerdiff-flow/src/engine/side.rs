@@ -78,6 +78,11 @@ pub trait Side: Send + Sync {
     fn rewrites(&self) -> Option<String> {
         None
     }
+    /// The float32 math its runtime does in lower precision (OpenVINO's bfloat16 inference
+    /// precision), where it does: a reference's values then carry that rounding.
+    fn reduced_math(&self) -> Option<layerdiff_runtime::ReducedMath> {
+        None
+    }
     /// Re-running parts of the side's own computation on given values, where it can.
     fn recompute(&self) -> Option<&dyn Recompute> {
         None
@@ -268,6 +273,9 @@ impl<S: Side + ?Sized> Side for Box<S> {
     }
     fn rewrites(&self) -> Option<String> {
         (**self).rewrites()
+    }
+    fn reduced_math(&self) -> Option<layerdiff_runtime::ReducedMath> {
+        (**self).reduced_math()
     }
     fn recompute(&self) -> Option<&dyn Recompute> {
         (**self).recompute()

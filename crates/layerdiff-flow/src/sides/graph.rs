@@ -310,6 +310,10 @@ impl Side for GraphSide {
         self.runtime.rewrites().then(|| self.runtime.detail())
     }
 
+    fn reduced_math(&self) -> Option<layerdiff_runtime::ReducedMath> {
+        self.runtime.reduced_math()
+    }
+
     fn recompute(&self) -> Option<&dyn Recompute> {
         Some(self)
     }

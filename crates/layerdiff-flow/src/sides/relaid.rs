@@ -184,6 +184,9 @@ impl<S: Side> Side for RelaidSide<S> {
     fn rewrites(&self) -> Option<String> {
         self.inner.rewrites()
     }
+    fn reduced_math(&self) -> Option<layerdiff_runtime::ReducedMath> {
+        self.inner.reduced_math()
+    }
     fn recompute(&self) -> Option<&dyn Recompute> {
         self.inner.recompute().map(|_| self as &dyn Recompute)
     }
