@@ -8,7 +8,8 @@ at the nodes whose own computation changed. ONNX Runtime with graph optimization
                                    [--folder DIR] [--out docs/release_hunt.md]
 
 The zoo: ResNet-18 (dynamo export), ResNet-50 (the legacy exporter, float32 and float16) and
-ViT-B/16 (dynamo export), torchvision with random weights, seed 0. The page it writes names the
+ViT-B/16 (dynamo export), torchvision with random weights, seed 0, and a Llama-style decoder
+from a transformers config (tests/builders/zoo.py, dynamo export). The page it writes names the
 machine: kernels are picked per CPU, so another machine may see other differences."""
 
 from __future__ import annotations
@@ -50,6 +51,15 @@ def zoo(folder: Path) -> dict[str, Path]:
         model = torchvision.models.vit_b_16(weights=None).eval()
         export_onnx(model, (torch.randn(1, 3, 224, 224),), vit, exporter="dynamo")
     files["vit_b_16"] = vit
+    llama = folder / "llama.onnx"
+    if not llama.exists():
+        sys.path.insert(0, str(ROOT / "tests"))
+        from builders.zoo import llama as build_llama
+
+        torch.manual_seed(0)
+        model, inputs = build_llama()
+        export_onnx(model.eval(), inputs, llama, exporter="dynamo")
+    files["llama"] = llama
     return files
 
 
