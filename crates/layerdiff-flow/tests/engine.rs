@@ -169,3 +169,74 @@ fn the_golden_report_of_the_drifting_chain() {
         );
     }
 }
+
+/// A reference whose runtime computes its float32 layers in bfloat16 (OpenVINO's inference
+/// precision given as the reference) against an honest float32 target: the drift is the
+/// reference's rounding. The report warns so, its precision is bfloat16, and a layer within
+/// what its precision explains names the reference's grid, never the target's precision loss.
+#[test]
+fn a_reference_that_computes_in_bfloat16_is_named_as_the_rounding() {
+    const OPS: [&str; 6] = ["op0", "op1", "op2", "op3", "op4", "op5"];
+    let report = |says_so: bool| {
+        let mut reference = Chain::new(vec![
+            |v, _, _| bf16(v * 1.5 + 0.25),
+            |v, _, _| bf16(v / (1.0 + v.abs())),
+            |v, _, _| bf16(v * v),
+            |v, _, _| bf16(v - 0.5),
+            |v, _, _| bf16(v.max(0.0)),
+            |v, _, _| bf16(v * 2.0),
+        ]);
+        reference.reduced = says_so.then(|| layerdiff_runtime::ReducedMath {
+            ops: &OPS,
+            grid: Some(DType::BF16),
+            how: "the chain computes float32 in bf16".to_string(),
+        });
+        let layers = OPS.len();
+        let mut engine: Engine<Chain, Chain> = Engine::new(
+            header(),
+            alignment(layers, &[]),
+            reference,
+            Chain::new(honest()),
+            None,
+            Some(baseline(layers)),
+            vec![("x".to_string(), input())],
+            settings(WHOLE),
+            Stopwatch::default(),
+        )
+        .unwrap();
+        engine.advance().unwrap();
+        engine.finish().unwrap()
+    };
+    let said = report(true);
+    let s = &said.summary;
+    assert_eq!(s.verdict, layerdiff_core::Verdict::Precision);
+    assert_eq!(s.precision.as_ref().unwrap().dtype, "bfloat16");
+    assert!(
+        s.warnings
+            .iter()
+            .any(|w| w.starts_with("the reference does not compute as its file says: the chain")),
+        "{:?}",
+        s.warnings
+    );
+    let origin = said.layers.iter().find(|l| l.name == "v0").unwrap();
+    assert_eq!(origin.cause, Some(layerdiff_core::Cause::Rounding));
+    let detail = origin.detail.as_deref().unwrap();
+    assert!(
+        detail.starts_with("the reference computes this layer in bfloat16 (the chain computes"),
+        "{detail}"
+    );
+    // the same numbers from a reference that does not say so: the evidence decides the words
+    let unsaid = report(false);
+    assert_eq!(unsaid.summary.precision.as_ref().unwrap().dtype, "float32");
+    assert!(
+        unsaid.summary.warnings.is_empty(),
+        "{:?}",
+        unsaid.summary.warnings
+    );
+}
+
+/// `v` rounded to the nearest bfloat16 (ties to even).
+fn bf16(v: f32) -> f32 {
+    let b = v.to_bits();
+    f32::from_bits((b + 0x7fff + ((b >> 16) & 1)) & 0xffff_0000)
+}

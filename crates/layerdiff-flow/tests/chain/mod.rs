@@ -29,6 +29,8 @@ pub struct Chain {
     pub ops: Vec<Op>,
     values: Values,
     runs: AtomicUsize,
+    /// The math its runtime says it does in lower precision (`None`: as written).
+    pub reduced: Option<layerdiff_runtime::ReducedMath>,
 }
 
 impl Chain {
@@ -37,6 +39,7 @@ impl Chain {
             ops,
             values: Values::new(vec![("x".to_string(), input())]),
             runs: AtomicUsize::new(0),
+            reduced: None,
         }
     }
 
@@ -122,6 +125,10 @@ impl Side for Chain {
 
     fn recompute(&self) -> Option<&dyn Recompute> {
         Some(self)
+    }
+
+    fn reduced_math(&self) -> Option<layerdiff_runtime::ReducedMath> {
+        self.reduced.clone()
     }
 }
 
