@@ -216,6 +216,9 @@ def test_an_openvino_library_that_is_not_one_is_refused_by_name(tmp_path):
 
 def test_an_openvino_release_is_fetched_as_a_side_of_its_own(tmp_path, monkeypatch, capsys):
     assert releases.parse("openvino==2026.4.0") == ("openvino", "2026.4.0")
+    # one layerdiff cannot run is refused before it is downloaded
+    with pytest.raises(releases.ReleaseError, match="layerdiff runs OpenVINO 2025.1 and later"):
+        releases.parse("openvino==2024.6.0")
     monkeypatch.setenv("LAYERDIFF_CACHE_DIR", str(tmp_path))
     libs = tmp_path / "runtimes" / "openvino-2026.4.0" / "lib" / "python3.11" / "site-packages"
     (libs / "openvino" / "libs").mkdir(parents=True)

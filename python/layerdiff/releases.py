@@ -53,6 +53,12 @@ def parse(spec: str) -> tuple[str, str]:
             f"`{spec}` is not a release: give PACKAGE==VERSION with PACKAGE one of "
             f"{', '.join(PACKAGES)} (`onnxruntime==1.30.0`)"
         )
+    if package == "openvino" and tuple(int(p) for p in version.split(".")[:2]) < (2025, 1):
+        # its C API's element types changed in 2025.1: layerdiff's binding refuses older ones
+        raise ReleaseError(
+            f"`{spec}`: layerdiff runs OpenVINO 2025.1 and later (the C API's element types "
+            "changed then); give a newer release"
+        )
     return package, version
 
 
