@@ -257,41 +257,37 @@ pub fn compare_judged(
     let blocks = n.div_ceil(BLOCK);
     let prepared = judge.map(Judge::prepare);
     let prepared = prepared.as_ref();
-    let (mut partials, histogram) = (0..blocks)
-        .into_par_iter()
+    // Each block's partial written in its own slot (no vectors gathered and joined), one
+    // histogram per piece of work.
+    let mut partials = vec![Partial::empty(); blocks];
+    let histogram = partials
+        .par_iter_mut()
+        .enumerate()
         .with_min_len(8)
         .with_max_len(FOLD_BLOCKS)
         .fold(
-            || (Vec::new(), prepared.map(|_| vec![0u32; HISTOGRAM])),
-            |(mut partials, mut histogram), b| {
+            || prepared.map(|_| vec![0u32; HISTOGRAM]),
+            |mut histogram, (b, slot)| {
                 let judging = prepared.zip(histogram.as_deref_mut());
-                partials.push((b, block_stats(reference, target, b, judging)));
-                (partials, histogram)
+                *slot = block_stats(reference, target, b, judging);
+                histogram
             },
         )
-        .map(|(partials, histogram)| {
-            let widened = histogram.map(|h| h.into_iter().map(u64::from).collect::<Vec<_>>());
-            (partials, widened)
-        })
+        .map(|histogram| histogram.map(|h| h.into_iter().map(u64::from).collect::<Vec<_>>()))
         .reduce(
-            || (Vec::new(), None),
-            |(mut a, ha), (b, hb)| {
-                a.extend(b);
-                let histogram = match (ha, hb) {
-                    (Some(mut ha), Some(hb)) => {
-                        ha.iter_mut().zip(hb).for_each(|(x, y)| *x += y);
-                        Some(ha)
-                    }
-                    (h, None) | (None, h) => h,
-                };
-                (a, histogram)
+            || None,
+            |a, b| match (a, b) {
+                (Some(mut a), Some(b)) => {
+                    a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+                    Some(a)
+                }
+                (h, None) | (None, h) => h,
             },
         );
-    // Sums added in block order, whichever thread computed each block.
-    partials.sort_unstable_by_key(|(b, _)| *b);
 
+    // Sums added in block order, whichever thread computed each block.
     let mut total = Partial::empty();
-    for (_, p) in &partials {
+    for p in &partials {
         total.merge(p);
     }
     let compared = total.compared;
