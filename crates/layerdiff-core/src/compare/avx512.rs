@@ -4,7 +4,9 @@
 //! product is exact: two narrow values). The quotients' cap at 2 is taken once per block, on
 //! their maximum: the same result in fewer operations. Elements are
 //! read straight from the tensors' bytes and widened in registers (float16 by F16C, bfloat16 by
-//! a shift), never staged through a buffer.
+//! a shift), never staged through a buffer. A chunk's differences are then counted against the
+//! thresholds below its largest, in integer arithmetic (see `count_above`): every vector
+//! operation counts here, and the loop is bound by them, not by memory.
 
 use std::arch::x86_64::*;
 
@@ -60,9 +62,9 @@ const _: () = assert!(THRESHOLDS[0].0 == 0.0);
 /// must be a multiple of [`LANES`].
 ///
 /// # Safety
-/// The CPU must have AVX-512F/DQ and F16C, and both byte slices must hold `start + len`
+/// The CPU must have AVX-512F/DQ, F16C and POPCNT, and both byte slices must hold `start + len`
 /// elements of their dtype.
-#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,f16c")]
+#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,f16c,popcnt")]
 pub(super) unsafe fn finite_block(
     r: (DType, &[u8]),
     t: (DType, &[u8]),
@@ -97,7 +99,7 @@ fn largest(l: &[f64; LANES]) -> f64 {
     l.iter().fold(0.0f64, |m, &v| if v > m { v } else { m })
 }
 
-#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,f16c")]
+#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,f16c,popcnt")]
 unsafe fn block<R: Load, T: Load>(
     r: &[u8],
     t: &[u8],
@@ -115,6 +117,8 @@ unsafe fn block<R: Load, T: Load>(
     let (mut sum_abs, mut sum_sq, mut dot, mut norm_r, mut norm_t, mut max_rel) =
         (zero, zero, zero, zero, zero, zero);
     let mut above = [0u64; THRESHOLDS.len()];
+    // Lane counts of the thresholds after the first, added up once the block is done.
+    let mut over = [_mm512_setzero_si512(); THRESHOLDS.len() - 1];
     let mut worst: Option<(f64, u64, f64, f64)> = None;
     let mut from = 0;
     while from < len {
@@ -153,7 +157,7 @@ unsafe fn block<R: Load, T: Load>(
         if finite != 0xff {
             return Outcome::NotFinite;
         }
-        let max = largest(&lanes(max_abs));
+        let max = _mm512_reduce_max_pd(max_abs);
         let d = &d[..n];
         if let Some((judged, _)) = judged.as_mut() {
             // SAFETY: elements `start + from..start + from + n` are within both slices.
@@ -165,14 +169,14 @@ unsafe fn block<R: Load, T: Load>(
         macro_rules! count {
             ($($m:literal)*) => {
                 match below.saturating_sub(1) {
-                    $($m => count_above::<$m>(d, &mut above),)*
+                    $($m => count_above::<$m>(d, &mut over),)*
                     _ => {}
                 }
             };
         }
         count!(1 2 3 4 5 6 7 8 9);
         if worst.is_none_or(|(w, ..)| max > w) {
-            let k = d.iter().position(|&v| v == max).unwrap_or(0);
+            let k = first_of(d, max);
             let at = start + from + k;
             // SAFETY: `at < start + len`.
             worst = Some((
@@ -183,6 +187,9 @@ unsafe fn block<R: Load, T: Load>(
             ));
         }
         from += n;
+    }
+    for (above, over) in above[1..].iter_mut().zip(over) {
+        *above = _mm512_reduce_add_epi64(over) as u64;
     }
     let sums = [sum_abs, sum_sq, dot, norm_r, norm_t].map(lanes);
     Outcome::Done(Partial::finite(
@@ -206,14 +213,14 @@ unsafe fn block<R: Load, T: Load>(
 /// # Safety
 /// The CPU must have AVX-512F/DQ and F16C, and both byte slices must hold `start + len` elements
 /// of their dtype.
-#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,f16c")]
+#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,f16c,popcnt")]
 pub(super) unsafe fn largest_difference(
     r: (DType, &[u8]),
     t: (DType, &[u8]),
     start: usize,
     len: usize,
 ) -> Option<(f64, f64)> {
-    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,f16c")]
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,f16c,popcnt")]
     unsafe fn run<R: Load, T: Load>(
         r: &[u8],
         t: &[u8],
@@ -258,27 +265,46 @@ fn product_sum(a: __m512d, b: __m512d, sum: __m512d, exact: bool) -> __m512d {
     }
 }
 
-/// Adds to `above[j]`, for the `M` thresholds after the first, how many of `d` exceed them: one
-/// pass over `d`, one vector counter per threshold.
+/// Adds to `over[j]`, lane by lane, how many of `d` exceed threshold `j + 1`, for the first `M`
+/// thresholds after 0. A difference is finite and not negative, so its bits order as integers do:
+/// `bits(x) − bits(d)` is negative, its top bit set, exactly where `d > x`. Integer arithmetic
+/// only: no comparison's mask crosses to the scalar side (which costs more here than the
+/// three operations).
 #[inline(always)]
-fn count_above<const M: usize>(d: &[f64], above: &mut [u64; THRESHOLDS.len()]) {
+fn count_above<const M: usize>(d: &[f64], over: &mut [__m512i; THRESHOLDS.len() - 1]) {
     // SAFETY (whole function): the caller runs with AVX-512F enabled; `d.len()` is a multiple
     // of eight, so every load stays inside `d`.
     unsafe {
-        let x: [__m512d; M] = std::array::from_fn(|j| _mm512_set1_pd(THRESHOLDS[j + 1].0));
-        let mut counts = [_mm512_setzero_si512(); M];
-        let one = _mm512_set1_epi64(1);
+        let x: [__m512i; M] =
+            std::array::from_fn(|j| _mm512_set1_epi64(THRESHOLDS[j + 1].0.to_bits() as i64));
+        let mut counts: [__m512i; M] = std::array::from_fn(|j| over[j]);
         for v in (0..d.len()).step_by(LANES) {
-            let dv = _mm512_loadu_pd(d.as_ptr().add(v));
+            let bits = _mm512_castpd_si512(_mm512_loadu_pd(d.as_ptr().add(v)));
             for j in 0..M {
-                let over = _mm512_cmp_pd_mask::<_CMP_GT_OQ>(dv, x[j]);
-                counts[j] = _mm512_mask_add_epi64(counts[j], over, counts[j], one);
+                let exceeds = _mm512_srli_epi64::<63>(_mm512_sub_epi64(x[j], bits));
+                counts[j] = _mm512_add_epi64(counts[j], exceeds);
             }
         }
-        for j in 0..M {
-            above[j + 1] += _mm512_reduce_add_epi64(counts[j]) as u64;
+        over[..M].copy_from_slice(&counts);
+    }
+}
+
+/// The first index of `value` in `d` (0 if it is not there), eight at a time.
+#[inline(always)]
+fn first_of(d: &[f64], value: f64) -> usize {
+    // SAFETY: the caller runs with AVX-512F enabled; `d.len()` is a multiple of eight, so every
+    // load stays inside `d`.
+    unsafe {
+        let wanted = _mm512_set1_pd(value);
+        for v in (0..d.len()).step_by(LANES) {
+            let at = _mm512_loadu_pd(d.as_ptr().add(v));
+            let equal = _mm512_cmp_pd_mask::<_CMP_EQ_OQ>(at, wanted);
+            if equal != 0 {
+                return v + equal.trailing_zeros() as usize;
+            }
         }
     }
+    0
 }
 
 /// A judged block: the judge's constants, and the operations of `Prepared::element` lane for

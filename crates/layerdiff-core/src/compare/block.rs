@@ -37,7 +37,7 @@ pub(super) fn element(dtype: DType, bytes: &[u8], k: usize) -> f64 {
 /// reassociation), so every kernel gives the same bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kernel {
-    /// AVX-512 (F, DQ, VL) with F16C: blocks of finite values, judged or not.
+    /// AVX-512 (F, DQ, VL) with F16C and POPCNT: blocks of finite values, judged or not.
     Avx512,
     /// AVX2 with FMA and F16C: every block (the fast path of CPUs without AVX-512).
     Avx2,
@@ -53,7 +53,7 @@ impl Kernel {
         {
             use std::arch::is_x86_feature_detected as has;
             if has!("avx2") && has!("f16c") && has!("fma") {
-                if has!("avx512f") && has!("avx512dq") && has!("avx512vl") {
+                if has!("avx512f") && has!("avx512dq") && has!("avx512vl") && has!("popcnt") {
                     kernels.push(Kernel::Avx512);
                 }
                 kernels.push(Kernel::Avx2);
