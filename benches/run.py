@@ -20,11 +20,22 @@ import tempfile
 import time
 from pathlib import Path
 
-import checkpoint
-import layerdiff
-import numpy as np
-import own_work
-import side_by_side
+# OpenBLAS's idle threads spin after each call and, on a two-core machine, take a core from the
+# comparator timed next: numpy in this process runs BLAS on one thread (the bandwidth probe runs
+# one call per core itself). The runs this script starts see the environment as it was.
+_BLAS_THREADS = os.environ.get("OPENBLAS_NUM_THREADS")
+os.environ["OPENBLAS_NUM_THREADS"] = "1"
+
+import checkpoint  # noqa: E402
+import layerdiff  # noqa: E402
+import numpy as np  # noqa: E402
+import own_work  # noqa: E402
+import side_by_side  # noqa: E402
+
+if _BLAS_THREADS is None:
+    del os.environ["OPENBLAS_NUM_THREADS"]
+else:
+    os.environ["OPENBLAS_NUM_THREADS"] = _BLAS_THREADS
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
@@ -70,12 +81,22 @@ def numpy_stats(r: np.ndarray, t: np.ndarray) -> dict:
     }
 
 
-def measure(name: str, r, t, elements: int, bandwidth: float, repeat: int) -> dict:
+def measure(name: str, r, t, elements: int, probe, repeat: int) -> dict:
     """One dtype: layerdiff and numpy on the same pair (bfloat16 arrives as torch tensors,
-    which numpy widens through float32)."""
+    which numpy widens through float32). Each timing of layerdiff is paired with a reading of
+    the read bandwidth taken just before it: this machine's bandwidth wanders (by 2× within
+    minutes on a shared VM), so a share is only fair against the bandwidth of its moment. The
+    share reported is the median of the pairs."""
     as_numpy = (lambda x: x.float().numpy()) if name == "bfloat16" else (lambda x: x)
     nbytes = 2 * elements * (2 if name in ("float16", "bfloat16") else np.dtype(name).itemsize)
-    ours = best_of(lambda: layerdiff.compare_tensors(r, t), repeat)
+    layerdiff.compare_tensors(r, t)
+    pairs = []
+    for _ in range(repeat):
+        bandwidth = probe()
+        start = time.perf_counter()
+        layerdiff.compare_tensors(r, t)
+        pairs.append((time.perf_counter() - start, bandwidth))
+    ours = min(s for s, _ in pairs)
     theirs = best_of(lambda: numpy_stats(as_numpy(r), as_numpy(t)), 1)
     return {
         "dtype": name,
@@ -83,31 +104,35 @@ def measure(name: str, r, t, elements: int, bandwidth: float, repeat: int) -> di
         "gelems": elements / ours / 1e9,
         "numpy_gbps": nbytes / theirs / 1e9,
         "speedup": theirs / ours,
-        "of_bandwidth": (nbytes / ours) / bandwidth,
+        "of_bandwidth": float(np.median([(nbytes / s) / bw for s, bw in pairs])),
+        "bandwidths": [bw for _, bw in pairs],
     }
 
 
-def read_bandwidth(nbytes: int, repeat: int) -> float:
-    """The machine's read bandwidth (bytes/s) over two arrays of `nbytes` each: BLAS dot
-    products, every core reading its share at once (the comparator splits its work across all
-    cores too), the fastest of float32 and float64. One BLAS call is not the measure: OpenBLAS
-    runs a float32 dot on one thread, which reads at about half what two cores do here."""
+def read_bandwidth(nbytes: int):
+    """A probe of the machine's read bandwidth (bytes/s) over two arrays of `nbytes` each: BLAS
+    dot products, every core reading its share at once (the comparator splits its work across
+    all cores too), the fastest of float32 and float64, best of two. The arrays are made once;
+    each call of the probe reads them again. One BLAS call is not the measure: OpenBLAS runs a
+    float32 dot on one thread, which reads at about half what two cores do here."""
     from concurrent.futures import ThreadPoolExecutor
 
     rng = np.random.default_rng(1)
     cores = os.cpu_count() or 1
-
-    def fastest(dtype, pool) -> float:
+    pool = ThreadPoolExecutor(cores)
+    readers = []
+    for dtype in (np.float32, np.float64):
         a = rng.standard_normal(nbytes // np.dtype(dtype).itemsize, dtype=dtype)
         b = a + dtype(1e-5)
         bounds = np.linspace(0, a.size, cores + 1, dtype=np.int64)
         parts = [(a[i:j], b[i:j]) for i, j in zip(bounds[:-1], bounds[1:], strict=True)]
-        split = best_of(lambda: list(pool.map(lambda p: np.dot(*p), parts)), repeat)
-        whole = best_of(lambda: np.dot(a, b), repeat)
-        return 2 * nbytes / min(split, whole)
+        readers.append(lambda parts=parts: list(pool.map(lambda p: np.dot(*p), parts)))
+        readers.append(lambda a=a, b=b: np.dot(a, b))
 
-    with ThreadPoolExecutor(cores) as pool:
-        return max(fastest(np.float32, pool), fastest(np.float64, pool))
+    def probe() -> float:
+        return 2 * nbytes / min(best_of(read, 2) for read in readers)
+
+    return probe
 
 
 def comparator(elements: int, repeat: int) -> list[dict]:
@@ -116,7 +141,7 @@ def comparator(elements: int, repeat: int) -> list[dict]:
     rng = np.random.default_rng(0)
     r32 = rng.standard_normal(elements, dtype=np.float32)
     t32 = r32 + rng.standard_normal(elements, dtype=np.float32) * np.float32(1e-5)
-    bandwidth = read_bandwidth(r32.nbytes, repeat)
+    probe = read_bandwidth(r32.nbytes)
     rows = []
     for name in ("float32", "float16", "bfloat16", "float64"):
         if name == "bfloat16":
@@ -124,7 +149,7 @@ def comparator(elements: int, repeat: int) -> list[dict]:
             t = torch.from_numpy(t32).to(torch.bfloat16)
         else:
             r, t = r32.astype(name), t32.astype(name)
-        row = measure(name, r, t, elements, bandwidth, repeat)
+        row = measure(name, r, t, elements, probe, repeat)
         if name in ("float16", "bfloat16"):
             # Rounding to a narrow dtype makes larger differences, which cross more thresholds:
             # the dtype's own cost shows against float32 holding the very same values.
@@ -136,7 +161,9 @@ def comparator(elements: int, repeat: int) -> list[dict]:
             same = best_of(lambda: layerdiff.compare_tensors(*wide), repeat)  # noqa: B023
             row["of_float32"] = row["gelems"] / (elements / same / 1e9)
         rows.append(row)
-    return [{"bandwidth": bandwidth / 1e9}, *rows]
+    readings = [bw for row in rows for bw in row.pop("bandwidths")]
+    spread = (min(readings) / 1e9, max(readings) / 1e9)
+    return [{"bandwidth": float(np.median(readings)) / 1e9, "spread": spread}, *rows]
 
 
 # -- memory: a decoder whose values do not fit, with and without segments --------------------
@@ -411,8 +438,10 @@ def render(
         "implementation of the same statistics (`numpy_stats` in `benches/run.py`: widen to",
         "float64, one vectorized pass per statistic). The machine's read bandwidth is measured in",
         "the same run by BLAS dot products over two arrays of the same size, every core reading",
-        "its share at once (`read_bandwidth`), the faster of float32 and float64:",
-        f"**{comp[0]['bandwidth']:.1f} GB/s**. Compare dtypes by their element rate: a float16",
+        "its share at once (`read_bandwidth`), the faster of float32 and float64, just before",
+        "each timing of layerdiff: the share of read bandwidth is the median of those pairs.",
+        f"Median reading **{comp[0]['bandwidth']:.1f} GB/s** (from {comp[0]['spread'][0]:.1f} to",
+        f"{comp[0]['spread'][1]:.1f} in this run). Compare dtypes by their element rate: a float16",
         "pair is half the bytes of a float32 pair. Rounding to float16 or bfloat16 makes larger",
         "differences, which cross more of the report's thresholds (more counting work), so the",
         "last column sets each narrow dtype's element rate against float32 arrays holding the",
@@ -450,7 +479,7 @@ def main() -> int:
         print("\n".join(own_work.lines(own, missed)))
         return 1 if missed else 0
     elements = (4 if args.quick else 64) * MIB  # 64 Mi float32 elements: 256 MiB a side
-    comp = comparator(elements, repeat=3)
+    comp = comparator(elements, repeat=5)
     for row in comp[1:]:
         row["elements"] = elements
     own = own_work.measure(args.quick)
