@@ -10,6 +10,7 @@ imports this environment's onnxruntime. `python -m layerdiff.releases` fetches r
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -110,6 +111,32 @@ def test_a_release_as_new_as_the_binding_runs_in_layerdiffs_own_worker(tmp_path)
     target = report["target"]["detail"]
     assert f"· onnxruntime {onnxruntime.__version__}, CPUExecutionProvider" in target, target
     assert target.endswith("in a worker process"), target
+
+
+def test_a_library_named_without_its_release_is_named_by_the_library(tmp_path):
+    """A vendor's build is often only `libonnxruntime.so`: the report names the release the
+    library itself reports, on a worker's side and on this process's alike, never "unknown"."""
+    model = _model(tmp_path / "m.onnx")
+    vendor = tmp_path / "vendor" / "libonnxruntime.so"
+    vendor.parent.mkdir()
+    vendor.symlink_to(LIBRARY)
+    code, stderr, report = _run(tmp_path, str(model), "--target", f"ort:lib={vendor}")
+    assert code == 0, stderr
+    target = report["target"]["detail"]
+    assert f"· onnxruntime {onnxruntime.__version__}, CPUExecutionProvider" in target, target
+    assert target.endswith("in a worker process"), target
+
+    out = tmp_path / "here.json"
+    exe = Path(sys.executable).parent / "layerdiff"
+    result = subprocess.run(
+        [str(exe), "onnx", str(model), "--target", "ort", "--json", str(out)],
+        capture_output=True, text=True,
+        env={**os.environ, "LAYERDIFF_ORT_LIB": str(vendor)}, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    detail = json.loads(out.read_text())["target"]["detail"]
+    assert f"· onnxruntime {onnxruntime.__version__}, CPUExecutionProvider" in detail, detail
+    assert not detail.endswith("in a worker process"), detail
 
 
 def test_a_release_that_cannot_run_is_refused_with_what_to_do(tmp_path):

@@ -24,6 +24,7 @@ use serde_json::{Value, json};
 use crate::{Error, Optimized, Provider, ReducedMath, Result, Runtime, RuntimeSpec};
 
 mod release;
+pub(crate) use release::{major_minor, older_release};
 mod serve;
 mod wire;
 mod worker;
@@ -106,6 +107,8 @@ pub struct Isolated {
     ort_library: Option<PathBuf>,
     /// The same runtime built here, for what it is (name, details, options); it runs nothing.
     here: Box<dyn Runtime + Send + Sync>,
+    /// What the worker told of itself, where only it can (see `release::worker_facts`).
+    facts: Option<serde_json::Value>,
     worker: Mutex<Option<Worker>>,
 }
 
@@ -115,14 +118,16 @@ impl Isolated {
         // a release this side cannot run on is refused now, not at its first run
         release::release_command(spec, false)?;
         let mut isolated = Self {
-            here: spec.described_here(ort_library, false)?,
+            here: spec.described_here(ort_library, false, None)?,
+            facts: None,
             spec: spec.clone(),
             as_saved: false,
             ort_library: ort_library.map(Path::to_path_buf),
             worker: Mutex::new(None),
         };
-        if let Some(here) = release::described_by_worker(&isolated)? {
-            isolated.here = here;
+        if let Some(facts) = release::worker_facts(&isolated)? {
+            isolated.here = spec.described_here(ort_library, false, Some(&facts))?;
+            isolated.facts = Some(facts);
         }
         Ok(isolated)
     }
@@ -391,9 +396,12 @@ impl Runtime for Isolated {
         }
         let saved = Model::load(folder.path().join("optimized.onnx")).map_err(|e| unsaved(&e))?;
         let runtime = Self {
-            here: self
-                .spec
-                .described_here(self.ort_library.as_deref(), true)?,
+            here: self.spec.described_here(
+                self.ort_library.as_deref(),
+                true,
+                self.facts.as_ref(),
+            )?,
+            facts: self.facts.clone(),
             spec: self.spec.clone(),
             as_saved: true,
             ort_library: self.ort_library.clone(),

@@ -111,7 +111,7 @@ impl OrtRuntime {
                 custom_ops: Vec::new(),
                 optimized_at: None,
                 library: loaded.path.clone(),
-                version: version_from_path(&loaded.path),
+                version: loaded.version.clone(),
                 plugin: None,
             }),
             Err(message) => Err(Error::LibraryLoad {
@@ -206,18 +206,20 @@ impl OrtRuntime {
         &self.library
     }
 
-    /// This runtime described as running on another library (`release`: its file; the release
-    /// read from its name): what a side that runs it in a worker process says it is. It runs
-    /// nothing in this process (see [`crate::Isolated`]).
-    pub(crate) fn labelled(self, release: &Path) -> Self {
+    /// This runtime described as running on another library (`release`: its file): what a side
+    /// that runs it in a worker process says it is, its release as that worker told it
+    /// (`version`), else as the file's name says. It runs nothing in this process (see
+    /// [`crate::Isolated`]).
+    pub(crate) fn labelled(self, release: &Path, version: Option<&str>) -> Self {
         Self {
             library: release.to_path_buf(),
-            version: version_from_path(release),
+            version: version.map_or_else(|| version_from_path(release), str::to_string),
             ..self
         }
     }
 
-    /// The release of the library in use (`1.31.1`), as its file name says.
+    /// The release of the library in use (`1.31.1`), as the library says (its file's name
+    /// where it does not).
     pub fn version(&self) -> &str {
         &self.version
     }
@@ -360,6 +362,10 @@ impl Runtime for OrtRuntime {
 
     fn options(&self) -> ProviderOptions {
         self.resolved.clone()
+    }
+
+    fn facts(&self) -> Option<serde_json::Value> {
+        Some(serde_json::json!({ "version": self.version }))
     }
 
     fn reduced_math(&self) -> Option<ReducedMath> {

@@ -244,27 +244,30 @@ impl RuntimeSpec {
         }
     }
 
-    /// What a side on this spec is, built in this process without loading another ONNX Runtime
-    /// library: a side on one is described as running on it (its release, its path), and runs
-    /// nothing here (see [`crate::Isolated`]).
+    /// What a side on this spec is, built in this process without loading another library: a
+    /// side on one is described as running on it (its path, and what the worker that loads it
+    /// told: `facts`, see [`Runtime::facts`]), and runs nothing here (see [`crate::Isolated`]).
     pub(crate) fn described_here(
         &self,
         ort_library: Option<&Path>,
         as_saved: bool,
+        facts: Option<&serde_json::Value>,
     ) -> Result<Box<dyn Runtime + Send + Sync>> {
         match self {
             Self::Ort(.., Some(release), _) => {
-                let runtime = self.ort_runtime(ort_library)?.labelled(release);
+                let version = facts.and_then(|f| f["version"].as_str());
+                let runtime = self.ort_runtime(ort_library)?.labelled(release, version);
                 Ok(Box::new(if as_saved {
                     runtime.as_saved()
                 } else {
                     runtime
                 }))
             }
-            // the worker that loads that release says what it is (see [`crate::Isolated`])
             Self::OpenVino(precision, Some(_)) => Ok(Box::new(OpenVinoRuntime::described(
                 precision.as_deref(),
-                crate::openvino_runtime::Plugin::unknown(),
+                facts
+                    .and_then(crate::openvino_runtime::Plugin::from_json)
+                    .unwrap_or_else(crate::openvino_runtime::Plugin::unknown),
             ))),
             _ => self.build_here(ort_library, as_saved),
         }

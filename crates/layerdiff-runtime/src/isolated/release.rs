@@ -2,38 +2,48 @@
 //! A release whose C API is at least the one this build asks for is loaded by this program's
 //! own worker; an older one answers that API with nothing, so its worker is the release's own
 //! Python package running `release_worker.py`, in the virtualenv that holds the library
-//! (`python -m layerdiff.releases onnxruntime==VERSION` makes one). OpenVINO
-//! (`openvino:lib=PATH`): what its worker says the side is, as only the worker loads it.
+//! (`python -m layerdiff.releases onnxruntime==VERSION` makes one). What a worker says the side
+//! is, where only the worker can tell: OpenVINO (`openvino:lib=PATH`), and ONNX Runtime on a
+//! library whose name does not say its release.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::Isolated;
 use crate::openvino_runtime::Plugin;
-use crate::{Error, OpenVinoRuntime, Runtime, RuntimeSpec};
+use crate::{Error, RuntimeSpec};
 
-/// The side as its worker describes it, where only the worker can (OpenVINO on another
-/// library: the build of its CPU plugin, the precision it resolved); `None` for every other
-/// side, which this process describes itself.
-pub(super) fn described_by_worker(
-    isolated: &Isolated,
-) -> crate::Result<Option<Box<dyn Runtime + Send + Sync>>> {
-    let RuntimeSpec::OpenVino(precision, Some(_)) = &isolated.spec else {
-        return Ok(None);
+/// What the worker of a side says it is, where only the worker can tell ([`Runtime::facts`]):
+/// OpenVINO on another library (the build of its CPU plugin, the precision it resolved), ONNX
+/// Runtime on a library whose file name does not say its release (a vendor's
+/// `libonnxruntime.so`). `None` for every other side, which this process describes itself.
+pub(super) fn worker_facts(isolated: &Isolated) -> crate::Result<Option<Value>> {
+    let asks = match &isolated.spec {
+        RuntimeSpec::OpenVino(_, Some(_)) => true,
+        RuntimeSpec::Ort(.., Some(library), _) => release_of(library).is_none(),
+        _ => false,
     };
+    if !asks {
+        return Ok(None);
+    }
     let facts = isolated
         .ask(&json!({"do": "describe"}), &[&[]], |answer, _| {
             Ok(answer["facts"].clone())
         })
         .map_err(|f| isolated.failed(f))?;
-    let plugin = Plugin::from_json(&facts)
-        .ok_or_else(|| Error::Worker(format!("the worker described its OpenVINO as {facts}")))?;
-    Ok(Some(Box::new(OpenVinoRuntime::described(
-        precision.as_deref(),
-        plugin,
-    ))))
+    let told = match &isolated.spec {
+        RuntimeSpec::OpenVino(..) => Plugin::from_json(&facts).is_some(),
+        _ => facts["version"].is_string(),
+    };
+    if !told {
+        return Err(Error::Worker(format!(
+            "the worker described its {} as {facts}",
+            isolated.here.name()
+        )));
+    }
+    Ok(Some(facts))
 }
 
 /// The worker that runs a release through its Python package: the same requests and answers
@@ -66,17 +76,9 @@ pub(super) fn release_command(
         return Ok(None);
     }
     let Some(python) = python_of(library) else {
-        return Err(refused(format!(
-            "ONNX Runtime {}.{} answers C API {} and older, and this layerdiff asks for {}: such a \
-             release runs in its own Python package, from a virtualenv that holds it \
-             (`python -m layerdiff.releases onnxruntime=={}.{}.*` makes one and prints the \
-             `ort:lib=` to give)",
-            release.0,
-            release.1,
-            release.1,
-            ort::MINOR_VERSION,
-            release.0,
-            release.1
+        return Err(refused(older_release(
+            release,
+            &format!("{}.{}", release.0, release.1),
         )));
     };
     let mut command: Vec<OsString> = vec![
@@ -105,10 +107,26 @@ pub(super) fn release_command(
     Ok(Some(command))
 }
 
+/// Why a release older than this build's C API (`release`, its major and minor; `named` as
+/// the user will recognise it) does not run as given, and what runs it.
+pub(crate) fn older_release((major, minor): (u32, u32), named: &str) -> String {
+    format!(
+        "ONNX Runtime {named} answers C API {minor} and older, and this layerdiff asks for {}: \
+         such a release runs in its own Python package, from a virtualenv that holds it \
+         (`python -m layerdiff.releases onnxruntime=={major}.{minor}.*` makes one and prints \
+         the `ort:lib=` to give)",
+        ort::MINOR_VERSION
+    )
+}
+
 /// `libonnxruntime.so.1.30.0` → (1, 30).
 fn release_of(library: &Path) -> Option<(u32, u32)> {
     let name = library.file_name()?.to_str()?;
-    let version = name.strip_prefix("libonnxruntime.so.")?;
+    major_minor(name.strip_prefix("libonnxruntime.so.")?)
+}
+
+/// `1.30.0` → (1, 30).
+pub(crate) fn major_minor(version: &str) -> Option<(u32, u32)> {
     let mut parts = version.split('.').map(str::parse::<u32>);
     Some((parts.next()?.ok()?, parts.next()?.ok()?))
 }
