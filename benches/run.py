@@ -1,9 +1,9 @@
-"""`make bench`: measures the comparator, layerdiff's own work per phase beside Polygraphy
-(`own_work.py`), memory (and a checkpoint larger than its budget: `checkpoint.py`), and whole
-runs beside the predecessor and the work no comparison can avoid (`side_by_side.py`), side by
-side in one run, and writes docs/performance.md. Every figure in that file comes from this run.
-A target missed (the constants of `own_work.py` and `checkpoint.py`) fails it, after the file
-is written.
+"""`make bench`: measures the comparator (`comparator.py`), layerdiff's own work per phase
+beside Polygraphy (`own_work.py`), memory (and a checkpoint larger than its budget:
+`checkpoint.py`), and whole runs beside the predecessor and the work no comparison can avoid
+(`side_by_side.py`), side by side in one run, and writes docs/performance.md. Every figure in
+that file comes from this run. A target missed (the constants of `own_work.py` and
+`checkpoint.py`) fails it, after the file is written.
 
     python benches/run.py [--out docs/performance.md] [--quick] [--own-only]
 """
@@ -27,8 +27,7 @@ _BLAS_THREADS = os.environ.get("OPENBLAS_NUM_THREADS")
 os.environ["OPENBLAS_NUM_THREADS"] = "1"
 
 import checkpoint  # noqa: E402
-import layerdiff  # noqa: E402
-import numpy as np  # noqa: E402
+import comparator  # noqa: E402
 import own_work  # noqa: E402
 import side_by_side  # noqa: E402
 
@@ -39,131 +38,6 @@ else:
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
-
-
-def best_of(fn, repeat: int) -> float:
-    """The fastest of `repeat` timed calls, after one warm-up call (seconds)."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def numpy_stats(r: np.ndarray, t: np.ndarray) -> dict:
-    """The report's statistics the way a numpy-based tool computes them: widen to float64, then
-    one vectorized pass per statistic."""
-    r, t = r.astype(np.float64), t.astype(np.float64)
-    nan_r, nan_t = np.isnan(r), np.isnan(t)
-    ok = ~(nan_r | nan_t)
-    d = np.where(r == t, 0.0, np.abs(t - r))[ok]
-    finite = ok & np.isfinite(r) & np.isfinite(t)
-    rf, tf = r[finite], t[finite]
-    denom = np.maximum(np.abs(rf), np.abs(tf))
-    diff_f = np.abs(tf - rf)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        rel = np.where(diff_f > 0, diff_f / denom, 0.0)
-    return {
-        "max_abs_diff": float(d.max(initial=0.0)),
-        "mean_abs_diff": float(d.mean()) if d.size else 0.0,
-        "max_rel_diff": float(rel.max(initial=0.0)),
-        "rms_diff": float(np.sqrt(np.mean(d * d))) if d.size else 0.0,
-        "cosine": float(np.dot(rf, tf) / np.sqrt(np.dot(rf, rf) * np.dot(tf, tf))),
-        "abs_diff_above": [
-            int(np.count_nonzero(d > x))
-            for x in (0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1, 10, 100)
-        ],  # fmt: skip
-        "nan": (int(nan_r.sum()), int(nan_t.sum())),
-        "inf": (int(np.isinf(r).sum()), int(np.isinf(t).sum())),
-        "worst": int(np.argmax(np.where(ok, np.where(r == t, 0.0, np.abs(t - r)), -1.0))),
-    }
-
-
-def measure(name: str, r, t, elements: int, probe, repeat: int) -> dict:
-    """One dtype: layerdiff and numpy on the same pair (bfloat16 arrives as torch tensors,
-    which numpy widens through float32). Each timing of layerdiff is paired with a reading of
-    the read bandwidth taken just before it: this machine's bandwidth wanders (by 2× within
-    minutes on a shared VM), so a share is only fair against the bandwidth of its moment. The
-    share reported is the median of the pairs."""
-    as_numpy = (lambda x: x.float().numpy()) if name == "bfloat16" else (lambda x: x)
-    nbytes = 2 * elements * (2 if name in ("float16", "bfloat16") else np.dtype(name).itemsize)
-    layerdiff.compare_tensors(r, t)
-    pairs = []
-    for _ in range(repeat):
-        bandwidth = probe()
-        start = time.perf_counter()
-        layerdiff.compare_tensors(r, t)
-        pairs.append((time.perf_counter() - start, bandwidth))
-    ours = min(s for s, _ in pairs)
-    theirs = best_of(lambda: numpy_stats(as_numpy(r), as_numpy(t)), 1)
-    return {
-        "dtype": name,
-        "gbps": nbytes / ours / 1e9,
-        "gelems": elements / ours / 1e9,
-        "numpy_gbps": nbytes / theirs / 1e9,
-        "speedup": theirs / ours,
-        "of_bandwidth": float(np.median([(nbytes / s) / bw for s, bw in pairs])),
-        "bandwidths": [bw for _, bw in pairs],
-    }
-
-
-def read_bandwidth(nbytes: int):
-    """A probe of the machine's read bandwidth (bytes/s) over two arrays of `nbytes` each: BLAS
-    dot products, every core reading its share at once (the comparator splits its work across
-    all cores too), the fastest of float32 and float64, best of two. The arrays are made once;
-    each call of the probe reads them again. One BLAS call is not the measure: OpenBLAS runs a
-    float32 dot on one thread, which reads at about half what two cores do here."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    rng = np.random.default_rng(1)
-    cores = os.cpu_count() or 1
-    pool = ThreadPoolExecutor(cores)
-    readers = []
-    for dtype in (np.float32, np.float64):
-        a = rng.standard_normal(nbytes // np.dtype(dtype).itemsize, dtype=dtype)
-        b = a + dtype(1e-5)
-        bounds = np.linspace(0, a.size, cores + 1, dtype=np.int64)
-        parts = [(a[i:j], b[i:j]) for i, j in zip(bounds[:-1], bounds[1:], strict=True)]
-        readers.append(lambda parts=parts: list(pool.map(lambda p: np.dot(*p), parts)))
-        readers.append(lambda a=a, b=b: np.dot(a, b))
-
-    def probe() -> float:
-        return 2 * nbytes / min(best_of(read, 2) for read in readers)
-
-    return probe
-
-
-def comparator(elements: int, repeat: int) -> list[dict]:
-    import torch
-
-    rng = np.random.default_rng(0)
-    r32 = rng.standard_normal(elements, dtype=np.float32)
-    t32 = r32 + rng.standard_normal(elements, dtype=np.float32) * np.float32(1e-5)
-    probe = read_bandwidth(r32.nbytes)
-    rows = []
-    for name in ("float32", "float16", "bfloat16", "float64"):
-        if name == "bfloat16":
-            r = torch.from_numpy(r32).to(torch.bfloat16)
-            t = torch.from_numpy(t32).to(torch.bfloat16)
-        else:
-            r, t = r32.astype(name), t32.astype(name)
-        row = measure(name, r, t, elements, probe, repeat)
-        if name in ("float16", "bfloat16"):
-            # Rounding to a narrow dtype makes larger differences, which cross more thresholds:
-            # the dtype's own cost shows against float32 holding the very same values.
-            wide = (
-                (r.float().numpy(), t.float().numpy())
-                if name == "bfloat16"
-                else (r.astype(np.float32), t.astype(np.float32))
-            )
-            same = best_of(lambda: layerdiff.compare_tensors(*wide), repeat)  # noqa: B023
-            row["of_float32"] = row["gelems"] / (elements / same / 1e9)
-        rows.append(row)
-    readings = [bw for row in rows for bw in row.pop("bandwidths")]
-    spread = (min(readings) / 1e9, max(readings) / 1e9)
-    return [{"bandwidth": float(np.median(readings)) / 1e9, "spread": spread}, *rows]
 
 
 # -- memory: a decoder whose values do not fit, with and without segments --------------------
@@ -435,7 +309,7 @@ def render(
         f"Two arrays of {comp[1]['elements']:,} elements each, compared with the full",
         "statistic set of the report (max/mean abs, max rel, RMS, cosine, ten threshold counts,",
         "NaN/Inf counts, the worst element), by `layerdiff.compare_tensors` and by a numpy",
-        "implementation of the same statistics (`numpy_stats` in `benches/run.py`: widen to",
+        "implementation of the same statistics (`numpy_stats` in `benches/comparator.py`: widen to",
         "float64, one vectorized pass per statistic). The machine's read bandwidth is measured in",
         "the same run by BLAS dot products over two arrays of the same size, every core reading",
         "its share at once (`read_bandwidth`), the faster of float32 and float64, just before",
@@ -479,7 +353,7 @@ def main() -> int:
         print("\n".join(own_work.lines(own, missed)))
         return 1 if missed else 0
     elements = (4 if args.quick else 64) * MIB  # 64 Mi float32 elements: 256 MiB a side
-    comp = comparator(elements, repeat=5)
+    comp = comparator.measure_all(elements, repeat=5)
     for row in comp[1:]:
         row["elements"] = elements
     own = own_work.measure(args.quick)

@@ -135,7 +135,9 @@ mod tests {
             said.contains("`python -m layerdiff.releases onnxruntime==1.30.*`"),
             "{said}"
         );
-        assert_eq!(older_release("failed to load from `/x`: no such file"), None);
+        assert_eq!(
+            older_release("failed to load from `/x`: no such file"),
+            None
+        );
     }
 }
-
