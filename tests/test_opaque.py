@@ -81,6 +81,30 @@ def test_a_node_a_conversion_runs_in_float16_is_precision_and_a_fault_beside_it_
     assert report["summary"]["drift_origin"] == convs[4].output[0]
 
 
+def test_reference_values_over_the_memory_budget_are_held_one_range_at_a_time(
+    resnet18_onnx, tmp_path
+):
+    """ResNet-18's values are about 22 MB; under `--max-memory 4MB` the search holds only what
+    each range reads (one reference run per range) and narrows to the same node, by the same
+    ranges, and says how it held them."""
+    clean = resnet18_onnx["dynamo"]
+    conv = [n for n in onnx.load(str(clean)).graph.node if n.op_type == "Conv"][9]
+    bug = scale_weight(clean, tmp_path / "bug.onnx", conv.output[0], 1.03)
+    args = (str(clean), "--vs", str(bug), "--target", "openvino:precision=f32", "--opaque")
+    _, held = report_of(tmp_path, *args)
+    result, ranged = report_of(tmp_path, *args, "--max-memory", "4MB")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert ranged["opaque"]["node"] == held["opaque"]["node"] == conv.name
+    tried = [(r["first"], r["last"], r["deviates"]) for r in ranged["opaque"]["ranges"]]
+    assert tried == [(r["first"], r["last"], r["deviates"]) for r in held["opaque"]["ranges"]]
+    for a, b in zip(ranged["opaque"]["ranges"], held["opaque"]["ranges"], strict=True):
+        assert a["multiple"] == pytest.approx(b["multiple"], rel=1e-3, abs=1e-6), (a, b)
+    assert ranged["summary"]["drift_origin"] == conv.output[0]
+    warned = [w for w in ranged["summary"]["warnings"] if "one range at a time" in w]
+    assert warned and "over the memory budget of 4 MB" in warned[0], ranged["summary"]["warnings"]
+    assert not any("one range at a time" in w for w in held["summary"]["warnings"])
+
+
 def test_opaque_takes_no_file_of_values_and_no_bisection(resnet18_onnx, tmp_path):
     model = str(resnet18_onnx["dynamo"])
     values = tmp_path / "values.safetensors"

@@ -9,22 +9,27 @@
 //! the target never computes a value more than the range needs. Each is judged by the
 //! same-precision rule (`layerdiff_core::assess_baseline`) against an ideal implementation of
 //! the range at the target's precision: the reference's nodes in float64, one at a time, each
-//! value computed in the dtype the target computes it in ([`Search::ideal_chain`]).
+//! value computed in the dtype the target computes it in ([`Search::ideal_chain`]). The
+//! reference's values are held whole, or one range's at a time where they would pass the memory
+//! budget (`values.rs`).
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use layerdiff_core::{DType, OpaqueSearch, RangeTried, Tensor, assess_baseline};
-use layerdiff_onnx::{GraphIndex, Model, expose_values, extract_nodes, group_of_at_most};
+use layerdiff_onnx::{GraphIndex, Model, extract_nodes, group_of_at_most};
 use layerdiff_runtime::{ReducedMath, Runtime};
 
+mod alone;
 mod counted;
+mod values;
 
 use counted::Counted;
+use values::ReferenceValues;
 
 use super::pieces::feeds_of;
 use super::setup::{MadeInputs, built, loaded, made_inputs};
-use super::{OnnxOptions, Outcome, compare_on};
+use super::{OnnxOptions, Outcome};
 use crate::engine::side::Group;
 use crate::inputs::{check_inputs, fit_inputs};
 use crate::sides::graph::rerun::{moves_data, node_computes};
@@ -61,10 +66,15 @@ pub(crate) fn compare(
     let MadeInputs { inputs, .. } = made_inputs(options, &reference_model, None)?;
     let index = GraphIndex::new(target_model.graph());
     check_inputs(&index, &fit_inputs(&index, &inputs).0)?;
-    let search = Search {
+    let mut search = Search {
         reference_index: GraphIndex::new(reference_model.graph()),
         reference_model: &reference_model,
-        values: reference_values(&reference_model, reference.as_ref(), &inputs)?,
+        values: ReferenceValues::new(
+            &reference_model,
+            reference.as_ref(),
+            &inputs,
+            options.settings.max_memory,
+        )?,
         baseline: GraphBaseline::new(&reference_model, ort_library)?,
         reduced: target.reduced_math(),
         index,
@@ -91,6 +101,9 @@ pub(crate) fn compare(
         Some(n) => search.node_alone(options, n, folder.path(), ort_library, &target)?,
         None => search.outputs_compared(options, ort_library, &target)?,
     };
+    if let Some(warning) = search.values.warning() {
+        outcome.report.summary.warnings.push(warning);
+    }
     drop(search);
     found.runs = target.runs();
     outcome.report.model = super::file_name(&options.model);
@@ -108,15 +121,15 @@ struct Search<'a> {
     target: &'a Counted,
     reduced: Option<ReducedMath>,
     inputs: &'a [(String, Tensor)],
-    /// The reference's value of every value its graph computes.
-    values: HashMap<String, Tensor>,
+    /// The reference's values: which it computes, and those the range at hand needs.
+    values: ReferenceValues<'a>,
     baseline: GraphBaseline,
 }
 
 impl Search<'_> {
     /// The whole graph, then halves of the range known to deviate, first half tried: the
     /// ranges run, and the node left (`None` when the whole graph is within its precision).
-    fn bisect(&self, say: &dyn Fn(String)) -> Result<(Vec<RangeTried>, Option<usize>)> {
+    fn bisect(&mut self, say: &dyn Fn(String)) -> Result<(Vec<RangeTried>, Option<usize>)> {
         let (mut lo, mut hi) = (0, self.index.nodes().len());
         let whole = self.range(lo, hi)?;
         say(format!(
@@ -148,7 +161,7 @@ impl Search<'_> {
 
     /// Nodes `lo..hi` run on the target fed with the reference's values, each value they hand
     /// on judged against what precision explains there.
-    fn range(&self, lo: usize, hi: usize) -> Result<RangeTried> {
+    fn range(&mut self, lo: usize, hi: usize) -> Result<RangeTried> {
         let nodes: Vec<usize> = (lo..hi).collect();
         let produced: HashSet<&str> = nodes
             .iter()
@@ -156,9 +169,10 @@ impl Search<'_> {
             .filter(|v| !v.is_empty())
             .collect();
         let outputs = self.handed_on(lo, hi, &produced);
+        let (first, last) = (self.name(lo), self.name(hi - 1));
         let tried = |multiple: f64, deviates: bool| RangeTried {
-            first: self.name(lo),
-            last: self.name(hi - 1),
+            first: first.clone(),
+            last: last.clone(),
             nodes: hi - lo,
             outputs: outputs.len(),
             multiple,
@@ -176,6 +190,9 @@ impl Search<'_> {
         if outputs.is_empty() {
             return Ok(tried(0.0, false));
         }
+        let known = |v: &str| !produced.contains(v);
+        let needed = self.needs(&nodes, &outputs, &known);
+        self.values.hold(needed)?;
         // The whole graph runs as the file holds it; a range as its own graph.
         let got = if whole {
             let (inputs, _) = fit_inputs(&self.index, self.inputs);
@@ -186,7 +203,6 @@ impl Search<'_> {
             self.target.run(&piece, &feeds, &outputs)?
         };
         let grid = self.grid(&nodes).unwrap_or(DType::F32);
-        let known = |v: &str| !produced.contains(v);
         let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
         let ideal = self.ideal_chain(&names, &known)?;
         let mut worst = 0.0f64;
@@ -282,14 +298,22 @@ impl Search<'_> {
     /// (a cast a conversion added, a value an optimizer renamed) is computed inside by the
     /// target's own nodes that produce it, not fed.
     fn piece(&self, nodes: &[usize], outputs: &[String]) -> Result<(Model, Vec<(String, Tensor)>)> {
+        let taken = self.taken(nodes);
+        let value_of = |name: &str| self.value(name);
+        let feeds = feeds_of(&self.index, &taken, self.inputs, &value_of)?;
+        let piece = extract_nodes(self.model, &taken, outputs, &feeds)?;
+        Ok((piece, feeds))
+    }
+
+    /// `nodes` and the target's nodes before them that compute what the reference does not
+    /// have (see [`Self::piece`]), in order.
+    fn taken(&self, nodes: &[usize]) -> Vec<usize> {
         let mut taken: Vec<usize> = nodes.to_vec();
         let mut at = 0;
         while at < taken.len() {
             let node = &self.index.nodes()[taken[at]];
             for input in &node.inputs {
-                let fed = input.is_empty()
-                    || self.index.is_initializer(input)
-                    || self.value(input).is_some();
+                let fed = input.is_empty() || self.index.is_initializer(input) || self.has(input);
                 let producer = self.index.producer(input).map(|p| p.index);
                 if let Some(p) = producer.filter(|p| !fed && !taken.contains(p)) {
                     taken.push(p);
@@ -298,10 +322,38 @@ impl Search<'_> {
             at += 1;
         }
         taken.sort_unstable();
-        let value_of = |name: &str| self.value(name);
-        let feeds = feeds_of(&self.index, &taken, self.inputs, &value_of)?;
-        let piece = extract_nodes(self.model, &taken, outputs, &feeds)?;
-        Ok((piece, feeds))
+        taken
+    }
+
+    /// The reference's values a range of `nodes` handing on `outputs` reads: what its piece is
+    /// fed (what its nodes read and do not compute), what it is judged against, and what the
+    /// ideal chain behind `outputs` starts from (the `known` values its reference nodes read).
+    fn needs(
+        &self,
+        nodes: &[usize],
+        outputs: &[String],
+        known: &dyn Fn(&str) -> bool,
+    ) -> Vec<String> {
+        let mut needed: Vec<String> = outputs.to_vec();
+        let taken = self.taken(nodes);
+        let computed: HashSet<&str> = (taken.iter())
+            .flat_map(|&n| self.index.nodes()[n].outputs.iter().map(String::as_str))
+            .collect();
+        for &n in &taken {
+            let inputs = self.index.nodes()[n].inputs.iter();
+            needed.extend(inputs.filter(|i| !computed.contains(i.as_str())).cloned());
+        }
+        for value in outputs {
+            let Ok(group) = group_of_at_most(&self.reference_index, value, known, usize::MAX)
+            else {
+                continue; // ideal_chain says why
+            };
+            for n in group.nodes {
+                let inputs = self.reference_index.nodes()[n].inputs.iter();
+                needed.extend(inputs.filter(|i| known(i)).cloned());
+            }
+        }
+        needed
     }
 
     /// The values nodes `lo..hi` hand on: read by a node after them, or graph outputs, in the
@@ -319,7 +371,7 @@ impl Search<'_> {
                 let read_after = self.index.consumers(value).any(|c| c.index >= hi);
                 if produced.contains(value.as_str())
                     && (read_after || outputs.contains(value.as_str()))
-                    && self.value(value).is_some()
+                    && self.has(value)
                     && !handed.contains(value)
                 {
                     handed.push(value.clone());
@@ -344,7 +396,7 @@ impl Search<'_> {
     /// The narrowest dtype the target computes `value` in, from the values the reference has:
     /// a float32 value its file computes by a Conv in float16 between two Casts is float16's.
     fn computes(&self, value: &str) -> Option<DType> {
-        let known = |v: &str| v != value && self.value(v).is_some();
+        let known = |v: &str| v != value && self.has(v);
         match layerdiff_onnx::local_group(&self.index, value, &known) {
             Ok(group) => self.grid(&group.nodes).or_else(|| self.holds(value)),
             Err(_) => self.holds(value),
@@ -363,9 +415,15 @@ impl Search<'_> {
         }
     }
 
+    /// The reference's `name` (a value it computes, held now, or a graph input).
     fn value(&self, name: &str) -> Option<&Tensor> {
         (self.values.get(name))
             .or_else(|| self.inputs.iter().find(|(n, _)| n == name).map(|(_, t)| t))
+    }
+
+    /// Whether the reference has `name`: a value it computes, or a graph input.
+    fn has(&self, name: &str) -> bool {
+        self.values.has(name) || self.inputs.iter().any(|(n, _)| n == name)
     }
 
     /// Node `n` in words: its name, else its op and position.
@@ -377,111 +435,6 @@ impl Search<'_> {
             node.name.clone()
         }
     }
-
-    /// Node `n` alone, compared as a per-layer run compares a layer: the reference's node and
-    /// the target's, each in a file of its own, fed with the reference's values.
-    fn node_alone(
-        &self,
-        options: &OnnxOptions,
-        n: usize,
-        folder: &Path,
-        ort_library: Option<&Path>,
-        target: &Counted,
-    ) -> Result<Outcome> {
-        let node = &self.index.nodes()[n];
-        let outputs: Vec<String> = node
-            .outputs
-            .iter()
-            .filter(|v| !v.is_empty() && self.value(v).is_some())
-            .cloned()
-            .collect();
-        let (mine, feeds) = self.piece(&[n], &outputs)?;
-        let theirs = outputs
-            .first()
-            .and_then(|v| self.reference_index.producer(v))
-            .map(|p| p.index)
-            .ok_or_else(|| {
-                Error::Usage(format!(
-                    "the reference's file has no node that computes `{}`, the target's node the search narrowed to",
-                    self.name(n)
-                ))
-            })?;
-        // each piece named as its file, in a folder of its own
-        let write = |side: &str, file: &Path, model: &Model| -> Result<std::path::PathBuf> {
-            let path = folder.join(side);
-            std::fs::create_dir_all(&path).map_err(|source| Error::Write {
-                path: path.clone(),
-                source,
-            })?;
-            let path = path.join(file.file_name().unwrap_or(side.as_ref()));
-            std::fs::write(&path, model.to_bytes()).map_err(|source| Error::Write {
-                path: path.clone(),
-                source,
-            })?;
-            Ok(path)
-        };
-        let reference_file = options.model.clone();
-        let reference_piece = extract_nodes(self.reference_model, &[theirs], &outputs, &feeds)?;
-        let inputs_path = folder.join("inputs.safetensors");
-        layerdiff_core::write_safetensors(&inputs_path, &feeds, Default::default())?;
-        let piece = OnnxOptions {
-            model: write("reference", &reference_file, &reference_piece)?,
-            vs: options
-                .vs
-                .as_ref()
-                .map(|file| write("target", file, &mine))
-                .transpose()?,
-            inputs: Some(inputs_path),
-            opaque: false,
-            bisect: false,
-            repro: None,
-            ..options.clone()
-        };
-        compare_on(&piece, Some(Box::new(target.share())), ort_library, false)
-    }
-
-    /// The graph's outputs compared as a per-layer run compares a layer, the target running
-    /// its graph as the file holds it (only its outputs asked for): the run's report where the
-    /// whole graph is within its precision.
-    fn outputs_compared(
-        &self,
-        options: &OnnxOptions,
-        ort_library: Option<&Path>,
-        target: &Counted,
-    ) -> Result<Outcome> {
-        let checked = OnnxOptions {
-            opaque: false,
-            ..options.clone()
-        };
-        super::compare_once(
-            &checked,
-            Some(Box::new(target.share())),
-            ort_library,
-            false,
-            &[],
-            true,
-        )
-    }
-}
-
-/// Every value the reference's graph computes, in one run.
-fn reference_values(
-    model: &Model,
-    reference: &(dyn Runtime + Send + Sync),
-    inputs: &[(String, Tensor)],
-) -> Result<HashMap<String, Tensor>> {
-    let mut seen: HashSet<&str> = HashSet::new();
-    let wanted: Vec<String> = (model.graph().node.iter())
-        .flat_map(|n| &n.output)
-        .filter(|v| !v.is_empty() && seen.insert(v.as_str()))
-        .cloned()
-        .collect();
-    let mut exposed = model.clone();
-    expose_values(&mut exposed, &wanted)?;
-    Ok(reference
-        .run(&exposed, inputs, &wanted)?
-        .into_iter()
-        .collect())
 }
 
 fn missing(name: &str) -> Error {
