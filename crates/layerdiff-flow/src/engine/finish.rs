@@ -95,7 +95,12 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
 
     /// The report: causes explained from the evidence of the values and of the target's
     /// groups (their ops, precision, attributes and weights against the reference's).
-    pub fn finish(mut self) -> Result<Report> {
+    pub fn finish(mut self) -> Result<Report>
+    where
+        R: 'static,
+        T: 'static,
+        F: 'static,
+    {
         if self.summary.is_none() {
             self.conclude()?;
         }
@@ -188,6 +193,10 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             timings: Some(self.clock.phases()),
         };
         report.keep_float32 = lower_precision_of(&report).and_then(|p| keep_float32(&report, &p));
+        // The values the last segment left (see `free_segment`) are handed back while the
+        // caller writes the report.
+        let sides = (self.reference, self.target, self.truth);
+        std::thread::spawn(move || drop(sides));
         Ok(report)
     }
 }
