@@ -83,8 +83,8 @@ def read_bandwidth(nbytes: int):
     """A probe of the machine's read bandwidth (bytes/s) over two arrays of `nbytes` each: BLAS
     dot products, every core reading its share at once (the comparator splits its work across
     all cores too), the fastest of float32 and float64, best of two. The arrays are made once;
-    each call of the probe reads them again. One BLAS call is not the measure: OpenBLAS runs a
-    float32 dot on one thread, which reads at about half what two cores do here."""
+    each call of the probe reads them again. BLAS runs on one thread in the bench's process
+    (`run.py`), so one call over the whole arrays is one core reading: never the measure."""
     from concurrent.futures import ThreadPoolExecutor
 
     rng = np.random.default_rng(1)
@@ -97,7 +97,6 @@ def read_bandwidth(nbytes: int):
         bounds = np.linspace(0, a.size, cores + 1, dtype=np.int64)
         parts = [(a[i:j], b[i:j]) for i, j in zip(bounds[:-1], bounds[1:], strict=True)]
         readers.append(lambda parts=parts: list(pool.map(lambda p: np.dot(*p), parts)))
-        readers.append(lambda a=a, b=b: np.dot(a, b))
 
     def probe() -> float:
         return 2 * nbytes / min(best_of(read, 2) for read in readers)

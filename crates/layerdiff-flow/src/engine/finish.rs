@@ -194,9 +194,10 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         };
         report.keep_float32 = lower_precision_of(&report).and_then(|p| keep_float32(&report, &p));
         // The values the last segment left (see `free_segment`) are handed back while the
-        // caller writes the report.
+        // caller writes the report (here, where no thread can be made: a failed spawn drops
+        // what it was given).
         let sides = (self.reference, self.target, self.truth);
-        std::thread::spawn(move || drop(sides));
+        let _ = std::thread::Builder::new().spawn(move || drop(sides));
         Ok(report)
     }
 }
