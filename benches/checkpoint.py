@@ -126,8 +126,8 @@ def lines(result: dict) -> list[str]:
     share = run["peak"] / result["float32"]
     layers = shape["num_hidden_layers"]
     # A 7B's estimate: the time beyond the runtime's own run grows with the parameters per
-    # decoder layer; the peak beyond the runtime's own with the width (the head and embedding,
-    # held in float32 and float64 at once, and the segment beside them).
+    # decoder layer; the peak beyond the libraries' with the width (the widest modules, read
+    # in float32, and the segment beside them).
     judged = "met" if share < PEAK_SHARE else "**missed**"
     if result["quick"]:
         judged = "not judged: a quick run's libraries outweigh its weights"
@@ -161,8 +161,9 @@ def lines(result: dict) -> list[str]:
         "",
         f"Target: a peak below {PEAK_SHARE}× the float32 weights ({judged}). The peak is set "
         "by the widest",
-        "module (the embedding and the output head, held in float32 and float64 at once) and",
-        "the budget, beside the interpreter and libraries",
+        "modules (the embedding and the output head, read in float32; the float64 truth",
+        "widens only the rows the embedding gathers and computes the head a band of rows at a",
+        "time) and the budget, beside the interpreter and libraries",
         f"({result['base'] / gb:.1f} GB before any weight is read).",
         "",
         f"A 7B Llama in bfloat16 ({seven / 1e9:.1f}B parameters: {4 * seven / gb:.0f} GB in "

@@ -75,6 +75,66 @@ def test_a_checkpoint_held_one_module_at_a_time_reports_as_the_whole_model(
     assert any(p.device.type == "cpu" for p in load_checkpoint(folder)[0].parameters())
 
 
+def test_a_head_read_in_bands_reports_as_the_whole_model_and_as_one_read_whole(
+    checkpoint, tmp_path, monkeypatch
+):
+    """The float64 truth computes a head past the banding size a band of rows at a time, each
+    band read alone from the files (gpt2: the head tied to the embedding, read under the
+    embedding's name): the report of the model held whole, and the float64 distances of a
+    head read whole to float64's last bits."""
+    from layerdiff.torch import _widened, compare_torch_onnx, load_checkpoint
+
+    folder = checkpoint("gpt2")
+    exported = _export(folder, tmp_path / "model.onnx")
+    whole = compare_torch_onnx(folder, onnx=exported, max_memory=BUDGET, seed=0)
+    monkeypatch.setattr(_widened, "CHUNKED_ABOVE", 512 * 64 * 8 - 1)  # the head alone
+    monkeypatch.setattr(_widened, "BAND", 100 * 64 * 8)  # bands of 100 rows: 512 no multiple
+    bands, read = [], _widened.weight_rows
+
+    def counted(module, name, start, stop, dtype):
+        bands.append((start, stop))
+        return read(module, name, start, stop, dtype)
+
+    monkeypatch.setattr(_widened, "weight_rows", counted)
+    banded = compare_torch_onnx(folder, onnx=exported, max_memory=BUDGET, seed=0)
+    # (the truth and the baseline's replay each read them, in threads of their own)
+    assert sorted(set(bands)) == [(0, 100), (100, 200), (200, 300), (300, 400), (400, 500),
+                                  (500, 512)], bands  # fmt: skip
+    model, inputs = load_checkpoint(folder, streams=lambda size: True)
+    streamed = compare_torch_onnx(model, inputs, onnx=exported, max_memory=BUDGET, seed=0)
+    assert _without_timing(streamed) == _without_timing(banded)
+    head = [(a, b) for a, b in zip(whole.layers, banded.layers, strict=True) if a["float64"]]
+    assert any(a["name"] == "lm_head" for a, _ in head)
+    for a, b in head:
+        for side in ("reference", "target"):
+            assert b["float64"][side] == pytest.approx(a["float64"][side], rel=1e-9, abs=1e-15)
+
+
+def test_rows_are_read_alone_as_the_whole_tensor_gives_them(tmp_path):
+    """`Weights.rows`: the rows of the tensor read whole, in every stored dtype, as stored
+    where that is the model's values (None), and never a view of the buffer reads share."""
+    from layerdiff.torch._streamed import Weights
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    base = torch.randn(11, 5, dtype=torch.float64)
+    tensors = {"bf16": base.bfloat16(), "f32": base.float(), "f64": base,
+               "ids": torch.arange(55).reshape(11, 5)}  # fmt: skip
+    save_file(tensors, tmp_path / "model.safetensors")
+    weights = Weights(tmp_path)
+    for name, stored in tensors.items():
+        for dtype in (None, torch.float32, torch.float64):
+            whole, rows = weights.get(name, dtype), weights.rows(name, 3, 8, dtype)
+            assert torch.equal(rows, whole[3:8]), (name, dtype)
+            if not stored.is_floating_point():
+                assert rows.dtype == stored.dtype
+            elif dtype is None:
+                assert rows.dtype == (torch.float32 if name == "f64" else stored.dtype)
+    first = weights.rows("f32", 0, 2, None)
+    weights.rows("f32", 2, 4, None)
+    assert torch.equal(first, base.float()[:2]), "a later read leaves an earlier one as it was"
+
+
 def test_the_command_line_streams_below_the_budget_and_finds_an_edited_weight(wide, tmp_path):
     folder = wide
     clean = _export(folder, tmp_path / "model.onnx")

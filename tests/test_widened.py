@@ -72,3 +72,44 @@ def test_a_module_reading_a_weight_it_does_not_hold_fails_loudly():
     held = widened_copy(model, lambda t: t.double(), reads_outside=["attention"])
     with pytest.raises((NotImplementedError, RuntimeError)), torch.no_grad():
         held(*inputs)
+
+
+class Vocabulary(nn.Module):
+    """A language model's widest modules: a token embedding and an untied output head."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(300, 16)
+        self.mix = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 300)
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.mix(self.embed(ids))))
+
+
+def test_the_widest_modules_hold_no_float64_weight_and_compute_the_same(monkeypatch):
+    """An embedding gathers from the model's own table and widens the rows; a head past the
+    banding size computes a band of rows at a time, never holding its float64 weight whole:
+    the values of a whole float64 copy, and the placeholders back in float64 after."""
+    from layerdiff.torch import _widened
+
+    monkeypatch.setattr(_widened, "CHUNKED_ABOVE", 300 * 16 * 8 - 1)  # the head, not `mix`
+    monkeypatch.setattr(_widened, "BAND", 7 * 16 * 8)  # bands of 7 rows: 300 is no multiple
+    torch.manual_seed(0)
+    model = Vocabulary().eval()
+    ids = torch.randint(0, 300, (2, 9))
+    held = widened_copy(model, lambda t: t.double())
+    seen = {}
+    held.embed.register_forward_pre_hook(
+        lambda m, a: seen.update(table=(m.weight.dtype, m.weight.data_ptr()))
+    )
+    held.head.register_forward_pre_hook(lambda m, a: seen.update(head=m.weight.device.type))
+    with torch.no_grad():
+        got = held(ids)
+        expected = copy.deepcopy(model).double()(ids)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, expected, rtol=1e-13, atol=1e-15)
+    assert seen["table"] == (torch.float32, model.embed.weight.data_ptr()), "the model's table"
+    assert seen["head"] == "meta", "the head's weight is never held whole"
+    assert {p.dtype for p in held.parameters()} == {torch.float64}
+    assert all(p.device.type == "meta" for p in held.parameters())

@@ -13,6 +13,9 @@ to compute with `meta` tensors) rather than compute wrong."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import functools
 import json
 import threading
 import weakref
@@ -63,6 +66,7 @@ class Weights:
                     )
                 self._where[name] = (path, dtype, entry["shape"], 8 + length + begin, end - begin)
         self._lock = threading.Lock()  # the float64 copy reads from its own thread
+        self._buffers = threading.local()
 
     def __contains__(self, name: str) -> bool:
         return name in self._where
@@ -79,20 +83,69 @@ class Weights:
             total += numel * 4 if dtype.is_floating_point else size
         return total
 
-    def get(self, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def get(self, name: str, dtype: torch.dtype | None = torch.float32) -> torch.Tensor:
         """The tensor `name`, floating ones with float32's values (the model's) in `dtype`: a
         float64 copy's weights are widened straight from what the file stores, with no float32
-        copy on the way."""
+        copy on the way. `dtype` None: as the file stores it where that is the model's values
+        exactly (float16, bfloat16, float32), else in float32."""
+        return self.rows(name, 0, None, dtype)
+
+    def rows(
+        self, name: str, start: int, stop: int | None, dtype: torch.dtype | None = torch.float32
+    ) -> torch.Tensor:
+        """Rows `start:stop` of the tensor `name` (along its first axis), read alone from its
+        file, as `get` gives them."""
         path, stored, shape, offset, size = self._where[name]
-        raw = torch.empty(size, dtype=torch.uint8)
+        row = size // shape[0] if shape and shape[0] else size
+        stop = (shape[0] if shape else 1) if stop is None else stop
+        begin, length = offset + start * row, (stop - start) * row
+        large = length >= _LARGE
+        if large:
+            _give_back_free_memory()
+        # read into a buffer each thread keeps for reads up to _LARGE (made before the tensors
+        # made from them, not between them: freed pieces there keep the process's memory growing)
+        raw = torch.empty(length, dtype=torch.uint8) if large else self._buffer(length)
         with self._lock, open(path, "rb") as f:
-            f.seek(offset)
-            if f.readinto(memoryview(raw.numpy())) != size:
+            f.seek(begin)
+            if f.readinto(memoryview(raw.numpy())) != length:
                 raise _layerdiff.UsageError(f"`{path}` ends inside `{name}`: the file is cut short")
-        t = raw.view(stored).reshape(shape)
-        if not t.is_floating_point():
-            return t
-        return (t.float() if t.itemsize > 4 else t).to(dtype)
+        t = raw.view(stored).reshape([stop - start, *shape[1:]] if shape else shape)
+        if t.is_floating_point() and t.itemsize > 4:
+            t = t.float()  # the model's values, in a tensor of their own
+        elif not t.is_floating_point() or dtype in (None, t.dtype):
+            return t if large else t.clone()
+        return t if dtype is None else t.to(dtype)
+
+    def _buffer(self, length: int) -> torch.Tensor:
+        """This thread's read buffer, `length` bytes of it."""
+        held = getattr(self._buffers, "raw", None)
+        if held is None or held.numel() < length:
+            self._buffers.raw = None  # the smaller one goes first
+            held = self._buffers.raw = torch.empty(length, dtype=torch.uint8)
+        return held[:length]
+
+
+#: Bytes of a read before which the memory the process has freed goes back to the system.
+_LARGE = 64 << 20
+
+
+def _give_back_free_memory() -> None:
+    """Hands the memory freed since (the weights of the modules that ran) back to the system,
+    where the C library keeps it (glibc does: what the modules before freed stays the process's
+    in pieces, and a large tensor is then placed beside it, not in it). Done before the
+    widest modules' reads (an embedding, an output head), a few times a run: done after every
+    module, the pages would be faulted in again and again."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
 
 
 _DTYPES = {
@@ -180,7 +233,7 @@ def refuse_export(model: nn.Module) -> None:
 
 
 def weight(
-    module: nn.Module, name: str, t: torch.Tensor, dtype: torch.dtype = torch.float32
+    module: nn.Module, name: str, t: torch.Tensor, dtype: torch.dtype | None = torch.float32
 ) -> torch.Tensor:
     """The parameter `name` of `module` (`t`, as the module holds it now), read from the files
     (in `dtype`: see `Weights.get`) where the module is streamed and not running."""
@@ -188,6 +241,18 @@ def weight(
         return t
     weights, own, _ = _SOURCES[module]
     return weights.get(own[name], dtype) if name in own else t
+
+
+def weight_rows(
+    module: nn.Module, name: str, start: int, stop: int, dtype: torch.dtype | None
+) -> torch.Tensor:
+    """Rows `start:stop` of the parameter `name` of `module`: a view of the module's own where it
+    holds it, else read alone from the files (see `Weights.rows`)."""
+    t = module._parameters[name]
+    if t.device.type != "meta" or module not in _SOURCES:
+        return t.detach()[start:stop]
+    weights, own, _ = _SOURCES[module]
+    return weights.rows(own[name], start, stop, dtype)
 
 
 def _load(module, _args):

@@ -9,7 +9,15 @@ itself: `Capture.reads_outside`) gets all of its submodules' too. After it retur
 to placeholders. At any moment the copy holds the weights of the modules running, one block of
 a transformer rather than all of them. Weights read by a module that is not running would be
 placeholders, and fail loudly rather than compute wrong: the listing pass names the modules
-that do so, and they hold their submodules' weights."""
+that do so, and they hold their submodules' weights.
+
+The widest modules of a language model, its token embedding and its output head, would each
+take the most memory of any moment in float64 (a 32000 × 2048 table: 0.5 GB). So an embedding
+holds the model's table as the model holds it and converts only the rows it gathers (converting
+is elementwise: the same values), and a linear layer whose converted weight passes
+`CHUNKED_ABOVE` computes its outputs a band of rows at a time (`_Chunked`): each output
+element the same dot product, in float64. Neither applies where a parent holds the module's
+weights (it may read them itself)."""
 
 from __future__ import annotations
 
@@ -21,7 +29,12 @@ import torch
 from torch import nn
 
 from layerdiff.torch._capture import leaf_modules
-from layerdiff.torch._streamed import weight
+from layerdiff.torch._streamed import weight, weight_rows
+
+#: Bytes of a linear layer's converted weight above which the copy computes it in bands.
+CHUNKED_ABOVE = 64 << 20
+#: Bytes of converted weight in one band.
+BAND = 16 << 20
 
 
 def widened_copy(
@@ -51,6 +64,13 @@ def widened_copy(
     recursive = {name for name, _ in leaf_modules(copied, whole)} | set(reads_outside)
     holding: dict[int, int] = {}  # id of a module of the copy → how many running hold it
     made = _Conversion(convert, dtype, shared)
+    # modules whose weights a parent holds: a parent may read them itself, whole and converted
+    held_by_parent = {
+        id(sub)
+        for name, module in copied.named_modules()
+        if name in recursive
+        for sub in list(module.modules())[1:]
+    }
     for name, module in copied.named_modules():
         original = originals[name]
         pairs = (
@@ -58,9 +78,59 @@ def widened_copy(
             if name in recursive
             else [(module, original)]
         )
+        if id(module) not in held_by_parent:
+            if _gathers(module):
+                module.register_forward_hook(_converted_rows(made))
+                made.narrow.add(id(module))
+            elif _chunked(module, dtype):
+                module.forward = _Chunked(module, original, made)
+                made.narrow.add(id(module))
         module.register_forward_pre_hook(_holder(pairs, made, holding))
         module.register_forward_hook(_dropper(pairs, made, holding), always_call=True)
     return copied
+
+
+def _gathers(module: nn.Module) -> bool:
+    """An embedding that only gathers rows (a subclass may compute with its table, and
+    `max_norm` rewrites the rows it reads)."""
+    return type(module) is nn.Embedding and module.max_norm is None
+
+
+def _chunked(module: nn.Module, dtype: torch.dtype) -> bool:
+    """A plain linear layer whose weight, converted, passes `CHUNKED_ABOVE`."""
+    if type(module) is not nn.Linear:
+        return False
+    return module.weight.numel() * dtype.itemsize > CHUNKED_ABOVE
+
+
+def _converted_rows(made):
+    """A forward hook that converts the rows an embedding gathered from the model's table."""
+
+    def convert(_module, _args, output):
+        return made.convert(output)
+
+    return convert
+
+
+class _Chunked:
+    """A linear layer of the copy computed a band of output features at a time, each band's
+    weight converted from the model's rows (a streamed model's read from its files) and dropped
+    before the next: the layer never holds its whole converted weight."""
+
+    def __init__(self, module: nn.Linear, original: nn.Linear, made):
+        self.module, self.original, self.made = module, original, made
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows, columns = self.original.weight.shape
+        band = max(1, BAND // (columns * self.made.dtype.itemsize))
+        bias = self.module.bias
+        out = x.new_empty((*x.shape[:-1], rows))
+        for start in range(0, rows, band):
+            stop = min(start + band, rows)
+            w = weight_rows(self.original, "weight", start, stop, self.made.dtype)
+            b = None if bias is None else bias[start:stop]
+            out[..., start:stop] = nn.functional.linear(x, self.made.convert(w), b)
+        return out
 
 
 class _Made:
@@ -96,6 +166,9 @@ class _Conversion:
 
     def __init__(self, convert, dtype, shared):
         self.convert, self.dtype, self.shared = convert, dtype, shared
+        # ids of the copy's modules whose weight is not converted whole: an embedding holds the
+        # model's table, a banded linear layer reads its rows as it goes
+        self.narrow: set[int] = set()
 
     def key(self, original: nn.Module, kind: str, name: str) -> tuple | None:
         return None if self.shared is None else (id(original), kind, name, self.shared)
@@ -108,6 +181,12 @@ class _Conversion:
 
         key = self.key(original, kind, name)
         return made() if key is None else _MADE.take(key, made)
+
+    def table(self, original: nn.Module, t: torch.Tensor) -> torch.Tensor:
+        """An embedding's table as the model holds it (a streamed model's as its files store
+        it, where that holds the model's values exactly), shared by every copy."""
+        key = (id(original), "table")
+        return _MADE.take(key, lambda: weight(original, "weight", t, None).detach())
 
     def drop(self, original: nn.Module, kind: str, name: str) -> None:
         key = self.key(original, kind, name)
@@ -126,9 +205,15 @@ def _holder(pairs, made: _Conversion, holding):
             if holding[id(m)] > 1:
                 continue
             for name, t in o._parameters.items():
-                if t is not None:
-                    w = made.make(o, "p", name, t)
-                    m._parameters[name] = nn.Parameter(w, requires_grad=False)
+                if t is None:
+                    continue
+                if id(m) in made.narrow and name == "weight":
+                    if isinstance(m, nn.Embedding):
+                        w = made.table(o, t)
+                        m._parameters[name] = nn.Parameter(w, requires_grad=False)
+                    continue  # a banded layer reads its rows as it goes
+                w = made.make(o, "p", name, t)
+                m._parameters[name] = nn.Parameter(w, requires_grad=False)
             for name, t in o._buffers.items():
                 if t is not None:
                     m._buffers[name] = made.make(o, "b", name, t)
@@ -147,8 +232,13 @@ def _dropper(pairs, made: _Conversion, holding):
                 continue
             for name, t in m._parameters.items():
                 if t is not None and t.device.type != "meta":
+                    if id(m) in made.narrow and name == "weight":
+                        # the placeholder the copy had: in its own dtype, not the table's
+                        t = torch.empty(t.shape, dtype=made.dtype, device="meta")
+                        _MADE.let_go((id(o), "table"))
+                    else:
+                        made.drop(o, "p", name)
                     m._parameters[name] = nn.Parameter(t.to("meta"), requires_grad=False)
-                    made.drop(o, "p", name)
             for name, t in m._buffers.items():
                 if t is not None and t.device.type != "meta":
                     m._buffers[name] = t.to("meta")
