@@ -130,9 +130,33 @@ def test_rows_are_read_alone_as_the_whole_tensor_gives_them(tmp_path):
                 assert rows.dtype == stored.dtype
             elif dtype is None:
                 assert rows.dtype == (torch.float32 if name == "f64" else stored.dtype)
-    first = weights.rows("f32", 0, 2, None)
-    weights.rows("f32", 2, 4, None)
-    assert torch.equal(first, base.float()[:2]), "a later read leaves an earlier one as it was"
+    first = weights.rows("bf16", 0, 2, torch.float64)
+    weights.rows("bf16", 2, 4, torch.float64)
+    assert torch.equal(first, base.bfloat16()[:2].double()), "a later read leaves it as it was"
+
+
+def test_a_tensor_converted_as_it_is_read_is_read_in_bands_with_nothing_beside_it(
+    tmp_path, monkeypatch
+):
+    """Converted in bands (a band here of 3 rows, 11 rows in all, and a scalar), the values of
+    the tensor converted whole; a file cut short is said, not read past."""
+    from layerdiff.torch import _streamed
+    from safetensors.torch import save_file
+
+    monkeypatch.setattr(_streamed, "_BAND", 3 * 5 * 2)  # 3 rows of bfloat16
+    torch.manual_seed(0)
+    table = torch.randn(11, 5).bfloat16()
+    save_file({"table": table, "scalar": torch.tensor(1.5, dtype=torch.float64),
+               "empty": torch.zeros(0, 5)}, tmp_path / "model.safetensors")  # fmt: skip
+    weights = _streamed.Weights(tmp_path)
+    assert torch.equal(weights.get("table", torch.float64), table.double())
+    assert weights._buffers.raw.numel() == 3 * 5 * 2, "the buffer holds one band"
+    assert weights.get("scalar").shape == () and weights.get("scalar").item() == 1.5
+    assert weights.get("empty", torch.float64).shape == (0, 5)
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:-40])
+    with pytest.raises(UsageError, match="ends inside"):
+        _streamed.Weights(tmp_path).get("table")
 
 
 def test_the_command_line_streams_below_the_budget_and_finds_an_edited_weight(wide, tmp_path):

@@ -94,27 +94,46 @@ class Weights:
         self, name: str, start: int, stop: int | None, dtype: torch.dtype | None = torch.float32
     ) -> torch.Tensor:
         """Rows `start:stop` of the tensor `name` (along its first axis), read alone from its
-        file, as `get` gives them."""
+        file, as `get` gives them. Read straight into the tensor made, where it keeps the
+        file's dtype; else a band of rows at a time through a buffer each thread keeps, each
+        band converted into it: never a copy of the raw bytes beside the tensor."""
         path, stored, shape, offset, size = self._where[name]
         row = size // shape[0] if shape and shape[0] else size
         stop = (shape[0] if shape else 1) if stop is None else stop
-        begin, length = offset + start * row, (stop - start) * row
-        large = length >= _LARGE
-        if large:
+        rows = [stop - start, *shape[1:]] if shape else shape
+        if (stop - start) * row >= _LARGE:
             _give_back_free_memory()
-        # read into a buffer each thread keeps for reads up to _LARGE (made before the tensors
-        # made from them, not between them: freed pieces there keep the process's memory growing)
-        raw = torch.empty(length, dtype=torch.uint8) if large else self._buffer(length)
-        with self._lock, open(path, "rb") as f:
-            f.seek(begin)
-            if f.readinto(memoryview(raw.numpy())) != length:
-                raise _layerdiff.UsageError(f"`{path}` ends inside `{name}`: the file is cut short")
-        t = raw.view(stored).reshape([stop - start, *shape[1:]] if shape else shape)
-        if t.is_floating_point() and t.itemsize > 4:
-            t = t.float()  # the model's values, in a tensor of their own
-        elif not t.is_floating_point() or dtype in (None, t.dtype):
-            return t if large else t.clone()
-        return t if dtype is None else t.to(dtype)
+        if not stored.is_floating_point:
+            want = stored
+        else:
+            model = torch.float32 if stored.itemsize > 4 else stored  # the model's values
+            want = model if dtype is None else dtype
+        out = torch.empty(rows, dtype=want)
+        if out.numel() == 0:
+            return out
+        by_row = out.reshape(stop - start, -1)  # a scalar as one row
+        band = stop - start if want == stored else max(1, _BAND // row)
+        with open(path, "rb") as f:
+            for first in range(start, stop, band):
+                last = min(first + band, stop)
+                length = (last - first) * row
+                if want == stored:
+                    into = out.reshape(-1).view(torch.uint8)
+                else:
+                    into = self._buffer(length)
+                with self._lock:
+                    f.seek(offset + first * row)
+                    if f.readinto(memoryview(into.numpy())) != length:
+                        raise _layerdiff.UsageError(
+                            f"`{path}` ends inside `{name}`: the file is cut short"
+                        )
+                if want != stored:
+                    read = into.view(stored).reshape(last - first, -1)
+                    # float64 in the file: the model's float32 values, then the dtype asked for
+                    by_row[first - start : last - start] = (
+                        read.float() if stored.itemsize > 4 else read
+                    )
+        return out
 
     def _buffer(self, length: int) -> torch.Tensor:
         """This thread's read buffer, `length` bytes of it."""
@@ -127,6 +146,8 @@ class Weights:
 
 #: Bytes of a read before which the memory the process has freed goes back to the system.
 _LARGE = 64 << 20
+#: Bytes of the file read at once where a tensor is converted as it is read.
+_BAND = 16 << 20
 
 
 def _give_back_free_memory() -> None:
