@@ -13,9 +13,6 @@ to compute with `meta` tensors) rather than compute wrong."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
-import functools
 import json
 import threading
 import weakref
@@ -102,7 +99,10 @@ class Weights:
         stop = (shape[0] if shape else 1) if stop is None else stop
         rows = [stop - start, *shape[1:]] if shape else shape
         if (stop - start) * row >= _LARGE:
-            _give_back_free_memory()
+            # What the modules before freed goes back to the system first (glibc keeps it in
+            # pieces, and a wide tensor is placed beside them): a few times a run, before the
+            # widest reads; after every module, its pages would be faulted in again and again.
+            _layerdiff.give_back_freed()
         if not stored.is_floating_point:
             want = stored
         else:
@@ -148,25 +148,6 @@ class Weights:
 _LARGE = 64 << 20
 #: Bytes of the file read at once where a tensor is converted as it is read.
 _BAND = 16 << 20
-
-
-def _give_back_free_memory() -> None:
-    """Hands the memory freed since (the weights of the modules that ran) back to the system,
-    where the C library keeps it (glibc does: what the modules before freed stays the process's
-    in pieces, and a large tensor is then placed beside it, not in it). Done before the
-    widest modules' reads (an embedding, an output head), a few times a run: done after every
-    module, the pages would be faulted in again and again."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _malloc_trim():
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return None
 
 
 _DTYPES = {
