@@ -374,14 +374,6 @@ fn fingerprint(tensor: FlatTensor<'_>) -> PyResult<(usize, Vec<f64>)> {
     Ok((print.count, print.samples))
 }
 
-/// Hands the memory the process has freed back to the system, where the C library keeps it
-/// (see `layerdiff_flow::memory::give_back_freed`): a checkpoint held one module at a
-/// time calls it before its widest reads.
-#[pyfunction]
-fn give_back_freed() {
-    layerdiff_flow::memory::give_back_freed();
-}
-
 /// `(name, dtype name, dims)` of a declared model input.
 type DeclaredInput = (String, Option<String>, Option<Vec<Py<PyAny>>>);
 
@@ -468,7 +460,7 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Command>()?;
     m.add_function(wrap_pyfunction!(compare_tensors_json, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
-    m.add_function(wrap_pyfunction!(give_back_freed, m)?)?;
+    m.add_function(wrap_pyfunction!(memory::give_back_freed, m)?)?;
     m.add_function(wrap_pyfunction!(write_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(smallest_set, m)?)?;
     m.add_function(wrap_pyfunction!(within, m)?)?;

@@ -1,5 +1,6 @@
 //! The process's memory as the Python side sees it: the C heap set up for the `layerdiff`
-//! command's own process (the Python API leaves a user's process as it is), and sizes in words.
+//! command's own process (the Python API leaves a user's process as it is), freed memory handed
+//! back, and sizes in words.
 
 use pyo3::prelude::*;
 
@@ -15,6 +16,14 @@ pub(crate) fn settle_heap() {
 #[pyfunction]
 pub(crate) fn heap_for_streaming() {
     layerdiff_flow::memory::heap_for_streaming();
+}
+
+/// Hands the memory the process has freed back to the system, where the C library keeps it
+/// (see `layerdiff_flow::memory::give_back_freed`): a checkpoint held one module at a
+/// time calls it before its widest reads.
+#[pyfunction]
+pub(crate) fn give_back_freed() {
+    layerdiff_flow::memory::give_back_freed();
 }
 
 /// A size in words as reports write it (`1.5 GB`, `300 MB`: powers of 1024).
