@@ -59,11 +59,19 @@ impl<'a> TensorView<'a> {
     pub fn to_dtype(&self, dtype: DType) -> Tensor {
         /// Elements per parallel run.
         const RUN: usize = 1 << 14;
-        let mut bytes = vec![0u8; self.numel() * dtype.size()];
-        bytes
+        let len = self.numel() * dtype.size();
+        // Written once, run by run: zeroing it first cost as much as converting into it.
+        let mut bytes = Vec::with_capacity(len);
+        bytes.spare_capacity_mut()[..len]
             .par_chunks_mut(RUN * dtype.size())
             .zip(self.bytes.par_chunks(RUN * self.dtype.size()))
-            .for_each(|(out, run)| convert(self.dtype, run, dtype, out));
+            .for_each_init(Vec::new, |converted, (out, run)| {
+                converted.resize(out.len(), 0);
+                convert(self.dtype, run, dtype, converted);
+                out.write_copy_of_slice(converted);
+            });
+        // SAFETY: the runs above wrote every one of the first `len` bytes.
+        unsafe { bytes.set_len(len) };
         Tensor {
             dtype,
             shape: self.shape.to_vec(),
@@ -112,6 +120,27 @@ impl<'a> TensorView<'a> {
         }
     }
 
+    /// Whether these values are `reference`'s cast to this view's dtype, bit for bit (to
+    /// nearest even, as [`Self::to_dtype`] casts): the same number of elements, each exactly
+    /// what the cast makes of the reference's. Checked in parallel runs, cast a run at a time.
+    pub fn is_cast_of(&self, reference: TensorView<'_>) -> bool {
+        /// Elements per parallel run.
+        const RUN: usize = 1 << 12;
+        if self.numel() != reference.numel() {
+            return false;
+        }
+        let size = self.dtype.size();
+        self.bytes
+            .par_chunks(RUN * size)
+            .zip(reference.bytes.par_chunks(RUN * reference.dtype.size()))
+            .map_init(Vec::new, |cast, (run, theirs)| {
+                cast.resize(run.len(), 0);
+                convert(reference.dtype, theirs, self.dtype, cast);
+                cast.as_slice() == run
+            })
+            .all(|same| same)
+    }
+
     /// The largest finite magnitude (0 for none), decoded in parallel runs.
     pub fn max_abs(&self) -> f64 {
         /// Elements decoded at once.
@@ -156,6 +185,10 @@ impl<'a> TensorView<'a> {
 /// in one rounding by the CPU's conversion instructions where it has them, every other pair
 /// widened to f64 a few at a time (exact) and rounded once.
 fn convert(from: DType, input: &[u8], to: DType, out: &mut [u8]) {
+    if from == to {
+        out.copy_from_slice(input);
+        return;
+    }
     if let (DType::F32, DType::F16) = (from, to)
         && let Ok(values) = bytemuck::try_cast_slice::<u8, f32>(input)
         && let Ok(halves) = bytemuck::try_cast_slice_mut::<u8, half::f16>(out)
@@ -335,7 +368,7 @@ mod tests {
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         let t = Tensor::new("x", DType::F32, vec![values.len()], bytes).unwrap();
         let wide: Vec<f64> = values.iter().map(|&v| f64::from(v)).collect();
-        for dtype in [DType::F16, DType::BF16, DType::F64, DType::I32] {
+        for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64, DType::I32] {
             let mut expected = Vec::new();
             dtype.encode_f64(&wide, &mut expected);
             let got = t.view().to_dtype(dtype);
@@ -350,6 +383,27 @@ mod tests {
             t,
             "the same dtype is the tensor itself"
         );
+    }
+
+    #[test]
+    fn a_cast_is_told_from_values_that_moved_by_one_step_anywhere() {
+        let values = awkward();
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let t = Tensor::new("w", DType::F32, vec![values.len()], bytes).unwrap();
+        for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+            let cast = t.view().to_dtype(dtype);
+            assert!(cast.view().is_cast_of(t.view()), "float32 cast to {dtype}");
+            // one element one step away, deep inside a later run, and the last one
+            for at in [30_001, values.len() - 1] {
+                let mut moved = cast.clone();
+                let size = dtype.size();
+                let byte = &mut moved.bytes[at * size];
+                *byte ^= 1;
+                assert!(!moved.view().is_cast_of(t.view()), "{dtype}, element {at}");
+            }
+            let fewer = Tensor::new("w", dtype, vec![1], cast.bytes[..dtype.size()].to_vec());
+            assert!(!fewer.unwrap().view().is_cast_of(t.view()));
+        }
     }
 
     #[test]
