@@ -6,7 +6,8 @@
 //! read straight from the tensors' bytes and widened in registers (float16 by F16C, bfloat16 by
 //! a shift), never staged through a buffer. A chunk's differences are then counted against the
 //! thresholds below its largest, in integer arithmetic (see `count_above`): every vector
-//! operation counts here, and the loop is bound by them, not by memory.
+//! operation counts here, and the loop is bound by them in cache; from memory, the reads are
+//! prefetched [`AHEAD`] so that they overlap the operations.
 
 use std::arch::x86_64::*;
 
@@ -54,6 +55,11 @@ impl Load for F64 {
         unsafe { _mm512_loadu_pd(base.add(8 * k).cast()) }
     }
 }
+
+/// How far ahead of the pass its reads are prefetched, in elements: two threads reading
+/// float32 arrays from memory compared at 88–92% of the read bandwidth without it, 92–96% with
+/// it (512 or 2048 ahead did no better than none; measured on a 2-core AMD EPYC VM).
+const AHEAD: usize = 8 * SUB;
 
 // The kernel counts the first threshold from the mask of moved values.
 const _: () = assert!(THRESHOLDS[0].0 == 0.0);
@@ -127,8 +133,13 @@ unsafe fn block<R: Load, T: Load>(
         let mut finite: __mmask8 = 0xff;
         for v in (0..n).step_by(LANES) {
             let k = start + from + v;
-            // SAFETY: `k + 8 <= start + len`, within both slices (the caller's promise).
-            let (a, b) = unsafe { (R::eight(rp, k), T::eight(tp, k)) };
+            // SAFETY: `k + 8 <= start + len`, within both slices (the caller's promise). A
+            // prefetch is a hint and never faults, wherever it points.
+            let (a, b) = unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(rp.wrapping_add((k + AHEAD) * R::SIZE).cast());
+                _mm_prefetch::<_MM_HINT_T0>(tp.wrapping_add((k + AHEAD) * T::SIZE).cast());
+                (R::eight(rp, k), T::eight(tp, k))
+            };
             let diff = _mm512_abs_pd(_mm512_sub_pd(b, a));
             // SAFETY: `v + 8 <= n <= SUB`.
             unsafe { _mm512_storeu_pd(d.as_mut_ptr().add(v), diff) };
