@@ -387,22 +387,30 @@ impl Judged {
                 _mm512_set1_epi64(BUCKETS as i64),
                 _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7),
             );
+            // The sums and constants held in locals, in registers: read and written through
+            // `self`, whose slots the loop stores to, they went through memory, each chunk of
+            // eight waiting on the last one's store (1.06 → 1.13 G elements/s judged, here).
+            let (mut sum_ulp, mut max_ulp, mut needed, mut beyond) =
+                (self.sum_ulp, self.max_ulp, self.needed, self.beyond);
+            let (floor, inverse_base, atol, rtol) =
+                (self.floor, self.inverse_base, self.atol, self.rtol);
+            let slots = self.slots.as_mut_ptr().add(self.filled);
             for v in (0..d.len()).step_by(LANES) {
                 let (a, b) = (R::eight(rp, k0 + v), T::eight(tp, k0 + v));
                 let diff = _mm512_loadu_pd(d.as_ptr().add(v));
                 let abs_a = _mm512_abs_pd(a);
                 let den = _mm512_max_pd(abs_a, _mm512_abs_pd(b));
-                let magnitude = _mm512_max_pd(den, self.floor);
+                let magnitude = _mm512_max_pd(den, floor);
                 let exponent = _mm512_and_si512(_mm512_castpd_si512(magnitude), exponent_bits);
-                let inverse = _mm512_castsi512_pd(_mm512_sub_epi64(self.inverse_base, exponent));
+                let inverse = _mm512_castsi512_pd(_mm512_sub_epi64(inverse_base, exponent));
                 let ulps = _mm512_mul_pd(diff, inverse);
-                self.sum_ulp = _mm512_add_pd(self.sum_ulp, ulps);
-                self.max_ulp = _mm512_max_pd(ulps, self.max_ulp);
+                sum_ulp = _mm512_add_pd(sum_ulp, ulps);
+                max_ulp = _mm512_max_pd(ulps, max_ulp);
                 let capped = _mm512_min_pd(abs_a, largest_f64);
-                let allowed = _mm512_add_pd(self.atol, _mm512_mul_pd(self.rtol, capped));
+                let allowed = _mm512_add_pd(atol, _mm512_mul_pd(rtol, capped));
                 let over = _mm512_cmp_pd_mask::<_CMP_GT_OQ>(diff, allowed);
-                self.beyond += u64::from(over.count_ones());
-                self.needed = _mm512_max_pd(_mm512_div_pd(diff, allowed), self.needed);
+                beyond += u64::from(over.count_ones());
+                needed = _mm512_max_pd(_mm512_div_pd(diff, allowed), needed);
                 let clamped = _mm512_min_pd(_mm512_max_pd(diff, lowest), highest);
                 let key = _mm512_sub_epi64(
                     _mm512_srli_epi64::<{ 52 - KEPT_BITS }>(_mm512_castpd_si512(clamped)),
@@ -411,9 +419,10 @@ impl Judged {
                 // Where the difference is zero the key is the zero slot.
                 let moved = _mm512_cmp_pd_mask::<_CMP_GT_OQ>(diff, _mm512_setzero_pd());
                 let keys = _mm512_mask_blend_epi64(moved, zero_slots, key);
-                let slots = self.slots.as_mut_ptr().add(self.filled + v);
-                _mm_storeu_si128(slots.cast(), _mm512_cvtepi64_epi16(keys));
+                _mm_storeu_si128(slots.add(v).cast(), _mm512_cvtepi64_epi16(keys));
             }
+            (self.sum_ulp, self.max_ulp, self.needed, self.beyond) =
+                (sum_ulp, max_ulp, needed, beyond);
         }
         self.filled += d.len();
     }
