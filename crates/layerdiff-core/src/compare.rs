@@ -46,13 +46,13 @@ macro_rules! by_dtypes {
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
-mod avx512;
+pub(crate) mod avx512;
 mod block;
 mod decode;
 #[cfg(test)]
 mod properties;
 #[cfg(target_arch = "x86_64")]
-mod reader;
+pub(crate) mod reader;
 mod rounding;
 #[cfg(test)]
 mod tests;

@@ -179,13 +179,7 @@ impl Rule {
         grid: DType,
         (reference, own, exact, _): (&[f64], &[f64], &[f64], &[f64]),
     ) -> Option<Sums> {
-        if self.expected_values || self.narrow {
-            return None;
-        }
-        let (bits, max_finite) = (grid.mantissa_bits()?, grid.max_finite()?);
-        if bits >= 53 {
-            return None;
-        }
+        let max_finite = self.by_lanes(grid)?;
         #[cfg(target_arch = "x86_64")]
         {
             // the comparator's choice of kernel: its AVX2 (and AVX-512) needs AVX2 and FMA too
@@ -207,6 +201,40 @@ impl Rule {
             }
         }
         self.lanes(grid, max_finite, reference, own, exact)
+    }
+
+    /// The grid's largest finite value where a block may be summed by lanes ([`Rule::finite_block`]:
+    /// a float32, float16 or bfloat16 grid, neither expected values nor measured terms).
+    fn by_lanes(&self, grid: DType) -> Option<f64> {
+        if self.expected_values || self.narrow {
+            return None;
+        }
+        let (bits, max_finite) = (grid.mantissa_bits()?, grid.max_finite()?);
+        (bits < 53).then_some(max_finite)
+    }
+
+    /// [`Rule::finite_block`] read straight from the reference's and the target's bytes
+    /// (`(dtype, bytes)`, `exact` in float64) by the AVX-512 kernel, where the CPU has it: no
+    /// pass decodes them first. `None` where it does not apply (then the values are decoded
+    /// for [`Rule::finite_block`]); `Some(None)` for a block that is not finite.
+    pub(super) fn finite_block_of(
+        &self,
+        grid: DType,
+        reference: (DType, &[u8]),
+        own: (DType, &[u8]),
+        exact: &[f64],
+    ) -> Option<Option<Sums>> {
+        let max_finite = self.by_lanes(grid)?;
+        #[cfg(target_arch = "x86_64")]
+        if exact.len().is_multiple_of(LANES)
+            && crate::compare::Kernel::best() == crate::compare::Kernel::Avx512
+        {
+            // SAFETY: the CPU has the AVX-512 kernel's features; `exact` is a whole number of
+            // lane rows, the byte slices as many elements of their dtypes (the caller's).
+            return unsafe { avx512::lane_sums_of(self, grid, max_finite, reference, own, exact) };
+        }
+        let _ = (max_finite, reference, own, exact);
+        None
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -419,3 +419,48 @@ fn reference_and_target(
         .collect();
     (y, t)
 }
+
+/// Read straight from their bytes in their own dtypes (the AVX-512 kernel widens them as it
+/// reads), a layer's values are summed exactly as the same values held in float64 are: blocks
+/// all finite, one with a NaN (summed element by element), one past the grid's largest, and a
+/// tail off the lanes.
+#[test]
+fn a_layer_read_in_its_own_dtypes_is_summed_as_its_values_held_in_float64() {
+    let mut rng = crate::SplitMix64::new(21);
+    let n = 4 * BLOCK + 13;
+    for (grid, y_dtype, t_dtype) in [
+        (DType::F16, DType::F32, DType::F16),
+        (DType::BF16, DType::F32, DType::BF16),
+        (DType::F32, DType::F32, DType::F32),
+        (DType::F16, DType::F16, DType::F16),
+        (DType::BF16, DType::BF16, DType::F32),
+    ] {
+        let x: Vec<f64> = (0..n).map(|_| rng.normal() * 3.0).collect();
+        let (mut y, mut t) = reference_and_target(&mut rng, grid, &x);
+        y[BLOCK + 5] = f64::NAN;
+        t[2 * BLOCK + 7] = 1e39; // beyond float32, bfloat16 and float16 alike
+        let narrow = [tensor(y_dtype, &y), tensor(t_dtype, &t)];
+        let wide = narrow.clone().map(|v| v.cast(DType::F64));
+        let exact = tensor(DType::F64, &x);
+        for same_precision in [false, true] {
+            let rule = lane_rule(grid, same_precision);
+            let sums = |[y, t]: &[Tensor; 2]| {
+                let s = summed(&rule, grid, [&y.view(), &t.view(), &exact.view()], None, n);
+                let values = [
+                    s.base_max,
+                    s.base_sum,
+                    s.own_max,
+                    s.own_sum,
+                    s.allowed_max,
+                    s.allowed_sum,
+                    s.target_from_exact,
+                ];
+                (values, [s.count, s.overflow])
+            };
+            let ((narrow, counts), (wide, wide_counts)) = (sums(&narrow), sums(&wide));
+            let what = format!("{y_dtype} against {t_dtype} on {grid}, same={same_precision}");
+            same_bits(&narrow, &wide, &what);
+            assert_eq!(counts, wide_counts, "{what}");
+        }
+    }
+}

@@ -18,9 +18,9 @@ use super::rounding::{
 use super::{BLOCK, Judging, LANES, Outcome, Partial, SUB, THRESHOLDS, element, tree};
 use crate::DType;
 
-/// How this kernel loads a dtype: eight elements at a time, widened into the f64 lanes of
-/// one AVX-512 vector.
-trait Load: Reader {
+/// How this kernel (and the baseline's lanes) loads a dtype: eight elements at a time, widened
+/// into the f64 lanes of one AVX-512 vector.
+pub(crate) trait Load: Reader {
     /// Elements `k..k + 8` of `base`, widened.
     unsafe fn eight(base: *const u8, k: usize) -> __m512d;
 }

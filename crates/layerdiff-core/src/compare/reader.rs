@@ -1,10 +1,11 @@
-//! The dtypes the explicit kernels ([`super::avx2`], [`super::avx512`]) read straight from a
-//! tensor's bytes: what each ISA's loads need to know of one, in one place.
+//! The dtypes the explicit kernels ([`super::avx2`], [`super::avx512`], and the baseline's
+//! AVX-512 lanes) read straight from a tensor's bytes: what each ISA's loads need to know of
+//! one, in one place.
 
 use crate::DType;
 
 /// A dtype an explicit kernel reads, eight elements at a time into f64 lanes.
-pub(super) trait Reader {
+pub(crate) trait Reader {
     /// Bytes per element.
     const SIZE: usize;
     /// Whether its values are narrower than f64: their squares never overflow f64, so a
@@ -14,10 +15,10 @@ pub(super) trait Reader {
     const DTYPE: DType;
 }
 
-pub(super) struct F32;
-pub(super) struct F16;
-pub(super) struct BF16;
-pub(super) struct F64;
+pub(crate) struct F32;
+pub(crate) struct F16;
+pub(crate) struct BF16;
+pub(crate) struct F64;
 
 impl Reader for F32 {
     const SIZE: usize = 4;

@@ -1,19 +1,22 @@
 //! [`Rule::lane_sums`] in explicit AVX-512: one `__m512d` holds a block's eight lanes, so one
 //! pass over the block keeps every accumulator in a register (AVX2 passes over lanes 0–3, then
-//! 4–7). The same operations on the same lanes as the AVX2 kernel, so the same bits.
+//! 4–7). The same operations on the same lanes as the AVX2 kernel, so the same bits. The
+//! reference's and the target's values are read straight from their bytes in any float dtype,
+//! widened in registers as the comparator reads them: no pass decodes a block first.
 
 use std::arch::x86_64::*;
 
 use super::{HONEST_FACTOR, LANES, Rule, Sums};
 use crate::DType;
+use crate::compare::avx512::Load;
+use crate::compare::reader::{BF16, F16, F32, F64};
 use crate::dtype::INTEGER;
 
 /// The sums of a finite block as [`Rule::lane_sums`] makes them, `None` where it says `None`.
 ///
 /// # Safety
-/// The CPU must have AVX-512F and DQ; the three slices must be of one length, a multiple of
-/// [`LANES`].
-#[target_feature(enable = "avx512f,avx512dq")]
+/// The CPU must have the AVX-512 kernel's features (`Kernel::Avx512`); the three slices must be
+/// of one length, a multiple of [`LANES`].
 pub(in crate::baseline) unsafe fn lane_sums(
     rule: &Rule,
     grid: DType,
@@ -22,25 +25,87 @@ pub(in crate::baseline) unsafe fn lane_sums(
 ) -> Option<Sums> {
     let len = reference.len();
     assert!(own.len() == len && exact.len() == len && len.is_multiple_of(LANES));
-    let values = (reference, own, exact);
+    let (y, t) = (bytemuck::cast_slice(reference), bytemuck::cast_slice(own));
+    // SAFETY: the caller guarantees the features and the lengths.
+    unsafe { by_grid::<F64, F64>(rule, grid, max_finite, y, t, exact) }
+}
+
+/// [`lane_sums`] with the reference's and the target's values as their bytes (`(dtype, bytes)`,
+/// float64, float32, float16 or bfloat16): `None` for another dtype, else what [`lane_sums`]
+/// makes of the same values widened.
+///
+/// # Safety
+/// The CPU must have the AVX-512 kernel's features (`Kernel::Avx512`); `exact` a multiple of
+/// [`LANES`] long, the byte slices as many elements of their dtype.
+pub(in crate::baseline) unsafe fn lane_sums_of(
+    rule: &Rule,
+    grid: DType,
+    max_finite: f64,
+    reference: (DType, &[u8]),
+    own: (DType, &[u8]),
+    exact: &[f64],
+) -> Option<Option<Sums>> {
+    let len = exact.len();
+    assert!(len.is_multiple_of(LANES));
+    assert!(reference.1.len() == len * reference.0.size() && own.1.len() == len * own.0.size());
+    let (y, t) = (reference.1, own.1);
+    macro_rules! own {
+        ($Y:ty) => {
+            // SAFETY: the caller guarantees the features and the lengths.
+            unsafe {
+                match own.0 {
+                    DType::F32 => by_grid::<$Y, F32>(rule, grid, max_finite, y, t, exact),
+                    DType::F16 => by_grid::<$Y, F16>(rule, grid, max_finite, y, t, exact),
+                    DType::BF16 => by_grid::<$Y, BF16>(rule, grid, max_finite, y, t, exact),
+                    DType::F64 => by_grid::<$Y, F64>(rule, grid, max_finite, y, t, exact),
+                    _ => return None,
+                }
+            }
+        };
+    }
+    Some(match reference.0 {
+        DType::F32 => own!(F32),
+        DType::F16 => own!(F16),
+        DType::BF16 => own!(BF16),
+        DType::F64 => own!(F64),
+        _ => return None,
+    })
+}
+
+/// [`lanes`] for the grid and the rule's precision.
+///
+/// # Safety
+/// As [`lane_sums_of`].
+#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,f16c,popcnt")]
+unsafe fn by_grid<Y: Load, T: Load>(
+    rule: &Rule,
+    grid: DType,
+    max_finite: f64,
+    y: &[u8],
+    t: &[u8],
+    x: &[f64],
+) -> Option<Sums> {
     // SAFETY: the caller guarantees the features and the lengths.
     unsafe {
         match (grid, rule.same_precision) {
-            (DType::F32, false) => lanes::<true, false>(rule, max_finite, values),
-            (DType::F32, true) => lanes::<true, true>(rule, max_finite, values),
-            (_, false) => lanes::<false, false>(rule, max_finite, values),
-            (_, true) => lanes::<false, true>(rule, max_finite, values),
+            (DType::F32, false) => lanes::<Y, T, true, false>(rule, max_finite, y, t, x),
+            (DType::F32, true) => lanes::<Y, T, true, true>(rule, max_finite, y, t, x),
+            (_, false) => lanes::<Y, T, false, false>(rule, max_finite, y, t, x),
+            (_, true) => lanes::<Y, T, false, true>(rule, max_finite, y, t, x),
         }
     }
 }
 
 /// `F32`: the grid is float32 (rounded by conversion), else float16 or bfloat16 (rounded on the
-/// kernel's step). `SAME`: the reference computes in the grid itself.
-#[target_feature(enable = "avx512f,avx512dq")]
-unsafe fn lanes<const F32: bool, const SAME: bool>(
+/// kernel's step). `SAME`: the reference computes in the grid itself. The reference's values
+/// `reference` are of `Y`, the target's `own` of `T`.
+#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,f16c,popcnt")]
+unsafe fn lanes<Y: Load, T: Load, const F32: bool, const SAME: bool>(
     rule: &Rule,
     max_finite: f64,
-    (reference, own, exact): (&[f64], &[f64], &[f64]),
+    reference: &[u8],
+    own: &[u8],
+    exact: &[f64],
 ) -> Option<Sums> {
     let kernel = &rule.kernel;
     let sign = _mm512_set1_pd(-0.0);
@@ -59,15 +124,10 @@ unsafe fn lanes<const F32: bool, const SAME: bool>(
         (zero, zero, zero, zero, zero);
     let (mut allowed_max, mut allowed_sum, mut sides, mut exact_max) = (zero, zero, zero, zero);
     let (yp, tp, xp) = (reference.as_ptr(), own.as_ptr(), exact.as_ptr());
-    for k in (0..reference.len()).step_by(LANES) {
-        // SAFETY: `k + 8 <= len` (a multiple of eight), within all three slices.
-        let (y, t, x) = unsafe {
-            (
-                _mm512_loadu_pd(yp.add(k)),
-                _mm512_loadu_pd(tp.add(k)),
-                _mm512_loadu_pd(xp.add(k)),
-            )
-        };
+    for k in (0..exact.len()).step_by(LANES) {
+        // SAFETY: `k + 8 <= len` (a multiple of eight), within all three slices (the caller's
+        // promise).
+        let (y, t, x) = unsafe { (Y::eight(yp, k), T::eight(tp, k), _mm512_loadu_pd(xp.add(k))) };
         let ax = _mm512_abs_pd(x);
         // the grid's step at |x| (its smallest below the normal range): the exponent of
         // max(|x|, smallest normal), less the stored significand bits
@@ -124,7 +184,7 @@ unsafe fn lanes<const F32: bool, const SAME: bool>(
         && !own_sum.iter().chain(&base_sum).any(|v| v.is_nan());
     fits.then(|| {
         Sums::from_lanes(
-            reference.len(),
+            exact.len(),
             [
                 lanes(from_exact),
                 lanes(base_max),
