@@ -346,18 +346,7 @@ fn lane_loop_gives_the_portable_ones_bits(kernel: crate::compare::Kernel) {
                 vector.unwrap_or_else(|| panic!("{grid} same={same_precision}: vector None")),
                 portable.unwrap_or_else(|| panic!("{grid} same={same_precision}: portable None")),
             );
-            let all = |s: &Sums| {
-                [
-                    s.base_max,
-                    s.base_sum,
-                    s.own_max,
-                    s.own_sum,
-                    s.allowed_max,
-                    s.allowed_sum,
-                    s.target_from_exact,
-                ]
-            };
-            same_bits(&all(&vector), &all(&portable), &what);
+            same_bits(&summed_values(&vector), &summed_values(&portable), &what);
             assert_eq!(vector.count, portable.count);
             // what is not finite, or beyond the grid, in each place
             for (side, at, value) in [
@@ -394,6 +383,19 @@ fn lane_rule(grid: DType, same_precision: bool) -> Rule {
         terms: 0,
         tail: 0.0,
     }
+}
+
+/// The float sums a block's lanes make, in one order.
+fn summed_values(s: &Sums) -> [f64; 7] {
+    [
+        s.base_max,
+        s.base_sum,
+        s.own_max,
+        s.own_sum,
+        s.allowed_max,
+        s.allowed_sum,
+        s.target_from_exact,
+    ]
 }
 
 /// Asserts two paths' values the same to the last bit.
@@ -446,16 +448,7 @@ fn a_layer_read_in_its_own_dtypes_is_summed_as_its_values_held_in_float64() {
             let rule = lane_rule(grid, same_precision);
             let sums = |[y, t]: &[Tensor; 2]| {
                 let s = summed(&rule, grid, [&y.view(), &t.view(), &exact.view()], None, n);
-                let values = [
-                    s.base_max,
-                    s.base_sum,
-                    s.own_max,
-                    s.own_sum,
-                    s.allowed_max,
-                    s.allowed_sum,
-                    s.target_from_exact,
-                ];
-                (values, [s.count, s.overflow])
+                (summed_values(&s), [s.count, s.overflow])
             };
             let ((narrow, counts), (wide, wide_counts)) = (sums(&narrow), sums(&wide));
             let what = format!("{y_dtype} against {t_dtype} on {grid}, same={same_precision}");
