@@ -2,10 +2,10 @@
 //! whether a side disagrees with itself, and a reference value made fit to feed the target.
 
 use layerdiff_core::{DType, Tensor, TensorView, compare};
-use layerdiff_onnx::{Model, NodeExt, NodeProto, attribute_text};
+use layerdiff_onnx::{Model, NodeExt, NodeProto, Stored, attribute_text};
 use rayon::prelude::*;
 
-use crate::engine::group::Member;
+use crate::engine::group::{COMPARED_TENSOR, Member};
 
 mod weight;
 
@@ -55,6 +55,15 @@ pub fn node_member(node: &NodeProto) -> Member {
             .attribute
             .iter()
             .map(|a| (a.name().to_string(), attribute_text(a)))
+            .collect(),
+        tensors: node
+            .attribute
+            .iter()
+            .filter_map(|a| {
+                let stored = Stored::of(a.t.as_ref()?).ok()?;
+                let small = stored.view().numel() <= COMPARED_TENSOR;
+                small.then(|| (a.name().to_string(), stored.into_tensor()))
+            })
             .collect(),
     }
 }
@@ -163,29 +172,21 @@ pub fn file_differences(reference: &Model, target: &Model) -> Vec<layerdiff_core
         })
         .collect();
     for node in &target.graph().node {
-        let Some(theirs) = model_counterpart(reference, &node_member(node)) else {
+        let ours = node_member(node);
+        let Some(theirs) = model_counterpart(reference, &ours) else {
             continue;
         };
-        let ours = node_member(node);
-        let changed: Vec<String> = ours
-            .attributes
-            .iter()
-            .filter_map(|(name, value)| {
-                let (_, before) = theirs.attributes.iter().find(|(n, _)| n == name)?;
-                (before != value)
-                    .then(|| format!("`{name}` {before} → {value} on `{}`", ours.shown))
-            })
-            .collect();
+        let changed = ours.changes_from(&theirs);
+        let shown = &ours.shown;
         if changed.is_empty() {
             continue;
         }
         found.push(layerdiff_core::FileDifference {
-            layer: node.output.first().cloned().unwrap_or_else(|| ours.shown.clone()),
+            layer: node.output.first().cloned().unwrap_or_else(|| shown.clone()),
             cause: layerdiff_core::Cause::FileDiffers,
             detail: format!("an attribute differs: {}", changed.join(", ")),
             fix: format!(
-                "give `{}` the reference's attribute values back (reference → target: {}); export the file again from the model, or undo the edit or pass that changed it",
-                ours.shown,
+                "give `{shown}` the reference's attribute values back (reference → target: {}); export the file again from the model, or undo the edit or pass that changed it",
                 changed.join(", ")
             ),
         });

@@ -2,6 +2,10 @@
 //! one value from values both sides know) and its [`Member`]s (an ONNX node, a framework's op or
 //! layer), whose attributes are compared with the reference's counterpart.
 
+use layerdiff_core::Tensor;
+
+use crate::engine::evidence::{WeightCheck, check_weight};
+
 /// A group of a side's own computation: what computes one value from values both sides know.
 /// The engine holds it and hands it back; only the side that found it reads `members`.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,9 +28,21 @@ pub struct Member {
     pub op: String,
     /// Its attributes, each as `(name, value in words)`.
     pub attributes: Vec<(String, String)>,
+    /// The values of its tensor attributes (an ONNX Constant's `value`) up to
+    /// [`COMPARED_TENSOR`] elements, by name: compared by value, where their words give only
+    /// a size.
+    pub tensors: Vec<(String, Tensor)>,
 }
 
+/// The most elements of a tensor attribute a [`Member`] holds to compare by value.
+pub const COMPARED_TENSOR: usize = 1 << 16;
+
 impl Member {
+    /// The value of its tensor attribute `name`, where it holds one.
+    fn tensor(&self, name: &str) -> Option<&Tensor> {
+        self.tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t)
+    }
+
     /// How this member's attributes differ from `reference`'s, one line each
     /// (``epsilon` 1e-5 → 0.1 on `ln``). An attribute one side leaves unset and the other
     /// writes at the op's default (ONNX's `auto_pad` "NOTSET") does not differ.
@@ -58,6 +74,10 @@ impl Member {
             .into_iter()
             .filter_map(|name| {
                 let (r, t) = (text(reference, name), text(self, name));
+                if let (Some(before), Some(after)) = (reference.tensor(name), self.tensor(name)) {
+                    let change = tensor_change(name, before, after, (&r, &t));
+                    return change.map(|text| format!("{text} on `{}`", self.shown));
+                }
                 let differs = meaning(reference, name, &r) != meaning(self, name, &t);
                 differs.then(|| format!("`{name}` {r} → {t} on `{}`", self.shown))
             })
@@ -65,12 +85,34 @@ impl Member {
     }
 }
 
+/// How a tensor attribute's value differs, in words (`texts`: both in words), or `None`. A
+/// float one is held to the rule of a weight ([`check_weight`]): stored narrower, it is its
+/// rounding (a float16 export holds GELU's 0.5 in float16); changed within its dtype, it
+/// differs though its size does not. Any other differs where its values do.
+fn tensor_change(
+    name: &str,
+    before: &Tensor,
+    after: &Tensor,
+    texts: (&str, &str),
+) -> Option<String> {
+    if before.dtype.is_float() && after.dtype.is_float() {
+        return match check_weight(name, before.view(), after.view(), true, None) {
+            WeightCheck::Differs(text) => Some(text),
+            _ => None,
+        };
+    }
+    let (r, t) = texts;
+    (before != after).then(|| format!("`{name}` holds other values ({r} → {t})"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use layerdiff_core::DType;
 
     fn norm(attributes: &[(&str, &str)]) -> Member {
         Member {
+            tensors: Vec::new(),
             name: Some("ln".into()),
             shown: "ln".into(),
             op: "LayerNormalization".into(),
@@ -114,6 +156,39 @@ mod tests {
             conv(&[("pads", "[1, 1, 1, 1]"), ("auto_pad", "\"SAME_UPPER\"")])
                 .changes_from(&reference),
             vec!["`auto_pad` (unset) → \"SAME_UPPER\" on `ln`".to_string()]
+        );
+    }
+
+    #[test]
+    fn a_tensor_attribute_is_compared_by_its_values() {
+        let constant = |tensor: Tensor| Member {
+            op: "Constant".into(),
+            attributes: vec![("value".into(), "tensor [] (4 bytes)".into())],
+            tensors: vec![("value".into(), tensor)],
+            ..norm(&[])
+        };
+        let scale = |dtype, v: f64| constant(Tensor::from_f64(dtype, &[v]));
+        let reference = scale(DType::F32, std::f64::consts::SQRT_2);
+        // stored as its float16 rounding: the file's precision, no change
+        assert!(
+            scale(DType::F16, std::f64::consts::SQRT_2)
+                .changes_from(&reference)
+                .is_empty()
+        );
+        // moved, in a narrower dtype or in its own (same size, other value)
+        for dtype in [DType::F16, DType::F32] {
+            let changes = scale(dtype, 1.5).changes_from(&reference);
+            assert!(
+                changes.len() == 1 && changes[0].starts_with("`value` differs"),
+                "{changes:?}"
+            );
+            assert!(changes[0].ends_with("on `ln`"), "{changes:?}");
+        }
+        let shape = |v: f64| constant(Tensor::from_f64(DType::I64, &[1.0, v]));
+        assert!(shape(-1.0).changes_from(&shape(-1.0)).is_empty());
+        assert_eq!(
+            shape(4.0).changes_from(&shape(-1.0)),
+            vec!["`value` holds other values (tensor [] (4 bytes) → tensor [] (4 bytes)) on `ln`"]
         );
     }
 }

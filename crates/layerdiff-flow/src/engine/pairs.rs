@@ -302,7 +302,8 @@ impl Pairs<'_> {
     /// value `n`: that value, and the dtype the target holds it in.
     pub fn baseline_feed(&self, n: &str) -> crate::engine::baseline::Fed<'_> {
         if let Some((_, t)) = self.inputs.iter().find(|(name, _)| name == n) {
-            let held = self.target.dtype(n).unwrap_or(t.dtype);
+            let fed = self.target.get(n).map(|fed| fed.dtype);
+            let held = self.target.dtype(n).or(fed).unwrap_or(t.dtype);
             return Ok((t, held));
         }
         let reference = self
@@ -318,10 +319,11 @@ impl Pairs<'_> {
     }
 
     /// What the target is fed with in place of its value `n` in a local re-run: an input as
-    /// given, else the reference's value of it, made fit to the target's dtype and shape.
+    /// its whole run was fed (cast to the dtype its file declares, where it is another), else
+    /// the reference's value of it, made fit to the target's dtype and shape.
     fn feed(&self, n: &str) -> std::result::Result<Tensor, String> {
         if let Some((_, t)) = self.inputs.iter().find(|(name, _)| name == n) {
-            return Ok(t.clone());
+            return Ok(self.target.get(n).unwrap_or(t).clone());
         }
         let (r, _) = self
             .reference_of

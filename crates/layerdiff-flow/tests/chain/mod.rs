@@ -186,6 +186,7 @@ impl Recompute for Chain {
             shown: op.clone(),
             op,
             attributes: Vec::new(),
+            tensors: Vec::new(),
         }]
     }
 
