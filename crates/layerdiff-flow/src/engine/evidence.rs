@@ -176,7 +176,16 @@ pub fn file_differences(reference: &Model, target: &Model) -> Vec<layerdiff_core
         let Some(theirs) = model_counterpart(reference, &ours) else {
             continue;
         };
-        let changed = ours.changes_from(&theirs);
+        // the attributes both files write: one only the target's node has (a vendor op's own)
+        // is told where its layer drifts, not as a difference between the files
+        let written = |m: &Member, other: &Member| Member {
+            attributes: (m.attributes.iter())
+                .filter(|(n, _)| other.attributes.iter().any(|(o, _)| o == n))
+                .cloned()
+                .collect(),
+            ..m.clone()
+        };
+        let changed = written(&ours, &theirs).changes_from(&written(&theirs, &ours));
         let shown = &ours.shown;
         if changed.is_empty() {
             continue;

@@ -1,0 +1,61 @@
+"""A float32 file against the same model's float16 file (`layerdiff onnx A --vs B`): what the
+float16 file holds as its own precision is no difference, and what moved beyond it is."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+from conftest import run_cli
+from onnx import helper, numpy_helper
+
+
+def report_of(tmp_path, *args):
+    out = tmp_path / "report.json"
+    result = run_cli("onnx", *args, "--json", str(out))
+    assert result.returncode in (0, 1), result.stderr
+    return result, json.loads(out.read_text())
+
+
+def _scaled_tanh(path, dtype, scale):
+    """y = tanh(x · c) · c with `c` a Constant node's `value` of `scale` in `dtype`."""
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    value = numpy_helper.from_array(np.array(scale, dtype=dtype), "c")
+    nodes = [
+        helper.make_node("Constant", [], ["c"], name="scale", value=value),
+        helper.make_node("Mul", ["x", "c"], ["m"], name="mul"),
+        helper.make_node("Tanh", ["m"], ["t"], name="tanh"),
+        helper.make_node("Mul", ["t", "c"], ["y"], name="out"),
+    ]
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(nodes, "g", [vi("x", elem, [4, 256])], [vi("y", elem, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_constant_stored_as_its_float16_rounding_is_no_difference_and_an_edit_is(tmp_path):
+    """A float16 export holds a Constant node's value as its float16 rounding (GELU's 0.5, √2):
+    that is the file's precision, not an attribute that differs (each was named a `file_differs`
+    defect: "`value` tensor [] (4 bytes) → tensor [] (2 bytes)"). A value that moved beyond its
+    rounding, or changed within one dtype (which the bytes' count could not show), differs. (A
+    float16 MLP from torch `.half()` read "defect" for its GELU's constants; with those gone it
+    read "undecided": its first layer, fed the float32 input, could not run alone.)"""
+    reference = _scaled_tanh(tmp_path / "ref.onnx", np.float32, 1.4142135)
+    half = _scaled_tanh(tmp_path / "half.onnx", np.float16, 1.4142135)
+    result, report = report_of(tmp_path, str(reference), "--vs", str(half))
+    assert result.returncode in (0, 1), result.stderr
+    assert report["summary"]["defects"] == [], report["summary"]["defects"]
+    assert report["summary"]["verdict"] in ("no_drift", "precision"), result.stdout
+    # the layer that reads the graph's input is re-run on it as the target's whole run was fed
+    # (cast to float16), not on the float32 input its file refuses
+    mul = next(layer for layer in report["layers"] if layer["name"] == "m")
+    assert mul.get("local_reason") is None and mul["local"] is not None, mul.get("local_reason")
+    for edited, dtype in ((tmp_path / "half_edit.onnx", np.float16),
+                          (tmp_path / "ref_edit.onnx", np.float32)):  # fmt: skip
+        _scaled_tanh(edited, dtype, 1.5)
+        result, report = report_of(tmp_path, str(reference), "--vs", str(edited))
+        assert result.returncode == 1, result.stdout
+        details = " ".join(d["detail"] for d in report["summary"]["defects"])
+        assert "`value` differs" in details and "on `scale`" in details, details
