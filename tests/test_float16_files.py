@@ -59,3 +59,39 @@ def test_a_constant_stored_as_its_float16_rounding_is_no_difference_and_an_edit_
         assert result.returncode == 1, result.stdout
         details = " ".join(d["detail"] for d in report["summary"]["defects"])
         assert "`value` differs" in details and "on `scale`" in details, details
+
+
+def _dense(path, dtype, weight):
+    """y = tanh(x · wᵀ), the weight `w` stored in `dtype`."""
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    w = numpy_helper.from_array(weight.astype(dtype), "w")
+    nodes = [
+        helper.make_node("Gemm", ["x", "w"], ["g"], name="dense", transB=1),
+        helper.make_node("Tanh", ["g"], ["y"], name="act"),
+    ]
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(nodes, "g", [vi("x", elem, [8, 64])], [vi("y", elem, None)], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_weight_edited_in_a_float16_file_is_the_weight_not_just_the_file(tmp_path):
+    """One element of a float16 file's weight moved far beyond its rounding: the defect is that
+    weight, named, where the layer's own error said only that the file computes differently
+    ("file_differs ... an export that lost or changed something, a folded constant, or an
+    edit")."""
+    weight = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32) * 0.1
+    reference = _dense(tmp_path / "ref.onnx", np.float32, weight)
+    result, report = report_of(tmp_path, str(reference), "--vs",
+                               str(_dense(tmp_path / "half.onnx", np.float16, weight)))  # fmt: skip
+    assert report["summary"]["defects"] == [], report["summary"]["defects"]
+    edited = weight.copy()
+    edited[3, 5] += 0.5
+    result, report = report_of(tmp_path, str(reference), "--vs",
+                               str(_dense(tmp_path / "edit.onnx", np.float16, edited)))  # fmt: skip
+    assert result.returncode == 1
+    [defect] = report["summary"]["defects"]
+    assert (defect["layer"], defect["cause"]) == ("g", "weight_mismatch"), defect
+    assert "`w` differs beyond its rounding to float16" in defect["detail"], defect["detail"]
+    assert "(1 of 4096 elements differ)" in defect["detail"], defect["detail"]

@@ -444,16 +444,23 @@ pub fn unseen_differences(layers: &mut [Layer], summary: &mut Summary, found: Ve
                 if let Some(l) = layers.iter_mut().find(|l| l.name == d.layer) {
                     l.detail = Some(defect.detail.clone());
                 }
-            } else if defect.cause == Cause::OpImplementation {
+            } else if defect.cause == Cause::OpImplementation
+                || (defect.cause == Cause::FileDiffers && d.cause == Cause::WeightMismatch)
+            {
+                // a kernel blamed, or the file said to compute differently: the weight or
+                // attribute that differs is the finding
                 replaced.push(d.layer.clone());
-                defect.cause = d.cause;
                 defect.detail = match defect.multiple {
+                    _ if defect.cause == Cause::FileDiffers => {
+                        format!("{}; {}", d.detail, defect.detail)
+                    }
                     Some(m) => format!(
                         "{}; the layer's own error is {m:.1}× what its precision explains",
                         d.detail
                     ),
                     None => d.detail,
                 };
+                defect.cause = d.cause;
                 defect.fix = d.fix;
                 if let Some(l) = layers.iter_mut().find(|l| l.name == d.layer) {
                     l.cause = Some(d.cause);
