@@ -1,0 +1,88 @@
+//! The differences between a comparison's two files, read from both (a weight of the same
+//! name, an attribute of the same node), added to the defects where no layer's names them.
+
+use super::Cause;
+use crate::{Defect, Layer, Summary, Verdict};
+
+/// A difference between the two files of a comparison, found by reading both (a weight of
+/// the same name, an attribute of the same node): reported whether or not a layer shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FileDifference {
+    /// The layer (value) that reads it.
+    pub layer: String,
+    /// [`Cause::WeightMismatch`] or [`Cause::FileDiffers`].
+    pub cause: Cause,
+    /// What differs, in words.
+    pub detail: String,
+    /// What to do about it.
+    pub fix: String,
+}
+
+/// Adds the differences between the two files that no defect names yet to the summary's
+/// defects (a weight that differs where the compared inputs do not show it: a ReLU that zeroes
+/// it, a branch not taken): the files differ, so the run fails, whatever the values did. Where
+/// a layer's defect blames the runtime's kernel and the files differ there, the file is the
+/// cause (an optimizer that reordered the weight left no name to find it by in the run).
+pub fn unseen_differences(layers: &mut [Layer], summary: &mut Summary, found: Vec<FileDifference>) {
+    // the layers whose kernel blame a file difference replaced: a second one there is added
+    let mut replaced: Vec<String> = Vec::new();
+    for d in found {
+        // said already: a defect found it in the layer's own weights (an optimized target's
+        // are read on its file's nodes, under another layer's name than the value that is gone)
+        if summary.defects.iter().any(|x| x.detail.contains(&d.detail)) {
+            continue;
+        }
+        if let Some(defect) = summary.defects.iter_mut().find(|x| x.layer == d.layer) {
+            if replaced.contains(&d.layer) {
+                defect.detail = format!("{}; {}", d.detail, defect.detail);
+                if let Some(l) = layers.iter_mut().find(|l| l.name == d.layer) {
+                    l.detail = Some(defect.detail.clone());
+                }
+            } else if defect.cause == Cause::OpImplementation
+                || (defect.cause == Cause::FileDiffers && d.cause == Cause::WeightMismatch)
+            {
+                // a kernel blamed, or the file said to compute differently: the weight or
+                // attribute that differs is the finding
+                replaced.push(d.layer.clone());
+                defect.detail = match defect.multiple {
+                    _ if defect.cause == Cause::FileDiffers => {
+                        format!("{}; {}", d.detail, defect.detail)
+                    }
+                    Some(m) => format!(
+                        "{}; the layer's own error is {m:.1}× what its precision explains",
+                        d.detail
+                    ),
+                    None => d.detail,
+                };
+                defect.cause = d.cause;
+                defect.fix = d.fix;
+                if let Some(l) = layers.iter_mut().find(|l| l.name == d.layer) {
+                    l.cause = Some(d.cause);
+                    l.detail = Some(defect.detail.clone());
+                }
+            }
+            continue;
+        }
+        let layer = layers.iter().find(|l| l.name == d.layer);
+        let shown = match layer {
+            Some(l) if l.exceeds_tol || l.local_exceeds => String::new(),
+            Some(l) if l.status != crate::LayerStatus::Compared => format!(
+                "; this layer's value is not compared ({})",
+                l.reason.as_deref().unwrap_or("the target has none")
+            ),
+            Some(_) => "; on the compared inputs the layer stays within its tolerance (a change too small to exceed it, or one that what follows hides: a ReLU, a branch not taken), yet the files differ".to_string(),
+            None => "; no compared layer reads it".to_string(),
+        };
+        summary.defects.push(Defect {
+            layer: d.layer,
+            cause: d.cause,
+            multiple: layer.and_then(|l| l.baseline.as_ref()).map(|b| b.multiple),
+            tolerance_multiple: layer
+                .and_then(|l| l.accumulated.as_ref())
+                .and_then(crate::Stats::tolerance_multiple),
+            detail: format!("{}{shown}", d.detail),
+            fix: d.fix,
+        });
+        summary.verdict = Verdict::Defect;
+    }
+}
