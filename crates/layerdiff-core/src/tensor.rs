@@ -59,19 +59,14 @@ impl<'a> TensorView<'a> {
     pub fn to_dtype(&self, dtype: DType) -> Tensor {
         /// Elements per parallel run.
         const RUN: usize = 1 << 14;
-        let len = self.numel() * dtype.size();
-        // Written once, run by run: zeroing it first cost as much as converting into it.
-        let mut bytes = Vec::with_capacity(len);
-        bytes.spare_capacity_mut()[..len]
+        if dtype == self.dtype {
+            return self.to_tensor();
+        }
+        let mut bytes = vec![0u8; self.numel() * dtype.size()];
+        bytes
             .par_chunks_mut(RUN * dtype.size())
             .zip(self.bytes.par_chunks(RUN * self.dtype.size()))
-            .for_each_init(Vec::new, |converted, (out, run)| {
-                converted.resize(out.len(), 0);
-                convert(self.dtype, run, dtype, converted);
-                out.write_copy_of_slice(converted);
-            });
-        // SAFETY: the runs above wrote every one of the first `len` bytes.
-        unsafe { bytes.set_len(len) };
+            .for_each(|(out, run)| convert(self.dtype, run, dtype, out));
         Tensor {
             dtype,
             shape: self.shape.to_vec(),
@@ -129,6 +124,9 @@ impl<'a> TensorView<'a> {
         if self.numel() != reference.numel() {
             return false;
         }
+        if self.dtype == reference.dtype {
+            return self.bytes == reference.bytes;
+        }
         let size = self.dtype.size();
         self.bytes
             .par_chunks(RUN * size)
@@ -185,10 +183,6 @@ impl<'a> TensorView<'a> {
 /// in one rounding by the CPU's conversion instructions where it has them, every other pair
 /// widened to f64 a few at a time (exact) and rounded once.
 fn convert(from: DType, input: &[u8], to: DType, out: &mut [u8]) {
-    if from == to {
-        out.copy_from_slice(input);
-        return;
-    }
     if let (DType::F32, DType::F16) = (from, to)
         && let Ok(values) = bytemuck::try_cast_slice::<u8, f32>(input)
         && let Ok(halves) = bytemuck::try_cast_slice_mut::<u8, half::f16>(out)

@@ -22,7 +22,9 @@ pub struct FileDifference {
 /// defects (a weight that differs where the compared inputs do not show it: a ReLU that zeroes
 /// it, a branch not taken): the files differ, so the run fails, whatever the values did. Where
 /// a layer's defect blames the runtime's kernel and the files differ there, the file is the
-/// cause (an optimizer that reordered the weight left no name to find it by in the run).
+/// cause (an optimizer that reordered the weight left no name to find it by in the run); where
+/// it says only that the file computes differently and a weight differs there, the weight is
+/// (a narrow file's weights are checked against their rounding only here).
 pub fn unseen_differences(layers: &mut [Layer], summary: &mut Summary, found: Vec<FileDifference>) {
     // the layers whose kernel blame a file difference replaced: a second one there is added
     let mut replaced: Vec<String> = Vec::new();
@@ -41,18 +43,19 @@ pub fn unseen_differences(layers: &mut [Layer], summary: &mut Summary, found: Ve
             } else if defect.cause == Cause::OpImplementation
                 || (defect.cause == Cause::FileDiffers && d.cause == Cause::WeightMismatch)
             {
-                // a kernel blamed, or the file said to compute differently: the weight or
-                // attribute that differs is the finding
+                // a kernel blamed, or the file said only to compute differently: the weight or
+                // attribute that differs is the cause
                 replaced.push(d.layer.clone());
-                defect.detail = match defect.multiple {
-                    _ if defect.cause == Cause::FileDiffers => {
-                        format!("{}; {}", d.detail, defect.detail)
-                    }
-                    Some(m) => format!(
+                defect.detail = if defect.cause == Cause::FileDiffers {
+                    // what the layer's own error showed stands beside it
+                    format!("{}; {}", d.detail, defect.detail)
+                } else if let Some(m) = defect.multiple {
+                    format!(
                         "{}; the layer's own error is {m:.1}× what its precision explains",
                         d.detail
-                    ),
-                    None => d.detail,
+                    )
+                } else {
+                    d.detail
                 };
                 defect.cause = d.cause;
                 defect.fix = d.fix;

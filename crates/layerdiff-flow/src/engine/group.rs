@@ -101,7 +101,16 @@ fn tensor_change(
             _ => None,
         };
     }
-    let (r, t) = texts;
+    // a few values are shown (a Reshape's target shape), more by their size in words
+    let shown = |t: &Tensor, text: &str| {
+        let n = t.view().numel();
+        if n > 8 {
+            return text.to_string();
+        }
+        let values: Vec<String> = (0..n).map(|i| t.view().get_f64(i).to_string()).collect();
+        format!("[{}]", values.join(", "))
+    };
+    let (r, t) = (shown(before, texts.0), shown(after, texts.1));
     (before != after).then(|| format!("`{name}` holds other values ({r} → {t})"))
 }
 
@@ -188,7 +197,7 @@ mod tests {
         assert!(shape(-1.0).changes_from(&shape(-1.0)).is_empty());
         assert_eq!(
             shape(4.0).changes_from(&shape(-1.0)),
-            vec!["`value` holds other values (tensor [] (4 bytes) → tensor [] (4 bytes)) on `ln`"]
+            vec!["`value` holds other values ([1, -1] → [1, 4]) on `ln`"]
         );
     }
 }
