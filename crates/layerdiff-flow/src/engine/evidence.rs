@@ -54,18 +54,34 @@ pub fn node_member(node: &NodeProto) -> Member {
         attributes: node
             .attribute
             .iter()
-            .map(|a| (a.name().to_string(), attribute_text(a)))
+            .map(|a| {
+                let words = match &a.t {
+                    // its size would tell a float16 file's rounding from its float32 original
+                    Some(t) if !held(t) => format!("tensor {:?}", t.dims),
+                    _ => attribute_text(a),
+                };
+                (a.name().to_string(), words)
+            })
             .collect(),
         tensors: node
             .attribute
             .iter()
             .filter_map(|a| {
-                let stored = Stored::of(a.t.as_ref()?).ok()?;
-                let small = stored.view().numel() <= COMPARED_TENSOR;
-                small.then(|| (a.name().to_string(), stored.into_tensor()))
+                let t = a.t.as_ref().filter(|t| held(t))?;
+                Some((a.name().to_string(), Stored::of(t).ok()?.into_tensor()))
             })
             .collect(),
     }
+}
+
+/// Whether a tensor attribute is small enough for a [`Member`] to hold by value
+/// ([`COMPARED_TENSOR`]); a larger one is told by its dims alone.
+fn held(t: &layerdiff_onnx::TensorProto) -> bool {
+    let elements = t
+        .dims
+        .iter()
+        .try_fold(1u64, |n, &d| n.checked_mul(u64::try_from(d).ok()?));
+    elements.is_some_and(|n| n <= COMPARED_TENSOR as u64)
 }
 
 /// `model`'s node of the same name and op as `member`.
