@@ -95,3 +95,40 @@ def test_a_weight_edited_in_a_float16_file_is_the_weight_not_just_the_file(tmp_p
     assert (defect["layer"], defect["cause"]) == ("g", "weight_mismatch"), defect
     assert "`w` differs beyond its rounding to float16" in defect["detail"], defect["detail"]
     assert "(1 of 4096 elements differ)" in defect["detail"], defect["detail"]
+
+
+def _offset(path, dtype, table):
+    """y = tanh(x + c), `c` a Constant node's `value` too large for a node's words to hold
+    (over `COMPARED_TENSOR` elements)."""
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    value = numpy_helper.from_array(table.astype(dtype), "c")
+    nodes = [
+        helper.make_node("Constant", [], ["c"], name="table", value=value),
+        helper.make_node("Add", ["x", "c"], ["s"], name="add"),
+        helper.make_node("Tanh", ["s"], ["y"], name="act"),
+    ]
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(nodes, "g", [vi("x", elem, list(table.shape))], [vi("y", elem, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_large_constant_edited_at_the_same_dims_is_a_file_difference(tmp_path):
+    """A Constant of 90,000 elements is told by its dims in a node's words, so an edit of its
+    values at the same dims went unseen as a difference between the files. Its float16
+    rounding is still no difference; an element moved beyond it, in either dtype, is named."""
+    table = np.random.default_rng(1).standard_normal((300, 300)).astype(np.float32)
+    reference = _offset(tmp_path / "ref.onnx", np.float32, table)
+    result, report = report_of(tmp_path, str(reference), "--vs",
+                               str(_offset(tmp_path / "half.onnx", np.float16, table)))  # fmt: skip
+    assert report["summary"]["defects"] == [], report["summary"]["defects"]
+    edited = table.copy()
+    edited[7, 11] += 3.0
+    for name, dtype in (("half_edit.onnx", np.float16), ("ref_edit.onnx", np.float32)):
+        result, report = report_of(tmp_path, str(reference), "--vs",
+                                   str(_offset(tmp_path / name, dtype, edited)))  # fmt: skip
+        assert result.returncode == 1, result.stdout
+        details = " ".join(d["detail"] for d in report["summary"]["defects"])
+        assert "`value` differs" in details and "on `table`" in details, (name, details)
+        assert "(1 of 90000 elements differ)" in details, (name, details)

@@ -57,7 +57,7 @@ mod files;
 mod grid;
 mod name;
 mod reference;
-pub use files::{FileDifference, unseen_differences};
+pub use files::{FileDifference, attributes_differ, unseen_differences};
 pub use grid::{precision_grid, quantizing_op};
 pub use name::Cause;
 #[cfg(test)]

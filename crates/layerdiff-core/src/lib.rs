@@ -42,8 +42,8 @@ pub use baseline::{
 };
 pub use bisect::{Bisection, BisectionCheck, OpaqueSearch, RangeTried, smallest_set};
 pub use cause::{
-    Cause, Evidence, FileDifference, ROUNDING_FACTOR, explain, precision_grid, quantizing_op,
-    unseen_differences, weights_fix,
+    Cause, Evidence, FileDifference, ROUNDING_FACTOR, attributes_differ, explain, precision_grid,
+    quantizing_op, unseen_differences, weights_fix,
 };
 pub use compare::{
     Judge, PERCENTILE_RESOLUTION, Rounding, Stats, THRESHOLDS, Worst, compare, compare_judged,

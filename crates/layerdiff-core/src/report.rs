@@ -196,8 +196,8 @@ impl Report {
     /// too) it is said after that cause, which stays.
     pub fn narrowed(&mut self, layer: &str, inside: Inside) {
         let sentence = inside.sentence();
-        let attributes = (!inside.attributes.is_empty())
-            .then(|| format!("an attribute differs: {}", inside.attributes.join(", ")));
+        let attributes =
+            (!inside.attributes.is_empty()).then(|| crate::attributes_differ(&inside.attributes));
         let kernel = |cause: Option<crate::Cause>| cause == Some(crate::Cause::OpImplementation);
         // A weight of the node that differs is what the kernel was blamed for: the file's
         // weight, the same defect as a weight read by name.

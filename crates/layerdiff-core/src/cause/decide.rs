@@ -45,7 +45,7 @@ pub(super) fn decide(layer: &Layer, e: &Evidence, is_source: bool) -> (Cause, St
         );
     }
     if !e.attributes.is_empty() {
-        let differs = format!("an attribute differs: {}", e.attributes.join(", "));
+        let differs = super::attributes_differ(&e.attributes);
         if let Some(w) = layer.computes_as_written() {
             return (
                 Cause::FileDiffers,

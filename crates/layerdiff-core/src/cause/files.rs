@@ -18,13 +18,22 @@ pub struct FileDifference {
     pub fix: String,
 }
 
+/// How a defect or a file difference says that attributes differ: `changes`, one each
+/// (``epsilon` 1e-5 → 0.1 on `ln``), in one sentence.
+pub fn attributes_differ(changes: &[String]) -> String {
+    format!("{ATTRIBUTES_DIFFER}{}", changes.join(", "))
+}
+
+const ATTRIBUTES_DIFFER: &str = "an attribute differs: ";
+
 /// Adds the differences between the two files that no defect names yet to the summary's
 /// defects (a weight that differs where the compared inputs do not show it: a ReLU that zeroes
 /// it, a branch not taken): the files differ, so the run fails, whatever the values did. Where
 /// a layer's defect blames the runtime's kernel and the files differ there, the file is the
 /// cause (an optimizer that reordered the weight left no name to find it by in the run); where
-/// it says only that the file computes differently and a weight differs there, the weight is
-/// (a narrow file's weights are checked against their rounding only here).
+/// it says only that the file computes differently (it names no attribute) and a weight or an
+/// attribute differs there, that is named (a narrow file's weights, and a Constant too large
+/// for a node's words, are checked by value only here).
 pub fn unseen_differences(layers: &mut [Layer], summary: &mut Summary, found: Vec<FileDifference>) {
     // the layers whose kernel blame a file difference replaced: a second one there is added
     let mut replaced: Vec<String> = Vec::new();
@@ -41,7 +50,9 @@ pub fn unseen_differences(layers: &mut [Layer], summary: &mut Summary, found: Ve
                     l.detail = Some(defect.detail.clone());
                 }
             } else if defect.cause == Cause::OpImplementation
-                || (defect.cause == Cause::FileDiffers && d.cause == Cause::WeightMismatch)
+                || (defect.cause == Cause::FileDiffers
+                    && (d.cause == Cause::WeightMismatch
+                        || !defect.detail.starts_with(ATTRIBUTES_DIFFER)))
             {
                 // a kernel blamed, or the file said only to compute differently: the weight or
                 // attribute that differs is the cause
@@ -87,5 +98,93 @@ pub fn unseen_differences(layers: &mut [Layer], summary: &mut Summary, found: Ve
             fix: d.fix,
         });
         summary.verdict = Verdict::Defect;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cause::tests::layer;
+    use crate::{Tolerance, analyse};
+
+    fn difference(what: &str, cause: Cause) -> FileDifference {
+        FileDifference {
+            layer: "l0".into(),
+            cause,
+            detail: what.into(),
+            fix: format!("fix {what}"),
+        }
+    }
+
+    /// `l0` with one defect of `cause` in `detail`, then `found` added.
+    fn defect_after(cause: Cause, detail: &str, found: Vec<FileDifference>) -> (Layer, Defect) {
+        let mut layers = vec![layer(0, 5e-3, Some(5e-3), &["x"])];
+        let mut summary = analyse(&mut layers, Tolerance::PerDtype);
+        summary.defects.push(Defect {
+            layer: "l0".into(),
+            cause,
+            multiple: Some(900.0),
+            tolerance_multiple: Some(50.0),
+            detail: detail.into(),
+            fix: "report it to the runtime".into(),
+        });
+        unseen_differences(&mut layers, &mut summary, found);
+        let [defect] = <[Defect; 1]>::try_from(summary.defects).unwrap();
+        (layers.remove(0), defect)
+    }
+
+    #[test]
+    fn files_that_differ_at_a_layer_blamed_on_its_kernel_are_the_cause_every_one_said() {
+        let (layer, defect) = defect_after(
+            Cause::OpImplementation,
+            "the target's Conv computes differently",
+            vec![
+                difference("`w` differs", Cause::WeightMismatch),
+                difference("an attribute differs: `pads`", Cause::FileDiffers),
+            ],
+        );
+        assert_eq!(defect.cause, Cause::WeightMismatch);
+        assert!(defect.detail.contains("`w` differs") && defect.detail.contains("`pads`"));
+        assert!(
+            !defect.detail.contains("computes differently"),
+            "{}",
+            defect.detail
+        );
+        assert_eq!(defect.fix, "fix `w` differs");
+        assert_eq!(layer.cause, Some(Cause::WeightMismatch));
+    }
+
+    #[test]
+    fn a_layer_that_computes_what_its_file_says_takes_the_attribute_the_files_show() {
+        // A Constant too large for a node's words: the layer's own evidence named no attribute
+        let computes =
+            "its own error is 346.5× what float16 explains: the file computes differently";
+        let changed =
+            attributes_differ(&["`value` differs: max abs diff 3.000e0 on `table`".into()]);
+        let (layer, defect) = defect_after(
+            Cause::FileDiffers,
+            computes,
+            vec![difference(&changed, Cause::FileDiffers)],
+        );
+        assert_eq!(defect.detail, format!("{changed}; {computes}"));
+        assert_eq!(
+            (defect.cause, layer.cause),
+            (Cause::FileDiffers, Some(Cause::FileDiffers))
+        );
+        assert_eq!(defect.fix, format!("fix {changed}"));
+        // where it named the attributes already, its own words stand
+        let named = format!(
+            "{}; the target computes what its file says",
+            attributes_differ(&["`axis` 1 → 2 on `n`".into()])
+        );
+        let (_, defect) = defect_after(
+            Cause::FileDiffers,
+            &named,
+            vec![difference(&changed, Cause::FileDiffers)],
+        );
+        assert_eq!(
+            (defect.detail, defect.fix),
+            (named, "report it to the runtime".to_string())
+        );
     }
 }

@@ -12,7 +12,7 @@ fn stats(d: f64) -> Stats {
     .unwrap()
 }
 
-fn layer(index: usize, accumulated: f64, local: Option<f64>, inputs: &[&str]) -> Layer {
+pub(super) fn layer(index: usize, accumulated: f64, local: Option<f64>, inputs: &[&str]) -> Layer {
     let mut l = Layer::new(index, format!("l{index}"), vec![1], "float32");
     l.status = LayerStatus::Compared;
     l.accumulated = Some(stats(accumulated));
@@ -317,44 +317,6 @@ fn other_arguments_are_the_cause_only_where_they_compute_beyond_precision() {
     let (cause, detail, fix) = judged(0.8);
     assert_eq!(cause, Cause::Rounding, "{detail}");
     assert!(fix.is_none());
-}
-
-#[test]
-fn files_that_differ_at_a_layer_blamed_on_its_kernel_are_the_cause_every_one_said() {
-    let mut layers = vec![layer(0, 5e-3, Some(5e-3), &["x"])];
-    let mut summary = analyse(&mut layers, Tolerance::PerDtype);
-    summary.defects.push(crate::Defect {
-        layer: "l0".into(),
-        cause: Cause::OpImplementation,
-        multiple: Some(900.0),
-        tolerance_multiple: Some(50.0),
-        detail: "the target's Conv computes differently".into(),
-        fix: "report it to the runtime".into(),
-    });
-    let difference = |what: &str, cause: Cause| FileDifference {
-        layer: "l0".into(),
-        cause,
-        detail: what.into(),
-        fix: format!("fix {what}"),
-    };
-    unseen_differences(
-        &mut layers,
-        &mut summary,
-        vec![
-            difference("`w` differs", Cause::WeightMismatch),
-            difference("an attribute differs: `pads`", Cause::FileDiffers),
-        ],
-    );
-    let defect = &summary.defects[0];
-    assert_eq!(defect.cause, Cause::WeightMismatch);
-    assert!(defect.detail.contains("`w` differs") && defect.detail.contains("`pads`"));
-    assert!(
-        !defect.detail.contains("computes differently"),
-        "{}",
-        defect.detail
-    );
-    assert_eq!(defect.fix, "fix `w` differs");
-    assert_eq!(layers[0].cause, Some(Cause::WeightMismatch));
 }
 
 #[test]

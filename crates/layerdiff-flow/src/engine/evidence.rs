@@ -5,7 +5,7 @@ use layerdiff_core::{DType, Tensor, TensorView, compare};
 use layerdiff_onnx::{Model, NodeExt, NodeProto, Stored, attribute_text};
 use rayon::prelude::*;
 
-use crate::engine::group::{COMPARED_TENSOR, Member};
+use crate::engine::group::{COMPARED_TENSOR, Member, tensor_change};
 
 mod weight;
 
@@ -87,12 +87,33 @@ fn held(t: &layerdiff_onnx::TensorProto) -> bool {
 /// `model`'s node of the same name and op as `member`.
 pub fn model_counterpart(model: &Model, member: &Member) -> Option<Member> {
     let name = member.name.as_deref().unwrap_or_default();
-    model
-        .graph()
-        .node
-        .iter()
-        .find(|n| n.name() == name && n.op_type() == member.op)
-        .map(node_member)
+    counterpart_node(model, name, &member.op).map(node_member)
+}
+
+/// `model`'s node named `name` with op `op`.
+fn counterpart_node<'m>(model: &'m Model, name: &str, op: &str) -> Option<&'m NodeProto> {
+    (model.graph().node.iter()).find(|n| n.name() == name && n.op_type() == op)
+}
+
+/// How the tensor attributes of `target` too large for a [`Member`] to hold differ from
+/// `reference`'s, read from the files, one line each: at the same dims a node's words cannot
+/// tell an edit of their values. Held to the rule of a weight, as a small one is.
+fn large_tensor_changes(reference: &NodeProto, target: &NodeProto) -> Vec<String> {
+    let shown = target.display_name();
+    (target.attribute.iter())
+        .filter_map(|a| {
+            let ours = a.t.as_ref().filter(|t| !held(t))?;
+            let theirs = (reference.attribute.iter())
+                .find(|r| r.name() == a.name())
+                .and_then(|r| r.t.as_ref())
+                .filter(|t| t.dims == ours.dims)?;
+            let before = Stored::of(theirs).ok()?.into_tensor();
+            let after = Stored::of(ours).ok()?.into_tensor();
+            let words = format!("tensor {:?}", ours.dims);
+            let change = tensor_change(a.name(), &before, &after, (&words, &words))?;
+            Some(format!("{change} on `{shown}`"))
+        })
+        .collect()
 }
 
 /// Checks another side's weight against `model`'s counterpart: the initializer of the same
@@ -188,10 +209,10 @@ pub fn file_differences(reference: &Model, target: &Model) -> Vec<layerdiff_core
         })
         .collect();
     for node in &target.graph().node {
-        let ours = node_member(node);
-        let Some(theirs) = model_counterpart(reference, &ours) else {
+        let Some(their_node) = counterpart_node(reference, node.name(), node.op_type()) else {
             continue;
         };
+        let (ours, theirs) = (node_member(node), node_member(their_node));
         // the attributes both files write: one only the target's node has (a vendor op's own)
         // is told where its layer drifts, not as a difference between the files
         let written = |m: &Member, other: &Member| Member {
@@ -201,7 +222,8 @@ pub fn file_differences(reference: &Model, target: &Model) -> Vec<layerdiff_core
                 .collect(),
             ..m.clone()
         };
-        let changed = written(&ours, &theirs).changes_from(&written(&theirs, &ours));
+        let mut changed = written(&ours, &theirs).changes_from(&written(&theirs, &ours));
+        changed.extend(large_tensor_changes(their_node, node));
         let shown = &ours.shown;
         if changed.is_empty() {
             continue;
@@ -209,7 +231,7 @@ pub fn file_differences(reference: &Model, target: &Model) -> Vec<layerdiff_core
         found.push(layerdiff_core::FileDifference {
             layer: node.output.first().cloned().unwrap_or_else(|| shown.clone()),
             cause: layerdiff_core::Cause::FileDiffers,
-            detail: format!("an attribute differs: {}", changed.join(", ")),
+            detail: layerdiff_core::attributes_differ(&changed),
             fix: format!(
                 "give `{shown}` the reference's attribute values back (reference → target: {}); export the file again from the model, or undo the edit or pass that changed it",
                 changed.join(", ")

@@ -89,7 +89,7 @@ impl Member {
 /// float one is held to the rule of a weight ([`check_weight`]): stored narrower, it is its
 /// rounding (a float16 export holds GELU's 0.5 in float16); changed within its dtype, it
 /// differs though its size does not. Any other differs where its values do.
-fn tensor_change(
+pub(crate) fn tensor_change(
     name: &str,
     before: &Tensor,
     after: &Tensor,
