@@ -131,9 +131,13 @@ fn ratio(stats: Option<&Stats>) -> f64 {
 /// those that overflow to Inf themselves, those whose own error (local, where measured) exceeds
 /// the tolerance, and the precision drift's origin, where rounding that then grows downstream is
 /// born; overflow first, then by own error against the tolerance, at most [`MOST_KEPT`]. `None`
-/// when no precision drift was found.
+/// when no precision drift was found, or none reaches a layer's value: a layer's own re-run
+/// past its tolerance while every value stays within its own is no drift to remove.
 pub fn keep_float32(report: &Report, precision: &str) -> Option<KeepFloat32> {
     let drift = report.summary.precision.as_ref()?;
+    if report.summary.layers_exceeding == 0 {
+        return None;
+    }
     let origin = drift.origin.as_deref();
     let mut ranked: Vec<(u64, f64, &Layer, String)> = Vec::new();
     for l in report.layers.iter().filter(|l| {

@@ -337,12 +337,18 @@ pub(crate) fn verdict(report: &Report) -> String {
                     s.layers_exceeding, s.layers_compared
                 );
             }
+            // where no layer's value exceeds, the origin's own re-run did: said so, not "born"
+            let born = p.and_then(|p| Some((p.origin.as_deref()?, p.layers)));
+            let born = match born {
+                None => String::new(),
+                Some((o, n)) if s.layers_exceeding == 0 => format!(
+                    ", {n} only when re-run alone on the reference's inputs, by its own rounding, at `{o}`"
+                ),
+                Some((o, _)) => format!(", born at `{o}`"),
+            };
             format!(
-                "{dtype} rounding only: no layer computes differently{but}; {} of {} compared layers exceed their tolerance{}",
-                s.layers_exceeding,
-                s.layers_compared,
-                p.and_then(|p| p.origin.as_deref())
-                    .map_or(String::new(), |o| format!(", born at `{o}`"))
+                "{dtype} rounding only: no layer computes differently{but}; {} of {} compared layers exceed their tolerance{born}",
+                s.layers_exceeding, s.layers_compared,
             )
         }
         Verdict::Undecided => {
@@ -367,5 +373,38 @@ pub(crate) fn verdict(report: &Report) -> String {
             "no drift: all {} compared layers within tolerance",
             s.layers_compared
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounding_that_exceeds_only_in_a_layers_own_re_run_is_not_said_to_be_born_of_none() {
+        // A float16 EfficientNet-B0 (timm): no layer's value exceeds its tolerance, one layer's
+        // own re-run does, by its rounding. It read "0 of 264 compared layers exceed their
+        // tolerance, born at `blocks.0.0.bn1`".
+        let mut report = Report::of_layers("m", Vec::new());
+        let s = &mut report.summary;
+        (s.verdict, s.layers_compared, s.layers_exceeding) = (Verdict::Precision, 264, 0);
+        s.precision = Some(PrecisionDrift {
+            dtype: "float16".into(),
+            origin: Some("bn1".into()),
+            layers: 1,
+            overflow: 0,
+            output: Some("classifier".into()),
+            output_max_abs_diff: 6e-8,
+            output_tolerance_multiple: 1e-4,
+        });
+        assert_eq!(
+            verdict(&report),
+            "float16 rounding only: no layer computes differently; 0 of 264 compared layers exceed their tolerance, 1 only when re-run alone on the reference's inputs, by its own rounding, at `bn1`"
+        );
+        report.summary.layers_exceeding = 45;
+        assert_eq!(
+            verdict(&report),
+            "float16 rounding only: no layer computes differently; 45 of 264 compared layers exceed their tolerance, born at `bn1`"
+        );
     }
 }
