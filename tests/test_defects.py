@@ -322,6 +322,43 @@ def test_a_dynamically_quantized_file_has_its_weights_checked_against_their_scal
     assert f"`{product.input[1]}` differs beyond its quantization" in defect["detail"]
 
 
+def test_an_edited_weight_the_quantizer_stored_transposed_counts_the_elements_edited(tmp_path):
+    """`quantize_dynamic` stores a Gemm's `transB` weight transposed for its MatMulInteger. One
+    stored row of it moved by 40 steps: 128 elements differ, and the report said "8096 of 8192
+    elements moved": the stored form was judged untransposed, every element off."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    weight = np.random.default_rng(0).standard_normal((128, 64)).astype(np.float32) * 0.1
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w"], ["g"], name="dense", transB=1),
+         helper.make_node("Tanh", ["g"], ["y"], name="act")],
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4, 64])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(weight, "w")],
+    )  # fmt: skip
+    reference = tmp_path / "dense.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=9), str(reference))  # fmt: skip
+    quantized = tmp_path / "int8.onnx"
+    quantize_dynamic(str(reference), str(quantized), weight_type=QuantType.QInt8)
+    model = onnx.load(str(quantized))
+    stored = next(i for i in model.graph.initializer if i.name == "w_quantized")
+    values = numpy_helper.to_array(stored).astype(np.int32)
+    assert values.shape == (64, 128), "stored transposed"
+    values[5, :] = np.clip(values[5, :] + 40, -127, 127)
+    stored.CopyFrom(numpy_helper.from_array(values.astype(np.int8), stored.name))
+    onnx.save(model, str(tmp_path / "edit.onnx"))
+    out = tmp_path / "edit.json"
+    run = run_cli("onnx", str(reference), "--vs", str(tmp_path / "edit.onnx"), "--json", str(out))
+    assert run.returncode == 1, run.stdout + run.stderr
+    (defect,) = json.loads(out.read_text())["summary"]["defects"]
+    assert defect["cause"] == "weight_mismatch", defect
+    assert "`w_quantized` differs beyond its quantization: 128 of 8192 elements" in defect["detail"]
+
+
 def test_an_int4_file_is_quantization_and_a_block_scale_off_is_the_defect(tmp_path):
     """A Qwen2-style decoder (transformers, from a config) exported by dynamo and quantized to
     4 bits in blocks of 32 by ONNX Runtime's MatMulNBitsQuantizer: against its float file, every
