@@ -48,6 +48,9 @@ def test_reduce_cuts_an_edited_attribute_deep_in_resnet18_down_to_its_node(resne
     # ONNX Runtime computes the Conv as the edited file says: the file differs, not the runtime
     assert "file_differs" in readme and "`pads` [1, 1, 1, 1] → [2, 1, 0, 1]" in readme
     assert "layerdiff onnx" in readme and "--vs edited.onnx" in readme
+    # the piece holds the edited Conv: it is cut out of the target's file (it read the other)
+    assert "layerdiff cut this out of `edited.onnx`: 1 node(s)" in readme, readme
+    assert "the piece of `edited.onnx` that computes" in (folder / "repro.py").read_text()
 
     shown = run_repro(folder, folder_of(tmp_path, "onnxruntime"))
     assert shown.returncode == 1, shown.stderr

@@ -127,8 +127,11 @@ pub fn onnx(
         nodes.sort_unstable();
         nodes.iter().map(|&n| pieces.name(n)).collect()
     };
+    // the piece is the target's: with `--vs`, that file's
+    let source = options.vs.as_deref().and_then(Path::file_name);
     let written = Written {
         report,
+        source: source.map_or_else(|| report.model.clone(), |f| f.to_string_lossy().into()),
         layer,
         value: &value,
         reference: options.reference.spelling(),
@@ -142,6 +145,8 @@ pub fn onnx(
 /// What a repro's folder is written from.
 struct Written<'a> {
     report: &'a Report,
+    /// The model the piece is cut from, as the README names it.
+    source: String,
     layer: &'a Layer,
     /// The value the piece computes.
     value: &'a str,
@@ -172,6 +177,7 @@ impl Written<'_> {
         };
         let facts = script::Facts {
             report: self.report,
+            source: &self.source,
             layer: self.layer,
             reference: self.reference.clone(),
             target: self.target,
@@ -290,6 +296,7 @@ pub fn framework_piece(
         .collect();
     let written = Written {
         report,
+        source: report.model.clone(),
         layer,
         value: &value,
         reference: report.reference.runtime.clone(),

@@ -9,6 +9,8 @@ use super::Repro;
 /// What the repro's files say.
 pub(crate) struct Facts<'a> {
     pub report: &'a Report,
+    /// The model the piece is cut from (the target's file, with `--vs`).
+    pub source: &'a str,
     pub layer: &'a Layer,
     /// The reference in a word (`ort`, `pytorch`).
     pub reference: String,
@@ -205,7 +207,7 @@ if __name__ == "__main__":
         not_reproduced = py_str(super::NOT_REPRODUCED),
         target = facts.target.spelling(),
         target_py = py_str(&facts.target.spelling()),
-        model = facts.report.model,
+        model = facts.source,
         reader = READER,
         atol = bound.atol,
         rtol = bound.rtol,
@@ -264,7 +266,7 @@ pub(crate) fn readme(facts: &Facts) -> String {
         layer_name = repro.layer,
         target = facts.target.spelling(),
         reference = facts.reference,
-        model = facts.report.model,
+        model = facts.source,
         n = repro.nodes.len(),
         nodes = nodes.join(", "),
         target_detail = facts.target_detail,
