@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use layerdiff_core::{SideInfo, Summary, TargetGraph, Tensor, TensorView};
-use layerdiff_onnx::{GraphIndex, Model, expose_values, extract_nodes};
+use layerdiff_onnx::{GraphIndex, Model, NodeExt, expose_values, extract_nodes};
 use layerdiff_runtime::Runtime;
 
 use crate::engine::evidence::{WeightCheck, model_counterpart, model_weight_check};
@@ -310,8 +310,15 @@ impl Side for GraphSide {
         self.runtime.rewrites().then(|| self.runtime.detail())
     }
 
+    /// The runtime's narrower math, where the model has an op it narrows (its subgraphs'
+    /// included): a graph of Gather and Concat computes as its file says.
     fn reduced_math(&self) -> Option<layerdiff_runtime::ReducedMath> {
-        self.runtime.reduced_math()
+        fn has(graph: &layerdiff_onnx::GraphProto, ops: &[&str]) -> bool {
+            (graph.node.iter())
+                .any(|n| ops.contains(&n.op_type()) || n.subgraphs().any(|g| has(g, ops)))
+        }
+        let reduced = self.runtime.reduced_math()?;
+        has(self.model.graph(), reduced.ops).then_some(reduced)
     }
 
     fn recompute(&self) -> Option<&dyn Recompute> {
@@ -337,5 +344,73 @@ impl Side for GraphSide {
     fn graph_report(&mut self, compared: &[&str], summary: &mut Summary) -> Option<TargetGraph> {
         let shipped = self.shipped.take()?;
         Some(shipped.finish(compared.iter().copied(), &self.renames, summary))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use layerdiff_onnx::{GraphProto, ModelProto, NodeProto};
+    use layerdiff_runtime::ReducedMath;
+
+    /// A runtime that says it computes MatMul in bfloat16 (OpenVINO at its bf16 precision).
+    struct Narrowing;
+
+    impl Runtime for Narrowing {
+        fn name(&self) -> &str {
+            "narrowing"
+        }
+        fn detail(&self) -> String {
+            "computes float32 MatMuls in bfloat16".into()
+        }
+        fn reduced_math(&self) -> Option<ReducedMath> {
+            Some(ReducedMath {
+                ops: &["MatMul"],
+                grid: Some(layerdiff_core::DType::BF16),
+                how: "MatMul in bfloat16".into(),
+            })
+        }
+        fn run(
+            &self,
+            _: &Model,
+            _: &[(String, Tensor)],
+            _: &[String],
+        ) -> layerdiff_runtime::Result<Vec<(String, Tensor)>> {
+            unreachable!("not run")
+        }
+    }
+
+    fn side_of(op: &str) -> GraphSide {
+        let node = NodeProto {
+            op_type: Some(op.into()),
+            input: vec!["x".into(), "y".into()],
+            output: vec!["z".into()],
+            ..Default::default()
+        };
+        let graph = GraphProto {
+            node: vec![node],
+            ..Default::default()
+        };
+        let proto = ModelProto {
+            graph: Some(graph),
+            ..Default::default()
+        };
+        GraphSide::new(
+            None,
+            Model::from_proto(proto, None),
+            Box::new(Narrowing),
+            &[],
+        )
+    }
+
+    #[test]
+    fn a_runtime_that_narrows_ops_the_model_lacks_computes_it_as_written() {
+        // a reference whose runtime narrows MatMul read "the reference does not compute as
+        // its file says" on a graph of Gather and Concat
+        assert!(side_of("Concat").reduced_math().is_none());
+        let narrowed = side_of("MatMul")
+            .reduced_math()
+            .expect("MatMul is narrowed");
+        assert_eq!(narrowed.how, "MatMul in bfloat16");
     }
 }
