@@ -17,6 +17,7 @@ mod library;
 mod plugin;
 mod profile;
 mod values;
+pub(crate) use library::named_release;
 use library::{ORT, clean_message, load, version_from_path};
 pub(crate) use plugin::PluginParts;
 pub use plugin::{EpDevice, PluginEp};

@@ -121,8 +121,7 @@ pub(crate) fn older_release((major, minor): (u32, u32), named: &str) -> String {
 
 /// `libonnxruntime.so.1.30.0` → (1, 30).
 fn release_of(library: &Path) -> Option<(u32, u32)> {
-    let name = library.file_name()?.to_str()?;
-    major_minor(name.strip_prefix("libonnxruntime.so.")?)
+    major_minor(crate::ort_runtime::named_release(library)?)
 }
 
 /// `1.30.0` → (1, 30).

@@ -110,12 +110,16 @@ fn release_of_loaded(path: &Path) -> Option<String> {
 }
 
 /// `libonnxruntime.so.1.31.1` → `1.31.1`: the release a library's file name says, for one this
-/// process does not load (its worker's says what it is, see `crate::isolated`).
-pub(crate) fn version_from_path(path: &Path) -> String {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+/// process does not load (its worker's says what it is, see `crate::isolated`); `None` for a
+/// name without one (a vendor's `libonnxruntime.so`). The one reading of a release from a name.
+pub(crate) fn named_release(path: &Path) -> Option<&str> {
+    let name = path.file_name()?.to_str()?;
     name.strip_prefix("libonnxruntime.so.")
-        .unwrap_or("unknown version")
-        .to_string()
+}
+
+/// [`named_release`], or "unknown version".
+pub(crate) fn version_from_path(path: &Path) -> String {
+    named_release(path).unwrap_or("unknown version").to_string()
 }
 
 #[cfg(test)]
