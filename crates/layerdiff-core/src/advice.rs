@@ -264,17 +264,16 @@ fn output(report: &Report) -> Option<(&str, &Stats)> {
         .find_map(|l| Some((l.name.as_str(), l.accumulated.as_ref()?)))
 }
 
-/// Elements NaN or ±Inf on the target only.
-fn nonfinite(s: &Stats) -> u64 {
-    s.nan_mismatch + s.inf_target.saturating_sub(s.inf_reference)
-}
-
 /// The output's error in words: NaN/Inf where there is, else its largest difference.
 fn output_words(s: Option<&Stats>) -> String {
     match s {
         None => "not compared".to_string(),
-        Some(s) if nonfinite(s) > 0 => {
-            format!("NaN or Inf in {} of {} elements", nonfinite(s), s.elements)
+        Some(s) if s.nonfinite_target() > 0 => {
+            format!(
+                "NaN or Inf in {} of {} elements",
+                s.nonfinite_target(),
+                s.elements
+            )
         }
         Some(s) => format!(
             "mean abs diff {:.3e} (max {:.3e})",
@@ -327,7 +326,7 @@ pub fn check_advice(before: &Report, after: &Report, kept: Vec<String>) -> Advic
         before.summary.layers_exceeding,
         after.summary.layers_exceeding,
     );
-    let bad = |s: Option<&Stats>| s.map_or(0, nonfinite);
+    let bad = |s: Option<&Stats>| s.map_or(0, Stats::nonfinite_target);
     let max = |s: Option<&Stats>| s.map_or(f64::NAN, |s| s.max_abs_diff);
     let mean = |s: Option<&Stats>| s.map_or(f64::NAN, |s| s.mean_abs_diff);
     let change = format!("`{name}` {} → {}", output_words(was), output_words(now));

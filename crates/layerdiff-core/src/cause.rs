@@ -389,6 +389,7 @@ fn conclude(
             output_tolerance_multiple: stats
                 .and_then(crate::Stats::tolerance_multiple)
                 .unwrap_or(0.0),
+            output_nonfinite: stats.map_or(0, crate::Stats::nonfinite_target),
         }
     });
     if let Some(first) = failing {
@@ -416,11 +417,5 @@ fn conclude(
 /// finite.
 fn overflows(layer: &Layer) -> bool {
     let own = layer.local.as_ref().or(layer.accumulated.as_ref());
-    own.is_some_and(|s| nonfinite_target(s) > 0)
-}
-
-/// How many of a layer's values are ±Inf or NaN on the target where the reference's are not
-/// (an overflow, or what a later op makes of one: a LayerNorm of ±Inf is NaN).
-fn nonfinite_target(s: &crate::Stats) -> u64 {
-    (s.inf_target + s.nan_target).saturating_sub(s.inf_reference + s.nan_reference)
+    own.is_some_and(|s| s.nonfinite_target() > 0)
 }

@@ -146,6 +146,12 @@ impl Stats {
                 .is_some_and(|r| r.beyond_tolerance == 0)
     }
 
+    /// How many of its values are ±Inf or NaN on the target where the reference's are not (an
+    /// overflow, or what a later op makes of one: a LayerNorm of ±Inf is NaN).
+    pub fn nonfinite_target(&self) -> u64 {
+        (self.inf_target + self.nan_target).saturating_sub(self.inf_reference + self.nan_reference)
+    }
+
     /// The difference as a multiple of the layer's bound (above 1: exceeding): infinite where a
     /// side has NaN or ±Inf the other has not (what no multiple of a bound allows, though the
     /// finite elements may agree); `None` where the comparison was not judged against a bound.

@@ -34,7 +34,7 @@ pub(super) fn decide(layer: &Layer, e: &Evidence, is_source: bool) -> (Cause, St
         && overflows(layer)
     {
         let own = layer.local.as_ref().or(layer.accumulated.as_ref());
-        let n = own.map_or(0, nonfinite_target);
+        let n = own.map_or(0, crate::Stats::nonfinite_target);
         return (
             Cause::PrecisionLoss,
             format!(

@@ -211,11 +211,14 @@ pub(crate) fn precision_words(p: &PrecisionDrift, compared: usize) -> String {
         .origin
         .as_deref()
         .map_or(String::new(), |o| format!(", born at `{o}`"));
-    let output = p.output.as_deref().map_or(String::new(), |o| {
-        format!(
+    let output = p.output.as_deref().map_or(String::new(), |o| match p.output_nonfinite {
+        0 => format!(
             "; the output `{o}` is off by {:.3e} ({:.1}× its tolerance)",
             p.output_max_abs_diff, p.output_tolerance_multiple
-        )
+        ),
+        n => format!(
+            "; the output `{o}` is NaN or ±Inf in {n} element(s) where the reference's are finite"
+        ),
     });
     let overflow = match p.overflow {
         0 => String::new(),
@@ -396,6 +399,7 @@ mod tests {
             output: Some("classifier".into()),
             output_max_abs_diff: 6e-8,
             output_tolerance_multiple: 1e-4,
+            output_nonfinite: 0,
         });
         assert_eq!(
             verdict(&report),
@@ -405,6 +409,35 @@ mod tests {
         assert_eq!(
             verdict(&report),
             "float16 rounding only: no layer computes differently; 45 of 264 compared layers exceed their tolerance, born at `bn1`"
+        );
+    }
+
+    #[test]
+    fn an_output_that_overflowed_is_said_so_not_off_by_nothing() {
+        // A naive softmax in float16 (torch:fp16): its exp overflows, the output is NaN in
+        // all 80 elements. It read "the output `fc2` is off by 0.000e0 (inf× its tolerance)".
+        let mut p = PrecisionDrift {
+            dtype: "float16".into(),
+            origin: Some("fc1".into()),
+            layers: 3,
+            overflow: 1,
+            output: Some("fc2".into()),
+            output_max_abs_diff: 0.0,
+            output_tolerance_multiple: f64::INFINITY,
+            output_nonfinite: 80,
+        };
+        assert_eq!(
+            precision_words(&p, 6),
+            "float16 rounding, born at `fc1`: 3 of 6 compared layers exceed their tolerance by their own rounding; the output `fc2` is NaN or ±Inf in 80 element(s) where the reference's are finite; 1 layer(s) overflow float16's range to ±Inf (keep them in float32)"
+        );
+        (
+            p.output_nonfinite,
+            p.output_max_abs_diff,
+            p.output_tolerance_multiple,
+        ) = (0, 2e-3, 4.0);
+        assert!(
+            precision_words(&p, 6)
+                .contains("; the output `fc2` is off by 2.000e-3 (4.0× its tolerance)")
         );
     }
 }

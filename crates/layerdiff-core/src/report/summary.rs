@@ -3,8 +3,8 @@
 
 use super::*;
 
-fn is_zero(n: &usize) -> bool {
-    *n == 0
+fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
+    *n == T::default()
 }
 
 /// What the analysis found, at a glance.
@@ -215,6 +215,10 @@ pub struct PrecisionDrift {
     /// Its largest difference as a multiple of its tolerance.
     #[serde(serialize_with = "crate::render::float")]
     pub output_tolerance_multiple: f64,
+    /// Its elements NaN or ±Inf on the target where the reference's are finite (the largest
+    /// difference is then of the others).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub output_nonfinite: u64,
 }
 
 impl Summary {
