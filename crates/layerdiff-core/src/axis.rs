@@ -193,8 +193,20 @@ fn findings(axis: &str, points: &[AxisPoint], changing: &[AxisLayer]) -> Vec<Str
     };
     let clean = named(&|p| p.verdict == "no_drift");
     let drifting = named(&|p| p.verdict != "no_drift");
+    let rounding_only = points.iter().all(|p| !p.fails);
     if drifting.is_empty() {
         out.push(format!("no drift at any {axis} ({})", clean.join(", ")));
+    } else if rounding_only && clean.is_empty() {
+        out.push(format!(
+            "rounding only at every {axis} ({}): no defect",
+            drifting.join(", ")
+        ));
+    } else if rounding_only {
+        out.push(format!(
+            "no drift at {axis} {}, rounding only at {}: no defect",
+            clean.join(", "),
+            drifting.join(", ")
+        ));
     } else if clean.is_empty() {
         out.push(format!("drift at every {axis} ({})", drifting.join(", ")));
     } else {
@@ -367,5 +379,54 @@ impl AxisReport {
             crate::FailOn::Accumulation => p.fails || p.accumulates_narrow,
             crate::FailOn::Drift => p.verdict != "no_drift",
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(at: &str, verdict: &str) -> AxisPoint {
+        AxisPoint {
+            point: at.into(),
+            inputs: Vec::new(),
+            verdict: verdict.into(),
+            fails: !matches!(verdict, "no_drift" | "precision"),
+            accumulates_narrow: false,
+            layers_compared: 10,
+            layers_exceeding: usize::from(verdict != "no_drift"),
+            drift_origin: (verdict != "no_drift").then(|| "l3".into()),
+            cause: None,
+            output: None,
+            output_max_abs_diff: None,
+            output_max_rel_diff: None,
+            output_note: None,
+        }
+    }
+
+    #[test]
+    fn rounding_along_an_axis_is_said_to_be_rounding_not_drift() {
+        // Qwen2 in bfloat16 over 3 decode steps, ResNet-50 at batch sizes 1, 8, 32: rounding
+        // at every point (exit 0) read "drift at every decode step (prefill, 1, 2, 3)"
+        let all = [point("1", "precision"), point("8", "precision")];
+        assert_eq!(
+            findings("batch size", &all, &[])[0],
+            "rounding only at every batch size (1, 8): no defect"
+        );
+        let some = [point("1", "no_drift"), point("8", "precision")];
+        assert_eq!(
+            findings("batch size", &some, &[])[0],
+            "no drift at batch size 1, rounding only at 8: no defect"
+        );
+        let failing = [point("1", "defect"), point("8", "precision")];
+        assert_eq!(
+            findings("batch size", &failing, &[])[0],
+            "drift at every batch size (1, 8)"
+        );
+        let missed = [point("1", "defect"), point("8", "no_drift")];
+        assert_eq!(
+            findings("batch size", &missed, &[])[0],
+            "passes at batch size 8 and drifts at 1: a check at 8 alone would have missed it"
+        );
     }
 }
