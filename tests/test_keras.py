@@ -310,6 +310,25 @@ def test_float16_weights_are_precision_and_an_edited_one_is_the_defect(cnn, monk
     assert [(d["layer"], d["cause"]) for d in s["defects"]] == [("pw", "weight_mismatch")], s
 
 
+def test_a_layer_whose_only_constants_the_converter_stores_in_float16_is_not_a_defect():
+    """A Rescaling (1/255, as Keras's EfficientNet opens) has no weights: its scale is config
+    that the TFLite converter stores in float16 like every float constant. Its ideal was the
+    float32 layer, and the rounded scale read "op_implementation (24.0× what precision
+    explains)" on an honest conversion."""
+    keras = pytest.importorskip("keras")
+    keras.utils.set_random_seed(0)
+    x = keras.Input((8, 8, 3))
+    y = keras.layers.Rescaling(1.0 / 255.0, name="rescaling")(x)
+    y = keras.layers.Conv2D(4, 3, name="conv")(y)
+    model = keras.Model(x, keras.layers.GlobalAveragePooling2D(name="gap")(y))
+    inputs = (np.random.default_rng(0).uniform(0, 255, (1, 8, 8, 3)).astype(np.float32),)
+    report = compare_keras(model, inputs, target="tflite:fp16")
+    s = report.data["summary"]
+    assert not s["defects"], s["defects"]
+    rescaling = layers(report)["rescaling"]
+    assert rescaling.get("cause") in (None, "precision_loss", "rounding"), rescaling
+
+
 def test_an_op_tf2onnx_cannot_convert_is_named_not_left_for_the_runtime(tmp_path):
     """An exact GELU becomes TensorFlow's Erfc, which tf2onnx leaves in the file as it is: the
     conversion is refused naming the op and where, with what to do, before any runtime runs."""

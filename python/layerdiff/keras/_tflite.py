@@ -181,6 +181,16 @@ class Tflite:
             # the converter stores every float constant in float16, each rounded alone
             stored = [np.asarray(w).astype(np.float16) for w in layer.get_weights()]
             why = None
+        elif stored is None and self.precision == "fp16":
+            # constants of a layer without weights (a Rescaling's scale) are its config, which
+            # no ideal here rounds as the file does
+            rounded = sorted({op for op, _, d, *_ in walk.constants if d["dtype"] == np.float16})
+            if rounded:
+                why = (
+                    f"TFLite stores the constants `{layer.name}` computes with "
+                    f"({', '.join(rounded)}) in float16, and they are not weights of the "
+                    "layer: no ideal computation here rounds them as the file does"
+                )
         if why is None and grid is not None and walk.stages > 1:
             why = (
                 f"TFLite computes it in {walk.stages} quantized steps "
