@@ -55,7 +55,8 @@ struct Pairing {
 
 /// Matches each value produced by a reference node to a target value: the same name, else the
 /// same output of a node with the same name that reads the same values (an optimizer that
-/// rewires a node, as the transpose optimizer does, can leave its name on another computation).
+/// rewires a node, as the transpose optimizer does, can leave its name on another computation)
+/// and does not write a value the reference computes apart (a fusion's).
 fn pair_values(
     reference: &Model,
     t: &GraphIndex,
@@ -83,6 +84,15 @@ fn pair_values(
                     ))
                 } else if let Some(why) = rewired(&r, t, node, same_node, &paired) {
                     Err(why)
+                } else if let Some(later) = (same_node.outputs.get(position))
+                    .filter(|out| *out != value && r.producer(out).is_some())
+                {
+                    // ONNX Runtime's Conv that absorbed the Mul after it keeps its name and
+                    // writes the Mul's value, which the reference computes apart
+                    Err(format!(
+                        "fused or removed: the target's {} node `{}` produces `{later}` without it",
+                        same_node.op_type, same_node.name
+                    ))
                 } else {
                     same_node.outputs.get(position).cloned().ok_or_else(|| {
                         format!("the target's node `{}` has no output {position}", node.name)
