@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from conftest import run_cli
 
@@ -224,3 +225,33 @@ def test_a_model_with_external_data_runs_on_openvino(resnet18_onnx, tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert report["summary"]["layers_compared"] == 49
+
+
+def test_an_int64_extreme_openvino_holds_as_int32s_is_no_difference(tmp_path):
+    """OpenVINO's CPU plugin computes int64 in int32: a Slice's end INT64_MAX ("to the end", as
+    the legacy exporter writes in every ViT block) comes back as INT32_MAX. Read as a
+    difference of 9.2e18 it made each such Constant "undecided"; it is the same end."""
+    from onnx import helper, numpy_helper
+
+    big = np.array([np.iinfo(np.int64).max], np.int64)
+    nodes = [
+        helper.make_node("Constant", [], ["starts"], name="starts",
+                         value=numpy_helper.from_array(np.array([1], np.int64))),
+        helper.make_node("Constant", [], ["ends"], name="ends",
+                         value=numpy_helper.from_array(big)),
+        helper.make_node("Constant", [], ["axes"], name="axes",
+                         value=numpy_helper.from_array(np.array([1], np.int64))),
+        helper.make_node("Slice", ["x", "starts", "ends", "axes"], ["sliced"], name="slice"),
+        helper.make_node("Relu", ["sliced"], ["y"], name="relu"),
+    ]  # fmt: skip
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(nodes, "g", [vi("x", onnx.TensorProto.FLOAT, [4, 8])],
+                              [vi("y", onnx.TensorProto.FLOAT, None)])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.save(model, str(tmp_path / "slice.onnx"))
+    result, report = report_of(tmp_path, str(tmp_path / "slice.onnx"), "--target", "openvino")
+    assert result.returncode == 0, result.stdout + result.stderr
+    ends = next(layer for layer in report["layers"] if layer["name"] == "ends")
+    assert ends["accumulated"]["max_abs_diff"] == 0, ends
+    assert ends["accumulated"]["sentinels"] == 1, ends
+    assert any("hold int64's extreme" in w for w in report["summary"]["warnings"]), report

@@ -84,7 +84,7 @@ pub fn summarise(layers: &mut [Layer]) -> Summary {
     most_own_error.truncate(OWN_ERROR_RANKED);
     let warnings = coverage_warning(layers, compared.len())
         .into_iter()
-        .chain(sentinel_note(layers))
+        .chain(sentinel_notes(layers))
         .collect();
     Summary {
         layers_total: layers.len(),
@@ -208,19 +208,32 @@ fn coverage_warning(layers: &[Layer], compared: usize) -> Option<String> {
     ))
 }
 
-/// Where the reference held a mask's sentinel that the narrower target held as its own
-/// extreme (see [`crate::compare_pair`]): compared as equal, which the reader should know.
-fn sentinel_note(layers: &[Layer]) -> Option<String> {
-    let holding: Vec<&Layer> = layers
-        .iter()
-        .filter(|l| l.accumulated.as_ref().is_some_and(|s| s.sentinels > 0))
-        .collect();
-    let first = holding.first()?;
-    Some(format!(
-        "{} layer(s), first `{}`, hold a mask's sentinel (float32's extreme, as `torch.finfo(torch.float32).min`) that the target, in a narrower dtype, holds as its own extreme: those positions are compared as equal (each layer's `sentinels` count), as the softmax after treats them",
-        holding.len(),
-        first.name
-    ))
+/// Where the reference held a sentinel that the target held as its own extreme (see
+/// [`crate::compare_pair`]): a mask's in a narrower float dtype, int64's in int32. Compared
+/// as equal, which the reader should know.
+fn sentinel_notes(layers: &[Layer]) -> Vec<String> {
+    let holding = |int: bool| -> Vec<&Layer> {
+        (layers.iter())
+            .filter(|l| l.accumulated.as_ref().is_some_and(|s| s.sentinels > 0))
+            .filter(|l| (l.dtype == "int64") == int)
+            .collect()
+    };
+    let mut notes = Vec::new();
+    if let [first, ..] = holding(false)[..] {
+        notes.push(format!(
+            "{} layer(s), first `{}`, hold a mask's sentinel (float32's extreme, as `torch.finfo(torch.float32).min`) that the target, in a narrower dtype, holds as its own extreme: those positions are compared as equal (each layer's `sentinels` count), as the softmax after treats them",
+            holding(false).len(),
+            first.name
+        ));
+    }
+    if let [first, ..] = holding(true)[..] {
+        notes.push(format!(
+            "{} layer(s), first `{}`, hold int64's extreme (a Slice's \"to the end\", INT64_MAX) that the target, computing int64 in int32, holds as int32's: those positions are compared as equal (each layer's `sentinels` count), as the op that reads it treats them; what it computes is compared after",
+            holding(true).len(),
+            first.name
+        ));
+    }
+    notes
 }
 
 /// Why the layers that were not compared were not, most common reasons first

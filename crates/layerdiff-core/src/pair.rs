@@ -9,11 +9,17 @@
 //! merely overflows the narrower dtype (a float32 activation of 7e4 against float16's Inf) is
 //! no sentinel: it stays a difference, and an overflow.
 
-use crate::{Judge, LayerStatus, Stats, Tensor, TensorView, compare_judged};
+use crate::{DType, Judge, LayerStatus, Stats, Tensor, TensorView, compare_judged};
 
 /// Magnitudes from which a reference value is a sentinel (a mask's), not a computed value: half
 /// of float32's largest.
 pub const SENTINEL: f64 = f32::MAX as f64 / 2.0;
+
+/// Magnitudes from which an int64 reference value is a sentinel, not a computed value: int64's
+/// extremes, a Slice's "to the end" (INT64_MAX) or "from the end" (INT64_MIN), which a target
+/// computing int64 in int32 (OpenVINO's CPU plugin) holds as int32's. Read as a difference it
+/// was 9.2e18 at every such Constant.
+const INT_SENTINEL: f64 = 4611686018427387904.0; // 2^62
 
 /// The outcome of comparing one aligned pair of values.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,11 +51,8 @@ pub fn compare_pair(
     let mut compared = compare_judged(reference, target, judge);
     // A sentinel the target holds as its own extreme is the largest difference there is: only
     // then is the pair compared again, with those positions equal.
-    let at_sentinel = |s: &Stats| {
-        s.worst
-            .as_ref()
-            .is_some_and(|w| w.reference.abs() >= SENTINEL)
-    };
+    let floor = sentinel_floor(reference.dtype);
+    let at_sentinel = |s: &Stats| s.worst.as_ref().is_some_and(|w| w.reference.abs() >= floor);
     if same_shape
         && compared.as_ref().is_ok_and(at_sentinel)
         && let Some((held, count)) = sentinels_held(reference, target)
@@ -151,19 +154,25 @@ pub fn max_abs_diffs<const N: usize>(
 /// The float64 truth against a float32 side is such a pair too: the float64 copy of a model
 /// masks with float64's extreme.
 fn sentinels_held(reference: TensorView<'_>, target: TensorView<'_>) -> Option<(Tensor, u64)> {
-    let limit = target.dtype.max_finite()? / 2.0;
-    if !target.dtype.narrower_than(reference.dtype) || reference.numel() != target.numel() {
+    let limit = match reference.dtype {
+        // an int64 extreme held as int32's, in whichever integer dtype it comes back
+        DType::I64 if !target.dtype.is_float() => f64::from(i32::MAX),
+        _ if target.dtype.narrower_than(reference.dtype) => target.dtype.max_finite()? / 2.0,
+        _ => return None,
+    };
+    if reference.numel() != target.numel() {
         return None;
     }
+    let floor = sentinel_floor(reference.dtype);
     let mut values = vec![0.0; reference.numel()];
     reference.dtype.decode_f64(reference.bytes, &mut values);
     let mut count = 0;
     for (i, r) in values.iter_mut().enumerate() {
-        if r.abs() < SENTINEL || !r.is_finite() {
+        if r.abs() < floor || !r.is_finite() {
             continue;
         }
         let t = target.get_f64(i);
-        if t.signum() == r.signum() && t.abs() >= limit {
+        if t != *r && t.signum() == r.signum() && t.abs() >= limit {
             *r = t;
             count += 1;
         }
@@ -183,10 +192,18 @@ fn sentinels_held(reference: TensorView<'_>, target: TensorView<'_>) -> Option<(
     Some((tensor, count))
 }
 
+/// The magnitude from which a value of `dtype` is a sentinel.
+fn sentinel_floor(dtype: DType) -> f64 {
+    if dtype == DType::I64 {
+        INT_SENTINEL
+    } else {
+        SENTINEL
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::DType;
 
     #[test]
     fn the_largest_difference_alone_is_the_comparisons() {
@@ -287,5 +304,31 @@ mod tests {
             .stats
             .unwrap();
         assert_eq!((stats.sentinels, stats.max_abs_diff), (0, -min));
+    }
+
+    #[test]
+    fn int64s_extreme_held_as_int32s_is_no_difference_and_a_computed_value_is() {
+        // OpenVINO computes int64 in int32: a ViT's Slice end INT64_MAX ("to the end") came
+        // back as INT32_MAX, a difference of 9.2e18 that read "undecided" at 12 Constants
+        let (max, min) = (i64::MAX as f64, i64::MIN as f64);
+        let reference = tensor(DType::I64, &[0.0, max, min, 3.0]);
+        let target = tensor(DType::I64, &[0.0, 2147483647.0, -2147483648.0, 3.0]);
+        let stats = compare_pair(reference.view(), target.view(), None)
+            .stats
+            .unwrap();
+        assert_eq!((stats.sentinels, stats.max_abs_diff), (2, 0.0));
+        let as_int32 = tensor(DType::I32, &[0.0, 2147483647.0, -2147483648.0, 3.0]);
+        let stats = compare_pair(reference.view(), as_int32.view(), None)
+            .stats
+            .unwrap();
+        assert_eq!((stats.sentinels, stats.max_abs_diff), (2, 0.0));
+        // a computed value beyond int32's range, or an extreme the target lost, differs
+        let computed = tensor(DType::I64, &[0.0, 3e9, max, 3.0]);
+        let saturated = tensor(DType::I64, &[0.0, 2147483647.0, 5.0, 3.0]);
+        let stats = compare_pair(computed.view(), saturated.view(), None)
+            .stats
+            .unwrap();
+        assert_eq!(stats.sentinels, 0);
+        assert!(stats.max_abs_diff > 1e18);
     }
 }
