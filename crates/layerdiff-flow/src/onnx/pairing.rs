@@ -84,9 +84,11 @@ fn pair_values(
                     ))
                 } else if let Some(why) = rewired(&r, t, node, same_node, &paired) {
                     Err(why)
-                } else if let Some(later) = (same_node.outputs.get(position))
-                    .filter(|out| *out != value && r.producer(out).is_some())
-                {
+                } else if let Some(later) = (same_node.outputs.get(position)).filter(|out| {
+                    *out != value
+                        && r.producer(out)
+                            .is_some_and(|p| !CLAMPS.contains(&p.op_type.as_str()))
+                }) {
                     // ONNX Runtime's Conv that absorbed the Mul after it keeps its name and
                     // writes the Mul's value, which the reference computes apart
                     Err(format!(
@@ -121,6 +123,10 @@ fn pair_values(
     }
     pairings
 }
+
+/// Ops a quantizer drops after a node, its QuantizeLinear's range clamping in their place: the
+/// node's output then bears their value's name and still holds the node's own value.
+const CLAMPS: &[&str] = &["Relu", "Clip"];
 
 /// Ops that hand on the value they read, in another dtype, encoding or layout: what a
 /// quantizer (Q/DQ pairs), a float16 conversion (Casts) or ONNX Runtime's layout transformer
