@@ -47,6 +47,11 @@ def test_float16_export_overflow_is_found_kept_in_float32_and_the_fix_checked(ov
     assert check["output_max_abs_diff_after"] < 1e-3
     assert check["exceeding_after"] < check["exceeding_before"]
     assert check["verdict"].startswith("keeping 2 layer(s) in float32 reduces the drift")
+    # the headline names where the overflow is born, and the output is said to be NaN
+    headline = report.summary_text().splitlines()[0]
+    assert "overflow float16's range to ±Inf, first `up`" in headline, headline
+    assert report.summary["precision"]["output_nonfinite"] == 40
+    assert "the output `head` is NaN or ±Inf in 40 element(s)" in report.summary_text()
     # the kept file really computes the two layers in float32 from end to end
     import onnx
 

@@ -415,7 +415,7 @@ fn conclude(
 
 /// Whether the target's own values of a layer overflow to ±Inf where the reference's are
 /// finite.
-fn overflows(layer: &Layer) -> bool {
+pub(crate) fn overflows(layer: &Layer) -> bool {
     let own = layer.local.as_ref().or(layer.accumulated.as_ref());
     own.is_some_and(|s| s.nonfinite_target() > 0)
 }

@@ -1,5 +1,6 @@
 //! The short text summary the command prints: verdict, counts, origin, worst layers.
 
+use crate::cause::overflows;
 use crate::{Defect, NarrowKernel, PrecisionDrift, Report, Verdict};
 
 /// The short summary printed to stdout: verdict, counts, origin, worst layers.
@@ -329,7 +330,11 @@ pub(crate) fn verdict(report: &Report) -> String {
             let dtype = p.map_or("float32", |p| p.dtype.as_str());
             let overflow = p.map_or(0, |p| p.overflow);
             let but = if overflow > 0 {
-                format!(", but {overflow} layer(s) overflow {dtype}'s range to ±Inf")
+                // the first that overflows of itself, where the overflow is born
+                let first = (report.layers.iter())
+                    .find(|l| l.finding == Some(crate::Finding::Precision) && overflows(l))
+                    .map_or(String::new(), |l| format!(", first `{}`", l.name));
+                format!(", but {overflow} layer(s) overflow {dtype}'s range to ±Inf{first}")
             } else {
                 String::new()
             };
