@@ -255,3 +255,36 @@ def test_an_int64_extreme_openvino_holds_as_int32s_is_no_difference(tmp_path):
     assert ends["accumulated"]["max_abs_diff"] == 0, ends
     assert ends["accumulated"]["sentinels"] == 1, ends
     assert any("hold int64's extreme" in w for w in report["summary"]["warnings"]), report
+
+
+def test_check_holds_a_target_computing_in_bfloat16_to_bfloat16s_rounding(tmp_path):
+    """`layerdiff check --target openvino` on a CPU with bfloat16 arithmetic: OpenVINO computes
+    the float32 file in bfloat16, 13000x as far from float64 as PyTorch's float32, and the
+    check read "the target computes something else here: FAIL" on a clean timm EfficientNet.
+    The target is held to bfloat16's rounding where it computes in it, and to float32's where
+    it does not (its precision set to f32, or ONNX Runtime)."""
+    from builders.graphs import save_graph
+    from onnx import helper
+
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")]
+    path = save_graph(tmp_path / "mm.onnx", nodes, (4, 16), (4, 8), {"w": (16, 8)})
+    model = path.read_bytes()
+    library = _ort_library()
+    assert _layerdiff.runtime_computes_in(model, "openvino:precision=f32", library) is None
+    assert _layerdiff.runtime_computes_in(model, "ort", library) is None
+    if "bf16" in _default_precision() or "bfloat16" in _default_precision():
+        assert _layerdiff.runtime_computes_in(model, "openvino", library) == "bfloat16"
+    result = run_cli("check", "bert", "--target", "openvino", "--json", str(tmp_path / "c.json"))
+    # in bfloat16 the outputs may pass float32's bound (atol 1e-4) or not: the user's bound
+    assert result.returncode in (0, 1), result.stdout + result.stderr
+    truth = json.loads((tmp_path / "c.json").read_text())["outputs"][0]["float64"]
+    assert truth["beyond"] is False, truth
+    if "bf16" in _default_precision() or "bfloat16" in _default_precision():
+        assert truth["grid"] == "bfloat16", truth
+        assert "(the target computes in bfloat16: held to bfloat16's rounding" in result.stdout
+
+
+def _ort_library():
+    from layerdiff import _ort
+
+    return _ort.library()

@@ -76,6 +76,15 @@ impl Model {
         self.proto.graph.as_ref().expect("checked at load")
     }
 
+    /// Whether a node of one of `ops` (op types) is in the model, its subgraphs' included.
+    pub fn has_op(&self, ops: &[&str]) -> bool {
+        fn has(graph: &GraphProto, ops: &[&str]) -> bool {
+            (graph.node.iter())
+                .any(|n| ops.contains(&n.op_type()) || n.subgraphs().any(|g| has(g, ops)))
+        }
+        has(self.graph(), ops)
+    }
+
     /// The main graph, mutably.
     pub fn graph_mut(&mut self) -> &mut GraphProto {
         self.proto.graph.as_mut().expect("checked at load")

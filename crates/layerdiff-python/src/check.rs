@@ -54,9 +54,11 @@ impl CheckCommand {
 }
 
 /// Judges the target's outputs against the reference's (same order), and both against the
-/// outputs computed in float64 where given; writes and prints the check; returns the exit code.
+/// outputs computed in float64 where given, the target held to the rounding of `computed_in`
+/// (a dtype's name: the narrower one it computes in, see `runtime_computes_in`); writes and
+/// prints the check; returns the exit code.
 #[pyfunction]
-#[pyo3(signature = (command, sides, reference, target, truth=None))]
+#[pyo3(signature = (command, sides, reference, target, truth=None, computed_in=None))]
 pub(crate) fn deliver_check(
     py: Python<'_>,
     command: &CheckCommand,
@@ -64,7 +66,12 @@ pub(crate) fn deliver_check(
     reference: Vec<FlatTensor<'_>>,
     target: Vec<FlatTensor<'_>>,
     truth: Option<Vec<FlatTensor<'_>>>,
+    computed_in: Option<String>,
 ) -> PyResult<u8> {
+    let grid = (computed_in.as_deref())
+        .map(layerdiff_core::DType::from_name)
+        .transpose()
+        .map_err(to_py_err)?;
     let owned = |ts: &[FlatTensor<'_>]| {
         ts.iter()
             .map(|t| Ok((t.name().to_string(), t.to_tensor()?)))
@@ -89,6 +96,7 @@ pub(crate) fn deliver_check(
             &reference,
             &target,
             truth.as_deref(),
+            grid,
         )?;
         let report = match &command.onnx {
             Some(path) => report.of_file(&path.display().to_string()),
@@ -97,4 +105,20 @@ pub(crate) fn deliver_check(
         deliver(&report, &to)
     })
     .map_err(to_py_err)
+}
+
+/// The narrower dtype `runtime` computes the ONNX model `model` (its bytes) in, where it
+/// narrows one of its ops (OpenVINO's bfloat16 inference precision), by name; `None` where it
+/// computes as the file says.
+#[pyfunction]
+#[pyo3(signature = (model, runtime, ort_library=None))]
+pub(crate) fn runtime_computes_in(
+    py: Python<'_>,
+    model: &[u8],
+    runtime: &str,
+    ort_library: Option<PathBuf>,
+) -> PyResult<Option<&'static str>> {
+    let grid = py
+        .detach(|| layerdiff_flow::verbs::ops::computes_in(model, runtime, ort_library.as_deref()));
+    Ok(grid.map_err(to_py_err)?.map(layerdiff_core::DType::name))
 }

@@ -47,12 +47,15 @@ def run_command(command, progress) -> int:
                 f"takes {len(inputs)} tensors"
             )
         progress(f"running the ONNX file on {command.target}")
+        model_bytes = path.read_bytes()
         outputs = _layerdiff.run_model(
-            path.read_bytes(),
+            model_bytes,
             command.target,
             [flat(n, x) for n, x in zip(names, inputs, strict=True)],
             _ort.library(),
         )
+        # a runtime that computes float32 in a narrower dtype (OpenVINO's bf16) is held to it
+        computed_in = _layerdiff.runtime_computes_in(model_bytes, command.target, _ort.library())
     target = [(n, d, s, np.frombuffer(b, dtype=np.uint8)) for n, d, s, b in outputs]
     names_out = [name for name, *_ in outputs] + [
         f"output_{i}" for i in range(len(outputs), len(reference))
@@ -60,7 +63,7 @@ def run_command(command, progress) -> int:
     reference_flat = [flat(names_out[i], t) for i, t in enumerate(reference)]
     truth_flat = None if truth is None else [flat(names_out[i], t) for i, t in enumerate(truth)]
     sides = (f"PyTorch {torch.__version__} (eager, cpu)", command.target)
-    return _layerdiff.deliver_check(command, sides, reference_flat, target, truth_flat)
+    return _layerdiff.deliver_check(command, sides, reference_flat, target, truth_flat, computed_in)
 
 
 def _float64_outputs(model, inputs, count: int, progress, quiet: bool):

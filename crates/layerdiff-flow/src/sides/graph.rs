@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use layerdiff_core::{SideInfo, Summary, TargetGraph, Tensor, TensorView};
-use layerdiff_onnx::{GraphIndex, Model, NodeExt, expose_values, extract_nodes};
+use layerdiff_onnx::{GraphIndex, Model, expose_values, extract_nodes};
 use layerdiff_runtime::Runtime;
 
 use crate::engine::evidence::{WeightCheck, model_counterpart, model_weight_check};
@@ -313,12 +313,8 @@ impl Side for GraphSide {
     /// The runtime's narrower math, where the model has an op it narrows (its subgraphs'
     /// included): a graph of Gather and Concat computes as its file says.
     fn reduced_math(&self) -> Option<layerdiff_runtime::ReducedMath> {
-        fn has(graph: &layerdiff_onnx::GraphProto, ops: &[&str]) -> bool {
-            (graph.node.iter())
-                .any(|n| ops.contains(&n.op_type()) || n.subgraphs().any(|g| has(g, ops)))
-        }
         let reduced = self.runtime.reduced_math()?;
-        has(self.model.graph(), reduced.ops).then_some(reduced)
+        self.model.has_op(reduced.ops).then_some(reduced)
     }
 
     fn recompute(&self) -> Option<&dyn Recompute> {

@@ -379,6 +379,22 @@ pub fn narrowing(
     Ok(built(runtime, ort_library)?.reduced_math())
 }
 
+/// The narrower dtype `runtime` computes the float32 ONNX model `model` (its bytes) in, where
+/// it narrows one of its ops (OpenVINO's bfloat16 inference precision): what `layerdiff check`
+/// holds the target's outputs to.
+pub fn computes_in(
+    model: &[u8],
+    runtime: &str,
+    ort_library: Option<&Path>,
+) -> Result<Option<DType>> {
+    let Some(reduced) = narrowing(runtime, ort_library)? else {
+        return Ok(None);
+    };
+    let model = Model::from_bytes(model, Path::new("model"), None)?;
+    let grid = reduced.grid.filter(|g| g.narrower_than(DType::F32));
+    Ok(grid.filter(|_| model.has_op(reduced.ops)))
+}
+
 /// The dtype a backend that narrows as `reduced` says computes a cell of `dtype` in, whose
 /// model holds `onnx_ops`: its grid where one of the ops is narrowed and the grid is narrower
 /// than `dtype`; `None` where it computes in `dtype`.
