@@ -273,7 +273,8 @@ def test_check_holds_a_target_computing_in_bfloat16_to_bfloat16s_rounding(tmp_pa
     assert _layerdiff.runtime_computes_in(model, "openvino:precision=f32", library) is None
     assert _layerdiff.runtime_computes_in(model, "ort", library) is None
     if "bf16" in _default_precision() or "bfloat16" in _default_precision():
-        assert _layerdiff.runtime_computes_in(model, "openvino", library) == "bfloat16"
+        grid, how = _layerdiff.runtime_computes_in(model, "openvino", library)
+        assert grid == "bfloat16" and "`openvino:precision=f32`" in how, how
     result = run_cli("check", "bert", "--target", "openvino", "--json", str(tmp_path / "c.json"))
     # in bfloat16 the outputs may pass float32's bound (atol 1e-4) or not: the user's bound
     assert result.returncode in (0, 1), result.stdout + result.stderr
@@ -282,6 +283,8 @@ def test_check_holds_a_target_computing_in_bfloat16_to_bfloat16s_rounding(tmp_pa
     if "bf16" in _default_precision() or "bfloat16" in _default_precision():
         assert truth["grid"] == "bfloat16", truth
         assert "(the target computes in bfloat16: held to bfloat16's rounding" in result.stdout
+        # and says how to have it compute as the file says
+        assert "  the target: OpenVINO's CPU plugin computes float32 in bf16" in result.stdout
 
 
 def _ort_library():

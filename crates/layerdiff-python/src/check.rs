@@ -55,7 +55,7 @@ impl CheckCommand {
 
 /// Judges the target's outputs against the reference's (same order), and both against the
 /// outputs computed in float64 where given, the target held to the rounding of `computed_in`
-/// (a dtype's name: the narrower one it computes in, see `runtime_computes_in`); writes and
+/// (the narrower dtype it computes in, by name, and how: see `runtime_computes_in`); writes and
 /// prints the check; returns the exit code.
 #[pyfunction]
 #[pyo3(signature = (command, sides, reference, target, truth=None, computed_in=None))]
@@ -66,10 +66,12 @@ pub(crate) fn deliver_check(
     reference: Vec<FlatTensor<'_>>,
     target: Vec<FlatTensor<'_>>,
     truth: Option<Vec<FlatTensor<'_>>>,
-    computed_in: Option<String>,
+    computed_in: Option<(String, String)>,
 ) -> PyResult<u8> {
-    let grid = (computed_in.as_deref())
-        .map(layerdiff_core::DType::from_name)
+    let computed_in = computed_in
+        .map(|(d, how)| {
+            Ok::<_, layerdiff_core::Error>((layerdiff_core::DType::from_name(&d)?, how))
+        })
         .transpose()
         .map_err(to_py_err)?;
     let owned = |ts: &[FlatTensor<'_>]| {
@@ -96,7 +98,7 @@ pub(crate) fn deliver_check(
             &reference,
             &target,
             truth.as_deref(),
-            grid,
+            computed_in,
         )?;
         let report = match &command.onnx {
             Some(path) => report.of_file(&path.display().to_string()),
@@ -108,8 +110,8 @@ pub(crate) fn deliver_check(
 }
 
 /// The narrower dtype `runtime` computes the ONNX model `model` (its bytes) in, where it
-/// narrows one of its ops (OpenVINO's bfloat16 inference precision), by name; `None` where it
-/// computes as the file says.
+/// narrows one of its ops (OpenVINO's bfloat16 inference precision), by name, and how in words;
+/// `None` where it computes as the file says.
 #[pyfunction]
 #[pyo3(signature = (model, runtime, ort_library=None))]
 pub(crate) fn runtime_computes_in(
@@ -117,8 +119,8 @@ pub(crate) fn runtime_computes_in(
     model: &[u8],
     runtime: &str,
     ort_library: Option<PathBuf>,
-) -> PyResult<Option<&'static str>> {
+) -> PyResult<Option<(&'static str, String)>> {
     let grid = py
         .detach(|| layerdiff_flow::verbs::ops::computes_in(model, runtime, ort_library.as_deref()));
-    Ok(grid.map_err(to_py_err)?.map(layerdiff_core::DType::name))
+    Ok(grid.map_err(to_py_err)?.map(|(d, how)| (d.name(), how)))
 }

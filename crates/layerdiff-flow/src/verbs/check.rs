@@ -124,6 +124,10 @@ pub struct CheckReport {
     /// The relative term of the bound.
     #[serde(serialize_with = "render::float")]
     pub rtol: f64,
+    /// How the target computes in a narrower dtype than the file's, where it does (OpenVINO's
+    /// inference precision, and how to turn it off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub narrowed: Option<String>,
     /// Every output within its bound.
     pub passed: bool,
     /// Output by output.
@@ -143,8 +147,9 @@ impl CheckReport {
         reference: &[(String, Tensor)],
         target: &[(String, Tensor)],
         truth: Option<&[(String, Tensor)]>,
-        computed_in: Option<DType>,
+        computed_in: Option<(DType, String)>,
     ) -> Result<Self> {
+        let (target_grid, narrowed) = computed_in.unzip();
         if reference.len() != target.len() {
             return Err(crate::Error::Usage(format!(
                 "the reference gives {} outputs and the target {}",
@@ -166,7 +171,7 @@ impl CheckReport {
                 let stats = compare_judged(r.view(), t.view(), Some(Judge { grid, bound }))?;
                 let float64 = match truth.map(|all| &all[i].1) {
                     Some(exact) if r.dtype.is_float() && r.shape == t.shape => Some(
-                        TruthCheck::new(exact.view(), r.view(), t.view(), computed_in)?,
+                        TruthCheck::new(exact.view(), r.view(), t.view(), target_grid)?,
                     ),
                     _ => None,
                 };
@@ -191,6 +196,7 @@ impl CheckReport {
             target: sides.1.to_string(),
             atol: bound.atol,
             rtol: bound.rtol,
+            narrowed,
             passed: outputs.iter().all(|o| o.passed),
             outputs,
             machine: Machine::this(),
@@ -225,6 +231,9 @@ pub fn to_text(report: &CheckReport) -> String {
         report.rtol,
         if report.passed { "pass" } else { "FAIL" }
     );
+    if let Some(how) = &report.narrowed {
+        out.push_str(&format!("  the target: {how}\n"));
+    }
     for o in &report.outputs {
         let s = &o.stats;
         let beyond = s.rounding.as_ref().map_or(0, |r| r.beyond_tolerance);

@@ -380,19 +380,21 @@ pub fn narrowing(
 }
 
 /// The narrower dtype `runtime` computes the float32 ONNX model `model` (its bytes) in, where
-/// it narrows one of its ops (OpenVINO's bfloat16 inference precision): what `layerdiff check`
-/// holds the target's outputs to.
+/// it narrows one of its ops (OpenVINO's bfloat16 inference precision), and how, in words (who,
+/// and how to turn it off): what `layerdiff check` holds the target's outputs to.
 pub fn computes_in(
     model: &[u8],
     runtime: &str,
     ort_library: Option<&Path>,
-) -> Result<Option<DType>> {
+) -> Result<Option<(DType, String)>> {
     let Some(reduced) = narrowing(runtime, ort_library)? else {
         return Ok(None);
     };
     let model = Model::from_bytes(model, Path::new("model"), None)?;
     let grid = reduced.grid.filter(|g| g.narrower_than(DType::F32));
-    Ok(grid.filter(|_| model.has_op(reduced.ops)))
+    Ok(grid
+        .filter(|_| model.has_op(reduced.ops))
+        .map(|g| (g, reduced.how)))
 }
 
 /// The dtype a backend that narrows as `reduced` says computes a cell of `dtype` in, whose
