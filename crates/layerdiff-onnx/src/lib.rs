@@ -17,6 +17,7 @@ mod mapping;
 mod model;
 mod node_ext;
 mod optimized;
+mod reads;
 mod scope;
 mod surgery;
 mod tensor_io;
@@ -36,6 +37,7 @@ pub use mapping::{
 pub use model::Model;
 pub use node_ext::NodeExt;
 pub use optimized::{NCHWC_DOMAIN, Restoration, Restored, restore_renamed};
+pub use reads::{CONVERSIONS, converted_from, data_inputs, reads_the_same};
 pub use scope::{ScopeResolver, ScopeSource};
 pub use surgery::{expose_values, extract_nodes, inline_external_data};
 pub use tensor_io::{Stored, parse_tensor_pb, read_tensor_pb, read_test_data, tensor_from_proto};

@@ -2,6 +2,7 @@
 //! optimizer renamed them, and why a value has no counterpart.
 
 use super::*;
+use layerdiff_onnx::{data_inputs, reads_the_same};
 
 /// Pairs each value a reference node produces with a target value, in the reference's order,
 /// keeping the pairs whose values both sides `provide` (reference value, target value).
@@ -128,38 +129,8 @@ fn pair_values(
 /// node's output then bears their value's name and still holds the node's own value.
 const CLAMPS: &[&str] = &["Relu", "Clip"];
 
-/// Ops that hand on the value they read, in another dtype, encoding or layout: what a
-/// quantizer (Q/DQ pairs), a float16 conversion (Casts) or ONNX Runtime's layout transformer
-/// (NCHWc reorders) puts between two nodes without changing what they compute.
-const CONVERSIONS: &[&str] = &[
-    "QuantizeLinear",
-    "DequantizeLinear",
-    "Cast",
-    "Identity",
-    "ReorderInput",
-    "ReorderOutput",
-];
-
-/// The value `value` converts, through any chain of [`CONVERSIONS`] (itself when none).
-fn converted_from<'g>(index: &'g GraphIndex, value: &'g str) -> &'g str {
-    let mut at = value;
-    for _ in 0..8 {
-        match index.producer(at) {
-            Some(p) if CONVERSIONS.contains(&p.op_type.as_str()) => match p.inputs.first() {
-                Some(input) if !input.is_empty() => at = input,
-                _ => break,
-            },
-            _ => break,
-        }
-    }
-    at
-}
-
 /// Why the target's node of the same name and op as the reference's `node` computes another
-/// value, or `None` when it reads the same ones: each data input (not an initializer: an
-/// optimizer may fold constants into new weights) is the reference's input itself, or the
-/// target value that input was paired with, either of them maybe through conversions
-/// ([`CONVERSIONS`]: a quantized file's Q/DQ pairs, a float16 file's Casts).
+/// value (see [`reads_the_same`]), or `None` when it reads the same ones.
 fn rewired(
     r: &GraphIndex,
     t: &GraphIndex,
@@ -167,24 +138,10 @@ fn rewired(
     same: &NodeInfo,
     paired: &HashMap<String, String>,
 ) -> Option<String> {
-    // a weight is no data input, dequantized or cast as it may be
-    let data = |index: &GraphIndex, value: &String| {
-        !value.is_empty() && !index.is_initializer(converted_from(index, value))
-    };
-    let theirs: Vec<&String> = same.inputs.iter().filter(|i| data(t, i)).collect();
-    let ours: Vec<&String> = node.inputs.iter().filter(|i| data(r, i)).collect();
-    let same_value = |o: &String, theirs: &String| {
-        let ours = [o.as_str(), converted_from(r, o)];
-        let theirs = [theirs.as_str(), converted_from(t, theirs)];
-        ours.iter().any(|o| {
-            theirs
-                .iter()
-                .any(|t| o == t || paired.get(*o).is_some_and(|p| p == t))
-        })
-    };
-    if theirs.len() == ours.len() && ours.iter().zip(&theirs).all(|(o, t)| same_value(o, t)) {
+    if reads_the_same(r, t, node, same, paired) {
         return None;
     }
+    let (theirs, ours) = (data_inputs(t, same), data_inputs(r, node));
     let list = |values: &[&String]| {
         values
             .iter()
