@@ -212,24 +212,21 @@ fn coverage_warning(layers: &[Layer], compared: usize) -> Option<String> {
 /// [`crate::compare_pair`]): a mask's in a narrower float dtype, int64's in int32. Compared
 /// as equal, which the reader should know.
 fn sentinel_notes(layers: &[Layer]) -> Vec<String> {
-    let holding = |int: bool| -> Vec<&Layer> {
-        (layers.iter())
-            .filter(|l| l.accumulated.as_ref().is_some_and(|s| s.sentinels > 0))
-            .filter(|l| (l.dtype == "int64") == int)
-            .collect()
-    };
+    let (ints, floats): (Vec<&Layer>, Vec<&Layer>) = (layers.iter())
+        .filter(|l| l.accumulated.as_ref().is_some_and(|s| s.sentinels > 0))
+        .partition(|l| l.dtype == "int64");
     let mut notes = Vec::new();
-    if let [first, ..] = holding(false)[..] {
+    if let [first, ..] = floats[..] {
         notes.push(format!(
             "{} layer(s), first `{}`, hold a mask's sentinel (float32's extreme, as `torch.finfo(torch.float32).min`) that the target, in a narrower dtype, holds as its own extreme: those positions are compared as equal (each layer's `sentinels` count), as the softmax after treats them",
-            holding(false).len(),
+            floats.len(),
             first.name
         ));
     }
-    if let [first, ..] = holding(true)[..] {
+    if let [first, ..] = ints[..] {
         notes.push(format!(
             "{} layer(s), first `{}`, hold int64's extreme (a Slice's \"to the end\", INT64_MAX) that the target, computing int64 in int32, holds as int32's: those positions are compared as equal (each layer's `sentinels` count), as the op that reads it treats them; what it computes is compared after",
-            holding(true).len(),
+            ints.len(),
             first.name
         ));
     }

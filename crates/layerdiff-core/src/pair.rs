@@ -7,7 +7,8 @@
 //! positions are compared as equal and counted (`sentinels`): read as differences, they were
 //! "errors" of 3.4e38 that dominated every figure and blamed the target's Add. A value that
 //! merely overflows the narrower dtype (a float32 activation of 7e4 against float16's Inf) is
-//! no sentinel: it stays a difference, and an overflow.
+//! no sentinel: it stays a difference, and an overflow. int64's extremes (a Slice's "to the
+//! end") held as int32's by a target that computes int64 in int32 are sentinels the same way.
 
 use crate::{DType, Judge, LayerStatus, Stats, Tensor, TensorView, compare_judged};
 

@@ -345,14 +345,16 @@ pub(crate) fn verdict(report: &Report) -> String {
                     s.layers_exceeding, s.layers_compared
                 );
             }
-            // where no layer's value exceeds, the origin's own re-run did: said so, not "born"
-            let born = p.and_then(|p| Some((p.origin.as_deref()?, p.layers)));
-            let born = match born {
-                None => String::new(),
-                Some((o, n)) if s.layers_exceeding == 0 => format!(
+            // where no layer's value exceeds, layers' own re-runs did: said so, not "born"
+            let born = match (
+                p.and_then(|p| p.origin.as_deref()),
+                s.layers_exceeding_locally,
+            ) {
+                (None, _) => String::new(),
+                (Some(o), n) if s.layers_exceeding == 0 && n > 0 => format!(
                     ", {n} only when re-run alone on the reference's inputs, by its own rounding, at `{o}`"
                 ),
-                Some((o, _)) => format!(", born at `{o}`"),
+                (Some(o), _) => format!(", born at `{o}`"),
             };
             format!(
                 "{dtype} rounding only: no layer computes differently{but}; {} of {} compared layers exceed their tolerance{born}",
@@ -396,6 +398,7 @@ mod tests {
         let mut report = Report::of_layers("m", Vec::new());
         let s = &mut report.summary;
         (s.verdict, s.layers_compared, s.layers_exceeding) = (Verdict::Precision, 264, 0);
+        s.layers_exceeding_locally = 1;
         s.precision = Some(PrecisionDrift {
             dtype: "float16".into(),
             origin: Some("bn1".into()),

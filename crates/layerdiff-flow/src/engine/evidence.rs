@@ -217,18 +217,23 @@ pub fn file_differences(reference: &Model, target: &Model) -> Vec<layerdiff_core
         })
         .collect();
     let (reference_index, none) = (GraphIndex::new(reference.graph()), Default::default());
+    // each reference node by name and op, the first of each (as `counterpart_node` finds it)
+    let mut named: std::collections::HashMap<(&str, &str), &layerdiff_onnx::NodeInfo> =
+        Default::default();
+    for n in reference_index.nodes().iter().rev() {
+        named.insert((&n.name, &n.op_type), n);
+    }
     for (node, at) in target.graph().node.iter().zip(index.nodes()) {
-        let Some(their_node) = counterpart_node(reference, node.name(), node.op_type()) else {
+        let Some(&theirs_at) = named.get(&(at.name.as_str(), at.op_type.as_str())) else {
             continue;
         };
         // a node an optimizer rewired reads other values: another computation under its old
         // name (ONNX Runtime's transpose optimizer moves a Transpose across a Split, which
         // splits another axis), not an edited attribute
-        let theirs_at =
-            (reference_index.nodes().iter()).find(|n| n.name == at.name && n.op_type == at.op_type);
-        if theirs_at.is_some_and(|r| !reads_the_same(&reference_index, &index, r, at, &none)) {
+        if !reads_the_same(&reference_index, &index, theirs_at, at, &none) {
             continue;
         }
+        let their_node = &reference.graph().node[theirs_at.index];
         let (ours, theirs) = (node_member(node), node_member(their_node));
         // the attributes both files write: one only the target's node has (a vendor op's own)
         // is told where its layer drifts, not as a difference between the files
