@@ -88,7 +88,11 @@ pub fn summarise(layers: &mut [Layer]) -> Summary {
         .collect();
     Summary {
         layers_total: layers.len(),
-        layers_compared: compared.len(),
+        // a value of another shape was compared too: it exceeds, and counts among the compared
+        layers_compared: compared.len()
+            + (layers.iter())
+                .filter(|l| l.accumulated.is_none() && l.status == LayerStatus::ShapeMismatch)
+                .count(),
         layers_exceeding: layers.iter().filter(|l| l.exceeds_tol).count(),
         layers_exceeding_locally: layers.iter().filter(|l| l.local_exceeds).count(),
         layers_unmapped: layers

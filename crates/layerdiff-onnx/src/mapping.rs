@@ -303,7 +303,7 @@ fn boundary_outputs(
                 boundary
                     .entry(module.to_string())
                     .or_default()
-                    .push((out.clone(), i));
+                    .push(dequantized(index, node_module, out).unwrap_or((out.clone(), i)));
             }
         }
     }
@@ -327,6 +327,40 @@ fn boundary_outputs(
         }
     }
     boundary
+}
+
+/// Where a dynamo call or value (`cat_7`, `linear_2`) sits in the trace: the number the trace
+/// gave its name, `0` for the first, unnumbered one (the exporter numbers a name as the trace
+/// makes it, which a tool that sorts the graph again does not change).
+pub(crate) fn trace_order(call: &str) -> u64 {
+    match call.rsplit_once('_') {
+        Some((_, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
+            n.parse().unwrap_or(u64::MAX)
+        }
+        _ => 0,
+    }
+}
+
+/// The value an unscoped DequantizeLinear makes of `value` where it alone reads it: a module's
+/// output a quantizer stores on an integer grid (ONNX Runtime's dynamic quantizer keeps an
+/// embedding table in int8, so its Gather writes int8) is the model's value once dequantized.
+fn dequantized(
+    index: &GraphIndex,
+    node_module: &[Option<String>],
+    value: &str,
+) -> Option<(String, usize)> {
+    let mut readers = index.consumers(value);
+    let first = readers.next()?;
+    let dequantizes = |c: &NodeInfo| {
+        c.op_type == "DequantizeLinear"
+            && node_module[c.index].is_none()
+            && c.inputs.first().is_some_and(|i| i == value)
+    };
+    if !dequantizes(first) || !readers.all(|c| dequantizes(c)) {
+        return None;
+    }
+    let out = first.outputs.first().filter(|o| !o.is_empty())?;
+    Some((out.clone(), first.index))
 }
 
 /// The first step of mapping: layers paired by module scope, and what is left for pairing by

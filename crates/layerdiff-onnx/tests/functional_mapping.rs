@@ -328,3 +328,28 @@ fn calls_the_export_outnumbers_are_left_to_pairing_by_value_within_their_module(
         reason(&missed[0])
     );
 }
+
+#[test]
+fn calls_pair_in_the_order_pytorch_made_them_not_the_order_a_quantizer_sorted_the_nodes() {
+    // A decoder's attention: `block` concatenates twice (`cat` then `cat_1`); ONNX Runtime's
+    // dynamic quantizer sorted the graph again and wrote `cat_1`'s node first. Paired by the
+    // file's order, the first call read the second's value (a GQA decoder's cache, of another
+    // shape: 'shape_mismatch' on a clean int8 file).
+    let cat = |name: &str, input: &str| {
+        dynamo_node(
+            &format!("node_{name}"),
+            "Concat",
+            &[input, "x"],
+            name,
+            &dynamo(&format!("['', 'block', '{name}']"), "aten.cat.default"),
+        )
+    };
+    let sorted = graph(vec![cat("cat_1", "x"), cat("cat", "x")], "cat_1");
+    let layers = [
+        function("block:cat", "block", "cat", 0),
+        function("block:cat#2", "block", "cat", 1),
+    ];
+    let m = map_layers(&sorted, &layers);
+    assert_eq!(value(&m[0]), Some("cat"), "{:?}", m[0]);
+    assert_eq!(value(&m[1]), Some("cat_1"), "{:?}", m[1]);
+}

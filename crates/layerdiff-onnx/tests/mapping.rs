@@ -248,3 +248,132 @@ fn nodes_a_quantizer_rewrote_without_scope_pair_by_their_input_or_their_place() 
         reason(&m[4])
     );
 }
+
+#[test]
+fn a_module_output_a_quantizer_dequantizes_after_it_is_the_dequantized_value() {
+    // ONNX Runtime's dynamic quantizer stores an embedding table in int8: the module's Gather
+    // now writes int8 and an unscoped DequantizeLinear gives the float value the model's
+    // readers take. The embedding read "unmapped: the graph holds 1 output(s) for that module,
+    // 0 of them a float value", and its quantization was blamed on the next layer.
+    fn scoped(s: &str) -> [(&str, &str); 1] {
+        [("pkg.torch.onnx.name_scopes", s)]
+    }
+    let mut g = graph(
+        vec![
+            node(
+                "node_embedding",
+                "Gather",
+                &["table_quantized", "x"],
+                "embedding_quantized",
+                &scoped("['', 'embed', 'embedding']"),
+            ),
+            node(
+                "embedding_DequantizeLinear",
+                "DequantizeLinear",
+                &["embedding_quantized", "scale", "zero"],
+                "embedding",
+                &[],
+            ),
+            node(
+                "node_mul",
+                "Mul",
+                &["embedding", "embedding"],
+                "out",
+                &scoped("['', 'norm', 'mul']"),
+            ),
+        ],
+        "out",
+    );
+    let typed = layerdiff_onnx::tensor_value_info;
+    g.value_info = vec![
+        typed("embedding_quantized", 3, &[1, 4]),
+        typed("embedding", 1, &[1, 4]),
+    ];
+    let layers = [
+        call("embed", "embed", 0, None),
+        call("norm", "norm", 0, Some(0)),
+    ];
+    let m = map_layers(&g, &layers);
+    assert_eq!(value(&m[0]), Some("embedding"), "{:?}", m[0]);
+    assert_eq!(value(&m[1]), Some("out"));
+}
+
+#[test]
+fn a_dynamic_int8_projection_pairs_by_its_input_past_the_integer_kernel() {
+    // ONNX Runtime's dynamic quantizer: the norm's value is put on an integer grid once
+    // (DynamicQuantizeLinear), each projection is a MatMulInteger on its int8 weight, then a
+    // Cast and a Mul by the scales give the float value back under the original name; the
+    // quantizer sorted the graph again, so k's nodes come before q's. They were paired by value
+    // only, so a projection whose weight scale was off could not be paired at all, and the
+    // fault went unseen ("rounding only").
+    let mut g = graph(
+        vec![
+            node("/norm/Mul", "Mul", &["x", "x"], "n", &[]),
+            node(
+                "n_quant",
+                "DynamicQuantizeLinear",
+                &["n"],
+                "n_quantized",
+                &[],
+            ),
+        ],
+        "out",
+    );
+    for (v, w) in [("linear_1", "wk"), ("linear", "wq")] {
+        let int = format!("{v}_int");
+        let cast = format!("{v}_cast");
+        g.node.extend([
+            node(
+                &format!("{v}_quant"),
+                "MatMulInteger",
+                &["n_quantized", &format!("{w}_quantized")],
+                &int,
+                &[],
+            ),
+            node(&format!("{v}_to_float"), "Cast", &[&int], &cast, &[]),
+            node(
+                &format!("{v}_scale_mul"),
+                "Mul",
+                &[&cast, &format!("{w}_scale")],
+                v,
+                &[],
+            ),
+        ]);
+    }
+    g.node.push(node(
+        "/attn/Add",
+        "Add",
+        &["linear", "linear_1"],
+        "out",
+        &[],
+    ));
+    for name in ["wq_quantized", "wk_quantized"] {
+        g.initializer.push(layerdiff_onnx::TensorProto {
+            name: Some(name.into()),
+            dims: vec![4, 4],
+            data_type: Some(3),
+            ..Default::default()
+        });
+    }
+    let typed = layerdiff_onnx::tensor_value_info;
+    g.value_info = vec![
+        typed("linear_int", 6, &[1, 4]),
+        typed("linear_1_int", 6, &[1, 4]),
+        typed("linear", 1, &[1, 4]),
+        typed("linear_1", 1, &[1, 4]),
+    ];
+    let layers = [
+        call("norm", "norm", 0, None),
+        call("q", "q", 0, Some(0)),
+        call("k", "k", 0, Some(0)),
+        call("attn", "attn", 0, Some(1)),
+    ];
+    let m = map_layers(&g, &layers);
+    assert_eq!(value(&m[1]), Some("linear"), "{:?}", m[1]);
+    assert_eq!(value(&m[2]), Some("linear_1"), "{:?}", m[2]);
+    assert!(
+        reason(&m[1]).starts_with("paired by its input: the Mul node `linear_scale_mul`"),
+        "{}",
+        reason(&m[1])
+    );
+}

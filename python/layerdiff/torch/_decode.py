@@ -201,16 +201,34 @@ def compare_decoding(
                 # a folder of the user's gets its own file
                 export = {"exporter": exporter, "cache": cache, "copy": workdir is not None}
                 files = _exported(step, at, folder, notes, say, **export)
+        # A given file that computes a layer differently is set beside the decoder's own
+        # export, made as a decoder's file is (its lengths dynamic) and once for every step:
+        # one made for a step's shapes numbers its constants otherwise.
+        fresh: list = []
+
+        def beside(k: int):
+            def made():
+                if not fresh:
+                    say("exporting the decoder, to name what differs in the file")
+                    where = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+                    export = {"exporter": exporter, "cache": cache, "copy": False}
+                    fresh.extend(_exported(step, at, where, notes, say, **export))
+                return fresh[k]
+
+            # a file this run exported is the decoder's export itself
+            return made if onnx is not None else files[k]
+
         reports = []
-        for (label, given), file in zip(at, files, strict=True):
+        for k, ((label, given), file) in enumerate(zip(at, files, strict=True)):
             say(f"{AXIS} {label}")
             common = {"options": options, "seed": seed, "name": name, "progress": progress}
             if options.torch_target is not None:
                 report = compare_torch(step, given, **common)
             else:
                 report = compare_torch_onnx(
-                    step, given, onnx=file, workdir=folder / slug(label), **common
-                )
+                    step, given, onnx=file, workdir=folder / slug(label), beside=beside(k),
+                    **common,
+                )  # fmt: skip
             reports.append((label, report))
     native = _layerdiff.AxisReport(
         AXIS, [label for label, _ in reports], [r._native for _, r in reports]

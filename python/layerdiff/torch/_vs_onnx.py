@@ -52,6 +52,7 @@ def compare_torch_onnx(
     dtype: str | None = None,
     keep_fp32: list[str] | tuple = (),
     cache: bool = True,
+    beside=None,
 ) -> Report:
     """Compare a PyTorch model with its ONNX export under ONNX Runtime, layer by layer.
 
@@ -90,6 +91,12 @@ def compare_torch_onnx(
 
     ``options`` (an ``Options`` already parsed, as the command line makes) replaces
     ``tolerance``, ``local``, ``float64``, ``max_memory`` and ``target``.
+
+    Where the file given as ``onnx`` computes a layer differently from the model, an export of
+    the model is set beside it to name what differs; ``beside`` (a path, or a callable that
+    makes one when first needed) is that export, for a caller that compares the same model
+    several times and exports it once (each decode step); by default the model is exported
+    afresh (cached) on the inputs given.
     """
     phases, lap = timed_phases(timings)
     step = progress or (lambda message: None)
@@ -136,7 +143,7 @@ def compare_torch_onnx(
             model, inputs, listed, options, name or type(model).__name__, seed,
             phases if timings is not False else None, clone, progress, step,
             exported=onnx is None, reads_outside=listing.reads_outside,
-            exporter=exporter, cache=cache,
+            exporter=exporter, cache=cache, beside=beside,
         )  # fmt: skip
         if dtype is None:
             return compare(onnx_path, notes=notes)
@@ -187,13 +194,15 @@ class _FileComparison:
     def __init__(
         self, model, inputs, listed, options, name, seed, phases, clone, progress, step,
         exported: bool, reads_outside=(), exporter: str = "dynamo", cache: bool = True,
+        beside=None,
     ):  # fmt: skip
         self.model, self.inputs, self.listed, self.options = model, inputs, listed, options
         self.name, self.seed, self.phases, self.clone = name, seed, phases, clone
         self.progress, self.step, self.exported = progress, step, exported
         self.reads_outside = reads_outside
-        # how a fresh export is made, where one is set beside a given file
-        self.exporter, self.cache = exporter, cache
+        # how a fresh export is made, where one is set beside a given file (`beside`: one
+        # already made, or what makes it)
+        self.exporter, self.cache, self.beside = exporter, cache, beside
 
     def __call__(self, onnx_path: Path, *, note: str | None = None, notes=()) -> Report:
         model, inputs, listed, options = self.model, self.inputs, self.listed, self.options
@@ -252,8 +261,12 @@ class _FileComparison:
         computes what the file says: a fresh export of the model (cached) is set beside it, so
         the report names the attribute or constant that differs, node by node. An export that
         cannot be made leaves the file's own nodes named, and says why."""
-        self.step("exporting the model afresh, to name what differs in the file")
         try:
+            if self.beside is not None:
+                made = self.beside() if callable(self.beside) else self.beside
+                run.beside(str(made))
+                return
+            self.step("exporting the model afresh, to name what differs in the file")
             with tempfile.TemporaryDirectory() as folder:
                 fresh = export_onnx(
                     self.model, self.inputs, Path(folder) / "fresh.onnx",

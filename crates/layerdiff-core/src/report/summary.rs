@@ -12,7 +12,8 @@ fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
 pub struct Summary {
     /// Layers in the report (every leaf-module call, compared or not).
     pub layers_total: usize,
-    /// Layers with values on both sides that were compared.
+    /// Layers with values on both sides that were compared (one of another shape among them:
+    /// it exceeds, without statistics).
     pub layers_compared: usize,
     /// Layers whose accumulated difference exceeds their tolerance.
     pub layers_exceeding: usize,

@@ -118,9 +118,12 @@ fn large_tensor_changes(reference: &NodeProto, target: &NodeProto) -> Vec<String
 
 /// Checks another side's weight against `model`'s counterpart: the initializer of the same
 /// name (or of the name a quantizer derived it from, `w` for `w_quantized` or `w_Q4`), else the one at
-/// the same input position of the node with the same name. A matrix may be stored transposed
-/// (a Gemm's `transB` weight a quantizer rewrote for MatMulInteger): the form that matches
-/// stands.
+/// the same input position of the node with the same name. A name the two files do not agree
+/// on is no counterpart: where `model`'s node of the same name reads another initializer at
+/// that position, an exporter numbered its constants otherwise (`val_69`, RMSNorm's epsilon
+/// in a decoder exported with its lengths dynamic, a shape's 8 in one exported for one step),
+/// and nothing is said. A matrix may be stored transposed (a Gemm's `transB` weight a
+/// quantizer rewrote for MatMulInteger): the form that matches stands.
 pub fn model_weight_check(
     model: &Model,
     node: &str,
@@ -134,12 +137,18 @@ pub fn model_weight_check(
     let original = ["_quantized", "_Q4", "_Q8"]
         .iter()
         .find_map(|suffix| name.strip_suffix(suffix));
+    let same = model.graph().node.iter().find(|n| n.name() == node);
+    let read_there = same.and_then(|n| n.input.get(position));
+    if let Some(other) = read_there
+        && other != name
+        && model.stored(other).is_some()
+        && stored(name).is_some()
+    {
+        return None;
+    }
     let theirs = match stored(name).or_else(|| stored(original?)) {
         Some(found) => found,
-        None => {
-            let same = model.graph().node.iter().find(|n| n.name() == node)?;
-            model.stored(same.input.get(position)?)?.ok()?
-        }
+        None => model.stored(read_there?)?.ok()?,
     };
     let check = check_weight(name, theirs.view(), weight, false, half_step);
     let flipped = theirs.shape.len() == 2
@@ -286,5 +295,57 @@ pub(crate) fn transpose_2d(t: TensorView<'_>) -> Tensor {
         dtype: t.dtype,
         shape: vec![cols, rows],
         bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use layerdiff_core::{DType, Tensor};
+    use layerdiff_onnx::{GraphProto, ModelProto, NodeProto, TensorProto};
+
+    use super::*;
+
+    fn scalar(name: &str, v: f32) -> TensorProto {
+        TensorProto {
+            name: Some(name.into()),
+            data_type: Some(1),
+            float_data: vec![v],
+            ..Default::default()
+        }
+    }
+
+    fn reader(name: &str, reads: &str) -> NodeProto {
+        NodeProto {
+            name: Some(name.into()),
+            op_type: Some("Add".into()),
+            input: vec!["x".into(), reads.into()],
+            output: vec![format!("{name}_out")],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_constant_two_exports_number_otherwise_is_no_counterpart() {
+        // A decoder file exported with its lengths dynamic reads its RMSNorm epsilon as
+        // `val_69` in `node_Add_3`; an export made for one step numbered its constants
+        // otherwise: its `val_69` is a shape's 8, its `node_Add_3` reads `val_70`. It read
+        // "weight_mismatch: `val_69` differs: max abs diff 8.0" on a clean int8 decoder.
+        let export = Model::from_proto(
+            ModelProto {
+                graph: Some(GraphProto {
+                    node: vec![reader("node_Add_3", "val_70")],
+                    initializer: vec![scalar("val_69", 8.0), scalar("val_70", 1e-6)],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            None,
+        );
+        let eps = Tensor::new("eps", DType::F32, vec![], 1e-6f32.to_le_bytes().to_vec()).unwrap();
+        let check = model_weight_check(&export, "node_Add_3", 1, "val_69", eps.view(), None);
+        assert!(check.is_none(), "{check:?}");
+        // where the files agree on the name, it is checked
+        let check = model_weight_check(&export, "node_Add_3", 1, "val_70", eps.view(), None);
+        assert!(matches!(check, Some(WeightCheck::Same)), "{check:?}");
     }
 }

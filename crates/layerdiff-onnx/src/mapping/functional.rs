@@ -27,7 +27,7 @@
 use std::cell::OnceCell;
 use std::collections::{HashMap, HashSet};
 
-use super::{CallGroup, FOLDED};
+use super::{CallGroup, FOLDED, trace_order};
 use crate::scope::{ScopeResolver, parse_python_str_list};
 use crate::{GraphIndex, GraphProto, LayerCall, LayerMapping, NodeExt, NodeProto};
 
@@ -155,18 +155,42 @@ fn reached_by(graph: &GraphProto, inputs: &[String]) -> HashSet<String> {
     reached
 }
 
-/// The values of each module's own nodes of each op that some call in `calls` names, in graph
-/// order.
+/// The values of each module's own nodes of each op that some call in `calls` names, in the
+/// order PyTorch made the calls: a dynamo export's by its calls' trace order (`cat`, `cat_1`,
+/// … are numbered as the trace made them), which a tool that sorts the graph again (ONNX
+/// Runtime's quantizers) does not keep; a legacy export's in graph order.
 fn own_values(
     graph: &GraphProto,
     layers: &[LayerCall],
     calls: &HashMap<(&str, &str), Vec<usize>>,
 ) -> HashMap<(String, String), Vec<String>> {
+    let mut found = own_values_in_graph_order(graph, layers, calls);
+    for (values, order) in found.values_mut() {
+        if let Some(order) = order.iter().copied().collect::<Option<Vec<u64>>>() {
+            let mut paired: Vec<(u64, String)> = order.into_iter().zip(values.drain(..)).collect();
+            paired.sort_by_key(|(k, _)| *k); // stable: a tie keeps the graph's order
+            values.extend(paired.into_iter().map(|(_, v)| v));
+        }
+    }
+    found
+        .into_iter()
+        .map(|(k, (values, _))| (k, values))
+        .collect()
+}
+
+/// [`own_values`] in graph order, each value with its call's [`trace_order`] (`None` for a
+/// node of no dynamo call).
+#[allow(clippy::type_complexity)]
+fn own_values_in_graph_order(
+    graph: &GraphProto,
+    layers: &[LayerCall],
+    calls: &HashMap<(&str, &str), Vec<usize>>,
+) -> HashMap<(String, String), (Vec<String>, Vec<Option<u64>>)> {
     // Every module a node may belong to: leaves (so their nodes are not the owner's own) and
     // the owners of functional calls.
     let modules: Vec<&str> = layers.iter().map(|l| l.module.as_str()).collect();
     let resolver = ScopeResolver::new(&modules);
-    let mut found: HashMap<(String, String), Vec<String>> = HashMap::new();
+    let mut found: HashMap<(String, String), (Vec<String>, Vec<Option<u64>>)> = HashMap::new();
     // Where each dynamo call's value sits in its list.
     let mut position: HashMap<String, usize> = HashMap::new();
     for node in &graph.node {
@@ -183,7 +207,7 @@ fn own_values(
         let Some(value) = node.output.first().filter(|o| !o.is_empty()) else {
             continue;
         };
-        let values = found.entry((owner, op)).or_default();
+        let (values, order) = found.entry((owner, op)).or_default();
         // The nodes of one dynamo call (an aten op lowered to several nodes) are one value:
         // the one named after the call, else the last node's.
         match call {
@@ -194,6 +218,7 @@ fn own_values(
                 }
             }
             call => {
+                order.push(call.as_deref().map(trace_order));
                 if let Some(call) = call {
                     position.insert(call, values.len());
                 }

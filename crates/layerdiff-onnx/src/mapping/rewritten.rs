@@ -118,7 +118,8 @@ impl<'a> Rewritten<'a> {
         }
     }
 
-    /// The nodes that read `value`, directly or past up to four layout ops.
+    /// The nodes that read `value`, directly or past up to four layout ops, or past the
+    /// DynamicQuantizeLinear that puts it on an integer grid for the nodes after it.
     fn readers(&self, value: &str) -> Vec<&NodeInfo> {
         let (mut found, mut frontier) = (Vec::new(), vec![value.to_string()]);
         for _ in 0..5 {
@@ -127,6 +128,8 @@ impl<'a> Rewritten<'a> {
                 for n in self.index.consumers(v) {
                     if LAYOUT.contains(&n.op_type.as_str()) {
                         next.extend(n.outputs.iter().filter(|o| !o.is_empty()).cloned());
+                    } else if n.op_type == "DynamicQuantizeLinear" {
+                        next.extend(n.outputs.first().filter(|o| !o.is_empty()).cloned());
                     } else {
                         found.push(n);
                     }
@@ -138,9 +141,50 @@ impl<'a> Rewritten<'a> {
         found
     }
 
+    /// The node whose value may be call `i`'s, of the reader `node`: the reader itself, or
+    /// where it is an integer kernel with a stored weight (ONNX Runtime's dynamic quantizer's
+    /// MatMulInteger, ConvInteger), the last of the unscoped Cast and Mul nodes that take its
+    /// integers back to the float value the model computes (its scales), which keeps the
+    /// original value's name.
+    fn candidate<'n>(&'n self, node: &'n NodeInfo, i: usize) -> Option<&'n NodeInfo> {
+        if self.may_be(node, i) {
+            return Some(node);
+        }
+        let integer = node.op_type.ends_with("Integer")
+            && self.unscoped.contains(&node.index)
+            && (node.inputs.iter()).any(|v| self.weights.contains(v.as_str()));
+        if !integer {
+            return None;
+        }
+        let (mut at, mut last) = (node, None);
+        for _ in 0..4 {
+            let Some(out) = at.outputs.first().filter(|o| !o.is_empty()) else {
+                break;
+            };
+            let mut readers = self.index.consumers(out);
+            let (Some(next), None) = (readers.next(), readers.next()) else {
+                break;
+            };
+            let rescales = ["Cast", "Mul"].contains(&next.op_type.as_str())
+                && self.unscoped.contains(&next.index);
+            if !rescales {
+                break;
+            }
+            at = next;
+            if (at.outputs.first())
+                .is_some_and(|o| !o.is_empty() && self.layers[i].fits(self.index, o))
+            {
+                last = Some(at);
+            }
+        }
+        last
+    }
+
     /// Calls whose first input is a paired layer's value, each paired with a node that may be
-    /// theirs reading that value; the readers of one value are taken in graph order by its
-    /// calls in execution order (a quantizer keeps the order: q, k, v).
+    /// theirs reading that value; the readers of one value are taken by its calls in
+    /// execution order, in the order PyTorch made them where the export's value names say it
+    /// (`linear`, `linear_1`, `linear_2`: q, k, v, whatever order a quantizer sorted the graph
+    /// in), else in graph order.
     fn by_input(&self, mut mappings: Vec<LayerMapping>) -> Vec<LayerMapping> {
         let mut taken: HashSet<String> = mappings.iter().filter_map(value_of).collect();
         for i in 0..self.layers.len() {
@@ -153,11 +197,12 @@ impl<'a> Rewritten<'a> {
             let Some(fed) = value_of(&mappings[p]) else {
                 continue;
             };
-            let found = self
-                .readers(&fed)
-                .into_iter()
-                .find(|n| self.may_be(n, i) && !taken.contains(&n.outputs[0]));
-            if let Some(n) = found {
+            let mut found: Vec<&NodeInfo> = (self.readers(&fed).into_iter())
+                .filter_map(|n| self.candidate(n, i))
+                .filter(|n| !taken.contains(&n.outputs[0]))
+                .collect();
+            found.sort_by_key(|n| (super::trace_order(&n.outputs[0]), n.index));
+            if let Some(&n) = found.first() {
                 taken.insert(n.outputs[0].clone());
                 let how = format!(
                     "paired by its input: the {} node `{}` reads `{}`'s value and a stored weight,",
