@@ -152,7 +152,9 @@ pub struct ProvidersArgs {
     /// When the run exits 1: `defect` (the default: a cell has a defect, an undecided layer,
     /// layers that could not be paired, or values that overflow; rounding alone exits 0),
     /// `accumulation` (as `defect`, and a cell with a kernel that accumulates in the narrow
-    /// dtype) or `drift` (a cell with any layer beyond its tolerance, rounding included).
+    /// dtype), `approximation` (as `accumulation`, and a cell with a kernel that approximates
+    /// within every tolerance) or `drift` (a cell with any layer beyond its tolerance, rounding
+    /// included).
     #[arg(long, value_name = "WHEN", default_value = "defect", value_parser = FailOn::parse)]
     pub fail_on: FailOn,
     /// Which sides run in a worker process, so that a crash in native code (a segfault or an

@@ -33,10 +33,14 @@ pub struct ReportArgs {
     #[arg(long, short)]
     pub quiet: bool,
     /// When the run exits 1: `defect` (the default: a layer computes something its precision
-    /// does not explain, a layer exceeds and nothing tells rounding from a defect, part of the
-    /// model could not be paired, or values overflow the target's dtype; rounding alone exits
-    /// 0), `accumulation` (as `defect`, and a layer whose kernel accumulates in the narrow dtype:
-    /// `narrow_accumulation`) or `drift` (any layer beyond its tolerance, rounding included).
+    /// does not explain and that moves a layer or the output past a tolerance, or a file,
+    /// weight or attribute differs, a layer exceeds and nothing tells rounding from a defect,
+    /// part of the model could not be paired, or values overflow the target's dtype; rounding,
+    /// and kernels that approximate within every tolerance, exit 0), `accumulation` (as
+    /// `defect`, and a layer whose kernel accumulates in the narrow dtype:
+    /// `narrow_accumulation`), `approximation` (as `accumulation`, and a kernel beyond what its
+    /// precision explains within every tolerance: the strict reading a runtime's validation
+    /// asks for) or `drift` (any layer beyond its tolerance, rounding included).
     #[arg(long, value_name = "WHEN", default_value = "defect", value_parser = FailOn::parse)]
     pub fail_on: FailOn,
     /// Print where the time went, phase by phase (stderr), and add it to the JSON report (times

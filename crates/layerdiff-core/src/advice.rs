@@ -130,15 +130,26 @@ fn ratio(stats: Option<&Stats>) -> f64 {
 /// difference is precision (a defect is fixed by what its cause says, not by a wider dtype):
 /// those that overflow to Inf themselves, those whose own error (local, where measured) exceeds
 /// the tolerance, and the precision drift's origin, where rounding that then grows downstream is
-/// born; overflow first, then by own error against the tolerance, at most [`MOST_KEPT`]. `None`
-/// when no precision drift was found, or none reaches a layer's value: a layer's own re-run
-/// past its tolerance while every value stays within its own is no drift to remove.
+/// born (or whose rounding it amplifies); overflow first, then by own error against the
+/// tolerance, at most [`MOST_KEPT`]. `None` when no precision drift was found, or none reaches
+/// a layer's value (a layer's own re-run past its tolerance while every value stays within its
+/// own is no drift to remove), or the output stays within its tolerance.
 pub fn keep_float32(report: &Report, precision: &str) -> Option<KeepFloat32> {
     let drift = report.summary.precision.as_ref()?;
     if report.summary.layers_exceeding == 0 {
         return None;
     }
-    let origin = drift.origin.as_deref();
+    // An output within its tolerance has no drift a float32 layer would remove: nothing is
+    // advised or tried (a float16 CNN whose output is at 0.3× its tolerance was "tried in
+    // float32, without help").
+    let output_fine = drift.output_tolerance_multiple <= 1.0
+        && drift.output_nonfinite == 0
+        && drift.overflow == 0;
+    if output_fine {
+        return None;
+    }
+    // whose rounding the drift is: the origin's own, or the one it amplifies
+    let origin = drift.source.as_deref().or(drift.origin.as_deref());
     let mut ranked: Vec<(u64, f64, &Layer, String)> = Vec::new();
     for l in report.layers.iter().filter(|l| {
         l.status == LayerStatus::Compared && l.finding == Some(crate::Finding::Precision)
@@ -172,7 +183,12 @@ pub fn keep_float32(report: &Report, precision: &str) -> Option<KeepFloat32> {
             ));
         }
         if is_origin {
-            why.push("the drift is born here and grows downstream".to_string());
+            why.push(match (&drift.source, &drift.origin) {
+                (Some(_), Some(past)) => {
+                    format!("its rounding is what takes `{past}` past the tolerance downstream")
+                }
+                _ => "the drift is born here and grows downstream".to_string(),
+            });
         }
         ranked.push((inf, own_ratio, l, why.join("; ")));
     }

@@ -114,6 +114,7 @@ pub fn summarise(layers: &mut [Layer]) -> Summary {
         verdict: crate::Verdict::NoDrift,
         defects: Vec::new(),
         narrow_accumulation: Vec::new(),
+        approximations: Vec::new(),
         precision: None,
         sources,
     }

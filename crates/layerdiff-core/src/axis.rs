@@ -50,6 +50,10 @@ pub struct AxisPoint {
     /// [`crate::Summary::narrow_accumulation`]); left out when not.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub accumulates_narrow: bool,
+    /// Whether a layer's kernel approximates within every tolerance there (see
+    /// [`crate::Summary::approximations`]); left out when not.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub approximates: bool,
     /// Layers compared.
     pub layers_compared: usize,
     /// Layers exceeding their tolerance.
@@ -127,6 +131,7 @@ pub fn along_axis(axis: &str, points: &[String], reports: &[Report]) -> AxisRepo
             verdict: r.summary.verdict.name().to_string(),
             fails: r.summary.fails(crate::FailOn::Defect),
             accumulates_narrow: !r.summary.narrow_accumulation.is_empty(),
+            approximates: !r.summary.approximations.is_empty(),
             layers_compared: r.summary.layers_compared,
             layers_exceeding: r.summary.layers_exceeding,
             drift_origin: origin,
@@ -377,6 +382,7 @@ impl AxisReport {
         u8::from(self.points.iter().any(|p| match fail_on {
             crate::FailOn::Defect => p.fails,
             crate::FailOn::Accumulation => p.fails || p.accumulates_narrow,
+            crate::FailOn::Approximation => p.fails || p.accumulates_narrow || p.approximates,
             crate::FailOn::Drift => p.verdict != "no_drift",
         }))
     }
@@ -393,6 +399,7 @@ mod tests {
             verdict: verdict.into(),
             fails: !matches!(verdict, "no_drift" | "precision"),
             accumulates_narrow: false,
+            approximates: false,
             layers_compared: 10,
             layers_exceeding: usize::from(verdict != "no_drift"),
             drift_origin: (verdict != "no_drift").then(|| "l3".into()),

@@ -214,7 +214,10 @@ pub const REFERENCE_OFF_FACTOR: f64 = 4.0;
 /// reference's inputs rounded to `grid`), judged by [the rule](self). `stages`: intermediate
 /// results an honest kernel rounds to `grid`. `expected_values`: the reference is a file of
 /// expected values, not a kernel, and is judged against `exact` itself (`reference_off`).
-/// `reduction`: the layer's terms where measured, for the narrow-accumulation ideal.
+/// `reduction`: the layer's terms where measured, for the narrow-accumulation ideal; on a
+/// float32 grid, where accumulating in the grid is what honest kernels do, its allowance is
+/// the ideal's (a long reduction in float32, summed in another order: tract's Conv over 4608
+/// terms in ResNet-50 against ONNX Runtime's).
 pub fn assess_baseline(
     reference: TensorView<'_>,
     own: TensorView<'_>,
@@ -266,15 +269,29 @@ pub fn assess_baseline(
             f64::INFINITY
         }
     };
-    let (own_mean, allowed_mean) = (mean(s.own_sum), mean(s.allowed_sum));
-    let narrow = reduction.map(|r| NarrowIdeal {
+    // In float32 (or float64) the kernel that adds the terms one by one in the grid is an
+    // honest one (float32 accumulation is what every kernel does): its allowance is the
+    // ideal's, not a second ideal to name.
+    // Not where most of the own error pushes the elements one way (a kernel that scales its
+    // result): that is no accumulation's rounding, whatever its size.
+    let systematic = if s.own_sum > 0.0 {
+        s.signed_sum / s.own_sum
+    } else {
+        0.0
+    };
+    let chance = SYSTEMATIC.max(3.0 / (s.count.max(1) as f64).sqrt());
+    let folded =
+        reduction.is_some() && !grid.narrower_than(DType::F32) && systematic.abs() <= chance;
+    let (allowed_max, allowed_sum) = if folded {
+        (s.narrow_max, s.narrow_sum)
+    } else {
+        (s.allowed_max, s.allowed_sum)
+    };
+    let (own_mean, allowed_mean) = (mean(s.own_sum), mean(allowed_sum));
+    let narrow = reduction.filter(|_| !folded).map(|r| NarrowIdeal {
         terms: r.terms,
         elements: s.count,
-        systematic: if s.own_sum > 0.0 {
-            s.signed_sum / s.own_sum
-        } else {
-            0.0
-        },
+        systematic,
         allowed_max_abs_diff: s.narrow_max,
         allowed_mean_abs_diff: mean(s.narrow_sum),
         multiple: ratio(s.own_max, s.narrow_max).max(ratio(own_mean, mean(s.narrow_sum))),
@@ -284,9 +301,9 @@ pub fn assess_baseline(
         stages,
         max_abs_diff: s.base_max,
         mean_abs_diff: mean(s.base_sum),
-        allowed_max_abs_diff: s.allowed_max,
+        allowed_max_abs_diff: allowed_max,
         allowed_mean_abs_diff: allowed_mean,
-        multiple: ratio(s.own_max, s.allowed_max).max(ratio(own_mean, allowed_mean)),
+        multiple: ratio(s.own_max, allowed_max).max(ratio(own_mean, allowed_mean)),
         overflow: s.overflow,
         // The reference is off only where it is far further from the exact value than the
         // target is anywhere in the layer: a reduction that cancels leaves both honest sides

@@ -195,8 +195,10 @@ impl OpaqueSearch {
         if !check.deviates {
             return format!(
                 "the target's whole graph, run unmodified, is within what its precision explains \
-                 at its {} output(s) ({:.2}× at most), so no range was searched ({}, and {} to \
-                 compare its outputs)",
+                 at its {} output(s): {:.2}× at most, the verdict's multiple (the whole chain \
+                 against an ideal one at its precision; an output's own multiple in its row is \
+                 its last nodes' alone, on the reference's values), so no range was searched \
+                 ({}, and {} to compare its outputs)",
                 check.outputs,
                 check.multiple,
                 runs(1),

@@ -44,10 +44,11 @@
 //! 10. `unknown` (undecided): the local error could not be measured and nothing else fits; the
 //!     detail says what was ruled out.
 
-use crate::{
-    DType, Defect, Finding, Layer, LayoutFinding, PrecisionDrift, Summary, TensorView, Verdict,
-};
+use crate::{DType, Defect, Finding, Layer, LayoutFinding, Summary, TensorView};
 
+mod conclude;
+use conclude::conclude;
+pub(crate) use conclude::overflows;
 mod decide;
 use decide::decide;
 mod fix;
@@ -56,6 +57,7 @@ pub use fix::weights_fix;
 mod files;
 mod grid;
 mod name;
+mod quantized;
 mod reference;
 pub use files::{FileDifference, attributes_differ, unseen_differences};
 pub use grid::{precision_grid, quantizing_op};
@@ -155,6 +157,8 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
     let mut defects: Vec<(usize, Defect)> = Vec::new();
     // each defect's cause and detail as decided, before the layer's own sentences
     let mut named_defects: Vec<String> = Vec::new();
+    // each defect's layer, cause and the nodes its own error re-ran
+    let mut defect_groups: Vec<(String, Cause, Vec<String>)> = Vec::new();
     // Layers whose precision is a quantization's (their grid for the summary).
     // the layers whose precision is a quantization's, with its grid (`int8`, `int4`)
     let mut quantized: std::collections::HashMap<String, String> = std::collections::HashMap::new();
@@ -177,23 +181,26 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
             quantized.insert(layer.name.clone(), grid);
         }
         // A defect already named upstream in the same words (one changed weight two layers
-        // read) is that defect once, whatever each layer's own figures.
-        let named = named_defects.contains(&said);
-        if cause == Cause::NarrowAccumulation
-            && let Some((b, n)) = layer
-                .baseline
-                .as_ref()
-                .and_then(|b| Some((b, b.narrow.as_ref()?)))
+        // read) is that defect once, whatever each layer's own figures; so is one whose
+        // re-run took nodes of an earlier defect's group with the same cause (a value no layer
+        // holds between them, a rotary table's sin beside its compared cos: the same edit
+        // re-run twice).
+        let shared = (finding == Finding::Defect)
+            .then(|| shared_group(layer, cause, &defect_groups))
+            .flatten();
+        let named = named_defects.contains(&said) || shared.is_some();
+        let detail = match shared {
+            Some((upstream, nodes)) => format!(
+                "{detail}; it re-runs nodes of `{upstream}`'s group ({nodes}), which carry that defect: the same one, not another"
+            ),
+            None => detail,
+        };
+        if finding == Finding::Defect
+            && let Some(location) = &layer.location
         {
-            summary.narrow_accumulation.push(crate::NarrowKernel {
-                layer: layer.name.clone(),
-                dtype: b.grid.clone(),
-                terms: n.terms,
-                multiple: b.multiple,
-                narrow_multiple: n.multiple,
-                fix: fix(cause, layer, e),
-            });
+            defect_groups.push((layer.name.clone(), cause, location.nodes.clone()));
         }
+        kernel_finding(summary, cause, layer, e);
         if finding == Finding::Defect && !named {
             named_defects.push(said);
             let own = layer.local.as_ref().or(layer.accumulated.as_ref());
@@ -218,12 +225,84 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
         layer.finding = Some(finding);
     }
     defects.sort_by(|(ia, a), (ib, b)| b.severity().total_cmp(&a.severity()).then(ia.cmp(ib)));
-    // most beyond a float32-accumulating kernel first, as the defects
+    // most beyond a float32-accumulating kernel first, as the defects; the approximations too
     summary
         .narrow_accumulation
         .sort_by(|a, b| b.multiple.total_cmp(&a.multiple));
+    summary
+        .approximations
+        .sort_by(|a, b| b.multiple.total_cmp(&a.multiple));
     summary.defects = defects.into_iter().map(|(_, d)| d).collect();
     conclude(layers, summary, &quantized);
+}
+
+/// A kernel finding that is not a defect, listed in the summary beside the defects: an
+/// approximation within every tolerance, or a kernel that accumulates in the narrow dtype.
+fn kernel_finding(summary: &mut Summary, cause: Cause, layer: &Layer, e: &Evidence) {
+    if cause == Cause::Approximation
+        && let Some(b) = &layer.baseline
+    {
+        let own = layer
+            .local
+            .as_ref()
+            .and_then(crate::Stats::tolerance_multiple);
+        summary.approximations.push(crate::Approximation {
+            layer: layer.name.clone(),
+            ops: if e.ops.is_empty() {
+                layer
+                    .module_type
+                    .clone()
+                    .unwrap_or_else(|| "kernel".to_string())
+            } else {
+                e.ops_words()
+            },
+            dtype: b.grid.clone(),
+            multiple: b.multiple,
+            tolerance_multiple: own.unwrap_or(0.0),
+            fix: fix(cause, layer, e),
+        });
+    }
+    if cause == Cause::NarrowAccumulation
+        && let Some((b, n)) = layer
+            .baseline
+            .as_ref()
+            .and_then(|b| Some((b, b.narrow.as_ref()?)))
+    {
+        summary.narrow_accumulation.push(crate::NarrowKernel {
+            layer: layer.name.clone(),
+            dtype: b.grid.clone(),
+            terms: n.terms,
+            multiple: b.multiple,
+            narrow_multiple: n.multiple,
+            fix: fix(cause, layer, e),
+        });
+    }
+}
+
+/// The earlier defect of the same `cause` whose group shares nodes with `layer`'s, and those
+/// nodes in words (the first three).
+fn shared_group(
+    layer: &Layer,
+    cause: Cause,
+    defects: &[(String, Cause, Vec<String>)],
+) -> Option<(String, String)> {
+    let nodes = &layer.location.as_ref()?.nodes;
+    defects.iter().find_map(|(name, c, theirs)| {
+        let shared: Vec<String> = (theirs.iter())
+            .filter(|n| nodes.contains(n))
+            .map(|n| format!("`{n}`"))
+            .collect();
+        (*c == cause && !shared.is_empty()).then(|| {
+            let more = shared.len().saturating_sub(3);
+            let shown = shared.into_iter().take(3).collect::<Vec<_>>().join(", ");
+            let more = if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            };
+            (name.clone(), format!("{shown}{more}"))
+        })
+    })
 }
 
 /// For each layer errors are traced back to: the first exceeding layer traced to it, its
@@ -281,7 +360,7 @@ fn in_context(
             layer.tolerance
         );
     }
-    if !is_source && !layer.own_exceeds() && layer.own_beyond() {
+    if !is_source && !layer.own_exceeds() && layer.own_beyond() && cause != Cause::Approximation {
         detail = if layer.exceeds_tol {
             format!(
                 "{detail}; its own error stays within the tolerance {} (local max abs diff {:.3e}), and it exceeds with what it inherits (mostly from `{}`): it is judged by what its precision explains, not by the tolerance",
@@ -312,7 +391,12 @@ fn in_context(
                 "{detail}; the difference it hands on comes mostly from upstream, from `{from}`"
             ),
             None => format!(
-                "{detail}; the difference it hands on is in its inputs already, born in computation no compared layer covers (for a gradient: the forward pass)"
+                "{detail}; the difference it hands on is in its inputs already, born in computation no compared layer covers{}",
+                if gradient(layer) {
+                    " (the forward pass, for a gradient)"
+                } else {
+                    ""
+                }
             ),
         };
     }
@@ -329,93 +413,18 @@ fn in_context(
     detail
 }
 
+/// Whether `layer` is a gradient (`layerdiff grad`'s layers are named for what they are the
+/// gradient of: a parameter, `inputs[0]`, or what a call's backward hands on, `fc:input`).
+fn gradient(layer: &Layer) -> bool {
+    layer.name.ends_with(":input")
+        || layer.name.starts_with("inputs[")
+        || (layer.name.ends_with(".weight") || layer.name.ends_with(".bias"))
+}
+
 /// A layer's own (local) error as a share of its accumulated error (0 when either is missing).
 fn own_share(layer: &Layer) -> f64 {
     match (&layer.local, &layer.accumulated) {
         (Some(l), Some(a)) if a.max_abs_diff > 0.0 => l.max_abs_diff / a.max_abs_diff,
         _ => 0.0,
     }
-}
-
-/// The summary's verdict, precision drift and drift origin, from the layers' findings
-/// (`quantized`: the layers whose precision is a quantization's, with its grid).
-fn conclude(
-    layers: &[Layer],
-    summary: &mut Summary,
-    quantized: &std::collections::HashMap<String, String>,
-) {
-    let own = |l: &Layer| l.own_exceeds() || l.own_beyond();
-    let failing = layers.iter().find(|l| {
-        matches!(l.finding, Some(Finding::Defect | Finding::Undecided))
-            && (own(l) || summary.is_source(l))
-    });
-    let precision: Vec<&Layer> = layers
-        .iter()
-        .filter(|l| l.finding == Some(Finding::Precision))
-        .collect();
-    let precision_origin = precision
-        .iter()
-        .find(|l| own(l) || summary.is_source(l))
-        .map(|l| l.name.clone());
-    summary.precision = precision_origin.as_ref().map(|origin| {
-        let mut grids: Vec<(String, usize)> = Vec::new();
-        for l in &precision {
-            let grid = l.baseline.as_ref().map(|b| b.grid.clone()).or_else(|| {
-                if let Some(grid) = quantized.get(&l.name) {
-                    return Some(grid.clone());
-                }
-                crate::lower_precision(&l.dtype, l.target_dtype.as_deref())
-                    .map(|d| d.name().to_string())
-            });
-            if let Some(g) = grid {
-                match grids.iter_mut().find(|(d, _)| *d == g) {
-                    Some((_, n)) => *n += 1,
-                    None => grids.push((g, 1)),
-                }
-            }
-        }
-        let output = layers.iter().rev().find(|l| l.accumulated.is_some());
-        let stats = output.and_then(|l| l.accumulated.as_ref());
-        PrecisionDrift {
-            dtype: grids
-                .into_iter()
-                .max_by_key(|(_, n)| *n)
-                .map_or_else(|| "float32".to_string(), |(g, _)| g),
-            origin: Some(origin.clone()),
-            layers: precision.iter().filter(|l| own(l)).count(),
-            overflow: precision.iter().filter(|l| overflows(l)).count(),
-            output: output.map(|l| l.name.clone()),
-            output_max_abs_diff: stats.map_or(0.0, |s| s.max_abs_diff),
-            output_tolerance_multiple: stats
-                .and_then(crate::Stats::tolerance_multiple)
-                .unwrap_or(0.0),
-            output_nonfinite: stats.map_or(0, crate::Stats::nonfinite_target),
-        }
-    });
-    if let Some(first) = failing {
-        summary.drift_origin = Some(first.name.clone());
-    } else if precision_origin.is_some() {
-        summary.drift_origin = precision_origin;
-    }
-    let undecided = layers
-        .iter()
-        .any(|l| l.finding == Some(Finding::Undecided) && (own(l) || summary.is_source(l)));
-    summary.verdict = if !summary.defects.is_empty() {
-        Verdict::Defect
-    } else if undecided {
-        Verdict::Undecided
-    } else if summary.precision.is_some() {
-        Verdict::Precision
-    } else if summary.inconclusive.is_some() {
-        Verdict::Inconclusive
-    } else {
-        Verdict::NoDrift
-    };
-}
-
-/// Whether the target's own values of a layer overflow to ±Inf where the reference's are
-/// finite.
-pub(crate) fn overflows(layer: &Layer) -> bool {
-    let own = layer.local.as_ref().or(layer.accumulated.as_ref());
-    own.is_some_and(|s| s.nonfinite_target() > 0)
 }

@@ -15,6 +15,7 @@ mod fingerprint;
 mod io;
 mod layout;
 mod machine;
+mod measure;
 mod npz;
 mod op_check;
 mod pair;
@@ -57,6 +58,7 @@ pub use io::{
 };
 pub use layout::{LayoutFinding, detect_layout};
 pub use machine::Machine;
+pub use measure::Measure;
 pub use npz::{parse_npz, read_npz};
 pub use op_check::{OpBound, OpCheck, OpWorst, check_op, check_op_in};
 pub use pair::{PairOutcome, compare_pair, max_abs_diffs};
@@ -65,9 +67,9 @@ pub use quantized::{
 };
 pub use random::{SplitMix64, random_tensor};
 pub use report::{
-    Defect, FailOn, Finding, Float64Distance, InputInfo, Inside, Invocation, Layer, LayerStatus,
-    Location, NarrowKernel, PrecisionDrift, ProviderNodes, Report, SCHEMA, SideInfo, Summary,
-    TargetGraph, Timing, Verdict, WorstLayer, WorstLayers,
+    Approximation, Defect, FailOn, Finding, Float64Distance, InputInfo, Inside, Invocation, Layer,
+    LayerStatus, Location, NarrowKernel, PrecisionDrift, ProviderNodes, Report, SCHEMA, SideInfo,
+    Summary, TargetGraph, Timing, Verdict, WorstLayer, WorstLayers,
 };
 pub use tensor::{Tensor, TensorView};
 pub use tolerance::{

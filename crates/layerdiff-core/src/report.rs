@@ -10,7 +10,8 @@ mod layer;
 pub use layer::{Finding, Float64Distance, Inside, Layer, LayerStatus, Location};
 mod summary;
 pub use summary::{
-    Defect, FailOn, NarrowKernel, PrecisionDrift, Summary, Verdict, WorstLayer, WorstLayers,
+    Approximation, Defect, FailOn, NarrowKernel, PrecisionDrift, Summary, Verdict, WorstLayer,
+    WorstLayers,
 };
 
 /// Schema identifier written into every JSON report. Version 4 renamed `layers[].onnx`
@@ -168,14 +169,19 @@ fn then(detail: &mut String, text: &str) {
 
 impl Report {
     /// The layer a repro shows: the first defect's; else the first layer whose own error
-    /// exceeds its tolerance. `Err` says why there is none (a clean run; drift that only
-    /// accumulates).
+    /// exceeds its tolerance; else the kernel that approximates the most. `Err` says why there
+    /// is none (a clean run; drift that only accumulates).
     pub fn headline(&self) -> std::result::Result<&Layer, String> {
         let by_name = |name: &str| self.layers.iter().find(|l| l.name == name);
         if let Some(layer) = self.summary.defects.first().and_then(|d| by_name(&d.layer)) {
             return Ok(layer);
         }
         if let Some(layer) = self.layers.iter().find(|l| l.local_exceeds) {
+            return Ok(layer);
+        }
+        // a kernel that approximates within every tolerance: the most beyond, as the headline
+        // names it first
+        if let Some(layer) = (self.summary.approximations.first()).and_then(|a| by_name(&a.layer)) {
             return Ok(layer);
         }
         Err(if self.summary.layers_exceeding == 0 {

@@ -243,7 +243,7 @@ fn dequantized(
             && node_module[c.index].is_none()
             && c.inputs.first().is_some_and(|i| i == value)
     };
-    if !dequantizes(first) || !readers.all(|c| dequantizes(c)) {
+    if !dequantizes(first) || !readers.all(dequantizes) {
         return None;
     }
     let out = first.outputs.first().filter(|o| !o.is_empty())?;

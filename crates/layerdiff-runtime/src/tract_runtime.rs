@@ -38,6 +38,14 @@ fn dtype_of(datum: DatumType) -> Option<DType> {
         .find(|d| self::datum(*d) == Some(datum))
 }
 
+/// Integers few enough to be a shape, axes or a range rather than data: at most this many.
+const SHAPE_LIKE: usize = 16;
+
+/// Whether `tensor` is a few integers (see [`SHAPE_LIKE`]).
+fn shape_like(tensor: &Tensor) -> bool {
+    matches!(tensor.dtype, DType::I64 | DType::I32) && tensor.view().numel() <= SHAPE_LIKE
+}
+
 fn tract_err(context: &str) -> impl Fn(tract_onnx::prelude::TractError) -> Error + '_ {
     move |e| Error::Tract(format!("{context}: {e:#}"))
 }
@@ -80,12 +88,18 @@ impl Runtime for TractRuntime {
                 runtime: "tract",
                 what: format!("input `{name}` of dtype {}", tensor.dtype),
             })?;
-            graph
-                .set_input_fact(ix, InferenceFact::dt_shape(dt, tensor.shape.clone()))
-                .map_err(tract_err("tract"))?;
             // SAFETY: the bytes hold `shape` elements of `dt` (checked when the Tensor was built).
             let t = unsafe { TractTensor::from_raw_dt(dt, &tensor.shape, &tensor.bytes) }
                 .map_err(tract_err("tract"))?;
+            // A few integers are a shape, an axis or a range a node reads (a piece of a model
+            // fed a Reshape's shape that its graph computed): tract prepares a model only where
+            // it knows them, so they are given as the values they are, not as any value.
+            let fact = if shape_like(tensor) {
+                InferenceFact::from(t.clone())
+            } else {
+                InferenceFact::dt_shape(dt, tensor.shape.clone())
+            };
+            graph.set_input_fact(ix, fact).map_err(tract_err("tract"))?;
             feed.push(t.into());
         }
         graph

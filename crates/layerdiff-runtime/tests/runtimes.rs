@@ -276,3 +276,45 @@ fn layerdiffs_float64_conv_pads_each_side_as_onnx_says() {
     let (model, x) = float64_conv_model(&[1, 2, 0, 1]);
     assert_eq!(on_exact_kernels(&model, x).shape, vec![2, 8, 7, 12]);
 }
+
+#[test]
+fn tract_runs_a_piece_fed_the_shape_its_graph_computed() {
+    // A local re-run of a Reshape whose shape the graph computes (Shape → Concat): the piece
+    // takes that shape as an input, which tract would not prepare ("shape input is variable"),
+    // and a float16 island in an encoder read "undecided" on tract.
+    let node = NodeProto {
+        op_type: Some("Reshape".into()),
+        name: Some("reshape".into()),
+        input: vec!["x".into(), "shape".into()],
+        output: vec!["y".into()],
+        ..Default::default()
+    };
+    let piece = model(
+        "piece.onnx",
+        GraphProto {
+            node: vec![node],
+            input: vec![
+                tensor_value_info("x", 1, &[2, 3]),
+                tensor_value_info("shape", 7, &[2]),
+            ],
+            output: vec![tensor_value_info("y", 1, &[3, 2])],
+            ..Default::default()
+        },
+    );
+    let x: Vec<u8> = (0..6).flat_map(|v| (v as f32).to_le_bytes()).collect();
+    let shape: Vec<u8> = [3i64, 2].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let inputs = [
+        (
+            "x".to_string(),
+            Tensor::new("x", DType::F32, vec![2, 3], x).unwrap(),
+        ),
+        (
+            "shape".to_string(),
+            Tensor::new("shape", DType::I64, vec![2], shape).unwrap(),
+        ),
+    ];
+    let out = TractRuntime
+        .run(&piece, &inputs, &["y".to_string()])
+        .expect("tract prepares a piece fed its shape");
+    assert_eq!(out[0].1.shape, vec![3, 2]);
+}

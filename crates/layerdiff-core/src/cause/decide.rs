@@ -2,10 +2,50 @@
 //! the finding, against the same-precision baseline where it was measured and without it
 //! where not, and what fixes each defect.
 
+use super::quantized::quantized;
 use super::*;
 
-/// A cause, its detail and the finding it makes, for one layer (see the module docs).
+/// A cause, its detail and the finding it makes, for one layer (see the module docs): a kernel
+/// beyond what its precision explains whose effect stays within every tolerance is an
+/// approximation, not a defect.
 pub(super) fn decide(layer: &Layer, e: &Evidence, is_source: bool) -> (Cause, String, Finding) {
+    let (cause, detail, finding) = decide_cause(layer, e, is_source);
+    if cause == Cause::OpImplementation
+        && finding == Finding::Defect
+        && within_every_tolerance(layer, is_source)
+        && layer
+            .baseline
+            .as_ref()
+            .is_some_and(|b| b.reference_off == 0)
+    {
+        let own = layer.local.as_ref().map_or(0.0, |s| s.max_abs_diff);
+        let value = layer.accumulated.as_ref().map_or(0.0, |s| s.max_abs_diff);
+        return (
+            Cause::Approximation,
+            format!(
+                "{detail}: an approximation, within every tolerance: its own error ({own:.3e}) and its value's difference ({value:.3e}) stay within the tolerance {}, and no layer after it exceeds by it",
+                layer.tolerance
+            ),
+            Finding::Approximation,
+        );
+    }
+    (cause, detail, finding)
+}
+
+/// Whether what a layer computes of its own stays within every tolerance: its own re-run and
+/// its value within its tolerance, and no exceeding layer's error traced back to it
+/// (`is_source`): a kernel beyond what its precision explains moves nothing past a tolerance
+/// there.
+fn within_every_tolerance(layer: &Layer, is_source: bool) -> bool {
+    layer.status == crate::LayerStatus::Compared
+        && layer.local.is_some()
+        && !layer.exceeds_tol
+        && !layer.local_exceeds
+        && !is_source
+}
+
+/// [`decide`] before the approximation is told from a defect.
+fn decide_cause(layer: &Layer, e: &Evidence, is_source: bool) -> (Cause, String, Finding) {
     let tol = layer.tolerance;
     if let Some(found) = unmeasured(layer, e, is_source) {
         return found;
@@ -178,12 +218,16 @@ pub(super) fn against_baseline(
         .local
         .as_ref()
         .map_or((0.0, 0.0), |s| (s.max_abs_diff, s.mean_abs_diff));
+    // the multiple is the larger of the target's to the honest kernel's, at the maxima and
+    // on average: both are here
     let numbers = format!(
-        "an ideal {g} implementation on the same inputs errs by up to {:.3e} (mean {:.3e}), the target by {:.3e} (mean {:.3e})",
-        b.max_abs_diff,
-        b.mean_abs_diff,
+        "the target errs by up to {:.3e} (mean {:.3e}) on the same inputs, an honest {g} kernel may by up to {:.3e} (mean {:.3e}), the ideal {g} implementation does by {:.3e} (mean {:.3e})",
         own.0,
         own.1,
+        b.allowed_max_abs_diff,
+        b.allowed_mean_abs_diff,
+        b.max_abs_diff,
+        b.mean_abs_diff,
         g = b.grid
     );
     if b.reference_off > 0 {
@@ -280,98 +324,6 @@ pub(super) fn against_baseline(
             ),
         },
     }
-}
-
-/// The verdict of a layer the target quantizes, its own error measured on the target's own
-/// inputs against the ideal quantized computation (see `crate::assess_quantized`): a range
-/// that clips much of what the model computes, a kernel its quantization does not explain, or
-/// the quantization's own rounding.
-pub(super) fn quantized(
-    layer: &Layer,
-    grid: &crate::Quantization,
-    b: Option<&crate::Baseline>,
-    e: &Evidence,
-) -> (Cause, String, Finding) {
-    let own = layer
-        .local
-        .as_ref()
-        .map_or((0.0, 0.0), |s| (s.max_abs_diff, s.mean_abs_diff));
-    let clipped = || {
-        format!(
-            "{} of the reference's {} values here ({:.1}%) lie outside the range of its grid {}: the range calibrated for this value is too narrow for what the model computes here, and the target clips them",
-            grid.saturated,
-            grid.elements,
-            100.0 * grid.saturated as f64 / grid.elements.max(1) as f64,
-            grid.describe()
-        )
-    };
-    let Some(b) = b else {
-        // no ideal to hold the kernel to: the range and the steps still speak
-        let why = layer
-            .baseline_reason
-            .as_deref()
-            .unwrap_or("no ideal was computed");
-        let numbers = format!(
-            "its own error on the target's own inputs is up to {:.3e} (mean {:.3e}, {:.2} steps root mean square; rounding alone is 0.29)",
-            own.0, own.1, grid.rms_steps
-        );
-        if grid.too_narrow() {
-            return (
-                Cause::QuantizationRange,
-                format!("{} ({numbers})", clipped()),
-                Finding::Defect,
-            );
-        }
-        return (
-            Cause::PrecisionLoss,
-            format!(
-                "the target quantizes this layer to {}; {numbers}; it is not held to an ideal quantized computation ({why}), so a kernel defect inside it cannot be ruled out",
-                grid.describe()
-            ),
-            Finding::Precision,
-        );
-    };
-    let numbers = format!(
-        "on the target's own inputs the ideal {g} computation errs by up to {:.3e} (mean {:.3e}), the target by {:.3e} (mean {:.3e}, {:.2} steps root mean square; rounding alone is 0.29)",
-        b.max_abs_diff,
-        b.mean_abs_diff,
-        own.0,
-        own.1,
-        grid.rms_steps,
-        g = grid.dtype
-    );
-    if grid.too_narrow() {
-        return (
-            Cause::QuantizationRange,
-            format!("{} ({numbers})", clipped()),
-            Finding::Defect,
-        );
-    }
-    if b.beyond() {
-        return (
-            Cause::OpImplementation,
-            format!(
-                "its own error is {:.1}× what quantization to {} explains ({numbers}): the target's {} computes differently",
-                b.multiple,
-                grid.describe(),
-                e.ops_words()
-            ),
-            Finding::Defect,
-        );
-    }
-    let how = e
-        .precision
-        .as_deref()
-        .map_or(String::new(), |how| format!(" ({how})"));
-    (
-        Cause::PrecisionLoss,
-        format!(
-            "the target quantizes this layer to {}{how}; its own error is {:.2}× what the quantization explains ({numbers})",
-            grid.describe(),
-            b.multiple
-        ),
-        Finding::Precision,
-    )
 }
 
 /// The verdict of a layer whose own error could not be held to a baseline: the float64 truth

@@ -63,6 +63,13 @@ pub(super) fn fix(cause: Cause, layer: &Layer, e: &Evidence) -> String {
             "{where_} add(s) up its terms in {grid}: run it in float32, or under autocast (whose kernels accumulate in float32), where its sum matters (a gradient an optimizer applies, a long dot product); or use a kernel that accumulates in float32",
             grid = layer.baseline.as_ref().map_or("the narrow dtype", |b| b.grid.as_str())
         ),
+        Cause::Approximation => format!(
+            "nothing for these tolerances: {where_} approximate(s) beyond an honest {} kernel, and what it adds stays within every tolerance of this run; a runtime's validation fails on it with `--fail-on approximation`, and `layerdiff reduce` cuts it down to a repro for the runtime's maintainers",
+            layer
+                .baseline
+                .as_ref()
+                .map_or("same-precision", |b| b.grid.as_str())
+        ),
         Cause::Nondeterminism => format!(
             "{where_} give(s) other values on every run: make the kernels deterministic (e.g. `torch.use_deterministic_algorithms(True)`, cuDNN's deterministic mode), or compare at a tolerance above that spread"
         ),

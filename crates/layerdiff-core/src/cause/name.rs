@@ -23,6 +23,10 @@ pub enum Cause {
     QuantizationRange,
     /// The target's kernel computes differently from an honest one (defect).
     OpImplementation,
+    /// The target's kernel computes beyond what an honest one explains, and its effect stays
+    /// within every tolerance: an approximation, named, failing only on
+    /// `--fail-on approximation`.
+    Approximation,
     /// The target computes what its file says, and the file is not the model (defect).
     FileDiffers,
     /// The target's own code passes a framework call other arguments (defect).
@@ -39,7 +43,7 @@ pub enum Cause {
 
 impl Cause {
     /// Every cause, in the order `docs/causes.md` lists them.
-    pub const ALL: [Cause; 14] = [
+    pub const ALL: [Cause; 15] = [
         Self::Inherited,
         Self::LayoutPermutation,
         Self::ShapeMismatch,
@@ -48,6 +52,7 @@ impl Cause {
         Self::FileDiffers,
         Self::ArgumentMismatch,
         Self::OpImplementation,
+        Self::Approximation,
         Self::NarrowAccumulation,
         Self::QuantizationRange,
         Self::PrecisionLoss,
@@ -67,6 +72,7 @@ impl Cause {
             Self::PrecisionLoss => "precision_loss",
             Self::QuantizationRange => "quantization_range",
             Self::OpImplementation => "op_implementation",
+            Self::Approximation => "approximation",
             Self::FileDiffers => "file_differs",
             Self::ArgumentMismatch => "argument_mismatch",
             Self::NarrowAccumulation => "narrow_accumulation",

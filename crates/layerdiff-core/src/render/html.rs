@@ -231,6 +231,21 @@ fn defects(report: &Report) -> String {
         }
         out.push_str("</ol>\n");
     }
+    if !s.approximations.is_empty() {
+        out.push_str("<h2>Approximations</h2>\n<ol id=\"approximations\">\n");
+        for a in &s.approximations {
+            let index = report.layers.iter().position(|l| l.name == a.layer);
+            let _ = writeln!(
+                out,
+                "<li><a href=\"#layer-{}\"><code>{}</code></a>: {}<br><b>Fix:</b> {}</li>",
+                index.unwrap_or_default(),
+                escape(&a.layer),
+                prose(&super::text::approximation_words(a)),
+                prose(&a.fix)
+            );
+        }
+        out.push_str("</ol>\n");
+    }
     if let Some(p) = &s.precision {
         let _ = writeln!(
             out,

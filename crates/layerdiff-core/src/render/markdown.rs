@@ -20,6 +20,7 @@ pub(crate) fn finding_word(f: crate::Finding) -> &'static str {
         crate::Finding::Precision => "precision",
         crate::Finding::Inherited => "inherited",
         crate::Finding::Undecided => "undecided",
+        crate::Finding::Approximation => "approximation",
     }
 }
 
@@ -31,6 +32,7 @@ pub fn to_markdown(report: &Report) -> String {
     let s = &report.summary;
     defects(&mut out, s);
     narrow_accumulation(&mut out, s);
+    approximations(&mut out, s);
     if let Some(p) = &s.precision {
         let _ = writeln!(
             out,
@@ -159,6 +161,32 @@ fn defects(out: &mut String, s: &crate::Summary) {
                 cell(&d.fix)
             );
         }
+    }
+}
+
+/// The kernels that approximate within every tolerance.
+fn approximations(out: &mut String, s: &crate::Summary) {
+    if s.approximations.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\n## Approximations\n\nKernels beyond what an honest kernel in their precision explains, whose effect stays within every tolerance of the run: not defects (`--fail-on approximation` fails on them).\n"
+    );
+    let _ = writeln!(
+        out,
+        "| layer | ops | × what precision explains | × its tolerance | fix |\n|---|---|---:|---:|---|"
+    );
+    for a in &s.approximations {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.1} | {:.2} | {} |",
+            code(&a.layer),
+            cell(&a.ops),
+            a.multiple,
+            a.tolerance_multiple,
+            cell(&a.fix)
+        );
     }
 }
 

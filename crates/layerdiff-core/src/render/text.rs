@@ -1,7 +1,7 @@
 //! The short text summary the command prints: verdict, counts, origin, worst layers.
 
 use crate::cause::overflows;
-use crate::{Defect, NarrowKernel, PrecisionDrift, Report, Verdict};
+use crate::{Approximation, Defect, NarrowKernel, PrecisionDrift, Report, Verdict};
 
 /// The short summary printed to stdout: verdict, counts, origin, worst layers.
 pub fn to_text(report: &Report) -> String {
@@ -122,6 +122,20 @@ fn findings(out: &mut String, report: &Report) {
             s.narrow_accumulation.len() - SHOWN_DEFECTS
         ));
     }
+    for a in s.approximations.iter().take(SHOWN_DEFECTS) {
+        out.push_str(&format!(
+            "  approximation at `{}`: {}\n    fix: {}\n",
+            a.layer,
+            approximation_words(a),
+            a.fix
+        ));
+    }
+    if s.approximations.len() > SHOWN_DEFECTS {
+        out.push_str(&format!(
+            "  … and {} more approximation(s), in the report\n",
+            s.approximations.len() - SHOWN_DEFECTS
+        ));
+    }
     if let Some(p) = &s.precision {
         out.push_str(&format!(
             "  precision: {}\n",
@@ -208,10 +222,7 @@ const SHOWN_DEFECTS: usize = 5;
 /// The precision drift in one line: where it is born, how many layers it takes past their
 /// tolerance, how far it grows, and any overflow.
 pub(crate) fn precision_words(p: &PrecisionDrift, compared: usize) -> String {
-    let born = p
-        .origin
-        .as_deref()
-        .map_or(String::new(), |o| format!(", born at `{o}`"));
+    let born = born_words(p);
     let output = p.output.as_deref().map_or(String::new(), |o| match p.output_nonfinite {
         0 => format!(
             "; the output `{o}` is off by {:.3e} ({:.1}× its tolerance)",
@@ -239,6 +250,19 @@ pub(crate) fn precision_words(p: &PrecisionDrift, compared: usize) -> String {
     format!("{} rounding{born}: {own}{output}{overflow}", p.dtype)
 }
 
+/// Where the precision drift shows, in words: `, born at `o`` where the origin's own
+/// rounding exceeds its tolerance, `, first past its tolerance at `o`, from the rounding of
+/// `s`` where it carries another's past it; empty without an origin.
+pub(crate) fn born_words(p: &PrecisionDrift) -> String {
+    match (p.origin.as_deref(), p.source.as_deref()) {
+        (None, _) => String::new(),
+        (Some(o), None) => format!(", born at `{o}`"),
+        (Some(o), Some(s)) => {
+            format!(", first past its tolerance at `{o}`, from the rounding of `{s}`")
+        }
+    }
+}
+
 /// A layer that accumulates in the narrow dtype, in words.
 pub(crate) fn narrow_words(k: &NarrowKernel) -> String {
     format!(
@@ -247,6 +271,35 @@ pub(crate) fn narrow_words(k: &NarrowKernel) -> String {
         k.multiple,
         k.narrow_multiple,
         d = k.dtype
+    )
+}
+
+/// A layer whose kernel approximates, in words.
+pub(crate) fn approximation_words(a: &Approximation) -> String {
+    format!(
+        "its {} is {:.1}× what an honest {} kernel's error explains, within every tolerance (its own error {:.2}× its tolerance)",
+        a.ops, a.multiple, a.dtype, a.tolerance_multiple
+    )
+}
+
+/// The layers whose kernel approximates, for the verdict's line (empty when none).
+fn approximation_clause(s: &crate::Summary) -> String {
+    let Some(first) = s.approximations.first() else {
+        return String::new();
+    };
+    let n = s.approximations.len();
+    let named: Vec<String> = (s.approximations.iter().take(3))
+        .map(|a| format!("`{}` {} ({:.1}×)", a.layer, a.ops, a.multiple))
+        .collect();
+    let more = if n > 3 {
+        format!(" and {} more", n - 3)
+    } else {
+        String::new()
+    };
+    format!(
+        "{n} kernel(s) approximate beyond what an honest {} kernel explains, within every tolerance: {}{more}",
+        first.dtype,
+        named.join(", ")
     )
 }
 
@@ -315,10 +368,11 @@ pub(crate) fn verdict(report: &Report) -> String {
                         p.dtype
                     ),
                 });
-            let narrow = match narrow_clause(s) {
-                c if c.is_empty() => c,
-                c => format!("; besides, {c}"),
-            };
+            let narrow: String = [narrow_clause(s), approximation_clause(s)]
+                .into_iter()
+                .filter(|c| !c.is_empty())
+                .map(|c| format!("; besides, {c}"))
+                .collect();
             format!(
                 "{n} defect{}: {}{more}{narrow}{besides}",
                 if n == 1 { "" } else { "s" },
@@ -338,11 +392,16 @@ pub(crate) fn verdict(report: &Report) -> String {
             } else {
                 String::new()
             };
-            let narrow = narrow_clause(s);
-            if !narrow.is_empty() {
+            let kernels: Vec<String> = [narrow_clause(s), approximation_clause(s)]
+                .into_iter()
+                .filter(|c| !c.is_empty())
+                .collect();
+            if !kernels.is_empty() {
                 return format!(
-                    "{dtype} precision, no defect, but {narrow}{but}; {} of {} compared layers exceed their tolerance",
-                    s.layers_exceeding, s.layers_compared
+                    "{dtype} precision, no defect, but {}{but}; {} of {} compared layers exceed their tolerance",
+                    kernels.join("; "),
+                    s.layers_exceeding,
+                    s.layers_compared
                 );
             }
             // where no layer's value exceeds, layers' own re-runs did: said so, not "born"
@@ -354,7 +413,7 @@ pub(crate) fn verdict(report: &Report) -> String {
                 (Some(o), n) if s.layers_exceeding == 0 && n > 0 => format!(
                     ", {n} only when re-run alone on the reference's inputs, by its own rounding, at `{o}`"
                 ),
-                (Some(o), _) => format!(", born at `{o}`"),
+                (Some(_), _) => p.map_or(String::new(), born_words),
             };
             format!(
                 "{dtype} rounding only: no layer computes differently{but}; {} of {} compared layers exceed their tolerance{born}",
@@ -379,73 +438,18 @@ pub(crate) fn verdict(report: &Report) -> String {
                 .as_deref()
                 .unwrap_or("part of the model was not compared")
         ),
-        Verdict::NoDrift => format!(
-            "no drift: all {} compared layers within tolerance",
-            s.layers_compared
-        ),
+        Verdict::NoDrift => {
+            let approximations = match approximation_clause(s) {
+                c if c.is_empty() => c,
+                c => format!("; but {c}"),
+            };
+            format!(
+                "no drift: all {} compared layers within tolerance{approximations}",
+                s.layers_compared
+            )
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rounding_that_exceeds_only_in_a_layers_own_re_run_is_not_said_to_be_born_of_none() {
-        // A float16 EfficientNet-B0 (timm): no layer's value exceeds its tolerance, one layer's
-        // own re-run does, by its rounding. It read "0 of 264 compared layers exceed their
-        // tolerance, born at `blocks.0.0.bn1`".
-        let mut report = Report::of_layers("m", Vec::new());
-        let s = &mut report.summary;
-        (s.verdict, s.layers_compared, s.layers_exceeding) = (Verdict::Precision, 264, 0);
-        s.layers_exceeding_locally = 1;
-        s.precision = Some(PrecisionDrift {
-            dtype: "float16".into(),
-            origin: Some("bn1".into()),
-            layers: 1,
-            overflow: 0,
-            output: Some("classifier".into()),
-            output_max_abs_diff: 6e-8,
-            output_tolerance_multiple: 1e-4,
-            output_nonfinite: 0,
-        });
-        assert_eq!(
-            verdict(&report),
-            "float16 rounding only: no layer computes differently; 0 of 264 compared layers exceed their tolerance, 1 only when re-run alone on the reference's inputs, by its own rounding, at `bn1`"
-        );
-        report.summary.layers_exceeding = 45;
-        assert_eq!(
-            verdict(&report),
-            "float16 rounding only: no layer computes differently; 45 of 264 compared layers exceed their tolerance, born at `bn1`"
-        );
-    }
-
-    #[test]
-    fn an_output_that_overflowed_is_said_so_not_off_by_nothing() {
-        // A naive softmax in float16 (torch:fp16): its exp overflows, the output is NaN in
-        // all 80 elements. It read "the output `fc2` is off by 0.000e0 (inf× its tolerance)".
-        let mut p = PrecisionDrift {
-            dtype: "float16".into(),
-            origin: Some("fc1".into()),
-            layers: 3,
-            overflow: 1,
-            output: Some("fc2".into()),
-            output_max_abs_diff: 0.0,
-            output_tolerance_multiple: f64::INFINITY,
-            output_nonfinite: 80,
-        };
-        assert_eq!(
-            precision_words(&p, 6),
-            "float16 rounding, born at `fc1`: 3 of 6 compared layers exceed their tolerance by their own rounding; the output `fc2` is NaN or ±Inf in 80 element(s) where the reference's are finite; 1 layer(s) overflow float16's range to ±Inf (keep them in float32)"
-        );
-        (
-            p.output_nonfinite,
-            p.output_max_abs_diff,
-            p.output_tolerance_multiple,
-        ) = (0, 2e-3, 4.0);
-        assert!(
-            precision_words(&p, 6)
-                .contains("; the output `fc2` is off by 2.000e-3 (4.0× its tolerance)")
-        );
-    }
-}
+mod tests;

@@ -232,6 +232,10 @@ pub enum Finding {
     Precision,
     /// Its own error is within its tolerance: the difference comes from upstream.
     Inherited,
+    /// Its kernel computes beyond what its precision explains, and the effect stays within
+    /// every tolerance (its own, its value's, and no layer after it exceeds by it): an
+    /// approximation, named in the summary; not a defect unless `--fail-on approximation`.
+    Approximation,
     /// Its own error exceeds its tolerance and nothing measured tells rounding from a defect.
     Undecided,
 }

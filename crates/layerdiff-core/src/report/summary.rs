@@ -39,6 +39,11 @@ pub struct Summary {
     /// when none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub narrow_accumulation: Vec<NarrowKernel>,
+    /// Layers whose kernel computes beyond what its precision explains while what it adds stays
+    /// within every tolerance (`approximation`): named, most beyond first; not defects,
+    /// `--fail-on approximation` fails on them. Left out when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub approximations: Vec<Approximation>,
     /// The drift the target's precision explains, when layers exceed their tolerance by it.
     pub precision: Option<PrecisionDrift>,
     /// Where the drift is born: the first defect (or undecided layer) in execution order, else
@@ -92,25 +97,31 @@ pub enum Verdict {
 pub enum FailOn {
     /// On a defect, an undecided layer, an inconclusive run, or values that overflow the
     /// target's dtype: what a precision the target was meant to run in does not explain or
-    /// does not survive. Rounding alone passes.
+    /// does not survive. Rounding alone passes, and so do kernels that accumulate in the narrow
+    /// dtype or approximate within every tolerance (named all the same).
     #[default]
     Defect,
-    /// On any layer beyond its tolerance, rounding included.
+    /// On any layer beyond its tolerance, rounding included, and as on `Defect`.
     Drift,
     /// As on `Defect`, and on a kernel that accumulates in the narrow dtype
     /// ([`Summary::narrow_accumulation`]).
     Accumulation,
+    /// As on `Accumulation`, and on a kernel that approximates within every tolerance
+    /// ([`Summary::approximations`]): every kernel beyond what an honest one explains fails,
+    /// the strict reading a runtime's validation asks for.
+    Approximation,
 }
 
 impl FailOn {
-    /// Parses `--fail-on`: `defect`, `accumulation` or `drift`.
+    /// Parses `--fail-on`: `defect`, `accumulation`, `approximation` or `drift`.
     pub fn parse(text: &str) -> Result<Self, String> {
         match text {
             "defect" | "defects" => Ok(Self::Defect),
             "drift" => Ok(Self::Drift),
             "accumulation" => Ok(Self::Accumulation),
+            "approximation" | "approximations" => Ok(Self::Approximation),
             _ => Err(format!(
-                "`--fail-on` takes `defect`, `accumulation` or `drift`, got `{text}`"
+                "`--fail-on` takes `defect`, `accumulation`, `approximation` or `drift`, got `{text}`"
             )),
         }
     }
@@ -119,12 +130,19 @@ impl FailOn {
 impl Summary {
     /// Whether the run fails under `fail_on` (see [`FailOn`]).
     pub fn fails(&self, fail_on: FailOn) -> bool {
+        let kernels = match fail_on {
+            FailOn::Accumulation => !self.narrow_accumulation.is_empty(),
+            FailOn::Approximation => {
+                !self.narrow_accumulation.is_empty() || !self.approximations.is_empty()
+            }
+            FailOn::Defect | FailOn::Drift => false,
+        };
         match self.verdict {
-            Verdict::NoDrift => false,
+            Verdict::NoDrift => kernels,
             Verdict::Defect | Verdict::Undecided | Verdict::Inconclusive => true,
             Verdict::Precision => {
                 fail_on == FailOn::Drift
-                    || (fail_on == FailOn::Accumulation && !self.narrow_accumulation.is_empty())
+                    || kernels
                     || self.precision.as_ref().is_some_and(|p| p.overflow > 0)
             }
         }
@@ -194,15 +212,41 @@ pub struct NarrowKernel {
     pub fix: String,
 }
 
+/// A layer whose kernel approximates: beyond what an honest kernel in its precision explains,
+/// while what it adds stays within every tolerance of the run (see
+/// [`Summary::approximations`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Approximation {
+    /// The layer.
+    pub layer: String,
+    /// The target's ops that compute it (`Erf`; a module's class where a side has no nodes).
+    pub ops: String,
+    /// The dtype an honest kernel is held to.
+    pub dtype: String,
+    /// Its own error as a multiple of what that dtype explains.
+    #[serde(serialize_with = "crate::render::float")]
+    pub multiple: f64,
+    /// Its own error as a multiple of its tolerance (below 1).
+    #[serde(serialize_with = "crate::render::float")]
+    pub tolerance_multiple: f64,
+    /// What to do about it.
+    pub fix: String,
+}
+
 /// The drift a target's lower (or different) rounding explains: where it is born, how far it
 /// grows, and how many layers it takes past their tolerance.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PrecisionDrift {
     /// The dtype the target rounds to (`float16`, `bfloat16`, `float32`).
     pub dtype: String,
-    /// Where it is born: the first layer whose own rounding exceeds its tolerance, or the
-    /// layer an amplified rounding error is traced back to.
+    /// Where it shows: the first layer past its tolerance by rounding, its own (where its own
+    /// error exceeds) or what it amplifies of the rounding before it (`source`).
     pub origin: Option<String>,
+    /// Whose rounding the origin amplifies past its tolerance, where the origin's own error
+    /// stays within it: the upstream layer its difference is traced back to. Left out when the
+    /// origin's own rounding exceeds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
     /// Layers whose own error exceeds their tolerance by rounding alone.
     pub layers: usize,
     /// Layers whose values overflow the target dtype's range (±Inf where the reference is

@@ -50,6 +50,19 @@ pub trait Baseline: Send + Sync {
         None
     }
 
+    /// The reduction's terms of the layer of reference value `value` measured here, on the
+    /// inputs [`Baseline::exact`] computes it on: asked only of a layer beyond what its
+    /// precision explains without them (a long float32 reduction summed in another order).
+    /// `None` where the source does not measure them.
+    fn measure_reduction<'a>(
+        &self,
+        _value: &str,
+        _grid: DType,
+        _feed: &dyn Fn(&str) -> Fed<'a>,
+    ) -> Option<(u64, Tensor)> {
+        None
+    }
+
     /// Time spent inside the runtimes computing exact values since the last call (none for
     /// handed values: their framework's time is counted where it computes them).
     fn take_time(&self) -> Duration {

@@ -80,11 +80,14 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                 }
                 if held_bytes >= limit {
                     let beyond = held.compare_local(&mut self.layers, std::mem::take(&mut runs));
+                    let beyond =
+                        held.with_reductions(&mut self.layers, self.baseline.as_deref(), beyond);
                     held.as_written(&mut self.layers, &self.groups, recompute, beyond);
                     held_bytes = 0;
                 }
             }
             let beyond = held.compare_local(&mut self.layers, runs);
+            let beyond = held.with_reductions(&mut self.layers, self.baseline.as_deref(), beyond);
             held.as_written(&mut self.layers, &self.groups, recompute, beyond);
             // the baseline's float64 evaluation is inference too, as PyTorch's is where it
             // hands its float64 values over

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use layerdiff_core::{Inside, Report, Tensor};
+use layerdiff_core::{Inside, Measure, Report, Tensor};
 use layerdiff_onnx::Model;
 
 use super::MOST_NODES;
@@ -69,7 +69,7 @@ pub fn inside_fusion(
         {
             continue;
         }
-        let tried = pieces.run(&[n], &value, layer.tolerance)?;
+        let tried = pieces.run(&[n], &value, &Measure::Tolerance(layer.tolerance))?;
         if tried.multiple > 1.0 {
             let member =
                 crate::engine::evidence::node_member(&pieces.target_model().graph().node[n]);

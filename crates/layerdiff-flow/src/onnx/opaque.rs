@@ -133,7 +133,7 @@ impl Search<'_> {
         let (mut lo, mut hi) = (0, self.index.nodes().len());
         let whole = self.range(lo, hi)?;
         say(format!(
-            "opaque: the whole graph, run unmodified: {:.2}× what its precision explains",
+            "opaque: the whole graph, run unmodified: {:.2}× what its precision explains (the verdict's multiple)",
             whole.multiple
         ));
         let deviates = whole.deviates;

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use layerdiff_core::{Bound, Judge, Tensor, compare_judged};
+use layerdiff_core::{Bound, Judge, Measure, Tensor, compare_judged};
 use layerdiff_onnx::{GraphIndex, Model, expose_values, extract_nodes};
 use layerdiff_runtime::RuntimeSpec;
 
@@ -33,7 +33,8 @@ pub(crate) struct Tried {
     pub feeds: Vec<(String, Tensor)>,
     pub got: Tensor,
     pub expected: Tensor,
-    /// Its difference as a multiple of the tolerance.
+    /// Its difference as a multiple of what the layer's finding is measured by (its tolerance,
+    /// or its honest kernel's allowance: `layerdiff_core::Measure`).
     pub multiple: f64,
     pub max_abs_diff: f64,
 }
@@ -133,7 +134,7 @@ impl Pieces {
     }
 
     /// Runs `piece` (node indices) on the target's runtime for `value`, judged by `bound`.
-    pub(crate) fn run(&self, piece: &[usize], value: &str, bound: Bound) -> Result<Tried> {
+    pub(crate) fn run(&self, piece: &[usize], value: &str, measure: &Measure) -> Result<Tried> {
         let value_of = |name: &str| self.values.iter().find(|(n, _)| n == name).map(|(_, t)| t);
         let feeds = feeds_of(&self.index, piece, &self.inputs, &value_of)?;
         let wanted = [value.to_string()];
@@ -146,7 +147,7 @@ impl Pieces {
         let expected = value_of(value)
             .ok_or_else(|| Error::Usage(format!("no reference value of `{value}`")))?
             .clone();
-        let (multiple, max_abs_diff) = judged(bound, &expected, &got)?;
+        let (multiple, max_abs_diff) = measure.judge(expected.view(), got.view())?;
         Ok(Tried {
             model,
             feeds,

@@ -231,7 +231,17 @@ pub fn to_text(report: &CheckReport) -> String {
         report.rtol,
         if report.passed { "pass" } else { "FAIL" }
     );
-    if let Some(how) = &report.narrowed {
+    // an output beyond the bound by the narrower dtype's rounding says why, with the how, in
+    // its own sentence; otherwise the narrowing is said once here
+    let narrowed_fails = |o: &OutputCheck| {
+        let beyond = o.stats.rounding.as_ref().map_or(0, |r| r.beyond_tolerance);
+        o.float64
+            .as_ref()
+            .is_some_and(|f| !f.beyond && f.grid.is_some() && beyond > 0)
+    };
+    if let Some(how) = &report.narrowed
+        && !report.outputs.iter().any(narrowed_fails)
+    {
         out.push_str(&format!("  the target: {how}\n"));
     }
     for o in &report.outputs {
@@ -268,6 +278,15 @@ pub fn to_text(report: &CheckReport) -> String {
                     } else {
                         ""
                     }
+                )
+            } else if narrowed_fails(o) {
+                let g = f.grid.as_deref().unwrap_or_default();
+                format!(
+                    "it fails the bound only because the target computes in {g}, whose rounding this is{}",
+                    report
+                        .narrowed
+                        .as_deref()
+                        .map_or(String::new(), |how| format!(": {how}"))
                 )
             } else {
                 "rounding".to_string()
@@ -351,5 +370,38 @@ mod tests {
         // 2% off is beyond what bfloat16 explains too
         let off = side(DType::BF16, &exact, 1.02);
         assert!(judged(&off, Some(DType::BF16)).beyond);
+    }
+
+    #[test]
+    fn an_output_that_fails_by_the_narrower_dtype_s_rounding_says_so_and_how_in_one_sentence() {
+        // `layerdiff check … --target openvino` on a CPU with AVX512_BF16 printed FAIL for the
+        // output and "rounding" under it, with the how on a line of its own.
+        let mut rng = layerdiff_core::SplitMix64::new(5);
+        let exact: Vec<f64> = (0..512).map(|_| rng.normal()).collect();
+        let out = |t: Tensor| vec![("logits".to_string(), t)];
+        let truth = out(Tensor::from_f64(DType::F64, &exact));
+        let how = "OpenVINO's CPU plugin computes float32 in bf16 here; `openvino:precision=f32` runs it in full float32";
+        let report = CheckReport::new(
+            "m",
+            ("pytorch", "openvino"),
+            Bound {
+                atol: 1e-4,
+                rtol: 1e-5,
+            },
+            &out(side(DType::F32, &exact, 1.0)),
+            &out(side(DType::BF16, &exact, 1.0)),
+            Some(&truth),
+            Some((DType::BF16, how.to_string())),
+        )
+        .unwrap();
+        assert!(!report.passed);
+        let text = to_text(&report);
+        assert!(!text.contains("  the target: "), "{text}");
+        assert!(
+            text.contains(&format!(
+                "it fails the bound only because the target computes in bfloat16, whose rounding this is: {how}"
+            )),
+            "{text}"
+        );
     }
 }

@@ -11,12 +11,12 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use layerdiff_core::{Layer, Report, Tensor, write_safetensors};
+use layerdiff_core::{Layer, Measure, Report, Tensor, write_safetensors};
 use layerdiff_onnx::{GraphIndex, Model, extract_nodes};
 use layerdiff_runtime::RuntimeSpec;
 
 use crate::onnx::OnnxOptions;
-use crate::onnx::pieces::{Pieces, Tried, judged};
+use crate::onnx::pieces::{Pieces, Tried};
 use crate::{Error, Result};
 
 mod module;
@@ -41,13 +41,16 @@ pub struct Repro {
     pub named: Option<String>,
     /// Its nodes' names (their op where unnamed), in graph order.
     pub nodes: Vec<String>,
-    /// Whether the target's run of the piece exceeds the tolerance: when not, the folder holds
-    /// the largest piece tried, and says so.
+    /// Whether the target's run of the piece shows the finding (beyond the tolerance, or, for
+    /// a finding within it, beyond what precision explains: `measure`): when not, the folder
+    /// holds the largest piece tried, and says so.
     pub reproduced: bool,
     /// The target's largest difference from the reference's value, on the piece.
     pub max_abs_diff: f64,
-    /// That difference as a multiple of the tolerance.
+    /// Its difference as a multiple of `measure`.
     pub multiple: f64,
+    /// What the piece is held to: what the report judged the layer by.
+    pub measure: Measure,
 }
 
 impl Repro {
@@ -63,9 +66,10 @@ impl Repro {
     pub fn sentence(&self) -> String {
         let nodes = self.nodes.len();
         let plural = if nodes == 1 { "node" } else { "nodes" };
+        let of = self.measure.words();
         if self.reproduced {
             format!(
-                "repro of {}: {nodes} {plural} ({}) in {}, checked: the target differs by {:.3e}, {:.1}× the tolerance (python repro.py)",
+                "repro of {}: {nodes} {plural} ({}) in {}, checked: the target differs by {:.3e}, {:.1}× {of} (python repro.py)",
                 self.shown(),
                 self.nodes.join(", "),
                 self.folder.display(),
@@ -74,7 +78,7 @@ impl Repro {
             )
         } else {
             format!(
-                "no repro of {} within {nodes} {plural}: on the piece the target stays within the tolerance ({:.1}×), so the difference needs more of the model; the largest piece tried is in {}",
+                "no repro of {} within {nodes} {plural}: on the piece the target stays within {of} ({:.1}×), so the difference needs more of the model; the largest piece tried is in {}",
                 self.shown(),
                 self.multiple,
                 self.folder.display()
@@ -112,10 +116,11 @@ pub fn onnx(
     pieces.compute_reference(&all)?;
     let mut piece: Vec<usize> = Vec::new();
     let mut tried = None;
+    let measure = Measure::of(layer);
     for ring in &rings {
         piece.extend(ring);
-        let run = pieces.run(&piece, &value, layer.tolerance)?;
-        let shown = run.multiple > 1.0;
+        let run = pieces.run(&piece, &value, &measure)?;
+        let shown = measure.shows(run.multiple);
         tried = Some(run);
         if shown {
             break;
@@ -138,6 +143,7 @@ pub fn onnx(
         target: &pieces.target_spec,
         command,
         folder,
+        measure,
     };
     written.write(tried, names)
 }
@@ -154,6 +160,8 @@ struct Written<'a> {
     target: &'a RuntimeSpec,
     command: &'a str,
     folder: &'a Path,
+    /// What the piece is held to.
+    measure: Measure,
 }
 
 impl Written<'_> {
@@ -171,9 +179,10 @@ impl Written<'_> {
                 .filter(|l| l.value == self.value && self.layer.name != self.value)
                 .map(|_| self.layer.name.clone()),
             nodes: names,
-            reproduced: tried.multiple > 1.0,
+            reproduced: self.measure.shows(tried.multiple),
             max_abs_diff: tried.max_abs_diff,
             multiple: tried.multiple,
+            measure: self.measure.clone(),
         };
         let facts = script::Facts {
             report: self.report,
@@ -272,7 +281,8 @@ pub fn framework_piece(
     let piece = extract_nodes(&model, &picked, &wanted, &feeds)?;
     let runtime = target.build(ort_library)?;
     let got = runtime.run(&piece, &feeds, &wanted)?.remove(0).1;
-    let (multiple, max_abs_diff) = judged(layer.tolerance, &expected, &got)?;
+    let measure = Measure::of(layer);
+    let (multiple, max_abs_diff) = measure.judge(expected.view(), got.view())?;
     let tried = Tried {
         model: piece,
         feeds,
@@ -303,6 +313,7 @@ pub fn framework_piece(
         target,
         command,
         folder,
+        measure,
     };
     written.write(tried, names)
 }

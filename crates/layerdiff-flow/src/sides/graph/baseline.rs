@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use layerdiff_core::{DType, Tensor};
-use layerdiff_onnx::{Model, to_float64_lazy};
+use layerdiff_onnx::{Model, NodeExt, to_float64, to_float64_lazy};
 use layerdiff_runtime::PerNode;
 
 use super::GraphSide;
@@ -88,6 +88,104 @@ impl GraphBaseline {
     }
 }
 
+/// The ops whose every output element sums products of its inputs: their terms are measured
+/// by the same op on the squares of its inputs and weights.
+const REDUCTIONS: [&str; 3] = ["Conv", "MatMul", "Gemm"];
+
+impl GraphBaseline {
+    /// The terms of the one reduction `group` computes `value` by (a Conv, MatMul or Gemm
+    /// alone): how many each element sums, and per element `√Σ term²`, by the same node in
+    /// float64 on the squares of what [`GraphBaseline::group_exact`] feeds it and of its weights
+    /// rounded to `grid` (a Gemm's `alpha` and `beta` squared too). `None` for any other group.
+    fn reduction<'a>(
+        &self,
+        group: &Group,
+        value: &str,
+        grid: DType,
+        feed: &dyn Fn(&str) -> Fed<'a>,
+    ) -> Option<(u64, Tensor)> {
+        let [member] = group.members[..] else {
+            return None;
+        };
+        let node = &self.side.model.graph().node[member];
+        if !REDUCTIONS.contains(&node.op_type()) {
+            return None;
+        }
+        let shape = |i: usize| -> Option<Vec<usize>> {
+            let name = node.input.get(i)?;
+            match feed(name) {
+                Ok((tensor, _)) => Some(tensor.shape.clone()),
+                Err(_) => {
+                    let stored = self.side.model.stored(name)?.ok()?;
+                    Some(stored.view().shape.to_vec())
+                }
+            }
+        };
+        let transposed = |name: &str| node.attr_i64(name).ok() == Some(1);
+        let terms = match node.op_type() {
+            "Conv" => shape(1)?.iter().skip(1).product::<usize>(),
+            "MatMul" => *shape(0)?.last()?,
+            _ => {
+                let a = shape(0)?;
+                *a.get(usize::from(!transposed("transA")))?
+            }
+        };
+        let squared = |t: &Tensor| {
+            let v = t.view();
+            let values: Vec<f64> = (0..v.numel()).map(|i| v.get_f64(i).powi(2)).collect();
+            Tensor::from_f64(DType::F64, &values)
+        };
+        let rounded = |n: &str| {
+            let (tensor, held) = feed(n)?;
+            let to = if held.narrower_than(grid) { held } else { grid };
+            Ok(squared(&tensor.view().to_f64_on_grid(to)))
+        };
+        let sums = self.side.run_group_with(group, value, &rounded, &|model| {
+            let lazy = to_float64_lazy(model, Some(grid))
+                .map_err(|e| format!("cannot make its float64 copy: {e}"))?;
+            *model = to_float64(&lazy).map_err(|e| format!("cannot make its float64 copy: {e}"))?;
+            squared_weights(model);
+            Ok(())
+        });
+        let sums = sums.ok()?;
+        let sums = sums.view();
+        let rss: Vec<f64> = (0..sums.numel())
+            .map(|i| sums.get_f64(i).max(0.0).sqrt())
+            .collect();
+        Some((terms as u64, Tensor::from_f64(DType::F64, &rss)))
+    }
+}
+
+/// A float64 model's weights and scalar factors (a Gemm's `alpha`, `beta`) squared in place.
+fn squared_weights(model: &mut Model) {
+    let graph = model.graph_mut();
+    for tensor in &mut graph.initializer {
+        if tensor.data_type() != 11 {
+            continue;
+        }
+        let raw = tensor.raw_data.clone().unwrap_or_default();
+        let squares: Vec<u8> = raw
+            .chunks_exact(8)
+            .flat_map(|b| {
+                f64::from_le_bytes(b.try_into().expect("8 bytes"))
+                    .powi(2)
+                    .to_le_bytes()
+            })
+            .collect();
+        tensor.raw_data = Some(squares.into());
+        tensor.double_data = tensor.double_data.iter().map(|v| v * v).collect();
+    }
+    for node in &mut graph.node {
+        for attribute in &mut node.attribute {
+            if matches!(attribute.name(), "alpha" | "beta")
+                && let Some(f) = attribute.f.as_mut()
+            {
+                *f *= *f;
+            }
+        }
+    }
+}
+
 impl Baseline for GraphBaseline {
     fn find_groups(&mut self, values: &[&str], known: &dyn Fn(&str) -> bool) {
         for &value in values {
@@ -113,6 +211,16 @@ impl Baseline for GraphBaseline {
         };
         self.group_exact(group, value, grid, feed)
             .map_err(|e| format!("the float64 reference could not compute it: {e}"))
+    }
+
+    fn measure_reduction<'a>(
+        &self,
+        value: &str,
+        grid: DType,
+        feed: &dyn Fn(&str) -> Fed<'a>,
+    ) -> Option<(u64, Tensor)> {
+        let group = self.groups.get(value)?.as_ref().ok()?;
+        self.reduction(group, value, grid, feed)
     }
 
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any {

@@ -1,0 +1,107 @@
+//! The run's conclusion from its layers' findings: the verdict, the precision drift and
+//! where it shows, and the drift origin.
+
+use crate::{Finding, Layer, PrecisionDrift, Summary, Verdict};
+
+/// The summary's verdict, precision drift and drift origin, from the layers' findings
+/// (`quantized`: the layers whose precision is a quantization's, with its grid).
+pub(super) fn conclude(
+    layers: &[Layer],
+    summary: &mut Summary,
+    quantized: &std::collections::HashMap<String, String>,
+) {
+    let own = |l: &Layer| l.own_exceeds() || l.own_beyond();
+    let failing = layers.iter().find(|l| {
+        matches!(l.finding, Some(Finding::Defect | Finding::Undecided))
+            && (own(l) || summary.is_source(l))
+    });
+    let precision: Vec<&Layer> = layers
+        .iter()
+        .filter(|l| l.finding == Some(Finding::Precision))
+        .collect();
+    // Where the precision drift shows: the first layer past its tolerance by rounding (its
+    // own, or what it inherits and amplifies, `source` naming whose rounding that is); where
+    // none is past it, the first whose own error is beyond what its precision explains or
+    // that an exceeding layer's error is traced back to.
+    let past = layers.iter().find(|l| {
+        (l.exceeds_tol || l.local_exceeds)
+            && matches!(l.finding, Some(Finding::Precision | Finding::Inherited))
+    });
+    let first_precision = precision.iter().find(|l| own(l) || summary.is_source(l));
+    let (precision_origin, source) = match past {
+        Some(l) if !precision.is_empty() => {
+            let amplified = !(l.local_exceeds || (l.local.is_none() && l.exceeds_tol));
+            let source = l.error_from.clone().filter(|_| amplified);
+            (Some(l.name.clone()), source)
+        }
+        _ => (first_precision.map(|l| l.name.clone()), None),
+    };
+    summary.precision = precision_origin.as_ref().map(|origin| {
+        let mut grids: Vec<(String, usize)> = Vec::new();
+        for l in &precision {
+            // a layer the target quantizes rounds to its integer grid, whatever float ideal
+            // its kernel was held to (TFLite's int8 read "float32 rounding" beside "the
+            // target quantizes this layer to int8")
+            let on_grid = l.quantization.as_ref().map(|q| q.dtype.clone());
+            let grid = on_grid
+                .or_else(|| l.baseline.as_ref().map(|b| b.grid.clone()))
+                .or_else(|| {
+                    if let Some(grid) = quantized.get(&l.name) {
+                        return Some(grid.clone());
+                    }
+                    crate::lower_precision(&l.dtype, l.target_dtype.as_deref())
+                        .map(|d| d.name().to_string())
+                });
+            if let Some(g) = grid {
+                match grids.iter_mut().find(|(d, _)| *d == g) {
+                    Some((_, n)) => *n += 1,
+                    None => grids.push((g, 1)),
+                }
+            }
+        }
+        let output = layers.iter().rev().find(|l| l.accumulated.is_some());
+        let stats = output.and_then(|l| l.accumulated.as_ref());
+        PrecisionDrift {
+            dtype: grids
+                .into_iter()
+                .max_by_key(|(_, n)| *n)
+                .map_or_else(|| "float32".to_string(), |(g, _)| g),
+            origin: Some(origin.clone()),
+            source: source.clone(),
+            layers: precision.iter().filter(|l| own(l)).count(),
+            overflow: precision.iter().filter(|l| overflows(l)).count(),
+            output: output.map(|l| l.name.clone()),
+            output_max_abs_diff: stats.map_or(0.0, |s| s.max_abs_diff),
+            output_tolerance_multiple: stats
+                .and_then(crate::Stats::tolerance_multiple)
+                .unwrap_or(0.0),
+            output_nonfinite: stats.map_or(0, crate::Stats::nonfinite_target),
+        }
+    });
+    if let Some(first) = failing {
+        summary.drift_origin = Some(first.name.clone());
+    } else if precision_origin.is_some() {
+        summary.drift_origin = precision_origin;
+    }
+    let undecided = layers
+        .iter()
+        .any(|l| l.finding == Some(Finding::Undecided) && (own(l) || summary.is_source(l)));
+    summary.verdict = if !summary.defects.is_empty() {
+        Verdict::Defect
+    } else if undecided {
+        Verdict::Undecided
+    } else if summary.precision.is_some() {
+        Verdict::Precision
+    } else if summary.inconclusive.is_some() {
+        Verdict::Inconclusive
+    } else {
+        Verdict::NoDrift
+    };
+}
+
+/// Whether the target's own values of a layer overflow to ±Inf where the reference's are
+/// finite.
+pub(crate) fn overflows(layer: &Layer) -> bool {
+    let own = layer.local.as_ref().or(layer.accumulated.as_ref());
+    own.is_some_and(|s| s.nonfinite_target() > 0)
+}
