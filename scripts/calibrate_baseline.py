@@ -42,12 +42,20 @@ from layerdiff._keras_zoo import KERAS_MODELS as KERAS_ZOO
 from layerdiff.torch import compare_torch_onnx
 from layerdiff.torch.models import ZOO, load_builder
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from calibration_files import DECODE_EDITS, EDITS, dynamic_int8, int4  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs/metrics.md"
 BEGIN, END = "<!-- calibration: begin -->", "<!-- calibration: end -->"
 TARGETS = (
     "onnx fp16", "onnx int8", "onnx dynamic int8", "openvino", "torch:bf16", "torch:amp-bf16",
+    "file tract", "file ort:opt=all",
 )  # fmt: skip
+# `file RUNTIME`: `layerdiff onnx EXPORT --target RUNTIME`, the export against itself on ONNX
+# Runtime (its default target is tract): what a user runs first on a file, whose runtimes'
+# kernels approximate (tract's Erf, Tanh and Exp; ONNX Runtime's fused kernels at opt=all)
+# and add long reductions up in other orders (tract's Conv with K = 4608 in ResNet-50)
 KERAS_TARGETS = (
     "ort", "openvino", "xla", "tflite", "tflite:fp16", "tflite:int8", "tflite:dynamic",
 )  # fmt: skip
@@ -55,6 +63,12 @@ KERAS_TARGETS = (
 # which `layerdiff keras` says with exit 2 and a hint
 NO_ONNX = {"keras_encoder"}
 GRAD_TARGETS = ("torch:bf16", "torch:fp16")
+# `layerdiff torch CHECKPOINT --decode-steps 2 --onnx FILE`: a transformers decoder
+# (tests/builders/checkpoints.py) against its own export (`float`), that export quantized by
+# ONNX Runtime's dynamic quantizer (int8 weights, MatMulInteger) and by its MatMulNBits
+# quantizer (int4 in blocks of 32), at the prefill and two steps that read the cache
+DECODERS = ("llama", "qwen2", "gpt2")
+DECODE_FILES = ("float", "dynamic int8", "int4")
 REPORTS = {"onnx fp16": "fp16", "torch:bf16": "bf16"}  # examples/reports/NAME_SUFFIX.json
 # planted faults: (builder in tests/builders/narrow_kernels.py, forward or grad, target,
 # the layer it must be found at, the cause it must have there)
@@ -87,6 +101,18 @@ FAULTS = [
     # one weight scale ×1.3 in a file quantized by ONNX Runtime's dynamic quantizer
     ("bert dynamic int8", "file", "ort", "model.encoder.layer.0.attention.self.value",
      "weight_mismatch"),
+    # no fault planted: tract's Erf, an approximation within every tolerance, at an MLP's
+    # small activations (tests/builders/approximations.py), on the default `layerdiff onnx`
+    # target
+    ("approximations", "file", "file tract", "erf_1", "approximation"),
+    # decoders under --decode-steps 2 (DECODE_EDITS): a dynamic int8 weight scale ×1.3, one
+    # int4 block's scale ×1.3, positions one too far or a mask one token short where the file
+    # is given a cache
+    ("llama dynamic int8", "decode", "ort", "model.layers.0.self_attn.v_proj",
+     "weight_mismatch"),
+    ("qwen2 int4", "decode", "ort", "model.layers.1.mlp.down_proj", "weight_mismatch"),
+    ("llama float", "decode", "ort", "model.rotary_emb", "file_differs"),
+    ("gpt2 float", "decode", "ort", "transformer.h.0.attn:add", "file_differs"),
 ]  # fmt: skip
 # the subset `--quick` runs: (model, target) clean rows, Keras rows, gradients, faults by index
 QUICK = {
@@ -95,82 +121,7 @@ QUICK = {
     "keras": [("keras_cnn", "tflite:int8")],
     "grad": [("bert", "torch:bf16")],
     "faults": [10, 15, 17],
-}  # fmt: skip
-
-
-def _attribute(op: str, index: int, name: str, value):
-    """An edit: attribute `name` of the `index`-th `op` node set to `value`."""
-
-    def edit(model) -> None:
-        from onnx import helper
-
-        node = [n for n in model.graph.node if n.op_type == op][index]
-        kept = [a for a in node.attribute if a.name != name]
-        del node.attribute[:]
-        node.attribute.extend([*kept, helper.make_attribute(name, value)])
-
-    return edit
-
-
-def _folded_divisor(model) -> None:
-    """An edit: one element of the constant a Div divides by (folded from two buffers) ×1.05."""
-    from onnx import numpy_helper
-
-    div = next(n for n in model.graph.node if n.op_type == "Div")
-    folded = next(i for i in model.graph.initializer if i.name == div.input[1])
-    values = numpy_helper.to_array(folded).copy()
-    values[3] *= 1.05
-    folded.CopyFrom(numpy_helper.from_array(values, folded.name))
-
-
-def _scaled(name: str, factor: float):
-    """An edit: the initializer `name` scaled by `factor`."""
-
-    def edit(model) -> None:
-        from onnx import numpy_helper
-
-        weight = next(i for i in model.graph.initializer if i.name == name)
-        values = numpy_helper.to_array(weight)
-        weight.CopyFrom(numpy_helper.from_array((values * factor).astype(values.dtype), name))
-
-    return edit
-
-
-def _conv_weight(output: str, factor: float):
-    """An edit: the weight of the Conv that writes `output` scaled by `factor`."""
-
-    def edit(model) -> None:
-        conv = next(n for n in model.graph.node if output in n.output)
-        _scaled(conv.input[1], factor)(model)
-
-    return edit
-
-
-def _dynamic_scale(index: int, factor: float):
-    """An edit of a dynamically quantized file: the weight scale of its `index`-th
-    MatMulInteger scaled by `factor`."""
-
-    def edit(model) -> None:
-        product = [n for n in model.graph.node if n.op_type == "MatMulInteger"][index]
-        _scaled(product.input[1].removesuffix("_quantized") + "_scale", factor)(model)
-
-    return edit
-
-
-# how each `file` fault makes and edits its model's file: (the model, its exporter, whether
-# ONNX Runtime's dynamic quantizer quantizes the export first, the edit): a LayerNorm's
-# epsilon, a Gemm's alpha, a constant the exporter folded, weights, a weight scale
-EDITS = {
-    "bert": ("bert", "dynamo", False, _attribute("LayerNormalization", 3, "epsilon", 0.05)),
-    "resnet18": ("resnet18", "dynamo", False, _attribute("Gemm", 0, "alpha", 1.01)),
-    "edited_files": ("edited_files", "dynamo", False, _folded_divisor),
-    "efficientnet_b0": (
-        "efficientnet_b0", "dynamo", False, _scaled("features.2.0.block.2.fc1.weight", 1.1),
-    ),
-    "resnet18 legacy": (
-        "resnet18", "legacy", False, _conv_weight("/layer2/layer2.0/conv1/Conv_output_0", 1.05),
-    ),
-    "bert dynamic int8": ("bert", "dynamo", True, _dynamic_scale(2, 1.3)),
+    "decode": [("llama", "dynamic int8")],
 }  # fmt: skip
 
 
@@ -184,31 +135,33 @@ class _Committed:
         self.committed = committed
 
 
-def _dynamic_int8(path: Path, out: Path) -> Path:
-    """`path` quantized by ONNX Runtime's dynamic quantizer (int8 weights) into `out`."""
-    import logging
+def _cli(*args: str) -> _Committed:
+    """`layerdiff ARGS --json …`, in a process of its own: its report, read back."""
+    import subprocess
+    import tempfile
 
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    # The dynamo exporter's value_info disagrees with what the quantizer's shape inference
-    # makes of a Gemm ("Inferred shape and existing shape differ"): it is inferred again.
-    model = onnx.load(str(path))
-    del model.graph.value_info[:]
-    onnx.save(model, str(out))
-    logging.disable(logging.WARNING)  # its advice to pre-process first, for every file
-    try:
-        quantize_dynamic(str(out), str(out), weight_type=QuantType.QInt8)
-    finally:
-        logging.disable(logging.NOTSET)
-    model = onnx.load(str(out))
-    model.ir_version = min(model.ir_version, 10)  # what ONNX Runtime 1.31 reads
-    onnx.save(model, str(out))
-    return out
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "r.json"
+        done = subprocess.run(
+            [sys.executable, "-m", "layerdiff", *args, "--json", str(out), "--quiet"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if done.returncode not in (0, 1) or not out.is_file():
+            said = done.stderr.strip().splitlines()
+            raise RuntimeError(said[-1] if said else f"exit {done.returncode}, no report")
+        return _Committed(out, committed=False)
 
 
 def run(name: str, target: str):
     model, inputs = load_builder(name)(0)
+    if target.startswith("file "):
+        import tempfile
+
+        from layerdiff.torch import export_onnx
+
+        with tempfile.TemporaryDirectory() as folder:
+            path = export_onnx(model, inputs, Path(folder) / "model.onnx")
+            return _cli("onnx", str(path), "--target", target.split()[1], "--seed", "0")
     if target in ("onnx fp16", "onnx int8"):
         return compare_torch_onnx(model, inputs, dtype=target.split()[1], seed=0)
     if target == "openvino":
@@ -220,7 +173,7 @@ def run(name: str, target: str):
 
         with tempfile.TemporaryDirectory() as folder:
             path = export_onnx(model, inputs, Path(folder) / "model.onnx")
-            quantized = _dynamic_int8(path, Path(folder) / "model.int8.onnx")
+            quantized = dynamic_int8(path, Path(folder) / "model.int8.onnx")
             return compare_torch_onnx(model, inputs, onnx=quantized, seed=0)
     return layerdiff.compare_torch(model, inputs, target=target, seed=0)
 
@@ -228,20 +181,66 @@ def run(name: str, target: str):
 def keras_run(name: str, target: str):
     """`layerdiff keras NAME --target TARGET`, in a process of its own: TensorFlow and PyTorch
     do not share one (tests/conftest.py)."""
+    return _cli("keras", name, "--target", target, "--seed", "0")
+
+
+class _Steps:
+    """The reports of a decoder's points (`layerdiff torch … --decode-steps --out DIR`) read as
+    one for a row: the worst verdict, every distinct defect, every layer."""
+
+    ORDER = ("defect", "undecided", "inconclusive", "precision", "no_drift")
+
+    def __init__(self, folder: Path):
+        reports = sorted(folder.glob("*/report.json"))
+        points = [_Committed(report, committed=False) for report in reports]
+        verdicts = [p.summary["verdict"] for p in points]
+        defects, seen = [], set()
+        for d in (d for p in points for d in p.summary["defects"]):
+            if (d["layer"], d["cause"]) not in seen:
+                seen.add((d["layer"], d["cause"]))
+                defects.append(d)
+        narrow = [k for p in points for k in p.summary.get("narrow_accumulation", [])]
+        self.summary = {
+            "verdict": min(verdicts, key=self.ORDER.index),
+            "defects": defects,
+            "narrow_accumulation": narrow,
+        }
+        self.layers = [layer for p in points for layer in p.layers]
+        self.committed = False
+
+
+def decoded(name: str, file: str, edit=None) -> _Steps:
+    """`layerdiff torch CHECKPOINT --decode-steps 2 --onnx FILE`, FILE the checkpoint's own
+    decoder export as `file` makes it (`float`, `dynamic int8`, `int4`), edited by `edit`."""
     import subprocess
     import tempfile
 
+    sys.path.insert(0, str(ROOT / "tests"))
+    from builders import checkpoints
+
     with tempfile.TemporaryDirectory() as folder:
-        out = Path(folder) / "r.json"
+        folder = Path(folder)
+        checkpoint = checkpoints.save(name, folder / "checkpoint")
+        command = [sys.executable, "-m", "layerdiff", "torch", str(checkpoint), "--decode-steps",
+                   "2", "--quiet"]  # fmt: skip
+        done = subprocess.run([*command, "--out", str(folder / "clean")], capture_output=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"the float decoder is not clean (exit {done.returncode})")
+        path = folder / "clean" / "model.onnx"
+        if file == "dynamic int8":
+            path = dynamic_int8(path, folder / "model.int8.onnx")
+        elif file == "int4":
+            path = int4(path, folder / "model.int4.onnx")
+        if edit is not None:
+            path = edit(path, folder / "edited.onnx")
         done = subprocess.run(
-            [sys.executable, "-m", "layerdiff", "keras", name, "--target", target, "--seed", "0",
-             "--json", str(out), "--quiet"],
+            [*command, "--onnx", str(path), "--out", str(folder / "run")],
             capture_output=True, text=True,
         )  # fmt: skip
-        if done.returncode not in (0, 1) or not out.is_file():
+        if done.returncode not in (0, 1):
             said = done.stderr.strip().splitlines()
-            raise RuntimeError(said[-1] if said else f"exit {done.returncode}, no report")
-        return _Committed(out, committed=False)
+            raise RuntimeError(said[-1] if said else f"exit {done.returncode}")
+        return _Steps(folder / "run")
 
 
 def grad(name: str, target: str):
@@ -255,6 +254,9 @@ def fault(builder: str, kind: str, target: str):
 
     from builders import narrow_kernels
 
+    if kind == "decode":
+        name, file, edit = DECODE_EDITS[builder]
+        return decoded(name, file, edit)
     if kind == "file":
         import tempfile
 
@@ -270,10 +272,12 @@ def fault(builder: str, kind: str, target: str):
         with tempfile.TemporaryDirectory() as folder:
             path = export_onnx(model, inputs, Path(folder) / "model.onnx", exporter=exporter)
             if dynamic:
-                path = _dynamic_int8(path, Path(folder) / "model.int8.onnx")
+                path = dynamic_int8(path, Path(folder) / "model.int8.onnx")
             edited = onnx.load(str(path))
             edit(edited)
             onnx.save(edited, str(path))
+            if target.startswith("file "):  # `layerdiff onnx FILE --target RUNTIME`
+                return _cli("onnx", str(path), "--target", target.split()[1], "--seed", "0")
             return compare_torch_onnx(model, inputs, onnx=path, target=target, seed=0)
     if hasattr(narrow_kernels, builder):
         model, inputs = getattr(narrow_kernels, builder)()
@@ -290,12 +294,20 @@ def row(what: str, target: str, report, seconds: float, expected: str = "no defe
     multiples = [float(x["baseline"]["multiple"]) for x in report.layers if x.get("baseline")]
     worst = max(multiples, default=0.0)
     defects = ", ".join(f"`{d['layer']}` {d['cause']}" for d in s["defects"]) or "none"
-    kernels = [f"`{k['layer']}`" for k in s.get("narrow_accumulation", [])]
-    narrow = ", ".join(kernels[:3]) + (f" and {len(kernels) - 3} more" if len(kernels) > 3 else "")
+
+    def named(kind: str, show) -> str:
+        found = [show(k) for k in s.get(kind, [])]
+        more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+        return ", ".join(found[:3]) + more or "none"
+
+    narrow = named("narrow_accumulation", lambda k: f"`{k['layer']}`")
+    approximations = named(
+        "approximations", lambda a: f"`{a['layer']}` {a['ops']} {float(a['multiple']):.1f}×"
+    )
     took = "`make reports`" if getattr(report, "committed", False) else f"{seconds:.0f} s"
     return (
-        f"| {what} | {target} | {expected} | {s['verdict']} | {defects} | {narrow or 'none'} | "
-        f"{worst:.2f} | {len(multiples)} | {took} |"
+        f"| {what} | {target} | {expected} | {s['verdict']} | {defects} | {narrow} | "
+        f"{approximations} | {worst:.2f} | {len(multiples)} | {took} |"
     )
 
 
@@ -303,8 +315,9 @@ def found(report, layer: str, cause: str) -> bool:
     """Whether a planted fault is the headline: the one defect at its layer with its cause, or
     (a kernel that accumulates in the narrow dtype) named as such there, with no defect."""
     s = report.summary
-    if cause == "narrow_accumulation":
-        named = [k["layer"] for k in s.get("narrow_accumulation", [])]
+    if cause in ("narrow_accumulation", "approximation"):
+        kind = {"approximation": "approximations"}.get(cause, cause)
+        named = [k["layer"] for k in s.get(kind, [])]
         return named == [layer] and not s["defects"]
     return [(d["layer"], d["cause"]) for d in s["defects"]] == [(layer, cause)]
 
@@ -318,11 +331,10 @@ def evaluate(job: tuple) -> tuple[str, bool]:
         if kind == "committed":
             report = _Committed(arguments[0])
         else:
-            report = {"forward": run, "keras": keras_run, "grad": grad, "fault": fault}[kind](
-                *arguments
-            )
+            runs = {"forward": run, "keras": keras_run, "grad": grad, "fault": fault}
+            report = {**runs, "decode": decoded}[kind](*arguments)
     except Exception as e:
-        return f"| {what} | {target} | {expected} | broke: {type(e).__name__}: {e} |||||", True
+        return f"| {what} | {target} | {expected} | broke: {type(e).__name__}: {e} ||||||", True
     line = row(what, target, report, time.perf_counter() - start, expected)
     if check is None:
         return line, bool(report.summary["defects"])
@@ -344,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-reports", action="store_true")
     parser.add_argument("--no-grad", action="store_true", help="leave out the gradient rows")
     parser.add_argument("--no-faults", action="store_true", help="leave out the planted faults")
+    parser.add_argument(
+        "--no-decode", action="store_true", help="leave out the decoders' --decode-steps rows"
+    )
     parser.add_argument("--quick", action="store_true", help="the subset `make test` runs")
     parser.add_argument(
         "--executor", choices=("local", "ray"), default="local",
@@ -352,9 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     args = parser.parse_args(argv)
     lines = [
-        "| model | target | expected | verdict | defects | narrow accumulation | "
+        "| model | target | expected | verdict | defects | narrow accumulation | approximations | "
         "largest multiple | layers with a baseline | time |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     names = [m for m in args.models.split(",") if m]  # `--models ""`: the faults alone
     targets = [t for t in args.targets.split(",") if t]
@@ -370,9 +385,12 @@ def main(argv: list[str] | None = None) -> int:
         if not (m in NO_ONNX and t in ("ort", "openvino"))
     ]
     grads = [] if args.no_grad else [(m, t) for m in names for t in GRAD_TARGETS]
+    decodes = [] if args.no_decode else [(m, f) for m in DECODERS for f in DECODE_FILES]
     faults = [] if args.no_faults else list(range(len(FAULTS)))
     if args.quick:
-        forward, keras, grads, faults = (QUICK[k] for k in ("forward", "keras", "grad", "faults"))
+        forward, keras, grads, faults, decodes = (
+            QUICK[k] for k in ("forward", "keras", "grad", "faults", "decode")
+        )
         args.no_write = True
 
     def clean(m: str, t: str) -> tuple:
@@ -384,6 +402,10 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [clean(m, t) for m, t in forward]
     jobs += [("keras", m, t, "no defect", None, (m, t)) for m, t in keras]
     jobs += [("grad", f"{m} gradients", t, "no defect", None, (m, t)) for m, t in grads]
+    jobs += [
+        ("decode", f"{m} {f} decoder", "--decode-steps 2", "no defect", None, (m, f))
+        for m, f in decodes
+    ]
     for b, kind, t, layer, cause in (FAULTS[i] for i in faults):
         jobs.append(
             ("fault", f"{b} ({kind})", t, f"`{layer}` {cause}", (layer, cause), (b, kind, t))

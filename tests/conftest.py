@@ -145,22 +145,6 @@ def pytest_report_header(config):
     return None
 
 
-# Checkpoint folders as `save_pretrained` writes them, for tests/test_checkpoint.py and
-# tests/test_decode.py: a config class, a model class and the config (random weights, seed 0).
-_SMALL = {"vocab_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4}
-CHECKPOINTS = {
-    "llama": ("LlamaConfig", "LlamaForCausalLM",
-              {**_SMALL, "hidden_size": 64, "intermediate_size": 160, "num_key_value_heads": 2,
-               "max_position_embeddings": 64}),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM",
-              {**_SMALL, "hidden_size": 64, "intermediate_size": 160, "num_key_value_heads": 2,
-               "max_position_embeddings": 64}),
-    "gpt2": ("GPT2Config", "GPT2LMHeadModel",
-             {"vocab_size": 512, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 16,
-              "bos_token_id": 0, "eos_token_id": 0}),
-}  # fmt: skip
-
-
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory):
     """`name` → a folder `save_pretrained` wrote: random weights from seed 0, stored in bfloat16
@@ -169,15 +153,11 @@ def checkpoint(tmp_path_factory):
 
     def folder(name):
         if name not in made:
-            torch = pytest.importorskip("torch")
-            transformers = pytest.importorskip("transformers")
-            config_class, model_class, config = CHECKPOINTS[name]
-            torch.manual_seed(0)
-            model = getattr(transformers, model_class)(
-                getattr(transformers, config_class)(**config)
-            )
-            made[name] = tmp_path_factory.mktemp(name)
-            model.to(torch.bfloat16).save_pretrained(made[name])
+            pytest.importorskip("torch")
+            pytest.importorskip("transformers")
+            from builders import checkpoints
+
+            made[name] = checkpoints.save(name, tmp_path_factory.mktemp(name))
         return made[name]
 
     return folder

@@ -1,7 +1,7 @@
 """The calibration corpus's quick subset (`scripts/calibrate_baseline.py --quick`): a clean row
 of each kind of side (an ONNX float16 file, a dynamic int8 file, OpenVINO, PyTorch bfloat16,
-TFLite int8, bfloat16 gradients) must read no defect, and the planted faults that take seconds
-(a dtype-dependent epsilon, a weight whose layer stays under the absolute tolerance, a dynamic
+TFLite int8, bfloat16 gradients, a dynamic int8 decoder under `--decode-steps`) must read no
+defect, and the planted faults that take seconds (a dtype-dependent epsilon, a weight whose layer stays under the absolute tolerance, a dynamic
 int8 file's weight scale) must each be found at their layer with their cause. `make calibrate`
 runs the whole corpus."""
 
@@ -24,5 +24,5 @@ def test_the_quick_calibration_subset_reads_every_row_as_expected(capsys):
     assert code == 0, table
     assert "broke" not in table and "**missed**" not in table, table
     # every kind of row ran: clean forward, Keras, gradients, the faults
-    assert table.count("| no defect |") == 6, table
+    assert table.count("| no defect |") == 7, table
     assert "`features.2.0.block.2.fc1` weight_mismatch" in table, table

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 onnx = pytest.importorskip("onnx")
 
-from conftest import CHECKPOINTS  # noqa: E402
+from builders.checkpoints import CHECKPOINTS  # noqa: E402
 from faults import producer, scale_weight  # noqa: E402
 from layerdiff import UsageError  # noqa: E402
 

@@ -130,9 +130,9 @@ def test_a_cnn_gets_its_float64_truth_node_by_node(resnet18_onnx):
 
 def test_a_float16_file_on_both_sides_loses_no_precision_to_itself(tmp_path):
     """The same float16 file on ONNX Runtime and tract: its float16 bias is on both sides, so
-    it is no evidence of lost precision. The Add where the two round differently is the origin:
-    its own error stays within what an honest float16 kernel makes, so it is rounding (a ×16
-    downstream makes the output exceed) and the run passes."""
+    it is no evidence of lost precision. The Add where the two round differently is the source:
+    its own error stays within what an honest float16 kernel makes, so it is rounding, and the
+    ×16 downstream, where the output exceeds, is the origin; the run passes."""
     import torch
     from torch import nn
 
@@ -156,16 +156,23 @@ def test_a_float16_file_on_both_sides_loses_no_precision_to_itself(tmp_path):
     result, report = _report(tmp_path, str(path), "--target", "tract")
     assert result.returncode == 0, result.stdout
     assert "float16 rounding only: no layer computes differently" in result.stdout
-    origin = next(x for x in report["layers"] if x["name"] == report["summary"]["drift_origin"])
-    assert origin["name"] == "/proj/Add_output_0"
-    assert origin["cause"] == "rounding", origin["detail"]
+    # the ×16 is where the drift first passes a tolerance (the origin), the Add's rounding
+    # what it amplifies (the source)
+    s = report["summary"]
+    assert s["drift_origin"] == "10" and s["precision"]["source"] == "/proj/Add_output_0", s
+    assert "first past its tolerance at `10`, from the rounding of `/proj/Add_output_0`" in (
+        result.stdout.splitlines()[0]
+    )
+    source = next(x for x in report["layers"] if x["name"] == "/proj/Add_output_0")
+    assert source["cause"] == "rounding", source["detail"]
     # the float16 bias both sides hold is no lost precision: an honest float16 kernel's rounding
-    assert origin["detail"].startswith("the target rounds as an honest float16 kernel does")
-    assert "amplified downstream until `10` exceeds it" in origin["detail"]
+    assert source["detail"].startswith("the target rounds as an honest float16 kernel does")
+    assert "amplified downstream until `10` exceeds it" in source["detail"]
 
     result, report = _report(tmp_path, str(path), "--target", "tract", "--float64")
-    origin = next(x for x in report["layers"] if x["name"] == report["summary"]["drift_origin"])
-    assert origin["cause"] == "rounding", origin["detail"]
+    source = next(x for x in report["layers"] if x["name"] == "/proj/Add_output_0")
+    assert source["cause"] == "rounding", source["detail"]
+    assert report["summary"]["precision"]["source"] == "/proj/Add_output_0"
 
 
 def test_gelu_and_erf_get_their_float64_truth_from_layerdiffs_own_kernels(tmp_path):

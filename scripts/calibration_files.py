@@ -1,0 +1,178 @@
+"""The calibration corpus's files (scripts/calibrate_baseline.py): how each is made from a
+model's export (ONNX Runtime's dynamic int8 and int4 quantizers) and how each planted fault
+edits it (an attribute, a folded constant, a weight, a weight scale, a decoder's positions or
+mask)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def attribute(op: str, index: int, name: str, value):
+    """An edit: attribute `name` of the `index`-th `op` node set to `value`."""
+
+    def edit(model) -> None:
+        from onnx import helper
+
+        node = [n for n in model.graph.node if n.op_type == op][index]
+        kept = [a for a in node.attribute if a.name != name]
+        del node.attribute[:]
+        node.attribute.extend([*kept, helper.make_attribute(name, value)])
+
+    return edit
+
+
+def folded_divisor(model) -> None:
+    """An edit: one element of the constant a Div divides by (folded from two buffers) ×1.05."""
+    from onnx import numpy_helper
+
+    div = next(n for n in model.graph.node if n.op_type == "Div")
+    folded = next(i for i in model.graph.initializer if i.name == div.input[1])
+    values = numpy_helper.to_array(folded).copy()
+    values[3] *= 1.05
+    folded.CopyFrom(numpy_helper.from_array(values, folded.name))
+
+
+def scaled(name: str, factor: float):
+    """An edit: the initializer `name` scaled by `factor`."""
+
+    def edit(model) -> None:
+        from onnx import numpy_helper
+
+        weight = next(i for i in model.graph.initializer if i.name == name)
+        values = numpy_helper.to_array(weight)
+        weight.CopyFrom(numpy_helper.from_array((values * factor).astype(values.dtype), name))
+
+    return edit
+
+
+def conv_weight(output: str, factor: float):
+    """An edit: the weight of the Conv that writes `output` scaled by `factor`."""
+
+    def edit(model) -> None:
+        conv = next(n for n in model.graph.node if output in n.output)
+        scaled(conv.input[1], factor)(model)
+
+    return edit
+
+
+def dynamic_scale(index: int, factor: float):
+    """An edit of a dynamically quantized file: the weight scale of its `index`-th
+    MatMulInteger scaled by `factor`."""
+
+    def edit(model) -> None:
+        product = [n for n in model.graph.node if n.op_type == "MatMulInteger"][index]
+        scaled(product.input[1].removesuffix("_quantized") + "_scale", factor)(model)
+
+    return edit
+
+
+# how each `file` fault makes and edits its model's file: (the model, its exporter, whether
+# ONNX Runtime's dynamic quantizer quantizes the export first, the edit): a LayerNorm's
+# epsilon, a Gemm's alpha, a constant the exporter folded, weights, a weight scale
+EDITS = {
+    "bert": ("bert", "dynamo", False, attribute("LayerNormalization", 3, "epsilon", 0.05)),
+    "resnet18": ("resnet18", "dynamo", False, attribute("Gemm", 0, "alpha", 1.01)),
+    "edited_files": ("edited_files", "dynamo", False, folded_divisor),
+    "efficientnet_b0": (
+        "efficientnet_b0", "dynamo", False, scaled("features.2.0.block.2.fc1.weight", 1.1),
+    ),
+    "resnet18 legacy": (
+        "resnet18", "legacy", False, conv_weight("/layer2/layer2.0/conv1/Conv_output_0", 1.05),
+    ),
+    "bert dynamic int8": ("bert", "dynamo", True, dynamic_scale(2, 1.3)),
+    "approximations": ("approximations", "dynamo", False, lambda model: None),
+}  # fmt: skip
+
+
+def block_scale(value: str, factor: float):
+    """An edit of an int4 file: one block's scale of the MatMulNBits that writes `value`
+    scaled by `factor`."""
+
+    def edit(model) -> None:
+        from onnx import numpy_helper
+
+        node = next(n for n in model.graph.node if n.output[0] == value)
+        scales = next(i for i in model.graph.initializer if i.name == node.input[2])
+        values = numpy_helper.to_array(scales).copy()
+        values.flat[5] *= factor
+        scales.CopyFrom(numpy_helper.from_array(values, scales.name))
+
+    return edit
+
+
+def in_file(edit):
+    """`edit` (of a loaded model) as an edit of a file: `src` edited into `dst`."""
+
+    def edit_file(src: Path, dst: Path) -> Path:
+        import onnx
+
+        model = onnx.load(str(src))
+        edit(model)
+        onnx.save(model, str(dst))
+        return dst
+
+    return edit_file
+
+
+def positions_off(src: Path, dst: Path) -> Path:
+    """A decoder's file whose position ids are one too far where it is given a cache
+    (tests/faults.py)."""
+    from faults import positions_off_with_cache
+
+    return positions_off_with_cache(src, dst)
+
+
+def mask_short(src: Path, dst: Path) -> Path:
+    """A decoder's file whose attention mask is one token short where it is given a cache
+    (tests/faults.py)."""
+    from faults import mask_short_with_cache
+
+    return mask_short_with_cache(src, dst)
+
+
+# how each `decode` fault makes and edits its decoder's file: (the checkpoint, the file, the
+# edit of the file)
+DECODE_EDITS = {
+    "llama dynamic int8": ("llama", "dynamic int8", in_file(dynamic_scale(2, 1.3))),
+    "qwen2 int4": ("qwen2", "int4", in_file(block_scale("linear_13", 1.3))),
+    "llama float": ("llama", "float", positions_off),
+    "gpt2 float": ("gpt2", "float", mask_short),
+}
+
+
+def dynamic_int8(path: Path, out: Path) -> Path:
+    """`path` quantized by ONNX Runtime's dynamic quantizer (int8 weights) into `out`."""
+    import logging
+
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    # The dynamo exporter's value_info disagrees with what the quantizer's shape inference
+    # makes of a Gemm ("Inferred shape and existing shape differ"): it is inferred again.
+    model = onnx.load(str(path))
+    del model.graph.value_info[:]
+    onnx.save(model, str(out))
+    logging.disable(logging.WARNING)  # its advice to pre-process first, for every file
+    try:
+        quantize_dynamic(str(out), str(out), weight_type=QuantType.QInt8)
+    finally:
+        logging.disable(logging.NOTSET)
+    model = onnx.load(str(out))
+    model.ir_version = min(model.ir_version, 10)  # what ONNX Runtime 1.31 reads
+    onnx.save(model, str(out))
+    return out
+
+
+def int4(path: Path, out: Path) -> Path:
+    """`path` quantized to 4 bits in blocks of 32 by ONNX Runtime's MatMulNBitsQuantizer, as
+    int4 decoders ship."""
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    quantizer = MatMulNBitsQuantizer(onnx.load(str(path)), block_size=32, is_symmetric=True)
+    quantizer.process()
+    model = quantizer.model.model
+    model.ir_version = min(model.ir_version, 10)
+    onnx.save(model, str(out))
+    return out
