@@ -23,6 +23,9 @@ pub enum Cause {
     QuantizationRange,
     /// The target's kernel computes differently from an honest one (defect).
     OpImplementation,
+    /// A module compiled as one with its submodules computes differently from it eager, while
+    /// each of its leaves compiled alone agrees: the compiler's work across modules (defect).
+    CrossModuleFusion,
     /// The target computes what its file says, and the file is not the model (defect).
     FileDiffers,
     /// The target's own code passes a framework call other arguments (defect).
@@ -39,7 +42,7 @@ pub enum Cause {
 
 impl Cause {
     /// Every cause, in the order `docs/causes.md` lists them.
-    pub const ALL: [Cause; 14] = [
+    pub const ALL: [Cause; 15] = [
         Self::Inherited,
         Self::LayoutPermutation,
         Self::ShapeMismatch,
@@ -48,6 +51,7 @@ impl Cause {
         Self::FileDiffers,
         Self::ArgumentMismatch,
         Self::OpImplementation,
+        Self::CrossModuleFusion,
         Self::NarrowAccumulation,
         Self::QuantizationRange,
         Self::PrecisionLoss,
@@ -67,6 +71,7 @@ impl Cause {
             Self::PrecisionLoss => "precision_loss",
             Self::QuantizationRange => "quantization_range",
             Self::OpImplementation => "op_implementation",
+            Self::CrossModuleFusion => "cross_module_fusion",
             Self::FileDiffers => "file_differs",
             Self::ArgumentMismatch => "argument_mismatch",
             Self::NarrowAccumulation => "narrow_accumulation",
