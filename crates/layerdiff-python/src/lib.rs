@@ -4,6 +4,7 @@
 mod axis;
 mod captured;
 mod check;
+mod compiled;
 mod exceptions;
 mod layer;
 mod memory;
@@ -455,6 +456,7 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(memory::heap_for_streaming, m)?)?;
     m.add_function(wrap_pyfunction!(interrupt_signal, m)?)?;
     m.add_class::<CapturedRun>()?;
+    m.add_class::<compiled::ModuleSearch>()?;
     m.add_class::<layer::CapturedLayer>()?;
     m.add_class::<Options>()?;
     m.add_class::<Command>()?;
