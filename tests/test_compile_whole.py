@@ -1,0 +1,60 @@
+"""A torch.compile target across modules (`--target torch:compile`): the layers are compared
+with each leaf compiled alone, so a block that computes differently only when compiled as a
+whole (tests/builders/compiled_block.py: its own code, between its leaves, scales by 1.01 when
+compiled) passes every layer. The whole model compiled at once must then be the finding: a
+defect at the smallest module whose compiled form differs (the block, two levels down), found
+by a search that compiles a few subtrees, not every module; its clean twin stays clean."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import ROOT, run_cli
+
+pytest.importorskip("torch")
+
+BUILDER = ROOT / "tests/builders/compiled_block.py"
+
+
+def test_a_block_that_differs_only_compiled_whole_is_found_at_that_block(tmp_path):
+    report = tmp_path / "r.json"
+    done = run_cli("torch", f"{BUILDER}:build", "--target", "torch:compile",
+                   "--json", str(report))  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    data = json.loads(report.read_text())
+    s = data["summary"]
+    assert s["verdict"] == "defect"
+    # every layer, its leaf compiled alone, agrees: the finding is the module, not a layer
+    assert s["layers_exceeding"] == 0
+    (defect,) = s["defects"]
+    assert (defect["layer"], defect["cause"]) == ("stages.1.blocks.1", "cross_module_fusion")
+    assert "each of its leaves compiled alone agrees" in defect["detail"], defect["detail"]
+    assert defect["fix"].startswith("compile below `stages.1.blocks.1`"), defect["fix"]
+    whole = data["compiled_whole"]
+    assert whole["module"] == "stages.1.blocks.1" and whole["checked"]
+    tried = whole["tried"]
+    assert tried[0]["module"] == "Model" and tried[0]["differs"]
+    # the search went down, not across every module: the model has 5 modules with children
+    # below it and 16 leaves; about depth × (1 + 2·log₂ breadth) compiles
+    assert len(tried) <= 14, [(t["module"], t.get("eager")) for t in tried]
+    # the block's own code computes it: none of the block's submodules is needed
+    assert "with" not in whole
+    first = done.stdout.splitlines()[0]
+    assert "1 defect: `stages.1.blocks.1` cross_module_fusion" in first, done.stdout
+    assert "compiled whole: the whole model compiled at once (inductor)" in done.stdout
+
+
+def test_its_clean_twin_compiled_whole_stays_clean(tmp_path):
+    report = tmp_path / "r.json"
+    done = run_cli("torch", f"{BUILDER}:build_clean", "--target", "torch:compile",
+                   "--json", str(report))  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads(report.read_text())
+    assert data["summary"]["verdict"] == "no_drift" and not data["summary"]["defects"]
+    (whole,) = data["compiled_whole"]["tried"]
+    assert whole["module"] == "Model" and not whole["differs"]
+    # inductor reorders sums: a float32 rounding, well within everything
+    assert whole["tolerance_multiple"] < 1.0 and whole["float64_multiple"] < 4.0
+    assert "it agrees, as rounding explains" in done.stdout
+
