@@ -58,3 +58,19 @@ def test_its_clean_twin_compiled_whole_stays_clean(tmp_path):
     assert whole["tolerance_multiple"] < 1.0 and whole["float64_multiple"] < 4.0
     assert "it agrees, as rounding explains" in done.stdout
 
+
+def test_the_reference_never_takes_the_compiled_path_while_the_target_compiles(tmp_path):
+    """The fault in the first block: the compiled side compiles its first leaves in a thread of
+    its own while the reference runs that block's code, and `torch.compiler.is_compiling()` is
+    one flag for the whole process. The reference took the faulty path too and the run stopped
+    ("leaf call 3 was `stages.0.blocks.0:mul` this time", exit 2): the sides now take turns, and
+    the block is the finding."""
+    report = tmp_path / "r.json"
+    done = run_cli("torch", f"{BUILDER}:build_first", "--target", "torch:compile",
+                   "--json", str(report))  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "does not run the same way twice" not in done.stderr
+    data = json.loads(report.read_text())
+    assert data["summary"]["layers_exceeding"] == 0 and not data["summary"]["warnings"]
+    (defect,) = data["summary"]["defects"]
+    assert (defect["layer"], defect["cause"]) == ("stages.0.blocks.0", "cross_module_fusion")

@@ -98,16 +98,20 @@ def test_float32_against_itself_raises_nothing(which, resnet18, encoder):
 
 @pytest.mark.parametrize("which", [pytest.param("resnet18", marks=pytest.mark.thorough), "encoder"])
 def test_compiled_leaves_are_compared_one_by_one(which, resnet18, encoder):
-    """torch.compile per leaf module: every layer is compared and really compiled (one graph
-    per leaf, none silently left eager), and inductor's float32 kernels stay within float32
-    tolerance."""
+    """torch.compile per leaf module: every layer is compared and really compiled (a graph
+    per leaf that computes, none silently left eager; a Dropout at inference computes nothing,
+    so it makes no graph), and inductor's float32 kernels stay within float32 tolerance."""
     from torch._dynamo.utils import counters
 
     model, inputs = (resnet18[0], resnet18[1]) if which == "resnet18" else encoder
     before = counters["stats"]["unique_graphs"]
     report = compare(model, inputs, "torch:compile", float64=False)
     compiled = counters["stats"]["unique_graphs"] - before
-    leaves = {x["name"].split("#")[0] for x in report["layers"] if ":" not in x["name"]}
+    leaves = {
+        x["name"].split("#")[0]
+        for x in report["layers"]
+        if ":" not in x["name"] and x["module_type"] != "Dropout"
+    }
     assert compiled >= len(leaves), (compiled, len(leaves))
     assert "compiled (inductor, each leaf module)" in report["target"]["detail"]
     s = report["summary"]

@@ -270,11 +270,16 @@ def _stream(
         return copied, given
 
     # the target's functional calls come with their own non-tensor arguments (own_arguments)
-    target = Lockstep(model, inputs, prepare, running=tgt_side.running, whole=whole, arguments=True)
+    # A compiled target compiles its leaves as it meets them: the other sides wait meanwhile
+    # (PyTorch's is_compiling() is one flag for every thread; see `Lockstep`).
+    turns = tgt_side.compile is not None
+    target = Lockstep(
+        model, inputs, prepare, running=tgt_side.running, whole=whole, arguments=True, turns=turns
+    )
     truth = None
     if options.float64:
         wide = partial(float64, whole=whole, reads_outside=reads_outside)
-        truth = Lockstep(model, inputs, wide, whole=whole)
+        truth = Lockstep(model, inputs, wide, whole=whole, turns=turns)
     if target.model is None:
         raise _layerdiff.InputError(f"the target `{tgt_side.spelling}` {target.error}")
     modules = dict(leaf_modules(target.model, whole))
