@@ -74,3 +74,21 @@ def test_the_reference_never_takes_the_compiled_path_while_the_target_compiles(t
     assert data["summary"]["layers_exceeding"] == 0 and not data["summary"]["warnings"]
     (defect,) = data["summary"]["defects"]
     assert (defect["layer"], defect["cause"]) == ("stages.0.blocks.0", "cross_module_fusion")
+
+
+def test_the_module_found_is_cut_out_as_a_repro_and_bisected_alone(tmp_path):
+    """The module is the headline: `--repro` writes it alone (compiled whole on the target
+    side, against it eager), checked by running its repro.py; `--bisect` walks the compiler's
+    stages on it alone."""
+    report, repro = tmp_path / "r.json", tmp_path / "repro"
+    done = run_cli("torch", f"{BUILDER}:build", "--target", "torch:compile", "--repro",
+                   str(repro), "--bisect", "--json", str(report))  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "repro of `stages.1.blocks.1`: the module `stages.1.blocks.1` (Block) alone" in (
+        done.stderr
+    ), done.stderr
+    readme = (repro / "README.md").read_text()
+    assert readme.startswith("# Repro: `stages.1.blocks.1` (Block) on `torch:compile`")
+    assert "`cross_module_fusion`" in readme
+    bisection = json.loads(report.read_text())["bisection"]
+    assert bisection["over"].endswith("on `stages.1.blocks.1` alone"), bisection
