@@ -12,7 +12,10 @@ models (tests/builders/narrow_kernels.py) that accumulate in the narrow dtype (t
 (`argument_mismatch` at that call), and a model's ONNX export edited (an attribute, a folded
 constant, a weight whose layer stays under the absolute tolerance, a weight ONNX Runtime's
 optimizer fuses and reorders, a dynamic int8 file's weight scale) and run by ONNX Runtime
-(`file_differs` or `weight_mismatch` at its layer: the file, never the runtime).
+(`file_differs` or `weight_mismatch` at its layer: the file, never the runtime); a block whose
+own code computes differently only when torch.compile compiles it whole
+(`cross_module_fusion` at that block), its clean twin and built-in models compiled by
+`torch:compile` (no defect).
 Each run's verdict, defects, the layers that accumulate in the narrow dtype and the largest
 multiple of what precision explains go into the table of docs/metrics.md (between its
 calibration markers). A defect in a clean run, or a fault not found at its layer with its
@@ -87,14 +90,23 @@ FAULTS = [
     # one weight scale ×1.3 in a file quantized by ONNX Runtime's dynamic quantizer
     ("bert dynamic int8", "file", "ort", "model.encoder.layer.0.attention.self.value",
      "weight_mismatch"),
+    # a block whose own code computes differently only when compiled as a whole, two levels
+    # down (tests/builders/compiled_block.py), and the same fault in the first block; its
+    # clean twin (no layer and no module: `None`)
+    ("compiled_block", "forward", "torch:compile", "stages.1.blocks.1", "cross_module_fusion"),
+    ("compiled_block:build_first", "forward", "torch:compile", "stages.0.blocks.0",
+     "cross_module_fusion"),
+    ("compiled_block:build_clean", "forward", "torch:compile", None, None),
 ]  # fmt: skip
+# built-in models whose whole compile must agree with it eager (`torch:compile`, clean rows)
+COMPILED = ("resnet18", "bert", "gpt2")
 # the subset `--quick` runs: (model, target) clean rows, Keras rows, gradients, faults by index
 QUICK = {
     "forward": [("mobilenet_v3_small", "onnx fp16"), ("bert", "onnx dynamic int8"),
                 ("bert", "openvino"), ("gpt2", "torch:bf16")],
     "keras": [("keras_cnn", "tflite:int8")],
     "grad": [("bert", "torch:bf16")],
-    "faults": [10, 15, 17],
+    "faults": [10, 15, 17, 18],
 }  # fmt: skip
 
 
@@ -277,8 +289,9 @@ def fault(builder: str, kind: str, target: str):
             return compare_torch_onnx(model, inputs, onnx=path, target=target, seed=0)
     if hasattr(narrow_kernels, builder):
         model, inputs = getattr(narrow_kernels, builder)()
-    else:
-        model, inputs = importlib.import_module(f"builders.{builder}").build()
+    else:  # `name` (its `build`) or `name:function` in tests/builders/
+        name, _, function = builder.partition(":")
+        model, inputs = getattr(importlib.import_module(f"builders.{name}"), function or "build")()
     if kind == "grad":
         return layerdiff.compare_gradients(model, inputs, target=target, seed=0)
     return layerdiff.compare_torch(model, inputs, target=target, seed=0)
@@ -382,9 +395,14 @@ def main(argv: list[str] | None = None) -> int:
         return ("forward", m, t, "no defect", None, (m, t))
 
     jobs = [clean(m, t) for m, t in forward]
+    if not args.quick and set(targets) == set(TARGETS):
+        jobs += [clean(m, "torch:compile") for m in COMPILED if m in names]
     jobs += [("keras", m, t, "no defect", None, (m, t)) for m, t in keras]
     jobs += [("grad", f"{m} gradients", t, "no defect", None, (m, t)) for m, t in grads]
     for b, kind, t, layer, cause in (FAULTS[i] for i in faults):
+        if layer is None:  # a clean twin
+            jobs.append(("fault", f"{b} ({kind})", t, "no defect", None, (b, kind, t)))
+            continue
         jobs.append(
             ("fault", f"{b} ({kind})", t, f"`{layer}` {cause}", (layer, cause), (b, kind, t))
         )
