@@ -35,8 +35,8 @@ def test_a_block_that_differs_only_compiled_whole_is_found_at_that_block(tmp_pat
     assert whole["module"] == "stages.1.blocks.1" and whole["checked"]
     tried = whole["tried"]
     assert tried[0]["module"] == "Model" and tried[0]["differs"]
-    # the search went down, not across every module: the model has 5 modules with children
-    # below it and 16 leaves; about depth × (1 + 2·log₂ breadth) compiles
+    # the search went down, not across every module: below the model are 9 modules with
+    # children and 18 leaves; about depth × (1 + 2·log₂ breadth) compiles
     assert len(tried) <= 14, [(t["module"], t.get("eager")) for t in tried]
     # the block's own code computes it: none of the block's submodules is needed
     assert "with" not in whole

@@ -269,17 +269,7 @@ def _stream(
         keep_in_float32(copied, keep, tgt_side.autocast_device, computing_modules(listed), model)
         return copied, given
 
-    # the target's functional calls come with their own non-tensor arguments (own_arguments)
-    # A compiled target compiles its leaves as it meets them: the other sides wait meanwhile
-    # (PyTorch's is_compiling() is one flag for every thread; see `Lockstep`).
-    turns = tgt_side.compile is not None
-    target = Lockstep(
-        model, inputs, prepare, running=tgt_side.running, whole=whole, arguments=True, turns=turns
-    )
-    truth = None
-    if options.float64:
-        wide = partial(float64, whole=whole, reads_outside=reads_outside)
-        truth = Lockstep(model, inputs, wide, whole=whole, turns=turns)
+    target, truth = _copies(model, inputs, prepare, tgt_side, options.float64, whole, reads_outside)
     if target.model is None:
         raise _layerdiff.InputError(f"the target `{tgt_side.spelling}` {target.error}")
     modules = dict(leaf_modules(target.model, whole))
@@ -378,6 +368,22 @@ def _stream(
         if truth is not None:
             truth.close()
     return target.model
+
+
+def _copies(model, inputs, prepare, tgt_side, truth: bool, whole, reads_outside):
+    """The target's copy (`prepare`) and the float64 truth's (where asked), each run in
+    lockstep with the main pass. The target's functional calls come with their own non-tensor
+    arguments (`own_arguments`). A compiled target compiles its leaves as it meets them: the
+    copies then take turns with the main pass (PyTorch's is_compiling() is one flag for every
+    thread; see `Lockstep`)."""
+    turns = tgt_side.compile is not None
+    target = Lockstep(
+        model, inputs, prepare, running=tgt_side.running, whole=whole, arguments=True, turns=turns
+    )
+    if not truth:
+        return target, None
+    wide = partial(float64, whole=whole, reads_outside=reads_outside)
+    return target, Lockstep(model, inputs, wide, whole=whole, turns=turns)
 
 
 @dataclass
