@@ -92,3 +92,29 @@ def test_the_module_found_is_cut_out_as_a_repro_and_bisected_alone(tmp_path):
     assert "`cross_module_fusion`" in readme
     bisection = json.loads(report.read_text())["bisection"]
     assert bisection["over"].endswith("on `stages.1.blocks.1` alone"), bisection
+
+
+def test_a_search_that_fails_leaves_the_whole_model_as_the_defect(monkeypatch):
+    """Where a compile of the search fails, the whole model's difference is still the finding:
+    the defect is the model, and it says why it was not narrowed."""
+    import sys
+
+    import layerdiff
+    from layerdiff.torch import _compiled
+
+    def broken(self, step):
+        raise RuntimeError("a backend that cannot compile this module")
+
+    monkeypatch.setattr(_compiled._Tree, "narrowed", broken)
+    sys.path.insert(0, str(ROOT / "tests"))
+    from builders.compiled_block import build
+
+    model, inputs = build()
+    report = layerdiff.compare_torch(model, inputs, target="torch:compile", float64=False)
+    (defect,) = report.summary["defects"]
+    assert (defect["layer"], defect["cause"]) == ("Model", "cross_module_fusion")
+    assert (
+        "(not narrowed below the whole model: a compile of the search failed: RuntimeError: "
+        "a backend that cannot compile this module)" in defect["detail"]
+    ), defect["detail"]
+    assert report.exit_code == 1

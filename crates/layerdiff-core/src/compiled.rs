@@ -141,11 +141,17 @@ impl CompiledWhole {
         } else {
             "; a second compile of it agreed, so the difference may not reproduce"
         };
+        let narrowed = match &self.not_searched {
+            Some(why) => format!("not narrowed below the whole model: {why}"),
+            None => format!(
+                "narrowed from the whole model in {} compiles",
+                self.tried.len()
+            ),
+        };
         let detail = format!(
-            "compiled as one with its submodules ({backend}), `{module}` differs from itself eager on the inputs it gets in the model's forward pass: {words}{with}; each of its leaves compiled alone agrees: the compiler's fusion across `{module}`'s modules computes differently (narrowed from the whole model in {n} compiles){confirmed}",
+            "compiled as one with its submodules ({backend}), `{module}` differs from itself eager on the inputs it gets in the model's forward pass: {words}{with}; each of its leaves compiled alone agrees: the compiler's fusion across `{module}`'s modules computes differently ({narrowed}){confirmed}",
             backend = self.backend,
             words = found.words(),
-            n = self.tried.len(),
         );
         let fix = format!(
             "compile below `{module}` (each of its submodules on its own, or `{module}` under `torch.compiler.disable`) until the compiler is fixed; report it to PyTorch ({backend}) with a repro: `{module}` alone, compiled, against it eager on its inputs (`--repro DIR` writes it)",
@@ -243,6 +249,22 @@ mod tests {
         assert!(d.fix.starts_with("compile below `stages`"), "{}", d.fix);
         let said = report.compiled_whole.as_ref().unwrap().sentence();
         assert!(said.ends_with("narrowed it to `stages` (4 compiles, the whole model's and the check included); checked by compiling it once more: it differs again"), "{said}");
+    }
+
+    #[test]
+    fn a_search_that_failed_leaves_the_whole_model_as_the_defect() {
+        let mut report = Report::of_layers("m", Vec::new());
+        report.compiled_whole(CompiledWhole {
+            backend: "inductor".into(),
+            tried: vec![compiled("Model", &[], true)],
+            module: Some("Model".into()),
+            with: Vec::new(),
+            checked: true,
+            not_searched: Some("a compile of the search failed: RuntimeError: x".into()),
+        });
+        let d = &report.summary.defects[0];
+        assert_eq!(d.layer, "Model");
+        assert!(d.detail.ends_with("(not narrowed below the whole model: a compile of the search failed: RuntimeError: x)"), "{}", d.detail);
     }
 
     #[test]

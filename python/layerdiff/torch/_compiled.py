@@ -40,12 +40,15 @@ def across_modules(model, inputs, report, options, side: TorchSide, listing, ste
     eager_side = dataclasses.replace(side, compile=None)
     eager, given = eager_side.prepare(model, inputs)
     search = _layerdiff.ModuleSearch(options, side.compile)
-    tree = _Tree(model, (eager, given), listing, side, search)
+    tree = _Tree(model, (eager, given), listing, side, search, float64=options.float64)
     root = type(model).__name__
     step(f"compiling the whole model at once ({side.compile}) against it eager")
-    with side.running():
-        differs, compiled = tree.judge(root, "", tree.calls(""), ())
-        speeds = _speeds(eager, compiled, given, side)
+    try:
+        with side.running():
+            differs, compiled = tree.judge(root, "", tree.calls(""), ())
+            speeds = _speeds(eager, compiled, given, side)
+    except Exception as e:  # the layers' comparison stands; the note says what failed
+        return report._native, f"the whole model could not be compiled at once: {_said(e)}"
     if not differs:
         return search.recorded(report._native), speeds
     defects = report.summary["defects"]
@@ -53,26 +56,41 @@ def across_modules(model, inputs, report, options, side: TorchSide, listing, ste
         named = ", ".join(f"`{d['layer']}` {d['cause']}" for d in defects[:3])
         why = f"the layers' defects ({named}) come first: the whole model carries them"
         return search.recorded(report._native, not_searched=why), speeds
-    with side.running():
-        path, needs = tree.narrowed(step)
-        step(f"checking: `{path or root}` compiled once more, afresh")
-        eager_children = [c for c in tree.submodules(path) if c not in needs] if needs else ()
-        checked, _ = tree.judge(path or root, path, tree.calls(path), eager_children)
+    try:
+        with side.running():
+            path, needs = tree.narrowed(step)
+            step(f"checking: `{path or root}` compiled once more, afresh")
+            eager_children = [c for c in tree.submodules(path) if c not in needs] if needs else ()
+            checked, _ = tree.judge(path or root, path, tree.calls(path), eager_children)
+    except Exception as e:  # the whole model's difference is the finding, not narrowed
+        why = f"a compile of the search failed: {_said(e)}"
+        found = search.recorded(report._native, module=root, checked=True, not_searched=why)
+        return found, speeds
     found = search.recorded(report._native, module=path or root, needs=needs, checked=checked)
     return found, speeds
 
 
+def _said(e: Exception) -> str:
+    """An exception in one line."""
+    first = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {first[0]}" if first else type(e).__name__
+
+
 class _Tree:
     """The model's module tree as the search compiles it: the target side's eager copy
-    (`eager`), the model as given (for the float64 truth), and what each compile is judged
-    by (`search`)."""
+    (`eager`), the model as given (for the float64 truth, where `float64`: else each compile is
+    judged by the tolerance alone), and what each compile is judged by (`search`)."""
 
-    def __init__(self, model, eager, listing, side, search):
+    def __init__(self, model, eager, listing, side, search, float64=True):
         self.model, self.side, self.search = model, side, search
         self.eager, self._given = eager
         self.whole, self.reads_outside = listing
         # the inputs of each module's calls, by path (the model's own: its inputs)
         self._calls: dict[str, list] = {"": [(tuple(self._given), {})]}
+        # each module's outputs on them, eager and in float64, by path: one run each
+        self._eager: dict[str, list] = {}
+        self._truths: dict[str, list | None] = {}
+        self.float64 = float64
 
     def submodules(self, path: str) -> list[str]:
         """The submodules of `path` a search can leave eager: those with children of their own
@@ -98,8 +116,10 @@ class _Tree:
         in float64, and has the core judge it. Returns whether it differs, and the compiled
         module."""
         module = self.eager.get_submodule(path)
-        with torch.no_grad():
-            reference = _flat([module(*args, **kwargs) for args, kwargs in calls])
+        if path not in self._eager:
+            with torch.no_grad():
+                self._eager[path] = _flat([module(*args, **kwargs) for args, kwargs in calls])
+            self._truths[path] = self._truth(path, calls) if self.float64 else None
         copied = copy.deepcopy(module)
         inner = f"{path}." if path else ""
         for child in eager_children:  # run eager inside the compiled module
@@ -108,7 +128,7 @@ class _Tree:
         compiled = torch.compile(copied, backend=self.side.compile, dynamic=False)
         with torch.no_grad():
             got = _flat([compiled(*args, **kwargs) for args, kwargs in calls])
-        truth = self._truth(path, calls)
+        reference, truth = self._eager[path], self._truths[path]
         differs = self.search.judge(name, sorted(eager_children), reference, got, truth)
         return differs, compiled
 
