@@ -96,11 +96,15 @@ impl Shown<'_> {
     }
 }
 
+/// The tolerance a repro is judged by, and the report's cause there with its detail, where it
+/// gives one.
+type Judged = (Bound, Option<(Cause, Option<String>)>);
+
 impl ModuleRepro {
     /// The tolerance `report` judged the repro's layer by, and the layer's cause and its detail
     /// where it has one; for a module whose compiled form differs (no layer of the report), the
     /// tolerance its compile was judged by and its defect's.
-    pub fn judged_in(&self, report: &Report) -> Result<(Bound, Option<(Cause, Option<String>)>)> {
+    pub fn judged_in(&self, report: &Report) -> Result<Judged> {
         if let Some((module, bound)) = report.compiled_headline()
             && module == self.layer
         {
