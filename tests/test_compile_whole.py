@@ -18,9 +18,12 @@ BUILDER = ROOT / "tests/builders/compiled_block.py"
 
 
 def test_a_block_that_differs_only_compiled_whole_is_found_at_that_block(tmp_path):
-    report = tmp_path / "r.json"
-    done = run_cli("torch", f"{BUILDER}:build", "--target", "torch:compile",
-                   "--json", str(report))  # fmt: skip
+    """The block is the defect, named by a search that went down the tree; as the headline it
+    is what `--repro` cuts out (the block alone, compiled whole on the target side, against it
+    eager; checked by running its repro.py) and what `--bisect` walks the stages on."""
+    report, repro = tmp_path / "r.json", tmp_path / "repro"
+    done = run_cli("torch", f"{BUILDER}:build", "--target", "torch:compile", "--repro",
+                   str(repro), "--bisect", "--json", str(report))  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     data = json.loads(report.read_text())
     s = data["summary"]
@@ -43,6 +46,13 @@ def test_a_block_that_differs_only_compiled_whole_is_found_at_that_block(tmp_pat
     first = done.stdout.splitlines()[0]
     assert "1 defect: `stages.1.blocks.1` cross_module_fusion" in first, done.stdout
     assert "compiled whole: the whole model compiled at once (inductor)" in done.stdout
+    assert "repro of `stages.1.blocks.1`: the module `stages.1.blocks.1` (Block) alone" in (
+        done.stderr
+    ), done.stderr
+    readme = (repro / "README.md").read_text()
+    assert readme.startswith("# Repro: `stages.1.blocks.1` (Block) on `torch:compile`")
+    assert "`cross_module_fusion`" in readme
+    assert data["bisection"]["over"].endswith("on `stages.1.blocks.1` alone"), data["bisection"]
 
 
 def test_its_clean_twin_compiled_whole_stays_clean(tmp_path):
@@ -74,24 +84,6 @@ def test_the_reference_never_takes_the_compiled_path_while_the_target_compiles(t
     assert data["summary"]["layers_exceeding"] == 0 and not data["summary"]["warnings"]
     (defect,) = data["summary"]["defects"]
     assert (defect["layer"], defect["cause"]) == ("stages.0.blocks.0", "cross_module_fusion")
-
-
-def test_the_module_found_is_cut_out_as_a_repro_and_bisected_alone(tmp_path):
-    """The module is the headline: `--repro` writes it alone (compiled whole on the target
-    side, against it eager), checked by running its repro.py; `--bisect` walks the compiler's
-    stages on it alone."""
-    report, repro = tmp_path / "r.json", tmp_path / "repro"
-    done = run_cli("torch", f"{BUILDER}:build", "--target", "torch:compile", "--repro",
-                   str(repro), "--bisect", "--json", str(report))  # fmt: skip
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "repro of `stages.1.blocks.1`: the module `stages.1.blocks.1` (Block) alone" in (
-        done.stderr
-    ), done.stderr
-    readme = (repro / "README.md").read_text()
-    assert readme.startswith("# Repro: `stages.1.blocks.1` (Block) on `torch:compile`")
-    assert "`cross_module_fusion`" in readme
-    bisection = json.loads(report.read_text())["bisection"]
-    assert bisection["over"].endswith("on `stages.1.blocks.1` alone"), bisection
 
 
 def test_a_search_that_fails_leaves_the_whole_model_as_the_defect(monkeypatch):
