@@ -12,7 +12,10 @@ models (tests/builders/narrow_kernels.py) that accumulate in the narrow dtype (t
 (`argument_mismatch` at that call), and a model's ONNX export edited (an attribute, a folded
 constant, a weight whose layer stays under the absolute tolerance, a weight ONNX Runtime's
 optimizer fuses and reorders, a dynamic int8 file's weight scale) and run by ONNX Runtime
-(`file_differs` or `weight_mismatch` at its layer: the file, never the runtime).
+(`file_differs` or `weight_mismatch` at its layer: the file, never the runtime); a block whose
+own code computes differently only when torch.compile compiles it whole
+(`cross_module_fusion` at that block), its clean twin and built-in models compiled by
+`torch:compile` (no defect).
 Each run's verdict, defects, the layers that accumulate in the narrow dtype and the largest
 multiple of what precision explains go into the table of docs/metrics.md (between its
 calibration markers). A defect in a clean run, or a fault not found at its layer with its
@@ -113,7 +116,16 @@ FAULTS = [
     ("qwen2 int4", "decode", "ort", "model.layers.1.mlp.down_proj", "weight_mismatch"),
     ("llama float", "decode", "ort", "model.rotary_emb", "file_differs"),
     ("gpt2 float", "decode", "ort", "transformer.h.0.attn:add", "file_differs"),
+    # a block whose own code computes differently only when compiled as a whole, two levels
+    # down (tests/builders/compiled_block.py), and the same fault in the first block; its
+    # clean twin (no layer and no module: `None`)
+    ("compiled_block", "forward", "torch:compile", "stages.1.blocks.1", "cross_module_fusion"),
+    ("compiled_block:build_first", "forward", "torch:compile", "stages.0.blocks.0",
+     "cross_module_fusion"),
+    ("compiled_block:build_clean", "forward", "torch:compile", None, None),
 ]  # fmt: skip
+# built-in models whose whole compile must agree with it eager (`torch:compile`, clean rows)
+COMPILED = ("resnet18", "bert", "gpt2")
 # the subset `--quick` runs: (model, target) clean rows, Keras rows, gradients, faults by index
 QUICK = {
     "forward": [("mobilenet_v3_small", "onnx fp16"), ("bert", "onnx dynamic int8"),
@@ -281,8 +293,9 @@ def fault(builder: str, kind: str, target: str):
             return compare_torch_onnx(model, inputs, onnx=path, target=target, seed=0)
     if hasattr(narrow_kernels, builder):
         model, inputs = getattr(narrow_kernels, builder)()
-    else:
-        model, inputs = importlib.import_module(f"builders.{builder}").build()
+    else:  # `name` (its `build`) or `name:function` in tests/builders/
+        name, _, function = builder.partition(":")
+        model, inputs = getattr(importlib.import_module(f"builders.{name}"), function or "build")()
     if kind == "grad":
         return layerdiff.compare_gradients(model, inputs, target=target, seed=0)
     return layerdiff.compare_torch(model, inputs, target=target, seed=0)
@@ -400,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
         return ("forward", m, t, "no defect", None, (m, t))
 
     jobs = [clean(m, t) for m, t in forward]
+    if not args.quick and set(targets) == set(TARGETS):
+        jobs += [clean(m, "torch:compile") for m in COMPILED if m in names]
     jobs += [("keras", m, t, "no defect", None, (m, t)) for m, t in keras]
     jobs += [("grad", f"{m} gradients", t, "no defect", None, (m, t)) for m, t in grads]
     jobs += [
@@ -407,6 +422,9 @@ def main(argv: list[str] | None = None) -> int:
         for m, f in decodes
     ]
     for b, kind, t, layer, cause in (FAULTS[i] for i in faults):
+        if layer is None:  # a clean twin
+            jobs.append(("fault", f"{b} ({kind})", t, "no defect", None, (b, kind, t)))
+            continue
         jobs.append(
             ("fault", f"{b} ({kind})", t, f"`{layer}` {cause}", (layer, cause), (b, kind, t))
         )

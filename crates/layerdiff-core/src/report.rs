@@ -64,6 +64,11 @@ pub struct Report {
     /// graph ran on unmodified, and the node they narrowed to.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub opaque: Option<crate::OpaqueSearch>,
+    /// A torch.compile target: the whole model compiled at once against the same side eager,
+    /// and, where it differs, the smallest module whose compiled form differs (see
+    /// [`crate::CompiledWhole`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compiled_whole: Option<crate::CompiledWhole>,
     /// The machine it was made on: with the sides' versions, what decides whether another run
     /// gives the same bytes (see [`crate::Machine`]).
     pub machine: crate::Machine,
@@ -447,6 +452,7 @@ impl Report {
             keep_float32: None,
             bisection: None,
             opaque: None,
+            compiled_whole: None,
             machine: crate::Machine::this(),
             timings: None,
         }

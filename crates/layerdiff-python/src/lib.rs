@@ -4,6 +4,7 @@
 mod axis;
 mod captured;
 mod check;
+mod compiled;
 mod exceptions;
 mod layer;
 mod memory;
@@ -160,9 +161,13 @@ impl Report {
         output::exit_code(&self.0, layerdiff_core::FailOn::Defect)
     }
     /// The layer a repro shows (the first defect's, else the first whose own error exceeds its
-    /// tolerance) as `(name, None)`, or `(None, why)` where there is none.
+    /// tolerance; a module whose compiled form differs, where that is the first defect) as
+    /// `(name, None)`, or `(None, why)` where there is none.
     #[getter]
     fn headline(&self) -> (Option<String>, Option<String>) {
+        if let Some((module, _)) = self.0.compiled_headline() {
+            return (Some(module.to_string()), None);
+        }
         match self.0.headline() {
             Ok(layer) => (Some(layer.name.clone()), None),
             Err(why) => (None, Some(why)),
@@ -455,6 +460,7 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(memory::heap_for_streaming, m)?)?;
     m.add_function(wrap_pyfunction!(interrupt_signal, m)?)?;
     m.add_class::<CapturedRun>()?;
+    m.add_class::<compiled::ModuleSearch>()?;
     m.add_class::<layer::CapturedLayer>()?;
     m.add_class::<Options>()?;
     m.add_class::<Command>()?;

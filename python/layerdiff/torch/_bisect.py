@@ -23,7 +23,7 @@ from layerdiff import _layerdiff
 from layerdiff.tensors import flat
 from layerdiff.torch import _precision
 from layerdiff.torch._capture import _first_tensor
-from layerdiff.torch._repro import _call_inputs, _module_call
+from layerdiff.torch._repro import _call_inputs, _module_of
 from layerdiff.torch._sides import _CAST
 
 
@@ -39,11 +39,11 @@ def compile_stage(model, inputs, report, plan, tgt_side, step):
     """The report with the torch.compile stage (and Inductor subsystem) that turns its headline
     on (the core's `plan`), or with a note saying why there is none."""
     name = plan["layer"]
-    path, call = _module_call(name)
+    path, call = _module_of(model, name)
     eager_side = type(tgt_side)(tgt_side.spelling, tgt_side.device, tgt_side.precision, None)
     args, kwargs, _ = _call_inputs(model, inputs, path, call, eager_side)
     module = model.get_submodule(path)
-    bound = report.layer(name)["tolerance"]
+    bound = _tolerance(report, name)
     dtype = _CAST.get(tgt_side.precision)
 
     def convert(t):
@@ -102,6 +102,16 @@ def compile_stage(model, inputs, report, plan, tgt_side, step):
     clean = agrees(before)
     native = report._native.stages_bisected(path, candidates, responsible, clean, runs[0])
     return report._with(native)
+
+
+def _tolerance(report, name: str) -> dict:
+    """The tolerance `report` judged `name` by: its layer's, or, for a module whose compiled
+    form differs (no layer of the report), its compile's."""
+    for layer in report.layers:
+        if layer["name"] == name:
+            return layer["tolerance"]
+    compiled = report.data["compiled_whole"]["tried"]
+    return next(t["tolerance"] for t in reversed(compiled) if t["module"] == name)
 
 
 def keep_float32(model, inputs, report, plan, once, listed, sides, step):

@@ -45,7 +45,13 @@ class Lockstep:
     hold per thread; ``whole``: as `capture` takes it); ``next(name)`` is its value of the layer
     ``name``, the layers asked for in the main pass's order. ``model`` is the copy. With
     ``arguments``, each functional call's non-tensor arguments come with its value (`peek`):
-    what the copy's own code passed, where it computes them from the dtype or device."""
+    what the copy's own code passed, where it computes them from the dtype or device.
+
+    With ``turns`` the copy runs only while the main pass waits for its next layer, never beside
+    it: where torch.compile compiles (a compiled side's leaves, on first call), PyTorch's
+    ``torch.compiler.is_compiling()`` is one flag for the whole process, so eager code running
+    in another thread meanwhile (the model's own ``forward`` between its leaves, on the
+    reference or in the float64 copy) would take its compiled path."""
 
     _END = object()
 
@@ -57,8 +63,11 @@ class Lockstep:
         running=contextlib.nullcontext,
         whole=frozenset(),
         arguments=False,
+        turns=False,
     ):
         self.queue: queue.Queue = queue.Queue(maxsize=1)
+        # with `turns`: released once by the main pass for each layer it asks for
+        self._turn = threading.Semaphore(0) if turns else None
         # the next item, taken from the queue by `peek` before `next` asks for it
         self._peeked = None
         self.arguments = arguments
@@ -89,12 +98,27 @@ class Lockstep:
                 continue
         raise _Stopped
 
+    def _wait_turn(self) -> None:
+        """With turns, waits until the main pass asks for the next layer."""
+        if self._turn is None:
+            return
+        while not self._turn.acquire(timeout=0.05):
+            if self.stop.is_set():
+                raise _Stopped
+
+    def _get(self):
+        """The copy's next item, its turn given first where it runs by turns."""
+        if self._turn is not None:
+            self._turn.release()
+        return self.queue.get()
+
     def _on_layer(self, index: int, layer, out: torch.Tensor) -> None:
         """Hands the copy's value of a layer over, with a functional call's non-tensor
         arguments (a subclass may also take one back)."""
         called = self._call_arguments if ":" in layer.name else None
         self._call_arguments = None
         self._put((layer.name, out.clone(), called))
+        self._wait_turn()
 
     def _observe(self, leaf, func, args, kwargs) -> None:
         """Notes the non-tensor arguments of the functional call about to be made."""
@@ -103,6 +127,7 @@ class Lockstep:
 
     def _run(self, copied: nn.Module, given: tuple) -> None:
         try:
+            self._wait_turn()
             with self.running():
                 capture(
                     copied,
@@ -125,14 +150,14 @@ class Lockstep:
         if self.done:
             return None
         if self._peeked is None:
-            self._peeked = self.queue.get()
+            self._peeked = self._get()
         return None if self._peeked is self._END else self._peeked
 
     def next(self, name: str) -> torch.Tensor | None:
         """The copy's value of the layer `name`, or None."""
         if self.done:
             return None
-        item, self._peeked = (self._peeked or self.queue.get()), None
+        item, self._peeked = (self._peeked or self._get()), None
         if item is self._END or item[0] != name:
             self.diverged = self.error is None
             self.error = self.error or (

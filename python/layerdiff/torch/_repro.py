@@ -37,14 +37,14 @@ def write_repro(model, inputs, report, ref_side: TorchSide, tgt_side: TorchSide,
     name, why = report._native.headline
     if name is None:
         return _unwritten(f"{why}")
-    path, call = _module_call(name)
+    path, call = _module_of(model, name)
     try:
         module = model.get_submodule(path)
     except AttributeError:
         return _unwritten(f"`{name}` is not a module of the model")
     where = (
         ""
-        if path == name.partition("#")[0]
+        if path in ("", name.partition("#")[0])
         else f" (the headline `{name}` is a call inside it: the module holds it)"
     )
     args, kwargs, expected = _call_inputs(model, inputs, path, call, ref_side)
@@ -130,6 +130,15 @@ def _module_call(name: str) -> tuple[str, int]:
     if ":" in path:
         return path.split(":", 1)[0], 1
     return path, int(index) if index.isdigit() else 1
+
+
+def _module_of(model, name: str) -> tuple[str, int]:
+    """`_module_call`, where the whole model, named by its class (a compiled model that differs
+    as a whole), is the path ``""``."""
+    path, call = _module_call(name)
+    if path == type(model).__name__ and not hasattr(model, path):
+        path = ""
+    return path, call
 
 
 def _call_inputs(model, inputs, path: str, call: int, side: TorchSide):

@@ -11,7 +11,6 @@ Rust engine, which compares, judges and explains as for any two sides.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from functools import partial
 
@@ -59,7 +58,9 @@ def compare_torch(
 
     ``target`` and ``reference`` are PyTorch sides, ``torch[:DEVICE][:PRECISION][:compile]``:
     ``"torch:cuda"``, ``"torch:bf16"``, ``"torch:cuda:tf32"``, ``"torch:amp-fp16"``,
-    ``"torch:compile"`` (each leaf module compiled on its own); ``"torch"`` is the model as
+    ``"torch:compile"`` (each leaf module compiled on its own, then the whole model at once:
+    where that differs from it eager and no layer does, the smallest module whose compiled form
+    differs is the defect, ``report.data["compiled_whole"]``); ``"torch"`` is the model as
     given (CPU, float32, eager). Tolerances, ``local`` (each layer's target module re-run on the
     reference's inputs, so its own error is told from inherited error), ``float64`` (a float64
     copy of the model as the numerical truth), ``max_memory`` and ``timings`` work as in
@@ -105,6 +106,15 @@ def compare_torch(
         model, inputs, options, ref_side, tgt_side, name, seed, phases, timings, step, progress
     )  # fmt: skip
     report = once(keep=())
+    if tgt_side.compile is not None:  # what compiling each leaf alone leaves out
+        from layerdiff.torch import _compiled
+
+        listing = (once.whole, once.reads_outside)
+        native, speeds = _compiled.across_modules(
+            model, inputs, report, once.options, tgt_side, listing, step
+        )
+        report = report._with(native)
+        report.notes.append(speeds)
     bisected = False
     if bisect:
         from layerdiff.torch import _bisect
@@ -146,6 +156,8 @@ class _Comparison:
         self.diverging: list[str] = []
         # The modules the last run took whole (those and the self-computing ones).
         self.whole: frozenset = frozenset()
+        # The modules the last listing saw read weights outside themselves.
+        self.reads_outside: list[str] = []
 
     def __call__(self, keep) -> Report:
         """The comparison; where the target cannot be followed call by call (a module with a
@@ -208,7 +220,7 @@ class _Comparison:
                 if whole:
                     listing = capture(ref_model, ref_inputs, whole=whole)
             listed = self.listed = listing.layers
-            reads_outside = listing.reads_outside
+            reads_outside = self.reads_outside = listing.reads_outside
             lap("listing PyTorch layers")
 
             given = [flat(f"input_{i}", t) for i, t in enumerate(inputs)]
@@ -238,47 +250,9 @@ class _Comparison:
                 layer_parameters(ref_model, listed, needed),
                 layer_parameters(target_model, listed, needed, folded=False),
             )
-            whole_model = _compiled_whole(model, inputs, tgt_side) if tgt_side.compile else None
         report = Report(native, inputs=given)
-        report.notes += [n for n in (split, whole_model) if n]
+        report.notes += [split] if split else []
         return report
-
-
-def _compiled_whole(model, inputs, side: TorchSide, runs: int = 5) -> str:
-    """The whole model compiled at once, where fusion across modules happens, against the same
-    side eager: its output's largest difference, and the speed of each (median of `runs` calls
-    after a first compiled call that includes compilation). In words, for the report's notes."""
-    import copy
-    import dataclasses
-    import statistics
-
-    from layerdiff.tensors import compare_tensors
-
-    eager, given = dataclasses.replace(side, compile=None).prepare(model, inputs)
-    compiled = torch.compile(copy.deepcopy(eager), backend=side.compile)
-    on_cuda = side.on_cuda
-
-    def timed(call) -> float:
-        if on_cuda:
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        call()
-        if on_cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter() - started
-
-    with torch.no_grad(), side.running():
-        first = timed(lambda: compiled(*given))
-        out_compiled, out_eager = _first_tensor(compiled(*given)), _first_tensor(eager(*given))
-        t_eager = statistics.median(timed(lambda: eager(*given)) for _ in range(runs))
-        t_compiled = statistics.median(timed(lambda: compiled(*given)) for _ in range(runs))
-    diff = compare_tensors(out_eager, out_compiled)["max_abs_diff"]
-    return (
-        f"the whole model compiled at once ({side.compile}, fusing across modules): output max "
-        f"abs diff {diff:.3e} from the same side eager; {t_eager * 1e3:.1f} ms eager, "
-        f"{t_compiled * 1e3:.1f} ms compiled (median of {runs}, after a first call of "
-        f"{first:.1f} s that compiles): {t_eager / t_compiled:.2f}× eager's speed"
-    )
 
 
 def _stream(
@@ -295,12 +269,7 @@ def _stream(
         keep_in_float32(copied, keep, tgt_side.autocast_device, computing_modules(listed), model)
         return copied, given
 
-    # the target's functional calls come with their own non-tensor arguments (own_arguments)
-    target = Lockstep(model, inputs, prepare, running=tgt_side.running, whole=whole, arguments=True)
-    truth = None
-    if options.float64:
-        wide = partial(float64, whole=whole, reads_outside=reads_outside)
-        truth = Lockstep(model, inputs, wide, whole=whole)
+    target, truth = _copies(model, inputs, prepare, tgt_side, options.float64, whole, reads_outside)
     if target.model is None:
         raise _layerdiff.InputError(f"the target `{tgt_side.spelling}` {target.error}")
     modules = dict(leaf_modules(target.model, whole))
@@ -399,6 +368,22 @@ def _stream(
         if truth is not None:
             truth.close()
     return target.model
+
+
+def _copies(model, inputs, prepare, tgt_side, truth: bool, whole, reads_outside):
+    """The target's copy (`prepare`) and the float64 truth's (where asked), each run in
+    lockstep with the main pass. The target's functional calls come with their own non-tensor
+    arguments (`own_arguments`). A compiled target compiles its leaves as it meets them: the
+    copies then take turns with the main pass (PyTorch's is_compiling() is one flag for every
+    thread; see `Lockstep`)."""
+    turns = tgt_side.compile is not None
+    target = Lockstep(
+        model, inputs, prepare, running=tgt_side.running, whole=whole, arguments=True, turns=turns
+    )
+    if not truth:
+        return target, None
+    wide = partial(float64, whole=whole, reads_outside=reads_outside)
+    return target, Lockstep(model, inputs, wide, whole=whole, turns=turns)
 
 
 @dataclass

@@ -23,6 +23,9 @@ pub enum Cause {
     QuantizationRange,
     /// The target's kernel computes differently from an honest one (defect).
     OpImplementation,
+    /// A module compiled as one with its submodules computes differently from it eager, while
+    /// each of its leaves compiled alone agrees: the compiler's work across modules (defect).
+    CrossModuleFusion,
     /// The target's kernel computes beyond what an honest one explains, and its effect stays
     /// within every tolerance: an approximation, named, failing only on
     /// `--fail-on approximation`.
@@ -43,7 +46,7 @@ pub enum Cause {
 
 impl Cause {
     /// Every cause, in the order `docs/causes.md` lists them.
-    pub const ALL: [Cause; 15] = [
+    pub const ALL: [Cause; 16] = [
         Self::Inherited,
         Self::LayoutPermutation,
         Self::ShapeMismatch,
@@ -52,6 +55,7 @@ impl Cause {
         Self::FileDiffers,
         Self::ArgumentMismatch,
         Self::OpImplementation,
+        Self::CrossModuleFusion,
         Self::Approximation,
         Self::NarrowAccumulation,
         Self::QuantizationRange,
@@ -72,6 +76,7 @@ impl Cause {
             Self::PrecisionLoss => "precision_loss",
             Self::QuantizationRange => "quantization_range",
             Self::OpImplementation => "op_implementation",
+            Self::CrossModuleFusion => "cross_module_fusion",
             Self::Approximation => "approximation",
             Self::FileDiffers => "file_differs",
             Self::ArgumentMismatch => "argument_mismatch",

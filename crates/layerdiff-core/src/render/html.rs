@@ -138,6 +138,7 @@ pub fn to_html(report: &Report) -> String {
     out.push_str(&causes(report));
     out.push_str(&keep(report));
     out.push_str(&bisected(report));
+    out.push_str(&across_modules(report));
     out.push_str(&opaque(report));
     out.push_str(&table(report));
     let _ = writeln!(out, "<script>{SCRIPT}</script>\n</body></html>");
@@ -372,6 +373,16 @@ fn bisected(report: &Report) -> String {
         format!(
             "<h2>What turns it on</h2>\n<p id=\"bisection\">Bisected by halves, each candidate set run, the answer checked by a run of its own: {}.</p>\n",
             prose(&b.sentence())
+        )
+    })
+}
+
+/// The whole model compiled at once, and the module the search narrowed its difference to.
+fn across_modules(report: &Report) -> String {
+    report.compiled_whole.as_ref().map_or_else(String::new, |w| {
+        format!(
+            "<h2>Across modules</h2>\n<p id=\"compiled-whole\">The layers above were compiled one leaf at a time; {}.</p>\n",
+            prose(&w.sentence())
         )
     })
 }

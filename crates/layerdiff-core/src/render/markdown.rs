@@ -53,6 +53,13 @@ pub fn to_markdown(report: &Report) -> String {
     if let Some(search) = &report.opaque {
         opaque(&mut out, search);
     }
+    if let Some(whole) = &report.compiled_whole {
+        let _ = writeln!(
+            out,
+            "\n## Across modules\n\nThe layers above were compiled one leaf at a time; {}.",
+            whole.sentence()
+        );
+    }
     notes(&mut out, report);
     out
 }

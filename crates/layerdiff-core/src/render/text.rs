@@ -18,6 +18,9 @@ pub fn to_text(report: &Report) -> String {
     if let Some(search) = &report.opaque {
         out.push_str(&format!("  opaque target: {}\n", search.sentence()));
     }
+    if let Some(whole) = &report.compiled_whole {
+        out.push_str(&format!("  compiled whole: {}\n", whole.sentence()));
+    }
     out
 }
 

@@ -189,6 +189,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             keep_float32: None,
             bisection: None,
             opaque: None,
+            compiled_whole: None,
             machine: Machine::this(),
             timings: Some(self.clock.phases()),
         };

@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+pub mod modules;
 pub mod torch;
 
 use layerdiff_core::{Bisection, BisectionCheck, Report, smallest_set};

@@ -104,6 +104,51 @@ pub struct OutputCheck {
     pub stats: Stats,
 }
 
+impl OutputCheck {
+    /// The target's output `name` against the reference's, `sides` = (reference, target):
+    /// every element within `bound`, and where the output computed in float64 is given
+    /// (`truth`), the target no further from it than [`OUTPUT_ROUNDING_FACTOR`] times the
+    /// reference (held to the rounding of `target_grid` where it computes in that narrower
+    /// dtype). The one rule that tells an output that drifts from one that rounds.
+    pub fn judge(
+        name: &str,
+        sides: (&Tensor, &Tensor),
+        truth: Option<&Tensor>,
+        bound: Bound,
+        target_grid: Option<DType>,
+    ) -> Result<Self> {
+        let (r, t) = sides;
+        let grid = if r.dtype.is_float() {
+            r.dtype
+        } else {
+            DType::F64
+        };
+        let stats = compare_judged(r.view(), t.view(), Some(Judge { grid, bound }))?;
+        let float64 = match truth {
+            Some(exact) if r.dtype.is_float() && r.shape == t.shape && exact.shape == r.shape => {
+                Some(TruthCheck::new(
+                    exact.view(),
+                    r.view(),
+                    t.view(),
+                    target_grid,
+                )?)
+            }
+            _ => None,
+        };
+        let passed = r.shape == t.shape
+            && stats.judged_within()
+            && !float64.as_ref().is_some_and(|f| f.beyond);
+        Ok(Self {
+            name: name.to_string(),
+            dtype: r.dtype.name().to_string(),
+            shape: r.shape.clone(),
+            passed,
+            float64,
+            stats,
+        })
+    }
+}
+
 /// The whole-output check.
 #[derive(Debug, Clone, Serialize)]
 pub struct CheckReport {
@@ -163,29 +208,8 @@ impl CheckReport {
             .zip(target)
             .enumerate()
             .map(|(i, ((name, r), (_, t)))| {
-                let grid = if r.dtype.is_float() {
-                    r.dtype
-                } else {
-                    DType::F64
-                };
-                let stats = compare_judged(r.view(), t.view(), Some(Judge { grid, bound }))?;
-                let float64 = match truth.map(|all| &all[i].1) {
-                    Some(exact) if r.dtype.is_float() && r.shape == t.shape => Some(
-                        TruthCheck::new(exact.view(), r.view(), t.view(), target_grid)?,
-                    ),
-                    _ => None,
-                };
-                let passed = r.shape == t.shape
-                    && stats.judged_within()
-                    && !float64.as_ref().is_some_and(|f| f.beyond);
-                Ok(OutputCheck {
-                    name: name.clone(),
-                    dtype: r.dtype.name().to_string(),
-                    shape: r.shape.clone(),
-                    passed,
-                    float64,
-                    stats,
-                })
+                let exact = truth.map(|all| &all[i].1);
+                OutputCheck::judge(name, (r, t), exact, bound, target_grid)
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {

@@ -61,10 +61,18 @@ impl TorchBisection {
     ) -> Self {
         let nothing = |why: &str| Self::Nothing(format!("--bisect: nothing to bisect: {why}"));
         if let Some(backend) = &target.compile {
-            return match report.headline() {
+            // a module whose compiled form differs, where that is the headline, is bisected
+            // alone as a layer's module is
+            let fused = report
+                .compiled_headline()
+                .map(|(module, _)| module.to_string());
+            return match fused
+                .ok_or(())
+                .or_else(|()| report.headline().map(|l| l.name.clone()))
+            {
                 Err(why) => nothing(&why),
                 Ok(layer) => Self::Stages {
-                    layer: layer.name.clone(),
+                    layer,
                     backend: backend.clone(),
                     stages: stages_up_to(backend),
                     inductor: backend == "inductor",

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use layerdiff_core::{Layer, Report, write_atomic};
+use layerdiff_core::{Bound, Cause, Report, write_atomic};
 
 use super::script::py_str;
 use super::{NOT_REPRODUCED, REPRODUCED};
@@ -96,19 +96,33 @@ impl Shown<'_> {
     }
 }
 
+/// The tolerance a repro is judged by, and the report's cause there with its detail, where it
+/// gives one.
+type Judged = (Bound, Option<(Cause, Option<String>)>);
+
 impl ModuleRepro {
-    /// The report's layer the repro is of.
-    pub fn layer_in<'a>(&self, report: &'a Report) -> Result<&'a Layer> {
-        report
-            .layers
-            .iter()
+    /// The tolerance `report` judged the repro's layer by, and the layer's cause and its detail
+    /// where it has one; for a module whose compiled form differs (no layer of the report), the
+    /// tolerance its compile was judged by and its defect's.
+    pub fn judged_in(&self, report: &Report) -> Result<Judged> {
+        if let Some((module, bound)) = report.compiled_headline()
+            && module == self.layer
+        {
+            let defect = &report.summary.defects[0];
+            return Ok((bound, Some((defect.cause, Some(defect.detail.clone())))));
+        }
+        let layer = (report.layers.iter())
             .find(|l| l.name == self.layer)
-            .ok_or_else(|| Error::Layers(format!("the report has no layer `{}`", self.layer)))
+            .ok_or_else(|| Error::Layers(format!("the report has no layer `{}`", self.layer)))?;
+        Ok((
+            layer.tolerance,
+            layer.cause.map(|c| (c, layer.detail.clone())),
+        ))
     }
 
     /// Writes `repro.py` into `folder`, judged by the tolerance `report` judged the layer by.
     pub fn write_script(&self, report: &Report, folder: &Path) -> Result<()> {
-        let bound = self.layer_in(report)?.tolerance;
+        let (bound, _) = self.judged_in(report)?;
         let gradient = match &self.gradient {
             Some((of, scale)) => format!("{{\"of\": {}, \"scale\": {scale:?}}}", py_str(of)),
             None => "None".to_string(),
@@ -149,13 +163,13 @@ impl ModuleRepro {
 
     /// Writes `README.md` into `folder`, with what the script's run printed.
     pub fn write_readme(&self, report: &Report, shown: Shown<'_>, folder: &Path) -> Result<()> {
-        let layer = self.layer_in(report)?;
-        let cause = match (layer.cause, layer.detail.as_deref()) {
-            (Some(cause), Some(detail)) => {
+        let (_, cause) = self.judged_in(report)?;
+        let cause = match cause {
+            Some((cause, Some(detail))) => {
                 format!("- **Cause** (the report's): `{cause}`: {detail}\n")
             }
-            (Some(cause), None) => format!("- **Cause** (the report's): `{cause}`\n"),
-            _ => String::new(),
+            Some((cause, None)) => format!("- **Cause** (the report's): `{cause}`\n"),
+            None => String::new(),
         };
         let out = match shown.stdout.trim() {
             "" => shown.stderr.trim(),
