@@ -10,7 +10,8 @@ pub struct CheckArgs {
     /// The runtime that runs the ONNX file: `ort` (CPU), `ort:opt=all`, `ort:cuda`…, `tract`.
     #[arg(long, default_value = "ort", value_parser = RuntimeSpec::parse)]
     pub target: RuntimeSpec,
-    /// Check this ONNX file of the same model instead of exporting one.
+    /// Check this ONNX file of the same model instead of exporting one; it is also read against
+    /// the model's own export, and a weight, constant or attribute that differs fails the check.
     #[arg(long, value_name = "PATH")]
     pub onnx: Option<PathBuf>,
     /// Which `torch.onnx.export` path produces the ONNX file.

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use layerdiff_args::CheckArgs;
 use layerdiff_core::Bound;
 use layerdiff_flow::output::Destinations;
-use layerdiff_flow::verbs::check::{CheckReport, deliver};
+use layerdiff_flow::verbs::check::{CheckReport, against_export, deliver};
 use pyo3::prelude::*;
 
 use crate::exceptions::to_py_err;
@@ -55,10 +55,12 @@ impl CheckCommand {
 
 /// Judges the target's outputs against the reference's (same order), and both against the
 /// outputs computed in float64 where given, the target held to the rounding of `computed_in`
-/// (the narrower dtype it computes in, by name, and how: see `runtime_computes_in`); writes and
+/// (the narrower dtype it computes in, by name, and how: see `runtime_computes_in`); the file
+/// given (`--onnx`) read against the model's own `export` where one was made; writes and
 /// prints the check; returns the exit code.
 #[pyfunction]
-#[pyo3(signature = (command, sides, reference, target, truth=None, computed_in=None))]
+#[pyo3(signature = (command, sides, reference, target, truth=None, computed_in=None, export=None))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn deliver_check(
     py: Python<'_>,
     command: &CheckCommand,
@@ -67,6 +69,7 @@ pub(crate) fn deliver_check(
     target: Vec<FlatTensor<'_>>,
     truth: Option<Vec<FlatTensor<'_>>>,
     computed_in: Option<(String, String)>,
+    export: Option<PathBuf>,
 ) -> PyResult<u8> {
     let computed_in = computed_in
         .map(|(d, how)| {
@@ -100,9 +103,12 @@ pub(crate) fn deliver_check(
             truth.as_deref(),
             computed_in,
         )?;
-        let report = match &command.onnx {
-            Some(path) => report.of_file(&path.display().to_string()),
-            None => report,
+        let report = match (&command.onnx, &export) {
+            (Some(path), Some(export)) => report
+                .of_file(&path.display().to_string())
+                .with_file_differences(against_export(export, path)?),
+            (Some(path), None) => report.of_file(&path.display().to_string()),
+            (None, _) => report,
         };
         deliver(&report, &to)
     })

@@ -30,11 +30,13 @@ def run_command(command, progress) -> int:
         out = run_model(inputs, lambda: model(*inputs))
     reference = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
     truth = _float64_outputs(model, inputs, len(reference), progress, command.quiet)
+    export = None
     with tempfile.TemporaryDirectory() as work:
         if command.onnx is not None:
             path = Path(command.onnx)
             if not path.is_file():
                 raise _layerdiff.UsageError(f"ONNX file `{command.onnx}` does not exist")
+            export = _own_export(command, model, inputs, Path(work), progress)
         else:
             path = export_onnx(
                 model, inputs, Path(work) / "model.onnx", exporter=command.exporter,
@@ -56,14 +58,36 @@ def run_command(command, progress) -> int:
         )
         # a runtime that computes float32 in a narrower dtype (OpenVINO's bf16) is held to it
         computed_in = _layerdiff.runtime_computes_in(model_bytes, command.target, _ort.library())
-    target = [(n, d, s, np.frombuffer(b, dtype=np.uint8)) for n, d, s, b in outputs]
-    names_out = [name for name, *_ in outputs] + [
-        f"output_{i}" for i in range(len(outputs), len(reference))
-    ]
-    reference_flat = [flat(names_out[i], t) for i, t in enumerate(reference)]
-    truth_flat = None if truth is None else [flat(names_out[i], t) for i, t in enumerate(truth)]
-    sides = (f"PyTorch {torch.__version__} (eager, cpu)", command.target)
-    return _layerdiff.deliver_check(command, sides, reference_flat, target, truth_flat, computed_in)
+        target = [(n, d, s, np.frombuffer(b, dtype=np.uint8)) for n, d, s, b in outputs]
+        names_out = [name for name, *_ in outputs] + [
+            f"output_{i}" for i in range(len(outputs), len(reference))
+        ]
+        reference_flat = [flat(names_out[i], t) for i, t in enumerate(reference)]
+        truth_flat = None if truth is None else [flat(names_out[i], t) for i, t in enumerate(truth)]
+        sides = (f"PyTorch {torch.__version__} (eager, cpu)", command.target)
+        return _layerdiff.deliver_check(
+            command, sides, reference_flat, target, truth_flat, computed_in, export
+        )
+
+
+def _own_export(command, model, inputs, work: Path, progress) -> Path | None:
+    """The model exported afresh (kept in the export cache), to read the file given against:
+    a weight, constant or attribute that differs fails the check whatever the outputs show, as
+    the per-layer run reports it. `None`, said on stderr, where the model does not export."""
+    progress(f"exporting the model ({command.exporter}) to read the file against")
+    try:
+        return export_onnx(
+            model, inputs, work / "export.onnx", exporter=command.exporter,
+            cache=command.cache, step=progress, copy=False,
+        )  # fmt: skip
+    except Exception as e:  # the outputs still judge the file
+        if not command.quiet:
+            print(
+                f"note: the file is judged by its outputs alone: the model's own export failed "
+                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})",
+                file=sys.stderr,
+            )
+        return None
 
 
 def _float64_outputs(model, inputs, count: int, progress, quiet: bool):

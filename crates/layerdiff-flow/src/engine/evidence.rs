@@ -180,8 +180,9 @@ const LISTED: usize = 20;
 /// float weight of the same name beyond its rounding to the target's dtype, and each attribute
 /// both files set on a node of the same name and op to other values, with the layer (value)
 /// that reads it. Names a file rewrote (an optimizer's fused weights, a quantizer's) have no
-/// counterpart and are not read; an attribute set in one file only is not told from its
-/// default. At most `LISTED` differences, then one that counts the rest.
+/// counterpart and are not read, nor a name the two files read at other nodes or positions;
+/// an attribute set in one file only is not told from its default. At most `LISTED`
+/// differences, then one that counts the rest.
 pub fn file_differences(reference: &Model, target: &Model) -> Vec<layerdiff_core::FileDifference> {
     use layerdiff_onnx::{GraphIndex, reads_the_same};
     let index = GraphIndex::new(target.graph());
@@ -213,8 +214,25 @@ pub fn file_differences(reference: &Model, target: &Model) -> Vec<layerdiff_core
             }
         })
         .collect();
+    let (reference_index, none) = (GraphIndex::new(reference.graph()), Default::default());
+    // where a weight is read, by node name and input position: two exports numbered their
+    // constants otherwise where the nodes that read a name differ (`val_69`, RMSNorm's epsilon
+    // in a decoder exported with dynamic lengths, a shape's 8 in one exported for one step)
+    let readers = |index: &GraphIndex, name: &str| {
+        let mut at: Vec<(String, usize)> = (index.consumers(name))
+            .flat_map(|n| {
+                let positions = n.inputs.iter().enumerate().filter(|(_, i)| *i == name);
+                positions
+                    .map(|(p, _)| (n.name.clone(), p))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        at.sort();
+        at
+    };
     let mut found: Vec<_> = differing
         .into_iter()
+        .filter(|(name, _)| readers(&reference_index, name) == readers(&index, name))
         .map(|(name, text)| layerdiff_core::FileDifference {
             layer: read_by(name),
             cause: layerdiff_core::Cause::WeightMismatch,
@@ -225,7 +243,6 @@ pub fn file_differences(reference: &Model, target: &Model) -> Vec<layerdiff_core
             detail: text,
         })
         .collect();
-    let (reference_index, none) = (GraphIndex::new(reference.graph()), Default::default());
     // each reference node by name and op, the first of each (as `counterpart_node` finds it)
     let mut named: std::collections::HashMap<(&str, &str), &layerdiff_onnx::NodeInfo> =
         Default::default();

@@ -18,6 +18,9 @@ use serde::Serialize;
 use crate::Result;
 use crate::output::{Destinations, Format, Rendered, publish};
 
+mod file;
+pub use file::{FileDiffers, against_export};
+
 /// Schema of the check.
 pub const CHECK_SCHEMA: &str = "layerdiff.check/1";
 
@@ -173,8 +176,13 @@ pub struct CheckReport {
     /// inference precision, and how to turn it off).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub narrowed: Option<String>,
-    /// Every output within its bound.
+    /// Every output within its bound, and nothing in the file that differs from the model's
+    /// own export.
     pub passed: bool,
+    /// What differs between the file given (`--onnx`) and the model's own export (weights,
+    /// folded constants, attributes): each a defect of the file, whatever the outputs show.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub file_differs: Vec<FileDiffers>,
     /// Output by output.
     pub outputs: Vec<OutputCheck>,
     /// The machine.
@@ -222,6 +230,7 @@ impl CheckReport {
             rtol: bound.rtol,
             narrowed,
             passed: outputs.iter().all(|o| o.passed),
+            file_differs: Vec::new(),
             outputs,
             machine: Machine::this(),
         })
@@ -233,7 +242,15 @@ impl CheckReport {
         self
     }
 
-    /// 0 when every output is within the bound, 1 when one is not.
+    /// The check with what differs between its file and the model's own export: any
+    /// difference fails it.
+    pub fn with_file_differences(mut self, differences: Vec<FileDiffers>) -> Self {
+        self.passed &= differences.is_empty();
+        self.file_differs = differences;
+        self
+    }
+
+    /// 0 when every output is within the bound and the file has no difference, 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         u8::from(!self.passed)
     }
@@ -263,6 +280,7 @@ pub fn to_text(report: &CheckReport) -> String {
             .as_ref()
             .is_some_and(|f| !f.beyond && f.grid.is_some() && beyond > 0)
     };
+    out.push_str(&file::to_text(&report.file_differs));
     if let Some(how) = &report.narrowed
         && !report.outputs.iter().any(narrowed_fails)
     {

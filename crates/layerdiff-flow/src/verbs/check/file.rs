@@ -1,0 +1,60 @@
+//! The file `layerdiff check --onnx FILE` is given, read against the model's own export: the
+//! outputs say whether the file's differences reach them beyond the bound or beyond rounding;
+//! a weight, folded constant or attribute that differs is a defect of the file whatever the
+//! outputs show (a constant off by 2e-5 of itself moves no output past either), as the
+//! per-layer run (`layerdiff torch --onnx FILE`) reports it. One decision, whichever door.
+
+use std::path::Path;
+
+use layerdiff_onnx::Model;
+use serde::Serialize;
+
+use crate::Result;
+
+/// One difference between the file and the model's own export.
+#[derive(Debug, Clone, Serialize)]
+pub struct FileDiffers {
+    /// The value of the file that reads it.
+    pub layer: String,
+    /// `weight_mismatch` or `file_differs`.
+    pub cause: String,
+    /// What differs, in words.
+    pub detail: String,
+    /// What to do about it.
+    pub fix: String,
+}
+
+/// What differs between `file` and `export` (the model exported afresh by the same exporter):
+/// weights of the same name beyond their rounding to the file's dtype, attributes of the same
+/// node. A file another exporter wrote shares few names with the export, and is judged by its
+/// outputs alone there.
+pub fn against_export(export: &Path, file: &Path) -> Result<Vec<FileDiffers>> {
+    let (export, file) = (Model::load(export)?, Model::load(file)?);
+    Ok(crate::engine::evidence::file_differences(&export, &file)
+        .into_iter()
+        .map(|d| FileDiffers {
+            layer: d.layer,
+            cause: d.cause.to_string(),
+            detail: d.detail,
+            fix: d.fix,
+        })
+        .collect())
+}
+
+/// The differences in the check's words, one line each with its fix.
+pub(super) fn to_text(differences: &[FileDiffers]) -> String {
+    if differences.is_empty() {
+        return String::new();
+    }
+    let mut out = format!(
+        "  the file differs from the model's own export in {} place(s), a defect whatever the outputs show:\n",
+        differences.len()
+    );
+    for d in differences {
+        out.push_str(&format!(
+            "    `{}` {}: {}\n      fix: {}\n",
+            d.layer, d.cause, d.detail, d.fix
+        ));
+    }
+    out
+}
