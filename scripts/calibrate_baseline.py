@@ -36,7 +36,9 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -141,34 +143,34 @@ class _Committed:
     """A report written as JSON, read back (what `row` needs of it): one `make reports` wrote
     (`committed`), or a run of the command line."""
 
-    def __init__(self, path: Path, committed: bool = True):
+    def __init__(self, path: Path, committed: bool = True, exit: int | None = None):
         data = json.loads(path.read_text())
         self.summary, self.layers = data["summary"], data["layers"]
-        self.committed = committed
+        self.committed, self.path, self.exit = committed, path, exit
 
 
-def _cli(*args: str) -> _Committed:
-    """`layerdiff ARGS --json …`, in a process of its own: its report, read back."""
-    import subprocess
-    import tempfile
+def _layerdiff(*args: str) -> subprocess.CompletedProcess:
+    """`layerdiff ARGS` in a process of its own."""
+    command = [sys.executable, "-m", "layerdiff", *args]
+    return subprocess.run(command, capture_output=True, text=True)
 
+
+def _cli(*args: str, out: Path | None = None) -> _Committed:
+    """`layerdiff ARGS --json …` (or `--out OUT`, its report kept there for `reduce`), in a
+    process of its own: its report, read back, with its exit code."""
     with tempfile.TemporaryDirectory() as folder:
-        out = Path(folder) / "r.json"
-        done = subprocess.run(
-            [sys.executable, "-m", "layerdiff", *args, "--json", str(out), "--quiet"],
-            capture_output=True, text=True,
-        )  # fmt: skip
-        if done.returncode not in (0, 1) or not out.is_file():
+        written = ["--out", str(out)] if out is not None else ["--json", f"{folder}/r.json"]
+        report = out / "report.json" if out is not None else Path(folder) / "r.json"
+        done = _layerdiff(*args, *written, "--quiet")
+        if done.returncode not in (0, 1) or not report.is_file():
             said = done.stderr.strip().splitlines()
             raise RuntimeError(said[-1] if said else f"exit {done.returncode}, no report")
-        return _Committed(out, committed=False)
+        return _Committed(report, committed=False, exit=done.returncode)
 
 
 def run(name: str, target: str):
     model, inputs = load_builder(name)(0)
     if target.startswith("file "):
-        import tempfile
-
         from layerdiff.torch import export_onnx
 
         with tempfile.TemporaryDirectory() as folder:
@@ -179,8 +181,6 @@ def run(name: str, target: str):
     if target == "openvino":
         return compare_torch_onnx(model, inputs, target="openvino", seed=0)
     if target == "onnx dynamic int8":
-        import tempfile
-
         from layerdiff.torch import export_onnx
 
         with tempfile.TemporaryDirectory() as folder:
@@ -217,42 +217,42 @@ class _Steps:
             "defects": defects,
             "narrow_accumulation": narrow,
         }
+        self.summary["approximations"] = [
+            a for p in points for a in p.summary.get("approximations", [])
+        ]
         self.layers = [layer for p in points for layer in p.layers]
-        self.committed = False
+        self.committed, self.points, self.exit = False, reports, None
 
 
-def decoded(name: str, file: str, edit=None) -> _Steps:
+def decoded(name: str, file: str, edit=None, folder: Path | None = None) -> _Steps:
     """`layerdiff torch CHECKPOINT --decode-steps 2 --onnx FILE`, FILE the checkpoint's own
-    decoder export as `file` makes it (`float`, `dynamic int8`, `int4`), edited by `edit`."""
-    import subprocess
-    import tempfile
-
+    decoder export as `file` makes it (`float`, `dynamic int8`, `int4`), edited by `edit`; its
+    step reports in `folder`/run (a folder of its own where none is given)."""
+    if folder is None:
+        with tempfile.TemporaryDirectory() as kept:
+            return decoded(name, file, edit, Path(kept))
     sys.path.insert(0, str(ROOT / "tests"))
     from builders import checkpoints
 
-    with tempfile.TemporaryDirectory() as folder:
-        folder = Path(folder)
-        checkpoint = checkpoints.save(name, folder / "checkpoint")
-        command = [sys.executable, "-m", "layerdiff", "torch", str(checkpoint), "--decode-steps",
-                   "2", "--quiet"]  # fmt: skip
-        done = subprocess.run([*command, "--out", str(folder / "clean")], capture_output=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"the float decoder is not clean (exit {done.returncode})")
-        path = folder / "clean" / "model.onnx"
-        if file == "dynamic int8":
-            path = dynamic_int8(path, folder / "model.int8.onnx")
-        elif file == "int4":
-            path = int4(path, folder / "model.int4.onnx")
-        if edit is not None:
-            path = edit(path, folder / "edited.onnx")
-        done = subprocess.run(
-            [*command, "--onnx", str(path), "--out", str(folder / "run")],
-            capture_output=True, text=True,
-        )  # fmt: skip
-        if done.returncode not in (0, 1):
-            said = done.stderr.strip().splitlines()
-            raise RuntimeError(said[-1] if said else f"exit {done.returncode}")
-        return _Steps(folder / "run")
+    checkpoint = checkpoints.save(name, folder / "checkpoint")
+    command = ["torch", str(checkpoint), "--decode-steps", "2", "--quiet"]
+    done = _layerdiff(*command, "--out", str(folder / "clean"))
+    if done.returncode != 0:
+        raise RuntimeError(f"the float decoder is not clean (exit {done.returncode})")
+    path = folder / "clean" / "model.onnx"
+    if file == "dynamic int8":
+        path = dynamic_int8(path, folder / "model.int8.onnx")
+    elif file == "int4":
+        path = int4(path, folder / "model.int4.onnx")
+    if edit is not None:
+        path = edit(path, folder / "edited.onnx")
+    done = _layerdiff(*command, "--onnx", str(path), "--out", str(folder / "run"))
+    if done.returncode not in (0, 1):
+        said = done.stderr.strip().splitlines()
+        raise RuntimeError(said[-1] if said else f"exit {done.returncode}")
+    steps = _Steps(folder / "run")
+    steps.exit = done.returncode
+    return steps
 
 
 def grad(name: str, target: str):
@@ -260,17 +260,30 @@ def grad(name: str, target: str):
     return layerdiff.compare_gradients(model, inputs, target=target, seed=0)
 
 
-def fault(builder: str, kind: str, target: str):
+def _spec(name: str) -> str:
+    """A model of the corpus as the command line names it: a built-in, or a builder in
+    tests/builders/ (`name` for its `build`, `name:function`; narrow_kernels' by function)."""
     sys.path.insert(0, str(ROOT / "tests"))
-    import importlib
-
     from builders import narrow_kernels
 
+    if name in ZOO:
+        return name
+    if hasattr(narrow_kernels, name):
+        return f"{ROOT}/tests/builders/narrow_kernels.py:{name}"
+    module, _, function = name.partition(":")
+    return f"{ROOT}/tests/builders/{module}.py:{function or 'build'}"
+
+
+def fault(builder: str, kind: str, target: str, folder: Path):
+    """A planted fault's run on the command line, its report kept in `folder`/run for
+    `reduce`; with the arguments of `layerdiff check` on the same files (`None` where check
+    does not apply: a PyTorch target, a gradient, a decoder's steps)."""
     if kind == "decode":
         name, file, edit = DECODE_EDITS[builder]
-        return decoded(name, file, edit)
+        return decoded(name, file, edit, folder), None
+    seed = ("--seed", "0")
     if kind == "file":
-        import tempfile
+        import importlib
 
         import onnx
         from layerdiff.torch import export_onnx
@@ -281,27 +294,58 @@ def fault(builder: str, kind: str, target: str):
             if name in ZOO
             else importlib.import_module(f"builders.{name}").build()
         )
-        with tempfile.TemporaryDirectory() as folder:
-            path = export_onnx(model, inputs, Path(folder) / "model.onnx", exporter=exporter)
-            if dynamic:
-                path = dynamic_int8(path, Path(folder) / "model.int8.onnx")
-            edited = onnx.load(str(path))
-            edit(edited)
-            onnx.save(edited, str(path))
-            if target.startswith("file "):  # `layerdiff onnx FILE --target RUNTIME`
-                return _cli("onnx", str(path), "--target", target.split()[1], "--seed", "0")
-            return compare_torch_onnx(model, inputs, onnx=path, target=target, seed=0)
-    if hasattr(narrow_kernels, builder):
-        model, inputs = getattr(narrow_kernels, builder)()
-    else:  # `name` (its `build`) or `name:function` in tests/builders/
-        name, _, function = builder.partition(":")
-        model, inputs = getattr(importlib.import_module(f"builders.{name}"), function or "build")()
-    if kind == "grad":
-        return layerdiff.compare_gradients(model, inputs, target=target, seed=0)
-    return layerdiff.compare_torch(model, inputs, target=target, seed=0)
+        path = export_onnx(model, inputs, folder / "model.onnx", exporter=exporter)
+        if dynamic:
+            path = dynamic_int8(path, folder / "model.int8.onnx")
+        edited = onnx.load(str(path))
+        edit(edited)
+        onnx.save(edited, str(path))
+        runtime = target.removeprefix("file ")
+        check = ("check", _spec(name), "--onnx", str(path), "--target", runtime,
+                 "--exporter", exporter, *seed)  # fmt: skip
+        if target.startswith("file "):  # `layerdiff onnx FILE --target RUNTIME`
+            report = _cli("onnx", str(path), "--target", runtime, *seed, out=folder / "run")
+        else:
+            report = _cli("torch", _spec(name), "--onnx", str(path), "--target", target, *seed,
+                          out=folder / "run")  # fmt: skip
+        return report, check
+    verb = "grad" if kind == "grad" else "torch"
+    return _cli(verb, _spec(builder), "--target", target, *seed, out=folder / "run"), None
 
 
-def row(what: str, target: str, report, seconds: float, expected: str = "no defect") -> str:
+def doors(report, check, fault: tuple[str, str]) -> str:
+    """The same run through every door, in words (`exit 1 · check FAIL · reduce LAYER`),
+    and `!` before each that disagrees with the report's decision: a defect exits 1, fails
+    `check` and is cut down by `reduce` to a repro of its layer; an approximation exits 0,
+    passes `check` and is cut down too; a narrow accumulation exits 0 and passes."""
+    layer, cause = fault
+    defect = cause not in ("narrow_accumulation", "approximation")
+    said = []
+    exit = getattr(report, "exit", None)
+    said.append(("" if exit == int(defect) else "!") + f"exit {exit}")
+    if check is not None:
+        done = _layerdiff(*check, "--quiet")
+        agrees = done.returncode == int(defect)
+        said.append(("" if agrees else "!") + f"check {['pass', 'FAIL'][done.returncode == 1]}")
+    if cause != "narrow_accumulation":
+        # a decoder's step whose headline it is
+        points = getattr(report, "points", None) or [report.path]
+        headline = [p for p in points if _headline(json.loads(p.read_text())) == layer]
+        done = _layerdiff("reduce", str((headline or points)[0]))
+        reproduced = done.returncode == 0 and f"`{layer}`" in done.stdout
+        said.append(f"reduce `{layer}`" if reproduced else f"!reduce exit {done.returncode}")
+    return " · ".join(said)
+
+
+def _headline(report: dict) -> str | None:
+    """The layer a report's headline names: its first defect, else its first approximation."""
+    s = report["summary"]
+    first = (s["defects"] or s.get("approximations") or [{}])[0]
+    return first.get("layer")
+
+
+def row(what: str, target: str, report, seconds: float, expected: str = "no defect",
+        said: str = "—") -> str:  # fmt: skip
     s = report.summary
     # an infinite multiple (own error where the ideal has none) is written as a string
     multiples = [float(x["baseline"]["multiple"]) for x in report.layers if x.get("baseline")]
@@ -320,7 +364,7 @@ def row(what: str, target: str, report, seconds: float, expected: str = "no defe
     took = "`make reports`" if getattr(report, "committed", False) else f"{seconds:.0f} s"
     return (
         f"| {what} | {target} | {expected} | {s['verdict']} | {defects} | {narrow} | "
-        f"{approximations} | {worst:.2f} | {len(multiples)} | {took} |"
+        f"{approximations} | {said} | {worst:.2f} | {len(multiples)} | {took} |"
     )
 
 
@@ -337,23 +381,39 @@ def found(report, layer: str, cause: str) -> bool:
 
 def evaluate(job: tuple) -> tuple[str, bool]:
     """One row of the table and whether it is wrong: `job` is (kind, what, target, expected,
-    the check a fault must pass, the run's arguments). A run that breaks is a row too."""
+    the check a fault must pass, the run's arguments). A fault's run goes through every door
+    too (`doors`). A run that breaks is a row too."""
     kind, what, target, expected, check, arguments = job
     start = time.perf_counter()
+    said = "—"
     try:
-        if kind == "committed":
-            report = _Committed(arguments[0])
-        else:
-            runs = {"forward": run, "keras": keras_run, "grad": grad, "fault": fault}
-            report = {**runs, "decode": decoded}[kind](*arguments)
+        with tempfile.TemporaryDirectory() as folder:
+            if kind == "committed":
+                report = _Committed(arguments[0])
+            elif kind == "fault":
+                report, check_args = fault(*arguments, Path(folder))
+                seconds = time.perf_counter() - start
+                if check is not None and found(report, *check):
+                    said = doors(report, check_args, check)
+            else:
+                runs = {"forward": run, "keras": keras_run, "grad": grad, "decode": decoded}
+                report = runs[kind](*arguments)
+            if kind != "fault":
+                seconds = time.perf_counter() - start
     except Exception as e:
-        return f"| {what} | {target} | {expected} | broke: {type(e).__name__}: {e} ||||||", True
-    line = row(what, target, report, time.perf_counter() - start, expected)
+        return f"| {what} | {target} | {expected} | broke: {type(e).__name__}: {e} |||||||", True
+    line = row(what, target, report, seconds, expected, said)
+    wrong = "!" in said
+    if kind == "keras" and target == "tflite:int8":
+        # the headline names the precision that ran: the int8 the target quantizes to
+        precision = report.summary.get("precision") or {}
+        if precision and precision.get("dtype") != "int8":
+            return line + f" **headline says {precision.get('dtype')}**", True
     if check is None:
-        return line, bool(report.summary["defects"])
+        return line, bool(report.summary["defects"]) or wrong
     if not found(report, *check):
         return line + " **missed**", True
-    return line, False
+    return line + (" **a door disagrees**" if wrong else ""), wrong
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -381,8 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     lines = [
         "| model | target | expected | verdict | defects | narrow accumulation | approximations | "
-        "largest multiple | layers with a baseline | time |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "exit · check · reduce | largest multiple | layers with a baseline | time |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     names = [m for m in args.models.split(",") if m]  # `--models ""`: the faults alone
     targets = [t for t in args.targets.split(",") if t]
