@@ -142,15 +142,18 @@ impl<'a> Rewritten<'a> {
     }
 
     /// The node whose value may be call `i`'s, of the reader `node`: the reader itself, or
-    /// where it is an integer kernel with a stored weight (ONNX Runtime's dynamic quantizer's
-    /// MatMulInteger, ConvInteger), the last of the unscoped Cast and Mul nodes that take its
+    /// where it is an integer matrix product with a stored weight (ONNX Runtime's dynamic
+    /// quantizer's MatMulInteger), the last of the unscoped Cast and Mul nodes that take its
     /// integers back to the float value the model computes (its scales), which keeps the
     /// original value's name.
     fn candidate<'n>(&'n self, node: &'n NodeInfo, i: usize) -> Option<&'n NodeInfo> {
         if self.may_be(node, i) {
             return Some(node);
         }
-        let integer = node.op_type.ends_with("Integer")
+        // MatMulInteger only: a ConvInteger's rescaled value is often a Conv and the
+        // BatchNorm the quantizer folded into it (MobileNetV3's, ResNet-50's), the later
+        // layer's value, which pairing by value and the fused-layer rule place right
+        let integer = node.op_type == "MatMulInteger"
             && self.unscoped.contains(&node.index)
             && (node.inputs.iter()).any(|v| self.weights.contains(v.as_str()));
         if !integer {
