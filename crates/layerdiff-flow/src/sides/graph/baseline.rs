@@ -133,7 +133,9 @@ impl GraphBaseline {
         let squared = |t: &Tensor| {
             let v = t.view();
             let values: Vec<f64> = (0..v.numel()).map(|i| v.get_f64(i).powi(2)).collect();
-            Tensor::from_f64(DType::F64, &values)
+            let mut square = Tensor::from_f64(DType::F64, &values);
+            square.shape = t.shape.clone();
+            square
         };
         let rounded = |n: &str| {
             let (tensor, held) = feed(n)?;
@@ -152,7 +154,9 @@ impl GraphBaseline {
         let rss: Vec<f64> = (0..sums.numel())
             .map(|i| sums.get_f64(i).max(0.0).sqrt())
             .collect();
-        Some((terms as u64, Tensor::from_f64(DType::F64, &rss)))
+        let mut rss = Tensor::from_f64(DType::F64, &rss);
+        rss.shape = sums.shape.to_vec();
+        Some((terms as u64, rss))
     }
 }
 
