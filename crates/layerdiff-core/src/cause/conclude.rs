@@ -30,7 +30,10 @@ pub(super) fn conclude(
     let first_precision = precision.iter().find(|l| own(l) || summary.is_source(l));
     let (precision_origin, source) = match past {
         Some(l) if !precision.is_empty() => {
-            let amplified = !(l.local_exceeds || (l.local.is_none() && l.exceeds_tol));
+            // past it with what it inherits, most of which is upstream's (a layer whose own
+            // rounding is most of what it hands on is where the drift is born, whatever it adds)
+            let amplified = !(l.local_exceeds || (l.local.is_none() && l.exceeds_tol))
+                && super::own_share(l) < crate::BORN_HERE;
             let source = l.error_from.clone().filter(|_| amplified);
             (Some(l.name.clone()), source)
         }

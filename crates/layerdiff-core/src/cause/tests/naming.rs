@@ -83,3 +83,39 @@ fn a_file_difference_two_layers_re_run_is_one_defect() {
         "{detail}"
     );
 }
+
+#[test]
+fn the_precision_origin_is_the_first_layer_past_its_tolerance_and_its_source_only_what_it_amplifies()
+ {
+    // l0 rounds within its tolerance; l1 exceeds. Where l1 adds little of its own, it is the
+    // origin and l0 the source whose rounding it amplifies; where its own rounding is most of
+    // what it hands on (a deep MLP's layer `6`, from `4`), the drift is born there: no source.
+    let run = |own: f64, accumulated: f64| {
+        let mut layers = vec![
+            layer(0, 6e-5, Some(6e-5), &["x"]),
+            layer(1, accumulated, Some(own), &["l0"]),
+        ];
+        for l in &mut layers {
+            let d = l.local.as_ref().unwrap().max_abs_diff;
+            l.float64 = Some(crate::Float64Distance {
+                reference: d,
+                target: d,
+            });
+        }
+        let mut summary = analyse(&mut layers, Tolerance::PerDtype);
+        explain(
+            &mut layers,
+            &[Evidence::default(), Evidence::default()],
+            &mut summary,
+        );
+        summary
+    };
+    let amplified = run(2e-6, 5e-4);
+    let p = amplified.precision.as_ref().expect("precision");
+    assert_eq!(p.origin.as_deref(), Some("l1"));
+    assert_eq!(p.source.as_deref(), Some("l0"));
+    let born = run(9e-5, 1.2e-4);
+    let p = born.precision.as_ref().expect("precision");
+    assert_eq!(p.origin.as_deref(), Some("l1"));
+    assert_eq!(p.source, None, "{p:?}");
+}
