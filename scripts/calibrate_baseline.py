@@ -48,7 +48,7 @@ from layerdiff.torch import compare_torch_onnx
 from layerdiff.torch.models import ZOO, load_builder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from calibration_files import DECODE_EDITS, EDITS, dynamic_int8, int4  # noqa: E402
+from calibration_files import DECODE_EDITS, EDITS, FAULTS, dynamic_int8, int4  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs/metrics.md"
@@ -75,57 +75,6 @@ GRAD_TARGETS = ("torch:bf16", "torch:fp16")
 DECODERS = ("llama", "qwen2", "gpt2")
 DECODE_FILES = ("float", "dynamic int8", "int4")
 REPORTS = {"onnx fp16": "fp16", "torch:bf16": "bf16"}  # examples/reports/NAME_SUFFIX.json
-# planted faults: (builder in tests/builders/narrow_kernels.py, forward or grad, target,
-# the layer it must be found at, the cause it must have there)
-FAULTS = [
-    ("cnn", "forward", "torch:bf16", "layer3.0.conv2", "narrow_accumulation"),
-    ("cnn", "forward", "torch:fp16", "layer3.0.conv2", "narrow_accumulation"),
-    ("transformer", "forward", "torch:bf16", "layers.1.linear1", "narrow_accumulation"),
-    ("transformer", "forward", "torch:fp16", "layers.1.linear1", "narrow_accumulation"),
-    ("mlp_wrong_backward", "grad", "torch:bf16", "0.weight", "op_implementation"),
-    ("mlp_wrong_backward", "grad", "torch:fp16", "0.weight", "op_implementation"),
-    ("cnn_wrong_backward", "grad", "torch:bf16", "layer3.0.conv2.weight", "op_implementation"),
-    ("transformer_wrong_backward", "grad", "torch:bf16", "layers.1.linear1.weight",
-     "op_implementation"),
-    ("transformer_wrong_backward", "grad", "torch:fp16", "layers.1.linear1.weight",
-     "op_implementation"),
-    ("convnext_wrong_backward", "grad", "torch:bf16", "classifier.2.weight", "op_implementation"),
-    # a functional call's epsilon computed from the dtype (tests/builders/dtype_scalar.py)
-    ("dtype_scalar", "forward", "torch:bf16", "1:layer_norm", "argument_mismatch"),
-    ("dtype_scalar", "forward", "torch:fp16", "1:layer_norm", "argument_mismatch"),
-    # the model's ONNX export edited, run by ONNX Runtime as written (`file` faults, EDITS)
-    ("bert", "file", "ort", "model.encoder.layer.1.attention.output.LayerNorm", "file_differs"),
-    ("resnet18", "file", "ort", "fc", "file_differs"),
-    ("edited_files", "file", "ort", "norm", "weight_mismatch"),
-    # a squeeze-excitation weight ×1.1: its values (about 1e-3) keep the layer and all after
-    # it under the absolute tolerance
-    ("efficientnet_b0", "file", "ort", "features.2.0.block.2.fc1", "weight_mismatch"),
-    # a Conv+BatchNorm weight ×1.05 in a legacy export, which ONNX Runtime fuses with the ReLU
-    # into an NCHWc Conv on a reordered copy: found at the first value that survives
-    ("resnet18 legacy", "file", "ort:opt=all", "layer2.0.relu", "weight_mismatch"),
-    # one weight scale ×1.3 in a file quantized by ONNX Runtime's dynamic quantizer
-    ("bert dynamic int8", "file", "ort", "model.encoder.layer.0.attention.self.value",
-     "weight_mismatch"),
-    # no fault planted: tract's Erf, an approximation within every tolerance, at an MLP's
-    # small activations (tests/builders/approximations.py), on the default `layerdiff onnx`
-    # target
-    ("approximations", "file", "file tract", "erf_1", "approximation"),
-    # decoders under --decode-steps 2 (DECODE_EDITS): a dynamic int8 weight scale ×1.3, one
-    # int4 block's scale ×1.3, positions one too far or a mask one token short where the file
-    # is given a cache
-    ("llama dynamic int8", "decode", "ort", "model.layers.0.self_attn.v_proj",
-     "weight_mismatch"),
-    ("qwen2 int4", "decode", "ort", "model.layers.1.mlp.down_proj", "weight_mismatch"),
-    ("llama float", "decode", "ort", "model.rotary_emb", "file_differs"),
-    ("gpt2 float", "decode", "ort", "transformer.h.0.attn:add", "file_differs"),
-    # a block whose own code computes differently only when compiled as a whole, two levels
-    # down (tests/builders/compiled_block.py), and the same fault in the first block; its
-    # clean twin (no layer and no module: `None`)
-    ("compiled_block", "forward", "torch:compile", "stages.1.blocks.1", "cross_module_fusion"),
-    ("compiled_block:build_first", "forward", "torch:compile", "stages.0.blocks.0",
-     "cross_module_fusion"),
-    ("compiled_block:build_clean", "forward", "torch:compile", None, None),
-]  # fmt: skip
 # built-in models whose whole compile must agree with it eager (`torch:compile`, clean rows)
 COMPILED = ("resnet18", "bert", "gpt2")
 # the subset `--quick` runs: (model, target) clean rows, Keras rows, gradients, faults by index

@@ -24,13 +24,38 @@ pub struct FileDiffers {
     pub fix: String,
 }
 
+/// The file read against the model's own export.
+#[derive(Debug, Clone)]
+pub struct AgainstExport {
+    /// What differs (see [`against_export`]).
+    pub differences: Vec<FileDiffers>,
+    /// Whether the file is the export's graph: the same nodes (name and op, in order) and
+    /// the same weights by name. With no difference, it is then the model's own computation,
+    /// and whatever its outputs show is the runtime's.
+    pub same_graph: bool,
+}
+
 /// What differs between `file` and `export` (the model exported afresh by the same exporter):
 /// weights of the same name beyond their rounding to the file's dtype, attributes of the same
 /// node. A file another exporter wrote shares few names with the export, and is judged by its
 /// outputs alone there.
-pub fn against_export(export: &Path, file: &Path) -> Result<Vec<FileDiffers>> {
+pub fn against_export(export: &Path, file: &Path) -> Result<AgainstExport> {
     let (export, file) = (Model::load(export)?, Model::load(file)?);
-    Ok(crate::engine::evidence::file_differences(&export, &file)
+    let (a, b) = (export.graph(), file.graph());
+    let nodes = |g: &layerdiff_onnx::GraphProto| {
+        (g.node.iter())
+            .map(|n| (n.name().to_string(), n.op_type().to_string()))
+            .collect::<Vec<_>>()
+    };
+    let weights = |g: &layerdiff_onnx::GraphProto| {
+        let mut names: Vec<String> = (g.initializer.iter())
+            .map(|t| t.name().to_string())
+            .collect();
+        names.sort_unstable();
+        names
+    };
+    let same_graph = nodes(a) == nodes(b) && weights(a) == weights(b);
+    let differences = crate::engine::evidence::file_differences(&export, &file)
         .into_iter()
         .map(|d| FileDiffers {
             layer: d.layer,
@@ -38,7 +63,11 @@ pub fn against_export(export: &Path, file: &Path) -> Result<Vec<FileDiffers>> {
             detail: d.detail,
             fix: d.fix,
         })
-        .collect())
+        .collect();
+    Ok(AgainstExport {
+        differences,
+        same_graph,
+    })
 }
 
 /// The differences in the check's words, one line each with its fix.
