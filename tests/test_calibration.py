@@ -1,9 +1,10 @@
 """The calibration corpus's quick subset (`scripts/calibrate_baseline.py --quick`): a clean row
 of each kind of side (an ONNX float16 file, a dynamic int8 file, OpenVINO, PyTorch bfloat16,
 TFLite int8, bfloat16 gradients, a dynamic int8 decoder under `--decode-steps`) must read no
-defect, and the planted faults that take seconds (a dtype-dependent epsilon, a weight whose layer stays under the absolute tolerance, a dynamic
-int8 file's weight scale) must each be found at their layer with their cause. `make calibrate`
-runs the whole corpus."""
+defect, and the planted faults that take seconds (a dtype-dependent epsilon, a weight whose
+layer stays under the absolute tolerance, a dynamic int8 file's weight scale) must each be found
+at their layer with their cause, and agree at every door (exit code, `check`, `reduce`). `make
+calibrate` runs the whole corpus."""
 
 from __future__ import annotations
 

@@ -75,7 +75,8 @@ def test_an_approximation_within_every_tolerance_is_named_and_passes_at_every_do
     assert approximation["ops"] == "Erf" and float(approximation["multiple"]) > 10, approximation
     assert float(approximation["tolerance_multiple"]) < 1
     layer = approximation["layer"]
-    assert f"approximate beyond what an honest float32 kernel explains, within every tolerance: `{layer}` Erf" in seen["headline"]  # fmt: skip
+    named = "approximate beyond what an honest float32 kernel explains, within every tolerance"
+    assert f"{named}: `{layer}` Erf" in seen["headline"], seen["headline"]
     assert seen["opaque"] == 0
     # reduce cuts the approximation down, checked by what the report judged it by
     assert seen["reduce"].returncode == 0, seen["reduce"].stdout + seen["reduce"].stderr
