@@ -63,9 +63,7 @@ def verdicts(folder: Path, *args: str) -> dict:
     }
 
 
-def test_an_approximation_within_every_tolerance_is_named_and_passes_at_every_door(
-    files, tmp_path
-):
+def test_an_approximation_within_every_tolerance_is_named_and_passes_at_every_door(files, tmp_path):
     folder, clean, _ = files
     seen = verdicts(tmp_path, str(clean))  # the default target: tract
     s = seen["report"]["summary"]
