@@ -160,8 +160,9 @@ def test_a_float16_file_on_both_sides_loses_no_precision_to_itself(tmp_path):
     # what it amplifies (the source)
     s = report["summary"]
     assert s["drift_origin"] == "10" and s["precision"]["source"] == "/proj/Add_output_0", s
-    assert "first past its tolerance at `10`, from the rounding of `/proj/Add_output_0`" in (
-        result.stdout.splitlines()[0]
+    assert (
+        "first past its tolerance at `10`, from the rounding of `/proj/Add_output_0`"
+        in (result.stdout.splitlines()[0])
     )
     source = next(x for x in report["layers"] if x["name"] == "/proj/Add_output_0")
     assert source["cause"] == "rounding", source["detail"]
