@@ -260,15 +260,7 @@ pub fn assess_baseline(
             sum / s.count as f64
         }
     };
-    let ratio = |own: f64, allowed: f64| {
-        if own == 0.0 {
-            0.0
-        } else if allowed > 0.0 {
-            own / allowed
-        } else {
-            f64::INFINITY
-        }
-    };
+
     // In float32 (or float64) the kernel that adds the terms one by one in the grid is an
     // honest one (float32 accumulation is what every kernel does): its allowance is the
     // ideal's, not a second ideal to name.
@@ -387,6 +379,17 @@ fn summed(
 /// Elements `start..end` of `v`, as bytes.
 fn span<'v>(v: &TensorView<'v>, start: usize, end: usize) -> &'v [u8] {
     &v.bytes[start * v.dtype.size()..end * v.dtype.size()]
+}
+
+/// `own` as a multiple of `allowed`: 0 where there is no error, infinite where none is allowed.
+pub(crate) fn ratio(own: f64, allowed: f64) -> f64 {
+    if own == 0.0 {
+        0.0
+    } else if allowed > 0.0 {
+        own / allowed
+    } else {
+        f64::INFINITY
+    }
 }
 
 #[cfg(test)]

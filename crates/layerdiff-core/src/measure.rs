@@ -65,15 +65,7 @@ impl Measure {
             }
             Self::Allowance { max, mean, .. } => {
                 let stats = compare(expected, got)?;
-                let ratio = |own: f64, allowed: f64| {
-                    if own == 0.0 {
-                        0.0
-                    } else if allowed > 0.0 {
-                        own / allowed
-                    } else {
-                        f64::INFINITY
-                    }
-                };
+                let ratio = crate::baseline::ratio;
                 let multiple = if stats.nonfinite_target() > 0 || stats.nan_mismatch > 0 {
                     f64::INFINITY
                 } else {

@@ -111,34 +111,19 @@ fn findings(out: &mut String, report: &Report) {
             s.defects.len() - SHOWN_DEFECTS
         ));
     }
-    for k in s.narrow_accumulation.iter().take(SHOWN_DEFECTS) {
-        out.push_str(&format!(
-            "  narrow accumulation at `{}`: {}\n    fix: {}\n",
-            k.layer,
-            narrow_words(k),
-            k.fix
-        ));
-    }
-    if s.narrow_accumulation.len() > SHOWN_DEFECTS {
-        out.push_str(&format!(
-            "  … and {} more layer(s) that accumulate in the narrow dtype, in the report\n",
-            s.narrow_accumulation.len() - SHOWN_DEFECTS
-        ));
-    }
-    for a in s.approximations.iter().take(SHOWN_DEFECTS) {
-        out.push_str(&format!(
-            "  approximation at `{}`: {}\n    fix: {}\n",
-            a.layer,
-            approximation_words(a),
-            a.fix
-        ));
-    }
-    if s.approximations.len() > SHOWN_DEFECTS {
-        out.push_str(&format!(
-            "  … and {} more approximation(s), in the report\n",
-            s.approximations.len() - SHOWN_DEFECTS
-        ));
-    }
+    let narrow = (s.narrow_accumulation.iter())
+        .map(|k| (k.layer.as_str(), narrow_words(k), k.fix.as_str()))
+        .collect();
+    kernel_lines(
+        out,
+        "narrow accumulation",
+        narrow,
+        "layer(s) that accumulate in the narrow dtype",
+    );
+    let approximations = (s.approximations.iter())
+        .map(|a| (a.layer.as_str(), approximation_words(a), a.fix.as_str()))
+        .collect();
+    kernel_lines(out, "approximation", approximations, "approximation(s)");
     if let Some(p) = &s.precision {
         out.push_str(&format!(
             "  precision: {}\n",
@@ -216,6 +201,18 @@ fn keep_float32(out: &mut String, report: &Report) {
         if let Some(check) = &keep.check {
             out.push_str(&format!("  checked: {}\n", check.verdict));
         }
+    }
+}
+
+/// Kernel findings that are not defects, `what` at each layer with its words and fix, the
+/// first [`SHOWN_DEFECTS`], then how many `more` the report holds.
+fn kernel_lines(out: &mut String, what: &str, rows: Vec<(&str, String, &str)>, more: &str) {
+    for (layer, words, fix) in rows.iter().take(SHOWN_DEFECTS) {
+        out.push_str(&format!("  {what} at `{layer}`: {words}\n    fix: {fix}\n"));
+    }
+    if rows.len() > SHOWN_DEFECTS {
+        let left = rows.len() - SHOWN_DEFECTS;
+        out.push_str(&format!("  … and {left} more {more}, in the report\n"));
     }
 }
 
