@@ -288,18 +288,12 @@ fn approximation_clause(s: &crate::Summary) -> String {
         return String::new();
     };
     let n = s.approximations.len();
-    let named: Vec<String> = (s.approximations.iter().take(3))
-        .map(|a| format!("`{}` {} ({:.1}×)", a.layer, a.ops, a.multiple))
-        .collect();
-    let more = if n > 3 {
-        format!(" and {} more", n - 3)
-    } else {
-        String::new()
-    };
+    let named = first_three(
+        (s.approximations.iter()).map(|a| format!("`{}` {} ({:.1}×)", a.layer, a.ops, a.multiple)),
+    );
     format!(
-        "{n} kernel(s) approximate beyond what an honest {} kernel explains, within every tolerance: {}{more}",
-        first.dtype,
-        named.join(", ")
+        "{n} kernel(s) approximate beyond what an honest {} kernel explains, within every tolerance: {named}",
+        first.dtype
     )
 }
 
@@ -309,23 +303,23 @@ fn narrow_clause(s: &crate::Summary) -> String {
         return String::new();
     };
     let n = s.narrow_accumulation.len();
-    let named: Vec<String> = s
-        .narrow_accumulation
-        .iter()
-        .take(3)
-        .map(|k| format!("`{}` ({:.1}×)", k.layer, k.multiple))
-        .collect();
-    let more = if n > 3 {
-        format!(" and {} more", n - 3)
-    } else {
-        String::new()
-    };
+    let named = first_three(
+        (s.narrow_accumulation.iter()).map(|k| format!("`{}` ({:.1}×)", k.layer, k.multiple)),
+    );
     format!(
-        "{n} layer(s) accumulate in {}, beyond a float32-accumulating kernel and within a {}-accumulating one: {}{more}",
-        first.dtype,
-        first.dtype,
-        named.join(", ")
+        "{n} layer(s) accumulate in {}, beyond a float32-accumulating kernel and within a {}-accumulating one: {named}",
+        first.dtype, first.dtype
     )
+}
+
+/// The first three of `named`, joined, then how many more (`a, b, c and 2 more`).
+fn first_three(named: impl Iterator<Item = String>) -> String {
+    let named: Vec<String> = named.collect();
+    let shown = named[..named.len().min(3)].join(", ");
+    match named.len().saturating_sub(3) {
+        0 => shown,
+        more => format!("{shown} and {more} more"),
+    }
 }
 
 /// A defect's size in words: its multiple of what precision explains, else of its tolerance.
