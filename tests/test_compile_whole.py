@@ -110,3 +110,23 @@ def test_a_search_that_fails_leaves_the_whole_model_as_the_defect(monkeypatch):
         "a backend that cannot compile this module)" in defect["detail"]
     ), defect["detail"]
     assert report.exit_code == 1
+
+
+def test_a_leaf_that_differs_compiled_alone_stays_the_finding(tmp_path):
+    """tests/builders/wrong_lowering.py: Inductor's sigmoid is wrong, so the Sigmoid leaf
+    compiled alone differs; without the float64 truth its error is undecided, not a defect. The
+    whole model compiled at once differs by that same error: it is no fusion across modules, and
+    the leaf stays the headline (it was `Sequential` cross_module_fusion, "each of its leaves
+    compiled alone agrees", which the Sigmoid's own row contradicted)."""
+    report = tmp_path / "r.json"
+    done = run_cli("torch", f"{ROOT / 'tests/builders/wrong_lowering.py'}:build", "--target",
+                   "torch:compile", "--no-float64", "--json", str(report))  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    data = json.loads(report.read_text())
+    s = data["summary"]
+    assert s["verdict"] == "undecided" and not s["defects"], s
+    assert s["drift_origin"] == "3"
+    assert "cross_module_fusion" not in done.stdout
+    whole = data["compiled_whole"]
+    assert whole["tried"][0]["differs"] and "module" not in whole
+    assert whole["not_searched"].startswith("the layers' own errors (`3` undecided)")

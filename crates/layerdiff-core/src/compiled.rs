@@ -2,7 +2,8 @@
 //! compiles each leaf module alone, so what a compiler does across modules (fusing a block's
 //! own code with its submodules) never runs there. The whole model is therefore also compiled
 //! at once and its output judged against the same side eager, as `layerdiff check` judges an
-//! output; where it differs and no layer has a defect, the module tree is searched for the
+//! output; where it differs and no layer has a defect or an undecided error of its own (a leaf
+//! that differs compiled alone already explains it), the module tree is searched for the
 //! smallest module whose compiled form differs, and that module is the report's defect
 //! ([`crate::Cause::CrossModuleFusion`]).
 

@@ -2,16 +2,17 @@
 
 The layer-by-layer comparison compiles each leaf module alone, so that hooks fire between
 leaves; what a compiler does across modules (fusing a block's own code with its submodules)
-never runs there. So the whole model is also compiled at once and its outputs judged against
-the same side eager, by `layerdiff check`'s rule (the core's `ModuleSearch`: every element within
+never runs there. So the whole model is also compiled at once and its outputs judged against the
+same side eager, by `layerdiff check`'s rule (the core's `ModuleSearch`: every element within
 the output's tolerance, and no further from float64 than rounding explains). Where it differs
-and no layer has a defect, the module tree is searched for the smallest module whose compiled
-form differs: at each module, on the inputs it gets in the model's forward pass, its submodules
-(those with children of their own: a leaf compiled alone agreed already) are left eager by
-halves (`torch.compiler.disable` in a copy, the core's one search, `smallest_set`) to find those the
-difference needs; where that is one submodule and it differs compiled alone, the search goes
-down into it. About depth × (1 + 2·log₂ breadth) compiles, not one per module. The answer is
-checked by compiling it once more, afresh; the core makes it the report's defect
+and no layer has a defect or an undecided error of its own (a leaf that differs compiled alone
+explains the whole model's difference), the module tree is searched for the smallest module
+whose compiled form differs: at each module, on the inputs it gets in the model's forward pass,
+its submodules (those with children of their own: a leaf compiled alone agreed already) are left
+eager by halves (`torch.compiler.disable` in a copy, the core's one search, `smallest_set`) to
+find those the difference needs; where that is one submodule and it differs compiled alone, the
+search goes down into it. About depth × (1 + 2·log₂ breadth) compiles, not one per module. The
+answer is checked by compiling it once more, afresh; the core makes it the report's defect
 (`cross_module_fusion`).
 """
 
@@ -51,10 +52,11 @@ def across_modules(model, inputs, report, options, side: TorchSide, listing, ste
         return report._native, f"the whole model could not be compiled at once: {_said(e)}"
     if not differs:
         return search.recorded(report._native), speeds
-    defects = report.summary["defects"]
-    if defects:
-        named = ", ".join(f"`{d['layer']}` {d['cause']}" for d in defects[:3])
-        why = f"the layers' defects ({named}) come first: the whole model carries them"
+    own = [(d["layer"], d["cause"]) for d in report.summary["defects"]]
+    own += [(la["name"], "undecided") for la in report.layers if la["finding"] == "undecided"]
+    if own:  # a leaf compiled alone already differs: the whole model carries its error
+        named = ", ".join(f"`{layer}` {cause}" for layer, cause in own[:3])
+        why = f"the layers' own errors ({named}) come first: the whole model carries them"
         return search.recorded(report._native, not_searched=why), speeds
     try:
         with side.running():
