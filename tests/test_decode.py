@@ -7,6 +7,8 @@ mask one token short) is the headline at step 1 at its layer, and the prefill pa
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from conftest import run_cli
@@ -68,18 +70,32 @@ def test_a_pytorch_target_decodes_without_a_defect(checkpoint, name, target, tmp
 def test_a_fault_only_in_the_cached_path_is_the_headline_at_step_1(
     checkpoint, fault, layer, tmp_path
 ):
+    """And `reduce` of step 1's report cuts that step's repro: the file's nodes from
+    PyTorch's values at the layer's inputs to its value, the edit's own nodes among them (no
+    layer maps to them), checked on the step's inputs (it exited 2: a step kept no inputs)."""
     folder = checkpoint("llama")
     clean = tmp_path / "clean"
     assert run_cli("torch", str(folder), "--decode-steps", "2", "--out", str(clean)).returncode == 0
     edited = fault(clean / "model.onnx", tmp_path / "edited.onnx")
-    out = tmp_path / "axis.json"
+    run = tmp_path / "run"
     args = ("torch", str(folder), "--decode-steps", "2", "--onnx", str(edited))
-    done = run_cli(*args, "--json", str(out))
+    done = run_cli(*args, "--out", str(run))
     assert done.returncode == 1, done.stderr
-    points = axis_of(out)["points"]
+    points = axis_of(run / "axis.json")["points"]
     assert points[0]["verdict"] == "no_drift", "the prefill never reads the cache"
     assert [(p["drift_origin"], p["cause"]) for p in points[1:]] == [(layer, "file_differs")] * 2
     assert f"first fails at decode step 1: born at `{layer}` (file_differs)" in done.stdout
+    reduced = run_cli("reduce", str(run / "step-1" / "report.json"))
+    assert reduced.returncode == 0, reduced.stdout + reduced.stderr
+    assert reduced.stdout.startswith(f"decode step 1: repro of `{layer}`"), reduced.stdout
+    edit = "po_positions" if fault is positions_off_with_cache else "ms_mask"
+    assert f"→{edit}" in reduced.stdout, reduced.stdout
+    assert "running the report's command again (at 1)" in reduced.stderr
+    # only as far as the step: the second is not decoded again
+    assert "decode step 2…" not in reduced.stderr
+    shown = subprocess.run([sys.executable, "repro.py"], cwd=run / "step-1" / "repro",
+                           capture_output=True, text=True)  # fmt: skip
+    assert shown.returncode == 1, shown.stdout + shown.stderr
 
 
 def test_decoding_is_refused_for_a_model_without_a_cache_and_beside_an_axis(tmp_path):

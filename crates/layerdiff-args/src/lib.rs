@@ -261,6 +261,9 @@ pub struct Handed {
     /// Run by `reduce`: its options ask for the repro (`repro`) and no reports, and its exit
     /// code is the repro's (0: written and checked; 1: none).
     pub reducing: bool,
+    /// Run by `reduce` on the report of one point of an axis (`prefill`, `1`, a batch size):
+    /// the point whose repro is cut (`None`: the first with a headline defect).
+    pub point: Option<String>,
 }
 
 /// What [`dispatch`] did.
@@ -305,6 +308,7 @@ pub fn dispatch(argv: Vec<OsString>, ort_library: Option<&std::path::Path>) -> D
             verb,
             invocation: invocation.clone(),
             reducing: false,
+            point: None,
         })
     };
     let code = match command {

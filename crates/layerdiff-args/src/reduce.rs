@@ -34,6 +34,9 @@ pub struct Recorded {
     pub inputs: PathBuf,
     /// The layer it headlined (the first defect's), if any.
     pub headline: Option<String>,
+    /// The point of an axis it is the report of (`prefill`, `1`, a batch size), where it is one
+    /// point's (`--decode-steps`, `--batch-sizes`, `--shapes` with `--out`).
+    pub point: Option<String>,
 }
 
 impl ReduceArgs {
@@ -93,6 +96,7 @@ impl ReduceArgs {
             headline: json["summary"]["defects"][0]["layer"]
                 .as_str()
                 .map(str::to_string),
+            point: metadata.get("point").cloned(),
         })
     }
 }
@@ -143,7 +147,8 @@ pub(crate) fn run(args: &ReduceArgs, ort_library: Option<&Path>) -> Dispatched {
         ));
     }
     if !args.quiet {
-        eprintln!("running the report's command again: {text}");
+        let point = (recorded.point.as_ref()).map_or(String::new(), |p| format!(" (at {p})"));
+        eprintln!("running the report's command again{point}: {text}");
     }
     let folder = args.folder();
     let verb = match command {
@@ -162,6 +167,7 @@ pub(crate) fn run(args: &ReduceArgs, ort_library: Option<&Path>) -> Dispatched {
         verb,
         invocation: recorded.invocation,
         reducing: true,
+        point: recorded.point,
     })
 }
 

@@ -4,7 +4,7 @@
 //! summary and the timings printed. Adding a format is a variant of [`Format`], its destination,
 //! and its renderer in each kind of report that offers it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub use layerdiff_core::write_atomic;
 use layerdiff_core::{FailOn, Invocation, Report, Tensor, Timing, render, write_safetensors};
@@ -143,16 +143,7 @@ pub fn deliver(
     }
     let mut written = write_reports(&report, to)?;
     if let Some(path) = &to.inputs {
-        let mut metadata =
-            std::collections::BTreeMap::from([("producer".to_string(), "layerdiff".to_string())]);
-        if let Some(seed) = seed {
-            metadata.insert("seed".to_string(), seed.to_string());
-        }
-        if let Some(invocation) = &to.invocation {
-            let json = serde_json::to_string(invocation).expect("strings serialise");
-            metadata.insert("invocation".to_string(), json);
-        }
-        write_safetensors(path, inputs, metadata)?;
+        write_inputs(path, inputs, seed, to.invocation.as_ref(), None)?;
         written.push(path.clone());
     }
     clock.lap("rendering and writing reports", OWN);
@@ -181,6 +172,31 @@ pub fn deliver(
         eprint!("{}", timings_text(&phases));
     }
     Ok(report)
+}
+
+/// Writes a run's inputs as safetensors with what `layerdiff reduce` reads back: their `seed`,
+/// the command line that made the run (`invocation`) and, for one point of an axis, its label
+/// (`point`: `prefill`, `1`, a batch size).
+pub fn write_inputs(
+    path: &Path,
+    inputs: &[(String, Tensor)],
+    seed: Option<u64>,
+    invocation: Option<&Invocation>,
+    point: Option<&str>,
+) -> Result<()> {
+    let mut metadata =
+        std::collections::BTreeMap::from([("producer".to_string(), "layerdiff".to_string())]);
+    if let Some(seed) = seed {
+        metadata.insert("seed".to_string(), seed.to_string());
+    }
+    if let Some(invocation) = invocation {
+        let json = serde_json::to_string(invocation).expect("strings serialise");
+        metadata.insert("invocation".to_string(), json);
+    }
+    if let Some(point) = point {
+        metadata.insert("point".to_string(), point.to_string());
+    }
+    Ok(write_safetensors(path, inputs, metadata)?)
 }
 
 impl Destinations {

@@ -164,6 +164,8 @@ pub(crate) struct Command {
     invocation: Invocation,
     /// Run by `reduce`: the repro's verdict is the exit code, and no reports are written.
     reducing: bool,
+    /// Run by `reduce` on one point's report of an axis: that point (`prefill`, `1`…).
+    point: Option<String>,
     model: String,
     seed: u64,
     pub(crate) report: ReportArgs,
@@ -210,6 +212,13 @@ impl Command {
     fn reducing(&self) -> bool {
         self.reducing
     }
+    /// Run by `layerdiff reduce` on the report of one point of an axis: that point's label
+    /// (`prefill`, `1`, a batch size), whose repro is cut; None: the first point with a
+    /// headline defect.
+    #[getter]
+    fn point(&self) -> Option<String> {
+        self.point.clone()
+    }
     /// The model: a built-in name or a builder spec.
     #[getter]
     fn model(&self) -> String {
@@ -217,7 +226,7 @@ impl Command {
     }
     /// Seed of the model's weights and of generated inputs.
     #[getter]
-    fn seed(&self) -> u64 {
+    pub(crate) fn seed(&self) -> u64 {
         self.seed
     }
     /// `torch`: `dynamo` or `legacy`.
@@ -345,7 +354,7 @@ pub(crate) fn parse_cli(
     let verb = handed.verb.name();
     let (module, function) = handed.verb.runner();
     let (framework, extra) = handed.verb.framework();
-    let (invocation, reducing) = (handed.invocation, handed.reducing);
+    let (invocation, reducing, point) = (handed.invocation, handed.reducing, handed.point);
     let made = |command: Result<Command, String>| -> PyResult<Result<Py<PyAny>, String>> {
         match command {
             Ok(command) => Ok(Ok(Py::new(py, command)?.into_any())),
@@ -353,7 +362,9 @@ pub(crate) fn parse_cli(
         }
     };
     let command = match handed.verb {
-        PythonVerb::Torch(a) => made(Command::torch(a, invocation, reducing))?,
+        PythonVerb::Torch(a) => {
+            made(Command::torch(a, invocation, reducing).map(|c| Command { point, ..c }))?
+        }
         PythonVerb::Grad(a) => made(Command::grad(a, invocation, reducing))?,
         PythonVerb::Keras(a) => made(Command::keras(a, invocation))?,
         PythonVerb::Check(a) => Ok(Py::new(py, crate::check::CheckCommand::new(a))?.into_any()),
@@ -387,6 +398,7 @@ impl Command {
         Self {
             invocation,
             reducing,
+            point: None,
             model,
             seed,
             options,
@@ -450,6 +462,11 @@ impl Command {
         command.weight_map = a.weight_map;
         command.copy_weights = a.copy_weights;
         Ok(command)
+    }
+
+    /// The command line its outputs are made by.
+    pub(crate) fn invocation_of(&self) -> &Invocation {
+        &self.invocation
     }
 
     /// Where its outputs go, and the command line they are made by.

@@ -56,11 +56,13 @@ def varying(points_shapes: list[list]) -> list[list[int]]:
 def compare_along(
     model, inputs: tuple, *, batch_sizes=(), shapes=(), onnx=None, exporter="dynamo",
     workdir=None, seed: int = 0, name=None, options=None, dtype=None, keep_fp32=(), progress=None,
-    target: str = "ort", tolerance: float | str = "dtype", cache: bool = True,
+    target: str = "ort", tolerance: float | str = "dtype", cache: bool = True, at_point=None,
 ):  # fmt: skip
     """The axis report, each point's `(label, Report)`, and notes on the run. ``target`` and
     ``tolerance`` as for :func:`layerdiff.torch.compare_torch_onnx` (``options``, already parsed,
-    replaces them); ``cache`` as there."""
+    replaces them); ``cache`` as there. ``at_point``: called as ``at_point(label, model, inputs,
+    report)`` after each point's comparison, while the file it ran exists (a repro is cut from
+    it); True stops the axis there."""
     from layerdiff.torch import compare_torch, compare_torch_onnx, export_onnx
     from layerdiff.torch._running import model_notes
 
@@ -120,6 +122,8 @@ def compare_along(
                     workdir=folder / slug(axis, label), **common,
                 )  # fmt: skip
             reports.append((label, report))
+            if at_point is not None and at_point(label, model, point_inputs, report):
+                break
     native = _layerdiff.AxisReport(
         axis, [label for label, _ in reports], [r._native for _, r in reports]
     )

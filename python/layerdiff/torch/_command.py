@@ -87,8 +87,8 @@ def _delivered(command, report, said: tuple[str, bool] | None) -> int:
     `reduce`, the repro's sentence alone and its verdict as the exit code."""
     if command.reducing:
         sentence, reproduced = said
-        if not command.quiet:
-            print(sentence)
+        if not command.quiet:  # `reduce` asked for it: no option to name
+            print(sentence.removeprefix("--repro: "))
         return 0 if reproduced else 1
     if said is not None:
         report.notes.append(said[0])
@@ -136,10 +136,11 @@ def _along_axis(command, model, inputs, progress) -> int:
     from layerdiff.torch import _axis, _decode
     from layerdiff.torch._running import as_input_tuple
 
+    at_point, said = _point_repro(command)
     common = {
         "onnx": command.onnx, "exporter": command.exporter, "workdir": command.out,
         "cache": command.cache, "seed": command.seed, "name": command.model,
-        "options": command.options, "progress": progress,
+        "options": command.options, "progress": progress, "at_point": at_point,
     }  # fmt: skip
     if command.decode_steps:
         axis, reports, notes = _decode.compare_decoding(
@@ -152,6 +153,12 @@ def _along_axis(command, model, inputs, progress) -> int:
             dtype=command.dtype, keep_fp32=command.keep_fp32, **common,
         )  # fmt: skip
         slug = lambda label: _axis.slug(axis.axis, label)  # noqa: E731
+    if said:  # the point's name before its repro's sentence
+        label, (sentence, reproduced) = said[0]
+        where = label if label == "prefill" else f"{axis.axis} {label}"
+        said[0] = (f"{where}: {sentence.removeprefix('--repro: ')}", reproduced)
+    if command.reducing:
+        return _delivered(command, None, said[0] if said else _no_point_repro(command))
     if command.out is not None:
         for label, report in reports:
             folder = Path(command.out) / slug(label)
@@ -162,6 +169,40 @@ def _along_axis(command, model, inputs, progress) -> int:
                 svg=folder / "report.svg",
                 node_data=folder / "report.node-data.json",
             )
+            # what `layerdiff reduce folder/report.json` runs again, for this point
+            report._native.write_point_inputs(
+                command, folder / "report.inputs.safetensors", report.inputs, label
+            )
     for label, report in reports:
         notes += [f"{label}: {note}" for note in report.notes]
+    if command.repro is not None:
+        notes.append(said[0][0] if said else _no_point_repro(command)[0])
     return axis.deliver(command, notes)
+
+
+def _point_repro(command):
+    """Along an axis, where a repro is asked for (`--repro`, or `layerdiff reduce` of one
+    point's report): the hook that cuts it from its point (`command.point`, else the first
+    point with a headline defect) while that point's file exists, and the list its sentence and
+    verdict go in. Run by `reduce`, the axis stops at that point."""
+    said: list = []
+
+    def at_point(label, model, inputs, report) -> bool:
+        if command.repro is None or said:
+            return bool(said) and command.reducing
+        if command.point is not None and label != command.point:
+            return False
+        if command.point is None and report._native.headline[0] is None:
+            return False
+        cut = _torch_repro if command.options.torch_target is not None else _onnx_repro
+        said.append((label, cut(model, inputs, report, command)))
+        return command.reducing
+
+    return at_point, said
+
+
+def _no_point_repro(command) -> tuple[str, bool]:
+    """Why no point's repro was written."""
+    if command.point is not None:
+        return f"--repro: no repro written: the run has no point `{command.point}`", False
+    return "--repro: no repro written: no point has a headline defect", False

@@ -154,7 +154,7 @@ def points(step: DecodeStep, prompt: tuple, steps: int) -> list[tuple[str, tuple
 def compare_decoding(
     model, inputs=None, *, steps: int = 4, onnx=None, exporter: str = "dynamo", workdir=None,
     seed: int = 0, name=None, options=None, progress=None, target: str = "ort",
-    tolerance: float | str = "dtype", cache: bool = True,
+    tolerance: float | str = "dtype", cache: bool = True, at_point=None,
 ):  # fmt: skip
     """A transformers decoder (`model`: a checkpoint folder, a built-in decoder, or one given
     as it is, with its prompt ``inputs``: token ids first) compared at the prefill and at
@@ -163,7 +163,9 @@ def compare_decoding(
     :func:`layerdiff.torch.compare_torch_onnx` (``options``, already parsed, replaces them);
     ``onnx``: the decoder's file with its cache as inputs and outputs, in `DecodeStep`'s order
     (token ids, mask, position ids, then each layer's keys and values), run at every point (the
-    prefill with an empty cache); else the decoder is exported so, once."""
+    prefill with an empty cache); else the decoder is exported so, once. ``at_point``: called
+    as ``at_point(label, step, inputs, report)`` after each point's comparison, while the file it
+    ran exists (a repro is cut from it); True stops the decoding there."""
     from layerdiff.torch import compare_torch, compare_torch_onnx
     from layerdiff.torch._running import model_and_inputs, model_notes
 
@@ -230,6 +232,8 @@ def compare_decoding(
                     **common,
                 )  # fmt: skip
             reports.append((label, report))
+            if at_point is not None and at_point(label, step, given, report):
+                break
     native = _layerdiff.AxisReport(
         AXIS, [label for label, _ in reports], [r._native for _, r in reports]
     )

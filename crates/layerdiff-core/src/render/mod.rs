@@ -42,3 +42,26 @@ pub fn html_escape(text: &str) -> String {
         .replace('>', "&gt;")
         .replace('"', "&quot;")
 }
+
+/// A multiple of a bound in words (`1.04×`, `25.3×`, `3.40e42×`): two decimals below 10, where
+/// "1.0×" would hide which side of the bound it is on, one up to 10 000, then as a power of ten.
+pub fn times(multiple: f64) -> String {
+    if !multiple.is_finite() || multiple.abs() >= 1e4 {
+        format!("{multiple:.2e}×")
+    } else if multiple.abs() < 10.0 {
+        format!("{multiple:.2}×")
+    } else {
+        format!("{multiple:.1}×")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_multiple_reads_on_its_side_of_the_bound_and_short_when_huge() {
+        assert_eq!(super::times(1.04), "1.04×");
+        assert_eq!(super::times(0.996), "1.00×");
+        assert_eq!(super::times(25.31), "25.3×");
+        assert_eq!(super::times(3.4015e42), "3.40e42×");
+    }
+}

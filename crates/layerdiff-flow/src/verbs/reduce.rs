@@ -69,18 +69,18 @@ impl Repro {
         let of = self.measure.words();
         if self.reproduced {
             format!(
-                "repro of {}: {nodes} {plural} ({}) in {}, checked: the target differs by {:.3e}, {:.1}× {of} (python repro.py)",
+                "repro of {}: {nodes} {plural} ({}) in {}, checked: the target differs by {:.3e}, {} {of} (python repro.py)",
                 self.shown(),
                 self.nodes.join(", "),
                 self.folder.display(),
                 self.max_abs_diff,
-                self.multiple
+                layerdiff_core::render::times(self.multiple)
             )
         } else {
             format!(
-                "no repro of {} within {nodes} {plural}: on the piece the target stays within {of} ({:.1}×), so the difference needs more of the model; the largest piece tried is in {}",
+                "no repro of {} within {nodes} {plural}: on the piece the target stays within {of} ({}), so the difference needs more of the model; the largest piece tried is in {}",
                 self.shown(),
-                self.multiple,
+                layerdiff_core::render::times(self.multiple),
                 self.folder.display()
             )
         }
@@ -216,9 +216,10 @@ impl Written<'_> {
 }
 
 /// The repro of a framework reference's headline against an ONNX target (`layerdiff torch`
-/// against the export): the layer's ONNX nodes `nodes` (by name) of `model_path`, fed the
-/// framework's values at their inputs (`feeds`, by ONNX value name, cast to the types the file
-/// declares), held to the framework's value of the layer (`expected`), run on `target`.
+/// against the export): the nodes of `model_path` between the framework's values at the layer's
+/// inputs (`feeds`, by ONNX value name, cast to the types the file declares) and its value, as
+/// its local re-run ran them (the layer's own ONNX nodes `nodes`, by name, where no such group
+/// is found), held to the framework's value of the layer (`expected`), run on `target`.
 #[allow(clippy::too_many_arguments)]
 pub fn framework_piece(
     report: &Report,
@@ -260,6 +261,10 @@ pub fn framework_piece(
                 })
         })
         .collect::<Result<_>>()?;
+    // As the local re-run ran it: every node from the fed values to the layer's value, those
+    // the file has in its path that no layer maps to (an edit's) among them.
+    let fed = |name: &str| feeds.iter().any(|(n, _)| n == name);
+    let picked = layerdiff_onnx::local_group(&index, &value, &fed).map_or(picked, |g| g.nodes);
     // As the local re-run fed them: each value in the type the file declares for it.
     let feeds: Vec<(String, Tensor)> = feeds
         .into_iter()

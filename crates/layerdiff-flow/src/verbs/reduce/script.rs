@@ -197,7 +197,7 @@ def differs(name, expected, got):
             multiple = np.inf
         else:
             multiple = max(compared.max() / largest, compared.mean() / mean)
-        print(f"  {{multiple:.1f}}x what {{grid}} explains: an honest {{grid}} kernel may err by up to "
+        print(f"  {{multiple:.3g}}x what {{grid}} explains: an honest {{grid}} kernel may err by up to "
               f"{{largest:.3e}} (mean {{mean:.3e}}) here, the target errs by {{compared.max():.3e}} "
               f"(mean {{compared.mean():.3e}}); it shows beyond {{margin:g}}x")
         shown = bool(multiple > margin)
@@ -256,13 +256,14 @@ pub(crate) fn readme(facts: &Facts) -> String {
     let of = repro.measure.words();
     let found = if repro.reproduced {
         format!(
-            "**Checked** before this folder was written: on the piece, the target's value is {:.3e} away from the reference's at most, {:.1}× {of}.",
-            repro.max_abs_diff, repro.multiple
+            "**Checked** before this folder was written: on the piece, the target's value is {:.3e} away from the reference's at most, {} {of}.",
+            repro.max_abs_diff,
+            layerdiff_core::render::times(repro.multiple)
         )
     } else {
         format!(
-            "**Not reproduced**: on this piece, the largest tried, the target stays within {of} ({:.2}×): the difference needs more of the model than {} nodes.",
-            repro.multiple,
+            "**Not reproduced**: on this piece, the largest tried, the target stays within {of} ({}): the difference needs more of the model than {} nodes.",
+            layerdiff_core::render::times(repro.multiple),
             repro.nodes.len()
         )
     };
