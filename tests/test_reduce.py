@@ -236,6 +236,38 @@ def test_a_pytorch_model_against_a_faulty_onnx_file_reduces_to_its_nodes(resnet1
     assert shown.returncode == 1 and f"`{value}` on ort: max |diff|" in shown.stdout
 
 
+def test_a_layer_onnx_runtime_optimized_reduces_to_the_files_own_nodes(resnet18_onnx, tmp_path):
+    """A legacy export with one Conv weight scaled, run at `ort:opt=all`: ONNX Runtime fuses
+    that Conv with its ReLU into an NCHWc Conv between reorders, so the layer's nodes are the
+    optimized graph's, none of them in the file (reduce stopped with exit 2: "has no node
+    `layerdiff/ReorderInput/…`"). The repro is the file's Conv and Relu, from PyTorch's value
+    of the block's input, which ONNX Runtime fuses again when the repro runs."""
+    from faults import scale_weight
+
+    legacy = resnet18_onnx["legacy"]
+    relu = "/layer2/layer2.0/relu/Relu_output_0"
+    conv = next(n for n in onnx.load(str(legacy)).graph.node if n.op_type == "Conv"
+                and n.output[0] == "/layer2/layer2.0/conv1/Conv_output_0")  # fmt: skip
+    scale_weight(legacy, tmp_path / "edited.onnx", conv.output[0], 1.05)
+    run = run_cli("torch", "resnet18", "--onnx", "edited.onnx", "--target", "ort:opt=all",
+                  "--out", "run", "--quiet", cwd=tmp_path)  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    (defect,) = report["summary"]["defects"]
+    assert (defect["layer"], defect["cause"]) == ("layer2.0.relu", "weight_mismatch")
+    layer = next(la for la in report["layers"] if la["name"] == "layer2.0.relu")
+    assert all(n not in {c.name for c in onnx.load(str(legacy)).graph.node}
+               for n in layer["location"]["nodes"])  # fmt: skip
+    done = run_cli("reduce", str(tmp_path / "run" / "report.json"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (
+        f"repro of `layer2.0.relu` (the file's `{relu}`): 2 nodes ({conv.name}, "
+        "/layer2/layer2.0/relu/Relu)" in done.stdout
+    ), done.stdout
+    shown = run_repro(tmp_path / "run" / "repro", folder_of(tmp_path, "onnxruntime"))
+    assert shown.returncode == 1 and f"`{relu}` on ort:opt=all: max |diff|" in shown.stdout
+
+
 def test_a_wrong_backward_reduces_to_that_modules_backward_alone(tmp_path):
     """tests/builders/wrong_backward.py: a block whose half-precision backward is wrong; the
     `layerdiff grad` report's repro is that block's backward alone, checked, and its repro.py

@@ -245,26 +245,26 @@ pub fn framework_piece(
         .ok_or_else(|| Error::Usage(format!("`{layer_name}` has no ONNX value")))?;
     let model = Model::load(model_path)?;
     let index = GraphIndex::new(model.graph());
-    let picked: Vec<usize> = nodes
-        .iter()
-        .map(|name| {
-            index
-                .nodes()
-                .iter()
-                .find(|n| &n.name == name)
-                .map(|n| n.index)
-                .ok_or_else(|| {
-                    Error::Usage(format!(
-                        "`{}` has no node `{name}`: not the file the report compared",
-                        model_path.display()
-                    ))
-                })
-        })
-        .collect::<Result<_>>()?;
-    // As the local re-run ran it: every node from the fed values to the layer's value, those
-    // the file has in its path that no layer maps to (an edit's) among them.
+    // As the local re-run ran it: every node of the file from the fed values to the layer's
+    // value, those no layer maps to (an edit's) among them; where the layer's nodes are those
+    // of the graph the runtime optimized (an NCHWc Conv), the file's that compute it.
     let fed = |name: &str| feeds.iter().any(|(n, _)| n == name);
-    let picked = layerdiff_onnx::local_group(&index, &value, &fed).map_or(picked, |g| g.nodes);
+    let picked: Vec<usize> = match layerdiff_onnx::local_group(&index, &value, &fed) {
+        Ok(group) => group.nodes,
+        Err(_) => nodes
+            .iter()
+            .map(|name| {
+                (index.nodes().iter().find(|n| &n.name == name))
+                    .map(|n| n.index)
+                    .ok_or_else(|| {
+                        Error::Usage(format!(
+                            "`{}` has no node `{name}`: not the file the report compared",
+                            model_path.display()
+                        ))
+                    })
+            })
+            .collect::<Result<_>>()?,
+    };
     // As the local re-run fed them: each value in the type the file declares for it.
     let feeds: Vec<(String, Tensor)> = feeds
         .into_iter()
