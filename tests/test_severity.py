@@ -82,9 +82,14 @@ def test_an_approximation_within_every_tolerance_is_named_and_passes_at_every_do
     assert "× what float32 explains" in seen["reduce"].stdout, seen["reduce"].stdout
     assert seen["repro"].returncode == 1 and "reproduced" in seen["repro"].stdout
     assert "x what float32 explains" in seen["repro"].stdout, seen["repro"].stdout
-    # the strict reading fails on it
-    strict = run_cli("onnx", str(clean), "--fail-on", "approximation", "--quiet")
+    # the strict reading fails on it, and says so under the "no drift" headline
+    strict = run_cli("onnx", str(clean), "--fail-on", "approximation")
     assert strict.returncode == 1
+    assert strict.stdout.startswith(seen["headline"])
+    assert (
+        "exit 1: `--fail-on approximation` fails on the 1 approximation named above; without it "
+        "this run passes" in strict.stderr
+    ), strict.stderr
     # the PyTorch model against its file on tract, and the whole-output check, agree: exit 0
     torch_side = run_cli("torch", BUILDER, "--onnx", str(clean), "--target", "tract", "--quiet")
     assert torch_side.returncode == 0, torch_side.stderr

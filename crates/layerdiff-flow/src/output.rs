@@ -162,6 +162,9 @@ pub fn deliver(
             eprintln!("{note}");
         }
         print!("{}", render::to_text(&report));
+        if let Some(why) = report.summary.failed_by(to.fail_on) {
+            eprintln!("{why}");
+        }
         for path in written {
             eprintln!("wrote {}", path.display());
         }

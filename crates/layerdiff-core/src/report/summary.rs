@@ -147,6 +147,43 @@ impl Summary {
             }
         }
     }
+
+    /// Where the run fails only because `fail_on` asks for more than the default, why, in one
+    /// sentence: a headline that reads "no drift" must not exit 1 unexplained.
+    pub fn failed_by(&self, fail_on: FailOn) -> Option<String> {
+        if !self.fails(fail_on) || self.fails(FailOn::Defect) {
+            return None;
+        }
+        let (flag, found) = match fail_on {
+            FailOn::Defect => return None,
+            FailOn::Drift => ("drift", "precision drift beyond the tolerance".to_string()),
+            FailOn::Accumulation => (
+                "accumulation",
+                counted(self.narrow_accumulation.len(), "narrow accumulation"),
+            ),
+            FailOn::Approximation => {
+                let mut kinds = Vec::new();
+                if !self.approximations.is_empty() {
+                    kinds.push(counted(self.approximations.len(), "approximation"));
+                }
+                if !self.narrow_accumulation.is_empty() {
+                    kinds.push(counted(
+                        self.narrow_accumulation.len(),
+                        "narrow accumulation",
+                    ));
+                }
+                ("approximation", kinds.join(" and "))
+            }
+        };
+        Some(format!(
+            "exit 1: `--fail-on {flag}` fails on the {found} named above; without it this run passes"
+        ))
+    }
+}
+
+/// `n` of a finding, plural where it must be (`1 approximation`, `2 narrow accumulations`).
+fn counted(n: usize, finding: &str) -> String {
+    format!("{n} {finding}{}", if n == 1 { "" } else { "s" })
 }
 
 impl Verdict {
