@@ -54,6 +54,7 @@ def _files(folder: Path) -> None:
     )
     onnx.save(good, folder / "model.onnx")
     (folder / "notes.onnx").write_text("not a model\n")
+    (folder / "notes.txt").write_text("my notes\n")
     (folder / "notes.keras").write_text("not a model\n")
     (folder / "empty.onnx").write_bytes(b"")
     data = good.SerializeToString()
@@ -126,3 +127,23 @@ def test_each_example_prints_what_the_page_shows(folder, command, printed, code)
     )
     assert "Traceback" not in result.stderr and "panicked" not in result.stderr
     assert not any(folder.glob("r.*")), "an error writes no report"
+
+
+def test_a_report_over_a_file_the_run_reads_or_a_users_file_leaves_it_untouched(tmp_path):
+    """`--json victim.onnx` replaced the model with the report, `--html notes.txt` the notes:
+    both are refused before any work, the files as they were; a second run into the same
+    `--out` still replaces the first's reports."""
+    _files(tmp_path)
+    model, notes = tmp_path / "model.onnx", tmp_path / "notes.txt"
+    before = model.read_bytes(), notes.read_bytes()
+    for args in (("--json", "model.onnx"), ("--markdown", str(model)), ("--html", "notes.txt"),
+                 ("--inputs", "model.onnx", "--json", "model.onnx")):  # fmt: skip
+        done = subprocess.run([str(EXE), "onnx", "model.onnx", *args], cwd=tmp_path,
+                              capture_output=True, text=True)  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith("error: cannot write"), done.stderr
+    assert (model.read_bytes(), notes.read_bytes()) == before
+    for _ in range(2):
+        done = subprocess.run([str(EXE), "onnx", "model.onnx", "--out", "run", "--quiet"],
+                              cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
+        assert done.returncode == 0, done.stderr

@@ -162,6 +162,40 @@ impl Command {
         }
     }
 
+    /// The files and folders the verb reads that the command line names (a model file, a
+    /// builder's file, a checkpoint folder, `--vs`, `--onnx`, `--inputs`, a report to reduce):
+    /// no report may be written over one of them.
+    fn reads(&self) -> Vec<PathBuf> {
+        // a built-in name reads no file; a builder `FILE.py:FUNCTION` reads FILE.py
+        let spec = |model: &str| {
+            let path = PathBuf::from(model.rsplit_once(':').map_or(model, |(file, _)| file));
+            path.exists().then_some(path)
+        };
+        let mut read: Vec<Option<PathBuf>> = match self {
+            Self::Torch(a) => vec![spec(&a.model), a.onnx.clone()],
+            Self::Grad(a) => vec![spec(&a.model)],
+            Self::Keras(a) => vec![spec(&a.model), a.onnx.clone(), a.weight_map.clone()],
+            Self::Check(a) => vec![spec(&a.model), a.onnx.clone()],
+            Self::Onnx(a) => vec![Some(a.model.clone()), a.vs.clone(), a.input.inputs.clone()],
+            Self::Providers(a) => vec![Some(a.model.clone()), a.input.inputs.clone()],
+            Self::Audit(a) => vec![Some(a.model.clone()), a.input.inputs.clone()],
+            Self::Reduce(a) => vec![Some(a.report.clone())],
+            Self::Ops(_) | Self::Zoo => Vec::new(),
+        };
+        if let Self::Onnx(a) = self {
+            // a side of values read from a file (`expected:PATH`)
+            for side in [Some(&a.reference), a.target.as_ref()]
+                .into_iter()
+                .flatten()
+            {
+                if let RuntimeSpec::Expected(path) = side {
+                    read.push(Some(path.clone()));
+                }
+            }
+        }
+        read.into_iter().flatten().collect()
+    }
+
     /// Where the verb writes its reports, checked before any work starts.
     fn destinations(&self) -> Option<Destinations> {
         match self {
@@ -294,7 +328,7 @@ pub fn dispatch(argv: Vec<OsString>, ort_library: Option<&std::path::Path>) -> D
         Ok(command) => command,
         Err(code) => return Dispatched::Exit(code),
     };
-    if let Some(Err(e)) = command.destinations().map(|to| to.check()) {
+    if let Some(Err(e)) = (command.destinations()).map(|to| to.check(&command.reads())) {
         eprintln!("error: {e}");
         return Dispatched::Exit(2);
     }

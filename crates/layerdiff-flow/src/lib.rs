@@ -16,6 +16,7 @@ pub mod inputs;
 pub mod interrupt;
 pub mod onnx;
 pub mod output;
+mod overwrite;
 pub mod progress;
 pub mod sides;
 pub mod spec;

@@ -204,17 +204,25 @@ pub fn write_inputs(
 
 impl Destinations {
     /// Checks, before any work starts, that every file can be written where it is asked for:
-    /// not a folder itself, and under a folder that exists or can be made (its nearest
-    /// existing ancestor a folder this process may write in). A mistake found only after the
-    /// run would lose its result.
-    pub fn check(&self) -> Result<()> {
+    /// not a folder itself, under a folder that exists or can be made (its nearest existing
+    /// ancestor a folder this process may write in), not one of the files the run `reads` (a
+    /// model, its other file, its inputs; a folder's files), and not an existing file that
+    /// layerdiff did not write. A mistake found only after the run would lose its result; one
+    /// found by writing would lose the user's file.
+    pub fn check(&self, reads: &[PathBuf]) -> Result<()> {
         let files = Format::FILES
             .into_iter()
             .filter_map(|f| self.path(f))
             .chain(&self.inputs);
         let folders = self.parts.iter();
         for (path, is_folder) in files.map(|p| (p, false)).chain(folders.map(|p| (p, true))) {
-            writable(path, is_folder)
+            let refused = writable(path, is_folder).and_then(|()| {
+                if is_folder {
+                    return Ok(());
+                }
+                crate::overwrite::kept(path, reads)
+            });
+            refused
                 .map_err(|why| Error::Usage(format!("cannot write `{}`: {why}", path.display())))?;
         }
         Ok(())
