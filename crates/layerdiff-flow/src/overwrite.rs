@@ -78,7 +78,7 @@ mod tests {
         let model = folder.path().join("victim.onnx");
         std::fs::write(&model, b"layerdiff in its bytes does not make it a report").unwrap();
         let spelled = folder.path().join(".").join("victim.onnx");
-        let why = kept(&spelled, &[model.clone()]).unwrap_err();
+        let why = kept(&spelled, std::slice::from_ref(&model)).unwrap_err();
         assert!(
             why.starts_with("it is `") && why.contains("which this run reads"),
             "{why}"
