@@ -196,7 +196,7 @@ def test_a_dynamic_batch_is_one_and_other_dynamic_dimensions_need_a_shape(tmp_pa
     ("args", "message"),
     [
         (["nothing_here.onnx", "--vs", "nothing_here.onnx"], "cannot access `nothing_here.onnx`"),
-        (["{model}", "--target", "tract9"], "unknown runtime `tract9`"),
+        (["{model}", "--target", "tract9"], "unknown runtime `tract9`; did you mean `tract`?"),
         (["{model}", "--vs", "{model}", "--shape", "nope=1,2"], "`nope`, which is not an input"),
         (["{model}", "--vs", "{model}", "--int-range", "5,1"], "LO <= HI"),
         (["{text}", "--vs", "{model}"], "is not a valid ONNX model"),

@@ -29,7 +29,7 @@ pub use ort_provider::{Provider, ProviderOptions, TF32_OPS};
 pub(crate) use ort_runtime::PluginParts;
 pub use ort_runtime::{EpDevice, OptLevel, OrtRuntime, PluginEp};
 pub use per_node::{PerNode, Widened};
-pub use spec::RuntimeSpec;
+pub use spec::{RuntimeSpec, nearest};
 pub use tract_runtime::TractRuntime;
 
 /// Where a runtime placed a model's nodes: the provider asked for, and the nodes each

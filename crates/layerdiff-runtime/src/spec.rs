@@ -77,6 +77,9 @@ impl RuntimeSpec {
                  `expected:PATH`)"
             )
         };
+        if let Some(why) = unknown_name(text) {
+            return Err(why);
+        }
         if text == "tract" {
             return Ok(Self::Tract);
         }
@@ -357,3 +360,66 @@ fn optimizer_names(names: &str) -> Option<Vec<String>> {
 
 #[cfg(test)]
 mod tests;
+
+/// The runtimes' names, as a target or reference begins.
+const NAMES: [&str; 4] = ["ort", "tract", "openvino", "expected"];
+
+/// Where `text` begins with no runtime's name (`openvno`), why in a line: the nearest name
+/// where one is a slip away, and the short list (the whole grammar is `--help`'s).
+fn unknown_name(text: &str) -> Option<String> {
+    let head = text.split(':').next().unwrap_or_default();
+    if NAMES.contains(&head) {
+        return None;
+    }
+    let near = if head.starts_with("onnxruntime") {
+        Some("ort")
+    } else {
+        nearest(head, &NAMES)
+    };
+    let near = near.map_or(".".to_string(), |name| format!("; did you mean `{name}`?"));
+    Some(format!(
+        "unknown runtime `{head}`{near} Runtimes: `ort` (ONNX Runtime: `ort:cuda`, \
+         `ort:opt=all`…), `tract`, `openvino` (`openvino:precision=bf16`…), `expected:PATH` \
+         (values from a file); `--help` spells every option"
+    ))
+}
+
+/// The name of `names` that `word` is a slip of (one edit, or a third of the name's
+/// length), if any.
+pub fn nearest<'a>(word: &str, names: &[&'a str]) -> Option<&'a str> {
+    (names.iter().map(|name| (edits(word, name), *name)).min())
+        .filter(|(d, name)| *d <= 1.max(name.len() / 3))
+        .map(|(_, name)| name)
+}
+
+/// The edit distance between `a` and `b` (insertions, deletions, substitutions).
+fn edits(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+mod slips {
+    #[test]
+    fn a_misspelled_runtime_is_named_with_the_one_it_slips_from_and_nothing_else_is() {
+        let said = super::RuntimeSpec::parse("openvno").unwrap_err();
+        assert!(said.starts_with("unknown runtime `openvno`; did you mean `openvino`?"));
+        assert!(said.len() < 300, "the short list, not the grammar: {said}");
+        assert_eq!(super::nearest("trac", &super::NAMES), Some("tract"));
+        assert_eq!(super::nearest("tvm", &["torch", "tf", "xla"]), None);
+        let said = super::RuntimeSpec::parse("onnxruntime:cuda").unwrap_err();
+        assert!(said.contains("did you mean `ort`?"), "{said}");
+    }
+}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -191,6 +192,33 @@ def zoo_text() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _what_the_file_is(spec: str) -> str | None:
+    """Where `spec` names a file this verb does not take, what it is and the command that
+    takes it."""
+    suffix = Path(spec).suffix.lower()
+    if suffix == ".onnx":
+        return (
+            f"`{spec}` is an ONNX file, and this command takes a PyTorch model: compare the file "
+            f"across runtimes with `layerdiff onnx {spec}`, or a PyTorch model against it with "
+            f"`layerdiff torch MODEL --onnx {spec}`"
+        )
+    if suffix in (".pt", ".pth", ".bin", ".ckpt", ".pkl"):
+        return (
+            f"`{spec}` is a saved PyTorch file, and a model needs its code to be built: write a "
+            "`build()` in a .py file that loads it (`torch.load`, or your class with "
+            "`load_state_dict`) and returns the model and example inputs, and give "
+            "`FILE.py:build`"
+        )
+    if suffix == ".py":
+        return (
+            f"`{spec}` names no function: give the one that builds the model and its example "
+            f"inputs, `{spec}:build`"
+        )
+    if suffix in (".keras", ".h5"):
+        return f"`{spec}` is a Keras model: compare it with `layerdiff keras {spec}`"
+    return None
+
+
 def load_builder(spec: str, streams=None):
     """`resnet18`, `path/to/file.py:build`, `package.module:build` or a transformers checkpoint
     folder (`path/to/folder`, see `load_checkpoint`, which takes ``streams``) → a function of
@@ -206,7 +234,8 @@ def load_builder(spec: str, streams=None):
     if ":" not in spec:
         known = ", ".join(ZOO)
         raise _layerdiff.UsageError(
-            f"unknown model `{spec}`: expected a built-in name ({known}), "
+            _what_the_file_is(spec)
+            or f"unknown model `{spec}`: expected a built-in name ({known}), "
             "`path/to/file.py:function`, `package.module:function` or a checkpoint folder"
         )
     func = builder_function(spec)

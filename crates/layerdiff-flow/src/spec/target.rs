@@ -28,7 +28,28 @@ impl TargetSpec {
         } else if KerasSpec::names_keras(text) {
             KerasSpec::parse(text).map(Self::Keras)
         } else {
-            RuntimeSpec::parse(text).map(Self::Onnx)
+            RuntimeSpec::parse(text).map(Self::Onnx).map_err(|why| {
+                if !why.starts_with("unknown runtime") {
+                    return why;
+                }
+                // the framework sides this verb also takes
+                let head = text.split(':').next().unwrap_or_default();
+                let sides = ["torch", "tf", "xla", "savedmodel", "tflite"];
+                let side = (!why.contains("did you mean"))
+                    .then(|| layerdiff_runtime::nearest(head, &sides))
+                    .flatten();
+                match side {
+                    Some(side) => format!(
+                        "unknown side `{head}`; did you mean `{side}`? PyTorch: `torch:bf16`, \
+                         `torch:compile`, `torch:cuda`…; TensorFlow: `tf`, `xla`, `savedmodel`, \
+                         `tflite[:fp16|int8|dynamic]`; ONNX runtimes: `ort`, `tract`, `openvino`"
+                    ),
+                    None => format!(
+                        "{why}; PyTorch: `torch:bf16`, `torch:compile`…; TensorFlow: `tf`, \
+                         `xla`, `savedmodel`, `tflite`"
+                    ),
+                }
+            })
         }
     }
 
