@@ -85,6 +85,8 @@ def test_a_fault_only_in_the_cached_path_is_the_headline_at_step_1(
     assert points[0]["verdict"] == "no_drift", "the prefill never reads the cache"
     assert [(p["drift_origin"], p["cause"]) for p in points[1:]] == [(layer, "file_differs")] * 2
     assert f"first fails at decode step 1: born at `{layer}` (file_differs)" in done.stdout
+    axis = run_cli("reduce", str(run / "axis.json"))
+    assert axis.returncode == 2 and "reduce one point's report" in axis.stderr, axis.stderr
     reduced = run_cli("reduce", str(run / "step-1" / "report.json"))
     assert reduced.returncode == 0, reduced.stdout + reduced.stderr
     assert reduced.stdout.startswith(f"decode step 1: repro of `{layer}`"), reduced.stdout

@@ -57,6 +57,13 @@ impl ReduceArgs {
         let json: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| format!("`{shown}` is not a JSON report: {e}"))?;
         let schema = json["schema"].as_str().unwrap_or_default();
+        if schema.starts_with("layerdiff.axis/") {
+            return Err(format!(
+                "`{shown}` is an axis report (one verdict per point); reduce one point's \
+                 report: with `--out DIR`, each point has its own (`DIR/step-1/report.json`, \
+                 `DIR/batch-8/report.json`)"
+            ));
+        }
         if !schema.starts_with("layerdiff.report/") {
             return Err(format!(
                 "`{shown}` is not a layerdiff comparison report (its schema is `{schema}`)"
