@@ -16,21 +16,18 @@ _IMPORTED = time.perf_counter()
 
 
 class _Progress:
-    """Step lines with elapsed time on stderr; silent with --quiet. Each step is also where a
-    Ctrl-C or SIGTERM that Python code swallowed (a library's C code can clear the
-    KeyboardInterrupt it raised) still stops the run: the command's handler keeps it."""
+    """A line per phase on stderr, and the core's line at least every 10 s while it lasts
+    (`layerdiff_flow::progress`); silent with --quiet. Each phase is also where a Ctrl-C or
+    SIGTERM that Python code swallowed (a library's C code can clear the KeyboardInterrupt it
+    raised) still stops the run: the command's handler keeps it."""
 
     def __init__(self, quiet: bool):
         self.quiet = quiet
-        self.start = time.monotonic()
 
     def __call__(self, message: str) -> None:
-        if _layerdiff.interrupt_signal()[0] is not None:
+        if _layerdiff.interrupt_signal() is not None:
             raise KeyboardInterrupt
-        if not self.quiet:
-            print(
-                f"[{time.monotonic() - self.start:6.1f}s] {message}…", file=sys.stderr, flush=True
-            )
+        _layerdiff.progress_phase(message)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,7 +96,7 @@ def run() -> None:
     _layerdiff.settle_heap()  # the command's own process only: the API leaves the user's
     _catch_interrupts()
     try:
-        code = main()
+        code = _layerdiff.conclude(main())  # a run the core stopped says what it left
     except KeyboardInterrupt as e:
         code = _interrupted(e)
     # the work is done and said: a signal now only ends the process with what it was to say
@@ -153,17 +150,12 @@ def _signals_deferred():
 
 
 def _interrupted(e: KeyboardInterrupt) -> int:
-    """What an interrupted command prints and exits with."""
+    """What an interrupted command leaves, says and exits with: what the run made besides its
+    reports goes, the last line says what is left, and the exit code is 128 + the signal."""
     import signal
 
-    signum, said = _layerdiff.interrupt_signal()
-    signum = signum or signal.SIGINT
-    if e.args and isinstance(e.args[0], str):  # the core's own words on what it stopped
-        print(f"error: {e.args[0]}", file=sys.stderr)
-    elif not said:
-        name = "SIGINT (Ctrl-C)" if signum == signal.SIGINT else signal.Signals(signum).name
-        print(f"interrupted by {name}", file=sys.stderr)
-    return 128 + signum
+    signum = e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT
+    return _layerdiff.conclude(128 + signum, signum)
 
 
 if __name__ == "__main__":

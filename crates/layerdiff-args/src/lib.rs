@@ -196,6 +196,23 @@ impl Command {
         read.into_iter().flatten().collect()
     }
 
+    /// The folders the verb fills (`--out`, `--repro`, a table's folder): what a run a signal
+    /// stops made in them goes (see `layerdiff_flow::made`).
+    fn fills(&self) -> Vec<PathBuf> {
+        let folders = match self {
+            Self::Torch(a) => vec![a.report.out.clone(), a.repro.clone()],
+            Self::Grad(a) => vec![a.report.out.clone(), a.repro.clone()],
+            Self::Onnx(a) => vec![a.report.out.clone(), a.repro.clone()],
+            Self::Keras(a) => vec![a.report.out.clone()],
+            Self::Providers(a) => vec![a.table.out.clone()],
+            Self::Audit(a) => vec![a.table.out.clone()],
+            Self::Ops(a) => vec![a.table.out.clone()],
+            Self::Reduce(a) => vec![a.out.clone()],
+            Self::Check(_) | Self::Zoo => Vec::new(),
+        };
+        folders.into_iter().flatten().collect()
+    }
+
     /// Where the verb writes its reports, checked before any work starts.
     fn destinations(&self) -> Option<Destinations> {
         match self {
@@ -328,10 +345,14 @@ pub fn dispatch(argv: Vec<OsString>, ort_library: Option<&std::path::Path>) -> D
         Ok(command) => command,
         Err(code) => return Dispatched::Exit(code),
     };
-    if let Some(Err(e)) = (command.destinations()).map(|to| to.check(&command.reads())) {
+    let destinations = command.destinations();
+    if let Some(Err(e)) = destinations.as_ref().map(|to| to.check(&command.reads())) {
         eprintln!("error: {e}");
         return Dispatched::Exit(2);
     }
+    // the run begins: its progress shown, its folders watched
+    layerdiff_flow::progress::start(destinations.is_some_and(|to| to.quiet));
+    layerdiff_flow::made::watch(&command.fills());
     // the outputs say which command line made them
     let made = |to: Destinations| Destinations {
         invocation: Some(invocation.clone()),

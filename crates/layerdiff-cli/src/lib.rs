@@ -12,7 +12,7 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
     layerdiff_flow::interrupt::catch();
     layerdiff_flow::memory::settle_heap();
     match dispatch(argv, None) {
-        Dispatched::Exit(code) => ExitCode::from(code),
+        Dispatched::Exit(code) => ExitCode::from(layerdiff_flow::interrupt::conclude(code)),
         Dispatched::Python(..) => {
             eprintln!(
                 "error: this verb needs PyTorch or TensorFlow, which live in the Python package\n\

@@ -45,13 +45,13 @@ impl Error {
     /// The exit code of a verb that ends with this error, which it prints first: 2 (layerdiff
     /// could not do its job), or 128 + the signal that stopped the run.
     pub fn exit(&self) -> u8 {
-        eprintln!("error: {}", error_chain(self));
         match self {
-            Error::Interrupted(_) => {
-                crate::interrupt::said();
-                crate::interrupt::exit_code().unwrap_or(130)
+            // the command's end says what the signal left (`interrupt::conclude`)
+            Error::Interrupted(_) => crate::interrupt::exit_code().unwrap_or(130),
+            _ => {
+                eprintln!("error: {}", error_chain(self));
+                2
             }
-            _ => 2,
         }
     }
 }

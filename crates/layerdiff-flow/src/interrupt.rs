@@ -1,9 +1,11 @@
-//! Ctrl-C and SIGTERM in the middle of a run. The `layerdiff` command ([`catch`]) turns the first
-//! one into a request the engine reads between layers ([`requested`]): it stops there, and the
-//! run's report holds the layers compared so far, marked incomplete (or, when none was, nothing
-//! is written); the exit code is 128 + the signal's number either way ([`exit_code`]). A second
-//! signal ends the process at once, as if nothing had caught the first. A library user's
-//! process is left as it is: only the command installs the handlers.
+//! Ctrl-C and SIGTERM in the middle of a run. The `layerdiff` command ([`catch`]) says
+//! `stopping…` at once and turns the first one into a request the engine reads between layers
+//! ([`requested`]): it stops there, and the run's report holds the layers compared so far,
+//! marked incomplete (or, when none was, nothing is written). The command's end ([`conclude`])
+//! removes what else the run made in its folders and says, last, what is left; the exit code is
+//! 128 + the signal's number either way ([`exit_code`]). A second signal ends the process at
+//! once, as if nothing had caught the first. A library user's process is left as it is: only the
+//! command installs the handlers.
 
 use std::sync::atomic::{AtomicI32, Ordering};
 
@@ -23,20 +25,6 @@ pub fn requested() -> Option<i32> {
     }
 }
 
-/// Whether what the signal did to the run was said already (by [`crate::Error::exit`], or
-/// under the report's summary), so the command does not say it twice.
-static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Records that the interruption was said.
-pub fn said() {
-    SAID.store(true, Ordering::Relaxed);
-}
-
-/// Whether the interruption was said.
-pub fn was_said() -> bool {
-    SAID.load(Ordering::Relaxed)
-}
-
 /// Asks the run to stop at the next layer, as `signal` would.
 pub fn request(signal: i32) {
     SIGNAL.store(signal, Ordering::Relaxed);
@@ -45,13 +33,32 @@ pub fn request(signal: i32) {
 /// Forgets the request, for a process that goes on to another run after one stopped.
 pub fn clear() {
     SIGNAL.store(0, Ordering::Relaxed);
-    SAID.store(false, Ordering::Relaxed);
+    crate::progress::STOPPING.store(false, Ordering::Relaxed);
 }
 
 /// The exit code of a run a signal stopped: 128 + its number, as shells report a process a
 /// signal ended (130 for Ctrl-C, 143 for SIGTERM).
 pub fn exit_code() -> Option<u8> {
     requested().map(|signal| (128 + signal).clamp(0, 255) as u8)
+}
+
+/// The command's end, with the exit code its run returned: where a signal stopped the run, what
+/// the run made besides its reports goes ([`crate::made::sweep`]), the last line says what is
+/// left, and the exit code is 128 + the signal's number.
+/// A signal that came once the run's reports were written whole changes nothing: the run keeps
+/// the exit code it returned.
+pub fn conclude(code: u8) -> u8 {
+    let Some(signal) = requested() else {
+        return code;
+    };
+    crate::progress::done();
+    let swept = crate::made::sweep();
+    eprintln!("interrupted by {}: {}", name(signal), swept.words());
+    if swept.whole {
+        code
+    } else {
+        exit_code().unwrap_or(code)
+    }
 }
 
 /// A signal in words.
@@ -107,7 +114,8 @@ mod unix {
         }
     }
 
-    /// Only async-signal-safe work: atomics, `signal`, `raise` and the previous handler.
+    /// Only async-signal-safe work: atomics, `write`, `signal`, `raise` and the previous
+    /// handler.
     extern "C" fn on_signal(signal: libc::c_int) {
         if super::requested().is_some() {
             // the second signal: what it would have done had we not caught the first
@@ -119,6 +127,24 @@ mod unix {
             return;
         }
         super::request(signal);
+        crate::progress::STOPPING.store(true, Ordering::Relaxed);
+        // said at once, whatever the run is in the middle of (a runtime's compile, an export)
+        let said: &[u8] = if signal == super::SIGINT {
+            "stopping… (Ctrl-C again ends it at once, without a report)\n".as_bytes()
+        } else {
+            "stopping on SIGTERM…\n".as_bytes()
+        };
+        let ended: &[u8] = if crate::progress::MID_LINE.load(Ordering::Relaxed) {
+            b"\n"
+        } else {
+            b""
+        };
+        for bytes in [ended, said] {
+            // SAFETY: write(2) is async-signal-safe; the bytes are static strings'.
+            unsafe {
+                libc::write(libc::STDERR_FILENO, bytes.as_ptr().cast(), bytes.len());
+            }
+        }
         let (handler, flags) = slot(signal);
         let handler = handler.load(Ordering::Relaxed);
         if handler == libc::SIG_DFL || handler == libc::SIG_IGN {

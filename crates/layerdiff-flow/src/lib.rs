@@ -14,6 +14,7 @@ mod engine;
 mod error;
 pub mod inputs;
 pub mod interrupt;
+pub mod made;
 pub mod onnx;
 pub mod output;
 mod overwrite;

@@ -159,6 +159,8 @@ fn compare_once(
     outputs_only: bool,
 ) -> Result<Outcome> {
     let mut clock = Stopwatch::default();
+    let phase = |what: String| progress.then(|| crate::progress::phase(&what));
+    phase(format!("reading {}", options.model.display()));
     let own_target = target_runtime.is_some();
     let Loaded {
         reference_model,
@@ -167,10 +169,8 @@ fn compare_once(
         removed,
     } = loaded(options, lacks)?;
     clock.lap("loading models", OWN);
-    let (reference_label, target_label) = (
-        file_name(&options.model),
-        file_name(options.vs.as_ref().unwrap_or(&options.model)),
-    );
+    let reference_label = file_name(&options.model);
+    let target_label = file_name(options.vs.as_ref().unwrap_or(&options.model));
     let target_file = target_model.as_ref().unwrap_or(&reference_model);
     let spelled = |spec: &RuntimeSpec, label: &str, model: &Model| -> Result<Spelled> {
         Ok((
@@ -178,6 +178,8 @@ fn compare_once(
             built(spec, options, ort_library)?,
         ))
     };
+    let target_name = target_name(options, &target_runtime);
+    phase(format!("starting {} and {target_name}", options.reference));
     let (reference_expected, reference_runtime) =
         spelled(&options.reference, &reference_label, &reference_model)?;
     let (target_expected, target_runtime) = match target_runtime {
@@ -185,17 +187,13 @@ fn compare_once(
         None => spelled(&options.target_spec(), &target_label, target_file)?,
     };
     clock.lap("runtime start-up", RUNTIME);
-    let stored = [&reference_expected, &target_expected]
-        .into_iter()
-        .flatten()
-        .find_map(|e| e.inputs().map(<[_]>::to_vec));
+    let expecting = [&reference_expected, &target_expected];
     let MadeInputs {
         inputs,
         seed,
         batch_note,
-    } = made_inputs(options, &reference_model, stored)?;
+    } = made_inputs(options, &reference_model, &expecting)?;
     clock.lap("making inputs", OWN);
-    check_inputs(&GraphIndex::new(reference_model.graph()), &inputs)?;
     let reach = reach_of(outputs_only);
     let mut renames = crate::sides::graph::shipped::Renames::default();
     let target_holds = target_expected.as_ref().map(ExpectedSide::names);
@@ -207,6 +205,7 @@ fn compare_once(
             (Box::new(expected.given(&inputs)) as Box<dyn Side>, index)
         }
         (None, Some(runtime)) => {
+            phase(format!("preparing {target_name}'s graph"));
             let file = TargetFile {
                 model: target_model,
                 label: target_label,

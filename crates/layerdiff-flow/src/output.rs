@@ -57,9 +57,18 @@ impl Format {
 pub trait Rendered {
     /// The report in `format`; `None` when this kind of report has no such form.
     fn render(&self, format: Format) -> Option<String>;
+
+    /// Whether the report is whole: not one a signal cut short, marked incomplete.
+    fn whole(&self) -> bool {
+        true
+    }
 }
 
 impl Rendered for Report {
+    fn whole(&self) -> bool {
+        self.summary.incomplete.is_none()
+    }
+
     fn render(&self, format: Format) -> Option<String> {
         Some(match format {
             Format::Json => render::to_json(self),
@@ -144,19 +153,10 @@ pub fn deliver(
     let mut written = write_reports(&report, to)?;
     if let Some(path) = &to.inputs {
         write_inputs(path, inputs, seed, to.invocation.as_ref(), None)?;
+        crate::made::wrote(std::slice::from_ref(path), report.whole());
         written.push(path.clone());
     }
     clock.lap("rendering and writing reports", OWN);
-    if report.summary.incomplete.is_some()
-        && let Some(signal) = crate::interrupt::requested()
-    {
-        eprintln!(
-            "interrupted by {}: the report holds the {} layers compared before it, marked incomplete",
-            crate::interrupt::name(signal),
-            report.layers.len()
-        );
-        crate::interrupt::said();
-    }
     if !to.quiet {
         for note in notes {
             eprintln!("{note}");
@@ -279,6 +279,7 @@ fn writable(path: &std::path::Path, is_folder: bool) -> std::result::Result<(), 
 /// format this kind of report does not offer is an error that names it, before any file is
 /// written.
 pub fn write_reports(report: &dyn Rendered, to: &Destinations) -> Result<Vec<PathBuf>> {
+    crate::progress::done(); // the work is done: no heartbeat while the result is written
     let mut texts = Vec::new();
     for format in Format::FILES {
         let Some(path) = to.path(format) else {
@@ -301,6 +302,7 @@ pub fn write_reports(report: &dyn Rendered, to: &Destinations) -> Result<Vec<Pat
         })?;
         written.push(path.clone());
     }
+    crate::made::wrote(&written, report.whole());
     Ok(written)
 }
 

@@ -1,10 +1,143 @@
-//! Progress on a terminal: one line of layers done, time so far and time left, rewritten in
-//! place on stderr; nothing when stderr is not a terminal (a pipe, CI logs) or the run is quiet.
+//! What a command is doing, on stderr, for the person or the log that watches it. A line per
+//! phase (`[  3.1s] starting openvino…`); while layers are compared, a line of layers done and
+//! time left, rewritten in place on a terminal and written as a plain line at most every 10 s
+//! elsewhere (a pipe, a CI log: no ANSI codes); and, whatever the run is doing, a line at least
+//! every 10 s (`still …`), so a log never looks hung. Only a command prints: its door calls
+//! [`start`] (nothing at all with `--quiet`); a library user's process prints nothing.
 
 use std::io::{IsTerminal, Write};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-/// The progress line of a run over `total` layers.
+/// How long a log may go without a line while the run works: 10 s, or the seconds
+/// `LAYERDIFF_HEARTBEAT` says (a test's shorter wait).
+fn heartbeat() -> Duration {
+    static EVERY: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *EVERY.get_or_init(|| {
+        std::env::var("LAYERDIFF_HEARTBEAT")
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .map_or(Duration::from_secs(10), Duration::from_secs_f64)
+    })
+}
+
+/// What is shown, once a command started it.
+struct Shown {
+    start: Instant,
+    terminal: bool,
+    /// The phase under way, for the heartbeat's line (`None`: the run's work is done).
+    phase: Option<String>,
+    /// When the last line was written.
+    written: Instant,
+    /// A terminal's in-place line is on screen, not yet ended.
+    mid_line: bool,
+}
+
+static SHOWN: Mutex<Option<Shown>> = Mutex::new(None);
+
+/// Whether a terminal's in-place line is on screen, for a signal handler, which may not lock.
+pub(crate) static MID_LINE: AtomicBool = AtomicBool::new(false);
+
+/// Set by a signal handler that asked the run to stop: the heartbeat says nothing after it.
+pub(crate) static STOPPING: AtomicBool = AtomicBool::new(false);
+
+fn shown() -> std::sync::MutexGuard<'static, Option<Shown>> {
+    SHOWN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The command's door: progress is shown from now on, unless `quiet`; the heartbeat starts.
+pub fn start(quiet: bool) {
+    if quiet {
+        return;
+    }
+    let now = Instant::now();
+    *shown() = Some(Shown {
+        start: now,
+        terminal: std::io::stderr().is_terminal(),
+        phase: None,
+        written: now,
+        mid_line: false,
+    });
+    static HEART: std::sync::Once = std::sync::Once::new();
+    HEART.call_once(|| {
+        let _ = std::thread::Builder::new()
+            .name("layerdiff-progress".into())
+            .spawn(|| {
+                loop {
+                    std::thread::sleep(Duration::from_millis(250));
+                    beat(Instant::now());
+                }
+            });
+    });
+}
+
+/// Whether progress is shown (a command's run, not quiet).
+pub fn showing() -> bool {
+    shown().is_some()
+}
+
+/// A phase begins: its line, `[  3.1s] what…`.
+pub fn phase(what: &str) {
+    let mut guard = shown();
+    let Some(s) = guard.as_mut() else { return };
+    s.phase = Some(what.to_string());
+    let line = format!("{}{what}…\n", stamp(s.start.elapsed()));
+    s.write(&line, false, Instant::now());
+}
+
+/// The run's work is done (its result is being written and printed): no heartbeat after.
+pub fn done() {
+    if let Some(s) = shown().as_mut() {
+        s.phase = None;
+        if s.mid_line {
+            s.write("\n", false, Instant::now());
+        }
+    }
+}
+
+/// The heartbeat at `now`: where no line was written for the heartbeat's time (10 s) while a phase is under
+/// way, `still <phase>…`; nothing once a signal asked the run to stop.
+fn beat(now: Instant) {
+    let mut guard = shown();
+    let Some(s) = guard.as_mut() else { return };
+    if let Some(line) = s.due_beat(now)
+        && !STOPPING.load(Ordering::Relaxed)
+    {
+        s.write(&line, false, now);
+    }
+}
+
+impl Shown {
+    fn due_beat(&self, now: Instant) -> Option<String> {
+        let phase = self.phase.as_ref()?;
+        (now - self.written >= heartbeat())
+            .then(|| format!("{}still {phase}…\n", stamp(now - self.start)))
+    }
+
+    /// Writes `text`; `in_place`: a terminal's line to rewrite (no newline).
+    fn write(&mut self, text: &str, in_place: bool, now: Instant) {
+        let mut err = std::io::stderr().lock();
+        let lead = if self.mid_line && !in_place {
+            "\r\x1b[K"
+        } else {
+            ""
+        };
+        let _ = write!(err, "{lead}{text}");
+        let _ = err.flush();
+        self.mid_line = in_place;
+        MID_LINE.store(in_place, Ordering::Relaxed);
+        self.written = now;
+    }
+}
+
+/// `[  3.1s] `: the time since the command started.
+fn stamp(elapsed: Duration) -> String {
+    format!("[{:6.1}s] ", elapsed.as_secs_f64())
+}
+
+/// The line of layers done over a run of `total` layers.
 pub struct Ticker {
     total: usize,
     start: Instant,
@@ -12,42 +145,50 @@ pub struct Ticker {
 }
 
 impl Ticker {
-    /// A ticker when stderr is a terminal and the run may print.
-    pub fn for_terminal(total: usize, quiet: bool) -> Option<Self> {
-        (!quiet && std::io::stderr().is_terminal()).then(|| Self {
+    /// A ticker when the command shows progress (see [`start`]) and this run may print.
+    pub fn new(total: usize, quiet: bool) -> Option<Self> {
+        (!quiet && showing()).then(|| Self {
             total,
             start: Instant::now(),
             shown: None,
         })
     }
 
-    /// `done` layers of the total are done: the line, at most twice a second, and the last one
-    /// ended with a newline.
+    /// `done` layers of the total are done: the line, rewritten in place at most twice a
+    /// second on a terminal, a plain line at most every 10 s elsewhere; the last one
+    /// always.
     pub fn tick(&mut self, done: usize) {
-        if let Some(text) = self.due(done, Instant::now()) {
-            let mut err = std::io::stderr().lock();
-            let _ = err.write_all(text.as_bytes());
-            let _ = err.flush();
+        let now = Instant::now();
+        let mut guard = shown();
+        let Some(s) = guard.as_mut() else { return };
+        if let Some(text) = self.due(done, now, s.terminal) {
+            s.write(&text, s.terminal && done < self.total, now);
         }
     }
 
-    /// What to write when `done` layers are done at `now`: the line rewritten in place, unless
-    /// one was written less than half a second ago and the run is not finished.
-    fn due(&mut self, done: usize, now: Instant) -> Option<String> {
+    /// What to write when `done` layers are done at `now`, on a terminal or not.
+    fn due(&mut self, done: usize, now: Instant, terminal: bool) -> Option<String> {
         let finished = done >= self.total;
-        if !finished
-            && self
-                .shown
-                .is_some_and(|t| now - t < Duration::from_millis(500))
-        {
+        let every = if terminal {
+            Duration::from_millis(500)
+        } else {
+            heartbeat()
+        };
+        // the first line waits a second at most: a quick run needs none
+        let (last, wait) = match self.shown {
+            Some(shown) => (shown, every),
+            None => (self.start, every.min(Duration::from_secs(1))),
+        };
+        if !finished && now - last < wait {
             return None;
         }
         self.shown = Some(now);
         let line = line(done, self.total, now - self.start);
-        Some(format!(
-            "\r{line}\x1b[K{}",
-            if finished { "\n" } else { "" }
-        ))
+        Some(if terminal {
+            format!("\r{line}\x1b[K{}", if finished { "\n" } else { "" })
+        } else {
+            format!("{line}\n")
+        })
     }
 }
 
@@ -66,21 +207,65 @@ fn line(done: usize, total: usize, elapsed: Duration) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn at_most_two_lines_a_second_and_the_last_ends_the_line() {
-        let start = Instant::now();
-        let mut ticker = Ticker {
-            total: 3,
+    fn ticker(total: usize, start: Instant) -> Ticker {
+        Ticker {
+            total,
             start,
             shown: None,
-        };
-        let written: String = (1..=3).filter_map(|done| ticker.due(done, start)).collect();
-        assert!(written.starts_with("\r  layers 1/3, "), "{written:?}");
-        assert!(
-            written.ends_with("\r  layers 3/3, 0.0s, about 0s left\x1b[K\n"),
-            "{written:?}"
+        }
+    }
+
+    #[test]
+    fn on_a_terminal_at_most_two_lines_a_second_and_the_last_ends_the_line() {
+        let start = Instant::now();
+        let mut ticker = ticker(4, start);
+        let at = |ms| start + Duration::from_millis(ms);
+        assert_eq!(
+            ticker.due(1, at(100), true),
+            None,
+            "a quick start says nothing"
         );
-        assert!(!written.contains("layers 2/3"), "{written:?}");
+        let first = ticker.due(1, at(1000), true).unwrap();
+        assert!(first.starts_with("\r  layers 1/4, 1.0s, "), "{first:?}");
+        assert_eq!(ticker.due(2, at(1200), true), None);
+        assert!(ticker.due(2, at(1600), true).is_some());
+        let last = ticker.due(4, at(1700), true).unwrap();
+        assert_eq!(last, "\r  layers 4/4, 1.7s, about 0s left\x1b[K\n");
+    }
+
+    #[test]
+    fn piped_a_plain_line_at_most_every_ten_seconds_and_the_last() {
+        let start = Instant::now();
+        let mut ticker = ticker(100, start);
+        let at = |s| start + Duration::from_secs(s);
+        let first = ticker.due(1, at(1), false).unwrap();
+        assert_eq!(first, "  layers 1/100, 1.0s, about 99s left\n");
+        assert!(!first.contains('\x1b') && !first.contains('\r'));
+        assert_eq!(ticker.due(50, at(9), false), None);
+        assert!(ticker.due(60, at(11), false).is_some());
+        assert_eq!(
+            ticker.due(100, at(12), false).as_deref(),
+            Some("  layers 100/100, 12.0s, about 0s left\n")
+        );
+    }
+
+    #[test]
+    fn the_heartbeat_names_the_phase_after_ten_silent_seconds_and_not_once_done() {
+        let start = Instant::now();
+        let mut s = Shown {
+            start,
+            terminal: false,
+            phase: Some("starting openvino".into()),
+            written: start,
+            mid_line: false,
+        };
+        assert_eq!(s.due_beat(start + Duration::from_secs(9)), None);
+        assert_eq!(
+            s.due_beat(start + Duration::from_secs(10)).as_deref(),
+            Some("[  10.0s] still starting openvino…\n")
+        );
+        s.phase = None;
+        assert_eq!(s.due_beat(start + Duration::from_secs(30)), None);
     }
 
     #[test]

@@ -28,23 +28,29 @@ use crate::tensors::FlatTensor;
 
 pub(crate) use crate::report::Report;
 
-/// The progress line on a terminal (the engine's, `layerdiff_flow::progress`), ticked from
-/// Python as a PyTorch forward pass streams its layers.
+/// The line of layers done (the engine's, `layerdiff_flow::progress`), ticked from Python as a
+/// PyTorch forward pass streams its layers.
 #[pyclass(module = "layerdiff._layerdiff")]
 pub(crate) struct Ticker(layerdiff_flow::progress::Ticker);
 
 #[pymethods]
 impl Ticker {
-    /// A ticker over `total` layers when stderr is a terminal and the run is not `quiet`, else
-    /// None.
+    /// A ticker over `total` layers when the command shows its progress and the run is not
+    /// `quiet`, else None.
     #[staticmethod]
-    fn for_terminal(total: usize, quiet: bool) -> Option<Self> {
-        layerdiff_flow::progress::Ticker::for_terminal(total, quiet).map(Self)
+    fn over(total: usize, quiet: bool) -> Option<Self> {
+        layerdiff_flow::progress::Ticker::new(total, quiet).map(Self)
     }
     /// `done` layers are done.
     fn __call__(&mut self, done: usize) {
         self.0.tick(done);
     }
+}
+
+/// A phase of the command begins: its line.
+#[pyfunction]
+fn progress_phase(what: &str) {
+    layerdiff_flow::progress::phase(what);
 }
 
 /// Compares two flat tensors and returns the statistics as deterministic JSON.
@@ -152,12 +158,24 @@ fn catch_interrupts() {
     layerdiff_flow::interrupt::catch();
 }
 
-/// The signal that asked the run to stop, if one did, and whether the core said what it did to
-/// the run already.
+/// The signal that asked the run to stop, if one did.
 #[pyfunction]
-fn interrupt_signal() -> (Option<i32>, bool) {
+fn interrupt_signal() -> Option<i32> {
+    layerdiff_flow::interrupt::requested()
+}
+
+/// The command's end, with the exit code its run returned (`layerdiff_flow::interrupt::
+/// conclude`): where a signal stopped the run (`signal`, where the core's handler did not see
+/// it), what the run made besides its reports goes, the last line says what is left, and the
+/// exit code is 128 + the signal's number.
+#[pyfunction]
+#[pyo3(signature = (code, signal=None))]
+fn conclude(code: u8, signal: Option<i32>) -> u8 {
     use layerdiff_flow::interrupt;
-    (interrupt::requested(), interrupt::was_said())
+    if let (None, Some(signal)) = (interrupt::requested(), signal) {
+        interrupt::request(signal);
+    }
+    interrupt::conclude(code)
 }
 
 #[pymodule]
@@ -187,6 +205,8 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(memory::settle_heap, m)?)?;
     m.add_function(wrap_pyfunction!(memory::heap_for_streaming, m)?)?;
     m.add_function(wrap_pyfunction!(interrupt_signal, m)?)?;
+    m.add_function(wrap_pyfunction!(conclude, m)?)?;
+    m.add_function(wrap_pyfunction!(progress_phase, m)?)?;
     m.add_class::<CapturedRun>()?;
     m.add_class::<compiled::ModuleSearch>()?;
     m.add_class::<layer::CapturedLayer>()?;

@@ -49,6 +49,13 @@ pub enum RuntimeSpec {
     Expected(std::path::PathBuf),
 }
 
+impl std::fmt::Display for RuntimeSpec {
+    /// As spelled (see [`RuntimeSpec::spelling`]).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.spelling())
+    }
+}
+
 impl RuntimeSpec {
     /// ONNX Runtime on the CPU with graph optimizations off: every value exists as written.
     pub fn ort_cpu() -> Self {

@@ -159,7 +159,9 @@ def _placed(kept: Path, path: Path) -> Path:
     if path.resolve() == kept.resolve():
         return kept
     path.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(kept, path)
+    partial = path.with_name(path.name + ".partial")
+    shutil.copyfile(kept, partial)
+    partial.replace(path)  # whole or not at all: an interrupted copy leaves the old file
     return path
 
 

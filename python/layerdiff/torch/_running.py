@@ -105,10 +105,10 @@ def run_model(inputs: tuple, call):
 
 
 def progress_line(progress, total: int):
-    """The progress line over `total` layers (the engine's), when the command prints its
-    progress and stderr is a terminal; else None."""
+    """The line of layers done over `total` layers (the engine's), when the command prints its
+    progress; else None."""
     quiet = progress is None or getattr(progress, "quiet", True)
-    return _layerdiff.Ticker.for_terminal(total, quiet)
+    return _layerdiff.Ticker.over(total, quiet)
 
 
 _CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d)

@@ -98,12 +98,14 @@ pub fn to_html(report: &Report) -> String {
     let mut out = String::new();
     let _ = write!(
         out,
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">\n<title>layerdiff: {}</title>\n<style>{STYLE}</style></head><body>\n",
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">\n<title>{}layerdiff: {}</title>\n<style>{STYLE}</style></head><body>\n",
+        super::text::incomplete_mark(report),
         escape(&report.model)
     );
     let _ = writeln!(
         out,
-        "<h1>layerdiff: <code>{}</code></h1>",
+        "<h1>{}layerdiff: <code>{}</code></h1>",
+        super::text::incomplete_mark(report),
         escape(&report.model)
     );
     let class = match s.verdict {

@@ -67,7 +67,12 @@ pub fn to_markdown(report: &Report) -> String {
 /// The run: sides, machine, tolerance and counts, warnings, inputs.
 fn header(out: &mut String, report: &Report) {
     let s = &report.summary;
-    let _ = writeln!(out, "# layerdiff: {}\n", code(&report.model));
+    let _ = writeln!(
+        out,
+        "# {}layerdiff: {}\n",
+        super::text::incomplete_mark(report),
+        code(&report.model)
+    );
     let _ = writeln!(
         out,
         "Reference: **{}** ({}) · target: **{}** ({}) · mode: {}\n",

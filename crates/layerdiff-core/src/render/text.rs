@@ -5,7 +5,12 @@ use crate::{Approximation, Defect, NarrowKernel, PrecisionDrift, Report, Verdict
 
 /// The short summary printed to stdout: verdict, counts, origin, worst layers.
 pub fn to_text(report: &Report) -> String {
-    let mut out = format!("{}: {}\n", report.model, verdict(report));
+    let mut out = format!(
+        "{}{}: {}\n",
+        incomplete_mark(report),
+        report.model,
+        verdict(report)
+    );
     sides(&mut out, report);
     counts(&mut out, report);
     worst(&mut out, report);
@@ -22,6 +27,16 @@ pub fn to_text(report: &Report) -> String {
         out.push_str(&format!("  compiled whole: {}\n", whole.sentence()));
     }
     out
+}
+
+/// `INCOMPLETE: ` where a signal cut the run short: the first words of every report a person
+/// reads (the summary, the Markdown, the page).
+pub(crate) fn incomplete_mark(report: &Report) -> &'static str {
+    if report.summary.incomplete.is_some() {
+        "INCOMPLETE: "
+    } else {
+        ""
+    }
 }
 
 /// The sides: reference, target (where it placed the graph, what graph it ran), truth.

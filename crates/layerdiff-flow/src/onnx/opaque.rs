@@ -63,7 +63,7 @@ pub(crate) fn compare(
         }
     };
     let target = Counted::new(target);
-    let MadeInputs { inputs, .. } = made_inputs(options, &reference_model, None)?;
+    let MadeInputs { inputs, .. } = made_inputs(options, &reference_model, &[])?;
     let index = GraphIndex::new(target_model.graph());
     check_inputs(&index, &fit_inputs(&index, &inputs).0)?;
     let mut search = Search {

@@ -19,10 +19,23 @@ pub(super) fn run_engine(
         header, alignment, reference, target, truth, baseline, inputs, settings, clock,
     )?;
     engine.clock.lap("pairing values and planning the run", OWN);
-    engine.progress = crate::progress::Ticker::for_terminal(engine.layer_count(), !progress);
+    if progress {
+        crate::progress::phase("comparing the layers");
+    }
+    engine.progress = crate::progress::Ticker::new(engine.layer_count(), !progress);
     let segmentation = engine.segmentation();
     engine.advance()?;
     Ok((engine.finish()?, segmentation))
+}
+
+/// The target's name in the progress lines: its runtime's, or as spelled.
+pub(super) fn target_name(
+    options: &OnnxOptions,
+    given: &Option<Box<dyn Runtime + Send + Sync>>,
+) -> String {
+    given
+        .as_ref()
+        .map_or_else(|| options.target_spec().spelling(), |r| r.name().into())
 }
 
 /// Whether the values `reference` and `target` are both held, where a side is a file of
@@ -185,13 +198,18 @@ pub(super) fn graph_target(
     })
 }
 
-/// The inputs of the comparison: read from a file, stored with expected values, or
-/// generated (with their seed, and a note where a dynamic batch took its default).
+/// The inputs of the comparison, checked against the reference's graph: read from a file,
+/// stored with a side's `expected` values, or generated (with their seed, and a note where a
+/// dynamic batch took its default).
 pub(super) fn made_inputs(
     options: &OnnxOptions,
     reference_model: &Model,
-    stored: Option<Vec<(String, Tensor)>>,
+    expected: &[&Option<ExpectedSide>],
 ) -> Result<MadeInputs> {
+    let stored = expected
+        .iter()
+        .filter_map(|e| e.as_ref())
+        .find_map(|e| e.inputs().map(<[_]>::to_vec));
     let mut batch_note = None;
     let (inputs, seed) = match (&options.inputs, stored) {
         (Some(path), _) => (
@@ -208,6 +226,7 @@ pub(super) fn made_inputs(
             )
         }
     };
+    check_inputs(&GraphIndex::new(reference_model.graph()), &inputs)?;
     Ok(MadeInputs {
         inputs,
         seed,

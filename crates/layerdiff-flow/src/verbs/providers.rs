@@ -191,9 +191,7 @@ pub fn providers(
     for group in groups {
         for (provider, level, target) in group {
             at += 1;
-            if !to.quiet {
-                eprintln!("[{at}/{cells}] {}…", target.spelling());
-            }
+            crate::progress::phase(&format!("cell {at}/{cells}: {}", target.spelling()));
             let labels = (provider, level);
             let (cell, available) =
                 cell(options, to, &target, ort_library, labels, &mut table.inputs)?;
@@ -250,7 +248,8 @@ fn cell(
         max_abs_diff: None,
         placement: None,
     };
-    match compare_on(&run, None, ort_library, !to.quiet) {
+    // the cell's line says what runs; a line per phase of each cell would bury the table's
+    match compare_on(&run, None, ort_library, false) {
         Ok(outcome) => {
             if inputs.is_empty() {
                 inputs.clone_from(&outcome.report.inputs);
@@ -352,20 +351,14 @@ pub fn to_text(table: &ProvidersReport) -> String {
     let mut missing = Vec::new();
     for c in &table.cells {
         if lacking(c) {
-            out.push_str(&format!(
-                "  {:<24} unavailable: not in this ONNX Runtime build\n",
-                c.target
-            ));
-            if let Ok(RuntimeSpec::Ort(provider, ..)) = RuntimeSpec::parse(&c.target) {
-                missing.push(format!("{} ({})", c.target, provider.build_hint()));
-            }
+            missing.push(c.target.as_str());
         } else {
             out.push_str(&format!("  {:<24} {}\n", c.target, cell_words(c)));
         }
     }
     if !missing.is_empty() {
         out.push_str(&format!(
-            "  not in this build: {}; point `{}` at a build with them (the JSON names this one)\n",
+            "  not in this ONNX Runtime build: {} (the report says which build has each; `{}` points at another)\n",
             missing.join(", "),
             layerdiff_runtime::LIBRARY_ENV
         ));
@@ -459,15 +452,6 @@ pub fn run(options: &ProvidersOptions, to: &Destinations, ort_library: Option<&P
                 eprintln!("error: no provider could run the model (see each cell's reason)");
             }
             code
-        }
-        // cells may have run: the engine's "before any layer was compared" would mislead
-        Err(Error::Interrupted(signal)) => {
-            eprintln!(
-                "error: interrupted by {}: the table is written whole or not at all, and was not",
-                crate::interrupt::name(signal)
-            );
-            crate::interrupt::said();
-            crate::interrupt::exit_code().unwrap_or(130)
         }
         Err(err) => err.exit(),
     }
