@@ -169,6 +169,72 @@ def test_a_release_is_asked_for_by_package_and_version(tmp_path, monkeypatch, ca
     assert capsys.readouterr().out == f"ort:lib={library}\n"
 
 
+def _wheel(folder: Path, version: str) -> Path:
+    """A wheel shaped as an ONNX Runtime release's (its library a stand-in file), installable
+    anywhere: what `pip download onnxruntime==VERSION` leaves, as layerdiff sees it."""
+    import base64
+    import hashlib
+    import zipfile
+
+    name = f"onnxruntime-{version}"
+    files = {
+        "onnxruntime/__init__.py": b"",
+        f"onnxruntime/capi/libonnxruntime.so.{version}": b"a stand-in library",
+        f"{name}.dist-info/METADATA": (
+            f"Metadata-Version: 2.1\nName: onnxruntime\nVersion: {version}\n".encode()
+        ),
+        f"{name}.dist-info/WHEEL": (
+            b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+    }
+
+    def digest(data: bytes) -> str:
+        return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+    record = "".join(f"{p},sha256={digest(d)},{len(d)}\n" for p, d in files.items())
+    files[f"{name}.dist-info/RECORD"] = (record + f"{name}.dist-info/RECORD,,\n").encode()
+    path = folder / f"{name}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for inside, data in files.items():
+            z.writestr(inside, data)
+    return path
+
+
+def test_offline_a_release_says_it_needs_the_index_and_its_wheel_file_installs(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("LAYERDIFF_CACHE_DIR", str(tmp_path / "cache"))
+    # an index nothing answers at, as on a machine without the internet
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_RETRIES", "1")
+    monkeypatch.setenv("PIP_DEFAULT_TIMEOUT", "2")
+    assert releases.main(["onnxruntime==1.22.1"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot fetch onnxruntime==1.22.1: the package index cannot be reached" in err, err
+    assert "pip download onnxruntime==1.22.1 --no-deps" in err, err
+    assert "python -m layerdiff.releases ./onnxruntime-1.22.1-" in err, err
+    assert "from versions: none" not in err, err
+    assert not list((tmp_path / "cache" / "runtimes").iterdir()), "nothing left behind"
+    # the release's wheel file installs without the index
+    assert releases.main([str(_wheel(tmp_path, "1.29.0"))]) == 0
+    venv = tmp_path / "cache" / "runtimes" / "onnxruntime-1.29.0"
+    library = releases.library_in(venv)
+    assert library is not None and library.name == "libonnxruntime.so.1.29.0"
+    assert capsys.readouterr().out == f"ort:lib={library}\n"
+    # its Python runs the release's package with this environment's numpy
+    check = "import numpy, onnxruntime; print(onnxruntime.__file__)"
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", check], capture_output=True, text=True
+    )
+    assert done.returncode == 0 and str(venv) in done.stdout, done.stderr
+    for bad, said in [
+        (tmp_path / "nowhere.whl", "does not exist"),
+        (_model(tmp_path / "m.onnx"), "is not a wheel file"),
+    ]:
+        assert releases.main([str(bad)]) == 2
+        assert said in capsys.readouterr().err
+
+
 def test_providers_measures_another_release_beside_this_one(tmp_path):
     model = _model(tmp_path / "m.onnx")
     library = _older_release(tmp_path / "venv")
