@@ -275,22 +275,23 @@ def test_a_model_in_training_mode_is_compared_in_eval_mode_and_said_so(tmp_path)
     assert "compared in eval mode" in result.stderr
 
 
-def test_progress_is_one_line_on_a_terminal_and_nothing_in_a_pipe():
-    """The line itself (at most two a second, the last one ended) is the engine's, tested in
-    crates/layerdiff-flow/src/progress.rs; here, when the Python flows ask for it."""
+def test_the_python_api_prints_no_progress():
+    """The lines themselves are the engine's (crates/layerdiff-flow/src/progress.rs) and what a
+    command prints is tested in test_progress.py; a process that is not the command (the Python
+    API's) never started them, so the flows get no ticker, whatever they are given."""
     from layerdiff._cli import _Progress
     from layerdiff.torch._running import progress_line
 
-    assert progress_line(_Progress(quiet=False), 10) is None  # stderr is not a terminal here
+    assert progress_line(_Progress(quiet=False), 10) is None
     assert progress_line(_Progress(quiet=True), 10) is None
-    assert progress_line(None, 10) is None  # the Python API prints nothing
+    assert progress_line(None, 10) is None
 
 
 def test_an_exporter_failure_is_one_clean_paragraph_with_the_hint_that_fits():
-    """A Llama decoder with its default `use_cache=True` does not export: the message names the
-    exporter's own cause, without terminal colour codes or a pointer to a stack trace nobody is
-    shown, and says how to fix it."""
-    builder = f"{ROOT}/tests/builders/llama_cache.py:build"
+    """A module that returns a Llama decoder's whole output, its key/value cache in it, does not
+    export: the message names the exporter's own cause, without terminal colour codes or a
+    pointer to a stack trace nobody is shown, and says how to fix it."""
+    builder = f"{ROOT}/tests/builders/llama_cache.py:wrapped"
     result = run_cli("torch", builder, "--no-cache")
     assert result.returncode == 2, result.stderr
     error = next(line for line in result.stderr.splitlines() if line.startswith("error:"))
@@ -299,3 +300,17 @@ def test_an_exporter_failure_is_one_clean_paragraph_with_the_hint_that_fits():
     assert "\x1b[" not in result.stderr and "full stack trace" not in result.stderr
     assert "hint: the model returns its key/value cache" in result.stderr
     assert "`use_cache=False`" in result.stderr
+
+
+def test_a_stock_decoder_from_a_builder_is_compared_with_its_cache_off_and_says_so(tmp_path):
+    """A builder returning a transformers decoder with its default `use_cache=True` has the
+    cache turned off, as a checkpoint folder has, and the run says so; on every side."""
+    builder = f"{ROOT}/tests/builders/llama_cache.py:build"
+    for target in ([], ["--target", "torch:bf16"]):
+        result = run_cli("torch", builder, *target, "--json", str(tmp_path / "r.json"))
+        assert result.returncode in (0, 1), result.stderr
+        assert "LlamaModel's key/value cache is turned off (use_cache=False)" in result.stderr
+        report = json.loads((tmp_path / "r.json").read_text())
+        assert report["summary"]["layers_compared"] > 10, report["summary"]
+    grad = run_cli("grad", builder, "--target", "torch:bf16")
+    assert grad.returncode in (0, 1), grad.stderr

@@ -1,5 +1,7 @@
 """A stock transformers decoder (Llama, from a config) left with its default `use_cache=True`:
-it returns its key/value cache, which the dynamo exporter cannot trace."""
+it returns its key/value cache, which the dynamo exporter cannot trace. `build` hands the decoder
+over as it is (layerdiff turns its cache off); `wrapped` hides it in a module of one's own that
+returns its whole output, cache and all."""
 
 import torch
 from transformers import LlamaConfig, LlamaModel
@@ -18,3 +20,17 @@ def build():
     )
     model = LlamaModel(config).eval()
     return model, (torch.randint(0, 128, (1, 8)),)
+
+
+class _Whole(torch.nn.Module):
+    def __init__(self, decoder):
+        super().__init__()
+        self.decoder = decoder
+
+    def forward(self, ids):
+        return self.decoder(ids)  # the whole output: the last hidden state and the cache
+
+
+def wrapped():
+    model, inputs = build()
+    return _Whole(model).eval(), inputs

@@ -172,7 +172,7 @@ def compare_decoding(
     if steps < 1:
         raise _layerdiff.UsageError(f"--decode-steps takes a number of steps from 1, got {steps}")
     model, inputs = model_and_inputs(model, inputs, seed)
-    notes = model_notes(model)
+    notes = model_notes(model, decoding=True)
     if isinstance(model, Checkpoint):  # its note without "its cache off": decoding turns it on
         notes[0] = model.loaded
     decoder = decoder_of(model).eval()

@@ -45,11 +45,29 @@ def model_and_inputs(model, inputs, seed: int | None, streams=None) -> tuple[nn.
     return model, as_input_tuple(inputs)
 
 
-def model_notes(model) -> list[str]:
-    """What a report says of how the model was taken: a checkpoint's loading, and the eval
-    mode it was put in (`to_eval`)."""
+def model_notes(model, *, decoding: bool = False) -> list[str]:
+    """What a report says of how the model was taken: a checkpoint's loading, the cache of a
+    transformers model turned off (`cache_off`; not when `decoding`, which uses it), and the
+    eval mode it was put in (`to_eval`)."""
     said = getattr(model, "said", None)
-    return [n for n in (said if isinstance(said, str) else None, to_eval(model)) if n]
+    cache = None if decoding else cache_off(model)
+    return [n for n in (said if isinstance(said, str) else None, cache, to_eval(model)) if n]
+
+
+def cache_off(model) -> str | None:
+    """A transformers model with its key/value cache on (`use_cache=True`, the default) has it
+    turned off, as a checkpoint folder's is, and says so: one forward pass is compared, and the
+    cache it would return (a `DynamicCache`) is no tensor an exporter can trace or a comparison
+    can pair. The cached path is what `--decode-steps` compares."""
+    config = getattr(model, "config", None)
+    if getattr(config, "use_cache", None) is not True:
+        return None
+    config.use_cache = False
+    return (
+        f"the {type(model).__name__}'s key/value cache is turned off (use_cache=False), as for a "
+        "checkpoint folder: one forward pass is compared; `--decode-steps N` compares the "
+        "cached path"
+    )
 
 
 def to_eval(model) -> str | None:
