@@ -43,6 +43,11 @@ def test_a_checkpoint_decodes_four_steps_clean_against_its_export(checkpoint, tm
     names = [layer["name"] for layer in step["layers"]]
     assert "model.layers.1.self_attn:cat" in names and "lm_head" in names
     assert (out / "prefill" / "report.md").is_file()
+    # the run says where each step's reports are
+    wrote = next(line for line in done.stderr.splitlines() if "each point's reports" in line)
+    assert "report.json, report.md, report.html" in wrote, wrote
+    for step in ["prefill", "step-1", "step-4"]:
+        assert f"{out / step}/" in wrote, wrote
     assert "both sides fed the reference's greedy tokens and its key/value cache" in done.stderr
     assert "its cache off" not in done.stderr
 

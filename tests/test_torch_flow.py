@@ -223,6 +223,51 @@ def test_the_zoo_lists_real_architectures_with_their_size():
     assert "--torch twin" in result.stdout
 
 
+def test_a_model_registered_as_the_zoo_says_is_listed_and_runs(tmp_path):
+    """A plugin author follows `layerdiff zoo`'s own words: the entry-point group it names is
+    the one read, so the model is listed and runs by its name."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    group = re.search(r"register one under the `([\w.]+)` entry-point group", run_cli("zoo").stdout)
+    assert group, run_cli("zoo").stdout
+    (tmp_path / "tinyplug.py").write_text(
+        "import torch\n"
+        "def build():\n"
+        "    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()\n"
+        "    return model, (torch.randn(2, 8),)\n"
+    )
+    info = tmp_path / "tinyplug-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tinyplug\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{group.group(1)}]\ntiny_mlp = tinyplug:build\n")
+    exe = Path(sys.executable).parent / "layerdiff"
+    env = {**__import__("os").environ, "PYTHONPATH": str(tmp_path)}
+    zoo = subprocess.run([str(exe), "zoo"], env=env, capture_output=True, text=True)
+    assert "tiny_mlp" in zoo.stdout and "plugin (tinyplug:build)" in zoo.stdout, zoo.stdout
+    run = subprocess.run([str(exe), "torch", "tiny_mlp"], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("tiny_mlp: no drift"), run.stdout
+
+
+def test_a_given_onnx_file_is_named_on_the_target_line(resnet18_onnx, tmp_path):
+    given = run_cli("torch", "resnet18", "--onnx", str(resnet18_onnx["dynamo"]), "--quiet",
+                    "--json", str(tmp_path / "given.json"))  # fmt: skip
+    assert given.returncode == 0, given.stderr
+    detail = json.loads((tmp_path / "given.json").read_text())["target"]["detail"]
+    assert detail.startswith(f"{resnet18_onnx['dynamo'].name} · onnxruntime "), detail
+
+
+def test_a_report_prints_as_the_command_prints_it(resnet18, resnet18_onnx):
+    model, inputs, _ = resnet18
+    report = compare_torch_onnx(model, inputs, onnx=resnet18_onnx["dynamo"])
+    assert str(report) == report.summary_text()
+    assert str(report).startswith("ResNet: no drift"), str(report)
+    assert repr(report).startswith("<layerdiff.Report ")
+
+
 def test_a_zoo_encoder_decoder_runs_through_both_exporters_without_false_drift(tmp_path):
     for exporter in ("dynamo", "legacy"):
         out = tmp_path / exporter

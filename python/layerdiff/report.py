@@ -154,6 +154,10 @@ class Report:
         node data); each file is written whole or not at all."""
         return [Path(p) for p in self._native.write(json, markdown, html, svg, node_data)]
 
+    def __str__(self) -> str:
+        """The summary the command prints: ``print(report)`` reads as the CLI does."""
+        return self.summary_text()
+
     def __repr__(self) -> str:
         s = self.summary
         return (

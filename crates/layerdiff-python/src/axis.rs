@@ -41,6 +41,10 @@ impl PyAxisReport {
     fn summary_text(&self) -> String {
         axis_text(&self.0)
     }
+    /// `print(axis)` reads as the command prints it.
+    fn __str__(&self) -> String {
+        axis_text(&self.0)
+    }
     /// What varies (`batch size`, `input shapes`).
     #[getter]
     fn axis(&self) -> String {
@@ -59,9 +63,16 @@ impl PyAxisReport {
         self.0.exit_code(layerdiff_core::FailOn::Defect)
     }
     /// Writes the axis report where the command says (`--json`, `--markdown`, else `axis.json`
-    /// and `axis.md` under `--out`), prints `notes` and the summary as the command does, and
-    /// returns the exit code.
-    fn deliver(&self, command: &Command, notes: Vec<String>) -> PyResult<u8> {
+    /// and `axis.md` under `--out`), prints `notes`, the summary and what was written (with
+    /// `points`: each point's folder and the files in it) as the command does, and returns the
+    /// exit code.
+    #[pyo3(signature = (command, notes, points=Vec::new()))]
+    fn deliver(
+        &self,
+        command: &Command,
+        notes: Vec<String>,
+        points: Vec<(PathBuf, Vec<String>)>,
+    ) -> PyResult<u8> {
         let r = &command.report;
         let under = |file: &str| r.out.as_ref().map(|d| d.join(file));
         let json = r.json.clone().or_else(|| under("axis.json"));
@@ -74,6 +85,17 @@ impl PyAxisReport {
             print!("{}", axis_text(&self.0));
             for path in [json, markdown].into_iter().flatten() {
                 eprintln!("wrote {}", path.display());
+            }
+            if let Some((_, files)) = points.first() {
+                let folders: Vec<String> = points
+                    .iter()
+                    .map(|(folder, _)| format!("{}/", folder.display()))
+                    .collect();
+                eprintln!(
+                    "wrote each point's reports ({}) in {}",
+                    files.join(", "),
+                    folders.join(", ")
+                );
             }
         }
         Ok(self.0.exit_code(r.fail_on))

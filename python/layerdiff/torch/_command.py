@@ -159,10 +159,11 @@ def _along_axis(command, model, inputs, progress) -> int:
         said[0] = (f"{where}: {sentence.removeprefix('--repro: ')}", reproduced)
     if command.reducing:
         return _delivered(command, None, said[0] if said else _no_point_repro(command))
+    points = []  # each point's folder, and the files written in it
     if command.out is not None:
         for label, report in reports:
             folder = Path(command.out) / slug(label)
-            report.write(
+            written = report.write(
                 json=folder / "report.json",
                 markdown=folder / "report.md",
                 html=folder / "report.html",
@@ -173,11 +174,12 @@ def _along_axis(command, model, inputs, progress) -> int:
             report._native.write_point_inputs(
                 command, folder / "report.inputs.safetensors", report.inputs, label
             )
+            points.append((folder, [p.name for p in written] + ["report.inputs.safetensors"]))
     for label, report in reports:
         notes += [f"{label}: {note}" for note in report.notes]
     if command.repro is not None:
         notes.append(said[0][0] if said else _no_point_repro(command)[0])
-    return axis.deliver(command, notes)
+    return axis.deliver(command, notes, points)
 
 
 def _point_repro(command):

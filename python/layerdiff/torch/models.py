@@ -155,12 +155,16 @@ ZOO: dict[str, ZooModel] = {
 BUILTIN_MODELS = ZOO
 
 
+#: The entry-point group other packages register their models under.
+PLUGIN_GROUP = "layerdiff.models"
+
+
 def _plugins() -> dict[str, Callable]:
-    """Models other packages register under the `layerdiff.torch.models` entry-point group: each
-    entry point's name is the model's, its object a function returning (model, inputs)."""
+    """Models other packages register under the `PLUGIN_GROUP` entry-point group: each entry
+    point's name is the model's, its object a function returning (model, inputs)."""
     from importlib.metadata import entry_points
 
-    return {e.name: e for e in entry_points(group="layerdiff.models")}
+    return {e.name: e for e in entry_points(group=PLUGIN_GROUP)}
 
 
 def zoo_command(command, progress) -> int:
@@ -178,7 +182,8 @@ def zoo_text() -> str:
     lines += [f"{n:<{width}}  {p:>7}  {f:<12}  {x}" for n, p, f, x in rows]
     lines.append(
         "\nAny of them: `layerdiff torch NAME`; your own: `layerdiff torch path/file.py:build`, "
-        "or register one under the `layerdiff.torch.models` entry-point group."
+        f"or register one under the `{PLUGIN_GROUP}` entry-point group "
+        f'(pyproject.toml: [project.entry-points."{PLUGIN_GROUP}"] NAME = "module:build").'
     )
     from layerdiff._keras_zoo import KERAS_MODELS
 
