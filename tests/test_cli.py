@@ -304,7 +304,8 @@ def test_an_exporter_failure_is_one_clean_paragraph_with_the_hint_that_fits():
 
 def test_a_stock_decoder_from_a_builder_is_compared_with_its_cache_off_and_says_so(tmp_path):
     """A builder returning a transformers decoder with its default `use_cache=True` has the
-    cache turned off, as a checkpoint folder has, and the run says so; on every side."""
+    cache turned off, as a checkpoint folder has, and the run says so: against its export and
+    against a PyTorch side (both failed: the exporter on the cache, the side on its output)."""
     builder = f"{ROOT}/tests/builders/llama_cache.py:build"
     for target in ([], ["--target", "torch:bf16"]):
         result = run_cli("torch", builder, *target, "--json", str(tmp_path / "r.json"))
@@ -312,5 +313,3 @@ def test_a_stock_decoder_from_a_builder_is_compared_with_its_cache_off_and_says_
         assert "LlamaModel's key/value cache is turned off (use_cache=False)" in result.stderr
         report = json.loads((tmp_path / "r.json").read_text())
         assert report["summary"]["layers_compared"] > 10, report["summary"]
-    grad = run_cli("grad", builder, "--target", "torch:bf16")
-    assert grad.returncode in (0, 1), grad.stderr
