@@ -67,17 +67,18 @@ def parse(spec: str) -> tuple[str, str]:
     return package, version
 
 
-def wheel(path: Path) -> tuple[str, str]:
+def wheel(given: str) -> tuple[str, str]:
     """The package and version of a release's wheel file, from its name (`onnxruntime_gpu-1.31.1-
     cp311-cp311-manylinux_2_27_x86_64.whl` → (`onnxruntime-gpu`, `1.31.1`))."""
+    path = Path(given)
     if not path.is_file():
         raise ReleaseError(
-            f"`{path}` does not exist: give a release's wheel file, or PACKAGE==VERSION"
+            f"`{given}` does not exist: give a release's wheel file, or PACKAGE==VERSION"
         )
     parts = path.name.removesuffix(".whl").split("-")
     if not path.name.endswith(".whl") or len(parts) < 5:
         raise ReleaseError(
-            f"`{path}` is not a wheel file (NAME-VERSION-PYTHON-ABI-PLATFORM.whl): give the "
+            f"`{given}` is not a wheel file (NAME-VERSION-PYTHON-ABI-PLATFORM.whl): give the "
             "release's wheel, as `pip download onnxruntime==1.30.0 --no-deps` fetches it"
         )
     package = parts[0].lower().replace("_", "-")
@@ -157,10 +158,13 @@ def _why_not_installed(package: str, version: str, e, wheel: Path | None) -> str
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     if wheel is not None:
         return f"cannot install `{wheel}` for this Python ({python}): {words}"
+    import platform
+
+    kind = f"{platform.system()} {platform.machine()}, Python {python}"
     fetch_wheel = (
         f"\nhint: a release comes from the package index; on a machine without one, fetch its "
-        f"wheel where there is one (`pip download {package}=={version} --no-deps "
-        f"--only-binary=:all: --python-version {python} -d .`) and give the file: "
+        f"wheel on a machine of this kind ({kind}) that has it (`pip download "
+        f"{package}=={version} --no-deps --only-binary=:all: -d .`) and give the file: "
         f"`python -m layerdiff.releases ./{package.replace('-', '_')}-{version}-….whl`"
     )
     if _UNREACHABLE.search(said):
@@ -200,10 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        given = Path(args.release)
-        if args.release.endswith(".whl") or given.is_file():
-            package, version = wheel(given)
-            library = fetch(package, version, wheel=given)
+        if args.release.endswith(".whl") or Path(args.release).is_file():
+            package, version = wheel(args.release)
+            library = fetch(package, version, wheel=Path(args.release))
         else:
             package, version = parse(args.release)
             library = fetch(package, version)

@@ -156,7 +156,7 @@ class Report:
 
     def __str__(self) -> str:
         """The summary the command prints: ``print(report)`` reads as the CLI does."""
-        return self.summary_text()
+        return self.summary_text().rstrip("\n")
 
     def __repr__(self) -> str:
         s = self.summary

@@ -243,16 +243,10 @@ fn sentinel_notes(layers: &[Layer]) -> Vec<String> {
 pub fn not_compared_reasons(layers: &[Layer]) -> String {
     let mut counts: Vec<(String, usize)> = Vec::new();
     for layer in layers.iter().filter(|l| l.accumulated.is_none()) {
-        let reason = layer.reason.as_deref().unwrap_or("no reason recorded");
-        // Reasons that name the layer itself count as one kind.
-        let kind = reason
-            .split(" `")
-            .next()
-            .unwrap_or(reason)
-            .trim_end_matches(':');
-        match counts.iter_mut().find(|(k, _)| k == kind) {
+        let kind = reason_kind(layer.reason.as_deref().unwrap_or("no reason recorded"));
+        match counts.iter_mut().find(|(k, _)| *k == kind) {
             Some((_, n)) => *n += 1,
-            None => counts.push((kind.to_string(), 1)),
+            None => counts.push((kind, 1)),
         }
     }
     counts.sort_by_key(|c| std::cmp::Reverse(c.1));
@@ -262,6 +256,31 @@ pub fn not_compared_reasons(layers: &[Layer]) -> String {
         .map(|(kind, n)| format!("{n} × {kind}"))
         .collect();
     format!("not compared: {}", shown.join("; "))
+}
+
+/// A reason as a kind: the names it quotes left out (`fused into `…` at export
+/// (FuseBatchNormIntoConv)`), so that reasons that differ only by the layer count as one; its
+/// first clause, at most about 90 characters, cut at a word.
+fn reason_kind(reason: &str) -> String {
+    let unnamed: String = reason
+        .split('`')
+        .enumerate()
+        .map(|(i, piece)| if i % 2 == 1 { "…" } else { piece })
+        .collect::<Vec<_>>()
+        .join("`");
+    let clause = unnamed
+        .split(": ")
+        .next()
+        .unwrap_or(&unnamed)
+        .trim_end_matches(':');
+    if clause.chars().count() <= 90 {
+        return clause.to_string();
+    }
+    let cut: String = clause.chars().take(90).collect();
+    format!(
+        "{}…",
+        cut.rsplit_once(' ').map_or(cut.as_str(), |(head, _)| head)
+    )
 }
 
 /// Why a run that compared nothing cannot give a verdict, or `None` when it compared something.
@@ -349,6 +368,27 @@ mod tests {
         layer.target_dtype = outcome.target_dtype;
         layer.accumulated = outcome.stats;
         layer
+    }
+
+    #[test]
+    fn a_reason_not_to_compare_counts_by_its_kind_and_says_what_kind() {
+        let reasons = [
+            "fused into `bn1` at export (FuseBatchNormIntoConv): the Conv node `conv1` computes both",
+            "fused into `layer1.0.bn1` at export (FuseBatchNormIntoConv): the Conv node `c` computes both",
+            "call 1 of `layer1.0.relu`, but the graph holds 2 output(s) for that module, none of them a float32 value of 9 elements",
+        ];
+        let layers: Vec<Layer> = reasons
+            .iter()
+            .map(|r| {
+                let mut l = Layer::new(0, "x", vec![1], "float32");
+                l.reason = Some(r.to_string());
+                l
+            })
+            .collect();
+        assert_eq!(
+            not_compared_reasons(&layers),
+            "not compared: 2 × fused into `…` at export (FuseBatchNormIntoConv); 1 × call 1 of `…`, but the graph holds 2 output(s) for that module, none of them a float32…"
+        );
     }
 
     #[test]

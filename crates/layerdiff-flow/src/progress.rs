@@ -82,6 +82,9 @@ pub fn showing() -> bool {
 pub fn phase(what: &str) {
     let mut guard = shown();
     let Some(s) = guard.as_mut() else { return };
+    if STOPPING.load(Ordering::Relaxed) {
+        return; // after `stopping…`, only what the run leaves is said
+    }
     s.phase = Some(what.to_string());
     let line = format!("{}{what}…\n", stamp(s.start.elapsed()));
     s.write(&line, false, Instant::now());
@@ -192,14 +195,14 @@ impl Ticker {
     }
 }
 
-/// `  layers 12/68, 3.1s, about 14s left`.
+/// `  layers 12/68, 3.1s, about 14s left`; the time left only from a twentieth of the layers
+/// on (the first segment holds the whole run's start: its pace says nothing of the rest).
 fn line(done: usize, total: usize, elapsed: Duration) -> String {
     let secs = elapsed.as_secs_f64();
-    let left = if done == 0 {
-        0.0
-    } else {
-        secs / done as f64 * total.saturating_sub(done) as f64
-    };
+    if done == 0 || done * 20 < total {
+        return format!("  layers {done}/{total}, {secs:.1}s");
+    }
+    let left = secs / done as f64 * total.saturating_sub(done) as f64;
     format!("  layers {done}/{total}, {secs:.1}s, about {left:.0}s left")
 }
 
@@ -238,8 +241,8 @@ mod tests {
         let start = Instant::now();
         let mut ticker = ticker(100, start);
         let at = |s| start + Duration::from_secs(s);
-        let first = ticker.due(1, at(1), false).unwrap();
-        assert_eq!(first, "  layers 1/100, 1.0s, about 99s left\n");
+        let first = ticker.due(5, at(1), false).unwrap();
+        assert_eq!(first, "  layers 5/100, 1.0s, about 19s left\n");
         assert!(!first.contains('\x1b') && !first.contains('\r'));
         assert_eq!(ticker.due(50, at(9), false), None);
         assert!(ticker.due(60, at(11), false).is_some());
@@ -274,9 +277,11 @@ mod tests {
             line(10, 40, Duration::from_secs(5)),
             "  layers 10/40, 5.0s, about 15s left"
         );
+        assert_eq!(line(0, 40, Duration::ZERO), "  layers 0/40, 0.0s");
+        // one layer of 476 after the first segment's 4.6 s: no estimate from that pace
         assert_eq!(
-            line(0, 40, Duration::ZERO),
-            "  layers 0/40, 0.0s, about 0s left"
+            line(1, 476, Duration::from_millis(4600)),
+            "  layers 1/476, 4.6s"
         );
     }
 }

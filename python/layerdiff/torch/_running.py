@@ -65,8 +65,8 @@ def cache_off(model) -> str | None:
     config.use_cache = False
     return (
         f"the {type(model).__name__}'s key/value cache is turned off (use_cache=False), as for a "
-        "checkpoint folder: one forward pass is compared; `--decode-steps N` compares the "
-        "cached path"
+        "checkpoint folder: one forward pass is compared; `layerdiff torch MODEL --decode-steps "
+        "N` compares the cached path"
     )
 
 

@@ -207,7 +207,7 @@ class _FileComparison:
     def __call__(self, onnx_path: Path, *, note: str | None = None, notes=()) -> Report:
         model, inputs, listed, options = self.model, self.inputs, self.listed, self.options
         if note is None:  # the target's line names the file compared
-            note = f"{self.exporter} export" if self.exported else onnx_path.name
+            note = f"{self.exporter} export" if self.exported else str(onnx_path)
         declared = _layerdiff.model_inputs(str(onnx_path))
         if len(declared) != len(inputs):
             names = ", ".join(d[0] for d in declared)

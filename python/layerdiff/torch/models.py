@@ -176,14 +176,15 @@ def zoo_command(command, progress) -> int:
 def zoo_text() -> str:
     """`layerdiff zoo`: the built-in models, their size and what each exercises."""
     rows = [(m.name, f"{m.parameters() / 1e6:.1f}M", m.family, m.exercises) for m in ZOO.values()]
-    rows += [(name, "", f"plugin ({e.value})", "") for name, e in _plugins().items()]
+    rows += [(name, "", "plugin", e.value) for name, e in _plugins().items()]
     width = max(len(r[0]) for r in rows)
     lines = [f"{'model':<{width}}  {'params':>7}  {'from':<12}  exercises"]
     lines += [f"{n:<{width}}  {p:>7}  {f:<12}  {x}" for n, p, f, x in rows]
     lines.append(
         "\nAny of them: `layerdiff torch NAME`; your own: `layerdiff torch path/file.py:build`, "
-        f"or register one under the `{PLUGIN_GROUP}` entry-point group "
-        f'(pyproject.toml: [project.entry-points."{PLUGIN_GROUP}"] NAME = "module:build").'
+        f"or register one under the `{PLUGIN_GROUP}` entry-point group of a package installed "
+        f'beside layerdiff (pyproject.toml: [project.entry-points."{PLUGIN_GROUP}"] '
+        'NAME = "module:build").'
     )
     from layerdiff._keras_zoo import KERAS_MODELS
 
