@@ -43,7 +43,9 @@ def torch(command, progress) -> int:
             progress=progress, cache=command.cache, dtype=command.dtype,
             keep_fp32=command.keep_fp32, **common,
         )  # fmt: skip
-        said = _onnx_repro(model, inputs, report, command) if command.repro else None
+        # a run a signal stopped writes what it compared, and nothing it would have done after
+        finished = "incomplete" not in report.summary
+        said = _onnx_repro(model, inputs, report, command) if command.repro and finished else None
         return _delivered(command, report, said)
 
 

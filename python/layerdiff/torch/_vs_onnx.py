@@ -346,6 +346,11 @@ def _stream(
 
     try:
         run_model(inputs, lambda: capture(model, inputs, on_layer, dataflow=False))
+    except KeyboardInterrupt:
+        # the command's Ctrl-C or SIGTERM: the run stops here, and the layers compared so far
+        # make its report, marked incomplete (the engine runs no segment after the signal)
+        if _layerdiff.interrupt_signal() is None:
+            raise
     finally:
         if truth is not None:
             truth.close()
