@@ -302,6 +302,20 @@ def test_an_exporter_failure_is_one_clean_paragraph_with_the_hint_that_fits():
     assert "`use_cache=False`" in result.stderr
 
 
+def test_inputs_given_by_name_are_the_models_keyword_arguments(tmp_path):
+    """A builder returning its inputs as a dict (a tokenizer's output) is run with them by name,
+    exported and compared layer by layer, its layers named as the model's own."""
+    builder = f"{ROOT}/tests/builders/llama_cache.py:by_name"
+    result = run_cli("torch", builder, "--json", str(tmp_path / "r.json"))
+    assert result.returncode == 0, result.stderr
+    assert "the LlamaModel's key/value cache is turned off" in result.stderr, result.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert len(report["inputs"]) == 2, report["inputs"]
+    names = [layer["name"] for layer in report["layers"]]
+    assert "layers.0.self_attn.q_proj" in names and "norm" in names, names
+    assert report["summary"]["layers_compared"] > 10 and report["summary"]["verdict"] == "no_drift"
+
+
 def test_a_stock_decoder_from_a_builder_is_compared_with_its_cache_off_and_says_so(tmp_path):
     """A builder returning a transformers decoder with its default `use_cache=True` has the
     cache turned off, as a checkpoint folder has, and the run says so: against its export and

@@ -34,3 +34,9 @@ class _Whole(torch.nn.Module):
 def wrapped():
     model, inputs = build()
     return _Whole(model).eval(), inputs
+
+
+def by_name():
+    """The decoder with its inputs by name, as a tokenizer returns them."""
+    model, (ids,) = build()
+    return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}

@@ -50,6 +50,19 @@ class Holding(nn.Module):
         return super().train(mode)
 
 
+class Keywords(Holding):
+    """A model called with its inputs by name (`model(input_ids=…, attention_mask=…)`), taking
+    them in order: what layerdiff runs and exports; its layers are the model's own."""
+
+    def __init__(self, model: nn.Module, names: list[str]):
+        super().__init__(model)
+        self.names = names
+        self.config = getattr(model, "config", None)  # a transformers model's, for its notes
+
+    def forward(self, *inputs):
+        return self.model_(**dict(zip(self.names, inputs, strict=True)))
+
+
 class Checkpoint(Holding):
     """A transformers model called on token ids and their attention mask (and the decoder's ids
     for an encoder-decoder), without its cache: one tensor out, the logits (or the last hidden

@@ -69,7 +69,7 @@ def compare_gradients(
     ``report.drift_origin`` is the first module, in backward order, whose backward computes
     differently (or, with rounding only, where the rounding is born).
     """
-    from layerdiff.torch._running import model_and_inputs, model_notes
+    from layerdiff.torch._running import model_and_inputs, model_name, model_notes
 
     step = progress or (lambda message: None)
     model, inputs = model_and_inputs(model, inputs, seed)
@@ -122,7 +122,7 @@ def compare_gradients(
     given = [flat(f"input_{i}", t) for i, t in enumerate(inputs)]
     run = _layerdiff.CapturedRun(
         command="grad",
-        model=name or type(model).__name__,
+        model=name or model_name(model),
         inputs=given,
         layers=layers,
         options=options,

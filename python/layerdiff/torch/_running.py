@@ -27,6 +27,28 @@ def as_input_tuple(inputs) -> tuple:
     )
 
 
+def by_position(model, inputs):
+    """A model given its inputs by name (a dict of tensors, as a tokenizer returns them) as one
+    taking them in that order (`Keywords`), with the tensors as a tuple; other inputs as they
+    are."""
+    if not (isinstance(inputs, dict) and inputs):
+        return model, inputs
+    if not all(isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in inputs.items()):
+        raise _layerdiff.InputError(
+            "example inputs given by name must map names to tensors, got "
+            + ", ".join(f"{k!r}: {type(t).__name__}" for k, t in inputs.items())
+        )
+    from layerdiff.torch._checkpoint import Keywords
+
+    return Keywords(model, list(inputs)), tuple(inputs.values())
+
+
+def model_name(model) -> str:
+    """The model's name in a report given none: its class's (the held model's, inside a
+    holder such as `Keywords`)."""
+    return type(getattr(model, "model_", model)).__name__
+
+
 def model_and_inputs(model, inputs, seed: int | None, streams=None) -> tuple[nn.Module, tuple]:
     """The model and its inputs as a tuple; a checkpoint folder given as the model is loaded
     (`layerdiff.torch.load_checkpoint`), with inputs made from its config unless given, and
@@ -42,6 +64,7 @@ def model_and_inputs(model, inputs, seed: int | None, streams=None) -> tuple[nn.
             f"`{model}` is not a folder: a model is an nn.Module, or a transformers checkpoint "
             "folder's path"
         )
+    model, inputs = by_position(model, inputs)
     return model, as_input_tuple(inputs)
 
 
@@ -63,8 +86,9 @@ def cache_off(model) -> str | None:
     if getattr(config, "use_cache", None) is not True:
         return None
     config.use_cache = False
+    held = getattr(model, "model_", model)  # the model inside a holder (`Keywords`)
     return (
-        f"the {type(model).__name__}'s key/value cache is turned off (use_cache=False), as for a "
+        f"the {type(held).__name__}'s key/value cache is turned off (use_cache=False), as for a "
         "checkpoint folder: one forward pass is compared; `layerdiff torch MODEL --decode-steps "
         "N` compares the cached path"
     )

@@ -23,6 +23,7 @@ from layerdiff.torch._lockstep import float64 as float64_copy
 from layerdiff.torch._running import (
     layer_parameters,
     model_and_inputs,
+    model_name,
     model_notes,
     progress_line,
     run_model,
@@ -140,7 +141,7 @@ def compare_torch_onnx(
             lap("ONNX export")
 
         compare = _FileComparison(
-            model, inputs, listed, options, name or type(model).__name__, seed,
+            model, inputs, listed, options, name or model_name(model), seed,
             phases if timings is not False else None, clone, progress, step,
             exported=onnx is None, reads_outside=listing.reads_outside,
             exporter=exporter, cache=cache, beside=beside,

@@ -25,6 +25,7 @@ from layerdiff.torch._lockstep import Lockstep, float64, own_arguments
 from layerdiff.torch._running import (
     layer_parameters,
     model_and_inputs,
+    model_name,
     model_notes,
     progress_line,
     run_model,
@@ -226,7 +227,7 @@ class _Comparison:
             given = [flat(f"input_{i}", t) for i, t in enumerate(inputs)]
             run = _layerdiff.CapturedRun(
                 command="torch",
-                model=name or type(model).__name__,
+                model=name or model_name(model),
                 inputs=given,
                 layers=listed,
                 options=options,

@@ -256,6 +256,8 @@ def load_builder(spec: str, streams=None):
             raise _layerdiff.UsageError(
                 f"`{spec}` must return (model, example_inputs), got {type(built).__name__}"
             )
-        return built
+        from layerdiff.torch._running import by_position
+
+        return by_position(*built)
 
     return build
