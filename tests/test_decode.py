@@ -50,6 +50,10 @@ def test_a_checkpoint_decodes_four_steps_clean_against_its_export(checkpoint, tm
         assert f"{out / step}/" in wrote, wrote
     assert "both sides fed the reference's greedy tokens and its key/value cache" in done.stderr
     assert "its cache off" not in done.stderr
+    # a shorter run into the same folder says which step folders are not its own
+    again = run_cli("torch", str(checkpoint("llama")), "--decode-steps", "2", "--out", str(out))
+    assert again.returncode == 0, again.stderr
+    assert f"{out / 'step-3'}/, {out / 'step-4'}/: an earlier run's reports" in again.stderr
 
 
 @pytest.mark.parametrize(("name", "target"), [("qwen2", "torch:bf16"), ("gpt2", "torch:compile")])

@@ -177,11 +177,26 @@ def _along_axis(command, model, inputs, progress) -> int:
                 command, folder / "report.inputs.safetensors", report.inputs, label
             )
             points.append((folder, [p.name for p in written] + ["report.inputs.safetensors"]))
+        notes += _earlier_points(Path(command.out), [folder for folder, _ in points])
     for label, report in reports:
         notes += [f"{label}: {note}" for note in report.notes]
     if command.repro is not None:
         notes.append(said[0][0] if said else _no_point_repro(command)[0])
     return axis.deliver(command, notes, points)
+
+
+def _earlier_points(out: Path, written: list[Path]) -> list[str]:
+    """A note naming the folders in `out` that hold an earlier run's point reports (a run of
+    more steps or other sizes), which this run left as they were: read beside this run's, they
+    would pass for its own."""
+    earlier = sorted(
+        f"{child}/"
+        for child in out.iterdir()
+        if child.is_dir() and child not in written and (child / "report.json").is_file()
+    )
+    if not earlier:
+        return []
+    return [f"{', '.join(earlier)}: an earlier run's reports, not this run's (left as they were)"]
 
 
 def _point_repro(command):
