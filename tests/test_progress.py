@@ -57,11 +57,12 @@ def test_a_piped_run_says_each_phase_and_at_least_every_heartbeat_without_ansi(t
     times = [t for t, line in lines if line.startswith("[")]
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     assert max(gaps) < 2.5, (gaps, text)
-    quiet = subprocess.run(
-        [str(EXE), "torch", "resnet18", "--quiet"], cwd=tmp_path, env=env, capture_output=True,
-        text=True,
-    )  # fmt: skip
-    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    for verb in ("torch", "check"):  # every verb with --quiet
+        quiet = subprocess.run(
+            [str(EXE), verb, "resnet18", "--quiet"], cwd=tmp_path, env=env, capture_output=True,
+            text=True,
+        )  # fmt: skip
+        assert quiet.returncode == 0 and quiet.stderr == "", (verb, quiet.stderr)
 
 
 def test_ctrl_c_during_an_export_says_stopping_within_a_second_and_leaves_nothing(tmp_path):

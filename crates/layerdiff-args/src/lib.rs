@@ -225,10 +225,12 @@ impl Command {
             Self::Ops(a) => Some(a.destinations()),
             Self::Check(a) => Some(Destinations {
                 json: a.json.clone(),
+                quiet: a.quiet,
                 ..Default::default()
             }),
             Self::Reduce(a) => Some(Destinations {
                 parts: a.out.clone(),
+                quiet: a.quiet,
                 ..Default::default()
             }),
             Self::Zoo => None,

@@ -24,7 +24,8 @@ def run_command(command, progress) -> int:
     progress(f"building {command.model} (seed {command.seed})")
     model, inputs = builder(command.seed)
     inputs = as_input_tuple(inputs)
-    for note in model_notes(model) if not command.quiet else []:
+    notes = model_notes(model)  # what it does (eval mode, the cache off) holds with --quiet too
+    for note in notes if not command.quiet else []:
         print(f"note: {note}", file=sys.stderr)
     with torch.no_grad():
         out = run_model(inputs, lambda: model(*inputs))
