@@ -265,24 +265,26 @@ def _exported(step, at, folder: Path, notes: list, say, **export) -> list:
     """Each point's ONNX file: one for all, its token count and cache length dynamic, as a
     deployed decoder's is (exported from two tokens after a three-token cache, lengths that
     cannot be taken for constants); each point's own where the model will not export so.
+    The example is the first step's whatever the number of steps (the export cache keys on its
+    values), so another run of the same decoder with more or fewer steps reuses the file.
     ``export``: `export_onnx`'s ``exporter``, ``cache`` and ``copy``."""
     from layerdiff.torch import export_onnx
 
-    last = at[-1][1]
+    first = next((given for _, given in at[1:] if given[3].shape[2] >= 3), at[-1][1])
     example = (
-        last[0].repeat(1, 2),
+        first[0].repeat(1, 2),
         torch.ones(1, 5, dtype=torch.long),
         torch.tensor([[3, 4]]),
-        *(t[:, :, :3].clone() for t in last[3:]),
+        *(t[:, :, :3].clone() for t in first[3:]),
     )
-    dynamic = [[1], [1], [1], *([[2]] * (len(last) - 3))]
-    say(f"exporting to ONNX ({export['exporter']}), the token count and the cache length dynamic")
+    dynamic = [[1], [1], [1], *([[2]] * (len(first) - 3))]
     try:
         path = export_onnx(
             step,
             example,
             folder / "model.onnx",
             dynamic=dynamic,
+            step=lambda said: say(f"{said}, the token count and the cache length dynamic"),
             **export,
         )
         return [path] * len(at)
