@@ -60,7 +60,7 @@ test: build browser
 	cargo test --workspace --release --quiet
 	cargo build --workspace --release --quiet --bins  # the binary tests/conftest.py's rust_exe runs
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
-	$(PY) -m pytest -q tests/test_keras.py tests/test_keras_twin.py  # TensorFlow in a process of its own (tests/conftest.py)
+	$(PY) -m pytest -q -n $(TEST_JOBS) tests/test_keras.py tests/test_keras_twin.py  # TensorFlow in processes of their own (tests/conftest.py)
 
 # `make test`, then what it leaves out (LAYERDIFF_TEST_ALL=1): the random-moment interrupt
 # tests at 20 runs, not 6, and the slow end-to-end runs marked `thorough`, whose every path a

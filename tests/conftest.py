@@ -4,6 +4,7 @@ built once per test session because export takes seconds."""
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import subprocess
@@ -93,12 +94,67 @@ def faulty_ops_library() -> Path:
     return library
 
 
-def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Runs the installed `layerdiff` command as a user would."""
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600):
+    """Runs the installed `layerdiff` command as a user would, in a process of its own: forked
+    from a server that imported PyTorch once (tests/warm.py), unless LAYERDIFF_TEST_COLD=1 (each
+    command starts the interpreter, as the user's does). `env`: variables set for the command."""
     exe = Path(sys.executable).parent / "layerdiff"
-    return subprocess.run(
-        [str(exe), *args], capture_output=True, text=True, cwd=cwd or ROOT, timeout=600
-    )
+    cwd, env = cwd or ROOT, {**os.environ, **(env or {})}
+    if _COLD or os.environ.get("LAYERDIFF_TEST_COLD") == "1":
+        return subprocess.run(
+            [str(exe), *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
+        )
+    return _warm_server().run(exe, list(args), cwd, env, timeout)
+
+
+class _WarmServer:
+    """This test process's tests/warm.py, started at its first command."""
+
+    def __init__(self, modules: list[str]):
+        self.process = subprocess.Popen(
+            [sys.executable, str(Path(__file__).parent / "warm.py"), *modules],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+        )  # fmt: skip
+        ready = json.loads(self.process.stdout.readline())
+        if ready["threads"] != 1:  # a fork copies one thread only: a lock another held stays held
+            raise RuntimeError(f"tests/warm.py runs {ready['threads']} threads after its imports")
+        self.folder = Path(tempfile.mkdtemp(prefix="layerdiff-warm-"))
+        atexit.register(self.close)
+
+    def run(self, exe: Path, args: list[str], cwd: Path, env: dict, timeout: float):
+        out, err = self.folder / "stdout", self.folder / "stderr"
+        request = {"exe": str(exe), "args": args, "cwd": str(cwd), "env": env,
+                   "stdout": str(out), "stderr": str(err), "timeout": timeout}  # fmt: skip
+        self.process.stdin.write(json.dumps(request) + "\n")
+        answer = json.loads(self.process.stdout.readline())
+        stdout, stderr = (p.read_text(errors="replace") for p in (out, err))
+        if answer["timed_out"]:
+            raise subprocess.TimeoutExpired([str(exe), *args], timeout, stdout, stderr)
+        return subprocess.CompletedProcess([str(exe), *args], answer["rc"], stdout, stderr)
+
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait(timeout=30)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+_server: _WarmServer | None = None
+
+#: The Keras tests' pytest runs each command cold: TensorFlow cannot share a process with
+#: PyTorch, and its import is where layerdiff must keep TensorFlow's noise back.
+_COLD = False
+
+#: What the server imports: PyTorch and what its commands import (TensorFlow's tests run in a
+#: pytest of their own, where PyTorch is not loaded beside it).
+WARM_MODULES = ["numpy", "onnx", "torch", "torchvision", "torch._dynamo", "torch.export",
+                "torch.onnx._internal.exporter._core", "onnxscript", "transformers"]  # fmt: skip
+
+
+def _warm_server() -> _WarmServer:
+    global _server
+    if _server is None:
+        _server = _WarmServer(WARM_MODULES)
+    return _server
 
 
 def _exported(tmp_path_factory, name: str):
@@ -137,6 +193,11 @@ def pytest_ignore_collect(collection_path, config):
     if not collection_path.name.startswith(_OWN_PROCESS):
         return None
     return not any(_OWN_PROCESS in str(arg) for arg in config.args)
+
+
+def pytest_configure(config):
+    global _COLD
+    _COLD = any(_OWN_PROCESS in str(arg) for arg in config.args)
 
 
 def pytest_report_header(config):

@@ -3,7 +3,6 @@ here: hostile and broken ones among them), printing what the page shows, with it
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import faulty_ops_library
+from conftest import faulty_ops_library, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,9 +118,7 @@ def test_the_page_has_examples_of_every_kind():
 def test_each_example_prints_what_the_page_shows(folder, command, printed, code):
     args = command.split()
     assert args[0] == "layerdiff"
-    env = {**os.environ, "COLUMNS": "200"}
-    result = subprocess.run([str(EXE), *args[1:]], cwd=folder, capture_output=True, text=True,
-                            env=env, timeout=300)  # fmt: skip
+    result = run_cli(*args[1:], cwd=folder, env={"COLUMNS": "200"}, timeout=300)
     assert result.returncode == code, result.stderr
     pattern = ".*?".join(re.escape(piece) for piece in printed.split("…"))
     # the progress lines before an error are left out of the page (it says so)

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 
 import layerdiff
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import run_cli
 from layerdiff.torch._op_cell import call, resolve
 
 
@@ -23,12 +23,6 @@ def cells(report, **where):
 def cell(report, case, backend, dtype):
     (found,) = cells(report, case=case, backend=backend, dtype=dtype)
     return found
-
-
-def layerdiff_cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "layerdiff", *args], capture_output=True, text=True, timeout=600
-    )
 
 
 SEED_OPS = ["matmul", "sum_1m", "exp", "conv2d_7x7_stem", "layer_norm", "softmax", "relu"]
@@ -150,7 +144,7 @@ def test_an_op_a_backend_has_no_kernel_for_is_unsupported_not_a_failure():
 
 
 def test_an_unavailable_provider_is_listed_with_the_reason(tmp_path):
-    result = layerdiff_cli(
+    result = run_cli(
         "ops", "--ops", "relu", "--backends", "torch,ort:cuda", "--dtypes", "fp32",
         "--jobs", "1", "--out", str(tmp_path),
     )  # fmt: skip
@@ -195,14 +189,14 @@ def test_the_api_takes_a_dtype_as_the_command_line_does():
     ],
 )
 def test_bad_filters_are_named_with_exit_2(args, message):
-    result = layerdiff_cli("ops", *args, "--jobs", "1")
+    result = run_cli("ops", *args, "--jobs", "1")
     assert result.returncode == 2
     assert message in result.stderr
     assert "Traceback" not in result.stderr
 
 
 def test_the_command_prints_the_grid_and_exits_1_on_a_failing_cell(tmp_path):
-    result = layerdiff_cli(
+    result = run_cli(
         "ops", "--ops", "relu,softmax", "--backends", "torch,tract", "--dtypes", "fp16",
         "--jobs", "2", "--exporter", "legacy",
     )  # fmt: skip
@@ -214,7 +208,7 @@ def test_the_command_prints_the_grid_and_exits_1_on_a_failing_cell(tmp_path):
 
 
 def test_list_names_the_cases_and_the_backends_here():
-    result = layerdiff_cli("ops", "--list")
+    result = run_cli("ops", "--list")
     assert result.returncode == 0
     assert "scaled_dot_product_attention" in result.stdout
     assert "backends here: torch, torch:compile, ort, ort:opt=all, tract" in result.stdout

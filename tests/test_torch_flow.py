@@ -227,9 +227,6 @@ def test_a_model_registered_as_the_zoo_says_is_listed_and_runs(tmp_path):
     """A plugin author follows `layerdiff zoo`'s own words: the entry-point group it names is
     the one read, so the model is listed and runs by its name."""
     import re
-    import subprocess
-    import sys
-    from pathlib import Path
 
     group = re.search(r"register one under the `([\w.]+)` entry-point group", run_cli("zoo").stdout)
     assert group, run_cli("zoo").stdout
@@ -243,12 +240,11 @@ def test_a_model_registered_as_the_zoo_says_is_listed_and_runs(tmp_path):
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tinyplug\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(f"[{group.group(1)}]\ntiny_mlp = tinyplug:build\n")
-    exe = Path(sys.executable).parent / "layerdiff"
-    env = {**__import__("os").environ, "PYTHONPATH": str(tmp_path)}
-    zoo = subprocess.run([str(exe), "zoo"], env=env, capture_output=True, text=True)
+    env = {"PYTHONPATH": str(tmp_path)}
+    zoo = run_cli("zoo", env=env)
     row = next(line for line in zoo.stdout.splitlines() if line.startswith("tiny_mlp "))
     assert row.split() == ["tiny_mlp", "plugin", "tinyplug:build"], row
-    run = subprocess.run([str(exe), "torch", "tiny_mlp"], env=env, capture_output=True, text=True)
+    run = run_cli("torch", "tiny_mlp", env=env)
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("tiny_mlp: no drift"), run.stdout
 
