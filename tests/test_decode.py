@@ -58,7 +58,12 @@ def test_a_checkpoint_decodes_four_steps_clean_against_its_export(checkpoint, tm
     assert "the same model's, kept from an earlier run" in again.stderr, again.stderr
 
 
-@pytest.mark.parametrize(("name", "target"), [("qwen2", "torch:bf16"), ("gpt2", "torch:compile")])
+# gpt2 compiled: `make test-all` (a PyTorch target's decoding: qwen2 in bfloat16; a compiled
+# decoder's modules: test_compile_whole.py)
+@pytest.mark.parametrize(
+    ("name", "target"),
+    [("qwen2", "torch:bf16"), pytest.param("gpt2", "torch:compile", marks=pytest.mark.thorough)],
+)
 def test_a_pytorch_target_decodes_without_a_defect(checkpoint, name, target, tmp_path):
     out = tmp_path / "axis.json"
     args = ("torch", str(checkpoint(name)), "--decode-steps", "2", "--target", target)
@@ -206,7 +211,7 @@ def _dynamic_int8(src, dst):
     return model
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2"])
+@pytest.mark.parametrize("name", ["llama", pytest.param("qwen2", marks=pytest.mark.thorough)])
 def test_an_honest_dynamic_int8_decoder_is_its_quantization_at_every_step(
     checkpoint, name, tmp_path
 ):

@@ -225,6 +225,7 @@ def test_every_case_resolves_and_runs_in_float32():
         assert c["status"] == "PASS", c
 
 
+@pytest.mark.thorough  # Ray's start is 15 s; the cells' one executor in process: the tests above
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs layerdiff[ray]")
 def test_ray_runs_one_task_per_cell_into_the_same_report():
     import ray

@@ -13,6 +13,8 @@ import threading
 import time
 from pathlib import Path
 
+from conftest import run_cli
+
 EXE = Path(sys.executable).parent / "layerdiff"
 
 
@@ -58,10 +60,7 @@ def test_a_piped_run_says_each_phase_and_at_least_every_heartbeat_without_ansi(t
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     assert max(gaps) < 2.5, (gaps, text)
     for verb in ("torch", "check"):  # every verb with --quiet
-        quiet = subprocess.run(
-            [str(EXE), verb, "resnet18", "--quiet"], cwd=tmp_path, env=env, capture_output=True,
-            text=True,
-        )  # fmt: skip
+        quiet = run_cli(verb, "resnet18", "--quiet", cwd=tmp_path, env=env)
         assert quiet.returncode == 0 and quiet.stderr == "", (verb, quiet.stderr)
 
 
