@@ -126,7 +126,10 @@ class _WarmServer:
         request = {"exe": str(exe), "args": args, "cwd": str(cwd), "env": env,
                    "stdout": str(out), "stderr": str(err), "timeout": timeout}  # fmt: skip
         self.process.stdin.write(json.dumps(request) + "\n")
-        answer = json.loads(self.process.stdout.readline())
+        said = self.process.stdout.readline()
+        if not said:  # the server itself ended: every later command would fail the same way
+            raise RuntimeError(f"tests/warm.py ended (exit {self.process.poll()})")
+        answer = json.loads(said)
         stdout, stderr = (p.read_text(errors="replace") for p in (out, err))
         if answer["timed_out"]:
             raise subprocess.TimeoutExpired([str(exe), *args], timeout, stdout, stderr)
@@ -189,19 +192,19 @@ def decoder_onnx(tmp_path_factory):
 _OWN_PROCESS = "test_keras"
 
 
-def pytest_ignore_collect(collection_path, config):
-    if not collection_path.name.startswith(_OWN_PROCESS):
-        return None
-    return not any(_OWN_PROCESS in str(arg) for arg in config.args)
-
-
 def pytest_configure(config):
-    global _COLD
+    global _COLD  # this is the Keras tests' pytest
     _COLD = any(_OWN_PROCESS in str(arg) for arg in config.args)
 
 
+def pytest_ignore_collect(collection_path, config):
+    if not collection_path.name.startswith(_OWN_PROCESS):
+        return None
+    return not _COLD
+
+
 def pytest_report_header(config):
-    if not any(_OWN_PROCESS in str(arg) for arg in config.args):
+    if not _COLD:
         return f"{_OWN_PROCESS}*.py are left out: they run on their own (`make test` names them)"
     return None
 

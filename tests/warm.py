@@ -82,8 +82,7 @@ def serve(modules: list[str]) -> None:
     answers.flush()
     for line in sys.stdin:
         request = json.loads(line)
-        sys.stdout.flush()
-        sys.stderr.flush()
+        sys.stderr.flush()  # the answers are flushed as written: the child inherits no buffer
         pid = os.fork()
         if pid == 0:
             _child(request)

@@ -86,9 +86,8 @@ def cache_off(model) -> str | None:
     if getattr(config, "use_cache", None) is not True:
         return None
     config.use_cache = False
-    held = getattr(model, "model_", model)  # the model inside a holder (`Keywords`)
     return (
-        f"the {type(held).__name__}'s key/value cache is turned off (use_cache=False), as for a "
+        f"the {model_name(model)}'s key/value cache is turned off (use_cache=False), as for a "
         "checkpoint folder: one forward pass is compared; `layerdiff torch MODEL --decode-steps "
         "N` compares the cached path"
     )
