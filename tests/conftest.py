@@ -30,6 +30,16 @@ else:
     atexit.register(shutil.rmtree, os.environ["LAYERDIFF_CACHE_DIR"], ignore_errors=True)
 
 
+# Each test process's share of the cores, for its runtimes' pools and PyTorch's (and the
+# commands it runs): at one per core each, the processes' pools fight for the cores, and ONNX
+# Runtime's spin while they wait (a quarter of the suite's time on 2 cores). A value the user
+# set stays.
+_PROCESSES = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _PROCESSES > 1:
+    for _variable in ("LAYERDIFF_THREADS", "OMP_NUM_THREADS"):
+        os.environ.setdefault(_variable, str(max(1, (os.cpu_count() or 1) // _PROCESSES)))
+
+
 # `make test-all` (CI): the random-moment tests at their many moments, and the tests marked
 # `thorough`, which `make test` skips.
 THOROUGH = os.environ.get("LAYERDIFF_TEST_ALL") == "1"

@@ -117,8 +117,12 @@ def test_the_page_has_examples_of_every_kind():
 @pytest.mark.parametrize(("command", "printed", "code"), EXAMPLES, ids=[e[0] for e in EXAMPLES])
 def test_each_example_prints_what_the_page_shows(folder, command, printed, code):
     args = command.split()
+    settings = {}  # `NAME=value layerdiff …`: the command's environment
+    while "=" in args[0]:
+        name, _, value = args.pop(0).partition("=")
+        settings[name] = value
     assert args[0] == "layerdiff"
-    result = run_cli(*args[1:], cwd=folder, env={"COLUMNS": "200"}, timeout=300)
+    result = run_cli(*args[1:], cwd=folder, env={"COLUMNS": "200", **settings}, timeout=300)
     assert result.returncode == code, result.stderr
     pattern = ".*?".join(re.escape(piece) for piece in printed.split("…"))
     # the progress lines before an error are left out of the page (it says so)

@@ -85,7 +85,23 @@ def _run(verb: str, module: str, function: str, framework: str, extra: str, comm
             f"`layerdiff {verb}` needs {framework} ({e.name or e} is missing)\n"
             f"hint: pip install '{extra}'"
         ) from e
+    _cap_framework_threads()
     return runner(command, _Progress(command is None or command.quiet))
+
+
+def _cap_framework_threads() -> None:
+    """`LAYERDIFF_THREADS` for the framework the verb imported (the runtimes and layerdiff's
+    own pool read it in the core): PyTorch's intra-op threads; TensorFlow's, before it starts."""
+    threads = _layerdiff.thread_cap()
+    if threads is None:
+        return
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+    if "tensorflow" in sys.modules:
+        config = sys.modules["tensorflow"].config.threading
+        with contextlib.suppress(RuntimeError):  # already started: its threads are set
+            config.set_intra_op_parallelism_threads(threads)
+            config.set_inter_op_parallelism_threads(threads)
 
 
 def run() -> None:

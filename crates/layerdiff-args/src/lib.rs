@@ -347,6 +347,9 @@ pub fn dispatch(argv: Vec<OsString>, ort_library: Option<&std::path::Path>) -> D
         Ok(command) => command,
         Err(code) => return Dispatched::Exit(code),
     };
+    if let Err(e) = layerdiff_runtime::cap_threads() {
+        return Dispatched::Exit(usage(&e.to_string()));
+    }
     let destinations = command.destinations();
     if let Some(Err(e)) = destinations.as_ref().map(|to| to.check(&command.reads())) {
         eprintln!("error: {e}");

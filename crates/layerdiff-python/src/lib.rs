@@ -53,6 +53,13 @@ fn progress_phase(what: &str) {
     layerdiff_flow::progress::phase(what);
 }
 
+/// The threads `LAYERDIFF_THREADS` gives each of a run's pools, or None (see
+/// `layerdiff_runtime::thread_cap`): the command sizes PyTorch's to it.
+#[pyfunction]
+fn thread_cap() -> PyResult<Option<usize>> {
+    layerdiff_runtime::thread_cap().map_err(to_py_err)
+}
+
 /// Compares two flat tensors and returns the statistics as deterministic JSON.
 #[pyfunction]
 fn compare_tensors_json(
@@ -194,6 +201,9 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "layerdiff".into(),
         layerdiff_runtime::WORKER_VERB.into(),
     ]);
+    // layerdiff's own pool as `LAYERDIFF_THREADS` sizes it; a value that is not a number is
+    // the error of the first run that reads it, not of the import
+    let _ = layerdiff_runtime::cap_threads();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("DEFAULT_TOLERANCE", layerdiff_core::DEFAULTS_TEXT)?;
     m.add("AUTO_FACTOR", layerdiff_core::AUTO_FACTOR)?;
@@ -207,6 +217,7 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(interrupt_signal, m)?)?;
     m.add_function(wrap_pyfunction!(conclude, m)?)?;
     m.add_function(wrap_pyfunction!(progress_phase, m)?)?;
+    m.add_function(wrap_pyfunction!(thread_cap, m)?)?;
     m.add_class::<CapturedRun>()?;
     m.add_class::<compiled::ModuleSearch>()?;
     m.add_class::<layer::CapturedLayer>()?;

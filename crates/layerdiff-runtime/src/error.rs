@@ -85,6 +85,12 @@ pub enum Error {
     /// The worker process of an isolated side could not be used.
     #[error("{0}")]
     Worker(String),
+    /// `LAYERDIFF_THREADS` is not a number of threads.
+    #[error(
+        "LAYERDIFF_THREADS is `{0}`: give the number of threads each run's kernels may use, 1 or \
+         more"
+    )]
+    Threads(String),
     /// Writing the model for the runtime failed.
     #[error(transparent)]
     Onnx(#[from] layerdiff_onnx::Error),

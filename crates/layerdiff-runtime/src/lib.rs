@@ -15,6 +15,7 @@ mod ort_provider;
 mod ort_runtime;
 mod per_node;
 mod spec;
+mod threads;
 mod tract_runtime;
 
 use layerdiff_core::{DType, Tensor};
@@ -30,6 +31,7 @@ pub(crate) use ort_runtime::PluginParts;
 pub use ort_runtime::{EpDevice, OptLevel, OrtRuntime, PluginEp};
 pub use per_node::{PerNode, Widened};
 pub use spec::{RuntimeSpec, nearest};
+pub use threads::{THREADS_ENV, cap_threads, thread_cap};
 pub use tract_runtime::TractRuntime;
 
 /// Where a runtime placed a model's nodes: the provider asked for, and the nodes each

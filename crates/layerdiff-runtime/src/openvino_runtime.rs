@@ -74,6 +74,9 @@ pub struct OpenVinoRuntime {
     /// The hint asked for (`None`: the plugin's default).
     asked: Option<String>,
     plugin: Plugin,
+    /// Its inference threads where `LAYERDIFF_THREADS` set them (a worker inherits the
+    /// variable); `None`: the plugin's default.
+    threads: Option<usize>,
 }
 
 /// What the CPU plugin of the loaded library is on this machine: what a worker that loaded
@@ -151,6 +154,11 @@ impl OpenVinoRuntime {
             core.set_property(&cpu, &RwPropertyKey::HintInferencePrecision, p)
                 .map_err(ov_err("refuses the precision hint"))?;
         }
+        let threads = crate::thread_cap()?;
+        if let Some(n) = threads {
+            core.set_property(&cpu, &RwPropertyKey::InferenceNumThreads, &n.to_string())
+                .map_err(ov_err("refuses the number of threads"))?;
+        }
         let property = |core: &Core, key: PropertyKey| {
             core.get_property(&cpu, &key)
                 .map_err(ov_err("cannot describe its CPU plugin"))
@@ -175,6 +183,7 @@ impl OpenVinoRuntime {
                 version,
                 capabilities,
             },
+            threads,
         })
     }
 
@@ -185,6 +194,7 @@ impl OpenVinoRuntime {
             core: None,
             asked: precision.map(str::to_string),
             plugin,
+            threads: crate::thread_cap().ok().flatten(),
         }
     }
 }
@@ -227,8 +237,10 @@ impl Runtime for OpenVinoRuntime {
             _ => String::new(),
         };
         format!(
-            "OpenVINO {} CPU plugin, inference precision {}{asked}; values asked for stay outputs, so they exist",
-            self.plugin.version, self.plugin.resolved
+            "OpenVINO {} CPU plugin, inference precision {}{asked}{}; values asked for stay outputs, so they exist",
+            self.plugin.version,
+            self.plugin.resolved,
+            crate::threads::threads_words(self.threads)
         )
     }
 

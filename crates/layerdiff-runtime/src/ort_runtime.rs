@@ -73,7 +73,7 @@ pub struct OrtRuntime {
     options: ProviderOptions,
     /// The options that change its numbers, as ONNX Runtime resolved them.
     resolved: ProviderOptions,
-    /// Intra-op threads (`None`: ONNX Runtime's default).
+    /// Intra-op threads (`None`: ONNX Runtime's default, one per core): `LAYERDIFF_THREADS`.
     pub intra_threads: Option<usize>,
     /// Graph optimizers not to run at [`Self::opt_level`] (ONNX Runtime's names).
     pub disabled_optimizers: Vec<String>,
@@ -92,6 +92,7 @@ pub struct OrtRuntime {
 impl OrtRuntime {
     /// Loads ONNX Runtime (once per process) from `library`, or from [`crate::find_ort_library`].
     pub fn new(library: Option<&Path>, opt_level: OptLevel) -> Result<Self> {
+        let intra_threads = crate::thread_cap()?;
         let cell = ORT.get_or_init(|| Mutex::new(None));
         let mut guard = cell.lock().unwrap_or_else(|e| e.into_inner());
         if guard.is_none() {
@@ -107,7 +108,7 @@ impl OrtRuntime {
                 provider: Provider::Cpu,
                 options: Vec::new(),
                 resolved: Vec::new(),
-                intra_threads: None,
+                intra_threads,
                 disabled_optimizers: Vec::new(),
                 custom_ops: Vec::new(),
                 optimized_at: None,
@@ -356,8 +357,9 @@ impl Runtime for OrtRuntime {
             None => self.provider.ort_name().to_string(),
         };
         format!(
-            "onnxruntime {}, {provider}{options}, {optimizations}",
-            self.version
+            "onnxruntime {}, {provider}{options}, {optimizations}{}",
+            self.version,
+            crate::threads::threads_words(self.intra_threads)
         )
     }
 

@@ -104,6 +104,9 @@ pub(super) fn release_command(
     if as_saved {
         command.push("--as-saved".into());
     }
+    if let Some(n) = crate::thread_cap()? {
+        command.extend(["--threads".into(), n.to_string().into()]);
+    }
     Ok(Some(command))
 }
 
