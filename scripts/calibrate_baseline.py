@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -68,6 +69,10 @@ KERAS_TARGETS = (
 # which `layerdiff keras` says with exit 2 and a hint
 NO_ONNX = {"keras_encoder"}
 GRAD_TARGETS = ("torch:bf16", "torch:fp16")
+# each gradient row (clean and planted) at the machine's threads and at one: PyTorch's CPU
+# kernels split a sum by thread, and at one thread a LayerNorm's gradient adds every position
+# up one by one in the narrow dtype (OMP_NUM_THREADS=1, a CI runner, LAYERDIFF_THREADS=1)
+GRAD_THREADS = (None, 1)
 # `layerdiff torch CHECKPOINT --decode-steps 2 --onnx FILE`: a transformers decoder
 # (tests/builders/checkpoints.py) against its own export (`float`), that export quantized by
 # ONNX Runtime's dynamic quantizer (int8 weights, MatMulInteger) and by its MatMulNBits
@@ -82,8 +87,8 @@ QUICK = {
     "forward": [("mobilenet_v3_small", "onnx fp16"), ("bert", "onnx dynamic int8"),
                 ("bert", "openvino"), ("gpt2", "torch:bf16")],
     "keras": [("keras_cnn", "tflite:int8")],
-    "grad": [("bert", "torch:bf16")],
-    "faults": [10, 15, 17],
+    "grad": [("bert", "torch:bf16", 1)],
+    "faults": [11, 16, 18],
     "decode": [("llama", "dynamic int8")],
 }  # fmt: skip
 
@@ -98,19 +103,21 @@ class _Committed:
         self.committed, self.path, self.exit = committed, path, exit
 
 
-def _layerdiff(*args: str) -> subprocess.CompletedProcess:
-    """`layerdiff ARGS` in a process of its own."""
+def _layerdiff(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`layerdiff ARGS` in a process of its own, with `env`'s variables set."""
     command = [sys.executable, "-m", "layerdiff", *args]
-    return subprocess.run(command, capture_output=True, text=True)
+    return subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, **(env or {})}
+    )
 
 
-def _cli(*args: str, out: Path | None = None) -> _Committed:
+def _cli(*args: str, out: Path | None = None, env: dict | None = None) -> _Committed:
     """`layerdiff ARGS --json …` (or `--out OUT`, its report kept there for `reduce`), in a
     process of its own: its report, read back, with its exit code."""
     with tempfile.TemporaryDirectory() as folder:
         written = ["--out", str(out)] if out is not None else ["--json", f"{folder}/r.json"]
         report = out / "report.json" if out is not None else Path(folder) / "r.json"
-        done = _layerdiff(*args, *written, "--quiet")
+        done = _layerdiff(*args, *written, "--quiet", env=env)
         if done.returncode not in (0, 1) or not report.is_file():
             said = done.stderr.strip().splitlines()
             raise RuntimeError(said[-1] if said else f"exit {done.returncode}, no report")
@@ -204,9 +211,21 @@ def decoded(name: str, file: str, edit=None, folder: Path | None = None) -> _Ste
     return steps
 
 
-def grad(name: str, target: str):
+def grad(name: str, target: str, threads: int | None):
+    import torch
+
     model, inputs = load_builder(name)(0)
-    return layerdiff.compare_gradients(model, inputs, target=target, seed=0)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        return layerdiff.compare_gradients(model, inputs, target=target, seed=0)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _threads(target: str, threads: int | None) -> str:
+    """A gradient row's target, with its threads where they are set (`torch:bf16 · 1 thread`)."""
+    return target if threads is None else f"{target} · {threads} thread{'s' * (threads > 1)}"
 
 
 def _spec(name: str) -> str:
@@ -223,7 +242,7 @@ def _spec(name: str) -> str:
     return f"{ROOT}/tests/builders/{module}.py:{function or 'build'}"
 
 
-def fault(builder: str, kind: str, target: str, folder: Path):
+def fault(builder: str, kind: str, target: str, threads: int | None, folder: Path):
     """A planted fault's run on the command line, its report kept in `folder`/run for
     `reduce`; with the arguments of `layerdiff check` on the same files (`None` where check
     does not apply: a PyTorch target, a gradient, a decoder's steps)."""
@@ -259,7 +278,8 @@ def fault(builder: str, kind: str, target: str, folder: Path):
                           out=folder / "run")  # fmt: skip
         return report, check
     verb = "grad" if kind == "grad" else "torch"
-    return _cli(verb, _spec(builder), "--target", target, *seed, out=folder / "run"), None
+    env = {"LAYERDIFF_THREADS": str(threads)} if threads else None
+    return _cli(verb, _spec(builder), "--target", target, *seed, out=folder / "run", env=env), None
 
 
 def doors(report, check, fault: tuple[str, str]) -> str:
@@ -406,7 +426,11 @@ def main(argv: list[str] | None = None) -> int:
         for t in KERAS_TARGETS
         if not (m in NO_ONNX and t in ("ort", "openvino"))
     ]
-    grads = [] if args.no_grad else [(m, t) for m in names for t in GRAD_TARGETS]
+    grads = (
+        []
+        if args.no_grad
+        else [(m, t, n) for m in names for t in GRAD_TARGETS for n in GRAD_THREADS]
+    )
     decodes = [] if args.no_decode else [(m, f) for m in DECODERS for f in DECODE_FILES]
     faults = [] if args.no_faults else list(range(len(FAULTS)))
     if args.quick:
@@ -425,18 +449,22 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quick and set(targets) == set(TARGETS):
         jobs += [clean(m, "torch:compile") for m in COMPILED if m in names]
     jobs += [("keras", m, t, "no defect", None, (m, t)) for m, t in keras]
-    jobs += [("grad", f"{m} gradients", t, "no defect", None, (m, t)) for m, t in grads]
+    jobs += [
+        ("grad", f"{m} gradients", _threads(t, n), "no defect", None, (m, t, n))
+        for m, t, n in grads
+    ]
     jobs += [
         ("decode", f"{m} {f} decoder", "--decode-steps 2", "no defect", None, (m, f))
         for m, f in decodes
     ]
     for b, kind, t, layer, cause in (FAULTS[i] for i in faults):
-        if layer is None:  # a clean twin
-            jobs.append(("fault", f"{b} ({kind})", t, "no defect", None, (b, kind, t)))
-            continue
-        jobs.append(
-            ("fault", f"{b} ({kind})", t, f"`{layer}` {cause}", (layer, cause), (b, kind, t))
-        )
+        for n in GRAD_THREADS if kind == "grad" else (None,):
+            shown, arguments = _threads(t, n), (b, kind, t, n)
+            if layer is None:  # a clean twin
+                jobs.append(("fault", f"{b} ({kind})", shown, "no defect", None, arguments))
+                continue
+            expected = f"`{layer}` {cause}"
+            jobs.append(("fault", f"{b} ({kind})", shown, expected, (layer, cause), arguments))
     failed = False
     if args.executor == "ray":
         from layerdiff.torch._ops import _executor

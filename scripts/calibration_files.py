@@ -22,6 +22,8 @@ FAULTS = [
     ("transformer_wrong_backward", "grad", "torch:fp16", "layers.1.linear1.weight",
      "op_implementation"),
     ("convnext_wrong_backward", "grad", "torch:bf16", "classifier.2.weight", "op_implementation"),
+    # 2% short, leaning as stalled sums lean, where the sums do not stall
+    ("convnext_short_backward", "grad", "torch:bf16", "classifier.2.weight", "op_implementation"),
     # a functional call's epsilon computed from the dtype (tests/builders/dtype_scalar.py)
     ("dtype_scalar", "forward", "torch:bf16", "1:layer_norm", "argument_mismatch"),
     ("dtype_scalar", "forward", "torch:fp16", "1:layer_norm", "argument_mismatch"),

@@ -36,7 +36,8 @@ else:
 # set stays.
 _PROCESSES = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _PROCESSES > 1:
-    for _variable in ("LAYERDIFF_THREADS", "OMP_NUM_THREADS"):
+    for _variable in ("LAYERDIFF_THREADS", "OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS",
+                      "TF_NUM_INTEROP_THREADS"):  # fmt: skip
         os.environ.setdefault(_variable, str(max(1, (os.cpu_count() or 1) // _PROCESSES)))
 
 

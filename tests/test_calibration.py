@@ -24,8 +24,9 @@ def test_the_quick_calibration_subset_reads_every_row_as_expected(capsys, monkey
     spec.loader.exec_module(calibrate)
     cold = calibrate._layerdiff  # each command in a process of its own, started warm but Keras's
     monkeypatch.setattr(
-        calibrate, "_layerdiff", lambda *args: cold(*args) if args[0] == "keras" else run_cli(*args)
-    )
+        calibrate, "_layerdiff",
+        lambda *args, env=None: (cold if args[0] == "keras" else run_cli)(*args, env=env),
+    )  # fmt: skip
     code = calibrate.main(["--quick"])
     table = capsys.readouterr().out
     assert code == 0, table

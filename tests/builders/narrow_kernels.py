@@ -66,24 +66,33 @@ class NarrowConv2d(nn.Conv2d):
 
 class _WrongWeightGrad(torch.autograd.Function):
     """Identity forward; backward passes the gradient on, and (in a narrow dtype) scales the
-    gradient that reaches the weight through `mark`."""
+    gradient that reaches the weight by `factor`."""
 
     @staticmethod
-    def forward(ctx, weight):
-        ctx.narrow = weight.dtype in NARROW
+    def forward(ctx, weight, factor):
+        ctx.factor = factor if weight.dtype in NARROW else 1.0
         return weight.view_as(weight)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad * 1.02 if ctx.narrow else grad
+        return grad * ctx.factor, None
 
 
 class WrongBackwardLinear(nn.Linear):
     """A Linear whose forward is right in every dtype and whose backward, in a narrow dtype,
     makes its weight's gradient 2% too large."""
 
+    FACTOR = 1.02
+
     def forward(self, x):
-        return F.linear(x, _WrongWeightGrad.apply(self.weight), self.bias)
+        return F.linear(x, _WrongWeightGrad.apply(self.weight, self.FACTOR), self.bias)
+
+
+class ShortBackwardLinear(WrongBackwardLinear):
+    """The same, its weight's gradient 2% short: leaning as a stalled narrow sum leans (toward
+    zero), on a weight whose sums do not stall."""
+
+    FACTOR = 0.98
 
 
 class WrongBackwardConv2d(nn.Conv2d):
@@ -91,7 +100,7 @@ class WrongBackwardConv2d(nn.Conv2d):
     makes its weight's gradient 2% too large."""
 
     def forward(self, x):
-        return self._conv_forward(x, _WrongWeightGrad.apply(self.weight), self.bias)
+        return self._conv_forward(x, _WrongWeightGrad.apply(self.weight, 1.02), self.bias)
 
 
 def _swap(parent: nn.Module, name: str, kind) -> None:
@@ -165,4 +174,12 @@ def convnext_wrong_backward():
     in it."""
     model, inputs = _sibling("zoo").tiny_convnext()
     _swap(model.classifier, "2", WrongBackwardLinear)
+    return model, inputs
+
+
+def convnext_short_backward():
+    """The tiny ConvNeXt whose classifier Linear's backward is 2% short in the narrow dtype:
+    its error leans toward zero, as the LayerNorms' stalled sums beside it do."""
+    model, inputs = _sibling("zoo").tiny_convnext()
+    _swap(model.classifier, "2", ShortBackwardLinear)
     return model, inputs

@@ -44,12 +44,17 @@
 //! element's own error has a standard deviation of `u_d·√(Σ_k S_k² / 3)` over its partial sums
 //! `S_k`. Terms of mixed signs make the partial sums a random walk (`Σ_k S_k² ≈ K·rss²/2`);
 //! terms that share a sign make them grow steadily to the sum `x` (`Σ_k S_k² ≈ K·x²/3`): so
-//! `σ = u_d·√(K·(rss²/6 + x²/9))`, both kinds counted. That
+//! `σ = u_d·√(K·(rss²/6 + x²/9))`, both kinds counted. Rounding is uniform only while the
+//! terms are spread wider than a step of the running sum: terms that share a sign climb to
+//! where a term is under half a step and is rounded away whole, and the sum stalls short of
+//! `x` (in bfloat16, 784 equal terms of 1 stop at 256). Where it may, `σ` is the simulated
+//! error of that kernel (`baseline/stalls.rs`) when larger. That
 //! kernel may err by `√(2·ln n)·σ` at the largest of `n` elements and `√(2/π)·σ` on average,
 //! and an honest one by [`HONEST_FACTOR`] times that, on top of what the float32-accumulating
 //! ideal allows. Rounding goes either way: where most of the own error pushes the elements one
 //! way along their values ([`NarrowIdeal::systematic`], a kernel that scales its result), it is
-//! not an accumulation's rounding, whatever its size. A layer beyond the first ideal and within
+//! not an accumulation's rounding, whatever its size, unless it falls short of them as much as
+//! stalled sums do ([`NarrowIdeal::short`]). A layer beyond the first ideal and within
 //! this one accumulates in `d` ([`Baseline::narrow`]): a finding of its own, not a defect.
 //! Beyond both, a defect.
 
@@ -61,6 +66,7 @@ use crate::{DType, Error, Result, TensorView};
 
 mod allowance;
 mod rule;
+mod stalls;
 
 pub use allowance::{KernelAllowance, accumulation_unit, kernel_allowance, output_steps};
 use rule::{BLOCK, NARROW_TAIL, Rule, Sums};
@@ -142,7 +148,7 @@ impl Baseline {
             && self
                 .narrow
                 .as_ref()
-                .is_some_and(|n| n.multiple <= DEFECT_MARGIN && n.systematic.abs() <= n.chance())
+                .is_some_and(|n| n.multiple <= DEFECT_MARGIN && n.leans_as_rounding())
     }
 }
 
@@ -177,9 +183,21 @@ pub struct NarrowIdeal {
     /// How much of the own error pushes every element the same way along its value
     /// (`Σ (t − y)·sign(x) / Σ |t − y|`, from −1 to 1): about 0 for rounding, which goes either
     /// way; 1 for a kernel that scales its result up. Beyond [`NarrowIdeal::chance`], the
-    /// error is not an accumulation's rounding, whatever its size.
+    /// error is not an accumulation's rounding, whatever its size, unless it falls short of
+    /// the values where such a kernel's sums stall ([`NarrowIdeal::short`]).
     #[serde(serialize_with = "crate::render::float")]
     pub systematic: f64,
+    /// How much of the error such a kernel makes falls short of the values (0 to 1): its sums
+    /// stall where their terms share a sign (see `baseline/stalls.rs`); 0 where none do.
+    #[serde(
+        serialize_with = "crate::render::float",
+        skip_serializing_if = "no_shortfall"
+    )]
+    pub short: f64,
+}
+
+fn no_shortfall(short: &f64) -> bool {
+    *short == 0.0
 }
 
 /// How much of a layer's own error may push its elements one way (see
@@ -195,6 +213,14 @@ impl NarrowIdeal {
     /// by chance.
     pub fn chance(&self) -> f64 {
         SYSTEMATIC.max(3.0 / (self.elements.max(1) as f64).sqrt())
+    }
+
+    /// Whether the way its error leans is one such a kernel's rounding makes: within
+    /// [`NarrowIdeal::chance`] either way, and short of the values by as much more as its sums
+    /// stall ([`NarrowIdeal::short`]).
+    pub fn leans_as_rounding(&self) -> bool {
+        let chance = self.chance();
+        -(chance + self.short).min(1.0) <= self.systematic && self.systematic <= chance
     }
 }
 
@@ -251,6 +277,7 @@ pub fn assess_baseline(
         unit: grid.mantissa_bits().map_or(0.0, |b| pow2(-(b as i32))),
         terms: reduction.map_or(0, |r| r.terms),
         tail: HONEST_FACTOR * NARROW_TAIL.max((2.0 * (n as f64).ln()).sqrt()),
+        stalls: reduction.and_then(|r| stalls::Stalls::of(grid, r.terms)),
     };
     let s = summed(&rule, grid, [&reference, &own, &exact], rss.as_ref(), n);
     let mean = |sum: f64| {
@@ -284,6 +311,11 @@ pub fn assess_baseline(
         terms: r.terms,
         elements: s.count,
         systematic,
+        short: if s.sigma_sum > 0.0 {
+            (s.shortfall_sum / s.sigma_sum).clamp(0.0, 1.0)
+        } else {
+            0.0
+        },
         allowed_max_abs_diff: s.narrow_max,
         allowed_mean_abs_diff: mean(s.narrow_sum),
         multiple: ratio(s.own_max, s.narrow_max).max(ratio(own_mean, mean(s.narrow_sum))),

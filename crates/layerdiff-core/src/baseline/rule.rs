@@ -1,6 +1,9 @@
 //! The rule element by element: one block's sums, by lanes where every value of the block is
 //! finite (in explicit AVX-512 or AVX2 where the CPU has it), else one element at a time.
 
+use std::sync::Arc;
+
+use super::stalls::Stalls;
 use super::{HONEST_FACTOR, KernelAllowance, narrow_accumulation_sigma};
 use crate::DType;
 
@@ -31,6 +34,9 @@ pub(super) struct Sums {
     pub(super) narrow_sum: f64,
     /// `Σ (t − y)·sign(x)`: the own error that pushes each element along its value.
     pub(super) signed_sum: f64,
+    /// The narrow ideal's `σ` summed, and what of it a stalled sum falls short by.
+    pub(super) sigma_sum: f64,
+    pub(super) shortfall_sum: f64,
 }
 
 impl Sums {
@@ -49,6 +55,8 @@ impl Sums {
         self.narrow_max = self.narrow_max.max(other.narrow_max);
         self.narrow_sum += other.narrow_sum;
         self.signed_sum += other.signed_sum;
+        self.sigma_sum += other.sigma_sum;
+        self.shortfall_sum += other.shortfall_sum;
         self
     }
 }
@@ -75,6 +83,8 @@ pub(super) struct Rule {
     pub(super) terms: u64,
     /// The narrow ideal's tail factor at the largest element, in its `σ`s.
     pub(super) tail: f64,
+    /// Where the narrow ideal's sums may stall (a float16 or bfloat16 grid): their error.
+    pub(super) stalls: Option<Arc<Stalls>>,
 }
 
 impl Rule {
@@ -155,7 +165,13 @@ impl Rule {
                 if t.is_finite() {
                     s.signed_sum += (t - y) * x.signum();
                 }
-                let sigma = narrow_accumulation_sigma(self.unit, self.terms, r, x);
+                let mut sigma = narrow_accumulation_sigma(self.unit, self.terms, r, x);
+                if let Some(stalls) = &self.stalls {
+                    let (rms, signed) = stalls.at(self.terms, r, x);
+                    sigma = sigma.max(rms);
+                    s.shortfall_sum -= signed;
+                }
+                s.sigma_sum += sigma;
                 s.narrow_max = s
                     .narrow_max
                     .max(base + HONEST_FACTOR * bound + self.tail * sigma);

@@ -132,6 +132,7 @@ fn lane_rule(grid: DType, same_precision: bool) -> Rule {
         unit: 0.0,
         terms: 0,
         tail: 0.0,
+        stalls: None,
     }
 }
 

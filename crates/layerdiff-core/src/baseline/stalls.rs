@@ -1,0 +1,153 @@
+//! What a sum added up one by one in a narrow dtype loses where its running sum stalls: once
+//! the running sum is large beside its terms, a term under half its step is rounded away
+//! whole. The random-walk model of the module docs holds while the terms are spread wider
+//! than a step; terms that share a sign climb to the sum and then stall, and the sum falls
+//! short of it. In bfloat16, 784 equal terms of 1 stop at 256 (256 + 1 rounds back to 256):
+//! 67% short, every element the same way, where the random walk explains 2%. PyTorch's CPU
+//! LayerNorm backward at one thread sums its bias gradient so, over every position.
+//!
+//! No closed form fits the regime between; the kernel is simulated instead: for `K` terms of
+//! root mean square 1 whose mean is `f` (`f = |x| / (√K·rss)`, from 0 for terms of mixed signs
+//! to 1 for equal ones), the running sum is rounded to the grid after each addition, over
+//! [`DRAWS`] seeded draws at scales spread over an octave (where the sum falls among the
+//! grid's steps). Per `f` on a grid of [`BUCKETS`] + 1 points, the error's root mean square and
+//! its mean along the sum's sign (negative: short of it) make the table; an element reads it at
+//! its `f`, scaled by its terms' root mean square `rss/√K`. Tables are kept per grid and `K`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use rayon::prelude::*;
+
+use crate::DType;
+use crate::random::SplitMix64;
+
+/// Points of the table along `f`, less one.
+const BUCKETS: usize = 32;
+
+/// Seeded draws per point.
+const DRAWS: usize = 16;
+
+/// The most terms simulated; beyond, the table at this many, scaled by `K / MAX_TERMS` (a
+/// stalled sum's shortfall grows with its terms, the random walk's slower).
+const MAX_TERMS: u64 = 1 << 16;
+
+/// The tables made so far, by grid and number of terms.
+type Tables = Mutex<HashMap<(&'static str, u64), Arc<Stalls>>>;
+
+/// A sum's error when added up one by one in the grid, per `f` (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Stalls {
+    /// The error's root mean square, in the terms' root mean square.
+    rms: [f64; BUCKETS + 1],
+    /// Its mean along the sum's sign (0 or below: short of the sum).
+    signed: [f64; BUCKETS + 1],
+}
+
+impl Stalls {
+    /// The table of `terms` terms summed in `grid` (float16 or bfloat16; `None` for a grid
+    /// where no reduction a model makes stalls: float32 and wider), made once per process.
+    pub(crate) fn of(grid: DType, terms: u64) -> Option<Arc<Stalls>> {
+        if !matches!(grid, DType::F16 | DType::BF16) || terms < 2 {
+            return None;
+        }
+        static TABLES: OnceLock<Tables> = OnceLock::new();
+        let tables = TABLES.get_or_init(Default::default);
+        let key = (grid.name(), terms);
+        if let Some(table) = tables.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Some(table.clone());
+        }
+        let table = Arc::new(simulate(grid, terms));
+        let mut held = tables.lock().unwrap_or_else(|e| e.into_inner());
+        Some(held.entry(key).or_insert(table).clone())
+    }
+
+    /// `(root mean square, mean along the sum's sign)` of the error of a sum `x` of `terms`
+    /// terms whose root sum of squares is `rss`: the larger root mean square and the
+    /// shorter mean of the two points of the table around its `f`.
+    pub(crate) fn at(&self, terms: u64, rss: f64, x: f64) -> (f64, f64) {
+        if rss.is_nan() || rss <= 0.0 || !x.is_finite() {
+            return (0.0, 0.0);
+        }
+        let root = (terms.max(1) as f64).sqrt();
+        let f = (x.abs() / (root * rss)).clamp(0.0, 1.0) * BUCKETS as f64;
+        let (lo, hi) = (f.floor() as usize, (f.ceil() as usize).min(BUCKETS));
+        let scale = rss / root;
+        (
+            scale * self.rms[lo].max(self.rms[hi]),
+            scale * self.signed[lo].min(self.signed[hi]),
+        )
+    }
+}
+
+fn simulate(grid: DType, terms: u64) -> Stalls {
+    let simulated = terms.min(MAX_TERMS);
+    let beyond = terms as f64 / simulated as f64;
+    let points: Vec<(f64, f64)> = (0..=BUCKETS)
+        .into_par_iter()
+        .map(|b| {
+            let f = b as f64 / BUCKETS as f64;
+            let spread = (1.0 - f * f).max(0.0).sqrt();
+            let mut rng = SplitMix64::new(0x5EED_0000 + b as u64);
+            let (mut squares, mut signed) = (0.0, 0.0);
+            for d in 0..DRAWS {
+                // scales spread evenly over an octave: where the sum falls among the steps
+                let scale = 2f64.powf((d as f64 + 0.5) / DRAWS as f64);
+                let (mut running, mut exact) = (0.0f64, 0.0f64);
+                for _ in 0..simulated {
+                    let term = scale * (f + spread * rng.normal());
+                    exact += term;
+                    running = grid.round(running + term);
+                }
+                let error = (running - exact) / scale;
+                squares += error * error;
+                signed += error * exact.signum();
+            }
+            (
+                beyond * (squares / DRAWS as f64).sqrt(),
+                beyond * (signed / DRAWS as f64).min(0.0),
+            )
+        })
+        .collect();
+    let mut table = Stalls {
+        rms: [0.0; BUCKETS + 1],
+        signed: [0.0; BUCKETS + 1],
+    };
+    for (b, (rms, signed)) in points.into_iter().enumerate() {
+        table.rms[b] = rms;
+        table.signed[b] = signed;
+    }
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_terms_in_bfloat16_stall_short_of_their_sum_and_mixed_ones_do_not() {
+        let table = Stalls::of(DType::BF16, 784).unwrap();
+        // 784 terms of about 1 (f = 1): the running sum stops near 256-512, far short
+        let (stalled, signed) = table.at(784, 28.0, 784.0);
+        assert!(stalled > 200.0 && signed < -200.0, "{stalled} {signed}");
+        // mixed signs (f = 0): a random walk, as the module docs' σ (1.25 here), either way
+        let (rms, signed) = table.at(784, 28.0, 0.0);
+        let sigma = crate::narrow_accumulation_sigma(2f64.powi(-8), 784, 28.0, 0.0);
+        assert!(
+            rms < 1.5 * sigma && signed > -0.5 * rms,
+            "{rms} {signed} {sigma}"
+        );
+        // float16's steps are 8 times finer: its sum stalls far later
+        let (rms, _) = Stalls::of(DType::F16, 784).unwrap().at(784, 28.0, 784.0);
+        assert!(rms < stalled / 4.0, "{rms}");
+        assert!(Stalls::of(DType::F32, 784).is_none());
+    }
+
+    #[test]
+    fn a_table_is_the_same_every_time() {
+        let a = simulate(DType::BF16, 300);
+        let b = simulate(DType::BF16, 300);
+        assert_eq!(a.rms, b.rms);
+        assert_eq!(a.signed, b.signed);
+    }
+}
