@@ -46,7 +46,19 @@ if _PROCESSES > 1:
 THOROUGH = os.environ.get("LAYERDIFF_TEST_ALL") == "1"
 
 
+# The files that take longest, longest first (`--durations`, on 2 cores): a process is handed
+# a file at a time in this order (pyproject's `--no-loadscope-reorder`), so none of them is
+# left to run alone at the end. The rest follow as collected.
+SLOW_FIRST = (
+    "test_reduce.py", "test_cli.py", "test_calibration.py", "test_mapping.py",
+    "test_compile_whole.py", "test_decode.py", "test_openvino.py", "test_torch_sides.py",
+    "test_torch_flow.py", "test_interrupt.py", "test_causes.py", "test_streamed.py",
+)  # fmt: skip
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {name: k for k, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))  # stable
     if THOROUGH:
         return
     skip = pytest.mark.skip(reason="thorough: `make test-all` runs it (CI)")
