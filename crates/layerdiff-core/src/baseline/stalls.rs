@@ -28,8 +28,9 @@ const BUCKETS: usize = 32;
 /// Seeded draws per point.
 const DRAWS: usize = 16;
 
-/// The most terms simulated; beyond, the table at this many, scaled by `K / MAX_TERMS` (a
-/// stalled sum's shortfall grows with its terms, the random walk's slower).
+/// The most terms simulated; beyond, the table at this many, its mean error scaled by
+/// `K / MAX_TERMS` (a stalled sum's shortfall grows with its terms) and its spread about the
+/// mean by the square root of that (a random walk's).
 const MAX_TERMS: u64 = 1 << 16;
 
 /// The tables made so far, by grid and number of terms.
@@ -103,9 +104,11 @@ fn simulate(grid: DType, terms: u64) -> Stalls {
                 squares += error * error;
                 signed += error * exact.signum();
             }
+            let mean = signed / DRAWS as f64;
+            let variance = (squares / DRAWS as f64 - mean * mean).max(0.0);
             (
-                beyond * (squares / DRAWS as f64).sqrt(),
-                beyond * (signed / DRAWS as f64).min(0.0),
+                ((beyond * mean).powi(2) + beyond * variance).sqrt(),
+                beyond * mean.min(0.0),
             )
         })
         .collect();
@@ -141,6 +144,20 @@ mod tests {
         let (rms, _) = Stalls::of(DType::F16, 784).unwrap().at(784, 28.0, 784.0);
         assert!(rms < stalled / 4.0, "{rms}");
         assert!(Stalls::of(DType::F32, 784).is_none());
+    }
+
+    #[test]
+    fn beyond_the_terms_simulated_a_random_walk_grows_as_its_square_root() {
+        let (simulated, beyond) = (
+            simulate(DType::BF16, MAX_TERMS),
+            simulate(DType::BF16, 4 * MAX_TERMS),
+        );
+        // mixed signs: about twice the error for four times the terms (2.5: the mean of 16
+        // draws is not quite 0, and it is scaled as a shortfall), not four times
+        let ratio = beyond.rms[0] / simulated.rms[0];
+        assert!((1.9..3.0).contains(&ratio), "{ratio}");
+        // equal terms: the shortfall grows with the terms
+        assert!(beyond.signed[BUCKETS] <= 3.9 * simulated.signed[BUCKETS]);
     }
 
     #[test]
