@@ -110,6 +110,20 @@ def tiny_convnext():
     return model, (torch.randn(1, 3, 112, 112),)
 
 
+def tiny_vit():
+    """torchvision's VisionTransformer at 128×128 in 8×8 patches (257 tokens, the class
+    token's first), 4 layers of width 64, seed 0, its head drawn as the zoo's ViT-B/16 draws
+    it: the loss reads the class token alone, so its gradient is most of what a LayerNorm's
+    bias gradient sums, and the other 256 positions' are each under half a bfloat16 step of
+    it."""
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    model = VisionTransformer(128, 8, num_layers=4, num_heads=4, hidden_dim=64, mlp_dim=128)
+    nn.init.normal_(model.heads.head.weight, std=0.02)
+    return model.eval(), (torch.randn(1, 3, 128, 128),)
+
+
 BUILDERS = {
     "bert": bert,
     "gpt2": gpt2,

@@ -48,7 +48,10 @@
 //! terms are spread wider than a step of the running sum: terms that share a sign climb to
 //! where a term is under half a step and is rounded away whole, and the sum stalls short of
 //! `x` (in bfloat16, 784 equal terms of 1 stop at 256). Where it may, `σ` is the simulated
-//! error of that kernel (`baseline/stalls.rs`) when larger. That
+//! error of that kernel (`baseline/stalls.rs`) when larger; and where the framework handed
+//! over the terms themselves ([`Reduction::each`]: a term far larger than the rest, a ViT's
+//! class token, swamps what follows it, which no count and spread of the terms tells), at
+//! least the error of those very terms added one by one in the order they are held. That
 //! kernel may err by `√(2·ln n)·σ` at the largest of `n` elements and `√(2/π)·σ` on average,
 //! and an honest one by [`HONEST_FACTOR`] times that, on top of what the float32-accumulating
 //! ideal allows. Rounding goes either way: where most of the own error pushes the elements one
@@ -161,6 +164,10 @@ pub struct Reduction<'a> {
     pub terms: u64,
     /// Per element, `√Σ term²`, in the layer's shape.
     pub rss: TensorView<'a>,
+    /// Where the framework hands them over, the terms themselves: `terms` rows of the layer's
+    /// elements, in the order it holds them (a LayerNorm's weight and bias gradients, one row
+    /// per position), which the narrow ideal adds up one by one as such a kernel does.
+    pub each: Option<TensorView<'a>>,
 }
 
 /// The own error against a kernel that accumulates in the narrow dtype (see the module docs).
@@ -279,7 +286,13 @@ pub fn assess_baseline(
         tail: HONEST_FACTOR * NARROW_TAIL.max((2.0 * (n as f64).ln()).sqrt()),
         stalls: reduction.and_then(|r| stalls::Stalls::of(grid, r.terms)),
     };
-    let s = summed(&rule, grid, [&reference, &own, &exact], rss.as_ref(), n);
+    // where the terms themselves were handed over, what adding them one by one errs by
+    let one_by_one = reduction
+        .filter(|_| grid.narrower_than(DType::F32))
+        .and_then(|r| stalls::one_by_one(r.each.as_ref()?, r.terms, n, grid))
+        .map(|errors| crate::Tensor::from_f64(DType::F64, &errors));
+    let measured = [rss, one_by_one.as_ref().map(|t| t.view())];
+    let s = summed(&rule, grid, [&reference, &own, &exact], measured, n);
     let mean = |sum: f64| {
         if s.count == 0 {
             0.0
@@ -342,21 +355,23 @@ pub fn assess_baseline(
 }
 
 /// The rule's sums over every element of the reference, the target's own value and the exact
-/// one (`sides`), and the reduction's spread where measured (`rss`), `n` elements each: block
-/// by block in parallel, each block's values read once.
+/// one (`sides`), and where measured the reduction's spread (`rss`) and what its terms added
+/// one by one err by (`measured`), `n` elements each: block by block in parallel, each
+/// block's values read once.
 fn summed(
     rule: &Rule,
     grid: DType,
     sides: [&TensorView<'_>; 3],
-    rss: Option<&TensorView<'_>>,
+    measured: [Option<TensorView<'_>>; 2],
     n: usize,
 ) -> Sums {
     let [reference, own, exact] = sides;
+    let [rss, one_by_one] = measured;
     let blocks: Vec<Sums> = (0..n.div_ceil(BLOCK))
         .into_par_iter()
         .map_init(
             // each task decodes into buffers of its own, made once
-            || std::array::from_fn::<_, 4, _>(|_| vec![0.0; BLOCK]),
+            || std::array::from_fn::<_, 5, _>(|_| vec![0.0; BLOCK]),
             |buffers, b| {
                 let (start, end) = (b * BLOCK, ((b + 1) * BLOCK).min(n));
                 let len = end - start;
@@ -373,7 +388,13 @@ fn summed(
                 {
                     return sums;
                 }
-                let views = [Some(reference), Some(own), Some(exact), rss];
+                let views = [
+                    Some(reference),
+                    Some(own),
+                    Some(exact),
+                    rss.as_ref(),
+                    one_by_one.as_ref(),
+                ];
                 // float64 values are read where they lie (aligned, as a runtime's are), others
                 // decoded
                 let mut read = buffers.iter_mut().zip(views).map(|(buffer, view)| {
@@ -390,8 +411,9 @@ fn summed(
                         }
                     }
                 });
-                let [reference, own, exact, spread] = std::array::from_fn(|_| read.next().unwrap());
-                let values = (reference, own, exact, spread);
+                let [reference, own, exact, spread, one_by_one] =
+                    std::array::from_fn(|_| read.next().unwrap());
+                let values = (reference, own, exact, spread, one_by_one);
                 if let Some(sums) = rule.finite_block(grid, values) {
                     return sums;
                 }

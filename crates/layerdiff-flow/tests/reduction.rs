@@ -61,9 +61,11 @@ fn a_convs_reduction_terms_are_the_same_conv_of_the_squares_in_the_inputs_shape(
             .then_some((&x, DType::F32))
             .ok_or(format!("no {n}"))
     };
-    let (terms, rss) = baseline
+    let measured = baseline
         .measure_reduction("out", DType::F32, &feed)
         .expect("the Conv's terms are measured");
+    let (terms, rss) = (measured.count, measured.rss);
+    assert!(measured.each.is_none(), "a graph hands no terms over");
     assert_eq!(terms, 8, "input channels × kernel height × width");
     assert_eq!(rss.shape, vec![1, 1, 2, 2]);
     // the first output element: √Σ (x·w)² over the 2×2 window of both channels

@@ -169,10 +169,12 @@ impl CapturedRun {
     /// how far per element it may move by what it cannot model), and
     /// `quantization` = `(dtype, scale, zero_point)` where it quantizes the value.
     /// `reduction` = `(terms, rss)` where the baseline's layer is a reduction whose terms were
-    /// measured: how many each element sums, and per element their root sum of squares.
+    /// measured: how many each element sums, and per element their root sum of squares;
+    /// `reduction_terms`: the terms themselves where handed over (`terms` rows of the layer's
+    /// elements, in the order the framework holds them).
     /// `arguments`: a functional call's numbers and flags the target's own code passes
     /// otherwise than the reference's, in words (its `local` re-run took them).
-    #[pyo3(signature = (index, value, float64=None, target=None, local=None, local_error=None, disagreement=None, baseline=None, baseline_grid=None, own_exact=None, own_ideal=None, own_why=None, own_slack=None, quantization=None, reduction=None, arguments=None))]
+    #[pyo3(signature = (index, value, float64=None, target=None, local=None, local_error=None, disagreement=None, baseline=None, baseline_grid=None, own_exact=None, own_ideal=None, own_why=None, own_slack=None, quantization=None, reduction=None, reduction_terms=None, arguments=None))]
     #[allow(clippy::too_many_arguments)]
     fn add(
         &mut self,
@@ -192,6 +194,7 @@ impl CapturedRun {
         own_slack: Option<FlatTensor<'_>>,
         quantization: Option<(String, f64, i64)>,
         reduction: Option<(u64, FlatTensor<'_>)>,
+        reduction_terms: Option<FlatTensor<'_>>,
         arguments: Option<Vec<String>>,
     ) -> PyResult<()> {
         let quantization = quantization
@@ -223,7 +226,11 @@ impl CapturedRun {
             own_slack: view(&own_slack)?,
             quantization,
             reduction: match &reduction {
-                Some((terms, rss)) => Some((*terms, rss.view()?)),
+                Some((terms, rss)) => Some(layerdiff_core::Reduction {
+                    terms: *terms,
+                    rss: rss.view()?,
+                    each: view(&reduction_terms)?,
+                }),
                 None => None,
             },
             arguments: arguments.unwrap_or_default(),

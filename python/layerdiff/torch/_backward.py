@@ -335,14 +335,15 @@ class Vjp:
     """One module call's backward alone: the gradient of its first floating-point input (None
     without one), of each of its floating-point inputs by position, and of its parameters by
     name within the module; and the dtype its output was computed in. `terms`: for each
-    parameter, where measured, how many terms each element of its gradient sums and their root
-    sum of squares (see `_spread`)."""
+    parameter, where measured, how many terms each element of its gradient sums, their root
+    sum of squares (see `_spread`), and the terms themselves where handed over (`_each`), else
+    None."""
 
     input: torch.Tensor | None
     inputs: dict[int, torch.Tensor]
     parameters: dict[str, torch.Tensor]
     dtype: torch.dtype
-    terms: dict[str, tuple[int, torch.Tensor]] = field(default_factory=dict)
+    terms: dict[str, tuple[int, torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
 
 
 def vjp(
@@ -386,7 +387,45 @@ def vjp(
         n: unscaled(g) for (n, _), g in zip(params, found[len(wrt) :], strict=True) if g is not None
     }
     terms = _spread(out, g, [(n, p) for n, p in params if n in parameters]) if spread else {}
+    if terms and wrt:
+        each = _each(module, wrt[0].detach(), g, dict(params))
+        terms = {n: (k, r, each.get(n)) for n, (k, r) in terms.items()}
     return Vjp(inputs.get(0), inputs, parameters, out.dtype, terms)
+
+
+def _each(module, x, g, params) -> dict[str, torch.Tensor]:
+    """A LayerNorm's weight and bias gradients' terms themselves: one row per position, in the
+    order the positions are held (`positions × features`), as a kernel adds them up: the output
+    gradient `g` for the bias, times the normalized input for the weight. Where the features
+    lie in the output is found by running the module with a bias that counts them (a
+    `LayerNorm2d` normalizes axis 1). Empty for any other module, and for features over more
+    than one axis."""
+    if not isinstance(module, nn.LayerNorm) or len(module.normalized_shape) != 1:
+        return {}
+    features = module.normalized_shape[0]
+    weight = params.get("weight")
+    like = weight if weight is not None else params.get("bias")
+    if like is None:
+        return {}
+    call = torch.func.functional_call
+    with torch.no_grad():
+        count = torch.arange(features, dtype=x.dtype)
+        counted = call(module, {"weight": torch.zeros_like(like), "bias": count}, (x,))
+        normalized = call(module, {"weight": torch.ones_like(like), "bias": count * 0}, (x,))
+    axes = [
+        a for a in range(g.dim()) if g.shape[a] == features
+        and torch.equal(counted.movedim(a, -1), count.expand_as(counted.movedim(a, -1)))
+    ]  # fmt: skip
+    if len(axes) != 1 or counted.shape != g.shape:
+        return {}
+
+    def rows(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().movedim(axes[0], -1).reshape(-1, features).contiguous()
+
+    each = {"weight": rows(g * normalized)}
+    if "bias" in params:
+        each["bias"] = rows(g)
+    return {n: t for n, t in each.items() if n in params}
 
 
 def _spread(out, g, params) -> dict[str, tuple[int, torch.Tensor]]:

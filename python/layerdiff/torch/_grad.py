@@ -173,8 +173,9 @@ class _Gradients:
         self.local: dict[str, torch.Tensor | str] = {}
         self.exact: dict[str, torch.Tensor] = {}
         self.grid: dict[str, torch.dtype] = {}
-        # a parameter's gradient: its terms per element and their root sum of squares
-        self.terms: dict[str, tuple[int, torch.Tensor]] = {}
+        # a parameter's gradient: its terms per element, their root sum of squares, and the
+        # terms themselves where handed over
+        self.terms: dict[str, tuple[int, torch.Tensor, torch.Tensor | None]] = {}
 
     def own(self, *, local: bool, exact: bool) -> None:
         """Each call's input gradient on both sides (and in float64), and, with `local`, every
@@ -237,9 +238,10 @@ class _Gradients:
                 self._own_code(call, sums, exact=exact)
         for key, (local_parts, exact_parts, grid, reference_parts, *terms) in sums.items():
             if terms and len(terms) == len(local_parts):
-                # a parameter several calls use: their terms together
-                count = sum(k for k, _ in terms)
-                self.terms[key] = (count, sum(r**2 for _, r in terms).sqrt())
+                # a parameter several calls use: their terms together (in no one order)
+                count = sum(k for k, *_ in terms)
+                each = terms[0][2] if len(terms) == 1 else None
+                self.terms[key] = (count, sum(r**2 for _, r, _ in terms).sqrt(), each)
             held = local_parts[0].dtype
             # what reaches this gradient through computation outside module calls (a residual
             # add between them), as the reference computes it: no call's own error
@@ -436,6 +438,7 @@ class _Gradients:
             baseline=None if exact is None else flat(key, exact),
             baseline_grid=None if grid is None else dtype_name(key, torch.empty(0, dtype=grid)),
             reduction=None if terms is None else (terms[0], flat(key, terms[1])),
+            reduction_terms=None if terms is None or terms[2] is None else flat(key, terms[2]),
         )  # fmt: skip
 
 

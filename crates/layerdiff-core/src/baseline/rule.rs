@@ -68,6 +68,10 @@ pub(super) const NARROW_TAIL: f64 = 2.0;
 /// The mean absolute value of a normal error, in its `σ`s: √(2/π).
 pub(super) const NARROW_MEAN: f64 = 0.797_884_560_802_865_4;
 
+/// One block's values: the reference, the target's own value, the exact value, the
+/// reduction's `√Σ term²` and what its terms added one by one err by (see [`Rule::block`]).
+pub(super) type Values<'a> = (&'a [f64], &'a [f64], &'a [f64], &'a [f64], &'a [f64]);
+
 /// Elements per block of the baseline's pass.
 pub(super) const BLOCK: usize = 4096;
 
@@ -88,16 +92,18 @@ pub(super) struct Rule {
 }
 
 impl Rule {
-    /// The sums of one block: the reference, the target's own value, the exact value and the
-    /// reduction's `√Σ term²`, element by element; `round` to the grid.
+    /// The sums of one block: the reference, the target's own value, the exact value, the
+    /// reduction's `√Σ term²` and what its terms added one by one err by along the value (0
+    /// where not measured), element by element; `round` to the grid.
     #[inline(always)]
     pub(super) fn block(
         &self,
-        (reference, own, exact, spread): (&[f64], &[f64], &[f64], &[f64]),
+        (reference, own, exact, spread, one_by_one): Values<'_>,
         round: impl Fn(f64) -> f64,
     ) -> Sums {
         let mut s = Sums::default();
-        for (((&y, &t), &x), &r) in reference.iter().zip(own).zip(exact).zip(spread) {
+        let measured = spread.iter().zip(one_by_one);
+        for (((&y, &t), &x), (&r, &k)) in reference.iter().zip(own).zip(exact).zip(measured) {
             if y.is_nan() || !y.is_finite() {
                 continue; // NaN and Inf in the reference say nothing of precision
             }
@@ -166,11 +172,16 @@ impl Rule {
                     s.signed_sum += (t - y) * x.signum();
                 }
                 let mut sigma = narrow_accumulation_sigma(self.unit, self.terms, r, x);
+                let mut short = 0.0f64;
                 if let Some(stalls) = &self.stalls {
                     let (rms, signed) = stalls.at(self.terms, r, x);
                     sigma = sigma.max(rms);
-                    s.shortfall_sum -= signed;
+                    short = -signed;
                 }
+                // the terms themselves, added one by one: what that kernel errs by here
+                sigma = sigma.max(k.abs());
+                short = short.max(-k);
+                s.shortfall_sum += short;
                 s.sigma_sum += sigma;
                 s.narrow_max = s
                     .narrow_max
@@ -193,7 +204,7 @@ impl Rule {
     pub(super) fn finite_block(
         &self,
         grid: DType,
-        (reference, own, exact, _): (&[f64], &[f64], &[f64], &[f64]),
+        (reference, own, exact, ..): Values<'_>,
     ) -> Option<Sums> {
         let max_finite = self.by_lanes(grid)?;
         #[cfg(target_arch = "x86_64")]

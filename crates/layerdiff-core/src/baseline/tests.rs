@@ -123,12 +123,14 @@ fn a_reference_far_from_the_exact_value_is_off_only_where_the_target_is_not() {
 
 /// Sums of `terms` random terms for each of `n` elements: the exact sums, the terms' root
 /// sums of squares, and the sums a kernel makes that adds them one by one into a running
-/// sum held in `dtype`.
-fn sums(n: usize, terms: usize, dtype: DType) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+/// sum held in `dtype`. The first term is `first` times as spread as the others.
+fn sums(n: usize, terms: usize, dtype: DType, first: f64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let mut random = crate::SplitMix64::new(7);
     let (mut exact, mut rss, mut narrow) = (vec![], vec![], vec![]);
     for _ in 0..n {
-        let values: Vec<f64> = (0..terms).map(|_| dtype.round(random.normal())).collect();
+        let values: Vec<f64> = (0..terms)
+            .map(|k| dtype.round(random.normal() * if k == 0 { first } else { 1.0 }))
+            .collect();
         exact.push(values.iter().sum::<f64>());
         rss.push(values.iter().map(|v| v * v).sum::<f64>().sqrt());
         narrow.push(values.iter().fold(0.0, |total, v| dtype.round(total + v)));
@@ -136,29 +138,35 @@ fn sums(n: usize, terms: usize, dtype: DType) -> (Vec<f64>, Vec<f64>, Vec<f64>) 
     (exact, rss, narrow)
 }
 
+/// A target `t` in `dtype` of the sums `x` of `terms` terms each whose root sums of squares
+/// are `rss`, judged with its terms measured.
+fn narrow_judged(x: &[f64], terms: usize, rss: &[f64], t: &[f64], dtype: DType) -> Baseline {
+    let (reference, exact) = (tensor(DType::F32, x), tensor(DType::F64, x));
+    let (rss, own) = (tensor(DType::F64, rss), tensor(dtype, t));
+    let reduction = Reduction {
+        terms: terms as u64,
+        rss: rss.view(),
+        each: None,
+    };
+    assess_baseline(
+        reference.view(),
+        own.view(),
+        exact.view(),
+        dtype,
+        0,
+        false,
+        Some(reduction),
+    )
+    .unwrap()
+}
+
 #[test]
 fn a_kernel_that_sums_in_the_narrow_dtype_is_within_the_narrow_ideal_and_a_wrong_one_is_not() {
     let (terms, dtype) = (512, DType::BF16);
-    let (x, rss, narrow) = sums(256, terms, dtype);
-    let (reference, exact) = (tensor(DType::F32, &x), tensor(DType::F64, &x));
+    let (x, rss, narrow) = sums(256, terms, dtype, 1.0);
+    let judge = |t: &[f64]| narrow_judged(&x, terms, &rss, t, dtype);
     let rss = tensor(DType::F64, &rss);
-    let judge = |t: &[f64]| {
-        let own = tensor(dtype, t);
-        let reduction = Reduction {
-            terms: terms as u64,
-            rss: rss.view(),
-        };
-        let b = assess_baseline(
-            reference.view(),
-            own.view(),
-            exact.view(),
-            dtype,
-            0,
-            false,
-            Some(reduction),
-        );
-        b.unwrap()
-    };
+    let (reference, exact) = (tensor(DType::F32, &x), tensor(DType::F64, &x));
     // summed in bfloat16: far beyond a float32-accumulating kernel, within the narrow one
     let b = judge(&narrow);
     assert!(b.beyond() && b.accumulates_narrow(), "{b:?}");
@@ -200,6 +208,61 @@ fn a_kernel_that_sums_in_the_narrow_dtype_is_within_the_narrow_ideal_and_a_wrong
     )
     .unwrap();
     assert!(b.beyond() && b.narrow.is_none(), "{b:?}");
+}
+
+#[test]
+fn a_narrow_sum_whose_first_term_swamps_the_rest_is_judged_on_its_terms() {
+    // A ViT's LayerNorm bias gradient at one thread: 197 positions added one by one in
+    // bfloat16, the class token's first and most of the sum; the other 196 share a sign and
+    // are each under half a step of it, so many are lost.
+    let (n, terms, dtype) = (768, 197, DType::BF16);
+    let mut random = crate::SplitMix64::new(11);
+    let mut each = vec![0.0; terms * n];
+    for e in 0..n {
+        let (first, rest) = (0.19 * random.normal(), 0.05 * random.normal() / 196.0);
+        each[e] = dtype.round(first);
+        for k in 1..terms {
+            each[k * n + e] = dtype.round(rest + 0.00027 * random.normal());
+        }
+    }
+    let values = &each;
+    let column = |e: usize| (0..terms).map(move |k| values[k * n + e]);
+    let x: Vec<f64> = (0..n).map(|e| column(e).sum()).collect();
+    let rss: Vec<f64> = (0..n)
+        .map(|e| column(e).map(|v| v * v).sum::<f64>().sqrt())
+        .collect();
+    let narrow: Vec<f64> = (0..n)
+        .map(|e| column(e).fold(0.0, |total, v| dtype.round(total + v)))
+        .collect();
+    let each = tensor(DType::F64, &each);
+    let judge = |t: &[f64], handed: bool| {
+        let (reference, exact) = (tensor(DType::F32, &x), tensor(DType::F64, &x));
+        let (rss, own) = (tensor(DType::F64, &rss), tensor(dtype, t));
+        let reduction = Reduction {
+            terms: terms as u64,
+            rss: rss.view(),
+            each: handed.then(|| each.view()),
+        };
+        let (r, o, e) = (reference.view(), own.view(), exact.view());
+        assess_baseline(r, o, e, dtype, 0, false, Some(reduction)).unwrap()
+    };
+    // from the count and spread of its terms alone, the lost terms look like a defect
+    let b = judge(&narrow, false);
+    assert!(b.beyond() && !b.accumulates_narrow(), "{b:?}");
+    // with the terms themselves, the kernel that adds them one by one is the narrow ideal
+    let b = judge(&narrow, true);
+    assert!(b.beyond() && b.accumulates_narrow(), "{b:?}");
+    // an error of the same size scattered at random, four times over, is no such kernel
+    let scattered: Vec<f64> = x
+        .iter()
+        .zip(&narrow)
+        .map(|(&v, &k)| {
+            let size = 4.0 * (k - v).abs().max(dtype.step(v));
+            dtype.round(v + size * random.normal())
+        })
+        .collect();
+    let b = judge(&scattered, true);
+    assert!(b.beyond() && !b.accumulates_narrow(), "{b:?}");
 }
 
 #[test]

@@ -11,7 +11,31 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use layerdiff_core::{DType, Tensor};
+use layerdiff_core::{DType, Reduction, Tensor};
+
+/// A layer's reduction as measured, held (see [`Reduction`]): how many terms each element
+/// sums, per element their root sum of squares, and where handed over the terms themselves.
+#[derive(Debug, Clone)]
+pub struct Terms {
+    pub count: u64,
+    pub rss: Tensor,
+    pub each: Option<Tensor>,
+}
+
+impl Terms {
+    pub fn view(&self) -> Reduction<'_> {
+        Reduction {
+            terms: self.count,
+            rss: self.rss.view(),
+            each: self.each.as_ref().map(Tensor::view),
+        }
+    }
+
+    /// The bytes it holds.
+    pub fn bytes(&self) -> usize {
+        self.rss.bytes.len() + self.each.as_ref().map_or(0, |t| t.bytes.len())
+    }
+}
 
 /// The reference's value of a layer's input, and the dtype the target holds it in.
 pub(crate) type Fed<'a> = std::result::Result<(&'a Tensor, DType), String>;
@@ -46,7 +70,7 @@ pub trait Baseline: Send + Sync {
 
     /// The reduction's terms of the layer of reference value `value`, where the framework
     /// measured them.
-    fn reduction_of(&self, _value: &str) -> Option<(u64, Tensor)> {
+    fn reduction_of(&self, _value: &str) -> Option<Terms> {
         None
     }
 
@@ -59,7 +83,7 @@ pub trait Baseline: Send + Sync {
         _value: &str,
         _grid: DType,
         _feed: &dyn Fn(&str) -> Fed<'a>,
-    ) -> Option<(u64, Tensor)> {
+    ) -> Option<Terms> {
         None
     }
 

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use rayon::prelude::*;
 
 use layerdiff_core::{
-    DType, Float64Distance, Judge, Layer, LayerStatus, Quantization, Reduction, Tensor, Tolerance,
+    DType, Float64Distance, Judge, Layer, LayerStatus, Quantization, Tensor, Tolerance,
     assess_baseline, assess_quantized, compare_pair, lower_precision, max_abs_diffs,
 };
 
@@ -29,7 +29,7 @@ pub(crate) struct Exact {
     pub value: std::result::Result<Tensor, String>,
     pub stages: u32,
     pub grid: Option<DType>,
-    pub reduction: Option<(u64, Tensor)>,
+    pub reduction: Option<crate::engine::baseline::Terms>,
 }
 
 /// What a segment's comparisons read: both sides' values (and the truth's), and how the
@@ -187,10 +187,7 @@ impl Pairs<'_> {
                 let assessed = value.and_then(|exact| {
                     let grid = grid.ok_or_else(|| "the layer is not a float".to_string())?;
                     let (r, t, x) = (reference.view(), out.view(), exact.view());
-                    let reduction = reduction.as_ref().map(|(terms, rss)| Reduction {
-                        terms: *terms,
-                        rss: rss.view(),
-                    });
+                    let reduction = reduction.as_ref().map(|t| t.view());
                     assess_baseline(r, t, x, grid, stages, expected, reduction)
                         .map_err(|e| format!("its exact value does not fit: {e}"))
                 });
@@ -235,7 +232,7 @@ impl Pairs<'_> {
                     return true;
                 }
                 let feed = |n: &str| self.baseline_feed(n);
-                let Some((terms, rss)) = baseline.measure_reduction(value, *grid, &feed) else {
+                let Some(terms) = baseline.measure_reduction(value, *grid, &feed) else {
                     return true;
                 };
                 let (Some(reference), Ok(exact)) = (
@@ -244,12 +241,8 @@ impl Pairs<'_> {
                 ) else {
                     return true;
                 };
-                let reduction = Reduction {
-                    terms,
-                    rss: rss.view(),
-                };
                 let (r, t, x) = (reference.view(), out.view(), exact.view());
-                match assess_baseline(r, t, x, *grid, *stages, expected, Some(reduction)) {
+                match assess_baseline(r, t, x, *grid, *stages, expected, Some(terms.view())) {
                     Ok(b) => {
                         let still = b.beyond() && b.reference_off == 0 && !b.accumulates_narrow();
                         layer.baseline = Some(b);

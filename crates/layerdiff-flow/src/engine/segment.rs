@@ -73,7 +73,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                     held_bytes += out.bytes.len() as u64;
                     if let Some(e) = &exact {
                         let value = e.value.as_ref().map_or(0, |v| v.bytes.len());
-                        let terms = e.reduction.as_ref().map_or(0, |(_, rss)| rss.bytes.len());
+                        let terms = e.reduction.as_ref().map_or(0, |t| t.bytes());
                         held_bytes += (value + terms) as u64;
                     }
                     runs.push((i, out, exact));

@@ -307,8 +307,13 @@ impl CapturedRun {
         {
             let exact = layer.baseline.filter(|_| keep).map(|t| t.to_tensor());
             baseline.push(index, &listed.call.name, exact, layer.baseline_grid);
-            if let Some((terms, rss)) = layer.reduction.filter(|_| keep) {
-                baseline.push_reduction(&listed.call.name, terms, rss.to_tensor());
+            if let Some(reduction) = layer.reduction.filter(|_| keep) {
+                let terms = crate::engine::baseline::Terms {
+                    count: reduction.terms,
+                    rss: reduction.rss.to_tensor(),
+                    each: reduction.each.map(|t| t.to_tensor()),
+                };
+                baseline.push_reduction(&listed.call.name, terms);
             }
         }
         if let Some(target) = engine.target.receiver() {
@@ -445,10 +450,9 @@ pub struct Handed<'a> {
     /// The dtype the target computed the layer in, where its value's dtype does not say
     /// (float16 gradients unscaled to float32, a Linear's weight gradient under autocast).
     pub baseline_grid: Option<DType>,
-    /// The baseline's reduction, measured exactly on the same inputs: how many terms each
-    /// element sums, and per element their root sum of squares (for the ideal kernel that
-    /// accumulates in the narrow dtype, `layerdiff_core::Reduction`).
-    pub reduction: Option<(u64, TensorView<'a>)>,
+    /// The baseline's reduction, measured exactly on the same inputs (for the ideal kernel
+    /// that accumulates in the narrow dtype).
+    pub reduction: Option<layerdiff_core::Reduction<'a>>,
     /// For a target that runs its model whole: the layer computed exactly on the target's own
     /// inputs with the reference's weights (see [`crate::Own`]).
     pub own_exact: Option<TensorView<'a>>,

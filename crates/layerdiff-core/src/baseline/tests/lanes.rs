@@ -18,7 +18,7 @@ fn a_finite_block_by_lanes_agrees_with_the_element_wise_path() {
             let x: Vec<f64> = (0..len).map(|_| rng.normal() * scale(&mut rng)).collect();
             let (y, t) = reference_and_target(&mut rng, grid, &x);
             let spread = vec![0.0; len];
-            let values = (&y[..], &t[..], &x[..], &spread[..]);
+            let values = (&y[..], &t[..], &x[..], &spread[..], &spread[..]);
             let by_lanes = rule.finite_block(grid, values).expect("a finite block");
             let by_element = rule.block(values, |v| grid.round(v));
             let maxima = |s: &Sums| [s.base_max, s.own_max, s.allowed_max, s.target_from_exact];
@@ -38,8 +38,11 @@ fn a_finite_block_by_lanes_agrees_with_the_element_wise_path() {
             let mut broken = t.clone();
             broken[17] = f64::NAN;
             assert!(
-                rule.finite_block(grid, (&y[..], &broken[..], &x[..], &spread[..]))
-                    .is_none()
+                rule.finite_block(
+                    grid,
+                    (&y[..], &broken[..], &x[..], &spread[..], &spread[..])
+                )
+                .is_none()
             );
         }
     }
@@ -198,7 +201,13 @@ fn a_layer_read_in_its_own_dtypes_is_summed_as_its_values_held_in_float64() {
         for same_precision in [false, true] {
             let rule = lane_rule(grid, same_precision);
             let sums = |[y, t]: &[Tensor; 2]| {
-                let s = summed(&rule, grid, [&y.view(), &t.view(), &exact.view()], None, n);
+                let s = summed(
+                    &rule,
+                    grid,
+                    [&y.view(), &t.view(), &exact.view()],
+                    [None, None],
+                    n,
+                );
                 (summed_values(&s), [s.count, s.overflow])
             };
             let ((narrow, counts), (wide, wide_counts)) = (sums(&narrow), sums(&wide));
@@ -244,6 +253,7 @@ fn a_long_float32_reduction_summed_in_another_order_is_precision_where_its_terms
         let terms = Reduction {
             terms: terms as u64,
             rss: spread.view(),
+            each: None,
         };
         let (r, o, e) = (reference.view(), own.view(), exact.view());
         assess_baseline(r, o, e, DType::F32, 0, false, reduction.then_some(terms)).unwrap()

@@ -12,7 +12,7 @@ use layerdiff_runtime::PerNode;
 
 use super::GraphSide;
 use crate::Result;
-use crate::engine::baseline::{Baseline, Fed};
+use crate::engine::baseline::{Baseline, Fed, Terms};
 use crate::engine::side::{Group, Recompute};
 
 /// The reference graph in float64, re-running the group that computes each layer.
@@ -103,7 +103,7 @@ impl GraphBaseline {
         value: &str,
         grid: DType,
         feed: &dyn Fn(&str) -> Fed<'a>,
-    ) -> Option<(u64, Tensor)> {
+    ) -> Option<Terms> {
         let [member] = group.members[..] else {
             return None;
         };
@@ -156,7 +156,11 @@ impl GraphBaseline {
             .collect();
         let mut rss = Tensor::from_f64(DType::F64, &rss);
         rss.shape = sums.shape.to_vec();
-        Some((terms as u64, rss))
+        Some(Terms {
+            count: terms as u64,
+            rss,
+            each: None,
+        })
     }
 }
 
@@ -222,7 +226,7 @@ impl Baseline for GraphBaseline {
         value: &str,
         grid: DType,
         feed: &dyn Fn(&str) -> Fed<'a>,
-    ) -> Option<(u64, Tensor)> {
+    ) -> Option<Terms> {
         let group = self.groups.get(value)?.as_ref().ok()?;
         self.reduction(group, value, grid, feed)
     }

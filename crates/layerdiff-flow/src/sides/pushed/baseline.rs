@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use layerdiff_core::{DType, Tensor};
 
 use super::PushedSide;
-use crate::engine::baseline::{Baseline, Fed};
+use crate::engine::baseline::{Baseline, Fed, Terms};
 use crate::engine::side::Side;
 
 /// Exact values handed over layer by layer, each with the dtype the target computed it in
@@ -17,7 +17,7 @@ pub struct HandedBaseline {
     grids: HashMap<String, DType>,
     /// Each layer's reduction as the framework measured it: its terms per element and their
     /// root sum of squares (`layerdiff_core::Reduction`), held until compared.
-    reductions: HashMap<String, (u64, Tensor)>,
+    reductions: HashMap<String, Terms>,
     /// Why the run computing the exact values stopped, when it did.
     lost: Option<String>,
 }
@@ -48,9 +48,9 @@ impl HandedBaseline {
         }
     }
 
-    /// Layer `name`'s reduction: `terms` per element, and their root sum of squares `rss`.
-    pub fn push_reduction(&mut self, name: &str, terms: u64, rss: Tensor) {
-        self.reductions.insert(name.to_string(), (terms, rss));
+    /// Layer `name`'s reduction's terms.
+    pub fn push_reduction(&mut self, name: &str, terms: Terms) {
+        self.reductions.insert(name.to_string(), terms);
     }
 }
 
@@ -63,7 +63,7 @@ impl Baseline for HandedBaseline {
         self.grids.get(value).copied()
     }
 
-    fn reduction_of(&self, value: &str) -> Option<(u64, Tensor)> {
+    fn reduction_of(&self, value: &str) -> Option<Terms> {
         self.reductions.get(value).cloned()
     }
 
