@@ -23,13 +23,15 @@ cause, is a wrong headline: the script exits 1.
 
     python scripts/calibrate_baseline.py [--models resnet18,bert] [--keras keras_cnn]
                                          [--no-write] [--from-reports] [--no-grad]
-                                         [--no-faults] [--quick]
+                                         [--no-faults] [--quick] [--again]
 
 With `--from-reports` the float16 and bfloat16 forward rows are read from examples/reports/
 (`make reports` makes exactly those runs: `layerdiff torch NAME --seed 0 --dtype fp16`, and
 `--target torch --dtype bf16`) instead of being run again. `--quick` runs the subset `make
 test` runs (tests/test_calibration.py): one clean row of each kind of side and the faults that
-take seconds; it writes nothing."""
+take seconds; it writes nothing. `--again` runs only the rows of the table in docs/metrics.md
+that broke or were missed (a whole run takes over an hour on 2 cores) and writes the table with
+them run again, the others as they were."""
 
 from __future__ import annotations
 
@@ -403,6 +405,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="the subset `make test` runs")
     parser.add_argument(
+        "--again", action="store_true",
+        help="run only the rows of docs/metrics.md's table that broke or were missed",
+    )  # fmt: skip
+    parser.add_argument(
         "--executor", choices=("local", "ray"), default="local",
         help="where the runs go: here, one after another, or a Ray cluster (RAY_ADDRESS, else "
         "one started on this machine), each run a task",
@@ -466,21 +472,21 @@ def main(argv: list[str] | None = None) -> int:
             expected = f"`{layer}` {cause}"
             jobs.append(("fault", f"{b} ({kind})", shown, expected, (layer, cause), arguments))
     failed = False
+    if args.again:
+        jobs = _again(jobs, lines)
+    todo = [job for job in jobs if job[0] != "kept"]
     if args.executor == "ray":
         from layerdiff.torch._ops import _executor
 
-        with _executor("ray", len(jobs)) as run_all:
-            rows = run_all(evaluate, jobs)
-        for line, wrong in rows:
-            print(line, flush=True)
-            lines.append(line)
-            failed |= wrong
+        with _executor("ray", len(todo)) as run_all:
+            results = iter(run_all(evaluate, todo))
     else:
-        for job in jobs:
-            line, wrong = evaluate(job)
-            print(line, flush=True)
-            lines.append(line)
-            failed |= wrong
+        results = (evaluate(job) for job in todo)  # one after another, each printed as it ends
+    for job in jobs:
+        line, wrong = (job[1], False) if job[0] == "kept" else next(results)
+        print(line, flush=True)
+        lines.append(line)
+        failed |= wrong
     table = "\n".join(lines)
     if not args.no_write:
         text = DOC.read_text()
@@ -489,6 +495,21 @@ def main(argv: list[str] | None = None) -> int:
         DOC.write_text(text)
     print("calibration: " + ("FAILED (see the rows above)" if failed else "every row as expected"))
     return 1 if failed else 0
+
+
+def _again(jobs: list[tuple], lines: list[str]) -> list[tuple]:
+    """`jobs` with each whose row in docs/metrics.md's table read as expected kept as it is
+    there (`("kept", line)`): only rows that broke, were missed or are not there run."""
+    text = DOC.read_text()
+    found = re.search(f"{re.escape(BEGIN)}(.*?){re.escape(END)}", text, flags=re.S)
+    rows = found.group(1).strip().splitlines()[len(lines) :] if found else []
+    written = {"|".join(r.split("|")[1:3]).strip(): r for r in rows}
+    kept = []
+    for job in jobs:
+        row = written.get(f" {job[1]} | {job[2]} ".strip())
+        fine = row is not None and "broke" not in row and "**missed**" not in row
+        kept.append(("kept", row) if fine else job)
+    return kept
 
 
 if __name__ == "__main__":

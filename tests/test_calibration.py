@@ -16,12 +16,17 @@ from conftest import run_cli
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_quick_calibration_subset_reads_every_row_as_expected(capsys, monkeypatch):
+def _calibrate():
     spec = importlib.util.spec_from_file_location(
         "calibrate_baseline", ROOT / "scripts" / "calibrate_baseline.py"
     )
     calibrate = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(calibrate)
+    return calibrate
+
+
+def test_the_quick_calibration_subset_reads_every_row_as_expected(capsys, monkeypatch):
+    calibrate = _calibrate()
     cold = calibrate._layerdiff  # each command in a process of its own, started warm but Keras's
     monkeypatch.setattr(
         calibrate, "_layerdiff",
@@ -34,3 +39,26 @@ def test_the_quick_calibration_subset_reads_every_row_as_expected(capsys, monkey
     # every kind of row ran: clean forward, Keras, gradients, the faults
     assert table.count("| no defect |") == 7, table
     assert "`features.2.0.block.2.fc1` weight_mismatch" in table, table
+
+
+def test_again_runs_only_the_rows_that_broke_or_were_missed(tmp_path, monkeypatch):
+    """`--again` keeps every row of the written table that read as expected, and runs the rows
+    that broke, were missed, or are not there."""
+    calibrate = _calibrate()
+    header = ["| model | target |", "|---|---|"]
+    rows = [
+        "| a gradients | torch:bf16 | no defect | precision |",
+        "| a gradients | torch:bf16 · 1 thread | no defect | broke: IndexError |",
+        "| b (file) | ort | `x` weight_mismatch | **missed** |",
+    ]
+    doc = tmp_path / "metrics.md"
+    doc.write_text("\n".join(["text", calibrate.BEGIN, *header, *rows, calibrate.END, ""]))
+    monkeypatch.setattr(calibrate, "DOC", doc)
+    jobs = [
+        ("grad", "a gradients", "torch:bf16"),
+        ("grad", "a gradients", "torch:bf16 · 1 thread"),
+        ("fault", "b (file)", "ort"),
+        ("grad", "c gradients", "torch:bf16"),
+    ]
+    again = calibrate._again(jobs, header)
+    assert again == [("kept", rows[0]), *jobs[1:]]

@@ -387,9 +387,8 @@ def vjp(
         n: unscaled(g) for (n, _), g in zip(params, found[len(wrt) :], strict=True) if g is not None
     }
     terms = _spread(out, g, [(n, p) for n, p in params if n in parameters]) if spread else {}
-    if terms and wrt:
-        each = _each(module, wrt[0].detach(), g, dict(params))
-        terms = {n: (k, r, each.get(n)) for n, (k, r) in terms.items()}
+    each = _each(module, wrt[0].detach(), g, dict(params)) if terms and wrt else {}
+    terms = {n: (k, r, each.get(n)) for n, (k, r) in terms.items()}
     return Vjp(inputs.get(0), inputs, parameters, out.dtype, terms)
 
 
