@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -51,11 +50,10 @@ from layerdiff.torch import compare_torch_onnx
 from layerdiff.torch.models import ZOO, load_builder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import calibration_table  # noqa: E402
 from calibration_files import DECODE_EDITS, EDITS, FAULTS, dynamic_int8, int4  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-DOC = ROOT / "docs/metrics.md"
-BEGIN, END = "<!-- calibration: begin -->", "<!-- calibration: end -->"
 TARGETS = (
     "onnx fp16", "onnx int8", "onnx dynamic int8", "openvino", "torch:bf16", "torch:amp-bf16",
     "file tract", "file ort:opt=all",
@@ -473,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
             jobs.append(("fault", f"{b} ({kind})", shown, expected, (layer, cause), arguments))
     failed = False
     if args.again:
-        jobs = _again(jobs, lines)
+        jobs = calibration_table.again(jobs, lines)
     todo = [job for job in jobs if job[0] != "kept"]
     if args.executor == "ray":
         from layerdiff.torch._ops import _executor
@@ -489,27 +487,9 @@ def main(argv: list[str] | None = None) -> int:
         failed |= wrong
     table = "\n".join(lines)
     if not args.no_write:
-        text = DOC.read_text()
-        block = f"{BEGIN}\n{table}\n{END}"
-        text = re.sub(f"{re.escape(BEGIN)}.*?{re.escape(END)}", lambda _: block, text, flags=re.S)
-        DOC.write_text(text)
+        calibration_table.write(table)
     print("calibration: " + ("FAILED (see the rows above)" if failed else "every row as expected"))
     return 1 if failed else 0
-
-
-def _again(jobs: list[tuple], lines: list[str]) -> list[tuple]:
-    """`jobs` with each whose row in docs/metrics.md's table read as expected kept as it is
-    there (`("kept", line)`): only rows that broke, were missed or are not there run."""
-    text = DOC.read_text()
-    found = re.search(f"{re.escape(BEGIN)}(.*?){re.escape(END)}", text, flags=re.S)
-    rows = found.group(1).strip().splitlines()[len(lines) :] if found else []
-    written = {"|".join(r.split("|")[1:3]).strip(): r for r in rows}
-    kept = []
-    for job in jobs:
-        row = written.get(f" {job[1]} | {job[2]} ".strip())
-        fine = row is not None and "broke" not in row and "**missed**" not in row
-        kept.append(("kept", row) if fine else job)
-    return kept
 
 
 if __name__ == "__main__":

@@ -41,10 +41,12 @@ def test_the_quick_calibration_subset_reads_every_row_as_expected(capsys, monkey
     assert "`features.2.0.block.2.fc1` weight_mismatch" in table, table
 
 
-def test_again_runs_only_the_rows_that_broke_or_were_missed(tmp_path, monkeypatch):
+def test_again_runs_only_the_rows_that_broke_or_were_missed(tmp_path):
     """`--again` keeps every row of the written table that read as expected, and runs the rows
-    that broke, were missed, or are not there."""
-    calibrate = _calibrate()
+    that broke, were missed, or are not there; the table it writes replaces the old one."""
+    _calibrate()  # puts scripts/ on the path
+    import calibration_table
+
     header = ["| model | target |", "|---|---|"]
     rows = [
         "| a gradients | torch:bf16 | no defect | precision |",
@@ -52,13 +54,15 @@ def test_again_runs_only_the_rows_that_broke_or_were_missed(tmp_path, monkeypatc
         "| b (file) | ort | `x` weight_mismatch | **missed** |",
     ]
     doc = tmp_path / "metrics.md"
-    doc.write_text("\n".join(["text", calibrate.BEGIN, *header, *rows, calibrate.END, ""]))
-    monkeypatch.setattr(calibrate, "DOC", doc)
+    begin, end = calibration_table.BEGIN, calibration_table.END
+    doc.write_text("\n".join(["text", begin, *header, *rows, end, "after", ""]))
     jobs = [
         ("grad", "a gradients", "torch:bf16"),
         ("grad", "a gradients", "torch:bf16 · 1 thread"),
         ("fault", "b (file)", "ort"),
         ("grad", "c gradients", "torch:bf16"),
     ]
-    again = calibrate._again(jobs, header)
+    again = calibration_table.again(jobs, header, doc)
     assert again == [("kept", rows[0]), *jobs[1:]]
+    calibration_table.write("\n".join([*header, rows[0]]), doc)
+    assert doc.read_text() == "\n".join(["text", begin, *header, rows[0], end, "after", ""])

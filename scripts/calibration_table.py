@@ -1,0 +1,32 @@
+"""The calibration table in docs/metrics.md (between its calibration markers): the rows a run
+wrote, and writing a run's table in their place (`scripts/calibrate_baseline.py`)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+DOC = Path(__file__).resolve().parent.parent / "docs/metrics.md"
+BEGIN, END = "<!-- calibration: begin -->", "<!-- calibration: end -->"
+_BLOCK = f"{re.escape(BEGIN)}(.*?){re.escape(END)}"
+
+
+def write(table: str, doc: Path = DOC) -> None:
+    """`table` in place of the one between the markers of `doc`."""
+    block = f"{BEGIN}\n{table}\n{END}"
+    doc.write_text(re.sub(_BLOCK, lambda _: block, doc.read_text(), flags=re.S))
+
+
+def again(jobs: list[tuple], header: list[str], doc: Path = DOC) -> list[tuple]:
+    """`jobs` (each `(kind, model, target, …)`) with each whose row in `doc`'s table read as
+    expected kept as it is there (`("kept", row)`): only the rows that broke, were missed or
+    are not there run again. `header`: the table's lines before its rows."""
+    found = re.search(_BLOCK, doc.read_text(), flags=re.S)
+    rows = found.group(1).strip().splitlines()[len(header) :] if found else []
+    written = {"|".join(r.split("|")[1:3]).strip(): r for r in rows}
+    kept = []
+    for job in jobs:
+        row = written.get(f" {job[1]} | {job[2]} ".strip())
+        fine = row is not None and "broke" not in row and "**missed**" not in row
+        kept.append(("kept", row) if fine else job)
+    return kept
