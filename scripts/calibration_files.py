@@ -24,6 +24,12 @@ FAULTS = [
     ("convnext_wrong_backward", "grad", "torch:bf16", "classifier.2.weight", "op_implementation"),
     # 2% short, leaning as stalled sums lean, where the sums do not stall
     ("convnext_short_backward", "grad", "torch:bf16", "classifier.2.weight", "op_implementation"),
+    # noise of 5% of its mean on a Linear's weight gradient, which PyTorch sums in float32:
+    # within what a bfloat16 running sum errs by, and where no running sum errs
+    ("vit_noisy_backward", "grad", "torch:bf16", "encoder.layers.encoder_layer_1.mlp.0.weight",
+     "op_implementation"),
+    ("vit_noisy_backward", "grad", "torch:fp16", "encoder.layers.encoder_layer_1.mlp.0.weight",
+     "op_implementation"),
     # a functional call's epsilon computed from the dtype (tests/builders/dtype_scalar.py)
     ("dtype_scalar", "forward", "torch:bf16", "1:layer_norm", "argument_mismatch"),
     ("dtype_scalar", "forward", "torch:fp16", "1:layer_norm", "argument_mismatch"),

@@ -78,6 +78,26 @@ class _WrongWeightGrad(torch.autograd.Function):
         return grad * ctx.factor, None
 
 
+class _NoisyWeightGrad(torch.autograd.Function):
+    """Identity forward; backward passes the gradient on, and (in a narrow dtype) adds to the
+    gradient that reaches the weight random noise of `relative` times its mean magnitude (a
+    fixed seed): an error of a rounding's size whose shape no rounding has."""
+
+    @staticmethod
+    def forward(ctx, weight, relative):
+        ctx.relative = relative if weight.dtype in NARROW else 0.0
+        return weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if not ctx.relative:
+            return grad, None
+        draw = torch.Generator(device=grad.device).manual_seed(0)
+        noise = torch.randn(grad.shape, generator=draw, dtype=torch.float32, device=grad.device)
+        scale = ctx.relative * grad.float().abs().mean()
+        return (grad.float() + noise * scale).to(grad.dtype), None
+
+
 class WrongBackwardLinear(nn.Linear):
     """A Linear whose forward is right in every dtype and whose backward, in a narrow dtype,
     makes its weight's gradient 2% too large."""
@@ -93,6 +113,16 @@ class ShortBackwardLinear(WrongBackwardLinear):
     zero), on a weight whose sums do not stall."""
 
     FACTOR = 0.98
+
+
+class NoisyBackwardLinear(nn.Linear):
+    """A Linear whose forward is right in every dtype and whose backward, in a narrow dtype,
+    adds random noise of 5% of its weight gradient's mean magnitude to it."""
+
+    RELATIVE = 0.05
+
+    def forward(self, x):
+        return F.linear(x, _NoisyWeightGrad.apply(self.weight, self.RELATIVE), self.bias)
 
 
 class WrongBackwardConv2d(nn.Conv2d):
@@ -183,3 +213,23 @@ def convnext_short_backward():
     model, inputs = _sibling("zoo").tiny_convnext()
     _swap(model.classifier, "2", ShortBackwardLinear)
     return model, inputs
+
+
+def vit_noisy_backward():
+    """The tiny ViT (tests/builders/zoo.py) whose second block's first MLP Linear adds random
+    noise to its weight's gradient in the narrow dtype: a Linear's gradient PyTorch sums in
+    float32, off by about what a bfloat16 running sum would be, beside the LayerNorms whose
+    sums are bfloat16."""
+    model, inputs = _sibling("zoo").tiny_vit()
+    _swap(model.encoder.layers.encoder_layer_1.mlp, "0", NoisyBackwardLinear)
+    return model, inputs
+
+
+def transformer_noisy_backward():
+    """The two-layer transformer encoder whose second layer's `linear1` adds random noise to
+    its weight's gradient in the narrow dtype."""
+
+    torch.manual_seed(0)
+    model, inputs = _sibling("encoder").build()
+    _swap(model.layers[1], "linear1", NoisyBackwardLinear)
+    return model.eval(), inputs
