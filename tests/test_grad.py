@@ -162,6 +162,29 @@ def test_a_backward_off_in_a_narrow_dtype_is_told_from_its_rounding(build, targe
     assert all(a["layer"] != module for a in advised), advised  # float32 hides, not fixes, it
 
 
+def test_noise_of_a_narrow_sums_size_in_a_float32_summed_gradient_is_a_defect():
+    """A ViT's MLP Linear adds random noise of 5% of its weight gradient's mean magnitude to it
+    in bfloat16: 7.9x what a float32-accumulating kernel explains and 0.7x what a bfloat16
+    running sum does, which is what it used to be named (`narrow_accumulation`, exit 0). Its
+    error is as large where the sums are short and narrow as where they are long and spread,
+    which no accumulation's rounding is: a defect, beside the LayerNorms that do sum in
+    bfloat16."""
+    from builders import narrow_kernels
+
+    model, inputs = narrow_kernels.vit_noisy_backward()
+    report = layerdiff.compare_gradients(model, inputs, target="torch:bf16", seed=0)
+    s = report.summary
+    wrong = "encoder.layers.encoder_layer_1.mlp.0.weight"
+    assert [(d["layer"], d["cause"]) for d in s["defects"]] == [(wrong, "op_implementation")]
+    layer = report.layer(wrong)
+    assert "but not its rounding: at " in layer["detail"], layer["detail"]
+    narrow = layer["baseline"]["narrow"]
+    assert narrow["multiple"] <= 1.25 and narrow["elements_beyond"] > 0.1 * 8192, narrow
+    named = {k["layer"] for k in s["narrow_accumulation"]}
+    assert named and all(".ln_" in k for k in named), named
+    assert report.exit_code == 1
+
+
 @pytest.fixture
 def torch_threads():
     """Runs the test's PyTorch at the threads given, then as it was."""

@@ -68,10 +68,13 @@ use crate::dtype::pow2;
 use crate::{DType, Error, Result, TensorView};
 
 mod allowance;
+mod narrow;
 mod rule;
 mod stalls;
 
 pub use allowance::{KernelAllowance, accumulation_unit, kernel_allowance, output_steps};
+use narrow::{NEGLIGIBLE_TERMS, SYSTEMATIC};
+pub use narrow::{NarrowIdeal, narrow_accumulation_sigma};
 use rule::{BLOCK, NARROW_TAIL, Rule, Sums};
 
 /// How many times what precision explains a layer's own error may reach and still be precision
@@ -148,10 +151,9 @@ impl Baseline {
     /// what one that accumulates in `grid` does: the kernel sums in the narrow dtype.
     pub fn accumulates_narrow(&self) -> bool {
         self.beyond()
-            && self
-                .narrow
-                .as_ref()
-                .is_some_and(|n| n.multiple <= DEFECT_MARGIN && n.leans_as_rounding())
+            && self.narrow.as_ref().is_some_and(|n| {
+                n.multiple <= DEFECT_MARGIN && n.leans_as_rounding() && !n.scattered()
+            })
     }
 }
 
@@ -168,74 +170,6 @@ pub struct Reduction<'a> {
     /// elements, in the order it holds them (a LayerNorm's weight and bias gradients, one row
     /// per position), which the narrow ideal adds up one by one as such a kernel does.
     pub each: Option<TensorView<'a>>,
-}
-
-/// The own error against a kernel that accumulates in the narrow dtype (see the module docs).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct NarrowIdeal {
-    /// Terms each element sums.
-    pub terms: u64,
-    /// Elements judged.
-    #[serde(skip)]
-    pub elements: u64,
-    /// The largest own error such a kernel explains at an element.
-    #[serde(serialize_with = "crate::render::float")]
-    pub allowed_max_abs_diff: f64,
-    /// The mean own error it explains.
-    #[serde(serialize_with = "crate::render::float")]
-    pub allowed_mean_abs_diff: f64,
-    /// The own error as a multiple of it.
-    #[serde(serialize_with = "crate::render::float")]
-    pub multiple: f64,
-    /// How much of the own error pushes every element the same way along its value
-    /// (`Σ (t − y)·sign(x) / Σ |t − y|`, from −1 to 1): about 0 for rounding, which goes either
-    /// way; 1 for a kernel that scales its result up. Beyond [`NarrowIdeal::chance`], the
-    /// error is not an accumulation's rounding, whatever its size, unless it falls short of
-    /// the values where such a kernel's sums stall ([`NarrowIdeal::short`]).
-    #[serde(serialize_with = "crate::render::float")]
-    pub systematic: f64,
-    /// How much of the error such a kernel makes falls short of the values (0 to 1): its sums
-    /// stall where their terms share a sign (see `baseline/stalls.rs`); 0 where none do.
-    #[serde(
-        serialize_with = "crate::render::float",
-        skip_serializing_if = "no_shortfall"
-    )]
-    pub short: f64,
-}
-
-fn no_shortfall(short: &f64) -> bool {
-    *short == 0.0
-}
-
-/// How much of a layer's own error may push its elements one way (see
-/// [`NarrowIdeal::systematic`]) for it to be the rounding of a narrow accumulation: 0.8, or
-/// three times what `n` elements of unbiased rounding reach by chance (`3/√n`) where more. An
-/// accumulation that swamps small terms leans one way too: PyTorch's float16 LayerNorm bias
-/// gradient over 784 positions reaches 0.66 on 24 channels; a kernel that scales its result is
-/// at 0.99.
-pub const SYSTEMATIC: f64 = 0.8;
-
-impl NarrowIdeal {
-    /// How systematic (see [`NarrowIdeal::systematic`]) the rounding of its elements may look
-    /// by chance.
-    pub fn chance(&self) -> f64 {
-        SYSTEMATIC.max(3.0 / (self.elements.max(1) as f64).sqrt())
-    }
-
-    /// Whether the way its error leans is one such a kernel's rounding makes: within
-    /// [`NarrowIdeal::chance`] either way, and short of the values by as much more as its sums
-    /// stall ([`NarrowIdeal::short`]).
-    pub fn leans_as_rounding(&self) -> bool {
-        let chance = self.chance();
-        -(chance + self.short).min(1.0) <= self.systematic && self.systematic <= chance
-    }
-}
-
-/// The standard deviation of one element's error in a sum of `terms` terms, added one by one
-/// into a running sum held in a dtype of unit roundoff `unit`, whose terms' root sum of squares
-/// is `rss` and whose exact sum is `sum` (see the module docs).
-pub fn narrow_accumulation_sigma(unit: f64, terms: u64, rss: f64, sum: f64) -> f64 {
-    unit * (terms.max(1) as f64 * (rss * rss / 6.0 + sum * sum / 9.0)).sqrt()
 }
 
 /// How many times further from the exact value than the target (anywhere in the layer) the
@@ -285,6 +219,7 @@ pub fn assess_baseline(
         terms: reduction.map_or(0, |r| r.terms),
         tail: HONEST_FACTOR * NARROW_TAIL.max((2.0 * (n as f64).ln()).sqrt()),
         stalls: reduction.and_then(|r| stalls::Stalls::of(grid, r.terms)),
+        negligible: rss.as_ref().map_or(0.0, |r| NEGLIGIBLE_TERMS * largest(r)),
     };
     // where the terms themselves were handed over, what adding them one by one errs by
     let one_by_one = reduction
@@ -322,6 +257,8 @@ pub fn assess_baseline(
     let (own_mean, allowed_mean) = (mean(s.own_sum), mean(allowed_sum));
     let narrow = reduction.filter(|_| !folded).map(|r| NarrowIdeal {
         terms: r.terms,
+        judged: s.narrow_judged,
+        elements_beyond: s.narrow_beyond,
         elements: s.count,
         systematic,
         short: if s.sigma_sum > 0.0 {
@@ -428,6 +365,19 @@ fn summed(
         )
         .collect();
     blocks.into_iter().fold(Sums::default(), Sums::merge)
+}
+
+/// The largest absolute finite value of `v`.
+fn largest(v: &TensorView<'_>) -> f64 {
+    let mut values = vec![0.0; BLOCK.min(v.numel())];
+    (0..v.numel()).step_by(BLOCK).fold(0.0, |most, from| {
+        let out = &mut values[..BLOCK.min(v.numel() - from)];
+        v.decode_into(from, out);
+        out.iter()
+            .map(|x| x.abs())
+            .filter(|x| x.is_finite())
+            .fold(most, f64::max)
+    })
 }
 
 /// Elements `start..end` of `v`, as bytes.

@@ -37,6 +37,10 @@ pub(super) struct Sums {
     /// The narrow ideal's `σ` summed, and what of it a stalled sum falls short by.
     pub(super) sigma_sum: f64,
     pub(super) shortfall_sum: f64,
+    /// Elements where the narrow ideal is judged (terms not negligible), and those whose own
+    /// error is beyond what that kernel may err by at that very element.
+    pub(super) narrow_judged: u64,
+    pub(super) narrow_beyond: u64,
 }
 
 impl Sums {
@@ -57,6 +61,8 @@ impl Sums {
         self.signed_sum += other.signed_sum;
         self.sigma_sum += other.sigma_sum;
         self.shortfall_sum += other.shortfall_sum;
+        self.narrow_judged += other.narrow_judged;
+        self.narrow_beyond += other.narrow_beyond;
         self
     }
 }
@@ -89,6 +95,9 @@ pub(super) struct Rule {
     pub(super) tail: f64,
     /// Where the narrow ideal's sums may stall (a float16 or bfloat16 grid): their error.
     pub(super) stalls: Option<Arc<Stalls>>,
+    /// A root sum of squares of the terms at or under this is terms that cancel exactly (see
+    /// [`super::NEGLIGIBLE_TERMS`]): such an element is not judged against the narrow ideal.
+    pub(super) negligible: f64,
 }
 
 impl Rule {
@@ -183,9 +192,13 @@ impl Rule {
                 short = short.max(-k);
                 s.shortfall_sum += short;
                 s.sigma_sum += sigma;
-                s.narrow_max = s
-                    .narrow_max
-                    .max(base + HONEST_FACTOR * bound + self.tail * sigma);
+                let at_most = base + HONEST_FACTOR * bound + self.tail * sigma;
+                s.narrow_max = s.narrow_max.max(at_most);
+                // element by element, where its terms do not cancel exactly
+                if r > self.negligible {
+                    s.narrow_judged += 1;
+                    s.narrow_beyond += u64::from(own_d > at_most);
+                }
                 s.narrow_sum += base + HONEST_FACTOR * (typical + NARROW_MEAN * sigma);
             }
         }

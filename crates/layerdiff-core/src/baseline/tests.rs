@@ -211,6 +211,44 @@ fn a_kernel_that_sums_in_the_narrow_dtype_is_within_the_narrow_ideal_and_a_wrong
 }
 
 #[test]
+fn the_errors_of_a_narrow_sum_shuffled_among_its_elements_are_no_accumulation() {
+    // A weight's gradient whose rows sum terms of scales over two decades (the inputs'
+    // features): a bfloat16 running sum errs most where the terms are largest. The very same
+    // errors dealt out to other elements (noise of a rounding's size, a wrong kernel) are as
+    // large on average and at most, and no accumulation makes them.
+    let (n, terms, dtype) = (2048, 256, DType::BF16);
+    let mut random = crate::SplitMix64::new(11);
+    let (mut x, mut rss, mut narrow) = (vec![], vec![], vec![]);
+    for i in 0..n {
+        let scale = 10f64.powf(2.0 * (i % 64) as f64 / 63.0 - 1.0);
+        let values: Vec<f64> = (0..terms)
+            .map(|_| dtype.round(scale * random.normal()))
+            .collect();
+        x.push(values.iter().sum::<f64>());
+        rss.push(values.iter().map(|v| v * v).sum::<f64>().sqrt());
+        narrow.push(values.iter().fold(0.0, |total, v| dtype.round(total + v)));
+    }
+    let b = narrow_judged(&x, terms, &rss, &narrow, dtype);
+    let n_ideal = b.narrow.clone().unwrap();
+    assert!(b.beyond() && b.accumulates_narrow(), "{b:?}");
+    assert!(
+        !n_ideal.scattered() && n_ideal.judged == n as u64,
+        "{n_ideal:?}"
+    );
+    // each element's error moved to another element far along (another scale)
+    let errors: Vec<f64> = narrow.iter().zip(&x).map(|(t, v)| t - v).collect();
+    let shuffled: Vec<f64> = (0..n).map(|i| x[i] + errors[(i * 37 + 5) % n]).collect();
+    let b = narrow_judged(&x, terms, &rss, &shuffled, dtype);
+    let m = b.narrow.clone().unwrap();
+    assert!(
+        m.multiple <= DEFECT_MARGIN && m.leans_as_rounding(),
+        "{m:?}"
+    );
+    assert!(m.scattered(), "{m:?}");
+    assert!(b.beyond() && !b.accumulates_narrow(), "{b:?}");
+}
+
+#[test]
 fn a_narrow_sum_whose_first_term_swamps_the_rest_is_judged_on_its_terms() {
     // A ViT's LayerNorm bias gradient at one thread: 197 positions added one by one in
     // bfloat16, the class token's first and most of the sum; the other 196 share a sign and

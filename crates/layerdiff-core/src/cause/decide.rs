@@ -207,6 +207,35 @@ fn narrow_detail(
     )
 }
 
+/// Why an own error within what a kernel that accumulates in the narrow dtype errs by is not
+/// that kernel's rounding, in words (empty where it is beyond that kernel's error too).
+fn not_narrow(b: &crate::Baseline) -> String {
+    let Some(n) = b
+        .narrow
+        .as_ref()
+        .filter(|n| n.multiple <= crate::DEFECT_MARGIN)
+    else {
+        return String::new();
+    };
+    let why = if !n.leans_as_rounding() {
+        format!(
+            "{:.0}% of its error pushes the values one way (rounding goes either way)",
+            100.0 * n.systematic.abs()
+        )
+    } else if n.scattered() {
+        format!(
+            "at {} of its {} elements its error is beyond what that kernel errs by there (an error of one size everywhere, not one that grows with the sums' length and spread)",
+            n.elements_beyond, n.judged
+        )
+    } else {
+        return String::new();
+    };
+    format!(
+        "; within what a kernel that sums in {} errs by ({:.2}×), but not its rounding: {why}",
+        b.grid, n.multiple
+    )
+}
+
 /// The verdict of a layer whose own error was measured against the same-precision baseline.
 pub(super) fn against_baseline(
     layer: &Layer,
@@ -273,8 +302,9 @@ pub(super) fn against_baseline(
         return (
             Cause::OpImplementation,
             format!(
-                "its own error is {multiple} what {} explains ({numbers}): the target's {ops} computes differently",
-                b.grid
+                "its own error is {multiple} what {} explains ({numbers}): the target's {ops} computes differently{}",
+                b.grid,
+                not_narrow(b)
             ),
             Finding::Defect,
         );

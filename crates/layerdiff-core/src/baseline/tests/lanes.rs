@@ -136,6 +136,7 @@ fn lane_rule(grid: DType, same_precision: bool) -> Rule {
         terms: 0,
         tail: 0.0,
         stalls: None,
+        negligible: 0.0,
     }
 }
 
