@@ -223,13 +223,3 @@ def vit_noisy_backward():
     model, inputs = _sibling("zoo").tiny_vit()
     _swap(model.encoder.layers.encoder_layer_1.mlp, "0", NoisyBackwardLinear)
     return model, inputs
-
-
-def transformer_noisy_backward():
-    """The two-layer transformer encoder whose second layer's `linear1` adds random noise to
-    its weight's gradient in the narrow dtype."""
-
-    torch.manual_seed(0)
-    model, inputs = _sibling("encoder").build()
-    _swap(model.layers[1], "linear1", NoisyBackwardLinear)
-    return model.eval(), inputs

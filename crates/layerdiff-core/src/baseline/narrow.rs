@@ -101,7 +101,7 @@ impl NarrowIdeal {
 
 /// The standard deviation of one element's error in a sum of `terms` terms, added one by one
 /// into a running sum held in a dtype of unit roundoff `unit`, whose terms' root sum of squares
-/// is `rss` and whose exact sum is `sum` (see the module docs).
+/// is `rss` and whose exact sum is `sum` (see [`super`]).
 pub fn narrow_accumulation_sigma(unit: f64, terms: u64, rss: f64, sum: f64) -> f64 {
     unit * (terms.max(1) as f64 * (rss * rss / 6.0 + sum * sum / 9.0)).sqrt()
 }

@@ -219,7 +219,7 @@ fn not_narrow(b: &crate::Baseline) -> String {
     };
     let why = if !n.leans_as_rounding() {
         format!(
-            "{:.0}% of its error pushes the values one way (rounding goes either way)",
+            "{:.0}% of its error pushes the values one way, more than that kernel's rounding does",
             100.0 * n.systematic.abs()
         )
     } else if n.scattered() {
