@@ -2,7 +2,8 @@
 
 The numeric core (comparison, analysis, ONNX handling, ONNX Runtime, reports) is Rust; this
 package is the front door. PyTorch is imported only by :mod:`layerdiff.torch` (and the modules
-it uses), on first use.
+it uses), on first use; NumPy with :class:`Report` or :func:`compare_tensors`, so that importing
+the package (as the `layerdiff` command does before it can catch Ctrl-C) is quick.
 """
 
 from layerdiff._layerdiff import (
@@ -16,8 +17,6 @@ from layerdiff._layerdiff import (
     __version__,
 )
 from layerdiff._ort import point_at_openvino
-from layerdiff.report import Report
-from layerdiff.tensors import compare_tensors
 
 point_at_openvino()
 
@@ -38,6 +37,23 @@ __all__ = [
     "compare_torch",
     "compare_torch_onnx",
 ]
+
+
+def __getattr__(name: str):
+    """`Report` and `compare_tensors`, imported (with NumPy) on first use."""
+    if name == "Report":
+        from layerdiff.report import Report
+
+        return Report
+    if name == "compare_tensors":
+        from layerdiff.tensors import compare_tensors
+
+        return compare_tensors
+    raise AttributeError(f"module 'layerdiff' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 def compare_torch_onnx(model, inputs, **options):
