@@ -14,6 +14,7 @@ use layerdiff_flow::Settings;
 use layerdiff_flow::inputs::InputPlan;
 use layerdiff_flow::onnx::OnnxOptions;
 use layerdiff_flow::output::Destinations;
+use layerdiff_flow::spec::onnx_side::OnnxSide;
 use layerdiff_flow::spec::target::TargetSpec;
 use layerdiff_flow::spec::torch::TorchSpec;
 use layerdiff_flow::verbs::audit::AuditOptions;
@@ -188,7 +189,7 @@ impl Command {
                 .into_iter()
                 .flatten()
             {
-                if let RuntimeSpec::Expected(path) = side {
+                if let OnnxSide::Expected(path) = side {
                     read.push(Some(path.clone()));
                 }
             }

@@ -54,13 +54,13 @@ pub struct OnnxArgs {
     /// another release's `libopenvino_c` in a worker process, `python -m layerdiff.releases
     /// openvino==2026.4.0` fetches one), or `expected:PATH` (values from a safetensors file or an
     /// ONNX test_data_set folder).
-    #[arg(long, default_value = "ort", value_parser = RuntimeSpec::parse)]
-    pub reference: RuntimeSpec,
+    #[arg(long, default_value = "ort", value_parser = OnnxSide::parse)]
+    pub reference: OnnxSide,
     /// Runtime of the target side (same spellings). Default: `tract`, or `ort` with --vs. With
     /// `opt=…`, ONNX Runtime optimizes the file first and the values of the graph it saved are
     /// compared, so the graph measured is the one that ships.
-    #[arg(long, value_parser = RuntimeSpec::parse)]
-    pub target: Option<RuntimeSpec>,
+    #[arg(long, value_parser = OnnxSide::parse)]
+    pub target: Option<OnnxSide>,
     /// The inputs.
     #[command(flatten)]
     pub input: InputArgs,

@@ -210,7 +210,7 @@ fn onnx(
     };
     options.bisect = false;
     options.repro = None;
-    if options.inputs.is_none() && !matches!(options.reference, RuntimeSpec::Expected(_)) {
+    if options.inputs.is_none() && !matches!(options.reference, OnnxSide::Expected(_)) {
         options.inputs = Some(recorded.inputs.clone());
     }
     let say = |line: &str| {

@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use crate::spec::onnx_side::OnnxSide;
 use layerdiff_core::{Layer, Location, Report, Tensor, Tolerance};
 use layerdiff_onnx::{GraphIndex, MAX_GROUP_NODES, Model, NCHWC_DOMAIN, NodeInfo, to_float64_lazy};
 use layerdiff_runtime::{Isolation, PerNode, Runtime, RuntimeSpec, Widened};
@@ -43,9 +44,9 @@ pub struct OnnxOptions {
     /// A second model file to compare against (`None`: the reference file on both sides).
     pub vs: Option<PathBuf>,
     /// The reference side.
-    pub reference: RuntimeSpec,
+    pub reference: OnnxSide,
     /// The target side (`None`: see [`OnnxOptions::target_spec`]).
-    pub target: Option<RuntimeSpec>,
+    pub target: Option<OnnxSide>,
     /// Inputs read from this file (`None`: generated, or stored with expected values).
     pub inputs: Option<PathBuf>,
     /// How inputs are generated.
@@ -73,11 +74,13 @@ impl OnnxOptions {
     /// The runtime the target is computed on: as given, else ONNX Runtime on the CPU against
     /// another file (`--vs`), else tract (the same file on another runtime). Resolved here,
     /// once, for the run and for what is said of it.
-    pub fn target_spec(&self) -> RuntimeSpec {
-        self.target.clone().unwrap_or(if self.vs.is_some() {
-            RuntimeSpec::ort_cpu()
-        } else {
-            RuntimeSpec::Tract
+    pub fn target_spec(&self) -> OnnxSide {
+        (self.target.clone()).unwrap_or_else(|| {
+            OnnxSide::Runs(if self.vs.is_some() {
+                RuntimeSpec::ort_cpu()
+            } else {
+                RuntimeSpec::tract()
+            })
         })
     }
 }
@@ -172,7 +175,7 @@ fn compare_once(
     let reference_label = file_name(&options.model);
     let target_label = file_name(options.vs.as_ref().unwrap_or(&options.model));
     let target_file = target_model.as_ref().unwrap_or(&reference_model);
-    let spelled = |spec: &RuntimeSpec, label: &str, model: &Model| -> Result<Spelled> {
+    let spelled = |spec: &OnnxSide, label: &str, model: &Model| -> Result<Spelled> {
         Ok((
             expected(spec, label, model)?,
             built(spec, options, ort_library)?,
@@ -353,7 +356,7 @@ fn float64_truth(
         .collect();
     // `wide` holds its weights as stored: each side widens them as it runs
     let ort = Box::new(Widened(RuntimeSpec::ort_cpu().build(ort_library)?));
-    let tract = Box::new(Widened(RuntimeSpec::Tract.build(ort_library)?));
+    let tract = Box::new(Widened(RuntimeSpec::tract().build(ort_library)?));
     let label = format!("float64 copy of {}", file_name(model_path));
     // ONNX Runtime has no float64 Conv: a CNN is not handed to it whole (a copy of its weights
     // in float64, read and refused)

@@ -2,5 +2,6 @@
 //! `expected:PATH`), parsed here once for every door, and the rules between the spellings.
 
 pub mod keras;
+pub mod onnx_side;
 pub mod target;
 pub mod torch;

@@ -74,11 +74,15 @@ impl CapturedRun {
             .collect::<PyResult<Vec<_>>>()?;
         let fed_by = layers.iter().map(|layer| layer.fed_by()).collect();
         let target = match &options.target {
-            TargetSpec::Onnx(runtime) if !pushed => CapturedTarget::Onnx {
+            TargetSpec::Onnx(side) if !pushed => CapturedTarget::Onnx {
                 path: onnx_path.ok_or_else(|| {
                     exceptions::UsageError::new_err("a runtime target needs the ONNX file")
                 })?,
-                runtime: runtime.clone(),
+                runtime: side.runtime().cloned().ok_or_else(|| {
+                    exceptions::UsageError::new_err(format!(
+                        "`{side}` is a file of values: a model's target computes"
+                    ))
+                })?,
                 ort_library,
                 note: target_note,
             },

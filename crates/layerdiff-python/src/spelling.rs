@@ -1,6 +1,7 @@
 //! Spellings the API takes as the command line does: a side (`torch:cuda:bf16`, `ort:opt=all`),
 //! and an option's choice, each parsed by the one parser every door uses.
 
+use layerdiff_flow::spec::onnx_side::OnnxSide;
 use layerdiff_flow::spec::target::TargetSpec;
 use pyo3::prelude::*;
 
@@ -70,10 +71,9 @@ impl SideSpec {
                 compile: None,
             },
             TargetSpec::Onnx(runtime) => SideSpec {
-                kind: if matches!(runtime, layerdiff_runtime::RuntimeSpec::Expected(_)) {
-                    "expected"
-                } else {
-                    "runtime"
+                kind: match runtime {
+                    OnnxSide::Expected(_) => "expected",
+                    OnnxSide::Runs(_) => "runtime",
                 },
                 spelling,
                 device: None,

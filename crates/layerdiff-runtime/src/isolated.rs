@@ -7,9 +7,9 @@
 //! The worker is this program again (`layerdiff __worker --runtime SPEC`, or the Python
 //! package's `python -m layerdiff __worker …`, see [`set_worker_command`]): it builds the runtime
 //! from its spelling and answers requests on its standard input and output, one at a time.
-//! A side on another ONNX Runtime library (`ort:lib=PATH`) always runs in a worker, this
-//! program's or, for a release older than the binding's C API, the release's own Python's
-//! (see `release.rs`).
+//! A side on another release's library (`ort:lib=PATH`, `openvino:lib=PATH`) always runs in a
+//! worker: this program's, or the one its runtime says (an ONNX Runtime release older than the
+//! binding's C API runs in the release's own Python, see `ort_runtime/release.rs`).
 
 use std::ffi::OsString;
 use std::io::{BufReader, BufWriter, Read};
@@ -23,63 +23,18 @@ use serde_json::{Value, json};
 
 use crate::{Error, Optimized, Provider, ReducedMath, Result, Runtime, RuntimeSpec};
 
-mod release;
-pub(crate) use release::{major_minor, older_release};
+mod isolation;
 mod serve;
 mod wire;
 mod worker;
 
 use worker::{Failure, Worker};
 
+pub use isolation::Isolation;
 pub use serve::serve;
 
 /// The first argument that makes `layerdiff` a worker.
 pub const WORKER_VERB: &str = "__worker";
-
-/// Which sides run in a worker process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Isolation {
-    /// Those whose runtime loads code layerdiff does not know (a custom-op library).
-    #[default]
-    Auto,
-    /// Every side that computes.
-    Always,
-    /// None: everything runs in this process.
-    Never,
-}
-
-impl Isolation {
-    /// The spellings, as the command line takes them.
-    pub const NAMES: [&'static str; 3] = ["auto", "always", "never"];
-
-    /// Parses `auto`, `always` or `never`.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        match text {
-            "auto" => Ok(Self::Auto),
-            "always" => Ok(Self::Always),
-            "never" => Ok(Self::Never),
-            _ => Err(format!(
-                "unknown isolation `{text}` (expected one of: {})",
-                Self::NAMES.join(", ")
-            )),
-        }
-    }
-
-    /// Whether a side on `spec` runs in a worker process: one on another ONNX Runtime or
-    /// OpenVINO library always does (this process has loaded its own).
-    pub fn applies(self, spec: &RuntimeSpec) -> bool {
-        match (self, spec) {
-            (_, RuntimeSpec::Ort(.., Some(_), _) | RuntimeSpec::OpenVino(_, Some(_))) => true,
-            (_, RuntimeSpec::Expected(_)) | (Self::Never, _) => false,
-            (Self::Always, _) => true,
-            // a vendor's code: a custom-op library, an execution provider's plugin library
-            (Self::Auto, RuntimeSpec::Ort(.., custom_ops, _, plugin)) => {
-                !custom_ops.is_empty() || plugin.as_ref().is_some_and(|p| p.library.is_some())
-            }
-            (Self::Auto, _) => false,
-        }
-    }
-}
 
 static WORKER_COMMAND: OnceLock<Vec<OsString>> = OnceLock::new();
 
@@ -107,7 +62,7 @@ pub struct Isolated {
     ort_library: Option<PathBuf>,
     /// The same runtime built here, for what it is (name, details, options); it runs nothing.
     here: Box<dyn Runtime + Send + Sync>,
-    /// What the worker told of itself, where only it can (see `release::worker_facts`).
+    /// What the worker told of itself, where only it can (see [`Isolated::worker_facts`]).
     facts: Option<serde_json::Value>,
     worker: Mutex<Option<Worker>>,
 }
@@ -116,20 +71,43 @@ impl Isolated {
     /// `spec`'s runtime, run in a worker process that loads ONNX Runtime from `ort_library`.
     pub fn new(spec: &RuntimeSpec, ort_library: Option<&Path>) -> Result<Self> {
         // a release this side cannot run on is refused now, not at its first run
-        release::release_command(spec, false)?;
+        spec.configured().release_worker(false)?;
         let mut isolated = Self {
-            here: spec.described_here(ort_library, false, None)?,
+            here: spec.configured().described_here(ort_library, false, None)?,
             facts: None,
             spec: spec.clone(),
             as_saved: false,
             ort_library: ort_library.map(Path::to_path_buf),
             worker: Mutex::new(None),
         };
-        if let Some(facts) = release::worker_facts(&isolated)? {
-            isolated.here = spec.described_here(ort_library, false, Some(&facts))?;
+        if let Some(facts) = isolated.worker_facts()? {
+            isolated.here = spec
+                .configured()
+                .described_here(ort_library, false, Some(&facts))?;
             isolated.facts = Some(facts);
         }
         Ok(isolated)
+    }
+
+    /// What the worker says the side is, where only it can tell ([`Runtime::facts`]: OpenVINO
+    /// on another library, ONNX Runtime on a library whose file name does not say its
+    /// release); `None` for every other side, which this process describes itself.
+    fn worker_facts(&self) -> Result<Option<Value>> {
+        let runtime = self.spec.configured();
+        if !runtime.asks_worker() {
+            return Ok(None);
+        }
+        let facts = (self.ask(&json!({"do": "describe"}), &[&[]], |answer, _| {
+            Ok(answer["facts"].clone())
+        }))
+        .map_err(|f| self.failed(f))?;
+        if !runtime.told(&facts) {
+            return Err(Error::Worker(format!(
+                "the worker described its {} as {facts}",
+                self.here.name()
+            )));
+        }
+        Ok(Some(facts))
     }
 
     fn spawn(&self) -> Result<Worker> {
@@ -137,7 +115,7 @@ impl Isolated {
             .prefix(".layerdiff-worker-")
             .tempfile()
             .map_err(|e| Error::Worker(format!("cannot make the worker's log: {e}")))?;
-        let command = match release::release_command(&self.spec, self.as_saved)? {
+        let command = match self.spec.configured().release_worker(self.as_saved)? {
             Some(command) => command,
             None => {
                 let mut command = worker_command()?;
@@ -396,7 +374,7 @@ impl Runtime for Isolated {
         }
         let saved = Model::load(folder.path().join("optimized.onnx")).map_err(|e| unsaved(&e))?;
         let runtime = Self {
-            here: self.spec.described_here(
+            here: self.spec.configured().described_here(
                 self.ort_library.as_deref(),
                 true,
                 self.facts.as_ref(),
@@ -419,10 +397,8 @@ impl Runtime for Isolated {
         model: &Model,
         inputs: &[(String, Tensor)],
     ) -> Option<crate::NodePlacement> {
-        let RuntimeSpec::Ort(provider, ..) = &self.spec else {
-            return None;
-        };
-        if *provider == Provider::Cpu {
+        let provider = self.spec.ort()?.provider;
+        if provider == Provider::Cpu {
             return None;
         }
         let bytes = model.to_bytes();
@@ -466,33 +442,5 @@ impl Runtime for Isolated {
             Err(Failure::Died(how, words)) => Err(self.crashed(model, inputs, how, words)),
             Err(said) => Err(self.failed(said)),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn isolation_applies_to_untrusted_code_by_default() {
-        let ort = RuntimeSpec::parse("ort").unwrap();
-        let vendor = RuntimeSpec::parse("ort:custom_ops=/opt/libvendor.so").unwrap();
-        assert!(!Isolation::Auto.applies(&ort));
-        assert!(Isolation::Auto.applies(&vendor));
-        assert!(Isolation::Always.applies(&RuntimeSpec::Tract));
-        assert!(!Isolation::Never.applies(&vendor));
-        // another release of a runtime this process loads once
-        for release in [
-            "ort:lib=/opt/ort/libonnxruntime.so",
-            "openvino:lib=/opt/ov/libopenvino_c.so",
-        ] {
-            assert!(Isolation::Never.applies(&RuntimeSpec::parse(release).unwrap()));
-        }
-        assert!(!Isolation::Auto.applies(&RuntimeSpec::parse("openvino").unwrap()));
-        assert!(!Isolation::Always.applies(&RuntimeSpec::Expected("v.safetensors".into())));
-        assert_eq!(
-            Isolation::parse("sometimes").unwrap_err(),
-            "unknown isolation `sometimes` (expected one of: auto, always, never)"
-        );
     }
 }

@@ -1,6 +1,7 @@
 //! Runtimes: ways of computing an ONNX model's values from given inputs: ONNX Runtime and
 //! OpenVINO (loaded from their wheels) and tract (pure Rust). Adding one is a module with a
-//! [`Runtime`] and its spelling in [`RuntimeSpec`].
+//! [`Runtime`], what its spelling parses to (a [`Configured`]) and one registration line
+//! (`inventory::submit!(RuntimeKind { … })`, see [`spec`](RuntimeSpec)).
 //!
 //! Every runtime takes a [`Model`] (already edited to expose the values wanted), named input
 //! tensors, and the names of the values to return; it hands back owned tensors in our own
@@ -23,16 +24,17 @@ use layerdiff_onnx::Model;
 
 pub use error::{Crash, CrashedNode, Error, Result};
 pub use exact::ExactKernels;
+pub use inventory;
 pub use isolated::{Isolated, Isolation, WORKER_VERB, serve as serve_worker, set_worker_command};
 pub use library::{LIBRARY_ENV, OPENVINO_LIBRARY_ENV, find_ort_library};
-pub use openvino_runtime::{OPENVINO_PRECISIONS, OpenVinoRuntime};
+pub use openvino_runtime::{OPENVINO_PRECISIONS, OpenVinoRuntime, OpenVinoSpec};
 pub use ort_provider::{Provider, ProviderOptions, TF32_OPS};
 pub(crate) use ort_runtime::PluginParts;
-pub use ort_runtime::{EpDevice, OptLevel, OrtRuntime, PluginEp};
+pub use ort_runtime::{EpDevice, OptLevel, OrtRuntime, OrtSpec, PluginEp};
 pub use per_node::{PerNode, Widened};
-pub use spec::{RuntimeSpec, nearest};
+pub use spec::{Configured, RuntimeKind, RuntimeSpec, kinds, nearest, py_str};
 pub use threads::{THREADS_ENV, cap_threads, thread_cap};
-pub use tract_runtime::TractRuntime;
+pub use tract_runtime::{TractRuntime, TractSpec};
 
 /// Where a runtime placed a model's nodes: the provider asked for, and the nodes each
 /// provider ran, most first (or why that could not be read).

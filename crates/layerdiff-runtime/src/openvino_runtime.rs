@@ -12,8 +12,10 @@ use openvino::{Core, DeviceType, ElementType, PropertyKey, RwPropertyKey, Shape}
 use crate::{Error, ReducedMath, Result, Runtime};
 
 mod loading;
+mod spec;
 
 use loading::load;
+pub use spec::OpenVinoSpec;
 
 /// The inference precisions OpenVINO's CPU plugin takes as a hint.
 pub const OPENVINO_PRECISIONS: [&str; 3] = ["f32", "f16", "bf16"];

@@ -16,11 +16,14 @@ use crate::{Error, Optimized, Provider, ReducedMath, Result, Runtime};
 mod library;
 mod plugin;
 mod profile;
+pub(crate) mod release;
+mod spec;
 mod values;
 pub(crate) use library::named_release;
 use library::{ORT, clean_message, load, version_from_path};
 pub(crate) use plugin::PluginParts;
 pub use plugin::{EpDevice, PluginEp};
+pub use spec::OrtSpec;
 use values::{from_ort_value, to_ort_input};
 
 #[cfg(test)]
@@ -42,6 +45,9 @@ pub enum OptLevel {
 }
 
 impl OptLevel {
+    /// Every level, from none to all.
+    pub const ALL: [Self; 4] = [Self::Disable, Self::Basic, Self::Extended, Self::All];
+
     /// The name used on the command line and in reports.
     pub fn name(self) -> &'static str {
         match self {

@@ -40,7 +40,7 @@ impl PerNode {
         let mut per_node = Self::new(vec![
             Box::new(ExactKernels),
             RuntimeSpec::ort_cpu().build(ort_library)?,
-            RuntimeSpec::Tract.build(ort_library)?,
+            RuntimeSpec::tract().build(ort_library)?,
         ]);
         per_node.widens = true;
         Ok(per_node)

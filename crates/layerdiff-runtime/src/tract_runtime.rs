@@ -8,11 +8,53 @@ use tract_onnx::prelude::{
     Tensor as TractTensor,
 };
 
-use crate::{Error, Result, Runtime};
+use crate::spec::py_str;
+use crate::{Configured, Error, Result, Runtime, RuntimeKind};
+
+inventory::submit!(RuntimeKind {
+    name: "tract",
+    listed: "`tract`",
+    rank: 1,
+    parse: |text| match text {
+        "tract" => Ok(TractSpec.into()),
+        _ => Err(format!(
+            "unknown runtime `{text}` (expected `tract`, which takes no options)"
+        )),
+    },
+});
 
 /// tract, with its optimizer on (as deployed); values asked for stay outputs, so they exist.
 #[derive(Debug, Clone, Default)]
 pub struct TractRuntime;
+
+/// tract's spelling, `tract`: it takes no options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TractSpec;
+
+impl Configured for TractSpec {
+    fn spelling(&self) -> String {
+        "tract".to_string()
+    }
+
+    fn build_here(
+        &self,
+        _ort_library: Option<&std::path::Path>,
+        _as_saved: bool,
+    ) -> Result<Box<dyn Runtime + Send + Sync>> {
+        Ok(Box::new(TractRuntime))
+    }
+
+    fn repro(&self, inputs: &[String]) -> (&'static str, String) {
+        let order: Vec<String> = inputs.iter().map(|n| py_str(n)).collect();
+        (
+            "tract",
+            format!(
+                "    import tract\n\n    model = tract.onnx().load(str(HERE / \"model.onnx\")).into_model()\n    runnable = model.into_runnable()  # optimized, as layerdiff runs tract\n    order = [{}]  # the model's inputs, in the order tract takes them\n    outputs = runnable.run([inputs[name] for name in order])\n    return {{name: value.to_numpy() for name, value in zip(OUTPUTS, outputs)}}\n",
+                order.join(", ")
+            ),
+        )
+    }
+}
 
 fn datum(dtype: DType) -> Option<DatumType> {
     Some(match dtype {

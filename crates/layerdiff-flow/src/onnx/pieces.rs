@@ -4,9 +4,9 @@
 use std::collections::HashSet;
 use std::path::Path;
 
+use crate::spec::onnx_side::OnnxSide;
 use layerdiff_core::{Bound, Judge, Measure, Tensor, compare_judged};
 use layerdiff_onnx::{GraphIndex, Model, expose_values, extract_nodes};
-use layerdiff_runtime::RuntimeSpec;
 
 use super::OnnxOptions;
 use crate::{Error, Result};
@@ -20,7 +20,7 @@ pub(crate) struct Pieces {
     index: GraphIndex,
     reference_model: Model,
     reference_index: GraphIndex,
-    pub(crate) target_spec: RuntimeSpec,
+    pub(crate) target_spec: layerdiff_runtime::RuntimeSpec,
     reference_runtime: Box<dyn layerdiff_runtime::Runtime + Send + Sync>,
     target_runtime: Box<dyn layerdiff_runtime::Runtime + Send + Sync>,
     inputs: Vec<(String, Tensor)>,
@@ -46,17 +46,15 @@ impl Pieces {
         inputs: &[(String, Tensor)],
         ort_library: Option<&Path>,
     ) -> Result<Self> {
-        let runtime = |spec: &RuntimeSpec, side: &str| match spec {
-            RuntimeSpec::Expected(_) => Err(Error::Usage(format!(
+        let runtime = |spec: &OnnxSide, side: &str| match spec {
+            OnnxSide::Expected(_) => Err(Error::Usage(format!(
                 "a piece of the model runs on both sides, and the {side} is a file of values \
-                 (`{}`)",
-                spec.spelling()
+                 (`{spec}`)"
             ))),
-            spec => Ok(spec.build(ort_library)?),
+            OnnxSide::Runs(runtime) => Ok((runtime.clone(), runtime.build(ort_library)?)),
         };
-        let target_spec = options.target_spec();
-        let reference_runtime = runtime(&options.reference, "reference")?;
-        let target_runtime = runtime(&target_spec, "target")?;
+        let (_, reference_runtime) = runtime(&options.reference, "reference")?;
+        let (target_spec, target_runtime) = runtime(&options.target_spec(), "target")?;
         let reference_model = Model::load(&options.model)?;
         let target_model = match &options.vs {
             Some(path) => Model::load(path)?,

@@ -56,12 +56,12 @@ pub(super) type Spelled = (Option<ExpectedSide>, Option<Box<dyn Runtime + Send +
 /// A side spelled as a file of expected values, loaded (`label` names it, `model` is the file
 /// it holds values of); `None` for a runtime.
 pub(super) fn expected(
-    spec: &RuntimeSpec,
+    spec: &OnnxSide,
     label: &str,
     model: &Model,
 ) -> Result<Option<ExpectedSide>> {
     match spec {
-        RuntimeSpec::Expected(path) => {
+        OnnxSide::Expected(path) => {
             ExpectedSide::load(path, label.to_string(), model.clone()).map(Some)
         }
         _ => Ok(None),
@@ -71,14 +71,14 @@ pub(super) fn expected(
 /// A side spelled as a runtime, started (in a worker process where `--isolate` says);
 /// `None` for a file of expected values.
 pub(super) fn built(
-    spec: &RuntimeSpec,
+    spec: &OnnxSide,
     options: &OnnxOptions,
     ort_library: Option<&Path>,
 ) -> Result<Option<Box<dyn Runtime + Send + Sync>>> {
-    Ok(match spec {
-        RuntimeSpec::Expected(_) => None,
-        spec => Some(spec.build_isolated(ort_library, options.isolation)?),
-    })
+    (spec.runtime())
+        .map(|runtime| runtime.build_isolated(ort_library, options.isolation))
+        .transpose()
+        .map_err(Into::into)
 }
 
 /// The two files of a comparison, read: the reference's, the target's where it is another

@@ -3,16 +3,16 @@
 //! (`torch[:DEVICE][:PRECISION][:compile]`; Keras under `xla`, reloaded from a `savedmodel`, or
 //! converted to `tflite`). Each spelling is parsed here, once, for every door.
 
-use layerdiff_runtime::RuntimeSpec;
-
 use crate::spec::keras::KerasSpec;
+use crate::spec::onnx_side::OnnxSide;
 use crate::spec::torch::{LowerPrecision, Precision, TorchSpec};
 
 /// The target of a framework's model.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TargetSpec {
-    /// The model's ONNX file run by a runtime.
-    Onnx(RuntimeSpec),
+    /// The model's ONNX file run by a runtime (or values read from a file, which `check`
+    /// takes).
+    Onnx(OnnxSide),
     /// PyTorch on a device, in a precision, eager or compiled.
     Torch(TorchSpec),
     /// Keras computed another way by TensorFlow (XLA, a SavedModel, TFLite).
@@ -28,7 +28,7 @@ impl TargetSpec {
         } else if KerasSpec::names_keras(text) {
             KerasSpec::parse(text).map(Self::Keras)
         } else {
-            RuntimeSpec::parse(text).map(Self::Onnx).map_err(|why| {
+            OnnxSide::parse(text).map(Self::Onnx).map_err(|why| {
                 if !why.starts_with("unknown runtime") {
                     return why;
                 }

@@ -311,7 +311,7 @@ fn whole_run(
     let mut exposed = model.clone();
     expose_values(&mut exposed, wanted)?;
     let mut failures = Vec::new();
-    for spec in [RuntimeSpec::ort_cpu(), RuntimeSpec::Tract] {
+    for spec in [RuntimeSpec::ort_cpu(), RuntimeSpec::tract()] {
         let outcome = spec
             .build(ort_library)
             .and_then(|runtime| runtime.run(&exposed, inputs, wanted));

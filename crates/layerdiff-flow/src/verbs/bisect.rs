@@ -98,32 +98,23 @@ pub fn ort_optimizers(
     ort_library: Option<&Path>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Option<Bisection>> {
-    let RuntimeSpec::Ort(provider, level, provider_options, without, custom_ops, release, plugin) =
-        &options.target_spec()
-    else {
+    let target = options.target_spec();
+    let Some(ort) = target.runtime().and_then(RuntimeSpec::ort) else {
         return Ok(None);
     };
-    if *level == OptLevel::Disable || report.summary.layers_exceeding == 0 {
+    if ort.level == OptLevel::Disable || report.summary.layers_exceeding == 0 {
         return Ok(None);
     }
     // Optimizers the user already disabled stay disabled; the rest are the candidates.
     let candidates: Vec<String> = ORT_OPTIMIZERS
         .iter()
         .map(|n| n.to_string())
-        .filter(|n| !without.contains(n))
+        .filter(|n| !ort.without.contains(n))
         .collect();
     let spec = |set: &[String]| {
-        let mut disabled = without.clone();
-        disabled.extend(set.iter().cloned());
-        RuntimeSpec::Ort(
-            *provider,
-            *level,
-            provider_options.clone(),
-            disabled,
-            custom_ops.clone(),
-            release.clone(),
-            plugin.clone(),
-        )
+        let mut spec = ort.clone();
+        spec.without.extend(set.iter().cloned());
+        RuntimeSpec::from(spec)
     };
     // Every run, its set and what it found: a set is run once, and the answer's check is the
     // run of the answer.
@@ -145,7 +136,7 @@ pub fn ort_optimizers(
             candidates.len()
         ));
         let mut accumulated = options.clone();
-        accumulated.target = Some(target);
+        accumulated.target = Some(target.into());
         // the accumulated error alone (no local error, so no baseline either)
         accumulated.settings.local = false;
         let after = compare(&accumulated, ort_library)?.report;
@@ -173,7 +164,7 @@ pub fn ort_optimizers(
         .expect("the checked set ran");
     let spelling = found.then(|| spec(&responsible).spelling());
     Ok(Some(Bisection {
-        over: format!("ONNX Runtime graph optimizers at opt={}", level.name()),
+        over: format!("ONNX Runtime graph optimizers at opt={}", ort.level.name()),
         action: "disabled".to_string(),
         candidates: candidates.len(),
         found: found && check.exceeding_after == 0,

@@ -135,7 +135,7 @@ impl CapturedRun {
     /// target), plans the segments and starts the target.
     pub fn start(c: CapturedComparison, mut clock: Stopwatch) -> Result<Self> {
         if let CapturedTarget::Onnx { runtime, .. } = &c.target {
-            let target = TargetSpec::Onnx(runtime.clone());
+            let target = TargetSpec::Onnx(runtime.clone().into());
             check_options(&TorchSpec::default(), &target)?;
         }
         for (i, layer) in c.layers.iter().enumerate() {

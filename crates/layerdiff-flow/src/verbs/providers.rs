@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 
 use layerdiff_core::{FailOn, InputInfo, Machine, Report, SideInfo, ToleranceInfo, render};
-use layerdiff_runtime::{Isolation, OptLevel, Provider, RuntimeSpec};
+use layerdiff_runtime::{Isolation, OptLevel, OrtSpec, Provider, RuntimeSpec};
 use serde::Serialize;
 
 use crate::inputs::InputPlan;
@@ -149,15 +149,7 @@ pub fn providers(
                     (
                         name,
                         level.name().to_string(),
-                        RuntimeSpec::Ort(
-                            provider,
-                            level,
-                            Vec::new(),
-                            Vec::new(),
-                            Vec::new(),
-                            None,
-                            None,
-                        ),
+                        OrtSpec::on(provider, level).into(),
                     )
                 })
                 .collect()
@@ -222,8 +214,8 @@ fn cell(
     let run = OnnxOptions {
         model: options.model.clone(),
         vs: None,
-        reference: RuntimeSpec::ort_cpu(),
-        target: Some(target.clone()),
+        reference: RuntimeSpec::ort_cpu().into(),
+        target: Some(target.clone().into()),
         inputs: options.inputs.clone(),
         generate: options.generate.clone(),
         settings: options.settings.clone(),
@@ -272,18 +264,13 @@ fn cell(
             cell.reason = Some(e.to_string());
             // a provider unavailable at one level is at every level; a release or a device-API
             // EP keeps its spelling
-            if let RuntimeSpec::Ort(provider, .., None, None) = target {
+            if let Some(ort) = target.ort()
+                && ort.release.is_none()
+                && ort.plugin.is_none()
+            {
                 cell.level = "any".to_string();
-                cell.target = RuntimeSpec::Ort(
-                    *provider,
-                    OptLevel::Disable,
-                    Vec::new(),
-                    Vec::new(),
-                    Vec::new(),
-                    None,
-                    None,
-                )
-                .spelling();
+                cell.target =
+                    RuntimeSpec::from(OrtSpec::on(ort.provider, OptLevel::Disable)).spelling();
             }
             return Ok((cell, false));
         }

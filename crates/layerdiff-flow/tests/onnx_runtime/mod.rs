@@ -33,7 +33,7 @@ pub fn options(model: PathBuf) -> OnnxOptions {
     OnnxOptions {
         model,
         vs: None,
-        reference: RuntimeSpec::ort_cpu(),
+        reference: RuntimeSpec::ort_cpu().into(),
         target: None,
         inputs: None,
         generate: InputPlan {

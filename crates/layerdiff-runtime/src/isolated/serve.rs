@@ -47,7 +47,7 @@ pub fn serve(args: &[OsString]) -> u8 {
             return 3;
         }
     };
-    let runtime = spec.build_here(library.as_deref(), as_saved);
+    let runtime = spec.configured().build_here(library.as_deref(), as_saved);
     let mut from = BufReader::new(std::io::stdin().lock());
     let mut to = BufWriter::new(answers);
     loop {

@@ -64,8 +64,8 @@ pub(super) fn load(path: &Path) -> std::result::Result<LoadedOrt, String> {
 fn older_release(message: &str) -> Option<String> {
     let (_, got) = message.split_once("but got '")?;
     let version = got.strip_suffix('\'')?;
-    let release = crate::isolated::major_minor(version)?;
-    Some(crate::isolated::older_release(release, version))
+    let release = super::release::major_minor(version)?;
+    Some(super::release::older_release(release, version))
 }
 
 /// The release of the ONNX Runtime library loaded from `path`, as the library itself says

@@ -1,4 +1,7 @@
+use std::path::Path;
+
 use super::*;
+use crate::{OptLevel, Provider};
 
 #[test]
 fn spellings_round_trip() {
@@ -17,7 +20,6 @@ fn spellings_round_trip() {
         "openvino:precision=f16",
         "openvino:lib=/opt/ov-2026.4.0/libopenvino_c.so.2640",
         "openvino:precision=f32:lib=/opt/ov-2026.4.0/libopenvino_c.so.2640",
-        "expected:run/out.safetensors",
     ] {
         assert_eq!(RuntimeSpec::parse(s).unwrap().spelling(), s);
     }
@@ -58,7 +60,6 @@ fn spellings_round_trip() {
     }
     for bad in [
         "onnxruntime",
-        "expected:",
         "ort:cuda:=0",
         "openvino:f16",
         "openvino:precision=f16:opt=all",
@@ -97,25 +98,19 @@ fn options_need_a_provider_that_takes_them() {
     );
     assert_eq!(
         RuntimeSpec::parse("ort:use_tf32=0:cuda").unwrap(),
-        RuntimeSpec::Ort(
-            Provider::Cuda,
-            OptLevel::Disable,
-            vec![("use_tf32".into(), "0".into())],
-            Vec::new(),
-            Vec::new(),
-            None,
-            None
-        )
+        RuntimeSpec::from(OrtSpec {
+            options: vec![("use_tf32".into(), "0".into())],
+            ..OrtSpec::on(Provider::Cuda, OptLevel::Disable)
+        })
     );
 }
 
 #[test]
 fn an_execution_provider_through_the_device_api_is_spelled_and_read_back() {
     let spec = RuntimeSpec::parse("ort:ep_lib=/opt/libvendor_ep.so:ep=VendorEP:mode=fast").unwrap();
-    let RuntimeSpec::Ort(provider, _, options, .., Some(plugin)) = &spec else {
-        panic!("{spec:?}")
-    };
-    assert_eq!(*provider, Provider::Cpu);
+    let ort = spec.ort().unwrap();
+    let (provider, options, plugin) = (ort.provider, &ort.options, ort.plugin.as_ref().unwrap());
+    assert_eq!(provider, Provider::Cpu);
     assert_eq!(
         plugin.library.as_deref(),
         Some(Path::new("/opt/libvendor_ep.so"))
@@ -138,4 +133,43 @@ fn an_execution_provider_through_the_device_api_is_spelled_and_read_back() {
             .unwrap_err()
             .contains("give one of them")
     );
+}
+
+#[test]
+fn a_misspelled_runtime_is_named_with_the_one_it_slips_from_and_nothing_else_is() {
+    let said = RuntimeSpec::parse("openvno").unwrap_err();
+    assert!(said.starts_with("unknown runtime `openvno`; did you mean `openvino`?"));
+    assert!(said.len() < 300, "the short list, not the grammar: {said}");
+    assert_eq!(
+        nearest("trac", &["ort", "tract", "openvino"]),
+        Some("tract")
+    );
+    assert_eq!(nearest("tvm", &["torch", "tf", "xla"]), None);
+    let said = RuntimeSpec::parse("onnxruntime:cuda").unwrap_err();
+    assert!(said.contains("did you mean `ort`?"), "{said}");
+}
+
+#[test]
+fn each_runtime_is_registered_once_by_its_module() {
+    let names: Vec<&str> = kinds().iter().map(|k| k.name).collect();
+    assert_eq!(names, ["ort", "tract", "openvino"]);
+    let said = RuntimeSpec::parse("tvm").unwrap_err();
+    assert!(
+        said.contains(
+            "Runtimes: `ort` (ONNX Runtime: `ort:cuda`, `ort:opt=all`…), `tract`, `openvino`"
+        ),
+        "{said}"
+    );
+    // each spelling is its own module's, and reads back as its settings
+    let spec = RuntimeSpec::parse("openvino:precision=bf16").unwrap();
+    assert_eq!(
+        spec.get::<crate::OpenVinoSpec>()
+            .unwrap()
+            .precision
+            .as_deref(),
+        Some("bf16")
+    );
+    assert!(spec.ort().is_none());
+    let said = RuntimeSpec::parse("tract:opt=all").unwrap_err();
+    assert!(said.contains("`tract`, which takes no options"), "{said}");
 }

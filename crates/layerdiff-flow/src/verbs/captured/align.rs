@@ -2,6 +2,7 @@
 //! the module scopes its exporter records, or PyTorch itself, layer for layer.
 
 use super::*;
+use crate::spec::onnx_side::OnnxSide;
 
 /// A target set up: the layers aligned with its values, the side, and the dtype it holds each
 /// compared value in (where it says).
@@ -146,7 +147,7 @@ pub(super) fn same_layers(listed: &[ListedLayer], unpaired: &[(usize, String)]) 
 /// checked themselves when made, [`Settings::new`]).
 pub fn check_options(reference: &TorchSpec, target: &TargetSpec) -> Result<()> {
     match target {
-        TargetSpec::Onnx(RuntimeSpec::Expected(_)) => Err(Error::Usage(format!(
+        TargetSpec::Onnx(OnnxSide::Expected(_)) => Err(Error::Usage(format!(
             "`{}` is a file of values: `layerdiff torch` needs a runtime to run the ONNX file (`ort`, `ort:opt=all`, `ort:cuda`, `tract`, `openvino`) or a PyTorch side (`torch:bf16`, `torch:cuda`)",
             target.spelling()
         ))),

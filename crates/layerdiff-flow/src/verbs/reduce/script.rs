@@ -2,7 +2,7 @@
 //! numpy and that runtime's own Python package alone, and `README.md`.
 
 use layerdiff_core::{Layer, Report, Tensor};
-use layerdiff_runtime::{OptLevel, RuntimeSpec};
+use layerdiff_runtime::RuntimeSpec;
 
 use super::Repro;
 
@@ -50,101 +50,11 @@ def read(path):
     return tensors
 "#;
 
-/// A Python string literal of `text`.
-pub(super) fn py_str(text: &str) -> String {
-    serde_json::to_string(text).expect("a string serialises")
-}
-
-/// The target's Python package, and the body of `run_target(inputs)`.
-fn runner(target: &RuntimeSpec, inputs: &[String]) -> (&'static str, String) {
-    match target {
-        RuntimeSpec::Ort(provider, level, options, without, custom_ops, release, _) => {
-            let level = match level {
-                OptLevel::Disable => "ORT_DISABLE_ALL",
-                OptLevel::Basic => "ORT_ENABLE_BASIC",
-                OptLevel::Extended => "ORT_ENABLE_EXTENDED",
-                OptLevel::All => "ORT_ENABLE_ALL",
-            };
-            let disabled = if without.is_empty() {
-                String::new()
-            } else {
-                format!(
-                    "    options.add_session_config_entry(\n        \"optimization.disable_specified_optimizers\", {}\n    )\n",
-                    py_str(&without.join(";"))
-                )
-            };
-            let disabled: String = disabled
-                + &custom_ops
-                    .iter()
-                    .map(|library| {
-                        format!(
-                            "    options.register_custom_ops_library({})\n",
-                            py_str(&library.display().to_string())
-                        )
-                    })
-                    .collect::<String>();
-            let provider_options: Vec<String> = options
-                .iter()
-                .map(|(k, v)| format!("{}: {}", py_str(k), py_str(v)))
-                .collect();
-            let provider = if provider_options.is_empty() {
-                py_str(provider.ort_name())
-            } else {
-                format!(
-                    "({}, {{{}}})",
-                    py_str(provider.ort_name()),
-                    provider_options.join(", ")
-                )
-            };
-            (
-                "onnxruntime",
-                format!(
-                    "{}    import onnxruntime as ort\n\n    options = ort.SessionOptions()\n    options.graph_optimization_level = ort.GraphOptimizationLevel.{level}\n{disabled}    session = ort.InferenceSession(\n        str(HERE / \"model.onnx\"), options, providers=[{provider}]\n    )\n    names = [o.name for o in session.get_outputs()]\n    return dict(zip(names, session.run(names, inputs)))\n",
-                    release_note(release.as_deref())
-                ),
-            )
-        }
-        RuntimeSpec::Tract => {
-            let order: Vec<String> = inputs.iter().map(|n| py_str(n)).collect();
-            (
-                "tract",
-                format!(
-                    "    import tract\n\n    model = tract.onnx().load(str(HERE / \"model.onnx\")).into_model()\n    runnable = model.into_runnable()  # optimized, as layerdiff runs tract\n    order = [{}]  # the model's inputs, in the order tract takes them\n    outputs = runnable.run([inputs[name] for name in order])\n    return {{name: value.to_numpy() for name, value in zip(OUTPUTS, outputs)}}\n",
-                    order.join(", ")
-                ),
-            )
-        }
-        RuntimeSpec::OpenVino(precision, library) => {
-            let config = precision
-                .as_ref()
-                .map(|p| format!("{{\"INFERENCE_PRECISION_HINT\": {}}}", py_str(p)))
-                .unwrap_or_else(|| "{}".to_string());
-            (
-                "openvino",
-                format!(
-                    "{}    import openvino as ov\n\n    compiled = ov.Core().compile_model(str(HERE / \"model.onnx\"), \"CPU\", {config})\n    result = compiled(inputs)\n    return {{out.get_any_name(): result[out] for out in compiled.outputs}}\n",
-                    release_note(library.as_deref())
-                ),
-            )
-        }
-        RuntimeSpec::Expected(_) => unreachable!("a repro's target runs"),
-    }
-}
-
-/// A comment for a target layerdiff ran on another release's library (`lib=PATH`): the
-/// Python whose package holds that library runs the script as layerdiff ran it.
-fn release_note(library: Option<&std::path::Path>) -> String {
-    library.map_or_else(String::new, |library| {
-        format!(
-            "    # layerdiff ran the target on\n    #   {}\n    # Run this with the Python of the virtualenv that holds it (`python -m\n    # layerdiff.releases` made it): another release may answer otherwise.\n",
-            library.display()
-        )
-    })
-}
+pub(super) use layerdiff_runtime::py_str;
 
 /// `repro.py`.
 pub(crate) fn repro_py(facts: &Facts) -> String {
-    let (package, run_target) = runner(facts.target, &facts.inputs);
+    let (package, run_target) = facts.target.configured().repro(&facts.inputs);
     let bound = facts.layer.tolerance;
     format!(
         r#""""layerdiff repro: `{layer}` on {target}.
@@ -244,7 +154,7 @@ if __name__ == "__main__":
 
 /// `README.md`.
 pub(crate) fn readme(facts: &Facts) -> String {
-    let (package, _) = runner(facts.target, &facts.inputs);
+    let (package, _) = facts.target.configured().repro(&facts.inputs);
     let repro = facts.repro;
     let layer = facts.layer;
     let op = layer

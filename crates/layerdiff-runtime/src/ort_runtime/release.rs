@@ -1,50 +1,13 @@
-//! A side on another release's library. ONNX Runtime (`ort:lib=PATH`): how its worker starts.
-//! A release whose C API is at least the one this build asks for is loaded by this program's
-//! own worker; an older one answers that API with nothing, so its worker is the release's own
-//! Python package running `release_worker.py`, in the virtualenv that holds the library
-//! (`python -m layerdiff.releases onnxruntime==VERSION` makes one). What a worker says the side
-//! is, where only the worker can tell: OpenVINO (`openvino:lib=PATH`), and ONNX Runtime on a
-//! library whose name does not say its release.
+//! ONNX Runtime on another release's library (`ort:lib=PATH`): how its worker starts. A release
+//! whose C API is at least the one this build asks for is loaded by this program's own worker;
+//! an older one answers that API with nothing, so its worker is the release's own Python
+//! package running `release_worker.py`, in the virtualenv that holds the library (`python -m
+//! layerdiff.releases onnxruntime==VERSION` makes one).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use serde_json::{Value, json};
-
-use super::Isolated;
-use crate::openvino_runtime::Plugin;
-use crate::{Error, RuntimeSpec};
-
-/// What the worker of a side says it is, where only the worker can tell ([`Runtime::facts`]):
-/// OpenVINO on another library (the build of its CPU plugin, the precision it resolved), ONNX
-/// Runtime on a library whose file name does not say its release (a vendor's
-/// `libonnxruntime.so`). `None` for every other side, which this process describes itself.
-pub(super) fn worker_facts(isolated: &Isolated) -> crate::Result<Option<Value>> {
-    let asks = match &isolated.spec {
-        RuntimeSpec::OpenVino(_, Some(_)) => true,
-        RuntimeSpec::Ort(.., Some(library), _) => release_of(library).is_none(),
-        _ => false,
-    };
-    if !asks {
-        return Ok(None);
-    }
-    let facts = isolated
-        .ask(&json!({"do": "describe"}), &[&[]], |answer, _| {
-            Ok(answer["facts"].clone())
-        })
-        .map_err(|f| isolated.failed(f))?;
-    let told = match &isolated.spec {
-        RuntimeSpec::OpenVino(..) => Plugin::from_json(&facts).is_some(),
-        _ => facts["version"].is_string(),
-    };
-    if !told {
-        return Err(Error::Worker(format!(
-            "the worker described its {} as {facts}",
-            isolated.here.name()
-        )));
-    }
-    Ok(Some(facts))
-}
+use crate::{Error, OrtSpec};
 
 /// The worker that runs a release through its Python package: the same requests and answers
 /// as `layerdiff __worker` (see `wire.rs`).
@@ -54,10 +17,18 @@ const RELEASE_WORKER: &str = include_str!("release_worker.py");
 /// than this build's C API: the release's Python and the worker script, with the side's
 /// settings. `None` for a side this program's own worker runs. An error names what is missing.
 pub(super) fn release_command(
-    spec: &RuntimeSpec,
+    spec: &OrtSpec,
     as_saved: bool,
 ) -> crate::Result<Option<Vec<OsString>>> {
-    let RuntimeSpec::Ort(provider, level, options, without, custom_ops, Some(library), _) = spec
+    let OrtSpec {
+        provider,
+        level,
+        options,
+        without,
+        custom_ops,
+        release: Some(library),
+        ..
+    } = spec
     else {
         return Ok(None);
     };
@@ -123,7 +94,7 @@ pub(crate) fn older_release((major, minor): (u32, u32), named: &str) -> String {
 }
 
 /// `libonnxruntime.so.1.30.0` → (1, 30).
-fn release_of(library: &Path) -> Option<(u32, u32)> {
+pub(super) fn release_of(library: &Path) -> Option<(u32, u32)> {
     major_minor(crate::ort_runtime::named_release(library)?)
 }
 
@@ -168,7 +139,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let library = dir.path().join("libonnxruntime.so.1.20.1");
         std::fs::write(&library, b"").unwrap();
-        let spec = RuntimeSpec::parse(&format!("ort:lib={}", library.display())).unwrap();
+        let spec = OrtSpec::parse(&format!("ort:lib={}", library.display())).unwrap();
         let err = release_command(&spec, false).unwrap_err().to_string();
         assert!(
             err.contains("ONNX Runtime 1.20 answers C API 20 and older"),
@@ -178,7 +149,7 @@ mod tests {
             err.contains("python -m layerdiff.releases onnxruntime==1.20.*"),
             "{err}"
         );
-        let missing = RuntimeSpec::parse("ort:lib=/nowhere/libonnxruntime.so.1.20.1").unwrap();
+        let missing = OrtSpec::parse("ort:lib=/nowhere/libonnxruntime.so.1.20.1").unwrap();
         let err = release_command(&missing, false).unwrap_err().to_string();
         assert!(
             err.ends_with("/nowhere/libonnxruntime.so.1.20.1`: no such file"),
@@ -201,7 +172,7 @@ mod tests {
             "ort:opt=all:without=NchwcTransformer:lib={}",
             library.display()
         );
-        let spec = RuntimeSpec::parse(&text).unwrap();
+        let spec = OrtSpec::parse(&text).unwrap();
         let command = release_command(&spec, true).unwrap().unwrap();
         let words: Vec<String> = command
             .iter()
@@ -230,7 +201,7 @@ mod tests {
         // a release at this build's C API or newer runs on this program's worker
         let newer = capi.join(format!("libonnxruntime.so.1.{}.0", ort::MINOR_VERSION));
         std::fs::write(&newer, b"").unwrap();
-        let spec = RuntimeSpec::parse(&format!("ort:lib={}", newer.display())).unwrap();
+        let spec = OrtSpec::parse(&format!("ort:lib={}", newer.display())).unwrap();
         assert!(release_command(&spec, false).unwrap().is_none());
     }
 }
