@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from layerdiff import _layerdiff, _ort, compare_tensors
+from layerdiff import _layerdiff, compare_tensors
 
 VERBS = ["onnx", "torch", "grad", "providers", "audit", "ops", "check", "keras", "reduce", "zoo"]
 OPTIONS = [
@@ -42,7 +42,7 @@ def test_the_parser_takes_any_arguments_without_a_traceback(verb, tokens, capfd)
     # the model is always a file that is not there: whatever parses then stops at loading it
     argv = ["layerdiff", verb, "missing.onnx", *tokens]
     try:
-        kind, value = _layerdiff.parse_cli(argv, _ort.library())
+        kind, value = _layerdiff.parse_cli(argv)
     except _layerdiff.LayerdiffError:
         return  # a user's mistake, named: the command prints it and exits 2
     if kind == "exit":

@@ -6,6 +6,7 @@ it uses), on first use; NumPy with :class:`Report` or :func:`compare_tensors`, s
 the package (as the `layerdiff` command does before it can catch Ctrl-C) is quick.
 """
 
+from layerdiff import _layerdiff, _ort
 from layerdiff._layerdiff import (
     InputError,
     LayerdiffError,
@@ -16,9 +17,10 @@ from layerdiff._layerdiff import (
     UsageError,
     __version__,
 )
-from layerdiff._ort import point_at_openvino
 
-point_at_openvino()
+_ort.point_at_openvino()
+# the core loads the ONNX Runtime of this interpreter's wheel, chosen once here
+_layerdiff.use_ort_library(_ort.library())
 
 __all__ = [
     "InputError",

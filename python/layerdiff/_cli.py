@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from layerdiff import _layerdiff, _ort
+from layerdiff import _layerdiff
 
 _IMPORTED = time.perf_counter()
 
@@ -33,7 +33,7 @@ class _Progress:
 def main(argv: list[str] | None = None) -> int:
     args = ["layerdiff", *(sys.argv[1:] if argv is None else argv)]
     try:
-        kind, value = _layerdiff.parse_cli(args, _ort.library())
+        kind, value = _layerdiff.parse_cli(args)
         if kind == "exit":
             return int(value)
         return _run(*value)

@@ -332,9 +332,9 @@ pub enum Dispatched {
 
 /// The one dispatch of both doors (the Rust binary and the Python command): parses `argv`,
 /// runs the verbs that need only the engine (`onnx`, `providers`, `audit`) with ONNX Runtime
-/// from `ort_library` (`None`: found as documented), and hands back the verbs that need a
-/// Python framework (PyTorch, TensorFlow).
-pub fn dispatch(argv: Vec<OsString>, ort_library: Option<&std::path::Path>) -> Dispatched {
+/// as the door chose it ([`layerdiff_runtime::use_ort_library`]; found as documented where it
+/// chose none), and hands back the verbs that need a Python framework (PyTorch, TensorFlow).
+pub fn dispatch(argv: Vec<OsString>) -> Dispatched {
     use layerdiff_flow::verbs::{audit, onnx, providers};
     if argv
         .get(1)
@@ -374,21 +374,21 @@ pub fn dispatch(argv: Vec<OsString>, ort_library: Option<&std::path::Path>) -> D
     };
     let code = match command {
         Command::Onnx(a) => match a.options() {
-            Ok(options) => onnx::run(&options, &made(a.report.destinations()), ort_library),
+            Ok(options) => onnx::run(&options, &made(a.report.destinations())),
             Err(why) => usage(&why),
         },
         Command::Providers(a) => match a.options() {
-            Ok(options) => providers::run(&options, &made(a.destinations()), ort_library),
+            Ok(options) => providers::run(&options, &made(a.destinations())),
             Err(why) => usage(&why),
         },
-        Command::Audit(a) => audit::run(&a.options(), &made(a.destinations()), ort_library),
+        Command::Audit(a) => audit::run(&a.options(), &made(a.destinations())),
         Command::Torch(a) => return python(PythonVerb::Torch(a)),
         Command::Keras(a) => return python(PythonVerb::Keras(a)),
         Command::Grad(a) => return python(PythonVerb::Grad(a)),
         Command::Ops(a) => return python(PythonVerb::Ops(a)),
         Command::Zoo => return python(PythonVerb::Zoo),
         Command::Check(a) => return python(PythonVerb::Check(a)),
-        Command::Reduce(a) => return reduce::run(&a, ort_library),
+        Command::Reduce(a) => return reduce::run(&a),
     };
     Dispatched::Exit(code)
 }

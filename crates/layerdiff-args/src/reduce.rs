@@ -118,7 +118,7 @@ fn absolute(path: &Path) -> PathBuf {
 /// caller (which owns PyTorch) with the repro asked for. Exit code 0: a repro written and
 /// checked; 1: none (a clean run, drift that only accumulates, or not shown within `--nodes`);
 /// 2: it could not run.
-pub(crate) fn run(args: &ReduceArgs, ort_library: Option<&Path>) -> Dispatched {
+pub(crate) fn run(args: &ReduceArgs) -> Dispatched {
     let refuse = |why: String| Dispatched::Exit(usage(&why));
     let recorded = match args.recorded() {
         Ok(recorded) => recorded,
@@ -159,7 +159,7 @@ pub(crate) fn run(args: &ReduceArgs, ort_library: Option<&Path>) -> Dispatched {
     }
     let folder = args.folder();
     let verb = match command {
-        Command::Onnx(a) => return Dispatched::Exit(onnx(args, &recorded, &a, ort_library)),
+        Command::Onnx(a) => return Dispatched::Exit(onnx(args, &recorded, &a)),
         Command::Torch(mut a) => {
             (a.repro, a.bisect, a.report) = (Some(folder), false, args.no_reports());
             PythonVerb::Torch(a)
@@ -197,12 +197,7 @@ impl ReduceArgs {
 
 /// `reduce` of a report of `layerdiff onnx` (`onnx_args`, its command line parsed again): the
 /// comparison run again on the saved inputs, and the repro written.
-fn onnx(
-    args: &ReduceArgs,
-    recorded: &Recorded,
-    onnx_args: &OnnxArgs,
-    ort_library: Option<&Path>,
-) -> u8 {
+fn onnx(args: &ReduceArgs, recorded: &Recorded, onnx_args: &OnnxArgs) -> u8 {
     let folder = args.folder();
     let mut options = match onnx_args.options() {
         Ok(options) => options,
@@ -218,7 +213,7 @@ fn onnx(
             eprintln!("{line}");
         }
     };
-    let outcome = match layerdiff_flow::onnx::compare(&options, ort_library) {
+    let outcome = match layerdiff_flow::onnx::compare(&options) {
         Ok(outcome) => outcome,
         Err(e) => return e.exit(),
     };
@@ -241,7 +236,6 @@ fn onnx(
         &folder,
         args.nodes,
         &recorded.invocation.text(),
-        ort_library,
     ) {
         Ok(repro) => {
             if !args.quiet {

@@ -11,7 +11,7 @@ use layerdiff_args::{Dispatched, dispatch};
 pub fn main(argv: Vec<OsString>) -> ExitCode {
     layerdiff_flow::interrupt::catch();
     layerdiff_flow::memory::settle_heap();
-    match dispatch(argv, None) {
+    match dispatch(argv) {
         Dispatched::Exit(code) => ExitCode::from(layerdiff_flow::interrupt::conclude(code)),
         Dispatched::Python(..) => {
             eprintln!(

@@ -113,8 +113,7 @@ fn a_runtime_added_by_one_module_is_a_target_of_the_command_line() {
         eprintln!("skipped: no onnxruntime wheel in .venv (`make test` installs it)");
         return;
     };
-    // SAFETY: set before any thread of this test binary's reads it
-    unsafe { std::env::set_var("LAYERDIFF_ORT_LIB", library) };
+    layerdiff_runtime::use_ort_library(Some(&library));
     let folder = tempfile::tempdir().unwrap();
     let model = stack(folder.path());
 

@@ -97,10 +97,11 @@ pub struct Outcome {
     pub seed: Option<u64>,
 }
 
-/// Compares as `layerdiff onnx` does (ONNX Runtime loaded from `ort_library`, else found).
+/// Compares as `layerdiff onnx` does (ONNX Runtime loaded as the process chose, see
+/// [`layerdiff_runtime::use_ort_library`]).
 /// Drift is a finding, not an error.
-pub fn compare(options: &OnnxOptions, ort_library: Option<&Path>) -> Result<Outcome> {
-    compare_on(options, None, ort_library, false)
+pub fn compare(options: &OnnxOptions) -> Result<Outcome> {
+    compare_on(options, None, false)
 }
 
 /// [`compare`] with the target computed by `target` instead of `options.target`: a runtime of
@@ -108,9 +109,8 @@ pub fn compare(options: &OnnxOptions, ort_library: Option<&Path>) -> Result<Outc
 pub fn compare_with(
     options: &OnnxOptions,
     target: Box<dyn Runtime + Send + Sync>,
-    ort_library: Option<&Path>,
 ) -> Result<Outcome> {
-    compare_on(options, Some(target), ort_library, false)
+    compare_on(options, Some(target), false)
 }
 
 /// `progress`: a progress line on stderr while the layers run, when it is a terminal. A node
@@ -120,23 +120,15 @@ pub fn compare_with(
 pub(crate) fn compare_on(
     options: &OnnxOptions,
     mut target_runtime: Option<Box<dyn Runtime + Send + Sync>>,
-    ort_library: Option<&Path>,
     progress: bool,
 ) -> Result<Outcome> {
     if options.opaque {
-        return opaque::compare(options, target_runtime, ort_library, progress);
+        return opaque::compare(options, target_runtime, progress);
     }
     let own_target = target_runtime.is_some();
     let mut lacks: Vec<Lacking> = Vec::new();
     loop {
-        let outcome = compare_once(
-            options,
-            target_runtime.take(),
-            ort_library,
-            progress,
-            &lacks,
-            false,
-        );
+        let outcome = compare_once(options, target_runtime.take(), progress, &lacks, false);
         let Err(err) = &outcome else {
             return outcome;
         };
@@ -156,7 +148,6 @@ pub(crate) fn compare_on(
 fn compare_once(
     options: &OnnxOptions,
     target_runtime: Option<Box<dyn Runtime + Send + Sync>>,
-    ort_library: Option<&Path>,
     progress: bool,
     lacks: &[Lacking],
     outputs_only: bool,
@@ -176,10 +167,7 @@ fn compare_once(
     let target_label = file_name(options.vs.as_ref().unwrap_or(&options.model));
     let target_file = target_model.as_ref().unwrap_or(&reference_model);
     let spelled = |spec: &OnnxSide, label: &str, model: &Model| -> Result<Spelled> {
-        Ok((
-            expected(spec, label, model)?,
-            built(spec, options, ort_library)?,
-        ))
+        Ok((expected(spec, label, model)?, built(spec, options)?))
     };
     let target_name = target_name(options, &target_runtime);
     phase(format!("starting {} and {target_name}", options.reference));
@@ -217,8 +205,7 @@ fn compare_once(
                 exposes: !outputs_only,
                 tolerance: options.settings.tolerance,
             };
-            let side = graph_target(&reference_model, file, runtime, ort_library, &mut clock)?
-                .reaching(reach);
+            let side = graph_target(&reference_model, file, runtime, &mut clock)?.reaching(reach);
             renames = side.renames.clone();
             let graph = side.index.clone();
             (Box::new(side) as Box<dyn Side>, graph)
@@ -232,7 +219,7 @@ fn compare_once(
             && (!outputs_only || outputs.clone().any(|o| o == r))
     };
     let alignment = align(&reference_model, &target_graph, &renames, &provides);
-    let float64 = float64_sides(options, &reference_model, &inputs, ort_library, reach)?;
+    let float64 = float64_sides(options, &reference_model, &inputs, reach)?;
     let subgraphs = subgraphs_note(reference_model.graph());
     let reference = reference_side(
         (reference_expected, reference_runtime),
@@ -263,7 +250,7 @@ fn compare_once(
     }
     .add_to(&mut report);
     if options.settings.local && !own_target && report.summary.incomplete.is_none() {
-        narrow_fusion(options, &mut report, &inputs, ort_library);
+        narrow_fusion(options, &mut report, &inputs);
     }
     Ok(Outcome {
         report,
@@ -339,7 +326,6 @@ fn float64_truth(
     model_path: &Path,
     reference: &Model,
     inputs: &[(String, Tensor)],
-    ort_library: Option<&Path>,
 ) -> Result<FallbackSide> {
     let wide = to_float64_lazy(reference, None)
         .map_err(|e| Error::Usage(format!("cannot make the float64 copy of the model: {e}")))?;
@@ -355,8 +341,8 @@ fn float64_truth(
         })
         .collect();
     // `wide` holds its weights as stored: each side widens them as it runs
-    let ort = Box::new(Widened(RuntimeSpec::ort_cpu().build(ort_library)?));
-    let tract = Box::new(Widened(RuntimeSpec::tract().build(ort_library)?));
+    let ort = Box::new(Widened(RuntimeSpec::ort_cpu().build()?));
+    let tract = Box::new(Widened(RuntimeSpec::tract().build()?));
     let label = format!("float64 copy of {}", file_name(model_path));
     // ONNX Runtime has no float64 Conv: a CNN is not handed to it whole (a copy of its weights
     // in float64, read and refused)
@@ -369,7 +355,7 @@ fn float64_truth(
                 GraphSide::new(
                     Some(label.clone()),
                     wide.clone(),
-                    Box::new(PerNode::float64(ort_library)?),
+                    Box::new(PerNode::float64()?),
                     &inputs,
                 ),
                 GraphSide::new(Some(label), wide, tract, &inputs),

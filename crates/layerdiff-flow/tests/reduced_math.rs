@@ -125,19 +125,15 @@ impl Runtime for Tf32Like {
 }
 
 fn report(says_so: bool) -> Option<Report> {
-    let library = library()?;
-    let cpu = RuntimeSpec::ort_cpu().build(Some(&library)).unwrap();
-    report_on(Box::new(Tf32Like { cpu, says_so }), &library)
+    library()?;
+    let cpu = RuntimeSpec::ort_cpu().build().unwrap();
+    report_on(Box::new(Tf32Like { cpu, says_so }))
 }
 
-fn report_on(target: Box<dyn Runtime + Send + Sync>, library: &Path) -> Option<Report> {
+fn report_on(target: Box<dyn Runtime + Send + Sync>) -> Option<Report> {
     let folder = tempfile::tempdir().unwrap();
     let options = options(two_matmuls(folder.path()));
-    Some(
-        compare_with(&options, target, Some(library))
-            .unwrap()
-            .report,
-    )
+    Some(compare_with(&options, target).unwrap().report)
 }
 
 fn verdict(report: &Report, value: &str) -> (Option<layerdiff_core::Cause>, String) {
@@ -264,9 +260,9 @@ impl Runtime for Bf16Like {
 }
 
 fn bf16_report(off: f32) -> Option<Report> {
-    let library = library()?;
-    let cpu = RuntimeSpec::ort_cpu().build(Some(&library)).unwrap();
-    report_on(Box::new(Bf16Like { cpu, off }), &library)
+    library()?;
+    let cpu = RuntimeSpec::ort_cpu().build().unwrap();
+    report_on(Box::new(Bf16Like { cpu, off }))
 }
 
 #[test]

@@ -40,7 +40,7 @@ impl CapturedRun {
     /// `pushed`: the target is handed over from Python whatever the options' target is (a
     /// Keras model's PyTorch twin), with `unpaired`: the layers it has no counterpart of, and
     /// why.
-    #[pyo3(signature = (*, command, model, inputs, layers, options, seed, reference_runtime, reference_detail, onnx_path=None, ort_library=None, target_detail=None, target_note=None, reduced_math=None, lower_precision=None, timings=None, channels_last=false, target_runtime=None, pushed=false, unpaired=None))]
+    #[pyo3(signature = (*, command, model, inputs, layers, options, seed, reference_runtime, reference_detail, onnx_path=None, target_detail=None, target_note=None, reduced_math=None, lower_precision=None, timings=None, channels_last=false, target_runtime=None, pushed=false, unpaired=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -53,7 +53,6 @@ impl CapturedRun {
         reference_runtime: String,
         reference_detail: String,
         onnx_path: Option<PathBuf>,
-        ort_library: Option<PathBuf>,
         target_detail: Option<String>,
         target_note: Option<String>,
         reduced_math: Option<(Vec<String>, String)>,
@@ -83,7 +82,6 @@ impl CapturedRun {
                         "`{side}` is a file of values: a model's target computes"
                     ))
                 })?,
-                ort_library,
                 note: target_note,
             },
             spec => CapturedTarget::Pushed {

@@ -127,14 +127,12 @@ pub(crate) fn deliver_check(
 /// narrows one of its ops (OpenVINO's bfloat16 inference precision), by name, and how in words;
 /// `None` where it computes as the file says.
 #[pyfunction]
-#[pyo3(signature = (model, runtime, ort_library=None))]
+#[pyo3(signature = (model, runtime))]
 pub(crate) fn runtime_computes_in(
     py: Python<'_>,
     model: &[u8],
     runtime: &str,
-    ort_library: Option<PathBuf>,
 ) -> PyResult<Option<(&'static str, String)>> {
-    let grid = py
-        .detach(|| layerdiff_flow::verbs::ops::computes_in(model, runtime, ort_library.as_deref()));
+    let grid = py.detach(|| layerdiff_flow::verbs::ops::computes_in(model, runtime));
     Ok(grid.map_err(to_py_err)?.map(|(d, how)| (d.name(), how)))
 }

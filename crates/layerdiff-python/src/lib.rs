@@ -53,6 +53,14 @@ fn progress_phase(what: &str) {
     layerdiff_flow::progress::phase(what);
 }
 
+/// The ONNX Runtime library this process loads: the package names its interpreter's wheel,
+/// once, as it is imported (`None`: the core's search, which honours `LAYERDIFF_ORT_LIB`).
+#[pyfunction]
+#[pyo3(signature = (library=None))]
+fn use_ort_library(library: Option<std::path::PathBuf>) {
+    layerdiff_runtime::use_ort_library(library.as_deref());
+}
+
 /// The threads `LAYERDIFF_THREADS` gives each of a run's pools, or None (see
 /// `layerdiff_runtime::thread_cap`): the command sizes PyTorch's to it.
 #[pyfunction]
@@ -211,6 +219,7 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Ticker>()?;
     m.add_class::<axis::PyAxisReport>()?;
     m.add_function(wrap_pyfunction!(parse_cli, m)?)?;
+    m.add_function(wrap_pyfunction!(use_ort_library, m)?)?;
     m.add_function(wrap_pyfunction!(catch_interrupts, m)?)?;
     m.add_function(wrap_pyfunction!(memory::settle_heap, m)?)?;
     m.add_function(wrap_pyfunction!(memory::heap_for_streaming, m)?)?;

@@ -108,13 +108,9 @@ impl Narrowing {
 
 /// How the ONNX backend `runtime` narrows float math here, or None where it computes as asked.
 #[pyfunction]
-#[pyo3(signature = (runtime, ort_library=None))]
-pub(crate) fn runtime_narrowing(
-    py: Python<'_>,
-    runtime: &str,
-    ort_library: Option<std::path::PathBuf>,
-) -> PyResult<Option<Narrowing>> {
-    py.detach(|| ops::narrowing(runtime, ort_library.as_deref()))
+#[pyo3(signature = (runtime))]
+pub(crate) fn runtime_narrowing(py: Python<'_>, runtime: &str) -> PyResult<Option<Narrowing>> {
+    py.detach(|| ops::narrowing(runtime))
         .map(|r| r.map(Narrowing))
         .map_err(to_py_err)
 }

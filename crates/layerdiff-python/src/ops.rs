@@ -70,22 +70,19 @@ type Returned<'py> = (String, String, Vec<usize>, Bound<'py, PyBytes>);
 /// Runs a single-op ONNX model (its bytes) on `runtime` and returns its outputs as
 /// `(name, dtype, shape, bytes)`.
 #[pyfunction]
-#[pyo3(signature = (model, runtime, inputs, ort_library=None))]
+#[pyo3(signature = (model, runtime, inputs))]
 pub(crate) fn run_model<'py>(
     py: Python<'py>,
     model: &[u8],
     runtime: &str,
     inputs: Vec<FlatTensor<'py>>,
-    ort_library: Option<PathBuf>,
 ) -> PyResult<Vec<Returned<'py>>> {
     let inputs = inputs
         .iter()
         .map(|t| Ok((t.name().to_string(), t.to_tensor()?)))
         .collect::<PyResult<Vec<_>>>()?;
     let outputs = py
-        .detach(|| {
-            layerdiff_flow::verbs::ops::run_model(model, runtime, &inputs, ort_library.as_deref())
-        })
+        .detach(|| layerdiff_flow::verbs::ops::run_model(model, runtime, &inputs))
         .map_err(to_py_err)?;
     Ok(outputs
         .into_iter()
@@ -114,13 +111,9 @@ pub(crate) fn deliver_ops(py: Python<'_>, command: &OpsCommand, run: &OpsRun) ->
 /// What an ONNX backend (`ort:opt=all`, `tract`) is here, in words; an error saying why it
 /// cannot run here.
 #[pyfunction]
-#[pyo3(signature = (runtime, ort_library=None))]
-pub(crate) fn describe_runtime(
-    py: Python<'_>,
-    runtime: &str,
-    ort_library: Option<PathBuf>,
-) -> PyResult<String> {
-    py.detach(|| layerdiff_flow::verbs::ops::describe_runtime(runtime, ort_library.as_deref()))
+#[pyo3(signature = (runtime))]
+pub(crate) fn describe_runtime(py: Python<'_>, runtime: &str) -> PyResult<String> {
+    py.detach(|| layerdiff_flow::verbs::ops::describe_runtime(runtime))
         .map_err(to_py_err)
 }
 

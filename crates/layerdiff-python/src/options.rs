@@ -328,17 +328,16 @@ impl Command {
 
 /// Runs a command line through the one dispatch of the Rust binary
 /// ([`layerdiff_args::dispatch`]). Returns `("exit", code)` when parsing or an engine verb
-/// (run here with ONNX Runtime from `ort_library`, the one the running interpreter has)
+/// (run here with ONNX Runtime as the package chose it, the one the running interpreter has)
 /// already did the work, or refused the options; else `("run", (verb, module, function,
 /// framework, extra, command))`: the Python function the dispatch names for the verb, what it
 /// needs installed (and the package extra that installs it), and its parsed command (None for
 /// `zoo`).
 #[pyfunction]
-#[pyo3(signature = (argv, ort_library=None))]
+#[pyo3(signature = (argv))]
 pub(crate) fn parse_cli(
     py: Python<'_>,
     argv: Vec<std::ffi::OsString>,
-    ort_library: Option<PathBuf>,
 ) -> PyResult<(String, Py<PyAny>)> {
     let exit = |code: u8| -> PyResult<(String, Py<PyAny>)> {
         Ok((
@@ -347,7 +346,7 @@ pub(crate) fn parse_cli(
         ))
     };
     // The engine's verbs run wholly in Rust, with the GIL released.
-    let handed = match py.detach(|| layerdiff_args::dispatch(argv, ort_library.as_deref())) {
+    let handed = match py.detach(|| layerdiff_args::dispatch(argv)) {
         Dispatched::Exit(code) => return exit(code),
         Dispatched::Python(handed) => handed,
     };

@@ -17,7 +17,7 @@ use crate::tensors::FlatTensor;
 /// by ONNX value name), held to `expected`, run on `target`; returns the repro in a sentence and
 /// whether it shows the difference.
 #[pyfunction]
-#[pyo3(signature = (report, layer, model_path, nodes, feeds, expected, target, command, folder, ort_library=None))]
+#[pyo3(signature = (report, layer, model_path, nodes, feeds, expected, target, command, folder))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn write_framework_repro(
     py: Python<'_>,
@@ -30,7 +30,6 @@ pub(crate) fn write_framework_repro(
     target: &str,
     command: &str,
     folder: PathBuf,
-    ort_library: Option<PathBuf>,
 ) -> PyResult<(String, bool)> {
     let feeds = feeds
         .iter()
@@ -51,7 +50,6 @@ pub(crate) fn write_framework_repro(
                 &target,
                 command,
                 &folder,
-                ort_library.as_deref(),
             )
         })
         .map_err(to_py_err)?;

@@ -13,7 +13,6 @@
 
 use std::ffi::OsString;
 use std::io::{BufReader, BufWriter, Read};
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 
@@ -59,7 +58,6 @@ pub struct Isolated {
     spec: RuntimeSpec,
     /// The worker runs an already optimized graph as saved.
     as_saved: bool,
-    ort_library: Option<PathBuf>,
     /// The same runtime built here, for what it is (name, details, options); it runs nothing.
     here: Box<dyn Runtime + Send + Sync>,
     /// What the worker told of itself, where only it can (see [`Isolated::worker_facts`]).
@@ -68,22 +66,20 @@ pub struct Isolated {
 }
 
 impl Isolated {
-    /// `spec`'s runtime, run in a worker process that loads ONNX Runtime from `ort_library`.
-    pub fn new(spec: &RuntimeSpec, ort_library: Option<&Path>) -> Result<Self> {
+    /// `spec`'s runtime, run in a worker process (that loads the ONNX Runtime library this
+    /// process chose, see [`crate::use_ort_library`]).
+    pub fn new(spec: &RuntimeSpec) -> Result<Self> {
         // a release this side cannot run on is refused now, not at its first run
         spec.configured().release_worker(false)?;
         let mut isolated = Self {
-            here: spec.configured().described_here(ort_library, false, None)?,
+            here: spec.configured().described_here(false, None)?,
             facts: None,
             spec: spec.clone(),
             as_saved: false,
-            ort_library: ort_library.map(Path::to_path_buf),
             worker: Mutex::new(None),
         };
         if let Some(facts) = isolated.worker_facts()? {
-            isolated.here = spec
-                .configured()
-                .described_here(ort_library, false, Some(&facts))?;
+            isolated.here = spec.configured().described_here(false, Some(&facts))?;
             isolated.facts = Some(facts);
         }
         Ok(isolated)
@@ -123,7 +119,7 @@ impl Isolated {
                 if self.as_saved {
                     command.push("--as-saved".into());
                 }
-                if let Some(library) = &self.ort_library {
+                if let Some(library) = crate::chosen_ort_library() {
                     command.extend(["--ort-library".into(), library.into()]);
                 }
                 command
@@ -374,15 +370,10 @@ impl Runtime for Isolated {
         }
         let saved = Model::load(folder.path().join("optimized.onnx")).map_err(|e| unsaved(&e))?;
         let runtime = Self {
-            here: self.spec.configured().described_here(
-                self.ort_library.as_deref(),
-                true,
-                self.facts.as_ref(),
-            )?,
+            here: (self.spec.configured()).described_here(true, self.facts.as_ref())?,
             facts: self.facts.clone(),
             spec: self.spec.clone(),
             as_saved: true,
-            ort_library: self.ort_library.clone(),
             worker: Mutex::new(None),
         };
         Ok(Some(Optimized {

@@ -26,7 +26,9 @@ pub use error::{Crash, CrashedNode, Error, Result};
 pub use exact::ExactKernels;
 pub use inventory;
 pub use isolated::{Isolated, Isolation, WORKER_VERB, serve as serve_worker, set_worker_command};
-pub use library::{LIBRARY_ENV, OPENVINO_LIBRARY_ENV, find_ort_library};
+pub use library::{
+    LIBRARY_ENV, OPENVINO_LIBRARY_ENV, chosen_ort_library, find_ort_library, use_ort_library,
+};
 pub use openvino_runtime::{OPENVINO_PRECISIONS, OpenVinoRuntime, OpenVinoSpec};
 pub use ort_provider::{Provider, ProviderOptions, TF32_OPS};
 pub(crate) use ort_runtime::PluginParts;

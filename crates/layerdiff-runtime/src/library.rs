@@ -47,9 +47,31 @@ pub const OPENVINO_WHEEL: Wheel = Wheel {
     install: "pip install openvino",
 };
 
-/// Finds the ONNX Runtime shared library (see [`find_library`]).
+/// The ONNX Runtime library a door of this process chose (see [`use_ort_library`]).
+static CHOSEN_ORT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Names the ONNX Runtime library this process loads, once, at its door: the Python package
+/// names the wheel of its interpreter, a worker the library it was started for. `None` leaves
+/// it to [`find_ort_library`]'s search. ONNX Runtime is loaded once per process, so the first
+/// choice stands.
+pub fn use_ort_library(library: Option<&Path>) {
+    if let Some(library) = library {
+        let _ = CHOSEN_ORT.set(library.to_path_buf());
+    }
+}
+
+/// The library [`use_ort_library`] chose, if one did.
+pub fn chosen_ort_library() -> Option<&'static Path> {
+    CHOSEN_ORT.get().map(PathBuf::as_path)
+}
+
+/// Finds the ONNX Runtime shared library: the one the process's door chose, else as
+/// [`find_library`] searches.
 pub fn find_ort_library() -> Result<PathBuf> {
-    find_library(&ORT_WHEEL)
+    match chosen_ort_library() {
+        Some(library) => Ok(library.to_path_buf()),
+        None => find_library(&ORT_WHEEL),
+    }
 }
 
 /// Finds a wheel's library: the variables that name it, then the wheel in the active

@@ -4,7 +4,6 @@
 //! nodes runs on one of them.
 
 use std::collections::HashMap;
-use std::path::Path;
 
 use layerdiff_core::Tensor;
 use layerdiff_onnx::{Model, extract_nodes, to_float64};
@@ -36,11 +35,11 @@ impl PerNode {
     /// (a 3-D Conv, which layerdiff's kernel refuses, does not send the 2-D ones to tract).
     /// Each node's weights are widened as it runs, so the model may hold them as stored
     /// (`layerdiff_onnx::to_float64_lazy`).
-    pub fn float64(ort_library: Option<&Path>) -> Result<Self> {
+    pub fn float64() -> Result<Self> {
         let mut per_node = Self::new(vec![
             Box::new(ExactKernels),
-            RuntimeSpec::ort_cpu().build(ort_library)?,
-            RuntimeSpec::tract().build(ort_library)?,
+            RuntimeSpec::ort_cpu().build()?,
+            RuntimeSpec::tract().build()?,
         ]);
         per_node.widens = true;
         Ok(per_node)

@@ -41,25 +41,20 @@ pub fn kinds() -> Vec<&'static RuntimeKind> {
 pub trait Configured: std::fmt::Debug + Send + Sync + Any {
     /// The spelling that parses back to it (defaults left out: `ort`, `ort:cuda:opt=all`).
     fn spelling(&self) -> String;
-    /// Builds it in this process (ONNX Runtime loaded from `ort_library`, or found, where it
-    /// needs it); with `as_saved`, the one that runs a graph it already optimized, as saved
+    /// Builds it in this process (ONNX Runtime loaded as the process chose, see
+    /// [`crate::use_ort_library`], where it needs it); with `as_saved`, the one that runs a graph it already optimized, as saved
     /// (see [`Runtime::optimize`]). A side on another release's library loads it here: only a
     /// worker process of its own does that.
-    fn build_here(
-        &self,
-        ort_library: Option<&Path>,
-        as_saved: bool,
-    ) -> Result<Box<dyn Runtime + Send + Sync>>;
+    fn build_here(&self, as_saved: bool) -> Result<Box<dyn Runtime + Send + Sync>>;
     /// What a side on it is, built in this process without loading another library: a side on
     /// another release is described as running on it (what the worker that loads it told:
     /// `facts`, see [`Runtime::facts`]), and runs nothing here (see [`Isolated`]).
     fn described_here(
         &self,
-        ort_library: Option<&Path>,
         as_saved: bool,
         _facts: Option<&serde_json::Value>,
     ) -> Result<Box<dyn Runtime + Send + Sync>> {
-        self.build_here(ort_library, as_saved)
+        self.build_here(as_saved)
     }
     /// The library of another release it runs on, which this process does not load (a runtime
     /// is loaded once per process): such a side always runs in a worker process of its own.
@@ -166,22 +161,18 @@ impl RuntimeSpec {
         &*self.0
     }
 
-    /// Builds the runtime (loading ONNX Runtime from `ort_library`, or found, when needed), in
-    /// this process, or in a worker process for a side on another release's library.
-    pub fn build(&self, ort_library: Option<&Path>) -> Result<Box<dyn Runtime + Send + Sync>> {
-        self.build_isolated(ort_library, Isolation::Never)
+    /// Builds the runtime (loading ONNX Runtime when needed, see [`crate::use_ort_library`]),
+    /// in this process, or in a worker process for a side on another release's library.
+    pub fn build(&self) -> Result<Box<dyn Runtime + Send + Sync>> {
+        self.build_isolated(Isolation::Never)
     }
 
     /// [`Self::build`], in a worker process where `isolation` says so (see [`Isolated`]).
-    pub fn build_isolated(
-        &self,
-        ort_library: Option<&Path>,
-        isolation: Isolation,
-    ) -> Result<Box<dyn Runtime + Send + Sync>> {
+    pub fn build_isolated(&self, isolation: Isolation) -> Result<Box<dyn Runtime + Send + Sync>> {
         if isolation.applies(self) {
-            Ok(Box::new(Isolated::new(self, ort_library)?))
+            Ok(Box::new(Isolated::new(self)?))
         } else {
-            self.0.build_here(ort_library, false)
+            self.0.build_here(false)
         }
     }
 }

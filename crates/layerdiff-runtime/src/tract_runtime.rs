@@ -36,11 +36,7 @@ impl Configured for TractSpec {
         "tract".to_string()
     }
 
-    fn build_here(
-        &self,
-        _ort_library: Option<&std::path::Path>,
-        _as_saved: bool,
-    ) -> Result<Box<dyn Runtime + Send + Sync>> {
+    fn build_here(&self, _as_saved: bool) -> Result<Box<dyn Runtime + Send + Sync>> {
         Ok(Box::new(TractRuntime))
     }
 

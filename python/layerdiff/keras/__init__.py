@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 
 tf.get_logger().setLevel("ERROR")  # retracing notices: each layer compiled alone is traced once
 
-from layerdiff import _layerdiff, _ort  # noqa: E402
+from layerdiff import _layerdiff  # noqa: E402
 from layerdiff.keras._layers import Layered, float64_copy  # noqa: E402
 from layerdiff.keras._targets import SIDES, device, to_onnx  # noqa: E402
 from layerdiff.keras.models import ZOO, load_keras  # noqa: E402
@@ -131,9 +131,7 @@ def compare_keras(
                     f"{len(inputs)}"
                 )
             flat_inputs = [flat(d[0], x) for d, x in zip(declared, inputs, strict=True)]
-            run = _layerdiff.CapturedRun(
-                inputs=flat_inputs, onnx_path=str(onnx), ort_library=_ort.library(), **common
-            )
+            run = _layerdiff.CapturedRun(inputs=flat_inputs, onnx_path=str(onnx), **common)
             side = None
         else:
             flat_inputs = [flat(t.name, x) for t, x in zip(model.inputs, inputs, strict=True)]

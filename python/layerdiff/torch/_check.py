@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch.utils._pytree import tree_leaves
 
-from layerdiff import _layerdiff, _ort
+from layerdiff import _layerdiff
 from layerdiff.tensors import flat
 from layerdiff.torch._export import export_onnx
 from layerdiff.torch._running import as_input_tuple, model_notes, run_model
@@ -55,10 +55,9 @@ def run_command(command, progress) -> int:
             model_bytes,
             command.target,
             [flat(n, x) for n, x in zip(names, inputs, strict=True)],
-            _ort.library(),
         )
         # a runtime that computes float32 in a narrower dtype (OpenVINO's bf16) is held to it
-        computed_in = _layerdiff.runtime_computes_in(model_bytes, command.target, _ort.library())
+        computed_in = _layerdiff.runtime_computes_in(model_bytes, command.target)
         target = [(n, d, s, np.frombuffer(b, dtype=np.uint8)) for n, d, s, b in outputs]
         names_out = [name for name, *_ in outputs] + [
             f"output_{i}" for i in range(len(outputs), len(reference))

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from layerdiff import _layerdiff, _ort
+from layerdiff import _layerdiff
 from layerdiff.tensors import flat
 from layerdiff.torch._export import export_onnx
 from layerdiff.torch._op_cases import CASES, Case
@@ -236,7 +236,7 @@ def _run_onnx(task: Task, args: list[torch.Tensor]) -> torch.Tensor:
             f"{len(args)}"
         )
     inputs = [flat(name, x) for name, x in zip(task.input_names, args, strict=True)]
-    outputs = _layerdiff.run_model(task.model, task.backend, inputs, _ort.library())
+    outputs = _layerdiff.run_model(task.model, task.backend, inputs)
     _, dtype, shape, data = outputs[0]
     dtype = getattr(torch, dtype)
     if not data:

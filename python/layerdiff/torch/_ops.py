@@ -20,7 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
-from layerdiff import _layerdiff, _ort
+from layerdiff import _layerdiff
 from layerdiff.torch._op_cases import CASES, Case
 from layerdiff.torch._op_cell import (
     DTYPES,
@@ -111,7 +111,7 @@ def describe(backend: str) -> tuple[str, str | None]:
         return what, None
     if is_onnx(backend):
         try:
-            return _layerdiff.describe_runtime(backend, _ort.library()), None
+            return _layerdiff.describe_runtime(backend), None
         except _layerdiff.UsageError:
             raise  # a misspelling, not a runtime this machine lacks
         except _layerdiff.LayerdiffError as e:
@@ -272,7 +272,7 @@ def _run_matrix(run, cases, dtypes, names, unavailable, custom, seed, opset, exp
             exports[key[:2]] = result
 
     # how each ONNX backend narrows float math here, as the model flow knows the side
-    narrowings = {b: _layerdiff.runtime_narrowing(b, _ort.library()) for b in onnx_backends}
+    narrowings = {b: _layerdiff.runtime_narrowing(b) for b in onnx_backends}
     tasks, cells = [], []
     for case in cases:
         for dtype in dtypes:

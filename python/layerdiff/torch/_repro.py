@@ -255,7 +255,6 @@ def write_onnx_repro(model, inputs, report, target: str, folder, command: str) -
     """Writes the repro of `report`'s headline (a PyTorch model against its ONNX file on
     `target`): the layer's ONNX nodes fed PyTorch's values at their inputs, held to PyTorch's
     value of the layer, run on the target's runtime; or says why there is none."""
-    from layerdiff import _ort
     from layerdiff.torch._capture import capture
 
     name, why = report._native.headline
@@ -297,7 +296,6 @@ def write_onnx_repro(model, inputs, report, target: str, folder, command: str) -
     return _layerdiff.write_framework_repro(
         report._native, name, str(report.onnx_path), location["nodes"], feeds,
         flat(location["value"], values[name]), target, command, str(folder),
-        ort_library=_ort.library(),
     )  # fmt: skip
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from layerdiff import _layerdiff, _ort
+from layerdiff import _layerdiff
 from layerdiff.report import Report
 from layerdiff.tensors import flat
 from layerdiff.torch._baseline import Replay, model_precision
@@ -236,7 +236,6 @@ class _FileComparison:
             seed=self.seed,
             reference_runtime="pytorch",
             reference_detail=f"torch {torch.__version__}, eager, cpu",
-            ort_library=_ort.library(),
             target_note=note,
             timings=self.phases,
         )

@@ -2,8 +2,6 @@
 //! tract with one node's value 1% off where asked (`standin:off=NODE`): a kernel fault planted
 //! in the runtime, not in the file.
 
-use std::path::Path;
-
 use layerdiff_core::Tensor;
 use layerdiff_onnx::{Model, NodeProto, TensorProto};
 use layerdiff_runtime::{Configured, Runtime, RuntimeKind, RuntimeSpec, TractRuntime};
@@ -48,7 +46,6 @@ impl Configured for StandIn {
 
     fn build_here(
         &self,
-        _ort_library: Option<&Path>,
         _as_saved: bool,
     ) -> layerdiff_runtime::Result<Box<dyn Runtime + Send + Sync>> {
         Ok(Box::new(self.clone()))

@@ -2,7 +2,6 @@
 //! values compared before it.
 
 use std::collections::HashSet;
-use std::path::Path;
 
 use layerdiff_core::{Inside, Measure, Report, Tensor};
 use layerdiff_onnx::Model;
@@ -21,7 +20,6 @@ pub fn inside_fusion(
     options: &OnnxOptions,
     report: &Report,
     inputs: &[(String, Tensor)],
-    ort_library: Option<&Path>,
 ) -> Result<Option<(String, Inside)>> {
     let Ok(layer) = report.headline() else {
         return Ok(None);
@@ -37,7 +35,7 @@ pub fn inside_fusion(
     if report.target_graph.is_none() || fused.is_empty() {
         return Ok(None);
     }
-    let mut pieces = Pieces::new(options, inputs, ort_library)?;
+    let mut pieces = Pieces::new(options, inputs)?;
     let target_index = pieces.index();
     let compared: HashSet<&str> = report
         .layers

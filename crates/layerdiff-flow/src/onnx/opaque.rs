@@ -14,7 +14,6 @@
 //! budget (`values.rs`).
 
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
 
 use layerdiff_core::{DType, OpaqueSearch, RangeTried, Tensor, assess_baseline};
 use layerdiff_onnx::{GraphIndex, Model, extract_nodes, group_of_at_most};
@@ -41,7 +40,6 @@ use crate::{Error, GraphBaseline, Result};
 pub(crate) fn compare(
     options: &OnnxOptions,
     target: Option<Box<dyn Runtime + Send + Sync>>,
-    ort_library: Option<&Path>,
     progress: bool,
 ) -> Result<Outcome> {
     let loaded = loaded(options, &[])?;
@@ -54,13 +52,10 @@ pub(crate) fn compare(
             "--opaque runs the target on the reference's values: the {side} must be a runtime, not a file of values"
         ))
     };
-    let reference =
-        built(&options.reference, options, ort_library)?.ok_or_else(|| refuse("reference"))?;
+    let reference = built(&options.reference, options)?.ok_or_else(|| refuse("reference"))?;
     let target = match target {
         Some(own) => own,
-        None => {
-            built(&options.target_spec(), options, ort_library)?.ok_or_else(|| refuse("target"))?
-        }
+        None => built(&options.target_spec(), options)?.ok_or_else(|| refuse("target"))?,
     };
     let target = Counted::new(target);
     let MadeInputs { inputs, .. } = made_inputs(options, &reference_model, &[])?;
@@ -75,7 +70,7 @@ pub(crate) fn compare(
             &inputs,
             options.settings.max_memory,
         )?,
-        baseline: GraphBaseline::new(&reference_model, ort_library)?,
+        baseline: GraphBaseline::new(&reference_model)?,
         reduced: target.reduced_math(),
         index,
         model: &target_model,
@@ -98,8 +93,8 @@ pub(crate) fn compare(
     let folder =
         tempfile::tempdir().map_err(|e| Error::Usage(format!("no temporary folder: {e}")))?;
     let mut outcome = match node {
-        Some(n) => search.node_alone(options, n, folder.path(), ort_library, &target)?,
-        None => search.outputs_compared(options, ort_library, &target)?,
+        Some(n) => search.node_alone(options, n, folder.path(), &target)?,
+        None => search.outputs_compared(options, &target)?,
     };
     if let Some(warning) = search.values.warning() {
         outcome.report.summary.warnings.push(warning);

@@ -2,7 +2,6 @@
 //! inputs and held to the reference's value of what it computes.
 
 use std::collections::HashSet;
-use std::path::Path;
 
 use crate::spec::onnx_side::OnnxSide;
 use layerdiff_core::{Bound, Judge, Measure, Tensor, compare_judged};
@@ -41,17 +40,13 @@ pub(crate) struct Tried {
 
 impl Pieces {
     /// The pieces of `options`' target file, run on `inputs`.
-    pub(crate) fn new(
-        options: &OnnxOptions,
-        inputs: &[(String, Tensor)],
-        ort_library: Option<&Path>,
-    ) -> Result<Self> {
+    pub(crate) fn new(options: &OnnxOptions, inputs: &[(String, Tensor)]) -> Result<Self> {
         let runtime = |spec: &OnnxSide, side: &str| match spec {
             OnnxSide::Expected(_) => Err(Error::Usage(format!(
                 "a piece of the model runs on both sides, and the {side} is a file of values \
                  (`{spec}`)"
             ))),
-            OnnxSide::Runs(runtime) => Ok((runtime.clone(), runtime.build(ort_library)?)),
+            OnnxSide::Runs(runtime) => Ok((runtime.clone(), runtime.build()?)),
         };
         let (_, reference_runtime) = runtime(&options.reference, "reference")?;
         let (target_spec, target_runtime) = runtime(&options.target_spec(), "target")?;

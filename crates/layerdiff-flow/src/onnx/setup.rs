@@ -73,10 +73,9 @@ pub(super) fn expected(
 pub(super) fn built(
     spec: &OnnxSide,
     options: &OnnxOptions,
-    ort_library: Option<&Path>,
 ) -> Result<Option<Box<dyn Runtime + Send + Sync>>> {
     (spec.runtime())
-        .map(|runtime| runtime.build_isolated(ort_library, options.isolation))
+        .map(|runtime| runtime.build_isolated(options.isolation))
         .transpose()
         .map_err(Into::into)
 }
@@ -121,23 +120,17 @@ pub(super) fn float64_sides(
     options: &OnnxOptions,
     reference_model: &Model,
     inputs: &[(String, Tensor)],
-    ort_library: Option<&Path>,
     reach: usize,
 ) -> Result<Float64Sides> {
     let truth = if options.settings.truth() {
-        Some(float64_truth(
-            &options.model,
-            reference_model,
-            inputs,
-            ort_library,
-        )?)
+        Some(float64_truth(&options.model, reference_model, inputs)?)
     } else {
         None
     };
     let baseline = options
         .settings
         .baseline()
-        .then(|| GraphBaseline::new(reference_model, ort_library))
+        .then(|| GraphBaseline::new(reference_model))
         .transpose()?
         .map(|b| Box::new(b.reaching(reach)) as Box<dyn Baseline>);
     Ok((truth, baseline))
@@ -165,7 +158,6 @@ pub(super) fn graph_target(
     reference_model: &Model,
     file: TargetFile<'_>,
     runtime: Box<dyn Runtime + Send + Sync>,
-    ort_library: Option<&Path>,
     clock: &mut Stopwatch,
 ) -> Result<GraphSide> {
     let index = GraphIndex::new(file.model.as_ref().unwrap_or(reference_model).graph());
@@ -192,7 +184,7 @@ pub(super) fn graph_target(
         .shipping(prepared.renames, prepared.shipped, prepared.placement)
         .noting(notes);
     Ok(if as_written {
-        side.computing_as_written(ort_library)
+        side.computing_as_written()
     } else {
         side
     })
@@ -274,9 +266,8 @@ pub(super) fn narrow_fusion(
     options: &OnnxOptions,
     report: &mut Report,
     inputs: &[(String, Tensor)],
-    ort_library: Option<&Path>,
 ) {
-    match inside_fusion(options, report, inputs, ort_library) {
+    match inside_fusion(options, report, inputs) {
         Ok(Some((layer, inside))) => report.narrowed(&layer, inside),
         Ok(None) => {}
         Err(e) => report.summary.warnings.push(format!(

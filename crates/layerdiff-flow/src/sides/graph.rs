@@ -74,7 +74,6 @@ pub struct GraphSide {
 /// its precision explains is computed by it as the file writes it, to tell the file from the
 /// runtime (only such layers ask, so a clean run never makes it).
 pub(crate) struct AsWritten {
-    ort_library: Option<std::path::PathBuf>,
     pub(crate) copy: std::sync::OnceLock<std::result::Result<Box<baseline::GraphBaseline>, String>>,
 }
 
@@ -113,13 +112,12 @@ impl GraphSide {
     }
 
     /// Computes a layer exactly as this side's file writes it when asked (ONNX Runtime, tract
-    /// or layerdiff's own kernels on the float64 copy of its graph, `ort_library` loaded):
+    /// or layerdiff's own kernels on the float64 copy of its graph):
     /// for a target whose file is not the reference's own computation (an ONNX file against
     /// PyTorch, or against another file), where a runtime computing what the file says tells
     /// the file from the kernel.
-    pub fn computing_as_written(mut self, ort_library: Option<&std::path::Path>) -> Self {
+    pub fn computing_as_written(mut self) -> Self {
         self.as_written = Some(AsWritten {
-            ort_library: ort_library.map(std::path::Path::to_path_buf),
             copy: std::sync::OnceLock::new(),
         });
         self
@@ -132,7 +130,7 @@ impl GraphSide {
     ) -> Option<std::result::Result<&baseline::GraphBaseline, String>> {
         let asked = self.as_written.as_ref()?;
         let copy = asked.copy.get_or_init(|| {
-            baseline::GraphBaseline::new(&self.model, asked.ort_library.as_deref())
+            baseline::GraphBaseline::new(&self.model)
                 .map(Box::new)
                 .map_err(|e| crate::error_chain(&e))
         });

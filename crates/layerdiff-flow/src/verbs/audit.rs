@@ -4,7 +4,7 @@
 //! whole model (ONNX Runtime on the CPU, else tract). Ops some runtime cannot run come first.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use layerdiff_core::{Machine, Tensor};
 use layerdiff_onnx::{GraphIndex, Model, NodeExt, expose_values, extract_nodes};
@@ -110,8 +110,8 @@ fn domain_name(domain: &str) -> &str {
     if domain.is_empty() { "ai.onnx" } else { domain }
 }
 
-/// Audits the model (ONNX Runtime from `ort_library`, else found).
-pub fn audit(options: &AuditOptions, ort_library: Option<&Path>) -> Result<AuditReport> {
+/// Audits the model.
+pub fn audit(options: &AuditOptions) -> Result<AuditReport> {
     let model = Model::load(&options.model)?;
     let graph = model.graph();
     let index = GraphIndex::new(graph);
@@ -137,7 +137,7 @@ pub fn audit(options: &AuditOptions, ort_library: Option<&Path>) -> Result<Audit
             }
         }
     }
-    let (values, inputs_from) = whole_run(&model, &inputs, &wanted, ort_library)?;
+    let (values, inputs_from) = whole_run(&model, &inputs, &wanted)?;
     let value = |name: &str| {
         inputs
             .iter()
@@ -146,7 +146,7 @@ pub fn audit(options: &AuditOptions, ort_library: Option<&Path>) -> Result<Audit
             .map(|(_, t)| t)
     };
 
-    let (runtimes, unavailable) = started(&options.runtimes, ort_library)?;
+    let (runtimes, unavailable) = started(&options.runtimes)?;
     let mut ops = Vec::new();
     for (domain, op_type, i, count) in first {
         let node = &graph.node[i];
@@ -239,13 +239,10 @@ type Started = (String, Box<dyn layerdiff_runtime::Runtime + Send + Sync>);
 /// The runtimes asked for, started (one that loads a custom-op library checks each op in a
 /// worker process: a kernel that crashes fails its op, not the audit), and those that cannot
 /// run here, with why; refused when none can.
-fn started(
-    specs: &[RuntimeSpec],
-    ort_library: Option<&Path>,
-) -> Result<(Vec<Started>, Vec<Support>)> {
+fn started(specs: &[RuntimeSpec]) -> Result<(Vec<Started>, Vec<Support>)> {
     let (mut runtimes, mut unavailable) = (Vec::new(), Vec::new());
     for spec in specs {
-        match spec.build_isolated(ort_library, Isolation::Auto) {
+        match spec.build_isolated(Isolation::Auto) {
             Ok(runtime) => runtimes.push((spec.spelling(), runtime)),
             Err(e) => unavailable.push(Support {
                 runtime: spec.spelling(),
@@ -302,7 +299,6 @@ fn whole_run(
     model: &Model,
     inputs: &[(String, Tensor)],
     wanted: &[String],
-    ort_library: Option<&Path>,
 ) -> Result<(Vec<(String, Tensor)>, String)> {
     if wanted.is_empty() {
         // Every op reads only the model's inputs and weights: nothing to run.
@@ -313,7 +309,7 @@ fn whole_run(
     let mut failures = Vec::new();
     for spec in [RuntimeSpec::ort_cpu(), RuntimeSpec::tract()] {
         let outcome = spec
-            .build(ort_library)
+            .build()
             .and_then(|runtime| runtime.run(&exposed, inputs, wanted));
         match outcome {
             Ok(values) => return Ok((values, spec.spelling())),
@@ -458,8 +454,8 @@ impl Rendered for AuditReport {
 
 /// Runs the `audit` verb; returns the exit code (0 every runtime runs every op, 1 one does not,
 /// 2 layerdiff could not audit the model).
-pub fn run(options: &AuditOptions, to: &Destinations, ort_library: Option<&Path>) -> u8 {
-    let done = audit(options, ort_library).and_then(|report| {
+pub fn run(options: &AuditOptions, to: &Destinations) -> u8 {
+    let done = audit(options).and_then(|report| {
         publish(&report, to)?;
         Ok(report)
     });

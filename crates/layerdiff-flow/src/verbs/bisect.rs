@@ -4,8 +4,6 @@
 //! (each layer judged against its tolerance as the report's run judged it); the smallest set
 //! whose disabling leaves no layer beyond its tolerance is named, and that run is the check.
 
-use std::path::Path;
-
 pub mod modules;
 pub mod torch;
 
@@ -95,7 +93,6 @@ pub const ORT_OPTIMIZERS: &[&str] = &[
 pub fn ort_optimizers(
     options: &OnnxOptions,
     report: &Report,
-    ort_library: Option<&Path>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Option<Bisection>> {
     let target = options.target_spec();
@@ -139,7 +136,7 @@ pub fn ort_optimizers(
         accumulated.target = Some(target.into());
         // the accumulated error alone (no local error, so no baseline either)
         accumulated.settings.local = false;
-        let after = compare(&accumulated, ort_library)?.report;
+        let after = compare(&accumulated)?.report;
         let check = BisectionCheck {
             compared: after.summary.layers_compared,
             exceeding_before: report.summary.layers_exceeding,

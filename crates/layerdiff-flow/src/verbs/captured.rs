@@ -101,7 +101,6 @@ pub enum CapturedTarget {
         /// The runtime that runs it.
         runtime: RuntimeSpec,
         /// ONNX Runtime library to load (`None`: search).
-        ort_library: Option<PathBuf>,
         /// What was done to the file before the runtime ran it (`converted to float16 by …`),
         /// added to the target's description.
         note: Option<String>,
@@ -150,16 +149,8 @@ impl CapturedRun {
             CapturedTarget::Onnx {
                 path,
                 runtime,
-                ort_library,
                 note,
-            } => onnx_target(
-                &c,
-                path,
-                runtime,
-                ort_library.as_deref(),
-                note.as_deref(),
-                &mut clock,
-            )?,
+            } => onnx_target(&c, path, runtime, note.as_deref(), &mut clock)?,
             CapturedTarget::Pushed {
                 info,
                 computing,

@@ -13,8 +13,8 @@ use crate::timings::Stopwatch;
 
 /// Runs the `onnx` verb: compares, writes and prints its outputs (`to`), and returns the exit
 /// code (0 clean, 1 drift, 2 could not run, with the error printed to stderr).
-pub fn run(options: &OnnxOptions, to: &Destinations, ort_library: Option<&Path>) -> u8 {
-    let outcome = compare_on(options, None, ort_library, !to.quiet).and_then(|mut outcome| {
+pub fn run(options: &OnnxOptions, to: &Destinations) -> u8 {
+    let outcome = compare_on(options, None, !to.quiet).and_then(|mut outcome| {
         let mut notes: Vec<String> = outcome.segmentation.text().into_iter().collect();
         // an interrupted run writes what it compared, and nothing it would have done after
         let finished = outcome.report.summary.incomplete.is_none();
@@ -24,18 +24,13 @@ pub fn run(options: &OnnxOptions, to: &Destinations, ort_library: Option<&Path>)
                     eprintln!("{line}");
                 }
             };
-            match crate::verbs::bisect::ort_optimizers(
-                options,
-                &outcome.report,
-                ort_library,
-                &mut progress,
-            )? {
+            match crate::verbs::bisect::ort_optimizers(options, &outcome.report, &mut progress)? {
                 Some(found) => outcome.report.bisection = Some(found),
                 None => notes.push(nothing_to_bisect(options, &outcome.report)),
             }
         }
         if let Some(folder) = options.repro.as_ref().filter(|_| finished) {
-            notes.push(repro_note(options, &outcome, folder, to, ort_library)?);
+            notes.push(repro_note(options, &outcome, folder, to)?);
         }
         deliver(
             outcome.report,
@@ -59,7 +54,6 @@ fn repro_note(
     outcome: &Outcome,
     folder: &Path,
     to: &Destinations,
-    ort_library: Option<&Path>,
 ) -> Result<String> {
     if let Err(why) = outcome.report.headline() {
         return Ok(format!("--repro: no repro written: {why}"));
@@ -76,7 +70,6 @@ fn repro_note(
         folder,
         options.repro_nodes,
         &command,
-        ort_library,
     )?;
     Ok(repro.sentence())
 }

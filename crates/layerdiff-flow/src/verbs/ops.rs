@@ -344,11 +344,10 @@ pub fn run_model(
     model: &[u8],
     runtime: &str,
     inputs: &[(String, Tensor)],
-    ort_library: Option<&Path>,
 ) -> Result<Vec<(String, Tensor)>> {
     let spec = RuntimeSpec::parse(runtime).map_err(Error::Usage)?;
     // in a worker process where the runtime loads a custom-op library: a crash fails one case
-    let runtime = spec.build_isolated(ort_library, Isolation::Auto)?;
+    let runtime = spec.build_isolated(Isolation::Auto)?;
     let model = Model::from_bytes(model, Path::new("single-op model"), None)?;
     let outputs: Vec<String> = model
         .graph()
@@ -360,34 +359,27 @@ pub fn run_model(
 }
 
 /// What `runtime` is here, in words (version, provider and options), or why it cannot run here.
-pub fn describe_runtime(runtime: &str, ort_library: Option<&Path>) -> Result<String> {
-    Ok(built(runtime, ort_library)?.detail())
+pub fn describe_runtime(runtime: &str) -> Result<String> {
+    Ok(built(runtime)?.detail())
 }
 
-fn built(runtime: &str, ort_library: Option<&Path>) -> Result<Box<dyn layerdiff_runtime::Runtime>> {
+fn built(runtime: &str) -> Result<Box<dyn layerdiff_runtime::Runtime>> {
     let spec = RuntimeSpec::parse(runtime).map_err(Error::Usage)?;
-    Ok(spec.build(ort_library)?)
+    Ok(spec.build()?)
 }
 
 /// How an ONNX backend narrows float math, where it does (OpenVINO's inference precision):
 /// the model flow's knowledge of the side ([`layerdiff_runtime::Runtime::reduced_math`]),
 /// which the op matrix judges its cells by.
-pub fn narrowing(
-    runtime: &str,
-    ort_library: Option<&Path>,
-) -> Result<Option<layerdiff_runtime::ReducedMath>> {
-    Ok(built(runtime, ort_library)?.reduced_math())
+pub fn narrowing(runtime: &str) -> Result<Option<layerdiff_runtime::ReducedMath>> {
+    Ok(built(runtime)?.reduced_math())
 }
 
 /// The narrower dtype `runtime` computes the float32 ONNX model `model` (its bytes) in, where
 /// it narrows one of its ops (OpenVINO's bfloat16 inference precision), and how, in words (who,
 /// and how to turn it off): what `layerdiff check` holds the target's outputs to.
-pub fn computes_in(
-    model: &[u8],
-    runtime: &str,
-    ort_library: Option<&Path>,
-) -> Result<Option<(DType, String)>> {
-    let Some(reduced) = narrowing(runtime, ort_library)? else {
+pub fn computes_in(model: &[u8], runtime: &str) -> Result<Option<(DType, String)>> {
+    let Some(reduced) = narrowing(runtime)? else {
         return Ok(None);
     };
     let model = Model::from_bytes(model, Path::new("model"), None)?;

@@ -8,7 +8,7 @@
 //! Each cell is one `layerdiff onnx` comparison ([`crate::onnx::compare`]) with the same
 //! inputs; its whole report can be kept beside the table.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use layerdiff_core::{FailOn, InputInfo, Machine, Report, SideInfo, ToleranceInfo, render};
 use layerdiff_runtime::{Isolation, OptLevel, OrtSpec, Provider, RuntimeSpec};
@@ -118,12 +118,8 @@ impl ProvidersReport {
     }
 }
 
-/// Runs every cell (ONNX Runtime from `ort_library`, else found).
-pub fn providers(
-    options: &ProvidersOptions,
-    to: &Destinations,
-    ort_library: Option<&Path>,
-) -> Result<ProvidersReport> {
+/// Runs every cell.
+pub fn providers(options: &ProvidersOptions, to: &Destinations) -> Result<ProvidersReport> {
     let mut table = ProvidersReport {
         schema: PROVIDERS_SCHEMA,
         model: options
@@ -168,7 +164,7 @@ pub fn providers(
     for group in &mut groups {
         let missing = group.first().is_some_and(|(_, _, target)| {
             matches!(
-                target.build(ort_library),
+                target.build(),
                 Err(layerdiff_runtime::Error::ProviderUnavailable { .. }
                     | layerdiff_runtime::Error::LibraryNotFound { .. }
                     | layerdiff_runtime::Error::LibraryLoad { .. })
@@ -185,8 +181,7 @@ pub fn providers(
             at += 1;
             crate::progress::phase(&format!("cell {at}/{cells}: {}", target.spelling()));
             let labels = (provider, level);
-            let (cell, available) =
-                cell(options, to, &target, ort_library, labels, &mut table.inputs)?;
+            let (cell, available) = cell(options, to, &target, labels, &mut table.inputs)?;
             if let Some(signal) = crate::interrupt::requested() {
                 // a table of some cells would read as the whole matrix: none is written
                 return Err(Error::Interrupted(signal));
@@ -207,7 +202,6 @@ fn cell(
     options: &ProvidersOptions,
     to: &Destinations,
     target: &RuntimeSpec,
-    ort_library: Option<&Path>,
     (provider, level): (String, String),
     inputs: &mut Vec<InputInfo>,
 ) -> Result<(Cell, bool)> {
@@ -241,7 +235,7 @@ fn cell(
         placement: None,
     };
     // the cell's line says what runs; a line per phase of each cell would bury the table's
-    match compare_on(&run, None, ort_library, false) {
+    match compare_on(&run, None, false) {
         Ok(outcome) => {
             if inputs.is_empty() {
                 inputs.clone_from(&outcome.report.inputs);
@@ -424,8 +418,8 @@ impl Rendered for ProvidersReport {
 
 /// Runs the `providers` verb: the table to stdout and to the destinations; returns the exit
 /// code (0 every cell clean, 1 a cell drifts, 2 none could run or layerdiff could not).
-pub fn run(options: &ProvidersOptions, to: &Destinations, ort_library: Option<&Path>) -> u8 {
-    let done = providers(options, to, ort_library).and_then(|table| {
+pub fn run(options: &ProvidersOptions, to: &Destinations) -> u8 {
+    let done = providers(options, to).and_then(|table| {
         publish(&table, to)?;
         Ok(table)
     });

@@ -98,14 +98,13 @@ pub fn onnx(
     folder: &Path,
     most_nodes: usize,
     command: &str,
-    ort_library: Option<&Path>,
 ) -> Result<Repro> {
     let layer = report.headline().map_err(Error::Usage)?;
     let value = layer
         .inside
         .as_ref()
         .map_or_else(|| layer.name.clone(), |inside| inside.value.clone());
-    let mut pieces = Pieces::new(options, inputs, ort_library)?;
+    let mut pieces = Pieces::new(options, inputs)?;
     if pieces.index().producer(&value).is_none() {
         return Err(Error::Usage(format!(
             "`{value}` is not computed by a node of the target's model: nothing to cut out"
@@ -231,7 +230,6 @@ pub fn framework_piece(
     target: &RuntimeSpec,
     command: &str,
     folder: &Path,
-    ort_library: Option<&Path>,
 ) -> Result<Repro> {
     let layer = report
         .layers
@@ -284,7 +282,7 @@ pub fn framework_piece(
         .collect();
     let wanted = [value.clone()];
     let piece = extract_nodes(&model, &picked, &wanted, &feeds)?;
-    let runtime = target.build(ort_library)?;
+    let runtime = target.build()?;
     let got = runtime.run(&piece, &feeds, &wanted)?.remove(0).1;
     let measure = Measure::of(layer);
     let (multiple, max_abs_diff) = measure.judge(expected.view(), got.view())?;

@@ -9,9 +9,15 @@ use layerdiff_flow::onnx::OnnxOptions;
 use layerdiff_flow::{Float64, Settings};
 use layerdiff_runtime::RuntimeSpec;
 
-/// The onnxruntime wheel's library in the repository's .venv; `None` without it (the test is
-/// then skipped, and says so).
+/// The onnxruntime wheel's library in the repository's .venv, chosen as the one this process
+/// loads; `None` without it (the test is then skipped, and says so).
 pub fn library() -> Option<PathBuf> {
+    let library = wheel_library()?;
+    layerdiff_runtime::use_ort_library(Some(&library));
+    Some(library)
+}
+
+fn wheel_library() -> Option<PathBuf> {
     let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/lib");
     std::fs::read_dir(venv).ok()?.flatten().find_map(|e| {
         let capi = e.path().join("site-packages/onnxruntime/capi");

@@ -47,7 +47,8 @@ pub fn serve(args: &[OsString]) -> u8 {
             return 3;
         }
     };
-    let runtime = spec.configured().build_here(library.as_deref(), as_saved);
+    crate::use_ort_library(library.as_deref());
+    let runtime = spec.configured().build_here(as_saved);
     let mut from = BufReader::new(std::io::stdin().lock());
     let mut to = BufWriter::new(answers);
     loop {

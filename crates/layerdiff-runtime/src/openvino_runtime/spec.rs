@@ -75,11 +75,7 @@ impl Configured for OpenVinoSpec {
         s
     }
 
-    fn build_here(
-        &self,
-        _ort_library: Option<&Path>,
-        _as_saved: bool,
-    ) -> Result<Box<dyn Runtime + Send + Sync>> {
+    fn build_here(&self, _as_saved: bool) -> Result<Box<dyn Runtime + Send + Sync>> {
         Ok(Box::new(OpenVinoRuntime::new(
             self.release.as_deref(),
             self.precision.as_deref(),
@@ -88,12 +84,11 @@ impl Configured for OpenVinoSpec {
 
     fn described_here(
         &self,
-        ort_library: Option<&Path>,
         as_saved: bool,
         facts: Option<&serde_json::Value>,
     ) -> Result<Box<dyn Runtime + Send + Sync>> {
         if self.release.is_none() {
-            return self.build_here(ort_library, as_saved);
+            return self.build_here(as_saved);
         }
         Ok(Box::new(OpenVinoRuntime::described(
             self.precision.as_deref(),

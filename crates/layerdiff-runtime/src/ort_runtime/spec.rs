@@ -149,8 +149,8 @@ impl OrtSpec {
         Ok(spec)
     }
 
-    /// ONNX Runtime as this spec sets it up, loaded from `library` (or found) where this
-    /// process has not loaded it yet.
+    /// ONNX Runtime as this spec sets it up, loaded from `library` (or as the process chose)
+    /// where this process has not loaded it yet.
     fn runtime(&self, library: Option<&Path>) -> Result<OrtRuntime> {
         let runtime = OrtRuntime::new(library, self.level)?;
         let runtime = match &self.plugin {
@@ -198,12 +198,8 @@ impl Configured for OrtSpec {
         s
     }
 
-    fn build_here(
-        &self,
-        ort_library: Option<&Path>,
-        as_saved: bool,
-    ) -> Result<Box<dyn Runtime + Send + Sync>> {
-        let runtime = self.runtime(self.release.as_deref().or(ort_library))?;
+    fn build_here(&self, as_saved: bool) -> Result<Box<dyn Runtime + Send + Sync>> {
+        let runtime = self.runtime(self.release.as_deref())?;
         Ok(Box::new(if as_saved {
             runtime.as_saved()
         } else {
@@ -213,15 +209,14 @@ impl Configured for OrtSpec {
 
     fn described_here(
         &self,
-        ort_library: Option<&Path>,
         as_saved: bool,
         facts: Option<&serde_json::Value>,
     ) -> Result<Box<dyn Runtime + Send + Sync>> {
         let Some(release) = &self.release else {
-            return self.build_here(ort_library, as_saved);
+            return self.build_here(as_saved);
         };
         let version = facts.and_then(|f| f["version"].as_str());
-        let runtime = self.runtime(ort_library)?.labelled(release, version);
+        let runtime = self.runtime(None)?.labelled(release, version);
         Ok(Box::new(if as_saved {
             runtime.as_saved()
         } else {

@@ -17,7 +17,6 @@ impl Search<'_> {
         options: &OnnxOptions,
         n: usize,
         folder: &Path,
-        ort_library: Option<&Path>,
         target: &Counted,
     ) -> Result<Outcome> {
         let node = &self.index.nodes()[n];
@@ -71,7 +70,7 @@ impl Search<'_> {
             repro: None,
             ..options.clone()
         };
-        compare_on(&piece, Some(Box::new(target.share())), ort_library, false)
+        compare_on(&piece, Some(Box::new(target.share())), false)
     }
 
     /// The graph's outputs compared as a per-layer run compares a layer, the target running
@@ -80,20 +79,12 @@ impl Search<'_> {
     pub(super) fn outputs_compared(
         &self,
         options: &OnnxOptions,
-        ort_library: Option<&Path>,
         target: &Counted,
     ) -> Result<Outcome> {
         let checked = OnnxOptions {
             opaque: false,
             ..options.clone()
         };
-        super::super::compare_once(
-            &checked,
-            Some(Box::new(target.share())),
-            ort_library,
-            false,
-            &[],
-            true,
-        )
+        super::super::compare_once(&checked, Some(Box::new(target.share())), false, &[], true)
     }
 }

@@ -4,7 +4,6 @@
 //! of layerdiff's own float64 kernels, ONNX Runtime and tract that computes it).
 
 use std::collections::HashMap;
-use std::path::Path;
 
 use layerdiff_core::{DType, Tensor};
 use layerdiff_onnx::{Model, NodeExt, to_float64, to_float64_lazy};
@@ -28,8 +27,8 @@ pub struct GraphBaseline {
 
 impl GraphBaseline {
     /// The `reference` graph in float64, run node by node (see [`PerNode::float64`]).
-    pub fn new(reference: &Model, ort_library: Option<&Path>) -> Result<Self> {
-        let runtime = PerNode::float64(ort_library)?;
+    pub fn new(reference: &Model) -> Result<Self> {
+        let runtime = PerNode::float64()?;
         let graph = reference.graph();
         let held = graph
             .initializer

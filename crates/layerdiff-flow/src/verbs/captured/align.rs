@@ -15,7 +15,6 @@ pub(super) fn onnx_target(
     c: &CapturedComparison,
     path: &std::path::Path,
     runtime: &RuntimeSpec,
-    ort_library: Option<&std::path::Path>,
     note: Option<&str>,
     clock: &mut Stopwatch,
 ) -> Result<Target> {
@@ -23,7 +22,7 @@ pub(super) fn onnx_target(
     let file = GraphIndex::new(model.graph());
     check_inputs(&file, &c.inputs)?;
     let unread = unread_inputs(&file);
-    let runtime = runtime.build(ort_library)?;
+    let runtime = runtime.build()?;
     clock.lap("runtime start-up", RUNTIME);
     let calls: Vec<LayerCall> = c.layers.iter().map(|l| l.call.clone()).collect();
     let scoped = ScopeMapping::new(model.graph(), &calls);
@@ -83,7 +82,7 @@ pub(super) fn onnx_target(
         .shipping(target.renames, target.shipped, target.placement)
         .noting(unread);
     if as_written {
-        target = target.computing_as_written(ort_library);
+        target = target.computing_as_written();
     }
     let held = alignment
         .target
