@@ -276,7 +276,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         };
         let plan = plan(&reference_view, &target_view, &planned, kept_to);
         let over_default_budget =
-            memory::budget_kept(&alignment, settings.max_memory, kept_to, &plan, || {
+            plan.budget_kept(&alignment, settings.max_memory, kept_to, || {
                 plan::plan(&reference_view, &target_view, &planned, Some(0)).over_budget
             })?;
         // A target that computes can run the whole graph before a pushed reference hands over

@@ -53,6 +53,23 @@ fn worker_command() -> Result<Vec<OsString>> {
     Ok(vec![exe.into_os_string(), WORKER_VERB.into()])
 }
 
+impl RuntimeSpec {
+    /// Builds the runtime (loading ONNX Runtime when needed, see [`crate::use_ort_library`]),
+    /// in this process, or in a worker process for a side on another release's library.
+    pub fn build(&self) -> Result<Box<dyn Runtime + Send + Sync>> {
+        self.build_isolated(Isolation::Never)
+    }
+
+    /// [`Self::build`], in a worker process where `isolation` says so (see [`Isolated`]).
+    pub fn build_isolated(&self, isolation: Isolation) -> Result<Box<dyn Runtime + Send + Sync>> {
+        if isolation.applies(self) {
+            Ok(Box::new(Isolated::new(self)?))
+        } else {
+            self.configured().build_here(false)
+        }
+    }
+}
+
 /// A runtime whose runs happen in a worker process (see the module's words).
 pub struct Isolated {
     spec: RuntimeSpec,

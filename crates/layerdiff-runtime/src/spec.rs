@@ -11,7 +11,7 @@ use std::ffi::OsString;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::{Isolated, Isolation, OrtSpec, Result, Runtime};
+use crate::{Result, Runtime};
 
 /// A kind of runtime: registered once, in its own module, with
 /// `inventory::submit!(RuntimeKind { … })`.
@@ -48,7 +48,7 @@ pub trait Configured: std::fmt::Debug + Send + Sync + Any {
     fn build_here(&self, as_saved: bool) -> Result<Box<dyn Runtime + Send + Sync>>;
     /// What a side on it is, built in this process without loading another library: a side on
     /// another release is described as running on it (what the worker that loads it told:
-    /// `facts`, see [`Runtime::facts`]), and runs nothing here (see [`Isolated`]).
+    /// `facts`, see [`Runtime::facts`]), and runs nothing here (see `Isolated`).
     fn described_here(
         &self,
         as_saved: bool,
@@ -62,7 +62,7 @@ pub trait Configured: std::fmt::Debug + Send + Sync + Any {
         None
     }
     /// Whether it loads code layerdiff does not trust (a vendor's custom ops or execution
-    /// provider): [`Isolation::Auto`] runs it in a worker process.
+    /// provider): `Isolation::Auto` runs it in a worker process.
     fn loads_vendor_code(&self) -> bool {
         false
     }
@@ -121,16 +121,6 @@ impl<C: Configured> From<C> for RuntimeSpec {
 }
 
 impl RuntimeSpec {
-    /// ONNX Runtime on the CPU with graph optimizations off: every value exists as written.
-    pub fn ort_cpu() -> Self {
-        OrtSpec::default().into()
-    }
-
-    /// tract.
-    pub fn tract() -> Self {
-        crate::tract_runtime::TractSpec.into()
-    }
-
     /// Parses a spelling of a registered runtime.
     pub fn parse(text: &str) -> Result<Self, String> {
         let head = text.split(':').next().unwrap_or_default();
@@ -146,34 +136,14 @@ impl RuntimeSpec {
         self.0.spelling()
     }
 
-    /// The runtime's own settings, where it is of type `C` (ONNX Runtime's: [`OrtSpec`]).
+    /// The runtime's own settings, where it is of type `C` (ONNX Runtime's: `OrtSpec`).
     pub fn get<C: Configured>(&self) -> Option<&C> {
         (&*self.0 as &dyn Any).downcast_ref()
-    }
-
-    /// ONNX Runtime's settings, where it is ONNX Runtime.
-    pub fn ort(&self) -> Option<&OrtSpec> {
-        self.get()
     }
 
     /// What this runtime is set up as: its module's [`Configured`].
     pub fn configured(&self) -> &dyn Configured {
         &*self.0
-    }
-
-    /// Builds the runtime (loading ONNX Runtime when needed, see [`crate::use_ort_library`]),
-    /// in this process, or in a worker process for a side on another release's library.
-    pub fn build(&self) -> Result<Box<dyn Runtime + Send + Sync>> {
-        self.build_isolated(Isolation::Never)
-    }
-
-    /// [`Self::build`], in a worker process where `isolation` says so (see [`Isolated`]).
-    pub fn build_isolated(&self, isolation: Isolation) -> Result<Box<dyn Runtime + Send + Sync>> {
-        if isolation.applies(self) {
-            Ok(Box::new(Isolated::new(self)?))
-        } else {
-            self.0.build_here(false)
-        }
     }
 }
 

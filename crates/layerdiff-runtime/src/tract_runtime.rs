@@ -27,6 +27,13 @@ inventory::submit!(RuntimeKind {
 #[derive(Debug, Clone, Default)]
 pub struct TractRuntime;
 
+impl crate::RuntimeSpec {
+    /// tract.
+    pub fn tract() -> Self {
+        TractSpec.into()
+    }
+}
+
 /// tract's spelling, `tract`: it takes no options.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TractSpec;

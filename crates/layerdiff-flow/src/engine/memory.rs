@@ -270,55 +270,6 @@ pub fn give_back_freed() {
     }
 }
 
-/// Whether the run keeps its budget: a `--max-memory` (`given`) that the run cut as finely as
-/// it can (`finest`) still exceeds cannot be kept, and is refused before running, with where
-/// and how much it needs; the default budget (`kept_to`, from half the memory available) is
-/// only warned of, since the run may still fit and no one asked for less (the warning, if
-/// any).
-pub(crate) fn budget_kept(
-    alignment: &crate::Alignment,
-    given: Option<u64>,
-    kept_to: Option<u64>,
-    plan: &super::plan::Plan,
-    finest: impl FnOnce() -> Option<(String, u64)>,
-) -> crate::Result<Option<String>> {
-    // the layer whose reference value a plan names
-    let layer_of = |value: &str| {
-        alignment
-            .reference
-            .iter()
-            .position(|r| r == value)
-            .map_or(value, |i| alignment.layers[i].name.as_str())
-            .to_string()
-    };
-    if let Some(given) = given
-        && let Some((value, needs)) = finest()
-        && needs > given
-    {
-        let held = if plan.weights_counted {
-            "of values and weights at once (both sides' values there, those still needed after it, and the weights the runtime loads for it)"
-        } else {
-            "of values at once (both sides' values there, and those still needed after it)"
-        };
-        return Err(crate::Error::Memory(format!(
-            "--max-memory {} is too small: the run cannot be cut finer than at `{}`, which holds {} {held}\nhint: give --max-memory {} or more, or leave it out (half the memory available)",
-            bytes_text(given),
-            layer_of(&value),
-            bytes_text(needs),
-            bytes_text(needs.next_power_of_two()).replace(' ', ""),
-        )));
-    }
-    Ok(match (given, &plan.over_budget, kept_to) {
-        (None, Some((value, needs)), Some(left)) => Some(format!(
-            "the run holds about {} of values at once at `{}`, more than the {} that half the memory available leaves them: it may run out of memory",
-            bytes_text(*needs),
-            layer_of(value),
-            bytes_text(left),
-        )),
-        _ => None,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

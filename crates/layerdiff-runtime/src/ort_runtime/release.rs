@@ -7,34 +7,24 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use crate::{Error, OrtSpec};
+use crate::Error;
 
 /// The worker that runs a release through its Python package: the same requests and answers
 /// as `layerdiff __worker` (see `wire.rs`).
 const RELEASE_WORKER: &str = include_str!("release_worker.py");
 
-/// How the worker of a side on `spec`'s library starts, when that library is a release older
-/// than this build's C API: the release's Python and the worker script, with the side's
-/// settings. `None` for a side this program's own worker runs. An error names what is missing.
+/// How the worker of a side on `library` starts, when that library is a release older than
+/// this build's C API: the release's Python and the worker script, with the side's session
+/// `settings` (see `OrtSpec::worker_settings`). `None` for a side this program's own worker
+/// runs. An error names what is missing.
 pub(super) fn release_command(
-    spec: &OrtSpec,
+    library: &Path,
+    settings: Vec<OsString>,
     as_saved: bool,
 ) -> crate::Result<Option<Vec<OsString>>> {
-    let OrtSpec {
-        provider,
-        level,
-        options,
-        without,
-        custom_ops,
-        release: Some(library),
-        ..
-    } = spec
-    else {
-        return Ok(None);
-    };
     let refused = |message: String| Error::LibraryLoad {
         runtime: "ONNX Runtime",
-        path: library.clone(),
+        path: library.to_path_buf(),
         message,
     };
     if !library.is_file() {
@@ -52,26 +42,8 @@ pub(super) fn release_command(
             &format!("{}.{}", release.0, release.1),
         )));
     };
-    let mut command: Vec<OsString> = vec![
-        python.into(),
-        "-c".into(),
-        RELEASE_WORKER.into(),
-        "--provider".into(),
-        provider.ort_name().into(),
-        "--spelling".into(),
-        provider.spelling().into(),
-        "--opt".into(),
-        level.name().into(),
-    ];
-    for (key, value) in options {
-        command.extend(["--option".into(), format!("{key}={value}").into()]);
-    }
-    for name in without {
-        command.extend(["--without".into(), name.into()]);
-    }
-    for path in custom_ops {
-        command.extend(["--custom-ops".into(), path.into()]);
-    }
+    let mut command: Vec<OsString> = vec![python.into(), "-c".into(), RELEASE_WORKER.into()];
+    command.extend(settings);
     if as_saved {
         command.push("--as-saved".into());
     }
@@ -124,6 +96,7 @@ fn python_of(library: &Path) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Configured, OrtSpec};
 
     #[test]
     fn a_release_is_read_from_its_file_name() {
@@ -140,7 +113,7 @@ mod tests {
         let library = dir.path().join("libonnxruntime.so.1.20.1");
         std::fs::write(&library, b"").unwrap();
         let spec = OrtSpec::parse(&format!("ort:lib={}", library.display())).unwrap();
-        let err = release_command(&spec, false).unwrap_err().to_string();
+        let err = spec.release_worker(false).unwrap_err().to_string();
         assert!(
             err.contains("ONNX Runtime 1.20 answers C API 20 and older"),
             "{err}"
@@ -150,7 +123,7 @@ mod tests {
             "{err}"
         );
         let missing = OrtSpec::parse("ort:lib=/nowhere/libonnxruntime.so.1.20.1").unwrap();
-        let err = release_command(&missing, false).unwrap_err().to_string();
+        let err = missing.release_worker(false).unwrap_err().to_string();
         assert!(
             err.ends_with("/nowhere/libonnxruntime.so.1.20.1`: no such file"),
             "{err}"
@@ -173,7 +146,7 @@ mod tests {
             library.display()
         );
         let spec = OrtSpec::parse(&text).unwrap();
-        let command = release_command(&spec, true).unwrap().unwrap();
+        let command = spec.release_worker(true).unwrap().unwrap();
         let words: Vec<String> = command
             .iter()
             .map(|w| w.to_string_lossy().into_owned())
@@ -202,6 +175,6 @@ mod tests {
         let newer = capi.join(format!("libonnxruntime.so.1.{}.0", ort::MINOR_VERSION));
         std::fs::write(&newer, b"").unwrap();
         let spec = OrtSpec::parse(&format!("ort:lib={}", newer.display())).unwrap();
-        assert!(release_command(&spec, false).unwrap().is_none());
+        assert!(spec.release_worker(false).unwrap().is_none());
     }
 }

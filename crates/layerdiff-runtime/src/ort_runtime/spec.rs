@@ -25,6 +25,18 @@ inventory::submit!(RuntimeKind {
     parse: |text| OrtSpec::parse(text).map(RuntimeSpec::from),
 });
 
+impl RuntimeSpec {
+    /// ONNX Runtime on the CPU with graph optimizations off: every value exists as written.
+    pub fn ort_cpu() -> Self {
+        OrtSpec::default().into()
+    }
+
+    /// ONNX Runtime's settings, where it is ONNX Runtime.
+    pub fn ort(&self) -> Option<&OrtSpec> {
+        self.get()
+    }
+}
+
 /// ONNX Runtime as a spelling sets it up.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OrtSpec {
@@ -149,6 +161,28 @@ impl OrtSpec {
         Ok(spec)
     }
 
+    /// The session's settings as an older release's worker (`release_worker.py`) takes them.
+    fn worker_settings(&self) -> Vec<OsString> {
+        let mut settings: Vec<OsString> = vec![
+            "--provider".into(),
+            self.provider.ort_name().into(),
+            "--spelling".into(),
+            self.provider.spelling().into(),
+            "--opt".into(),
+            self.level.name().into(),
+        ];
+        for (key, value) in &self.options {
+            settings.extend(["--option".into(), format!("{key}={value}").into()]);
+        }
+        for name in &self.without {
+            settings.extend(["--without".into(), name.into()]);
+        }
+        for path in &self.custom_ops {
+            settings.extend(["--custom-ops".into(), path.into()]);
+        }
+        settings
+    }
+
     /// ONNX Runtime as this spec sets it up, loaded from `library` (or as the process chose)
     /// where this process has not loaded it yet.
     fn runtime(&self, library: Option<&Path>) -> Result<OrtRuntime> {
@@ -242,7 +276,10 @@ impl Configured for OrtSpec {
     }
 
     fn release_worker(&self, as_saved: bool) -> Result<Option<Vec<OsString>>> {
-        release_command(self, as_saved)
+        match &self.release {
+            Some(library) => release_command(library, self.worker_settings(), as_saved),
+            None => Ok(None),
+        }
     }
 
     fn repro(&self, _inputs: &[String]) -> (&'static str, String) {

@@ -1,7 +1,7 @@
 use std::path::Path;
 
 use super::*;
-use crate::{OptLevel, Provider};
+use crate::{OptLevel, OrtSpec, Provider};
 
 #[test]
 fn spellings_round_trip() {
