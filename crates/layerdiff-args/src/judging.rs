@@ -2,7 +2,7 @@
 //! `keras`, `grad`, `providers`), declared once and resolved by the engine's one rule
 //! ([`Settings::new`]).
 
-use super::*;
+use super::{Args, Settings, Tolerance};
 use layerdiff_flow::Float64;
 
 /// Tolerance, local error, the float64 computations and the memory budget.

@@ -1,8 +1,7 @@
 //! The options of `layerdiff keras`: a Keras model against its ONNX file (tf2onnx) on a
 //! runtime, or against TensorFlow computing it another way (XLA, a SavedModel, TFLite).
 
-use super::*;
-
+use super::{Args, Judging, PathBuf, ReportArgs, TargetSpec};
 /// A target for a Keras model: a runtime for its ONNX file, or a Keras side; PyTorch sides are
 /// refused by name.
 fn keras_target(text: &str) -> Result<TargetSpec, String> {

@@ -1,7 +1,9 @@
 //! The options of the matrix verbs (`ops`, `providers`, `audit`) and of `check`.
 
-use super::*;
-
+use super::{
+    Args, AuditOptions, Destinations, Exporter, FailOn, InputArgs, Isolation, Judging, OptLevel,
+    PathBuf, Provider, ProvidersOptions, RuntimeSpec, ValueEnum,
+};
 /// Options of `layerdiff check`.
 #[derive(Debug, Clone, Args)]
 pub struct CheckArgs {

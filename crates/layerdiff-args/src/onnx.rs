@@ -1,7 +1,6 @@
 //! The options of `onnx`, and the inputs every verb that runs a model is given.
 
-use super::*;
-
+use super::{Args, InputPlan, Isolation, Judging, OnnxOptions, OnnxSide, PathBuf, ReportArgs};
 /// How the inputs of an ONNX model are made: generated from a seed, or read from a file.
 #[derive(Debug, Clone, Args)]
 pub struct InputArgs {

@@ -1,11 +1,13 @@
 //! `layerdiff reduce REPORT.json`: the report's command run again, in the folder it ran in and
 //! on the inputs saved beside it, with its headline defect cut down to a checked repro.
 
+use super::{
+    Args, Cli, Command, Dispatched, FailOn, Handed, OnnxArgs, OnnxSide, Parser, PythonVerb,
+    ReportArgs, usage,
+};
 use std::path::{Path, PathBuf};
 
 use layerdiff_core::Invocation;
-
-use super::*;
 
 /// Options of `layerdiff reduce`.
 #[derive(Debug, Clone, Args)]

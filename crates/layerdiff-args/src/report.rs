@@ -1,7 +1,6 @@
 //! Where reports go and what they hold: the options every comparing verb shares.
 
-use super::*;
-
+use super::{Args, Destinations, FailOn, PathBuf};
 /// Report options shared by every verb.
 #[derive(Debug, Clone, Args)]
 pub struct ReportArgs {

@@ -1,6 +1,6 @@
 //! The options of the PyTorch verbs, `torch` and `grad`, and what they resolve to.
 
-use super::*;
+use super::{Args, Judging, PathBuf, ReportArgs, TargetSpec, TorchSpec, ValueEnum};
 use layerdiff_flow::spec::target::resolve_target;
 use layerdiff_flow::spec::torch::LowerPrecision;
 

@@ -3,7 +3,7 @@
 //! where not, and what fixes each defect.
 
 use super::quantized::quantized;
-use super::*;
+use super::{Cause, DType, Evidence, Finding, Layer, ROUNDING_FACTOR, overflows, quantizing_op};
 
 /// A cause, its detail and the finding it makes, for one layer (see the module docs): a kernel
 /// beyond what its precision explains whose effect stays within every tolerance is an

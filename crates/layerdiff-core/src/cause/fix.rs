@@ -1,7 +1,6 @@
 //! What fixes each defect, by its cause: the sentence a report gives after the cause.
 
-use super::*;
-
+use super::{Cause, Evidence, Layer};
 /// What fixes a weight that differs: `readers` (the target's node(s), or the nodes that read a
 /// weight of its file) read weights that are not the model's, which `weights` say.
 pub fn weights_fix(readers: &str, weights: &[String]) -> String {

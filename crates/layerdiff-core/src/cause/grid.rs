@@ -2,8 +2,7 @@
 //! sample that tells a narrower dtype computed inside a float32 layer; and which ops compute
 //! on a quantization's grid.
 
-use super::*;
-
+use super::{DType, TensorView};
 /// Elements [`precision_grid`] looks at: a float32 value off a 10-bit grid lands on it by
 /// chance about once in 8192, so this many on it is no chance.
 pub const GRID_SAMPLE: usize = 4096;

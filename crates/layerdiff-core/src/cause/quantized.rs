@@ -1,8 +1,7 @@
 //! The decision for a layer the target quantizes: held to the ideal quantized computation on
 //! the target's own inputs.
 
-use super::*;
-
+use super::{Cause, Evidence, Finding, Layer};
 /// The verdict of a layer the target quantizes, its own error measured on the target's own
 /// inputs against the ideal quantized computation (see `crate::assess_quantized`): a range
 /// that clips much of what the model computes, a kernel its quantization does not explain, or

@@ -4,8 +4,7 @@
 //! rounding on the reference's grid, shared or the reference's alone, and is said so: never
 //! the target's precision loss against a float32 reference that was not one.
 
-use super::*;
-
+use super::{Cause, DType, Evidence, Finding, Layer};
 /// The cause of a layer within what its precision explains, where the reference lowers the
 /// layer's math to a narrower grid (`target`: the grid the target computes it on, where it
 /// lowers it too); `None` where the reference computes as its file says.

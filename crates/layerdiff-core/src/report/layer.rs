@@ -1,7 +1,6 @@
 //! One layer of a report: where it lives, how it compared, and what its difference is.
 
-use super::*;
-
+use super::{Serialize, Stats};
 /// Whether a layer could be compared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -1,8 +1,7 @@
 //! The summary of a report: the counts, the verdict, the defects and the precision drift, and
 //! the worst layers.
 
-use super::*;
-
+use super::{Layer, Serialize};
 fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
     *n == T::default()
 }

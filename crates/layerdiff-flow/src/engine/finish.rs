@@ -1,8 +1,10 @@
 //! The end of the run: the drift origin decided, causes explained from the evidence of the
 //! values and of the target's groups, and the report built.
 
-use super::*;
-
+use super::{
+    Engine, Error, InputInfo, Machine, OWN, Report, Result, SCHEMA, Side, TensorView, explain,
+    keep_float32, lower_precision_of, nothing_compared, segments_warning, summarise,
+};
 impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
     /// Runs what is left and decides the drift origin; returns the layers whose cause needs
     /// the reference's weights (a side that hands them over on request gets them before

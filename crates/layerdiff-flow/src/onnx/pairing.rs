@@ -1,7 +1,10 @@
 //! The values of two ONNX graphs paired: by name where both have it, by value where an
 //! optimizer renamed them, and why a value has no counterpart.
 
-use super::*;
+use super::{
+    Alignment, GraphIndex, HashMap, Layer, Location, MAX_GROUP_NODES, Model, NCHWC_DOMAIN,
+    NodeInfo, Shared,
+};
 use layerdiff_onnx::{data_inputs, reads_the_same};
 
 /// Pairs each value a reference node produces with a target value, in the reference's order,

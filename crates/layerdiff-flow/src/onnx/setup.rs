@@ -2,8 +2,12 @@
 //! as spelled (expected values or runtimes), the inputs, the float64 sides, the target's graph,
 //! the engine's run, and what the report adds after it.
 
-use super::*;
-
+use super::{
+    Baseline, Engine, ExpectedSide, FallbackSide, GraphBaseline, GraphIndex, GraphSide, Header,
+    Lacking, Model, OWN, OnnxOptions, OnnxSide, RUNTIME, Report, Result, Runtime, Side, Stopwatch,
+    Tensor, Tolerance, check_inputs, fit_inputs, float64_truth, generate_inputs, inside_fusion,
+    lacking, prepare_target, read_inputs,
+};
 /// The engine run on the comparison's sides: planned, advanced segment by segment (with a progress
 /// line on a terminal where `progress`), concluded; with how it was split.
 pub(super) fn run_engine(

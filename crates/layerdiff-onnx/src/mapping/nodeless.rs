@@ -1,8 +1,9 @@
 //! Calls whose scope holds no node of their own: folded into a neighbour, fused, or computed
 //! from constants only; what each such call maps to, and why.
 
-use super::*;
-
+use super::{
+    FOLDED, GraphIndex, GraphProto, HashMap, LayerCall, LayerMapping, NO_SCOPE, NodeExt, UNUSED,
+};
 /// The rules for layers without nodes of their own (see the module docs).
 pub(super) fn resolve_nodeless(
     graph: &GraphProto,

@@ -4,8 +4,10 @@
 //! by value. Such a layer is paired by its input: the unscoped node, holding a stored weight,
 //! that reads the value its feeder is paired with; or, where a copy came between, by its place.
 
-use super::*;
-
+use super::{
+    GraphIndex, GraphProto, HashSet, LayerCall, LayerMapping, NO_SCOPE, NodeExt, NodeInfo,
+    ValueRequest,
+};
 /// Ops that only lay a value out again (the reshape between an attention's heads and its
 /// output projection): a reader past them reads the same values.
 const LAYOUT: [&str; 7] = [

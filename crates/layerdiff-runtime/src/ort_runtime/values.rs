@@ -1,7 +1,9 @@
 //! Tensors to ONNX Runtime's values and back, each dtype by its bytes.
 
-use super::*;
-
+use super::{
+    DType, DynValue, Error, Result, SessionInputValue, Tensor, TensorElementType, TensorRef,
+    ValueRef,
+};
 /// An input for ONNX Runtime: a view of the tensor's own bytes where they are aligned for their
 /// element type (no copy: inputs of a segment can be large), else a copy.
 pub(super) fn to_ort_input<'t>(name: &str, t: &'t Tensor) -> Result<SessionInputValue<'t>> {

@@ -1,7 +1,12 @@
 //! The target of a captured run set up and aligned: an ONNX file mapped to PyTorch's layers by
 //! the module scopes its exporter records, or PyTorch itself, layer for layer.
 
-use super::*;
+use super::{
+    Alignment, CapturedComparison, DType, Error, GraphIndex, GraphSide, LayerCall, LayerMapping,
+    ListedLayer, Location, Model, RUNTIME, RelaidSide, Renames, Result, RuntimeSpec, ScopeMapping,
+    Shared, Side, Stopwatch, TargetSpec, TorchSpec, budget, check_inputs, pair_by_values,
+    prepare_target, unread_inputs, unrecognised_from,
+};
 use crate::spec::onnx_side::OnnxSide;
 
 /// A target set up: the layers aligned with its values, the side, and the dtype it holds each

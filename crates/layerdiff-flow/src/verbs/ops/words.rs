@@ -1,7 +1,6 @@
 //! The op matrix in words: text, Markdown and HTML, with the findings each leads with.
 
-use super::*;
-
+use super::{OpCell, OpsReport, Status, html_escape};
 /// A cell in a few characters: `0.31` (its ratio to the bound), `FAIL 12x`, `unsup`, `ERROR`;
 /// `*` after one its backend computed in a narrower dtype ([`OpCell::computed_in`]).
 fn short(cell: Option<&OpCell>) -> String {
