@@ -150,6 +150,19 @@ def test_a_report_over_a_file_the_run_reads_or_a_users_file_leaves_it_untouched(
         assert done.returncode == 2, done.stderr
         assert done.stderr.startswith("error: cannot write"), done.stderr
     assert (model.read_bytes(), notes.read_bytes()) == before
+    # the Python API's Report.write replaced both files; it holds to the same rules
+    torch = pytest.importorskip("torch")
+    import layerdiff
+
+    torch.manual_seed(0)
+    model_ = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    report = layerdiff.compare_torch_onnx(model_, torch.randn(1, 4))
+    twice = {"json": tmp_path / "r", "html": tmp_path / "r"}
+    for kwargs in ({"json": notes}, {"markdown": model}, twice):
+        with pytest.raises(layerdiff.UsageError, match="cannot write"):
+            report.write(**kwargs)
+    assert (model.read_bytes(), notes.read_bytes()) == before
+    assert report.write(json=tmp_path / "fresh.json") == [tmp_path / "fresh.json"]
     for _ in range(2):
         done = subprocess.run([str(EXE), "onnx", "model.onnx", "--out", "run", "--quiet"],
                               cwd=tmp_path, capture_output=True, text=True)  # fmt: skip

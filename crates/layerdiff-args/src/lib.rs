@@ -356,6 +356,10 @@ pub fn dispatch(argv: Vec<OsString>) -> Dispatched {
         eprintln!("error: {e}");
         return Dispatched::Exit(2);
     }
+    if let Err(e) = layerdiff_flow::output::check_folders(&command.fills()) {
+        eprintln!("error: {e}");
+        return Dispatched::Exit(2);
+    }
     // the run begins: its progress shown, its folders watched
     layerdiff_flow::progress::start(destinations.is_some_and(|to| to.quiet));
     layerdiff_flow::made::watch(&command.fills());

@@ -210,6 +210,7 @@ impl Destinations {
     /// layerdiff did not write. A mistake found only after the run would lose its result; one
     /// found by writing would lose the user's file.
     pub fn check(&self, reads: &[PathBuf]) -> Result<()> {
+        self.each_its_own_file()?;
         let files = Format::FILES
             .into_iter()
             .filter_map(|f| self.path(f))
@@ -228,6 +229,26 @@ impl Destinations {
         Ok(())
     }
 
+    /// Two outputs named to one file would leave only the last written: refused, naming both.
+    fn each_its_own_file(&self) -> Result<()> {
+        let named = (Format::FILES.into_iter())
+            .filter_map(|f| Some((f.name(), self.path(f)?)))
+            .chain(self.inputs.iter().map(|p| ("inputs", p)));
+        let mut seen: Vec<(&str, PathBuf)> = Vec::new();
+        for (what, path) in named {
+            let key = std::path::absolute(path).unwrap_or_else(|_| path.clone());
+            if let Some((first, _)) = seen.iter().find(|(_, k)| *k == key) {
+                return Err(Error::Usage(format!(
+                    "cannot write `{}`: the {first} report and the {what} report both name it, and \
+                     only the last written would be left: give each its own file",
+                    path.display()
+                )));
+            }
+            seen.push((what, key));
+        }
+        Ok(())
+    }
+
     /// Where `format` goes, when it is written to a file.
     pub fn path(&self, format: Format) -> Option<&PathBuf> {
         match format {
@@ -239,6 +260,16 @@ impl Destinations {
             Format::Text => None,
         }
     }
+}
+
+/// Checks, before any work starts, that each folder a verb fills (`--repro`) can be made and
+/// written in: found only after the run, the mistake would lose its result.
+pub fn check_folders(folders: &[PathBuf]) -> Result<()> {
+    for folder in folders {
+        writable(folder, true)
+            .map_err(|why| Error::Usage(format!("cannot write `{}`: {why}", folder.display())))?;
+    }
+    Ok(())
 }
 
 /// Why `path` (a file, or a folder where `is_folder`) cannot be written, if it cannot.

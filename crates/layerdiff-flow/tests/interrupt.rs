@@ -71,6 +71,25 @@ fn a_stopped_run_reports_the_layers_judged_before_it_or_nothing() {
     );
 
     clear();
+    // Only the layers with a counterpart were left to compare: a layer the target has no value
+    // for is not one the interrupt kept from being compared (the count read 65 - 31 where 17
+    // were left).
+    let (unpaired_stopped, _) = run(
+        {
+            let mut ops = honest();
+            ops[4] = stopping_at_4()[4];
+            ops
+        },
+        &[5],
+        FINE,
+    )
+    .unwrap();
+    assert_eq!(
+        unpaired_stopped.summary.inconclusive.as_deref(),
+        Some("the run was interrupted before the other 1 layer was compared")
+    );
+
+    clear();
     // The whole run in one segment: the target computes every layer before any is judged, so
     // none was: an error, and no report.
     let Err(Error::Interrupted(signal)) = run(stopping_at_4(), &[], 1 << 30) else {

@@ -302,6 +302,8 @@ impl Report {
             node_data,
             ..Default::default()
         };
+        // as the command does: never over a file layerdiff did not write, nor two to one file
+        to.check(&[]).map_err(to_py_err)?;
         output::write_reports(&self.0, &to).map_err(to_py_err)
     }
 }

@@ -14,15 +14,25 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             self.run_segment()?;
         }
         self.run_deferred_again();
-        let total = self.layers.len();
+        // the layers past the cut that would have been compared (those with a counterpart)
+        let left = (self.stopped_at).map_or(0, |cut| {
+            self.target_values[cut.min(self.target_values.len())..]
+                .iter()
+                .flatten()
+                .count()
+        });
         let incomplete = self.stopped_at.map(|cut| self.cut(cut)).transpose()?;
         // Every layer was judged in its segment (the segments cover every layer).
         let mut summary = summarise(&mut self.layers);
         summary.incomplete = incomplete;
-        if let (Some(cut), None) = (self.stopped_at, &summary.drift_origin) {
+        if let (Some(_), None, 1..) = (self.stopped_at, &summary.drift_origin, left) {
+            let were = if left == 1 {
+                "layer was"
+            } else {
+                "layers were"
+            };
             self.inconclusive = Some(format!(
-                "the run was interrupted before the other {} layers were compared",
-                total - cut
+                "the run was interrupted before the other {left} {were} compared"
             ));
         }
         if summary.drift_origin.is_none() {
