@@ -153,6 +153,30 @@ pub struct Header {
     pub seed: Option<u64>,
 }
 
+/// What an engine is made of: what the run is, its layers aligned, its two sides, the float64
+/// truth and the baseline where they are measured, the inputs, what it is asked to measure, and
+/// its clock so far.
+pub struct EngineParts<R: Side, T: Side, F: Side = Box<dyn Side>> {
+    /// What the run is (command, model, seed).
+    pub header: Header,
+    /// Which value of each side every layer is.
+    pub alignment: Alignment,
+    /// The reference side.
+    pub reference: R,
+    /// The target side.
+    pub target: T,
+    /// The float64 truth, where measured.
+    pub truth: Option<F>,
+    /// Where the local errors' baselines come from, where measured.
+    pub baseline: Option<Box<dyn Baseline>>,
+    /// The model's inputs.
+    pub inputs: Vec<(String, Tensor)>,
+    /// What the run is asked to measure.
+    pub settings: Settings,
+    /// The run's phases timed so far.
+    pub clock: Stopwatch,
+}
+
 /// A comparison under way (see the module docs).
 pub struct Engine<R: Side, T: Side, F: Side = Box<dyn Side>> {
     /// The reference side.
@@ -215,18 +239,18 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
     }
 
     /// Plans the run in segments that fit the memory budget, with each layer's local group.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        header: Header,
-        alignment: Alignment,
-        mut reference: R,
-        mut target: T,
-        truth: Option<F>,
-        mut baseline: Option<Box<dyn Baseline>>,
-        inputs: Vec<(String, Tensor)>,
-        settings: Settings,
-        clock: Stopwatch,
-    ) -> Result<Self> {
+    pub fn new(parts: EngineParts<R, T, F>) -> Result<Self> {
+        let EngineParts {
+            header,
+            alignment,
+            mut reference,
+            mut target,
+            truth,
+            mut baseline,
+            inputs,
+            settings,
+            clock,
+        } = parts;
         let (reference_of, target_of) = alignment.correspondence();
         let is_input = |n: &str| inputs.iter().any(|(name, _)| name == n);
         let groups = local_groups(&alignment, &reference_of, &is_input, &target);

@@ -29,7 +29,7 @@ pub use engine::evidence::{WeightCheck, WeightCheckFn};
 pub use engine::memory::{self, Segmentation};
 pub use engine::plan::{Dataflow, Part, PlanSide};
 pub use engine::side::{Group, Member, Own, Receive, Recompute, Side, Values};
-pub use engine::{Alignment, Engine, Float64, Header, Settings, Shared};
+pub use engine::{Alignment, Engine, EngineParts, Float64, Header, Settings, Shared};
 pub use error::{Error, Result, error_chain};
 pub use sides::expected::ExpectedSide;
 pub use sides::fallback::FallbackSide;

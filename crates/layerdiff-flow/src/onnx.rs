@@ -17,8 +17,8 @@ use crate::inputs::{InputPlan, check_inputs, fit_inputs, generate_inputs, read_i
 use crate::sides::graph::shipped::prepare_target;
 use crate::timings::{OWN, RUNTIME, Stopwatch};
 use crate::{
-    Alignment, Baseline, Engine, Error, ExpectedSide, FallbackSide, GraphBaseline, GraphSide,
-    Header, Result, Segmentation, Settings, Shared, Side,
+    Alignment, Baseline, Engine, EngineParts, Error, ExpectedSide, FallbackSide, GraphBaseline,
+    GraphSide, Header, Result, Segmentation, Settings, Shared, Side,
 };
 
 mod exposure;

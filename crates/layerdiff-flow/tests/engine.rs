@@ -7,7 +7,7 @@ mod chain;
 use chain::*;
 use layerdiff_core::{DType, Report, SideInfo, render};
 use layerdiff_flow::timings::Stopwatch;
-use layerdiff_flow::{Engine, Error, PushedSide};
+use layerdiff_flow::{Engine, EngineParts, Error, PushedSide};
 
 const WHOLE: u64 = 1 << 30;
 
@@ -121,17 +121,17 @@ fn a_pushed_reference_runs_each_segment_once_its_layers_are_in() {
     let layers = 6;
     let listed = (0..layers).map(|i| (format!("v{i}"), DType::F32, (N * 4) as u64));
     let reference = PushedSide::new(SideInfo::new("pushed", "test"), listed);
-    let mut engine: Engine<PushedSide, Chain> = Engine::new(
-        header(),
-        alignment(layers, &[]),
+    let mut engine: Engine<PushedSide, Chain> = Engine::new(EngineParts {
+        header: header(),
+        alignment: alignment(layers, &[]),
         reference,
-        Chain::new(drifting()),
-        None,
-        None,
-        vec![("x".to_string(), input())],
-        settings(6 * N as u64 * 4),
-        Stopwatch::default(),
-    )
+        target: Chain::new(drifting()),
+        truth: None,
+        baseline: None,
+        inputs: vec![("x".to_string(), input())],
+        settings: settings(6 * N as u64 * 4),
+        clock: Stopwatch::default(),
+    })
     .unwrap();
     assert!(engine.segmentation().segments > 2);
     let honest_chain = Chain::new(honest());
@@ -192,17 +192,17 @@ fn a_reference_that_computes_in_bfloat16_is_named_as_the_rounding() {
             how: "the chain computes float32 in bf16".to_string(),
         });
         let layers = OPS.len();
-        let mut engine: Engine<Chain, Chain> = Engine::new(
-            header(),
-            alignment(layers, &[]),
+        let mut engine: Engine<Chain, Chain> = Engine::new(EngineParts {
+            header: header(),
+            alignment: alignment(layers, &[]),
             reference,
-            Chain::new(honest()),
-            None,
-            Some(baseline(layers)),
-            vec![("x".to_string(), input())],
-            settings(WHOLE),
-            Stopwatch::default(),
-        )
+            target: Chain::new(honest()),
+            truth: None,
+            baseline: Some(baseline(layers)),
+            inputs: vec![("x".to_string(), input())],
+            settings: settings(WHOLE),
+            clock: Stopwatch::default(),
+        })
         .unwrap();
         engine.advance().unwrap();
         engine.finish().unwrap()

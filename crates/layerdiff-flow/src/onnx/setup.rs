@@ -3,10 +3,10 @@
 //! the engine's run, and what the report adds after it.
 
 use super::{
-    Baseline, Engine, ExpectedSide, FallbackSide, GraphBaseline, GraphIndex, GraphSide, Header,
-    Lacking, Model, OWN, OnnxOptions, OnnxSide, RUNTIME, Report, Result, Runtime, Side, Stopwatch,
-    Tensor, Tolerance, check_inputs, fit_inputs, float64_truth, generate_inputs, inside_fusion,
-    lacking, prepare_target, read_inputs,
+    Baseline, Engine, EngineParts, ExpectedSide, FallbackSide, GraphBaseline, GraphIndex,
+    GraphSide, Header, Lacking, Model, OWN, OnnxOptions, OnnxSide, RUNTIME, Report, Result,
+    Runtime, Side, Stopwatch, Tensor, Tolerance, check_inputs, fit_inputs, float64_truth,
+    generate_inputs, inside_fusion, lacking, prepare_target, read_inputs,
 };
 /// The engine run on the comparison's sides: planned, advanced segment by segment (with a progress
 /// line on a terminal where `progress`), concluded; with how it was split.
@@ -19,9 +19,17 @@ pub(super) fn run_engine(
     settings: crate::Settings,
     (clock, progress): (Stopwatch, bool),
 ) -> Result<(Report, crate::Segmentation)> {
-    let mut engine = Engine::new(
-        header, alignment, reference, target, truth, baseline, inputs, settings, clock,
-    )?;
+    let mut engine = Engine::new(EngineParts {
+        header,
+        alignment,
+        reference,
+        target,
+        truth,
+        baseline,
+        inputs,
+        settings,
+        clock,
+    })?;
     engine.clock.lap("pairing values and planning the run", OWN);
     if progress {
         crate::progress::phase("comparing the layers");

@@ -27,8 +27,8 @@ use crate::spec::target::TargetSpec;
 use crate::spec::torch::TorchSpec;
 use crate::timings::{OWN, RUNTIME, Stopwatch};
 use crate::{
-    Alignment, Baseline, Computing, Engine, Error, GraphSide, Header, PushedSide, RelaidSide,
-    Result, Settings, Shared, Side,
+    Alignment, Baseline, Computing, Engine, EngineParts, Error, GraphSide, Header, PushedSide,
+    RelaidSide, Result, Settings, Shared, Side,
 };
 use value_pairing::{pair_by_values, unrecognised_from};
 
@@ -201,9 +201,17 @@ impl CapturedRun {
             model: c.model,
             seed: c.seed,
         };
-        let engine = Engine::new(
-            header, alignment, reference, target, truth, baseline, c.inputs, c.settings, clock,
-        )?;
+        let engine = Engine::new(EngineParts {
+            header,
+            alignment,
+            reference,
+            target,
+            truth,
+            baseline,
+            inputs: c.inputs,
+            settings: c.settings,
+            clock,
+        })?;
         let mut run = Self {
             listed: c.layers,
             compared,

@@ -10,8 +10,8 @@ use layerdiff_core::{
 };
 use layerdiff_flow::timings::Stopwatch;
 use layerdiff_flow::{
-    Alignment, Baseline, Engine, Float64, Group, HandedBaseline, Header, Member, Part, PlanSide,
-    Recompute, Settings, Shared, Side, Values, WeightCheckFn,
+    Alignment, Baseline, Engine, EngineParts, Float64, Group, HandedBaseline, Header, Member, Part,
+    PlanSide, Recompute, Settings, Shared, Side, Values, WeightCheckFn,
 };
 
 /// Elements in every value.
@@ -316,17 +316,17 @@ pub fn run(
     max_memory: u64,
 ) -> layerdiff_flow::Result<(Report, usize)> {
     let layers = target.len();
-    let mut engine: Engine<Chain, Chain> = Engine::new(
-        header(),
-        alignment(layers, unpaired),
-        Chain::new(honest()),
-        Chain::new(target),
-        None,
-        Some(baseline(layers)),
-        vec![("x".to_string(), input())],
-        settings(max_memory),
-        Stopwatch::default(),
-    )?;
+    let mut engine: Engine<Chain, Chain> = Engine::new(EngineParts {
+        header: header(),
+        alignment: alignment(layers, unpaired),
+        reference: Chain::new(honest()),
+        target: Chain::new(target),
+        truth: None,
+        baseline: Some(baseline(layers)),
+        inputs: vec![("x".to_string(), input())],
+        settings: settings(max_memory),
+        clock: Stopwatch::default(),
+    })?;
     let segments = engine.segmentation().segments;
     engine.advance()?;
     let mut report = engine.finish()?;
