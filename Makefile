@@ -86,8 +86,8 @@ proto:
 lint: $(DEPS)
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --quiet -- -D warnings
-	$(VENV)/bin/ruff check python tests benches fuzz crates/layerdiff-runtime/src/isolated
-	$(VENV)/bin/ruff format --check python tests benches fuzz crates/layerdiff-runtime/src/isolated
+	$(VENV)/bin/ruff check python tests benches fuzz crates/layerdiff-runtime/src/ort_runtime
+	$(VENV)/bin/ruff format --check python tests benches fuzz crates/layerdiff-runtime/src/ort_runtime
 
 clean:
 	cargo clean
