@@ -12,6 +12,10 @@ pub const POINTS: usize = 64;
 /// between recognised neighbours instead.
 pub const SAME_VALUE: f64 = 0.95;
 
+/// How far apart, relative to their size, two runs of one computation on the same inputs may
+/// put a sampled element (a kernel that sums in another order from run to run).
+pub const RUN_AGAIN: f64 = 1e-4;
+
 /// Elements of a value at [`POINTS`] evenly spaced flat positions (all of them when fewer).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Fingerprint {
@@ -32,6 +36,16 @@ impl Fingerprint {
             })
             .collect();
         Self { count, samples }
+    }
+
+    /// Whether `again` is this value computed again on the same inputs: as many elements, each
+    /// sample equal or within [`RUN_AGAIN`] of its size. A model with a random op (dropout in
+    /// training mode, `torch.rand` in its forward) computes another value each run.
+    pub fn same_run(&self, again: &Fingerprint) -> bool {
+        self.count == again.count
+            && self.samples.len() == again.samples.len()
+            && (self.samples.iter().zip(&again.samples))
+                .all(|(a, b)| a == b || (a - b).abs() <= RUN_AGAIN * (a.abs() + b.abs()))
     }
 
     /// How alike two values look, from 0 to 1: one less the distance between their samples
@@ -66,6 +80,19 @@ mod tests {
     fn tensor(values: &[f32]) -> Tensor {
         let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         Tensor::new("t", DType::F32, vec![values.len()], bytes).unwrap()
+    }
+
+    #[test]
+    fn a_value_run_again_is_the_same_and_a_random_one_is_not() {
+        let base: Vec<f32> = (0..1000).map(|i| (i as f32).sin()).collect();
+        let reordered: Vec<f32> = base.iter().map(|v| v * (1.0 + 1e-6)).collect();
+        let dropped: Vec<f32> = (base.iter().enumerate())
+            .map(|(i, v)| if i % 3 == 0 { 0.0 } else { v * 1.5 })
+            .collect();
+        let print = |v: &[f32]| Fingerprint::of(tensor(v).view());
+        assert!(print(&base).same_run(&print(&reordered)));
+        assert!(!print(&base).same_run(&print(&dropped)));
+        assert!(!print(&base).same_run(&print(&base[..999])));
     }
 
     #[test]

@@ -128,6 +128,14 @@ fn fingerprint(tensor: FlatTensor<'_>) -> PyResult<(usize, Vec<f64>)> {
     Ok((print.count, print.samples))
 }
 
+/// Whether `tensor` is the value whose fingerprint was `before` (`(count, samples)`), computed
+/// again on the same inputs (see `Fingerprint::same_run`).
+#[pyfunction]
+fn same_run(before: (usize, Vec<f64>), tensor: FlatTensor<'_>) -> PyResult<bool> {
+    let (count, samples) = before;
+    Ok(Fingerprint { count, samples }.same_run(&Fingerprint::of(tensor.view()?)))
+}
+
 /// `(name, dtype name, dims)` of a declared model input.
 type DeclaredInput = (String, Option<String>, Option<Vec<Py<PyAny>>>);
 
@@ -234,6 +242,7 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Command>()?;
     m.add_function(wrap_pyfunction!(compare_tensors_json, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
+    m.add_function(wrap_pyfunction!(same_run, m)?)?;
     m.add_function(wrap_pyfunction!(memory::give_back_freed, m)?)?;
     m.add_function(wrap_pyfunction!(write_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(smallest_set, m)?)?;

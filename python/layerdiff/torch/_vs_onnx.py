@@ -364,15 +364,7 @@ def _same_as_listed(layer, value) -> None:
     """Refuses a model that computes other values on the same inputs than when its layers were
     listed: a random op (dropout called with training=True, torch.rand in forward) makes every
     run differ, and no export can be compared with it."""
-    if layer.fingerprint is None:
-        return
-    _, before = layer.fingerprint
-    _, now = _layerdiff.fingerprint(value)
-    same = (
-        a == b or (a != a and b != b) or abs(a - b) <= 1e-4 * (abs(a) + abs(b))
-        for a, b in zip(before, now, strict=False)
-    )
-    if all(same):
+    if layer.fingerprint is None or _layerdiff.same_run(layer.fingerprint, value):
         return
     raise _layerdiff.InputError(
         f"layer `{layer.name}` computed other values on the same inputs in a second run: the "
