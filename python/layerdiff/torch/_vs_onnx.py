@@ -275,7 +275,7 @@ class _FileComparison:
                     exporter=self.exporter, cache=self.cache, step=self.step,
                 )  # fmt: skip
                 run.beside(str(fresh))
-        except Exception as e:  # noqa: BLE001: any failure only leaves the file's nodes named
+        except Exception as e:  # noqa: BLE001 (any failure only leaves the file's nodes named)
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             notes.append(
                 "a fresh export of the model to set beside the file could not be made "
