@@ -1,8 +1,8 @@
 //! The options of the matrix verbs (`ops`, `providers`, `audit`) and of `check`.
 
 use super::{
-    Args, AuditOptions, Destinations, Exporter, FailOn, InputArgs, Isolation, Judging, OptLevel,
-    PathBuf, Provider, ProvidersOptions, RuntimeSpec, ValueEnum,
+    Args, AuditOptions, Destinations, Exporter, FailOn, InputArgs, Isolation, Judging, OnnxSide,
+    OptLevel, PathBuf, Provider, ProvidersOptions, RuntimeSpec, ValueEnum,
 };
 /// Options of `layerdiff check`.
 #[derive(Debug, Clone, Args)]
@@ -10,7 +10,7 @@ pub struct CheckArgs {
     /// A built-in model, a builder or a checkpoint folder, as for `layerdiff torch`.
     pub model: String,
     /// The runtime that runs the ONNX file: `ort` (CPU), `ort:opt=all`, `ort:cuda`…, `tract`.
-    #[arg(long, default_value = "ort", value_parser = RuntimeSpec::parse)]
+    #[arg(long, default_value = "ort", value_parser = OnnxSide::runtime_only)]
     pub target: RuntimeSpec,
     /// Check this ONNX file of the same model instead of exporting one; it is also read against
     /// the model's own export, and a weight, constant or attribute that differs fails the check.
@@ -144,7 +144,7 @@ pub struct ProvidersArgs {
     /// ONNX Runtime release or build `ort:lib=PATH`, `ort:opt=all:lib=PATH`, an execution
     /// provider's plugin library `ort:ep_lib=PATH[:ep=NAME]`, an EP through the device API
     /// `ort:ep=NAME`; one that offers no device here is listed with the devices there are).
-    #[arg(long, value_delimiter = ',', value_parser = RuntimeSpec::parse)]
+    #[arg(long, value_delimiter = ',', value_parser = OnnxSide::runtime_only)]
     pub runtimes: Vec<RuntimeSpec>,
     /// The inputs, the same for every cell.
     #[command(flatten)]
@@ -273,7 +273,7 @@ pub struct AuditArgs {
     pub model: PathBuf,
     /// The runtimes to try each op on (comma-separated, spelled as for `layerdiff onnx`:
     /// `ort`, `ort:cuda`, `tract`…).
-    #[arg(long, value_delimiter = ',', default_value = "ort,tract", value_parser = RuntimeSpec::parse)]
+    #[arg(long, value_delimiter = ',', default_value = "ort,tract", value_parser = OnnxSide::runtime_only)]
     pub runtimes: Vec<RuntimeSpec>,
     /// The inputs of the run that gives each op the values it reads.
     #[command(flatten)]

@@ -232,15 +232,15 @@ impl Destinations {
     /// Two outputs named to one file would leave only the last written: refused, naming both.
     fn each_its_own_file(&self) -> Result<()> {
         let named = (Format::FILES.into_iter())
-            .filter_map(|f| Some((f.name(), self.path(f)?)))
-            .chain(self.inputs.iter().map(|p| ("inputs", p)));
-        let mut seen: Vec<(&str, PathBuf)> = Vec::new();
+            .filter_map(|f| Some((format!("{} report", f.name()), self.path(f)?)))
+            .chain(self.inputs.iter().map(|p| ("inputs file".to_string(), p)));
+        let mut seen: Vec<(String, PathBuf)> = Vec::new();
         for (what, path) in named {
             let key = std::path::absolute(path).unwrap_or_else(|_| path.clone());
             if let Some((first, _)) = seen.iter().find(|(_, k)| *k == key) {
                 return Err(Error::Usage(format!(
-                    "cannot write `{}`: the {first} report and the {what} report both name it, and \
-                     only the last written would be left: give each its own file",
+                    "cannot write `{}`: the {first} and the {what} both name it, and only the \
+                     last written would be left: give each its own file",
                     path.display()
                 )));
             }

@@ -120,14 +120,31 @@ impl<C: Configured> From<C> for RuntimeSpec {
     }
 }
 
+/// A spelling that is no runtime but is taken where a runtime is (`expected:PATH`, a file of
+/// values): named in the short list of an unknown name, and suggested for a slip of its own.
+pub struct OtherSpelling {
+    /// The name it begins with (`expected`).
+    pub name: &'static str,
+    /// How a slip of its name is pointed to it (`expected:PATH`).
+    pub suggested: &'static str,
+    /// How the short list names it.
+    pub listed: &'static str,
+}
+
 impl RuntimeSpec {
     /// Parses a spelling of a registered runtime.
     pub fn parse(text: &str) -> Result<Self, String> {
+        Self::parse_among(text, &[])
+    }
+
+    /// [`Self::parse`] where `others` are spelled beside the runtimes: a name none of them
+    /// has is told with them in the short list.
+    pub fn parse_among(text: &str, others: &[OtherSpelling]) -> Result<Self, String> {
         let head = text.split(':').next().unwrap_or_default();
         let kinds = kinds();
         match kinds.iter().find(|k| k.name == head) {
             Some(kind) => (kind.parse)(text),
-            None => Err(unknown_name(head, &kinds)),
+            None => Err(unknown_name(head, &kinds, others)),
         }
     }
 
@@ -150,17 +167,26 @@ impl RuntimeSpec {
 #[cfg(test)]
 mod tests;
 
-/// Where `head` is no runtime's name (`openvno`), why in a line: the nearest name where one is
-/// a slip away, and the short list (the whole grammar is `--help`'s).
-fn unknown_name(head: &str, kinds: &[&RuntimeKind]) -> String {
-    let names: Vec<&str> = kinds.iter().map(|k| k.name).collect();
+/// Where `head` is no runtime's name (`openvno`), nor one of the `others`, why in a line: the
+/// nearest name where one is a slip away, and the short list (the whole grammar is `--help`'s).
+fn unknown_name(head: &str, kinds: &[&RuntimeKind], others: &[OtherSpelling]) -> String {
+    let names: Vec<&str> = (kinds.iter().map(|k| k.name))
+        .chain(others.iter().map(|o| o.name))
+        .collect();
     let near = if head.starts_with("onnxruntime") {
         Some("ort")
     } else {
         nearest(head, &names)
     };
-    let near = near.map_or(".".to_string(), |name| format!("; did you mean `{name}`?"));
-    let listed: Vec<&str> = kinds.iter().map(|k| k.listed).collect();
+    let suggested = |name: &str| {
+        (others.iter().find(|o| o.name == name)).map_or(name.to_string(), |o| o.suggested.into())
+    };
+    let near = near.map_or(".".to_string(), |name| {
+        format!("; did you mean `{}`?", suggested(name))
+    });
+    let listed: Vec<&str> = (kinds.iter().map(|k| k.listed))
+        .chain(others.iter().map(|o| o.listed))
+        .collect();
     format!(
         "unknown runtime `{head}`{near} Runtimes: {}; `--help` spells every option",
         listed.join(", ")

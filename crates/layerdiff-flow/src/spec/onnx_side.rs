@@ -4,10 +4,14 @@
 
 use std::path::PathBuf;
 
-use layerdiff_runtime::RuntimeSpec;
+use layerdiff_runtime::{OtherSpelling, RuntimeSpec};
 
 /// The spelling of values read from a file.
-const EXPECTED: &str = "expected";
+const EXPECTED: OtherSpelling = OtherSpelling {
+    name: "expected",
+    suggested: "expected:PATH",
+    listed: "`expected:PATH` (values from a file)",
+};
 
 /// A side of an ONNX comparison.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,7 +38,7 @@ impl OnnxSide {
     /// Parses `expected:PATH` or a runtime's spelling.
     pub fn parse(text: &str) -> Result<Self, String> {
         let head = text.split(':').next().unwrap_or_default();
-        if head == EXPECTED {
+        if head == EXPECTED.name {
             return match text.strip_prefix("expected:").filter(|p| !p.is_empty()) {
                 Some(path) => Ok(Self::Expected(path.into())),
                 None => Err(format!(
@@ -43,24 +47,19 @@ impl OnnxSide {
                 )),
             };
         }
-        RuntimeSpec::parse(text).map(Self::Runs).map_err(|why| {
-            if !why.starts_with(&format!("unknown runtime `{head}`")) {
-                return why;
-            }
-            // the short list names this kind of side too
-            let why = why.replace(
-                "; `--help`",
-                ", `expected:PATH` (values from a file); `--help`",
-            );
-            match layerdiff_runtime::nearest(head, &[EXPECTED]) {
-                Some(_) if !why.contains("did you mean") => why.replacen(
-                    &format!("unknown runtime `{head}`."),
-                    &format!("unknown runtime `{head}`; did you mean `expected:PATH`?"),
-                    1,
-                ),
-                _ => why,
-            }
-        })
+        RuntimeSpec::parse_among(text, &[EXPECTED]).map(Self::Runs)
+    }
+
+    /// Parses a runtime's spelling where only a runtime will do (`check --target`, `providers
+    /// --runtimes`, `audit --runtimes`): expected values are refused as what they are.
+    pub fn runtime_only(text: &str) -> Result<RuntimeSpec, String> {
+        if text.split(':').next() == Some(EXPECTED.name) {
+            return Err(format!(
+                "`{text}` is a file of values, not a runtime: this option takes a runtime that \
+                 computes the file (`ort`, `ort:opt=all`, `tract`, `openvino`…)"
+            ));
+        }
+        RuntimeSpec::parse(text)
     }
 
     /// The spelling that parses back to it.
@@ -110,5 +109,12 @@ mod tests {
         );
         let said = OnnxSide::parse("openvno").unwrap_err();
         assert!(said.contains("did you mean `openvino`?"), "{said}");
+        // where only a runtime will do, expected values are named as what they are
+        let said = OnnxSide::runtime_only("expected:v.safetensors").unwrap_err();
+        assert!(
+            said.starts_with("`expected:v.safetensors` is a file of values, not a runtime"),
+            "{said}"
+        );
+        assert!(OnnxSide::runtime_only("tract").is_ok());
     }
 }

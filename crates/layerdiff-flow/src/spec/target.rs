@@ -10,8 +10,8 @@ use crate::spec::torch::{LowerPrecision, Precision, TorchSpec};
 /// The target of a framework's model.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TargetSpec {
-    /// The model's ONNX file run by a runtime (or values read from a file, which `check`
-    /// takes).
+    /// The model's ONNX file run by a runtime (values read from a file parse here, and the
+    /// verbs refuse them with what they need, see `verbs::captured::check_options`).
     Onnx(OnnxSide),
     /// PyTorch on a device, in a precision, eager or compiled.
     Torch(TorchSpec),
