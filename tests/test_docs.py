@@ -97,14 +97,13 @@ def test_the_flow_crate_has_no_import_circle():
 
 def test_no_file_names_one_that_names_it():
     """scripts/file_graph.py: the files of every crate that name an item of each other (a file
-    and its own submodules aside). Each such pair is one concept cut in two. layerdiff-core's
-    files are not there yet: its report, analysis and comparison files still name each other
-    (issue 70); every other crate is held to none."""
+    and its own submodules aside). Each such pair is one concept cut in two; every crate is
+    held to none."""
     sys.path.insert(0, str(ROOT / "scripts"))
     from file_graph import file_circles
 
     found = file_circles()
-    assert [c for c in found if not c[0].startswith("layerdiff-core/")] == [], found
+    assert found == [], found
 
 
 def test_no_file_or_function_is_longer_than_design_md_allows():

@@ -65,10 +65,10 @@ pub struct AxisPoint {
     /// The last compared layer (the model's output).
     pub output: Option<String>,
     /// Its largest absolute difference.
-    #[serde(serialize_with = "crate::render::float_opt")]
+    #[serde(serialize_with = "crate::floats::float_opt")]
     pub output_max_abs_diff: Option<f64>,
     /// Its largest relative difference.
-    #[serde(serialize_with = "crate::render::float_opt")]
+    #[serde(serialize_with = "crate::floats::float_opt")]
     pub output_max_rel_diff: Option<f64>,
     /// When the output could not be compared element by element: why (its shapes differ).
     pub output_note: Option<String>,
@@ -91,7 +91,7 @@ fn ratios<S: serde::Serializer>(values: &[Option<f64>], s: S) -> Result<S::Ok, S
     struct Ratio(Option<f64>);
     impl Serialize for Ratio {
         fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-            crate::render::float_opt(&self.0, s)
+            crate::floats::float_opt(&self.0, s)
         }
     }
     s.collect_seq(values.iter().map(|v| Ratio(*v)))

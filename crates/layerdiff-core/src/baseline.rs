@@ -105,21 +105,21 @@ pub struct Baseline {
     /// nodes in the layer's group, less one).
     pub stages: u32,
     /// The ideal implementation's largest difference from the reference.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub max_abs_diff: f64,
     /// Its mean difference from the reference.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub mean_abs_diff: f64,
     /// The largest own error precision explains at an element (`base + 2·honest`).
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub allowed_max_abs_diff: f64,
     /// The mean own error precision explains.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub allowed_mean_abs_diff: f64,
     /// The target's own error as a multiple of what precision explains: the larger of the
     /// ratios of maxima and of means. Above [`DEFECT_MARGIN`], a defect (unless within
     /// `narrow`'s ideal).
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub multiple: f64,
     /// Elements where the ideal implementation overflows `grid`'s range while the reference is
     /// finite (the target overflowing there is precision).
@@ -343,7 +343,7 @@ fn summed(
                     match bytemuck::try_cast_slice::<u8, f64>(bytes) {
                         Ok(values) if view.dtype == DType::F64 => values,
                         _ => {
-                            crate::compare::decode(view.dtype, bytes, &mut buffer[..len]);
+                            crate::dtype::decode(view.dtype, bytes, &mut buffer[..len]);
                             &buffer[..len]
                         }
                     }

@@ -178,7 +178,7 @@ pub struct RangeTried {
     /// The values it hands on (read after it, or the graph's outputs): its only outputs.
     pub outputs: usize,
     /// The largest of its outputs' errors as a multiple of what precision explains there.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub multiple: f64,
     /// Whether that is beyond what precision explains.
     pub deviates: bool,

@@ -65,10 +65,6 @@ pub use name::Cause;
 #[cfg(test)]
 mod tests;
 
-/// A target at most this many times as far from the float64 truth as the reference is only
-/// rounding, as the reference does (the same factor that makes the two "about equally far").
-pub const ROUNDING_FACTOR: f64 = 2.0;
-
 /// What a flow found out about one layer.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Evidence {

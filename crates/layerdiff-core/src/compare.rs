@@ -48,7 +48,7 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 mod block;
-mod decode;
+mod dispatch;
 #[cfg(test)]
 mod properties;
 #[cfg(target_arch = "x86_64")]
@@ -57,11 +57,10 @@ mod rounding;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use block::{Kernel, largest_difference};
 #[cfg(target_arch = "x86_64")]
 use block::{Outcome, element};
-use block::{SUB, block_stats, tree};
-pub(crate) use decode::decode;
+use dispatch::block_stats;
+pub(crate) use dispatch::largest_difference;
 use rounding::{HISTOGRAM, Prepared, Tally};
 pub use rounding::{Judge, PERCENTILE_RESOLUTION, Rounding};
 
@@ -74,6 +73,16 @@ use crate::{Error, Result, TensorView};
 pub const BLOCK: usize = 4096;
 /// Interleaved accumulators per block.
 pub const LANES: usize = 8;
+/// Elements decoded and reduced at a time inside a block: small enough that both sides and
+/// their differences stay in L1 cache.
+pub(super) const SUB: usize = 128;
+
+/// Lanes combined by the fixed pairwise tree.
+#[inline(always)]
+pub(super) fn tree(l: &[f64; LANES]) -> f64 {
+    ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
+}
+
 /// The thresholds of `abs_diff_above`, with the labels used in JSON.
 pub const THRESHOLDS: [(f64, &str); 10] = [
     (0.0, "0"),
@@ -96,19 +105,19 @@ pub struct Stats {
     /// Positions where neither side is NaN.
     pub compared: u64,
     /// Max of `|target - reference|`.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub max_abs_diff: f64,
     /// Mean of `|target - reference|` over compared positions.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub mean_abs_diff: f64,
     /// Max relative difference (denominator `max(|reference|, |target|)`).
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub max_rel_diff: f64,
     /// Root mean square of the difference.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub rms_diff: f64,
     /// Cosine similarity of the two sides as vectors.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub cosine: f64,
     /// Counts of compared positions whose abs diff exceeds each threshold.
     #[serde(serialize_with = "serialize_thresholds")]
@@ -172,10 +181,10 @@ pub struct Worst {
     /// Multi-dimensional index.
     pub position: Vec<usize>,
     /// Reference value.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub reference: f64,
     /// Target value.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub target: f64,
 }
 

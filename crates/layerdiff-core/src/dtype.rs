@@ -1,6 +1,11 @@
 use crate::{Error, Result};
 
+mod decode;
 mod from_f32;
+
+pub(crate) use decode::decode;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use decode::widen_f16;
 pub(crate) use from_f32::f32_on_grid;
 
 /// Element types layerdiff reads. Names follow numpy (`float32`, `bfloat16`, `bool`).

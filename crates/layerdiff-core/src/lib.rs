@@ -9,11 +9,12 @@ mod baseline;
 mod bisect;
 mod cause;
 mod compare;
-mod compiled;
 mod dtype;
 mod error;
 mod fingerprint;
+pub mod floats;
 mod io;
+mod kernel;
 mod layout;
 mod machine;
 mod measure;
@@ -28,8 +29,7 @@ mod tensor;
 mod tolerance;
 
 pub use advice::{
-    AdviceCheck, KeepFloat32, KeptLayer, MOST_KEPT, advice_checked, check_advice, keep_float32,
-    layers_to_check, lower_precision_of,
+    MOST_KEPT, advice_checked, check_advice, keep_float32, layers_to_check, lower_precision_of,
 };
 pub use analysis::{
     BORN_HERE, LOW_COVERAGE, LOW_COVERAGE_WARNING, OWN_ERROR_RANKED, analyse, judge,
@@ -44,14 +44,13 @@ pub use baseline::{
 };
 pub use bisect::{Bisection, BisectionCheck, OpaqueSearch, RangeTried, smallest_set};
 pub use cause::{
-    Cause, Evidence, FileDifference, ROUNDING_FACTOR, attributes_differ, explain, precision_grid,
-    quantizing_op, unseen_differences, weights_fix,
+    Cause, Evidence, FileDifference, attributes_differ, explain, precision_grid, quantizing_op,
+    unseen_differences, weights_fix,
 };
 pub use compare::{
     Judge, PERCENTILE_RESOLUTION, Rounding, Stats, THRESHOLDS, Worst, compare, compare_judged,
     within,
 };
-pub use compiled::{CompiledWhole, ModuleCompiled};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use fingerprint::{Fingerprint, SAME_VALUE};
@@ -69,8 +68,9 @@ pub use quantized::{
 };
 pub use random::{SplitMix64, random_tensor};
 pub use report::{
-    Approximation, Defect, FailOn, Finding, Float64Distance, InputInfo, Inside, Invocation, Layer,
-    LayerStatus, Location, NarrowKernel, PrecisionDrift, ProviderNodes, Report, SCHEMA, SideInfo,
+    AdviceCheck, Approximation, CompiledWhole, Defect, FailOn, Finding, Float64Distance, InputInfo,
+    Inside, Invocation, KeepFloat32, KeptLayer, Layer, LayerStatus, Location, ModuleCompiled,
+    NarrowKernel, PrecisionDrift, ProviderNodes, ROUNDING_FACTOR, Report, SCHEMA, SideInfo,
     Summary, TargetGraph, Timing, Verdict, WorstLayer, WorstLayers,
 };
 pub use tensor::{Tensor, TensorView};

@@ -46,16 +46,16 @@ pub struct OpBound {
     pub stages: u32,
     /// The dtype's unit roundoff (`u_d`).
     #[serde(
-        serialize_with = "crate::render::float",
-        deserialize_with = "crate::render::float_from"
+        serialize_with = "crate::floats::float",
+        deserialize_with = "crate::floats::float_from"
     )]
     pub unit_roundoff: f64,
     /// Terms reduced into one output element (`K`).
     pub reduction: usize,
     /// The accumulation's unit roundoff (`u_acc`).
     #[serde(
-        serialize_with = "crate::render::float",
-        deserialize_with = "crate::render::float_from"
+        serialize_with = "crate::floats::float",
+        deserialize_with = "crate::floats::float_from"
     )]
     pub accumulation_unit: f64,
 }
@@ -67,20 +67,20 @@ pub struct OpWorst {
     pub index: usize,
     /// The float64 truth.
     #[serde(
-        serialize_with = "crate::render::float",
-        deserialize_with = "crate::render::float_from"
+        serialize_with = "crate::floats::float",
+        deserialize_with = "crate::floats::float_from"
     )]
     pub expected: f64,
     /// The cell's value.
     #[serde(
-        serialize_with = "crate::render::float",
-        deserialize_with = "crate::render::float_from"
+        serialize_with = "crate::floats::float",
+        deserialize_with = "crate::floats::float_from"
     )]
     pub got: f64,
     /// The bound at that element.
     #[serde(
-        serialize_with = "crate::render::float",
-        deserialize_with = "crate::render::float_from"
+        serialize_with = "crate::floats::float",
+        deserialize_with = "crate::floats::float_from"
     )]
     pub bound: f64,
 }
@@ -96,32 +96,32 @@ pub struct OpCheck {
     pub outside: usize,
     /// Largest `|ŷ − y|` over finite pairs.
     #[serde(
-        serialize_with = "crate::render::float",
-        deserialize_with = "crate::render::float_from"
+        serialize_with = "crate::floats::float",
+        deserialize_with = "crate::floats::float_from"
     )]
     pub max_abs_diff: f64,
     /// Mean `|ŷ − y|` over finite pairs.
     #[serde(
-        serialize_with = "crate::render::float",
-        deserialize_with = "crate::render::float_from"
+        serialize_with = "crate::floats::float",
+        deserialize_with = "crate::floats::float_from"
     )]
     pub mean_abs_diff: f64,
     /// Largest difference in steps of the dtype at the truth.
     #[serde(
-        serialize_with = "crate::render::float",
-        deserialize_with = "crate::render::float_from"
+        serialize_with = "crate::floats::float",
+        deserialize_with = "crate::floats::float_from"
     )]
     pub max_ulps: f64,
     /// Mean difference in steps of the dtype at the truth.
     #[serde(
-        serialize_with = "crate::render::float",
-        deserialize_with = "crate::render::float_from"
+        serialize_with = "crate::floats::float",
+        deserialize_with = "crate::floats::float_from"
     )]
     pub mean_ulps: f64,
     /// The largest `|ŷ − y| / bound`: at most 1 passes; how far inside or outside.
     #[serde(
-        serialize_with = "crate::render::float",
-        deserialize_with = "crate::render::float_from"
+        serialize_with = "crate::floats::float",
+        deserialize_with = "crate::floats::float_from"
     )]
     pub ratio: f64,
     /// The element that sets `ratio`.
@@ -173,7 +173,7 @@ pub fn check_op_in(
         }
     }
     let mut values = vec![0.0; n];
-    crate::compare::decode(got.dtype, got.bytes, &mut values);
+    crate::dtype::decode(got.dtype, got.bytes, &mut values);
     let terms = dtype.mantissa_bits().map(|bits| OpBound {
         output_steps: output_steps(dtype),
         stages,

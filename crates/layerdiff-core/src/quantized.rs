@@ -46,7 +46,7 @@ pub struct Quantization {
     /// The integer type (`int8`, `uint8`, `int16`).
     pub dtype: String,
     /// One step.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub scale: f64,
     /// The integer that stands for zero.
     pub zero_point: i64,
@@ -61,7 +61,7 @@ pub struct Quantization {
     pub elements: u64,
     /// The own error's root mean square in steps, once measured (TFLite's debugger's
     /// `rmse/scale`).
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub rms_steps: f64,
 }
 
@@ -145,10 +145,10 @@ pub fn assess_quantized(
         }
     }
     let (mut t, mut x, mut w, mut y) = (vec![0.0; n], vec![0.0; n], vec![0.0; n], vec![0.0; n]);
-    crate::compare::decode(target.dtype, target.bytes, &mut t);
-    crate::compare::decode(exact.dtype, exact.bytes, &mut x);
-    crate::compare::decode(ideal.dtype, ideal.bytes, &mut w);
-    crate::compare::decode(reference.dtype, reference.bytes, &mut y);
+    crate::dtype::decode(target.dtype, target.bytes, &mut t);
+    crate::dtype::decode(exact.dtype, exact.bytes, &mut x);
+    crate::dtype::decode(ideal.dtype, ideal.bytes, &mut w);
+    crate::dtype::decode(reference.dtype, reference.bytes, &mut y);
     let (lo, hi) = grid.range();
     let step = grid.scale;
     let (mut base_max, mut base_sum, mut own_max, mut own_sum, mut own_sq) =

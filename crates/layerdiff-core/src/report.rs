@@ -6,8 +6,12 @@ use serde::Serialize;
 
 use crate::Stats;
 
+mod compiled;
+mod keep;
 mod layer;
-pub use layer::{Finding, Float64Distance, Inside, Layer, LayerStatus, Location};
+pub use compiled::{CompiledWhole, ModuleCompiled};
+pub use keep::{AdviceCheck, KeepFloat32, KeptLayer};
+pub use layer::{Finding, Float64Distance, Inside, Layer, LayerStatus, Location, ROUNDING_FACTOR};
 mod summary;
 pub use summary::{
     Approximation, Defect, FailOn, NarrowKernel, PrecisionDrift, Summary, Verdict, WorstLayer,
@@ -133,7 +137,7 @@ pub struct Timing {
     /// (capture and export).
     pub by: String,
     /// Wall time.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub seconds: f64,
 }
 
@@ -370,7 +374,7 @@ pub struct TargetGraph {
     /// Model outputs checked.
     pub outputs_checked: usize,
     /// The largest absolute difference between the two runs' model outputs (0 when identical).
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub outputs_max_abs_diff: f64,
 }
 

@@ -92,7 +92,7 @@ impl<'a> TensorView<'a> {
                     let narrowed =
                         self.dtype == DType::F32 && crate::dtype::f32_on_grid(grid, run, wide);
                     if !narrowed {
-                        crate::compare::decode(self.dtype, run, wide);
+                        crate::dtype::decode(self.dtype, run, wide);
                         if grid.narrower_than(self.dtype) {
                             grid.round_all(wide);
                         }
@@ -162,7 +162,7 @@ impl<'a> TensorView<'a> {
     /// (what a pass over every element should use; [`Self::get_f64`] decodes one).
     pub fn decode_into(&self, from: usize, out: &mut [f64]) {
         let size = self.dtype.size();
-        crate::compare::decode(
+        crate::dtype::decode(
             self.dtype,
             &self.bytes[from * size..(from + out.len()) * size],
             out,
@@ -196,7 +196,7 @@ fn convert(from: DType, input: &[u8], to: DType, out: &mut [u8]) {
     if to == DType::F64
         && let Ok(wide) = bytemuck::try_cast_slice_mut::<u8, f64>(out)
     {
-        crate::compare::decode(from, input, wide);
+        crate::dtype::decode(from, input, wide);
         return;
     }
     const AT_ONCE: usize = 256;
@@ -206,7 +206,7 @@ fn convert(from: DType, input: &[u8], to: DType, out: &mut [u8]) {
         .zip(out.chunks_mut(AT_ONCE * to.size()))
     {
         let wide = &mut wide[..i.len() / from.size()];
-        crate::compare::decode(from, i, wide);
+        crate::dtype::decode(from, i, wide);
         to.encode_f64_into(wide, o);
     }
 }

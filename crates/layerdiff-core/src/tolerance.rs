@@ -24,10 +24,10 @@ pub const AUTO_FLOOR: f64 = 0.01;
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
 pub struct Bound {
     /// The absolute term.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub atol: f64,
     /// The term relative to the reference value's magnitude.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub rtol: f64,
 }
 
@@ -103,10 +103,10 @@ pub struct ToleranceInfo {
     /// `per_dtype`, `fixed` or `auto`.
     pub policy: &'static str,
     /// The one tolerance of `fixed`.
-    #[serde(serialize_with = "crate::render::float_opt")]
+    #[serde(serialize_with = "crate::floats::float_opt")]
     pub abs: Option<f64>,
     /// The multiple of `auto`.
-    #[serde(serialize_with = "crate::render::float_opt")]
+    #[serde(serialize_with = "crate::floats::float_opt")]
     pub factor: Option<f64>,
 }
 

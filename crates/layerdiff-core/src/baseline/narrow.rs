@@ -16,25 +16,25 @@ pub struct NarrowIdeal {
     #[serde(skip)]
     pub judged: u64,
     /// The largest own error such a kernel explains at an element.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub allowed_max_abs_diff: f64,
     /// The mean own error it explains.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub allowed_mean_abs_diff: f64,
     /// The own error as a multiple of it.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub multiple: f64,
     /// How much of the own error pushes every element the same way along its value
     /// (`Σ (t − y)·sign(x) / Σ |t − y|`, from −1 to 1): about 0 for rounding, which goes either
     /// way; 1 for a kernel that scales its result up. Beyond [`NarrowIdeal::chance`], the
     /// error is not an accumulation's rounding, whatever its size, unless it falls short of
     /// the values where such a kernel's sums stall ([`NarrowIdeal::short`]).
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub systematic: f64,
     /// How much of the error such a kernel makes falls short of the values (0 to 1): its sums
     /// stall where their terms share a sign (see `baseline/stalls.rs`); 0 where none do.
     #[serde(
-        serialize_with = "crate::render::float",
+        serialize_with = "crate::floats::float",
         skip_serializing_if = "no_shortfall"
     )]
     pub short: f64,

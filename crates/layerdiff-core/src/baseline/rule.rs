@@ -223,11 +223,11 @@ impl Rule {
         #[cfg(target_arch = "x86_64")]
         {
             // the comparator's choice of kernel: its AVX2 (and AVX-512) needs AVX2 and FMA too
-            let best = crate::compare::Kernel::best();
-            if best != crate::compare::Kernel::Portable {
+            let best = crate::kernel::Kernel::best();
+            if best != crate::kernel::Kernel::Portable {
                 if reference.len().is_multiple_of(LANES) {
                     let values = (reference, own, exact);
-                    if best == crate::compare::Kernel::Avx512 {
+                    if best == crate::kernel::Kernel::Avx512 {
                         // SAFETY: the CPU has AVX-512F and DQ; the slices are of one length
                         // (a block's), a whole number of lane rows.
                         return unsafe { avx512::lane_sums(self, grid, max_finite, values) };
@@ -267,7 +267,7 @@ impl Rule {
         let max_finite = self.by_lanes(grid)?;
         #[cfg(target_arch = "x86_64")]
         if exact.len().is_multiple_of(LANES)
-            && crate::compare::Kernel::best() == crate::compare::Kernel::Avx512
+            && crate::kernel::Kernel::best() == crate::kernel::Kernel::Avx512
         {
             // SAFETY: the CPU has the AVX-512 kernel's features; `exact` is a whole number of
             // lane rows, the byte slices as many elements of their dtypes (the caller's).

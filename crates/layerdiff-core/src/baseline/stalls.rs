@@ -167,7 +167,7 @@ pub(crate) fn one_by_one(
             let mut done = vec![vec![0.0; len]; chunkings.len()];
             for r in 0..k {
                 let bytes = &each.bytes[(r * n + start) * width..(r * n + end) * width];
-                crate::compare::decode(each.dtype, bytes, &mut row);
+                crate::dtype::decode(each.dtype, bytes, &mut row);
                 for (c, &runs) in chunkings.iter().enumerate() {
                     if r > 0 && r % k.div_ceil(runs) == 0 {
                         for (d, run) in done[c].iter_mut().zip(running[c].iter_mut()) {

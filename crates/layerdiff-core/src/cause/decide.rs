@@ -3,7 +3,8 @@
 //! where not, and what fixes each defect.
 
 use super::quantized::quantized;
-use super::{Cause, DType, Evidence, Finding, Layer, ROUNDING_FACTOR, overflows, quantizing_op};
+use super::{Cause, DType, Evidence, Finding, Layer, overflows, quantizing_op};
+use crate::ROUNDING_FACTOR;
 
 /// A cause, its detail and the finding it makes, for one layer (see the module docs): a kernel
 /// beyond what its precision explains whose effect stays within every tolerance is an

@@ -35,7 +35,7 @@ pub fn precision_grid(reference: TensorView<'_>, target: TensorView<'_>) -> Opti
         for &start in &starts {
             let len = GRID_RUN.min(n - start);
             let bytes = &view.bytes[start * size..(start + len) * size];
-            crate::compare::decode(view.dtype, bytes, &mut run[..len]);
+            crate::dtype::decode(view.dtype, bytes, &mut run[..len]);
             values.extend_from_slice(&run[..len]);
         }
         values

@@ -1,15 +1,14 @@
-//! One block's statistics: the exact path (any dtype, NaN and infinities), the portable path for
-//! finite values, and the choice of the explicit kernels (AVX2, AVX-512) where the CPU has them.
-//! Every path does the same arithmetic in the same order, so each gives the same bits.
+//! One block's statistics by the portable paths: the exact one (any dtype, NaN and
+//! infinities) and the one for finite values, which the explicit kernels (AVX2, AVX-512) match
+//! bit for bit. Which path takes a block is `dispatch`'s choice.
 
-use super::decode::decode;
-#[cfg(target_arch = "x86_64")]
-use super::decode::widen_f16;
 use super::rounding::{Lanes, Tally, count_slots};
-use super::{BLOCK, Judging, LANES, Partial, THRESHOLDS};
+use super::{BLOCK, Judging, LANES, Partial, SUB, THRESHOLDS, tree};
 #[cfg(target_arch = "x86_64")]
-use super::{avx2, avx512};
-use crate::{DType, TensorView};
+use crate::DType;
+use crate::TensorView;
+use crate::dtype::decode;
+
 /// What an explicit kernel made of a block (returned once per block: its size does not matter).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::large_enum_variant)]
@@ -33,187 +32,6 @@ pub(super) fn element(dtype: DType, bytes: &[u8], k: usize) -> f64 {
     out[0]
 }
 
-/// The code that computes a block: the same arithmetic in each (no fused multiply-add, no
-/// reassociation), so every kernel gives the same bits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kernel {
-    /// AVX-512 (F, DQ, VL) with F16C and POPCNT: blocks of finite values, judged or not.
-    Avx512,
-    /// AVX2 with FMA and F16C: every block (the fast path of CPUs without AVX-512).
-    Avx2,
-    /// Plain Rust, on any CPU.
-    Portable,
-}
-
-impl Kernel {
-    /// The kernels this CPU can run, best first (the last is always [`Kernel::Portable`]).
-    pub(crate) fn available() -> Vec<Kernel> {
-        let mut kernels = Vec::new();
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("f16c") && has!("fma") {
-                if has!("avx512f") && has!("avx512dq") && has!("avx512vl") && has!("popcnt") {
-                    kernels.push(Kernel::Avx512);
-                }
-                kernels.push(Kernel::Avx2);
-            }
-        }
-        kernels.push(Kernel::Portable);
-        kernels
-    }
-
-    /// The best kernel this CPU runs.
-    pub(crate) fn best() -> Kernel {
-        static BEST: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
-        *BEST.get_or_init(|| Kernel::available()[0])
-    }
-}
-
-/// The largest `|t - r|` over elements `from..from + len` and the largest `|r|`, by the AVX-512
-/// or AVX2 kernel where the CPU has it and reads both dtypes and `len` is a multiple of eight;
-/// `None` otherwise (the caller decodes).
-pub(crate) fn largest_difference(
-    reference: TensorView<'_>,
-    target: TensorView<'_>,
-    from: usize,
-    len: usize,
-) -> Option<(f64, f64)> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let best = Kernel::best();
-        if best != Kernel::Portable && from + len <= reference.numel().min(target.numel()) {
-            let (r, t) = (
-                (reference.dtype, reference.bytes),
-                (target.dtype, target.bytes),
-            );
-            // SAFETY: the CPU has the kernel's features (Kernel::available); both views hold
-            // `from + len` elements, checked above.
-            return unsafe {
-                if best == Kernel::Avx512 {
-                    avx512::largest_difference(r, t, from, len)
-                } else {
-                    avx2::largest_difference(r, t, from, len)
-                }
-            };
-        }
-    }
-    let _ = (reference, target, from, len);
-    None
-}
-
-/// One block's statistics, by the best kernel the CPU has.
-pub(super) fn block_stats(
-    reference: TensorView<'_>,
-    target: TensorView<'_>,
-    block: usize,
-    judging: Judging<'_>,
-) -> Partial {
-    block_stats_on(Kernel::best(), reference, target, block, judging)
-}
-
-/// One block's statistics by `kernel`, which the CPU must have ([`Kernel::available`]); what
-/// a kernel does not take (AVX-512: a dtype it does not read) goes to the next one.
-pub(super) fn block_stats_on(
-    kernel: Kernel,
-    reference: TensorView<'_>,
-    target: TensorView<'_>,
-    block: usize,
-    mut judging: Judging<'_>,
-) -> Partial {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if kernel == Kernel::Avx512 {
-            let start = block * BLOCK;
-            let len = BLOCK.min(reference.numel() - start);
-            let judge = judging.as_mut().map(|(j, h)| (*j, &mut **h));
-            // SAFETY: the CPU has the features (Kernel::available); views hold `numel` elements.
-            let outcome = unsafe {
-                avx512::finite_block(
-                    (reference.dtype, reference.bytes),
-                    (target.dtype, target.bytes),
-                    start,
-                    len,
-                    judge,
-                )
-            };
-            match outcome {
-                Outcome::Done(p) => return p,
-                Outcome::NotFinite => return exact_block(reference, target, block, judging),
-                Outcome::Unsupported => {}
-            }
-        }
-        // What the AVX-512 kernel does not take, and every block of a CPU without it.
-        if kernel != Kernel::Portable {
-            let start = block * BLOCK;
-            let len = BLOCK.min(reference.numel() - start);
-            let judge = judging.as_mut().map(|(j, h)| (*j, &mut **h));
-            // SAFETY: the CPU has AVX2 and F16C (Kernel::available); views hold `numel`
-            // elements.
-            let outcome = unsafe {
-                avx2::finite_block(
-                    (reference.dtype, reference.bytes),
-                    (target.dtype, target.bytes),
-                    start,
-                    len,
-                    judge,
-                )
-            };
-            return match outcome {
-                Outcome::Done(p) => p,
-                Outcome::NotFinite => exact_block(reference, target, block, judging),
-                // SAFETY: the CPU has AVX2 and F16C (Kernel::available).
-                Outcome::Unsupported => unsafe {
-                    block_stats_avx2(reference, target, block, judging)
-                },
-            };
-        }
-    }
-    let _ = kernel;
-    block_stats_generic(reference, target, block, judging, decode)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-fn block_stats_avx2(
-    reference: TensorView<'_>,
-    target: TensorView<'_>,
-    block: usize,
-    judging: Judging<'_>,
-) -> Partial {
-    block_stats_generic(reference, target, block, judging, |dtype, bytes, out| {
-        if dtype == DType::F16 {
-            widen_f16(bytes, out);
-        } else {
-            decode(dtype, bytes, out);
-        }
-    })
-}
-
-/// One block's statistics, its elements widened by `widen(dtype, bytes, out)`.
-#[inline(always)]
-fn block_stats_generic(
-    reference: TensorView<'_>,
-    target: TensorView<'_>,
-    block: usize,
-    mut judging: Judging<'_>,
-    widen: impl Fn(DType, &[u8], &mut [f64]),
-) -> Partial {
-    let start = block * BLOCK;
-    let len = BLOCK.min(reference.numel() - start);
-    let (rs, ts) = (reference.dtype.size(), target.dtype.size());
-    fn span<'a>(v: &TensorView<'a>, size: usize, from: usize, to: usize) -> &'a [u8] {
-        &v.bytes[from * size..to * size]
-    }
-    let judge = judging.as_mut().map(|(j, h)| (*j, &mut **h));
-    finite_block(len, start, judge, |from, to, r, t| {
-        let (from, to) = (start + from, start + to);
-        widen(reference.dtype, span(&reference, rs, from, to), r);
-        widen(target.dtype, span(&target, ts, from, to), t);
-    })
-    .unwrap_or_else(|| exact_block(reference, target, block, judging))
-}
-
 /// A block through the exact path (NaN and infinities included).
 pub(super) fn exact_block(
     reference: TensorView<'_>,
@@ -233,10 +51,6 @@ pub(super) fn exact_block(
     decode(target.dtype, bytes.1, &mut t);
     any_block(&r, &t, start, judging)
 }
-
-/// Elements decoded and reduced at a time inside a block: small enough that both sides and
-/// their differences stay in L1 cache.
-pub(super) const SUB: usize = 128;
 
 /// The common case: every value of both sides finite. Branch-free over lanes, so it vectorizes;
 /// `None` when the block holds a NaN or an infinity (then [`any_block`] handles it). Gives the
@@ -327,12 +141,6 @@ pub(super) fn finite_block(
         worst,
         judged.tally(),
     ))
-}
-
-/// Lanes combined by the fixed pairwise tree.
-#[inline(always)]
-pub(super) fn tree(l: &[f64; LANES]) -> f64 {
-    ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
 }
 
 /// Any block, NaN and infinities included, one element at a time.

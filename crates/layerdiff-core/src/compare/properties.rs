@@ -6,8 +6,10 @@
 
 use proptest::prelude::*;
 
-use super::block::{Kernel, block_stats_on, exact_block};
+use super::block::exact_block;
+use super::dispatch::block_stats_on;
 use super::*;
+use crate::kernel::Kernel;
 use crate::{Bound, DType};
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
@@ -128,7 +130,7 @@ fn plain(r: &[f64], t: &[f64]) -> Plain {
 
 fn widened(dtype: DType, bytes: &[u8]) -> Vec<f64> {
     let mut out = vec![0.0; bytes.len() / dtype.size()];
-    decode(dtype, bytes, &mut out);
+    crate::dtype::decode(dtype, bytes, &mut out);
     out
 }
 

@@ -65,20 +65,20 @@ pub struct Rounding {
     /// The dtype whose ULPs measure the differences (the lower-precision side's).
     pub grid: String,
     /// Largest difference in ULPs of `grid` at the larger magnitude of the two values.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub max_ulp_diff: f64,
     /// Mean difference in ULPs.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub mean_ulp_diff: f64,
     /// Median of `|target - reference|` (to within [`PERCENTILE_RESOLUTION`] above it).
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub p50_abs_diff: f64,
     /// 99th percentile of `|target - reference|`.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub p99_abs_diff: f64,
     /// The smallest multiple of the bound that every element passes: above 1, the layer
     /// exceeds its tolerance.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub tolerance_needed: f64,
     /// Elements beyond the bound.
     pub beyond_tolerance: u64,

@@ -141,7 +141,7 @@ fn decoding_is_the_plain_decoders_bits_aligned_or_not() {
             for n in [0, 1, 7, 8, 9, 100, 1000] {
                 let bytes = &bytes[offset..offset + n * dtype.size()];
                 let (mut got, mut want) = (vec![0.0f64; n], vec![0.0f64; n]);
-                super::decode(dtype, bytes, &mut got);
+                crate::dtype::decode(dtype, bytes, &mut got);
                 dtype.decode_f64(bytes, &mut want);
                 let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert!(
@@ -166,7 +166,7 @@ fn float16_widened_by_f16c_is_exact() {
     for n in [0, 1, 7, 8, 9, 17, 65536] {
         let (mut got, mut want) = (vec![0.0f64; n], vec![0.0f64; n]);
         // SAFETY: the CPU has AVX2 and F16C, checked above.
-        unsafe { super::decode::widen_f16(&bytes[..2 * n], &mut got) };
+        unsafe { crate::dtype::widen_f16(&bytes[..2 * n], &mut got) };
         DType::F16.decode_f64(&bytes[..2 * n], &mut want);
         let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&got), bits(&want), "{n} elements");
@@ -414,7 +414,8 @@ fn huge_values_of_opposite_signs_differ_relatively_by_two_not_infinitely() {
 /// that underflowed).
 #[test]
 fn the_largest_relative_difference_is_found_among_float64_subnormals() {
-    use super::block::{Kernel, block_stats_on};
+    use super::dispatch::block_stats_on;
+    use crate::kernel::Kernel;
     let n = BLOCK;
     let u = f64::from_bits(1);
     let (mut reference, mut target) = (vec![1.0f64; n], vec![1.0f64; n]);

@@ -12,7 +12,7 @@ mod text;
 
 pub use chart::to_svg;
 pub use html::to_html;
-pub use json::{float, float_from, float_opt, format_float, to_json, to_json_value};
+pub use json::{to_json, to_json_value};
 pub use markdown::to_markdown;
 pub use node_data::to_node_data;
 pub use text::to_text;

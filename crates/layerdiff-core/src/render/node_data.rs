@@ -18,7 +18,7 @@ struct GraphNodeData {
 
 #[derive(Serialize)]
 struct NodeResult {
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     value: f64,
 }
 

@@ -108,10 +108,10 @@ pub struct Inside {
     /// The value it produces (which the optimized graph does not have).
     pub value: String,
     /// Its largest difference, run alone.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub max_abs_diff: f64,
     /// That difference as a multiple of the tolerance.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub tolerance_multiple: f64,
     /// The region's other nodes, each within the tolerance run alone.
     pub agree: Vec<String>,
@@ -270,14 +270,18 @@ impl Location {
     }
 }
 
+/// A target at most this many times as far from the float64 truth as the reference is only
+/// rounding, as the reference does (the same factor that makes the two "about equally far").
+pub const ROUNDING_FACTOR: f64 = 2.0;
+
 /// Each side's max abs distance from the same model run in float64.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Float64Distance {
     /// The reference's distance.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub reference: f64,
     /// The target's distance.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub target: f64,
 }
 
@@ -298,7 +302,7 @@ impl Float64Distance {
         let (r, t) = (self.reference, self.target);
         if r == 0.0 && t == 0.0 {
             "both sides match float64 exactly".to_string()
-        } else if t <= crate::ROUNDING_FACTOR * r && r <= crate::ROUNDING_FACTOR * t {
+        } else if t <= ROUNDING_FACTOR * r && r <= ROUNDING_FACTOR * t {
             format!(
                 "both sides are about equally far from float64 (reference {r:.2e}, target {t:.2e}): rounding, not a bug"
             )

@@ -208,10 +208,10 @@ pub struct Defect {
     pub cause: crate::Cause,
     /// Its own error as a multiple of what its precision explains (the layer's
     /// `baseline.multiple`), where that was measured.
-    #[serde(serialize_with = "crate::render::float_opt")]
+    #[serde(serialize_with = "crate::floats::float_opt")]
     pub multiple: Option<f64>,
     /// Its own error as a multiple of its tolerance.
-    #[serde(serialize_with = "crate::render::float_opt")]
+    #[serde(serialize_with = "crate::floats::float_opt")]
     pub tolerance_multiple: Option<f64>,
     /// The cause in words.
     pub detail: String,
@@ -239,10 +239,10 @@ pub struct NarrowKernel {
     /// Terms each element sums.
     pub terms: u64,
     /// Its own error as a multiple of what a float32-accumulating kernel explains.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub multiple: f64,
     /// The same, of what a kernel accumulating in `dtype` explains.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub narrow_multiple: f64,
     /// What to do about it.
     pub fix: String,
@@ -260,10 +260,10 @@ pub struct Approximation {
     /// The dtype an honest kernel is held to.
     pub dtype: String,
     /// Its own error as a multiple of what that dtype explains.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub multiple: f64,
     /// Its own error as a multiple of its tolerance (below 1).
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub tolerance_multiple: f64,
     /// What to do about it.
     pub fix: String,
@@ -291,10 +291,10 @@ pub struct PrecisionDrift {
     /// The last compared layer (the model's output), where the drift ends up.
     pub output: Option<String>,
     /// Its largest difference.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub output_max_abs_diff: f64,
     /// Its largest difference as a multiple of its tolerance.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub output_tolerance_multiple: f64,
     /// Its elements NaN or ±Inf on the target where the reference's are finite (the largest
     /// difference is then of the others).
@@ -355,6 +355,6 @@ pub struct WorstLayer {
     /// Layer name.
     pub layer: String,
     /// The figure.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub value: f64,
 }

@@ -11,7 +11,8 @@
 //! target computes something else: the check fails, whatever the bound says.
 
 use layerdiff_core::{
-    Bound, DType, Judge, Machine, Stats, Tensor, TensorView, compare, compare_judged, render,
+    Bound, DType, Judge, Machine, Stats, Tensor, TensorView, compare, compare_judged, floats,
+    render,
 };
 use serde::Serialize;
 
@@ -35,15 +36,15 @@ pub const OUTPUT_ROUNDING_FACTOR: f64 = 4.0;
 #[derive(Debug, Clone, Serialize)]
 pub struct TruthCheck {
     /// The reference's mean abs diff from the truth.
-    #[serde(serialize_with = "render::float")]
+    #[serde(serialize_with = "floats::float")]
     pub reference_mean_abs_diff: f64,
     /// The target's mean abs diff from the truth.
-    #[serde(serialize_with = "render::float")]
+    #[serde(serialize_with = "floats::float")]
     pub target_mean_abs_diff: f64,
     /// The target's distance as a multiple of the reference's (at least one rounding of the
     /// output's mean magnitude in the reference's dtype), scaled to the target's `grid` where
     /// it computes in a narrower one.
-    #[serde(serialize_with = "render::float")]
+    #[serde(serialize_with = "floats::float")]
     pub multiple: f64,
     /// Beyond [`OUTPUT_ROUNDING_FACTOR`]: the target computes something else.
     pub beyond: bool,
@@ -174,10 +175,10 @@ pub struct CheckReport {
     /// What computed the target outputs, in words.
     pub target: String,
     /// The absolute term of the bound.
-    #[serde(serialize_with = "render::float")]
+    #[serde(serialize_with = "floats::float")]
     pub atol: f64,
     /// The relative term of the bound.
-    #[serde(serialize_with = "render::float")]
+    #[serde(serialize_with = "floats::float")]
     pub rtol: f64,
     /// How the target computes in a narrower dtype than the file's, where it does (OpenVINO's
     /// inference precision, and how to turn it off).

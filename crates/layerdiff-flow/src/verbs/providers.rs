@@ -10,7 +10,7 @@
 
 use std::path::PathBuf;
 
-use layerdiff_core::{FailOn, InputInfo, Machine, Report, SideInfo, ToleranceInfo, render};
+use layerdiff_core::{FailOn, InputInfo, Machine, Report, SideInfo, ToleranceInfo, floats, render};
 use layerdiff_runtime::{Isolation, OptLevel, OrtSpec, Provider, RuntimeSpec};
 use serde::Serialize;
 
@@ -79,7 +79,7 @@ pub struct Cell {
     /// The largest difference of any layer.
     #[serde(
         skip_serializing_if = "Option::is_none",
-        serialize_with = "render::float_opt"
+        serialize_with = "floats::float_opt"
     )]
     pub max_abs_diff: Option<f64>,
     /// Which provider ran how many nodes, where ONNX Runtime's profile says.

@@ -54,7 +54,7 @@ fn a_finite_block_by_lanes_agrees_with_the_element_wise_path() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn the_vector_lane_loops_give_the_portable_ones_bits() {
-    use crate::compare::Kernel;
+    use crate::kernel::Kernel;
     let kernels = Kernel::available();
     if kernels == [Kernel::Portable] {
         eprintln!("skipped: this CPU has no AVX2 and FMA");
@@ -65,7 +65,7 @@ fn the_vector_lane_loops_give_the_portable_ones_bits() {
 }
 
 #[cfg(target_arch = "x86_64")]
-fn lane_loop_gives_the_portable_ones_bits(kernel: crate::compare::Kernel) {
+fn lane_loop_gives_the_portable_ones_bits(kernel: crate::kernel::Kernel) {
     let mut rng = crate::SplitMix64::new(11);
     for grid in [DType::F32, DType::F16, DType::BF16] {
         let max_finite = grid.max_finite().unwrap();
@@ -85,7 +85,7 @@ fn lane_loop_gives_the_portable_ones_bits(kernel: crate::compare::Kernel) {
                 // SAFETY: the CPU has the kernel's features (Kernel::available); one length,
                 // 4096.
                 let vector = unsafe {
-                    if kernel == crate::compare::Kernel::Avx512 {
+                    if kernel == crate::kernel::Kernel::Avx512 {
                         super::rule::avx512::lane_sums(&rule, grid, max_finite, (y, t, x))
                     } else {
                         super::rule::avx2::lane_sums(&rule, grid, max_finite, (y, t, x))

@@ -2,9 +2,9 @@
 //! and F16C where the CPU has them), the dtype's own decoding for the rest and for bytes that
 //! are not aligned.
 
-#[cfg(target_arch = "x86_64")]
-use super::block::Kernel;
 use crate::DType;
+#[cfg(target_arch = "x86_64")]
+use crate::kernel::Kernel;
 
 /// Widens little-endian elements to f64, with loops the compiler vectorizes for the float types.
 #[inline(always)]
@@ -78,7 +78,7 @@ fn widen(dtype: DType, bytes: &[u8], out: &mut [f64]) -> bool {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
-pub(super) fn widen_f16(bytes: &[u8], out: &mut [f64]) {
+pub(crate) fn widen_f16(bytes: &[u8], out: &mut [f64]) {
     use std::arch::x86_64::{
         __m128i, _mm_loadu_si128, _mm256_castps256_ps128, _mm256_cvtph_ps, _mm256_cvtps_pd,
         _mm256_extractf128_ps, _mm256_storeu_pd,

@@ -46,17 +46,17 @@ pub struct ModuleCompiled {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub eager: Vec<String>,
     /// The largest difference of its outputs from it eager.
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub max_abs_diff: f64,
     /// The tolerance of the output that differs most (by its dtype, as the run's policy
     /// chooses a layer's): what a repro of it is judged by.
     pub tolerance: Bound,
     /// The difference as a multiple of that tolerance (above 1: beyond it).
-    #[serde(serialize_with = "crate::render::float")]
+    #[serde(serialize_with = "crate::floats::float")]
     pub tolerance_multiple: f64,
     /// How many times as far from the output computed in float64 it is as eager is, where that
     /// was computed (beyond `OUTPUT_ROUNDING_FACTOR`: it computes something else).
-    #[serde(serialize_with = "crate::render::float_opt")]
+    #[serde(serialize_with = "crate::floats::float_opt")]
     pub float64_multiple: Option<f64>,
     /// Whether it differs, by `layerdiff check`'s rule: an element beyond the tolerance, or
     /// further from float64 than rounding explains.
