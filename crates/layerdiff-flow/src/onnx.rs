@@ -5,33 +5,27 @@
 //! [`Engine`]. Pieces of the target's file run alone on its runtime (`pieces`) answer where
 //! inside a fusion a difference is born (`fusion`), and make the repros of `reduce`.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use crate::spec::onnx_side::OnnxSide;
-use layerdiff_core::{Layer, Location, Report, Tensor, Tolerance};
-use layerdiff_onnx::{GraphIndex, MAX_GROUP_NODES, Model, NCHWC_DOMAIN, NodeInfo, to_float64_lazy};
+use layerdiff_core::{Report, Tensor};
+use layerdiff_onnx::{MAX_GROUP_NODES, Model, to_float64_lazy};
 use layerdiff_runtime::{Isolation, PerNode, Runtime, RuntimeSpec, Widened};
 
-use crate::inputs::{InputPlan, check_inputs, fit_inputs, generate_inputs, read_inputs};
-use crate::sides::graph::shipped::prepare_target;
-use crate::timings::{OWN, RUNTIME, Stopwatch};
-use crate::{
-    Alignment, Baseline, Engine, EngineParts, Error, ExpectedSide, FallbackSide, GraphBaseline,
-    GraphSide, Header, Result, Segmentation, Settings, Shared, Side,
-};
+use crate::inputs::InputPlan;
+use crate::spec::onnx_side::OnnxSide;
+use crate::{Error, FallbackSide, GraphSide, Result, Segmentation, Settings};
 
+mod comparison;
 mod exposure;
 mod fusion;
 mod lacking;
-mod pairing;
-mod setup;
-use setup::*;
 mod opaque;
+mod pairing;
 pub(crate) mod pieces;
+mod setup;
+use comparison::Comparison;
 pub use fusion::inside_fusion;
 use lacking::Lacking;
-use pairing::align;
 
 /// The most nodes a repro grows to by default: beyond a handful, a repro is a model again.
 pub const MOST_NODES: usize = 5;
@@ -128,7 +122,7 @@ pub(crate) fn compare_on(
     let own_target = target_runtime.is_some();
     let mut lacks: Vec<Lacking> = Vec::new();
     loop {
-        let outcome = compare_once(options, target_runtime.take(), progress, &lacks, false);
+        let outcome = Comparison::new(options, &lacks, progress).run(target_runtime.take());
         let Err(err) = &outcome else {
             return outcome;
         };
@@ -142,124 +136,6 @@ pub(crate) fn compare_on(
     }
 }
 
-/// One try of [`compare_on`], the target's graph without the nodes it `lacks`;
-/// `outputs_only`: only the graph's outputs are compared, so the target runs its graph as the
-/// file holds it (an opaque target's whole-graph check).
-fn compare_once(
-    options: &OnnxOptions,
-    target_runtime: Option<Box<dyn Runtime + Send + Sync>>,
-    progress: bool,
-    lacks: &[Lacking],
-    outputs_only: bool,
-) -> Result<Outcome> {
-    let mut clock = Stopwatch::default();
-    let phase = |what: String| progress.then(|| crate::progress::phase(&what));
-    phase(format!("reading {}", options.model.display()));
-    let own_target = target_runtime.is_some();
-    let Loaded {
-        reference_model,
-        target_model,
-        differences,
-        removed,
-    } = loaded(options, lacks)?;
-    clock.lap("loading models", OWN);
-    let reference_label = file_name(&options.model);
-    let target_label = file_name(options.vs.as_ref().unwrap_or(&options.model));
-    let target_file = target_model.as_ref().unwrap_or(&reference_model);
-    let spelled = |spec: &OnnxSide, label: &str, model: &Model| -> Result<Spelled> {
-        Ok((expected(spec, label, model)?, built(spec, options)?))
-    };
-    let target_name = target_name(options, &target_runtime);
-    phase(format!("starting {} and {target_name}", options.reference));
-    let (reference_expected, reference_runtime) =
-        spelled(&options.reference, &reference_label, &reference_model)?;
-    let (target_expected, target_runtime) = match target_runtime {
-        Some(runtime) => (None, Some(runtime)),
-        None => spelled(&options.target_spec(), &target_label, target_file)?,
-    };
-    clock.lap("runtime start-up", RUNTIME);
-    let expecting = [&reference_expected, &target_expected];
-    let MadeInputs {
-        inputs,
-        seed,
-        batch_note,
-    } = made_inputs(options, &reference_model, &expecting)?;
-    clock.lap("making inputs", OWN);
-    let reach = reach_of(outputs_only);
-    let mut renames = crate::sides::graph::shipped::Renames::default();
-    let target_holds = target_expected.as_ref().map(ExpectedSide::names);
-    // The graph the target runs (optimized, where its runtime optimizes), to align with.
-    let (target, target_graph) = match (target_expected, target_runtime) {
-        (Some(expected), _) => {
-            let index = GraphIndex::new(target_file.graph());
-            check_inputs(&index, &inputs)?;
-            (Box::new(expected.given(&inputs)) as Box<dyn Side>, index)
-        }
-        (None, Some(runtime)) => {
-            phase(format!("preparing {target_name}'s graph"));
-            let file = TargetFile {
-                model: target_model,
-                label: target_label,
-                inputs: &inputs,
-                other: options.vs.is_some(),
-                exposes: !outputs_only,
-                tolerance: options.settings.tolerance,
-            };
-            let side = graph_target(&reference_model, file, runtime, &mut clock)?.reaching(reach);
-            renames = side.renames.clone();
-            let graph = side.index.clone();
-            (Box::new(side) as Box<dyn Side>, graph)
-        }
-        (None, None) => unreachable!("a side is a runtime or expected values"),
-    };
-    // A file of expected values holds only some values: compare those (on either side).
-    let outputs = reference_model.graph().output.iter().map(|o| o.name());
-    let provides = |r: &str, t: Option<&str>| {
-        held_by(reference_expected.as_ref(), target_holds.as_deref(), r, t)
-            && (!outputs_only || outputs.clone().any(|o| o == r))
-    };
-    let alignment = align(&reference_model, &target_graph, &renames, &provides);
-    let float64 = float64_sides(options, &reference_model, &inputs, reach)?;
-    let subgraphs = subgraphs_note(reference_model.graph());
-    let reference = reference_side(
-        (reference_expected, reference_runtime),
-        reference_label,
-        reference_model,
-        &inputs,
-    );
-    let header = Header {
-        command: "onnx".to_string(),
-        model: file_name(&options.model),
-        seed,
-    };
-    let (mut report, segmentation) = run_engine(
-        header,
-        alignment,
-        (reference, target),
-        float64,
-        inputs.clone(),
-        options.settings.clone(),
-        (clock, progress),
-    )?;
-    Said {
-        differences,
-        subgraphs,
-        batch_note,
-        removed: &removed,
-        lacks,
-    }
-    .add_to(&mut report);
-    if options.settings.local && !own_target && report.summary.incomplete.is_none() {
-        narrow_fusion(options, &mut report, &inputs);
-    }
-    Ok(Outcome {
-        report,
-        segmentation,
-        inputs,
-        seed,
-    })
-}
-
 /// The most nodes a layer's group may hold: every node behind an output where only the
 /// outputs are compared.
 fn reach_of(outputs_only: bool) -> usize {
@@ -267,20 +143,6 @@ fn reach_of(outputs_only: bool) -> usize {
         usize::MAX
     } else {
         MAX_GROUP_NODES
-    }
-}
-
-/// The reference as a side: its file of values, or its file run by its runtime.
-fn reference_side(
-    spelled: Spelled,
-    label: String,
-    model: Model,
-    inputs: &[(String, Tensor)],
-) -> Box<dyn Side> {
-    match spelled {
-        (Some(expected), _) => Box::new(expected.given(inputs)),
-        (None, Some(runtime)) => Box::new(GraphSide::new(Some(label), model, runtime, inputs)),
-        (None, None) => unreachable!("a side is a runtime or expected values"),
     }
 }
 

@@ -1,11 +1,14 @@
 //! The values of two ONNX graphs paired: by name where both have it, by value where an
 //! optimizer renamed them, and why a value has no counterpart.
 
-use super::{
-    Alignment, GraphIndex, HashMap, Layer, Location, MAX_GROUP_NODES, Model, NCHWC_DOMAIN,
-    NodeInfo, Shared,
+use std::collections::HashMap;
+
+use layerdiff_core::{Layer, Location};
+use layerdiff_onnx::{
+    GraphIndex, MAX_GROUP_NODES, Model, NCHWC_DOMAIN, NodeInfo, data_inputs, reads_the_same,
 };
-use layerdiff_onnx::{data_inputs, reads_the_same};
+
+use crate::{Alignment, Shared};
 
 /// Pairs each value a reference node produces with a target value, in the reference's order,
 /// keeping the pairs whose values both sides `provide` (reference value, target value).

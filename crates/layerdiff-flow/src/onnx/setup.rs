@@ -1,84 +1,18 @@
-//! What one comparison of an ONNX model is set up from and ends with: the files read, the sides
-//! as spelled (expected values or runtimes), the inputs, the float64 sides, the target's graph,
-//! the engine's run, and what the report adds after it.
+//! What a comparison of an ONNX model ([`super::comparison`], and `--opaque`'s search) is set
+//! up from and ends with: the files read, a side's runtime started, the inputs, the float64
+//! sides, the target's graph, and what the report adds after the engine's run.
 
-use super::{
-    Baseline, Engine, EngineParts, ExpectedSide, FallbackSide, GraphBaseline, GraphIndex,
-    GraphSide, Header, Lacking, Model, OWN, OnnxOptions, OnnxSide, RUNTIME, Report, Result,
-    Runtime, Side, Stopwatch, Tensor, Tolerance, check_inputs, fit_inputs, float64_truth,
-    generate_inputs, inside_fusion, lacking, prepare_target, read_inputs,
-};
-/// The engine run on the comparison's sides: planned, advanced segment by segment (with a progress
-/// line on a terminal where `progress`), concluded; with how it was split.
-pub(super) fn run_engine(
-    header: Header,
-    alignment: crate::Alignment,
-    (reference, target): (Box<dyn Side>, Box<dyn Side>),
-    (truth, baseline): Float64Sides,
-    inputs: Vec<(String, Tensor)>,
-    settings: crate::Settings,
-    (clock, progress): (Stopwatch, bool),
-) -> Result<(Report, crate::Segmentation)> {
-    let mut engine = Engine::new(EngineParts {
-        header,
-        alignment,
-        reference,
-        target,
-        truth,
-        baseline,
-        inputs,
-        settings,
-        clock,
-    })?;
-    engine.clock.lap("pairing values and planning the run", OWN);
-    if progress {
-        crate::progress::phase("comparing the layers");
-    }
-    engine.progress = crate::progress::Ticker::new(engine.layer_count(), !progress);
-    let segmentation = engine.segmentation();
-    engine.advance()?;
-    Ok((engine.finish()?, segmentation))
-}
+use layerdiff_core::{Report, Tensor, Tolerance};
+use layerdiff_onnx::{GraphIndex, Model};
+use layerdiff_runtime::Runtime;
 
-/// The target's name in the progress lines: its runtime's, or as spelled.
-pub(super) fn target_name(
-    options: &OnnxOptions,
-    given: &Option<Box<dyn Runtime + Send + Sync>>,
-) -> String {
-    given
-        .as_ref()
-        .map_or_else(|| options.target_spec().spelling(), |r| r.name().into())
-}
-
-/// Whether the values `reference` and `target` are both held, where a side is a file of
-/// expected values, which holds only some: those are compared (on either side).
-pub(super) fn held_by(
-    reference_expected: Option<&ExpectedSide>,
-    target_holds: Option<&[String]>,
-    reference: &str,
-    target: Option<&str>,
-) -> bool {
-    reference_expected.is_none_or(|e| e.provides(reference))
-        && target_holds.is_none_or(|held| target.is_some_and(|t| held.iter().any(|h| h == t)))
-}
-
-/// A side as spelled: a file of expected values, or a runtime started.
-pub(super) type Spelled = (Option<ExpectedSide>, Option<Box<dyn Runtime + Send + Sync>>);
-
-/// A side spelled as a file of expected values, loaded (`label` names it, `model` is the file
-/// it holds values of); `None` for a runtime.
-pub(super) fn expected(
-    spec: &OnnxSide,
-    label: &str,
-    model: &Model,
-) -> Result<Option<ExpectedSide>> {
-    match spec {
-        OnnxSide::Expected(path) => {
-            ExpectedSide::load(path, label.to_string(), model.clone()).map(Some)
-        }
-        _ => Ok(None),
-    }
-}
+use super::fusion::inside_fusion;
+use super::lacking::{self, Lacking};
+use super::{OnnxOptions, OnnxSide, float64_truth};
+use crate::inputs::{check_inputs, fit_inputs, generate_inputs, read_inputs};
+use crate::sides::graph::shipped::prepare_target;
+use crate::timings::{RUNTIME, Stopwatch};
+use crate::{Baseline, ExpectedSide, FallbackSide, GraphBaseline, GraphSide, Result};
 
 /// A side spelled as a runtime, started (in a worker process where `--isolate` says);
 /// `None` for a file of expected values.
@@ -208,11 +142,11 @@ pub(super) fn graph_target(
 pub(super) fn made_inputs(
     options: &OnnxOptions,
     reference_model: &Model,
-    expected: &[&Option<ExpectedSide>],
+    expected: &[Option<&ExpectedSide>],
 ) -> Result<MadeInputs> {
     let stored = expected
         .iter()
-        .filter_map(|e| e.as_ref())
+        .flatten()
         .find_map(|e| e.inputs().map(<[_]>::to_vec));
     let mut batch_note = None;
     let (inputs, seed) = match (&options.inputs, stored) {

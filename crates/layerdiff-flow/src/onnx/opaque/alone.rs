@@ -85,6 +85,8 @@ impl Search<'_> {
             opaque: false,
             ..options.clone()
         };
-        super::super::compare_once(&checked, Some(Box::new(target.share())), false, &[], true)
+        super::super::Comparison::new(&checked, &[], false)
+            .outputs_only()
+            .run(Some(Box::new(target.share())))
     }
 }
