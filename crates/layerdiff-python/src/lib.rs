@@ -255,10 +255,8 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<check::CheckCommand>()?;
     m.add_function(wrap_pyfunction!(check::deliver_check, m)?)?;
     m.add_function(wrap_pyfunction!(check::runtime_computes_in, m)?)?;
-    m.add_function(wrap_pyfunction!(op_matrix::check_op, m)?)?;
     m.add_function(wrap_pyfunction!(op_matrix::runtime_narrowing, m)?)?;
     m.add_class::<op_matrix::Narrowing>()?;
-    m.add_class::<op_matrix::OpCheck>()?;
     m.add_class::<op_matrix::OpCase>()?;
     m.add_class::<op_matrix::OpCell>()?;
     m.add_class::<op_matrix::OpsRun>()?;

@@ -1,6 +1,6 @@
-//! The op matrix as the Python side hands it over, typed: a cell's numbers (`OpCheck`), each
-//! case (`OpCase`), each cell (`OpCell`) and the run (`OpsRun`). Cells are computed in worker
-//! processes, so a check and a cell pickle.
+//! The op matrix as the Python side hands it over, typed: each case (`OpCase`), each cell
+//! (`OpCell`, judged by the core from what its backend computed) and the run (`OpsRun`).
+//! Cells are computed in worker processes, so a cell pickles.
 
 use layerdiff_core::{DType, render};
 use layerdiff_flow::verbs::ops::{self, OpsBackend};
@@ -10,86 +10,6 @@ use pyo3::types::PyType;
 
 use crate::exceptions::{self, to_py_err};
 use crate::tensors::FlatTensor;
-
-/// One cell's numbers and verdict (`layerdiff_core::OpCheck`).
-#[pyclass(module = "layerdiff._layerdiff", frozen)]
-#[derive(Clone)]
-pub(crate) struct OpCheck(layerdiff_core::OpCheck);
-
-#[pymethods]
-impl OpCheck {
-    /// Every element within its bound.
-    #[getter]
-    fn passed(&self) -> bool {
-        self.0.passed
-    }
-
-    /// The largest `|got - truth| / bound`: at most 1 passes.
-    #[getter]
-    fn ratio(&self) -> f64 {
-        self.0.ratio
-    }
-
-    /// Elements outside their bound, of `elements`.
-    #[getter]
-    fn outside(&self) -> usize {
-        self.0.outside
-    }
-
-    #[getter]
-    fn elements(&self) -> usize {
-        self.0.elements
-    }
-
-    /// The check as JSON (the cell's `check` in the report).
-    fn to_json(&self) -> String {
-        render::to_json_value(&self.0)
-    }
-
-    /// The check from `to_json`'s text (how it pickles).
-    #[classmethod]
-    fn from_json(_cls: &Bound<'_, PyType>, text: &str) -> PyResult<Self> {
-        let check = serde_json::from_str(text)
-            .map_err(|e| exceptions::InputError::new_err(format!("not an op check: {e}")))?;
-        Ok(Self(check))
-    }
-
-    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (String,))> {
-        Ok((slf.get_type().getattr("from_json")?, (slf.get().to_json(),)))
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "OpCheck(passed={}, ratio={}, outside={} of {})",
-            self.0.passed, self.0.ratio, self.0.outside, self.0.elements
-        )
-    }
-}
-
-/// Judges one cell: `got` against the float64 `truth` with per-element `magnitude` (or empty),
-/// `reduction` terms and `stages` roundings; `computed_in`: the narrower dtype the backend
-/// computed it in, whose rule judges it.
-#[pyfunction]
-#[pyo3(signature = (got, truth, magnitude, reduction, stages, computed_in=None))]
-pub(crate) fn check_op(
-    py: Python<'_>,
-    got: FlatTensor<'_>,
-    truth: PyReadonlyArray1<'_, f64>,
-    magnitude: PyReadonlyArray1<'_, f64>,
-    reduction: usize,
-    stages: u32,
-    computed_in: Option<&str>,
-) -> PyResult<OpCheck> {
-    let got = got.view()?;
-    let dtype = match computed_in {
-        Some(name) => DType::from_name(name).map_err(to_py_err)?,
-        None => got.dtype,
-    };
-    let (truth, magnitude) = (truth.as_slice()?, magnitude.as_slice()?);
-    py.detach(|| layerdiff_core::check_op_in(&got, truth, magnitude, reduction, stages, dtype))
-        .map(OpCheck)
-        .map_err(to_py_err)
-}
 
 /// How an ONNX backend narrows float math (OpenVINO's inference precision), as the model flow
 /// knows the side: which dtype it computes a cell in.
@@ -168,22 +88,36 @@ fn id((case, backend, dtype, onnx_ops, computed_in): Id) -> ops::CellId {
 /// ops::OpCell`'s makers): Python says what happened, never the verdict.
 #[pymethods]
 impl OpCell {
-    /// A cell whose op ran and was checked against float64: PASS or FAIL by the check.
+    /// A cell whose op computed `got`, judged against `truth` (the op in float64 on the same
+    /// rounded inputs, in its own dtype and shape) with per-element `magnitude` (or empty),
+    /// `reduction` terms and `stages` roundings; `exported`: the cell ran an exported model.
+    /// Its shape, its dtype and its values are judged by the core, in that order.
     #[staticmethod]
-    fn checked(cell: Id, check: PyRef<'_, OpCheck>) -> Self {
-        Self(ops::OpCell::checked(id(cell), check.0.clone()))
-    }
-
-    /// A cell whose op gave a value of another shape than the op's (`got`, `op`).
-    #[staticmethod]
-    fn misshapen(cell: Id, got: Vec<usize>, op: Vec<usize>) -> Self {
-        Self(ops::OpCell::misshapen(id(cell), &got, &op))
-    }
-
-    /// A cell whose op gave another dtype than the op's; `exported`: the single-op model did.
-    #[staticmethod]
-    fn mistyped(cell: Id, got: &str, op: &str, exported: bool) -> Self {
-        Self(ops::OpCell::mistyped(id(cell), got, op, exported))
+    #[allow(clippy::too_many_arguments)]
+    fn judged(
+        py: Python<'_>,
+        cell: Id,
+        got: FlatTensor<'_>,
+        truth: FlatTensor<'_>,
+        magnitude: PyReadonlyArray1<'_, f64>,
+        reduction: usize,
+        stages: u32,
+        exported: bool,
+    ) -> PyResult<Self> {
+        let (got, truth) = (got.view()?, truth.view()?);
+        let magnitude = magnitude.as_slice()?;
+        py.detach(|| {
+            ops::OpCell::judged(
+                id(cell),
+                &got,
+                &truth,
+                magnitude,
+                (reduction, stages),
+                exported,
+            )
+        })
+        .map(Self)
+        .map_err(to_py_err)
     }
 
     /// A cell that broke with `message`; `not_implemented`: the backend raised that it has no

@@ -1,6 +1,6 @@
 """`layerdiff ops`: every case of `_op_cases` on every backend and dtype, each cell judged
-against a float64 computation of the op on the same rounded inputs (the rule is the core's,
-`check_op`; docs/ops.md explains it).
+against a float64 computation of the op on the same rounded inputs (shape, dtype and values are
+judged by the core, `OpCell::judged`; docs/ops.md explains the rule).
 
 A cell is one self-contained task (`_op_cell.run_cell`); this module picks the backends and
 cases, exports each case once per dtype for the ONNX backends (the model's bytes travel with the

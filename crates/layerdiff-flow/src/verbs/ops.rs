@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use layerdiff_core::render::html_escape;
-use layerdiff_core::{DType, Machine, OpCheck, Tensor, render};
+use layerdiff_core::{DType, Machine, Tensor, render};
 use layerdiff_onnx::Model;
 use layerdiff_runtime::{Isolation, RuntimeSpec};
 use serde::{Deserialize, Serialize};
@@ -15,54 +15,13 @@ use serde::{Deserialize, Serialize};
 use crate::output::{Destinations, Format, Rendered, publish};
 use crate::{Error, Result};
 
+mod cell;
 mod words;
+pub use cell::{CellId, OpCell, Status, UNSUPPORTED_WORDS};
 pub use words::{to_html, to_markdown, to_text};
 
 /// Schema of the op matrix.
 pub const OPS_SCHEMA: &str = "layerdiff.ops/1";
-
-/// A cell's verdict.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum Status {
-    /// Every element within the bound its dtype and reduction predict.
-    Pass,
-    /// Some element outside it: the numbers and the bound are in the cell.
-    Fail,
-    /// The backend has no kernel for the op in this dtype, or cannot run here (the message says).
-    Unsupported,
-    /// The cell broke in a way that says nothing about the op (the message says how).
-    Error,
-}
-
-impl Status {
-    /// Every verdict, in report order.
-    pub const ALL: [Self; 4] = [Self::Pass, Self::Fail, Self::Unsupported, Self::Error];
-
-    /// The verdict spelled `name`; an error names the spellings.
-    pub fn parse(name: &str) -> Result<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|s| s.name() == name)
-            .ok_or_else(|| {
-                let names: Vec<_> = Self::ALL.iter().map(|s| s.name()).collect();
-                Error::Usage(format!(
-                    "unknown cell status `{name}` (expected {})",
-                    names.join(", ")
-                ))
-            })
-    }
-
-    /// As reports spell it: `PASS`, `FAIL`, `UNSUPPORTED`, `ERROR`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Pass => "PASS",
-            Self::Fail => "FAIL",
-            Self::Unsupported => "UNSUPPORTED",
-            Self::Error => "ERROR",
-        }
-    }
-}
 
 /// One op as the matrix runs it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -88,142 +47,6 @@ pub struct OpsBackend {
     pub name: String,
     /// Version, device and options, in words.
     pub detail: String,
-}
-
-/// One op on one backend in one dtype.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct OpCell {
-    /// The case's name.
-    pub case: String,
-    /// The backend's name.
-    pub backend: String,
-    /// The dtype the inputs were rounded to and the op computed in.
-    pub dtype: String,
-    /// The verdict.
-    pub status: Status,
-    /// The numbers and the bound (PASS and FAIL).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub check: Option<OpCheck>,
-    /// Why a cell is UNSUPPORTED or ERROR, or a FAIL that is not about values (a wrong shape).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    /// The ONNX ops the exported single-op model holds (ONNX backends).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub onnx_ops: Vec<String>,
-    /// The dtype the backend computed the op in where it is narrower than the cell's (OpenVINO
-    /// computes float32 in its bfloat16 inference precision): the cell's inputs were rounded
-    /// to it and the cell judged by its rule, as the model flow judges such a layer.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub computed_in: Option<String>,
-}
-
-/// What a backend says when it has no kernel for an op or dtype (PyTorch, ONNX Runtime, tract,
-/// TensorFlow, the exporter), lower case: a cell that broke with these words is UNSUPPORTED,
-/// not an ERROR.
-pub const UNSUPPORTED_WORDS: [&str; 15] = [
-    "not implemented for",
-    "notimplementederror",
-    "could not find an implementation",
-    "not_implemented",
-    "unsupported",
-    "not supported",
-    "no kernel",
-    "unimplemented",
-    "type parameter (t) of optype",
-    "is not a valid type",
-    "unknown datumtype",
-    "type error: type 'tensor(",
-    "no registered", // TensorFlow: no kernel of this op for this dtype
-    "could not find device",
-    "has no tensorflow spelling",
-];
-
-/// Which cell: the case, the backend, the dtype, and the ONNX ops its model holds.
-#[derive(Debug, Clone)]
-pub struct CellId {
-    /// The case's name.
-    pub case: String,
-    /// The backend's name.
-    pub backend: String,
-    /// The dtype.
-    pub dtype: String,
-    /// The ONNX ops of its exported model (ONNX backends).
-    pub onnx_ops: Vec<String>,
-    /// The narrower dtype its backend computes the op in, where it does ([`narrowed`]).
-    pub computed_in: Option<String>,
-}
-
-impl OpCell {
-    fn of(id: CellId, status: Status, check: Option<OpCheck>, message: Option<String>) -> Self {
-        Self {
-            case: id.case,
-            backend: id.backend,
-            dtype: id.dtype,
-            status,
-            check,
-            message,
-            onnx_ops: id.onnx_ops,
-            computed_in: id.computed_in,
-        }
-    }
-
-    /// A cell whose op ran and was checked against float64: PASS or FAIL by the check.
-    pub fn checked(id: CellId, check: OpCheck) -> Self {
-        let status = if check.passed {
-            Status::Pass
-        } else {
-            Status::Fail
-        };
-        Self::of(id, status, Some(check), None)
-    }
-
-    /// A cell whose op gave a value of another shape than the op's: FAIL.
-    pub fn misshapen(id: CellId, got: &[usize], op: &[usize]) -> Self {
-        let message = format!("shape {got:?} where the op gives {op:?}");
-        Self::of(id, Status::Fail, None, Some(message))
-    }
-
-    /// A cell whose op gave another dtype than the op's: the backend's own FAIL, or, from an
-    /// `exported` model, an ERROR of the export (it wrote the file so).
-    pub fn mistyped(id: CellId, got: &str, op: &str, exported: bool) -> Self {
-        let (status, made_by) = if exported {
-            (Status::Error, "the exported model gives")
-        } else {
-            (Status::Fail, "gives")
-        };
-        Self::of(
-            id,
-            status,
-            None,
-            Some(format!("{made_by} {got} where the op gives {op}")),
-        )
-    }
-
-    /// A cell that broke with `message` (the first line kept): UNSUPPORTED where the backend
-    /// says it has no kernel (`not_implemented`: it raised so), else ERROR.
-    pub fn broke(id: CellId, message: &str, not_implemented: bool) -> Self {
-        let lowered = message.to_lowercase();
-        let unsupported = not_implemented || UNSUPPORTED_WORDS.iter().any(|w| lowered.contains(w));
-        let first: String = message
-            .lines()
-            .next()
-            .unwrap_or("")
-            .chars()
-            .take(2000)
-            .collect();
-        let status = if unsupported {
-            Status::Unsupported
-        } else {
-            Status::Error
-        };
-        Self::of(id, status, None, Some(first))
-    }
-
-    /// A cell whose backend cannot run here, and why: UNSUPPORTED.
-    pub fn unavailable(id: CellId, why: &str) -> Self {
-        let message = format!("unavailable here: {why}");
-        Self::of(id, Status::Unsupported, None, Some(message))
-    }
 }
 
 /// What the Python side ran: everything in the report but the rule and the machine.
@@ -438,20 +261,58 @@ mod tests {
         );
     }
 
+    /// A tensor of `values` in `dtype` with `shape`.
+    fn tensor(dtype: DType, shape: &[usize], values: &[f64]) -> Tensor {
+        Tensor::from_f64(dtype, values).reshaped(shape).unwrap()
+    }
+
     #[test]
-    fn a_wrong_dtype_is_the_backends_failure_or_the_exports_error() {
-        let own = OpCell::mistyped(id(), "float32", "bfloat16", false);
-        assert_eq!(own.status, Status::Fail);
-        assert_eq!(
-            own.message.as_deref(),
-            Some("gives float32 where the op gives bfloat16")
-        );
-        let exported = OpCell::mistyped(id(), "float32", "bfloat16", true);
-        assert_eq!(exported.status, Status::Error);
-        let shape = OpCell::misshapen(id(), &[2, 3], &[3, 2]);
+    fn a_cell_is_judged_by_its_shape_then_its_dtype_then_its_values() {
+        let judged = |got: &Tensor, truth: &Tensor, exported: bool| {
+            OpCell::judged(id(), &got.view(), &truth.view(), &[], (1, 0), exported).unwrap()
+        };
+        let truth = tensor(DType::F64, &[3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let shape = judged(&tensor(DType::BF16, &[2, 3], &[1.0; 6]), &truth, false);
         assert_eq!(
             (shape.status, shape.message.as_deref()),
             (Status::Fail, Some("shape [2, 3] where the op gives [3, 2]"))
+        );
+        let wide = tensor(DType::F32, &[3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let own = judged(&wide, &truth, false);
+        assert_eq!(
+            (own.status, own.message.as_deref()),
+            (
+                Status::Fail,
+                Some("gives float32 where the op gives bfloat16")
+            )
+        );
+        let exported = judged(&wide, &truth, true);
+        assert_eq!(
+            (exported.status, exported.message.as_deref()),
+            (
+                Status::Error,
+                Some("the exported model gives float32 where the op gives bfloat16")
+            )
+        );
+        // an op whose value is an index has the truth's own dtype, whatever the cell's
+        let indices = tensor(DType::I64, &[2], &[0.0, 1.0]);
+        let argmax = judged(&tensor(DType::I32, &[2], &[0.0, 1.0]), &indices, false);
+        assert_eq!(
+            argmax.message.as_deref(),
+            Some("gives int32 where the op gives int64")
+        );
+        assert_eq!(
+            judged(&indices.clone(), &indices, false).status,
+            Status::Pass
+        );
+        let right = tensor(DType::BF16, &[3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        assert_eq!(judged(&right, &truth, false).status, Status::Pass);
+        let off = tensor(DType::BF16, &[3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 7.0]);
+        let failed = judged(&off, &truth, false);
+        assert_eq!(failed.status, Status::Fail);
+        assert!(
+            failed.check.as_ref().is_some_and(|c| c.outside == 1),
+            "{failed:?}"
         );
     }
 
