@@ -224,6 +224,7 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DEFAULT_TOLERANCE", layerdiff_core::DEFAULTS_TEXT)?;
     m.add("AUTO_FACTOR", layerdiff_core::AUTO_FACTOR)?;
     m.add_class::<Report>()?;
+    m.add_class::<report::BisectionPlan>()?;
     m.add_class::<Ticker>()?;
     m.add_class::<axis::PyAxisReport>()?;
     m.add_function(wrap_pyfunction!(parse_cli, m)?)?;

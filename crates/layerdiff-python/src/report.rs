@@ -180,51 +180,42 @@ impl Report {
         }
     }
     /// How `--bisect` goes for a PyTorch `target` (its spelling) on this report, planned by the
-    /// core (`layerdiff_flow::verbs::bisect::torch`): `{"kind": "nothing", "note"}`,
-    /// `{"kind": "stages", "layer", "backend", "stages", "inductor"}` or `{"kind":
-    /// "keep_float32", "precision", "candidates", "defects"}`. `kept`: layers are kept in
-    /// float32 already; `module_of`: each listed layer's module (None: a functional call).
-    fn bisection_plan<'py>(
+    /// core (`layerdiff_flow::verbs::bisect::torch`). `kept`: layers are kept in float32
+    /// already; `module_of`: each listed layer's module (None: a functional call).
+    fn bisection_plan(
         &self,
-        py: Python<'py>,
         target: &str,
         kept: bool,
         module_of: Vec<(String, Option<String>)>,
-    ) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+    ) -> PyResult<BisectionPlan> {
         use layerdiff_flow::verbs::bisect::torch::TorchBisection;
         let spec = layerdiff_flow::spec::torch::TorchSpec::parse(target)
             .map_err(exceptions::UsageError::new_err)?;
-        let plan = pyo3::types::PyDict::new(py);
-        match TorchBisection::plan(&self.0, &spec, kept, &module_of) {
-            TorchBisection::Nothing(note) => {
-                plan.set_item("kind", "nothing")?;
-                plan.set_item("note", note)?;
-            }
+        Ok(match TorchBisection::plan(&self.0, &spec, kept, &module_of) {
+            TorchBisection::Nothing(note) => BisectionPlan::Nothing { note },
             TorchBisection::Stages {
                 layer,
                 backend,
                 stages,
                 inductor,
-            } => {
-                plan.set_item("kind", "stages")?;
-                plan.set_item("layer", layer)?;
-                plan.set_item("backend", backend)?;
-                plan.set_item("stages", stages)?;
-                plan.set_item("inductor", inductor)?;
-            }
+            } => BisectionPlan::Stages {
+                layer,
+                backend,
+                stages,
+                inductor,
+            },
             TorchBisection::KeepFloat32 {
                 precision,
                 candidates,
                 defects,
-            } => {
-                plan.set_item("kind", "keep_float32")?;
-                plan.set_item("precision", precision)?;
-                plan.set_item("candidates", candidates)?;
-                plan.set_item("defects", defects)?;
-            }
-        }
-        Ok(plan)
+            } => BisectionPlan::KeepFloat32 {
+                precision: precision.to_string(),
+                candidates,
+                defects,
+            },
+        })
     }
+
     /// This report with the torch.compile stage search on `path` alone recorded: `responsible`
     /// first shows the difference, among `candidates`; `clean`: the stage before agrees.
     fn stages_bisected(
@@ -306,4 +297,28 @@ impl Report {
         to.check(&[]).map_err(to_py_err)?;
         output::write_reports(&self.0, &to).map_err(to_py_err)
     }
+}
+
+/// What `--bisect` searches for a PyTorch target, as the core plans it
+/// (`layerdiff_flow::verbs::bisect::torch::TorchBisection`): one class per kind of search, its
+/// fields typed.
+#[pyclass(module = "layerdiff._layerdiff", frozen)]
+pub(crate) enum BisectionPlan {
+    /// No search: `note` says why.
+    Nothing { note: String },
+    /// torch.compile's stages on the headline `layer`'s module alone: `stages` in order (the
+    /// target's `backend` last), or PyTorch's own compiler bisector where `inductor`.
+    Stages {
+        layer: String,
+        backend: String,
+        stages: Vec<String>,
+        inductor: bool,
+    },
+    /// The smallest set of `candidates` to keep in float32 for a target in `precision`;
+    /// `defects`: layers left out for their defect.
+    KeepFloat32 {
+        precision: String,
+        candidates: Vec<String>,
+        defects: usize,
+    },
 }

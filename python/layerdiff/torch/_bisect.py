@@ -38,7 +38,7 @@ def _within(reference, got, bound) -> bool:
 def compile_stage(model, inputs, report, plan, tgt_side, step):
     """The report with the torch.compile stage (and Inductor subsystem) that turns its headline
     on (the core's `plan`), or with a note saying why there is none."""
-    name = plan["layer"]
+    name = plan.layer
     path, call = _module_of(model, name)
     eager_side = type(tgt_side)(tgt_side.spelling, tgt_side.device, tgt_side.precision, None)
     args, kwargs, _ = _call_inputs(model, inputs, path, call, eager_side)
@@ -67,7 +67,7 @@ def compile_stage(model, inputs, report, plan, tgt_side, step):
         runs[0] += 1
         return _within(eager, output(backend), bound)
 
-    backend = plan["backend"]
+    backend = plan.backend
     step(f"bisecting torch.compile's stages on `{path}` alone")
     if agrees(backend):
         report.notes.append(
@@ -75,7 +75,7 @@ def compile_stage(model, inputs, report, plan, tgt_side, step):
             "what differs is not the compiler's work on this module"
         )
         return report
-    if plan["inductor"]:  # PyTorch's own bisector walks Inductor's stages and subsystems
+    if plan.inductor:  # PyTorch's own bisector walks Inductor's stages and subsystems
         from torch._inductor.compiler_bisector import BACKENDS, CompilerBisector
 
         said = io.StringIO()
@@ -94,7 +94,7 @@ def compile_stage(model, inputs, report, plan, tgt_side, step):
                 which += f" (bisect number {found.bisect_number}{at})"
             responsible.append(which)
     else:
-        stages = plan["stages"]
+        stages = plan.stages
         stage = next(s for s in stages if s == backend or not agrees(s))
         candidates, responsible = len(stages), [stage]
     before = _layerdiff.stage_before(stage)
@@ -120,7 +120,7 @@ def keep_float32(model, inputs, report, plan, once, listed, sides, step):
     comparison run again with them kept; or with a note saying why there is none. `sides`: the
     reference's and the target's."""
     ref_side, tgt_side = sides
-    candidates, precision = plan["candidates"], plan["precision"]
+    candidates, precision = plan.candidates, plan.precision
     output = next(
         layer for layer in reversed(report.layers) if layer.get("accumulated") is not None
     )
@@ -163,7 +163,7 @@ def keep_float32(model, inputs, report, plan, once, listed, sides, step):
     step(f"checking: {tgt_side.spelling} again with {len(kept)} layer(s) in float32")
     with_kept = once(keep=_precision.kept_modules(listed, kept))
     native, notes = report._native.kept_bisected(
-        (precision, len(candidates), plan["defects"]), found, everything, runs[0] + 1,
+        (precision, len(candidates), plan.defects), found, everything, runs[0] + 1,
         with_kept.summary["layers_compared"], with_kept.summary["layers_exceeding"], failed,
     )  # fmt: skip
     report.notes.extend(notes)

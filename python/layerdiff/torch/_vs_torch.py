@@ -122,15 +122,15 @@ def compare_torch(
 
         module_of = [(entry.name, entry.module) for entry in once.listed]
         plan = report._native.bisection_plan(tgt_side.spelling, bool(keep_fp32), module_of)
-        if plan["kind"] == "stages":
+        if isinstance(plan, _layerdiff.BisectionPlan.Stages):
             report = _bisect.compile_stage(model, inputs, report, plan, tgt_side, step)
-        elif plan["kind"] == "keep_float32":
+        elif isinstance(plan, _layerdiff.BisectionPlan.KeepFloat32):
             report = _bisect.keep_float32(
                 model, inputs, report, plan, once, once.listed, (ref_side, tgt_side), step
             )
             bisected = True
         else:
-            report.notes.append(plan["note"])
+            report.notes.append(plan.note)
     if lower in ("fp16", "bf16") and not bisected:
         report = _precision.checked_advice(
             report, keep_fp32, _layerdiff.precision_name(lower),
