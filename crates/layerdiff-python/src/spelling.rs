@@ -33,6 +33,10 @@ pub(crate) struct SideSpec {
     /// PyTorch's precision (`fp32`, `bf16`, `amp-bf16`…); `None` for other kinds.
     #[pyo3(get)]
     precision: Option<&'static str>,
+    /// The lower float dtype a PyTorch side computes its layers in (`float16`, `bfloat16`),
+    /// whose keep-in-float32 advice is checked; `None` for float32, TF32 and other kinds.
+    #[pyo3(get)]
+    lower: Option<&'static str>,
     /// `torch.compile`'s backend when compiled; `None` when eager or not PyTorch.
     #[pyo3(get)]
     compile: Option<String>,
@@ -61,6 +65,7 @@ impl SideSpec {
                 spelling,
                 device: Some(torch.device),
                 precision: Some(torch.precision.spelling()),
+                lower: torch.precision.lower().map(|d| d.name()),
                 compile: torch.compile,
             },
             TargetSpec::Keras(_) => SideSpec {
@@ -68,6 +73,7 @@ impl SideSpec {
                 spelling,
                 device: None,
                 precision: None,
+                lower: None,
                 compile: None,
             },
             TargetSpec::Onnx(runtime) => SideSpec {
@@ -78,6 +84,7 @@ impl SideSpec {
                 spelling,
                 device: None,
                 precision: None,
+                lower: None,
                 compile: None,
             },
         }

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import io
 
 import torch
@@ -40,7 +41,7 @@ def compile_stage(model, inputs, report, plan, tgt_side, step):
     on (the core's `plan`), or with a note saying why there is none."""
     name = plan.layer
     path, call = _module_of(model, name)
-    eager_side = type(tgt_side)(tgt_side.spelling, tgt_side.device, tgt_side.precision, None)
+    eager_side = dataclasses.replace(tgt_side, compile=None)
     args, kwargs, _ = _call_inputs(model, inputs, path, call, eager_side)
     module = model.get_submodule(path)
     bound = _tolerance(report, name)

@@ -35,7 +35,7 @@ def _gradients(model, inputs, side: TorchSide, cotangent, whole) -> Pass:
     """The side's gradients of the loss, from its own copy of the model; in float16, the loss
     scaled as GradScaler does and the gradients unscaled in float32."""
     copied, given = side.prepare(model, inputs, whole)
-    scale = _INIT_SCALE if side.precision in ("fp16", "amp-fp16") else 1.0
+    scale = _INIT_SCALE if side.lower == "float16" else 1.0
     skipped = 0
     while True:
         found = _backward.backward(copied, given, side.running, cotangent, scale, whole)

@@ -46,11 +46,14 @@ class TorchSide:
     device: str
     precision: str
     compile: str | None
+    #: The lower float dtype it computes its layers in (`float16`), whose keep-in-float32
+    #: advice is checked: the core's rule (`Precision::lower`); None in float32 and TF32.
+    lower: str | None = None
 
     @classmethod
     def of(cls, spec: _layerdiff.SideSpec) -> TorchSide:
         """The side of a parsed PyTorch spelling; checks that this machine can run it."""
-        side = cls(spec.spelling, spec.device, spec.precision, spec.compile)
+        side = cls(spec.spelling, spec.device, spec.precision, spec.compile, spec.lower)
         side._check()
         return side
 

@@ -99,7 +99,6 @@ def compare_torch(
     # keep_fp32 against the target: the command line's rule, kept in Rust.
     options = options.resolved(keep_fp32=bool(keep_fp32))
     ref_side, tgt_side = TorchSide.of(options.reference), TorchSide.of(options.torch_target)
-    lower = tgt_side.precision.removeprefix("amp-")
     from layerdiff.torch import _precision
 
     notes = model_notes(model)
@@ -131,9 +130,9 @@ def compare_torch(
             bisected = True
         else:
             report.notes.append(plan.note)
-    if lower in ("fp16", "bf16") and not bisected:
+    if tgt_side.lower is not None and not bisected:
         report = _precision.checked_advice(
-            report, keep_fp32, _layerdiff.precision_name(lower),
+            report, keep_fp32, tgt_side.lower,
             lambda kept: once(keep=_precision.kept_modules(once.listed, kept)),
             step, tgt_side.spelling,
         )  # fmt: skip

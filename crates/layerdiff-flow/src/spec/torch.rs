@@ -46,6 +46,19 @@ impl Precision {
         }
     }
 
+    /// The lower float dtype the side computes its layers in, where there is one (float16 for
+    /// `fp16` and `amp-fp16`, bfloat16 for `bf16` and `amp-bf16`): the precision whose
+    /// keep-in-float32 advice a run checks by keeping modules in float32, and whose small
+    /// gradients a loss scale keeps (float16). TF32 keeps float32 tensors: none.
+    pub fn lower(self) -> Option<layerdiff_core::DType> {
+        use layerdiff_core::DType;
+        match self {
+            Self::Fp16 | Self::AmpFp16 => Some(DType::F16),
+            Self::Bf16 | Self::AmpBf16 => Some(DType::BF16),
+            Self::Fp32 | Self::Tf32 => None,
+        }
+    }
+
     fn parse(token: &str) -> Option<Self> {
         let alias = match token {
             "float32" => "fp32",
