@@ -69,7 +69,9 @@ pub(crate) fn to_py_err(err: impl Into<layerdiff_flow::Error>) -> PyErr {
         E::Usage(_) => UsageError::new_err(message),
         E::Inputs(_) | E::Layers(_) | E::Core(_) => InputError::new_err(message),
         E::Runtime(layerdiff_runtime::Error::Inputs(_)) => InputError::new_err(message),
-        E::Runtime(layerdiff_runtime::Error::Session(_)) => ModelError::new_err(message),
+        E::Runtime(
+            layerdiff_runtime::Error::Session(_) | layerdiff_runtime::Error::LacksNode { .. },
+        ) => ModelError::new_err(message),
         E::Runtime(layerdiff_runtime::Error::Threads(_)) => UsageError::new_err(message),
         E::NothingCompared(_) => MappingError::new_err(message),
         E::Runtime(_) | E::Memory(_) => RuntimeFailure::new_err(message),

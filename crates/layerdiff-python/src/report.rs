@@ -191,29 +191,31 @@ impl Report {
         use layerdiff_flow::verbs::bisect::torch::TorchBisection;
         let spec = layerdiff_flow::spec::torch::TorchSpec::parse(target)
             .map_err(exceptions::UsageError::new_err)?;
-        Ok(match TorchBisection::plan(&self.0, &spec, kept, &module_of) {
-            TorchBisection::Nothing(note) => BisectionPlan::Nothing { note },
-            TorchBisection::Stages {
-                layer,
-                backend,
-                stages,
-                inductor,
-            } => BisectionPlan::Stages {
-                layer,
-                backend,
-                stages,
-                inductor,
+        Ok(
+            match TorchBisection::plan(&self.0, &spec, kept, &module_of) {
+                TorchBisection::Nothing(note) => BisectionPlan::Nothing { note },
+                TorchBisection::Stages {
+                    layer,
+                    backend,
+                    stages,
+                    inductor,
+                } => BisectionPlan::Stages {
+                    layer,
+                    backend,
+                    stages,
+                    inductor,
+                },
+                TorchBisection::KeepFloat32 {
+                    precision,
+                    candidates,
+                    defects,
+                } => BisectionPlan::KeepFloat32 {
+                    precision: precision.to_string(),
+                    candidates,
+                    defects,
+                },
             },
-            TorchBisection::KeepFloat32 {
-                precision,
-                candidates,
-                defects,
-            } => BisectionPlan::KeepFloat32 {
-                precision: precision.to_string(),
-                candidates,
-                defects,
-            },
-        })
+        )
     }
 
     /// This report with the torch.compile stage search on `path` alone recorded: `responsible`

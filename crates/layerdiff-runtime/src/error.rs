@@ -59,12 +59,22 @@ pub enum Error {
     /// Expected values that cannot be read.
     #[error("expected values: {0}")]
     Expected(String),
-    /// tract refused or failed.
+    /// A runtime refused the model or failed while running it, in its own words (its name
+    /// first: `tract cannot load the model: …`).
     #[error("{0}")]
-    Tract(String),
-    /// OpenVINO refused or failed.
-    #[error("OpenVINO {0}")]
-    OpenVino(String),
+    Failed(String),
+    /// A runtime has no kernel for one node of the model (its op, or its op for these input
+    /// types): the node's name, why in a few words (`Unimplemented(Det)`), and the runtime's
+    /// own message. The comparison leaves such a node out of the target's graph.
+    #[error("{message}")]
+    LacksNode {
+        /// The node's name.
+        node: String,
+        /// Why, in a few words.
+        why: String,
+        /// The runtime's message.
+        message: String,
+    },
     /// No runtime has a kernel for a node.
     #[error("{0}")]
     NoKernel(String),

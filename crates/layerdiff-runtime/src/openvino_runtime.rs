@@ -126,7 +126,7 @@ impl Plugin {
 }
 
 fn ov_err(context: &str) -> impl Fn(openvino::InferenceError) -> Error + '_ {
-    move |e| Error::OpenVino(format!("{context}: {}", clean(&e.to_string())))
+    move |e| Error::Failed(format!("OpenVINO {context}: {}", clean(&e.to_string())))
 }
 
 /// OpenVINO's messages nest `Exception from src/…:NNN:` lines under the C API's kind
@@ -150,7 +150,8 @@ impl OpenVinoRuntime {
     /// refuses the hint.
     pub fn new(library: Option<&Path>, precision: Option<&str>) -> Result<Self> {
         load(library)?;
-        let mut core = Core::new().map_err(|e| Error::OpenVino(format!("cannot start: {e}")))?;
+        let mut core =
+            Core::new().map_err(|e| Error::Failed(format!("OpenVINO cannot start: {e}")))?;
         let cpu = DeviceType::CPU;
         if let Some(p) = precision {
             core.set_property(&cpu, &RwPropertyKey::HintInferencePrecision, p)
@@ -276,22 +277,22 @@ impl Runtime for OpenVinoRuntime {
                 "an OpenVINO side on another library runs in its worker process only".to_string(),
             ));
         };
-        let mut core = core
-            .lock()
-            .map_err(|_| Error::OpenVino("is unusable after an earlier failure".to_string()))?;
+        let mut core = core.lock().map_err(|_| {
+            Error::Failed("OpenVINO is unusable after an earlier failure".to_string())
+        })?;
         let bytes = model.to_bytes();
         // A model with external data is read from a file in a folder of its own, that data
         // linked beside it; the folder is kept until the run ends (OpenVINO may map the data).
         let folder = (!model.external_data_files().is_empty())
             .then(tempfile::tempdir)
             .transpose()
-            .map_err(|e| Error::OpenVino(e.to_string()))?;
+            .map_err(|e| Error::Failed(format!("OpenVINO {e}")))?;
         let read = match &folder {
             None => core.read_model_from_buffer(&bytes, None),
             Some(folder) => {
                 let file = folder.path().join("model.onnx");
                 std::fs::write(&file, &bytes).map_err(|e| {
-                    Error::OpenVino(format!("cannot write the model for reading: {e}"))
+                    Error::Failed(format!("OpenVINO cannot write the model for reading: {e}"))
                 })?;
                 link_external_data(model, folder.path())?;
                 core.read_model_from_file(&file.to_string_lossy(), "")
@@ -393,7 +394,7 @@ fn link_external_data(model: &Model, folder: &Path) -> Result<()> {
     let source = model.base_dir().unwrap_or(Path::new("."));
     for location in model.external_data_files() {
         let failed =
-            |e: std::io::Error| Error::OpenVino(format!("external data `{location}`: {e}"));
+            |e: std::io::Error| Error::Failed(format!("OpenVINO external data `{location}`: {e}"));
         let link = folder.join(&location);
         let target = source.join(&location);
         if let Some(parent) = link.parent() {

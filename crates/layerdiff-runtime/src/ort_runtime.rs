@@ -249,9 +249,9 @@ impl OrtRuntime {
         let Some(Ok(loaded)) = guard.as_ref() else {
             unreachable!("OrtRuntime exists only once loaded")
         };
-        let session_error = |e: ort::Error<_>| Error::Session(clean_message(e.to_string()));
+        let session_error = |e: ort::Error<_>| refused(clean_message(e.to_string()));
         let mut builder = Session::builder(&loaded.env)
-            .map_err(|e| Error::Session(clean_message(e.to_string())))?
+            .map_err(|e| refused(clean_message(e.to_string())))?
             .with_optimization_level(self.opt_level.to_ort())
             .map_err(session_error)?;
         if let Some((_, ep, _)) = &self.plugin {
@@ -313,7 +313,31 @@ impl OrtRuntime {
         }
         builder
             .commit_from_memory(&model.to_bytes())
-            .map_err(|e| Error::Session(clean_message(e.to_string())))
+            .map_err(|e| refused(clean_message(e.to_string())))
+    }
+}
+
+/// ONNX Runtime's refusal of a model (`text`, its words): the node it has no kernel for where
+/// it names one (`Could not find an implementation for Acosh(9) node with name 'n1'`), else
+/// the model refused. An older release's worker sends its refusals back as `session`, read
+/// here the same way.
+pub(crate) fn refused(text: String) -> Error {
+    let lacks = || {
+        let after = text.split_once("Could not find an implementation for ")?.1;
+        let (op, rest) = after.split_once(" node with name '")?;
+        let (node, _) = rest.split_once('\'')?;
+        Some((
+            node.to_string(),
+            format!("no kernel for {op} and its input types"),
+        ))
+    };
+    match lacks() {
+        Some((node, why)) if !node.is_empty() => Error::LacksNode {
+            node,
+            why,
+            message: Error::Session(text).to_string(),
+        },
+        _ => Error::Session(text),
     }
 }
 

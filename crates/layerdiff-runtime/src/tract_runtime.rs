@@ -92,7 +92,23 @@ fn shape_like(tensor: &Tensor) -> bool {
 }
 
 fn tract_err(context: &str) -> impl Fn(tract_onnx::prelude::TractError) -> Error + '_ {
-    move |e| Error::Tract(format!("{context}: {e:#}"))
+    move |e| said(format!("{context}: {e:#}"))
+}
+
+/// tract's error: the node it could not translate where it names one (`Translating node #2
+/// "det" Unimplemented(Det) ToTypedTranslator`), else its words.
+fn said(message: String) -> Error {
+    let lacks = || {
+        let after = message.split_once("Translating node #")?.1;
+        let (_, quoted) = after.split_once('"')?;
+        let (node, why) = quoted.split_once('"')?;
+        let why = why.split_whitespace().next()?;
+        Some((node.to_string(), why.to_string()))
+    };
+    match lacks() {
+        Some((node, why)) if !node.is_empty() => Error::LacksNode { node, why, message },
+        _ => Error::Failed(message),
+    }
 }
 
 impl Runtime for TractRuntime {
@@ -179,5 +195,22 @@ impl Runtime for TractRuntime {
                 Ok((name.clone(), tensor))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_untranslated_node_is_named_and_any_other_error_kept_in_tracts_words() {
+        let text = "tract cannot load the model: Translating node #2 \"det\" Unimplemented(Det) ToTypedTranslator";
+        match super::said(text.to_string()) {
+            crate::Error::LacksNode { node, why, message } => {
+                assert_eq!((node.as_str(), why.as_str()), ("det", "Unimplemented(Det)"));
+                assert_eq!(message, text);
+            }
+            other => panic!("{other:?}"),
+        }
+        let other = super::said("tract cannot read the model: bad proto".to_string());
+        assert!(matches!(other, crate::Error::Failed(_)), "{other:?}");
     }
 }

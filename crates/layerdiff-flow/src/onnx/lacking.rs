@@ -8,7 +8,7 @@ use std::path::Path;
 use layerdiff_core::{LayerStatus, Report, Verdict};
 use layerdiff_onnx::{GraphIndex, Model, NodeExt, extract_nodes};
 
-use crate::{Error, Result, error_chain};
+use crate::{Error, Result};
 
 /// A node the target cannot run, and what its runtime said.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,10 +24,10 @@ pub(super) struct Lacking {
 }
 
 /// The node of the target's file (`file`) its error says it cannot run, when the error names one:
-/// tract names the node it could not translate (`Translating node #2 "det" Unimplemented(Det)
-/// …`; the number is of the graph it was given, a part of the file's, so the node is found by
-/// its name); an isolated runtime that crashed names the node it died on, found by the values
-/// it produces (see [`layerdiff_runtime::Isolated`]).
+/// a runtime that has no kernel for a node names it ([`layerdiff_runtime::Error::LacksNode`],
+/// each runtime reading its own words; the node is found by its name); an isolated runtime
+/// that crashed names the node it died on, found by the values it produces (see
+/// [`layerdiff_runtime::Isolated`]).
 pub(super) fn lacking(err: &Error, file: &Path) -> Option<Lacking> {
     if let Error::Runtime(layerdiff_runtime::Error::Crashed(crash)) = err
         && let Some(crashed) = &crash.node
@@ -46,38 +46,18 @@ pub(super) fn lacking(err: &Error, file: &Path) -> Option<Lacking> {
             outputs: node.output.clone(),
         });
     }
-    let (name, why) = match err {
-        Error::Runtime(layerdiff_runtime::Error::Tract(_)) => {
-            let text = error_chain(err);
-            let after = text.split_once("Translating node #")?.1;
-            let (_, quoted) = after.split_once('"')?;
-            let (name, why) = quoted.split_once('"')?;
-            let why = why.trim();
-            let why = why.split_whitespace().next().unwrap_or(why);
-            (name.to_string(), why.to_string())
-        }
-        // ONNX Runtime: `Could not find an implementation for Acosh(9) node with name 'n1'`
-        Error::Runtime(layerdiff_runtime::Error::Session(text)) => {
-            let after = text.split_once("Could not find an implementation for ")?.1;
-            let (op, rest) = after.split_once(" node with name '")?;
-            let (name, _) = rest.split_once('\'')?;
-            (
-                name.to_string(),
-                format!("no kernel for {op} and its input types"),
-            )
-        }
-        _ => return None,
+    let Error::Runtime(layerdiff_runtime::Error::LacksNode {
+        node: name, why, ..
+    }) = err
+    else {
+        return None;
     };
     let model = Model::load(file).ok()?;
-    let node = model
-        .graph()
-        .node
-        .iter()
-        .find(|n| !name.is_empty() && n.name() == name)?;
+    let node = model.graph().node.iter().find(|n| n.name() == name)?;
     Some(Lacking {
         node: node.name().to_string(),
         op: node.op_type().to_string(),
-        why,
+        why: why.clone(),
         outputs: node.output.clone(),
     })
 }

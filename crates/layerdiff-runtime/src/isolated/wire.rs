@@ -100,10 +100,13 @@ pub(super) fn error(e: &Error) -> Value {
         Error::SaveOptimized(m) => ("save_optimized", m.clone()),
         Error::Run(m) => ("run", m.clone()),
         Error::Inputs(m) => ("inputs", m.clone()),
-        Error::Tract(m) => ("tract", m.clone()),
-        Error::OpenVino(m) => ("openvino", m.clone()),
+        Error::Failed(m) => ("failed", m.clone()),
         Error::NoKernel(m) => ("no_kernel", m.clone()),
         Error::CustomOps(m) => ("custom_ops", m.clone()),
+        Error::LacksNode { node, why, message } => {
+            return json!({"error": {"kind": "lacks_node", "node": node, "why": why,
+                                    "message": message}});
+        }
         // the provider by its spelling, so that it reads back as the same error: a provider
         // this machine cannot use is `unavailable` in a providers table, not an error
         Error::ProviderUnavailable { provider, reason } => {
@@ -117,17 +120,24 @@ pub(super) fn error(e: &Error) -> Value {
 
 /// The error a worker reported, as the runtime in this process would have raised it.
 pub(super) fn to_error(header: &Value) -> Error {
-    let message = header["error"]["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let field = |name: &str| {
+        header["error"][name]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let message = field("message");
     match header["error"]["kind"].as_str().unwrap_or_default() {
-        "session" => Error::Session(message),
+        "session" => crate::ort_runtime::refused(message),
         "save_optimized" => Error::SaveOptimized(message),
         "run" => Error::Run(message),
         "inputs" => Error::Inputs(message),
-        "tract" => Error::Tract(message),
-        "openvino" => Error::OpenVino(message),
+        "failed" => Error::Failed(message),
+        "lacks_node" => Error::LacksNode {
+            node: field("node"),
+            why: field("why"),
+            message,
+        },
         "no_kernel" => Error::NoKernel(message),
         "custom_ops" => Error::CustomOps(message),
         "provider_unavailable" => {
@@ -185,14 +195,19 @@ mod tests {
         for e in [
             Error::Session("s".into()),
             Error::Run("r".into()),
-            Error::Tract("Translating node #2 \"det\" Unimplemented(Det)".into()),
-            Error::OpenVino("o".into()),
+            Error::Failed("OpenVINO cannot compile the model: o".into()),
+            Error::LacksNode {
+                node: "det".into(),
+                why: "Unimplemented(Det)".into(),
+                message: "tract cannot load the model: Translating node #2 \"det\"".into(),
+            },
             Error::ProviderUnavailable {
                 provider: "cuda",
                 reason: "libcudart.so.13 is missing".into(),
             },
         ] {
-            assert_eq!(to_error(&error(&e)).to_string(), e.to_string());
+            let back = to_error(&error(&e));
+            assert_eq!(format!("{back:?}"), format!("{e:?}"));
         }
     }
 }

@@ -35,3 +35,21 @@ fn source_locations_and_signatures_are_dropped() {
     );
     assert_eq!(clean_message("plain message".to_string()), "plain message");
 }
+
+#[test]
+fn a_missing_kernel_names_its_node_and_any_other_refusal_is_the_models() {
+    let text = "Could not find an implementation for Acosh(9) node with name 'n1'";
+    match super::refused(text.to_string()) {
+        crate::Error::LacksNode { node, why, message } => {
+            assert_eq!(node, "n1");
+            assert_eq!(why, "no kernel for Acosh(9) and its input types");
+            assert_eq!(
+                message,
+                format!("ONNX Runtime cannot load the model: {text}")
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let other = super::refused("Invalid model: opset 99".to_string());
+    assert!(matches!(other, crate::Error::Session(_)), "{other:?}");
+}
