@@ -265,7 +265,7 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ops::deliver_ops, m)?)?;
     m.add_function(wrap_pyfunction!(ops::describe_runtime, m)?)?;
     m.add_function(wrap_pyfunction!(ops::ops_report, m)?)?;
-    m.add_function(wrap_pyfunction!(ops::device_providers, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::op_backends, m)?)?;
     m.add_class::<spelling::SideSpec>()?;
     m.add_function(wrap_pyfunction!(spelling::side_spec, m)?)?;
     m.add_function(wrap_pyfunction!(spelling::choice, m)?)?;

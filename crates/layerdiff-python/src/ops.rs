@@ -145,13 +145,9 @@ pub(crate) fn ops_report(
     Ok(render::to_json_value(&report))
 }
 
-/// The execution providers layerdiff can ask ONNX Runtime for, as spelled after `ort:`
-/// (`cuda`, `tensorrt`…), the CPU's left out.
+/// The ONNX runtimes' default op-matrix backends that start here (`ort`, `ort:opt=all`, a
+/// device's provider, `tract`, `openvino`), as each runtime's module lists them.
 #[pyfunction]
-pub(crate) fn device_providers() -> Vec<&'static str> {
-    layerdiff_runtime::Provider::ALL
-        .into_iter()
-        .filter(|p| *p != layerdiff_runtime::Provider::Cpu)
-        .map(|p| p.spelling())
-        .collect()
+pub(crate) fn op_backends(py: Python<'_>) -> Vec<String> {
+    py.detach(layerdiff_runtime::op_backends)
 }

@@ -34,7 +34,9 @@ pub use ort_provider::{Provider, ProviderOptions, TF32_OPS};
 pub(crate) use ort_runtime::PluginParts;
 pub use ort_runtime::{EpDevice, OptLevel, OrtRuntime, OrtSpec, PluginEp};
 pub use per_node::{PerNode, Widened};
-pub use spec::{Configured, OtherSpelling, RuntimeKind, RuntimeSpec, kinds, nearest, py_str};
+pub use spec::{
+    Configured, OtherSpelling, RuntimeKind, RuntimeSpec, kinds, nearest, op_backends, py_str,
+};
 pub use threads::{THREADS_ENV, cap_threads, thread_cap};
 pub use tract_runtime::{TractRuntime, TractSpec};
 

@@ -6,7 +6,6 @@ use std::sync::Mutex;
 
 use layerdiff_core::{DType, Tensor};
 use layerdiff_onnx::Model;
-use ort::session::builder::GraphOptimizationLevel;
 use ort::session::{Session, SessionInputValue};
 use ort::value::{DynValue, TensorElementType, TensorRef, ValueRef};
 
@@ -17,56 +16,20 @@ mod library;
 mod plugin;
 mod profile;
 pub(crate) mod release;
+mod said;
 mod spec;
 mod values;
 pub(crate) use library::named_release;
-use library::{ORT, clean_message, load, version_from_path};
+use library::{ORT, load, version_from_path};
 pub(crate) use plugin::PluginParts;
 pub use plugin::{EpDevice, PluginEp};
-pub use spec::OrtSpec;
+use said::clean_message;
+pub(crate) use said::refused;
+pub use spec::{OptLevel, OrtSpec};
 use values::{from_ort_value, to_ort_input};
 
 #[cfg(test)]
 mod tests;
-
-/// ONNX Runtime's graph optimization level. layerdiff defaults to [`OptLevel::Disable`] so every
-/// node's value exists as written in the file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OptLevel {
-    /// No graph rewrites: every value exists as written.
-    #[default]
-    Disable,
-    /// Constant folding and redundant-node removal.
-    Basic,
-    /// Basic plus complex node fusions.
-    Extended,
-    /// Everything, layout changes included.
-    All,
-}
-
-impl OptLevel {
-    /// Every level, from none to all.
-    pub const ALL: [Self; 4] = [Self::Disable, Self::Basic, Self::Extended, Self::All];
-
-    /// The name used on the command line and in reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            OptLevel::Disable => "disable",
-            OptLevel::Basic => "basic",
-            OptLevel::Extended => "extended",
-            OptLevel::All => "all",
-        }
-    }
-
-    fn to_ort(self) -> GraphOptimizationLevel {
-        match self {
-            OptLevel::Disable => GraphOptimizationLevel::Disable,
-            OptLevel::Basic => GraphOptimizationLevel::Level1,
-            OptLevel::Extended => GraphOptimizationLevel::Level2,
-            OptLevel::All => GraphOptimizationLevel::All,
-        }
-    }
-}
 
 /// ONNX Runtime on one execution provider.
 #[derive(Debug, Clone)]
@@ -314,30 +277,6 @@ impl OrtRuntime {
         builder
             .commit_from_memory(&model.to_bytes())
             .map_err(|e| refused(clean_message(e.to_string())))
-    }
-}
-
-/// ONNX Runtime's refusal of a model (`text`, its words): the node it has no kernel for where
-/// it names one (`Could not find an implementation for Acosh(9) node with name 'n1'`), else
-/// the model refused. An older release's worker sends its refusals back as `session`, read
-/// here the same way.
-pub(crate) fn refused(text: String) -> Error {
-    let lacks = || {
-        let after = text.split_once("Could not find an implementation for ")?.1;
-        let (op, rest) = after.split_once(" node with name '")?;
-        let (node, _) = rest.split_once('\'')?;
-        Some((
-            node.to_string(),
-            format!("no kernel for {op} and its input types"),
-        ))
-    };
-    match lacks() {
-        Some((node, why)) if !node.is_empty() => Error::LacksNode {
-            node,
-            why,
-            message: Error::Session(text).to_string(),
-        },
-        _ => Error::Session(text),
     }
 }
 

@@ -26,9 +26,22 @@ pub struct RuntimeKind {
     /// Parses a spelling that begins with the name (the whole text: `ort:cuda:opt=all`); an
     /// error is a line that names the spelling.
     pub parse: fn(&str) -> Result<RuntimeSpec, String>,
+    /// The spellings `layerdiff ops` runs by default (`ort`, `ort:opt=all`, `ort:cuda`…), of
+    /// which [`op_backends`] keeps those that start here.
+    pub op_backends: fn() -> Vec<String>,
 }
 
 inventory::collect!(RuntimeKind);
+
+/// The registered runtimes' default op-matrix backends that start on this machine, in the
+/// short list's order.
+pub fn op_backends() -> Vec<String> {
+    kinds()
+        .into_iter()
+        .flat_map(|kind| (kind.op_backends)())
+        .filter(|spelling| RuntimeSpec::parse(spelling).is_ok_and(|spec| spec.build().is_ok()))
+        .collect()
+}
 
 /// The registered runtimes, in the short list's order.
 pub fn kinds() -> Vec<&'static RuntimeKind> {

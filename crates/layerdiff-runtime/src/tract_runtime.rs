@@ -21,6 +21,7 @@ inventory::submit!(RuntimeKind {
             "unknown runtime `{text}` (expected `tract`, which takes no options)"
         )),
     },
+    op_backends: || vec!["tract".to_string()],
 });
 
 /// tract, with its optimizer on (as deployed); values asked for stay outputs, so they exist.

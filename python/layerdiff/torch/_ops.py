@@ -34,7 +34,8 @@ from layerdiff.torch._op_cell import (
     torch_backend,
 )
 
-DEFAULT_BACKENDS = ["torch", "torch:compile", "ort", "ort:opt=all", "tract"]
+# PyTorch's own backends on the CPU; the ONNX runtimes' are theirs to list (`op_backends`).
+TORCH_BACKENDS = ["torch", "torch:compile"]
 
 
 # TensorFlow's op backends: the same spelling as the Keras sides (`xla` is TensorFlow's XLA
@@ -68,19 +69,15 @@ def _is_keras(backend: str) -> bool:
 def available_backends() -> list[str]:
     """The default backends: the CPU ones, OpenVINO where installed, and the GPU PyTorch and
     ONNX Runtime providers here."""
-    backends = list(DEFAULT_BACKENDS)
+    backends = list(TORCH_BACKENDS)
     if torch.cuda.is_available():
         backends += ["torch:cuda", "torch:cuda:compile"]
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
         backends.append("torch:mps")
-    # The providers of the ONNX Runtime layerdiff loads, which need not be the onnxruntime
-    # package's (LAYERDIFF_ORT_LIB).
-    for provider in _layerdiff.device_providers():
-        if describe(f"ort:{provider}")[1] is None:
-            backends.append(f"ort:{provider}")
-    # OpenVINO's CPU plugin, where its library is installed (its own kernels and fusions)
-    if describe("openvino")[1] is None:
-        backends.append("openvino")
+    # Each ONNX runtime's own (ONNX Runtime's as the file is written and optimized, and its
+    # device providers; tract; OpenVINO), those that start here: the ONNX Runtime layerdiff
+    # loads need not be the onnxruntime package's (LAYERDIFF_ORT_LIB).
+    backends += _layerdiff.op_backends()
     # TensorFlow eager and XLA, where TensorFlow is installed
     if _tf_version() is not None:
         backends += list(TF_BACKENDS)

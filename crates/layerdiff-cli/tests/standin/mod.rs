@@ -11,6 +11,7 @@ layerdiff_runtime::inventory::submit!(RuntimeKind {
     listed: "`standin` (tract, `standin:off=NODE`)",
     rank: 9,
     parse: StandIn::parse,
+    op_backends: Vec::new,
 });
 
 /// The stand-in as spelled: the node whose value it computes 1% off, if any.

@@ -15,6 +15,7 @@ inventory::submit!(RuntimeKind {
     listed: "`openvino` (`openvino:precision=bf16`…)",
     rank: 2,
     parse: |text| OpenVinoSpec::parse(text).map(RuntimeSpec::from),
+    op_backends: || vec!["openvino".to_string()],
 });
 
 /// OpenVINO's CPU plugin as a spelling sets it up.

@@ -15,37 +15,6 @@ pub(super) struct LoadedOrt {
 pub(super) static ORT: OnceLock<Mutex<Option<std::result::Result<LoadedOrt, String>>>> =
     OnceLock::new();
 
-/// ONNX Runtime prefixes many messages with a source location and a C++ signature
-/// (`/onnxruntime_src/…/model.cc:256 onnxruntime::Model::Model(…) Unsupported model IR version…`);
-/// users need only the sentence after them.
-pub(super) fn clean_message(message: String) -> String {
-    let Some(rest) = message
-        .strip_prefix("/onnxruntime_src/")
-        .and_then(|m| m.split_once(' '))
-        .map(|(_, r)| r)
-    else {
-        return message;
-    };
-    let signature_end = rest
-        .find('(')
-        .filter(|&open| rest[..open].contains("::"))
-        .and_then(|open| {
-            let mut depth = 0usize;
-            rest[open..].char_indices().find_map(|(i, c)| {
-                match c {
-                    '(' => depth += 1,
-                    ')' => depth -= 1,
-                    _ => {}
-                }
-                (depth == 0).then_some(open + i + 1)
-            })
-        });
-    match signature_end {
-        Some(end) => rest[end..].trim_start().to_string(),
-        None => rest.to_string(),
-    }
-}
-
 /// Loads the shared library at `path` and makes its environment.
 pub(super) fn load(path: &Path) -> std::result::Result<LoadedOrt, String> {
     // one path for the binding and for the lookup of the release below

@@ -11,11 +11,13 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+use ort::session::builder::GraphOptimizationLevel;
+
 use super::release::release_command;
 use crate::spec::{py_str, release_note};
 use crate::{
-    Configured, OptLevel, OrtRuntime, PluginEp, PluginParts, Provider, ProviderOptions, Result,
-    Runtime, RuntimeKind, RuntimeSpec,
+    Configured, OrtRuntime, PluginEp, PluginParts, Provider, ProviderOptions, Result, Runtime,
+    RuntimeKind, RuntimeSpec,
 };
 
 inventory::submit!(RuntimeKind {
@@ -23,6 +25,17 @@ inventory::submit!(RuntimeKind {
     listed: "`ort` (ONNX Runtime: `ort:cuda`, `ort:opt=all`…)",
     rank: 0,
     parse: |text| OrtSpec::parse(text).map(RuntimeSpec::from),
+    // the CPU as the file is written and as ONNX Runtime optimizes it; each device's provider
+    op_backends: || {
+        let devices = crate::Provider::ALL
+            .into_iter()
+            .filter(|p| *p != crate::Provider::Cpu)
+            .map(|p| format!("ort:{}", p.spelling()));
+        ["ort".to_string(), "ort:opt=all".to_string()]
+            .into_iter()
+            .chain(devices)
+            .collect()
+    },
 });
 
 impl RuntimeSpec {
@@ -332,4 +345,43 @@ fn optimizer_names(names: &str) -> Option<Vec<String>> {
         .iter()
         .all(name)
         .then(|| names.into_iter().map(String::from).collect())
+}
+
+/// ONNX Runtime's graph optimization level. layerdiff defaults to [`OptLevel::Disable`] so every
+/// node's value exists as written in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OptLevel {
+    /// No graph rewrites: every value exists as written.
+    #[default]
+    Disable,
+    /// Constant folding and redundant-node removal.
+    Basic,
+    /// Basic plus complex node fusions.
+    Extended,
+    /// Everything, layout changes included.
+    All,
+}
+
+impl OptLevel {
+    /// Every level, from none to all.
+    pub const ALL: [Self; 4] = [Self::Disable, Self::Basic, Self::Extended, Self::All];
+
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            OptLevel::Disable => "disable",
+            OptLevel::Basic => "basic",
+            OptLevel::Extended => "extended",
+            OptLevel::All => "all",
+        }
+    }
+
+    pub(super) fn to_ort(self) -> GraphOptimizationLevel {
+        match self {
+            OptLevel::Disable => GraphOptimizationLevel::Disable,
+            OptLevel::Basic => GraphOptimizationLevel::Level1,
+            OptLevel::Extended => GraphOptimizationLevel::Level2,
+            OptLevel::All => GraphOptimizationLevel::All,
+        }
+    }
 }
