@@ -32,16 +32,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from layerdiff import _layerdiff
 from layerdiff._cache import cache_folder
-
-PACKAGES = ("onnxruntime", "onnxruntime-gpu", "openvino")
-
-# each package's library in its virtualenv, and the runtime spelling that runs on it
-LIBRARIES = {
-    "onnxruntime": ("onnxruntime/capi/libonnxruntime.so.*", "ort"),
-    "onnxruntime-gpu": ("onnxruntime/capi/libonnxruntime.so.*", "ort"),
-    "openvino": ("openvino/libs/libopenvino_c.so.*", "openvino"),
-}
 
 
 class ReleaseError(Exception):
@@ -50,21 +42,12 @@ class ReleaseError(Exception):
 
 def parse(spec: str) -> tuple[str, str]:
     """`onnxruntime==1.30.0` → (`onnxruntime`, `1.30.0`); a version alone is `onnxruntime`'s
-    (OpenVINO's versions are years: `openvino==2026.4.0`)."""
-    package, _, version = spec.rpartition("==")
-    package = package or "onnxruntime"
-    if package not in PACKAGES or not re.fullmatch(r"\d+\.\d+(\.\d+)?", version):
-        raise ReleaseError(
-            f"`{spec}` is not a release: give PACKAGE==VERSION with PACKAGE one of "
-            f"{', '.join(PACKAGES)} (`onnxruntime==1.30.0`)"
-        )
-    if package == "openvino" and tuple(int(p) for p in version.split(".")[:2]) < (2025, 1):
-        # its C API's element types changed in 2025.1: layerdiff's binding refuses older ones
-        raise ReleaseError(
-            f"`{spec}`: layerdiff runs OpenVINO 2025.1 and later (the C API's element types "
-            "changed then); give a newer release"
-        )
-    return package, version
+    (OpenVINO's versions are years: `openvino==2026.4.0`). Which packages ship a runtime and
+    which of their versions layerdiff runs is each runtime's own word (its `Wheel`, in Rust)."""
+    try:
+        return _layerdiff.parse_release(spec)
+    except _layerdiff.UsageError as e:
+        raise ReleaseError(str(e)) from None
 
 
 def wheel(given: str) -> tuple[str, str]:
@@ -87,13 +70,14 @@ def wheel(given: str) -> tuple[str, str]:
 
 def library_in(folder: Path, package: str = "onnxruntime") -> Path | None:
     """The runtime library of `package` in the virtualenv at `folder`, if it holds one."""
-    found = sorted(folder.glob(f"lib/python*/site-packages/{LIBRARIES[package][0]}"))
+    library = _layerdiff.release_wheel(package).library
+    found = sorted(folder.glob(f"lib/python*/site-packages/{library}"))
     return found[-1] if found else None
 
 
 def side(package: str, library: Path) -> str:
     """The `--reference`/`--target` spelling that runs on `library` (`ort:lib=…`)."""
-    return f"{LIBRARIES[package][1]}:lib={library}"
+    return f"{_layerdiff.release_wheel(package).runtime}:lib={library}"
 
 
 def fetch(package: str, version: str, *, quiet: bool = False, wheel: Path | None = None) -> Path:
@@ -119,11 +103,9 @@ def fetch(package: str, version: str, *, quiet: bool = False, wheel: Path | None
                            check=True, capture_output=True, text=True)  # fmt: skip
             _share_numpy(partial)
         else:
-            # ONNX Runtime releases before 1.19 were built against numpy 1
-            release = tuple(int(p) for p in version.split(".")[:2])
-            older = package != "openvino" and release < (1, 19)
-            numpy = "numpy<2" if older else "numpy"
-            subprocess.run([*pip, f"{package}=={version}", numpy],
+            # what an older release needs beside it (ONNX Runtime before 1.19: numpy 1)
+            needs = _layerdiff.release_wheel(package).needs(version)
+            subprocess.run([*pip, f"{package}=={version}", "numpy", *needs],
                            check=True, capture_output=True, text=True)  # fmt: skip
     except subprocess.CalledProcessError as e:
         shutil.rmtree(partial, ignore_errors=True)

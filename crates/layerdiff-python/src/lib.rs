@@ -270,6 +270,9 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(spelling::side_spec, m)?)?;
     m.add_function(wrap_pyfunction!(spelling::choice, m)?)?;
     m.add_function(wrap_pyfunction!(spelling::precision_name, m)?)?;
+    m.add_function(wrap_pyfunction!(spelling::parse_release, m)?)?;
+    m.add_function(wrap_pyfunction!(spelling::release_wheel, m)?)?;
+    m.add_class::<spelling::ReleaseWheel>()?;
     m.add_function(wrap_pyfunction!(memory::bytes_text, m)?)?;
     exceptions::register(m)?;
     Ok(())

@@ -1,5 +1,6 @@
 //! Spellings the API takes as the command line does: a side (`torch:cuda:bf16`, `ort:opt=all`),
-//! and an option's choice, each parsed by the one parser every door uses.
+//! an option's choice, and another release of a runtime (`onnxruntime==1.30.0`), each parsed
+//! by the one parser every door uses.
 
 use layerdiff_flow::spec::onnx_side::OnnxSide;
 use layerdiff_flow::spec::target::TargetSpec;
@@ -89,4 +90,46 @@ impl SideSpec {
             },
         }
     }
+}
+
+/// Another release as `python -m layerdiff.releases` takes it (`onnxruntime==1.30.0`, a version
+/// alone for ONNX Runtime), checked by the registry's rule (`layerdiff_runtime::parse_release`):
+/// `(package, version)`; a `UsageError` says what is wrong with it.
+#[pyfunction]
+pub(crate) fn parse_release(text: &str) -> PyResult<(String, String)> {
+    layerdiff_runtime::parse_release(text).map_err(exceptions::UsageError::new_err)
+}
+
+/// The runtime whose wheel `package` is, as its own module names it (`layerdiff_runtime::Wheel`).
+#[pyclass(frozen, module = "layerdiff._layerdiff")]
+pub(crate) struct ReleaseWheel {
+    /// The runtime's name, as a side that runs on one of its libraries begins (`ort`, in
+    /// `ort:lib=PATH`).
+    #[pyo3(get)]
+    runtime: &'static str,
+    /// Its library under a virtualenv's `site-packages`, as a pattern
+    /// (`onnxruntime/capi/libonnxruntime.so.*`).
+    #[pyo3(get)]
+    library: String,
+    wheel: &'static layerdiff_runtime::Wheel,
+}
+
+#[pymethods]
+impl ReleaseWheel {
+    /// What a release at `version` needs installed beside it (`numpy<2`).
+    fn needs(&self, version: &str) -> Vec<&'static str> {
+        layerdiff_runtime::release_needs(self.wheel, version)
+    }
+}
+
+/// The wheel `package` is (`onnxruntime-gpu`); a `UsageError` names the packages there are.
+#[pyfunction]
+pub(crate) fn release_wheel(package: &str) -> PyResult<ReleaseWheel> {
+    let (runtime, wheel) =
+        layerdiff_runtime::wheel_of(package).map_err(exceptions::UsageError::new_err)?;
+    Ok(ReleaseWheel {
+        runtime,
+        library: format!("{}/{}.*", wheel.folder, wheel.names[0]),
+        wheel,
+    })
 }

@@ -15,6 +15,7 @@ mod openvino_runtime;
 mod ort_provider;
 mod ort_runtime;
 mod per_node;
+mod releases;
 mod spec;
 mod threads;
 mod tract_runtime;
@@ -26,14 +27,18 @@ pub use error::{Crash, CrashedNode, Error, Result};
 pub use exact::ExactKernels;
 pub use inventory;
 pub use isolated::{Isolated, Isolation, WORKER_VERB, serve as serve_worker, set_worker_command};
-pub use library::{
-    LIBRARY_ENV, OPENVINO_LIBRARY_ENV, chosen_ort_library, find_ort_library, use_ort_library,
+pub use library::Wheel;
+pub use openvino_runtime::{
+    OPENVINO_LIBRARY_ENV, OPENVINO_PRECISIONS, OpenVinoRuntime, OpenVinoSpec,
 };
-pub use openvino_runtime::{OPENVINO_PRECISIONS, OpenVinoRuntime, OpenVinoSpec};
 pub use ort_provider::{Provider, ProviderOptions, TF32_OPS};
 pub(crate) use ort_runtime::PluginParts;
-pub use ort_runtime::{EpDevice, OptLevel, OrtRuntime, OrtSpec, PluginEp};
+pub use ort_runtime::{
+    EpDevice, LIBRARY_ENV, OptLevel, OrtRuntime, OrtSpec, PluginEp, chosen_ort_library,
+    find_ort_library, use_ort_library,
+};
 pub use per_node::{PerNode, Widened};
+pub use releases::{RuntimeWheel, parse_release, release_needs, wheel_of, wheels};
 pub use spec::{
     Configured, OtherSpelling, RuntimeKind, RuntimeSpec, kinds, nearest, op_backends, py_str,
 };

@@ -5,12 +5,6 @@ use std::path::{Path, PathBuf};
 
 use crate::{Error, Result};
 
-/// Environment variable that names the ONNX Runtime library file explicitly.
-pub const LIBRARY_ENV: &str = "LAYERDIFF_ORT_LIB";
-
-/// Environment variable that names the OpenVINO C library file explicitly.
-pub const OPENVINO_LIBRARY_ENV: &str = "LAYERDIFF_OPENVINO_LIB";
-
 /// A runtime library shipped in a Python wheel.
 pub struct Wheel {
     /// The runtime, in words (`ONNX Runtime`).
@@ -23,55 +17,16 @@ pub struct Wheel {
     pub names: &'static [&'static str],
     /// How to install it (`pip install onnxruntime`).
     pub install: &'static str,
-}
-
-/// ONNX Runtime's library in the `onnxruntime` wheel.
-pub const ORT_WHEEL: Wheel = Wheel {
-    runtime: "ONNX Runtime",
-    env: &[LIBRARY_ENV, "ORT_DYLIB_PATH"],
-    folder: "onnxruntime/capi",
-    names: &[
-        "libonnxruntime.so",
-        "libonnxruntime.dylib",
-        "onnxruntime.dll",
-    ],
-    install: "pip install onnxruntime",
-};
-
-/// OpenVINO's C library in the `openvino` wheel.
-pub const OPENVINO_WHEEL: Wheel = Wheel {
-    runtime: "OpenVINO",
-    env: &[OPENVINO_LIBRARY_ENV],
-    folder: "openvino/libs",
-    names: &["libopenvino_c.so", "libopenvino_c.dylib", "openvino_c.dll"],
-    install: "pip install openvino",
-};
-
-/// The ONNX Runtime library a door of this process chose (see [`use_ort_library`]).
-static CHOSEN_ORT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-
-/// Names the ONNX Runtime library this process loads, once, at its door: the Python package
-/// names the wheel of its interpreter, a worker the library it was started for. `None` leaves
-/// it to [`find_ort_library`]'s search. ONNX Runtime is loaded once per process, so the first
-/// choice stands.
-pub fn use_ort_library(library: Option<&Path>) {
-    if let Some(library) = library {
-        let _ = CHOSEN_ORT.set(library.to_path_buf());
-    }
-}
-
-/// The library [`use_ort_library`] chose, if one did.
-pub fn chosen_ort_library() -> Option<&'static Path> {
-    CHOSEN_ORT.get().map(PathBuf::as_path)
-}
-
-/// Finds the ONNX Runtime shared library: the one the process's door chose, else as
-/// [`find_library`] searches.
-pub fn find_ort_library() -> Result<PathBuf> {
-    match chosen_ort_library() {
-        Some(library) => Ok(library.to_path_buf()),
-        None => find_library(&ORT_WHEEL),
-    }
+    /// The packages on the package index that ship it (`onnxruntime`, `onnxruntime-gpu`): what
+    /// `python -m layerdiff.releases PACKAGE==VERSION` fetches, the first when no package is
+    /// named.
+    pub packages: &'static [&'static str],
+    /// The oldest release layerdiff runs, and why no older one (`2025.1`, `its C API's element
+    /// types changed then`).
+    pub oldest: Option<(&'static str, &'static str)>,
+    /// What a release before a version needs installed beside it (`1.19`, `numpy<2`: built
+    /// against numpy 1).
+    pub needs_before: &'static [(&'static str, &'static str)],
 }
 
 /// Finds a wheel's library: the variables that name it, then the wheel in the active

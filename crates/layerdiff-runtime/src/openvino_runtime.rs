@@ -14,6 +14,8 @@ use crate::{Error, ReducedMath, Result, Runtime};
 mod loading;
 mod spec;
 
+pub use loading::OPENVINO_LIBRARY_ENV;
+pub(crate) use loading::OPENVINO_WHEEL;
 use loading::load;
 pub use spec::OpenVinoSpec;
 

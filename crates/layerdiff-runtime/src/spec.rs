@@ -29,6 +29,9 @@ pub struct RuntimeKind {
     /// The spellings `layerdiff ops` runs by default (`ort`, `ort:opt=all`, `ort:cuda`…), of
     /// which [`op_backends`] keeps those that start here.
     pub op_backends: fn() -> Vec<String>,
+    /// The Python wheel that ships its library, where one does: what finds it, and what
+    /// [`crate::parse_release`] fetches another release of.
+    pub wheel: Option<&'static crate::library::Wheel>,
 }
 
 inventory::collect!(RuntimeKind);

@@ -22,6 +22,7 @@ inventory::submit!(RuntimeKind {
         )),
     },
     op_backends: || vec!["tract".to_string()],
+    wheel: None,
 });
 
 /// tract, with its optimizer on (as deployed); values asked for stay outputs, so they exist.

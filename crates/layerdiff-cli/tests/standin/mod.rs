@@ -12,6 +12,7 @@ layerdiff_runtime::inventory::submit!(RuntimeKind {
     rank: 9,
     parse: StandIn::parse,
     op_backends: Vec::new,
+    wheel: None,
 });
 
 /// The stand-in as spelled: the node whose value it computes 1% off, if any.

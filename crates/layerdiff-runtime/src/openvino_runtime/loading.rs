@@ -4,8 +4,23 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use crate::library::{OPENVINO_WHEEL, find_library};
+use crate::library::{Wheel, find_library};
 use crate::{Error, Result};
+
+/// Environment variable that names the OpenVINO C library file explicitly.
+pub const OPENVINO_LIBRARY_ENV: &str = "LAYERDIFF_OPENVINO_LIB";
+
+/// OpenVINO's C library in the `openvino` wheel.
+pub(crate) const OPENVINO_WHEEL: Wheel = Wheel {
+    runtime: "OpenVINO",
+    env: &[OPENVINO_LIBRARY_ENV],
+    folder: "openvino/libs",
+    names: &["libopenvino_c.so", "libopenvino_c.dylib", "openvino_c.dll"],
+    install: "pip install openvino",
+    packages: &["openvino"],
+    oldest: Some(("2025.1", "the C API's element types changed then")),
+    needs_before: &[],
+};
 
 /// Loads the OpenVINO C library once per process (from `library`, else found). A process that
 /// loaded one library refuses another: a second release runs in a worker process of its own.

@@ -16,6 +16,7 @@ inventory::submit!(RuntimeKind {
     rank: 2,
     parse: |text| OpenVinoSpec::parse(text).map(RuntimeSpec::from),
     op_backends: || vec!["openvino".to_string()],
+    wheel: Some(&super::OPENVINO_WHEEL),
 });
 
 /// OpenVINO's CPU plugin as a spelling sets it up.

@@ -1,9 +1,60 @@
-//! ONNX Runtime's shared library, loaded once per process, and its messages made readable.
+//! ONNX Runtime's shared library: where it is (its wheel, or the library a door of the process
+//! chose), loaded once per process.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
 use ort::environment::Environment;
+
+use crate::Result;
+use crate::library::{Wheel, find_library};
+
+/// Environment variable that names the ONNX Runtime library file explicitly.
+pub const LIBRARY_ENV: &str = "LAYERDIFF_ORT_LIB";
+
+/// ONNX Runtime's library in the `onnxruntime` wheel.
+pub(crate) const ORT_WHEEL: Wheel = Wheel {
+    runtime: "ONNX Runtime",
+    env: &[LIBRARY_ENV, "ORT_DYLIB_PATH"],
+    folder: "onnxruntime/capi",
+    names: &[
+        "libonnxruntime.so",
+        "libonnxruntime.dylib",
+        "onnxruntime.dll",
+    ],
+    install: "pip install onnxruntime",
+    packages: &["onnxruntime", "onnxruntime-gpu"],
+    oldest: None,
+    // releases before 1.19 were built against numpy 1
+    needs_before: &[("1.19", "numpy<2")],
+};
+
+/// The ONNX Runtime library a door of this process chose (see [`use_ort_library`]).
+static CHOSEN_ORT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Names the ONNX Runtime library this process loads, once, at its door: the Python package
+/// names the wheel of its interpreter, a worker the library it was started for. `None` leaves
+/// it to [`find_ort_library`]'s search. ONNX Runtime is loaded once per process, so the first
+/// choice stands.
+pub fn use_ort_library(library: Option<&Path>) {
+    if let Some(library) = library {
+        let _ = CHOSEN_ORT.set(library.to_path_buf());
+    }
+}
+
+/// The library [`use_ort_library`] chose, if one did.
+pub fn chosen_ort_library() -> Option<&'static Path> {
+    CHOSEN_ORT.get().map(PathBuf::as_path)
+}
+
+/// Finds the ONNX Runtime shared library: the one the process's door chose, else as
+/// [`find_library`] searches.
+pub fn find_ort_library() -> Result<PathBuf> {
+    match chosen_ort_library() {
+        Some(library) => Ok(library.to_path_buf()),
+        None => find_library(&ORT_WHEEL),
+    }
+}
 
 /// The shared library, loaded once per process, where it was found, and its release.
 pub(super) struct LoadedOrt {

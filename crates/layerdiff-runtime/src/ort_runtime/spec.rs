@@ -36,6 +36,7 @@ inventory::submit!(RuntimeKind {
             .chain(devices)
             .collect()
     },
+    wheel: Some(&super::ORT_WHEEL),
 });
 
 impl RuntimeSpec {
