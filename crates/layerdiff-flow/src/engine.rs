@@ -21,17 +21,21 @@ mod finish;
 pub(crate) mod group;
 pub mod memory;
 pub(crate) mod pairs;
+mod parts;
 pub(crate) mod plan;
 mod segment;
 pub(crate) mod side;
 
 use baseline::Baseline;
 use evidence::disagreement;
-use memory::{Segmentation, budget};
+use memory::Segmentation;
 use pairs::{Exact, Pairs};
-use plan::{Plan, PlannedLayer, plan};
+use plan::Plan;
 use segment::segments_warning;
 use side::{Group, Side};
+
+pub use parts::EngineParts;
+use parts::Plans;
 
 /// Which value of each side every layer is, as alignment found it.
 pub struct Alignment {
@@ -66,10 +70,6 @@ pub enum Shared {
     /// value, which is what the fused nodes compute.
     EachLayer,
 }
-
-/// The most bytes of pushed values a run whose target ran ahead holds at once (see
-/// [`Engine::run_target_ahead`]): enough layers at a time to keep the threads busy.
-const STREAM: u64 = 256 << 20;
 
 /// What a run is asked to measure, and how: the judging options every comparing verb shares,
 /// made by [`Settings::new`], which resolves and checks them.
@@ -153,30 +153,6 @@ pub struct Header {
     pub seed: Option<u64>,
 }
 
-/// What an engine is made of: what the run is, its layers aligned, its two sides, the float64
-/// truth and the baseline where they are measured, the inputs, what it is asked to measure, and
-/// its clock so far.
-pub struct EngineParts<R: Side, T: Side, F: Side = Box<dyn Side>> {
-    /// What the run is (command, model, seed).
-    pub header: Header,
-    /// Which value of each side every layer is.
-    pub alignment: Alignment,
-    /// The reference side.
-    pub reference: R,
-    /// The target side.
-    pub target: T,
-    /// The float64 truth, where measured.
-    pub truth: Option<F>,
-    /// Where the local errors' baselines come from, where measured.
-    pub baseline: Option<Box<dyn Baseline>>,
-    /// The model's inputs.
-    pub inputs: Vec<(String, Tensor)>,
-    /// What the run is asked to measure.
-    pub settings: Settings,
-    /// The run's phases timed so far.
-    pub clock: Stopwatch,
-}
-
 /// A comparison under way (see the module docs).
 pub struct Engine<R: Side, T: Side, F: Side = Box<dyn Side>> {
     /// The reference side.
@@ -239,90 +215,28 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
     }
 
     /// Plans the run in segments that fit the memory budget, with each layer's local group.
-    pub fn new(parts: EngineParts<R, T, F>) -> Result<Self> {
+    pub fn new(mut parts: EngineParts<R, T, F>) -> Result<Self> {
+        let (reference_of, target_of) = parts.alignment.correspondence();
+        let groups = parts.groups(&reference_of);
+        let Plans {
+            plan,
+            streamed,
+            over_default_budget,
+            process,
+        } = parts.plans(&groups)?;
+        parts.expose_whole(&plan)?;
         let EngineParts {
             header,
             alignment,
-            mut reference,
-            mut target,
+            reference,
+            target,
             truth,
-            mut baseline,
+            baseline,
             inputs,
             settings,
             clock,
         } = parts;
-        let (reference_of, target_of) = alignment.correspondence();
-        let is_input = |n: &str| inputs.iter().any(|(name, _)| name == n);
-        let groups = local_groups(&alignment, &reference_of, &is_input, &target);
-        let planned: Vec<PlannedLayer<'_>> = (0..alignment.layers.len())
-            .map(|i| PlannedLayer {
-                reference: &alignment.reference[i],
-                target: alignment.target[i].as_deref(),
-                local_inputs: match &groups[i] {
-                    Some(Ok(group)) if settings.local => &group.inputs,
-                    _ => &[],
-                },
-            })
-            .collect();
-        let mut reference_view = reference.plan_view();
-        // The truth's values (and handed baseline values) are held beside the reference's
-        // until compared.
-        let held = truth.iter().map(|t| t.plan_view().sizes);
-        for sizes in held.chain(baseline.iter().map(|b| b.held_sizes())) {
-            for (name, bytes) in sizes {
-                *reference_view.sizes.entry(name).or_default() += bytes;
-            }
-        }
-        if let Some(baseline) = baseline.as_mut() {
-            baseline_groups(baseline.as_mut(), &alignment, &is_input);
-        }
-        let target_view = target.plan_view();
-        // Without --max-memory the whole process is kept within half the memory it could use:
-        // the values get what is left once what it holds and a runtime's weights are counted
-        // (the target's are counted segment by segment facing a reference that hands its
-        // values over: see `plan`).
-        let default = settings
-            .max_memory
-            .is_none()
-            .then(memory::DefaultBudget::now)
-            .flatten();
-        let per_segment = reference_view.graph.is_none();
-        let weights = [&reference_view, &target_view]
-            .iter()
-            .filter(|v| !(per_segment && v.graph.is_some()))
-            .map(|v| v.weights)
-            .chain(truth.as_ref().map(|t| t.plan_view().weights))
-            .max()
-            .unwrap_or(0);
-        let kept_to = match default {
-            Some(default) => Some(default.values(weights)),
-            None => budget(settings.max_memory),
-        };
-        let plan = plan(&reference_view, &target_view, &planned, kept_to);
-        let over_default_budget =
-            plan.budget_kept(&alignment, settings.max_memory, kept_to, || {
-                plan::plan(&reference_view, &target_view, &planned, Some(0)).over_budget
-            })?;
-        // A target that computes can run the whole graph before a pushed reference hands over
-        // anything (see `run_target_ahead`); the pushed values are then taken in stretches of
-        // the stream's size, each dropped once compared, as a split run would, at no cost to
-        // the target.
         let n = alignment.layers.len();
-        let streamed =
-            (plan.segments.len() == 1 && n > 0 && target.has_layers(n) && !reference.has_layers(n))
-                .then(|| {
-                    let stream = kept_to.map_or(STREAM, |b| b.min(STREAM));
-                    plan::plan(&reference_view, &target_view, &planned, Some(stream))
-                });
-        drop((planned, reference_view, target_view));
-        let mut truth = truth;
-        if let [whole] = plan.segments.as_slice() {
-            reference.expose(&whole.reference.outputs)?;
-            target.expose(&whole.target.outputs)?;
-            if let Some(truth) = truth.as_mut() {
-                truth.expose(&whole.reference.outputs)?;
-            }
-        }
         Ok(Self {
             reference,
             target,
@@ -342,7 +256,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             target_of,
             groups,
             reported: memory::Segmentation {
-                process: default.map(|d| d.process),
+                process,
                 ..plan.segmentation()
             },
             plan,
@@ -452,47 +366,4 @@ impl Alignment {
             .collect();
         (reference_of, target_of)
     }
-}
-
-/// Each layer's local group in the target (the nodes that compute it from values the run
-/// knows), for the layer that owns its value; found without local error too, since their
-/// evidence explains causes.
-fn local_groups<T: Side>(
-    alignment: &Alignment,
-    reference_of: &HashMap<String, (String, usize)>,
-    is_input: &dyn Fn(&str) -> bool,
-    target: &T,
-) -> Vec<Option<std::result::Result<Group, String>>> {
-    alignment
-        .target
-        .iter()
-        .enumerate()
-        .map(|(i, value)| {
-            let owns = |v: &str| match alignment.shared {
-                Shared::FirstLayerOwns => reference_of[v].1 == i,
-                Shared::EachLayer => true,
-            };
-            // Groups are found without local error too: their evidence explains causes.
-            let value = value.as_deref().filter(|v| owns(v))?;
-            let known = |n: &str| n != value && (is_input(n) || reference_of.contains_key(n));
-            Some(target.recompute()?.local_group(value, &known))
-        })
-        .collect()
-}
-
-/// The baseline's groups in the reference graph, from the reference values both sides know.
-fn baseline_groups(
-    baseline: &mut dyn Baseline,
-    alignment: &Alignment,
-    is_input: &dyn Fn(&str) -> bool,
-) {
-    let compared: std::collections::HashSet<&str> = alignment
-        .target
-        .iter()
-        .zip(&alignment.reference)
-        .filter(|(t, _)| t.is_some())
-        .map(|(_, r)| r.as_str())
-        .collect();
-    let values: Vec<&str> = compared.iter().copied().collect();
-    baseline.find_groups(&values, &|n| is_input(n) || compared.contains(n));
 }

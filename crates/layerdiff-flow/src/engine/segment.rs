@@ -2,9 +2,10 @@
 //! re-run locally on the reference's values, measured against the baseline, and dropped after
 //! its last use.
 
+use super::memory::budget;
 use super::{
     Baseline, Engine, Evidence, Exact, Group, Layer, OWN, Pairs, RUNTIME, Result, Side, Tensor,
-    budget, disagreement, judge,
+    disagreement, judge,
 };
 use crate::Recompute;
 use crate::engine::plan::Segment;
