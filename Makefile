@@ -119,7 +119,6 @@ validation: build
 # Measure the comparator (GB/s per dtype against numpy and the machine's read bandwidth) and
 # the per-phase overhead on ResNet-18 and ViT-B/16; rewrites docs/performance.md.
 bench: build
-	$(PY) -m pip install --quiet polygraphy==0.53.6  # beside layerdiff in benches/own_work.py
 	$(PY) benches/run.py
 
 # Another ONNX Runtime release from PyPI into layerdiff's cache, for a side `ort:lib=…`

@@ -16,14 +16,16 @@ import tempfile
 import time
 from pathlib import Path
 
+import peers
+
 BIN = Path(sys.executable).parent
 LAYERDIFF = str(BIN / "layerdiff")
-POLYGRAPHY = str(BIN / "polygraphy")
 POLYGRAPHY_VERSION = "0.53.6"
 
 # What `make bench` holds layerdiff to, each a ratio measured in the same run.
-OWN_SHARE = 0.10  # own work of every row, at most
-POLYGRAPHY_SHARE = 0.2  # `layerdiff onnx` ResNet-18 wall ÷ Polygraphy's save and compare
+OWN_SHARE = 0.05  # own work of every `layerdiff onnx` row, at most
+TORCH_OWN_SHARE = 0.10  # own work of every `layerdiff torch` row, at most (its floor: side_by_side)
+POLYGRAPHY_SHARE = 0.15  # `layerdiff onnx` wall ÷ Polygraphy's save and compare, every row
 FLOAT32_BANDWIDTH = 0.8  # the comparator's float32 rate ÷ the machine's read bandwidth
 NARROW_RATE = 0.5  # float16 and bfloat16 elements per second ÷ float32's
 
@@ -86,25 +88,29 @@ def row(title: str, args: list[str], rounds: int, first_run: bool = False) -> di
         runs.append({
             "title": title, "args": args, "phases": phases, "total": total, "own": own,
             "share": own / total, "wall": wall, "verdict": summary["verdict"],
+            "load": os.getloadavg()[0],
             "compared": summary["layers_compared"], "exceeding": summary["layers_exceeding"],
         })  # fmt: skip
     runs.sort(key=lambda r: r["total"])
     return runs[len(runs) // 2]
 
 
-def polygraphy(model: Path, rounds: int) -> dict:
+# `layerdiff onnx`'s targets beside Polygraphy: the file as written on both sides (off/off), and
+# the target at ONNX Runtime's full optimization (off/all).
+TARGETS = {"off/off": "ort", "off/all": "ort:opt=all"}
+
+
+def polygraphy(label: str, model: Path, rounds: int) -> dict:
     """Polygraphy's per-layer comparison of one file on ONNX Runtime (every value marked an
     output): one process saves the reference's values, a second runs again and compares;
-    beside `layerdiff onnx` on the same file, in alternating rounds (medians)."""
-    if not Path(POLYGRAPHY).exists():
-        raise RuntimeError(
-            f"Polygraphy is not installed: pip install polygraphy=={POLYGRAPHY_VERSION}"
-        )
-    walls: dict[str, list[float]] = {"save": [], "compare": [], "layerdiff": []}
-    ours = ["onnx", str(model), "--batch", "1", "--target", "ort", "--float64"]
+    beside `layerdiff onnx` on the same file (float64 truth and local error on) at each of
+    `TARGETS`, in alternating rounds (medians), with the load average when the row was done.
+    Polygraphy runs in a virtualenv of its own (`peers.py`), as its users install it."""
+    exe = str(peers.python_of("polygraphy").parent / "polygraphy")
+    walls: dict[str, list[float]] = {"save": [], "compare": [], **{t: [] for t in TARGETS}}
     with tempfile.TemporaryDirectory() as tmp:
         saved = str(Path(tmp) / "reference.json")
-        base = [POLYGRAPHY, "run", str(model), "--onnxrt", "--onnx-outputs", "mark", "all", "-q"]
+        base = [exe, "run", str(model), "--onnxrt", "--onnx-outputs", "mark", "all", "-q"]
         for _ in range(rounds):
             for step, args in (
                 ("save", [*base, "--save-outputs", saved]),
@@ -115,10 +121,15 @@ def polygraphy(model: Path, rounds: int) -> dict:
                 walls[step].append(time.perf_counter() - start)
                 if done.returncode != 0:
                     raise RuntimeError(f"polygraphy {step} failed: {done.stderr.strip()[-2000:]}")
-            walls["layerdiff"].append(timed_run(ours)[0])
+            for title, target in TARGETS.items():
+                ours = ["onnx", str(model), "--batch", "1", "--target", target, "--float64"]
+                walls[title].append(timed_run(ours)[0])
     median = {k: statistics.median(v) for k, v in walls.items()}
-    median["ratio"] = median["layerdiff"] / (median["save"] + median["compare"])
-    return median
+    theirs = median["save"] + median["compare"]
+    return {
+        "model": label, **median, "load": os.getloadavg()[0],
+        "ratios": {t: median[t] / theirs for t in TARGETS},
+    }  # fmt: skip
 
 
 def measure(quick: bool) -> dict:
@@ -137,29 +148,40 @@ def measure(quick: bool) -> dict:
                 ["onnx", str(files[f"{big}_fp32"]), "--vs", str(files[f"{big}_fp16"]),
                  "--float64"], rounds),
         ]  # fmt: skip
-        side = polygraphy(files["resnet18"], rounds)
+        beside = [polygraphy("ResNet-18 (dynamo export)", files["resnet18"], rounds)]
+        if not quick:
+            beside.append(polygraphy("ResNet-50 (legacy export)", files[f"{big}_fp32"], rounds))
     decoder = str(Path(__file__).parent / "decoder_580m.py:build")
     models = ["resnet18"] if quick else ["resnet18", "vit_b_16", decoder]
     torch_rows = [
         row(f"`layerdiff torch {Path(m).name}`, first run", ["torch", m], 1, first_run=True)
         for m in models
     ]
-    return {"rows": onnx_rows + torch_rows, "polygraphy": side}
+    return {
+        "rows": onnx_rows + torch_rows, "polygraphy": beside,
+        "packages": peers.packages_of("polygraphy"),
+    }  # fmt: skip
+
+
+def share_of(row: dict) -> float:
+    """The own-work share a row is held to: `layerdiff onnx`'s, or `layerdiff torch`'s."""
+    return OWN_SHARE if row["args"][0] == "onnx" else TORCH_OWN_SHARE
 
 
 def misses(own: dict, comparator: list[dict] | None) -> list[str]:
     """Every target this run missed, in words (the comparator's where it was measured)."""
     out = [
-        f"own work {100 * r['share']:.1f}% of `{r['title']}` (at most {100 * OWN_SHARE:.0f}%)"
+        f"own work {100 * r['share']:.1f}% of `{r['title']}` (at most {100 * share_of(r):.0f}%)"
         for r in own["rows"]
-        if r["share"] > OWN_SHARE
+        if r["share"] > share_of(r)
     ]
-    p = own["polygraphy"]
-    if p["ratio"] > POLYGRAPHY_SHARE:
-        out.append(
-            f"layerdiff onnx ResNet-18 at {p['ratio']:.2f}× Polygraphy's wall "
+    for p in own["polygraphy"]:
+        out += [
+            f"layerdiff onnx {p['model']} {title} at {ratio:.2f}× Polygraphy's wall "
             f"(at most {POLYGRAPHY_SHARE}×)"
-        )
+            for title, ratio in p["ratios"].items()
+            if ratio > POLYGRAPHY_SHARE
+        ]
     if comparator is None:
         return out
     rates = {r["dtype"]: r for r in comparator[1:]}
@@ -178,7 +200,6 @@ def misses(own: dict, comparator: list[dict] | None) -> list[str]:
 
 
 def lines(own: dict, missed: list[str]) -> list[str]:
-    p = own["polygraphy"]
     out = [
         "## Where the time goes",
         "",
@@ -186,31 +207,45 @@ def lines(own: dict, missed: list[str]) -> list[str]:
         "on. *Own* work is every phase but the runtimes' inference (ONNX Runtime, tract and",
         "layerdiff's float64 kernels computing the float64 truth and each layer's baseline) and",
         "PyTorch's work (building, capture, its float64 run, export). `make bench` fails where a",
-        f"row's own work passes {100 * OWN_SHARE:.0f}%. `layerdiff onnx` rows: the median of",
-        "three runs; `layerdiff torch` rows: one first run (an empty export cache).",
+        f"`layerdiff onnx` row's own work passes {100 * OWN_SHARE:.0f}%, a `layerdiff torch` row's",
+        f"{100 * TORCH_OWN_SHARE:.0f}%. `layerdiff onnx` rows: the median of three runs;",
+        "`layerdiff torch` rows: one first run (an empty export cache). How quiet the machine was:",
+        "its load average over the last minute when the row was done.",
         "",
-        "| run | layers compared (exceeding) | verdict | phases, in all | own work | share |",
-        "|---|---:|---|---:|---:|---:|",
+        "| run | layers compared (exceeding) | verdict | phases, in all | own work | share "
+        "| load |",
+        "|---|---:|---|---:|---:|---:|---:|",
     ]
     for r in own["rows"]:
-        flag = "" if r["share"] <= OWN_SHARE else " **over**"
+        flag = "" if r["share"] <= share_of(r) else " **over**"
         out.append(
             f"| {r['title']} | {r['compared']} ({r['exceeding']}) | {r['verdict']} "
-            f"| {r['total']:.2f} s | {r['own']:.3f} s | {100 * r['share']:.1f}%{flag} |"
+            f"| {r['total']:.2f} s | {r['own']:.3f} s | {100 * r['share']:.1f}%{flag} "
+            f"| {r['load']:.2f} |"
         )
     out += [
         "",
-        f"Beside Polygraphy {POLYGRAPHY_VERSION} on the ResNet-18 file (`polygraphy run --onnxrt",
-        "--onnx-outputs mark all`, once with `--save-outputs`, then with `--load-outputs`, which",
-        "compares every value), wall time of each process, medians over alternating rounds:",
+        f"Beside Polygraphy {POLYGRAPHY_VERSION} (`polygraphy run --onnxrt --onnx-outputs mark",
+        "all`, once with `--save-outputs`, then with `--load-outputs`, which compares every",
+        "value) on the same file: wall time of each process, medians over alternating rounds.",
+        "`layerdiff onnx` runs with the float64 truth and the local error, its target as the file",
+        "is written (off/off) and at ONNX Runtime's full optimization (off/all). Polygraphy runs",
+        "in a virtualenv of its own, as its users install it (`benches/peers.py`), which holds",
+        f"only {', '.join(own['packages'])}. `make bench` fails where a row passes",
+        f"{POLYGRAPHY_SHARE}×.",
         "",
-        "| Polygraphy: save | Polygraphy: compare | `layerdiff onnx` (float64 truth, local error) "
-        "| ÷ Polygraphy's two |",
-        "|---:|---:|---:|---:|",
-        f"| {p['save']:.2f} s | {p['compare']:.2f} s | {p['layerdiff']:.2f} s "
-        f"| {p['ratio']:.2f}× |",
-        "",
+        "| file | Polygraphy: save | Polygraphy: compare | `layerdiff onnx` off/off | ÷ theirs "
+        "| `layerdiff onnx` off/all | ÷ theirs | load |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    for p in own["polygraphy"]:
+        ratios = p["ratios"]
+        out.append(
+            f"| {p['model']} | {p['save']:.2f} s | {p['compare']:.2f} s "
+            f"| {p['off/off']:.2f} s | {ratios['off/off']:.2f}× "
+            f"| {p['off/all']:.2f} s | {ratios['off/all']:.2f}× | {p['load']:.2f} |"
+        )
+    out.append("")
     if missed:
         out += ["Targets this run missed:", "", *[f"- {m}" for m in missed], ""]
     else:
