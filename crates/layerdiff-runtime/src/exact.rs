@@ -54,7 +54,8 @@ fn elementwise(node: &NodeProto, x: TensorView<'_>) -> Result<Tensor> {
         .chunks_exact(8)
         .flat_map(|b| f(f64::from_le_bytes(b.try_into().expect("8 bytes"))).to_le_bytes())
         .collect();
-    Tensor::new("y", DType::F64, x.shape.to_vec(), bytes).map_err(|e| Error::Run(e.to_string()))
+    Tensor::new("y", DType::F64, x.shape.to_vec(), bytes)
+        .map_err(|e| Error::Failed(format!("layerdiff's float64 kernels: {e}")))
 }
 
 impl Runtime for ExactKernels {

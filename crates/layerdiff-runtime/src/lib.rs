@@ -60,7 +60,10 @@ pub trait Runtime {
     fn options(&self) -> Vec<(String, String)> {
         Vec::new()
     }
-    /// Ops whose float32 math this runtime does in lower precision (TF32 on a GPU), and how.
+    /// Ops whose float32 math this runtime does in lower precision (TF32 on a GPU, OpenVINO's
+    /// bfloat16 inference precision), and how: a layer whose difference that grid explains
+    /// then reads as precision, not a defect. A runtime that narrows without saying so here
+    /// is reported as computing otherwise.
     fn reduced_math(&self) -> Option<ReducedMath> {
         None
     }

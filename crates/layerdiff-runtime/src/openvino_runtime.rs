@@ -354,9 +354,12 @@ impl Runtime for OpenVinoRuntime {
                     .map_err(ov_err(&format!("refuses input `{name}`")))?;
             }
         }
-        request
-            .infer()
-            .map_err(|e| Error::Run(format!("OpenVINO: {}", clean(&e.to_string()))))?;
+        request.infer().map_err(|e| {
+            Error::Failed(format!(
+                "OpenVINO failed to run the model: {}",
+                clean(&e.to_string())
+            ))
+        })?;
         outputs
             .iter()
             .map(|name| {
@@ -381,8 +384,8 @@ impl Runtime for OpenVinoRuntime {
                 } else {
                     value.get_raw_data().map_err(ov_err(&context))?.to_vec()
                 };
-                let tensor =
-                    Tensor::new(name, dtype, dims, bytes).map_err(|e| Error::Run(e.to_string()))?;
+                let tensor = Tensor::new(name, dtype, dims, bytes)
+                    .map_err(|e| Error::Failed(format!("OpenVINO: {e}")))?;
                 Ok((name.clone(), tensor))
             })
             .collect()

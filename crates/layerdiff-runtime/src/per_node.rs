@@ -85,11 +85,15 @@ impl Runtime for PerNode {
                 .filter(|o| !o.is_empty())
                 .cloned()
                 .collect();
-            let mut single = extract_nodes(model, &[i], &produced, &values)
-                .map_err(|e| Error::Run(format!("cannot extract node #{i}: {e}")))?;
+            let mut single = extract_nodes(model, &[i], &produced, &values).map_err(|e| {
+                Error::Failed(format!("node by node: cannot extract node #{i}: {e}"))
+            })?;
             if self.widens {
-                single = to_float64(&single)
-                    .map_err(|e| Error::Run(format!("cannot widen node #{i}'s weights: {e}")))?;
+                single = to_float64(&single).map_err(|e| {
+                    Error::Failed(format!(
+                        "node by node: cannot widen node #{i}'s weights: {e}"
+                    ))
+                })?;
             }
             let last = preferred.get(node.op_type()).copied().unwrap_or(0);
             let order = std::iter::once(0)
@@ -127,7 +131,9 @@ impl Runtime for PerNode {
                     .iter()
                     .find(|(n, _)| n == name)
                     .map(|(n, t)| (n.clone(), t.clone()))
-                    .ok_or_else(|| Error::Run(format!("no node produced `{name}`")))
+                    .ok_or_else(|| {
+                        Error::Failed(format!("node by node: no node produced `{name}`"))
+                    })
             })
             .collect()
     }
@@ -152,8 +158,11 @@ impl Runtime for Widened {
         inputs: &[(String, Tensor)],
         outputs: &[String],
     ) -> Result<Vec<(String, Tensor)>> {
-        let wide = to_float64(model)
-            .map_err(|e| Error::Run(format!("cannot widen the weights to float64: {e}")))?;
+        let wide = to_float64(model).map_err(|e| {
+            Error::Failed(format!(
+                "node by node: cannot widen the weights to float64: {e}"
+            ))
+        })?;
         self.0.run(&wide, inputs, outputs)
     }
 }
@@ -191,7 +200,7 @@ mod tests {
         ) -> Result<Vec<(String, Tensor)>> {
             let node = &model.graph().node[0];
             if !node.name().starts_with(self.prefix) {
-                return Err(Error::Run(format!("refuses {}", node.name())));
+                return Err(Error::Failed(format!("refuses {}", node.name())));
             }
             let mut log = self.log.lock().unwrap();
             log.push((node.name().to_string(), self.prefix));

@@ -174,7 +174,7 @@ impl Runtime for TractRuntime {
             .map_err(tract_err("tract cannot prepare the model"))?;
         let results = plan
             .run(feed)
-            .map_err(|e| Error::Run(format!("tract: {e:#}")))?;
+            .map_err(|e| Error::Failed(format!("tract failed to run the model: {e:#}")))?;
         outputs
             .iter()
             .zip(results)
@@ -182,9 +182,9 @@ impl Runtime for TractRuntime {
                 // Shape-like outputs come back as symbolic integers; concrete ones are int64.
                 let t: std::borrow::Cow<'_, TractTensor> = if value.datum_type() == DatumType::TDim
                 {
-                    value
-                        .cast_to_dt(DatumType::I64)
-                        .map_err(|e| Error::Run(format!("tract: `{name}`: {e:#}")))?
+                    value.cast_to_dt(DatumType::I64).map_err(|e| {
+                        Error::Failed(format!("tract cannot hand back `{name}`: {e:#}"))
+                    })?
                 } else {
                     std::borrow::Cow::Borrowed(&*value)
                 };
@@ -193,7 +193,7 @@ impl Runtime for TractRuntime {
                     element: format!("{:?}", t.datum_type()),
                 })?;
                 let tensor = Tensor::new(name, dtype, t.shape().to_vec(), t.as_bytes().to_vec())
-                    .map_err(|e| Error::Run(e.to_string()))?;
+                    .map_err(|e| Error::Failed(format!("tract: {e}")))?;
                 Ok((name.clone(), tensor))
             })
             .collect()
