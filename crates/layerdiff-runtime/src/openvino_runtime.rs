@@ -360,36 +360,36 @@ impl Runtime for OpenVinoRuntime {
                 clean(&e.to_string())
             ))
         })?;
-        outputs
-            .iter()
-            .map(|name| {
-                let value = request
-                    .get_tensor(name)
-                    .map_err(ov_err(&format!("returned no value named `{name}`")))?;
-                let context = format!("cannot read value `{name}`");
-                let et = value.get_element_type().map_err(ov_err(&context))?;
-                let dtype = dtype_of(et).ok_or_else(|| Error::UnsupportedOutput {
-                    name: name.clone(),
-                    element: format!("{et:?}"),
-                })?;
-                // The C API makes no shape of rank 0, so a scalar's shape cannot be read: a
-                // value of one element whose shape cannot be read is a scalar.
-                let dims: Vec<usize> = match value.get_shape() {
-                    Ok(shape) => shape.get_dimensions().iter().map(|&d| d as usize).collect(),
-                    Err(_) if value.get_size().map_err(ov_err(&context))? == 1 => Vec::new(),
-                    Err(e) => return Err(ov_err(&context)(e)),
-                };
-                let bytes = if value.get_byte_size().map_err(ov_err(&context))? == 0 {
-                    Vec::new()
-                } else {
-                    value.get_raw_data().map_err(ov_err(&context))?.to_vec()
-                };
-                let tensor = Tensor::new(name, dtype, dims, bytes)
-                    .map_err(|e| Error::Failed(format!("OpenVINO: {e}")))?;
-                Ok((name.clone(), tensor))
-            })
+        (outputs.iter())
+            .map(|name| Ok((name.clone(), handed_back(&mut request, name)?)))
             .collect()
     }
+}
+
+/// The value `name` as the finished `request` holds it.
+fn handed_back(request: &mut openvino::InferRequest, name: &str) -> Result<Tensor> {
+    let value = request
+        .get_tensor(name)
+        .map_err(ov_err(&format!("returned no value named `{name}`")))?;
+    let context = format!("cannot read value `{name}`");
+    let et = value.get_element_type().map_err(ov_err(&context))?;
+    let dtype = dtype_of(et).ok_or_else(|| Error::UnsupportedOutput {
+        name: name.to_string(),
+        element: format!("{et:?}"),
+    })?;
+    // The C API makes no shape of rank 0, so a scalar's shape cannot be read: a value of one
+    // element whose shape cannot be read is a scalar.
+    let dims: Vec<usize> = match value.get_shape() {
+        Ok(shape) => shape.get_dimensions().iter().map(|&d| d as usize).collect(),
+        Err(_) if value.get_size().map_err(ov_err(&context))? == 1 => Vec::new(),
+        Err(e) => return Err(ov_err(&context)(e)),
+    };
+    let bytes = if value.get_byte_size().map_err(ov_err(&context))? == 0 {
+        Vec::new()
+    } else {
+        value.get_raw_data().map_err(ov_err(&context))?.to_vec()
+    };
+    Tensor::new(name, dtype, dims, bytes).map_err(|e| Error::Failed(format!("OpenVINO: {e}")))
 }
 
 /// Places each external data file of `model` in `folder`, where the copy of it is read:
