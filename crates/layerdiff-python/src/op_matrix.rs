@@ -120,6 +120,16 @@ impl OpCell {
         .map_err(to_py_err)
     }
 
+    /// A cell whose op gave a value of a dtype layerdiff cannot read (`got`, as PyTorch names
+    /// it), against `truth` (the op in float64, in its own dtype); `exported`: the cell ran an
+    /// exported model.
+    #[staticmethod]
+    fn unreadable(cell: Id, got: &str, truth: FlatTensor<'_>, exported: bool) -> PyResult<Self> {
+        ops::OpCell::unreadable(id(cell), got, truth.dtype()?, exported)
+            .map(Self)
+            .map_err(to_py_err)
+    }
+
     /// A cell that broke with `message`; `not_implemented`: the backend raised that it has no
     /// kernel.
     #[staticmethod]

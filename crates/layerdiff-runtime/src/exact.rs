@@ -95,7 +95,11 @@ impl Runtime for ExactKernels {
                 }));
             }
             match model.stored(name) {
-                Some(t) => t.map(Some).map_err(Error::Run),
+                Some(t) => t.map(Some).map_err(|e| {
+                    Error::Failed(format!(
+                        "layerdiff's float64 kernels cannot read `{name}`: {e}"
+                    ))
+                }),
                 None => Err(Error::Inputs(format!("`{name}` was not given"))),
             }
         };

@@ -286,14 +286,15 @@ def run_cell(task: Task, custom: dict | None = None) -> _layerdiff.OpCell:
         if scale is not None
         else np.zeros(0)
     )
+    exported, truth = is_onnx(task.backend), flat("truth", truth)
     try:
-        got = flat("got", got)
-    except _layerdiff.InputError as e:  # a dtype no op of the matrix gives (complex)
-        return _layerdiff.OpCell.broke(cell, str(e), False)
+        flat_got = flat("got", got)
+    except _layerdiff.InputError:  # a dtype layerdiff cannot read (complex): not the op's
+        named = str(got.dtype).removeprefix("torch.")
+        return _layerdiff.OpCell.unreadable(cell, named, truth, exported)
     return _layerdiff.OpCell.judged(
-        cell, got, flat("truth", truth), magnitude_64, case.reduction, case.stages + extra,
-        is_onnx(task.backend),
-    )  # fmt: skip
+        cell, flat_got, truth, magnitude_64, case.reduction, case.stages + extra, exported
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -286,6 +286,14 @@ mod tests {
                 Some("gives float32 where the op gives bfloat16")
             )
         );
+        let complex = OpCell::unreadable(id(), "complex64", DType::F64, false).unwrap();
+        assert_eq!(
+            (complex.status, complex.message.as_deref()),
+            (
+                Status::Fail,
+                Some("gives complex64 where the op gives bfloat16")
+            )
+        );
         let exported = judged(&wide, &truth, true);
         assert_eq!(
             (exported.status, exported.message.as_deref()),

@@ -155,11 +155,7 @@ impl OpCell {
         if got.shape != truth.shape {
             return Ok(Self::misshapen(id, got.shape, truth.shape));
         }
-        let op_dtype = if truth.dtype.is_float() {
-            DType::from_name(&id.dtype)?
-        } else {
-            truth.dtype
-        };
+        let op_dtype = Self::op_dtype(&id, truth.dtype)?;
         if got.dtype != op_dtype {
             return Ok(Self::mistyped(
                 id,
@@ -177,6 +173,24 @@ impl OpCell {
         let check =
             layerdiff_core::check_op_in(got, &wide, magnitude, reduction, stages, computed_in)?;
         Ok(Self::checked(id, check))
+    }
+
+    /// A cell whose op gave a value of a dtype layerdiff cannot read (`got`: `complex64`),
+    /// judged as [`Self::judged`] judges another dtype than the op's: the backend's FAIL, or
+    /// the export's ERROR.
+    pub fn unreadable(id: CellId, got: &str, truth: DType, exported: bool) -> Result<Self> {
+        let op_dtype = Self::op_dtype(&id, truth)?;
+        Ok(Self::mistyped(id, got, op_dtype.name(), exported))
+    }
+
+    /// The dtype the op gives: the truth's own where it is not float (an index, a condition),
+    /// else the cell's.
+    fn op_dtype(id: &CellId, truth: DType) -> Result<DType> {
+        if truth.is_float() {
+            Ok(DType::from_name(&id.dtype)?)
+        } else {
+            Ok(truth)
+        }
     }
 
     /// A cell whose op gave a value of another shape than the op's: FAIL.
