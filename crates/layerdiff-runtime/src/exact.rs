@@ -1,7 +1,9 @@
 //! layerdiff's own float64 kernels, where neither ONNX Runtime nor tract computes an op in
 //! float64 (Erf and Gelu, in every GELU), or tract does it too slowly for every layer of a model
-//! (Conv, see [`conv`]). They run single-node models, as [`crate::PerNode`] hands them, and
-//! refuse anything else at once, so they go first.
+//! (Conv, see [`conv`]), or a session of ONNX Runtime costs more than the op (Relu, and Add of
+//! two values of one shape: a CNN has dozens, each exact in float64 whichever computes it).
+//! They run single-node models, as [`crate::PerNode`] hands them, and refuse anything else at
+//! once, so they go first.
 
 use std::borrow::Cow;
 
@@ -13,7 +15,7 @@ use crate::{Error, Result, Runtime};
 mod conv;
 
 /// The ops these kernels compute.
-const OPS: [&str; 3] = ["Conv", "Erf", "Gelu"];
+const OPS: [&str; 5] = ["Add", "Conv", "Erf", "Gelu", "Relu"];
 
 /// GELU as ONNX defines it: exact (with erf), or its tanh approximation.
 fn gelu(x: f64, tanh: bool) -> f64 {
@@ -35,7 +37,31 @@ fn unsupported(what: String) -> Error {
     }
 }
 
-/// Erf or Gelu, elementwise on the float64 `x`.
+/// A float64 tensor's values, borrowed where its bytes are aligned for them.
+fn values<'a>(t: &TensorView<'a>) -> Cow<'a, [f64]> {
+    match bytemuck::try_cast_slice(t.bytes) {
+        Ok(values) if cfg!(target_endian = "little") => Cow::Borrowed(values),
+        _ => Cow::Owned(
+            t.bytes
+                .chunks_exact(8)
+                .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
+                .collect(),
+        ),
+    }
+}
+
+/// float64 values as a tensor of `shape`.
+fn float64(shape: Vec<usize>, values: &[f64]) -> Result<Tensor> {
+    let bytes = if cfg!(target_endian = "little") {
+        bytemuck::cast_slice(values).to_vec()
+    } else {
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    };
+    Tensor::new("y", DType::F64, shape, bytes)
+        .map_err(|e| Error::Failed(format!("layerdiff's float64 kernels: {e}")))
+}
+
+/// Erf, Gelu or Relu, elementwise on the float64 `x`.
 fn elementwise(node: &NodeProto, x: TensorView<'_>) -> Result<Tensor> {
     let tanh = node
         .attribute
@@ -43,19 +69,30 @@ fn elementwise(node: &NodeProto, x: TensorView<'_>) -> Result<Tensor> {
         .any(|a| a.name() == "approximate" && a.s.as_deref() == Some(b"tanh".as_slice()));
     let f = match node.op_type() {
         "Erf" => libm::erf,
+        // as ONNX Runtime's: a NaN stays NaN, -0 stays -0
+        "Relu" => |x: f64| if x < 0.0 { 0.0 } else { x },
         "Gelu" if tanh => |x| gelu(x, true),
         _ => |x| gelu(x, false),
     };
     if x.dtype != DType::F64 {
         return Err(unsupported(format!("{} on {}", node.op_type(), x.dtype)));
     }
-    let bytes: Vec<u8> = x
-        .bytes
-        .chunks_exact(8)
-        .flat_map(|b| f(f64::from_le_bytes(b.try_into().expect("8 bytes"))).to_le_bytes())
+    let y: Vec<f64> = values(&x).iter().map(|&v| f(v)).collect();
+    float64(x.shape.to_vec(), &y)
+}
+
+/// Add of two float64 values of one shape (one that broadcasts is ONNX Runtime's).
+fn add(a: TensorView<'_>, b: TensorView<'_>) -> Result<Tensor> {
+    if a.dtype != DType::F64 || b.dtype != DType::F64 || a.shape != b.shape {
+        return Err(unsupported(format!(
+            "an Add of {} {:?} and {} {:?}",
+            a.dtype, a.shape, b.dtype, b.shape
+        )));
+    }
+    let y: Vec<f64> = (values(&a).iter().zip(values(&b).iter()))
+        .map(|(x, y)| x + y)
         .collect();
-    Tensor::new("y", DType::F64, x.shape.to_vec(), bytes)
-        .map_err(|e| Error::Failed(format!("layerdiff's float64 kernels: {e}")))
+    float64(a.shape.to_vec(), &y)
 }
 
 impl Runtime for ExactKernels {
@@ -106,18 +143,25 @@ impl Runtime for ExactKernels {
         let Some(x) = operand(0)? else {
             return Err(unsupported(format!("{} without an input", node.op_type())));
         };
-        let y = if node.op_type() == "Conv" {
-            let w = operand(1)?.ok_or_else(|| unsupported("a Conv without a weight".into()))?;
-            let b = operand(2)?;
-            conv::conv(node, x.view(), w.view(), b.as_ref().map(Stored::view))
-                .map_err(unsupported)?
-        } else {
-            elementwise(node, x.view())?
+        let y = match node.op_type() {
+            "Conv" => {
+                let w = operand(1)?.ok_or_else(|| unsupported("a Conv without a weight".into()))?;
+                let b = operand(2)?;
+                conv::conv(node, x.view(), w.view(), b.as_ref().map(Stored::view))
+                    .map_err(unsupported)?
+            }
+            "Add" => {
+                let b = operand(1)?.ok_or_else(|| unsupported("an Add of one value".into()))?;
+                add(x.view(), b.view())?
+            }
+            _ => elementwise(node, x.view())?,
         };
+        // the one output, handed back once however often it is asked for
+        let mut y = Some(y);
         Ok(outputs
             .iter()
             .filter(|o| *o == output)
-            .map(|o| (o.clone(), y.clone()))
+            .filter_map(|o| y.take().map(|y| (o.clone(), y)))
             .collect())
     }
 }
@@ -207,6 +251,34 @@ mod tests {
             err.to_string(),
             "layerdiff's float64 evaluation does not support Sin"
         );
+    }
+
+    #[test]
+    fn relu_as_onnx_runtime_computes_it_and_add_of_one_shape() {
+        let relu = run("Relu", None);
+        assert_eq!(relu, [0.0, 0.5, 2.0]);
+        let x = |values: &[f64]| {
+            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            Tensor::new("x", DType::F64, vec![values.len()], bytes).unwrap()
+        };
+        let signs = relu_of(&x(&[-0.0, f64::NAN, -3.0]));
+        assert!(signs[0] == 0.0 && signs[0].is_sign_negative(), "{signs:?}");
+        assert!(signs[1].is_nan() && signs[2] == 0.0, "{signs:?}");
+        let sum = add(x(&[1.0, 2.0]).view(), x(&[0.25, -2.0]).view()).unwrap();
+        assert_eq!(values(&sum.view()).as_ref(), [1.25, 0.0]);
+        let err = add(x(&[1.0, 2.0]).view(), x(&[1.0]).view()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "layerdiff's float64 evaluation does not support an Add of float64 [2] and float64 [1]"
+        );
+    }
+
+    fn relu_of(x: &Tensor) -> Vec<f64> {
+        let node = NodeProto {
+            op_type: Some("Relu".into()),
+            ..Default::default()
+        };
+        values(&elementwise(&node, x.view()).unwrap().view()).into_owned()
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub(crate) mod release;
 mod said;
 mod spec;
 mod values;
+mod weights;
 pub(crate) use library::ORT_WHEEL;
 pub(crate) use library::named_release;
 pub use library::{LIBRARY_ENV, chosen_ort_library, find_ort_library, use_ort_library};
@@ -29,6 +30,7 @@ use said::clean_message;
 pub(crate) use said::refused;
 pub use spec::{OptLevel, OrtSpec};
 use values::{from_ort_value, to_ort_input};
+use weights::{Split, WithWeights};
 
 #[cfg(test)]
 mod tests;
@@ -197,18 +199,19 @@ impl OrtRuntime {
         &self.version
     }
 
-    fn session(&self, model: &Model) -> Result<Session> {
+    fn session(&self, model: &Model) -> Result<WithWeights> {
         self.session_with(model, None, None)
     }
 
     /// A session on `model`; with `optimized`, ONNX Runtime also saves the graph it optimized
     /// there (its external data beside it); with `profile`, it profiles to files of that prefix.
+    /// Its weights are handed over where they lie in memory (see [`weights`]).
     fn session_with(
         &self,
         model: &Model,
         optimized: Option<&Path>,
         profile: Option<&Path>,
-    ) -> Result<Session> {
+    ) -> Result<WithWeights> {
         let cell = ORT.get().expect("initialised in new");
         let guard = cell.lock().unwrap_or_else(|e| e.into_inner());
         let Some(Ok(loaded)) = guard.as_ref() else {
@@ -276,9 +279,12 @@ impl OrtRuntime {
                     .map_err(session_error)?;
             }
         }
-        builder
-            .commit_from_memory(&model.to_bytes())
-            .map_err(|e| refused(clean_message(e.to_string())))
+        let split = Split::of(model);
+        let session = split
+            .hand_over(builder)?
+            .commit_from_memory(&split.graph)
+            .map_err(|e| refused(clean_message(e.to_string())))?;
+        Ok(split.holding(session))
     }
 }
 

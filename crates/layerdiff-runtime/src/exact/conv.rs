@@ -4,11 +4,11 @@
 //! slices split across the threads. tract's own float64 convolution is a scalar loop, dozens of
 //! times slower: a CNN's baseline spent most of its run there.
 
-use std::borrow::Cow;
-
 use layerdiff_core::{DType, Tensor, TensorView};
 use layerdiff_onnx::{NodeExt, NodeProto};
 use rayon::prelude::*;
+
+use super::values;
 
 /// Elements of one slice's patch columns (2 MiB of float64): small enough for the caches and
 /// the threads to share the work, large enough for the matrix product to run at speed.
@@ -156,6 +156,7 @@ impl Geometry {
         let [ih, iw] = self.input;
         let [kh, kw] = self.kernel;
         let ow = self.output[1];
+        let stride = self.strides[1];
         let mut row = 0;
         for c in 0..per_group {
             let plane = &x[((n * self.channels) + g * per_group + c) * ih * iw..][..ih * iw];
@@ -163,7 +164,9 @@ impl Geometry {
                 for kx in 0..kw {
                     let dst = &mut out[row * width..(row + 1) * width];
                     // output row by output row: the input row is found once per row, and the
-                    // input column steps by the stride
+                    // output columns whose input column lies inside it are copied at once
+                    let shift = (kx * self.dilations[1]) as isize - self.pads[1] as isize;
+                    let (inside_from, inside_to) = inside(shift, stride, iw);
                     let mut p = from;
                     while p < to {
                         let (oy, first) = (p / ow, p % ow);
@@ -172,20 +175,27 @@ impl Geometry {
                         let y = (oy * self.strides[0] + ky * self.dilations[0])
                             .checked_sub(self.pads[0])
                             .filter(|&y| y < ih);
+                        let (lo, hi) =
+                            (inside_from.clamp(first, last), inside_to.clamp(first, last));
                         match y {
-                            None => span.fill(0.0),
-                            Some(y) => {
+                            Some(y) if lo < hi => {
                                 let line = &plane[y * iw..(y + 1) * iw];
-                                let mut at = first * self.strides[1] + kx * self.dilations[1];
-                                for d in span.iter_mut() {
-                                    *d = at
-                                        .checked_sub(self.pads[1])
-                                        .and_then(|x| line.get(x))
-                                        .copied()
-                                        .unwrap_or(0.0);
-                                    at += self.strides[1];
+                                span[..lo - first].fill(0.0);
+                                span[hi - first..].fill(0.0);
+                                // the input column of output column `ox` is ox × stride + shift
+                                let at = (lo * stride).wrapping_add_signed(shift);
+                                let copied = &mut span[lo - first..hi - first];
+                                if stride == 1 {
+                                    copied.copy_from_slice(&line[at..at + copied.len()]);
+                                } else {
+                                    for (d, s) in
+                                        copied.iter_mut().zip(line[at..].iter().step_by(stride))
+                                    {
+                                        *d = *s;
+                                    }
                                 }
                             }
+                            _ => span.fill(0.0),
                         }
                         p += last - first;
                     }
@@ -194,19 +204,42 @@ impl Geometry {
             }
         }
     }
+
+    /// Whether each output position's columns are the input itself (a 1×1 kernel, stride 1,
+    /// no padding): then nothing is laid out.
+    fn reads_input_as_is(&self) -> bool {
+        self.kernel == [1, 1]
+            && self.strides == [1, 1]
+            && self.pads == [0, 0]
+            && self.output == self.input
+    }
 }
 
-/// A float64 tensor's values, borrowed where its bytes are aligned for them.
-fn values<'a>(t: &TensorView<'a>) -> Cow<'a, [f64]> {
-    match bytemuck::try_cast_slice(t.bytes) {
-        Ok(values) if cfg!(target_endian = "little") => Cow::Borrowed(values),
-        _ => Cow::Owned(
-            t.bytes
-                .chunks_exact(8)
-                .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
-                .collect(),
-        ),
+/// The output columns `lo..hi` whose input column `ox × stride + shift` lies in `0..width`.
+fn inside(shift: isize, stride: usize, width: usize) -> (usize, usize) {
+    // the least ox with ox × stride + shift ≥ 0, and the least with it ≥ width
+    let least = |bound: isize| ((bound - shift).max(0) as usize).div_ceil(stride);
+    (least(0), least(width as isize))
+}
+
+/// The output buffer, written by the threads at once, each its own rows and columns.
+#[derive(Clone, Copy)]
+struct Shared(*mut f64);
+
+// SAFETY: the tasks of one convolution write disjoint parts of the buffer (see `conv`).
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    fn at(self, offset: usize) -> *mut f64 {
+        self.0.wrapping_add(offset)
     }
+}
+
+thread_local! {
+    /// Each thread's patch columns, kept across tasks and convolutions: a fresh buffer per task
+    /// was zeroed (and faulted in) only to be overwritten.
+    static SCRATCH: std::cell::RefCell<Vec<f64>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Conv `node` on `x` with weight `w` and bias `b`, all float64; `Err` says what it does not
@@ -250,20 +283,34 @@ pub(super) fn conv(
                 .map(move |m| (n, g, p, m))
         })
         .collect();
-    let computed: Vec<Vec<f64>> = tasks
-        .par_iter()
-        .map(|&(n, g, from, first)| {
-            let (to, maps) = (
-                (from + slice).min(positions),
-                block.min(maps_per_group - first),
-            );
-            let width = to - from;
-            let mut columns = vec![0.0; patch * width];
-            geo.columns(&xs, n, g, from, to, &mut columns);
-            let mut out = vec![0.0; maps * width];
-            let weights = &ws[(g * maps_per_group + first) * patch..][..maps * patch];
-            // SAFETY: `weights` is maps × patch, `columns` patch × width and `out` maps × width,
-            // all row-major and as long as those strides say.
+    let as_is = geo.reads_input_as_is();
+    let per_group = geo.channels / geo.group;
+    let mut y = vec![0.0; geo.batch * geo.maps * positions];
+    let shared = Shared(y.as_mut_ptr());
+    tasks.par_iter().for_each(|&(n, g, from, first)| {
+        let (to, maps) = (
+            (from + slice).min(positions),
+            block.min(maps_per_group - first),
+        );
+        let width = to - from;
+        let weights = &ws[(g * maps_per_group + first) * patch..][..maps * patch];
+        let map = g * maps_per_group + first;
+        // rows `map..map + maps` of image `n`, columns `from..to`: this task's alone
+        let out = shared.at((n * geo.maps + map) * positions + from);
+        SCRATCH.with_borrow_mut(|scratch| {
+            let (columns, stride) = if as_is {
+                let at = (n * geo.channels + g * per_group) * positions + from;
+                (xs[at..].as_ptr(), positions)
+            } else {
+                if scratch.len() < patch * width {
+                    scratch.resize(patch * width, 0.0);
+                }
+                geo.columns(&xs, n, g, from, to, &mut scratch[..patch * width]);
+                (scratch.as_ptr(), width)
+            };
+            // SAFETY: `weights` is maps × patch and `columns` patch × width, row-major with the
+            // strides given (the input's planes read as is lie `positions` apart); `out` is
+            // maps rows of `positions`, of which this task writes columns `from..to`.
             unsafe {
                 matrixmultiply::dgemm(
                     maps,
@@ -273,213 +320,30 @@ pub(super) fn conv(
                     weights.as_ptr(),
                     patch as isize,
                     1,
-                    columns.as_ptr(),
-                    width as isize,
+                    columns,
+                    stride as isize,
                     1,
                     0.0,
-                    out.as_mut_ptr(),
-                    width as isize,
+                    out,
+                    positions as isize,
                     1,
                 );
             }
-            out
-        })
-        .collect();
-    let mut y = vec![0.0; geo.batch * geo.maps * positions];
-    for (&(n, g, from, first), out) in tasks.iter().zip(&computed) {
-        let width = (from + slice).min(positions) - from;
-        for (m, row) in out.chunks_exact(width.max(1)).enumerate() {
-            let map = g * maps_per_group + first + m;
-            let add = bias.as_ref().map_or(0.0, |b| b[map]);
-            let at = (n * geo.maps + map) * positions + from;
-            for (dst, v) in y[at..at + width].iter_mut().zip(row) {
-                *dst = v + add;
-            }
-        }
-    }
-    let mut shape = vec![geo.batch, geo.maps];
-    shape.extend(&geo.output[2 - (x.shape.len() - 2)..]);
-    let bytes = y.iter().flat_map(|v| v.to_le_bytes()).collect();
-    Tensor::new("conv", DType::F64, shape, bytes).map_err(|e| e.to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn tensor(shape: &[usize], values: &[f64]) -> Tensor {
-        let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        Tensor::new("t", DType::F64, shape.to_vec(), bytes).unwrap()
-    }
-
-    fn int(name: &str, v: i64) -> layerdiff_onnx::AttributeProto {
-        layerdiff_onnx::AttributeProto {
-            name: Some(name.into()),
-            r#type: Some(2),
-            i: Some(v),
-            ..Default::default()
-        }
-    }
-
-    fn ints(name: &str, v: &[i64]) -> layerdiff_onnx::AttributeProto {
-        layerdiff_onnx::AttributeProto {
-            name: Some(name.into()),
-            r#type: Some(7),
-            ints: v.to_vec(),
-            ..Default::default()
-        }
-    }
-
-    /// The definition, one output element at a time.
-    fn direct(g: &Geometry, x: &[f64], w: &[f64], b: &[f64]) -> Vec<f64> {
-        let per_group = g.channels / g.group;
-        let maps_per_group = g.maps / g.group;
-        let [ih, iw] = g.input;
-        let [kh, kw] = g.kernel;
-        let mut y = Vec::new();
-        for n in 0..g.batch {
-            for m in 0..g.maps {
-                let grp = m / maps_per_group;
-                for oy in 0..g.output[0] {
-                    for ox in 0..g.output[1] {
-                        let mut s = b[m];
-                        for c in 0..per_group {
-                            for ky in 0..kh {
-                                for kx in 0..kw {
-                                    let yy = (oy * g.strides[0] + ky * g.dilations[0]) as i64
-                                        - g.pads[0] as i64;
-                                    let xx = (ox * g.strides[1] + kx * g.dilations[1]) as i64
-                                        - g.pads[1] as i64;
-                                    if yy < 0 || xx < 0 || yy >= ih as i64 || xx >= iw as i64 {
-                                        continue;
-                                    }
-                                    let ci = grp * per_group + c;
-                                    let xv = x[((n * g.channels + ci) * ih + yy as usize) * iw
-                                        + xx as usize];
-                                    let wv = w[((m * per_group + c) * kh + ky) * kw + kx];
-                                    s += xv * wv;
-                                }
-                            }
-                        }
-                        y.push(s);
-                    }
+        });
+        if let Some(bias) = &bias {
+            for m in 0..maps {
+                // SAFETY: row `m` of this task's part, as above
+                let row = unsafe { std::slice::from_raw_parts_mut(out.add(m * positions), width) };
+                for v in row {
+                    *v += bias[map + m];
                 }
             }
         }
-        y
-    }
-
-    fn check(
-        x_shape: &[usize],
-        w_shape: &[usize],
-        attributes: Vec<layerdiff_onnx::AttributeProto>,
-    ) {
-        let count = |s: &[usize]| s.iter().product::<usize>();
-        let xs: Vec<f64> = (0..count(x_shape))
-            .map(|i| ((i * 37 % 101) as f64 - 50.0) / 7.0)
-            .collect();
-        let ws: Vec<f64> = (0..count(w_shape))
-            .map(|i| ((i * 53 % 89) as f64 - 44.0) / 11.0)
-            .collect();
-        let bs: Vec<f64> = (0..w_shape[0]).map(|i| i as f64 * 0.25 - 1.0).collect();
-        let node = NodeProto {
-            op_type: Some("Conv".into()),
-            attribute: attributes,
-            ..Default::default()
-        };
-        let (x, w, b) = (
-            tensor(x_shape, &xs),
-            tensor(w_shape, &ws),
-            tensor(&[w_shape[0]], &bs),
-        );
-        let y = conv(&node, x.view(), w.view(), Some(b.view())).unwrap();
-        let geo = Geometry::of(&node, x_shape, w_shape).unwrap();
-        let expected = direct(&geo, &xs, &ws, &bs);
-        let got = values(&y.view());
-        assert_eq!(got.len(), expected.len());
-        for (a, e) in got.iter().zip(&expected) {
-            assert!((a - e).abs() <= 1e-12 * e.abs().max(1.0), "{a} against {e}");
-        }
-    }
-
-    #[test]
-    fn a_convolution_matches_its_definition_in_every_geometry() {
-        // stride 2 with padding (ResNet's stem), dilation, groups (depthwise), 1-D, a 1×1 kernel
-        check(
-            &[2, 3, 11, 9],
-            &[4, 3, 3, 3],
-            vec![ints("strides", &[2, 2]), ints("pads", &[1, 1, 1, 1])],
-        );
-        check(
-            &[1, 4, 8, 8],
-            &[6, 2, 3, 3],
-            vec![int("group", 2), ints("dilations", &[2, 1])],
-        );
-        check(
-            &[1, 5, 7, 7],
-            &[5, 1, 3, 3],
-            vec![int("group", 5), ints("pads", &[0, 1, 2, 1])],
-        );
-        check(
-            &[2, 3, 20],
-            &[2, 3, 4],
-            vec![ints("strides", &[3]), ints("pads", &[2, 1])],
-        );
-        check(&[1, 2, 130, 140], &[3, 2, 1, 1], vec![]);
-        // many maps on few positions (a CNN's last stage): the maps split across the threads
-        check(
-            &[1, 8, 3, 3],
-            &[40, 8, 3, 3],
-            vec![ints("pads", &[1, 1, 1, 1])],
-        );
-    }
-
-    #[test]
-    fn same_padding_puts_the_odd_pixel_where_onnx_says() {
-        for mode in ["SAME_UPPER", "SAME_LOWER"] {
-            let node = NodeProto {
-                op_type: Some("Conv".into()),
-                attribute: vec![
-                    ints("strides", &[2, 2]),
-                    layerdiff_onnx::AttributeProto {
-                        name: Some("auto_pad".into()),
-                        r#type: Some(3),
-                        s: Some(mode.as_bytes().to_vec()),
-                        ..Default::default()
-                    },
-                ],
-                ..Default::default()
-            };
-            let geo = Geometry::of(&node, &[1, 1, 6, 6], &[1, 1, 4, 4]).unwrap();
-            assert_eq!(geo.output, [3, 3]);
-            // (3 − 1) × 2 + 4 − 6 = 2 pixels of padding on each axis: one before, one after
-            assert_eq!(geo.pads, [1, 1]);
-            // 3 pixels: the odd one after the input for SAME_UPPER, before it for SAME_LOWER
-            let odd = Geometry::of(&node, &[1, 1, 5, 5], &[1, 1, 4, 4]).unwrap();
-            assert_eq!(
-                odd.pads,
-                if mode == "SAME_UPPER" { [1, 1] } else { [2, 2] },
-                "{mode}"
-            );
-        }
-    }
-
-    #[test]
-    fn what_it_does_not_compute_is_refused_with_the_reason() {
-        let node = NodeProto {
-            op_type: Some("Conv".into()),
-            ..Default::default()
-        };
-        let x = tensor(&[1, 1, 2, 2, 2], &[0.0; 8]);
-        let w = tensor(&[1, 1, 1, 1, 1], &[1.0]);
-        assert_eq!(
-            conv(&node, x.view(), w.view(), None).unwrap_err(),
-            "a Conv of input rank 5 and weight rank 5"
-        );
-        let x32 = Tensor::new("x", DType::F32, vec![1, 1, 1, 1], vec![0; 4]).unwrap();
-        assert_eq!(
-            conv(&node, x32.view(), w.view(), None).unwrap_err(),
-            "a Conv that is not float64"
-        );
-    }
+    });
+    let mut shape = vec![geo.batch, geo.maps];
+    shape.extend(&geo.output[2 - (x.shape.len() - 2)..]);
+    super::float64(shape, &y).map_err(|e| e.to_string())
 }
+
+#[cfg(test)]
+mod tests;
