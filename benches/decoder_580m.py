@@ -1,14 +1,28 @@
 """The Llama-style decoder past 2 GB that `make bench` measures (issue 30): a transformers config
 with hidden 2048, 10 layers, grouped-query attention 16/4, vocabulary 32000, untied embeddings:
 581M parameters, 2.33 GB in float32. Random weights; `layerdiff torch benches/decoder_580m.py:build`
-seeds them."""
+seeds them. It imports nothing of layerdiff's: the predecessor builds it in an environment of
+its own."""
 
 import torch
+from torch import nn
+
+
+class Logits(nn.Module):
+    """The decoder called on token ids, returning its logits (one tensor out), as layerdiff's
+    own wrapper of a transformers model does."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        mask = torch.ones_like(ids)
+        return self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
 
 
 def build():
     import transformers
-    from layerdiff.torch.models import Logits
 
     config = transformers.LlamaConfig(
         hidden_size=2048, intermediate_size=5632, num_hidden_layers=10, num_attention_heads=16,

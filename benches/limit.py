@@ -6,8 +6,10 @@ step and the model's float32 bytes.
 
     python benches/limit.py MODEL [--no-export FILE.onnx]
 
-MODEL is a built-in name or `path/to/file.py:build`, built with seed 0. With `--no-export` the
-given file is run instead of exporting (a second run, whose export is kept).
+MODEL is a torchvision name of layerdiff's zoo or `path/to/file.py:build`, built with seed 0 as
+`layerdiff torch` builds it (`models.py`, which imports nothing of layerdiff's: its import is
+no part of the limit). With `--no-export` the given file is run instead of exporting (a second
+run, whose export is kept).
 """
 
 from __future__ import annotations
@@ -38,12 +40,10 @@ def main() -> int:
     import numpy as np
     import onnxruntime as ort
     import torch
-    from layerdiff.torch.models import load_builder
+    from models import build
 
     lap("start-up and imports")
-    model, inputs = load_builder(args.model)(0)
-    model = model.eval()
-    inputs = tuple(inputs)
+    model, inputs = build(args.model)
     lap("building the model")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(args.no_export) if args.no_export else Path(tmp) / "model.onnx"

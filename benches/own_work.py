@@ -26,7 +26,6 @@ POLYGRAPHY_VERSION = "0.53.6"
 OWN_SHARE = 0.05  # own work of every `layerdiff onnx` row, at most
 TORCH_OWN_SHARE = 0.10  # own work of every `layerdiff torch` row, at most (its floor: side_by_side)
 POLYGRAPHY_SHARE = 0.15  # `layerdiff onnx` wall ÷ Polygraphy's save and compare, every row
-FLOAT32_BANDWIDTH = 0.8  # the comparator's float32 rate ÷ the machine's read bandwidth
 NARROW_RATE = 0.5  # float16 and bfloat16 elements per second ÷ float32's
 
 
@@ -184,12 +183,9 @@ def misses(own: dict, comparator: list[dict] | None) -> list[str]:
         ]
     if comparator is None:
         return out
+    # The float32 rate's share of read bandwidth is measured, not held to a target: no run's
+    # time is the comparator's (own work is a few percent of every row).
     rates = {r["dtype"]: r for r in comparator[1:]}
-    if rates["float32"]["of_bandwidth"] < FLOAT32_BANDWIDTH:
-        out.append(
-            f"float32 compared at {100 * rates['float32']['of_bandwidth']:.0f}% of read bandwidth "
-            f"(at least {100 * FLOAT32_BANDWIDTH:.0f}%)"
-        )
     for narrow in ("float16", "bfloat16"):
         rate = rates[narrow]["gelems"] / rates["float32"]["gelems"]
         if rate < NARROW_RATE:

@@ -9,8 +9,10 @@ first leaf over the tolerance (the drift origin).
     python benches/predecessor.py export MODEL FILE.onnx
     python benches/predecessor.py compare MODEL FILE.onnx REPORT.json
 
-MODEL is a built-in name or `path/to/file.py:build`, built with seed 0 as `layerdiff torch`
-builds it, so both tools see the same weights and inputs.
+MODEL is a torchvision name of layerdiff's zoo or `path/to/file.py:build`, built with seed 0
+as `layerdiff torch` builds it (`models.py`), so both tools see the same weights and inputs.
+It runs in an environment of its own, as its README sets it up (`peers.py`): nothing of
+layerdiff's is imported.
 """
 
 from __future__ import annotations
@@ -26,11 +28,10 @@ TOLERANCE = 1e-4
 
 
 def build(spec: str):
-    from layerdiff.torch.models import load_builder
+    from models import build as built
 
     torch.backends.mha.set_fastpath_enabled(False)  # the legacy exporter cannot write it
-    model, inputs = load_builder(spec)(0)
-    return model.eval(), tuple(inputs)
+    return built(spec)
 
 
 def leaves(model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -365,7 +365,7 @@ def main() -> int:
     mem = memory(args.quick)
     large = checkpoint.measure(args.quick)
     ends = side_by_side.measure(args.quick)
-    missed = own_work.misses(own, comp) + checkpoint.misses(large)
+    missed = own_work.misses(own, comp) + checkpoint.misses(large) + side_by_side.misses(ends)
     text = render(machine, comp, own, missed, mem, ends, large)
     Path(args.out).write_text(text + "\n")
     print(text)

@@ -14,9 +14,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import peers
+
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
 LAYERDIFF = str(Path(sys.executable).parent / "layerdiff")
+
+# `layerdiff torch`'s wall ÷ the limit's, at most: a first run, and a second (the export kept).
+FIRST_RUN = 1.1
+KEPT_EXPORT = 1.25
 
 
 def wait_with_peak(pid: int) -> tuple[int, int]:
@@ -59,8 +65,9 @@ def predecessor(model: str, folder: Path) -> dict:
     """Export step, then compare step: the two processes' wall times add, the peak is the
     larger one's."""
     onnx, report = str(folder / "pred.onnx"), str(folder / "pred.json")
-    export = timed([PY, str(HERE / "predecessor.py"), "export", model, onnx])
-    compare = timed([PY, str(HERE / "predecessor.py"), "compare", model, onnx, report])
+    python = str(peers.python_of("predecessor"))
+    export = timed([python, str(HERE / "predecessor.py"), "export", model, onnx])
+    compare = timed([python, str(HERE / "predecessor.py"), "compare", model, onnx, report])
     return {
         "seconds": export["seconds"] + compare["seconds"],
         "peak": max(export["peak"], compare["peak"]),
@@ -118,6 +125,8 @@ def one_model(model: str, rounds: int, with_predecessor: bool) -> dict:
         }
         for name, rs in runs.items()
     }
+    if with_predecessor:
+        medians["packages"] = peers.packages_of("predecessor")
     limit_runs = runs["limit, first run"]
     medians["float32_bytes"] = limit_runs[0]["float32_bytes"]
     medians["limit_steps"] = {
@@ -137,6 +146,21 @@ def measure(quick: bool) -> dict:
     }
 
 
+def predecessor_environment(measured: dict) -> str:
+    """The predecessor's environment as the run recorded it: its top requirements' releases and
+    how many distributions they require."""
+    held = next((m["packages"] for m in measured.values() if "packages" in m), None)
+    if held is None:
+        return "(not run)"
+    top = {canonical(n) for n in peers.LINKED["predecessor"]}
+    named = [p for p in held if canonical(p.split("==")[0]) in top]
+    return f"{', '.join(named)} and the {len(held) - len(named)} distributions they require"
+
+
+def canonical(name: str) -> str:
+    return name.lower().replace("_", "-")
+
+
 def lines(measured: dict) -> list[str]:
     out = [
         "## End to end, side by side",
@@ -150,7 +174,13 @@ def lines(measured: dict) -> list[str]:
         "- *the predecessor*: the two-step pipeline of the per-layer validator layerdiff grew",
         "  from, rebuilt from its description in `benches/predecessor.py` (legacy exporter with",
         "  every leaf a named output, then a second process that captures the leaves and runs",
-        "  ONNX Runtime).",
+        "  ONNX Runtime), in a virtualenv of its own holding what its README installs and what",
+        "  that requires, the releases layerdiff's environment holds, linked (`benches/peers.py`),",
+        f"  and nothing of layerdiff's: {predecessor_environment(measured)}.",
+        "",
+        f"`make bench` fails where a first run passes {FIRST_RUN}× its limit, or a second run",
+        f"{KEPT_EXPORT}×. The limit and `layerdiff torch` build the model alike",
+        "(`benches/models.py`); the limit imports nothing of layerdiff's.",
         "",
         "Wall time and peak RSS of each process (its VmHWM); the predecessor's two processes add",
         "their times, its peak is the larger one's. Medians over alternating rounds. *Weights* is",
@@ -188,6 +218,20 @@ def lines(measured: dict) -> list[str]:
         cells = " | ".join(f"{m['limit_steps'][s]:.2f}" for s in steps)
         out.append(f"| {model} | {m['float32_bytes'] / 1e9:.2f} GB | {cells} |")
     return [*out, ""]
+
+
+def misses(measured: dict) -> list[str]:
+    """Every `layerdiff torch` row past its limit's target, in words."""
+    out = []
+    for model, m in measured.items():
+        for run, most in (("first", FIRST_RUN), ("second", KEPT_EXPORT)):
+            ratio = m[f"layerdiff, {run} run"]["seconds"] / m[f"limit, {run} run"]["seconds"]
+            if ratio > most:
+                out.append(
+                    f"layerdiff torch {model}, {run} run, at {ratio:.2f}× the limit "
+                    f"(at most {most}×)"
+                )
+    return out
 
 
 def _ratio(ours: float, theirs: float | None) -> str:
