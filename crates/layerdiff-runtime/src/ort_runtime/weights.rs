@@ -9,7 +9,9 @@
 
 use std::ops::{Deref, DerefMut};
 
-use layerdiff_onnx::{Model, StringStringEntryProto, TensorProto, tensor_proto::DataLocation};
+use layerdiff_onnx::{
+    GraphProto, Model, NodeExt, StringStringEntryProto, TensorProto, tensor_proto::DataLocation,
+};
 use ort::AsPointer;
 use ort::session::Session;
 use ort::session::builder::SessionBuilder;
@@ -31,9 +33,8 @@ pub(super) struct Split {
     files: Vec<(Vec<ort::sys::os_char>, Bytes)>,
 }
 
-/// What every in-memory file's name starts with: no model's own external-data file is called
-/// that (ONNX Runtime spells its own in-memory tag with `*` for the same reason), and a model
-/// whose file is hands its weights over as before.
+/// What every in-memory file's name starts with (ONNX Runtime spells its own in-memory tag
+/// with `*`, which no file of a model is called).
 const PREFIX: &str = "*layerdiff-weight-";
 
 fn file_name(i: usize) -> String {
@@ -51,12 +52,14 @@ fn os_name(name: &str) -> Vec<ort::sys::os_char> {
 
 impl Split {
     /// `model` split into its graph and its large weights (the main graph's initializers held
-    /// as raw bytes in the model; external data on disk stays where it is).
+    /// as raw bytes in the model). A model with any tensor in a file beside it is handed over
+    /// whole, as written: once given in-memory files, ONNX Runtime looks every external tensor
+    /// up among them, and finds none of the model's own files there.
     pub fn of(model: &Model) -> Self {
         let mut proto = model.proto.clone();
         let mut files = Vec::new();
-        let clash = (model.external_data_files().iter()).any(|f| f.starts_with(PREFIX));
-        if let Some(graph) = proto.graph.as_mut().filter(|_| !clash) {
+        let beside = proto.graph.as_ref().is_some_and(reads_files);
+        if let Some(graph) = proto.graph.as_mut().filter(|_| !beside) {
             for tensor in &mut graph.initializer {
                 let Some(bytes) = tensor.raw_data.take_if(|b| b.len() >= IN_PLACE) else {
                     continue;
@@ -108,6 +111,18 @@ impl Split {
             _weights: self.files.into_iter().map(|(_, b)| b).collect(),
         }
     }
+}
+
+/// Whether a tensor of `graph` (an initializer or a node's constant, its subgraphs' included)
+/// keeps its data in a file.
+fn reads_files(graph: &GraphProto) -> bool {
+    let external = |t: &TensorProto| t.data_location() == DataLocation::External;
+    graph.initializer.iter().any(external)
+        || graph.node.iter().any(|node| {
+            (node.attribute.iter())
+                .any(|a| a.t.as_ref().is_some_and(external) || a.tensors.iter().any(external))
+                || node.subgraphs().any(reads_files)
+        })
 }
 
 /// `tensor`'s data in the in-memory file `name`, all `length` bytes of it.
@@ -184,5 +199,43 @@ mod tests {
         // the file is the model's own bytes, shared, not a copy
         let held = &model.graph().initializer[0].raw_data.as_ref().unwrap();
         assert_eq!(split.files[0].1.as_ptr(), held.as_ptr());
+
+        // one tensor in a file beside the model, even a node's constant in a subgraph: the
+        // model goes to ONNX Runtime as written
+        let mut beside = model.proto.clone();
+        let mut lying = tensor("lying", 8);
+        lying.raw_data = None;
+        lying.data_location = Some(DataLocation::External as i32);
+        let body = layerdiff_onnx::GraphProto {
+            node: vec![layerdiff_onnx::NodeProto {
+                op_type: Some("Constant".into()),
+                attribute: vec![layerdiff_onnx::AttributeProto {
+                    name: Some("value".into()),
+                    t: Some(lying),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        beside
+            .graph
+            .as_mut()
+            .unwrap()
+            .node
+            .push(layerdiff_onnx::NodeProto {
+                op_type: Some("If".into()),
+                attribute: vec![layerdiff_onnx::AttributeProto {
+                    name: Some("then_branch".into()),
+                    g: Some(body),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            });
+        let split = Split::of(&Model::from_proto(beside, None));
+        assert!(split.files.is_empty());
+        let graph = layerdiff_onnx::ModelProto::decode(split.graph.as_slice()).unwrap();
+        let kept = &graph.graph.unwrap().initializer[0];
+        assert_eq!(kept.raw_data.as_ref().map(|b| b.len()), Some(IN_PLACE));
     }
 }
