@@ -487,38 +487,3 @@ def test_an_op_the_target_lacks_leaves_out_its_layers_and_compares_the_others(tm
         assert "tract cannot run `det`" in summary["inconclusive"]
         assert summary["warnings"][0].startswith("tract cannot run `det` (Det")
         assert ("segments" in result.stderr) == bool(extra)
-
-
-def test_weights_partly_beside_the_model_and_partly_inside_it_run_on_every_side(tmp_path):
-    """A file whose large weights lie beside it and whose middling ones are inside it (onnx's
-    `size_threshold` above them), as exporters write models past 2 GB: ONNX Runtime finds both,
-    and reads the same values as from the file with every weight inside."""
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64])
-    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 512])
-    big = numpy_helper.from_array(rng.standard_normal((64, 512)).astype(np.float32), "big")
-    middling = numpy_helper.from_array(rng.standard_normal((1, 512)).astype(np.float32), "mid")
-    nodes = [
-        helper.make_node("MatMul", ["x", "big"], ["m"], name="matmul"),
-        helper.make_node("Add", ["m", "mid"], ["a"], name="add"),
-        helper.make_node("Relu", ["a"], ["y"], name="relu"),
-    ]
-    graph = helper.make_graph(nodes, "g", [x], [y], initializer=[big, middling])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
-    inside = tmp_path / "inside.onnx"
-    onnx.save(model, str(inside))
-    beside = tmp_path / "beside" / "model.onnx"
-    beside.parent.mkdir()
-    onnx.save_model(
-        model, str(beside), save_as_external_data=True, location="model.onnx.data",
-        size_threshold=4096,  # the 128 KiB weight goes beside, the 2 KiB one stays
-    )  # fmt: skip
-    assert (beside.parent / "model.onnx.data").stat().st_size == 64 * 512 * 4
-    for target in ("ort", "ort:opt=all"):
-        result, report = report_of(tmp_path, str(beside), "--target", target, "--float64")
-        assert report["summary"]["verdict"] == "no_drift", result.stderr
-    _, report = report_of(tmp_path, str(beside), "--vs", str(inside))
-    assert report["summary"]["layers_compared"] == 3
-    assert report["summary"]["worst"]["max_abs_diff"]["value"] == 0

@@ -39,13 +39,15 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
-    /// An initializer's external data that cannot be read where it says, or that lies outside
-    /// the model's folder (a hostile file reaching for other files).
-    #[error("`{}`: initializer `{initializer}` keeps its data in `{location}`, {reason}", path.display())]
+    /// A tensor's external data that cannot be read where it says, or that lies outside the
+    /// model's folder (a hostile file reaching for other files).
+    #[error("`{}`: {kind} `{initializer}` keeps its data in `{location}`, {reason}", path.display())]
     ExternalData {
         /// The model file.
         path: PathBuf,
-        /// The initializer.
+        /// What holds the tensor: `initializer`, or `constant` (a node's tensor attribute).
+        kind: &'static str,
+        /// The tensor's name.
         initializer: String,
         /// Its `location` entry.
         location: String,

@@ -126,16 +126,23 @@ impl Model {
             .collect()
     }
 
-    /// The distinct external-data files the model's initializers point to, relative to its folder.
+    /// The distinct external-data files the model's tensors point to, relative to its folder:
+    /// its initializers', its nodes' constants and its subgraphs'.
     pub fn external_data_files(&self) -> BTreeSet<String> {
-        self.graph()
-            .initializer
-            .iter()
-            .filter(|t| t.data_location() == DataLocation::External)
-            .filter_map(|t| {
-                crate::node_ext::lookup(&t.external_data, "location").map(str::to_string)
-            })
-            .collect()
+        fn walk(graph: &GraphProto, found: &mut BTreeSet<String>) {
+            let tensors = own_tensors(graph).map(|(_, t)| t);
+            for t in tensors.filter(|t| t.data_location() == DataLocation::External) {
+                if let Some(location) = crate::node_ext::lookup(&t.external_data, "location") {
+                    found.insert(location.to_string());
+                }
+            }
+            for sub in graph.node.iter().flat_map(NodeExt::subgraphs) {
+                walk(sub, found);
+            }
+        }
+        let mut found = BTreeSet::new();
+        walk(self.graph(), &mut found);
+        found
     }
 
     /// The initializer called `name` as a tensor, reading external data from the model's
@@ -188,7 +195,8 @@ impl Model {
     }
 }
 
-/// Every initializer (the subgraphs' too) holds what its shape says, and its external data
+/// Every tensor (initializers and nodes' constants, the subgraphs' too) holds what its shape
+/// says, and its external data
 /// lies in the model's folder: its `location` relative, without `..`, and (with the folder
 /// known) the file there, not a link out of it. A model file is often downloaded; it must not
 /// make layerdiff, or a runtime it hands the model to, read or write anything else.
@@ -203,7 +211,7 @@ fn check_initializers(graph: &GraphProto, origin: &Path, base_dir: Option<&Path>
             }
         })
         .map(|b| b.canonicalize().unwrap_or_else(|_| b.to_path_buf()));
-    for proto in &graph.initializer {
+    for (kind, proto) in own_tensors(graph) {
         if proto.data_location() != DataLocation::External {
             // a tensor of a type layerdiff reads must hold its shape (others are left to the
             // runtimes, which read them)
@@ -212,7 +220,7 @@ fn check_initializers(graph: &GraphProto, origin: &Path, base_dir: Option<&Path>
             {
                 return Err(Error::NotAModel {
                     path: origin.to_path_buf(),
-                    reason: format!("its initializer {reason}"),
+                    reason: format!("its {kind} {reason}"),
                 });
             }
             continue;
@@ -220,6 +228,7 @@ fn check_initializers(graph: &GraphProto, origin: &Path, base_dir: Option<&Path>
         let location = crate::node_ext::lookup(&proto.external_data, "location").unwrap_or("");
         let refused = |reason: String| Error::ExternalData {
             path: origin.to_path_buf(),
+            kind,
             initializer: proto.name().to_string(),
             location: location.to_string(),
             reason,
@@ -267,6 +276,15 @@ fn check_initializers(graph: &GraphProto, origin: &Path, base_dir: Option<&Path>
         check_initializers(sub, origin, base_dir)?;
     }
     Ok(())
+}
+
+/// The tensors a graph holds itself, each with what holds it: its initializers and its nodes'
+/// tensor attributes (a Constant's value: `constant`), not its subgraphs'.
+fn own_tensors(graph: &GraphProto) -> impl Iterator<Item = (&'static str, &crate::TensorProto)> {
+    let attributes = graph.node.iter().flat_map(|n| &n.attribute);
+    let constants = attributes.flat_map(|a| a.t.as_ref().into_iter().chain(&a.tensors));
+    let initializers = graph.initializer.iter().map(|t| ("initializer", t));
+    initializers.chain(constants.map(|t| ("constant", t)))
 }
 
 /// A file's bytes, shared: mapped from the page cache where the system can map it (a model's

@@ -9,9 +9,7 @@
 
 use std::ops::{Deref, DerefMut};
 
-use layerdiff_onnx::{
-    GraphProto, Model, NodeExt, StringStringEntryProto, TensorProto, tensor_proto::DataLocation,
-};
+use layerdiff_onnx::{Model, StringStringEntryProto, TensorProto, tensor_proto::DataLocation};
 use ort::AsPointer;
 use ort::session::Session;
 use ort::session::builder::SessionBuilder;
@@ -58,7 +56,7 @@ impl Split {
     pub fn of(model: &Model) -> Self {
         let mut proto = model.proto.clone();
         let mut files = Vec::new();
-        let beside = proto.graph.as_ref().is_some_and(reads_files);
+        let beside = !model.external_data_files().is_empty();
         if let Some(graph) = proto.graph.as_mut().filter(|_| !beside) {
             for tensor in &mut graph.initializer {
                 let Some(bytes) = tensor.raw_data.take_if(|b| b.len() >= IN_PLACE) else {
@@ -111,18 +109,6 @@ impl Split {
             _weights: self.files.into_iter().map(|(_, b)| b).collect(),
         }
     }
-}
-
-/// Whether a tensor of `graph` (an initializer or a node's constant, its subgraphs' included)
-/// keeps its data in a file.
-fn reads_files(graph: &GraphProto) -> bool {
-    let external = |t: &TensorProto| t.data_location() == DataLocation::External;
-    graph.initializer.iter().any(external)
-        || graph.node.iter().any(|node| {
-            (node.attribute.iter())
-                .any(|a| a.t.as_ref().is_some_and(external) || a.tensors.iter().any(external))
-                || node.subgraphs().any(reads_files)
-        })
 }
 
 /// `tensor`'s data in the in-memory file `name`, all `length` bytes of it.
@@ -205,7 +191,7 @@ mod tests {
         let mut beside = model.proto.clone();
         let mut lying = tensor("lying", 8);
         lying.raw_data = None;
-        lying.data_location = Some(DataLocation::External as i32);
+        point_to(&mut lying, "model.onnx.data", 8);
         let body = layerdiff_onnx::GraphProto {
             node: vec![layerdiff_onnx::NodeProto {
                 op_type: Some("Constant".into()),
