@@ -41,14 +41,14 @@ pub enum Error {
     },
     /// A tensor's external data that cannot be read where it says, or that lies outside the
     /// model's folder (a hostile file reaching for other files).
-    #[error("`{}`: {kind} `{initializer}` keeps its data in `{location}`, {reason}", path.display())]
+    #[error("`{}`: {kind} `{tensor}` keeps its data in `{location}`, {reason}", path.display())]
     ExternalData {
         /// The model file.
         path: PathBuf,
         /// What holds the tensor: `initializer`, or `constant` (a node's tensor attribute).
         kind: &'static str,
-        /// The tensor's name.
-        initializer: String,
+        /// The tensor's name (a constant's: its node's output where the tensor has none).
+        tensor: String,
         /// Its `location` entry.
         location: String,
         /// What is wrong with it.

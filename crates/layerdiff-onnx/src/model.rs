@@ -61,7 +61,7 @@ impl Model {
                 "it declares no opset (`opset_import` is empty)",
             ));
         }
-        check_initializers(graph, origin, base_dir.as_deref())?;
+        check_tensors(graph, origin, base_dir.as_deref())?;
         Ok(Self { proto, base_dir })
     }
 
@@ -130,7 +130,7 @@ impl Model {
     /// its initializers', its nodes' constants and its subgraphs'.
     pub fn external_data_files(&self) -> BTreeSet<String> {
         fn walk(graph: &GraphProto, found: &mut BTreeSet<String>) {
-            let tensors = own_tensors(graph).map(|(_, t)| t);
+            let tensors = own_tensors(graph).map(|(_, _, t)| t);
             for t in tensors.filter(|t| t.data_location() == DataLocation::External) {
                 if let Some(location) = crate::node_ext::lookup(&t.external_data, "location") {
                     found.insert(location.to_string());
@@ -196,11 +196,10 @@ impl Model {
 }
 
 /// Every tensor (initializers and nodes' constants, the subgraphs' too) holds what its shape
-/// says, and its external data
-/// lies in the model's folder: its `location` relative, without `..`, and (with the folder
-/// known) the file there, not a link out of it. A model file is often downloaded; it must not
+/// says, and its external data lies in the model's folder: its `location` relative, without
+/// `..`, and (with the folder known) the file there, not a link out of it. A model file is often downloaded; it must not
 /// make layerdiff, or a runtime it hands the model to, read or write anything else.
-fn check_initializers(graph: &GraphProto, origin: &Path, base_dir: Option<&Path>) -> Result<()> {
+fn check_tensors(graph: &GraphProto, origin: &Path, base_dir: Option<&Path>) -> Result<()> {
     // a model named without a folder (`m.onnx`) is in the current one
     let folder = base_dir
         .map(|b| {
@@ -211,7 +210,7 @@ fn check_initializers(graph: &GraphProto, origin: &Path, base_dir: Option<&Path>
             }
         })
         .map(|b| b.canonicalize().unwrap_or_else(|_| b.to_path_buf()));
-    for (kind, proto) in own_tensors(graph) {
+    for (kind, name, proto) in own_tensors(graph) {
         if proto.data_location() != DataLocation::External {
             // a tensor of a type layerdiff reads must hold its shape (others are left to the
             // runtimes, which read them)
@@ -229,7 +228,7 @@ fn check_initializers(graph: &GraphProto, origin: &Path, base_dir: Option<&Path>
         let refused = |reason: String| Error::ExternalData {
             path: origin.to_path_buf(),
             kind,
-            initializer: proto.name().to_string(),
+            tensor: name.to_string(),
             location: location.to_string(),
             reason,
         };
@@ -273,18 +272,31 @@ fn check_initializers(graph: &GraphProto, origin: &Path, base_dir: Option<&Path>
         }
     }
     for sub in graph.node.iter().flat_map(NodeExt::subgraphs) {
-        check_initializers(sub, origin, base_dir)?;
+        check_tensors(sub, origin, base_dir)?;
     }
     Ok(())
 }
 
-/// The tensors a graph holds itself, each with what holds it: its initializers and its nodes'
-/// tensor attributes (a Constant's value: `constant`), not its subgraphs'.
-fn own_tensors(graph: &GraphProto) -> impl Iterator<Item = (&'static str, &crate::TensorProto)> {
-    let attributes = graph.node.iter().flat_map(|n| &n.attribute);
-    let constants = attributes.flat_map(|a| a.t.as_ref().into_iter().chain(&a.tensors));
-    let initializers = graph.initializer.iter().map(|t| ("initializer", t));
-    initializers.chain(constants.map(|t| ("constant", t)))
+/// The tensors a graph holds itself, each with what holds it and its name: its initializers
+/// and its nodes' tensor attributes (a Constant's value: `constant`, named by the tensor, else
+/// by the node's output), not its subgraphs'.
+fn own_tensors(
+    graph: &GraphProto,
+) -> impl Iterator<Item = (&'static str, &str, &crate::TensorProto)> {
+    let constants = graph.node.iter().flat_map(|node| {
+        let output = node.output.first().map_or("", String::as_str);
+        (node.attribute.iter())
+            .flat_map(|a| a.t.as_ref().into_iter().chain(&a.tensors))
+            .map(move |t| {
+                let name = Some(t.name()).filter(|n| !n.is_empty()).unwrap_or(output);
+                ("constant", name, t)
+            })
+    });
+    let initializers = graph
+        .initializer
+        .iter()
+        .map(|t| ("initializer", t.name(), t));
+    initializers.chain(constants)
 }
 
 /// A file's bytes, shared: mapped from the page cache where the system can map it (a model's
@@ -383,6 +395,57 @@ mod tests {
         // held in memory, with no folder: only what the location says can be checked
         assert!(Model::from_bytes(&with_external("w.bin"), Path::new("m.onnx"), None).is_ok());
         assert!(Model::from_bytes(&with_external("../w"), Path::new("m.onnx"), None).is_err());
+    }
+
+    #[test]
+    fn a_constant_s_external_data_is_found_and_checked_as_an_initializer_s() {
+        // the initializer `w` becomes a nameless Constant's value inside an `If` branch
+        let mut proto = ModelProto::decode(with_external("data.bin").as_slice()).unwrap();
+        let graph = proto.graph.as_mut().unwrap();
+        let mut value = graph.initializer.remove(0);
+        value.name = None;
+        let constant = NodeProto {
+            op_type: Some("Constant".to_string()),
+            output: vec!["c_out".to_string()],
+            attribute: vec![crate::AttributeProto {
+                name: Some("value".to_string()),
+                t: Some(value),
+                ..Default::default()
+            }],
+            ..NodeProto::default()
+        };
+        let branch = GraphProto {
+            node: vec![constant],
+            ..GraphProto::default()
+        };
+        graph.node.push(NodeProto {
+            op_type: Some("If".to_string()),
+            attribute: vec![crate::AttributeProto {
+                name: Some("then_branch".to_string()),
+                g: Some(branch),
+                ..Default::default()
+            }],
+            ..NodeProto::default()
+        });
+        let model = Model::from_proto(proto.clone(), None);
+        assert_eq!(
+            model.external_data_files(),
+            BTreeSet::from(["data.bin".to_string()])
+        );
+        let lying = |location: &str| {
+            let mut bytes = proto.clone();
+            let graph = bytes.graph.as_mut().unwrap();
+            let branch = graph.node[1].attribute[0].g.as_mut().unwrap();
+            let value = branch.node[0].attribute[0].t.as_mut().unwrap();
+            value.external_data[0].value = Some(location.to_string());
+            Model::from_bytes(&bytes.encode_to_vec(), Path::new("m.onnx"), None)
+        };
+        assert!(lying("data.bin").is_ok());
+        let refused = lying("../secret").unwrap_err().to_string();
+        assert!(
+            refused.contains("constant `c_out` keeps its data in `../secret`, which leads out"),
+            "{refused}"
+        );
     }
 
     #[test]

@@ -54,10 +54,15 @@ impl Split {
     /// whole, as written: once given in-memory files, ONNX Runtime looks every external tensor
     /// up among them, and finds none of the model's own files there.
     pub fn of(model: &Model) -> Self {
+        if !model.external_data_files().is_empty() {
+            return Self {
+                graph: model.to_bytes(),
+                files: Vec::new(),
+            };
+        }
         let mut proto = model.proto.clone();
         let mut files = Vec::new();
-        let beside = !model.external_data_files().is_empty();
-        if let Some(graph) = proto.graph.as_mut().filter(|_| !beside) {
+        if let Some(graph) = proto.graph.as_mut() {
             for tensor in &mut graph.initializer {
                 let Some(bytes) = tensor.raw_data.take_if(|b| b.len() >= IN_PLACE) else {
                     continue;
