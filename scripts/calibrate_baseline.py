@@ -51,17 +51,28 @@ from layerdiff.torch.models import ZOO, load_builder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import calibration_table  # noqa: E402
-from calibration_files import DECODE_EDITS, EDITS, FAULTS, dynamic_int8, int4  # noqa: E402
+from calibration_files import (  # noqa: E402
+    DECODE_EDITS,
+    EDITS,
+    FAULTS,
+    dynamic_int8,
+    int4,
+    static_int8,  # noqa: E402
+)
+from calibration_table import row  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = (
     "onnx fp16", "onnx int8", "onnx dynamic int8", "openvino", "torch:bf16", "torch:amp-bf16",
-    "file tract", "file ort:opt=all",
+    "file tract", "file ort:opt=all", "int8 file ort:opt=all",
 )  # fmt: skip
 # `file RUNTIME`: `layerdiff onnx EXPORT --target RUNTIME`, the export against itself on ONNX
 # Runtime (its default target is tract): what a user runs first on a file, whose runtimes'
 # kernels approximate (tract's Erf, Tanh and Exp; ONNX Runtime's fused kernels at opt=all)
-# and add long reductions up in other orders (tract's Conv with K = 4608 in ResNet-50)
+# and add long reductions up in other orders (tract's Conv with K = 4608 in ResNet-50);
+# `int8 file ort:opt=all`: the export quantized to int8 activations and weights (QDQ) against
+# itself at opt=all, where ONNX Runtime re-encodes int8 activations as uint8 and computes in
+# integer kernels
 KERAS_TARGETS = (
     "ort", "openvino", "xla", "tflite", "tflite:fp16", "tflite:int8", "tflite:dynamic",
 )  # fmt: skip
@@ -128,12 +139,14 @@ def _cli(*args: str, out: Path | None = None, env: dict | None = None) -> _Commi
 
 def run(name: str, target: str):
     model, inputs = load_builder(name)(0)
-    if target.startswith("file "):
+    if target.startswith(("file ", "int8 file ")):
         from layerdiff.torch import export_onnx
 
         with tempfile.TemporaryDirectory() as folder:
             path = export_onnx(model, inputs, Path(folder) / "model.onnx")
-            return _cli("onnx", str(path), "--target", target.split()[1], "--seed", "0")
+            if target.startswith("int8 "):
+                path = static_int8(path, Path(folder) / "model.int8.onnx", inputs)
+            return _cli("onnx", str(path), "--target", target.split()[-1], "--seed", "0")
     if target in ("onnx fp16", "onnx int8"):
         return compare_torch_onnx(model, inputs, dtype=target.split()[1], seed=0)
     if target == "openvino":
@@ -258,15 +271,17 @@ def fault(builder: str, kind: str, target: str, threads: int | None, folder: Pat
         import onnx
         from layerdiff.torch import export_onnx
 
-        name, exporter, dynamic, edit = EDITS[builder]
+        name, exporter, quantizer, edit = EDITS[builder]
         model, inputs = (
             load_builder(name)(0)
             if name in ZOO
             else importlib.import_module(f"builders.{name}").build()
         )
         path = export_onnx(model, inputs, folder / "model.onnx", exporter=exporter)
-        if dynamic:
+        if quantizer == "dynamic":
             path = dynamic_int8(path, folder / "model.int8.onnx")
+        elif quantizer == "static":
+            path = static_int8(path, folder / "model.int8.onnx", inputs)
         edited = onnx.load(str(path))
         edit(edited)
         onnx.save(edited, str(path))
@@ -313,30 +328,6 @@ def _headline(report: dict) -> str | None:
     s = report["summary"]
     first = (s["defects"] or s.get("approximations") or [{}])[0]
     return first.get("layer")
-
-
-def row(what: str, target: str, report, seconds: float, expected: str = "no defect",
-        said: str = "—") -> str:  # fmt: skip
-    s = report.summary
-    # an infinite multiple (own error where the ideal has none) is written as a string
-    multiples = [float(x["baseline"]["multiple"]) for x in report.layers if x.get("baseline")]
-    worst = max(multiples, default=0.0)
-    defects = ", ".join(f"`{d['layer']}` {d['cause']}" for d in s["defects"]) or "none"
-
-    def named(kind: str, show) -> str:
-        found = [show(k) for k in s.get(kind, [])]
-        more = f" and {len(found) - 3} more" if len(found) > 3 else ""
-        return ", ".join(found[:3]) + more or "none"
-
-    narrow = named("narrow_accumulation", lambda k: f"`{k['layer']}`")
-    approximations = named(
-        "approximations", lambda a: f"`{a['layer']}` {a['ops']} {float(a['multiple']):.1f}×"
-    )
-    took = "`make reports`" if getattr(report, "committed", False) else f"{seconds:.0f} s"
-    return (
-        f"| {what} | {target} | {expected} | {s['verdict']} | {defects} | {narrow} | "
-        f"{approximations} | {said} | {worst:.2f} | {len(multiples)} | {took} |"
-    )
 
 
 def found(report, layer: str, cause: str) -> bool:

@@ -46,6 +46,9 @@ FAULTS = [
     # one weight scale ×1.3 in a file quantized by ONNX Runtime's dynamic quantizer
     ("bert dynamic int8", "file", "ort", "model.encoder.layer.0.attention.self.value",
      "weight_mismatch"),
+    # an int8 weight's codes ×1.03 in a file quantized with int8 activations (QDQ), which ONNX
+    # Runtime at opt=all fuses into a QLinearConv reading the codes, its activations in uint8
+    ("resnet18 static int8", "file", "ort:opt=all", "layer2.1.bn1", "weight_mismatch"),
     # no fault planted: tract's Erf, an approximation within every tolerance, at an MLP's
     # small activations (tests/builders/approximations.py), on the default `layerdiff onnx`
     # target
@@ -127,21 +130,43 @@ def dynamic_scale(index: int, factor: float):
     return edit
 
 
-# how each `file` fault makes and edits its model's file: (the model, its exporter, whether
-# ONNX Runtime's dynamic quantizer quantizes the export first, the edit): a LayerNorm's
-# epsilon, a Gemm's alpha, a constant the exporter folded, weights, a weight scale
+def int8_codes(node: str, factor: float):
+    """An edit of a statically quantized (QDQ) file: the stored int8 weight of the node named
+    `node` (through its DequantizeLinear) scaled by `factor`, rounded and clipped to int8."""
+
+    def edit(model) -> None:
+        import numpy as np
+        from onnx import numpy_helper
+
+        reader = next(n for n in model.graph.node if n.name == node)
+        dequantize = next(n for n in model.graph.node if n.output[0] == reader.input[1])
+        weight = next(t for t in model.graph.initializer if t.name == dequantize.input[0])
+        codes = numpy_helper.to_array(weight).astype(np.float64) * factor
+        moved = np.clip(np.round(codes), -127, 127).astype(np.int8)
+        weight.CopyFrom(numpy_helper.from_array(moved, weight.name))
+
+    return edit
+
+
+# how each `file` fault makes and edits its model's file: (the model, its exporter, which of
+# ONNX Runtime's quantizers quantizes the export first, if one does: `dynamic` or `static`
+# (int8 QDQ), the edit): a LayerNorm's epsilon, a Gemm's alpha, a constant the exporter
+# folded, weights, a weight scale, a quantized weight's codes
 EDITS = {
-    "bert": ("bert", "dynamo", False, attribute("LayerNormalization", 3, "epsilon", 0.05)),
-    "resnet18": ("resnet18", "dynamo", False, attribute("Gemm", 0, "alpha", 1.01)),
-    "edited_files": ("edited_files", "dynamo", False, folded_divisor),
+    "bert": ("bert", "dynamo", None, attribute("LayerNormalization", 3, "epsilon", 0.05)),
+    "resnet18": ("resnet18", "dynamo", None, attribute("Gemm", 0, "alpha", 1.01)),
+    "edited_files": ("edited_files", "dynamo", None, folded_divisor),
     "efficientnet_b0": (
-        "efficientnet_b0", "dynamo", False, scaled("features.2.0.block.2.fc1.weight", 1.1),
+        "efficientnet_b0", "dynamo", None, scaled("features.2.0.block.2.fc1.weight", 1.1),
     ),
     "resnet18 legacy": (
-        "resnet18", "legacy", False, conv_weight("/layer2/layer2.0/conv1/Conv_output_0", 1.05),
+        "resnet18", "legacy", None, conv_weight("/layer2/layer2.0/conv1/Conv_output_0", 1.05),
     ),
-    "bert dynamic int8": ("bert", "dynamo", True, dynamic_scale(2, 1.3)),
-    "approximations": ("approximations", "dynamo", False, lambda model: None),
+    "bert dynamic int8": ("bert", "dynamo", "dynamic", dynamic_scale(2, 1.3)),
+    "resnet18 static int8": (
+        "resnet18", "legacy", "static", int8_codes("/layer2/layer2.1/conv1/Conv", 1.03),
+    ),
+    "approximations": ("approximations", "dynamo", None, lambda model: None),
 }  # fmt: skip
 
 
@@ -216,6 +241,32 @@ def dynamic_int8(path: Path, out: Path) -> Path:
     logging.disable(logging.WARNING)  # its advice to pre-process first, for every file
     try:
         quantize_dynamic(str(out), str(out), weight_type=QuantType.QInt8)
+    finally:
+        logging.disable(logging.NOTSET)
+    model = onnx.load(str(out))
+    model.ir_version = min(model.ir_version, 10)  # what ONNX Runtime 1.31 reads
+    onnx.save(model, str(out))
+    return out
+
+
+def static_int8(path: Path, out: Path, inputs: tuple) -> Path:
+    """`path` quantized by ONNX Runtime's static QDQ quantizer into `out`, activations and
+    weights in int8 (as for an accelerator that takes signed int8), calibrated on `inputs` and
+    their variations: at `opt=all` ONNX Runtime's CPU provider stores those activations as
+    uint8 and fuses the QDQ pairs into integer kernels (QLinearConv, QLinearMatMul)."""
+    import logging
+
+    import onnx
+    from layerdiff.torch._precision import _Calibration
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    names = [i.name for i in onnx.load(str(path), load_external_data=False).graph.input]
+    logging.disable(logging.WARNING)  # its advice to pre-process first, for every file
+    try:
+        quantize_static(
+            str(path), str(out), _Calibration(names, inputs, 0), quant_format=QuantFormat.QDQ,
+            activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+        )  # fmt: skip
     finally:
         logging.disable(logging.NOTSET)
     model = onnx.load(str(out))

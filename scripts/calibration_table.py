@@ -30,3 +30,29 @@ def again(jobs: list[tuple], header: list[str], doc: Path = DOC) -> list[tuple]:
         fine = row is not None and "broke" not in row and "**missed**" not in row
         kept.append(("kept", row) if fine else job)
     return kept
+
+
+def row(what: str, target: str, report, seconds: float, expected: str = "no defect",
+        said: str = "—") -> str:  # fmt: skip
+    """A run's row of the table: its verdict, defects, what it names, the doors a fault went
+    through, the largest multiple of what precision explains, and how long it took."""
+    s = report.summary
+    # an infinite multiple (own error where the ideal has none) is written as a string
+    multiples = [float(x["baseline"]["multiple"]) for x in report.layers if x.get("baseline")]
+    worst = max(multiples, default=0.0)
+    defects = ", ".join(f"`{d['layer']}` {d['cause']}" for d in s["defects"]) or "none"
+
+    def named(kind: str, show) -> str:
+        found = [show(k) for k in s.get(kind, [])]
+        more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+        return ", ".join(found[:3]) + more or "none"
+
+    narrow = named("narrow_accumulation", lambda k: f"`{k['layer']}`")
+    approximations = named(
+        "approximations", lambda a: f"`{a['layer']}` {a['ops']} {float(a['multiple']):.1f}×"
+    )
+    took = "`make reports`" if getattr(report, "committed", False) else f"{seconds:.0f} s"
+    return (
+        f"| {what} | {target} | {expected} | {s['verdict']} | {defects} | {narrow} | "
+        f"{approximations} | {said} | {worst:.2f} | {len(multiples)} | {took} |"
+    )

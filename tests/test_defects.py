@@ -402,3 +402,20 @@ def test_an_int4_file_is_quantization_and_a_block_scale_off_is_the_defect(tmp_pa
     (defect,) = json.loads(out.read_text())["summary"]["defects"]
     assert defect["cause"] == "weight_mismatch", defect
     assert f"`{product.input[1]}` differs beyond its quantization" in defect["detail"]
+
+
+def test_torch_against_an_int8_legacy_export_pairs_each_norm_with_its_folded_conv(int8_files):
+    """The legacy exporter folds each BatchNorm into the Conv before it, and the quantizer puts
+    a QuantizeLinear and DequantizeLinear after that Conv: the norm's value is the dequantized
+    one. Paired with the Conv's module instead (its output before the norm), each residual Add
+    re-run on those values erred by the norm's scale (random weights: 1/√(1 + 1e-5)) and read
+    as 8 defects."""
+    model, inputs = resnet18_160()
+    report = compare_torch_onnx(model, inputs, onnx=int8_files["clean"])
+    s = report.summary
+    assert s["verdict"] == "precision" and s["defects"] == [], s["defects"]
+    norm, conv = report.layer("layer2.0.bn2"), report.layer("layer2.0.conv2")
+    assert norm["status"] == "compared", norm
+    assert norm["location"]["value"].endswith("Conv_output_0_DequantizeLinear_Output"), norm
+    assert conv["status"] == "unmapped" and "fused with `layer2.0.bn2`" in conv["reason"], conv
+    assert report.layer("layer2.0:add")["finding"] != "defect"

@@ -299,3 +299,82 @@ def test_a_node_the_transpose_optimizer_rewired_is_no_file_difference(tmp_path):
     result, report = report_of(tmp_path, str(model), "--vs", str(optimized))
     assert result.returncode == 0, result.stdout
     assert report["summary"]["defects"] == [], report["summary"]["defects"]
+
+
+@pytest.fixture(scope="module")
+def int8_activations(resnet18_onnx, tmp_path_factory):
+    """The legacy export quantized with int8 activations and weights (QDQ, ONNX Runtime's
+    static quantizer, as for an accelerator that takes signed int8), and that file with the
+    stored int8 weight of `/layer2/layer2.1/conv1/Conv` scaled by 1.03: at `opt=all` ONNX
+    Runtime turns int8 activations into uint8 (zero point + 128) under the node's name."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    folder = tmp_path_factory.mktemp("int8_activations")
+    source = onnx.load(str(resnet18_onnx["legacy"]))
+    [given] = source.graph.input
+    shape = [d.dim_value for d in given.type.tensor_type.shape.dim]
+
+    class Samples(CalibrationDataReader):
+        def __init__(self):
+            rng = np.random.default_rng(0)
+            self.left = [{given.name: rng.standard_normal(shape).astype(np.float32)}] * 2
+
+        def get_next(self):
+            return self.left.pop() if self.left else None
+
+    clean = folder / "s8s8.onnx"
+    quantize_static(
+        str(resnet18_onnx["legacy"]), str(clean), Samples(), quant_format=QuantFormat.QDQ,
+        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+    )  # fmt: skip
+    model = onnx.load(str(clean))
+    model.ir_version = 10  # what ONNX Runtime 1.31 reads
+    onnx.save(model, str(clean))
+    conv = next(n for n in model.graph.node if n.name == "/layer2/layer2.1/conv1/Conv")
+    dequantize = next(n for n in model.graph.node if n.output[0] == conv.input[1])
+    weight = next(t for t in model.graph.initializer if t.name == dequantize.input[0])
+    codes = numpy_helper.to_array(weight)
+    moved = np.clip(np.round(codes.astype(np.float64) * 1.03), -127, 127).astype(codes.dtype)
+    weight.CopyFrom(numpy_helper.from_array(moved, weight.name))
+    onnx.save(model, str(folder / "bug.onnx"))
+    changed = int(np.count_nonzero(moved != codes))
+    files = {"clean": clean, "bug": folder / "bug.onnx", "weight": dequantize.output[0]}
+    return {**files, "changed": changed, "codes": codes.size}
+
+
+def test_int8_activations_optimized_to_uint8_are_not_compared_as_stored(int8_activations, tmp_path):
+    """ONNX Runtime's optimizer stores each int8 activation as uint8, 128 higher, and keeps the
+    QuantizeLinear's name: those codes stand for the same numbers, and the model's outputs stay
+    bit-identical. Paired by the node's name they read as a 128 drift (21 defects, exit 1)."""
+    result, report = report_of(tmp_path, str(int8_activations["clean"]), "--target", "ort:opt=all")
+    assert result.returncode == 0, result.stdout
+    assert report["summary"]["defects"] == [], report["summary"]["defects"]
+    assert report["target_graph"]["outputs_identical"] == 1
+    quantized = layer(report, "input.1_QuantizeLinear_Output")
+    assert quantized["status"] == "unmapped"
+    assert "uint8" in quantized["reason"] and "int8" in quantized["reason"], quantized["reason"]
+    # the numbers they stand for are compared where they are dequantized
+    assert layer(report, "/relu/Relu_output_0_DequantizeLinear_Output")["status"] == "compared"
+
+
+def test_an_int8_weight_edited_is_checked_against_the_optimized_files_codes(
+    int8_activations, tmp_path
+):
+    """The edited file, optimized: its QLinearConv reads the int8 codes themselves. They are
+    dequantized with the target's own scale and zero point before the reference's weight is
+    checked against them: only the codes the edit moved differ, not every element (read
+    against the codes themselves, every element had moved)."""
+    clean, bug = str(int8_activations["clean"]), str(int8_activations["bug"])
+    result, report = report_of(tmp_path, clean, "--vs", bug, "--target", "ort:opt=all")
+    assert result.returncode == 1, result.stdout
+    [defect] = report["summary"]["defects"]
+    assert defect["cause"] == "weight_mismatch", defect
+    # the first value the edit reaches: the weight, dequantized
+    assert defect["layer"] == int8_activations["weight"], defect
+    changed, codes = int8_activations["changed"], int8_activations["codes"]
+    assert f"{changed} of {codes} elements moved" in defect["detail"], (changed, defect["detail"])

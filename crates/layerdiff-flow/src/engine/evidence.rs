@@ -7,7 +7,10 @@ use rayon::prelude::*;
 
 use crate::engine::group::{COMPARED_TENSOR, Member, tensor_change};
 
+mod codes;
 mod weight;
+
+pub(crate) use codes::{dequantize, dequantized_codes};
 
 pub use weight::{WeightCheck, WeightCheckFn, check_weight};
 
@@ -146,10 +149,18 @@ pub fn model_weight_check(
     {
         return None;
     }
-    let theirs = match stored(name).or_else(|| stored(original?)) {
-        Some(found) => found,
-        None => model.stored(read_there?)?.ok()?,
+    let theirs_name = match original {
+        _ if stored(name).is_some() => name,
+        Some(original) if stored(original).is_some() => original,
+        _ => read_there?,
     };
+    let theirs = model.stored(theirs_name)?.ok()?;
+    if half_step.is_some() && !theirs.dtype.is_float() {
+        // the target's graph reads the codes themselves (ONNX Runtime's QLinearConv): checked
+        // as the numbers they stand for, with its own scale and zero point
+        let (codes, _) = dequantized_codes(model, theirs_name)?;
+        return Some(check_weight(name, codes.view(), weight, false, half_step));
+    }
     let check = check_weight(name, theirs.view(), weight, false, half_step);
     let flipped = theirs.shape.len() == 2
         && weight.shape.len() == 2
@@ -364,5 +375,62 @@ mod tests {
         // where the files agree on the name, it is checked
         let check = model_weight_check(&export, "node_Add_3", 1, "val_70", eps.view(), None);
         assert!(matches!(check, Some(WeightCheck::Same)), "{check:?}");
+    }
+
+    #[test]
+    fn codes_a_fused_integer_kernel_reads_are_checked_as_the_numbers_they_stand_for() {
+        // ONNX Runtime at opt=all fuses a QDQ Conv into a QLinearConv that reads the int8 codes
+        // themselves: the reference's weight, dequantized, was checked against those integers
+        // and every element "moved by more than half a scale step".
+        let int8 = |name: &str, codes: &[i8]| TensorProto {
+            name: Some(name.into()),
+            data_type: Some(3),
+            dims: vec![codes.len() as i64],
+            raw_data: Some(codes.iter().map(|&c| c as u8).collect()),
+            ..Default::default()
+        };
+        let conv = |codes: &[i8]| {
+            let fused = NodeProto {
+                name: Some("conv_token_7".into()),
+                op_type: Some("QLinearConv".into()),
+                input: ["x", "x_scale", "x_zero", "w_quantized", "w_scale", "w_zero"]
+                    .map(String::from)
+                    .to_vec(),
+                output: vec!["y".into()],
+                ..Default::default()
+            };
+            let graph = GraphProto {
+                node: vec![fused],
+                initializer: vec![int8("w_quantized", codes), scalar("w_scale", 0.5), {
+                    let mut zero = int8("w_zero", &[1]);
+                    zero.dims.clear();
+                    zero
+                }],
+                ..Default::default()
+            };
+            let proto = ModelProto {
+                graph: Some(graph),
+                ..Default::default()
+            };
+            Model::from_proto(proto, None)
+        };
+        // the reference's weight: codes [3, -5, 9] on the same grid, dequantized
+        let values = [1.0f64, -3.0, 4.0];
+        let bytes = |v: &[f64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let weight = Tensor::new("w", DType::F64, vec![3], bytes(&values)).unwrap();
+        let halves = Tensor::new("h", DType::F64, vec![3], bytes(&[0.25; 3])).unwrap();
+        let check = |model: &Model| {
+            let (w, h) = (weight.view(), Some(halves.view()));
+            model_weight_check(model, "conv", 1, "w_quantized", w, h)
+        };
+        let same = check(&conv(&[3, -5, 9]));
+        assert!(
+            matches!(same, Some(WeightCheck::LowerPrecision(_))),
+            "{same:?}"
+        );
+        let Some(WeightCheck::Differs(said)) = check(&conv(&[3, -5, 10])) else {
+            panic!("an edited code is a differing weight");
+        };
+        assert!(said.contains("1 of 3 elements moved"), "{said}");
     }
 }

@@ -71,9 +71,8 @@ impl Pairs<'_> {
                 continue;
             };
             let value = self.target_values[i].as_deref().unwrap_or_default();
-            if refutable[k]
-                && let Some(why) = unfit(reference, target, value)
-            {
+            let unfit = || unfit(reference, target, value).filter(|_| refutable[k]);
+            if let Some(why) = super::recoded(reference.dtype, target.dtype, value).or_else(unfit) {
                 layer.status = LayerStatus::Unmapped;
                 layer.target_shape = Some(target.shape.clone());
                 layer.target_dtype = Some(target.dtype.name().to_string());
@@ -430,6 +429,22 @@ fn judge(
     Some(Judge {
         grid,
         bound: layer.tolerance,
+    })
+}
+
+/// Why a reference value and the target's `value` are not compared as stored though paired:
+/// both quantized codes, of other integer types. ONNX Runtime's optimizer stores int8
+/// activations as uint8, 128 higher with the zero point: the same numbers in other integers,
+/// which read as a drift of 128 (and fed to the target, as one of 128). The values they
+/// dequantize to are compared.
+pub(crate) fn recoded(reference: DType, target: DType, value: &str) -> Option<String> {
+    let codes = |d: DType| matches!(d, DType::I8 | DType::U8 | DType::I16 | DType::U16);
+    (codes(reference) && codes(target) && reference != target).then(|| {
+        format!(
+            "re-encoded: the target holds it as {} (`{value}`), the reference as {}: quantized codes on another zero point, compared where they are dequantized",
+            target.name(),
+            reference.name()
+        )
     })
 }
 

@@ -117,6 +117,10 @@ fn pair_values(
                 )),
                 None => Ok(v),
             });
+            let target_value = target_value.and_then(|v| match recoded(&r, t, value, &v) {
+                Some(why) => Err(why),
+                None => Ok(v),
+            });
             if let Ok(target) = &target_value {
                 paired.insert(value.clone(), target.clone());
             }
@@ -129,6 +133,63 @@ fn pair_values(
         }
     }
     pairings
+}
+
+/// Why a value both sides hold as quantized codes of other integer types is not compared as
+/// stored (`None`: it is; see [`crate::engine::recoded`]). Each side's type is read from what
+/// produces the value, through ops that keep it: ONNX Runtime's saved optimized graph
+/// declares the types the file had, not the uint8 its rewrite made.
+fn recoded(r: &GraphIndex, t: &GraphIndex, value: &str, target: &str) -> Option<String> {
+    use layerdiff_core::DType;
+    let (ours, theirs) = (stored_type(r, value, 0)?, stored_type(t, target, 0)?);
+    let dtype = |code| DType::from_onnx_code(code).ok();
+    let (ours, theirs) = (dtype(ours)?, dtype(theirs)?);
+    // ONNX Runtime moves a DequantizeLinear after the Reshape it fed (and so on), which keeps
+    // its name: there it reshapes the codes, not the numbers
+    let codes = |d: DType| matches!(d, DType::I8 | DType::U8 | DType::I16 | DType::U16);
+    if ours.is_float() && codes(theirs) {
+        return Some(format!(
+            "the target's node now computes on quantized codes: it holds `{target}` as {}, the reference this value as {} (an optimizer moved the dequantization past it)",
+            theirs.name(),
+            ours.name()
+        ));
+    }
+    crate::engine::recoded(ours, theirs, target)
+}
+
+/// The element type `index` holds `value` in, read from its producer: a QuantizeLinear's is its
+/// zero point's, an op that moves elements keeps its input's; else as declared or inferred.
+fn stored_type(index: &GraphIndex, value: &str, depth: usize) -> Option<i32> {
+    const KEEPS: &[&str] = &[
+        "Reshape",
+        "Transpose",
+        "Squeeze",
+        "Unsqueeze",
+        "Flatten",
+        "Identity",
+        "Slice",
+        "Gather",
+        "Split",
+        "Concat",
+        "Expand",
+        "Tile",
+        "MaxPool",
+        "DepthToSpace",
+        "SpaceToDepth",
+    ];
+    let Some(node) = index.producer(value).filter(|_| depth < 64) else {
+        return index.elem_type(value);
+    };
+    match node.op_type.as_str() {
+        "QuantizeLinear" => node
+            .inputs
+            .get(2)
+            .filter(|z| !z.is_empty())
+            .and_then(|z| index.elem_type(z))
+            .or(Some(2)), // uint8 without a zero point
+        op if KEEPS.contains(&op) => stored_type(index, node.inputs.first()?, depth + 1),
+        _ => index.elem_type(value),
+    }
 }
 
 /// Ops a quantizer drops after a node, its QuantizeLinear's range clamping in their place: the

@@ -71,8 +71,9 @@ pub(super) fn resolve_nodeless(
                 "fused into `{}` at export ({rule}): the {op_type} node `{node}` computes both, so no ONNX value holds this layer's own output",
                 layers[j].name
             ))
-        } else if let Some(p) =
-            feeder.filter(|&p| layers[p].shape == layer.shape && folds_forward(graph, &mappings[p]))
+        } else if let Some((p, (product, product_op))) = feeder
+            .filter(|&p| layers[p].shape == layer.shape)
+            .and_then(|p| Some((p, folds_forward(graph, &mappings[p])?)))
         {
             // Folded into the node of the layer that fed it (the legacy exporter folds BatchNorm
             // into the preceding Conv): that node's value now holds this layer's output.
@@ -86,7 +87,7 @@ pub(super) fn resolve_nodeless(
                 unreachable!()
             };
             mappings[p] = unmapped(&format!(
-                "fused with `{}` at export: the {op_type} node `{node}` computes both, so no ONNX value holds this layer's own output",
+                "fused with `{}` at export: the {product_op} node `{product}` computes both, so no ONNX value holds this layer's own output",
                 layer.name
             ));
             LayerMapping::Mapped {
@@ -166,24 +167,38 @@ fn fusion_rule(graph: &GraphProto, mapping: &LayerMapping) -> Option<String> {
         .map(str::to_string)
 }
 
-/// Whether a mapped layer's node can hold a following layer folded into it: a node named by the
-/// legacy exporter or tf2onnx (no dynamo metadata) that is not already shared, and computes a
-/// product an affine layer (a BatchNorm at inference) can be folded into; never a Relu.
-fn folds_forward(graph: &GraphProto, mapping: &LayerMapping) -> bool {
+/// The product node (its name and op) a mapped layer's value comes from, where it can hold a
+/// following layer folded into it: a node named by the legacy exporter or tf2onnx (no dynamo
+/// metadata) that is not already shared, and computes a product an affine layer (a BatchNorm at
+/// inference) can be folded into; never a Relu. `None` where it cannot.
+fn folds_forward(graph: &GraphProto, mapping: &LayerMapping) -> Option<(String, String)> {
     let LayerMapping::Mapped {
         node, note: None, ..
     } = mapping
     else {
-        return false;
+        return None;
     };
-    graph
-        .node
-        .iter()
-        .find(|n| n.display_name() == *node)
-        .is_some_and(|n| {
-            n.metadata("pkg.torch.onnx.name_scopes").is_none()
-                && matches!(n.op_type(), "Conv" | "ConvTranspose" | "Gemm" | "MatMul")
-        })
+    let producer = |value: &str| {
+        graph
+            .node
+            .iter()
+            .find(|n| n.output.iter().any(|o| o == value))
+    };
+    let mut found = graph.node.iter().find(|n| n.display_name() == *node)?;
+    // In a file quantized after export (QDQ), the layer's value is the product's quantized and
+    // dequantized: the product folded what followed it all the same.
+    if found.op_type() == "DequantizeLinear"
+        && let Some(quantize) = producer(found.input.first()?)
+        && quantize.op_type() == "QuantizeLinear"
+    {
+        found = producer(quantize.input.first()?)?;
+    }
+    (found.metadata("pkg.torch.onnx.name_scopes").is_none()
+        && matches!(
+            found.op_type(),
+            "Conv" | "ConvTranspose" | "Gemm" | "MatMul"
+        ))
+    .then(|| (found.display_name(), found.op_type().to_string()))
 }
 
 pub(super) fn unmapped(reason: &str) -> LayerMapping {

@@ -382,21 +382,36 @@ impl Stored<'_> {
             let Some(output) = node.output.first() else {
                 continue;
             };
+            let mut read = false;
             for &j in members {
                 let reader = &self.index.nodes()[j];
                 for (position, input) in reader.inputs.iter().enumerate() {
-                    if input == output
-                        && let Some(found) = check(
-                            &reader.name,
-                            position,
-                            &node.input[0],
-                            weight.view(),
-                            Some(half_step.view()),
-                        )
-                    {
+                    if input != output {
+                        continue;
+                    }
+                    read = true;
+                    if let Some(found) = check(
+                        &reader.name,
+                        position,
+                        &node.input[0],
+                        weight.view(),
+                        Some(half_step.view()),
+                    ) {
                         found.record(evidence, &reader.name);
                     }
                 }
+            }
+            // a weight's dequantized value compared as a layer of its own: its codes, at it
+            if !read
+                && let Some(found) = check(
+                    node.name(),
+                    0,
+                    &node.input[0],
+                    weight.view(),
+                    Some(half_step.view()),
+                )
+            {
+                found.record(evidence, node.name());
             }
         }
     }

@@ -7,6 +7,7 @@ use layerdiff_core::{DType, Tensor, TensorView};
 use layerdiff_onnx::{NodeExt, NodeProto};
 
 use super::Stored;
+use crate::engine::evidence::dequantize;
 
 impl Stored<'_> {
     /// A stored weight a DequantizeLinear scales back, dequantized (float64), and half its
@@ -136,48 +137,4 @@ impl Stored<'_> {
         };
         Some((shaped(&values)?, shaped(&halves)?))
     }
-}
-
-/// `stored` integers dequantized as `(q − zero) · scale` (float64), with half the scale step
-/// per element: per tensor, or per channel along `axis` where the scale has one per channel.
-/// `None` where the scale fits neither.
-fn dequantize(
-    name: &str,
-    stored: &Tensor,
-    scale: &Tensor,
-    zero: Option<&Tensor>,
-    axis: i64,
-) -> Option<(Tensor, Tensor)> {
-    let shape = stored.shape.clone();
-    let rank = shape.len() as i64;
-    let axis = if axis < 0 { axis + rank } else { axis };
-    let channels = scale.view().numel();
-    let per_axis = channels > 1;
-    if per_axis && (axis < 0 || axis >= rank || shape[axis as usize] != channels) {
-        return None;
-    }
-    // the index along `axis` of element `i`
-    let inner: usize = if per_axis {
-        shape[axis as usize + 1..].iter().product()
-    } else {
-        1
-    };
-    let channel = |i: usize| {
-        if per_axis { (i / inner) % channels } else { 0 }
-    };
-    let (stored, scale) = (stored.view(), scale.view());
-    let n = stored.numel();
-    let (mut values, mut halves) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    for i in 0..n {
-        let c = channel(i);
-        let s = scale.get_f64(c);
-        let z = zero.map_or(0.0, |z| z.view().get_f64(c.min(z.view().numel() - 1)));
-        values.push((stored.get_f64(i) - z) * s);
-        halves.push(s.abs() / 2.0);
-    }
-    let shaped = |values: &[f64]| {
-        let flat = Tensor::from_f64(DType::F64, values);
-        Tensor::new(name, DType::F64, shape.clone(), flat.bytes).ok()
-    };
-    Some((shaped(&values)?, shaped(&halves)?))
 }
