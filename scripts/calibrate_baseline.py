@@ -64,8 +64,12 @@ from calibration_table import row  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = (
     "onnx fp16", "onnx int8", "onnx dynamic int8", "openvino", "torch:bf16", "torch:amp-bf16",
-    "file tract", "file ort:opt=all", "int8 file ort:opt=all",
+    "file tract", "file ort:opt=all", "int8 file ort:opt=all", "onnx int8 per-channel",
+    "onnx dynamic int8 legacy",
 )  # fmt: skip
+# the export quantized by ONNX Runtime's dynamic quantizer, or its static one with a scale per
+# channel (int8 QDQ), against PyTorch; `legacy`: the legacy exporter's file, BatchNorms folded
+QUANTIZED = ("onnx dynamic int8", "onnx int8 per-channel", "onnx dynamic int8 legacy")
 # `file RUNTIME`: `layerdiff onnx EXPORT --target RUNTIME`, the export against itself on ONNX
 # Runtime (its default target is tract): what a user runs first on a file, whose runtimes'
 # kernels approximate (tract's Erf, Tanh and Exp; ONNX Runtime's fused kernels at opt=all)
@@ -151,12 +155,18 @@ def run(name: str, target: str):
         return compare_torch_onnx(model, inputs, dtype=target.split()[1], seed=0)
     if target == "openvino":
         return compare_torch_onnx(model, inputs, target="openvino", seed=0)
-    if target == "onnx dynamic int8":
+    if target in QUANTIZED:
         from layerdiff.torch import export_onnx
 
+        exporter = "legacy" if target.endswith(" legacy") else "dynamo"
         with tempfile.TemporaryDirectory() as folder:
-            path = export_onnx(model, inputs, Path(folder) / "model.onnx")
-            quantized = dynamic_int8(path, Path(folder) / "model.int8.onnx")
+            path = export_onnx(model, inputs, Path(folder) / "model.onnx", exporter=exporter)
+            out = Path(folder) / "model.int8.onnx"
+            quantized = (
+                static_int8(path, out, inputs, per_channel=True)
+                if "per-channel" in target
+                else dynamic_int8(path, out)
+            )
             return compare_torch_onnx(model, inputs, onnx=quantized, seed=0)
     return layerdiff.compare_torch(model, inputs, target=target, seed=0)
 

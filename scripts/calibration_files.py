@@ -249,11 +249,12 @@ def dynamic_int8(path: Path, out: Path) -> Path:
     return out
 
 
-def static_int8(path: Path, out: Path, inputs: tuple) -> Path:
+def static_int8(path: Path, out: Path, inputs: tuple, per_channel: bool = False) -> Path:
     """`path` quantized by ONNX Runtime's static QDQ quantizer into `out`, activations and
     weights in int8 (as for an accelerator that takes signed int8), calibrated on `inputs` and
-    their variations: at `opt=all` ONNX Runtime's CPU provider stores those activations as
-    uint8 and fuses the QDQ pairs into integer kernels (QLinearConv, QLinearMatMul)."""
+    their variations, each weight with one scale (or one per output channel): at `opt=all`
+    ONNX Runtime's CPU provider stores those activations as uint8 and fuses the QDQ pairs into
+    integer kernels (QLinearConv, QLinearMatMul)."""
     import logging
 
     import onnx
@@ -265,7 +266,7 @@ def static_int8(path: Path, out: Path, inputs: tuple) -> Path:
     try:
         quantize_static(
             str(path), str(out), _Calibration(names, inputs, 0), quant_format=QuantFormat.QDQ,
-            activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+            activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, per_channel=per_channel,
         )  # fmt: skip
     finally:
         logging.disable(logging.NOTSET)

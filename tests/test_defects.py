@@ -419,3 +419,54 @@ def test_torch_against_an_int8_legacy_export_pairs_each_norm_with_its_folded_con
     assert norm["location"]["value"].endswith("Conv_output_0_DequantizeLinear_Output"), norm
     assert conv["status"] == "unmapped" and "fused with `layer2.0.bn2`" in conv["reason"], conv
     assert report.layer("layer2.0:add")["finding"] != "defect"
+
+
+@pytest.fixture(scope="module")
+def quantized_otherwise(float16_files, tmp_path_factory):
+    """The legacy export quantized with a scale per output channel (QDQ) and by ONNX Runtime's
+    dynamic quantizer (ConvInteger, its input quantized by a DynamicQuantizeLinear named after
+    the value it reads)."""
+    from onnxruntime.quantization import QuantFormat, quantize_dynamic, quantize_static
+
+    folder = tmp_path_factory.mktemp("quantized")
+    source = str(float16_files["legacy"])
+    _, inputs = resnet18_160()
+    names = [i.name for i in onnx.load(source).graph.input]
+    files = {"per_channel": folder / "pc.onnx", "dynamic": folder / "dyn.onnx"}
+    calibration = _precision._Calibration(names, inputs, 0)
+    quantize_static(
+        source, str(files["per_channel"]), calibration, quant_format=QuantFormat.QDQ,
+        per_channel=True,
+    )  # fmt: skip
+    quantize_dynamic(source, str(files["dynamic"]))
+    for path in files.values():
+        model = onnx.load(str(path))
+        model.ir_version = 10  # what ONNX Runtime 1.31 reads
+        onnx.save(model, str(path))
+    return files
+
+
+def test_a_scale_per_channel_is_no_weight_of_the_model(quantized_otherwise):
+    """A weight's scales, one per output channel, have the shape of the layer's bias: matched
+    to it by shape, they read as `fc` weight_mismatch on a clean file (exit 1)."""
+    model, inputs = resnet18_160()
+    report = compare_torch_onnx(model, inputs, onnx=quantized_otherwise["per_channel"])
+    s = report.summary
+    assert s["verdict"] == "precision" and s["defects"] == [], s["defects"]
+    assert "matched by shape" not in json.dumps(report.layer("fc"))
+
+
+def test_a_dynamically_quantized_legacy_export_pairs_norms_and_activations(quantized_otherwise):
+    """Each Conv+BatchNorm is an integer product cast back, scaled and biased, and each product's
+    input is quantized by a DynamicQuantizeLinear the quantizer names after the value (so it sat
+    in the activation's scope): the norm went unpaired, the Relu was paired with that node's
+    scale, and the Relu re-run on pre-norm values read as 9 file_differs defects."""
+    model, inputs = resnet18_160()
+    report = compare_torch_onnx(model, inputs, onnx=quantized_otherwise["dynamic"])
+    s = report.summary
+    assert s["verdict"] == "precision" and s["defects"] == [], s["defects"]
+    assert report.layer("layer1.0.bn1")["location"]["value"].endswith("conv1/Conv_output_0")
+    assert "fused with `layer1.0.bn1`" in report.layer("layer1.0.conv1")["reason"]
+    relu = report.layer("layer1.0.relu")
+    assert relu["status"] == "compared", relu
+    assert relu["location"]["value"] == "/layer1/layer1.0/relu/Relu_output_0", relu

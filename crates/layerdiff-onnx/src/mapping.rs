@@ -216,6 +216,31 @@ fn boundary_outputs(
     boundary
 }
 
+/// A dynamic quantizer names the DynamicQuantizeLinear it puts before a product after
+/// the value it quantizes (`…/relu/Relu_output_0_QuantizeLinear`): that puts it in the
+/// producer's scope, and its scale would read as the module's output. It belongs to the
+/// product that reads its integers (none where several modules read them). One that
+/// carries no scope is left to the rules for such nodes.
+fn rehome_dynamic_quantizers(
+    graph: &GraphProto,
+    index: &GraphIndex,
+    node_module: &mut [Option<String>],
+) {
+    for (i, node) in graph.node.iter().enumerate() {
+        let Some(integers) = node.output.first() else {
+            continue;
+        };
+        if node.op_type() != "DynamicQuantizeLinear" || node_module[i].is_none() {
+            continue;
+        }
+        let mut modules = index
+            .consumers(integers)
+            .map(|c| node_module[c.index].clone());
+        let first = modules.next().flatten();
+        node_module[i] = first.filter(|m| modules.all(|o| o.as_ref() == Some(m)));
+    }
+}
+
 /// Where a dynamo call or value (`cat_7`, `linear_2`) sits in the trace: the number the trace
 /// gave its name, `0` for the first, unnumbered one (the exporter numbers a name as the trace
 /// makes it, which a tool that sorts the graph again does not change).
@@ -286,6 +311,7 @@ impl ScopeMapping {
                 })
             })
             .collect();
+        rehome_dynamic_quantizers(graph, &index, &mut node_module);
         inside_one_module(graph, &index, &modules, &mut node_module);
 
         let boundary = boundary_outputs(&index, &node_module);

@@ -178,27 +178,56 @@ fn folds_forward(graph: &GraphProto, mapping: &LayerMapping) -> Option<(String, 
     else {
         return None;
     };
+    let scoped = |n: &crate::NodeProto| n.metadata("pkg.torch.onnx.name_scopes").is_some();
+    let found = graph.node.iter().find(|n| n.display_name() == *node)?;
+    // (a quantizer's nodes carry no scope in a dynamo export either: its other nodes tell)
+    let found = match graph.node.iter().any(scoped) {
+        true => found,
+        false => quantized_product(graph, found).unwrap_or(found),
+    };
+    (!scoped(found)
+        && matches!(
+            found.op_type(),
+            "Conv" | "ConvTranspose" | "Gemm" | "MatMul" | "ConvInteger" | "MatMulInteger"
+        ))
+    .then(|| (found.display_name(), found.op_type().to_string()))
+}
+
+/// The product behind `node` in a file quantized after export, where `node` ends one: the
+/// product's value quantized and dequantized (QDQ), or an integer product's cast back, scaled
+/// and biased (ONNX Runtime's dynamic quantization: ConvInteger → Cast → Mul → Add). The
+/// product folded what followed it all the same.
+fn quantized_product<'g>(
+    graph: &'g GraphProto,
+    node: &'g crate::NodeProto,
+) -> Option<&'g crate::NodeProto> {
     let producer = |value: &str| {
         graph
             .node
             .iter()
             .find(|n| n.output.iter().any(|o| o == value))
     };
-    let mut found = graph.node.iter().find(|n| n.display_name() == *node)?;
-    // In a file quantized after export (QDQ), the layer's value is the product's quantized and
-    // dequantized: the product folded what followed it all the same.
-    if found.op_type() == "DequantizeLinear"
-        && let Some(quantize) = producer(found.input.first()?)
-        && quantize.op_type() == "QuantizeLinear"
-    {
-        found = producer(quantize.input.first()?)?;
+    // the data input: the one another node produces (a bias or a scale is an initializer)
+    let fed = |n: &crate::NodeProto| n.input.iter().find_map(|i| producer(i));
+    match node.op_type() {
+        "DequantizeLinear" => {
+            let quantize = producer(node.input.first()?)?;
+            (quantize.op_type() == "QuantizeLinear").then_some(())?;
+            producer(quantize.input.first()?)
+        }
+        "Add" | "Mul" => {
+            let mut at = node;
+            for _ in 0..3 {
+                at = fed(at)?;
+                if matches!(at.op_type(), "ConvInteger" | "MatMulInteger") {
+                    return Some(at);
+                }
+                matches!(at.op_type(), "Mul" | "Cast").then_some(())?;
+            }
+            None
+        }
+        _ => None,
     }
-    (found.metadata("pkg.torch.onnx.name_scopes").is_none()
-        && matches!(
-            found.op_type(),
-            "Conv" | "ConvTranspose" | "Gemm" | "MatMul"
-        ))
-    .then(|| (found.display_name(), found.op_type().to_string()))
 }
 
 pub(super) fn unmapped(reason: &str) -> LayerMapping {

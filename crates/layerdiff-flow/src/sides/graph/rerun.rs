@@ -333,10 +333,14 @@ impl Stored<'_> {
             let Some(Ok(weight)) = self.model.stored(&name) else {
                 continue;
             };
-            if !weight.dtype.is_float() {
+            let reader = &self.index.nodes()[node];
+            // nor is a quantizer's scale: no weight of the model (a scale per channel has a
+            // bias's shape), it is checked with the weight it dequantizes, and a file's
+            // other scales with the file (`file_differs`)
+            if !weight.dtype.is_float() || quantizer_parameter(&reader.op_type, position) {
                 continue;
             }
-            let node = &self.index.nodes()[node].name;
+            let node = &reader.name;
             if let Some(found) = check(node, position, &name, weight.view(), None) {
                 found.record(evidence, node);
             }
@@ -427,5 +431,16 @@ impl Stored<'_> {
             }
         }
         out
+    }
+}
+
+/// Whether input `position` of an `op` node is a quantizer's scale or zero point.
+fn quantizer_parameter(op: &str, position: usize) -> bool {
+    match op {
+        "QuantizeLinear" | "DequantizeLinear" => position > 0,
+        // (x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero[, bias])
+        "QLinearConv" | "QLinearMatMul" => matches!(position, 1 | 2 | 4 | 5 | 6 | 7),
+        "MatMulInteger" | "ConvInteger" => position > 1,
+        _ => false,
     }
 }
