@@ -236,6 +236,38 @@ def test_a_pytorch_model_against_a_faulty_onnx_file_reduces_to_its_nodes(resnet1
     assert shown.returncode == 1 and f"`{value}` on ort: max |diff|" in shown.stdout
 
 
+BARE = """import torch
+
+
+def build():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 8, 3, padding=1),
+    ).eval()
+    return model, torch.randn(1, 3, 16, 16)  # one bare tensor, as the docs allow
+"""
+
+
+def test_a_builder_that_returns_one_bare_tensor_reduces_too(tmp_path):
+    """The repro's capture called the model on the builder's bare tensor unpacked (its batch
+    rows as arguments): `--repro` and `reduce` ended in an internal error, exit 2, and the
+    run's own exit 1 was lost."""
+    import runpy
+
+    from layerdiff.torch import export_onnx
+
+    (tmp_path / "bare.py").write_text(BARE)
+    model, x = runpy.run_path(str(tmp_path / "bare.py"))["build"]()
+    export_onnx(model, (x,), tmp_path / "model.onnx")
+    edited_pads(tmp_path / "model.onnx", tmp_path / "edited.onnx", conv=1)
+    run = run_cli("torch", "bare.py:build", "--onnx", "edited.onnx", "--repro", "repro",
+                  "--quiet", cwd=tmp_path)  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    assert "internal error" not in run.stderr, run.stderr
+    assert (tmp_path / "repro" / "repro.py").is_file()
+
+
 def test_a_layer_onnx_runtime_optimized_reduces_to_the_files_own_nodes(resnet18_onnx, tmp_path):
     """A legacy export with one Conv weight scaled, run at `ort:opt=all`: ONNX Runtime fuses
     that Conv with its ReLU into an NCHWc Conv between reorders, so the layer's nodes are the

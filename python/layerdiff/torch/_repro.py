@@ -20,6 +20,7 @@ import torch
 from layerdiff import _layerdiff
 from layerdiff.tensors import flat
 from layerdiff.torch._capture import _first_tensor
+from layerdiff.torch._running import as_input_tuple
 from layerdiff.torch._sides import TorchSide
 
 
@@ -37,6 +38,7 @@ def write_repro(model, inputs, report, ref_side: TorchSide, tgt_side: TorchSide,
     name, why = report._native.headline
     if name is None:
         return _unwritten(f"{why}")
+    inputs = as_input_tuple(inputs)  # a builder may return one bare tensor
     path, call = _module_of(model, name)
     try:
         module = model.get_submodule(path)
@@ -255,6 +257,7 @@ def write_onnx_repro(model, inputs, report, target: str, folder, command: str) -
     """Writes the repro of `report`'s headline (a PyTorch model against its ONNX file on
     `target`): the layer's ONNX nodes fed PyTorch's values at their inputs, held to PyTorch's
     value of the layer, run on the target's runtime; or says why there is none."""
+    inputs = as_input_tuple(inputs)  # a builder may return one bare tensor
     from layerdiff.torch._capture import capture
 
     name, why = report._native.headline
@@ -311,6 +314,7 @@ def write_grad_repro(model, inputs, report, sides, loss: str, seed: int, folder,
     name, why = report._native.headline
     if name is None:
         return _unwritten(f"{why}")
+    inputs = as_input_tuple(inputs)  # a builder may return one bare tensor
     if name.startswith("inputs["):
         return _unwritten(
             f"`{name}` is the model input's gradient, which the whole backward computes"
