@@ -470,3 +470,31 @@ def test_a_dynamically_quantized_legacy_export_pairs_norms_and_activations(quant
     relu = report.layer("layer1.0.relu")
     assert relu["status"] == "compared", relu
     assert relu["location"]["value"] == "/layer1/layer1.0/relu/Relu_output_0", relu
+
+
+def test_an_int8_weight_edited_in_a_dynamically_quantized_file_is_the_defect(
+    quantized_otherwise, tmp_path
+):
+    """Two dynamically quantized files, one with a ConvInteger's int8 codes scaled by 1.05: both
+    quantize alike, so their quantization explains nothing between them. The codes are checked
+    dequantized with the scale found past the product; unchecked, the edit read as "int8
+    rounding only", exit 0."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    model = onnx.load(str(quantized_otherwise["dynamic"]))
+    conv = [n for n in model.graph.node if n.op_type == "ConvInteger"][10]
+    weight = next(t for t in model.graph.initializer if t.name == conv.input[1])
+    codes = numpy_helper.to_array(weight)
+    moved = np.clip(np.round(codes.astype(np.float64) * 1.05), -127, 127).astype(codes.dtype)
+    weight.CopyFrom(numpy_helper.from_array(moved, weight.name))
+    onnx.save(model, str(tmp_path / "edited.onnx"))
+    run, first, s = _against_float(
+        {"float": quantized_otherwise["dynamic"], "edited": tmp_path / "edited.onnx"},
+        "edited", tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stdout + run.stderr
+    [defect] = s["defects"]
+    assert defect["cause"] == "weight_mismatch" and defect["layer"] == conv.output[0], defect
+    changed = int(np.count_nonzero(moved != codes))
+    assert f"{changed} of {codes.size} elements moved" in defect["detail"], defect["detail"]

@@ -10,7 +10,7 @@ use crate::engine::group::{COMPARED_TENSOR, Member, tensor_change};
 mod codes;
 mod weight;
 
-pub(crate) use codes::{dequantize, dequantized_codes};
+pub(crate) use codes::{dequantize, dequantized_codes, integer_product_weight};
 
 pub use weight::{WeightCheck, WeightCheckFn, check_weight};
 

@@ -3,7 +3,7 @@
 //! weight by), for the weight checks of both sides.
 
 use layerdiff_core::{DType, Tensor};
-use layerdiff_onnx::{Model, NodeExt, NodeProto};
+use layerdiff_onnx::{GraphIndex, Model, NodeExt, NodeProto};
 
 /// The integer codes `model` stores as `name`, dequantized (float64) with the scale and zero
 /// point of a node that reads them (a DequantizeLinear; a QLinearConv's or QLinearMatMul's
@@ -26,6 +26,13 @@ pub(crate) fn dequantized_codes(model: &Model, name: &str) -> Option<(Tensor, Te
             // per output channel: a convolution's filters, a matrix's columns
             "QLinearConv" => Some((3, 0)),
             "QLinearMatMul" => Some((3, stored.shape.len() as i64 - 1)),
+            // its scale is found past the product (ONNX Runtime's dynamic quantization)
+            "ConvInteger" | "MatMulInteger"
+                if node.input.get(1).map(String::as_str) == Some(name) =>
+            {
+                let index = GraphIndex::new(model.graph());
+                return integer_product_weight(model, &index, node);
+            }
             _ => None,
         }?;
         if node.input.get(at).map(String::as_str) != Some(name) {
@@ -39,6 +46,48 @@ pub(crate) fn dequantized_codes(model: &Model, name: &str) -> Option<(Tensor, Te
             axis,
         )
     })
+}
+
+/// The stored integer weight of an integer matrix product (MatMulInteger's `B`,
+/// ConvInteger's `w`, as ONNX Runtime's dynamic quantization writes them), dequantized with
+/// its zero point and the scale the product's result is multiplied by, and half that scale
+/// step per element: `None` where the weight is not stored, or its scale is not found.
+///
+/// The scale is found the way the quantizer wires it: the product is cast to float and
+/// multiplied by a scale, itself the input's (dynamic) scale times the weight's stored one.
+pub(crate) fn integer_product_weight(
+    model: &Model,
+    index: &GraphIndex,
+    node: &NodeProto,
+) -> Option<(Tensor, Tensor)> {
+    let read = |name: &str| model.initializer(name)?.ok();
+    let (weight, zero) = (node.input.get(1)?, node.input.get(3));
+    let stored = read(weight).filter(|t| !t.dtype.is_float())?;
+    let zero = zero.filter(|z| !z.is_empty()).and_then(|z| read(z));
+    let mut value = node.output.first()?.clone();
+    // through the casts to the multiplication by the scales
+    let scales = loop {
+        let next = index.consumers(&value).next()?;
+        match next.op_type.as_str() {
+            "Cast" => value = next.outputs.first()?.clone(),
+            "Mul" => break next.inputs.iter().find(|n| **n != value)?.clone(),
+            _ => return None,
+        }
+    };
+    let scale = match read(&scales) {
+        Some(stored_scale) => stored_scale,
+        None => {
+            let product = index.producer(&scales).filter(|p| p.op_type == "Mul")?;
+            product.inputs.iter().find_map(|n| read(n))?
+        }
+    };
+    // per output channel: a matrix's columns, a convolution's filters
+    let axis = if node.op_type() == "ConvInteger" {
+        0
+    } else {
+        1
+    };
+    dequantize(weight, &stored, &scale, zero.as_ref(), axis)
 }
 
 /// `stored` integers dequantized as `(q − zero) · scale` (float64), with half the scale step

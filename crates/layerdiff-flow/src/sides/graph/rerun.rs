@@ -361,14 +361,25 @@ impl Stored<'_> {
                     Some(self.block_weight(node))
                 }
                 "MatMulInteger" | "ConvInteger" => Some(self.integer_weight(node)),
+                // ONNX Runtime's QOperator format: the codes at input 3, their scale and zero
+                // point beside them
+                "QLinearConv" | "QLinearMatMul" => node
+                    .input
+                    .get(3)
+                    .map(|w| crate::engine::evidence::dequantized_codes(self.model, w)),
                 _ => None,
+            };
+            let at = if node.op_type().starts_with("QLinear") {
+                3
+            } else {
+                1
             };
             if let Some(own) = own {
                 if let Some((weight, half_step)) = own
                     && let Some(found) = check(
                         node.name(),
-                        1,
-                        &node.input[1],
+                        at,
+                        &node.input[at],
                         weight.view(),
                         Some(half_step.view()),
                     )

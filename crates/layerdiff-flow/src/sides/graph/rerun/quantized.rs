@@ -7,7 +7,7 @@ use layerdiff_core::{DType, Tensor, TensorView};
 use layerdiff_onnx::{NodeExt, NodeProto};
 
 use super::Stored;
-use crate::engine::evidence::dequantize;
+use crate::engine::evidence::{dequantize, integer_product_weight};
 
 impl Stored<'_> {
     /// A stored weight a DequantizeLinear scales back, dequantized (float64), and half its
@@ -33,37 +33,7 @@ impl Stored<'_> {
     /// The scale is found the way the quantizer wires it: the product is cast to float and
     /// multiplied by a scale, itself the input's (dynamic) scale times the weight's stored one.
     pub(super) fn integer_weight(&self, node: &NodeProto) -> Option<(Tensor, Tensor)> {
-        let read = |name: &str| self.model.initializer(name)?.ok();
-        let (weight, zero) = (node.input.get(1)?, node.input.get(3));
-        let stored = read(weight).filter(|t| !t.dtype.is_float())?;
-        let zero = zero.filter(|z| !z.is_empty()).and_then(|z| read(z));
-        let mut value = node.output.first()?.clone();
-        // through the casts to the multiplication by the scales
-        let scales = loop {
-            let next = self.index.consumers(&value).next()?;
-            match next.op_type.as_str() {
-                "Cast" => value = next.outputs.first()?.clone(),
-                "Mul" => break next.inputs.iter().find(|n| **n != value)?.clone(),
-                _ => return None,
-            }
-        };
-        let scale = match read(&scales) {
-            Some(stored_scale) => stored_scale,
-            None => {
-                let product = self
-                    .index
-                    .producer(&scales)
-                    .filter(|p| p.op_type == "Mul")?;
-                product.inputs.iter().find_map(|n| read(n))?
-            }
-        };
-        // per output channel: a matrix's columns, a convolution's filters
-        let axis = if node.op_type() == "ConvInteger" {
-            0
-        } else {
-            1
-        };
-        dequantize(weight, &stored, &scale, zero.as_ref(), axis)
+        integer_product_weight(self.model, self.index, node)
     }
 }
 
