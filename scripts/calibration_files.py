@@ -228,8 +228,6 @@ DECODE_EDITS = {
 
 def dynamic_int8(path: Path, out: Path) -> Path:
     """`path` quantized by ONNX Runtime's dynamic quantizer (int8 weights) into `out`."""
-    import logging
-
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -238,15 +236,9 @@ def dynamic_int8(path: Path, out: Path) -> Path:
     model = onnx.load(str(path))
     del model.graph.value_info[:]
     onnx.save(model, str(out))
-    logging.disable(logging.WARNING)  # its advice to pre-process first, for every file
-    try:
-        quantize_dynamic(str(out), str(out), weight_type=QuantType.QInt8)
-    finally:
-        logging.disable(logging.NOTSET)
-    model = onnx.load(str(out))
-    model.ir_version = min(model.ir_version, 10)  # what ONNX Runtime 1.31 reads
-    onnx.save(model, str(out))
-    return out
+    return _quantized(
+        out, lambda: quantize_dynamic(str(out), str(out), weight_type=QuantType.QInt8)
+    )
 
 
 def static_int8(path: Path, out: Path, inputs: tuple, per_channel: bool = False) -> Path:
@@ -255,23 +247,32 @@ def static_int8(path: Path, out: Path, inputs: tuple, per_channel: bool = False)
     their variations, each weight with one scale (or one per output channel): at `opt=all`
     ONNX Runtime's CPU provider stores those activations as uint8 and fuses the QDQ pairs into
     integer kernels (QLinearConv, QLinearMatMul)."""
-    import logging
 
     import onnx
     from layerdiff.torch._precision import _Calibration
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     names = [i.name for i in onnx.load(str(path), load_external_data=False).graph.input]
-    logging.disable(logging.WARNING)  # its advice to pre-process first, for every file
+    return _quantized(out, lambda: quantize_static(
+        str(path), str(out), _Calibration(names, inputs, 0), quant_format=QuantFormat.QDQ,
+        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, per_channel=per_channel,
+    ))  # fmt: skip
+
+
+def _quantized(out: Path, quantize) -> Path:
+    """`out`, written by `quantize()` without its advice to pre-process first (given for every
+    file), in the IR version ONNX Runtime 1.31 reads."""
+    import logging
+
+    import onnx
+
+    logging.disable(logging.WARNING)
     try:
-        quantize_static(
-            str(path), str(out), _Calibration(names, inputs, 0), quant_format=QuantFormat.QDQ,
-            activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, per_channel=per_channel,
-        )  # fmt: skip
+        quantize()
     finally:
         logging.disable(logging.NOTSET)
     model = onnx.load(str(out))
-    model.ir_version = min(model.ir_version, 10)  # what ONNX Runtime 1.31 reads
+    model.ir_version = min(model.ir_version, 10)
     onnx.save(model, str(out))
     return out
 
