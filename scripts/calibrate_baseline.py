@@ -1,21 +1,21 @@
 """`make calibrate`: calibrates the rule that tells a defect from precision on honest kernels and
 on planted faults. Clean runs: every built-in PyTorch model (seeded random weights) against its
-ONNX export converted to float16 by ONNX Runtime's converter, quantized to int8 by its static
-QDQ quantizer and by its dynamic quantizer (MatMulInteger, ConvInteger), and run by OpenVINO
-at its default inference precision; as PyTorch targets in bfloat16 and autocast bfloat16,
-forward; every built-in model's gradients (`layerdiff grad`) in bfloat16 and float16; every
-built-in Keras model against its tf2onnx file on ONNX Runtime and OpenVINO, XLA, and TFLite
+ONNX export converted to float16 by ONNX Runtime's converter, quantized to int8 by its static QDQ
+quantizer (one scale per weight, or per channel) and by its dynamic quantizer (MatMulInteger,
+ConvInteger; the legacy export's too), and run by OpenVINO at its default inference precision; the
+export in int8 activations against itself at ONNX Runtime's opt=all; as PyTorch targets in bfloat16
+and autocast bfloat16, forward; every model's gradients (`layerdiff grad`) in bfloat16 and float16;
+every built-in Keras model against its tf2onnx file on ONNX Runtime and OpenVINO, XLA, and TFLite
 in float32, float16, full-integer int8 and dynamic-range int8. Faults: kernels planted in real
 models (tests/builders/narrow_kernels.py) that accumulate in the narrow dtype (to be named
-`narrow_accumulation` at their layer, not a defect), backwards off by 2% in the narrow dtype
-(to be the one defect, at their weight), a functional call's epsilon computed from the dtype
+`narrow_accumulation` at their layer, not a defect), backwards off by 2% in the narrow dtype (to be
+the one defect, at their weight), a functional call's epsilon computed from the dtype
 (`argument_mismatch` at that call), and a model's ONNX export edited (an attribute, a folded
 constant, a weight whose layer stays under the absolute tolerance, a weight ONNX Runtime's
-optimizer fuses and reorders, a dynamic int8 file's weight scale) and run by ONNX Runtime
-(`file_differs` or `weight_mismatch` at its layer: the file, never the runtime); a block whose
-own code computes differently only when torch.compile compiles it whole
-(`cross_module_fusion` at that block), its clean twin and built-in models compiled by
-`torch:compile` (no defect).
+optimizer fuses and reorders, a dynamic int8 file's weight scale, a static int8 file's codes) and
+run by ONNX Runtime (`file_differs` or `weight_mismatch` at its layer: the file, never the
+runtime); a block whose own code computes differently only when torch.compile compiles it whole
+(`cross_module_fusion` at that block), its clean twin and models compiled by `torch:compile`.
 Each run's verdict, defects, the layers that accumulate in the narrow dtype and the largest
 multiple of what precision explains go into the table of docs/metrics.md (between its
 calibration markers). A defect in a clean run, or a fault not found at its layer with its

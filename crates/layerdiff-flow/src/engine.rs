@@ -21,7 +21,7 @@ mod finish;
 pub(crate) mod group;
 pub mod memory;
 pub(crate) mod pairs;
-pub(crate) use pairs::recoded;
+pub(crate) use pairs::{quantized_codes, recoded};
 mod parts;
 pub(crate) mod plan;
 mod segment;

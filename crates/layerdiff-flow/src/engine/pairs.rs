@@ -438,7 +438,7 @@ fn judge(
 /// which read as a drift of 128 (and fed to the target, as one of 128). The values they
 /// dequantize to are compared.
 pub(crate) fn recoded(reference: DType, target: DType, value: &str) -> Option<String> {
-    let codes = |d: DType| matches!(d, DType::I8 | DType::U8 | DType::I16 | DType::U16);
+    let codes = quantized_codes;
     (codes(reference) && codes(target) && reference != target).then(|| {
         format!(
             "re-encoded: the target holds it as {} (`{value}`), the reference as {}: quantized codes on another zero point, compared where they are dequantized",
@@ -446,6 +446,11 @@ pub(crate) fn recoded(reference: DType, target: DType, value: &str) -> Option<St
             reference.name()
         )
     })
+}
+
+/// Whether values of `dtype` are quantized codes (ONNX's 8- and 16-bit integer types).
+pub(crate) fn quantized_codes(dtype: DType) -> bool {
+    matches!(dtype, DType::I8 | DType::U8 | DType::I16 | DType::U16)
 }
 
 /// Why the target value `value` cannot be this layer's output, when it cannot: a different

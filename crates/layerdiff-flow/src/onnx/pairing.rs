@@ -146,8 +146,7 @@ fn recoded(r: &GraphIndex, t: &GraphIndex, value: &str, target: &str) -> Option<
     let (ours, theirs) = (dtype(ours)?, dtype(theirs)?);
     // ONNX Runtime moves a DequantizeLinear after the Reshape it fed (and so on), which keeps
     // its name: there it reshapes the codes, not the numbers
-    let codes = |d: DType| matches!(d, DType::I8 | DType::U8 | DType::I16 | DType::U16);
-    if ours.is_float() && codes(theirs) {
+    if ours.is_float() && crate::engine::quantized_codes(theirs) {
         return Some(format!(
             "the target's node now computes on quantized codes: it holds `{target}` as {}, the reference this value as {} (an optimizer moved the dequantization past it)",
             theirs.name(),

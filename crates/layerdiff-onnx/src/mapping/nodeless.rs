@@ -12,6 +12,9 @@ pub(super) fn resolve_nodeless(
     layers: &[LayerCall],
     mut mappings: Vec<LayerMapping>,
 ) -> Vec<LayerMapping> {
+    // A file no node of which carries dynamo's scope metadata (the legacy exporter's, tf2onnx's):
+    // a quantizer's nodes carry none in a dynamo export either, so the others tell.
+    let unscoped = !graph.node.iter().any(scoped);
     // Layers without nodes of their own, in execution order so chains resolve front to back.
     for (i, layer) in layers.iter().enumerate() {
         // A functional call's mapping says all there is (see crate::functional), but for a
@@ -73,7 +76,7 @@ pub(super) fn resolve_nodeless(
             ))
         } else if let Some((p, (product, product_op))) = feeder
             .filter(|&p| layers[p].shape == layer.shape)
-            .and_then(|p| Some((p, folds_forward(graph, &mappings[p])?)))
+            .and_then(|p| Some((p, folds_forward(graph, index, unscoped, &mappings[p])?)))
         {
             // Folded into the node of the layer that fed it (the legacy exporter folds BatchNorm
             // into the preceding Conv): that node's value now holds this layer's output.
@@ -170,20 +173,24 @@ fn fusion_rule(graph: &GraphProto, mapping: &LayerMapping) -> Option<String> {
 /// The product node (its name and op) a mapped layer's value comes from, where it can hold a
 /// following layer folded into it: a node named by the legacy exporter or tf2onnx (no dynamo
 /// metadata) that is not already shared, and computes a product an affine layer (a BatchNorm at
-/// inference) can be folded into; never a Relu. `None` where it cannot.
-fn folds_forward(graph: &GraphProto, mapping: &LayerMapping) -> Option<(String, String)> {
+/// inference) can be folded into; never a Relu. In such a file (`unscoped`), seen through what
+/// a quantizer put after the product. `None` where it cannot.
+fn folds_forward(
+    graph: &GraphProto,
+    index: &GraphIndex,
+    unscoped: bool,
+    mapping: &LayerMapping,
+) -> Option<(String, String)> {
     let LayerMapping::Mapped {
         node, note: None, ..
     } = mapping
     else {
         return None;
     };
-    let scoped = |n: &crate::NodeProto| n.metadata("pkg.torch.onnx.name_scopes").is_some();
     let found = graph.node.iter().find(|n| n.display_name() == *node)?;
-    // (a quantizer's nodes carry no scope in a dynamo export either: its other nodes tell)
-    let found = match graph.node.iter().any(scoped) {
-        true => found,
-        false => quantized_product(graph, found).unwrap_or(found),
+    let found = match unscoped {
+        true => quantized_product(graph, index, found).unwrap_or(found),
+        false => found,
     };
     (!scoped(found)
         && matches!(
@@ -193,20 +200,20 @@ fn folds_forward(graph: &GraphProto, mapping: &LayerMapping) -> Option<(String, 
     .then(|| (found.display_name(), found.op_type().to_string()))
 }
 
+fn scoped(node: &crate::NodeProto) -> bool {
+    node.metadata("pkg.torch.onnx.name_scopes").is_some()
+}
+
 /// The product behind `node` in a file quantized after export, where `node` ends one: the
 /// product's value quantized and dequantized (QDQ), or an integer product's cast back, scaled
 /// and biased (ONNX Runtime's dynamic quantization: ConvInteger → Cast → Mul → Add). The
 /// product folded what followed it all the same.
 fn quantized_product<'g>(
     graph: &'g GraphProto,
+    index: &GraphIndex,
     node: &'g crate::NodeProto,
 ) -> Option<&'g crate::NodeProto> {
-    let producer = |value: &str| {
-        graph
-            .node
-            .iter()
-            .find(|n| n.output.iter().any(|o| o == value))
-    };
+    let producer = |value: &str| index.producer(value).map(|p| &graph.node[p.index]);
     // the data input: the one another node produces (a bias or a scale is an initializer)
     let fed = |n: &crate::NodeProto| n.input.iter().find_map(|i| producer(i));
     match node.op_type() {

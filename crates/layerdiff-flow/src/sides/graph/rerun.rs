@@ -350,29 +350,25 @@ impl Stored<'_> {
         let graph = self.model.graph();
         for &i in members {
             let node = &graph.node[i];
-            // the weight a quantized product reads itself (input 1): stored in blocks of a
-            // few bits, each block with its own scale, or as integers scaled after the product
-            let own = match node.op_type() {
+            // the weight a quantized product reads itself (at input `at`): stored in blocks of a
+            // few bits, each block with its own scale, as integers scaled after the product, or
+            // as integers with their scale beside them
+            let (at, own) = match node.op_type() {
                 "MatMulNBits" => {
                     let bits = node.attr_i64("bits").unwrap_or(4);
                     evidence
                         .quantized_to
                         .get_or_insert_with(|| format!("int{bits}"));
-                    Some(self.block_weight(node))
+                    (1, Some(self.block_weight(node)))
                 }
-                "MatMulInteger" | "ConvInteger" => Some(self.integer_weight(node)),
-                // ONNX Runtime's QOperator format: the codes at input 3, their scale and zero
-                // point beside them
-                "QLinearConv" | "QLinearMatMul" => node
-                    .input
-                    .get(3)
-                    .map(|w| crate::engine::evidence::dequantized_codes(self.model, w)),
-                _ => None,
-            };
-            let at = if node.op_type().starts_with("QLinear") {
-                3
-            } else {
-                1
+                "MatMulInteger" | "ConvInteger" => (1, Some(self.integer_weight(node))),
+                // ONNX Runtime's QOperator format: the codes, their scale and zero point beside
+                "QLinearConv" | "QLinearMatMul" => (
+                    3,
+                    (node.input.get(3))
+                        .map(|w| crate::engine::evidence::dequantized_codes(self.model, w)),
+                ),
+                _ => (1, None),
             };
             if let Some(own) = own {
                 if let Some((weight, half_step)) = own
