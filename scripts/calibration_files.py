@@ -49,6 +49,11 @@ FAULTS = [
     # an int8 weight's codes ×1.03 in a file quantized with int8 activations (QDQ), which ONNX
     # Runtime at opt=all fuses into a QLinearConv reading the codes, its activations in uint8
     ("resnet18 static int8", "file", "ort:opt=all", "layer2.1.bn1", "weight_mismatch"),
+    # an activation's range ten times too narrow in the same file (a calibration that never
+    # reached what the model computes there): a third of its values clipped, as written and
+    # where ONNX Runtime runs the QDQ pairs as uint8 integer kernels
+    ("resnet18 narrow range", "file", "ort", "layer2.0.relu", "quantization_range"),
+    ("resnet18 narrow range", "file", "ort:opt=all", "layer2.0.relu", "quantization_range"),
     # no fault planted: tract's Erf, an approximation within every tolerance, at an MLP's
     # small activations (tests/builders/approximations.py), on the default `layerdiff onnx`
     # target
@@ -148,6 +153,21 @@ def int8_codes(node: str, factor: float):
     return edit
 
 
+def activation_range(value: str, factor: float):
+    """An edit of a statically quantized (QDQ) file: the scale the QuantizeLinear of the
+    activation `value` shares with its DequantizeLinear multiplied by `factor` (below 1: its
+    range too narrow, as a calibration set that never reached what the model computes there
+    makes it)."""
+
+    def edit(model) -> None:
+        quantize = next(
+            n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == value
+        )
+        scaled(quantize.input[1], factor)(model)
+
+    return edit
+
+
 # how each `file` fault makes and edits its model's file: (the model, its exporter, which of
 # ONNX Runtime's quantizers quantizes the export first, if one does: `dynamic` or `static`
 # (int8 QDQ), the edit): a LayerNorm's epsilon, a Gemm's alpha, a constant the exporter
@@ -165,6 +185,10 @@ EDITS = {
     "bert dynamic int8": ("bert", "dynamo", "dynamic", dynamic_scale(2, 1.3)),
     "resnet18 static int8": (
         "resnet18", "legacy", "static", int8_codes("/layer2/layer2.1/conv1/Conv", 1.03),
+    ),
+    "resnet18 narrow range": (
+        "resnet18", "legacy", "static",
+        activation_range("/layer2/layer2.0/relu/Relu_output_0", 0.1),
     ),
     "approximations": ("approximations", "dynamo", None, lambda model: None),
 }  # fmt: skip

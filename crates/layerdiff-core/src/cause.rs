@@ -99,6 +99,21 @@ pub struct Evidence {
     /// narrower dtype (OpenVINO's bfloat16 inference precision), and how, in words: the
     /// values the target is measured against carry that rounding.
     pub reference_lowered: Option<(DType, String)>,
+    /// The grid the target quantizes one of the group's values to (its output, or a graph
+    /// input it reads) that clips the largest share of the reference's values of it.
+    pub clipped: Option<Clipped>,
+}
+
+/// A grid the target quantizes a value to, with the reference's values of it counted against
+/// its range.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Clipped {
+    /// The value, in words (`this layer`, `` the input `input.1` ``).
+    pub what: String,
+    /// The target's node that quantizes it (its QuantizeLinear).
+    pub node: String,
+    /// The grid, its clipped elements counted.
+    pub grid: crate::Quantization,
 }
 
 impl Evidence {

@@ -44,8 +44,8 @@ pub use baseline::{
 };
 pub use bisect::{Bisection, BisectionCheck, OpaqueSearch, RangeTried, smallest_set};
 pub use cause::{
-    Cause, Evidence, FileDifference, attributes_differ, explain, precision_grid, quantizing_op,
-    unseen_differences, weights_fix,
+    Cause, Clipped, Evidence, FileDifference, attributes_differ, explain, precision_grid,
+    quantizing_op, unseen_differences, weights_fix,
 };
 pub use compare::{
     Judge, PERCENTILE_RESOLUTION, Rounding, Stats, THRESHOLDS, Worst, compare, compare_judged,

@@ -107,6 +107,30 @@ impl Quantization {
         self.elements > 0 && self.saturated as f64 > SATURATION_LIMIT * self.elements as f64
     }
 
+    /// Counts the elements of `reference` (what the model computes here) that lie outside
+    /// the grid's range by more than half a step: the values it clips.
+    pub fn count_outside(&mut self, reference: TensorView<'_>) {
+        let (lo, hi) = self.range();
+        let half = self.scale / 2.0;
+        let n = reference.numel();
+        self.saturated = (0..n)
+            .map(|i| reference.get_f64(i))
+            .filter(|v| v.is_finite() && (*v < lo - half || *v > hi + half))
+            .count() as u64;
+        self.elements = n as u64;
+    }
+
+    /// What the grid clips of the reference's values of `what`, in words.
+    pub fn clips(&self, what: &str) -> String {
+        format!(
+            "{} of the reference's {} values of {what} ({:.1}%) lie outside the range of its grid {}: the range calibrated for this value is too narrow for what the model computes here, and the target clips them",
+            self.saturated,
+            self.elements,
+            100.0 * self.saturated as f64 / self.elements.max(1) as f64,
+            self.describe()
+        )
+    }
+
     /// The grid in words: `int8 (scale 1.9e-2, zero point 0, range [-2.5, 2.5])`.
     pub fn describe(&self) -> String {
         let (lo, hi) = self.range();
@@ -144,17 +168,15 @@ pub fn assess_quantized(
             ));
         }
     }
-    let (mut t, mut x, mut w, mut y) = (vec![0.0; n], vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+    let (mut t, mut x, mut w) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
     crate::dtype::decode(target.dtype, target.bytes, &mut t);
     crate::dtype::decode(exact.dtype, exact.bytes, &mut x);
     crate::dtype::decode(ideal.dtype, ideal.bytes, &mut w);
-    crate::dtype::decode(reference.dtype, reference.bytes, &mut y);
-    let (lo, hi) = grid.range();
     let step = grid.scale;
     let (mut base_max, mut base_sum, mut own_max, mut own_sum, mut own_sq) =
         (0.0f64, 0.0, 0.0f64, 0.0, 0.0);
-    let outside = |v: f64| v < lo - step / 2.0 || v > hi + step / 2.0;
-    let saturated = y.iter().filter(|&&v| v.is_finite() && outside(v)).count() as u64;
+    grid.count_outside(reference);
+    let saturated = grid.saturated;
     for ((&t, &x), &w) in t.iter().zip(&x).zip(&w) {
         if !(t.is_finite() && x.is_finite() && w.is_finite()) {
             continue;
@@ -170,8 +192,6 @@ pub fn assess_quantized(
     let count = n.max(1) as f64;
     let allowed_max = base_max + QUANTIZED_MAX_STEPS * step;
     let allowed_mean = base_sum / count + QUANTIZED_MEAN_STEPS * step;
-    grid.saturated = saturated;
-    grid.elements = n as u64;
     grid.rms_steps = (own_sq / count).sqrt() / step;
     Ok(Baseline {
         grid: grid.dtype.clone(),

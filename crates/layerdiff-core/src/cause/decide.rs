@@ -66,6 +66,19 @@ fn decide_cause(layer: &Layer, e: &Evidence, is_source: bool) -> (Cause, String,
     if let Some(grid) = &layer.quantization {
         return quantized(layer, grid, layer.baseline.as_ref(), e);
     }
+    // a range that clips much of what the model computes, whatever the kernel does on it
+    if let Some(clipped) = e.clipped.as_ref().filter(|c| c.grid.too_narrow()) {
+        let own = layer.local.as_ref().or(layer.accumulated.as_ref());
+        return (
+            Cause::QuantizationRange,
+            format!(
+                "{} (its own error is up to {:.3e})",
+                clipped.grid.clips(&clipped.what),
+                own.map_or(0.0, |s| s.max_abs_diff)
+            ),
+            Finding::Defect,
+        );
+    }
     let lower = layer
         .target_dtype
         .as_deref()

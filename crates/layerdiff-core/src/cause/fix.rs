@@ -16,6 +16,12 @@ pub(super) fn fix(cause: Cause, layer: &Layer, e: &Evidence) -> String {
     // the layer (its Relu reads no weight)
     let nodes = if cause == Cause::WeightMismatch && !e.weight_readers.is_empty() {
         e.weight_readers.clone()
+    } else if let Some(c) = e
+        .clipped
+        .as_ref()
+        .filter(|_| cause == Cause::QuantizationRange)
+    {
+        vec![c.node.clone()]
     } else {
         layer
             .location

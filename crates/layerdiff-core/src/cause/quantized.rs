@@ -16,15 +16,7 @@ pub(super) fn quantized(
         .local
         .as_ref()
         .map_or((0.0, 0.0), |s| (s.max_abs_diff, s.mean_abs_diff));
-    let clipped = || {
-        format!(
-            "{} of the reference's {} values here ({:.1}%) lie outside the range of its grid {}: the range calibrated for this value is too narrow for what the model computes here, and the target clips them",
-            grid.saturated,
-            grid.elements,
-            100.0 * grid.saturated as f64 / grid.elements.max(1) as f64,
-            grid.describe()
-        )
-    };
+    let clipped = || grid.clips("this layer");
     let Some(b) = b else {
         // no ideal to hold the kernel to: the range and the steps still speak
         let why = layer

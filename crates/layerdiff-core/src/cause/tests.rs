@@ -431,3 +431,50 @@ fn a_layer_that_exceeds_with_what_it_inherits_is_judged_on_its_own_error() {
         "{detail}"
     );
 }
+
+#[test]
+fn a_range_that_clips_much_of_what_the_model_computes_is_the_defect_not_its_rounding() {
+    // A QDQ layer (no float baseline models its quantization): its grid counted against the
+    // reference's values. A third of them clipped is a calibration defect, named at the node
+    // that quantizes; a few outliers clipped are the quantization's rounding.
+    let judged = |saturated: u64| {
+        let mut layers = vec![layer(0, 3.0, Some(3.0), &["x"])];
+        layers[0].baseline_reason = Some("the target quantizes it".to_string());
+        let mut grid = crate::Quantization::new("int8", 1.5e-3, -128).unwrap();
+        (grid.saturated, grid.elements) = (saturated, 1000);
+        let e = Evidence {
+            ops: vec!["QuantizeLinear".into(), "DequantizeLinear".into()],
+            clipped: Some(Clipped {
+                what: "this layer".into(),
+                node: "relu_QuantizeLinear".into(),
+                grid,
+            }),
+            ..Evidence::default()
+        };
+        let mut summary = analyse(&mut layers, Tolerance::PerDtype);
+        explain(&mut layers, &[e], &mut summary);
+        summary
+    };
+    let clipped = judged(355);
+    let [defect] = &clipped.defects[..] else {
+        panic!("{:?}", clipped.defects)
+    };
+    assert_eq!(defect.cause, Cause::QuantizationRange);
+    assert!(
+        defect
+            .detail
+            .starts_with("355 of the reference's 1000 values of this layer (35.5%)"),
+        "{}",
+        defect.detail
+    );
+    assert!(
+        defect
+            .fix
+            .starts_with("the target's node(s) `relu_QuantizeLinear` clip(s)"),
+        "{}",
+        defect.fix
+    );
+    let outliers = judged(3);
+    assert!(outliers.defects.is_empty(), "{:?}", outliers.defects);
+    assert_eq!(outliers.verdict, Verdict::Precision);
+}

@@ -119,6 +119,10 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             if let Some((r, t)) = held.pair(i) {
                 self.evidence[i] = Evidence::from_values(layer, r.view(), t.view());
             }
+            if let Some(recompute) = self.target.recompute() {
+                let group = self.groups[i].as_ref().and_then(|g| g.as_ref().ok());
+                self.evidence[i].clipped = held.clipped(recompute, group, i);
+            }
         }
         self.clock.lap("analysis and causes", OWN);
         if exceeding {

@@ -170,6 +170,17 @@ pub struct Own {
     pub slack: Option<Tensor>,
 }
 
+/// A value a side quantizes: its name, the side's node that quantizes it, and the grid.
+#[derive(Debug, Clone)]
+pub struct QuantizedValue {
+    /// The value's name on the side.
+    pub value: String,
+    /// The node that quantizes it.
+    pub node: String,
+    /// The grid it quantizes it to.
+    pub grid: layerdiff_core::Quantization,
+}
+
 /// Re-runs a group of a side's own computation on given values: what local error, and the
 /// evidence behind a cause, are built on.
 pub trait Recompute {
@@ -201,6 +212,12 @@ pub trait Recompute {
     }
     /// The group's members in the side's own terms, in order.
     fn members(&self, group: &Group) -> Vec<Member>;
+    /// The values the side quantizes (ONNX's QuantizeLinear) whose reference values its grid
+    /// is counted against: `value` itself where the side holds it on a grid, and each graph
+    /// input `group` (where known) quantizes.
+    fn grids(&self, _group: Option<&Group>, _value: &str) -> Vec<QuantizedValue> {
+        Vec::new()
+    }
     /// `value` computed exactly (float64) by `group` as the side's own file writes it, on
     /// `feed`'s values rounded to `grid` or as held, its weights rounded to `grid` (`None`: the
     /// side has no such computation, or the flow did not ask for it).

@@ -19,7 +19,7 @@ use layerdiff_core::{
 use crate::Result;
 use crate::engine::evidence::{WeightCheck, WeightCheckFn};
 use crate::engine::plan::{Part, PlanSide};
-use crate::engine::side::{Group, Member, Receive, Recompute, Side};
+use crate::engine::side::{Group, Member, QuantizedValue, Receive, Recompute, Side};
 use crate::timings::Stopwatch;
 
 /// The permutation that takes a channels-first value to channels-last (`[0, 2, 3, 1]` for a
@@ -250,6 +250,11 @@ impl<S: Side> Recompute for RelaidSide<S> {
     }
     fn members(&self, group: &Group) -> Vec<Member> {
         self.inner().map(|r| r.members(group)).unwrap_or_default()
+    }
+    fn grids(&self, group: Option<&Group>, value: &str) -> Vec<QuantizedValue> {
+        self.inner()
+            .map(|r| r.grids(group, value))
+            .unwrap_or_default()
     }
     fn group_evidence(
         &self,

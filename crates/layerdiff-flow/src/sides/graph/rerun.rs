@@ -9,7 +9,7 @@ use layerdiff_core::{DType, Evidence, Tensor};
 use layerdiff_onnx::{NodeExt, extract_nodes, group_of_at_most, local_group};
 
 use crate::engine::evidence::{WeightCheckFn, node_member};
-use crate::engine::side::{Group, Member, Recompute};
+use crate::engine::side::{Group, Member, QuantizedValue, Recompute};
 use crate::sides::graph::GraphSide;
 
 mod lowered;
@@ -26,6 +26,10 @@ impl Recompute for GraphSide {
 
     fn take_time(&self) -> Duration {
         GraphSide::take_time(self)
+    }
+
+    fn grids(&self, group: Option<&Group>, value: &str) -> Vec<QuantizedValue> {
+        self.quantized_grids(group, value)
     }
 
     fn members(&self, group: &Group) -> Vec<Member> {

@@ -4,7 +4,7 @@
 use layerdiff_core::{DType, Tensor};
 use layerdiff_onnx::NodeExt;
 
-use crate::engine::side::Group;
+use crate::engine::side::{Group, QuantizedValue};
 use crate::sides::graph::GraphSide;
 
 impl GraphSide {
@@ -129,5 +129,70 @@ impl GraphSide {
             "the target quantizes inside this layer (node `{}`): to {to}{scale}{zero}; each value moves by up to half a scale step",
             node.display_name()
         )
+    }
+}
+
+impl GraphSide {
+    /// The grids this graph quantizes values to (see `Recompute::grids`): `value`'s, where a
+    /// DequantizeLinear makes it of what a QuantizeLinear rounded; and each graph input a
+    /// QuantizeLinear of `group` reads. Another value a QuantizeLinear reads is not counted:
+    /// where the quantizer removed a Relu, the QuantizeLinear reads the value before it and
+    /// its range, starting at zero, does the Relu's clipping.
+    pub(in crate::sides::graph) fn quantized_grids(
+        &self,
+        group: Option<&Group>,
+        value: &str,
+    ) -> Vec<QuantizedValue> {
+        let graph = self.model.graph();
+        let node_of = |name: &str| {
+            let info = self.index.producer(name)?;
+            Some(&graph.node[info.index])
+        };
+        let mut grids = Vec::new();
+        if let Some(dequantize) = node_of(value).filter(|n| n.op_type() == "DequantizeLinear")
+            && let Some(quantize) = dequantize
+                .input
+                .first()
+                .and_then(|x| node_of(x))
+                .filter(|n| n.op_type() == "QuantizeLinear")
+            && let Some(grid) = self.grid_of(quantize)
+        {
+            grids.push(QuantizedValue {
+                value: value.to_string(),
+                node: quantize.display_name(),
+                grid,
+            });
+        }
+        let is_graph_input = |name: &str| {
+            !self.index.is_initializer(name) && graph.input.iter().any(|i| i.name() == name)
+        };
+        for &i in group.map_or(&[][..], |g| &g.members[..]) {
+            let node = &graph.node[i];
+            if node.op_type() == "QuantizeLinear"
+                && let Some(input) = node.input.first().filter(|x| is_graph_input(x))
+                && let Some(grid) = self.grid_of(node)
+            {
+                grids.push(QuantizedValue {
+                    value: input.clone(),
+                    node: node.display_name(),
+                    grid,
+                });
+            }
+        }
+        grids
+    }
+
+    /// The grid a QuantizeLinear rounds to, where it has one scale and zero point the file
+    /// stores (its zero point's type; uint8 without one).
+    fn grid_of(&self, node: &layerdiff_onnx::NodeProto) -> Option<layerdiff_core::Quantization> {
+        let read = |position: usize| {
+            let name = node.input.get(position).filter(|n| !n.is_empty())?;
+            self.model.initializer(name)?.ok()
+        };
+        let scale = read(1).filter(|s| s.view().numel() == 1)?;
+        let zero = read(2);
+        let dtype = zero.as_ref().map_or("uint8", |z| z.dtype.name());
+        let zero_point = zero.map_or(0.0, |z| z.view().get_f64(0));
+        layerdiff_core::Quantization::new(dtype, scale.view().get_f64(0), zero_point as i64).ok()
     }
 }
