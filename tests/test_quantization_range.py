@@ -82,3 +82,22 @@ def test_every_door_says_the_narrow_calibration_is_a_defect(calibrated, tmp_path
     run = run_cli("check", RESNET160, "--onnx", str(calibrated["narrow"]), "--exporter", "legacy")
     assert run.returncode == 1, run.stdout + run.stderr
 
+
+def test_check_holds_a_quantized_file_to_the_bound_alone_and_says_why(calibrated, tmp_path):
+    """Held to float32's rounding, every int8 file "computes something else" by the float64
+    truth (75000× as far as PyTorch), which `layerdiff torch` calls int8 rounding. A quantized
+    file's distance is its quantization's, which the whole output cannot tell from a defect:
+    the bound judges it, the line says so and names the per-layer run. Within a bound wide
+    enough for its quantization the well calibrated file passes and the narrow one fails."""
+    out = tmp_path / "check.json"
+    check = ("check", RESNET160, "--exporter", "legacy", "--json", str(out), "--onnx")
+    result = run_cli(*check, str(calibrated["fit"]))
+    assert result.returncode == 1, result.stdout + result.stderr
+    (output,) = json.loads(out.read_text())["outputs"]
+    assert output["float64"]["grid"] == "int8" and not output["float64"]["beyond"], output
+    assert "computes something else" not in result.stdout, result.stdout
+    assert "the file quantizes to int8: float32's rounding does not bound" in result.stdout
+    assert f"`layerdiff torch {RESNET160} --onnx FILE` does, layer by layer" in result.stdout
+    loose = ("--atol", "0.5", "--rtol", "0")
+    assert run_cli(*check, str(calibrated["fit"]), *loose).returncode == 0
+    assert run_cli(*check, str(calibrated["narrow"]), *loose).returncode == 1

@@ -43,13 +43,16 @@ pub struct TruthCheck {
     pub target_mean_abs_diff: f64,
     /// The target's distance as a multiple of the reference's (at least one rounding of the
     /// output's mean magnitude in the reference's dtype), scaled to the target's `grid` where
-    /// it computes in a narrower one.
+    /// it computes in a narrower float one (not where it quantizes).
     #[serde(serialize_with = "floats::float")]
     pub multiple: f64,
-    /// Beyond [`OUTPUT_ROUNDING_FACTOR`]: the target computes something else.
+    /// Beyond [`OUTPUT_ROUNDING_FACTOR`]: the target computes something else. Never for a
+    /// target that quantizes: the bound alone judges it.
     pub beyond: bool,
     /// The narrower dtype the target computes in, where it says so (OpenVINO's bfloat16
-    /// inference precision): its rounding is what the target's distance is held to.
+    /// inference precision, a float16 file): its rounding is what the target's distance is
+    /// held to; or the integer type a quantized file quantizes to, whose distance the
+    /// whole output cannot tell from a defect's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grid: Option<String>,
     /// Beyond rounding while every element is within the bound, where the file is the
@@ -80,16 +83,19 @@ impl TruthCheck {
             d.mantissa_bits()
                 .map_or(0.0, |b| 2f64.powi(-(b as i32) - 1))
         };
+        // a quantized file's distance is its quantization's, which no float grid bounds
+        let quantized = grid.filter(|g| !g.is_float());
         let grid = grid.filter(|g| g.narrower_than(reference.dtype));
         let scale = grid.map_or(1.0, |g| unit(g) / unit(reference.dtype));
         let floor = (r.max(unit(reference.dtype) * magnitude)).max(f64::MIN_POSITIVE) * scale;
         let multiple = t / floor;
+        let beyond = multiple > OUTPUT_ROUNDING_FACTOR || (t.is_nan() && !r.is_nan());
         Ok(Self {
             reference_mean_abs_diff: r,
             target_mean_abs_diff: t,
             multiple,
-            beyond: multiple > OUTPUT_ROUNDING_FACTOR || (t.is_nan() && !r.is_nan()),
-            grid: grid.map(|g| g.name().to_string()),
+            beyond: beyond && quantized.is_none(),
+            grid: quantized.or(grid).map(|g| g.name().to_string()),
             approximates: false,
         })
     }
@@ -305,11 +311,16 @@ pub fn to_text(report: &CheckReport) -> String {
     );
     // an output beyond the bound by the narrower dtype's rounding says why, with the how, in
     // its own sentence; otherwise the narrowing is said once here
+    let on_integers = |f: &TruthCheck| {
+        (f.grid.as_deref())
+            .and_then(|g| DType::from_name(g).ok())
+            .is_some_and(|d| !d.is_float())
+    };
     let narrowed_fails = |o: &OutputCheck| {
         let beyond = o.stats.rounding.as_ref().map_or(0, |r| r.beyond_tolerance);
         o.float64
             .as_ref()
-            .is_some_and(|f| !f.beyond && f.grid.is_some() && beyond > 0)
+            .is_some_and(|f| !f.beyond && f.grid.is_some() && !on_integers(f) && beyond > 0)
     };
     out.push_str(&file::to_text(&report.file_differs));
     if let Some(how) = &report.narrowed
@@ -343,7 +354,13 @@ pub fn to_text(report: &CheckReport) -> String {
             ));
         }
         if let Some(f) = &o.float64 {
-            let said = if f.approximates {
+            let said = if on_integers(f) {
+                format!(
+                    "the file quantizes to {}: float32's rounding does not bound its distance, and the whole output cannot tell its quantization from a defect (a range too narrow, a weight off): `layerdiff torch {} --onnx FILE` does, layer by layer",
+                    f.grid.as_deref().unwrap_or_default(),
+                    report.model
+                )
+            } else if f.approximates {
                 "beyond the rounding of the same computation, within the bound: the runtime's kernels approximate here, an approximation and no defect (the file is the model's own computation; `layerdiff onnx FILE --target …` names the op)".to_string()
             } else if f.beyond {
                 format!(
@@ -366,7 +383,7 @@ pub fn to_text(report: &CheckReport) -> String {
             } else {
                 "rounding".to_string()
             };
-            let (far, narrower) = match &f.grid {
+            let (far, narrower) = match f.grid.as_ref().filter(|_| !on_integers(f)) {
                 Some(g) => (
                     f.target_mean_abs_diff / f.reference_mean_abs_diff.max(f64::MIN_POSITIVE),
                     format!(

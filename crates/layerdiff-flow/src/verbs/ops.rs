@@ -198,18 +198,63 @@ pub fn narrowing(runtime: &str) -> Result<Option<layerdiff_runtime::ReducedMath>
     Ok(built(runtime)?.reduced_math())
 }
 
-/// The narrower dtype `runtime` computes the float32 ONNX model `model` (its bytes) in, where
-/// it narrows one of its ops (OpenVINO's bfloat16 inference precision), and how, in words (who,
-/// and how to turn it off): what `layerdiff check` holds the target's outputs to.
+/// The narrower dtype `runtime` computes the ONNX model `model` (its bytes) in, and how, in
+/// words: the runtime's own narrowing of a float32 file's ops (OpenVINO's bfloat16 inference
+/// precision: who, and how to turn it off), else the file's own precision (the integers it
+/// quantizes to, the float16 or bfloat16 it stores weights or casts to). What `layerdiff
+/// check` holds the target's outputs to.
 pub fn computes_in(model: &[u8], runtime: &str) -> Result<Option<(DType, String)>> {
-    let Some(reduced) = narrowing(runtime)? else {
-        return Ok(None);
-    };
     let model = Model::from_bytes(model, Path::new("model"), None)?;
-    let grid = reduced.grid.filter(|g| g.narrower_than(DType::F32));
-    Ok(grid
-        .filter(|_| model.has_op(reduced.ops))
-        .map(|g| (g, reduced.how)))
+    if let Some(reduced) = narrowing(runtime)?
+        && let Some(grid) = reduced.grid.filter(|g| g.narrower_than(DType::F32))
+        && model.has_op(reduced.ops)
+    {
+        return Ok(Some((grid, reduced.how)));
+    }
+    Ok(file_computes_in(&model))
+}
+
+/// The precision a file computes in below float32 by itself: the integer type it quantizes to
+/// (its first QuantizeLinear's zero point's, else int8), or the narrowest float type of its
+/// weights and casts; and how, in words.
+fn file_computes_in(model: &Model) -> Option<(DType, String)> {
+    use layerdiff_onnx::NodeExt;
+
+    let graph = model.graph();
+    let mut quantizing: Vec<&str> = Vec::new();
+    for op in graph.node.iter().map(|n| n.op_type()) {
+        if layerdiff_core::quantizing_op(op) && !quantizing.contains(&op) {
+            quantizing.push(op);
+        }
+    }
+    if !quantizing.is_empty() {
+        let zero_point = (graph.node.iter())
+            .filter(|n| n.op_type() == "QuantizeLinear")
+            .find_map(|n| {
+                graph
+                    .initializer
+                    .iter()
+                    .find(|t| Some(t.name()) == n.input.get(2).map(String::as_str))
+            })
+            .and_then(|t| DType::from_onnx_code(t.data_type()).ok());
+        let grid = zero_point.unwrap_or(DType::I8);
+        return Some((
+            grid,
+            format!("the file quantizes ({})", quantizing.join(", ")),
+        ));
+    }
+    let casts = (graph.node.iter())
+        .filter(|n| n.op_type() == "Cast")
+        .filter_map(|n| i32::try_from(n.attr_i64("to").ok()?).ok());
+    let narrowest = (graph.initializer.iter().map(|t| t.data_type()))
+        .chain(casts)
+        .filter_map(|code| DType::from_onnx_code(code).ok())
+        .filter(|d| d.narrower_than(DType::F32))
+        .min_by_key(|d| d.mantissa_bits())?;
+    Some((
+        narrowest,
+        format!("the file stores weights or casts values in {narrowest}"),
+    ))
 }
 
 /// The dtype a backend that narrows as `reduced` says computes a cell of `dtype` in, whose
