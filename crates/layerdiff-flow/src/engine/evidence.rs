@@ -7,6 +7,7 @@ use rayon::prelude::*;
 
 use crate::engine::group::{COMPARED_TENSOR, Member, tensor_change};
 
+mod clipped;
 mod codes;
 mod weight;
 
