@@ -6,7 +6,6 @@ values a defect upstream pushed out of range stay that defect's."""
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 from conftest import ROOT, run_cli
@@ -14,16 +13,10 @@ from conftest import ROOT, run_cli
 torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
 
+from builders.zoo import resnet18_160  # noqa: E402
 from layerdiff.torch import _precision, compare_torch_onnx, export_onnx  # noqa: E402
 
 RESNET160 = f"{ROOT}/tests/builders/zoo.py:resnet18_160"
-
-
-def resnet18_160():
-    sys.path.insert(0, str(ROOT / "tests"))
-    from builders.zoo import resnet18_160
-
-    return resnet18_160()
 
 
 @pytest.fixture(scope="module")
