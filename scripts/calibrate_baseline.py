@@ -478,9 +478,9 @@ def main(argv: list[str] | None = None) -> int:
         jobs = calibration_table.again(jobs, lines)
     todo = [job for job in jobs if job[0] != "kept"]
     if args.executor == "ray":
-        from layerdiff.torch._ops import _executor
+        from layerdiff._executor import mapped
 
-        with _executor("ray", len(todo)) as run_all:
+        with mapped("ray", len(todo)) as run_all:
             results = iter(run_all(evaluate, todo))
     else:
         results = (evaluate(job) for job in todo)  # one after another, each printed as it ends

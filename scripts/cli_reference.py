@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-VERBS = [[], ["torch"], ["keras"], ["onnx"], ["reduce"]]
+VERBS = [[], ["torch"], ["keras"], ["onnx"], ["reduce"], ["sweep"]]
 
 
 def render() -> str:

@@ -9,8 +9,11 @@ calibrate` runs the whole corpus."""
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from conftest import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,3 +72,20 @@ def test_again_runs_only_the_rows_that_broke_or_were_missed(tmp_path):
     assert again == [("kept", rows[0]), *jobs[1:]]
     calibration_table.write("\n".join([*header, rows[0]]), doc)
     assert doc.read_text() == "\n".join(["text", begin, *header, rows[0], end, "after", ""])
+
+
+@pytest.mark.thorough  # the quick subset twice; Ray starts in seconds
+def test_the_quick_subset_on_ray_reads_the_rows_it_reads_in_process():
+    """`--executor ray` sends each row to a Ray task (layerdiff._executor): the same rows, in
+    the same order, as one after another here (each row's time left out)."""
+    script = [sys.executable, str(ROOT / "scripts" / "calibrate_baseline.py"), "--quick"]
+    here = subprocess.run([*script, "--no-write"], capture_output=True, text=True, cwd=ROOT)
+    ray = subprocess.run(
+        [*script, "--no-write", "--executor", "ray"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert here.returncode == 0 and ray.returncode == 0, here.stdout + ray.stdout + ray.stderr
+
+    def rows(out: str) -> list[str]:
+        return [line.rsplit("|", 2)[0] for line in out.splitlines() if line.startswith("| ")]
+
+    assert rows(ray.stdout) == rows(here.stdout) and rows(here.stdout), ray.stdout

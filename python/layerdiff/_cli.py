@@ -70,7 +70,7 @@ def _run(verb: str, module: str, function: str, framework: str, extra: str, comm
     same Rust functions as the ONNX verbs'."""
     import importlib
 
-    if verb != "zoo":  # the import takes seconds: the log says what it waits for
+    if verb not in ("zoo", "sweep"):  # the import takes seconds: the log says what it waits for
         _layerdiff.progress_phase(f"loading {framework}")
     try:
         with _signals_deferred():  # PyTorch's and TensorFlow's imports run Python from C++

@@ -35,6 +35,8 @@ mod keras;
 pub use keras::KerasArgs;
 mod reduce;
 pub use reduce::{Recorded, ReduceArgs};
+mod sweep;
+pub use sweep::SweepArgs;
 
 /// A choice (`--exporter`, `--loss`, `--executor`…) as the command line spells it: the one
 /// spelling Python receives too.
@@ -144,6 +146,15 @@ pub enum Command {
     /// Exit code 0: a repro written and checked; 1: none (a clean run, drift that only
     /// accumulates, or not shown within --nodes), said why; 2: layerdiff could not run.
     Reduce(ReduceArgs),
+    /// Run `layerdiff torch` for every model × target (× precision × batch size), each run in a
+    /// process of its own, here (`--jobs`) or as Ray tasks (`--executor ray`), and write one
+    /// index of their verdicts (index.json, index.md, index.html), each row linking to its run's
+    /// reports. A run whose process dies (killed, out of memory, a lost node) is tried once
+    /// more, then listed as failed; nothing else is lost.
+    ///
+    /// Exit code 0: every run is clean or rounding only; 1: a run has a defect (as `--fail-on`
+    /// says), could not run or failed; 2: no run could start.
+    Sweep(SweepArgs),
 }
 
 impl Command {
@@ -160,6 +171,7 @@ impl Command {
             Self::Check(_) => "check",
             Self::Zoo => "zoo",
             Self::Reduce(_) => "reduce",
+            Self::Sweep(_) => "sweep",
         }
     }
 
@@ -181,6 +193,7 @@ impl Command {
             Self::Providers(a) => vec![Some(a.model.clone()), a.input.inputs.clone()],
             Self::Audit(a) => vec![Some(a.model.clone()), a.input.inputs.clone()],
             Self::Reduce(a) => vec![Some(a.report.clone())],
+            Self::Sweep(a) => a.models.iter().map(|m| spec(m)).collect(),
             Self::Ops(_) | Self::Zoo => Vec::new(),
         };
         if let Self::Onnx(a) = self {
@@ -209,6 +222,7 @@ impl Command {
             Self::Audit(a) => vec![a.table.out.clone()],
             Self::Ops(a) => vec![a.table.out.clone()],
             Self::Reduce(a) => vec![a.out.clone()],
+            Self::Sweep(a) => vec![Some(a.out.clone())],
             Self::Check(_) | Self::Zoo => Vec::new(),
         };
         folders.into_iter().flatten().collect()
@@ -234,6 +248,7 @@ impl Command {
                 quiet: a.quiet,
                 ..Default::default()
             }),
+            Self::Sweep(a) => Some(a.destinations()),
             Self::Zoo => None,
         }
     }
@@ -267,6 +282,8 @@ pub enum PythonVerb {
     Zoo,
     /// `check`.
     Check(CheckArgs),
+    /// `sweep`.
+    Sweep(SweepArgs),
 }
 
 impl PythonVerb {
@@ -281,6 +298,7 @@ impl PythonVerb {
             Self::Ops(_) => ("layerdiff.torch._ops", "run_command"),
             Self::Check(_) => ("layerdiff.torch._check", "run_command"),
             Self::Zoo => ("layerdiff.torch.models", "zoo_command"),
+            Self::Sweep(_) => ("layerdiff.sweep", "run_command"),
         }
     }
 
@@ -293,6 +311,7 @@ impl PythonVerb {
             Self::Ops(_) => "ops",
             Self::Zoo => "zoo",
             Self::Check(_) => "check",
+            Self::Sweep(_) => "sweep",
         }
     }
 
@@ -392,6 +411,7 @@ pub fn dispatch(argv: Vec<OsString>) -> Dispatched {
         Command::Ops(a) => return python(PythonVerb::Ops(a)),
         Command::Zoo => return python(PythonVerb::Zoo),
         Command::Check(a) => return python(PythonVerb::Check(a)),
+        Command::Sweep(a) => return python(PythonVerb::Sweep(a)),
         Command::Reduce(a) => return reduce::run(&a),
     };
     Dispatched::Exit(code)

@@ -12,3 +12,4 @@ pub mod onnx;
 pub mod ops;
 pub mod providers;
 pub mod reduce;
+pub mod sweep;

@@ -123,9 +123,10 @@ pub(crate) fn deliver_check(
     .map_err(to_py_err)
 }
 
-/// The narrower dtype `runtime` computes the ONNX model `model` (its bytes) in, where it
-/// narrows one of its ops (OpenVINO's bfloat16 inference precision), by name, and how in words;
-/// `None` where it computes as the file says.
+/// The narrower dtype `runtime` computes the ONNX model `model` (its bytes) in, by name, and
+/// how in words: where it narrows one of its ops (OpenVINO's bfloat16 inference precision),
+/// else the file's own (a float16 file's float16, a quantized file's integers); `None` where
+/// it computes in float32.
 #[pyfunction]
 #[pyo3(signature = (model, runtime))]
 pub(crate) fn runtime_computes_in(

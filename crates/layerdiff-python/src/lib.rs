@@ -14,6 +14,7 @@ mod options;
 mod report;
 mod repro;
 mod spelling;
+mod sweep;
 mod tensors;
 
 use std::path::PathBuf;
@@ -254,6 +255,8 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(model_inputs, m)?)?;
     m.add_class::<ops::OpsCommand>()?;
     m.add_class::<check::CheckCommand>()?;
+    m.add_class::<sweep::SweepCommand>()?;
+    m.add_function(wrap_pyfunction!(sweep::deliver_sweep, m)?)?;
     m.add_function(wrap_pyfunction!(check::deliver_check, m)?)?;
     m.add_function(wrap_pyfunction!(check::runtime_computes_in, m)?)?;
     m.add_function(wrap_pyfunction!(op_matrix::runtime_narrowing, m)?)?;

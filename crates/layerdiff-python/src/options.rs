@@ -368,6 +368,7 @@ pub(crate) fn parse_cli(
         PythonVerb::Keras(a) => made(Command::keras(a, invocation))?,
         PythonVerb::Check(a) => Ok(Py::new(py, crate::check::CheckCommand::new(a))?.into_any()),
         PythonVerb::Ops(a) => Ok(Py::new(py, crate::ops::OpsCommand::new(a))?.into_any()),
+        PythonVerb::Sweep(a) => Ok(Py::new(py, crate::sweep::SweepCommand::new(a))?.into_any()),
         PythonVerb::Zoo => Ok(py.None()),
     };
     let command = match command {

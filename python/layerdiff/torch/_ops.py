@@ -9,18 +9,17 @@ task), and runs the cells in this process, in a pool of processes, or as Ray tas
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import functools
 import os
 import sys
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
 from layerdiff import _layerdiff
+from layerdiff._executor import mapped
 from layerdiff.torch._op_cases import CASES, Case
 from layerdiff.torch._op_cell import (
     DTYPES,
@@ -154,49 +153,6 @@ def _export_task(args: tuple) -> dict:
     return export_case(*args)
 
 
-def _executor(kind: str, jobs: int):
-    """`map(function, items)` on the chosen executor, in order."""
-    if kind == "ray":
-        try:
-            import ray
-        except ImportError as e:
-            raise _layerdiff.UsageError(
-                "--executor ray needs Ray\nhint: pip install 'layerdiff[ray]'"
-            ) from e
-        if not ray.is_initialized():
-            ray.init(
-                address=os.environ.get("RAY_ADDRESS") or None,
-                include_dashboard=False,
-                log_to_driver=False,
-                configure_logging=False,
-            )
-        remote = {}
-
-        def ray_map(function, items):
-            if function not in remote:
-                remote[function] = ray.remote(function)
-            return ray.get([remote[function].remote(item) for item in items])
-
-        return contextlib.nullcontext(ray_map)
-    if jobs <= 1:
-        return contextlib.nullcontext(lambda function, items: [function(i) for i in items])
-    import multiprocessing
-
-    pool = ProcessPoolExecutor(
-        max_workers=jobs,
-        mp_context=multiprocessing.get_context("spawn"),
-        initializer=_init_worker,
-        initargs=(max(1, (os.cpu_count() or 1) // jobs),),
-    )
-
-    @contextlib.contextmanager
-    def pooled():
-        with pool:
-            yield lambda function, items: list(pool.map(function, items, chunksize=1))
-
-    return pooled()
-
-
 def check_ops(
     ops: list[str] | None = None,
     backends: list[str] | None = None,
@@ -233,7 +189,7 @@ def check_ops(
         if why is not None:
             unavailable[name] = why
 
-    with _executor(executor, jobs) as run:
+    with mapped(executor, jobs, _init_worker, (max(1, (os.cpu_count() or 1) // jobs),)) as run:
         cells = _run_matrix(run, cases, dtypes, names, unavailable, custom, seed, opset,
                             exporter, say)  # fmt: skip
     return _layerdiff.OpsRun(
