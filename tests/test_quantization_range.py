@@ -90,7 +90,25 @@ def test_check_holds_a_quantized_file_to_the_bound_alone_and_says_why(calibrated
     assert output["float64"]["grid"] == "int8" and not output["float64"]["beyond"], output
     assert "computes something else" not in result.stdout, result.stdout
     assert "the file quantizes to int8: float32's rounding does not bound" in result.stdout
-    assert f"`layerdiff torch {RESNET160} --onnx FILE` does, layer by layer" in result.stdout
+    fit = calibrated["fit"]
+    assert f"`layerdiff torch {RESNET160} --onnx {fit}` does, layer by layer" in result.stdout
     loose = ("--atol", "0.5", "--rtol", "0")
     assert run_cli(*check, str(calibrated["fit"]), *loose).returncode == 0
     assert run_cli(*check, str(calibrated["narrow"]), *loose).returncode == 1
+
+
+def test_the_float_file_s_relu_is_paired_with_the_value_the_quantizer_clamps(calibrated, tmp_path):
+    """ONNX Runtime's quantizer drops each Relu whose output it quantizes: the Conv before it
+    writes its own value under the Relu's name, and the QuantizeLinear clamps at zero instead.
+    `--vs` paired the float file's Relu with that value (negative where the Relu's is zero, 2.8
+    apart on a small CNN) and called it rounding; the Relu's value is the DequantizeLinear's."""
+    out = tmp_path / "r.json"
+    run = run_cli(
+        "onnx", str(calibrated["float"]), "--vs", str(calibrated["fit"]), "--json", str(out)
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    layers = {layer["name"]: layer for layer in json.loads(out.read_text())["layers"]}
+    relu = layers["/relu/Relu_output_0"]
+    assert relu["status"] == "compared", relu
+    assert "the target calls it `/relu/Relu_output_0_DequantizeLinear_Output`" in relu["reason"]
+    assert relu["accumulated"]["max_abs_diff"] < 0.1, relu

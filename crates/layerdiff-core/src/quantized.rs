@@ -38,6 +38,10 @@ pub const QUANTIZED_MEAN_STEPS: f64 = 0.5;
 /// The fraction of a layer's exact values outside its grid's range from which the range is
 /// too narrow (a calibration defect), not occasional clipping of outliers.
 pub const SATURATION_LIMIT: f64 = 0.01;
+/// The values a range must clip, whatever their share, before it is too narrow: a percentile
+/// or entropy calibration clips an outlier or two by design, which in a small value (a
+/// classifier's 32 features) is already several percent of it.
+pub const SATURATION_MIN: u64 = 4;
 
 /// The grid of one quantized value: `real = scale · (q − zero_point)`, `q` an integer in
 /// `qmin..=qmax`.
@@ -104,18 +108,27 @@ impl Quantization {
 
     /// Whether so many exact values lie outside the range that it is too narrow.
     pub fn too_narrow(&self) -> bool {
-        self.elements > 0 && self.saturated as f64 > SATURATION_LIMIT * self.elements as f64
+        self.saturated >= SATURATION_MIN
+            && self.saturated as f64 > SATURATION_LIMIT * self.elements as f64
     }
 
     /// Counts the elements of `reference` (what the model computes here) that lie outside
-    /// the grid's range by more than half a step: the values it clips.
+    /// the grid's range by more than half a step: the values it clips. A range that starts
+    /// at zero clips only above: it stands for a Relu the quantizer removed (ONNX Runtime's
+    /// drops a Relu or Clip whose output it quantizes, its QuantizeLinear clamping at zero
+    /// instead), so what lies below it is the Relu's to clip, not the range's.
     pub fn count_outside(&mut self, reference: TensorView<'_>) {
         let (lo, hi) = self.range();
         let half = self.scale / 2.0;
+        let below = if lo == 0.0 {
+            f64::NEG_INFINITY
+        } else {
+            lo - half
+        };
         let n = reference.numel();
         self.saturated = (0..n)
             .map(|i| reference.get_f64(i))
-            .filter(|v| v.is_finite() && (*v < lo - half || *v > hi + half))
+            .filter(|v| v.is_finite() && (*v < below || *v > hi + half))
             .count() as u64;
         self.elements = n as u64;
     }
@@ -258,6 +271,20 @@ mod tests {
         let t: Vec<f64> = x.iter().map(|&v| narrow.ideal(v)).collect();
         assert!(!judged(&x, &t, &mut narrow).beyond());
         assert!(narrow.too_narrow(), "{narrow:?}");
+    }
+
+    #[test]
+    fn a_range_that_starts_at_zero_clips_only_above_as_the_relu_it_stands_for() {
+        // int8 with zero point -128: [0, 2.55]; the values below zero are a removed Relu's
+        let values: Vec<f64> = (0..100).map(|i| (i as f64 - 50.0) * 0.1).collect();
+        let x = tensor(&values);
+        let mut relu = Quantization::new("int8", 0.01, -128).unwrap();
+        relu.count_outside(x.view());
+        assert_eq!((relu.saturated, relu.elements), (24, 100)); // 2.6 to 4.9
+        // a range around zero clips both ends
+        let mut signed = Quantization::new("int8", 0.01, 0).unwrap();
+        signed.count_outside(x.view());
+        assert_eq!(signed.saturated, 38 + 37); // below -1.28 and above 1.27
     }
 
     #[test]

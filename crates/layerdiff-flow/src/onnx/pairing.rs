@@ -80,8 +80,8 @@ fn pair_values(
             .enumerate()
             .filter(|(_, v)| !v.is_empty())
         {
-            let target_value = if t.producer(value).is_some() {
-                Ok(value.clone())
+            let target_value = if let Some(theirs) = t.producer(value) {
+                Ok(clamped_after(t, node, theirs, value).unwrap_or_else(|| value.clone()))
             } else if let Some(same_node) = t.nodes().iter().find(|n| n.name == node.name) {
                 if same_node.op_type != node.op_type || same_node.domain != node.domain {
                     // ONNX Runtime names a fused node after the first node it absorbed.
@@ -194,6 +194,28 @@ fn stored_type(index: &GraphIndex, value: &str, depth: usize) -> Option<i32> {
 /// Ops a quantizer drops after a node, its QuantizeLinear's range clamping in their place: the
 /// node's output then bears their value's name and still holds the node's own value.
 const CLAMPS: &[&str] = &["Relu", "Clip"];
+
+/// Where the target holds the value of the reference's Relu or Clip `node` that a quantizer
+/// dropped (see [`CLAMPS`]): the target's `theirs`, another op, writes the value before it
+/// under its name, and the QuantizeLinear that reads it clamps in its place, so the value is
+/// its DequantizeLinear's. `None` where no QuantizeLinear reads it: the target computes the
+/// clamp itself (ONNX Runtime's Conv fused with its Relu writes the Relu's value).
+fn clamped_after(
+    t: &GraphIndex,
+    node: &NodeInfo,
+    theirs: &NodeInfo,
+    value: &str,
+) -> Option<String> {
+    if !CLAMPS.contains(&node.op_type.as_str()) || CLAMPS.contains(&theirs.op_type.as_str()) {
+        return None;
+    }
+    (t.consumers(value))
+        .filter(|q| q.op_type == "QuantizeLinear")
+        .filter_map(|q| q.outputs.first())
+        .flat_map(|codes| t.consumers(codes))
+        .find(|dq| dq.op_type == "DequantizeLinear")
+        .and_then(|dq| dq.outputs.first().cloned())
+}
 
 /// Why the target's node of the same name and op as the reference's `node` computes another
 /// value (see [`reads_the_same`]), or `None` when it reads the same ones.

@@ -26,9 +26,11 @@ impl Pairs<'_> {
             .filter_map(|q| {
                 let (what, values) = if q.value == value {
                     ("this layer".to_string(), reference)
-                } else {
-                    let (_, fed) = self.inputs.iter().find(|(n, _)| *n == q.value)?;
+                } else if let Some((_, fed)) = self.inputs.iter().find(|(n, _)| *n == q.value) {
                     (format!("the input `{}`", q.value), fed)
+                } else {
+                    let (r, _) = self.reference_of.get(&q.value)?;
+                    (format!("its input `{r}`"), self.reference.get(r)?)
                 };
                 let mut grid = q.grid;
                 grid.count_outside(values.view());
@@ -38,6 +40,7 @@ impl Pairs<'_> {
                     grid,
                 })
             })
+            // the last of the largest: the layer's own value, where it clips as much
             .max_by(|a, b| share(a).total_cmp(&share(b)))
     }
 }

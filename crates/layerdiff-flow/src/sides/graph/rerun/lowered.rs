@@ -134,10 +134,8 @@ impl GraphSide {
 
 impl GraphSide {
     /// The grids this graph quantizes values to (see `Recompute::grids`): `value`'s, where a
-    /// DequantizeLinear makes it of what a QuantizeLinear rounded; and each graph input a
-    /// QuantizeLinear of `group` reads. Another value a QuantizeLinear reads is not counted:
-    /// where the quantizer removed a Relu, the QuantizeLinear reads the value before it and
-    /// its range, starting at zero, does the Relu's clipping.
+    /// DequantizeLinear makes it of what a QuantizeLinear rounded; and each input of `group`
+    /// a QuantizeLinear of it reads (a graph input, or a value another layer computes).
     pub(in crate::sides::graph) fn quantized_grids(
         &self,
         group: Option<&Group>,
@@ -148,7 +146,21 @@ impl GraphSide {
             let info = self.index.producer(name)?;
             Some(&graph.node[info.index])
         };
-        let mut grids = Vec::new();
+        // each input of the group a QuantizeLinear of it reads
+        let mut grids: Vec<QuantizedValue> = (group.map_or(&[][..], |g| &g.members[..]).iter())
+            .map(|&i| &graph.node[i])
+            .filter(|node| node.op_type() == "QuantizeLinear")
+            .filter_map(|node| {
+                let input = node.input.first()?;
+                group?.inputs.contains(input).then_some(())?;
+                Some(QuantizedValue {
+                    value: input.clone(),
+                    node: node.display_name(),
+                    grid: self.grid_of(node)?,
+                })
+            })
+            .collect();
+        // the value itself, last: where it clips as much as an input, it is named
         if let Some(dequantize) = node_of(value).filter(|n| n.op_type() == "DequantizeLinear")
             && let Some(quantize) = dequantize
                 .input
@@ -162,22 +174,6 @@ impl GraphSide {
                 node: quantize.display_name(),
                 grid,
             });
-        }
-        let is_graph_input = |name: &str| {
-            !self.index.is_initializer(name) && graph.input.iter().any(|i| i.name() == name)
-        };
-        for &i in group.map_or(&[][..], |g| &g.members[..]) {
-            let node = &graph.node[i];
-            if node.op_type() == "QuantizeLinear"
-                && let Some(input) = node.input.first().filter(|x| is_graph_input(x))
-                && let Some(grid) = self.grid_of(node)
-            {
-                grids.push(QuantizedValue {
-                    value: input.clone(),
-                    node: node.display_name(),
-                    grid,
-                });
-            }
         }
         grids
     }
