@@ -59,11 +59,29 @@ def test_a_run_that_cannot_run_is_a_row_saying_why_and_fails_the_sweep(tmp_path)
     assert "could not run: " in run.stdout
 
 
-def test_a_sweep_refuses_an_unknown_precision_before_it_starts(tmp_path):
-    run = run_cli("sweep", TWICE, "--dtypes", "fp8", "--out", str(tmp_path / "s"))
+@pytest.mark.parametrize(
+    "option, said",
+    [
+        (("--dtypes", "fp8"), "unknown precision `fp8` (expected fp32, fp16, bf16 or int8)"),
+        (("--batch-sizes", "0"), "`0` is not a size above zero"),
+        (("--jobs", "0"), "`0` is not a size above zero"),
+    ],
+)
+def test_a_sweep_refuses_what_it_cannot_run_before_it_starts(tmp_path, option, said):
+    run = run_cli("sweep", TWICE, *option, "--out", str(tmp_path / "s"))
     assert run.returncode == 2
-    assert "unknown precision `fp8` (expected fp32, fp16, bf16 or int8)" in run.stderr
+    assert said in run.stderr, run.stderr
     assert not (tmp_path / "s").exists()
+
+
+def test_a_batch_size_s_row_says_what_was_found_there(tmp_path):
+    out = tmp_path / "sweep"
+    run = run_cli("sweep", TWICE, "--batch-sizes", "2", "--out", str(out))
+    assert run.returncode == 0, run.stdout + run.stderr
+    (row,) = _index(out)["rows"]
+    assert row["batch"] == 2 and row["json"].endswith("/batch-2/report.json"), row
+    assert row["headline"].startswith(f"{TWICE} along the batch size: batch size 2: no drift"), row
+    assert "(batch 2)" in run.stderr
 
 
 def _sweep(out: Path, *args: str) -> subprocess.Popen:
@@ -72,17 +90,18 @@ def _sweep(out: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def _run_of(model: str, timeout: float = 120) -> int:
-    """The pid of the `layerdiff torch MODEL` process a sweep started, once it runs."""
+def _run_of(sweep: subprocess.Popen, model: str, timeout: float = 120) -> int:
+    """The pid of the `layerdiff torch MODEL` process `sweep` started, once it runs (not
+    another test's run of the same model)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for entry in Path("/proc").iterdir():
             try:
                 argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
+                if b"torch" in argv and model.encode() in argv and _descends(entry, sweep.pid):
+                    return int(entry.name)
+            except (OSError, ValueError, StopIteration):
                 continue
-            if b"layerdiff" in argv and b"torch" in argv and model.encode() in argv:
-                return int(entry.name)
         time.sleep(0.02)
     raise AssertionError(f"no run of {model} started")
 
@@ -92,17 +111,29 @@ def _parent(pid: int) -> int:
     return int(next(line for line in status.splitlines() if line.startswith("PPid:")).split()[1])
 
 
+def _descends(entry: Path, ancestor: int) -> bool:
+    """Whether the process `entry` (/proc/PID) descends from `ancestor` (a Ray worker's run
+    descends from the local Ray instance the sweep started)."""
+    pid = int(entry.name)
+    while pid > 1:
+        pid = _parent(pid)
+        if pid == ancestor:
+            return True
+    return False
+
+
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the run's process in /proc")
 def test_a_run_killed_mid_sweep_is_tried_once_more_and_the_rest_go_on(tmp_path):
     out = tmp_path / "sweep"
     sweep = _sweep(out, f"{TWICE},resnet18", "--targets", "ort", "--jobs", "2")
-    os.kill(_run_of("resnet18"), signal.SIGKILL)
+    os.kill(_run_of(sweep, "resnet18"), signal.SIGKILL)
     _, err = sweep.communicate(timeout=600)
     assert sweep.returncode == 0, err.decode()
     twice, resnet = _index(out)["rows"]
     assert twice["status"] == "compared" and "retried" not in twice, twice
     assert resnet["status"] == "compared" and resnet["retried"] == "killed by SIGKILL", resnet
     assert (out / resnet["json"]).is_file()
+    assert "(tried again: killed by SIGKILL)" in (out / "index.md").read_text()
 
 
 @pytest.mark.thorough  # Ray starts in seconds; the local executor's tests cover the index
@@ -122,7 +153,7 @@ def test_a_sweep_on_ray_writes_the_index_a_local_one_does(tmp_path):
 def test_a_ray_worker_killed_mid_sweep_is_tried_once_more(tmp_path):
     out = tmp_path / "sweep"
     sweep = _sweep(out, f"{TWICE},resnet18", "--targets", "ort", "--executor", "ray")
-    run = _run_of("resnet18", timeout=300)
+    run = _run_of(sweep, "resnet18", timeout=300)
     os.kill(_parent(run), signal.SIGKILL)  # the Ray worker that started the run
     _, err = sweep.communicate(timeout=600)
     assert sweep.returncode == 0, err.decode()

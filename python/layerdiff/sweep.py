@@ -104,22 +104,34 @@ def run_task(task: dict) -> dict:
     its reports' bytes by path."""
     with tempfile.TemporaryDirectory(prefix="layerdiff-sweep-") as folder:
         env = {**os.environ, "LAYERDIFF_THREADS": str(task["threads"])}
+        # in a folder of its own, its reports in `run/`: what they record of where they were
+        # written is the same for every run (the model's paths are absolute)
         done = subprocess.run(
-            [sys.executable, "-c", _LAUNCH, str(os.getpid()), *task["argv"], "--out", folder],
-            capture_output=True, text=True, env=env,
+            [sys.executable, "-c", _LAUNCH, str(os.getpid()), *task["argv"], "--out", "run"],
+            capture_output=True, text=True, env=env, cwd=folder,
         )  # fmt: skip
+        run = Path(folder) / "run"
         files = {
-            str(p.relative_to(folder)): p.read_bytes()
-            for p in sorted(Path(folder).rglob("*"))
+            str(p.relative_to(run)): p.read_bytes()
+            for p in sorted(run.rglob("*"))
             if p.is_file() and not p.name.endswith(_LEFT)
         }
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     return {
         "exit": done.returncode,
-        "headline": next(iter(done.stdout.splitlines()), None),
+        "headline": _headline(done.stdout),
         "error": errors[-1].removeprefix("error: ") if errors else None,
         "files": files,
     }
+
+
+def _headline(printed: str) -> str | None:
+    """A run's headline: the first line it printed; along an axis (a batch size), that line
+    names the axis and the next one says what was found there."""
+    lines = printed.splitlines()
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return f"{lines[0]} {lines[1].strip()}"
+    return next(iter(lines), None)
 
 
 def _gpus(task: dict) -> int:
@@ -173,7 +185,8 @@ def _row(task: dict, result: dict | None, died: str | None, out: Path, retried) 
 
 def _said(row: dict) -> str:
     """A finished run in a progress line."""
-    what = f"{row['model']} · {row['target']}"
+    point = ", ".join(p for p in (row["dtype"], row["batch"] and f"batch {row['batch']}") if p)
+    what = f"{row['model']} · {row['target']}" + (f" ({point})" if point else "")
     if row["status"] == "compared":
         return f"{what}: {row['verdict']}"
     return f"{what}: {row['status'].replace('_', ' ')} ({row['error']})"

@@ -1,6 +1,7 @@
 //! The options of `layerdiff sweep`: models × targets (× precisions × batch sizes), each a
 //! `layerdiff torch` run of its own, and one index of their verdicts.
 
+use super::torch::positive;
 use super::{Args, Destinations, Executor, FailOn, PathBuf, TargetDtype, TargetSpec};
 
 /// Options of `layerdiff sweep`.
@@ -22,14 +23,14 @@ pub struct SweepArgs {
     pub dtypes: Vec<Option<TargetDtype>>,
     /// The batch sizes each run is made at, comma-separated: one run each, as `layerdiff torch
     /// --batch-sizes N` (default: the model's example inputs as they are).
-    #[arg(long, value_delimiter = ',', value_name = "SIZES")]
+    #[arg(long, value_delimiter = ',', value_name = "SIZES", value_parser = positive)]
     pub batch_sizes: Vec<usize>,
     /// Seed of every run's weights and inputs.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Runs at once (default: one per two logical cores, at least one): each in a process of
     /// its own, the cores shared among them.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = positive)]
     pub jobs: Option<usize>,
     /// Where the runs go: `local` (processes on this machine) or `ray` (one Ray task per run,
     /// on the cluster `RAY_ADDRESS` names, else a local Ray instance; needs `pip install

@@ -159,7 +159,7 @@ pub struct TorchArgs {
 }
 
 /// A count above zero.
-fn positive(text: &str) -> Result<usize, String> {
+pub(crate) fn positive(text: &str) -> Result<usize, String> {
     match text.trim().parse::<usize>() {
         Ok(n) if n > 0 => Ok(n),
         _ => Err(format!("`{text}` is not a size above zero")),

@@ -356,9 +356,10 @@ pub fn to_text(report: &CheckReport) -> String {
         if let Some(f) = &o.float64 {
             let said = if on_integers(f) {
                 format!(
-                    "the file quantizes to {}: float32's rounding does not bound its distance, and the whole output cannot tell its quantization from a defect (a range too narrow, a weight off): `layerdiff torch {} --onnx FILE` does, layer by layer",
+                    "the file quantizes to {}: float32's rounding does not bound its distance, and the whole output cannot tell its quantization from a defect (a range too narrow, a weight off): `layerdiff torch {} --onnx {}` does, layer by layer",
                     f.grid.as_deref().unwrap_or_default(),
-                    report.model
+                    report.model,
+                    report.onnx.as_deref().unwrap_or("FILE")
                 )
             } else if f.approximates {
                 "beyond the rounding of the same computation, within the bound: the runtime's kernels approximate here, an approximation and no defect (the file is the model's own computation; `layerdiff onnx FILE --target …` names the op)".to_string()

@@ -214,8 +214,10 @@ pub fn to_markdown(index: &SweepIndex) -> String {
             .report
             .as_ref()
             .map_or(String::new(), |r| format!("[page]({r})"));
+        let retried = (row.retried.as_ref())
+            .map_or(String::new(), |how| format!(" (tried again: {})", md(how)));
         out.push_str(&format!(
-            "| `{}` | `{}` | {} | {} | {} | {} | {report} |\n",
+            "| `{}` | `{}` | {} | {} | {} | {}{retried} | {report} |\n",
             md(&row.model),
             md(&row.target),
             md(&point(row)),
