@@ -136,6 +136,31 @@ def test_a_run_killed_mid_sweep_is_tried_once_more_and_the_rest_go_on(tmp_path):
     assert "(tried again: killed by SIGKILL)" in (out / "index.md").read_text()
 
 
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the run's process in /proc")
+def test_a_sweep_stopped_keeps_the_runs_that_ended_and_says_which_did_not(tmp_path):
+    """Ctrl-C while the second run is under way: that run stops, the first one's reports stay
+    (they are reports, not what a stopped run leaves behind), and the index says which ran."""
+    out = tmp_path / "sweep"
+    sweep = _sweep(out, f"{TWICE},resnet18", "--targets", "ort", "--jobs", "1")
+    run = _run_of(sweep, "resnet18")
+    sweep.send_signal(signal.SIGINT)
+    _, err = sweep.communicate(timeout=300)
+    assert sweep.returncode == 130, err.decode()
+    index = _index(out)
+    assert index["incomplete"] == "interrupted by SIGINT", index
+    twice, resnet = index["rows"]
+    assert twice["status"] == "compared" and (out / twice["json"]).is_file(), twice
+    assert (out / twice["report"]).is_file(), twice
+    assert resnet["status"] == "not_run" and "json" not in resnet, resnet
+    assert not Path(f"/proc/{run}").exists() or _state(run) == "Z", "the run under way stopped"
+    assert "INCOMPLETE: interrupted by SIGINT, 1 not run" in (out / "index.md").read_text()
+
+
+def _state(pid: int) -> str:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(line for line in status.splitlines() if line.startswith("State:")).split()[1]
+
+
 @pytest.mark.thorough  # Ray starts in seconds; the local executor's tests cover the index
 def test_a_sweep_on_ray_writes_the_index_a_local_one_does(tmp_path):
     args = (",".join(SMALL), "--targets", "ort,torch:bf16")

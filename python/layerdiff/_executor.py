@@ -89,7 +89,8 @@ def each(
             except Exception as e:  # a task's failure, or its worker's death
                 yield i, None, e
         return
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    try:
         futures = {pool.submit(function, item): i for i, item in enumerate(items)}
         while futures:
             done, _ = wait(list(futures), return_when=FIRST_COMPLETED)
@@ -97,3 +98,9 @@ def each(
                 i = futures.pop(future)
                 error = future.exception()
                 yield i, (None if error else future.result()), error
+    except BaseException:
+        # stopped (Ctrl-C): the tasks not started never start, and the caller stops the ones
+        # under way rather than wait for them here
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()

@@ -35,6 +35,8 @@ _LAUNCH = (
     "    sys.exit(137)\n"
     "os.execv(sys.executable, [sys.executable, '-m', 'layerdiff', *sys.argv[2:]])\n"
 )
+# the runs under way in this process (the local executor's), stopped with the sweep
+_RUNNING: set[subprocess.Popen] = set()
 # files of a run that do not travel back: the export (the cache keeps it; the run's command
 # makes it again) and its external weights
 _LEFT = (".onnx", ".data", ".onnx_data")
@@ -51,6 +53,25 @@ def run_command(command: _layerdiff.SweepCommand, progress) -> int:
     for task in tasks:
         task["threads"] = threads
     rows: list[dict | None] = [None] * len(tasks)
+    try:
+        _sweep(command, tasks, jobs, threads, rows, progress)
+    except KeyboardInterrupt as stopped:
+        # the runs under way stop too (each writes its report marked incomplete), and the
+        # index says which ended; then the command ends as a stopped one does
+        for running in list(_RUNNING):
+            running.terminate()
+        signum = stopped.args[0] if stopped.args and isinstance(stopped.args[0], int) else 2
+        incomplete = f"interrupted by {signal.Signals(signum).name}"
+        rows = [row or _not_run(task) for row, task in zip(rows, tasks, strict=True)]
+        index = {"schema": "layerdiff.sweep/1", "rows": rows, "incomplete": incomplete}
+        _layerdiff.deliver_sweep(command, json.dumps(index))
+        raise
+    index = {"schema": "layerdiff.sweep/1", "rows": rows}
+    return _layerdiff.deliver_sweep(command, json.dumps(index))
+
+
+def _sweep(command, tasks: list[dict], jobs: int, threads: int, rows: list, progress) -> None:
+    """Runs `tasks`, each tried once more where its process died, into `rows` as they end."""
     tried = [0] * len(tasks)
     died: dict[int, str] = {}
     todo = list(range(len(tasks)))
@@ -71,8 +92,6 @@ def run_command(command: _layerdiff.SweepCommand, progress) -> int:
             done = sum(r is not None for r in rows)
             progress(f"{done} of {len(tasks)} runs: {_said(rows[i])}")
         todo = again
-    index = json.dumps({"schema": "layerdiff.sweep/1", "rows": rows})
-    return _layerdiff.deliver_sweep(command, index)
 
 
 def plan(command) -> list[dict]:
@@ -106,20 +125,25 @@ def run_task(task: dict) -> dict:
         env = {**os.environ, "LAYERDIFF_THREADS": str(task["threads"])}
         # in a folder of its own, its reports in `run/`: what they record of where they were
         # written is the same for every run (the model's paths are absolute)
-        done = subprocess.run(
+        done = subprocess.Popen(
             [sys.executable, "-c", _LAUNCH, str(os.getpid()), *task["argv"], "--out", "run"],
-            capture_output=True, text=True, env=env, cwd=folder,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=folder,
         )  # fmt: skip
+        _RUNNING.add(done)
+        try:
+            stdout, stderr = done.communicate()
+        finally:
+            _RUNNING.discard(done)
         run = Path(folder) / "run"
         files = {
             str(p.relative_to(run)): p.read_bytes()
             for p in sorted(run.rglob("*"))
             if p.is_file() and not p.name.endswith(_LEFT)
         }
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     return {
         "exit": done.returncode,
-        "headline": _headline(done.stdout),
+        "headline": _headline(stdout),
         "error": errors[-1].removeprefix("error: ") if errors else None,
         "files": files,
     }
@@ -160,6 +184,7 @@ def _row(task: dict, result: dict | None, died: str | None, out: Path, retried) 
     }  # fmt: skip
     if died is not None:
         return {**row, "status": "failed", "exit": None, "error": died}
+    row["folder"] = task["folder"]
     folder = Path(out) / task["folder"]
     for name, data in result["files"].items():
         path = folder / name
@@ -180,6 +205,16 @@ def _row(task: dict, result: dict | None, died: str | None, out: Path, retried) 
         "defects": len(summary["defects"]), "headline": headline or None,
         "report": f"{task['folder']}/{page}" if page in result["files"] else None,
         "json": f"{task['folder']}/{report}",
+    }  # fmt: skip
+
+
+def _not_run(task: dict) -> dict:
+    """The row of a run the sweep was stopped before it ended."""
+    command = "layerdiff " + shlex.join(task["argv"])
+    return {
+        "model": task["model"], "target": task["target"], "dtype": task["dtype"],
+        "batch": task["batch"], "command": command, "status": "not_run", "exit": None,
+        "defects": 0,
     }  # fmt: skip
 
 

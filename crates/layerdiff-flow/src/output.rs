@@ -108,6 +108,21 @@ pub fn table_forms<T: serde::Serialize>(
     }
 }
 
+/// A table's report with a page too (`ops`'s matrix, `sweep`'s index) in its forms: JSON,
+/// Markdown, one HTML page and the printed text; no chart or node data.
+pub fn page_forms<T: serde::Serialize>(
+    report: &T,
+    format: Format,
+    markdown: fn(&T) -> String,
+    html: fn(&T) -> String,
+    text: fn(&T) -> String,
+) -> Option<String> {
+    match format {
+        Format::Html => Some(html(report)),
+        _ => table_forms(report, format, markdown, text),
+    }
+}
+
 /// Where a run's outputs go, and what is printed: the one destinations type of every verb.
 #[derive(Debug, Clone, Default)]
 pub struct Destinations {

@@ -67,6 +67,6 @@ pub(crate) fn deliver_sweep(py: Python<'_>, command: &SweepCommand, index: &str)
         quiet: command.quiet,
         ..Default::default()
     };
-    py.detach(|| deliver(&SweepIndex::from_json(index)?, &to))
+    py.detach(|| deliver(&SweepIndex::from_json(index)?, &command.out, &to))
         .map_err(to_py_err)
 }

@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use layerdiff_core::render::html_escape;
-use layerdiff_core::{DType, Machine, Tensor, render};
+use layerdiff_core::{DType, Machine, Tensor};
 use layerdiff_onnx::Model;
 use layerdiff_runtime::{Isolation, RuntimeSpec};
 use serde::{Deserialize, Serialize};
@@ -143,13 +143,7 @@ impl OpsReport {
 
 impl Rendered for OpsReport {
     fn render(&self, format: Format) -> Option<String> {
-        match format {
-            Format::Json => Some(render::to_json_value(self)),
-            Format::Markdown => Some(to_markdown(self)),
-            Format::Html => Some(to_html(self)),
-            Format::Text => Some(to_text(self)),
-            Format::Svg | Format::NodeData => None,
-        }
+        crate::output::page_forms(self, format, to_markdown, to_html, to_text)
     }
 }
 

@@ -7,7 +7,7 @@
 //! time. A run tried again after its process died says so (`retried`).
 
 use layerdiff_core::Machine;
-use layerdiff_core::render::{self, html_escape};
+use layerdiff_core::render::html_escape;
 use serde::{Deserialize, Serialize};
 
 use crate::Result;
@@ -26,6 +26,8 @@ pub enum RunStatus {
     CouldNotRun,
     /// Its process died twice (killed, out of memory, a lost node): the row says how.
     Failed,
+    /// The sweep was stopped (Ctrl-C, SIGTERM) before it ended.
+    NotRun,
 }
 
 /// One run of the sweep.
@@ -54,7 +56,10 @@ pub struct SweepRow {
     /// How many defects its report names.
     #[serde(default)]
     pub defects: usize,
-    /// Its reports, relative to the index: the page and the JSON.
+    /// The folder of its reports, relative to the index (`runs/resnet18--ort`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub folder: Option<String>,
+    /// Its page, relative to the index.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub report: Option<String>,
     /// The JSON report, relative to the index.
@@ -77,6 +82,10 @@ pub struct SweepIndex {
     pub schema: String,
     /// The runs, in the order the sweep lists them (model, then target, precision, batch).
     pub rows: Vec<SweepRow>,
+    /// Why the sweep ended before its last run (`interrupted by SIGINT`): the rows not run say
+    /// so, and the runs that ended keep their reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incomplete: Option<String>,
     /// The machine that wrote the index (its runs may have run elsewhere).
     #[serde(skip_deserializing, default = "Machine::this")]
     pub machine: Machine,
@@ -88,6 +97,7 @@ impl SweepIndex {
         Self {
             schema: SWEEP_SCHEMA.to_string(),
             rows,
+            incomplete: None,
             machine: Machine::this(),
         }
     }
@@ -138,6 +148,10 @@ impl SweepIndex {
         if failed > 0 {
             said.push_str(&format!(", {failed} failed (their process died twice)"));
         }
+        if let Some(why) = &self.incomplete {
+            let left = self.rows.len() - compared - could_not - failed;
+            said.push_str(&format!("; INCOMPLETE: {why}, {left} not run"));
+        }
         said
     }
 }
@@ -154,6 +168,7 @@ fn said(row: &SweepRow) -> String {
             "failed: {}",
             row.error.as_deref().unwrap_or("its process died")
         ),
+        RunStatus::NotRun => "not run: the sweep was stopped first".to_string(),
     }
 }
 
@@ -174,6 +189,7 @@ fn verdict_name(row: &SweepRow) -> String {
         (RunStatus::Compared, Some(v)) => v.clone(),
         (RunStatus::CouldNotRun, _) => "could not run".to_string(),
         (RunStatus::Failed, _) => "failed".to_string(),
+        (RunStatus::NotRun, _) => "not run".to_string(),
         (RunStatus::Compared, None) => "compared".to_string(),
     }
 }
@@ -277,21 +293,39 @@ pub fn to_html(index: &SweepIndex) -> String {
 }
 
 impl Rendered for SweepIndex {
+    fn whole(&self) -> bool {
+        self.incomplete.is_none()
+    }
+
     fn render(&self, format: Format) -> Option<String> {
-        match format {
-            Format::Json => Some(render::to_json_value(self)),
-            Format::Markdown => Some(to_markdown(self)),
-            Format::Html => Some(to_html(self)),
-            Format::Text => Some(to_text(self)),
-            Format::Svg | Format::NodeData => None,
-        }
+        crate::output::page_forms(self, format, to_markdown, to_html, to_text)
     }
 }
 
-/// Writes and prints the index; returns the exit code ([`SweepIndex::exit_code`]).
-pub fn deliver(index: &SweepIndex, to: &Destinations) -> Result<u8> {
+/// Writes and prints the index, its runs' reports under `out` kept as reports (a sweep a
+/// signal stops keeps every run that ended); returns the exit code ([`SweepIndex::exit_code`]).
+pub fn deliver(index: &SweepIndex, out: &std::path::Path, to: &Destinations) -> Result<u8> {
+    let mut reports = Vec::new();
+    for folder in index.rows.iter().filter_map(|r| r.folder.as_ref()) {
+        files_under(&out.join(folder), &mut reports);
+    }
+    crate::made::wrote(&reports, index.whole());
     publish(index, to)?;
     Ok(index.exit_code())
+}
+
+/// Every file under `folder`, into `found`.
+fn files_under(folder: &std::path::Path, found: &mut Vec<std::path::PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(folder) else {
+        return;
+    };
+    for path in entries.flatten().map(|e| e.path()) {
+        if path.is_dir() {
+            files_under(&path, found);
+        } else {
+            found.push(path);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -309,6 +343,7 @@ mod tests {
             verdict: (status == RunStatus::Compared).then(|| "precision".to_string()),
             headline: Some("resnet18: float32 rounding only".into()),
             defects: 0,
+            folder: Some("runs/resnet18-ort".into()),
             report: Some("runs/resnet18-ort/report.html".into()),
             json: Some("runs/resnet18-ort/report.json".into()),
             error: None,
@@ -344,9 +379,9 @@ mod tests {
     #[test]
     fn the_index_reads_back_what_it_writes_and_links_each_run() {
         let index = SweepIndex::new(vec![row(RunStatus::Compared, Some(0))]);
-        let json = render::to_json_value(&index);
+        let json = layerdiff_core::render::to_json_value(&index);
         let back = SweepIndex::from_json(&json).unwrap();
-        assert_eq!(render::to_json_value(&back), json);
+        assert_eq!(layerdiff_core::render::to_json_value(&back), json);
         let page = to_html(&index);
         assert!(page.contains("<a href=\"runs/resnet18-ort/report.html\">page</a>"));
         assert!(to_markdown(&index).contains("[page](runs/resnet18-ort/report.html)"));
