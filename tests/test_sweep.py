@@ -154,6 +154,10 @@ def test_a_sweep_stopped_keeps_the_runs_that_ended_and_says_which_did_not(tmp_pa
     assert resnet["status"] == "not_run" and "json" not in resnet, resnet
     assert not Path(f"/proc/{run}").exists() or _state(run) == "Z", "the run under way stopped"
     assert "INCOMPLETE: interrupted by SIGINT, 1 not run" in (out / "index.md").read_text()
+    said = err.decode().strip().splitlines()[-1]
+    assert "marked INCOMPLETE: " in said and "index.json" in said, said
+    assert "report.json" not in said.split("; kept")[0], "only the index is incomplete"
+    assert "; kept 6 report file(s) written whole before it" in said, said
 
 
 def _state(pid: int) -> str:

@@ -63,6 +63,9 @@ pub fn wrote(paths: &[PathBuf], whole: bool) {
 pub struct Swept {
     /// The reports written (kept), and whether all of them are whole.
     pub reports: Vec<PathBuf>,
+    /// Those of them written marked incomplete (a sweep's index; the others, its runs' reports
+    /// that ended before the signal, are whole).
+    pub incomplete: Vec<PathBuf>,
     /// Every report written is whole: nothing was swept.
     pub whole: bool,
     /// What was removed, per folder: the folder itself (made by the run, and left empty) or
@@ -87,8 +90,12 @@ pub fn sweep() -> Swept {
     };
     let reports: Vec<PathBuf> = w.wrote.iter().map(|(p, _)| p.clone()).collect();
     let whole = !w.wrote.is_empty() && w.wrote.iter().all(|(_, whole)| *whole);
+    let incomplete = (w.wrote.iter().filter(|(_, whole)| !whole))
+        .map(|(p, _)| p.clone())
+        .collect();
     let mut swept = Swept {
         reports,
+        incomplete,
         whole,
         removed: Vec::new(),
     };
@@ -190,9 +197,15 @@ impl Swept {
                 shown(&self.reports)
             )
         } else {
+            let kept = self.reports.len() - self.incomplete.len();
+            let before = if kept > 0 {
+                format!("; kept {kept} report file(s) written whole before it")
+            } else {
+                String::new()
+            };
             format!(
-                "wrote the layers compared before it, marked INCOMPLETE: {}",
-                shown(&self.reports)
+                "wrote the layers compared before it, marked INCOMPLETE: {}{before}",
+                shown(&self.incomplete)
             )
         };
         for (folder, removed) in &self.removed {
@@ -256,6 +269,7 @@ mod tests {
         assert!(!out.exists());
         let swept = Swept {
             reports: vec![],
+            incomplete: vec![],
             whole: false,
             removed: vec![(out.clone(), Removed::Folder)],
         };
