@@ -126,7 +126,8 @@ pub enum Command {
     /// `--atol`/`--rtol`, the largest errors and the worst element, in seconds; and each side's
     /// distance from the outputs computed in float64, so that a file computing something else
     /// fails even where its outputs stay within the bound (the target more than 4× as far from
-    /// them as PyTorch). The first thing to run; `layerdiff torch` then shows where a difference
+    /// them as PyTorch, held to a float16 file's own rounding; a quantized file is judged by
+    /// the bound alone). The first thing to run; `layerdiff torch` then shows where a difference
     /// is born.
     ///
     /// Exit code 0: every output within the bound and as near float64 as rounding explains; 1:

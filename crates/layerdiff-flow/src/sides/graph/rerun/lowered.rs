@@ -147,19 +147,20 @@ impl GraphSide {
             Some(&graph.node[info.index])
         };
         // each input of the group a QuantizeLinear of it reads
-        let mut grids: Vec<QuantizedValue> = (group.map_or(&[][..], |g| &g.members[..]).iter())
-            .map(|&i| &graph.node[i])
-            .filter(|node| node.op_type() == "QuantizeLinear")
-            .filter_map(|node| {
-                let input = node.input.first()?;
-                group?.inputs.contains(input).then_some(())?;
-                Some(QuantizedValue {
-                    value: input.clone(),
-                    node: node.display_name(),
-                    grid: self.grid_of(node)?,
+        let mut grids: Vec<QuantizedValue> = group.map_or_else(Vec::new, |group| {
+            (group.members.iter())
+                .map(|&i| &graph.node[i])
+                .filter(|node| node.op_type() == "QuantizeLinear")
+                .filter_map(|node| {
+                    let input = node.input.first().filter(|x| group.inputs.contains(x))?;
+                    Some(QuantizedValue {
+                        value: input.clone(),
+                        node: node.display_name(),
+                        grid: self.grid_of(node)?,
+                    })
                 })
-            })
-            .collect();
+                .collect()
+        });
         // the value itself, last: where it clips as much as an input, it is named
         if let Some(dequantize) = node_of(value).filter(|n| n.op_type() == "DequantizeLinear")
             && let Some(quantize) = dequantize
