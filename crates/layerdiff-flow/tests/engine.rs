@@ -77,6 +77,24 @@ fn segments_change_nothing_in_the_report() {
 }
 
 #[test]
+fn a_layer_fed_what_its_run_read_keeps_its_own_value_and_is_not_run_again() {
+    let measured = |same_alone: bool| {
+        let mut target = Chain::new(drifting());
+        target.same_alone = same_alone;
+        let reruns = target.reruns.clone();
+        let (report, _) = run_chain(target, &[], WHOLE).unwrap();
+        (report, reruns.load(std::sync::atomic::Ordering::Relaxed))
+    };
+    let (rerun, all) = measured(false);
+    let (kept, fewer) = measured(true);
+    assert_eq!(all, drifting().len(), "every layer re-run");
+    // v0, v1 and v2 read the reference's very values (v2 drifts, but from what v1 handed it)
+    assert_eq!(fewer, all - 3);
+    assert_eq!(render::to_json(&rerun), render::to_json(&kept));
+    assert_eq!(kept.summary.drift_origin.as_deref(), Some("v2"));
+}
+
+#[test]
 fn a_side_that_disagrees_with_itself_is_nondeterminism() {
     let mut ops = honest();
     // Layer 1 depends on the run: its result changes each time it is computed.

@@ -195,6 +195,13 @@ pub trait Recompute {
     ) -> Result<Tensor, String>;
     /// Time spent inside the runtime by re-runs since the last call.
     fn take_time(&self) -> Duration;
+    /// Whether a group re-run alone computes with the kernels of the side's own run: then, fed
+    /// the very values the side's run read, it gives the side's own value back, and the flow
+    /// takes that value instead of re-running it. Not where the runtime compiles its graph
+    /// whole or picks kernels for each graph it is given: alone, a group may compute otherwise.
+    fn reruns_as_run(&self) -> bool {
+        false
+    }
     /// Intermediate results the group rounds to `grid` besides its output: what an honest
     /// kernel chain may add of rounding (see `layerdiff_core::kernel_allowance`).
     fn rounding_stages(&self, _group: &Group, _grid: DType) -> u32 {

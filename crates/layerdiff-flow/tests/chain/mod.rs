@@ -31,6 +31,10 @@ pub struct Chain {
     runs: AtomicUsize,
     /// The math its runtime says it does in lower precision (`None`: as written).
     pub reduced: Option<layerdiff_runtime::ReducedMath>,
+    /// Whether a layer re-run alone computes as in the side's run (`Recompute::reruns_as_run`).
+    pub same_alone: bool,
+    /// Local re-runs made (`Recompute::run_group` calls), shared with the test that asks.
+    pub reruns: std::sync::Arc<AtomicUsize>,
 }
 
 impl Chain {
@@ -40,6 +44,8 @@ impl Chain {
             values: Values::new(vec![("x".to_string(), input())]),
             runs: AtomicUsize::new(0),
             reduced: None,
+            same_alone: false,
+            reruns: Default::default(),
         }
     }
 
@@ -172,7 +178,12 @@ impl Recompute for Chain {
         _value: &str,
         feed: &dyn Fn(&str) -> Result<Tensor, String>,
     ) -> Result<Tensor, String> {
+        self.reruns.fetch_add(1, Ordering::Relaxed);
         Ok(self.apply(group.members[0], &feed(&group.inputs[0])?))
+    }
+
+    fn reruns_as_run(&self) -> bool {
+        self.same_alone
     }
 
     fn take_time(&self) -> std::time::Duration {
@@ -315,12 +326,21 @@ pub fn run(
     unpaired: &[usize],
     max_memory: u64,
 ) -> layerdiff_flow::Result<(Report, usize)> {
-    let layers = target.len();
+    run_chain(Chain::new(target), unpaired, max_memory)
+}
+
+/// [`run`] with the target side given.
+pub fn run_chain(
+    target: Chain,
+    unpaired: &[usize],
+    max_memory: u64,
+) -> layerdiff_flow::Result<(Report, usize)> {
+    let layers = target.ops.len();
     let mut engine: Engine<Chain, Chain> = Engine::new(EngineParts {
         header: header(),
         alignment: alignment(layers, unpaired),
         reference: Chain::new(honest()),
-        target: Chain::new(target),
+        target,
         truth: None,
         baseline: Some(baseline(layers)),
         inputs: vec![("x".to_string(), input())],

@@ -28,6 +28,11 @@ impl Recompute for GraphSide {
         GraphSide::take_time(self)
     }
 
+    fn reruns_as_run(&self) -> bool {
+        !self.runtime.compiles_graph()
+            && crate::engine::side::Side::kernels_per_graph(self).is_none()
+    }
+
     fn grids(&self, group: Option<&Group>, value: &str) -> Vec<QuantizedValue> {
         self.quantized_grids(group, value)
     }
