@@ -1,7 +1,8 @@
 //! layerdiff's own float64 kernels, where neither ONNX Runtime nor tract computes an op in
 //! float64 (Erf and Gelu, in every GELU), or tract does it too slowly for every layer of a model
-//! (Conv, see [`conv`]), or a session of ONNX Runtime costs more than the op (Relu, and Add of
-//! two values of one shape: a CNN has dozens, each exact in float64 whichever computes it).
+//! (Conv, see [`conv`]), or a session of ONNX Runtime costs more than the op (Relu, Identity,
+//! and Add of two values of one shape: a CNN has dozens, each exact in float64 whichever
+//! computes it).
 //! They run single-node models, as [`crate::PerNode`] hands them, and refuse anything else at
 //! once, so they go first.
 
@@ -9,13 +10,14 @@ use std::borrow::Cow;
 
 use layerdiff_core::{DType, Tensor, TensorView};
 use layerdiff_onnx::{Model, NodeProto, Stored};
+use rayon::prelude::*;
 
 use crate::{Error, Result, Runtime};
 
 mod conv;
 
 /// The ops these kernels compute.
-const OPS: [&str; 5] = ["Add", "Conv", "Erf", "Gelu", "Relu"];
+const OPS: [&str; 6] = ["Add", "Conv", "Erf", "Gelu", "Identity", "Relu"];
 
 /// GELU as ONNX defines it: exact (with erf), or its tanh approximation.
 fn gelu(x: f64, tanh: bool) -> f64 {
@@ -50,16 +52,26 @@ fn values<'a>(t: &TensorView<'a>) -> Cow<'a, [f64]> {
     }
 }
 
-/// float64 values as a tensor of `shape`.
-fn float64(shape: Vec<usize>, values: &[f64]) -> Result<Tensor> {
-    let bytes = if cfg!(target_endian = "little") {
-        bytemuck::cast_slice(values).to_vec()
-    } else {
-        values.iter().flat_map(|v| v.to_le_bytes()).collect()
-    };
+/// A float64 tensor of `shape` whose values `fill` writes (every one of them), in the tensor's
+/// own bytes where they are aligned for float64 (no copy: a CNN's values are megabytes each),
+/// else in a buffer of its own, copied once.
+fn float64(shape: Vec<usize>, fill: impl FnOnce(&mut [f64])) -> Result<Tensor> {
+    let numel = shape.iter().product::<usize>();
+    let mut bytes = vec![0u8; numel * 8];
+    match bytemuck::try_cast_slice_mut::<u8, f64>(&mut bytes) {
+        Ok(values) if cfg!(target_endian = "little") => fill(values),
+        _ => {
+            let mut values = vec![0.0; numel];
+            fill(&mut values);
+            bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        }
+    }
     Tensor::new("y", DType::F64, shape, bytes)
         .map_err(|e| Error::Failed(format!("layerdiff's float64 kernels: {e}")))
 }
+
+/// Elements each thread takes at once in the elementwise kernels.
+const RUN: usize = 1 << 14;
 
 /// Erf, Gelu or Relu, elementwise on the float64 `x`.
 fn elementwise(node: &NodeProto, x: TensorView<'_>) -> Result<Tensor> {
@@ -77,8 +89,12 @@ fn elementwise(node: &NodeProto, x: TensorView<'_>) -> Result<Tensor> {
     if x.dtype != DType::F64 {
         return Err(unsupported(format!("{} on {}", node.op_type(), x.dtype)));
     }
-    let y: Vec<f64> = values(&x).iter().map(|&v| f(v)).collect();
-    float64(x.shape.to_vec(), &y)
+    let (shape, x) = (x.shape.to_vec(), values(&x));
+    float64(shape, |y| {
+        y.par_chunks_mut(RUN)
+            .zip(x.par_chunks(RUN))
+            .for_each(|(y, x)| y.iter_mut().zip(x).for_each(|(y, &x)| *y = f(x)));
+    })
 }
 
 /// Add of two float64 values of one shape (one that broadcasts is ONNX Runtime's).
@@ -89,10 +105,16 @@ fn add(a: TensorView<'_>, b: TensorView<'_>) -> Result<Tensor> {
             a.dtype, a.shape, b.dtype, b.shape
         )));
     }
-    let y: Vec<f64> = (values(&a).iter().zip(values(&b).iter()))
-        .map(|(x, y)| x + y)
-        .collect();
-    float64(a.shape.to_vec(), &y)
+    let (x, z) = (values(&a), values(&b));
+    float64(a.shape.to_vec(), |y| {
+        y.par_chunks_mut(RUN)
+            .zip(x.par_chunks(RUN).zip(z.par_chunks(RUN)))
+            .for_each(|(y, (x, z))| {
+                for ((y, &x), &z) in y.iter_mut().zip(x).zip(z) {
+                    *y = x + z;
+                }
+            });
+    })
 }
 
 impl Runtime for ExactKernels {
@@ -144,6 +166,9 @@ impl Runtime for ExactKernels {
             return Err(unsupported(format!("{} without an input", node.op_type())));
         };
         let y = match node.op_type() {
+            // a weight shared under another name (the legacy exporter's): the value itself
+            "Identity" => Tensor::new("y", x.dtype, x.shape.clone(), x.bytes.into_owned())
+                .map_err(|e| Error::Failed(format!("layerdiff's float64 kernels: {e}")))?,
             "Conv" => {
                 let w = operand(1)?.ok_or_else(|| unsupported("a Conv without a weight".into()))?;
                 let b = operand(2)?;

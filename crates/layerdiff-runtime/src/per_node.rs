@@ -73,6 +73,7 @@ impl Runtime for PerNode {
                 last_read.insert(input.as_str(), i);
             }
         }
+        let wanted: std::collections::HashSet<&str> = outputs.iter().map(String::as_str).collect();
         let mut values: Vec<(String, Tensor)> = inputs.to_vec();
         // The first runtime is always asked first (it refuses at once what it does not compute:
         // a node it refused does not send the next one of its op type elsewhere); then the
@@ -121,21 +122,29 @@ impl Runtime for PerNode {
             };
             values.extend(out);
             values.retain(|(name, _)| {
-                outputs.contains(name) || last_read.get(name.as_str()).is_some_and(|&l| l > i)
+                wanted.contains(name.as_str())
+                    || last_read.get(name.as_str()).is_some_and(|&l| l > i)
             });
         }
-        outputs
-            .iter()
-            .map(|name| {
-                values
-                    .iter()
-                    .find(|(n, _)| n == name)
-                    .map(|(n, t)| (n.clone(), t.clone()))
-                    .ok_or_else(|| {
-                        Error::Failed(format!("node by node: no node produced `{name}`"))
-                    })
-            })
-            .collect()
+        // handed back as computed, not copied (a graph's every value may be asked for); a
+        // value asked for twice is copied the second time
+        let mut held: HashMap<String, Tensor> = values.into_iter().collect();
+        let mut out: Vec<(String, Tensor)> = Vec::with_capacity(outputs.len());
+        for name in outputs {
+            let tensor = match held.remove(name) {
+                Some(t) => t,
+                None => match out.iter().find(|(n, _)| n == name) {
+                    Some((_, t)) => t.clone(),
+                    None => {
+                        return Err(Error::Failed(format!(
+                            "node by node: no node produced `{name}`"
+                        )));
+                    }
+                },
+            };
+            out.push((name.clone(), tensor));
+        }
+        Ok(out)
     }
 }
 

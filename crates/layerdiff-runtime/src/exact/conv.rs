@@ -285,64 +285,66 @@ pub(super) fn conv(
         .collect();
     let as_is = geo.reads_input_as_is();
     let per_group = geo.channels / geo.group;
-    let mut y = vec![0.0; geo.batch * geo.maps * positions];
-    let shared = Shared(y.as_mut_ptr());
-    tasks.par_iter().for_each(|&(n, g, from, first)| {
-        let (to, maps) = (
-            (from + slice).min(positions),
-            block.min(maps_per_group - first),
-        );
-        let width = to - from;
-        let weights = &ws[(g * maps_per_group + first) * patch..][..maps * patch];
-        let map = g * maps_per_group + first;
-        // rows `map..map + maps` of image `n`, columns `from..to`: this task's alone
-        let out = shared.at((n * geo.maps + map) * positions + from);
-        SCRATCH.with_borrow_mut(|scratch| {
-            let (columns, stride) = if as_is {
-                let at = (n * geo.channels + g * per_group) * positions + from;
-                (xs[at..].as_ptr(), positions)
-            } else {
-                if scratch.len() < patch * width {
-                    scratch.resize(patch * width, 0.0);
-                }
-                geo.columns(&xs, n, g, from, to, &mut scratch[..patch * width]);
-                (scratch.as_ptr(), width)
-            };
-            // SAFETY: `weights` is maps × patch and `columns` patch × width, row-major with the
-            // strides given (the input's planes read as is lie `positions` apart); `out` is
-            // maps rows of `positions`, of which this task writes columns `from..to`.
-            unsafe {
-                matrixmultiply::dgemm(
-                    maps,
-                    patch,
-                    width,
-                    1.0,
-                    weights.as_ptr(),
-                    patch as isize,
-                    1,
-                    columns,
-                    stride as isize,
-                    1,
-                    0.0,
-                    out,
-                    positions as isize,
-                    1,
-                );
-            }
-        });
-        if let Some(bias) = &bias {
-            for m in 0..maps {
-                // SAFETY: row `m` of this task's part, as above
-                let row = unsafe { std::slice::from_raw_parts_mut(out.add(m * positions), width) };
-                for v in row {
-                    *v += bias[map + m];
-                }
-            }
-        }
-    });
     let mut shape = vec![geo.batch, geo.maps];
     shape.extend(&geo.output[2 - (x.shape.len() - 2)..]);
-    super::float64(shape, &y).map_err(|e| e.to_string())
+    super::float64(shape, |y| {
+        let shared = Shared(y.as_mut_ptr());
+        tasks.par_iter().for_each(|&(n, g, from, first)| {
+            let (to, maps) = (
+                (from + slice).min(positions),
+                block.min(maps_per_group - first),
+            );
+            let width = to - from;
+            let weights = &ws[(g * maps_per_group + first) * patch..][..maps * patch];
+            let map = g * maps_per_group + first;
+            // rows `map..map + maps` of image `n`, columns `from..to`: this task's alone
+            let out = shared.at((n * geo.maps + map) * positions + from);
+            SCRATCH.with_borrow_mut(|scratch| {
+                let (columns, stride) = if as_is {
+                    let at = (n * geo.channels + g * per_group) * positions + from;
+                    (xs[at..].as_ptr(), positions)
+                } else {
+                    if scratch.len() < patch * width {
+                        scratch.resize(patch * width, 0.0);
+                    }
+                    geo.columns(&xs, n, g, from, to, &mut scratch[..patch * width]);
+                    (scratch.as_ptr(), width)
+                };
+                // SAFETY: `weights` is maps × patch and `columns` patch × width, row-major with the
+                // strides given (the input's planes read as is lie `positions` apart); `out` is
+                // maps rows of `positions`, of which this task writes columns `from..to`.
+                unsafe {
+                    matrixmultiply::dgemm(
+                        maps,
+                        patch,
+                        width,
+                        1.0,
+                        weights.as_ptr(),
+                        patch as isize,
+                        1,
+                        columns,
+                        stride as isize,
+                        1,
+                        0.0,
+                        out,
+                        positions as isize,
+                        1,
+                    );
+                }
+            });
+            if let Some(bias) = &bias {
+                for m in 0..maps {
+                    // SAFETY: row `m` of this task's part, as above
+                    let row =
+                        unsafe { std::slice::from_raw_parts_mut(out.add(m * positions), width) };
+                    for v in row {
+                        *v += bias[map + m];
+                    }
+                }
+            }
+        });
+    })
+    .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
