@@ -103,6 +103,20 @@ pub trait Runtime {
     fn optimize(&self, _model: &Model) -> Result<Option<Optimized>> {
         Ok(None)
     }
+    /// [`Runtime::optimize`], and `model`'s `outputs` on `inputs` as the runtime computes the
+    /// model it was handed (rewritten, no value exposed): from the session that optimized it
+    /// where the runtime can (one session fewer), else by a run of their own.
+    fn optimize_and_run(
+        &self,
+        model: &Model,
+        inputs: &[(String, Tensor)],
+        outputs: &[String],
+    ) -> Result<Option<(Optimized, Outputs)>> {
+        let Some(optimized) = self.optimize(model)? else {
+            return Ok(None);
+        };
+        Ok(Some((optimized, self.run(model, inputs, outputs)?)))
+    }
     /// Which execution provider runs how many of `model`'s nodes, most first, and the one
     /// asked for, where a runtime can place nodes elsewhere than asked (ONNX Runtime on a
     /// provider other than the CPU); `None` where every node runs where asked.
@@ -147,6 +161,9 @@ pub struct ReducedMath {
     /// A sentence: who, how, and how to turn it off.
     pub how: String,
 }
+
+/// Values a run hands back, each by name, in the order asked.
+pub type Outputs = Vec<(String, Tensor)>;
 
 /// A model as a runtime rewrote it (see [`Runtime::optimize`]).
 pub struct Optimized {

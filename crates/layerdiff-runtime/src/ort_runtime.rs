@@ -390,19 +390,19 @@ impl Runtime for OrtRuntime {
     }
 
     fn optimize(&self, model: &Model) -> Result<Option<Optimized>> {
-        if !self.rewrites() {
+        Ok(self.optimized(model, &[], None)?.map(|(optimized, _)| optimized))
+    }
+
+    fn optimize_and_run(
+        &self,
+        model: &Model,
+        inputs: &[(String, Tensor)],
+        outputs: &[String],
+    ) -> Result<Option<(Optimized, crate::Outputs)>> {
+        let Some((optimized, out)) = self.optimized(model, inputs, Some(outputs))? else {
             return Ok(None);
-        }
-        let failed = |e: &dyn std::fmt::Display| Error::SaveOptimized(e.to_string());
-        let folder = tempfile::tempdir().map_err(|e| failed(&e))?;
-        let path = folder.path().join("optimized.onnx");
-        drop(self.session_with(model, Some(&path), None)?);
-        let saved = Model::load(&path).map_err(|e| failed(&e))?;
-        Ok(Some(Optimized {
-            model: saved,
-            runtime: Box::new(self.as_saved()),
-            folder,
-        }))
+        };
+        Ok(Some((optimized, out.unwrap_or_default())))
     }
 
     fn run(
@@ -430,6 +430,36 @@ impl Runtime for OrtRuntime {
             run_session(&mut session, inputs, keep)?,
             run_session(&mut session, inputs, keep)?,
         ])
+    }
+}
+
+impl OrtRuntime {
+    /// The graph ONNX Runtime optimizes `model` into, saved and read back, and, where
+    /// `outputs` are asked for, those computed on `inputs` by the session that optimized it.
+    fn optimized(
+        &self,
+        model: &Model,
+        inputs: &[(String, Tensor)],
+        outputs: Option<&[String]>,
+    ) -> Result<Option<(Optimized, Option<crate::Outputs>)>> {
+        if !self.rewrites() {
+            return Ok(None);
+        }
+        let failed = |e: &dyn std::fmt::Display| Error::SaveOptimized(e.to_string());
+        let folder = tempfile::tempdir().map_err(|e| failed(&e))?;
+        let path = folder.path().join("optimized.onnx");
+        let mut session = self.session_with(model, Some(&path), None)?;
+        let out = outputs
+            .map(|outputs| run_session(&mut session, inputs, outputs))
+            .transpose()?;
+        drop(session);
+        let saved = Model::load(&path).map_err(|e| failed(&e))?;
+        let optimized = Optimized {
+            model: saved,
+            runtime: Box::new(self.as_saved()),
+            folder,
+        };
+        Ok(Some((optimized, out)))
     }
 }
 

@@ -140,11 +140,18 @@ pub fn prepare_target(
     if placement.is_some() {
         clock.lap("placing nodes (a profiled run)", RUNTIME);
     }
-    let Some(Optimized {
-        model: mut optimized,
-        runtime: as_saved,
-        folder,
-    }) = runtime.optimize(original)?
+    let outputs: Vec<String> = (original.proto.graph.iter().flat_map(|g| &g.output))
+        .map(|o| o.name().to_string())
+        .collect();
+    // the unmodified graph's outputs, from the session that optimized it where the runtime can
+    let Some((
+        Optimized {
+            model: mut optimized,
+            runtime: as_saved,
+            folder,
+        },
+        unmodified,
+    )) = runtime.optimize_and_run(original, inputs, &outputs)?
     else {
         let mut model = file;
         let renames = match model.as_mut() {
@@ -160,13 +167,6 @@ pub fn prepare_target(
         });
     };
     let nodes_optimized = optimized.graph().node.len();
-    let outputs: Vec<String> = original
-        .graph()
-        .output
-        .iter()
-        .map(|o| o.name().to_string())
-        .collect();
-    let unmodified = runtime.run(original, inputs, &outputs)?;
     let renames = Renames::of(original, &mut optimized);
     let graph = TargetGraph {
         optimized_by: format!(
