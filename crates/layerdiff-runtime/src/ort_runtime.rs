@@ -166,6 +166,34 @@ impl OrtRuntime {
         Ok(self)
     }
 
+    /// The graph ONNX Runtime optimizes `model` into, saved and read back, and, where
+    /// `outputs` are asked for, those computed on `inputs` by the session that optimized it.
+    fn optimized(
+        &self,
+        model: &Model,
+        inputs: &[(String, Tensor)],
+        outputs: Option<&[String]>,
+    ) -> Result<Option<(Optimized, Option<crate::Outputs>)>> {
+        if !self.rewrites() {
+            return Ok(None);
+        }
+        let failed = |e: &dyn std::fmt::Display| Error::SaveOptimized(e.to_string());
+        let folder = tempfile::tempdir().map_err(|e| failed(&e))?;
+        let path = folder.path().join("optimized.onnx");
+        let mut session = self.session_with(model, Some(&path), None)?;
+        let out = outputs
+            .map(|outputs| run_session(&mut session, inputs, outputs))
+            .transpose()?;
+        drop(session);
+        let saved = Model::load(&path).map_err(|e| failed(&e))?;
+        let optimized = Optimized {
+            model: saved,
+            runtime: Box::new(self.as_saved()),
+            folder,
+        };
+        Ok(Some((optimized, out)))
+    }
+
     /// The runtime that runs the graph this one optimized (see [`Runtime::optimize`]) as saved,
     /// rewriting nothing more.
     pub fn as_saved(&self) -> Self {
@@ -390,7 +418,9 @@ impl Runtime for OrtRuntime {
     }
 
     fn optimize(&self, model: &Model) -> Result<Option<Optimized>> {
-        Ok(self.optimized(model, &[], None)?.map(|(optimized, _)| optimized))
+        Ok(self
+            .optimized(model, &[], None)?
+            .map(|(optimized, _)| optimized))
     }
 
     fn optimize_and_run(
@@ -430,36 +460,6 @@ impl Runtime for OrtRuntime {
             run_session(&mut session, inputs, keep)?,
             run_session(&mut session, inputs, keep)?,
         ])
-    }
-}
-
-impl OrtRuntime {
-    /// The graph ONNX Runtime optimizes `model` into, saved and read back, and, where
-    /// `outputs` are asked for, those computed on `inputs` by the session that optimized it.
-    fn optimized(
-        &self,
-        model: &Model,
-        inputs: &[(String, Tensor)],
-        outputs: Option<&[String]>,
-    ) -> Result<Option<(Optimized, Option<crate::Outputs>)>> {
-        if !self.rewrites() {
-            return Ok(None);
-        }
-        let failed = |e: &dyn std::fmt::Display| Error::SaveOptimized(e.to_string());
-        let folder = tempfile::tempdir().map_err(|e| failed(&e))?;
-        let path = folder.path().join("optimized.onnx");
-        let mut session = self.session_with(model, Some(&path), None)?;
-        let out = outputs
-            .map(|outputs| run_session(&mut session, inputs, outputs))
-            .transpose()?;
-        drop(session);
-        let saved = Model::load(&path).map_err(|e| failed(&e))?;
-        let optimized = Optimized {
-            model: saved,
-            runtime: Box::new(self.as_saved()),
-            folder,
-        };
-        Ok(Some((optimized, out)))
     }
 }
 

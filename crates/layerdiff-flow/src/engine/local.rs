@@ -1,6 +1,8 @@
 //! Each layer of a segment re-run locally: the target's group on the reference's values, its
 //! output compared with the reference's and measured against its same-precision baseline.
 
+use std::borrow::Cow;
+
 use rayon::prelude::*;
 
 use layerdiff_core::{DType, Layer, LayerStatus, Tensor, assess_baseline, compare_pair};
@@ -11,11 +13,12 @@ use crate::engine::side::{Group, Recompute};
 
 /// One layer's local re-run: its index, the target's output, and (where a baseline is
 /// measured) what it is judged against.
-pub(crate) type LocalRun = (usize, Tensor, Option<Exact>);
+/// The output is the target's own value, borrowed, where the group was not re-run.
+pub(crate) type LocalRun<'a> = (usize, Cow<'a, Tensor>, Option<Exact>);
 
 /// A layer beyond its baseline: its index, the target's output of its local re-run, the grid
 /// it was judged in and its group's rounding stages.
-pub(crate) type Beyond = (usize, Tensor, DType, u32);
+pub(crate) type Beyond<'a> = (usize, Cow<'a, Tensor>, DType, u32);
 
 /// A layer's exact value on the rounded inputs, or why there is none, with the rounding stages
 /// of its group, the dtype it is judged in, and its reduction's terms where the framework
@@ -27,7 +30,7 @@ pub(crate) struct Exact {
     pub reduction: Option<crate::engine::baseline::Terms>,
 }
 
-impl Pairs<'_> {
+impl<'a> Pairs<'a> {
     /// Layer `i`'s local error, run: the target's group computing its value (`slot`) re-run
     /// on the reference's values of the group's inputs. Returns the output, which
     /// [`Pairs::compare_local`] compares with the reference's value. A group that cannot run
@@ -38,7 +41,7 @@ impl Pairs<'_> {
         slot: &mut Option<std::result::Result<Group, String>>,
         recompute: &dyn Recompute,
         i: usize,
-    ) -> Option<Tensor> {
+    ) -> Option<Cow<'a, Tensor>> {
         let value = self.target_values[i].as_deref()?;
         self.reference.get(&self.reference_values[i])?;
         if layer.status != LayerStatus::Compared {
@@ -55,7 +58,7 @@ impl Pairs<'_> {
                 // inference, `x * 1.0`): on the reference's value, its own computation in the
                 // target gives that value back, so its own error is none.
                 layer.local_inputs = vec![self.reference_values[first].clone()];
-                return Some(earlier.clone());
+                return Some(Cow::Owned(earlier.clone()));
             }
             layer.local_reason = Some(format!(
                 "it holds the same ONNX value as `{}`, so it has no nodes of its own",
@@ -69,7 +72,7 @@ impl Pairs<'_> {
             // On the very values its run read, the group computes the side's own value again:
             // that value is its own error, and the re-run is not made.
             layer.local_inputs = self.local_inputs(recompute, group);
-            return Some(own.clone());
+            return Some(Cow::Borrowed(own));
         }
         let outcome = match slot {
             Some(Ok(group)) => recompute.run_group(group, value, &|n| self.feed(n)),
@@ -81,7 +84,7 @@ impl Pairs<'_> {
                 if let Some(Ok(group)) = slot.as_ref() {
                     layer.local_inputs = self.local_inputs(recompute, group);
                 }
-                Some(out)
+                Some(Cow::Owned(out))
             }
             Err(reason) => {
                 layer.local_reason = Some(reason.clone());
@@ -99,7 +102,7 @@ impl Pairs<'_> {
         recompute: &dyn Recompute,
         group: &Group,
         value: &str,
-    ) -> Option<&Tensor> {
+    ) -> Option<&'a Tensor> {
         let again = recompute.reruns_as_run() && group.inputs.iter().all(|n| self.read_as_run(n));
         again.then(|| self.target.get(value)).flatten()
     }
@@ -137,7 +140,7 @@ impl Pairs<'_> {
     /// measures each against its same-precision baseline. `layers` are all the run's layers.
     /// Returns the layers beyond their baseline, with their output, the grid they were judged
     /// in and their group's rounding stages: what [`Pairs::as_written`] measures again.
-    pub fn compare_local(&self, layers: &mut [Layer], runs: Vec<LocalRun>) -> Vec<Beyond> {
+    pub fn compare_local(&self, layers: &mut [Layer], runs: Vec<LocalRun<'a>>) -> Vec<Beyond<'a>> {
         let mut runs = runs.into_iter().peekable();
         let mut jobs = Vec::new();
         let expected = !self.reference.is_computed();
@@ -145,14 +148,24 @@ impl Pairs<'_> {
             let Some((_, out, exact)) = runs.next_if(|(at, _, _)| *at == i) else {
                 continue;
             };
+            // the target's own value, taken as its local re-run: compared with the reference's
+            // already
+            let compared = matches!(&out, Cow::Borrowed(t)
+                if self.pair(i).is_some_and(|(_, own)| std::ptr::eq(own, *t)));
             if let Some(reference) = self.reference.get(&self.reference_values[i]) {
-                jobs.push((i, layer, reference, out, exact));
+                jobs.push((i, layer, reference, out, exact, compared));
             }
         }
         jobs.into_par_iter()
-            .filter_map(|(i, layer, reference, out, exact)| {
+            .filter_map(|(i, layer, reference, out, exact, compared)| {
                 let judge = judge(layer, layer.target_dtype.as_deref(), reference, &out);
-                layer.local = compare_pair(reference.view(), out.view(), judge).stats;
+                // judged as the comparison judged it, its statistics are the comparison's
+                let held = (reference.dtype != out.dtype).then(|| out.dtype.name());
+                let again = compared && super::pairs::judge(layer, held, reference, &out) == judge;
+                layer.local = match &layer.accumulated {
+                    Some(stats) if again => Some(stats.clone()),
+                    _ => compare_pair(reference.view(), out.view(), judge).stats,
+                };
                 let Exact {
                     value,
                     stages,
@@ -191,8 +204,8 @@ impl Pairs<'_> {
         &self,
         layers: &mut [Layer],
         baseline: Option<&dyn crate::engine::baseline::Baseline>,
-        beyond: Vec<Beyond>,
-    ) -> Vec<Beyond> {
+        beyond: Vec<Beyond<'a>>,
+    ) -> Vec<Beyond<'a>> {
         let Some(baseline) = baseline else {
             return beyond;
         };
@@ -238,7 +251,7 @@ impl Pairs<'_> {
         layers: &mut [Layer],
         groups: &[Option<std::result::Result<Group, String>>],
         recompute: &dyn Recompute,
-        beyond: Vec<Beyond>,
+        beyond: Vec<Beyond<'a>>,
     ) {
         for (i, out, grid, stages) in beyond {
             let (Some(value), Some(Ok(group))) = (self.target_values[i].as_deref(), &groups[i])
