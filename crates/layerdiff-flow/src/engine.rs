@@ -30,8 +30,8 @@ pub(crate) mod side;
 
 use baseline::Baseline;
 use evidence::disagreement;
-use memory::Segmentation;
 use local::Exact;
+use memory::Segmentation;
 use pairs::Pairs;
 use plan::Plan;
 use segment::segments_warning;

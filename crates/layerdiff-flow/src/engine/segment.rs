@@ -10,23 +10,31 @@ use super::{
 use crate::Recompute;
 use crate::engine::plan::Segment;
 
+/// The segment's pairs of values as the engine holds them (a macro: each field is borrowed on
+/// its own, so the layers stay free to change).
+macro_rules! pairs {
+    ($engine:expr) => {
+        Pairs {
+            reference: &$engine.reference,
+            target: &$engine.target,
+            truth: $engine.truth.as_ref().map(|t| t as &dyn Side),
+            reference_values: &$engine.reference_values,
+            target_values: &$engine.target_values,
+            reference_of: &$engine.reference_of,
+            target_of: &$engine.target_of,
+            inputs: &$engine.inputs,
+            shared: $engine.shared,
+            tolerance: $engine.settings.tolerance,
+        }
+    };
+}
+
 impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
     /// Runs the next segment: both sides' parts, then every comparison in it.
     pub(super) fn run_segment(&mut self) -> Result<()> {
         let segment = self.plan.segments[self.done].clone();
         self.produce(&segment)?;
-        let held = Pairs {
-            reference: &self.reference,
-            target: &self.target,
-            truth: self.truth.as_ref().map(|t| t as &dyn Side),
-            reference_values: &self.reference_values,
-            target_values: &self.target_values,
-            reference_of: &self.reference_of,
-            target_of: &self.target_of,
-            inputs: &self.inputs,
-            shared: self.shared,
-            tolerance: self.settings.tolerance,
-        };
+        let held = pairs!(self);
         let range = segment.layers.clone();
         held.compare(
             &mut self.layers[range.clone()],
@@ -47,65 +55,11 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                 own[i] = held.own_error(&mut self.layers[i], i);
             }
         }
-        if let Some(recompute) = self.target.recompute().filter(|_| self.settings.local) {
-            // Outputs are compared in batches (see [`local_batch`]).
-            let limit = local_batch(self.settings.max_memory);
-            let (mut runs, mut held_bytes) = (Vec::new(), 0);
-            for i in segment.layers.clone() {
-                if crate::interrupt::requested().is_some() {
-                    // the layers from here on are not judged: the run stops before them
-                    self.stopped_at = Some(i);
-                    judged = segment.layers.start..i;
-                    break;
-                }
-                if own[i] {
-                    continue;
-                }
-                let out =
-                    held.measure_local(&mut self.layers[i], &mut self.groups[i], recompute, i);
-                if let Some(ticker) = self.progress.as_mut() {
-                    ticker.tick(i + 1);
-                }
-                if let Some(out) = out {
-                    let exact = self.baseline.as_deref().map(|b| {
-                        let group = self.groups[i].as_ref().and_then(|g| g.as_ref().ok());
-                        let value = &self.reference_values[i];
-                        baseline_exact(b, value, &self.layers[i], &out, group, recompute, &|n| {
-                            held.baseline_feed(n)
-                        })
-                    });
-                    held_bytes += out.bytes.len() as u64;
-                    if let Some(e) = &exact {
-                        let value = e.value.as_ref().map_or(0, |v| v.bytes.len());
-                        let terms = e.reduction.as_ref().map_or(0, |t| t.bytes());
-                        held_bytes += (value + terms) as u64;
-                    }
-                    runs.push((i, out, exact));
-                }
-                if held_bytes >= limit {
-                    let beyond = held.compare_local(&mut self.layers, std::mem::take(&mut runs));
-                    let beyond =
-                        held.with_reductions(&mut self.layers, self.baseline.as_deref(), beyond);
-                    held.as_written(&mut self.layers, &self.groups, recompute, beyond);
-                    held_bytes = 0;
-                }
-            }
-            let beyond = held.compare_local(&mut self.layers, runs);
-            let beyond = held.with_reductions(&mut self.layers, self.baseline.as_deref(), beyond);
-            held.as_written(&mut self.layers, &self.groups, recompute, beyond);
-            // the baseline's float64 evaluation is inference too, as PyTorch's is where it
-            // hands its float64 values over
-            let float64 = self
-                .baseline
-                .as_ref()
-                .map_or_else(Default::default, |b| b.take_time());
-            let mut inference = vec![("local error: inference", recompute.take_time())];
-            if !float64.is_zero() {
-                inference.push(("local error: float64 inference", float64));
-            }
-            self.clock
-                .split_lap("local error: extraction and comparison", &inference);
+        if let Some(stopped) = self.local_errors(&segment, &own) {
+            self.stopped_at = Some(stopped);
+            judged = segment.layers.start..stopped;
         }
+        let held = pairs!(self);
 
         // What the values of an exceeding layer show, while they are held.
         let mut exceeding = false;
@@ -131,6 +85,82 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         self.free_segment(&segment);
         self.done += 1;
         Ok(())
+    }
+
+    /// Each layer of `segment` re-run locally on the reference's values (but those whose own
+    /// error the target had, `own`), compared, and measured against its baseline. Returns the
+    /// layer a signal stopped the run before, if one did.
+    fn local_errors(&mut self, segment: &Segment, own: &[bool]) -> Option<usize> {
+        let recompute = self.target.recompute().filter(|_| self.settings.local)?;
+        let held = pairs!(self);
+        let mut stopped = None;
+        // Outputs are compared in batches (see [`local_batch`]).
+        let limit = local_batch(self.settings.max_memory);
+        let (mut runs, mut held_bytes) = (Vec::new(), 0);
+        for i in segment.layers.clone() {
+            if crate::interrupt::requested().is_some() {
+                // the layers from here on are not judged: the run stops before them
+                stopped = Some(i);
+                break;
+            }
+            if own[i] {
+                continue;
+            }
+            let out = held.measure_local(&mut self.layers[i], &mut self.groups[i], recompute, i);
+            if let Some(ticker) = self.progress.as_mut() {
+                ticker.tick(i + 1);
+            }
+            if let Some(out) = out {
+                // A value bit for bit the reference's has no error of its own: its
+                // multiple is 0 whatever the ideal, and where the layer stays within its
+                // tolerance nothing else reads the ideal, so none is computed. (One that
+                // exceeds is judged against it: the ideal explains its difference.)
+                layerdiff_core::judge(&mut self.layers[i], self.settings.tolerance);
+                let same = !self.layers[i].exceeds_tol
+                    && (self.reference.get(&self.reference_values[i]))
+                        .is_some_and(|r| r.dtype == out.dtype && r.bytes == out.bytes);
+                if same && self.baseline.is_some() {
+                    self.layers[i].baseline_reason = Some(SAME_BITS.to_string());
+                }
+                let exact = self.baseline.as_deref().filter(|_| !same).map(|b| {
+                    let group = self.groups[i].as_ref().and_then(|g| g.as_ref().ok());
+                    let value = &self.reference_values[i];
+                    baseline_exact(b, value, &self.layers[i], &out, group, recompute, &|n| {
+                        held.baseline_feed(n)
+                    })
+                });
+                held_bytes += out.bytes.len() as u64;
+                if let Some(e) = &exact {
+                    let value = e.value.as_ref().map_or(0, |v| v.bytes.len());
+                    let terms = e.reduction.as_ref().map_or(0, |t| t.bytes());
+                    held_bytes += (value + terms) as u64;
+                }
+                runs.push((i, out, exact));
+            }
+            if held_bytes >= limit {
+                let beyond = held.compare_local(&mut self.layers, std::mem::take(&mut runs));
+                let beyond =
+                    held.with_reductions(&mut self.layers, self.baseline.as_deref(), beyond);
+                held.as_written(&mut self.layers, &self.groups, recompute, beyond);
+                held_bytes = 0;
+            }
+        }
+        let beyond = held.compare_local(&mut self.layers, runs);
+        let beyond = held.with_reductions(&mut self.layers, self.baseline.as_deref(), beyond);
+        held.as_written(&mut self.layers, &self.groups, recompute, beyond);
+        // the baseline's float64 evaluation is inference too, as PyTorch's is where it
+        // hands its float64 values over
+        let float64 = self
+            .baseline
+            .as_ref()
+            .map_or_else(Default::default, |b| b.take_time());
+        let mut inference = vec![("local error: inference", recompute.take_time())];
+        if !float64.is_zero() {
+            inference.push(("local error: float64 inference", float64));
+        }
+        self.clock
+            .split_lap("local error: extraction and comparison", &inference);
+        stopped
     }
 
     /// Both sides produce their part of `segment` (a target that ran ahead has it already),
@@ -284,6 +314,10 @@ fn kept<'a>(
         .cloned()
         .collect()
 }
+
+/// Why a layer whose local re-run gives the reference's very value has no baseline.
+pub(crate) const SAME_BITS: &str =
+    "its own value is the reference's, bit for bit (no error of its own to judge)";
 
 /// Bytes of local re-run outputs held before they are compared, all at once across the threads
 /// (one by one, most are too small to keep the threads busy): a sixteenth of the memory budget,
