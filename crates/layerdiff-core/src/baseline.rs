@@ -77,6 +77,11 @@ use narrow::{NEGLIGIBLE_TERMS, SYSTEMATIC};
 pub use narrow::{NarrowIdeal, narrow_accumulation_sigma};
 use rule::{BLOCK, NARROW_TAIL, Rule, Sums};
 
+/// Why a layer has no baseline where its own value is the reference's bit for bit and it stays
+/// within its tolerance: its multiple is 0 whatever the ideal, which is not computed.
+pub const SAME_BITS: &str =
+    "its own value is the reference's, bit for bit (no error of its own to judge)";
+
 /// How many times what precision explains a layer's own error may reach and still be precision
 /// (see the module docs).
 pub const DEFECT_MARGIN: f64 = 1.25;

@@ -39,8 +39,9 @@ pub use axis::{
     AXIS_SCHEMA, AxisLayer, AxisPoint, AxisReport, along_axis, axis_markdown, axis_text,
 };
 pub use baseline::{
-    Baseline, DEFECT_MARGIN, HONEST_FACTOR, NarrowIdeal, Reduction, WITHIN_TOLERANCE_MARGIN,
-    accumulation_unit, assess_baseline, kernel_allowance, narrow_accumulation_sigma, output_steps,
+    Baseline, DEFECT_MARGIN, HONEST_FACTOR, NarrowIdeal, Reduction, SAME_BITS,
+    WITHIN_TOLERANCE_MARGIN, accumulation_unit, assess_baseline, kernel_allowance,
+    narrow_accumulation_sigma, output_steps,
 };
 pub use bisect::{Bisection, BisectionCheck, OpaqueSearch, RangeTried, smallest_set};
 pub use cause::{

@@ -358,8 +358,12 @@ fn keep_float32(out: &mut String, report: &Report) {
     }
 }
 
-/// Why a layer was not compared, or not measured locally or against a baseline.
+/// Why a layer was not compared, or not measured locally or against a baseline. The layers
+/// that need no baseline (their own value is the reference's bit for bit) are counted in one
+/// line, not listed.
 fn notes(out: &mut String, report: &Report) {
+    let same = |l: &&crate::Layer| l.baseline_reason.as_deref() == Some(crate::SAME_BITS);
+    let same_bits = report.layers.iter().filter(same).count();
     let notes: Vec<_> = report
         .layers
         .iter()
@@ -368,9 +372,8 @@ fn notes(out: &mut String, report: &Report) {
                 .local_reason
                 .as_ref()
                 .map(|r| format!("local error not measured: {r}"));
-            let baseline = l
-                .baseline_reason
-                .as_ref()
+            let baseline = (l.baseline_reason.as_ref())
+                .filter(|r| r.as_str() != crate::SAME_BITS)
                 .map(|r| format!("no same-precision baseline: {r}"));
             let text: Vec<String> = l
                 .reason
@@ -382,7 +385,7 @@ fn notes(out: &mut String, report: &Report) {
             (!text.is_empty()).then(|| (l, text.join("; ")))
         })
         .collect();
-    if !notes.is_empty() {
+    if !notes.is_empty() || same_bits > 0 {
         let _ = writeln!(out, "\n## Notes on layers\n");
         for group in super::alike::alike(notes, |(_, reason)| Some(super::alike::masked(reason))) {
             let (l, reason) = &group[0];
@@ -391,6 +394,16 @@ fn notes(out: &mut String, report: &Report) {
                 "- {}: {reason}{}",
                 code(&l.name),
                 alike_tail(group[1..].iter().map(|(o, _)| o.name.clone()).collect())
+            );
+        }
+        if same_bits > 0 {
+            let (n, each) = match same_bits {
+                1 => ("1 layer needs".to_string(), "its own value is"),
+                n => (format!("{n} layers need"), "each one's own value is"),
+            };
+            let _ = writeln!(
+                out,
+                "- {n} no same-precision baseline: {each} the reference's, bit for bit (no error of its own to judge)"
             );
         }
     }

@@ -120,7 +120,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                     && (self.reference.get(&self.reference_values[i]))
                         .is_some_and(|r| r.dtype == out.dtype && r.bytes == out.bytes);
                 if same && self.baseline.is_some() {
-                    self.layers[i].baseline_reason = Some(SAME_BITS.to_string());
+                    self.layers[i].baseline_reason = Some(layerdiff_core::SAME_BITS.to_string());
                 }
                 let exact = self.baseline.as_deref().filter(|_| !same).map(|b| {
                     let group = self.groups[i].as_ref().and_then(|g| g.as_ref().ok());
@@ -314,10 +314,6 @@ fn kept<'a>(
         .cloned()
         .collect()
 }
-
-/// Why a layer whose local re-run gives the reference's very value has no baseline.
-pub(crate) const SAME_BITS: &str =
-    "its own value is the reference's, bit for bit (no error of its own to judge)";
 
 /// Bytes of local re-run outputs held before they are compared, all at once across the threads
 /// (one by one, most are too small to keep the threads busy): a sixteenth of the memory budget,
