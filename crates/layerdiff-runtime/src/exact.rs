@@ -307,6 +307,26 @@ mod tests {
     }
 
     #[test]
+    fn identity_hands_its_value_back_in_its_own_dtype() {
+        assert_eq!(run("Identity", None), [-1.0, 0.5, 2.0]);
+        let shape = Tensor::new(
+            "x",
+            DType::I64,
+            vec![2],
+            [3i64, 4].map(i64::to_le_bytes).concat(),
+        )
+        .unwrap();
+        let out = ExactKernels
+            .run(
+                &single("Identity", None),
+                &[("x".into(), shape.clone())],
+                &["y".into()],
+            )
+            .unwrap();
+        assert_eq!(out[0].1, shape, "an int64 value as it came");
+    }
+
+    #[test]
     fn a_node_without_an_input_is_refused_not_a_panic() {
         let mut model = single("Erf", None);
         model.graph_mut().node[0].input = vec![String::new()];

@@ -115,11 +115,13 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                 // multiple is 0 whatever the ideal, and where the layer stays within its
                 // tolerance nothing else reads the ideal, so none is computed. (One that
                 // exceeds is judged against it: the ideal explains its difference.)
-                layerdiff_core::judge(&mut self.layers[i], self.settings.tolerance);
-                let same = !self.layers[i].exceeds_tol
-                    && (self.reference.get(&self.reference_values[i]))
-                        .is_some_and(|r| r.dtype == out.dtype && r.bytes == out.bytes);
-                if same && self.baseline.is_some() {
+                let same = self.baseline.is_some() && {
+                    layerdiff_core::judge(&mut self.layers[i], self.settings.tolerance);
+                    !self.layers[i].exceeds_tol
+                        && (self.reference.get(&self.reference_values[i]))
+                            .is_some_and(|r| r.dtype == out.dtype && r.bytes == out.bytes)
+                };
+                if same {
                     self.layers[i].baseline_reason = Some(layerdiff_core::SAME_BITS.to_string());
                 }
                 let exact = self.baseline.as_deref().filter(|_| !same).map(|b| {
