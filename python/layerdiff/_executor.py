@@ -15,6 +15,19 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolE
 
 from layerdiff import _layerdiff
 
+# How often a wait for tasks looks whether the command was asked to stop, in seconds.
+_POLL = 0.2
+
+
+def _stop_if_asked() -> None:
+    """Raises KeyboardInterrupt (with the signal's number) where the command's handler holds a
+    Ctrl-C or SIGTERM (`layerdiff_flow::interrupt`): a wait for tasks does not wake for the
+    signal itself, so it looks between waits, and a sweep stops when asked, not when a run
+    under way happens to end."""
+    signum = _layerdiff.interrupt_signal()
+    if signum is not None:
+        raise KeyboardInterrupt(signum)
+
 
 def ray():
     """Ray, connected: to `RAY_ADDRESS`'s cluster, else to an instance started here."""
@@ -82,7 +95,10 @@ def each(
             task.options(num_gpus=gpus(item)).remote(item): i for i, item in enumerate(items)
         }
         while pending:
-            done, _ = session.wait(list(pending), num_returns=1)
+            done, _ = session.wait(list(pending), num_returns=1, timeout=_POLL)
+            if not done:
+                _stop_if_asked()
+                continue
             i = pending.pop(done[0])
             try:
                 yield i, session.get(done[0]), None
@@ -93,11 +109,12 @@ def each(
     try:
         futures = {pool.submit(function, item): i for i, item in enumerate(items)}
         while futures:
-            done, _ = wait(list(futures), return_when=FIRST_COMPLETED)
+            done, _ = wait(list(futures), timeout=_POLL, return_when=FIRST_COMPLETED)
             for future in done:
                 i = futures.pop(future)
                 error = future.exception()
                 yield i, (None if error else future.result()), error
+            _stop_if_asked()  # after the tasks that ended are handed on: they are kept
     except BaseException:
         # stopped (Ctrl-C): the tasks not started never start, and the caller stops the ones
         # under way rather than wait for them here
