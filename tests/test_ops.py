@@ -211,7 +211,8 @@ def test_list_names_the_cases_and_the_backends_here():
     result = run_cli("ops", "--list")
     assert result.returncode == 0
     assert "scaled_dot_product_attention" in result.stdout
-    assert "backends here: torch, torch:compile, ort, ort:opt=all, tract" in result.stdout
+    backends = "backends here: torch, torch:compile, torch:ddp=2, ort, ort:opt=all, tract"
+    assert backends in result.stdout
 
 
 def test_every_case_resolves_and_runs_in_float32():

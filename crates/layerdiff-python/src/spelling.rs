@@ -41,6 +41,10 @@ pub(crate) struct SideSpec {
     /// `torch.compile`'s backend when compiled; `None` when eager or not PyTorch.
     #[pyo3(get)]
     compile: Option<String>,
+    /// The processes DistributedDataParallel trains a PyTorch side in (`torch:ddp=2`: 2); 1
+    /// for one process and other kinds.
+    #[pyo3(get)]
+    ranks: u32,
 }
 
 /// The option `option` (`exporter`, `loss`, `executor`, `op dtype`) as the API was given it,
@@ -68,6 +72,7 @@ impl SideSpec {
                 precision: Some(torch.precision.spelling()),
                 lower: torch.precision.lower().map(|d| d.name()),
                 compile: torch.compile,
+                ranks: torch.ranks,
             },
             TargetSpec::Keras(_) => SideSpec {
                 kind: "keras",
@@ -76,6 +81,7 @@ impl SideSpec {
                 precision: None,
                 lower: None,
                 compile: None,
+                ranks: 1,
             },
             TargetSpec::Onnx(runtime) => SideSpec {
                 kind: match runtime {
@@ -87,6 +93,7 @@ impl SideSpec {
                 precision: None,
                 lower: None,
                 compile: None,
+                ranks: 1,
             },
         }
     }

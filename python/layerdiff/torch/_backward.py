@@ -69,6 +69,8 @@ class Pass:
     scale: float = 1.0
     skipped: int = 0
     owner_calls: list[OwnerCall] = field(default_factory=list)
+    #: A data-parallel side's gradients rank by rank (`_ddp.Ranks`); None in one process.
+    ranks: object = None
 
 
 def _unscaled(grad: torch.Tensor, scale: float) -> torch.Tensor:

@@ -28,6 +28,7 @@ from layerdiff.tensors import dtype_name, flat
 from layerdiff.torch import _backward, _baseline
 from layerdiff.torch._backward import Pass, input_layer
 from layerdiff.torch._capture import _first_tensor, capture, module_readers
+from layerdiff.torch._ddp import ranked_layers, sharded_inputs, single
 from layerdiff.torch._gradients import (
     both_sides,
     completed,
@@ -84,9 +85,19 @@ def compare_gradients(
         )
     if options.torch_target is None:
         raise _layerdiff.UsageError("compare_gradients compares PyTorch sides (`torch:bf16`…)")
-    ref_side, tgt_side = TorchSide.of(options.reference), TorchSide.of(options.torch_target)
+    ref_side = TorchSide.of(options.reference)
+    tgt_side = TorchSide.of(options.torch_target, ranks=True)
 
     notes = model_notes(model)
+    if tgt_side.ranks > 1:
+        if single(tgt_side) != ref_side:
+            raise _layerdiff.UsageError(
+                f"`{tgt_side.spelling}` is compared with the same side in one process: give "
+                f"--reference {single(tgt_side).spelling} (the reference is "
+                f"`{ref_side.spelling}`)"
+            )
+        inputs, drawn = sharded_inputs(inputs, tgt_side.ranks, seed or 0)
+        notes += [drawn] if drawn else []
     with torch.no_grad():
         out = _first_tensor(model(*inputs))
     if out is None or not out.is_floating_point():
@@ -114,11 +125,14 @@ def compare_gradients(
             except Exception as e:  # compared without it, and said so
                 lost = f"no float64 truth: the float64 copy failed ({type(e).__name__}: {e})"
         warnings += missing_as_zero(ref, tgt)
-        step("each module's backward alone")
         gradients = _Gradients(model, ref, tgt, truth, ref_side, tgt_side)
-        gradients.own(local=options.local, exact=options.float64 and options.local)
+        if tgt_side.ranks == 1:  # a data-parallel side's own values are its ranks' (`_ddp`)
+            step("each module's backward alone")
+            gradients.own(local=options.local, exact=options.float64 and options.local)
 
     layers = gradients.layers(listing.layers)
+    if tgt_side.ranks > 1:
+        layers = ranked_layers(gradients, layers, local=options.local, exact=options.float64)
     given = [flat(f"input_{i}", t) for i, t in enumerate(inputs)]
     run = _layerdiff.CapturedRun(
         command="grad",

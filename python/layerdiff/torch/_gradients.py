@@ -33,7 +33,12 @@ def side_gradients(model, inputs, side: TorchSide, cotangent, whole, which: str)
 
 def _gradients(model, inputs, side: TorchSide, cotangent, whole) -> Pass:
     """The side's gradients of the loss, from its own copy of the model; in float16, the loss
-    scaled as GradScaler does and the gradients unscaled in float32."""
+    scaled as GradScaler does and the gradients unscaled in float32. A data-parallel side's
+    come from its ranks (`_ddp`)."""
+    if side.ranks > 1:
+        from layerdiff.torch import _ddp
+
+        return _ddp.gradients(model, inputs, side, cotangent)
     copied, given = side.prepare(model, inputs, whole)
     scale = _INIT_SCALE if side.lower == "float16" else 1.0
     skipped = 0
@@ -85,6 +90,8 @@ def both_sides(model, inputs, sides, cotangent, listing, whole, step):
         ref = side_gradients(model, inputs, ref_side, cotangent, whole, "the reference")
         step(f"forward and backward on the target ({tgt_side.spelling})")
         tgt = side_gradients(model, inputs, tgt_side, cotangent, whole, "the target")
+        if tgt_side.ranks > 1:
+            break  # its module calls are not followed (`_ddp`)
         found = diverging_modules(list(ref.calls.values()), list(tgt.calls.values()))
         if not found or set(found) <= set(diverging):
             break
@@ -92,6 +99,7 @@ def both_sides(model, inputs, sides, cotangent, listing, whole, step):
         whole = frozenset([*listing.self_computing, *diverging])
         listing = capture(model, inputs, whole=whole)
     warnings = []
+    warnings += tgt.ranks.disagreements if tgt.ranks is not None else []
     if diverging:
         warnings.append(
             f"{', '.join(f'`{m}`' for m in diverging)} compared whole: the target calls other "

@@ -3,7 +3,7 @@ and CNN layers, and edge values), how many terms it reduces into one output elem
 many intermediate results its usual decomposition rounds to the dtype (stages), and what its
 error scales with (magnitude). docs/ops.md explains the rule these feed.
 
-Inputs are spelled as tuples:
+Inputs are spelled as tuples (a collective's shape starts with "ranks": one row per rank):
   ("randn", shape[, scale[, shift]])   normal values, scaled and shifted
   ("uniform", shape, lo, hi)           uniform values (positive inputs of log, sqrt, pow)
   ("int", shape, lo, hi)               int64 indices in [lo, hi)
@@ -45,8 +45,21 @@ class Case:
     magnitude: str = "value"
     # Names of the last inputs, passed by keyword (`weight`, `bias` of F.layer_norm).
     keywords: tuple = ()
+    # A collective that sums one term per rank (all_reduce, reduce_scatter): K is the ranks.
+    sums_ranks: bool = False
+
+    @property
+    def collective(self) -> bool:
+        """Whether it runs across the ranks of a `torch:ddp=N` backend (`_collectives`)."""
+        return self.call.startswith("dist.")
+
+    def terms(self, ranks: int = 1) -> int:
+        """K, the terms each output element sums, on a backend of `ranks` processes."""
+        return ranks if self.sums_ranks else self.reduction
 
     def describe_call(self) -> str:
+        if self.collective:
+            return f"{self.call} across the ranks, each on its own row"
         args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
         return f"{self.call}({args})" if args else self.call
 
@@ -155,6 +168,14 @@ def _cases() -> list[Case]:
         Case("sdpa_causal", "F.scaled_dot_product_attention",
              ((r, (1, HEADS, T, D)), (r, (1, HEADS, T, D)), (r, (1, HEADS, T, D))),
              {"is_causal": True}, reduction=T, stages=2, magnitude="attention"),
+        # Collectives across the ranks of a `torch:ddp=N` backend, one row per rank (a 1M
+        # gradient bucket's worth of values): sums of one term per rank, and exact copies.
+        Case("all_reduce", "dist.all_reduce", ((r, ("ranks", 1 << 18)),), sums_ranks=True,
+             magnitude="terms"),
+        Case("reduce_scatter", "dist.reduce_scatter", ((r, ("ranks", 1 << 18)),),
+             sums_ranks=True, magnitude="terms"),
+        Case("all_gather", "dist.all_gather", ((r, ("ranks", 1 << 18)),)),
+        Case("broadcast", "dist.broadcast", ((r, ("ranks", 1 << 18)),)),
     ]  # fmt: skip
 
 

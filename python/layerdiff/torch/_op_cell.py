@@ -40,9 +40,12 @@ class Task:
 
 
 def resolve(call: str):
-    """The function a case's `call` names (`torch.matmul`, `F.gelu`)."""
+    """The function a case's `call` names (`torch.matmul`, `F.gelu`; a collective's
+    `dist.all_reduce`, computed in one process from every rank's row)."""
+    from layerdiff.torch._collectives import Truth
+
     module, _, name = call.partition(".")
-    return getattr({"torch": torch, "F": F}[module], name)
+    return getattr({"torch": torch, "F": F, "dist": Truth}[module], name)
 
 
 def is_onnx(backend: str) -> bool:
@@ -55,9 +58,10 @@ def is_onnx(backend: str) -> bool:
 
 
 def torch_backend(backend: str) -> tuple[str, bool] | None:
-    """`(device, compiled)` for `torch[:DEVICE][:compile]`; None for other backends."""
+    """`(device, compiled)` for `torch[:DEVICE][:compile]`; None for other backends (a
+    `torch:ddp=N` backend's are `ranks_of`)."""
     spec = _layerdiff.side_spec(backend)
-    if spec.kind != "torch":
+    if spec.kind != "torch" or spec.ranks > 1:
         return None
     if spec.precision != "fp32":
         raise _layerdiff.UsageError(
@@ -67,16 +71,34 @@ def torch_backend(backend: str) -> tuple[str, bool] | None:
     return spec.device, spec.compile is not None
 
 
+def ranks_of(backend: str) -> int:
+    """The processes a backend's collectives run across (`torch:ddp=2`: 2); 1 for every other
+    backend, which runs no collective."""
+    try:
+        spec = _layerdiff.side_spec(backend)
+    except _layerdiff.UsageError:
+        return 1  # a custom backend's name
+    return spec.ranks if spec.kind == "torch" else 1
+
+
+def runs(case: Case, backend: str) -> bool:
+    """Whether the matrix has a cell for `case` on `backend`: a collective on a backend of
+    ranks, every other op on the others."""
+    return case.collective == (ranks_of(backend) > 1)
+
+
 # ---------------------------------------------------------------------------------------------
 # Inputs, truth and magnitude
 
 
-def make_inputs(case: Case, seed: int) -> list[torch.Tensor]:
-    """The case's inputs in float32 (and int64/bool), the same for every backend and dtype."""
+def make_inputs(case: Case, seed: int, ranks: int = 1) -> list[torch.Tensor]:
+    """The case's inputs in float32 (and int64/bool), the same for every backend and dtype (a
+    collective's, one row for each of `ranks`)."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + sum(map(ord, case.name)))
     out = []
     for spec in case.inputs:
-        kind, shape = spec[0], spec[1]
+        kind = spec[0]
+        shape = tuple(ranks if d == "ranks" else d for d in spec[1])
         if kind == "randn":
             rest = spec[2:]
             scale, shift = (rest[0] if rest else 1.0), (rest[1] if len(rest) > 1 else 0.0)
@@ -257,7 +279,8 @@ def run_cell(task: Task, custom: dict | None = None) -> _layerdiff.OpCell:
     """One cell: what its backend computed, or how it broke; the core gives the verdict."""
     case = CASES[task.case]
     cell = (task.case, task.backend, task.dtype, list(task.onnx_ops), task.computed_in)
-    inputs = make_inputs(case, task.seed)
+    ranks = ranks_of(task.backend)
+    inputs = make_inputs(case, task.seed, ranks)
     args = rounded(inputs, DTYPES[task.dtype])
     if task.computed_in is not None:  # on the grid the backend computes in, then held as asked
         args = rounded(rounded(args, DTYPES[task.computed_in]), DTYPES[task.dtype])
@@ -293,7 +316,7 @@ def run_cell(task: Task, custom: dict | None = None) -> _layerdiff.OpCell:
         named = str(got.dtype).removeprefix("torch.")
         return _layerdiff.OpCell.unreadable(cell, named, truth, exported)
     return _layerdiff.OpCell.judged(
-        cell, flat_got, truth, magnitude_64, case.reduction, case.stages + extra, exported
+        cell, flat_got, truth, magnitude_64, case.terms(ranks), case.stages + extra, exported
     )
 
 

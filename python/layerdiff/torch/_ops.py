@@ -20,6 +20,7 @@ import torch
 
 from layerdiff import _layerdiff
 from layerdiff._executor import mapped
+from layerdiff.torch import _collectives
 from layerdiff.torch._op_cases import CASES, Case
 from layerdiff.torch._op_cell import (
     DTYPES,
@@ -28,13 +29,16 @@ from layerdiff.torch._op_cell import (
     export_case,
     is_onnx,
     make_inputs,
+    ranks_of,
     rounded,
     run_cell,
+    runs,
     torch_backend,
 )
 
-# PyTorch's own backends on the CPU; the ONNX runtimes' are theirs to list (`op_backends`).
-TORCH_BACKENDS = ["torch", "torch:compile"]
+# PyTorch's own backends on the CPU (its collectives across 2 processes, gloo); the ONNX
+# runtimes' are theirs to list (`op_backends`).
+TORCH_BACKENDS = ["torch", "torch:compile", "torch:ddp=2"]
 
 
 # TensorFlow's op backends: the same spelling as the Keras sides (`xla` is TensorFlow's XLA
@@ -71,6 +75,8 @@ def available_backends() -> list[str]:
     backends = list(TORCH_BACKENDS)
     if torch.cuda.is_available():
         backends += ["torch:cuda", "torch:cuda:compile"]
+        if torch.cuda.device_count() > 1:  # NCCL: one GPU per rank
+            backends.append(f"torch:cuda:ddp={torch.cuda.device_count()}")
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
         backends.append("torch:mps")
     # Each ONNX runtime's own (ONNX Runtime's as the file is written and optimized, and its
@@ -85,6 +91,8 @@ def available_backends() -> list[str]:
 
 def describe(backend: str) -> tuple[str, str | None]:
     """`(what runs, why it cannot run here or None)` for a backend."""
+    if ranks_of(backend) > 1:
+        return _describe_ranks(backend)
     spec = torch_backend(backend)
     if spec is not None:
         device, compiled = spec
@@ -128,6 +136,27 @@ def describe(backend: str) -> tuple[str, str | None]:
         "a runtime (ort[:PROVIDER][:opt=LEVEL], tract, openvino[:precision=P]) or TensorFlow "
         "(tf, xla)"
     )
+
+
+def _describe_ranks(backend: str) -> tuple[str, str | None]:
+    """`describe` for a `torch:ddp=N` backend: its collectives' group."""
+    from layerdiff.torch import _ranks
+
+    spec = _layerdiff.side_spec(backend)
+    if spec.precision != "fp32" or spec.compile is not None:
+        raise _layerdiff.UsageError(
+            f"backend `{backend}`: a collectives backend is `torch[:DEVICE]:ddp=N` (the "
+            "matrix's dtypes are --dtypes)"
+        )
+    what = (
+        f"PyTorch {torch.__version__} torch.distributed ({_ranks.backend(spec.device)}) across "
+        f"{spec.ranks} processes on {spec.device}"
+    )
+    try:
+        _ranks.check(spec.device, spec.ranks, backend)
+    except _layerdiff.UsageError as e:
+        return what, str(e)
+    return what, None
 
 
 def select_cases(patterns: list[str]) -> list[Case]:
@@ -219,7 +248,9 @@ def _run_matrix(run, cases, dtypes, names, unavailable, custom, seed, opset, exp
     exports = {}
     onnx_backends = [b for b in names if is_onnx(b) and b not in unavailable and b not in custom]
     if onnx_backends:
-        wanted = [(c.name, d, seed, opset, exporter) for c in cases for d in dtypes]
+        wanted = [
+            (c.name, d, seed, opset, exporter) for c in cases if not c.collective for d in dtypes
+        ]
         say(f"exporting {len(wanted)} single-op models ({exporter}, opset {opset})")
         for key, result in zip(wanted, run(_export_task, wanted), strict=True):
             exports[key[:2]] = result
@@ -230,6 +261,8 @@ def _run_matrix(run, cases, dtypes, names, unavailable, custom, seed, opset, exp
     for case in cases:
         for dtype in dtypes:
             for name in names:
+                if not runs(case, name):
+                    continue  # a collective on one process, or one op across ranks
                 if name in unavailable:
                     cell = (case.name, name, dtype, [], None)
                     cells.append(_layerdiff.OpCell.unavailable(cell, unavailable[name]))
@@ -258,6 +291,12 @@ def _run_matrix(run, cases, dtypes, names, unavailable, custom, seed, opset, exp
         say(f"computing {len(tensorflow)} cells in TensorFlow, in a process of its own")
         answers = _in_tensorflow(tensorflow, seed)
         for name in TF_BACKENDS:
+            here.setdefault(name, functools.partial(_answered, answers, name))
+    collective = [t for t in tasks if ranks_of(t.backend) > 1 and t.backend not in custom]
+    if collective:
+        say(f"computing {len(collective)} collective cells, one group of processes per backend")
+        answers = _collectives.answers(collective, _rows)
+        for name in dict.fromkeys(t.backend for t in collective):
             here.setdefault(name, functools.partial(_answered, answers, name))
     cells += run(run_cell, [t for t in tasks if t.backend not in here])
     cells += [run_cell(t, here) for t in tasks if t.backend in here]
@@ -315,6 +354,12 @@ def _in_tensorflow(tasks: list, seed: int) -> dict:
     return answers
 
 
+def _rows(task) -> torch.Tensor:
+    """A collective cell's rows (one per rank), rounded to its dtype."""
+    case = CASES[task.case]
+    return rounded(make_inputs(case, task.seed, ranks_of(task.backend)), DTYPES[task.dtype])[0]
+
+
 def _answered(answers: dict, backend: str, case, args) -> tuple:
     """A TensorFlow cell's result and the roundings its spelling adds, as a custom backend
     gives them."""
@@ -347,7 +392,8 @@ def list_text() -> str:
     """The cases and this machine's backends, as `--list` prints them."""
     lines = ["cases:"]
     for c in CASES.values():
-        lines.append(f"  {c.name:<30} {c.describe_call()}  K={c.reduction}")
+        terms = "ranks" if c.sums_ranks else c.reduction
+        lines.append(f"  {c.name:<30} {c.describe_call()}  K={terms}")
     lines.append("backends here: " + ", ".join(available_backends()))
     lines.append("dtypes: " + ", ".join(DTYPES))
     return "\n".join(lines) + "\n"

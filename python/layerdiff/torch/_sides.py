@@ -49,11 +49,20 @@ class TorchSide:
     #: The lower float dtype it computes its layers in (`float16`), whose keep-in-float32
     #: advice is checked: the core's rule (`Precision::lower`); None in float32 and TF32.
     lower: str | None = None
+    #: The processes DistributedDataParallel trains it in (`torch:ddp=2`); 1: one process.
+    ranks: int = 1
 
     @classmethod
-    def of(cls, spec: _layerdiff.SideSpec) -> TorchSide:
-        """The side of a parsed PyTorch spelling; checks that this machine can run it."""
-        side = cls(spec.spelling, spec.device, spec.precision, spec.compile, spec.lower)
+    def of(cls, spec: _layerdiff.SideSpec, *, ranks: bool = False) -> TorchSide:
+        """The side of a parsed PyTorch spelling; checks that this machine can run it. A
+        data-parallel one (`torch:ddp=2`) only where ``ranks`` says its gradients are wanted."""
+        side = cls(spec.spelling, spec.device, spec.precision, spec.compile, spec.lower, spec.ranks)
+        if side.ranks > 1 and not ranks:
+            raise _layerdiff.UsageError(
+                f"`{side.spelling}` trains the model in {side.ranks} processes: only gradients "
+                f"differ there, so it is a target of `layerdiff grad` (`layerdiff grad MODEL "
+                f"--target {side.spelling}`), compared with the model in one process"
+            )
         side._check()
         return side
 
@@ -97,6 +106,15 @@ class TorchSide:
                 f"`{self.spelling}`: TF32 is a CUDA math mode; on {device.type} it computes what "
                 "fp32 does (give a CUDA device: `torch:cuda:tf32`)"
             )
+        if self.ranks > 1:
+            from layerdiff.torch import _ranks
+
+            _ranks.check(self.device, self.ranks, self.spelling)
+            if self.compile is not None:
+                raise usage(
+                    f"`{self.spelling}`: a data-parallel side runs eager; compare "
+                    "`torch:compile` on its own"
+                )
         if self.compile is not None:
             from torch import _dynamo
 
@@ -164,6 +182,14 @@ class TorchSide:
         if device.type == "cuda":
             where = f"cuda ({torch.cuda.get_device_name(device)})"
         how = f"compiled ({self.compile}, each leaf module)" if self.compile else "eager"
+        if self.ranks > 1:
+            from layerdiff.torch._ranks import backend
+
+            how += (
+                f", DistributedDataParallel over {self.ranks} processes ({backend(self.device)}"
+                "), each on its shard of the batch; the all-reduced gradients times "
+                f"{self.ranks}"
+            )
         return f"torch {torch.__version__}, {where}, {_WORDS[self.precision]}, {how}"
 
     def reduced_math(self) -> tuple[list[str], str] | None:

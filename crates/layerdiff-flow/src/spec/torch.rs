@@ -1,7 +1,8 @@
-//! How a PyTorch side runs, spelled like the runtimes: `torch[:DEVICE][:PRECISION][:compile]`.
-//! `torch` is the model as given (CPU, float32, eager); `torch:cuda:bf16`, `torch:tf32`,
-//! `torch:cpu:amp-bf16`, `torch:compile=inductor`. Parsed here, once; PyTorch itself runs in
-//! the Python package, which reads the parsed fields.
+//! How a PyTorch side runs, spelled like the runtimes:
+//! `torch[:DEVICE][:PRECISION][:compile][:ddp=N]`. `torch` is the model as given (CPU, float32,
+//! eager); `torch:cuda:bf16`, `torch:tf32`, `torch:cpu:amp-bf16`, `torch:compile=inductor`,
+//! `torch:ddp=2` (DistributedDataParallel over 2 processes, a gradients side). Parsed here,
+//! once; PyTorch itself runs in the Python package, which reads the parsed fields.
 
 use std::fmt;
 
@@ -81,6 +82,9 @@ pub struct TorchSpec {
     pub precision: Precision,
     /// `torch.compile`'s backend when compiled (`inductor`), `None` when eager.
     pub compile: Option<String>,
+    /// The processes DistributedDataParallel trains it in, each on its shard of the batch (1:
+    /// one process, no DDP). Only gradients differ: `layerdiff grad`'s target.
+    pub ranks: u32,
 }
 
 impl Default for TorchSpec {
@@ -89,6 +93,7 @@ impl Default for TorchSpec {
             device: "cpu".to_string(),
             precision: Precision::Fp32,
             compile: None,
+            ranks: 1,
         }
     }
 }
@@ -99,13 +104,14 @@ impl TorchSpec {
         text == "torch" || text.starts_with("torch:")
     }
 
-    /// Parses `torch[:DEVICE[:INDEX]][:PRECISION][:compile[=BACKEND]]`, parts in any order.
+    /// Parses `torch[:DEVICE[:INDEX]][:PRECISION][:compile[=BACKEND]][:ddp=N]`, parts in any
+    /// order.
     pub fn parse(text: &str) -> Result<Self, String> {
         let unknown = |why: String| {
             format!(
-                "`{text}`: {why} (expected `torch[:DEVICE][:PRECISION][:compile[=BACKEND]]`: \
+                "`{text}`: {why} (expected `torch[:DEVICE][:PRECISION][:compile[=BACKEND]][:ddp=N]`: \
                  DEVICE as torch.device takes it (cpu, cuda, cuda:1, mps), PRECISION one of \
-                 fp32, tf32, fp16, bf16, amp-fp16, amp-bf16)"
+                 fp32, tf32, fp16, bf16, amp-fp16, amp-bf16, N the data-parallel processes)"
             )
         };
         let mut parts = text.split(':').peekable();
@@ -113,8 +119,19 @@ impl TorchSpec {
             return Err(unknown("not a PyTorch side".to_string()));
         }
         let (mut device, mut precision, mut compile) = (None::<String>, None, None);
+        let mut ranks = None;
         while let Some(part) = parts.next() {
-            if part == "compile" || part.starts_with("compile=") {
+            if let Some(count) = part.strip_prefix("ddp=") {
+                let n = count.parse::<u32>().ok().filter(|n| (2..=1024).contains(n));
+                match n {
+                    Some(n) if ranks.is_none() => ranks = Some(n),
+                    _ => {
+                        return Err(unknown(format!(
+                            "`{part}`: DistributedDataParallel takes 2 to 1024 processes, once"
+                        )));
+                    }
+                }
+            } else if part == "compile" || part.starts_with("compile=") {
                 let backend = part.strip_prefix("compile=").unwrap_or("inductor");
                 if backend.is_empty() || compile.is_some() {
                     return Err(unknown(format!(
@@ -150,6 +167,7 @@ impl TorchSpec {
             device: device.unwrap_or_else(|| "cpu".to_string()),
             precision: precision.unwrap_or_default(),
             compile,
+            ranks: ranks.unwrap_or(1),
         })
     }
 
@@ -166,6 +184,9 @@ impl TorchSpec {
             Some("inductor") => s.push_str(":compile"),
             Some(backend) => s = format!("{s}:compile={backend}"),
             None => {}
+        }
+        if self.ranks > 1 {
+            s = format!("{s}:ddp={}", self.ranks);
         }
         s
     }
@@ -196,6 +217,8 @@ mod tests {
             "torch:amp-fp16",
             "torch:compile",
             "torch:mps:fp16:compile=aot_eager",
+            "torch:ddp=2",
+            "torch:cuda:bf16:ddp=4",
         ] {
             let spec = TorchSpec::parse(text).unwrap();
             assert_eq!(spec.spelling(), text);
@@ -216,6 +239,10 @@ mod tests {
         assert!(err.contains("`cpu` is neither"), "{err}");
         let err = TorchSpec::parse("torch:fp8!").unwrap_err();
         assert!(err.contains("`fp8!` is not understood"), "{err}");
+        for text in ["torch:ddp=1", "torch:ddp=x", "torch:ddp=2:ddp=2"] {
+            let err = TorchSpec::parse(text).unwrap_err();
+            assert!(err.contains("takes 2 to 1024 processes"), "{err}");
+        }
     }
 }
 
