@@ -51,9 +51,11 @@ pub struct OpsArgs {
     /// The backends (comma-separated): `torch[:DEVICE][:compile]` (PyTorch eager or compiled on
     /// a device: `torch`, `torch:compile`, `torch:cuda`), ONNX Runtime spelled as for `layerdiff
     /// onnx` (`ort`, `ort:opt=all`, `ort:cuda`), `tract`, `openvino`, TensorFlow eager (`tf`)
-    /// and under XLA (`xla`). Default: torch and torch:compile, each ONNX runtime's own that
-    /// starts here (ort, ort:opt=all and the GPU providers this machine has; tract; openvino
-    /// where installed), tf and xla where installed, and the GPU PyTorch backends.
+    /// and under XLA (`xla`); `torch[:DEVICE]:ddp=N` runs the collectives (all_reduce,
+    /// reduce_scatter, all_gather, broadcast) across N processes (gloo; NCCL on CUDA). Default:
+    /// torch, torch:compile and torch:ddp=2, each ONNX runtime's own that starts here (ort,
+    /// ort:opt=all and the GPU providers this machine has; tract; openvino where installed), tf
+    /// and xla where installed, and the GPU PyTorch backends.
     #[arg(long, value_delimiter = ',', value_name = "BACKEND,…")]
     pub backends: Vec<String>,
     /// The dtypes each op is computed in (comma-separated: float32, float16, bfloat16; or fp32,

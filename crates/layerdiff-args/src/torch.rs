@@ -12,7 +12,10 @@ pub struct GradArgs {
     /// The PyTorch side whose gradients are measured: `torch[:DEVICE][:PRECISION][:compile]`
     /// (`torch:cuda`, `torch:bf16`, `torch:amp-fp16`, `torch:compile`). In float16 (`fp16`,
     /// `amp-fp16`) the loss is scaled as `torch.amp.GradScaler` does and the gradients unscaled
-    /// before they are compared: what the optimizer would see.
+    /// before they are compared: what the optimizer would see. `torch[:DEVICE][:PRECISION]:ddp=N`
+    /// trains it as DistributedDataParallel in N processes (gloo; NCCL on CUDA), each on its rows
+    /// of the batch, against the same side in one process: each rank's gradient before the
+    /// all-reduce, and each parameter's after it.
     #[arg(long, value_parser = TorchSpec::parse)]
     pub target: TorchSpec,
     /// The PyTorch side it is measured against (default `torch`: CPU, float32, eager).
