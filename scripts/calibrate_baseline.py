@@ -59,7 +59,7 @@ from calibration_files import (  # noqa: E402
     int4,
     static_int8,  # noqa: E402
 )
-from calibration_table import row  # noqa: E402
+from calibration_table import found, headline, row  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = (
@@ -306,7 +306,11 @@ def fault(builder: str, kind: str, target: str, threads: int | None, folder: Pat
         return report, check
     verb = "grad" if kind == "grad" else "torch"
     env = {"LAYERDIFF_THREADS": str(threads)} if threads else None
-    return _cli(verb, _spec(builder), "--target", target, *seed, out=folder / "run", env=env), None
+    target, *reference = target.split(" --reference ")  # a data-parallel side's own precision
+    sides = ("--target", target, *(("--reference", *reference) if reference else ()))
+    report = _cli(verb, _spec(builder), *sides, *seed, out=folder / "run", env=env)
+    report.target = target
+    return report, None
 
 
 def doors(report, check, fault: tuple[str, str]) -> str:
@@ -323,32 +327,16 @@ def doors(report, check, fault: tuple[str, str]) -> str:
         done = _layerdiff(*check, "--quiet")
         agrees = done.returncode == int(defect)
         said.append(("" if agrees else "!") + f"check {['pass', 'FAIL'][done.returncode == 1]}")
-    if cause != "narrow_accumulation":
+    if ":ddp=" in getattr(report, "target", ""):
+        said.append("reduce n/a (data-parallel)")  # it says so, exit 2 (docs/torch.md)
+    elif cause != "narrow_accumulation":
         # a decoder's step whose headline it is
         points = getattr(report, "points", None) or [report.path]
-        headline = [p for p in points if _headline(json.loads(p.read_text())) == layer]
-        done = _layerdiff("reduce", str((headline or points)[0]))
+        leading = [p for p in points if headline(json.loads(p.read_text())) == layer]
+        done = _layerdiff("reduce", str((leading or points)[0]))
         reproduced = done.returncode == 0 and f"`{layer}`" in done.stdout
         said.append(f"reduce `{layer}`" if reproduced else f"!reduce exit {done.returncode}")
     return " · ".join(said)
-
-
-def _headline(report: dict) -> str | None:
-    """The layer a report's headline names: its first defect, else its first approximation."""
-    s = report["summary"]
-    first = (s["defects"] or s.get("approximations") or [{}])[0]
-    return first.get("layer")
-
-
-def found(report, layer: str, cause: str) -> bool:
-    """Whether a planted fault is the headline: the one defect at its layer with its cause, or
-    (a kernel that accumulates in the narrow dtype) named as such there, with no defect."""
-    s = report.summary
-    if cause in ("narrow_accumulation", "approximation"):
-        kind = {"approximation": "approximations"}.get(cause, cause)
-        named = [k["layer"] for k in s.get(kind, [])]
-        return named == [layer] and not s["defects"]
-    return [(d["layer"], d["cause"]) for d in s["defects"]] == [(layer, cause)]
 
 
 def evaluate(job: tuple) -> tuple[str, bool]:

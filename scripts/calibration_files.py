@@ -73,6 +73,13 @@ FAULTS = [
     ("compiled_block:build_first", "forward", "torch:compile", "stages.0.blocks.0",
      "cross_module_fusion"),
     ("compiled_block:build_clean", "forward", "torch:compile", None, None),
+    # data-parallel training (tests/builders/rank_fault.py): rank 1 scales one weight's gradient
+    # before the all-reduce; clean twins: a CNN and a transformer, and four bfloat16 ranks
+    # against bfloat16 in one process (the all-reduce rounding each hop)
+    ("rank_fault", "grad", "torch:ddp=2", "2.weight:rank1", "op_implementation"),
+    ("resnet18", "grad", "torch:ddp=2", None, None),
+    ("bert", "grad", "torch:ddp=2", None, None),
+    ("resnet18", "grad", "torch:bf16:ddp=4 --reference torch:bf16", None, None),
 ]  # fmt: skip
 
 

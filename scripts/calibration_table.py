@@ -56,3 +56,21 @@ def row(what: str, target: str, report, seconds: float, expected: str = "no defe
         f"| {what} | {target} | {expected} | {s['verdict']} | {defects} | {narrow} | "
         f"{approximations} | {said} | {worst:.2f} | {len(multiples)} | {took} |"
     )
+
+
+def headline(report: dict) -> str | None:
+    """The layer a report's headline names: its first defect, else its first approximation."""
+    s = report["summary"]
+    first = (s["defects"] or s.get("approximations") or [{}])[0]
+    return first.get("layer")
+
+
+def found(report, layer: str, cause: str) -> bool:
+    """Whether a planted fault is the headline: the one defect at its layer with its cause, or
+    (a kernel that accumulates in the narrow dtype) named as such there, with no defect."""
+    s = report.summary
+    if cause in ("narrow_accumulation", "approximation"):
+        kind = {"approximation": "approximations"}.get(cause, cause)
+        named = [k["layer"] for k in s.get(kind, [])]
+        return named == [layer] and not s["defects"]
+    return [(d["layer"], d["cause"]) for d in s["defects"]] == [(layer, cause)]

@@ -58,6 +58,9 @@ def test_a_rank_that_scales_its_gradient_is_found_at_that_parameter_on_that_rank
     assert layers["2.weight"]["exceeds_tol"] and not layers["2.weight"]["local_exceeds"]
     assert layers["2.weight:rank0"]["local"]["max_abs_diff"] == 0.0
     assert "defect at `2.weight:rank1`" in run.stdout
+    reduced = run_cli("reduce", str(tmp_path / "report.json"))
+    assert reduced.returncode == 2, reduced.stderr
+    assert "cannot show what one rank of `torch:ddp=2` does" in reduced.stderr
 
 
 def test_the_api_takes_a_data_parallel_target_in_any_precision():
@@ -125,3 +128,26 @@ def test_collectives_across_two_ranks_pass_and_three_half_precision_ranks_sum_na
     for copy in ("all_gather", "broadcast"):
         assert cells[(copy, "torch:ddp=3", "float16")]["check"]["max_abs_diff"] == 0.0
     assert "torch.distributed (gloo) across 3 processes" in (tmp_path / "ops.md").read_text()
+
+
+def test_ranks_that_hold_other_values_after_a_collective_are_said():
+    """Every rank must hold what rank 0 does after an all-reduce: a collective that does not
+    give the ranks the same sum is an error of the cell, and a warning of a data-parallel run."""
+    from layerdiff.torch import _collectives, _ddp
+    from layerdiff.torch._op_cell import Said
+
+    same, other = torch.ones(4), torch.tensor([1.0, 1.0, 1.5, 1.0])
+    got, extra = _collectives._cell("all_reduce", [same, same.clone()])
+    assert torch.equal(got, same) and extra == 0
+    said = _collectives._cell("all_reduce", [same, other])
+    assert isinstance(said, Said) and "rank 1 holds other values than rank 0" in str(said)
+    assert "max |diff| 5.000e-01" in str(said)
+    parts, _ = _collectives._cell("reduce_scatter", [same[:2], other[2:]])
+    assert torch.equal(parts, torch.tensor([1.0, 1.0, 1.5, 1.0]))  # each rank's own, in order
+    unsupported = _collectives._cell("all_gather", [("RuntimeError", "bf16 not supported")] * 2)
+    assert isinstance(unsupported, NotImplementedError)
+    ranks = [{"parameters": {"w": same}}, {"parameters": {"w": other}}]
+    assert _ddp._disagreements(ranks) == [
+        "after the all-reduce rank 1 holds other gradients than rank 0 for `w`: the collective "
+        "does not give every rank the same sum (rank 0's are compared)"
+    ]

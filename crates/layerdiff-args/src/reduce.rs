@@ -148,6 +148,16 @@ pub(crate) fn run(args: &ReduceArgs) -> Dispatched {
              one is of `layerdiff {verb}`"
         ));
     }
+    if let Command::Grad(a) = &command
+        && a.target.ranks > 1
+    {
+        return refuse(format!(
+            "`layerdiff reduce` cuts a finding down to one module call's backward in one \
+             process, which cannot show what one rank of `{}` does; the report names the rank \
+             and the parameter already (`fc.weight:rank1`), and `{text}` is its repro",
+            a.target
+        ));
+    }
     // Its paths are relative to where it ran.
     if let Err(e) = std::env::set_current_dir(&recorded.invocation.cwd) {
         return refuse(format!(

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import warnings
 
 import torch
 
@@ -248,6 +249,9 @@ def _rank(rank: int, count: int, payload: dict) -> dict:
 
     from layerdiff.torch._sides import TorchSide
 
+    # DDP's reducer warns where a gradient's strides differ from its bucket's (a ViT's class
+    # token): a copy's cost, not a number
+    warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
     side = TorchSide.of(_layerdiff.side_spec(payload["side"]), ranks=True)
     mine, cotangent = _rows(payload["inputs"], payload["cotangent"], count, rank)
     model, given = side.prepare(payload["model"], mine)

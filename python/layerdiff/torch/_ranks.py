@@ -16,6 +16,7 @@ import datetime
 import importlib.machinery
 import importlib.util
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -99,6 +100,8 @@ def run(task, payload, ranks: int, device: str) -> list:
                 join=False,
                 start_method="spawn",
             )
+        # PyTorch logs each rank it stops after another's failure: the failure says enough
+        logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
         try:
             while not context.join(timeout=_POLL):
                 signum = _layerdiff.interrupt_signal()
@@ -107,7 +110,9 @@ def run(task, payload, ranks: int, device: str) -> list:
         except torch.multiprocessing.ProcessRaisedException as e:
             raise RankFailed(e.error_index, _last_line(str(e))) from None
         except torch.multiprocessing.ProcessExitedException as e:
-            raise RankFailed(e.error_index, f"its process died (exit code {e.exit_code})") from None
+            said = _said(Path(folder) / f"rank{e.error_index}.err")
+            why = f"its process died (exit code {e.exit_code}){f': {said}' if said else ''}"
+            raise RankFailed(e.error_index, why) from None
         finally:
             for process in context.processes:
                 if process.is_alive():
@@ -119,6 +124,9 @@ def _rank_main(rank, task, folder, ranks, backend_name, device, count) -> None:
     """One rank: in the group, its task on the payload, its result saved for the caller."""
     import torch.distributed as dist
 
+    # what the rank prints goes to a file of its own, read back where it dies
+    err = os.open(Path(folder) / f"rank{rank}.err", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(err, 2)
     torch.set_num_threads(count)
     if torch.device(device).type == "cuda":
         torch.cuda.set_device(rank)
@@ -132,6 +140,9 @@ def _rank_main(rank, task, folder, ranks, backend_name, device, count) -> None:
         payload = torch.load(Path(folder) / "payload.pt", weights_only=False)
         result = task(rank, ranks, payload)
         torch.save(result, Path(folder) / f"rank{rank}.pt")
+        # every rank done with the group before any leaves it: a rank whose peer's connections
+        # close while its own last collective still reads from them aborts
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
@@ -195,6 +206,15 @@ def _import_file(name: str, file: str) -> None:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
+
+
+def _said(path: Path) -> str:
+    """The last lines a dead rank printed (its error, where it said one), joined."""
+    try:
+        lines = [x.strip() for x in path.read_text(errors="replace").splitlines() if x.strip()]
+    except OSError:
+        return ""
+    return " / ".join(lines[-3:])
 
 
 def _last_line(text: str) -> str:
