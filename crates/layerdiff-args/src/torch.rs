@@ -42,6 +42,21 @@ pub struct GradArgs {
     pub report: ReportArgs,
 }
 
+impl GradArgs {
+    /// Whether the options fit together: no repro of a data-parallel target.
+    pub fn check(&self) -> Result<(), String> {
+        if self.repro.is_some() && self.target.ranks > 1 {
+            return Err(format!(
+                "--repro writes one module call's backward alone, in one process; `{}` is found \
+                 rank by rank (each rank's gradient against one process on its rows), so its \
+                 report names the rank and the parameter: leave --repro out",
+                self.target
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The loss `layerdiff grad` differentiates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Loss {

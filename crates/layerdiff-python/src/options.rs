@@ -442,14 +442,7 @@ impl Command {
 
     /// `layerdiff grad`, or why its options do not fit together.
     fn grad(a: GradArgs, invocation: Invocation, reducing: bool) -> Result<Self, String> {
-        if a.repro.is_some() && a.target.ranks > 1 {
-            return Err(format!(
-                "--repro writes one module call's backward alone, in one process; `{}` is found \
-                 rank by rank (each rank's gradient against one process on its rows), so its \
-                 report names the rank and the parameter: leave --repro out",
-                a.target
-            ));
-        }
+        a.check()?;
         let settings = a.judging.settings(true)?;
         let options = Options::checked(settings, a.reference, TargetSpec::Torch(a.target))?;
         let mut command = Self::of(a.model, a.seed, options, a.report, invocation, reducing);

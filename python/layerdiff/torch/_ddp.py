@@ -65,10 +65,16 @@ def batch_of(inputs: tuple) -> int | None:
     return sizes.pop() if len(sizes) == 1 and not scalars else None
 
 
-def sharded_inputs(inputs: tuple, ranks: int, seed: int) -> tuple[tuple, str | None]:
-    """Inputs the ranks can share: the example's, or, where its batch is smaller than the ranks,
-    inputs drawn like it at a batch of one sample per rank (and a note that says so)."""
-    batch = batch_of(inputs)
+def sharded_inputs(inputs: tuple, reference, side, seed: int) -> tuple[tuple, str | None]:
+    """Inputs the ranks of `side` can share: the example's, or, where its batch is smaller than
+    the ranks, inputs drawn like it at a batch of one sample per rank (and a note that says so).
+    The `reference` must be the same side in one process."""
+    if single(side) != reference:
+        raise _layerdiff.UsageError(
+            f"`{side.spelling}` is compared with the same side in one process: give "
+            f"--reference {single(side).spelling} (the reference is `{reference.spelling}`)"
+        )
+    ranks, batch = side.ranks, batch_of(inputs)
     if batch is None:
         shapes = ", ".join("x".join(map(str, t.shape)) or "scalar" for t in inputs)
         raise _layerdiff.UsageError(

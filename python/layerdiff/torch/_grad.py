@@ -28,7 +28,7 @@ from layerdiff.tensors import dtype_name, flat
 from layerdiff.torch import _backward, _baseline
 from layerdiff.torch._backward import Pass, input_layer
 from layerdiff.torch._capture import _first_tensor, capture, module_readers
-from layerdiff.torch._ddp import ranked_layers, sharded_inputs, single
+from layerdiff.torch._ddp import ranked_layers, sharded_inputs
 from layerdiff.torch._gradients import (
     both_sides,
     completed,
@@ -90,13 +90,7 @@ def compare_gradients(
 
     notes = model_notes(model)
     if tgt_side.ranks > 1:
-        if single(tgt_side) != ref_side:
-            raise _layerdiff.UsageError(
-                f"`{tgt_side.spelling}` is compared with the same side in one process: give "
-                f"--reference {single(tgt_side).spelling} (the reference is "
-                f"`{ref_side.spelling}`)"
-            )
-        inputs, drawn = sharded_inputs(inputs, tgt_side.ranks, seed or 0)
+        inputs, drawn = sharded_inputs(inputs, ref_side, tgt_side, seed or 0)
         notes += [drawn] if drawn else []
     with torch.no_grad():
         out = _first_tensor(model(*inputs))
