@@ -58,6 +58,8 @@ def test_a_rank_that_scales_its_gradient_is_found_at_that_parameter_on_that_rank
     assert layers["2.weight"]["exceeds_tol"] and not layers["2.weight"]["local_exceeds"]
     assert layers["2.weight:rank0"]["local"]["max_abs_diff"] == 0.0
     assert "defect at `2.weight:rank1`" in run.stdout
+    fix = summary["defects"][0]["fix"]
+    assert fix.startswith("rank 1's gradient of `2.weight` before the all-reduce"), fix
     reduced = run_cli("reduce", str(tmp_path / "report.json"))
     assert reduced.returncode == 2, reduced.stderr
     assert "cannot show what one rank of `torch:ddp=2` does" in reduced.stderr
@@ -82,10 +84,38 @@ def test_the_api_takes_a_data_parallel_target_in_any_precision():
     assert "inputs[0]:rank1" in names
 
 
+def test_a_model_that_computes_across_the_batch_is_no_rounding_under_data_parallelism(tmp_path):
+    """Each rank computes its rows as one process does, but the batch's mean is each rank's own:
+    the all-reduced gradients are another function of the batch, a defect, and the run says
+    why."""
+    builder = RANK_FAULT.replace(":build", ":across_the_batch")
+    run = run_cli("grad", builder, "--target", "torch:ddp=2", "--out", str(tmp_path))
+    assert run.returncode == 1, run.stderr
+    summary = _report(tmp_path)["summary"]
+    defects = {d["layer"] for d in summary["defects"]}
+    assert defects == {"0.weight", "0.bias", "3.weight", "inputs[0]"}, defects
+    assert summary["verdict"] == "defect"
+    said = " ".join(summary["warnings"])
+    assert "every rank computes its rows as one process does" in said, said
+    assert "the model computes across the batch" in said
+
+
+def test_a_head_the_loss_never_reads_takes_no_gradient_on_any_rank(tmp_path):
+    """A pooled head returned beside the hidden states (BertModel's pooler): no gradient in one
+    process, none on the ranks, no row; a clean run."""
+    run = run_cli(
+        "grad", RANK_FAULT.replace(":build", ":pooled"), "--target", "torch:ddp=2",
+        "--out", str(tmp_path),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    names = [x["name"] for x in _report(tmp_path)["layers"]]
+    assert "body.weight" in names and not any(n.startswith("pooler") for n in names), names
+
+
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (["torch", "resnet18", "--target", "torch:ddp=2"], "a target of `layerdiff grad`"),
+        (["torch", "resnet18", "--target", "torch:ddp=2"], "the target of `layerdiff grad`"),
         (
             ["grad", "resnet18", "--target", "torch:ddp=2", "--reference", "torch:bf16"],
             "give --reference torch (the reference is `torch:bf16`)",
@@ -93,6 +123,11 @@ def test_the_api_takes_a_data_parallel_target_in_any_precision():
         (["grad", "resnet18", "--target", "torch:ddp=2", "--repro", "r"], "leave --repro out"),
         (["grad", "resnet18", "--target", "torch:ddp=1"], "takes 2 to 1024 processes"),
         (["grad", "resnet18", "--target", "torch:ddp=2:compile"], "runs eager"),
+        (["grad", "resnet18", "--target", "torch:ddp"], "`ddp` needs its processes: `ddp=N`"),
+        (
+            ["grad", RANK_FAULT.replace(":build", ":transposed"), "--target", "torch:ddp=2"],
+            "does not lead with the batch (4): a data-parallel side gives each rank",
+        ),
     ],
 )
 def test_a_data_parallel_target_where_it_does_not_fit_is_refused(tmp_path, args, said):

@@ -151,10 +151,11 @@ pub(crate) fn run(args: &ReduceArgs) -> Dispatched {
     if let Command::Grad(a) = &command
         && a.target.ranks > 1
     {
+        let named = (recorded.headline.as_ref()).map_or(String::new(), |h| format!(" (`{h}`)"));
         return refuse(format!(
             "`layerdiff reduce` cuts a finding down to one module call's backward in one \
              process, which cannot show what one rank of `{}` does; the report names the rank \
-             and the parameter already (`fc.weight:rank1`), and `{text}` is its repro",
+             and the parameter already{named}, and `{text}` is its repro",
             a.target
         ));
     }

@@ -427,9 +427,18 @@ fn in_context(
 /// Whether `layer` is a gradient (`layerdiff grad`'s layers are named for what they are the
 /// gradient of: a parameter, `inputs[0]`, or what a call's backward hands on, `fc:input`).
 fn gradient(layer: &Layer) -> bool {
-    layer.name.ends_with(":input")
-        || layer.name.starts_with("inputs[")
-        || (layer.name.ends_with(".weight") || layer.name.ends_with(".bias"))
+    let name = layer.name.as_str();
+    let name = rank_of(layer).map_or(name, |(of, _)| of);
+    name.ends_with(":input")
+        || name.starts_with("inputs[")
+        || (name.ends_with(".weight") || name.ends_with(".bias"))
+}
+
+/// A data-parallel rank's gradient before the all-reduce (`fc.weight:rank1`): what it is the
+/// gradient of, and the rank.
+pub(crate) fn rank_of(layer: &Layer) -> Option<(&str, &str)> {
+    let (of, rank) = layer.name.rsplit_once(":rank")?;
+    (!rank.is_empty() && rank.bytes().all(|b| b.is_ascii_digit())).then_some((of, rank))
 }
 
 /// A layer's own (local) error as a share of its accumulated error (0 when either is missing).

@@ -47,13 +47,14 @@ _INIT_SCALE, _BACKOFF = 2.0**16, 0.5
 class Ranks:
     """A data-parallel side's gradients rank by rank, each a dict by parameter name (unscaled):
     `target`, what each rank's backward gave before the all-reduce; `reference`, the same side
-    in one process on that rank's rows, with its threads; `exact`, the float64 copy on them;
-    `collective`, the target's all-reduce (times N) of the `reference` ones; what the ranks
-    disagree on after the all-reduce, in words."""
+    in one process on that rank's rows, with its threads; `exact`, the float64 copy on them,
+    and `whole` on the whole batch; `collective`, the target's all-reduce (times N) of the
+    `reference` ones; what the ranks disagree on after the all-reduce, in words."""
 
     target: list[dict]
     reference: list[dict]
     exact: list[dict]
+    whole: dict
     collective: dict
     disagreements: list[str]
 
@@ -132,7 +133,9 @@ def gradients(model, inputs: tuple, side, cotangent: torch.Tensor) -> Pass:
     dtype = next((p.dtype for p in copied.parameters() if p.is_floating_point()), torch.float32)
     wide = _baseline.plain_copy(model).double()
     _baseline.round_weights(wide, dtype)
-    exact, _ = _one_process(wide, [(_rounded(given, dtype), cot) for given, cot in rows], None)
+    # each rank's rows, and the whole batch: what one process computes exactly
+    every = [(_rounded(given, dtype), cot) for given, cot in [*rows, (inputs, cotangent)]]
+    *exact, whole = _one_process(wide, every, None)[0]
     return Pass(
         grads=grads,
         order=[*first["order"], *(k for k in grads if k.startswith("inputs["))],
@@ -144,6 +147,7 @@ def gradients(model, inputs: tuple, side, cotangent: torch.Tensor) -> Pass:
             target=[rank["partials"] for rank in found],
             reference=reference,
             exact=exact,
+            whole=whole,
             collective=first["collective"],
             disagreements=_disagreements(found),
         ),
@@ -196,6 +200,13 @@ def _backward_of(model, given, running, cotangent, scale, wrapped=None) -> dict:
     try:
         with running():
             out = _first_tensor((wrapped or model)(*leaves))
+            if out is None or out.shape != cotangent.shape:
+                shape = "no tensor" if out is None else "x".join(map(str, out.shape))
+                raise _layerdiff.UsageError(
+                    f"the model's output on a rank's rows is {shape}, not those rows of its "
+                    f"output on the whole batch ({'x'.join(map(str, cotangent.shape))}): a "
+                    "data-parallel side needs an output that leads with the batch"
+                )
             loss = (out.to(cotangent.dtype) * cotangent.to(out.device)).sum()
         (loss * scale).backward()
     finally:
@@ -263,7 +274,7 @@ def _rank(rank: int, count: int, payload: dict) -> dict:
     model, given = side.prepare(payload["model"], mine)
     on_cuda = torch.device(side.device).type == "cuda"
     wrapped = DistributedDataParallel(
-        model, device_ids=[torch.cuda.current_device()] if on_cuda else None,
+        _FirstTensor(model), device_ids=[torch.cuda.current_device()] if on_cuda else None,
         find_unused_parameters=True,
     )  # fmt: skip
     names = {p: n for n, p in model.named_parameters() if p.requires_grad}
@@ -293,6 +304,19 @@ def _rank(rank: int, count: int, payload: dict) -> dict:
         "skipped": skipped,
         "collective": _collective(names, payload["partials"], payload["scale"], rank, count),
     }
+
+
+class _FirstTensor(torch.nn.Module):
+    """The model returning only the tensor the loss reads: DDP looks for the parameters the
+    forward does not use from what it returns, and a pooler the loss never reads would leave
+    its bucket waiting for gradients that never come."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args):
+        return _first_tensor(self.model(*args))
 
 
 def _everywhere_finite(grads: list) -> bool:
@@ -333,8 +357,11 @@ def ranked_layers(gradients, layers: list, *, local: bool, exact: bool) -> list:
     `local` its own value: a rank's is its own (its inputs are the reference's very rows); the
     all-reduced gradient's is the collective re-run on the reference's gradients of the ranks'
     rows, a model input's those put back in batch order. With `exact`, the baselines: a rank's
-    is the float64 copy's gradient of its rows, an all-reduced gradient's the exact sum of the
-    reference's ranks (its terms: what a collective that adds them in the grid errs by)."""
+    is the float64 copy's gradient of its rows; an all-reduced gradient's, or a model input's,
+    the float64 copy's of the whole batch: one process's semantics, so a model that computes
+    across the batch (in-batch statistics) differs there by more than any rounding. An
+    all-reduced gradient's terms are the ranks' (what a collective that adds them in the grid
+    errs by)."""
     ranks: Ranks = gradients.tgt.ranks
     truth = gradients.truth is not None
     out = []
@@ -367,15 +394,13 @@ def ranked_layers(gradients, layers: list, *, local: bool, exact: bool) -> list:
         reduced = key in ranks.collective
         if local:
             gradients.local[key] = ranks.collective[key] if reduced else torch.cat(mine)
-        if local and exact:
+        if local and exact and key in ranks.whole:
             wide = [y.double() for y in mine]
             gradients.grid[key] = gradients.tgt.grads[key].dtype
+            gradients.exact[key] = ranks.whole[key]
             if reduced:
-                gradients.exact[key] = sum(wide)
                 rss = sum(w**2 for w in wide).sqrt()
                 gradients.terms[key] = (len(wide), rss, torch.stack(wide))
-            else:
-                gradients.exact[key] = torch.cat(wide)
         out.append(_moved(layer, fed))
     return out
 
@@ -384,3 +409,27 @@ def _moved(layer, fed: list[int]):
     """`layer` among the ranked layers, fed by `fed` (the places of its ranks' layers)."""
     layer.inputs_from = fed
     return layer
+
+
+def across_the_batch(report: dict) -> list[str]:
+    """Where an all-reduced gradient (or a model input's) is a defect while every rank's
+    gradient of its rows is one process's: the model computes across the batch, in words."""
+    layers = {x["name"]: x for x in report["layers"]}
+    defects = {d["layer"] for d in report["summary"]["defects"]}
+    found = [
+        name for name in defects
+        if ":rank" not in name
+        and all(f"{name}:rank" in r and r not in defects for r in layers[name]["local_inputs"])
+        and layers[name]["local_inputs"]
+    ]  # fmt: skip
+    if not found:
+        return []
+    names = ", ".join(f"`{n}`" for n in sorted(found)[:3])
+    more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+    return [
+        f"every rank computes its rows as one process does, yet {names}{more} differ from the "
+        "whole batch's gradient beyond rounding: the model computes across the batch (a batch "
+        "statistic, BatchNorm in training mode, in-batch negatives), which each rank does over "
+        "its rows only; synchronise it across the ranks (SyncBatchNorm, an all_gather before "
+        "the batch-wide step) or train it in one process"
+    ]

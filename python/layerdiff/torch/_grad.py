@@ -28,7 +28,7 @@ from layerdiff.tensors import dtype_name, flat
 from layerdiff.torch import _backward, _baseline
 from layerdiff.torch._backward import Pass, input_layer
 from layerdiff.torch._capture import _first_tensor, capture, module_readers
-from layerdiff.torch._ddp import ranked_layers, sharded_inputs
+from layerdiff.torch._ddp import across_the_batch, ranked_layers, sharded_inputs
 from layerdiff.torch._gradients import (
     both_sides,
     completed,
@@ -139,7 +139,7 @@ def compare_gradients(
         reference_detail=f"{ref_side.describe()}; {_how(ref, loss)}",
         target_detail=f"{tgt_side.describe()}; {_how(tgt, loss)}",
         reduced_math=tgt_side.reduced_math(),
-        lower_precision=_lower_precision(tgt_side),
+        lower_precision=_lower_precision(tgt_side, ref_side),
         timings=list(timings) if isinstance(timings, list) else ([] if timings else None),
     )
     step(f"comparing {len(layers)} gradients")
@@ -151,7 +151,10 @@ def compare_gradients(
         {i: [flat(k, ref.parameters[k])] for i, k in names.items() if k in ref.parameters},
         {i: [flat(k, tgt.parameters[k])] for i, k in names.items() if k in tgt.parameters},
     )
-    report = Report(native, inputs=given).warned(warnings)
+    report = Report(native, inputs=given)
+    if tgt_side.ranks > 1:
+        warnings += across_the_batch(report.data)
+    report = report.warned(warnings)
     owners = {x.name: x.module for x in layers}
     report = report.advised_by_module(owners)
     report.notes += [*notes, *(n for n in (lost, skipped_note(tgt)) if n)]
@@ -467,8 +470,14 @@ def _how(found: Pass, loss: str) -> str:
     return f"gradients of {what}{scaled}"
 
 
-def _lower_precision(side: TorchSide) -> str | None:
-    """How the side's gradients carry a lower precision than float32, in words."""
+def _lower_precision(side: TorchSide, reference: TorchSide) -> str | None:
+    """How the side's gradients carry a lower precision than float32, in words (a data-parallel
+    side's, against itself in one process: its all-reduce's)."""
     if side.precision == "fp32":
         return None
+    if side.ranks > 1 and side.precision == reference.precision:
+        return (
+            f"the ranks hold their gradients in {_WORDS[side.precision]} and the all-reduce "
+            "adds them up in it, where one process computes the whole batch's at once"
+        )
     return f"the target runs its forward and backward passes in {_WORDS[side.precision]}"

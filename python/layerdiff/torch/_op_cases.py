@@ -59,7 +59,8 @@ class Case:
 
     def describe_call(self) -> str:
         if self.collective:
-            return f"{self.call} across the ranks, each on its own row"
+            terms = " (K: the backend's ranks)" if self.sums_ranks else ""
+            return f"{self.call} across the ranks, each on its own row{terms}"
         args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
         return f"{self.call}({args})" if args else self.call
 

@@ -233,7 +233,7 @@ def check_ops(
                 name=c.name,
                 op=c.describe_call(),
                 inputs=[_describe_input(s) for s in c.inputs],
-                reduction=c.reduction,
+                reduction=c.terms(max((ranks_of(n) for n in names), default=1)),
                 stages=c.stages,
                 magnitude=c.magnitude,
             )

@@ -90,6 +90,8 @@ def run(task, payload, ranks: int, device: str) -> list:
         )
     with tempfile.TemporaryDirectory(prefix="layerdiff-ranks-") as folder:
         files, scripted = _file_modules(payload)
+        if scripted:
+            _check_main()
         (Path(folder) / "modules.json").write_text(json.dumps(files))
         torch.save(payload, Path(folder) / "payload.pt")
         with _started(scripted):
@@ -110,9 +112,7 @@ def run(task, payload, ranks: int, device: str) -> list:
         except torch.multiprocessing.ProcessRaisedException as e:
             raise RankFailed(e.error_index, _last_line(str(e))) from None
         except torch.multiprocessing.ProcessExitedException as e:
-            said = _said(Path(folder) / f"rank{e.error_index}.err")
-            why = f"its process died (exit code {e.exit_code}){f': {said}' if said else ''}"
-            raise RankFailed(e.error_index, why) from None
+            raise RankFailed(e.error_index, _death(e, folder, scripted)) from None
         finally:
             for process in context.processes:
                 if process.is_alive():
@@ -190,6 +190,18 @@ def _file_modules(payload) -> tuple[list[tuple[str, str]], bool]:
     return sorted(found), scripted
 
 
+def _check_main() -> None:
+    """Refuses a model class the ranks cannot import: one defined interactively (a notebook,
+    a script read from stdin), which has no file a fresh process could import it from."""
+    file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if file is None or not Path(file).is_file():
+        raise _layerdiff.UsageError(
+            "the model's class is defined interactively (a notebook, or a script read from "
+            f"{file or 'an interpreter'}): each rank is a fresh process, which imports the "
+            "model's classes from their files; move the class into a module or a file of its own"
+        )
+
+
 def _findable(name: str) -> bool:
     """Whether a fresh process finds the top-level module `name` by name (on sys.path, or
     built in)."""
@@ -206,6 +218,27 @@ def _import_file(name: str, file: str) -> None:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
+
+
+def _death(e, folder: str, scripted: bool) -> str:
+    """How a rank's process died, in words: what it printed last, or what its exit says."""
+    err = Path(folder) / f"rank{e.error_index}.err"
+    said = _said(err)
+    how = f"its process died (exit code {e.exit_code})"
+    if said:
+        return f"{how}: {said}"
+    if e.exit_code == -9:
+        return (
+            f"{how}: killed (SIGKILL), most often by the system for want of memory: each rank "
+            "is a process of its own with its copy of the model; try fewer ranks"
+        )
+    if not err.exists() and scripted:
+        return (
+            f"{how} before it started: importing the script that defines the model's class "
+            "failed there (the error is above); run what the script does under "
+            '`if __name__ == "__main__":`'
+        )
+    return how
 
 
 def _said(path: Path) -> str:

@@ -60,8 +60,9 @@ class TorchSide:
         if side.ranks > 1 and not ranks:
             raise _layerdiff.UsageError(
                 f"`{side.spelling}` trains the model in {side.ranks} processes: only gradients "
-                f"differ there, so it is a target of `layerdiff grad` (`layerdiff grad MODEL "
-                f"--target {side.spelling}`), compared with the model in one process"
+                f"differ there, so it is the target of `layerdiff grad` (`layerdiff grad MODEL "
+                f"--target {side.spelling}`), never the reference: it is compared with the "
+                "model in one process"
             )
         side._check()
         return side

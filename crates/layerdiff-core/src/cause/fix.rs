@@ -50,6 +50,8 @@ pub(super) fn fix(cause: Cause, layer: &Layer, e: &Evidence) -> String {
         };
         format!("the target's node(s) {}{tail}", shown.join(", "))
     };
+    // a data-parallel rank's gradient, against one process on the same rows
+    let rank = super::rank_of(layer);
     match cause {
         Cause::WeightMismatch => weights_fix(&where_, &e.weights),
         Cause::LayoutPermutation => format!(
@@ -93,6 +95,12 @@ pub(super) fn fix(cause: Cause, layer: &Layer, e: &Evidence) -> String {
             "give {where_} the reference's attribute values back (reference → target: {})",
             e.attributes.join(", ")
         ),
+        _ if rank.is_some() => {
+            let (of, rank) = rank.unwrap_or_default();
+            format!(
+                "rank {rank}'s gradient of `{of}` before the all-reduce is not what one process computes on the same rows: code that runs on that rank only changes it (a gradient hook, a scale or a branch on the rank, another seed there); find what depends on the rank"
+            )
+        }
         _ if layer.baseline.as_ref().is_some_and(|b| b.reference_off > 0) => {
             "the reference's own value is off from the exact computation on its inputs: check the reference (its runtime, or the expected values it reads) before the target".to_string()
         }

@@ -121,7 +121,11 @@ impl TorchSpec {
         let (mut device, mut precision, mut compile) = (None::<String>, None, None);
         let mut ranks = None;
         while let Some(part) = parts.next() {
-            if let Some(count) = part.strip_prefix("ddp=") {
+            if part == "ddp" {
+                return Err(unknown(
+                    "`ddp` needs its processes: `ddp=N` (2 to 1024)".to_string(),
+                ));
+            } else if let Some(count) = part.strip_prefix("ddp=") {
                 let n = count.parse::<u32>().ok().filter(|n| (2..=1024).contains(n));
                 match n {
                     Some(n) if ranks.is_none() => ranks = Some(n),
@@ -239,6 +243,8 @@ mod tests {
         assert!(err.contains("`cpu` is neither"), "{err}");
         let err = TorchSpec::parse("torch:fp8!").unwrap_err();
         assert!(err.contains("`fp8!` is not understood"), "{err}");
+        let err = TorchSpec::parse("torch:ddp").unwrap_err();
+        assert!(err.contains("`ddp` needs its processes: `ddp=N`"), "{err}");
         for text in ["torch:ddp=1", "torch:ddp=x", "torch:ddp=2:ddp=2"] {
             let err = TorchSpec::parse(text).unwrap_err();
             assert!(err.contains("takes 2 to 1024 processes"), "{err}");

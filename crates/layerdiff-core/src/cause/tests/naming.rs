@@ -119,3 +119,24 @@ fn the_precision_origin_is_the_first_layer_past_its_tolerance_and_its_source_onl
     assert_eq!(p.origin.as_deref(), Some("l1"));
     assert_eq!(p.source, None, "{p:?}");
 }
+
+#[test]
+fn a_data_parallel_ranks_defect_is_fixed_on_that_rank_not_in_a_kernel() {
+    let fix_of = |name: &str| {
+        let mut layers = vec![layer(0, 5e-3, Some(5e-3), &[])];
+        layers[0].name = name.to_string();
+        layers[0].baseline = Some(baseline(40.0));
+        let mut summary = analyse(&mut layers, Tolerance::PerDtype);
+        explain(&mut layers, &[Evidence::default()], &mut summary);
+        summary.defects[0].fix.clone()
+    };
+    let fix = fix_of("fc.weight:rank1");
+    assert!(
+        fix.starts_with("rank 1's gradient of `fc.weight` before the all-reduce"),
+        "{fix}"
+    );
+    // a layer whose name only ends like one keeps the kernel's fix
+    for name in ["fc.weight", "blocks:rankx", "fc:rank"] {
+        assert!(!fix_of(name).contains("before the all-reduce"), "{name}");
+    }
+}
