@@ -15,7 +15,9 @@ constant, a weight whose layer stays under the absolute tolerance, a weight ONNX
 optimizer fuses and reorders, a dynamic int8 file's weight scale, a static int8 file's codes) and
 run by ONNX Runtime (`file_differs` or `weight_mismatch` at its layer: the file, never the
 runtime); a block whose own code computes differently only when torch.compile compiles it whole
-(`cross_module_fusion` at that block), its clean twin and models compiled by `torch:compile`.
+(`cross_module_fusion` at that block), its clean twin and models compiled by `torch:compile`;
+a rank that scales one weight's gradient under DistributedDataParallel (the defect at that
+weight on that rank) and clean data-parallel twins (`torch:ddp=N`).
 Each run's verdict, defects, the layers that accumulate in the narrow dtype and the largest
 multiple of what precision explains go into the table of docs/metrics.md (between its
 calibration markers). A defect in a clean run, or a fault not found at its layer with its
