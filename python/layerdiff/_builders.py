@@ -18,13 +18,8 @@ def builder_function(spec: str):
         path = Path(target)
         if not path.is_file():
             raise _layerdiff.UsageError(f"builder file `{target}` does not exist")
-        module_spec = importlib.util.spec_from_file_location(
-            f"_layerdiff_builder_{path.stem}", path
-        )
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[module_spec.name] = module
         try:
-            module_spec.loader.exec_module(module)
+            module = import_file(f"_layerdiff_builder_{path.stem}", path)
         except Exception as e:
             raise _layerdiff.UsageError(
                 f"importing `{target}` failed: {type(e).__name__}: {e}"
@@ -38,3 +33,13 @@ def builder_function(spec: str):
     if not callable(func):
         raise _layerdiff.UsageError(f"`{target}` has no function `{func_name}`")
     return func
+
+
+def import_file(name: str, path) -> object:
+    """The Python file at `path` imported as module `name` (registered in `sys.modules`, so
+    that what it defines pickles by that name)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

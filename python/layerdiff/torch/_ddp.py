@@ -14,9 +14,10 @@ A parameter's data-parallel gradient is two computations, and the report has a l
   Its reference is the same side in one process on the same rows, so any difference is the
   rank's own (a rank that scales its gradient, a hook that fires on one rank);
 - `fc.weight`, the gradient after the all-reduce, fed by its ranks' layers. Its own value is the
-  target's collective re-run on the reference's per-rank gradients (the same bucket arithmetic):
-  what summing the ranks' shares in another order than one process does explains, and a
-  collective that sums wrongly does not.
+  target's collective re-run on the reference's per-rank gradients (the same bucket arithmetic),
+  judged against the float64 gradient of the whole batch: summing the ranks' shares in another
+  order than one process does is rounding; a collective that sums wrongly, or a model that
+  computes across the batch (which each rank does over its rows only), is not.
 
 Every rank must hold the same gradients after the all-reduce: where one differs from rank 0's,
 the run says so. A model input's gradient is each rank's for its rows, in batch order.
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import warnings
 
 import torch
@@ -37,10 +37,8 @@ from layerdiff.tensors import dtype_name
 from layerdiff.torch import _baseline, _ranks
 from layerdiff.torch._backward import Pass
 from layerdiff.torch._capture import _first_tensor
+from layerdiff.torch._gradients import finite, loss_scaled
 from layerdiff.torch._inputs import inputs_at
-
-# GradScaler's first scale and its back-off (as `_gradients`).
-_INIT_SCALE, _BACKOFF = 2.0**16, 0.5
 
 
 @dataclasses.dataclass
@@ -117,8 +115,7 @@ def gradients(model, inputs: tuple, side, cotangent: torch.Tensor) -> Pass:
         "partials": reference, "scale": scale,
     }  # fmt: skip
     try:
-        with _quiet_reducer():
-            found = _ranks.run(_rank, payload, count, side.device)
+        found = _ranks.run(_rank, payload, count, side.device)
     except _ranks.RankFailed as e:
         raise _layerdiff.InputError(
             f"the target `{side.spelling}` could not compute the gradients: rank {e.rank}: {e.why}"
@@ -170,18 +167,16 @@ def _one_process(model, rows: list, side) -> tuple[list[dict], float]:
     it is, a float64 copy), unscaled, all at the one scale they were taken at (halved for all
     where any rank's are not finite, as DDP's ranks do together)."""
     if side is None:
-        copied, running, scale = model, contextlib.nullcontext, 1.0
+        copied, running = model, contextlib.nullcontext
         rows = [(given, cot.double()) for given, cot in rows]
     else:
-        copied = side.prepare(model, ())[0]
+        copied, running = side.prepare(model, ())[0], side.running
         rows = [(tuple(side.convert(t) for t in given), cot) for given, cot in rows]
-        running, scale = side.running, (_INIT_SCALE if side.lower == "float16" else 1.0)
-    while True:
-        grads = [_backward_of(copied, given, running, cot, scale) for given, cot in rows]
-        everything = [g for each in grads for g in each.values()]
-        if scale == 1.0 or all(bool(torch.isfinite(g).all()) for g in everything):
-            break
-        scale *= _BACKOFF
+    grads, scale, _ = loss_scaled(
+        side is not None and side.lower == "float16",
+        lambda scale: [_backward_of(copied, given, running, cot, scale) for given, cot in rows],
+        lambda grads: finite(g for each in grads for g in each.values()),
+    )
     return [{n: _unscaled(g, scale) for n, g in each.items()} for each in grads], scale
 
 
@@ -223,22 +218,6 @@ def _unscaled(g: torch.Tensor, scale: float, times: int = 1) -> torch.Tensor:
     return (g.detach().double() * times / scale).to(held).cpu()
 
 
-@contextlib.contextmanager
-def _quiet_reducer():
-    """The ranks' PyTorch without its C++ warnings: DDP's reducer warns on every run that
-    `find_unused_parameters` found no unused parameter (it is on, so that a parameter the
-    forward does not use never leaves a bucket unreduced)."""
-    before = os.environ.get("TORCH_CPP_LOG_LEVEL")
-    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["TORCH_CPP_LOG_LEVEL"]
-        else:
-            os.environ["TORCH_CPP_LOG_LEVEL"] = before
-
-
 def _disagreements(found: list[dict]) -> list[str]:
     """What each rank holds after the all-reduce that rank 0 does not, in words."""
     said = []
@@ -278,22 +257,23 @@ def _rank(rank: int, count: int, payload: dict) -> dict:
         find_unused_parameters=True,
     )  # fmt: skip
     names = {p: n for n, p in model.named_parameters() if p.requires_grad}
-    scale = _INIT_SCALE if side.lower == "float16" else 1.0
-    skipped = 0
-    while True:
-        order: list[str] = []
-        hooks = [p.register_post_accumulate_grad_hook(lambda p, o=order: o.append(names[p]))
+    order: list[str] = []
+
+    def backward(scale: float) -> dict:
+        order.clear()
+        hooks = [p.register_post_accumulate_grad_hook(lambda p: order.append(names[p]))
                  for p in names]  # fmt: skip
         try:
-            partials = _backward_of(model, given, side.running, cotangent, scale, wrapped)
+            return _backward_of(model, given, side.running, cotangent, scale, wrapped)
         finally:
             for h in hooks:
                 h.remove()
+
+    def everywhere_finite(partials: dict) -> bool:
         reduced = [p.grad for p in names if p.grad is not None]
-        if scale == 1.0 or _everywhere_finite([*reduced, *partials.values()]):
-            break
-        scale *= _BACKOFF
-        skipped += 1
+        return _everywhere_finite([*reduced, *partials.values()])
+
+    partials, scale, skipped = loss_scaled(side.lower == "float16", backward, everywhere_finite)
     return {
         "parameters": {
             n: _unscaled(p.grad, scale, count) for p, n in names.items() if p.grad is not None
@@ -323,7 +303,7 @@ def _everywhere_finite(grads: list) -> bool:
     """Whether every rank's `grads` are finite (each rank takes the same step)."""
     import torch.distributed as dist
 
-    bad = torch.tensor([0.0 if all(bool(torch.isfinite(g).all()) for g in grads) else 1.0])
+    bad = torch.tensor([0.0 if finite(grads) else 1.0])
     dist.all_reduce(bad, op=dist.ReduceOp.MAX)
     return bad.item() == 0.0
 

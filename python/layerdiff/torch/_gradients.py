@@ -40,16 +40,31 @@ def _gradients(model, inputs, side: TorchSide, cotangent, whole) -> Pass:
 
         return _ddp.gradients(model, inputs, side, cotangent)
     copied, given = side.prepare(model, inputs, whole)
-    scale = _INIT_SCALE if side.lower == "float16" else 1.0
-    skipped = 0
-    while True:
-        found = _backward.backward(copied, given, side.running, cotangent, scale, whole)
-        if scale == 1.0 or all(bool(torch.isfinite(g).all()) for g in found.grads.values()):
-            break
-        scale *= _BACKOFF
-        skipped += 1
+    found, _, skipped = loss_scaled(
+        side.lower == "float16",
+        lambda scale: _backward.backward(copied, given, side.running, cotangent, scale, whole),
+        lambda found: finite(found.grads.values()),
+    )
     found.skipped = skipped
     return found
+
+
+def loss_scaled(float16: bool, backward, finite_at) -> tuple:
+    """`backward(scale)` at the scale GradScaler would step at: in float16 from its first scale,
+    halved while `finite_at(what backward returned)` is False, as its skipped steps would; else
+    at 1. Returns what the last backward returned, its scale and the steps skipped."""
+    scale, skipped = (_INIT_SCALE if float16 else 1.0), 0
+    while True:
+        found = backward(scale)
+        if scale == 1.0 or finite_at(found):
+            return found, scale, skipped
+        scale *= _BACKOFF
+        skipped += 1
+
+
+def finite(grads) -> bool:
+    """Whether every gradient of `grads` is finite."""
+    return all(bool(torch.isfinite(g).all()) for g in grads)
 
 
 def float64_gradients(model, inputs, cotangent, whole) -> Pass:

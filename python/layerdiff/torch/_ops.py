@@ -361,8 +361,8 @@ def _rows(task) -> torch.Tensor:
 
 
 def _answered(answers: dict, backend: str, case, args) -> tuple:
-    """A TensorFlow cell's result and the roundings its spelling adds, as a custom backend
-    gives them."""
+    """A cell computed elsewhere (TensorFlow's process, a group of ranks): its result and the
+    roundings its spelling adds, as a custom backend gives them."""
     dtype = next(str(a.dtype).removeprefix("torch.") for a in args if a.is_floating_point())
     answer = answers[(case.name, backend, dtype)]
     if isinstance(answer, Exception):

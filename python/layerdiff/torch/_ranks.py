@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import importlib.machinery
-import importlib.util
 import json
 import logging
 import os
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 
 from layerdiff import _layerdiff
+from layerdiff._builders import import_file
 
 # How often the wait for the ranks looks whether the command was asked to stop, in seconds.
 _POLL = 0.2
@@ -136,7 +136,8 @@ def _rank_main(rank, task, folder, ranks, backend_name, device, count) -> None:
     )
     try:
         for name, file in json.loads((Path(folder) / "modules.json").read_text()):
-            _import_file(name, file)
+            if name not in sys.modules:
+                import_file(name, file)
         payload = torch.load(Path(folder) / "payload.pt", weights_only=False)
         result = task(rank, ranks, payload)
         torch.save(result, Path(folder) / f"rank{rank}.pt")
@@ -158,8 +159,10 @@ def _started(scripted: bool):
     script without an `if __name__ == "__main__":` guard would run again in each rank."""
     main = sys.modules.get("__main__")
     saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in vars(main)}
-    before = os.environ.get(_IN_RANK)
-    os.environ[_IN_RANK] = "1"
+    # the ranks' C++ logging off: their stderr is what a rank that dies said last, and DDP's
+    # reducer warns on every run that `find_unused_parameters` found nothing unused
+    before = {k: os.environ.get(k) for k in (_IN_RANK, "TORCH_CPP_LOG_LEVEL")}
+    os.environ.update({_IN_RANK: "1", "TORCH_CPP_LOG_LEVEL": "ERROR"})
     if not scripted:
         main.__dict__.pop("__file__", None)
         main.__spec__ = None
@@ -168,8 +171,11 @@ def _started(scripted: bool):
     finally:
         main.__dict__.pop("__spec__", None)
         main.__dict__.update(saved)
-        if before is None:
-            del os.environ[_IN_RANK]
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _file_modules(payload) -> tuple[list[tuple[str, str]], bool]:
@@ -210,28 +216,18 @@ def _findable(name: str) -> bool:
     return importlib.machinery.PathFinder.find_spec(name, sys.path) is not None
 
 
-def _import_file(name: str, file: str) -> None:
-    """Imports `file` as module `name`, unless a module of that name is here."""
-    if name in sys.modules:
-        return
-    spec = importlib.util.spec_from_file_location(name, file)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-
-
 def _death(e, folder: str, scripted: bool) -> str:
     """How a rank's process died, in words: what it printed last, or what its exit says."""
     err = Path(folder) / f"rank{e.error_index}.err"
-    said = _said(err)
     how = f"its process died (exit code {e.exit_code})"
-    if said:
-        return f"{how}: {said}"
-    if e.exit_code == -9:
+    if e.exit_code == -9:  # nothing it printed says why
         return (
             f"{how}: killed (SIGKILL), most often by the system for want of memory: each rank "
             "is a process of its own with its copy of the model; try fewer ranks"
         )
+    said = _said(err)
+    if said:
+        return f"{how}: {said}"
     if not err.exists() and scripted:
         return (
             f"{how} before it started: importing the script that defines the model's class "
