@@ -37,8 +37,8 @@ def inject(monkeypatch, fault):
     """Every target copy made from here on gets `fault(copied_model)` applied."""
     prepare = TorchSide.prepare
 
-    def faulty(self, model, inputs, whole=frozenset()):
-        copied, given = prepare(self, model, inputs, whole)
+    def faulty(self, model, inputs, whole=frozenset(), reads_outside=()):
+        copied, given = prepare(self, model, inputs, whole, reads_outside)
         fault(copied)
         return copied, given
 

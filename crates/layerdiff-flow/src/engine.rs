@@ -196,6 +196,8 @@ pub struct Engine<R: Side, T: Side, F: Side = Box<dyn Side>> {
     /// that ran ahead runs them at the end).
     deferred: Vec<(usize, String, Tensor)>,
     evidence: Vec<Evidence>,
+    /// The layers whose evidence is gathered already ([`Engine::evidence_of`]).
+    gathered: std::collections::HashSet<usize>,
     summary: Option<Summary>,
     /// Why the float64 truth stopped, when it could not run.
     truth_lost: Option<String>,
@@ -268,6 +270,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             target_ahead: None,
             deferred: Vec::new(),
             evidence: vec![Evidence::default(); n],
+            gathered: std::collections::HashSet::new(),
             summary: None,
             truth_lost: None,
             over_default_budget,

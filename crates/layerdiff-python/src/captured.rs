@@ -248,6 +248,33 @@ impl CapturedRun {
         py.detach(|| run.conclude()).map_err(to_py_err)
     }
 
+    /// The layers whose causes need weights (after `conclude`), each with the layers that
+    /// compute inside it: the groups `layer_evidence` takes one at a time.
+    fn evidence_groups(&self) -> PyResult<Vec<Vec<usize>>> {
+        Ok(self.active()?.evidence_groups().to_vec())
+    }
+
+    /// Parameters (by layer, as `finish` takes them) held for their groups' evidence; with
+    /// `gather`, those groups' causes are gathered now and everything held is dropped: a model
+    /// read as it goes is handed over a group at a time, the reference's then the target's.
+    #[pyo3(signature = (parameters, target_parameters=None, target_half_steps=None, gather=true))]
+    fn layer_evidence(
+        &mut self,
+        py: Python<'_>,
+        parameters: HashMap<usize, Vec<FlatTensor<'_>>>,
+        target_parameters: Option<HashMap<usize, Vec<FlatTensor<'_>>>>,
+        target_half_steps: Option<HashMap<usize, Vec<FlatTensor<'_>>>>,
+        gather: bool,
+    ) -> PyResult<()> {
+        let target_parameters = target_parameters.unwrap_or_default();
+        let target_half_steps = target_half_steps.unwrap_or_default();
+        let (reference, target) = (views(&parameters)?, views(&target_parameters)?);
+        let half_steps = views(&target_half_steps)?;
+        let run = self.active_mut()?;
+        py.detach(|| run.layer_evidence(&reference, &target, &half_steps, gather));
+        Ok(())
+    }
+
     /// Whether a layer's target computes what its file says where that is not the model's
     /// computation (after `conclude`): a fresh export set `beside` the file then names what
     /// differs.

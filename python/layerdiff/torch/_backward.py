@@ -473,8 +473,7 @@ def exact_vjp(
     (the dtype the target holds it in) and `dtype`, for the output gradient as the target gets
     it (scaled by `scale`, rounded to `dtype`, scaled back: exact for a power of two); autocast
     off, on the CPU. Gradients in float64, with their parameters' terms (`Vjp.terms`)."""
-    exact = _baseline.plain_copy(module).to("cpu", torch.float64)
-    _baseline.round_weights(exact, dtype)
+    exact = _baseline.exact_copy(module, dtype)
     g = (grad_output.detach().cpu().double() * scale).to(dtype).double() / scale
 
     def prepare(t):

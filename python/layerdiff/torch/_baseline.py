@@ -25,7 +25,7 @@ from torch import nn
 
 from layerdiff.torch._capture import _first_tensor
 from layerdiff.torch._lockstep import Lockstep, _Stopped
-from layerdiff.torch._widened import widened_copy
+from layerdiff.torch._widened import BAND, CHUNKED_ABOVE, widened_copy
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 _WIDTH = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24, torch.float64: 53}
@@ -51,9 +51,10 @@ def rounded(value, dtype: torch.dtype | None):
     return value.to(torch.float64)
 
 
-def plain_copy(module: nn.Module) -> nn.Module:
-    """A copy of `module` without any hook (a capture's hooks must not fire for it)."""
-    copied = copy.deepcopy(module)
+def plain_copy(module: nn.Module, memo: dict | None = None) -> nn.Module:
+    """A copy of `module` without any hook (a capture's hooks must not fire for it);
+    ``memo``: tensors the copy takes in place of the module's (by id), as `copy.deepcopy`."""
+    copied = copy.deepcopy(module, memo)
     for m in copied.modules():
         for name, attribute in vars(m).items():
             if name.startswith(("_forward_", "_backward_")) and hasattr(attribute, "clear"):
@@ -77,12 +78,34 @@ def exact_call(module: nn.Module | None, func, args, kwargs, held, dtype: torch.
     with torch.no_grad(), no_autocast():
         if module is None:
             out = func(*given, **named)
+        elif _banded(module) and len(given) == 1 and not named:
+            out = _linear_in_bands(module, given[0], dtype)
+        elif _gathers(module) and len(given) == 1 and not named:
+            # rounding and widening are elementwise: the rows gathered, then made exact
+            out = _rounded_weight(module.weight.detach()[given[0]], dtype).cpu()
         else:
-            exact = plain_copy(module).to("cpu", torch.float64)
-            round_weights(exact, dtype)
-            out = exact.forward(*given, **named)
+            out = exact_copy(module, dtype).forward(*given, **named)
     out = _first_tensor(out)
     return None if out is None else out.to(torch.float64)
+
+
+def exact_copy(module: nn.Module, dtype: torch.dtype | None) -> nn.Module:
+    """A plain float64 copy of `module` on the CPU, its floating weights rounded to `dtype`:
+    each made straight from the module's own, never a second copy of them in their dtype."""
+    memo: dict = {}
+    for t in [*module.parameters(), *module.buffers()]:
+        if t.is_floating_point() and id(t) not in memo:
+            made = _rounded_weight(t, dtype).cpu()
+            made = made.clone() if made.data_ptr() == t.data_ptr() else made
+            memo[id(t)] = nn.Parameter(made, requires_grad=t.requires_grad) if isinstance(
+                t, nn.Parameter
+            ) else made  # fmt: skip
+    return plain_copy(module, memo)
+
+
+def _gathers(module: nn.Module) -> bool:
+    """An embedding whose output is the rows it gathers (`max_norm` rewrites them)."""
+    return type(module) is nn.Embedding and module.max_norm is None
 
 
 def exact_reduction(module: nn.Module | None, args, held, dtype: torch.dtype):
@@ -108,10 +131,39 @@ def exact_reduction(module: nn.Module | None, args, held, dtype: torch.dtype):
                 x, w, None, module.stride, module.padding, module.dilation, module.groups
             )
             terms = w[0].numel()
+        elif _banded(module):
+            squares, terms = _linear_in_bands(module, x, dtype, squared=True), module.in_features
         else:
             w = _rounded_weight(module.weight, dtype).cpu() ** 2
             squares, terms = F.linear(x, w), module.in_features
     return terms, squares.sqrt()
+
+
+def _banded(module: nn.Module) -> bool:
+    """A plain linear layer whose weight in float64 passes `CHUNKED_ABOVE`: made exactly a
+    band of output features at a time (a language model's head would otherwise take two
+    float64 copies of its matrix at once)."""
+    return type(module) is nn.Linear and module.weight.numel() * 8 > CHUNKED_ABOVE
+
+
+def _linear_in_bands(module: nn.Linear, x: torch.Tensor, dtype, squared: bool = False):
+    """`module` on `x` (float64) in float64, its weight and bias rounded to `dtype`, a band of
+    output features at a time: each output element the same float64 dot product. ``squared``:
+    the product of `x` with the squared weight, no bias (`exact_reduction`'s terms)."""
+    import torch.nn.functional as F
+
+    w = module.weight.detach()
+    rows, columns = w.shape
+    band = max(1, BAND // (columns * 8))
+    out = x.new_empty((*x.shape[:-1], rows), dtype=torch.float64)
+    for start in range(0, rows, band):
+        stop = min(start + band, rows)
+        part = _rounded_weight(w[start:stop], dtype).cpu()
+        part = part * part if squared else part
+        bias = None if squared or module.bias is None else module.bias.detach()[start:stop]
+        bias = None if bias is None else _rounded_weight(bias, dtype).cpu()
+        out[..., start:stop] = F.linear(x, part, bias)
+    return out
 
 
 def _rounded_weight(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:

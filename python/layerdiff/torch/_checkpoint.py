@@ -168,7 +168,7 @@ def load_checkpoint(
             ) from e
         model_class = _model_class(transformers, config)
         try:
-            weights = _streamed_weights(folder, streams)
+            weights = _streamed_weights(folder, streams, config)
             if weights is not None:
                 model = _built_on_meta(model_class, config)
             else:
@@ -201,16 +201,32 @@ def load_checkpoint(
     return made, inputs
 
 
-def _streamed_weights(folder: Path, streams):
+def _streamed_weights(folder: Path, streams, config):
     """The checkpoint's `Weights` where its model is held one module at a time (`streams`
-    says so of their size in float32), else None."""
+    says so of their size in float32), else None. Weights in pickled files
+    (`pytorch_model.bin`) are loaded whole, as transformers can, where they fit; past the
+    budget a `UsageError` says what to do (only safetensors can be read a tensor at a time)."""
     if streams is None:
         return None
     from layerdiff.torch._streamed import Weights
 
     try:
         weights = Weights(folder)
-    except _layerdiff.UsageError:  # not in safetensors: loaded whole, as transformers can
+    except _layerdiff.UsageError:
+        pickled = sorted(folder.glob("pytorch_model*.bin"))
+        stored = _stored_dtype(config) or torch.float32
+        size = sum(f.stat().st_size for f in pickled) * 4 // stored.itemsize
+        if pickled and streams(size):
+            raise _layerdiff.UsageError(
+                f"`{folder}` stores its weights in {pickled[0].name}"
+                f"{f' and {len(pickled) - 1} more' if len(pickled) > 1 else ''} (about "
+                f"{_layerdiff.bytes_text(size)} in float32, more than the memory budget allows "
+                "at once), which can only be loaded whole: save it as safetensors where it fits "
+                "(`AutoModelForCausalLM.from_pretrained(FOLDER).save_pretrained(NEW, "
+                "safe_serialization=True)`, or the model class its config names) and give that "
+                "folder, whose weights are read one module at a time; or give a --max-memory "
+                "they fit in"
+            ) from None
         return None
     return weights if streams(weights.float32_bytes()) else None
 

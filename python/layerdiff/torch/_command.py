@@ -19,12 +19,13 @@ def torch(command, progress) -> int:
     from layerdiff import torch as lt
 
     along = command.batch_sizes or command.shapes or command.decode_steps
-    # Against an ONNX file, a checkpoint too large to hold is held one module at a time (and
-    # decoded so against a decoder file given: an export needs the whole model).
+    # A checkpoint too large to hold is held one module at a time, against an ONNX file or
+    # another PyTorch side (and decoded so against a decoder file given: an export needs the
+    # whole model).
     decoding_a_file = command.decode_steps and command.onnx is not None
-    onnx = (not along or decoding_a_file) and command.options.torch_target is None
+    streams = not along or (decoding_a_file and command.options.torch_target is None)
     model, inputs, common = _built(
-        command, progress, command.options.streams_weights if onnx else None
+        command, progress, command.options.streams_weights if streams else None
     )
     if along:
         return _along_axis(command, model, inputs, progress)
@@ -53,10 +54,29 @@ def grad(command, progress) -> int:
     """`layerdiff grad`: both sides' gradients, layer by layer."""
     from layerdiff.torch._grad import compare_gradients
 
-    model, inputs, common = _built(command, progress)
+    model, inputs, common = _built(command, progress, _whole_only(command))
     report = compare_gradients(model, inputs, loss=command.loss, progress=progress, **common)
     said = _grad_repro(model, inputs, report, command) if command.repro else None
     return _delivered(command, report, said)
+
+
+def _whole_only(command):
+    """For a flow that holds the whole model (`grad`): a checkpoint whose weights the budget
+    would have held one module at a time is refused before it is loaded, with what to do."""
+
+    def streams(size: int) -> bool:
+        if command.options.streams_weights(size):
+            raise _layerdiff.UsageError(
+                f"`layerdiff grad` holds the whole model, its gradients and their float64 truth "
+                f"at once, and the weights of `{command.model}` alone take "
+                f"{_layerdiff.bytes_text(size)} in float32, more than the memory budget allows "
+                "at once: give a --max-memory they fit in several times over, or compare its "
+                "forward pass with `layerdiff torch FOLDER --target …`, which holds it one "
+                "module at a time"
+            )
+        return False
+
+    return streams
 
 
 def _built(command, progress, streams=None):

@@ -22,6 +22,7 @@ from layerdiff.tensors import flat
 from layerdiff.torch._capture import _first_tensor
 from layerdiff.torch._running import as_input_tuple
 from layerdiff.torch._sides import TorchSide
+from layerdiff.torch._streamed import state_of
 
 
 def _unwritten(why: str) -> tuple[str, bool]:
@@ -94,10 +95,9 @@ def _write(
     tensors: list = []
     literal_args = _literal(args, "arg", tensors)
     literal_kwargs = _literal(kwargs, "kwarg", tensors)
-    state = dict(module.named_parameters(remove_duplicate=False))
-    state.update(module.named_buffers(remove_duplicate=False))
+    state = state_of(module)  # a checkpoint held one module at a time: read from its files
     _layerdiff.write_safetensors(
-        folder / "state.safetensors", [flat(n, t.detach().cpu()) for n, t in state.items()]
+        folder / "state.safetensors", [flat(n, t.cpu()) for n, t in state.items()]
     )
     if piece.grad_output is not None:
         tensors.append(flat("grad_output", piece.grad_output))

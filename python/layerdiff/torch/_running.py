@@ -152,6 +152,18 @@ def progress_line(progress, total: int):
     return _layerdiff.Ticker.over(total, quiet)
 
 
+def finished(run, listed: list[CapturedLayer], model: nn.Module, target: nn.Module | None = None):
+    """The report of `run` (concluded): each layer whose cause needs weights is handed its
+    parameters (and the target's, where `target` is a PyTorch side) one group at a time, which
+    the run drops after, so a model held one module at a time is never read whole."""
+    for group in run.evidence_groups():
+        # the reference's are copied by the run before the target's are read
+        run.layer_evidence(layer_parameters(model, listed, group), gather=target is None)
+        if target is not None:
+            run.layer_evidence({}, layer_parameters(target, listed, group, folded=False))
+    return run.finish({})
+
+
 _CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d)
 _BATCH_NORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 

@@ -135,11 +135,23 @@ class TorchSide:
         return tensor.to(device=self.device, dtype=dtype or tensor.dtype, copy=True)
 
     def prepare(
-        self, model: nn.Module, inputs: tuple, whole=frozenset()
+        self, model: nn.Module, inputs: tuple, whole=frozenset(), reads_outside=()
     ) -> tuple[nn.Module, tuple]:
         """This side's copy of the model and its inputs. Compiled, each leaf module (``whole``:
         as `leaf_modules` takes it) is compiled on its own: hooks fire between leaves, so every
-        layer is compared (fusion across modules is not exercised at this granularity)."""
+        layer is compared (fusion across modules is not exercised at this granularity).
+
+        Of a model held one module at a time (`layerdiff.torch._streamed`), the copy holds each
+        module's weights on this side's device and in its dtype only while the module runs,
+        read from the files then (`layerdiff.torch._widened`; ``reads_outside``: the modules
+        whose code reads their submodules' weights, which hold those too): the bits the model
+        converted whole computes, with one module's weights in memory at a time."""
+        from layerdiff.torch._streamed import is_streamed
+
+        if is_streamed(model):
+            return self._streamed_copy(model, whole, reads_outside), tuple(
+                self.convert(t) for t in inputs
+            )
         copied = copy.deepcopy(model).to(self.device)
         if self.precision in _CAST:
             copied = copied.to(_CAST[self.precision])
@@ -147,6 +159,26 @@ class TorchSide:
             for _, leaf in leaf_modules(copied, whole):
                 leaf.forward = torch.compile(leaf.forward, backend=self.compile, dynamic=False)
         return copied, tuple(self.convert(t) for t in inputs)
+
+    def refuse_streamed(self) -> None:
+        """A `UsageError` where this side cannot run a model held one module at a time."""
+        if self.compile is not None:
+            raise _layerdiff.UsageError(
+                f"`{self.spelling}`: the checkpoint is held one module at a time (its weights "
+                "take more than the memory budget allows at once), and a compiled module must "
+                "hold its weights from one call to the next: give a --max-memory its weights "
+                "fit in, or compare it eager"
+            )
+
+    def _streamed_copy(self, model: nn.Module, whole, reads_outside) -> nn.Module:
+        from layerdiff.torch._widened import widened_copy
+
+        self.refuse_streamed()
+        device, dtype = self.device, _CAST.get(self.precision)
+        return widened_copy(
+            model, lambda t: t.to(device=device, dtype=dtype or t.dtype), whole, reads_outside,
+            narrow=False,
+        )  # fmt: skip
 
     @property
     def autocast_device(self) -> str | None:

@@ -234,15 +234,41 @@ def refuse_export(model: nn.Module) -> None:
         )
 
 
+#: A module of a copy that holds its weights only while it runs (`layerdiff.torch._widened`)
+#: → how it reads one of them as it would hold it: (name, its placeholder) → the tensor.
+_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def register_copy(module: nn.Module, read) -> None:
+    """Lets `weight` read the weights of `module`, of a copy, with `read` (see `_COPIES`)."""
+    _COPIES[module] = read
+
+
 def weight(
     module: nn.Module, name: str, t: torch.Tensor, dtype: torch.dtype | None = torch.float32
 ) -> torch.Tensor:
     """The parameter `name` of `module` (`t`, as the module holds it now), read from the files
-    (in `dtype`: see `Weights.get`) where the module is streamed and not running."""
-    if t.device.type != "meta" or module not in _SOURCES:
+    (in `dtype`: see `Weights.get`) where the module is streamed and not running; of a copy's
+    module that is not running, made as the copy makes it (in the copy's dtype)."""
+    if t.device.type != "meta":
+        return t
+    if module in _COPIES:
+        return _COPIES[module](name, t)
+    if module not in _SOURCES:
         return t
     weights, own, _ = _SOURCES[module]
     return weights.get(own[name], dtype) if name in own else t
+
+
+def state_of(module: nn.Module) -> dict[str, torch.Tensor]:
+    """`module`'s parameters and buffers by name (ties under each name), a streamed model's read
+    from the files (`weight`)."""
+    out = {}
+    for prefix, m in module.named_modules(remove_duplicate=False):
+        for name, t in [*m._parameters.items(), *m._buffers.items()]:
+            if t is not None:
+                out[f"{prefix}.{name}" if prefix else name] = weight(m, name, t).detach()
+    return out
 
 
 def weight_rows(

@@ -21,7 +21,7 @@ from layerdiff.torch._export import export_onnx
 from layerdiff.torch._lockstep import Lockstep
 from layerdiff.torch._lockstep import float64 as float64_copy
 from layerdiff.torch._running import (
-    layer_parameters,
+    finished,
     model_and_inputs,
     model_name,
     model_notes,
@@ -247,12 +247,12 @@ class _FileComparison:
             baseline=options.float64 and options.local,
             ticker=progress_line(self.progress, len(listed)), reads_outside=self.reads_outside,
         )  # fmt: skip
-        needed = run.conclude()
+        run.conclude()
         if not self.exported and run.file_differs():
             self._beside_a_fresh_export(run, report_notes := [])
         else:
             report_notes = []
-        native = run.finish(layer_parameters(model, listed, needed))
+        native = finished(run, listed, model)
         report = Report(native, inputs=onnx_inputs).warned(warnings)
         report.notes += [n for n in (*notes, split, *report_notes) if n]
         report.onnx_path = Path(onnx_path)

@@ -11,6 +11,7 @@ Rust engine, which compares, judges and explains as for any two sides.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 
@@ -23,7 +24,7 @@ from layerdiff.torch import _baseline
 from layerdiff.torch._capture import _first_tensor, capture, leaf_modules
 from layerdiff.torch._lockstep import Lockstep, float64, own_arguments
 from layerdiff.torch._running import (
-    layer_parameters,
+    finished,
     model_and_inputs,
     model_name,
     model_notes,
@@ -33,6 +34,8 @@ from layerdiff.torch._running import (
 )
 from layerdiff.torch._sides import _CAST as _CASTS
 from layerdiff.torch._sides import TorchSide, cuda_math
+from layerdiff.torch._streamed import is_streamed
+from layerdiff.torch._widened import held
 
 
 def compare_torch(
@@ -81,7 +84,6 @@ def compare_torch(
     """
     phases, _ = timed_phases(timings)
     step = progress or (lambda message: None)
-    model, inputs = model_and_inputs(model, inputs, seed)
     if options is None:
         options = _layerdiff.Options(
             tolerance=tolerance,
@@ -91,6 +93,7 @@ def compare_torch(
             reference=reference,
             float64=float64,
         )
+    model, inputs = model_and_inputs(model, inputs, seed, streams=options.streams_weights)
     if options.torch_target is None:
         raise _layerdiff.UsageError(
             "compare_torch compares PyTorch sides (`torch:bf16`, `torch:cuda`…); "
@@ -99,6 +102,9 @@ def compare_torch(
     # keep_fp32 against the target: the command line's rule, kept in Rust.
     options = options.resolved(keep_fp32=bool(keep_fp32))
     ref_side, tgt_side = TorchSide.of(options.reference), TorchSide.of(options.torch_target)
+    if is_streamed(model):
+        for side in (ref_side, tgt_side):
+            side.refuse_streamed()
     from layerdiff.torch import _precision
 
     notes = model_notes(model)
@@ -191,7 +197,7 @@ class _Comparison:
 
         tgt_side, whole = self.tgt_side, self.whole
         with cuda_math(self.ref_side, tgt_side):
-            copied, given = tgt_side.prepare(self.model, self.inputs, whole)
+            copied, given = tgt_side.prepare(self.model, self.inputs, whole, self.reads_outside)
             keep_in_float32(
                 copied, keep, tgt_side.autocast_device, computing_modules(self.listed), self.model
             )
@@ -245,11 +251,8 @@ class _Comparison:
                 whole, keep, ticker=progress_line(self.progress, len(listed)),
                 reads_outside=reads_outside,
             )  # fmt: skip
-            needed = run.conclude()
-            native = run.finish(
-                layer_parameters(ref_model, listed, needed),
-                layer_parameters(target_model, listed, needed, folded=False),
-            )
+            run.conclude()
+            native = finished(run, listed, ref_model, target_model)
         report = Report(native, inputs=given)
         report.notes += [split] if split else []
         return report
@@ -265,7 +268,7 @@ def _stream(
     from layerdiff.torch._precision import _cast, computes_in, computing_modules, keep_in_float32
 
     def prepare(m, i):
-        copied, given = tgt_side.prepare(m, i, whole)
+        copied, given = tgt_side.prepare(m, i, whole, reads_outside)
         keep_in_float32(copied, keep, tgt_side.autocast_device, computing_modules(listed), model)
         return copied, given
 
@@ -300,7 +303,8 @@ def _stream(
         def once():
             given = torch.utils._pytree.tree_map(convert, own_args)
             named = torch.utils._pytree.tree_map(convert, own_kwargs)
-            with tgt_side.running():
+            # a streamed model's copy holds the module's weights only while it is called
+            with tgt_side.running(), held(modules[leaf]) if func is None else nullcontext():
                 return call(*given, **named)
 
         out = once()

@@ -21,15 +21,17 @@ weights (it may read them itself)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
+import weakref
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from layerdiff.torch._capture import leaf_modules
-from layerdiff.torch._streamed import weight, weight_rows
+from layerdiff.torch._streamed import register_copy, weight, weight_rows
 
 #: Bytes of a linear layer's converted weight above which the copy computes it in bands.
 CHUNKED_ABOVE = 64 << 20
@@ -43,12 +45,21 @@ def widened_copy(
     whole=frozenset(),
     reads_outside=(),
     shared: str | None = None,
+    narrow: bool = True,
 ) -> nn.Module:
     """The copy (see the module docs); `convert` makes a floating weight of the copy from the
     model's (`lambda t: t.double()` for the truth). Copies of one model given the same
     ``shared`` name convert alike, and hold one tensor of each weight between them while they
-    run the same module (`_Made`): the float64 truth and a float32 target's baseline."""
-    dtype = convert(torch.zeros(1)).dtype
+    run the same module (`_Made`): the float64 truth and a float32 target's baseline. Without
+    ``narrow``, every module holds its whole converted weight while it runs: a side whose values
+    must be the bits the model converted whole computes (a banded product may sum otherwise).
+
+    A placeholder a caller set to another floating dtype after the copy was made (a module kept
+    in float32 on a bfloat16 side) gets the model's weight in that dtype instead. A module of
+    the copy holds its weights for a call made to its ``forward`` directly inside `held`, and
+    `layerdiff.torch._streamed.weight` reads a weight of the copy as it would hold it."""
+    sample = convert(torch.zeros(1))
+    dtype = sample.dtype
     memo: dict = {}
     for module in model.modules():
         for t in [*module._parameters.values(), *module._buffers.values()]:
@@ -63,7 +74,7 @@ def widened_copy(
     originals = dict(model.named_modules())
     recursive = {name for name, _ in leaf_modules(copied, whole)} | set(reads_outside)
     holding: dict[int, int] = {}  # id of a module of the copy → how many running hold it
-    made = _Conversion(convert, dtype, shared)
+    made = _Conversion(convert, dtype, shared, sample.device)
     # modules whose weights a parent holds: a parent may read them itself, whole and converted
     held_by_parent = {
         id(sub)
@@ -78,16 +89,52 @@ def widened_copy(
             if name in recursive
             else [(module, original)]
         )
-        if id(module) not in held_by_parent:
+        if narrow and id(module) not in held_by_parent:
             if _gathers(module):
                 module.register_forward_hook(_converted_rows(made))
                 made.narrow.add(id(module))
             elif _chunked(module, dtype):
                 module.forward = _Chunked(module, original, made)
                 made.narrow.add(id(module))
-        module.register_forward_pre_hook(_holder(pairs, made, holding))
-        module.register_forward_hook(_dropper(pairs, made, holding), always_call=True)
+        hold, drop = _holder(pairs, made, holding), _dropper(pairs, made, holding)
+        module.register_forward_pre_hook(hold)
+        module.register_forward_hook(drop, always_call=True)
+        _HOOKS[module] = (hold, drop)
+        _converted(module, original, made)
     return copied
+
+
+#: A module of a copy → its hooks that make and drop its weights (see `held`).
+_HOOKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@contextlib.contextmanager
+def held(module: nn.Module):
+    """`module` of a copy holding its weights meanwhile, for a call to its ``forward`` made
+    directly (no hooks fire then); a module of no copy as it is."""
+    hooks = _HOOKS.get(module)
+    if hooks is None:
+        yield
+        return
+    hold, drop = hooks
+    hold(module, ())
+    try:
+        yield
+    finally:
+        drop(module, (), None)
+
+
+def _converted(module: nn.Module, original: nn.Module, made) -> None:
+    """Lets `layerdiff.torch._streamed.weight` read `module`'s weights as the copy makes them."""
+
+    def read(name: str, placeholder: torch.Tensor) -> torch.Tensor:
+        t = original._parameters.get(name)
+        kind = "p"
+        if t is None:
+            t, kind = original._buffers[name], "b"
+        return made.make(original, kind, name, t, placeholder.dtype, keep=False)
+
+    register_copy(module, read)
 
 
 def _gathers(module: nn.Module) -> bool:
@@ -164,8 +211,10 @@ class _Conversion:
     """How a copy makes a weight from the model's (`convert`, into `dtype`), shared with the
     copies of the same ``shared`` name."""
 
-    def __init__(self, convert, dtype, shared):
-        self.convert, self.dtype, self.shared = convert, dtype, shared
+    def __init__(self, convert, dtype, shared, device):
+        self.convert, self.dtype, self.shared, self.device = convert, dtype, shared, device
+        # the copy's own modules run in its thread and are re-run from the main pass's
+        self.lock = threading.RLock()
         # ids of the copy's modules whose weight is not converted whole: an embedding holds the
         # model's table, a banded linear layer reads its rows as it goes
         self.narrow: set[int] = set()
@@ -173,13 +222,25 @@ class _Conversion:
     def key(self, original: nn.Module, kind: str, name: str) -> tuple | None:
         return None if self.shared is None else (id(original), kind, name, self.shared)
 
-    def make(self, original: nn.Module, kind: str, name: str, t: torch.Tensor) -> torch.Tensor:
-        def made():
-            w = weight(original, name, t, self.dtype) if kind == "p" else t  # streamed: files
-            w = w.detach()
-            return self.convert(w) if w.is_floating_point() else w
+    def make(
+        self, original: nn.Module, kind: str, name: str, t: torch.Tensor,
+        dtype: torch.dtype | None = None, keep: bool = True,
+    ) -> torch.Tensor:  # fmt: skip
+        """The copy's weight `name` of `original` (`t`, as the model holds it), converted; in
+        `dtype` instead where the copy's placeholder was set to another floating dtype (from the
+        model's own values, not the converted ones). ``keep``: shared with the copies of the
+        same name while it runs (else made for the caller alone)."""
+        other = dtype is not None and dtype.is_floating_point and dtype != self.dtype
 
-        key = self.key(original, kind, name)
+        def made():
+            wanted = dtype if other else self.dtype
+            w = weight(original, name, t, wanted) if kind == "p" else t  # streamed: files
+            w = w.detach()
+            if not w.is_floating_point():
+                return w
+            return w.to(self.device, dtype) if other else self.convert(w)
+
+        key = None if other or not keep else self.key(original, kind, name)
         return made() if key is None else _MADE.take(key, made)
 
     def table(self, original: nn.Module, t: torch.Tensor) -> torch.Tensor:
@@ -188,8 +249,9 @@ class _Conversion:
         key = (id(original), "table")
         return _MADE.take(key, lambda: weight(original, "weight", t, None).detach())
 
-    def drop(self, original: nn.Module, kind: str, name: str) -> None:
-        key = self.key(original, kind, name)
+    def drop(self, original: nn.Module, kind: str, name: str, dtype: torch.dtype) -> None:
+        other = dtype.is_floating_point and dtype != self.dtype
+        key = None if other else self.key(original, kind, name)
         if key is not None:
             _MADE.let_go(key)
 
@@ -200,25 +262,31 @@ def _holder(pairs, made: _Conversion, holding):
     module holds them already."""
 
     def hold(_module, _args):
-        for m, o in pairs:
-            holding[id(m)] = holding.get(id(m), 0) + 1
-            if holding[id(m)] > 1:
-                continue
-            for name, t in o._parameters.items():
-                if t is None:
-                    continue
-                if id(m) in made.narrow and name == "weight":
-                    if isinstance(m, nn.Embedding):
-                        w = made.table(o, t)
-                        m._parameters[name] = nn.Parameter(w, requires_grad=False)
-                    continue  # a banded layer reads its rows as it goes
-                w = made.make(o, "p", name, t)
-                m._parameters[name] = nn.Parameter(w, requires_grad=False)
-            for name, t in o._buffers.items():
-                if t is not None:
-                    m._buffers[name] = made.make(o, "b", name, t)
+        with made.lock:
+            for m, o in pairs:
+                holding[id(m)] = holding.get(id(m), 0) + 1
+                if holding[id(m)] == 1:
+                    _make(m, o, made)
 
     return hold
+
+
+def _make(m: nn.Module, o: nn.Module, made: _Conversion) -> None:
+    """The weights of `m` (of the copy) made from those of `o` (of the model), each in the dtype
+    of the placeholder it replaces."""
+    for name, t in o._parameters.items():
+        if t is None:
+            continue
+        if id(m) in made.narrow and name == "weight":
+            if isinstance(m, nn.Embedding):
+                w = made.table(o, t)
+                m._parameters[name] = nn.Parameter(w, requires_grad=False)
+            continue  # a banded layer reads its rows as it goes
+        w = made.make(o, "p", name, t, m._parameters[name].dtype)
+        m._parameters[name] = nn.Parameter(w, requires_grad=False)
+    for name, t in o._buffers.items():
+        if t is not None:
+            m._buffers[name] = made.make(o, "b", name, t, m._buffers[name].dtype)
 
 
 def _dropper(pairs, made: _Conversion, holding):
@@ -226,22 +294,27 @@ def _dropper(pairs, made: _Conversion, holding):
     once no running module holds them."""
 
     def drop(_module, _args, _output):
-        for m, o in pairs:
-            holding[id(m)] -= 1
-            if holding[id(m)] > 0:
-                continue
-            for name, t in m._parameters.items():
-                if t is not None and t.device.type != "meta":
-                    if id(m) in made.narrow and name == "weight":
-                        # the placeholder the copy had: in its own dtype, not the table's
-                        t = torch.empty(t.shape, dtype=made.dtype, device="meta")
-                        _MADE.let_go((id(o), "table"))
-                    else:
-                        made.drop(o, "p", name)
-                    m._parameters[name] = nn.Parameter(t.to("meta"), requires_grad=False)
-            for name, t in m._buffers.items():
-                if t is not None and t.device.type != "meta":
-                    m._buffers[name] = t.to("meta")
-                    made.drop(o, "b", name)
+        with made.lock:
+            for m, o in pairs:
+                holding[id(m)] -= 1
+                if holding[id(m)] == 0:
+                    _let_go(m, o, made)
 
     return drop
+
+
+def _let_go(m: nn.Module, o: nn.Module, made: _Conversion) -> None:
+    """The weights of `m` back to placeholders (of their dtypes)."""
+    for name, t in m._parameters.items():
+        if t is not None and t.device.type != "meta":
+            if id(m) in made.narrow and name == "weight":
+                # the placeholder the copy had: in its own dtype, not the table's
+                t = torch.empty(t.shape, dtype=made.dtype, device="meta")
+                _MADE.let_go((id(o), "table"))
+            else:
+                made.drop(o, "p", name, t.dtype)
+            m._parameters[name] = nn.Parameter(t.to("meta"), requires_grad=False)
+    for name, t in m._buffers.items():
+        if t is not None and t.device.type != "meta":
+            m._buffers[name] = t.to("meta")
+            made.drop(o, "b", name, t.dtype)

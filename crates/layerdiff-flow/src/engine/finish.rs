@@ -5,6 +5,7 @@ use super::{
     Engine, Error, InputInfo, Machine, OWN, Report, Result, SCHEMA, Side, TensorView, explain,
     keep_float32, lower_precision_of, nothing_compared, segments_warning, summarise,
 };
+use layerdiff_core::Summary;
 impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
     /// Runs what is left and decides the drift origin; returns the layers whose cause needs
     /// the reference's weights (a side that hands them over on request gets them before
@@ -72,13 +73,70 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                 self.nothing_compared_hint
             )));
         }
-        let wanted = (0..layers.len())
-            .filter(|&i| {
-                summary.needs_evidence(&layers[i]) && matches!(self.groups[i], Some(Ok(_)))
-            })
-            .collect();
         self.summary = Some(summary);
-        Ok(wanted)
+        Ok(self.evidence_wanted())
+    }
+
+    /// The layers whose causes need the evidence of their groups (their ops, attributes and
+    /// weights against the reference's), after [`Engine::conclude`]: each with the layers that
+    /// compute inside it (without a counterpart of their own), whose parameters are its weights
+    /// too.
+    pub fn evidence_wanted(&self) -> Vec<usize> {
+        let Some(summary) = self.summary.as_ref() else {
+            return Vec::new();
+        };
+        (0..self.layers.len())
+            .filter(|&i| {
+                summary.needs_evidence(&self.layers[i]) && matches!(self.groups[i], Some(Ok(_)))
+            })
+            .collect()
+    }
+
+    /// Gathers layer `i`'s evidence now, from the parameters the sides hold at this moment (a
+    /// framework hands a layer's over, then takes them back: a model larger than memory is
+    /// never held whole); [`Engine::finish`] leaves a layer so gathered as it is.
+    pub fn evidence_of(&mut self, i: usize) {
+        let summary = self.summary.take().expect("concluded");
+        self.gather_evidence(i, &summary);
+        self.summary = Some(summary);
+    }
+
+    fn gather_evidence(&mut self, i: usize, summary: &Summary) {
+        if self.gathered.contains(&i) {
+            return;
+        }
+        let Some(recompute) = self.target.recompute() else {
+            return;
+        };
+        let layer = &self.layers[i];
+        let (true, Some(Ok(group))) = (summary.needs_evidence(layer), &self.groups[i]) else {
+            return;
+        };
+        self.gathered.insert(i);
+        let reference_reduced = self.reference.reduced_math();
+        let e = &mut self.evidence[i];
+        e.attributes = recompute
+            .members(group)
+            .iter()
+            .filter_map(|m| Some((m, self.reference.counterpart(m)?)))
+            .flat_map(|(m, reference)| m.changes_from(&reference))
+            .collect();
+        let fed = |n: &str| {
+            let (r, _) = self.reference_of.get(n)?;
+            Some((self.reference.dtype(r)?, self.target.dtype(n)?))
+        };
+        let check = |node: &str,
+                     position,
+                     name: &str,
+                     weight: TensorView<'_>,
+                     half_step: Option<TensorView<'_>>| {
+            self.reference
+                .weight_check(i, node, position, name, weight, half_step)
+        };
+        let computed_in = layerdiff_core::DType::from_name(&layer.dtype).ok();
+        let value = self.target_values[i].as_deref().unwrap_or_default();
+        recompute.group_evidence(group, value, computed_in, e, &fed, &check);
+        e.reference_lowered = reference_lowers(reference_reduced.as_ref(), layer, e);
     }
 
     /// A run a signal stopped at layer `cut`: the layers from there on go (they were not
@@ -138,35 +196,9 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                         .collect();
                 }
             }
-            for (i, layer) in self.layers.iter().enumerate() {
-                let (true, Some(Ok(group))) = (summary.needs_evidence(layer), &self.groups[i])
-                else {
-                    continue;
-                };
-                let e = &mut self.evidence[i];
-                e.attributes = recompute
-                    .members(group)
-                    .iter()
-                    .filter_map(|m| Some((m, self.reference.counterpart(m)?)))
-                    .flat_map(|(m, reference)| m.changes_from(&reference))
-                    .collect();
-                let fed = |n: &str| {
-                    let (r, _) = self.reference_of.get(n)?;
-                    Some((self.reference.dtype(r)?, self.target.dtype(n)?))
-                };
-                let check = |node: &str,
-                             position,
-                             name: &str,
-                             weight: TensorView<'_>,
-                             half_step: Option<TensorView<'_>>| {
-                    self.reference
-                        .weight_check(i, node, position, name, weight, half_step)
-                };
-                let computed_in = layerdiff_core::DType::from_name(&layer.dtype).ok();
-                let value = self.target_values[i].as_deref().unwrap_or_default();
-                recompute.group_evidence(group, value, computed_in, e, &fed, &check);
-                e.reference_lowered = reference_lowers(reference_reduced.as_ref(), layer, e);
-            }
+        }
+        for i in 0..self.layers.len() {
+            self.gather_evidence(i, &summary);
         }
         let mut layers = self.layers;
         explain(&mut layers, &self.evidence, &mut summary);

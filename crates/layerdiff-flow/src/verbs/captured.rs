@@ -11,10 +11,9 @@
 //! holds more than the budget: PyTorch frees its own activations as it goes, and ours are
 //! freed segment by segment.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 
-use layerdiff_core::{DType, Layer, Location, Report, SideInfo, Tensor, TensorView};
+use layerdiff_core::{DType, Layer, Location, SideInfo, Tensor, TensorView};
 use layerdiff_onnx::{GraphIndex, LayerCall, LayerMapping, Model, ScopeMapping};
 use layerdiff_runtime::RuntimeSpec;
 
@@ -33,6 +32,7 @@ use crate::{
 use value_pairing::{pair_by_values, unrecognised_from};
 
 mod align;
+mod parameters;
 mod value_pairing;
 pub use align::check_options;
 use align::{onnx_target, same_layers};
@@ -127,6 +127,11 @@ pub struct CapturedRun {
     /// The dtype the target holds each compared layer's value in, where it says.
     held: Vec<Option<DType>>,
     engine: Engine<PushedSide, Box<dyn Side>, PushedSide>,
+    /// Each layer whose cause needs weights, with the layers computing inside it (after
+    /// [`CapturedRun::conclude`]).
+    evidence_groups: Vec<Vec<usize>>,
+    /// The layers whose parameters are held for [`CapturedRun::layer_evidence`].
+    held_for_evidence: std::collections::HashSet<usize>,
 }
 
 impl CapturedRun {
@@ -217,6 +222,8 @@ impl CapturedRun {
             compared,
             held,
             engine,
+            evidence_groups: Vec::new(),
+            held_for_evidence: std::collections::HashSet::new(),
         };
         run.engine
             .clock
@@ -369,6 +376,7 @@ impl CapturedRun {
         // A layer with no counterpart computes inside the next compared layer it feeds (a
         // fusion, an optimizer's work): its parameters are that layer's weights too.
         let mut needed = wanted.clone();
+        self.evidence_groups.clear();
         for &i in &wanted {
             let mut absorbed = Vec::new();
             let mut from = self.listed[i].call.input_from;
@@ -377,6 +385,8 @@ impl CapturedRun {
                 from = self.listed[j].call.input_from;
             }
             needed.extend(&absorbed);
+            self.evidence_groups
+                .push(std::iter::once(i).chain(absorbed.iter().copied()).collect());
             self.engine.reference.absorb(i, absorbed);
         }
         needed.sort_unstable();
@@ -398,36 +408,6 @@ impl CapturedRun {
         let export = Model::load(path)?;
         self.engine.reference.beside(export);
         Ok(())
-    }
-
-    /// The report, with the weight evidence of `parameters` (by layer: PyTorch's parameters
-    /// and buffers by qualified name, with the forms an exporter may fold them into, e.g. a
-    /// Conv's weight scaled by the BatchNorm after it, under the same name).
-    /// A target that stores some parameters quantized hands them dequantized, with half a
-    /// step per element of each in `target_half_steps` (by layer, by name).
-    pub fn finish(
-        mut self,
-        parameters: &HashMap<usize, Vec<(String, TensorView<'_>)>>,
-        target_parameters: &HashMap<usize, Vec<(String, TensorView<'_>)>>,
-        target_half_steps: &HashMap<usize, Vec<(String, TensorView<'_>)>>,
-    ) -> Result<Report> {
-        let owned = |list: &Vec<(String, TensorView<'_>)>| {
-            list.iter()
-                .map(|(n, t)| (n.clone(), t.to_tensor()))
-                .collect::<Vec<_>>()
-        };
-        for (&i, list) in parameters {
-            self.engine.reference.set_parameters(i, owned(list));
-        }
-        if let Some(target) = self.engine.target.receiver() {
-            for (&i, list) in target_parameters {
-                target.set_parameters(i, owned(list));
-            }
-            for (&i, list) in target_half_steps {
-                target.set_half_steps(i, owned(list));
-            }
-        }
-        self.engine.finish()
     }
 }
 
