@@ -58,8 +58,9 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-def compare_torch_onnx(model, inputs, **options):
-    """Compare a PyTorch model with its ONNX export, layer by layer.
+def compare_torch_onnx(model, inputs=None, **options):
+    """Compare a PyTorch model with its ONNX export, layer by layer. ``model`` may be a
+    transformers checkpoint folder's path, whose inputs are made from its config.
 
     See :func:`layerdiff.torch.compare_torch_onnx` for the options.
     """
@@ -68,7 +69,7 @@ def compare_torch_onnx(model, inputs, **options):
     return run(model, inputs, **options)
 
 
-def compare_torch(model, inputs, **options):
+def compare_torch(model, inputs=None, **options):
     """Compare a PyTorch model with itself on another device, precision or compiler, layer by
     layer (``target="torch:cuda:bf16"``).
 
@@ -97,7 +98,7 @@ def compare_along(model, inputs, *, batch_sizes=(), shapes=(), **options):
     return axis, dict(reports)
 
 
-def compare_gradients(model, inputs, **options):
+def compare_gradients(model, inputs=None, **options):
     """Compare a PyTorch model's gradients on another device, precision or compiler, in
     backward order (``target="torch:cuda:amp-fp16"``).
 

@@ -37,7 +37,9 @@ pub struct Judging {
     /// `512M`): the run then goes in segments, each value compared as soon as both sides have
     /// it and dropped after its last use. Against values handed over (PyTorch's, a file's), a
     /// segment's budget holds the weights its runtime loads too, and a checkpoint folder whose
-    /// float32 weights take more is held one module at a time. Default: what keeps the whole
+    /// float32 weights take more is held one module at a time (`layerdiff torch` against its
+    /// ONNX file or a PyTorch target; a run that needs the whole model, `grad` or an export,
+    /// refuses it before loading it). Default: what keeps the whole
     /// process within half the memory it could use at start (the values get what is left once
     /// the process's own memory and a runtime's copy of the weights are counted). The numbers
     /// do not depend on it.

@@ -158,7 +158,11 @@ fn sentinels_held(reference: TensorView<'_>, target: TensorView<'_>) -> Option<(
     let limit = match reference.dtype {
         // an int64 extreme held as int32's, in whichever integer dtype it comes back
         DType::I64 if !target.dtype.is_float() => f64::from(i32::MAX),
-        _ if target.dtype.narrower_than(reference.dtype) => target.dtype.max_finite()? / 2.0,
+        // a target whose range ends before the reference's (float16 against float32, or
+        // against bfloat16, whose range is float32's)
+        _ if target.dtype.max_finite()? < reference.dtype.max_finite()? => {
+            target.dtype.max_finite()? / 2.0
+        }
         _ => return None,
     };
     if reference.numel() != target.numel() {
@@ -279,6 +283,16 @@ mod tests {
             .stats
             .unwrap();
         assert_eq!(stats.sentinels, 2);
+        // A bfloat16 reference holds float32's range: a float16 target holds its own extreme
+        // (-65504 is -65536 in bfloat16, one of its steps away)
+        for held in [-65504.0, f64::NEG_INFINITY] {
+            let target = tensor(DType::F16, &[1.0, held, held, 2.0]);
+            let stats = compare_pair(bf16.view(), target.view(), None)
+                .stats
+                .unwrap();
+            assert_eq!(stats.sentinels, 2, "{held}");
+            assert!(stats.max_abs_diff <= 32.0, "{held}: {}", stats.max_abs_diff);
+        }
         // The float64 truth masks with float64's extreme, a float32 side with its own.
         let truth = tensor(DType::F64, &[1.0, f64::MIN, f64::MIN, 2.0]);
         let stats = compare_pair(truth.view(), reference.view(), None)

@@ -23,10 +23,16 @@ def torch(command, progress) -> int:
     # another PyTorch side (and decoded so against a decoder file given: an export needs the
     # whole model).
     decoding_a_file = command.decode_steps and command.onnx is not None
-    streams = not along or (decoding_a_file and command.options.torch_target is None)
-    model, inputs, common = _built(
-        command, progress, command.options.streams_weights if streams else None
-    )
+    if not along or (decoding_a_file and command.options.torch_target is None):
+        streams = command.options.streams_weights
+    else:
+        flag = next(f for f, v in _AXES.items() if getattr(command, v))
+        decode = " against its decoder file (`--onnx`)" if command.decode_steps else ""
+        streams = _whole_only(
+            command, f"`{flag}` here runs the whole model at once",
+            f"run it{decode} without `--target torch:…`" if decode else None,
+        )  # fmt: skip
+    model, inputs, common = _built(command, progress, streams)
     if along:
         return _along_axis(command, model, inputs, progress)
     if command.options.torch_target is not None:
@@ -54,25 +60,33 @@ def grad(command, progress) -> int:
     """`layerdiff grad`: both sides' gradients, layer by layer."""
     from layerdiff.torch._grad import compare_gradients
 
-    model, inputs, common = _built(command, progress, _whole_only(command))
+    model, inputs, common = _built(
+        command, progress,
+        _whole_only(command, "`layerdiff grad` holds the whole model, its gradients and their "
+                    "float64 truth at once", "compare its forward pass with `layerdiff torch "
+                    "FOLDER --target …`"),
+    )  # fmt: skip
     report = compare_gradients(model, inputs, loss=command.loss, progress=progress, **common)
     said = _grad_repro(model, inputs, report, command) if command.repro else None
     return _delivered(command, report, said)
 
 
-def _whole_only(command):
-    """For a flow that holds the whole model (`grad`): a checkpoint whose weights the budget
-    would have held one module at a time is refused before it is loaded, with what to do."""
+#: The axes a `layerdiff torch` run may go along, by option, as the command holds them.
+_AXES = {"--decode-steps": "decode_steps", "--batch-sizes": "batch_sizes", "--shapes": "shapes"}
+
+
+def _whole_only(command, holds: str, instead: str | None):
+    """For a flow that holds the whole model (`holds`, in words): a checkpoint whose weights the
+    budget would have held one module at a time is refused before it is loaded, with what to do
+    (`instead`: a way that holds it one module at a time)."""
 
     def streams(size: int) -> bool:
         if command.options.streams_weights(size):
+            other = f", or {instead}, which holds it one module at a time" if instead else ""
             raise _layerdiff.UsageError(
-                f"`layerdiff grad` holds the whole model, its gradients and their float64 truth "
-                f"at once, and the weights of `{command.model}` alone take "
+                f"{holds}, and the weights of `{command.model}` alone take "
                 f"{_layerdiff.bytes_text(size)} in float32, more than the memory budget allows "
-                "at once: give a --max-memory they fit in several times over, or compare its "
-                "forward pass with `layerdiff torch FOLDER --target …`, which holds it one "
-                "module at a time"
+                f"at once: give a --max-memory they fit in several times over{other}"
             )
         return False
 

@@ -7,7 +7,6 @@ difference."""
 
 from __future__ import annotations
 
-import copy
 import shutil
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from layerdiff.tensors import flat
 from layerdiff.torch._capture import _first_tensor
 from layerdiff.torch._running import as_input_tuple
 from layerdiff.torch._sides import TorchSide
-from layerdiff.torch._streamed import state_of
+from layerdiff.torch._streamed import state_of, unstreamed
 
 
 def _unwritten(why: str) -> tuple[str, bool]:
@@ -103,7 +102,7 @@ def _write(
         tensors.append(flat("grad_output", piece.grad_output))
     _layerdiff.write_safetensors(folder / "inputs.safetensors", tensors)
     _layerdiff.write_safetensors(folder / "expected.safetensors", [flat("output", expected)])
-    torch.save(copy.deepcopy(module).to("meta"), folder / "module.pt")
+    torch.save(unstreamed(module), folder / "module.pt")
     cls = type(module)
     imports, code_dir = _class_import(cls)
     gradient = piece.gradient

@@ -13,6 +13,7 @@ to compute with `meta` tensors) rather than compute wrong."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import threading
 import weakref
@@ -271,6 +272,18 @@ def state_of(module: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def unstreamed(module: nn.Module) -> nn.Module:
+    """A copy of `module` on the `meta` device without the hooks that read a streamed model's
+    weights: what a repro saves, loadable where layerdiff is not installed."""
+    copied = copy.deepcopy(module).to("meta")
+    for m in copied.modules():
+        for hooks, ours in ((m._forward_pre_hooks, _load), (m._forward_hooks, _drop)):
+            for key in [k for k, hook in hooks.items() if hook is ours]:
+                del hooks[key]
+                m._forward_hooks_always_called.pop(key, None)
+    return copied
+
+
 def weight_rows(
     module: nn.Module, name: str, start: int, stop: int, dtype: torch.dtype | None
 ) -> torch.Tensor:
@@ -289,6 +302,8 @@ def _load(module, _args):
     weights, own, running = _SOURCES[module]
     running[0] += 1
     if running[0] == 1:
+        # the placeholders stay: put back after, they keep a tied weight one parameter
+        _PLACEHOLDERS[module] = {name: module._parameters[name] for name in own}
         for name, key in own.items():
             module._parameters[name] = nn.Parameter(weights.get(key), requires_grad=False)
 
@@ -299,6 +314,8 @@ def _drop(module, _args, _output):
     _, own, running = _SOURCES[module]
     running[0] -= 1
     if running[0] == 0:
-        for name in own:
-            t = module._parameters[name]
-            module._parameters[name] = nn.Parameter(t.to("meta"), requires_grad=False)
+        module._parameters.update(_PLACEHOLDERS.pop(module))
+
+
+#: A streamed module while it runs → the placeholders its weights replaced, by name.
+_PLACEHOLDERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -289,10 +289,13 @@ def _stream(
         convert = tgt_side.convert
         call = func or modules[leaf].forward
         low = _CASTS.get(tgt_side.precision)
+        computes = weights  # the dtype the call's weights are held in, where cast
         if keep and leaf is not None and low is not None:
             wanted = computes_in(modules[leaf], low)
             if wanted != low:
+                # kept in float32: its inputs rounded as the target holds them, then cast up
                 convert = lambda t: _cast(tgt_side.convert(t), wanted)  # noqa: E731
+                computes = wanted
 
         # a functional call takes the target's own non-tensor arguments (an epsilon its code
         # computes from the dtype), on the reference's tensors
@@ -312,8 +315,9 @@ def _stream(
         first = _first_tensor(out)
         if options.float64 and first is not None and first.is_floating_point():
             module = (modules[leaf], references[leaf]) if func is None else None
+            # the inputs' rounding is the target's (a kept module's too), its math the call's
             made.grid, made.exact, made.terms = _baseline_of(
-                first, module, (func, args, kwargs), weights, lambda t: convert(t).dtype
+                first, module, (func, args, kwargs), computes, lambda t: tgt_side.convert(t).dtype
             )
         return out
 

@@ -215,6 +215,8 @@ class _Conversion:
         self.convert, self.dtype, self.shared, self.device = convert, dtype, shared, device
         # the copy's own modules run in its thread and are re-run from the main pass's
         self.lock = threading.RLock()
+        # id of a module of the copy holding its weights → the placeholders they replaced
+        self.placeholders: dict[int, tuple[dict, dict]] = {}
         # ids of the copy's modules whose weight is not converted whole: an embedding holds the
         # model's table, a banded linear layer reads its rows as it goes
         self.narrow: set[int] = set()
@@ -273,7 +275,9 @@ def _holder(pairs, made: _Conversion, holding):
 
 def _make(m: nn.Module, o: nn.Module, made: _Conversion) -> None:
     """The weights of `m` (of the copy) made from those of `o` (of the model), each in the dtype
-    of the placeholder it replaces."""
+    of the placeholder it replaces; the placeholders are kept to be put back (`_let_go`): a
+    weight tied between two modules stays one parameter."""
+    made.placeholders[id(m)] = (dict(m._parameters), dict(m._buffers))
     for name, t in o._parameters.items():
         if t is None:
             continue
@@ -304,17 +308,16 @@ def _dropper(pairs, made: _Conversion, holding):
 
 
 def _let_go(m: nn.Module, o: nn.Module, made: _Conversion) -> None:
-    """The weights of `m` back to placeholders (of their dtypes)."""
+    """The weights of `m` back to the placeholders they replaced."""
+    parameters, buffers = made.placeholders.pop(id(m))
     for name, t in m._parameters.items():
         if t is not None and t.device.type != "meta":
             if id(m) in made.narrow and name == "weight":
-                # the placeholder the copy had: in its own dtype, not the table's
-                t = torch.empty(t.shape, dtype=made.dtype, device="meta")
                 _MADE.let_go((id(o), "table"))
             else:
                 made.drop(o, "p", name, t.dtype)
-            m._parameters[name] = nn.Parameter(t.to("meta"), requires_grad=False)
     for name, t in m._buffers.items():
         if t is not None and t.device.type != "meta":
-            m._buffers[name] = t.to("meta")
             made.drop(o, "b", name, t.dtype)
+    m._parameters.update(parameters)
+    m._buffers.update(buffers)

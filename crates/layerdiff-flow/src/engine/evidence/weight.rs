@@ -71,28 +71,49 @@ pub fn check_weight(
     }
     // The largest finite magnitude, read only where a difference needs it.
     let scale = || reference.max_abs();
-    if target.dtype.narrower_than(reference.dtype) {
-        // The common case in one fast pass: the target holds exactly the reference's cast.
-        if !rounding_checked || target.is_cast_of(reference) {
-            return WeightCheck::LowerPrecision(format!(
+    // Both sides below float32, in two dtypes (bfloat16 against float16): each holds its own
+    // rounding of the model's weight, so neither is the other's cast; they agree within the
+    // coarser one's steps, inside the range both hold.
+    let both_lower = target.dtype != reference.dtype
+        && [target.dtype, reference.dtype]
+            .iter()
+            .all(|d| d.narrower_than(DType::F32));
+    if target.dtype.narrower_than(reference.dtype) || both_lower {
+        let said = if both_lower {
+            format!(
+                "the target stores `{name}` in {}, the reference in {}: each its own rounding of the model's",
+                target.dtype, reference.dtype
+            )
+        } else {
+            format!(
                 "the target stores `{name}` in {}, the reference in {}",
                 target.dtype, reference.dtype
-            ));
+            )
+        };
+        // The common case in one fast pass: the target holds exactly the reference's cast.
+        if !both_lower && (!rounding_checked || target.is_cast_of(reference)) {
+            return WeightCheck::LowerPrecision(said);
         }
         // The same weight stored narrower, unless an element moved by more than two steps of
         // that dtype at its magnitude (rounding moves it by half a step at most; a changed
         // element moves far more). Below the dtype's smallest normal number its steps stop
         // shrinking; beyond its largest finite one a converter saturates (a mask's float32
         // minimum stored as float16's, or as -Inf): that is its rounding too.
-        let step = target
-            .dtype
+        let coarse = if reference.dtype.narrower_than(target.dtype) {
+            reference.dtype
+        } else {
+            target.dtype
+        };
+        let step = coarse
             .mantissa_bits()
             .map_or(0.0, |bits| 2f64.powi(1 - bits as i32));
-        let smallest = match target.dtype {
+        let smallest_of = |d: DType| match d {
             DType::F16 => 2f64.powi(-14),
             _ => f64::from(f32::MIN_POSITIVE),
         };
-        let largest = target.dtype.max_finite().unwrap_or(f64::INFINITY);
+        let smallest = smallest_of(target.dtype).max(smallest_of(reference.dtype));
+        let largest = (target.dtype.max_finite().unwrap_or(f64::INFINITY))
+            .min(reference.dtype.max_finite().unwrap_or(f64::INFINITY));
         let (mut moved, mut worst) = (0usize, 0.0f64);
         let n = reference.numel().min(target.numel());
         let within = |r: f64, t: f64| (t - r).abs() <= 2.0 * step * r.abs().max(smallest);
@@ -116,14 +137,10 @@ pub fn check_weight(
         });
         if moved > 0 {
             return WeightCheck::Differs(format!(
-                "`{name}` differs beyond its rounding to {}: max abs diff {worst:.3e} ({moved} of {n} elements differ)",
-                target.dtype
+                "`{name}` differs beyond its rounding to {coarse}: max abs diff {worst:.3e} ({moved} of {n} elements differ)",
             ));
         }
-        return WeightCheck::LowerPrecision(format!(
-            "the target stores `{name}` in {}, the reference in {}",
-            target.dtype, reference.dtype
-        ));
+        return WeightCheck::LowerPrecision(said);
     }
     let Ok(stats) = compare(reference, target) else {
         return WeightCheck::Same;
@@ -246,6 +263,34 @@ mod tests {
                 assert!(text.contains("beyond its rounding to bfloat16"), "{text}")
             }
             _ => panic!("a weight moved by far more than a bfloat16 step is a different weight"),
+        }
+    }
+
+    #[test]
+    fn two_lower_precisions_of_one_weight_are_each_its_rounding_unless_it_moved() {
+        // a bfloat16 reference against a float16 target: neither is the other's cast
+        let mut rng = layerdiff_core::SplitMix64::new(7);
+        let mut values: Vec<f32> = (0..10_000).map(|_| rng.normal() as f32 * 0.05).collect();
+        values.push(f32::MIN); // a mask's minimum, saturated by float16
+        let model = tensor(&values);
+        let (bf16, f16) = (
+            model.view().to_dtype(DType::BF16),
+            model.view().to_dtype(DType::F16),
+        );
+        for (reference, target) in [(&bf16, &f16), (&f16, &bf16)] {
+            match check_weight("w", reference.view(), target.view(), true, None) {
+                WeightCheck::LowerPrecision(text) => {
+                    assert!(text.contains("each its own rounding"), "{text}")
+                }
+                other => panic!("two roundings of one weight judged {other:?}"),
+            }
+        }
+        let mut edited = values.clone();
+        edited[4_321] += 0.25;
+        let moved = tensor(&edited).view().to_dtype(DType::F16);
+        match check_weight("w", bf16.view(), moved.view(), true, None) {
+            WeightCheck::Differs(text) => assert!(text.contains("(1 of 10001"), "{text}"),
+            other => panic!("an edited element between two roundings went unseen: {other:?}"),
         }
     }
 
