@@ -183,3 +183,15 @@ def test_grad_refuses_a_checkpoint_past_the_budget_before_loading_it(wide, tmp_p
     assert "Traceback" not in done.stderr and not out.exists()
     done = run_cli("grad", str(wide), "--target", "torch:bf16", "--max-memory", "200M")
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    "axis", [["--decode-steps", "1", "--target", "torch:bf16"], ["--batch-sizes", "1,2"]]
+)
+def test_a_run_along_an_axis_refuses_a_checkpoint_past_the_budget(wide, tmp_path, axis):
+    """Along an axis the model runs whole: past the budget the run says so before loading it."""
+    out = tmp_path / "o"
+    done = run_cli("torch", str(wide), *axis, "--max-memory", BUDGET, "--out", str(out))
+    assert done.returncode == 2, done.stderr
+    assert f"`{axis[0]}` here runs the whole model at once" in done.stderr
+    assert "Traceback" not in done.stderr and not out.exists()
