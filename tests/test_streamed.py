@@ -28,16 +28,9 @@ WIDE_BUDGET = "4M"
 def wide(tmp_path_factory):
     """A Llama-style checkpoint whose weights (6.5 MB in float32) take more than `WIDE_BUDGET`,
     room for its largest segment's values: the rule streams it."""
-    import transformers
+    from builders import checkpoints
 
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=512, hidden_size=256, intermediate_size=640, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
-    folder = tmp_path_factory.mktemp("wide")
-    transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
-    return folder
+    return checkpoints.save("wide", tmp_path_factory.mktemp("wide"))
 
 
 def _export(folder, path):

@@ -14,7 +14,7 @@ import pytest
 from conftest import run_cli
 
 torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
 from layerdiff import UsageError  # noqa: E402
 
@@ -26,14 +26,9 @@ BUDGET = "4M"
 def wide(tmp_path_factory):
     """A Llama-style checkpoint stored in float32 (a module kept in float32 then has weights a
     bfloat16 copy would have rounded), 6.5 MB of it."""
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=512, hidden_size=256, intermediate_size=640, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
-    folder = tmp_path_factory.mktemp("wide32")
-    transformers.LlamaForCausalLM(config).save_pretrained(folder)
-    return folder
+    from builders import checkpoints
+
+    return checkpoints.save("wide", tmp_path_factory.mktemp("wide32"), stored="float32")
 
 
 def _data(report) -> dict:

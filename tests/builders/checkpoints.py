@@ -20,15 +20,21 @@ CHECKPOINTS = {
              {"vocab_size": 512, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 16,
               "bos_token_id": 0, "eos_token_id": 0}),
 }  # fmt: skip
+# A wider Llama, 6.5 MB of weights in float32: past a test's --max-memory of 4M (held one module
+# at a time), with room for its largest segment's values (tests/test_streamed*.py).
+WIDE = ("LlamaConfig", "LlamaForCausalLM",
+        {**_SMALL, "hidden_size": 256, "intermediate_size": 640, "num_key_value_heads": 2,
+         "max_position_embeddings": 64})  # fmt: skip
 
 
-def save(name: str, folder: Path) -> Path:
-    """Checkpoint `name` written into `folder` (seed 0, stored in bfloat16)."""
+def save(name: str, folder: Path, stored: str = "bfloat16") -> Path:
+    """Checkpoint `name` written into `folder` (seed 0, stored in bfloat16 unless `stored`
+    names another dtype)."""
     import torch
     import transformers
 
-    config_class, model_class, config = CHECKPOINTS[name]
+    config_class, model_class, config = {**CHECKPOINTS, "wide": WIDE}[name]
     torch.manual_seed(0)
     model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config))
-    model.to(torch.bfloat16).save_pretrained(folder)
+    model.to(getattr(torch, stored)).save_pretrained(folder)
     return folder

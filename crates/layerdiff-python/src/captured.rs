@@ -300,14 +300,10 @@ impl CapturedRun {
         target_parameters: Option<HashMap<usize, Vec<FlatTensor<'_>>>>,
         target_half_steps: Option<HashMap<usize, Vec<FlatTensor<'_>>>>,
     ) -> PyResult<Report> {
-        let target_parameters = target_parameters.unwrap_or_default();
-        let target_half_steps = target_half_steps.unwrap_or_default();
-        let (reference, target) = (views(&parameters)?, views(&target_parameters)?);
-        let half_steps = views(&target_half_steps)?;
+        // held like a group's, then gathered with every other layer's
+        self.layer_evidence(py, parameters, target_parameters, target_half_steps, false)?;
         let run = self.run.take().ok_or_else(finished)?;
-        let mut report = py
-            .detach(|| run.finish(&reference, &target, &half_steps))
-            .map_err(to_py_err)?;
+        let mut report = py.detach(|| run.finish()).map_err(to_py_err)?;
         if !self.keep_timings {
             report.timings = None;
         }

@@ -74,18 +74,12 @@ impl CapturedRun {
         }
     }
 
-    /// The report, with the weight evidence of `parameters` (by layer: PyTorch's parameters
-    /// and buffers by qualified name, with the forms an exporter may fold them into, e.g. a
-    /// Conv's weight scaled by the BatchNorm after it, under the same name).
-    /// A target that stores some parameters quantized hands them dequantized, with half a
-    /// step per element of each in `target_half_steps` (by layer, by name).
-    pub fn finish(
-        mut self,
-        parameters: &HashMap<usize, Vec<(String, TensorView<'_>)>>,
-        target_parameters: &HashMap<usize, Vec<(String, TensorView<'_>)>>,
-        target_half_steps: &HashMap<usize, Vec<(String, TensorView<'_>)>>,
-    ) -> Result<Report> {
-        self.set_parameters(parameters, target_parameters, target_half_steps);
+    /// The report, with the weight evidence of the parameters handed over (by layer: PyTorch's
+    /// parameters and buffers by qualified name, with the forms an exporter may fold them
+    /// into, e.g. a Conv's weight scaled by the BatchNorm after it, under the same name; a
+    /// target that stores some quantized hands them dequantized, with half a step per element)
+    /// for the layers not gathered yet ([`CapturedRun::layer_evidence`]).
+    pub fn finish(self) -> Result<Report> {
         self.engine.finish()
     }
 }
