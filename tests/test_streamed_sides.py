@@ -178,6 +178,10 @@ def test_grad_refuses_a_checkpoint_past_the_budget_before_loading_it(wide, tmp_p
     assert "Traceback" not in done.stderr and not out.exists()
     done = run_cli("grad", str(wide), "--target", "torch:bf16", "--max-memory", "200M")
     assert done.returncode == 0, done.stderr
+    import layerdiff
+
+    with pytest.raises(UsageError, match="`layerdiff grad` holds the whole model"):
+        layerdiff.compare_gradients(wide, target="torch:bf16", max_memory=BUDGET)
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from layerdiff import _layerdiff
 from layerdiff._cli import _process_age
+from layerdiff.torch._running import GRAD_HOLDS, GRAD_INSTEAD, whole_only
 
 
 def torch(command, progress) -> int:
@@ -28,8 +29,8 @@ def torch(command, progress) -> int:
     else:
         flag = next(f for f, v in _AXES.items() if getattr(command, v))
         decode = " against its decoder file (`--onnx`)" if command.decode_steps else ""
-        streams = _whole_only(
-            command, f"`{flag}` here runs the whole model at once",
+        streams = whole_only(
+            command.options, command.model, f"`{flag}` here runs the whole model at once",
             f"run it{decode} without `--target torch:…`" if decode else None,
         )  # fmt: skip
     model, inputs, common = _built(command, progress, streams)
@@ -62,9 +63,7 @@ def grad(command, progress) -> int:
 
     model, inputs, common = _built(
         command, progress,
-        _whole_only(command, "`layerdiff grad` holds the whole model, its gradients and their "
-                    "float64 truth at once", "compare its forward pass with `layerdiff torch "
-                    "FOLDER --target …`"),
+        whole_only(command.options, command.model, GRAD_HOLDS, GRAD_INSTEAD),
     )  # fmt: skip
     report = compare_gradients(model, inputs, loss=command.loss, progress=progress, **common)
     said = _grad_repro(model, inputs, report, command) if command.repro else None
@@ -73,24 +72,6 @@ def grad(command, progress) -> int:
 
 #: The axes a `layerdiff torch` run may go along, by option, as the command holds them.
 _AXES = {"--decode-steps": "decode_steps", "--batch-sizes": "batch_sizes", "--shapes": "shapes"}
-
-
-def _whole_only(command, holds: str, instead: str | None):
-    """For a flow that holds the whole model (`holds`, in words): a checkpoint whose weights the
-    budget would have held one module at a time is refused before it is loaded, with what to do
-    (`instead`: a way that holds it one module at a time)."""
-
-    def streams(size: int) -> bool:
-        if command.options.streams_weights(size):
-            other = f", or {instead}, which holds it one module at a time" if instead else ""
-            raise _layerdiff.UsageError(
-                f"{holds}, and the weights of `{command.model}` alone take "
-                f"{_layerdiff.bytes_text(size)} in float32, more than the memory budget allows "
-                f"at once: give a --max-memory they fit in several times over{other}"
-            )
-        return False
-
-    return streams
 
 
 def _built(command, progress, streams=None):

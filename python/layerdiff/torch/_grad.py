@@ -50,6 +50,7 @@ def compare_gradients(
     tolerance: float | str = "dtype",
     local: bool = True,
     float64: bool = True,
+    max_memory: int | str | None = None,
     name: str | None = None,
     seed: int | None = None,
     timings: bool | list = False,
@@ -68,21 +69,20 @@ def compare_gradients(
     ``local`` each module call's backward is also run alone on the reference's values, so every
     gradient has its own error, held against its same-precision baseline (with ``float64``).
     ``report.drift_origin`` is the first module, in backward order, whose backward computes
-    differently (or, with rounding only, where the rounding is born).
+    differently (or, with rounding only, where the rounding is born). ``max_memory`` bounds the
+    values held at once; a checkpoint folder whose float32 weights pass it is refused before it
+    is loaded (the gradients need the whole model).
     """
-    from layerdiff.torch._running import model_and_inputs, model_name, model_notes
+    from layerdiff.torch._running import model_name, model_notes, whole_model_and_inputs
 
     step = progress or (lambda message: None)
-    model, inputs = model_and_inputs(model, inputs, seed)
-    loss = _layerdiff.choice("loss", loss)
     if options is None:
         options = _layerdiff.Options(
-            tolerance=tolerance,
-            local=local,
-            target=target,
-            reference=reference,
-            float64=float64,
-        )
+            tolerance=tolerance, local=local, max_memory=max_memory, target=target,
+            reference=reference, float64=float64,
+        )  # fmt: skip
+    model, inputs = whole_model_and_inputs(model, inputs, seed, options)
+    loss = _layerdiff.choice("loss", loss)
     if options.torch_target is None:
         raise _layerdiff.UsageError("compare_gradients compares PyTorch sides (`torch:bf16`…)")
     ref_side = TorchSide.of(options.reference)

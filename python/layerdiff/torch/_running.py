@@ -68,6 +68,37 @@ def model_and_inputs(model, inputs, seed: int | None, streams=None) -> tuple[nn.
     return model, as_input_tuple(inputs)
 
 
+#: What `grad` holds at once, and what holds a checkpoint one module at a time instead.
+GRAD_HOLDS = "`layerdiff grad` holds the whole model, its gradients and their float64 truth at once"
+GRAD_INSTEAD = "compare its forward pass with `layerdiff torch FOLDER --target …`"
+
+
+def whole_only(options, model, holds: str, instead: str | None):
+    """For a flow that holds the whole model (`holds`, in words), the ``streams`` of
+    `model_and_inputs`: a checkpoint whose weights `options`' budget would have held one module
+    at a time is refused before it is loaded, with what to do (`instead`: a way that holds it
+    one module at a time)."""
+
+    def streams(size: int) -> bool:
+        if options.streams_weights(size):
+            other = f", or {instead}, which holds it one module at a time" if instead else ""
+            raise _layerdiff.UsageError(
+                f"{holds}, and the weights of `{model}` alone take {_layerdiff.bytes_text(size)} "
+                "in float32, more than the memory budget allows at once: give a --max-memory "
+                f"they fit in several times over{other}"
+            )
+        return False
+
+    return streams
+
+
+def whole_model_and_inputs(model, inputs, seed: int | None, options):
+    """`model_and_inputs` for `grad`, which holds the whole model: a checkpoint folder past
+    `options`' budget is refused before it is loaded (`whole_only`)."""
+    streams = whole_only(options, model, GRAD_HOLDS, GRAD_INSTEAD)
+    return model_and_inputs(model, inputs, seed, streams=streams)
+
+
 def model_notes(model, *, decoding: bool = False) -> list[str]:
     """What a report says of how the model was taken: a checkpoint's loading, the cache of a
     transformers model turned off (`cache_off`; not when `decoding`, which uses it), and the
