@@ -168,22 +168,11 @@ def _linear_in_bands(module: nn.Linear, x: torch.Tensor, dtype, squared: bool = 
 
 def _rounded_weight(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     """A weight in float64, its values rounded to `dtype` (float16, bfloat16) first, where it
-    keeps its device (a float64 copy holds float16 values, as `round_weights` makes them)."""
+    keeps its device (a float64 copy holds float16 values, as `exact_copy` makes them)."""
     t = t.detach()
     if dtype is not None and dtype not in (torch.float32, torch.float64):
         t = t.to(dtype)
     return t.to(torch.float64)
-
-
-def round_weights(model: nn.Module, dtype: torch.dtype | None) -> None:
-    """Rounds `model`'s floating-point parameters and buffers to `dtype` in place (they keep
-    their own dtype: a float64 copy holds float16 values)."""
-    if dtype is None or dtype in (torch.float32, torch.float64):
-        return
-    with torch.no_grad():
-        for t in [*model.parameters(), *model.buffers()]:
-            if t.is_floating_point():
-                t.copy_(t.to(dtype).to(t.dtype))
 
 
 class no_autocast:

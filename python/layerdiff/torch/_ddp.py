@@ -128,8 +128,7 @@ def gradients(model, inputs: tuple, side, cotangent: torch.Tensor) -> Pass:
             grads[key] = torch.cat([rank["partials"][key] for rank in found])
     copied = side.prepare(model, (), ())[0]
     dtype = next((p.dtype for p in copied.parameters() if p.is_floating_point()), torch.float32)
-    wide = _baseline.plain_copy(model).double()
-    _baseline.round_weights(wide, dtype)
+    wide = _baseline.exact_copy(model, dtype)
     # each rank's rows, and the whole batch: what one process computes exactly
     every = [(_rounded(given, dtype), cot) for given, cot in [*rows, (inputs, cotangent)]]
     *exact, whole = _one_process(wide, every, None)[0]
