@@ -33,13 +33,15 @@ def compare(model, inputs, target, **options):
     return layerdiff.compare_torch(model, inputs, target=target, **options).data
 
 
-def inject(monkeypatch, fault):
-    """Every target copy made from here on gets `fault(copied_model)` applied."""
+def inject(monkeypatch, fault, side=None):
+    """Every copy made from here on gets `fault(copied_model)` applied (`side`: only that
+    side's, by its spelling, where the reference is a copy too)."""
     prepare = TorchSide.prepare
 
     def faulty(self, model, inputs, whole=frozenset(), reads_outside=()):
         copied, given = prepare(self, model, inputs, whole, reads_outside)
-        fault(copied)
+        if side in (None, self.spelling):
+            fault(copied)
         return copied, given
 
     monkeypatch.setattr(TorchSide, "prepare", faulty)
@@ -316,3 +318,51 @@ def test_a_functional_call_is_rerun_with_the_targets_own_arguments(tmp_path):
     assert "`eps` 1e-05 → 0.5" in norm["detail"], norm["detail"]
     first = next(x for x in report["layers"] if x["name"] == "0:layer_norm")
     assert first["finding"] in (None, "precision", "inherited"), first["detail"]
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    from layerdiff.torch.models import load_builder
+
+    return load_builder("gpt2")(0)
+
+
+@pytest.mark.parametrize(("target", "grid"), [("torch:fp16", "float16"), ("torch", "float32")])
+def test_a_bfloat16_reference_is_not_blamed_on_a_finer_target(gpt2, target, grid):
+    """A bfloat16 reference rounds coarser than a float16 or float32 target: what it rounds
+    away is the reference's, not a wrong or approximate kernel in the target (an Embedding read
+    5800× what bfloat16 explains, the attention mask's add an infinite multiple; a float32
+    target's embedding was `weight_mismatch`, its mask 1e36 off). The target's kernels are held
+    to their own dtype's ideal; the drift between the sides is bfloat16's."""
+    model, inputs = gpt2
+    report = compare(model, inputs, target, reference="torch:bf16", seed=0)
+    s = report["summary"]
+    assert s["defects"] == [] and "approximations" not in s, s
+    assert s["verdict"] == "precision" and s["precision"]["dtype"] == "bfloat16", s
+    wte = layer(report, "model.transformer.wte")
+    assert wte["cause"] in (None, "precision_loss", "rounding"), wte["detail"]
+    assert wte["baseline"]["grid"] == grid, wte["baseline"]
+    assert wte["baseline"]["multiple"] <= 1.0, wte["baseline"]
+    mask = layer(report, "model.transformer.h.0.attn:add")
+    # held as each side's own extreme (-65504 is a step of bfloat16 from -65536): no 1e36
+    assert mask["accumulated"]["sentinels"] > 0 and mask["accumulated"]["max_abs_diff"] <= 32, mask
+
+
+def test_a_float16_kernel_is_held_to_float16_against_a_bfloat16_reference(gpt2, monkeypatch):
+    """The coarser reference does not widen what the target's kernel may err by: one Linear of
+    the float16 target 1% off is still the defect at that Linear."""
+    model, inputs = gpt2
+
+    def fault(copied):
+        mlp = copied.model.transformer.h[1].mlp.c_proj
+        forward = mlp.forward
+        mlp.forward = lambda x: forward(x) * 1.01
+
+    inject(monkeypatch, fault, side="torch:fp16")
+    report = compare(model, inputs, "torch:fp16", reference="torch:bf16", seed=0)
+    defects = [(d["layer"], d["cause"]) for d in report["summary"]["defects"]]
+    assert defects == [("model.transformer.h.1.mlp.c_proj", "op_implementation")], defects
+    detail = report["summary"]["defects"][0]["detail"]
+    assert "what float16 explains" in detail, detail
+    # the reference's bfloat16 rounding keeps it as far from float64: no word of "rounding"
+    assert "not a bug" not in detail and "cannot tell a float16 kernel's error" in detail, detail

@@ -223,7 +223,7 @@ fn sentinel_notes(layers: &[Layer]) -> Vec<String> {
     let mut notes = Vec::new();
     if let [first, ..] = floats[..] {
         notes.push(format!(
-            "{} layer(s), first `{}`, hold a mask's sentinel (float32's extreme, as `torch.finfo(torch.float32).min`) that the target, in a narrower dtype, holds as its own extreme: those positions are compared as equal (each layer's `sentinels` count), as the softmax after treats them",
+            "{} layer(s), first `{}`, hold a mask's sentinel (a dtype's extreme, as `torch.finfo(torch.float32).min`) that the target, in a dtype of another range, holds as its own extreme: those positions are compared as equal (each layer's `sentinels` count), as the softmax after treats them",
             floats.len(),
             first.name
         ));

@@ -19,7 +19,10 @@
 //!   Where the reference itself computes in `d` (a float32 target against float32), at least
 //!   the reference's own error from the exact value `|x − y|`, since two honest kernels sum in
 //!   different orders;
-//! - an element's own error is explained by precision up to `base + HONEST_FACTOR · honest`.
+//! - an element's own error is explained by precision up to `base + HONEST_FACTOR · honest`;
+//! - where the reference rounds coarser than `d` (a bfloat16 reference of a float16 target),
+//!   its rounding is its own and larger than the target's kernel may add: `y` is replaced by
+//!   `x` ([`Baseline::from_exact`]), as if the reference had computed the layer exactly.
 //!
 //! The layer's **multiple** is the larger of `max |t − y| / max allowed` (with the bound) and
 //! `mean |t − y| / mean allowed` (with the typical error), maxima and means taken over the
@@ -139,6 +142,23 @@ pub struct Baseline {
     /// itself (see the module docs), where the reduction's terms were measured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub narrow: Option<NarrowIdeal>,
+    /// Where the reference rounds coarser than the grid (a bfloat16 reference of a float16
+    /// target), the target's own error measured from the exact value instead (see
+    /// [`assess_baseline`]): what the multiple judged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from_exact: Option<FromExact>,
+}
+
+/// The target's own error from the exact value on the same inputs (see
+/// [`Baseline::from_exact`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct FromExact {
+    /// Its largest difference from the exact value.
+    #[serde(serialize_with = "crate::floats::float")]
+    pub max_abs_diff: f64,
+    /// Its mean difference from it.
+    #[serde(serialize_with = "crate::floats::float")]
+    pub mean_abs_diff: f64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -210,8 +230,11 @@ pub fn assess_baseline(
         }
     }
     // The reference computes in the grid itself: an honest kernel may be as far from the exact
-    // value as the reference is.
-    let same_precision = !grid.narrower_than(reference.dtype);
+    // value as the reference is. Not where the reference rounds coarser (a bfloat16 reference
+    // of a float16 target): what it rounds away is its own error, which the ideal's distance
+    // from it already counts, and the target's kernel is held to its own grid.
+    let same_precision =
+        !grid.narrower_than(reference.dtype) && !reference.dtype.narrower_than(grid);
     // How far an honest reference may be from the exact value: its dtype's tolerance.
     let honest = crate::default_for(reference.dtype);
     let rule = Rule {
@@ -232,7 +255,14 @@ pub fn assess_baseline(
         .and_then(|r| stalls::one_by_one(r.each.as_ref()?, r.terms, n, grid))
         .map(|errors| crate::Tensor::from_f64(DType::F64, &errors));
     let measured = [rss, one_by_one.as_ref().map(|t| t.view())];
-    let s = summed(&rule, grid, [&reference, &own, &exact], measured, n);
+    // A reference that rounds coarser than the grid (a bfloat16 reference of a float16
+    // target) errs by more than the target's kernel may: its rounding would hide that kernel's
+    // error (a float16 sum's rounding) or, counted as the target's, blame it. The target is
+    // judged from the exact value on the same inputs instead, as if the reference had computed
+    // it exactly.
+    let coarser = reference.dtype.narrower_than(grid);
+    let from = if coarser { exact } else { reference };
+    let s = summed(&rule, grid, [&from, &own, &exact], measured, n);
     let mean = |sum: f64| {
         if s.count == 0 {
             0.0
@@ -293,6 +323,10 @@ pub fn assess_baseline(
             0
         },
         narrow,
+        from_exact: coarser.then(|| FromExact {
+            max_abs_diff: s.own_max,
+            mean_abs_diff: mean(s.own_sum),
+        }),
     })
 }
 

@@ -414,10 +414,16 @@ fn in_context(
     if !matches!(cause, Cause::Inherited | Cause::Rounding)
         && let Some(f) = &layer.float64
     {
-        let said = if finding == Finding::Precision {
-            f.verdict_of_precision()
-        } else {
-            f.verdict()
+        let dtypes = (
+            crate::DType::from_name(&layer.dtype),
+            layer.target_dtype.as_deref().map(crate::DType::from_name),
+        );
+        let said = match dtypes {
+            _ if finding == Finding::Precision => f.verdict_of_precision(),
+            (Ok(r), Some(Ok(t))) if r.narrower_than(t) => {
+                f.verdict_beside_coarser(r.name(), t.name())
+            }
+            _ => f.verdict(),
         };
         detail = format!("{detail}; {said}");
     }

@@ -39,7 +39,7 @@ pub use axis::{
     AXIS_SCHEMA, AxisLayer, AxisPoint, AxisReport, along_axis, axis_markdown, axis_text,
 };
 pub use baseline::{
-    Baseline, DEFECT_MARGIN, HONEST_FACTOR, NarrowIdeal, Reduction, SAME_BITS,
+    Baseline, DEFECT_MARGIN, FromExact, HONEST_FACTOR, NarrowIdeal, Reduction, SAME_BITS,
     WITHIN_TOLERANCE_MARGIN, accumulation_unit, assess_baseline, kernel_allowance,
     narrow_accumulation_sigma, output_steps,
 };
@@ -76,6 +76,6 @@ pub use report::{
 };
 pub use tensor::{Tensor, TensorView};
 pub use tolerance::{
-    AUTO_FACTOR, AUTO_FLOOR, Bound, DEFAULTS_TEXT, Tolerance, ToleranceInfo, default_for,
-    lower_precision,
+    AUTO_FACTOR, AUTO_FLOOR, Bound, DEFAULTS_TEXT, Tolerance, ToleranceInfo, computing_grid,
+    default_for, lower_precision,
 };

@@ -132,6 +132,7 @@ mod tests {
             overflow: 0,
             reference_off: 0,
             narrow: None,
+            from_exact: None,
         };
         layer.local = crate::compare(expected.view(), got.view()).ok();
         layer.baseline = Some(b.clone());

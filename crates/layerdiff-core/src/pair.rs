@@ -158,9 +158,11 @@ fn sentinels_held(reference: TensorView<'_>, target: TensorView<'_>) -> Option<(
     let limit = match reference.dtype {
         // an int64 extreme held as int32's, in whichever integer dtype it comes back
         DType::I64 if !target.dtype.is_float() => f64::from(i32::MAX),
-        // a target whose range ends before the reference's (float16 against float32, or
-        // against bfloat16, whose range is float32's)
-        _ if target.dtype.max_finite()? < reference.dtype.max_finite()? => {
+        // a target whose range ends elsewhere than the reference's (float16 against float32,
+        // or against bfloat16, whose range is float32's; float32 against bfloat16, whose
+        // largest is a step short of float32's; float32 against float16): it holds the mask
+        // at its own extreme
+        _ if target.dtype.max_finite()? != reference.dtype.max_finite()? => {
             target.dtype.max_finite()? / 2.0
         }
         _ => return None,
@@ -185,24 +187,26 @@ fn sentinels_held(reference: TensorView<'_>, target: TensorView<'_>) -> Option<(
     if count == 0 {
         return None;
     }
-    let mut bytes = vec![0; reference.bytes.len()];
-    reference.dtype.encode_f64_into(&values, &mut bytes);
-    let tensor = Tensor::new(
-        "reference",
-        reference.dtype,
-        reference.shape.to_vec(),
-        bytes,
-    )
-    .ok()?;
+    // held in float64 where the target's extreme lies beyond the reference's range (float32's
+    // beside bfloat16's), which would round it to Inf
+    let dtype = if limit > reference.dtype.max_finite().unwrap_or(f64::INFINITY) / 2.0 {
+        DType::F64
+    } else {
+        reference.dtype
+    };
+    let mut bytes = vec![0; values.len() * dtype.size()];
+    dtype.encode_f64_into(&values, &mut bytes);
+    let tensor = Tensor::new("reference", dtype, reference.shape.to_vec(), bytes).ok()?;
     Some((tensor, count))
 }
 
-/// The magnitude from which a value of `dtype` is a sentinel.
+/// The magnitude from which a value of `dtype` is a sentinel: [`SENTINEL`], or half the
+/// largest value of a dtype that cannot hold it (a float16 reference masks at -65504).
 fn sentinel_floor(dtype: DType) -> f64 {
     if dtype == DType::I64 {
         INT_SENTINEL
     } else {
-        SENTINEL
+        SENTINEL.min(dtype.max_finite().map_or(SENTINEL, |m| m / 2.0))
     }
 }
 
@@ -293,6 +297,14 @@ mod tests {
             assert_eq!(stats.sentinels, 2, "{held}");
             assert!(stats.max_abs_diff <= 32.0, "{held}: {}", stats.max_abs_diff);
         }
+        // A float32 target of a bfloat16 reference holds float32's extreme, a step beyond
+        // bfloat16's largest; of a float16 reference, far beyond its -65504.
+        let wide = tensor(DType::F32, &[1.0, min, min, 2.0]);
+        let stats = compare_pair(bf16.view(), wide.view(), None).stats.unwrap();
+        assert_eq!((stats.sentinels, stats.max_abs_diff), (2, 0.0));
+        let half = tensor(DType::F16, &[1.0, -65504.0, -65504.0, 2.0]);
+        let stats = compare_pair(half.view(), wide.view(), None).stats.unwrap();
+        assert_eq!((stats.sentinels, stats.max_abs_diff), (2, 0.0));
         // The float64 truth masks with float64's extreme, a float32 side with its own.
         let truth = tensor(DType::F64, &[1.0, f64::MIN, f64::MIN, 2.0]);
         let stats = compare_pair(truth.view(), reference.view(), None)

@@ -217,6 +217,7 @@ pub fn assess_quantized(
         overflow: saturated,
         reference_off: 0,
         narrow: None,
+        from_exact: None,
     })
 }
 

@@ -196,6 +196,18 @@ impl ToleranceInfo {
     }
 }
 
+/// The grid a target's kernel is held to, as far as its value shows: the target's own dtype
+/// where both sides are floats, whichever is narrower (a float16 target against a bfloat16
+/// reference computes in float16; what the reference rounds away beyond that is the
+/// reference's error, which the ideal's distance from it counts); else the lower precision of
+/// the two (an integer target quantizes).
+pub fn computing_grid(dtype: &str, target_dtype: DType) -> Option<DType> {
+    match DType::from_name(dtype) {
+        Ok(r) if r.is_float() && target_dtype.is_float() => Some(target_dtype),
+        _ => lower_precision(dtype, Some(target_dtype.name())),
+    }
+}
+
 /// The lower-precision dtype of two sides (the reference's when the target's is unknown).
 pub fn lower_precision(dtype: &str, target_dtype: Option<&str>) -> Option<DType> {
     let r = DType::from_name(dtype).ok()?;
@@ -237,6 +249,21 @@ mod tests {
         assert_eq!(Tolerance::parse("auto"), Ok(Tolerance::Auto));
         assert_eq!(Tolerance::parse("1e-3"), Ok(Tolerance::Fixed(1e-3)));
         assert!(Tolerance::parse("-1").unwrap_err().contains("≥ 0"));
+    }
+
+    #[test]
+    fn a_target_kernel_is_held_to_its_own_float_grid_and_an_integer_one_to_its_codes() {
+        // the tolerance between the sides is the coarser side's; the target's kernel computes
+        // in its own dtype, also where the reference rounds coarser
+        assert_eq!(
+            lower_precision("bfloat16", Some("float16")),
+            Some(DType::BF16)
+        );
+        assert_eq!(computing_grid("bfloat16", DType::F16), Some(DType::F16));
+        assert_eq!(computing_grid("bfloat16", DType::F32), Some(DType::F32));
+        assert_eq!(computing_grid("float32", DType::BF16), Some(DType::BF16));
+        assert_eq!(computing_grid("float32", DType::I8), Some(DType::I8));
+        assert_eq!(computing_grid("int64", DType::I64), Some(DType::I64));
     }
 
     #[test]

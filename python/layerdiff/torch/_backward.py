@@ -469,17 +469,18 @@ def exact_vjp(
     module, call: Call | OwnerCall, grad_output, held, dtype: torch.dtype, scale: float
 ) -> Vjp:
     """The call's backward made exactly: a float64 copy of the reference's `module` with its
-    weights rounded to `dtype`, on the call's inputs each rounded to the narrower of `held(t)`
-    (the dtype the target holds it in) and `dtype`, for the output gradient as the target gets
-    it (scaled by `scale`, rounded to `dtype`, scaled back: exact for a power of two); autocast
-    off, on the CPU. Gradients in float64, with their parameters' terms (`Vjp.terms`)."""
+    weights rounded to `dtype`, on the call's inputs each as the target holds it (`held(t)`,
+    its dtype there) and rounded to `dtype` where narrower, for the output gradient as the
+    target gets it (scaled by `scale`, rounded to `dtype`, scaled back: exact for a power of
+    two); autocast off, on the CPU. Gradients in float64, with their parameters' terms
+    (`Vjp.terms`)."""
     exact = _baseline.exact_copy(module, dtype)
     g = (grad_output.detach().cpu().double() * scale).to(dtype).double() / scale
 
     def prepare(t):
         if not t.is_floating_point():
             return t.detach().cpu()
-        return _baseline.rounded(t, _baseline.narrower(held(t), dtype))
+        return _baseline.as_held(t, held, dtype)
 
     with _baseline.no_autocast():
         if isinstance(call, OwnerCall):

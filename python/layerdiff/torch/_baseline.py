@@ -1,7 +1,9 @@
-"""The same-precision baseline of each layer, computed by the reference's own modules: the layer
-in float64 on the reference's values of its inputs rounded to the dtype the target holds them in,
-with its weights rounded to the dtype it computes in. The Rust core rounds the result once more
-to the target's dtype and judges the target's own error against it (`layerdiff_core::Baseline`).
+"""The same-precision baseline of each layer, computed by the model's own modules: the layer in
+float64 on the reference's values of its inputs as the target holds them, with the model's
+weights rounded to the dtype it computes in (never the reference's where it holds them rounded
+itself: a bfloat16 reference's rounding is not a float16 target's). The Rust core rounds the
+result once more to the target's dtype and judges the target's own error against it
+(`layerdiff_core::Baseline`).
 Never the side under test: a bfloat16 target measured against itself in bfloat16 proves nothing.
 
 Two ways, by target:
@@ -25,6 +27,7 @@ from torch import nn
 
 from layerdiff.torch._capture import _first_tensor
 from layerdiff.torch._lockstep import Lockstep, _Stopped
+from layerdiff.torch._streamed import weight, weight_rows
 from layerdiff.torch._widened import BAND, CHUNKED_ABOVE, widened_copy
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -51,6 +54,17 @@ def rounded(value, dtype: torch.dtype | None):
     return value.to(torch.float64)
 
 
+def as_held(value, held, dtype: torch.dtype | None):
+    """A float tensor as the target holds it (cast to `held(value)`, its dtype there, as the
+    target's side casts it: a bfloat16 value a float16 target holds loses what float16's range
+    cannot hold), rounded further to `dtype` where narrower, in float64 on the CPU; anything
+    else as `rounded` leaves it."""
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        value = value.detach().to(held(value))
+        return rounded(value, dtype)
+    return rounded(value, None)
+
+
 def plain_copy(module: nn.Module, memo: dict | None = None) -> nn.Module:
     """A copy of `module` without any hook (a capture's hooks must not fire for it);
     ``memo``: tensors the copy takes in place of the module's (by id), as `copy.deepcopy`."""
@@ -63,18 +77,12 @@ def plain_copy(module: nn.Module, memo: dict | None = None) -> nn.Module:
 
 
 def exact_call(module: nn.Module | None, func, args, kwargs, held, dtype: torch.dtype):
-    """One call made exactly: `module` (a plain float64 copy of the reference's, its weights
-    rounded to `dtype`) or `func` on `args`/`kwargs`, each float tensor rounded to the narrower
-    of `held(tensor)` (the dtype the target holds it in) and `dtype`. Its first tensor, float64,
-    on the CPU; autocast off."""
+    """One call made exactly: `module` (a plain float64 copy of the model's, its weights
+    rounded to `dtype`) or `func` on `args`/`kwargs`, each float tensor as the target holds it
+    (`as_held`: `held(tensor)` is its dtype there) and rounded to `dtype` where narrower. Its
+    first tensor, float64, on the CPU; autocast off."""
     tree_map = torch.utils._pytree.tree_map
-
-    def prepare(t):
-        if not isinstance(t, torch.Tensor):
-            return t
-        return rounded(t, narrower(held(t), dtype) if t.is_floating_point() else None)
-
-    given, named = tree_map(prepare, args), tree_map(prepare, kwargs)
+    given, named = (tree_map(lambda t: as_held(t, held, dtype), a) for a in (args, kwargs))
     with torch.no_grad(), no_autocast():
         if module is None:
             out = func(*given, **named)
@@ -82,7 +90,8 @@ def exact_call(module: nn.Module | None, func, args, kwargs, held, dtype: torch.
             out = _linear_in_bands(module, given[0], dtype)
         elif _gathers(module) and len(given) == 1 and not named:
             # rounding and widening are elementwise: the rows gathered, then made exact
-            out = _rounded_weight(module.weight.detach()[given[0]], dtype).cpu()
+            table = weight(module, "weight", module.weight)
+            out = _rounded_weight(table.detach()[given[0]], dtype).cpu()
         else:
             out = exact_copy(module, dtype).forward(*given, **named)
     out = _first_tensor(out)
@@ -91,12 +100,16 @@ def exact_call(module: nn.Module | None, func, args, kwargs, held, dtype: torch.
 
 def exact_copy(module: nn.Module, dtype: torch.dtype | None) -> nn.Module:
     """A plain float64 copy of `module` on the CPU, its floating weights rounded to `dtype`:
-    each made straight from the module's own, never a second copy of them in their dtype."""
+    each made straight from the module's own (a streamed model's read from its files), never a
+    second copy of them in their dtype."""
     memo: dict = {}
-    for t in [*module.parameters(), *module.buffers()]:
-        if t.is_floating_point() and id(t) not in memo:
-            made = _rounded_weight(t, dtype).cpu()
-            made = made.clone() if made.data_ptr() == t.data_ptr() else made
+    for m in module.modules():
+        for name, t in [*m._parameters.items(), *m._buffers.items()]:
+            if t is None or not t.is_floating_point() or id(t) in memo:
+                continue
+            own = weight(m, name, t)
+            made = _rounded_weight(own, dtype).cpu()
+            made = made.clone() if made.data_ptr() == own.data_ptr() else made
             memo[id(t)] = nn.Parameter(made, requires_grad=t.requires_grad) if isinstance(
                 t, nn.Parameter
             ) else made  # fmt: skip
@@ -118,14 +131,14 @@ def exact_reduction(module: nn.Module | None, args, held, dtype: torch.dtype):
     x = next((a for a in args if isinstance(a, torch.Tensor)), None) if args else None
     if module is None or x is None or not x.is_floating_point():
         return None
-    x = rounded(x, narrower(held(x), dtype)) ** 2
+    x = as_held(x, held, dtype) ** 2
     with torch.no_grad():
         if not isinstance(module, nn.Linear):
             if not isinstance(module, nn.Conv1d | nn.Conv2d | nn.Conv3d):
                 return None
             if module.padding_mode != "zeros" or isinstance(module.padding, str):
                 return None
-            w = _rounded_weight(module.weight, dtype).cpu() ** 2
+            w = _rounded_weight(weight(module, "weight", module.weight), dtype).cpu() ** 2
             conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[w.dim() - 2]
             squares = conv(
                 x, w, None, module.stride, module.padding, module.dilation, module.groups
@@ -134,7 +147,7 @@ def exact_reduction(module: nn.Module | None, args, held, dtype: torch.dtype):
         elif _banded(module):
             squares, terms = _linear_in_bands(module, x, dtype, squared=True), module.in_features
         else:
-            w = _rounded_weight(module.weight, dtype).cpu() ** 2
+            w = _rounded_weight(weight(module, "weight", module.weight), dtype).cpu() ** 2
             squares, terms = F.linear(x, w), module.in_features
     return terms, squares.sqrt()
 
@@ -152,15 +165,20 @@ def _linear_in_bands(module: nn.Linear, x: torch.Tensor, dtype, squared: bool = 
     the product of `x` with the squared weight, no bias (`exact_reduction`'s terms)."""
     import torch.nn.functional as F
 
-    w = module.weight.detach()
-    rows, columns = w.shape
+    rows, columns = module.weight.shape
     band = max(1, BAND // (columns * 8))
     out = x.new_empty((*x.shape[:-1], rows), dtype=torch.float64)
     for start in range(0, rows, band):
         stop = min(start + band, rows)
-        part = _rounded_weight(w[start:stop], dtype).cpu()
+        # a band of a streamed model's weight read alone from its files
+        part = weight_rows(module, "weight", start, stop, None)
+        part = _rounded_weight(part, dtype).cpu()
         part = part * part if squared else part
-        bias = None if squared or module.bias is None else module.bias.detach()[start:stop]
+        bias = (
+            None
+            if squared or module.bias is None
+            else weight_rows(module, "bias", start, stop, None)
+        )
         bias = None if bias is None else _rounded_weight(bias, dtype).cpu()
         out[..., start:stop] = F.linear(x, part, bias)
     return out

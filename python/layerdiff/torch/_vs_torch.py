@@ -276,17 +276,27 @@ def _stream(
     if target.model is None:
         raise _layerdiff.InputError(f"the target `{tgt_side.spelling}` {target.error}")
     modules = dict(leaf_modules(target.model, whole))
-    references = dict(leaf_modules(ref_model, whole))
+    # the model's own modules, whose weights the exact baseline rounds to the target's dtype:
+    # the reference's where it is the model (a bfloat16 reference holds its own rounding)
+    originals = dict(leaf_modules(ref_model if ref_side.plain else model, whole))
     # Each re-run is made twice where the side may disagree with itself: how far the two
     # disagree is its own nondeterminism at that layer, handed over with the layer.
     twice = tgt_side.may_disagree
     made = _Rerun()
     weights = _CASTS.get(tgt_side.precision)
+    # values a narrower reference holds in its own dtype (a bfloat16 reference of a float32
+    # target) come back to the float32 the model holds them in, where the target casts nothing
+    widen = _CASTS.get(ref_side.precision) if weights is None else None
+
+    def as_target(t):
+        if widen is not None and isinstance(t, torch.Tensor) and t.dtype == widen:
+            t = t.float()
+        return tgt_side.convert(t)
 
     def rerun(leaf, func, args, kwargs):
         """The target's module (or op) on the reference's inputs, as the target holds them (a
         module kept in float32 takes them cast up)."""
-        convert = tgt_side.convert
+        convert = as_target
         call = func or modules[leaf].forward
         low = _CASTS.get(tgt_side.precision)
         computes = weights  # the dtype the call's weights are held in, where cast
@@ -294,7 +304,7 @@ def _stream(
             wanted = computes_in(modules[leaf], low)
             if wanted != low:
                 # kept in float32: its inputs rounded as the target holds them, then cast up
-                convert = lambda t: _cast(tgt_side.convert(t), wanted)  # noqa: E731
+                convert = lambda t: _cast(as_target(t), wanted)  # noqa: E731
                 computes = wanted
 
         # a functional call takes the target's own non-tensor arguments (an epsilon its code
@@ -314,10 +324,10 @@ def _stream(
         made.disagreed = _disagreement(out, once()) if twice else None
         first = _first_tensor(out)
         if options.float64 and first is not None and first.is_floating_point():
-            module = (modules[leaf], references[leaf]) if func is None else None
+            module = (modules[leaf], originals[leaf]) if func is None else None
             # the inputs' rounding is the target's (a kept module's too), its math the call's
             made.grid, made.exact, made.terms = _baseline_of(
-                first, module, (func, args, kwargs), computes, lambda t: tgt_side.convert(t).dtype
+                first, module, (func, args, kwargs), computes, lambda t: as_target(t).dtype
             )
         return out
 
@@ -413,7 +423,7 @@ def _baseline_of(first, module, call, weights, held):
     """A re-run call's same-precision baseline: the grid it computes in where narrower than its
     result `first` (None otherwise), the call made exactly on the reference's inputs rounded as
     the target holds them (`held`), and, for a module, its reduction's terms. `module`: the
-    target's module and the reference's (None for a functional call); `call`: (func, args,
+    target's module and the model's (None for a functional call); `call`: (func, args,
     kwargs); `weights`: the target's dtype for weights, where it casts them."""
     func, args, kwargs = call
     # A module whose own parameters are narrower than what it returns (a module converted with
@@ -424,11 +434,11 @@ def _baseline_of(first, module, call, weights, held):
         own = next((p.dtype for p in params if p.is_floating_point()), None)
     dtype = _baseline.narrower(weights or torch.float32, first.dtype)
     dtype = _baseline.narrower(dtype, own)
-    reference = module[1] if module is not None else None
-    exact = _baseline.exact_call(reference, func, args, kwargs, held=held, dtype=dtype)
+    original = module[1] if module is not None else None
+    exact = _baseline.exact_call(original, func, args, kwargs, held=held, dtype=dtype)
     terms = None
     if module is not None and exact is not None:
-        terms = _baseline.exact_reduction(reference, args, held=held, dtype=dtype)
+        terms = _baseline.exact_reduction(original, args, held=held, dtype=dtype)
     return (dtype if dtype != first.dtype else None), exact, terms
 
 

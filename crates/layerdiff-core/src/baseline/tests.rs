@@ -75,6 +75,30 @@ fn a_float32_kernel_as_far_from_the_exact_value_as_the_reference_is_precision() 
     assert!(b.beyond(), "ten times the reference's own error: {b:?}");
 }
 
+#[test]
+fn a_coarser_reference_neither_blames_nor_excuses_a_float16_kernel() {
+    // A bfloat16 reference of a float16 target: the reference rounds each value to bfloat16,
+    // the target's ideal to float16. What the reference rounds away is its own: an exact
+    // float16 kernel is precision, one 0.3% off is beyond, though both are within what the
+    // reference itself is off by.
+    let x: Vec<f64> = (0..512).map(|i| 0.3 + f64::from(i) * 0.00917).collect();
+    let y: Vec<f64> = x.iter().map(|&v| DType::BF16.round(v)).collect();
+    let judged = |t: &[f64]| {
+        let (r, o, e) = (
+            tensor(DType::BF16, &y),
+            tensor(DType::F16, t),
+            tensor(DType::F64, &x),
+        );
+        assess_baseline(r.view(), o.view(), e.view(), DType::F16, 0, false, None).unwrap()
+    };
+    let honest: Vec<f64> = x.iter().map(|&v| DType::F16.round(v)).collect();
+    let b = judged(&honest);
+    assert!(!b.beyond() && b.multiple <= 1.0, "{b:?}");
+    let off: Vec<f64> = x.iter().map(|&v| DType::F16.round(v * 1.003)).collect();
+    let b = judged(&off);
+    assert!(b.beyond(), "{b:?}");
+}
+
 fn float32(y: &[f64], t: &[f64], x: &[f64], expected_values: bool) -> Baseline {
     let (r, o, e) = (
         tensor(DType::F32, y),

@@ -46,8 +46,14 @@ pub(super) fn conclude(
             // its kernel was held to (TFLite's int8 read "float32 rounding" beside "the
             // target quantizes this layer to int8")
             let on_grid = l.quantization.as_ref().map(|q| q.dtype.clone());
+            // the drift between the sides is the coarser side's rounding (a float16 target
+            // judged on its own grid against a bfloat16 reference drifts by bfloat16's)
+            let coarser = |b: &crate::Baseline| {
+                crate::lower_precision(&l.dtype, Some(&b.grid))
+                    .map_or(b.grid.clone(), |d| d.name().to_string())
+            };
             let grid = on_grid
-                .or_else(|| l.baseline.as_ref().map(|b| b.grid.clone()))
+                .or_else(|| l.baseline.as_ref().map(coarser))
                 .or_else(|| {
                     if let Some(grid) = quantized.get(&l.name) {
                         return Some(grid.clone());

@@ -227,6 +227,7 @@ fn baseline(multiple: f64) -> crate::Baseline {
         overflow: 0,
         reference_off: 0,
         narrow: None,
+        from_exact: None,
     }
 }
 

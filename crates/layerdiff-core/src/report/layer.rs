@@ -298,6 +298,23 @@ impl Float64Distance {
         self.said(true)
     }
 
+    /// The same for a defect or undecided layer whose reference rounds coarser than the
+    /// target (`reference`, `target`: their dtypes, a bfloat16 reference of a float16
+    /// target): the reference's own rounding is most of its distance, so two sides about
+    /// equally far say nothing of the target's kernel; only a target far further is off.
+    pub fn verdict_beside_coarser(&self, reference: &str, target: &str) -> String {
+        let (r, t) = (self.reference, self.target);
+        if t > ROUNDING_FACTOR * r {
+            format!(
+                "the target is further from float64 than even the {reference} reference (target {t:.2e}, reference {r:.2e}): the target is off"
+            )
+        } else {
+            format!(
+                "the {reference} reference's own rounding keeps it about as far from float64 or further (reference {r:.2e}, target {t:.2e}), which cannot tell a {target} kernel's error: the {target} ideal above does"
+            )
+        }
+    }
+
     fn said(&self, precision: bool) -> String {
         let (r, t) = (self.reference, self.target);
         if r == 0.0 && t == 0.0 {

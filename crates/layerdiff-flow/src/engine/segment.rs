@@ -339,8 +339,8 @@ pub(super) fn segments_warning(
 }
 
 /// A layer's exact value on the baseline `b` (`value` the reference's name of it), on the grid
-/// the target computes it in: as the framework said, else the narrower of its output's
-/// (`out`) and its group's narrowest; with the roundings an honest kernel makes on the way and
+/// the target computes it in: as the framework said, else the narrower of its output's dtype
+/// (`out`: the target's, [`layerdiff_core::computing_grid`]) and its group's narrowest; with the roundings an honest kernel makes on the way and
 /// the reduction's terms, where the baseline measured them.
 fn baseline_exact<'a>(
     b: &dyn Baseline,
@@ -352,7 +352,7 @@ fn baseline_exact<'a>(
     feed: &dyn Fn(&str) -> crate::engine::baseline::Fed<'a>,
 ) -> Exact {
     let grid = b.grid_of(value).or_else(|| {
-        let held = layerdiff_core::lower_precision(&layer.dtype, Some(out.dtype.name()));
+        let held = layerdiff_core::computing_grid(&layer.dtype, out.dtype);
         let inside = group.and_then(|g| recompute.computes_in(g));
         match (held, inside) {
             (Some(h), Some(g)) if g.narrower_than(h) => Some(g),

@@ -78,11 +78,18 @@ pub fn check_weight(
         && [target.dtype, reference.dtype]
             .iter()
             .all(|d| d.narrower_than(DType::F32));
-    if target.dtype.narrower_than(reference.dtype) || both_lower {
+    // The reference stored narrower (a bfloat16 reference of a float32 target): its rounding.
+    let reference_narrower = reference.dtype.narrower_than(target.dtype);
+    if target.dtype.narrower_than(reference.dtype) || reference_narrower || both_lower {
         let said = if both_lower {
             format!(
                 "the target stores `{name}` in {}, the reference in {}: each its own rounding of the model's",
                 target.dtype, reference.dtype
+            )
+        } else if reference_narrower {
+            format!(
+                "the reference stores `{name}` in {}, the target in {}: the reference's rounding of the model's",
+                reference.dtype, target.dtype
             )
         } else {
             format!(
@@ -90,8 +97,13 @@ pub fn check_weight(
                 target.dtype, reference.dtype
             )
         };
-        // The common case in one fast pass: the target holds exactly the reference's cast.
-        if !both_lower && (!rounding_checked || target.is_cast_of(reference)) {
+        // The common case in one fast pass: the narrower side holds exactly the other's cast.
+        let cast = if reference_narrower {
+            reference.is_cast_of(target)
+        } else {
+            target.is_cast_of(reference)
+        };
+        if !both_lower && (!rounding_checked || cast) {
             return WeightCheck::LowerPrecision(said);
         }
         // The same weight stored narrower, unless an element moved by more than two steps of
@@ -291,6 +303,25 @@ mod tests {
         match check_weight("w", bf16.view(), moved.view(), true, None) {
             WeightCheck::Differs(text) => assert!(text.contains("(1 of 10001"), "{text}"),
             other => panic!("an edited element between two roundings went unseen: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_reference_stored_narrower_is_its_rounding_unless_it_moved() {
+        let model: Vec<f32> = (0..64).map(|i| 0.013 * i as f32 - 0.4).collect();
+        let wide = tensor(&model);
+        let narrow = wide.clone().cast(DType::BF16);
+        match check_weight("w", narrow.view(), wide.view(), true, None) {
+            WeightCheck::LowerPrecision(text) => {
+                assert!(text.contains("the reference's rounding"), "{text}")
+            }
+            other => panic!("a bfloat16 reference's rounding judged {other:?}"),
+        }
+        let mut edited = model.clone();
+        edited[9] += 0.1;
+        match check_weight("w", narrow.view(), tensor(&edited).view(), true, None) {
+            WeightCheck::Differs(text) => assert!(text.contains("1 of 64"), "{text}"),
+            other => panic!("an edited element beside a narrower reference went unseen: {other:?}"),
         }
     }
 
