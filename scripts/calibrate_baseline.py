@@ -1,14 +1,14 @@
-"""`make calibrate`: calibrates the rule that tells a defect from precision on honest kernels and
-on planted faults. Clean runs: every built-in PyTorch model (seeded random weights) against its
-ONNX export converted to float16 by ONNX Runtime's converter, quantized to int8 by its static QDQ
+"""`make calibrate`: calibrates the rule that tells a defect from precision on honest kernels and on
+planted faults. Clean runs: every built-in PyTorch model (seeded random weights) against its ONNX
+export converted to float16 by ONNX Runtime's converter, quantized to int8 by its static QDQ
 quantizer (one scale per weight, or per channel) and by its dynamic quantizer (MatMulInteger,
 ConvInteger; the legacy export's too), and run by OpenVINO at its default inference precision; the
 export in int8 activations against itself at ONNX Runtime's opt=all; as PyTorch targets in bfloat16
 and autocast bfloat16, and in float16 and float32 against a bfloat16 reference, forward; every
-model's gradients (`layerdiff grad`) in bfloat16 and float16;
-every built-in Keras model against its tf2onnx file on ONNX Runtime and OpenVINO, XLA, and TFLite
-in float32, float16, full-integer int8 and dynamic-range int8. Faults: kernels planted in real
-models (tests/builders/narrow_kernels.py) that accumulate in the narrow dtype (to be named
+model's gradients (`layerdiff grad`) in bfloat16 and float16, and in float16 against a bfloat16
+reference; every built-in Keras model against its tf2onnx file on ONNX Runtime and OpenVINO, XLA,
+and TFLite in float32, float16, full-integer int8 and dynamic-range int8. Faults: kernels planted
+in real models (tests/builders/narrow_kernels.py) that accumulate in the narrow dtype (to be named
 `narrow_accumulation` at their layer, not a defect), backwards off by 2% in the narrow dtype (to be
 the one defect, at their weight), a functional call's epsilon computed from the dtype
 (`argument_mismatch` at that call), and a model's ONNX export edited (an attribute, a folded
@@ -16,13 +16,12 @@ constant, a weight whose layer stays under the absolute tolerance, a weight ONNX
 optimizer fuses and reorders, a dynamic int8 file's weight scale, a static int8 file's codes) and
 run by ONNX Runtime (`file_differs` or `weight_mismatch` at its layer: the file, never the
 runtime); a block whose own code computes differently only when torch.compile compiles it whole
-(`cross_module_fusion` at that block), its clean twin and models compiled by `torch:compile`;
-a rank that scales one weight's gradient under DistributedDataParallel (the defect at that
-weight on that rank) and clean data-parallel twins (`torch:ddp=N`).
-Each run's verdict, defects, the layers that accumulate in the narrow dtype and the largest
-multiple of what precision explains go into the table of docs/metrics.md (between its
-calibration markers). A defect in a clean run, or a fault not found at its layer with its
-cause, is a wrong headline: the script exits 1.
+(`cross_module_fusion` at that block), its clean twin and models compiled by `torch:compile`; a
+rank that scales one weight's gradient under DistributedDataParallel (the defect at that weight on
+that rank) and clean data-parallel twins (`torch:ddp=N`). Each run's verdict, defects, the layers
+that accumulate in the narrow dtype and the largest multiple of what precision explains go into the
+table of docs/metrics.md (between its calibration markers). A defect in a clean run, or a fault not
+found at its layer with its cause, is a wrong headline: the script exits 1.
 
     python scripts/calibrate_baseline.py [--models resnet18,bert] [--keras keras_cnn]
                                          [--no-write] [--from-reports] [--no-grad]
@@ -89,7 +88,7 @@ KERAS_TARGETS = (
 # sides a Keras model has none of: tf2onnx does not convert keras_encoder's exact GELU (Erfc),
 # which `layerdiff keras` says with exit 2 and a hint
 NO_ONNX = {"keras_encoder"}
-GRAD_TARGETS = ("torch:bf16", "torch:fp16")
+GRAD_TARGETS = ("torch:bf16", "torch:fp16", "torch:fp16 --reference torch:bf16")
 # each gradient row (clean and planted) at the machine's threads and at one: PyTorch's CPU
 # kernels split a sum by thread, and at one thread a LayerNorm's gradient adds every position
 # up one by one in the narrow dtype (OMP_NUM_THREADS=1, a CI runner, LAYERDIFF_THREADS=1)
@@ -250,8 +249,10 @@ def grad(name: str, target: str, threads: int | None):
     model, inputs = load_builder(name)(0)
     before = torch.get_num_threads()
     torch.set_num_threads(threads or before)
+    target, *reference = target.split(" --reference ")
+    sides = {"reference": reference[0]} if reference else {}
     try:
-        return layerdiff.compare_gradients(model, inputs, target=target, seed=0)
+        return layerdiff.compare_gradients(model, inputs, target=target, seed=0, **sides)
     finally:
         torch.set_num_threads(before)
 
