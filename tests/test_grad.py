@@ -317,6 +317,26 @@ def test_clean_gradients_of_real_models_have_no_defect():
         assert report.summary["verdict"] == "precision"
 
 
+@pytest.mark.parametrize("target", ["torch:fp16", "torch"])
+def test_gradients_against_a_coarser_reference_blame_nothing_on_the_target(target):
+    """A bfloat16 reference's gradients round coarser than a float16 (or float32) target's:
+    what they round away is the reference's. Its exact backward was made from the reference's
+    own bfloat16 weights and read every float16 input gradient as a defect (3.4× at
+    `layer3.0.conv2:input` of ResNet-18, 21 defects)."""
+    from builders import encoder
+
+    torch.manual_seed(0)
+    model, inputs = encoder.build()
+    report = layerdiff.compare_gradients(
+        model, inputs, target=target, reference="torch:bf16", seed=0
+    ).data
+    s = report["summary"]
+    assert s["defects"] == [] and s["verdict"] == "precision", s["defects"]
+    assert s["precision"]["dtype"] == "bfloat16", s["precision"]
+    judged = [x for x in report["layers"] if x.get("baseline")]
+    assert judged and all(x["baseline"]["grid"] != "bfloat16" for x in judged)
+
+
 def test_the_command(tmp_path):
     result = run_cli("grad", f"{MLP}:build", "--target", "torch:bf16", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr  # rounding only

@@ -170,6 +170,11 @@ class _Gradients:
         self.ref_side, self.tgt_side = ref_side, tgt_side
         self.reference_modules = dict(ref.model.named_modules())
         self.target_modules = dict(tgt.model.named_modules())
+        # the model's own, whose weights the exact backward rounds to the target's dtype (not
+        # a reference's that holds them rounded itself: a bfloat16 reference of float16)
+        self.model_modules = dict(model.named_modules())
+        # the reference's values as the target holds them
+        self.as_target = tgt_side.converter_from(ref_side)
         self.truth_modules = dict(truth.model.named_modules()) if truth is not None else {}
         # each parameter's key by (module path, attribute), as the reference names it
         keys = {id(p): n for n, p in model.named_parameters()}
@@ -210,15 +215,17 @@ class _Gradients:
             if not local or call.grad_output is None:
                 continue
             try:
-                own = self._vjp(ref, call, self.target_modules, self.tgt_side, scale=tgt.scale)
+                own = self._vjp(
+                    ref, call, self.target_modules, self.tgt_side, tgt.scale, self.as_target
+                )
             except Exception as e:  # the target's own failure is that layer's finding
                 self.local[layer] = f"the target's backward of `{name}` failed alone: {e}"
                 continue
             precise = None
             if exact:
                 precise = _backward.exact_vjp(
-                    self.reference_modules[call.module], call, call.grad_output,
-                    held=lambda t: self.tgt_side.convert(t).dtype, dtype=own.dtype,
+                    self.model_modules[call.module], call, call.grad_output,
+                    held=lambda t: self.as_target(t).dtype, dtype=own.dtype,
                     scale=tgt.scale,
                 )  # fmt: skip
             # (layer, its own part, its exact part, the reference's part), aligned by position
@@ -289,7 +296,7 @@ class _Gradients:
         tgt, module = self.tgt, call.module
         try:
             own = _backward.owner_vjp(
-                self.target_modules[module], call, call.grad_output, self.tgt_side.convert,
+                self.target_modules[module], call, call.grad_output, self.as_target,
                 self.tgt_side.running, tgt.scale,
             )  # fmt: skip
             mine = _backward.owner_vjp(
@@ -305,8 +312,8 @@ class _Gradients:
         precise = None
         if exact:
             precise = _backward.exact_vjp(
-                self.reference_modules[module], call, call.grad_output,
-                held=lambda t: self.tgt_side.convert(t).dtype, dtype=own.dtype, scale=tgt.scale,
+                self.model_modules[module], call, call.grad_output,
+                held=lambda t: self.as_target(t).dtype, dtype=own.dtype, scale=tgt.scale,
             )  # fmt: skip
         for n, key in keys.items():
             g, r = own.parameters.get(n), mine.parameters.get(n)
@@ -348,10 +355,12 @@ class _Gradients:
                 found.append((n, self.key[(path, attribute)]))
         return found
 
-    def _vjp(self, side: Pass, call, modules, torch_side, scale: float | None = None):
+    def _vjp(self, side: Pass, call, modules, torch_side, scale=None, prepare=None):
         """`call` made again alone with `modules[call.module]`, as `torch_side` runs it (None:
-        as given, the float64 truth)."""
-        prepare = torch_side.convert if torch_side is not None else (lambda t: t)
+        as given, the float64 truth), its values converted by `prepare` where given (another
+        side's values, as this one holds them)."""
+        if prepare is None:
+            prepare = torch_side.convert if torch_side is not None else (lambda t: t)
         running = torch_side.running if torch_side is not None else _backward._nothing
         return _backward.vjp(
             modules[call.module], call, call.grad_output, prepare, running,

@@ -134,6 +134,21 @@ class TorchSide:
         dtype = _CAST.get(self.precision) if tensor.is_floating_point() else None
         return tensor.to(device=self.device, dtype=dtype or tensor.dtype, copy=True)
 
+    def converter_from(self, reference: TorchSide):
+        """`convert` for the values `reference` holds: where this side casts nothing and the
+        reference casts to a narrower dtype (a float32 target of a bfloat16 reference), its
+        values come back to the float32 the model holds them in first."""
+        narrow = _CAST.get(reference.precision) if self.precision not in _CAST else None
+        if narrow is None:
+            return self.convert
+
+        def convert(tensor):
+            if isinstance(tensor, torch.Tensor) and tensor.dtype == narrow:
+                tensor = tensor.float()
+            return self.convert(tensor)
+
+        return convert
+
     def prepare(
         self, model: nn.Module, inputs: tuple, whole=frozenset(), reads_outside=()
     ) -> tuple[nn.Module, tuple]:

@@ -284,14 +284,7 @@ def _stream(
     twice = tgt_side.may_disagree
     made = _Rerun()
     weights = _CASTS.get(tgt_side.precision)
-    # values a narrower reference holds in its own dtype (a bfloat16 reference of a float32
-    # target) come back to the float32 the model holds them in, where the target casts nothing
-    widen = _CASTS.get(ref_side.precision) if weights is None else None
-
-    def as_target(t):
-        if widen is not None and isinstance(t, torch.Tensor) and t.dtype == widen:
-            t = t.float()
-        return tgt_side.convert(t)
+    as_target = tgt_side.converter_from(ref_side)  # the reference's values as the target holds them
 
     def rerun(leaf, func, args, kwargs):
         """The target's module (or op) on the reference's inputs, as the target holds them (a
