@@ -77,6 +77,12 @@ FAULTS = [
     ("compiled_block:build_first", "forward", "torch:compile", "stages.0.blocks.0",
      "cross_module_fusion"),
     ("compiled_block:build_clean", "forward", "torch:compile", None, None),
+    # a decoder on a left-padded batch: rows whose queries see no key, each side masking with
+    # its own dtype's extreme (tests/builders/padded_decoder.py); clean on every side
+    ("padded_decoder", "forward", "torch:bf16", None, None),
+    ("padded_decoder", "forward", "torch:fp16", None, None),
+    ("padded_decoder", "forward", "torch:fp16 --reference torch:bf16", None, None),
+    ("padded_decoder", "forward", "--dtype fp16", None, None),
     # data-parallel training (tests/builders/rank_fault.py): rank 1 scales one weight's gradient
     # before the all-reduce; clean twins: a CNN and a transformer, and four bfloat16 ranks
     # against bfloat16 in one process (the all-reduce rounding each hop)
