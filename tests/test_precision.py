@@ -85,6 +85,31 @@ def test_a_masks_sentinel_the_narrower_target_holds_as_its_extreme_is_no_drift(d
     assert any("mask's sentinel" in w for w in report.summary["warnings"])
 
 
+@pytest.mark.parametrize(
+    "sides",
+    [{"dtype": "fp16"}, {"target": "torch:fp16"}, {"target": "torch:bf16"},
+     {"target": "torch:fp16", "reference": "torch:bf16"}],
+)  # fmt: skip
+def test_a_padded_decoders_rows_that_see_no_key_stay_finite(sides):
+    """A left-padded batch: the first tokens' queries see no key (causal mask and padding).
+    Fed to a float16 or bfloat16 re-run, float32's mask extreme read as -Inf and those rows'
+    softmax came out NaN, an overflow the target's own run never makes: a clean decoder
+    exited 1 on every such side. The sentinel is held as the target dtype's own extreme."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from builders.padded_decoder import build
+
+    model, inputs = build()
+    compare = compare_torch_onnx if "dtype" in sides else compare_torch
+    report = compare(model, inputs, seed=0, **sides)
+    s = report.summary
+    assert s["defects"] == [] and s["precision"]["overflow"] == 0, s["precision"]
+    softmax = report.layer("model.layers.0.self_attn:softmax")
+    assert softmax["local"]["nan_mismatch"] == 0, softmax["local"]
+    assert softmax["accumulated"]["nan_mismatch"] == 0, softmax["accumulated"]
+
+
 def test_given_layers_are_kept_and_the_report_is_of_the_kept_model(overflow):
     model, inputs = overflow
     report = compare_torch_onnx(model, inputs, dtype="fp16", keep_fp32=["up", "norm"])

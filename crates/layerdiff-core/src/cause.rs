@@ -420,9 +420,7 @@ fn in_context(
         );
         let said = match dtypes {
             _ if finding == Finding::Precision => f.verdict_of_precision(),
-            (Ok(r), Some(Ok(t))) if r.narrower_than(t) => {
-                f.verdict_beside_coarser(r.name(), t.name())
-            }
+            (Ok(r), Some(Ok(t))) if r.narrower_than(t) => f.verdict_beside_coarser(r, t),
             _ => f.verdict(),
         };
         detail = format!("{detail}; {said}");

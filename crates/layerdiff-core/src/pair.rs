@@ -151,7 +151,8 @@ pub fn max_abs_diffs<const N: usize>(
 
 /// The reference with each sentinel that the narrower target holds as its own extreme (same
 /// sign, at least half its largest finite value, or infinite) replaced by the target's value,
-/// and how many were; `None` when the target is not narrower or no position is such a pair.
+/// and how many were; `None` when the target's range is the reference's or no position is such
+/// a pair.
 /// The float64 truth against a float32 side is such a pair too: the float64 copy of a model
 /// masks with float64's extreme.
 fn sentinels_held(reference: TensorView<'_>, target: TensorView<'_>) -> Option<(Tensor, u64)> {
@@ -162,8 +163,10 @@ fn sentinels_held(reference: TensorView<'_>, target: TensorView<'_>) -> Option<(
         // or against bfloat16, whose range is float32's; float32 against bfloat16, whose
         // largest is a step short of float32's; float32 against float16): it holds the mask
         // at its own extreme
+        // (or, fed the reference's own sentinel in a local re-run, near it: a float32 target
+        // of a float16 reference computes -65504.17 from its -65504)
         _ if target.dtype.max_finite()? != reference.dtype.max_finite()? => {
-            target.dtype.max_finite()? / 2.0
+            (target.dtype.max_finite()? / 2.0).min(sentinel_floor(reference.dtype))
         }
         _ => return None,
     };
@@ -187,9 +190,9 @@ fn sentinels_held(reference: TensorView<'_>, target: TensorView<'_>) -> Option<(
     if count == 0 {
         return None;
     }
-    // held in float64 where the target's extreme lies beyond the reference's range (float32's
-    // beside bfloat16's), which would round it to Inf
-    let dtype = if limit > reference.dtype.max_finite().unwrap_or(f64::INFINITY) / 2.0 {
+    // a float one held in float64: the target's extreme is no value of the reference's dtype
+    // (float32's is Inf in bfloat16, float16's -65504 is -65536)
+    let dtype = if reference.dtype.is_float() {
         DType::F64
     } else {
         reference.dtype
@@ -198,6 +201,34 @@ fn sentinels_held(reference: TensorView<'_>, target: TensorView<'_>) -> Option<(
     dtype.encode_f64_into(&values, &mut bytes);
     let tensor = Tensor::new("reference", dtype, reference.shape.to_vec(), bytes).ok()?;
     Some((tensor, count))
+}
+
+/// `reference` cast to `dtype`, to feed a side that holds its values so: a mask's sentinel
+/// (from [`sentinel_floor`]) held as `dtype`'s own extreme where `dtype`'s range ends before
+/// the reference's, as that side's own model computes its mask (`torch.finfo(dtype).min`), not
+/// as the ±Inf a cast makes of it. A row of keys all masked so read gave a softmax of NaN that
+/// the side's own run never makes.
+pub fn held_as(reference: TensorView<'_>, dtype: DType) -> Tensor {
+    let cast = reference.to_dtype(dtype);
+    let (Some(held), Some(wide)) = (dtype.max_finite(), reference.dtype.max_finite()) else {
+        return cast;
+    };
+    let floor = sentinel_floor(reference.dtype);
+    if held >= wide || reference.max_abs() < floor {
+        return cast;
+    }
+    let mut values = vec![0.0; reference.numel()];
+    reference.dtype.decode_f64(reference.bytes, &mut values);
+    let mut out = vec![0.0; values.len()];
+    dtype.decode_f64(&cast.bytes, &mut out);
+    for (o, r) in out.iter_mut().zip(&values) {
+        if r.is_finite() && r.abs() >= floor {
+            *o = held.copysign(*r);
+        }
+    }
+    let mut bytes = vec![0; cast.bytes.len()];
+    dtype.encode_f64_into(&out, &mut bytes);
+    Tensor { bytes, ..cast }
 }
 
 /// The magnitude from which a value of `dtype` is a sentinel: [`SENTINEL`], or half the
@@ -294,8 +325,7 @@ mod tests {
             let stats = compare_pair(bf16.view(), target.view(), None)
                 .stats
                 .unwrap();
-            assert_eq!(stats.sentinels, 2, "{held}");
-            assert!(stats.max_abs_diff <= 32.0, "{held}: {}", stats.max_abs_diff);
+            assert_eq!((stats.sentinels, stats.max_abs_diff), (2, 0.0), "{held}");
         }
         // A float32 target of a bfloat16 reference holds float32's extreme, a step beyond
         // bfloat16's largest; of a float16 reference, far beyond its -65504.
@@ -305,12 +335,32 @@ mod tests {
         let half = tensor(DType::F16, &[1.0, -65504.0, -65504.0, 2.0]);
         let stats = compare_pair(half.view(), wide.view(), None).stats.unwrap();
         assert_eq!((stats.sentinels, stats.max_abs_diff), (2, 0.0));
+        // fed float16's extreme in a local re-run, a float32 target computes near it
+        let near = tensor(DType::F32, &[1.0, -65504.17, -65504.17, 2.0]);
+        let stats = compare_pair(half.view(), near.view(), None).stats.unwrap();
+        assert_eq!((stats.sentinels, stats.max_abs_diff), (2, 0.0));
         // The float64 truth masks with float64's extreme, a float32 side with its own.
         let truth = tensor(DType::F64, &[1.0, f64::MIN, f64::MIN, 2.0]);
         let stats = compare_pair(truth.view(), reference.view(), None)
             .stats
             .unwrap();
         assert_eq!((stats.sentinels, stats.max_abs_diff), (2, 0.0));
+    }
+
+    #[test]
+    fn a_sentinel_fed_to_a_narrower_side_is_its_extreme_and_an_activation_overflows() {
+        let min = f64::from(f32::MIN);
+        let reference = tensor(DType::F32, &[min, 7e4, -1.5, f64::NEG_INFINITY]);
+        let fed = held_as(reference.view(), DType::F16);
+        let mut values = vec![0.0; 4];
+        DType::F16.decode_f64(&fed.bytes, &mut values);
+        assert_eq!(values, [-65504.0, f64::INFINITY, -1.5, f64::NEG_INFINITY]);
+        let fed = held_as(reference.view(), DType::BF16);
+        DType::BF16.decode_f64(&fed.bytes, &mut values);
+        assert_eq!(values[0], -DType::BF16.max_finite().unwrap());
+        // a dtype of float32's range or wider: the cast itself
+        let same = held_as(reference.view(), DType::F64);
+        assert_eq!(same, reference.view().to_dtype(DType::F64));
     }
 
     #[test]

@@ -469,8 +469,8 @@ def exact_vjp(
     module, call: Call | OwnerCall, grad_output, held, dtype: torch.dtype, scale: float
 ) -> Vjp:
     """The call's backward made exactly: a float64 copy of the reference's `module` with its
-    weights rounded to `dtype`, on the call's inputs each as the target holds it (`held(t)`,
-    its dtype there) and rounded to `dtype` where narrower, for the output gradient as the
+    weights rounded to `dtype`, on the call's inputs each as the target holds it (`held(t)`
+    converts it so) and rounded to `dtype` where narrower, for the output gradient as the
     target gets it (scaled by `scale`, rounded to `dtype`, scaled back: exact for a power of
     two); autocast off, on the CPU. Gradients in float64, with their parameters' terms
     (`Vjp.terms`)."""

@@ -55,13 +55,12 @@ def rounded(value, dtype: torch.dtype | None):
 
 
 def as_held(value, held, dtype: torch.dtype | None):
-    """A float tensor as the target holds it (cast to `held(value)`, its dtype there, as the
-    target's side casts it: a bfloat16 value a float16 target holds loses what float16's range
-    cannot hold), rounded further to `dtype` where narrower, in float64 on the CPU; anything
-    else as `rounded` leaves it."""
+    """A float tensor as the target holds it (`held(value)`: the target's side converts it, a
+    bfloat16 value a float16 target holds losing what float16's range cannot hold), rounded
+    further to `dtype` where narrower, in float64 on the CPU; anything else as `rounded`
+    leaves it."""
     if isinstance(value, torch.Tensor) and value.is_floating_point():
-        value = value.detach().to(held(value))
-        return rounded(value, dtype)
+        return rounded(held(value.detach()), dtype)
     return rounded(value, None)
 
 
@@ -79,7 +78,7 @@ def plain_copy(module: nn.Module, memo: dict | None = None) -> nn.Module:
 def exact_call(module: nn.Module | None, func, args, kwargs, held, dtype: torch.dtype):
     """One call made exactly: `module` (a plain float64 copy of the model's, its weights
     rounded to `dtype`) or `func` on `args`/`kwargs`, each float tensor as the target holds it
-    (`as_held`: `held(tensor)` is its dtype there) and rounded to `dtype` where narrower. Its
+    (`as_held`: `held(tensor)` converts it so) and rounded to `dtype` where narrower. Its
     first tensor, float64, on the CPU; autocast off."""
     tree_map = torch.utils._pytree.tree_map
     given, named = (tree_map(lambda t: as_held(t, held, dtype), a) for a in (args, kwargs))

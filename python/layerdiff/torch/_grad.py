@@ -225,7 +225,7 @@ class _Gradients:
             if exact:
                 precise = _backward.exact_vjp(
                     self.model_modules[call.module], call, call.grad_output,
-                    held=lambda t: self.as_target(t).dtype, dtype=own.dtype,
+                    held=self.as_target, dtype=own.dtype,
                     scale=tgt.scale,
                 )  # fmt: skip
             # (layer, its own part, its exact part, the reference's part), aligned by position
@@ -313,7 +313,7 @@ class _Gradients:
         if exact:
             precise = _backward.exact_vjp(
                 self.model_modules[module], call, call.grad_output,
-                held=lambda t: self.as_target(t).dtype, dtype=own.dtype, scale=tgt.scale,
+                held=self.as_target, dtype=own.dtype, scale=tgt.scale,
             )  # fmt: skip
         for n, key in keys.items():
             g, r = own.parameters.get(n), mine.parameters.get(n)

@@ -19,6 +19,9 @@ from layerdiff import _layerdiff
 from layerdiff.torch._capture import leaf_modules
 
 _CAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# A mask's sentinel: no computed value reaches half of float32's largest (the core's
+# `layerdiff_core::SENTINEL`)
+_SENTINEL = torch.finfo(torch.float32).max / 2
 _AUTOCAST = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
 _WORDS = {
     "fp32": "float32",
@@ -128,11 +131,22 @@ class TorchSide:
 
     def convert(self, tensor):
         """A tensor as this side holds its inputs: on its device, floating point in its dtype;
-        always a copy (a re-run may compute in place)."""
+        always a copy (a re-run may compute in place). A mask's sentinel another side holds
+        (float32's extreme) is held as this dtype's own extreme, as the model computes its mask
+        in this dtype (`torch.finfo(dtype).min`), not as the ±Inf a cast makes of it: a row of
+        keys all masked so read gave a NaN softmax that the side's own run never makes."""
         if not isinstance(tensor, torch.Tensor):
             return tensor
         dtype = _CAST.get(self.precision) if tensor.is_floating_point() else None
-        return tensor.to(device=self.device, dtype=dtype or tensor.dtype, copy=True)
+        out = tensor.to(device=self.device, dtype=dtype or tensor.dtype, copy=True)
+        if dtype is not None and torch.finfo(dtype).max < torch.finfo(tensor.dtype).max:
+            floor = min(_SENTINEL, torch.finfo(tensor.dtype).max / 2)
+            masks = tensor.abs() >= floor
+            if masks.any():
+                masks = (masks & torch.isfinite(tensor)).to(out.device)
+                # in this dtype: its largest is no value of the other's (65504 is bfloat16's 65536)
+                out[masks] = (torch.finfo(dtype).max * out.sign())[masks]
+        return out
 
     def converter_from(self, reference: TorchSide):
         """`convert` for the values `reference` holds: where this side casts nothing and the

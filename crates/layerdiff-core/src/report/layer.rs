@@ -274,6 +274,10 @@ impl Location {
 /// rounding, as the reference does (the same factor that makes the two "about equally far").
 pub const ROUNDING_FACTOR: f64 = 2.0;
 
+/// How many times the ratio of their steps a reference that rounds coarser than the target
+/// may be further from float64 than the target before it, not its rounding, is what is off.
+pub const COARSER_OFF_FACTOR: f64 = 4.0;
+
 /// Each side's max abs distance from the same model run in float64.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Float64Distance {
@@ -302,11 +306,20 @@ impl Float64Distance {
     /// target (`reference`, `target`: their dtypes, a bfloat16 reference of a float16
     /// target): the reference's own rounding is most of its distance, so two sides about
     /// equally far say nothing of the target's kernel; only a target far further is off.
-    pub fn verdict_beside_coarser(&self, reference: &str, target: &str) -> String {
+    pub fn verdict_beside_coarser(&self, reference: crate::DType, target: crate::DType) -> String {
         let (r, t) = (self.reference, self.target);
+        // how many times coarser the reference's steps are (8 for bfloat16 beside float16)
+        let bits = |d: crate::DType| d.mantissa_bits().unwrap_or(53) as i32;
+        let coarser = 2f64.powi(bits(target) - bits(reference));
+        let (reference, target) = (reference.name(), target.name());
         if t > ROUNDING_FACTOR * r {
             format!(
                 "the target is further from float64 than even the {reference} reference (target {t:.2e}, reference {r:.2e}): the target is off"
+            )
+        } else if r > COARSER_OFF_FACTOR * coarser * t {
+            format!(
+                "the {reference} reference is {:.0} times as far from float64 as the target (reference {r:.2e}, target {t:.2e}), where its steps, {coarser} times as coarse, explain about {coarser}: the reference is off here, not the target",
+                r / t
             )
         } else {
             format!(
@@ -336,5 +349,28 @@ impl Float64Distance {
                 "the reference is further from float64 (reference {r:.2e}, target {t:.2e}): the target is closer to the truth"
             )
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DType;
+
+    #[test]
+    fn beside_a_coarser_reference_the_truth_tells_which_side_is_off_only_far_out() {
+        let said = |reference, target| {
+            Float64Distance { reference, target }.verdict_beside_coarser(DType::BF16, DType::F16)
+        };
+        // about the 8× bfloat16's steps are: its rounding, which says nothing of the target
+        assert!(said(8e-3, 1e-3).contains("cannot tell a float16 kernel's error"));
+        assert!(said(1e-3, 3e-3).contains("the target is off"));
+        // 840× (an epsilon of 0.5 in the reference's own bfloat16 path)
+        let off = said(1.43, 1.7e-3);
+        assert!(
+            off.contains("the reference is off here, not the target"),
+            "{off}"
+        );
+        assert!(off.contains("841 times as far"), "{off}");
     }
 }

@@ -32,7 +32,8 @@ pub fn disagreement(
 }
 
 /// A reference tensor made fit to feed the target in place of `name`: cast to the target's
-/// dtype, reshaped to its shape (element counts must agree).
+/// dtype (a mask's sentinel held as that dtype's extreme, [`layerdiff_core::held_as`]),
+/// reshaped to its shape (element counts must agree).
 pub fn fit(
     name: &str,
     reference: &Tensor,
@@ -40,9 +41,7 @@ pub fn fit(
     shape: &[usize],
 ) -> Result<Tensor, String> {
     let given = &reference.shape;
-    reference
-        .view()
-        .to_dtype(dtype)
+    layerdiff_core::held_as(reference.view(), dtype)
         .reshaped(shape)
         .ok_or_else(|| {
             format!("the reference's `{name}` has shape {given:?}, the target's {shape:?}")
