@@ -63,6 +63,16 @@ pub fn keep_float32(report: &Report, precision: &str) -> Option<KeepFloat32> {
     if output_fine {
         return None;
     }
+    // A reference that rounds as coarsely itself (a bfloat16 reference of a float16 target):
+    // the drift is its rounding, which no target layer kept in float32 takes away.
+    let wanted = crate::DType::from_name(precision).ok()?;
+    let coarse_reference = report.layers.iter().any(|l| {
+        l.target_dtype.as_deref() == Some(precision)
+            && crate::DType::from_name(&l.dtype).is_ok_and(|r| !wanted.narrower_than(r))
+    });
+    if coarse_reference {
+        return None;
+    }
     // whose rounding the drift is: the origin's own, or the one it amplifies
     let origin = drift.source.as_deref().or(drift.origin.as_deref());
     let mut ranked: Vec<(u64, f64, &Layer, String)> = Vec::new();

@@ -37,9 +37,6 @@ from layerdiff.torch._sides import TorchSide, cuda_math
 from layerdiff.torch._streamed import is_streamed
 from layerdiff.torch._widened import held
 
-# significand bits of the lower dtypes a side computes in (`TorchSide.lower`)
-_WIDTHS = {"bfloat16": 8, "float16": 11}
-
 
 def compare_torch(
     model,
@@ -139,10 +136,7 @@ def compare_torch(
             bisected = True
         else:
             report.notes.append(plan.note)
-    # against a reference that rounds as coarsely or more (a bfloat16 reference of float16),
-    # a target's layers kept in float32 cannot take the drift away: its rounding is not there
-    coarse = _WIDTHS.get(ref_side.lower, 24) <= _WIDTHS.get(tgt_side.lower, 24) < 24
-    if tgt_side.lower is not None and not bisected and not coarse:
+    if tgt_side.lower is not None and not bisected:
         report = _precision.checked_advice(
             report, keep_fp32, tgt_side.lower,
             lambda kept: once(keep=_precision.kept_modules(once.listed, kept)),

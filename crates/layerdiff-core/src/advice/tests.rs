@@ -73,6 +73,18 @@ fn the_layer_that_overflows_is_kept_not_the_one_that_inherits() {
 }
 
 #[test]
+fn against_a_reference_that_rounds_as_coarsely_nothing_is_advised() {
+    // the same drift, its reference in bfloat16: the rounding is the reference's too, and no
+    // float16 layer kept in float32 takes it away
+    let mut coarse = report(true);
+    for l in &mut coarse.layers {
+        l.dtype = "bfloat16".to_string();
+    }
+    assert!(keep_float32(&coarse, "float16").is_none());
+    assert!(keep_float32(&report(true), "float16").is_some());
+}
+
+#[test]
 fn a_check_that_changes_nothing_says_so() {
     let before = report(true);
     let check = check_advice(&before, &before.clone(), vec!["b".to_string()]);
