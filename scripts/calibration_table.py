@@ -58,6 +58,15 @@ def row(what: str, target: str, report, seconds: float, expected: str = "no defe
     )
 
 
+def unclean(report, target: str) -> str:
+    """What a clean run says that it should not, besides a defect, in words for its row: an
+    approximation by PyTorch's own kernels (the honest ones the rule is drawn from), or exit 1
+    without a defect (an overflow, an undecided run)."""
+    if target.startswith("torch") and report.summary.get("approximations"):
+        return " **an approximation in a PyTorch target**"
+    return " **exit 1**" if getattr(report, "exit", None) == 1 else ""
+
+
 def headline(report: dict) -> str | None:
     """The layer a report's headline names: its first defect, else its first approximation."""
     s = report["summary"]

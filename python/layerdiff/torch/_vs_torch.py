@@ -276,8 +276,7 @@ def _stream(
     if target.model is None:
         raise _layerdiff.InputError(f"the target `{tgt_side.spelling}` {target.error}")
     modules = dict(leaf_modules(target.model, whole))
-    # the model's own modules, whose weights the exact baseline rounds to the target's dtype:
-    # the reference's where it is the model (a bfloat16 reference holds its own rounding)
+    # the model's own modules, for the exact baseline (never a cast reference's: its rounding)
     originals = dict(leaf_modules(ref_model if ref_side.plain else model, whole))
     # Each re-run is made twice where the side may disagree with itself: how far the two
     # disagree is its own nondeterminism at that layer, handed over with the layer.

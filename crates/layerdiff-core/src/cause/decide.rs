@@ -250,16 +250,10 @@ fn not_narrow(b: &crate::Baseline) -> String {
     )
 }
 
-/// The verdict of a layer whose own error was measured against the same-precision baseline.
-pub(super) fn against_baseline(
-    layer: &Layer,
-    b: &crate::Baseline,
-    e: &Evidence,
-    lower: Option<DType>,
-) -> (Cause, String, Finding) {
-    // the own error the multiple judged: from the exact value where the reference rounds
-    // coarser than the grid, else from the reference
-    let (own, from) = match (&b.from_exact, &layer.local) {
+/// The own error a baseline's multiple judged, its max and mean, and from what in words: from
+/// the exact value where the reference rounds coarser than the grid, else from the reference.
+fn judged_own(layer: &Layer, b: &crate::Baseline) -> ((f64, f64), String) {
+    match (&b.from_exact, &layer.local) {
         (Some(x), _) => (
             (x.max_abs_diff, x.mean_abs_diff),
             format!(
@@ -273,7 +267,17 @@ pub(super) fn against_baseline(
                 .map_or((0.0, 0.0), |s| (s.max_abs_diff, s.mean_abs_diff)),
             String::new(),
         ),
-    };
+    }
+}
+
+/// The verdict of a layer whose own error was measured against the same-precision baseline.
+pub(super) fn against_baseline(
+    layer: &Layer,
+    b: &crate::Baseline,
+    e: &Evidence,
+    lower: Option<DType>,
+) -> (Cause, String, Finding) {
+    let (own, from) = judged_own(layer, b);
     // the multiple is the larger of the target's to the honest kernel's, at the maxima and
     // on average: both are here
     let numbers = format!(
