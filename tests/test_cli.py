@@ -34,6 +34,23 @@ def test_builder_file_writes_reports_and_inputs(tmp_path):
     assert (tmp_path / "model.onnx").is_file()
 
 
+def test_a_builder_file_imports_the_files_beside_it(tmp_path):
+    """As `python file.py` would: its folder comes first on the path, wherever layerdiff runs."""
+    (tmp_path / "blocks.py").write_text(
+        "import torch\n"
+        "def mlp():\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()\n"
+    )
+    (tmp_path / "build.py").write_text(
+        "import torch\nfrom blocks import mlp\n"
+        "def build():\n"
+        "    torch.manual_seed(0)\n"
+        "    return mlp(), (torch.randn(2, 4),)\n"
+    )
+    result = run_cli("torch", f"{tmp_path}/build.py:build", "--target", "torch", "-q")
+    assert result.returncode == 0, result.stderr
+
+
 def test_same_seed_gives_the_same_report_bytes(tmp_path):
     for run in ("a", "b"):
         result = run_cli("torch", f"{TWICE}:build", "--json", str(tmp_path / f"{run}.json"), "-q")

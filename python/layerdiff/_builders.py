@@ -18,6 +18,11 @@ def builder_function(spec: str):
         path = Path(target)
         if not path.is_file():
             raise _layerdiff.UsageError(f"builder file `{target}` does not exist")
+        # its folder first on the path, as `python file.py` puts it: a builder imports the
+        # files beside it (its model's code), then or when it is called
+        folder = str(path.resolve().parent)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
         try:
             module = import_file(f"_layerdiff_builder_{path.stem}", path)
         except Exception as e:
