@@ -122,6 +122,10 @@ def test_a_pytorch_target_keeps_modules_in_float32(overflow):
     model, inputs = overflow
     report = compare_torch(model, inputs, target="torch:fp16")
     assert report.layer("up")["target_dtype"] == "float16"
+    # a layer the target overflows is not closer to float64 for it (its NaN read as 0 there)
+    norm = report.layer("norm")
+    assert norm["float64"]["target"] == "inf", norm["float64"]
+    assert "the target is closer to the truth" not in norm["detail"], norm["detail"]
     check = keep(report)["check"]
     assert check["output_nonfinite_before"] == 40 and check["output_nonfinite_after"] == 0
 

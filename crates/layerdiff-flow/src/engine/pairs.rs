@@ -202,6 +202,13 @@ fn compare_values(
     layer.accumulated = outcome.stats;
     layer.target_shape = outcome.target_shape;
     layer.target_dtype = outcome.target_dtype;
+    // A target that overflows where the reference is finite is no closer to the truth for it:
+    // the distances leave NaN out, and a layer all NaN read 0, "the target is closer".
+    if let (Some(f), Some(s)) = (layer.float64.as_mut(), layer.accumulated.as_ref())
+        && s.nonfinite_target() > 0
+    {
+        f.target = f64::INFINITY;
+    }
 }
 
 /// What a layer's comparison judges each element against: the layer's bound, and the steps of
