@@ -68,7 +68,17 @@ pub fn summarise(layers: &mut [Layer]) -> Summary {
             }
         })
     };
-    let max_abs = |l: &Layer| l.accumulated.as_ref().map_or(0.0, |s| s.max_abs_diff);
+    // a NaN on one side only is as far as values get (its difference is left out of the
+    // figure, and a layer all NaN read 0)
+    let max_abs = |l: &Layer| {
+        l.accumulated.as_ref().map_or(0.0, |s| {
+            if s.nan_mismatch > 0 {
+                f64::INFINITY
+            } else {
+                s.max_abs_diff
+            }
+        })
+    };
     let mean_abs = |l: &Layer| l.accumulated.as_ref().map_or(0.0, |s| s.mean_abs_diff);
     let mut most_own_error: Vec<WorstLayer> = layers
         .iter()
@@ -388,6 +398,22 @@ mod tests {
         assert_eq!(
             not_compared_reasons(&layers),
             "not compared: 2 × fused into `…` at export (FuseBatchNormIntoConv); 1 × call 1 of `…`, but the graph holds 2 output(s) for that module, none of them a float32…"
+        );
+    }
+
+    #[test]
+    fn a_layer_all_nan_on_one_side_is_the_largest_difference_not_none() {
+        let t = |v: &[f64]| crate::Tensor::from_f64(DType::F32, v);
+        let (fine, near, nan) = (t(&[1.0, 2.0]), t(&[1.0, 2.5]), t(&[f64::NAN, f64::NAN]));
+        let mut layers = vec![
+            layer("drifts", fine.view(), near.view()),
+            layer("all NaN", fine.view(), nan.view()),
+        ];
+        let summary = analyse(&mut layers, Tolerance::Fixed(1e-4));
+        let worst = summary.worst.max_abs_diff.unwrap();
+        assert_eq!(
+            (worst.layer.as_str(), worst.value),
+            ("all NaN", f64::INFINITY)
         );
     }
 
