@@ -73,6 +73,22 @@ def test_a_checkpoint_held_one_module_at_a_time_against_a_lower_precision_report
     assert all(p.device.type == "meta" for p in model.parameters())
 
 
+@pytest.mark.parametrize("name", ["llama", "wide"])
+def test_against_a_coarser_reference_a_streamed_checkpoint_reports_as_whole(checkpoint, wide, name):
+    """A bfloat16 reference of a float16 target: the exact baseline reads the model's own
+    weights (from the files, where it is held one module at a time), not the reference's."""
+    from layerdiff.torch import compare_torch
+
+    folder = wide if name == "wide" else checkpoint(name)
+    sides = {"target": "torch:fp16", "reference": "torch:bf16", "seed": 0}
+    whole = compare_torch(folder, **sides)
+    model, inputs = _streamed(folder)
+    streamed = compare_torch(model, inputs, **sides)
+    assert streamed.summary["defects"] == [] and streamed.summary["verdict"] == "precision"
+    assert _data(streamed) == _data(whole)
+    assert all(p.device.type == "meta" for p in model.parameters())
+
+
 def test_a_fault_in_one_target_module_of_a_streamed_checkpoint_is_found_there(
     wide, monkeypatch, tmp_path
 ):

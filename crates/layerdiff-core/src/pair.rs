@@ -213,10 +213,18 @@ pub fn held_as(reference: TensorView<'_>, dtype: DType) -> Tensor {
     let (Some(held), Some(wide)) = (dtype.max_finite(), reference.dtype.max_finite()) else {
         return cast;
     };
-    let floor = sentinel_floor(reference.dtype);
-    if held >= wide || reference.max_abs() < floor {
+    // a sentinel is an infinity the cast made: found on the cast's own bits (a half of what
+    // the reference reads, one pass, for every value a local re-run is fed), the rest untouched
+    let infinity = match dtype {
+        DType::F16 => 0x7C00u16,
+        DType::BF16 => 0x7F80,
+        _ => return cast, // no narrower float range a model runs in
+    };
+    let cast_inf = |c: &[u8]| u16::from_le_bytes([c[0], c[1]]) & 0x7FFF == infinity;
+    if held >= wide || !cast.bytes.chunks_exact(2).any(cast_inf) {
         return cast;
     }
+    let floor = sentinel_floor(reference.dtype);
     let mut values = vec![0.0; reference.numel()];
     reference.dtype.decode_f64(reference.bytes, &mut values);
     let mut out = vec![0.0; values.len()];

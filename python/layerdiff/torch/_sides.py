@@ -139,13 +139,13 @@ class TorchSide:
             return tensor
         dtype = _CAST.get(self.precision) if tensor.is_floating_point() else None
         out = tensor.to(device=self.device, dtype=dtype or tensor.dtype, copy=True)
-        if dtype is not None and torch.finfo(dtype).max < torch.finfo(tensor.dtype).max:
+        narrower = dtype is not None and torch.finfo(dtype).max < torch.finfo(tensor.dtype).max
+        # a sentinel is an infinity the cast made: looked for on the cast's values, the rest kept
+        if narrower and torch.isinf(out).any():
             floor = min(_SENTINEL, torch.finfo(tensor.dtype).max / 2)
-            masks = tensor.abs() >= floor
-            if masks.any():
-                masks = (masks & torch.isfinite(tensor)).to(out.device)
-                # in this dtype: its largest is no value of the other's (65504 is bfloat16's 65536)
-                out[masks] = (torch.finfo(dtype).max * out.sign())[masks]
+            masks = (torch.isfinite(tensor) & (tensor.abs() >= floor)).to(out.device)
+            # in this dtype: its largest is no value of the other's (65504 is bfloat16's 65536)
+            out[masks] = (torch.finfo(dtype).max * out.sign())[masks]
         return out
 
     def converter_from(self, reference: TorchSide):
