@@ -306,7 +306,6 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             return Ok(());
         }
         let part = whole.target.clone();
-        memory::give_back_freed();
         self.target
             .produce(&part, true, &mut self.clock, "target run")?;
         self.target_ahead = Some(part);

@@ -266,14 +266,25 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                 truth.free(&self.reference_values[segment.layers.clone()]);
             }
         }
-        // What the segment freed goes back to the system before the next one takes its own.
-        // glibc raises its mmap threshold (up to 32 MB) each time a large block is freed, so
-        // later values of a few megabytes come from the heap, which keeps what they free: in a
-        // segmented `layerdiff torch` run of the decoder at 4 × 1024 tokens the low point
-        // between segments climbed from 4.6 to 10.3 GB and the peak reached 14.4 GB; with this,
-        // 10.6 GB and no slower. (A fixed 1 MiB threshold gave 10.1 GB, but every value was then
-        // a fresh mapping: ResNet-18 ran 1.5× slower.)
-        crate::engine::memory::give_back_freed();
+        // Where the budget cut the run, what the segment freed goes back to the system before
+        // the next one takes its own. glibc raises its mmap threshold (up to 32 MB) each time a
+        // large block is freed, so later values of a few megabytes come from the heap, which
+        // keeps what they free: in a segmented `layerdiff torch` run of the decoder at 4 × 1024
+        // tokens the low point between segments climbed from 4.6 to 10.3 GB and the peak
+        // reached 14.4 GB; with this, 10.6 GB and no slower. (A fixed 1 MiB threshold gave
+        // 10.1 GB, but every value was then a fresh mapping: ResNet-18 ran 1.5× slower.)
+        // A run whose values fit the budget whole keeps what a stretch freed for the next,
+        // which takes about as much again (see `memory::give_back_freed`).
+        if self.budget_cut_the_run() {
+            crate::engine::memory::give_back_freed();
+        }
+    }
+
+    /// Whether the budget cut the run into segments: only then is memory freed between them
+    /// handed back to the system (a run whose values fit the budget is one segment, however
+    /// the stream then splits it into stretches).
+    pub(super) fn budget_cut_the_run(&self) -> bool {
+        self.reported.segments > 1
     }
 }
 
@@ -284,8 +295,8 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         if self.deferred.is_empty() {
             return;
         }
+        // (one segment: what the stretches freed is kept for the session, see `free_segment`)
         let deferred = std::mem::take(&mut self.deferred);
-        crate::engine::memory::give_back_freed();
         let whole = self
             .target_ahead
             .as_ref()
