@@ -188,6 +188,9 @@ pub struct Engine<R: Side, T: Side, F: Side = Box<dyn Side>> {
     reported: Segmentation,
     /// The plan that replaces a one-segment plan once the target ran ahead.
     streamed: Option<Plan>,
+    /// Whether memory freed between segments goes back to the system (see
+    /// [`memory::hands_back_freed`]).
+    hands_back_freed: bool,
     done: usize,
     /// The target already ran the whole graph, this part of it (see
     /// [`Engine::run_target_ahead`]).
@@ -260,6 +263,7 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             reference_of,
             target_of,
             groups,
+            hands_back_freed: memory::hands_back_freed(&plan.segmentation()),
             reported: memory::Segmentation {
                 process,
                 ..plan.segmentation()

@@ -254,17 +254,25 @@ pub fn heap_for_streaming() {
     }
 }
 
+/// Whether a run split as `split` hands the memory freed between its segments back to the
+/// system ([`give_back_freed`]): where the budget cut it, or where its values in all would not
+/// fit the budget a run is given by default (a budget given that holds more than the machine
+/// could). A run within both keeps what a stretch freed for the next.
+pub fn hands_back_freed(split: &Segmentation) -> bool {
+    split.segments > 1 || DefaultBudget::now().is_none_or(|d| split.total_bytes > d.values(0))
+}
+
 /// Hands the heap memory freed so far back to the system. glibc keeps freed memory for reuse
 /// (more so across threads' arenas), so a process that is about to take a big new block (a
 /// runtime's copy of the model) would otherwise hold both. Elsewhere, nothing to do.
 ///
-/// The engine calls it between segments only where the budget cut the run: taking memory back
+/// The engine calls it between segments only where [`hands_back_freed`] says: taking memory back
 /// costs a page fault and a zeroed page for every 4 KB, and on a virtual machine whose host
 /// reclaims the pages its guest frees (free page reporting, as on the 2-core machines `make
 /// bench` runs on) about 3 s per GiB, against 0.15 s for memory used before. Handing back what
 /// each stretch of a 581M decoder's one-segment run freed cost 2 s of its 23 s (second runs
 /// 2.5-2.9 s, 1.7-2.1 s without); keeping it raised the peak by 0.3-0.6 GB (5.4 to 5.7-6.0),
-/// within a budget that holds the whole run.
+/// within the default budget, which holds the whole run.
 pub fn give_back_freed() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
@@ -281,6 +289,25 @@ pub fn give_back_freed() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_freed_between_stretches_is_kept_only_by_a_run_that_fits_the_machine_whole() {
+        let split = |segments, total_bytes| Segmentation {
+            segments,
+            total_bytes,
+            peak_bytes: total_bytes,
+            process: None,
+            weights_counted: false,
+        };
+        // cut by the budget: handed back between segments, as the low point needs
+        assert!(hands_back_freed(&split(3, 1 << 20)));
+        // one segment, but more values than the machine could hold (`--max-memory 1T`)
+        assert!(hands_back_freed(&split(1, u64::MAX / 2)));
+        // one segment of a few megabytes: kept for the next stretch, where /proc tells
+        if DefaultBudget::now().is_some() {
+            assert!(!hands_back_freed(&split(1, 1 << 20)));
+        }
+    }
 
     #[test]
     fn weights_are_streamed_above_the_budget_given_and_held_whole_below_it() {

@@ -273,18 +273,12 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         // tokens the low point between segments climbed from 4.6 to 10.3 GB and the peak
         // reached 14.4 GB; with this, 10.6 GB and no slower. (A fixed 1 MiB threshold gave
         // 10.1 GB, but every value was then a fresh mapping: ResNet-18 ran 1.5× slower.)
-        // A run whose values fit the budget whole keeps what a stretch freed for the next,
-        // which takes about as much again (see `memory::give_back_freed`).
-        if self.budget_cut_the_run() {
+        // A run whose values fit the budget whole, and half the machine's memory, keeps what a
+        // stretch freed for the next, which takes about as much again (see
+        // `memory::give_back_freed`).
+        if self.hands_back_freed {
             crate::engine::memory::give_back_freed();
         }
-    }
-
-    /// Whether the budget cut the run into segments: only then is memory freed between them
-    /// handed back to the system (a run whose values fit the budget is one segment, however
-    /// the stream then splits it into stretches).
-    pub(super) fn budget_cut_the_run(&self) -> bool {
-        self.reported.segments > 1
     }
 }
 
