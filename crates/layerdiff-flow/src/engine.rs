@@ -310,6 +310,9 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             return Ok(());
         }
         let part = whole.target.clone();
+        if self.hands_back_freed {
+            memory::give_back_freed();
+        }
         self.target
             .produce(&part, true, &mut self.clock, "target run")?;
         self.target_ahead = Some(part);

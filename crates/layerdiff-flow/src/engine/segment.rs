@@ -289,8 +289,11 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         if self.deferred.is_empty() {
             return;
         }
-        // (one segment: what the stretches freed is kept for the session, see `free_segment`)
         let deferred = std::mem::take(&mut self.deferred);
+        // (what the stretches freed, kept where the run fits: the session takes it)
+        if self.hands_back_freed {
+            crate::engine::memory::give_back_freed();
+        }
         let whole = self
             .target_ahead
             .as_ref()
