@@ -63,7 +63,7 @@ pub use machine::Machine;
 pub use measure::Measure;
 pub use npz::{parse_npz, read_npz};
 pub use op_check::{OpBound, OpCheck, OpWorst, check_op, check_op_in};
-pub use pair::{PairOutcome, compare_pair, held_as, max_abs_diffs};
+pub use pair::{PairOutcome, SENTINEL, compare_pair, held_as, max_abs_diffs};
 pub use quantized::{
     QUANTIZED_MAX_STEPS, QUANTIZED_MEAN_STEPS, Quantization, SATURATION_LIMIT, assess_quantized,
 };

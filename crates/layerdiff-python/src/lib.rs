@@ -224,6 +224,8 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("DEFAULT_TOLERANCE", layerdiff_core::DEFAULTS_TEXT)?;
     m.add("AUTO_FACTOR", layerdiff_core::AUTO_FACTOR)?;
+    // the magnitude from which a float32 value is a mask's sentinel (PyTorch sides hold it so)
+    m.add("SENTINEL", layerdiff_core::SENTINEL)?;
     m.add_class::<Report>()?;
     m.add_class::<report::BisectionPlan>()?;
     m.add_class::<Ticker>()?;

@@ -19,9 +19,6 @@ from layerdiff import _layerdiff
 from layerdiff.torch._capture import leaf_modules
 
 _CAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
-# A mask's sentinel: no computed value reaches half of float32's largest (the core's
-# `layerdiff_core::SENTINEL`)
-_SENTINEL = torch.finfo(torch.float32).max / 2
 _AUTOCAST = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
 _WORDS = {
     "fp32": "float32",
@@ -142,7 +139,7 @@ class TorchSide:
         narrower = dtype is not None and torch.finfo(dtype).max < torch.finfo(tensor.dtype).max
         # a sentinel is an infinity the cast made: looked for on the cast's values, the rest kept
         if narrower and torch.isinf(out).any():
-            floor = min(_SENTINEL, torch.finfo(tensor.dtype).max / 2)
+            floor = min(_layerdiff.SENTINEL, torch.finfo(tensor.dtype).max / 2)
             masks = (torch.isfinite(tensor) & (tensor.abs() >= floor)).to(out.device)
             # in this dtype: its largest is no value of the other's (65504 is bfloat16's 65536)
             out[masks] = (torch.finfo(dtype).max * out.sign())[masks]

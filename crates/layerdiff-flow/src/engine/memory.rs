@@ -267,9 +267,10 @@ pub fn hands_back_freed(split: &Segmentation) -> bool {
 /// runtime's copy of the model) would otherwise hold both. Elsewhere, nothing to do.
 ///
 /// The engine calls it between segments only where [`hands_back_freed`] says: taking memory back
-/// costs a page fault and a zeroed page for every 4 KB, and on a virtual machine whose host
-/// reclaims the pages its guest frees (free page reporting, as on the 2-core machines `make
-/// bench` runs on) about 3 s per GiB, against 0.15 s for memory used before. Handing back what
+/// costs a page fault and a zeroed page for every 4 KB, and far more on a virtual machine whose
+/// host backs the guest's memory only when it is first touched and can take freed pages back
+/// (on the 2-core VM `make bench` last ran on: about 3 s per GiB never touched, 0.15 s for
+/// memory used before). Handing back what
 /// each stretch of a 581M decoder's one-segment run freed cost 2 s of its 23 s (second runs
 /// 2.5-2.9 s, 1.7-2.1 s without); keeping it raised the peak by 0.3-0.6 GB (5.4 to 5.7-6.0),
 /// within the default budget, which holds the whole run.
