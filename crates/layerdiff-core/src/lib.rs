@@ -9,6 +9,7 @@ mod baseline;
 mod bisect;
 mod cause;
 mod compare;
+mod digest;
 mod dtype;
 mod error;
 mod fingerprint;
@@ -52,6 +53,7 @@ pub use compare::{
     Judge, PERCENTILE_RESOLUTION, Rounding, Stats, THRESHOLDS, Worst, compare, compare_judged,
     within,
 };
+pub use digest::Digest;
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use fingerprint::{Fingerprint, SAME_VALUE};

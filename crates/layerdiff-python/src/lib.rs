@@ -121,6 +121,38 @@ fn write_safetensors(py: Python<'_>, path: PathBuf, tensors: Vec<FlatTensor<'_>>
         .map_err(to_py_err)
 }
 
+/// A running digest of bytes, for the keys of what is kept between runs (the core's BLAKE3
+/// [`layerdiff_core::Digest`]; a large buffer is hashed on every core, the GIL released).
+#[pyclass(module = "layerdiff._layerdiff")]
+#[derive(Default)]
+struct Digest(layerdiff_core::Digest);
+
+#[pymethods]
+impl Digest {
+    #[new]
+    fn new() -> Self {
+        Self::default()
+    }
+    /// Adds `data`: bytes, or a contiguous uint8 numpy array (a tensor's bytes, not copied).
+    fn update(&mut self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        if let Ok(bytes) = data.cast::<pyo3::types::PyBytes>() {
+            self.0.update(bytes.as_bytes());
+            return Ok(());
+        }
+        let array: numpy::PyReadonlyArray1<'_, u8> = data.extract()?;
+        let bytes = array.as_slice().map_err(|e| {
+            exceptions::InputError::new_err(format!("the bytes to digest are not contiguous: {e}"))
+        })?;
+        let digest = &mut self.0;
+        py.detach(|| digest.update(bytes));
+        Ok(())
+    }
+    /// The digest of everything added, as 64 hex characters.
+    fn hexdigest(&self) -> String {
+        self.0.hex()
+    }
+}
+
 /// A flat tensor's fingerprint, `(element count, samples)`: what pairs a layer with an ONNX
 /// value by value where the file names no module scope.
 #[pyfunction]
@@ -229,6 +261,7 @@ fn _layerdiff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Report>()?;
     m.add_class::<report::BisectionPlan>()?;
     m.add_class::<Ticker>()?;
+    m.add_class::<Digest>()?;
     m.add_class::<axis::PyAxisReport>()?;
     m.add_function(wrap_pyfunction!(parse_cli, m)?)?;
     m.add_function(wrap_pyfunction!(use_ort_library, m)?)?;
