@@ -30,6 +30,7 @@ import checkpoint  # noqa: E402
 import comparator  # noqa: E402
 import own_work  # noqa: E402
 import side_by_side  # noqa: E402
+import warm  # noqa: E402
 
 if _BLAS_THREADS is None:
     del os.environ["OPENBLAS_NUM_THREADS"]
@@ -296,13 +297,15 @@ def memory_row(row: dict, limit: int) -> str:
 
 def render(
     machine: str, comp: list[dict], own: dict, missed: list[str], mem: dict, ends: dict,
-    large: dict,
+    large: dict, warmed: dict,
 ) -> str:  # fmt: skip
     lines = [
         "# Performance",
         "",
         "Written by `make bench` (`benches/run.py`); every figure below comes from one run on",
         f"this machine: {machine}. Rerun it to measure yours.",
+        "",
+        warm.words(warmed),
         "",
         "## The comparator",
         "",
@@ -347,7 +350,9 @@ def main() -> int:
         help="measure only the own-work rows and Polygraphy; print them, write nothing",
     )  # fmt: skip
     args = parser.parse_args()
+    warmed = warm.touch()
     if args.own_only:
+        print(warm.words(warmed))
         own = own_work.measure(args.quick)
         missed = own_work.misses(own, None)
         print("\n".join(own_work.lines(own, missed)))
@@ -366,7 +371,7 @@ def main() -> int:
     large = checkpoint.measure(args.quick)
     ends = side_by_side.measure(args.quick)
     missed = own_work.misses(own, comp) + checkpoint.misses(large) + side_by_side.misses(ends)
-    text = render(machine, comp, own, missed, mem, ends, large)
+    text = render(machine, comp, own, missed, mem, ends, large, warmed)
     Path(args.out).write_text(text + "\n")
     print(text)
     if missed:
