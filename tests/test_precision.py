@@ -44,6 +44,8 @@ def test_float16_export_overflow_is_found_kept_in_float32_and_the_fix_checked(ov
     assert check["kept"] == ["up", "norm"] and check["output"] == "head"
     # the model's output was NaN in float16; with the two layers kept it is finite and close
     assert check["output_nonfinite_before"] == 40 and check["output_nonfinite_after"] == 0
+    # an output all NaN differs by no finite amount: a CI gate on the figure must not pass it
+    assert check["output_max_abs_diff_before"] == "inf"
     assert check["output_max_abs_diff_after"] < 1e-3
     assert check["exceeding_after"] < check["exceeding_before"]
     assert check["verdict"].startswith("keeping 2 layer(s) in float32 reduces the drift")
@@ -51,6 +53,7 @@ def test_float16_export_overflow_is_found_kept_in_float32_and_the_fix_checked(ov
     headline = report.summary_text().splitlines()[0]
     assert "overflow float16's range to ±Inf, first `up`" in headline, headline
     assert report.summary["precision"]["output_nonfinite"] == 40
+    assert report.summary["precision"]["output_max_abs_diff"] == "inf"
     assert "the output `head` is NaN or ±Inf in 40 element(s)" in report.summary_text()
     # the kept file really computes the two layers in float32 from end to end
     import onnx

@@ -221,8 +221,8 @@ pub fn check_advice(before: &Report, after: &Report, kept: Vec<String>) -> Advic
         after.summary.layers_exceeding,
     );
     let bad = |s: Option<&Stats>| s.map_or(0, Stats::nonfinite_target);
-    let max = |s: Option<&Stats>| s.map_or(f64::NAN, |s| s.max_abs_diff);
-    let mean = |s: Option<&Stats>| s.map_or(f64::NAN, |s| s.mean_abs_diff);
+    let max = |s: Option<&Stats>| s.map_or(f64::NAN, |s| s.counting_nan(s.max_abs_diff));
+    let mean = |s: Option<&Stats>| s.map_or(f64::NAN, |s| s.counting_nan(s.mean_abs_diff));
     let change = format!("`{name}` {} → {}", output_words(was), output_words(now));
     let n = kept.len();
     let removes = after.summary.drift_origin.is_none() && a == 0;

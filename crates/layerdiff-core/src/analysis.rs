@@ -70,15 +70,8 @@ pub fn summarise(layers: &mut [Layer]) -> Summary {
     };
     // a NaN on one side only is as far as values get (its difference is left out of the
     // figure, and a layer all NaN read 0)
-    let max_abs = |l: &Layer| {
-        l.accumulated.as_ref().map_or(0.0, |s| {
-            if s.nan_mismatch > 0 {
-                f64::INFINITY
-            } else {
-                s.max_abs_diff
-            }
-        })
-    };
+    let max_abs =
+        |l: &Layer| (l.accumulated.as_ref()).map_or(0.0, |s| s.counting_nan(s.max_abs_diff));
     let mean_abs = |l: &Layer| l.accumulated.as_ref().map_or(0.0, |s| s.mean_abs_diff);
     let mut most_own_error: Vec<WorstLayer> = layers
         .iter()

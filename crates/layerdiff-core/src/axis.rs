@@ -137,12 +137,14 @@ pub fn along_axis(axis: &str, points: &[String], reports: &[Report]) -> AxisRepo
             drift_origin: origin,
             cause,
             output: out.as_ref().map(|(n, _, _)| n.to_string()),
-            output_max_abs_diff: out
-                .as_ref()
-                .and_then(|(_, s, _)| Some(s.as_ref()?.max_abs_diff)),
-            output_max_rel_diff: out
-                .as_ref()
-                .and_then(|(_, s, _)| Some(s.as_ref()?.max_rel_diff)),
+            output_max_abs_diff: out.as_ref().and_then(|(_, s, _)| {
+                let s = s.as_ref()?;
+                Some(s.counting_nan(s.max_abs_diff))
+            }),
+            output_max_rel_diff: out.as_ref().and_then(|(_, s, _)| {
+                let s = s.as_ref()?;
+                Some(s.counting_nan(s.max_rel_diff))
+            }),
             output_note: out.and_then(|(_, _, note)| note),
         });
     }

@@ -155,6 +155,18 @@ impl Stats {
                 .is_some_and(|r| r.beyond_tolerance == 0)
     }
 
+    /// `figure`, one of its differences (`max_abs_diff`, `mean_abs_diff`, `max_rel_diff`), over
+    /// every position: infinite where one side is NaN and the other is not, the positions the
+    /// figure leaves out. What a headline of the output says: an output all NaN on the target
+    /// differs by no finite amount, not by 0.
+    pub fn counting_nan(&self, figure: f64) -> f64 {
+        if self.nan_mismatch > 0 {
+            f64::INFINITY
+        } else {
+            figure
+        }
+    }
+
     /// How many of its values are ±Inf or NaN on the target where the reference's are not (an
     /// overflow, or what a later op makes of one: a LayerNorm of ±Inf is NaN).
     pub fn nonfinite_target(&self) -> u64 {

@@ -80,7 +80,7 @@ pub(super) fn conclude(
             layers: precision.iter().filter(|l| own(l)).count(),
             overflow: precision.iter().filter(|l| overflows(l)).count(),
             output: output.map(|l| l.name.clone()),
-            output_max_abs_diff: stats.map_or(0.0, |s| s.max_abs_diff),
+            output_max_abs_diff: stats.map_or(0.0, |s| s.counting_nan(s.max_abs_diff)),
             output_tolerance_multiple: stats
                 .and_then(crate::Stats::tolerance_multiple)
                 .unwrap_or(0.0),

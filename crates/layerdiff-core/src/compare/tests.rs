@@ -29,6 +29,23 @@ fn nan_or_inf_on_one_side_is_off_any_multiple_of_the_tolerance() {
 }
 
 #[test]
+fn an_output_all_nan_on_one_side_differs_by_no_finite_amount() {
+    let shape = [2];
+    let (r, t) = (f32s(&[1.0, 2.0]), f32s(&[f32::NAN, f32::NAN]));
+    let view = |b| TensorView::new("x", DType::F32, &shape, b).unwrap();
+    let s = compare(view(&r), view(&t)).unwrap();
+    // no position is compared: the figures of the compared ones read 0 ...
+    assert_eq!((s.max_abs_diff, s.mean_abs_diff), (0.0, 0.0));
+    // ... which a headline of the output must not repeat
+    assert_eq!(s.counting_nan(s.max_abs_diff), f64::INFINITY);
+    let s = compare(view(&r), view(&r)).unwrap();
+    assert_eq!(s.counting_nan(s.max_abs_diff), 0.0);
+    // both NaN at the same place agree
+    let s = compare(view(&t), view(&t)).unwrap();
+    assert_eq!(s.counting_nan(s.max_abs_diff), 0.0);
+}
+
+#[test]
 fn identical_tensors_have_zero_difference_and_unit_cosine() {
     let a = f32s(&[1.0, -2.0, 3.5]);
     let shape = [3];

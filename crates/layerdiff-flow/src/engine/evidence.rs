@@ -27,7 +27,10 @@ pub fn disagreement(
         run.iter().find(|(n, _)| n == value).map(|(_, t)| t)
     }
     let (a, b) = (find(&runs[0], value)?, find(&runs[1], value)?);
-    let d = |x: &Tensor, y: &Tensor| compare(x.view(), y.view()).map_or(0.0, |s| s.max_abs_diff);
+    // (NaN in one run and not in the other is as far apart as runs get)
+    let d = |x: &Tensor, y: &Tensor| {
+        compare(x.view(), y.view()).map_or(0.0, |s| s.counting_nan(s.max_abs_diff))
+    };
     Some(d(first, a).max(d(a, b))).filter(|&d| d > 0.0)
 }
 

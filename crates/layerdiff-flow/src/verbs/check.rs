@@ -337,8 +337,8 @@ pub fn to_text(report: &CheckReport) -> String {
             o.dtype,
             o.shape,
             if o.passed { "pass" } else { "FAIL" },
-            s.max_abs_diff,
-            s.max_rel_diff,
+            s.counting_nan(s.max_abs_diff),
+            s.counting_nan(s.max_rel_diff),
             s.elements,
         ));
         if let Some(needed) = s.rounding.as_ref().map(|r| r.tolerance_needed)
