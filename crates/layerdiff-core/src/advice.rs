@@ -228,9 +228,28 @@ pub fn check_advice(before: &Report, after: &Report, kept: Vec<String>) -> Advic
     let removes = after.summary.drift_origin.is_none() && a == 0;
     let reduces =
         bad(now) < bad(was) || (bad(now) == 0 && mean(was) > 0.0 && mean(now) <= mean(was) * 0.5);
+    // exceeding layers of the plain run that were NaN or Inf on the target: kept layers that
+    // end an overflow make them numbers, which may still exceed
+    let nonfinite = (before.layers.iter())
+        .filter(|l| {
+            l.exceeds_tol
+                && l.accumulated
+                    .as_ref()
+                    .is_some_and(|s| s.nonfinite_target() > 0)
+        })
+        .count();
     let verdict = if removes {
         format!(
             "keeping {n} layer(s) in float32 removes the drift: no layer exceeds its tolerance (was {b}); {change}"
+        )
+    } else if bad(now) < bad(was) && a > b {
+        let finite = if bad(now) == 0 {
+            "makes the output finite"
+        } else {
+            "leaves fewer NaN or Inf in the output"
+        };
+        format!(
+            "keeping {n} layer(s) in float32 {finite}: {change}; more layers exceed their tolerance, {a} (was {b}, {nonfinite} of them NaN or Inf on the target, now numbers that still differ)"
         )
     } else if reduces {
         format!(

@@ -85,6 +85,38 @@ fn against_a_reference_that_rounds_as_coarsely_nothing_is_advised() {
 }
 
 #[test]
+fn a_check_that_ends_an_overflow_but_leaves_more_layers_exceeding_says_both() {
+    // kept in float32, `b` no longer overflows, but every layer now differs as a number
+    let before = report(true);
+    let mut after = report(false);
+    for l in &mut after.layers {
+        l.accumulated = Some(stats(&[1.0, 2.0], &[1.5, 2.5]));
+    }
+    let after = Report::of_layers("m", after.layers);
+    let (b, a) = (
+        before.summary.layers_exceeding,
+        after.summary.layers_exceeding,
+    );
+    assert!(a > b, "the case: more exceed after ({a} against {b})");
+    let check = check_advice(&before, &after, vec!["b".to_string()]);
+    assert!(check.helps, "the output is finite again");
+    assert!(
+        check.verdict.starts_with(
+            "keeping 1 layer(s) in float32 makes the output finite: `c` NaN or Inf in 1 of 2"
+        ),
+        "{}",
+        check.verdict
+    );
+    assert!(
+        check.verdict.ends_with(&format!(
+            "more layers exceed their tolerance, {a} (was {b}, 2 of them NaN or Inf on the target, now numbers that still differ)"
+        )),
+        "{}",
+        check.verdict
+    );
+}
+
+#[test]
 fn a_check_that_changes_nothing_says_so() {
     let before = report(true);
     let check = check_advice(&before, &before.clone(), vec!["b".to_string()]);
