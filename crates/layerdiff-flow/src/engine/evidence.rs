@@ -356,6 +356,23 @@ mod tests {
     }
 
     #[test]
+    fn a_run_nan_where_the_others_are_numbers_disagrees_without_bound() {
+        let t = |v: &[f32]| {
+            let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            Tensor::new("y", DType::F32, vec![v.len()], bytes).unwrap()
+        };
+        let (first, nan) = (t(&[1.0, 2.0]), t(&[f32::NAN, f32::NAN]));
+        let runs =
+            |a: &Tensor, b: &Tensor| [vec![("y".into(), a.clone())], vec![("y".into(), b.clone())]];
+        // the second run all NaN: no position is compared, which read as agreeing
+        let d = disagreement(&first, Some(&runs(&first, &nan)), "y");
+        assert_eq!(d, Some(f64::INFINITY));
+        assert_eq!(disagreement(&first, Some(&runs(&first, &first)), "y"), None);
+        // NaN in every run alike is the model's, not a disagreement
+        assert_eq!(disagreement(&nan, Some(&runs(&nan, &nan)), "y"), None);
+    }
+
+    #[test]
     fn a_constant_two_exports_number_otherwise_is_no_counterpart() {
         // A decoder file exported with its lengths dynamic reads its RMSNorm epsilon as
         // `val_69` in `node_Add_3`; an export made for one step numbered its constants
