@@ -221,8 +221,12 @@ pub fn check_advice(before: &Report, after: &Report, kept: Vec<String>) -> Advic
         after.summary.layers_exceeding,
     );
     let bad = |s: Option<&Stats>| s.map_or(0, Stats::nonfinite_target);
-    let max = |s: Option<&Stats>| s.map_or(f64::NAN, |s| s.counting_nan(s.max_abs_diff));
-    let mean = |s: Option<&Stats>| s.map_or(f64::NAN, |s| s.counting_nan(s.mean_abs_diff));
+    // the verdict weighs the finite elements' mean beside the NaN or Inf counted apart; the
+    // figures written count a NaN on one side as unbounded (`Stats::counting_nan`)
+    let mean = |s: Option<&Stats>| s.map_or(f64::NAN, |s| s.mean_abs_diff);
+    let written = |s: Option<&Stats>, figure: fn(&Stats) -> f64| {
+        s.map_or(f64::NAN, |s| s.counting_nan(figure(s)))
+    };
     let change = format!("`{name}` {} → {}", output_words(was), output_words(now));
     let n = kept.len();
     let removes = after.summary.drift_origin.is_none() && a == 0;
@@ -269,10 +273,10 @@ pub fn check_advice(before: &Report, after: &Report, kept: Vec<String>) -> Advic
         exceeding_before: b,
         exceeding_after: a,
         output: name.to_string(),
-        output_max_abs_diff_before: max(was),
-        output_max_abs_diff_after: max(now),
-        output_mean_abs_diff_before: mean(was),
-        output_mean_abs_diff_after: mean(now),
+        output_max_abs_diff_before: written(was, |s| s.max_abs_diff),
+        output_max_abs_diff_after: written(now, |s| s.max_abs_diff),
+        output_mean_abs_diff_before: written(was, |s| s.mean_abs_diff),
+        output_mean_abs_diff_after: written(now, |s| s.mean_abs_diff),
         output_nonfinite_before: bad(was),
         output_nonfinite_after: bad(now),
         drift_origin_after: after.summary.drift_origin.clone(),
