@@ -44,7 +44,8 @@ impl Measure {
 
     /// How far `got` is from `expected` by this measure: its multiple (of the tolerance, or of
     /// the allowance: the larger of the maxima's and the means' ratios) and its largest
-    /// difference.
+    /// difference, unbounded where one side is NaN and the other is not
+    /// ([`crate::Stats::counting_nan`]: a repro whose output is NaN differs, not by 0).
     pub fn judge(&self, expected: TensorView<'_>, got: TensorView<'_>) -> Result<(f64, f64)> {
         match self {
             Self::Tolerance(bound) => {
@@ -60,7 +61,7 @@ impl Measure {
                 let stats = crate::compare_judged(expected, got, Some(judge))?;
                 Ok((
                     stats.tolerance_multiple().unwrap_or(0.0),
-                    stats.max_abs_diff,
+                    stats.counting_nan(stats.max_abs_diff),
                 ))
             }
             Self::Allowance { max, mean, .. } => {
@@ -71,7 +72,7 @@ impl Measure {
                 } else {
                     ratio(stats.max_abs_diff, *max).max(ratio(stats.mean_abs_diff, *mean))
                 };
-                Ok((multiple, stats.max_abs_diff))
+                Ok((multiple, stats.counting_nan(stats.max_abs_diff)))
             }
         }
     }
@@ -148,5 +149,25 @@ mod tests {
         b.multiple = 0.5;
         layer.baseline = Some(b);
         assert!(matches!(Measure::of(&layer), Measure::Tolerance(_)));
+    }
+
+    #[test]
+    fn a_repro_whose_output_is_nan_where_the_expected_is_a_number_differs_without_bound() {
+        let mut layer = Layer::new(0, "l", vec![3], "float32");
+        layer.status = crate::LayerStatus::Compared;
+        layer.tolerance = Bound {
+            atol: 1e-4,
+            rtol: 1e-5,
+        };
+        let expected = Tensor::from_f64(DType::F32, &[1.0, 0.5, -0.25]);
+        let got = Tensor::from_f64(DType::F32, &[f64::NAN, f64::NAN, f64::NAN]);
+        let measure = Measure::of(&layer);
+        let (multiple, d) = measure.judge(expected.view(), got.view()).unwrap();
+        // no position compares: the figure covers nothing, and is no proof of agreement
+        assert!(measure.shows(multiple), "{multiple}");
+        assert_eq!(d, f64::INFINITY);
+        // NaN on both sides alike is no difference
+        let (multiple, d) = measure.judge(got.view(), got.view()).unwrap();
+        assert!(!measure.shows(multiple) && d == 0.0, "{multiple} {d}");
     }
 }

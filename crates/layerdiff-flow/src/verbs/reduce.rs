@@ -62,6 +62,15 @@ impl Repro {
         }
     }
 
+    /// How far the target's value on the piece is from the reference's, in words.
+    pub fn difference(&self) -> String {
+        if self.max_abs_diff.is_finite() {
+            format!("differs by {:.3e}", self.max_abs_diff)
+        } else {
+            "differs without bound (NaN or Inf on one side where the other holds a number)".into()
+        }
+    }
+
     /// The repro in one line.
     pub fn sentence(&self) -> String {
         let nodes = self.nodes.len();
@@ -69,11 +78,11 @@ impl Repro {
         let of = self.measure.words();
         if self.reproduced {
             format!(
-                "repro of {}: {nodes} {plural} ({}) in {}, checked: the target differs by {:.3e}, {} {of} (python repro.py)",
+                "repro of {}: {nodes} {plural} ({}) in {}, checked: the target {}, {} {of} (python repro.py)",
                 self.shown(),
                 self.nodes.join(", "),
                 self.folder.display(),
-                self.max_abs_diff,
+                self.difference(),
                 layerdiff_core::render::times(self.multiple)
             )
         } else {

@@ -166,8 +166,8 @@ pub(crate) fn readme(facts: &Facts) -> String {
     let of = repro.measure.words();
     let found = if repro.reproduced {
         format!(
-            "**Checked** before this folder was written: on the piece, the target's value is {:.3e} away from the reference's at most, {} {of}.",
-            repro.max_abs_diff,
+            "**Checked** before this folder was written: on the piece, the target's value {}, {} {of}.",
+            repro.difference(),
             layerdiff_core::render::times(repro.multiple)
         )
     } else {
