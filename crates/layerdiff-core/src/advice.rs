@@ -169,6 +169,11 @@ fn output_words(s: Option<&Stats>) -> String {
                 s.elements
             )
         }
+        Some(s) if s.nan_mismatch > 0 => format!(
+            // the elements compared may agree; the output does not
+            "NaN on the reference in {} of {} elements, numbers on the target",
+            s.nan_mismatch, s.elements
+        ),
         Some(s) => format!(
             "mean abs diff {:.3e} (max {:.3e})",
             s.mean_abs_diff, s.max_abs_diff

@@ -225,3 +225,20 @@ fn rounding_that_no_layers_value_shows_is_not_a_drift_to_keep_layers_from() {
     assert_eq!(report.summary.verdict, crate::Verdict::Precision);
     assert!(keep_float32(&report, "float16").is_none());
 }
+
+#[test]
+fn an_output_nan_on_the_reference_alone_is_said_not_hidden_behind_the_compared_figures() {
+    // the reference's output is NaN in one element, the target's a number: the elements
+    // compared agree, but the output does not
+    let s = stats(&[f32::NAN, 1.0, 2.0], &[0.5, 1.0, 2.0]);
+    assert_eq!(
+        super::output_words(Some(&s)),
+        "NaN on the reference in 1 of 3 elements, numbers on the target"
+    );
+    // NaN alike on both sides: the elements compared say it all
+    let s = stats(&[f32::NAN, 1.0], &[f32::NAN, 1.5]);
+    assert_eq!(
+        super::output_words(Some(&s)),
+        "mean abs diff 5.000e-1 (max 5.000e-1)"
+    );
+}
