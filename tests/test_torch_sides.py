@@ -209,6 +209,27 @@ def test_a_bfloat16_kernel_bug_is_told_from_bfloat16_rounding(encoder, monkeypat
     assert {x["cause"] for x in honest} <= {"precision_loss", "inherited"}
 
 
+@pytest.mark.parametrize("target", ["torch:bf16", "torch:fp16"])
+def test_a_norm_whose_epsilon_depends_on_the_dtype_is_a_defect_not_rounding(target, tmp_path):
+    """The norm's epsilon is 1.0 in any dtype but float32 (tests/builders/dtype_branch.py): its
+    float64 copy and its same-precision baseline take the target's path, so the baseline alone
+    called it 1.0× what the precision explains; the truth, 400 times further from the float32
+    reference than from the target, shows that no rounding makes it."""
+    builder = f"{ROOT / 'tests/builders/dtype_branch.py'}:build"
+    done = run_cli("torch", builder, "--target", target, "--out", str(tmp_path), "--quiet")
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["summary"]["drift_origin"] == "n"
+    assert [(d["layer"], d["cause"]) for d in report["summary"]["defects"]] == [
+        ("n", "op_implementation")
+    ]
+    norm = layer(report, "n")
+    assert "the model's float64 copy computes this layer as the target does" in norm["detail"]
+    assert report["summary"]["defects"][0]["fix"].startswith(
+        "make the code of the target's `n` (EpsNorm) compute the same for every dtype"
+    )
+
+
 class _Noisy(torch.nn.Module):
     """A layer that gives other bits each call (as atomics can on a GPU)."""
 

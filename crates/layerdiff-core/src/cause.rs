@@ -59,6 +59,7 @@ mod grid;
 mod name;
 mod quantized;
 mod reference;
+mod truth;
 pub use files::{FileDifference, attributes_differ, unseen_differences};
 pub use grid::{precision_grid, quantizing_op};
 pub use name::Cause;
@@ -212,6 +213,8 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
             defect_groups.push((layer.name.clone(), cause, location.nodes.clone()));
         }
         kernel_finding(summary, cause, layer, e);
+        // (set before the fix is written: it reads what the detail says)
+        layer.detail = Some(detail.clone());
         if finding == Finding::Defect && !named {
             named_defects.push(said);
             let own = layer.local.as_ref().or(layer.accumulated.as_ref());
@@ -220,10 +223,12 @@ pub fn explain(layers: &mut [Layer], evidence: &[Evidence], summary: &mut Summar
                 Defect {
                     layer: layer.name.clone(),
                     cause,
+                    // (a baseline on the code the target runs says nothing of this defect)
                     multiple: layer
                         .baseline
                         .as_ref()
                         .filter(|b| b.reference_off == 0)
+                        .filter(|_| !detail.contains(truth::TRUTH_FOLLOWS_TARGET))
                         .map(|b| b.multiple),
                     tolerance_multiple: own.and_then(crate::Stats::tolerance_multiple),
                     detail: detail.clone(),
@@ -419,11 +424,15 @@ fn in_context(
             layer.target_dtype.as_deref().map(crate::DType::from_name),
         );
         let said = match dtypes {
+            // said already, as what the truth cannot stand for
+            _ if detail.contains(truth::TRUTH_FOLLOWS_TARGET) => String::new(),
             _ if finding == Finding::Precision => f.verdict_of_precision(),
             (Ok(r), Some(Ok(t))) if r.narrower_than(t) => f.verdict_beside_coarser(r, t),
             _ => f.verdict(),
         };
-        detail = format!("{detail}; {said}");
+        if !said.is_empty() {
+            detail = format!("{detail}; {said}");
+        }
     }
     detail
 }

@@ -3,8 +3,8 @@
 //! where not, and what fixes each defect.
 
 use super::quantized::quantized;
+use super::truth::{truth_follows_target, truth_rounding};
 use super::{Cause, DType, Evidence, Finding, Layer, overflows, quantizing_op};
-use crate::ROUNDING_FACTOR;
 
 /// A cause, its detail and the finding it makes, for one layer (see the module docs): a kernel
 /// beyond what its precision explains whose effect stays within every tolerance is an
@@ -134,6 +134,11 @@ fn decide_cause(layer: &Layer, e: &Evidence, is_source: bool) -> (Cause, String,
             ),
             Finding::Defect,
         );
+    }
+    // A float64 copy that computes the layer as the target does, not as the reference does:
+    // the baseline, computed in float64 too, then excuses the target by its own path.
+    if let Some(detail) = truth_follows_target(layer, e, lower) {
+        return (Cause::OpImplementation, detail, Finding::Defect);
     }
     if let Some(how) = &e.reduced_math
         && layer.dtype == "float32"
@@ -479,22 +484,4 @@ pub(super) fn without_baseline(
         ),
         Finding::Undecided,
     )
-}
-
-/// The float64 truth's word that the target only rounds, where it says so: the target at most
-/// [`ROUNDING_FACTOR`] times as far from it as the reference, or within its dtype's absolute
-/// tolerance of it.
-pub(super) fn truth_rounding(layer: &Layer) -> Option<String> {
-    let f = layer.float64.as_ref()?;
-    let within = crate::lower_precision(&layer.dtype, layer.target_dtype.as_deref())
-        .map_or(0.0, |d| crate::default_for(d).atol);
-    if f.target <= ROUNDING_FACTOR * f.reference && f.reference > 0.0 {
-        return Some(f.verdict());
-    }
-    (f.target <= within).then(|| {
-        format!(
-            "the target is further from float64 than the reference (target {:.2e}, reference {:.2e}) but within its dtype's rounding of it ({within:e}): rounding, not a bug",
-            f.target, f.reference
-        )
-    })
 }

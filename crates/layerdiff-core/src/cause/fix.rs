@@ -101,6 +101,17 @@ pub(super) fn fix(cause: Cause, layer: &Layer, e: &Evidence) -> String {
                 "rank {rank}'s gradient of `{of}` before the all-reduce is not what one process computes on the same rows: code that runs on that rank only changes it (a gradient hook, a scale or a branch on the rank, another seed there); find what depends on the rank"
             )
         }
+        _ if layer
+            .detail
+            .as_deref()
+            .is_some_and(|d| d.contains(super::truth::TRUTH_FOLLOWS_TARGET)) =>
+        {
+            format!(
+                "make the code of {where_} compute the same for every dtype (an epsilon, a constant or a path it takes only in half precision): it computes otherwise in {} than in {}, and a float64 copy on the same code cannot tell which path is right",
+                layer.target_dtype.as_deref().unwrap_or("the target's dtype"),
+                layer.dtype
+            )
+        }
         _ if layer.baseline.as_ref().is_some_and(|b| b.reference_off > 0) => {
             "the reference's own value is off from the exact computation on its inputs: check the reference (its runtime, or the expected values it reads) before the target".to_string()
         }

@@ -2,6 +2,7 @@ use super::*;
 use crate::{LayerStatus, Stats, Tolerance, Verdict, analyse, compare};
 
 mod naming;
+mod truth;
 
 /// Statistics whose max abs diff is `d`.
 fn stats(d: f64) -> Stats {
