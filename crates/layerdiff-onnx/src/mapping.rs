@@ -175,14 +175,16 @@ pub fn map_layers(graph: &GraphProto, layers: &[LayerCall]) -> Vec<LayerMapping>
 fn boundary_outputs(
     index: &GraphIndex,
     node_module: &[Option<String>],
+    owners: &HashMap<String, Option<String>>,
 ) -> HashMap<String, Vec<(String, usize)>> {
     let mut boundary: HashMap<String, Vec<(String, usize)>> = HashMap::new();
     let graph_outputs: HashSet<&str> = index.graph_outputs().iter().map(String::as_str).collect();
     for (i, node) in index.nodes().iter().enumerate() {
-        let Some(module) = node_module[i].as_deref() else {
-            continue;
-        };
         for out in node.outputs.iter().filter(|o| !o.is_empty()) {
+            let owner = owners.get(out).unwrap_or(&node_module[i]);
+            let Some(module) = owner.as_deref() else {
+                continue;
+            };
             let read_outside = index
                 .consumers(out)
                 .any(|c| node_module[c.index].as_deref() != Some(module));
@@ -214,6 +216,33 @@ fn boundary_outputs(
         }
     }
     boundary
+}
+
+/// The values an optimizer's fusion left under the name of a node it removed: ONNX Runtime
+/// fuses a Conv with the Relu after it (or with a Mul by a constant) into one node that keeps
+/// the Conv's name and writes the Relu's output, `/relu/Relu_output_0`. Such a value holds the
+/// removed node's module's output (or no captured module's, a block's own `Mul`), not the
+/// module of the node that writes it now, whose own output is gone: each with the module its
+/// legacy name places it in. A value named after its own node, or not in the legacy form,
+/// is not listed; nor one only QuantizeLinear nodes read: ONNX Runtime's static quantizer
+/// removes a ReLU whose work the quantized range does and keeps its output's name on the
+/// Conv's value, which is the Conv's own.
+fn fused_owners(index: &GraphIndex, resolver: &ScopeResolver) -> HashMap<String, Option<String>> {
+    let mut owners = HashMap::new();
+    for node in index.nodes() {
+        for out in &node.outputs {
+            let Some((writer, k)) = out.rsplit_once("_output_") else {
+                continue;
+            };
+            let numbered = !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit());
+            let quantized = index.consumers(out).next().is_some()
+                && index.consumers(out).all(|c| c.op_type == "QuantizeLinear");
+            if numbered && writer.starts_with('/') && writer != node.name && !quantized {
+                owners.insert(out.clone(), resolver.module_of_name(writer));
+            }
+        }
+    }
+    owners
 }
 
 /// A dynamic quantizer names the DynamicQuantizeLinear it puts before a product after
@@ -314,7 +343,8 @@ impl ScopeMapping {
         rehome_dynamic_quantizers(graph, &index, &mut node_module);
         inside_one_module(graph, &index, &modules, &mut node_module);
 
-        let boundary = boundary_outputs(&index, &node_module);
+        let owners = fused_owners(&index, &resolver);
+        let boundary = boundary_outputs(&index, &node_module, &owners);
 
         // Each module's calls take its boundary outputs in order, skipping those that cannot
         // hold the call's output.

@@ -83,13 +83,21 @@ impl ScopeResolver {
             let module = self.walk_tensorflow(scope)?;
             return Some((module, ScopeSource::TensorFlow));
         };
+        Some((self.module_of_legacy(path)?, ScopeSource::Legacy))
+    }
+
+    /// The module a legacy node name (`/layer1/layer1.0/relu/Relu`) places its node in.
+    pub fn module_of_name(&self, name: &str) -> Option<String> {
+        self.module_of_legacy(name.strip_prefix('/')?)
+    }
+
+    fn module_of_legacy(&self, path: &str) -> Option<String> {
         let (scope, _op) = path.rsplit_once('/')?;
         let mut cache = self.resolved.borrow_mut();
-        let module = cache
+        cache
             .entry(scope.to_string())
             .or_insert_with(|| self.walk_legacy(scope))
-            .clone()?;
-        Some((module, ScopeSource::Legacy))
+            .clone()
     }
 
     /// The layer a weight's TensorFlow name places it in (`model_1/conv_1/convolution/
@@ -107,12 +115,21 @@ impl ScopeResolver {
     /// Follows a legacy scope (`layer2/layer2.0/downsample/downsample.0`) down the module tree;
     /// `None` when a component names no module, or the scope ends at a module that is not a
     /// captured one (a block's own `Add`, say).
+    ///
+    /// Components past a captured module that name nothing below it are a rewrite's own
+    /// (ONNX Runtime names a fused node after the one it replaced, `…/qkv/MatMul/
+    /// MatMulAddFusion`): the node is still that module's.
     fn walk_legacy(&self, scope: &str) -> Option<String> {
         let mut here = String::new();
         for component in scope.split('/') {
-            here = self
+            let next = self
                 .step(&here, component)
-                .or_else(|| self.step(&here, repeated_call(component)?))?;
+                .or_else(|| self.step(&here, repeated_call(component)?));
+            match next {
+                Some(next) => here = next,
+                None if self.modules.contains(&here) => return Some(here),
+                None => return None,
+            }
         }
         self.modules.contains(&here).then_some(here)
     }
@@ -330,6 +347,12 @@ mod tests {
             Some("layer2.0.downsample.0")
         );
         assert_eq!(m("/relu/Relu").as_deref(), Some("relu"));
+        // a rewrite's suffix past a leaf (ONNX Runtime's fused Gemm) is still the leaf's node
+        assert_eq!(
+            m("/layer2/layer2.0/downsample/downsample.0/MatMul/MatMulAddFusion").as_deref(),
+            Some("layer2.0.downsample.0")
+        );
+        assert_eq!(m("/layer1/layer1.0/Add/Fused"), None);
         assert_eq!(
             m("/layer1/layer1.0/Add"),
             None,

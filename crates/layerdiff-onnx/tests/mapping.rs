@@ -377,3 +377,92 @@ fn a_dynamic_int8_projection_pairs_by_its_input_past_the_integer_kernel() {
         reason(&m[1])
     );
 }
+
+#[test]
+fn an_optimizers_fused_node_pairs_with_the_module_whose_output_it_writes() {
+    // ONNX Runtime's offline optimizer on a legacy export: conv1 → relu fused into one node
+    // that keeps the Conv's name and writes the Relu's output, and fc's MatMul + Add into a
+    // Gemm named `…/MatMul/MatMulAddFusion`. The fused value is relu's output (conv1 once
+    // took it, and a clean file read as a defect at every such layer); fc's node is still fc's.
+    let g = graph(
+        vec![
+            node(
+                "/conv1/Conv",
+                "FusedConv",
+                &["x", "w"],
+                "/relu/Relu_output_0",
+                &[],
+            ),
+            node(
+                "/fc/MatMul/MatMulAddFusion",
+                "Gemm",
+                &["/relu/Relu_output_0", "w2", "b2"],
+                "out",
+                &[],
+            ),
+        ],
+        "out",
+    );
+    let layers = [
+        call("conv1", "conv1", 0, None),
+        call("relu", "relu", 0, Some(0)),
+        call("fc", "fc", 0, Some(1)),
+    ];
+    let m = map_layers(&g, &layers);
+    assert_eq!(value(&m[0]), None, "{}", reason(&m[0]));
+    assert_eq!(
+        value(&m[1]),
+        Some("/relu/Relu_output_0"),
+        "{}",
+        reason(&m[1])
+    );
+    assert_eq!(value(&m[2]), Some("out"), "{}", reason(&m[2]));
+}
+
+#[test]
+fn a_relu_a_quantizer_removed_leaves_the_conv_its_value() {
+    // ONNX Runtime's static quantizer removes the ReLU its uint8 range clips as well and
+    // keeps the ReLU's output name on the Conv's value, which only a QuantizeLinear reads:
+    // that value is the Conv's (here the BatchNorm's folded into it), not the ReLU's.
+    let g = graph(
+        vec![
+            node(
+                "/conv1/Conv",
+                "Conv",
+                &["x", "w"],
+                "/relu/Relu_output_0",
+                &[],
+            ),
+            node(
+                "/relu/Relu_output_0_QuantizeLinear",
+                "QuantizeLinear",
+                &["/relu/Relu_output_0", "s", "z"],
+                "q",
+                &[],
+            ),
+            node(
+                "/relu/Relu_output_0_DequantizeLinear",
+                "DequantizeLinear",
+                &["q", "s", "z"],
+                "dq",
+                &[],
+            ),
+            node("/fc/Gemm", "Gemm", &["dq", "w2"], "out", &[]),
+        ],
+        "out",
+    );
+    let layers = [
+        call("conv1", "conv1", 0, None),
+        call("bn1", "bn1", 0, Some(0)),
+        call("relu", "relu", 0, Some(1)),
+        call("fc", "fc", 0, Some(2)),
+    ];
+    let m = map_layers(&g, &layers);
+    assert_eq!(
+        value(&m[1]),
+        Some("/relu/Relu_output_0"),
+        "{}",
+        reason(&m[1])
+    );
+    assert_eq!(value(&m[2]), Some("dq"), "{}", reason(&m[2]));
+}
