@@ -236,6 +236,34 @@ def test_a_pytorch_model_against_a_faulty_onnx_file_reduces_to_its_nodes(resnet1
     assert shown.returncode == 1 and f"`{value}` on ort: max |diff|" in shown.stdout
 
 
+def test_a_weight_edited_below_every_tolerance_reduces_to_the_node_holding_it(
+    resnet18_onnx, tmp_path
+):
+    """One element of a Conv's weight moved by 2e-5 in the file: the run names the weight, and
+    no run of a piece shows it (within every tolerance). `reduce` once said "no repro" and
+    exited 1 on the defect the run reported; it writes the node that holds the weight, says
+    that the weight is the evidence, and agrees with the run (exit 0)."""
+    model = onnx.load(str(resnet18_onnx["dynamo"]))
+    conv = [n for n in model.graph.node if n.op_type == "Conv"][5]
+    weight = next(i for i in model.graph.initializer if i.name == conv.input[1])
+    values = onnx.numpy_helper.to_array(weight).copy()
+    values.flat[0] += 2e-5
+    weight.CopyFrom(onnx.numpy_helper.from_array(values, weight.name))
+    onnx.save(model, str(tmp_path / "edited.onnx"))
+    run = run_cli("torch", "resnet18", "--onnx", "edited.onnx", "--out", "run", "--quiet",
+                  cwd=tmp_path)  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    (defect,) = json.loads((tmp_path / "run" / "report.json").read_text())["summary"]["defects"]
+    assert defect["cause"] == "weight_mismatch"
+    done = run_cli("reduce", str(tmp_path / "run" / "report.json"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"repro of `{defect['layer']}`" in done.stdout
+    assert f"holding the file's weight that is the defect: `{weight.name}` differs" in done.stdout
+    assert "no run shows it" in done.stdout
+    readme = (tmp_path / "run" / "repro" / "README.md").read_text()
+    assert "**The defect is a weight of the file**" in readme
+
+
 BARE = """import torch
 
 

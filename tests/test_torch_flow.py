@@ -65,6 +65,42 @@ def test_injected_weight_fault_is_the_drift_origin(resnet18, resnet18_onnx, tmp_
     assert not any(report.layer(n)["exceeds_tol"] for n in before)
 
 
+def _moved_one_element(src, dst, name: str, delta: float) -> None:
+    """Adds `delta` to the first element of the file's initializer `name`."""
+    model = onnx.load(str(src))
+    init = next(i for i in model.graph.initializer if i.name == name)
+    values = numpy_helper.to_array(init).copy()
+    values.flat[0] += delta
+    init.CopyFrom(numpy_helper.from_array(values, init.name))
+    onnx.save(model, str(dst))
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "legacy"])
+@pytest.mark.parametrize("layer", ["fc", "layer2.0.bn1"])
+def test_a_weight_the_file_changed_within_the_tolerance_is_a_defect(
+    resnet18, resnet18_onnx, tmp_path, exporter, layer
+):
+    """One element of a weight in the file moved by 2e-5, `fc`'s bias or the Conv a BatchNorm
+    is folded into: no layer exceeds, and the run said "no drift" with exit 0 while
+    `layerdiff check` failed the same file and sent the user here. The file's weights are read
+    against the model's parameters at every layer, not only where a layer drifts."""
+    model, inputs, _ = resnet18
+    src = resnet18_onnx[exporter]
+    clean = compare_torch_onnx(model, inputs, onnx=src)
+    assert clean.summary["defects"] == [] and clean.summary["verdict"] != "defect"
+    node = clean.layer(layer)["location"]["node"]
+    graph = onnx.load(str(src)).graph
+    name = next(n for n in graph.node if n.name == node).input[2 if layer == "fc" else 1]
+    edited = tmp_path / "edited.onnx"
+    _moved_one_element(src, edited, name, 2e-5)
+    report = compare_torch_onnx(model, inputs, onnx=edited)
+    assert not any(x["exceeds_tol"] for x in report.layers)
+    (defect,) = report.summary["defects"]
+    assert (defect["layer"], defect["cause"]) == (layer, "weight_mismatch"), defect
+    assert defect["detail"].startswith(f"`{name}` differs"), defect["detail"]
+    assert report.summary["verdict"] == "defect"
+
+
 def test_without_cloning_inplace_relu_corrupts_batchnorm_captures(resnet18, resnet18_onnx):
     """Guards the reason for the clone: ReLU(inplace=True) rewrites the BatchNorm output."""
     model, inputs, _ = resnet18

@@ -254,7 +254,7 @@ fn onnx(args: &ReduceArgs, recorded: &Recorded, onnx_args: &OnnxArgs) -> u8 {
             if !args.quiet {
                 println!("{}", repro.sentence());
             }
-            u8::from(!repro.reproduced)
+            u8::from(!repro.found())
         }
         Err(e) => e.exit(),
     }

@@ -201,6 +201,12 @@ pub struct Engine<R: Side, T: Side, F: Side = Box<dyn Side>> {
     evidence: Vec<Evidence>,
     /// The layers whose evidence is gathered already ([`Engine::evidence_of`]).
     gathered: std::collections::HashSet<usize>,
+    /// Whether every compared layer's weights are read against the reference's, not only a
+    /// drifting layer's ([`Engine::read_every_weight`]).
+    every_weight: bool,
+    /// The weights that differ at layers whose cause needs no evidence: reported as defects
+    /// of the file all the same.
+    unseen_weights: Vec<layerdiff_core::FileDifference>,
     summary: Option<Summary>,
     /// Why the float64 truth stopped, when it could not run.
     truth_lost: Option<String>,
@@ -275,6 +281,8 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             deferred: Vec::new(),
             evidence: vec![Evidence::default(); n],
             gathered: std::collections::HashSet::new(),
+            every_weight: false,
+            unseen_weights: Vec::new(),
             summary: None,
             truth_lost: None,
             over_default_budget,

@@ -275,6 +275,14 @@ impl CapturedRun {
         Ok(())
     }
 
+    /// Reads the weights of every compared layer against the model's parameters, not only a
+    /// drifting layer's (before `conclude`): a file the user gives may hold an edit that no
+    /// layer's value shows.
+    fn read_every_weight(&mut self) -> PyResult<()> {
+        self.active_mut()?.read_every_weight();
+        Ok(())
+    }
+
     /// Whether a layer's target computes what its file says where that is not the model's
     /// computation (after `conclude`): a fresh export set `beside` the file then names what
     /// differs.

@@ -53,7 +53,7 @@ pub(crate) fn write_framework_repro(
             )
         })
         .map_err(to_py_err)?;
-    Ok((repro.sentence(), repro.reproduced))
+    Ok((repro.sentence(), repro.found()))
 }
 
 /// A PyTorch module's repro: what the adapter found (the module, its class and how to import

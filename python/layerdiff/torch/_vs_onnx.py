@@ -247,6 +247,10 @@ class _FileComparison:
             baseline=options.float64 and options.local,
             ticker=progress_line(self.progress, len(listed)), reads_outside=self.reads_outside,
         )  # fmt: skip
+        if not self.exported:
+            # a file the user gives is read against the model weight by weight: an edit under
+            # every tolerance moves no layer past it, and the file is not the model all the same
+            run.read_every_weight()
         run.conclude()
         if not self.exported and run.file_differs():
             self._beside_a_fresh_export(run, report_notes := [])

@@ -84,7 +84,7 @@ pub fn unseen_differences(layers: &mut [Layer], summary: &mut Summary, found: Ve
                 "; this layer's value is not compared ({})",
                 l.reason.as_deref().unwrap_or("the target has none")
             ),
-            Some(_) => "; on the compared inputs the layer stays within its tolerance (a change too small to exceed it, or one that what follows hides: a ReLU, a branch not taken), yet the files differ".to_string(),
+            Some(_) => "; on the compared inputs the layer stays within its tolerance (a change too small to exceed it, or one that what follows hides: a ReLU, a branch not taken), yet the target's file differs from the reference there".to_string(),
             None => "; no compared layer reads it".to_string(),
         };
         summary.defects.push(Defect {

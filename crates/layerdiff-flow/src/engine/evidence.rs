@@ -13,7 +13,7 @@ mod weight;
 
 pub(crate) use codes::{dequantize, dequantized_codes, integer_product_weight};
 
-pub use weight::{WeightCheck, WeightCheckFn, check_weight};
+pub use weight::{MATCHED_BY_SHAPE, WeightCheck, WeightCheckFn, check_weight};
 
 /// How far a side disagrees with itself at `value`: its first output against two more runs
 /// (max abs diff); `None` when it agrees or was not re-run.

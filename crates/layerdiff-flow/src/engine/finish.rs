@@ -2,10 +2,12 @@
 //! values and of the target's groups, and the report built.
 
 use super::{
-    Engine, Error, InputInfo, Machine, OWN, Report, Result, SCHEMA, Side, TensorView, explain,
-    keep_float32, lower_precision_of, nothing_compared, segments_warning, summarise,
+    Engine, Error, Evidence, Group, InputInfo, Machine, OWN, Report, Result, SCHEMA, Side,
+    TensorView, explain, keep_float32, lower_precision_of, nothing_compared, segments_warning,
+    summarise,
 };
-use layerdiff_core::Summary;
+use crate::engine::evidence::{MATCHED_BY_SHAPE, WeightCheck};
+use layerdiff_core::{LayerStatus, Summary};
 impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
     /// Runs what is left and decides the drift origin; returns the layers whose cause needs
     /// the reference's weights (a side that hands them over on request gets them before
@@ -80,16 +82,27 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
     /// The layers whose causes need the evidence of their groups (their ops, attributes and
     /// weights against the reference's), after [`Engine::conclude`]: each with the layers that
     /// compute inside it (without a counterpart of their own), whose parameters are its weights
-    /// too.
+    /// too; where every weight is read ([`Engine::read_every_weight`]), every compared layer.
     pub fn evidence_wanted(&self) -> Vec<usize> {
         let Some(summary) = self.summary.as_ref() else {
             return Vec::new();
         };
         (0..self.layers.len())
             .filter(|&i| {
-                summary.needs_evidence(&self.layers[i]) && matches!(self.groups[i], Some(Ok(_)))
+                let layer = &self.layers[i];
+                let weights = self.every_weight && layer.status == LayerStatus::Compared;
+                (summary.needs_evidence(layer) || weights) && matches!(self.groups[i], Some(Ok(_)))
             })
             .collect()
+    }
+
+    /// Reads every compared layer's weights against the reference's, not only those of a layer
+    /// that drifts: a file the user gives may hold a weight edited by less than any tolerance
+    /// shows (one element of a bias moved by 2e-5), which no layer's value then points to, and
+    /// the file is not the model all the same. A weight that differs at a layer whose cause
+    /// needs no evidence is a defect of its own ([`layerdiff_core::unseen_differences`]).
+    pub fn read_every_weight(&mut self) {
+        self.every_weight = true;
     }
 
     /// Gathers layer `i`'s evidence now, from the parameters the sides hold at this moment (a
@@ -109,10 +122,17 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
             return;
         };
         let layer = &self.layers[i];
-        let (true, Some(Ok(group))) = (summary.needs_evidence(layer), &self.groups[i]) else {
+        let needed = summary.needs_evidence(layer);
+        let weights_only = !needed && self.every_weight && layer.status == LayerStatus::Compared;
+        let (true, Some(Ok(group))) = (needed || weights_only, &self.groups[i]) else {
             return;
         };
         self.gathered.insert(i);
+        if weights_only {
+            let found = self.weights_that_differ(i, group);
+            self.unseen_weights.extend(found);
+            return;
+        }
         let reference_reduced = self.reference.reduced_math();
         let e = &mut self.evidence[i];
         e.attributes = recompute
@@ -137,6 +157,45 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         let value = self.target_values[i].as_deref().unwrap_or_default();
         recompute.group_evidence(group, value, computed_in, e, &fed, &check);
         e.reference_lowered = reference_lowers(reference_reduced.as_ref(), layer, e);
+    }
+
+    /// The weights of layer `i` (computed by `group` on the target) that differ from the
+    /// reference's, each as a difference of the file.
+    fn weights_that_differ(&self, i: usize, group: &Group) -> Vec<layerdiff_core::FileDifference> {
+        let Some(recompute) = self.target.recompute() else {
+            return Vec::new();
+        };
+        let layer = &self.layers[i];
+        let mut e = Evidence::default();
+        // where no layer drifts, a weight matched by its shape alone that differs in every
+        // element is a form the file computes from several (an optimizer's Conv fused with the
+        // Mul after it), with which the layer computes its value: no edit
+        let check = |node: &str,
+                     position,
+                     name: &str,
+                     weight: TensorView<'_>,
+                     half_step: Option<TensorView<'_>>| {
+            let found = (self.reference).weight_check(i, node, position, name, weight, half_step);
+            found.filter(|c| !matches!(c, WeightCheck::Differs(t) if rewritten_form(t)))
+        };
+        let fed = |_: &str| None;
+        let computed_in = layerdiff_core::DType::from_name(&layer.dtype).ok();
+        let value = self.target_values[i].as_deref().unwrap_or_default();
+        recompute.group_evidence(group, value, computed_in, &mut e, &fed, &check);
+        let readers: Vec<String> = e.weight_readers.iter().map(|n| format!("`{n}`")).collect();
+        let readers = if readers.is_empty() {
+            format!("the target's `{}`", layer.name)
+        } else {
+            format!("the target's node(s) {}", readers.join(", "))
+        };
+        (e.weights.into_iter())
+            .map(|text| layerdiff_core::FileDifference {
+                layer: layer.name.clone(),
+                cause: layerdiff_core::Cause::WeightMismatch,
+                fix: layerdiff_core::weights_fix(&readers, std::slice::from_ref(&text)),
+                detail: text,
+            })
+            .collect()
     }
 
     /// A run a signal stopped at layer `cut`: the layers from there on go (they were not
@@ -202,6 +261,9 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
         }
         let mut layers = self.layers;
         explain(&mut layers, &self.evidence, &mut summary);
+        if summary.incomplete.is_none() {
+            layerdiff_core::unseen_differences(&mut layers, &mut summary, self.unseen_weights);
+        }
         // the drift's precision is the reference's where it rounds on a narrower grid
         if let (Some(p), Some(grid)) = (
             summary.precision.as_mut(),
@@ -247,6 +309,16 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
     }
 }
 
+/// Whether a weight check's words say the weight was matched by its shape alone and differs
+/// in every element (`… (N of N elements differ) (the reference's `w`, matched by shape)`).
+fn rewritten_form(said: &str) -> bool {
+    let counted = said
+        .split_once(" elements differ)")
+        .and_then(|(before, _)| before.rsplit_once('('))
+        .and_then(|(_, counts)| counts.split_once(" of "));
+    said.contains(MATCHED_BY_SHAPE) && counted.is_some_and(|(moved, of)| moved == of)
+}
+
 /// The grid the reference's runtime computes `layer` on, where it lowers one of the group's
 /// ops (`evidence.ops`) below the layer's dtype, and how, in words.
 fn reference_lowers(
@@ -263,4 +335,20 @@ fn reference_lowers(
             .iter()
             .any(|op| reduced.ops.contains(&op.as_str())))
     .then(|| (grid, reduced.how.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_a_weight_matched_by_shape_that_differs_everywhere_is_a_rewritten_form() {
+        let fused = "`ConvMulFusion_W_fc2.weight` differs: max abs diff 8.273e-2 (6400 of 6400 elements differ) (the reference's `fc2.weight`, matched by shape)";
+        assert!(super::rewritten_form(fused));
+        // one element edited in a folded Conv weight: an edit
+        let edited = "`onnx::Conv_193` differs: max abs diff 2.000e-5 (1 of 73728 elements differ) (the reference's `layer2.0.conv1.weight`, matched by shape)";
+        assert!(!super::rewritten_form(edited));
+        // matched by name: always the model's weight
+        assert!(!super::rewritten_form(
+            "`fc.bias` differs: max abs diff 2.000e-5 (1000 of 1000 elements differ)"
+        ));
+    }
 }

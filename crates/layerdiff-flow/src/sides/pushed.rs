@@ -11,7 +11,9 @@ use std::time::Duration;
 use layerdiff_core::{DType, Evidence, SideInfo, Summary, Tensor, TensorView};
 
 use crate::Result;
-use crate::engine::evidence::{WeightCheck, WeightCheckFn, check_weight, transpose_2d};
+use crate::engine::evidence::{
+    MATCHED_BY_SHAPE, WeightCheck, WeightCheckFn, check_weight, transpose_2d,
+};
 use crate::engine::plan::{Part, PlanSide};
 use crate::engine::side::{Group, Member, Own, Receive, Recompute, Side};
 
@@ -408,7 +410,7 @@ fn parameter_check(
         let by_shape = if n == name {
             String::new()
         } else {
-            format!(" (the reference's `{n}`, matched by shape)")
+            format!(" (the reference's `{n}`, {MATCHED_BY_SHAPE})")
         };
         match check_weight(name, parameter.view(), weight, true, half_step) {
             WeightCheck::Same => return Some(WeightCheck::Same),

@@ -394,6 +394,13 @@ impl CapturedRun {
         Ok(needed)
     }
 
+    /// Reads the weights of every compared layer against the model's parameters, not only a
+    /// drifting layer's (before [`CapturedRun::conclude`]): a file the user gives may hold an
+    /// edit no layer's value shows (see [`Engine::read_every_weight`]).
+    pub fn read_every_weight(&mut self) {
+        self.engine.read_every_weight();
+    }
+
     /// Whether a layer's target computes what its file says where that is not the model's
     /// computation (`file_differs`, after [`CapturedRun::conclude`]): then a fresh export of the
     /// model set [`CapturedRun::beside`] the file names what differs.

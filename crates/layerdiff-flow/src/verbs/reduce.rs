@@ -51,6 +51,10 @@ pub struct Repro {
     pub multiple: f64,
     /// What the piece is held to: what the report judged the layer by.
     pub measure: Measure,
+    /// Where the headline defect is a weight of the file that differs from the reference's,
+    /// what the report said of it: the weight itself is the evidence, whether or not a run
+    /// of the piece shows it (an element moved by less than any tolerance shows).
+    pub weight: Option<String>,
 }
 
 impl Repro {
@@ -71,11 +75,27 @@ impl Repro {
         }
     }
 
+    /// Whether the folder holds the headline defect: its piece's run shows it, or the defect
+    /// is a weight that the piece holds (the report read it from the file), which no run needs
+    /// to show.
+    pub fn found(&self) -> bool {
+        self.reproduced || self.weight.is_some()
+    }
+
     /// The repro in one line.
     pub fn sentence(&self) -> String {
         let nodes = self.nodes.len();
         let plural = if nodes == 1 { "node" } else { "nodes" };
         let of = self.measure.words();
+        if let Some(weight) = self.weight.as_ref().filter(|_| !self.reproduced) {
+            return format!(
+                "repro of {}: {nodes} {plural} ({}) in {}, holding the file's weight that is the defect: {weight}; no run shows it: on the piece the target stays within {of} ({}), as the layer did in the run, so the weight is the evidence, read from the file",
+                self.shown(),
+                self.nodes.join(", "),
+                self.folder.display(),
+                layerdiff_core::render::times(self.multiple)
+            );
+        }
         if self.reproduced {
             format!(
                 "repro of {}: {nodes} {plural} ({}) in {}, checked: the target {}, {} {of} (python repro.py)",
@@ -156,6 +176,14 @@ pub fn onnx(
     written.write(tried, names)
 }
 
+/// What the report said of `layer`'s defect where it is a weight of the file that differs
+/// from the reference's.
+fn weight_defect(report: &Report, layer: &str) -> Option<String> {
+    (report.summary.defects.iter())
+        .find(|d| d.layer == layer && d.cause == layerdiff_core::Cause::WeightMismatch)
+        .map(|d| d.detail.clone())
+}
+
 /// What a repro's folder is written from.
 struct Written<'a> {
     report: &'a Report,
@@ -191,6 +219,7 @@ impl Written<'_> {
             max_abs_diff: tried.max_abs_diff,
             multiple: tried.multiple,
             measure: self.measure.clone(),
+            weight: weight_defect(self.report, &self.layer.name),
         };
         let facts = script::Facts {
             report: self.report,

@@ -7,6 +7,10 @@ use layerdiff_core::{DType, TensorView, compare};
 /// above float32 rounding of a folded constant, far below any real edit.
 const WEIGHT_RTOL: f64 = 1e-5;
 
+/// How a weight check says that the target's weight was read against the one parameter of its
+/// shape, its name being none of the layer's (an optimizer's fused weight, a folded form).
+pub const MATCHED_BY_SHAPE: &str = "matched by shape";
+
 /// Checks one of the target's weights against the reference's counterpart: (the node that reads
 /// it, the input position, its name, its values (dequantized where quantized), half its scale
 /// step per element where quantized).

@@ -164,7 +164,12 @@ pub(crate) fn readme(facts: &Facts) -> String {
         .unwrap_or_default();
     let nodes: Vec<String> = repro.nodes.iter().map(|n| format!("`{n}`")).collect();
     let of = repro.measure.words();
-    let found = if repro.reproduced {
+    let found = if let Some(weight) = repro.weight.as_ref().filter(|_| !repro.reproduced) {
+        format!(
+            "**The defect is a weight of the file**, which the piece holds: {weight}. No run shows it: on the piece the target stays within {of} ({}), as the layer did in the run (`python repro.py` prints the difference and says it is within); the weight, read from the file against the model's, is the evidence.",
+            layerdiff_core::render::times(repro.multiple)
+        )
+    } else if repro.reproduced {
         format!(
             "**Checked** before this folder was written: on the piece, the target's value {}, {} {of}.",
             repro.difference(),
