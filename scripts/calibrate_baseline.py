@@ -59,6 +59,7 @@ from calibration_files import (  # noqa: E402
     FAULTS,
     dynamic_int8,
     int4,
+    rewritten,
     static_int8,  # noqa: E402
 )
 from calibration_table import found, headline, row  # noqa: E402
@@ -297,10 +298,7 @@ def fault(builder: str, kind: str, target: str, threads: int | None, folder: Pat
             else importlib.import_module(f"builders.{name}").build()
         )
         path = export_onnx(model, inputs, folder / "model.onnx", exporter=exporter)
-        if quantizer == "dynamic":
-            path = dynamic_int8(path, folder / "model.int8.onnx")
-        elif quantizer == "static":
-            path = static_int8(path, folder / "model.int8.onnx", inputs)
+        path = rewritten(quantizer, path, folder, inputs)
         edited = onnx.load(str(path))
         edit(edited)
         onnx.save(edited, str(path))

@@ -47,6 +47,12 @@ FAULTS = [
     # a Conv+BatchNorm weight ×1.05 in a legacy export, which ONNX Runtime fuses with the ReLU
     # into an NCHWc Conv on a reordered copy: found at the first value that survives
     ("resnet18 legacy", "file", "ort:opt=all", "layer2.0.relu", "weight_mismatch"),
+    # a file ONNX Runtime optimized offline (a Conv, its BatchNorm and its ReLU fused into one
+    # node that writes the ReLU's output), clean, and with that Conv's weight ×1.05
+    ("resnet18 optimized", "file", "ort", None, None),
+    ("resnet18 optimized edited", "file", "ort", "layer2.0.relu", "weight_mismatch"),
+    # one element of a folded Conv weight moved by 2e-5: no layer exceeds any tolerance
+    ("resnet18 one element", "file", "ort", "layer2.0.bn1", "weight_mismatch"),
     # one weight scale ×1.3 in a file quantized by ONNX Runtime's dynamic quantizer
     ("bert dynamic int8", "file", "ort", "model.encoder.layer.0.attention.self.value",
      "weight_mismatch"),
@@ -145,6 +151,21 @@ def conv_weight(output: str, factor: float):
     return edit
 
 
+def conv_element(index: int, delta: float):
+    """An edit: `delta` added to the first element of the weight of the `index`-th Conv."""
+
+    def edit(model) -> None:
+        from onnx import numpy_helper
+
+        conv = [n for n in model.graph.node if n.op_type == "Conv"][index]
+        weight = next(i for i in model.graph.initializer if i.name == conv.input[1])
+        values = numpy_helper.to_array(weight).copy()
+        values.flat[0] += delta
+        weight.CopyFrom(numpy_helper.from_array(values, weight.name))
+
+    return edit
+
+
 def dynamic_scale(index: int, factor: float):
     """An edit of a dynamically quantized file: the weight scale of its `index`-th
     MatMulInteger scaled by `factor`."""
@@ -191,8 +212,9 @@ def activation_range(value: str, factor: float):
 
 # how each `file` fault makes and edits its model's file: (the model, its exporter, which of
 # ONNX Runtime's quantizers quantizes the export first, if one does: `dynamic` or `static`
-# (int8 QDQ), the edit): a LayerNorm's epsilon, a Gemm's alpha, a constant the exporter
-# folded, weights, a weight scale, a quantized weight's codes
+# (int8 QDQ), or `optimized` where its offline optimizer rewrites it, the edit): a
+# LayerNorm's epsilon, a Gemm's alpha, a constant the exporter folded, weights, a weight
+# scale, a quantized weight's codes
 EDITS = {
     "bert": ("bert", "dynamo", None, attribute("LayerNormalization", 3, "epsilon", 0.05)),
     "resnet18": ("resnet18", "dynamo", None, attribute("Gemm", 0, "alpha", 1.01)),
@@ -203,6 +225,12 @@ EDITS = {
     "resnet18 legacy": (
         "resnet18", "legacy", None, conv_weight("/layer2/layer2.0/conv1/Conv_output_0", 1.05),
     ),
+    "resnet18 optimized": ("resnet18", "legacy", "optimized", lambda model: None),
+    "resnet18 optimized edited": (
+        "resnet18", "legacy", "optimized",
+        conv_weight("/layer2/layer2.0/relu/Relu_output_0", 1.05),
+    ),
+    "resnet18 one element": ("resnet18", "dynamo", None, conv_element(5, 2e-5)),
     "bert dynamic int8": ("bert", "dynamo", "dynamic", dynamic_scale(2, 1.3)),
     "resnet18 static int8": (
         "resnet18", "legacy", "static", int8_codes("/layer2/layer2.1/conv1/Conv", 1.03),
@@ -269,6 +297,30 @@ DECODE_EDITS = {
     "llama float": ("llama", "float", positions_off),
     "gpt2 float": ("gpt2", "float", mask_short),
 }
+
+
+def rewritten(quantizer: str | None, path: Path, folder: Path, inputs) -> Path:
+    """The export at `path` as an `EDITS` entry's `quantizer` rewrites it into `folder`
+    (`dynamic`, `static`, `optimized`), or as it is (`None`)."""
+    if quantizer == "dynamic":
+        return dynamic_int8(path, folder / "model.int8.onnx")
+    if quantizer == "static":
+        return static_int8(path, folder / "model.int8.onnx", inputs)
+    if quantizer == "optimized":
+        return ort_optimized(path, folder / "model.optimized.onnx")
+    return path
+
+
+def ort_optimized(path: Path, out: Path) -> Path:
+    """`path` as ONNX Runtime's offline optimizer writes it at its extended level (fusions
+    that any provider runs: a Conv with the activation after it, a MatMul with its Add)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(out)
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return out
 
 
 def dynamic_int8(path: Path, out: Path) -> Path:
