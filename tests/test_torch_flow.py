@@ -101,6 +101,30 @@ def test_a_weight_the_file_changed_within_the_tolerance_is_a_defect(
     assert report.summary["verdict"] == "defect"
 
 
+BARE_LINEAR = """import torch
+
+
+def build():
+    torch.manual_seed(0)
+    return torch.nn.Linear(8, 4).eval(), torch.randn(2, 8)
+"""
+
+
+@pytest.mark.parametrize(
+    "verb", [("torch",), ("torch", "--target", "torch:bf16"), ("grad", "--target", "torch:bf16")]
+)
+def test_a_model_that_is_one_bare_module_is_its_one_layer(tmp_path, verb):
+    """A bare nn.Linear as the whole model: `torch` said it "compared no layer" and asked
+    whether the file was an export of this model, and `grad` failed on an internal KeyError.
+    It is one layer, `Linear` (its gradients `Linear.weight`…), compared as any other."""
+    (tmp_path / "bare.py").write_text(BARE_LINEAR)
+    done = run_cli(*verb, "bare.py:build", "--json", "r.json", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert any(x["name"].startswith("Linear") for x in report["layers"]), report["layers"]
+    assert report["summary"]["layers_compared"] >= 1 and report["summary"]["defects"] == []
+
+
 def test_without_cloning_inplace_relu_corrupts_batchnorm_captures(resnet18, resnet18_onnx):
     """Guards the reason for the clone: ReLU(inplace=True) rewrites the BatchNorm output."""
     model, inputs, _ = resnet18

@@ -43,6 +43,20 @@ def by_position(model, inputs):
     return Keywords(model, list(inputs)), tuple(inputs.values())
 
 
+class Whole(nn.Module):
+    """A model that is one module without children (a bare `nn.Linear`), registered inside
+    this one under its class's name: the layers are the leaf modules a model calls, and such a
+    model is then one, `Linear` (its parameters `Linear.weight`…), exported in its scope."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.add_module(type(model).__name__, model)
+        object.__setattr__(self, "model_", model)
+
+    def forward(self, *args, **kwargs):
+        return self.model_(*args, **kwargs)
+
+
 def model_name(model) -> str:
     """The model's name in a report given none: its class's (the held model's, inside a
     holder such as `Keywords`)."""
@@ -65,6 +79,8 @@ def model_and_inputs(model, inputs, seed: int | None, streams=None) -> tuple[nn.
             "folder's path"
         )
     model, inputs = by_position(model, inputs)
+    if isinstance(model, nn.Module) and next(model.children(), None) is None:
+        model = Whole(model)
     return model, as_input_tuple(inputs)
 
 
