@@ -331,29 +331,15 @@ pub fn to_text(report: &CheckReport) -> String {
     for o in &report.outputs {
         let s = &o.stats;
         let beyond = s.rounding.as_ref().map_or(0, |r| r.beyond_tolerance);
-        out.push_str(&format!(
-            "  {} {}{:?}: {}, max abs diff {:.3e}, max rel diff {:.3e}, {beyond} of {} elements beyond the bound",
-            o.name,
-            o.dtype,
-            o.shape,
-            if o.passed { "pass" } else { "FAIL" },
-            s.counting_nan(s.max_abs_diff),
-            s.counting_nan(s.max_rel_diff),
-            s.elements,
-        ));
-        if let Some(needed) = s.rounding.as_ref().map(|r| r.tolerance_needed)
-            && beyond > 0
-        {
-            out.push_str(&format!(" (it needs {needed:.3}x the bound)"));
-        }
-        out.push('\n');
-        if let Some(w) = &s.worst {
+        out.push_str(&output_line(o));
+        if o.float64.is_some() && s.nonfinite_target() > 0 {
+            // its means cover the finite elements only: no rounding makes a NaN or an Inf
             out.push_str(&format!(
-                "    worst at {:?}: {:.7e} where the reference is {:.7e}\n",
-                w.position, w.target, w.reference
+                "    float64 truth: the target is NaN or Inf in {} of {} elements where the reference holds a number: no rounding makes that\n",
+                s.nonfinite_target(),
+                s.elements,
             ));
-        }
-        if let Some(f) = &o.float64 {
+        } else if let Some(f) = &o.float64 {
             let said = if on_integers(f) {
                 format!(
                     "the file quantizes to {}: float32's rounding does not bound its distance, and the whole output cannot tell its quantization from a defect (a range too narrow, a weight off): `layerdiff torch {} --onnx {}` does, layer by layer",
@@ -410,6 +396,44 @@ pub fn to_text(report: &CheckReport) -> String {
                 .as_ref()
                 .map_or(String::new(), |f| format!(" --onnx {f}")),
             report.target
+        ));
+    }
+    out
+}
+
+/// An output's line in the check's text: its figures against the bound, NaN on one side
+/// counted apart, and its worst element.
+fn output_line(o: &OutputCheck) -> String {
+    let s = &o.stats;
+    let beyond = s.rounding.as_ref().map_or(0, |r| r.beyond_tolerance);
+    let mut out = String::new();
+    out.push_str(&format!(
+        "  {} {}{:?}: {}, max abs diff {:.3e}, max rel diff {:.3e}, {beyond} of {} elements beyond the bound",
+        o.name,
+        o.dtype,
+        o.shape,
+        if o.passed { "pass" } else { "FAIL" },
+        s.counting_nan(s.max_abs_diff),
+        s.counting_nan(s.max_rel_diff),
+        s.elements,
+    ));
+    if let Some(needed) = s.rounding.as_ref().map(|r| r.tolerance_needed)
+        && beyond > 0
+    {
+        out.push_str(&format!(" (it needs {needed:.3}x the bound)"));
+    }
+    if s.nan_mismatch > 0 {
+        // the figures above cover the elements both hold as numbers
+        out.push_str(&format!(
+            ", and {} of {} NaN on one side where the other holds a number",
+            s.nan_mismatch, s.elements
+        ));
+    }
+    out.push('\n');
+    if let Some(w) = &s.worst {
+        out.push_str(&format!(
+            "    worst at {:?}: {:.7e} where the reference is {:.7e}\n",
+            w.position, w.target, w.reference
         ));
     }
     out

@@ -73,8 +73,6 @@ pub fn check_weight(
     if let Some(step) = half_step.filter(|s| s.numel() == target.numel()) {
         return check_quantized(name, reference, target, step);
     }
-    // The largest finite magnitude, read only where a difference needs it.
-    let scale = || reference.max_abs();
     // Both sides below float32, in two dtypes (bfloat16 against float16): each holds its own
     // rounding of the model's weight, so neither is the other's cast; they agree within the
     // coarser one's steps, inside the range both hold.
@@ -158,12 +156,25 @@ pub fn check_weight(
         }
         return WeightCheck::LowerPrecision(said);
     }
+    same_dtype(name, reference, target)
+}
+
+/// A weight against the reference's in the same dtype: the same, or different beyond
+/// [`WEIGHT_RTOL`] of its largest magnitude (or NaN on one side only), in words.
+fn same_dtype(name: &str, reference: TensorView<'_>, target: TensorView<'_>) -> WeightCheck {
     let Ok(stats) = compare(reference, target) else {
         return WeightCheck::Same;
     };
     let differs = stats.nan_mismatch > 0
-        || (stats.max_abs_diff > 0.0 && stats.max_abs_diff > WEIGHT_RTOL * scale());
-    if differs {
+        // (the largest magnitude read only where a difference needs it)
+        || (stats.max_abs_diff > 0.0 && stats.max_abs_diff > WEIGHT_RTOL * reference.max_abs());
+    if differs && stats.nan_mismatch > 0 {
+        // the figures cover the elements both hold as numbers: alone, they would read 0
+        WeightCheck::Differs(format!(
+            "`{name}` differs: NaN on one side where the other holds a number in {} of {} elements (elsewhere max abs diff {:.3e}, {} more differ)",
+            stats.nan_mismatch, stats.elements, stats.max_abs_diff, stats.abs_diff_above[0]
+        ))
+    } else if differs {
         WeightCheck::Differs(format!(
             "`{name}` differs: max abs diff {:.3e} ({} of {} elements differ)",
             stats.max_abs_diff, stats.abs_diff_above[0], stats.elements
@@ -307,6 +318,26 @@ mod tests {
         match check_weight("w", bf16.view(), moved.view(), true, None) {
             WeightCheck::Differs(text) => assert!(text.contains("(1 of 10001"), "{text}"),
             other => panic!("an edited element between two roundings went unseen: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_weight_nan_where_the_reference_holds_a_number_says_so_not_a_diff_of_zero() {
+        let model: Vec<f32> = (0..48).map(|i| 0.01 * i as f32).collect();
+        let mut edited = model.clone();
+        edited[7] = f32::NAN;
+        match check_weight(
+            "w",
+            tensor(&model).view(),
+            tensor(&edited).view(),
+            false,
+            None,
+        ) {
+            WeightCheck::Differs(text) => assert_eq!(
+                text,
+                "`w` differs: NaN on one side where the other holds a number in 1 of 48 elements (elsewhere max abs diff 0.000e0, 0 more differ)"
+            ),
+            other => panic!("a NaN weight went unseen: {other:?}"),
         }
     }
 

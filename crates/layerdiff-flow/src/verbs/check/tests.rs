@@ -117,3 +117,35 @@ fn a_runtime_that_approximates_the_models_own_computation_within_the_bound_passe
     );
     assert!(!differs.outputs[0].passed && !to_text(&differs).contains("approximate"));
 }
+
+#[test]
+fn an_output_nan_on_the_target_is_said_not_called_rounding() {
+    // a file whose bias is NaN: every logit NaN. The line read "0 of 10 elements beyond the
+    // bound" and the float64 line "0.00x as far from it as the reference: rounding", under FAIL
+    let exact: Vec<f64> = (0..10).map(|i| 0.1 * f64::from(i) - 0.4).collect();
+    let out = |t: Tensor| vec![("logits".to_string(), t)];
+    let report = CheckReport::new(
+        "m",
+        ("pytorch", "ort"),
+        Bound {
+            atol: 1e-4,
+            rtol: 1e-5,
+        },
+        &out(side(DType::F32, &exact, 1.0)),
+        &out(Tensor::from_f64(DType::F32, &[f64::NAN; 10])),
+        Some(&out(Tensor::from_f64(DType::F64, &exact))),
+        None,
+    )
+    .unwrap();
+    assert!(!report.passed);
+    let text = to_text(&report);
+    assert!(
+        text.contains(", and 10 of 10 NaN on one side where the other holds a number"),
+        "{text}"
+    );
+    assert!(
+        text.contains("float64 truth: the target is NaN or Inf in 10 of 10 elements where the reference holds a number: no rounding makes that"),
+        "{text}"
+    );
+    assert!(!text.contains(": rounding"), "{text}");
+}
