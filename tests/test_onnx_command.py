@@ -201,6 +201,8 @@ def test_a_dynamic_batch_is_one_and_other_dynamic_dimensions_need_a_shape(tmp_pa
         (["{model}", "--vs", "{model}", "--int-range", "5,1"], "LO <= HI"),
         (["{text}", "--vs", "{model}"], "is not a valid ONNX model"),
         (["{model}", "--max-memory", "4X"], "`4X` is not a memory size"),
+        # once run at its fixed batch of 1 in silence, as if at 4
+        (["{model}", "--batch", "4"], "--batch 4: no input of the model has a dynamic first"),
     ],
 )
 def test_bad_input_exits_2_with_a_message(resnet18_onnx, tmp_path, args, message):

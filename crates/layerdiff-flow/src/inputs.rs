@@ -130,6 +130,9 @@ pub fn generate_inputs(index: &GraphIndex, plan: &InputPlan) -> Result<Vec<(Stri
             )));
         }
     }
+    if let Some(batch) = plan.batch {
+        batch_applies(index, plan, batch)?;
+    }
     let mut rng = layerdiff_core::SplitMix64::new(plan.seed);
     index
         .graph_inputs()
@@ -156,6 +159,31 @@ pub fn generate_inputs(index: &GraphIndex, plan: &InputPlan) -> Result<Vec<(Stri
             ))
         })
         .collect()
+}
+
+/// `--batch N` where some input left to it has a dynamic first dimension, or each has `N`
+/// fixed there already; else an error that says so (the file runs its fixed size only, and a
+/// run at another would pass for one at `N`).
+fn batch_applies(index: &GraphIndex, plan: &InputPlan, batch: usize) -> Result<()> {
+    let mut fixed = Vec::new();
+    for name in index.graph_inputs() {
+        if plan.shapes.iter().any(|(n, _)| n == name) {
+            continue;
+        }
+        let dims = index.value_type(name).and_then(|t| t.dims.as_deref());
+        match dims.and_then(|d| d.first()) {
+            Some(Dimension::Fixed(v)) if *v >= 0 => fixed.push((name, *v)),
+            _ => return Ok(()),
+        }
+    }
+    if fixed.iter().all(|(_, v)| usize::try_from(*v) == Ok(batch)) {
+        return Ok(());
+    }
+    let shown: Vec<String> = fixed.iter().map(|(n, v)| format!("`{n}` ({v})")).collect();
+    Err(Error::Inputs(format!(
+        "--batch {batch}: no input of the model has a dynamic first dimension, it is fixed in {}: the file runs that size only; export it with a dynamic batch dimension to run {batch}",
+        shown.join(", ")
+    )))
 }
 
 /// What the report says of the inputs whose dynamic first (batch) dimension was made 1, where
