@@ -157,7 +157,9 @@ pub fn pair_by_values(
 /// Each layer recognised moves to the first value after the value of the layer before
 /// it that is as alike as the one it took: a value reshaped outside any module (a flatten
 /// after the pooling) holds the layer's very values, and the layer's own value comes first.
-/// A value merely close to it (a Linear's MatMul before its bias) is not the layer's.
+/// A value merely close to it (a Linear's MatMul before its bias) is not the layer's. Where
+/// the file computes the layer before the one before it (an optimizer sorted an attention's
+/// key projection before its query's), the first such value from the start of the graph.
 fn first_alike(
     wanted: &[&LayerCall],
     seen: &[(usize, Fingerprint)],
@@ -171,9 +173,10 @@ fn first_alike(
         };
         let current = *c;
         let taken = print.likeness(&seen[current].1);
+        let from = if current < start { 0 } else { start };
         let first = seen
             .iter()
-            .filter(|(k, _)| (start..current).contains(k) && !used[*k])
+            .filter(|(k, _)| (from..current).contains(k) && !used[*k])
             .find(|(_, f)| print.likeness(f) >= taken - SAME_EXACTLY);
         if let Some((k, f)) = first {
             used[current] = false;
@@ -336,4 +339,49 @@ pub fn unrecognised_from(names: &[&str], recognised: &[bool]) -> Option<String> 
         "from `{}` on no layer could be paired by values (the ONNX file names no module scope): the target may drift beyond recognition there, or compute something else",
         names[lost]
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use layerdiff_core::{DType, Fingerprint};
+    use layerdiff_onnx::LayerCall;
+
+    fn call(name: &str, samples: &[f64]) -> LayerCall {
+        LayerCall {
+            name: name.into(),
+            module: name.into(),
+            call_index: 0,
+            identity: false,
+            constant: false,
+            feeds_output: true,
+            input_from: None,
+            shape: vec![1, samples.len()],
+            dtype: DType::F32,
+            fingerprint: Some(print(samples)),
+            op: None,
+        }
+    }
+
+    fn print(samples: &[f64]) -> Fingerprint {
+        Fingerprint {
+            count: samples.len(),
+            samples: samples.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_layer_the_file_computes_before_the_one_before_it_takes_its_own_first_value() {
+        // an optimized BERT: the key's projection (its Gemm's output, then that reshaped for
+        // the heads) sorted before the query's; the key had taken the heads' reshape, of
+        // another shape, and read as a shape_mismatch defect on a clean file
+        let (q, k) = ([1.0, 2.0, 3.0], [4.0, -5.0, 6.0]);
+        let seen = vec![(0, print(&k)), (1, print(&k)), (2, print(&q))];
+        let (query, key) = (call("query", &q), call("key", &k));
+        let wanted = [&query, &key];
+        let mut found = vec![Some((2, String::new())), Some((1, String::new()))];
+        let mut used = vec![false, true, true];
+        super::first_alike(&wanted, &seen, &mut found, &mut used);
+        assert_eq!(found[1].as_ref().map(|f| f.0), Some(0));
+        assert_eq!(used, [true, false, true]);
+    }
 }
