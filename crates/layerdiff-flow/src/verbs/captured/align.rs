@@ -44,12 +44,14 @@ pub(super) fn onnx_target(
                 budget(c.settings.max_memory),
             )?;
             clock.lap("pairing layers by values", RUNTIME);
-            let names: Vec<&str> = request
-                .layers
-                .iter()
-                .map(|&i| calls[i].name.as_str())
-                .collect();
-            let recognised: Vec<bool> = found[..names.len()].iter().map(Result::is_ok).collect();
+            // a layer no model output needs (BERT's pooler where only the hidden states are
+            // returned), or computed from constants only, has no value in an export: never
+            // paired, it says nothing of where recognition stopped
+            let (names, recognised): (Vec<&str>, Vec<bool>) = (request.layers.iter())
+                .zip(&found)
+                .filter(|&(&i, _)| calls[i].feeds_output && !calls[i].constant)
+                .map(|(&i, f)| (calls[i].name.as_str(), f.is_ok()))
+                .unzip();
             if request.unscoped_file {
                 inconclusive = unrecognised_from(&names, &recognised);
             }
