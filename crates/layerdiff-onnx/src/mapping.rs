@@ -223,8 +223,8 @@ fn boundary_outputs(
 /// the Conv's name and writes the Relu's output, `/relu/Relu_output_0`. Such a value holds the
 /// removed node's module's output (or no captured module's, a block's own `Mul`), not the
 /// module of the node that writes it now, whose own output is gone: each with the module its
-/// legacy name places it in. A value named after its own node, or not in the legacy form,
-/// is not listed; nor one only QuantizeLinear nodes read: ONNX Runtime's static quantizer
+/// legacy name places it in. A value named after a node of its writer's own scope, or not in
+/// the legacy form, is not listed; nor one only QuantizeLinear nodes read: ONNX Runtime's static quantizer
 /// removes a ReLU whose work the quantized range does and keeps its output's name on the
 /// Conv's value, which is the Conv's own.
 fn fused_owners(index: &GraphIndex, resolver: &ScopeResolver) -> HashMap<String, Option<String>> {
@@ -237,7 +237,11 @@ fn fused_owners(index: &GraphIndex, resolver: &ScopeResolver) -> HashMap<String,
             let numbered = !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit());
             let quantized = index.consumers(out).next().is_some()
                 && index.consumers(out).all(|c| c.op_type == "QuantizeLinear");
-            if numbered && writer.starts_with('/') && writer != node.name && !quantized {
+            // a rewrite within one scope (the dynamic quantizer's Mul that writes its
+            // MatMul's output) moves no value between modules
+            let scope = |name: &str| name.rsplit_once('/').map(|(s, _)| s.to_string());
+            let across = scope(writer) != scope(&node.name);
+            if numbered && writer.starts_with('/') && across && !quantized {
                 owners.insert(out.clone(), resolver.module_of_name(writer));
             }
         }
