@@ -63,6 +63,33 @@ def test_a_constant_in_a_modules_scope_is_not_its_output():
     assert report.layer("encoder.dropout")["status"] == "compared"
 
 
+def test_a_blocks_residual_adds_in_a_quantized_legacy_file_pair_by_position(tmp_path):
+    """In a legacy export a ViT block's residual adds sit beside its MultiheadAttention's own
+    adds (`…/encoder_layer_1/self_attention/Add`), a module no layer is captured from. Counted
+    as the block's, they outnumbered its two calls and were paired by values, which a dynamic
+    int8 file does not hold: the adds went unmapped, each block's local re-run reached back
+    further, and ViT-B/16 read 'undecided' (more than 256 nodes to re-run) instead of its
+    int8 rounding."""
+    torch = pytest.importorskip("torch")
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    model = VisionTransformer(
+        image_size=32, patch_size=16, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64
+    ).eval()
+    inputs = (torch.randn(1, 3, 32, 32),)
+    path = export_onnx(model, inputs, tmp_path / "m.onnx", exporter="legacy")
+    quantize_dynamic(str(path), str(tmp_path / "q.onnx"), weight_type=QuantType.QInt8)
+    report = compare_torch_onnx(model, inputs, onnx=tmp_path / "q.onnx")
+    for block in (0, 1):
+        for call, node in ((":add", "Add"), (":add#2", "Add_1")):
+            layer = report.layer(f"encoder.layers.encoder_layer_{block}{call}")
+            assert layer["status"] == "compared", layer["reason"]
+            assert layer["location"]["node"] == f"/encoder/layers/encoder_layer_{block}/{node}"
+    assert report.summary["layers_compared"] == 26 - 2
+
+
 @pytest.fixture(scope="module")
 def stripped_resnet18(resnet18, resnet18_onnx, tmp_path_factory):
     path = tmp_path_factory.mktemp("stripped") / "resnet18.onnx"

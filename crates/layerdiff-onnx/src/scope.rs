@@ -116,18 +116,21 @@ impl ScopeResolver {
     /// `None` when a component names no module, or the scope ends at a module that is not a
     /// captured one (a block's own `Add`, say).
     ///
-    /// Components past a captured module that name nothing below it are a rewrite's own
+    /// Components past a captured leaf that name nothing below it are a rewrite's own
     /// (ONNX Runtime names a fused node after the one it replaced, `…/qkv/MatMul/
-    /// MatMulAddFusion`): the node is still that module's.
+    /// MatMulAddFusion`): the node is still that leaf's. Past a captured block with captured
+    /// modules below it, such a component is a submodule no layer was captured from
+    /// (torchvision's `MultiheadAttention`): its nodes are not the block's own ops.
     fn walk_legacy(&self, scope: &str) -> Option<String> {
         let mut here = String::new();
         for component in scope.split('/') {
             let next = self
                 .step(&here, component)
                 .or_else(|| self.step(&here, repeated_call(component)?));
+            let leaf = |m: &str| !self.known.iter().any(|p| below(p, m));
             match next {
                 Some(next) => here = next,
-                None if self.modules.contains(&here) => return Some(here),
+                None if self.modules.contains(&here) && leaf(&here) => return Some(here),
                 None => return None,
             }
         }
@@ -353,6 +356,16 @@ mod tests {
             Some("layer2.0.downsample.0")
         );
         assert_eq!(m("/layer1/layer1.0/Add/Fused"), None);
+        // past a captured block that has captured modules below it, a component naming
+        // nothing is an uncaptured submodule (torchvision's MultiheadAttention, whose out_proj
+        // is never called): its nodes are not the block's own ops
+        let r = ScopeResolver::new(&["encoder.layer_5", "encoder.layer_5.ln_1"]);
+        let m = |n: &str| r.module_of(&node(n, None)).map(|(m, _)| m);
+        assert_eq!(
+            m("/encoder/layer_5/Add").as_deref(),
+            Some("encoder.layer_5")
+        );
+        assert_eq!(m("/encoder/layer_5/self_attention/Add"), None);
         assert_eq!(
             m("/layer1/layer1.0/Add"),
             None,
