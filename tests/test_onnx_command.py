@@ -489,3 +489,49 @@ def test_an_op_the_target_lacks_leaves_out_its_layers_and_compares_the_others(tm
         assert "tract cannot run `det`" in summary["inconclusive"]
         assert summary["warnings"][0].startswith("tract cannot run `det` (Det")
         assert ("segments" in result.stderr) == bool(extra)
+
+
+def test_an_index_output_says_how_many_predictions_change(tmp_path):
+    """A classifier whose output is its argmax, against its dynamic int8 file: some predictions
+    change. The summary said "the output is off by 9.000e0 (0.0× its tolerance)", which reads
+    as within it; an index is compared exactly, and the words say how many elements differ."""
+    import numpy as np
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    rng = np.random.default_rng(0)
+    weights = {
+        "w1": rng.standard_normal((64, 256)).astype(np.float32) / 8,
+        "b1": rng.standard_normal(256).astype(np.float32) / 8,
+        "w2": rng.standard_normal((256, 10)).astype(np.float32) / 16,
+        "b2": rng.standard_normal(10).astype(np.float32) / 16,
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h0"], name="fc1/MatMul"),
+        helper.make_node("Add", ["h0", "b1"], ["h1"], name="fc1/Add"),
+        helper.make_node("Relu", ["h1"], ["h2"], name="act"),
+        helper.make_node("MatMul", ["h2", "w2"], ["l0"], name="fc2/MatMul"),
+        helper.make_node("Add", ["l0", "b2"], ["logits"], name="fc2/Add"),
+        helper.make_node("ArgMax", ["logits"], ["y"], name="argmax", axis=1, keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes, "classifier",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [512, 64])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.INT64, [512])],
+        [numpy_helper.from_array(a, n) for n, a in weights.items()],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.save(model, str(tmp_path / "f32.onnx"))
+    quantize_dynamic(str(tmp_path / "f32.onnx"), str(tmp_path / "int8.onnx"),
+                     weight_type=QuantType.QInt8)  # fmt: skip
+
+    result, report = report_of(
+        tmp_path, str(tmp_path / "f32.onnx"), "--vs", str(tmp_path / "int8.onnx"), "--seed", "0"
+    )
+    precision = report["summary"]["precision"]
+    exact = precision["output_exact"]
+    assert precision["output"] == "y" and exact["dtype"] == "int64" and exact["elements"] == 512
+    assert 0 < exact["differ"] < 512
+    assert (
+        f"the output `y` (int64, compared exactly) differs in {exact['differ']} of 512 elements"
+        in result.stdout
+    ), result.stdout

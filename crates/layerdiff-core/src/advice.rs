@@ -59,7 +59,8 @@ pub fn keep_float32(report: &Report, precision: &str) -> Option<KeepFloat32> {
     // float32, without help").
     let output_fine = drift.output_tolerance_multiple <= 1.0
         && drift.output_nonfinite == 0
-        && drift.overflow == 0;
+        && drift.overflow == 0
+        && drift.output_exact.as_ref().is_none_or(|e| e.differ == 0);
     if output_fine {
         return None;
     }

@@ -71,10 +71,10 @@ pub use quantized::{
 };
 pub use random::{SplitMix64, random_tensor};
 pub use report::{
-    AdviceCheck, Approximation, CompiledWhole, Defect, FailOn, Finding, Float64Distance, InputInfo,
-    Inside, Invocation, KeepFloat32, KeptLayer, Layer, LayerStatus, Location, ModuleCompiled,
-    NarrowKernel, PrecisionDrift, ProviderNodes, ROUNDING_FACTOR, Report, SCHEMA, SideInfo,
-    Summary, TargetGraph, Timing, Verdict, WorstLayer, WorstLayers,
+    AdviceCheck, Approximation, CompiledWhole, Defect, ExactOutput, FailOn, Finding,
+    Float64Distance, InputInfo, Inside, Invocation, KeepFloat32, KeptLayer, Layer, LayerStatus,
+    Location, ModuleCompiled, NarrowKernel, PrecisionDrift, ProviderNodes, ROUNDING_FACTOR, Report,
+    SCHEMA, SideInfo, Summary, TargetGraph, Timing, Verdict, WorstLayer, WorstLayers,
 };
 pub use tensor::{Tensor, TensorView};
 pub use tolerance::{

@@ -14,8 +14,8 @@ pub use keep::{AdviceCheck, KeepFloat32, KeptLayer};
 pub use layer::{Finding, Float64Distance, Inside, Layer, LayerStatus, Location, ROUNDING_FACTOR};
 mod summary;
 pub use summary::{
-    Approximation, Defect, FailOn, NarrowKernel, PrecisionDrift, Summary, Verdict, WorstLayer,
-    WorstLayers,
+    Approximation, Defect, ExactOutput, FailOn, NarrowKernel, PrecisionDrift, Summary, Verdict,
+    WorstLayer, WorstLayers,
 };
 
 /// Schema identifier written into every JSON report. Version 4 renamed `layers[].onnx`

@@ -85,6 +85,7 @@ pub(super) fn conclude(
                 .and_then(crate::Stats::tolerance_multiple)
                 .unwrap_or(0.0),
             output_nonfinite: stats.map_or(0, crate::Stats::nonfinite_target),
+            output_exact: output.and_then(exact_output),
         }
     });
     if let Some(first) = failing {
@@ -113,4 +114,15 @@ pub(super) fn conclude(
 pub(crate) fn overflows(layer: &Layer) -> bool {
     let own = layer.local.as_ref().or(layer.accumulated.as_ref());
     own.is_some_and(|s| s.nonfinite_target() > 0)
+}
+
+/// The output `layer` as compared exactly, where its dtype is an integer or boolean one.
+fn exact_output(layer: &Layer) -> Option<crate::ExactOutput> {
+    let dtype = crate::DType::from_name(&layer.dtype).ok()?;
+    let stats = layer.accumulated.as_ref()?;
+    (!dtype.is_float()).then(|| crate::ExactOutput {
+        dtype: layer.dtype.clone(),
+        differ: stats.abs_diff_above[0],
+        elements: stats.elements,
+    })
 }

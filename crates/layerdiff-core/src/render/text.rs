@@ -234,16 +234,30 @@ fn kernel_lines(out: &mut String, what: &str, rows: Vec<(&str, String, &str)>, m
 /// Defects the summary spells out (all are in the report).
 const SHOWN_DEFECTS: usize = 5;
 
+/// An output compared exactly (a class index): how many of its elements differ.
+fn exact_output_words(output: &str, e: &crate::ExactOutput) -> String {
+    let what = format!("; the output `{output}` ({}, compared exactly)", e.dtype);
+    match e.differ {
+        0 => format!("{what} is the reference's in all {} elements", e.elements),
+        n => format!(
+            "{what} differs in {n} of {} elements ({:.1}%)",
+            e.elements,
+            100.0 * n as f64 / e.elements.max(1) as f64
+        ),
+    }
+}
+
 /// The precision drift in one line: where it is born, how many layers it takes past their
 /// tolerance, how far it grows, and any overflow.
 pub(crate) fn precision_words(p: &PrecisionDrift, compared: usize) -> String {
     let born = born_words(p);
-    let output = p.output.as_deref().map_or(String::new(), |o| match p.output_nonfinite {
-        0 => format!(
+    let output = p.output.as_deref().map_or(String::new(), |o| match (&p.output_exact, p.output_nonfinite) {
+        (Some(exact), _) => exact_output_words(o, exact),
+        (None, 0) => format!(
             "; the output `{o}` is off by {:.3e} ({:.1}× its tolerance)",
             p.output_max_abs_diff, p.output_tolerance_multiple
         ),
-        n => format!(
+        (None, n) => format!(
             "; the output `{o}` is NaN or ±Inf in {n} element(s) where the reference's are finite"
         ),
     });

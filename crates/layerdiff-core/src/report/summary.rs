@@ -300,6 +300,21 @@ pub struct PrecisionDrift {
     /// difference is then of the others).
     #[serde(skip_serializing_if = "is_zero")]
     pub output_nonfinite: u64,
+    /// An output compared exactly (an integer or boolean dtype: a class index, a mask), which
+    /// no tolerance or multiple describes: how many of its elements differ.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_exact: Option<ExactOutput>,
+}
+
+/// An output of an integer or boolean dtype, compared exactly.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ExactOutput {
+    /// Its dtype (`int64`, `bool`).
+    pub dtype: String,
+    /// Elements where the target's differs from the reference's.
+    pub differ: u64,
+    /// Its elements.
+    pub elements: u64,
 }
 
 impl Summary {

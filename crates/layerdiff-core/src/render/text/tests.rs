@@ -21,6 +21,7 @@ fn rounding_that_exceeds_only_in_a_layers_own_re_run_is_not_said_to_be_born_of_n
         output_max_abs_diff: 6e-8,
         output_tolerance_multiple: 1e-4,
         output_nonfinite: 0,
+        output_exact: None,
     });
     assert_eq!(
         verdict(&report),
@@ -47,6 +48,7 @@ fn an_output_that_overflowed_is_said_so_not_off_by_nothing() {
         output_max_abs_diff: 0.0,
         output_tolerance_multiple: f64::INFINITY,
         output_nonfinite: 80,
+        output_exact: None,
     };
     assert_eq!(
         precision_words(&p, 6),
@@ -61,4 +63,37 @@ fn an_output_that_overflowed_is_said_so_not_off_by_nothing() {
         precision_words(&p, 6)
             .contains("; the output `fc2` is off by 2.000e-3 (4.0× its tolerance)")
     );
+}
+
+#[test]
+fn an_integer_output_says_how_many_elements_differ_not_a_multiple_of_no_tolerance() {
+    // A classifier whose output is its argmax, against its dynamic int8 file: 41 of 512
+    // predictions change. It read "the output `8` is off by 9.000e0 (0.0× its tolerance)".
+    let mut p = PrecisionDrift {
+        dtype: "int8".into(),
+        origin: Some("fc1".into()),
+        source: None,
+        layers: 2,
+        overflow: 0,
+        output: Some("8".into()),
+        output_max_abs_diff: 9.0,
+        output_tolerance_multiple: 0.0,
+        output_nonfinite: 0,
+        output_exact: Some(crate::ExactOutput {
+            dtype: "int64".into(),
+            differ: 41,
+            elements: 512,
+        }),
+    };
+    assert!(
+        precision_words(&p, 4).ends_with(
+            "; the output `8` (int64, compared exactly) differs in 41 of 512 elements (8.0%)"
+        ),
+        "{}",
+        precision_words(&p, 4)
+    );
+    p.output_exact.as_mut().unwrap().differ = 0;
+    assert!(precision_words(&p, 4).ends_with(
+        "; the output `8` (int64, compared exactly) is the reference's in all 512 elements"
+    ));
 }
