@@ -70,6 +70,15 @@ def test_shapes_name_each_point_and_must_fit_the_inputs(tmp_path):
     assert worse.returncode == 2 and "is not a shape such as 1x3x224x224" in worse.stderr
     both = run_cli("torch", "resnet18", "--shapes", "1x3x8x8", "--batch-sizes", "2")
     assert both.returncode == 2 and "cannot be used with" in both.stderr
+    # a shape the model itself cannot take (64 features, given 48) is the user's, not the
+    # exporter's: it read "torch.onnx.export (dynamo) failed: RuntimeError: …"
+    unfit = run_cli(
+        "torch", f"{ROOT}/tests/builders/seed_mlp.py:build", "--shapes", "2x64", "--shapes", "2x48"
+    )
+    assert unfit.returncode == 2, unfit.stderr
+    said = unfit.stderr.strip().splitlines()[-1]
+    assert said.startswith("error: --shapes 2x48: the model fails at these input shapes"), said
+    assert "torch.onnx.export" not in said and "RuntimeError" in said
 
 
 def test_the_python_api_gives_the_axis_and_each_points_report():

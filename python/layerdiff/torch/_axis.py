@@ -13,6 +13,8 @@ import contextlib
 import tempfile
 from pathlib import Path
 
+import torch
+
 from layerdiff import _layerdiff
 from layerdiff.torch._inputs import inputs_at
 
@@ -100,8 +102,8 @@ def compare_along(
                 files = []
                 for (label, _), point_inputs in zip(at, given, strict=True):
                     step(f"exporting to ONNX ({exporter}) at {axis} {label}")
-                    files.append(
-                        export_onnx(
+                    try:
+                        path = export_onnx(
                             model,
                             point_inputs,
                             folder / f"model-{slug(axis, label)}.onnx",
@@ -109,7 +111,10 @@ def compare_along(
                             cache=cache,
                             copy=workdir is not None,
                         )  # fmt: skip
-                    )
+                    except _layerdiff.ModelError:
+                        runs_at(model, axis, label, point_inputs)
+                        raise
+                    files.append(path)
         reports = []
         for (label, _), point_inputs, file in zip(at, given, files, strict=True):
             step(f"{axis} {label}")
@@ -128,6 +133,21 @@ def compare_along(
         axis, [label for label, _ in reports], [r._native for _, r in reports]
     )
     return native, reports, notes
+
+
+def runs_at(model, axis: str, label: str, inputs: tuple) -> None:
+    """Refuses a point the model itself cannot run at (a shape its layers do not take), which
+    would otherwise read as the exporter's failure there."""
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    except Exception as e:
+        flag = "--shapes" if axis == "input shapes" else "--batch-sizes"
+        shapes = ", ".join("x".join(map(str, t.shape)) for t in inputs)
+        raise _layerdiff.InputError(
+            f"{flag} {label}: the model fails at these input shapes ({shapes}) in PyTorch "
+            f"itself, before any export: {type(e).__name__}: {e}"
+        ) from None
 
 
 def slug(axis: str, label: str) -> str:
