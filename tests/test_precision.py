@@ -319,3 +319,57 @@ def test_a_rule_of_the_options_says_the_same_from_both_doors(overflow, args, kwa
     with pytest.raises(layerdiff.UsageError) as refused:
         compare_torch_onnx(model, inputs, **kwargs)
     assert message in str(refused.value)
+
+
+def test_an_index_output_says_how_many_predictions_change(tmp_path):
+    """A classifier whose output is its argmax, against its dynamic int8 file: some predictions
+    change. The summary said "the output is off by 9.000e0 (0.0× its tolerance)", which reads
+    as within it; an index is compared exactly, and the words say how many elements differ."""
+    import json
+
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    rng = np.random.default_rng(0)
+    weights = {
+        "w1": rng.standard_normal((64, 256)).astype(np.float32) / 8,
+        "b1": rng.standard_normal(256).astype(np.float32) / 8,
+        "w2": rng.standard_normal((256, 10)).astype(np.float32) / 16,
+        "b2": rng.standard_normal(10).astype(np.float32) / 16,
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h0"], name="fc1/MatMul"),
+        helper.make_node("Add", ["h0", "b1"], ["h1"], name="fc1/Add"),
+        helper.make_node("Relu", ["h1"], ["h2"], name="act"),
+        helper.make_node("MatMul", ["h2", "w2"], ["l0"], name="fc2/MatMul"),
+        helper.make_node("Add", ["l0", "b2"], ["logits"], name="fc2/Add"),
+        helper.make_node("ArgMax", ["logits"], ["y"], name="argmax", axis=1, keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes, "classifier",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [512, 64])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.INT64, [512])],
+        [numpy_helper.from_array(a, n) for n, a in weights.items()],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.save(model, str(tmp_path / "f32.onnx"))
+    quantize_dynamic(str(tmp_path / "f32.onnx"), str(tmp_path / "int8.onnx"),
+                     weight_type=QuantType.QInt8)  # fmt: skip
+
+    out = tmp_path / "report.json"
+    result = run_cli(
+        "onnx", str(tmp_path / "f32.onnx"), "--vs", str(tmp_path / "int8.onnx"), "--seed", "0",
+        "--json", str(out),
+    )  # fmt: skip
+    assert result.returncode in (0, 1), result.stderr
+    report = json.loads(out.read_text())
+    precision = report["summary"]["precision"]
+    exact = precision["output_exact"]
+    assert precision["output"] == "y" and exact["dtype"] == "int64" and exact["elements"] == 512
+    assert 0 < exact["differ"] < 512
+    assert (
+        f"the output `y` (int64, compared exactly) differs in {exact['differ']} of 512 elements"
+        in result.stdout
+    ), result.stdout

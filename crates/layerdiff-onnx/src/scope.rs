@@ -122,12 +122,12 @@ impl ScopeResolver {
     /// modules below it, such a component is a submodule no layer was captured from
     /// (torchvision's `MultiheadAttention`): its nodes are not the block's own ops.
     fn walk_legacy(&self, scope: &str) -> Option<String> {
+        let leaf = |m: &str| !self.known.iter().any(|p| below(p, m));
         let mut here = String::new();
         for component in scope.split('/') {
             let next = self
                 .step(&here, component)
                 .or_else(|| self.step(&here, repeated_call(component)?));
-            let leaf = |m: &str| !self.known.iter().any(|p| below(p, m));
             match next {
                 Some(next) => here = next,
                 None if self.modules.contains(&here) && leaf(&here) => return Some(here),
