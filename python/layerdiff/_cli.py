@@ -145,6 +145,28 @@ def _catch_interrupts() -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     _layerdiff.catch_interrupts()  # after Python's handlers, which it calls in turn
+    _defer_signals_in_imports()
+
+
+def _defer_signals_in_imports() -> None:
+    """Every import the command's main thread makes holds the signals until it ends (see
+    `_signals_deferred`), not only the framework's first: a model's own import comes later
+    (`import torchvision` imports torch._dynamo, then Triton, whose enums a nanobind extension
+    builds; SIGTERM there aborted the process, exit -6, in CI's random-moment test). An import
+    statement of a module already imported costs about a microsecond more."""
+    import builtins
+    import threading
+
+    plain = builtins.__import__
+    main = threading.main_thread().ident
+
+    def deferring(name, globals=None, locals=None, fromlist=(), level=0):
+        if _deferred is not None or threading.get_ident() != main:
+            return plain(name, globals, locals, fromlist, level)
+        with _signals_deferred():
+            return plain(name, globals, locals, fromlist, level)
+
+    builtins.__import__ = deferring
 
 
 #: While set, the signals that arrived (see `_signals_deferred`).
@@ -153,10 +175,11 @@ _deferred: list[int] | None = None
 
 @contextlib.contextmanager
 def _signals_deferred():
-    """Ctrl-C and SIGTERM held until the block ends, then raised as usual. PyTorch's and
-    TensorFlow's imports run Python code from C++ (pybind11 module initialisation): an exception
-    raised there cannot cross back, and the process aborts (`terminate called after throwing
-    pybind11::error_already_set`, exit -6) instead of exiting 128 + the signal."""
+    """Ctrl-C and SIGTERM held until the block ends, then raised as usual. Imports run Python
+    code from C++ (pybind11's and nanobind's module initialisation: PyTorch, TensorFlow,
+    Triton): an exception raised there cannot cross back, and the process aborts (`terminate
+    called after throwing pybind11::error_already_set`, exit -6) instead of exiting 128 + the
+    signal."""
     global _deferred
     _deferred = []
     try:
