@@ -285,23 +285,23 @@ def fault(builder: str, kind: str, target: str, threads: int | None, folder: Pat
         name, file, edit = DECODE_EDITS[builder]
         return decoded(name, file, edit, folder), None
     seed = ("--seed", "0")
-    if kind == "file":
+    if kind in ("file", "vs"):
         import importlib
 
         import onnx
         from layerdiff.torch import export_onnx
 
         name, exporter, quantizer, edit = EDITS[builder]
-        model, inputs = (
-            load_builder(name)(0)
-            if name in ZOO
-            else importlib.import_module(f"builders.{name}").build()
-        )
-        path = export_onnx(model, inputs, folder / "model.onnx", exporter=exporter)
-        path = rewritten(quantizer, path, folder, inputs)
+        built = load_builder(name) if name in ZOO else importlib.import_module(f"builders.{name}")
+        model, inputs = built(0) if name in ZOO else built.build()
+        export = export_onnx(model, inputs, folder / "model.onnx", exporter=exporter)
+        path = rewritten(quantizer, export, folder, inputs)
         edited = onnx.load(str(path))
         edit(edited)
         onnx.save(edited, str(path))
+        if kind == "vs":  # `layerdiff onnx EXPORT --vs FILE`: no PyTorch model to check
+            return _cli("onnx", str(export), "--vs", str(path), "--target", target, *seed,
+                        out=folder / "run"), None  # fmt: skip
         runtime = target.removeprefix("file ")
         check = ("check", _spec(name), "--onnx", str(path), "--target", runtime,
                  "--exporter", exporter, *seed)  # fmt: skip

@@ -99,6 +99,11 @@ FAULTS = [
     # data-parallel training (tests/builders/rank_fault.py): rank 1 scales one weight's gradient
     # before the all-reduce; clean twins: a CNN and a transformer, and four bfloat16 ranks
     # against bfloat16 in one process (the all-reduce rounding each hop)
+    # `vs`: an export against its float16 conversion (`layerdiff onnx EXPORT --vs FILE`), a
+    # classifier whose output is its argmax: predictions a near tie's rounding changes are
+    # precision; ties broken the other way (`select_last_index`) are the file's
+    ("classifier fp16", "vs", "ort", None, None),
+    ("classifier fp16 last index", "vs", "ort", "argmax", "file_differs"),
     ("rank_fault", "grad", "torch:ddp=2", "2.weight:rank1", "op_implementation"),
     ("resnet18", "grad", "torch:ddp=2", None, None),
     ("bert", "grad", "torch:ddp=2", None, None),
@@ -244,6 +249,10 @@ EDITS = {
         activation_range("/layer2/layer2.0/relu/Relu_output_0", 0.1),
     ),
     "approximations": ("approximations", "dynamo", None, lambda model: None),
+    "classifier fp16": ("classifier", "dynamo", "fp16", lambda model: None),
+    "classifier fp16 last index": (
+        "classifier", "dynamo", "fp16", attribute("ArgMax", 0, "select_last_index", 1),
+    ),
 }  # fmt: skip
 
 
@@ -305,13 +314,17 @@ DECODE_EDITS = {
 
 def rewritten(quantizer: str | None, path: Path, folder: Path, inputs) -> Path:
     """The export at `path` as an `EDITS` entry's `quantizer` rewrites it into `folder`
-    (`dynamic`, `static`, `optimized`), or as it is (`None`)."""
+    (`dynamic`, `static`, `optimized`, `fp16`), or as it is (`None`)."""
     if quantizer == "dynamic":
         return dynamic_int8(path, folder / "model.int8.onnx")
     if quantizer == "static":
         return static_int8(path, folder / "model.int8.onnx", inputs)
     if quantizer == "optimized":
         return ort_optimized(path, folder / "model.optimized.onnx")
+    if quantizer == "fp16":  # ONNX Runtime's float16 converter, as `--dtype fp16` runs it
+        from layerdiff.torch import _precision
+
+        return _precision.convert(path, "fp16", folder / "model.fp16.onnx", inputs)[0]
     return path
 
 

@@ -132,3 +132,57 @@ def test_a_large_constant_edited_at_the_same_dims_is_a_file_difference(tmp_path)
         details = " ".join(d["detail"] for d in report["summary"]["defects"])
         assert "`value` differs" in details and "on `table`" in details, (name, details)
         assert "(1 of 90000 elements differ)" in details, (name, details)
+
+
+def _classifier(path, dtype, select_last_index=0):
+    """The predicted class of 4096 rows: argmax(x · w) over 10 logits of about ±2000, where a
+    float16 step is 1 or 2 and rounding the logits breaks near ties."""
+    rng = np.random.default_rng(0)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    w = numpy_helper.from_array((rng.standard_normal((32, 10)) * 300).astype(dtype), "w")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["logits"], name="head"),
+        helper.make_node(
+            "ArgMax", ["logits"], ["class"], name="predict", axis=1, keepdims=0,
+            select_last_index=select_last_index,
+        ),
+    ]  # fmt: skip
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        nodes, "g", [vi("x", elem, [4096, 32])], [vi("class", onnx.TensorProto.INT64, None)], [w]
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_float16_classifiers_changed_predictions_are_its_rounding_and_a_tie_rule_is_not(
+    tmp_path,
+):
+    """A float16 file whose output is an argmax: where rounding its logits to float16 breaks a
+    near tie, the predicted class changes, and the same op computed exactly on the logits as
+    the target holds them changes it too: precision (it read `undecided`: "the layer is not a
+    float", so no baseline). An ArgMax that breaks ties the other way is a defect at it."""
+    reference = _classifier(tmp_path / "ref.onnx", np.float32)
+    half = _classifier(tmp_path / "half.onnx", np.float16)
+    result, report = report_of(tmp_path, str(reference), "--vs", str(half))
+    assert report["summary"]["verdict"] == "precision", result.stdout
+    predict = next(layer for layer in report["layers"] if layer["name"] == "class")
+    assert predict["cause"] == "precision_loss", predict
+    indices = predict["baseline"]["indices"]
+    assert indices["differ"] > 0 and indices["off_ideal"] == 0, indices
+    assert f"{indices['differ']} of 4096" in predict["detail"], predict["detail"]
+    assert "rounding to float16 breaks a near tie" in predict["detail"]
+    assert report["summary"]["precision"]["dtype"] == "float16"
+    # the last of equal logits: ties the float16 rounding makes are broken the other way
+    last = _classifier(tmp_path / "last.onnx", np.float16, select_last_index=1)
+    result = run_cli("onnx", str(reference), "--vs", str(last), "--out", str(tmp_path / "run"))
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert result.returncode == 1, result.stdout
+    assert report["summary"]["verdict"] == "defect", result.stdout
+    assert [d["layer"] for d in report["summary"]["defects"]] == ["class"], result.stdout
+    # its repro: the float16 file's ArgMax fed the float32 reference's logits as the file
+    # declares them (ONNX Runtime refused the float32 input: "bound to different types")
+    result = run_cli("reduce", str(tmp_path / "run" / "report.json"))
+    assert result.returncode == 0, result.stderr
+    assert "repro of `class`: 1 node (predict)" in result.stdout, result.stdout

@@ -77,8 +77,13 @@ pub fn keep_float32(report: &Report, precision: &str) -> Option<KeepFloat32> {
     // whose rounding the drift is: the origin's own, or the one it amplifies
     let origin = drift.source.as_deref().or(drift.origin.as_deref());
     let mut ranked: Vec<(u64, f64, &Layer, String)> = Vec::new();
+    // A layer of indices (ArgMax) rounds nothing itself: its inputs' rounding is what kept
+    // float32 upstream removes.
+    let rounds = |l: &Layer| crate::DType::from_name(&l.dtype).is_ok_and(|d| d.is_float());
     for l in report.layers.iter().filter(|l| {
-        l.status == LayerStatus::Compared && l.finding == Some(crate::Finding::Precision)
+        l.status == LayerStatus::Compared
+            && l.finding == Some(crate::Finding::Precision)
+            && rounds(l)
     }) {
         // Its own error: the local one; without a local run (a run that measures none), the
         // accumulated one of a layer that did not merely inherit it. A layer with no nodes of

@@ -71,6 +71,7 @@ use crate::dtype::pow2;
 use crate::{DType, Error, Result, TensorView};
 
 mod allowance;
+mod index;
 mod narrow;
 mod rule;
 mod stalls;
@@ -147,6 +148,26 @@ pub struct Baseline {
     /// [`assess_baseline`]): what the multiple judged.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub from_exact: Option<FromExact>,
+    /// Where the layer's values are indices (ArgMax, ArgMin), how many of them differ (see
+    /// `baseline/index.rs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub indices: Option<Indices>,
+}
+
+/// An index layer's elements against its ideal: the indices of its inputs as the target holds
+/// them, picked exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Indices {
+    /// How many indices the layer holds.
+    pub elements: u64,
+    /// How many of the target's differ from the reference's.
+    pub differ: u64,
+    /// How many of the ideal's differ from the reference's: near ties the rounding of the
+    /// inputs broke.
+    pub ideal_differ: u64,
+    /// How many of the target's differ from both the reference's and the ideal's: its
+    /// kernel's own.
+    pub off_ideal: u64,
 }
 
 /// The target's own error from the exact value on the same inputs (see
@@ -210,7 +231,33 @@ pub const REFERENCE_OFF_FACTOR: f64 = 4.0;
 /// float32 grid, where accumulating in the grid is what honest kernels do, its allowance is
 /// the ideal's (a long reduction in float32, summed in another order: tract's Conv over 4608
 /// terms in ResNet-50 against ONNX Runtime's).
+/// A layer of indices (ArgMax) is held to its inputs' indices instead (`baseline/index.rs`).
 pub fn assess_baseline(
+    reference: TensorView<'_>,
+    own: TensorView<'_>,
+    exact: TensorView<'_>,
+    grid: DType,
+    stages: u32,
+    expected_values: bool,
+    reduction: Option<Reduction<'_>>,
+) -> Result<Baseline> {
+    if reference.dtype.is_float() {
+        assess_float(
+            reference,
+            own,
+            exact,
+            grid,
+            stages,
+            expected_values,
+            reduction,
+        )
+    } else {
+        index::assess(reference, own, exact, grid)
+    }
+}
+
+/// [`assess_baseline`] of a float layer.
+fn assess_float(
     reference: TensorView<'_>,
     own: TensorView<'_>,
     exact: TensorView<'_>,
@@ -327,6 +374,7 @@ pub fn assess_baseline(
             max_abs_diff: s.own_max,
             mean_abs_diff: mean(s.own_sum),
         }),
+        indices: None,
     })
 }
 

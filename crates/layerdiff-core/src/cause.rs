@@ -56,6 +56,7 @@ use fix::fix;
 pub use fix::weights_fix;
 mod files;
 mod grid;
+mod index;
 mod name;
 mod quantized;
 mod reference;

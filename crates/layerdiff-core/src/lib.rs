@@ -40,7 +40,7 @@ pub use axis::{
     AXIS_SCHEMA, AxisLayer, AxisPoint, AxisReport, along_axis, axis_markdown, axis_text,
 };
 pub use baseline::{
-    Baseline, DEFECT_MARGIN, FromExact, HONEST_FACTOR, NarrowIdeal, Reduction, SAME_BITS,
+    Baseline, DEFECT_MARGIN, FromExact, HONEST_FACTOR, Indices, NarrowIdeal, Reduction, SAME_BITS,
     WITHIN_TOLERANCE_MARGIN, accumulation_unit, assess_baseline, kernel_allowance,
     narrow_accumulation_sigma, output_steps,
 };

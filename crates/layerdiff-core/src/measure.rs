@@ -134,6 +134,7 @@ mod tests {
             reference_off: 0,
             narrow: None,
             from_exact: None,
+            indices: None,
         };
         layer.local = crate::compare(expected.view(), got.view()).ok();
         layer.baseline = Some(b.clone());

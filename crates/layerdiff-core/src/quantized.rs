@@ -218,6 +218,7 @@ pub fn assess_quantized(
         reference_off: 0,
         narrow: None,
         from_exact: None,
+        indices: None,
     })
 }
 

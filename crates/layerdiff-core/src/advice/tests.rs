@@ -218,6 +218,7 @@ fn rounding_that_no_layers_value_shows_is_not_a_drift_to_keep_layers_from() {
         reference_off: 0,
         narrow: None,
         from_exact: None,
+        indices: None,
     });
     let report = Report::of_layers("m", layers);
     assert_eq!(report.summary.layers_exceeding, 0);

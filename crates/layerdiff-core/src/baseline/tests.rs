@@ -378,3 +378,50 @@ fn a_kernel_allowance_steps_as_its_dtype_does() {
         }
     }
 }
+
+#[test]
+fn an_index_layer_is_held_to_the_indices_of_its_rounded_inputs_exactly() {
+    let int = |v: &[f64]| tensor(DType::I64, v);
+    // the reference's argmax, and the same op on its inputs rounded to float16: one near tie
+    // broken at the second element
+    let (reference, exact) = (int(&[3., 1., 4., 1., 5.]), int(&[3., 2., 4., 1., 5.]));
+    let judge = |own: &Tensor| {
+        assess_baseline(
+            reference.view(),
+            own.view(),
+            exact.view(),
+            DType::F16,
+            0,
+            false,
+            None,
+        )
+        .unwrap()
+    };
+    let honest = judge(&int(&[3., 2., 4., 1., 5.]));
+    assert!(!honest.beyond() && honest.multiple == 1.0, "{honest:?}");
+    let ix = honest.indices.unwrap();
+    assert_eq!(
+        (ix.elements, ix.differ, ix.ideal_differ, ix.off_ideal),
+        (5, 1, 1, 0)
+    );
+    assert_eq!(judge(&reference).multiple, 0.0);
+    // the reference's index where the rounding broke a tie is no error of the target's
+    assert_eq!(
+        judge(&int(&[3., 1., 4., 1., 6.]))
+            .indices
+            .unwrap()
+            .off_ideal,
+        1
+    );
+    assert_eq!(
+        judge(&int(&[3., 1., 4., 1., 5.]))
+            .indices
+            .unwrap()
+            .off_ideal,
+        0
+    );
+    // a tie the rounding did not make, broken the other way: the kernel's own
+    let other = judge(&int(&[3., 2., 4., 0., 5.]));
+    assert!(other.beyond(), "{other:?}");
+    assert_eq!(other.indices.unwrap().off_ideal, 1);
+}

@@ -48,8 +48,10 @@ pub(super) fn conclude(
             let on_grid = l.quantization.as_ref().map(|q| q.dtype.clone());
             // the drift between the sides is the coarser side's rounding (a float16 target
             // judged on its own grid against a bfloat16 reference drifts by bfloat16's)
+            // (a layer of indices rounds nothing itself: its grid is its inputs')
             let coarser = |b: &crate::Baseline| {
-                crate::lower_precision(&l.dtype, Some(&b.grid))
+                let rounds = crate::DType::from_name(&l.dtype).is_ok_and(|d| d.is_float());
+                (crate::lower_precision(&l.dtype, Some(&b.grid)).filter(|_| rounds))
                     .map_or(b.grid.clone(), |d| d.name().to_string())
             };
             let grid = on_grid

@@ -282,6 +282,9 @@ pub(super) fn against_baseline(
     e: &Evidence,
     lower: Option<DType>,
 ) -> (Cause, String, Finding) {
+    if let Some(ix) = &b.indices {
+        return super::index::indices(b, ix, e);
+    }
     let (own, from) = judged_own(layer, b);
     // the multiple is the larger of the target's to the honest kernel's, at the maxima and
     // on average: both are here

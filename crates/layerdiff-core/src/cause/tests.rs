@@ -229,6 +229,7 @@ fn baseline(multiple: f64) -> crate::Baseline {
         reference_off: 0,
         narrow: None,
         from_exact: None,
+        indices: None,
     }
 }
 

@@ -15,6 +15,7 @@ pub use html::to_html;
 pub use json::{to_json, to_json_value};
 pub use markdown::to_markdown;
 pub use node_data::to_node_data;
+pub(crate) use text::share_words;
 pub use text::to_text;
 
 /// Whether the target's layers are values of an ONNX file: the tables then name them so, and

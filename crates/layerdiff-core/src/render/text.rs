@@ -240,11 +240,22 @@ fn exact_output_words(output: &str, e: &crate::ExactOutput) -> String {
     match e.differ {
         0 => format!("{what} is the reference's in all {} elements", e.elements),
         n => format!(
-            "{what} differs in {n} of {} elements ({:.1}%)",
+            "{what} differs in {n} of {} elements ({})",
             e.elements,
-            100.0 * n as f64 / e.elements.max(1) as f64
+            share_words(n, e.elements)
         ),
     }
+}
+
+/// `k` of `n` as a percentage that a nonzero share never reads as 0: `0.018%`, `2.5%`.
+pub(crate) fn share_words(k: u64, n: u64) -> String {
+    let percent = 100.0 * k as f64 / n.max(1) as f64;
+    let decimals = if percent == 0.0 || percent >= 1.0 {
+        1
+    } else {
+        (1.0 - percent.log10().floor()).min(9.0) as usize // two significant digits
+    };
+    format!("{percent:.decimals$}%")
 }
 
 /// The precision drift in one line: where it is born, how many layers it takes past their

@@ -359,6 +359,9 @@ fn baseline_exact<'a>(
     recompute: &dyn Recompute,
     feed: &dyn Fn(&str) -> crate::engine::baseline::Fed<'a>,
 ) -> Exact {
+    if !out.dtype.is_float() {
+        return index_exact(b, value, group, recompute, feed);
+    }
     let grid = b.grid_of(value).or_else(|| {
         let held = layerdiff_core::computing_grid(&layer.dtype, out.dtype);
         let inside = group.and_then(|g| recompute.computes_in(g));
@@ -394,6 +397,38 @@ fn baseline_exact<'a>(
         stages,
         grid,
         reduction: b.reduction_of(value),
+    }
+}
+
+/// The exact value of a layer of indices (ArgMax, ArgMin), which rounds nothing itself: the
+/// same op on its inputs as the target holds them, on the narrowest float grid they are held
+/// in. Where its group computes floats before it (a MatMul whose result the target rounds),
+/// no such ideal is exact, and none is computed.
+fn index_exact<'a>(
+    b: &dyn Baseline,
+    value: &str,
+    group: Option<&Group>,
+    recompute: &dyn Recompute,
+    feed: &dyn Fn(&str) -> crate::engine::baseline::Fed<'a>,
+) -> Exact {
+    let grid = b.grid_of(value).or_else(|| {
+        let held = group?.inputs.iter().filter_map(|n| feed(n).ok());
+        held.map(|(_, d)| d)
+            .filter(|d| d.is_float())
+            .reduce(|a, d| if d.narrower_than(a) { d } else { a })
+    });
+    let exact = match (group, grid) {
+        (Some(g), _) if recompute.computes_in(g).is_some() => Err(
+            "its indices are taken of float values its group computes first, which the target rounds as no exact computation does".to_string(),
+        ),
+        (_, None) => Err("it takes no float input whose indices could be picked exactly".to_string()),
+        (_, Some(grid)) => b.exact(value, grid, feed),
+    };
+    Exact {
+        value: exact,
+        stages: 0,
+        grid,
+        reduction: None,
     }
 }
 

@@ -243,10 +243,25 @@ pub(crate) fn feeds_of<'a>(
                     "the reference has no value `{input}`, which the target's piece reads: the two files name their values differently"
                 ))
             })?;
-            feeds.push((input.clone(), t.clone()));
+            feeds.push((input.clone(), as_declared(index, input, t.clone())));
         }
     }
     Ok(feeds)
+}
+
+/// `tensor`, fed as the value `name` of the file `index`, in the float type the file declares
+/// for it, as a local re-run feeds it (a float16 file's piece fed the float32 reference's
+/// values: ONNX Runtime refuses a float32 input to its float16 Gemm).
+pub(crate) fn as_declared(index: &GraphIndex, name: &str, tensor: Tensor) -> Tensor {
+    let declared = index
+        .elem_type(name)
+        .and_then(|code| layerdiff_core::DType::from_onnx_code(code).ok());
+    match declared {
+        Some(dtype) if dtype != tensor.dtype && dtype.is_float() && tensor.dtype.is_float() => {
+            tensor.cast(dtype)
+        }
+        _ => tensor,
+    }
 }
 
 /// The target's value against the reference's, judged by the layer's tolerance: (its

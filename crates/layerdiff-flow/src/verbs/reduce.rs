@@ -305,17 +305,8 @@ pub fn framework_piece(
     let feeds: Vec<(String, Tensor)> = feeds
         .into_iter()
         .map(|(name, tensor)| {
-            let declared = index
-                .elem_type(&name)
-                .and_then(|code| layerdiff_core::DType::from_onnx_code(code).ok());
-            match declared {
-                Some(dtype)
-                    if dtype != tensor.dtype && dtype.is_float() && tensor.dtype.is_float() =>
-                {
-                    (name, tensor.cast(dtype))
-                }
-                _ => (name, tensor),
-            }
+            let tensor = crate::onnx::pieces::as_declared(&index, &name, tensor);
+            (name, tensor)
         })
         .collect();
     let wanted = [value.clone()];
