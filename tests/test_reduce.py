@@ -240,9 +240,11 @@ def test_a_weight_edited_below_every_tolerance_reduces_to_the_node_holding_it(
     resnet18_onnx, tmp_path
 ):
     """One element of a Conv's weight moved by 2e-5 in the file: the run names the weight, and
-    no run of a piece shows it (within every tolerance). `reduce` once said "no repro" and
-    exited 1 on the defect the run reported; it writes the node that holds the weight, says
-    that the weight is the evidence, and agrees with the run (exit 0)."""
+    a run of a piece may not show it (within every tolerance; on some CPUs the float32 kernel's
+    own error is small enough that it does). `reduce` once said "no repro" and exited 1 on the
+    defect the run reported; it writes the node that holds the weight, says that the weight is
+    the defect (where no run shows it, that the weight is the evidence), and agrees with the
+    run (exit 0)."""
     model = onnx.load(str(resnet18_onnx["dynamo"]))
     conv = [n for n in model.graph.node if n.op_type == "Conv"][5]
     weight = next(i for i in model.graph.initializer if i.name == conv.input[1])
@@ -258,8 +260,9 @@ def test_a_weight_edited_below_every_tolerance_reduces_to_the_node_holding_it(
     done = run_cli("reduce", str(tmp_path / "run" / "report.json"))
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"repro of `{defect['layer']}`" in done.stdout
-    assert f"holding the file's weight that is the defect: `{weight.name}` differs" in done.stdout
-    assert "no run shows it" in done.stdout
+    assert f"the file's weight that is the defect: `{weight.name}` differs" in done.stdout
+    shown = "checked: the target differs by" in done.stdout
+    assert shown or "no run shows it" in done.stdout, done.stdout
     readme = (tmp_path / "run" / "repro" / "README.md").read_text()
     assert "**The defect is a weight of the file**" in readme
 

@@ -97,8 +97,11 @@ impl Repro {
             );
         }
         if self.reproduced {
+            let weight = (self.weight.as_ref())
+                .map(|w| format!("; it holds the file's weight that is the defect: {w}"))
+                .unwrap_or_default();
             format!(
-                "repro of {}: {nodes} {plural} ({}) in {}, checked: the target {}, {} {of} (python repro.py)",
+                "repro of {}: {nodes} {plural} ({}) in {}, checked: the target {}, {} {of} (python repro.py){weight}",
                 self.shown(),
                 self.nodes.join(", "),
                 self.folder.display(),

@@ -170,8 +170,13 @@ pub(crate) fn readme(facts: &Facts) -> String {
             layerdiff_core::render::times(repro.multiple)
         )
     } else if repro.reproduced {
+        let weight = (repro.weight.as_ref())
+            .map(|w| {
+                format!(" **The defect is a weight of the file**, which the piece holds: {w}.")
+            })
+            .unwrap_or_default();
         format!(
-            "**Checked** before this folder was written: on the piece, the target's value {}, {} {of}.",
+            "**Checked** before this folder was written: on the piece, the target's value {}, {} {of}.{weight}",
             repro.difference(),
             layerdiff_core::render::times(repro.multiple)
         )
