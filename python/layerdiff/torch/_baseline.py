@@ -79,7 +79,7 @@ def exact_call(module: nn.Module | None, func, args, kwargs, held, dtype: torch.
     """One call made exactly: `module` (a plain float64 copy of the model's, its weights
     rounded to `dtype`) or `func` on `args`/`kwargs`, each float tensor as the target holds it
     (`as_held`: `held(tensor)` converts it so) and rounded to `dtype` where narrower. Its
-    first tensor, float64, on the CPU; autocast off."""
+    first tensor, float64 (indices as they are), on the CPU; autocast off."""
     tree_map = torch.utils._pytree.tree_map
     given, named = (tree_map(lambda t: as_held(t, held, dtype), a) for a in (args, kwargs))
     with torch.no_grad(), no_autocast():
@@ -94,7 +94,9 @@ def exact_call(module: nn.Module | None, func, args, kwargs, held, dtype: torch.
         else:
             out = exact_copy(module, dtype).forward(*given, **named)
     out = _first_tensor(out)
-    return None if out is None else out.to(torch.float64)
+    if out is None or not out.is_floating_point():  # indices (argmax) stay integers
+        return out
+    return out.to(torch.float64)
 
 
 def exact_copy(module: nn.Module, dtype: torch.dtype | None) -> nn.Module:

@@ -29,8 +29,12 @@ IDENTITY_AT_INFERENCE = (
 # captured calls give them: `__iadd__`, `add_` and `torch.add` are all `add`.
 FUNCTIONAL_OPS = frozenset(
     {"add", "sub", "mul", "div", "matmul", "bmm", "softmax", "relu", "gelu", "silu", "sigmoid",
-     "tanh", "cat", "layer_norm", "batch_norm", "group_norm", "scaled_dot_product_attention"}
+     "tanh", "cat", "layer_norm", "batch_norm", "group_norm", "scaled_dot_product_attention",
+     "argmax", "argmin"}
 )  # fmt: skip
+# Ops among them whose values are indices (a classifier's prediction): integers, compared
+# exactly, and held to the indices of their inputs as each side holds them.
+INDEX_OPS = frozenset({"argmax", "argmin"})
 
 
 def functional_op(func) -> str | None:
@@ -222,8 +226,9 @@ class _FunctionalCalls(TorchFunctionMode):
         out = func(*args, **(kwargs or {}))
         if self.filing is not None:
             self.filing.note(func, args, kwargs or {}, out)
-        if wanted and isinstance(out, torch.Tensor) and out.is_floating_point() and out.dim() > 0:
-            self.record(op, owner[0], args, out, local)
+        if wanted and isinstance(out, torch.Tensor) and out.dim() > 0:
+            if out.is_floating_point() or op in INDEX_OPS:
+                self.record(op, owner[0], args, out, local)
         return out
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
-from functools import partial
+from functools import partial, reduce
 
 import torch
 
@@ -21,7 +21,7 @@ from layerdiff import _layerdiff
 from layerdiff.report import Report
 from layerdiff.tensors import dtype_name, flat
 from layerdiff.torch import _baseline
-from layerdiff.torch._capture import _first_tensor, capture, leaf_modules
+from layerdiff.torch._capture import INDEX_OPS, _first_tensor, capture, functional_op, leaf_modules
 from layerdiff.torch._lockstep import Lockstep, float64, own_arguments
 from layerdiff.torch._running import (
     finished,
@@ -315,7 +315,7 @@ def _stream(
         out = once()
         made.disagreed = _disagreement(out, once()) if twice else None
         first = _first_tensor(out)
-        if options.float64 and first is not None and first.is_floating_point():
+        if options.float64 and first is not None and (first.is_floating_point() or _indices(func)):
             module = (modules[leaf], originals[leaf]) if func is None else None
             # the inputs' rounding is the target's (a kept module's too), its math the call's
             made.grid, made.exact, made.terms = _baseline_of(
@@ -418,6 +418,13 @@ def _baseline_of(first, module, call, weights, held):
     target's module and the model's (None for a functional call); `call`: (func, args,
     kwargs); `weights`: the target's dtype for weights, where it casts them."""
     func, args, kwargs = call
+    if not first.is_floating_point():  # indices (argmax): of the inputs as the target holds them
+        leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+        floats = [held(t).dtype for t in leaves if torch.is_tensor(t) and t.is_floating_point()]
+        dtype = reduce(_baseline.narrower, floats, None)
+        if dtype is None:
+            return None, None, None
+        return dtype, _baseline.exact_call(None, func, args, kwargs, held=held, dtype=dtype), None
     # A module whose own parameters are narrower than what it returns (a module converted with
     # .half() that casts its result back) computes in their dtype.
     own = None
@@ -432,6 +439,11 @@ def _baseline_of(first, module, call, weights, held):
     if module is not None and exact is not None:
         terms = _baseline.exact_reduction(original, args, held=held, dtype=dtype)
     return (dtype if dtype != first.dtype else None), exact, terms
+
+
+def _indices(func) -> bool:
+    """Whether a re-run call is an op whose values are indices (`INDEX_OPS`: argmax)."""
+    return func is not None and functional_op(func) in INDEX_OPS
 
 
 def _disagreement(first, second) -> float | None:

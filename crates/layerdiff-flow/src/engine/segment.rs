@@ -127,9 +127,16 @@ impl<R: Side, T: Side, F: Side> Engine<R, T, F> {
                 let exact = self.baseline.as_deref().filter(|_| !same).map(|b| {
                     let group = self.groups[i].as_ref().and_then(|g| g.as_ref().ok());
                     let value = &self.reference_values[i];
-                    baseline_exact(b, value, &self.layers[i], &out, group, recompute, &|n| {
-                        held.baseline_feed(n)
-                    })
+                    let feed = |n: &str| held.baseline_feed(n);
+                    if !out.dtype.is_float() {
+                        // (the group's inputs by the target's names: a framework reference
+                        // names its values otherwise)
+                        let holds = |n: &str| {
+                            (held.target.dtype(n)).or_else(|| feed(n).ok().map(|(_, d)| d))
+                        };
+                        return index_exact(b, value, group, recompute, &feed, &holds);
+                    }
+                    baseline_exact(b, value, &self.layers[i], &out, group, recompute, &feed)
                 });
                 held_bytes += out.bytes.len() as u64;
                 if let Some(e) = &exact {
@@ -359,9 +366,6 @@ fn baseline_exact<'a>(
     recompute: &dyn Recompute,
     feed: &dyn Fn(&str) -> crate::engine::baseline::Fed<'a>,
 ) -> Exact {
-    if !out.dtype.is_float() {
-        return index_exact(b, value, group, recompute, feed);
-    }
     let grid = b.grid_of(value).or_else(|| {
         let held = layerdiff_core::computing_grid(&layer.dtype, out.dtype);
         let inside = group.and_then(|g| recompute.computes_in(g));
@@ -401,20 +405,20 @@ fn baseline_exact<'a>(
 }
 
 /// The exact value of a layer of indices (ArgMax, ArgMin), which rounds nothing itself: the
-/// same op on its inputs as the target holds them, on the narrowest float grid they are held
-/// in. Where its group computes floats before it (a MatMul whose result the target rounds),
-/// no such ideal is exact, and none is computed.
+/// same op on its inputs as the target holds them (`holds`), on the narrowest float grid they
+/// are held in. Where its group computes floats before it (a MatMul whose result the target
+/// rounds), no such ideal is exact, and none is computed.
 fn index_exact<'a>(
     b: &dyn Baseline,
     value: &str,
     group: Option<&Group>,
     recompute: &dyn Recompute,
     feed: &dyn Fn(&str) -> crate::engine::baseline::Fed<'a>,
+    holds: &dyn Fn(&str) -> Option<layerdiff_core::DType>,
 ) -> Exact {
     let grid = b.grid_of(value).or_else(|| {
-        let held = group?.inputs.iter().filter_map(|n| feed(n).ok());
-        held.map(|(_, d)| d)
-            .filter(|d| d.is_float())
+        let held = group?.inputs.iter().filter_map(|n| holds(n));
+        held.filter(|d| d.is_float())
             .reduce(|a, d| if d.narrower_than(a) { d } else { a })
     });
     let exact = match (group, grid) {
