@@ -386,16 +386,8 @@ fn an_index_layer_is_held_to_the_indices_of_its_rounded_inputs_exactly() {
     // broken at the second element
     let (reference, exact) = (int(&[3., 1., 4., 1., 5.]), int(&[3., 2., 4., 1., 5.]));
     let judge = |own: &Tensor| {
-        assess_baseline(
-            reference.view(),
-            own.view(),
-            exact.view(),
-            DType::F16,
-            0,
-            false,
-            None,
-        )
-        .unwrap()
+        let (r, o, e) = (reference.view(), own.view(), exact.view());
+        assess_baseline(r, o, e, DType::F16, 0, false, None).unwrap()
     };
     let honest = judge(&int(&[3., 2., 4., 1., 5.]));
     assert!(!honest.beyond() && honest.multiple == 1.0, "{honest:?}");
