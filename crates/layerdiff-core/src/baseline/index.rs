@@ -20,11 +20,18 @@ pub(super) fn assess(
 ) -> Result<Baseline> {
     let n = reference.numel();
     for other in [&own, &exact] {
-        if other.numel() != n || other.dtype.is_float() {
+        if other.numel() != n {
             return Err(Error::ShapeMismatch {
                 reference: reference.shape.to_vec(),
                 target: other.shape.to_vec(),
             });
+        }
+        if other.dtype.is_float() {
+            return Err(Error::UnsupportedDType(format!(
+                "{} indices against {} ones",
+                other.dtype.name(),
+                reference.dtype.name()
+            )));
         }
     }
     let (mut own_off, mut ideal_off, mut beyond) = (0u64, 0u64, 0u64);
