@@ -134,7 +134,7 @@ def test_a_large_constant_edited_at_the_same_dims_is_a_file_difference(tmp_path)
         assert "(1 of 90000 elements differ)" in details, (name, details)
 
 
-def _classifier(path, dtype, select_last_index=0):
+def _classifier(path, dtype, select_last_index=0, op="ArgMax"):
     """The predicted class of 4096 rows: argmax(x · w) over 10 logits of about ±2000, where a
     float16 step is 1 or 2 and rounding the logits breaks near ties."""
     rng = np.random.default_rng(0)
@@ -143,7 +143,7 @@ def _classifier(path, dtype, select_last_index=0):
     nodes = [
         helper.make_node("MatMul", ["x", "w"], ["logits"], name="head"),
         helper.make_node(
-            "ArgMax", ["logits"], ["class"], name="predict", axis=1, keepdims=0,
+            op, ["logits"], ["class"], name="predict", axis=1, keepdims=0,
             select_last_index=select_last_index,
         ),
     ]  # fmt: skip
@@ -186,3 +186,10 @@ def test_a_float16_classifiers_changed_predictions_are_its_rounding_and_a_tie_ru
     result = run_cli("reduce", str(tmp_path / "run" / "report.json"))
     assert result.returncode == 0, result.stderr
     assert "repro of `class`: 1 node (predict)" in result.stdout, result.stdout
+    # an ArgMin in its place: the file's edit, not the runtime's kernel (it read
+    # `op_implementation`, "report it to the runtime")
+    argmin = _classifier(tmp_path / "argmin.onnx", np.float16, op="ArgMin")
+    result, report = report_of(tmp_path, str(reference), "--vs", str(argmin))
+    (defect,) = report["summary"]["defects"]
+    assert (defect["layer"], defect["cause"]) == ("class", "file_differs"), defect
+    assert "`predict` ArgMin" in defect["detail"], defect["detail"]

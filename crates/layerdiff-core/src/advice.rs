@@ -234,11 +234,30 @@ pub fn check_advice(before: &Report, after: &Report, kept: Vec<String>) -> Advic
     let bad = |s: Option<&Stats>| s.map_or(0, Stats::nonfinite_target);
     // the verdict weighs the finite elements' mean beside the NaN or Inf counted apart; the
     // figures written count a NaN on one side as unbounded (`Stats::counting_nan`)
-    let mean = |s: Option<&Stats>| s.map_or(f64::NAN, |s| s.mean_abs_diff);
+    // an index output (a classifier's prediction) is judged by how many of its elements
+    // differ, not by how many classes apart they land
+    let exact = (before.layers.iter())
+        .any(|l| l.name == name && crate::DType::from_name(&l.dtype).is_ok_and(|d| !d.is_float()));
+    let mean = |s: Option<&Stats>| {
+        s.map_or(f64::NAN, |s| {
+            if exact {
+                s.abs_diff_above[0] as f64
+            } else {
+                s.mean_abs_diff
+            }
+        })
+    };
     let written = |s: Option<&Stats>, figure: fn(&Stats) -> f64| {
         s.map_or(f64::NAN, |s| s.counting_nan(figure(s)))
     };
-    let change = format!("`{name}` {} → {}", output_words(was), output_words(now));
+    let words = |s: Option<&Stats>| match s {
+        Some(s) if exact => format!(
+            "differs in {} of {} elements",
+            s.abs_diff_above[0], s.elements
+        ),
+        _ => output_words(s),
+    };
+    let change = format!("`{name}` {} → {}", words(was), words(now));
     let n = kept.len();
     let removes = after.summary.drift_origin.is_none() && a == 0;
     let reduces =

@@ -56,8 +56,18 @@ pub fn summarise(layers: &mut [Layer]) -> Summary {
     let layers = &*layers;
 
     let compared: Vec<&Layer> = layers.iter().filter(|l| l.accumulated.is_some()).collect();
+    // An integer layer's difference (a changed prediction, 9 classes apart) is no size of
+    // error beside a float's: the largest differences are the float layers', where any is.
+    let floats: Vec<&Layer> = (compared.iter().copied())
+        .filter(|l| crate::DType::from_name(&l.dtype).is_ok_and(|d| d.is_float()))
+        .collect();
+    let ranked = if floats.is_empty() {
+        &compared
+    } else {
+        &floats
+    };
     let pick = |better: fn(f64, f64) -> bool, value: fn(&Layer) -> f64| {
-        compared.iter().fold(None::<WorstLayer>, |best, l| {
+        ranked.iter().fold(None::<WorstLayer>, |best, l| {
             let v = value(l);
             match best {
                 Some(b) if !better(v, b.value) => Some(b),
@@ -75,6 +85,7 @@ pub fn summarise(layers: &mut [Layer]) -> Summary {
     let mean_abs = |l: &Layer| l.accumulated.as_ref().map_or(0.0, |s| s.mean_abs_diff);
     let mut most_own_error: Vec<WorstLayer> = layers
         .iter()
+        .filter(|l| !crate::DType::from_name(&l.dtype).is_ok_and(|d| !d.is_float()))
         .filter_map(|l| {
             let own = l.local.as_ref()?.mean_abs_diff;
             (own > 0.0).then(|| WorstLayer {

@@ -283,7 +283,7 @@ pub(super) fn against_baseline(
     lower: Option<DType>,
 ) -> (Cause, String, Finding) {
     if let Some(ix) = &b.indices {
-        return super::index::indices(b, ix, e);
+        return super::index::indices(layer, b, ix, e);
     }
     let (own, from) = judged_own(layer, b);
     // the multiple is the larger of the target's to the honest kernel's, at the maxima and

@@ -7,8 +7,32 @@ use crate::Indices;
 /// The verdict of a layer of indices: where the target picks what its inputs as it holds them
 /// give, the indices that differ are near ties the rounding to `grid` broke (precision);
 /// anywhere else, its kernel picks otherwise (a defect).
-pub(super) fn indices(b: &crate::Baseline, ix: &Indices, e: &Evidence) -> (Cause, String, Finding) {
+pub(super) fn indices(
+    layer: &crate::Layer,
+    b: &crate::Baseline,
+    ix: &Indices,
+    e: &Evidence,
+) -> (Cause, String, Finding) {
     let share = |k: u64| crate::render::share_words(k, ix.elements);
+    // the very indices the target file's own nodes pick, computed exactly: the file differs
+    if b.beyond() && layer.computes_as_written().is_some() {
+        let written = if e.written.is_empty() {
+            format!("its {}", e.ops_words())
+        } else {
+            e.written.join(", ")
+        };
+        return (
+            Cause::FileDiffers,
+            format!(
+                "in {} of {} elements ({}) the target picks another index than the reference's op would on its inputs as it holds them ({}), and the very one the target file's own nodes pick, computed exactly: the runtime computes what the file says, and the file computes differently from the reference here ({written}): an export that changed the op, or an edit",
+                ix.off_ideal,
+                ix.elements,
+                share(ix.off_ideal),
+                b.grid
+            ),
+            Finding::Defect,
+        );
+    }
     if b.beyond() {
         return (
             Cause::OpImplementation,
@@ -69,7 +93,8 @@ mod tests {
             ops: vec!["ArgMax".to_string()],
             ..Evidence::default()
         };
-        indices(&b, b.indices.as_ref().unwrap(), &e)
+        let layer = crate::Layer::new(0, "class", vec![4000], "int64");
+        indices(&layer, &b, b.indices.as_ref().unwrap(), &e)
     }
 
     #[test]
