@@ -134,7 +134,7 @@ def test_a_large_constant_edited_at_the_same_dims_is_a_file_difference(tmp_path)
         assert "(1 of 90000 elements differ)" in details, (name, details)
 
 
-def _classifier(path, dtype, select_last_index=0, op="ArgMax"):
+def _classifier(path, dtype, select_last_index=0, op="ArgMax", keepdims=0):
     """The predicted class of 4096 rows: argmax(x · w) over 10 logits of about ±2000, where a
     float16 step is 1 or 2 and rounding the logits breaks near ties."""
     rng = np.random.default_rng(0)
@@ -143,7 +143,7 @@ def _classifier(path, dtype, select_last_index=0, op="ArgMax"):
     nodes = [
         helper.make_node("MatMul", ["x", "w"], ["logits"], name="head"),
         helper.make_node(
-            op, ["logits"], ["class"], name="predict", axis=1, keepdims=0,
+            op, ["logits"], ["class"], name="predict", axis=1, keepdims=keepdims,
             select_last_index=select_last_index,
         ),
     ]  # fmt: skip
@@ -183,9 +183,13 @@ def test_a_float16_classifiers_changed_predictions_are_its_rounding_and_a_tie_ru
     assert [d["layer"] for d in report["summary"]["defects"]] == ["class"], result.stdout
     # its repro: the float16 file's ArgMax fed the float32 reference's logits as the file
     # declares them (ONNX Runtime refused the float32 input: "bound to different types")
-    result = run_cli("reduce", str(tmp_path / "run" / "report.json"))
+    # (named from inside its folder: the repro goes beside it, not beside where the
+    # comparison ran)
+    result = run_cli("reduce", "report.json", cwd=tmp_path / "run")
     assert result.returncode == 0, result.stderr
     assert "repro of `class`: 1 node (predict)" in result.stdout, result.stdout
+    assert (tmp_path / "run" / "repro" / "repro.py").is_file()
+    assert not (tmp_path / "repro").exists()
     # an ArgMin in its place: the file's edit, not the runtime's kernel (it read
     # `op_implementation`, "report it to the runtime")
     argmin = _classifier(tmp_path / "argmin.onnx", np.float16, op="ArgMin")
@@ -193,3 +197,25 @@ def test_a_float16_classifiers_changed_predictions_are_its_rounding_and_a_tie_ru
     (defect,) = report["summary"]["defects"]
     assert (defect["layer"], defect["cause"]) == ("class", "file_differs"), defect
     assert "`predict` ArgMin" in defect["detail"], defect["detail"]
+
+
+def test_a_repro_of_an_index_kept_in_another_shape_runs(tmp_path):
+    """ArgMax's `keepdims` set in the float16 file: [4096, 1] against the reference's [4096],
+    the same elements. The repro said "checked", and its repro.py broadcast one against the
+    other (16 million elements) and ended in an IndexError; it compares them element by
+    element, as the run did, and says the shapes."""
+    import subprocess
+    import sys
+
+    reference = _classifier(tmp_path / "ref.onnx", np.float32)
+    kept = _classifier(tmp_path / "kept.onnx", np.float16, keepdims=1)
+    result = run_cli("onnx", str(reference), "--vs", str(kept), "--out", str(tmp_path / "run"))
+    assert result.returncode == 1, result.stdout
+    assert run_cli("reduce", str(tmp_path / "run" / "report.json")).returncode == 0
+    repro = tmp_path / "run" / "repro"
+    done = subprocess.run(
+        [sys.executable, "repro.py"], cwd=repro, capture_output=True, text=True, timeout=120
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "shape [4096, 1], the reference's [4096]" in done.stdout, done.stdout
+    assert "of 4096 elements beyond it" in done.stdout, done.stdout

@@ -121,6 +121,14 @@ fn absolute(path: &Path) -> PathBuf {
 /// checked; 1: none (a clean run, drift that only accumulates, or not shown within `--nodes`);
 /// 2: it could not run.
 pub(crate) fn run(args: &ReduceArgs) -> Dispatched {
+    // The paths given are the user's, from here: the run goes on in the folder the report's
+    // command ran in (a `reduce report.json` from inside `run/` wrote its repro beside the
+    // command's folder instead, where the next reduce overwrote it).
+    let args = &ReduceArgs {
+        report: absolute(&args.report),
+        out: args.out.as_deref().map(absolute),
+        ..args.clone()
+    };
     let refuse = |why: String| Dispatched::Exit(usage(&why));
     let recorded = match args.recorded() {
         Ok(recorded) => recorded,

@@ -95,6 +95,11 @@ def differs(name, expected, got):
     """Prints how far `got` is from `expected`; True when the difference shows: some element
     beyond the tolerance, or (ALLOWED) beyond what an honest kernel explains."""
     expected, got = expected.astype(np.float64), got.astype(np.float64)
+    if expected.shape != got.shape:
+        print(f"`{{name}}` on {{TARGET}}: shape {{list(got.shape)}}, the reference's {{list(expected.shape)}}")
+        if expected.size != got.size:
+            return True  # the shape itself differs
+        expected = expected.reshape(got.shape)  # element by element, as layerdiff compared them
     diff = np.abs(got - expected)
     beyond = ~(diff <= ATOL + RTOL * np.abs(expected))  # NaN is beyond
     print(f"`{{name}}` on {{TARGET}}: max |diff| {{np.nanmax(diff):.3e}} against the tolerance "
