@@ -292,6 +292,7 @@ def fault(builder: str, kind: str, target: str, threads: int | None, folder: Pat
         from layerdiff.torch import export_onnx
 
         name, exporter, quantizer, edit = EDITS[builder]
+        sys.path.insert(0, str(ROOT / "tests"))  # (a row run first has no builder imported)
         built = load_builder(name) if name in ZOO else importlib.import_module(f"builders.{name}")
         model, inputs = built(0) if name in ZOO else built.build()
         export = export_onnx(model, inputs, folder / "model.onnx", exporter=exporter)
