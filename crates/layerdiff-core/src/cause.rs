@@ -141,6 +141,16 @@ impl Evidence {
         }
     }
 
+    /// What the target file's nodes write, in words (`its Conv → Relu` where nothing was
+    /// told of them).
+    fn written_words(&self) -> String {
+        if self.written.is_empty() {
+            format!("its {}", self.ops_words())
+        } else {
+            self.written.join(", ")
+        }
+    }
+
     /// What the two values of an exceeding layer show by themselves: a layout permutation, or
     /// target values on a lower-precision grid.
     pub fn from_values(layer: &Layer, reference: TensorView<'_>, target: TensorView<'_>) -> Self {

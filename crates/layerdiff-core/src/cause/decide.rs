@@ -315,11 +315,7 @@ pub(super) fn against_baseline(
     if b.beyond()
         && let Some(w) = layer.computes_as_written()
     {
-        let written = if e.written.is_empty() {
-            format!("its {}", e.ops_words())
-        } else {
-            e.written.join(", ")
-        };
+        let written = e.written_words();
         return (
             Cause::FileDiffers,
             format!(

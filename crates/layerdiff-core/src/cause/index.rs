@@ -16,11 +16,7 @@ pub(super) fn indices(
     let share = |k: u64| crate::render::share_words(k, ix.elements);
     // the very indices the target file's own nodes pick, computed exactly: the file differs
     if b.beyond() && layer.computes_as_written().is_some() {
-        let written = if e.written.is_empty() {
-            format!("its {}", e.ops_words())
-        } else {
-            e.written.join(", ")
-        };
+        let written = e.written_words();
         return (
             Cause::FileDiffers,
             format!(
