@@ -83,9 +83,14 @@ pub(super) fn conclude(
             overflow: precision.iter().filter(|l| overflows(l)).count(),
             output: output.map(|l| l.name.clone()),
             output_max_abs_diff: stats.map_or(0.0, |s| s.counting_nan(s.max_abs_diff)),
-            output_tolerance_multiple: stats
-                .and_then(crate::Stats::tolerance_multiple)
-                .unwrap_or(0.0),
+            // an output compared exactly (tolerance 0) that differs is past it without bound,
+            // for a CI that reads the multiple (it read 0.0 while predictions changed)
+            output_tolerance_multiple: match output.and_then(exact_output) {
+                Some(exact) if exact.differ > 0 => f64::INFINITY,
+                _ => stats
+                    .and_then(crate::Stats::tolerance_multiple)
+                    .unwrap_or(0.0),
+            },
             output_nonfinite: stats.map_or(0, crate::Stats::nonfinite_target),
             output_exact: output.and_then(exact_output),
         }
