@@ -6,7 +6,8 @@ use super::{Args, Destinations, FailOn, PathBuf};
 pub struct ReportArgs {
     /// Write report.json, report.md, report.html, report.svg (the error chart),
     /// report.node-data.json (Model Explorer) and report.inputs.safetensors into this folder
-    /// (and, for `torch`, the exported model.onnx).
+    /// (and, for `torch`, the exported model.onnx). A report given its own path (`--json
+    /// PATH`…) is written there instead, the JSON's inputs beside it.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Write the JSON report here (the inputs are saved beside it as NAME.inputs.safetensors).
