@@ -420,7 +420,12 @@ def _baseline_of(first, module, call, weights, held):
     func, args, kwargs = call
     if not first.is_floating_point():  # indices (argmax): of the inputs as the target holds them
         leaves = torch.utils._pytree.tree_leaves((args, kwargs))
-        floats = [held(t).dtype for t in leaves if torch.is_tensor(t) and t.is_floating_point()]
+        # the dtype each input is held in, told by one element (exact_call converts them all)
+        floats = [
+            held(t.reshape(-1)[:1]).dtype
+            for t in leaves
+            if torch.is_tensor(t) and t.is_floating_point()
+        ]
         dtype = reduce(_baseline.narrower, floats, None)
         if dtype is None:
             return None, None, None
